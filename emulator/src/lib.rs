@@ -1,0 +1,1 @@
+//! switchyard-emulator (being written)

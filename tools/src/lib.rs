@@ -1,0 +1,1 @@
+//! switchyard-tools (being written)

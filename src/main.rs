@@ -1,1 +1,235 @@
-fn main() {}
+//! `switchyard`: the command-line edge. Parses arguments, loads files, runs the simulator or the
+//! evaluations, and prints tables / JSON / SVG. Errors are `anyhow` here and only here.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::{Context, Result, bail};
+use clap::{Args, Parser, Subcommand};
+use comfy_table::{Table, presets::UTF8_FULL_CONDENSED};
+use indicatif::{ProgressBar, ProgressStyle};
+use switchyard_runtime::planner::POLICIES;
+use switchyard_runtime::report::{RunReport, timeline};
+use switchyard_runtime::sim::{self, Arrival, PoolSpec, SimConfig};
+use switchyard_runtime::workflow::{WorkflowSpec, load_workflow};
+
+#[derive(Parser)]
+#[command(name = "switchyard", version, about = "Plan and run multi-agent LLM workflows on small heterogeneous GPU pools")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run sessions of one or more workflows on the embedded emulated pool (virtual time).
+    Run(RunArgs),
+    /// Parse and validate workflow files; print a summary of each.
+    Validate {
+        #[arg(required = true)]
+        workflows: Vec<PathBuf>,
+    },
+}
+
+#[derive(Args)]
+struct RunArgs {
+    /// Workflow YAML files.
+    #[arg(required = true)]
+    workflows: Vec<PathBuf>,
+    /// Sessions per workflow.
+    #[arg(long, default_value_t = 60)]
+    sessions: usize,
+    /// `burst` (all at t = 0) or `poisson:RATE` (sessions per second, per workflow).
+    #[arg(long, default_value = "burst")]
+    arrival: Arrival,
+    /// Seed of the arrival trace and of the emulated outputs.
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    /// Seed of the engines' timing noise (repetitions vary it).
+    #[arg(long, default_value_t = 0)]
+    noise_seed: u64,
+    /// Pool file.
+    #[arg(long, default_value = "workflows/pools/paper.yaml")]
+    pool: PathBuf,
+    /// Scheduling policy.
+    #[arg(long, default_value = "parrot", value_parser = clap::builder::PossibleValuesParser::new(POLICIES))]
+    policy: String,
+    /// Print one JSON object instead of tables.
+    #[arg(long)]
+    json: bool,
+    /// Write every simulator event as JSON lines.
+    #[arg(long)]
+    trace: Option<PathBuf>,
+    /// Draw the GPU timeline as SVG.
+    #[arg(long)]
+    timeline: Option<PathBuf>,
+    /// Threads that execute tool calls.
+    #[arg(long, default_value_t = 2)]
+    tool_workers: usize,
+    /// Batch limit per replica (vLLM --max-num-seqs).
+    #[arg(long, default_value_t = 256)]
+    max_num_seqs: u32,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Run(args) => run(args),
+        Command::Validate { workflows } => validate(&workflows),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn load_all(paths: &[PathBuf]) -> Result<Vec<Arc<WorkflowSpec>>> {
+    let mut out = Vec::new();
+    for p in paths {
+        // The error already names file, line, column and field.
+        let spec = load_workflow(p).map_err(|e| anyhow::anyhow!("{e}"))?;
+        if out.iter().any(|w: &Arc<WorkflowSpec>| w.name == spec.name) {
+            bail!("{}: workflow name `{}` is used twice in this run", p.display(), spec.name);
+        }
+        out.push(Arc::new(spec));
+    }
+    Ok(out)
+}
+
+fn validate(paths: &[PathBuf]) -> Result<()> {
+    for w in load_all(paths)? {
+        let records = w.load_records().map_err(|e| anyhow::anyhow!("{e}"))?;
+        println!(
+            "{}: ok — workflow `{}`, {} nodes, {} deployments, {} dataset records",
+            w.path.display(),
+            w.name,
+            w.nodes.len(),
+            w.deployments.len(),
+            records.len()
+        );
+    }
+    Ok(())
+}
+
+fn run(args: RunArgs) -> Result<()> {
+    let workflows = load_all(&args.workflows)?;
+    let pool = PoolSpec::load(&args.pool).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let cfg = SimConfig {
+        workflows,
+        sessions: args.sessions,
+        arrival: args.arrival,
+        seed: args.seed,
+        noise_seed: args.noise_seed,
+        pool,
+        policy: args.policy.clone(),
+        tool_workers: args.tool_workers,
+        max_num_seqs: args.max_num_seqs,
+    };
+    let total = args.sessions * cfg.workflows.len();
+    let bar = if args.json { ProgressBar::hidden() } else { ProgressBar::new(total as u64) };
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} sessions {pos}/{len} [{bar:30}] {elapsed}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
+    let started = std::time::Instant::now();
+    let out = sim::simulate(&cfg, &mut |done, _| bar.set_position(done as u64))
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    bar.finish_and_clear();
+    let wall = started.elapsed().as_secs_f64();
+    for note in &out.notes {
+        eprintln!("note: {note}");
+    }
+    if let Some(path) = &args.trace {
+        let mut f = std::io::BufWriter::new(
+            std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?,
+        );
+        for line in &out.trace {
+            serde_json::to_writer(&mut f, line)?;
+            f.write_all(b"\n")?;
+        }
+        f.flush()?;
+    }
+    if let Some(path) = &args.timeline {
+        let title = format!(
+            "{} on {} ({} GPUs), {}: makespan {:.1} s",
+            out.report.policy, out.report.pool, out.report.gpus, out.report.arrival, out.report.makespan_s
+        );
+        timeline::write_svg(path, &title, &out.timelines, out.window.0, out.window.1)?;
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&out.report)?);
+    } else {
+        print_tables(&out.report, wall);
+    }
+    Ok(())
+}
+
+fn print_tables(r: &RunReport, wall: f64) {
+    println!(
+        "policy {} · pool {} ({} GPUs) · arrival {} · seed {} · {} of {} sessions completed ({} failed) · {:.2} s wall",
+        r.policy, r.pool, r.gpus, r.arrival, r.seed, r.sessions_completed, r.sessions_total, r.sessions_failed, wall
+    );
+    let mut t = Table::new();
+    t.load_preset(UTF8_FULL_CONDENSED);
+    t.set_header(vec![
+        "workflow", "done", "failed", "makespan s", "p50 s", "p95 s", "p99 s", "GPU-s/session",
+        "gen", "idle", "load", "other", "accuracy",
+    ]);
+    let row = |name: &str,
+               done: usize,
+               failed: usize,
+               makespan: f64,
+               lat: &switchyard_runtime::report::Percentiles,
+               g: &switchyard_runtime::report::GpuBreakdown,
+               acc: Option<f64>| {
+        vec![
+            name.to_string(),
+            done.to_string(),
+            failed.to_string(),
+            format!("{makespan:.1}"),
+            format!("{:.1}", lat.p50),
+            format!("{:.1}", lat.p95),
+            format!("{:.1}", lat.p99),
+            format!("{:.1}", g.total()),
+            format!("{:.1}", g.generation),
+            format!("{:.1}", g.idle_resident),
+            format!("{:.1}", g.loading),
+            format!("{:.1}", g.other),
+            acc.map(|a| format!("{a:.3}")).unwrap_or_else(|| "-".into()),
+        ]
+    };
+    for (name, w) in &r.workflows {
+        t.add_row(row(
+            name,
+            w.sessions_completed,
+            w.sessions_failed,
+            w.makespan_s,
+            &w.latency_s,
+            &w.gpu_seconds_per_session,
+            w.accuracy,
+        ));
+    }
+    t.add_row(row(
+        "overall",
+        r.sessions_completed,
+        r.sessions_failed,
+        r.makespan_s,
+        &r.latency_s,
+        &r.gpu_seconds_per_session,
+        None,
+    ));
+    println!("{t}");
+    println!(
+        "loads {} · evictions {} · LLM calls {} · tool calls {} · prompt tokens {} ({} from prefix cache) · generated tokens {} · preemptions {}",
+        r.loads, r.evictions, r.llm_calls, r.tool_calls, r.prompt_tokens, r.cached_prompt_tokens, r.generated_tokens, r.preemptions
+    );
+    for f in &r.failures {
+        println!("failed: {f}");
+    }
+}

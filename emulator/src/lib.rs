@@ -1,1 +1,33 @@
-//! switchyard-emulator (being written)
+//! switchyard-emulator: the emulated GPU replica — a vLLM-like engine serving one deployment
+//! on one GPU. It is the embedded default engine and the *ground truth* of the simulator.
+//!
+//! Module map:
+//! - [`cost`] — the time of one continuous-batching iteration on a device (per-operator
+//!   rooflines calibrated against Vidur's measured A100 / H100 profiles, see `CALIBRATION.md`).
+//! - [`memory`] — the replica's memory plan: weights + engine overhead + KV-cache blocks,
+//!   sized the way vLLM's start-up profile run sizes them.
+//! - [`lifecycle`] — load, sleep and wake durations (storage, host link, engine start-up).
+//! - [`kv`] — the paged KV-cache block pool with hash-identified prefix caching and LRU eviction.
+//! - [`replica`] — the replica state machine (Cold → Loading → Awake ⇄ Asleep) and its FCFS
+//!   continuous-batching scheduler with chunked prefill, prefix caching and recompute preemption.
+//! - [`error`] — the typed errors.
+//!
+//! Dependencies: only the `spec` module of `switchyard-predictor` (model architectures, device
+//! datasheets, dtypes). It must NOT use any estimator of the predictor — prediction error has
+//! to be real — and nothing else in the workspace may read its cost constants for planning.
+//! No I/O and no clock: time is an `f64` of seconds passed in by the caller, and every random
+//! draw comes from a ChaCha8 stream seeded by the caller.
+
+pub mod cost;
+pub mod error;
+pub mod kv;
+pub mod lifecycle;
+pub mod memory;
+pub mod replica;
+
+pub use cost::{BatchShape, BatchSummary, CostModel, ModelShape, PrefillChunk, iteration_time};
+pub use error::EmulatorError;
+pub use lifecycle::load_time;
+pub use memory::{MemoryPlan, ServingConfig};
+pub use replica::{EmulatedReplica, EngineEvent, EngineRequest, ReplicaState, Telemetry};
+pub use switchyard_predictor::spec::{DeviceSpec, Dtype, ModelArch};

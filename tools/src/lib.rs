@@ -1,1 +1,135 @@
-//! switchyard-tools (being written)
+//! switchyard-tools: the built-in tools of Switchyard workflows and the sandboxes they run in.
+//!
+//! Tools are workflow nodes that run code, not models. This crate owns
+//! * the tool interface the simulator and the live runtime call: [`ToolCall`] →
+//!   [`run_tool`] → [`ToolOutcome`], plus the deterministic [`modeled_duration_s`] that enters
+//!   virtual time;
+//! * the sandboxes ([`sandbox`]): the [`sandbox::Sandbox`] trait and the Linux process backend
+//!   (time limit with process-group kill, rlimits, a fresh unprivileged uid when root, network
+//!   and read-only-filesystem namespaces where the kernel allows, private work directory,
+//!   cleared environment, capped output);
+//! * the built-in tools: [`python_tests`] (candidate code against unit tests, in the sandbox)
+//!   and [`majority_vote`] (answer voting, in process).
+//!
+//! It must not depend on the runtime, the planner, the predictor or the emulator: the runtime
+//! depends on it, never the reverse. Linux only (namespaces, rlimits, pidfds).
+
+pub mod majority_vote;
+pub mod python;
+pub mod python_tests;
+pub mod sandbox;
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// Names of the built-in tools.
+pub const TOOLS: &[&str] = &[python_tests::NAME, majority_vote::NAME];
+
+/// One invocation of a tool by a workflow node.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolCall {
+    /// Tool name, one of [`TOOLS`].
+    pub tool: String,
+    /// Named inputs (see each tool's module for its fields).
+    pub inputs: BTreeMap<String, serde_json::Value>,
+    /// Wall-clock limit from the node, in seconds; a tool's own `timeout_s` input wins.
+    pub timeout_s: Option<f64>,
+}
+
+/// What a tool returned.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolOutcome {
+    /// Human-readable result, fed to later nodes (e.g. `1/3 tests passed; first failure: …`).
+    pub text: String,
+    /// Branch label (`pass`/`fail`, `majority`/`plurality`/`tie`/`no_answer`).
+    pub verdict: Option<String>,
+    /// Structured result.
+    pub value: serde_json::Value,
+    /// Deterministic duration for virtual time (see [`modeled_duration_s`]); a run stopped by
+    /// its wall or CPU limit is modeled as lasting exactly that limit.
+    pub modeled_duration_s: f64,
+    /// What the call really took on this machine.
+    pub wall_seconds: f64,
+    /// What the sandbox could and could not enforce (`None` for in-process tools).
+    pub sandbox_note: Option<String>,
+}
+
+/// Errors of a tool call: bad inputs, unknown tools, and failures to run at all. A tool whose
+/// code fails, times out or crashes is *not* an error but an outcome with verdict `fail`.
+#[derive(Debug, thiserror::Error)]
+pub enum ToolError {
+    /// No built-in tool has this name.
+    #[error("unknown tool `{tool}` (known tools: {known})")]
+    UnknownTool {
+        /// The requested name.
+        tool: String,
+        /// The known names, comma-separated.
+        known: String,
+    },
+    /// A required input field is absent.
+    #[error("tool `{tool}`: missing input `{field}`")]
+    MissingInput {
+        /// Tool name.
+        tool: &'static str,
+        /// Field name.
+        field: &'static str,
+    },
+    /// An input field has the wrong type or value.
+    #[error("tool `{tool}`: input `{field}` {problem}")]
+    InvalidInput {
+        /// Tool name.
+        tool: &'static str,
+        /// Field name.
+        field: &'static str,
+        /// What is wrong with it.
+        problem: String,
+    },
+    /// The tool cannot run on this machine (e.g. no usable python3).
+    #[error("tool `{tool}` is unavailable: {reason}")]
+    Unavailable {
+        /// Tool name.
+        tool: &'static str,
+        /// Why.
+        reason: String,
+    },
+    /// The sandbox could not start or follow the program.
+    #[error("tool `{tool}`: {source}")]
+    Sandbox {
+        /// Tool name.
+        tool: &'static str,
+        /// The sandbox failure.
+        #[source]
+        source: sandbox::SandboxError,
+    },
+}
+
+/// Runs a built-in tool to completion.
+pub fn run_tool(call: &ToolCall) -> Result<ToolOutcome, ToolError> {
+    match call.tool.as_str() {
+        python_tests::NAME => python_tests::run(call),
+        majority_vote::NAME => majority_vote::run(call),
+        other => Err(ToolError::UnknownTool { tool: other.to_string(), known: TOOLS.join(", ") }),
+    }
+}
+
+/// The deterministic duration of a call for virtual time, from its inputs alone.
+///
+/// `python_tests`: start-up + per-test + per-KiB-of-source + per-import terms measured on this
+/// machine (constants and medians in [`python_tests`]), capped at the call's timeout.
+/// `majority_vote`: [`majority_vote::MODELED_DURATION_S`]. Calls whose inputs cannot be read
+/// (or unknown tools) get the start-up term alone; [`run_tool`] rejects them anyway.
+pub fn modeled_duration_s(call: &ToolCall) -> f64 {
+    match call.tool.as_str() {
+        python_tests::NAME => python_tests::PythonTests::from_call(call)
+            .map(|job| job.modeled_duration_s())
+            .unwrap_or(python_tests::MODEL_STARTUP_S),
+        majority_vote::NAME => majority_vote::MODELED_DURATION_S,
+        _ => python_tests::MODEL_STARTUP_S,
+    }
+}
+
+/// True when a python3 interpreter runs inside the sandbox here (probed once per process).
+pub fn python3_available() -> bool {
+    python::interpreter().is_some()
+}

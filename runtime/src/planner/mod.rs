@@ -1,1 +1,126 @@
-//! (being written)
+//! The planner core: a pure state machine `Planner::handle(event, now) -> Vec<Command>`.
+//!
+//! It owns the planner's *view* of the pool (devices, replicas and their leases, the queue of
+//! ready units) and delegates every decision to a [`Policy`]. Invariants that no policy may
+//! break are enforced here, in [`PlannerState`]'s `issue_*` methods: a leased replica is never
+//! reclaimed, a load never over-commits device memory, a unit is dispatched only to an awake
+//! replica of its deployment, and each unit is dispatched at most once.
+//!
+//! No I/O, no clock (time is the `now` argument), no randomness. It must not depend on the
+//! simulator shell, on the emulator crate, or on the tools crate: both shells (the simulator
+//! and the live runtime) drive this same core.
+
+pub mod fusion;
+mod parrot;
+mod state;
+
+pub use parrot::Parrot;
+pub use state::{
+    DeploymentInfo, DeviceInfo, NearReadyItem, PlanError, PlannerState, ReplicaPhase, ReplicaView,
+    RunningUnit, WorkItem,
+};
+
+use serde::Serialize;
+
+use crate::ids::{ActivationId, DeviceId, ReplicaId, SessionId};
+
+/// Index of a deployment identity (model + dtype + serving configuration) in the planner's
+/// deployment table. Identical deployments of different workflows share one identity, so their
+/// units share replicas (paper 003 §2.3: cross-workflow sharing of model residency).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub struct DeploymentId(pub u32);
+
+/// What happened, as reported by a shell.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    /// A session of workflow `workflow` (index in the run's workflow list) arrived.
+    SessionArrived { session: SessionId, workflow: u32 },
+    /// An LLM activation became ready (all predecessors completed).
+    UnitReady(WorkItem),
+    /// A dispatched unit finished on `replica`.
+    UnitFinished { activation: ActivationId, replica: ReplicaId, output_tokens: u32 },
+    /// A load finished: the replica is awake and accepts requests.
+    ReplicaLoaded { replica: ReplicaId },
+    /// A load could not be carried out (the engine refused the deployment on that device).
+    ReplicaLoadFailed { replica: ReplicaId, reason: String },
+    /// An activation became near-ready (paper 003 §3.2).
+    UnitNearReady(NearReadyItem),
+    /// A tool activation started, with the shell's predicted duration; tools hold no GPU.
+    ToolStarted { activation: ActivationId, predicted_s: f64, workflow: u32, node: u32 },
+    ToolFinished { activation: ActivationId },
+    /// The session completed or failed: nothing more will come from it.
+    SessionEnded { session: SessionId },
+}
+
+/// What the shell must do.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub enum Command {
+    /// Start loading `deployment` as a new replica on `device`.
+    Load { replica: ReplicaId, deployment: DeploymentId, device: DeviceId },
+    /// Reclaim an idle replica: free its device memory.
+    Unload { replica: ReplicaId },
+    /// Admit a ready unit to a replica (a grant; its lease lasts until the unit finishes).
+    Dispatch { activation: ActivationId, replica: ReplicaId },
+}
+
+/// A scheduling policy: the decisions, given the planner's view. Implementations must be
+/// deterministic functions of the state and `now`.
+pub trait Policy: Send {
+    /// Stable name used on the CLI and in reports.
+    fn name(&self) -> &'static str;
+    /// Whether the policy fuses same-deployment chains (holds leases across links).
+    fn fuses_chains(&self) -> bool {
+        false
+    }
+    /// See an event after the view folded it in (history, predictions). Default: nothing.
+    fn observe(&mut self, _event: &Event, _state: &PlannerState, _now: f64) {}
+    /// Decide what to do now. Issue commands only through `state.issue_*`, which keeps the
+    /// view consistent and enforces the invariants.
+    fn plan(&mut self, state: &mut PlannerState, now: f64, out: &mut Vec<Command>);
+}
+
+/// The names accepted by [`policy_by_name`].
+pub const POLICIES: &[&str] = &["parrot"];
+
+/// Build a policy from its CLI name.
+pub fn policy_by_name(name: &str) -> Result<Box<dyn Policy>, PlanError> {
+    match name {
+        "parrot" => Ok(Box::new(Parrot::default())),
+        other => Err(PlanError::UnknownPolicy(other.to_string(), POLICIES.join(", "))),
+    }
+}
+
+/// The pure planner: state + policy.
+pub struct Planner {
+    state: PlannerState,
+    policy: Box<dyn Policy>,
+}
+
+impl Planner {
+    pub fn new(
+        devices: Vec<DeviceInfo>,
+        deployments: Vec<DeploymentInfo>,
+        policy: Box<dyn Policy>,
+    ) -> Self {
+        let mut state = PlannerState::new(devices, deployments);
+        state.set_fusion(policy.fuses_chains());
+        Planner { state, policy }
+    }
+
+    pub fn policy_name(&self) -> &'static str {
+        self.policy.name()
+    }
+
+    pub fn state(&self) -> &PlannerState {
+        &self.state
+    }
+
+    /// Fold one event into the view, then let the policy plan. Returns the commands to run.
+    pub fn handle(&mut self, event: Event, now: f64) -> Result<Vec<Command>, PlanError> {
+        self.state.observe(event.clone(), now)?;
+        self.policy.observe(&event, &self.state, now);
+        let mut out = Vec::new();
+        self.policy.plan(&mut self.state, now, &mut out);
+        Ok(out)
+    }
+}

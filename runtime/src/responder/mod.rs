@@ -1,1 +1,198 @@
-//! (being written)
+//! Emulated LLM responders and accuracy scoring.
+//!
+//! In emulation no real LLM runs: a *responder* produces the output text of one LLM activation
+//! from its request, honest about what it is. GSM8K solvers write the dataset's worked solution
+//! whose final answer is right with a per-model probability (a wrong one is a realistic
+//! perturbation of the last step); MBPP coders return the reference solution or a mutated one
+//! that the real test tool later runs (the responder never declares a pass); QMSum summarizers
+//! write extractive, query-focused summaries. Every output has (close to) the drawn number of
+//! real BPE tokens and never more than the cap.
+//!
+//! A response is a pure function of its [`ResponderRequest`]: same request (including the
+//! seed) → same output, whatever the scheduling policy. Randomness comes only from
+//! `ChaCha8Rng::seed_from_u64(req.seed)`.
+//!
+//! This module owns: the responder registry ([`RESPONDERS`], [`respond`]), the per-model
+//! accuracy table ([`models`]), the length fitting, and the metrics used for the per-workflow
+//! `accuracy` ([`gsm8k_exact`], [`tests_pass`], [`rouge_l_f1`]).
+//! It depends only on `crate::values` and `crate::tokens`; it must not depend on the planner,
+//! the simulator, the workflow model, the tools crate, on files, the clock or the network (the
+//! caller hands it the already-mapped dataset record and the rendered prompt).
+
+mod fit;
+pub mod gsm8k;
+pub mod mbpp;
+pub mod models;
+mod mutate;
+pub mod qmsum;
+mod rouge;
+mod scoring;
+mod text;
+
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use thiserror::Error;
+
+use crate::values::{LengthDist, NodeOutput, Record};
+
+pub use gsm8k::{extract_gsm8k_answer, normalize_answer};
+pub use mbpp::extract_code;
+pub use rouge::{rouge_l, rouge_l_f1, rouge_tokens, RougeScore};
+pub use scoring::{gsm8k_exact, tests_pass};
+
+/// Names of the emulated responders a workflow node may ask for.
+pub const RESPONDERS: &[&str] = &[
+    "gsm8k.solve",
+    "gsm8k.refine",
+    "mbpp.generate",
+    "mbpp.diagnose",
+    "mbpp.review",
+    "mbpp.repair",
+    "qmsum.summarize",
+    "qmsum.aggregate",
+];
+
+/// Everything one LLM activation's output may depend on.
+#[derive(Debug, Clone, Copy)]
+pub struct ResponderRequest<'a> {
+    /// One of [`RESPONDERS`].
+    pub responder: &'a str,
+    /// Node id in the workflow (used in error messages).
+    pub node: &'a str,
+    /// Catalogue model name, e.g. `Qwen3-8B`.
+    pub model: &'a str,
+    /// The session's mapped dataset record.
+    pub input: &'a Record,
+    /// The fully rendered prompt.
+    pub prompt: &'a str,
+    /// (node id, output) of the completed predecessors.
+    pub upstream: &'a [(&'a str, &'a NodeOutput)],
+    /// The node's output-length distribution.
+    pub length: LengthDist,
+    /// The node's output cap in tokens.
+    pub max_output_tokens: u32,
+    /// Seed derived by the caller from (trace seed, session, node, round).
+    pub seed: u64,
+}
+
+/// Why a responder could not answer. Every variant names the node.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum ResponderError {
+    /// The responder name is not one of [`RESPONDERS`].
+    #[error("node `{node}`: unknown responder `{responder}` (known: {known})", known = RESPONDERS.join(", "))]
+    UnknownResponder { node: String, responder: String },
+    /// The model has no accuracy entry in [`models`].
+    #[error("node `{node}`: responder `{responder}` has no accuracy figure for model `{model}`")]
+    UnknownModel { node: String, responder: String, model: String },
+    /// The mapped input record lacks a field the responder needs.
+    #[error("node `{node}`: responder `{responder}` needs input field `{field}`, which is missing")]
+    MissingField { node: String, responder: String, field: String },
+    /// An input field has the wrong JSON type or unusable content.
+    #[error("node `{node}`: responder `{responder}`: input field `{field}` {problem}")]
+    BadField { node: String, responder: String, field: String, problem: String },
+    /// The node allows no output token at all.
+    #[error("node `{node}`: max_output_tokens is 0, no output can be produced")]
+    ZeroOutputCap { node: String },
+}
+
+impl ResponderRequest<'_> {
+    /// A string field of the input record, or a typed error naming it.
+    pub(crate) fn str_field(&self, field: &str) -> Result<&str, ResponderError> {
+        match self.input.get(field) {
+            None | Some(serde_json::Value::Null) => Err(self.missing(field)),
+            Some(serde_json::Value::String(s)) => Ok(s),
+            Some(other) => Err(self.bad_field(field, format!("must be a string, found {}", json_kind(other)))),
+        }
+    }
+
+    /// A list-of-strings field, or a typed error naming it.
+    pub(crate) fn str_list_field(&self, field: &str) -> Result<Vec<&str>, ResponderError> {
+        match self.input.get(field) {
+            None | Some(serde_json::Value::Null) => Err(self.missing(field)),
+            Some(serde_json::Value::Array(items)) => items
+                .iter()
+                .map(|v| {
+                    v.as_str()
+                        .ok_or_else(|| self.bad_field(field, format!("must hold strings, found {}", json_kind(v))))
+                })
+                .collect(),
+            Some(other) => Err(self.bad_field(field, format!("must be a list of strings, found {}", json_kind(other)))),
+        }
+    }
+
+    pub(crate) fn missing(&self, field: &str) -> ResponderError {
+        ResponderError::MissingField {
+            node: self.node.to_string(),
+            responder: self.responder.to_string(),
+            field: field.to_string(),
+        }
+    }
+
+    pub(crate) fn bad_field(&self, field: &str, problem: String) -> ResponderError {
+        ResponderError::BadField {
+            node: self.node.to_string(),
+            responder: self.responder.to_string(),
+            field: field.to_string(),
+            problem,
+        }
+    }
+
+    pub(crate) fn unknown_model(&self) -> ResponderError {
+        ResponderError::UnknownModel {
+            node: self.node.to_string(),
+            responder: self.responder.to_string(),
+            model: self.model.to_string(),
+        }
+    }
+}
+
+fn json_kind(v: &serde_json::Value) -> &'static str {
+    match v {
+        serde_json::Value::Null => "null",
+        serde_json::Value::Bool(_) => "a boolean",
+        serde_json::Value::Number(_) => "a number",
+        serde_json::Value::String(_) => "a string",
+        serde_json::Value::Array(_) => "a list",
+        serde_json::Value::Object(_) => "an object",
+    }
+}
+
+/// Produce the output of one emulated LLM activation.
+///
+/// The output-length target is drawn first from `req.length` (capped by
+/// `req.max_output_tokens`) with the request's RNG, then the responder builds its content and
+/// fits it to the target: shorter content is extended with honest filler, longer content is
+/// truncated (which can cut off a final answer — a realistic failure).
+/// `NodeOutput::output_tokens` is the exact BPE count of the text, `verdict` is `None` and
+/// `value` carries the responder's structured result (e.g. `{"answer": "18"}` for GSM8K).
+pub fn respond(req: &ResponderRequest) -> Result<NodeOutput, ResponderError> {
+    if !RESPONDERS.contains(&req.responder) {
+        return Err(ResponderError::UnknownResponder {
+            node: req.node.to_string(),
+            responder: req.responder.to_string(),
+        });
+    }
+    if req.max_output_tokens == 0 {
+        return Err(ResponderError::ZeroOutputCap { node: req.node.to_string() });
+    }
+    let mut rng = ChaCha8Rng::seed_from_u64(req.seed);
+    let target = req.length.sample(&mut rng, req.max_output_tokens).min(req.max_output_tokens) as usize;
+    let (text, value) = match req.responder {
+        "gsm8k.solve" => gsm8k::solve(req, &mut rng, target)?,
+        "gsm8k.refine" => gsm8k::refine(req, &mut rng, target)?,
+        "mbpp.generate" => mbpp::generate(req, &mut rng, target)?,
+        "mbpp.diagnose" => mbpp::diagnose(req, &mut rng, target)?,
+        "mbpp.review" => mbpp::review(req, &mut rng, target)?,
+        "mbpp.repair" => mbpp::repair(req, &mut rng, target)?,
+        "qmsum.summarize" => qmsum::summarize(req, target)?,
+        "qmsum.aggregate" => qmsum::aggregate(req, target)?,
+        other => {
+            return Err(ResponderError::UnknownResponder {
+                node: req.node.to_string(),
+                responder: other.to_string(),
+            });
+        }
+    };
+    let output_tokens = u32::try_from(crate::tokens::count(&text)).unwrap_or(u32::MAX);
+    Ok(NodeOutput { text, verdict: None, value, output_tokens })
+}

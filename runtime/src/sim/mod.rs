@@ -1,1 +1,1021 @@
-//! (being written)
+//! The simulator shell: a deterministic discrete-event loop on virtual time that drives the
+//! pure planner core, the emulated replicas (`switchyard-emulator`, the ground truth) and the
+//! tools (`switchyard-tools`).
+//!
+//! Events are processed in (time, sequence) order. Session arrivals come from a trace generated
+//! once from the seed; LLM outputs come from the responders, seeded per (trace seed, workflow,
+//! session, node, round) so that every policy sees the same outputs; engine timing noise has its
+//! own seed. Tool durations enter virtual time as *modeled* values, while the real tool runs on
+//! a worker thread and is joined at its virtual completion — so the report is a function of the
+//! inputs and seeds only: same inputs, same bytes.
+//!
+//! This is a shell: it does I/O-free bookkeeping and execution, and makes no scheduling
+//! decision of its own (those are the planner's).
+
+pub mod arrivals;
+pub mod graph_info;
+pub mod pool;
+mod toolpool;
+
+use std::cmp::Ordering;
+use std::collections::{BTreeMap, BinaryHeap};
+use std::sync::Arc;
+
+use serde::Serialize;
+use switchyard_emulator::{EmulatedReplica, EngineEvent, EngineRequest, ServingConfig};
+use switchyard_predictor::{Dtype, spec};
+use switchyard_tools::{ToolCall, modeled_duration_s};
+use thiserror::Error;
+
+use crate::ids::{ActivationId, DeviceId, ReplicaId, SessionId};
+use crate::planner::{
+    Command, DeploymentId, DeploymentInfo, DeviceInfo, Event, NearReadyItem, PlanError, Planner,
+    WorkItem, policy_by_name,
+};
+use crate::session::ActivationState;
+use graph_info::NodeInfo;
+use crate::report::{
+    DeviceTimeline, GpuBreakdown, Percentiles, RunReport, Segment, SegmentKind, WorkflowReport,
+    gpu, round3,
+};
+use crate::responder::{self, ResponderRequest};
+use crate::session::Session;
+use crate::tokens;
+use crate::values::{NodeOutput, derive_seed};
+use crate::workflow::{MetricKind, NodeKind, WorkflowSpec};
+
+pub use arrivals::{Arrival, TraceEntry};
+pub use pool::{PoolError, PoolSpec};
+use toolpool::{ToolJob, ToolPool};
+
+/// Prefix-cache block size (vLLM's default `--block-size`).
+pub const BLOCK_SIZE: u32 = 16;
+
+/// Errors that stop a simulation (a failing *session* is not one: it is reported).
+#[derive(Debug, Error)]
+pub enum SimError {
+    #[error(transparent)]
+    Plan(#[from] PlanError),
+    #[error("workflow {workflow}: {message}")]
+    Workflow { workflow: String, message: String },
+    #[error("workflow {workflow}: deployment `{deployment}`: {message}")]
+    Deployment { workflow: String, deployment: String, message: String },
+    #[error("internal: {0}")]
+    Internal(String),
+}
+
+/// Everything a run needs.
+#[derive(Clone)]
+pub struct SimConfig {
+    pub workflows: Vec<Arc<WorkflowSpec>>,
+    /// Sessions per workflow.
+    pub sessions: usize,
+    pub arrival: Arrival,
+    /// Trace and responder seed.
+    pub seed: u64,
+    /// Engine timing-noise seed (repetitions vary it, keeping the trace).
+    pub noise_seed: u64,
+    pub pool: PoolSpec,
+    pub policy: String,
+    /// Threads that execute tool calls.
+    pub tool_workers: usize,
+    /// vLLM `--max-num-seqs`.
+    pub max_num_seqs: u32,
+}
+
+/// One line of the optional JSONL trace.
+#[derive(Debug, Clone, Serialize)]
+pub struct TraceLine {
+    pub t: f64,
+    pub event: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub session: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub activation: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub replica: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+}
+
+/// What a run produces.
+pub struct SimOutput {
+    pub report: RunReport,
+    pub trace: Vec<TraceLine>,
+    pub timelines: Vec<DeviceTimeline>,
+    /// Window of the report: first arrival, last completion.
+    pub window: (f64, f64),
+    /// One line per sandbox fallback the tools reported (deduplicated).
+    pub notes: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum SimEvent {
+    Arrival(usize),
+    IterationEnd(ReplicaId),
+    LoadDone(ReplicaId),
+    ToolDone(ActivationId),
+}
+
+struct Scheduled {
+    at: f64,
+    seq: u64,
+    event: SimEvent,
+}
+
+impl PartialEq for Scheduled {
+    fn eq(&self, o: &Self) -> bool {
+        self.cmp(o) == Ordering::Equal
+    }
+}
+impl Eq for Scheduled {}
+impl PartialOrd for Scheduled {
+    fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Scheduled {
+    // Reversed: BinaryHeap is a max-heap and we pop the earliest event.
+    fn cmp(&self, o: &Self) -> Ordering {
+        o.at.total_cmp(&self.at).then(o.seq.cmp(&self.seq))
+    }
+}
+
+struct SessionRun {
+    session: Session,
+    workflow: u32,
+    arrived: f64,
+    finished: Option<f64>,
+    failed: Option<String>,
+}
+
+/// A ready LLM unit whose request is prepared but not yet dispatched.
+struct Prepared {
+    prompt_tokens: u32,
+    prefix_hashes: Vec<u64>,
+    output: NodeOutput,
+}
+
+enum Ready {
+    Tool { call: ToolCall, node: String, workflow: u32, node_index: u32 },
+    Llm { item: WorkItem, prepared: Prepared, node: String },
+    Fail(String),
+}
+
+struct Replica {
+    engine: EmulatedReplica,
+    device: DeviceId,
+    deployment: DeploymentId,
+    iterating: bool,
+    resident_since: Option<f64>,
+}
+
+struct InFlight {
+    activation: ActivationId,
+    workflow: u32,
+    deployment: DeploymentId,
+    output: NodeOutput,
+}
+
+/// Per-workflow token work per deployment, to attribute GPU time (paper 003 §4.3).
+type TokenWork = BTreeMap<(DeploymentId, u32), f64>;
+
+struct Sim<'a> {
+    cfg: &'a SimConfig,
+    planner: Planner,
+    deployments: Vec<DeploymentInfo>,
+    /// Deployment of each (workflow, deployment name).
+    deployment_of: BTreeMap<(u32, String), DeploymentId>,
+    /// Static per-node facts of each workflow (chains, critical paths).
+    node_info: Vec<Vec<NodeInfo>>,
+    /// Near-ready units already reported to the planner.
+    near_sent: std::collections::BTreeSet<ActivationId>,
+    queue: BinaryHeap<Scheduled>,
+    seq: u64,
+    now: f64,
+    trace_entries: Vec<TraceEntry>,
+    records: Vec<Vec<crate::values::Record>>,
+    sessions: Vec<Option<SessionRun>>,
+    prepared: BTreeMap<ActivationId, Prepared>,
+    replicas: BTreeMap<ReplicaId, Replica>,
+    in_flight: BTreeMap<u64, InFlight>,
+    next_request: u64,
+    tools: ToolPool,
+    tool_jobs: BTreeMap<ActivationId, ToolJob>,
+    timelines: Vec<DeviceTimeline>,
+    work: TokenWork,
+    trace: Vec<TraceLine>,
+    notes: Vec<String>,
+    llm_calls: u64,
+    tool_calls: u64,
+    generated_tokens: u64,
+    prompt_tokens: u64,
+    cached_prompt_tokens: u64,
+    preemptions: u64,
+    open_sessions: usize,
+    done_sessions: usize,
+    /// Sessions that could not even be instantiated: (workflow, arrival, reason).
+    start_failures: Vec<(u32, f64, String)>,
+}
+
+/// Run one simulation. `progress(done, total)` is called as sessions finish.
+pub fn simulate(cfg: &SimConfig, progress: &mut dyn FnMut(usize, usize)) -> Result<SimOutput, SimError> {
+    let mut sim = Sim::new(cfg)?;
+    sim.run(progress)?;
+    Ok(sim.finish())
+}
+
+/// Build the deployment table: one identity per (model, dtype) across all workflows, served with
+/// the largest max context any workflow needs, so identical deployments share replicas.
+fn deployment_table(
+    cfg: &SimConfig,
+) -> Result<(Vec<DeploymentInfo>, BTreeMap<(u32, String), DeploymentId>), SimError> {
+    let mut by_key: BTreeMap<(String, Dtype), (u32, f64)> = BTreeMap::new();
+    for wf in &cfg.workflows {
+        for d in wf.deployments.values() {
+            let m = spec::model(&d.model).map_err(|e| SimError::Deployment {
+                workflow: wf.name.clone(),
+                deployment: d.name.clone(),
+                message: e.to_string(),
+            })?;
+            let e = by_key.entry((m.name.clone(), d.dtype)).or_insert((0, 0.0));
+            e.0 = e.0.max(d.max_context);
+            e.1 = e.1.max(d.gpu_memory_utilization);
+        }
+    }
+    let mut table = Vec::new();
+    let mut ids = BTreeMap::new();
+    for (i, ((model, dtype), (max_len, util))) in by_key.iter().enumerate() {
+        let m = spec::model(model).map_err(|e| SimError::Internal(e.to_string()))?;
+        table.push(DeploymentInfo {
+            id: DeploymentId(i as u32),
+            model: model.clone(),
+            dtype: *dtype,
+            max_model_len: *max_len,
+            gpu_memory_utilization: *util,
+            weight_bytes: m.param_bytes(*dtype),
+            kv_bytes_per_token: m.kv_bytes_per_token(*dtype),
+            max_num_seqs: cfg.max_num_seqs,
+        });
+        ids.insert((model.clone(), *dtype), DeploymentId(i as u32));
+    }
+    let mut deployment_of = BTreeMap::new();
+    for (w, wf) in cfg.workflows.iter().enumerate() {
+        for d in wf.deployments.values() {
+            let m = spec::model(&d.model).map_err(|e| SimError::Internal(e.to_string()))?;
+            if let Some(id) = ids.get(&(m.name.clone(), d.dtype)) {
+                deployment_of.insert((w as u32, d.name.clone()), *id);
+            }
+        }
+    }
+    Ok((table, deployment_of))
+}
+
+impl<'a> Sim<'a> {
+    fn new(cfg: &'a SimConfig) -> Result<Self, SimError> {
+        let (deployments, deployment_of) = deployment_table(cfg)?;
+        let devices: Vec<DeviceInfo> = cfg
+            .pool
+            .devices
+            .iter()
+            .enumerate()
+            .map(|(i, s)| DeviceInfo { id: DeviceId(i as u32), spec: s.clone() })
+            .collect();
+        let policy = policy_by_name(&cfg.policy)?;
+        let planner = Planner::new(devices, deployments.clone(), policy);
+        let mut records = Vec::new();
+        for wf in &cfg.workflows {
+            let r = wf.load_records().map_err(|e| SimError::Workflow {
+                workflow: wf.name.clone(),
+                message: e.to_string(),
+            })?;
+            if r.is_empty() {
+                return Err(SimError::Workflow {
+                    workflow: wf.name.clone(),
+                    message: "the dataset has no records".into(),
+                });
+            }
+            records.push(r);
+        }
+        let sizes: Vec<usize> = records.iter().map(|r| r.len()).collect();
+        let trace_entries = arrivals::trace(cfg.arrival, cfg.sessions, &sizes, cfg.seed);
+        let timelines = cfg
+            .pool
+            .devices
+            .iter()
+            .map(|d| DeviceTimeline { name: d.name.clone(), segments: Vec::new() })
+            .collect();
+        let node_info = cfg
+            .workflows
+            .iter()
+            .enumerate()
+            .map(|(w, wf)| {
+                graph_info::workflow_info(wf, |name| deployment_of.get(&(w as u32, name.to_string())).copied())
+            })
+            .collect();
+        let mut sim = Sim {
+            cfg,
+            planner,
+            deployments,
+            deployment_of,
+            node_info,
+            near_sent: std::collections::BTreeSet::new(),
+            queue: BinaryHeap::new(),
+            seq: 0,
+            now: 0.0,
+            sessions: (0..trace_entries.len()).map(|_| None).collect(),
+            trace_entries,
+            records,
+            prepared: BTreeMap::new(),
+            replicas: BTreeMap::new(),
+            in_flight: BTreeMap::new(),
+            next_request: 0,
+            tools: ToolPool::new(cfg.tool_workers),
+            tool_jobs: BTreeMap::new(),
+            timelines,
+            work: BTreeMap::new(),
+            trace: Vec::new(),
+            notes: Vec::new(),
+            llm_calls: 0,
+            tool_calls: 0,
+            generated_tokens: 0,
+            prompt_tokens: 0,
+            cached_prompt_tokens: 0,
+            preemptions: 0,
+            open_sessions: 0,
+            done_sessions: 0,
+            start_failures: Vec::new(),
+        };
+        for i in 0..sim.trace_entries.len() {
+            let at = sim.trace_entries[i].at;
+            sim.schedule(at, SimEvent::Arrival(i));
+        }
+        Ok(sim)
+    }
+
+    fn schedule(&mut self, at: f64, event: SimEvent) {
+        self.seq += 1;
+        self.queue.push(Scheduled { at, seq: self.seq, event });
+    }
+
+    fn log(&mut self, event: &'static str, line: TraceLine) {
+        self.trace.push(TraceLine { t: round3(self.now), event, ..line });
+    }
+
+    fn run(&mut self, progress: &mut dyn FnMut(usize, usize)) -> Result<(), SimError> {
+        let total = self.trace_entries.len();
+        while let Some(next) = self.queue.pop() {
+            self.now = next.at;
+            match next.event {
+                SimEvent::Arrival(i) => self.on_arrival(i)?,
+                SimEvent::IterationEnd(r) => self.on_iteration_end(r)?,
+                SimEvent::LoadDone(r) => self.on_load_done(r)?,
+                SimEvent::ToolDone(a) => self.on_tool_done(a)?,
+            }
+            progress(self.done_sessions, total);
+        }
+        // Anything still queued could never be served (e.g. no device can hold its model).
+        let stranded: Vec<ActivationId> =
+            self.planner.state().queue().iter().map(|w| w.activation).collect();
+        for a in stranded {
+            self.fail_session(a.session, format!("unit {a} could not be placed on any device of the pool"));
+        }
+        for s in self.sessions.iter_mut().flatten() {
+            if s.finished.is_none() && s.failed.is_none() {
+                s.failed = Some("the simulation ended with the session unfinished".into());
+            }
+        }
+        Ok(())
+    }
+
+    fn plan(&mut self, event: Event) -> Result<(), SimError> {
+        let commands = self.planner.handle(event, self.now)?;
+        for c in commands {
+            self.execute(c)?;
+        }
+        Ok(())
+    }
+
+    fn execute(&mut self, command: Command) -> Result<(), SimError> {
+        match command {
+            Command::Load { replica, deployment, device } => {
+                let d = &self.deployments[deployment.0 as usize];
+                let model = spec::model(&d.model).map_err(|e| SimError::Internal(e.to_string()))?;
+                let dev = self.cfg.pool.devices[device.0 as usize].clone();
+                let mut config = ServingConfig::vllm_defaults(d.dtype, d.max_model_len);
+                config.gpu_memory_utilization = d.gpu_memory_utilization;
+                config.max_num_seqs = self.cfg.max_num_seqs;
+                let noise = derive_seed(self.cfg.noise_seed, &["replica", &replica.0.to_string()]);
+                self.log("load", TraceLine {
+                    replica: Some(replica.0),
+                    device: Some(device.0),
+                    detail: Some(d.model.clone()),
+                    ..blank()
+                });
+                let started = EmulatedReplica::new(dev, model, config, noise)
+                    .map_err(|e| e.to_string())
+                    .and_then(|mut engine| {
+                        engine.begin_load(self.now).map(|until| (engine, until)).map_err(|e| e.to_string())
+                    });
+                match started {
+                    Ok((engine, until)) => {
+                        self.timelines[device.0 as usize].segments.push(Segment {
+                            start: self.now,
+                            end: until,
+                            kind: SegmentKind::Loading,
+                            deployment: deployment.0,
+                        });
+                        self.replicas.insert(replica, Replica {
+                            engine,
+                            device,
+                            deployment,
+                            iterating: false,
+                            resident_since: None,
+                        });
+                        self.schedule(until, SimEvent::LoadDone(replica));
+                    }
+                    Err(reason) => {
+                        self.log("load_failed", TraceLine { replica: Some(replica.0), detail: Some(reason.clone()), ..blank() });
+                        self.plan(Event::ReplicaLoadFailed { replica, reason })?;
+                    }
+                }
+            }
+            Command::Unload { replica } => {
+                let Some(mut r) = self.replicas.remove(&replica) else {
+                    return Err(SimError::Internal(format!("unload of unknown replica {replica}")));
+                };
+                r.engine.unload().map_err(|e| SimError::Internal(e.to_string()))?;
+                if let Some(since) = r.resident_since {
+                    self.timelines[r.device.0 as usize].segments.push(Segment {
+                        start: since,
+                        end: self.now,
+                        kind: SegmentKind::Resident,
+                        deployment: r.deployment.0,
+                    });
+                }
+                self.log("unload", TraceLine { replica: Some(replica.0), device: Some(r.device.0), ..blank() });
+            }
+            Command::Dispatch { activation, replica } => self.dispatch(activation, replica)?,
+        }
+        Ok(())
+    }
+
+    fn dispatch(&mut self, activation: ActivationId, replica: ReplicaId) -> Result<(), SimError> {
+        let Some(prep) = self.prepared.remove(&activation) else {
+            return Err(SimError::Internal(format!("dispatch of unprepared unit {activation}")));
+        };
+        let workflow = self.session_workflow(activation.session)?;
+        if let Some(run) = self.sessions[activation.session.0 as usize].as_mut() {
+            run.session
+                .mark_running(activation.index)
+                .map_err(|e| SimError::Internal(e.to_string()))?;
+        }
+        let id = self.next_request;
+        self.next_request += 1;
+        let r = self
+            .replicas
+            .get_mut(&replica)
+            .ok_or_else(|| SimError::Internal(format!("dispatch to unknown replica {replica}")))?;
+        let request = EngineRequest {
+            id,
+            prompt_tokens: prep.prompt_tokens,
+            prefix_hashes: prep.prefix_hashes,
+            output_tokens: prep.output.output_tokens.max(1),
+        };
+        r.engine.submit(request, self.now).map_err(|e| SimError::Internal(e.to_string()))?;
+        let deployment = r.deployment;
+        let device = r.device;
+        self.in_flight.insert(id, InFlight { activation, workflow, deployment, output: prep.output });
+        self.llm_calls += 1;
+        self.log("dispatch", TraceLine {
+            session: Some(activation.session.0),
+            activation: Some(activation.index),
+            replica: Some(replica.0),
+            device: Some(device.0),
+            ..blank()
+        });
+        self.kick(replica);
+        self.report_near_ready(activation.session)
+    }
+
+    /// Tell the planner about activations of `s` that became near-ready (all predecessors
+    /// completed or running, at least one running).
+    fn report_near_ready(&mut self, s: SessionId) -> Result<(), SimError> {
+        let Some(run) = self.sessions.get(s.0 as usize).and_then(|r| r.as_ref()) else { return Ok(()) };
+        if run.failed.is_some() || run.finished.is_some() {
+            return Ok(());
+        }
+        let mut items = Vec::new();
+        for a in run.session.near_ready() {
+            if self.near_sent.contains(&a) {
+                continue;
+            }
+            let Some(act) = run.session.activation(a.index) else { continue };
+            let NodeKind::Agent(agent) = &run.session.spec().nodes[act.node].kind else { continue };
+            let info = &self.node_info[run.workflow as usize];
+            let Some(deployment) = info[act.node].deployment else { continue };
+            let waits_for = act
+                .predecessors
+                .iter()
+                .filter(|&&p| {
+                    run.session.activation(p).is_some_and(|x| x.state != ActivationState::Completed)
+                })
+                .map(|&p| ActivationId { session: s, index: p })
+                .collect();
+            let (prompt_bound, _) =
+                graph_info::prompt_bound(run.session.spec(), info, &run.session, act.node, &[]);
+            items.push(NearReadyItem {
+                activation: a,
+                workflow: run.workflow,
+                deployment,
+                node: act.node as u32,
+                waits_for,
+                prompt_bound,
+                max_output_tokens: agent.max_output_tokens,
+            });
+        }
+        for item in items {
+            self.near_sent.insert(item.activation);
+            self.plan(Event::UnitNearReady(item))?;
+        }
+        Ok(())
+    }
+
+    /// Start an iteration on an idle replica that has work.
+    fn kick(&mut self, replica: ReplicaId) {
+        let now = self.now;
+        let Some(r) = self.replicas.get_mut(&replica) else { return };
+        if r.iterating {
+            return;
+        }
+        if let Some(end) = r.engine.start_iteration(now) {
+            r.iterating = true;
+            let (device, deployment) = (r.device, r.deployment);
+            self.timelines[device.0 as usize].segments.push(Segment {
+                start: now,
+                end,
+                kind: SegmentKind::Generating,
+                deployment: deployment.0,
+            });
+            self.schedule(end, SimEvent::IterationEnd(replica));
+        }
+    }
+
+    fn on_arrival(&mut self, i: usize) -> Result<(), SimError> {
+        let entry = self.trace_entries[i].clone();
+        let w = entry.workflow as usize;
+        let spec = Arc::clone(&self.cfg.workflows[w]);
+        let input = self.records[w][entry.record].clone();
+        let id = SessionId(i as u32);
+        self.open_sessions += 1;
+        self.log("arrival", TraceLine { session: Some(id.0), detail: Some(spec.name.clone()), ..blank() });
+        match Session::new(id, spec, input) {
+            Ok(session) => {
+                self.sessions[i] = Some(SessionRun {
+                    session,
+                    workflow: entry.workflow,
+                    arrived: self.now,
+                    finished: None,
+                    failed: None,
+                });
+                self.plan(Event::SessionArrived { session: id, workflow: entry.workflow })?;
+                let ready = self.sessions[i].as_ref().map(|s| s.session.ready()).unwrap_or_default();
+                for a in ready {
+                    self.on_ready(a)?;
+                }
+                self.check_finished(id)?;
+            }
+            Err(e) => {
+                self.start_failures.push((entry.workflow, self.now, format!("s{}: {e}", id.0)));
+                self.done_sessions += 1;
+                self.open_sessions -= 1;
+                self.log("session_failed", TraceLine { session: Some(id.0), detail: Some(e.to_string()), ..blank() });
+            }
+        }
+        Ok(())
+    }
+
+    fn session_workflow(&self, s: SessionId) -> Result<u32, SimError> {
+        self.sessions
+            .get(s.0 as usize)
+            .and_then(|r| r.as_ref())
+            .map(|r| r.workflow)
+            .ok_or_else(|| SimError::Internal(format!("unknown session {s}")))
+    }
+
+    fn is_live(&self, s: SessionId) -> bool {
+        matches!(self.sessions.get(s.0 as usize), Some(Some(r)) if r.failed.is_none() && r.finished.is_none())
+    }
+
+    /// An activation became ready: run a tool, or prepare an LLM request and queue the unit.
+    fn on_ready(&mut self, a: ActivationId) -> Result<(), SimError> {
+        if !self.is_live(a.session) {
+            return Ok(());
+        }
+        match self.prepare(a)? {
+            Ready::Tool { call, node, workflow, node_index } => {
+                let duration = modeled_duration_s(&call);
+                self.tool_jobs.insert(a, self.tools.submit(call));
+                self.tool_calls += 1;
+                self.log("tool_start", TraceLine {
+                    session: Some(a.session.0),
+                    activation: Some(a.index),
+                    node: Some(node),
+                    ..blank()
+                });
+                self.schedule(self.now + duration, SimEvent::ToolDone(a));
+                self.plan(Event::ToolStarted { activation: a, predicted_s: duration, workflow, node: node_index })?;
+                self.report_near_ready(a.session)
+            }
+            Ready::Llm { item, prepared, node } => {
+                self.prepared.insert(a, prepared);
+                self.log("ready", TraceLine {
+                    session: Some(a.session.0),
+                    activation: Some(a.index),
+                    node: Some(node),
+                    ..blank()
+                });
+                self.plan(Event::UnitReady(item))
+            }
+            Ready::Fail(reason) => {
+                self.fail_session(a.session, reason);
+                Ok(())
+            }
+        }
+    }
+
+    /// Render what a ready activation needs: tool inputs, or the prompt, its tokens and the
+    /// responder's output.
+    fn prepare(&mut self, a: ActivationId) -> Result<Ready, SimError> {
+        let seed = self.cfg.seed;
+        let now = self.now;
+        let Some(run) = self.sessions.get_mut(a.session.0 as usize).and_then(|r| r.as_mut()) else {
+            return Err(SimError::Internal(format!("unknown session of {a}")));
+        };
+        let workflow = run.workflow;
+        let Some(node) = run.session.node_of(a.index).cloned() else {
+            return Err(SimError::Internal(format!("activation {a} has no node")));
+        };
+        let round = run.session.activation(a.index).map(|x| x.round).unwrap_or(0);
+        match &node.kind {
+            NodeKind::Tool(tool) => {
+                let inputs = match run.session.render_tool_inputs(a.index) {
+                    Ok(i) => i,
+                    Err(e) => return Ok(Ready::Fail(format!("{}: {e}", node.id))),
+                };
+                run.session.mark_running(a.index).map_err(|e| SimError::Internal(e.to_string()))?;
+                let call = ToolCall { tool: tool.tool.clone(), inputs, timeout_s: tool.timeout_s };
+                let node_index = run.session.activation(a.index).map(|x| x.node as u32).unwrap_or(0);
+                Ok(Ready::Tool { call, node: node.id.clone(), workflow, node_index })
+            }
+            NodeKind::Agent(agent) => {
+                let segments = match run.session.render_prompt(a.index) {
+                    Ok(s) => s,
+                    Err(e) => return Ok(Ready::Fail(format!("{}: {e}", node.id))),
+                };
+                let ids = tokens::encode_segments(&segments);
+                let prompt: String = segments.concat();
+                let wf_name = run.session.spec().name.clone();
+                let Some(deployment) = self.deployment_of.get(&(workflow, agent.deployment.clone())).copied()
+                else {
+                    return Err(SimError::Internal(format!("no deployment `{}`", agent.deployment)));
+                };
+                let info = &self.deployments[deployment.0 as usize];
+                let upstream = run.session.upstream(a.index);
+                let req = ResponderRequest {
+                    responder: &agent.responder,
+                    node: &node.id,
+                    model: &info.model,
+                    input: run.session.input(),
+                    prompt: &prompt,
+                    upstream: &upstream,
+                    length: agent.output_tokens,
+                    max_output_tokens: agent.max_output_tokens,
+                    seed: derive_seed(seed, &[&wf_name, &a.session.0.to_string(), &node.id, &round.to_string()]),
+                };
+                let output = match responder::respond(&req) {
+                    Ok(o) => o,
+                    Err(e) => return Ok(Ready::Fail(format!("{}: responder: {e}", node.id))),
+                };
+                let prompt_tokens = ids.len() as u32;
+                if prompt_tokens as u64 + output.output_tokens as u64 > info.max_model_len as u64 {
+                    return Ok(Ready::Fail(format!(
+                        "{}: prompt of {prompt_tokens} tokens + {} output tokens exceeds max_model_len {}",
+                        node.id, output.output_tokens, info.max_model_len
+                    )));
+                }
+                let prefix_hashes = tokens::block_hashes(&ids, BLOCK_SIZE as usize);
+                let node_index = run.session.activation(a.index).map(|x| x.node).unwrap_or(0);
+                let info = &self.node_info[workflow as usize];
+                let spec = Arc::clone(run.session.spec());
+                let item = WorkItem {
+                    activation: a,
+                    workflow,
+                    deployment,
+                    prompt_tokens,
+                    max_output_tokens: agent.max_output_tokens,
+                    ready_at: now,
+                    node: node_index as u32,
+                    chain_prev: graph_info::chain_prev_activation(info, &run.session, a),
+                    chain_next: info[node_index].chain_next.is_some(),
+                    envelope: graph_info::chain_envelope(&spec, info, &run.session, node_index, prompt_tokens),
+                    remaining_path_tokens: info[node_index].remaining_path_tokens,
+                };
+                Ok(Ready::Llm { item, prepared: Prepared { prompt_tokens, prefix_hashes, output }, node: node.id.clone() })
+            }
+        }
+    }
+
+    fn on_tool_done(&mut self, a: ActivationId) -> Result<(), SimError> {
+        let Some(job) = self.tool_jobs.remove(&a) else {
+            return Err(SimError::Internal(format!("no tool job for {a}")));
+        };
+        let outcome = job.join();
+        self.plan(Event::ToolFinished { activation: a })?;
+        if !self.is_live(a.session) {
+            return Ok(());
+        }
+        match outcome {
+            Ok(o) => {
+                if let Some(note) = o.sandbox_note.clone() {
+                    if !self.notes.contains(&note) {
+                        self.notes.push(note);
+                    }
+                }
+                self.log("tool_done", TraceLine {
+                    session: Some(a.session.0),
+                    activation: Some(a.index),
+                    detail: o.verdict.clone(),
+                    ..blank()
+                });
+                let output = NodeOutput { text: o.text, verdict: o.verdict, value: o.value, output_tokens: 0 };
+                self.complete(a, output)
+            }
+            Err(e) => {
+                self.fail_session(a.session, format!("tool: {e}"));
+                Ok(())
+            }
+        }
+    }
+
+    fn on_load_done(&mut self, replica: ReplicaId) -> Result<(), SimError> {
+        let now = self.now;
+        let Some(r) = self.replicas.get_mut(&replica) else { return Ok(()) };
+        r.engine.finish_transition(now);
+        r.resident_since = Some(now);
+        self.log("loaded", TraceLine { replica: Some(replica.0), ..blank() });
+        self.plan(Event::ReplicaLoaded { replica })
+    }
+
+    fn on_iteration_end(&mut self, replica: ReplicaId) -> Result<(), SimError> {
+        let now = self.now;
+        let events = match self.replicas.get_mut(&replica) {
+            Some(r) => {
+                r.iterating = false;
+                r.engine.finish_iteration(now)
+            }
+            None => return Ok(()),
+        };
+        for e in events {
+            match e {
+                EngineEvent::Finished { id, prompt_tokens, cached_prompt_tokens, output_tokens, .. } => {
+                    let Some(f) = self.in_flight.remove(&id) else { continue };
+                    self.generated_tokens += output_tokens as u64;
+                    self.prompt_tokens += prompt_tokens as u64;
+                    self.cached_prompt_tokens += cached_prompt_tokens as u64;
+                    let work = (prompt_tokens.saturating_sub(cached_prompt_tokens) + output_tokens) as f64;
+                    *self.work.entry((f.deployment, f.workflow)).or_insert(0.0) += work;
+                    self.log("finish", TraceLine {
+                        session: Some(f.activation.session.0),
+                        activation: Some(f.activation.index),
+                        replica: Some(replica.0),
+                        ..blank()
+                    });
+                    self.plan(Event::UnitFinished {
+                        activation: f.activation,
+                        replica,
+                        output_tokens,
+                    })?;
+                    if self.is_live(f.activation.session) {
+                        self.complete(f.activation, f.output)?;
+                    }
+                }
+                EngineEvent::Preempted { .. } => self.preemptions += 1,
+                EngineEvent::FirstToken { .. } => {}
+            }
+        }
+        self.kick(replica);
+        Ok(())
+    }
+
+    fn complete(&mut self, a: ActivationId, output: NodeOutput) -> Result<(), SimError> {
+        let Some(run) = self.sessions[a.session.0 as usize].as_mut() else { return Ok(()) };
+        let ready = match run.session.complete(a.index, output) {
+            Ok(r) => r,
+            Err(e) => {
+                self.fail_session(a.session, e.to_string());
+                return Ok(());
+            }
+        };
+        for r in ready {
+            self.on_ready(r)?;
+        }
+        self.report_near_ready(a.session)?;
+        self.check_finished(a.session)
+    }
+
+    fn check_finished(&mut self, s: SessionId) -> Result<(), SimError> {
+        let Some(run) = self.sessions[s.0 as usize].as_mut() else { return Ok(()) };
+        if run.finished.is_some() || run.failed.is_some() || !run.session.is_finished() {
+            return Ok(());
+        }
+        run.finished = Some(self.now);
+        self.done_sessions += 1;
+        self.open_sessions -= 1;
+        self.log("session_done", TraceLine { session: Some(s.0), ..blank() });
+        self.plan(Event::SessionEnded { session: s })
+    }
+
+    fn fail_session(&mut self, s: SessionId, reason: String) {
+        let Some(run) = self.sessions.get_mut(s.0 as usize).and_then(|r| r.as_mut()) else { return };
+        if run.failed.is_some() || run.finished.is_some() {
+            return;
+        }
+        run.failed = Some(reason.clone());
+        self.done_sessions += 1;
+        self.open_sessions = self.open_sessions.saturating_sub(1);
+        self.log("session_failed", TraceLine { session: Some(s.0), detail: Some(reason), ..blank() });
+        // Drop its prepared requests and let the planner forget its queued units and holds.
+        self.prepared.retain(|a, _| a.session != s);
+        if let Err(e) = self.plan(Event::SessionEnded { session: s }) {
+            self.notes.push(format!("planner rejected the end of session {s}: {e}"));
+        }
+    }
+
+    fn finish(mut self) -> SimOutput {
+        let cfg = self.cfg;
+        let runs: Vec<&SessionRun> = self.sessions.iter().flatten().collect();
+        let t0 = runs.iter().map(|r| r.arrived).fold(f64::INFINITY, f64::min);
+        let t0 = if t0.is_finite() { t0 } else { 0.0 };
+        let t1 = runs
+            .iter()
+            .filter_map(|r| r.finished)
+            .fold(t0, f64::max);
+        // Close resident intervals at the end of the window.
+        for r in self.replicas.values() {
+            if let Some(since) = r.resident_since {
+                self.timelines[r.device.0 as usize].segments.push(Segment {
+                    start: since,
+                    end: t1.max(since),
+                    kind: SegmentKind::Resident,
+                    deployment: r.deployment.0,
+                });
+            }
+        }
+        // Partition every device's time and charge it to deployments.
+        let mut total = GpuBreakdown::default();
+        let mut by_dep: BTreeMap<Option<u32>, GpuBreakdown> = BTreeMap::new();
+        for tl in &self.timelines {
+            for ((cat, dep), secs) in gpu::partition(&tl.segments, t0, t1) {
+                let b = by_dep.entry(dep).or_default();
+                let slot = match cat {
+                    gpu::Category::Loading => &mut b.loading,
+                    gpu::Category::Generation => &mut b.generation,
+                    gpu::Category::IdleResident => &mut b.idle_resident,
+                    gpu::Category::Other => &mut b.other,
+                };
+                *slot += secs;
+            }
+        }
+        for b in by_dep.values() {
+            total.add(b);
+        }
+        // Workflow shares: per deployment by token work; `other` (no deployment) by overall work.
+        let nw = cfg.workflows.len();
+        let mut dep_total: BTreeMap<u32, f64> = BTreeMap::new();
+        let mut wf_total = vec![0.0; nw];
+        for ((d, w), x) in &self.work {
+            *dep_total.entry(d.0).or_insert(0.0) += x;
+            wf_total[*w as usize] += x;
+        }
+        let all_work: f64 = wf_total.iter().sum();
+        let mut wf_gpu = vec![GpuBreakdown::default(); nw];
+        for (dep, b) in &by_dep {
+            for w in 0..nw {
+                let share = match dep {
+                    Some(d) => {
+                        let dt = dep_total.get(d).copied().unwrap_or(0.0);
+                        let x = self.work.get(&(DeploymentId(*d), w as u32)).copied().unwrap_or(0.0);
+                        if dt > 0.0 { x / dt } else { 0.0 }
+                    }
+                    None => {
+                        if all_work > 0.0 { wf_total[w] / all_work } else { 1.0 / nw as f64 }
+                    }
+                };
+                wf_gpu[w].add(&b.scaled(share));
+            }
+        }
+        let completed: Vec<&&SessionRun> = runs.iter().filter(|r| r.finished.is_some()).collect();
+        let latencies: Vec<f64> =
+            completed.iter().filter_map(|r| r.finished.map(|f| f - r.arrived)).collect();
+        let mut workflows = BTreeMap::new();
+        for (w, wf) in cfg.workflows.iter().enumerate() {
+            let mine: Vec<&&SessionRun> = runs.iter().filter(|r| r.workflow as usize == w).collect();
+            let done: Vec<&&&SessionRun> = mine.iter().filter(|r| r.finished.is_some()).collect();
+            let lat: Vec<f64> = done.iter().filter_map(|r| r.finished.map(|f| f - r.arrived)).collect();
+            let first = mine.iter().map(|r| r.arrived).fold(f64::INFINITY, f64::min);
+            let last = done.iter().filter_map(|r| r.finished).fold(f64::NEG_INFINITY, f64::max);
+            let accuracy = wf.metric.as_ref().map(|m| {
+                let scores: Vec<f64> = done
+                    .iter()
+                    .map(|r| {
+                        let out = r.session.final_output();
+                        let reference = r
+                            .session
+                            .input()
+                            .get(&m.reference)
+                            .map(|v| match v {
+                                serde_json::Value::String(s) => s.clone(),
+                                other => other.to_string(),
+                            })
+                            .unwrap_or_default();
+                        match (m.kind, out) {
+                            (_, None) => 0.0,
+                            (MetricKind::Gsm8kExact, Some(o)) => responder::gsm8k_exact(o, &reference),
+                            (MetricKind::TestsPass, Some(o)) => responder::tests_pass(o),
+                            (MetricKind::RougeL, Some(o)) => responder::rouge_l_f1(&o.text, &reference),
+                        }
+                    })
+                    .collect();
+                if scores.is_empty() { 0.0 } else { round3(scores.iter().sum::<f64>() / scores.len() as f64) }
+            });
+            let n = done.len().max(1) as f64;
+            workflows.insert(wf.name.clone(), WorkflowReport {
+                sessions_completed: done.len(),
+                sessions_failed: mine.len() - done.len()
+                    + self.start_failures.iter().filter(|f| f.0 as usize == w).count(),
+                makespan_s: if last.is_finite() && first.is_finite() { round3(last - first) } else { 0.0 },
+                latency_s: Percentiles::of(&lat),
+                gpu_seconds_per_session: wf_gpu[w].scaled(1.0 / n).rounded(),
+                accuracy,
+                metric: wf.metric.as_ref().map(|m| format!("{:?}", m.kind)),
+            });
+        }
+        let failures: Vec<String> = runs
+            .iter()
+            .filter_map(|r| r.failed.as_ref().map(|f| format!("s{}: {f}", r.session.id().0)))
+            .chain(self.start_failures.iter().map(|f| f.2.clone()))
+            .take(20)
+            .collect();
+        let n_done = completed.len();
+        let report = RunReport {
+            policy: self.planner.policy_name().to_string(),
+            seed: cfg.seed,
+            noise_seed: cfg.noise_seed,
+            arrival: cfg.arrival.to_string(),
+            pool: cfg.pool.name.clone(),
+            gpus: cfg.pool.devices.len(),
+            sessions_total: runs.len() + self.start_failures.len(),
+            sessions_completed: n_done,
+            sessions_failed: runs.len() - n_done + self.start_failures.len(),
+            makespan_s: round3(t1 - t0),
+            latency_s: Percentiles::of(&latencies),
+            gpu_seconds_per_session: total.scaled(1.0 / n_done.max(1) as f64).rounded(),
+            gpu_seconds_total: total.rounded(),
+            loads: self.planner.state().loads(),
+            evictions: self.planner.state().evictions(),
+            llm_calls: self.llm_calls,
+            tool_calls: self.tool_calls,
+            generated_tokens: self.generated_tokens,
+            prompt_tokens: self.prompt_tokens,
+            cached_prompt_tokens: self.cached_prompt_tokens,
+            preemptions: self.preemptions,
+            workflows,
+            failures,
+        };
+        SimOutput {
+            report,
+            trace: std::mem::take(&mut self.trace),
+            timelines: std::mem::take(&mut self.timelines),
+            window: (t0, t1),
+            notes: std::mem::take(&mut self.notes),
+        }
+    }
+}
+
+fn blank() -> TraceLine {
+    TraceLine {
+        t: 0.0,
+        event: "",
+        session: None,
+        activation: None,
+        node: None,
+        replica: None,
+        device: None,
+        detail: None,
+    }
+}

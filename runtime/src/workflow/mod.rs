@@ -1,1 +1,318 @@
-//! (being written)
+//! The workflow model: the YAML schema (documented in `workflows/README.md`), parsing with
+//! positions, validation, the dataset binding and the static template graph (a petgraph
+//! `DiGraph` of `after` edges plus the back edges of declared loops).
+//!
+//! A [`WorkflowSpec`] is immutable once loaded and shared (`Arc`) by every session of the
+//! workflow. This module owns *what* a workflow is; it must not depend on sessions, the
+//! planner, the simulator or any engine. It reads files only in [`load_workflow`] and
+//! [`WorkflowSpec::load_records`].
+
+mod dataset;
+mod error;
+mod load;
+pub mod template;
+mod yaml;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use petgraph::Direction;
+use petgraph::graph::{DiGraph, NodeIndex};
+use petgraph::visit::EdgeRef;
+use switchyard_predictor::Dtype;
+
+pub use dataset::{DatasetBinding, DatasetFormat, FieldSource, JoinSpec};
+pub use error::{ErrorKind, WorkflowError};
+pub use template::{Filter, Reference, Segment, Source, Template, TemplateBody, TemplateError};
+
+use crate::values::{LengthDist, Record};
+
+/// The emulated responders a node may name (see `crate::responder`).
+pub const RESPONDERS: &[&str] = &[
+    "gsm8k.solve",
+    "gsm8k.refine",
+    "mbpp.generate",
+    "mbpp.diagnose",
+    "mbpp.review",
+    "mbpp.repair",
+    "qmsum.summarize",
+    "qmsum.aggregate",
+];
+
+/// The built-in tools a node may name (see the `switchyard-tools` crate).
+pub const TOOLS: &[&str] = &["python_tests", "majority_vote"];
+
+/// The inputs each tool takes: `(tool, required, optional)`.
+pub const TOOL_INPUTS: &[(&str, &[&str], &[&str])] = &[
+    ("python_tests", &["code", "tests"], &["imports"]),
+    ("majority_vote", &["candidates"], &["extract"]),
+];
+
+/// A deployment: a catalogue model with one serving configuration. Nodes naming the same
+/// deployment may share a replica (and be fused into one unit).
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeploymentSpec {
+    pub name: String,
+    /// Catalogue model name, canonical spelling (e.g. `Qwen3-8B`).
+    pub model: String,
+    pub dtype: Dtype,
+    /// vLLM `--max-model-len`: prompt plus output, in tokens.
+    pub max_context: u32,
+    /// Upper bound on any node's output limit on this deployment.
+    pub max_output_tokens: u32,
+    /// vLLM `--gpu-memory-utilization` (fraction of the device's memory).
+    pub gpu_memory_utilization: f64,
+}
+
+/// One node of the workflow template.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeSpec {
+    pub id: String,
+    pub description: Option<String>,
+    pub kind: NodeKind,
+    /// Static predecessors (`after:`), as indices into [`WorkflowSpec::nodes`], in file order.
+    pub after: Vec<usize>,
+    /// Branch condition on one of the `after` predecessors; the node is skipped when false.
+    pub when: Option<Condition>,
+    /// Index into [`WorkflowSpec::loops`] of the loop whose body holds this node.
+    pub loop_index: Option<usize>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum NodeKind {
+    Agent(AgentNode),
+    Tool(ToolNode),
+}
+
+/// An LLM call.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AgentNode {
+    pub deployment: String,
+    pub prompt: Template,
+    /// Output limit of this node (≤ the deployment's).
+    pub max_output_tokens: u32,
+    /// The documented output-length distribution of this node.
+    pub output_tokens: LengthDist,
+    /// Name of the emulated responder (one of [`RESPONDERS`]).
+    pub responder: String,
+}
+
+/// A tool call.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolNode {
+    /// One of [`TOOLS`].
+    pub tool: String,
+    pub inputs: BTreeMap<String, Template>,
+    pub timeout_s: Option<f64>,
+}
+
+/// `{node, verdict}`: holds when the node's latest output has one of `verdicts`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Condition {
+    /// Index into [`WorkflowSpec::nodes`].
+    pub node: usize,
+    pub verdicts: Vec<String>,
+}
+
+impl Condition {
+    pub fn holds(&self, verdict: Option<&str>) -> bool {
+        verdict.is_some_and(|v| self.verdicts.iter().any(|w| w == v))
+    }
+}
+
+/// A declared, bounded loop. Round 0 of the body runs like any other part of the graph; after
+/// a round, if `continue_when` holds on that round's output of its node and fewer than
+/// `max_rounds` rounds ran, the body runs again: the entry nodes of the new round depend on
+/// the previous round's `continue_when.node` activation (the implicit back edge).
+#[derive(Debug, Clone, PartialEq)]
+pub struct LoopSpec {
+    pub id: String,
+    pub description: Option<String>,
+    /// Body nodes (indices), in file order.
+    pub body: Vec<usize>,
+    /// Body nodes without a predecessor inside the body.
+    pub entries: Vec<usize>,
+    pub continue_when: Condition,
+    /// At least 1: the body runs at most this many times.
+    pub max_rounds: u32,
+}
+
+/// Edge kinds of the static template graph.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EdgeKind {
+    /// `after:` — the target waits for the source.
+    After,
+    /// The implicit back edge of a declared loop, from its `continue_when` node to an entry.
+    LoopBack { loop_index: usize },
+}
+
+/// How a finished session is scored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MetricKind {
+    /// The final answer after `####` matches the reference's.
+    Gsm8kExact,
+    /// The node (a `python_tests` tool) reports verdict `pass`.
+    TestsPass,
+    /// ROUGE-L F1 of the node's text against the reference.
+    RougeL,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MetricSpec {
+    pub kind: MetricKind,
+    /// Node whose output is the final answer.
+    pub node: String,
+    /// Input field holding the reference.
+    pub reference: String,
+}
+
+/// A loaded, validated workflow.
+#[derive(Debug, Clone)]
+pub struct WorkflowSpec {
+    pub name: String,
+    pub description: Option<String>,
+    /// The workflow file (as given to the loader).
+    pub path: PathBuf,
+    pub deployments: BTreeMap<String, DeploymentSpec>,
+    pub nodes: Vec<NodeSpec>,
+    pub loops: Vec<LoopSpec>,
+    pub dataset: Option<DatasetBinding>,
+    pub metric: Option<MetricSpec>,
+    graph: DiGraph<usize, EdgeKind>,
+    index: BTreeMap<String, usize>,
+    topo: Vec<usize>,
+}
+
+/// Read and validate a workflow file. Relative dataset paths resolve against its directory.
+pub fn load_workflow(path: &Path) -> Result<WorkflowSpec, WorkflowError> {
+    let file = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|source| WorkflowError::Read {
+        file: file.clone(),
+        source,
+    })?;
+    let base = path.parent().unwrap_or_else(|| Path::new("."));
+    parse_workflow(&file, &text, base)
+}
+
+/// Parse and validate workflow text. `source_name` names the file in errors (and becomes
+/// [`WorkflowSpec::path`]); `base_dir` is where relative dataset paths resolve.
+pub fn parse_workflow(
+    source_name: &str,
+    text: &str,
+    base_dir: &Path,
+) -> Result<WorkflowSpec, WorkflowError> {
+    load::build(source_name, text, base_dir)
+}
+
+impl WorkflowSpec {
+    /// Read the dataset and map each record to the input fields. Errors name the record index
+    /// and the field.
+    pub fn load_records(&self) -> Result<Vec<Record>, WorkflowError> {
+        match &self.dataset {
+            Some(d) => d.load_records(),
+            None => Err(WorkflowError::Invalid {
+                file: self.path.display().to_string(),
+                line: 1,
+                column: 1,
+                field: "dataset".into(),
+                kind: ErrorKind::MissingField,
+                message: "this workflow declares no dataset".into(),
+            }),
+        }
+    }
+
+    pub fn node(&self, id: &str) -> Option<&NodeSpec> {
+        self.index.get(id).map(|&i| &self.nodes[i])
+    }
+
+    pub fn node_index(&self, id: &str) -> Option<usize> {
+        self.index.get(id).copied()
+    }
+
+    /// The deployment an agent node runs on (`None` for tools and bad indices).
+    pub fn deployment_of(&self, node: usize) -> Option<&DeploymentSpec> {
+        match &self.nodes.get(node)?.kind {
+            NodeKind::Agent(a) => self.deployments.get(&a.deployment),
+            NodeKind::Tool(_) => None,
+        }
+    }
+
+    /// The static template graph: node weights are indices into [`Self::nodes`] (and equal
+    /// the graph's own node indices); edges are `after` edges and loop back edges.
+    pub fn graph(&self) -> &DiGraph<usize, EdgeKind> {
+        &self.graph
+    }
+
+    /// Static predecessors (`after`) of a node.
+    pub fn predecessors(&self, node: usize) -> &[usize] {
+        self.nodes
+            .get(node)
+            .map(|n| n.after.as_slice())
+            .unwrap_or(&[])
+    }
+
+    /// Static successors of a node along `after` edges (loop back edges excluded), ascending.
+    pub fn successors(&self, node: usize) -> Vec<usize> {
+        if node >= self.nodes.len() {
+            return Vec::new();
+        }
+        let mut out: Vec<usize> = self
+            .graph
+            .edges_directed(NodeIndex::new(node), Direction::Outgoing)
+            .filter(|e| *e.weight() == EdgeKind::After)
+            .map(|e| e.target().index())
+            .collect();
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
+
+    /// Nodes in a topological order of the `after` edges (ties by file order).
+    pub fn topological_order(&self) -> &[usize] {
+        &self.topo
+    }
+
+    /// Nodes without successors along `after` edges, in file order.
+    pub fn sinks(&self) -> Vec<usize> {
+        (0..self.nodes.len())
+            .filter(|&i| self.successors(i).is_empty())
+            .collect()
+    }
+
+    /// The loop whose body holds `node`.
+    pub fn loop_of(&self, node: usize) -> Option<&LoopSpec> {
+        self.nodes
+            .get(node)?
+            .loop_index
+            .and_then(|l| self.loops.get(l))
+    }
+
+    /// Input fields the templates read (`{{input.X}}`), sorted.
+    pub fn input_fields(&self) -> Vec<String> {
+        let mut out: Vec<String> = self
+            .nodes
+            .iter()
+            .flat_map(|n| node_templates(n).into_iter())
+            .flat_map(|t| t.references().into_iter())
+            .flat_map(|r| r.sources.iter())
+            .filter_map(|s| match s {
+                Source::Input(f) => Some(f.clone()),
+                _ => None,
+            })
+            .collect();
+        if let Some(m) = &self.metric {
+            out.push(m.reference.clone());
+        }
+        out.sort();
+        out.dedup();
+        out
+    }
+}
+
+/// The templates of a node (the prompt, or the tool inputs in name order).
+pub fn node_templates(n: &NodeSpec) -> Vec<&Template> {
+    match &n.kind {
+        NodeKind::Agent(a) => vec![&a.prompt],
+        NodeKind::Tool(t) => t.inputs.values().collect(),
+    }
+}

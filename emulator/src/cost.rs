@@ -1,0 +1,589 @@
+//! The cost model: the time of one continuous-batching iteration of a vLLM-like engine on one
+//! GPU, given the batch (prefill chunks with the context cached before each, and decode
+//! sequences with their context lengths).
+//!
+//! Form (per transformer layer, following Vidur's operator split):
+//! - token-level linear ops (QKV projection, O projection, gated MLP up+gate, MLP down; the LM
+//!   head once per iteration over the sampled sequences) as a roofline
+//!   `smoothmax(flops / (peak × mfu(n)), bytes / (bw × mbu)) + launch`, where the weights are
+//!   read once per iteration, `mfu(n) = mfu · n / (n + n½)` ramps with the tokens `n`, and
+//!   `smoothmax(a, b) = (aᵖ + bᵖ)^(1/p)` rounds the knee between the bandwidth-bound (decode)
+//!   and compute-bound (prefill) regimes;
+//! - norms, rotary embedding, activation, residual add, embedding and KV-cache writes as
+//!   bandwidth-bound element-wise kernels `bytes / (bw × mbu_op) + launch_op`;
+//! - attention: prefill FLOPs (causal, `4 · q_width` per query–key pair) and decode KV bytes
+//!   read (`2 · kv_width · dtype` per cached token) as rooflines;
+//! - plus a per-iteration CPU overhead (schedule, prepare inputs, sampler, output processing)
+//!   linear in the number of sequences in the batch.
+//!
+//! The efficiency constants were fitted offline (`cargo run -p switchyard-emulator --example
+//! calibrate`) against Vidur's measured per-operator profiles (`predictor/data/vidur-profiling`)
+//! and are checked by `tests/calibration.rs`; `CALIBRATION.md` reports the errors. Devices
+//! without measurements reuse the constants of their closest measured class scaled by their
+//! own datasheet FLOP/s and bandwidth — a roofline extrapolation.
+//!
+//! This module is the emulator's private ground truth: the predictor must not call it or read
+//! its constants. It depends only on the spec sheets (`ModelArch`, `DeviceSpec`, `Dtype`).
+
+use serde::{Deserialize, Serialize};
+use switchyard_predictor::spec::{DeviceSpec, Dtype, ModelArch};
+
+/// The shape of a decoder-only transformer as the cost model sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModelShape {
+    pub num_layers: u64,
+    pub hidden: u64,
+    /// `num_attention_heads × head_dim`.
+    pub q_width: u64,
+    /// `num_key_value_heads × head_dim` (one of K or V).
+    pub kv_width: u64,
+    pub intermediate: u64,
+    /// Gated MLP (SwiGLU: up and gate fused into one matrix of width `2 × intermediate`).
+    pub gated_mlp: bool,
+    pub vocab: u64,
+    /// Per-head RMSNorm on q and k (Qwen3).
+    pub qk_norm: bool,
+}
+
+impl ModelShape {
+    /// The shape of a catalogue model (Qwen3 / Llama family: gated MLP).
+    pub fn from_arch(model: &ModelArch) -> Self {
+        ModelShape {
+            num_layers: model.num_hidden_layers,
+            hidden: model.hidden_size,
+            q_width: model.q_width(),
+            kv_width: model.kv_width(),
+            intermediate: model.intermediate_size,
+            gated_mlp: true,
+            vocab: model.vocab_size,
+            qk_norm: model.qk_norm,
+        }
+    }
+}
+
+/// Efficiency of one bandwidth-bound element-wise kernel: achieved fraction of the datasheet
+/// bandwidth and a fixed per-launch time.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct KernelEff {
+    pub mbu: f64,
+    pub launch_s: f64,
+}
+
+/// The efficiency constants of one device class. Fitted, not datasheet figures: they turn the
+/// datasheet peaks into achieved times. Exposed so the offline calibration program can
+/// evaluate candidates through the very code the emulator runs; planning code must not read
+/// them (the predictor has its own, independent estimates).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Efficiency {
+    /// Model FLOP utilisation of the linear ops in the compute-bound regime, at many tokens.
+    pub linear_mfu: f64,
+    /// Tokens at which the linear ops reach half of `linear_mfu`: the utilisation ramps as
+    /// `linear_mfu · n / (n + half)` (small GEMMs fill few tiles and waves).
+    pub linear_mfu_half_tokens: f64,
+    /// Memory-bandwidth utilisation of the linear ops in the bandwidth-bound regime.
+    pub linear_mbu: f64,
+    /// Exponent `p` of the smooth maximum joining the two regimes (∞ would be a hard max).
+    pub linear_sharpness: f64,
+    /// Fixed time per linear kernel (launch, tail effects).
+    pub linear_launch_s: f64,
+    pub norm: KernelEff,
+    pub rope: KernelEff,
+    pub act: KernelEff,
+    pub add: KernelEff,
+    pub emb: KernelEff,
+    /// FLOP utilisation of prefill attention (FlashAttention, causal).
+    pub attn_prefill_mfu: f64,
+    /// Bandwidth utilisation of attention when reading the KV cache (decode).
+    pub attn_mbu: f64,
+    /// Fixed time per attention kernel.
+    pub attn_launch_s: f64,
+}
+
+/// Fitted against Vidur's `profiling/compute/a100/*/mlp.csv` (TP = 1, eight models, 2,478
+/// rows; Vidur's `device_configs/a100.yml` says the profiled A100 has 80 GB, so the peaks used
+/// in the fit are the A100-80GB datasheet's 312 TFLOP/s and 2,039 GB/s) and the legacy
+/// `legacy/a100/attention.csv` (one shape). Produced by `examples/calibrate.rs`; errors in
+/// `CALIBRATION.md`, re-checked by `tests/calibration.rs`.
+const AMPERE: Efficiency = Efficiency {
+    linear_mfu: 0.737,
+    linear_mfu_half_tokens: 73.6,
+    linear_mbu: 0.828,
+    linear_sharpness: 6.54,
+    linear_launch_s: 8.30e-6,
+    norm: KernelEff { mbu: 0.367, launch_s: 3.49e-6 },
+    rope: KernelEff { mbu: 0.465, launch_s: 3.69e-6 },
+    act: KernelEff { mbu: 0.522, launch_s: 6.11e-6 },
+    add: KernelEff { mbu: 0.922, launch_s: 1.89e-6 },
+    emb: KernelEff { mbu: 0.149, launch_s: 3.47e-6 },
+    attn_prefill_mfu: 0.255,
+    attn_mbu: 0.771,
+    attn_launch_s: 1.55e-5,
+};
+
+/// Fitted against Vidur's `profiling/compute/h100/*/mlp.csv` (TP = 1, six models, 1,566
+/// rows) with the H100-80GB (SXM5) datasheet peaks, 989 TFLOP/s and 3.35 TB/s. No H100
+/// attention profile exists in the copy: attention reuses the A100-fitted fractions of peak
+/// (an assumption; vLLM on Hopper may use FlashAttention 3, which reaches higher fractions).
+const HOPPER: Efficiency = Efficiency {
+    linear_mfu: 0.728,
+    linear_mfu_half_tokens: 130.3,
+    linear_mbu: 0.931,
+    linear_sharpness: 7.11,
+    linear_launch_s: 7.10e-6,
+    norm: KernelEff { mbu: 0.412, launch_s: 3.09e-6 },
+    rope: KernelEff { mbu: 0.510, launch_s: 3.20e-6 },
+    act: KernelEff { mbu: 0.630, launch_s: 3.97e-6 },
+    // Slightly above 1: the measured adds reach 0.95–1.07 of the datasheet bandwidth when part
+    // of their operands is still in the 50 MB L2 from the previous kernel, so the HBM bytes
+    // counted here overstate the traffic.
+    add: KernelEff { mbu: 1.080, launch_s: 1.66e-6 },
+    emb: KernelEff { mbu: 0.180, launch_s: 2.84e-6 },
+    attn_prefill_mfu: 0.255,
+    attn_mbu: 0.771,
+    attn_launch_s: 1.55e-5,
+};
+
+/// Per-iteration CPU overhead of the engine (schedule + prepare inputs + sampler + output
+/// processing), `base + per_seq × sequences`, least-squares fit to the TP = 1 rows (Llama-2-7B,
+/// phi-2, batch 8–128) of Vidur's `legacy/a100/cpu_overheads.csv` (vLLM of 2024, whose V0
+/// engine ran these steps serially with the GPU). It is host-side work, so every device class
+/// uses it. Produced by `examples/calibrate.rs`.
+const CPU_OVERHEAD_BASE_S: f64 = 8.1313e-4;
+const CPU_OVERHEAD_PER_SEQ_S: f64 = 4.2314e-5;
+
+impl Efficiency {
+    /// The calibrated constants for a device: the Hopper fit for Hopper parts (H100, H200,
+    /// H800, H20), the Ampere fit for everything else (A100, and by roofline extrapolation
+    /// V100, A40, L4 and unknown devices).
+    pub(crate) fn calibrated_for(device: &DeviceSpec) -> Efficiency {
+        let name = device.name.to_ascii_uppercase();
+        if ["H100", "H200", "H800", "H20"].iter().any(|h| name.contains(h)) {
+            HOPPER
+        } else {
+            AMPERE
+        }
+    }
+}
+
+/// Per-operator times of one transformer layer over `num_tokens` tokens, in seconds, named
+/// after Vidur's operator columns; plus the two per-layer kernels Vidur does not list
+/// separately (q/k norm of Qwen3, the KV-cache write).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct OpTimes {
+    pub emb: f64,
+    pub input_layernorm: f64,
+    pub attn_pre_proj: f64,
+    pub attn_rope: f64,
+    pub attn_post_proj: f64,
+    pub post_attention_layernorm: f64,
+    pub mlp_up_proj: f64,
+    pub mlp_act: f64,
+    pub mlp_down_proj: f64,
+    pub add: f64,
+    pub qk_norm: f64,
+    pub kv_cache_save: f64,
+}
+
+impl OpTimes {
+    /// The per-layer kernels (everything but the embedding, which runs once per iteration).
+    pub fn layer_sum(&self) -> f64 {
+        self.input_layernorm
+            + self.attn_pre_proj
+            + self.qk_norm
+            + self.attn_rope
+            + self.kv_cache_save
+            + self.attn_post_proj
+            + self.post_attention_layernorm
+            + self.mlp_up_proj
+            + self.mlp_act
+            + self.mlp_down_proj
+            + self.add
+    }
+}
+
+/// One prefill chunk of a batch: `tokens` new prompt tokens computed on top of
+/// `cached_context` tokens already in the KV cache (prefix-cache hit or earlier chunks).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PrefillChunk {
+    pub tokens: u32,
+    pub cached_context: u32,
+}
+
+/// The shape of one iteration's batch, as a list.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BatchShape {
+    pub prefills: Vec<PrefillChunk>,
+    /// For each decoding sequence, the tokens already in its KV cache; its one new token
+    /// attends to those and to itself.
+    pub decode_contexts: Vec<u32>,
+}
+
+impl BatchShape {
+    /// The sums the cost model needs.
+    pub fn summary(&self) -> BatchSummary {
+        let mut s = BatchSummary::default();
+        for p in &self.prefills {
+            s.add_chunk(p.tokens, p.cached_context);
+        }
+        for &c in &self.decode_contexts {
+            s.add_decode(c);
+        }
+        s
+    }
+}
+
+/// The sufficient statistics of a batch: what the replica accumulates while it forms a batch,
+/// without building a list.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct BatchSummary {
+    /// Sequences in the batch (each gets its logits computed).
+    pub requests: u32,
+    /// Tokens computed this iteration (prefill-chunk tokens plus one per decode).
+    pub tokens: u64,
+    /// Prefill query–key pairs: Σ over chunks of `c·p + c(c+1)/2`.
+    pub prefill_pairs: f64,
+    /// Keys/values read by prefill attention: Σ over chunks of `p + c`.
+    pub prefill_kv_tokens: u64,
+    /// Query tokens of prefill chunks.
+    pub prefill_tokens: u64,
+    pub decode_requests: u32,
+    /// Keys/values read by decode attention: Σ over decodes of `context + 1`.
+    pub decode_kv_tokens: u64,
+}
+
+impl BatchSummary {
+    /// Adds one sequence computing `tokens` tokens on top of `cached_context` cached ones. A
+    /// single token on top of a non-empty context is a decode; anything else a prefill chunk.
+    pub fn add_chunk(&mut self, tokens: u32, cached_context: u32) {
+        if tokens == 0 {
+            return;
+        }
+        if tokens == 1 && cached_context > 0 {
+            self.add_decode(cached_context);
+            return;
+        }
+        let (c, p) = (f64::from(tokens), f64::from(cached_context));
+        self.requests += 1;
+        self.tokens += u64::from(tokens);
+        self.prefill_tokens += u64::from(tokens);
+        self.prefill_pairs += c * p + c * (c + 1.0) / 2.0;
+        self.prefill_kv_tokens += u64::from(tokens) + u64::from(cached_context);
+    }
+
+    /// Adds one decoding sequence with `context` tokens already cached.
+    pub fn add_decode(&mut self, context: u32) {
+        self.requests += 1;
+        self.tokens += 1;
+        self.decode_requests += 1;
+        self.decode_kv_tokens += u64::from(context) + 1;
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.tokens == 0
+    }
+}
+
+/// FP32 matmuls run on CUDA cores, not tensor cores: about 1/16 of the dense fp16 tensor peak
+/// (A100 datasheet: 19.5 vs 312 TFLOP/s; H100 SXM: 67 vs 989). Fp8 weights are costed at the
+/// fp16 peak (weight-only kernels on Ampere; conservative on Hopper, whose fp8 tensor cores
+/// are twice as fast).
+const FP32_PEAK_FRACTION: f64 = 1.0 / 16.0;
+
+/// The cost model of one (device, model, dtype) triple, with every per-call constant
+/// precomputed so an iteration costs a few dozen floating-point operations.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CostModel {
+    shape: ModelShape,
+    eff: Efficiency,
+    /// Achievable peak FLOP/s in this dtype.
+    peak: f64,
+    /// Datasheet memory bandwidth, bytes/s.
+    bw: f64,
+    /// Bytes per weight element.
+    wb: f64,
+    /// Bytes per activation element (activations stay in 16-bit for fp8 weights).
+    ab: f64,
+    /// Bytes per KV-cache element.
+    kvb: f64,
+}
+
+impl CostModel {
+    /// The calibrated cost model of `shape` served in `dtype` on `device`.
+    pub fn new(device: &DeviceSpec, shape: ModelShape, dtype: Dtype) -> Self {
+        Self::with_efficiency(device, shape, dtype, Efficiency::calibrated_for(device))
+    }
+
+    /// The calibrated cost model of a catalogue model.
+    pub fn for_arch(device: &DeviceSpec, model: &ModelArch, dtype: Dtype) -> Self {
+        Self::new(device, ModelShape::from_arch(model), dtype)
+    }
+
+    /// A cost model with explicit efficiency constants (used by the offline calibration).
+    pub fn with_efficiency(
+        device: &DeviceSpec,
+        shape: ModelShape,
+        dtype: Dtype,
+        eff: Efficiency,
+    ) -> Self {
+        let peak = match dtype {
+            Dtype::Fp32 => device.dense_fp16_flops * FP32_PEAK_FRACTION,
+            Dtype::Bf16 | Dtype::Fp16 | Dtype::Fp8 => device.dense_fp16_flops,
+        };
+        let bytes = dtype.bytes() as f64;
+        CostModel {
+            shape,
+            eff,
+            peak,
+            bw: device.memory_bandwidth,
+            wb: bytes,
+            ab: bytes.max(2.0),
+            kvb: bytes,
+        }
+    }
+
+    pub fn shape(&self) -> &ModelShape {
+        &self.shape
+    }
+
+    /// One linear op `[tokens × k] · [k × n]`: a smoothed roofline plus a launch time.
+    fn linear(&self, k: f64, n: f64, tokens: f64) -> f64 {
+        // flops / (peak × mfu × t / (t + half)) = 2·k·n·(t + half) / (peak × mfu).
+        let compute = 2.0 * k * n * (tokens + self.eff.linear_mfu_half_tokens) / (self.peak * self.eff.linear_mfu);
+        let bytes = k * n * self.wb + tokens * (k + n) * self.ab;
+        let memory = bytes / (self.bw * self.eff.linear_mbu);
+        smooth_max(compute, memory, self.eff.linear_sharpness) + self.eff.linear_launch_s
+    }
+
+    /// One bandwidth-bound element-wise kernel moving `bytes`.
+    fn elementwise(&self, bytes: f64, k: KernelEff) -> f64 {
+        bytes / (self.bw * k.mbu) + k.launch_s
+    }
+
+    /// Per-operator times of one layer over `num_tokens` tokens (and the embedding).
+    pub fn op_times(&self, num_tokens: u64) -> OpTimes {
+        if num_tokens == 0 {
+            return OpTimes::default();
+        }
+        let s = &self.shape;
+        let n = num_tokens as f64;
+        let (h, q, kv, i) = (s.hidden as f64, s.q_width as f64, s.kv_width as f64, s.intermediate as f64);
+        let ab = self.ab;
+        let e = &self.eff;
+        let norm = self.elementwise(2.0 * n * h * ab, e.norm);
+        let up_width = if s.gated_mlp { 2.0 * i } else { i };
+        let act_bytes = if s.gated_mlp { 3.0 * n * i * ab } else { 2.0 * n * i * ab };
+        OpTimes {
+            emb: self.elementwise(2.0 * n * h * ab, e.emb),
+            input_layernorm: norm,
+            attn_pre_proj: self.linear(h, q + 2.0 * kv, n),
+            attn_rope: self.elementwise(2.0 * n * (q + kv) * ab, e.rope),
+            attn_post_proj: self.linear(q, h, n),
+            post_attention_layernorm: norm,
+            mlp_up_proj: self.linear(h, up_width, n),
+            mlp_act: self.elementwise(act_bytes, e.act),
+            mlp_down_proj: self.linear(i, h, n),
+            add: self.elementwise(3.0 * n * h * ab, e.add),
+            qk_norm: if s.qk_norm { self.elementwise(2.0 * n * (q + kv) * ab, e.norm) } else { 0.0 },
+            kv_cache_save: self.elementwise(2.0 * n * kv * (ab + self.kvb), e.rope),
+        }
+    }
+
+    /// Attention time of one layer for the batch: a prefill roofline over the chunks'
+    /// query–key pairs and a decode roofline over the KV bytes the decodes read.
+    pub fn attention_time(&self, b: &BatchSummary) -> f64 {
+        let s = &self.shape;
+        let (q, kv) = (s.q_width as f64, s.kv_width as f64);
+        let e = &self.eff;
+        let mut t = 0.0;
+        if b.prefill_tokens > 0 {
+            let flops = 4.0 * q * b.prefill_pairs;
+            let bytes = b.prefill_kv_tokens as f64 * 2.0 * kv * self.kvb
+                + b.prefill_tokens as f64 * 2.0 * q * self.ab;
+            t += smooth_max(
+                flops / (self.peak * e.attn_prefill_mfu),
+                bytes / (self.bw * e.attn_mbu),
+                e.linear_sharpness,
+            ) + e.attn_launch_s;
+        }
+        if b.decode_requests > 0 {
+            let flops = 4.0 * q * b.decode_kv_tokens as f64;
+            let bytes = b.decode_kv_tokens as f64 * 2.0 * kv * self.kvb
+                + f64::from(b.decode_requests) * 2.0 * q * self.ab;
+            t += smooth_max(
+                flops / (self.peak * e.attn_prefill_mfu),
+                bytes / (self.bw * e.attn_mbu),
+                e.linear_sharpness,
+            ) + e.attn_launch_s;
+        }
+        t
+    }
+
+    /// Host-side engine overhead of one iteration over `requests` sequences.
+    pub fn cpu_overhead(&self, requests: u32) -> f64 {
+        CPU_OVERHEAD_BASE_S + CPU_OVERHEAD_PER_SEQ_S * f64::from(requests)
+    }
+
+    /// The time of one iteration, noise-free: all layers, the embedding, the final norm, the
+    /// LM head over the batch's sequences and the CPU overhead. Zero for an empty batch.
+    pub fn iteration_time(&self, b: &BatchSummary) -> f64 {
+        if b.is_empty() {
+            return 0.0;
+        }
+        let s = &self.shape;
+        let ops = self.op_times(b.tokens);
+        let per_layer = ops.layer_sum() + self.attention_time(b);
+        let requests = f64::from(b.requests);
+        let lm_head = self.linear(s.hidden as f64, s.vocab as f64, requests);
+        s.num_layers as f64 * per_layer
+            + ops.emb
+            + ops.input_layernorm
+            + lm_head
+            + self.cpu_overhead(b.requests)
+    }
+}
+
+/// `(aᵖ + bᵖ)^(1/p)`, computed relative to the larger term so it cannot overflow.
+fn smooth_max(a: f64, b: f64, p: f64) -> f64 {
+    let m = a.max(b);
+    if m <= 0.0 {
+        return 0.0;
+    }
+    m * ((a / m).powf(p) + (b / m).powf(p)).powf(1.0 / p)
+}
+
+/// The noise-free time of one iteration of `model` served in `dtype` on `device`.
+pub fn iteration_time(device: &DeviceSpec, model: &ModelArch, dtype: Dtype, batch: &BatchShape) -> f64 {
+    CostModel::for_arch(device, model, dtype).iteration_time(&batch.summary())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use switchyard_predictor::spec::{device, model};
+
+    fn qwen8b_a100() -> CostModel {
+        CostModel::for_arch(&device("A100-40GB").unwrap(), &model("Qwen3-8B").unwrap(), Dtype::Bf16)
+    }
+
+    #[test]
+    fn smooth_max_bounds() {
+        assert_eq!(smooth_max(0.0, 0.0, 3.0), 0.0);
+        let v = smooth_max(3.0, 4.0, 2.0);
+        assert!((v - 5.0).abs() < 1e-12);
+        // Always between max(a, b) and a + b.
+        let v = smooth_max(1.0, 1e-9, 3.0);
+        assert!((v - 1.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn linear_op_by_hand() {
+        // A 4096 × 4096 bf16 matrix for one token on an A100-40GB is bandwidth-bound:
+        // bytes = 4096² × 2 + 1 × 8192 × 2 = 33,570,816; time ≈ bytes / (1,555e9 × mbu),
+        // the compute term is ~1/300 of it, so the smooth max adds < 0.1 %.
+        let c = qwen8b_a100();
+        let bytes = 4096.0 * 4096.0 * 2.0 + 8192.0 * 2.0;
+        let memory = bytes / (1555e9 * AMPERE.linear_mbu);
+        let got = c.linear(4096.0, 4096.0, 1.0) - AMPERE.linear_launch_s;
+        assert!((got - memory).abs() / memory < 1e-3, "{got} vs {memory}");
+        // At 8,192 tokens it is compute-bound: flops / (peak × mfu(n)).
+        let mfu = AMPERE.linear_mfu * 8192.0 / (8192.0 + AMPERE.linear_mfu_half_tokens);
+        let compute = 2.0 * 8192.0 * 4096.0 * 4096.0 / (312e12 * mfu);
+        let got = c.linear(4096.0, 4096.0, 8192.0) - AMPERE.linear_launch_s;
+        assert!(got >= compute && got < compute * 1.05, "{got} vs {compute}");
+    }
+
+    #[test]
+    fn elementwise_by_hand() {
+        let c = qwen8b_a100();
+        let ops = c.op_times(1000);
+        // RMSNorm reads and writes 1000 × 4096 bf16 values.
+        let want = 2.0 * 1000.0 * 4096.0 * 2.0 / (1555e9 * AMPERE.norm.mbu) + AMPERE.norm.launch_s;
+        assert!((ops.input_layernorm - want).abs() < 1e-15);
+        assert!(ops.qk_norm > 0.0, "Qwen3 has q/k norms");
+    }
+
+    #[test]
+    fn prefill_attention_pairs_by_hand() {
+        // A 4-token chunk on 10 cached tokens: 4·10 + 4·5/2 = 50 query–key pairs.
+        let mut s = BatchSummary::default();
+        s.add_chunk(4, 10);
+        assert_eq!(s.prefill_pairs, 50.0);
+        assert_eq!(s.prefill_kv_tokens, 14);
+        assert_eq!(s.tokens, 4);
+        // A single token on a context is a decode reading context + 1 keys.
+        s.add_chunk(1, 99);
+        assert_eq!((s.decode_requests, s.decode_kv_tokens, s.requests, s.tokens), (1, 100, 2, 5));
+    }
+
+    #[test]
+    fn decode_attention_is_bandwidth_bound() {
+        let c = qwen8b_a100();
+        let mut s = BatchSummary::default();
+        for _ in 0..64 {
+            s.add_decode(2047);
+        }
+        // 64 × 2048 tokens × 2 × 1024 (8 kv heads × 128) × 2 bytes per layer.
+        let bytes = 64.0 * 2048.0 * 2.0 * 1024.0 * 2.0 + 64.0 * 2.0 * 4096.0 * 2.0;
+        let memory = bytes / (1555e9 * AMPERE.attn_mbu);
+        let got = c.attention_time(&s) - AMPERE.attn_launch_s;
+        assert!(got >= memory && got < memory * 1.1, "{got} vs {memory}");
+    }
+
+    #[test]
+    fn cpu_overhead_is_linear_in_sequences() {
+        let c = qwen8b_a100();
+        let d = c.cpu_overhead(101) - c.cpu_overhead(1);
+        assert!((d - 100.0 * CPU_OVERHEAD_PER_SEQ_S).abs() < 1e-12);
+    }
+
+    #[test]
+    fn empty_batch_costs_nothing() {
+        assert_eq!(qwen8b_a100().iteration_time(&BatchSummary::default()), 0.0);
+    }
+
+    #[test]
+    fn faster_devices_are_faster() {
+        let m = model("Qwen3-8B").unwrap();
+        let mut b = BatchShape::default();
+        b.prefills.push(PrefillChunk { tokens: 2048, cached_context: 0 });
+        b.decode_contexts = vec![1000; 32];
+        let t = |d: &str| iteration_time(&device(d).unwrap(), &m, Dtype::Bf16, &b);
+        assert!(t("H100-80GB") < t("A100-80GB"));
+        assert!(t("A100-80GB") <= t("A100-40GB"));
+        assert!(t("A100-40GB") < t("L4"));
+    }
+
+    #[test]
+    fn hopper_parts_get_the_hopper_fit() {
+        assert_eq!(Efficiency::calibrated_for(&device("H200-141GB").unwrap()), HOPPER);
+        assert_eq!(Efficiency::calibrated_for(&device("V100-32GB").unwrap()), AMPERE);
+    }
+
+    proptest! {
+        #[test]
+        fn iteration_time_is_monotone_in_tokens_and_context(
+            chunk in 1u32..4096, extra in 1u32..4096, ctx in 0u32..32_000, more_ctx in 1u32..8000,
+            decodes in 0usize..64,
+        ) {
+            let m = model("Qwen3-4B").unwrap();
+            let d = device("A100-40GB").unwrap();
+            let base = BatchShape {
+                prefills: vec![PrefillChunk { tokens: chunk, cached_context: ctx }],
+                decode_contexts: vec![ctx; decodes],
+            };
+            let t0 = iteration_time(&d, &m, Dtype::Bf16, &base);
+            prop_assert!(t0 > 0.0);
+            let mut more_tokens = base.clone();
+            more_tokens.prefills[0].tokens += extra;
+            prop_assert!(iteration_time(&d, &m, Dtype::Bf16, &more_tokens) > t0);
+            let mut longer = base.clone();
+            longer.prefills[0].cached_context += more_ctx;
+            for c in &mut longer.decode_contexts { *c += more_ctx; }
+            prop_assert!(iteration_time(&d, &m, Dtype::Bf16, &longer) > t0);
+            let mut one_more = base.clone();
+            one_more.decode_contexts.push(ctx);
+            prop_assert!(iteration_time(&d, &m, Dtype::Bf16, &one_more) > t0);
+        }
+    }
+}

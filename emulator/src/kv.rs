@@ -1,0 +1,226 @@
+//! The paged KV-cache block pool with automatic prefix caching, after vLLM V1's
+//! `BlockPool` / `FreeKVCacheBlockQueue`: blocks are reference counted; a full prompt block is
+//! identified by a chained hash supplied by the caller; freed blocks keep their hash and join
+//! the tail of one free queue, so later prompts with the same hash prefix reuse them, and an
+//! allocation takes the queue's head — the least recently freed block — evicting its hash.
+//!
+//! Every operation is O(1) (the free queue is an intrusive doubly linked list over block ids)
+//! except the prefix lookup, O(matched blocks). Depends on nothing else in the crate.
+
+use std::collections::HashMap;
+
+const NIL: u32 = u32::MAX;
+
+/// The KV blocks of one replica.
+#[derive(Debug, Clone)]
+pub struct BlockPool {
+    ref_count: Vec<u32>,
+    /// The prefix hash a block holds, if it is registered in `cached`.
+    hash: Vec<Option<u64>>,
+    prev: Vec<u32>,
+    next: Vec<u32>,
+    head: u32,
+    tail: u32,
+    free_len: u32,
+    /// Hash → the block holding it. Only looked up, never iterated, so its order cannot leak.
+    cached: HashMap<u64, u32>,
+    evictions: u64,
+}
+
+impl BlockPool {
+    /// A pool of `blocks` free, empty blocks.
+    pub fn new(blocks: u32) -> Self {
+        let n = blocks as usize;
+        let mut pool = BlockPool {
+            ref_count: vec![0; n],
+            hash: vec![None; n],
+            prev: vec![NIL; n],
+            next: vec![NIL; n],
+            head: NIL,
+            tail: NIL,
+            free_len: 0,
+            cached: HashMap::new(),
+            evictions: 0,
+        };
+        for b in 0..blocks {
+            pool.push_tail(b);
+        }
+        pool
+    }
+
+    /// Empties the pool: every block free, no hash cached (sleep, unload).
+    pub fn reset(&mut self) {
+        *self = BlockPool::new(self.total());
+    }
+
+    pub fn total(&self) -> u32 {
+        self.ref_count.len() as u32
+    }
+
+    /// Blocks an allocation can take (free, whether or not they still hold a cached prefix).
+    pub fn free(&self) -> u32 {
+        self.free_len
+    }
+
+    /// Blocks referenced by at least one request.
+    pub fn in_use(&self) -> u32 {
+        self.total() - self.free_len
+    }
+
+    /// Cached blocks evicted so far to make room.
+    pub fn evictions(&self) -> u64 {
+        self.evictions
+    }
+
+    /// The block caching `hash`, if any.
+    pub fn lookup(&self, hash: u64) -> Option<u32> {
+        self.cached.get(&hash).copied()
+    }
+
+    /// Whether `block` sits in the free queue (reference count zero).
+    pub fn is_free(&self, block: u32) -> bool {
+        self.ref_count[block as usize] == 0
+    }
+
+    /// Takes a reference on a cached block found by [`lookup`](Self::lookup), taking it out of
+    /// the free queue if nobody held it.
+    pub fn touch(&mut self, block: u32) {
+        let i = block as usize;
+        if self.ref_count[i] == 0 {
+            self.unlink(block);
+        }
+        self.ref_count[i] += 1;
+    }
+
+    /// Allocates the least recently freed block, evicting the prefix it cached. `None` when
+    /// no block is free.
+    pub fn allocate(&mut self) -> Option<u32> {
+        let block = self.head;
+        if block == NIL {
+            return None;
+        }
+        self.unlink(block);
+        let i = block as usize;
+        if let Some(h) = self.hash[i].take() {
+            self.cached.remove(&h);
+            self.evictions += 1;
+        }
+        self.ref_count[i] = 1;
+        Some(block)
+    }
+
+    /// Drops one reference; at zero the block joins the free queue's tail, keeping its hash.
+    pub fn release(&mut self, block: u32) {
+        let i = block as usize;
+        debug_assert!(self.ref_count[i] > 0, "double free of block {block}");
+        self.ref_count[i] = self.ref_count[i].saturating_sub(1);
+        if self.ref_count[i] == 0 {
+            self.push_tail(block);
+        }
+    }
+
+    /// Registers `block` as holding the prefix `hash`. If another block already caches that
+    /// hash (two requests computed the same prefix at once) the first one stays cached and
+    /// this block remains private. Returns whether the block was registered.
+    pub fn register(&mut self, block: u32, hash: u64) -> bool {
+        if self.cached.contains_key(&hash) || self.hash[block as usize].is_some() {
+            return false;
+        }
+        self.cached.insert(hash, block);
+        self.hash[block as usize] = Some(hash);
+        true
+    }
+
+    fn push_tail(&mut self, block: u32) {
+        let i = block as usize;
+        self.prev[i] = self.tail;
+        self.next[i] = NIL;
+        if self.tail == NIL {
+            self.head = block;
+        } else {
+            self.next[self.tail as usize] = block;
+        }
+        self.tail = block;
+        self.free_len += 1;
+    }
+
+    fn unlink(&mut self, block: u32) {
+        let i = block as usize;
+        let (p, n) = (self.prev[i], self.next[i]);
+        if p == NIL {
+            self.head = n;
+        } else {
+            self.next[p as usize] = n;
+        }
+        if n == NIL {
+            self.tail = p;
+        } else {
+            self.prev[n as usize] = p;
+        }
+        self.prev[i] = NIL;
+        self.next[i] = NIL;
+        self.free_len -= 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn allocation_is_lru_and_evicts_hashes() {
+        let mut pool = BlockPool::new(3);
+        let a = pool.allocate().unwrap();
+        let b = pool.allocate().unwrap();
+        assert!(pool.register(a, 11));
+        assert!(pool.register(b, 22));
+        assert_eq!(pool.in_use(), 2);
+        // Free b before a: b is the least recently freed after the never-used third block.
+        pool.release(b);
+        pool.release(a);
+        assert_eq!(pool.free(), 3);
+        assert_eq!(pool.lookup(11), Some(a));
+        let c = pool.allocate().unwrap();
+        assert!(c != a && c != b, "the never-used block goes first");
+        let d = pool.allocate().unwrap();
+        assert_eq!(d, b, "then the least recently freed");
+        assert_eq!(pool.lookup(22), None, "its hash is evicted");
+        assert_eq!(pool.evictions(), 1);
+        assert_eq!(pool.lookup(11), Some(a));
+        assert!(pool.allocate().is_some());
+        assert!(pool.allocate().is_none());
+    }
+
+    #[test]
+    fn touching_a_free_cached_block_takes_it_out_of_the_queue() {
+        let mut pool = BlockPool::new(2);
+        let a = pool.allocate().unwrap();
+        pool.register(a, 7);
+        pool.release(a);
+        assert!(pool.is_free(a));
+        pool.touch(a);
+        assert!(!pool.is_free(a));
+        assert_eq!(pool.free(), 1);
+        let other = pool.allocate().unwrap();
+        assert_ne!(other, a);
+        assert!(pool.allocate().is_none());
+        // Shared: two references, freed after both release.
+        pool.touch(a);
+        pool.release(a);
+        assert!(!pool.is_free(a));
+        pool.release(a);
+        assert!(pool.is_free(a));
+    }
+
+    #[test]
+    fn duplicate_hashes_keep_the_first_block() {
+        let mut pool = BlockPool::new(2);
+        let a = pool.allocate().unwrap();
+        let b = pool.allocate().unwrap();
+        assert!(pool.register(a, 5));
+        assert!(!pool.register(b, 5));
+        assert_eq!(pool.lookup(5), Some(a));
+        pool.reset();
+        assert_eq!((pool.free(), pool.lookup(5)), (2, None));
+    }
+}

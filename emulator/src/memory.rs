@@ -1,0 +1,287 @@
+//! The serving configuration of a deployment and the memory plan of its replica: weights +
+//! engine overhead + KV cache, the rest of `gpu_memory_utilization × device memory`, in blocks
+//! of `block_size` tokens — the way vLLM sizes its KV cache after its start-up profile run
+//! (`gpu_worker.determine_available_memory`).
+//!
+//! Depends only on the spec sheets. The constants below are assumptions with sources; the
+//! predictor must not read them.
+
+use serde::{Deserialize, Serialize};
+use switchyard_predictor::spec::{DeviceSpec, Dtype, ModelArch};
+
+use crate::error::EmulatorError;
+
+const MIB: u64 = 1 << 20;
+
+/// The CUDA context and NCCL buffers of an engine process. Field anchors §1.1: `/sleep` frees
+/// neither, "a few hundred MiB per process per GPU". Assumed 512 MiB.
+pub(crate) const CUDA_CONTEXT_BYTES: u64 = 512 * MIB;
+
+/// Memory the start-up profile run sees outside PyTorch's allocator (cuBLAS / attention
+/// workspaces). vLLM logs report 0.16 GiB (PR #12126, H100), 0.20 GiB (PR #14447), 0.33 GiB
+/// (issue #14452) and 1.79 GiB (PR #10511, older accounting). Assumed 256 MiB.
+pub(crate) const NON_TORCH_BYTES: u64 = 256 * MIB;
+
+/// Memory of the captured CUDA graphs (vLLM V1 captures ~67 batch sizes). Logs report
+/// 0.21 GiB for 35 V0 shapes (PR #11349) and 0.36 GiB estimated (vLLM 0.27 log in
+/// gpustack/runner PR #251). Assumed 512 MiB.
+pub(crate) const CUDA_GRAPH_BYTES: u64 = 512 * MIB;
+
+/// The sampler's profile run materialises fp32 logits for `max_num_seqs` sequences and about
+/// two more tensors of the same size (probabilities, log-probabilities). Assumed factor 3.
+const SAMPLER_TENSORS: u64 = 3;
+
+/// The configuration a deployment is served with (the vLLM flags that shape cost and memory).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ServingConfig {
+    pub dtype: Dtype,
+    pub max_model_len: u32,
+    pub gpu_memory_utilization: f64,
+    pub max_num_seqs: u32,
+    pub max_num_batched_tokens: u32,
+    pub block_size: u32,
+    pub enable_prefix_caching: bool,
+}
+
+impl ServingConfig {
+    /// vLLM 0.10 defaults for online serving: 256 sequences, 8,192 batched tokens with chunked
+    /// prefill, blocks of 16 tokens, prefix caching on, 90 % of device memory.
+    pub fn vllm_defaults(dtype: Dtype, max_model_len: u32) -> Self {
+        ServingConfig {
+            dtype,
+            max_model_len,
+            gpu_memory_utilization: 0.9,
+            max_num_seqs: 256,
+            max_num_batched_tokens: 8192,
+            block_size: 16,
+            enable_prefix_caching: true,
+        }
+    }
+
+    /// The checks vLLM makes on these flags at start-up.
+    pub fn validate(&self, device: &DeviceSpec, model: &ModelArch) -> Result<(), EmulatorError> {
+        let bad = |field, value: String, reason| Err(EmulatorError::InvalidConfig { field, value, reason });
+        let u = self.gpu_memory_utilization;
+        if !(u > 0.0 && u <= 1.0) {
+            return bad("gpu_memory_utilization", u.to_string(), "must be in (0, 1]");
+        }
+        if self.block_size == 0 {
+            return bad("block_size", "0".into(), "must be positive");
+        }
+        if self.max_num_seqs == 0 {
+            return bad("max_num_seqs", "0".into(), "must be positive");
+        }
+        if self.max_num_batched_tokens < self.max_num_seqs {
+            return bad(
+                "max_num_batched_tokens",
+                self.max_num_batched_tokens.to_string(),
+                "must be at least max_num_seqs",
+            );
+        }
+        if self.max_model_len == 0 {
+            return bad("max_model_len", "0".into(), "must be positive");
+        }
+        if u64::from(self.max_model_len) > model.max_position_embeddings {
+            return bad(
+                "max_model_len",
+                self.max_model_len.to_string(),
+                "exceeds the model's max_position_embeddings",
+            );
+        }
+        if self.dtype == Dtype::Bf16 && !device.supports_bf16 {
+            return Err(EmulatorError::UnsupportedDtype {
+                device: device.name.clone(),
+                dtype: "bf16".into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Where a replica's device memory goes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemoryPlan {
+    /// `gpu_memory_utilization × device memory`: what the replica may claim.
+    pub budget_bytes: u64,
+    /// `ModelArch::param_bytes(dtype)`.
+    pub weight_bytes: u64,
+    /// CUDA context + non-torch memory + activation peak of the profile run + CUDA graphs.
+    pub overhead_bytes: u64,
+    /// The activation peak part of `overhead_bytes`.
+    pub activation_peak_bytes: u64,
+    /// The KV cache actually allocated (`kv_blocks × kv_block_bytes`).
+    pub kv_bytes: u64,
+    pub kv_blocks: u32,
+    /// Bytes of one block of `block_size` tokens, all layers, K and V.
+    pub kv_block_bytes: u64,
+    /// `weight_bytes + overhead_bytes + kv_bytes`: held while loading, awake or in transition.
+    pub total_claim_bytes: u64,
+    /// Held while asleep: what sleep mode does not release (CUDA context, NCCL and workspace
+    /// buffers, CUDA-graph pool). Field anchors §1.1 report 2–10 % of the device for
+    /// generative models.
+    pub asleep_bytes: u64,
+}
+
+impl MemoryPlan {
+    /// Plans `model` served with `config` on `device`, refusing (as vLLM does) when weights
+    /// and overhead leave no room for the KV cache or the KV cache cannot hold one
+    /// `max_model_len` sequence.
+    pub fn new(device: &DeviceSpec, model: &ModelArch, config: &ServingConfig) -> Result<Self, EmulatorError> {
+        config.validate(device, model)?;
+        let budget_bytes = (config.gpu_memory_utilization * device.memory_bytes as f64).floor() as u64;
+        let weight_bytes = model.param_bytes(config.dtype);
+        let activation_peak_bytes = activation_peak_bytes(model, config);
+        let overhead_bytes = CUDA_CONTEXT_BYTES + NON_TORCH_BYTES + CUDA_GRAPH_BYTES + activation_peak_bytes;
+        let available = budget_bytes
+            .checked_sub(weight_bytes + overhead_bytes)
+            .filter(|&a| a > 0)
+            .ok_or_else(|| EmulatorError::InsufficientMemory {
+                model: model.name.clone(),
+                device: device.name.clone(),
+                weight_bytes,
+                overhead_bytes,
+                budget_bytes,
+            })?;
+        let kv_block_bytes = model.kv_bytes_per_token(config.dtype) * u64::from(config.block_size);
+        let kv_blocks = u32::try_from(available / kv_block_bytes.max(1)).unwrap_or(u32::MAX);
+        let kv_tokens = u64::from(kv_blocks) * u64::from(config.block_size);
+        if kv_tokens < u64::from(config.max_model_len) {
+            return Err(EmulatorError::KvCacheTooSmall {
+                model: model.name.clone(),
+                device: device.name.clone(),
+                kv_tokens,
+                max_model_len: config.max_model_len,
+            });
+        }
+        let kv_bytes = u64::from(kv_blocks) * kv_block_bytes;
+        Ok(MemoryPlan {
+            budget_bytes,
+            weight_bytes,
+            overhead_bytes,
+            activation_peak_bytes,
+            kv_bytes,
+            kv_blocks,
+            kv_block_bytes,
+            total_claim_bytes: weight_bytes + overhead_bytes + kv_bytes,
+            asleep_bytes: CUDA_CONTEXT_BYTES + NON_TORCH_BYTES + CUDA_GRAPH_BYTES,
+        })
+    }
+
+    /// Tokens the KV cache holds.
+    pub fn kv_tokens(&self, block_size: u32) -> u64 {
+        u64::from(self.kv_blocks) * u64::from(block_size)
+    }
+}
+
+/// Activation peak of vLLM's profile run: one forward pass over `max_num_batched_tokens`
+/// tokens, whose largest live set is in the MLP (residual and normed hidden states, the fused
+/// gate/up output of width `2 × intermediate` and the activation output), plus the sampler's
+/// fp32 logits for `max_num_seqs` sequences. Checked against vLLM's log for Llama-3-8B at
+/// 8,192 tokens and 256 sequences (PR #10511: 1.26 GiB): this formula gives 1.15 GiB.
+fn activation_peak_bytes(model: &ModelArch, config: &ServingConfig) -> u64 {
+    let act_bytes = config.dtype.bytes().max(2);
+    let tokens = u64::from(config.max_num_batched_tokens);
+    let forward = tokens * (2 * model.hidden_size + 3 * model.intermediate_size) * act_bytes;
+    let sampler = u64::from(config.max_num_seqs) * model.vocab_size * 4 * SAMPLER_TENSORS;
+    forward + sampler
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use switchyard_predictor::spec::{device, model};
+
+    #[test]
+    fn qwen3_8b_on_a100_40gb_by_hand() {
+        let d = device("A100-40GB").unwrap();
+        let m = model("Qwen3-8B").unwrap();
+        let cfg = ServingConfig::vllm_defaults(Dtype::Bf16, 32_768);
+        let plan = MemoryPlan::new(&d, &m, &cfg).unwrap();
+        // 0.9 × 40 GiB = 38,654,705,664 B.
+        assert_eq!(plan.budget_bytes, 38_654_705_664);
+        assert_eq!(plan.weight_bytes, m.param_count() * 2);
+        // Profile run: 8,192 × (2·4,096 + 3·12,288) × 2 B = 738,197,504 B of MLP activations,
+        // plus 256 × 151,936 × 4 B × 3 = 466,747,392 B of sampler logits.
+        assert_eq!(plan.activation_peak_bytes, 738_197_504 + 466_747_392);
+        // + 512 MiB context + 256 MiB non-torch + 512 MiB CUDA graphs.
+        assert_eq!(plan.overhead_bytes, 1_204_944_896 + 1_342_177_280);
+        // A block: 16 tokens × 147,456 B (36 layers × 2 × 8 heads × 128 × 2 B).
+        assert_eq!(plan.kv_block_bytes, 2_359_296);
+        let avail = 38_654_705_664 - plan.weight_bytes - plan.overhead_bytes;
+        assert_eq!(u64::from(plan.kv_blocks), avail / 2_359_296);
+        assert_eq!(plan.kv_bytes, u64::from(plan.kv_blocks) * 2_359_296);
+        assert_eq!(plan.total_claim_bytes, plan.weight_bytes + plan.overhead_bytes + plan.kv_bytes);
+        assert!(plan.total_claim_bytes <= plan.budget_bytes);
+        assert!(plan.budget_bytes - plan.total_claim_bytes < plan.kv_block_bytes);
+        // About 19.6 GiB of KV: ~8,300 blocks, ~133k tokens.
+        assert!((8_000..8_600).contains(&plan.kv_blocks), "{}", plan.kv_blocks);
+        assert_eq!(plan.asleep_bytes, 1_342_177_280);
+    }
+
+    #[test]
+    fn a_model_that_does_not_fit_is_refused() {
+        let d = device("L4").unwrap();
+        let m = model("Qwen3-32B").unwrap();
+        let err = MemoryPlan::new(&d, &m, &ServingConfig::vllm_defaults(Dtype::Bf16, 4096)).unwrap_err();
+        assert!(matches!(err, EmulatorError::InsufficientMemory { .. }), "{err}");
+        assert!(err.to_string().contains("no available memory for the cache blocks"));
+    }
+
+    #[test]
+    fn a_kv_cache_smaller_than_one_sequence_is_refused() {
+        // Qwen3-8B (15.3 GiB of weights, 2.4 GiB of overhead) on a 24 GiB L4 leaves ~4 GiB of
+        // KV, ~29k tokens at 144 KiB per token: a 40,960-token max_model_len cannot fit.
+        let d = device("L4").unwrap();
+        let m = model("Qwen3-8B").unwrap();
+        let err = MemoryPlan::new(&d, &m, &ServingConfig::vllm_defaults(Dtype::Bf16, 40_960)).unwrap_err();
+        match err {
+            EmulatorError::KvCacheTooSmall { kv_tokens, max_model_len, .. } => {
+                assert!(kv_tokens < u64::from(max_model_len));
+            }
+            other => panic!("unexpected {other}"),
+        }
+    }
+
+    #[test]
+    fn bf16_on_v100_is_refused_fp16_is_served() {
+        let d = device("V100-32GB").unwrap();
+        let m = model("Qwen3-1.7B").unwrap();
+        let err = MemoryPlan::new(&d, &m, &ServingConfig::vllm_defaults(Dtype::Bf16, 4096)).unwrap_err();
+        assert!(matches!(err, EmulatorError::UnsupportedDtype { .. }));
+        assert!(MemoryPlan::new(&d, &m, &ServingConfig::vllm_defaults(Dtype::Fp16, 4096)).is_ok());
+    }
+
+    #[test]
+    fn bad_flags_name_the_field() {
+        let d = device("A100-40GB").unwrap();
+        let m = model("Qwen3-0.6B").unwrap();
+        let base = ServingConfig::vllm_defaults(Dtype::Bf16, 4096);
+        let cases: Vec<(ServingConfig, &str)> = vec![
+            (ServingConfig { gpu_memory_utilization: 1.5, ..base.clone() }, "gpu_memory_utilization"),
+            (ServingConfig { gpu_memory_utilization: f64::NAN, ..base.clone() }, "gpu_memory_utilization"),
+            (ServingConfig { block_size: 0, ..base.clone() }, "block_size"),
+            (ServingConfig { max_num_seqs: 0, ..base.clone() }, "max_num_seqs"),
+            (ServingConfig { max_num_batched_tokens: 100, ..base.clone() }, "max_num_batched_tokens"),
+            (ServingConfig { max_model_len: 1_000_000, ..base.clone() }, "max_model_len"),
+        ];
+        for (cfg, field) in cases {
+            let err = MemoryPlan::new(&d, &m, &cfg).unwrap_err();
+            assert!(matches!(err, EmulatorError::InvalidConfig { field: f, .. } if f == field), "{err}");
+        }
+    }
+
+    #[test]
+    fn more_utilization_gives_more_kv_and_nothing_else() {
+        let d = device("A100-80GB").unwrap();
+        let m = model("Qwen3-4B").unwrap();
+        let lo = MemoryPlan::new(&d, &m, &ServingConfig::vllm_defaults(Dtype::Bf16, 8192)).unwrap();
+        let hi = MemoryPlan::new(
+            &d,
+            &m,
+            &ServingConfig { gpu_memory_utilization: 0.95, ..ServingConfig::vllm_defaults(Dtype::Bf16, 8192) },
+        )
+        .unwrap();
+        assert!(hi.kv_blocks > lo.kv_blocks);
+        assert_eq!((hi.weight_bytes, hi.overhead_bytes), (lo.weight_bytes, lo.overhead_bytes));
+    }
+}

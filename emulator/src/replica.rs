@@ -1,0 +1,793 @@
+//! One emulated replica: a deployment on one GPU, with vLLM's lifecycle
+//! (Cold → Loading → Awake ⇄ Sleeping → Asleep → Waking → Awake; Unload → Cold) and a vLLM
+//! V1-like continuous-batching scheduler.
+//!
+//! Scheduling, per iteration (vLLM V1 `Scheduler.schedule`, FCFS policy):
+//! 1. running requests first, in admission order: each gets its remaining prefill (chunked by
+//!    the `max_num_batched_tokens` budget) or one decode token; when a request needs a KV
+//!    block and none is free, the most recently admitted running request is preempted — its
+//!    blocks freed, its computed tokens discarded, and it returns to the head of the waiting
+//!    queue to be recomputed later (V1 recompute preemption);
+//! 2. then, if nothing was preempted, waiting requests in FCFS order while the token budget,
+//!    `max_num_seqs` and the free KV blocks allow; a request's leading prompt blocks whose
+//!    hashes are cached skip prefill (automatic prefix caching; at least one token is always
+//!    computed). Admission stops at the first request that does not fit (head-of-line).
+//!
+//! A request is a sequence of `prompt + generated` tokens; an iteration computes some of the
+//! not-yet-computed ones, and when it reaches the end of the sequence the model samples one
+//! more token. The same rule covers prefill chunks, decodes and recomputation after
+//! preemption. Iteration time comes from [`crate::cost`], times a log-normal engine noise
+//! drawn from a ChaCha8 stream seeded by the caller.
+//!
+//! Time is passed in by the caller; nothing here reads a clock or does I/O. Depends on the
+//! cost model, the memory plan, the lifecycle durations and the block pool of this crate.
+
+use std::collections::{HashSet, VecDeque};
+use std::fmt;
+
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use rand_distr::{Distribution, LogNormal};
+use serde::{Deserialize, Serialize};
+use switchyard_predictor::spec::{DeviceSpec, ModelArch};
+
+use crate::cost::{BatchSummary, CostModel};
+use crate::error::EmulatorError;
+use crate::kv::BlockPool;
+use crate::lifecycle::{SleepLevel, load_time, sleep_time, wake_time};
+use crate::memory::{MemoryPlan, ServingConfig};
+
+/// Standard deviation of the log of the per-iteration engine noise. Vidur's kernel profiles
+/// show a per-operator std/mean of ~1 % (median over the TP = 1 linear ops; IQR 0.6–1.7 %);
+/// a whole iteration adds host-side jitter (Python scheduling, allocator, launch queues).
+/// Assumed 3 %.
+pub const ITERATION_NOISE_SIGMA: f64 = 0.03;
+
+/// Relative tolerance when the caller completes a transition at the time it was given.
+const TIME_EPS: f64 = 1e-9;
+
+/// A request as the engine sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EngineRequest {
+    /// Unique among the requests in flight on this replica.
+    pub id: u64,
+    pub prompt_tokens: u32,
+    /// One chained hash per full `block_size`-token block of the prompt, like vLLM's block
+    /// hashes: equal hashes at position `i` mean equal prompts up to the end of block `i`.
+    /// May cover fewer blocks than the prompt has (the rest is then never cached).
+    pub prefix_hashes: Vec<u64>,
+    /// Tokens to generate (the response length, decided by the caller), at least 1.
+    pub output_tokens: u32,
+}
+
+/// What an iteration (or a preemption at batch formation) produced.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum EngineEvent {
+    /// The request's first output token was sampled.
+    FirstToken { id: u64, at: f64 },
+    /// The request generated all its tokens and left the engine.
+    Finished {
+        id: u64,
+        at: f64,
+        prompt_tokens: u32,
+        /// Prompt tokens served from the prefix cache at the request's first admission.
+        cached_prompt_tokens: u32,
+        output_tokens: u32,
+    },
+    /// The request lost its KV blocks to make room; it will be recomputed.
+    Preempted { id: u64, at: f64 },
+}
+
+/// The replica's lifecycle state. Transitional states carry their completion time.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub enum ReplicaState {
+    /// No engine process, no device memory.
+    Cold,
+    /// Reading weights and starting the engine.
+    Loading { until: f64 },
+    /// Serving.
+    Awake,
+    /// Entering sleep mode (offloading or discarding weights, freeing the KV cache).
+    Sleeping { until: f64 },
+    /// Process alive, weights off the device, KV cache freed.
+    Asleep,
+    /// Restoring weights and re-allocating the KV cache.
+    Waking { until: f64 },
+}
+
+impl fmt::Display for ReplicaState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ReplicaState::Cold => write!(f, "cold"),
+            ReplicaState::Loading { until } => write!(f, "loading (until {until:.3} s)"),
+            ReplicaState::Awake => write!(f, "awake"),
+            ReplicaState::Sleeping { until } => write!(f, "falling asleep (until {until:.3} s)"),
+            ReplicaState::Asleep => write!(f, "asleep"),
+            ReplicaState::Waking { until } => write!(f, "waking (until {until:.3} s)"),
+        }
+    }
+}
+
+/// The replica's gauges and counters, named after vLLM's `/metrics` (anchors §1.3). Counters
+/// are cumulative over the replica's lifetime, across loads and sleeps.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Telemetry {
+    /// `vllm:num_requests_running`.
+    pub running: usize,
+    /// `vllm:num_requests_waiting` (preempted requests included).
+    pub waiting: usize,
+    /// `running + waiting`.
+    pub in_flight: usize,
+    /// `vllm:kv_cache_usage_perc`, 0..1: blocks referenced by requests over all blocks.
+    pub kv_usage: f64,
+    pub kv_blocks_in_use: u32,
+    pub kv_blocks_total: u32,
+    /// `vllm:prefix_cache_queries` (tokens looked up at admission).
+    pub prefix_cache_queries: u64,
+    /// `vllm:prefix_cache_hits` (tokens found cached).
+    pub prefix_cache_hits: u64,
+    /// `vllm:num_preemptions_total`.
+    pub preemptions: u64,
+    /// Sum of iteration times, seconds.
+    pub busy_seconds: f64,
+    pub iterations: u64,
+    /// `vllm:generation_tokens_total`.
+    pub generated_tokens: u64,
+    /// Tokens run as prefill chunks (prompts and recomputation after preemption; prefix-cache
+    /// hits excluded; decodes not counted).
+    pub prefill_tokens: u64,
+    pub finished_requests: u64,
+    /// Sum over requests of the time from submission to first admission, seconds.
+    pub queue_seconds: f64,
+}
+
+/// One request inside the engine.
+#[derive(Debug)]
+struct Sequence {
+    id: u64,
+    prompt_tokens: u32,
+    output_tokens: u32,
+    prefix_hashes: Vec<u64>,
+    submitted_at: f64,
+    generated: u32,
+    /// Tokens whose KV is in the cache.
+    num_computed: u32,
+    /// Tokens scheduled in the current iteration.
+    scheduled: u32,
+    blocks: Vec<u32>,
+    /// Leading blocks already registered in the prefix cache (or hit from it).
+    hashed_blocks: u32,
+    cached_prompt_tokens: Option<u32>,
+    first_token_sent: bool,
+    done: bool,
+}
+
+impl Sequence {
+    fn seq_len(&self) -> u32 {
+        self.prompt_tokens + self.generated
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Iteration {
+    end: f64,
+}
+
+#[derive(Debug, Default, Clone)]
+struct Counters {
+    queries: u64,
+    hits: u64,
+    preemptions: u64,
+    busy: f64,
+    iterations: u64,
+    generated: u64,
+    prefill: u64,
+    finished: u64,
+    queue: f64,
+}
+
+/// A vLLM-like replica of one deployment on one GPU.
+#[derive(Debug)]
+pub struct EmulatedReplica {
+    device: DeviceSpec,
+    model: ModelArch,
+    config: ServingConfig,
+    plan: MemoryPlan,
+    cost: CostModel,
+    state: ReplicaState,
+    sleep_level: Option<SleepLevel>,
+    pool: BlockPool,
+    seqs: Vec<Option<Sequence>>,
+    free_slots: Vec<usize>,
+    ids: HashSet<u64>,
+    waiting: VecDeque<usize>,
+    running: Vec<usize>,
+    iteration: Option<Iteration>,
+    pending: Vec<EngineEvent>,
+    rng: ChaCha8Rng,
+    noise: LogNormal<f64>,
+    counters: Counters,
+}
+
+impl EmulatedReplica {
+    /// A cold replica of `model` on `device` served with `config`; fails when vLLM would
+    /// refuse to start (see [`MemoryPlan::new`]). `noise_seed` seeds the engine noise.
+    pub fn new(
+        device: DeviceSpec,
+        model: ModelArch,
+        config: ServingConfig,
+        noise_seed: u64,
+    ) -> Result<Self, EmulatorError> {
+        let plan = MemoryPlan::new(&device, &model, &config)?;
+        let cost = CostModel::for_arch(&device, &model, config.dtype);
+        let sigma = ITERATION_NOISE_SIGMA;
+        let noise = LogNormal::new(-sigma * sigma / 2.0, sigma).map_err(|_| EmulatorError::InvalidConfig {
+            field: "noise sigma",
+            value: sigma.to_string(),
+            reason: "must be finite and non-negative",
+        })?;
+        Ok(EmulatedReplica {
+            pool: BlockPool::new(plan.kv_blocks),
+            device,
+            model,
+            config,
+            plan,
+            cost,
+            state: ReplicaState::Cold,
+            sleep_level: None,
+            seqs: Vec::new(),
+            free_slots: Vec::new(),
+            ids: HashSet::new(),
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            iteration: None,
+            pending: Vec::new(),
+            rng: ChaCha8Rng::seed_from_u64(noise_seed),
+            noise,
+            counters: Counters::default(),
+        })
+    }
+
+    pub fn memory_plan(&self) -> &MemoryPlan {
+        &self.plan
+    }
+
+    pub fn config(&self) -> &ServingConfig {
+        &self.config
+    }
+
+    pub fn state(&self) -> ReplicaState {
+        self.state
+    }
+
+    /// Cold → Loading. Returns the time the load completes.
+    pub fn begin_load(&mut self, now: f64) -> Result<f64, EmulatorError> {
+        if self.state != ReplicaState::Cold {
+            return Err(EmulatorError::IllegalTransition { action: "load", state: self.state });
+        }
+        let until = now + load_time(&self.device, &self.model, self.config.dtype);
+        self.state = ReplicaState::Loading { until };
+        Ok(until)
+    }
+
+    /// Awake → Sleeping (level 1 offloads the weights to host memory, level 2 discards them;
+    /// both discard the KV cache and the prefix cache). Only with no request in flight.
+    /// Returns the time the replica is asleep.
+    pub fn begin_sleep(&mut self, level: u8, now: f64) -> Result<f64, EmulatorError> {
+        let level = SleepLevel::try_from(level)?;
+        self.require_idle_awake("sleep")?;
+        let until = now + sleep_time(&self.device, &self.model, self.config.dtype, level);
+        self.pool.reset();
+        self.sleep_level = Some(level);
+        self.state = ReplicaState::Sleeping { until };
+        Ok(until)
+    }
+
+    /// Asleep → Waking. Returns the time the replica is awake again.
+    pub fn begin_wake(&mut self, now: f64) -> Result<f64, EmulatorError> {
+        let (ReplicaState::Asleep, Some(level)) = (self.state, self.sleep_level) else {
+            return Err(EmulatorError::IllegalTransition { action: "wake", state: self.state });
+        };
+        let until = now + wake_time(&self.device, &self.model, self.config.dtype, level);
+        self.state = ReplicaState::Waking { until };
+        Ok(until)
+    }
+
+    /// Completes the pending transition (Loading → Awake, Sleeping → Asleep, Waking → Awake)
+    /// if `now` has reached its completion time; the caller calls it at the time the `begin_*`
+    /// call returned. Returns whether a transition completed.
+    pub fn finish_transition(&mut self, now: f64) -> bool {
+        let (until, next) = match self.state {
+            ReplicaState::Loading { until } | ReplicaState::Waking { until } => (until, ReplicaState::Awake),
+            ReplicaState::Sleeping { until } => (until, ReplicaState::Asleep),
+            ReplicaState::Cold | ReplicaState::Awake | ReplicaState::Asleep => return false,
+        };
+        if now < until - TIME_EPS * until.abs().max(1.0) {
+            return false;
+        }
+        if next == ReplicaState::Awake {
+            self.sleep_level = None;
+        }
+        self.state = next;
+        true
+    }
+
+    /// Awake (idle) or Asleep → Cold: the engine process exits and frees the device.
+    pub fn unload(&mut self) -> Result<(), EmulatorError> {
+        match self.state {
+            ReplicaState::Awake => self.require_idle_awake("unload")?,
+            ReplicaState::Asleep => {}
+            state => return Err(EmulatorError::IllegalTransition { action: "unload", state }),
+        }
+        self.pool.reset();
+        self.sleep_level = None;
+        self.state = ReplicaState::Cold;
+        Ok(())
+    }
+
+    fn require_idle_awake(&self, action: &'static str) -> Result<(), EmulatorError> {
+        if self.state != ReplicaState::Awake {
+            return Err(EmulatorError::IllegalTransition { action, state: self.state });
+        }
+        if self.in_flight() > 0 || self.iteration.is_some() {
+            return Err(EmulatorError::Busy { action, in_flight: self.in_flight() });
+        }
+        Ok(())
+    }
+
+    /// Queues a request (FCFS). Only while Awake. Rejects what vLLM rejects: an empty prompt,
+    /// no tokens to generate, or `prompt + output > max_model_len`.
+    pub fn submit(&mut self, req: EngineRequest, now: f64) -> Result<(), EmulatorError> {
+        if self.state != ReplicaState::Awake {
+            return Err(EmulatorError::IllegalTransition { action: "submit a request", state: self.state });
+        }
+        let reject = |reason: String| Err(EmulatorError::InvalidRequest { id: req.id, reason });
+        if req.prompt_tokens == 0 {
+            return reject("the prompt is empty".into());
+        }
+        if req.output_tokens == 0 {
+            return reject("output_tokens must be at least 1".into());
+        }
+        let total = u64::from(req.prompt_tokens) + u64::from(req.output_tokens);
+        if total > u64::from(self.config.max_model_len) {
+            return reject(format!(
+                "prompt ({}) + output ({}) tokens exceed max_model_len = {}",
+                req.prompt_tokens, req.output_tokens, self.config.max_model_len
+            ));
+        }
+        let full_blocks = req.prompt_tokens / self.config.block_size;
+        if req.prefix_hashes.len() > full_blocks as usize {
+            return reject(format!(
+                "{} prefix hashes for a prompt of {} full {}-token blocks",
+                req.prefix_hashes.len(),
+                full_blocks,
+                self.config.block_size
+            ));
+        }
+        if self.ids.contains(&req.id) {
+            return Err(EmulatorError::DuplicateRequest(req.id));
+        }
+        self.ids.insert(req.id);
+        let seq = Sequence {
+            id: req.id,
+            prompt_tokens: req.prompt_tokens,
+            output_tokens: req.output_tokens,
+            prefix_hashes: req.prefix_hashes,
+            submitted_at: now,
+            generated: 0,
+            num_computed: 0,
+            scheduled: 0,
+            blocks: Vec::new(),
+            hashed_blocks: 0,
+            cached_prompt_tokens: None,
+            first_token_sent: false,
+            done: false,
+        };
+        let slot = match self.free_slots.pop() {
+            Some(slot) => {
+                self.seqs[slot] = Some(seq);
+                slot
+            }
+            None => {
+                self.seqs.push(Some(seq));
+                self.seqs.len() - 1
+            }
+        };
+        self.waiting.push_back(slot);
+        Ok(())
+    }
+
+    pub fn in_iteration(&self) -> bool {
+        self.iteration.is_some()
+    }
+
+    /// The end time of the iteration in progress.
+    pub fn iteration_end(&self) -> Option<f64> {
+        self.iteration.map(|it| it.end)
+    }
+
+    /// Requests queued or running.
+    pub fn in_flight(&self) -> usize {
+        self.waiting.len() + self.running.len()
+    }
+
+    /// If awake, idle and with work, forms the next batch and returns the time the iteration
+    /// ends; the caller then calls [`finish_iteration`](Self::finish_iteration) at that time.
+    pub fn start_iteration(&mut self, now: f64) -> Option<f64> {
+        if self.state != ReplicaState::Awake || self.iteration.is_some() || self.in_flight() == 0 {
+            return None;
+        }
+        let bs = self.config.block_size;
+        let caching = self.config.enable_prefix_caching;
+        let mut budget = self.config.max_num_batched_tokens;
+        let mut batch = BatchSummary::default();
+        let mut preempted = false;
+
+        // 1. Running requests, in admission order.
+        let mut i = 0;
+        while i < self.running.len() && budget > 0 {
+            let slot = self.running[i];
+            let Some(seq) = self.seqs[slot].as_ref() else { break };
+            let context = seq.num_computed;
+            let tokens = (seq.seq_len() - context).min(budget);
+            let need = blocks_for(context + tokens, bs).saturating_sub(seq.blocks.len() as u32);
+            let mut self_preempted = false;
+            while self.pool.free() < need {
+                let Some(&victim) = self.running.last() else { break };
+                self.preempt(victim, now);
+                preempted = true;
+                if victim == slot {
+                    self_preempted = true;
+                    break;
+                }
+            }
+            if self_preempted {
+                break;
+            }
+            let Some(seq) = self.seqs[slot].as_mut() else { break };
+            for _ in 0..need {
+                if let Some(b) = self.pool.allocate() {
+                    seq.blocks.push(b);
+                }
+            }
+            seq.scheduled = tokens;
+            if caching {
+                register_full_blocks(&mut self.pool, seq, bs);
+            }
+            budget -= tokens;
+            batch.add_chunk(tokens, context);
+            i += 1;
+        }
+
+        // 2. Waiting requests, FCFS, unless this step preempted (V1 admits nothing then) —
+        // except when the batch would otherwise be empty.
+        if !preempted || batch.is_empty() {
+            while budget > 0 && self.running.len() < self.config.max_num_seqs as usize {
+                let Some(&slot) = self.waiting.front() else { break };
+                let Some(seq) = self.seqs[slot].as_mut() else { break };
+                let seq_len = seq.seq_len();
+                let (hit_blocks, hit_free) = if caching {
+                    let max_hit = ((seq_len - 1) / bs) as usize;
+                    let mut hits = 0u32;
+                    let mut free = 0u32;
+                    for &h in seq.prefix_hashes.iter().take(max_hit) {
+                        match self.pool.lookup(h) {
+                            Some(b) => {
+                                hits += 1;
+                                free += u32::from(self.pool.is_free(b));
+                            }
+                            None => break,
+                        }
+                    }
+                    (hits, free)
+                } else {
+                    (0, 0)
+                };
+                let hit_tokens = hit_blocks * bs;
+                let tokens = (seq_len - hit_tokens).min(budget);
+                let need = blocks_for(hit_tokens + tokens, bs) - hit_blocks;
+                if self.pool.free().saturating_sub(hit_free) < need {
+                    break;
+                }
+                self.waiting.pop_front();
+                for &h in seq.prefix_hashes.iter().take(hit_blocks as usize) {
+                    if let Some(b) = self.pool.lookup(h) {
+                        self.pool.touch(b);
+                        seq.blocks.push(b);
+                    }
+                }
+                for _ in 0..need {
+                    if let Some(b) = self.pool.allocate() {
+                        seq.blocks.push(b);
+                    }
+                }
+                seq.num_computed = hit_tokens;
+                seq.hashed_blocks = hit_blocks;
+                seq.scheduled = tokens;
+                if seq.cached_prompt_tokens.is_none() {
+                    seq.cached_prompt_tokens = Some(hit_tokens.min(seq.prompt_tokens));
+                    self.counters.queue += (now - seq.submitted_at).max(0.0);
+                }
+                if caching {
+                    self.counters.queries += u64::from(seq_len);
+                    self.counters.hits += u64::from(hit_tokens);
+                    register_full_blocks(&mut self.pool, seq, bs);
+                }
+                budget -= tokens;
+                batch.add_chunk(tokens, hit_tokens);
+                self.running.push(slot);
+            }
+        }
+
+        if batch.is_empty() {
+            return None;
+        }
+        let dt = self.cost.iteration_time(&batch) * self.noise.sample(&mut self.rng);
+        self.counters.busy += dt;
+        self.counters.iterations += 1;
+        self.counters.prefill += batch.prefill_tokens;
+        let end = now + dt;
+        self.iteration = Some(Iteration { end });
+        Some(end)
+    }
+
+    /// Frees a running request's blocks and sends it back to the head of the waiting queue.
+    fn preempt(&mut self, slot: usize, now: f64) {
+        if let Some(pos) = self.running.iter().rposition(|&s| s == slot) {
+            self.running.remove(pos);
+        }
+        let Some(seq) = self.seqs[slot].as_mut() else { return };
+        for &b in seq.blocks.iter().rev() {
+            self.pool.release(b);
+        }
+        seq.blocks.clear();
+        seq.num_computed = 0;
+        seq.hashed_blocks = 0;
+        seq.scheduled = 0;
+        self.waiting.push_front(slot);
+        self.counters.preemptions += 1;
+        self.pending.push(EngineEvent::Preempted { id: seq.id, at: now });
+    }
+
+    /// Applies the iteration's progress at `now` (its end time): computed tokens enter the KV
+    /// cache, sequences that reached their end sample a token, finished requests leave and
+    /// free their blocks (cached prompt blocks stay reusable until evicted). Returns the
+    /// events in order: preemptions made when the batch was formed, then first tokens and
+    /// completions in batch order. Empty if no iteration was in progress.
+    pub fn finish_iteration(&mut self, now: f64) -> Vec<EngineEvent> {
+        if self.iteration.take().is_none() {
+            return Vec::new();
+        }
+        let mut events = std::mem::take(&mut self.pending);
+        let mut any_done = false;
+        for &slot in &self.running {
+            let Some(seq) = self.seqs[slot].as_mut() else { continue };
+            if seq.scheduled == 0 {
+                continue;
+            }
+            seq.num_computed += seq.scheduled;
+            seq.scheduled = 0;
+            if seq.num_computed < seq.seq_len() {
+                continue;
+            }
+            seq.generated += 1;
+            self.counters.generated += 1;
+            if !seq.first_token_sent {
+                seq.first_token_sent = true;
+                events.push(EngineEvent::FirstToken { id: seq.id, at: now });
+            }
+            if seq.generated >= seq.output_tokens {
+                seq.done = true;
+                any_done = true;
+                for &b in seq.blocks.iter().rev() {
+                    self.pool.release(b);
+                }
+                seq.blocks.clear();
+                self.counters.finished += 1;
+                events.push(EngineEvent::Finished {
+                    id: seq.id,
+                    at: now,
+                    prompt_tokens: seq.prompt_tokens,
+                    cached_prompt_tokens: seq.cached_prompt_tokens.unwrap_or(0),
+                    output_tokens: seq.generated,
+                });
+            }
+        }
+        if any_done {
+            let (seqs, free_slots, ids) = (&mut self.seqs, &mut self.free_slots, &mut self.ids);
+            self.running.retain(|&slot| {
+                let done = seqs[slot].as_ref().is_none_or(|s| s.done);
+                if done {
+                    if let Some(seq) = seqs[slot].take() {
+                        ids.remove(&seq.id);
+                    }
+                    free_slots.push(slot);
+                }
+                !done
+            });
+        }
+        events
+    }
+
+    pub fn telemetry(&self) -> Telemetry {
+        let c = &self.counters;
+        let total = self.pool.total();
+        Telemetry {
+            running: self.running.len(),
+            waiting: self.waiting.len(),
+            in_flight: self.in_flight(),
+            kv_usage: if total == 0 { 0.0 } else { f64::from(self.pool.in_use()) / f64::from(total) },
+            kv_blocks_in_use: self.pool.in_use(),
+            kv_blocks_total: total,
+            prefix_cache_queries: c.queries,
+            prefix_cache_hits: c.hits,
+            preemptions: c.preemptions,
+            busy_seconds: c.busy,
+            iterations: c.iterations,
+            generated_tokens: c.generated,
+            prefill_tokens: c.prefill,
+            finished_requests: c.finished,
+            queue_seconds: c.queue,
+        }
+    }
+
+    /// Device memory held in the current state: nothing when cold, the whole claim while
+    /// loading, awake or in a sleep/wake transition, and what sleep mode cannot release
+    /// ([`MemoryPlan::asleep_bytes`]) when asleep.
+    pub fn device_memory_in_use(&self) -> u64 {
+        match self.state {
+            ReplicaState::Cold => 0,
+            ReplicaState::Asleep => self.plan.asleep_bytes,
+            ReplicaState::Loading { .. }
+            | ReplicaState::Awake
+            | ReplicaState::Sleeping { .. }
+            | ReplicaState::Waking { .. } => self.plan.total_claim_bytes,
+        }
+    }
+}
+
+/// Blocks needed to hold `tokens` tokens.
+fn blocks_for(tokens: u32, block_size: u32) -> u32 {
+    tokens.div_ceil(block_size)
+}
+
+/// Registers the sequence's prompt blocks that become full with this iteration's tokens.
+fn register_full_blocks(pool: &mut BlockPool, seq: &mut Sequence, block_size: u32) {
+    let full = ((seq.num_computed + seq.scheduled) / block_size).min(seq.prefix_hashes.len() as u32);
+    for b in seq.hashed_blocks..full {
+        let (Some(&block), Some(&hash)) = (seq.blocks.get(b as usize), seq.prefix_hashes.get(b as usize)) else {
+            break;
+        };
+        pool.register(block, hash);
+    }
+    seq.hashed_blocks = seq.hashed_blocks.max(full);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use switchyard_predictor::spec::{Dtype, model};
+
+    /// A 4 GiB test device: Qwen3-0.6B leaves a KV cache of a few hundred blocks, so
+    /// modest request mixes overflow it.
+    fn tiny_device() -> DeviceSpec {
+        DeviceSpec {
+            name: "test-4GiB".into(),
+            dense_fp16_flops: 100e12,
+            memory_bandwidth: 1e12,
+            memory_bytes: 4 << 30,
+            host_link_bandwidth: 16e9,
+            supports_bf16: true,
+            source: "unit test".into(),
+        }
+    }
+
+    fn awake_tiny(seed: u64, max_num_seqs: u32) -> EmulatedReplica {
+        let cfg = ServingConfig { max_num_seqs, ..ServingConfig::vllm_defaults(Dtype::Bf16, 4096) };
+        let mut r = EmulatedReplica::new(tiny_device(), model("Qwen3-0.6B").unwrap(), cfg, seed).unwrap();
+        let t = r.begin_load(0.0).unwrap();
+        assert!(r.finish_transition(t));
+        r
+    }
+
+    impl EmulatedReplica {
+        /// Structural invariants of the scheduler and the block pool.
+        fn check_invariants(&self) {
+            let bs = self.config.block_size;
+            let mut referenced = HashSet::new();
+            assert!(self.running.len() <= self.config.max_num_seqs as usize);
+            for &slot in &self.running {
+                let s = self.seqs[slot].as_ref().expect("running slot holds a sequence");
+                assert!(!s.done);
+                assert!(s.num_computed + s.scheduled <= s.seq_len());
+                assert!(s.blocks.len() as u32 >= blocks_for(s.num_computed + s.scheduled, bs));
+                assert!(s.generated < s.output_tokens);
+                for &b in &s.blocks {
+                    assert!(!self.pool.is_free(b), "block {b} of a running request is in the free queue");
+                    referenced.insert(b);
+                }
+            }
+            for &slot in &self.waiting {
+                let s = self.seqs[slot].as_ref().expect("waiting slot holds a sequence");
+                assert!(s.blocks.is_empty() && s.num_computed == 0);
+            }
+            assert_eq!(referenced.len() as u32, self.pool.in_use(), "blocks in use = blocks referenced");
+            assert!(self.pool.in_use() <= self.pool.total());
+            assert_eq!(self.ids.len(), self.in_flight());
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(40))]
+
+        #[test]
+        fn every_request_finishes_once_under_kv_pressure(
+            reqs in prop::collection::vec((1u32..1800, 1u32..250, 0u8..4, 0u32..3), 1..28),
+            seed in any::<u64>(),
+            max_num_seqs in 2u32..64,
+        ) {
+            let mut r = awake_tiny(seed, max_num_seqs);
+            let total_blocks = r.memory_plan().kv_blocks;
+            // Requests arrive in groups: `gap` iterations after the previous one.
+            let mut now = 0.0;
+            let mut pending: VecDeque<(EngineRequest, u32)> = reqs
+                .iter()
+                .enumerate()
+                .map(|(i, &(prompt, output, prefix, gap))| {
+                    // Prompts of the same `prefix` family share their leading blocks.
+                    let blocks = (prompt / 16) as u64;
+                    let hashes = (0..blocks).map(|b| u64::from(prefix) << 32 | b).collect();
+                    (EngineRequest { id: i as u64, prompt_tokens: prompt, prefix_hashes: hashes, output_tokens: output }, gap)
+                })
+                .collect();
+            let mut finished = std::collections::BTreeMap::new();
+            let mut first = HashSet::new();
+            let mut guard = 0;
+            loop {
+                while let Some((_, gap)) = pending.front() {
+                    if *gap > 0 {
+                        pending.front_mut().unwrap().1 -= 1;
+                        break;
+                    }
+                    let (req, _) = pending.pop_front().unwrap();
+                    r.submit(req, now).unwrap();
+                }
+                r.check_invariants();
+                match r.start_iteration(now) {
+                    Some(end) => {
+                        prop_assert!(end > now);
+                        r.check_invariants();
+                        now = end;
+                        for e in r.finish_iteration(now) {
+                            match e {
+                                EngineEvent::FirstToken { id, .. } => prop_assert!(first.insert(id), "two first tokens for {id}"),
+                                EngineEvent::Finished { id, output_tokens, cached_prompt_tokens, prompt_tokens, .. } => {
+                                    prop_assert!(first.contains(&id));
+                                    prop_assert!(cached_prompt_tokens < prompt_tokens);
+                                    prop_assert!(finished.insert(id, output_tokens).is_none(), "{id} finished twice");
+                                }
+                                EngineEvent::Preempted { id, .. } => prop_assert!(!finished.contains_key(&id)),
+                            }
+                        }
+                        let t = r.telemetry();
+                        prop_assert!(t.kv_blocks_in_use <= total_blocks);
+                    }
+                    None if pending.is_empty() => break,
+                    None => {}
+                }
+                guard += 1;
+                prop_assert!(guard < 200_000, "no progress");
+            }
+            prop_assert_eq!(finished.len(), reqs.len());
+            for (i, &(_, output, _, _)) in reqs.iter().enumerate() {
+                prop_assert_eq!(finished.get(&(i as u64)), Some(&output));
+            }
+            let t = r.telemetry();
+            prop_assert_eq!(t.in_flight, 0);
+            prop_assert_eq!(t.kv_blocks_in_use, 0);
+            prop_assert_eq!(t.generated_tokens, reqs.iter().map(|r| u64::from(r.1)).sum::<u64>());
+            prop_assert_eq!(t.finished_requests, reqs.len() as u64);
+        }
+    }
+}

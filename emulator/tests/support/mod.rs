@@ -1,0 +1,3 @@
+//! Shared test support: readers of Vidur's measured profiles.
+
+pub mod vidur;

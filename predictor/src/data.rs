@@ -1,0 +1,563 @@
+//! Reading measured GPU profiles in Vidur's directory layout.
+//!
+//! ```text
+//! DIR/model_configs/<org>/<model>.yml             model shapes (Vidur fields; see `arch`)
+//! DIR/device_configs/<device>.yml                 fp16_tflops, total_memory_gb
+//!                                                 [, memory_bandwidth_gbps, host_link_gbps]
+//! DIR/profiling/compute/<device>/<org>/<model>/mlp.csv        per-operator timings (ms)
+//! DIR/profiling/compute/<device>/<org>/<model>/attention.csv  attention timings (optional)
+//! DIR/legacy/<device>/attention.csv                           older attention format (optional)
+//! ```
+//!
+//! Vidur's device configs carry no memory bandwidth; `memory_bandwidth_gbps` and
+//! `host_link_gbps` are Switchyard's extension. When they are absent the device is matched to
+//! the spec-sheet catalogue ([`crate::spec::device_catalogue`]) by name and memory size, so a
+//! user adding a GPU either names a catalogued one or writes the two fields.
+//!
+//! This module reads files and checks them; it computes no estimate.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::arch::Architecture;
+use crate::error::PredictorError;
+use crate::graph::ProfiledOp;
+use crate::spec::{self, DeviceSpec, ModelArch};
+
+/// One measured configuration: the non-attention operators of one decoder layer (and the
+/// embedding) of `model` on `device`, for one tensor-parallel degree and token count.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MeasuredPass {
+    pub model: String,
+    pub device: String,
+    pub tensor_parallel: u32,
+    pub tokens: u32,
+    /// Median time of each profiled operator, milliseconds; `None` where the CSV has no
+    /// column for it (phi-2 has no post-attention norm).
+    pub op_ms: [Option<f64>; ProfiledOp::ALL.len()],
+}
+
+/// One measured attention kernel.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AttentionSample {
+    pub device: String,
+    pub q_heads: u64,
+    pub kv_heads: u64,
+    pub head_dim: u64,
+    pub tensor_parallel: u32,
+    pub is_prefill: bool,
+    /// Sequences in the batch (decode) or 1 (prefill).
+    pub batch_size: u32,
+    /// New tokens of the prefill chunk (0 for decode).
+    pub chunk: u32,
+    /// Tokens already cached per sequence.
+    pub kv_cache: u32,
+    pub time_ms: f64,
+}
+
+/// Everything a profiling directory holds.
+#[derive(Debug, Clone, Default)]
+pub struct ProfileData {
+    pub root: PathBuf,
+    /// Model name (`<org>/<model>`) → architecture.
+    pub models: BTreeMap<String, Architecture>,
+    /// Device name (the `device_configs` file stem, e.g. `a100`) → spec sheet.
+    pub devices: BTreeMap<String, DeviceSpec>,
+    pub passes: Vec<MeasuredPass>,
+    pub attention: Vec<AttentionSample>,
+}
+
+#[derive(Deserialize)]
+struct VidurDeviceConfig {
+    fp16_tflops: f64,
+    total_memory_gb: f64,
+    #[serde(default)]
+    memory_bandwidth_gbps: Option<f64>,
+    #[serde(default)]
+    host_link_gbps: Option<f64>,
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> PredictorError + '_ {
+    move |source| PredictorError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+fn sorted_entries(dir: &Path) -> Result<Vec<PathBuf>, PredictorError> {
+    let mut out = Vec::new();
+    for entry in fs::read_dir(dir).map_err(io(dir))? {
+        out.push(entry.map_err(io(dir))?.path());
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// Parse a device config; fields the file lacks come from the catalogue entry with the same
+/// name prefix and the closest memory size.
+pub fn parse_device(name: &str, path: &Path, yaml: &str) -> Result<DeviceSpec, PredictorError> {
+    let bad = |message: String| PredictorError::BadConfig {
+        path: path.to_path_buf(),
+        message,
+    };
+    let cfg: VidurDeviceConfig = serde_saphyr::from_str(yaml).map_err(|e| bad(e.to_string()))?;
+    if !(cfg.fp16_tflops > 0.0 && cfg.total_memory_gb > 0.0) {
+        return Err(bad("fp16_tflops and total_memory_gb must be positive".into()));
+    }
+    let memory_bytes = (cfg.total_memory_gb * (1u64 << 30) as f64) as u64;
+    let catalogued = spec::device_catalogue()
+        .into_iter()
+        .filter(|d| {
+            let lower = d.name.to_ascii_lowercase();
+            lower == name.to_ascii_lowercase()
+                || lower.starts_with(&format!("{}-", name.to_ascii_lowercase()))
+        })
+        .min_by(|a, b| {
+            let da = (a.memory_bytes as f64 - memory_bytes as f64).abs();
+            let db = (b.memory_bytes as f64 - memory_bytes as f64).abs();
+            da.total_cmp(&db)
+        });
+    let (bandwidth, link, bf16, source) = match (cfg.memory_bandwidth_gbps, &catalogued) {
+        (Some(bw), _) => (
+            bw * 1e9,
+            cfg.host_link_gbps
+                .map(|l| l * 1e9)
+                .or(catalogued.as_ref().map(|c| c.host_link_bandwidth))
+                .unwrap_or(DEFAULT_HOST_LINK_BYTES_PER_S),
+            catalogued.as_ref().is_none_or(|c| c.supports_bf16),
+            format!("{}", path.display()),
+        ),
+        (None, Some(c)) => (
+            c.memory_bandwidth,
+            cfg.host_link_gbps.map(|l| l * 1e9).unwrap_or(c.host_link_bandwidth),
+            c.supports_bf16,
+            format!("{} (bandwidth from catalogue entry {})", path.display(), c.name),
+        ),
+        (None, None) => {
+            return Err(bad(format!(
+                "no `memory_bandwidth_gbps` field and `{name}` matches no catalogued device ({})",
+                spec::device_catalogue()
+                    .iter()
+                    .map(|d| d.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )));
+        }
+    };
+    Ok(DeviceSpec {
+        name: name.to_string(),
+        dense_fp16_flops: cfg.fp16_tflops * 1e12,
+        memory_bandwidth: bandwidth,
+        memory_bytes,
+        host_link_bandwidth: link,
+        supports_bf16: bf16,
+        source,
+    })
+}
+
+/// Host link assumed for a device that names neither a link nor a catalogued part:
+/// PCIe 4.0 ×16, 32 GB/s one direction (PCI-SIG specification).
+pub const DEFAULT_HOST_LINK_BYTES_PER_S: f64 = 32e9;
+
+struct Columns {
+    tokens: usize,
+    tp: usize,
+    ops: [Option<usize>; ProfiledOp::ALL.len()],
+}
+
+fn parse_f64(path: &Path, line: u64, field: &str, text: &str) -> Result<f64, PredictorError> {
+    text.trim().parse::<f64>().map_err(|e| PredictorError::BadCsv {
+        path: path.to_path_buf(),
+        line,
+        message: format!("column `{field}`: `{text}` is not a number ({e})"),
+    })
+}
+
+/// Read one `mlp.csv`. Rows repeated for the same (tokens, TP) are averaged.
+pub fn read_mlp_csv(
+    path: &Path,
+    model: &str,
+    device: &str,
+) -> Result<Vec<MeasuredPass>, PredictorError> {
+    let mut reader = csv::Reader::from_path(path).map_err(|e| PredictorError::BadCsv {
+        path: path.to_path_buf(),
+        line: 0,
+        message: e.to_string(),
+    })?;
+    let headers = reader
+        .headers()
+        .map_err(|e| PredictorError::BadCsv {
+            path: path.to_path_buf(),
+            line: 1,
+            message: e.to_string(),
+        })?
+        .clone();
+    let find = |name: &str| headers.iter().position(|h| h == name);
+    let need = |name: &str| {
+        find(name).ok_or_else(|| PredictorError::BadCsv {
+            path: path.to_path_buf(),
+            line: 1,
+            message: format!("missing column `{name}`"),
+        })
+    };
+    let mut cols = Columns {
+        tokens: need("num_tokens")?,
+        tp: need("num_tensor_parallel_workers")?,
+        ops: [None; ProfiledOp::ALL.len()],
+    };
+    for op in ProfiledOp::ALL {
+        cols.ops[op.index()] = find(&format!("time_stats.{}.median", op.column()));
+    }
+    if cols.ops.iter().all(Option::is_none) {
+        return Err(PredictorError::BadCsv {
+            path: path.to_path_buf(),
+            line: 1,
+            message: "no `time_stats.<operator>.median` column".into(),
+        });
+    }
+    // (tokens, tp) → (sum of each op, count)
+    let mut acc: BTreeMap<(u32, u32), ([f64; ProfiledOp::ALL.len()], u32)> = BTreeMap::new();
+    for (i, record) in reader.records().enumerate() {
+        let line = i as u64 + 2;
+        let record = record.map_err(|e| PredictorError::BadCsv {
+            path: path.to_path_buf(),
+            line,
+            message: e.to_string(),
+        })?;
+        let get = |idx: usize, field: &str| -> Result<f64, PredictorError> {
+            parse_f64(path, line, field, record.get(idx).unwrap_or(""))
+        };
+        let tokens = get(cols.tokens, "num_tokens")?;
+        let tp = get(cols.tp, "num_tensor_parallel_workers")?;
+        if !(tokens >= 1.0 && tp >= 1.0) {
+            return Err(PredictorError::BadCsv {
+                path: path.to_path_buf(),
+                line,
+                message: "num_tokens and num_tensor_parallel_workers must be ≥ 1".into(),
+            });
+        }
+        let slot = acc
+            .entry((tokens as u32, tp as u32))
+            .or_insert(([0.0; ProfiledOp::ALL.len()], 0));
+        for op in ProfiledOp::ALL {
+            if let Some(idx) = cols.ops[op.index()] {
+                let field = format!("time_stats.{}.median", op.column());
+                let ms = get(idx, &field)?;
+                if !(ms.is_finite() && ms >= 0.0) {
+                    return Err(PredictorError::BadCsv {
+                        path: path.to_path_buf(),
+                        line,
+                        message: format!("column `{field}`: {ms} is not a time"),
+                    });
+                }
+                slot.0[op.index()] += ms;
+            }
+        }
+        slot.1 += 1;
+    }
+    Ok(acc
+        .into_iter()
+        .map(|((tokens, tp), (sums, count))| {
+            let mut op_ms = [None; ProfiledOp::ALL.len()];
+            for op in ProfiledOp::ALL {
+                if cols.ops[op.index()].is_some() {
+                    op_ms[op.index()] = Some(sums[op.index()] / f64::from(count));
+                }
+            }
+            MeasuredPass {
+                model: model.to_string(),
+                device: device.to_string(),
+                tensor_parallel: tp,
+                tokens,
+                op_ms,
+            }
+        })
+        .collect())
+}
+
+/// Read an attention CSV (Vidur's legacy or current format: both carry `n_embd`, `n_q_head`,
+/// `n_kv_head`, `num_tensor_parallel_workers`, `batch_size`, `prefill_chunk_size`,
+/// `kv_cache_size`, `is_prefill` and `time_stats.attn_{prefill,decode}.median`).
+pub fn read_attention_csv(path: &Path, device: &str) -> Result<Vec<AttentionSample>, PredictorError> {
+    let csv_err = |line: u64, message: String| PredictorError::BadCsv {
+        path: path.to_path_buf(),
+        line,
+        message,
+    };
+    let mut reader = csv::Reader::from_path(path).map_err(|e| csv_err(0, e.to_string()))?;
+    let headers = reader.headers().map_err(|e| csv_err(1, e.to_string()))?.clone();
+    let col = |name: &str| {
+        headers
+            .iter()
+            .position(|h| h == name)
+            .ok_or_else(|| csv_err(1, format!("missing column `{name}`")))
+    };
+    let (embd, qh, kvh, tp, bs, chunk, kv, pre) = (
+        col("n_embd")?,
+        col("n_q_head")?,
+        col("n_kv_head")?,
+        col("num_tensor_parallel_workers")?,
+        col("batch_size")?,
+        col("prefill_chunk_size")?,
+        col("kv_cache_size")?,
+        col("is_prefill")?,
+    );
+    let (t_pre, t_dec) = (
+        col("time_stats.attn_prefill.median")?,
+        col("time_stats.attn_decode.median")?,
+    );
+    let mut out = Vec::new();
+    for (i, record) in reader.records().enumerate() {
+        let line = i as u64 + 2;
+        let record = record.map_err(|e| csv_err(line, e.to_string()))?;
+        let field = |idx: usize| record.get(idx).unwrap_or("");
+        let num = |idx: usize, name: &str| parse_f64(path, line, name, field(idx));
+        let is_prefill = match field(pre).trim() {
+            "True" | "true" | "1" => true,
+            "False" | "false" | "0" => false,
+            other => return Err(csv_err(line, format!("column `is_prefill`: `{other}`"))),
+        };
+        let time_ms = num(if is_prefill { t_pre } else { t_dec }, "time_stats.attn_*.median")?;
+        let q_heads = num(qh, "n_q_head")? as u64;
+        if q_heads == 0 {
+            return Err(csv_err(line, "column `n_q_head`: must be positive".into()));
+        }
+        out.push(AttentionSample {
+            device: device.to_string(),
+            q_heads,
+            kv_heads: num(kvh, "n_kv_head")? as u64,
+            head_dim: num(embd, "n_embd")? as u64 / q_heads,
+            tensor_parallel: num(tp, "num_tensor_parallel_workers")?.max(1.0) as u32,
+            is_prefill,
+            batch_size: num(bs, "batch_size")?.max(1.0) as u32,
+            chunk: num(chunk, "prefill_chunk_size")? as u32,
+            kv_cache: num(kv, "kv_cache_size")? as u32,
+            time_ms,
+        });
+    }
+    Ok(out)
+}
+
+fn read_model_config(root: &Path, model: &str) -> Result<Architecture, PredictorError> {
+    let yml = root.join("model_configs").join(format!("{model}.yml"));
+    let json = root.join("model_configs").join(format!("{model}.json"));
+    if yml.is_file() {
+        let text = fs::read_to_string(&yml).map_err(io(&yml))?;
+        Architecture::from_vidur_yaml(model, &yml, &text)
+    } else if json.is_file() {
+        let text = fs::read_to_string(&json).map_err(io(&json))?;
+        let arch = ModelArch::from_hf_config(model, &json.display().to_string(), &text)?;
+        Ok(Architecture::from(&arch))
+    } else {
+        Err(PredictorError::BadLayout {
+            path: yml,
+            message: format!("measurements of `{model}` exist but its model config does not"),
+        })
+    }
+}
+
+impl ProfileData {
+    /// Load a profiling directory. Every model and device with measurements must have a
+    /// config; configs without measurements are loaded too (they can be predicted).
+    pub fn load(root: &Path) -> Result<Self, PredictorError> {
+        if !root.is_dir() {
+            return Err(PredictorError::BadLayout {
+                path: root.to_path_buf(),
+                message: "not a directory".into(),
+            });
+        }
+        let mut data = ProfileData {
+            root: root.to_path_buf(),
+            ..ProfileData::default()
+        };
+        let dev_dir = root.join("device_configs");
+        if dev_dir.is_dir() {
+            for path in sorted_entries(&dev_dir)? {
+                if path.extension().and_then(|e| e.to_str()) != Some("yml") {
+                    continue;
+                }
+                let Some(name) = path.file_stem().and_then(|s| s.to_str()) else {
+                    continue;
+                };
+                let text = fs::read_to_string(&path).map_err(io(&path))?;
+                data.devices
+                    .insert(name.to_string(), parse_device(name, &path, &text)?);
+            }
+        }
+        let compute = root.join("profiling").join("compute");
+        if compute.is_dir() {
+            for dev_path in sorted_entries(&compute)? {
+                if !dev_path.is_dir() {
+                    continue;
+                }
+                let device = dev_path
+                    .file_name()
+                    .and_then(|s| s.to_str())
+                    .unwrap_or_default()
+                    .to_string();
+                if !data.devices.contains_key(&device) {
+                    return Err(PredictorError::BadLayout {
+                        path: dev_dir.join(format!("{device}.yml")),
+                        message: format!("measurements on `{device}` exist but its device config does not"),
+                    });
+                }
+                for org_path in sorted_entries(&dev_path)? {
+                    if !org_path.is_dir() {
+                        continue;
+                    }
+                    for model_path in sorted_entries(&org_path)? {
+                        let mlp = model_path.join("mlp.csv");
+                        let attn = model_path.join("attention.csv");
+                        if !mlp.is_file() && !attn.is_file() {
+                            continue;
+                        }
+                        let org = org_path.file_name().and_then(|s| s.to_str()).unwrap_or_default();
+                        let leaf = model_path.file_name().and_then(|s| s.to_str()).unwrap_or_default();
+                        let model = format!("{org}/{leaf}");
+                        if !data.models.contains_key(&model) {
+                            let arch = read_model_config(root, &model)?;
+                            data.models.insert(model.clone(), arch);
+                        }
+                        if mlp.is_file() {
+                            data.passes.extend(read_mlp_csv(&mlp, &model, &device)?);
+                        }
+                        if attn.is_file() {
+                            data.attention.extend(read_attention_csv(&attn, &device)?);
+                        }
+                    }
+                }
+            }
+        }
+        let legacy = root.join("legacy");
+        if legacy.is_dir() {
+            for dev_path in sorted_entries(&legacy)? {
+                let attn = dev_path.join("attention.csv");
+                let device = dev_path.file_name().and_then(|s| s.to_str()).unwrap_or_default();
+                if attn.is_file() && data.devices.contains_key(device) {
+                    data.attention.extend(read_attention_csv(&attn, device)?);
+                }
+            }
+        }
+        // Models with a config but no measurements can still be predicted.
+        let cfg_dir = root.join("model_configs");
+        if cfg_dir.is_dir() {
+            for org_path in sorted_entries(&cfg_dir)? {
+                if !org_path.is_dir() {
+                    continue;
+                }
+                for path in sorted_entries(&org_path)? {
+                    let ext = path.extension().and_then(|e| e.to_str());
+                    if ext != Some("yml") && ext != Some("json") {
+                        continue;
+                    }
+                    let org = org_path.file_name().and_then(|s| s.to_str()).unwrap_or_default();
+                    let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or_default();
+                    let model = format!("{org}/{stem}");
+                    if !data.models.contains_key(&model) {
+                        // A config that does not parse is an error only when it is measured.
+                        if let Ok(arch) = read_model_config(root, &model) {
+                            data.models.insert(model, arch);
+                        }
+                    }
+                }
+            }
+        }
+        if data.passes.is_empty() {
+            return Err(PredictorError::BadLayout {
+                path: compute,
+                message: "no `profiling/compute/<device>/<org>/<model>/mlp.csv` measurements".into(),
+            });
+        }
+        Ok(data)
+    }
+
+    /// Models with measurements, sorted.
+    pub fn measured_models(&self) -> Vec<String> {
+        let mut v: Vec<String> = self.passes.iter().map(|p| p.model.clone()).collect();
+        v.sort();
+        v.dedup();
+        v
+    }
+
+    /// Devices with measurements, sorted.
+    pub fn measured_devices(&self) -> Vec<String> {
+        let mut v: Vec<String> = self.passes.iter().map(|p| p.device.clone()).collect();
+        v.sort();
+        v.dedup();
+        v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_bandwidth_comes_from_the_catalogue() {
+        let d = parse_device("a100", Path::new("a100.yml"), "fp16_tflops: 312\ntotal_memory_gb: 80\n")
+            .unwrap();
+        assert_eq!(d.memory_bandwidth, 2039e9);
+        let d = parse_device("h100", Path::new("h100.yml"), "fp16_tflops: 1000\ntotal_memory_gb: 80\n")
+            .unwrap();
+        assert_eq!(d.memory_bandwidth, 3350e9);
+        assert_eq!(d.dense_fp16_flops, 1000e12);
+    }
+
+    #[test]
+    fn unknown_device_needs_a_bandwidth_field() {
+        let err = parse_device("mi300x", Path::new("d/mi300x.yml"), "fp16_tflops: 1307\ntotal_memory_gb: 192\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("memory_bandwidth_gbps") && err.contains("d/mi300x.yml"), "{err}");
+        let d = parse_device(
+            "mi300x",
+            Path::new("mi300x.yml"),
+            "fp16_tflops: 1307\ntotal_memory_gb: 192\nmemory_bandwidth_gbps: 5300\n",
+        )
+        .unwrap();
+        assert_eq!(d.memory_bandwidth, 5300e9);
+        assert_eq!(d.host_link_bandwidth, DEFAULT_HOST_LINK_BYTES_PER_S);
+    }
+
+    #[test]
+    fn mlp_csv_errors_name_file_and_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("mlp.csv");
+        fs::write(
+            &path,
+            "time_stats.add.median,num_tokens,num_tensor_parallel_workers\n0.1,4,1\nabc,8,1\n",
+        )
+        .unwrap();
+        let err = read_mlp_csv(&path, "m", "d").unwrap_err().to_string();
+        assert!(err.contains("line 3") && err.contains("abc"), "{err}");
+    }
+
+    #[test]
+    fn duplicate_rows_are_averaged() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("mlp.csv");
+        fs::write(
+            &path,
+            "time_stats.add.median,num_tokens,num_tensor_parallel_workers\n0.1,4,1\n0.3,4,1\n0.5,8,1\n",
+        )
+        .unwrap();
+        let rows = read_mlp_csv(&path, "m", "d").unwrap();
+        assert_eq!(rows.len(), 2);
+        let add = rows[0].op_ms[ProfiledOp::Add.index()].unwrap();
+        assert!((add - 0.2).abs() < 1e-12);
+        assert_eq!(rows[0].op_ms[ProfiledOp::Emb.index()], None);
+    }
+
+    #[test]
+    fn shipped_data_loads() {
+        let data = ProfileData::load(&crate::eval::default_train_dir()).unwrap();
+        assert_eq!(data.measured_devices(), vec!["a100".to_string(), "h100".to_string()]);
+        assert_eq!(data.measured_models().len(), 8);
+        assert!(data.passes.len() > 14_000, "{}", data.passes.len());
+        assert!(!data.attention.is_empty());
+        assert!(data.models["microsoft/phi-2"].rotary_fraction < 1.0);
+    }
+}

@@ -1,0 +1,210 @@
+//! GPU-time accounting: each device's time over the run window is partitioned into
+//! *loading* (a replica's weights are being loaded), *generation* (an engine iteration runs),
+//! *idle resident* (weights occupy the GPU but nothing runs) and *other* (everything else: an
+//! empty GPU, or lifecycle work other than loading). Precedence when they overlap on one
+//! device: loading > generation > idle resident. The four parts sum to the window length
+//! exactly, so a pool's breakdown sums to GPUs × makespan.
+//!
+//! Each elementary interval is also charged to the deployment responsible for it (the lowest
+//! deployment id among those active in the winning category), which lets a report attribute
+//! shared lifecycle time to workflows by their share of each model's generation time
+//! (paper 003 §4.3).
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use super::round3;
+
+/// What a device was doing during a segment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub enum SegmentKind {
+    Loading,
+    Generating,
+    /// A replica is resident (loaded, awake); idle where no `Generating` overlaps.
+    Resident,
+}
+
+/// One interval of a device's activity.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Segment {
+    pub start: f64,
+    pub end: f64,
+    pub kind: SegmentKind,
+    /// Deployment id of the replica involved.
+    pub deployment: u32,
+}
+
+/// Everything recorded for one device.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct DeviceTimeline {
+    pub name: String,
+    pub segments: Vec<Segment>,
+}
+
+/// GPU seconds split by category.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Default)]
+pub struct GpuBreakdown {
+    pub generation: f64,
+    pub idle_resident: f64,
+    pub loading: f64,
+    pub other: f64,
+}
+
+impl GpuBreakdown {
+    pub fn total(&self) -> f64 {
+        self.generation + self.idle_resident + self.loading + self.other
+    }
+
+    pub fn scaled(&self, k: f64) -> Self {
+        GpuBreakdown {
+            generation: self.generation * k,
+            idle_resident: self.idle_resident * k,
+            loading: self.loading * k,
+            other: self.other * k,
+        }
+    }
+
+    pub fn add(&mut self, o: &GpuBreakdown) {
+        self.generation += o.generation;
+        self.idle_resident += o.idle_resident;
+        self.loading += o.loading;
+        self.other += o.other;
+    }
+
+    pub fn rounded(&self) -> Self {
+        GpuBreakdown {
+            generation: round3(self.generation),
+            idle_resident: round3(self.idle_resident),
+            loading: round3(self.loading),
+            other: round3(self.other),
+        }
+    }
+}
+
+/// Category of an elementary interval.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Category {
+    Loading,
+    Generation,
+    IdleResident,
+    Other,
+}
+
+/// Seconds per (category, responsible deployment) for one device over `[t0, t1]`.
+/// `Other` intervals carry no deployment.
+pub fn partition(segments: &[Segment], t0: f64, t1: f64) -> BTreeMap<(Category, Option<u32>), f64> {
+    let mut out = BTreeMap::new();
+    sweep(segments, t0, t1, |a, b, cat, dep| *out.entry((cat, dep)).or_insert(0.0) += b - a);
+    out
+}
+
+/// Visit the elementary intervals `[a, b)` of `[t0, t1]` in time order with their category and
+/// responsible deployment. O(n log n) in the number of segments.
+pub fn sweep(
+    segments: &[Segment],
+    t0: f64,
+    t1: f64,
+    mut visit: impl FnMut(f64, f64, Category, Option<u32>),
+) {
+    if t1 <= t0 {
+        return;
+    }
+    // Sweep over clipped segment boundaries.
+    let mut events: Vec<(f64, i32, SegmentKind, u32)> = Vec::with_capacity(segments.len() * 2);
+    for s in segments {
+        let (a, b) = (s.start.max(t0), s.end.min(t1));
+        if b > a {
+            events.push((a, 1, s.kind, s.deployment));
+            events.push((b, -1, s.kind, s.deployment));
+        }
+    }
+    events.sort_by(|x, y| x.0.total_cmp(&y.0).then(x.1.cmp(&y.1)));
+    let mut active: [BTreeMap<u32, i32>; 3] = Default::default();
+    let slot = |k: SegmentKind| match k {
+        SegmentKind::Loading => 0,
+        SegmentKind::Generating => 1,
+        SegmentKind::Resident => 2,
+    };
+    let mut t = t0;
+    let mut i = 0;
+    loop {
+        let next = if i < events.len() { events[i].0 } else { t1 };
+        if next > t {
+            let winner = active.iter().position(|m| !m.is_empty());
+            let key = match winner {
+                Some(0) => (Category::Loading, active[0].keys().next().copied()),
+                Some(1) => (Category::Generation, active[1].keys().next().copied()),
+                Some(_) => (Category::IdleResident, active[2].keys().next().copied()),
+                None => (Category::Other, None),
+            };
+            visit(t, next, key.0, key.1);
+            t = next;
+        }
+        if i >= events.len() {
+            break;
+        }
+        let (_, delta, kind, dep) = events[i];
+        let m = &mut active[slot(kind)];
+        let c = m.entry(dep).or_insert(0);
+        *c += delta;
+        if *c <= 0 {
+            m.remove(&dep);
+        }
+        i += 1;
+    }
+}
+
+/// Sum a partition into a breakdown.
+pub fn breakdown(parts: &BTreeMap<(Category, Option<u32>), f64>) -> GpuBreakdown {
+    let mut b = GpuBreakdown::default();
+    for ((cat, _), secs) in parts {
+        match cat {
+            Category::Loading => b.loading += secs,
+            Category::Generation => b.generation += secs,
+            Category::IdleResident => b.idle_resident += secs,
+            Category::Other => b.other += secs,
+        }
+    }
+    b
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seg(start: f64, end: f64, kind: SegmentKind, deployment: u32) -> Segment {
+        Segment { start, end, kind, deployment }
+    }
+
+    #[test]
+    fn partition_by_hand() {
+        // Load 0–10, resident 10–50, iterations 12–20 and 30–35, then empty until 60.
+        let s = [
+            seg(0.0, 10.0, SegmentKind::Loading, 1),
+            seg(10.0, 50.0, SegmentKind::Resident, 1),
+            seg(12.0, 20.0, SegmentKind::Generating, 1),
+            seg(30.0, 35.0, SegmentKind::Generating, 1),
+        ];
+        let b = breakdown(&partition(&s, 0.0, 60.0));
+        assert_eq!(b.loading, 10.0);
+        assert_eq!(b.generation, 13.0);
+        assert_eq!(b.idle_resident, 27.0);
+        assert_eq!(b.other, 10.0);
+        assert_eq!(b.total(), 60.0);
+    }
+
+    #[test]
+    fn loading_wins_over_a_coresident_replica_and_the_window_clips() {
+        let s = [
+            seg(0.0, 100.0, SegmentKind::Resident, 0),
+            seg(20.0, 30.0, SegmentKind::Loading, 2),
+            seg(25.0, 40.0, SegmentKind::Generating, 0),
+        ];
+        let parts = partition(&s, 10.0, 50.0);
+        assert_eq!(parts[&(Category::Loading, Some(2))], 10.0);
+        assert_eq!(parts[&(Category::Generation, Some(0))], 10.0);
+        assert_eq!(parts[&(Category::IdleResident, Some(0))], 20.0);
+        assert_eq!(breakdown(&parts).total(), 40.0);
+    }
+}

@@ -1,0 +1,296 @@
+//! QMSum responders: `qmsum.summarize` and `qmsum.aggregate`, extractive query-focused
+//! summaries of the requested length.
+//!
+//! # Where the source text is found (contract with the workflow prompts)
+//!
+//! A *marker line* is a prompt line whose trimmed text starts, case-insensitively, with a
+//! marker phrase immediately followed by `:`; anything after the colon on that line is already
+//! content. Source markers:
+//!
+//! - `Transcript:` (also `Meeting transcript:`) — meeting text, usually `speaker: content` lines;
+//! - `Previous summary:` (also `Summary so far:`) — the running summary of a rolling chain; its
+//!   sentences get a carry-over bonus, so a rolling summary keeps what it had;
+//! - `Summary:`, `Summaries:`, or `Summary <label>:` with a short label (`Summary 1:`,
+//!   `Summary A:`) — summaries to merge.
+//!
+//! A source section runs to the next marker line. Non-source markers end a section and are not
+//! summarized: `Query:`, `Question:`, `Task:`, `Instruction(s):`, `Answer:`, `Output:`, and a
+//! line that is exactly `---` or `END`. Put instructions before the source sections or after an
+//! end marker. Without any source marker, the whole prompt is the source.
+//!
+//! `qmsum.aggregate` summarizes the texts of its upstream outputs (the summaries it merges);
+//! with no non-empty upstream output it falls back to the prompt's source sections.
+//!
+//! # Ranking
+//!
+//! Sentences (meeting fillers like `{vocalsound}` removed, fewer than [`MIN_WORDS`] words
+//! dropped) are scored by content-word overlap with the query (`input["query"]`), centrality
+//! (how frequent their words are in the whole source — this carries general queries such as
+//! "Summarize the whole meeting"), and a small lead bias; the best ones are emitted in source
+//! order until the target length. This is our own simple baseline in the spirit of the
+//! "locate, then summarize" pipeline of the QMSum paper (Zhong et al., NAACL 2021, §4).
+//!
+//! Depends on `super::{fit, text}`; never reads files.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde_json::json;
+
+use super::fit::fit;
+use super::text::{content_words, split_sentences};
+use super::{ResponderError, ResponderRequest};
+use crate::tokens;
+
+/// Sentences with fewer words are back-channel ("Okay.", "Yeah, sure.") and never extracted.
+pub const MIN_WORDS: usize = 4;
+
+/// Weights of the ranking terms: query overlap (per √words), centrality, lead bias, carry-over
+/// of a previous summary. Chosen by hand so that query overlap dominates, centrality decides
+/// general queries, and position only breaks near-ties.
+const W_QUERY: f64 = 1.0;
+const W_CENTRALITY: f64 = 0.5;
+const W_POSITION: f64 = 0.1;
+const W_CARRY: f64 = 0.5;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Section {
+    Transcript,
+    Previous,
+    Summaries,
+}
+
+/// Classify a marker line: `Some(Some(section))` for a source marker, `Some(None)` for an end
+/// marker, `None` for an ordinary line. Also returns the content after the colon.
+fn marker(line: &str) -> Option<(Option<Section>, &str)> {
+    let t = line.trim();
+    if t == "---" || t == "END" {
+        return Some((None, ""));
+    }
+    let colon = t.find(':')?;
+    let label = t[..colon].trim().to_lowercase();
+    let rest = &t[colon + 1..];
+    let section = match label.as_str() {
+        "transcript" | "meeting transcript" => Some(Section::Transcript),
+        "previous summary" | "summary so far" => Some(Section::Previous),
+        "summary" | "summaries" => Some(Section::Summaries),
+        "query" | "question" | "task" | "instruction" | "instructions" | "answer" | "output" => None,
+        l => {
+            let short_label = l.strip_prefix("summary ").is_some_and(|x| {
+                !x.is_empty() && x.len() <= 12 && x.chars().all(|c| c.is_alphanumeric() || c == ' ')
+            });
+            if short_label {
+                Some(Section::Summaries)
+            } else {
+                return None;
+            }
+        }
+    };
+    Some((section, rest))
+}
+
+/// The source sections of a prompt, in order; the whole prompt when it has no source marker.
+fn sections(prompt: &str) -> Vec<(Section, String)> {
+    let mut out: Vec<(Section, String)> = Vec::new();
+    let mut current: Option<(Section, String)> = None;
+    for line in prompt.lines() {
+        match marker(line) {
+            Some((kind, rest)) => {
+                if let Some(done) = current.take() {
+                    out.push(done);
+                }
+                current = kind.map(|k| (k, format!("{}\n", rest.trim())));
+            }
+            None => {
+                if let Some((_, body)) = current.as_mut() {
+                    body.push_str(line);
+                    body.push('\n');
+                }
+            }
+        }
+    }
+    if let Some(done) = current.take() {
+        out.push(done);
+    }
+    if out.is_empty() {
+        out.push((Section::Transcript, prompt.to_string()));
+    }
+    out
+}
+
+/// Remove transcript markup such as `{vocalsound}` or `{disfmarker}` and collapse blanks.
+fn clean(sentence: &str) -> String {
+    let mut s = String::with_capacity(sentence.len());
+    let mut depth = 0usize;
+    for c in sentence.chars() {
+        match c {
+            '{' => depth += 1,
+            '}' if depth > 0 => depth -= 1,
+            _ if depth == 0 => s.push(c),
+            _ => {}
+        }
+    }
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+struct Candidate {
+    text: String,
+    words: BTreeSet<String>,
+    carry: bool,
+}
+
+fn candidates(sources: &[(Section, String)]) -> Vec<Candidate> {
+    let mut out = Vec::new();
+    for (section, body) in sources {
+        for raw in split_sentences(body) {
+            let text = clean(&raw);
+            if text.split_whitespace().count() < MIN_WORDS {
+                continue;
+            }
+            let words = content_words(&text);
+            if words.is_empty() {
+                continue;
+            }
+            out.push(Candidate { text, words, carry: *section == Section::Previous });
+        }
+    }
+    out
+}
+
+/// Scores of the candidates for `query` (see the module doc).
+fn scores(cands: &[Candidate], query: &BTreeSet<String>) -> Vec<f64> {
+    let mut tf: BTreeMap<&str, u32> = BTreeMap::new();
+    for c in cands {
+        for w in &c.words {
+            *tf.entry(w.as_str()).or_insert(0) += 1;
+        }
+    }
+    let max_tf = tf.values().copied().max().unwrap_or(1).max(1) as f64;
+    let n = cands.len().max(1) as f64;
+    cands
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let len = c.words.len() as f64;
+            let overlap = c.words.intersection(query).count() as f64;
+            let centrality =
+                c.words.iter().map(|w| f64::from(tf.get(w.as_str()).copied().unwrap_or(0))).sum::<f64>() / (len * max_tf);
+            let position = 1.0 - i as f64 / n;
+            W_QUERY * overlap / len.sqrt() + W_CENTRALITY * centrality + W_POSITION * position + if c.carry { W_CARRY } else { 0.0 }
+        })
+        .collect()
+}
+
+/// Extract a summary of `sources` for `query` with close to `target` tokens.
+fn extract(sources: &[(Section, String)], query: &str, target: usize) -> (String, serde_json::Value) {
+    let cands = candidates(sources);
+    let q = content_words(query);
+    let s = scores(&cands, &q);
+    let mut order: Vec<usize> = (0..cands.len()).collect();
+    order.sort_by(|&a, &b| s[b].total_cmp(&s[a]).then(a.cmp(&b)));
+    // Greedy selection by rank within the token budget, emitted in source order.
+    let mut chosen = Vec::new();
+    let mut used = 0usize;
+    for &i in &order {
+        if target.saturating_sub(used) < 3 {
+            break;
+        }
+        let n = tokens::count(&cands[i].text) + 1;
+        if used + n <= target {
+            chosen.push(i);
+            used += n;
+        }
+    }
+    chosen.sort_unstable();
+    let rest: Vec<usize> = order.iter().copied().filter(|i| !chosen.contains(i)).collect();
+    let keywords: Vec<String> = {
+        let mut tf: BTreeMap<&str, u32> = BTreeMap::new();
+        for c in &cands {
+            for w in &c.words {
+                *tf.entry(w.as_str()).or_insert(0) += 1;
+            }
+        }
+        let mut v: Vec<(&str, u32)> = tf.into_iter().collect();
+        v.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+        v.into_iter().take(5).map(|(w, _)| w.to_string()).collect()
+    };
+    let topic = if keywords.is_empty() { "the topic".to_string() } else { keywords.join(", ") };
+    let query_line = query.trim().to_string();
+    let closing = [
+        format!(" Regarding \"{query_line}\", the discussion centred on {topic}."),
+        format!(" The participants returned several times to {topic}."),
+        " No decision beyond the points above was recorded.".to_string(),
+    ];
+    let text = fit("", "", target, &mut |i| {
+        let sep = if i == 0 { "" } else { " " };
+        if let Some(&c) = chosen.get(i) {
+            format!("{sep}{}", cands[c].text)
+        } else if let Some(&c) = rest.get(i - chosen.len()) {
+            format!("{sep}{}", cands[c].text)
+        } else {
+            closing[(i - chosen.len() - rest.len()) % closing.len()].clone()
+        }
+    });
+    let text = text.trim_start().to_string();
+    (text, json!({ "extracted_sentences": chosen.len(), "source_sentences": cands.len() }))
+}
+
+/// `qmsum.summarize`: an extractive summary of the prompt's source sections for
+/// `input.query`.
+pub(crate) fn summarize(req: &ResponderRequest, target: usize) -> Result<(String, serde_json::Value), ResponderError> {
+    let query = req.str_field("query")?;
+    Ok(extract(&sections(req.prompt), query, target))
+}
+
+/// `qmsum.aggregate`: an extractive summary of the upstream summaries for `input.query`.
+pub(crate) fn aggregate(req: &ResponderRequest, target: usize) -> Result<(String, serde_json::Value), ResponderError> {
+    let query = req.str_field("query")?;
+    let upstream: Vec<(Section, String)> = req
+        .upstream
+        .iter()
+        .filter(|(_, o)| !o.text.trim().is_empty())
+        .map(|(_, o)| (Section::Summaries, o.text.clone()))
+        .collect();
+    let sources = if upstream.is_empty() { sections(req.prompt) } else { upstream };
+    Ok(extract(&sources, query, target))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PROMPT: &str = "You summarize meetings.\nQuery: What did the group decide about the remote control battery?\nPrevious summary:\nThe group agreed the remote control needs a rechargeable battery.\nTranscript:\nProject Manager: Okay.\nIndustrial Designer: The battery should be rechargeable because users hate replacing batteries. It also saves cost.\nMarketing: Fashion matters more than anything else for young customers today.\nUser Interface: We could put the battery charger in the base station of the remote control.\n---\nWrite the summary now, focusing on the query above.";
+
+    #[test]
+    fn sections_follow_the_markers() {
+        let s = sections(PROMPT);
+        assert_eq!(s.len(), 2);
+        assert_eq!(s[0].0, Section::Previous);
+        assert!(s[0].1.contains("rechargeable battery"));
+        assert_eq!(s[1].0, Section::Transcript);
+        assert!(s[1].1.contains("base station"));
+        assert!(!s[1].1.contains("Write the summary"));
+        assert!(!s[1].1.contains("Query"));
+        let plain = sections("no markers here. at all.");
+        assert_eq!(plain.len(), 1);
+        assert_eq!(marker("Summary 2:").map(|m| m.0), Some(Some(Section::Summaries)));
+        assert_eq!(marker("Industrial Designer: hi"), None);
+    }
+
+    #[test]
+    fn cleaning_drops_markup() {
+        assert_eq!(clean("Um {vocalsound} I think {disfmarker}  so."), "Um I think so.");
+    }
+
+    #[test]
+    fn query_relevant_sentences_win_and_come_in_source_order() {
+        let (text, _) = extract(&sections(PROMPT), "What did the group decide about the remote control battery?", 45);
+        assert!(text.contains("rechargeable battery"), "{text}");
+        assert!(text.contains("base station"), "{text}");
+        assert!(!text.contains("Fashion"), "{text}");
+        assert!(!text.contains("Okay."), "{text}");
+        let a = text.find("rechargeable battery").unwrap_or(usize::MAX);
+        let b = text.find("base station").unwrap_or(0);
+        assert!(a < b);
+        assert!(tokens::count(&text) <= 45);
+    }
+}

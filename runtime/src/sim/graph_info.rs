@@ -1,0 +1,160 @@
+//! What a shell derives once per workflow from its static graph for the planner: fused chains
+//! (Eq. 3, via `planner::fusion`), remaining critical-path work, and per-activation prompt
+//! bounds and chain envelopes (Eq. 4). Shared by both shells; pure.
+
+use crate::ids::ActivationId;
+use crate::planner::DeploymentId;
+use crate::planner::fusion::{LogicalEdge, LogicalNode, envelope, fusible_chains};
+use crate::session::Session;
+use crate::tokens;
+use crate::workflow::{Filter, NodeKind, Segment, Source, TemplateBody, WorkflowSpec};
+
+/// Static facts about one node.
+#[derive(Debug, Clone, Default)]
+pub struct NodeInfo {
+    pub deployment: Option<DeploymentId>,
+    /// The node's fused chain (node indices in order), when it belongs to one.
+    pub chain: Option<Vec<usize>>,
+    pub chain_prev: Option<usize>,
+    pub chain_next: Option<usize>,
+    /// Expected generated tokens on the longest path from here to a sink, this node included.
+    pub remaining_path_tokens: u32,
+    pub output_limit: u32,
+}
+
+/// Per-node facts of a workflow; `deployment_of(name)` maps its deployment names to identities.
+pub fn workflow_info(
+    spec: &WorkflowSpec,
+    deployment_of: impl Fn(&str) -> Option<DeploymentId>,
+) -> Vec<NodeInfo> {
+    let n = spec.nodes.len();
+    let mut info: Vec<NodeInfo> = vec![NodeInfo::default(); n];
+    let mut logical = Vec::with_capacity(n);
+    let mut mean_tokens = vec![0u32; n];
+    for (i, node) in spec.nodes.iter().enumerate() {
+        let (deployment, limit) = match &node.kind {
+            NodeKind::Agent(a) => {
+                mean_tokens[i] = a.output_tokens.mean.round().max(0.0) as u32;
+                (deployment_of(&a.deployment), a.max_output_tokens)
+            }
+            NodeKind::Tool(_) => (None, 0),
+        };
+        info[i].deployment = deployment;
+        info[i].output_limit = limit;
+        logical.push(LogicalNode {
+            is_agent: matches!(node.kind, NodeKind::Agent(_)),
+            deployment: deployment.map(|d| d.0),
+            prompt_bound: 0,
+            output_limit: limit,
+        });
+    }
+    let mut edges = Vec::new();
+    for (to, node) in spec.nodes.iter().enumerate() {
+        for &from in &node.after {
+            edges.push(LogicalEdge { from, to, conditional: node.when.is_some() });
+        }
+    }
+    for chain in fusible_chains(&logical, &edges) {
+        for (k, &v) in chain.iter().enumerate() {
+            info[v].chain = Some(chain.clone());
+            info[v].chain_prev = k.checked_sub(1).map(|p| chain[p]);
+            info[v].chain_next = chain.get(k + 1).copied();
+        }
+    }
+    // Remaining critical path, in reverse topological order.
+    for &v in spec.topological_order().iter().rev() {
+        let tail = spec.successors(v).iter().map(|&s| info[s].remaining_path_tokens).max().unwrap_or(0);
+        info[v].remaining_path_tokens = mean_tokens[v].saturating_add(tail);
+    }
+    info
+}
+
+/// Token bound of an agent node's prompt in `session`: static text and input fields counted
+/// exactly (a `part I of N` filter takes 1/N), referenced outputs at their producers' output
+/// limits, except references to nodes in `internal` (chain positions), returned separately
+/// as the positions consumed.
+pub fn prompt_bound(
+    spec: &WorkflowSpec,
+    info: &[NodeInfo],
+    session: &Session,
+    node: usize,
+    internal: &[usize],
+) -> (u32, Vec<usize>) {
+    let NodeKind::Agent(agent) = &spec.nodes[node].kind else { return (0, Vec::new()) };
+    let TemplateBody::Text(segments) = &agent.prompt.body else { return (0, Vec::new()) };
+    let mut total: u64 = 0;
+    let mut consumed = Vec::new();
+    for seg in segments {
+        match seg {
+            Segment::Text(t) => total += tokens::count(t) as u64,
+            Segment::Ref(r) => {
+                let fraction: f64 = r
+                    .filters
+                    .iter()
+                    .map(|f| match f {
+                        Filter::Part { of, .. } => 1.0 / (*of).max(1) as f64,
+                        Filter::Take(_) => 1.0,
+                    })
+                    .product();
+                match r.sources.first() {
+                    Some(Source::Input(field)) => {
+                        let n = match session.input().get(field) {
+                            Some(serde_json::Value::String(s)) => tokens::count(s),
+                            Some(other) => tokens::count(&other.to_string()),
+                            None => 0,
+                        };
+                        total += (n as f64 * fraction).ceil() as u64;
+                    }
+                    Some(Source::Output(name)) => {
+                        if let Some(j) = spec.node_index(name) {
+                            if let Some(pos) = internal.iter().position(|&x| x == j) {
+                                consumed.push(pos);
+                            } else {
+                                let limit = if info[j].output_limit > 0 { info[j].output_limit } else { 256 };
+                                total += (limit as f64 * fraction).ceil() as u64;
+                            }
+                        }
+                    }
+                    Some(Source::Verdict(_)) => total += 2,
+                    None => {}
+                }
+            }
+        }
+    }
+    (total.min(u32::MAX as u64) as u32, consumed)
+}
+
+/// Admission envelope (Eq. 4) of the rest of `node`'s chain from `node` on, given the actual
+/// prompt tokens of `node` itself. For an unfused node: (prompt, its output limit).
+pub fn chain_envelope(
+    spec: &WorkflowSpec,
+    info: &[NodeInfo],
+    session: &Session,
+    node: usize,
+    prompt_tokens: u32,
+) -> (u32, u32) {
+    let Some(chain) = &info[node].chain else { return (prompt_tokens, info[node].output_limit) };
+    let start = chain.iter().position(|&v| v == node).unwrap_or(0);
+    let rest = &chain[start..];
+    let mut links = Vec::with_capacity(rest.len());
+    let mut consumes = Vec::with_capacity(rest.len());
+    for (k, &v) in rest.iter().enumerate() {
+        let (p, c) = if k == 0 { (prompt_tokens, Vec::new()) } else { prompt_bound(spec, info, session, v, rest) };
+        links.push(LogicalNode {
+            is_agent: true,
+            deployment: info[v].deployment.map(|d| d.0),
+            prompt_bound: p,
+            output_limit: info[v].output_limit,
+        });
+        consumes.push(c);
+    }
+    envelope(&links, &consumes)
+}
+
+/// The activation of `session` that precedes `a` in its fused chain (same round).
+pub fn chain_prev_activation(info: &[NodeInfo], session: &Session, a: ActivationId) -> Option<ActivationId> {
+    let act = session.activation(a.index)?;
+    let prev = info.get(act.node)?.chain_prev?;
+    let index = session.activation_for(prev, act.round)?;
+    Some(ActivationId { session: a.session, index })
+}

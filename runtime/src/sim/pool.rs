@@ -1,0 +1,119 @@
+//! Pool files: which GPUs the (emulated or live) pool has, in YAML.
+//!
+//! ```yaml
+//! name: small
+//! devices:
+//!   - { kind: A100-40GB, count: 1 }
+//!   - { kind: V100-32GB, count: 2 }
+//! ```
+//! Device kinds come from the catalogue in `switchyard_predictor::spec`. Depends on the spec
+//! catalogue and serde only.
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use switchyard_predictor::{DeviceSpec, spec};
+use thiserror::Error;
+
+/// Why a pool file was rejected.
+#[derive(Debug, Error)]
+pub enum PoolError {
+    #[error("{path}: cannot read: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("{path}:{line}:{column}: {message}")]
+    Parse { path: PathBuf, line: u64, column: u64, message: String },
+    #[error("{path}: devices[{index}].kind: {message}")]
+    Device { path: PathBuf, index: usize, message: String },
+    #[error("{path}: devices: the pool has no GPU")]
+    Empty { path: PathBuf },
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PoolFile {
+    name: String,
+    #[serde(default)]
+    description: Option<String>,
+    devices: Vec<DeviceGroup>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DeviceGroup {
+    kind: String,
+    #[serde(default = "one")]
+    count: u32,
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// A pool: an ordered list of GPUs (device ids are positions in this list).
+#[derive(Debug, Clone)]
+pub struct PoolSpec {
+    pub name: String,
+    pub description: Option<String>,
+    pub devices: Vec<DeviceSpec>,
+}
+
+impl PoolSpec {
+    /// Read and validate a pool file.
+    pub fn load(path: &Path) -> Result<Self, PoolError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|source| PoolError::Read { path: path.to_path_buf(), source })?;
+        Self::parse(path, &text)
+    }
+
+    /// Parse pool YAML; `path` names the source in errors.
+    pub fn parse(path: &Path, text: &str) -> Result<Self, PoolError> {
+        let file: PoolFile = serde_saphyr::from_str(text).map_err(|e| {
+            let (line, column) = e.location().map(|l| (l.line(), l.column())).unwrap_or((0, 0));
+            PoolError::Parse { path: path.to_path_buf(), line, column, message: e.to_string() }
+        })?;
+        let mut devices = Vec::new();
+        for (index, group) in file.devices.iter().enumerate() {
+            let d = spec::device(&group.kind).map_err(|e| PoolError::Device {
+                path: path.to_path_buf(),
+                index,
+                message: e.to_string(),
+            })?;
+            for _ in 0..group.count {
+                devices.push(d.clone());
+            }
+        }
+        if devices.is_empty() {
+            return Err(PoolError::Empty { path: path.to_path_buf() });
+        }
+        Ok(PoolSpec { name: file.name, description: file.description, devices })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_groups_in_order() {
+        let p = PoolSpec::parse(
+            Path::new("p.yaml"),
+            "name: t\ndevices:\n  - { kind: A100-40GB, count: 1 }\n  - { kind: v100-32gb, count: 2 }\n",
+        )
+        .unwrap();
+        let names: Vec<_> = p.devices.iter().map(|d| d.name.as_str()).collect();
+        assert_eq!(names, ["A100-40GB", "V100-32GB", "V100-32GB"]);
+    }
+
+    #[test]
+    fn errors_name_the_file_and_position() {
+        let e = PoolSpec::parse(Path::new("p.yaml"), "name: t\ndevices:\n  - { kind: B300 }\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("p.yaml: devices[0].kind"), "{e}");
+        let e = PoolSpec::parse(Path::new("p.yaml"), "name: t\ndevices:\n  - { kind: A40, count: x }\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("p.yaml:3:"), "{e}");
+        assert!(PoolSpec::parse(Path::new("p.yaml"), "name: t\ndevices: []\n").is_err());
+    }
+}

@@ -1,0 +1,324 @@
+//! Dataset binding: which file feeds a workflow's sessions and how each raw record maps to the
+//! session's input fields (dotted paths with numeric indices, and a `join` transform that
+//! turns a list of objects into lines of text, e.g. a meeting transcript).
+//!
+//! Reads the dataset file only when asked ([`DatasetBinding::load_records`]); depends on
+//! `values` and on the loader's `yaml` positions for error reporting, nothing else.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde_json::Value as Json;
+
+use super::error::{ErrorKind, WorkflowError};
+use super::yaml::{Ctx, Pos};
+use crate::values::Record;
+
+/// How the dataset file is laid out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DatasetFormat {
+    /// One JSON document whose top level is an array of records.
+    Json,
+    /// One JSON record per non-empty line.
+    Jsonl,
+}
+
+/// Where one input field comes from in a raw record.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FieldSource {
+    /// The dotted path as written, e.g. `general_query_list.0.query`.
+    pub path: String,
+    /// Path steps; a step indexes an array when the value there is an array, else it is a key.
+    pub steps: Vec<String>,
+    /// Optional transform of a list-valued field into text.
+    pub join: Option<JoinSpec>,
+    pos: Pos,
+}
+
+/// `join`: format every element of a list with `pattern` (`{key}` is replaced by the
+/// element's field `key`, `{}` by the element itself) and join the results with `separator`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JoinSpec {
+    pub pattern: String,
+    pub separator: String,
+}
+
+/// The `dataset:` section of a workflow.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DatasetBinding {
+    /// The file as written in the YAML (relative to the YAML file).
+    pub file_as_written: String,
+    /// The file's path: the YAML file's directory joined with `file_as_written`.
+    pub file: PathBuf,
+    pub format: DatasetFormat,
+    /// Input field name → where it comes from.
+    pub fields: BTreeMap<String, FieldSource>,
+    workflow_file: String,
+    file_pos: Pos,
+}
+
+impl FieldSource {
+    pub(crate) fn new(path: String, join: Option<JoinSpec>, pos: Pos) -> Self {
+        let steps = path.split('.').map(str::to_string).collect();
+        FieldSource {
+            path,
+            steps,
+            join,
+            pos,
+        }
+    }
+
+    /// Extract this field from a raw record; `Err` carries a human-readable reason.
+    pub fn extract(&self, raw: &Json) -> Result<Json, String> {
+        let mut cur = raw;
+        for (depth, step) in self.steps.iter().enumerate() {
+            let next = match cur {
+                Json::Array(items) => step.parse::<usize>().ok().and_then(|i| items.get(i)),
+                Json::Object(map) => map.get(step),
+                _ => None,
+            };
+            cur = next.ok_or_else(|| {
+                let at = self.steps[..depth].join(".");
+                let inside = if at.is_empty() {
+                    "the record".to_string()
+                } else {
+                    format!("`{at}`")
+                };
+                match cur {
+                    Json::Array(items) => format!(
+                        "{inside} is a list of {} and has no element `{step}`",
+                        items.len()
+                    ),
+                    Json::Object(_) => format!("{inside} has no field `{step}`"),
+                    other => format!("{inside} is {}, not an object or a list", kind_of(other)),
+                }
+            })?;
+        }
+        match &self.join {
+            None => Ok(cur.clone()),
+            Some(j) => j.apply(cur).map(Json::String),
+        }
+    }
+}
+
+impl JoinSpec {
+    fn apply(&self, value: &Json) -> Result<String, String> {
+        let Json::Array(items) = value else {
+            return Err(format!("`join` needs a list, found {}", kind_of(value)));
+        };
+        let mut lines = Vec::with_capacity(items.len());
+        for (i, item) in items.iter().enumerate() {
+            lines.push(
+                format_element(&self.pattern, item).map_err(|m| format!("element {i}: {m}"))?,
+            );
+        }
+        Ok(lines.join(&self.separator))
+    }
+}
+
+/// Substitute `{key}` / `{}` placeholders of `pattern` with the element's values.
+fn format_element(pattern: &str, item: &Json) -> Result<String, String> {
+    let mut out = String::with_capacity(pattern.len() + 64);
+    let mut rest = pattern;
+    while let Some(open) = rest.find('{') {
+        out.push_str(&rest[..open]);
+        let after = &rest[open + 1..];
+        let Some(close) = after.find('}') else {
+            out.push_str(&rest[open..]);
+            rest = "";
+            break;
+        };
+        let key = &after[..close];
+        let value = if key.is_empty() {
+            item
+        } else {
+            match item {
+                Json::Object(map) => map
+                    .get(key)
+                    .ok_or_else(|| format!("has no field `{key}`"))?,
+                other => {
+                    return Err(format!(
+                        "is {}, so `{{{key}}}` cannot be read",
+                        kind_of(other)
+                    ));
+                }
+            }
+        };
+        match value {
+            Json::String(s) => out.push_str(s),
+            Json::Null => {}
+            other => out.push_str(&other.to_string()),
+        }
+        rest = &after[close + 1..];
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+fn kind_of(v: &Json) -> &'static str {
+    match v {
+        Json::Null => "null",
+        Json::Bool(_) => "a boolean",
+        Json::Number(_) => "a number",
+        Json::String(_) => "a string",
+        Json::Array(_) => "a list",
+        Json::Object(_) => "an object",
+    }
+}
+
+impl DatasetBinding {
+    pub(crate) fn new(
+        workflow_file: &str,
+        file_as_written: String,
+        file: PathBuf,
+        format: DatasetFormat,
+        fields: BTreeMap<String, FieldSource>,
+        file_pos: Pos,
+    ) -> Self {
+        DatasetBinding {
+            file_as_written,
+            file,
+            format,
+            fields,
+            workflow_file: workflow_file.to_string(),
+            file_pos,
+        }
+    }
+
+    fn err_at(&self, pos: Pos, field: &str, message: String) -> WorkflowError {
+        Ctx {
+            file: &self.workflow_file,
+        }
+        .err(pos, field, ErrorKind::Dataset, message)
+    }
+
+    /// Read the dataset file and map every record. Errors name the workflow position of the
+    /// binding (`dataset.file` or `dataset.fields.NAME`), the record index and the field.
+    pub fn load_records(&self) -> Result<Vec<Record>, WorkflowError> {
+        let text = std::fs::read_to_string(&self.file).map_err(|e| {
+            self.err_at(
+                self.file_pos,
+                "dataset.file",
+                format!("cannot read `{}`: {e}", self.file.display()),
+            )
+        })?;
+        // (record, line in the file for JSONL)
+        let raws: Vec<(Json, Option<usize>)> = match self.format {
+            DatasetFormat::Json => match serde_json::from_str::<Vec<Json>>(&text) {
+                Ok(v) => v.into_iter().map(|r| (r, None)).collect(),
+                Err(e) => {
+                    return Err(self.err_at(
+                        self.file_pos,
+                        "dataset.file",
+                        format!(
+                            "`{}` is not a JSON array of records ({}:{}: {e})",
+                            self.file_as_written,
+                            e.line(),
+                            e.column()
+                        ),
+                    ));
+                }
+            },
+            DatasetFormat::Jsonl => {
+                let mut v = Vec::new();
+                for (lineno, line) in text.lines().enumerate() {
+                    if line.trim().is_empty() {
+                        continue;
+                    }
+                    let rec = serde_json::from_str::<Json>(line).map_err(|e| {
+                        self.err_at(
+                            self.file_pos,
+                            "dataset.file",
+                            format!(
+                                "`{}` line {}: not a JSON record: {e}",
+                                self.file_as_written,
+                                lineno + 1
+                            ),
+                        )
+                    })?;
+                    v.push((rec, Some(lineno + 1)));
+                }
+                v
+            }
+        };
+        let mut records = Vec::with_capacity(raws.len());
+        for (index, (raw, line)) in raws.into_iter().enumerate() {
+            let at_line = line.map(|l| format!(" (line {l})")).unwrap_or_default();
+            let mut rec = Record::new();
+            for (name, src) in &self.fields {
+                let value = src.extract(&raw).map_err(|why| {
+                    self.err_at(
+                        src.pos,
+                        &format!("dataset.fields.{name}"),
+                        format!(
+                            "record {index}{at_line} of `{}` has no usable `{}` for input field `{name}`: {why}",
+                            self.file_as_written, src.path
+                        ),
+                    )
+                })?;
+                rec.insert(name.clone(), value);
+            }
+            records.push(rec);
+        }
+        if records.is_empty() {
+            return Err(self.err_at(
+                self.file_pos,
+                "dataset.file",
+                format!("`{}` holds no records", self.file_as_written),
+            ));
+        }
+        Ok(records)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn src(path: &str, join: Option<JoinSpec>) -> FieldSource {
+        FieldSource::new(path.into(), join, Pos::default())
+    }
+
+    #[test]
+    fn dotted_paths_index_lists_and_objects() {
+        let raw = json!({"general_query_list": [{"query": "Summarize", "answer": "A"}], "n": 3});
+        assert_eq!(
+            src("general_query_list.0.query", None).extract(&raw),
+            Ok(json!("Summarize"))
+        );
+        assert_eq!(src("n", None).extract(&raw), Ok(json!(3)));
+        let e = src("general_query_list.1.query", None)
+            .extract(&raw)
+            .err()
+            .unwrap_or_default();
+        assert!(e.contains("list of 1") && e.contains("`1`"), "{e}");
+        let e = src("n.x", None).extract(&raw).err().unwrap_or_default();
+        assert!(e.contains("`n` is a number"), "{e}");
+    }
+
+    #[test]
+    fn join_formats_each_element_on_its_own_line() {
+        let raw = json!({"t": [{"speaker": "A", "content": "hi"}, {"speaker": "B", "content": "yo"}], "l": ["x", "y"]});
+        let j = JoinSpec {
+            pattern: "{speaker}: {content}".into(),
+            separator: "\n".into(),
+        };
+        assert_eq!(
+            src("t", Some(j.clone())).extract(&raw),
+            Ok(json!("A: hi\nB: yo"))
+        );
+        let plain = JoinSpec {
+            pattern: "- {}".into(),
+            separator: "\n".into(),
+        };
+        assert_eq!(src("l", Some(plain)).extract(&raw), Ok(json!("- x\n- y")));
+        let bad = JoinSpec {
+            pattern: "{who}".into(),
+            separator: "\n".into(),
+        };
+        let e = src("t", Some(bad)).extract(&raw).err().unwrap_or_default();
+        assert!(e.contains("element 0") && e.contains("`who`"), "{e}");
+        assert!(src("l.0", Some(j)).extract(&raw).is_err());
+    }
+}

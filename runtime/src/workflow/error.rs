@@ -1,0 +1,120 @@
+//! The workflow loader's error: every problem found in a workflow file or its dataset is
+//! reported with the file, the line and column of the offending YAML item, and its field path
+//! (`nodes.review.after`), so that a user can jump straight to it.
+//!
+//! Plain data; depends on nothing else in the crate.
+
+use std::fmt;
+
+use thiserror::Error;
+
+/// What went wrong, for callers (and tests) that branch on the kind of problem rather than on
+/// the message text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ErrorKind {
+    /// The text is not YAML (or exceeds the parser's size / nesting budget).
+    Syntax,
+    /// A value has the wrong type or is out of range (e.g. a string where a count belongs).
+    BadType,
+    /// A required field is absent.
+    MissingField,
+    /// A field the schema does not know (usually a typo).
+    UnknownField,
+    /// A reference to a node, deployment, loop or input field that does not exist or is not
+    /// visible from where it is used.
+    UnknownReference,
+    /// Two nodes (or loops) share an id.
+    DuplicateId,
+    /// The `after` edges form a cycle that is not expressed as a declared loop.
+    Cycle,
+    /// A loop without `max_rounds`, with `max_rounds: 0`, or with an ill-formed body.
+    BadLoop,
+    /// A responder name outside [`super::RESPONDERS`].
+    UnknownResponder,
+    /// A tool name outside [`super::TOOLS`], or a tool input that tool does not take.
+    UnknownTool,
+    /// An unknown catalogue model.
+    UnknownModel,
+    /// A node's `max_output_tokens` exceeds its deployment's.
+    OutputLimit,
+    /// An agent's static prompt text plus its output limit exceed the deployment's context.
+    ContextNeverFits,
+    /// A `{{...}}` template that does not parse.
+    Template,
+    /// The dataset file is missing or unreadable, or a record is not what the binding expects.
+    Dataset,
+}
+
+impl fmt::Display for ErrorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = match self {
+            ErrorKind::Syntax => "syntax",
+            ErrorKind::BadType => "bad type",
+            ErrorKind::MissingField => "missing field",
+            ErrorKind::UnknownField => "unknown field",
+            ErrorKind::UnknownReference => "unknown reference",
+            ErrorKind::DuplicateId => "duplicate id",
+            ErrorKind::Cycle => "cycle",
+            ErrorKind::BadLoop => "bad loop",
+            ErrorKind::UnknownResponder => "unknown responder",
+            ErrorKind::UnknownTool => "unknown tool",
+            ErrorKind::UnknownModel => "unknown model",
+            ErrorKind::OutputLimit => "output limit",
+            ErrorKind::ContextNeverFits => "context never fits",
+            ErrorKind::Template => "template",
+            ErrorKind::Dataset => "dataset",
+        };
+        f.write_str(s)
+    }
+}
+
+/// An error raised while loading, validating or binding a workflow.
+///
+/// `Display` reads `workflows/x.yaml:12:5: nodes.review.after: unknown node `reviw``.
+#[derive(Debug, Error)]
+pub enum WorkflowError {
+    /// The workflow file itself could not be read.
+    #[error("{file}: cannot read the workflow file: {source}")]
+    Read {
+        file: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A problem located in the workflow file (1-based line and column of the offending item).
+    #[error("{file}:{line}:{column}: {field}: {message}")]
+    Invalid {
+        file: String,
+        line: u64,
+        column: u64,
+        /// Dotted field path, with node ids in place of list indices where known.
+        field: String,
+        kind: ErrorKind,
+        message: String,
+    },
+}
+
+impl WorkflowError {
+    /// The kind of problem (`None` for a read failure of the workflow file).
+    pub fn kind(&self) -> Option<ErrorKind> {
+        match self {
+            WorkflowError::Read { .. } => None,
+            WorkflowError::Invalid { kind, .. } => Some(*kind),
+        }
+    }
+
+    /// `(line, column)` of the offending item, 1-based.
+    pub fn position(&self) -> Option<(u64, u64)> {
+        match self {
+            WorkflowError::Read { .. } => None,
+            WorkflowError::Invalid { line, column, .. } => Some((*line, *column)),
+        }
+    }
+
+    /// The field path of the offending item.
+    pub fn field(&self) -> Option<&str> {
+        match self {
+            WorkflowError::Read { .. } => None,
+            WorkflowError::Invalid { field, .. } => Some(field),
+        }
+    }
+}

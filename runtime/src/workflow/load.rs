@@ -1,0 +1,1167 @@
+//! From positioned YAML to a validated [`WorkflowSpec`]: schema conversion, reference
+//! resolution, the acyclicity check (cycles must be declared loops), loop well-formedness,
+//! template visibility and the "context can never fit" check.
+//!
+//! Pure apart from one `metadata` call that checks the dataset file exists.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+use petgraph::graph::{DiGraph, NodeIndex};
+use switchyard_predictor::Dtype;
+
+use super::dataset::{DatasetBinding, DatasetFormat, FieldSource, JoinSpec};
+use super::error::{ErrorKind, WorkflowError};
+use super::template::{Source, Template};
+use super::yaml::{self, Ctx, Key, MapView, Node, Pos, Value, closest, join_path};
+use super::{
+    AgentNode, Condition, DeploymentSpec, EdgeKind, LoopSpec, MetricKind, MetricSpec, NodeKind,
+    NodeSpec, RESPONDERS, TOOL_INPUTS, TOOLS, ToolNode, WorkflowSpec,
+};
+use crate::values::LengthDist;
+
+const TOP_KEYS: &[&str] = &[
+    "name",
+    "description",
+    "deployments",
+    "dataset",
+    "metric",
+    "nodes",
+    "loops",
+];
+const DEPLOYMENT_KEYS: &[&str] = &[
+    "model",
+    "dtype",
+    "max_context",
+    "max_output_tokens",
+    "gpu_memory_utilization",
+];
+const AGENT_KEYS: &[&str] = &[
+    "deployment",
+    "responder",
+    "prompt",
+    "max_output_tokens",
+    "output_tokens",
+];
+const TOOL_KEYS: &[&str] = &["tool", "inputs", "timeout_s"];
+const COMMON_NODE_KEYS: &[&str] = &["id", "description", "after", "when"];
+const LOOP_KEYS: &[&str] = &["id", "description", "body", "continue_when", "max_rounds"];
+const DATASET_KEYS: &[&str] = &["file", "format", "fields"];
+const METRIC_KEYS: &[&str] = &["kind", "node", "reference"];
+
+/// Default `gpu_memory_utilization`, vLLM's own default (`vllm serve --help`, EngineArgs).
+const DEFAULT_GPU_MEMORY_UTILIZATION: f64 = 0.9;
+
+/// Where things were written, for errors raised after conversion.
+struct NodeLocs {
+    pos: Pos,
+    after: Vec<Pos>,
+    after_key: Option<Pos>,
+    prompt: Option<Pos>,
+    inputs: BTreeMap<String, Pos>,
+}
+
+pub(super) fn build(
+    file: &str,
+    text: &str,
+    base_dir: &Path,
+) -> Result<WorkflowSpec, WorkflowError> {
+    let ctx = Ctx { file };
+    let doc = yaml::parse(file, text)?;
+    let top = ctx.map(&doc, "", TOP_KEYS)?;
+
+    let name = ctx.ident(top.required(&ctx, "", "name")?, "name", true)?;
+    let description = top
+        .get("description")
+        .map(|d| ctx.string(d, "description"))
+        .transpose()?;
+    let deployments = deployments(&ctx, top.required(&ctx, "", "deployments")?)?;
+    let dataset = top
+        .get("dataset")
+        .map(|d| dataset(&ctx, d, base_dir))
+        .transpose()?;
+
+    // Nodes: ids first (so references can point forward), then each node.
+    let nodes_node = top.required(&ctx, "", "nodes")?;
+    let raw_nodes = ctx.seq(nodes_node, "nodes")?;
+    if raw_nodes.is_empty() {
+        return Err(ctx.err(
+            nodes_node.pos,
+            "nodes",
+            ErrorKind::MissingField,
+            "a workflow needs at least one node",
+        ));
+    }
+    let mut index: BTreeMap<String, usize> = BTreeMap::new();
+    let mut maps = Vec::with_capacity(raw_nodes.len());
+    for (i, n) in raw_nodes.iter().enumerate() {
+        // Name the node by its id in error paths as soon as it has a readable one.
+        let field = match &n.value {
+            Value::Map(entries) => match entries
+                .iter()
+                .find(|(k, _)| k.name == "id")
+                .map(|(_, v)| &v.value)
+            {
+                Some(Value::Str(id)) if yaml::is_ident(id, false) => format!("nodes.{id}"),
+                _ => format!("nodes[{i}]"),
+            },
+            _ => format!("nodes[{i}]"),
+        };
+        let mut allowed: Vec<&str> = COMMON_NODE_KEYS.to_vec();
+        allowed.extend_from_slice(AGENT_KEYS);
+        allowed.extend_from_slice(TOOL_KEYS);
+        let m = ctx.map(n, &field, &allowed)?;
+        let id_node = m.required(&ctx, &field, "id")?;
+        let id = ctx.ident(id_node, &format!("{field}.id"), false)?;
+        if id == "input" {
+            return Err(ctx.err(
+                id_node.pos,
+                &format!("{field}.id"),
+                ErrorKind::BadType,
+                "`input` is reserved for `{{input.FIELD}}`",
+            ));
+        }
+        if let Some(&first) = index.get(&id) {
+            return Err(ctx.err(
+                id_node.pos,
+                &format!("nodes.{id}.id"),
+                ErrorKind::DuplicateId,
+                format!("duplicate node id `{id}` (first declared as node {first})"),
+            ));
+        }
+        index.insert(id.clone(), i);
+        maps.push((id, m));
+    }
+    let ids: Vec<&str> = maps.iter().map(|(id, _)| id.as_str()).collect();
+
+    let mut nodes = Vec::with_capacity(maps.len());
+    let mut locs = Vec::with_capacity(maps.len());
+    for (id, m) in &maps {
+        let (node, loc) = node(&ctx, id, m, &index, &ids, &deployments)?;
+        nodes.push(node);
+        locs.push(loc);
+    }
+
+    let mut loops = match top.get("loops") {
+        Some(l) => loops(&ctx, l, &index, &ids, &mut nodes)?,
+        None => Vec::new(),
+    };
+
+    let topo = topological_order(&ctx, &nodes, &locs)?;
+    check_loops(&ctx, top.get("loops"), &nodes, &mut loops)?;
+
+    let mut graph: DiGraph<usize, EdgeKind> = DiGraph::with_capacity(nodes.len(), nodes.len() * 2);
+    for i in 0..nodes.len() {
+        graph.add_node(i);
+    }
+    for (i, n) in nodes.iter().enumerate() {
+        for &p in &n.after {
+            graph.add_edge(NodeIndex::new(p), NodeIndex::new(i), EdgeKind::After);
+        }
+    }
+    for (li, l) in loops.iter().enumerate() {
+        for &e in &l.entries {
+            graph.add_edge(
+                NodeIndex::new(l.continue_when.node),
+                NodeIndex::new(e),
+                EdgeKind::LoopBack { loop_index: li },
+            );
+        }
+    }
+
+    check_template_visibility(&ctx, &nodes, &locs, dataset.as_ref(), &topo)?;
+    check_context_fits(&ctx, &nodes, &locs, &deployments)?;
+
+    let metric = top
+        .get("metric")
+        .map(|m| metric(&ctx, m, &index, &ids, &nodes, dataset.as_ref()))
+        .transpose()?;
+
+    Ok(WorkflowSpec {
+        name,
+        description,
+        path: file.into(),
+        deployments,
+        nodes,
+        loops,
+        dataset,
+        metric,
+        graph,
+        index,
+        topo,
+    })
+}
+
+fn deployments(
+    ctx: &Ctx<'_>,
+    node: &Node,
+) -> Result<BTreeMap<String, DeploymentSpec>, WorkflowError> {
+    let entries = ctx.entries(node, "deployments")?;
+    if entries.is_empty() {
+        return Err(ctx.err(
+            node.pos,
+            "deployments",
+            ErrorKind::MissingField,
+            "declare at least one deployment",
+        ));
+    }
+    let mut out = BTreeMap::new();
+    for (key, value) in entries {
+        let field = format!("deployments.{}", key.name);
+        if !yaml::is_ident(&key.name, true) {
+            return Err(ctx.err(
+                key.pos,
+                &field,
+                ErrorKind::BadType,
+                format!("`{}` is not a valid deployment name", key.name),
+            ));
+        }
+        let m = ctx.map(value, &field, DEPLOYMENT_KEYS)?;
+        let model_node = m.required(ctx, &field, "model")?;
+        let model_name = ctx.string(model_node, &format!("{field}.model"))?;
+        let arch = switchyard_predictor::spec::model(&model_name).map_err(|e| {
+            ctx.err(
+                model_node.pos,
+                &format!("{field}.model"),
+                ErrorKind::UnknownModel,
+                e.to_string(),
+            )
+        })?;
+        let dtype = match m.get("dtype") {
+            None => Dtype::Bf16,
+            Some(d) => match ctx.string(d, &format!("{field}.dtype"))?.as_str() {
+                "bf16" => Dtype::Bf16,
+                "fp16" => Dtype::Fp16,
+                other => {
+                    return Err(ctx.err(
+                        d.pos,
+                        &format!("{field}.dtype"),
+                        ErrorKind::BadType,
+                        format!("dtype `{other}`: expected `bf16` or `fp16`"),
+                    ));
+                }
+            },
+        };
+        let ctx_node = m.required(ctx, &field, "max_context")?;
+        let max_context = ctx.u32(ctx_node, &format!("{field}.max_context"))?;
+        if max_context == 0 || u64::from(max_context) > arch.max_position_embeddings {
+            return Err(ctx.err(
+                ctx_node.pos,
+                &format!("{field}.max_context"),
+                ErrorKind::BadType,
+                format!(
+                    "max_context {max_context} must be between 1 and {}'s {} positions",
+                    arch.name, arch.max_position_embeddings
+                ),
+            ));
+        }
+        let out_node = m.required(ctx, &field, "max_output_tokens")?;
+        let max_output_tokens = ctx.u32(out_node, &format!("{field}.max_output_tokens"))?;
+        if max_output_tokens == 0 || max_output_tokens >= max_context {
+            return Err(ctx.err(
+                out_node.pos,
+                &format!("{field}.max_output_tokens"),
+                ErrorKind::OutputLimit,
+                format!("max_output_tokens {max_output_tokens} must be at least 1 and below max_context {max_context}"),
+            ));
+        }
+        let gpu_memory_utilization = match m.get("gpu_memory_utilization") {
+            None => DEFAULT_GPU_MEMORY_UTILIZATION,
+            Some(g) => {
+                let f = ctx.f64(g, &format!("{field}.gpu_memory_utilization"))?;
+                if !(f > 0.0 && f <= 1.0) {
+                    return Err(ctx.err(
+                        g.pos,
+                        &format!("{field}.gpu_memory_utilization"),
+                        ErrorKind::BadType,
+                        format!("{f} is not a fraction in (0, 1]"),
+                    ));
+                }
+                f
+            }
+        };
+        out.insert(
+            key.name.clone(),
+            DeploymentSpec {
+                name: key.name.clone(),
+                model: arch.name.clone(),
+                dtype,
+                max_context,
+                max_output_tokens,
+                gpu_memory_utilization,
+            },
+        );
+    }
+    Ok(out)
+}
+
+fn dataset(ctx: &Ctx<'_>, node: &Node, base_dir: &Path) -> Result<DatasetBinding, WorkflowError> {
+    let m = ctx.map(node, "dataset", DATASET_KEYS)?;
+    let file_node = m.required(ctx, "dataset", "file")?;
+    let file_as_written = ctx.string(file_node, "dataset.file")?;
+    let file = base_dir.join(&file_as_written);
+    let format = match m.get("format") {
+        Some(f) => match ctx.string(f, "dataset.format")?.as_str() {
+            "json" => DatasetFormat::Json,
+            "jsonl" => DatasetFormat::Jsonl,
+            other => {
+                return Err(ctx.err(
+                    f.pos,
+                    "dataset.format",
+                    ErrorKind::BadType,
+                    format!("format `{other}`: expected `json` or `jsonl`"),
+                ));
+            }
+        },
+        None if file_as_written.ends_with(".jsonl") => DatasetFormat::Jsonl,
+        None if file_as_written.ends_with(".json") => DatasetFormat::Json,
+        None => {
+            return Err(ctx.err(
+                m.pos,
+                "dataset.format",
+                ErrorKind::MissingField,
+                "cannot tell the format from the file name: add `format: json` or `format: jsonl`",
+            ));
+        }
+    };
+    if !file.is_file() {
+        return Err(ctx.err(
+            file_node.pos,
+            "dataset.file",
+            ErrorKind::Dataset,
+            format!(
+                "dataset file `{file_as_written}` not found (looked at `{}`)",
+                file.display()
+            ),
+        ));
+    }
+    let fields_node = m.required(ctx, "dataset", "fields")?;
+    let mut fields = BTreeMap::new();
+    for (key, value) in ctx.entries(fields_node, "dataset.fields")? {
+        let field = format!("dataset.fields.{}", key.name);
+        if !yaml::is_ident(&key.name, false) {
+            return Err(ctx.err(
+                key.pos,
+                &field,
+                ErrorKind::BadType,
+                format!("`{}` is not a valid input field name", key.name),
+            ));
+        }
+        let (path, join, pos) = match &value.value {
+            Value::Map(_) => {
+                let fm = ctx.map(value, &field, &["path", "join", "separator"])?;
+                let p = fm.required(ctx, &field, "path")?;
+                let path = ctx.string(p, &format!("{field}.path"))?;
+                let join = match fm.get("join") {
+                    None => None,
+                    Some(j) => Some(JoinSpec {
+                        pattern: ctx.string(j, &format!("{field}.join"))?,
+                        separator: match fm.get("separator") {
+                            Some(s) => ctx.string(s, &format!("{field}.separator"))?,
+                            None => "\n".into(),
+                        },
+                    }),
+                };
+                if join.is_none() && fm.get("separator").is_some() {
+                    return Err(ctx.err(
+                        fm.pos,
+                        &format!("{field}.separator"),
+                        ErrorKind::MissingField,
+                        "`separator` needs a `join` pattern",
+                    ));
+                }
+                (path, join, p.pos)
+            }
+            _ => (ctx.string(value, &field)?, None, value.pos),
+        };
+        if path.is_empty() || path.split('.').any(str::is_empty) {
+            return Err(ctx.err(
+                pos,
+                &field,
+                ErrorKind::BadType,
+                format!("`{path}` is not a dotted path like `a.0.b`"),
+            ));
+        }
+        fields.insert(key.name.clone(), FieldSource::new(path, join, pos));
+    }
+    if fields.is_empty() {
+        return Err(ctx.err(
+            fields_node.pos,
+            "dataset.fields",
+            ErrorKind::MissingField,
+            "map at least one input field",
+        ));
+    }
+    Ok(DatasetBinding::new(
+        ctx.file,
+        file_as_written,
+        file,
+        format,
+        fields,
+        file_node.pos,
+    ))
+}
+
+fn resolve_id(
+    ctx: &Ctx<'_>,
+    name: &str,
+    pos: Pos,
+    field: &str,
+    index: &BTreeMap<String, usize>,
+    ids: &[&str],
+) -> Result<usize, WorkflowError> {
+    index.get(name).copied().ok_or_else(|| {
+        let hint = closest(name, ids)
+            .map(|c| format!(" (did you mean `{c}`?)"))
+            .unwrap_or_default();
+        ctx.err(
+            pos,
+            field,
+            ErrorKind::UnknownReference,
+            format!("unknown node `{name}`{hint}"),
+        )
+    })
+}
+
+fn condition(
+    ctx: &Ctx<'_>,
+    node: &Node,
+    field: &str,
+    index: &BTreeMap<String, usize>,
+    ids: &[&str],
+) -> Result<(Condition, Pos), WorkflowError> {
+    let m = ctx.map(node, field, &["node", "verdict"])?;
+    let n = m.required(ctx, field, "node")?;
+    let name = ctx.string(n, &format!("{field}.node"))?;
+    let target = resolve_id(ctx, &name, n.pos, &format!("{field}.node"), index, ids)?;
+    let v = m.required(ctx, field, "verdict")?;
+    let verdicts: Vec<String> = ctx
+        .string_list(v, &format!("{field}.verdict"))?
+        .into_iter()
+        .map(|(s, _)| s)
+        .collect();
+    if verdicts.is_empty() || verdicts.iter().any(String::is_empty) {
+        return Err(ctx.err(
+            v.pos,
+            &format!("{field}.verdict"),
+            ErrorKind::BadType,
+            "name at least one non-empty verdict",
+        ));
+    }
+    Ok((
+        Condition {
+            node: target,
+            verdicts,
+        },
+        n.pos,
+    ))
+}
+
+fn node(
+    ctx: &Ctx<'_>,
+    id: &str,
+    m: &MapView<'_>,
+    index: &BTreeMap<String, usize>,
+    ids: &[&str],
+    deployments: &BTreeMap<String, DeploymentSpec>,
+) -> Result<(NodeSpec, NodeLocs), WorkflowError> {
+    let field = format!("nodes.{id}");
+    let f = |k: &str| join_path(&field, k);
+    let description = m
+        .get("description")
+        .map(|d| ctx.string(d, &f("description")))
+        .transpose()?;
+    let mut loc = NodeLocs {
+        pos: m.pos,
+        after: Vec::new(),
+        after_key: m.key_pos("after"),
+        prompt: None,
+        inputs: BTreeMap::new(),
+    };
+
+    let mut after = Vec::new();
+    if let Some(a) = m.get("after") {
+        for (name, pos) in ctx.string_list(a, &f("after"))? {
+            let p = resolve_id(ctx, &name, pos, &f("after"), index, ids)?;
+            if name == id {
+                return Err(ctx.err(
+                    pos,
+                    &f("after"),
+                    ErrorKind::Cycle,
+                    format!("node `{id}` cannot come after itself (declare a loop to repeat it)"),
+                ));
+            }
+            if !after.contains(&p) {
+                after.push(p);
+                loc.after.push(pos);
+            }
+        }
+    }
+    let when = match m.get("when") {
+        None => None,
+        Some(w) => {
+            let (c, pos) = condition(ctx, w, &f("when"), index, ids)?;
+            if !after.contains(&c.node) {
+                return Err(ctx.err(
+                    pos,
+                    &f("when.node"),
+                    ErrorKind::UnknownReference,
+                    format!("a branch is chosen by a predecessor's result, but `{}` is not in this node's `after`", ids[c.node]),
+                ));
+            }
+            Some(c)
+        }
+    };
+
+    let is_tool = m.get("tool").is_some();
+    let agent_key = AGENT_KEYS.iter().find(|k| m.get(k).is_some());
+    let kind = if is_tool {
+        if let Some(k) = agent_key {
+            let pos = m.key_pos(k).unwrap_or(m.pos);
+            return Err(ctx.err(
+                pos,
+                &f(k),
+                ErrorKind::UnknownField,
+                format!("`{k}` belongs to agent nodes, and `{id}` is a tool node"),
+            ));
+        }
+        NodeKind::Tool(tool_node(ctx, &field, m, &mut loc)?)
+    } else if agent_key.is_some() {
+        if let Some(k) = TOOL_KEYS.iter().find(|k| m.get(k).is_some()) {
+            let pos = m.key_pos(k).unwrap_or(m.pos);
+            return Err(ctx.err(
+                pos,
+                &f(k),
+                ErrorKind::UnknownField,
+                format!("`{k}` belongs to tool nodes, and `{id}` is an agent node"),
+            ));
+        }
+        NodeKind::Agent(agent_node(ctx, &field, m, deployments, &mut loc)?)
+    } else {
+        return Err(ctx.err(
+            m.pos,
+            &field,
+            ErrorKind::MissingField,
+            "a node needs `deployment` (an agent) or `tool` (a tool)",
+        ));
+    };
+    Ok((
+        NodeSpec {
+            id: id.to_string(),
+            description,
+            kind,
+            after,
+            when,
+            loop_index: None,
+        },
+        loc,
+    ))
+}
+
+fn agent_node(
+    ctx: &Ctx<'_>,
+    field: &str,
+    m: &MapView<'_>,
+    deployments: &BTreeMap<String, DeploymentSpec>,
+    loc: &mut NodeLocs,
+) -> Result<AgentNode, WorkflowError> {
+    let f = |k: &str| join_path(field, k);
+    let dn = m.required(ctx, field, "deployment")?;
+    let deployment = ctx.string(dn, &f("deployment"))?;
+    let Some(dep) = deployments.get(&deployment) else {
+        let names: Vec<&str> = deployments.keys().map(String::as_str).collect();
+        let hint = closest(&deployment, &names)
+            .map(|c| format!(" (did you mean `{c}`?)"))
+            .unwrap_or_default();
+        return Err(ctx.err(
+            dn.pos,
+            &f("deployment"),
+            ErrorKind::UnknownReference,
+            format!("unknown deployment `{deployment}`{hint}"),
+        ));
+    };
+    let rn = m.required(ctx, field, "responder")?;
+    let responder = ctx.string(rn, &f("responder"))?;
+    if !RESPONDERS.contains(&responder.as_str()) {
+        let hint = closest(&responder, RESPONDERS)
+            .map(|c| format!(" (did you mean `{c}`?)"))
+            .unwrap_or_default();
+        return Err(ctx.err(
+            rn.pos,
+            &f("responder"),
+            ErrorKind::UnknownResponder,
+            format!(
+                "unknown responder `{responder}`{hint}; known: {}",
+                RESPONDERS.join(", ")
+            ),
+        ));
+    }
+    let pn = m.required(ctx, field, "prompt")?;
+    let text = ctx.string(pn, &f("prompt"))?;
+    let prompt = Template::parse(&text)
+        .map_err(|e| ctx.err(pn.pos, &f("prompt"), ErrorKind::Template, e.to_string()))?;
+    loc.prompt = Some(pn.pos);
+    let max_output_tokens = match m.get("max_output_tokens") {
+        None => dep.max_output_tokens,
+        Some(n) => {
+            let v = ctx.u32(n, &f("max_output_tokens"))?;
+            if v == 0 || v > dep.max_output_tokens {
+                return Err(ctx.err(
+                    n.pos,
+                    &f("max_output_tokens"),
+                    ErrorKind::OutputLimit,
+                    format!("max_output_tokens {v} must be between 1 and deployment `{}`'s max_output_tokens {}", dep.name, dep.max_output_tokens),
+                ));
+            }
+            v
+        }
+    };
+    let on = m.required(ctx, field, "output_tokens")?;
+    let om = ctx.map(on, &f("output_tokens"), &["mean", "cv"])?;
+    let mean_node = om.required(ctx, &f("output_tokens"), "mean")?;
+    let mean = ctx.f64(mean_node, &f("output_tokens.mean"))?;
+    let cv_node = om.required(ctx, &f("output_tokens"), "cv")?;
+    let cv = ctx.f64(cv_node, &f("output_tokens.cv"))?;
+    if mean < 1.0 {
+        return Err(ctx.err(
+            mean_node.pos,
+            &f("output_tokens.mean"),
+            ErrorKind::BadType,
+            format!("mean {mean} must be at least 1 token"),
+        ));
+    }
+    if cv < 0.0 {
+        return Err(ctx.err(
+            cv_node.pos,
+            &f("output_tokens.cv"),
+            ErrorKind::BadType,
+            format!("cv {cv} must not be negative"),
+        ));
+    }
+    Ok(AgentNode {
+        deployment,
+        prompt,
+        max_output_tokens,
+        output_tokens: LengthDist { mean, cv },
+        responder,
+    })
+}
+
+fn tool_node(
+    ctx: &Ctx<'_>,
+    field: &str,
+    m: &MapView<'_>,
+    loc: &mut NodeLocs,
+) -> Result<ToolNode, WorkflowError> {
+    let f = |k: &str| join_path(field, k);
+    let tn = m.required(ctx, field, "tool")?;
+    let tool = ctx.string(tn, &f("tool"))?;
+    let Some((_, required, optional)) = TOOL_INPUTS.iter().find(|(t, _, _)| *t == tool) else {
+        let hint = closest(&tool, TOOLS)
+            .map(|c| format!(" (did you mean `{c}`?)"))
+            .unwrap_or_default();
+        return Err(ctx.err(
+            tn.pos,
+            &f("tool"),
+            ErrorKind::UnknownTool,
+            format!("unknown tool `{tool}`{hint}; known: {}", TOOLS.join(", ")),
+        ));
+    };
+    let in_node = m.required(ctx, field, "inputs")?;
+    let mut allowed: Vec<&str> = required.to_vec();
+    allowed.extend_from_slice(optional);
+    let im = ctx.map(in_node, &f("inputs"), &allowed)?;
+    let mut inputs = BTreeMap::new();
+    for (Key { name, .. }, v) in im.entries {
+        let vf = f(&format!("inputs.{name}"));
+        let parse_one = |n: &Node, fld: &str| -> Result<Template, WorkflowError> {
+            let s = ctx.string(n, fld)?;
+            Template::parse(&s).map_err(|e| ctx.err(n.pos, fld, ErrorKind::Template, e.to_string()))
+        };
+        let t = match &v.value {
+            Value::Seq(items) => Template::list(
+                items
+                    .iter()
+                    .enumerate()
+                    .map(|(i, n)| parse_one(n, &format!("{vf}[{i}]")))
+                    .collect::<Result<Vec<_>, _>>()?,
+            ),
+            _ => parse_one(v, &vf)?,
+        };
+        loc.inputs.insert(name.clone(), v.pos);
+        inputs.insert(name.clone(), t);
+    }
+    for r in *required {
+        if !inputs.contains_key(*r) {
+            return Err(ctx.err(
+                in_node.pos,
+                &f(&format!("inputs.{r}")),
+                ErrorKind::MissingField,
+                format!("tool `{tool}` needs input `{r}`"),
+            ));
+        }
+    }
+    let timeout_s = match m.get("timeout_s") {
+        None => None,
+        Some(t) => {
+            let v = ctx.f64(t, &f("timeout_s"))?;
+            if v <= 0.0 {
+                return Err(ctx.err(
+                    t.pos,
+                    &f("timeout_s"),
+                    ErrorKind::BadType,
+                    format!("timeout_s {v} must be positive"),
+                ));
+            }
+            Some(v)
+        }
+    };
+    Ok(ToolNode {
+        tool,
+        inputs,
+        timeout_s,
+    })
+}
+
+fn loops(
+    ctx: &Ctx<'_>,
+    node: &Node,
+    index: &BTreeMap<String, usize>,
+    ids: &[&str],
+    nodes: &mut [NodeSpec],
+) -> Result<Vec<LoopSpec>, WorkflowError> {
+    let mut out: Vec<LoopSpec> = Vec::new();
+    for (li, l) in ctx.seq(node, "loops")?.iter().enumerate() {
+        let field0 = format!("loops[{li}]");
+        let m = ctx.map(l, &field0, LOOP_KEYS)?;
+        let idn = m.required(ctx, &field0, "id")?;
+        let id = ctx.ident(idn, &format!("{field0}.id"), false)?;
+        let field = format!("loops.{id}");
+        if out.iter().any(|o| o.id == id) {
+            return Err(ctx.err(
+                idn.pos,
+                &format!("{field}.id"),
+                ErrorKind::DuplicateId,
+                format!("duplicate loop id `{id}`"),
+            ));
+        }
+        let description = m
+            .get("description")
+            .map(|d| ctx.string(d, &format!("{field}.description")))
+            .transpose()?;
+        let bn = m.required(ctx, &field, "body")?;
+        let mut body = Vec::new();
+        for (name, pos) in ctx.string_list(bn, &format!("{field}.body"))? {
+            let n = resolve_id(ctx, &name, pos, &format!("{field}.body"), index, ids)?;
+            if let Some(other) = nodes[n].loop_index {
+                let msg = if other == out.len() {
+                    format!("`{name}` is listed twice")
+                } else {
+                    format!(
+                        "`{name}` is already in loop `{}` (loops may not nest or overlap)",
+                        out[other].id
+                    )
+                };
+                return Err(ctx.err(pos, &format!("{field}.body"), ErrorKind::BadLoop, msg));
+            }
+            nodes[n].loop_index = Some(out.len());
+            body.push(n);
+        }
+        if body.is_empty() {
+            return Err(ctx.err(
+                bn.pos,
+                &format!("{field}.body"),
+                ErrorKind::BadLoop,
+                "a loop body needs at least one node",
+            ));
+        }
+        body.sort_unstable();
+        let cn = m.required(ctx, &field, "continue_when")?;
+        let (continue_when, cpos) =
+            condition(ctx, cn, &format!("{field}.continue_when"), index, ids)?;
+        if !body.contains(&continue_when.node) {
+            return Err(ctx.err(
+                cpos,
+                &format!("{field}.continue_when.node"),
+                ErrorKind::BadLoop,
+                format!("`{}` is not in the loop body", ids[continue_when.node]),
+            ));
+        }
+        let max_rounds = match m.get("max_rounds") {
+            None => {
+                return Err(ctx.err(
+                    m.pos,
+                    &format!("{field}.max_rounds"),
+                    ErrorKind::BadLoop,
+                    "a loop needs a bound: add `max_rounds` (at least 1)",
+                ));
+            }
+            Some(r) => {
+                let v = ctx.u32(r, &format!("{field}.max_rounds"))?;
+                if v == 0 {
+                    return Err(ctx.err(
+                        r.pos,
+                        &format!("{field}.max_rounds"),
+                        ErrorKind::BadLoop,
+                        "max_rounds must be at least 1",
+                    ));
+                }
+                v
+            }
+        };
+        out.push(LoopSpec {
+            id,
+            description,
+            body,
+            entries: Vec::new(),
+            continue_when,
+            max_rounds,
+        });
+    }
+    Ok(out)
+}
+
+/// Kahn's algorithm, smallest file index first; a leftover means a cycle, which is named.
+fn topological_order(
+    ctx: &Ctx<'_>,
+    nodes: &[NodeSpec],
+    locs: &[NodeLocs],
+) -> Result<Vec<usize>, WorkflowError> {
+    let n = nodes.len();
+    let mut indegree: Vec<usize> = nodes.iter().map(|x| x.after.len()).collect();
+    let mut succ: Vec<Vec<usize>> = vec![Vec::new(); n];
+    for (i, x) in nodes.iter().enumerate() {
+        for &p in &x.after {
+            succ[p].push(i);
+        }
+    }
+    let mut ready: BTreeSet<usize> = (0..n).filter(|&i| indegree[i] == 0).collect();
+    let mut order = Vec::with_capacity(n);
+    while let Some(i) = ready.pop_first() {
+        order.push(i);
+        for &s in &succ[i] {
+            indegree[s] -= 1;
+            if indegree[s] == 0 {
+                ready.insert(s);
+            }
+        }
+    }
+    if order.len() == n {
+        return Ok(order);
+    }
+    // Every leftover node has a leftover predecessor: walk predecessors until one repeats.
+    let Some(start) = (0..n).find(|&i| indegree[i] > 0) else {
+        return Ok(order);
+    };
+    let mut path = vec![start];
+    let mut cur = start;
+    let cycle = loop {
+        let Some(&p) = nodes[cur].after.iter().find(|&&p| indegree[p] > 0) else {
+            break vec![start];
+        };
+        if let Some(at) = path.iter().position(|&x| x == p) {
+            let mut c: Vec<usize> = path[at..].to_vec();
+            c.reverse(); // now in edge direction: c[0] → c[1] → …
+            break c;
+        }
+        path.push(p);
+        cur = p;
+    };
+    // Report at the first node (in file order) of the cycle, on its `after` entry naming its
+    // predecessor in the cycle.
+    let k = (0..cycle.len()).min_by_key(|&k| cycle[k]).unwrap_or(0);
+    let node = cycle[k];
+    let pred = cycle[(k + cycle.len() - 1) % cycle.len()];
+    let pos = nodes[node]
+        .after
+        .iter()
+        .position(|&p| p == pred)
+        .and_then(|j| locs[node].after.get(j).copied())
+        .or(locs[node].after_key)
+        .unwrap_or(locs[node].pos);
+    let mut names: Vec<&str> = (0..cycle.len())
+        .map(|j| nodes[cycle[(k + j) % cycle.len()]].id.as_str())
+        .collect();
+    names.push(&nodes[node].id);
+    Err(ctx.err(
+        pos,
+        &format!("nodes.{}.after", nodes[node].id),
+        ErrorKind::Cycle,
+        format!(
+            "cycle {} is not a declared loop (repeat work with a `loops:` entry: body, continue_when, max_rounds)",
+            names.join(" → ")
+        ),
+    ))
+}
+
+/// Entries, convexity and "every body node leads to the continue node".
+fn check_loops(
+    ctx: &Ctx<'_>,
+    loops_node: Option<&Node>,
+    nodes: &[NodeSpec],
+    loops: &mut [LoopSpec],
+) -> Result<(), WorkflowError> {
+    let positions: Vec<Pos> = match loops_node.map(|n| &n.value) {
+        Some(Value::Seq(items)) => items.iter().map(|i| i.pos).collect(),
+        _ => Vec::new(),
+    };
+    let n = nodes.len();
+    // descendants along `after` edges
+    let mut succ: Vec<Vec<usize>> = vec![Vec::new(); n];
+    for (i, x) in nodes.iter().enumerate() {
+        for &p in &x.after {
+            succ[p].push(i);
+        }
+    }
+    let reach = |from: usize| -> Vec<bool> {
+        let mut seen = vec![false; n];
+        let mut stack = vec![from];
+        while let Some(v) = stack.pop() {
+            for &s in &succ[v] {
+                if !seen[s] {
+                    seen[s] = true;
+                    stack.push(s);
+                }
+            }
+        }
+        seen
+    };
+    for (li, l) in loops.iter_mut().enumerate() {
+        let pos = positions.get(li).copied().unwrap_or_default();
+        let field = format!("loops.{}.body", l.id);
+        let in_body = |x: usize| nodes[x].loop_index == Some(li);
+        l.entries = l
+            .body
+            .iter()
+            .copied()
+            .filter(|&b| !nodes[b].after.iter().any(|&p| in_body(p)))
+            .collect();
+        let reaches: Vec<Vec<bool>> = l.body.iter().map(|&b| reach(b)).collect();
+        for (bi, &b) in l.body.iter().enumerate() {
+            if b != l.continue_when.node && !reaches[bi][l.continue_when.node] {
+                return Err(ctx.err(
+                    pos,
+                    &field,
+                    ErrorKind::BadLoop,
+                    format!(
+                        "body node `{}` does not lead to `{}` (the continue_when node); every body node must come before it",
+                        nodes[b].id, nodes[l.continue_when.node].id
+                    ),
+                ));
+            }
+            for &p in &nodes[b].after {
+                if in_body(p) {
+                    continue;
+                }
+                if let Some((oi, _)) = l.body.iter().enumerate().find(|(oi, _)| reaches[*oi][p]) {
+                    return Err(ctx.err(
+                        pos,
+                        &field,
+                        ErrorKind::BadLoop,
+                        format!(
+                            "`{}` runs between body nodes `{}` and `{}` but is not in the body",
+                            nodes[p].id, nodes[l.body[oi]].id, nodes[b].id
+                        ),
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Every node a template reads must be upstream of the node (or in its loop, for an earlier
+/// round's value), every reference must have at least one source that is certain to be
+/// upstream or an input, and input fields must be mapped by the dataset.
+fn check_template_visibility(
+    ctx: &Ctx<'_>,
+    nodes: &[NodeSpec],
+    locs: &[NodeLocs],
+    dataset: Option<&DatasetBinding>,
+    topo: &[usize],
+) -> Result<(), WorkflowError> {
+    let n = nodes.len();
+    // ancestors[i]: strict ancestors of i along `after`, computed in topological order.
+    let mut ancestors: Vec<BTreeSet<usize>> = vec![BTreeSet::new(); n];
+    for &i in topo {
+        let mut acc = BTreeSet::new();
+        for &p in &nodes[i].after {
+            acc.insert(p);
+            acc.extend(ancestors[p].iter().copied());
+        }
+        ancestors[i] = acc;
+    }
+    let ids: BTreeMap<&str, usize> = nodes
+        .iter()
+        .enumerate()
+        .map(|(i, x)| (x.id.as_str(), i))
+        .collect();
+    let id_list: Vec<&str> = nodes.iter().map(|x| x.id.as_str()).collect();
+    for (i, node) in nodes.iter().enumerate() {
+        let templates: Vec<(String, Pos, &Template)> = match &node.kind {
+            NodeKind::Agent(a) => vec![(
+                format!("nodes.{}.prompt", node.id),
+                locs[i].prompt.unwrap_or(locs[i].pos),
+                &a.prompt,
+            )],
+            NodeKind::Tool(t) => t
+                .inputs
+                .iter()
+                .map(|(k, v)| {
+                    (
+                        format!("nodes.{}.inputs.{k}", node.id),
+                        locs[i].inputs.get(k).copied().unwrap_or(locs[i].pos),
+                        v,
+                    )
+                })
+                .collect(),
+        };
+        for (field, pos, t) in templates {
+            for r in t.references() {
+                let mut certain = false;
+                for s in &r.sources {
+                    match s {
+                        Source::Input(f) => {
+                            if let Some(d) = dataset
+                                && !d.fields.contains_key(f)
+                            {
+                                let names: Vec<&str> =
+                                    d.fields.keys().map(String::as_str).collect();
+                                let hint = closest(f, &names)
+                                    .map(|c| format!(" (did you mean `{c}`?)"))
+                                    .unwrap_or_default();
+                                return Err(ctx.err(
+                                    pos,
+                                    &field,
+                                    ErrorKind::UnknownReference,
+                                    format!("`{{{{{}}}}}` reads input field `{f}`, which the dataset does not map{hint}", r.text),
+                                ));
+                            }
+                            certain = true;
+                        }
+                        Source::Output(name) | Source::Verdict(name) => {
+                            let Some(&j) = ids.get(name.as_str()) else {
+                                let hint = closest(name, &id_list)
+                                    .map(|c| format!(" (did you mean `{c}`?)"))
+                                    .unwrap_or_default();
+                                return Err(ctx.err(
+                                    pos,
+                                    &field,
+                                    ErrorKind::UnknownReference,
+                                    format!("`{{{{{}}}}}`: unknown node `{name}`{hint}", r.text),
+                                ));
+                            };
+                            let upstream = ancestors[i].contains(&j);
+                            let same_loop =
+                                node.loop_index.is_some() && nodes[j].loop_index == node.loop_index;
+                            if !upstream && !same_loop {
+                                return Err(ctx.err(
+                                    pos,
+                                    &field,
+                                    ErrorKind::UnknownReference,
+                                    format!("`{{{{{}}}}}` reads node `{name}`, which is not upstream of `{}` (add it to `after`, directly or through a predecessor)", r.text, node.id),
+                                ));
+                            }
+                            certain |= upstream;
+                        }
+                    }
+                }
+                if !certain {
+                    return Err(ctx.err(
+                        pos,
+                        &field,
+                        ErrorKind::UnknownReference,
+                        format!("`{{{{{}}}}}` has no value in the loop's first round: add a fallback that is upstream, e.g. `{{{{{} | NODE}}}}`", r.text, r.text),
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// An agent whose static prompt text alone plus its output limit exceeds the deployment's
+/// context can never run.
+fn check_context_fits(
+    ctx: &Ctx<'_>,
+    nodes: &[NodeSpec],
+    locs: &[NodeLocs],
+    deployments: &BTreeMap<String, DeploymentSpec>,
+) -> Result<(), WorkflowError> {
+    for (i, node) in nodes.iter().enumerate() {
+        let NodeKind::Agent(a) = &node.kind else {
+            continue;
+        };
+        let Some(dep) = deployments.get(&a.deployment) else {
+            continue;
+        };
+        let static_tokens = crate::tokens::count(&a.prompt.static_text()) as u64;
+        if static_tokens + u64::from(a.max_output_tokens) > u64::from(dep.max_context) {
+            return Err(ctx.err(
+                locs[i].prompt.unwrap_or(locs[i].pos),
+                &format!("nodes.{}.prompt", node.id),
+                ErrorKind::ContextNeverFits,
+                format!(
+                    "the prompt's static text alone is {static_tokens} tokens; with max_output_tokens {} it exceeds deployment `{}`'s max_context {}",
+                    a.max_output_tokens, dep.name, dep.max_context
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn metric(
+    ctx: &Ctx<'_>,
+    node: &Node,
+    index: &BTreeMap<String, usize>,
+    ids: &[&str],
+    nodes: &[NodeSpec],
+    dataset: Option<&DatasetBinding>,
+) -> Result<MetricSpec, WorkflowError> {
+    let m = ctx.map(node, "metric", METRIC_KEYS)?;
+    let kn = m.required(ctx, "metric", "kind")?;
+    let kind = match ctx.string(kn, "metric.kind")?.as_str() {
+        "gsm8k_exact" => MetricKind::Gsm8kExact,
+        "tests_pass" => MetricKind::TestsPass,
+        "rouge_l" => MetricKind::RougeL,
+        other => {
+            return Err(ctx.err(
+                kn.pos,
+                "metric.kind",
+                ErrorKind::BadType,
+                format!("metric kind `{other}`: expected gsm8k_exact, tests_pass or rouge_l"),
+            ));
+        }
+    };
+    let nn = m.required(ctx, "metric", "node")?;
+    let name = ctx.string(nn, "metric.node")?;
+    let target = resolve_id(ctx, &name, nn.pos, "metric.node", index, ids)?;
+    if kind == MetricKind::TestsPass
+        && !matches!(&nodes[target].kind, NodeKind::Tool(t) if t.tool == "python_tests")
+    {
+        return Err(ctx.err(
+            nn.pos,
+            "metric.node",
+            ErrorKind::BadType,
+            format!("tests_pass scores a `python_tests` tool node, and `{name}` is not one"),
+        ));
+    }
+    let rn = m.required(ctx, "metric", "reference")?;
+    let reference = ctx.string(rn, "metric.reference")?;
+    if let Some(d) = dataset
+        && !d.fields.contains_key(&reference)
+    {
+        return Err(ctx.err(
+            rn.pos,
+            "metric.reference",
+            ErrorKind::UnknownReference,
+            format!("input field `{reference}` is not mapped by the dataset"),
+        ));
+    }
+    Ok(MetricSpec {
+        kind,
+        node: name,
+        reference,
+    })
+}

@@ -1,0 +1,601 @@
+//! Prompt and tool-input templates: `{{input.FIELD}}`, `{{NODE}}`, `{{NODE.verdict}}`,
+//! first-available fallbacks `{{repair | generate}}` and two filters, `part I of N` and
+//! `take N`. Parsing happens once at load time; rendering is a pure function of a
+//! [`Resolve`] view of the session (inputs and the latest completed outputs).
+//!
+//! Depends only on `values` (for [`NodeOutput`]); it must not know about sessions or the
+//! scheduler.
+
+use std::fmt;
+
+use serde_json::Value as Json;
+
+use crate::values::NodeOutput;
+
+/// A parsed template. Prompts are always text; a tool input may also be a YAML list of
+/// templates, which renders to a JSON list.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Template {
+    /// The template as written (for a list: the element sources joined with `, `).
+    pub source: String,
+    pub body: TemplateBody,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum TemplateBody {
+    /// Static text interleaved with references.
+    Text(Vec<Segment>),
+    /// A list of templates (tool inputs only): renders to a JSON array.
+    List(Vec<Template>),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Segment {
+    Text(String),
+    Ref(Reference),
+}
+
+/// One `{{ ... }}`: the first available of `sources`, then `filters` in order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Reference {
+    /// The text between the braces, trimmed.
+    pub text: String,
+    pub sources: Vec<Source>,
+    pub filters: Vec<Filter>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    /// `input.FIELD`: a field of the session's mapped dataset record.
+    Input(String),
+    /// `NODE` or `NODE.text`: the text of the latest completed activation of NODE.
+    Output(String),
+    /// `NODE.verdict`: the verdict of the latest completed activation of NODE (empty if none).
+    Verdict(String),
+}
+
+impl Source {
+    /// The node this source reads, if any.
+    pub fn node(&self) -> Option<&str> {
+        match self {
+            Source::Input(_) => None,
+            Source::Output(n) | Source::Verdict(n) => Some(n),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Filter {
+    /// `part I of N`: the I-th (1-based) of N nearly equal, contiguous parts of the text,
+    /// split at line boundaries, balanced by characters.
+    Part { index: u32, of: u32 },
+    /// `take N`: the first N elements of a list (the first N lines of a text).
+    Take(usize),
+}
+
+/// A template that does not parse; `offset` is the byte offset in the template text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TemplateError {
+    pub offset: usize,
+    pub message: String,
+}
+
+impl fmt::Display for TemplateError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} (at character {})", self.message, self.offset + 1)
+    }
+}
+
+impl std::error::Error for TemplateError {}
+
+/// What rendering needs from a session.
+pub trait Resolve {
+    /// A field of the mapped input record.
+    fn input(&self, field: &str) -> Option<&Json>;
+    /// The output of the latest completed activation of `node`.
+    fn output(&self, node: &str) -> Option<&NodeOutput>;
+}
+
+/// A reference none of whose sources is available yet (or an input field that is absent).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unresolved {
+    pub reference: String,
+}
+
+impl Template {
+    /// Parse a text template.
+    pub fn parse(text: &str) -> Result<Template, TemplateError> {
+        Ok(Template {
+            source: text.to_string(),
+            body: TemplateBody::Text(parse_segments(text)?),
+        })
+    }
+
+    /// A list of text templates (tool inputs).
+    pub fn list(items: Vec<Template>) -> Template {
+        let source = items
+            .iter()
+            .map(|t| t.source.as_str())
+            .collect::<Vec<_>>()
+            .join(", ");
+        Template {
+            source,
+            body: TemplateBody::List(items),
+        }
+    }
+
+    /// Every reference, in order (list elements included).
+    pub fn references(&self) -> Vec<&Reference> {
+        let mut out = Vec::new();
+        collect_refs(self, &mut out);
+        out
+    }
+
+    /// The static text (all literal segments, concatenated): the part of a prompt known
+    /// before any value is inserted.
+    pub fn static_text(&self) -> String {
+        match &self.body {
+            TemplateBody::Text(segs) => segs
+                .iter()
+                .filter_map(|s| match s {
+                    Segment::Text(t) => Some(t.as_str()),
+                    Segment::Ref(_) => None,
+                })
+                .collect(),
+            TemplateBody::List(items) => items.iter().map(Template::static_text).collect(),
+        }
+    }
+
+    /// The reference if the template is exactly one `{{...}}` (surrounding whitespace allowed).
+    pub fn single_reference(&self) -> Option<&Reference> {
+        let TemplateBody::Text(segs) = &self.body else {
+            return None;
+        };
+        let mut found = None;
+        for s in segs {
+            match s {
+                Segment::Text(t) if t.trim().is_empty() => {}
+                Segment::Text(_) => return None,
+                Segment::Ref(r) if found.is_none() => found = Some(r),
+                Segment::Ref(_) => return None,
+            }
+        }
+        found
+    }
+
+    /// Render as text segments: each literal and each inserted value is one segment, so that
+    /// `segments.concat()` is the full text. A list template renders one line per element.
+    pub fn render_segments(&self, r: &dyn Resolve) -> Result<Vec<String>, Unresolved> {
+        match &self.body {
+            TemplateBody::Text(segs) => segs
+                .iter()
+                .map(|s| match s {
+                    Segment::Text(t) => Ok(t.clone()),
+                    Segment::Ref(rf) => Ok(json_to_text(&rf.resolve(r)?)),
+                })
+                .collect(),
+            TemplateBody::List(items) => {
+                let mut out = Vec::new();
+                for (i, t) in items.iter().enumerate() {
+                    if i > 0 {
+                        out.push("\n".to_string());
+                    }
+                    out.extend(t.render_segments(r)?);
+                }
+                Ok(out)
+            }
+        }
+    }
+
+    /// Render as a JSON value (tool inputs): a template that is exactly one reference yields
+    /// the referenced value itself (a list input stays a list); other text templates yield a
+    /// string; a list template yields an array.
+    pub fn render_value(&self, r: &dyn Resolve) -> Result<Json, Unresolved> {
+        if let TemplateBody::List(items) = &self.body {
+            return items
+                .iter()
+                .map(|t| t.render_value(r))
+                .collect::<Result<Vec<_>, _>>()
+                .map(Json::Array);
+        }
+        if let Some(rf) = self.single_reference() {
+            return rf.resolve(r);
+        }
+        Ok(Json::String(self.render_segments(r)?.concat()))
+    }
+}
+
+fn collect_refs<'a>(t: &'a Template, out: &mut Vec<&'a Reference>) {
+    match &t.body {
+        TemplateBody::Text(segs) => out.extend(segs.iter().filter_map(|s| match s {
+            Segment::Ref(r) => Some(r),
+            Segment::Text(_) => None,
+        })),
+        TemplateBody::List(items) => items.iter().for_each(|i| collect_refs(i, out)),
+    }
+}
+
+impl Reference {
+    /// The first available source's value, with the filters applied.
+    pub fn resolve(&self, r: &dyn Resolve) -> Result<Json, Unresolved> {
+        let mut value = None;
+        for s in &self.sources {
+            value = match s {
+                Source::Input(f) => r.input(f).cloned(),
+                Source::Output(n) => r.output(n).map(|o| Json::String(o.text.clone())),
+                Source::Verdict(n) => r
+                    .output(n)
+                    .map(|o| Json::String(o.verdict.clone().unwrap_or_default())),
+            };
+            if value.is_some() {
+                break;
+            }
+        }
+        let mut value = value.ok_or_else(|| Unresolved {
+            reference: self.text.clone(),
+        })?;
+        for f in &self.filters {
+            value = apply_filter(*f, value);
+        }
+        Ok(value)
+    }
+}
+
+fn apply_filter(f: Filter, value: Json) -> Json {
+    match f {
+        Filter::Part { index, of } => {
+            Json::String(split_part(&json_to_text(&value), index, of).to_string())
+        }
+        Filter::Take(n) => match value {
+            Json::Array(items) => Json::Array(items.into_iter().take(n).collect()),
+            other => {
+                let text = json_to_text(&other);
+                Json::String(text.lines().take(n).collect::<Vec<_>>().join("\n"))
+            }
+        },
+    }
+}
+
+/// How a JSON value reads inside a prompt: strings as themselves, lists one element per line,
+/// null as nothing, everything else as compact JSON.
+pub fn json_to_text(v: &Json) -> String {
+    match v {
+        Json::Null => String::new(),
+        Json::String(s) => s.clone(),
+        Json::Array(items) => items
+            .iter()
+            .map(json_to_text)
+            .collect::<Vec<_>>()
+            .join("\n"),
+        other => other.to_string(),
+    }
+}
+
+/// The `index`-th (1-based) of `of` contiguous parts of `text`, cut at line boundaries so
+/// that the parts are nearly equal in characters: a line goes to the part its middle
+/// character falls into. Every line lands in exactly one part, in order; a part may be empty
+/// when the text has fewer lines than parts. The returned part has no trailing newline.
+pub fn split_part(text: &str, index: u32, of: u32) -> &str {
+    if of == 0 || index == 0 || index > of || text.is_empty() {
+        return "";
+    }
+    let total: usize = text.chars().count();
+    let want = (index - 1) as u128;
+    let n = of as u128;
+    let (mut start, mut end) = (None, 0usize);
+    let mut chars_before = 0usize;
+    let mut byte = 0usize;
+    for line in text.split_inclusive('\n') {
+        let len = line.chars().count();
+        // The part of the line's middle character: floor((chars_before + (len - 1)/2) * n /
+        // total), in integers (len ≥ 1: split_inclusive yields no empty line).
+        let part =
+            (((2 * chars_before + len - 1) as u128 * n) / (2 * total.max(1) as u128)).min(n - 1);
+        if part == want {
+            start.get_or_insert(byte);
+            end = byte + line.len();
+        } else if part > want {
+            break;
+        }
+        chars_before += len;
+        byte += line.len();
+    }
+    match start {
+        Some(s) => text[s..end].trim_end_matches('\n'),
+        None => "",
+    }
+}
+
+fn parse_segments(text: &str) -> Result<Vec<Segment>, TemplateError> {
+    let mut segs = Vec::new();
+    let mut rest = text;
+    let mut offset = 0usize;
+    while let Some(open) = rest.find("{{") {
+        if open > 0 {
+            segs.push(Segment::Text(rest[..open].to_string()));
+        }
+        let after_open = &rest[open + 2..];
+        let Some(close) = after_open.find("}}") else {
+            return Err(TemplateError {
+                offset: offset + open,
+                message: "`{{` is never closed by `}}`".into(),
+            });
+        };
+        let inner = &after_open[..close];
+        if let Some(nested) = inner.find("{{") {
+            return Err(TemplateError {
+                offset: offset + open + 2 + nested,
+                message: "`{{` inside a reference (references do not nest)".into(),
+            });
+        }
+        segs.push(Segment::Ref(parse_reference(inner, offset + open)?));
+        let consumed = open + 2 + close + 2;
+        rest = &rest[consumed..];
+        offset += consumed;
+    }
+    if !rest.is_empty() {
+        segs.push(Segment::Text(rest.to_string()));
+    }
+    Ok(segs)
+}
+
+fn parse_reference(inner: &str, offset: usize) -> Result<Reference, TemplateError> {
+    let text = inner.trim().to_string();
+    let err = |message: String| TemplateError { offset, message };
+    let mut sources = Vec::new();
+    let mut filters = Vec::new();
+    for item in inner.split('|').map(str::trim) {
+        if item.is_empty() {
+            return Err(err(format!("empty item in `{{{{{text}}}}}`")));
+        }
+        if let Some(f) = parse_filter(item).map_err(|m| err(format!("`{{{{{text}}}}}`: {m}")))? {
+            filters.push(f);
+            continue;
+        }
+        if !filters.is_empty() {
+            return Err(err(format!(
+                "`{{{{{text}}}}}`: `{item}` comes after a filter; list every source before the filters"
+            )));
+        }
+        sources.push(parse_source(item).map_err(|m| err(format!("`{{{{{text}}}}}`: {m}")))?);
+    }
+    if sources.is_empty() {
+        return Err(err(format!(
+            "`{{{{{text}}}}}` names no source (input.FIELD, NODE or NODE.verdict)"
+        )));
+    }
+    Ok(Reference {
+        text,
+        sources,
+        filters,
+    })
+}
+
+fn parse_filter(item: &str) -> Result<Option<Filter>, String> {
+    let words: Vec<&str> = item.split_whitespace().collect();
+    match words.as_slice() {
+        ["part", i, "of", n] => {
+            let (Ok(index), Ok(of)) = (i.parse::<u32>(), n.parse::<u32>()) else {
+                return Err(format!(
+                    "`{item}`: expected `part I of N` with whole numbers"
+                ));
+            };
+            if of == 0 || index == 0 || index > of {
+                return Err(format!("`{item}`: need 1 ≤ I ≤ N"));
+            }
+            Ok(Some(Filter::Part { index, of }))
+        }
+        ["take", n] => match n.parse::<usize>() {
+            Ok(k) if k > 0 => Ok(Some(Filter::Take(k))),
+            _ => Err(format!("`{item}`: expected `take N` with N ≥ 1")),
+        },
+        ["part", ..] | ["take", ..] if words.len() > 1 => Err(format!(
+            "`{item}` is not a filter (filters: `part I of N`, `take N`)"
+        )),
+        _ if words.len() > 1 => Err(format!("`{item}` is not a source or a filter")),
+        _ => Ok(None),
+    }
+}
+
+fn parse_source(item: &str) -> Result<Source, String> {
+    if let Some(field) = item.strip_prefix("input.") {
+        if field.is_empty() || field.contains(char::is_whitespace) {
+            return Err(format!("`{item}`: expected `input.FIELD`"));
+        }
+        return Ok(Source::Input(field.to_string()));
+    }
+    if item == "input" {
+        return Err("`input` needs a field: `input.FIELD`".into());
+    }
+    let (node, attr) = match item.split_once('.') {
+        Some((n, a)) => (n, Some(a)),
+        None => (item, None),
+    };
+    if !super::yaml::is_ident(node, false) {
+        return Err(format!("`{node}` is not a node id"));
+    }
+    match attr {
+        None | Some("text") => Ok(Source::Output(node.to_string())),
+        Some("verdict") => Ok(Source::Verdict(node.to_string())),
+        Some(other) => Err(format!(
+            "`{node}.{other}`: a node reference reads `.text` or `.verdict`"
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    struct Fake {
+        inputs: BTreeMap<String, Json>,
+        outputs: BTreeMap<String, NodeOutput>,
+    }
+
+    impl Resolve for Fake {
+        fn input(&self, field: &str) -> Option<&Json> {
+            self.inputs.get(field)
+        }
+        fn output(&self, node: &str) -> Option<&NodeOutput> {
+            self.outputs.get(node)
+        }
+    }
+
+    fn fake() -> Fake {
+        let mut inputs = BTreeMap::new();
+        inputs.insert("question".into(), Json::String("How many?".into()));
+        inputs.insert(
+            "tests".into(),
+            serde_json::json!(["assert f(1) == 2", "assert f(2) == 3"]),
+        );
+        let mut outputs = BTreeMap::new();
+        outputs.insert(
+            "test".into(),
+            NodeOutput {
+                text: "1/2 passed".into(),
+                verdict: Some("fail".into()),
+                ..Default::default()
+            },
+        );
+        outputs.insert(
+            "generate".into(),
+            NodeOutput {
+                text: "def f(x): return x".into(),
+                ..Default::default()
+            },
+        );
+        Fake { inputs, outputs }
+    }
+
+    fn parse(t: &str) -> Template {
+        Template::parse(t).unwrap_or_else(|e| panic!("{t}: {e}"))
+    }
+
+    #[test]
+    fn parses_sources_fallbacks_and_filters() {
+        let t = parse(
+            "Q: {{input.question}}\nCode: {{ repair | generate }}\n{{test.verdict}}{{input.t | part 2 of 3 | take 4}}",
+        );
+        let refs = t.references();
+        assert_eq!(refs.len(), 4);
+        assert_eq!(refs[0].sources, vec![Source::Input("question".into())]);
+        assert_eq!(
+            refs[1].sources,
+            vec![
+                Source::Output("repair".into()),
+                Source::Output("generate".into())
+            ]
+        );
+        assert_eq!(refs[2].sources, vec![Source::Verdict("test".into())]);
+        assert_eq!(
+            refs[3].filters,
+            vec![Filter::Part { index: 2, of: 3 }, Filter::Take(4)]
+        );
+        assert_eq!(t.static_text(), "Q: \nCode: \n");
+    }
+
+    #[test]
+    fn rejects_malformed_references_with_offsets() {
+        let e = Template::parse("abc {{input.x")
+            .err()
+            .unwrap_or_else(|| panic!("parsed"));
+        assert_eq!(e.offset, 4);
+        assert!(Template::parse("{{}}").is_err());
+        assert!(Template::parse("{{ a | }}").is_err());
+        assert!(Template::parse("{{input}}").is_err());
+        assert!(Template::parse("{{a.value}}").is_err());
+        assert!(Template::parse("{{a | part 3 of 2}}").is_err());
+        assert!(Template::parse("{{a | part 1 of 2 | b}}").is_err());
+        assert!(Template::parse("{{ 9lives }}").is_err());
+        assert!(Template::parse("{{a | take 0}}").is_err());
+        // A lone `}}` or single braces are text.
+        assert_eq!(parse("x }} {y}").references().len(), 0);
+    }
+
+    #[test]
+    fn renders_text_with_fallbacks() {
+        let f = fake();
+        let t = parse("Code:\n{{repair | generate}}\nVerdict: {{test.verdict}}");
+        let segs = t.render_segments(&f).unwrap_or_else(|e| panic!("{e:?}"));
+        assert_eq!(
+            segs,
+            vec!["Code:\n", "def f(x): return x", "\nVerdict: ", "fail"]
+        );
+        let missing = parse("{{repair}}").render_segments(&f);
+        assert_eq!(
+            missing,
+            Err(Unresolved {
+                reference: "repair".into()
+            })
+        );
+        // Lists read one element per line inside text.
+        assert_eq!(
+            parse("{{input.tests}}")
+                .render_segments(&f)
+                .map(|s| s.concat()),
+            Ok("assert f(1) == 2\nassert f(2) == 3".into())
+        );
+    }
+
+    #[test]
+    fn a_single_reference_yields_the_value_itself() {
+        let f = fake();
+        assert_eq!(
+            parse("{{input.tests}}").render_value(&f),
+            Ok(serde_json::json!(["assert f(1) == 2", "assert f(2) == 3"]))
+        );
+        assert_eq!(
+            parse(" {{input.tests | take 1}} ").render_value(&f),
+            Ok(serde_json::json!(["assert f(1) == 2"]))
+        );
+        assert_eq!(
+            parse("tests: {{input.tests}}").render_value(&f),
+            Ok(Json::String(
+                "tests: assert f(1) == 2\nassert f(2) == 3".into()
+            ))
+        );
+        let list = Template::list(vec![parse("{{generate}}"), parse("{{test}}")]);
+        assert_eq!(
+            list.render_value(&f),
+            Ok(serde_json::json!(["def f(x): return x", "1/2 passed"]))
+        );
+    }
+
+    #[test]
+    fn parts_are_contiguous_and_balanced() {
+        let text: String = (0..60)
+            .map(|i| format!("speaker {i}: {}\n", "word ".repeat(i % 7 + 1)))
+            .collect();
+        let parts: Vec<&str> = (1..=6).map(|i| split_part(&text, i, 6)).collect();
+        assert_eq!(parts.join("\n") + "\n", text);
+        let total = text.chars().count();
+        let longest_line = text
+            .lines()
+            .map(|l| l.chars().count() + 1)
+            .max()
+            .unwrap_or(0);
+        for p in &parts {
+            let n = p.chars().count() + 1;
+            assert!(
+                n.abs_diff(total / 6) <= longest_line,
+                "part of {n} chars vs {}",
+                total / 6
+            );
+        }
+        // Halves made of thirds: part 1..3 of 6 is the first half split again.
+        let half = [parts[0], parts[1], parts[2]].join("\n");
+        assert_eq!(split_part(&text, 1, 2), half);
+        assert_eq!(split_part("one line", 2, 2), "");
+        assert_eq!(split_part("one line", 1, 2), "one line");
+        assert_eq!(split_part("", 1, 1), "");
+    }
+
+    #[test]
+    fn take_on_text_keeps_leading_lines() {
+        assert_eq!(
+            apply_filter(Filter::Take(2), Json::String("a\nb\nc".into())),
+            Json::String("a\nb".into())
+        );
+    }
+}

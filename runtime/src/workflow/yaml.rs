@@ -1,0 +1,546 @@
+//! A YAML document as a tree that keeps the line and column of every key and value, parsed
+//! once with serde-saphyr's `Spanned`, and small typed accessors over it that report errors
+//! with file, position and field path.
+//!
+//! Knows nothing about the workflow schema; depends only on `error`.
+
+use std::fmt;
+
+use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde_saphyr::Spanned;
+
+use super::error::{ErrorKind, WorkflowError};
+
+/// A 1-based source position.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Pos {
+    pub line: u64,
+    pub column: u64,
+}
+
+impl Pos {
+    fn of<T>(s: &Spanned<T>) -> Pos {
+        Pos {
+            line: s.referenced.line().max(1),
+            column: s.referenced.column().max(1),
+        }
+    }
+}
+
+/// A YAML value with its position.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Node {
+    pub value: Value,
+    pub pos: Pos,
+}
+
+/// A mapping key with its position.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Key {
+    pub name: String,
+    pub pos: Pos,
+}
+
+/// YAML values as the loader sees them (after the parser's scalar typing).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Value {
+    Null,
+    Bool(bool),
+    Int(i128),
+    Float(f64),
+    Str(String),
+    Seq(Vec<Node>),
+    Map(Vec<(Key, Node)>),
+}
+
+impl Value {
+    /// Short description used in "expected X, found Y" messages.
+    pub fn describe(&self) -> String {
+        match self {
+            Value::Null => "nothing (null)".into(),
+            Value::Bool(b) => format!("boolean `{b}`"),
+            Value::Int(i) => format!("integer `{i}`"),
+            Value::Float(x) => format!("number `{x}`"),
+            Value::Str(s) => {
+                let short: String = s.chars().take(40).collect();
+                if short.len() < s.len() {
+                    format!("string `{short}…`")
+                } else {
+                    format!("string `{short}`")
+                }
+            }
+            Value::Seq(_) => "a list".into(),
+            Value::Map(_) => "a mapping".into(),
+        }
+    }
+}
+
+/// The raw tree as deserialized; converted into [`Node`] right away so that no serde-saphyr
+/// type leaks past this module.
+enum Raw {
+    Null,
+    Bool(bool),
+    Int(i128),
+    Float(f64),
+    Str(String),
+    Seq(Vec<Spanned<Raw>>),
+    Map(Vec<(Spanned<String>, Spanned<Raw>)>),
+}
+
+struct RawVisitor;
+
+impl<'de> Visitor<'de> for RawVisitor {
+    type Value = Raw;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any YAML value")
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<Raw, E> {
+        Ok(Raw::Null)
+    }
+    fn visit_none<E: de::Error>(self) -> Result<Raw, E> {
+        Ok(Raw::Null)
+    }
+    fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Raw, D::Error> {
+        d.deserialize_any(RawVisitor)
+    }
+    fn visit_bool<E: de::Error>(self, v: bool) -> Result<Raw, E> {
+        Ok(Raw::Bool(v))
+    }
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<Raw, E> {
+        Ok(Raw::Int(v as i128))
+    }
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<Raw, E> {
+        Ok(Raw::Int(v as i128))
+    }
+    fn visit_i128<E: de::Error>(self, v: i128) -> Result<Raw, E> {
+        Ok(Raw::Int(v))
+    }
+    fn visit_u128<E: de::Error>(self, v: u128) -> Result<Raw, E> {
+        Ok(i128::try_from(v)
+            .map(Raw::Int)
+            .unwrap_or(Raw::Float(v as f64)))
+    }
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<Raw, E> {
+        Ok(Raw::Float(v))
+    }
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<Raw, E> {
+        Ok(Raw::Str(v.to_string()))
+    }
+    fn visit_string<E: de::Error>(self, v: String) -> Result<Raw, E> {
+        Ok(Raw::Str(v))
+    }
+    fn visit_bytes<E: de::Error>(self, v: &[u8]) -> Result<Raw, E> {
+        Ok(Raw::Str(String::from_utf8_lossy(v).into_owned()))
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Raw, A::Error> {
+        let mut items = Vec::new();
+        while let Some(item) = seq.next_element::<Spanned<Raw>>()? {
+            items.push(item);
+        }
+        Ok(Raw::Seq(items))
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Raw, A::Error> {
+        let mut entries = Vec::new();
+        while let Some(key) = map.next_key::<Spanned<String>>()? {
+            let value = map.next_value::<Spanned<Raw>>()?;
+            entries.push((key, value));
+        }
+        Ok(Raw::Map(entries))
+    }
+}
+
+impl<'de> Deserialize<'de> for Raw {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(RawVisitor)
+    }
+}
+
+fn convert(raw: Spanned<Raw>) -> Node {
+    let pos = Pos::of(&raw);
+    let value = match raw.value {
+        Raw::Null => Value::Null,
+        Raw::Bool(b) => Value::Bool(b),
+        Raw::Int(i) => Value::Int(i),
+        Raw::Float(x) => Value::Float(x),
+        Raw::Str(s) => Value::Str(s),
+        Raw::Seq(items) => Value::Seq(items.into_iter().map(convert).collect()),
+        Raw::Map(entries) => Value::Map(
+            entries
+                .into_iter()
+                .map(|(k, v)| {
+                    let kp = Pos::of(&k);
+                    (
+                        Key {
+                            name: k.value,
+                            pos: kp,
+                        },
+                        convert(v),
+                    )
+                })
+                .collect(),
+        ),
+    };
+    Node { value, pos }
+}
+
+/// Parse YAML text into a positioned tree. Syntax errors (and inputs over the parser's
+/// budget: nesting depth 64, 250k nodes, alias amplification) carry the parser's position.
+pub fn parse(file: &str, text: &str) -> Result<Node, WorkflowError> {
+    match serde_saphyr::from_str::<Spanned<Raw>>(text) {
+        Ok(raw) => Ok(convert(raw)),
+        Err(e) => {
+            let (line, column) = e
+                .location()
+                .map(|l| (l.line().max(1), l.column().max(1)))
+                .unwrap_or((1, 1));
+            let mut message = e.without_snippet().to_string();
+            // The parser repeats the position in its message; we print it once, up front.
+            let suffix = format!(" at line {line}, column {column}");
+            if let Some(stripped) = message.strip_suffix(&suffix) {
+                message = stripped.to_string();
+            }
+            let prefix = format!("line {line} column {column}: ");
+            if let Some(idx) = message.find(&prefix) {
+                message = message[idx + prefix.len()..].to_string();
+            }
+            Err(WorkflowError::Invalid {
+                file: file.to_string(),
+                line,
+                column,
+                field: "(document)".into(),
+                kind: ErrorKind::Syntax,
+                message: format!("not valid YAML: {message}"),
+            })
+        }
+    }
+}
+
+/// Builds positioned errors for one file.
+#[derive(Debug, Clone, Copy)]
+pub struct Ctx<'a> {
+    pub file: &'a str,
+}
+
+impl Ctx<'_> {
+    pub fn err(
+        &self,
+        pos: Pos,
+        field: &str,
+        kind: ErrorKind,
+        message: impl Into<String>,
+    ) -> WorkflowError {
+        WorkflowError::Invalid {
+            file: self.file.to_string(),
+            line: pos.line,
+            column: pos.column,
+            field: field.to_string(),
+            kind,
+            message: message.into(),
+        }
+    }
+
+    fn bad_type(&self, node: &Node, field: &str, expected: &str) -> WorkflowError {
+        self.err(
+            node.pos,
+            field,
+            ErrorKind::BadType,
+            format!("expected {expected}, found {}", node.value.describe()),
+        )
+    }
+
+    /// View `node` as a mapping and check that it only has `allowed` keys.
+    pub fn map<'n>(
+        &self,
+        node: &'n Node,
+        field: &str,
+        allowed: &[&str],
+    ) -> Result<MapView<'n>, WorkflowError> {
+        let Value::Map(entries) = &node.value else {
+            return Err(self.bad_type(node, field, "a mapping"));
+        };
+        for (k, _) in entries {
+            if !allowed.contains(&k.name.as_str()) {
+                let hint = closest(&k.name, allowed)
+                    .map(|c| format!(" (did you mean `{c}`?)"))
+                    .unwrap_or_default();
+                return Err(self.err(
+                    k.pos,
+                    &join_path(field, &k.name),
+                    ErrorKind::UnknownField,
+                    format!(
+                        "unknown field `{}`{hint}; expected one of: {}",
+                        k.name,
+                        allowed.join(", ")
+                    ),
+                ));
+            }
+        }
+        Ok(MapView {
+            entries,
+            pos: node.pos,
+        })
+    }
+
+    /// View `node` as a mapping with free-form keys (e.g. `deployments:`).
+    pub fn entries<'n>(
+        &self,
+        node: &'n Node,
+        field: &str,
+    ) -> Result<&'n [(Key, Node)], WorkflowError> {
+        match &node.value {
+            Value::Map(entries) => Ok(entries),
+            _ => Err(self.bad_type(node, field, "a mapping")),
+        }
+    }
+
+    pub fn seq<'n>(&self, node: &'n Node, field: &str) -> Result<&'n [Node], WorkflowError> {
+        match &node.value {
+            Value::Seq(items) => Ok(items),
+            _ => Err(self.bad_type(node, field, "a list")),
+        }
+    }
+
+    /// A string; plain scalars the parser typed as numbers or booleans are accepted as their
+    /// text (so `model: 8` is the string "8", which then fails the catalogue lookup clearly).
+    pub fn string(&self, node: &Node, field: &str) -> Result<String, WorkflowError> {
+        match &node.value {
+            Value::Str(s) => Ok(s.clone()),
+            Value::Int(i) => Ok(i.to_string()),
+            Value::Float(x) => Ok(x.to_string()),
+            Value::Bool(b) => Ok(b.to_string()),
+            _ => Err(self.bad_type(node, field, "a string")),
+        }
+    }
+
+    /// A non-empty identifier made of ASCII letters, digits, `_` and `-` (and `.` when
+    /// `allow_dot`), not starting with a digit or `-`.
+    pub fn ident(
+        &self,
+        node: &Node,
+        field: &str,
+        allow_dot: bool,
+    ) -> Result<String, WorkflowError> {
+        let s = self.string(node, field)?;
+        if !is_ident(&s, allow_dot) {
+            return Err(self.err(
+                node.pos,
+                field,
+                ErrorKind::BadType,
+                format!(
+                    "`{s}` is not a valid name (letters, digits, `_`{} and `-`, not starting with a digit or `-`)",
+                    if allow_dot { ", `.`" } else { "" }
+                ),
+            ));
+        }
+        Ok(s)
+    }
+
+    /// A list of strings; a single string is accepted as a one-element list.
+    pub fn string_list(
+        &self,
+        node: &Node,
+        field: &str,
+    ) -> Result<Vec<(String, Pos)>, WorkflowError> {
+        match &node.value {
+            Value::Seq(items) => items
+                .iter()
+                .enumerate()
+                .map(|(i, n)| Ok((self.string(n, &format!("{field}[{i}]"))?, n.pos)))
+                .collect(),
+            _ => Ok(vec![(self.string(node, field)?, node.pos)]),
+        }
+    }
+
+    pub fn u32(&self, node: &Node, field: &str) -> Result<u32, WorkflowError> {
+        match &node.value {
+            Value::Int(i) if *i >= 0 && *i <= u32::MAX as i128 => Ok(*i as u32),
+            Value::Int(_) => Err(self.err(
+                node.pos,
+                field,
+                ErrorKind::BadType,
+                format!(
+                    "expected a non-negative integer below 2^32, found {}",
+                    node.value.describe()
+                ),
+            )),
+            _ => Err(self.bad_type(node, field, "a non-negative integer")),
+        }
+    }
+
+    /// A finite number (integers accepted).
+    pub fn f64(&self, node: &Node, field: &str) -> Result<f64, WorkflowError> {
+        match &node.value {
+            Value::Int(i) => Ok(*i as f64),
+            Value::Float(x) if x.is_finite() => Ok(*x),
+            _ => Err(self.bad_type(node, field, "a finite number")),
+        }
+    }
+}
+
+/// A checked mapping.
+#[derive(Debug, Clone, Copy)]
+pub struct MapView<'n> {
+    pub entries: &'n [(Key, Node)],
+    pub pos: Pos,
+}
+
+impl<'n> MapView<'n> {
+    pub fn get(&self, key: &str) -> Option<&'n Node> {
+        self.entries
+            .iter()
+            .find(|(k, _)| k.name == key)
+            .map(|(_, v)| v)
+    }
+
+    pub fn key_pos(&self, key: &str) -> Option<Pos> {
+        self.entries
+            .iter()
+            .find(|(k, _)| k.name == key)
+            .map(|(k, _)| k.pos)
+    }
+
+    pub fn required(
+        &self,
+        ctx: &Ctx<'_>,
+        field: &str,
+        key: &str,
+    ) -> Result<&'n Node, WorkflowError> {
+        self.get(key).ok_or_else(|| {
+            ctx.err(
+                self.pos,
+                &join_path(field, key),
+                ErrorKind::MissingField,
+                format!("missing required field `{key}`"),
+            )
+        })
+    }
+}
+
+/// `a.b` (or `b` when `a` is empty).
+pub fn join_path(parent: &str, child: &str) -> String {
+    if parent.is_empty() {
+        child.to_string()
+    } else {
+        format!("{parent}.{child}")
+    }
+}
+
+pub fn is_ident(s: &str, allow_dot: bool) -> bool {
+    let mut chars = s.chars();
+    let Some(first) = chars.next() else {
+        return false;
+    };
+    (first.is_ascii_alphabetic() || first == '_')
+        && chars
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-' || (allow_dot && c == '.'))
+}
+
+/// The candidate closest to `word` by edit distance, if it is plausibly a typo of it.
+pub fn closest<'a>(word: &str, candidates: &[&'a str]) -> Option<&'a str> {
+    candidates
+        .iter()
+        .map(|c| (edit_distance(word, c), *c))
+        .filter(|(d, c)| *d <= 2.max(c.len() / 4))
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, c)| c)
+}
+
+/// Levenshtein distance over characters.
+pub fn edit_distance(a: &str, b: &str) -> usize {
+    let a: Vec<char> = a.chars().collect();
+    let b: Vec<char> = b.chars().collect();
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    let mut cur = vec![0; b.len() + 1];
+    for i in 1..=a.len() {
+        cur[0] = i;
+        for j in 1..=b.len() {
+            let sub = prev[j - 1] + usize::from(a[i - 1] != b[j - 1]);
+            cur[j] = sub.min(prev[j] + 1).min(cur[j - 1] + 1);
+        }
+        std::mem::swap(&mut prev, &mut cur);
+    }
+    prev[b.len()]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keeps_positions_of_keys_and_values() {
+        let doc = parse("t.yaml", "name: x\nnodes:\n  - id: a\n    after: [b, c]\n")
+            .unwrap_or_else(|e| panic!("{e}"));
+        let Value::Map(top) = &doc.value else {
+            panic!("not a map")
+        };
+        assert_eq!(top[1].0.name, "nodes");
+        assert_eq!(top[1].0.pos, Pos { line: 2, column: 1 });
+        let Value::Seq(nodes) = &top[1].1.value else {
+            panic!("not a seq")
+        };
+        let Value::Map(node) = &nodes[0].value else {
+            panic!("not a map")
+        };
+        assert_eq!(node[1].0.pos, Pos { line: 4, column: 5 });
+        let Value::Seq(after) = &node[1].1.value else {
+            panic!("not a seq")
+        };
+        assert_eq!(
+            after[1].pos,
+            Pos {
+                line: 4,
+                column: 16
+            }
+        );
+        assert_eq!(after[1].value, Value::Str("c".into()));
+    }
+
+    #[test]
+    fn syntax_errors_carry_the_parser_position() {
+        let e = parse("t.yaml", "name: x\nnodes: [a, \n")
+            .err()
+            .unwrap_or_else(|| panic!("parsed"));
+        assert_eq!(e.kind(), Some(ErrorKind::Syntax));
+        assert_eq!(e.position(), Some((2, 8)));
+        assert!(
+            e.to_string()
+                .starts_with("t.yaml:2:8: (document): not valid YAML: unclosed bracket"),
+            "{e}"
+        );
+        let dup = parse("t.yaml", "a: 1\na: 2\n")
+            .err()
+            .unwrap_or_else(|| panic!("parsed"));
+        assert_eq!(dup.position(), Some((2, 1)));
+    }
+
+    #[test]
+    fn scalars_are_typed() {
+        let doc = parse("t.yaml", "a: 5\nb: 0.5\nc: '5'\nd: true\ne:\n")
+            .unwrap_or_else(|e| panic!("{e}"));
+        let Value::Map(m) = &doc.value else {
+            panic!("not a map")
+        };
+        let vals: Vec<&Value> = m.iter().map(|(_, v)| &v.value).collect();
+        assert_eq!(
+            vals,
+            vec![
+                &Value::Int(5),
+                &Value::Float(0.5),
+                &Value::Str("5".into()),
+                &Value::Bool(true),
+                &Value::Null
+            ]
+        );
+    }
+
+    #[test]
+    fn typos_find_their_closest_field() {
+        assert_eq!(
+            closest("deploymnet", &["deployment", "prompt", "after"]),
+            Some("deployment")
+        );
+        assert_eq!(closest("zzz", &["deployment", "prompt"]), None);
+        assert_eq!(edit_distance("kitten", "sitting"), 3);
+    }
+}

@@ -1,0 +1,401 @@
+//! Loading and validating workflows: the three shipped pipelines with their datasets, and one
+//! test per error kind asserting the reported position and field path.
+
+use std::path::{Path, PathBuf};
+
+use switchyard_runtime::workflow::{
+    ErrorKind, MetricKind, NodeKind, WorkflowError, WorkflowSpec, load_workflow, parse_workflow,
+};
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn shipped(name: &str) -> WorkflowSpec {
+    let path = repo().join("workflows").join(name);
+    load_workflow(&path).unwrap_or_else(|e| panic!("{e}"))
+}
+
+#[test]
+fn the_three_pipelines_load_with_their_datasets() {
+    for (file, records) in [("gsm8k.yaml", 1319), ("mbpp.yaml", 427), ("qmsum.yaml", 35)] {
+        let spec = shipped(file);
+        let recs = spec.load_records().unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(recs.len(), records, "{file}");
+        for f in spec.input_fields() {
+            assert!(recs.iter().all(|r| r.contains_key(&f)), "{file}: {f}");
+        }
+    }
+}
+
+const BASE: &str = r#"name: t
+deployments:
+  small: {model: Qwen3-0.6B, max_context: 2048, max_output_tokens: 256}
+nodes:
+  - id: a
+    deployment: small
+    responder: gsm8k.solve
+    output_tokens: {mean: 100, cv: 0.3}
+    prompt: "Q: {{input.q}}"
+  - id: b
+    tool: python_tests
+    after: [a]
+    inputs: {code: "{{a}}", tests: "{{input.tests}}"}
+"#;
+
+fn parse(text: &str) -> Result<WorkflowSpec, WorkflowError> {
+    parse_workflow("t.yaml", text, Path::new("."))
+}
+
+fn err(text: &str) -> WorkflowError {
+    match parse(text) {
+        Ok(_) => panic!("accepted:\n{text}"),
+        Err(e) => e,
+    }
+}
+
+#[track_caller]
+fn assert_at(e: &WorkflowError, kind: ErrorKind, line: u64, column: u64, field: &str) {
+    assert_eq!(e.kind(), Some(kind), "{e}");
+    assert_eq!(e.position(), Some((line, column)), "{e}");
+    assert_eq!(e.field(), Some(field), "{e}");
+    assert!(
+        e.to_string()
+            .starts_with(&format!("t.yaml:{line}:{column}: {field}: ")),
+        "{e}"
+    );
+}
+
+#[test]
+fn the_base_workflow_is_valid() {
+    let spec = parse(BASE).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(spec.nodes.len(), 2);
+    assert_eq!(spec.successors(0), vec![1]);
+    assert_eq!(spec.topological_order(), &[0, 1]);
+    assert_eq!(
+        spec.input_fields(),
+        vec!["q".to_string(), "tests".to_string()]
+    );
+    let NodeKind::Agent(a) = &spec.nodes[0].kind else {
+        panic!("not an agent")
+    };
+    assert_eq!(
+        a.max_output_tokens, 256,
+        "defaults to the deployment's limit"
+    );
+    assert_eq!(spec.deployments["small"].gpu_memory_utilization, 0.9);
+    assert_eq!(spec.graph().edge_count(), 1);
+}
+
+#[test]
+fn unknown_node_reference() {
+    let e = err(&BASE.replace("after: [a]", "after: [aa]"));
+    assert_at(&e, ErrorKind::UnknownReference, 12, 13, "nodes.b.after");
+    assert!(
+        e.to_string()
+            .contains("unknown node `aa` (did you mean `a`?)"),
+        "{e}"
+    );
+}
+
+#[test]
+fn unknown_deployment_model_responder_and_tool() {
+    let e = err(&BASE.replace("deployment: small", "deployment: smal"));
+    assert_at(&e, ErrorKind::UnknownReference, 6, 17, "nodes.a.deployment");
+    assert!(e.to_string().contains("did you mean `small`"), "{e}");
+    let e = err(&BASE.replace("Qwen3-0.6B", "Qwen3-7B"));
+    assert_at(
+        &e,
+        ErrorKind::UnknownModel,
+        3,
+        18,
+        "deployments.small.model",
+    );
+    let e = err(&BASE.replace("gsm8k.solve", "gsm8k.solver"));
+    assert_at(&e, ErrorKind::UnknownResponder, 7, 16, "nodes.a.responder");
+    assert!(e.to_string().contains("did you mean `gsm8k.solve`"), "{e}");
+    let e = err(&BASE.replace("tool: python_tests", "tool: pytest"));
+    assert_at(&e, ErrorKind::UnknownTool, 11, 11, "nodes.b.tool");
+    let e = err(&BASE.replace("tests: \"{{input.tests}}\"", "tset: \"{{input.tests}}\""));
+    assert_at(&e, ErrorKind::UnknownField, 13, 29, "nodes.b.inputs.tset");
+}
+
+#[test]
+fn duplicate_ids() {
+    let e = err(&BASE.replace("  - id: b", "  - id: a"));
+    assert_at(&e, ErrorKind::DuplicateId, 10, 9, "nodes.a.id");
+}
+
+#[test]
+fn a_cycle_outside_a_loop_is_named() {
+    let text = BASE.replace(
+        "    prompt: \"Q: {{input.q}}\"",
+        "    after: [b]\n    prompt: \"Q: {{input.q}}\"",
+    );
+    let e = err(&text);
+    assert_at(&e, ErrorKind::Cycle, 9, 13, "nodes.a.after");
+    assert!(
+        e.to_string()
+            .contains("cycle a → b → a is not a declared loop"),
+        "{e}"
+    );
+    let e = err(&BASE.replace("after: [a]", "after: [b]"));
+    assert_at(&e, ErrorKind::Cycle, 12, 13, "nodes.b.after");
+}
+
+const LOOPED: &str = r#"name: t
+deployments:
+  small: {model: Qwen3-0.6B, max_context: 2048, max_output_tokens: 256}
+nodes:
+  - id: gen
+    deployment: small
+    responder: mbpp.generate
+    output_tokens: {mean: 100, cv: 0.3}
+    prompt: "Write {{input.q}}"
+  - id: fix
+    deployment: small
+    responder: mbpp.repair
+    after: [gen]
+    output_tokens: {mean: 100, cv: 0.3}
+    prompt: "Fix {{fix | gen}}"
+  - id: check
+    tool: python_tests
+    after: [fix]
+    inputs: {code: "{{fix}}", tests: "{{input.tests}}"}
+loops:
+  - id: again
+    body: [fix, check]
+    continue_when: {node: check, verdict: fail}
+    max_rounds: 2
+"#;
+
+#[test]
+fn loops_need_a_bound() {
+    let spec = parse(LOOPED).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(spec.loops[0].entries, vec![1]);
+    assert_eq!(spec.loop_of(2).map(|l| l.id.as_str()), Some("again"));
+    assert_eq!(
+        spec.graph().edge_count(),
+        3,
+        "two after edges and one back edge"
+    );
+    let e = err(&LOOPED.replace("    max_rounds: 2\n", ""));
+    assert_at(&e, ErrorKind::BadLoop, 21, 5, "loops.again.max_rounds");
+    let e = err(&LOOPED.replace("max_rounds: 2", "max_rounds: 0"));
+    assert_at(&e, ErrorKind::BadLoop, 24, 17, "loops.again.max_rounds");
+    let e = err(&LOOPED.replace("continue_when: {node: check", "continue_when: {node: gen"));
+    assert_at(
+        &e,
+        ErrorKind::BadLoop,
+        23,
+        27,
+        "loops.again.continue_when.node",
+    );
+    // A loop value read without an upstream fallback has no value in round 0.
+    let e = err(&LOOPED.replace("{{fix | gen}}", "{{fix}}"));
+    assert_at(&e, ErrorKind::UnknownReference, 15, 13, "nodes.fix.prompt");
+}
+
+#[test]
+fn bad_types_carry_the_value_position() {
+    let e = err(&BASE.replace("{mean: 100, cv: 0.3}", "{mean: many, cv: 0.3}"));
+    assert_at(&e, ErrorKind::BadType, 8, 27, "nodes.a.output_tokens.mean");
+    assert!(
+        e.to_string()
+            .contains("expected a finite number, found string `many`"),
+        "{e}"
+    );
+    let e = err(&BASE.replace("max_context: 2048", "max_context: -5"));
+    assert_at(
+        &e,
+        ErrorKind::BadType,
+        3,
+        43,
+        "deployments.small.max_context",
+    );
+    let e = err(&BASE.replace("after: [a]", "after: {a: 1}"));
+    assert_at(&e, ErrorKind::BadType, 12, 12, "nodes.b.after");
+}
+
+#[test]
+fn output_limit_above_the_deployment() {
+    let text = BASE.replace(
+        "    output_tokens: {mean: 100",
+        "    max_output_tokens: 300\n    output_tokens: {mean: 100",
+    );
+    let e = err(&text);
+    assert_at(
+        &e,
+        ErrorKind::OutputLimit,
+        8,
+        24,
+        "nodes.a.max_output_tokens",
+    );
+}
+
+#[test]
+fn a_context_that_can_never_fit() {
+    let long = "Think carefully about every word of this instruction. ".repeat(200);
+    let e = err(&BASE.replace("\"Q: {{input.q}}\"", &format!("\"{long}{{{{input.q}}}}\"")));
+    assert_at(&e, ErrorKind::ContextNeverFits, 9, 13, "nodes.a.prompt");
+    assert!(e.to_string().contains("max_context 2048"), "{e}");
+}
+
+#[test]
+fn syntax_errors_and_unknown_fields() {
+    let e = err(&BASE.replace("after: [a]", "after: [a"));
+    assert_eq!(e.kind(), Some(ErrorKind::Syntax));
+    assert_eq!(e.field(), Some("(document)"));
+    let e = err(&BASE.replace(
+        "    responder: gsm8k.solve",
+        "    responder: gsm8k.solve\n    temprature: 0.7",
+    ));
+    assert_at(&e, ErrorKind::UnknownField, 8, 5, "nodes.a.temprature");
+    let e = err(&BASE.replace(
+        "    responder: gsm8k.solve",
+        "    responder: gsm8k.solve\n    tool: majority_vote",
+    ));
+    assert_eq!(e.kind(), Some(ErrorKind::UnknownField), "{e}");
+}
+
+#[test]
+fn templates_are_checked() {
+    let e = err(&BASE.replace("{{input.q}}", "{{input.q"));
+    assert_at(&e, ErrorKind::Template, 9, 13, "nodes.a.prompt");
+    // `b` reads a node that is not upstream of it.
+    let text = BASE.replace("code: \"{{a}}\"", "code: \"{{c}}\"")
+        + r#"  - id: c
+    deployment: small
+    responder: gsm8k.solve
+    output_tokens: {mean: 100, cv: 0.3}
+    prompt: "x"
+"#;
+    let e = err(&text);
+    assert_at(
+        &e,
+        ErrorKind::UnknownReference,
+        13,
+        20,
+        "nodes.b.inputs.code",
+    );
+    assert!(e.to_string().contains("not upstream of `b`"), "{e}");
+    // A condition must test a predecessor.
+    let text = BASE.replace(
+        "    after: [a]\n",
+        "    after: [a]\n    when: {node: b, verdict: fail}\n",
+    );
+    let e = err(&text);
+    assert_at(&e, ErrorKind::UnknownReference, 13, 18, "nodes.b.when.node");
+}
+
+fn with_dataset(dir: &Path, fields: &str) -> String {
+    BASE.replace(
+        "nodes:\n",
+        &format!("dataset:\n  file: data.jsonl\n  fields:\n{fields}nodes:\n"),
+    )
+    .replace("name: t", &format!("name: t\n# dir {}", dir.display()))
+}
+
+#[test]
+fn dataset_file_missing_and_records_missing_fields() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let fields = "    q: question\n    tests: checks.list\n";
+    let text = with_dataset(dir.path(), fields);
+    let e = parse_workflow("t.yaml", &text, dir.path())
+        .err()
+        .unwrap_or_else(|| panic!("accepted"));
+    assert_at(&e, ErrorKind::Dataset, 6, 9, "dataset.file");
+    assert!(
+        e.to_string()
+            .contains("dataset file `data.jsonl` not found"),
+        "{e}"
+    );
+
+    std::fs::write(
+        dir.path().join("data.jsonl"),
+        "{\"question\": \"1+1?\", \"checks\": {\"list\": [\"assert True\"]}}\n\n{\"question\": \"2+2?\", \"checks\": {}}\n",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let spec = parse_workflow("t.yaml", &text, dir.path()).unwrap_or_else(|e| panic!("{e}"));
+    let e = spec
+        .load_records()
+        .err()
+        .unwrap_or_else(|| panic!("accepted"));
+    assert_at(&e, ErrorKind::Dataset, 9, 12, "dataset.fields.tests");
+    assert!(
+        e.to_string().contains("record 1 (line 3)")
+            && e.to_string().contains("`checks` has no field `list`"),
+        "{e}"
+    );
+
+    // Templates may only read mapped input fields.
+    let e = parse_workflow(
+        "t.yaml",
+        &with_dataset(dir.path(), "    q: question\n"),
+        dir.path(),
+    )
+    .err()
+    .unwrap_or_else(|| panic!("accepted"));
+    assert_eq!(e.kind(), Some(ErrorKind::UnknownReference), "{e}");
+    assert!(e.to_string().contains("input field `tests`"), "{e}");
+}
+
+#[test]
+fn metric_checks() {
+    let text = BASE.to_string() + "metric: {kind: tests_pass, node: a, reference: q}\n";
+    let e = err(&text);
+    assert_at(&e, ErrorKind::BadType, 14, 34, "metric.node");
+    let text = BASE.to_string() + "metric: {kind: tests_pass, node: b, reference: tests}\n";
+    let spec = parse(&text).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(spec.metric.map(|m| m.kind), Some(MetricKind::TestsPass));
+}
+
+#[test]
+fn fixtures_report_file_line_column_and_field() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let cases = [
+        (
+            "bad_unknown_ref.yaml",
+            ErrorKind::UnknownReference,
+            "nodes.review.after",
+            "unknown node `diagnos` (did you mean `diagnose`?)",
+        ),
+        (
+            "bad_cycle.yaml",
+            ErrorKind::Cycle,
+            "nodes.draft.after",
+            "cycle draft → critique → revise → draft is not a declared loop",
+        ),
+        (
+            "bad_type.yaml",
+            ErrorKind::BadType,
+            "nodes.solve.max_output_tokens",
+            "expected a non-negative integer, found string `a lot`",
+        ),
+    ];
+    for (file, kind, field, message) in cases {
+        let path = dir.join(file);
+        let e = load_workflow(&path)
+            .err()
+            .unwrap_or_else(|| panic!("{file} accepted"));
+        assert_eq!(e.kind(), Some(kind), "{e}");
+        assert_eq!(e.field(), Some(field), "{e}");
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{e}"));
+        // The comment on line 2 of each fixture states the expected `file:line:column: field: message`.
+        let expected = text
+            .lines()
+            .nth(1)
+            .and_then(|l| l.strip_prefix("# Expected: "))
+            .unwrap_or_else(|| panic!("{file}: no Expected line"));
+        let (line, column) = e.position().unwrap_or_else(|| panic!("no position"));
+        assert!(
+            expected.starts_with(&format!("{file}:{line}:{column}: {field}: ")),
+            "{file}: got {line}:{column}, fixture says {expected}"
+        );
+        assert!(
+            e.to_string().starts_with(&path.display().to_string()),
+            "{e}"
+        );
+        assert!(e.to_string().contains(message), "{e}");
+    }
+}

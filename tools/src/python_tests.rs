@@ -1,0 +1,713 @@
+//! The `python_tests` tool: run candidate Python code against assert-style unit tests.
+//!
+//! Owns input parsing, code extraction from fenced LLM output, the runner script, the parsing
+//! of its report and the verdict. The code runs in a [`Sandbox`] (by default the
+//! [`ProcessSandbox`]) as `python3 -I -S -B runner.py`, one interpreter per call, with 512 MiB
+//! of address space, 10 processes and 5 s of CPU. Must not depend on the runtime.
+//!
+//! The runner executes the import lines, then the code, then each test separately in one
+//! shared namespace, and reports every step on its own line through a duplicate of the
+//! original stdout (the candidate's own prints are redirected to stderr, so they cannot be
+//! confused with the report unless the code deliberately writes to that descriptor — the
+//! report is a convenience for honest code, not a security boundary; the verdict's safety
+//! comes from the sandbox). Report lines, tab-separated:
+//! `import|code|test <index> ok` or `… fail <ExceptionType> <escaped message>`, then `done`.
+//! A forked copy of the runner exits silently instead of reporting.
+//!
+//! Verdict `pass` only when the imports and the code ran and every test passed; otherwise
+//! `fail` with a reason: the first failure (`assert f(2) == 4 -> AssertionError`), a failing
+//! import or code (`SyntaxError: …`), `timed out after X s`, the CPU limit, or the interpreter
+//! dying. Never an error of the caller: only bad inputs, a missing interpreter and sandbox
+//! failures are [`ToolError`]s.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::majority_vote::kind;
+use crate::python::{PYTHON_FLAGS, interpreter};
+use crate::sandbox::{LimitHit, ProcessSandbox, Sandbox, SandboxJob, SandboxLimits, SandboxOutcome};
+use crate::{ToolCall, ToolError, ToolOutcome};
+
+/// Tool name.
+pub const NAME: &str = "python_tests";
+
+/// Wall-clock limit when neither the input nor the call gives one.
+pub const DEFAULT_TIMEOUT_S: f64 = 5.0;
+
+/// Largest accepted `timeout_s` (assumption: a unit-test run longer than ten minutes is a
+/// workflow bug, and a limit this size still lets the caller finish).
+pub const MAX_TIMEOUT_S: f64 = 600.0;
+
+/// Longest result text, in bytes (the "about 1 KB" of the tool's specification).
+pub const MAX_TEXT_BYTES: usize = 1024;
+
+/// Longest tail of the candidate's own output kept in the value, in bytes.
+const MAX_OUTPUT_TAIL_BYTES: usize = 2048;
+
+// Duration model for virtual time, calibrated with `cargo run -p switchyard-tools --example
+// calibrate 40` on the 2-core development VM (Python 3.11.2 at /usr/bin/python3, full process
+// sandbox, other builds running, so medians of 40 runs over several sessions). Medians of the
+// whole tool call, in ms, from four sessions:
+//
+// | case                              | runs of 40       |
+// |-----------------------------------|------------------|
+// | 1 trivial test                    | 19.8 20.0 20.1 24.2 |
+// | 8 trivial tests                   | 22.3 22.8 20.3 28.0 |
+// | 32 trivial tests                  | 23.1 17.0 24.3 25.3 |
+// | 16 KiB of function definitions    | 35.1 28.7 30.9 41.0 |
+// | 64 KiB of function definitions    | 61.8 59.1 55.9 60.9 |
+// | 1 test + `import math`            | 26.0 20.7 20.7 21.7 |
+//
+// Of the start-up, the sandbox itself (namespaces, rlimits, uid, work dir, group and uid kill)
+// costs about 1.6 ms (median of `/bin/true` runs); the rest is the interpreter.
+// The 427 MBPP reference solutions all pass, at a median of 24 ms per call.
+
+/// Modeled duration, part 1: interpreter start-up plus the sandbox and the runner's fixed work
+/// (the one-test medians above, ≈ 20 ms).
+pub const MODEL_STARTUP_S: f64 = 0.020;
+/// Modeled duration, part 2: each test (compile, exec, one report line). The slope over 1, 8
+/// and 32 tests is within the noise (−0.13 … +0.14 ms); 0.1 ms is its upper end.
+pub const MODEL_PER_TEST_S: f64 = 0.000_1;
+/// Modeled duration, part 3: each KiB of code and test source (compilation); least-squares
+/// slope over 0, 16 and 64 KiB: 0.55 – 0.58 ms per KiB.
+pub const MODEL_PER_KIB_S: f64 = 0.000_55;
+/// Modeled duration, part 4: each import line (`import math`: 0.6 – 0.7 ms in the quieter
+/// sessions; heavier modules cost more, which the model deliberately ignores).
+pub const MODEL_PER_IMPORT_S: f64 = 0.000_6;
+
+/// The runner executed by the interpreter; `job.py` (literals) is prepended to it.
+const RUNNER: &str = r#"
+import os as _os
+_PID = _os.getpid()
+_REPORT = open(_os.dup(1), "w", encoding="utf-8", errors="replace")
+_os.dup2(2, 1)
+
+def _emit(kind, index, error):
+    if _os.getpid() != _PID:
+        _os._exit(0)
+    if error is None:
+        _REPORT.write("%s\t%d\tok\n" % (kind, index))
+    else:
+        name = "BaseException"
+        message = ""
+        try:
+            name = type(error).__name__
+            message = str(error)
+        except BaseException:
+            message = "<unprintable message>"
+        message = message[:600].replace("\\", "\\\\").replace("\n", "\\n").replace("\t", "\\t")
+        _REPORT.write("%s\t%d\tfail\t%s\t%s\n" % (kind, index, name, message))
+    _REPORT.flush()
+
+def _run(kind, index, source, filename, namespace):
+    try:
+        exec(compile(source, filename, "exec"), namespace)
+    except BaseException as error:
+        _emit(kind, index, error)
+        return False
+    _emit(kind, index, None)
+    return True
+
+def _main():
+    namespace = {"__name__": "__main__", "__builtins__": __builtins__}
+    for index, line in enumerate(_IMPORTS):
+        if not _run("import", index, line, "<import %d>" % index, namespace):
+            return
+    if not _run("code", 0, _CODE, "<candidate>", namespace):
+        return
+    for index, test in enumerate(_TESTS):
+        _run("test", index, test, "<test %d>" % index, namespace)
+
+_main()
+if _os.getpid() == _PID:
+    _REPORT.write("done\n")
+    _REPORT.flush()
+"#;
+
+/// Parsed inputs of one call.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PythonTests {
+    /// The code to test (already extracted from a fenced block when there was one).
+    pub code: String,
+    /// One assert statement (or any statement) per test.
+    pub tests: Vec<String>,
+    /// Import lines run before the code.
+    pub imports: Vec<String>,
+    /// Wall-clock limit in seconds.
+    pub timeout_s: f64,
+}
+
+impl PythonTests {
+    /// Reads the inputs of `call`: `code` (string), `tests` (non-empty list of strings),
+    /// `imports` (list of strings, optional), `timeout_s` (number, optional). The timeout is
+    /// the input's when given, else the call's, else [`DEFAULT_TIMEOUT_S`].
+    pub fn from_call(call: &ToolCall) -> Result<Self, ToolError> {
+        let code = match call.inputs.get("code") {
+            Some(Value::String(s)) => extract_code(s).to_string(),
+            Some(other) => return Err(invalid("code", format!("must be a string, got {}", kind(other)))),
+            None => return Err(ToolError::MissingInput { tool: NAME, field: "code" }),
+        };
+        let tests = string_list(call.inputs.get("tests"), "tests")?
+            .ok_or(ToolError::MissingInput { tool: NAME, field: "tests" })?;
+        if tests.is_empty() {
+            return Err(invalid("tests", "must contain at least one test".into()));
+        }
+        let imports = string_list(call.inputs.get("imports"), "imports")?.unwrap_or_default();
+        let timeout_s = match call.inputs.get("timeout_s") {
+            None | Some(Value::Null) => call.timeout_s.unwrap_or(DEFAULT_TIMEOUT_S),
+            Some(Value::Number(n)) => n.as_f64().unwrap_or(f64::NAN),
+            Some(other) => return Err(invalid("timeout_s", format!("must be a number, got {}", kind(other)))),
+        };
+        if !(timeout_s.is_finite() && timeout_s > 0.0 && timeout_s <= MAX_TIMEOUT_S) {
+            return Err(invalid("timeout_s", format!("must be in (0, {MAX_TIMEOUT_S}] seconds, got {timeout_s}")));
+        }
+        Ok(Self { code, tests, imports, timeout_s })
+    }
+
+    /// The deterministic duration model (see the `MODEL_*` constants), capped at the timeout.
+    pub fn modeled_duration_s(&self) -> f64 {
+        let source_bytes = self.code.len() + self.tests.iter().map(String::len).sum::<usize>();
+        let modeled = MODEL_STARTUP_S
+            + MODEL_PER_TEST_S * self.tests.len() as f64
+            + MODEL_PER_KIB_S * source_bytes as f64 / 1024.0
+            + MODEL_PER_IMPORT_S * self.imports.len() as f64;
+        modeled.min(self.timeout_s)
+    }
+
+    /// The Python source of `job.py`: the inputs as literals, followed by the runner.
+    pub fn runner_script(&self) -> String {
+        // A JSON string literal is a valid Python string literal (serde_json emits only
+        // escapes Python shares: \" \\ \n \r \t \b \f \uXXXX), and so are lists of them.
+        format!(
+            "_IMPORTS = {}\n_CODE = {}\n_TESTS = {}\n{RUNNER}",
+            Value::from(self.imports.clone()),
+            Value::from(self.code.clone()),
+            Value::from(self.tests.clone())
+        )
+    }
+
+    /// The limits of a run: the timeout as wall limit, the rest from [`SandboxLimits::default`].
+    pub fn limits(&self) -> SandboxLimits {
+        SandboxLimits { wall_time: Duration::from_secs_f64(self.timeout_s), ..SandboxLimits::default() }
+    }
+}
+
+fn invalid(field: &'static str, problem: String) -> ToolError {
+    ToolError::InvalidInput { tool: NAME, field, problem }
+}
+
+fn string_list(value: Option<&Value>, field: &'static str) -> Result<Option<Vec<String>>, ToolError> {
+    match value {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Array(items)) => items
+            .iter()
+            .enumerate()
+            .map(|(i, item)| match item {
+                Value::String(s) => Ok(s.clone()),
+                other => Err(invalid(field, format!("entry {i} must be a string, got {}", kind(other)))),
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map(Some),
+        Some(other) => Err(invalid(field, format!("must be a list of strings, got {}", kind(other)))),
+    }
+}
+
+/// The code inside the first ```` ```python ```` (or ```` ```py ````/```` ```python3 ````) fenced
+/// block of `text`, up to the closing fence or the end; `text` itself when there is no such
+/// block.
+pub fn extract_code(text: &str) -> &str {
+    let mut offset = 0;
+    for line in text.split_inclusive('\n') {
+        let trimmed = line.trim();
+        let start = offset + line.len();
+        offset = start;
+        let Some(tag) = trimmed.strip_prefix("```") else { continue };
+        if !matches!(tag.trim().to_ascii_lowercase().as_str(), "python" | "py" | "python3") {
+            continue;
+        }
+        let body = &text[start..];
+        let mut end = 0;
+        for inner in body.split_inclusive('\n') {
+            if inner.trim_start().starts_with("```") {
+                return &body[..end];
+            }
+            end += inner.len();
+        }
+        return body;
+    }
+    text
+}
+
+/// Outcome of one step of the runner.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StepFailure {
+    /// Exception type name, e.g. `AssertionError`.
+    pub exception: String,
+    /// Exception message (may be empty).
+    pub message: String,
+}
+
+impl StepFailure {
+    /// `AssertionError` or `NameError: name 'f' is not defined`.
+    pub fn describe(&self) -> String {
+        if self.message.is_empty() { self.exception.clone() } else { format!("{}: {}", self.exception, self.message) }
+    }
+}
+
+/// What the runner reported; `None` entries never ran (or their report was lost).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RunnerReport {
+    /// Per import line.
+    pub imports: Vec<Option<Result<(), StepFailure>>>,
+    /// The code.
+    pub code: Option<Result<(), StepFailure>>,
+    /// Per test.
+    pub tests: Vec<Option<Result<(), StepFailure>>>,
+    /// The runner reached its end.
+    pub done: bool,
+}
+
+/// Parses the runner's report lines; unknown or malformed lines are ignored.
+pub fn parse_report(stdout: &str, imports: usize, tests: usize) -> RunnerReport {
+    let mut report = RunnerReport { imports: vec![None; imports], code: None, tests: vec![None; tests], done: false };
+    for line in stdout.lines() {
+        if line == "done" {
+            report.done = true;
+            continue;
+        }
+        let fields: Vec<&str> = line.splitn(5, '\t').collect();
+        let (Some(&phase), Some(index), Some(&status)) =
+            (fields.first(), fields.get(1).and_then(|i| i.parse::<usize>().ok()), fields.get(2))
+        else {
+            continue;
+        };
+        let result = match status {
+            "ok" => Ok(()),
+            "fail" => Err(StepFailure {
+                exception: fields.get(3).unwrap_or(&"Exception").to_string(),
+                message: unescape(fields.get(4).unwrap_or(&"")),
+            }),
+            _ => continue,
+        };
+        let slot = match phase {
+            "import" => report.imports.get_mut(index),
+            "code" if index == 0 => Some(&mut report.code),
+            "test" => report.tests.get_mut(index),
+            _ => None,
+        };
+        if let Some(slot) = slot {
+            *slot = Some(result);
+        }
+    }
+    report
+}
+
+/// Reverses the runner's escaping of `\\`, `\n`, `\t`.
+fn unescape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c != '\\' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('n') => out.push('\n'),
+            Some('t') => out.push('\t'),
+            Some(other) => out.push(other),
+            None => out.push('\\'),
+        }
+    }
+    out
+}
+
+/// `text` cut to at most `max` bytes on a character boundary, with `…` when cut.
+fn clip(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_string();
+    }
+    let mut end = max.saturating_sub('…'.len_utf8());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &text[..end])
+}
+
+/// The last `max` bytes of `text`, on a character boundary.
+fn tail(text: &str, max: usize) -> &str {
+    if text.len() <= max {
+        return text;
+    }
+    let mut start = text.len() - max;
+    while !text.is_char_boundary(start) {
+        start += 1;
+    }
+    &text[start..]
+}
+
+fn seconds(s: f64) -> String {
+    format!("{}", (s * 1000.0).round() / 1000.0)
+}
+
+/// The verdict of a run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Judgement {
+    /// `pass` or `fail`.
+    pub passed: bool,
+    /// Tests that passed.
+    pub tests_passed: usize,
+    /// Why it failed (`None` on pass).
+    pub reason: Option<String>,
+    /// `k/n tests passed[; reason]`, at most [`MAX_TEXT_BYTES`].
+    pub text: String,
+}
+
+/// Judges a run from the runner's report and the sandbox outcome.
+pub fn judge(job: &PythonTests, report: &RunnerReport, outcome: &SandboxOutcome) -> Judgement {
+    let total = job.tests.len();
+    let tests_passed = report.tests.iter().filter(|t| matches!(t, Some(Ok(())))).count();
+    let first_test_failure = report.tests.iter().enumerate().find_map(|(i, t)| match t {
+        Some(Err(f)) => Some(format!("first failure: {} -> {}", clip(job.tests[i].trim(), 240), clip(&f.describe(), 300))),
+        _ => None,
+    });
+    let import_failure = report.imports.iter().enumerate().find_map(|(i, t)| match t {
+        Some(Err(f)) => Some(format!("import failed: {} -> {}", clip(job.imports[i].trim(), 120), clip(&f.describe(), 300))),
+        _ => None,
+    });
+    let code_failure = match &report.code {
+        Some(Err(f)) => Some(format!("code failed: {}", clip(&f.describe(), 400))),
+        _ => None,
+    };
+    let stopped = if outcome.timed_out {
+        Some(format!("timed out after {} s", seconds(job.timeout_s)))
+    } else if outcome.limits_hit.contains(&LimitHit::CpuTime) {
+        Some(format!("CPU time limit of {} s exceeded", job.limits().cpu_seconds))
+    } else if !report.done {
+        Some(format!("interpreter stopped before finishing ({})", outcome.termination.describe()))
+    } else {
+        None
+    };
+    let passed = stopped.is_none()
+        && report.done
+        && report.imports.iter().all(|s| matches!(s, Some(Ok(()))))
+        && matches!(report.code, Some(Ok(())))
+        && tests_passed == total;
+    let reason = if passed {
+        None
+    } else {
+        // A stop (timeout, CPU limit, crash) comes first: it is why the remaining steps have no
+        // result. A failure reported before the stop is added after it.
+        let earlier = import_failure.or(code_failure).or(first_test_failure);
+        Some(match (stopped, earlier) {
+            (Some(stop), Some(earlier)) => format!("{stop}; {earlier}"),
+            (Some(stop), None) => stop,
+            (None, Some(earlier)) => earlier,
+            (None, None) => format!("no test result ({})", outcome.termination.describe()),
+        })
+    };
+    let text = match &reason {
+        None => format!("{tests_passed}/{total} tests passed"),
+        Some(reason) => clip(&format!("{tests_passed}/{total} tests passed; {reason}"), MAX_TEXT_BYTES),
+    };
+    Judgement { passed, tests_passed, reason, text }
+}
+
+fn limit_name(limit: LimitHit) -> &'static str {
+    match limit {
+        LimitHit::WallTime => "wall_time",
+        LimitHit::CpuTime => "cpu_time",
+        LimitHit::FileSize => "file_size",
+        LimitHit::Output => "output",
+    }
+}
+
+/// Runs the tool with the process sandbox and the discovered interpreter.
+pub fn run(call: &ToolCall) -> Result<ToolOutcome, ToolError> {
+    let job = PythonTests::from_call(call)?;
+    let python = interpreter().ok_or(ToolError::Unavailable {
+        tool: NAME,
+        reason: "no python3 interpreter runs inside the sandbox on this machine".into(),
+    })?;
+    run_in(&ProcessSandbox::new(), &python.path, &python.version, &job)
+}
+
+/// Runs `job` with the given sandbox and interpreter (the seam for other backends).
+pub fn run_in(
+    sandbox: &dyn Sandbox,
+    python: &Path,
+    python_version: &str,
+    job: &PythonTests,
+) -> Result<ToolOutcome, ToolError> {
+    let started = Instant::now();
+    let mut args: Vec<String> = PYTHON_FLAGS.iter().map(|s| s.to_string()).collect();
+    args.push("job.py".into());
+    let sandbox_job = SandboxJob {
+        program: python.to_path_buf(),
+        args,
+        files: vec![("job.py".to_string(), job.runner_script().into_bytes())],
+        limits: job.limits(),
+    };
+    let outcome = sandbox.run(&sandbox_job).map_err(|source| ToolError::Sandbox { tool: NAME, source })?;
+    let report = parse_report(&outcome.stdout, job.imports.len(), job.tests.len());
+    let judgement = judge(job, &report, &outcome);
+
+    let tests: Vec<Value> = job
+        .tests
+        .iter()
+        .zip(&report.tests)
+        .map(|(test, result)| {
+            json!({
+                "test": test,
+                "ran": result.is_some(),
+                "passed": matches!(result, Some(Ok(()))),
+                "error": match result { Some(Err(f)) => Some(f.describe()), _ => None },
+            })
+        })
+        .collect();
+    let memory = report
+        .imports
+        .iter()
+        .chain(std::iter::once(&report.code))
+        .chain(&report.tests)
+        .any(|s| matches!(s, Some(Err(f)) if f.exception == "MemoryError"));
+    let mut limits: Vec<&str> = outcome.limits_hit.iter().map(|&l| limit_name(l)).collect();
+    if memory {
+        limits.push("memory");
+    }
+    // Virtual time must not depend on how fast this machine was: a run that hit the wall or
+    // CPU limit is modeled as lasting exactly that limit, any other run by the model.
+    let modeled = if outcome.timed_out {
+        job.timeout_s
+    } else if outcome.limits_hit.contains(&LimitHit::CpuTime) {
+        job.limits().cpu_seconds as f64
+    } else {
+        job.modeled_duration_s()
+    };
+    let value = json!({
+        "passed": judgement.tests_passed,
+        "total": job.tests.len(),
+        "tests": tests,
+        "reason": judgement.reason,
+        "timed_out": outcome.timed_out,
+        "limits_hit": limits,
+        "termination": outcome.termination.describe(),
+        "output": tail(&outcome.stderr, MAX_OUTPUT_TAIL_BYTES),
+        "interpreter": python_version,
+        "sandbox": sandbox.name(),
+    });
+    Ok(ToolOutcome {
+        text: judgement.text,
+        verdict: Some(if judgement.passed { "pass" } else { "fail" }.to_string()),
+        value,
+        modeled_duration_s: modeled,
+        wall_seconds: started.elapsed().as_secs_f64(),
+        sandbox_note: Some(format!("{} sandbox: {}", sandbox.name(), outcome.isolation.summary())),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sandbox::{Isolation, Termination};
+    use std::collections::BTreeMap;
+    use std::path::PathBuf;
+
+    fn call(inputs: Value) -> ToolCall {
+        let inputs: BTreeMap<String, Value> = serde_json::from_value(inputs).expect("object");
+        ToolCall { tool: NAME.into(), inputs, timeout_s: None }
+    }
+
+    fn job(tests: &[&str]) -> PythonTests {
+        PythonTests {
+            code: "def f(x):\n    return 2 * x\n".into(),
+            tests: tests.iter().map(|t| t.to_string()).collect(),
+            imports: vec![],
+            timeout_s: 5.0,
+        }
+    }
+
+    fn outcome(stdout: &str, termination: Termination, timed_out: bool, limits_hit: Vec<LimitHit>) -> SandboxOutcome {
+        SandboxOutcome {
+            termination,
+            timed_out,
+            limits_hit,
+            stdout: stdout.into(),
+            stderr: String::new(),
+            stdout_truncated: false,
+            stderr_truncated: false,
+            wall_seconds: 0.1,
+            cpu_seconds: 0.05,
+            max_rss_bytes: 0,
+            pid: 1,
+            work_dir: PathBuf::from("/nonexistent"),
+            cleanup_error: None,
+            isolation: Isolation::default(),
+        }
+    }
+
+    #[test]
+    fn fenced_python_block_is_extracted() {
+        let text = "Here you go:\n```python\ndef f(x):\n    return x\n```\nand an explanation";
+        assert_eq!(extract_code(text), "def f(x):\n    return x\n");
+        assert_eq!(extract_code("```py\nx = 1\n"), "x = 1\n", "an unclosed block runs to the end");
+        assert_eq!(extract_code("```\nplain fence\n```\n```Python\ny = 2\n```"), "y = 2\n");
+        assert_eq!(extract_code("x = 1  # no fence"), "x = 1  # no fence");
+    }
+
+    #[test]
+    fn inputs_are_read_and_validated() {
+        let parsed = PythonTests::from_call(&call(json!({
+            "code": "```python\ndef f(): return 1\n```", "tests": ["assert f() == 1"], "imports": ["import math"]
+        })))
+        .expect("valid");
+        assert_eq!(parsed.code, "def f(): return 1\n");
+        assert_eq!(parsed.imports, ["import math"]);
+        assert_eq!(parsed.timeout_s, DEFAULT_TIMEOUT_S);
+
+        let mut with_call_timeout = call(json!({"code": "", "tests": ["pass"]}));
+        with_call_timeout.timeout_s = Some(2.0);
+        assert_eq!(PythonTests::from_call(&with_call_timeout).expect("valid").timeout_s, 2.0);
+        with_call_timeout.inputs.insert("timeout_s".into(), json!(0.5));
+        assert_eq!(PythonTests::from_call(&with_call_timeout).expect("valid").timeout_s, 0.5, "input wins");
+
+        let err = |v: Value| PythonTests::from_call(&call(v)).expect_err("invalid");
+        assert!(matches!(err(json!({"tests": ["pass"]})), ToolError::MissingInput { field: "code", .. }));
+        assert!(matches!(err(json!({"code": "x"})), ToolError::MissingInput { field: "tests", .. }));
+        assert!(matches!(err(json!({"code": 3, "tests": ["pass"]})), ToolError::InvalidInput { field: "code", .. }));
+        assert!(matches!(err(json!({"code": "", "tests": []})), ToolError::InvalidInput { field: "tests", .. }));
+        assert!(matches!(err(json!({"code": "", "tests": [1]})), ToolError::InvalidInput { field: "tests", .. }));
+        assert!(matches!(
+            err(json!({"code": "", "tests": ["pass"], "imports": "import os"})),
+            ToolError::InvalidInput { field: "imports", .. }
+        ));
+        assert!(matches!(
+            err(json!({"code": "", "tests": ["pass"], "timeout_s": -1})),
+            ToolError::InvalidInput { field: "timeout_s", .. }
+        ));
+        assert!(matches!(
+            err(json!({"code": "", "tests": ["pass"], "timeout_s": "5"})),
+            ToolError::InvalidInput { field: "timeout_s", .. }
+        ));
+    }
+
+    #[test]
+    fn report_lines_are_parsed() {
+        let stdout = "import\t0\tok\ncode\t0\tok\ntest\t0\tok\ntest\t1\tfail\tAssertionError\t\n\
+                      test\t2\tfail\tValueError\tbad\\tvalue\\nline two \\\\ end\ngarbage line\ntest\t9\tok\ndone\n";
+        let report = parse_report(stdout, 1, 3);
+        assert_eq!(report.imports, [Some(Ok(()))]);
+        assert_eq!(report.code, Some(Ok(())));
+        assert_eq!(report.tests[0], Some(Ok(())));
+        assert_eq!(
+            report.tests[1],
+            Some(Err(StepFailure { exception: "AssertionError".into(), message: String::new() }))
+        );
+        assert_eq!(
+            report.tests[2],
+            Some(Err(StepFailure { exception: "ValueError".into(), message: "bad\tvalue\nline two \\ end".into() }))
+        );
+        assert!(report.done);
+        assert!(!parse_report("test\t0\tok\n", 0, 1).done);
+    }
+
+    #[test]
+    fn judgement_names_the_first_failed_assert() {
+        let job = job(&["assert f(1) == 2", "assert f(2) == 5", "assert f(3) == 7"]);
+        let stdout = "code\t0\tok\ntest\t0\tok\ntest\t1\tfail\tAssertionError\t\ntest\t2\tfail\tAssertionError\t\ndone\n";
+        let report = parse_report(stdout, 0, 3);
+        let j = judge(&job, &report, &outcome(stdout, Termination::Exited(0), false, vec![]));
+        assert!(!j.passed);
+        assert_eq!(j.tests_passed, 1);
+        assert_eq!(j.text, "1/3 tests passed; first failure: assert f(2) == 5 -> AssertionError");
+    }
+
+    #[test]
+    fn judgement_passes_only_complete_runs() {
+        let job = job(&["assert f(1) == 2"]);
+        let ok = "code\t0\tok\ntest\t0\tok\ndone\n";
+        let j = judge(&job, &parse_report(ok, 0, 1), &outcome(ok, Termination::Exited(0), false, vec![]));
+        assert!(j.passed);
+        assert_eq!(j.text, "1/1 tests passed");
+        assert_eq!(j.reason, None);
+
+        // All tests reported but the runner never finished (killed afterwards): not a pass.
+        let cut = "code\t0\tok\ntest\t0\tok\n";
+        let j = judge(&job, &parse_report(cut, 0, 1), &outcome(cut, Termination::Signaled(9), false, vec![]));
+        assert!(!j.passed);
+        assert_eq!(
+            j.text,
+            "1/1 tests passed; interpreter stopped before finishing (killed by signal 9 (SIGKILL))"
+        );
+    }
+
+    #[test]
+    fn judgement_of_timeouts_and_code_errors() {
+        let job = job(&["assert f(1) == 2", "assert f(2) == 4"]);
+        let partial = "code\t0\tok\ntest\t0\tok\n";
+        let j = judge(
+            &job,
+            &parse_report(partial, 0, 2),
+            &outcome(partial, Termination::Signaled(9), true, vec![LimitHit::WallTime]),
+        );
+        assert!(!j.passed);
+        assert_eq!(j.reason.as_deref(), Some("timed out after 5 s"));
+        assert_eq!(j.text, "1/2 tests passed; timed out after 5 s");
+
+        let syntax = "code\t0\tfail\tSyntaxError\tinvalid syntax (<candidate>, line 1)\ndone\n";
+        let j = judge(&job, &parse_report(syntax, 0, 2), &outcome(syntax, Termination::Exited(0), false, vec![]));
+        assert_eq!(j.text, "0/2 tests passed; code failed: SyntaxError: invalid syntax (<candidate>, line 1)");
+
+        let cpu = "code\t0\tok\n";
+        let j = judge(
+            &job,
+            &parse_report(cpu, 0, 2),
+            &outcome(cpu, Termination::Signaled(libc::SIGXCPU), false, vec![LimitHit::CpuTime]),
+        );
+        assert_eq!(j.reason.as_deref(), Some("CPU time limit of 5 s exceeded"));
+    }
+
+    #[test]
+    fn result_text_is_capped() {
+        let long_test = format!("assert f(1) == {}", "9".repeat(5000));
+        let job = job(&[long_test.as_str()]);
+        let msg = "x".repeat(5000);
+        let stdout = format!("code\t0\tok\ntest\t0\tfail\tAssertionError\t{msg}\ndone\n");
+        let j = judge(&job, &parse_report(&stdout, 0, 1), &outcome(&stdout, Termination::Exited(0), false, vec![]));
+        assert!(j.text.len() <= MAX_TEXT_BYTES, "{}", j.text.len());
+        assert!(j.text.starts_with("0/1 tests passed; first failure: assert f(1) == 999"));
+        assert_eq!(clip("héllo", 3), "…");
+        assert_eq!(clip("héllo", 5), "h…");
+        assert_eq!(tail("héllo", 4), "llo");
+    }
+
+    #[test]
+    fn runner_script_embeds_inputs_as_literals() {
+        let mut job = job(&["assert s == 'a\"b\\\\c'"]);
+        job.code = "s = 'a\"b\\\\c'\n# naïve ✓ \u{1}\n".into();
+        let script = job.runner_script();
+        assert!(script.starts_with("_IMPORTS = []\n_CODE = \"s = 'a\\\"b\\\\\\\\c'\\n# naïve ✓ \\u0001\\n\"\n"), "{script}");
+        assert!(script.contains("_TESTS = [\"assert s == 'a\\\"b\\\\\\\\c'\"]"));
+    }
+
+    #[test]
+    fn modeled_duration_is_deterministic_monotone_and_capped() {
+        let small = job(&["assert f(1) == 2"]);
+        let mut more_tests = small.clone();
+        more_tests.tests = vec!["assert f(1) == 2".into(); 10];
+        let mut more_code = small.clone();
+        more_code.code = "x = 1\n".repeat(2000);
+        let mut with_import = small.clone();
+        with_import.imports = vec!["import math".into()];
+        let base = small.modeled_duration_s();
+        assert_eq!(base, small.clone().modeled_duration_s());
+        assert!(base >= MODEL_STARTUP_S);
+        assert!(more_tests.modeled_duration_s() > base);
+        assert!(more_code.modeled_duration_s() > base);
+        assert!(with_import.modeled_duration_s() > base);
+        let mut tiny_timeout = more_code.clone();
+        tiny_timeout.timeout_s = 0.001;
+        assert_eq!(tiny_timeout.modeled_duration_s(), 0.001);
+    }
+}

@@ -1,0 +1,779 @@
+//! Sandboxes that run untrusted tool code, behind the [`Sandbox`] trait.
+//!
+//! Owns the job description ([`SandboxJob`], [`SandboxLimits`]), the outcome
+//! ([`SandboxOutcome`]) and the OS-process backend ([`ProcessSandbox`]). A WebAssembly backend
+//! slots in later as another implementation of [`Sandbox`]: a job names a program, its
+//! arguments and the files to place in a private work directory, which maps onto both a process
+//! (`program args…` in that directory) and a WASI module (the directory pre-opened).
+//!
+//! The process backend is Linux-only. It confines a child as follows (see [`confine`] for the
+//! exact order of the system calls and [`Isolation`] for what a given run really got):
+//!
+//! * **wall-clock limit** — the child leads its own process group (`process_group(0)`); at the
+//!   limit the whole group gets `SIGKILL`. The group is killed again after every run, so
+//!   background processes never outlive a tool call. The group is killed while the main process
+//!   is still an unreaped zombie (`waitid(WNOWAIT)`), so its id cannot have been recycled.
+//! * **rlimits** set between `fork` and `exec`: CPU seconds (soft limit → `SIGXCPU`, hard limit
+//!   one second later → `SIGKILL`), address space (`RLIMIT_AS`), processes (`RLIMIT_NPROC`),
+//!   file size (`RLIMIT_FSIZE`), core dumps off (`RLIMIT_CORE = 0`).
+//! * **identity** — `RLIMIT_NPROC` counts the processes of the child's *real uid* and is not
+//!   enforced at all for uid 0 (the kernel exempts the init user), and we run as root here.
+//!   So when the caller is root the child drops to a fresh unprivileged uid/gid of its own
+//!   (allocated per run from [`SANDBOX_UID_BASE`]), with no supplementary groups and
+//!   `PR_SET_NO_NEW_PRIVS`. The process limit then bounds exactly this run, the child has no
+//!   capabilities, and after the run a helper that takes the same uid sends `kill(-1, SIGKILL)`,
+//!   which reaches every process of that uid — including ones that left the process group with
+//!   `setsid()`. When the caller is not root the child keeps the caller's uid (inside a user
+//!   namespace when one can be created), the process limit counts all of the caller's
+//!   processes, and a process that escapes the group by `setsid()` survives the group kill
+//!   (still bounded by its CPU rlimit); the outcome says so.
+//! * **network** — a new network namespace (`unshare(CLONE_NEWNET)`; `CLONE_NEWUSER` too when
+//!   not root). It holds only a loopback interface that is down, so every connect fails, even to
+//!   127.0.0.1. If the kernel refuses, the run proceeds with the host network and the outcome
+//!   records it.
+//! * **filesystem** — a new mount namespace in which every mount is made read-only
+//!   (`mount_setattr(AT_RECURSIVE, MOUNT_ATTR_RDONLY)`) except a bind mount of the private work
+//!   directory, so writing outside it (e.g. `/tmp/escape`) fails with `EROFS`. Reading
+//!   world-readable host files is still possible. If the kernel refuses, the outcome records it;
+//!   the dropped uid then still cannot write anywhere but world-writable directories.
+//! * **work directory** — a fresh `tempfile` directory, the child's cwd, `HOME` and `TMPDIR`,
+//!   removed after the run (a failure to remove it is reported in the outcome).
+//! * **environment** cleared except `PATH`, `HOME`, `TMPDIR`, `LANG`; stdin is `/dev/null`
+//!   (reads see end-of-file); stdout and stderr are captured up to a byte cap each (the rest is
+//!   drained and dropped so the child never blocks on a full pipe).
+//!
+//! Must not depend on the runtime, the planner or any model code.
+
+mod confine;
+
+use std::ffi::CString;
+use std::fs::File;
+use std::io::{self, Read};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use confine::{ChildPlan, ChildReport, Identity};
+
+/// First uid (and gid) handed to sandboxed children when the caller is root.
+///
+/// Each run gets `SANDBOX_UID_BASE + (pid mod 65 536) · 32 768 + (run counter mod 32 768)`
+/// (at most about 3.15 · 10⁹, below the 32-bit limit), so one process reuses a uid only after
+/// 32 768 runs, and two processes collide only if their pids agree modulo 65 536. Reuse matters
+/// where the init process does not reap orphans (as on this machine: zombies of killed
+/// grandchildren keep counting toward their uid's `RLIMIT_NPROC`). Assumed free: far above the
+/// ranges that distributions (< 60 000) and `/etc/subuid` (100 000 + 65 536·k) hand out.
+pub const SANDBOX_UID_BASE: u32 = 1_000_000_000;
+
+/// Grace period for pipes to reach end-of-file once every sandboxed process is dead.
+///
+/// Only a process that escaped both the group kill and the uid sweep (possible only when the
+/// caller is not root) can hold a pipe open longer; the run then ends without waiting for it.
+const PIPE_GRACE: Duration = Duration::from_millis(200);
+
+/// Reads of 16 KiB per pipe per wake-up of the supervisor (1 MiB), bounding the time between
+/// two deadline checks when the child writes without pause.
+const DRAIN_READS_PER_WAKEUP: usize = 64;
+
+/// Poll interval used only when `pidfd_open` is unavailable (Linux < 5.3).
+const EXIT_POLL_INTERVAL: Duration = Duration::from_millis(5);
+
+/// Resource limits for one sandboxed run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SandboxLimits {
+    /// Wall-clock limit; the process group is killed when it expires.
+    pub wall_time: Duration,
+    /// `RLIMIT_CPU` soft limit in seconds (`SIGXCPU`); the hard limit is one second more.
+    pub cpu_seconds: u64,
+    /// `RLIMIT_AS`: bytes of virtual address space per process.
+    pub address_space_bytes: u64,
+    /// `RLIMIT_NPROC`: processes (and threads) of the sandbox uid, the first one included.
+    pub max_processes: u64,
+    /// `RLIMIT_FSIZE`: largest file the child may write, in bytes.
+    pub max_file_bytes: u64,
+    /// Bytes kept from each of stdout and stderr; the rest is read and dropped.
+    pub max_output_bytes: usize,
+}
+
+impl Default for SandboxLimits {
+    /// The limits the `python_tests` tool runs under: 5 s wall, 5 s CPU, 512 MiB of address
+    /// space and 10 processes (from the tool's specification), 16 MiB files and 64 KiB of each
+    /// output stream (our assumptions: far above what a unit-test run writes, small enough that
+    /// a runaway writer cannot fill the disk or the caller's memory).
+    fn default() -> Self {
+        Self {
+            wall_time: Duration::from_secs(5),
+            cpu_seconds: 5,
+            address_space_bytes: 512 * 1024 * 1024,
+            max_processes: 10,
+            max_file_bytes: 16 * 1024 * 1024,
+            max_output_bytes: 64 * 1024,
+        }
+    }
+}
+
+/// One program to run in a sandbox.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SandboxJob {
+    /// The executable; an absolute path is recommended (the child's `PATH` is
+    /// `/usr/local/bin:/usr/bin:/bin`).
+    pub program: PathBuf,
+    /// Arguments after the program name.
+    pub args: Vec<String>,
+    /// Files written into the private work directory before the start: (plain file name,
+    /// contents). Names may not contain `/` and may not be `.` or `..`.
+    pub files: Vec<(String, Vec<u8>)>,
+    /// Limits for this run.
+    pub limits: SandboxLimits,
+}
+
+/// Which confinements a [`ProcessSandbox`] attempts. Every one defaults to on; a confinement
+/// the kernel refuses is skipped and reported in [`Isolation`], never silently assumed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IsolationPolicy {
+    /// Put the child in a new, empty network namespace.
+    pub network: bool,
+    /// Make every mount read-only except the work directory (new mount namespace).
+    pub read_only_root: bool,
+    /// When the caller is root, run the child under a fresh unprivileged uid.
+    pub drop_privileges: bool,
+}
+
+impl Default for IsolationPolicy {
+    fn default() -> Self {
+        Self { network: true, read_only_root: true, drop_privileges: true }
+    }
+}
+
+/// What confinement a run really got (the kernel may refuse namespaces).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Isolation {
+    /// The child ran in its own network namespace without usable interfaces.
+    pub network_isolated: bool,
+    /// Every mount but the work directory was read-only for the child.
+    pub read_only_root: bool,
+    /// The unprivileged uid the child ran as, when it was dropped from root.
+    pub sandbox_uid: Option<u32>,
+    /// The child ran inside a new user namespace (caller not root).
+    pub user_namespace: bool,
+    /// `RLIMIT_NPROC` bounds this run alone (true only with a dropped, per-run uid).
+    pub process_limit_per_run: bool,
+    /// Human-readable notes on every confinement that was skipped or weakened, and why.
+    pub notes: Vec<String>,
+}
+
+impl Isolation {
+    /// A one-line summary, e.g. `network: isolated; filesystem: read-only except work dir; …`.
+    pub fn summary(&self) -> String {
+        let mut parts = vec![
+            format!("network: {}", if self.network_isolated { "isolated" } else { "HOST NETWORK" }),
+            format!(
+                "filesystem: {}",
+                if self.read_only_root { "read-only except work dir" } else { "writable where permissions allow" }
+            ),
+            match self.sandbox_uid {
+                Some(uid) => format!("uid: {uid} (dropped from root)"),
+                None if self.user_namespace => "uid: caller's, in a user namespace".to_string(),
+                None => "uid: caller's".to_string(),
+            },
+            format!(
+                "process limit: {}",
+                if self.process_limit_per_run { "per run" } else { "counts all processes of the caller's uid" }
+            ),
+        ];
+        parts.extend(self.notes.iter().cloned());
+        parts.join("; ")
+    }
+
+    /// True when every confinement the policy asked for was applied.
+    pub fn is_complete(&self) -> bool {
+        self.notes.is_empty()
+    }
+}
+
+/// How the sandboxed main process ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Termination {
+    /// Normal exit with this status.
+    Exited(i32),
+    /// Killed by this signal number.
+    Signaled(i32),
+}
+
+impl Termination {
+    /// `exit status 1`, `killed by signal 9 (SIGKILL)`.
+    pub fn describe(&self) -> String {
+        match *self {
+            Termination::Exited(code) => format!("exit status {code}"),
+            Termination::Signaled(sig) => match signal_name(sig) {
+                Some(name) => format!("killed by signal {sig} ({name})"),
+                None => format!("killed by signal {sig}"),
+            },
+        }
+    }
+
+    /// True for `Exited(0)`.
+    pub fn success(&self) -> bool {
+        *self == Termination::Exited(0)
+    }
+}
+
+/// A limit that a run ran into.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum LimitHit {
+    /// The wall-clock limit expired and the group was killed.
+    WallTime,
+    /// The CPU-time rlimit killed the process (`SIGXCPU`, or `SIGKILL` at the hard limit).
+    CpuTime,
+    /// A write beyond `RLIMIT_FSIZE` raised `SIGXFSZ` and it was fatal.
+    FileSize,
+    /// stdout or stderr exceeded the output cap and was truncated.
+    Output,
+}
+
+/// Everything observed about one sandboxed run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SandboxOutcome {
+    /// How the main process ended.
+    pub termination: Termination,
+    /// The wall-clock limit expired.
+    pub timed_out: bool,
+    /// Limits the run ran into, in [`LimitHit`] order.
+    pub limits_hit: Vec<LimitHit>,
+    /// Captured stdout (lossy UTF-8), at most `max_output_bytes`.
+    pub stdout: String,
+    /// Captured stderr (lossy UTF-8), at most `max_output_bytes`.
+    pub stderr: String,
+    /// stdout was longer than the cap.
+    pub stdout_truncated: bool,
+    /// stderr was longer than the cap.
+    pub stderr_truncated: bool,
+    /// From just before the spawn until the main process ended.
+    pub wall_seconds: f64,
+    /// User + system CPU time of the main process and the children it waited for.
+    pub cpu_seconds: f64,
+    /// Peak resident set size of the main process, in bytes.
+    pub max_rss_bytes: u64,
+    /// Process id of the main process, which is also its process-group id.
+    pub pid: u32,
+    /// The private work directory (already removed when the outcome is returned).
+    pub work_dir: PathBuf,
+    /// Set when the work directory could not be removed.
+    pub cleanup_error: Option<String>,
+    /// What confinement the run really got.
+    pub isolation: Isolation,
+}
+
+/// Failures of the sandbox itself (never of the sandboxed program, which end in an outcome).
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    /// The private work directory could not be created or prepared.
+    #[error("cannot prepare the sandbox work directory: {0}")]
+    WorkDir(#[source] io::Error),
+    /// A job file name that is not a plain file name.
+    #[error("invalid sandbox file name {0:?}: must be a plain file name")]
+    InvalidFileName(String),
+    /// A job file could not be written into the work directory.
+    #[error("cannot write {name} into the sandbox work directory: {source}")]
+    WriteFile {
+        /// File name inside the work directory.
+        name: String,
+        /// The I/O error.
+        #[source]
+        source: io::Error,
+    },
+    /// A path or argument contained a NUL byte.
+    #[error("{0} contains a NUL byte")]
+    NulByte(String),
+    /// Limits that cannot be applied (zero or non-finite wall time, zero processes).
+    #[error("invalid sandbox limits: {0}")]
+    InvalidLimits(String),
+    /// The child could not be started (fork, confinement before exec, or exec failed).
+    #[error("cannot start {program}: {source}")]
+    Spawn {
+        /// The program that was to run.
+        program: String,
+        /// The error reported by the spawn.
+        #[source]
+        source: io::Error,
+    },
+    /// Waiting for or reading from the child failed.
+    #[error("lost track of the sandboxed process: {0}")]
+    Wait(#[source] io::Error),
+}
+
+/// A backend that runs a [`SandboxJob`] to completion.
+pub trait Sandbox: Send + Sync {
+    /// A short backend name for notes and reports (`process`, later `wasm`).
+    fn name(&self) -> &'static str;
+    /// Runs the job; returns an outcome whatever the program does, and an error only when the
+    /// sandbox itself fails.
+    fn run(&self, job: &SandboxJob) -> Result<SandboxOutcome, SandboxError>;
+}
+
+/// Runs jobs as confined OS processes (Linux). See the module documentation.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ProcessSandbox {
+    /// Which confinements to attempt.
+    pub policy: IsolationPolicy,
+}
+
+impl ProcessSandbox {
+    /// A sandbox with every confinement attempted.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A sandbox with the given policy.
+    pub fn with_policy(policy: IsolationPolicy) -> Self {
+        Self { policy }
+    }
+}
+
+impl Sandbox for ProcessSandbox {
+    fn name(&self) -> &'static str {
+        "process"
+    }
+
+    fn run(&self, job: &SandboxJob) -> Result<SandboxOutcome, SandboxError> {
+        run_process(self.policy, job)
+    }
+}
+
+/// Per-process counter for [`allocate_uid`].
+static RUN_COUNTER: AtomicU32 = AtomicU32::new(0);
+
+/// The uid for the next run when dropping from root (see [`SANDBOX_UID_BASE`]).
+fn allocate_uid() -> u32 {
+    let run = RUN_COUNTER.fetch_add(1, Ordering::Relaxed) % 32_768;
+    SANDBOX_UID_BASE + (std::process::id() % 65_536) * 32_768 + run
+}
+
+fn validate(job: &SandboxJob) -> Result<(), SandboxError> {
+    let limits = &job.limits;
+    if limits.wall_time.is_zero() {
+        return Err(SandboxError::InvalidLimits("wall time must be positive".into()));
+    }
+    if limits.max_processes == 0 {
+        return Err(SandboxError::InvalidLimits("at least one process must be allowed".into()));
+    }
+    if limits.cpu_seconds == 0 {
+        return Err(SandboxError::InvalidLimits("CPU time must be at least one second".into()));
+    }
+    for (name, _) in &job.files {
+        if name.is_empty() || name == "." || name == ".." || name.contains('/') || name.contains('\0') {
+            return Err(SandboxError::InvalidFileName(name.clone()));
+        }
+    }
+    Ok(())
+}
+
+fn cstring(bytes: &[u8], what: &str) -> Result<CString, SandboxError> {
+    CString::new(bytes).map_err(|_| SandboxError::NulByte(what.to_string()))
+}
+
+/// An `O_CLOEXEC` pipe: (read end, write end).
+fn cloexec_pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0 as RawFd; 2];
+    // SAFETY: `fds` is a valid array of two ints for pipe2 to fill.
+    let rc = unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: pipe2 succeeded, so both fds are open and owned by nobody else.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+fn set_nonblocking(fd: RawFd) -> io::Result<()> {
+    // SAFETY: fcntl on a descriptor we own, with integer arguments only.
+    unsafe {
+        let flags = libc::fcntl(fd, libc::F_GETFL);
+        if flags < 0 || libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) < 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// A pollable descriptor that becomes readable when `pid` exits, if the kernel has pidfds.
+fn pidfd_open(pid: libc::pid_t) -> Option<OwnedFd> {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: the syscall returned a fresh descriptor that we now own.
+    Some(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// Whether `pid` has exited, without reaping it (`waitid(WNOHANG | WNOWAIT)`).
+fn has_exited(pid: libc::pid_t) -> io::Result<bool> {
+    // SAFETY: siginfo_t is plain data; waitid fills it for our own child.
+    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    loop {
+        // SAFETY: valid pointer to `info`; `pid` is our unreaped child.
+        let rc = unsafe {
+            libc::waitid(libc::P_PID, pid as libc::id_t, &mut info, libc::WEXITED | libc::WNOHANG | libc::WNOWAIT)
+        };
+        if rc == 0 {
+            // SAFETY: after a successful waitid, si_pid is valid to read; 0 means "not yet".
+            return Ok(unsafe { info.si_pid() } != 0);
+        }
+        let err = io::Error::last_os_error();
+        if err.kind() != io::ErrorKind::Interrupted {
+            return Err(err);
+        }
+    }
+}
+
+/// Reaps `pid`, returning its wait status and resource usage.
+fn reap(pid: libc::pid_t) -> io::Result<(libc::c_int, libc::rusage)> {
+    let mut status: libc::c_int = 0;
+    // SAFETY: rusage is plain data.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    loop {
+        // SAFETY: valid pointers; `pid` is our child.
+        let rc = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+        if rc == pid {
+            return Ok((status, usage));
+        }
+        let err = io::Error::last_os_error();
+        if err.kind() != io::ErrorKind::Interrupted {
+            return Err(err);
+        }
+    }
+}
+
+/// Sends `SIGKILL` to the process group `pgid` (errors such as "no such group" are ignored).
+fn kill_group(pgid: libc::pid_t) {
+    // SAFETY: kill with a negative pid signals a process group; no memory is involved.
+    unsafe {
+        libc::kill(-pgid, libc::SIGKILL);
+    }
+}
+
+/// Kills every process owned by `uid`: a forked helper takes that uid and calls
+/// `kill(-1, SIGKILL)`, which reaches exactly the processes it may signal (same uid), never the
+/// caller (root) and never itself. Used only with a per-run uid (caller is root).
+fn kill_uid(uid: u32) {
+    // SAFETY: in the child we only make raw system calls and `_exit`, which are
+    // async-signal-safe, as required after fork in a multi-threaded process.
+    unsafe {
+        let pid = libc::fork();
+        if pid == 0 {
+            if libc::syscall(libc::SYS_setresgid, uid, uid, uid) == 0
+                && libc::syscall(libc::SYS_setresuid, uid, uid, uid) == 0
+            {
+                libc::kill(-1, libc::SIGKILL);
+            }
+            libc::_exit(0);
+        }
+        if pid > 0 {
+            let mut status = 0;
+            while libc::waitpid(pid, &mut status, 0) < 0 && *libc::__errno_location() == libc::EINTR {}
+        }
+    }
+}
+
+/// Human names of the signals a sandboxed run typically dies of.
+pub fn signal_name(sig: i32) -> Option<&'static str> {
+    Some(match sig {
+        libc::SIGHUP => "SIGHUP",
+        libc::SIGINT => "SIGINT",
+        libc::SIGQUIT => "SIGQUIT",
+        libc::SIGILL => "SIGILL",
+        libc::SIGTRAP => "SIGTRAP",
+        libc::SIGABRT => "SIGABRT",
+        libc::SIGBUS => "SIGBUS",
+        libc::SIGFPE => "SIGFPE",
+        libc::SIGKILL => "SIGKILL",
+        libc::SIGSEGV => "SIGSEGV",
+        libc::SIGPIPE => "SIGPIPE",
+        libc::SIGALRM => "SIGALRM",
+        libc::SIGTERM => "SIGTERM",
+        libc::SIGXCPU => "SIGXCPU",
+        libc::SIGXFSZ => "SIGXFSZ",
+        libc::SIGSYS => "SIGSYS",
+        _ => return None,
+    })
+}
+
+/// A capped capture of one output pipe.
+struct Capture {
+    fd: Option<File>,
+    kept: Vec<u8>,
+    cap: usize,
+    truncated: bool,
+}
+
+impl Capture {
+    fn new(fd: OwnedFd, cap: usize) -> io::Result<Self> {
+        set_nonblocking(fd.as_raw_fd())?;
+        Ok(Self { fd: Some(File::from(fd)), kept: Vec::new(), cap, truncated: false })
+    }
+
+    fn raw(&self) -> Option<RawFd> {
+        self.fd.as_ref().map(|f| f.as_raw_fd())
+    }
+
+    /// Reads what is available, at most [`DRAIN_READS_PER_WAKEUP`] buffers so a writer that
+    /// never pauses cannot keep the supervisor from its deadline; closes the capture at
+    /// end-of-file.
+    fn drain(&mut self) -> io::Result<()> {
+        let mut buf = [0u8; 16 * 1024];
+        for _ in 0..DRAIN_READS_PER_WAKEUP {
+            let Some(file) = self.fd.as_mut() else { break };
+            match file.read(&mut buf) {
+                Ok(0) => self.fd = None,
+                Ok(n) => {
+                    let room = self.cap.saturating_sub(self.kept.len());
+                    if n > room {
+                        self.truncated = true;
+                    }
+                    self.kept.extend_from_slice(&buf[..n.min(room)]);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.kept).into_owned()
+    }
+}
+
+/// Waits for readiness on the given descriptors (`None` entries are skipped) for at most
+/// `timeout`; returns which of them are readable or hung up.
+fn poll_fds(fds: &[Option<RawFd>], timeout: Duration) -> io::Result<Vec<bool>> {
+    let mut pollfds: Vec<libc::pollfd> = fds
+        .iter()
+        .map(|fd| libc::pollfd { fd: fd.unwrap_or(-1), events: libc::POLLIN, revents: 0 })
+        .collect();
+    let millis = timeout.as_millis().min(i32::MAX as u128) as libc::c_int;
+    // A sub-millisecond remainder must not become a busy loop of zero-timeout polls.
+    let millis = if millis == 0 && !timeout.is_zero() { 1 } else { millis };
+    // SAFETY: `pollfds` is a valid array; negative fds are ignored by poll.
+    let rc = unsafe { libc::poll(pollfds.as_mut_ptr(), pollfds.len() as libc::nfds_t, millis) };
+    if rc < 0 {
+        let err = io::Error::last_os_error();
+        if err.kind() == io::ErrorKind::Interrupted {
+            return Ok(vec![false; fds.len()]);
+        }
+        return Err(err);
+    }
+    Ok(pollfds.iter().map(|p| p.fd >= 0 && p.revents != 0).collect())
+}
+
+fn run_process(policy: IsolationPolicy, job: &SandboxJob) -> Result<SandboxOutcome, SandboxError> {
+    validate(job)?;
+    let limits = &job.limits;
+    // SAFETY: geteuid/getegid cannot fail.
+    let (euid, egid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    let is_root = euid == 0;
+
+    let work = tempfile::Builder::new().prefix("switchyard-tool-").tempdir().map_err(SandboxError::WorkDir)?;
+    let work_path = work.path().to_path_buf();
+    // Private whatever the umask: only the sandbox's uid (and root) may enter it.
+    std::fs::set_permissions(&work_path, std::os::unix::fs::PermissionsExt::from_mode(0o700))
+        .map_err(SandboxError::WorkDir)?;
+    for (name, contents) in &job.files {
+        std::fs::write(work_path.join(name), contents)
+            .map_err(|source| SandboxError::WriteFile { name: name.clone(), source })?;
+    }
+
+    let identity = if is_root && policy.drop_privileges {
+        let uid = allocate_uid();
+        std::os::unix::fs::chown(&work_path, Some(uid), Some(uid)).map_err(SandboxError::WorkDir)?;
+        Identity::DropTo { uid, gid: uid }
+    } else if !is_root && (policy.network || policy.read_only_root) {
+        Identity::UserNamespace {
+            uid_map: cstring(format!("{euid} {euid} 1").as_bytes(), "uid map")?,
+            gid_map: cstring(format!("{egid} {egid} 1").as_bytes(), "gid map")?,
+        }
+    } else {
+        Identity::Keep
+    };
+    let sandbox_uid = match identity {
+        Identity::DropTo { uid, .. } => Some(uid),
+        _ => None,
+    };
+
+    let (report_read, report_write) = cloexec_pipe().map_err(SandboxError::WorkDir)?;
+    let plan = ChildPlan {
+        work_dir: cstring(work_path.as_os_str().as_bytes(), "work directory path")?,
+        identity,
+        isolate_network: policy.network,
+        read_only_root: policy.read_only_root,
+        cpu_seconds: limits.cpu_seconds,
+        address_space_bytes: limits.address_space_bytes,
+        max_processes: limits.max_processes,
+        max_file_bytes: limits.max_file_bytes,
+        report_fd: report_write.as_raw_fd(),
+    };
+
+    let mut command = Command::new(&job.program);
+    command
+        .args(&job.args)
+        .env_clear()
+        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+        .env("HOME", &work_path)
+        .env("TMPDIR", &work_path)
+        .env("LANG", "C.UTF-8")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0);
+    // SAFETY: `confine_child` only makes async-signal-safe system calls on memory prepared
+    // before the fork (see its documentation).
+    unsafe {
+        command.pre_exec(move || confine::confine_child(&plan));
+    }
+
+    let started = Instant::now();
+    let mut child = command
+        .spawn()
+        .map_err(|source| SandboxError::Spawn { program: job.program.display().to_string(), source })?;
+    drop(report_write);
+    let pid = child.id() as libc::pid_t;
+
+    let report = ChildReport::read_from(File::from(report_read));
+    let isolation = confine::isolation_from(report, policy, is_root, sandbox_uid);
+
+    let captured = supervise(&mut child, pid, sandbox_uid, limits, started);
+    // Whatever happened while supervising, make sure nothing of the run survives.
+    kill_group(pid);
+    if let Some(uid) = sandbox_uid {
+        kill_uid(uid);
+    }
+    let reaped = reap(pid);
+    let (stdout, stderr, timed_out, wall_seconds, mut notes) = captured.map_err(SandboxError::Wait)?;
+    let (status, usage) = reaped.map_err(SandboxError::Wait)?;
+
+    let termination = if libc::WIFSIGNALED(status) {
+        Termination::Signaled(libc::WTERMSIG(status))
+    } else {
+        Termination::Exited(libc::WEXITSTATUS(status))
+    };
+    let cpu_seconds = timeval_seconds(usage.ru_utime) + timeval_seconds(usage.ru_stime);
+    let mut limits_hit = Vec::new();
+    if timed_out {
+        limits_hit.push(LimitHit::WallTime);
+    }
+    let cpu_killed = match termination {
+        Termination::Signaled(libc::SIGXCPU) => true,
+        Termination::Signaled(libc::SIGKILL) => !timed_out && cpu_seconds + 0.05 >= limits.cpu_seconds as f64,
+        _ => false,
+    };
+    if cpu_killed {
+        limits_hit.push(LimitHit::CpuTime);
+    }
+    if termination == Termination::Signaled(libc::SIGXFSZ) {
+        limits_hit.push(LimitHit::FileSize);
+    }
+    if stdout.truncated || stderr.truncated {
+        limits_hit.push(LimitHit::Output);
+    }
+
+    let cleanup_error = work.close().err().map(|e| e.to_string());
+    let mut isolation = isolation;
+    isolation.notes.append(&mut notes);
+    Ok(SandboxOutcome {
+        termination,
+        timed_out,
+        limits_hit,
+        stdout: stdout.text(),
+        stderr: stderr.text(),
+        stdout_truncated: stdout.truncated,
+        stderr_truncated: stderr.truncated,
+        wall_seconds,
+        cpu_seconds,
+        // ru_maxrss is in KiB on Linux.
+        max_rss_bytes: (usage.ru_maxrss.max(0) as u64) * 1024,
+        pid: pid as u32,
+        work_dir: work_path,
+        cleanup_error,
+        isolation,
+    })
+}
+
+fn timeval_seconds(tv: libc::timeval) -> f64 {
+    tv.tv_sec as f64 + tv.tv_usec as f64 / 1e6
+}
+
+type Supervised = (Capture, Capture, bool, f64, Vec<String>);
+
+/// Captures output until the main process exits (or the wall limit kills it) and every pipe
+/// is closed. Kills the group (and uid) at the limit and again as soon as the main process has
+/// exited, while it is still an unreaped zombie.
+fn supervise(
+    child: &mut std::process::Child,
+    pid: libc::pid_t,
+    sandbox_uid: Option<u32>,
+    limits: &SandboxLimits,
+    started: Instant,
+) -> io::Result<Supervised> {
+    let deadline = started + limits.wall_time;
+    let missing = || io::Error::other("child pipe missing");
+    let mut out = Capture::new(child.stdout.take().ok_or_else(missing)?.into(), limits.max_output_bytes)?;
+    let mut err = Capture::new(child.stderr.take().ok_or_else(missing)?.into(), limits.max_output_bytes)?;
+    let pidfd = pidfd_open(pid);
+    let mut timed_out = false;
+    let mut exited_at: Option<Instant> = None;
+    let mut notes = Vec::new();
+
+    loop {
+        if exited_at.is_none() && has_exited(pid)? {
+            let now = Instant::now();
+            exited_at = Some(now);
+            kill_group(pid);
+            if let Some(uid) = sandbox_uid {
+                kill_uid(uid);
+            }
+        }
+        let now = Instant::now();
+        if exited_at.is_none() && !timed_out && now >= deadline {
+            timed_out = true;
+            kill_group(pid);
+            if let Some(uid) = sandbox_uid {
+                kill_uid(uid);
+            }
+        }
+        if let Some(exit) = exited_at {
+            if out.fd.is_none() && err.fd.is_none() {
+                break;
+            }
+            if now >= exit + PIPE_GRACE {
+                notes.push(
+                    "an escaped process still held the output pipes open when the run ended".to_string(),
+                );
+                break;
+            }
+        }
+        let wait = match exited_at {
+            Some(exit) => (exit + PIPE_GRACE).saturating_duration_since(now),
+            None if timed_out => EXIT_POLL_INTERVAL,
+            None => deadline.saturating_duration_since(now),
+        };
+        let wait = if pidfd.is_none() && exited_at.is_none() { wait.min(EXIT_POLL_INTERVAL) } else { wait };
+        let exit_fd = if exited_at.is_none() { pidfd.as_ref().map(|fd| fd.as_raw_fd()) } else { None };
+        let ready = poll_fds(&[out.raw(), err.raw(), exit_fd], wait)?;
+        if ready[0] {
+            out.drain()?;
+        }
+        if ready[1] {
+            err.drain()?;
+        }
+    }
+    let end = exited_at.unwrap_or_else(Instant::now);
+    let wall_seconds = end.duration_since(started).as_secs_f64();
+    Ok((out, err, timed_out, wall_seconds, notes))
+}

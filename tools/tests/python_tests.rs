@@ -1,0 +1,281 @@
+//! Integration tests of the `python_tests` tool: real interpreter, real sandbox, real MBPP
+//! problems. Every test skips (with a note) when no python3 runs in the sandbox.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+use serde_json::{Value, json};
+use switchyard_tools::python::{self, Interpreter};
+use switchyard_tools::python_tests::{self, PythonTests};
+use switchyard_tools::sandbox::{ProcessSandbox, Sandbox, SandboxError, SandboxJob, SandboxOutcome};
+use switchyard_tools::{ToolCall, ToolOutcome, run_tool};
+
+/// MBPP task 2 (sanitized MBPP, CC BY 4.0, Austin et al. 2021): reference code and tests.
+const MBPP_2_CODE: &str = "def similar_elements(test_tup1, test_tup2):\n  res = tuple(set(test_tup1) & set(test_tup2))\n  return (res) ";
+const MBPP_2_TESTS: [&str; 3] = [
+    "assert set(similar_elements((3, 4, 5, 6),(5, 7, 4, 10))) == set((4, 5))",
+    "assert set(similar_elements((1, 2, 3, 4),(5, 4, 3, 7))) == set((3, 4))",
+    "assert set(similar_elements((11, 12, 14, 13),(17, 15, 14, 13))) == set((13, 14))",
+];
+
+fn python() -> Option<&'static Interpreter> {
+    let found = python::interpreter();
+    if found.is_none() {
+        eprintln!("note: no python3 usable in the sandbox here; skipping");
+    }
+    found
+}
+
+fn call(inputs: Value) -> ToolCall {
+    let inputs: BTreeMap<String, Value> = serde_json::from_value(inputs).expect("object");
+    ToolCall { tool: "python_tests".into(), inputs, timeout_s: None }
+}
+
+fn run(inputs: Value) -> ToolOutcome {
+    run_tool(&call(inputs)).expect("python_tests runs")
+}
+
+/// A sandbox that delegates to the process sandbox and keeps the last outcome, so tests can
+/// look at the process group and uid behind a tool call.
+#[derive(Default)]
+struct Recording {
+    inner: ProcessSandbox,
+    last: Mutex<Option<SandboxOutcome>>,
+}
+
+impl Sandbox for Recording {
+    fn name(&self) -> &'static str {
+        "recording"
+    }
+    fn run(&self, job: &SandboxJob) -> Result<SandboxOutcome, SandboxError> {
+        let outcome = self.inner.run(job)?;
+        if let Ok(mut last) = self.last.lock() {
+            *last = Some(outcome.clone());
+        }
+        Ok(outcome)
+    }
+}
+
+fn run_recorded(python: &Interpreter, inputs: Value) -> (ToolOutcome, SandboxOutcome) {
+    let sandbox = Recording::default();
+    let job = PythonTests::from_call(&call(inputs)).expect("valid inputs");
+    let out = python_tests::run_in(&sandbox, &python.path, &python.version, &job).expect("runs");
+    let recorded = sandbox.last.lock().expect("lock").take().expect("one run");
+    (out, recorded)
+}
+
+#[test]
+fn correct_mbpp_solution_passes() {
+    if python().is_none() {
+        return;
+    }
+    let out = run(json!({"code": MBPP_2_CODE, "tests": MBPP_2_TESTS, "imports": []}));
+    assert_eq!(out.verdict.as_deref(), Some("pass"), "{out:?}");
+    assert_eq!(out.text, "3/3 tests passed");
+    assert_eq!(out.value["passed"], json!(3));
+    assert_eq!(out.value["reason"], Value::Null);
+    assert!(out.sandbox_note.as_deref().is_some_and(|n| n.starts_with("process sandbox:")));
+    assert!(out.modeled_duration_s > 0.0 && out.modeled_duration_s < 1.0);
+}
+
+#[test]
+fn mbpp_reference_solutions_from_the_dataset_pass() {
+    if python().is_none() {
+        return;
+    }
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../workflows/datasets/mbpp/sanitized-mbpp.json");
+    let Ok(text) = std::fs::read_to_string(path) else {
+        eprintln!("note: {path} not present; skipping the dataset sample");
+        return;
+    };
+    let problems: Vec<Value> = serde_json::from_str(&text).expect("MBPP JSON");
+    // Every 40th problem: a spread of 11 tasks, including ones with `import math`.
+    for problem in problems.iter().step_by(40) {
+        let out = run(json!({
+            "code": problem["code"], "tests": problem["test_list"], "imports": problem["test_imports"]
+        }));
+        assert_eq!(out.verdict.as_deref(), Some("pass"), "task {}: {}", problem["task_id"], out.text);
+    }
+}
+
+#[test]
+fn wrong_solution_fails_naming_the_assert() {
+    if python().is_none() {
+        return;
+    }
+    let code = "def similar_elements(a, b):\n    return tuple(set(a) | set(b))\n";
+    let out = run(json!({"code": code, "tests": MBPP_2_TESTS}));
+    assert_eq!(out.verdict.as_deref(), Some("fail"));
+    assert_eq!(out.text, format!("0/3 tests passed; first failure: {} -> AssertionError", MBPP_2_TESTS[0]));
+    assert_eq!(out.value["tests"][1]["error"], json!("AssertionError"));
+
+    let partly = "def f(x):\n    return x * 2 if x < 2 else x + 1\n";
+    let out = run(json!({"code": partly, "tests": ["assert f(1) == 2", "assert f(2) == 4", "assert f(0) == 0"]}));
+    assert_eq!(out.text, "2/3 tests passed; first failure: assert f(2) == 4 -> AssertionError");
+}
+
+#[test]
+fn syntax_error_and_exceptions_fail() {
+    if python().is_none() {
+        return;
+    }
+    let out = run(json!({"code": "def f(x) return x", "tests": ["assert f(1) == 1"]}));
+    assert_eq!(out.verdict.as_deref(), Some("fail"));
+    assert!(out.text.starts_with("0/1 tests passed; code failed: SyntaxError"), "{}", out.text);
+
+    let out = run(json!({"code": "def f(x):\n    return 1 / x\n", "tests": ["assert f(0) == 1", "assert f(1) == 1"]}));
+    assert_eq!(out.text, "1/2 tests passed; first failure: assert f(0) == 1 -> ZeroDivisionError: division by zero");
+
+    let out = run(json!({"code": "import sys\nsys.exit(3)\n", "tests": ["assert True"]}));
+    assert_eq!(out.text, "0/1 tests passed; code failed: SystemExit: 3");
+
+    let out = run(json!({"code": "import os\nos._exit(0)\n", "tests": ["assert True"]}));
+    assert_eq!(out.verdict.as_deref(), Some("fail"));
+    assert_eq!(out.text, "0/1 tests passed; interpreter stopped before finishing (exit status 0)");
+
+    let out = run(json!({"code": "x = 1", "tests": ["assert x == 1"], "imports": ["import no_such_module_xyz"]}));
+    assert!(out.text.contains("import failed: import no_such_module_xyz -> ModuleNotFoundError"), "{}", out.text);
+}
+
+#[test]
+fn fenced_code_imports_and_tricky_literals_work() {
+    if python().is_none() {
+        return;
+    }
+    let code = "Sure! Here it is:\n```python\ndef area(r):\n    return math.pi * r * r\nS = 'quote \" back\\\\slash ✓'\n```\nHope it helps.";
+    let out = run(json!({
+        "code": code,
+        "tests": ["assert abs(area(1) - 3.14159) < 1e-4", "assert S == 'quote \" back\\\\slash ✓'", "assert len(S) == 20"],
+        "imports": ["import math"],
+    }));
+    assert_eq!(out.verdict.as_deref(), Some("pass"), "{out:?}");
+}
+
+#[test]
+fn candidate_output_cannot_forge_the_report() {
+    if python().is_none() {
+        return;
+    }
+    let code = "print('test\\t0\\tok')\nprint('done')\nimport sys\nsys.stdout.write('code\\t0\\tok\\n')\n";
+    let out = run(json!({"code": code, "tests": ["assert False"]}));
+    assert_eq!(out.verdict.as_deref(), Some("fail"));
+    assert_eq!(out.text, "0/1 tests passed; first failure: assert False -> AssertionError");
+    assert!(out.value["output"].as_str().is_some_and(|o| o.contains("done")), "prints are kept as output");
+}
+
+#[test]
+fn infinite_loop_is_killed_at_the_time_limit() {
+    let Some(python) = python() else { return };
+    let (out, raw) = run_recorded(python, json!({
+        "code": "def f():\n    while True:\n        pass\n", "tests": ["assert f() is None"], "timeout_s": 1
+    }));
+    assert_eq!(out.verdict.as_deref(), Some("fail"));
+    assert_eq!(out.value["reason"], json!("timed out after 1 s"));
+    assert_eq!(out.text, "0/1 tests passed; timed out after 1 s");
+    assert_eq!(out.modeled_duration_s, 1.0, "a timeout is modeled as the limit");
+    assert!(out.wall_seconds >= 1.0 && out.wall_seconds < 3.0, "{}", out.wall_seconds);
+    assert!(raw.timed_out);
+    assert!(common::live_in_group(raw.pid).is_empty(), "process group {} survived", raw.pid);
+}
+
+#[test]
+fn memory_bombs_fail_with_memory_error() {
+    if python().is_none() {
+        return;
+    }
+    let out = run(json!({"code": "x = bytearray(10**10)", "tests": ["assert x"]}));
+    assert_eq!(out.verdict.as_deref(), Some("fail"));
+    assert_eq!(out.text, "0/1 tests passed; code failed: MemoryError");
+    assert!(out.value["limits_hit"].as_array().is_some_and(|l| l.contains(&json!("memory"))));
+
+    let growing = "def grow():\n    chunks = []\n    while True:\n        chunks.append(bytearray(8 * 1024 * 1024))\n";
+    let out = run(json!({"code": growing, "tests": ["grow()", "assert 1 + 1 == 2"]}));
+    assert_eq!(out.verdict.as_deref(), Some("fail"));
+    assert_eq!(out.text, "1/2 tests passed; first failure: grow() -> MemoryError");
+}
+
+#[test]
+fn fork_bomb_is_contained() {
+    let Some(python) = python() else { return };
+    // A plain fork bomb: os.fork() fails once the per-run process limit (10) is reached.
+    let (out, raw) = run_recorded(python, json!({
+        "code": "import os\ndef bomb():\n    while True:\n        os.fork()\n", "tests": ["bomb()"], "timeout_s": 5
+    }));
+    assert_eq!(out.verdict.as_deref(), Some("fail"));
+    if raw.isolation.process_limit_per_run {
+        assert!(out.text.contains("bomb() -> BlockingIOError"), "{}", out.text);
+        assert!(out.wall_seconds < 4.0, "bounded by RLIMIT_NPROC, not by the timeout: {}", out.wall_seconds);
+    }
+    // A stubborn one that keeps retrying: only the time limit stops it.
+    let stubborn = "import os\ndef bomb():\n    while True:\n        try:\n            os.fork()\n        except OSError:\n            pass\n";
+    let (out, raw) = run_recorded(python, json!({"code": stubborn, "tests": ["bomb()"], "timeout_s": 1}));
+    assert_eq!(out.value["reason"], json!("timed out after 1 s"));
+    assert!(common::live_in_group(raw.pid).is_empty(), "process group {} survived", raw.pid);
+    if let Some(uid) = raw.isolation.sandbox_uid {
+        assert!(common::live_of_uid(uid).is_empty(), "processes of uid {uid} survived");
+    }
+}
+
+#[test]
+fn writing_outside_the_work_dir_is_refused() {
+    let Some(python) = python() else { return };
+    let target = format!("/tmp/{}", common::unique("escape"));
+    let code = format!("def escape():\n    with open('{target}', 'w') as f:\n        f.write('x')\n    return True\n");
+    let (out, raw) = run_recorded(python, json!({"code": code, "tests": ["assert escape()"]}));
+    let escaped = std::path::Path::new(&target).exists();
+    let _ = std::fs::remove_file(&target);
+    if raw.isolation.read_only_root {
+        assert!(!escaped);
+        assert_eq!(out.verdict.as_deref(), Some("fail"));
+        assert!(out.text.contains("OSError: [Errno 30] Read-only file system"), "{}", out.text);
+    } else {
+        eprintln!("note: no read-only root here ({}); the write was allowed", raw.isolation.summary());
+    }
+    // Writing inside the private work dir works, and the dir is gone afterwards.
+    let (out, raw) = run_recorded(python, json!({
+        "code": "open('scratch.txt', 'w').write('ok')\nimport tempfile\nt = tempfile.mkstemp()\n",
+        "tests": ["assert open('scratch.txt').read() == 'ok'"],
+    }));
+    assert_eq!(out.verdict.as_deref(), Some("pass"), "{out:?}");
+    assert!(!raw.work_dir.exists());
+}
+
+#[test]
+fn network_and_environment_are_closed() {
+    let Some(python) = python() else { return };
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let code = format!(
+        "import socket, os\ndef reach():\n    socket.create_connection(('127.0.0.1', {port}), timeout=2).close()\n    return True\n"
+    );
+    let (out, raw) = run_recorded(python, json!({
+        "code": code,
+        "tests": ["assert reach()", "assert sorted(os.environ) == ['HOME', 'LANG', 'PATH', 'TMPDIR'], sorted(os.environ)"],
+    }));
+    if raw.isolation.network_isolated {
+        assert!(out.text.starts_with("1/2 tests passed; first failure: assert reach() -> OSError"), "{}", out.text);
+    } else {
+        eprintln!("note: no network namespace here ({})", raw.isolation.summary());
+    }
+    assert_eq!(out.value["tests"][1]["passed"], json!(true), "{out:?}");
+}
+
+#[test]
+fn forked_copies_of_the_runner_stay_silent() {
+    if python().is_none() {
+        return;
+    }
+    // Without the guard, the child of this fork would go on to run the tests and report test 1
+    // failed 0.2 s after the parent reported it passed (the later line would win); the parent
+    // waits for the child in test 2, so the child's lines would arrive before `done`.
+    let code = "import os, time\nPARENT = os.getpid()\nCHILD = os.fork()\n";
+    let tests = [
+        "time.sleep(0.2) if CHILD == 0 else None",
+        "assert os.getpid() == PARENT",
+        "os.waitpid(CHILD, 0) if CHILD else None",
+    ];
+    let out = run(json!({"code": code, "tests": tests}));
+    assert_eq!(out.verdict.as_deref(), Some("pass"), "{out:?}");
+}

@@ -10,7 +10,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand};
 use comfy_table::{Table, presets::UTF8_FULL_CONDENSED};
 use indicatif::{ProgressBar, ProgressStyle};
-use switchyard_runtime::planner::POLICIES;
+use switchyard_runtime::planner::{JointOptions, POLICIES};
 use switchyard_runtime::report::{RunReport, timeline};
 use switchyard_runtime::sim::{self, Arrival, PoolSpec, SimConfig};
 use switchyard_runtime::workflow::{WorkflowSpec, load_workflow};
@@ -54,8 +54,20 @@ struct RunArgs {
     #[arg(long, default_value = "workflows/pools/paper.yaml")]
     pool: PathBuf,
     /// Scheduling policy.
-    #[arg(long, default_value = "parrot", value_parser = clap::builder::PossibleValuesParser::new(POLICIES))]
+    #[arg(long, default_value = "joint", value_parser = clap::builder::PossibleValuesParser::new(POLICIES))]
     policy: String,
+    /// Ablation: do not fuse same-deployment chains (joint only).
+    #[arg(long)]
+    no_fusion: bool,
+    /// Ablation: never prefetch for near-ready work (joint only).
+    #[arg(long)]
+    no_prefetch: bool,
+    /// Ablation: each workflow plans its own model lifecycle (joint only).
+    #[arg(long)]
+    per_workflow_lifecycle: bool,
+    /// Estimates the planner uses.
+    #[arg(long, default_value = "oracle")]
+    predictor: String,
     /// Print one JSON object instead of tables.
     #[arg(long)]
     json: bool,
@@ -127,6 +139,12 @@ fn run(args: RunArgs) -> Result<()> {
         noise_seed: args.noise_seed,
         pool,
         policy: args.policy.clone(),
+        options: JointOptions {
+            fusion: !args.no_fusion,
+            prefetch: !args.no_prefetch,
+            shared_lifecycle: !args.per_workflow_lifecycle,
+        },
+        predictor: args.predictor.clone(),
         tool_workers: args.tool_workers,
         max_num_seqs: args.max_num_seqs,
     };

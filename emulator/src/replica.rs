@@ -126,6 +126,8 @@ pub struct Telemetry {
     pub prefix_cache_queries: u64,
     /// `vllm:prefix_cache_hits` (tokens found cached).
     pub prefix_cache_hits: u64,
+    /// Cached prefix blocks evicted to make room (LRU).
+    pub kv_evictions: u64,
     /// `vllm:num_preemptions_total`.
     pub preemptions: u64,
     /// Sum of iteration times, seconds.
@@ -621,6 +623,7 @@ impl EmulatedReplica {
             kv_blocks_total: total,
             prefix_cache_queries: c.queries,
             prefix_cache_hits: c.hits,
+            kv_evictions: self.pool.evictions(),
             preemptions: c.preemptions,
             busy_seconds: c.busy,
             iterations: c.iterations,

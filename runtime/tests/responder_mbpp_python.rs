@@ -82,10 +82,10 @@ fn tasks() -> Vec<Task> {
     .collect()
 }
 
-/// Distinct wrong programs `mbpp.generate` writes for `record` over `seeds` (Qwen3-0.6B, the
-/// model that errs most), with the mutation operator of each.
-fn mutants(record: &Record, seeds: std::ops::Range<u64>) -> BTreeMap<String, String> {
-    let mut out = BTreeMap::new();
+/// The wrong programs `mbpp.generate` writes for `record` over `seeds` (Qwen3-0.6B, the model
+/// that errs most), one per wrong draw, with the mutation operator of each.
+fn mutants(record: &Record, seeds: std::ops::Range<u64>) -> Vec<(String, String)> {
+    let mut out = Vec::new();
     for seed in seeds {
         let req = ResponderRequest {
             responder: "mbpp.generate",
@@ -101,7 +101,7 @@ fn mutants(record: &Record, seeds: std::ops::Range<u64>) -> BTreeMap<String, Str
         let out_node = respond(&req).unwrap_or_else(|e| panic!("respond: {e}"));
         if out_node.value["intended_correct"] == json!(false) {
             let op = out_node.value["mutation"].as_str().unwrap_or("?").to_string();
-            out.insert(extract_code(&out_node.text), op);
+            out.push((extract_code(&out_node.text), op));
         }
     }
     out
@@ -116,24 +116,30 @@ fn references_pass_and_mutants_fail_their_asserts() {
     let limit = Duration::from_secs(5);
     let mut total = 0;
     let mut killed = 0;
-    let mut survivors = Vec::new();
+    let mut survivors = BTreeMap::new();
     for t in tasks() {
         assert!(passes(&t.code, &t.imports, &t.tests, limit), "reference of {:?} fails", t.record.get("task_id"));
         let ms = mutants(&t.record, 0..60);
         assert!(!ms.is_empty(), "no mutant for {:?}", t.record.get("task_id"));
+        let mut verdicts: BTreeMap<String, bool> = BTreeMap::new();
         for (code, op) in &ms {
             assert_ne!(code.trim(), t.code.trim());
+            let passed = *verdicts.entry(code.clone()).or_insert_with(|| passes(code, &t.imports, &t.tests, limit));
             total += 1;
-            if passes(code, &t.imports, &t.tests, limit) {
-                survivors.push(format!("task {:?} [{op}]:\n{code}", t.record.get("task_id")));
+            if passed {
+                survivors.insert(code.clone(), format!("task {:?} [{op}]", t.record.get("task_id")));
             } else {
                 killed += 1;
             }
         }
     }
+    // Per wrong draw, not per distinct program: this is the chance that a "wrong" generation
+    // really fails. A few mutants survive MBPP's weak asserts (as EvalPlus showed real wrong
+    // programs do), so the bar is high but not 1.
     let rate = killed as f64 / total as f64;
-    eprintln!("{killed}/{total} distinct mutants fail their tests ({rate:.3})");
-    assert!(rate >= 0.9, "only {killed}/{total} mutants fail; survivors:\n{}", survivors.join("\n---\n"));
+    eprintln!("{killed}/{total} wrong draws fail their tests ({rate:.3})");
+    let list: Vec<String> = survivors.iter().map(|(c, t)| format!("{t}:\n{c}")).collect();
+    assert!(rate >= 0.85, "only {killed}/{total} wrong draws fail; survivors:\n{}", list.join("\n---\n"));
 }
 
 /// Whole-dataset measurement (slow: one interpreter per mutant). Run with
@@ -158,10 +164,12 @@ fn measure_mutant_kill_rate_on_the_dataset() {
         if ms.is_empty() {
             no_mutant += 1;
         }
+        let mut verdicts: BTreeMap<String, bool> = BTreeMap::new();
         for (code, op) in ms {
+            let passed = *verdicts.entry(code.clone()).or_insert_with(|| passes(&code, &t.imports, &t.tests, limit));
             let e = per_op.entry(op).or_insert((0, 0));
             e.1 += 1;
-            if !passes(&code, &t.imports, &t.tests, limit) {
+            if !passed {
                 e.0 += 1;
             }
         }

@@ -399,3 +399,28 @@ fn fixtures_report_file_line_column_and_field() {
         assert!(e.to_string().contains(message), "{e}");
     }
 }
+
+#[test]
+fn every_tool_has_its_inputs_declared() {
+    use switchyard_runtime::workflow::{RESPONDERS, TOOL_INPUTS, TOOLS};
+    for t in TOOLS {
+        assert!(
+            TOOL_INPUTS
+                .iter()
+                .any(|(name, required, _)| name == t && !required.is_empty()),
+            "{t}"
+        );
+    }
+    assert_eq!(TOOL_INPUTS.len(), TOOLS.len());
+    assert_eq!(RESPONDERS.len(), 8);
+}
+
+#[test]
+fn missing_fields_point_at_their_mapping() {
+    let e = err(&BASE.replace("    responder: gsm8k.solve\n", ""));
+    assert_at(&e, ErrorKind::MissingField, 5, 5, "nodes.a.responder");
+    let e = err(&BASE.replace("    tool: python_tests\n", ""));
+    assert_at(&e, ErrorKind::MissingField, 10, 5, "nodes.b");
+    let e = err(&BASE.replace("name: t\n", ""));
+    assert_at(&e, ErrorKind::MissingField, 1, 1, "name");
+}

@@ -38,7 +38,7 @@ use crate::request::{ForwardPass, Request};
 use crate::spec::DeviceSpec;
 
 /// Features of one operator instance on one device.
-pub const OP_FEATURES: usize = 7;
+pub const OP_FEATURES: usize = 6;
 
 fn log2(x: f64) -> f64 {
     x.max(1e-30).log2()
@@ -60,7 +60,6 @@ pub fn op_features(cost: &OpCost, device: &DeviceSpec) -> [f64; OP_FEATURES] {
         log2(cost.k),
         log2(cost.n),
         log2(tc.max(1e-15) / tm.max(1e-15)),
-        log2(roofline(cost, device)),
         log2(device.dense_fp16_flops),
         log2(device.memory_bandwidth),
     ]

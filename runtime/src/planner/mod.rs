@@ -10,10 +10,14 @@
 //! simulator shell, on the emulator crate, or on the tools crate: both shells (the simulator
 //! and the live runtime) drive this same core.
 
+pub mod estimates;
 pub mod fusion;
+mod joint;
 mod parrot;
 mod state;
 
+pub use estimates::Estimates;
+pub use joint::{Joint, JointOptions};
 pub use parrot::Parrot;
 pub use state::{
     DeploymentInfo, DeviceInfo, NearReadyItem, PlanError, PlannerState, ReplicaPhase, ReplicaView,
@@ -80,12 +84,18 @@ pub trait Policy: Send {
 }
 
 /// The names accepted by [`policy_by_name`].
-pub const POLICIES: &[&str] = &["parrot"];
+pub const POLICIES: &[&str] = &["joint", "parrot"];
 
-/// Build a policy from its CLI name.
-pub fn policy_by_name(name: &str) -> Result<Box<dyn Policy>, PlanError> {
+/// Build a policy from its CLI name. `options` switch the joint policy's mechanisms (the
+/// ablations); `estimates` is the Predictor the policy plans with (baselines ignore both).
+pub fn policy_by_name(
+    name: &str,
+    options: JointOptions,
+    estimates: Box<dyn Estimates>,
+) -> Result<Box<dyn Policy>, PlanError> {
     match name {
-        "parrot" => Ok(Box::new(Parrot::default())),
+        "joint" => Ok(Box::new(Joint::new(options, estimates))),
+        "parrot" => Ok(Box::new(Parrot)),
         other => Err(PlanError::UnknownPolicy(other.to_string(), POLICIES.join(", "))),
     }
 }

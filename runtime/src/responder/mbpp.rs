@@ -305,21 +305,31 @@ pub(crate) fn review(
     let failure = fb.failure.clone().unwrap_or_else(|| "the tests fail".to_string());
     let code = fb.code.clone().unwrap_or_default();
     let truth = faulty_line(&code, reference).map(|(l, _)| l);
-    let localized = rng.random_bool(p.clamp(0.0, 1.0)) && truth.is_some();
-    let (cited, head) = match (&fb.cited, localized) {
-        (Some(d), true) if Some(d) == truth.as_ref() => {
-            (Some(d.clone()), format!("I agree with the diagnosis: `{d}` is where the program goes wrong."))
+    let (cited, localized, head) = match &fb.cited {
+        // With a diagnosis to check: a reviewer that localises the bug confirms or corrects it.
+        Some(d) => {
+            let localized = rng.random_bool(p.clamp(0.0, 1.0)) && truth.is_some();
+            match (localized, &truth) {
+                (true, Some(t)) if t == d => {
+                    (Some(d.clone()), true, format!("I agree with the diagnosis: `{d}` is where the program goes wrong."))
+                }
+                (true, Some(t)) => (
+                    Some(t.clone()),
+                    true,
+                    format!("I disagree with the diagnosis: `{d}` is fine; the real problem is `{t}`."),
+                ),
+                _ => (Some(d.clone()), false, format!("The diagnosis is plausible: `{d}` should be changed.")),
+            }
         }
-        (Some(d), true) => {
-            let t = truth.clone().unwrap_or_default();
-            (Some(t.clone()), format!("I disagree with the diagnosis: `{d}` is fine; the real problem is `{t}`."))
+        // Without one, the review is a diagnosis of its own.
+        None => {
+            let (cited, localized, _) = cite(&code, reference, p, rng);
+            let head = match &cited {
+                Some(line) => format!("Reviewing the code, the line to change is `{line}`."),
+                None => "The code reads correctly; the failure may depend on an edge case of the input.".to_string(),
+            };
+            (cited, localized, head)
         }
-        (None, true) => {
-            let t = truth.clone().unwrap_or_default();
-            (Some(t.clone()), format!("The problem is `{t}`."))
-        }
-        (Some(d), false) => (Some(d.clone()), format!("The diagnosis is plausible: `{d}` should be changed.")),
-        (None, false) => (None, "The diagnosis does not name a line; the whole function should be re-checked.".to_string()),
     };
     let head = format!("{head}\nFailing test: {failure}");
     let lines = analysis_lines(&code, &failure);

@@ -45,12 +45,14 @@ use crate::tokens;
 pub const MIN_WORDS: usize = 4;
 
 /// Weights of the ranking terms: query overlap (per √words), centrality, lead bias, carry-over
-/// of a previous summary. Chosen by hand so that query overlap dominates, centrality decides
+/// of a previous summary, speaker named in the query. Chosen by hand so that query overlap dominates, centrality decides
 /// general queries, and position only breaks near-ties.
 const W_QUERY: f64 = 1.0;
 const W_CENTRALITY: f64 = 0.5;
 const W_POSITION: f64 = 0.1;
 const W_CARRY: f64 = 0.5;
+/// Bonus for a sentence spoken by someone the query names ("What did Barry Hughes think …").
+const W_SPEAKER: f64 = 0.3;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Section {
@@ -133,24 +135,62 @@ fn clean(sentence: &str) -> String {
 }
 
 struct Candidate {
+    /// The speaker of the turn the sentence comes from, when the line had a `speaker:` prefix.
+    speaker: Option<String>,
+    /// The sentence, markup removed, without the speaker prefix.
     text: String,
     words: BTreeSet<String>,
     carry: bool,
 }
 
+impl Candidate {
+    /// The sentence as emitted, with its speaker when it has one.
+    fn attributed(&self) -> String {
+        match &self.speaker {
+            Some(sp) => format!("{sp}: {}", self.text),
+            None => self.text.clone(),
+        }
+    }
+}
+
+/// Split a transcript line `speaker: content` into its speaker and content. A speaker is at
+/// most [`MAX_SPEAKER_WORDS`] words before the first colon (`Barry Hughes`, `Professor E`).
+fn speaker_turn(line: &str) -> (Option<&str>, &str) {
+    if let Some(colon) = line.find(':') {
+        let who = line[..colon].trim();
+        let words = who.split_whitespace().count();
+        if words >= 1 && words <= MAX_SPEAKER_WORDS && !who.contains(['.', '?', '!', '"']) {
+            return (Some(who), &line[colon + 1..]);
+        }
+    }
+    (None, line)
+}
+
+/// Longest speaker label recognised in a transcript line, in words.
+const MAX_SPEAKER_WORDS: usize = 5;
+
 fn candidates(sources: &[(Section, String)]) -> Vec<Candidate> {
     let mut out = Vec::new();
     for (section, body) in sources {
-        for raw in split_sentences(body) {
-            let text = clean(&raw);
-            if text.split_whitespace().count() < MIN_WORDS {
-                continue;
+        for line in body.lines() {
+            let (speaker, content) =
+                if *section == Section::Transcript { speaker_turn(line) } else { (None, line) };
+            for raw in split_sentences(content) {
+                let text = clean(&raw);
+                if text.split_whitespace().count() < MIN_WORDS {
+                    continue;
+                }
+                let words = content_words(&text);
+                if words.is_empty() {
+                    continue;
+                }
+                out.push(Candidate {
+                    speaker: speaker.map(String::from),
+                    text,
+                    words,
+                    carry: *section == Section::Previous,
+                });
             }
-            let words = content_words(&text);
-            if words.is_empty() {
-                continue;
-            }
-            out.push(Candidate { text, words, carry: *section == Section::Previous });
         }
     }
     out
@@ -175,7 +215,12 @@ fn scores(cands: &[Candidate], query: &BTreeSet<String>) -> Vec<f64> {
             let centrality =
                 c.words.iter().map(|w| f64::from(tf.get(w.as_str()).copied().unwrap_or(0))).sum::<f64>() / (len * max_tf);
             let position = 1.0 - i as f64 / n;
-            W_QUERY * overlap / len.sqrt() + W_CENTRALITY * centrality + W_POSITION * position + if c.carry { W_CARRY } else { 0.0 }
+            let by_named_speaker = c.speaker.as_deref().is_some_and(|sp| !content_words(sp).is_disjoint(query));
+            W_QUERY * overlap / len.sqrt()
+                + W_CENTRALITY * centrality
+                + W_POSITION * position
+                + if c.carry { W_CARRY } else { 0.0 }
+                + if by_named_speaker { W_SPEAKER } else { 0.0 }
         })
         .collect()
 }
@@ -194,7 +239,7 @@ fn extract(sources: &[(Section, String)], query: &str, target: usize) -> (String
         if target.saturating_sub(used) < 3 {
             break;
         }
-        let n = tokens::count(&cands[i].text) + 1;
+        let n = tokens::count(&cands[i].attributed()) + 1;
         if used + n <= target {
             chosen.push(i);
             used += n;
@@ -220,12 +265,16 @@ fn extract(sources: &[(Section, String)], query: &str, target: usize) -> (String
         format!(" The participants returned several times to {topic}."),
         " No decision beyond the points above was recorded.".to_string(),
     ];
+    let mut last_speaker: Option<&str> = None;
     let text = fit("", "", target, &mut |i| {
         let sep = if i == 0 { "" } else { " " };
-        if let Some(&c) = chosen.get(i) {
-            format!("{sep}{}", cands[c].text)
-        } else if let Some(&c) = rest.get(i - chosen.len()) {
-            format!("{sep}{}", cands[c].text)
+        let next = chosen.get(i).or_else(|| rest.get(i - chosen.len()));
+        if let Some(&c) = next {
+            // Name the speaker when it changes.
+            let speaker = cands[c].speaker.as_deref();
+            let same = i > 0 && speaker.is_some() && speaker == last_speaker;
+            last_speaker = speaker;
+            if same { format!("{sep}{}", cands[c].text) } else { format!("{sep}{}", cands[c].attributed()) }
         } else {
             closing[(i - chosen.len() - rest.len()) % closing.len()].clone()
         }

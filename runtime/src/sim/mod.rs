@@ -14,6 +14,7 @@
 
 pub mod arrivals;
 pub mod graph_info;
+pub mod oracle;
 pub mod pool;
 mod toolpool;
 
@@ -29,8 +30,8 @@ use thiserror::Error;
 
 use crate::ids::{ActivationId, DeviceId, ReplicaId, SessionId};
 use crate::planner::{
-    Command, DeploymentId, DeploymentInfo, DeviceInfo, Event, NearReadyItem, PlanError, Planner,
-    WorkItem, policy_by_name,
+    Command, DeploymentId, DeploymentInfo, DeviceInfo, Estimates, Event, JointOptions, NearReadyItem,
+    PlanError, Planner, WorkItem, policy_by_name,
 };
 use crate::session::ActivationState;
 use graph_info::NodeInfo;
@@ -77,6 +78,10 @@ pub struct SimConfig {
     pub noise_seed: u64,
     pub pool: PoolSpec,
     pub policy: String,
+    /// Mechanisms of the joint policy (ablations switch them off).
+    pub options: JointOptions,
+    /// Estimates the policy plans with: `oracle` (the emulator's own costs, reference only).
+    pub predictor: String,
     /// Threads that execute tool calls.
     pub tool_workers: usize,
     /// vLLM `--max-num-seqs`.
@@ -285,7 +290,13 @@ impl<'a> Sim<'a> {
             .enumerate()
             .map(|(i, s)| DeviceInfo { id: DeviceId(i as u32), spec: s.clone() })
             .collect();
-        let policy = policy_by_name(&cfg.policy)?;
+        let estimates: Box<dyn Estimates> = match cfg.predictor.as_str() {
+            "oracle" => Box::new(oracle::OracleEstimates),
+            other => {
+                return Err(SimError::Internal(format!("unknown predictor `{other}` (known: oracle)")));
+            }
+        };
+        let policy = policy_by_name(&cfg.policy, cfg.options, estimates)?;
         let planner = Planner::new(devices, deployments.clone(), policy);
         let mut records = Vec::new();
         for wf in &cfg.workflows {
@@ -741,7 +752,10 @@ impl<'a> Sim<'a> {
         }
         match outcome {
             Ok(o) => {
-                if let Some(note) = o.sandbox_note.clone() {
+                if let Some(note) = o.sandbox_note.as_deref() {
+                    // The per-run uid differs between calls; the rest says what the sandbox got.
+                    let note: String =
+                        note.split("; ").filter(|p| !p.starts_with("uid:")).collect::<Vec<_>>().join("; ");
                     if !self.notes.contains(&note) {
                         self.notes.push(note);
                     }

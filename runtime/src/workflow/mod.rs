@@ -4,7 +4,7 @@
 //!
 //! A [`WorkflowSpec`] is immutable once loaded and shared (`Arc`) by every session of the
 //! workflow. This module owns *what* a workflow is; it must not depend on sessions, the
-//! planner, the simulator or any engine. It reads files only in [`load_workflow`] and
+//! planner, the simulator or any engine (it reads only the responder and tool *names*). It reads files only in [`load_workflow`] and
 //! [`WorkflowSpec::load_records`].
 
 mod dataset;
@@ -27,22 +27,14 @@ pub use template::{Filter, Reference, Segment, Source, Template, TemplateBody, T
 
 use crate::values::{LengthDist, Record};
 
-/// The emulated responders a node may name (see `crate::responder`).
-pub const RESPONDERS: &[&str] = &[
-    "gsm8k.solve",
-    "gsm8k.refine",
-    "mbpp.generate",
-    "mbpp.diagnose",
-    "mbpp.review",
-    "mbpp.repair",
-    "qmsum.summarize",
-    "qmsum.aggregate",
-];
+/// The emulated responders a node may name: the responder module's list, the one source of truth.
+pub const RESPONDERS: &[&str] = crate::responder::RESPONDERS;
 
-/// The built-in tools a node may name (see the `switchyard-tools` crate).
-pub const TOOLS: &[&str] = &["python_tests", "majority_vote"];
+/// The built-in tools a node may name: the tools crate's list.
+pub const TOOLS: &[&str] = switchyard_tools::TOOLS;
 
-/// The inputs each tool takes: `(tool, required, optional)`.
+/// The inputs each tool takes: `(tool, required, optional)` (see `switchyard_tools::run_tool`;
+/// a test checks that every tool of [`TOOLS`] is listed).
 pub const TOOL_INPUTS: &[(&str, &[&str], &[&str])] = &[
     ("python_tests", &["code", "tests"], &["imports"]),
     ("majority_vote", &["candidates"], &["extract"]),

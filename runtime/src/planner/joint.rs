@@ -1,0 +1,500 @@
+//! `joint`: online joint graph–schedule construction (paper 003 §3.4–3.5, Algorithm 1).
+//!
+//! At every event the policy sees the window — ready units F_t (the queue) and near-ready
+//! units N_t — and the snapshot S_t, and builds the next executable prefix of a plan:
+//!
+//! 1. **RankReady**: ready units by priority-and-aging level k(u) (fused-chain continuations,
+//!    then units waiting longer than the aging quantum, then the rest), FIFO within a level.
+//! 2. **BestFeasibleBinding**: per unit, the accepting replica of its deployment (awake, batch
+//!    slot B_q free, KV envelope of Eq. 4/8 within the replica's KV capacity) with the earliest
+//!    predicted completion on the common timeline (Eq. 7); a loading replica counts as a binding
+//!    that waits for its load. Units without a binding need a lifecycle action.
+//! 3. **PlanReady**: lifecycle demand is coalesced per deployment across workflows (Figure 4:
+//!    one Load serves the ready units of every workflow), ranked by ready work unlocked per
+//!    second of loading. Each demand gets one binding: Load on a device with free memory, or
+//!    Reclaim + Load (Eq. 5) of lease-free victims — redundant copies first, then distant next
+//!    use relative to reload cost, LRU when there is no estimate — chosen by the Eq. 12 order
+//!    restricted to this decision (completion of the unlocked work Ĉ_F, then lifecycle
+//!    overhead H_life). Scale-out (a second replica) only when no replica accepts and a new
+//!    one finishes the unit earlier than the current queue, under a replica cap.
+//! 4. **PlanPrefetch**: only when no grant and no ready lifecycle action was issued at this
+//!    tick; stages a near-ready deployment when its predicted release (Eq. 2, from the
+//!    committed timeline) is within its load time plus a dispatch slack, on free memory or
+//!    by reclaiming replicas no ready or near-ready unit needs, so it never delays ready work.
+//! 5. **Prefix**: only actions executable now are committed (grants to awake replicas, loads
+//!    and reclaims); the rest is replanned at the next event.
+//!
+//! Memory feasibility (Eq. 11) is enforced by the planner state: a load's claim must fit the
+//! device's free memory at the moment it starts, with reclaimed victims freed first.
+//!
+//! Ablations are options: no fusion, no prefetch, per-workflow lifecycle (each workflow
+//! estimates reuse and loading benefit only over its own demand and its own loads, while
+//! loaded replicas are still shared). Pure: estimates come through [`Estimates`].
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+use super::estimates::Estimates;
+use super::{Command, DeploymentId, Event, PlannerState, Policy, ReplicaPhase, ReplicaView, WorkItem};
+use crate::ids::{ActivationId, DeviceId, ReplicaId};
+
+/// Which mechanisms are on (all on = the full system).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct JointOptions {
+    pub fusion: bool,
+    pub prefetch: bool,
+    /// Coalesce lifecycle demand across workflows (off = per-workflow lifecycle ablation).
+    pub shared_lifecycle: bool,
+}
+
+impl Default for JointOptions {
+    fn default() -> Self {
+        JointOptions { fusion: true, prefetch: true, shared_lifecycle: true }
+    }
+}
+
+/// A unit waiting longer than this is promoted one priority level (aging).
+pub const AGING_QUANTUM_S: f64 = 30.0;
+/// Dispatch slack added to the load time when deciding whether a prefetch is timely.
+pub const PREFETCH_SLACK_S: f64 = 5.0;
+/// Most replicas of one deployment the policy scales out to.
+pub const REPLICA_CAP: usize = 3;
+/// Recent output lengths kept per logical node for the timing bucket (P90).
+const HISTORY: usize = 32;
+
+/// The joint graph–schedule policy.
+pub struct Joint {
+    opts: JointOptions,
+    est: Box<dyn Estimates>,
+    /// Recent output lengths per (workflow, node).
+    history: BTreeMap<(u32, u32), VecDeque<u32>>,
+    /// KV reservation (bytes) of each admitted unit, per replica.
+    kv: BTreeMap<ReplicaId, BTreeMap<ActivationId, u64>>,
+    /// Workflow that triggered each load (per-workflow lifecycle ablation).
+    load_owner: BTreeMap<ReplicaId, u32>,
+    /// (workflow, node) of each admitted unit, to record its output length when it finishes.
+    history_key: BTreeMap<ActivationId, (u32, u32)>,
+}
+
+impl Joint {
+    pub fn new(opts: JointOptions, est: Box<dyn Estimates>) -> Self {
+        Joint {
+            opts,
+            est,
+            history: BTreeMap::new(),
+            kv: BTreeMap::new(),
+            load_owner: BTreeMap::new(),
+            history_key: BTreeMap::new(),
+        }
+    }
+
+    /// Output tokens for timing: P90 of recent completions of the node, else its limit.
+    fn timing_output(&self, w: &WorkItem) -> u32 {
+        match self.history.get(&(w.workflow, w.node)) {
+            Some(h) if !h.is_empty() => {
+                let mut v: Vec<u32> = h.iter().copied().collect();
+                v.sort_unstable();
+                let k = ((0.9 * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1;
+                v[k].min(w.max_output_tokens).max(1)
+            }
+            _ => w.max_output_tokens.max(1),
+        }
+    }
+
+    /// KV bytes a unit reserves for admission: its envelope (Eq. 4) at the configured output
+    /// limit, never the timing history.
+    fn kv_reservation(state: &PlannerState, w: &WorkItem) -> u64 {
+        let per_token = state.deployment(w.deployment).map(|d| d.kv_bytes_per_token).unwrap_or(0);
+        (w.envelope.0 as u64 + w.envelope.1 as u64) * per_token
+    }
+
+    /// KV capacity of a replica as the planner sees it.
+    fn kv_capacity(state: &PlannerState, r: &ReplicaView) -> u64 {
+        let weights = state.deployment(r.deployment).map(|d| d.weight_bytes).unwrap_or(0);
+        r.claim_bytes.saturating_sub(weights + super::state::PLANNER_ENGINE_RESERVE_BYTES)
+    }
+
+    fn kv_in_use(&self, r: ReplicaId) -> u64 {
+        self.kv.get(&r).map(|m| m.values().sum()).unwrap_or(0)
+    }
+
+    /// Predicted completion of `w` on replica `r` (Eq. 7: release, replica availability, run).
+    fn completion_on(&self, state: &PlannerState, r: &ReplicaView, w: &WorkItem, now: f64) -> Option<f64> {
+        let d = state.deployment(r.deployment)?;
+        let g = state.device(r.device)?;
+        let batch = r.leases.len() as u32 + 1;
+        let run = self.est.run_time(d, g, batch, w.envelope.0.max(w.prompt_tokens), self.timing_output(w));
+        let available = match r.phase {
+            ReplicaPhase::Awake => now,
+            ReplicaPhase::Loading { since } => (since + self.est.load_time(d, g)).max(now),
+        };
+        Some(available + run)
+    }
+
+    /// Whether replica `r` accepts `w` now (awake, batch slot, KV envelope fits).
+    fn accepts(&self, state: &PlannerState, r: &ReplicaView, w: &WorkItem) -> bool {
+        if r.phase != ReplicaPhase::Awake {
+            return false;
+        }
+        if let Some(p) = w.chain_prev {
+            if state.hold_of(p) == Some(r.id) {
+                return true; // the chain's own grant
+            }
+        }
+        let limit = state.deployment(r.deployment).map(|d| d.max_num_seqs).unwrap_or(0) as usize;
+        r.leases.len() < limit
+            && self.kv_in_use(r.id) + Self::kv_reservation(state, w) <= Self::kv_capacity(state, r)
+    }
+
+    /// Priority-and-aging level (lower is more urgent).
+    fn level(&self, state: &PlannerState, w: &WorkItem, now: f64) -> u8 {
+        if w.chain_prev.is_some_and(|p| state.hold_of(p).is_some()) {
+            0
+        } else if now - w.ready_at >= AGING_QUANTUM_S {
+            1
+        } else {
+            2
+        }
+    }
+
+    /// Whether a loading replica covers `w` (shared lifecycle: any; per-workflow: its own).
+    fn covered_by_load(&self, r: &ReplicaView, w: &WorkItem) -> bool {
+        matches!(r.phase, ReplicaPhase::Loading { .. })
+            && (self.opts.shared_lifecycle || self.load_owner.get(&r.id) == Some(&w.workflow))
+    }
+
+    fn grant(&mut self, state: &mut PlannerState, w: &WorkItem, r: ReplicaId, now: f64, out: &mut Vec<Command>) -> bool {
+        let predicted = state
+            .replica(r)
+            .and_then(|rv| self.completion_on(state, rv, w, now))
+            .map(|c| c - now);
+        if state.issue_dispatch(w.activation, r, now, out).is_err() {
+            return false;
+        }
+        if let Some(p) = predicted {
+            state.set_predicted(w.activation, p);
+        }
+        self.kv.entry(r).or_default().insert(w.activation, Self::kv_reservation(state, w));
+        true
+    }
+
+    /// Predicted release of a near-ready unit (Eq. 2): the latest predicted completion of
+    /// what it waits for.
+    fn release(state: &PlannerState, waits_for: &[ActivationId], now: f64) -> f64 {
+        waits_for
+            .iter()
+            .map(|a| match state.running().get(a) {
+                Some(r) => (r.started + r.predicted_s.unwrap_or(0.0)).max(now),
+                None => now,
+            })
+            .fold(now, f64::max)
+    }
+
+    /// Demand on deployment `d` other than `exclude`: 0 = ready work, 1 = near-ready, 2 = none,
+    /// with the earliest predicted release for near-ready.
+    fn next_use(state: &PlannerState, d: DeploymentId, now: f64) -> (u8, f64) {
+        if state.queue().iter().any(|w| w.deployment == d) {
+            return (0, now);
+        }
+        let near = state
+            .near_ready()
+            .filter(|n| n.deployment == d)
+            .map(|n| Self::release(state, &n.waits_for, now))
+            .fold(f64::INFINITY, f64::min);
+        if near.is_finite() { (1, near) } else { (2, f64::INFINITY) }
+    }
+
+    /// Lease-free victims on `device` in reclamation order: redundant copies first, then the
+    /// most distant next use relative to reload cost, then least recently used.
+    fn victims(&self, state: &PlannerState, device: DeviceId, now: f64, keep: &BTreeSet<DeploymentId>) -> Vec<(ReplicaId, u64, f64)> {
+        let mut v: Vec<(u8, f64, f64, ReplicaId, u64, f64)> = state
+            .replicas_on(device)
+            .filter(|r| r.is_idle() && !keep.contains(&r.deployment))
+            .filter_map(|r| {
+                let d = state.deployment(r.deployment)?;
+                let g = state.device(r.device)?;
+                let copies = state.replicas_of(r.deployment).count();
+                let reload = self.est.load_time(d, g).max(1e-3);
+                let (kind, at) = Self::next_use(state, r.deployment, now);
+                // A redundant copy costs no reload at all.
+                let penalty = if copies > 1 {
+                    0.0
+                } else {
+                    match kind {
+                        0 => reload,
+                        1 => reload * (reload / (at - now + reload)).min(1.0),
+                        _ => 0.0,
+                    }
+                };
+                let distance = if copies > 1 { f64::INFINITY } else { (at - now) / reload };
+                Some((u8::from(copies <= 1), -distance, r.last_used, r.id, r.claim_bytes, penalty))
+            })
+            .collect();
+        v.sort_by(|a, b| {
+            a.0.cmp(&b.0)
+                .then(a.1.total_cmp(&b.1))
+                .then(a.2.total_cmp(&b.2))
+                .then(a.3.cmp(&b.3))
+        });
+        v.into_iter().map(|x| (x.3, x.4, x.5)).collect()
+    }
+
+    /// Best lifecycle binding for deployment `d` serving `units`: (device, victims, Ĉ_F, H_life).
+    /// `keep` lists deployments whose replicas must not be reclaimed.
+    fn best_lifecycle(
+        &self,
+        state: &PlannerState,
+        d: DeploymentId,
+        units: &[WorkItem],
+        now: f64,
+        keep: &BTreeSet<DeploymentId>,
+        reclaim: bool,
+    ) -> Option<(DeviceId, Vec<ReplicaId>, f64, f64)> {
+        let dep = state.deployment(d)?;
+        let mut best: Option<(DeviceId, Vec<ReplicaId>, f64, f64)> = None;
+        for g in state.devices() {
+            if !state.eligible(d, g.id) {
+                continue;
+            }
+            let claim = dep.claim_bytes(g);
+            let mut free = state.free_bytes(g.id);
+            let mut chosen = Vec::new();
+            let mut h_life = self.est.load_time(dep, g);
+            if free < claim {
+                if !reclaim {
+                    continue;
+                }
+                for (victim, bytes, penalty) in self.victims(state, g.id, now, keep) {
+                    if free >= claim {
+                        break;
+                    }
+                    free += bytes;
+                    chosen.push(victim);
+                    h_life += penalty;
+                }
+                if free < claim {
+                    continue;
+                }
+            }
+            let batch = units.len().max(1) as u32;
+            let run = units
+                .iter()
+                .map(|w| self.est.run_time(dep, g, batch, w.envelope.0.max(w.prompt_tokens), self.timing_output(w)))
+                .fold(0.0, f64::max);
+            let c_f = now + self.est.load_time(dep, g) + run;
+            let better = match &best {
+                None => true,
+                Some((bg, _, bc, bh)) => {
+                    // Eq. 12 restricted to this decision: completion of the unlocked ready
+                    // work, then lifecycle overhead; device id breaks exact ties.
+                    (c_f, h_life).partial_cmp(&(*bc, *bh)) == Some(std::cmp::Ordering::Less)
+                        || ((c_f, h_life) == (*bc, *bh) && g.id < *bg)
+                }
+            };
+            if better {
+                best = Some((g.id, chosen, c_f, h_life));
+            }
+        }
+        best
+    }
+
+    fn issue_lifecycle(
+        &mut self,
+        state: &mut PlannerState,
+        d: DeploymentId,
+        device: DeviceId,
+        victims: &[ReplicaId],
+        owner: u32,
+        now: f64,
+        out: &mut Vec<Command>,
+    ) -> bool {
+        for v in victims {
+            if state.issue_unload(*v, out).is_err() {
+                return false;
+            }
+            self.kv.remove(v);
+            self.load_owner.remove(v);
+        }
+        match state.issue_load(d, device, now, out) {
+            Ok(r) => {
+                self.load_owner.insert(r, owner);
+                true
+            }
+            Err(_) => false,
+        }
+    }
+}
+
+impl Policy for Joint {
+    fn name(&self) -> &'static str {
+        match (self.opts.fusion, self.opts.prefetch, self.opts.shared_lifecycle) {
+            (true, true, true) => "joint",
+            (false, true, true) => "joint-no-fusion",
+            (true, false, true) => "joint-no-prefetch",
+            (true, true, false) => "joint-per-workflow-lifecycle",
+            _ => "joint-ablated",
+        }
+    }
+
+    fn fuses_chains(&self) -> bool {
+        self.opts.fusion
+    }
+
+    fn observe(&mut self, event: &Event, _state: &PlannerState, _now: f64) {
+        match event {
+            Event::UnitFinished { activation, replica, output_tokens } => {
+                if let Some(m) = self.kv.get_mut(replica) {
+                    m.remove(activation);
+                }
+                if let Some(key) = self.history_key.remove(activation) {
+                    let h = self.history.entry(key).or_default();
+                    h.push_back(*output_tokens);
+                    while h.len() > HISTORY {
+                        h.pop_front();
+                    }
+                }
+            }
+            Event::ReplicaLoadFailed { replica, .. } => {
+                self.load_owner.remove(replica);
+                self.kv.remove(replica);
+            }
+            _ => {}
+        }
+    }
+
+    fn plan(&mut self, state: &mut PlannerState, now: f64, out: &mut Vec<Command>) {
+        // 1. RankReady.
+        let mut ranked: Vec<(u8, f64, WorkItem)> =
+            state.queue().iter().map(|w| (self.level(state, w, now), w.ready_at, w.clone())).collect();
+        ranked.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.total_cmp(&b.1)).then(a.2.activation.cmp(&b.2.activation)));
+
+        // 2. BestFeasibleBinding per unit.
+        let mut granted = 0usize;
+        let mut needs: BTreeMap<(DeploymentId, u32), Vec<(u8, WorkItem)>> = BTreeMap::new();
+        let mut scale_out: BTreeMap<DeploymentId, Vec<WorkItem>> = BTreeMap::new();
+        for (level, _, w) in ranked {
+            let mut best: Option<(f64, ReplicaId, bool)> = None;
+            let mut awake_exists = false;
+            for r in state.replicas_of(w.deployment) {
+                let accepting = self.accepts(state, r, &w);
+                let waits = self.covered_by_load(r, &w);
+                awake_exists |= r.phase == ReplicaPhase::Awake;
+                if !(accepting || waits) {
+                    continue;
+                }
+                if let Some(c) = self.completion_on(state, r, &w, now) {
+                    if best.is_none_or(|(bc, ..)| c < bc) {
+                        best = Some((c, r.id, accepting));
+                    }
+                }
+            }
+            match best {
+                Some((_, r, true)) => {
+                    if self.grant(state, &w, r, now, out) {
+                        self.history_key.insert(w.activation, (w.workflow, w.node));
+                        granted += 1;
+                    }
+                }
+                Some((_, _, false)) => {} // waits for a load already under way
+                None if awake_exists => scale_out.entry(w.deployment).or_default().push(w),
+                None => {
+                    let key = (w.deployment, if self.opts.shared_lifecycle { 0 } else { w.workflow });
+                    needs.entry(key).or_default().push((level, w));
+                }
+            }
+        }
+
+        // 3. PlanReady: coalesced demand, ranked by urgency then ready work per load second.
+        let mut demands: Vec<((DeploymentId, u32), Vec<(u8, WorkItem)>)> = needs.into_iter().collect();
+        let value = |state: &PlannerState, est: &dyn Estimates, d: DeploymentId, n: usize| {
+            let load = state
+                .deployment(d)
+                .map(|dep| {
+                    state.devices().iter().filter(|g| state.eligible(d, g.id)).map(|g| est.load_time(dep, g)).fold(f64::INFINITY, f64::min)
+                })
+                .unwrap_or(f64::INFINITY);
+            n as f64 / load.max(1e-3)
+        };
+        demands.sort_by(|a, b| {
+            let la = a.1.iter().map(|x| x.0).min().unwrap_or(u8::MAX);
+            let lb = b.1.iter().map(|x| x.0).min().unwrap_or(u8::MAX);
+            let va = value(state, self.est.as_ref(), a.0.0, a.1.len());
+            let vb = value(state, self.est.as_ref(), b.0.0, b.1.len());
+            la.cmp(&lb).then(vb.total_cmp(&va)).then(a.0.cmp(&b.0))
+        });
+        let mut lifecycle = 0usize;
+        // Deployments with ready demand are never reclaimed to make room for other demand.
+        let mut keep: BTreeSet<DeploymentId> = state.queue().iter().map(|w| w.deployment).collect();
+        for ((d, owner), units) in demands {
+            let items: Vec<WorkItem> = units.into_iter().map(|(_, w)| w).collect();
+            if let Some((g, victims, _, _)) = self.best_lifecycle(state, d, &items, now, &keep, true) {
+                let owner = items.first().map(|w| w.workflow).unwrap_or(owner);
+                if self.issue_lifecycle(state, d, g, &victims, owner, now, out) {
+                    lifecycle += 1;
+                    keep.insert(d);
+                }
+            }
+        }
+        // Scale-out: no replica accepts; load another copy if it finishes earlier than waiting.
+        for (d, items) in scale_out {
+            if state.replicas_of(d).count() >= REPLICA_CAP {
+                continue;
+            }
+            let wait = state
+                .running()
+                .values()
+                .filter(|r| r.replica.is_some_and(|id| state.replica(id).is_some_and(|rv| rv.deployment == d)))
+                .map(|r| (r.started + r.predicted_s.unwrap_or(0.0)).max(now))
+                .fold(f64::INFINITY, f64::min);
+            if let Some((g, victims, c_f, _)) = self.best_lifecycle(state, d, &items, now, &keep, false) {
+                let queue_done = wait
+                    + items
+                        .iter()
+                        .map(|w| {
+                            state
+                                .replicas_of(d)
+                                .find_map(|r| {
+                                    let dep = state.deployment(d)?;
+                                    let dev = state.device(r.device)?;
+                                    Some(self.est.run_time(dep, dev, r.leases.len() as u32, w.prompt_tokens, self.timing_output(w)))
+                                })
+                                .unwrap_or(0.0)
+                        })
+                        .fold(0.0, f64::max);
+                if c_f < queue_done {
+                    let owner = items.first().map(|w| w.workflow).unwrap_or(0);
+                    if self.issue_lifecycle(state, d, g, &victims, owner, now, out) {
+                        lifecycle += 1;
+                    }
+                }
+            }
+        }
+
+        // 4. PlanPrefetch, only when no ready action advanced at this tick.
+        if !self.opts.prefetch || granted > 0 || lifecycle > 0 {
+            return;
+        }
+        let mut near: BTreeMap<DeploymentId, (f64, u32)> = BTreeMap::new();
+        for n in state.near_ready() {
+            let r = Self::release(state, &n.waits_for, now);
+            let e = near.entry(n.deployment).or_insert((f64::INFINITY, n.workflow));
+            if r < e.0 {
+                *e = (r, n.workflow);
+            }
+        }
+        // Anything with ready or near-ready demand is kept resident.
+        let mut keep: BTreeSet<DeploymentId> = state.queue().iter().map(|w| w.deployment).collect();
+        keep.extend(near.keys().copied());
+        let mut order: Vec<(DeploymentId, (f64, u32))> = near.into_iter().collect();
+        order.sort_by(|a, b| a.1.0.total_cmp(&b.1.0).then(a.0.cmp(&b.0)));
+        for (d, (release, owner)) in order {
+            if state.replicas_of(d).next().is_some() {
+                continue;
+            }
+            let Some((g, victims, _, _)) = self.best_lifecycle(state, d, &[], now, &keep, true) else { continue };
+            let (Some(dep), Some(dev)) = (state.deployment(d), state.device(g)) else { continue };
+            if release - now <= self.est.load_time(dep, dev) + PREFETCH_SLACK_S {
+                self.issue_lifecycle(state, d, g, &victims, owner, now, out);
+            }
+        }
+    }
+}

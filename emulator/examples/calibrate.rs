@@ -31,8 +31,14 @@ fn nelder_mead(f: &dyn Fn(&[f64]) -> f64, x0: &[f64], step: f64, iters: usize) -
         order.sort_by(|&a, &b| values[a].total_cmp(&values[b]));
         simplex = order.iter().map(|&i| simplex[i].clone()).collect();
         values = order.iter().map(|&i| values[i]).collect();
-        let centroid: Vec<f64> = (0..n).map(|j| simplex[..n].iter().map(|x| x[j]).sum::<f64>() / n as f64).collect();
-        let along = |t: f64| -> Vec<f64> { (0..n).map(|j| centroid[j] + t * (simplex[n][j] - centroid[j])).collect() };
+        let centroid: Vec<f64> = (0..n)
+            .map(|j| simplex[..n].iter().map(|x| x[j]).sum::<f64>() / n as f64)
+            .collect();
+        let along = |t: f64| -> Vec<f64> {
+            (0..n)
+                .map(|j| centroid[j] + t * (simplex[n][j] - centroid[j]))
+                .collect()
+        };
         let reflected = along(-1.0);
         let fr = f(&reflected);
         if fr < values[0] {
@@ -56,13 +62,17 @@ fn nelder_mead(f: &dyn Fn(&[f64]) -> f64, x0: &[f64], step: f64, iters: usize) -
                 values[n] = fc;
             } else {
                 for i in 1..=n {
-                    simplex[i] = (0..n).map(|j| simplex[0][j] + 0.5 * (simplex[i][j] - simplex[0][j])).collect();
+                    simplex[i] = (0..n)
+                        .map(|j| simplex[0][j] + 0.5 * (simplex[i][j] - simplex[0][j]))
+                        .collect();
                     values[i] = f(&simplex[i]);
                 }
             }
         }
     }
-    let best = (0..=n).min_by(|&a, &b| values[a].total_cmp(&values[b])).unwrap_or(0);
+    let best = (0..=n)
+        .min_by(|&a, &b| values[a].total_cmp(&values[b]))
+        .unwrap_or(0);
     simplex[best].clone()
 }
 
@@ -144,7 +154,13 @@ fn fit_kernel(
 ) -> KernelEff {
     let objective = |x: &[f64]| {
         let mut e = *eff;
-        set(&mut e, KernelEff { mbu: x[0].exp(), launch_s: x[1].exp() });
+        set(
+            &mut e,
+            KernelEff {
+                mbu: x[0].exp(),
+                launch_s: x[1].exp(),
+            },
+        );
         let mut sum = 0.0;
         for r in rows {
             let t = model_for(dev, r.shape, e).op_times(r.num_tokens);
@@ -158,17 +174,31 @@ fn fit_kernel(
     };
     let k0 = get(eff);
     let x = nelder_mead(&objective, &[k0.mbu.ln(), k0.launch_s.ln()], 0.3, 200);
-    KernelEff { mbu: x[0].exp(), launch_s: x[1].exp() }
+    KernelEff {
+        mbu: x[0].exp(),
+        launch_s: x[1].exp(),
+    }
 }
 
 fn fit_attention(dev: &DeviceSpec, rows: &[vidur::AttnRow], eff: &mut Efficiency) {
     let shape = vidur::legacy_attention_shape();
     let objective = |x: &[f64]| {
-        let e = Efficiency { attn_prefill_mfu: x[0].exp(), attn_mbu: x[1].exp(), attn_launch_s: x[2].exp(), ..*eff };
+        let e = Efficiency {
+            attn_prefill_mfu: x[0].exp(),
+            attn_mbu: x[1].exp(),
+            attn_launch_s: x[2].exp(),
+            ..*eff
+        };
         let c = model_for(dev, shape, e);
-        rows.iter().map(|r| sq_log_err(c.attention_time(&r.batch), r.time_s)).sum::<f64>()
+        rows.iter()
+            .map(|r| sq_log_err(c.attention_time(&r.batch), r.time_s))
+            .sum::<f64>()
     };
-    let x0 = [eff.attn_prefill_mfu.ln(), eff.attn_mbu.ln(), eff.attn_launch_s.ln()];
+    let x0 = [
+        eff.attn_prefill_mfu.ln(),
+        eff.attn_mbu.ln(),
+        eff.attn_launch_s.ln(),
+    ];
     let x = nelder_mead(&objective, &x0, 0.3, 300);
     eff.attn_prefill_mfu = x[0].exp();
     eff.attn_mbu = x[1].exp();
@@ -177,16 +207,32 @@ fn fit_attention(dev: &DeviceSpec, rows: &[vidur::AttnRow], eff: &mut Efficiency
 
 fn report_mlp(dev: &DeviceSpec, rows: &[MlpRow], eff: Efficiency) {
     let models: Vec<CostModel> = rows.iter().map(|r| model_for(dev, r.shape, eff)).collect();
-    let times: Vec<OpTimes> = rows.iter().zip(&models).map(|(r, c)| c.op_times(r.num_tokens)).collect();
+    let times: Vec<OpTimes> = rows
+        .iter()
+        .zip(&models)
+        .map(|(r, c)| c.op_times(r.num_tokens))
+        .collect();
     println!("| op | rows | WAPE | MAPE |");
     println!("| --- | ---: | ---: | ---: |");
     for op in OPS {
-        let s = error_stats(rows.iter().zip(&times).filter_map(|(r, t)| r.ops.get(op).map(|&m| (op_value(t, op), m))));
-        println!("| {op} | {} | {:.1} % | {:.1} % |", s.n, 100.0 * s.wape, 100.0 * s.mape);
+        let s = error_stats(
+            rows.iter()
+                .zip(&times)
+                .filter_map(|(r, t)| r.ops.get(op).map(|&m| (op_value(t, op), m))),
+        );
+        println!(
+            "| {op} | {} | {:.1} % | {:.1} % |",
+            s.n,
+            100.0 * s.wape,
+            100.0 * s.mape
+        );
     }
     let layer = |small: bool| -> ErrorStats {
         error_stats(
-            rows.iter().zip(&times).filter(|(r, _)| !small || r.num_tokens <= 256).map(|(r, t)| layer_pair(r, t)),
+            rows.iter()
+                .zip(&times)
+                .filter(|(r, _)| !small || r.num_tokens <= 256)
+                .map(|(r, t)| layer_pair(r, t)),
         )
     };
     let marks = [1u64, 16, 64, 128, 256, 512, 1024, 4096];
@@ -230,10 +276,18 @@ fn report_mlp(dev: &DeviceSpec, rows: &[MlpRow], eff: Efficiency) {
 }
 
 fn print_eff(name: &str, e: &Efficiency) {
-    let k = |k: KernelEff| format!("KernelEff {{ mbu: {:.3}, launch_s: {:.2e} }}", k.mbu, k.launch_s);
+    let k = |k: KernelEff| {
+        format!(
+            "KernelEff {{ mbu: {:.3}, launch_s: {:.2e} }}",
+            k.mbu, k.launch_s
+        )
+    };
     println!("const {name}: Efficiency = Efficiency {{");
     println!("    linear_mfu: {:.3},", e.linear_mfu);
-    println!("    linear_mfu_half_tokens: {:.1},", e.linear_mfu_half_tokens);
+    println!(
+        "    linear_mfu_half_tokens: {:.1},",
+        e.linear_mfu_half_tokens
+    );
     println!("    linear_mbu: {:.3},", e.linear_mbu);
     println!("    linear_sharpness: {:.2},", e.linear_sharpness);
     println!("    linear_launch_s: {:.2e},", e.linear_launch_s);
@@ -258,8 +312,22 @@ fn main() -> Res<()> {
         let rows = vidur::load_mlp(vd)?;
         let mut eff = initial();
         fit_linear(&dev, &rows, &mut eff);
-        eff.norm = fit_kernel(&dev, &rows, &eff, &["input_layernorm", "post_attention_layernorm"], |e, k| e.norm = k, |e| e.norm);
-        eff.rope = fit_kernel(&dev, &rows, &eff, &["attn_rope"], |e, k| e.rope = k, |e| e.rope);
+        eff.norm = fit_kernel(
+            &dev,
+            &rows,
+            &eff,
+            &["input_layernorm", "post_attention_layernorm"],
+            |e, k| e.norm = k,
+            |e| e.norm,
+        );
+        eff.rope = fit_kernel(
+            &dev,
+            &rows,
+            &eff,
+            &["attn_rope"],
+            |e, k| e.rope = k,
+            |e| e.rope,
+        );
         eff.act = fit_kernel(&dev, &rows, &eff, &["mlp_act"], |e, k| e.act = k, |e| e.act);
         eff.add = fit_kernel(&dev, &rows, &eff, &["add"], |e, k| e.add = k, |e| e.add);
         eff.emb = fit_kernel(&dev, &rows, &eff, &["emb"], |e, k| e.emb = k, |e| e.emb);
@@ -279,9 +347,15 @@ fn main() -> Res<()> {
 
     println!("\n## attention, legacy A100 shape (32 q / 4 kv heads of 128 per GPU)\n");
     if let Some((_, eff)) = fitted.first() {
-        let c = CostModel::with_efficiency(&a100, vidur::legacy_attention_shape(), Dtype::Fp16, *eff);
+        let c =
+            CostModel::with_efficiency(&a100, vidur::legacy_attention_shape(), Dtype::Fp16, *eff);
         for prefill in [true, false] {
-            let s = error_stats(attention.iter().filter(|r| r.prefill == prefill).map(|r| (c.attention_time(&r.batch), r.time_s)));
+            let s = error_stats(
+                attention
+                    .iter()
+                    .filter(|r| r.prefill == prefill)
+                    .map(|r| (c.attention_time(&r.batch), r.time_s)),
+            );
             println!(
                 "| {} | {} | {:.1} % | {:.1} % |",
                 if prefill { "prefill" } else { "decode" },
@@ -298,11 +372,20 @@ fn main() -> Res<()> {
         cpu.iter().map(|r| f64::from(r.batch_size)).sum::<f64>() / n,
         cpu.iter().map(|r| r.time_s).sum::<f64>() / n,
     );
-    let sxy: f64 = cpu.iter().map(|r| (f64::from(r.batch_size) - mx) * (r.time_s - my)).sum();
-    let sxx: f64 = cpu.iter().map(|r| (f64::from(r.batch_size) - mx).powi(2)).sum();
+    let sxy: f64 = cpu
+        .iter()
+        .map(|r| (f64::from(r.batch_size) - mx) * (r.time_s - my))
+        .sum();
+    let sxx: f64 = cpu
+        .iter()
+        .map(|r| (f64::from(r.batch_size) - mx).powi(2))
+        .sum();
     let slope = sxy / sxx;
     let base = my - slope * mx;
-    let s = error_stats(cpu.iter().map(|r| (base + slope * f64::from(r.batch_size), r.time_s)));
+    let s = error_stats(
+        cpu.iter()
+            .map(|r| (base + slope * f64::from(r.batch_size), r.time_s)),
+    );
     println!("\n## CPU overhead (TP=1 rows: {})\n", s.n);
     println!("const CPU_OVERHEAD_BASE_S: f64 = {base:.4e};");
     println!("const CPU_OVERHEAD_PER_SEQ_S: f64 = {slope:.4e};");

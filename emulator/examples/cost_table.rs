@@ -8,10 +8,16 @@ use switchyard_emulator::{Dtype, MemoryPlan, ServingConfig, SleepLevel, load_tim
 use switchyard_predictor::spec::{device_catalogue, model_catalogue};
 
 fn main() {
-    println!("| device | model | KV tokens | load s | wake L1 s | decode b=1 ms | decode b=64 ctx 2k ms | prefill 2,048 ms |");
+    println!(
+        "| device | model | KV tokens | load s | wake L1 s | decode b=1 ms | decode b=64 ctx 2k ms | prefill 2,048 ms |"
+    );
     println!("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |");
     for d in device_catalogue() {
-        let dtype = if d.supports_bf16 { Dtype::Bf16 } else { Dtype::Fp16 };
+        let dtype = if d.supports_bf16 {
+            Dtype::Bf16
+        } else {
+            Dtype::Fp16
+        };
         for m in model_catalogue() {
             let cfg = ServingConfig::vllm_defaults(dtype, 8192);
             let kv = match MemoryPlan::new(&d, &m, &cfg) {

@@ -110,11 +110,26 @@ const AMPERE: Efficiency = Efficiency {
     linear_mbu: 0.828,
     linear_sharpness: 6.54,
     linear_launch_s: 8.30e-6,
-    norm: KernelEff { mbu: 0.367, launch_s: 3.49e-6 },
-    rope: KernelEff { mbu: 0.465, launch_s: 3.69e-6 },
-    act: KernelEff { mbu: 0.522, launch_s: 6.11e-6 },
-    add: KernelEff { mbu: 0.922, launch_s: 1.89e-6 },
-    emb: KernelEff { mbu: 0.149, launch_s: 3.47e-6 },
+    norm: KernelEff {
+        mbu: 0.367,
+        launch_s: 3.49e-6,
+    },
+    rope: KernelEff {
+        mbu: 0.465,
+        launch_s: 3.69e-6,
+    },
+    act: KernelEff {
+        mbu: 0.522,
+        launch_s: 6.11e-6,
+    },
+    add: KernelEff {
+        mbu: 0.922,
+        launch_s: 1.89e-6,
+    },
+    emb: KernelEff {
+        mbu: 0.149,
+        launch_s: 3.47e-6,
+    },
     attn_prefill_mfu: 0.255,
     attn_mbu: 0.771,
     attn_launch_s: 1.55e-5,
@@ -130,14 +145,29 @@ const HOPPER: Efficiency = Efficiency {
     linear_mbu: 0.931,
     linear_sharpness: 7.11,
     linear_launch_s: 7.10e-6,
-    norm: KernelEff { mbu: 0.412, launch_s: 3.09e-6 },
-    rope: KernelEff { mbu: 0.510, launch_s: 3.20e-6 },
-    act: KernelEff { mbu: 0.630, launch_s: 3.97e-6 },
+    norm: KernelEff {
+        mbu: 0.412,
+        launch_s: 3.09e-6,
+    },
+    rope: KernelEff {
+        mbu: 0.510,
+        launch_s: 3.20e-6,
+    },
+    act: KernelEff {
+        mbu: 0.630,
+        launch_s: 3.97e-6,
+    },
     // Slightly above 1: the measured adds reach 0.95–1.07 of the datasheet bandwidth when part
     // of their operands is still in the 50 MB L2 from the previous kernel, so the HBM bytes
     // counted here overstate the traffic.
-    add: KernelEff { mbu: 1.080, launch_s: 1.66e-6 },
-    emb: KernelEff { mbu: 0.180, launch_s: 2.84e-6 },
+    add: KernelEff {
+        mbu: 1.080,
+        launch_s: 1.66e-6,
+    },
+    emb: KernelEff {
+        mbu: 0.180,
+        launch_s: 2.84e-6,
+    },
     attn_prefill_mfu: 0.255,
     attn_mbu: 0.771,
     attn_launch_s: 1.55e-5,
@@ -157,7 +187,10 @@ impl Efficiency {
     /// V100, A40, L4 and unknown devices).
     pub(crate) fn calibrated_for(device: &DeviceSpec) -> Efficiency {
         let name = device.name.to_ascii_uppercase();
-        if ["H100", "H200", "H800", "H20"].iter().any(|h| name.contains(h)) {
+        if ["H100", "H200", "H800", "H20"]
+            .iter()
+            .any(|h| name.contains(h))
+        {
             HOPPER
         } else {
             AMPERE
@@ -348,7 +381,8 @@ impl CostModel {
     /// One linear op `[tokens × k] · [k × n]`: a smoothed roofline plus a launch time.
     fn linear(&self, k: f64, n: f64, tokens: f64) -> f64 {
         // flops / (peak × mfu × t / (t + half)) = 2·k·n·(t + half) / (peak × mfu).
-        let compute = 2.0 * k * n * (tokens + self.eff.linear_mfu_half_tokens) / (self.peak * self.eff.linear_mfu);
+        let compute = 2.0 * k * n * (tokens + self.eff.linear_mfu_half_tokens)
+            / (self.peak * self.eff.linear_mfu);
         let bytes = k * n * self.wb + tokens * (k + n) * self.ab;
         let memory = bytes / (self.bw * self.eff.linear_mbu);
         smooth_max(compute, memory, self.eff.linear_sharpness) + self.eff.linear_launch_s
@@ -366,12 +400,21 @@ impl CostModel {
         }
         let s = &self.shape;
         let n = num_tokens as f64;
-        let (h, q, kv, i) = (s.hidden as f64, s.q_width as f64, s.kv_width as f64, s.intermediate as f64);
+        let (h, q, kv, i) = (
+            s.hidden as f64,
+            s.q_width as f64,
+            s.kv_width as f64,
+            s.intermediate as f64,
+        );
         let ab = self.ab;
         let e = &self.eff;
         let norm = self.elementwise(2.0 * n * h * ab, e.norm);
         let up_width = if s.gated_mlp { 2.0 * i } else { i };
-        let act_bytes = if s.gated_mlp { 3.0 * n * i * ab } else { 2.0 * n * i * ab };
+        let act_bytes = if s.gated_mlp {
+            3.0 * n * i * ab
+        } else {
+            2.0 * n * i * ab
+        };
         OpTimes {
             emb: self.elementwise(2.0 * n * h * ab, e.emb),
             input_layernorm: norm,
@@ -383,7 +426,11 @@ impl CostModel {
             mlp_act: self.elementwise(act_bytes, e.act),
             mlp_down_proj: self.linear(i, h, n),
             add: self.elementwise(3.0 * n * h * ab, e.add),
-            qk_norm: if s.qk_norm { self.elementwise(2.0 * n * (q + kv) * ab, e.norm) } else { 0.0 },
+            qk_norm: if s.qk_norm {
+                self.elementwise(2.0 * n * (q + kv) * ab, e.norm)
+            } else {
+                0.0
+            },
             kv_cache_save: self.elementwise(2.0 * n * kv * (ab + self.kvb), e.rope),
         }
     }
@@ -452,7 +499,12 @@ fn smooth_max(a: f64, b: f64, p: f64) -> f64 {
 }
 
 /// The noise-free time of one iteration of `model` served in `dtype` on `device`.
-pub fn iteration_time(device: &DeviceSpec, model: &ModelArch, dtype: Dtype, batch: &BatchShape) -> f64 {
+pub fn iteration_time(
+    device: &DeviceSpec,
+    model: &ModelArch,
+    dtype: Dtype,
+    batch: &BatchShape,
+) -> f64 {
     CostModel::for_arch(device, model, dtype).iteration_time(&batch.summary())
 }
 
@@ -463,7 +515,11 @@ mod tests {
     use switchyard_predictor::spec::{device, model};
 
     fn qwen8b_a100() -> CostModel {
-        CostModel::for_arch(&device("A100-40GB").unwrap(), &model("Qwen3-8B").unwrap(), Dtype::Bf16)
+        CostModel::for_arch(
+            &device("A100-40GB").unwrap(),
+            &model("Qwen3-8B").unwrap(),
+            Dtype::Bf16,
+        )
     }
 
     #[test]
@@ -513,7 +569,10 @@ mod tests {
         assert_eq!(s.tokens, 4);
         // A single token on a context is a decode reading context + 1 keys.
         s.add_chunk(1, 99);
-        assert_eq!((s.decode_requests, s.decode_kv_tokens, s.requests, s.tokens), (1, 100, 2, 5));
+        assert_eq!(
+            (s.decode_requests, s.decode_kv_tokens, s.requests, s.tokens),
+            (1, 100, 2, 5)
+        );
     }
 
     #[test]
@@ -546,7 +605,10 @@ mod tests {
     fn faster_devices_are_faster() {
         let m = model("Qwen3-8B").unwrap();
         let mut b = BatchShape::default();
-        b.prefills.push(PrefillChunk { tokens: 2048, cached_context: 0 });
+        b.prefills.push(PrefillChunk {
+            tokens: 2048,
+            cached_context: 0,
+        });
         b.decode_contexts = vec![1000; 32];
         let t = |d: &str| iteration_time(&device(d).unwrap(), &m, Dtype::Bf16, &b);
         assert!(t("H100-80GB") < t("A100-80GB"));
@@ -556,8 +618,14 @@ mod tests {
 
     #[test]
     fn hopper_parts_get_the_hopper_fit() {
-        assert_eq!(Efficiency::calibrated_for(&device("H200-141GB").unwrap()), HOPPER);
-        assert_eq!(Efficiency::calibrated_for(&device("V100-32GB").unwrap()), AMPERE);
+        assert_eq!(
+            Efficiency::calibrated_for(&device("H200-141GB").unwrap()),
+            HOPPER
+        );
+        assert_eq!(
+            Efficiency::calibrated_for(&device("V100-32GB").unwrap()),
+            AMPERE
+        );
     }
 
     proptest! {

@@ -11,7 +11,11 @@ use crate::replica::ReplicaState;
 pub enum EmulatorError {
     /// A serving-configuration field is out of its domain.
     #[error("invalid serving configuration: {field} = {value}: {reason}")]
-    InvalidConfig { field: &'static str, value: String, reason: &'static str },
+    InvalidConfig {
+        field: &'static str,
+        value: String,
+        reason: &'static str,
+    },
 
     /// The device cannot compute in the requested dtype (vLLM: "Bfloat16 is only supported on
     /// GPUs with compute capability of at least 8.0").
@@ -39,15 +43,26 @@ pub enum EmulatorError {
          max_model_len = {max_model_len} sequence; lower max_model_len or raise \
          gpu_memory_utilization"
     )]
-    KvCacheTooSmall { model: String, device: String, kv_tokens: u64, max_model_len: u32 },
+    KvCacheTooSmall {
+        model: String,
+        device: String,
+        kv_tokens: u64,
+        max_model_len: u32,
+    },
 
     /// A lifecycle action or a request arrived in a state that does not allow it.
     #[error("cannot {action} while the replica is {state}")]
-    IllegalTransition { action: &'static str, state: ReplicaState },
+    IllegalTransition {
+        action: &'static str,
+        state: ReplicaState,
+    },
 
     /// A lifecycle action needs an idle replica, but requests are still in flight.
     #[error("cannot {action}: {in_flight} request(s) in flight")]
-    Busy { action: &'static str, in_flight: usize },
+    Busy {
+        action: &'static str,
+        in_flight: usize,
+    },
 
     /// vLLM knows sleep levels 1 (offload weights) and 2 (discard weights).
     #[error("sleep level must be 1 or 2, got {0}")]

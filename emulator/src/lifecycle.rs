@@ -121,9 +121,13 @@ mod tests {
         for name in ["Qwen3-0.6B", "Qwen3-8B", "Qwen3-32B"] {
             let m = model(name).unwrap();
             let d = device("H100-80GB").unwrap();
-            let ratio = load_time(&d, &m, Dtype::Bf16) / wake_time(&d, &m, Dtype::Bf16, SleepLevel::OffloadWeights);
+            let ratio = load_time(&d, &m, Dtype::Bf16)
+                / wake_time(&d, &m, Dtype::Bf16, SleepLevel::OffloadWeights);
             assert!(ratio > 10.0, "{name}: {ratio}");
-            assert!(wake_time(&d, &m, Dtype::Bf16, SleepLevel::DiscardWeights) < load_time(&d, &m, Dtype::Bf16));
+            assert!(
+                wake_time(&d, &m, Dtype::Bf16, SleepLevel::DiscardWeights)
+                    < load_time(&d, &m, Dtype::Bf16)
+            );
         }
     }
 
@@ -131,6 +135,9 @@ mod tests {
     fn sleep_levels_parse() {
         assert_eq!(SleepLevel::try_from(1).unwrap(), SleepLevel::OffloadWeights);
         assert_eq!(SleepLevel::try_from(2).unwrap(), SleepLevel::DiscardWeights);
-        assert_eq!(SleepLevel::try_from(3).unwrap_err(), EmulatorError::InvalidSleepLevel(3));
+        assert_eq!(
+            SleepLevel::try_from(3).unwrap_err(),
+            EmulatorError::InvalidSleepLevel(3)
+        );
     }
 }

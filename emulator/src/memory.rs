@@ -60,7 +60,13 @@ impl ServingConfig {
 
     /// The checks vLLM makes on these flags at start-up.
     pub fn validate(&self, device: &DeviceSpec, model: &ModelArch) -> Result<(), EmulatorError> {
-        let bad = |field, value: String, reason| Err(EmulatorError::InvalidConfig { field, value, reason });
+        let bad = |field, value: String, reason| {
+            Err(EmulatorError::InvalidConfig {
+                field,
+                value,
+                reason,
+            })
+        };
         let u = self.gpu_memory_utilization;
         if !(u > 0.0 && u <= 1.0) {
             return bad("gpu_memory_utilization", u.to_string(), "must be in (0, 1]");
@@ -126,12 +132,18 @@ impl MemoryPlan {
     /// Plans `model` served with `config` on `device`, refusing (as vLLM does) when weights
     /// and overhead leave no room for the KV cache or the KV cache cannot hold one
     /// `max_model_len` sequence.
-    pub fn new(device: &DeviceSpec, model: &ModelArch, config: &ServingConfig) -> Result<Self, EmulatorError> {
+    pub fn new(
+        device: &DeviceSpec,
+        model: &ModelArch,
+        config: &ServingConfig,
+    ) -> Result<Self, EmulatorError> {
         config.validate(device, model)?;
-        let budget_bytes = (config.gpu_memory_utilization * device.memory_bytes as f64).floor() as u64;
+        let budget_bytes =
+            (config.gpu_memory_utilization * device.memory_bytes as f64).floor() as u64;
         let weight_bytes = model.param_bytes(config.dtype);
         let activation_peak_bytes = activation_peak_bytes(model, config);
-        let overhead_bytes = CUDA_CONTEXT_BYTES + NON_TORCH_BYTES + CUDA_GRAPH_BYTES + activation_peak_bytes;
+        let overhead_bytes =
+            CUDA_CONTEXT_BYTES + NON_TORCH_BYTES + CUDA_GRAPH_BYTES + activation_peak_bytes;
         let available = budget_bytes
             .checked_sub(weight_bytes + overhead_bytes)
             .filter(|&a| a > 0)
@@ -210,11 +222,18 @@ mod tests {
         let avail = 38_654_705_664 - plan.weight_bytes - plan.overhead_bytes;
         assert_eq!(u64::from(plan.kv_blocks), avail / 2_359_296);
         assert_eq!(plan.kv_bytes, u64::from(plan.kv_blocks) * 2_359_296);
-        assert_eq!(plan.total_claim_bytes, plan.weight_bytes + plan.overhead_bytes + plan.kv_bytes);
+        assert_eq!(
+            plan.total_claim_bytes,
+            plan.weight_bytes + plan.overhead_bytes + plan.kv_bytes
+        );
         assert!(plan.total_claim_bytes <= plan.budget_bytes);
         assert!(plan.budget_bytes - plan.total_claim_bytes < plan.kv_block_bytes);
         // About 19.6 GiB of KV: ~8,300 blocks, ~133k tokens.
-        assert!((8_000..8_600).contains(&plan.kv_blocks), "{}", plan.kv_blocks);
+        assert!(
+            (8_000..8_600).contains(&plan.kv_blocks),
+            "{}",
+            plan.kv_blocks
+        );
         assert_eq!(plan.asleep_bytes, 1_342_177_280);
     }
 
@@ -222,9 +241,16 @@ mod tests {
     fn a_model_that_does_not_fit_is_refused() {
         let d = device("L4").unwrap();
         let m = model("Qwen3-32B").unwrap();
-        let err = MemoryPlan::new(&d, &m, &ServingConfig::vllm_defaults(Dtype::Bf16, 4096)).unwrap_err();
-        assert!(matches!(err, EmulatorError::InsufficientMemory { .. }), "{err}");
-        assert!(err.to_string().contains("no available memory for the cache blocks"));
+        let err =
+            MemoryPlan::new(&d, &m, &ServingConfig::vllm_defaults(Dtype::Bf16, 4096)).unwrap_err();
+        assert!(
+            matches!(err, EmulatorError::InsufficientMemory { .. }),
+            "{err}"
+        );
+        assert!(
+            err.to_string()
+                .contains("no available memory for the cache blocks")
+        );
     }
 
     #[test]
@@ -233,9 +259,14 @@ mod tests {
         // KV, ~29k tokens at 144 KiB per token: a 40,960-token max_model_len cannot fit.
         let d = device("L4").unwrap();
         let m = model("Qwen3-8B").unwrap();
-        let err = MemoryPlan::new(&d, &m, &ServingConfig::vllm_defaults(Dtype::Bf16, 40_960)).unwrap_err();
+        let err = MemoryPlan::new(&d, &m, &ServingConfig::vllm_defaults(Dtype::Bf16, 40_960))
+            .unwrap_err();
         match err {
-            EmulatorError::KvCacheTooSmall { kv_tokens, max_model_len, .. } => {
+            EmulatorError::KvCacheTooSmall {
+                kv_tokens,
+                max_model_len,
+                ..
+            } => {
                 assert!(kv_tokens < u64::from(max_model_len));
             }
             other => panic!("unexpected {other}"),
@@ -246,7 +277,8 @@ mod tests {
     fn bf16_on_v100_is_refused_fp16_is_served() {
         let d = device("V100-32GB").unwrap();
         let m = model("Qwen3-1.7B").unwrap();
-        let err = MemoryPlan::new(&d, &m, &ServingConfig::vllm_defaults(Dtype::Bf16, 4096)).unwrap_err();
+        let err =
+            MemoryPlan::new(&d, &m, &ServingConfig::vllm_defaults(Dtype::Bf16, 4096)).unwrap_err();
         assert!(matches!(err, EmulatorError::UnsupportedDtype { .. }));
         assert!(MemoryPlan::new(&d, &m, &ServingConfig::vllm_defaults(Dtype::Fp16, 4096)).is_ok());
     }
@@ -257,16 +289,55 @@ mod tests {
         let m = model("Qwen3-0.6B").unwrap();
         let base = ServingConfig::vllm_defaults(Dtype::Bf16, 4096);
         let cases: Vec<(ServingConfig, &str)> = vec![
-            (ServingConfig { gpu_memory_utilization: 1.5, ..base.clone() }, "gpu_memory_utilization"),
-            (ServingConfig { gpu_memory_utilization: f64::NAN, ..base.clone() }, "gpu_memory_utilization"),
-            (ServingConfig { block_size: 0, ..base.clone() }, "block_size"),
-            (ServingConfig { max_num_seqs: 0, ..base.clone() }, "max_num_seqs"),
-            (ServingConfig { max_num_batched_tokens: 100, ..base.clone() }, "max_num_batched_tokens"),
-            (ServingConfig { max_model_len: 1_000_000, ..base.clone() }, "max_model_len"),
+            (
+                ServingConfig {
+                    gpu_memory_utilization: 1.5,
+                    ..base.clone()
+                },
+                "gpu_memory_utilization",
+            ),
+            (
+                ServingConfig {
+                    gpu_memory_utilization: f64::NAN,
+                    ..base.clone()
+                },
+                "gpu_memory_utilization",
+            ),
+            (
+                ServingConfig {
+                    block_size: 0,
+                    ..base.clone()
+                },
+                "block_size",
+            ),
+            (
+                ServingConfig {
+                    max_num_seqs: 0,
+                    ..base.clone()
+                },
+                "max_num_seqs",
+            ),
+            (
+                ServingConfig {
+                    max_num_batched_tokens: 100,
+                    ..base.clone()
+                },
+                "max_num_batched_tokens",
+            ),
+            (
+                ServingConfig {
+                    max_model_len: 1_000_000,
+                    ..base.clone()
+                },
+                "max_model_len",
+            ),
         ];
         for (cfg, field) in cases {
             let err = MemoryPlan::new(&d, &m, &cfg).unwrap_err();
-            assert!(matches!(err, EmulatorError::InvalidConfig { field: f, .. } if f == field), "{err}");
+            assert!(
+                matches!(err, EmulatorError::InvalidConfig { field: f, .. } if f == field),
+                "{err}"
+            );
         }
     }
 
@@ -278,10 +349,16 @@ mod tests {
         let hi = MemoryPlan::new(
             &d,
             &m,
-            &ServingConfig { gpu_memory_utilization: 0.95, ..ServingConfig::vllm_defaults(Dtype::Bf16, 8192) },
+            &ServingConfig {
+                gpu_memory_utilization: 0.95,
+                ..ServingConfig::vllm_defaults(Dtype::Bf16, 8192)
+            },
         )
         .unwrap();
         assert!(hi.kv_blocks > lo.kv_blocks);
-        assert_eq!((hi.weight_bytes, hi.overhead_bytes), (lo.weight_bytes, lo.overhead_bytes));
+        assert_eq!(
+            (hi.weight_bytes, hi.overhead_bytes),
+            (lo.weight_bytes, lo.overhead_bytes)
+        );
     }
 }

@@ -223,10 +223,12 @@ impl EmulatedReplica {
         let plan = MemoryPlan::new(&device, &model, &config)?;
         let cost = CostModel::for_arch(&device, &model, config.dtype);
         let sigma = ITERATION_NOISE_SIGMA;
-        let noise = LogNormal::new(-sigma * sigma / 2.0, sigma).map_err(|_| EmulatorError::InvalidConfig {
-            field: "noise sigma",
-            value: sigma.to_string(),
-            reason: "must be finite and non-negative",
+        let noise = LogNormal::new(-sigma * sigma / 2.0, sigma).map_err(|_| {
+            EmulatorError::InvalidConfig {
+                field: "noise sigma",
+                value: sigma.to_string(),
+                reason: "must be finite and non-negative",
+            }
         })?;
         Ok(EmulatedReplica {
             pool: BlockPool::new(plan.kv_blocks),
@@ -265,7 +267,10 @@ impl EmulatedReplica {
     /// Cold → Loading. Returns the time the load completes.
     pub fn begin_load(&mut self, now: f64) -> Result<f64, EmulatorError> {
         if self.state != ReplicaState::Cold {
-            return Err(EmulatorError::IllegalTransition { action: "load", state: self.state });
+            return Err(EmulatorError::IllegalTransition {
+                action: "load",
+                state: self.state,
+            });
         }
         let until = now + load_time(&self.device, &self.model, self.config.dtype);
         self.state = ReplicaState::Loading { until };
@@ -288,7 +293,10 @@ impl EmulatedReplica {
     /// Asleep → Waking. Returns the time the replica is awake again.
     pub fn begin_wake(&mut self, now: f64) -> Result<f64, EmulatorError> {
         let (ReplicaState::Asleep, Some(level)) = (self.state, self.sleep_level) else {
-            return Err(EmulatorError::IllegalTransition { action: "wake", state: self.state });
+            return Err(EmulatorError::IllegalTransition {
+                action: "wake",
+                state: self.state,
+            });
         };
         let until = now + wake_time(&self.device, &self.model, self.config.dtype, level);
         self.state = ReplicaState::Waking { until };
@@ -300,7 +308,9 @@ impl EmulatedReplica {
     /// call returned. Returns whether a transition completed.
     pub fn finish_transition(&mut self, now: f64) -> bool {
         let (until, next) = match self.state {
-            ReplicaState::Loading { until } | ReplicaState::Waking { until } => (until, ReplicaState::Awake),
+            ReplicaState::Loading { until } | ReplicaState::Waking { until } => {
+                (until, ReplicaState::Awake)
+            }
             ReplicaState::Sleeping { until } => (until, ReplicaState::Asleep),
             ReplicaState::Cold | ReplicaState::Awake | ReplicaState::Asleep => return false,
         };
@@ -319,7 +329,12 @@ impl EmulatedReplica {
         match self.state {
             ReplicaState::Awake => self.require_idle_awake("unload")?,
             ReplicaState::Asleep => {}
-            state => return Err(EmulatorError::IllegalTransition { action: "unload", state }),
+            state => {
+                return Err(EmulatorError::IllegalTransition {
+                    action: "unload",
+                    state,
+                });
+            }
         }
         self.pool.reset();
         self.sleep_level = None;
@@ -329,10 +344,16 @@ impl EmulatedReplica {
 
     fn require_idle_awake(&self, action: &'static str) -> Result<(), EmulatorError> {
         if self.state != ReplicaState::Awake {
-            return Err(EmulatorError::IllegalTransition { action, state: self.state });
+            return Err(EmulatorError::IllegalTransition {
+                action,
+                state: self.state,
+            });
         }
         if self.in_flight() > 0 || self.iteration.is_some() {
-            return Err(EmulatorError::Busy { action, in_flight: self.in_flight() });
+            return Err(EmulatorError::Busy {
+                action,
+                in_flight: self.in_flight(),
+            });
         }
         Ok(())
     }
@@ -341,7 +362,10 @@ impl EmulatedReplica {
     /// no tokens to generate, or `prompt + output > max_model_len`.
     pub fn submit(&mut self, req: EngineRequest, now: f64) -> Result<(), EmulatorError> {
         if self.state != ReplicaState::Awake {
-            return Err(EmulatorError::IllegalTransition { action: "submit a request", state: self.state });
+            return Err(EmulatorError::IllegalTransition {
+                action: "submit a request",
+                state: self.state,
+            });
         }
         let reject = |reason: String| Err(EmulatorError::InvalidRequest { id: req.id, reason });
         if req.prompt_tokens == 0 {
@@ -429,13 +453,17 @@ impl EmulatedReplica {
         let mut i = 0;
         while i < self.running.len() && budget > 0 {
             let slot = self.running[i];
-            let Some(seq) = self.seqs[slot].as_ref() else { break };
+            let Some(seq) = self.seqs[slot].as_ref() else {
+                break;
+            };
             let context = seq.num_computed;
             let tokens = (seq.seq_len() - context).min(budget);
             let need = blocks_for(context + tokens, bs).saturating_sub(seq.blocks.len() as u32);
             let mut self_preempted = false;
             while self.pool.free() < need {
-                let Some(&victim) = self.running.last() else { break };
+                let Some(&victim) = self.running.last() else {
+                    break;
+                };
                 self.preempt(victim, now);
                 preempted = true;
                 if victim == slot {
@@ -446,7 +474,9 @@ impl EmulatedReplica {
             if self_preempted {
                 break;
             }
-            let Some(seq) = self.seqs[slot].as_mut() else { break };
+            let Some(seq) = self.seqs[slot].as_mut() else {
+                break;
+            };
             for _ in 0..need {
                 if let Some(b) = self.pool.allocate() {
                     seq.blocks.push(b);
@@ -465,8 +495,12 @@ impl EmulatedReplica {
         // except when the batch would otherwise be empty.
         if !preempted || batch.is_empty() {
             while budget > 0 && self.running.len() < self.config.max_num_seqs as usize {
-                let Some(&slot) = self.waiting.front() else { break };
-                let Some(seq) = self.seqs[slot].as_mut() else { break };
+                let Some(&slot) = self.waiting.front() else {
+                    break;
+                };
+                let Some(seq) = self.seqs[slot].as_mut() else {
+                    break;
+                };
                 let seq_len = seq.seq_len();
                 let (hit_blocks, hit_free) = if caching {
                     let max_hit = ((seq_len - 1) / bs) as usize;
@@ -538,7 +572,9 @@ impl EmulatedReplica {
         if let Some(pos) = self.running.iter().rposition(|&s| s == slot) {
             self.running.remove(pos);
         }
-        let Some(seq) = self.seqs[slot].as_mut() else { return };
+        let Some(seq) = self.seqs[slot].as_mut() else {
+            return;
+        };
         for &b in seq.blocks.iter().rev() {
             self.pool.release(b);
         }
@@ -548,7 +584,10 @@ impl EmulatedReplica {
         seq.scheduled = 0;
         self.waiting.push_front(slot);
         self.counters.preemptions += 1;
-        self.pending.push(EngineEvent::Preempted { id: seq.id, at: now });
+        self.pending.push(EngineEvent::Preempted {
+            id: seq.id,
+            at: now,
+        });
     }
 
     /// Applies the iteration's progress at `now` (its end time): computed tokens enter the KV
@@ -563,7 +602,9 @@ impl EmulatedReplica {
         let mut events = std::mem::take(&mut self.pending);
         let mut any_done = false;
         for &slot in &self.running {
-            let Some(seq) = self.seqs[slot].as_mut() else { continue };
+            let Some(seq) = self.seqs[slot].as_mut() else {
+                continue;
+            };
             if seq.scheduled == 0 {
                 continue;
             }
@@ -576,7 +617,10 @@ impl EmulatedReplica {
             self.counters.generated += 1;
             if !seq.first_token_sent {
                 seq.first_token_sent = true;
-                events.push(EngineEvent::FirstToken { id: seq.id, at: now });
+                events.push(EngineEvent::FirstToken {
+                    id: seq.id,
+                    at: now,
+                });
             }
             if seq.generated >= seq.output_tokens {
                 seq.done = true;
@@ -618,7 +662,11 @@ impl EmulatedReplica {
             running: self.running.len(),
             waiting: self.waiting.len(),
             in_flight: self.in_flight(),
-            kv_usage: if total == 0 { 0.0 } else { f64::from(self.pool.in_use()) / f64::from(total) },
+            kv_usage: if total == 0 {
+                0.0
+            } else {
+                f64::from(self.pool.in_use()) / f64::from(total)
+            },
             kv_blocks_in_use: self.pool.in_use(),
             kv_blocks_total: total,
             prefix_cache_queries: c.queries,
@@ -656,9 +704,13 @@ fn blocks_for(tokens: u32, block_size: u32) -> u32 {
 
 /// Registers the sequence's prompt blocks that become full with this iteration's tokens.
 fn register_full_blocks(pool: &mut BlockPool, seq: &mut Sequence, block_size: u32) {
-    let full = ((seq.num_computed + seq.scheduled) / block_size).min(seq.prefix_hashes.len() as u32);
+    let full =
+        ((seq.num_computed + seq.scheduled) / block_size).min(seq.prefix_hashes.len() as u32);
     for b in seq.hashed_blocks..full {
-        let (Some(&block), Some(&hash)) = (seq.blocks.get(b as usize), seq.prefix_hashes.get(b as usize)) else {
+        let (Some(&block), Some(&hash)) = (
+            seq.blocks.get(b as usize),
+            seq.prefix_hashes.get(b as usize),
+        ) else {
             break;
         };
         pool.register(block, hash);
@@ -687,8 +739,12 @@ mod tests {
     }
 
     fn awake_tiny(seed: u64, max_num_seqs: u32) -> EmulatedReplica {
-        let cfg = ServingConfig { max_num_seqs, ..ServingConfig::vllm_defaults(Dtype::Bf16, 4096) };
-        let mut r = EmulatedReplica::new(tiny_device(), model("Qwen3-0.6B").unwrap(), cfg, seed).unwrap();
+        let cfg = ServingConfig {
+            max_num_seqs,
+            ..ServingConfig::vllm_defaults(Dtype::Bf16, 4096)
+        };
+        let mut r =
+            EmulatedReplica::new(tiny_device(), model("Qwen3-0.6B").unwrap(), cfg, seed).unwrap();
         let t = r.begin_load(0.0).unwrap();
         assert!(r.finish_transition(t));
         r
@@ -701,21 +757,32 @@ mod tests {
             let mut referenced = HashSet::new();
             assert!(self.running.len() <= self.config.max_num_seqs as usize);
             for &slot in &self.running {
-                let s = self.seqs[slot].as_ref().expect("running slot holds a sequence");
+                let s = self.seqs[slot]
+                    .as_ref()
+                    .expect("running slot holds a sequence");
                 assert!(!s.done);
                 assert!(s.num_computed + s.scheduled <= s.seq_len());
                 assert!(s.blocks.len() as u32 >= blocks_for(s.num_computed + s.scheduled, bs));
                 assert!(s.generated < s.output_tokens);
                 for &b in &s.blocks {
-                    assert!(!self.pool.is_free(b), "block {b} of a running request is in the free queue");
+                    assert!(
+                        !self.pool.is_free(b),
+                        "block {b} of a running request is in the free queue"
+                    );
                     referenced.insert(b);
                 }
             }
             for &slot in &self.waiting {
-                let s = self.seqs[slot].as_ref().expect("waiting slot holds a sequence");
+                let s = self.seqs[slot]
+                    .as_ref()
+                    .expect("waiting slot holds a sequence");
                 assert!(s.blocks.is_empty() && s.num_computed == 0);
             }
-            assert_eq!(referenced.len() as u32, self.pool.in_use(), "blocks in use = blocks referenced");
+            assert_eq!(
+                referenced.len() as u32,
+                self.pool.in_use(),
+                "blocks in use = blocks referenced"
+            );
             assert!(self.pool.in_use() <= self.pool.total());
             assert_eq!(self.ids.len(), self.in_flight());
         }

@@ -2,20 +2,34 @@
 //! caching, chunked prefill, preemption, request validation and seeded determinism.
 
 use switchyard_emulator::{
-    DeviceSpec, Dtype, EmulatedReplica, EmulatorError, EngineEvent, EngineRequest, ReplicaState, ServingConfig,
+    DeviceSpec, Dtype, EmulatedReplica, EmulatorError, EngineEvent, EngineRequest, ReplicaState,
+    ServingConfig,
 };
 use switchyard_predictor::spec::{device, model};
 
 fn awake(device_name: &str, model_name: &str, config: ServingConfig, seed: u64) -> EmulatedReplica {
-    let mut r = EmulatedReplica::new(device(device_name).unwrap(), model(model_name).unwrap(), config, seed).unwrap();
+    let mut r = EmulatedReplica::new(
+        device(device_name).unwrap(),
+        model(model_name).unwrap(),
+        config,
+        seed,
+    )
+    .unwrap();
     let t = r.begin_load(0.0).unwrap();
     assert!(r.finish_transition(t));
     r
 }
 
 fn request(id: u64, prompt_tokens: u32, output_tokens: u32, family: u64) -> EngineRequest {
-    let hashes = (0..u64::from(prompt_tokens / 16)).map(|b| family.wrapping_mul(1_000_003) ^ b).collect();
-    EngineRequest { id, prompt_tokens, prefix_hashes: hashes, output_tokens }
+    let hashes = (0..u64::from(prompt_tokens / 16))
+        .map(|b| family.wrapping_mul(1_000_003) ^ b)
+        .collect();
+    EngineRequest {
+        id,
+        prompt_tokens,
+        prefix_hashes: hashes,
+        output_tokens,
+    }
 }
 
 /// Runs iterations until the replica is idle; returns the events and the final time.
@@ -44,9 +58,12 @@ fn finished(events: &[EngineEvent]) -> Vec<(u64, u32, u32)> {
     events
         .iter()
         .filter_map(|e| match e {
-            EngineEvent::Finished { id, cached_prompt_tokens, output_tokens, .. } => {
-                Some((*id, *cached_prompt_tokens, *output_tokens))
-            }
+            EngineEvent::Finished {
+                id,
+                cached_prompt_tokens,
+                output_tokens,
+                ..
+            } => Some((*id, *cached_prompt_tokens, *output_tokens)),
             _ => None,
         })
         .collect()
@@ -56,7 +73,8 @@ fn finished(events: &[EngineEvent]) -> Vec<(u64, u32, u32)> {
 fn lifecycle_transitions_and_their_errors() {
     let d = device("A100-40GB").unwrap();
     let m = model("Qwen3-8B").unwrap();
-    let mut r = EmulatedReplica::new(d, m, ServingConfig::vllm_defaults(Dtype::Bf16, 8192), 1).unwrap();
+    let mut r =
+        EmulatedReplica::new(d, m, ServingConfig::vllm_defaults(Dtype::Bf16, 8192), 1).unwrap();
     let plan = r.memory_plan().clone();
     assert_eq!(r.state(), ReplicaState::Cold);
     assert_eq!(r.device_memory_in_use(), 0);
@@ -67,7 +85,17 @@ fn lifecycle_transitions_and_their_errors() {
     assert!(illegal(r.unload().unwrap_err()));
 
     let until = r.begin_load(10.0).unwrap();
-    assert!((until - 10.0 - switchyard_emulator::load_time(&device("A100-40GB").unwrap(), &model("Qwen3-8B").unwrap(), Dtype::Bf16)).abs() < 1e-9);
+    assert!(
+        (until
+            - 10.0
+            - switchyard_emulator::load_time(
+                &device("A100-40GB").unwrap(),
+                &model("Qwen3-8B").unwrap(),
+                Dtype::Bf16
+            ))
+        .abs()
+            < 1e-9
+    );
     assert_eq!(r.state(), ReplicaState::Loading { until });
     assert_eq!(r.device_memory_in_use(), plan.total_claim_bytes);
     assert!(illegal(r.begin_load(11.0).unwrap_err()));
@@ -79,16 +107,28 @@ fn lifecycle_transitions_and_their_errors() {
 
     // Busy replicas neither sleep nor unload.
     r.submit(request(1, 100, 5, 0), until).unwrap();
-    assert!(matches!(r.begin_sleep(1, until).unwrap_err(), EmulatorError::Busy { in_flight: 1, .. }));
-    assert!(matches!(r.unload().unwrap_err(), EmulatorError::Busy { .. }));
-    assert_eq!(r.begin_sleep(0, until).unwrap_err(), EmulatorError::InvalidSleepLevel(0));
+    assert!(matches!(
+        r.begin_sleep(1, until).unwrap_err(),
+        EmulatorError::Busy { in_flight: 1, .. }
+    ));
+    assert!(matches!(
+        r.unload().unwrap_err(),
+        EmulatorError::Busy { .. }
+    ));
+    assert_eq!(
+        r.begin_sleep(0, until).unwrap_err(),
+        EmulatorError::InvalidSleepLevel(0)
+    );
     let (_, now) = drain(&mut r, until);
 
     let asleep_at = r.begin_sleep(1, now).unwrap();
     assert!(asleep_at > now);
     assert!(matches!(r.state(), ReplicaState::Sleeping { .. }));
     assert!(illegal(r.submit(request(2, 100, 5, 0), now).unwrap_err()));
-    assert!(illegal(r.begin_wake(now).unwrap_err()), "still falling asleep");
+    assert!(
+        illegal(r.begin_wake(now).unwrap_err()),
+        "still falling asleep"
+    );
     assert!(r.finish_transition(asleep_at));
     assert_eq!(r.state(), ReplicaState::Asleep);
     assert_eq!(r.device_memory_in_use(), plan.asleep_bytes);
@@ -117,7 +157,12 @@ fn lifecycle_transitions_and_their_errors() {
 
 #[test]
 fn an_asleep_replica_unloads() {
-    let mut r = awake("A100-40GB", "Qwen3-1.7B", ServingConfig::vllm_defaults(Dtype::Bf16, 4096), 1);
+    let mut r = awake(
+        "A100-40GB",
+        "Qwen3-1.7B",
+        ServingConfig::vllm_defaults(Dtype::Bf16, 4096),
+        1,
+    );
     let t = r.begin_sleep(1, 0.0).unwrap();
     assert!(r.finish_transition(t));
     r.unload().unwrap();
@@ -126,7 +171,12 @@ fn an_asleep_replica_unloads() {
 
 #[test]
 fn a_repeated_prompt_hits_the_prefix_cache_and_starts_sooner() {
-    let mut r = awake("A100-40GB", "Qwen3-8B", ServingConfig::vllm_defaults(Dtype::Bf16, 8192), 3);
+    let mut r = awake(
+        "A100-40GB",
+        "Qwen3-8B",
+        ServingConfig::vllm_defaults(Dtype::Bf16, 8192),
+        3,
+    );
     r.submit(request(1, 4000, 10, 42), 0.0).unwrap();
     let (ev1, t1) = drain(&mut r, 0.0);
     let ttft1 = first_token_at(&ev1, 1);
@@ -150,7 +200,12 @@ fn a_repeated_prompt_hits_the_prefix_cache_and_starts_sooner() {
 
 #[test]
 fn sleeping_empties_the_prefix_cache() {
-    let mut r = awake("A100-40GB", "Qwen3-4B", ServingConfig::vllm_defaults(Dtype::Bf16, 8192), 3);
+    let mut r = awake(
+        "A100-40GB",
+        "Qwen3-4B",
+        ServingConfig::vllm_defaults(Dtype::Bf16, 8192),
+        3,
+    );
     r.submit(request(1, 2000, 4, 9), 0.0).unwrap();
     let (_, t) = drain(&mut r, 0.0);
     let asleep = r.begin_sleep(1, t).unwrap();
@@ -164,7 +219,10 @@ fn sleeping_empties_the_prefix_cache() {
 
 #[test]
 fn prefix_caching_off_never_hits() {
-    let cfg = ServingConfig { enable_prefix_caching: false, ..ServingConfig::vllm_defaults(Dtype::Bf16, 8192) };
+    let cfg = ServingConfig {
+        enable_prefix_caching: false,
+        ..ServingConfig::vllm_defaults(Dtype::Bf16, 8192)
+    };
     let mut r = awake("A100-40GB", "Qwen3-4B", cfg, 3);
     r.submit(request(1, 2000, 4, 9), 0.0).unwrap();
     let (_, t) = drain(&mut r, 0.0);
@@ -176,7 +234,10 @@ fn prefix_caching_off_never_hits() {
 
 #[test]
 fn long_prompts_are_prefilled_in_chunks() {
-    let cfg = ServingConfig { max_num_batched_tokens: 2048, ..ServingConfig::vllm_defaults(Dtype::Bf16, 16_384) };
+    let cfg = ServingConfig {
+        max_num_batched_tokens: 2048,
+        ..ServingConfig::vllm_defaults(Dtype::Bf16, 16_384)
+    };
     let mut r = awake("A100-40GB", "Qwen3-4B", cfg, 5);
     r.submit(request(1, 10_000, 3, 1), 0.0).unwrap();
     let (ev, _) = drain(&mut r, 0.0);
@@ -190,7 +251,10 @@ fn long_prompts_are_prefilled_in_chunks() {
 
 #[test]
 fn decodes_batch_together_and_respect_max_num_seqs() {
-    let cfg = ServingConfig { max_num_seqs: 8, ..ServingConfig::vllm_defaults(Dtype::Bf16, 4096) };
+    let cfg = ServingConfig {
+        max_num_seqs: 8,
+        ..ServingConfig::vllm_defaults(Dtype::Bf16, 4096)
+    };
     let mut r = awake("A100-40GB", "Qwen3-1.7B", cfg, 5);
     for id in 0..20 {
         r.submit(request(id, 100, 50, id), 0.0).unwrap();
@@ -214,7 +278,12 @@ fn decodes_batch_together_and_respect_max_num_seqs() {
 fn kv_pressure_preempts_and_every_request_still_finishes_once() {
     // Qwen3-8B on an A100-40GB with 90 % utilisation holds ~133k tokens; 48 requests of
     // 2,000 + 2,000 tokens need ~192k at their peak.
-    let mut r = awake("A100-40GB", "Qwen3-8B", ServingConfig::vllm_defaults(Dtype::Bf16, 8192), 11);
+    let mut r = awake(
+        "A100-40GB",
+        "Qwen3-8B",
+        ServingConfig::vllm_defaults(Dtype::Bf16, 8192),
+        11,
+    );
     let total = r.memory_plan().kv_blocks;
     for id in 0..48 {
         r.submit(request(id, 2000, 2000, id), 0.0).unwrap();
@@ -228,7 +297,10 @@ fn kv_pressure_preempts_and_every_request_still_finishes_once() {
     }
     let t = r.telemetry();
     assert!(t.preemptions > 0, "expected preemptions");
-    let preempted = events.iter().filter(|e| matches!(e, EngineEvent::Preempted { .. })).count() as u64;
+    let preempted = events
+        .iter()
+        .filter(|e| matches!(e, EngineEvent::Preempted { .. }))
+        .count() as u64;
     assert_eq!(preempted, t.preemptions);
     let mut done = finished(&events);
     done.sort();
@@ -243,16 +315,29 @@ fn kv_pressure_preempts_and_every_request_still_finishes_once() {
 
 #[test]
 fn bad_requests_are_rejected_with_reasons() {
-    let mut r = awake("A100-40GB", "Qwen3-0.6B", ServingConfig::vllm_defaults(Dtype::Bf16, 1024), 1);
+    let mut r = awake(
+        "A100-40GB",
+        "Qwen3-0.6B",
+        ServingConfig::vllm_defaults(Dtype::Bf16, 1024),
+        1,
+    );
     let invalid = |e: EmulatorError| matches!(e, EmulatorError::InvalidRequest { .. });
     assert!(invalid(r.submit(request(1, 0, 5, 0), 0.0).unwrap_err()));
     assert!(invalid(r.submit(request(1, 10, 0, 0), 0.0).unwrap_err()));
     let err = r.submit(request(1, 1000, 25, 0), 0.0).unwrap_err();
     assert!(err.to_string().contains("max_model_len"), "{err}");
-    let too_many = EngineRequest { id: 1, prompt_tokens: 40, prefix_hashes: vec![1, 2, 3], output_tokens: 1 };
+    let too_many = EngineRequest {
+        id: 1,
+        prompt_tokens: 40,
+        prefix_hashes: vec![1, 2, 3],
+        output_tokens: 1,
+    };
     assert!(invalid(r.submit(too_many, 0.0).unwrap_err()));
     r.submit(request(1, 100, 5, 0), 0.0).unwrap();
-    assert_eq!(r.submit(request(1, 100, 5, 0), 0.0).unwrap_err(), EmulatorError::DuplicateRequest(1));
+    assert_eq!(
+        r.submit(request(1, 100, 5, 0), 0.0).unwrap_err(),
+        EmulatorError::DuplicateRequest(1)
+    );
     assert_eq!(r.in_flight(), 1);
     // Once finished, the id may be reused.
     drain(&mut r, 0.0);
@@ -260,9 +345,15 @@ fn bad_requests_are_rejected_with_reasons() {
 }
 
 fn event_times(seed: u64) -> Vec<(u64, u64)> {
-    let mut r = awake("L4", "Qwen3-1.7B", ServingConfig::vllm_defaults(Dtype::Bf16, 8192), seed);
+    let mut r = awake(
+        "L4",
+        "Qwen3-1.7B",
+        ServingConfig::vllm_defaults(Dtype::Bf16, 8192),
+        seed,
+    );
     for id in 0..16 {
-        r.submit(request(id, 300 + 50 * id as u32, 40, id % 3), 0.0).unwrap();
+        r.submit(request(id, 300 + 50 * id as u32, 40, id % 3), 0.0)
+            .unwrap();
     }
     let (events, _) = drain(&mut r, 0.0);
     events
@@ -282,15 +373,27 @@ fn same_seed_same_times_different_seed_different_times() {
     let b = event_times(8);
     assert_ne!(a, b);
     // The noise is small: the makespans agree within a few percent.
-    let end = |v: &[(u64, u64)]| v.iter().map(|&(_, t)| f64::from_bits(t)).fold(0.0, f64::max);
+    let end = |v: &[(u64, u64)]| {
+        v.iter()
+            .map(|&(_, t)| f64::from_bits(t))
+            .fold(0.0, f64::max)
+    };
     let (ea, eb) = (end(&a), end(&b));
     assert!((ea - eb).abs() / ea < 0.03, "{ea} vs {eb}");
 }
 
 #[test]
 fn a_custom_device_without_bf16_is_refused_in_bf16() {
-    let d = DeviceSpec { supports_bf16: false, ..device("A100-40GB").unwrap() };
-    let err = EmulatedReplica::new(d, model("Qwen3-0.6B").unwrap(), ServingConfig::vllm_defaults(Dtype::Bf16, 4096), 0)
-        .unwrap_err();
+    let d = DeviceSpec {
+        supports_bf16: false,
+        ..device("A100-40GB").unwrap()
+    };
+    let err = EmulatedReplica::new(
+        d,
+        model("Qwen3-0.6B").unwrap(),
+        ServingConfig::vllm_defaults(Dtype::Bf16, 4096),
+        0,
+    )
+    .unwrap_err();
     assert!(matches!(err, EmulatorError::UnsupportedDtype { .. }));
 }

@@ -22,15 +22,25 @@ fn lookups(c: &mut Criterion) {
         .collect();
     let devices = spec::device_catalogue();
     let built = std::time::Instant::now();
-    let table = ProfileTable::build(predictor.as_ref(), &deployments, &devices, Buckets::default())
-        .expect("catalogue deployments build");
+    let table = ProfileTable::build(
+        predictor.as_ref(),
+        &deployments,
+        &devices,
+        Buckets::default(),
+    )
+    .expect("catalogue deployments build");
     eprintln!("built {} cells in {:?}", table.len(), built.elapsed());
     let margins = AdmissionMargins::new(&table, MarginPolicy::default());
     let mut history: OutputHistory<u32> = OutputHistory::default();
-    for (i, out) in [180u32, 220, 150, 400, 90, 260, 310, 170].iter().enumerate() {
+    for (i, out) in [180u32, 220, 150, 400, 90, 260, 310, 170]
+        .iter()
+        .enumerate()
+    {
         history.record(i as u32 % 4, *out);
     }
-    let d = table.deployment("Qwen3-8B/bf16").expect("deployment in table");
+    let d = table
+        .deployment("Qwen3-8B/bf16")
+        .expect("deployment in table");
     let g = table.device("A100-40GB").expect("device in table");
 
     c.bench_function("timing lookup (p90 history → κ → run time)", |b| {
@@ -42,15 +52,20 @@ fn lookups(c: &mut Criterion) {
             black_box(key.map(|k| table.run_time(k)))
         })
     });
-    c.bench_function("admission lookup (limit → κ → M_peak + ε + ρ)", |b| {
-        let mut prompt = 100u32;
-        b.iter(|| {
-            prompt = (prompt * 7 + 13) % 30_000 + 1;
-            let key = table.key(d, g, 1 + prompt % 32, prompt, 1024);
-            black_box(key.map(|k| (margins.admission_bytes(&table, k), table.fits(k))))
-        })
+    c.bench_function(
+        "admission lookup (limit → κ → M_peak + ε + ρ)",
+        |b| {
+            let mut prompt = 100u32;
+            b.iter(|| {
+                prompt = (prompt * 7 + 13) % 30_000 + 1;
+                let key = table.key(d, g, 1 + prompt % 32, prompt, 1024);
+                black_box(key.map(|k| (margins.admission_bytes(&table, k), table.fits(k))))
+            })
+        },
+    );
+    c.bench_function("load lookup (C_load)", |b| {
+        b.iter(|| black_box(table.load_time(black_box(d), black_box(g))))
     });
-    c.bench_function("load lookup (C_load)", |b| b.iter(|| black_box(table.load_time(black_box(d), black_box(g)))));
 }
 
 criterion_group!(benches, lookups);

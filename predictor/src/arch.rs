@@ -115,14 +115,13 @@ impl Architecture {
             path: path.to_path_buf(),
             message,
         };
-        let cfg: VidurModelConfig =
-            serde_saphyr::from_str(yaml).map_err(|e| bad(e.to_string()))?;
+        let cfg: VidurModelConfig = serde_saphyr::from_str(yaml).map_err(|e| bad(e.to_string()))?;
         if cfg.num_layers == 0 || cfg.num_q_heads == 0 || cfg.embedding_dim == 0 {
             return Err(bad(
                 "num_layers, num_q_heads and embedding_dim must be positive".into(),
             ));
         }
-        if cfg.num_kv_heads == 0 || cfg.num_q_heads % cfg.num_kv_heads != 0 {
+        if cfg.num_kv_heads == 0 || !cfg.num_q_heads.is_multiple_of(cfg.num_kv_heads) {
             return Err(bad(format!(
                 "num_kv_heads {} must divide num_q_heads {}",
                 cfg.num_kv_heads, cfg.num_q_heads
@@ -184,8 +183,12 @@ mod tests {
 
     #[test]
     fn vidur_yaml_parses_llama() {
-        let a = Architecture::from_vidur_yaml("meta-llama/Llama-2-7b-hf", Path::new("x.yml"), LLAMA2_7B)
-            .unwrap();
+        let a = Architecture::from_vidur_yaml(
+            "meta-llama/Llama-2-7b-hf",
+            Path::new("x.yml"),
+            LLAMA2_7B,
+        )
+        .unwrap();
         assert_eq!(a.head_dim, 128);
         assert_eq!(a.q_width(), 4096);
         assert!(a.gated_mlp && a.post_attention_norm);

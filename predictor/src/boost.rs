@@ -243,8 +243,18 @@ impl Trainer<'_> {
         let small_is_left = left_rows.len() <= right_rows.len();
         let small_hist = self.histogram(if small_is_left { left_rows } else { right_rows }, grad);
         let large_hist = Hist {
-            grad: hist.grad.iter().zip(&small_hist.grad).map(|(p, s)| p - s).collect(),
-            count: hist.count.iter().zip(&small_hist.count).map(|(p, s)| p - s).collect(),
+            grad: hist
+                .grad
+                .iter()
+                .zip(&small_hist.grad)
+                .map(|(p, s)| p - s)
+                .collect(),
+            count: hist
+                .count
+                .iter()
+                .zip(&small_hist.count)
+                .map(|(p, s)| p - s)
+                .collect(),
         };
         let (lh, rh) = if small_is_left {
             (small_hist, large_hist)
@@ -265,7 +275,12 @@ impl Trainer<'_> {
 
 impl BoostedTrees {
     /// Fit `y ≈ f(x)` where `x` is row-major with `features` columns.
-    pub fn fit(x: &[f64], features: usize, y: &[f64], params: BoostParams) -> Result<Self, FitError> {
+    pub fn fit(
+        x: &[f64],
+        features: usize,
+        y: &[f64],
+        params: BoostParams,
+    ) -> Result<Self, FitError> {
         let n = y.len();
         if n == 0 || features == 0 {
             return Err(FitError::NoRows);
@@ -319,8 +334,7 @@ impl BoostedTrees {
 
     /// Predict one row (missing trailing features read as 0).
     pub fn predict(&self, x: &[f64]) -> f64 {
-        self.base
-            + self.learning_rate * self.trees.iter().map(|t| t.predict(x)).sum::<f64>()
+        self.base + self.learning_rate * self.trees.iter().map(|t| t.predict(x)).sum::<f64>()
     }
 
     /// Number of features the model was trained on.
@@ -356,7 +370,10 @@ mod tests {
 
     #[test]
     fn rejects_bad_input() {
-        assert_eq!(BoostedTrees::fit(&[], 1, &[], BoostParams::default()), Err(FitError::NoRows));
+        assert_eq!(
+            BoostedTrees::fit(&[], 1, &[], BoostParams::default()),
+            Err(FitError::NoRows)
+        );
         assert_eq!(
             BoostedTrees::fit(&[1.0, 2.0], 1, &[1.0], BoostParams::default()),
             Err(FitError::ShapeMismatch)
@@ -370,7 +387,9 @@ mod tests {
     #[test]
     fn few_distinct_values_get_every_cut() {
         // 10,000 rows of four values in unequal blocks: every boundary must be cut.
-        let mut v: Vec<f64> = (0..10_000).map(|i| [1.0, 2.0, 4.0, 8.0][(i * i / 7) % 4]).collect();
+        let mut v: Vec<f64> = (0..10_000)
+            .map(|i| [1.0, 2.0, 4.0, 8.0][(i * i / 7) % 4])
+            .collect();
         assert_eq!(cut_points(&mut v, 64), vec![1.5, 3.0, 6.0]);
         // Many distinct values: at most `bins - 1` cuts.
         let mut w: Vec<f64> = (0..10_000).map(f64::from).collect();

@@ -105,7 +105,9 @@ pub fn parse_device(name: &str, path: &Path, yaml: &str) -> Result<DeviceSpec, P
     };
     let cfg: VidurDeviceConfig = serde_saphyr::from_str(yaml).map_err(|e| bad(e.to_string()))?;
     if !(cfg.fp16_tflops > 0.0 && cfg.total_memory_gb > 0.0) {
-        return Err(bad("fp16_tflops and total_memory_gb must be positive".into()));
+        return Err(bad(
+            "fp16_tflops and total_memory_gb must be positive".into()
+        ));
     }
     let memory_bytes = (cfg.total_memory_gb * (1u64 << 30) as f64) as u64;
     let catalogued = spec::device_catalogue()
@@ -132,9 +134,15 @@ pub fn parse_device(name: &str, path: &Path, yaml: &str) -> Result<DeviceSpec, P
         ),
         (None, Some(c)) => (
             c.memory_bandwidth,
-            cfg.host_link_gbps.map(|l| l * 1e9).unwrap_or(c.host_link_bandwidth),
+            cfg.host_link_gbps
+                .map(|l| l * 1e9)
+                .unwrap_or(c.host_link_bandwidth),
             c.supports_bf16,
-            format!("{} (bandwidth from catalogue entry {})", path.display(), c.name),
+            format!(
+                "{} (bandwidth from catalogue entry {})",
+                path.display(),
+                c.name
+            ),
         ),
         (None, None) => {
             return Err(bad(format!(
@@ -169,11 +177,13 @@ struct Columns {
 }
 
 fn parse_f64(path: &Path, line: u64, field: &str, text: &str) -> Result<f64, PredictorError> {
-    text.trim().parse::<f64>().map_err(|e| PredictorError::BadCsv {
-        path: path.to_path_buf(),
-        line,
-        message: format!("column `{field}`: `{text}` is not a number ({e})"),
-    })
+    text.trim()
+        .parse::<f64>()
+        .map_err(|e| PredictorError::BadCsv {
+            path: path.to_path_buf(),
+            line,
+            message: format!("column `{field}`: `{text}` is not a number ({e})"),
+        })
 }
 
 /// Read one `mlp.csv`. Rows repeated for the same (tokens, TP) are averaged.
@@ -281,14 +291,20 @@ pub fn read_mlp_csv(
 /// Read an attention CSV (Vidur's legacy or current format: both carry `n_embd`, `n_q_head`,
 /// `n_kv_head`, `num_tensor_parallel_workers`, `batch_size`, `prefill_chunk_size`,
 /// `kv_cache_size`, `is_prefill` and `time_stats.attn_{prefill,decode}.median`).
-pub fn read_attention_csv(path: &Path, device: &str) -> Result<Vec<AttentionSample>, PredictorError> {
+pub fn read_attention_csv(
+    path: &Path,
+    device: &str,
+) -> Result<Vec<AttentionSample>, PredictorError> {
     let csv_err = |line: u64, message: String| PredictorError::BadCsv {
         path: path.to_path_buf(),
         line,
         message,
     };
     let mut reader = csv::Reader::from_path(path).map_err(|e| csv_err(0, e.to_string()))?;
-    let headers = reader.headers().map_err(|e| csv_err(1, e.to_string()))?.clone();
+    let headers = reader
+        .headers()
+        .map_err(|e| csv_err(1, e.to_string()))?
+        .clone();
     let col = |name: &str| {
         headers
             .iter()
@@ -320,7 +336,10 @@ pub fn read_attention_csv(path: &Path, device: &str) -> Result<Vec<AttentionSamp
             "False" | "false" | "0" => false,
             other => return Err(csv_err(line, format!("column `is_prefill`: `{other}`"))),
         };
-        let time_ms = num(if is_prefill { t_pre } else { t_dec }, "time_stats.attn_*.median")?;
+        let time_ms = num(
+            if is_prefill { t_pre } else { t_dec },
+            "time_stats.attn_*.median",
+        )?;
         let q_heads = num(qh, "n_q_head")? as u64;
         if q_heads == 0 {
             return Err(csv_err(line, "column `n_q_head`: must be positive".into()));
@@ -401,7 +420,9 @@ impl ProfileData {
                 if !data.devices.contains_key(&device) {
                     return Err(PredictorError::BadLayout {
                         path: dev_dir.join(format!("{device}.yml")),
-                        message: format!("measurements on `{device}` exist but its device config does not"),
+                        message: format!(
+                            "measurements on `{device}` exist but its device config does not"
+                        ),
                     });
                 }
                 for org_path in sorted_entries(&dev_path)? {
@@ -414,8 +435,14 @@ impl ProfileData {
                         if !mlp.is_file() && !attn.is_file() {
                             continue;
                         }
-                        let org = org_path.file_name().and_then(|s| s.to_str()).unwrap_or_default();
-                        let leaf = model_path.file_name().and_then(|s| s.to_str()).unwrap_or_default();
+                        let org = org_path
+                            .file_name()
+                            .and_then(|s| s.to_str())
+                            .unwrap_or_default();
+                        let leaf = model_path
+                            .file_name()
+                            .and_then(|s| s.to_str())
+                            .unwrap_or_default();
                         let model = format!("{org}/{leaf}");
                         if !data.models.contains_key(&model) {
                             let arch = read_model_config(root, &model)?;
@@ -435,7 +462,10 @@ impl ProfileData {
         if legacy.is_dir() {
             for dev_path in sorted_entries(&legacy)? {
                 let attn = dev_path.join("attention.csv");
-                let device = dev_path.file_name().and_then(|s| s.to_str()).unwrap_or_default();
+                let device = dev_path
+                    .file_name()
+                    .and_then(|s| s.to_str())
+                    .unwrap_or_default();
                 if attn.is_file() && data.devices.contains_key(device) {
                     data.attention.extend(read_attention_csv(&attn, device)?);
                 }
@@ -453,14 +483,21 @@ impl ProfileData {
                     if ext != Some("yml") && ext != Some("json") {
                         continue;
                     }
-                    let org = org_path.file_name().and_then(|s| s.to_str()).unwrap_or_default();
-                    let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or_default();
+                    let org = org_path
+                        .file_name()
+                        .and_then(|s| s.to_str())
+                        .unwrap_or_default();
+                    let stem = path
+                        .file_stem()
+                        .and_then(|s| s.to_str())
+                        .unwrap_or_default();
                     let model = format!("{org}/{stem}");
-                    if !data.models.contains_key(&model) {
-                        // A config that does not parse is an error only when it is measured.
-                        if let Ok(arch) = read_model_config(root, &model) {
-                            data.models.insert(model, arch);
-                        }
+                    // A config that does not parse is an error only when it is measured.
+                    if let std::collections::btree_map::Entry::Vacant(slot) =
+                        data.models.entry(model.clone())
+                        && let Ok(arch) = read_model_config(root, &model)
+                    {
+                        slot.insert(arch);
                     }
                 }
             }
@@ -468,7 +505,8 @@ impl ProfileData {
         if data.passes.is_empty() {
             return Err(PredictorError::BadLayout {
                 path: compute,
-                message: "no `profiling/compute/<device>/<org>/<model>/mlp.csv` measurements".into(),
+                message: "no `profiling/compute/<device>/<org>/<model>/mlp.csv` measurements"
+                    .into(),
             });
         }
         Ok(data)
@@ -497,21 +535,36 @@ mod tests {
 
     #[test]
     fn device_bandwidth_comes_from_the_catalogue() {
-        let d = parse_device("a100", Path::new("a100.yml"), "fp16_tflops: 312\ntotal_memory_gb: 80\n")
-            .unwrap();
+        let d = parse_device(
+            "a100",
+            Path::new("a100.yml"),
+            "fp16_tflops: 312\ntotal_memory_gb: 80\n",
+        )
+        .unwrap();
         assert_eq!(d.memory_bandwidth, 2039e9);
-        let d = parse_device("h100", Path::new("h100.yml"), "fp16_tflops: 1000\ntotal_memory_gb: 80\n")
-            .unwrap();
+        let d = parse_device(
+            "h100",
+            Path::new("h100.yml"),
+            "fp16_tflops: 1000\ntotal_memory_gb: 80\n",
+        )
+        .unwrap();
         assert_eq!(d.memory_bandwidth, 3350e9);
         assert_eq!(d.dense_fp16_flops, 1000e12);
     }
 
     #[test]
     fn unknown_device_needs_a_bandwidth_field() {
-        let err = parse_device("mi300x", Path::new("d/mi300x.yml"), "fp16_tflops: 1307\ntotal_memory_gb: 192\n")
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("memory_bandwidth_gbps") && err.contains("d/mi300x.yml"), "{err}");
+        let err = parse_device(
+            "mi300x",
+            Path::new("d/mi300x.yml"),
+            "fp16_tflops: 1307\ntotal_memory_gb: 192\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("memory_bandwidth_gbps") && err.contains("d/mi300x.yml"),
+            "{err}"
+        );
         let d = parse_device(
             "mi300x",
             Path::new("mi300x.yml"),
@@ -554,7 +607,10 @@ mod tests {
     #[test]
     fn shipped_data_loads() {
         let data = ProfileData::load(&crate::eval::default_train_dir()).unwrap();
-        assert_eq!(data.measured_devices(), vec!["a100".to_string(), "h100".to_string()]);
+        assert_eq!(
+            data.measured_devices(),
+            vec!["a100".to_string(), "h100".to_string()]
+        );
         assert_eq!(data.measured_models().len(), 8);
         assert!(data.passes.len() > 14_000, "{}", data.passes.len());
         assert!(!data.attention.is_empty());

@@ -31,7 +31,9 @@ use crate::metrics::Tally;
 
 /// The measurements shipped with the crate (a partial copy of Vidur's profiling data).
 pub fn default_train_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("data").join("vidur-profiling")
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("data")
+        .join("vidur-profiling")
 }
 
 /// Split name of the pooled leave-one-model-out folds.
@@ -94,7 +96,9 @@ impl EvalReport {
 
     /// The row of `estimator` on `split`.
     pub fn row(&self, estimator: &str, split: &str) -> Option<&EvalRow> {
-        self.rows.iter().find(|r| r.estimator == estimator && r.split == split)
+        self.rows
+            .iter()
+            .find(|r| r.estimator == estimator && r.split == split)
     }
 
     /// `[{"estimator", "split", "wape_runtime", "ordering", "window_fit", ...}, ...]`.
@@ -133,11 +137,26 @@ impl EvalReport {
     }
 }
 
+/// What a fold holds out.
+enum HeldOut {
+    Model(String),
+    Device(String),
+}
+
 /// A fold: which measurements are held out, and its name.
 struct Fold {
     split: &'static str,
     name: String,
-    held_out: Box<dyn Fn(&str, &str) -> bool + Send + Sync>,
+    held: HeldOut,
+}
+
+impl Fold {
+    fn held_out(&self, model: &str, device: &str) -> bool {
+        match &self.held {
+            HeldOut::Model(m) => m == model,
+            HeldOut::Device(d) => d == device,
+        }
+    }
 }
 
 /// Score every estimator on one fold: train on what is not held out, judge what is.
@@ -145,11 +164,11 @@ fn run_fold(
     judged: &MeasuredSet<'_>,
     fold: &Fold,
 ) -> Result<Vec<(String, Tally, f64)>, PredictorError> {
-    let train_set = judged.subset(|m, d| !(fold.held_out)(m, d));
+    let train_set = judged.subset(|m, d| !fold.held_out(m, d));
     let held: Vec<usize> = (0..judged.configs.len())
         .filter(|&i| {
             let r = judged.raw(&judged.configs[i]);
-            (fold.held_out)(&r.model, &r.device)
+            fold.held_out(&r.model, &r.device)
         })
         .collect();
     if held.is_empty() {
@@ -160,7 +179,11 @@ fn run_fold(
     let mut out = Vec::new();
     for est in train_all(&train_set)? {
         let predicted = predict_all(est.as_ref(), judged, &held)?;
-        out.push((est.name().to_string(), Tally::score(&predicted, &measured), window));
+        out.push((
+            est.name().to_string(),
+            Tally::score(&predicted, &measured),
+            window,
+        ));
     }
     Ok(out)
 }
@@ -176,7 +199,11 @@ fn train_all(set: &MeasuredSet<'_>) -> Result<Vec<Box<dyn Predict>>, PredictorEr
     ])
 }
 
-fn predict_all(est: &dyn Predict, set: &MeasuredSet<'_>, which: &[usize]) -> Result<Vec<f64>, PredictorError> {
+fn predict_all(
+    est: &dyn Predict,
+    set: &MeasuredSet<'_>,
+    which: &[usize],
+) -> Result<Vec<f64>, PredictorError> {
     which
         .iter()
         .map(|&i| {
@@ -245,26 +272,30 @@ pub fn run(train_dir: &Path, test_dir: Option<&Path>) -> Result<EvalReport, Pred
             );
             for est in train_all(&MeasuredSet::build(&data)?)? {
                 let predicted = predict_all(est.as_ref(), &judged, &all)?;
-                rows.push(row(est.name(), "test", &Tally::score(&predicted, &measured), window, &note));
+                rows.push(row(
+                    est.name(),
+                    "test",
+                    &Tally::score(&predicted, &measured),
+                    window,
+                    &note,
+                ));
             }
         }
         None => {
             let judged = MeasuredSet::build(&data)?;
             let mut folds = Vec::new();
             for m in data.measured_models() {
-                let held = m.clone();
                 folds.push(Fold {
                     split: LOMO,
                     name: format!("model:{m}"),
-                    held_out: Box::new(move |model: &str, _: &str| model == held),
+                    held: HeldOut::Model(m),
                 });
             }
             for d in data.measured_devices() {
-                let held = d.clone();
                 folds.push(Fold {
                     split: LODO,
                     name: format!("device:{d}"),
-                    held_out: Box::new(move |_: &str, device: &str| device == held),
+                    held: HeldOut::Device(d),
                 });
             }
             let results = run_folds(&judged, &folds)?;
@@ -287,7 +318,13 @@ pub fn run(train_dir: &Path, test_dir: Option<&Path>) -> Result<EvalReport, Pred
                             }
                         }
                     }
-                    rows.push(row(name, split, &pooled, window, "folds pooled; window per fold"));
+                    rows.push(row(
+                        name,
+                        split,
+                        &pooled,
+                        window,
+                        "folds pooled; window per fold",
+                    ));
                 }
             }
             for (fold, res) in folds.iter().zip(&results) {
@@ -310,8 +347,11 @@ type FoldResult = Vec<(String, Tally, f64)>;
 /// Run the folds on up to two threads (the folds are independent and deterministic, and the
 /// results are returned in fold order).
 fn run_folds(judged: &MeasuredSet<'_>, folds: &[Fold]) -> Result<Vec<FoldResult>, PredictorError> {
-    let workers = std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(1, 2);
-    let mut results: Vec<Option<Result<FoldResult, PredictorError>>> = (0..folds.len()).map(|_| None).collect();
+    let workers = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .clamp(1, 2);
+    let mut results: Vec<Option<Result<FoldResult, PredictorError>>> =
+        (0..folds.len()).map(|_| None).collect();
     std::thread::scope(|scope| {
         let handles: Vec<_> = (0..workers)
             .map(|w| {
@@ -360,13 +400,23 @@ fn attention_note(data: &ProfileData) -> String {
     let mut shapes: Vec<(String, u64, u64, u64, u32)> = data
         .attention
         .iter()
-        .map(|s| (s.device.clone(), s.q_heads, s.kv_heads, s.head_dim, s.tensor_parallel))
+        .map(|s| {
+            (
+                s.device.clone(),
+                s.q_heads,
+                s.kv_heads,
+                s.head_dim,
+                s.tensor_parallel,
+            )
+        })
         .collect();
     shapes.sort();
     shapes.dedup();
     let (mut err, mut sum) = (0.0, 0.0);
     for s in &data.attention {
-        let Some(device) = data.devices.get(&s.device) else { continue };
+        let Some(device) = data.devices.get(&s.device) else {
+            continue;
+        };
         let (cost, phase) = sample_cost(s);
         err += (model.time(&cost, phase, device) - s.time_ms / 1000.0).abs();
         sum += s.time_ms / 1000.0;

@@ -86,7 +86,8 @@ impl<K: Ord> OutputHistory<K> {
     /// The output length timing should look up: the recent 90th percentile, capped by the
     /// configured limit, or the limit itself while there is no history.
     pub fn timing_output_tokens(&self, node: &K, configured_limit: u32) -> u32 {
-        self.p90(node).map_or(configured_limit, |p| p.min(configured_limit))
+        self.p90(node)
+            .map_or(configured_limit, |p| p.min(configured_limit))
     }
 }
 
@@ -154,7 +155,12 @@ impl AdmissionMargins {
     /// An out-of-memory event was observed while serving bucket `key`; `observed_peak` is
     /// the memory in use when it failed, if known. Raises `ρ_κ` by the overshoot past the
     /// current reservation, and by at least the policy's step. Returns the new `ρ_κ`.
-    pub fn record_oom(&mut self, table: &ProfileTable, key: ProfileKey, observed_peak: Option<u64>) -> u64 {
+    pub fn record_oom(
+        &mut self,
+        table: &ProfileTable,
+        key: ProfileKey,
+        observed_peak: Option<u64>,
+    ) -> u64 {
         let step = (table.peak_bytes(key) as f64 * self.policy.oom_step_fraction) as u64;
         let overshoot = observed_peak
             .map(|m| m.saturating_sub(self.admission_bytes(table, key)))
@@ -210,16 +216,31 @@ mod tests {
     }
 
     fn table() -> ProfileTable {
-        let d = vec![Deployment::new(Architecture::from(&spec::model("Qwen3-1.7B").unwrap()), Dtype::Bf16)];
+        let d = vec![Deployment::new(
+            Architecture::from(&spec::model("Qwen3-1.7B").unwrap()),
+            Dtype::Bf16,
+        )];
         let g = vec![spec::device("L4").unwrap()];
-        let b = Buckets { batch: vec![1, 8], input: vec![512, 2048], output: vec![128, 1024] };
+        let b = Buckets {
+            batch: vec![1, 8],
+            input: vec![512, 2048],
+            output: vec![128, 1024],
+        };
         ProfileTable::build(&Formula::default(), &d, &g, b).unwrap()
     }
 
     #[test]
     fn admission_adds_epsilon_and_rho() {
         let t = table();
-        let key = t.key(crate::profile::DeploymentIndex(0), crate::profile::DeviceIndex(0), 8, 2048, 1024).unwrap();
+        let key = t
+            .key(
+                crate::profile::DeploymentIndex(0),
+                crate::profile::DeviceIndex(0),
+                8,
+                2048,
+                1024,
+            )
+            .unwrap();
         let mut m = AdmissionMargins::new(&t, MarginPolicy::default());
         let base = m.admission_bytes(&t, key);
         assert_eq!(base, t.peak_bytes(key) + m.epsilon(&t, key));

@@ -348,7 +348,16 @@ impl OperatorGraph {
         );
         // One decoder layer; its input is the previous layer's output (the embedding here).
         let x = emb;
-        let ln1 = b.node("input_norm", K::Norm, PerLayer, norm, norm_params, h, Some(P::InputLayernorm), &[x]);
+        let ln1 = b.node(
+            "input_norm",
+            K::Norm,
+            PerLayer,
+            norm,
+            norm_params,
+            h,
+            Some(P::InputLayernorm),
+            &[x],
+        );
         let qkv_n = q_w + 2 * kv_w;
         let qkv = b.node(
             "qkv_proj",
@@ -365,7 +374,10 @@ impl OperatorGraph {
                 "q_norm",
                 K::Norm,
                 PerLayer,
-                OpShape::Norm { width: hd, groups: q_heads },
+                OpShape::Norm {
+                    width: hd,
+                    groups: q_heads,
+                },
                 hd * e,
                 q_w,
                 None,
@@ -375,7 +387,10 @@ impl OperatorGraph {
                 "k_norm",
                 K::Norm,
                 PerLayer,
-                OpShape::Norm { width: hd, groups: kv_heads },
+                OpShape::Norm {
+                    width: hd,
+                    groups: kv_heads,
+                },
                 hd * e,
                 kv_w,
                 None,
@@ -400,7 +415,11 @@ impl OperatorGraph {
             "attention",
             K::Attention,
             PerLayer,
-            OpShape::Attention { q_heads, kv_heads, head_dim: hd },
+            OpShape::Attention {
+                q_heads,
+                kv_heads,
+                head_dim: hd,
+            },
             0,
             q_w,
             None,
@@ -445,7 +464,16 @@ impl OperatorGraph {
                 Some(P::MlpUpProj),
                 &[input],
             );
-            let act = b.node("mlp_act", K::Activation, PerLayer, act_shape, 0, inter, Some(P::MlpAct), &[up]);
+            let act = b.node(
+                "mlp_act",
+                K::Activation,
+                PerLayer,
+                act_shape,
+                0,
+                inter,
+                Some(P::MlpAct),
+                &[up],
+            );
             b.node(
                 "mlp_down_proj",
                 K::Gemm,
@@ -458,7 +486,16 @@ impl OperatorGraph {
             )
         };
         let layer_out = if a.post_attention_norm {
-            let add1 = b.node("residual_add_attn", K::ResidualAdd, PerLayer, add, 0, h, Some(P::Add), &[x, o]);
+            let add1 = b.node(
+                "residual_add_attn",
+                K::ResidualAdd,
+                PerLayer,
+                add,
+                0,
+                h,
+                Some(P::Add),
+                &[x, o],
+            );
             let ln2 = b.node(
                 "post_attention_norm",
                 K::Norm,
@@ -470,14 +507,50 @@ impl OperatorGraph {
                 &[add1],
             );
             let down = mlp(&mut b, ln2);
-            b.node("residual_add_mlp", K::ResidualAdd, PerLayer, add, 0, h, Some(P::Add), &[add1, down])
+            b.node(
+                "residual_add_mlp",
+                K::ResidualAdd,
+                PerLayer,
+                add,
+                0,
+                h,
+                Some(P::Add),
+                &[add1, down],
+            )
         } else {
             // Parallel block: x + attn(ln(x)) + mlp(ln(x)).
             let down = mlp(&mut b, ln1);
-            let add1 = b.node("residual_add_attn", K::ResidualAdd, PerLayer, add, 0, h, Some(P::Add), &[x, o]);
-            b.node("residual_add_mlp", K::ResidualAdd, PerLayer, add, 0, h, Some(P::Add), &[add1, down])
+            let add1 = b.node(
+                "residual_add_attn",
+                K::ResidualAdd,
+                PerLayer,
+                add,
+                0,
+                h,
+                Some(P::Add),
+                &[x, o],
+            );
+            b.node(
+                "residual_add_mlp",
+                K::ResidualAdd,
+                PerLayer,
+                add,
+                0,
+                h,
+                Some(P::Add),
+                &[add1, down],
+            )
         };
-        let final_norm = b.node("final_norm", K::Norm, Once, norm, norm_params, h, None, &[layer_out]);
+        let final_norm = b.node(
+            "final_norm",
+            K::Norm,
+            Once,
+            norm,
+            norm_params,
+            h,
+            None,
+            &[layer_out],
+        );
         let head_params = if a.tied_embeddings { 0 } else { h * vocab * e };
         b.node(
             "lm_head",
@@ -532,9 +605,9 @@ impl OperatorGraph {
         self.nodes
             .iter()
             .map(|n| match n.shape {
-                OpShape::Attention { kv_heads, head_dim, .. } => {
-                    2 * kv_heads * head_dim * self.deployment.dtype.bytes() * self.repetitions(n)
-                }
+                OpShape::Attention {
+                    kv_heads, head_dim, ..
+                } => 2 * kv_heads * head_dim * self.deployment.dtype.bytes() * self.repetitions(n),
                 _ => 0,
             })
             .sum()
@@ -689,7 +762,13 @@ impl OperatorGraph {
 /// (local to one shard) in `pass`: QK^T and PV, causal within the new tokens (each new token
 /// attends to the cached context and on average half of the new tokens); bytes read Q, write
 /// O, read K and V of context and new tokens, and write the new K and V into the cache.
-pub fn attention_cost(q_heads: u64, kv_heads: u64, head_dim: u64, dtype: Dtype, pass: &ForwardPass) -> OpCost {
+pub fn attention_cost(
+    q_heads: u64,
+    kv_heads: u64,
+    head_dim: u64,
+    dtype: Dtype,
+    pass: &ForwardPass,
+) -> OpCost {
     let e = dtype.bytes() as f64;
     let s = f64::from(pass.sequences);
     let q = f64::from(pass.query_tokens);
@@ -749,7 +828,12 @@ mod tests {
         for m in spec::model_catalogue() {
             let g = OperatorGraph::build(&Deployment::new(Architecture::from(&m), Dtype::Bf16));
             assert_eq!(g.param_bytes(), m.param_bytes(Dtype::Bf16), "{}", m.name);
-            assert_eq!(g.kv_bytes_per_token(), m.kv_bytes_per_token(Dtype::Bf16), "{}", m.name);
+            assert_eq!(
+                g.kv_bytes_per_token(),
+                m.kv_bytes_per_token(Dtype::Bf16),
+                "{}",
+                m.name
+            );
         }
     }
 
@@ -782,7 +866,11 @@ mod tests {
     #[test]
     fn attention_decode_reads_the_whole_cache() {
         let g = qwen("Qwen3-8B");
-        let node = g.nodes.iter().find(|n| n.kind == OpKind::Attention).unwrap();
+        let node = g
+            .nodes
+            .iter()
+            .find(|n| n.kind == OpKind::Attention)
+            .unwrap();
         let c = g.cost(node, &ForwardPass::decode(1, 999));
         // KV of 1000 tokens of one layer = 1000 · 2 · 8 · 128 · 2 bytes, plus q/o and the write.
         let kv = 1000.0 * 2.0 * 8.0 * 128.0 * 2.0;
@@ -795,7 +883,11 @@ mod tests {
             let g = qwen(name);
             assert!(g.edges.iter().all(|e| e.from < e.to));
             for i in 1..g.nodes.len() {
-                assert!(g.edges.iter().any(|e| e.to == i), "{} has no input", g.nodes[i].name);
+                assert!(
+                    g.edges.iter().any(|e| e.to == i),
+                    "{} has no input",
+                    g.nodes[i].name
+                );
             }
         }
     }
@@ -805,14 +897,24 @@ mod tests {
         let g = qwen("Qwen3-0.6B");
         let times = vec![1.0; g.nodes.len()];
         let once = g.nodes.iter().filter(|n| n.repeat == Repeat::Once).count() as f64;
-        let per = g.nodes.iter().filter(|n| n.repeat == Repeat::PerLayer).count() as f64;
-        assert_eq!(g.combine(&times, Coverage::Full), once + g.layers() as f64 * per);
+        let per = g
+            .nodes
+            .iter()
+            .filter(|n| n.repeat == Repeat::PerLayer)
+            .count() as f64;
+        assert_eq!(
+            g.combine(&times, Coverage::Full),
+            once + g.layers() as f64 * per
+        );
         let profiled_per = g
             .nodes
             .iter()
             .filter(|n| n.repeat == Repeat::PerLayer && n.profiled.is_some())
             .count() as f64;
-        assert_eq!(g.combine(&times, Coverage::Profiled), 1.0 + g.layers() as f64 * profiled_per);
+        assert_eq!(
+            g.combine(&times, Coverage::Profiled),
+            1.0 + g.layers() as f64 * profiled_per
+        );
     }
 
     #[test]

@@ -52,10 +52,13 @@ impl<'a> MeasuredSet<'a> {
             let graph = match index.get(&key) {
                 Some(&g) => g,
                 None => {
-                    let arch = data.models.get(&p.model).ok_or_else(|| PredictorError::BadLayout {
-                        path: data.root.join("model_configs"),
-                        message: format!("no config for measured model `{}`", p.model),
-                    })?;
+                    let arch =
+                        data.models
+                            .get(&p.model)
+                            .ok_or_else(|| PredictorError::BadLayout {
+                                path: data.root.join("model_configs"),
+                                message: format!("no config for measured model `{}`", p.model),
+                            })?;
                     let deployment = Deployment {
                         arch: arch.clone(),
                         dtype: Dtype::Fp16,
@@ -146,7 +149,7 @@ pub fn keep_for_training(tokens: u64) -> bool {
         return true;
     }
     let octave = 1u64 << (63 - tokens.leading_zeros());
-    tokens % (octave / 8) == 0
+    tokens.is_multiple_of(octave / 8)
 }
 
 #[cfg(test)]
@@ -172,7 +175,10 @@ mod tests {
             .iter()
             .find(|c| {
                 let r = set.raw(c);
-                r.model == "meta-llama/Llama-2-7b-hf" && r.device == "a100" && r.tensor_parallel == 1 && r.tokens == 4096
+                r.model == "meta-llama/Llama-2-7b-hf"
+                    && r.device == "a100"
+                    && r.tensor_parallel == 1
+                    && r.tokens == 4096
             })
             .unwrap();
         assert!(c.seconds > 0.25 && c.seconds < 0.30, "{}", c.seconds);

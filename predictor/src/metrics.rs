@@ -32,7 +32,11 @@ impl Tally {
         let (pairs_agreeing, pairs) = ordering_counts(predicted, measured);
         Tally {
             configurations: n as u64,
-            abs_error: predicted.iter().zip(measured).map(|(p, m)| (p - m).abs()).sum(),
+            abs_error: predicted
+                .iter()
+                .zip(measured)
+                .map(|(p, m)| (p - m).abs())
+                .sum(),
             measured: measured.iter().sum(),
             pairs,
             pairs_agreeing,
@@ -184,7 +188,10 @@ mod tests {
 
     #[test]
     fn window_fit_by_hand() {
-        assert_eq!(window_fit(&[1.0, 3.0, 1.0], &[1.0, 1.0, 3.0], 2.0), 1.0 / 3.0);
+        assert_eq!(
+            window_fit(&[1.0, 3.0, 1.0], &[1.0, 1.0, 3.0], 2.0),
+            1.0 / 3.0
+        );
         assert_eq!(median(&[3.0, 1.0, 2.0, 10.0]), 2.5);
     }
 

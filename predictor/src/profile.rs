@@ -49,7 +49,11 @@ impl Default for Buckets {
 
 impl Buckets {
     fn check(&self) -> Result<(), PredictorError> {
-        for (name, v) in [("batch", &self.batch), ("input", &self.input), ("output", &self.output)] {
+        for (name, v) in [
+            ("batch", &self.batch),
+            ("input", &self.input),
+            ("output", &self.output),
+        ] {
             if v.is_empty() || v[0] == 0 || v.windows(2).any(|w| w[0] >= w[1]) {
                 return Err(PredictorError::ProfileTable(format!(
                     "{name} buckets must be positive and strictly ascending, got {v:?}"
@@ -114,14 +118,20 @@ impl ProfileTable {
     ) -> Result<Self, PredictorError> {
         buckets.check()?;
         if deployments.is_empty() || devices.is_empty() {
-            return Err(PredictorError::ProfileTable("no deployment or no device to profile".into()));
+            return Err(PredictorError::ProfileTable(
+                "no deployment or no device to profile".into(),
+            ));
         }
         if deployments.len() > usize::from(u16::MAX) || devices.len() > usize::from(u16::MAX) {
-            return Err(PredictorError::ProfileTable("too many deployments or devices".into()));
+            return Err(PredictorError::ProfileTable(
+                "too many deployments or devices".into(),
+            ));
         }
         let cells = deployments.len() * devices.len() * buckets.cells();
         if cells > u32::MAX as usize {
-            return Err(PredictorError::ProfileTable(format!("{cells} cells is too many")));
+            return Err(PredictorError::ProfileTable(format!(
+                "{cells} cells is too many"
+            )));
         }
         let mut t = ProfileTable {
             estimator: predictor.name().to_string(),
@@ -187,12 +197,18 @@ impl ProfileTable {
 
     /// The index of a deployment by name (resolve once, off the scheduling path).
     pub fn deployment(&self, name: &str) -> Option<DeploymentIndex> {
-        self.deployments.iter().position(|d| d == name).map(|i| DeploymentIndex(i as u16))
+        self.deployments
+            .iter()
+            .position(|d| d == name)
+            .map(|i| DeploymentIndex(i as u16))
     }
 
     /// The index of a device type by name (resolve once, off the scheduling path).
     pub fn device(&self, name: &str) -> Option<DeviceIndex> {
-        self.devices.iter().position(|d| d == name).map(|i| DeviceIndex(i as u16))
+        self.devices
+            .iter()
+            .position(|d| d == name)
+            .map(|i| DeviceIndex(i as u16))
     }
 
     /// `κ` for a request: the smallest batch, input and output buckets covering `batch`,
@@ -224,19 +240,28 @@ impl ProfileTable {
     /// Predicted run time of the bucket, seconds.
     #[inline]
     pub fn run_time(&self, key: ProfileKey) -> f64 {
-        self.run_s.get(key.0 as usize).copied().unwrap_or(f64::INFINITY)
+        self.run_s
+            .get(key.0 as usize)
+            .copied()
+            .unwrap_or(f64::INFINITY)
     }
 
     /// Predicted peak memory of a replica serving the bucket, bytes (weights included).
     #[inline]
     pub fn peak_bytes(&self, key: ProfileKey) -> u64 {
-        self.peak_bytes.get(key.0 as usize).copied().unwrap_or(u64::MAX)
+        self.peak_bytes
+            .get(key.0 as usize)
+            .copied()
+            .unwrap_or(u64::MAX)
     }
 
     /// The activation's own share of the peak (KV cache + activations), bytes.
     #[inline]
     pub fn request_bytes(&self, key: ProfileKey) -> u64 {
-        self.request_bytes.get(key.0 as usize).copied().unwrap_or(u64::MAX)
+        self.request_bytes
+            .get(key.0 as usize)
+            .copied()
+            .unwrap_or(u64::MAX)
     }
 
     /// The device index of a key.
@@ -250,7 +275,9 @@ impl ProfileTable {
     #[inline]
     pub fn fits(&self, key: ProfileKey) -> bool {
         let g = usize::from(self.key_device(key).0);
-        self.device_memory.get(g).is_some_and(|&m| self.peak_bytes(key) <= m)
+        self.device_memory
+            .get(g)
+            .is_some_and(|&m| self.peak_bytes(key) <= m)
     }
 
     /// `C_load(d, g)`, seconds.
@@ -263,7 +290,10 @@ impl ProfileTable {
     /// Weight bytes of a deployment.
     #[inline]
     pub fn weights_bytes(&self, d: DeploymentIndex) -> u64 {
-        self.weights_bytes.get(usize::from(d.0)).copied().unwrap_or(u64::MAX)
+        self.weights_bytes
+            .get(usize::from(d.0))
+            .copied()
+            .unwrap_or(u64::MAX)
     }
 
     /// Number of cells (`|κ|`).
@@ -289,7 +319,10 @@ mod tests {
             .iter()
             .map(|m| Deployment::new(Architecture::from(&spec::model(m).unwrap()), Dtype::Bf16))
             .collect();
-        let devices = vec![spec::device("A100-40GB").unwrap(), spec::device("L4").unwrap()];
+        let devices = vec![
+            spec::device("A100-40GB").unwrap(),
+            spec::device("L4").unwrap(),
+        ];
         let buckets = Buckets {
             batch: vec![1, 4],
             input: vec![256, 1024, 4096],
@@ -334,9 +367,15 @@ mod tests {
 
     #[test]
     fn bad_buckets_are_rejected() {
-        let d = vec![Deployment::new(Architecture::from(&spec::model("Qwen3-0.6B").unwrap()), Dtype::Bf16)];
+        let d = vec![Deployment::new(
+            Architecture::from(&spec::model("Qwen3-0.6B").unwrap()),
+            Dtype::Bf16,
+        )];
         let g = vec![spec::device("L4").unwrap()];
-        let b = Buckets { batch: vec![2, 1], ..Buckets::default() };
+        let b = Buckets {
+            batch: vec![2, 1],
+            ..Buckets::default()
+        };
         assert!(ProfileTable::build(&Formula::default(), &d, &g, b).is_err());
         assert!(ProfileTable::build(&Formula::default(), &[], &g, Buckets::default()).is_err());
     }

@@ -10,7 +10,9 @@ use switchyard_predictor::eval::{self, EvalReport, LODO, LOMO};
 
 fn report() -> &'static EvalReport {
     static REPORT: OnceLock<EvalReport> = OnceLock::new();
-    REPORT.get_or_init(|| eval::run(&eval::default_train_dir(), None).expect("shipped data evaluates"))
+    REPORT.get_or_init(|| {
+        eval::run(&eval::default_train_dir(), None).expect("shipped data evaluates")
+    })
 }
 
 #[test]
@@ -70,7 +72,13 @@ fn json_and_markdown_carry_every_row_and_say_what_is_unmeasured() {
     let rows = json.as_array().unwrap();
     assert_eq!(rows.len(), r.rows().len());
     for row in rows {
-        for key in ["estimator", "split", "wape_runtime", "ordering", "window_fit"] {
+        for key in [
+            "estimator",
+            "split",
+            "wape_runtime",
+            "ordering",
+            "window_fit",
+        ] {
             assert!(row.get(key).is_some(), "{key} missing in {row}");
         }
         for key in ["ordering", "window_fit"] {
@@ -98,16 +106,28 @@ fn a_test_directory_is_judged_and_unseen_devices_come_from_their_spec_sheet() {
     let root = dir.path();
     // A user's measurements of phi-2 on the H100 (from the shipped data) and on a GPU the
     // training data has never seen, described by its spec sheet alone.
-    copy(&src.join("device_configs/h100.yml"), &root.join("device_configs/h100.yml"));
+    copy(
+        &src.join("device_configs/h100.yml"),
+        &root.join("device_configs/h100.yml"),
+    );
     fs::write(
         root.join("device_configs/mygpu.yml"),
         "fp16_tflops: 400\ntotal_memory_gb: 48\nmemory_bandwidth_gbps: 2000\n",
     )
     .unwrap();
-    copy(&src.join("model_configs/microsoft/phi-2.yml"), &root.join("model_configs/microsoft/phi-2.yml"));
+    copy(
+        &src.join("model_configs/microsoft/phi-2.yml"),
+        &root.join("model_configs/microsoft/phi-2.yml"),
+    );
     let csv = src.join("profiling/compute/h100/microsoft/phi-2/mlp.csv");
-    copy(&csv, &root.join("profiling/compute/h100/microsoft/phi-2/mlp.csv"));
-    copy(&csv, &root.join("profiling/compute/mygpu/microsoft/phi-2/mlp.csv"));
+    copy(
+        &csv,
+        &root.join("profiling/compute/h100/microsoft/phi-2/mlp.csv"),
+    );
+    copy(
+        &csv,
+        &root.join("profiling/compute/mygpu/microsoft/phi-2/mlp.csv"),
+    );
     let r = eval::run(&src, Some(root)).unwrap();
     assert_eq!(r.rows().len(), 3);
     for row in r.rows() {
@@ -123,7 +143,13 @@ fn a_bad_test_directory_is_an_error_naming_the_file() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
     fs::create_dir_all(root.join("profiling/compute/x100/org/m")).unwrap();
-    fs::write(root.join("profiling/compute/x100/org/m/mlp.csv"), "num_tokens\n1\n").unwrap();
-    let err = eval::run(&eval::default_train_dir(), Some(root)).unwrap_err().to_string();
+    fs::write(
+        root.join("profiling/compute/x100/org/m/mlp.csv"),
+        "num_tokens\n1\n",
+    )
+    .unwrap();
+    let err = eval::run(&eval::default_train_dir(), Some(root))
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("x100.yml"), "{err}");
 }

@@ -30,7 +30,12 @@ pub const OPS: [&str; 10] = [
 ];
 
 /// The linear (matmul) operators among [`OPS`].
-pub const LINEAR_OPS: [&str; 4] = ["attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj"];
+pub const LINEAR_OPS: [&str; 4] = [
+    "attn_pre_proj",
+    "attn_post_proj",
+    "mlp_up_proj",
+    "mlp_down_proj",
+];
 
 /// The predicted time of a Vidur operator column.
 pub fn op_value(t: &OpTimes, op: &str) -> f64 {
@@ -52,8 +57,18 @@ pub fn op_value(t: &OpTimes, op: &str) -> f64 {
 /// Predicted and measured time of one layer (every operator the row lists but the
 /// embedding, which runs once per iteration, not per layer).
 pub fn layer_pair(row: &MlpRow, t: &OpTimes) -> (f64, f64) {
-    let meas: f64 = row.ops.iter().filter(|(op, _)| **op != "emb").map(|(_, m)| m).sum();
-    let pred: f64 = row.ops.keys().filter(|op| **op != "emb").map(|op| op_value(t, op)).sum();
+    let meas: f64 = row
+        .ops
+        .iter()
+        .filter(|(op, _)| **op != "emb")
+        .map(|(_, m)| m)
+        .sum();
+    let pred: f64 = row
+        .ops
+        .keys()
+        .filter(|op| **op != "emb")
+        .map(|op| op_value(t, op))
+        .sum();
     (pred, meas)
 }
 
@@ -107,12 +122,19 @@ pub fn load_mlp(vidur_device: &str) -> Res<Vec<MlpRow>> {
         let mut rdr = csv::Reader::from_path(&f)?;
         let headers = rdr.headers()?.clone();
         let col = |name: &str| headers.iter().position(|h| h == name);
-        let need = |name: &str| col(name).ok_or_else(|| format!("{}: no column {name}", f.display()));
+        let need =
+            |name: &str| col(name).ok_or_else(|| format!("{}: no column {name}", f.display()));
         let (c_tp, c_n) = (need("num_tensor_parallel_workers")?, need("num_tokens")?);
         let (c_h, c_nh, c_kv) = (need("n_embd")?, need("n_head")?, need("n_kv_head")?);
-        let (c_i, c_v, c_g) = (need("n_expanded_embd")?, need("vocab_size")?, need("use_gated_mlp")?);
-        let op_cols: Vec<(&'static str, usize)> =
-            OPS.iter().filter_map(|&op| col(&format!("time_stats.{op}.median")).map(|c| (op, c))).collect();
+        let (c_i, c_v, c_g) = (
+            need("n_expanded_embd")?,
+            need("vocab_size")?,
+            need("use_gated_mlp")?,
+        );
+        let op_cols: Vec<(&'static str, usize)> = OPS
+            .iter()
+            .filter_map(|&op| col(&format!("time_stats.{op}.median")).map(|c| (op, c)))
+            .collect();
         for rec in rdr.records() {
             let rec = rec?;
             let field = |c: usize| rec.get(c).unwrap_or("");
@@ -138,7 +160,12 @@ pub fn load_mlp(vidur_device: &str) -> Res<Vec<MlpRow>> {
                     ops.insert(op, ms * 1e-3);
                 }
             }
-            rows.push(MlpRow { model: model.clone(), shape, num_tokens: num(c_n)?, ops });
+            rows.push(MlpRow {
+                model: model.clone(),
+                shape,
+                num_tokens: num(c_n)?,
+                ops,
+            });
         }
     }
     Ok(rows)
@@ -183,10 +210,21 @@ pub fn load_legacy_attention() -> Res<Vec<AttnRow>> {
     let mut rdr = csv::Reader::from_path(&f)?;
     let headers = rdr.headers()?.clone();
     let col = |name: &str| {
-        headers.iter().position(|h| h == name).ok_or_else(|| format!("{}: no column {name}", f.display()))
+        headers
+            .iter()
+            .position(|h| h == name)
+            .ok_or_else(|| format!("{}: no column {name}", f.display()))
     };
-    let (c_pre, c_b, c_chunk, c_kv) = (col("is_prefill")?, col("batch_size")?, col("prefill_chunk_size")?, col("kv_cache_size")?);
-    let (c_tp, c_tq) = (col("time_stats.attn_prefill.median")?, col("time_stats.attn_decode.median")?);
+    let (c_pre, c_b, c_chunk, c_kv) = (
+        col("is_prefill")?,
+        col("batch_size")?,
+        col("prefill_chunk_size")?,
+        col("kv_cache_size")?,
+    );
+    let (c_tp, c_tq) = (
+        col("time_stats.attn_prefill.median")?,
+        col("time_stats.attn_decode.median")?,
+    );
     let mut rows = Vec::new();
     for rec in rdr.records() {
         let rec = rec?;
@@ -205,7 +243,11 @@ pub fn load_legacy_attention() -> Res<Vec<AttnRow>> {
                 batch.add_decode(kv.saturating_sub(1));
             }
         }
-        rows.push(AttnRow { prefill, batch, time_s: ms * 1e-3 });
+        rows.push(AttnRow {
+            prefill,
+            batch,
+            time_s: ms * 1e-3,
+        });
     }
     Ok(rows)
 }
@@ -223,7 +265,10 @@ pub fn load_cpu_overheads() -> Res<Vec<CpuRow>> {
     let mut rdr = csv::Reader::from_path(&f)?;
     let headers = rdr.headers()?.clone();
     let col = |name: &str| {
-        headers.iter().position(|h| h == name).ok_or_else(|| format!("{}: no column {name}", f.display()))
+        headers
+            .iter()
+            .position(|h| h == name)
+            .ok_or_else(|| format!("{}: no column {name}", f.display()))
     };
     let parts = [
         col("schedule_median")?,
@@ -243,7 +288,10 @@ pub fn load_cpu_overheads() -> Res<Vec<CpuRow>> {
         for &c in &parts {
             ms += field(c).parse::<f64>()?;
         }
-        rows.push(CpuRow { batch_size: field(c_b).parse()?, time_s: ms * 1e-3 });
+        rows.push(CpuRow {
+            batch_size: field(c_b).parse()?,
+            time_s: ms * 1e-3,
+        });
     }
     Ok(rows)
 }
@@ -270,5 +318,9 @@ pub fn error_stats(pairs: impl IntoIterator<Item = (f64, f64)>) -> ErrorStats {
     if n == 0 {
         return ErrorStats::default();
     }
-    ErrorStats { n, wape: abs / total, mape: rel / n as f64 }
+    ErrorStats {
+        n,
+        wape: abs / total,
+        mape: rel / n as f64,
+    }
 }

@@ -40,7 +40,12 @@ impl Default for Formula {
 }
 
 /// Total FLOPs / P and bytes / B of a pass (seconds at 100 % efficiency).
-fn ideal_times(graph: &OperatorGraph, pass: &ForwardPass, device: &DeviceSpec, coverage: Coverage) -> (f64, f64) {
+fn ideal_times(
+    graph: &OperatorGraph,
+    pass: &ForwardPass,
+    device: &DeviceSpec,
+    coverage: Coverage,
+) -> (f64, f64) {
     let mut flops = 0.0;
     let mut bytes = 0.0;
     for node in graph.nodes.iter().filter(|n| coverage.includes(n)) {
@@ -54,7 +59,10 @@ fn ideal_times(graph: &OperatorGraph, pass: &ForwardPass, device: &DeviceSpec, c
                 node.param_bytes as f64
             };
     }
-    (flops / device.dense_fp16_flops, bytes / device.memory_bandwidth)
+    (
+        flops / device.dense_fp16_flops,
+        bytes / device.memory_bandwidth,
+    )
 }
 
 /// Candidate efficiencies of the calibration grid: 2.5 % to 100 % in steps of 2.5 %.
@@ -77,7 +85,8 @@ impl Formula {
             .filter(|c| keep_for_training(c.pass.tokens()))
             .filter_map(|c| {
                 let device = set.device(c)?;
-                let (tc, tm) = ideal_times(&set.graphs[c.graph], &c.pass, device, Coverage::Profiled);
+                let (tc, tm) =
+                    ideal_times(&set.graphs[c.graph], &c.pass, device, Coverage::Profiled);
                 Some((tc, tm, c.seconds))
             })
             .collect();
@@ -95,10 +104,14 @@ impl Formula {
         let mut f = Formula::default();
         for _ in 0..4 {
             f.compute_efficiency = grid()
-                .min_by(|&a, &b| wape(a, f.memory_efficiency).total_cmp(&wape(b, f.memory_efficiency)))
+                .min_by(|&a, &b| {
+                    wape(a, f.memory_efficiency).total_cmp(&wape(b, f.memory_efficiency))
+                })
                 .unwrap_or(f.compute_efficiency);
             f.memory_efficiency = grid()
-                .min_by(|&a, &b| wape(f.compute_efficiency, a).total_cmp(&wape(f.compute_efficiency, b)))
+                .min_by(|&a, &b| {
+                    wape(f.compute_efficiency, a).total_cmp(&wape(f.compute_efficiency, b))
+                })
                 .unwrap_or(f.memory_efficiency);
         }
         Ok(f)
@@ -110,13 +123,28 @@ impl Predict for Formula {
         "formula"
     }
 
-    fn pass_time(&self, graph: &OperatorGraph, pass: &ForwardPass, device: &DeviceSpec, coverage: Coverage) -> f64 {
+    fn pass_time(
+        &self,
+        graph: &OperatorGraph,
+        pass: &ForwardPass,
+        device: &DeviceSpec,
+        coverage: Coverage,
+    ) -> f64 {
         let (tc, tm) = ideal_times(graph, pass, device, coverage);
         (tc / self.compute_efficiency).max(tm / self.memory_efficiency)
     }
 
-    fn memory(&self, graph: &OperatorGraph, request: &Request, _device: &DeviceSpec) -> (f64, f64, f64) {
-        (graph.param_bytes() as f64, lifecycle::kv_bytes(graph, request), 0.0)
+    fn memory(
+        &self,
+        graph: &OperatorGraph,
+        request: &Request,
+        _device: &DeviceSpec,
+    ) -> (f64, f64, f64) {
+        (
+            graph.param_bytes() as f64,
+            lifecycle::kv_bytes(graph, request),
+            0.0,
+        )
     }
 
     fn load_time(&self, graph: &OperatorGraph, device: &DeviceSpec) -> f64 {
@@ -165,12 +193,17 @@ mod tests {
             let (mut err, mut sum) = (0.0, 0.0);
             for c in &set.configs {
                 let d = set.device(c).unwrap();
-                err += (f.pass_time(&set.graphs[c.graph], &c.pass, d, Coverage::Profiled) - c.seconds).abs();
+                err += (f.pass_time(&set.graphs[c.graph], &c.pass, d, Coverage::Profiled)
+                    - c.seconds)
+                    .abs();
                 sum += c.seconds;
             }
             err / sum
         };
         assert!(wape(&cal) <= wape(&Formula::default()));
-        assert!(cal.compute_efficiency > 0.2 && cal.memory_efficiency > 0.2, "{cal:?}");
+        assert!(
+            cal.compute_efficiency > 0.2 && cal.memory_efficiency > 0.2,
+            "{cal:?}"
+        );
     }
 }

@@ -78,17 +78,20 @@ impl Gbdt {
         let mut x = Vec::new();
         let mut y = Vec::new();
         for c in &set.configs {
-            let Some(device) = set.device(c) else { continue };
+            let Some(device) = set.device(c) else {
+                continue;
+            };
             if !keep_for_training(c.pass.tokens()) || c.seconds <= 0.0 {
                 continue;
             }
             x.extend(features(&set.graphs[c.graph], &c.pass, device));
             y.push(c.seconds.log2());
         }
-        let trees = BoostedTrees::fit(&x, FEATURES, &y, PARAMS).map_err(|e| PredictorError::Training {
-            estimator: "gbdt".into(),
-            message: e.to_string(),
-        })?;
+        let trees =
+            BoostedTrees::fit(&x, FEATURES, &y, PARAMS).map_err(|e| PredictorError::Training {
+                estimator: "gbdt".into(),
+                message: e.to_string(),
+            })?;
         Ok(Gbdt { trees, fallback })
     }
 }
@@ -98,16 +101,35 @@ impl Predict for Gbdt {
         "gbdt"
     }
 
-    fn pass_time(&self, graph: &OperatorGraph, pass: &ForwardPass, device: &DeviceSpec, coverage: Coverage) -> f64 {
+    fn pass_time(
+        &self,
+        graph: &OperatorGraph,
+        pass: &ForwardPass,
+        device: &DeviceSpec,
+        coverage: Coverage,
+    ) -> f64 {
         let learned = || self.trees.predict(&features(graph, pass, device)).exp2();
         match coverage {
             Coverage::Profiled => learned(),
-            Coverage::Unprofiled => self.fallback.pass_time(graph, pass, device, Coverage::Unprofiled),
-            Coverage::Full => learned() + self.fallback.pass_time(graph, pass, device, Coverage::Unprofiled),
+            Coverage::Unprofiled => {
+                self.fallback
+                    .pass_time(graph, pass, device, Coverage::Unprofiled)
+            }
+            Coverage::Full => {
+                learned()
+                    + self
+                        .fallback
+                        .pass_time(graph, pass, device, Coverage::Unprofiled)
+            }
         }
     }
 
-    fn memory(&self, graph: &OperatorGraph, request: &Request, device: &DeviceSpec) -> (f64, f64, f64) {
+    fn memory(
+        &self,
+        graph: &OperatorGraph,
+        request: &Request,
+        device: &DeviceSpec,
+    ) -> (f64, f64, f64) {
         self.fallback.memory(graph, request, device)
     }
 

@@ -99,7 +99,9 @@ impl GraphDevice {
     pub fn train_on(set: &MeasuredSet<'_>) -> Result<Self, PredictorError> {
         let mut samples: BTreeMap<OpKind, (Vec<f64>, Vec<f64>)> = BTreeMap::new();
         for c in &set.configs {
-            let Some(device) = set.device(c) else { continue };
+            let Some(device) = set.device(c) else {
+                continue;
+            };
             if !keep_for_training(c.pass.tokens()) {
                 continue;
             }
@@ -111,7 +113,9 @@ impl GraphDevice {
                 if std::mem::replace(&mut seen[op.index()], true) {
                     continue; // the second residual add repeats the first's sample
                 }
-                let Some(ms) = raw.op_ms[op.index()] else { continue };
+                let Some(ms) = raw.op_ms[op.index()] else {
+                    continue;
+                };
                 if ms <= 0.0 {
                     continue;
                 }
@@ -129,9 +133,11 @@ impl GraphDevice {
         }
         let mut classes = BTreeMap::new();
         for (kind, (x, y)) in samples {
-            let model = BoostedTrees::fit(&x, OP_FEATURES, &y, PARAMS).map_err(|e| PredictorError::Training {
-                estimator: "graph".into(),
-                message: format!("{}: {e}", kind.name()),
+            let model = BoostedTrees::fit(&x, OP_FEATURES, &y, PARAMS).map_err(|e| {
+                PredictorError::Training {
+                    estimator: "graph".into(),
+                    message: format!("{}: {e}", kind.name()),
+                }
             })?;
             classes.insert(kind, model);
         }
@@ -143,25 +149,42 @@ impl GraphDevice {
     }
 
     /// Predicted seconds of one execution of an operator of class `kind` with work `cost`.
-    pub fn op_time(&self, kind: OpKind, cost: &OpCost, pass: &ForwardPass, device: &DeviceSpec) -> f64 {
+    pub fn op_time(
+        &self,
+        kind: OpKind,
+        cost: &OpCost,
+        pass: &ForwardPass,
+        device: &DeviceSpec,
+    ) -> f64 {
         if kind == OpKind::Attention {
             return self.attention.time(cost, pass.phase, device);
         }
         match self.classes.get(&kind) {
-            Some(model) => roofline(cost, device) * model.predict(&op_features(cost, device)).exp2(),
+            Some(model) => {
+                roofline(cost, device) * model.predict(&op_features(cost, device)).exp2()
+            }
             None => UNTRAINED_LAUNCH_S + roofline(cost, device) * UNTRAINED_RATIO_LOG2.exp2(),
         }
     }
 
     /// Per-node times of one pass (0 for nodes outside `coverage`).
-    pub fn node_times(&self, graph: &OperatorGraph, pass: &ForwardPass, device: &DeviceSpec, coverage: Coverage) -> Vec<f64> {
+    pub fn node_times(
+        &self,
+        graph: &OperatorGraph,
+        pass: &ForwardPass,
+        device: &DeviceSpec,
+        coverage: Coverage,
+    ) -> Vec<f64> {
         let mut times: Vec<f64> = Vec::with_capacity(graph.nodes.len());
         for (i, node) in graph.nodes.iter().enumerate() {
             let t = if !coverage.includes(node) {
                 0.0
             } else if let Some(j) = (0..i).find(|&j| {
                 let other = &graph.nodes[j];
-                coverage.includes(other) && other.kind == node.kind && other.shape == node.shape && other.rows == node.rows
+                coverage.includes(other)
+                    && other.kind == node.kind
+                    && other.shape == node.shape
+                    && other.rows == node.rows
             }) {
                 times[j] // same operator on the same shapes (the two residual adds)
             } else {
@@ -178,11 +201,22 @@ impl Predict for GraphDevice {
         "graph"
     }
 
-    fn pass_time(&self, graph: &OperatorGraph, pass: &ForwardPass, device: &DeviceSpec, coverage: Coverage) -> f64 {
+    fn pass_time(
+        &self,
+        graph: &OperatorGraph,
+        pass: &ForwardPass,
+        device: &DeviceSpec,
+        coverage: Coverage,
+    ) -> f64 {
         graph.combine(&self.node_times(graph, pass, device, coverage), coverage)
     }
 
-    fn memory(&self, graph: &OperatorGraph, request: &Request, _device: &DeviceSpec) -> (f64, f64, f64) {
+    fn memory(
+        &self,
+        graph: &OperatorGraph,
+        request: &Request,
+        _device: &DeviceSpec,
+    ) -> (f64, f64, f64) {
         (
             graph.param_bytes() as f64,
             lifecycle::kv_bytes(graph, request),

@@ -58,7 +58,9 @@ pub fn graph_load_time(graph: &OperatorGraph, device: &DeviceSpec) -> f64 {
 
 /// KV cache of every sequence of `request` at its final length.
 pub fn kv_bytes(graph: &OperatorGraph, request: &Request) -> f64 {
-    f64::from(request.batch.max(1)) * request.final_context() as f64 * graph.kv_bytes_per_token() as f64
+    f64::from(request.batch.max(1))
+        * request.final_context() as f64
+        * graph.kv_bytes_per_token() as f64
 }
 
 /// Activation peak of `request`: the larger of its prefill pass and its last decode pass.
@@ -80,7 +82,10 @@ mod tests {
     use crate::spec::{self, Dtype};
 
     fn graph(name: &str) -> OperatorGraph {
-        OperatorGraph::build(&Deployment::new(Architecture::from(&spec::model(name).unwrap()), Dtype::Bf16))
+        OperatorGraph::build(&Deployment::new(
+            Architecture::from(&spec::model(name).unwrap()),
+            Dtype::Bf16,
+        ))
     }
 
     #[test]
@@ -100,7 +105,10 @@ mod tests {
     fn kv_bytes_by_hand() {
         // Qwen3-8B: 147,456 bytes per token; 2 sequences × (100 + 28) tokens.
         let g = graph("Qwen3-8B");
-        assert_eq!(kv_bytes(&g, &Request::new(2, 100, 28)), 2.0 * 128.0 * 147_456.0);
+        assert_eq!(
+            kv_bytes(&g, &Request::new(2, 100, 28)),
+            2.0 * 128.0 * 147_456.0
+        );
     }
 
     #[test]
@@ -108,7 +116,9 @@ mod tests {
         // Llama-3.2-3B: 28 layers, hidden 3072, 24 q / 8 kv heads, MLP 8192, vocab 128256, tied.
         let yaml = "num_layers: 28\nnum_q_heads: 24\nnum_kv_heads: 8\nembedding_dim: 3072\n\
             mlp_hidden_dim: 8192\nvocab_size: 128256\ntie_word_embeddings: true\n";
-        let arch = Architecture::from_vidur_yaml("Llama-3.2-3B", std::path::Path::new("x.yml"), yaml).unwrap();
+        let arch =
+            Architecture::from_vidur_yaml("Llama-3.2-3B", std::path::Path::new("x.yml"), yaml)
+                .unwrap();
         let g = OperatorGraph::build(&Deployment::new(arch, Dtype::Bf16));
         assert_eq!(kernels_per_pass(&g), 311);
     }

@@ -63,7 +63,12 @@ pub trait Predict: Send + Sync {
     ) -> f64;
 
     /// Peak memory of serving `request`, broken down as (weights, KV, activations), bytes.
-    fn memory(&self, graph: &OperatorGraph, request: &Request, device: &DeviceSpec) -> (f64, f64, f64);
+    fn memory(
+        &self,
+        graph: &OperatorGraph,
+        request: &Request,
+        device: &DeviceSpec,
+    ) -> (f64, f64, f64);
 
     /// Seconds to load the deployment onto `device` from host memory.
     fn load_time(&self, graph: &OperatorGraph, device: &DeviceSpec) -> f64;
@@ -71,7 +76,10 @@ pub trait Predict: Send + Sync {
     /// Run time of a whole request: its prefill pass plus its decode passes.
     fn run_time(&self, graph: &OperatorGraph, request: &Request, device: &DeviceSpec) -> f64 {
         let prefill = self.pass_time(graph, &request.prefill(), device, Coverage::Full);
-        prefill + decode_time(request, |pass| self.pass_time(graph, pass, device, Coverage::Full))
+        prefill
+            + decode_time(request, |pass| {
+                self.pass_time(graph, pass, device, Coverage::Full)
+            })
     }
 
     /// Eq. 1: `(T_run, M_peak, T_load)`.
@@ -150,7 +158,10 @@ mod tests {
 
     #[test]
     fn unknown_estimator_is_an_error() {
-        let err = estimator("oracle").err().map(|e| e.to_string()).unwrap_or_default();
+        let err = estimator("oracle")
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
         assert!(err.contains("oracle") && err.contains("graph"), "{err}");
     }
 }

@@ -434,37 +434,40 @@ impl Policy for Joint {
                 }
             }
         }
-        // Scale-out: no replica accepts; load another copy if it finishes earlier than waiting.
+        // Scale-out: no replica accepts. The k-th waiting unit starts when the k-th running
+        // unit of the deployment completes (one slot each, in predicted completion order); a
+        // new replica is loaded when it would finish the whole waiting queue earlier.
         for (d, items) in scale_out {
             if state.replicas_of(d).count() >= REPLICA_CAP {
                 continue;
             }
-            let wait = state
+            let mut ends: Vec<f64> = state
                 .running()
                 .values()
                 .filter(|r| r.replica.is_some_and(|id| state.replica(id).is_some_and(|rv| rv.deployment == d)))
                 .map(|r| (r.started + r.predicted_s.unwrap_or(0.0)).max(now))
-                .fold(f64::INFINITY, f64::min);
-            if let Some((g, victims, c_f, _)) = self.best_lifecycle(state, d, &items, now, &keep, false) {
-                let queue_done = wait
-                    + items
-                        .iter()
-                        .map(|w| {
-                            state
-                                .replicas_of(d)
-                                .find_map(|r| {
-                                    let dep = state.deployment(d)?;
-                                    let dev = state.device(r.device)?;
-                                    Some(self.est.run_time(dep, dev, r.leases.len() as u32, w.prompt_tokens, self.timing_output(w)))
-                                })
-                                .unwrap_or(0.0)
-                        })
-                        .fold(0.0, f64::max);
-                if c_f < queue_done {
-                    let owner = items.first().map(|w| w.workflow).unwrap_or(0);
-                    if self.issue_lifecycle(state, d, g, &victims, owner, now, out) {
-                        lifecycle += 1;
-                    }
+                .collect();
+            ends.sort_by(f64::total_cmp);
+            let Some((g, victims, c_f, _)) = self.best_lifecycle(state, d, &items, now, &keep, false) else {
+                continue;
+            };
+            let (Some(dep), Some(first)) = (state.deployment(d), state.replicas_of(d).next()) else { continue };
+            let Some(dev) = state.device(first.device) else { continue };
+            let mut queue_done = now;
+            for (k, w) in items.iter().enumerate() {
+                let run = self.est.run_time(dep, dev, first.leases.len().max(1) as u32, w.envelope.0, self.timing_output(w));
+                let start = if ends.is_empty() {
+                    now
+                } else {
+                    let rounds = (k / ends.len()) as f64;
+                    ends[k % ends.len()] + rounds * run
+                };
+                queue_done = queue_done.max(start + run);
+            }
+            if c_f < queue_done {
+                let owner = items.first().map(|w| w.workflow).unwrap_or(0);
+                if self.issue_lifecycle(state, d, g, &victims, owner, now, out) {
+                    lifecycle += 1;
                 }
             }
         }

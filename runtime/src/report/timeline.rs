@@ -40,7 +40,7 @@ pub fn write_svg(
         .caption(title, ("sans-serif", 16))
         .margin(10)
         .x_label_area_size(30)
-        .y_label_area_size(110)
+        .y_label_area_size(10)
         .build_cartesian_2d(0.0..span, 0.0..n)
         .map_err(|e| err(&e))?;
     let names: Vec<String> = devices.iter().enumerate().map(|(i, d)| format!("gpu{i} {}", d.name)).collect();
@@ -48,11 +48,7 @@ pub fn write_svg(
         .configure_mesh()
         .disable_y_mesh()
         .x_desc("virtual seconds")
-        .y_labels(devices.len())
-        .y_label_formatter(&|y| {
-            let row = (n - y - 0.5).round();
-            if row >= 0.0 && (row as usize) < names.len() { names[row as usize].clone() } else { String::new() }
-        })
+        .y_labels(0)
         .draw()
         .map_err(|e| err(&e))?;
     for (row, dev) in devices.iter().enumerate() {
@@ -79,6 +75,12 @@ pub fn write_svg(
             }))
             .map_err(|e| err(&e))?;
     }
+    // Row labels, drawn inside the plot at the left edge of each row.
+    chart
+        .draw_series(names.iter().enumerate().map(|(row, name)| {
+            Text::new(name.clone(), (span * 0.002, n - row as f64 - 0.35), ("sans-serif", 11).into_font().color(&BLACK))
+        }))
+        .map_err(|e| err(&e))?;
     for (label, color) in [("loading", LOADING), ("generating", GENERATING), ("idle resident", IDLE)] {
         chart
             .draw_series(std::iter::empty::<Rectangle<(f64, f64)>>())

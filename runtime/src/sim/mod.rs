@@ -291,7 +291,7 @@ impl<'a> Sim<'a> {
             .map(|(i, s)| DeviceInfo { id: DeviceId(i as u32), spec: s.clone() })
             .collect();
         let estimates: Box<dyn Estimates> = match cfg.predictor.as_str() {
-            "oracle" => Box::new(oracle::OracleEstimates),
+            "oracle" => Box::new(crate::planner::estimates::Cached::new(oracle::OracleEstimates)),
             other => {
                 return Err(SimError::Internal(format!("unknown predictor `{other}` (known: oracle)")));
             }

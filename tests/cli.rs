@@ -1,0 +1,148 @@
+//! End-to-end tests of the `switchyard` command line: the main job on a few sessions, its
+//! determinism, its JSON schema and accounting, the SVG and trace outputs, and clear errors on
+//! bad workflow files.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn switchyard(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_switchyard"))
+        .args(args)
+        .current_dir(root())
+        .output()
+        .expect("the switchyard binary runs")
+}
+
+const WORKFLOWS: [&str; 3] = ["workflows/gsm8k.yaml", "workflows/mbpp.yaml", "workflows/qmsum.yaml"];
+
+fn run_json(extra: &[&str]) -> (String, serde_json::Value) {
+    let mut args = vec!["run"];
+    args.extend(WORKFLOWS);
+    args.extend(["--sessions", "2", "--pool", "workflows/pools/small.yaml", "--json"]);
+    args.extend(extra);
+    let out = switchyard(&args);
+    assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).expect("utf-8 JSON");
+    let json: serde_json::Value = serde_json::from_str(&text).expect("one JSON object");
+    (text, json)
+}
+
+#[test]
+fn main_job_completes_is_deterministic_and_accounts_gpu_time() {
+    let (a, json) = run_json(&[]);
+    let (b, _) = run_json(&[]);
+    assert_eq!(a, b, "same seed must give byte-identical JSON");
+
+    for field in [
+        "policy", "seed", "sessions_completed", "sessions_failed", "makespan_s", "latency_s",
+        "gpu_seconds_per_session", "loads", "evictions", "workflows",
+    ] {
+        assert!(json.get(field).is_some(), "missing `{field}`");
+    }
+    assert_eq!(json["sessions_completed"], 6, "{json}");
+    assert_eq!(json["sessions_failed"], 0);
+    assert_eq!(json["policy"], "joint");
+    for wf in ["gsm8k", "mbpp", "qmsum"] {
+        let w = &json["workflows"][wf];
+        assert_eq!(w["sessions_completed"], 2, "{wf}");
+        let acc = w["accuracy"].as_f64().expect("accuracy");
+        assert!((0.0..=1.0).contains(&acc), "{wf}: {acc}");
+        for p in ["p50", "p95", "p99"] {
+            assert!(w["latency_s"][p].as_f64().is_some());
+        }
+    }
+    // The breakdown partitions the pool's time over the makespan.
+    let g = &json["gpu_seconds_total"];
+    let sum: f64 = ["generation", "idle_resident", "loading", "other"]
+        .iter()
+        .map(|k| g[*k].as_f64().expect("number"))
+        .sum();
+    let expect = json["gpus"].as_f64().unwrap() * json["makespan_s"].as_f64().unwrap();
+    assert!((sum - expect).abs() < 0.01 * expect.max(1.0), "{sum} vs {expect}");
+    assert!(json["loads"].as_u64().unwrap() >= 1);
+}
+
+#[test]
+fn another_seed_gives_another_trace() {
+    let (a, _) = run_json(&[]);
+    let (b, _) = run_json(&["--seed", "43"]);
+    assert_ne!(a, b);
+}
+
+#[test]
+fn the_baseline_runs_and_writes_a_timeline_and_a_trace() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let svg = dir.path().join("t.svg");
+    let trace = dir.path().join("t.jsonl");
+    let (_, json) = run_json(&[
+        "--policy",
+        "parrot",
+        "--timeline",
+        svg.to_str().unwrap(),
+        "--trace",
+        trace.to_str().unwrap(),
+    ]);
+    assert_eq!(json["policy"], "parrot");
+    assert_eq!(json["sessions_completed"], 6);
+    let svg = std::fs::read_to_string(&svg).expect("svg written");
+    assert!(svg.contains("<svg") && svg.contains("gpu0"), "timeline rows are labelled");
+    let trace = std::fs::read_to_string(&trace).expect("trace written");
+    let first: serde_json::Value = serde_json::from_str(trace.lines().next().unwrap()).unwrap();
+    assert_eq!(first["event"], "arrival");
+    assert!(trace.lines().any(|l| l.contains("\"dispatch\"")));
+}
+
+#[test]
+fn the_table_output_names_every_workflow() {
+    let mut args = vec!["run"];
+    args.extend(WORKFLOWS);
+    args.extend(["--sessions", "1", "--pool", "workflows/pools/small.yaml"]);
+    let out = switchyard(&args);
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    for w in ["gsm8k", "mbpp", "qmsum", "overall"] {
+        assert!(text.contains(w), "{text}");
+    }
+}
+
+fn assert_bad(file: &str, needle: &str) {
+    let path = Path::new("runtime/tests/fixtures").join(file);
+    let out = switchyard(&["run", path.to_str().unwrap(), "--sessions", "1"]);
+    assert!(!out.status.success(), "{file} must be rejected");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(file), "error names the file: {err}");
+    // file:line:column
+    let after = err.split(file).nth(1).unwrap_or("");
+    assert!(after.starts_with(':') && after[1..].chars().next().is_some_and(|c| c.is_ascii_digit()), "{err}");
+    assert!(err.to_lowercase().contains(needle), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+#[test]
+fn bad_workflows_give_clear_errors() {
+    assert_bad("bad_unknown_ref.yaml", "unknown");
+    assert_bad("bad_cycle.yaml", "cycle");
+    assert_bad("bad_type.yaml", "");
+}
+
+#[test]
+fn validate_accepts_the_shipped_workflows() {
+    let mut args = vec!["validate"];
+    args.extend(WORKFLOWS);
+    let out = switchyard(&args);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 3);
+}
+
+#[test]
+fn bad_arguments_are_rejected() {
+    let out = switchyard(&["run", "workflows/gsm8k.yaml", "--arrival", "uniform"]);
+    assert!(!out.status.success());
+    let out = switchyard(&["run", "workflows/gsm8k.yaml", "--pool", "no/such/pool.yaml"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no/such/pool.yaml"));
+}

@@ -277,16 +277,11 @@ impl Builder {
         inputs: &[usize],
     ) -> usize {
         let id = self.nodes.len();
-        let rows = if name == "lm_head" {
-            Rows::Sequences
-        } else {
-            Rows::Tokens
-        };
         self.nodes.push(OpNode {
             name: name.to_string(),
             kind,
             repeat,
-            rows,
+            rows: Rows::Tokens,
             shape,
             param_bytes,
             output_width,
@@ -552,7 +547,7 @@ impl OperatorGraph {
             &[layer_out],
         );
         let head_params = if a.tied_embeddings { 0 } else { h * vocab * e };
-        b.node(
+        let lm_head = b.node(
             "lm_head",
             K::Gemm,
             Once,
@@ -562,6 +557,8 @@ impl OperatorGraph {
             None,
             &[final_norm],
         );
+        // vLLM computes logits only at the positions it samples: one row per sequence.
+        b.nodes[lm_head].rows = Rows::Sequences;
         OperatorGraph {
             deployment: deployment.clone(),
             nodes: b.nodes,
@@ -712,7 +709,8 @@ impl OperatorGraph {
                 .filter(|&i| last_use[i] >= step)
                 .map(|i| {
                     let bytes = self.output_bytes(i, pass);
-                    if self.nodes[i].name == "lm_head" {
+                    // The per-sequence node is the LM head: its logits are fp32.
+                    if self.nodes[i].rows == Rows::Sequences {
                         bytes * 4.0 / self.deployment.dtype.bytes() as f64
                     } else {
                         bytes

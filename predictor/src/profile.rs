@@ -359,9 +359,10 @@ mod tests {
         let a100 = t.device("A100-40GB").unwrap();
         let key = t.key(d, l4, 1, 256, 64).unwrap();
         assert_eq!(t.peak_bytes(key) - t.request_bytes(key), t.weights_bytes(d));
-        // 16.4 GB of weights fit a 24 GiB L4 for a short request, not four 4k+512 ones? They do:
-        // 4 × 4,608 × 147,456 B ≈ 2.7 GB of KV. Both fit.
+        // 16.4 GB of weights and a short request fit a 24 GiB L4.
         assert!(t.fits(key));
+        // Qwen3-8B with 4 × (4,096 + 512) tokens of KV (2.7 GB) still fits.
+        assert!(t.fits(t.key(d, l4, 4, 4096, 512).unwrap()));
         assert!(t.load_time(d, l4) > 0.0 && t.load_time(d, a100) > 0.0);
     }
 

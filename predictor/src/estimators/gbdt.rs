@@ -137,3 +137,43 @@ impl Predict for Gbdt {
         lifecycle::formula_load_time(graph, device)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::arch::Architecture;
+    use crate::graph::Deployment;
+    use crate::spec::{self, Dtype};
+
+    #[test]
+    fn fits_its_training_data_and_defers_the_rest_to_the_formula() {
+        let data = ProfileData::load(&crate::eval::default_train_dir()).unwrap();
+        let set = MeasuredSet::build(&data).unwrap();
+        let phi = set.subset(|m, _| m == "microsoft/phi-2");
+        let formula = Formula::calibrate_on(&phi).unwrap();
+        let gbdt = Gbdt::train_on(&phi, formula).unwrap();
+        let (mut err, mut sum) = (0.0, 0.0);
+        for c in &phi.configs {
+            let d = phi.device(c).unwrap();
+            err += (gbdt.pass_time(&phi.graphs[c.graph], &c.pass, d, Coverage::Profiled)
+                - c.seconds)
+                .abs();
+            sum += c.seconds;
+        }
+        assert!(err / sum < 0.05, "in-sample WAPE {}", err / sum);
+        let g = OperatorGraph::build(&Deployment::new(
+            Architecture::from(&spec::model("Qwen3-4B").unwrap()),
+            Dtype::Bf16,
+        ));
+        let d = spec::device("L4").unwrap();
+        let pass = ForwardPass::decode(4, 1000);
+        assert_eq!(
+            gbdt.pass_time(&g, &pass, &d, Coverage::Unprofiled),
+            formula.pass_time(&g, &pass, &d, Coverage::Unprofiled)
+        );
+        let full = gbdt.pass_time(&g, &pass, &d, Coverage::Full);
+        let parts = gbdt.pass_time(&g, &pass, &d, Coverage::Profiled)
+            + gbdt.pass_time(&g, &pass, &d, Coverage::Unprofiled);
+        assert!((full - parts).abs() < 1e-12);
+    }
+}

@@ -501,3 +501,185 @@ impl Policy for Joint {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ids::SessionId;
+    use crate::planner::{DeploymentInfo, DeviceInfo, NearReadyItem, Planner};
+    use switchyard_predictor::{Dtype, spec};
+
+    /// Constant estimates: loads take 10 s, a request 1 s per 100 output tokens.
+    struct Fixed;
+    impl Estimates for Fixed {
+        fn name(&self) -> &str {
+            "fixed"
+        }
+        fn run_time(&self, _: &DeploymentInfo, _: &DeviceInfo, _: u32, _: u32, output: u32) -> f64 {
+            output as f64 / 100.0
+        }
+        fn load_time(&self, _: &DeploymentInfo, _: &DeviceInfo) -> f64 {
+            10.0
+        }
+    }
+
+    fn planner(devices: &[&str], opts: JointOptions) -> Planner {
+        let devices = devices
+            .iter()
+            .enumerate()
+            .map(|(i, n)| DeviceInfo { id: DeviceId(i as u32), spec: spec::device(n).unwrap() })
+            .collect();
+        let deployments = ["Qwen3-4B", "Qwen3-8B", "Qwen3-1.7B"]
+            .iter()
+            .enumerate()
+            .map(|(i, name)| {
+                let m = spec::model(name).unwrap();
+                DeploymentInfo {
+                    id: DeploymentId(i as u32),
+                    model: m.name.clone(),
+                    dtype: Dtype::Fp16,
+                    max_model_len: 8192,
+                    gpu_memory_utilization: 0.9,
+                    weight_bytes: m.param_bytes(Dtype::Fp16),
+                    kv_bytes_per_token: m.kv_bytes_per_token(Dtype::Fp16),
+                    max_num_seqs: 64,
+                }
+            })
+            .collect();
+        Planner::new(devices, deployments, Box::new(Joint::new(opts, Box::new(Fixed))))
+    }
+
+    fn act(s: u32, i: u32) -> ActivationId {
+        ActivationId { session: SessionId(s), index: i }
+    }
+
+    fn item(s: u32, i: u32, d: u32, workflow: u32) -> WorkItem {
+        WorkItem {
+            activation: act(s, i),
+            workflow,
+            deployment: DeploymentId(d),
+            prompt_tokens: 500,
+            max_output_tokens: 200,
+            ready_at: 0.0,
+            node: i,
+            chain_prev: None,
+            chain_next: false,
+            envelope: (500, 200),
+            remaining_path_tokens: 200,
+        }
+    }
+
+    fn loads(cmds: &[Command]) -> usize {
+        cmds.iter().filter(|c| matches!(c, Command::Load { .. })).count()
+    }
+
+    #[test]
+    fn one_load_serves_ready_units_of_every_workflow() {
+        let mut p = planner(&["A100-40GB", "A100-40GB"], JointOptions::default());
+        let mut cmds = p.handle(Event::UnitReady(item(0, 0, 0, 0)), 0.0).unwrap();
+        cmds.extend(p.handle(Event::UnitReady(item(1, 0, 0, 1)), 0.0).unwrap());
+        assert_eq!(loads(&cmds), 1, "{cmds:?}");
+        // The per-workflow ablation loads the deployment once per workflow.
+        let mut p = planner(&["A100-40GB", "A100-40GB"], JointOptions { shared_lifecycle: false, ..Default::default() });
+        let mut cmds = p.handle(Event::UnitReady(item(0, 0, 0, 0)), 0.0).unwrap();
+        cmds.extend(p.handle(Event::UnitReady(item(1, 0, 0, 1)), 0.0).unwrap());
+        assert_eq!(loads(&cmds), 2, "{cmds:?}");
+    }
+
+    #[test]
+    fn reclaim_never_touches_a_leased_replica() {
+        let mut p = planner(&["A100-40GB"], JointOptions::default());
+        p.handle(Event::UnitReady(item(0, 0, 0, 0)), 0.0).unwrap();
+        let cmds = p.handle(Event::ReplicaLoaded { replica: ReplicaId(0) }, 10.0).unwrap();
+        assert!(matches!(cmds[0], Command::Dispatch { .. }));
+        // Another deployment needs the only device, whose replica is leased: nothing happens.
+        let cmds = p.handle(Event::UnitReady(item(1, 0, 1, 0)), 11.0).unwrap();
+        assert!(cmds.is_empty(), "{cmds:?}");
+        // Once the lease ends, the idle replica is reclaimed for the waiting unit.
+        let cmds = p
+            .handle(Event::UnitFinished { activation: act(0, 0), replica: ReplicaId(0), output_tokens: 100 }, 12.0)
+            .unwrap();
+        assert_eq!(cmds[0], Command::Unload { replica: ReplicaId(0) });
+        assert!(matches!(cmds[1], Command::Load { deployment: DeploymentId(1), .. }));
+    }
+
+    #[test]
+    fn a_fused_successor_keeps_the_chain_grant() {
+        let mut p = planner(&["A100-40GB"], JointOptions::default());
+        let mut head = item(0, 0, 0, 0);
+        head.chain_next = true;
+        p.handle(Event::UnitReady(head), 0.0).unwrap();
+        p.handle(Event::ReplicaLoaded { replica: ReplicaId(0) }, 10.0).unwrap();
+        // Other deployment's work arrives while the head runs.
+        p.handle(Event::UnitReady(item(1, 0, 1, 0)), 10.5).unwrap();
+        // The head finishes: its replica stays leased for the successor, so nothing is reclaimed.
+        let cmds = p
+            .handle(Event::UnitFinished { activation: act(0, 0), replica: ReplicaId(0), output_tokens: 100 }, 11.0)
+            .unwrap();
+        assert!(cmds.is_empty(), "{cmds:?}");
+        let mut next = item(0, 1, 0, 0);
+        next.chain_prev = Some(act(0, 0));
+        let cmds = p.handle(Event::UnitReady(next), 11.0).unwrap();
+        assert_eq!(cmds, vec![Command::Dispatch { activation: act(0, 1), replica: ReplicaId(0) }]);
+        // Without fusion the same finish frees the replica and it is reclaimed at once.
+        let mut p = planner(&["A100-40GB"], JointOptions { fusion: false, ..Default::default() });
+        let mut head = item(0, 0, 0, 0);
+        head.chain_next = true;
+        p.handle(Event::UnitReady(head), 0.0).unwrap();
+        p.handle(Event::ReplicaLoaded { replica: ReplicaId(0) }, 10.0).unwrap();
+        p.handle(Event::UnitReady(item(1, 0, 1, 0)), 10.5).unwrap();
+        let cmds = p
+            .handle(Event::UnitFinished { activation: act(0, 0), replica: ReplicaId(0), output_tokens: 100 }, 11.0)
+            .unwrap();
+        assert_eq!(cmds[0], Command::Unload { replica: ReplicaId(0) });
+    }
+
+    fn near(s: u32, i: u32, d: u32, waits: ActivationId) -> NearReadyItem {
+        NearReadyItem {
+            activation: act(s, i),
+            workflow: 0,
+            deployment: DeploymentId(d),
+            node: i,
+            waits_for: vec![waits],
+            prompt_bound: 500,
+            max_output_tokens: 200,
+        }
+    }
+
+    #[test]
+    fn prefetch_stages_near_ready_work_only_when_no_ready_action_advances() {
+        let mut p = planner(&["A100-40GB", "A100-40GB"], JointOptions::default());
+        p.handle(Event::UnitReady(item(0, 0, 0, 0)), 0.0).unwrap();
+        p.handle(Event::ReplicaLoaded { replica: ReplicaId(0) }, 10.0).unwrap();
+        // The unit runs (predicted 2 s); its successor on deployment 1 is near-ready, released
+        // in ~2 s, well within the 10 s load: a tick with no ready action prefetches it.
+        let cmds = p.handle(Event::UnitNearReady(near(0, 1, 1, act(0, 0))), 10.0).unwrap();
+        assert_eq!(loads(&cmds), 1, "{cmds:?}");
+        assert!(matches!(cmds[0], Command::Load { deployment: DeploymentId(1), device: DeviceId(1), .. }));
+        // With prefetch off, nothing is staged.
+        let mut p = planner(&["A100-40GB", "A100-40GB"], JointOptions { prefetch: false, ..Default::default() });
+        p.handle(Event::UnitReady(item(0, 0, 0, 0)), 0.0).unwrap();
+        p.handle(Event::ReplicaLoaded { replica: ReplicaId(0) }, 10.0).unwrap();
+        assert!(p.handle(Event::UnitNearReady(near(0, 1, 1, act(0, 0))), 10.0).unwrap().is_empty());
+    }
+
+    #[test]
+    fn prefetch_never_delays_ready_work() {
+        // One device. Ready work of deployment 0 waits for it; a near-ready unit of deployment 1
+        // must not take the device.
+        let mut p = planner(&["A100-40GB"], JointOptions::default());
+        p.handle(Event::UnitReady(item(0, 0, 0, 0)), 0.0).unwrap();
+        let cmds = p.handle(Event::ReplicaLoaded { replica: ReplicaId(0) }, 10.0).unwrap();
+        assert_eq!(cmds.len(), 1);
+        let cmds = p.handle(Event::UnitReady(item(1, 0, 2, 0)), 10.0).unwrap();
+        assert!(cmds.is_empty());
+        let cmds = p.handle(Event::UnitNearReady(near(0, 1, 1, act(0, 0))), 10.0).unwrap();
+        assert!(cmds.is_empty(), "{cmds:?}");
+        // When the device frees, the ready unit's deployment is loaded, not the prefetch.
+        let cmds = p
+            .handle(Event::UnitFinished { activation: act(0, 0), replica: ReplicaId(0), output_tokens: 100 }, 12.0)
+            .unwrap();
+        assert!(cmds.iter().all(|c| !matches!(c, Command::Load { deployment: DeploymentId(1), .. })), "{cmds:?}");
+        assert!(cmds.iter().any(|c| matches!(c, Command::Load { deployment: DeploymentId(2), .. })), "{cmds:?}");
+    }
+}

@@ -13,11 +13,14 @@
 pub mod estimates;
 pub mod fusion;
 mod joint;
+mod kairos;
+pub mod memory;
 mod parrot;
 mod state;
 
 pub use estimates::Estimates;
 pub use joint::{Joint, JointOptions};
+pub use kairos::Kairos;
 pub use parrot::Parrot;
 pub use state::{
     DeploymentInfo, DeviceInfo, NearReadyItem, PlanError, PlannerState, ReplicaPhase, ReplicaView,
@@ -84,7 +87,7 @@ pub trait Policy: Send {
 }
 
 /// The names accepted by [`policy_by_name`].
-pub const POLICIES: &[&str] = &["joint", "parrot"];
+pub const POLICIES: &[&str] = &["joint", "parrot", "kairos"];
 
 /// Build a policy from its CLI name. `options` switch the joint policy's mechanisms (the
 /// ablations); `estimates` is the Predictor the policy plans with (baselines ignore both).
@@ -96,6 +99,7 @@ pub fn policy_by_name(
     match name {
         "joint" => Ok(Box::new(Joint::new(options, estimates))),
         "parrot" => Ok(Box::new(Parrot)),
+        "kairos" => Ok(Box::new(Kairos::new())),
         other => Err(PlanError::UnknownPolicy(other.to_string(), POLICIES.join(", "))),
     }
 }

@@ -10,6 +10,7 @@ use serde::Serialize;
 use switchyard_predictor::{DeviceSpec, Dtype};
 use thiserror::Error;
 
+use super::memory::{self, Occupancy};
 use super::{Command, DeploymentId, Event};
 use crate::ids::{ActivationId, DeviceId, ReplicaId};
 
@@ -440,9 +441,15 @@ impl PlannerState {
             return Err(PlanError::Ineligible(deployment, device));
         };
         let claim = d.claim_bytes(g);
-        let free = self.free_bytes(device);
-        if claim > free {
-            return Err(PlanError::NoMemory(deployment, device, claim, free));
+        let capacity = g.spec.memory_bytes;
+        // Eq. 11 over the device's predicted transitions: every replica holds its claim from
+        // now on (reclaimed victims were removed from the view when their unload was issued).
+        let occupancy: Vec<Occupancy> = self
+            .replicas_on(device)
+            .map(|r| Occupancy { from: now, until: f64::INFINITY, bytes: r.claim_bytes })
+            .collect();
+        if !memory::feasible(capacity, &occupancy, Occupancy { from: now, until: f64::INFINITY, bytes: claim }) {
+            return Err(PlanError::NoMemory(deployment, device, claim, self.free_bytes(device)));
         }
         let id = ReplicaId(self.next_replica);
         self.next_replica += 1;

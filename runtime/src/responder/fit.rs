@@ -62,9 +62,32 @@ fn cut_at_word(piece: &str, budget: usize) -> String {
 /// Tokens a cut may give up to end on a whole word.
 const WORD_CUT_SLACK: usize = 2;
 
+/// Cut `piece` to at most `budget` tokens including `mark`, which is appended when the piece
+/// had to be cut (an already marked piece is re-cut without doubling the mark).
+fn cut_marked(piece: &str, budget: usize, mark: &str) -> String {
+    if tokens::count(piece) <= budget {
+        return piece.to_string();
+    }
+    let base = if mark.is_empty() { piece } else { piece.strip_suffix(mark).unwrap_or(piece) };
+    let cut = cut_at_word(base, budget.saturating_sub(tokens::count(mark)));
+    if cut.trim().is_empty() { String::new() } else { format!("{cut}{mark}") }
+}
+
 /// Assemble `head + filler(0) + filler(1) + … + tail` with close to `target` tokens and never
 /// more. `filler(i)` yields the i-th filler piece; pieces should start with their separator.
 pub(crate) fn fit(head: &str, tail: &str, target: usize, filler: &mut dyn FnMut(usize) -> String) -> String {
+    fit_marked(head, tail, target, "", filler)
+}
+
+/// [`fit`], ending a filler piece that had to be cut with `mark` (e.g. `…`, so that a later
+/// reader still sees a sentence boundary there).
+pub(crate) fn fit_marked(
+    head: &str,
+    tail: &str,
+    target: usize,
+    mark: &str,
+    filler: &mut dyn FnMut(usize) -> String,
+) -> String {
     let assemble = |pieces: &[String]| {
         let mut s = String::with_capacity(head.len() + tail.len() + pieces.iter().map(String::len).sum::<usize>());
         s.push_str(head);
@@ -115,7 +138,7 @@ pub(crate) fn fit(head: &str, tail: &str, target: usize, filler: &mut dyn FnMut(
                 misses = 0;
                 continue;
             }
-            let cut = cut_at_word(&piece, budget);
+            let cut = cut_marked(&piece, budget, mark);
             if !cut.is_empty() {
                 pieces.push(cut);
             }
@@ -133,7 +156,7 @@ pub(crate) fn fit(head: &str, tail: &str, target: usize, filler: &mut dyn FnMut(
         match pieces.pop() {
             Some(last) => {
                 let keep = tokens::count(&last).saturating_sub(excess);
-                let cut = cut_at_word(&last, keep);
+                let cut = cut_marked(&last, keep, mark);
                 if !cut.is_empty() {
                     pieces.push(cut);
                 }
@@ -172,6 +195,16 @@ mod tests {
         assert_eq!(tokens::count(&out), 20);
         assert!(!out.contains("####"));
         assert!(head.starts_with(&out));
+    }
+
+    #[test]
+    fn a_cut_piece_carries_the_mark() {
+        let piece = |_| " The committee heard evidence from the Crown Prosecution Service today.".to_string();
+        for target in 20..40 {
+            let out = fit_marked("Summary.", "", target, "…", &mut { piece });
+            assert!(tokens::count(&out) <= target);
+            assert!(out.ends_with('.') || out.ends_with('…'), "{out}");
+        }
     }
 
     #[test]

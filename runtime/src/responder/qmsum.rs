@@ -36,13 +36,13 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::json;
 
-use super::fit::fit;
+use super::fit::fit_marked;
 use super::text::{content_words, split_sentences};
 use super::{ResponderError, ResponderRequest};
 use crate::tokens;
 
 /// Sentences with fewer words are back-channel ("Okay.", "Yeah, sure.") and never extracted.
-pub const MIN_WORDS: usize = 4;
+pub const MIN_WORDS: usize = 6;
 
 /// Weights of the ranking terms: query overlap (per √words), centrality, lead bias, carry-over
 /// of a previous summary, speaker named in the query. Chosen by hand so that query overlap dominates, centrality decides
@@ -50,7 +50,7 @@ pub const MIN_WORDS: usize = 4;
 const W_QUERY: f64 = 1.0;
 const W_CENTRALITY: f64 = 0.5;
 const W_POSITION: f64 = 0.1;
-const W_CARRY: f64 = 0.5;
+const W_CARRY: f64 = 0.15;
 /// Bonus for a sentence spoken by someone the query names ("What did Barry Hughes think …").
 const W_SPEAKER: f64 = 0.3;
 
@@ -173,9 +173,23 @@ fn candidates(sources: &[(Section, String)]) -> Vec<Candidate> {
     let mut out = Vec::new();
     for (section, body) in sources {
         for line in body.lines() {
-            let (speaker, content) =
-                if *section == Section::Transcript { speaker_turn(line) } else { (None, line) };
+            // A transcript line is one turn; a summary paragraph may hold several turns, each
+            // sentence starting with its speaker when the speaker changes.
+            let (first, content) = speaker_turn(line);
+            let mut speaker: Option<String> = first.map(String::from);
             for raw in split_sentences(content) {
+                let raw = if *section == Section::Transcript {
+                    raw
+                } else {
+                    let (sp, rest) = speaker_turn(&raw);
+                    match sp {
+                        Some(sp) => {
+                            speaker = Some(sp.to_string());
+                            rest.to_string()
+                        }
+                        None => raw,
+                    }
+                };
                 let text = clean(&raw);
                 if text.split_whitespace().count() < MIN_WORDS {
                     continue;
@@ -185,7 +199,7 @@ fn candidates(sources: &[(Section, String)]) -> Vec<Candidate> {
                     continue;
                 }
                 out.push(Candidate {
-                    speaker: speaker.map(String::from),
+                    speaker: speaker.clone(),
                     text,
                     words,
                     carry: *section == Section::Previous,
@@ -196,24 +210,32 @@ fn candidates(sources: &[(Section, String)]) -> Vec<Candidate> {
     out
 }
 
-/// Scores of the candidates for `query` (see the module doc).
+/// Scores of the candidates for `query` (see the module doc). Centrality is MEAD's centroid
+/// score (Radev et al., *Centroid-based summarization of multiple documents*, IP&M 2004):
+/// the summed tf·idf weight of a sentence's words among the source's [`CENTROID_WORDS`]
+/// highest-weighted words (idf over the source's sentences), scaled to [0, 1].
 fn scores(cands: &[Candidate], query: &BTreeSet<String>) -> Vec<f64> {
-    let mut tf: BTreeMap<&str, u32> = BTreeMap::new();
+    let mut df: BTreeMap<&str, u32> = BTreeMap::new();
     for c in cands {
         for w in &c.words {
-            *tf.entry(w.as_str()).or_insert(0) += 1;
+            *df.entry(w.as_str()).or_insert(0) += 1;
         }
     }
-    let max_tf = tf.values().copied().max().unwrap_or(1).max(1) as f64;
     let n = cands.len().max(1) as f64;
+    let mut weights: Vec<(&str, f64)> =
+        df.iter().map(|(w, d)| (*w, f64::from(*d) * (n / f64::from(*d)).ln())).filter(|(_, x)| *x > 0.0).collect();
+    weights.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(b.0)));
+    weights.truncate(CENTROID_WORDS);
+    let centroid: BTreeMap<&str, f64> = weights.into_iter().collect();
+    let raw: Vec<f64> = cands.iter().map(|c| c.words.iter().filter_map(|w| centroid.get(w.as_str())).sum()).collect();
+    let max_raw = raw.iter().copied().fold(0.0, f64::max);
     cands
         .iter()
         .enumerate()
         .map(|(i, c)| {
             let len = c.words.len() as f64;
             let overlap = c.words.intersection(query).count() as f64;
-            let centrality =
-                c.words.iter().map(|w| f64::from(tf.get(w.as_str()).copied().unwrap_or(0))).sum::<f64>() / (len * max_tf);
+            let centrality = if max_raw > 0.0 { raw[i] / max_raw } else { 0.0 };
             let position = 1.0 - i as f64 / n;
             let by_named_speaker = c.speaker.as_deref().is_some_and(|sp| !content_words(sp).is_disjoint(query));
             W_QUERY * overlap / len.sqrt()
@@ -223,6 +245,51 @@ fn scores(cands: &[Candidate], query: &BTreeSet<String>) -> Vec<f64> {
                 + if by_named_speaker { W_SPEAKER } else { 0.0 }
         })
         .collect()
+}
+
+/// How many of the source's highest tf·idf words form the centroid.
+const CENTROID_WORDS: usize = 40;
+
+/// Sentences a summarizer adds when the source is used up and the drawn length is not reached
+/// (an extractive summary cannot be longer than its source, a model's output can): a wrap-up
+/// built from the source's most frequent content words and its speakers, rotating through
+/// the keywords so that it does not repeat itself verbatim.
+fn closing_lines(cands: &[Candidate], query: &str) -> Vec<String> {
+    let speaker_words: BTreeSet<String> = cands.iter().filter_map(|c| c.speaker.as_deref()).flat_map(content_words).collect();
+    let mut tf: BTreeMap<&str, u32> = BTreeMap::new();
+    for c in cands {
+        for w in &c.words {
+            if w.chars().count() >= 4 && w.chars().all(char::is_alphabetic) && !speaker_words.contains(w) {
+                *tf.entry(w.as_str()).or_insert(0) += 1;
+            }
+        }
+    }
+    let mut ranked: Vec<(&str, u32)> = tf.into_iter().collect();
+    ranked.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+    let keywords: Vec<&str> = ranked.iter().take(12).map(|(w, _)| *w).collect();
+    let mut speakers: Vec<&str> = Vec::new();
+    for c in cands {
+        if let Some(sp) = c.speaker.as_deref()
+            && !speakers.contains(&sp)
+        {
+            speakers.push(sp);
+        }
+    }
+    let mut lines = vec![format!(" In answer to the query \"{}\", the points above are the ones that matter most.", query.trim())];
+    if !speakers.is_empty() {
+        let shown: Vec<&str> = speakers.iter().take(4).copied().collect();
+        lines.push(format!(" The main contributions came from {}.", shown.join(", ")));
+    }
+    for k in keywords.chunks(3) {
+        match k {
+            [a, b, c] => lines.push(format!(" The discussion also touched on {a}, {b} and {c}.")),
+            [a, b] => lines.push(format!(" Further points concerned {a} and {b}.")),
+            [a] => lines.push(format!(" Some time was spent on {a}.")),
+            _ => {}
+        }
+    }
+    lines.push(" No decision beyond the points above was recorded.".to_string());
+    lines
 }
 
 /// Extract a summary of `sources` for `query` with close to `target` tokens.
@@ -247,26 +314,9 @@ fn extract(sources: &[(Section, String)], query: &str, target: usize) -> (String
     }
     chosen.sort_unstable();
     let rest: Vec<usize> = order.iter().copied().filter(|i| !chosen.contains(i)).collect();
-    let keywords: Vec<String> = {
-        let mut tf: BTreeMap<&str, u32> = BTreeMap::new();
-        for c in &cands {
-            for w in &c.words {
-                *tf.entry(w.as_str()).or_insert(0) += 1;
-            }
-        }
-        let mut v: Vec<(&str, u32)> = tf.into_iter().collect();
-        v.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
-        v.into_iter().take(5).map(|(w, _)| w.to_string()).collect()
-    };
-    let topic = if keywords.is_empty() { "the topic".to_string() } else { keywords.join(", ") };
-    let query_line = query.trim().to_string();
-    let closing = [
-        format!(" Regarding \"{query_line}\", the discussion centred on {topic}."),
-        format!(" The participants returned several times to {topic}."),
-        " No decision beyond the points above was recorded.".to_string(),
-    ];
+    let closing = closing_lines(&cands, query);
     let mut last_speaker: Option<&str> = None;
-    let text = fit("", "", target, &mut |i| {
+    let text = fit_marked("", "", target, "…", &mut |i| {
         let sep = if i == 0 { "" } else { " " };
         let next = chosen.get(i).or_else(|| rest.get(i - chosen.len()));
         if let Some(&c) = next {

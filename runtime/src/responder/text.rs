@@ -140,7 +140,8 @@ pub(crate) fn content_words(text: &str) -> BTreeSet<String> {
     words(text).into_iter().filter(|w| !STOP_WORDS.contains(&w.as_str())).collect()
 }
 
-/// Split `text` into sentences: at `.`, `?` or `!` followed by whitespace, and at line breaks.
+/// Split `text` into sentences: at `.`, `?`, `!` or `…` followed by whitespace, and at line
+/// breaks.
 /// Sentences are trimmed; empty ones are dropped.
 pub(crate) fn split_sentences(text: &str) -> Vec<String> {
     let mut out = Vec::new();
@@ -148,7 +149,7 @@ pub(crate) fn split_sentences(text: &str) -> Vec<String> {
         let mut start = 0;
         let chars: Vec<(usize, char)> = line.char_indices().collect();
         for (k, &(i, c)) in chars.iter().enumerate() {
-            if matches!(c, '.' | '?' | '!') {
+            if matches!(c, '.' | '?' | '!' | '…') {
                 let next_is_space = chars.get(k + 1).is_none_or(|&(_, n)| n.is_whitespace());
                 if next_is_space {
                     let end = i + c.len_utf8();

@@ -107,6 +107,25 @@ pub struct TraceLine {
     pub detail: Option<String>,
 }
 
+/// One completed activation (LLM call or tool call), for offline analysis such as the
+/// makespan lower bound (`crate::lower_bound`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CallRecord {
+    pub session: u32,
+    /// Index of the workflow in the run's list.
+    pub workflow: u32,
+    pub activation: u32,
+    /// Index of the logical node in its workflow.
+    pub node: u32,
+    /// Catalogue model and dtype of the deployment; `None` for a tool call.
+    pub model: Option<(String, Dtype)>,
+    pub prompt_tokens: u32,
+    pub output_tokens: u32,
+    /// Activation indices (same session) this one waited for.
+    pub predecessors: Vec<u32>,
+    pub finished_at: f64,
+}
+
 /// What a run produces.
 pub struct SimOutput {
     pub report: RunReport,
@@ -116,6 +135,8 @@ pub struct SimOutput {
     pub window: (f64, f64),
     /// One line per sandbox fallback the tools reported (deduplicated).
     pub notes: Vec<String>,
+    /// Every completed activation, in completion order.
+    pub calls: Vec<CallRecord>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -225,6 +246,7 @@ struct Sim<'a> {
     done_sessions: usize,
     /// Sessions that could not even be instantiated: (workflow, arrival, reason).
     start_failures: Vec<(u32, f64, String)>,
+    calls: Vec<CallRecord>,
 }
 
 /// Run one simulation. `progress(done, total)` is called as sessions finish.
@@ -360,6 +382,7 @@ impl<'a> Sim<'a> {
             open_sessions: 0,
             done_sessions: 0,
             start_failures: Vec::new(),
+            calls: Vec::new(),
         };
         for i in 0..sim.trace_entries.len() {
             let at = sim.trace_entries[i].at;
@@ -767,6 +790,7 @@ impl<'a> Sim<'a> {
                     ..blank()
                 });
                 let output = NodeOutput { text: o.text, verdict: o.verdict, value: o.value, output_tokens: 0 };
+                self.record_call(a, None, 0, 0);
                 self.complete(a, output)
             }
             Err(e) => {
@@ -815,6 +839,7 @@ impl<'a> Sim<'a> {
                         output_tokens,
                     })?;
                     if self.is_live(f.activation.session) {
+                        self.record_call(f.activation, Some(f.deployment), prompt_tokens, output_tokens);
                         self.complete(f.activation, f.output)?;
                     }
                 }
@@ -824,6 +849,25 @@ impl<'a> Sim<'a> {
         }
         self.kick(replica);
         Ok(())
+    }
+
+    fn record_call(&mut self, a: ActivationId, deployment: Option<DeploymentId>, prompt: u32, output: u32) {
+        let Some(run) = self.sessions.get(a.session.0 as usize).and_then(|r| r.as_ref()) else { return };
+        let Some(act) = run.session.activation(a.index) else { return };
+        let model = deployment
+            .and_then(|d| self.deployments.get(d.0 as usize))
+            .map(|d| (d.model.clone(), d.dtype));
+        self.calls.push(CallRecord {
+            session: a.session.0,
+            workflow: run.workflow,
+            activation: a.index,
+            node: act.node as u32,
+            model,
+            prompt_tokens: prompt,
+            output_tokens: output,
+            predecessors: act.predecessors.clone(),
+            finished_at: self.now,
+        });
     }
 
     fn complete(&mut self, a: ActivationId, output: NodeOutput) -> Result<(), SimError> {
@@ -1017,6 +1061,7 @@ impl<'a> Sim<'a> {
             timelines: std::mem::take(&mut self.timelines),
             window: (t0, t1),
             notes: std::mem::take(&mut self.notes),
+            calls: std::mem::take(&mut self.calls),
         }
     }
 }

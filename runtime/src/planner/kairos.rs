@@ -1,0 +1,333 @@
+//! `kairos`: the workflow-aware baseline, in the style of Kairos (Chen et al., arXiv
+//! 2508.06948) as paper 003 evaluates it on a shared serving substrate.
+//!
+//! What is implemented (there is no public code; this follows the paper's abstract and §4 and
+//! the field notes in `shared/field/anchors.md` §3):
+//!
+//! - **Workflow-aware priority.** Ready units are served shortest remaining workflow first:
+//!   ascending [`WorkItem::remaining_path_tokens`], the expected generation work on the longest
+//!   path from the unit's node to the end of its workflow (the node included), across all
+//!   workflows; ties first-come first-served (ready time, then activation id).
+//! - **Memory-aware dispatch.** First fit on predicted KV: replicas of the unit's deployment
+//!   are tried in id order, and a unit goes to the first awake one with a free batch slot
+//!   (B_q) whose reserved KV plus the unit's fits its KV capacity. A unit reserves its
+//!   admission envelope (prompt bound + output limit, Eq. 4 of paper 003) ×
+//!   `kv_bytes_per_token` for its whole lifetime; a replica's KV capacity is its claim minus
+//!   the weights minus [`PLANNER_ENGINE_RESERVE_BYTES`]. Lower-priority units may fill the
+//!   room a higher-priority unit cannot use (no head-of-line blocking).
+//! - **Lifecycle as in `parrot`**: a deployment is loaded on demand when no replica of it is
+//!   resident or loading, on the fastest eligible device with free memory, evicting
+//!   least-recently-used idle replicas when memory is needed ([`load_on_demand`]). No
+//!   prefetch, no fusion, no scale-out.
+//!
+//! Where it may differ from the paper's system:
+//! - Kairos profiles agents online and ranks by *predicted remaining latency*; we rank by the
+//!   remaining critical-path *tokens* the workflow graph gives statically (latency is roughly
+//!   proportional to generated tokens on one model, not across models and devices).
+//! - Kairos's dispatcher reasons about memory over *time slots* of each request's lifetime; we
+//!   reserve the peak (the whole envelope) from admission to completion, which is the
+//!   conservative end of the same rule.
+//! - A unit whose envelope exceeds an *empty* replica's KV capacity is still admitted there
+//!   (the engine preempts under real KV pressure) so it cannot starve; Kairos does not say.
+//!
+//! Pure: depends only on the planner state; no I/O, no clock, no randomness.
+
+use std::collections::BTreeMap;
+
+use super::parrot::load_on_demand;
+use super::state::PLANNER_ENGINE_RESERVE_BYTES;
+use super::{Command, Event, PlannerState, Policy, ReplicaPhase, ReplicaView, WorkItem};
+use crate::ids::{ActivationId, ReplicaId};
+
+/// The Kairos-style baseline policy.
+#[derive(Debug, Default)]
+pub struct Kairos {
+    /// KV bytes reserved by each admitted unit, until it finishes.
+    reserved: BTreeMap<ActivationId, u64>,
+}
+
+impl Kairos {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// KV bytes `w` reserves: its admission envelope (I_adm + O_adm) × KV bytes per token.
+    pub fn kv_demand(state: &PlannerState, w: &WorkItem) -> u64 {
+        let per_token = state.deployment(w.deployment).map(|d| d.kv_bytes_per_token).unwrap_or(0);
+        (u64::from(w.envelope.0) + u64::from(w.envelope.1)).saturating_mul(per_token)
+    }
+
+    /// KV capacity of a replica as the planner sees it: claim − weights − engine reserve.
+    pub fn kv_capacity(state: &PlannerState, r: &ReplicaView) -> u64 {
+        let weights = state.deployment(r.deployment).map(|d| d.weight_bytes).unwrap_or(0);
+        r.claim_bytes.saturating_sub(weights.saturating_add(PLANNER_ENGINE_RESERVE_BYTES))
+    }
+
+    /// KV bytes reserved on `r` by the units it holds leases for.
+    pub fn kv_reserved(&self, r: &ReplicaView) -> u64 {
+        r.leases.iter().filter_map(|a| self.reserved.get(a)).sum()
+    }
+
+    /// The first replica (id order) of `w`'s deployment that is awake, has a batch slot and
+    /// room for `w`'s KV envelope.
+    fn first_fit(&self, state: &PlannerState, w: &WorkItem) -> Option<ReplicaId> {
+        let limit = state.deployment(w.deployment)?.max_num_seqs as usize;
+        let demand = Self::kv_demand(state, w);
+        state
+            .replicas_of(w.deployment)
+            .filter(|r| r.phase == ReplicaPhase::Awake && r.leases.len() < limit)
+            .find(|r| r.leases.is_empty() || self.kv_reserved(r) + demand <= Self::kv_capacity(state, r))
+            .map(|r| r.id)
+    }
+}
+
+/// Shortest remaining critical-path work first, then FIFO.
+fn priority_order(queue: &[WorkItem]) -> Vec<WorkItem> {
+    let mut order = queue.to_vec();
+    order.sort_by(|a, b| {
+        a.remaining_path_tokens
+            .cmp(&b.remaining_path_tokens)
+            .then(a.ready_at.total_cmp(&b.ready_at))
+            .then(a.activation.cmp(&b.activation))
+    });
+    order
+}
+
+impl Policy for Kairos {
+    fn name(&self) -> &'static str {
+        "kairos"
+    }
+
+    fn observe(&mut self, event: &Event, _state: &PlannerState, _now: f64) {
+        match event {
+            Event::UnitFinished { activation, .. } => {
+                self.reserved.remove(activation);
+            }
+            Event::SessionEnded { session } => self.reserved.retain(|a, _| a.session != *session),
+            _ => {}
+        }
+    }
+
+    fn plan(&mut self, state: &mut PlannerState, now: f64, out: &mut Vec<Command>) {
+        for w in priority_order(state.queue()) {
+            if let Some(replica) = self.first_fit(state, &w) {
+                if state.issue_dispatch(w.activation, replica, now, out).is_ok() {
+                    self.reserved.insert(w.activation, Self::kv_demand(state, &w));
+                }
+                continue;
+            }
+            if state.replicas_of(w.deployment).next().is_none() {
+                load_on_demand(state, w.deployment, now, out);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ids::{DeviceId, SessionId};
+    use crate::planner::{DeploymentId, DeploymentInfo, DeviceInfo, Planner};
+    use switchyard_predictor::{Dtype, spec};
+
+    fn deployments(max_num_seqs: u32) -> Vec<DeploymentInfo> {
+        ["Qwen3-4B", "Qwen3-8B", "Qwen3-1.7B"]
+            .iter()
+            .enumerate()
+            .map(|(i, name)| {
+                let m = spec::model(name).unwrap();
+                DeploymentInfo {
+                    id: DeploymentId(i as u32),
+                    model: m.name.clone(),
+                    dtype: Dtype::Fp16,
+                    max_model_len: 8192,
+                    gpu_memory_utilization: 0.9,
+                    weight_bytes: m.param_bytes(Dtype::Fp16),
+                    kv_bytes_per_token: m.kv_bytes_per_token(Dtype::Fp16),
+                    max_num_seqs,
+                }
+            })
+            .collect()
+    }
+
+    fn devices() -> Vec<DeviceInfo> {
+        vec![
+            DeviceInfo { id: DeviceId(0), spec: spec::device("V100-32GB").unwrap() },
+            DeviceInfo { id: DeviceId(1), spec: spec::device("A100-40GB").unwrap() },
+        ]
+    }
+
+    fn unit(s: u32, d: u32, at: f64, path: u32, envelope: (u32, u32)) -> WorkItem {
+        WorkItem {
+            activation: ActivationId { session: SessionId(s), index: 0 },
+            workflow: 0,
+            deployment: DeploymentId(d),
+            prompt_tokens: envelope.0,
+            max_output_tokens: envelope.1,
+            ready_at: at,
+            node: 0,
+            chain_prev: None,
+            chain_next: false,
+            envelope,
+            remaining_path_tokens: path,
+        }
+    }
+
+    fn dispatched(cmds: &[Command]) -> Vec<(u32, u32)> {
+        cmds.iter()
+            .filter_map(|c| match c {
+                Command::Dispatch { activation, replica } => Some((activation.session.0, replica.0)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// A state with one awake replica of deployment 0 on device 1, batch limit `seqs`.
+    fn awake(seqs: u32) -> (PlannerState, ReplicaId) {
+        let mut s = PlannerState::new(devices(), deployments(seqs));
+        let r = s.issue_load(DeploymentId(0), DeviceId(1), 0.0, &mut Vec::new()).unwrap();
+        s.observe(Event::ReplicaLoaded { replica: r }, 1.0).unwrap();
+        (s, r)
+    }
+
+    #[test]
+    fn shortest_remaining_critical_path_goes_first() {
+        let (mut s, r) = awake(1);
+        // Session 1 became ready first but has far more work left on its path.
+        s.observe(Event::UnitReady(unit(1, 0, 1.0, 5000, (100, 100))), 1.0).unwrap();
+        s.observe(Event::UnitReady(unit(2, 0, 2.0, 300, (100, 100))), 2.0).unwrap();
+        let mut k = Kairos::new();
+        let mut out = Vec::new();
+        k.plan(&mut s, 2.0, &mut out);
+        assert_eq!(dispatched(&out), vec![(2, r.0)]);
+        assert_eq!(s.queue().len(), 1);
+        assert_eq!(s.queue()[0].activation.session, SessionId(1));
+    }
+
+    #[test]
+    fn equal_remaining_work_is_served_first_come_first_served() {
+        let (mut s, r) = awake(1);
+        s.observe(Event::UnitReady(unit(7, 0, 3.0, 300, (100, 100))), 3.0).unwrap();
+        s.observe(Event::UnitReady(unit(4, 0, 1.0, 300, (100, 100))), 3.0).unwrap();
+        let mut out = Vec::new();
+        Kairos::new().plan(&mut s, 3.0, &mut out);
+        assert_eq!(dispatched(&out), vec![(4, r.0)]);
+    }
+
+    #[test]
+    fn kv_envelopes_are_packed_first_fit_and_small_units_backfill() {
+        let (mut s, r) = awake(64);
+        let rv = s.replica(r).unwrap().clone();
+        let cap = Kairos::kv_capacity(&s, &rv);
+        let per_token = deployments(64)[0].kv_bytes_per_token;
+        // Hand check of the capacity: 0.9 × 40 GiB − fp16 weights − 2 GiB reserve.
+        let weights = spec::model("Qwen3-4B").unwrap().param_bytes(Dtype::Fp16);
+        assert_eq!(cap, (0.9 * (40u64 << 30) as f64) as u64 - weights - (2 << 30));
+        // Units sized to 60 % of the capacity: two do not fit together.
+        let big = ((0.6 * cap as f64) / per_token as f64) as u32;
+        s.observe(Event::UnitReady(unit(1, 0, 1.0, 100, (big - 500, 500))), 1.0).unwrap();
+        s.observe(Event::UnitReady(unit(2, 0, 1.0, 200, (big - 500, 500))), 1.0).unwrap();
+        // A small one with a longer path: admitted behind the blocked big one (backfill).
+        s.observe(Event::UnitReady(unit(3, 0, 1.0, 900, (1000, 500))), 1.0).unwrap();
+        let mut k = Kairos::new();
+        let mut out = Vec::new();
+        k.plan(&mut s, 1.0, &mut out);
+        assert_eq!(dispatched(&out), vec![(1, r.0), (3, r.0)]);
+        let reserved = k.kv_reserved(s.replica(r).unwrap());
+        assert_eq!(reserved, u64::from(big) * per_token + 1500 * per_token);
+        assert!(reserved <= cap);
+        // When the first big unit finishes, its reservation is released and the second fits.
+        let a1 = ActivationId { session: SessionId(1), index: 0 };
+        let ev = Event::UnitFinished { activation: a1, replica: r, output_tokens: 10 };
+        s.observe(ev.clone(), 5.0).unwrap();
+        k.observe(&ev, &s, 5.0);
+        let mut out = Vec::new();
+        k.plan(&mut s, 5.0, &mut out);
+        assert_eq!(dispatched(&out), vec![(2, r.0)]);
+    }
+
+    #[test]
+    fn first_fit_takes_the_lowest_replica_with_room_and_respects_the_batch_limit() {
+        let mut s = PlannerState::new(devices(), deployments(1));
+        let mut sink = Vec::new();
+        let r0 = s.issue_load(DeploymentId(0), DeviceId(0), 0.0, &mut sink).unwrap();
+        let r1 = s.issue_load(DeploymentId(0), DeviceId(1), 0.0, &mut sink).unwrap();
+        for r in [r0, r1] {
+            s.observe(Event::ReplicaLoaded { replica: r }, 1.0).unwrap();
+        }
+        for i in 0..3 {
+            s.observe(Event::UnitReady(unit(i, 0, 1.0, 100 + i, (100, 100))), 1.0).unwrap();
+        }
+        let mut out = Vec::new();
+        Kairos::new().plan(&mut s, 1.0, &mut out);
+        // One sequence per replica: unit 0 to the first replica, unit 1 to the second, unit 2
+        // waits; no load is issued since replicas exist.
+        assert_eq!(dispatched(&out), vec![(0, r0.0), (1, r1.0)]);
+        assert_eq!(out.len(), 2);
+        assert_eq!(s.queue().len(), 1);
+    }
+
+    #[test]
+    fn an_oversized_unit_is_admitted_to_an_empty_replica_rather_than_starving() {
+        let (mut s, r) = awake(8);
+        s.observe(Event::UnitReady(unit(1, 0, 1.0, 100, (8_000_000, 512))), 1.0).unwrap();
+        let mut out = Vec::new();
+        Kairos::new().plan(&mut s, 1.0, &mut out);
+        assert_eq!(dispatched(&out), vec![(1, r.0)]);
+    }
+
+    #[test]
+    fn loads_on_demand_in_priority_order_and_evicts_lru_idle_replicas() {
+        let mut s = PlannerState::new(devices(), deployments(8));
+        let mut k = Kairos::new();
+        // Both deployments wait at the same event: the one with less remaining work is loaded
+        // first, so it gets the fastest device (FIFO would have picked deployment 1).
+        s.observe(Event::UnitReady(unit(0, 1, 0.0, 900, (10, 10))), 0.0).unwrap();
+        s.observe(Event::UnitReady(unit(1, 0, 0.0, 100, (10, 10))), 0.0).unwrap();
+        let mut out = Vec::new();
+        k.plan(&mut s, 0.0, &mut out);
+        assert_eq!(
+            out,
+            vec![
+                Command::Load { replica: ReplicaId(0), deployment: DeploymentId(0), device: DeviceId(1) },
+                Command::Load { replica: ReplicaId(1), deployment: DeploymentId(1), device: DeviceId(0) },
+            ]
+        );
+        s.observe(Event::ReplicaLoaded { replica: ReplicaId(0) }, 1.0).unwrap();
+        s.observe(Event::ReplicaLoaded { replica: ReplicaId(1) }, 2.0).unwrap();
+        let mut out = Vec::new();
+        k.plan(&mut s, 2.0, &mut out);
+        assert_eq!(dispatched(&out), vec![(1, 0), (0, 1)]);
+        let a0 = ActivationId { session: SessionId(0), index: 0 };
+        let a1 = ActivationId { session: SessionId(1), index: 0 };
+        for (a, r, t) in [(a0, ReplicaId(1), 3.0), (a1, ReplicaId(0), 4.0)] {
+            let ev = Event::UnitFinished { activation: a, replica: r, output_tokens: 1 };
+            s.observe(ev.clone(), t).unwrap();
+            k.observe(&ev, &s, t);
+        }
+        assert!(k.reserved.is_empty());
+        // A third deployment: the least recently used idle replica (1, on device 0) is evicted.
+        s.observe(Event::UnitReady(unit(2, 2, 5.0, 50, (10, 10))), 5.0).unwrap();
+        let mut out = Vec::new();
+        k.plan(&mut s, 5.0, &mut out);
+        assert_eq!(
+            out,
+            vec![
+                Command::Unload { replica: ReplicaId(1) },
+                Command::Load { replica: ReplicaId(2), deployment: DeploymentId(2), device: DeviceId(0) }
+            ]
+        );
+    }
+
+    #[test]
+    fn never_evicts_a_leased_replica() {
+        let mut p = Planner::new(devices(), deployments(8), Box::new(Kairos::new()));
+        p.handle(Event::UnitReady(unit(0, 0, 0.0, 10, (10, 10))), 0.0).unwrap();
+        p.handle(Event::UnitReady(unit(1, 1, 0.0, 20, (10, 10))), 0.0).unwrap();
+        p.handle(Event::ReplicaLoaded { replica: ReplicaId(0) }, 1.0).unwrap();
+        p.handle(Event::ReplicaLoaded { replica: ReplicaId(1) }, 1.0).unwrap();
+        let cmds = p.handle(Event::UnitReady(unit(2, 2, 2.0, 1, (10, 10))), 2.0).unwrap();
+        assert!(cmds.is_empty(), "{cmds:?}");
+        assert_eq!(p.state().queue().len(), 1);
+    }
+}

@@ -31,6 +31,25 @@ enum Command {
         #[arg(required = true)]
         workflows: Vec<PathBuf>,
     },
+    /// The Predictor: evaluate its estimators (Table 1 of paper 003).
+    #[command(subcommand)]
+    Predictor(PredictorCommand),
+}
+
+#[derive(Subcommand)]
+enum PredictorCommand {
+    /// Train every estimator and judge it on held-out models and devices (or on `--test`).
+    Eval {
+        /// Training measurements in the Vidur profiling layout (default: the shipped ones).
+        #[arg(long)]
+        train: Option<PathBuf>,
+        /// Test measurements in the same layout (default: leave-one-out splits of `--train`).
+        #[arg(long)]
+        test: Option<PathBuf>,
+        /// Print JSON rows instead of a markdown table.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Args)]
@@ -65,8 +84,9 @@ struct RunArgs {
     /// Ablation: each workflow plans its own model lifecycle (joint only).
     #[arg(long)]
     per_workflow_lifecycle: bool,
-    /// Estimates the planner uses.
-    #[arg(long, default_value = "oracle")]
+    /// Estimates the planner uses: `graph` (our Predictor), `gbdt`, `formula`, or `oracle`
+    /// (the emulator's own costs; reference only).
+    #[arg(long, default_value = "graph")]
     predictor: String,
     /// Print one JSON object instead of tables.
     #[arg(long)]
@@ -90,6 +110,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Run(args) => run(args),
         Command::Validate { workflows } => validate(&workflows),
+        Command::Predictor(PredictorCommand::Eval { train, test, json }) => predictor_eval(train, test, json),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -124,6 +145,17 @@ fn validate(paths: &[PathBuf]) -> Result<()> {
             w.deployments.len(),
             records.len()
         );
+    }
+    Ok(())
+}
+
+fn predictor_eval(train: Option<PathBuf>, test: Option<PathBuf>, json: bool) -> Result<()> {
+    let train = train.unwrap_or_else(switchyard_predictor::eval::default_train_dir);
+    let report = switchyard_predictor::eval::run(&train, test.as_deref()).map_err(|e| anyhow::anyhow!("{e}"))?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&report.to_json())?);
+    } else {
+        print!("{}", report.to_markdown());
     }
     Ok(())
 }

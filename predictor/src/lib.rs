@@ -46,7 +46,9 @@
 //! let table = ProfileTable::build(predictor.as_ref(), &deployments, &devices, Buckets::default())?;
 //! let mut margins = AdmissionMargins::new(&table, MarginPolicy::default());
 //! let mut history: OutputHistory<u32> = OutputHistory::default();
-//! let (d, g) = (table.deployment("Qwen3-8B/bf16").unwrap(), table.device("L4").unwrap());
+//! let (Some(d), Some(g)) = (table.deployment("Qwen3-8B/bf16"), table.device("L4")) else {
+//!     return Ok(());
+//! };
 //!
 //! // On the scheduling path: array reads only.
 //! let node = 7; // the logical workflow node, interned by the caller

@@ -2,14 +2,17 @@
 //! `MODEL_*` constants of `switchyard_tools::python_tests` and the majority-vote constant.
 //!
 //! Run: `cargo run -p switchyard-tools --example calibrate [runs]` (default 20 runs per case).
-//! Then checks the model against reference solutions of the MBPP dataset, when present.
+//! Then checks the model against reference solutions of the MBPP dataset, when present, and,
+//! when the CPython-on-WASI runtime is installed, measures the same calls in the wasm sandbox.
+//! The model constants describe the process sandbox (the fallback every machine has), so
+//! virtual time does not depend on whether the wasm runtime is installed.
 
 use std::collections::BTreeMap;
 use std::time::Instant;
 
 use serde_json::{Value, json};
 use switchyard_tools::python_tests::{
-    MODEL_PER_IMPORT_S, MODEL_PER_KIB_S, MODEL_PER_TEST_S, MODEL_STARTUP_S, PythonTests,
+    self, Backend, MODEL_PER_IMPORT_S, MODEL_PER_KIB_S, MODEL_PER_TEST_S, MODEL_STARTUP_S, PythonTests,
 };
 use switchyard_tools::sandbox::{IsolationPolicy, ProcessSandbox, Sandbox, SandboxJob, SandboxLimits};
 use switchyard_tools::{ToolCall, modeled_duration_s, python3_available, run_tool};
@@ -28,14 +31,19 @@ fn median(mut xs: Vec<f64>) -> f64 {
     if n % 2 == 1 { xs[n / 2] } else { (xs[n / 2 - 1] + xs[n / 2]) / 2.0 }
 }
 
-/// Median wall time of `runs` calls (after one warm-up call).
+/// Median wall time of `runs` calls in the process sandbox (after one warm-up call).
 fn measure(call: &ToolCall, runs: usize) -> f64 {
-    let check = run_tool(call);
+    measure_with(call, runs, Backend::Process)
+}
+
+/// Median wall time of `runs` calls with `backend` (after one warm-up call).
+fn measure_with(call: &ToolCall, runs: usize, backend: Backend) -> f64 {
+    let check = python_tests::run_with(call, backend);
     match &check {
         Ok(out) if out.verdict.as_deref() == Some("pass") => {}
         other => eprintln!("warning: calibration case did not pass: {other:?}"),
     }
-    median((0..runs).filter_map(|_| run_tool(call).ok().map(|o| o.wall_seconds)).collect())
+    median((0..runs).filter_map(|_| python_tests::run_with(call, backend).ok().map(|o| o.wall_seconds)).collect())
 }
 
 /// Least-squares slope of y over x.
@@ -133,7 +141,7 @@ fn main() {
     let started = Instant::now();
     for p in &problems {
         let c = call("python_tests", json!({"code": p["code"], "tests": p["test_list"], "imports": p["test_imports"]}));
-        let Ok(out) = run_tool(&c) else { continue };
+        let Ok(out) = python_tests::run_with(&c, Backend::Process) else { continue };
         total += 1;
         if out.verdict.as_deref() == Some("pass") {
             passed += 1;
@@ -155,5 +163,39 @@ fn main() {
         median(measured_all) * 1e3,
         modeled_sum / measured_sum,
         median(errors) * 100.0
+    );
+
+    compare_wasm(&problems, runs);
+}
+
+/// The same calls in CPython on WASI, when its runtime is installed.
+fn compare_wasm(problems: &[Value], runs: usize) {
+    if let Err(reason) = python_tests::wasm_runtime() {
+        println!("wasm sandbox: not measured ({reason})");
+        return;
+    }
+    println!("python_tests in the wasm sandbox vs the process sandbox: medians of {runs} runs");
+    for n in [1usize, 32] {
+        let wasm = measure_with(&tests_case(n), runs, Backend::Wasm);
+        let process = measure(&tests_case(n), runs);
+        println!("  {n:>3} trivial tests   wasm {:>8.2} ms   process {:>7.2} ms", wasm * 1e3, process * 1e3);
+    }
+    let (mut passed, mut total, mut wall) = (0, 0, Vec::new());
+    let started = Instant::now();
+    for p in problems {
+        let c = call("python_tests", json!({"code": p["code"], "tests": p["test_list"], "imports": p["test_imports"]}));
+        let Ok(out) = python_tests::run_with(&c, Backend::Wasm) else { continue };
+        total += 1;
+        if out.verdict.as_deref() == Some("pass") {
+            passed += 1;
+        } else {
+            println!("  wasm: reference solution of task {} failed: {}", p["task_id"], out.text);
+        }
+        wall.push(out.wall_seconds);
+    }
+    println!(
+        "MBPP reference solutions in wasm: {passed}/{total} pass; {:.1} s for all; median {:.2} ms per call",
+        started.elapsed().as_secs_f64(),
+        median(wall) * 1e3
     );
 }

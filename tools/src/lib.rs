@@ -4,12 +4,17 @@
 //! * the tool interface the simulator and the live runtime call: [`ToolCall`] →
 //!   [`run_tool`] → [`ToolOutcome`], plus the deterministic [`modeled_duration_s`] that enters
 //!   virtual time;
-//! * the sandboxes ([`sandbox`]): the [`sandbox::Sandbox`] trait and the Linux process backend
+//! * the sandboxes ([`sandbox`]): the [`sandbox::Sandbox`] trait, the Linux process backend
 //!   (time limit with process-group kill, rlimits, a fresh unprivileged uid when root, network
 //!   and read-only-filesystem namespaces where the kernel allows, private work directory,
-//!   cleared environment, capped output);
-//! * the built-in tools: [`python_tests`] (candidate code against unit tests, in the sandbox)
-//!   and [`majority_vote`] (answer voting, in process).
+//!   cleared environment, capped output) and the WebAssembly backend on wasmtime
+//!   ([`sandbox::wasm`]: epoch deadline, memory limiter, WASI preview 1 with only a private work
+//!   directory pre-opened, capped output, modules compiled once per process);
+//! * the CPython-on-WASI runtime ([`python_wasm`]): pinned identity, installation with pip,
+//!   location;
+//! * the built-in tools: [`python_tests`] (candidate code against unit tests, in CPython on
+//!   WASI when that runtime is installed, else in the process sandbox) and [`majority_vote`]
+//!   (answers extracted in Rust, the vote itself in a WebAssembly module authored in WAT).
 //!
 //! It must not depend on the runtime, the planner, the predictor or the emulator: the runtime
 //! depends on it, never the reverse. Linux only (namespaces, rlimits, pidfds).
@@ -17,7 +22,10 @@
 pub mod majority_vote;
 pub mod python;
 pub mod python_tests;
+pub mod python_wasm;
 pub mod sandbox;
+
+pub use python_wasm::{install_python_wasm, python_wasm_path};
 
 use std::collections::BTreeMap;
 
@@ -90,6 +98,14 @@ pub enum ToolError {
     Unavailable {
         /// Tool name.
         tool: &'static str,
+        /// Why.
+        reason: String,
+    },
+    /// Installing the CPython-on-WASI runtime failed at `step` (download, unpack, verify, copy).
+    #[error("installing python.wasm failed at {step}: {reason}")]
+    Install {
+        /// The step that failed.
+        step: &'static str,
         /// Why.
         reason: String,
     },

@@ -1,8 +1,11 @@
 //! The `majority_vote` tool: aggregate solver outputs by voting on their final answers.
 //!
 //! Owns answer extraction (GSM8K style: the answer after the last `####`, else the last number
-//! in the text), number normalisation and the vote itself. Pure, in-process Rust with no I/O.
-//! Must not depend on the runtime or the sandbox.
+//! in the text), number normalisation and the vote. Extraction and normalisation run in Rust;
+//! the vote itself runs in the WebAssembly sandbox, in the module `tools/wasm/majority_vote.wat`
+//! shipped with the project ([`vote_in_sandbox`]: the answers go into the module's memory, it
+//! returns the winner and the counts). [`vote`] is the in-process reference implementation the
+//! module is tested against. Must not depend on the runtime.
 //!
 //! Rules:
 //! * every candidate yields at most one answer; candidates without one (empty, `null`, no
@@ -10,21 +13,42 @@
 //! * the winner has the most votes; among equals, the answer of the earliest candidate wins;
 //! * verdict `majority` when the winner holds more than half of the votes cast, `tie` when
 //!   another answer has as many votes as the winner, `plurality` when the winner is alone at
-//!   the top but holds at most half, and `no_answer` when nobody voted.
+//!   the top but holds at most half, and `no_answer` when nobody voted (also the verdict of a
+//!   vote stopped by its time limit, whose text and value say so).
 
 use std::collections::BTreeMap;
 
+use std::time::Duration;
+
 use serde_json::{Value, json};
 
+use crate::sandbox::wasm::{ComputeEnd, LoadedModule, module_from_wat, run_compute};
 use crate::{ToolCall, ToolError, ToolOutcome};
 
 /// Tool name.
 pub const NAME: &str = "majority_vote";
 
-/// Modeled duration of one vote: the measured in-process cost is a few microseconds (see
-/// `examples/calibrate.rs`), so this is a dispatch overhead of 1 ms, the figure the tool's
-/// specification suggests, kept constant so virtual time stays deterministic.
+/// Modeled duration of one vote: the measured cost is tens of microseconds in the sandbox (a
+/// few in process; see `examples/calibrate.rs`), so this is a dispatch overhead of 1 ms, the
+/// figure the tool's specification suggests, kept constant so virtual time stays deterministic.
 pub const MODELED_DURATION_S: f64 = 0.001;
+
+/// The vote module's source, shipped with the project.
+pub const VOTE_WAT: &str = include_str!("../wasm/majority_vote.wat");
+
+/// Linear-memory limit of the vote module. Assumption: 16 MiB holds the answers of thousands
+/// of candidates (each answer is one line or one number after extraction) with room to spare.
+pub const VOTE_MEMORY_BYTES: u64 = 16 << 20;
+
+/// Time limit of a vote when the call declares none. Assumption: the quadratic comparison of a
+/// few hundred short answers takes microseconds, so 1 s only ever stops a runaway.
+pub const VOTE_TIMEOUT_S: f64 = 1.0;
+
+/// WebAssembly page size.
+const PAGE_BYTES: usize = 65_536;
+
+/// Words of the vote module's result header (winner, top, counted, tied, verdict).
+const HEADER_WORDS: usize = 5;
 
 /// How an answer is read out of a candidate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -129,6 +153,141 @@ pub fn vote(candidates: &[Option<String>], extract: Extract) -> Vote {
         VoteVerdict::Plurality
     };
     Vote { winner, votes, tied, counted, answers, verdict }
+}
+
+/// The vote module, compiled once per process.
+pub fn vote_module() -> Result<LoadedModule, ToolError> {
+    module_from_wat("majority_vote.wat", VOTE_WAT).map_err(|source| ToolError::Sandbox { tool: NAME, source })
+}
+
+/// The vote module's input: per answer its length (`-1` for none) and bytes.
+pub fn encode_answers(answers: &[Option<String>]) -> Vec<u8> {
+    let mut input = Vec::new();
+    for answer in answers {
+        match answer {
+            Some(text) => {
+                // Answers longer than i32::MAX bytes cannot reach here: the memory limit is far
+                // smaller and is checked before the call.
+                input.extend_from_slice(&(text.len() as i32).to_le_bytes());
+                input.extend_from_slice(text.as_bytes());
+            }
+            None => input.extend_from_slice(&(-1i32).to_le_bytes()),
+        }
+    }
+    input
+}
+
+fn sandbox_failure(problem: String) -> ToolError {
+    ToolError::Sandbox {
+        tool: NAME,
+        source: crate::sandbox::SandboxError::WasmInstantiate { module: "majority_vote.wat".into(), reason: problem },
+    }
+}
+
+/// Counts the answers of `candidates` like [`vote`], with the vote itself run by the
+/// WebAssembly module ([`VOTE_WAT`]) under [`VOTE_MEMORY_BYTES`] and `time_limit`. `Ok(None)`
+/// when the time limit stopped it.
+pub fn vote_in_sandbox(
+    candidates: &[Option<String>],
+    extract: Extract,
+    time_limit: Duration,
+) -> Result<Option<Vote>, ToolError> {
+    let answers: Vec<Option<String>> =
+        candidates.iter().map(|c| c.as_deref().and_then(|text| extract.answer(text))).collect();
+    let n = answers.len();
+    let input = encode_answers(&answers);
+    let out_offset = input.len().div_ceil(4) * 4;
+    let out_words = HEADER_WORDS + 4 * n;
+    let needed = out_offset + 4 * out_words;
+    if needed as u64 > VOTE_MEMORY_BYTES || n > i32::MAX as usize {
+        return Err(ToolError::InvalidInput {
+            tool: NAME,
+            field: "candidates",
+            problem: format!("{n} answers need {needed} bytes, more than the vote module's {VOTE_MEMORY_BYTES}"),
+        });
+    }
+    let module = vote_module()?;
+    let end = run_compute(&module, VOTE_MEMORY_BYTES, time_limit, |store, instance| {
+        let memory = instance
+            .get_memory(&mut *store, "memory")
+            .ok_or_else(|| wasmtime::format_err!("the module exports no memory"))?;
+        let pages = needed.div_ceil(PAGE_BYTES) as u64;
+        let have = memory.size(&*store);
+        if pages > have {
+            memory.grow(&mut *store, pages - have)?;
+        }
+        memory.write(&mut *store, 0, &input)?;
+        let vote = instance.get_typed_func::<(i32, i32, i32, i32), i32>(&mut *store, "vote")?;
+        let status = vote.call(&mut *store, (0, input.len() as i32, n as i32, out_offset as i32))?;
+        let mut out = vec![0u8; 4 * out_words];
+        memory.read(&*store, out_offset, &mut out)?;
+        let words: Vec<i32> =
+            out.chunks_exact(4).map(|w| i32::from_le_bytes([w[0], w[1], w[2], w[3]])).collect();
+        Ok((status, words))
+    })
+    .map_err(|source| ToolError::Sandbox { tool: NAME, source })?;
+    let (status, words) = match end {
+        ComputeEnd::Done(result) => result,
+        ComputeEnd::TimedOut => return Ok(None),
+    };
+    if status != 0 {
+        return Err(sandbox_failure(format!("the module rejected its input (status {status})")));
+    }
+    decode_vote(answers, &words).map(Some).map_err(sandbox_failure)
+}
+
+/// Builds the [`Vote`] from the module's result words (see the ABI in [`VOTE_WAT`]), checking
+/// every index and count it returned.
+fn decode_vote(answers: Vec<Option<String>>, words: &[i32]) -> Result<Vote, String> {
+    let n = answers.len();
+    let word = |k: usize| words.get(k).copied().ok_or_else(|| format!("result word {k} missing"));
+    let (winner, top, counted, tied_count, verdict) = (word(0)?, word(1)?, word(2)?, word(3)?, word(4)?);
+    let mut votes: BTreeMap<String, u32> = BTreeMap::new();
+    let mut tied: Vec<String> = Vec::new();
+    let mut voters = 0usize;
+    for (i, answer) in answers.iter().enumerate() {
+        let first = word(HEADER_WORDS + i)?;
+        let count = word(HEADER_WORDS + n + i)?;
+        match (answer, first) {
+            (None, -1) => {}
+            (Some(_), f) if f >= 0 && (f as usize) <= i => {
+                voters += 1;
+                if answers.get(f as usize).and_then(Option::as_ref) != answer.as_ref() {
+                    return Err(format!("candidate {i} grouped with candidate {f}, whose answer differs"));
+                }
+            }
+            _ => return Err(format!("candidate {i}: invalid group {first}")),
+        }
+        if count < 0 || (count > 0 && first != i as i32) {
+            return Err(format!("candidate {i}: invalid vote count {count}"));
+        }
+        if let (Some(text), true) = (answer, count > 0) {
+            votes.insert(text.clone(), count as u32);
+            if count == top {
+                tied.push(text.clone());
+            }
+        }
+    }
+    let verdict = match verdict {
+        0 => VoteVerdict::Majority,
+        1 => VoteVerdict::Plurality,
+        2 => VoteVerdict::Tie,
+        3 => VoteVerdict::NoAnswer,
+        other => return Err(format!("unknown verdict code {other}")),
+    };
+    let winner = match winner {
+        -1 => None,
+        w if w >= 0 && (w as usize) < n => answers[w as usize].clone(),
+        w => return Err(format!("winner index {w} out of range")),
+    };
+    let sum: u64 = votes.values().map(|&v| u64::from(v)).sum();
+    if counted < 0 || counted as usize != voters || sum != voters as u64 || tied.len() != tied_count.max(0) as usize {
+        return Err(format!("inconsistent counts (counted {counted}, voters {voters}, sum {sum}, tied {tied_count})"));
+    }
+    if winner.as_ref() != tied.first() {
+        return Err("the winner is not the earliest answer with the most votes".into());
+    }
+    Ok(Vote { winner, votes, tied, counted: voters, answers, verdict })
 }
 
 /// GSM8K answer extraction: the first number after the last `####`, or, when there is no number
@@ -248,6 +407,19 @@ fn read_extract(call: &ToolCall) -> Result<Extract, ToolError> {
     }
 }
 
+/// The call's time limit: its `timeout_s`, else [`VOTE_TIMEOUT_S`].
+fn read_time_limit(call: &ToolCall) -> Result<Duration, ToolError> {
+    let seconds = call.timeout_s.unwrap_or(VOTE_TIMEOUT_S);
+    if !(seconds.is_finite() && seconds > 0.0 && seconds <= 3600.0) {
+        return Err(ToolError::InvalidInput {
+            tool: NAME,
+            field: "timeout_s",
+            problem: format!("must be in (0, 3600] seconds, got {seconds}"),
+        });
+    }
+    Ok(Duration::from_secs_f64(seconds))
+}
+
 /// JSON type name for error messages.
 pub(crate) fn kind(value: &Value) -> &'static str {
     match value {
@@ -284,7 +456,29 @@ pub fn run(call: &ToolCall) -> Result<ToolOutcome, ToolError> {
     let started = std::time::Instant::now();
     let candidates = read_candidates(call)?;
     let extract = read_extract(call)?;
-    let result = vote(&candidates, extract);
+    let time_limit = read_time_limit(call)?;
+    let note = Some(format!(
+        "majority_vote: the vote runs in the wasm sandbox (majority_vote.wat, wasmtime {}, no imports, memory ≤ {} MiB)",
+        crate::sandbox::wasm::wasmtime_version(),
+        VOTE_MEMORY_BYTES >> 20
+    ));
+    let Some(result) = vote_in_sandbox(&candidates, extract, time_limit)? else {
+        let seconds = time_limit.as_secs_f64();
+        return Ok(ToolOutcome {
+            text: format!("Vote timed out after {seconds} s; no answer"),
+            verdict: Some(VoteVerdict::NoAnswer.as_str().to_string()),
+            value: json!({
+                "answer": null,
+                "candidates": candidates.len(),
+                "timed_out": true,
+                "reason": format!("timed out after {seconds} s"),
+            }),
+            // A stopped run is modeled as lasting exactly its limit.
+            modeled_duration_s: seconds,
+            wall_seconds: started.elapsed().as_secs_f64(),
+            sandbox_note: note,
+        });
+    };
     let text = summary(&result, candidates.len());
     let value = json!({
         "answer": result.winner,
@@ -299,7 +493,7 @@ pub fn run(call: &ToolCall) -> Result<ToolOutcome, ToolError> {
         value,
         modeled_duration_s: MODELED_DURATION_S,
         wall_seconds: started.elapsed().as_secs_f64(),
-        sandbox_note: None,
+        sandbox_note: note,
     })
 }
 

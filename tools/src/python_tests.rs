@@ -1,33 +1,44 @@
 //! The `python_tests` tool: run candidate Python code against assert-style unit tests.
 //!
 //! Owns input parsing, code extraction from fenced LLM output, the runner script, the parsing
-//! of its report and the verdict. The code runs in a [`Sandbox`] (by default the
-//! [`ProcessSandbox`]) as `python3 -I -S -B runner.py`, one interpreter per call, with 512 MiB
-//! of address space, 10 processes and 5 s of CPU. Must not depend on the runtime.
+//! of its report, the verdict and the choice of sandbox ([`Backend`]). The code runs, one
+//! interpreter per call,
+//! * in CPython 3.12 compiled to WASI ([`crate::python_wasm`]) under the [`WasmSandbox`] when
+//!   that runtime is installed: `python -I -S -B /work/job.py`, 512 MiB of linear memory, the
+//!   timeout as epoch deadline, only the work directory visible, no sockets;
+//! * otherwise in the host's python3 under the [`ProcessSandbox`] (`python3 -I -S -B job.py`,
+//!   512 MiB of address space, 10 processes, 5 s of CPU), and the outcome's `sandbox_note` says
+//!   that this is a fallback and why. The note is the same on every call, so a report that
+//!   collects distinct notes (the simulator's) states it once.
+//! `SWITCHYARD_PYTHON_SANDBOX=auto|wasm|process` overrides the choice. Must not depend on the
+//! runtime.
 //!
 //! The runner executes the import lines, then the code, then each test separately in one
-//! shared namespace, and reports every step on its own line through a duplicate of the
-//! original stdout (the candidate's own prints are redirected to stderr, so they cannot be
-//! confused with the report unless the code deliberately writes to that descriptor — the
-//! report is a convenience for honest code, not a security boundary; the verdict's safety
-//! comes from the sandbox). Report lines, tab-separated:
+//! shared namespace, and reports every step on its own line through its own writer on the
+//! original stdout (the candidate's prints go to stderr: in a process the descriptors are
+//! swapped with `dup2`; in WASI, which has no `dup`, `sys.stdout` is pointed at stderr), so they
+//! cannot be confused with the report unless the code deliberately writes to that descriptor —
+//! the report is a convenience for honest code, not a security boundary; the verdict's safety
+//! comes from the sandbox. Report lines, tab-separated:
 //! `import|code|test <index> ok` or `… fail <ExceptionType> <escaped message>`, then `done`.
-//! A forked copy of the runner exits silently instead of reporting.
+//! A forked copy of the runner (process sandbox only) exits silently instead of reporting.
 //!
 //! Verdict `pass` only when the imports and the code ran and every test passed; otherwise
 //! `fail` with a reason: the first failure (`assert f(2) == 4 -> AssertionError`), a failing
 //! import or code (`SyntaxError: …`), `timed out after X s`, the CPU limit, or the interpreter
-//! dying. Never an error of the caller: only bad inputs, a missing interpreter and sandbox
-//! failures are [`ToolError`]s.
+//! dying (a signal, or a WebAssembly trap). Never an error of the caller: only bad inputs, no
+//! usable interpreter and sandbox failures are [`ToolError`]s.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
 use crate::majority_vote::kind;
 use crate::python::{PYTHON_FLAGS, interpreter};
-use crate::sandbox::{LimitHit, ProcessSandbox, Sandbox, SandboxJob, SandboxLimits, SandboxOutcome};
+use crate::python_wasm::{PYTHON_WASM_VERSION, default_install_path, is_pinned_runtime, python_wasm_path};
+use crate::sandbox::wasm::{GUEST_WORK_DIR, module_from_file};
+use crate::sandbox::{LimitHit, ProcessSandbox, Sandbox, SandboxJob, SandboxLimits, SandboxOutcome, WasmSandbox};
 use crate::{ToolCall, ToolError, ToolOutcome};
 
 /// Tool name.
@@ -77,15 +88,34 @@ pub const MODEL_PER_KIB_S: f64 = 0.000_55;
 /// sessions; heavier modules cost more, which the model deliberately ignores).
 pub const MODEL_PER_IMPORT_S: f64 = 0.000_6;
 
-/// The runner executed by the interpreter; `job.py` (literals) is prepended to it.
-const RUNNER: &str = r#"
+/// Start of the runner in a process: the report gets a duplicate of fd 1, fd 1 becomes stderr,
+/// and a forked copy is recognised by its pid.
+const PROCESS_PROLOGUE: &str = r#"
 import os as _os
 _PID = _os.getpid()
 _REPORT = open(_os.dup(1), "w", encoding="utf-8", errors="replace")
 _os.dup2(2, 1)
 
+def _forked():
+    return _os.getpid() != _PID
+"#;
+
+/// Start of the runner in WASI (no `dup`, no `fork`): the report writes to fd 1 through its own
+/// file object, and the candidate's `sys.stdout` is stderr.
+const WASM_PROLOGUE: &str = r#"
+import os as _os
+import sys as _sys
+_REPORT = open(1, "w", encoding="utf-8", errors="replace", closefd=False)
+_sys.stdout = _sys.stderr
+
+def _forked():
+    return False
+"#;
+
+/// The runner executed by the interpreter; the inputs (literals) and a prologue precede it.
+const RUNNER: &str = r#"
 def _emit(kind, index, error):
-    if _os.getpid() != _PID:
+    if _forked():
         _os._exit(0)
     if error is None:
         _REPORT.write("%s\t%d\tok\n" % (kind, index))
@@ -121,7 +151,7 @@ def _main():
         _run("test", index, test, "<test %d>" % index, namespace)
 
 _main()
-if _os.getpid() == _PID:
+if not _forked():
     _REPORT.write("done\n")
     _REPORT.flush()
 "#;
@@ -176,12 +206,22 @@ impl PythonTests {
         modeled.min(self.timeout_s)
     }
 
-    /// The Python source of `job.py`: the inputs as literals, followed by the runner.
+    /// The Python source of `job.py` for the process sandbox: the inputs as literals, followed
+    /// by the runner.
     pub fn runner_script(&self) -> String {
+        self.script_with(PROCESS_PROLOGUE)
+    }
+
+    /// The Python source of `job.py` for CPython on WASI (its prologue reports without `dup`).
+    pub fn wasm_runner_script(&self) -> String {
+        self.script_with(WASM_PROLOGUE)
+    }
+
+    fn script_with(&self, prologue: &str) -> String {
         // A JSON string literal is a valid Python string literal (serde_json emits only
         // escapes Python shares: \" \\ \n \r \t \b \f \uXXXX), and so are lists of them.
         format!(
-            "_IMPORTS = {}\n_CODE = {}\n_TESTS = {}\n{RUNNER}",
+            "_IMPORTS = {}\n_CODE = {}\n_TESTS = {}\n{prologue}{RUNNER}",
             Value::from(self.imports.clone()),
             Value::from(self.code.clone()),
             Value::from(self.tests.clone())
@@ -385,7 +425,7 @@ pub fn judge(job: &PythonTests, report: &RunnerReport, outcome: &SandboxOutcome)
     } else if outcome.limits_hit.contains(&LimitHit::CpuTime) {
         Some(format!("CPU time limit of {} s exceeded", job.limits().cpu_seconds))
     } else if !report.done {
-        Some(format!("interpreter stopped before finishing ({})", outcome.termination.describe()))
+        Some(format!("interpreter stopped before finishing ({})", outcome.ending()))
     } else {
         None
     };
@@ -404,7 +444,7 @@ pub fn judge(job: &PythonTests, report: &RunnerReport, outcome: &SandboxOutcome)
             (Some(stop), Some(earlier)) => format!("{stop}; {earlier}"),
             (Some(stop), None) => stop,
             (None, Some(earlier)) => earlier,
-            (None, None) => format!("no test result ({})", outcome.termination.describe()),
+            (None, None) => format!("no test result ({})", outcome.ending()),
         })
     };
     let text = match &reason {
@@ -420,27 +460,104 @@ fn limit_name(limit: LimitHit) -> &'static str {
         LimitHit::CpuTime => "cpu_time",
         LimitHit::FileSize => "file_size",
         LimitHit::Output => "output",
+        LimitHit::Memory => "memory",
     }
 }
 
-/// Runs the tool with the process sandbox and the discovered interpreter.
-pub fn run(call: &ToolCall) -> Result<ToolOutcome, ToolError> {
-    let job = PythonTests::from_call(call)?;
-    let python = interpreter().ok_or(ToolError::Unavailable {
-        tool: NAME,
-        reason: "no python3 interpreter runs inside the sandbox on this machine".into(),
-    })?;
-    run_in(&ProcessSandbox::new(), &python.path, &python.version, &job)
+/// Environment variable overriding the choice of sandbox: `auto` (default), `wasm`, `process`.
+pub const BACKEND_ENV: &str = "SWITCHYARD_PYTHON_SANDBOX";
+
+/// Which sandbox runs the candidate code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// CPython on WASI when its runtime is installed and loads, else the process sandbox.
+    Auto,
+    /// CPython on WASI only; a call fails with [`ToolError::Unavailable`] without the runtime.
+    Wasm,
+    /// The host's python3 in the process sandbox.
+    Process,
 }
 
-/// Runs `job` with the given sandbox and interpreter (the seam for other backends).
+impl Backend {
+    /// Parses `auto`, `wasm` or `process`.
+    pub fn parse(name: &str) -> Option<Self> {
+        match name {
+            "auto" => Some(Self::Auto),
+            "wasm" => Some(Self::Wasm),
+            "process" => Some(Self::Process),
+            _ => None,
+        }
+    }
+
+    /// The backend [`BACKEND_ENV`] asks for ([`Backend::Auto`] when unset or empty).
+    pub fn from_env() -> Result<Self, ToolError> {
+        match std::env::var(BACKEND_ENV) {
+            Err(_) => Ok(Self::Auto),
+            Ok(value) if value.is_empty() => Ok(Self::Auto),
+            Ok(value) => Self::parse(&value).ok_or_else(|| ToolError::Unavailable {
+                tool: NAME,
+                reason: format!("{BACKEND_ENV}={value:?} is not one of auto, wasm, process"),
+            }),
+        }
+    }
+}
+
+/// The installed CPython-on-WASI runtime, loaded (compiled once per process) and checked against
+/// its pinned hash; otherwise why it cannot be used.
+pub fn wasm_runtime() -> Result<PathBuf, String> {
+    let Some(path) = python_wasm_path() else {
+        let place = default_install_path()
+            .map(|p| p.display().to_string())
+            .unwrap_or_else(|| "$SWITCHYARD_HOME (unset, and no $HOME)".into());
+        return Err(format!(
+            "python.wasm is not installed at {place} (install it with `cargo run -p switchyard-tools --example install_python_wasm`)"
+        ));
+    };
+    let loaded = module_from_file(&path).map_err(|e| e.to_string())?;
+    if !is_pinned_runtime(&loaded.sha256) {
+        return Err(format!("{} does not match the pinned SHA-256; reinstall it", path.display()));
+    }
+    Ok(path)
+}
+
+/// Runs the tool with the sandbox [`Backend::from_env`] selects.
+pub fn run(call: &ToolCall) -> Result<ToolOutcome, ToolError> {
+    run_with(call, Backend::from_env()?)
+}
+
+/// Runs the tool with the given backend.
+pub fn run_with(call: &ToolCall, backend: Backend) -> Result<ToolOutcome, ToolError> {
+    let job = PythonTests::from_call(call)?;
+    let fallback_reason = match backend {
+        Backend::Process => None,
+        Backend::Wasm | Backend::Auto => match wasm_runtime() {
+            Ok(python_wasm) => return run_in_wasm(&WasmSandbox::new(), &python_wasm, &job),
+            Err(reason) if backend == Backend::Wasm => return Err(ToolError::Unavailable { tool: NAME, reason }),
+            Err(reason) => Some(reason),
+        },
+    };
+    let python = interpreter().ok_or(ToolError::Unavailable {
+        tool: NAME,
+        reason: match &fallback_reason {
+            Some(reason) => format!("{reason}, and no python3 interpreter runs inside the process sandbox here"),
+            None => "no python3 interpreter runs inside the sandbox on this machine".into(),
+        },
+    })?;
+    let mut outcome = run_in(&ProcessSandbox::new(), &python.path, &python.version, &job)?;
+    if let (Some(reason), Some(note)) = (fallback_reason, outcome.sandbox_note.as_mut()) {
+        *note = format!("python_tests fell back to the process sandbox: {reason}; {note}");
+    }
+    Ok(outcome)
+}
+
+/// Runs `job` with the given (process-like) sandbox and interpreter: `python -I -S -B job.py`
+/// in the work directory.
 pub fn run_in(
     sandbox: &dyn Sandbox,
     python: &Path,
     python_version: &str,
     job: &PythonTests,
 ) -> Result<ToolOutcome, ToolError> {
-    let started = Instant::now();
     let mut args: Vec<String> = PYTHON_FLAGS.iter().map(|s| s.to_string()).collect();
     args.push("job.py".into());
     let sandbox_job = SandboxJob {
@@ -449,7 +566,32 @@ pub fn run_in(
         files: vec![("job.py".to_string(), job.runner_script().into_bytes())],
         limits: job.limits(),
     };
-    let outcome = sandbox.run(&sandbox_job).map_err(|source| ToolError::Sandbox { tool: NAME, source })?;
+    run_job(sandbox, &sandbox_job, python_version, job)
+}
+
+/// Runs `job` in CPython on WASI (`python_wasm`, the module file) under `sandbox`:
+/// `python -I -S -B /work/job.py`, with the job's timeout as deadline and its address-space
+/// limit as the linear-memory limit.
+pub fn run_in_wasm(sandbox: &WasmSandbox, python_wasm: &Path, job: &PythonTests) -> Result<ToolOutcome, ToolError> {
+    let mut args: Vec<String> = PYTHON_FLAGS.iter().map(|s| s.to_string()).collect();
+    args.push(format!("{GUEST_WORK_DIR}/job.py"));
+    let sandbox_job = SandboxJob {
+        program: python_wasm.to_path_buf(),
+        args,
+        files: vec![("job.py".to_string(), job.wasm_runner_script().into_bytes())],
+        limits: job.limits(),
+    };
+    run_job(sandbox, &sandbox_job, PYTHON_WASM_VERSION, job)
+}
+
+fn run_job(
+    sandbox: &dyn Sandbox,
+    sandbox_job: &SandboxJob,
+    python_version: &str,
+    job: &PythonTests,
+) -> Result<ToolOutcome, ToolError> {
+    let started = Instant::now();
+    let outcome = sandbox.run(sandbox_job).map_err(|source| ToolError::Sandbox { tool: NAME, source })?;
     let report = parse_report(&outcome.stdout, job.imports.len(), job.tests.len());
     let judgement = judge(job, &report, &outcome);
 
@@ -473,7 +615,7 @@ pub fn run_in(
         .chain(&report.tests)
         .any(|s| matches!(s, Some(Err(f)) if f.exception == "MemoryError"));
     let mut limits: Vec<&str> = outcome.limits_hit.iter().map(|&l| limit_name(l)).collect();
-    if memory {
+    if memory && !limits.contains(&"memory") {
         limits.push("memory");
     }
     // Virtual time must not depend on how fast this machine was: a run that hit the wall or
@@ -492,7 +634,7 @@ pub fn run_in(
         "reason": judgement.reason,
         "timed_out": outcome.timed_out,
         "limits_hit": limits,
-        "termination": outcome.termination.describe(),
+        "termination": outcome.ending(),
         "output": tail(&outcome.stderr, MAX_OUTPUT_TAIL_BYTES),
         "interpreter": python_version,
         "sandbox": sandbox.name(),
@@ -503,7 +645,7 @@ pub fn run_in(
         value,
         modeled_duration_s: modeled,
         wall_seconds: started.elapsed().as_secs_f64(),
-        sandbox_note: Some(format!("{} sandbox: {}", sandbox.name(), outcome.isolation.summary())),
+        sandbox_note: Some(format!("{} sandbox: {}", sandbox.name(), sandbox.describe(&outcome))),
     })
 }
 
@@ -544,6 +686,7 @@ mod tests {
             work_dir: PathBuf::from("/nonexistent"),
             cleanup_error: None,
             isolation: Isolation::default(),
+            trap: None,
         }
     }
 

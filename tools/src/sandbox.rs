@@ -1,10 +1,11 @@
 //! Sandboxes that run untrusted tool code, behind the [`Sandbox`] trait.
 //!
 //! Owns the job description ([`SandboxJob`], [`SandboxLimits`]), the outcome
-//! ([`SandboxOutcome`]) and the OS-process backend ([`ProcessSandbox`]). A WebAssembly backend
-//! slots in later as another implementation of [`Sandbox`]: a job names a program, its
-//! arguments and the files to place in a private work directory, which maps onto both a process
-//! (`program args…` in that directory) and a WASI module (the directory pre-opened).
+//! ([`SandboxOutcome`]) and the two backends: OS processes ([`ProcessSandbox`], below) and
+//! WebAssembly modules on wasmtime ([`wasm::WasmSandbox`], see [`wasm`]). A job names a
+//! program, its arguments and the files to place in a private work directory, which maps onto
+//! both a process (`program args…` in that directory) and a WASI command module (the module file
+//! as program, the directory pre-opened at [`wasm::GUEST_WORK_DIR`]).
 //!
 //! The process backend is Linux-only. It confines a child as follows (see [`confine`] for the
 //! exact order of the system calls and [`Isolation`] for what a given run really got):
@@ -45,6 +46,9 @@
 //! Must not depend on the runtime, the planner or any model code.
 
 mod confine;
+pub mod wasm;
+
+pub use wasm::WasmSandbox;
 
 use std::ffi::CString;
 use std::fs::File;
@@ -204,6 +208,10 @@ pub enum Termination {
     Exited(i32),
     /// Killed by this signal number.
     Signaled(i32),
+    /// A WebAssembly guest stopped by a trap: a fault of its own (unreachable code, an
+    /// out-of-bounds access, a stack overflow) or the sandbox's deadline. The trap message is in
+    /// [`SandboxOutcome::trap`].
+    Trapped,
 }
 
 impl Termination {
@@ -215,6 +223,7 @@ impl Termination {
                 Some(name) => format!("killed by signal {sig} ({name})"),
                 None => format!("killed by signal {sig}"),
             },
+            Termination::Trapped => "trapped".to_string(),
         }
     }
 
@@ -235,6 +244,9 @@ pub enum LimitHit {
     FileSize,
     /// stdout or stderr exceeded the output cap and was truncated.
     Output,
+    /// A WebAssembly guest asked for more linear memory than its limit and was refused (the
+    /// guest sees a failed `memory.grow`, e.g. Python's `MemoryError`).
+    Memory,
 }
 
 /// Everything observed about one sandboxed run.
@@ -258,9 +270,11 @@ pub struct SandboxOutcome {
     pub wall_seconds: f64,
     /// User + system CPU time of the main process and the children it waited for.
     pub cpu_seconds: f64,
-    /// Peak resident set size of the main process, in bytes.
+    /// Peak resident set size of the main process, in bytes (for a WebAssembly guest: the
+    /// largest linear memory it was granted).
     pub max_rss_bytes: u64,
-    /// Process id of the main process, which is also its process-group id.
+    /// Process id of the main process, which is also its process-group id (0 for a WebAssembly
+    /// guest, which runs on a thread of the caller).
     pub pid: u32,
     /// The private work directory (already removed when the outcome is returned).
     pub work_dir: PathBuf,
@@ -268,6 +282,20 @@ pub struct SandboxOutcome {
     pub cleanup_error: Option<String>,
     /// What confinement the run really got.
     pub isolation: Isolation,
+    /// The trap that stopped a WebAssembly guest (with [`Termination::Trapped`]).
+    #[serde(default)]
+    pub trap: Option<String>,
+}
+
+impl SandboxOutcome {
+    /// How the run ended, in words: the trap message for a trapped guest, else
+    /// [`Termination::describe`].
+    pub fn ending(&self) -> String {
+        match (&self.termination, &self.trap) {
+            (Termination::Trapped, Some(trap)) => format!("trapped: {trap}"),
+            (termination, _) => termination.describe(),
+        }
+    }
 }
 
 /// Failures of the sandbox itself (never of the sandboxed program, which end in an outcome).
@@ -306,15 +334,49 @@ pub enum SandboxError {
     /// Waiting for or reading from the child failed.
     #[error("lost track of the sandboxed process: {0}")]
     Wait(#[source] io::Error),
+    /// The WebAssembly engine could not be created (or its async executor could not start).
+    #[error("WebAssembly engine unavailable: {0}")]
+    WasmEngine(String),
+    /// A WebAssembly module file could not be read.
+    #[error("cannot read WebAssembly module {path}: {source}")]
+    ModuleRead {
+        /// The module file.
+        path: String,
+        /// The I/O error.
+        #[source]
+        source: io::Error,
+    },
+    /// A WebAssembly module did not compile (invalid binary or text).
+    #[error("cannot compile WebAssembly module {module}: {reason}")]
+    WasmCompile {
+        /// Module name or path.
+        module: String,
+        /// The compiler's message.
+        reason: String,
+    },
+    /// A WebAssembly module could not be linked or instantiated (missing imports or exports,
+    /// pre-opened directories that cannot be opened).
+    #[error("cannot instantiate WebAssembly module {module}: {reason}")]
+    WasmInstantiate {
+        /// Module name or path.
+        module: String,
+        /// What failed.
+        reason: String,
+    },
 }
 
 /// A backend that runs a [`SandboxJob`] to completion.
 pub trait Sandbox: Send + Sync {
-    /// A short backend name for notes and reports (`process`, later `wasm`).
+    /// A short backend name for notes and reports (`process`, `wasm`).
     fn name(&self) -> &'static str;
     /// Runs the job; returns an outcome whatever the program does, and an error only when the
     /// sandbox itself fails.
     fn run(&self, job: &SandboxJob) -> Result<SandboxOutcome, SandboxError>;
+    /// What confinement `outcome` (a run of this sandbox) had, in one line for notes and
+    /// reports. Defaults to [`Isolation::summary`].
+    fn describe(&self, outcome: &SandboxOutcome) -> String {
+        outcome.isolation.summary()
+    }
 }
 
 /// Runs jobs as confined OS processes (Linux). See the module documentation.
@@ -355,7 +417,7 @@ fn allocate_uid() -> u32 {
     SANDBOX_UID_BASE + (std::process::id() % 65_536) * 32_768 + run
 }
 
-fn validate(job: &SandboxJob) -> Result<(), SandboxError> {
+pub(crate) fn validate(job: &SandboxJob) -> Result<(), SandboxError> {
     let limits = &job.limits;
     if limits.wall_time.is_zero() {
         return Err(SandboxError::InvalidLimits("wall time must be positive".into()));
@@ -702,6 +764,7 @@ fn run_process(policy: IsolationPolicy, job: &SandboxJob) -> Result<SandboxOutco
         work_dir: work_path,
         cleanup_error,
         isolation,
+        trap: None,
     })
 }
 

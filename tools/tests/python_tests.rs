@@ -1,5 +1,6 @@
-//! Integration tests of the `python_tests` tool: real interpreter, real sandbox, real MBPP
-//! problems. Every test skips (with a note) when no python3 runs in the sandbox.
+//! Integration tests of the `python_tests` tool in the process sandbox: real interpreter, real
+//! sandbox, real MBPP problems. Every test skips (with a note) when no python3 runs in the
+//! sandbox. (The same tool in CPython on WASI is tested in `python_wasm.rs`.)
 
 mod common;
 
@@ -8,9 +9,9 @@ use std::sync::Mutex;
 
 use serde_json::{Value, json};
 use switchyard_tools::python::{self, Interpreter};
-use switchyard_tools::python_tests::{self, PythonTests};
+use switchyard_tools::python_tests::{self, Backend, PythonTests};
 use switchyard_tools::sandbox::{ProcessSandbox, Sandbox, SandboxError, SandboxJob, SandboxOutcome};
-use switchyard_tools::{ToolCall, ToolOutcome, run_tool};
+use switchyard_tools::{ToolCall, ToolOutcome};
 
 /// MBPP task 2 (sanitized MBPP, CC BY 4.0, Austin et al. 2021): reference code and tests.
 const MBPP_2_CODE: &str = "def similar_elements(test_tup1, test_tup2):\n  res = tuple(set(test_tup1) & set(test_tup2))\n  return (res) ";
@@ -34,7 +35,7 @@ fn call(inputs: Value) -> ToolCall {
 }
 
 fn run(inputs: Value) -> ToolOutcome {
-    run_tool(&call(inputs)).expect("python_tests runs")
+    python_tests::run_with(&call(inputs), Backend::Process).expect("python_tests runs")
 }
 
 /// A sandbox that delegates to the process sandbox and keeps the last outcome, so tests can

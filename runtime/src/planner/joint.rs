@@ -250,7 +250,25 @@ impl Joint {
         reclaim: bool,
     ) -> Option<(DeviceId, Vec<ReplicaId>, f64, f64)> {
         let dep = state.deployment(d)?;
-        let mut best: Option<(DeviceId, Vec<ReplicaId>, f64, f64)> = None;
+        // Other deployments with pending demand (ready or near-ready) and no replica yet: a
+        // device that is the last free place for one of them is preserved for it (resource
+        // ordering: a flexible unit must not block a constrained one, paper 003 §2.3).
+        let pending: BTreeSet<DeploymentId> = state
+            .queue()
+            .iter()
+            .map(|w| w.deployment)
+            .chain(state.near_ready().map(|n| n.deployment))
+            .filter(|&e| e != d && state.replicas_of(e).next().is_none())
+            .collect();
+        let free_for = |e: DeploymentId, except: DeviceId| {
+            state
+                .devices()
+                .iter()
+                .filter(|h| h.id != except && state.eligible(e, h.id))
+                .filter(|h| state.deployment(e).is_some_and(|de| state.free_bytes(h.id) >= de.claim_bytes(h)))
+                .count()
+        };
+        let mut best: Option<(usize, DeviceId, Vec<ReplicaId>, f64, f64)> = None;
         for g in state.devices() {
             if !state.eligible(d, g.id) {
                 continue;
@@ -275,26 +293,29 @@ impl Joint {
                     continue;
                 }
             }
+            let blocking = pending.iter().filter(|&&e| state.eligible(e, g.id) && free_for(e, g.id) == 0).count();
             let batch = units.len().max(1) as u32;
             let run = units
                 .iter()
                 .map(|w| self.est.run_time(dep, g, batch, w.envelope.0.max(w.prompt_tokens), self.timing_output(w)))
                 .fold(0.0, f64::max);
             let c_f = now + self.est.load_time(dep, g) + run;
+            // Eq. 12 restricted to this decision: ready work kept coverable (no device taken
+            // from a constrained demand), completion of the unlocked ready work Ĉ_F, then
+            // lifecycle overhead H_life; device id breaks exact ties.
+            let key = (blocking, c_f, h_life);
             let better = match &best {
                 None => true,
-                Some((bg, _, bc, bh)) => {
-                    // Eq. 12 restricted to this decision: completion of the unlocked ready
-                    // work, then lifecycle overhead; device id breaks exact ties.
-                    (c_f, h_life).partial_cmp(&(*bc, *bh)) == Some(std::cmp::Ordering::Less)
-                        || ((c_f, h_life) == (*bc, *bh) && g.id < *bg)
+                Some((bb, bg, _, bc, bh)) => {
+                    key.partial_cmp(&(*bb, *bc, *bh)) == Some(std::cmp::Ordering::Less)
+                        || (key == (*bb, *bc, *bh) && g.id < *bg)
                 }
             };
             if better {
-                best = Some((g.id, chosen, c_f, h_life));
+                best = Some((blocking, g.id, chosen, c_f, h_life));
             }
         }
-        best
+        best.map(|(_, g, v, c, h)| (g, v, c, h))
     }
 
     fn issue_lifecycle(
@@ -394,7 +415,8 @@ impl Policy for Joint {
                         granted += 1;
                     }
                 }
-                Some((_, _, false)) => {} // waits for a load already under way
+                // Waits for a load under way, or for a slot: a scale-out candidate.
+                Some((_, _, false)) => scale_out.entry(w.deployment).or_default().push(w),
                 None if awake_exists => scale_out.entry(w.deployment).or_default().push(w),
                 None => {
                     let key = (w.deployment, if self.opts.shared_lifecycle { 0 } else { w.workflow });
@@ -419,11 +441,16 @@ impl Policy for Joint {
             let lb = b.1.iter().map(|x| x.0).min().unwrap_or(u8::MAX);
             let va = value(state, self.est.as_ref(), a.0.0, a.1.len());
             let vb = value(state, self.est.as_ref(), b.0.0, b.1.len());
-            la.cmp(&lb).then(vb.total_cmp(&va)).then(a.0.cmp(&b.0))
+            let ea = state.devices().iter().filter(|g| state.eligible(a.0.0, g.id)).count();
+            let eb = state.devices().iter().filter(|g| state.eligible(b.0.0, g.id)).count();
+            // Urgency first, then the most constrained deployment (fewest eligible devices),
+            // then ready work unlocked per second of loading.
+            la.cmp(&lb).then(ea.cmp(&eb)).then(vb.total_cmp(&va)).then(a.0.cmp(&b.0))
         });
         let mut lifecycle = 0usize;
         // Deployments with ready demand are never reclaimed to make room for other demand.
         let mut keep: BTreeSet<DeploymentId> = state.queue().iter().map(|w| w.deployment).collect();
+        let mut loaded: Vec<(DeploymentId, u32, Vec<WorkItem>, Vec<DeviceId>)> = Vec::new();
         for ((d, owner), units) in demands {
             let items: Vec<WorkItem> = units.into_iter().map(|(_, w)| w).collect();
             if let Some((g, victims, _, _)) = self.best_lifecycle(state, d, &items, now, &keep, true) {
@@ -431,44 +458,65 @@ impl Policy for Joint {
                 if self.issue_lifecycle(state, d, g, &victims, owner, now, out) {
                     lifecycle += 1;
                     keep.insert(d);
+                    loaded.push((d, owner, items, vec![g]));
                 }
             }
         }
-        // Scale-out: no replica accepts. The k-th waiting unit starts when the k-th running
-        // unit of the deployment completes (one slot each, in predicted completion order); a
-        // new replica is loaded when it would finish the whole waiting queue earlier.
+        // Scale-out: for every deployment with units that no replica accepts now (they wait for
+        // a load or for a slot), add a replica on a free device (no reclaim) while spreading
+        // the waiting units over one more replica finishes them earlier (Ĉ_F of Eq. 12) by at
+        // least 5 %, under the replica cap. Every demand above got its first replica first.
+        for (_, _, items, _) in loaded {
+            for w in items {
+                scale_out.entry(w.deployment).or_default().push(w);
+            }
+        }
         for (d, items) in scale_out {
-            if state.replicas_of(d).count() >= REPLICA_CAP {
-                continue;
-            }
-            let mut ends: Vec<f64> = state
-                .running()
-                .values()
-                .filter(|r| r.replica.is_some_and(|id| state.replica(id).is_some_and(|rv| rv.deployment == d)))
-                .map(|r| (r.started + r.predicted_s.unwrap_or(0.0)).max(now))
-                .collect();
-            ends.sort_by(f64::total_cmp);
-            let Some((g, victims, c_f, _)) = self.best_lifecycle(state, d, &items, now, &keep, false) else {
-                continue;
-            };
-            let (Some(dep), Some(first)) = (state.deployment(d), state.replicas_of(d).next()) else { continue };
-            let Some(dev) = state.device(first.device) else { continue };
-            let mut queue_done = now;
-            for (k, w) in items.iter().enumerate() {
-                let run = self.est.run_time(dep, dev, first.leases.len().max(1) as u32, w.envelope.0, self.timing_output(w));
-                let start = if ends.is_empty() {
-                    now
-                } else {
-                    let rounds = (k / ends.len()) as f64;
-                    ends[k % ends.len()] + rounds * run
-                };
-                queue_done = queue_done.max(start + run);
-            }
-            if c_f < queue_done {
-                let owner = items.first().map(|w| w.workflow).unwrap_or(0);
-                if self.issue_lifecycle(state, d, g, &victims, owner, now, out) {
-                    lifecycle += 1;
+            loop {
+                if state.replicas_of(d).count() >= REPLICA_CAP {
+                    break;
                 }
+                let Some(dep) = state.deployment(d) else { break };
+                // Where each existing replica becomes available, and its current load.
+                let mut slots: Vec<(f64, DeviceId, usize)> = state
+                    .replicas_of(d)
+                    .filter_map(|r| {
+                        let g = state.device(r.device)?;
+                        let at = match r.phase {
+                            ReplicaPhase::Awake => now,
+                            ReplicaPhase::Loading { since } => (since + self.est.load_time(dep, g)).max(now),
+                        };
+                        Some((at, r.device, r.leases.len()))
+                    })
+                    .collect();
+                let Some((g, _, _, _)) = self.best_lifecycle(state, d, &items, now, &keep, false) else { break };
+                let Some(dev) = state.device(g) else { break };
+                let c_f = |slots: &[(f64, DeviceId, usize)]| {
+                    let per = items.len().div_ceil(slots.len().max(1));
+                    slots
+                        .iter()
+                        .filter_map(|(at, g, busy)| {
+                            let dev = state.device(*g)?;
+                            let batch = (per + busy) as u32;
+                            let run = items
+                                .iter()
+                                .map(|w| self.est.run_time(dep, dev, batch, w.envelope.0.max(w.prompt_tokens), self.timing_output(w)))
+                                .fold(0.0, f64::max);
+                            Some(at + run)
+                        })
+                        .fold(now, f64::max)
+                };
+                let current = c_f(&slots);
+                slots.push((now + self.est.load_time(dep, dev), g, 0));
+                let split = c_f(&slots);
+                if !(split < now + (current - now) * 0.95) {
+                    break;
+                }
+                let owner = items.first().map(|w| w.workflow).unwrap_or(0);
+                if !self.issue_lifecycle(state, d, g, &[], owner, now, out) {
+                    break;
+                }
+                lifecycle += 1;
             }
         }
 

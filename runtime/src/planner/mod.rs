@@ -15,6 +15,7 @@ pub mod fusion;
 mod joint;
 mod kairos;
 pub mod memory;
+pub mod profiled;
 mod parrot;
 mod state;
 
@@ -131,8 +132,16 @@ impl Planner {
 
     /// Fold one event into the view, then let the policy plan. Returns the commands to run.
     pub fn handle(&mut self, event: Event, now: f64) -> Result<Vec<Command>, PlanError> {
-        self.state.observe(event.clone(), now)?;
-        self.policy.observe(&event, &self.state, now);
+        self.handle_all(vec![event], now)
+    }
+
+    /// Fold every event of one scheduling tick (all that happened at `now`), then plan once:
+    /// the window the policy sees holds all of them.
+    pub fn handle_all(&mut self, events: Vec<Event>, now: f64) -> Result<Vec<Command>, PlanError> {
+        for event in events {
+            self.state.observe(event.clone(), now)?;
+            self.policy.observe(&event, &self.state, now);
+        }
         let mut out = Vec::new();
         self.policy.plan(&mut self.state, now, &mut out);
         Ok(out)

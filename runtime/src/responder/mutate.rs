@@ -335,8 +335,8 @@ fn statement_deletions(src: &str, toks: &[Tok]) -> Vec<Edit> {
         if ind == 0 || !r.2 {
             continue;
         }
-        let prev = line_ok[..i].iter().rev().find_map(|p| indent(p));
-        let next = line_ok[i + 1..].iter().find_map(|n| indent(n));
+        let prev = line_ok[..i].iter().rev().find_map(&indent);
+        let next = line_ok[i + 1..].iter().find_map(&indent);
         let first = src[r.0..r.1].trim_start();
         let is_docstring = first.starts_with('"') || first.starts_with('\'');
         if (prev == Some(ind) || next == Some(ind)) && !is_docstring {

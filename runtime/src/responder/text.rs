@@ -75,9 +75,8 @@ pub(crate) fn number_spans(text: &str) -> Vec<NumberSpan> {
         let mut seen_dot = false;
         while j < b.len() {
             let c = b[j];
-            if c.is_ascii_digit() {
-                j += 1;
-            } else if c == b',' && j > i && !seen_dot && followed_by_three_digits(b, j) {
+            let thousands_comma = c == b',' && j > i && !seen_dot && followed_by_three_digits(b, j);
+            if c.is_ascii_digit() || thousands_comma {
                 j += 1;
             } else if c == b'.' && !seen_dot && j + 1 < b.len() && b[j + 1].is_ascii_digit() {
                 seen_dot = true;
@@ -124,15 +123,20 @@ pub(crate) fn words(text: &str) -> Vec<String> {
 }
 
 /// English function words ignored when ranking sentences against a query. A short list in
-/// the spirit of the SMART / NLTK stop lists, plus meeting fillers (`um`, `uh`, `yeah`).
+/// the spirit of the SMART / NLTK stop lists (with contraction fragments such as `s`, `t`,
+/// `ll`), plus spoken-meeting fillers (`um`, `yeah`, `think`, `going`) and the words of
+/// generic summarization queries (`summarize`, `whole`, `meeting`).
 const STOP_WORDS: &[&str] = &[
-    "a", "about", "all", "also", "an", "and", "any", "are", "as", "at", "be", "been", "but", "by", "can",
-    "could", "did", "do", "does", "for", "from", "had", "has", "have", "he", "her", "his", "how", "i",
-    "if", "in", "into", "is", "it", "its", "just", "like", "me", "meeting", "more", "my", "no", "not",
-    "of", "on", "or", "our", "she", "so", "some", "than", "that", "the", "their", "them", "then",
-    "there", "these", "they", "this", "to", "um", "uh", "up", "us", "was", "we", "were", "what",
-    "when", "which", "who", "why", "will", "with", "would", "yeah", "you", "your", "okay", "oh",
-    "summarize", "discuss", "discussed", "discussion", "whole",
+    "a", "about", "actually", "all", "also", "an", "and", "any", "are", "as", "at", "be", "because", "been",
+    "before", "but", "by", "can", "could", "did", "do", "does", "don", "for", "from", "get", "go", "going",
+    "got", "had", "has", "have", "he", "her", "here", "his", "how", "i", "if", "in", "into", "is", "it",
+    "its", "just", "kind", "know", "like", "ll", "lot", "me", "mean", "meeting", "more", "much", "my",
+    "need", "no", "not", "now", "of", "oh", "okay", "on", "one", "or", "our", "re", "really", "right", "s",
+    "said", "say", "see", "she", "should", "so", "some", "sort", "t", "than", "that", "the", "their",
+    "them", "then", "there", "these", "they", "thing", "things", "think", "this", "to", "um", "uh", "up",
+    "us", "ve", "very", "want", "was", "way", "we", "well", "were", "what", "when", "which", "who", "why",
+    "will", "with", "would", "yeah", "yes", "you", "your", "summarize", "discuss", "discussed",
+    "discussion", "whole",
 ];
 
 /// Content words of `text`: lower-cased words that are not stop words.

@@ -34,6 +34,7 @@ use crate::planner::{
     PlanError, Planner, WorkItem, policy_by_name,
 };
 use crate::session::ActivationState;
+use crate::planner::profiled::{PREDICTORS, ProfiledEstimates};
 use graph_info::NodeInfo;
 use crate::report::{
     DeviceTimeline, GpuBreakdown, Percentiles, RunReport, Segment, SegmentKind, WorkflowReport,
@@ -61,6 +62,8 @@ pub enum SimError {
     Workflow { workflow: String, message: String },
     #[error("workflow {workflow}: deployment `{deployment}`: {message}")]
     Deployment { workflow: String, deployment: String, message: String },
+    #[error("predictor: {0}")]
+    Predictor(String),
     #[error("internal: {0}")]
     Internal(String),
 }
@@ -247,6 +250,8 @@ struct Sim<'a> {
     /// Sessions that could not even be instantiated: (workflow, arrival, reason).
     start_failures: Vec<(u32, f64, String)>,
     calls: Vec<CallRecord>,
+    /// Planner events of the current tick, not yet handed over.
+    tick_events: Vec<Event>,
 }
 
 /// Run one simulation. `progress(done, total)` is called as sessions finish.
@@ -314,8 +319,15 @@ impl<'a> Sim<'a> {
             .collect();
         let estimates: Box<dyn Estimates> = match cfg.predictor.as_str() {
             "oracle" => Box::new(crate::planner::estimates::Cached::new(oracle::OracleEstimates)),
+            name if PREDICTORS.contains(&name) => Box::new(
+                ProfiledEstimates::build(name, &deployments, &devices)
+                    .map_err(|e| SimError::Predictor(e.to_string()))?,
+            ),
             other => {
-                return Err(SimError::Internal(format!("unknown predictor `{other}` (known: oracle)")));
+                return Err(SimError::Predictor(format!(
+                    "unknown predictor `{other}` (known: {}, oracle)",
+                    PREDICTORS.join(", ")
+                )));
             }
         };
         let policy = policy_by_name(&cfg.policy, cfg.options, estimates)?;
@@ -383,6 +395,7 @@ impl<'a> Sim<'a> {
             done_sessions: 0,
             start_failures: Vec::new(),
             calls: Vec::new(),
+            tick_events: Vec::new(),
         };
         for i in 0..sim.trace_entries.len() {
             let at = sim.trace_entries[i].at;
@@ -410,8 +423,13 @@ impl<'a> Sim<'a> {
                 SimEvent::LoadDone(r) => self.on_load_done(r)?,
                 SimEvent::ToolDone(a) => self.on_tool_done(a)?,
             }
-            progress(self.done_sessions, total);
+            // One scheduling tick per distinct virtual time.
+            if self.queue.peek().is_none_or(|n| n.at > self.now) {
+                self.flush()?;
+                progress(self.done_sessions, total);
+            }
         }
+        self.flush()?;
         // Anything still queued could never be served (e.g. no device can hold its model).
         let stranded: Vec<ActivationId> =
             self.planner.state().queue().iter().map(|w| w.activation).collect();
@@ -426,10 +444,21 @@ impl<'a> Sim<'a> {
         Ok(())
     }
 
+    /// Queue an event for the planner; it plans once per tick (see [`Sim::flush`]).
     fn plan(&mut self, event: Event) -> Result<(), SimError> {
-        let commands = self.planner.handle(event, self.now)?;
-        for c in commands {
-            self.execute(c)?;
+        self.tick_events.push(event);
+        Ok(())
+    }
+
+    /// Hand every event of this tick to the planner at once and execute its commands, until
+    /// executing them produces no further event at this time.
+    fn flush(&mut self) -> Result<(), SimError> {
+        while !self.tick_events.is_empty() {
+            let events = std::mem::take(&mut self.tick_events);
+            let commands = self.planner.handle_all(events, self.now)?;
+            for c in commands {
+                self.execute(c)?;
+            }
         }
         Ok(())
     }

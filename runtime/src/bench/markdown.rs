@@ -1,0 +1,314 @@
+//! The bench report as markdown: the tables of paper 003's Figures 5–7 with the ratio to the
+//! lower bound and the reductions of `joint` against the baselines. Pure text formatting of a
+//! [`BenchReport`]; no I/O.
+
+use std::fmt::Write;
+
+use super::{BenchReport, BenchRun, VariantKind, reduction_pct};
+
+/// The policy whose reductions are reported, and the baselines it is compared with.
+const OURS: &str = "joint";
+const BASELINES: [&str; 2] = ["parrot", "kairos"];
+
+fn pct(x: Option<f64>) -> String {
+    x.map(|v| format!("{v:+.1} %")).unwrap_or_else(|| "–".into())
+}
+
+fn secs(x: f64) -> String {
+    format!("{x:.1}")
+}
+
+fn times(x: Option<f64>) -> String {
+    x.map(|v| format!("{v:.2}×")).unwrap_or_else(|| "–".into())
+}
+
+/// A completion scope of Figure 5: overall, or one model's path.
+#[derive(Clone, Copy)]
+enum Scope<'a> {
+    Overall,
+    Path(&'a str),
+}
+
+impl Scope<'_> {
+    fn title(&self) -> String {
+        match self {
+            Scope::Overall => "overall".into(),
+            Scope::Path(m) => format!("{m} path"),
+        }
+    }
+
+    /// (makespan, p95, ratio to the bound) of a row in this scope.
+    fn metrics(&self, r: &BenchRun) -> Option<(f64, f64, Option<f64>)> {
+        match self {
+            Scope::Overall => Some((r.makespan_s, r.latency_s.p95, Some(r.ratio_to_lower_bound))),
+            Scope::Path(m) => r.paths.get(*m).map(|p| (p.makespan_s, p.latency_s.p95, p.ratio_to_lower_bound)),
+        }
+    }
+}
+
+fn scopes(report: &BenchReport) -> Vec<Scope<'_>> {
+    let mut s = vec![Scope::Overall];
+    let mut models: Vec<&str> = Vec::new();
+    for r in &report.runs {
+        for m in r.paths.keys() {
+            if !models.contains(&m.as_str()) {
+                models.push(m);
+            }
+        }
+    }
+    models.sort();
+    s.extend(models.into_iter().map(Scope::Path));
+    s
+}
+
+fn header(out: &mut String, first: &str, arrivals: &[String], per_arrival: &[&str]) {
+    let mut cols = vec![first.to_string()];
+    for a in arrivals {
+        for c in per_arrival {
+            cols.push(format!("{a} {c}"));
+        }
+    }
+    let _ = writeln!(out, "| {} |", cols.join(" | "));
+    let _ = writeln!(out, "|{}", cols.iter().map(|_| "---|").collect::<String>());
+}
+
+/// Render the report.
+pub fn markdown(report: &BenchReport) -> String {
+    let s = &report.setup;
+    let mut out = String::new();
+    let _ = writeln!(out, "# Switchyard bench\n");
+    let _ = writeln!(
+        out,
+        "{} sessions per workflow ({}) on pool `{}` ({} GPUs), arrivals {}, trace seed {}, \
+         mean of {} repetition(s) (engine-noise seeds 0..{}), predictor `{}`, {} simulations. \
+         Times are virtual seconds of the emulated pool.\n",
+        s.sessions_per_workflow,
+        s.workflows.join(", "),
+        s.pool,
+        s.gpus,
+        s.arrivals.join(", "),
+        s.seed,
+        s.repetitions,
+        s.repetitions,
+        s.predictor,
+        s.simulations
+    );
+    figure5(&mut out, report);
+    figure6(&mut out, report);
+    figure7(&mut out, report);
+    lower_bound(&mut out, report);
+    out
+}
+
+fn policies(report: &BenchReport) -> Vec<String> {
+    let mut v: Vec<String> = Vec::new();
+    for r in report.runs.iter().filter(|r| r.kind == VariantKind::Policy) {
+        if !v.contains(&r.variant) {
+            v.push(r.variant.clone());
+        }
+    }
+    v
+}
+
+fn figure5(out: &mut String, report: &BenchReport) {
+    let arrivals = &report.setup.arrivals;
+    let _ = writeln!(out, "## Figure 5 — makespan and p95 completion latency\n");
+    let _ = writeln!(
+        out,
+        "Makespan: first arrival to last completion; p95: 95th percentile of session completion \
+         latency; ×LB: makespan over the trace's lower bound. A model's *path* ends, per session, \
+         with its last call on that model (the model-scoped completion of paper 003 §4.2).\n"
+    );
+    for scope in scopes(report) {
+        let _ = writeln!(out, "### {}\n", scope.title());
+        header(out, "policy", arrivals, &["makespan s", "p95 s", "×LB"]);
+        for p in policies(report) {
+            let mut cells = vec![p.clone()];
+            for a in arrivals {
+                match report.row(&p, a).and_then(|r| scope.metrics(r)) {
+                    Some((m, p95, x)) => cells.extend([secs(m), secs(p95), times(x)]),
+                    None => cells.extend(["–".into(), "–".into(), "–".into()]),
+                }
+            }
+            let _ = writeln!(out, "| {} |", cells.join(" | "));
+        }
+        let _ = writeln!(out);
+        // Reductions of ours.
+        let baselines: Vec<&str> = BASELINES.iter().copied().filter(|b| policies(report).iter().any(|p| p == b)).collect();
+        if policies(report).iter().any(|p| p == OURS) && !baselines.is_empty() {
+            let cols: Vec<String> = baselines
+                .iter()
+                .flat_map(|b| [format!("makespan vs {b}"), format!("p95 vs {b}")])
+                .collect();
+            let _ = writeln!(out, "Reduction of `{OURS}` ({}):\n", scope.title());
+            let _ = writeln!(out, "| arrival | {} |", cols.join(" | "));
+            let _ = writeln!(out, "|---|{}", cols.iter().map(|_| "---|").collect::<String>());
+            for a in arrivals {
+                let ours = report.row(OURS, a).and_then(|r| scope.metrics(r));
+                let mut cells = vec![a.clone()];
+                for b in &baselines {
+                    let base = report.row(b, a).and_then(|r| scope.metrics(r));
+                    match (ours, base) {
+                        (Some(o), Some(b)) => cells.extend([pct(reduction_pct(o.0, b.0)), pct(reduction_pct(o.1, b.1))]),
+                        _ => cells.extend(["–".into(), "–".into()]),
+                    }
+                }
+                let _ = writeln!(out, "| {} |", cells.join(" | "));
+            }
+            let _ = writeln!(out);
+        }
+    }
+}
+
+/// The arrival Figure 6 is drawn for: burst if run, else the first one.
+pub(super) fn figure6_arrival(report: &BenchReport) -> Option<&String> {
+    report.setup.arrivals.iter().find(|a| *a == "burst").or(report.setup.arrivals.first())
+}
+
+fn figure6(out: &mut String, report: &BenchReport) {
+    let Some(arrival) = figure6_arrival(report) else { return };
+    let _ = writeln!(out, "## Figure 6 — GPU-seconds per completed session ({arrival})\n");
+    let _ = writeln!(
+        out,
+        "Pool GPU time over the makespan, split into generation / idle resident / loading / other \
+         and charged to workflows by their share of each model's token work (paper 003 §4.3), \
+         divided by the workflow's completed sessions.\n"
+    );
+    let _ = writeln!(out, "| workflow | policy | total | generation | idle resident | loading | other | generation share |");
+    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|");
+    let pols = policies(report);
+    for w in &report.setup.workflows {
+        for p in &pols {
+            let Some(g) = report.row(p, arrival).and_then(|r| r.workflows.get(w)).map(|x| x.gpu_seconds_per_session) else {
+                continue;
+            };
+            let total = g.total();
+            let share = if total > 0.0 { format!("{:.0} %", g.generation / total * 100.0) } else { "–".into() };
+            let _ = writeln!(
+                out,
+                "| {w} | {p} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {share} |",
+                total, g.generation, g.idle_resident, g.loading, g.other
+            );
+        }
+    }
+    let _ = writeln!(out);
+    let baselines: Vec<&str> = BASELINES.iter().copied().filter(|b| pols.iter().any(|p| p == b)).collect();
+    if pols.iter().any(|p| p == OURS) && !baselines.is_empty() {
+        let _ = writeln!(out, "Reduction of `{OURS}`'s GPU-seconds per session:\n");
+        let _ = writeln!(
+            out,
+            "| workflow | {} |",
+            baselines.iter().flat_map(|b| [format!("total vs {b}"), format!("idle vs {b}")]).collect::<Vec<_>>().join(" | ")
+        );
+        let _ = writeln!(out, "|---|{}", baselines.iter().map(|_| "---|---|").collect::<String>());
+        let gpu = |p: &str, w: &str| report.row(p, arrival).and_then(|r| r.workflows.get(w)).map(|x| x.gpu_seconds_per_session);
+        let mut names = report.setup.workflows.clone();
+        names.push("all sessions".into());
+        for w in &names {
+            let pick = |p: &str| {
+                if w == "all sessions" {
+                    report.row(p, arrival).map(|r| r.gpu_seconds_per_session)
+                } else {
+                    gpu(p, w)
+                }
+            };
+            let mut cells = vec![w.clone()];
+            for b in &baselines {
+                match (pick(OURS), pick(b)) {
+                    (Some(o), Some(x)) => cells.extend([
+                        pct(reduction_pct(o.total(), x.total())),
+                        pct(reduction_pct(o.idle_resident, x.idle_resident)),
+                    ]),
+                    _ => cells.extend(["–".into(), "–".into()]),
+                }
+            }
+            let _ = writeln!(out, "| {} |", cells.join(" | "));
+        }
+        let _ = writeln!(out);
+    }
+}
+
+fn figure7(out: &mut String, report: &BenchReport) {
+    let arrivals = &report.setup.arrivals;
+    let rows: Vec<(String, VariantKind)> = {
+        let mut v: Vec<(String, VariantKind)> = Vec::new();
+        let full = report.runs.iter().find(|r| r.variant == OURS).map(|r| (r.variant.clone(), r.kind));
+        v.extend(full);
+        for r in report.runs.iter().filter(|r| r.kind != VariantKind::Policy) {
+            if !v.iter().any(|(l, _)| *l == r.variant) {
+                v.push((r.variant.clone(), r.kind));
+            }
+        }
+        v
+    };
+    if rows.len() <= 1 {
+        return;
+    }
+    let _ = writeln!(out, "## Figure 7 — ablations and predictor substitutions\n");
+    let _ = writeln!(
+        out,
+        "`no-fusion`: no Constructor chain fusion; `no-prefetch`: no near-ready prefetch; \
+         `per-workflow-lifecycle`: each workflow estimates reuse, orders its waiting requests and \
+         evaluates loading benefit alone (loaded replicas stay shared); `predictor:NAME`: the full \
+         policy planning with that predictor. Δ: change against the full `{OURS}` (positive = worse).\n"
+    );
+    header(out, "variant", arrivals, &["makespan s", "p95 s", "×LB", "Δ makespan", "Δ p95"]);
+    for (label, kind) in &rows {
+        let mut cells = vec![match kind {
+            VariantKind::Policy => format!("{label} (full)"),
+            _ => label.clone(),
+        }];
+        for a in arrivals {
+            let full = report.row(OURS, a);
+            match report.row(label, a) {
+                Some(r) => {
+                    let d = |x: f64, base: Option<f64>| pct(base.and_then(|b| reduction_pct(x, b)).map(|v| -v));
+                    cells.extend([
+                        secs(r.makespan_s),
+                        secs(r.latency_s.p95),
+                        times(Some(r.ratio_to_lower_bound)),
+                        d(r.makespan_s, full.map(|f| f.makespan_s)),
+                        d(r.latency_s.p95, full.map(|f| f.latency_s.p95)),
+                    ]);
+                }
+                None => cells.extend(std::iter::repeat_n("–".to_string(), 5)),
+            }
+        }
+        let _ = writeln!(out, "| {} |", cells.join(" | "));
+    }
+    let _ = writeln!(out);
+}
+
+fn lower_bound(out: &mut String, report: &BenchReport) {
+    let _ = writeln!(out, "## Lower bound\n");
+    let _ = writeln!(
+        out,
+        "Per trace: max(critical path, work). *Critical path*: every session alone on the \
+         fastest device that holds each model, batch-1 emulator iteration costs on its real \
+         token counts with a fully cached prefill, modeled tool durations, and no call on a model \
+         before that model's shortest load (the pool starts empty). *Work*: one load per model \
+         plus every generated token at the cheapest per-token cost of any device at any batch \
+         size, over the GPUs. LLM times are scaled by 0.97 for engine noise. See \
+         `runtime/src/lower_bound.rs`.\n"
+    );
+    let models: Vec<String> = {
+        let mut m: Vec<String> = report.lower_bounds.values().flat_map(|b| b.paths.keys().cloned()).collect();
+        m.sort();
+        m.dedup();
+        m
+    };
+    let mut cols = vec!["arrival", "bound s", "critical path s", "work s", "first load s"]
+        .into_iter()
+        .map(String::from)
+        .collect::<Vec<_>>();
+    cols.extend(models.iter().map(|m| format!("{m} path s")));
+    let _ = writeln!(out, "| {} |", cols.join(" | "));
+    let _ = writeln!(out, "|{}", cols.iter().map(|_| "---|").collect::<String>());
+    for a in &report.setup.arrivals {
+        let Some(b) = report.lower_bounds.get(a) else { continue };
+        let mut cells = vec![a.clone(), secs(b.makespan_s), secs(b.critical_path_s), secs(b.work_s), secs(b.first_load_s)];
+        cells.extend(models.iter().map(|m| b.paths.get(m).map(|x| secs(*x)).unwrap_or_else(|| "–".into())));
+        let _ = writeln!(out, "| {} |", cells.join(" | "));
+    }
+    let _ = writeln!(out);
+}

@@ -1,0 +1,335 @@
+//! The live runtime's actor vocabulary: the messages the planner, session, replica and tool
+//! actors exchange, the run-wide context they share, the clock, the retry policy and the
+//! [`EngineFactory`] through which a shell obtains one [`Engine`] per replica.
+//!
+//! Message flow (one LLM call): session → planner `UnitReady` (with the prepared request) →
+//! the planner core grants it → planner → replica `Submit` and planner → session `Dispatched` →
+//! the replica's engine answers → replica → planner `Finished` → the core folds `UnitFinished`
+//! → planner → session `LlmDone`. Tool calls: session → tool executors → session, with
+//! `ToolStarted`/`ToolFinished` reported to the planner.
+//!
+//! Plain data; it must not depend on the simulator's event loop. Engines are reached only
+//! through the [`Engine`] trait.
+
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use ractor::{ActorRef, RpcReplyPort};
+use switchyard_predictor::DeviceSpec;
+use switchyard_tools::ToolOutcome;
+use tokio::sync::oneshot;
+
+use super::engine::{Completion, Engine, EngineError, EngineTelemetry, LlmRequest};
+use super::shell::LiveOutput;
+use crate::ids::{ActivationId, DeviceId, ReplicaId, SessionId};
+use crate::planner::{DeploymentId, DeploymentInfo, NearReadyItem, WorkItem};
+use crate::shell_common::{DeploymentMap, SessionRecord};
+use crate::sim::CallRecord;
+use crate::sim::graph_info::NodeInfo;
+use crate::values::NodeOutput;
+use crate::workflow::WorkflowSpec;
+
+/// The run's clock. The planner core's `now` is *device time*: wall seconds since the run
+/// started times `speed` (1 on real GPUs; the acceleration of `switchyard emulate --speed X`
+/// otherwise, so that the planner's estimates, which are in device seconds, stay comparable).
+/// Reports are in wall-clock seconds.
+#[derive(Debug, Clone, Copy)]
+pub struct Clock {
+    start: Instant,
+    speed: f64,
+}
+
+impl Clock {
+    /// A clock started now. A non-positive or non-finite `speed` counts as 1.
+    pub fn start(speed: f64) -> Self {
+        let speed = if speed.is_finite() && speed > 0.0 { speed } else { 1.0 };
+        Clock { start: Instant::now(), speed }
+    }
+
+    /// Planner time (device seconds since the start).
+    pub fn now(&self) -> f64 {
+        self.wall() * self.speed
+    }
+
+    /// Wall-clock seconds since the start.
+    pub fn wall(&self) -> f64 {
+        self.start.elapsed().as_secs_f64()
+    }
+
+    pub fn speed(&self) -> f64 {
+        self.speed
+    }
+
+    /// The instant at which planner time reaches `t`.
+    pub fn instant_of(&self, t: f64) -> Instant {
+        let wall = (t / self.speed).max(0.0);
+        self.start + Duration::from_secs_f64(if wall.is_finite() { wall } else { 0.0 })
+    }
+}
+
+/// Bounded retries. Defaults: 4 attempts per call on a bad answer (HTTP 5xx or garbage) with
+/// exponential backoff from 50 ms (50, 100, 200 ms: about a third of a second before giving up,
+/// long enough to ride out a momentary overload, short enough that a broken backend fails the
+/// session quickly); 2 in-place restarts per replica before its calls move to another replica;
+/// 2 attempts per tool call whose executor crashed. These are our choices, not from a paper.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RetryPolicy {
+    /// Attempts per LLM call answered badly (the first one included).
+    pub max_attempts: u32,
+    /// First backoff; doubles with every further attempt.
+    pub backoff: Duration,
+    /// In-place restarts of one replica (engine unreachable) before it is given up.
+    pub max_restarts: u32,
+    /// Attempts per tool call whose executor crashed (panicked).
+    pub tool_attempts: u32,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy {
+            max_attempts: 4,
+            backoff: Duration::from_millis(50),
+            max_restarts: 2,
+            tool_attempts: 2,
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// Backoff before attempt `attempt + 1`, after `attempt` failed ones (1-based).
+    pub fn backoff_after(&self, attempt: u32) -> Duration {
+        let shift = attempt.saturating_sub(1).min(16);
+        self.backoff.saturating_mul(1u32 << shift)
+    }
+}
+
+/// Which replica an engine is wanted for.
+#[derive(Debug, Clone, Copy)]
+pub struct EngineTarget<'a> {
+    pub replica: ReplicaId,
+    pub device: DeviceId,
+    pub device_spec: &'a DeviceSpec,
+    pub deployment: &'a DeploymentInfo,
+}
+
+/// One engine, and the model name its server expects in requests.
+#[derive(Clone)]
+pub struct EngineHandle {
+    pub engine: Arc<dyn Engine>,
+    pub served_model: String,
+}
+
+impl std::fmt::Debug for EngineHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EngineHandle")
+            .field("kind", &self.engine.kind())
+            .field("served_model", &self.served_model)
+            .finish()
+    }
+}
+
+/// Makes the engine of a new replica (the pool file says which kind per device).
+pub trait EngineFactory: Send + Sync {
+    fn create(&self, target: &EngineTarget<'_>) -> Result<EngineHandle, EngineError>;
+}
+
+/// Orders lifecycle work on one device: an action waits for the previous one on the same
+/// device (an unload frees memory before the next load claims it) and signals when done.
+#[derive(Debug)]
+pub struct LifecycleTicket {
+    pub after: Option<oneshot::Receiver<()>>,
+    pub done: oneshot::Sender<()>,
+}
+
+impl LifecycleTicket {
+    /// Wait for the previous lifecycle action on the device (a dropped one counts as done).
+    pub async fn wait(&mut self) {
+        if let Some(rx) = self.after.take() {
+            let _ = rx.await;
+        }
+    }
+
+    /// Signal the next action on the device.
+    pub fn finish(self) {
+        let _ = self.done.send(());
+    }
+}
+
+/// The tool executors, replaceable when the planner restarts a crashed one.
+#[derive(Clone, Default)]
+pub struct ToolsHandle(Arc<RwLock<Option<ActorRef<ToolMsg>>>>);
+
+impl ToolsHandle {
+    pub fn set(&self, actor: ActorRef<ToolMsg>) {
+        if let Ok(mut g) = self.0.write() {
+            *g = Some(actor);
+        }
+    }
+
+    pub fn get(&self) -> Option<ActorRef<ToolMsg>> {
+        self.0.read().ok().and_then(|g| g.clone())
+    }
+}
+
+/// What every actor of a run may read.
+pub struct RunContext {
+    pub workflows: Vec<Arc<WorkflowSpec>>,
+    /// Trace and responder seed.
+    pub seed: u64,
+    pub deployments: Vec<DeploymentInfo>,
+    pub deployment_of: DeploymentMap,
+    pub node_info: Vec<Vec<NodeInfo>>,
+    pub clock: Clock,
+    pub retry: RetryPolicy,
+    /// Ask engines to stream answers.
+    pub stream: bool,
+    pub tools: ToolsHandle,
+}
+
+/// An LLM call waiting for its grant: the request (id and model are filled at dispatch) and the
+/// output length the responder drew (reported to the core if the call fails).
+#[derive(Debug, Clone)]
+pub struct PendingCall {
+    pub request: LlmRequest,
+    pub expected_output_tokens: u32,
+}
+
+/// Where the time of one LLM call went, as its session saw it.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct CallTiming {
+    pub activation: ActivationId,
+    /// Wall seconds from handing the unit to the planner to receiving its answer.
+    pub total_s: f64,
+    /// Wall seconds the engine call itself took (`Completion::latency_s`).
+    pub engine_s: f64,
+}
+
+impl CallTiming {
+    /// What the runtime added to the engine call: actor hops, queueing for a grant, retries.
+    pub fn overhead_s(&self) -> f64 {
+        (self.total_s - self.engine_s).max(0.0)
+    }
+}
+
+/// What a session reports when it ends (exactly once).
+#[derive(Debug, Clone)]
+pub struct SessionReport {
+    pub record: SessionRecord,
+    pub result: SessionResult,
+    /// Its completed activations, in completion order.
+    pub calls: Vec<CallRecord>,
+    /// Its completed LLM calls' timings.
+    pub timings: Vec<CallTiming>,
+}
+
+/// The outcome of one session.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SessionResult {
+    pub session: SessionId,
+    /// Index of the workflow in the run's list.
+    pub workflow: u32,
+    /// Index of the dataset record.
+    pub record: usize,
+    /// The final answer (`Session::final_output`) of a completed session.
+    pub final_output: Option<NodeOutput>,
+    /// The workflow metric's score of a completed session.
+    pub score: Option<f64>,
+    pub failed: Option<String>,
+}
+
+/// Messages to the planner actor.
+pub enum PlannerMsg {
+    /// Session `index` of the trace arrives.
+    Arrive(usize),
+    UnitReady { item: WorkItem, call: PendingCall },
+    NearReady(NearReadyItem),
+    ToolStarted { activation: ActivationId, predicted_s: f64, workflow: u32, node: u32 },
+    ToolFinished { activation: ActivationId },
+    /// A tool executor crashed (panicked) while running this call.
+    ToolCrashed { activation: ActivationId, reason: String },
+    SessionEnded(Box<SessionReport>),
+    Loaded { replica: ReplicaId, result: Result<(), String> },
+    Finished { replica: ReplicaId, activation: ActivationId, completion: Completion, attempts: u32 },
+    /// A call failed for good (bad answers past the retry bound, or a rejected request).
+    CallFailed { replica: ReplicaId, activation: ActivationId, reason: String, attempts: u32 },
+    /// The engine was unreachable and restarted in place.
+    Restarted { replica: ReplicaId },
+    /// The replica is gone (restarts exhausted): its calls must move elsewhere.
+    ReplicaLost { replica: ReplicaId, reason: String },
+    /// A reclaimed replica's engine was put to sleep and can be woken for a later load.
+    Parked { device: DeviceId, deployment: DeploymentId, engine: EngineHandle },
+    Telemetry { replica: ReplicaId, telemetry: EngineTelemetry },
+    /// A line for the run's notes (deduplicated).
+    Note(String),
+    /// Watchdog: detect units that can never be placed.
+    Tick,
+    /// Fail every open session and every session still to arrive (the run's deadline passed).
+    Abort(String),
+    /// Answer once every session has ended.
+    WaitDone(RpcReplyPort<Result<(), String>>),
+    /// Reclaim everything, build the output and stop.
+    Shutdown(RpcReplyPort<Box<LiveOutput>>),
+}
+
+/// Messages to a session actor.
+pub enum SessionMsg {
+    Start,
+    /// The planner granted the unit to `replica`.
+    Dispatched { activation: ActivationId, replica: ReplicaId },
+    LlmDone { activation: ActivationId, replica: ReplicaId, completion: Completion },
+    LlmFailed { activation: ActivationId, reason: String },
+    /// The unit's replica was lost before it answered: run it again elsewhere.
+    Requeue { activation: ActivationId },
+    ToolDone { activation: ActivationId, result: Result<ToolOutcome, String> },
+    /// End the session as failed.
+    Fail(String),
+}
+
+/// Messages to a replica actor.
+pub enum ReplicaMsg {
+    /// Load (or wake a parked engine), then report `Loaded`.
+    Start(LifecycleTicket),
+    Submit { activation: ActivationId, request: LlmRequest },
+    /// An engine call returned (`generation`: the engine incarnation it was sent to).
+    Done { id: u64, generation: u64, result: Result<Completion, EngineError> },
+    Retry { id: u64 },
+    /// Reclaim: sleep (and park the engine) when `park`, else unload; then stop.
+    Reclaim { park: bool, ticket: LifecycleTicket },
+    /// Unload and stop (end of the run).
+    Stop(RpcReplyPort<()>),
+    PollTelemetry,
+    TelemetryDone(Result<EngineTelemetry, EngineError>),
+}
+
+/// Messages to the tool executors.
+pub enum ToolMsg {
+    Run { activation: ActivationId, call: switchyard_tools::ToolCall, reply: ActorRef<SessionMsg> },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_from_the_base() {
+        let r = RetryPolicy { backoff: Duration::from_millis(10), ..RetryPolicy::default() };
+        assert_eq!(r.backoff_after(1), Duration::from_millis(10));
+        assert_eq!(r.backoff_after(2), Duration::from_millis(20));
+        assert_eq!(r.backoff_after(4), Duration::from_millis(80));
+        // Bounded shift: no overflow for absurd attempt counts.
+        assert!(r.backoff_after(u32::MAX) >= Duration::from_millis(10));
+    }
+
+    #[test]
+    fn clock_scales_wall_time_into_device_time() {
+        let c = Clock::start(50.0);
+        std::thread::sleep(Duration::from_millis(20));
+        let (wall, now) = (c.wall(), c.now());
+        assert!(wall >= 0.02);
+        assert!(now >= 50.0 * wall, "{now} vs {wall}");
+        assert!(now <= 50.0 * c.wall(), "{now} vs {wall}");
+        assert_eq!(Clock::start(-1.0).speed(), 1.0);
+        let at = c.instant_of(100.0);
+        assert!(((at - c.start).as_secs_f64() - 2.0).abs() < 1e-9);
+    }
+}

@@ -1,0 +1,459 @@
+//! The engines behind the [`Engine`](crate::live::engine::Engine) trait, and the factory that
+//! builds one per replica from a pool file's `engine:` mapping ([`EngineSpec`]).
+//!
+//! - [`http::HttpEngine`] — one vLLM-compatible base URL over HTTP (reqwest): completions with
+//!   usage and measured TTFT, sleep mode, `/metrics` telemetry. The `emulated` and `vllm`
+//!   engines talk through it. No hidden retries: retrying is the replica actor's decision.
+//! - [`vllm::VllmEngine`] — a managed child process (`vllm serve …`, or `switchyard emulate …`
+//!   for the `emulated` kind and in tests) from a command template, in its own process group;
+//!   health-wait, crash detection, restart, and a clean shutdown with no orphans.
+//! - [`openai::OpenAiEngine`] — a fixed OpenAI-compatible endpoint through `async-openai`, with
+//!   the client's silent retries removed; no lifecycle control.
+//! - [`metrics`] — a parser of the Prometheus text format that keeps `vllm:*` names.
+//!
+//! Engines do I/O and decide nothing; they must not depend on the planner, the simulator or
+//! the actors.
+//!
+//! A pool file carries an [`EngineSpec`] per device group:
+//! ```yaml
+//! devices:
+//!   - kind: A100-40GB
+//!     engine: { kind: emulated, speed: 50 }                 # a managed `switchyard emulate`
+//!   - kind: V100-32GB
+//!     count: 2
+//!     engine:
+//!       kind: vllm                                          # a managed `vllm serve`
+//!       models: { Qwen3-8B: Qwen/Qwen3-8B }                 # what {model} expands to
+//!       env: { HF_HOME: /data/hf }
+//!   - kind: H100-80GB
+//!     engine: { kind: openai, base_url: "http://10.0.0.5:8000/v1", api_key_env: VLLM_KEY }
+//! ```
+
+pub mod http;
+pub mod metrics;
+pub mod openai;
+pub mod vllm;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use switchyard_predictor::spec::Dtype;
+use thiserror::Error;
+
+use crate::live::engine::Engine;
+
+pub use http::{HttpEngine, HttpOptions};
+pub use metrics::MetricsSnapshot;
+pub use openai::OpenAiEngine;
+pub use vllm::{ManagedCommand, VllmEngine, process_group_members};
+
+/// vLLM's default command (field anchors §1.1: sleep mode needs `--enable-sleep-mode` and
+/// `VLLM_SERVER_DEV_MODE=1`; `docs/features/sleep_mode.md`).
+pub const DEFAULT_VLLM_COMMAND: &str = "vllm serve {model} --served-model-name {served} \
+     --host {host} --port {port} --gpu-memory-utilization {util} --max-model-len {max_len} \
+     --max-num-seqs {max_num_seqs} --dtype {dtype} --enable-sleep-mode";
+
+/// The `emulated` kind's default command: `switchyard emulate` on the same flags. A program
+/// named `switchyard` resolves to [`LaunchParams::switchyard_exe`] when that is set.
+pub const DEFAULT_EMULATE_COMMAND: &str = "switchyard emulate --device {device} --model {model} \
+     --served-model-name {served} --host {host} --port {port} --dtype {dtype} \
+     --max-model-len {max_len} --gpu-memory-utilization {util} --max-num-seqs {max_num_seqs} \
+     --noise-seed {noise_seed} --speed {speed}";
+
+/// The placeholders a command template and its `env` values may use.
+pub const PLACEHOLDERS: [&str; 12] = [
+    "model",
+    "served",
+    "host",
+    "port",
+    "util",
+    "max_len",
+    "max_num_seqs",
+    "dtype",
+    "gpu",
+    "device",
+    "noise_seed",
+    "speed",
+];
+
+/// Which engine serves a device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EngineKind {
+    /// A `switchyard emulate` server: managed child process (default), or a running one at
+    /// `base_url`.
+    Emulated,
+    /// A managed `vllm serve` child process (or any command speaking vLLM's API).
+    Vllm,
+    /// A fixed OpenAI-compatible endpoint at `base_url`; no lifecycle control.
+    Openai,
+}
+
+/// Which OpenAI endpoint requests go to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ApiFlavor {
+    /// `POST /v1/completions` with the prompt as is (token counts match the simulator's).
+    #[default]
+    Completions,
+    /// `POST /v1/chat/completions` with the prompt as one user message.
+    Chat,
+}
+
+/// A command template: one line split on whitespace (no shell quoting), or a list of
+/// arguments (for arguments with spaces).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum CommandTemplate {
+    Line(String),
+    Args(Vec<String>),
+}
+
+impl CommandTemplate {
+    /// The template's words.
+    pub fn words(&self) -> Vec<String> {
+        match self {
+            CommandTemplate::Line(l) => l.split_whitespace().map(str::to_string).collect(),
+            CommandTemplate::Args(a) => a.clone(),
+        }
+    }
+}
+
+/// A pool file's `engine:` mapping.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EngineSpec {
+    pub kind: EngineKind,
+    /// Command template (`vllm`, `emulated`); defaults: [`DEFAULT_VLLM_COMMAND`],
+    /// [`DEFAULT_EMULATE_COMMAND`].
+    #[serde(default)]
+    pub command: Option<CommandTemplate>,
+    /// Extra environment of the child (values may use placeholders). The `vllm` kind always
+    /// sets `CUDA_VISIBLE_DEVICES={gpu}` and `VLLM_SERVER_DEV_MODE=1` unless given here.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Fixed endpoint (`openai`: required, e.g. `http://host:8000/v1`; `emulated`: optional, a
+    /// running `switchyard emulate` at `http://host:port`).
+    #[serde(default)]
+    pub base_url: Option<String>,
+    /// API key sent as `Authorization: Bearer …`.
+    #[serde(default)]
+    pub api_key: Option<String>,
+    /// Name of an environment variable holding the API key (read when the engine is built).
+    #[serde(default)]
+    pub api_key_env: Option<String>,
+    /// Extra HTTP headers on every request.
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    /// Completions (default for `vllm` / `emulated`) or chat (always for `openai`).
+    #[serde(default)]
+    pub api: Option<ApiFlavor>,
+    /// Catalogue model name → what the server loads / is asked for (`{model}`; e.g.
+    /// `Qwen3-8B: Qwen/Qwen3-8B`). Unlisted models map to themselves.
+    #[serde(default)]
+    pub models: BTreeMap<String, String>,
+    /// `emulated`: virtual seconds per wall second for `{speed}` (default 1).
+    #[serde(default)]
+    pub speed: Option<f64>,
+    /// Host the child binds and is reached at (default `127.0.0.1`).
+    #[serde(default)]
+    pub host: Option<String>,
+    /// Seconds to wait for `/health` after a start (default 900: vLLM cold starts with
+    /// `torch.compile` and CUDA graphs take 35 s to several minutes, field anchors §0.2).
+    #[serde(default)]
+    pub health_timeout_s: Option<f64>,
+    /// Seconds one HTTP call may take (default 600).
+    #[serde(default)]
+    pub request_timeout_s: Option<f64>,
+    /// Seconds between SIGTERM and SIGKILL at shutdown (default 30).
+    #[serde(default)]
+    pub shutdown_grace_s: Option<f64>,
+}
+
+/// Default `health_timeout_s`.
+pub const DEFAULT_HEALTH_TIMEOUT_S: f64 = 900.0;
+/// Default `request_timeout_s`.
+pub const DEFAULT_REQUEST_TIMEOUT_S: f64 = 600.0;
+/// Default `shutdown_grace_s`.
+pub const DEFAULT_SHUTDOWN_GRACE_S: f64 = 30.0;
+
+impl EngineSpec {
+    /// A spec of `kind` with every option at its default.
+    pub fn new(kind: EngineKind) -> Self {
+        EngineSpec {
+            kind,
+            command: None,
+            env: BTreeMap::new(),
+            base_url: None,
+            api_key: None,
+            api_key_env: None,
+            headers: BTreeMap::new(),
+            api: None,
+            models: BTreeMap::new(),
+            speed: None,
+            host: None,
+            health_timeout_s: None,
+            request_timeout_s: None,
+            shutdown_grace_s: None,
+        }
+    }
+
+    /// What `{model}` expands to for a catalogue model.
+    pub fn model_id(&self, catalogue_model: &str) -> String {
+        self.models
+            .get(catalogue_model)
+            .cloned()
+            .unwrap_or_else(|| catalogue_model.to_string())
+    }
+
+    /// The model name requests must carry: the catalogue name where the command passes
+    /// `--served-model-name {served}`; otherwise what the server loaded (`{model}`), which is
+    /// what vLLM serves under by default; for `openai`, the mapped model id.
+    pub fn served_model(&self, catalogue_model: &str) -> String {
+        match self.kind {
+            EngineKind::Openai => self.model_id(catalogue_model),
+            EngineKind::Emulated | EngineKind::Vllm => {
+                let uses_served = self.template().words().iter().any(|w| w.contains("{served}"));
+                if uses_served || (self.base_url.is_some() && self.kind == EngineKind::Emulated) {
+                    catalogue_model.to_string()
+                } else {
+                    self.model_id(catalogue_model)
+                }
+            }
+        }
+    }
+
+    /// The command template in force.
+    pub fn template(&self) -> CommandTemplate {
+        match (&self.command, self.kind) {
+            (Some(c), _) => c.clone(),
+            (None, EngineKind::Emulated) => CommandTemplate::Line(DEFAULT_EMULATE_COMMAND.into()),
+            (None, _) => CommandTemplate::Line(DEFAULT_VLLM_COMMAND.into()),
+        }
+    }
+
+    fn seconds(
+        field: &'static str,
+        value: Option<f64>,
+        default: f64,
+    ) -> Result<Duration, EngineSpecError> {
+        let v = value.unwrap_or(default);
+        Duration::try_from_secs_f64(v)
+            .ok()
+            .filter(|d| !d.is_zero())
+            .ok_or(EngineSpecError::Invalid {
+                field,
+                reason: format!("{v} is not a positive number of seconds"),
+            })
+    }
+
+    fn api_key(&self) -> Result<Option<String>, EngineSpecError> {
+        match (&self.api_key, &self.api_key_env) {
+            (Some(k), _) => Ok(Some(k.clone())),
+            (None, Some(var)) => std::env::var(var).map(Some).map_err(|_| {
+                EngineSpecError::Invalid {
+                    field: "api_key_env",
+                    reason: format!("environment variable `{var}` is not set"),
+                }
+            }),
+            (None, None) => Ok(None),
+        }
+    }
+
+    /// The HTTP options shared by the engines.
+    pub fn http_options(&self, default_api: ApiFlavor) -> Result<HttpOptions, EngineSpecError> {
+        Ok(HttpOptions {
+            api: self.api.unwrap_or(default_api),
+            request_timeout: Self::seconds(
+                "request_timeout_s",
+                self.request_timeout_s,
+                DEFAULT_REQUEST_TIMEOUT_S,
+            )?,
+            health_timeout: Self::seconds(
+                "health_timeout_s",
+                self.health_timeout_s,
+                DEFAULT_HEALTH_TIMEOUT_S,
+            )?,
+            api_key: self.api_key()?,
+            headers: self.headers.clone(),
+        })
+    }
+}
+
+/// What a replica's engine is started for (filled by the live shell from the deployment and
+/// the device).
+#[derive(Debug, Clone, PartialEq)]
+pub struct LaunchParams {
+    /// Catalogue model name (`Qwen3-8B`).
+    pub model: String,
+    /// Device catalogue name (`A100-40GB`), for `{device}`.
+    pub device_kind: String,
+    /// GPU index for `CUDA_VISIBLE_DEVICES` (`{gpu}`).
+    pub gpu: u32,
+    pub dtype: Dtype,
+    pub max_model_len: u32,
+    pub gpu_memory_utilization: f64,
+    pub max_num_seqs: u32,
+    /// Seed of the emulated engine noise (`{noise_seed}`).
+    pub noise_seed: u64,
+    /// Where the `switchyard` binary is (a template's program `switchyard` resolves to it);
+    /// the CLI passes `std::env::current_exe()`.
+    pub switchyard_exe: Option<PathBuf>,
+}
+
+/// vLLM's `--dtype` spelling.
+pub fn vllm_dtype(d: Dtype) -> &'static str {
+    match d {
+        Dtype::Fp16 => "float16",
+        Dtype::Bf16 => "bfloat16",
+        Dtype::Fp32 => "float32",
+        // vLLM serves FP8 through `--quantization fp8` on top of a 16-bit activation dtype.
+        Dtype::Fp8 => "auto",
+    }
+}
+
+/// Why an engine could not be built from its spec.
+#[derive(Debug, Clone, PartialEq, Error)]
+pub enum EngineSpecError {
+    #[error("engine.{field}: required for kind `{kind}`")]
+    Missing {
+        field: &'static str,
+        kind: &'static str,
+    },
+    #[error("engine.{field}: {reason}")]
+    Invalid { field: &'static str, reason: String },
+    #[error("engine.command: unknown placeholder `{{{0}}}` (known: {known})", known = PLACEHOLDERS.join(", "))]
+    UnknownPlaceholder(String),
+}
+
+/// Builds the engine of one replica.
+pub fn engine_for(
+    spec: &EngineSpec,
+    launch: &LaunchParams,
+) -> Result<Box<dyn Engine>, EngineSpecError> {
+    match spec.kind {
+        EngineKind::Openai => {
+            let base = spec.base_url.clone().ok_or(EngineSpecError::Missing {
+                field: "base_url",
+                kind: "openai",
+            })?;
+            let options = spec.http_options(ApiFlavor::Chat)?;
+            let engine = OpenAiEngine::new(&base, &spec.served_model(&launch.model), options)
+                .map_err(|e| EngineSpecError::Invalid {
+                    field: "base_url",
+                    reason: e.to_string(),
+                })?;
+            Ok(Box::new(engine))
+        }
+        EngineKind::Emulated if spec.base_url.is_some() => {
+            let base = spec.base_url.clone().unwrap_or_default();
+            let options = spec.http_options(ApiFlavor::Completions)?;
+            let engine = HttpEngine::new("emulated", &base, &spec.served_model(&launch.model), options)
+                .map_err(|e| EngineSpecError::Invalid {
+                    field: "base_url",
+                    reason: e.to_string(),
+                })?;
+            Ok(Box::new(engine))
+        }
+        EngineKind::Emulated | EngineKind::Vllm => {
+            let command = ManagedCommand::from_spec(spec, launch)?;
+            let options = spec.http_options(ApiFlavor::Completions)?;
+            let kind = if spec.kind == EngineKind::Emulated { "emulated" } else { "vllm" };
+            let grace = EngineSpec::seconds(
+                "shutdown_grace_s",
+                spec.shutdown_grace_s,
+                DEFAULT_SHUTDOWN_GRACE_S,
+            )?;
+            Ok(Box::new(VllmEngine::new(
+                kind,
+                command,
+                &spec.served_model(&launch.model),
+                options,
+                grace,
+            )))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn launch() -> LaunchParams {
+        LaunchParams {
+            model: "Qwen3-8B".into(),
+            device_kind: "A100-40GB".into(),
+            gpu: 3,
+            dtype: Dtype::Fp16,
+            max_model_len: 8192,
+            gpu_memory_utilization: 0.9,
+            max_num_seqs: 256,
+            noise_seed: 7,
+            switchyard_exe: Some(PathBuf::from("/opt/bin/switchyard")),
+        }
+    }
+
+    #[test]
+    fn pool_yaml_engine_mappings_parse() {
+        let s: EngineSpec = serde_saphyr::from_str(
+            "{ kind: vllm, command: \"switchyard emulate --device {device} --model {model} --port {port} --speed 50\" }",
+        )
+        .unwrap();
+        assert_eq!(s.kind, EngineKind::Vllm);
+        assert_eq!(s.template().words().len(), 9);
+        let s: EngineSpec = serde_saphyr::from_str(
+            "{ kind: openai, base_url: \"http://h:1/v1\", api_key: k, headers: { X-A: b }, models: { Qwen3-8B: Qwen/Qwen3-8B } }",
+        )
+        .unwrap();
+        assert_eq!(s.served_model("Qwen3-8B"), "Qwen/Qwen3-8B");
+        let s: EngineSpec =
+            serde_saphyr::from_str("{ kind: emulated, command: [a, \"b c\", \"{port}\"] }").unwrap();
+        assert_eq!(s.template().words(), ["a", "b c", "{port}"]);
+        assert!(serde_saphyr::from_str::<EngineSpec>("{ kind: gpu }").is_err());
+        assert!(serde_saphyr::from_str::<EngineSpec>("{ kind: vllm, prot: 3 }").is_err());
+    }
+
+    #[test]
+    fn served_model_follows_the_template() {
+        let mut s = EngineSpec::new(EngineKind::Vllm);
+        s.models.insert("Qwen3-8B".into(), "Qwen/Qwen3-8B".into());
+        // The default template passes --served-model-name {served}.
+        assert_eq!(s.served_model("Qwen3-8B"), "Qwen3-8B");
+        assert_eq!(s.model_id("Qwen3-8B"), "Qwen/Qwen3-8B");
+        s.command = Some(CommandTemplate::Line("vllm serve {model} --port {port}".into()));
+        assert_eq!(s.served_model("Qwen3-8B"), "Qwen/Qwen3-8B");
+    }
+
+    #[test]
+    fn factory_checks_required_fields_and_placeholders() {
+        let e = engine_for(&EngineSpec::new(EngineKind::Openai), &launch()).err();
+        assert_eq!(e, Some(EngineSpecError::Missing { field: "base_url", kind: "openai" }));
+        let mut s = EngineSpec::new(EngineKind::Vllm);
+        s.command = Some(CommandTemplate::Line("vllm serve {modle} --port {port}".into()));
+        assert_eq!(
+            engine_for(&s, &launch()).err(),
+            Some(EngineSpecError::UnknownPlaceholder("modle".into()))
+        );
+        let mut s = EngineSpec::new(EngineKind::Vllm);
+        s.request_timeout_s = Some(-1.0);
+        assert!(matches!(engine_for(&s, &launch()), Err(EngineSpecError::Invalid { field: "request_timeout_s", .. })));
+        let mut s = EngineSpec::new(EngineKind::Openai);
+        s.base_url = Some("http://127.0.0.1:9/v1".into());
+        s.api_key_env = Some("SWITCHYARD_TEST_SURELY_UNSET_VAR".into());
+        assert!(matches!(engine_for(&s, &launch()), Err(EngineSpecError::Invalid { field: "api_key_env", .. })));
+        let kinds: Vec<&str> = [EngineKind::Emulated, EngineKind::Vllm]
+            .into_iter()
+            .map(|k| engine_for(&EngineSpec::new(k), &launch()).map(|e| e.kind()).unwrap_or("error"))
+            .collect();
+        assert_eq!(kinds, ["emulated", "vllm"]);
+    }
+
+    #[test]
+    fn vllm_dtype_names() {
+        assert_eq!(vllm_dtype(Dtype::Fp16), "float16");
+        assert_eq!(vllm_dtype(Dtype::Bf16), "bfloat16");
+        assert_eq!(vllm_dtype(Dtype::Fp32), "float32");
+    }
+}

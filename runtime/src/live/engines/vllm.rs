@@ -1,0 +1,668 @@
+//! `VllmEngine`: a replica as a managed child process — `vllm serve …` (kind `vllm`), or
+//! `switchyard emulate …` (kind `emulated`, and the `vllm` kind in tests) — started from a
+//! command template, reached through [`HttpEngine`].
+//!
+//! Lifecycle: `load` picks a free port (binding port 0 first; another process could take it
+//! in the short window before the child binds it, and the start then fails with a clear
+//! error), spawns the command in its own process group (`process_group(0)`) with its
+//! environment (`CUDA_VISIBLE_DEVICES={gpu}`, `VLLM_SERVER_DEV_MODE=1` for vLLM's sleep
+//! endpoints, field anchors §1.1), and polls `/health` until 200, failing early with the
+//! child's last output if it exits. `unload` sends SIGTERM to the whole group, SIGKILL after
+//! the grace period, reaps the child and checks in `/proc` that no process of the group is
+//! left (workers a vLLM server forks included). A child that exited on its own is detected at
+//! the next call (`Unreachable`, with its exit status); its group is killed then. `restart`
+//! is `unload` + `load`. `sleep`/`wake`/`submit`/`telemetry` go over HTTP.
+//!
+//! Unix only (process groups, signals, `/proc`). Depends on the HTTP engine and libc; it must
+//! not depend on the planner or the actors.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
+use tokio::process::{Child, Command};
+
+use super::http::{HttpEngine, HttpOptions};
+use super::{CommandTemplate, EngineKind, EngineSpec, EngineSpecError, LaunchParams, PLACEHOLDERS};
+use crate::live::engine::{
+    Completion, Engine, EngineError, EngineFuture, EngineTelemetry, LlmRequest,
+};
+
+/// Lines of the child's stdout/stderr kept for error messages.
+const LOG_TAIL_LINES: usize = 60;
+/// Longest line kept (vLLM can print very long config dumps).
+const LOG_LINE_CHARS: usize = 2000;
+/// How long `unload` waits for the group to vanish after SIGKILL.
+const GROUP_EXIT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A command template with every placeholder but `{port}` resolved.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ManagedCommand {
+    words: Vec<String>,
+    env: BTreeMap<String, String>,
+    vars: BTreeMap<String, String>,
+    host: String,
+    switchyard_exe: Option<PathBuf>,
+}
+
+/// Calls `f` on every `{name}` placeholder (lower-case letters and `_`) in `text`; other
+/// braces (e.g. JSON arguments) are left alone.
+fn placeholders(text: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let mut rest = text;
+    while let Some(open) = rest.find('{') {
+        let after = &rest[open + 1..];
+        match after.find('}') {
+            Some(close)
+                if close > 0
+                    && after[..close]
+                        .chars()
+                        .all(|c| c.is_ascii_lowercase() || c == '_') =>
+            {
+                out.push(&after[..close]);
+                rest = &after[close + 1..];
+            }
+            _ => rest = after,
+        }
+    }
+    out
+}
+
+fn expand(text: &str, vars: &BTreeMap<String, String>) -> String {
+    let mut out = text.to_string();
+    for name in placeholders(text) {
+        if let Some(v) = vars.get(name) {
+            out = out.replace(&format!("{{{name}}}"), v);
+        }
+    }
+    out
+}
+
+impl ManagedCommand {
+    /// Checks the template's placeholders and fixes the launch variables.
+    pub fn new(
+        template: &CommandTemplate,
+        env: BTreeMap<String, String>,
+        vars: BTreeMap<String, String>,
+        host: &str,
+        switchyard_exe: Option<PathBuf>,
+    ) -> Result<Self, EngineSpecError> {
+        let words = template.words();
+        if words.is_empty() {
+            return Err(EngineSpecError::Invalid {
+                field: "command",
+                reason: "the command is empty".into(),
+            });
+        }
+        for text in words.iter().chain(env.values()) {
+            for name in placeholders(text) {
+                if !PLACEHOLDERS.contains(&name) {
+                    return Err(EngineSpecError::UnknownPlaceholder(name.to_string()));
+                }
+            }
+        }
+        if !words.iter().any(|w| w.contains("{port}"))
+            && !env.values().any(|v| v.contains("{port}"))
+        {
+            return Err(EngineSpecError::Invalid {
+                field: "command",
+                reason: "the command must pass {port} to the server".into(),
+            });
+        }
+        Ok(ManagedCommand {
+            words,
+            env,
+            vars,
+            host: host.to_string(),
+            switchyard_exe,
+        })
+    }
+
+    /// The command of one replica from its pool entry.
+    pub fn from_spec(spec: &EngineSpec, launch: &LaunchParams) -> Result<Self, EngineSpecError> {
+        let host = spec.host.clone().unwrap_or_else(|| "127.0.0.1".into());
+        let speed = spec.speed.unwrap_or(1.0);
+        if !(speed.is_finite() && speed > 0.0) {
+            return Err(EngineSpecError::Invalid {
+                field: "speed",
+                reason: format!("{speed} is not a positive number"),
+            });
+        }
+        let vars: BTreeMap<String, String> = [
+            ("model", spec.model_id(&launch.model)),
+            ("served", launch.model.clone()),
+            ("host", host.clone()),
+            ("util", launch.gpu_memory_utilization.to_string()),
+            ("max_len", launch.max_model_len.to_string()),
+            ("max_num_seqs", launch.max_num_seqs.to_string()),
+            ("dtype", super::vllm_dtype(launch.dtype).to_string()),
+            ("gpu", launch.gpu.to_string()),
+            ("device", launch.device_kind.clone()),
+            ("noise_seed", launch.noise_seed.to_string()),
+            ("speed", speed.to_string()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+        let mut env = BTreeMap::new();
+        if spec.kind == EngineKind::Vllm {
+            env.insert("CUDA_VISIBLE_DEVICES".to_string(), "{gpu}".to_string());
+            env.insert("VLLM_SERVER_DEV_MODE".to_string(), "1".to_string());
+        }
+        env.extend(spec.env.clone());
+        Self::new(
+            &spec.template(),
+            env,
+            vars,
+            &host,
+            launch.switchyard_exe.clone(),
+        )
+    }
+
+    fn vars_with_port(&self, port: u16) -> BTreeMap<String, String> {
+        let mut vars = self.vars.clone();
+        vars.insert("port".into(), port.to_string());
+        vars
+    }
+
+    /// The program and arguments for `port` (a program `switchyard` resolves to the
+    /// configured binary).
+    pub fn argv(&self, port: u16) -> Vec<String> {
+        let vars = self.vars_with_port(port);
+        let mut argv: Vec<String> = self.words.iter().map(|w| expand(w, &vars)).collect();
+        if let (Some(first), Some(exe)) = (argv.first_mut(), &self.switchyard_exe) {
+            if first == "switchyard" {
+                *first = exe.to_string_lossy().into_owned();
+            }
+        }
+        argv
+    }
+
+    /// The child's extra environment for `port`.
+    pub fn env(&self, port: u16) -> BTreeMap<String, String> {
+        let vars = self.vars_with_port(port);
+        self.env
+            .iter()
+            .map(|(k, v)| (k.clone(), expand(v, &vars)))
+            .collect()
+    }
+
+    /// Where the server is reached (a wildcard bind address is reached on loopback).
+    pub fn base_url(&self, port: u16) -> String {
+        let host = match self.host.as_str() {
+            "0.0.0.0" | "::" | "[::]" => "127.0.0.1",
+            h => h,
+        };
+        format!("http://{host}:{port}")
+    }
+}
+
+/// The last lines a child printed.
+#[derive(Debug, Default)]
+struct LogTail {
+    lines: VecDeque<String>,
+}
+
+impl LogTail {
+    fn push(&mut self, line: String) {
+        if self.lines.len() == LOG_TAIL_LINES {
+            self.lines.pop_front();
+        }
+        self.lines.push_back(line);
+    }
+}
+
+fn drain<R: AsyncRead + Unpin + Send + 'static>(reader: R, log: Arc<Mutex<LogTail>>) {
+    tokio::spawn(async move {
+        let mut reader = BufReader::new(reader);
+        let mut buf = Vec::new();
+        loop {
+            buf.clear();
+            match reader.read_until(b'\n', &mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {
+                    let line: String = String::from_utf8_lossy(&buf)
+                        .trim_end()
+                        .chars()
+                        .take(LOG_LINE_CHARS)
+                        .collect();
+                    if let Ok(mut l) = log.lock() {
+                        l.push(line);
+                    }
+                }
+            }
+        }
+    });
+}
+
+/// Sends `signal` to every process of group `pgid` (errors such as ESRCH are ignored: the
+/// group may already be gone).
+fn signal_group(pgid: i32, signal: libc::c_int) {
+    if pgid <= 1 {
+        return;
+    }
+    // SAFETY: kill(2) takes plain integers and touches no memory of ours; a negative pid
+    // addresses the process group, and pgid > 1 never addresses "every process" (-1).
+    unsafe {
+        libc::kill(-pgid, signal);
+    }
+}
+
+/// The live (not zombie) processes whose process group is `pgid`, from `/proc/*/stat`
+/// (empty where `/proc` is absent).
+pub fn process_group_members(pgid: i32) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for entry in dir.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name.to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        // `pid (comm) state ppid pgrp …`; comm may contain spaces and parentheses.
+        let Some(close) = stat.rfind(')') else {
+            continue;
+        };
+        let fields: Vec<&str> = stat[close + 1..].split_whitespace().collect();
+        let (Some(state), Some(pgrp)) = (fields.first(), fields.get(2)) else {
+            continue;
+        };
+        if pgrp.parse::<i32>().ok() == Some(pgid) && *state != "Z" && *state != "X" {
+            out.push(pid);
+        }
+    }
+    out.sort_unstable();
+    out
+}
+
+fn free_port(host: &str) -> Result<u16, EngineError> {
+    let bind_host = match host {
+        "localhost" => "127.0.0.1",
+        h => h,
+    };
+    let listener = std::net::TcpListener::bind((bind_host, 0))
+        .map_err(|e| EngineError::Lifecycle(format!("cannot find a free port on {host}: {e}")))?;
+    listener
+        .local_addr()
+        .map(|a| a.port())
+        .map_err(|e| EngineError::Lifecycle(format!("cannot find a free port on {host}: {e}")))
+}
+
+#[derive(Debug)]
+struct Running {
+    child: Child,
+    pgid: i32,
+    http: Arc<HttpEngine>,
+    log: Arc<Mutex<LogTail>>,
+    command_line: String,
+}
+
+impl Running {
+    fn tail(&self) -> String {
+        self.log
+            .lock()
+            .map(|l| l.lines.iter().cloned().collect::<Vec<_>>().join("\n"))
+            .unwrap_or_default()
+    }
+}
+
+/// A managed vLLM-compatible server process.
+#[derive(Debug)]
+pub struct VllmEngine {
+    kind: &'static str,
+    command: ManagedCommand,
+    model: String,
+    options: HttpOptions,
+    grace: Duration,
+    /// Serialises load / unload / restart.
+    lifecycle: tokio::sync::Mutex<()>,
+    running: Mutex<Option<Running>>,
+    /// Why the last child went away on its own (reported until the next load).
+    crashed: Mutex<Option<String>>,
+}
+
+impl VllmEngine {
+    /// `kind` is `vllm` or `emulated`; `model` is the name requests carry.
+    pub fn new(
+        kind: &'static str,
+        command: ManagedCommand,
+        model: &str,
+        options: HttpOptions,
+        grace: Duration,
+    ) -> Self {
+        VllmEngine {
+            kind,
+            command,
+            model: model.to_string(),
+            options,
+            grace,
+            lifecycle: tokio::sync::Mutex::new(()),
+            running: Mutex::new(None),
+            crashed: Mutex::new(None),
+        }
+    }
+
+    fn running(&self) -> std::sync::MutexGuard<'_, Option<Running>> {
+        self.running.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The child's pid (= its process group id) while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.running().as_ref().map(|r| r.pgid as u32)
+    }
+
+    /// The server's base URL while it runs.
+    pub fn base_url(&self) -> Option<String> {
+        self.running()
+            .as_ref()
+            .map(|r| r.http.base_url().to_string())
+    }
+
+    /// The child's last output lines.
+    pub fn output_tail(&self) -> String {
+        self.running()
+            .as_ref()
+            .map(Running::tail)
+            .unwrap_or_default()
+    }
+
+    /// The HTTP engine of the live child, or why there is none. A child found exited is
+    /// reaped, its group killed, and the exit recorded.
+    fn live_http(&self) -> Result<Arc<HttpEngine>, EngineError> {
+        let mut guard = self.running();
+        let Some(r) = guard.as_mut() else {
+            let why = self
+                .crashed
+                .lock()
+                .ok()
+                .and_then(|c| c.clone())
+                .unwrap_or_else(|| format!("the {} process is not running", self.kind));
+            return Err(EngineError::Unreachable(why));
+        };
+        match r.child.try_wait() {
+            Ok(None) => Ok(Arc::clone(&r.http)),
+            Ok(Some(status)) => {
+                let why = format!(
+                    "the {} process `{}` (pid {}) exited with {status}; last output:\n{}",
+                    self.kind,
+                    r.command_line,
+                    r.pgid,
+                    r.tail()
+                );
+                signal_group(r.pgid, libc::SIGKILL);
+                *guard = None;
+                if let Ok(mut c) = self.crashed.lock() {
+                    *c = Some(why.clone());
+                }
+                Err(EngineError::Unreachable(why))
+            }
+            Err(e) => Err(EngineError::Unreachable(format!(
+                "cannot query the {} process: {e}",
+                self.kind
+            ))),
+        }
+    }
+
+    /// A transport or server error becomes the crash report when the child has exited.
+    fn after_error(&self, e: EngineError) -> EngineError {
+        match e {
+            EngineError::Unreachable(_) | EngineError::BadResponse(_) => match self.live_http() {
+                Ok(_) => e,
+                Err(crash) => crash,
+            },
+            other => other,
+        }
+    }
+
+    /// Starts the process (if none runs) and waits until `/health` answers 200.
+    pub async fn start(&self) -> Result<(), EngineError> {
+        let _lifecycle = self.lifecycle.lock().await;
+        if self.live_http().is_ok() {
+            return Ok(());
+        }
+        let port = free_port(&self.command.host)?;
+        let argv = self.command.argv(port);
+        let command_line = argv.join(" ");
+        let Some((program, args)) = argv.split_first() else {
+            return Err(EngineError::Lifecycle("empty command".into()));
+        };
+        let mut cmd = Command::new(program);
+        cmd.args(args)
+            .envs(self.command.env(port))
+            .process_group(0)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        let mut child = cmd.spawn().map_err(|e| {
+            EngineError::Lifecycle(format!("cannot start `{command_line}`: {e}"))
+        })?;
+        let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok()) else {
+            return Err(EngineError::Lifecycle(format!(
+                "`{command_line}` exited at once"
+            )));
+        };
+        let log = Arc::new(Mutex::new(LogTail::default()));
+        if let Some(out) = child.stdout.take() {
+            drain(out, Arc::clone(&log));
+        }
+        if let Some(err) = child.stderr.take() {
+            drain(err, Arc::clone(&log));
+        }
+        let http = match HttpEngine::new(
+            self.kind,
+            &self.command.base_url(port),
+            &self.model,
+            self.options.clone(),
+        ) {
+            Ok(h) => Arc::new(h),
+            Err(e) => {
+                signal_group(pid, libc::SIGKILL);
+                return Err(e);
+            }
+        };
+        *self.running() = Some(Running {
+            child,
+            pgid: pid,
+            http: Arc::clone(&http),
+            log,
+            command_line: command_line.clone(),
+        });
+        if let Ok(mut c) = self.crashed.lock() {
+            *c = None;
+        }
+        tracing::info!(kind = self.kind, pid, port, command = %command_line, "replica process started");
+
+        let deadline = Instant::now() + self.options.health_timeout;
+        let mut pause = Duration::from_millis(10);
+        loop {
+            if let Err(e) = self.live_http() {
+                return Err(EngineError::Lifecycle(format!("during start-up: {e}")));
+            }
+            if let Ok(true) = http.health().await {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                let tail = self.output_tail();
+                let _ = self.stop_locked().await;
+                return Err(EngineError::Lifecycle(format!(
+                    "`{command_line}` not healthy after {:.1} s; last output:\n{tail}",
+                    self.options.health_timeout.as_secs_f64()
+                )));
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_millis(250));
+        }
+    }
+
+    /// Stops the process group (SIGTERM, SIGKILL after the grace period) and checks that no
+    /// process of it is left. Idempotent.
+    pub async fn stop(&self) -> Result<(), EngineError> {
+        let _lifecycle = self.lifecycle.lock().await;
+        self.stop_locked().await
+    }
+
+    async fn stop_locked(&self) -> Result<(), EngineError> {
+        let taken = self.running().take();
+        let Some(mut r) = taken else {
+            return Ok(());
+        };
+        let pgid = r.pgid;
+        signal_group(pgid, libc::SIGTERM);
+        if tokio::time::timeout(self.grace, r.child.wait()).await.is_err() {
+            signal_group(pgid, libc::SIGKILL);
+            let _ = r.child.wait().await;
+        }
+        // Workers that outlive the leader (or ignore SIGTERM) go now.
+        signal_group(pgid, libc::SIGKILL);
+        let deadline = Instant::now() + GROUP_EXIT_TIMEOUT;
+        loop {
+            let left = process_group_members(pgid);
+            if left.is_empty() {
+                tracing::info!(kind = self.kind, pid = pgid, "replica process stopped");
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(EngineError::Lifecycle(format!(
+                    "processes {left:?} of group {pgid} survived SIGKILL"
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Stop, then start again (after a crash, or to recover a wedged server).
+    pub async fn restart(&self) -> Result<(), EngineError> {
+        self.stop().await?;
+        self.start().await
+    }
+}
+
+impl Drop for VllmEngine {
+    fn drop(&mut self) {
+        // Never leave a group behind, even without an explicit unload (tokio reaps the
+        // killed child in the background: `kill_on_drop`).
+        if let Some(r) = self.running().as_ref() {
+            signal_group(r.pgid, libc::SIGKILL);
+        }
+    }
+}
+
+impl Engine for VllmEngine {
+    fn kind(&self) -> &'static str {
+        self.kind
+    }
+
+    fn load(&self) -> EngineFuture<'_, ()> {
+        Box::pin(self.start())
+    }
+
+    fn sleep(&self, level: u8) -> EngineFuture<'_, ()> {
+        Box::pin(async move {
+            let http = self.live_http()?;
+            http.sleep_level(level).await.map_err(|e| self.after_error(e))
+        })
+    }
+
+    fn wake(&self) -> EngineFuture<'_, ()> {
+        Box::pin(async move {
+            let http = self.live_http()?;
+            http.wake_up().await.map_err(|e| self.after_error(e))
+        })
+    }
+
+    fn unload(&self) -> EngineFuture<'_, ()> {
+        Box::pin(self.stop())
+    }
+
+    fn submit(&self, request: LlmRequest) -> EngineFuture<'_, Completion> {
+        Box::pin(async move {
+            let http = self.live_http()?;
+            http.complete(&request).await.map_err(|e| self.after_error(e))
+        })
+    }
+
+    fn telemetry(&self) -> EngineFuture<'_, EngineTelemetry> {
+        Box::pin(async move {
+            let http = self.live_http()?;
+            http.scrape_telemetry().await.map_err(|e| self.after_error(e))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vars() -> BTreeMap<String, String> {
+        [("model", "Qwen/Qwen3-8B"), ("gpu", "2"), ("util", "0.9")]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn placeholders_skip_json_braces() {
+        assert_eq!(placeholders("{model}-{port}"), ["model", "port"]);
+        assert!(placeholders("{\"ttft\":[1,2]}").is_empty());
+        assert!(placeholders("{}{ }{A}").is_empty());
+        assert_eq!(placeholders("{{port}}"), ["port"]);
+    }
+
+    #[test]
+    fn templates_expand_with_the_chosen_port() {
+        let env: BTreeMap<String, String> =
+            [("CUDA_VISIBLE_DEVICES".to_string(), "{gpu}".to_string())].into();
+        let c = ManagedCommand::new(
+            &CommandTemplate::Line("switchyard serve {model} --port {port} --x {\"a\":1}".into()),
+            env,
+            vars(),
+            "0.0.0.0",
+            Some(PathBuf::from("/bin/sy")),
+        )
+        .unwrap();
+        assert_eq!(
+            c.argv(8123),
+            ["/bin/sy", "serve", "Qwen/Qwen3-8B", "--port", "8123", "--x", "{\"a\":1}"]
+        );
+        assert_eq!(c.env(1)["CUDA_VISIBLE_DEVICES"], "2");
+        assert_eq!(c.base_url(8123), "http://127.0.0.1:8123");
+    }
+
+    #[test]
+    fn templates_are_checked() {
+        let mk = |t: &str| {
+            ManagedCommand::new(&CommandTemplate::Line(t.into()), BTreeMap::new(), vars(), "h", None)
+        };
+        assert!(matches!(mk("vllm serve {modle} {port}"), Err(EngineSpecError::UnknownPlaceholder(p)) if p == "modle"));
+        assert!(matches!(mk("vllm serve {model}"), Err(EngineSpecError::Invalid { field: "command", .. })));
+        assert!(matches!(mk("   "), Err(EngineSpecError::Invalid { .. })));
+        assert!(mk("vllm serve {model} --port {port}").is_ok());
+    }
+
+    #[test]
+    fn this_process_group_is_visible_in_proc() {
+        // SAFETY: getpgrp(2) has no preconditions.
+        let pgid = unsafe { libc::getpgrp() };
+        let members = process_group_members(pgid);
+        assert!(members.contains(&std::process::id()), "{members:?}");
+        assert!(process_group_members(i32::MAX).is_empty());
+    }
+
+    #[test]
+    fn log_tail_keeps_the_last_lines() {
+        let mut t = LogTail::default();
+        for i in 0..(LOG_TAIL_LINES + 5) {
+            t.push(i.to_string());
+        }
+        assert_eq!(t.lines.len(), LOG_TAIL_LINES);
+        assert_eq!(t.lines.front().map(String::as_str), Some("5"));
+    }
+}

@@ -1,0 +1,17 @@
+//! The live runtime (being written): actors on tokio driving the same planner core on
+//! wall-clock time, engines over HTTP, and the `switchyard emulate` server.
+
+pub mod engine;
+pub mod engines;
+pub mod server;
+pub mod actors;
+pub mod planner_actor;
+pub mod pool;
+pub mod replica_actor;
+pub mod session_actor;
+pub mod shell;
+pub mod tools_actor;
+
+pub use actors::{CallTiming, EngineFactory, EngineHandle, EngineTarget, RetryPolicy, SessionResult};
+pub use pool::{LivePoolError, LivePoolSpec};
+pub use shell::{FaultCounters, LiveConfig, LiveError, LiveOutput, run};

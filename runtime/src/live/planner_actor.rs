@@ -1,0 +1,785 @@
+//! The planner actor: it owns the pure planner core, folds every event the other actors report
+//! into it with `now` = the run's clock, and turns the core's commands into messages: `Load`
+//! spawns a replica actor (waking a parked engine of the same deployment on that device when
+//! there is one), `Unload` reclaims one (asleep when the engine supports sleep mode), and
+//! `Dispatch` sends the prepared request to the replica and tells the session.
+//!
+//! It is also the live shell's recorder (GPU timelines, token work, counters, session
+//! outcomes) and its supervisor: replica, session and tool actors are linked to it. A replica
+//! that is lost (restarts exhausted, or its actor crashed) has its in-flight calls released in
+//! the core and requeued by their sessions, so the core places them on another replica; a
+//! crashed tool executor is restarted; a crashed session actor is recorded as a failed session.
+//! Every session ends exactly once. A watchdog tick fails units that no device can ever serve.
+//!
+//! It depends on the planner core, the actor messages and the `Engine` trait through the
+//! factory; it never blocks on an engine call (replica actors do).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use ractor::{Actor, ActorCell, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
+use switchyard_predictor::DeviceSpec;
+use tokio::sync::oneshot;
+
+use super::actors::{
+    EngineFactory, EngineHandle, EngineTarget, LifecycleTicket, PendingCall, PlannerMsg, ReplicaMsg,
+    RunContext, SessionMsg, SessionReport, SessionResult, ToolMsg,
+};
+use super::engine::EngineTelemetry;
+use super::replica_actor::{ReplicaActor, ReplicaArgs};
+use super::session_actor::{SessionActor, SessionArgs};
+use super::shell::{FaultCounters, LiveOutput};
+use super::tools_actor::{ToolsActor, ToolsArgs};
+use crate::ids::{ActivationId, DeviceId, ReplicaId, SessionId};
+use crate::planner::{Command, DeploymentId, Event, Planner, ReplicaPhase};
+use crate::report::{DeviceTimeline, Segment, SegmentKind};
+use crate::session::Session;
+use crate::shell_common::{self, Counters, ReportInput, SessionRecord, TokenWork};
+use crate::sim::{CallRecord, TraceEntry};
+use crate::values::Record;
+
+/// The planner actor.
+pub struct PlannerActor;
+
+/// Run facts the report repeats.
+#[derive(Debug, Clone)]
+pub struct ReportMeta {
+    pub policy: String,
+    pub seed: u64,
+    pub noise_seed: u64,
+    pub arrival: String,
+    pub pool: String,
+}
+
+/// Called with (sessions ended, sessions in the trace) as sessions end.
+pub type Progress = Arc<dyn Fn(usize, usize) + Send + Sync>;
+
+pub struct PlannerArgs {
+    pub ctx: Arc<RunContext>,
+    pub planner: Planner,
+    pub factory: Arc<dyn EngineFactory>,
+    pub devices: Vec<DeviceSpec>,
+    pub trace: Vec<TraceEntry>,
+    pub records: Vec<Vec<Record>>,
+    pub meta: ReportMeta,
+    /// Reclaim by vLLM sleep (level 1) and wake later, where the engine supports it.
+    pub sleep_on_reclaim: bool,
+    pub telemetry_every: Option<Duration>,
+    pub tool_workers: usize,
+    /// Watchdog period.
+    pub tick: Duration,
+    pub progress: Option<Progress>,
+}
+
+struct ReplicaEntry {
+    actor: ActorRef<ReplicaMsg>,
+    device: DeviceId,
+    deployment: DeploymentId,
+    /// Wall time the load started; `None` once awake.
+    loading_since: Option<f64>,
+    resident_since: Option<f64>,
+    /// Wall time the replica last went from idle to serving.
+    busy_since: Option<f64>,
+    serving: usize,
+}
+
+struct InFlight {
+    replica: ReplicaId,
+    workflow: u32,
+    deployment: DeploymentId,
+    call: PendingCall,
+}
+
+pub struct PlannerActorState {
+    ctx: Arc<RunContext>,
+    planner: Planner,
+    factory: Arc<dyn EngineFactory>,
+    devices: Vec<DeviceSpec>,
+    trace: Vec<TraceEntry>,
+    records: Vec<Vec<Record>>,
+    meta: ReportMeta,
+    sleep_on_reclaim: bool,
+    telemetry_every: Option<Duration>,
+    tool_workers: usize,
+    progress: Option<Progress>,
+
+    sessions: BTreeMap<SessionId, ActorRef<SessionMsg>>,
+    session_cells: BTreeMap<ActorId, SessionId>,
+    pending: BTreeMap<ActivationId, PendingCall>,
+    in_flight: BTreeMap<ActivationId, InFlight>,
+    replicas: BTreeMap<ReplicaId, ReplicaEntry>,
+    replica_cells: BTreeMap<ActorId, ReplicaId>,
+    parked: BTreeMap<(DeviceId, DeploymentId), Vec<EngineHandle>>,
+    lifecycle_tail: BTreeMap<DeviceId, oneshot::Receiver<()>>,
+    tools: Option<ActorRef<ToolMsg>>,
+    next_request: u64,
+
+    timelines: Vec<DeviceTimeline>,
+    work: TokenWork,
+    counters: Counters,
+    faults: FaultCounters,
+    ended: BTreeMap<SessionId, SessionReport>,
+    start_failures: Vec<(u32, f64, String)>,
+    arrived: BTreeSet<usize>,
+    telemetry: BTreeMap<ReplicaId, EngineTelemetry>,
+    notes: Vec<String>,
+
+    events: u64,
+    last_tick_events: u64,
+    quiet_ticks: u32,
+    fatal: Option<String>,
+    waiters: Vec<RpcReplyPort<Result<(), String>>>,
+    shutting_down: bool,
+}
+
+impl Actor for PlannerActor {
+    type Msg = PlannerMsg;
+    type State = PlannerActorState;
+    type Arguments = PlannerArgs;
+
+    async fn pre_start(&self, myself: ActorRef<PlannerMsg>, args: PlannerArgs) -> Result<PlannerActorState, ActorProcessingErr> {
+        let timelines = args
+            .devices
+            .iter()
+            .map(|d| DeviceTimeline { name: d.name.clone(), segments: Vec::new() })
+            .collect();
+        let mut state = PlannerActorState {
+            ctx: args.ctx,
+            planner: args.planner,
+            factory: args.factory,
+            devices: args.devices,
+            trace: args.trace,
+            records: args.records,
+            meta: args.meta,
+            sleep_on_reclaim: args.sleep_on_reclaim,
+            telemetry_every: args.telemetry_every,
+            tool_workers: args.tool_workers,
+            progress: args.progress,
+            sessions: BTreeMap::new(),
+            session_cells: BTreeMap::new(),
+            pending: BTreeMap::new(),
+            in_flight: BTreeMap::new(),
+            replicas: BTreeMap::new(),
+            replica_cells: BTreeMap::new(),
+            parked: BTreeMap::new(),
+            lifecycle_tail: BTreeMap::new(),
+            tools: None,
+            next_request: 0,
+            timelines,
+            work: TokenWork::new(),
+            counters: Counters::default(),
+            faults: FaultCounters::default(),
+            ended: BTreeMap::new(),
+            start_failures: Vec::new(),
+            arrived: BTreeSet::new(),
+            telemetry: BTreeMap::new(),
+            notes: Vec::new(),
+            events: 0,
+            last_tick_events: 0,
+            quiet_ticks: 0,
+            fatal: None,
+            waiters: Vec::new(),
+            shutting_down: false,
+        };
+        state.spawn_tools(&myself).await?;
+        myself.send_interval(args.tick, || PlannerMsg::Tick);
+        Ok(state)
+    }
+
+    async fn handle(&self, myself: ActorRef<PlannerMsg>, msg: PlannerMsg, state: &mut PlannerActorState) -> Result<(), ActorProcessingErr> {
+        state.on_message(&myself, msg).await;
+        Ok(())
+    }
+
+    async fn handle_supervisor_evt(
+        &self,
+        myself: ActorRef<PlannerMsg>,
+        event: SupervisionEvent,
+        state: &mut PlannerActorState,
+    ) -> Result<(), ActorProcessingErr> {
+        match event {
+            SupervisionEvent::ActorFailed(cell, err) => state.child_stopped(&myself, cell, Some(format!("crashed: {err}"))).await,
+            SupervisionEvent::ActorTerminated(cell, _, reason) => state.child_stopped(&myself, cell, reason).await,
+            _ => {}
+        }
+        Ok(())
+    }
+}
+
+impl PlannerActorState {
+    async fn spawn_tools(&mut self, myself: &ActorRef<PlannerMsg>) -> Result<(), ActorProcessingErr> {
+        let args = ToolsArgs {
+            workers: self.tool_workers,
+            attempts: self.ctx.retry.tool_attempts,
+            planner: myself.clone(),
+        };
+        let (tools, _) = Actor::spawn_linked(None, ToolsActor, args, myself.get_cell()).await?;
+        self.ctx.tools.set(tools.clone());
+        self.tools = Some(tools);
+        Ok(())
+    }
+
+    fn wall(&self) -> f64 {
+        self.ctx.clock.wall()
+    }
+
+    fn total(&self) -> usize {
+        self.trace.len()
+    }
+
+    fn done(&self) -> bool {
+        self.ended.len() + self.start_failures.len() >= self.total()
+    }
+
+    fn note(&mut self, line: String) {
+        if !self.notes.contains(&line) {
+            self.notes.push(line);
+        }
+    }
+
+    async fn on_message(&mut self, myself: &ActorRef<PlannerMsg>, msg: PlannerMsg) {
+        if !matches!(msg, PlannerMsg::Tick | PlannerMsg::Telemetry { .. }) {
+            self.events += 1;
+        }
+        match msg {
+            PlannerMsg::Arrive(i) => self.on_arrival(myself, i).await,
+            PlannerMsg::UnitReady { item, call } => {
+                if !self.sessions.contains_key(&item.activation.session) {
+                    return;
+                }
+                self.pending.insert(item.activation, call);
+                self.plan(myself, Event::UnitReady(item)).await;
+            }
+            PlannerMsg::NearReady(item) => {
+                if self.sessions.contains_key(&item.activation.session) {
+                    self.plan(myself, Event::UnitNearReady(item)).await;
+                }
+            }
+            PlannerMsg::ToolStarted { activation, predicted_s, workflow, node } => {
+                self.counters.tool_calls += 1;
+                self.plan(myself, Event::ToolStarted { activation, predicted_s, workflow, node }).await;
+            }
+            PlannerMsg::ToolFinished { activation } => self.plan(myself, Event::ToolFinished { activation }).await,
+            PlannerMsg::ToolCrashed { activation, reason } => {
+                self.faults.tool_crashes += 1;
+                tracing::warn!(%activation, %reason, "tool executor crashed");
+            }
+            PlannerMsg::SessionEnded(report) => self.on_session_ended(myself, *report).await,
+            PlannerMsg::Loaded { replica, result } => match result {
+                Ok(()) => self.on_loaded(myself, replica).await,
+                Err(reason) => self.replica_gone(myself, replica, format!("load failed: {reason}")).await,
+            },
+            PlannerMsg::Finished { replica, activation, completion, attempts } => {
+                self.faults.retries += u64::from(attempts.saturating_sub(1));
+                let Some(f) = self.take_in_flight(activation) else { return };
+                let output_tokens = completion.output_tokens;
+                self.counters.generated_tokens += u64::from(output_tokens);
+                self.counters.prompt_tokens += u64::from(completion.prompt_tokens);
+                self.counters.cached_prompt_tokens += u64::from(completion.cached_prompt_tokens);
+                let work = (completion.prompt_tokens.saturating_sub(completion.cached_prompt_tokens) + output_tokens) as f64;
+                *self.work.entry((f.deployment, f.workflow)).or_insert(0.0) += work;
+                self.plan(myself, Event::UnitFinished { activation, replica, output_tokens }).await;
+                if let Some(s) = self.sessions.get(&activation.session) {
+                    let _ = s.send_message(SessionMsg::LlmDone { activation, replica, completion });
+                }
+            }
+            PlannerMsg::CallFailed { replica, activation, reason, attempts } => {
+                self.faults.retries += u64::from(attempts.saturating_sub(1));
+                self.faults.failed_calls += 1;
+                let Some(f) = self.take_in_flight(activation) else { return };
+                let output_tokens = f.call.expected_output_tokens;
+                self.plan(myself, Event::UnitFinished { activation, replica, output_tokens }).await;
+                if let Some(s) = self.sessions.get(&activation.session) {
+                    let _ = s.send_message(SessionMsg::LlmFailed { activation, reason });
+                }
+            }
+            PlannerMsg::Restarted { replica } => {
+                self.faults.restarts += 1;
+                self.note(format!("replica {replica} restarted in place after its engine became unreachable"));
+            }
+            PlannerMsg::ReplicaLost { replica, reason } => self.replica_gone(myself, replica, reason).await,
+            PlannerMsg::Parked { device, deployment, engine } => {
+                if self.shutting_down {
+                    let _ = engine.engine.unload().await;
+                } else {
+                    self.parked.entry((device, deployment)).or_default().push(engine);
+                }
+            }
+            PlannerMsg::Telemetry { replica, telemetry } => {
+                self.telemetry.insert(replica, telemetry);
+            }
+            PlannerMsg::Note(line) => self.note(line),
+            PlannerMsg::Tick => self.on_tick(),
+            PlannerMsg::Abort(reason) => self.abort(reason),
+            PlannerMsg::WaitDone(port) => {
+                if let Some(f) = &self.fatal {
+                    let _ = port.send(Err(f.clone()));
+                } else if self.done() {
+                    let _ = port.send(Ok(()));
+                } else {
+                    self.waiters.push(port);
+                }
+            }
+            PlannerMsg::Shutdown(port) => {
+                let out = self.shutdown().await;
+                let _ = port.send(Box::new(out));
+                myself.stop(None);
+            }
+        }
+    }
+
+    /// Fold `event` into the core and execute its commands (and the events they cause).
+    async fn plan(&mut self, myself: &ActorRef<PlannerMsg>, event: Event) {
+        let mut queue = std::collections::VecDeque::from([event]);
+        while let Some(ev) = queue.pop_front() {
+            if self.fatal.is_some() {
+                return;
+            }
+            let now = self.ctx.clock.now();
+            match self.planner.handle(ev, now) {
+                Ok(commands) => {
+                    for c in commands {
+                        self.execute(myself, c, &mut queue).await;
+                    }
+                }
+                Err(e) => self.set_fatal(format!("the planner rejected an event: {e}")),
+            }
+        }
+    }
+
+    fn set_fatal(&mut self, reason: String) {
+        tracing::error!(%reason, "live run stopped");
+        if self.fatal.is_none() {
+            self.fatal = Some(reason.clone());
+        }
+        for w in self.waiters.drain(..) {
+            let _ = w.send(Err(reason.clone()));
+        }
+    }
+
+    fn ticket(&mut self, device: DeviceId) -> LifecycleTicket {
+        let (done, rx) = oneshot::channel();
+        let after = self.lifecycle_tail.insert(device, rx);
+        LifecycleTicket { after, done }
+    }
+
+    async fn execute(&mut self, myself: &ActorRef<PlannerMsg>, command: Command, follow: &mut std::collections::VecDeque<Event>) {
+        match command {
+            Command::Load { replica, deployment, device } => {
+                let Some(dep) = self.ctx.deployments.get(deployment.0 as usize) else {
+                    return self.set_fatal(format!("load of unknown deployment {deployment:?}"));
+                };
+                let Some(spec) = self.devices.get(device.0 as usize) else {
+                    return self.set_fatal(format!("load on unknown device {device}"));
+                };
+                let parked = self.parked.get_mut(&(device, deployment)).and_then(|v| v.pop());
+                let wake = parked.is_some();
+                let engine = match parked {
+                    Some(e) => Ok(e),
+                    None => self.factory.create(&EngineTarget { replica, device, device_spec: spec, deployment: dep }),
+                };
+                let engine = match engine {
+                    Ok(e) => e,
+                    Err(e) => {
+                        follow.push_back(Event::ReplicaLoadFailed { replica, reason: e.to_string() });
+                        return;
+                    }
+                };
+                tracing::info!(%replica, %device, model = %dep.model, wake, "load");
+                let args = ReplicaArgs {
+                    replica,
+                    device,
+                    deployment,
+                    engine,
+                    wake,
+                    planner: myself.clone(),
+                    retry: self.ctx.retry,
+                    telemetry_every: self.telemetry_every,
+                };
+                let actor = match Actor::spawn_linked(None, ReplicaActor, args, myself.get_cell()).await {
+                    Ok((a, _)) => a,
+                    Err(e) => {
+                        follow.push_back(Event::ReplicaLoadFailed { replica, reason: format!("replica actor: {e}") });
+                        return;
+                    }
+                };
+                let ticket = self.ticket(device);
+                self.replica_cells.insert(actor.get_id(), replica);
+                let wall = self.wall();
+                self.replicas.insert(replica, ReplicaEntry {
+                    actor: actor.clone(),
+                    device,
+                    deployment,
+                    loading_since: Some(wall),
+                    resident_since: None,
+                    busy_since: None,
+                    serving: 0,
+                });
+                if actor.send_message(ReplicaMsg::Start(ticket)).is_err() {
+                    self.replicas.remove(&replica);
+                    follow.push_back(Event::ReplicaLoadFailed { replica, reason: "replica actor stopped".into() });
+                }
+            }
+            Command::Unload { replica } => {
+                let Some(r) = self.replicas.remove(&replica) else {
+                    return self.set_fatal(format!("unload of unknown replica {replica}"));
+                };
+                self.close_segments(&r);
+                let ticket = self.ticket(r.device);
+                tracing::info!(%replica, device = %r.device, "reclaim");
+                let _ = r.actor.send_message(ReplicaMsg::Reclaim { park: self.sleep_on_reclaim, ticket });
+            }
+            Command::Dispatch { activation, replica } => {
+                let Some(mut call) = self.pending.remove(&activation) else {
+                    return self.set_fatal(format!("dispatch of unprepared unit {activation}"));
+                };
+                let Some(r) = self.replicas.get_mut(&replica) else {
+                    return self.set_fatal(format!("dispatch to unknown replica {replica}"));
+                };
+                let id = self.next_request;
+                self.next_request += 1;
+                call.request.id = id;
+                let deployment = r.deployment;
+                let sent = r.actor.send_message(ReplicaMsg::Submit { activation, request: call.request.clone() }).is_ok();
+                if r.serving == 0 {
+                    r.busy_since = Some(self.ctx.clock.wall());
+                }
+                r.serving += 1;
+                let workflow = self.session_workflow(activation.session).unwrap_or(0);
+                self.counters.llm_calls += 1;
+                let expected = call.expected_output_tokens;
+                self.in_flight.insert(activation, InFlight { replica, workflow, deployment, call });
+                if let Some(s) = self.sessions.get(&activation.session) {
+                    let _ = s.send_message(SessionMsg::Dispatched { activation, replica });
+                }
+                if !sent {
+                    // The replica actor is gone; its loss is on its way. Release and requeue now.
+                    self.take_in_flight(activation);
+                    follow.push_back(Event::UnitFinished { activation, replica, output_tokens: expected });
+                    if let Some(s) = self.sessions.get(&activation.session) {
+                        let _ = s.send_message(SessionMsg::Requeue { activation });
+                    }
+                }
+            }
+        }
+    }
+
+    fn session_workflow(&self, s: SessionId) -> Option<u32> {
+        self.trace.get(s.0 as usize).map(|e| e.workflow)
+    }
+
+    /// Remove an in-flight call and close its replica's serving interval when it goes idle.
+    fn take_in_flight(&mut self, activation: ActivationId) -> Option<InFlight> {
+        let f = self.in_flight.remove(&activation)?;
+        let wall = self.wall();
+        if let Some(r) = self.replicas.get_mut(&f.replica) {
+            r.serving = r.serving.saturating_sub(1);
+            if r.serving == 0 {
+                if let Some(since) = r.busy_since.take() {
+                    if let Some(tl) = self.timelines.get_mut(r.device.0 as usize) {
+                        tl.segments.push(Segment {
+                            start: since,
+                            end: wall.max(since),
+                            kind: SegmentKind::Generating,
+                            deployment: r.deployment.0,
+                        });
+                    }
+                }
+            }
+        }
+        Some(f)
+    }
+
+    /// Close a removed replica's open loading, serving and resident intervals.
+    fn close_segments(&mut self, r: &ReplicaEntry) {
+        let wall = self.wall();
+        let Some(tl) = self.timelines.get_mut(r.device.0 as usize) else { return };
+        let mut push = |start: f64, kind: SegmentKind| {
+            tl.segments.push(Segment { start, end: wall.max(start), kind, deployment: r.deployment.0 });
+        };
+        if let Some(since) = r.loading_since {
+            push(since, SegmentKind::Loading);
+        }
+        if let Some(since) = r.busy_since {
+            push(since, SegmentKind::Generating);
+        }
+        if let Some(since) = r.resident_since {
+            push(since, SegmentKind::Resident);
+        }
+    }
+
+    async fn on_arrival(&mut self, myself: &ActorRef<PlannerMsg>, i: usize) {
+        if self.shutting_down || !self.arrived.insert(i) {
+            return;
+        }
+        let Some(entry) = self.trace.get(i).cloned() else { return };
+        let w = entry.workflow as usize;
+        let (Some(spec), Some(input)) =
+            (self.ctx.workflows.get(w).cloned(), self.records.get(w).and_then(|r| r.get(entry.record)).cloned())
+        else {
+            return self.set_fatal(format!("trace entry {i} names no workflow record"));
+        };
+        let id = SessionId(i as u32);
+        let wall = self.wall();
+        match Session::new(id, spec, input) {
+            Ok(session) => {
+                let args = SessionArgs {
+                    ctx: Arc::clone(&self.ctx),
+                    session,
+                    workflow: entry.workflow,
+                    record: entry.record,
+                    planner: myself.clone(),
+                    arrived: wall,
+                };
+                match Actor::spawn_linked(None, SessionActor, args, myself.get_cell()).await {
+                    Ok((actor, _)) => {
+                        self.session_cells.insert(actor.get_id(), id);
+                        self.sessions.insert(id, actor.clone());
+                        self.plan(myself, Event::SessionArrived { session: id, workflow: entry.workflow }).await;
+                        let _ = actor.send_message(SessionMsg::Start);
+                    }
+                    Err(e) => self.start_failure(entry.workflow, wall, format!("{id}: session actor: {e}")),
+                }
+            }
+            Err(e) => self.start_failure(entry.workflow, wall, format!("{id}: {e}")),
+        }
+    }
+
+    fn start_failure(&mut self, workflow: u32, at: f64, reason: String) {
+        tracing::warn!(%reason, "session could not start");
+        self.start_failures.push((workflow, at, reason));
+        self.after_session_end();
+    }
+
+    async fn on_session_ended(&mut self, myself: &ActorRef<PlannerMsg>, report: SessionReport) {
+        let id = report.record.session;
+        if self.ended.contains_key(&id) {
+            self.note(format!("internal: session {id} reported its end twice; the first report stands"));
+            return;
+        }
+        self.sessions.remove(&id);
+        self.pending.retain(|a, _| a.session != id);
+        self.ended.insert(id, report);
+        self.plan(myself, Event::SessionEnded { session: id }).await;
+        self.after_session_end();
+    }
+
+    fn after_session_end(&mut self) {
+        let n = self.ended.len() + self.start_failures.len();
+        if let Some(p) = &self.progress {
+            p(n, self.total());
+        }
+        if self.done() {
+            for w in self.waiters.drain(..) {
+                let _ = w.send(Ok(()));
+            }
+        }
+    }
+
+    async fn on_loaded(&mut self, myself: &ActorRef<PlannerMsg>, replica: ReplicaId) {
+        let wall = self.wall();
+        let Some(r) = self.replicas.get_mut(&replica) else { return };
+        if let Some(since) = r.loading_since.take() {
+            if let Some(tl) = self.timelines.get_mut(r.device.0 as usize) {
+                tl.segments.push(Segment { start: since, end: wall, kind: SegmentKind::Loading, deployment: r.deployment.0 });
+            }
+        }
+        r.resident_since = Some(wall);
+        self.plan(myself, Event::ReplicaLoaded { replica }).await;
+    }
+
+    /// A replica is gone (its load failed, its restarts were exhausted, or its actor stopped):
+    /// release its calls in the core, drop it from the view, and have the sessions requeue the
+    /// calls so the core places them elsewhere.
+    async fn replica_gone(&mut self, myself: &ActorRef<PlannerMsg>, replica: ReplicaId, reason: String) {
+        let Some(entry) = self.replicas.get(&replica) else { return };
+        let was_loading = self.planner.state().replica(replica).is_some_and(|v| matches!(v.phase, ReplicaPhase::Loading { .. }));
+        let lost: Vec<ActivationId> =
+            self.in_flight.iter().filter(|(_, f)| f.replica == replica).map(|(a, _)| *a).collect();
+        let device = entry.device;
+        tracing::warn!(%replica, %device, %reason, calls = lost.len(), "replica gone");
+        if !was_loading {
+            self.note(format!("replica {replica} on {device} was lost ({reason}); its calls moved to other replicas"));
+        }
+        let mut released = Vec::new();
+        for a in &lost {
+            if let Some(f) = self.take_in_flight(*a) {
+                released.push((*a, f.call.expected_output_tokens));
+            }
+        }
+        if let Some(entry) = self.replicas.remove(&replica) {
+            self.close_segments(&entry);
+        }
+        self.faults.migrated_calls += released.len() as u64;
+        for (activation, output_tokens) in &released {
+            self.plan(myself, Event::UnitFinished { activation: *activation, replica, output_tokens: *output_tokens }).await;
+        }
+        if self.planner.state().replica(replica).is_some() {
+            self.plan(myself, Event::ReplicaLoadFailed { replica, reason }).await;
+        }
+        for (activation, _) in released {
+            if let Some(s) = self.sessions.get(&activation.session) {
+                let _ = s.send_message(SessionMsg::Requeue { activation });
+            }
+        }
+    }
+
+    async fn child_stopped(&mut self, myself: &ActorRef<PlannerMsg>, cell: ActorCell, reason: Option<String>) {
+        let id = cell.get_id();
+        if let Some(replica) = self.replica_cells.remove(&id) {
+            if !self.shutting_down {
+                let reason = reason.unwrap_or_else(|| "the replica actor stopped".into());
+                self.replica_gone(myself, replica, reason).await;
+            }
+        } else if let Some(session) = self.session_cells.remove(&id) {
+            // A session actor that stops normally has sent its end report first; one that
+            // crashed could not, so its end is recorded here.
+            if let (Some(reason), false) = (reason, self.ended.contains_key(&session)) {
+                if self.sessions.contains_key(&session) {
+                    self.on_session_ended(myself, self.crashed_session_report(session, reason)).await;
+                }
+            }
+        } else if self.tools.as_ref().is_some_and(|t| t.get_id() == id) && !self.shutting_down {
+            self.faults.tool_crashes += 1;
+            self.note(format!("the tool executors stopped ({}); restarted", reason.unwrap_or_default()));
+            if let Err(e) = self.spawn_tools(myself).await {
+                self.set_fatal(format!("cannot restart the tool executors: {e}"));
+            }
+        }
+    }
+
+    fn crashed_session_report(&self, session: SessionId, reason: String) -> SessionReport {
+        let workflow = self.session_workflow(session).unwrap_or(0);
+        let record = self.trace.get(session.0 as usize).map(|e| e.record).unwrap_or(0);
+        let failed = Some(format!("session actor {reason}"));
+        SessionReport {
+            record: SessionRecord { session, workflow, arrived: self.wall(), finished: None, failed: failed.clone(), score: None },
+            result: SessionResult { session, workflow, record, final_output: None, score: None, failed },
+            calls: Vec::new(),
+            timings: Vec::new(),
+        }
+    }
+
+    /// Watchdog: once every session has arrived and nothing runs, loads or gets reported for a
+    /// few ticks while units still wait, those units can never be placed: fail their sessions
+    /// (as the simulator does when its event queue runs dry).
+    fn on_tick(&mut self) {
+        if self.fatal.is_some() || self.done() || self.shutting_down {
+            return;
+        }
+        let state = self.planner.state();
+        let idle = self.arrived.len() >= self.total()
+            && self.in_flight.is_empty()
+            && state.running().is_empty()
+            && state.replicas().all(|r| r.phase == ReplicaPhase::Awake)
+            && !state.queue().is_empty();
+        if !idle || self.events != self.last_tick_events {
+            self.last_tick_events = self.events;
+            self.quiet_ticks = 0;
+            return;
+        }
+        self.quiet_ticks += 1;
+        if self.quiet_ticks < 3 {
+            return;
+        }
+        self.quiet_ticks = 0;
+        let stranded: Vec<ActivationId> = state.queue().iter().map(|w| w.activation).collect();
+        for a in stranded {
+            if let Some(s) = self.sessions.get(&a.session) {
+                let _ = s.send_message(SessionMsg::Fail(format!("unit {a} could not be placed on any device of the pool")));
+            }
+        }
+    }
+
+    /// Fail every open session and every one still to arrive.
+    fn abort(&mut self, reason: String) {
+        for s in self.sessions.values() {
+            let _ = s.send_message(SessionMsg::Fail(reason.clone()));
+        }
+        let missing: Vec<usize> = (0..self.total()).filter(|i| !self.arrived.contains(i)).collect();
+        let wall = self.wall();
+        for i in missing {
+            self.arrived.insert(i);
+            let workflow = self.trace[i].workflow;
+            self.start_failure(workflow, wall, format!("s{i}: {reason} before the session arrived"));
+        }
+    }
+
+    /// Reclaim every replica and parked engine and build the output.
+    async fn shutdown(&mut self) -> LiveOutput {
+        self.shutting_down = true;
+        let wall = self.wall();
+        let mut open_resident = Vec::new();
+        let replicas: Vec<(ReplicaId, ReplicaEntry)> = std::mem::take(&mut self.replicas).into_iter().collect();
+        for (_, r) in &replicas {
+            if let Some(since) = r.loading_since {
+                if let Some(tl) = self.timelines.get_mut(r.device.0 as usize) {
+                    tl.segments.push(Segment { start: since, end: wall, kind: SegmentKind::Loading, deployment: r.deployment.0 });
+                }
+            }
+            if let Some(since) = r.busy_since {
+                if let Some(tl) = self.timelines.get_mut(r.device.0 as usize) {
+                    tl.segments.push(Segment { start: since, end: wall, kind: SegmentKind::Generating, deployment: r.deployment.0 });
+                }
+            }
+            if let Some(since) = r.resident_since {
+                open_resident.push((r.device.0, r.deployment, since));
+            }
+        }
+        let stops = replicas.iter().map(|(_, r)| r.actor.call(ReplicaMsg::Stop, Some(Duration::from_secs(30))));
+        for (result, (replica, _)) in futures::future::join_all(stops).await.into_iter().zip(&replicas) {
+            if !matches!(result, Ok(ractor::rpc::CallResult::Success(()))) {
+                self.notes.push(format!("replica {replica} did not confirm its unload at shutdown"));
+            }
+        }
+        let parked: Vec<EngineHandle> = std::mem::take(&mut self.parked).into_values().flatten().collect();
+        for e in parked {
+            if let Err(err) = e.engine.unload().await {
+                self.notes.push(format!("a parked {} engine did not unload: {err}", e.engine.kind()));
+            }
+        }
+        if let Some(t) = self.tools.take() {
+            t.stop(None);
+        }
+        for s in self.sessions.values() {
+            s.stop(None);
+        }
+        let reports: Vec<SessionReport> = std::mem::take(&mut self.ended).into_values().collect();
+        let records: Vec<SessionRecord> = reports.iter().map(|r| r.record.clone()).collect();
+        let mut timelines = std::mem::take(&mut self.timelines);
+        let state = self.planner.state();
+        let (report, window) = shell_common::build_report(ReportInput {
+            workflows: &self.ctx.workflows,
+            policy: self.planner.policy_name(),
+            seed: self.meta.seed,
+            noise_seed: self.meta.noise_seed,
+            arrival: self.meta.arrival.clone(),
+            pool: &self.meta.pool,
+            gpus: self.devices.len(),
+            sessions: &records,
+            start_failures: &self.start_failures,
+            timelines: &mut timelines,
+            open_resident: &open_resident,
+            work: &self.work,
+            counters: self.counters,
+            loads: state.loads(),
+            evictions: state.evictions(),
+        });
+        let mut calls: Vec<CallRecord> = reports.iter().flat_map(|r| r.calls.iter().cloned()).collect();
+        calls.sort_by(|a, b| a.finished_at.total_cmp(&b.finished_at));
+        let timings = reports.iter().flat_map(|r| r.timings.iter().copied()).collect();
+        LiveOutput {
+            report,
+            sessions: reports.into_iter().map(|r| r.result).collect(),
+            calls,
+            timings,
+            timelines,
+            window,
+            notes: std::mem::take(&mut self.notes),
+            telemetry: std::mem::take(&mut self.telemetry),
+            faults: self.faults,
+            error: self.fatal.clone(),
+        }
+    }
+}

@@ -1,0 +1,333 @@
+//! One actor per session: it owns the [`Session`] state machine (activations instantiated as
+//! branches resolve), renders prompts from predecessor outputs and computes the responder's
+//! output exactly as the simulator does (`shell_common::prepare`, seeded by (seed, workflow,
+//! session, node, round)), hands LLM units to the planner actor, runs tool nodes through the
+//! tool executors, reports near-ready units, and reports its end to the planner exactly once.
+//!
+//! It decides nothing about placement (that is the planner core's) and never talks to an
+//! engine. Each session and each activation has its own `tracing` span.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use ractor::{Actor, ActorProcessingErr, ActorRef};
+use switchyard_tools::modeled_duration_s;
+use tracing::Span;
+
+use super::actors::{
+    CallTiming, PendingCall, PlannerMsg, RunContext, SessionMsg, SessionReport, SessionResult, ToolMsg,
+};
+use super::engine::{Completion, LlmRequest};
+use crate::ids::{ActivationId, ReplicaId};
+use crate::shell_common::{self, PrepareContext, PreparedLlm, Ready, SessionRecord};
+use crate::session::Session;
+use crate::sim::CallRecord;
+use crate::values::NodeOutput;
+
+/// The session actor.
+pub struct SessionActor;
+
+pub struct SessionArgs {
+    pub ctx: Arc<RunContext>,
+    pub session: Session,
+    /// Index of the workflow in the run's list.
+    pub workflow: u32,
+    /// Index of the dataset record.
+    pub record: usize,
+    pub planner: ActorRef<PlannerMsg>,
+    /// Wall-clock arrival (seconds since the run started).
+    pub arrived: f64,
+}
+
+pub struct SessionState {
+    ctx: Arc<RunContext>,
+    session: Session,
+    workflow: u32,
+    record: usize,
+    planner: ActorRef<PlannerMsg>,
+    arrived: f64,
+    near_sent: BTreeSet<ActivationId>,
+    /// Prepared LLM calls, until they complete.
+    prepared: BTreeMap<ActivationId, PreparedLlm>,
+    spans: BTreeMap<ActivationId, Span>,
+    calls: Vec<CallRecord>,
+    /// Wall time each LLM unit was handed to the planner.
+    ready_at: BTreeMap<ActivationId, f64>,
+    timings: Vec<CallTiming>,
+    ended: bool,
+    span: Span,
+}
+
+impl Actor for SessionActor {
+    type Msg = SessionMsg;
+    type State = SessionState;
+    type Arguments = SessionArgs;
+
+    async fn pre_start(&self, _myself: ActorRef<SessionMsg>, args: SessionArgs) -> Result<SessionState, ActorProcessingErr> {
+        let name = args.session.spec().name.clone();
+        let span = tracing::info_span!("session", session = %args.session.id(), workflow = %name);
+        Ok(SessionState {
+            ctx: args.ctx,
+            session: args.session,
+            workflow: args.workflow,
+            record: args.record,
+            planner: args.planner,
+            arrived: args.arrived,
+            near_sent: BTreeSet::new(),
+            prepared: BTreeMap::new(),
+            spans: BTreeMap::new(),
+            calls: Vec::new(),
+            ready_at: BTreeMap::new(),
+            timings: Vec::new(),
+            ended: false,
+            span,
+        })
+    }
+
+    async fn handle(&self, myself: ActorRef<SessionMsg>, msg: SessionMsg, state: &mut SessionState) -> Result<(), ActorProcessingErr> {
+        let span = state.span.clone();
+        let _entered = span.enter();
+        match msg {
+            SessionMsg::Start => {
+                for a in state.session.ready() {
+                    state.on_ready(&myself, a);
+                }
+                state.check_finished(&myself);
+            }
+            SessionMsg::Dispatched { activation, replica } => {
+                if state.ended {
+                    return Ok(());
+                }
+                if let Err(e) = state.session.mark_running(activation.index) {
+                    state.fail(&myself, format!("internal: {e}"));
+                    return Ok(());
+                }
+                tracing::debug!(parent: state.span_of(activation), %replica, "dispatched");
+                state.report_near_ready();
+            }
+            SessionMsg::LlmDone { activation, replica, completion } => state.on_llm_done(&myself, activation, replica, completion),
+            SessionMsg::LlmFailed { activation, reason } => {
+                let node = state.session.node_of(activation.index).map(|n| n.id.clone()).unwrap_or_default();
+                state.fail(&myself, format!("{node}: {reason}"));
+            }
+            SessionMsg::Requeue { activation } => {
+                if state.ended {
+                    return Ok(());
+                }
+                tracing::info!(parent: state.span_of(activation), "requeued after its replica was lost");
+                state.prepared.remove(&activation);
+                match state.session.requeue(activation.index) {
+                    Ok(()) => state.on_ready(&myself, activation),
+                    Err(e) => state.fail(&myself, format!("internal: {e}")),
+                }
+            }
+            SessionMsg::ToolDone { activation, result } => state.on_tool_done(&myself, activation, result),
+            SessionMsg::Fail(reason) => state.fail(&myself, reason),
+        }
+        Ok(())
+    }
+}
+
+impl SessionState {
+    fn span_of(&self, a: ActivationId) -> &Span {
+        self.spans.get(&a).unwrap_or(&self.span)
+    }
+
+    /// An activation became ready: run a tool, or prepare an LLM request and hand the unit to
+    /// the planner.
+    fn on_ready(&mut self, myself: &ActorRef<SessionMsg>, a: ActivationId) {
+        if self.ended {
+            return;
+        }
+        let ctx = Arc::clone(&self.ctx);
+        let pctx = PrepareContext {
+            seed: ctx.seed,
+            deployments: &ctx.deployments,
+            deployment_of: &ctx.deployment_of,
+            node_info: &ctx.node_info,
+        };
+        let now = ctx.clock.now();
+        let ready = match shell_common::prepare(&pctx, &mut self.session, self.workflow, a, now) {
+            Ok(r) => r,
+            Err(e) => return self.fail(myself, e.to_string()),
+        };
+        match ready {
+            Ready::Tool { call, node, workflow, node_index } => {
+                let span = tracing::info_span!(parent: &self.span, "activation", activation = %a, node = %node);
+                tracing::debug!(parent: &span, tool = %call.tool, "tool start");
+                self.spans.insert(a, span);
+                let predicted_s = modeled_duration_s(&call);
+                let _ = self.planner.send_message(PlannerMsg::ToolStarted { activation: a, predicted_s, workflow, node: node_index });
+                let sent = match ctx.tools.get() {
+                    Some(tools) => tools.send_message(ToolMsg::Run { activation: a, call, reply: myself.clone() }).is_ok(),
+                    None => false,
+                };
+                if !sent {
+                    let _ = self.planner.send_message(PlannerMsg::ToolFinished { activation: a });
+                    return self.fail(myself, format!("{node}: the tool executors are not running"));
+                }
+                self.report_near_ready();
+            }
+            Ready::Llm { item, prepared, node } => {
+                let span = tracing::info_span!(parent: &self.span, "activation", activation = %a, node = %node);
+                tracing::debug!(parent: &span, prompt_tokens = prepared.prompt_tokens, "ready");
+                self.spans.insert(a, span);
+                let request = LlmRequest {
+                    id: 0,
+                    model: String::new(),
+                    prompt: prepared.prompt.clone(),
+                    max_tokens: prepared.max_output_tokens.max(1),
+                    emulated_output: Some(prepared.output.text.clone()),
+                    stream: ctx.stream,
+                };
+                let call = PendingCall { request, expected_output_tokens: prepared.output.output_tokens.max(1) };
+                self.prepared.insert(a, prepared);
+                self.ready_at.insert(a, ctx.clock.wall());
+                let _ = self.planner.send_message(PlannerMsg::UnitReady { item, call });
+            }
+            Ready::Fail(reason) => self.fail(myself, reason),
+        }
+    }
+
+    fn on_llm_done(&mut self, myself: &ActorRef<SessionMsg>, a: ActivationId, replica: ReplicaId, c: Completion) {
+        if self.ended {
+            return;
+        }
+        let Some(prepared) = self.prepared.remove(&a) else {
+            return self.fail(myself, format!("internal: completion of unprepared unit {a}"));
+        };
+        tracing::debug!(parent: self.span_of(a), %replica, output_tokens = c.output_tokens, cached = c.cached_prompt_tokens, latency_s = c.latency_s, "llm done");
+        if let Some(t0) = self.ready_at.remove(&a) {
+            self.timings.push(CallTiming { activation: a, total_s: self.ctx.clock.wall() - t0, engine_s: c.latency_s });
+        }
+        // An emulated engine returns the responder's text: keep the responder's verdict and
+        // value with it. A real model's own text is taken as it is.
+        let output = if c.text == prepared.output.text {
+            prepared.output
+        } else {
+            NodeOutput { text: c.text, verdict: None, value: serde_json::Value::Null, output_tokens: c.output_tokens }
+        };
+        let deployment = self
+            .ctx
+            .node_info
+            .get(self.workflow as usize)
+            .zip(self.session.activation(a.index))
+            .and_then(|(info, act)| info.get(act.node))
+            .and_then(|n| n.deployment)
+            .and_then(|d| self.ctx.deployments.get(d.0 as usize))
+            .map(|d| (d.model.clone(), d.dtype));
+        self.record_call(a, deployment, prepared.prompt_tokens, output.output_tokens.max(1));
+        self.complete(myself, a, output);
+    }
+
+    fn on_tool_done(&mut self, myself: &ActorRef<SessionMsg>, a: ActivationId, result: Result<switchyard_tools::ToolOutcome, String>) {
+        let _ = self.planner.send_message(PlannerMsg::ToolFinished { activation: a });
+        if self.ended {
+            return;
+        }
+        match result {
+            Ok(o) => {
+                if let Some(note) = o.sandbox_note.as_deref() {
+                    // The per-run uid differs between calls; the rest says what the sandbox got.
+                    let note: String = note.split("; ").filter(|p| !p.starts_with("uid:")).collect::<Vec<_>>().join("; ");
+                    let _ = self.planner.send_message(PlannerMsg::Note(note));
+                }
+                tracing::debug!(parent: self.span_of(a), verdict = ?o.verdict, "tool done");
+                let output = NodeOutput { text: o.text, verdict: o.verdict, value: o.value, output_tokens: 0 };
+                self.record_call(a, None, 0, 0);
+                self.complete(myself, a, output);
+            }
+            Err(e) => self.fail(myself, format!("tool: {e}")),
+        }
+    }
+
+    fn record_call(&mut self, a: ActivationId, model: Option<(String, switchyard_predictor::Dtype)>, prompt: u32, output: u32) {
+        let Some(act) = self.session.activation(a.index) else { return };
+        self.calls.push(CallRecord {
+            session: a.session.0,
+            workflow: self.workflow,
+            activation: a.index,
+            node: act.node as u32,
+            model,
+            prompt_tokens: prompt,
+            output_tokens: output,
+            predecessors: act.predecessors.clone(),
+            finished_at: self.ctx.clock.wall(),
+        });
+    }
+
+    fn complete(&mut self, myself: &ActorRef<SessionMsg>, a: ActivationId, output: NodeOutput) {
+        self.spans.remove(&a);
+        let ready = match self.session.complete(a.index, output) {
+            Ok(r) => r,
+            Err(e) => return self.fail(myself, e.to_string()),
+        };
+        for r in ready {
+            self.on_ready(myself, r);
+        }
+        self.report_near_ready();
+        self.check_finished(myself);
+    }
+
+    /// Tell the planner about activations that became near-ready.
+    fn report_near_ready(&mut self) {
+        if self.ended {
+            return;
+        }
+        let Some(info) = self.ctx.node_info.get(self.workflow as usize) else { return };
+        let items = shell_common::near_ready_items(&self.session, self.workflow, info, &self.near_sent);
+        for item in items {
+            self.near_sent.insert(item.activation);
+            let _ = self.planner.send_message(PlannerMsg::NearReady(item));
+        }
+    }
+
+    fn check_finished(&mut self, myself: &ActorRef<SessionMsg>) {
+        if !self.ended && self.session.is_finished() {
+            self.end(myself, None);
+        }
+    }
+
+    fn fail(&mut self, myself: &ActorRef<SessionMsg>, reason: String) {
+        if self.ended {
+            return;
+        }
+        self.session.fail(reason.clone());
+        self.end(myself, Some(reason));
+    }
+
+    /// Report the end to the planner (once) and stop.
+    fn end(&mut self, myself: &ActorRef<SessionMsg>, failed: Option<String>) {
+        self.ended = true;
+        self.prepared.clear();
+        self.spans.clear();
+        let completed = failed.is_none();
+        let score = if completed { shell_common::session_score(&self.session) } else { None };
+        match &failed {
+            None => tracing::info!(score = ?score, "session completed"),
+            Some(r) => tracing::warn!(reason = %r, "session failed"),
+        }
+        let report = SessionReport {
+            record: SessionRecord {
+                session: self.session.id(),
+                workflow: self.workflow,
+                arrived: self.arrived,
+                finished: completed.then(|| self.ctx.clock.wall()),
+                failed: failed.clone(),
+                score,
+            },
+            result: SessionResult {
+                session: self.session.id(),
+                workflow: self.workflow,
+                record: self.record,
+                final_output: if completed { self.session.final_output().cloned() } else { None },
+                score,
+                failed,
+            },
+            calls: std::mem::take(&mut self.calls),
+            timings: std::mem::take(&mut self.timings),
+        };
+        let _ = self.planner.send_message(PlannerMsg::SessionEnded(Box::new(report)));
+        myself.stop(None);
+    }
+}

@@ -1,0 +1,219 @@
+//! The live shell: runs a trace of sessions on the live runtime — the same planner core as the
+//! simulator, driven by actors on tokio on wall-clock time — and returns the same
+//! [`RunReport`] as the simulator (times in wall-clock seconds).
+//!
+//! [`run`] builds what both shells share (deployment table, node facts, dataset records, the
+//! seeded arrival trace, the planner with its policy), starts the planner actor (which starts
+//! the tool executors, and replica and session actors as the run unfolds), releases sessions at
+//! their arrival times (trace time / `speed`), waits until every session has ended (or the
+//! deadline passed), then reclaims every replica and builds the report.
+//!
+//! It depends on the actors, the planner core and `shell_common`; engines come from the
+//! caller's [`EngineFactory`].
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ractor::rpc::CallResult;
+use ractor::Actor;
+use serde::Serialize;
+use thiserror::Error;
+
+use super::actors::{CallTiming, Clock, EngineFactory, PlannerMsg, RetryPolicy, RunContext, SessionResult, ToolsHandle};
+use super::engine::EngineTelemetry;
+use super::planner_actor::{PlannerActor, PlannerArgs, Progress, ReportMeta};
+use crate::ids::ReplicaId;
+use crate::report::{DeviceTimeline, RunReport};
+use crate::shell_common::{self, ShellError};
+use crate::sim::{CallRecord, SimConfig, arrivals};
+
+/// A live run: the simulator's configuration plus what only wall-clock execution needs.
+#[derive(Clone)]
+pub struct LiveConfig {
+    /// Workflows, sessions, arrival process, seeds, pool, policy, predictor, tool workers and
+    /// batch limit, exactly as for a simulation.
+    pub run: SimConfig,
+    /// Device seconds per wall second: 1 on real GPUs; the `--speed` of `switchyard emulate`
+    /// engines otherwise. Arrival times of the trace are divided by it, and the planner core
+    /// sees wall time multiplied by it.
+    pub speed: f64,
+    pub retry: RetryPolicy,
+    /// Reclaim replicas by vLLM sleep (level 1) and wake them for a later load of the same
+    /// deployment on the same device, where the engine supports it.
+    pub sleep_on_reclaim: bool,
+    /// How often replica actors scrape their engine's telemetry (`None`: never).
+    pub telemetry_every: Option<Duration>,
+    /// Fail whatever is still open when this much wall time has passed (`None`: no limit).
+    pub deadline: Option<Duration>,
+    /// Ask engines to stream their answers.
+    pub stream: bool,
+    /// Watchdog period of the planner actor (stranded-unit detection).
+    pub tick: Duration,
+}
+
+impl LiveConfig {
+    /// Defaults: real time (speed 1), [`RetryPolicy::default`], sleep on reclaim, telemetry
+    /// every second, no deadline, no streaming, a 100 ms watchdog.
+    pub fn new(run: SimConfig) -> Self {
+        LiveConfig {
+            run,
+            speed: 1.0,
+            retry: RetryPolicy::default(),
+            sleep_on_reclaim: true,
+            telemetry_every: Some(Duration::from_secs(1)),
+            deadline: None,
+            stream: false,
+            tick: Duration::from_millis(100),
+        }
+    }
+}
+
+/// Faults the runtime absorbed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct FaultCounters {
+    /// Extra attempts of LLM calls (bad answers, unreachable engines).
+    pub retries: u64,
+    /// In-place replica restarts.
+    pub restarts: u64,
+    /// Calls moved off a lost replica.
+    pub migrated_calls: u64,
+    /// Calls that failed for good (their sessions failed).
+    pub failed_calls: u64,
+    /// Tool executor crashes.
+    pub tool_crashes: u64,
+}
+
+/// What a live run produces.
+#[derive(Debug, Clone)]
+pub struct LiveOutput {
+    pub report: RunReport,
+    /// Every session's outcome, by session id.
+    pub sessions: Vec<SessionResult>,
+    /// Every completed activation, in completion order (wall-clock `finished_at`).
+    pub calls: Vec<CallRecord>,
+    /// Every completed LLM call's timing (runtime overhead = total − engine).
+    pub timings: Vec<CallTiming>,
+    pub timelines: Vec<DeviceTimeline>,
+    /// First arrival, last completion (wall seconds).
+    pub window: (f64, f64),
+    pub notes: Vec<String>,
+    /// The last telemetry each replica reported.
+    pub telemetry: BTreeMap<ReplicaId, EngineTelemetry>,
+    pub faults: FaultCounters,
+    /// Why the run stopped early, if it did (the report covers what ran until then).
+    pub error: Option<String>,
+}
+
+/// Errors that prevent a live run from starting or finishing.
+#[derive(Debug, Error)]
+pub enum LiveError {
+    #[error(transparent)]
+    Setup(#[from] ShellError),
+    #[error("cannot start the planner actor: {0}")]
+    Spawn(String),
+    #[error("the planner actor stopped before the run finished: {0}")]
+    PlannerGone(String),
+    #[error("{reason} (after {sessions_ended} of {sessions_total} sessions ended)")]
+    Stopped { reason: String, sessions_ended: usize, sessions_total: usize },
+}
+
+/// Run `cfg` on the live runtime with engines from `factory`. `progress(ended, total)` is called
+/// as sessions end. Must be called inside a tokio runtime (multi-threaded: tools run on the
+/// blocking pool).
+pub async fn run(cfg: &LiveConfig, factory: Arc<dyn EngineFactory>, progress: Option<Progress>) -> Result<LiveOutput, LiveError> {
+    let sim = &cfg.run;
+    let (deployments, deployment_of) = shell_common::deployment_table(&sim.workflows, sim.max_num_seqs)?;
+    let node_info = shell_common::node_infos(&sim.workflows, &deployment_of);
+    let records = shell_common::load_records(&sim.workflows)?;
+    let planner = shell_common::build_planner(&sim.pool.devices, &deployments, &sim.policy, sim.options, &sim.predictor)?;
+    let sizes: Vec<usize> = records.iter().map(|r| r.len()).collect();
+    let trace = arrivals::trace(sim.arrival, sim.sessions, &sizes, sim.seed);
+    let total = trace.len();
+    let clock = Clock::start(cfg.speed);
+    let ctx = Arc::new(RunContext {
+        workflows: sim.workflows.clone(),
+        seed: sim.seed,
+        deployments,
+        deployment_of,
+        node_info,
+        clock,
+        retry: cfg.retry,
+        stream: cfg.stream,
+        tools: ToolsHandle::default(),
+    });
+    let args = PlannerArgs {
+        ctx: Arc::clone(&ctx),
+        planner,
+        factory,
+        devices: sim.pool.devices.clone(),
+        trace: trace.clone(),
+        records,
+        meta: ReportMeta {
+            policy: sim.policy.clone(),
+            seed: sim.seed,
+            noise_seed: sim.noise_seed,
+            arrival: sim.arrival.to_string(),
+            pool: sim.pool.name.clone(),
+        },
+        sleep_on_reclaim: cfg.sleep_on_reclaim,
+        telemetry_every: cfg.telemetry_every,
+        tool_workers: sim.tool_workers,
+        tick: cfg.tick,
+        progress,
+    };
+    let (planner, handle) =
+        Actor::spawn(None, PlannerActor, args).await.map_err(|e| LiveError::Spawn(e.to_string()))?;
+
+    // Release sessions at their arrival times.
+    let arrivals_task = {
+        let planner = planner.clone();
+        tokio::spawn(async move {
+            for (i, e) in trace.iter().enumerate() {
+                tokio::time::sleep_until(clock.instant_of(e.at).into()).await;
+                if planner.send_message(PlannerMsg::Arrive(i)).is_err() {
+                    return;
+                }
+            }
+        })
+    };
+
+    let wait = planner.call(PlannerMsg::WaitDone, None);
+    let waited = match cfg.deadline {
+        Some(d) => match tokio::time::timeout(d, wait).await {
+            Ok(r) => Some(r),
+            Err(_) => None,
+        },
+        None => Some(wait.await),
+    };
+    let mut stopped: Option<String> = None;
+    match waited {
+        Some(Ok(CallResult::Success(Ok(())))) => {}
+        Some(Ok(CallResult::Success(Err(reason)))) => stopped = Some(reason),
+        Some(Ok(_)) | Some(Err(_)) => {
+            arrivals_task.abort();
+            return Err(LiveError::PlannerGone("no answer to the wait for the end of the run".into()));
+        }
+        None => {
+            // Deadline: fail what is open, give sessions a moment to report, then stop.
+            arrivals_task.abort();
+            let reason = format!("the run's deadline of {:.1} s passed", cfg.deadline.unwrap_or_default().as_secs_f64());
+            let _ = planner.send_message(PlannerMsg::Abort(reason));
+            let _ = tokio::time::timeout(Duration::from_secs(5), planner.call(PlannerMsg::WaitDone, None)).await;
+        }
+    }
+    arrivals_task.abort();
+    let out = match planner.call(PlannerMsg::Shutdown, Some(Duration::from_secs(120))).await {
+        Ok(CallResult::Success(out)) => *out,
+        _ => return Err(LiveError::PlannerGone("no answer to the shutdown".into())),
+    };
+    let _ = handle.await;
+    if let Some(reason) = stopped {
+        return Err(LiveError::Stopped {
+            reason,
+            sessions_ended: out.report.sessions_completed + out.report.sessions_failed,
+            sessions_total: total,
+        });
+    }
+    Ok(out)
+}

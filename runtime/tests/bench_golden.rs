@@ -1,0 +1,109 @@
+//! Golden bench report: one small configuration (2 sessions per workflow of the three paper
+//! workflows on `workflows/pools/small.yaml`, burst, one repetition, every policy, ablation and
+//! predictor row) compared byte for byte with `tests/golden/bench_small.json`, so any change of
+//! a number the bench reports fails here.
+//!
+//! After an intended change, regenerate the golden file and review its diff:
+//!
+//! ```sh
+//! SWITCHYARD_BLESS=1 cargo test -p switchyard-runtime --test bench_golden
+//! ```
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+
+use switchyard_runtime::bench::{BenchConfig, BenchReport, markdown, run_bench, write_outputs};
+use switchyard_runtime::sim::PoolSpec;
+use switchyard_runtime::workflow::load_workflow;
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn config() -> BenchConfig {
+    let workflows = ["gsm8k", "mbpp", "qmsum"]
+        .iter()
+        .map(|w| Arc::new(load_workflow(&repo().join(format!("workflows/{w}.yaml"))).expect("workflow")))
+        .collect();
+    let pool = PoolSpec::load(&repo().join("workflows/pools/small.yaml")).expect("pool");
+    let mut cfg = BenchConfig::paper(workflows, pool).quick();
+    cfg.sessions = 2;
+    cfg
+}
+
+fn report() -> &'static BenchReport {
+    static REPORT: OnceLock<BenchReport> = OnceLock::new();
+    REPORT.get_or_init(|| run_bench(&config(), &|_, _| {}).expect("bench"))
+}
+
+#[test]
+fn the_small_bench_matches_its_golden_report() {
+    let json = serde_json::to_string_pretty(report()).expect("json") + "\n";
+    let golden = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/bench_small.json");
+    if std::env::var_os("SWITCHYARD_BLESS").is_some_and(|v| v == "1") {
+        std::fs::write(&golden, &json).expect("write golden");
+        return;
+    }
+    let expected = std::fs::read_to_string(&golden).expect(
+        "tests/golden/bench_small.json is missing: SWITCHYARD_BLESS=1 cargo test -p switchyard-runtime --test bench_golden",
+    );
+    assert!(
+        json == expected,
+        "the bench report changed; if intended, regenerate with \
+         SWITCHYARD_BLESS=1 cargo test -p switchyard-runtime --test bench_golden\n--- got ---\n{json}"
+    );
+}
+
+#[test]
+fn every_row_completes_and_stays_above_the_lower_bound() {
+    let r = report();
+    let names: Vec<&str> = r.runs.iter().map(|x| x.variant.as_str()).collect();
+    assert_eq!(
+        names,
+        ["parrot", "kairos", "joint", "no-fusion", "no-prefetch", "per-workflow-lifecycle", "predictor:oracle"]
+    );
+    let bound = r.lower_bounds.get("burst").expect("burst bound");
+    assert!(bound.makespan_s > 0.0 && bound.critical_path_s >= bound.first_load_s);
+    assert_eq!(r.lower_bound_s["burst"], bound.makespan_s);
+    for run in &r.runs {
+        assert_eq!(run.sessions_completed, 6.0, "{}", run.variant);
+        assert_eq!(run.sessions_failed, 0.0, "{}", run.variant);
+        assert!(run.makespan_s >= bound.makespan_s, "{}: {} < {}", run.variant, run.makespan_s, bound.makespan_s);
+        assert!(run.ratio_to_lower_bound >= 1.0, "{}", run.variant);
+        for (model, p) in &run.paths {
+            let b = bound.paths[model];
+            assert!(p.makespan_s >= b, "{} {model}: {} < {b}", run.variant, p.makespan_s);
+            assert!(p.makespan_s <= run.makespan_s + 1e-9);
+        }
+        assert_eq!(run.paths.len(), 2, "{}", run.variant);
+    }
+    // The oracle substitution is the joint run itself.
+    let joint = r.row("joint", "burst").expect("joint");
+    let oracle = r.row("predictor:oracle", "burst").expect("oracle row");
+    assert_eq!(joint.makespan_s, oracle.makespan_s);
+}
+
+#[test]
+fn the_report_renders_as_markdown_json_and_svg() {
+    let r = report();
+    let md = markdown(r);
+    for needle in ["## Figure 5", "### Qwen3-4B path", "## Figure 6", "## Figure 7", "## Lower bound", "| joint |"] {
+        assert!(md.contains(needle), "missing `{needle}` in\n{md}");
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let files = write_outputs(r, dir.path()).expect("write");
+    assert_eq!(files.len(), 5);
+    for f in &files {
+        let text = std::fs::read_to_string(f).expect("read");
+        if f.extension().is_some_and(|e| e == "svg") {
+            assert!(text.contains("<svg") && text.contains("<rect"), "{}", f.display());
+        }
+    }
+    let back: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("bench.json")).expect("json")).expect("parse");
+    let run = &back["runs"][0];
+    for key in ["policy", "arrival", "makespan_s", "latency_s", "gpu_seconds_per_session", "workflows"] {
+        assert!(!run[key].is_null(), "run lacks `{key}`");
+    }
+    assert!(back["lower_bound_s"]["burst"].is_number());
+}

@@ -1,0 +1,450 @@
+//! The live runtime (actors on tokio, wall-clock time) against in-memory fake engines:
+//! results equal the simulator's for the same seed, faults (a replica killed mid-run, engines
+//! answering garbage) are absorbed or reported, and every session ends exactly once. The fake
+//! engine returns the request's `emulated_output` after a short delay, counts its lifecycle
+//! calls, and refuses requests when it is not awake, so a runtime that misuses an engine fails
+//! these tests.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use switchyard_runtime::ids::SessionId;
+use switchyard_runtime::live::engine::{
+    Completion, Engine, EngineError, EngineFuture, EngineTelemetry, LlmRequest,
+};
+use switchyard_runtime::live::{
+    EngineFactory, EngineHandle, EngineTarget, LiveConfig, LiveOutput, RetryPolicy,
+};
+use switchyard_runtime::planner::JointOptions;
+use switchyard_runtime::session::Session;
+use switchyard_runtime::shell_common::{self, PrepareContext, Ready};
+use switchyard_runtime::sim::{self, Arrival, PoolSpec, SimConfig, arrivals};
+use switchyard_runtime::tokens;
+use switchyard_runtime::values::NodeOutput;
+use switchyard_runtime::workflow::{WorkflowSpec, load_workflow};
+use tokio::sync::watch;
+
+// ---------------------------------------------------------------------------------------------
+// A fake engine.
+
+/// Faults to inject, shared by every engine of a factory.
+#[derive(Default)]
+struct Faults {
+    /// Kill the engine that receives the N-th request (1-based) and every call in flight on it.
+    kill_at_request: Option<u64>,
+    /// A killed engine stays dead: `load` fails too (the process cannot start again).
+    stay_dead: bool,
+    /// Answer the first N attempts of every request with garbage.
+    bad_attempts_per_request: u32,
+    /// Answer every request for this model with garbage.
+    always_bad_model: Option<String>,
+}
+
+#[derive(Default)]
+struct Counters {
+    requests: AtomicU64,
+    loads: AtomicU64,
+    wakes: AtomicU64,
+    sleeps: AtomicU64,
+    unloads: AtomicU64,
+    kills: AtomicU64,
+    /// Completed answers per request id (each must be 1 at most).
+    answered: Mutex<BTreeMap<u64, u32>>,
+    attempts: Mutex<BTreeMap<u64, u32>>,
+}
+
+struct FakeEngine {
+    model: String,
+    delay: Duration,
+    faults: Arc<Faults>,
+    counters: Arc<Counters>,
+    /// true while the "process" is dead.
+    dead: watch::Sender<bool>,
+    awake: AtomicBool,
+}
+
+impl FakeEngine {
+    async fn answer(&self, request: LlmRequest) -> Result<Completion, EngineError> {
+        let t0 = Instant::now();
+        if *self.dead.borrow() {
+            return Err(EngineError::Unreachable("connection refused".into()));
+        }
+        if !self.awake.load(Ordering::SeqCst) {
+            return Err(EngineError::Rejected(format!("{} is not awake", self.model)));
+        }
+        if request.model != self.model {
+            return Err(EngineError::Rejected(format!("model `{}` is not served here", request.model)));
+        }
+        let n = self.counters.requests.fetch_add(1, Ordering::SeqCst) + 1;
+        if self.faults.kill_at_request == Some(n) {
+            self.counters.kills.fetch_add(1, Ordering::SeqCst);
+            self.awake.store(false, Ordering::SeqCst);
+            let _ = self.dead.send(true);
+            return Err(EngineError::Unreachable("connection reset by peer".into()));
+        }
+        let attempt = {
+            let mut a = self.counters.attempts.lock().unwrap();
+            let e = a.entry(request.id).or_insert(0);
+            *e += 1;
+            *e
+        };
+        if attempt <= self.faults.bad_attempts_per_request || self.faults.always_bad_model.as_deref() == Some(&self.model) {
+            return Err(EngineError::BadResponse("HTTP 500: internal server error".into()));
+        }
+        let mut died = self.dead.subscribe();
+        tokio::select! {
+            _ = tokio::time::sleep(self.delay) => {}
+            _ = died.wait_for(|d| *d) => return Err(EngineError::Unreachable("connection reset by peer".into())),
+        }
+        let text = request.emulated_output.clone().unwrap_or_default();
+        *self.counters.answered.lock().unwrap().entry(request.id).or_insert(0) += 1;
+        let latency_s = t0.elapsed().as_secs_f64();
+        Ok(Completion {
+            prompt_tokens: tokens::count(&request.prompt) as u32,
+            cached_prompt_tokens: 0,
+            output_tokens: (tokens::count(&text) as u32).max(1),
+            text,
+            ttft_s: latency_s,
+            latency_s,
+        })
+    }
+}
+
+impl Engine for FakeEngine {
+    fn kind(&self) -> &'static str {
+        "fake"
+    }
+    fn load(&self) -> EngineFuture<'_, ()> {
+        Box::pin(async move {
+            self.counters.loads.fetch_add(1, Ordering::SeqCst);
+            if *self.dead.borrow() && self.faults.stay_dead {
+                return Err(EngineError::Lifecycle("the server exits at start".into()));
+            }
+            let _ = self.dead.send(false);
+            self.awake.store(true, Ordering::SeqCst);
+            Ok(())
+        })
+    }
+    fn sleep(&self, _level: u8) -> EngineFuture<'_, ()> {
+        Box::pin(async move {
+            self.counters.sleeps.fetch_add(1, Ordering::SeqCst);
+            self.awake.store(false, Ordering::SeqCst);
+            Ok(())
+        })
+    }
+    fn wake(&self) -> EngineFuture<'_, ()> {
+        Box::pin(async move {
+            self.counters.wakes.fetch_add(1, Ordering::SeqCst);
+            if *self.dead.borrow() {
+                return Err(EngineError::Unreachable("connection refused".into()));
+            }
+            self.awake.store(true, Ordering::SeqCst);
+            Ok(())
+        })
+    }
+    fn unload(&self) -> EngineFuture<'_, ()> {
+        Box::pin(async move {
+            self.counters.unloads.fetch_add(1, Ordering::SeqCst);
+            self.awake.store(false, Ordering::SeqCst);
+            Ok(())
+        })
+    }
+    fn submit(&self, request: LlmRequest) -> EngineFuture<'_, Completion> {
+        Box::pin(self.answer(request))
+    }
+    fn telemetry(&self) -> EngineFuture<'_, EngineTelemetry> {
+        Box::pin(async move {
+            if *self.dead.borrow() {
+                return Err(EngineError::Unreachable("connection refused".into()));
+            }
+            Ok(EngineTelemetry { sleeping: !self.awake.load(Ordering::SeqCst), ..EngineTelemetry::default() })
+        })
+    }
+}
+
+struct FakeFactory {
+    delay: Duration,
+    faults: Arc<Faults>,
+    counters: Arc<Counters>,
+}
+
+impl FakeFactory {
+    fn new(delay_ms: u64, faults: Faults) -> Arc<Self> {
+        Arc::new(FakeFactory {
+            delay: Duration::from_millis(delay_ms),
+            faults: Arc::new(faults),
+            counters: Arc::new(Counters::default()),
+        })
+    }
+}
+
+impl EngineFactory for FakeFactory {
+    fn create(&self, target: &EngineTarget<'_>) -> Result<EngineHandle, EngineError> {
+        let engine = FakeEngine {
+            model: target.deployment.model.clone(),
+            delay: self.delay,
+            faults: Arc::clone(&self.faults),
+            counters: Arc::clone(&self.counters),
+            dead: watch::channel(false).0,
+            awake: AtomicBool::new(false),
+        };
+        Ok(EngineHandle { engine: Arc::new(engine), served_model: target.deployment.model.clone() })
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Set-up.
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn workflows(names: &[&str]) -> Vec<Arc<WorkflowSpec>> {
+    names
+        .iter()
+        .map(|n| Arc::new(load_workflow(&repo().join("workflows").join(format!("{n}.yaml"))).expect("bundled workflow")))
+        .collect()
+}
+
+fn sim_config(names: &[&str], sessions: usize, pool: &str, seed: u64) -> SimConfig {
+    SimConfig {
+        workflows: workflows(names),
+        sessions,
+        arrival: Arrival::Burst,
+        seed,
+        noise_seed: 0,
+        pool: PoolSpec::load(&repo().join("workflows/pools").join(format!("{pool}.yaml"))).expect("bundled pool"),
+        policy: "joint".into(),
+        options: JointOptions { fusion: true, prefetch: true, shared_lifecycle: true },
+        predictor: "oracle".into(),
+        tool_workers: 2,
+        max_num_seqs: 256,
+    }
+}
+
+fn live_config(run: SimConfig) -> LiveConfig {
+    let mut cfg = LiveConfig::new(run);
+    cfg.speed = 1000.0;
+    cfg.retry = RetryPolicy { backoff: Duration::from_millis(2), ..RetryPolicy::default() };
+    cfg.telemetry_every = Some(Duration::from_millis(20));
+    cfg.deadline = Some(Duration::from_secs(60));
+    cfg.tick = Duration::from_millis(20);
+    cfg
+}
+
+fn run_live(cfg: &LiveConfig, factory: Arc<FakeFactory>) -> LiveOutput {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    rt.block_on(switchyard_runtime::live::run(cfg, factory, None)).expect("the live run finishes")
+}
+
+/// The outcome of every session computed without any scheduling: each session driven alone,
+/// activation by activation, with the shared prepare step and the real tools.
+fn reference(cfg: &SimConfig) -> BTreeMap<SessionId, (Option<NodeOutput>, Option<f64>)> {
+    let (table, of) = shell_common::deployment_table(&cfg.workflows, cfg.max_num_seqs).unwrap();
+    let info = shell_common::node_infos(&cfg.workflows, &of);
+    let records = shell_common::load_records(&cfg.workflows).unwrap();
+    let sizes: Vec<usize> = records.iter().map(|r| r.len()).collect();
+    let ctx = PrepareContext { seed: cfg.seed, deployments: &table, deployment_of: &of, node_info: &info };
+    let mut out = BTreeMap::new();
+    for (i, e) in arrivals::trace(cfg.arrival, cfg.sessions, &sizes, cfg.seed).iter().enumerate() {
+        let id = SessionId(i as u32);
+        let w = e.workflow as usize;
+        let mut s = Session::new(id, Arc::clone(&cfg.workflows[w]), records[w][e.record].clone()).unwrap();
+        while let Some(a) = s.ready().first().copied() {
+            let output = match shell_common::prepare(&ctx, &mut s, e.workflow, a, 0.0).unwrap() {
+                Ready::Tool { call, .. } => {
+                    let o = switchyard_tools::run_tool(&call).unwrap();
+                    NodeOutput { text: o.text, verdict: o.verdict, value: o.value, output_tokens: 0 }
+                }
+                Ready::Llm { prepared, .. } => {
+                    s.mark_running(a.index).unwrap();
+                    prepared.output
+                }
+                Ready::Fail(r) => panic!("reference session {id} failed: {r}"),
+            };
+            s.complete(a.index, output).unwrap();
+        }
+        assert!(s.is_finished(), "reference session {id} did not finish");
+        out.insert(id, (s.final_output().cloned(), shell_common::session_score(&s)));
+    }
+    out
+}
+
+fn assert_each_session_once(out: &LiveOutput, total: usize) {
+    let ids: BTreeSet<SessionId> = out.sessions.iter().map(|s| s.session).collect();
+    assert_eq!(out.sessions.len(), total, "one result per session");
+    assert_eq!(ids.len(), total, "no session reported twice");
+}
+
+fn call_keys(calls: &[sim::CallRecord]) -> Vec<(u32, u32, u32, u32, u32)> {
+    let mut k: Vec<_> = calls.iter().map(|c| (c.session, c.activation, c.node, c.prompt_tokens, c.output_tokens)).collect();
+    k.sort_unstable();
+    k
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tests.
+
+#[test]
+fn results_equal_the_simulators_for_the_same_seed() {
+    let run = sim_config(&["gsm8k", "mbpp", "qmsum"], 3, "small", 11);
+    let simulated = sim::simulate(&run, &mut |_, _| {}).expect("simulation");
+    let factory = FakeFactory::new(2, Faults::default());
+    let live = run_live(&live_config(run.clone()), Arc::clone(&factory));
+
+    assert!(live.report.failures.is_empty(), "{:?}", live.report.failures);
+    assert_each_session_once(&live, 9);
+    let (s, l) = (&simulated.report, &live.report);
+    assert_eq!((l.sessions_total, l.sessions_completed), (s.sessions_total, s.sessions_completed));
+    assert_eq!((l.llm_calls, l.tool_calls), (s.llm_calls, s.tool_calls));
+    for (name, w) in &s.workflows {
+        assert_eq!(l.workflows[name].accuracy, w.accuracy, "accuracy of {name}");
+        assert_eq!(l.workflows[name].sessions_completed, w.sessions_completed, "{name}");
+    }
+    // The same activations ran, with the same prompts (token counts) and outputs, per session.
+    assert_eq!(call_keys(&live.calls), call_keys(&simulated.calls));
+    // Per session: the final answer and its score equal those of an unscheduled reference run.
+    let expected = reference(&run);
+    for r in &live.sessions {
+        let (output, score) = &expected[&r.session];
+        assert_eq!(&r.final_output, output, "final output of {}", r.session);
+        assert_eq!(&r.score, score, "score of {}", r.session);
+    }
+    // The engines were driven through their lifecycle and every request answered once.
+    let c = &factory.counters;
+    assert!(c.loads.load(Ordering::SeqCst) >= 1);
+    assert!(c.answered.lock().unwrap().values().all(|&n| n == 1));
+    assert_eq!(c.answered.lock().unwrap().len() as u64, l.llm_calls);
+    // GPU time partitions the window on every device, as in the simulator.
+    let window = live.window.1 - live.window.0;
+    let total = l.gpu_seconds_total.total();
+    assert!((total - window * l.gpus as f64).abs() < 0.01 + 1e-6 * total, "{total} vs {window}");
+    assert!(!live.telemetry.is_empty(), "replicas report telemetry");
+}
+
+#[test]
+fn a_replica_killed_mid_run_is_restarted_and_every_session_completes_once() {
+    let run = sim_config(&["gsm8k", "qmsum"], 3, "small", 5);
+    let expected = reference(&run);
+    let factory = FakeFactory::new(5, Faults { kill_at_request: Some(6), ..Faults::default() });
+    let live = run_live(&live_config(run), Arc::clone(&factory));
+    assert_eq!(factory.counters.kills.load(Ordering::SeqCst), 1, "the fault fired");
+    assert!(live.faults.restarts >= 1, "{:?}", live.faults);
+    assert!(live.report.failures.is_empty(), "{:?}", live.report.failures);
+    assert_each_session_once(&live, 6);
+    for r in &live.sessions {
+        assert_eq!(r.final_output, expected[&r.session].0, "{}", r.session);
+    }
+    assert!(factory.counters.answered.lock().unwrap().values().all(|&n| n == 1));
+}
+
+#[test]
+fn calls_of_a_replica_that_stays_dead_move_to_another_replica() {
+    // Two A100s: gsm8k's models fit either, so a dead device's calls have somewhere to go.
+    let mut run = sim_config(&["gsm8k"], 4, "small", 3);
+    run.pool.devices = vec![run.pool.devices[0].clone(), run.pool.devices[0].clone()];
+    let expected = reference(&run);
+    let factory = FakeFactory::new(5, Faults { kill_at_request: Some(3), stay_dead: true, ..Faults::default() });
+    let live = run_live(&live_config(run), Arc::clone(&factory));
+    assert_eq!(factory.counters.kills.load(Ordering::SeqCst), 1);
+    assert!(live.faults.migrated_calls >= 1, "{:?}", live.faults);
+    assert!(live.report.failures.is_empty(), "{:?}", live.report.failures);
+    assert_each_session_once(&live, 4);
+    for r in &live.sessions {
+        assert_eq!(r.final_output, expected[&r.session].0, "{}", r.session);
+    }
+    assert!(live.notes.iter().any(|n| n.contains("was lost")), "{:?}", live.notes);
+}
+
+#[test]
+fn bad_answers_are_retried_with_backoff() {
+    let run = sim_config(&["qmsum"], 2, "small", 9);
+    let factory = FakeFactory::new(1, Faults { bad_attempts_per_request: 2, ..Faults::default() });
+    let live = run_live(&live_config(run), Arc::clone(&factory));
+    assert!(live.report.failures.is_empty(), "{:?}", live.report.failures);
+    assert_eq!(live.report.sessions_completed, 2);
+    // Two extra attempts per call.
+    assert_eq!(live.faults.retries, 2 * live.report.llm_calls, "{:?}", live.faults);
+}
+
+#[test]
+fn a_backend_that_keeps_answering_garbage_fails_its_sessions_with_the_reason() {
+    let run = sim_config(&["qmsum"], 2, "small", 9);
+    let model = run.workflows[0].deployments.values().next().unwrap().model.clone();
+    let factory = FakeFactory::new(1, Faults { always_bad_model: Some(model), ..Faults::default() });
+    let live = run_live(&live_config(run), Arc::clone(&factory));
+    assert_each_session_once(&live, 2);
+    assert_eq!(live.report.sessions_failed, 2);
+    for r in &live.sessions {
+        let reason = r.failed.as_deref().unwrap_or_default();
+        assert!(reason.contains("answered badly 4 times") && reason.contains("HTTP 500"), "{reason}");
+    }
+}
+
+#[test]
+fn units_no_device_can_serve_fail_their_sessions_instead_of_hanging() {
+    // MBPP's 14B model does not fit a V100-32GB at 0.9 utilisation.
+    let mut run = sim_config(&["mbpp"], 1, "small", 2);
+    run.pool.devices = vec![run.pool.devices[1].clone()];
+    let live = run_live(&live_config(run), FakeFactory::new(1, Faults::default()));
+    assert_each_session_once(&live, 1);
+    assert_eq!(live.report.sessions_failed, 1);
+    assert!(live.report.failures[0].contains("could not be placed"), "{:?}", live.report.failures);
+}
+
+/// The runtime's own overhead per LLM call (actor hops session → planner → replica → engine →
+/// replica → planner → session, plus any wait for a grant) against calling the engine directly.
+/// Run with `cargo test -p switchyard-runtime --test live_runtime -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn overhead_per_llm_call() {
+    let percentiles = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        let at = |p: f64| v[((p * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1];
+        (at(0.5), at(0.99), v.len())
+    };
+    // Directly: the same fake engine, awaited in a loop.
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let factory = FakeFactory::new(0, Faults::default());
+    let direct: Vec<f64> = rt.block_on(async {
+        let cfg = sim_config(&["gsm8k"], 1, "paper", 1);
+        let (table, _) = shell_common::deployment_table(&cfg.workflows, 256).unwrap();
+        let spec = cfg.pool.devices[0].clone();
+        let target = EngineTarget {
+            replica: switchyard_runtime::ids::ReplicaId(0),
+            device: switchyard_runtime::ids::DeviceId(0),
+            device_spec: &spec,
+            deployment: &table[0],
+        };
+        let h = factory.create(&target).unwrap();
+        h.engine.load().await.unwrap();
+        let mut out = Vec::new();
+        for id in 0..2000 {
+            let req = LlmRequest {
+                id,
+                model: h.served_model.clone(),
+                prompt: "Question: what is 2 + 2?".into(),
+                max_tokens: 16,
+                emulated_output: Some("4".into()),
+                stream: false,
+            };
+            let t0 = Instant::now();
+            h.engine.submit(req).await.unwrap();
+            out.push(t0.elapsed().as_secs_f64());
+        }
+        out
+    });
+    drop(rt);
+    let mut cfg = live_config(sim_config(&["gsm8k", "qmsum"], 40, "paper", 1));
+    cfg.run.arrival = Arrival::Poisson(4.0);
+    cfg.speed = 1.0;
+    let live = run_live(&cfg, FakeFactory::new(0, Faults::default()));
+    assert!(live.report.failures.is_empty(), "{:?}", live.report.failures);
+    let (d50, d99, n) = percentiles(direct);
+    let (o50, o99, m) = percentiles(live.timings.iter().map(|t| t.overhead_s()).collect());
+    println!("direct engine call: median {:.1} µs, p99 {:.1} µs over {n} calls", d50 * 1e6, d99 * 1e6);
+    println!("added by the live runtime per LLM call: median {:.1} µs, p99 {:.1} µs over {m} calls", o50 * 1e6, o99 * 1e6);
+}

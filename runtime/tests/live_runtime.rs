@@ -386,8 +386,8 @@ fn a_backend_that_keeps_answering_garbage_fails_its_sessions_with_the_reason() {
 
 #[test]
 fn units_no_device_can_serve_fail_their_sessions_instead_of_hanging() {
-    // MBPP's 14B model does not fit a V100-32GB at 0.9 utilisation.
-    let mut run = sim_config(&["mbpp"], 1, "small", 2);
+    // GSM8K's 14B solver does not fit a V100-32GB at 0.9 utilisation.
+    let mut run = sim_config(&["gsm8k"], 1, "small", 2);
     run.pool.devices = vec![run.pool.devices[1].clone()];
     let live = run_live(&live_config(run), FakeFactory::new(1, Faults::default()));
     assert_each_session_once(&live, 1);

@@ -283,6 +283,37 @@ fn refine_without_a_majority_rederives_or_keeps_the_plurality() {
 }
 
 #[test]
+fn refine_falls_back_on_the_strongest_solver() {
+    let mut c = cases().remove(1);
+    let solver = |a: &str, model: &str| NodeOutput {
+        text: format!("work\n#### {a}"),
+        value: json!({"answer": a, "model": model}),
+        ..NodeOutput::default()
+    };
+    c.upstream.push(("solve_0_6b".into(), solver("200000", "Qwen3-0.6B")));
+    c.upstream.push(("solve_14b".into(), solver("69999", "Qwen3-14B")));
+    c.upstream.push(("solve_4b".into(), solver("70000", "Qwen3-4B")));
+    let mut seen = std::collections::BTreeSet::new();
+    for seed in 0..200 {
+        let out = ok(run(&c, LengthDist { mean: 300.0, cv: 0.0 }, 512, seed));
+        let answer = extract_gsm8k_answer(&out.text);
+        match out.value["rule"].as_str() {
+            Some("rederived") => assert_eq!(answer.as_deref(), Some("70000")),
+            Some("strongest_solver") => assert_eq!(answer.as_deref(), Some("69999")),
+            other => panic!("unexpected rule {other:?}"),
+        }
+        seen.insert(out.value["rule"].to_string());
+    }
+    assert_eq!(seen.len(), 2);
+}
+
+#[test]
+fn solver_outputs_name_their_model() {
+    let out = ok(run(&cases()[0], LengthDist { mean: 100.0, cv: 0.0 }, 512, 1));
+    assert_eq!(out.value["model"], json!("Qwen3-4B"));
+}
+
+#[test]
 fn refine_counts_solver_outputs_when_no_vote_is_upstream() {
     let mut c = cases().remove(1);
     let solver = |a: &str| NodeOutput { text: format!("work\n#### {a}"), ..NodeOutput::default() };

@@ -32,7 +32,7 @@ use super::session_actor::{SessionActor, SessionArgs};
 use super::shell::{FaultCounters, LiveOutput};
 use super::tools_actor::{ToolsActor, ToolsArgs};
 use crate::ids::{ActivationId, DeviceId, ReplicaId, SessionId};
-use crate::planner::{Command, DeploymentId, Event, Planner, ReplicaPhase};
+use crate::planner::{Command, DeploymentId, Event, Planner, ReplicaPhase, WorkItem};
 use crate::report::{DeviceTimeline, Segment, SegmentKind};
 use crate::session::Session;
 use crate::shell_common::{self, Counters, ReportInput, SessionRecord, TokenWork};
@@ -106,9 +106,14 @@ pub struct PlannerActorState {
 
     sessions: BTreeMap<SessionId, ActorRef<SessionMsg>>,
     session_cells: BTreeMap<ActorId, SessionId>,
-    pending: BTreeMap<ActivationId, PendingCall>,
+    /// Ready units waiting for a grant, with their prepared requests.
+    pending: BTreeMap<ActivationId, (WorkItem, PendingCall)>,
     in_flight: BTreeMap<ActivationId, InFlight>,
     replicas: BTreeMap<ReplicaId, ReplicaEntry>,
+    /// Replicas lost (or whose actor stopped) that the core may still grant units to.
+    gone: BTreeSet<ReplicaId>,
+    /// Grants the core made to a gone replica: released and requeued by `replica_gone`.
+    regrants: Vec<(ReplicaId, WorkItem, PendingCall)>,
     replica_cells: BTreeMap<ActorId, ReplicaId>,
     parked: BTreeMap<(DeviceId, DeploymentId), Vec<EngineHandle>>,
     lifecycle_tail: BTreeMap<DeviceId, oneshot::Receiver<()>>,
@@ -161,6 +166,8 @@ impl Actor for PlannerActor {
             pending: BTreeMap::new(),
             in_flight: BTreeMap::new(),
             replicas: BTreeMap::new(),
+            gone: BTreeSet::new(),
+            regrants: Vec::new(),
             replica_cells: BTreeMap::new(),
             parked: BTreeMap::new(),
             lifecycle_tail: BTreeMap::new(),
@@ -248,7 +255,7 @@ impl PlannerActorState {
                 if !self.sessions.contains_key(&item.activation.session) {
                     return;
                 }
-                self.pending.insert(item.activation, call);
+                self.pending.insert(item.activation, (item.clone(), call));
                 self.plan(myself, Event::UnitReady(item)).await;
             }
             PlannerMsg::NearReady(item) => {
@@ -423,6 +430,10 @@ impl PlannerActorState {
             }
             Command::Unload { replica } => {
                 let Some(r) = self.replicas.remove(&replica) else {
+                    if self.gone.contains(&replica) {
+                        // Reclaiming a replica that is already gone: nothing left to do.
+                        return;
+                    }
                     return self.set_fatal(format!("unload of unknown replica {replica}"));
                 };
                 self.close_segments(&r);
@@ -431,35 +442,37 @@ impl PlannerActorState {
                 let _ = r.actor.send_message(ReplicaMsg::Reclaim { park: self.sleep_on_reclaim, ticket });
             }
             Command::Dispatch { activation, replica } => {
-                let Some(mut call) = self.pending.remove(&activation) else {
+                let Some((item, mut call)) = self.pending.remove(&activation) else {
                     return self.set_fatal(format!("dispatch of unprepared unit {activation}"));
                 };
                 let Some(r) = self.replicas.get_mut(&replica) else {
+                    if self.gone.contains(&replica) {
+                        self.regrants.push((replica, item, call));
+                        return;
+                    }
                     return self.set_fatal(format!("dispatch to unknown replica {replica}"));
                 };
                 let id = self.next_request;
                 self.next_request += 1;
                 call.request.id = id;
-                let deployment = r.deployment;
-                let sent = r.actor.send_message(ReplicaMsg::Submit { activation, request: call.request.clone() }).is_ok();
+                let submit = ReplicaMsg::Submit { activation, request: call.request.clone() };
+                if r.actor.send_message(submit).is_err() {
+                    // The replica actor is gone and its supervision event is on its way:
+                    // `replica_gone` releases this grant and requeues the unit.
+                    self.gone.insert(replica);
+                    self.regrants.push((replica, item, call));
+                    return;
+                }
                 if r.serving == 0 {
                     r.busy_since = Some(self.ctx.clock.wall());
                 }
                 r.serving += 1;
+                let deployment = r.deployment;
                 let workflow = self.session_workflow(activation.session).unwrap_or(0);
                 self.counters.llm_calls += 1;
-                let expected = call.expected_output_tokens;
                 self.in_flight.insert(activation, InFlight { replica, workflow, deployment, call });
                 if let Some(s) = self.sessions.get(&activation.session) {
                     let _ = s.send_message(SessionMsg::Dispatched { activation, replica });
-                }
-                if !sent {
-                    // The replica actor is gone; its loss is on its way. Release and requeue now.
-                    self.take_in_flight(activation);
-                    follow.push_back(Event::UnitFinished { activation, replica, output_tokens: expected });
-                    if let Some(s) = self.sessions.get(&activation.session) {
-                        let _ = s.send_message(SessionMsg::Requeue { activation });
-                    }
                 }
             }
         }
@@ -590,37 +603,67 @@ impl PlannerActorState {
     }
 
     /// A replica is gone (its load failed, its restarts were exhausted, or its actor stopped):
-    /// release its calls in the core, drop it from the view, and have the sessions requeue the
-    /// calls so the core places them elsewhere.
+    /// release every lease the core holds on it (grants it makes to it meanwhile included),
+    /// drop it from the view, and requeue its units so the core places them elsewhere: units
+    /// already running there through their sessions, units granted but never sent directly.
     async fn replica_gone(&mut self, myself: &ActorRef<PlannerMsg>, replica: ReplicaId, reason: String) {
-        let Some(entry) = self.replicas.get(&replica) else { return };
-        let was_loading = self.planner.state().replica(replica).is_some_and(|v| matches!(v.phase, ReplicaPhase::Loading { .. }));
+        let Some(entry) = self.replicas.remove(&replica) else {
+            if self.gone.contains(&replica) {
+                self.release_regrants(myself, replica, &reason).await;
+            }
+            return;
+        };
+        self.gone.insert(replica);
+        self.close_segments(&entry);
+        let was_loading = entry.loading_since.is_some();
         let lost: Vec<ActivationId> =
             self.in_flight.iter().filter(|(_, f)| f.replica == replica).map(|(a, _)| *a).collect();
-        let device = entry.device;
-        tracing::warn!(%replica, %device, %reason, calls = lost.len(), "replica gone");
+        tracing::warn!(%replica, device = %entry.device, %reason, calls = lost.len(), "replica gone");
         if !was_loading {
-            self.note(format!("replica {replica} on {device} was lost ({reason}); its calls moved to other replicas"));
+            self.note(format!("replica {replica} on {} was lost ({reason}); its calls moved to other replicas", entry.device));
         }
         let mut released = Vec::new();
-        for a in &lost {
-            if let Some(f) = self.take_in_flight(*a) {
-                released.push((*a, f.call.expected_output_tokens));
+        for a in lost {
+            if let Some(f) = self.in_flight.remove(&a) {
+                released.push((a, f.call.expected_output_tokens));
             }
-        }
-        if let Some(entry) = self.replicas.remove(&replica) {
-            self.close_segments(&entry);
         }
         self.faults.migrated_calls += released.len() as u64;
         for (activation, output_tokens) in &released {
             self.plan(myself, Event::UnitFinished { activation: *activation, replica, output_tokens: *output_tokens }).await;
         }
-        if self.planner.state().replica(replica).is_some() {
-            self.plan(myself, Event::ReplicaLoadFailed { replica, reason }).await;
-        }
+        self.release_regrants(myself, replica, &reason).await;
         for (activation, _) in released {
             if let Some(s) = self.sessions.get(&activation.session) {
                 let _ = s.send_message(SessionMsg::Requeue { activation });
+            }
+        }
+    }
+
+    /// Release the grants the core made to gone `replica`, take it out of the view, and put
+    /// those units back into the queue.
+    async fn release_regrants(&mut self, myself: &ActorRef<PlannerMsg>, replica: ReplicaId, reason: &str) {
+        let mut requeue = Vec::new();
+        loop {
+            let (mine, rest): (Vec<_>, Vec<_>) = std::mem::take(&mut self.regrants).into_iter().partition(|g| g.0 == replica);
+            self.regrants = rest;
+            if mine.is_empty() {
+                break;
+            }
+            for (_, item, call) in mine {
+                let activation = item.activation;
+                let output_tokens = call.expected_output_tokens;
+                requeue.push((item, call));
+                self.plan(myself, Event::UnitFinished { activation, replica, output_tokens }).await;
+            }
+        }
+        if self.planner.state().replica(replica).is_some() {
+            self.plan(myself, Event::ReplicaLoadFailed { replica, reason: reason.to_string() }).await;
+        }
+        for (item, call) in requeue {
+            if self.sessions.contains_key(&item.activation.session) {
+                self.pending.insert(item.activation, (item.clone(), call));
+                self.plan(myself, Event::UnitReady(item)).await;
             }
         }
     }

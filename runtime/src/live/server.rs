@@ -537,6 +537,64 @@ impl EmulateApp {
     }
 }
 
+/// Parses a `--dtype` value: ours (`fp16`, `bf16`, `fp32`, `fp8`) or vLLM's spelling
+/// (`float16`/`half`, `bfloat16`, `float32`/`float`). vLLM's `auto` (the checkpoint's dtype)
+/// is refused: the emulator needs an explicit one.
+pub fn parse_dtype(text: &str) -> Result<Dtype, String> {
+    match text.to_ascii_lowercase().as_str() {
+        "fp16" | "float16" | "half" => Ok(Dtype::Fp16),
+        "bf16" | "bfloat16" => Ok(Dtype::Bf16),
+        "fp32" | "float32" | "float" => Ok(Dtype::Fp32),
+        "fp8" => Ok(Dtype::Fp8),
+        other => Err(format!(
+            "unknown dtype `{other}` (fp16/float16/half, bf16/bfloat16, fp32/float32, fp8)"
+        )),
+    }
+}
+
+/// Runs the server on its own tokio runtime until SIGINT or SIGTERM (the `switchyard emulate`
+/// command). `on_listening` is told the bound address before the start-up load begins.
+pub fn run_blocking(
+    config: EmulateConfig,
+    addr: SocketAddr,
+    on_listening: impl FnOnce(SocketAddr),
+) -> Result<(), ServeError> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|source| ServeError::Io {
+            context: "cannot start the async runtime".into(),
+            source,
+        })?;
+    runtime.block_on(async move {
+        let app = EmulateApp::new(config)?;
+        let listener = TcpListener::bind(addr).await.map_err(|source| ServeError::Io {
+            context: format!("cannot bind {addr}"),
+            source,
+        })?;
+        let bound = listener.local_addr().map_err(|source| ServeError::Io {
+            context: "cannot read the bound address".into(),
+            source,
+        })?;
+        let mut terminate =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).map_err(
+                |source| ServeError::Io {
+                    context: "cannot install the SIGTERM handler".into(),
+                    source,
+                },
+            )?;
+        on_listening(bound);
+        app.serve(listener, async move {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = terminate.recv() => {}
+            }
+        })
+        .await
+    })
+}
+
 /// Fails everything in flight (the server is going away) and refuses new requests.
 fn close(shared: &Shared) {
     let mut core = shared.lock();
@@ -1387,6 +1445,15 @@ async fn collective_rpc(body: Bytes) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dtype_names_of_both_vocabularies() {
+        assert_eq!(parse_dtype("float16"), Ok(Dtype::Fp16));
+        assert_eq!(parse_dtype("FP16"), Ok(Dtype::Fp16));
+        assert_eq!(parse_dtype("bfloat16"), Ok(Dtype::Bf16));
+        assert_eq!(parse_dtype("fp32"), Ok(Dtype::Fp32));
+        assert!(parse_dtype("auto").is_err());
+    }
 
     #[test]
     fn chat_template_is_chatml() {

@@ -134,14 +134,15 @@ fn coder_output(
     target: usize,
 ) -> Result<String, ResponderError> {
     let head = format!("{intro}```python\n{code}\n```");
-    let tests = optional_tests(req)?;
+    // Only the asserts the prompt shows: the model has not seen the hidden ones.
+    let tests: Vec<&str> = optional_tests(req)?.into_iter().filter(|t| req.prompt.contains(t.trim())).collect();
     let lines = explanation_lines(code, optional_str(req, "prompt"), &tests, lead);
     Ok(fit(&head, "", target, &mut |i| lines[i % lines.len()].clone()))
 }
 
 /// `mbpp.generate`: a ```` ```python ```` block with the reference solution (probability: the
 /// model's MBPP pass@1) or a mutant, then an explanation. Needs `input.code`; uses
-/// `input.prompt` and `input.test_list` when present.
+/// `input.prompt` and those `input.test_list` asserts that the prompt shows, when present.
 pub(crate) fn generate(
     req: &ResponderRequest,
     rng: &mut ChaCha8Rng,

@@ -30,6 +30,11 @@
 //! order until the target length. This is our own simple baseline in the spirit of the
 //! "locate, then summarize" pipeline of the QMSum paper (Zhong et al., NAACL 2021, §4).
 //!
+//! Measured (`runtime/tests/responder_measure.rs`): the nine-call pipeline of
+//! `workflows/qmsum.yaml` over the 35 test meetings (general query 0) ends with a mean
+//! ROUGE-L F1 of 0.137 against the reference summaries (unstemmed, whole-text LCS: extractive
+//! sentences against abstractive references); all 315 calls take ~2 s in a debug build.
+//!
 //! Depends on `super::{fit, text}`; never reads files.
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -10,8 +10,8 @@
 //! `GET /health`; `GET /metrics`.
 //!
 //! Errors: connection refused/reset, timeouts and a stream cut short → `Unreachable`; HTTP 5xx
-//! and unparsable answers → `BadResponse`; HTTP 4xx → `Rejected`. One HTTP request per call:
-//! no hidden retries (the replica actor decides).
+//! and unparsable answers → `BadResponse` (and 429: overload); other 4xx → `Rejected`. One HTTP
+//! request per call, no hidden retries (the replica actor decides).
 //!
 //! Timing: TTFT is the time to the first streamed choice chunk; without streaming the first
 //! token is not observable, and TTFT is the time to the (complete) response.
@@ -115,10 +115,12 @@ fn excerpt(body: &str) -> String {
     }
 }
 
-/// Maps a non-success status to the error kind (4xx → Rejected, else → BadResponse).
+/// Maps a non-success status to the error kind: 4xx → Rejected (the request itself is
+/// wrong), except 429 Too Many Requests, which is overload and may succeed later or
+/// elsewhere → BadResponse like 5xx.
 pub(crate) fn status_error(what: &str, status: StatusCode, body: &str) -> EngineError {
     let message = format!("{what}: HTTP {status}: {}", excerpt(body));
-    if status.is_client_error() {
+    if status.is_client_error() && status != StatusCode::TOO_MANY_REQUESTS {
         EngineError::Rejected(message)
     } else {
         EngineError::BadResponse(message)
@@ -622,6 +624,7 @@ mod tests {
     fn status_classes_map_to_error_kinds() {
         assert!(matches!(status_error("x", StatusCode::NOT_FOUND, ""), EngineError::Rejected(_)));
         assert!(matches!(status_error("x", StatusCode::BAD_GATEWAY, ""), EngineError::BadResponse(_)));
+        assert!(matches!(status_error("x", StatusCode::TOO_MANY_REQUESTS, ""), EngineError::BadResponse(_)));
         assert!(matches!(
             status_error("x", StatusCode::SERVICE_UNAVAILABLE, "asleep"),
             EngineError::BadResponse(m) if m.contains("asleep")

@@ -1,0 +1,385 @@
+//! The engines against real servers over loopback: `HttpEngine` and `OpenAiEngine` against an
+//! in-process `switchyard emulate` server (and a stub that counts hits, to prove no hidden
+//! retries), and `VllmEngine` managing real child processes.
+//!
+//! The child processes: this test binary re-executes itself running the ignored test
+//! `emulate_child_process`, which serves `switchyard emulate` (the same
+//! `server::run_blocking` the CLI calls) with the options in `SWITCHYARD_TEST_EMULATE_CHILD`.
+//! `env!("CARGO_BIN_EXE_switchyard")` is only visible to the root package's tests, so this is
+//! how the runtime crate manages real processes over real sockets in its own tests.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use switchyard_predictor::spec::Dtype;
+use switchyard_runtime::live::engine::{Engine, EngineError, LlmRequest};
+use switchyard_runtime::live::engines::{
+    ApiFlavor, CommandTemplate, EngineKind, EngineSpec, HttpEngine, HttpOptions, LaunchParams,
+    ManagedCommand, OpenAiEngine, VllmEngine, engine_for, process_group_members,
+};
+use switchyard_runtime::live::server::{self, EmulateConfig, EmulateServer};
+use switchyard_runtime::tokens;
+
+const DEVICE: &str = "A100-80GB";
+const MODEL: &str = "Qwen3-0.6B";
+const CHILD_ENV: &str = "SWITCHYARD_TEST_EMULATE_CHILD";
+
+fn request(id: u64, prompt: &str, output: Option<&str>, stream: bool) -> LlmRequest {
+    LlmRequest {
+        id,
+        model: MODEL.into(),
+        prompt: prompt.into(),
+        max_tokens: 256,
+        emulated_output: output.map(str::to_string),
+        stream,
+    }
+}
+
+fn long_prompt() -> String {
+    "Summarise the meeting: the team agreed to ship the planner on Friday. ".repeat(25)
+}
+
+fn options() -> HttpOptions {
+    HttpOptions {
+        request_timeout: Duration::from_secs(20),
+        health_timeout: Duration::from_secs(20),
+        ..HttpOptions::default()
+    }
+}
+
+async fn emulate(fail_rate: f64, garbage_rate: f64) -> EmulateServer {
+    let mut cfg = EmulateConfig::new(DEVICE, MODEL);
+    cfg.speed = 2000.0;
+    cfg.max_model_len = Some(8192);
+    cfg.fail_rate = fail_rate;
+    cfg.garbage_rate = garbage_rate;
+    EmulateServer::start(cfg, SocketAddr::from(([127, 0, 0, 1], 0)))
+        .await
+        .unwrap()
+}
+
+async fn http_engine(server: &EmulateServer, api: ApiFlavor) -> HttpEngine {
+    let e = HttpEngine::new("emulated", &server.base_url(), MODEL, HttpOptions { api, ..options() })
+        .unwrap();
+    e.load().await.unwrap();
+    e
+}
+
+#[tokio::test]
+async fn http_engine_completes_streamed_and_not_with_cached_tokens() {
+    let server = emulate(0.0, 0.0).await;
+    for api in [ApiFlavor::Completions, ApiFlavor::Chat] {
+        let e = http_engine(&server, api).await;
+        let prompt = format!("{api:?} {}", long_prompt());
+        let out = "The team ships the planner on Friday.";
+        let first = e.submit(request(1, &prompt, Some(out), false)).await.unwrap();
+        assert_eq!(first.text, out);
+        assert_eq!(first.output_tokens as usize, tokens::count(out));
+        assert_eq!(first.cached_prompt_tokens, 0);
+        if api == ApiFlavor::Completions {
+            assert_eq!(first.prompt_tokens as usize, tokens::count(&prompt));
+        }
+        assert!(first.latency_s > 0.0 && first.ttft_s == first.latency_s);
+        let second = e.submit(request(2, &prompt, Some(out), true)).await.unwrap();
+        assert_eq!(second.text, out);
+        assert_eq!(second.prompt_tokens, first.prompt_tokens);
+        assert!(
+            second.cached_prompt_tokens > first.prompt_tokens / 2,
+            "{api:?}: repeated prompt cached {} of {}",
+            second.cached_prompt_tokens,
+            second.prompt_tokens
+        );
+        assert!(second.ttft_s > 0.0 && second.ttft_s <= second.latency_s);
+    }
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn http_engine_telemetry_and_both_sleep_levels() {
+    let server = emulate(0.0, 0.0).await;
+    let e = http_engine(&server, ApiFlavor::Completions).await;
+    let t0 = e.telemetry().await.unwrap();
+    assert_eq!((t0.running, t0.waiting, t0.prefix_cache_queries), (0.0, 0.0, 0.0));
+    assert!(!t0.sleeping);
+    e.submit(request(1, &long_prompt(), None, false)).await.unwrap();
+    e.submit(request(2, &long_prompt(), None, false)).await.unwrap();
+    let t1 = e.telemetry().await.unwrap();
+    assert!(t1.prefix_cache_queries > 0.0 && t1.prefix_cache_hits > 0.0, "{t1:?}");
+    for level in [1, 2] {
+        e.sleep(level).await.unwrap();
+        assert!(e.telemetry().await.unwrap().sleeping);
+        // Asleep: the server answers 503, a retryable BadResponse.
+        let err = e.submit(request(3, "hi", None, false)).await.unwrap_err();
+        assert!(matches!(err, EngineError::BadResponse(ref m) if m.contains("503")), "{err:?}");
+        assert!(err.retryable());
+        // Level 2 wakes through vLLM's three calls (weights, reload_weights, kv_cache).
+        e.wake().await.unwrap();
+        assert!(!e.telemetry().await.unwrap().sleeping);
+        e.submit(request(4, "hi", None, false)).await.unwrap();
+    }
+    assert!(matches!(e.unload().await, Err(EngineError::Unsupported(_))));
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn faults_map_to_engine_errors() {
+    // 5xx → BadResponse (retryable).
+    let server = emulate(1.0, 0.0).await;
+    let e = http_engine(&server, ApiFlavor::Completions).await;
+    for stream in [false, true] {
+        let err = e.submit(request(1, "hi", None, stream)).await.unwrap_err();
+        assert!(matches!(err, EngineError::BadResponse(ref m) if m.contains("500")), "{err:?}");
+    }
+    server.shutdown().await.unwrap();
+    // Garbage with 200 → BadResponse.
+    let server = emulate(0.0, 1.0).await;
+    let e = http_engine(&server, ApiFlavor::Chat).await;
+    for stream in [false, true] {
+        let err = e.submit(request(1, "hi", None, stream)).await.unwrap_err();
+        assert!(matches!(err, EngineError::BadResponse(_)), "stream={stream}: {err:?}");
+    }
+    server.shutdown().await.unwrap();
+    // 4xx → Rejected (not retryable).
+    let server = emulate(0.0, 0.0).await;
+    let e = http_engine(&server, ApiFlavor::Completions).await;
+    let mut req = request(1, "hi", None, false);
+    req.model = "no-such-model".into();
+    let err = e.submit(req).await.unwrap_err();
+    assert!(matches!(err, EngineError::Rejected(_)) && !err.retryable(), "{err:?}");
+    let base = server.base_url();
+    server.shutdown().await.unwrap();
+    // Nothing listening → Unreachable (retryable).
+    let gone = HttpEngine::new("emulated", &base, MODEL, options()).unwrap();
+    let err = gone.submit(request(1, "hi", None, false)).await.unwrap_err();
+    assert!(matches!(err, EngineError::Unreachable(_)) && err.retryable(), "{err:?}");
+    let err = gone.wait_healthy(Duration::from_millis(50)).await.unwrap_err();
+    assert!(matches!(err, EngineError::Lifecycle(_)), "{err:?}");
+}
+
+#[tokio::test]
+async fn openai_engine_serves_chat_and_has_no_lifecycle() {
+    let server = emulate(0.0, 0.0).await;
+    let e = OpenAiEngine::new(&format!("{}/v1", server.base_url()), MODEL, options()).unwrap();
+    e.load().await.unwrap();
+    let prompt = long_prompt();
+    let out = "Friday.";
+    let a = e.submit(request(1, &prompt, Some(out), false)).await.unwrap();
+    assert_eq!(a.text, out);
+    assert_eq!(a.output_tokens as usize, tokens::count(out));
+    let b = e.submit(request(2, &prompt, Some(out), true)).await.unwrap();
+    assert_eq!(b.text, out);
+    assert!(b.cached_prompt_tokens > 0);
+    let t = e.telemetry().await.unwrap();
+    assert!(t.prefix_cache_hits > 0.0);
+    assert!(matches!(e.sleep(1).await, Err(EngineError::Unsupported(_))));
+    assert!(matches!(e.wake().await, Err(EngineError::Unsupported(_))));
+    assert!(matches!(e.unload().await, Err(EngineError::Unsupported(_))));
+    assert_eq!(e.kind(), "openai");
+    server.shutdown().await.unwrap();
+}
+
+/// A stub endpoint that answers every request with `status` and counts the hits.
+async fn stub(status: u16) -> (String, Arc<AtomicUsize>, tokio::task::JoinHandle<()>) {
+    use axum::http::StatusCode;
+    let hits = Arc::new(AtomicUsize::new(0));
+    let counter = Arc::clone(&hits);
+    let code = StatusCode::from_u16(status).unwrap();
+    let app = axum::Router::new().fallback(move || {
+        let counter = Arc::clone(&counter);
+        async move {
+            counter.fetch_add(1, Ordering::SeqCst);
+            (code, r#"{"error":{"message":"stub","type":"x","param":null,"code":null}}"#)
+        }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}/v1", listener.local_addr().unwrap());
+    let task = tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    (base, hits, task)
+}
+
+#[tokio::test]
+async fn openai_engine_does_not_retry_behind_the_callers_back() {
+    // async-openai's default client retries 429 and 5xx three times with backoff.
+    for (status, retryable) in [(500, true), (503, true), (429, true), (400, false)] {
+        let (base, hits, task) = stub(status).await;
+        let e = OpenAiEngine::new(&base, MODEL, options()).unwrap();
+        let err = e.submit(request(1, "hi", None, false)).await.unwrap_err();
+        assert_eq!(err.retryable(), retryable, "{status}: {err:?}");
+        assert_eq!(hits.load(Ordering::SeqCst), 1, "HTTP {status} was retried");
+        let err = e.submit(request(2, "hi", None, true)).await.unwrap_err();
+        assert_eq!(err.retryable(), retryable, "{status} streamed: {err:?}");
+        assert_eq!(hits.load(Ordering::SeqCst), 2, "streamed HTTP {status} was retried");
+        task.abort();
+    }
+}
+
+// ---- managed processes --------------------------------------------------------------------
+
+/// Entry point of the child process (run only when re-executed with `CHILD_ENV` set).
+#[test]
+#[ignore = "entry point of the emulate child processes of the VllmEngine tests"]
+fn emulate_child_process() {
+    let Ok(spec) = std::env::var(CHILD_ENV) else {
+        return;
+    };
+    let words: Vec<&str> = spec.split_whitespace().collect();
+    let [device, model, port, speed] = words[..] else {
+        panic!("{CHILD_ENV} must be `DEVICE MODEL PORT SPEED`, got `{spec}`");
+    };
+    let mut cfg = EmulateConfig::new(device, model);
+    cfg.speed = speed.parse().unwrap();
+    cfg.max_model_len = Some(8192);
+    cfg.dtype = Dtype::Fp16;
+    let addr = SocketAddr::from(([127, 0, 0, 1], port.parse().unwrap()));
+    server::run_blocking(cfg, addr, |a| eprintln!("child listening on {a}")).unwrap();
+}
+
+fn launch() -> LaunchParams {
+    LaunchParams {
+        model: MODEL.into(),
+        device_kind: DEVICE.into(),
+        gpu: 0,
+        dtype: Dtype::Fp16,
+        max_model_len: 8192,
+        gpu_memory_utilization: 0.9,
+        max_num_seqs: 256,
+        noise_seed: 0,
+        switchyard_exe: None,
+    }
+}
+
+/// A `vllm` spec whose command re-executes this test binary as an emulate child; with
+/// `grandchild`, through `sh` that first forks a `sleep` into the same process group (as a
+/// vLLM server forks workers), so that the shutdown must kill a whole group.
+fn child_spec(grandchild: bool) -> EngineSpec {
+    let exe: PathBuf = std::env::current_exe().unwrap();
+    let exe = exe.to_string_lossy().into_owned();
+    let harness = "emulate_child_process --exact --ignored --nocapture --test-threads=1";
+    let args = if grandchild {
+        vec![
+            "/bin/sh".to_string(),
+            "-c".to_string(),
+            format!("sleep 120 & exec \"$0\" {harness}"),
+            exe,
+        ]
+    } else {
+        std::iter::once(exe).chain(harness.split(' ').map(str::to_string)).collect()
+    };
+    let mut spec = EngineSpec::new(EngineKind::Vllm);
+    spec.command = Some(CommandTemplate::Args(args));
+    spec.env.insert(CHILD_ENV.into(), "{device} {served} {port} 1000".into());
+    spec.health_timeout_s = Some(30.0);
+    spec.request_timeout_s = Some(30.0);
+    spec.shutdown_grace_s = Some(5.0);
+    spec
+}
+
+fn managed(grandchild: bool) -> VllmEngine {
+    let spec = child_spec(grandchild);
+    let command = ManagedCommand::from_spec(&spec, &launch()).unwrap();
+    VllmEngine::new("vllm", command, MODEL, options(), Duration::from_secs(5))
+}
+
+#[tokio::test]
+async fn vllm_engine_lifecycle_leaves_no_orphans() {
+    let e = managed(true);
+    assert!(matches!(e.submit(request(1, "hi", None, false)).await, Err(EngineError::Unreachable(_))));
+    e.load().await.unwrap();
+    let pgid = e.pid().unwrap() as i32;
+    let members = process_group_members(pgid);
+    assert!(members.len() >= 2, "the child and its sleeping grandchild: {members:?}");
+    // The group is not ours: the child runs in its own process group.
+    assert!(!members.contains(&std::process::id()));
+    // Loading again is a no-op on a live child.
+    e.load().await.unwrap();
+    assert_eq!(e.pid(), Some(pgid as u32));
+
+    let prompt = long_prompt();
+    let a = e.submit(request(1, &prompt, Some("ok"), false)).await.unwrap();
+    let b = e.submit(request(2, &prompt, Some("ok"), true)).await.unwrap();
+    assert_eq!((a.text.as_str(), b.text.as_str()), ("ok", "ok"));
+    assert!(b.cached_prompt_tokens > 0);
+    e.sleep(1).await.unwrap();
+    assert!(e.telemetry().await.unwrap().sleeping);
+    e.wake().await.unwrap();
+    let t = e.telemetry().await.unwrap();
+    assert!(!t.sleeping && t.prefix_cache_queries > 0.0);
+
+    e.unload().await.unwrap();
+    assert_eq!(process_group_members(pgid), Vec::<u32>::new(), "orphans left in group {pgid}");
+    assert_eq!(e.pid(), None);
+    // Unloading twice is fine; calls after it are Unreachable.
+    e.unload().await.unwrap();
+    assert!(matches!(e.telemetry().await, Err(EngineError::Unreachable(_))));
+}
+
+#[tokio::test]
+async fn vllm_engine_detects_a_crash_and_restarts() {
+    let e = managed(false);
+    e.load().await.unwrap();
+    let pid = e.pid().unwrap();
+    let killed = std::process::Command::new("kill").args(["-9", &pid.to_string()]).status().unwrap();
+    assert!(killed.success());
+    let mut err = None;
+    for i in 0..100 {
+        match e.submit(request(i, "hi", None, false)).await {
+            Ok(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+            Err(x) => {
+                err = Some(x);
+                break;
+            }
+        }
+    }
+    let err = err.expect("a killed child still answered");
+    assert!(matches!(err, EngineError::Unreachable(ref m) if m.contains("exited") || m.contains("not running")), "{err:?}");
+    assert!(err.retryable());
+    assert_eq!(e.pid(), None);
+    e.restart().await.unwrap();
+    let new_pid = e.pid().unwrap();
+    assert_ne!(new_pid, pid);
+    assert_eq!(e.submit(request(99, "hi", Some("back"), false)).await.unwrap().text, "back");
+    e.unload().await.unwrap();
+    assert!(process_group_members(new_pid as i32).is_empty());
+}
+
+#[tokio::test]
+async fn vllm_engine_reports_failed_starts_with_the_childs_output() {
+    let mut spec = EngineSpec::new(EngineKind::Vllm);
+    spec.command = Some(CommandTemplate::Args(vec![
+        "/bin/sh".into(),
+        "-c".into(),
+        "echo \"CUDA out of memory on port $0\" >&2; exit 3".into(),
+        "{port}".into(),
+    ]));
+    spec.health_timeout_s = Some(10.0);
+    let e = engine_for(&spec, &launch()).unwrap();
+    let err = e.load().await.unwrap_err();
+    assert!(matches!(err, EngineError::Lifecycle(ref m) if m.contains("exit status: 3")), "{err:?}");
+    let EngineError::Lifecycle(m) = err else { unreachable!() };
+    assert!(m.contains("CUDA out of memory"), "{m}");
+
+    spec.command = Some(CommandTemplate::Line("/no/such/vllm serve {model} --port {port}".into()));
+    let err = engine_for(&spec, &launch()).unwrap().load().await.unwrap_err();
+    assert!(matches!(err, EngineError::Lifecycle(ref m) if m.contains("cannot start")), "{err:?}");
+
+    // A child that never becomes healthy is stopped after the health timeout.
+    spec.command = Some(CommandTemplate::Line("sleep 60 {port}".into()));
+    spec.health_timeout_s = Some(0.3);
+    let err = engine_for(&spec, &launch()).unwrap().load().await.unwrap_err();
+    assert!(matches!(err, EngineError::Lifecycle(ref m) if m.contains("not healthy")), "{err:?}");
+}
+
+#[tokio::test]
+async fn the_factory_builds_a_managed_engine_that_serves() {
+    let e = engine_for(&child_spec(false), &launch()).unwrap();
+    assert_eq!(e.kind(), "vllm");
+    e.load().await.unwrap();
+    let c = e.submit(request(1, "What is 6 x 7?", Some("42"), true)).await.unwrap();
+    assert_eq!(c.text, "42");
+    e.unload().await.unwrap();
+}

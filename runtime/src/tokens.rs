@@ -64,21 +64,26 @@ pub fn count(text: &str) -> usize {
     encode(text).len()
 }
 
-/// Decode token ids back into text (lossy at invalid UTF-8 boundaries).
+/// Decode token ids back into text; bytes that do not form valid UTF-8 (a character split
+/// across tokens at either end) become U+FFFD.
 pub fn decode(ids: &[u32]) -> String {
-    match bpe().decode(ids) {
-        Ok(s) => s,
+    match bpe().decode_bytes(ids) {
+        Ok(bytes) => String::from_utf8_lossy(&bytes).into_owned(),
         Err(_) => String::new(),
     }
 }
 
-/// Keep at most `max_tokens` tokens of `text`.
+/// Keep at most `max_tokens` tokens of `text`, cut back to the last whole character.
 pub fn truncate(text: &str, max_tokens: usize) -> String {
     let ids = encode(text);
     if ids.len() <= max_tokens {
         return text.to_string();
     }
-    decode(&ids[..max_tokens])
+    let Ok(bytes) = bpe().decode_bytes(&ids[..max_tokens]) else { return String::new() };
+    match std::str::from_utf8(&bytes) {
+        Ok(s) => s.to_string(),
+        Err(e) => String::from_utf8_lossy(&bytes[..e.valid_up_to()]).into_owned(),
+    }
 }
 
 /// Encode a prompt given as segments; ids are concatenated in order.
@@ -128,6 +133,13 @@ mod tests {
         let t = truncate(text, 3);
         assert_eq!(count(&t), 3);
         assert!(text.starts_with(&t));
+        // A cut inside a multi-byte character keeps the whole characters before it.
+        let cjk = "会议讨论了遥控器的电池问题。".repeat(3);
+        for n in 1..count(&cjk) {
+            let t = truncate(&cjk, n);
+            assert!(cjk.starts_with(&t), "{n}: {t:?}");
+            assert!(count(&t) <= n);
+        }
     }
 
     #[test]

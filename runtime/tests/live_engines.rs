@@ -162,6 +162,9 @@ async fn faults_map_to_engine_errors() {
 #[tokio::test]
 async fn openai_engine_serves_chat_and_has_no_lifecycle() {
     let server = emulate(0.0, 0.0).await;
+    // Residency is taken as given: wait for the server's own load, then `load` only checks
+    // that the endpoint answers.
+    http_engine(&server, ApiFlavor::Chat).await;
     let e = OpenAiEngine::new(&format!("{}/v1", server.base_url()), MODEL, options()).unwrap();
     e.load().await.unwrap();
     let prompt = long_prompt();

@@ -15,6 +15,8 @@ use switchyard_runtime::ids::SessionId;
 use switchyard_runtime::live::engine::{
     Completion, Engine, EngineError, EngineFuture, EngineTelemetry, LlmRequest,
 };
+use switchyard_runtime::live::engines::{ApiFlavor, HttpEngine, HttpOptions};
+use switchyard_runtime::live::server::{EmulateConfig, EmulateServer};
 use switchyard_runtime::live::{
     EngineFactory, EngineHandle, EngineTarget, LiveConfig, LiveOutput, RetryPolicy,
 };
@@ -94,10 +96,12 @@ impl FakeEngine {
         if attempt <= self.faults.bad_attempts_per_request || self.faults.always_bad_model.as_deref() == Some(&self.model) {
             return Err(EngineError::BadResponse("HTTP 500: internal server error".into()));
         }
-        let mut died = self.dead.subscribe();
-        tokio::select! {
-            _ = tokio::time::sleep(self.delay) => {}
-            _ = died.wait_for(|d| *d) => return Err(EngineError::Unreachable("connection reset by peer".into())),
+        if !self.delay.is_zero() {
+            let mut died = self.dead.subscribe();
+            tokio::select! {
+                _ = tokio::time::sleep(self.delay) => {}
+                _ = died.wait_for(|d| *d) => return Err(EngineError::Unreachable("connection reset by peer".into())),
+            }
         }
         let text = request.emulated_output.clone().unwrap_or_default();
         *self.counters.answered.lock().unwrap().entry(request.id).or_insert(0) += 1;
@@ -196,6 +200,97 @@ impl EngineFactory for FakeFactory {
 }
 
 // ---------------------------------------------------------------------------------------------
+// The real emulated replica over HTTP: an in-process `switchyard emulate` server per replica,
+// started by `load` and stopped by `unload`, reached through the engines' `HttpEngine`.
+
+struct InProcessEmulator {
+    config: EmulateConfig,
+    served: String,
+    server: Mutex<Option<EmulateServer>>,
+    http: Mutex<Option<Arc<HttpEngine>>>,
+}
+
+impl InProcessEmulator {
+    fn http(&self) -> Result<Arc<HttpEngine>, EngineError> {
+        self.http.lock().unwrap().clone().ok_or_else(|| EngineError::Unreachable("no server".into()))
+    }
+}
+
+fn http_options() -> HttpOptions {
+    HttpOptions {
+        api: ApiFlavor::Completions,
+        request_timeout: Duration::from_secs(30),
+        health_timeout: Duration::from_secs(30),
+        api_key: None,
+        headers: BTreeMap::new(),
+    }
+}
+
+impl Engine for InProcessEmulator {
+    fn kind(&self) -> &'static str {
+        "emulated"
+    }
+    fn load(&self) -> EngineFuture<'_, ()> {
+        Box::pin(async move {
+            let server = EmulateServer::start(self.config.clone(), "127.0.0.1:0".parse().unwrap())
+                .await
+                .map_err(|e| EngineError::Lifecycle(e.to_string()))?;
+            let http = Arc::new(HttpEngine::new("emulated", &server.base_url(), &self.served, http_options())?);
+            http.load().await?;
+            *self.server.lock().unwrap() = Some(server);
+            *self.http.lock().unwrap() = Some(http);
+            Ok(())
+        })
+    }
+    fn sleep(&self, level: u8) -> EngineFuture<'_, ()> {
+        Box::pin(async move { self.http()?.sleep(level).await })
+    }
+    fn wake(&self) -> EngineFuture<'_, ()> {
+        Box::pin(async move { self.http()?.wake().await })
+    }
+    fn unload(&self) -> EngineFuture<'_, ()> {
+        Box::pin(async move {
+            self.http.lock().unwrap().take();
+            let server = self.server.lock().unwrap().take();
+            if let Some(s) = server {
+                s.shutdown().await.map_err(|e| EngineError::Lifecycle(e.to_string()))?;
+            }
+            Ok(())
+        })
+    }
+    fn submit(&self, request: LlmRequest) -> EngineFuture<'_, Completion> {
+        Box::pin(async move { self.http()?.submit(request).await })
+    }
+    fn telemetry(&self) -> EngineFuture<'_, EngineTelemetry> {
+        Box::pin(async move { self.http()?.telemetry().await })
+    }
+}
+
+struct InProcessFactory {
+    speed: f64,
+}
+
+impl EngineFactory for InProcessFactory {
+    fn create(&self, target: &EngineTarget<'_>) -> Result<EngineHandle, EngineError> {
+        let d = target.deployment;
+        let mut config = EmulateConfig::new(target.device_spec.name.clone(), d.model.clone());
+        config.dtype = d.dtype;
+        config.max_model_len = Some(d.max_model_len);
+        config.gpu_memory_utilization = d.gpu_memory_utilization;
+        config.max_num_seqs = d.max_num_seqs;
+        config.speed = self.speed;
+        config.noise_seed = u64::from(target.replica.0);
+        let engine = InProcessEmulator {
+            config,
+            served: d.model.clone(),
+            server: Mutex::new(None),
+            http: Mutex::new(None),
+        };
+        Ok(EngineHandle { engine: Arc::new(engine), served_model: d.model.clone() })
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Set-up.
 
 fn repo() -> PathBuf {
@@ -235,7 +330,7 @@ fn live_config(run: SimConfig) -> LiveConfig {
     cfg
 }
 
-fn run_live(cfg: &LiveConfig, factory: Arc<FakeFactory>) -> LiveOutput {
+fn run_live(cfg: &LiveConfig, factory: Arc<dyn EngineFactory>) -> LiveOutput {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     rt.block_on(switchyard_runtime::live::run(cfg, factory, None)).expect("the live run finishes")
 }
@@ -293,7 +388,7 @@ fn results_equal_the_simulators_for_the_same_seed() {
     let run = sim_config(&["gsm8k", "mbpp", "qmsum"], 3, "small", 11);
     let simulated = sim::simulate(&run, &mut |_, _| {}).expect("simulation");
     let factory = FakeFactory::new(2, Faults::default());
-    let live = run_live(&live_config(run.clone()), Arc::clone(&factory));
+    let live = run_live(&live_config(run.clone()), factory.clone());
 
     assert!(live.report.failures.is_empty(), "{:?}", live.report.failures);
     assert_each_session_once(&live, 9);
@@ -326,11 +421,36 @@ fn results_equal_the_simulators_for_the_same_seed() {
 }
 
 #[test]
+fn results_over_http_against_the_emulated_replica_equal_the_simulators() {
+    let run = sim_config(&["gsm8k", "mbpp", "qmsum"], 2, "small", 4);
+    let simulated = sim::simulate(&run, &mut |_, _| {}).expect("simulation");
+    let mut cfg = live_config(run.clone());
+    cfg.speed = 1000.0;
+    cfg.stream = true;
+    let live = run_live(&cfg, Arc::new(InProcessFactory { speed: 1000.0 }));
+    assert!(live.report.failures.is_empty(), "{:?}", live.report.failures);
+    assert_each_session_once(&live, 6);
+    let (s, l) = (&simulated.report, &live.report);
+    assert_eq!((l.llm_calls, l.tool_calls), (s.llm_calls, s.tool_calls));
+    for (name, w) in &s.workflows {
+        assert_eq!(l.workflows[name].accuracy, w.accuracy, "accuracy of {name}");
+    }
+    assert_eq!(call_keys(&live.calls), call_keys(&simulated.calls));
+    let expected = reference(&run);
+    for r in &live.sessions {
+        assert_eq!(r.final_output, expected[&r.session].0, "final output of {}", r.session);
+    }
+    // Usage came back from the server: prompt tokens counted, some served from the prefix cache.
+    assert!(l.prompt_tokens > 0 && l.generated_tokens > 0);
+    assert!(l.cached_prompt_tokens <= l.prompt_tokens);
+}
+
+#[test]
 fn a_replica_killed_mid_run_is_restarted_and_every_session_completes_once() {
     let run = sim_config(&["gsm8k", "qmsum"], 3, "small", 5);
     let expected = reference(&run);
     let factory = FakeFactory::new(5, Faults { kill_at_request: Some(6), ..Faults::default() });
-    let live = run_live(&live_config(run), Arc::clone(&factory));
+    let live = run_live(&live_config(run), factory.clone());
     assert_eq!(factory.counters.kills.load(Ordering::SeqCst), 1, "the fault fired");
     assert!(live.faults.restarts >= 1, "{:?}", live.faults);
     assert!(live.report.failures.is_empty(), "{:?}", live.report.failures);
@@ -348,7 +468,7 @@ fn calls_of_a_replica_that_stays_dead_move_to_another_replica() {
     run.pool.devices = vec![run.pool.devices[0].clone(), run.pool.devices[0].clone()];
     let expected = reference(&run);
     let factory = FakeFactory::new(5, Faults { kill_at_request: Some(3), stay_dead: true, ..Faults::default() });
-    let live = run_live(&live_config(run), Arc::clone(&factory));
+    let live = run_live(&live_config(run), factory.clone());
     assert_eq!(factory.counters.kills.load(Ordering::SeqCst), 1);
     assert!(live.faults.migrated_calls >= 1, "{:?}", live.faults);
     assert!(live.report.failures.is_empty(), "{:?}", live.report.failures);
@@ -363,7 +483,7 @@ fn calls_of_a_replica_that_stays_dead_move_to_another_replica() {
 fn bad_answers_are_retried_with_backoff() {
     let run = sim_config(&["qmsum"], 2, "small", 9);
     let factory = FakeFactory::new(1, Faults { bad_attempts_per_request: 2, ..Faults::default() });
-    let live = run_live(&live_config(run), Arc::clone(&factory));
+    let live = run_live(&live_config(run), factory.clone());
     assert!(live.report.failures.is_empty(), "{:?}", live.report.failures);
     assert_eq!(live.report.sessions_completed, 2);
     // Two extra attempts per call.
@@ -375,7 +495,7 @@ fn a_backend_that_keeps_answering_garbage_fails_its_sessions_with_the_reason() {
     let run = sim_config(&["qmsum"], 2, "small", 9);
     let model = run.workflows[0].deployments.values().next().unwrap().model.clone();
     let factory = FakeFactory::new(1, Faults { always_bad_model: Some(model), ..Faults::default() });
-    let live = run_live(&live_config(run), Arc::clone(&factory));
+    let live = run_live(&live_config(run), factory.clone());
     assert_each_session_once(&live, 2);
     assert_eq!(live.report.sessions_failed, 2);
     for r in &live.sessions {
@@ -445,6 +565,10 @@ fn overhead_per_llm_call() {
     assert!(live.report.failures.is_empty(), "{:?}", live.report.failures);
     let (d50, d99, n) = percentiles(direct);
     let (o50, o99, m) = percentiles(live.timings.iter().map(|t| t.overhead_s()).collect());
+    let (g50, g99, _) = percentiles(live.timings.iter().map(|t| t.grant_s).collect());
+    let (a50, a99, _) = percentiles(live.timings.iter().map(|t| t.after_grant_s()).collect());
     println!("direct engine call: median {:.1} µs, p99 {:.1} µs over {n} calls", d50 * 1e6, d99 * 1e6);
     println!("added by the live runtime per LLM call: median {:.1} µs, p99 {:.1} µs over {m} calls", o50 * 1e6, o99 * 1e6);
+    println!("  of which waiting for the grant: median {:.1} µs, p99 {:.1} µs", g50 * 1e6, g99 * 1e6);
+    println!("  of which after the grant (actor hops): median {:.1} µs, p99 {:.1} µs", a50 * 1e6, a99 * 1e6);
 }

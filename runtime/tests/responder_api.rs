@@ -391,3 +391,4 @@ fn summaries_extract_query_relevant_transcript_sentences() {
     let out = ok(run(agg, LengthDist { mean: 25.0, cv: 0.0 }, 512, 1));
     assert!(out.text.starts_with("Barry Hughes said children have fewer rights"), "{}", out.text);
 }
+

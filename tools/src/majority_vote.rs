@@ -632,7 +632,84 @@ mod tests {
         ));
     }
 
+    #[test]
+    fn answers_are_encoded_as_length_prefixed_records() {
+        let input = encode_answers(&[Some("18".into()), None, Some(String::new())]);
+        assert_eq!(input, [2, 0, 0, 0, b'1', b'8', 0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0]);
+    }
+
+    #[test]
+    fn sandboxed_vote_matches_the_examples() {
+        let limit = Duration::from_secs(5);
+        let cases: [(&[Option<&str>], Extract); 5] = [
+            (&[Some("#### 18"), Some("#### 17"), Some("x = 18"), Some("#### 18.00"), Some("#### 17")], Extract::Gsm8k),
+            (&[Some("#### 17"), Some("#### 18"), Some("#### 18"), Some("#### 17")], Extract::Gsm8k),
+            (&[None, Some(""), Some("no idea"), Some("#### 4")], Extract::Gsm8k),
+            (&[], Extract::Gsm8k),
+            (&[Some("  yes  "), Some("yes"), Some("no\n"), Some("   ")], Extract::Exact),
+        ];
+        for (candidates, extract) in cases {
+            let candidates: Vec<Option<String>> = candidates.iter().map(|c| c.map(str::to_string)).collect();
+            let sandboxed = vote_in_sandbox(&candidates, extract, limit).expect("runs");
+            assert_eq!(sandboxed, Some(vote(&candidates, extract)), "{candidates:?}");
+        }
+    }
+
+    #[test]
+    fn a_vote_past_its_time_limit_is_a_result() {
+        // 20 000 distinct answers of equal length: about 2·10⁸ comparisons, far beyond 1 ms.
+        let many: Vec<Option<String>> = (0..20_000).map(|i| Some(format!("answer {i:08}"))).collect();
+        assert_eq!(vote_in_sandbox(&many, Extract::Exact, Duration::from_millis(1)).expect("runs"), None);
+        let mut inputs = BTreeMap::new();
+        inputs.insert("candidates".to_string(), json!(many));
+        inputs.insert("extract".to_string(), json!("exact"));
+        let out = run(&ToolCall { tool: NAME.into(), inputs, timeout_s: Some(0.001) }).expect("an outcome");
+        assert_eq!(out.verdict.as_deref(), Some("no_answer"));
+        assert_eq!(out.value["timed_out"], json!(true));
+        assert_eq!(out.text, "Vote timed out after 0.001 s; no answer");
+        assert_eq!(out.modeled_duration_s, 0.001);
+    }
+
+    #[test]
+    fn inconsistent_module_results_are_rejected() {
+        let answers = vec![Some("a".to_string()), Some("b".to_string()), Some("a".to_string())];
+        // winner 0, top 2, counted 3, tied 1, majority; first = [0, 1, 0]; votes = [2, 1, 0].
+        let good = [0, 2, 3, 1, 0, 0, 1, 0, 2, 1, 0];
+        let decoded = decode_vote(answers.clone(), &good).expect("consistent");
+        assert_eq!(decoded, vote(&answers, Extract::Exact));
+        let mut wrong_group = good;
+        wrong_group[6] = 0; // "b" grouped with "a"
+        assert!(decode_vote(answers.clone(), &wrong_group).is_err());
+        let mut wrong_count = good;
+        wrong_count[8] = 3;
+        assert!(decode_vote(answers.clone(), &wrong_count).is_err());
+        let mut wrong_winner = good;
+        wrong_winner[0] = 1;
+        assert!(decode_vote(answers.clone(), &wrong_winner).is_err());
+        let mut bad_verdict = good;
+        bad_verdict[4] = 9;
+        assert!(decode_vote(answers.clone(), &bad_verdict).is_err());
+        assert!(decode_vote(answers, &good[..6]).is_err(), "missing words");
+    }
+
     proptest! {
+        /// The WebAssembly module and the Rust reference agree on every vote: winner, counts,
+        /// ties, verdict.
+        #[test]
+        fn sandboxed_vote_agrees_with_the_reference(
+            picks in proptest::collection::vec(proptest::option::of(0usize..12), 0..24),
+            exact in proptest::bool::ANY,
+        ) {
+            const TEXTS: [&str; 12] = [
+                "#### 18", "so 18.00", "#### 17", "#### -3", "no answer here", "", "#### eighteen.",
+                "ends with 1,000", "#### 1000", "yes", "  yes ", "ÿes ✓",
+            ];
+            let candidates: Vec<Option<String>> = picks.iter().map(|p| p.map(|i| TEXTS[i].to_string())).collect();
+            let extract = if exact { Extract::Exact } else { Extract::Gsm8k };
+            let sandboxed = vote_in_sandbox(&candidates, extract, Duration::from_secs(5)).expect("runs");
+            prop_assert_eq!(sandboxed, Some(vote(&candidates, extract)));
+        }
+
         /// The winner always has the maximal vote count, votes add up, and the verdict agrees
         /// with the counts.
         #[test]

@@ -68,7 +68,7 @@ fn open_module(path: &str, oflags: i32, rights: i64) -> String {
           ;; iovec {{ptr 16, len 1}} at 0
           (i32.store (i32.const 0) (i32.const 16))
           (i32.store (i32.const 4) (i32.const 1))
-          (call $exit (call $write (i32.load (i32.const 8)) (i32.const 0) (i32.const 1) (i32.const 12)))))"#,
+          (call $exit (call $write (i32.load (i32.const 8)) (i32.const 0) (i32.const 1) (i32.const 12))))"#,
         len = path.len()
     )
 }

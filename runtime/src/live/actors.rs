@@ -200,6 +200,9 @@ pub struct CallTiming {
     pub activation: ActivationId,
     /// Wall seconds from handing the unit to the planner to receiving its answer.
     pub total_s: f64,
+    /// Wall seconds from handing the unit to the planner to learning of its grant (planner
+    /// work, and any wait for a replica with room).
+    pub grant_s: f64,
     /// Wall seconds the engine call itself took (`Completion::latency_s`).
     pub engine_s: f64,
 }
@@ -208,6 +211,12 @@ impl CallTiming {
     /// What the runtime added to the engine call: actor hops, queueing for a grant, retries.
     pub fn overhead_s(&self) -> f64 {
         (self.total_s - self.engine_s).max(0.0)
+    }
+
+    /// What the runtime added after the grant: the hops planner → replica → engine → replica
+    /// → planner → session.
+    pub fn after_grant_s(&self) -> f64 {
+        (self.total_s - self.grant_s - self.engine_s).max(0.0)
     }
 }
 
@@ -261,6 +270,8 @@ pub enum PlannerMsg {
     Telemetry { replica: ReplicaId, telemetry: EngineTelemetry },
     /// A line for the run's notes (deduplicated).
     Note(String),
+    /// Hand the queued events to the planner core (one scheduling tick).
+    Flush,
     /// Watchdog: detect units that can never be placed.
     Tick,
     /// Fail every open session and every session still to arrive (the run's deadline passed).

@@ -5,6 +5,7 @@ pub mod engine;
 pub mod engines;
 pub mod server;
 pub mod actors;
+pub mod factory;
 pub mod planner_actor;
 pub mod pool;
 pub mod replica_actor;
@@ -13,5 +14,7 @@ pub mod shell;
 pub mod tools_actor;
 
 pub use actors::{CallTiming, EngineFactory, EngineHandle, EngineTarget, RetryPolicy, SessionResult};
+pub use factory::PoolEngines;
 pub use pool::{LivePoolError, LivePoolSpec};
-pub use shell::{FaultCounters, LiveConfig, LiveError, LiveOutput, run};
+pub use planner_actor::Progress;
+pub use shell::{FaultCounters, LiveConfig, LiveError, LiveOutput, run, run_blocking};

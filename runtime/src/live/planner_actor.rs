@@ -134,6 +134,9 @@ pub struct PlannerActorState {
     last_tick_events: u64,
     quiet_ticks: u32,
     fatal: Option<String>,
+    /// Events not yet handed to the core, and whether a `Flush` is on its way.
+    buffer: Vec<Event>,
+    flush_scheduled: bool,
     waiters: Vec<RpcReplyPort<Result<(), String>>>,
     shutting_down: bool,
 }
@@ -186,6 +189,8 @@ impl Actor for PlannerActor {
             last_tick_events: 0,
             quiet_ticks: 0,
             fatal: None,
+            buffer: Vec::new(),
+            flush_scheduled: false,
             waiters: Vec::new(),
             shutting_down: false,
         };
@@ -246,7 +251,7 @@ impl PlannerActorState {
     }
 
     async fn on_message(&mut self, myself: &ActorRef<PlannerMsg>, msg: PlannerMsg) {
-        if !matches!(msg, PlannerMsg::Tick | PlannerMsg::Telemetry { .. }) {
+        if !matches!(msg, PlannerMsg::Tick | PlannerMsg::Telemetry { .. } | PlannerMsg::Flush) {
             self.events += 1;
         }
         match msg {
@@ -256,18 +261,18 @@ impl PlannerActorState {
                     return;
                 }
                 self.pending.insert(item.activation, (item.clone(), call));
-                self.plan(myself, Event::UnitReady(item)).await;
+                self.post(myself, Event::UnitReady(item));
             }
             PlannerMsg::NearReady(item) => {
                 if self.sessions.contains_key(&item.activation.session) {
-                    self.plan(myself, Event::UnitNearReady(item)).await;
+                    self.post(myself, Event::UnitNearReady(item));
                 }
             }
             PlannerMsg::ToolStarted { activation, predicted_s, workflow, node } => {
                 self.counters.tool_calls += 1;
-                self.plan(myself, Event::ToolStarted { activation, predicted_s, workflow, node }).await;
+                self.post(myself, Event::ToolStarted { activation, predicted_s, workflow, node });
             }
-            PlannerMsg::ToolFinished { activation } => self.plan(myself, Event::ToolFinished { activation }).await,
+            PlannerMsg::ToolFinished { activation } => self.post(myself, Event::ToolFinished { activation }),
             PlannerMsg::ToolCrashed { activation, reason } => {
                 self.faults.tool_crashes += 1;
                 tracing::warn!(%activation, %reason, "tool executor crashed");
@@ -286,17 +291,19 @@ impl PlannerActorState {
                 self.counters.cached_prompt_tokens += u64::from(completion.cached_prompt_tokens);
                 let work = (completion.prompt_tokens.saturating_sub(completion.cached_prompt_tokens) + output_tokens) as f64;
                 *self.work.entry((f.deployment, f.workflow)).or_insert(0.0) += work;
-                self.plan(myself, Event::UnitFinished { activation, replica, output_tokens }).await;
+                // The session first (it is on the critical path); the core folds the finish
+                // before anything the session sends next, which queues behind this message.
                 if let Some(s) = self.sessions.get(&activation.session) {
                     let _ = s.send_message(SessionMsg::LlmDone { activation, replica, completion });
                 }
+                self.post(myself, Event::UnitFinished { activation, replica, output_tokens });
             }
             PlannerMsg::CallFailed { replica, activation, reason, attempts } => {
                 self.faults.retries += u64::from(attempts.saturating_sub(1));
                 self.faults.failed_calls += 1;
                 let Some(f) = self.take_in_flight(activation) else { return };
                 let output_tokens = f.call.expected_output_tokens;
-                self.plan(myself, Event::UnitFinished { activation, replica, output_tokens }).await;
+                self.post(myself, Event::UnitFinished { activation, replica, output_tokens });
                 if let Some(s) = self.sessions.get(&activation.session) {
                     let _ = s.send_message(SessionMsg::LlmFailed { activation, reason });
                 }
@@ -317,6 +324,10 @@ impl PlannerActorState {
                 self.telemetry.insert(replica, telemetry);
             }
             PlannerMsg::Note(line) => self.note(line),
+            PlannerMsg::Flush => {
+                self.flush_scheduled = false;
+                self.flush(myself).await;
+            }
             PlannerMsg::Tick => self.on_tick(),
             PlannerMsg::Abort(reason) => self.abort(reason),
             PlannerMsg::WaitDone(port) => {
@@ -336,18 +347,30 @@ impl PlannerActorState {
         }
     }
 
-    /// Fold `event` into the core and execute its commands (and the events they cause).
-    async fn plan(&mut self, myself: &ActorRef<PlannerMsg>, event: Event) {
-        let mut queue = std::collections::VecDeque::from([event]);
-        while let Some(ev) = queue.pop_front() {
+    /// Queue `event` for the core. Events are folded in batches: everything that arrives
+    /// before the next `Flush` is handed over at once and planned once (one scheduling tick,
+    /// as the simulator does per virtual time).
+    fn post(&mut self, myself: &ActorRef<PlannerMsg>, event: Event) {
+        self.buffer.push(event);
+        if !self.flush_scheduled && myself.send_message(PlannerMsg::Flush).is_ok() {
+            self.flush_scheduled = true;
+        }
+    }
+
+    /// Hand the queued events to the core and execute its commands, until executing them
+    /// queues no further event.
+    async fn flush(&mut self, myself: &ActorRef<PlannerMsg>) {
+        while !self.buffer.is_empty() {
             if self.fatal.is_some() {
+                self.buffer.clear();
                 return;
             }
+            let events = std::mem::take(&mut self.buffer);
             let now = self.ctx.clock.now();
-            match self.planner.handle(ev, now) {
+            match self.planner.handle_all(events, now) {
                 Ok(commands) => {
                     for c in commands {
-                        self.execute(myself, c, &mut queue).await;
+                        self.execute(myself, c).await;
                     }
                 }
                 Err(e) => self.set_fatal(format!("the planner rejected an event: {e}")),
@@ -371,7 +394,7 @@ impl PlannerActorState {
         LifecycleTicket { after, done }
     }
 
-    async fn execute(&mut self, myself: &ActorRef<PlannerMsg>, command: Command, follow: &mut std::collections::VecDeque<Event>) {
+    async fn execute(&mut self, myself: &ActorRef<PlannerMsg>, command: Command) {
         match command {
             Command::Load { replica, deployment, device } => {
                 let Some(dep) = self.ctx.deployments.get(deployment.0 as usize) else {
@@ -389,7 +412,7 @@ impl PlannerActorState {
                 let engine = match engine {
                     Ok(e) => e,
                     Err(e) => {
-                        follow.push_back(Event::ReplicaLoadFailed { replica, reason: e.to_string() });
+                        self.buffer.push(Event::ReplicaLoadFailed { replica, reason: e.to_string() });
                         return;
                     }
                 };
@@ -407,7 +430,7 @@ impl PlannerActorState {
                 let actor = match Actor::spawn_linked(None, ReplicaActor, args, myself.get_cell()).await {
                     Ok((a, _)) => a,
                     Err(e) => {
-                        follow.push_back(Event::ReplicaLoadFailed { replica, reason: format!("replica actor: {e}") });
+                        self.buffer.push(Event::ReplicaLoadFailed { replica, reason: format!("replica actor: {e}") });
                         return;
                     }
                 };
@@ -425,7 +448,7 @@ impl PlannerActorState {
                 });
                 if actor.send_message(ReplicaMsg::Start(ticket)).is_err() {
                     self.replicas.remove(&replica);
-                    follow.push_back(Event::ReplicaLoadFailed { replica, reason: "replica actor stopped".into() });
+                    self.buffer.push(Event::ReplicaLoadFailed { replica, reason: "replica actor stopped".into() });
                 }
             }
             Command::Unload { replica } => {
@@ -549,7 +572,7 @@ impl PlannerActorState {
                     Ok((actor, _)) => {
                         self.session_cells.insert(actor.get_id(), id);
                         self.sessions.insert(id, actor.clone());
-                        self.plan(myself, Event::SessionArrived { session: id, workflow: entry.workflow }).await;
+                        self.post(myself, Event::SessionArrived { session: id, workflow: entry.workflow });
                         let _ = actor.send_message(SessionMsg::Start);
                     }
                     Err(e) => self.start_failure(entry.workflow, wall, format!("{id}: session actor: {e}")),
@@ -574,7 +597,7 @@ impl PlannerActorState {
         self.sessions.remove(&id);
         self.pending.retain(|a, _| a.session != id);
         self.ended.insert(id, report);
-        self.plan(myself, Event::SessionEnded { session: id }).await;
+        self.post(myself, Event::SessionEnded { session: id });
         self.after_session_end();
     }
 
@@ -599,7 +622,7 @@ impl PlannerActorState {
             }
         }
         r.resident_since = Some(wall);
-        self.plan(myself, Event::ReplicaLoaded { replica }).await;
+        self.post(myself, Event::ReplicaLoaded { replica });
     }
 
     /// A replica is gone (its load failed, its restarts were exhausted, or its actor stopped):
@@ -630,8 +653,9 @@ impl PlannerActorState {
         }
         self.faults.migrated_calls += released.len() as u64;
         for (activation, output_tokens) in &released {
-            self.plan(myself, Event::UnitFinished { activation: *activation, replica, output_tokens: *output_tokens }).await;
+            self.post(myself, Event::UnitFinished { activation: *activation, replica, output_tokens: *output_tokens });
         }
+        self.flush(myself).await;
         self.release_regrants(myself, replica, &reason).await;
         for (activation, _) in released {
             if let Some(s) = self.sessions.get(&activation.session) {
@@ -654,16 +678,18 @@ impl PlannerActorState {
                 let activation = item.activation;
                 let output_tokens = call.expected_output_tokens;
                 requeue.push((item, call));
-                self.plan(myself, Event::UnitFinished { activation, replica, output_tokens }).await;
+                self.post(myself, Event::UnitFinished { activation, replica, output_tokens });
             }
+            self.flush(myself).await;
         }
         if self.planner.state().replica(replica).is_some() {
-            self.plan(myself, Event::ReplicaLoadFailed { replica, reason: reason.to_string() }).await;
+            self.post(myself, Event::ReplicaLoadFailed { replica, reason: reason.to_string() });
+            self.flush(myself).await;
         }
         for (item, call) in requeue {
             if self.sessions.contains_key(&item.activation.session) {
                 self.pending.insert(item.activation, (item.clone(), call));
-                self.plan(myself, Event::UnitReady(item)).await;
+                self.post(myself, Event::UnitReady(item));
             }
         }
     }

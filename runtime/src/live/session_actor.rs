@@ -51,8 +51,8 @@ pub struct SessionState {
     prepared: BTreeMap<ActivationId, PreparedLlm>,
     spans: BTreeMap<ActivationId, Span>,
     calls: Vec<CallRecord>,
-    /// Wall time each LLM unit was handed to the planner.
-    ready_at: BTreeMap<ActivationId, f64>,
+    /// Wall time each LLM unit was handed to the planner, and learned of its grant.
+    ready_at: BTreeMap<ActivationId, (f64, Option<f64>)>,
     timings: Vec<CallTiming>,
     ended: bool,
     span: Span,
@@ -103,6 +103,10 @@ impl Actor for SessionActor {
                     return Ok(());
                 }
                 tracing::debug!(parent: state.span_of(activation), %replica, "dispatched");
+                let wall = state.ctx.clock.wall();
+                if let Some(t) = state.ready_at.get_mut(&activation) {
+                    t.1 = Some(wall);
+                }
                 state.report_near_ready();
             }
             SessionMsg::LlmDone { activation, replica, completion } => state.on_llm_done(&myself, activation, replica, completion),
@@ -182,7 +186,7 @@ impl SessionState {
                 };
                 let call = PendingCall { request, expected_output_tokens: prepared.output.output_tokens.max(1) };
                 self.prepared.insert(a, prepared);
-                self.ready_at.insert(a, ctx.clock.wall());
+                self.ready_at.insert(a, (ctx.clock.wall(), None));
                 let _ = self.planner.send_message(PlannerMsg::UnitReady { item, call });
             }
             Ready::Fail(reason) => self.fail(myself, reason),
@@ -197,8 +201,14 @@ impl SessionState {
             return self.fail(myself, format!("internal: completion of unprepared unit {a}"));
         };
         tracing::debug!(parent: self.span_of(a), %replica, output_tokens = c.output_tokens, cached = c.cached_prompt_tokens, latency_s = c.latency_s, "llm done");
-        if let Some(t0) = self.ready_at.remove(&a) {
-            self.timings.push(CallTiming { activation: a, total_s: self.ctx.clock.wall() - t0, engine_s: c.latency_s });
+        if let Some((t0, granted)) = self.ready_at.remove(&a) {
+            let wall = self.ctx.clock.wall();
+            self.timings.push(CallTiming {
+                activation: a,
+                total_s: wall - t0,
+                grant_s: granted.unwrap_or(wall) - t0,
+                engine_s: c.latency_s,
+            });
         }
         // An emulated engine returns the responder's text: keep the responder's verdict and
         // value with it. A real model's own text is taken as it is.

@@ -217,3 +217,15 @@ pub async fn run(cfg: &LiveConfig, factory: Arc<dyn EngineFactory>, progress: Op
     }
     Ok(out)
 }
+
+/// [`run`] on a runtime of its own (multi-threaded, two workers plus tokio's blocking pool for
+/// tools), for callers that have none: the CLI and tests outside this crate.
+pub fn run_blocking(cfg: &LiveConfig, factory: Arc<dyn EngineFactory>, progress: Option<Progress>) -> Result<LiveOutput, LiveError> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .thread_name("switchyard-live")
+        .build()
+        .map_err(|e| LiveError::Spawn(format!("tokio runtime: {e}")))?;
+    runtime.block_on(run(cfg, factory, progress))
+}

@@ -4,7 +4,8 @@
 //! solution with `<<expr=result>>` calculator annotations and a final `#### <answer>` line);
 //! the annotations are stripped, as a model writes no calculator calls. A solver is right with
 //! its model's GSM8K accuracy ([`super::models::gsm8k_accuracy`]); a wrong solution perturbs
-//! the step that produces the final answer in one of three realistic ways (see [`Slip`]).
+//! the step that produces the final answer in one of three realistic ways (a wrong operation,
+//! a dropped step or an arithmetic slip; see `Slip` for their weights).
 //! Correctness is drawn from the request's own seed, so solvers with different seeds are
 //! independent.
 //!

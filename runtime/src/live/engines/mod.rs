@@ -402,7 +402,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(s.kind, EngineKind::Vllm);
-        assert_eq!(s.template().words().len(), 9);
+        assert_eq!(s.template().words().len(), 10);
         let s: EngineSpec = serde_saphyr::from_str(
             "{ kind: openai, base_url: \"http://h:1/v1\", api_key: k, headers: { X-A: b }, models: { Qwen3-8B: Qwen/Qwen3-8B } }",
         )
@@ -413,6 +413,23 @@ mod tests {
         assert_eq!(s.template().words(), ["a", "b c", "{port}"]);
         assert!(serde_saphyr::from_str::<EngineSpec>("{ kind: gpu }").is_err());
         assert!(serde_saphyr::from_str::<EngineSpec>("{ kind: vllm, prot: 3 }").is_err());
+    }
+
+    #[test]
+    fn the_bundled_live_pool_builds_engines() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../workflows/pools/live-emulated.yaml");
+        let pool: crate::live::pool::LivePoolSpec<EngineSpec> =
+            crate::live::pool::LivePoolSpec::load(&path).unwrap();
+        for (spec, device) in pool.engines().unwrap().iter().zip(&pool.pool.devices) {
+            let launch = LaunchParams { device_kind: device.name.clone(), ..launch() };
+            let argv = ManagedCommand::from_spec(spec, &launch).unwrap().argv(4242);
+            assert_eq!(argv[0], "/opt/bin/switchyard");
+            assert!(argv.windows(2).any(|w| w == ["--device", device.name.as_str()]), "{argv:?}");
+            assert!(argv.windows(2).any(|w| w == ["--port", "4242"]), "{argv:?}");
+            assert_eq!(spec.served_model("Qwen3-8B"), "Qwen3-8B");
+            assert_eq!(engine_for(spec, &launch).map(|e| e.kind()).ok(), Some("vllm"));
+        }
     }
 
     #[test]

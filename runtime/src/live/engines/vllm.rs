@@ -37,6 +37,8 @@ const LOG_TAIL_LINES: usize = 60;
 const LOG_LINE_CHARS: usize = 2000;
 /// How long `unload` waits for the group to vanish after SIGKILL.
 const GROUP_EXIT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a connection error waits for a dying child to become reapable.
+const CRASH_SETTLE: Duration = Duration::from_millis(200);
 
 /// A command template with every placeholder but `{port}` resolved.
 #[derive(Debug, Clone, PartialEq)]
@@ -410,14 +412,24 @@ impl VllmEngine {
         }
     }
 
-    /// A transport or server error becomes the crash report when the child has exited.
-    fn after_error(&self, e: EngineError) -> EngineError {
-        match e {
-            EngineError::Unreachable(_) | EngineError::BadResponse(_) => match self.live_http() {
-                Ok(_) => e,
-                Err(crash) => crash,
-            },
-            other => other,
+    /// A transport or server error becomes the crash report when the child has exited. A
+    /// connection reset can arrive while the dying child is not yet reapable, so an
+    /// `Unreachable` error looks again for up to [`CRASH_SETTLE`].
+    async fn after_error(&self, e: EngineError) -> EngineError {
+        let patience = match e {
+            EngineError::Unreachable(_) => CRASH_SETTLE,
+            EngineError::BadResponse(_) => Duration::ZERO,
+            other => return other,
+        };
+        let deadline = Instant::now() + patience;
+        loop {
+            if let Err(crash) = self.live_http() {
+                return crash;
+            }
+            if Instant::now() >= deadline {
+                return e;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
 
@@ -567,14 +579,20 @@ impl Engine for VllmEngine {
     fn sleep(&self, level: u8) -> EngineFuture<'_, ()> {
         Box::pin(async move {
             let http = self.live_http()?;
-            http.sleep_level(level).await.map_err(|e| self.after_error(e))
+            match http.sleep_level(level).await {
+                Ok(()) => Ok(()),
+                Err(e) => Err(self.after_error(e).await),
+            }
         })
     }
 
     fn wake(&self) -> EngineFuture<'_, ()> {
         Box::pin(async move {
             let http = self.live_http()?;
-            http.wake_up().await.map_err(|e| self.after_error(e))
+            match http.wake_up().await {
+                Ok(()) => Ok(()),
+                Err(e) => Err(self.after_error(e).await),
+            }
         })
     }
 
@@ -585,14 +603,20 @@ impl Engine for VllmEngine {
     fn submit(&self, request: LlmRequest) -> EngineFuture<'_, Completion> {
         Box::pin(async move {
             let http = self.live_http()?;
-            http.complete(&request).await.map_err(|e| self.after_error(e))
+            match http.complete(&request).await {
+                Ok(c) => Ok(c),
+                Err(e) => Err(self.after_error(e).await),
+            }
         })
     }
 
     fn telemetry(&self) -> EngineFuture<'_, EngineTelemetry> {
         Box::pin(async move {
             let http = self.live_http()?;
-            http.scrape_telemetry().await.map_err(|e| self.after_error(e))
+            match http.scrape_telemetry().await {
+                Ok(t) => Ok(t),
+                Err(e) => Err(self.after_error(e).await),
+            }
         })
     }
 }

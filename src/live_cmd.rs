@@ -1,0 +1,50 @@
+//! `switchyard run --live`: the same sessions as `switchyard run`, on the live runtime (actors on
+//! tokio, wall-clock time) against the engines a live pool file names per device — for the
+//! bundled `workflows/pools/live-emulated.yaml`, `switchyard emulate` child processes this
+//! binary starts itself through the `vllm` engine's command template.
+//!
+//! CLI glue only (errors are `anyhow` here): it reads the live pool file, takes the clock's
+//! speed from the pool's engines, and hands everything to `switchyard_runtime::live`.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result, anyhow};
+use switchyard_runtime::live::engines::EngineSpec;
+use switchyard_runtime::live::{self, LiveConfig, LiveOutput, LivePoolSpec, PoolEngines, Progress};
+use switchyard_runtime::sim::{PoolSpec, SimConfig};
+
+/// What a live run needs beyond the simulator's flags.
+#[derive(Debug, Clone, Default)]
+pub struct LiveOptions {
+    /// Fail whatever is still open after this many wall seconds.
+    pub deadline_s: Option<f64>,
+    /// Ask engines to stream their answers.
+    pub stream: bool,
+}
+
+/// The planner's view of a live pool file (its devices, without the engines), for building the
+/// [`SimConfig`] that [`run_live`] takes.
+pub fn pool_spec(path: &Path) -> Result<PoolSpec> {
+    let pool: LivePoolSpec<EngineSpec> = LivePoolSpec::load(path).map_err(|e| anyhow!("{e}"))?;
+    Ok(pool.pool)
+}
+
+/// Run `run` (whose pool is replaced by the live pool file's) on the live runtime.
+/// `progress(ended, total)` is called as sessions end.
+pub fn run_live(mut run: SimConfig, pool_path: &Path, options: &LiveOptions, progress: Option<Progress>) -> Result<LiveOutput> {
+    let pool: LivePoolSpec<EngineSpec> = LivePoolSpec::load(pool_path).map_err(|e| anyhow!("{e}"))?;
+    let exe = std::env::current_exe().context("cannot locate the switchyard binary")?;
+    let engines = PoolEngines::new(&pool, run.noise_seed, Some(exe)).map_err(|e| anyhow!("{e}"))?;
+    let speed = engines.speed().map_err(|e| anyhow!("{}: {e}", pool_path.display()))?;
+    run.pool = pool.pool;
+    let mut cfg = LiveConfig::new(run);
+    cfg.speed = speed;
+    cfg.stream = options.stream;
+    if let Some(s) = options.deadline_s {
+        let d = Duration::try_from_secs_f64(s).map_err(|_| anyhow!("--deadline: {s} is not a number of seconds"))?;
+        cfg.deadline = Some(d);
+    }
+    live::run_blocking(&cfg, Arc::new(engines), progress).map_err(|e| anyhow!("live run: {e}"))
+}

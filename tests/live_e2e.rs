@@ -1,0 +1,158 @@
+//! End to end over real processes and sockets: the live runtime manages `switchyard emulate`
+//! child processes through the `vllm` engine's command template (the same code that manages
+//! `vllm serve`), runs sessions of the three workflows, and its results (final answers and
+//! accuracy; not timings) equal the simulator's for the same seed. A fault test kills an
+//! emulator process mid-run: every session still completes, exactly once, with the same
+//! answers; no child process outlives the run. Loopback only.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use switchyard_runtime::live::engines::EngineSpec;
+use switchyard_runtime::live::{self, LiveConfig, LiveOutput, LivePoolSpec, PoolEngines, RetryPolicy};
+use switchyard_runtime::planner::JointOptions;
+use switchyard_runtime::sim::{self, Arrival, SimConfig};
+use switchyard_runtime::workflow::load_workflow;
+
+const EXE: &str = env!("CARGO_BIN_EXE_switchyard");
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).to_path_buf()
+}
+
+/// A live pool of one A100-40GB and two V100-32GB, each replica an emulator at `speed`.
+fn pool_file(dir: &Path, speed: f64) -> PathBuf {
+    let engine = format!(
+        "{{ kind: vllm, speed: {speed}, health_timeout_s: 30, shutdown_grace_s: 2, command: \"switchyard emulate \
+         --device {{device}} --model {{model}} --port {{port}} --speed {{speed}} --host {{host}} --dtype {{dtype}} \
+         --max-model-len {{max_len}} --gpu-memory-utilization {{util}} --max-num-seqs {{max_num_seqs}} \
+         --noise-seed {{noise_seed}} --enable-sleep-mode\" }}"
+    );
+    let text = format!(
+        "name: e2e\ndevices:\n  - {{ kind: A100-40GB, engine: {engine} }}\n  - {{ kind: V100-32GB, count: 2, engine: {engine} }}\n"
+    );
+    let path = dir.join("pool.yaml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+fn configs(pool: &Path, sessions: usize, seed: u64) -> (SimConfig, LiveConfig, PoolEngines) {
+    let workflows = ["gsm8k", "mbpp", "qmsum"]
+        .iter()
+        .map(|n| Arc::new(load_workflow(&repo().join("workflows").join(format!("{n}.yaml"))).unwrap()))
+        .collect();
+    let live_pool: LivePoolSpec<EngineSpec> = LivePoolSpec::load(pool).unwrap();
+    let run = SimConfig {
+        workflows,
+        sessions,
+        arrival: Arrival::Burst,
+        seed,
+        noise_seed: 0,
+        pool: live_pool.pool.clone(),
+        policy: "joint".into(),
+        options: JointOptions { fusion: true, prefetch: true, shared_lifecycle: true },
+        predictor: "oracle".into(),
+        tool_workers: 2,
+        max_num_seqs: 256,
+    };
+    let engines = PoolEngines::new(&live_pool, 0, Some(PathBuf::from(EXE))).unwrap();
+    let mut cfg = LiveConfig::new(run.clone());
+    cfg.speed = engines.speed().unwrap();
+    cfg.retry = RetryPolicy { backoff: Duration::from_millis(20), ..RetryPolicy::default() };
+    cfg.telemetry_every = Some(Duration::from_millis(200));
+    cfg.deadline = Some(Duration::from_secs(240));
+    (run, cfg, engines)
+}
+
+/// Emulator processes that are children of this test process.
+fn emulator_children() -> Vec<u32> {
+    let me = std::process::id();
+    let mut out = Vec::new();
+    let Ok(dir) = std::fs::read_dir("/proc") else { return out };
+    for e in dir.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        // Field 4 (after the parenthesised command) is the parent pid.
+        let ppid = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<u32>().ok());
+        let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let cmd = String::from_utf8_lossy(&cmd);
+        if ppid == Some(me) && cmd.contains("emulate") && !stat.contains(") Z ") {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+fn assert_no_children_left() {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !emulator_children().is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(emulator_children(), Vec::<u32>::new(), "emulator processes outlived the run");
+}
+
+fn assert_equal_to_simulation(live: &LiveOutput, run: &SimConfig) {
+    let simulated = sim::simulate(run, &mut |_, _| {}).unwrap();
+    let (s, l) = (&simulated.report, &live.report);
+    assert!(l.failures.is_empty(), "{:?}", l.failures);
+    let ids: BTreeSet<_> = live.sessions.iter().map(|r| r.session).collect();
+    assert_eq!((live.sessions.len(), ids.len()), (s.sessions_total, s.sessions_total), "each session once");
+    assert_eq!(l.sessions_completed, s.sessions_completed);
+    assert_eq!((l.llm_calls, l.tool_calls), (s.llm_calls, s.tool_calls));
+    for (name, w) in &s.workflows {
+        assert_eq!(l.workflows[name].accuracy, w.accuracy, "accuracy of {name}");
+    }
+    let key = |c: &sim::CallRecord| (c.session, c.activation, c.node, c.prompt_tokens, c.output_tokens);
+    let mut a: Vec<_> = live.calls.iter().map(key).collect();
+    let mut b: Vec<_> = simulated.calls.iter().map(key).collect();
+    a.sort_unstable();
+    b.sort_unstable();
+    assert_eq!(a, b, "the same activations with the same prompts and outputs");
+}
+
+#[test]
+fn live_runs_over_emulator_processes_equal_the_simulation() {
+    let dir = tempfile::tempdir().unwrap();
+    let (run, cfg, engines) = configs(&pool_file(dir.path(), 400.0), 2, 21);
+    let live = live::run_blocking(&cfg, Arc::new(engines), None).expect("live run");
+    assert_equal_to_simulation(&live, &run);
+    assert!(live.report.cached_prompt_tokens <= live.report.prompt_tokens);
+    assert!(!live.telemetry.is_empty(), "replicas report their engines' /metrics");
+    assert_no_children_left();
+}
+
+#[test]
+fn an_emulator_killed_mid_run_costs_no_session() {
+    let dir = tempfile::tempdir().unwrap();
+    let (run, cfg, engines) = configs(&pool_file(dir.path(), 100.0), 2, 8);
+    let done = Arc::new(AtomicBool::new(false));
+    let killed = Arc::new(AtomicU32::new(0));
+    let killer = {
+        let (done, killed) = (Arc::clone(&done), Arc::clone(&killed));
+        std::thread::spawn(move || {
+            let start = Instant::now();
+            while !done.load(Ordering::SeqCst) && start.elapsed() < Duration::from_secs(60) {
+                std::thread::sleep(Duration::from_millis(20));
+                let children = emulator_children();
+                if start.elapsed() > Duration::from_millis(800) {
+                    if let Some(&pid) = children.last() {
+                        let status = std::process::Command::new("kill").arg("-KILL").arg(pid.to_string()).status();
+                        if status.is_ok_and(|s| s.success()) {
+                            killed.store(pid, Ordering::SeqCst);
+                            return;
+                        }
+                    }
+                }
+            }
+        })
+    };
+    let live = live::run_blocking(&cfg, Arc::new(engines), None).expect("live run");
+    done.store(true, Ordering::SeqCst);
+    killer.join().unwrap();
+    assert_ne!(killed.load(Ordering::SeqCst), 0, "an emulator process was killed mid-run");
+    assert_equal_to_simulation(&live, &run);
+    assert_no_children_left();
+}

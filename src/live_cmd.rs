@@ -6,7 +6,7 @@
 //! CLI glue only (errors are `anyhow` here): it reads the live pool file, takes the clock's
 //! speed from the pool's engines, and hands everything to `switchyard_runtime::live`.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,6 +22,9 @@ pub struct LiveOptions {
     pub deadline_s: Option<f64>,
     /// Ask engines to stream their answers.
     pub stream: bool,
+    /// The `switchyard` binary that command templates starting with `switchyard` run
+    /// (`None`: this executable).
+    pub switchyard_exe: Option<PathBuf>,
 }
 
 /// The planner's view of a live pool file (its devices, without the engines), for building the
@@ -35,7 +38,10 @@ pub fn pool_spec(path: &Path) -> Result<PoolSpec> {
 /// `progress(ended, total)` is called as sessions end.
 pub fn run_live(mut run: SimConfig, pool_path: &Path, options: &LiveOptions, progress: Option<Progress>) -> Result<LiveOutput> {
     let pool: LivePoolSpec<EngineSpec> = LivePoolSpec::load(pool_path).map_err(|e| anyhow!("{e}"))?;
-    let exe = std::env::current_exe().context("cannot locate the switchyard binary")?;
+    let exe = match &options.switchyard_exe {
+        Some(p) => p.clone(),
+        None => std::env::current_exe().context("cannot locate the switchyard binary")?,
+    };
     let engines = PoolEngines::new(&pool, run.noise_seed, Some(exe)).map_err(|e| anyhow!("{e}"))?;
     let speed = engines.speed().map_err(|e| anyhow!("{}: {e}", pool_path.display()))?;
     run.pool = pool.pool;

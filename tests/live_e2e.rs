@@ -17,6 +17,10 @@ use switchyard_runtime::planner::JointOptions;
 use switchyard_runtime::sim::{self, Arrival, SimConfig};
 use switchyard_runtime::workflow::load_workflow;
 
+// The CLI's live entry point, compiled into this test as `switchyard` compiles it.
+#[path = "../src/live_cmd.rs"]
+mod live_cmd;
+
 const EXE: &str = env!("CARGO_BIN_EXE_switchyard");
 
 fn repo() -> PathBuf {
@@ -116,8 +120,17 @@ fn assert_equal_to_simulation(live: &LiveOutput, run: &SimConfig) {
 #[test]
 fn live_runs_over_emulator_processes_equal_the_simulation() {
     let dir = tempfile::tempdir().unwrap();
-    let (run, cfg, engines) = configs(&pool_file(dir.path(), 400.0), 2, 21);
-    let live = live::run_blocking(&cfg, Arc::new(engines), None).expect("live run");
+    let pool = pool_file(dir.path(), 400.0);
+    let (run, _, _) = configs(&pool, 2, 21);
+    // Through the CLI's entry point, with the pool's devices read from the live pool file.
+    let mut cli_run = run.clone();
+    cli_run.pool = live_cmd::pool_spec(&pool).unwrap();
+    let options = live_cmd::LiveOptions {
+        deadline_s: Some(240.0),
+        stream: false,
+        switchyard_exe: Some(PathBuf::from(EXE)),
+    };
+    let live = live_cmd::run_live(cli_run, &pool, &options, None).expect("live run");
     assert_equal_to_simulation(&live, &run);
     assert!(live.report.cached_prompt_tokens <= live.report.prompt_tokens);
     assert!(!live.telemetry.is_empty(), "replicas report their engines' /metrics");

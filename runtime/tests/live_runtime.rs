@@ -567,8 +567,50 @@ fn overhead_per_llm_call() {
     let (o50, o99, m) = percentiles(live.timings.iter().map(|t| t.overhead_s()).collect());
     let (g50, g99, _) = percentiles(live.timings.iter().map(|t| t.grant_s).collect());
     let (a50, a99, _) = percentiles(live.timings.iter().map(|t| t.after_grant_s()).collect());
-    println!("direct engine call: median {:.1} µs, p99 {:.1} µs over {n} calls", d50 * 1e6, d99 * 1e6);
+    println!("in-memory engine, called directly: median {:.1} µs, p99 {:.1} µs over {n} calls", d50 * 1e6, d99 * 1e6);
     println!("added by the live runtime per LLM call: median {:.1} µs, p99 {:.1} µs over {m} calls", o50 * 1e6, o99 * 1e6);
-    println!("  of which waiting for the grant: median {:.1} µs, p99 {:.1} µs", g50 * 1e6, g99 * 1e6);
+    println!("  of which up to the grant (planner): median {:.1} µs, p99 {:.1} µs", g50 * 1e6, g99 * 1e6);
+    println!("  of which after the grant (actor hops): median {:.1} µs, p99 {:.1} µs", a50 * 1e6, a99 * 1e6);
+
+    // Over HTTP: the emulate server (at 10000x, so its compute is negligible) called directly,
+    // and through the runtime.
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let direct_http: Vec<f64> = rt.block_on(async {
+        let mut config = EmulateConfig::new("A100-40GB", "Qwen3-4B");
+        config.speed = 10000.0;
+        config.max_model_len = Some(8192);
+        let server = EmulateServer::start(config, "127.0.0.1:0".parse().unwrap()).await.unwrap();
+        let http = HttpEngine::new("emulated", &server.base_url(), "Qwen3-4B", http_options()).unwrap();
+        http.load().await.unwrap();
+        let mut out = Vec::new();
+        for id in 0..500 {
+            let req = LlmRequest {
+                id,
+                model: "Qwen3-4B".into(),
+                prompt: format!("Question {id}: what is 2 + 2?"),
+                max_tokens: 16,
+                emulated_output: Some("The answer is 4.".into()),
+                stream: false,
+            };
+            let t0 = Instant::now();
+            http.submit(req).await.unwrap();
+            out.push(t0.elapsed().as_secs_f64());
+        }
+        let _ = server.shutdown().await;
+        out
+    });
+    drop(rt);
+    let mut cfg = live_config(sim_config(&["qmsum"], 20, "paper", 1));
+    cfg.run.arrival = Arrival::Poisson(4.0);
+    cfg.speed = 10000.0;
+    let live = run_live(&cfg, Arc::new(InProcessFactory { speed: 10000.0 }));
+    assert!(live.report.failures.is_empty(), "{:?}", live.report.failures);
+    let (h50, h99, n) = percentiles(direct_http);
+    let (e50, e99, _) = percentiles(live.timings.iter().map(|t| t.engine_s).collect());
+    let (o50, o99, m) = percentiles(live.timings.iter().map(|t| t.overhead_s()).collect());
+    let (a50, a99, _) = percentiles(live.timings.iter().map(|t| t.after_grant_s()).collect());
+    println!("emulate server over HTTP, called directly: median {:.1} µs, p99 {:.1} µs over {n} calls", h50 * 1e6, h99 * 1e6);
+    println!("the same engine call inside the runtime: median {:.1} µs, p99 {:.1} µs", e50 * 1e6, e99 * 1e6);
+    println!("added by the live runtime per LLM call: median {:.1} µs, p99 {:.1} µs over {m} calls", o50 * 1e6, o99 * 1e6);
     println!("  of which after the grant (actor hops): median {:.1} µs, p99 {:.1} µs", a50 * 1e6, a99 * 1e6);
 }

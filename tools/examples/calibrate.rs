@@ -15,7 +15,7 @@ use switchyard_tools::python_tests::{
     self, Backend, MODEL_PER_IMPORT_S, MODEL_PER_KIB_S, MODEL_PER_TEST_S, MODEL_STARTUP_S, PythonTests,
 };
 use switchyard_tools::sandbox::{IsolationPolicy, ProcessSandbox, Sandbox, SandboxJob, SandboxLimits};
-use switchyard_tools::{ToolCall, modeled_duration_s, python3_available, run_tool};
+use switchyard_tools::{ToolCall, majority_vote, modeled_duration_s, python3_available, run_tool};
 
 fn call(tool: &str, inputs: Value) -> ToolCall {
     let inputs: BTreeMap<String, Value> = serde_json::from_value(inputs).unwrap_or_default();
@@ -77,7 +77,23 @@ fn main() {
 
     let vote = call("majority_vote", json!({"candidates": ["#### 18", "#### 17", "x 18", "#### 18.00", "no"]}));
     let vote_median = median((0..1000).filter_map(|_| run_tool(&vote).ok().map(|o| o.wall_seconds)).collect());
-    println!("majority_vote: median {:.1} µs over 1000 calls", vote_median * 1e6);
+    let candidates: Vec<Option<String>> =
+        ["#### 18", "#### 17", "x 18", "#### 18.00", "no"].iter().map(|c| Some(c.to_string())).collect();
+    let reference_median = median(
+        (0..1000)
+            .map(|_| {
+                let started = Instant::now();
+                std::hint::black_box(majority_vote::vote(&candidates, majority_vote::Extract::Gsm8k));
+                started.elapsed().as_secs_f64()
+            })
+            .collect(),
+    );
+    println!(
+        "majority_vote: median {:.1} µs per tool call over 1000 calls (vote in the wasm sandbox); \
+         in-process reference vote {:.1} µs",
+        vote_median * 1e6,
+        reference_median * 1e6
+    );
 
     println!("process sandbox overhead: medians of {runs} runs of /bin/true");
     for (label, policy) in [

@@ -10,6 +10,7 @@
 //!   512 MiB of address space, 10 processes, 5 s of CPU), and the outcome's `sandbox_note` says
 //!   that this is a fallback and why. The note is the same on every call, so a report that
 //!   collects distinct notes (the simulator's) states it once.
+//!
 //! `SWITCHYARD_PYTHON_SANDBOX=auto|wasm|process` overrides the choice. Must not depend on the
 //! runtime.
 //!

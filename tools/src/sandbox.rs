@@ -89,6 +89,11 @@ const DRAIN_READS_PER_WAKEUP: usize = 64;
 const EXIT_POLL_INTERVAL: Duration = Duration::from_millis(5);
 
 /// Resource limits for one sandboxed run.
+///
+/// The WebAssembly backend reads `wall_time` as its epoch deadline, `address_space_bytes` as the
+/// limit of each linear memory and `max_output_bytes` as its capture caps; a guest is one thread
+/// and cannot start processes, so `cpu_seconds` and `max_processes` are moot there, and it has
+/// no file-size limit (see [`wasm`]).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SandboxLimits {
     /// Wall-clock limit; the process group is killed when it expires.

@@ -463,7 +463,8 @@ impl Policy for Joint {
             }
         }
         // Scale-out: for every deployment with units that no replica accepts now (they wait for
-        // a load or for a slot), add a replica on a free device (no reclaim) while spreading
+        // a load or for a slot), add a replica on a free device — or one whose idle replicas
+        // nothing in the window needs — while spreading
         // the waiting units over one more replica finishes them earlier (Ĉ_F of Eq. 12) by at
         // least 5 %, under the replica cap. Every demand above got its first replica first.
         for (_, _, items, _) in loaded {
@@ -489,7 +490,13 @@ impl Policy for Joint {
                         Some((at, r.device, r.leases.len()))
                     })
                     .collect();
-                let Some((g, _, _, _)) = self.best_lifecycle(state, d, &items, now, &keep, false) else { break };
+                // Scale-out may reclaim only replicas that no ready or near-ready unit needs.
+                let mut keep_all = keep.clone();
+                keep_all.extend(state.near_ready().map(|n| n.deployment));
+                keep_all.insert(d);
+                let Some((g, victims, _, _)) = self.best_lifecycle(state, d, &items, now, &keep_all, true) else {
+                    break;
+                };
                 let Some(dev) = state.device(g) else { break };
                 let c_f = |slots: &[(f64, DeviceId, usize)]| {
                     let per = items.len().div_ceil(slots.len().max(1));
@@ -513,7 +520,7 @@ impl Policy for Joint {
                     break;
                 }
                 let owner = items.first().map(|w| w.workflow).unwrap_or(0);
-                if !self.issue_lifecycle(state, d, g, &[], owner, now, out) {
+                if !self.issue_lifecycle(state, d, g, &victims, owner, now, out) {
                     break;
                 }
                 lifecycle += 1;

@@ -298,10 +298,10 @@ fn load_or_compile(engine: &Engine, bytes: &[u8], hash: ModuleHash) -> Result<Mo
     }
     COMPILED.fetch_add(1, Ordering::Relaxed);
     let module = Module::new(engine, bytes).map_err(|e| format!("{e:#}"))?;
-    if let Some(path) = cache_path {
-        if store_precompiled(&module, &path).is_err() {
-            DISK_WRITE_FAILURES.fetch_add(1, Ordering::Relaxed);
-        }
+    if let Some(path) = cache_path
+        && store_precompiled(&module, &path).is_err()
+    {
+        DISK_WRITE_FAILURES.fetch_add(1, Ordering::Relaxed);
     }
     Ok(module)
 }
@@ -533,6 +533,7 @@ impl Sandbox for WasmSandbox {
     }
 
     fn run(&self, job: &SandboxJob) -> Result<SandboxOutcome, SandboxError> {
+        validate(job)?;
         let loaded = module_from_file(&job.program)?;
         run_command(self, &loaded, job)
     }
@@ -661,8 +662,8 @@ enum Ended {
     DeadlineInHostCall,
 }
 
+/// Runs a validated `job` whose program is `loaded`.
 fn run_command(sandbox: &WasmSandbox, loaded: &LoadedModule, job: &SandboxJob) -> Result<SandboxOutcome, SandboxError> {
-    validate(job)?;
     let limits = &job.limits;
     let pre = command_pre(loaded)?;
 

@@ -7,8 +7,9 @@
 //! both a process (`program args…` in that directory) and a WASI command module (the module file
 //! as program, the directory pre-opened at [`wasm::GUEST_WORK_DIR`]).
 //!
-//! The process backend is Linux-only. It confines a child as follows (see [`confine`] for the
-//! exact order of the system calls and [`Isolation`] for what a given run really got):
+//! The process backend is Linux-only. It confines a child as follows (see the `confine`
+//! submodule for the exact order of the system calls and [`Isolation`] for what a given run
+//! really got):
 //!
 //! * **wall-clock limit** — the child leads its own process group (`process_group(0)`); at the
 //!   limit the whole group gets `SIGKILL`. The group is killed again after every run, so

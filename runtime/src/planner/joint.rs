@@ -427,26 +427,32 @@ impl Policy for Joint {
 
         // 3. PlanReady: coalesced demand, ranked by urgency then ready work per load second.
         let mut demands: Vec<((DeploymentId, u32), Vec<(u8, WorkItem)>)> = needs.into_iter().collect();
-        let value = |state: &PlannerState, est: &dyn Estimates, d: DeploymentId, n: usize| {
-            let load = state
-                .deployment(d)
-                .map(|dep| {
-                    state.devices().iter().filter(|g| state.eligible(d, g.id)).map(|g| est.load_time(dep, g)).fold(f64::INFINITY, f64::min)
-                })
-                .unwrap_or(f64::INFINITY);
-            n as f64 / load.max(1e-3)
+        // Value of a load: the predicted ready work (seconds of run time, on the fastest eligible
+        // device, each unit alone) it unlocks per second of loading.
+        let value = |state: &PlannerState, d: DeploymentId, units: &[(u8, WorkItem)]| {
+            let Some(dep) = state.deployment(d) else { return 0.0 };
+            let mut best = 0.0f64;
+            for g in state.devices().iter().filter(|g| state.eligible(d, g.id)) {
+                let work: f64 = units
+                    .iter()
+                    .map(|(_, w)| self.est.run_time(dep, g, 1, w.envelope.0.max(w.prompt_tokens), self.timing_output(w)))
+                    .sum();
+                best = best.max(work / self.est.load_time(dep, g).max(1e-3));
+            }
+            best
         };
-        demands.sort_by(|a, b| {
-            let la = a.1.iter().map(|x| x.0).min().unwrap_or(u8::MAX);
-            let lb = b.1.iter().map(|x| x.0).min().unwrap_or(u8::MAX);
-            let va = value(state, self.est.as_ref(), a.0.0, a.1.len());
-            let vb = value(state, self.est.as_ref(), b.0.0, b.1.len());
-            let ea = state.devices().iter().filter(|g| state.eligible(a.0.0, g.id)).count();
-            let eb = state.devices().iter().filter(|g| state.eligible(b.0.0, g.id)).count();
-            // Urgency first, then the most constrained deployment (fewest eligible devices),
-            // then ready work unlocked per second of loading.
-            la.cmp(&lb).then(ea.cmp(&eb)).then(vb.total_cmp(&va)).then(a.0.cmp(&b.0))
-        });
+        let mut ranked_demands: Vec<(u8, usize, f64, ((DeploymentId, u32), Vec<(u8, WorkItem)>))> = demands
+            .into_iter()
+            .map(|(key, units)| {
+                let level = units.iter().map(|x| x.0).min().unwrap_or(u8::MAX);
+                let eligible = state.devices().iter().filter(|g| state.eligible(key.0, g.id)).count();
+                (level, eligible, value(state, key.0, &units), (key, units))
+            })
+            .collect();
+        // Urgency first, then the most constrained deployment (fewest eligible devices), then
+        // the most ready work unlocked per second of loading.
+        ranked_demands.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.cmp(&b.1)).then(b.2.total_cmp(&a.2)).then(a.3.0.cmp(&b.3.0)));
+        let demands: Vec<((DeploymentId, u32), Vec<(u8, WorkItem)>)> = ranked_demands.into_iter().map(|x| x.3).collect();
         let mut lifecycle = 0usize;
         // Deployments with ready demand are never reclaimed to make room for other demand.
         let mut keep: BTreeSet<DeploymentId> = state.queue().iter().map(|w| w.deployment).collect();

@@ -622,9 +622,10 @@ fn aggregate(v: &Variant, arrival: &str, runs: &[&RunSummary], lb: Option<&Lower
     }
 }
 
-/// Reduction of `ours` relative to `baseline`, in percent (positive = ours is lower).
-pub fn reduction_pct(ours: f64, baseline: f64) -> Option<f64> {
-    (baseline > 0.0).then(|| (baseline - ours) / baseline * 100.0)
+/// Change of `ours` relative to `baseline`, in percent: negative = ours is lower (the paper's
+/// "−35.8 %" convention).
+pub fn change_pct(ours: f64, baseline: f64) -> Option<f64> {
+    (baseline > 0.0).then(|| (ours - baseline) / baseline * 100.0)
 }
 
 /// Write `report.md`, `bench.json` and the charts `fig5_completion.svg`,
@@ -653,9 +654,9 @@ mod tests {
 
     #[test]
     fn reductions_and_ratios() {
-        assert_eq!(reduction_pct(64.0, 100.0), Some(36.0));
-        assert_eq!(reduction_pct(120.0, 100.0), Some(-20.0));
-        assert_eq!(reduction_pct(1.0, 0.0), None);
+        assert_eq!(change_pct(64.0, 100.0), Some(-36.0));
+        assert_eq!(change_pct(120.0, 100.0), Some(20.0));
+        assert_eq!(change_pct(1.0, 0.0), None);
         assert_eq!(ratio(300.0, Some(100.0)), Some(3.0));
         assert_eq!(ratio(300.0, Some(0.0)), None);
         assert_eq!(ratio(300.0, None), None);
@@ -708,11 +709,20 @@ mod tests {
     fn bad_configurations_are_refused() {
         let cfg = paper_config();
         assert!(matches!(cfg.validate(), Err(BenchError::Config(m)) if m.contains("no workflow")));
+        let gsm8k = Path::new(env!("CARGO_MANIFEST_DIR")).join("../workflows/gsm8k.yaml");
         let mut cfg = paper_config().quick();
+        cfg.workflows = vec![Arc::new(crate::workflow::load_workflow(&gsm8k).unwrap())];
         assert_eq!(cfg.repetitions, 1);
         assert_eq!(cfg.arrivals, vec![Arrival::Burst]);
-        cfg.policies.push("parrot".into());
-        cfg.workflows = Vec::new();
-        assert!(cfg.validate().is_err());
+        assert!(cfg.validate().is_ok());
+        let mut twice = cfg.clone();
+        twice.policies.push("parrot".into());
+        assert!(matches!(twice.validate(), Err(BenchError::Config(m)) if m.contains("twice")));
+        let mut none = cfg.clone();
+        none.repetitions = 0;
+        assert!(matches!(none.validate(), Err(BenchError::Config(m)) if m.contains("repetitions")));
+        let mut empty = cfg;
+        (empty.policies, empty.ablations, empty.predictors) = (Vec::new(), false, Vec::new());
+        assert!(matches!(empty.validate(), Err(BenchError::Config(m)) if m.contains("no policy")));
     }
 }

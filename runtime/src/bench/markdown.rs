@@ -4,14 +4,19 @@
 
 use std::fmt::Write;
 
-use super::{BenchReport, BenchRun, VariantKind, reduction_pct};
+use super::{BenchReport, BenchRun, VariantKind, change_pct};
 
 /// The policy whose reductions are reported, and the baselines it is compared with.
 const OURS: &str = "joint";
 const BASELINES: [&str; 2] = ["parrot", "kairos"];
 
 fn pct(x: Option<f64>) -> String {
-    x.map(|v| format!("{v:+.1} %")).unwrap_or_else(|| "–".into())
+    match x {
+        // No "−0.0 %": a change that rounds to zero is zero.
+        Some(v) if v.abs() < 0.05 => "0.0 %".into(),
+        Some(v) => format!("{v:+.1} %"),
+        None => "–".into(),
+    }
 }
 
 fn secs(x: f64) -> String {
@@ -140,7 +145,7 @@ fn figure5(out: &mut String, report: &BenchReport) {
                 .iter()
                 .flat_map(|b| [format!("makespan vs {b}"), format!("p95 vs {b}")])
                 .collect();
-            let _ = writeln!(out, "Reduction of `{OURS}` ({}):\n", scope.title());
+            let _ = writeln!(out, "Change of `{OURS}` against the baselines ({}; negative = lower):\n", scope.title());
             let _ = writeln!(out, "| arrival | {} |", cols.join(" | "));
             let _ = writeln!(out, "|---|{}", cols.iter().map(|_| "---|").collect::<String>());
             for a in arrivals {
@@ -149,7 +154,7 @@ fn figure5(out: &mut String, report: &BenchReport) {
                 for b in &baselines {
                     let base = report.row(b, a).and_then(|r| scope.metrics(r));
                     match (ours, base) {
-                        (Some(o), Some(b)) => cells.extend([pct(reduction_pct(o.0, b.0)), pct(reduction_pct(o.1, b.1))]),
+                        (Some(o), Some(b)) => cells.extend([pct(change_pct(o.0, b.0)), pct(change_pct(o.1, b.1))]),
                         _ => cells.extend(["–".into(), "–".into()]),
                     }
                 }
@@ -194,7 +199,7 @@ fn figure6(out: &mut String, report: &BenchReport) {
     let _ = writeln!(out);
     let baselines: Vec<&str> = BASELINES.iter().copied().filter(|b| pols.iter().any(|p| p == b)).collect();
     if pols.iter().any(|p| p == OURS) && !baselines.is_empty() {
-        let _ = writeln!(out, "Reduction of `{OURS}`'s GPU-seconds per session:\n");
+        let _ = writeln!(out, "Change of `{OURS}`'s GPU-seconds per completed session (negative = lower):\n");
         let _ = writeln!(
             out,
             "| workflow | {} |",
@@ -216,8 +221,8 @@ fn figure6(out: &mut String, report: &BenchReport) {
             for b in &baselines {
                 match (pick(OURS), pick(b)) {
                     (Some(o), Some(x)) => cells.extend([
-                        pct(reduction_pct(o.total(), x.total())),
-                        pct(reduction_pct(o.idle_resident, x.idle_resident)),
+                        pct(change_pct(o.total(), x.total())),
+                        pct(change_pct(o.idle_resident, x.idle_resident)),
                     ]),
                     _ => cells.extend(["–".into(), "–".into()]),
                 }
@@ -262,7 +267,10 @@ fn figure7(out: &mut String, report: &BenchReport) {
             let full = report.row(OURS, a);
             match report.row(label, a) {
                 Some(r) => {
-                    let d = |x: f64, base: Option<f64>| pct(base.and_then(|b| reduction_pct(x, b)).map(|v| -v));
+                    let full_row = *kind == VariantKind::Policy;
+                    let d = |x: f64, base: Option<f64>| {
+                        if full_row { "–".to_string() } else { pct(base.and_then(|b| change_pct(x, b))) }
+                    };
                     cells.extend([
                         secs(r.makespan_s),
                         secs(r.latency_s.p95),

@@ -310,7 +310,7 @@ impl PlannerActorState {
             }
             PlannerMsg::Restarted { replica } => {
                 self.faults.restarts += 1;
-                self.note(format!("replica {replica} restarted in place after its engine became unreachable"));
+                self.note(format!("replica {replica} was restarted after its engine stopped answering or failed to start"));
             }
             PlannerMsg::ReplicaLost { replica, reason } => self.replica_gone(myself, replica, reason).await,
             PlannerMsg::Parked { device, deployment, engine } => {

@@ -137,6 +137,7 @@ impl Actor for ReplicaActor {
 
     async fn pre_start(&self, _myself: ActorRef<ReplicaMsg>, args: ReplicaArgs) -> Result<ReplicaState, ActorProcessingErr> {
         let span = tracing::info_span!(
+            parent: None,
             "replica",
             replica = %args.replica,
             device = %args.device,
@@ -178,21 +179,29 @@ async fn handle(myself: ActorRef<ReplicaMsg>, msg: ReplicaMsg, state: &mut Repli
         ReplicaMsg::Start(mut ticket) => {
             ticket.wait().await;
             let engine = state.engine();
-            let result = if state.wake {
-                match engine.wake().await {
-                    Ok(()) => Ok(()),
-                    Err(e) => {
-                        tracing::warn!(error = %e, "wake failed: loading instead");
-                        let _ = engine.unload().await;
-                        engine.load().await
-                    }
+            let mut result = if state.wake { engine.wake().await } else { engine.load().await };
+            if let (true, Err(e)) = (state.wake, &result) {
+                tracing::warn!(error = %e, "wake failed: loading instead");
+            }
+            // A start can fail for good (the server refuses the configuration) or because the
+            // process died meanwhile; both are retried a bounded number of times.
+            let mut retries = u32::from(state.wake && result.is_err());
+            let mut attempts = 0;
+            while result.is_err() && attempts < state.retry.max_restarts {
+                attempts += 1;
+                if let Err(e) = &result {
+                    tracing::warn!(error = %e, attempt = attempts, "start failed: starting again");
                 }
-            } else {
-                engine.load().await
-            };
+                tokio::time::sleep(state.retry.backoff_after(attempts)).await;
+                let _ = engine.unload().await;
+                result = engine.load().await;
+                retries += 1;
+            }
             if let Err(e) = &result {
                 tracing::error!(error = %e, "load failed");
                 let _ = engine.unload().await;
+            } else if retries > 0 {
+                let _ = state.planner.send_message(PlannerMsg::Restarted { replica: state.replica });
             }
             ticket.finish();
             let result = result.map_err(|e| e.to_string());

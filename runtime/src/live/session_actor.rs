@@ -65,7 +65,7 @@ impl Actor for SessionActor {
 
     async fn pre_start(&self, _myself: ActorRef<SessionMsg>, args: SessionArgs) -> Result<SessionState, ActorProcessingErr> {
         let name = args.session.spec().name.clone();
-        let span = tracing::info_span!("session", session = %args.session.id(), workflow = %name);
+        let span = tracing::info_span!(parent: None, "session", session = %args.session.id(), workflow = %name);
         Ok(SessionState {
             ctx: args.ctx,
             session: args.session,

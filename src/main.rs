@@ -1,6 +1,8 @@
 //! `switchyard`: the command-line edge. Parses arguments, loads files, runs the simulator or the
 //! evaluations, and prints tables / JSON / SVG. Errors are `anyhow` here and only here.
 
+mod emulator_fidelity;
+
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -151,7 +153,10 @@ fn validate(paths: &[PathBuf]) -> Result<()> {
 
 fn predictor_eval(train: Option<PathBuf>, test: Option<PathBuf>, json: bool) -> Result<()> {
     let train = train.unwrap_or_else(switchyard_predictor::eval::default_train_dir);
-    let report = switchyard_predictor::eval::run(&train, test.as_deref()).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let mut report = switchyard_predictor::eval::run(&train, test.as_deref()).map_err(|e| anyhow::anyhow!("{e}"))?;
+    for row in emulator_fidelity::rows().map_err(|e| anyhow::anyhow!("{e}"))? {
+        report.push_row(row);
+    }
     if json {
         println!("{}", serde_json::to_string_pretty(&report.to_json())?);
     } else {

@@ -45,7 +45,7 @@ pub enum BenchError {
     #[error("bench configuration: {0}")]
     Config(String),
     #[error("run `{variant}` ({arrival}, noise seed {noise_seed}): {source}")]
-    Run { variant: String, arrival: String, noise_seed: u64, source: SimError },
+    Run { variant: String, arrival: String, noise_seed: u64, source: Box<SimError> },
     #[error("lower bound of the {arrival} trace: {source}")]
     Bound { arrival: String, source: LowerBoundError },
     #[error("{path}: {source}")]
@@ -494,7 +494,7 @@ fn execute(
                             variant: v.label.clone(),
                             arrival: arrival.to_string(),
                             noise_seed: job.noise_seed,
-                            source,
+                            source: Box::new(source),
                         });
                     if result.is_err() {
                         failed.store(true, Ordering::Relaxed);

@@ -3,6 +3,10 @@
 //! predictor row) compared byte for byte with `tests/golden/bench_small.json`, so any change of
 //! a number the bench reports fails here.
 //!
+//! The `python_tests` tool models its durations per sandbox backend (host python3 process or
+//! CPython on WASI), so MBPP's timing depends on which one runs; the test pins the process
+//! backend, which needs only `python3` on the PATH.
+//!
 //! After an intended change, regenerate the golden file and review its diff:
 //!
 //! ```sh
@@ -33,7 +37,12 @@ fn config() -> BenchConfig {
 
 fn report() -> &'static BenchReport {
     static REPORT: OnceLock<BenchReport> = OnceLock::new();
-    REPORT.get_or_init(|| run_bench(&config(), &|_, _| {}).expect("bench"))
+    REPORT.get_or_init(|| {
+        // SAFETY: every test of this binary reaches the environment only through this
+        // initialiser (the others block on the OnceLock), and the bench threads start after it.
+        unsafe { std::env::set_var(switchyard_tools::python_tests::BACKEND_ENV, "process") };
+        run_bench(&config(), &|_, _| {}).expect("bench")
+    })
 }
 
 #[test]

@@ -515,6 +515,35 @@ fn units_no_device_can_serve_fail_their_sessions_instead_of_hanging() {
     assert!(live.report.failures[0].contains("could not be placed"), "{:?}", live.report.failures);
 }
 
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { cases: 6, ..proptest::prelude::ProptestConfig::default() })]
+
+    /// Whatever the seed and whichever request a replica dies on (restartable or not), and
+    /// however many bad answers precede each good one: every session ends exactly once, and
+    /// completes with the answer an unscheduled run gives.
+    #[test]
+    fn every_session_ends_once_with_the_reference_answer_under_faults(
+        seed in 0u64..10_000,
+        kill_at in proptest::option::of(1u64..15),
+        stay_dead: bool,
+        bad in 0u32..3,
+        delay_ms in 0u64..4,
+    ) {
+        let mut run = sim_config(&["gsm8k", "qmsum"], 2, "small", seed);
+        run.pool.devices = vec![run.pool.devices[0].clone(), run.pool.devices[0].clone()];
+        let expected = reference(&run);
+        let faults = Faults { kill_at_request: kill_at, stay_dead, bad_attempts_per_request: bad, ..Faults::default() };
+        let factory = FakeFactory::new(delay_ms, faults);
+        let live = run_live(&live_config(run), factory.clone());
+        assert_each_session_once(&live, 4);
+        proptest::prop_assert!(live.report.failures.is_empty(), "{:?}", live.report.failures);
+        for r in &live.sessions {
+            proptest::prop_assert_eq!(&r.final_output, &expected[&r.session].0);
+        }
+        proptest::prop_assert!(factory.counters.answered.lock().unwrap().values().all(|&n| n == 1));
+    }
+}
+
 /// The runtime's own overhead per LLM call (actor hops session → planner → replica → engine →
 /// replica → planner → session, plus any wait for a grant) against calling the engine directly.
 /// Run with `cargo test -p switchyard-runtime --test live_runtime -- --ignored --nocapture`.

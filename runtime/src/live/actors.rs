@@ -332,6 +332,33 @@ mod tests {
     }
 
     #[test]
+    fn lifecycle_tickets_run_in_issue_order() {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let (done1, rx1) = oneshot::channel();
+            let first = LifecycleTicket { after: None, done: done1 };
+            let (done2, _rx2) = oneshot::channel();
+            let mut second = LifecycleTicket { after: Some(rx1), done: done2 };
+            let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+            let o = Arc::clone(&order);
+            let waiter = tokio::spawn(async move {
+                second.wait().await;
+                o.lock().unwrap().push(2);
+            });
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            order.lock().unwrap().push(1);
+            first.finish();
+            waiter.await.unwrap();
+            assert_eq!(*order.lock().unwrap(), vec![1, 2]);
+            // A dropped predecessor does not block its successor.
+            let (tx, rx) = oneshot::channel::<()>();
+            drop(tx);
+            let (done, _) = oneshot::channel();
+            LifecycleTicket { after: Some(rx), done }.wait().await;
+        });
+    }
+
+    #[test]
     fn clock_scales_wall_time_into_device_time() {
         let c = Clock::start(50.0);
         std::thread::sleep(Duration::from_millis(20));

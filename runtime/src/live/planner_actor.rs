@@ -803,8 +803,9 @@ impl PlannerActorState {
             }
         }
         let parked: Vec<EngineHandle> = std::mem::take(&mut self.parked).into_values().flatten().collect();
-        for e in parked {
-            if let Err(err) = e.engine.unload().await {
+        let unloads = parked.iter().map(|e| e.engine.unload());
+        for (result, e) in futures::future::join_all(unloads).await.into_iter().zip(&parked) {
+            if let Err(err) = result {
                 self.notes.push(format!("a parked {} engine did not unload: {err}", e.engine.kind()));
             }
         }

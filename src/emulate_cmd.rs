@@ -76,7 +76,12 @@ pub fn run(args: EmulateArgs) -> Result<()> {
         garbage_rate: args.garbage_rate,
         fault_seed: args.fault_seed,
     };
-    let what = format!("{} on {} at {}x", config.served_name(), config.device, config.speed);
+    let what = format!(
+        "{} on {} at {}x",
+        config.served_name(),
+        config.device,
+        config.speed
+    );
     let addr = SocketAddr::new(args.host, args.port);
     server::run_blocking(config, addr, |bound| {
         eprintln!("switchyard emulate: {what}, listening on http://{bound}");

@@ -16,7 +16,9 @@ const BIN: &str = env!("CARGO_BIN_EXE_switchyard");
 /// One HTTP/1.1 exchange with `Connection: close`; returns the status and the body.
 fn http(addr: &str, method: &str, path: &str, body: Option<&Value>) -> (u16, String) {
     let mut stream = TcpStream::connect(addr).expect("connect");
-    stream.set_read_timeout(Some(Duration::from_secs(20))).expect("timeout");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .expect("timeout");
     let payload = body.map(Value::to_string).unwrap_or_default();
     let request = format!(
         "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\
@@ -31,7 +33,10 @@ fn http(addr: &str, method: &str, path: &str, body: Option<&Value>) -> (u16, Str
         .nth(1)
         .and_then(|s| s.parse().ok())
         .expect("status line");
-    let body = raw.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    let body = raw
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
     (status, body)
 }
 
@@ -49,7 +54,15 @@ impl Drop for Server {
 
 fn spawn(extra: &[&str]) -> Server {
     let mut child = Command::new(BIN)
-        .args(["emulate", "--device", "A100-80GB", "--model", "Qwen3-0.6B", "--port", "0"])
+        .args([
+            "emulate",
+            "--device",
+            "A100-80GB",
+            "--model",
+            "Qwen3-0.6B",
+            "--port",
+            "0",
+        ])
         .args(["--speed", "1000", "--max-model-len", "8192"])
         .args(extra)
         .stdout(Stdio::null())
@@ -58,7 +71,9 @@ fn spawn(extra: &[&str]) -> Server {
         .expect("spawn switchyard emulate");
     let stderr = child.stderr.take().expect("stderr");
     let mut line = String::new();
-    BufReader::new(stderr).read_line(&mut line).expect("read the listening line");
+    BufReader::new(stderr)
+        .read_line(&mut line)
+        .expect("read the listening line");
     let addr = line
         .split("http://")
         .nth(1)
@@ -87,10 +102,18 @@ fn emulate_serves_vllms_api_and_exits_on_sigterm() {
     let (status, body) = http(&s.addr, "POST", "/v1/completions", Some(&req));
     assert_eq!(status, 200, "{body}");
     let first: Value = serde_json::from_str(&body).unwrap();
-    assert_eq!(first["choices"][0]["text"], "A switchyard sorts railway cars.");
+    assert_eq!(
+        first["choices"][0]["text"],
+        "A switchyard sorts railway cars."
+    );
     let (_, body) = http(&s.addr, "POST", "/v1/completions", Some(&req));
     let second: Value = serde_json::from_str(&body).unwrap();
-    assert!(second["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap() > 0);
+    assert!(
+        second["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap()
+            > 0
+    );
 
     let (status, body) = http(&s.addr, "GET", "/metrics", None);
     assert_eq!(status, 200);
@@ -106,10 +129,16 @@ fn emulate_serves_vllms_api_and_exits_on_sigterm() {
     }
 
     assert_eq!(http(&s.addr, "POST", "/sleep?level=1", None).0, 200);
-    assert_eq!(http(&s.addr, "GET", "/is_sleeping", None).1, r#"{"is_sleeping":true}"#);
+    assert_eq!(
+        http(&s.addr, "GET", "/is_sleeping", None).1,
+        r#"{"is_sleeping":true}"#
+    );
     assert_eq!(http(&s.addr, "POST", "/v1/completions", Some(&req)).0, 503);
     assert_eq!(http(&s.addr, "POST", "/wake_up", None).0, 200);
-    assert_eq!(http(&s.addr, "GET", "/is_sleeping", None).1, r#"{"is_sleeping":false}"#);
+    assert_eq!(
+        http(&s.addr, "GET", "/is_sleeping", None).1,
+        r#"{"is_sleeping":false}"#
+    );
 
     let term = Command::new("kill")
         .args(["-TERM", &s.child.id().to_string()])
@@ -131,14 +160,30 @@ fn emulate_serves_vllms_api_and_exits_on_sigterm() {
 fn emulate_refuses_what_vllm_refuses() {
     // bf16 on a V100 (compute capability 7.0): vLLM refuses to start.
     let out = Command::new(BIN)
-        .args(["emulate", "--device", "V100-32GB", "--model", "Qwen3-0.6B", "--dtype", "bf16"])
+        .args([
+            "emulate",
+            "--device",
+            "V100-32GB",
+            "--model",
+            "Qwen3-0.6B",
+            "--dtype",
+            "bf16",
+        ])
         .output()
         .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("V100-32GB does not support bf16"), "{err}");
     let out = Command::new(BIN)
-        .args(["emulate", "--device", "A100-80GB", "--model", "Qwen3-0.6B", "--speed", "-1"])
+        .args([
+            "emulate",
+            "--device",
+            "A100-80GB",
+            "--model",
+            "Qwen3-0.6B",
+            "--speed",
+            "0",
+        ])
         .output()
         .unwrap();
     assert!(!out.status.success());

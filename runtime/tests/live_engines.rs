@@ -62,8 +62,13 @@ async fn emulate(fail_rate: f64, garbage_rate: f64) -> EmulateServer {
 }
 
 async fn http_engine(server: &EmulateServer, api: ApiFlavor) -> HttpEngine {
-    let e = HttpEngine::new("emulated", &server.base_url(), MODEL, HttpOptions { api, ..options() })
-        .unwrap();
+    let e = HttpEngine::new(
+        "emulated",
+        &server.base_url(),
+        MODEL,
+        HttpOptions { api, ..options() },
+    )
+    .unwrap();
     e.load().await.unwrap();
     e
 }
@@ -75,7 +80,10 @@ async fn http_engine_completes_streamed_and_not_with_cached_tokens() {
         let e = http_engine(&server, api).await;
         let prompt = format!("{api:?} {}", long_prompt());
         let out = "The team ships the planner on Friday.";
-        let first = e.submit(request(1, &prompt, Some(out), false)).await.unwrap();
+        let first = e
+            .submit(request(1, &prompt, Some(out), false))
+            .await
+            .unwrap();
         assert_eq!(first.text, out);
         assert_eq!(first.output_tokens as usize, tokens::count(out));
         assert_eq!(first.cached_prompt_tokens, 0);
@@ -83,7 +91,10 @@ async fn http_engine_completes_streamed_and_not_with_cached_tokens() {
             assert_eq!(first.prompt_tokens as usize, tokens::count(&prompt));
         }
         assert!(first.latency_s > 0.0 && first.ttft_s == first.latency_s);
-        let second = e.submit(request(2, &prompt, Some(out), true)).await.unwrap();
+        let second = e
+            .submit(request(2, &prompt, Some(out), true))
+            .await
+            .unwrap();
         assert_eq!(second.text, out);
         assert_eq!(second.prompt_tokens, first.prompt_tokens);
         assert!(
@@ -102,18 +113,31 @@ async fn http_engine_telemetry_and_both_sleep_levels() {
     let server = emulate(0.0, 0.0).await;
     let e = http_engine(&server, ApiFlavor::Completions).await;
     let t0 = e.telemetry().await.unwrap();
-    assert_eq!((t0.running, t0.waiting, t0.prefix_cache_queries), (0.0, 0.0, 0.0));
+    assert_eq!(
+        (t0.running, t0.waiting, t0.prefix_cache_queries),
+        (0.0, 0.0, 0.0)
+    );
     assert!(!t0.sleeping);
-    e.submit(request(1, &long_prompt(), None, false)).await.unwrap();
-    e.submit(request(2, &long_prompt(), None, false)).await.unwrap();
+    e.submit(request(1, &long_prompt(), None, false))
+        .await
+        .unwrap();
+    e.submit(request(2, &long_prompt(), None, false))
+        .await
+        .unwrap();
     let t1 = e.telemetry().await.unwrap();
-    assert!(t1.prefix_cache_queries > 0.0 && t1.prefix_cache_hits > 0.0, "{t1:?}");
+    assert!(
+        t1.prefix_cache_queries > 0.0 && t1.prefix_cache_hits > 0.0,
+        "{t1:?}"
+    );
     for level in [1, 2] {
         e.sleep(level).await.unwrap();
         assert!(e.telemetry().await.unwrap().sleeping);
         // Asleep: the server answers 503, a retryable BadResponse.
         let err = e.submit(request(3, "hi", None, false)).await.unwrap_err();
-        assert!(matches!(err, EngineError::BadResponse(ref m) if m.contains("503")), "{err:?}");
+        assert!(
+            matches!(err, EngineError::BadResponse(ref m) if m.contains("503")),
+            "{err:?}"
+        );
         assert!(err.retryable());
         // Level 2 wakes through vLLM's three calls (weights, reload_weights, kv_cache).
         e.wake().await.unwrap();
@@ -131,7 +155,10 @@ async fn faults_map_to_engine_errors() {
     let e = http_engine(&server, ApiFlavor::Completions).await;
     for stream in [false, true] {
         let err = e.submit(request(1, "hi", None, stream)).await.unwrap_err();
-        assert!(matches!(err, EngineError::BadResponse(ref m) if m.contains("500")), "{err:?}");
+        assert!(
+            matches!(err, EngineError::BadResponse(ref m) if m.contains("500")),
+            "{err:?}"
+        );
     }
     server.shutdown().await.unwrap();
     // Garbage with 200 → BadResponse.
@@ -139,7 +166,10 @@ async fn faults_map_to_engine_errors() {
     let e = http_engine(&server, ApiFlavor::Chat).await;
     for stream in [false, true] {
         let err = e.submit(request(1, "hi", None, stream)).await.unwrap_err();
-        assert!(matches!(err, EngineError::BadResponse(_)), "stream={stream}: {err:?}");
+        assert!(
+            matches!(err, EngineError::BadResponse(_)),
+            "stream={stream}: {err:?}"
+        );
     }
     server.shutdown().await.unwrap();
     // 4xx → Rejected (not retryable).
@@ -148,14 +178,26 @@ async fn faults_map_to_engine_errors() {
     let mut req = request(1, "hi", None, false);
     req.model = "no-such-model".into();
     let err = e.submit(req).await.unwrap_err();
-    assert!(matches!(err, EngineError::Rejected(_)) && !err.retryable(), "{err:?}");
+    assert!(
+        matches!(err, EngineError::Rejected(_)) && !err.retryable(),
+        "{err:?}"
+    );
     let base = server.base_url();
     server.shutdown().await.unwrap();
     // Nothing listening → Unreachable (retryable).
     let gone = HttpEngine::new("emulated", &base, MODEL, options()).unwrap();
-    let err = gone.submit(request(1, "hi", None, false)).await.unwrap_err();
-    assert!(matches!(err, EngineError::Unreachable(_)) && err.retryable(), "{err:?}");
-    let err = gone.wait_healthy(Duration::from_millis(50)).await.unwrap_err();
+    let err = gone
+        .submit(request(1, "hi", None, false))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, EngineError::Unreachable(_)) && err.retryable(),
+        "{err:?}"
+    );
+    let err = gone
+        .wait_healthy(Duration::from_millis(50))
+        .await
+        .unwrap_err();
     assert!(matches!(err, EngineError::Lifecycle(_)), "{err:?}");
 }
 
@@ -169,10 +211,16 @@ async fn openai_engine_serves_chat_and_has_no_lifecycle() {
     e.load().await.unwrap();
     let prompt = long_prompt();
     let out = "Friday.";
-    let a = e.submit(request(1, &prompt, Some(out), false)).await.unwrap();
+    let a = e
+        .submit(request(1, &prompt, Some(out), false))
+        .await
+        .unwrap();
     assert_eq!(a.text, out);
     assert_eq!(a.output_tokens as usize, tokens::count(out));
-    let b = e.submit(request(2, &prompt, Some(out), true)).await.unwrap();
+    let b = e
+        .submit(request(2, &prompt, Some(out), true))
+        .await
+        .unwrap();
     assert_eq!(b.text, out);
     assert!(b.cached_prompt_tokens > 0);
     let t = e.telemetry().await.unwrap();
@@ -194,7 +242,10 @@ async fn stub(status: u16) -> (String, Arc<AtomicUsize>, tokio::task::JoinHandle
         let counter = Arc::clone(&counter);
         async move {
             counter.fetch_add(1, Ordering::SeqCst);
-            (code, r#"{"error":{"message":"stub","type":"x","param":null,"code":null}}"#)
+            (
+                code,
+                r#"{"error":{"message":"stub","type":"x","param":null,"code":null}}"#,
+            )
         }
     });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -216,7 +267,11 @@ async fn openai_engine_does_not_retry_behind_the_callers_back() {
         assert_eq!(hits.load(Ordering::SeqCst), 1, "HTTP {status} was retried");
         let err = e.submit(request(2, "hi", None, true)).await.unwrap_err();
         assert_eq!(err.retryable(), retryable, "{status} streamed: {err:?}");
-        assert_eq!(hits.load(Ordering::SeqCst), 2, "streamed HTTP {status} was retried");
+        assert_eq!(
+            hits.load(Ordering::SeqCst),
+            2,
+            "streamed HTTP {status} was retried"
+        );
         task.abort();
     }
 }
@@ -271,11 +326,14 @@ fn child_spec(grandchild: bool) -> EngineSpec {
             exe,
         ]
     } else {
-        std::iter::once(exe).chain(harness.split(' ').map(str::to_string)).collect()
+        std::iter::once(exe)
+            .chain(harness.split(' ').map(str::to_string))
+            .collect()
     };
     let mut spec = EngineSpec::new(EngineKind::Vllm);
     spec.command = Some(CommandTemplate::Args(args));
-    spec.env.insert(CHILD_ENV.into(), "{device} {served} {port} 1000".into());
+    spec.env
+        .insert(CHILD_ENV.into(), "{device} {served} {port} 1000".into());
     spec.health_timeout_s = Some(30.0);
     spec.request_timeout_s = Some(30.0);
     spec.shutdown_grace_s = Some(5.0);
@@ -291,11 +349,17 @@ fn managed(grandchild: bool) -> VllmEngine {
 #[tokio::test]
 async fn vllm_engine_lifecycle_leaves_no_orphans() {
     let e = managed(true);
-    assert!(matches!(e.submit(request(1, "hi", None, false)).await, Err(EngineError::Unreachable(_))));
+    assert!(matches!(
+        e.submit(request(1, "hi", None, false)).await,
+        Err(EngineError::Unreachable(_))
+    ));
     e.load().await.unwrap();
     let pgid = e.pid().unwrap() as i32;
     let members = process_group_members(pgid);
-    assert!(members.len() >= 2, "the child and its sleeping grandchild: {members:?}");
+    assert!(
+        members.len() >= 2,
+        "the child and its sleeping grandchild: {members:?}"
+    );
     // The group is not ours: the child runs in its own process group.
     assert!(!members.contains(&std::process::id()));
     // Loading again is a no-op on a live child.
@@ -303,8 +367,14 @@ async fn vllm_engine_lifecycle_leaves_no_orphans() {
     assert_eq!(e.pid(), Some(pgid as u32));
 
     let prompt = long_prompt();
-    let a = e.submit(request(1, &prompt, Some("ok"), false)).await.unwrap();
-    let b = e.submit(request(2, &prompt, Some("ok"), true)).await.unwrap();
+    let a = e
+        .submit(request(1, &prompt, Some("ok"), false))
+        .await
+        .unwrap();
+    let b = e
+        .submit(request(2, &prompt, Some("ok"), true))
+        .await
+        .unwrap();
     assert_eq!((a.text.as_str(), b.text.as_str()), ("ok", "ok"));
     assert!(b.cached_prompt_tokens > 0);
     e.sleep(1).await.unwrap();
@@ -314,11 +384,18 @@ async fn vllm_engine_lifecycle_leaves_no_orphans() {
     assert!(!t.sleeping && t.prefix_cache_queries > 0.0);
 
     e.unload().await.unwrap();
-    assert_eq!(process_group_members(pgid), Vec::<u32>::new(), "orphans left in group {pgid}");
+    assert_eq!(
+        process_group_members(pgid),
+        Vec::<u32>::new(),
+        "orphans left in group {pgid}"
+    );
     assert_eq!(e.pid(), None);
     // Unloading twice is fine; calls after it are Unreachable.
     e.unload().await.unwrap();
-    assert!(matches!(e.telemetry().await, Err(EngineError::Unreachable(_))));
+    assert!(matches!(
+        e.telemetry().await,
+        Err(EngineError::Unreachable(_))
+    ));
 }
 
 #[tokio::test]
@@ -326,7 +403,10 @@ async fn vllm_engine_detects_a_crash_and_restarts() {
     let e = managed(false);
     e.load().await.unwrap();
     let pid = e.pid().unwrap();
-    let killed = std::process::Command::new("kill").args(["-9", &pid.to_string()]).status().unwrap();
+    let killed = std::process::Command::new("kill")
+        .args(["-9", &pid.to_string()])
+        .status()
+        .unwrap();
     assert!(killed.success());
     let mut err = None;
     for i in 0..100 {
@@ -339,13 +419,22 @@ async fn vllm_engine_detects_a_crash_and_restarts() {
         }
     }
     let err = err.expect("a killed child still answered");
-    assert!(matches!(err, EngineError::Unreachable(ref m) if m.contains("exited") || m.contains("not running")), "{err:?}");
+    assert!(
+        matches!(err, EngineError::Unreachable(ref m) if m.contains("exited") || m.contains("not running")),
+        "{err:?}"
+    );
     assert!(err.retryable());
     assert_eq!(e.pid(), None);
     e.restart().await.unwrap();
     let new_pid = e.pid().unwrap();
     assert_ne!(new_pid, pid);
-    assert_eq!(e.submit(request(99, "hi", Some("back"), false)).await.unwrap().text, "back");
+    assert_eq!(
+        e.submit(request(99, "hi", Some("back"), false))
+            .await
+            .unwrap()
+            .text,
+        "back"
+    );
     e.unload().await.unwrap();
     assert!(process_group_members(new_pid as i32).is_empty());
 }
@@ -362,19 +451,40 @@ async fn vllm_engine_reports_failed_starts_with_the_childs_output() {
     spec.health_timeout_s = Some(10.0);
     let e = engine_for(&spec, &launch()).unwrap();
     let err = e.load().await.unwrap_err();
-    assert!(matches!(err, EngineError::Lifecycle(ref m) if m.contains("exit status: 3")), "{err:?}");
-    let EngineError::Lifecycle(m) = err else { unreachable!() };
+    assert!(
+        matches!(err, EngineError::Lifecycle(ref m) if m.contains("exit status: 3")),
+        "{err:?}"
+    );
+    let EngineError::Lifecycle(m) = err else {
+        unreachable!()
+    };
     assert!(m.contains("CUDA out of memory"), "{m}");
 
-    spec.command = Some(CommandTemplate::Line("/no/such/vllm serve {model} --port {port}".into()));
-    let err = engine_for(&spec, &launch()).unwrap().load().await.unwrap_err();
-    assert!(matches!(err, EngineError::Lifecycle(ref m) if m.contains("cannot start")), "{err:?}");
+    spec.command = Some(CommandTemplate::Line(
+        "/no/such/vllm serve {model} --port {port}".into(),
+    ));
+    let err = engine_for(&spec, &launch())
+        .unwrap()
+        .load()
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, EngineError::Lifecycle(ref m) if m.contains("cannot start")),
+        "{err:?}"
+    );
 
     // A child that never becomes healthy is stopped after the health timeout.
     spec.command = Some(CommandTemplate::Line("sleep 60 {port}".into()));
     spec.health_timeout_s = Some(0.3);
-    let err = engine_for(&spec, &launch()).unwrap().load().await.unwrap_err();
-    assert!(matches!(err, EngineError::Lifecycle(ref m) if m.contains("not healthy")), "{err:?}");
+    let err = engine_for(&spec, &launch())
+        .unwrap()
+        .load()
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, EngineError::Lifecycle(ref m) if m.contains("not healthy")),
+        "{err:?}"
+    );
 }
 
 #[tokio::test]
@@ -382,7 +492,10 @@ async fn the_factory_builds_a_managed_engine_that_serves() {
     let e = engine_for(&child_spec(false), &launch()).unwrap();
     assert_eq!(e.kind(), "vllm");
     e.load().await.unwrap();
-    let c = e.submit(request(1, "What is 6 x 7?", Some("42"), true)).await.unwrap();
+    let c = e
+        .submit(request(1, "What is 6 x 7?", Some("42"), true))
+        .await
+        .unwrap();
     assert_eq!(c.text, "42");
     e.unload().await.unwrap();
 }

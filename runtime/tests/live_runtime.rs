@@ -63,7 +63,8 @@ struct FakeEngine {
     delay: Duration,
     faults: Arc<Faults>,
     counters: Arc<Counters>,
-    /// true while the "process" is dead.
+    /// true while the "process" is dead (set with `send_replace`: it must stick even when no
+    /// request is listening).
     dead: watch::Sender<bool>,
     awake: AtomicBool,
 }
@@ -83,8 +84,9 @@ impl FakeEngine {
         let n = self.counters.requests.fetch_add(1, Ordering::SeqCst) + 1;
         if self.faults.kill_at_request == Some(n) {
             self.counters.kills.fetch_add(1, Ordering::SeqCst);
+            // Dead before not awake: a request never sees a live server that is not serving.
+            self.dead.send_replace(true);
             self.awake.store(false, Ordering::SeqCst);
-            let _ = self.dead.send(true);
             return Err(EngineError::Unreachable("connection reset by peer".into()));
         }
         let attempt = {
@@ -127,8 +129,9 @@ impl Engine for FakeEngine {
             if *self.dead.borrow() && self.faults.stay_dead {
                 return Err(EngineError::Lifecycle("the server exits at start".into()));
             }
-            let _ = self.dead.send(false);
+            // Awake before alive: a request never sees a live server that is not serving.
             self.awake.store(true, Ordering::SeqCst);
+            self.dead.send_replace(false);
             Ok(())
         })
     }

@@ -35,10 +35,10 @@ async fn start(config: EmulateConfig) -> EmulateServer {
 /// Polls /health until 200 (bounded).
 async fn wait_healthy(c: &reqwest::Client, base: &str) {
     for _ in 0..400 {
-        if let Ok(r) = c.get(format!("{base}/health")).send().await {
-            if r.status() == 200 {
-                return;
-            }
+        if let Ok(r) = c.get(format!("{base}/health")).send().await
+            && r.status() == 200
+        {
+            return;
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
@@ -94,13 +94,28 @@ async fn health_is_503_until_the_model_has_loaded() {
     let r = c.get(format!("{base}/health")).send().await.unwrap();
     assert_eq!(r.status(), 503, "healthy before the load finished");
     // Completions are refused while loading, models are listed.
-    let (status, _) = post(&c, format!("{base}/v1/completions"), json!({"prompt": "hi"})).await;
+    let (status, _) = post(
+        &c,
+        format!("{base}/v1/completions"),
+        json!({"prompt": "hi"}),
+    )
+    .await;
     assert_eq!(status, 503);
-    let models: Value = c.get(format!("{base}/v1/models")).send().await.unwrap().json().await.unwrap();
+    let models: Value = c
+        .get(format!("{base}/v1/models"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert_eq!(models["data"][0]["id"], "Qwen3-8B");
     wait_healthy(&c, &base).await;
     let waited = started.elapsed().as_secs_f64();
-    assert!(waited >= 0.35, "healthy after only {waited:.3} s of a 0.4 s load");
+    assert!(
+        waited >= 0.35,
+        "healthy after only {waited:.3} s of a 0.4 s load"
+    );
     s.shutdown().await.unwrap();
 }
 
@@ -131,7 +146,9 @@ async fn completions_report_usage_and_cached_tokens_on_a_repeated_prompt() {
 
     let (_, text) = post(&c, format!("{base}/v1/completions"), body).await;
     let second: Value = serde_json::from_str(&text).unwrap();
-    let cached = second["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
+    let cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
     // Every full block but the one holding the last prompt token is a hit (vLLM recomputes
     // at least one token).
     assert_eq!(cached, (prompt_tokens - 1) / 16 * 16);
@@ -152,8 +169,15 @@ async fn output_is_capped_by_max_tokens_and_filler_fills_max_tokens() {
     let v: Value = serde_json::from_str(&text).unwrap();
     assert_eq!(v["usage"]["completion_tokens"], 3);
     assert_eq!(v["choices"][0]["finish_reason"], "length");
-    assert!("one two three four five six seven".starts_with(v["choices"][0]["text"].as_str().unwrap()));
-    let (_, text) = post(&c, format!("{base}/v1/completions"), json!({"prompt": "Tell me a story.", "max_tokens": 40})).await;
+    assert!(
+        "one two three four five six seven".starts_with(v["choices"][0]["text"].as_str().unwrap())
+    );
+    let (_, text) = post(
+        &c,
+        format!("{base}/v1/completions"),
+        json!({"prompt": "Tell me a story.", "max_tokens": 40}),
+    )
+    .await;
     let v: Value = serde_json::from_str(&text).unwrap();
     assert_eq!(v["usage"]["completion_tokens"], 40);
     assert!(!v["choices"][0]["text"].as_str().unwrap().is_empty());
@@ -174,16 +198,29 @@ async fn streamed_completions_and_chat_end_with_usage_and_done() {
     assert_eq!(status, 200);
     let data = sse_data(&body);
     assert_eq!(data.last().map(String::as_str), Some("[DONE]"));
-    let chunks: Vec<Value> = data[..data.len() - 1].iter().map(|d| serde_json::from_str(d).unwrap()).collect();
+    let chunks: Vec<Value> = data[..data.len() - 1]
+        .iter()
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
     assert!(chunks.len() >= 3, "first token, rest, usage: {chunks:?}");
     let text: String = chunks
         .iter()
-        .filter_map(|c| c["choices"].get(0).and_then(|ch| ch["text"].as_str()).map(str::to_string))
+        .filter_map(|c| {
+            c["choices"]
+                .get(0)
+                .and_then(|ch| ch["text"].as_str())
+                .map(str::to_string)
+        })
         .collect();
     assert_eq!(text, output);
     let usage = &chunks.last().unwrap()["usage"];
     assert_eq!(usage["completion_tokens"], tokens::count(output) as u64);
-    assert!(chunks.last().unwrap()["choices"].as_array().unwrap().is_empty());
+    assert!(
+        chunks.last().unwrap()["choices"]
+            .as_array()
+            .unwrap()
+            .is_empty()
+    );
 
     // Chat, streamed: role in the first delta, content concatenates to the output.
     let (_, body) = post(
@@ -195,12 +232,20 @@ async fn streamed_completions_and_chat_end_with_usage_and_done() {
     )
     .await;
     let data = sse_data(&body);
-    let chunks: Vec<Value> = data[..data.len() - 1].iter().map(|d| serde_json::from_str(d).unwrap()).collect();
+    let chunks: Vec<Value> = data[..data.len() - 1]
+        .iter()
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
     assert_eq!(chunks[0]["object"], "chat.completion.chunk");
     assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
     let text: String = chunks
         .iter()
-        .filter_map(|c| c["choices"].get(0).and_then(|ch| ch["delta"]["content"].as_str()).map(str::to_string))
+        .filter_map(|c| {
+            c["choices"]
+                .get(0)
+                .and_then(|ch| ch["delta"]["content"].as_str())
+                .map(str::to_string)
+        })
         .collect();
     assert_eq!(text, output);
     // Without include_usage: no usage chunk.
@@ -245,8 +290,17 @@ async fn metrics_carry_vllm_names_and_move_with_load() {
     }
     assert_eq!(before.counter(metrics::PREFIX_CACHE_QUERIES), Some(0.0));
     assert_eq!(before.counter(metrics::PREFIX_CACHE_HITS), Some(0.0));
-    assert_eq!(before.histogram(metrics::TIME_TO_FIRST_TOKEN).map(|h| h.count), Some(0.0));
-    let labels = &before.samples_named(metrics::RUNNING).next().unwrap().labels;
+    assert_eq!(
+        before
+            .histogram(metrics::TIME_TO_FIRST_TOKEN)
+            .map(|h| h.count),
+        Some(0.0)
+    );
+    let labels = &before
+        .samples_named(metrics::RUNNING)
+        .next()
+        .unwrap()
+        .labels;
     assert_eq!(labels["model_name"], MODEL);
     assert_eq!(labels["engine"], "0");
 
@@ -264,7 +318,8 @@ async fn metrics_carry_vllm_names_and_move_with_load() {
     let mut saw_kv = false;
     for _ in 0..200 {
         let m = scrape(&c, &base).await;
-        saw_running |= m.sum(metrics::RUNNING).unwrap_or(0.0) + m.sum(metrics::WAITING).unwrap_or(0.0) > 0.0;
+        saw_running |=
+            m.sum(metrics::RUNNING).unwrap_or(0.0) + m.sum(metrics::WAITING).unwrap_or(0.0) > 0.0;
         saw_kv |= m.sum(metrics::KV_CACHE_USAGE).unwrap_or(0.0) > 0.0;
         if saw_running && saw_kv {
             break;
@@ -290,38 +345,106 @@ async fn metrics_carry_vllm_names_and_move_with_load() {
 async fn sleep_wake_and_is_sleeping() {
     let (s, c, base) = fast_server().await;
     let is_sleeping = |c: reqwest::Client, base: String| async move {
-        let v: Value = c.get(format!("{base}/is_sleeping")).send().await.unwrap().json().await.unwrap();
+        let v: Value = c
+            .get(format!("{base}/is_sleeping"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
         v["is_sleeping"].as_bool().unwrap()
     };
     assert!(!is_sleeping(c.clone(), base.clone()).await);
     // Warm the prefix cache, sleep (level 1 discards it), wake.
     let body = json!({"prompt": long_prompt(), "max_tokens": 4});
     post(&c, format!("{base}/v1/completions"), body.clone()).await;
-    let r = c.post(format!("{base}/sleep?level=1")).send().await.unwrap();
+    let r = c
+        .post(format!("{base}/sleep?level=1"))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 200);
     assert!(is_sleeping(c.clone(), base.clone()).await);
     // Weight-dependent endpoints answer 503 while asleep; health stays 200.
     let (status, _) = post(&c, format!("{base}/v1/completions"), body.clone()).await;
     assert_eq!(status, 503);
-    assert_eq!(c.get(format!("{base}/health")).send().await.unwrap().status(), 200);
+    assert_eq!(
+        c.get(format!("{base}/health"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
     // Sleeping again is a no-op.
-    assert_eq!(c.post(format!("{base}/sleep?level=1")).send().await.unwrap().status(), 200);
-    assert_eq!(c.post(format!("{base}/wake_up")).send().await.unwrap().status(), 200);
+    assert_eq!(
+        c.post(format!("{base}/sleep?level=1"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    assert_eq!(
+        c.post(format!("{base}/wake_up"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
     assert!(!is_sleeping(c.clone(), base.clone()).await);
     let (status, text) = post(&c, format!("{base}/v1/completions"), body.clone()).await;
     assert_eq!(status, 200);
     let v: Value = serde_json::from_str(&text).unwrap();
-    assert_eq!(v["usage"]["prompt_tokens_details"]["cached_tokens"], 0, "sleep must drop the prefix cache");
+    assert_eq!(
+        v["usage"]["prompt_tokens_details"]["cached_tokens"], 0,
+        "sleep must drop the prefix cache"
+    );
     // Level 2 and vLLM's three-step wake.
-    assert_eq!(c.post(format!("{base}/sleep?level=2")).send().await.unwrap().status(), 200);
+    assert_eq!(
+        c.post(format!("{base}/sleep?level=2"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
     assert!(is_sleeping(c.clone(), base.clone()).await);
-    assert_eq!(c.post(format!("{base}/wake_up?tags=weights")).send().await.unwrap().status(), 200);
-    let (status, _) = post(&c, format!("{base}/collective_rpc"), json!({"method": "reload_weights"})).await;
+    assert_eq!(
+        c.post(format!("{base}/wake_up?tags=weights"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    let (status, _) = post(
+        &c,
+        format!("{base}/collective_rpc"),
+        json!({"method": "reload_weights"}),
+    )
+    .await;
     assert_eq!(status, 200);
-    assert_eq!(c.post(format!("{base}/wake_up?tags=kv_cache")).send().await.unwrap().status(), 200);
+    assert_eq!(
+        c.post(format!("{base}/wake_up?tags=kv_cache"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
     assert!(!is_sleeping(c.clone(), base.clone()).await);
     // Bad levels are refused.
-    assert_eq!(c.post(format!("{base}/sleep?level=3")).send().await.unwrap().status(), 400);
+    assert_eq!(
+        c.post(format!("{base}/sleep?level=3"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        400
+    );
     s.shutdown().await.unwrap();
 }
 
@@ -338,7 +461,13 @@ async fn bad_requests_get_vllm_like_errors() {
     let (status, body) = post(&c, url.clone(), json!({"prompt": "x", "max_tokens": 9000})).await;
     assert_eq!(status, 400, "prompt + output beyond max_model_len");
     assert!(body.contains("maximum context length"));
-    let r = c.post(url.clone()).header("content-type", "application/json").body("{nope").send().await.unwrap();
+    let r = c
+        .post(url.clone())
+        .header("content-type", "application/json")
+        .body("{nope")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 400);
     let (status, _) = post(&c, url, json!({"prompt": ["a", "b"]})).await;
     assert_eq!(status, 400);
@@ -354,7 +483,12 @@ async fn fault_injection_fails_or_garbles_answers() {
     let c = client();
     let base = s.base_url();
     wait_healthy(&c, &base).await;
-    let (status, _) = post(&c, format!("{base}/v1/completions"), json!({"prompt": "hi"})).await;
+    let (status, _) = post(
+        &c,
+        format!("{base}/v1/completions"),
+        json!({"prompt": "hi"}),
+    )
+    .await;
     assert_eq!(status, 500);
     s.shutdown().await.unwrap();
 
@@ -364,11 +498,28 @@ async fn fault_injection_fails_or_garbles_answers() {
     let s = start(cfg).await;
     let base = s.base_url();
     wait_healthy(&c, &base).await;
-    let (status, body) = post(&c, format!("{base}/v1/completions"), json!({"prompt": "hi"})).await;
+    let (status, body) = post(
+        &c,
+        format!("{base}/v1/completions"),
+        json!({"prompt": "hi"}),
+    )
+    .await;
     assert_eq!(status, 200);
-    assert!(serde_json::from_str::<Value>(&body).is_err(), "garbage parsed: {body}");
-    let (_, body) = post(&c, format!("{base}/v1/completions"), json!({"prompt": "hi", "stream": true})).await;
-    assert!(sse_data(&body).iter().any(|d| d != "[DONE]" && serde_json::from_str::<Value>(d).is_err()));
+    assert!(
+        serde_json::from_str::<Value>(&body).is_err(),
+        "garbage parsed: {body}"
+    );
+    let (_, body) = post(
+        &c,
+        format!("{base}/v1/completions"),
+        json!({"prompt": "hi", "stream": true}),
+    )
+    .await;
+    assert!(
+        sse_data(&body)
+            .iter()
+            .any(|d| d != "[DONE]" && serde_json::from_str::<Value>(d).is_err())
+    );
     s.shutdown().await.unwrap();
 
     // A partial rate is seeded: two servers with the same seed fail the same requests.
@@ -383,14 +534,25 @@ async fn fault_injection_fails_or_garbles_answers() {
         wait_healthy(&c, &base).await;
         let mut statuses = Vec::new();
         for _ in 0..24 {
-            statuses.push(post(&c, format!("{base}/v1/completions"), json!({"prompt": "hi", "max_tokens": 2})).await.0);
+            statuses.push(
+                post(
+                    &c,
+                    format!("{base}/v1/completions"),
+                    json!({"prompt": "hi", "max_tokens": 2}),
+                )
+                .await
+                .0,
+            );
         }
         s.shutdown().await.unwrap();
         outcomes.push(statuses);
     }
     assert_eq!(outcomes[0], outcomes[1]);
     let fails = outcomes[0].iter().filter(|s| **s == 500).count();
-    assert!((4..=20).contains(&fails), "{fails} of 24 failed at rate 0.5");
+    assert!(
+        (4..=20).contains(&fails),
+        "{fails} of 24 failed at rate 0.5"
+    );
 }
 
 #[tokio::test]
@@ -404,7 +566,12 @@ async fn virtual_time_runs_at_the_requested_speed() {
     let base = s.base_url();
     wait_healthy(&c, &base).await;
     let t = std::time::Instant::now();
-    let (status, _) = post(&c, format!("{base}/v1/completions"), json!({"prompt": "Count to a thousand.", "max_tokens": 1500})).await;
+    let (status, _) = post(
+        &c,
+        format!("{base}/v1/completions"),
+        json!({"prompt": "Count to a thousand.", "max_tokens": 1500}),
+    )
+    .await;
     let wall = t.elapsed().as_secs_f64();
     assert_eq!(status, 200);
     let m = scrape(&c, &base).await;
@@ -413,6 +580,9 @@ async fn virtual_time_runs_at_the_requested_speed() {
     let virtual_s = e2e.sum;
     assert!(virtual_s > 1.0, "emulated latency {virtual_s} s");
     let ratio = virtual_s / wall;
-    assert!(ratio > 100.0 && ratio < 260.0, "virtual {virtual_s:.3} s over wall {wall:.3} s = {ratio:.0}x");
+    assert!(
+        ratio > 100.0 && ratio < 260.0,
+        "virtual {virtual_s:.3} s over wall {wall:.3} s = {ratio:.0}x"
+    );
     s.shutdown().await.unwrap();
 }

@@ -45,6 +45,7 @@ use axum::http::{StatusCode, header};
 use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use axum::serve::ListenerExt;
 use axum::{Json, Router};
 use futures::{Stream, StreamExt};
 use prometheus_client::collector::Collector;
@@ -78,8 +79,8 @@ pub const TTFT_BUCKETS: [f64; 22] = [
 
 /// vLLM's bucket bounds of `vllm:e2e_request_latency_seconds` (`vllm/v1/metrics/loggers.py`).
 pub const E2E_BUCKETS: [f64; 20] = [
-    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
-    240.0, 480.0, 960.0, 1920.0,
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+    480.0, 960.0, 1920.0,
 ];
 
 /// The default `max_tokens` of `/v1/completions` (OpenAI's API reference and vLLM's
@@ -335,10 +336,12 @@ pub struct EmulateServer {
 impl EmulateServer {
     /// Binds `addr` (port 0 picks a free port) and serves `config` in a background task.
     pub async fn start(config: EmulateConfig, addr: SocketAddr) -> Result<Self, ServeError> {
-        let listener = TcpListener::bind(addr).await.map_err(|source| ServeError::Io {
-            context: format!("cannot bind {addr}"),
-            source,
-        })?;
+        let listener = TcpListener::bind(addr)
+            .await
+            .map_err(|source| ServeError::Io {
+                context: format!("cannot bind {addr}"),
+                source,
+            })?;
         let addr = listener.local_addr().map_err(|source| ServeError::Io {
             context: "cannot read the bound address".into(),
             source,
@@ -401,7 +404,11 @@ impl EmulateApp {
             reason,
         };
         if !(config.speed.is_finite() && config.speed > 0.0) {
-            return Err(bad("speed", config.speed.to_string(), "must be a positive number"));
+            return Err(bad(
+                "speed",
+                config.speed.to_string(),
+                "must be a positive number",
+            ));
         }
         for (field, rate) in [
             ("fail-rate", config.fail_rate),
@@ -521,6 +528,11 @@ impl EmulateApp {
         let loader = tokio::spawn(load(Arc::clone(&shared)));
         let router = self.router();
         let closing = Arc::clone(&shared);
+        // Streamed answers are several small writes: without TCP_NODELAY, Nagle's algorithm
+        // and the client's delayed ACK add ~40 ms to every streamed request.
+        let listener = listener.tap_io(|tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
         let result = axum::serve(listener, router)
             .with_graceful_shutdown(async move {
                 shutdown.await;
@@ -569,21 +581,23 @@ pub fn run_blocking(
         })?;
     runtime.block_on(async move {
         let app = EmulateApp::new(config)?;
-        let listener = TcpListener::bind(addr).await.map_err(|source| ServeError::Io {
-            context: format!("cannot bind {addr}"),
-            source,
-        })?;
+        let listener = TcpListener::bind(addr)
+            .await
+            .map_err(|source| ServeError::Io {
+                context: format!("cannot bind {addr}"),
+                source,
+            })?;
         let bound = listener.local_addr().map_err(|source| ServeError::Io {
             context: "cannot read the bound address".into(),
             source,
         })?;
-        let mut terminate =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).map_err(
-                |source| ServeError::Io {
-                    context: "cannot install the SIGTERM handler".into(),
-                    source,
-                },
-            )?;
+        let mut terminate = tokio::signal::unix::signal(
+            tokio::signal::unix::SignalKind::terminate(),
+        )
+        .map_err(|source| ServeError::Io {
+            context: "cannot install the SIGTERM handler".into(),
+            source,
+        })?;
         on_listening(bound);
         app.serve(listener, async move {
             tokio::select! {
@@ -601,7 +615,8 @@ fn close(shared: &Shared) {
     core.closing = true;
     core.inbox.clear();
     for (_, w) in std::mem::take(&mut core.waiters) {
-        let _ = w.tx.send(Progress::Failed("the server is shutting down".into()));
+        let _ =
+            w.tx.send(Progress::Failed("the server is shutting down".into()));
     }
 }
 
@@ -648,10 +663,10 @@ async fn drive(shared: Arc<Shared>) {
                     continue;
                 }
                 // Idle engine: jump to the next arrival (never past the wall clock).
-                if core.replica.in_flight() == 0 {
-                    if let Some(front) = core.inbox.front() {
-                        core.cursor = core.cursor.max(front.arrival.min(now));
-                    }
+                if core.replica.in_flight() == 0
+                    && let Some(front) = core.inbox.front()
+                {
+                    core.cursor = core.cursor.max(front.arrival.min(now));
                 }
                 admit(&mut core);
                 let cursor = core.cursor;
@@ -670,19 +685,15 @@ async fn drive(shared: Arc<Shared>) {
 
 /// Submits the inbox requests that arrived by the driver's cursor.
 fn admit(core: &mut Core) {
-    while core
-        .inbox
-        .front()
-        .is_some_and(|p| p.arrival <= core.cursor)
-    {
+    while core.inbox.front().is_some_and(|p| p.arrival <= core.cursor) {
         let Some(p) = core.inbox.pop_front() else {
             break;
         };
         let id = p.request.id;
-        if let Err(e) = core.replica.submit(p.request, p.arrival) {
-            if let Some(w) = core.waiters.remove(&id) {
-                let _ = w.tx.send(Progress::Failed(e.to_string()));
-            }
+        if let Err(e) = core.replica.submit(p.request, p.arrival)
+            && let Some(w) = core.waiters.remove(&id)
+        {
+            let _ = w.tx.send(Progress::Failed(e.to_string()));
         }
     }
 }
@@ -745,7 +756,8 @@ impl Collector for ReplicaCollector {
         ];
         for (name, help, value) in gauges {
             let gauge = ConstGauge::new(value);
-            let metric_encoder = encoder.encode_descriptor(name, help, None, gauge.metric_type())?;
+            let metric_encoder =
+                encoder.encode_descriptor(name, help, None, gauge.metric_type())?;
             gauge.encode(metric_encoder)?;
         }
         let counters = [
@@ -800,7 +812,11 @@ fn error(status: StatusCode, kind: &str, message: impl Into<String>) -> Response
 }
 
 fn unavailable(message: impl Into<String>) -> Response {
-    error(StatusCode::SERVICE_UNAVAILABLE, "ServiceUnavailableError", message)
+    error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "ServiceUnavailableError",
+        message,
+    )
 }
 
 fn bad_request(message: impl Into<String>) -> Response {
@@ -913,7 +929,11 @@ struct Prepared {
     include_usage: bool,
 }
 
-fn prepare_output(shared: &Shared, provided: Option<String>, max_tokens: u32) -> (Vec<u32>, String, &'static str) {
+fn prepare_output(
+    shared: &Shared,
+    provided: Option<String>,
+    max_tokens: u32,
+) -> (Vec<u32>, String, &'static str) {
     let max = max_tokens as usize;
     match provided {
         Some(text) => {
@@ -1377,7 +1397,9 @@ async fn sleep(State(state): State<AppState>, Query(q): Query<SleepQuery>) -> Re
         match core.replica.state() {
             ReplicaState::Asleep => return StatusCode::OK.into_response(),
             ReplicaState::Awake if core.busy() => {
-                return conflict("requests are in flight; the emulated replica sleeps only when idle");
+                return conflict(
+                    "requests are in flight; the emulated replica sleeps only when idle",
+                );
             }
             ReplicaState::Awake => {}
             state => return conflict(format!("cannot sleep while {state}")),
@@ -1437,7 +1459,10 @@ struct RpcBody {
 async fn collective_rpc(body: Bytes) -> Response {
     match serde_json::from_slice::<RpcBody>(&body) {
         Ok(b) if b.method == "reload_weights" => Json(json!({ "results": [null] })).into_response(),
-        Ok(b) => bad_request(format!("collective_rpc method `{}` is not emulated", b.method)),
+        Ok(b) => bad_request(format!(
+            "collective_rpc method `{}` is not emulated",
+            b.method
+        )),
         Err(e) => bad_request(format!("invalid collective_rpc body: {e}")),
     }
 }
@@ -1464,7 +1489,10 @@ mod tests {
     #[test]
     fn clock_maps_virtual_to_wall_by_speed() {
         let epoch = Instant::now();
-        let c = Clock { epoch, speed: 100.0 };
+        let c = Clock {
+            epoch,
+            speed: 100.0,
+        };
         assert_eq!(c.instant(50.0) - epoch, Duration::from_millis(500));
         assert_eq!(c.instant(-1.0), epoch);
         // Absurd values do not panic.
@@ -1481,12 +1509,21 @@ mod tests {
         };
         let (mut a, mut b) = (mk(7), mk(7));
         let draws: Vec<Fault> = (0..4000).map(|_| a.draw()).collect();
-        assert!(draws.iter().zip((0..4000).map(|_| b.draw())).all(|(x, y)| *x == y));
+        assert!(
+            draws
+                .iter()
+                .zip((0..4000).map(|_| b.draw()))
+                .all(|(x, y)| *x == y)
+        );
         let fails = draws.iter().filter(|f| **f == Fault::Fail).count() as f64 / 4000.0;
         let garbage = draws.iter().filter(|f| **f == Fault::Garbage).count() as f64 / 4000.0;
         assert!((fails - 0.2).abs() < 0.03, "{fails}");
         assert!((garbage - 0.3).abs() < 0.03, "{garbage}");
-        let mut none = Faults { rng: ChaCha8Rng::seed_from_u64(0), fail_rate: 0.0, garbage_rate: 0.0 };
+        let mut none = Faults {
+            rng: ChaCha8Rng::seed_from_u64(0),
+            fail_rate: 0.0,
+            garbage_rate: 0.0,
+        };
         assert!((0..100).all(|_| none.draw() == Fault::None));
     }
 
@@ -1501,11 +1538,17 @@ mod tests {
         ));
         let mut c = EmulateConfig::new("A100-80GB", "Qwen3-0.6B");
         c.speed = 0.0;
-        assert!(matches!(EmulateApp::new(c), Err(ServeError::InvalidOption { field: "speed", .. })));
+        assert!(matches!(
+            EmulateApp::new(c),
+            Err(ServeError::InvalidOption { field: "speed", .. })
+        ));
         let mut c = EmulateConfig::new("A100-80GB", "Qwen3-0.6B");
         c.fail_rate = 0.7;
         c.garbage_rate = 0.7;
-        assert!(matches!(EmulateApp::new(c), Err(ServeError::InvalidOption { .. })));
+        assert!(matches!(
+            EmulateApp::new(c),
+            Err(ServeError::InvalidOption { .. })
+        ));
     }
 
     #[test]
@@ -1515,11 +1558,13 @@ mod tests {
         assert_eq!(ids.len(), 40);
         assert!(!text.is_empty());
         assert_eq!(reason, "length");
-        let (ids, text, reason) = prepare_output(&app.shared, Some("The answer is 42.".into()), 100);
+        let (ids, text, reason) =
+            prepare_output(&app.shared, Some("The answer is 42.".into()), 100);
         assert_eq!(ids.len(), tokens::count("The answer is 42."));
         assert_eq!(text, "The answer is 42.");
         assert_eq!(reason, "stop");
-        let (ids, _, reason) = prepare_output(&app.shared, Some("one two three four five".into()), 2);
+        let (ids, _, reason) =
+            prepare_output(&app.shared, Some("one two three four five".into()), 2);
         assert_eq!(ids.len(), 2);
         assert_eq!(reason, "length");
     }

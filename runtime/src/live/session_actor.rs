@@ -24,6 +24,15 @@ use crate::session::Session;
 use crate::sim::CallRecord;
 use crate::values::NodeOutput;
 
+/// Run CPU-bound work (prompt rendering, BPE tokenization, the responder) without stalling
+/// the other actors: on a multi-threaded runtime the worker hands its other tasks over first.
+fn off_the_reactor<T>(f: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
+        _ => f(),
+    }
+}
+
 /// The session actor.
 pub struct SessionActor;
 
@@ -151,7 +160,8 @@ impl SessionState {
             node_info: &ctx.node_info,
         };
         let now = ctx.clock.now();
-        let ready = match shell_common::prepare(&pctx, &mut self.session, self.workflow, a, now) {
+        let (session, workflow) = (&mut self.session, self.workflow);
+        let ready = match off_the_reactor(|| shell_common::prepare(&pctx, session, workflow, a, now)) {
             Ok(r) => r,
             Err(e) => return self.fail(myself, e.to_string()),
         };
@@ -285,7 +295,7 @@ impl SessionState {
             return;
         }
         let Some(info) = self.ctx.node_info.get(self.workflow as usize) else { return };
-        let items = shell_common::near_ready_items(&self.session, self.workflow, info, &self.near_sent);
+        let items = off_the_reactor(|| shell_common::near_ready_items(&self.session, self.workflow, info, &self.near_sent));
         for item in items {
             self.near_sent.insert(item.activation);
             let _ = self.planner.send_message(PlannerMsg::NearReady(item));
@@ -312,7 +322,7 @@ impl SessionState {
         self.prepared.clear();
         self.spans.clear();
         let completed = failed.is_none();
-        let score = if completed { shell_common::session_score(&self.session) } else { None };
+        let score = if completed { off_the_reactor(|| shell_common::session_score(&self.session)) } else { None };
         match &failed {
             None => tracing::info!(score = ?score, "session completed"),
             Some(r) => tracing::warn!(reason = %r, "session failed"),

@@ -181,9 +181,10 @@ impl StreamFold {
             )));
         }
         if let Some(u) = chunk.get("usage").filter(|u| !u.is_null()) {
-            self.usage = Some(parse_usage(u).ok_or_else(|| {
-                EngineError::BadResponse(format!("bad usage in stream: {u}"))
-            })?);
+            self.usage =
+                Some(parse_usage(u).ok_or_else(|| {
+                    EngineError::BadResponse(format!("bad usage in stream: {u}"))
+                })?);
         }
         Ok(())
     }
@@ -208,14 +209,19 @@ impl StreamFold {
 /// Parses a complete (non-streamed) OpenAI completion body.
 pub(crate) fn parse_full(body: &Value, latency: Duration) -> Result<Completion, EngineError> {
     let bad = |what: &str| {
-        EngineError::BadResponse(format!("{what} in response: {}", excerpt(&body.to_string())))
+        EngineError::BadResponse(format!(
+            "{what} in response: {}",
+            excerpt(&body.to_string())
+        ))
     };
     let choice = body
         .get("choices")
         .and_then(Value::as_array)
         .and_then(|c| c.first())
         .ok_or_else(|| bad("no choices"))?;
-    let text = choice_text(choice).ok_or_else(|| bad("no text"))?.to_string();
+    let text = choice_text(choice)
+        .ok_or_else(|| bad("no text"))?
+        .to_string();
     let (prompt_tokens, output_tokens, cached) = body
         .get("usage")
         .and_then(parse_usage)
@@ -306,7 +312,11 @@ impl HttpEngine {
 
     /// The request body vLLM expects.
     pub fn request_body(&self, request: &LlmRequest) -> Value {
-        let model = if request.model.is_empty() { &self.model } else { &request.model };
+        let model = if request.model.is_empty() {
+            &self.model
+        } else {
+            &request.model
+        };
         let mut body = match self.options.api {
             ApiFlavor::Completions => json!({
                 "model": model,
@@ -421,8 +431,11 @@ impl HttpEngine {
     pub async fn wake_up(&self) -> Result<(), EngineError> {
         if self.last_sleep_level() == Some(2) {
             self.post_ok("/wake_up?tags=weights", None).await?;
-            self.post_ok("/collective_rpc", Some(json!({ "method": "reload_weights" })))
-                .await?;
+            self.post_ok(
+                "/collective_rpc",
+                Some(json!({ "method": "reload_weights" })),
+            )
+            .await?;
             self.post_ok("/wake_up?tags=kv_cache", None).await?;
         } else {
             self.post_ok("/wake_up", None).await?;
@@ -571,7 +584,10 @@ mod tests {
         let u = json!({"prompt_tokens": 10, "completion_tokens": 3, "prompt_tokens_details": null});
         assert_eq!(parse_usage(&u), Some((10, 3, 0)));
         assert_eq!(parse_usage(&json!({"prompt_tokens": 1})), None);
-        assert_eq!(parse_usage(&json!({"prompt_tokens": -1, "completion_tokens": 1})), None);
+        assert_eq!(
+            parse_usage(&json!({"prompt_tokens": -1, "completion_tokens": 1})),
+            None
+        );
     }
 
     #[test]
@@ -579,7 +595,10 @@ mod tests {
         let t = Duration::from_millis(20);
         let usage = json!({"prompt_tokens": 5, "completion_tokens": 2});
         let c = parse_full(&json!({"choices": [{"text": "hi"}], "usage": usage}), t).unwrap();
-        assert_eq!((c.text.as_str(), c.prompt_tokens, c.output_tokens), ("hi", 5, 2));
+        assert_eq!(
+            (c.text.as_str(), c.prompt_tokens, c.output_tokens),
+            ("hi", 5, 2)
+        );
         assert_eq!(c.ttft_s, c.latency_s);
         let c = parse_full(
             &json!({"choices": [{"message": {"role": "assistant", "content": "yo"}}], "usage": usage}),
@@ -587,7 +606,10 @@ mod tests {
         )
         .unwrap();
         assert_eq!(c.text, "yo");
-        assert!(matches!(parse_full(&json!({"choices": []}), t), Err(EngineError::BadResponse(_))));
+        assert!(matches!(
+            parse_full(&json!({"choices": []}), t),
+            Err(EngineError::BadResponse(_))
+        ));
         assert!(matches!(
             parse_full(&json!({"choices": [{"text": "x"}]}), t),
             Err(EngineError::BadResponse(_))
@@ -597,10 +619,16 @@ mod tests {
     #[test]
     fn stream_fold_concatenates_and_times_the_first_chunk() {
         let mut f = StreamFold::default();
-        f.push(&json!({"choices": [{"delta": {"role": "assistant", "content": "Hel"}}]}), Duration::from_millis(5))
-            .unwrap();
-        f.push(&json!({"choices": [{"delta": {"content": "lo"}, "finish_reason": "stop"}]}), Duration::from_millis(9))
-            .unwrap();
+        f.push(
+            &json!({"choices": [{"delta": {"role": "assistant", "content": "Hel"}}]}),
+            Duration::from_millis(5),
+        )
+        .unwrap();
+        f.push(
+            &json!({"choices": [{"delta": {"content": "lo"}, "finish_reason": "stop"}]}),
+            Duration::from_millis(9),
+        )
+        .unwrap();
         f.push(
             &json!({"choices": [], "usage": {"prompt_tokens": 4, "completion_tokens": 2,
                     "prompt_tokens_details": {"cached_tokens": 0}}}),
@@ -613,24 +641,42 @@ mod tests {
         assert_eq!(c.latency_s, 0.010);
         assert_eq!(c.output_tokens, 2);
         let mut f = StreamFold::default();
-        f.push(&json!({"choices": [{"text": "x"}]}), Duration::ZERO).unwrap();
-        assert!(matches!(f.finish(Duration::ZERO), Err(EngineError::BadResponse(_))));
+        f.push(&json!({"choices": [{"text": "x"}]}), Duration::ZERO)
+            .unwrap();
+        assert!(matches!(
+            f.finish(Duration::ZERO),
+            Err(EngineError::BadResponse(_))
+        ));
         let mut f = StreamFold::default();
-        assert!(f.push(&json!({"error": {"message": "boom"}}), Duration::ZERO).is_err());
+        assert!(
+            f.push(&json!({"error": {"message": "boom"}}), Duration::ZERO)
+                .is_err()
+        );
         assert!(f.push(&json!({"id": 1}), Duration::ZERO).is_err());
     }
 
     #[test]
     fn status_classes_map_to_error_kinds() {
-        assert!(matches!(status_error("x", StatusCode::NOT_FOUND, ""), EngineError::Rejected(_)));
-        assert!(matches!(status_error("x", StatusCode::BAD_GATEWAY, ""), EngineError::BadResponse(_)));
-        assert!(matches!(status_error("x", StatusCode::TOO_MANY_REQUESTS, ""), EngineError::BadResponse(_)));
+        assert!(matches!(
+            status_error("x", StatusCode::NOT_FOUND, ""),
+            EngineError::Rejected(_)
+        ));
+        assert!(matches!(
+            status_error("x", StatusCode::BAD_GATEWAY, ""),
+            EngineError::BadResponse(_)
+        ));
+        assert!(matches!(
+            status_error("x", StatusCode::TOO_MANY_REQUESTS, ""),
+            EngineError::BadResponse(_)
+        ));
         assert!(matches!(
             status_error("x", StatusCode::SERVICE_UNAVAILABLE, "asleep"),
             EngineError::BadResponse(m) if m.contains("asleep")
         ));
         let long = "y".repeat(5000);
-        let EngineError::BadResponse(m) = status_error("x", StatusCode::INTERNAL_SERVER_ERROR, &long) else {
+        let EngineError::BadResponse(m) =
+            status_error("x", StatusCode::INTERNAL_SERVER_ERROR, &long)
+        else {
             panic!("5xx must be BadResponse");
         };
         assert!(m.len() < 400);
@@ -638,7 +684,13 @@ mod tests {
 
     #[test]
     fn request_bodies_carry_the_switchyard_output_and_usage_option() {
-        let e = HttpEngine::new("emulated", "http://127.0.0.1:9/v1/", "m", HttpOptions::default()).unwrap();
+        let e = HttpEngine::new(
+            "emulated",
+            "http://127.0.0.1:9/v1/",
+            "m",
+            HttpOptions::default(),
+        )
+        .unwrap();
         assert_eq!(e.base_url(), "http://127.0.0.1:9");
         let req = LlmRequest {
             id: 1,
@@ -657,10 +709,17 @@ mod tests {
             "vllm",
             "http://h:1",
             "m",
-            HttpOptions { api: ApiFlavor::Chat, ..HttpOptions::default() },
+            HttpOptions {
+                api: ApiFlavor::Chat,
+                ..HttpOptions::default()
+            },
         )
         .unwrap();
-        let b = chat.request_body(&LlmRequest { stream: false, emulated_output: None, ..req });
+        let b = chat.request_body(&LlmRequest {
+            stream: false,
+            emulated_output: None,
+            ..req
+        });
         assert_eq!(b["messages"][0]["content"], "p");
         assert!(b.get("switchyard").is_none() && b.get("stream_options").is_none());
         assert!(HttpEngine::new("vllm", "ftp://h", "m", HttpOptions::default()).is_err());

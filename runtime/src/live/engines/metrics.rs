@@ -122,7 +122,8 @@ impl MetricsSnapshot {
     /// A counter by its base name: the exposed `name_total` (Python's `prometheus_client` and
     /// `prometheus-client` both append `_total`), else a bare `name`.
     pub fn counter(&self, name: &str) -> Option<f64> {
-        self.sum(&format!("{name}_total")).or_else(|| self.sum(name))
+        self.sum(&format!("{name}_total"))
+            .or_else(|| self.sum(name))
     }
 
     /// A histogram by its base name, summed over label sets.
@@ -236,7 +237,9 @@ fn parse_sample(line: &str) -> Result<Sample, String> {
             .map_err(|_| format!("sample `{name}`: `{ts}` is not a timestamp"))?;
     }
     if let Some(extra) = fields.next() {
-        return Err(format!("sample `{name}`: unexpected `{extra}` after the timestamp"));
+        return Err(format!(
+            "sample `{name}`: unexpected `{extra}` after the timestamp"
+        ));
     }
     Ok(Sample {
         name,
@@ -366,16 +369,17 @@ vllm:time_to_first_token_seconds_sum{engine="0",model_name="Qwen/Qwen3-0.6B"} 7.
         let h = m.histogram(TIME_TO_FIRST_TOKEN).unwrap();
         assert_eq!(h.count, 4.0);
         assert_eq!(h.sum, 7.5);
-        assert_eq!(h.buckets, vec![(0.1, 1.0), (1.0, 3.0), (f64::INFINITY, 4.0)]);
+        assert_eq!(
+            h.buckets,
+            vec![(0.1, 1.0), (1.0, 3.0), (f64::INFINITY, 4.0)]
+        );
         assert!(m.histogram("vllm:absent").is_none());
     }
 
     #[test]
     fn falls_back_to_the_deprecated_kv_name_and_bare_counters() {
-        let m = MetricsSnapshot::parse(
-            "vllm:gpu_cache_usage_perc 0.4\nvllm:prefix_cache_hits 9\n",
-        )
-        .unwrap();
+        let m = MetricsSnapshot::parse("vllm:gpu_cache_usage_perc 0.4\nvllm:prefix_cache_hits 9\n")
+            .unwrap();
         let t = m.telemetry();
         assert_eq!(t.kv_cache_usage, 0.4);
         assert_eq!(t.prefix_cache_hits, 9.0);

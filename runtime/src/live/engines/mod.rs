@@ -215,7 +215,11 @@ impl EngineSpec {
         match self.kind {
             EngineKind::Openai => self.model_id(catalogue_model),
             EngineKind::Emulated | EngineKind::Vllm => {
-                let uses_served = self.template().words().iter().any(|w| w.contains("{served}"));
+                let uses_served = self
+                    .template()
+                    .words()
+                    .iter()
+                    .any(|w| w.contains("{served}"));
                 if uses_served || (self.base_url.is_some() && self.kind == EngineKind::Emulated) {
                     catalogue_model.to_string()
                 } else {
@@ -252,12 +256,14 @@ impl EngineSpec {
     fn api_key(&self) -> Result<Option<String>, EngineSpecError> {
         match (&self.api_key, &self.api_key_env) {
             (Some(k), _) => Ok(Some(k.clone())),
-            (None, Some(var)) => std::env::var(var).map(Some).map_err(|_| {
-                EngineSpecError::Invalid {
-                    field: "api_key_env",
-                    reason: format!("environment variable `{var}` is not set"),
-                }
-            }),
+            (None, Some(var)) => {
+                std::env::var(var)
+                    .map(Some)
+                    .map_err(|_| EngineSpecError::Invalid {
+                        field: "api_key_env",
+                        reason: format!("environment variable `{var}` is not set"),
+                    })
+            }
             (None, None) => Ok(None),
         }
     }
@@ -350,17 +356,26 @@ pub fn engine_for(
         EngineKind::Emulated if spec.base_url.is_some() => {
             let base = spec.base_url.clone().unwrap_or_default();
             let options = spec.http_options(ApiFlavor::Completions)?;
-            let engine = HttpEngine::new("emulated", &base, &spec.served_model(&launch.model), options)
-                .map_err(|e| EngineSpecError::Invalid {
-                    field: "base_url",
-                    reason: e.to_string(),
-                })?;
+            let engine = HttpEngine::new(
+                "emulated",
+                &base,
+                &spec.served_model(&launch.model),
+                options,
+            )
+            .map_err(|e| EngineSpecError::Invalid {
+                field: "base_url",
+                reason: e.to_string(),
+            })?;
             Ok(Box::new(engine))
         }
         EngineKind::Emulated | EngineKind::Vllm => {
             let command = ManagedCommand::from_spec(spec, launch)?;
             let options = spec.http_options(ApiFlavor::Completions)?;
-            let kind = if spec.kind == EngineKind::Emulated { "emulated" } else { "vllm" };
+            let kind = if spec.kind == EngineKind::Emulated {
+                "emulated"
+            } else {
+                "vllm"
+            };
             let grace = EngineSpec::seconds(
                 "shutdown_grace_s",
                 spec.shutdown_grace_s,
@@ -409,7 +424,8 @@ mod tests {
         .unwrap();
         assert_eq!(s.served_model("Qwen3-8B"), "Qwen/Qwen3-8B");
         let s: EngineSpec =
-            serde_saphyr::from_str("{ kind: emulated, command: [a, \"b c\", \"{port}\"] }").unwrap();
+            serde_saphyr::from_str("{ kind: emulated, command: [a, \"b c\", \"{port}\"] }")
+                .unwrap();
         assert_eq!(s.template().words(), ["a", "b c", "{port}"]);
         assert!(serde_saphyr::from_str::<EngineSpec>("{ kind: gpu }").is_err());
         assert!(serde_saphyr::from_str::<EngineSpec>("{ kind: vllm, prot: 3 }").is_err());
@@ -422,13 +438,23 @@ mod tests {
         let pool: crate::live::pool::LivePoolSpec<EngineSpec> =
             crate::live::pool::LivePoolSpec::load(&path).unwrap();
         for (spec, device) in pool.engines().unwrap().iter().zip(&pool.pool.devices) {
-            let launch = LaunchParams { device_kind: device.name.clone(), ..launch() };
+            let launch = LaunchParams {
+                device_kind: device.name.clone(),
+                ..launch()
+            };
             let argv = ManagedCommand::from_spec(spec, &launch).unwrap().argv(4242);
             assert_eq!(argv[0], "/opt/bin/switchyard");
-            assert!(argv.windows(2).any(|w| w == ["--device", device.name.as_str()]), "{argv:?}");
+            assert!(
+                argv.windows(2)
+                    .any(|w| w == ["--device", device.name.as_str()]),
+                "{argv:?}"
+            );
             assert!(argv.windows(2).any(|w| w == ["--port", "4242"]), "{argv:?}");
             assert_eq!(spec.served_model("Qwen3-8B"), "Qwen3-8B");
-            assert_eq!(engine_for(spec, &launch).map(|e| e.kind()).ok(), Some("vllm"));
+            assert_eq!(
+                engine_for(spec, &launch).map(|e| e.kind()).ok(),
+                Some("vllm")
+            );
         }
     }
 
@@ -439,30 +465,56 @@ mod tests {
         // The default template passes --served-model-name {served}.
         assert_eq!(s.served_model("Qwen3-8B"), "Qwen3-8B");
         assert_eq!(s.model_id("Qwen3-8B"), "Qwen/Qwen3-8B");
-        s.command = Some(CommandTemplate::Line("vllm serve {model} --port {port}".into()));
+        s.command = Some(CommandTemplate::Line(
+            "vllm serve {model} --port {port}".into(),
+        ));
         assert_eq!(s.served_model("Qwen3-8B"), "Qwen/Qwen3-8B");
     }
 
     #[test]
     fn factory_checks_required_fields_and_placeholders() {
         let e = engine_for(&EngineSpec::new(EngineKind::Openai), &launch()).err();
-        assert_eq!(e, Some(EngineSpecError::Missing { field: "base_url", kind: "openai" }));
+        assert_eq!(
+            e,
+            Some(EngineSpecError::Missing {
+                field: "base_url",
+                kind: "openai"
+            })
+        );
         let mut s = EngineSpec::new(EngineKind::Vllm);
-        s.command = Some(CommandTemplate::Line("vllm serve {modle} --port {port}".into()));
+        s.command = Some(CommandTemplate::Line(
+            "vllm serve {modle} --port {port}".into(),
+        ));
         assert_eq!(
             engine_for(&s, &launch()).err(),
             Some(EngineSpecError::UnknownPlaceholder("modle".into()))
         );
         let mut s = EngineSpec::new(EngineKind::Vllm);
         s.request_timeout_s = Some(-1.0);
-        assert!(matches!(engine_for(&s, &launch()), Err(EngineSpecError::Invalid { field: "request_timeout_s", .. })));
+        assert!(matches!(
+            engine_for(&s, &launch()),
+            Err(EngineSpecError::Invalid {
+                field: "request_timeout_s",
+                ..
+            })
+        ));
         let mut s = EngineSpec::new(EngineKind::Openai);
         s.base_url = Some("http://127.0.0.1:9/v1".into());
         s.api_key_env = Some("SWITCHYARD_TEST_SURELY_UNSET_VAR".into());
-        assert!(matches!(engine_for(&s, &launch()), Err(EngineSpecError::Invalid { field: "api_key_env", .. })));
+        assert!(matches!(
+            engine_for(&s, &launch()),
+            Err(EngineSpecError::Invalid {
+                field: "api_key_env",
+                ..
+            })
+        ));
         let kinds: Vec<&str> = [EngineKind::Emulated, EngineKind::Vllm]
             .into_iter()
-            .map(|k| engine_for(&EngineSpec::new(k), &launch()).map(|e| e.kind()).unwrap_or("error"))
+            .map(|k| {
+                engine_for(&EngineSpec::new(k), &launch())
+                    .map(|e| e.kind())
+                    .unwrap_or("error")
+            })
             .collect();
         assert_eq!(kinds, ["emulated", "vllm"]);
     }

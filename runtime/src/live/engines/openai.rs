@@ -53,7 +53,9 @@ fn map_error(what: &str, e: OpenAIError) -> EngineError {
             Some(status) => status_error(what, status, &r.to_string()),
             None => transport_error(what, &r),
         },
-        OpenAIError::ApiError(api) => status_error(what, api.status_code, &api.api_error.to_string()),
+        OpenAIError::ApiError(api) => {
+            status_error(what, api.status_code, &api.api_error.to_string())
+        }
         OpenAIError::JSONDeserialize(err, body) => {
             EngineError::BadResponse(format!("{what}: unparsable answer ({err}): {body}"))
         }
@@ -83,7 +85,8 @@ impl OpenAiEngine {
             headers: Default::default(),
             ..options.clone()
         })?;
-        let client = Client::build(bare.clone(), config).with_http_service(ReqwestService::new(bare));
+        let client =
+            Client::build(bare.clone(), config).with_http_service(ReqwestService::new(bare));
         Ok(OpenAiEngine {
             client,
             probe: build_client(&options)?,
@@ -98,7 +101,11 @@ impl OpenAiEngine {
     }
 
     fn body(&self, request: &LlmRequest) -> Value {
-        let model = if request.model.is_empty() { &self.model } else { &request.model };
+        let model = if request.model.is_empty() {
+            &self.model
+        } else {
+            &request.model
+        };
         let mut body = json!({
             "model": model,
             "messages": [{ "role": "user", "content": request.prompt }],
@@ -116,7 +123,10 @@ impl OpenAiEngine {
 
     /// One chat completion (one HTTP request).
     pub async fn complete(&self, request: &LlmRequest) -> Result<Completion, EngineError> {
-        let what = format!("request {} to {}/chat/completions", request.id, self.api_base);
+        let what = format!(
+            "request {} to {}/chat/completions",
+            request.id, self.api_base
+        );
         let body = self.body(request);
         let started = Instant::now();
         if !request.stream {

@@ -175,10 +175,10 @@ impl ManagedCommand {
     pub fn argv(&self, port: u16) -> Vec<String> {
         let vars = self.vars_with_port(port);
         let mut argv: Vec<String> = self.words.iter().map(|w| expand(w, &vars)).collect();
-        if let (Some(first), Some(exe)) = (argv.first_mut(), &self.switchyard_exe) {
-            if first == "switchyard" {
-                *first = exe.to_string_lossy().into_owned();
-            }
+        if let (Some(first), Some(exe)) = (argv.first_mut(), &self.switchyard_exe)
+            && first == "switchyard"
+        {
+            *first = exe.to_string_lossy().into_owned();
         }
         argv
     }
@@ -453,9 +453,9 @@ impl VllmEngine {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true);
-        let mut child = cmd.spawn().map_err(|e| {
-            EngineError::Lifecycle(format!("cannot start `{command_line}`: {e}"))
-        })?;
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| EngineError::Lifecycle(format!("cannot start `{command_line}`: {e}")))?;
         let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok()) else {
             return Err(EngineError::Lifecycle(format!(
                 "`{command_line}` exited at once"
@@ -528,7 +528,10 @@ impl VllmEngine {
         };
         let pgid = r.pgid;
         signal_group(pgid, libc::SIGTERM);
-        if tokio::time::timeout(self.grace, r.child.wait()).await.is_err() {
+        if tokio::time::timeout(self.grace, r.child.wait())
+            .await
+            .is_err()
+        {
             signal_group(pgid, libc::SIGKILL);
             let _ = r.child.wait().await;
         }
@@ -654,7 +657,15 @@ mod tests {
         .unwrap();
         assert_eq!(
             c.argv(8123),
-            ["/bin/sy", "serve", "Qwen/Qwen3-8B", "--port", "8123", "--x", "{\"a\":1}"]
+            [
+                "/bin/sy",
+                "serve",
+                "Qwen/Qwen3-8B",
+                "--port",
+                "8123",
+                "--x",
+                "{\"a\":1}"
+            ]
         );
         assert_eq!(c.env(1)["CUDA_VISIBLE_DEVICES"], "2");
         assert_eq!(c.base_url(8123), "http://127.0.0.1:8123");
@@ -663,10 +674,24 @@ mod tests {
     #[test]
     fn templates_are_checked() {
         let mk = |t: &str| {
-            ManagedCommand::new(&CommandTemplate::Line(t.into()), BTreeMap::new(), vars(), "h", None)
+            ManagedCommand::new(
+                &CommandTemplate::Line(t.into()),
+                BTreeMap::new(),
+                vars(),
+                "h",
+                None,
+            )
         };
-        assert!(matches!(mk("vllm serve {modle} {port}"), Err(EngineSpecError::UnknownPlaceholder(p)) if p == "modle"));
-        assert!(matches!(mk("vllm serve {model}"), Err(EngineSpecError::Invalid { field: "command", .. })));
+        assert!(
+            matches!(mk("vllm serve {modle} {port}"), Err(EngineSpecError::UnknownPlaceholder(p)) if p == "modle")
+        );
+        assert!(matches!(
+            mk("vllm serve {model}"),
+            Err(EngineSpecError::Invalid {
+                field: "command",
+                ..
+            })
+        ));
         assert!(matches!(mk("   "), Err(EngineSpecError::Invalid { .. })));
         assert!(mk("vllm serve {model} --port {port}").is_ok());
     }

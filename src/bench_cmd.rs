@@ -42,10 +42,10 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 42)]
     pub seed: u64,
     /// Predictor every run plans with.
-    #[arg(long, default_value = "oracle")]
+    #[arg(long, default_value = "graph")]
     pub predictor: String,
     /// Predictor substitutions of the joint policy (comma-separated), one row each.
-    #[arg(long, value_delimiter = ',', default_value = "oracle")]
+    #[arg(long, value_delimiter = ',', default_value = "gbdt,formula")]
     pub predictors: Vec<String>,
     /// Simulations run at once.
     #[arg(long, default_value_t = 2)]

@@ -1,7 +1,10 @@
 //! `switchyard`: the command-line edge. Parses arguments, loads files, runs the simulator or the
 //! evaluations, and prints tables / JSON / SVG. Errors are `anyhow` here and only here.
 
+mod bench_cmd;
+mod emulate_cmd;
 mod emulator_fidelity;
+mod live_cmd;
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -36,6 +39,10 @@ enum Command {
     /// The Predictor: evaluate its estimators (Table 1 of paper 003).
     #[command(subcommand)]
     Predictor(PredictorCommand),
+    /// Reproduce paper 003's evaluation (Figures 5–7) on the emulated pool.
+    Bench(bench_cmd::BenchArgs),
+    /// Serve one emulated replica over HTTP with vLLM's API (sleep mode, /metrics).
+    Emulate(emulate_cmd::EmulateArgs),
 }
 
 #[derive(Subcommand)]
@@ -105,6 +112,13 @@ struct RunArgs {
     /// Batch limit per replica (vLLM --max-num-seqs).
     #[arg(long, default_value_t = 256)]
     max_num_seqs: u32,
+    /// Run on the live runtime (actors on wall-clock time) against the engines the pool file
+    /// names, e.g. `--pool workflows/pools/live-emulated.yaml`; times are wall seconds.
+    #[arg(long)]
+    live: bool,
+    /// With `--live`: fail whatever is still open after this many wall seconds.
+    #[arg(long)]
+    deadline: Option<f64>,
 }
 
 fn main() -> ExitCode {
@@ -113,6 +127,8 @@ fn main() -> ExitCode {
         Command::Run(args) => run(args),
         Command::Validate { workflows } => validate(&workflows),
         Command::Predictor(PredictorCommand::Eval { train, test, json }) => predictor_eval(train, test, json),
+        Command::Bench(args) => bench_cmd::run(args),
+        Command::Emulate(args) => emulate_cmd::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -167,7 +183,11 @@ fn predictor_eval(train: Option<PathBuf>, test: Option<PathBuf>, json: bool) -> 
 
 fn run(args: RunArgs) -> Result<()> {
     let workflows = load_all(&args.workflows)?;
-    let pool = PoolSpec::load(&args.pool).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let pool = if args.live {
+        live_cmd::pool_spec(&args.pool)?
+    } else {
+        PoolSpec::load(&args.pool).map_err(|e| anyhow::anyhow!("{e}"))?
+    };
     let cfg = SimConfig {
         workflows,
         sessions: args.sessions,
@@ -193,10 +213,30 @@ fn run(args: RunArgs) -> Result<()> {
             .progress_chars("=> "),
     );
     let started = std::time::Instant::now();
-    let out = sim::simulate(&cfg, &mut |done, _| bar.set_position(done as u64))
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let (report, trace, timelines, window, notes) = if args.live {
+        let b = bar.clone();
+        let progress: switchyard_runtime::live::Progress = Arc::new(move |done, _| b.set_position(done as u64));
+        let options = live_cmd::LiveOptions { deadline_s: args.deadline, stream: false, switchyard_exe: None };
+        let out = live_cmd::run_live(cfg, &args.pool, &options, Some(progress))?;
+        (out.report, Vec::new(), out.timelines, out.window, out.notes)
+    } else {
+        let out = sim::simulate(&cfg, &mut |done, _| bar.set_position(done as u64))
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        (out.report, out.trace, out.timelines, out.window, out.notes)
+    };
     bar.finish_and_clear();
     let wall = started.elapsed().as_secs_f64();
+    struct Out {
+        report: RunReport,
+        trace: Vec<sim::TraceLine>,
+        timelines: Vec<switchyard_runtime::report::DeviceTimeline>,
+        window: (f64, f64),
+        notes: Vec<String>,
+    }
+    let out = Out { report, trace, timelines, window, notes };
+    if args.live && args.trace.is_some() {
+        eprintln!("note: --trace records simulator events; the live runtime logs through tracing (RUST_LOG)");
+    }
     for note in &out.notes {
         eprintln!("note: {note}");
     }

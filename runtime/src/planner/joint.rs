@@ -426,7 +426,7 @@ impl Policy for Joint {
         }
 
         // 3. PlanReady: coalesced demand, ranked by urgency then ready work per load second.
-        let mut demands: Vec<((DeploymentId, u32), Vec<(u8, WorkItem)>)> = needs.into_iter().collect();
+        let demands: Vec<((DeploymentId, u32), Vec<(u8, WorkItem)>)> = needs.into_iter().collect();
         // Value of a load: the predicted ready work (seconds of run time, on the fastest eligible
         // device, each unit alone) it unlocks per second of loading.
         let value = |state: &PlannerState, d: DeploymentId, units: &[(u8, WorkItem)]| {

@@ -58,6 +58,11 @@ pub const AGING_QUANTUM_S: f64 = 30.0;
 pub const PREFETCH_SLACK_S: f64 = 5.0;
 /// Most replicas of one deployment the policy scales out to.
 pub const REPLICA_CAP: usize = 3;
+/// Bindings whose predicted completion is within this factor of the best are equivalent; the
+/// least capable device among them is taken (resource ordering).
+pub const NEAR_BEST: f64 = 1.10;
+/// A scale-out must finish the waiting units by this factor of the current completion time.
+pub const SCALE_OUT_GAIN: f64 = 0.95;
 /// Recent output lengths kept per logical node for the timing bucket (P90).
 const HISTORY: usize = 32;
 
@@ -268,7 +273,7 @@ impl Joint {
                 .filter(|h| state.deployment(e).is_some_and(|de| state.free_bytes(h.id) >= de.claim_bytes(h)))
                 .count()
         };
-        let mut best: Option<(usize, DeviceId, Vec<ReplicaId>, f64, f64)> = None;
+        let mut candidates: Vec<(usize, DeviceId, Vec<ReplicaId>, f64, f64)> = Vec::new();
         for g in state.devices() {
             if !state.eligible(d, g.id) {
                 continue;
@@ -303,18 +308,27 @@ impl Joint {
             // Eq. 12 restricted to this decision: ready work kept coverable (no device taken
             // from a constrained demand), completion of the unlocked ready work Ĉ_F, then
             // lifecycle overhead H_life; device id breaks exact ties.
-            let key = (blocking, c_f, h_life);
-            let better = match &best {
-                None => true,
-                Some((bb, bg, _, bc, bh)) => {
-                    key.partial_cmp(&(*bb, *bc, *bh)) == Some(std::cmp::Ordering::Less)
-                        || (key == (*bb, *bc, *bh) && g.id < *bg)
-                }
-            };
-            if better {
-                best = Some((blocking, g.id, chosen, c_f, h_life));
-            }
+            candidates.push((blocking, g.id, chosen, c_f, h_life));
         }
+        // Eq. 12 restricted to this decision: keep ready work coverable (take no device that is
+        // a constrained demand's last), then the earliest completion Ĉ_F of the unlocked work,
+        // then the least lifecycle overhead H_life. Resource ordering: among bindings within
+        // `NEAR_BEST` of the best Ĉ_F, take the least capable device, preserving faster GPUs for
+        // work that needs them.
+        let min_blocking = candidates.iter().map(|c| c.0).min()?;
+        candidates.retain(|c| c.0 == min_blocking);
+        let best_c = candidates.iter().map(|c| c.3).fold(f64::INFINITY, f64::min);
+        let flops = |g: DeviceId| state.device(g).map(|d| d.spec.dense_fp16_flops).unwrap_or(0.0);
+        let best = candidates
+            .into_iter()
+            .filter(|c| c.3 - now <= (best_c - now) * NEAR_BEST)
+            .min_by(|x, y| {
+                flops(x.1)
+                    .total_cmp(&flops(y.1))
+                    .then(x.3.total_cmp(&y.3))
+                    .then(x.4.total_cmp(&y.4))
+                    .then(x.1.cmp(&y.1))
+            });
         best.map(|(_, g, v, c, h)| (g, v, c, h))
     }
 
@@ -504,8 +518,11 @@ impl Policy for Joint {
                     break;
                 };
                 let Some(dev) = state.device(g) else { break };
+                // Work the replicas must absorb: the waiting units and the near-ready units of
+                // the same deployment (the window's visible future demand).
+                let near_n = state.near_ready().filter(|n| n.deployment == d).count();
                 let c_f = |slots: &[(f64, DeviceId, usize)]| {
-                    let per = items.len().div_ceil(slots.len().max(1));
+                    let per = (items.len() + near_n).div_ceil(slots.len().max(1));
                     slots
                         .iter()
                         .filter_map(|(at, g, busy)| {
@@ -522,7 +539,7 @@ impl Policy for Joint {
                 let current = c_f(&slots);
                 slots.push((now + self.est.load_time(dep, dev), g, 0));
                 let split = c_f(&slots);
-                if !(split < now + (current - now) * 0.95) {
+                if !(split < now + (current - now) * SCALE_OUT_GAIN) {
                     break;
                 }
                 let owner = items.first().map(|w| w.workflow).unwrap_or(0);

@@ -30,11 +30,11 @@ use thiserror::Error;
 
 use crate::ids::{ActivationId, DeviceId, ReplicaId, SessionId};
 use crate::planner::{
-    Command, DeploymentId, DeploymentInfo, DeviceInfo, Estimates, Event, JointOptions, NearReadyItem,
-    PlanError, Planner, WorkItem, policy_by_name,
+    Command, DeploymentId, DeploymentInfo, Event, JointOptions, NearReadyItem, PlanError, Planner,
+    WorkItem,
 };
 use crate::session::ActivationState;
-use crate::planner::profiled::{PREDICTORS, ProfiledEstimates};
+use crate::shell_common;
 use graph_info::NodeInfo;
 use crate::report::{
     DeviceTimeline, GpuBreakdown, Percentiles, RunReport, Segment, SegmentKind, WorkflowReport,
@@ -58,6 +58,8 @@ pub const BLOCK_SIZE: u32 = 16;
 pub enum SimError {
     #[error(transparent)]
     Plan(#[from] PlanError),
+    #[error(transparent)]
+    Shell(#[from] crate::shell_common::ShellError),
     #[error("workflow {workflow}: {message}")]
     Workflow { workflow: String, message: String },
     #[error("workflow {workflow}: deployment `{deployment}`: {message}")]
@@ -261,91 +263,12 @@ pub fn simulate(cfg: &SimConfig, progress: &mut dyn FnMut(usize, usize)) -> Resu
     Ok(sim.finish())
 }
 
-/// Build the deployment table: one identity per (model, dtype) across all workflows, served with
-/// the largest max context any workflow needs, so identical deployments share replicas.
-fn deployment_table(
-    cfg: &SimConfig,
-) -> Result<(Vec<DeploymentInfo>, BTreeMap<(u32, String), DeploymentId>), SimError> {
-    let mut by_key: BTreeMap<(String, Dtype), (u32, f64)> = BTreeMap::new();
-    for wf in &cfg.workflows {
-        for d in wf.deployments.values() {
-            let m = spec::model(&d.model).map_err(|e| SimError::Deployment {
-                workflow: wf.name.clone(),
-                deployment: d.name.clone(),
-                message: e.to_string(),
-            })?;
-            let e = by_key.entry((m.name.clone(), d.dtype)).or_insert((0, 0.0));
-            e.0 = e.0.max(d.max_context);
-            e.1 = e.1.max(d.gpu_memory_utilization);
-        }
-    }
-    let mut table = Vec::new();
-    let mut ids = BTreeMap::new();
-    for (i, ((model, dtype), (max_len, util))) in by_key.iter().enumerate() {
-        let m = spec::model(model).map_err(|e| SimError::Internal(e.to_string()))?;
-        table.push(DeploymentInfo {
-            id: DeploymentId(i as u32),
-            model: model.clone(),
-            dtype: *dtype,
-            max_model_len: *max_len,
-            gpu_memory_utilization: *util,
-            weight_bytes: m.param_bytes(*dtype),
-            kv_bytes_per_token: m.kv_bytes_per_token(*dtype),
-            max_num_seqs: cfg.max_num_seqs,
-        });
-        ids.insert((model.clone(), *dtype), DeploymentId(i as u32));
-    }
-    let mut deployment_of = BTreeMap::new();
-    for (w, wf) in cfg.workflows.iter().enumerate() {
-        for d in wf.deployments.values() {
-            let m = spec::model(&d.model).map_err(|e| SimError::Internal(e.to_string()))?;
-            if let Some(id) = ids.get(&(m.name.clone(), d.dtype)) {
-                deployment_of.insert((w as u32, d.name.clone()), *id);
-            }
-        }
-    }
-    Ok((table, deployment_of))
-}
-
 impl<'a> Sim<'a> {
     fn new(cfg: &'a SimConfig) -> Result<Self, SimError> {
-        let (deployments, deployment_of) = deployment_table(cfg)?;
-        let devices: Vec<DeviceInfo> = cfg
-            .pool
-            .devices
-            .iter()
-            .enumerate()
-            .map(|(i, s)| DeviceInfo { id: DeviceId(i as u32), spec: s.clone() })
-            .collect();
-        let estimates: Box<dyn Estimates> = match cfg.predictor.as_str() {
-            "oracle" => Box::new(crate::planner::estimates::Cached::new(oracle::OracleEstimates)),
-            name if PREDICTORS.contains(&name) => Box::new(
-                ProfiledEstimates::build(name, &deployments, &devices)
-                    .map_err(|e| SimError::Predictor(e.to_string()))?,
-            ),
-            other => {
-                return Err(SimError::Predictor(format!(
-                    "unknown predictor `{other}` (known: {}, oracle)",
-                    PREDICTORS.join(", ")
-                )));
-            }
-        };
-        let policy = policy_by_name(&cfg.policy, cfg.options, estimates)?;
-        let planner = Planner::new(devices, deployments.clone(), policy);
-        let mut records = Vec::new();
-        for wf in &cfg.workflows {
-            let r = wf.load_records().map_err(|e| SimError::Workflow {
-                workflow: wf.name.clone(),
-                message: e.to_string(),
-            })?;
-            if r.is_empty() {
-                return Err(SimError::Workflow {
-                    workflow: wf.name.clone(),
-                    message: "the dataset has no records".into(),
-                });
-            }
-            records.push(r);
-        }
+        let (deployments, deployment_of) = shell_common::deployment_table(&cfg.workflows, cfg.max_num_seqs)?;
+        let planner =
+            shell_common::build_planner(&cfg.pool.devices, &deployments, &cfg.policy, cfg.options, &cfg.predictor)?;
+        let records = shell_common::load_records(&cfg.workflows)?;
         let sizes: Vec<usize> = records.iter().map(|r| r.len()).collect();
         let trace_entries = arrivals::trace(cfg.arrival, cfg.sessions, &sizes, cfg.seed);
         let timelines = cfg
@@ -354,14 +277,7 @@ impl<'a> Sim<'a> {
             .iter()
             .map(|d| DeviceTimeline { name: d.name.clone(), segments: Vec::new() })
             .collect();
-        let node_info = cfg
-            .workflows
-            .iter()
-            .enumerate()
-            .map(|(w, wf)| {
-                graph_info::workflow_info(wf, |name| deployment_of.get(&(w as u32, name.to_string())).copied())
-            })
-            .collect();
+        let node_info = shell_common::node_infos(&cfg.workflows, &deployment_of);
         let mut sim = Sim {
             cfg,
             planner,

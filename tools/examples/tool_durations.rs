@@ -1,7 +1,7 @@
 //! Measures the cost of the built-in tools on this machine and prints the medians behind the
 //! `MODEL_*` constants of `switchyard_tools::python_tests` and the majority-vote constant.
 //!
-//! Run: `cargo run -p switchyard-tools --example calibrate [runs]` (default 20 runs per case).
+//! Run: `cargo run -p switchyard-tools --example tool_durations [runs]` (default 20 runs per case).
 //! Then checks the model against reference solutions of the MBPP dataset, when present, and,
 //! when the CPython-on-WASI runtime is installed, measures the same calls in the wasm sandbox.
 //! The model constants describe the process sandbox (the fallback every machine has), so

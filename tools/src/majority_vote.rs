@@ -29,7 +29,7 @@ use crate::{ToolCall, ToolError, ToolOutcome};
 pub const NAME: &str = "majority_vote";
 
 /// Modeled duration of one vote: the measured cost is tens of microseconds in the sandbox (a
-/// few in process; see `examples/calibrate.rs`), so this is a dispatch overhead of 1 ms, the
+/// few in process; see `examples/tool_durations.rs`), so this is a dispatch overhead of 1 ms, the
 /// figure the tool's specification suggests, kept constant so virtual time stays deterministic.
 pub const MODELED_DURATION_S: f64 = 0.001;
 

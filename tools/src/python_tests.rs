@@ -59,7 +59,7 @@ pub const MAX_TEXT_BYTES: usize = 1024;
 const MAX_OUTPUT_TAIL_BYTES: usize = 2048;
 
 // Duration model for virtual time, calibrated with `cargo run -p switchyard-tools --example
-// calibrate 40` on the 2-core development VM (Python 3.11.2 at /usr/bin/python3, full process
+// tool_durations 40` on the 2-core development VM (Python 3.11.2 at /usr/bin/python3, full process
 // sandbox, other builds running, so medians of 40 runs over several sessions). Medians of the
 // whole tool call, in ms, from four sessions:
 //

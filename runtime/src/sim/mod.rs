@@ -25,26 +25,22 @@ use std::sync::Arc;
 use serde::Serialize;
 use switchyard_emulator::{EmulatedReplica, EngineEvent, EngineRequest, ServingConfig};
 use switchyard_predictor::{Dtype, spec};
-use switchyard_tools::{ToolCall, modeled_duration_s};
+use switchyard_tools::modeled_duration_s;
 use thiserror::Error;
 
 use crate::ids::{ActivationId, DeviceId, ReplicaId, SessionId};
 use crate::planner::{
-    Command, DeploymentId, DeploymentInfo, Event, JointOptions, NearReadyItem, PlanError, Planner,
-    WorkItem,
+    Command, DeploymentId, DeploymentInfo, Event, JointOptions, PlanError, Planner,
 };
-use crate::session::ActivationState;
-use crate::shell_common;
+use crate::shell_common::{self, PrepareContext, PreparedLlm, Ready};
 use graph_info::NodeInfo;
 use crate::report::{
     DeviceTimeline, GpuBreakdown, Percentiles, RunReport, Segment, SegmentKind, WorkflowReport,
     gpu, round3,
 };
-use crate::responder::{self, ResponderRequest};
 use crate::session::Session;
-use crate::tokens;
 use crate::values::{NodeOutput, derive_seed};
-use crate::workflow::{MetricKind, NodeKind, WorkflowSpec};
+use crate::workflow::WorkflowSpec;
 
 pub use arrivals::{Arrival, TraceEntry};
 pub use pool::{PoolError, PoolSpec};
@@ -184,19 +180,6 @@ struct SessionRun {
     failed: Option<String>,
 }
 
-/// A ready LLM unit whose request is prepared but not yet dispatched.
-struct Prepared {
-    prompt_tokens: u32,
-    prefix_hashes: Vec<u64>,
-    output: NodeOutput,
-}
-
-enum Ready {
-    Tool { call: ToolCall, node: String, workflow: u32, node_index: u32 },
-    Llm { item: WorkItem, prepared: Prepared, node: String },
-    Fail(String),
-}
-
 struct Replica {
     engine: EmulatedReplica,
     device: DeviceId,
@@ -231,7 +214,8 @@ struct Sim<'a> {
     trace_entries: Vec<TraceEntry>,
     records: Vec<Vec<crate::values::Record>>,
     sessions: Vec<Option<SessionRun>>,
-    prepared: BTreeMap<ActivationId, Prepared>,
+    /// Ready LLM units whose request is prepared but not yet dispatched.
+    prepared: BTreeMap<ActivationId, PreparedLlm>,
     replicas: BTreeMap<ReplicaId, Replica>,
     in_flight: BTreeMap<u64, InFlight>,
     next_request: u64,
@@ -488,35 +472,8 @@ impl<'a> Sim<'a> {
         if run.failed.is_some() || run.finished.is_some() {
             return Ok(());
         }
-        let mut items = Vec::new();
-        for a in run.session.near_ready() {
-            if self.near_sent.contains(&a) {
-                continue;
-            }
-            let Some(act) = run.session.activation(a.index) else { continue };
-            let NodeKind::Agent(agent) = &run.session.spec().nodes[act.node].kind else { continue };
-            let info = &self.node_info[run.workflow as usize];
-            let Some(deployment) = info[act.node].deployment else { continue };
-            let waits_for = act
-                .predecessors
-                .iter()
-                .filter(|&&p| {
-                    run.session.activation(p).is_some_and(|x| x.state != ActivationState::Completed)
-                })
-                .map(|&p| ActivationId { session: s, index: p })
-                .collect();
-            let (prompt_bound, _) =
-                graph_info::prompt_bound(run.session.spec(), info, &run.session, act.node, &[]);
-            items.push(NearReadyItem {
-                activation: a,
-                workflow: run.workflow,
-                deployment,
-                node: act.node as u32,
-                waits_for,
-                prompt_bound,
-                max_output_tokens: agent.max_output_tokens,
-            });
-        }
+        let Some(info) = self.node_info.get(run.workflow as usize) else { return Ok(()) };
+        let items = shell_common::near_ready_items(&run.session, run.workflow, info, &self.near_sent);
         for item in items {
             self.near_sent.insert(item.activation);
             self.plan(Event::UnitNearReady(item))?;
@@ -627,86 +584,18 @@ impl<'a> Sim<'a> {
         }
     }
 
-    /// Render what a ready activation needs: tool inputs, or the prompt, its tokens and the
-    /// responder's output.
+    /// Render what a ready activation needs (shared with the live shell).
     fn prepare(&mut self, a: ActivationId) -> Result<Ready, SimError> {
-        let seed = self.cfg.seed;
-        let now = self.now;
+        let ctx = PrepareContext {
+            seed: self.cfg.seed,
+            deployments: &self.deployments,
+            deployment_of: &self.deployment_of,
+            node_info: &self.node_info,
+        };
         let Some(run) = self.sessions.get_mut(a.session.0 as usize).and_then(|r| r.as_mut()) else {
             return Err(SimError::Internal(format!("unknown session of {a}")));
         };
-        let workflow = run.workflow;
-        let Some(node) = run.session.node_of(a.index).cloned() else {
-            return Err(SimError::Internal(format!("activation {a} has no node")));
-        };
-        let round = run.session.activation(a.index).map(|x| x.round).unwrap_or(0);
-        match &node.kind {
-            NodeKind::Tool(tool) => {
-                let inputs = match run.session.render_tool_inputs(a.index) {
-                    Ok(i) => i,
-                    Err(e) => return Ok(Ready::Fail(format!("{}: {e}", node.id))),
-                };
-                run.session.mark_running(a.index).map_err(|e| SimError::Internal(e.to_string()))?;
-                let call = ToolCall { tool: tool.tool.clone(), inputs, timeout_s: tool.timeout_s };
-                let node_index = run.session.activation(a.index).map(|x| x.node as u32).unwrap_or(0);
-                Ok(Ready::Tool { call, node: node.id.clone(), workflow, node_index })
-            }
-            NodeKind::Agent(agent) => {
-                let segments = match run.session.render_prompt(a.index) {
-                    Ok(s) => s,
-                    Err(e) => return Ok(Ready::Fail(format!("{}: {e}", node.id))),
-                };
-                let ids = tokens::encode_segments(&segments);
-                let prompt: String = segments.concat();
-                let wf_name = run.session.spec().name.clone();
-                let Some(deployment) = self.deployment_of.get(&(workflow, agent.deployment.clone())).copied()
-                else {
-                    return Err(SimError::Internal(format!("no deployment `{}`", agent.deployment)));
-                };
-                let info = &self.deployments[deployment.0 as usize];
-                let upstream = run.session.upstream(a.index);
-                let req = ResponderRequest {
-                    responder: &agent.responder,
-                    node: &node.id,
-                    model: &info.model,
-                    input: run.session.input(),
-                    prompt: &prompt,
-                    upstream: &upstream,
-                    length: agent.output_tokens,
-                    max_output_tokens: agent.max_output_tokens,
-                    seed: derive_seed(seed, &[&wf_name, &a.session.0.to_string(), &node.id, &round.to_string()]),
-                };
-                let output = match responder::respond(&req) {
-                    Ok(o) => o,
-                    Err(e) => return Ok(Ready::Fail(format!("{}: responder: {e}", node.id))),
-                };
-                let prompt_tokens = ids.len() as u32;
-                if prompt_tokens as u64 + output.output_tokens as u64 > info.max_model_len as u64 {
-                    return Ok(Ready::Fail(format!(
-                        "{}: prompt of {prompt_tokens} tokens + {} output tokens exceeds max_model_len {}",
-                        node.id, output.output_tokens, info.max_model_len
-                    )));
-                }
-                let prefix_hashes = tokens::block_hashes(&ids, BLOCK_SIZE as usize);
-                let node_index = run.session.activation(a.index).map(|x| x.node).unwrap_or(0);
-                let info = &self.node_info[workflow as usize];
-                let spec = Arc::clone(run.session.spec());
-                let item = WorkItem {
-                    activation: a,
-                    workflow,
-                    deployment,
-                    prompt_tokens,
-                    max_output_tokens: agent.max_output_tokens,
-                    ready_at: now,
-                    node: node_index as u32,
-                    chain_prev: graph_info::chain_prev_activation(info, &run.session, a),
-                    chain_next: info[node_index].chain_next.is_some(),
-                    envelope: graph_info::chain_envelope(&spec, info, &run.session, node_index, prompt_tokens),
-                    remaining_path_tokens: info[node_index].remaining_path_tokens,
-                };
-                Ok(Ready::Llm { item, prepared: Prepared { prompt_tokens, prefix_hashes, output }, node: node.id.clone() })
-            }
-        }
+        Ok(shell_common::prepare(&ctx, &mut run.session, run.workflow, a, self.now)?)
     }
 
     fn on_tool_done(&mut self, a: ActivationId) -> Result<(), SimError> {
@@ -932,28 +821,8 @@ impl<'a> Sim<'a> {
             let lat: Vec<f64> = done.iter().filter_map(|r| r.finished.map(|f| f - r.arrived)).collect();
             let first = mine.iter().map(|r| r.arrived).fold(f64::INFINITY, f64::min);
             let last = done.iter().filter_map(|r| r.finished).fold(f64::NEG_INFINITY, f64::max);
-            let accuracy = wf.metric.as_ref().map(|m| {
-                let scores: Vec<f64> = done
-                    .iter()
-                    .map(|r| {
-                        let out = r.session.final_output();
-                        let reference = r
-                            .session
-                            .input()
-                            .get(&m.reference)
-                            .map(|v| match v {
-                                serde_json::Value::String(s) => s.clone(),
-                                other => other.to_string(),
-                            })
-                            .unwrap_or_default();
-                        match (m.kind, out) {
-                            (_, None) => 0.0,
-                            (MetricKind::Gsm8kExact, Some(o)) => responder::gsm8k_exact(o, &reference),
-                            (MetricKind::TestsPass, Some(o)) => responder::tests_pass(o),
-                            (MetricKind::RougeL, Some(o)) => responder::rouge_l_f1(&o.text, &reference),
-                        }
-                    })
-                    .collect();
+            let accuracy = wf.metric.as_ref().map(|_| {
+                let scores: Vec<f64> = done.iter().filter_map(|r| shell_common::session_score(&r.session)).collect();
                 if scores.is_empty() { 0.0 } else { round3(scores.iter().sum::<f64>() / scores.len() as f64) }
             });
             let n = done.len().max(1) as f64;

@@ -231,7 +231,6 @@ struct Sim<'a> {
     prompt_tokens: u64,
     cached_prompt_tokens: u64,
     preemptions: u64,
-    open_sessions: usize,
     done_sessions: usize,
     /// Sessions that could not even be instantiated: (workflow, arrival, reason).
     start_failures: Vec<(u32, f64, String)>,
@@ -291,7 +290,6 @@ impl<'a> Sim<'a> {
             prompt_tokens: 0,
             cached_prompt_tokens: 0,
             preemptions: 0,
-            open_sessions: 0,
             done_sessions: 0,
             start_failures: Vec::new(),
             calls: Vec::new(),
@@ -507,7 +505,6 @@ impl<'a> Sim<'a> {
         let spec = Arc::clone(&self.cfg.workflows[w]);
         let input = self.records[w][entry.record].clone();
         let id = SessionId(i as u32);
-        self.open_sessions += 1;
         self.log("arrival", TraceLine { session: Some(id.0), detail: Some(spec.name.clone()), ..blank() });
         match Session::new(id, spec, input) {
             Ok(session) => {
@@ -528,7 +525,6 @@ impl<'a> Sim<'a> {
             Err(e) => {
                 self.start_failures.push((entry.workflow, self.now, format!("s{}: {e}", id.0)));
                 self.done_sessions += 1;
-                self.open_sessions -= 1;
                 self.log("session_failed", TraceLine { session: Some(id.0), detail: Some(e.to_string()), ..blank() });
             }
         }
@@ -727,7 +723,6 @@ impl<'a> Sim<'a> {
         }
         run.finished = Some(self.now);
         self.done_sessions += 1;
-        self.open_sessions -= 1;
         self.log("session_done", TraceLine { session: Some(s.0), ..blank() });
         self.plan(Event::SessionEnded { session: s })
     }
@@ -739,7 +734,6 @@ impl<'a> Sim<'a> {
         }
         run.failed = Some(reason.clone());
         self.done_sessions += 1;
-        self.open_sessions = self.open_sessions.saturating_sub(1);
         self.log("session_failed", TraceLine { session: Some(s.0), detail: Some(reason), ..blank() });
         // Drop its prepared requests and let the planner forget its queued units and holds.
         self.prepared.retain(|a, _| a.session != s);

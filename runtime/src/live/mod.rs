@@ -1,5 +1,7 @@
-//! The live runtime (being written): actors on tokio driving the same planner core on
-//! wall-clock time, engines over HTTP, and the `switchyard emulate` server.
+//! The live runtime: ractor actors on tokio driving the same pure planner core on wall-clock
+//! time (planner, session, replica and tool-executor actors), the engines (`emulated` and
+//! `vllm` over HTTP with managed child processes, `openai` endpoints), and the `switchyard
+//! emulate` server. It must not depend on the simulator shell (`sim`) beyond its pure helpers.
 
 pub mod engine;
 pub mod engines;

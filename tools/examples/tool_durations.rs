@@ -99,8 +99,8 @@ fn main() {
     for (label, policy) in [
         ("full isolation", IsolationPolicy::default()),
         ("no network namespace", IsolationPolicy { network: false, ..IsolationPolicy::default() }),
-        ("no mount namespace", IsolationPolicy { read_only_root: false, ..IsolationPolicy::default() }),
-        ("rlimits + uid only", IsolationPolicy { network: false, read_only_root: false, drop_privileges: true }),
+        ("no mount namespace", IsolationPolicy { private_root: false, ..IsolationPolicy::default() }),
+        ("rlimits + uid only", IsolationPolicy { network: false, private_root: false, drop_privileges: true }),
     ] {
         let sandbox = ProcessSandbox::with_policy(policy);
         let job = SandboxJob {
@@ -108,6 +108,8 @@ fn main() {
             args: vec![],
             files: vec![],
             limits: SandboxLimits::default(),
+            read_only_paths: switchyard_tools::sandbox::system_paths(),
+            allow_children: false,
         };
         let m = median((0..runs).filter_map(|_| sandbox.run(&job).ok().map(|o| o.wall_seconds)).collect());
         println!("  {label:<22} {:>7.2} ms", m * 1e3);

@@ -12,11 +12,18 @@
 //! 3. that `python3` itself;
 //! 4. `/usr/bin/python3`, `/usr/local/bin/python3`, `/bin/python3`.
 //!
+//! Each candidate also declares what the process sandbox's private root must hold for it
+//! ([`read_only_paths`]): asked once, outside the sandbox (the interpreter is trusted, the code
+//! it will run is not), for its executable, its standard library and the directories of every
+//! shared object it maps after importing the usual extension modules, plus the ELF program
+//! interpreter (`/lib64/ld-linux-x86-64.so.2`) and the loader cache.
+//!
 //! Must not depend on the runtime.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 use crate::sandbox::{ProcessSandbox, Sandbox, SandboxJob, SandboxLimits};
@@ -91,6 +98,113 @@ fn real_executable(python: &Path) -> Option<PathBuf> {
     (output.status.success() && path.is_absolute()).then_some(path)
 }
 
+/// Asks the interpreter (outside the sandbox) which files it needs: printed one per line.
+const NEEDS_SCRIPT: &str = r#"
+import os, sys, sysconfig
+for name in ("math", "_ctypes", "_decimal", "_json", "_hashlib", "_ssl", "zlib", "_bz2", "_lzma",
+             "_sqlite3", "pyexpat", "_datetime", "_random", "_heapq", "_bisect", "array", "select",
+             "unicodedata", "_struct", "binascii", "_posixsubprocess", "readline", "_curses"):
+    try:
+        __import__(name)
+    except BaseException:
+        pass
+paths = {os.path.realpath(sys.executable)}
+for key in ("stdlib", "platstdlib"):
+    paths.add(os.path.realpath(sysconfig.get_paths()[key]))
+with open("/proc/self/maps") as maps:
+    for line in maps:
+        fields = line.split(None, 5)
+        if len(fields) == 6 and fields[5].startswith("/"):
+            paths.add(os.path.dirname(os.path.realpath(fields[5].strip())))
+for path in sorted(paths):
+    print(path)
+"#;
+
+/// What the interpreter at `python` needs to read inside the process sandbox's private root
+/// (see the module documentation); cached per path. Empty when the interpreter cannot be asked.
+pub fn read_only_paths(python: &Path) -> Vec<PathBuf> {
+    static CACHE: Mutex<BTreeMap<PathBuf, Vec<PathBuf>>> = Mutex::new(BTreeMap::new());
+    let lock = || CACHE.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    if let Some(paths) = lock().get(python) {
+        return paths.clone();
+    }
+    let paths = ask_needs(python);
+    lock().insert(python.to_path_buf(), paths.clone());
+    paths
+}
+
+fn ask_needs(python: &Path) -> Vec<PathBuf> {
+    let Ok(output) = Command::new(python)
+        .args(["-I", "-S", "-B", "-c", NEEDS_SCRIPT])
+        .env_clear()
+        .env("LANG", "C.UTF-8")
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output()
+    else {
+        return Vec::new();
+    };
+    if !output.status.success() {
+        return Vec::new();
+    }
+    let mut paths: Vec<PathBuf> = String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .map(PathBuf::from)
+        .filter(|p| p.is_absolute())
+        .collect();
+    // The path the sandbox will exec (maybe a link to the real executable), its ELF program
+    // interpreter at the path the kernel opens, and the loader's cache.
+    paths.push(python.to_path_buf());
+    if let Some(interp) = std::fs::canonicalize(python).ok().and_then(|real| elf_interpreter(&real)) {
+        paths.push(interp);
+    }
+    let cache = PathBuf::from("/etc/ld.so.cache");
+    if cache.is_file() {
+        paths.push(cache);
+    }
+    paths.sort();
+    paths.dedup();
+    paths
+}
+
+/// The `PT_INTERP` path of a 64-bit little-endian ELF executable (`None` for anything else).
+pub fn elf_interpreter(executable: &Path) -> Option<PathBuf> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut file = std::fs::File::open(executable).ok()?;
+    let mut header = [0u8; 64];
+    file.read_exact(&mut header).ok()?;
+    // Magic, ELFCLASS64, ELFDATA2LSB.
+    if header[..4] != *b"\x7fELF" || header[4] != 2 || header[5] != 1 {
+        return None;
+    }
+    let u16_at = |b: &[u8], i: usize| u16::from_le_bytes([b[i], b[i + 1]]) as u64;
+    let u64_at = |b: &[u8], i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap_or([0; 8]));
+    let (phoff, phentsize, phnum) = (u64_at(&header, 32), u16_at(&header, 54), u16_at(&header, 56));
+    if phentsize < 56 || phnum > 256 {
+        return None;
+    }
+    for i in 0..phnum {
+        let mut entry = [0u8; 56];
+        file.seek(SeekFrom::Start(phoff.checked_add(i * phentsize)?)).ok()?;
+        file.read_exact(&mut entry).ok()?;
+        const PT_INTERP: u32 = 3;
+        if u32::from_le_bytes([entry[0], entry[1], entry[2], entry[3]]) != PT_INTERP {
+            continue;
+        }
+        let (offset, size) = (u64_at(&entry, 8), u64_at(&entry, 32));
+        if size == 0 || size > 4096 {
+            return None;
+        }
+        let mut name = vec![0u8; size as usize];
+        file.seek(SeekFrom::Start(offset)).ok()?;
+        file.read_exact(&mut name).ok()?;
+        let end = name.iter().position(|&b| b == 0).unwrap_or(name.len());
+        let path = PathBuf::from(String::from_utf8_lossy(&name[..end]).into_owned());
+        return path.is_absolute().then_some(path);
+    }
+    None
+}
+
 /// Runs `python -I -S -B -c …` in the sandbox; returns the interpreter if it reports a
 /// Python 3 version.
 fn probe(sandbox: &ProcessSandbox, path: &Path) -> Option<Interpreter> {
@@ -103,6 +217,8 @@ fn probe(sandbox: &ProcessSandbox, path: &Path) -> Option<Interpreter> {
         files: Vec::new(),
         // A cold first start can be slow on a loaded machine; the probe runs once.
         limits: SandboxLimits { wall_time: Duration::from_secs(20), ..SandboxLimits::default() },
+        read_only_paths: read_only_paths(path),
+        allow_children: false,
     };
     let outcome = sandbox.run(&job).ok()?;
     let version = outcome.stdout.trim().to_string();

@@ -462,6 +462,9 @@ fn limit_name(limit: LimitHit) -> &'static str {
         LimitHit::FileSize => "file_size",
         LimitHit::Output => "output",
         LimitHit::Memory => "memory",
+        LimitHit::WorkArea => "work_area",
+        LimitHit::OpenFiles => "open_files",
+        LimitHit::Syscall => "syscall",
     }
 }
 
@@ -566,6 +569,8 @@ pub fn run_in(
         args,
         files: vec![("job.py".to_string(), job.runner_script().into_bytes())],
         limits: job.limits(),
+        read_only_paths: crate::python::read_only_paths(python),
+        allow_children: false,
     };
     run_job(sandbox, &sandbox_job, python_version, job)
 }
@@ -581,6 +586,8 @@ pub fn run_in_wasm(sandbox: &WasmSandbox, python_wasm: &Path, job: &PythonTests)
         args,
         files: vec![("job.py".to_string(), job.wasm_runner_script().into_bytes())],
         limits: job.limits(),
+        read_only_paths: Vec::new(),
+        allow_children: false,
     };
     run_job(sandbox, &sandbox_job, PYTHON_WASM_VERSION, job)
 }

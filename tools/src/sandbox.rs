@@ -47,8 +47,11 @@
 //! Must not depend on the runtime, the planner or any model code.
 
 mod confine;
+pub mod filter;
+pub mod residue;
 pub mod wasm;
 
+pub use confine::PRIVATE_WORK_DIR;
 pub use wasm::WasmSandbox;
 
 use std::ffi::CString;
@@ -64,7 +67,8 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use confine::{ChildPlan, ChildReport, Identity};
+use confine::{CStringArray, ChildPlan, ChildReport, Identity, WorkPlan};
+use filter::SyscallFilter;
 
 /// First uid (and gid) handed to sandboxed children when the caller is root.
 ///
@@ -109,13 +113,22 @@ pub struct SandboxLimits {
     pub max_file_bytes: u64,
     /// Bytes kept from each of stdout and stderr; the rest is read and dropped.
     pub max_output_bytes: usize,
+    /// Size of the work area: total bytes the run may store in its work directory (a tmpfs of
+    /// this size in the process sandbox; counted bytes written in the WebAssembly one).
+    pub max_work_bytes: u64,
+    /// Files and directories the run may create in its work directory (tmpfs inodes; entries
+    /// created through WASI).
+    pub max_work_entries: u64,
+    /// Descriptors the run may hold open at once (`RLIMIT_NOFILE`; guest file descriptors).
+    pub max_open_files: u64,
 }
 
 impl Default for SandboxLimits {
     /// The limits the `python_tests` tool runs under: 5 s wall, 5 s CPU, 512 MiB of address
-    /// space and 10 processes (from the tool's specification), 16 MiB files and 64 KiB of each
-    /// output stream (our assumptions: far above what a unit-test run writes, small enough that
-    /// a runaway writer cannot fill the disk or the caller's memory).
+    /// space and 10 processes (from the tool's specification), 16 MiB files, a 64 MiB work area
+    /// of at most 1,024 entries, 256 open descriptors and 64 KiB of each output stream (our
+    /// assumptions: far above what a unit-test run writes or opens, small enough that a runaway
+    /// writer cannot fill the disk, the caller's fd table or its memory).
     fn default() -> Self {
         Self {
             wall_time: Duration::from_secs(5),
@@ -124,6 +137,9 @@ impl Default for SandboxLimits {
             max_processes: 10,
             max_file_bytes: 16 * 1024 * 1024,
             max_output_bytes: 64 * 1024,
+            max_work_bytes: 64 * 1024 * 1024,
+            max_work_entries: 1024,
+            max_open_files: 256,
         }
     }
 }
@@ -141,6 +157,44 @@ pub struct SandboxJob {
     pub files: Vec<(String, Vec<u8>)>,
     /// Limits for this run.
     pub limits: SandboxLimits,
+    /// Host paths (files or directories) the program needs to read, bound read-only at the
+    /// same paths into the process sandbox's otherwise empty private root; everything else of
+    /// the host is absent there. [`system_paths`] is the operating system's programs and
+    /// libraries. Ignored by the WebAssembly backend (whose guests see only the work directory
+    /// and the sandbox's own read-only directories).
+    pub read_only_paths: Vec<PathBuf>,
+    /// Whether the program may start processes. When false, the process sandbox's seccomp
+    /// filter refuses `fork`, `vfork` and any `clone` that does not create a thread, so the
+    /// whole tree is one process (its threads share one address-space limit).
+    pub allow_children: bool,
+}
+
+impl SandboxJob {
+    /// A job running `program args…` with no files, the default limits, the operating system's
+    /// [`system_paths`] readable, and child processes allowed.
+    pub fn new(program: impl Into<PathBuf>, args: Vec<String>) -> Self {
+        Self {
+            program: program.into(),
+            args,
+            files: Vec::new(),
+            limits: SandboxLimits::default(),
+            read_only_paths: system_paths(),
+            allow_children: true,
+        }
+    }
+}
+
+/// The operating system's programs and libraries, for jobs that run ordinary commands:
+/// `/usr`, `/bin`, `/sbin`, `/lib`, `/lib32`, `/lib64`, `/libx32` (those that exist; a symbolic
+/// link such as a merged-`/usr` `/bin -> usr/bin` is recreated as a link) and the dynamic
+/// loader's cache `/etc/ld.so.cache`. Not `/etc` otherwise (no `passwd`), not `/home`, `/root`,
+/// `/tmp`, `/var`, `/srv`, `/opt`, `/mnt` or the caller's working tree.
+pub fn system_paths() -> Vec<PathBuf> {
+    ["/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc/ld.so.cache"]
+        .iter()
+        .map(PathBuf::from)
+        .filter(|p| p.symlink_metadata().is_ok())
+        .collect()
 }
 
 /// Which confinements a [`ProcessSandbox`] attempts. Every one defaults to on; a confinement
@@ -149,15 +203,16 @@ pub struct SandboxJob {
 pub struct IsolationPolicy {
     /// Put the child in a new, empty network namespace.
     pub network: bool,
-    /// Make every mount read-only except the work directory (new mount namespace).
-    pub read_only_root: bool,
+    /// Give the child a private root (new mount namespace): only the job's read-only paths,
+    /// minimal `/dev`, its own `/proc` and a size-limited tmpfs work directory.
+    pub private_root: bool,
     /// When the caller is root, run the child under a fresh unprivileged uid.
     pub drop_privileges: bool,
 }
 
 impl Default for IsolationPolicy {
     fn default() -> Self {
-        Self { network: true, read_only_root: true, drop_privileges: true }
+        Self { network: true, private_root: true, drop_privileges: true }
     }
 }
 
@@ -174,6 +229,22 @@ pub struct Isolation {
     pub user_namespace: bool,
     /// `RLIMIT_NPROC` bounds this run alone (true only with a dropped, per-run uid).
     pub process_limit_per_run: bool,
+    /// The child saw only a private root: the declared read-only paths, a fresh tmpfs work
+    /// directory at `/work`, minimal `/dev` and (with a PID namespace) its own `/proc`.
+    #[serde(default)]
+    pub private_root: bool,
+    /// The program ran as pid 1 of a new PID namespace: its whole tree dies with it.
+    #[serde(default)]
+    pub pid_namespace: bool,
+    /// The program ran in a new IPC namespace (no host System V IPC or POSIX message queues).
+    #[serde(default)]
+    pub ipc_namespace: bool,
+    /// The seccomp filter ([`filter`]) was installed.
+    #[serde(default)]
+    pub seccomp: bool,
+    /// The program ran in a session of its own, without a controlling terminal.
+    #[serde(default)]
+    pub new_session: bool,
     /// Human-readable notes on every confinement that was skipped or weakened, and why.
     pub notes: Vec<String>,
 }
@@ -253,6 +324,13 @@ pub enum LimitHit {
     /// A WebAssembly guest asked for more linear memory than its limit and was refused (the
     /// guest sees a failed `memory.grow`, e.g. Python's `MemoryError`).
     Memory,
+    /// The work area was full (`max_work_bytes` or `max_work_entries`): the program saw
+    /// `ENOSPC` (tmpfs) or `EFBIG`/`ENOSPC` (WASI).
+    WorkArea,
+    /// The program tried to hold more than `max_open_files` descriptors open.
+    OpenFiles,
+    /// The seccomp filter killed the program for a forbidden system call (`SIGSYS`).
+    Syscall,
 }
 
 /// Everything observed about one sandboxed run.
@@ -325,6 +403,12 @@ pub enum SandboxError {
     /// A path or argument contained a NUL byte.
     #[error("{0} contains a NUL byte")]
     NulByte(String),
+    /// A read-only path that is not absolute.
+    #[error("sandbox read-only path {0:?} must be absolute")]
+    InvalidPath(String),
+    /// The seccomp filter could not be built.
+    #[error("{0}")]
+    Filter(String),
     /// Limits that cannot be applied (zero or non-finite wall time, zero processes).
     #[error("invalid sandbox limits: {0}")]
     InvalidLimits(String),
@@ -648,21 +732,10 @@ fn run_process(policy: IsolationPolicy, job: &SandboxJob) -> Result<SandboxOutco
     let (euid, egid) = unsafe { (libc::geteuid(), libc::getegid()) };
     let is_root = euid == 0;
 
-    let work = tempfile::Builder::new().prefix("switchyard-tool-").tempdir().map_err(SandboxError::WorkDir)?;
-    let work_path = work.path().to_path_buf();
-    // Private whatever the umask: only the sandbox's uid (and root) may enter it.
-    std::fs::set_permissions(&work_path, std::os::unix::fs::PermissionsExt::from_mode(0o700))
-        .map_err(SandboxError::WorkDir)?;
-    for (name, contents) in &job.files {
-        std::fs::write(work_path.join(name), contents)
-            .map_err(|source| SandboxError::WriteFile { name: name.clone(), source })?;
-    }
-
     let identity = if is_root && policy.drop_privileges {
         let uid = allocate_uid();
-        std::os::unix::fs::chown(&work_path, Some(uid), Some(uid)).map_err(SandboxError::WorkDir)?;
         Identity::DropTo { uid, gid: uid }
-    } else if !is_root && (policy.network || policy.read_only_root) {
+    } else if !is_root {
         Identity::UserNamespace {
             uid_map: cstring(format!("{euid} {euid} 1").as_bytes(), "uid map")?,
             gid_map: cstring(format!("{egid} {egid} 1").as_bytes(), "gid map")?,
@@ -675,45 +748,68 @@ fn run_process(policy: IsolationPolicy, job: &SandboxJob) -> Result<SandboxOutco
         _ => None,
     };
 
+    let work = work_plan(job, sandbox_uid)?;
+    let host_work_dir = PathBuf::from(std::ffi::OsStr::from_bytes(work.host_dir.as_bytes()));
     let (report_read, report_write) = cloexec_pipe().map_err(SandboxError::WorkDir)?;
+    let program = cstring(job.program.as_os_str().as_bytes(), "program path")?;
+    let mut argv = vec![program.clone()];
+    for arg in &job.args {
+        argv.push(cstring(arg.as_bytes(), "argument")?);
+    }
+    let environment = |work_dir: &[u8]| -> Result<CStringArray, SandboxError> {
+        let mut env = vec![cstring(b"PATH=/usr/local/bin:/usr/bin:/bin", "PATH")?, cstring(b"LANG=C.UTF-8", "LANG")?];
+        for name in ["HOME", "TMPDIR"] {
+            let mut entry = format!("{name}=").into_bytes();
+            entry.extend_from_slice(work_dir);
+            env.push(cstring(&entry, "work directory")?);
+        }
+        Ok(CStringArray::new(env))
+    };
     let plan = ChildPlan {
-        work_dir: cstring(work_path.as_os_str().as_bytes(), "work directory path")?,
         identity,
         isolate_network: policy.network,
-        read_only_root: policy.read_only_root,
+        private_root: policy.private_root,
+        view: if policy.private_root { confine::plan_view(&job.read_only_paths)? } else { Vec::new() },
         cpu_seconds: limits.cpu_seconds,
         address_space_bytes: limits.address_space_bytes,
         max_processes: limits.max_processes,
         max_file_bytes: limits.max_file_bytes,
+        max_open_files: limits.max_open_files,
+        env_private: environment(PRIVATE_WORK_DIR.as_bytes())?,
+        env_host: environment(work.host_dir.as_bytes())?,
+        work,
+        program,
+        argv: CStringArray::new(argv),
+        filter: SyscallFilter::new(job.allow_children).map_err(|e| SandboxError::Filter(e.to_string()))?,
+        // SAFETY: getpid cannot fail.
+        parent_pid: unsafe { libc::getpid() },
         report_fd: report_write.as_raw_fd(),
     };
 
+    // `program` is only the name std reports in errors: the child execs `plan.program` itself.
     let mut command = Command::new(&job.program);
-    command
-        .args(&job.args)
-        .env_clear()
-        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
-        .env("HOME", &work_path)
-        .env("TMPDIR", &work_path)
-        .env("LANG", "C.UTF-8")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0);
+    command.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
     // SAFETY: `confine_child` only makes async-signal-safe system calls on memory prepared
-    // before the fork (see its documentation).
+    // before the fork (see its documentation), and ends in `execve` or an error.
     unsafe {
         command.pre_exec(move || confine::confine_child(&plan));
     }
 
     let started = Instant::now();
-    let mut child = command
-        .spawn()
-        .map_err(|source| SandboxError::Spawn { program: job.program.display().to_string(), source })?;
+    let spawned = command.spawn();
     drop(report_write);
+    let mut child = match spawned {
+        Ok(child) => child,
+        Err(source) => {
+            // The child may have created the host work directory before failing.
+            let _ = std::fs::remove_dir_all(&host_work_dir);
+            return Err(SandboxError::Spawn { program: job.program.display().to_string(), source });
+        }
+    };
     let pid = child.id() as libc::pid_t;
 
     let report = ChildReport::read_from(File::from(report_read));
+    let used_host_dir = report.is_none_or(|r| r.used_host_work_dir());
     let isolation = confine::isolation_from(report, policy, is_root, sandbox_uid);
 
     let captured = supervise(&mut child, pid, sandbox_uid, limits, started);
@@ -750,8 +846,20 @@ fn run_process(policy: IsolationPolicy, job: &SandboxJob) -> Result<SandboxOutco
     if stdout.truncated || stderr.truncated {
         limits_hit.push(LimitHit::Output);
     }
+    if termination == Termination::Signaled(libc::SIGSYS) {
+        limits_hit.push(LimitHit::Syscall);
+    }
 
-    let cleanup_error = work.close().err().map(|e| e.to_string());
+    // A private root's work directory died with its mount namespace; a host one is removed.
+    let (work_dir, cleanup_error) = if used_host_dir {
+        let error = match std::fs::remove_dir_all(&host_work_dir) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => Some(e.to_string()),
+            _ => None,
+        };
+        (host_work_dir, error)
+    } else {
+        (PathBuf::from(PRIVATE_WORK_DIR), None)
+    };
     let mut isolation = isolation;
     isolation.notes.append(&mut notes);
     Ok(SandboxOutcome {
@@ -767,10 +875,49 @@ fn run_process(policy: IsolationPolicy, job: &SandboxJob) -> Result<SandboxOutco
         // ru_maxrss is in KiB on Linux.
         max_rss_bytes: (usage.ru_maxrss.max(0) as u64) * 1024,
         pid: pid as u32,
-        work_dir: work_path,
+        work_dir,
         cleanup_error,
         isolation,
         trap: None,
+    })
+}
+
+/// Counter making host work directory names unique within this process.
+static WORK_DIR_COUNTER: AtomicU32 = AtomicU32::new(0);
+
+/// The work directory of a job in both modes: the tmpfs of the private root (size and entries
+/// from the limits, owned by the sandbox uid) and the marked host directory used without a
+/// mount namespace (named here, created by the child).
+fn work_plan(job: &SandboxJob, sandbox_uid: Option<u32>) -> Result<WorkPlan, SandboxError> {
+    let limits = &job.limits;
+    residue::sweep_once();
+    let root = std::path::Path::new(confine::ROOT_MOUNT_POINT);
+    let private_mount = root.join(PRIVATE_WORK_DIR.trim_start_matches('/'));
+    let unique = WORK_DIR_COUNTER.fetch_add(1, Ordering::Relaxed);
+    // Nanoseconds make the name hard to guess for another local user who might pre-create it
+    // (the child's mkdir fails then, and so does the spawn: never a shared directory).
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
+    let host_dir = std::env::temp_dir().join(format!("{}{}-{unique}-{nanos:09}", residue::WORK_DIR_PREFIX, std::process::id()));
+    let mut tmpfs_options = format!("size={},nr_inodes={},mode=0700", limits.max_work_bytes.max(4096), limits.max_work_entries.max(1) + 1);
+    if let Some(uid) = sandbox_uid {
+        tmpfs_options.push_str(&format!(",uid={uid},gid={uid}"));
+    }
+    let mut private_files = Vec::new();
+    let mut host_files = Vec::new();
+    for (name, contents) in &job.files {
+        private_files.push((confine::cstring_path(&private_mount.join(name))?, contents.clone()));
+        host_files.push(confine::cstring_path(&host_dir.join(name))?);
+    }
+    Ok(WorkPlan {
+        private_mount: confine::cstring_path(&private_mount)?,
+        tmpfs_options: cstring(tmpfs_options.as_bytes(), "tmpfs options")?,
+        private_files,
+        host_marker: (
+            confine::cstring_path(&host_dir.join(residue::MARKER_FILE))?,
+            residue::marker_contents().into_bytes(),
+        ),
+        host_dir: confine::cstring_path(&host_dir)?,
+        host_files,
     })
 }
 

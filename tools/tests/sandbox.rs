@@ -18,6 +18,8 @@ fn sh(script: &str, limits: SandboxLimits) -> SandboxJob {
         args: vec!["-c".into(), script.into()],
         files: vec![],
         limits,
+        read_only_paths: switchyard_tools::sandbox::system_paths(),
+        allow_children: true,
     }
 }
 
@@ -48,10 +50,13 @@ fn work_dir_is_private_cwd_with_job_files_and_is_removed() {
     assert!(out.termination.success(), "{out:?}");
     let mut lines = out.stdout.lines();
     assert_eq!(lines.next().map(PathBuf::from), Some(out.work_dir.clone()));
+    if out.isolation.private_root {
+        assert_eq!(out.work_dir, PathBuf::from(switchyard_tools::sandbox::PRIVATE_WORK_DIR));
+    }
     assert_eq!(lines.next(), Some("hello from the caller"));
     assert_eq!(lines.next(), Some("written"));
     assert!(lines.next().is_some_and(|l| l.starts_with("drwx------")), "{}", out.stdout);
-    assert!(!out.work_dir.exists(), "work dir must be removed");
+    assert!(out.isolation.private_root || !out.work_dir.exists(), "host work dir must be removed");
     assert_eq!(out.cleanup_error, None);
 }
 
@@ -137,14 +142,18 @@ fn output_is_capped_and_the_child_never_blocks() {
 
 #[test]
 fn writing_outside_the_work_dir_fails_when_the_root_is_read_only() {
-    let target = PathBuf::from("/tmp").join(common::unique("escape"));
-    let out = run(&sh(&format!("echo x > {} && echo wrote", target.display()), quick()));
-    let escaped = target.exists();
+    let name = common::unique("escape");
+    let target = PathBuf::from("/tmp").join(&name);
+    let script = format!("echo x > /tmp/{name} && echo tmp-is-private; echo x > /usr/{name} && echo wrote");
+    let out = run(&sh(&script, quick()));
+    let escaped = target.exists() || PathBuf::from("/usr").join(&name).exists();
     let _ = std::fs::remove_file(&target);
     if out.isolation.read_only_root {
         assert!(!escaped, "write escaped a read-only root");
+        // /tmp is the private work directory; everything else is read-only.
+        assert!(out.stdout.contains("tmp-is-private"), "{out:?}");
+        assert!(!out.stdout.contains("wrote"), "{out:?}");
         assert!(out.stderr.contains("Read-only file system"), "{}", out.stderr);
-        assert!(!out.termination.success());
     } else {
         // Documented fallback: without a mount namespace a world-writable /tmp stays writable.
         eprintln!("note: read-only root unavailable here: {}", out.isolation.summary());
@@ -188,6 +197,8 @@ fn process_limit_bounds_forks() {
         args: vec!["-I".into(), "-S".into(), "-B".into(), "-c".into(), script.into()],
         files: vec![],
         limits,
+        read_only_paths: python::read_only_paths(&python.path),
+        allow_children: true,
     });
     assert!(out.termination.success(), "{out:?}");
     assert_eq!(out.stdout.trim(), "3", "{out:?}");
@@ -214,6 +225,8 @@ fn network_is_unreachable_in_the_namespace() {
         args: vec!["-I".into(), "-S".into(), "-B".into(), "-c".into(), script],
         files: vec![],
         limits: quick(),
+        read_only_paths: python::read_only_paths(&python.path),
+        allow_children: false,
     });
     if out.isolation.network_isolated {
         assert!(out.stdout.starts_with("refused"), "{out:?}");
@@ -225,7 +238,7 @@ fn network_is_unreachable_in_the_namespace() {
 
 #[test]
 fn isolation_can_be_switched_off_and_says_so() {
-    let policy = IsolationPolicy { network: false, read_only_root: false, drop_privileges: false };
+    let policy = IsolationPolicy { network: false, private_root: false, drop_privileges: false };
     let out = ProcessSandbox::with_policy(policy).run(&sh("id -u", quick())).expect("runs");
     assert!(!out.isolation.network_isolated);
     assert!(!out.isolation.read_only_root);

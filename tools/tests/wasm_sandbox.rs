@@ -39,7 +39,7 @@ fn module(body: &str) -> (tempfile::TempDir, PathBuf) {
 }
 
 fn job(program: &Path, limits: SandboxLimits) -> SandboxJob {
-    SandboxJob { program: program.to_path_buf(), args: vec![], files: vec![], limits }
+    SandboxJob { program: program.to_path_buf(), args: vec![], files: vec![], limits, read_only_paths: vec![], allow_children: false }
 }
 
 fn limits(wall_ms: u64) -> SandboxLimits {
@@ -229,4 +229,34 @@ fn broken_or_missing_modules_are_sandbox_errors() {
     let path = dir.path().join("importer.wat");
     std::fs::write(&path, r#"(module (import "env" "secret" (func)) (func (export "_start")))"#).expect("write");
     assert!(matches!(WasmSandbox::new().run(&job(&path, limits(1_000))), Err(SandboxError::WasmInstantiate { .. })));
+}
+
+/// Temporary: CPython start-up time under the sandbox (median of 10 runs of `-c pass`).
+#[test]
+#[ignore]
+fn zz_bench_python_startup() {
+    let Some(python) = switchyard_tools::python_wasm_path() else { eprintln!("no python.wasm"); return };
+    let run = |args: &[&str]| {
+        let job = SandboxJob {
+            program: python.clone(),
+            args: args.iter().map(|s| s.to_string()).collect(),
+            files: vec![],
+            limits: limits(30_000),
+            read_only_paths: vec![],
+            allow_children: false,
+        };
+        let started = std::time::Instant::now();
+        let out = WasmSandbox::new().run(&job).expect("runs");
+        assert_eq!(out.termination, Termination::Exited(0), "{out:?}");
+        started.elapsed().as_secs_f64()
+    };
+    for (name, args) in [
+        ("pass", vec!["-c", "pass"]),
+        ("200 files", vec!["-c", "import os\nfor i in range(200):\n  open(f'/work/f{i}','w').write('x'*1000)\nprint(len(os.listdir('/work')))"]),
+    ] {
+        run(&args);
+        let mut times: Vec<f64> = (0..10).map(|_| run(&args)).collect();
+        times.sort_by(|a, b| a.partial_cmp(b).expect("finite"));
+        eprintln!("BENCH {name}: median {:.1} ms, min {:.1} ms, max {:.1} ms", times[5] * 1e3, times[0] * 1e3, times[9] * 1e3);
+    }
 }

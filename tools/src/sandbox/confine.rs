@@ -1,34 +1,74 @@
 //! The confinement a sandboxed child applies to itself between `fork` and `exec`.
 //!
-//! Owns the child-side plan ([`ChildPlan`]), the system calls that carry it out
+//! Owns the child-side plan ([`ChildPlan`], everything allocated before the fork, including the
+//! private root's layout from [`plan_view`]), the system calls that carry it out
 //! ([`confine_child`]) and the report the child sends back so the parent knows which
 //! confinements the kernel granted ([`ChildReport`]). Everything the child runs is restricted
 //! to async-signal-safe system calls on memory prepared before the fork: no allocation, no
 //! locks, no Rust I/O objects. Must not depend on anything outside this crate's sandbox module.
 //!
-//! Order (each step needs the privileges the next one gives up):
-//! 1. namespaces: as root `unshare(CLONE_NEWNET)` and `unshare(CLONE_NEWNS)`; otherwise one
-//!    `unshare(CLONE_NEWUSER | CLONE_NEWNET | CLONE_NEWNS)` followed by an identity uid/gid map
-//!    (`setgroups` denied first, as the kernel requires for unprivileged gid maps);
-//! 2. in the new mount namespace: all mounts private (so nothing propagates to the host), the
-//!    work directory bind-mounted onto itself, every mount read-only recursively, then the
-//!    work directory's bind mount writable again;
-//! 3. `chdir` into the work directory (after the bind mount, so the cwd is the writable one);
-//! 4. rlimits: CPU, address space, processes, file size, core size 0;
-//! 5. identity: drop supplementary groups, gid and uid (raw system calls, so glibc's
-//!    all-threads `setxid` machinery is never involved), then `PR_SET_NO_NEW_PRIVS` and
-//!    `PR_SET_PDEATHSIG = SIGKILL` (set after the uid change, which would clear it);
-//! 6. every descriptor above stderr marked close-on-exec; the report written to the parent.
+//! Two processes come out of one spawn. The spawned child **S** (whose pid the parent tracks):
+//! 1. `setsid()`: a session and process group of its own, no controlling terminal (so
+//!    `/dev/tty` and `TIOCSTI` cannot reach the caller's terminal);
+//! 2. `PR_SET_PDEATHSIG = SIGKILL` (dies with the spawning thread), no core dumps;
+//! 3. namespaces: as root one `unshare` each of `CLONE_NEWPID`, `CLONE_NEWIPC`,
+//!    `CLONE_NEWNET`, `CLONE_NEWNS`; otherwise one `unshare(CLONE_NEWUSER | …)` with an
+//!    identity uid/gid map;
+//! 4. with a PID namespace, `fork()` of the namespace's init (pid 1), which forks the program's
+//!    process **G** (pid 2) and goes on reaping every process of the namespace; when G ends,
+//!    init passes G's wait status to S through a pipe and exits, and the kernel kills every
+//!    process left in the namespace (a double-forked `setsid` daemon included). S holds no
+//!    other descriptor, waits for init and dies the way G died, so the parent's `wait` sees
+//!    G's status. (G is not pid 1 because pid 1 ignores signals it has no handler for, such
+//!    as the `SIGXFSZ` of `RLIMIT_FSIZE`.) Without a PID namespace, S itself goes on as G.
 //!
-//! Steps 1–2 are best effort (reported); steps 3–5 are mandatory: if one fails, the spawn fails
-//! rather than run untrusted code with weaker limits than asked for.
+//! G then:
+//! 5. in the new mount namespace, builds the private root: a small tmpfs mounted over
+//!    [`ROOT_MOUNT_POINT`] (visible only in this namespace), the directories, symbolic links
+//!    and read-only, `nosuid`, `nodev` bind mounts of [`plan_view`], `/dev/{null,zero,random,
+//!    urandom}`, a fresh `/proc` (only with a PID namespace, so it shows this run's processes
+//!    alone), `/tmp -> work`, and a size- and inode-limited tmpfs at `/work` holding the job's
+//!    files; the root tmpfs is made read-only, `pivot_root` moves into it and the host's tree
+//!    is detached. Without a mount namespace, a host work directory with Switchyard's marker
+//!    (see [`super::residue`]) instead;
+//! 6. `chdir` into the work directory;
+//! 7. rlimits: CPU, address space, processes, file size, open files, core size 0;
+//! 8. identity: drop supplementary groups, gid and uid (raw system calls, so glibc's
+//!    all-threads `setxid` machinery is never involved), then `PR_SET_NO_NEW_PRIVS` and
+//!    `PR_SET_PDEATHSIG = SIGKILL` again (the uid change clears it);
+//! 9. every descriptor above stderr marked close-on-exec; the report written to the parent;
+//! 10. the seccomp filter ([`super::filter`]) installed, then `execve` of the program.
+//!
+//! Steps 3 and the `/proc` mount are best effort (reported); every other step is mandatory:
+//! if one fails, the spawn fails rather than run untrusted code with weaker limits than asked.
 
-use std::ffi::{CStr, CString};
+use std::collections::{BTreeMap, BTreeSet};
+use std::ffi::{CStr, CString, c_char};
 use std::fs::File;
 use std::io::{self, Read};
 use std::os::fd::RawFd;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Component, Path, PathBuf};
 
-use super::{Isolation, IsolationPolicy};
+use super::filter::SyscallFilter;
+use super::{Isolation, IsolationPolicy, SandboxError};
+
+/// Where the private root's tmpfs is mounted inside the child's own mount namespace before
+/// `pivot_root`. Any directory that every Linux system has and that never holds a program or
+/// library a job could declare works: the mount hides it only inside that namespace.
+pub(super) const ROOT_MOUNT_POINT: &str = "/sys";
+/// [`ROOT_MOUNT_POINT`] as a C string, and the private root's `/proc` under it.
+const ROOT_MOUNT_POINT_C: &CStr = c"/sys";
+const ROOT_PROC_C: &CStr = c"/sys/proc";
+
+/// Guest path of the work directory in the private root.
+pub const PRIVATE_WORK_DIR: &str = "/work";
+
+/// Bytes of the private root's own tmpfs (directories, links and mount points only).
+const ROOT_TMPFS_OPTIONS: &CStr = c"size=1m,nr_inodes=4096,mode=0755";
+
+/// Device nodes bound into the private root's `/dev` (read-write; they hold no data).
+const DEVICES: [&str; 4] = ["/dev/null", "/dev/zero", "/dev/random", "/dev/urandom"];
 
 /// Which identity the child takes.
 #[derive(Debug)]
@@ -42,26 +82,109 @@ pub(super) enum Identity {
     Keep,
 }
 
+/// One step of building the private root, with paths already prefixed by
+/// [`ROOT_MOUNT_POINT`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum ViewOp {
+    /// `mkdir(path, 0755)` (an existing directory is fine).
+    Dir(CString),
+    /// `symlink(target, link)`.
+    Symlink { link: CString, target: CString },
+    /// Bind-mount a host directory read-only.
+    BindDir { source: CString, target: CString },
+    /// Bind-mount a host file read-only (or read-write for a device node).
+    BindFile { source: CString, target: CString, writable: bool },
+}
+
+/// A NUL-terminated array of pointers into owned C strings, for `execve`.
+pub(super) struct CStringArray {
+    _strings: Vec<CString>,
+    pointers: Vec<*const c_char>,
+}
+
+// SAFETY: the pointers point into the heap buffers of `_strings`, which the struct owns and
+// never mutates; moving the struct (to another thread, or into the forked child's copy of
+// memory) moves the `CString`s without moving their buffers.
+unsafe impl Send for CStringArray {}
+// SAFETY: shared access only reads the pointers and the strings.
+unsafe impl Sync for CStringArray {}
+
+impl CStringArray {
+    pub(super) fn new(strings: Vec<CString>) -> Self {
+        let mut pointers: Vec<*const c_char> = strings.iter().map(|s| s.as_ptr()).collect();
+        pointers.push(std::ptr::null());
+        Self { _strings: strings, pointers }
+    }
+
+    fn as_ptr(&self) -> *const *const c_char {
+        self.pointers.as_ptr()
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.pointers.len() - 1
+    }
+}
+
+impl std::fmt::Debug for CStringArray {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self._strings.iter()).finish()
+    }
+}
+
+/// The work directory in each mode, with the job's files.
+#[derive(Debug)]
+pub(super) struct WorkPlan {
+    /// `ROOT_MOUNT_POINT/work`, where the work tmpfs is mounted before `pivot_root`.
+    pub private_mount: CString,
+    /// Mount options of the work tmpfs (size, inodes, mode, owner).
+    pub tmpfs_options: CString,
+    /// Files under `private_mount`, with their contents.
+    pub private_files: Vec<(CString, Vec<u8>)>,
+    /// The host directory used without a mount namespace (created by the child).
+    pub host_dir: CString,
+    /// The marker written into `host_dir` first.
+    pub host_marker: (CString, Vec<u8>),
+    /// Files under `host_dir` (same contents as `private_files`, by index).
+    pub host_files: Vec<CString>,
+}
+
 /// Everything the child needs, prepared (allocated) before the fork.
 #[derive(Debug)]
 pub(super) struct ChildPlan {
-    pub work_dir: CString,
     pub identity: Identity,
     pub isolate_network: bool,
-    pub read_only_root: bool,
+    pub private_root: bool,
+    pub view: Vec<ViewOp>,
+    pub work: WorkPlan,
     pub cpu_seconds: u64,
     pub address_space_bytes: u64,
     pub max_processes: u64,
     pub max_file_bytes: u64,
+    pub max_open_files: u64,
+    /// The program, its `argv`, and the environment for each mode.
+    pub program: CString,
+    pub argv: CStringArray,
+    pub env_private: CStringArray,
+    pub env_host: CStringArray,
+    pub filter: SyscallFilter,
+    /// The caller's pid, to notice a parent that died before `PR_SET_PDEATHSIG` took effect.
+    pub parent_pid: libc::pid_t,
     /// Write end of the report pipe (close-on-exec).
     pub report_fd: RawFd,
 }
 
 const NETWORK_NAMESPACE: u32 = 1;
 const MOUNT_NAMESPACE: u32 = 1 << 1;
-const READ_ONLY_ROOT: u32 = 1 << 2;
+const PRIVATE_ROOT: u32 = 1 << 2;
 const USER_NAMESPACE: u32 = 1 << 3;
 const UID_DROPPED: u32 = 1 << 4;
+const PID_NAMESPACE: u32 = 1 << 5;
+const IPC_NAMESPACE: u32 = 1 << 6;
+const PROC_MOUNTED: u32 = 1 << 7;
+const NEW_SESSION: u32 = 1 << 8;
+const SECCOMP: u32 = 1 << 9;
+const HOST_WORK_DIR: u32 = 1 << 10;
 
 /// What the child managed to do, sent to the parent through a pipe before `exec`.
 #[repr(C)]
@@ -71,31 +194,51 @@ pub(super) struct ChildReport {
     pub flags: u32,
     /// errno of a failed network-namespace `unshare` (0 = none).
     pub network_errno: i32,
-    /// errno of a failed mount-namespace `unshare` or read-only remount (0 = none).
+    /// errno of a failed mount-namespace `unshare` (0 = none).
     pub mount_errno: i32,
     /// errno of a failed user-namespace `unshare` or identity map (0 = none).
     pub user_namespace_errno: i32,
+    /// errno of a failed PID-namespace `unshare` (0 = none).
+    pub pid_errno: i32,
+    /// errno of a failed IPC-namespace `unshare` (0 = none).
+    pub ipc_errno: i32,
+    /// errno of a failed `/proc` mount in the private root (0 = none).
+    pub proc_errno: i32,
 }
 
 const REPORT_LEN: usize = std::mem::size_of::<ChildReport>();
 
 impl ChildReport {
+    fn words(&self) -> [u32; 7] {
+        [
+            self.flags,
+            self.network_errno as u32,
+            self.mount_errno as u32,
+            self.user_namespace_errno as u32,
+            self.pid_errno as u32,
+            self.ipc_errno as u32,
+            self.proc_errno as u32,
+        ]
+    }
+
     fn to_bytes(self) -> [u8; REPORT_LEN] {
         let mut out = [0u8; REPORT_LEN];
-        out[0..4].copy_from_slice(&self.flags.to_ne_bytes());
-        out[4..8].copy_from_slice(&self.network_errno.to_ne_bytes());
-        out[8..12].copy_from_slice(&self.mount_errno.to_ne_bytes());
-        out[12..16].copy_from_slice(&self.user_namespace_errno.to_ne_bytes());
+        for (i, word) in self.words().iter().enumerate() {
+            out[i * 4..i * 4 + 4].copy_from_slice(&word.to_ne_bytes());
+        }
         out
     }
 
     fn from_bytes(bytes: &[u8; REPORT_LEN]) -> Self {
-        let word = |i: usize| [bytes[i], bytes[i + 1], bytes[i + 2], bytes[i + 3]];
+        let word = |i: usize| u32::from_ne_bytes([bytes[i * 4], bytes[i * 4 + 1], bytes[i * 4 + 2], bytes[i * 4 + 3]]);
         Self {
-            flags: u32::from_ne_bytes(word(0)),
-            network_errno: i32::from_ne_bytes(word(4)),
-            mount_errno: i32::from_ne_bytes(word(8)),
-            user_namespace_errno: i32::from_ne_bytes(word(12)),
+            flags: word(0),
+            network_errno: word(1) as i32,
+            mount_errno: word(2) as i32,
+            user_namespace_errno: word(3) as i32,
+            pid_errno: word(4) as i32,
+            ipc_errno: word(5) as i32,
+            proc_errno: word(6) as i32,
         }
     }
 
@@ -118,6 +261,11 @@ impl ChildReport {
     fn has(&self, flag: u32) -> bool {
         self.flags & flag != 0
     }
+
+    /// The child used a host work directory (no private root).
+    pub(super) fn used_host_work_dir(&self) -> bool {
+        self.has(HOST_WORK_DIR)
+    }
 }
 
 /// Turns the child's report into the [`Isolation`] the run really got, with a note for each
@@ -135,21 +283,39 @@ pub(super) fn isolation_from(
     });
     let sandbox_uid = if report.has(UID_DROPPED) { planned_uid } else { None };
     let errno_text = |errno: i32| io::Error::from_raw_os_error(errno).to_string();
+    let why = |errno: i32| if errno != 0 { errno_text(errno) } else { "not attempted".to_string() };
     if report.user_namespace_errno != 0 {
         notes.push(format!(
-            "no user namespace ({}), so no network or mount namespace either",
+            "no user namespace ({}), so no network, mount, PID or IPC namespace either",
             errno_text(report.user_namespace_errno)
         ));
     }
     if policy.network && !report.has(NETWORK_NAMESPACE) {
-        let why = if report.network_errno != 0 { errno_text(report.network_errno) } else { "not attempted".into() };
-        notes.push(format!("network namespace unavailable ({why}): the child shares the host network"));
-    }
-    if policy.read_only_root && !report.has(READ_ONLY_ROOT) {
-        let why = if report.mount_errno != 0 { errno_text(report.mount_errno) } else { "not attempted".into() };
         notes.push(format!(
-            "read-only root unavailable ({why}): the child can write wherever its uid may, e.g. /tmp"
+            "network namespace unavailable ({}): the child shares the host network (sockets are still refused by the seccomp filter)",
+            why(report.network_errno)
         ));
+    }
+    if policy.private_root && !report.has(PRIVATE_ROOT) {
+        notes.push(format!(
+            "private root unavailable ({}): the child sees the host filesystem with its uid's permissions and works in a marked host directory",
+            why(report.mount_errno)
+        ));
+    }
+    if !report.has(PID_NAMESPACE) {
+        notes.push(format!(
+            "PID namespace unavailable ({}): processes that leave the process group are found by uid only",
+            why(report.pid_errno)
+        ));
+    }
+    if !report.has(IPC_NAMESPACE) {
+        notes.push(format!(
+            "IPC namespace unavailable ({}): System V IPC is refused by the seccomp filter only",
+            why(report.ipc_errno)
+        ));
+    }
+    if report.has(PRIVATE_ROOT) && !report.has(PROC_MOUNTED) && report.has(PID_NAMESPACE) {
+        notes.push(format!("no /proc in the private root ({})", errno_text(report.proc_errno)));
     }
     if is_root && sandbox_uid.is_none() {
         notes.push(
@@ -157,7 +323,7 @@ pub(super) fn isolation_from(
                 .to_string(),
         );
     }
-    if !is_root {
+    if !is_root && !report.has(PID_NAMESPACE) {
         notes.push(
             "not root: RLIMIT_NPROC counts all processes of the caller's uid, and a process that \
              calls setsid() survives the process-group kill (its CPU rlimit still bounds it)"
@@ -166,13 +332,160 @@ pub(super) fn isolation_from(
     }
     Isolation {
         network_isolated: report.has(NETWORK_NAMESPACE),
-        read_only_root: report.has(READ_ONLY_ROOT),
+        read_only_root: report.has(PRIVATE_ROOT),
         sandbox_uid,
         user_namespace: report.has(USER_NAMESPACE),
-        process_limit_per_run: sandbox_uid.is_some(),
+        process_limit_per_run: sandbox_uid.is_some() || report.has(PID_NAMESPACE),
+        private_root: report.has(PRIVATE_ROOT),
+        pid_namespace: report.has(PID_NAMESPACE),
+        ipc_namespace: report.has(IPC_NAMESPACE),
+        seccomp: report.has(SECCOMP),
+        new_session: report.has(NEW_SESSION),
         notes,
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Planning the private root (before the fork)
+
+/// Hops through symbolic links allowed while resolving one declared path (as the kernel's 40).
+const MAX_LINK_HOPS: usize = 40;
+
+/// The layout of the private root for `paths`: for each declared path, every directory and
+/// symbolic link on the way to it (links are recreated and followed, so `/bin -> usr/bin`
+/// works as on the host) and a read-only bind mount of what it finally names. A path inside an
+/// already bound directory is covered by it; a declared path that does not exist is skipped.
+/// The device nodes of [`DEVICES`] are always added.
+pub(super) fn plan_view(paths: &[PathBuf]) -> Result<Vec<ViewOp>, SandboxError> {
+    let mut view = ViewPlan::default();
+    for path in paths {
+        if !path.is_absolute() {
+            return Err(SandboxError::InvalidPath(path.display().to_string()));
+        }
+        view.add(path, 0);
+    }
+    view.into_ops()
+}
+
+#[derive(Default)]
+struct ViewPlan {
+    dirs: BTreeSet<PathBuf>,
+    links: BTreeMap<PathBuf, PathBuf>,
+    bind_dirs: BTreeSet<PathBuf>,
+    bind_files: BTreeSet<PathBuf>,
+}
+
+impl ViewPlan {
+    fn covered(&self, path: &Path) -> bool {
+        path.ancestors().any(|a| self.bind_dirs.contains(a)) || self.bind_files.contains(path)
+    }
+
+    fn add(&mut self, path: &Path, hops: usize) {
+        if hops > MAX_LINK_HOPS {
+            return;
+        }
+        let parts: Vec<Component<'_>> = path.components().collect();
+        let mut current = PathBuf::from("/");
+        for (i, part) in parts.iter().enumerate() {
+            let next = match part {
+                Component::RootDir | Component::CurDir | Component::Prefix(_) => continue,
+                Component::ParentDir => {
+                    current.pop();
+                    continue;
+                }
+                Component::Normal(name) => current.join(name),
+            };
+            let rest: PathBuf = parts[i + 1..].iter().collect();
+            if self.covered(&next) {
+                // Inside a bound directory: present as on the host, unless a link there points
+                // outside what is bound.
+                if let Ok(real) = std::fs::canonicalize(next.join(&rest))
+                    && !self.covered(&real)
+                {
+                    self.add(&real, hops + 1);
+                }
+                return;
+            }
+            let Ok(meta) = std::fs::symlink_metadata(&next) else { return };
+            if meta.file_type().is_symlink() {
+                let Ok(target) = std::fs::read_link(&next) else { return };
+                self.links.insert(next.clone(), target.clone());
+                let resolved = if target.is_absolute() { target } else { current.join(target) };
+                self.add(&resolved.join(rest), hops + 1);
+                return;
+            }
+            let last = parts[i + 1..].iter().all(|c| matches!(c, Component::CurDir));
+            if last {
+                if meta.is_dir() {
+                    self.bind_dirs.insert(next);
+                } else if meta.is_file() {
+                    self.bind_files.insert(next);
+                }
+                return;
+            }
+            if !meta.is_dir() {
+                return;
+            }
+            self.dirs.insert(next.clone());
+            current = next;
+        }
+    }
+
+    fn into_ops(self) -> Result<Vec<ViewOp>, SandboxError> {
+        let root = Path::new(ROOT_MOUNT_POINT);
+        let inside = |p: &Path| root.join(p.strip_prefix("/").unwrap_or(p));
+        let c = |p: &Path| cstring_path(p);
+        let mut ops = Vec::new();
+        let mut dirs: BTreeSet<PathBuf> = self.dirs.clone();
+        // Mount points of directory binds, and the parents of file binds and links.
+        dirs.extend(self.bind_dirs.iter().cloned());
+        for p in self.bind_files.iter().chain(self.links.keys()) {
+            if let Some(parent) = p.parent() {
+                dirs.extend(parent.ancestors().filter(|a| *a != Path::new("/")).map(Path::to_path_buf));
+            }
+        }
+        dirs.insert(PathBuf::from("/dev"));
+        dirs.insert(PathBuf::from("/proc"));
+        for dir in &dirs {
+            // A directory that is also a recreated link stays a link.
+            if !self.links.contains_key(dir) && !self.bind_files.contains(dir) {
+                ops.push(ViewOp::Dir(c(&inside(dir))?));
+            }
+        }
+        for (link, target) in &self.links {
+            ops.push(ViewOp::Symlink { link: c(&inside(link))?, target: c(target)? });
+        }
+        ops.push(ViewOp::Symlink { link: c(&inside(Path::new("/tmp")))?, target: c(Path::new("work"))? });
+        ops.push(ViewOp::Symlink { link: c(&inside(Path::new("/dev/fd")))?, target: c(Path::new("/proc/self/fd"))? });
+        // Outer binds first; a bind nested in a bound directory is dropped (already visible).
+        for dir in &self.bind_dirs {
+            let nested = dir.ancestors().skip(1).any(|a| self.bind_dirs.contains(a));
+            if !nested {
+                ops.push(ViewOp::BindDir { source: c(dir)?, target: c(&inside(dir))? });
+            }
+        }
+        for file in &self.bind_files {
+            let nested = file.ancestors().skip(1).any(|a| self.bind_dirs.contains(a));
+            if !nested {
+                ops.push(ViewOp::BindFile { source: c(file)?, target: c(&inside(file))?, writable: false });
+            }
+        }
+        for device in DEVICES {
+            let path = Path::new(device);
+            if path.exists() {
+                ops.push(ViewOp::BindFile { source: c(path)?, target: c(&inside(path))?, writable: true });
+            }
+        }
+        Ok(ops)
+    }
+}
+
+pub(super) fn cstring_path(path: &Path) -> Result<CString, SandboxError> {
+    CString::new(path.as_os_str().as_bytes()).map_err(|_| SandboxError::NulByte(path.display().to_string()))
+}
+
+// ---------------------------------------------------------------------------------------------
+// System calls (after the fork)
 
 /// `struct mount_attr` of `<linux/mount.h>` (`MOUNT_ATTR_SIZE_VER0` = 32 bytes).
 #[repr(C)]
@@ -183,59 +496,112 @@ struct MountAttr {
     userns_fd: u64,
 }
 
-/// `MOUNT_ATTR_RDONLY` of `<linux/mount.h>`.
+/// `MOUNT_ATTR_RDONLY`, `MOUNT_ATTR_NOSUID`, `MOUNT_ATTR_NODEV`, `MOUNT_ATTR_NOEXEC` of
+/// `<linux/mount.h>`.
 const MOUNT_ATTR_RDONLY: u64 = 0x0000_0001;
+const MOUNT_ATTR_NOSUID: u64 = 0x0000_0002;
+const MOUNT_ATTR_NODEV: u64 = 0x0000_0004;
+const MOUNT_ATTR_NOEXEC: u64 = 0x0000_0008;
 
 fn errno() -> i32 {
     io::Error::last_os_error().raw_os_error().unwrap_or(libc::EINVAL)
 }
 
-/// `mount_setattr(AT_FDCWD, path, flags, attr)`.
+/// Sets mount attributes on the mount at `path` (and below it with `recursive`); falls back to
+/// a bind remount (one mount, read-only and `nosuid`/`nodev`) on kernels without
+/// `mount_setattr`.
 ///
 /// # Safety
 /// `path` must be a valid C string; async-signal-safe.
-unsafe fn mount_setattr(path: &CStr, flags: libc::c_uint, attr: &MountAttr) -> libc::c_long {
-    // SAFETY: forwarded from the caller; `attr` is a valid struct of the declared size.
-    unsafe {
+unsafe fn restrict_mount(path: &CStr, set: u64, recursive: bool) -> Result<(), i32> {
+    let attr = MountAttr { attr_set: set, attr_clr: 0, propagation: 0, userns_fd: 0 };
+    let flags = if recursive { libc::AT_RECURSIVE as libc::c_uint } else { 0 };
+    // SAFETY: valid C string; `attr` is a valid struct of the declared size.
+    let rc = unsafe {
         libc::syscall(
             libc::SYS_mount_setattr,
             libc::AT_FDCWD,
             path.as_ptr(),
             flags,
-            attr as *const MountAttr,
+            &attr as *const MountAttr,
             std::mem::size_of::<MountAttr>(),
         )
+    };
+    if rc == 0 {
+        return Ok(());
     }
-}
-
-/// Step 2: every mount read-only except a bind mount of the work directory. Returns the errno
-/// of the first failure.
-///
-/// # Safety
-/// Only in the child between fork and exec, inside a new mount namespace.
-unsafe fn make_root_read_only(work_dir: &CString) -> Result<(), i32> {
-    let null = std::ptr::null();
-    // SAFETY: valid C strings and null pointers where the kernel accepts them.
-    unsafe {
-        if libc::mount(null, c"/".as_ptr(), null, libc::MS_REC | libc::MS_PRIVATE, std::ptr::null()) != 0 {
-            return Err(errno());
-        }
-        if libc::mount(work_dir.as_ptr(), work_dir.as_ptr(), null, libc::MS_BIND, std::ptr::null()) != 0 {
-            return Err(errno());
-        }
-        let read_only = MountAttr { attr_set: MOUNT_ATTR_RDONLY, attr_clr: 0, propagation: 0, userns_fd: 0 };
-        if mount_setattr(c"/", libc::AT_RECURSIVE as libc::c_uint, &read_only) != 0 {
-            return Err(errno());
-        }
-        let writable = MountAttr { attr_set: 0, attr_clr: MOUNT_ATTR_RDONLY, propagation: 0, userns_fd: 0 };
-        if mount_setattr(work_dir, 0, &writable) != 0 {
-            return Err(errno());
-        }
+    if errno() != libc::ENOSYS {
+        return Err(errno());
+    }
+    let mut ms = libc::MS_BIND | libc::MS_REMOUNT;
+    if set & MOUNT_ATTR_RDONLY != 0 {
+        ms |= libc::MS_RDONLY;
+    }
+    if set & MOUNT_ATTR_NOSUID != 0 {
+        ms |= libc::MS_NOSUID;
+    }
+    if set & MOUNT_ATTR_NODEV != 0 {
+        ms |= libc::MS_NODEV;
+    }
+    if set & MOUNT_ATTR_NOEXEC != 0 {
+        ms |= libc::MS_NOEXEC;
+    }
+    // SAFETY: valid C string and null pointers where the kernel accepts them.
+    if unsafe { libc::mount(std::ptr::null(), path.as_ptr(), std::ptr::null(), ms, std::ptr::null()) } != 0 {
+        return Err(errno());
     }
     Ok(())
 }
 
-/// Writes `contents` to the file at `path` with raw system calls.
+/// `mkdir(path, mode)`, where an existing entry is fine.
+///
+/// # Safety
+/// Async-signal-safe; valid C string.
+unsafe fn make_dir(path: &CStr, mode: libc::mode_t) -> Result<(), i32> {
+    // SAFETY: valid C string.
+    if unsafe { libc::mkdir(path.as_ptr(), mode) } != 0 && errno() != libc::EEXIST {
+        return Err(errno());
+    }
+    Ok(())
+}
+
+/// Creates `path` with `contents` (exclusively), owned by `owner` when given.
+///
+/// # Safety
+/// Async-signal-safe; valid C string and buffer.
+unsafe fn create_file(path: &CStr, contents: &[u8], mode: libc::mode_t, owner: Option<(u32, u32)>) -> Result<(), i32> {
+    // SAFETY: valid C string and buffer; the descriptor is closed on every path.
+    unsafe {
+        let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_CLOEXEC, mode);
+        if fd < 0 {
+            return Err(errno());
+        }
+        let mut written = 0;
+        while written < contents.len() {
+            let n = libc::write(fd, contents[written..].as_ptr().cast(), contents.len() - written);
+            if n < 0 {
+                if errno() == libc::EINTR {
+                    continue;
+                }
+                let e = errno();
+                libc::close(fd);
+                return Err(e);
+            }
+            written += n as usize;
+        }
+        if let Some((uid, gid)) = owner
+            && libc::fchown(fd, uid, gid) != 0
+        {
+            let e = errno();
+            libc::close(fd);
+            return Err(e);
+        }
+        libc::close(fd);
+    }
+    Ok(())
+}
+
+/// Writes `contents` to the existing file at `path` with raw system calls.
 ///
 /// # Safety
 /// Async-signal-safe; valid C strings.
@@ -251,6 +617,134 @@ unsafe fn write_file(path: &CStr, contents: &[u8]) -> Result<(), i32> {
         libc::close(fd);
         result
     }
+}
+
+/// Step 5: the private root. Returns the errno of the first failure.
+///
+/// # Safety
+/// Only in the child between fork and exec, inside a new mount namespace.
+unsafe fn build_private_root(plan: &ChildPlan, owner: Option<(u32, u32)>, report: &mut ChildReport) -> Result<(), i32> {
+    let null = std::ptr::null();
+    let root_c = ROOT_MOUNT_POINT_C;
+    // SAFETY: valid C strings and null pointers where the kernel accepts them; every buffer
+    // was prepared before the fork and is owned by `plan`.
+    unsafe {
+        if libc::mount(null, c"/".as_ptr(), null, libc::MS_REC | libc::MS_PRIVATE, std::ptr::null()) != 0 {
+            return Err(errno());
+        }
+        if libc::mount(
+            c"tmpfs".as_ptr(),
+            root_c.as_ptr(),
+            c"tmpfs".as_ptr(),
+            libc::MS_NOSUID | libc::MS_NODEV,
+            ROOT_TMPFS_OPTIONS.as_ptr().cast(),
+        ) != 0
+        {
+            return Err(errno());
+        }
+        for op in &plan.view {
+            match op {
+                ViewOp::Dir(path) => make_dir(path, 0o755)?,
+                ViewOp::Symlink { link, target } => {
+                    if libc::symlink(target.as_ptr(), link.as_ptr()) != 0 && errno() != libc::EEXIST {
+                        return Err(errno());
+                    }
+                }
+                ViewOp::BindDir { source, target } => {
+                    make_dir(target, 0o755)?;
+                    if libc::mount(source.as_ptr(), target.as_ptr(), null, libc::MS_BIND | libc::MS_REC, std::ptr::null()) != 0 {
+                        return Err(errno());
+                    }
+                    restrict_mount(target, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, true)?;
+                }
+                ViewOp::BindFile { source, target, writable } => {
+                    let fd = libc::open(target.as_ptr(), libc::O_WRONLY | libc::O_CREAT | libc::O_CLOEXEC, 0o644);
+                    if fd < 0 {
+                        return Err(errno());
+                    }
+                    libc::close(fd);
+                    if libc::mount(source.as_ptr(), target.as_ptr(), null, libc::MS_BIND, std::ptr::null()) != 0 {
+                        return Err(errno());
+                    }
+                    let set = if *writable {
+                        MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC
+                    } else {
+                        MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV
+                    };
+                    restrict_mount(target, set, false)?;
+                }
+            }
+        }
+        // The work directory: a tmpfs of its own, limited in bytes and entries.
+        make_dir(&plan.work.private_mount, 0o700)?;
+        if libc::mount(
+            c"tmpfs".as_ptr(),
+            plan.work.private_mount.as_ptr(),
+            c"tmpfs".as_ptr(),
+            libc::MS_NOSUID | libc::MS_NODEV,
+            plan.work.tmpfs_options.as_ptr().cast(),
+        ) != 0
+        {
+            return Err(errno());
+        }
+        for (path, contents) in &plan.work.private_files {
+            create_file(path, contents, 0o644, owner)?;
+        }
+        // A fresh /proc shows only this PID namespace; without one it would show the host's.
+        if report.has(PID_NAMESPACE) {
+            if libc::mount(
+                c"proc".as_ptr(),
+                ROOT_PROC_C.as_ptr(),
+                c"proc".as_ptr(),
+                libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+                std::ptr::null(),
+            ) == 0
+            {
+                report.flags |= PROC_MOUNTED;
+            } else {
+                report.proc_errno = errno();
+            }
+        }
+        // Enter the new root and detach the host's tree.
+        if libc::chdir(root_c.as_ptr()) != 0 {
+            return Err(errno());
+        }
+        if libc::syscall(libc::SYS_pivot_root, c".".as_ptr(), c".".as_ptr()) != 0 {
+            return Err(errno());
+        }
+        if libc::umount2(c".".as_ptr(), libc::MNT_DETACH) != 0 {
+            return Err(errno());
+        }
+        if libc::chdir(c"/".as_ptr()) != 0 {
+            return Err(errno());
+        }
+        restrict_mount(c"/", MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, false)?;
+    }
+    Ok(())
+}
+
+/// Step 5 without a mount namespace: the marked host work directory with the job's files.
+///
+/// # Safety
+/// Async-signal-safe; only in the child.
+unsafe fn build_host_work_dir(plan: &ChildPlan, owner: Option<(u32, u32)>) -> Result<(), i32> {
+    let work = &plan.work;
+    // SAFETY: valid C strings prepared before the fork.
+    unsafe {
+        if libc::mkdir(work.host_dir.as_ptr(), 0o700) != 0 {
+            return Err(errno());
+        }
+        create_file(&work.host_marker.0, &work.host_marker.1, 0o600, None)?;
+        for (path, (_, contents)) in work.host_files.iter().zip(&work.private_files) {
+            create_file(path, contents, 0o644, owner)?;
+        }
+        if let Some((uid, gid)) = owner
+            && libc::chown(work.host_dir.as_ptr(), uid, gid) != 0
+        {
+            return Err(errno());
+        }
+    }
+    Ok(())
 }
 
 /// Sets `resource` to `value` (soft) and `hard` (hard), both clamped to the current hard limit
@@ -279,30 +773,136 @@ type RlimitResource = libc::__rlimit_resource_t;
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
 type RlimitResource = libc::c_int;
 
-/// Applies the plan in the child. See the module documentation for the order and which steps
-/// are mandatory.
+fn os_error(errno: i32) -> io::Error {
+    io::Error::from_raw_os_error(errno)
+}
+
+/// Ends the calling process the way `status` (a wait status) says: the same exit code, or the
+/// same signal raised on itself (so the parent's `wait` sees what the program's did).
+///
+/// # Safety
+/// Async-signal-safe; never returns. Not for pid 1 of a namespace, which cannot signal itself.
+unsafe fn mirror(status: libc::c_int) -> ! {
+    // SAFETY: raw, async-signal-safe system calls; the signal set is plain data.
+    unsafe {
+        if libc::WIFEXITED(status) {
+            libc::_exit(libc::WEXITSTATUS(status));
+        }
+        let sig = libc::WTERMSIG(status);
+        libc::signal(sig, libc::SIG_DFL);
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, sig);
+        libc::sigprocmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+        libc::kill(libc::getpid(), sig);
+        libc::_exit(128 + sig);
+    }
+}
+
+/// Closes every descriptor but `keep`.
+///
+/// # Safety
+/// Async-signal-safe.
+unsafe fn close_all_but(keep: RawFd) {
+    // SAFETY: close_range only closes descriptors of this process.
+    unsafe {
+        if keep > 0 {
+            libc::syscall(libc::SYS_close_range, 0 as libc::c_uint, (keep - 1) as libc::c_uint, 0 as libc::c_uint);
+        }
+        libc::syscall(libc::SYS_close_range, (keep + 1) as libc::c_uint, libc::c_uint::MAX, 0 as libc::c_uint);
+    }
+}
+
+/// The life of S once the namespace's init runs: hold only the status pipe, wait for init,
+/// and end as the program ended (its wait status comes through the pipe; without one, as init
+/// ended). `wait4` adds the waited-for descendants' resource usage to S's, so the parent's
+/// accounting covers the program.
+///
+/// # Safety
+/// Only in S after the fork of init; never returns.
+unsafe fn supervise_init(init: libc::pid_t, status_read: RawFd) -> ! {
+    // SAFETY: raw, async-signal-safe system calls on plain data.
+    unsafe {
+        close_all_but(status_read);
+        let mut status: libc::c_int = 0;
+        loop {
+            let rc = libc::waitpid(init, &mut status, 0);
+            if rc == init {
+                break;
+            }
+            if rc < 0 && errno() != libc::EINTR {
+                libc::_exit(125);
+            }
+        }
+        let mut program_status = [0u8; 4];
+        if libc::read(status_read, program_status.as_mut_ptr().cast(), 4) == 4 {
+            status = libc::c_int::from_ne_bytes(program_status);
+        }
+        mirror(status);
+    }
+}
+
+/// The life of the namespace's init (pid 1) once the program runs: reap every process of the
+/// namespace (orphans are re-parented to it), and when the program itself ends, hand its wait
+/// status to S and exit — which makes the kernel kill whatever is left in the namespace.
+///
+/// # Safety
+/// Only in init after the fork of the program; never returns.
+unsafe fn run_init(program: libc::pid_t, status_write: RawFd) -> ! {
+    // SAFETY: raw, async-signal-safe system calls on plain data.
+    unsafe {
+        close_all_but(status_write);
+        loop {
+            let mut status: libc::c_int = 0;
+            let rc = libc::waitpid(-1, &mut status, 0);
+            if rc == program {
+                let bytes = status.to_ne_bytes();
+                libc::write(status_write, bytes.as_ptr().cast(), bytes.len());
+                libc::_exit(0);
+            }
+            if rc < 0 && errno() != libc::EINTR {
+                libc::_exit(125);
+            }
+        }
+    }
+}
+
+/// Applies the plan in the child. See the module documentation for the steps and which ones
+/// are mandatory. Returns only on failure (success ends in `execve`).
 ///
 /// # Safety
 /// Must only run in a freshly forked child before `exec` (as a `pre_exec` hook): it changes the
-/// calling process's namespaces, limits and identity.
+/// calling process's session, namespaces, limits and identity, and may fork.
 pub(super) unsafe fn confine_child(plan: &ChildPlan) -> io::Result<()> {
     let mut report = ChildReport::default();
+    let zero = 0 as libc::c_ulong;
     // SAFETY: every call below is a raw, async-signal-safe system call on memory that was
     // allocated before the fork and stays valid (it is owned by `plan`).
     unsafe {
-        // 1. Namespaces.
+        // 1–2. Session, death signal, no core dumps.
+        if libc::setsid() < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        report.flags |= NEW_SESSION;
+        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, zero, zero, zero);
+        if libc::getppid() != plan.parent_pid {
+            libc::_exit(126);
+        }
+        set_limit(libc::RLIMIT_CORE, 0, 0)?;
+
+        // 3. Namespaces.
         let mut mount_namespace = false;
         match &plan.identity {
             Identity::UserNamespace { uid_map, gid_map } => {
-                let mut flags = libc::CLONE_NEWUSER;
+                let mut flags = libc::CLONE_NEWUSER | libc::CLONE_NEWPID | libc::CLONE_NEWIPC;
                 if plan.isolate_network {
                     flags |= libc::CLONE_NEWNET;
                 }
-                if plan.read_only_root {
+                if plan.private_root {
                     flags |= libc::CLONE_NEWNS;
                 }
                 if libc::unshare(flags) == 0 {
-                    report.flags |= USER_NAMESPACE;
+                    report.flags |= USER_NAMESPACE | PID_NAMESPACE | IPC_NAMESPACE;
                     let mapped = write_file(c"/proc/self/setgroups", b"deny")
                         .and_then(|()| write_file(c"/proc/self/uid_map", uid_map.as_bytes()))
                         .and_then(|()| write_file(c"/proc/self/gid_map", gid_map.as_bytes()));
@@ -312,12 +912,22 @@ pub(super) unsafe fn confine_child(plan: &ChildPlan) -> io::Result<()> {
                     if plan.isolate_network {
                         report.flags |= NETWORK_NAMESPACE;
                     }
-                    mount_namespace = plan.read_only_root;
+                    mount_namespace = plan.private_root;
                 } else {
                     report.user_namespace_errno = errno();
                 }
             }
             Identity::DropTo { .. } | Identity::Keep => {
+                if libc::unshare(libc::CLONE_NEWPID) == 0 {
+                    report.flags |= PID_NAMESPACE;
+                } else {
+                    report.pid_errno = errno();
+                }
+                if libc::unshare(libc::CLONE_NEWIPC) == 0 {
+                    report.flags |= IPC_NAMESPACE;
+                } else {
+                    report.ipc_errno = errno();
+                }
                 if plan.isolate_network {
                     if libc::unshare(libc::CLONE_NEWNET) == 0 {
                         report.flags |= NETWORK_NAMESPACE;
@@ -325,7 +935,7 @@ pub(super) unsafe fn confine_child(plan: &ChildPlan) -> io::Result<()> {
                         report.network_errno = errno();
                     }
                 }
-                if plan.read_only_root {
+                if plan.private_root {
                     if libc::unshare(libc::CLONE_NEWNS) == 0 {
                         mount_namespace = true;
                     } else {
@@ -335,28 +945,63 @@ pub(super) unsafe fn confine_child(plan: &ChildPlan) -> io::Result<()> {
             }
         }
 
-        // 2. Read-only root.
-        if mount_namespace {
-            report.flags |= MOUNT_NAMESPACE;
-            match make_root_read_only(&plan.work_dir) {
-                Ok(()) => report.flags |= READ_ONLY_ROOT,
-                Err(e) => report.mount_errno = e,
+        // 4. With a PID namespace: S forks the namespace's init, which forks the program (not
+        //    pid 1 itself, so signals such as SIGXFSZ keep their default effect on it).
+        if report.has(PID_NAMESPACE) {
+            let mut pipe = [0 as libc::c_int; 2];
+            if libc::pipe2(pipe.as_mut_ptr(), libc::O_CLOEXEC) != 0 {
+                return Err(io::Error::last_os_error());
             }
+            let init = libc::fork();
+            if init < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            if init > 0 {
+                supervise_init(init, pipe[0]);
+            }
+            libc::close(pipe[0]);
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, zero, zero, zero);
+            let program = libc::fork();
+            if program < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            if program > 0 {
+                run_init(program, pipe[1]);
+            }
+            libc::close(pipe[1]);
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, zero, zero, zero);
         }
 
-        // 3. Working directory.
-        if libc::chdir(plan.work_dir.as_ptr()) != 0 {
+        // 5. The file system the program sees.
+        let owner = match plan.identity {
+            Identity::DropTo { uid, gid } => Some((uid, gid)),
+            _ => None,
+        };
+        let private = if mount_namespace {
+            report.flags |= MOUNT_NAMESPACE;
+            build_private_root(plan, owner, &mut report).map_err(os_error)?;
+            report.flags |= PRIVATE_ROOT;
+            true
+        } else {
+            build_host_work_dir(plan, owner).map_err(os_error)?;
+            report.flags |= HOST_WORK_DIR;
+            false
+        };
+
+        // 6. Working directory.
+        let work_dir: &CStr = if private { c"/work" } else { &plan.work.host_dir };
+        if libc::chdir(work_dir.as_ptr()) != 0 {
             return Err(io::Error::last_os_error());
         }
 
-        // 4. Resource limits.
+        // 7. Resource limits.
         set_limit(libc::RLIMIT_CPU, plan.cpu_seconds, plan.cpu_seconds.saturating_add(1))?;
         set_limit(libc::RLIMIT_AS, plan.address_space_bytes, plan.address_space_bytes)?;
         set_limit(libc::RLIMIT_NPROC, plan.max_processes, plan.max_processes)?;
         set_limit(libc::RLIMIT_FSIZE, plan.max_file_bytes, plan.max_file_bytes)?;
-        set_limit(libc::RLIMIT_CORE, 0, 0)?;
+        set_limit(libc::RLIMIT_NOFILE, plan.max_open_files, plan.max_open_files)?;
 
-        // 5. Identity.
+        // 8. Identity.
         if let Identity::DropTo { uid, gid } = plan.identity {
             if libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<libc::gid_t>()) != 0
                 || libc::syscall(libc::SYS_setresgid, gid, gid, gid) != 0
@@ -366,17 +1011,23 @@ pub(super) unsafe fn confine_child(plan: &ChildPlan) -> io::Result<()> {
             }
             report.flags |= UID_DROPPED;
         }
-        if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1 as libc::c_ulong, 0 as libc::c_ulong, 0 as libc::c_ulong, 0 as libc::c_ulong) != 0 {
+        if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1 as libc::c_ulong, zero, zero, zero) != 0 {
             return Err(io::Error::last_os_error());
         }
-        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0 as libc::c_ulong, 0 as libc::c_ulong, 0 as libc::c_ulong);
+        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, zero, zero, zero);
 
-        // 6. Descriptors and report.
+        // 9. Descriptors and report (sent before the filter, which the report cannot fail).
         libc::syscall(libc::SYS_close_range, 3 as libc::c_uint, libc::c_uint::MAX, libc::CLOSE_RANGE_CLOEXEC);
+        report.flags |= SECCOMP;
         let bytes = report.to_bytes();
         libc::write(plan.report_fd, bytes.as_ptr().cast(), bytes.len());
+
+        // 10. Filter, then the program.
+        plan.filter.install()?;
+        let env = if private { &plan.env_private } else { &plan.env_host };
+        libc::execve(plan.program.as_ptr(), plan.argv.as_ptr(), env.as_ptr());
     }
-    Ok(())
+    Err(io::Error::last_os_error())
 }
 
 #[cfg(test)]
@@ -385,43 +1036,133 @@ mod tests {
 
     #[test]
     fn report_round_trips_through_bytes() {
-        let report =
-            ChildReport { flags: NETWORK_NAMESPACE | UID_DROPPED, network_errno: 0, mount_errno: 1, user_namespace_errno: 38 };
+        let report = ChildReport {
+            flags: NETWORK_NAMESPACE | UID_DROPPED | PID_NAMESPACE,
+            network_errno: 0,
+            mount_errno: 1,
+            user_namespace_errno: 38,
+            pid_errno: 0,
+            ipc_errno: 22,
+            proc_errno: 13,
+        };
         assert_eq!(ChildReport::from_bytes(&report.to_bytes()), report);
     }
 
     #[test]
     fn missing_confinements_are_noted() {
         let policy = IsolationPolicy::default();
-        let report = ChildReport { flags: UID_DROPPED, network_errno: libc::EPERM, mount_errno: libc::ENOSYS, user_namespace_errno: 0 };
+        let report = ChildReport {
+            flags: UID_DROPPED | PID_NAMESPACE | IPC_NAMESPACE | SECCOMP | NEW_SESSION | HOST_WORK_DIR,
+            network_errno: libc::EPERM,
+            mount_errno: libc::ENOSYS,
+            ..ChildReport::default()
+        };
         let isolation = isolation_from(Some(report), policy, true, Some(7));
         assert!(!isolation.network_isolated);
-        assert!(!isolation.read_only_root);
+        assert!(!isolation.private_root);
         assert_eq!(isolation.sandbox_uid, Some(7));
         assert!(isolation.process_limit_per_run);
         assert_eq!(isolation.notes.len(), 2, "{:?}", isolation.notes);
         assert!(isolation.notes[0].contains("network namespace unavailable"));
-        assert!(isolation.notes[1].contains("read-only root unavailable"));
+        assert!(isolation.notes[1].contains("private root unavailable"));
         assert!(!isolation.is_complete());
     }
 
     #[test]
     fn complete_report_has_no_notes() {
         let report = ChildReport {
-            flags: NETWORK_NAMESPACE | MOUNT_NAMESPACE | READ_ONLY_ROOT | UID_DROPPED,
+            flags: NETWORK_NAMESPACE
+                | MOUNT_NAMESPACE
+                | PRIVATE_ROOT
+                | UID_DROPPED
+                | PID_NAMESPACE
+                | IPC_NAMESPACE
+                | PROC_MOUNTED
+                | SECCOMP
+                | NEW_SESSION,
             ..ChildReport::default()
         };
         let isolation = isolation_from(Some(report), IsolationPolicy::default(), true, Some(9));
         assert!(isolation.is_complete(), "{:?}", isolation.notes);
+        assert!(isolation.pid_namespace && isolation.ipc_namespace && isolation.seccomp && isolation.new_session);
         assert!(isolation.summary().contains("network: isolated"));
     }
 
     #[test]
     fn root_without_uid_drop_is_flagged() {
         let policy = IsolationPolicy { drop_privileges: false, ..IsolationPolicy::default() };
-        let report = ChildReport { flags: NETWORK_NAMESPACE | READ_ONLY_ROOT, ..ChildReport::default() };
+        let report = ChildReport { flags: NETWORK_NAMESPACE | PRIVATE_ROOT | PID_NAMESPACE | IPC_NAMESPACE, ..ChildReport::default() };
         let isolation = isolation_from(Some(report), policy, true, None);
         assert!(isolation.notes.iter().any(|n| n.contains("RLIMIT_NPROC does not apply to uid 0")));
         assert!(isolation_from(None, policy, true, None).notes[0].contains("no confinement report"));
+    }
+
+    fn ops_text(ops: &[ViewOp]) -> Vec<String> {
+        ops.iter()
+            .map(|op| match op {
+                ViewOp::Dir(p) => format!("dir {}", p.to_string_lossy()),
+                ViewOp::Symlink { link, target } => {
+                    format!("link {} -> {}", link.to_string_lossy(), target.to_string_lossy())
+                }
+                ViewOp::BindDir { source, target } => {
+                    format!("bind-dir {} at {}", source.to_string_lossy(), target.to_string_lossy())
+                }
+                ViewOp::BindFile { source, target, writable } => format!(
+                    "bind-file {} at {}{}",
+                    source.to_string_lossy(),
+                    target.to_string_lossy(),
+                    if *writable { " rw" } else { "" }
+                ),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn view_recreates_links_and_binds_what_they_name() {
+        let host = tempfile::tempdir().expect("tempdir");
+        let h = host.path();
+        std::fs::create_dir_all(h.join("usr/lib/python")).expect("mkdir");
+        std::fs::create_dir_all(h.join("usr/bin")).expect("mkdir");
+        std::fs::write(h.join("usr/bin/python3.11"), b"elf").expect("write");
+        std::os::unix::fs::symlink("python3.11", h.join("usr/bin/python3")).expect("link");
+        std::os::unix::fs::symlink("usr/lib", h.join("lib")).expect("link");
+        std::fs::write(h.join("secret"), b"no").expect("write");
+
+        let ops = plan_view(&[h.join("usr/bin/python3"), h.join("lib/python"), h.join("missing")]).expect("plans");
+        let text = ops_text(&ops);
+        let root = ROOT_MOUNT_POINT;
+        let hs = h.display().to_string();
+        assert!(text.contains(&format!("link {root}{hs}/usr/bin/python3 -> python3.11")), "{text:#?}");
+        assert!(text.contains(&format!("link {root}{hs}/lib -> usr/lib")), "{text:#?}");
+        assert!(text.contains(&format!("bind-file {hs}/usr/bin/python3.11 at {root}{hs}/usr/bin/python3.11")), "{text:#?}");
+        assert!(text.contains(&format!("bind-dir {hs}/usr/lib/python at {root}{hs}/usr/lib/python")), "{text:#?}");
+        assert!(!text.iter().any(|t| t.contains("secret") || t.contains("missing")), "{text:#?}");
+        assert!(text.contains(&format!("link {root}/tmp -> work")));
+        assert!(text.iter().any(|t| t.starts_with("bind-file /dev/null at") && t.ends_with(" rw")));
+        // Directories come before what is placed in them.
+        let first_bind = text.iter().position(|t| t.starts_with("bind")).expect("a bind");
+        assert!(text[..first_bind].iter().any(|t| t == &format!("dir {root}{hs}/usr/bin")), "{text:#?}");
+    }
+
+    #[test]
+    fn view_drops_binds_nested_in_bound_directories() {
+        let host = tempfile::tempdir().expect("tempdir");
+        let h = host.path();
+        std::fs::create_dir_all(h.join("usr/lib/x")).expect("mkdir");
+        let ops = plan_view(&[h.join("usr/lib/x"), h.join("usr")]).expect("plans");
+        let binds: Vec<String> = ops_text(&ops).into_iter().filter(|t| t.starts_with("bind-dir")).collect();
+        assert_eq!(binds, [format!("bind-dir {}/usr at {ROOT_MOUNT_POINT}{}/usr", h.display(), h.display())]);
+        assert!(matches!(plan_view(&[PathBuf::from("relative")]), Err(SandboxError::InvalidPath(_))));
+    }
+
+    #[test]
+    fn exec_arrays_are_null_terminated() {
+        let array = CStringArray::new(vec![c"a".to_owned(), c"bc".to_owned()]);
+        assert_eq!(array.len(), 2);
+        // SAFETY: the array holds three pointers, the last one null.
+        unsafe {
+            assert_eq!(CStr::from_ptr(*array.as_ptr()), c"a");
+            assert!((*array.as_ptr().add(2)).is_null());
+        }
     }
 }

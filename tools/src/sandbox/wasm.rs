@@ -796,6 +796,7 @@ fn run_command(sandbox: &WasmSandbox, loaded: &LoadedModule, job: &SandboxJob) -
             user_namespace: false,
             process_limit_per_run: true,
             notes: COMMAND_NOTES.iter().map(|n| n.to_string()).collect(),
+            ..Isolation::default()
         },
         trap,
     })

@@ -1,0 +1,210 @@
+//! Host work directories that a sandbox leaves on disk, and the sweep that removes those of
+//! killed runs.
+//!
+//! Owns the marker file that only Switchyard writes into a work directory it creates on the
+//! host ([`create_work_dir`]), and [`sweep_stale_work_dirs`], which removes every such
+//! directory whose owning process is gone. A directory is removed only when all of these hold:
+//! its name starts with [`WORK_DIR_PREFIX`], it is a real directory (not a symbolic link) owned
+//! by the sweeping process's effective uid (or, when that is root, by a per-run sandbox uid of
+//! [`super::SANDBOX_UID_BASE`] and above), it holds a marker file whose first line is
+//! [`MARKER_MAGIC`], and the process named in the marker (pid *and* its start time, so a
+//! recycled pid does not count as alive) no longer exists. Never anybody else's files.
+//!
+//! The process sandbox normally needs no host directory at all (its work directory is a tmpfs
+//! in the child's private mount namespace, which the kernel frees with the namespace); the
+//! WebAssembly sandbox and the process sandbox without a mount namespace do. Must not depend on
+//! anything outside the sandbox module.
+
+use std::fs;
+use std::io::{self, Write};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+/// Prefix of every host work directory a sandbox creates (`switchyard-work-…`).
+pub const WORK_DIR_PREFIX: &str = "switchyard-work-";
+
+/// Name of the marker file inside a host work directory.
+pub const MARKER_FILE: &str = ".switchyard-owner";
+
+/// First line of a marker; the second is `<pid> <start time in clock ticks since boot>`.
+pub const MARKER_MAGIC: &str = "switchyard sandbox work directory v1";
+
+/// The marker text for the current process.
+pub fn marker_contents() -> String {
+    let pid = std::process::id();
+    let start = process_start_time(pid).unwrap_or(0);
+    format!("{MARKER_MAGIC}\n{pid} {start}\n")
+}
+
+/// Start time of `pid` (field 22 of `/proc/<pid>/stat`, clock ticks since boot), if it exists.
+pub fn process_start_time(pid: u32) -> Option<u64> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) is in parentheses and may contain spaces: split after it.
+    let after_name = &stat[stat.rfind(')')? + 1..];
+    // Fields from 3 on; the start time is field 22, i.e. index 19 here.
+    after_name.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// Creates a private (mode 0700) host work directory under the system temporary directory,
+/// with the marker of this process inside, removed when the returned guard drops. The marker
+/// is written first, so a directory never exists without it for longer than one `mkdir`.
+pub fn create_work_dir() -> io::Result<tempfile::TempDir> {
+    sweep_once();
+    let dir = tempfile::Builder::new().prefix(WORK_DIR_PREFIX).tempdir()?;
+    fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o700))?;
+    let mut marker = fs::OpenOptions::new().write(true).create_new(true).mode_0600().open(dir.path().join(MARKER_FILE))?;
+    marker.write_all(marker_contents().as_bytes())?;
+    Ok(dir)
+}
+
+/// `OpenOptions::mode(0o600)` without importing the extension trait at every call site.
+trait Mode0600 {
+    fn mode_0600(&mut self) -> &mut Self;
+}
+
+impl Mode0600 for fs::OpenOptions {
+    fn mode_0600(&mut self) -> &mut Self {
+        std::os::unix::fs::OpenOptionsExt::mode(self, 0o600)
+    }
+}
+
+/// What one sweep did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SweepReport {
+    /// Directories of dead owners that were removed.
+    pub removed: Vec<PathBuf>,
+    /// Directories of dead owners that could not be removed, with the error.
+    pub failed: Vec<(PathBuf, String)>,
+}
+
+/// Runs [`sweep_stale_work_dirs`] on the system temporary directory once per process (the
+/// first time a sandbox creates a host work directory, or when the CLI starts).
+pub fn sweep_once() -> &'static SweepReport {
+    static SWEPT: OnceLock<SweepReport> = OnceLock::new();
+    SWEPT.get_or_init(|| sweep_stale_work_dirs(&std::env::temp_dir()))
+}
+
+/// Removes the work directories under `root` whose owning process is gone (see the module
+/// documentation for the exact conditions). Unreadable entries are skipped.
+pub fn sweep_stale_work_dirs(root: &Path) -> SweepReport {
+    let mut report = SweepReport::default();
+    let Ok(entries) = fs::read_dir(root) else { return report };
+    // SAFETY: geteuid cannot fail.
+    let euid = unsafe { libc::geteuid() };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        if !name.to_string_lossy().starts_with(WORK_DIR_PREFIX) {
+            continue;
+        }
+        let path = entry.path();
+        // symlink_metadata: a link named like ours is never followed or removed.
+        let Ok(meta) = fs::symlink_metadata(&path) else { continue };
+        // Ours, or (when root) handed to a per-run sandbox uid by the process sandbox.
+        let owned = meta.uid() == euid || (euid == 0 && meta.uid() >= super::SANDBOX_UID_BASE);
+        if !meta.is_dir() || !owned {
+            continue;
+        }
+        let Some(owner) = read_marker(&path) else { continue };
+        if owner_alive(owner) {
+            continue;
+        }
+        match fs::remove_dir_all(&path) {
+            Ok(()) => report.removed.push(path),
+            Err(e) => report.failed.push((path, e.to_string())),
+        }
+    }
+    report
+}
+
+/// (pid, start time) from the marker of `dir`, when it is one of ours.
+fn read_marker(dir: &Path) -> Option<(u32, u64)> {
+    let marker = dir.join(MARKER_FILE);
+    let meta = fs::symlink_metadata(&marker).ok()?;
+    if !meta.is_file() || meta.len() > 4096 {
+        return None;
+    }
+    let text = fs::read_to_string(&marker).ok()?;
+    let mut lines = text.lines();
+    if lines.next()? != MARKER_MAGIC {
+        return None;
+    }
+    let mut fields = lines.next()?.split_whitespace();
+    let pid = fields.next()?.parse().ok()?;
+    let start = fields.next()?.parse().ok()?;
+    Some((pid, start))
+}
+
+/// Whether the process that wrote a marker still runs: same pid and same start time.
+fn owner_alive((pid, start): (u32, u64)) -> bool {
+    match process_start_time(pid) {
+        Some(now) => start == 0 || now == start,
+        None => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fake_dir(root: &Path, name: &str, marker: Option<&str>) -> PathBuf {
+        let dir = root.join(name);
+        fs::create_dir(&dir).expect("mkdir");
+        fs::write(dir.join("payload"), vec![0u8; 1024]).expect("payload");
+        if let Some(marker) = marker {
+            fs::write(dir.join(MARKER_FILE), marker).expect("marker");
+        }
+        dir
+    }
+
+    #[test]
+    fn own_start_time_is_readable() {
+        assert!(process_start_time(std::process::id()).is_some_and(|t| t > 0));
+        assert_eq!(read_marker_text(&marker_contents()).map(|m| m.0), Some(std::process::id()));
+    }
+
+    fn read_marker_text(text: &str) -> Option<(u32, u64)> {
+        let root = tempfile::tempdir().expect("tempdir");
+        let dir = fake_dir(root.path(), "m", Some(text));
+        read_marker(&dir)
+    }
+
+    #[test]
+    fn sweep_removes_only_marked_directories_of_dead_owners() {
+        let root = tempfile::tempdir().expect("tempdir");
+        // A pid that cannot exist (above pid_max's 2^22 ceiling).
+        let dead = format!("{MARKER_MAGIC}\n{} 12345\n", 1u32 << 23);
+        let dead_dir = fake_dir(root.path(), &format!("{WORK_DIR_PREFIX}dead"), Some(&dead));
+        let live_dir = fake_dir(root.path(), &format!("{WORK_DIR_PREFIX}live"), Some(&marker_contents()));
+        let recycled = format!("{MARKER_MAGIC}\n{} 1\n", std::process::id());
+        let recycled_dir = fake_dir(root.path(), &format!("{WORK_DIR_PREFIX}recycled"), Some(&recycled));
+        let unmarked = fake_dir(root.path(), &format!("{WORK_DIR_PREFIX}unmarked"), None);
+        let forged = fake_dir(root.path(), &format!("{WORK_DIR_PREFIX}forged"), Some("not ours\n1 1\n"));
+        let other_name = fake_dir(root.path(), "someone-elses", Some(&dead));
+        let target = fake_dir(root.path(), "link-target", None);
+        std::os::unix::fs::symlink(&target, root.path().join(format!("{WORK_DIR_PREFIX}link"))).expect("symlink");
+
+        let report = sweep_stale_work_dirs(root.path());
+        let mut removed = report.removed.clone();
+        removed.sort();
+        let mut expected = vec![dead_dir.clone(), recycled_dir.clone()];
+        expected.sort();
+        assert_eq!(removed, expected, "{report:?}");
+        assert!(report.failed.is_empty());
+        assert!(!dead_dir.exists() && !recycled_dir.exists());
+        for kept in [&live_dir, &unmarked, &forged, &other_name, &target] {
+            assert!(kept.join("payload").exists(), "{} must be kept", kept.display());
+        }
+    }
+
+    #[test]
+    fn created_work_dirs_are_private_marked_and_kept_while_the_owner_lives() {
+        let dir = create_work_dir().expect("work dir");
+        let meta = fs::metadata(dir.path()).expect("meta");
+        assert_eq!(meta.permissions().mode() & 0o777, 0o700);
+        assert_eq!(read_marker(dir.path()).map(|m| m.0), Some(std::process::id()));
+        let report = sweep_stale_work_dirs(dir.path().parent().expect("parent"));
+        assert!(!report.removed.contains(&dir.path().to_path_buf()));
+        assert!(dir.path().exists());
+    }
+}

@@ -319,6 +319,16 @@ pub fn near_ready_items(
     items
 }
 
+/// The trace's detail of a finished tool call: its verdict, and for a failed call the cause
+/// (`fail: timeout`).
+pub fn tool_trace_detail(outcome: &switchyard_tools::ToolOutcome) -> Option<String> {
+    match (&outcome.verdict, &outcome.failure) {
+        (Some(verdict), Some(failure)) => Some(format!("{verdict}: {}", failure.cause.name())),
+        (None, Some(failure)) => Some(format!("failed: {}", failure.cause.name())),
+        (verdict, None) => verdict.clone(),
+    }
+}
+
 /// The session's score under its workflow's metric (GSM8K exact answer, MBPP tests pass, QMSum
 /// ROUGE-L F1), as the simulator's report computes it; `None` when the workflow has no metric.
 pub fn session_score(session: &Session) -> Option<f64> {
@@ -350,6 +360,8 @@ pub struct SessionRecord {
     pub failed: Option<String>,
     /// [`session_score`] at completion (`None` without a metric or when it did not complete).
     pub score: Option<f64>,
+    /// What the session's tool calls reported.
+    pub tools: crate::report::SessionToolLog,
 }
 
 /// Run-wide counters a shell keeps.
@@ -505,6 +517,7 @@ pub fn build_report(input: ReportInput<'_>) -> (RunReport, (f64, f64)) {
         preemptions: c.preemptions,
         workflows,
         failures,
+        tools: crate::report::ToolReport::collect(runs.iter().map(|r| (r.session.0, &r.tools))),
     };
     (report, (t0, t1))
 }
@@ -575,9 +588,9 @@ mod tests {
     fn report_counts_and_accuracy_follow_the_records() {
         let wfs = workflows();
         let sessions = vec![
-            SessionRecord { session: SessionId(0), workflow: 0, arrived: 0.0, finished: Some(4.0), failed: None, score: Some(1.0) },
-            SessionRecord { session: SessionId(1), workflow: 0, arrived: 1.0, finished: Some(3.0), failed: None, score: Some(0.0) },
-            SessionRecord { session: SessionId(2), workflow: 1, arrived: 0.0, finished: None, failed: Some("boom".into()), score: None },
+            SessionRecord { session: SessionId(0), workflow: 0, arrived: 0.0, finished: Some(4.0), failed: None, score: Some(1.0), tools: Default::default() },
+            SessionRecord { session: SessionId(1), workflow: 0, arrived: 1.0, finished: Some(3.0), failed: None, score: Some(0.0), tools: Default::default() },
+            SessionRecord { session: SessionId(2), workflow: 1, arrived: 0.0, finished: None, failed: Some("boom".into()), score: None, tools: Default::default() },
         ];
         let mut timelines = vec![DeviceTimeline { name: "A40".into(), segments: vec![] }];
         let (r, window) = build_report(ReportInput {

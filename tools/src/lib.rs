@@ -23,6 +23,7 @@ pub mod majority_vote;
 pub mod python;
 pub mod python_tests;
 pub mod python_wasm;
+pub mod trusted_asserts;
 pub mod sandbox;
 
 pub use python_wasm::{install_python_wasm, python_wasm_path};
@@ -61,6 +62,84 @@ pub struct ToolOutcome {
     pub wall_seconds: f64,
     /// What the sandbox could and could not enforce (`None` for in-process tools).
     pub sandbox_note: Option<String>,
+    /// Why the call failed, when it did (verdict `fail` of a test tool): the first cause the
+    /// sandbox or the tool observed. `None` for a call that passed or has no pass/fail.
+    #[serde(default)]
+    pub failure: Option<ToolFailure>,
+    /// How the verdict's checks were computed (test tools; zero for the others).
+    #[serde(default)]
+    pub checks: VerdictChecks,
+}
+
+/// Where a test tool's checks were decided: outside the sandbox, from values the sandboxed code
+/// returned as data and expectations it never saw, or inside it (asserts that could not be
+/// split, whose outcome the sandboxed code could forge).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VerdictChecks {
+    /// Checks compared outside the sandbox.
+    pub outside: u32,
+    /// Checks whose pass or fail the sandboxed code reported itself.
+    pub untrusted: u32,
+}
+
+/// Why a tool call failed, as far as the sandbox and the tool can observe it, most specific
+/// first: a limit that stopped the program outranks the test failure it caused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ToolFailureCause {
+    /// The wall-clock limit expired; the program's whole process tree was killed.
+    Timeout,
+    /// The CPU-time limit killed the program.
+    CpuTime,
+    /// The seccomp filter killed the program for a forbidden system call (`SIGSYS`).
+    Syscall,
+    /// The memory limit refused an allocation (`MemoryError`, a refused `memory.grow`).
+    Memory,
+    /// The work area was full: its byte or entry limit (`ENOSPC`).
+    WorkArea,
+    /// A file grew past the file-size limit (`SIGXFSZ`, `EFBIG`).
+    FileSize,
+    /// The program tried to hold more descriptors open than allowed (`EMFILE`).
+    OpenFiles,
+    /// The program's output exceeded its cap, so its result could not be read whole.
+    OutputTooLarge,
+    /// The program died of another signal, or a WebAssembly trap.
+    Crashed,
+    /// The program exited before finishing (a non-zero status, or `exit` from the code).
+    Exited,
+    /// An import line or the candidate code itself raised.
+    CodeError,
+    /// The code ran but at least one test failed.
+    TestsFailed,
+}
+
+impl ToolFailureCause {
+    /// The snake-case name used in reports and traces (`timeout`, `tests_failed`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Timeout => "timeout",
+            Self::CpuTime => "cpu_time",
+            Self::Syscall => "syscall",
+            Self::Memory => "memory",
+            Self::WorkArea => "work_area",
+            Self::FileSize => "file_size",
+            Self::OpenFiles => "open_files",
+            Self::OutputTooLarge => "output_too_large",
+            Self::Crashed => "crashed",
+            Self::Exited => "exited",
+            Self::CodeError => "code_error",
+            Self::TestsFailed => "tests_failed",
+        }
+    }
+}
+
+/// A failed tool call's cause and, in words, what was observed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolFailure {
+    /// The cause.
+    pub cause: ToolFailureCause,
+    /// What was observed (`timed out after 5 s`, `first failure: assert f(2) == 4 -> got 5`).
+    pub detail: String,
 }
 
 /// Errors of a tool call: bad inputs, unknown tools, and failures to run at all. A tool whose

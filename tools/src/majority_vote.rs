@@ -23,7 +23,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use crate::sandbox::wasm::{ComputeEnd, LoadedModule, module_from_wat, run_compute};
-use crate::{ToolCall, ToolError, ToolOutcome};
+use crate::{ToolCall, ToolError, ToolFailure, ToolFailureCause, ToolOutcome, VerdictChecks};
 
 /// Tool name.
 pub const NAME: &str = "majority_vote";
@@ -477,6 +477,8 @@ pub fn run(call: &ToolCall) -> Result<ToolOutcome, ToolError> {
             modeled_duration_s: seconds,
             wall_seconds: started.elapsed().as_secs_f64(),
             sandbox_note: note,
+            failure: Some(ToolFailure { cause: ToolFailureCause::Timeout, detail: format!("vote timed out after {seconds} s") }),
+            checks: VerdictChecks::default(),
         });
     };
     let text = summary(&result, candidates.len());
@@ -494,6 +496,8 @@ pub fn run(call: &ToolCall) -> Result<ToolOutcome, ToolError> {
         modeled_duration_s: MODELED_DURATION_S,
         wall_seconds: started.elapsed().as_secs_f64(),
         sandbox_note: note,
+        failure: None,
+        checks: VerdictChecks::default(),
     })
 }
 

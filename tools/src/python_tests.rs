@@ -39,8 +39,11 @@ use crate::majority_vote::kind;
 use crate::python::{PYTHON_FLAGS, interpreter};
 use crate::python_wasm::{PYTHON_WASM_VERSION, default_install_path, is_pinned_runtime, python_wasm_path};
 use crate::sandbox::wasm::{GUEST_WORK_DIR, module_from_file};
-use crate::sandbox::{LimitHit, ProcessSandbox, Sandbox, SandboxJob, SandboxLimits, SandboxOutcome, WasmSandbox};
-use crate::{ToolCall, ToolError, ToolOutcome};
+use crate::sandbox::{
+    LimitHit, ProcessSandbox, Sandbox, SandboxJob, SandboxLimits, SandboxOutcome, Termination, WasmSandbox,
+};
+use crate::trusted_asserts::{CompareOp, PyValue, SplitAssert, compare, parse_literal, split_assert};
+use crate::{ToolCall, ToolError, ToolFailure, ToolFailureCause, ToolOutcome, VerdictChecks};
 
 /// Tool name.
 pub const NAME: &str = "python_tests";
@@ -141,6 +144,20 @@ def _run(kind, index, source, filename, namespace):
     _emit(kind, index, None)
     return True
 
+def _value(index, source, namespace):
+    try:
+        text = repr(eval(compile(source, "<test %d>" % index, "eval"), namespace))
+    except BaseException as error:
+        _emit("test", index, error)
+        return
+    if _forked():
+        _os._exit(0)
+    if len(text) > _MAX_REPR:
+        text = "\x00too long"
+    text = text.replace("\\", "\\\\").replace("\n", "\\n").replace("\t", "\\t")
+    _REPORT.write("value\t%d\t%s\n" % (index, text))
+    _REPORT.flush()
+
 def _main():
     namespace = {"__name__": "__main__", "__builtins__": __builtins__}
     for index, line in enumerate(_IMPORTS):
@@ -148,8 +165,11 @@ def _main():
             return
     if not _run("code", 0, _CODE, "<candidate>", namespace):
         return
-    for index, test in enumerate(_TESTS):
-        _run("test", index, test, "<test %d>" % index, namespace)
+    for index, (kind, source) in enumerate(_TESTS):
+        if kind == "value":
+            _value(index, source, namespace)
+        else:
+            _run("test", index, source, "<test %d>" % index, namespace)
 
 _main()
 if not _forked():
@@ -157,13 +177,54 @@ if not _forked():
     _REPORT.flush()
 "#;
 
+/// How one test is checked.
+#[derive(Debug, Clone)]
+pub enum Check {
+    /// Outside the sandbox: the sandbox evaluates `expression` and returns its `repr` as data;
+    /// [`trusted_asserts::compare`] decides against `expected`, which never enters the sandbox.
+    Value {
+        /// The candidate-side expression.
+        expression: String,
+        /// The expected value.
+        expected: PyValue,
+        /// The comparison.
+        op: CompareOp,
+    },
+    /// Inside the sandbox: the statement runs whole and the sandboxed code reports whether it
+    /// raised, so the outcome is untrusted.
+    Statement {
+        /// Why it could not be split ([`SplitAssert::Untrusted`]).
+        reason: String,
+    },
+}
+
+impl Check {
+    /// The check of one test statement.
+    pub fn of(test: &str) -> Self {
+        match split_assert(test) {
+            SplitAssert::Compare { expression, expected, op } => Check::Value { expression, expected, op },
+            SplitAssert::Untrusted { reason } => Check::Statement { reason },
+        }
+    }
+
+    /// True for a check decided outside the sandbox.
+    pub fn is_outside(&self) -> bool {
+        matches!(self, Check::Value { .. })
+    }
+}
+
+/// Longest `repr` of a value the runner reports (characters); a longer one fails its check.
+pub const MAX_VALUE_REPR_CHARS: usize = 8192;
+
 /// Parsed inputs of one call.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct PythonTests {
     /// The code to test (already extracted from a fenced block when there was one).
     pub code: String,
     /// One assert statement (or any statement) per test.
     pub tests: Vec<String>,
+    /// How each test is checked (by index).
+    pub checks: Vec<Check>,
     /// Import lines run before the code.
     pub imports: Vec<String>,
     /// Wall-clock limit in seconds.
@@ -194,7 +255,14 @@ impl PythonTests {
         if !(timeout_s.is_finite() && timeout_s > 0.0 && timeout_s <= MAX_TIMEOUT_S) {
             return Err(invalid("timeout_s", format!("must be in (0, {MAX_TIMEOUT_S}] seconds, got {timeout_s}")));
         }
-        Ok(Self { code, tests, imports, timeout_s })
+        let checks = tests.iter().map(|t| Check::of(t)).collect();
+        Ok(Self { code, tests, checks, imports, timeout_s })
+    }
+
+    /// Checks decided outside the sandbox and inside it.
+    pub fn verdict_checks(&self) -> VerdictChecks {
+        let outside = self.checks.iter().filter(|c| c.is_outside()).count() as u32;
+        VerdictChecks { outside, untrusted: self.checks.len() as u32 - outside }
     }
 
     /// The deterministic duration model (see the `MODEL_*` constants), capped at the timeout.
@@ -221,11 +289,22 @@ impl PythonTests {
     fn script_with(&self, prologue: &str) -> String {
         // A JSON string literal is a valid Python string literal (serde_json emits only
         // escapes Python shares: \" \\ \n \r \t \b \f \uXXXX), and so are lists of them.
+        // Only the candidate side of a split assert enters the script; its expected value
+        // stays here.
+        let steps: Vec<Value> = self
+            .checks
+            .iter()
+            .zip(&self.tests)
+            .map(|(check, test)| match check {
+                Check::Value { expression, .. } => json!(["value", expression]),
+                Check::Statement { .. } => json!(["exec", test]),
+            })
+            .collect();
         format!(
-            "_IMPORTS = {}\n_CODE = {}\n_TESTS = {}\n{prologue}{RUNNER}",
+            "_IMPORTS = {}\n_CODE = {}\n_TESTS = {}\n_MAX_REPR = {MAX_VALUE_REPR_CHARS}\n{prologue}{RUNNER}",
             Value::from(self.imports.clone()),
             Value::from(self.code.clone()),
-            Value::from(self.tests.clone())
+            Value::from(steps)
         )
     }
 
@@ -304,18 +383,29 @@ pub struct RunnerReport {
     pub imports: Vec<Option<Result<(), StepFailure>>>,
     /// The code.
     pub code: Option<Result<(), StepFailure>>,
-    /// Per test.
+    /// Per test: its outcome, for a value check decided here from the reported value.
     pub tests: Vec<Option<Result<(), StepFailure>>>,
     /// The runner reached its end.
     pub done: bool,
 }
 
-/// Parses the runner's report lines; unknown or malformed lines are ignored.
-pub fn parse_report(stdout: &str, imports: usize, tests: usize) -> RunnerReport {
-    let mut report = RunnerReport { imports: vec![None; imports], code: None, tests: vec![None; tests], done: false };
+/// Parses the runner's report lines and decides the value checks; unknown or malformed lines,
+/// and lines of the wrong kind for a test (`ok` for a value check, a value for a statement),
+/// are ignored; the first line about a step counts.
+pub fn parse_report(stdout: &str, imports: usize, checks: &[Check]) -> RunnerReport {
+    let mut report =
+        RunnerReport { imports: vec![None; imports], code: None, tests: vec![None; checks.len()], done: false };
     for line in stdout.lines() {
         if line == "done" {
             report.done = true;
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix("value\t") {
+            let Some((index, text)) = rest.split_once('\t') else { continue };
+            let Some(index) = index.parse::<usize>().ok() else { continue };
+            if let (Some(Check::Value { expected, op, .. }), Some(slot @ None)) = (checks.get(index), report.tests.get_mut(index)) {
+                *slot = Some(decide(&unescape(text), expected, *op));
+            }
             continue;
         }
         let fields: Vec<&str> = line.splitn(5, '\t').collect();
@@ -335,14 +425,32 @@ pub fn parse_report(stdout: &str, imports: usize, tests: usize) -> RunnerReport 
         let slot = match phase {
             "import" => report.imports.get_mut(index),
             "code" if index == 0 => Some(&mut report.code),
-            "test" => report.tests.get_mut(index),
+            // A value check passes only by its value; the guest may still report that
+            // evaluating the expression raised (a failure it could always cause anyway).
+            "test" if matches!(checks.get(index), Some(Check::Statement { .. })) || result.is_err() => {
+                report.tests.get_mut(index)
+            }
             _ => None,
         };
-        if let Some(slot) = slot {
+        if let Some(slot @ None) = slot {
             *slot = Some(result);
         }
     }
     report
+}
+
+/// The outcome of a value check: the reported `repr` parsed as a Python literal and compared
+/// with the expectation, here, outside the sandbox.
+fn decide(reported: &str, expected: &PyValue, op: CompareOp) -> Result<(), StepFailure> {
+    let fail = |message: String| Err(StepFailure { exception: "AssertionError".into(), message });
+    if reported.starts_with('\0') {
+        return fail(format!("value longer than {MAX_VALUE_REPR_CHARS} characters"));
+    }
+    match parse_literal(reported) {
+        Ok(got) if compare(op, &got, expected) => Ok(()),
+        Ok(got) => fail(format!("got {}", clip(&got.to_string(), 200))),
+        Err(_) => fail(format!("value is not a literal: {}", clip(reported, 200))),
+    }
 }
 
 /// Reverses the runner's escaping of `\\`, `\n`, `\t`.
@@ -600,19 +708,21 @@ fn run_job(
 ) -> Result<ToolOutcome, ToolError> {
     let started = Instant::now();
     let outcome = sandbox.run(sandbox_job).map_err(|source| ToolError::Sandbox { tool: NAME, source })?;
-    let report = parse_report(&outcome.stdout, job.imports.len(), job.tests.len());
+    let report = parse_report(&outcome.stdout, job.imports.len(), &job.checks);
     let judgement = judge(job, &report, &outcome);
 
     let tests: Vec<Value> = job
         .tests
         .iter()
         .zip(&report.tests)
-        .map(|(test, result)| {
+        .zip(&job.checks)
+        .map(|((test, result), check)| {
             json!({
                 "test": test,
                 "ran": result.is_some(),
                 "passed": matches!(result, Some(Ok(()))),
                 "error": match result { Some(Err(f)) => Some(f.describe()), _ => None },
+                "checked": if check.is_outside() { "outside_sandbox" } else { "untrusted" },
             })
         })
         .collect();
@@ -635,9 +745,14 @@ fn run_job(
     } else {
         job.modeled_duration_s()
     };
+    let failure = failure_of(&report, &outcome, &judgement);
+    let checks = job.verdict_checks();
     let value = json!({
         "passed": judgement.tests_passed,
         "total": job.tests.len(),
+        "failure": failure.as_ref().map(|f| json!({"cause": f.cause.name(), "detail": f.detail})),
+        "checks_outside_sandbox": checks.outside,
+        "checks_untrusted": checks.untrusted,
         "tests": tests,
         "reason": judgement.reason,
         "timed_out": outcome.timed_out,
@@ -654,7 +769,64 @@ fn run_job(
         modeled_duration_s: modeled,
         wall_seconds: started.elapsed().as_secs_f64(),
         sandbox_note: Some(format!("{} sandbox: {}", sandbox.name(), sandbox.describe(&outcome))),
+        failure,
+        checks,
     })
+}
+
+/// The errno of an `OSError` message (`[Errno 28] No space left on device`).
+fn os_errno(failure: &StepFailure) -> Option<i32> {
+    let rest = failure.message.strip_prefix("[Errno ")?;
+    rest[..rest.find(']')?].parse().ok()
+}
+
+/// The cause of a failed run (`None` when it passed), most specific first: what stopped the
+/// interpreter, then a limit the code ran into, then a failing import or code, then the tests.
+pub fn failure_of(report: &RunnerReport, outcome: &SandboxOutcome, judgement: &Judgement) -> Option<ToolFailure> {
+    if judgement.passed {
+        return None;
+    }
+    let steps: Vec<&StepFailure> = report
+        .imports
+        .iter()
+        .chain(std::iter::once(&report.code))
+        .chain(&report.tests)
+        .filter_map(|s| match s {
+            Some(Err(f)) => Some(f),
+            _ => None,
+        })
+        .collect();
+    let raised = |exception: &str| steps.iter().any(|f| f.exception == exception);
+    let errno = |code: i32| steps.iter().any(|f| os_errno(f) == Some(code));
+    let hit = |limit: LimitHit| outcome.limits_hit.contains(&limit);
+    let stopped = !report.done;
+    let cause = if outcome.timed_out {
+        ToolFailureCause::Timeout
+    } else if hit(LimitHit::CpuTime) {
+        ToolFailureCause::CpuTime
+    } else if hit(LimitHit::Syscall) {
+        ToolFailureCause::Syscall
+    } else if hit(LimitHit::Memory) || raised("MemoryError") {
+        ToolFailureCause::Memory
+    } else if hit(LimitHit::WorkArea) || errno(libc::ENOSPC) || errno(libc::EDQUOT) {
+        ToolFailureCause::WorkArea
+    } else if hit(LimitHit::FileSize) || errno(libc::EFBIG) {
+        ToolFailureCause::FileSize
+    } else if hit(LimitHit::OpenFiles) || errno(libc::EMFILE) || errno(libc::ENFILE) {
+        ToolFailureCause::OpenFiles
+    } else if stopped && outcome.stdout_truncated {
+        ToolFailureCause::OutputTooLarge
+    } else if stopped && matches!(outcome.termination, Termination::Signaled(_) | Termination::Trapped) {
+        ToolFailureCause::Crashed
+    } else if stopped {
+        ToolFailureCause::Exited
+    } else if report.imports.iter().chain(std::iter::once(&report.code)).any(|s| matches!(s, Some(Err(_)))) {
+        ToolFailureCause::CodeError
+    } else {
+        ToolFailureCause::TestsFailed
+    };
+    let detail = judgement.reason.clone().unwrap_or_else(|| judgement.text.clone());
+    Some(ToolFailure { cause, detail })
 }
 
 #[cfg(test)]
@@ -673,9 +845,14 @@ mod tests {
         PythonTests {
             code: "def f(x):\n    return 2 * x\n".into(),
             tests: tests.iter().map(|t| t.to_string()).collect(),
+            checks: tests.iter().map(|t| Check::of(t)).collect(),
             imports: vec![],
             timeout_s: 5.0,
         }
+    }
+
+    fn checks(tests: &[&str]) -> Vec<Check> {
+        tests.iter().map(|t| Check::of(t)).collect()
     }
 
     fn outcome(stdout: &str, termination: Termination, timed_out: bool, limits_hit: Vec<LimitHit>) -> SandboxOutcome {
@@ -745,9 +922,12 @@ mod tests {
 
     #[test]
     fn report_lines_are_parsed() {
+        // Tests 0-2 are statements (untrusted), 3-4 value checks decided here.
+        let tests = ["pass", "raise AssertionError", "x = 1", "assert f(1) == 2", "assert f(2) == 5"];
         let stdout = "import\t0\tok\ncode\t0\tok\ntest\t0\tok\ntest\t1\tfail\tAssertionError\t\n\
-                      test\t2\tfail\tValueError\tbad\\tvalue\\nline two \\\\ end\ngarbage line\ntest\t9\tok\ndone\n";
-        let report = parse_report(stdout, 1, 3);
+                      test\t2\tfail\tValueError\tbad\\tvalue\\nline two \\\\ end\ngarbage line\ntest\t9\tok\n\
+                      value\t3\t2\nvalue\t4\t4\ndone\n";
+        let report = parse_report(stdout, 1, &checks(&tests));
         assert_eq!(report.imports, [Some(Ok(()))]);
         assert_eq!(report.code, Some(Ok(())));
         assert_eq!(report.tests[0], Some(Ok(())));
@@ -759,61 +939,100 @@ mod tests {
             report.tests[2],
             Some(Err(StepFailure { exception: "ValueError".into(), message: "bad\tvalue\nline two \\ end".into() }))
         );
+        assert_eq!(report.tests[3], Some(Ok(())), "2 == 2, decided outside");
+        assert_eq!(report.tests[4], Some(Err(StepFailure { exception: "AssertionError".into(), message: "got 4".into() })));
         assert!(report.done);
-        assert!(!parse_report("test\t0\tok\n", 0, 1).done);
+        assert!(!parse_report("test\t0\tok\n", 0, &checks(&["pass"])).done);
+    }
+
+    #[test]
+    fn the_guest_cannot_claim_a_value_check() {
+        let tests = ["assert f(1) == 2", "assert f(2) == [1, (2.5, 'x')]"];
+        // Today's forge: report every test as passed and finish.
+        let forged = "code\t0\tok\ntest\t0\tok\ntest\t1\tok\ndone\n";
+        let report = parse_report(forged, 0, &checks(&tests));
+        assert_eq!(report.tests, [None, None], "ok lines do not count for value checks");
+        // Values are compared with Python semantics; the first line about a test counts.
+        let values = "value\t0\t2.0\nvalue\t0\t3\nvalue\t1\t[1, (2.5, 'x')]\ndone\n";
+        let report = parse_report(values, 0, &checks(&tests));
+        assert_eq!(report.tests, [Some(Ok(())), Some(Ok(()))]);
+        // A value that is no literal (a user object's repr) fails.
+        let object = "value\t0\t<__main__.Forge object at 0x7f>\n";
+        let report = parse_report(object, 0, &checks(&tests));
+        assert!(matches!(&report.tests[0], Some(Err(f)) if f.message.starts_with("value is not a literal")), "{report:?}");
+        // The expectation never enters the script.
+        let script = job(&tests).runner_script();
+        assert!(script.contains(r#"["value","f(2)"]"#), "{script}");
+        assert!(!script.contains("2.5"), "{script}");
     }
 
     #[test]
     fn judgement_names_the_first_failed_assert() {
         let job = job(&["assert f(1) == 2", "assert f(2) == 5", "assert f(3) == 7"]);
-        let stdout = "code\t0\tok\ntest\t0\tok\ntest\t1\tfail\tAssertionError\t\ntest\t2\tfail\tAssertionError\t\ndone\n";
-        let report = parse_report(stdout, 0, 3);
+        let stdout = "code\t0\tok\nvalue\t0\t2\nvalue\t1\t4\nvalue\t2\t6\ndone\n";
+        let report = parse_report(stdout, 0, &job.checks);
         let j = judge(&job, &report, &outcome(stdout, Termination::Exited(0), false, vec![]));
         assert!(!j.passed);
         assert_eq!(j.tests_passed, 1);
-        assert_eq!(j.text, "1/3 tests passed; first failure: assert f(2) == 5 -> AssertionError");
+        assert_eq!(j.text, "1/3 tests passed; first failure: assert f(2) == 5 -> AssertionError: got 4");
+        let failure = failure_of(&report, &outcome(stdout, Termination::Exited(0), false, vec![]), &j).expect("failed");
+        assert_eq!(failure.cause, ToolFailureCause::TestsFailed);
+        assert_eq!(job.verdict_checks(), VerdictChecks { outside: 3, untrusted: 0 });
     }
 
     #[test]
     fn judgement_passes_only_complete_runs() {
         let job = job(&["assert f(1) == 2"]);
-        let ok = "code\t0\tok\ntest\t0\tok\ndone\n";
-        let j = judge(&job, &parse_report(ok, 0, 1), &outcome(ok, Termination::Exited(0), false, vec![]));
+        let ok = "code\t0\tok\nvalue\t0\t2\ndone\n";
+        let j = judge(&job, &parse_report(ok, 0, &job.checks), &outcome(ok, Termination::Exited(0), false, vec![]));
         assert!(j.passed);
         assert_eq!(j.text, "1/1 tests passed");
         assert_eq!(j.reason, None);
 
         // All tests reported but the runner never finished (killed afterwards): not a pass.
-        let cut = "code\t0\tok\ntest\t0\tok\n";
-        let j = judge(&job, &parse_report(cut, 0, 1), &outcome(cut, Termination::Signaled(9), false, vec![]));
+        let cut = "code\t0\tok\nvalue\t0\t2\n";
+        let killed = outcome(cut, Termination::Signaled(9), false, vec![]);
+        let report = parse_report(cut, 0, &job.checks);
+        let j = judge(&job, &report, &killed);
         assert!(!j.passed);
         assert_eq!(
             j.text,
             "1/1 tests passed; interpreter stopped before finishing (killed by signal 9 (SIGKILL))"
         );
+        assert_eq!(failure_of(&report, &killed, &j).map(|f| f.cause), Some(ToolFailureCause::Crashed));
+        let filtered = outcome(cut, Termination::Signaled(libc::SIGSYS), false, vec![LimitHit::Syscall]);
+        let j = judge(&job, &report, &filtered);
+        assert_eq!(failure_of(&report, &filtered, &j).map(|f| f.cause), Some(ToolFailureCause::Syscall));
     }
 
     #[test]
     fn judgement_of_timeouts_and_code_errors() {
         let job = job(&["assert f(1) == 2", "assert f(2) == 4"]);
-        let partial = "code\t0\tok\ntest\t0\tok\n";
-        let j = judge(
-            &job,
-            &parse_report(partial, 0, 2),
-            &outcome(partial, Termination::Signaled(9), true, vec![LimitHit::WallTime]),
-        );
+        let partial = "code\t0\tok\nvalue\t0\t2\n";
+        let timed_out = outcome(partial, Termination::Signaled(9), true, vec![LimitHit::WallTime]);
+        let report = parse_report(partial, 0, &job.checks);
+        let j = judge(&job, &report, &timed_out);
         assert!(!j.passed);
         assert_eq!(j.reason.as_deref(), Some("timed out after 5 s"));
         assert_eq!(j.text, "1/2 tests passed; timed out after 5 s");
+        let failure = failure_of(&report, &timed_out, &j).expect("failed");
+        assert_eq!((failure.cause, failure.detail.as_str()), (ToolFailureCause::Timeout, "timed out after 5 s"));
 
         let syntax = "code\t0\tfail\tSyntaxError\tinvalid syntax (<candidate>, line 1)\ndone\n";
-        let j = judge(&job, &parse_report(syntax, 0, 2), &outcome(syntax, Termination::Exited(0), false, vec![]));
+        let syntax_report = parse_report(syntax, 0, &job.checks);
+        let clean = outcome(syntax, Termination::Exited(0), false, vec![]);
+        let j = judge(&job, &syntax_report, &clean);
         assert_eq!(j.text, "0/2 tests passed; code failed: SyntaxError: invalid syntax (<candidate>, line 1)");
+        assert_eq!(failure_of(&syntax_report, &clean, &j).map(|f| f.cause), Some(ToolFailureCause::CodeError));
+        let full = "code\t0\tok\ntest\t0\tfail\tOSError\t[Errno 28] No space left on device\ndone\n";
+        let full_report = parse_report(full, 0, &job.checks);
+        let j = judge(&job, &full_report, &clean);
+        assert_eq!(failure_of(&full_report, &clean, &j).map(|f| f.cause), Some(ToolFailureCause::WorkArea));
 
         let cpu = "code\t0\tok\n";
         let j = judge(
             &job,
-            &parse_report(cpu, 0, 2),
+            &parse_report(cpu, 0, &job.checks),
             &outcome(cpu, Termination::Signaled(libc::SIGXCPU), false, vec![LimitHit::CpuTime]),
         );
         assert_eq!(j.reason.as_deref(), Some("CPU time limit of 5 s exceeded"));
@@ -825,7 +1044,7 @@ mod tests {
         let job = job(&[long_test.as_str()]);
         let msg = "x".repeat(5000);
         let stdout = format!("code\t0\tok\ntest\t0\tfail\tAssertionError\t{msg}\ndone\n");
-        let j = judge(&job, &parse_report(&stdout, 0, 1), &outcome(&stdout, Termination::Exited(0), false, vec![]));
+        let j = judge(&job, &parse_report(&stdout, 0, &job.checks), &outcome(&stdout, Termination::Exited(0), false, vec![]));
         assert!(j.text.len() <= MAX_TEXT_BYTES, "{}", j.text.len());
         assert!(j.text.starts_with("0/1 tests passed; first failure: assert f(1) == 999"));
         assert_eq!(clip("héllo", 3), "…");
@@ -835,11 +1054,11 @@ mod tests {
 
     #[test]
     fn runner_script_embeds_inputs_as_literals() {
-        let mut job = job(&["assert s == 'a\"b\\\\c'"]);
+        let mut job = job(&["assert s.startswith('a\"b\\\\c')"]);
         job.code = "s = 'a\"b\\\\c'\n# naïve ✓ \u{1}\n".into();
         let script = job.runner_script();
         assert!(script.starts_with("_IMPORTS = []\n_CODE = \"s = 'a\\\"b\\\\\\\\c'\\n# naïve ✓ \\u0001\\n\"\n"), "{script}");
-        assert!(script.contains("_TESTS = [\"assert s == 'a\\\"b\\\\\\\\c'\"]"));
+        assert!(script.contains("_TESTS = [[\"exec\",\"assert s.startswith('a\\\"b\\\\\\\\c')\"]]"), "{script}");
     }
 
     #[test]

@@ -301,6 +301,36 @@ def attack():
 }
 
 // ---------------------------------------------------------------------------------------------
+// Forged verdicts
+
+/// Code that defines no function and instead writes a passing report for every test, in every
+/// format the runner has used, then exits cleanly before any test runs.
+const FORGE_PAYLOAD: &str = r#"
+import os, sys
+import __main__
+report = getattr(__main__, '_REPORT', None) or open(1, 'w', closefd=False)
+for i in range(8):
+    report.write('test\t%d\tok\n' % i)
+    report.write('value\t%d\tTrue\n' % i)
+report.write('done\n')
+report.flush()
+os._exit(0)
+"#;
+
+#[test]
+fn a_forged_report_does_not_pass() {
+    let tests = ["assert similar_elements((3, 4, 5, 6), (5, 7, 4, 10)) == (4, 5)", "assert similar_elements((1, 2), (2, 3)) == (2,)"];
+    for (name, backend) in backends() {
+        let out = attack(backend, FORGE_PAYLOAD, &tests, 10.0);
+        assert_eq!(out.verdict.as_deref(), Some("fail"), "{name}: the forged report passed: {}", out.text);
+        assert_eq!(out.checks.outside, 2, "{name}: both asserts are decided outside the sandbox");
+        // The same payload against asserts that cannot be split is counted as untrusted.
+        let out = attack(backend, FORGE_PAYLOAD, &["assert similar_elements((1, 2), (2, 3))"], 10.0);
+        assert_eq!(out.checks.untrusted, 1, "{name}: {out:?}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Disk and descriptors
 
 #[test]

@@ -109,12 +109,18 @@ fn wrong_solution_fails_naming_the_assert() {
     let code = "def similar_elements(a, b):\n    return tuple(set(a) | set(b))\n";
     let out = run(json!({"code": code, "tests": MBPP_2_TESTS}));
     assert_eq!(out.verdict.as_deref(), Some("fail"));
-    assert_eq!(out.text, format!("0/3 tests passed; first failure: {} -> AssertionError", MBPP_2_TESTS[0]));
-    assert_eq!(out.value["tests"][1]["error"], json!("AssertionError"));
+    // The value came back as data and was compared outside the sandbox.
+    assert_eq!(
+        out.text,
+        format!("0/3 tests passed; first failure: {} -> AssertionError: got {{3, 4, 5, 6, 7, 10}}", MBPP_2_TESTS[0])
+    );
+    assert_eq!(out.value["tests"][1]["error"], json!("AssertionError: got {1, 2, 3, 4, 5, 7}"));
+    assert_eq!(out.value["tests"][1]["checked"], json!("outside_sandbox"));
+    assert_eq!(out.failure.as_ref().map(|f| f.cause), Some(switchyard_tools::ToolFailureCause::TestsFailed));
 
     let partly = "def f(x):\n    return x * 2 if x < 2 else x + 1\n";
     let out = run(json!({"code": partly, "tests": ["assert f(1) == 2", "assert f(2) == 4", "assert f(0) == 0"]}));
-    assert_eq!(out.text, "2/3 tests passed; first failure: assert f(2) == 4 -> AssertionError");
+    assert_eq!(out.text, "2/3 tests passed; first failure: assert f(2) == 4 -> AssertionError: got 3");
 }
 
 #[test]
@@ -176,7 +182,8 @@ fn infinite_loop_is_killed_at_the_time_limit() {
     assert_eq!(out.value["reason"], json!("timed out after 1 s"));
     assert_eq!(out.text, "0/1 tests passed; timed out after 1 s");
     assert_eq!(out.modeled_duration_s, 1.0, "a timeout is modeled as the limit");
-    assert!(out.wall_seconds >= 1.0 && out.wall_seconds < 3.0, "{}", out.wall_seconds);
+    // Generous: the bound is the kill, not this machine's speed under load.
+    assert!(out.wall_seconds >= 1.0 && out.wall_seconds < 10.0, "{}", out.wall_seconds);
     assert!(raw.timed_out);
     assert!(common::live_in_group(raw.pid).is_empty(), "process group {} survived", raw.pid);
 }

@@ -723,7 +723,15 @@ impl PlannerActorState {
         let record = self.trace.get(session.0 as usize).map(|e| e.record).unwrap_or(0);
         let failed = Some(format!("session actor {reason}"));
         SessionReport {
-            record: SessionRecord { session, workflow, arrived: self.wall(), finished: None, failed: failed.clone(), score: None },
+            record: SessionRecord {
+                session,
+                workflow,
+                arrived: self.wall(),
+                finished: None,
+                failed: failed.clone(),
+                score: None,
+                tools: Default::default(),
+            },
             result: SessionResult { session, workflow, record, final_output: None, score: None, failed },
             calls: Vec::new(),
             timings: Vec::new(),

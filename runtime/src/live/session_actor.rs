@@ -60,6 +60,10 @@ pub struct SessionState {
     prepared: BTreeMap<ActivationId, PreparedLlm>,
     spans: BTreeMap<ActivationId, Span>,
     calls: Vec<CallRecord>,
+    /// Running tool calls: the calling node's name and the tool's name.
+    tool_nodes: BTreeMap<ActivationId, (String, String)>,
+    /// What the finished tool calls reported.
+    tools: crate::report::SessionToolLog,
     /// Wall time each LLM unit was handed to the planner, and learned of its grant.
     ready_at: BTreeMap<ActivationId, (f64, Option<f64>)>,
     timings: Vec<CallTiming>,
@@ -86,6 +90,8 @@ impl Actor for SessionActor {
             prepared: BTreeMap::new(),
             spans: BTreeMap::new(),
             calls: Vec::new(),
+            tool_nodes: BTreeMap::new(),
+            tools: Default::default(),
             ready_at: BTreeMap::new(),
             timings: Vec::new(),
             ended: false,
@@ -171,6 +177,7 @@ impl SessionState {
                 tracing::debug!(parent: &span, tool = %call.tool, "tool start");
                 self.spans.insert(a, span);
                 let predicted_s = modeled_duration_s(&call);
+                self.tool_nodes.insert(a, (node.clone(), call.tool.clone()));
                 let _ = self.planner.send_message(PlannerMsg::ToolStarted { activation: a, predicted_s, workflow, node: node_index });
                 let sent = match ctx.tools.get() {
                     Some(tools) => tools.send_message(ToolMsg::Run { activation: a, call, reply: myself.clone() }).is_ok(),
@@ -252,7 +259,10 @@ impl SessionState {
                     let note: String = note.split("; ").filter(|p| !p.starts_with("uid:")).collect::<Vec<_>>().join("; ");
                     let _ = self.planner.send_message(PlannerMsg::Note(note));
                 }
-                tracing::debug!(parent: self.span_of(a), verdict = ?o.verdict, "tool done");
+                tracing::debug!(parent: self.span_of(a), detail = ?shell_common::tool_trace_detail(&o), "tool done");
+                if let Some((node, tool)) = self.tool_nodes.remove(&a) {
+                    self.tools.record(a.session.0, &node, &tool, &o);
+                }
                 let output = NodeOutput { text: o.text, verdict: o.verdict, value: o.value, output_tokens: 0 };
                 self.record_call(a, None, 0, 0);
                 self.complete(myself, a, output);
@@ -335,6 +345,7 @@ impl SessionState {
                 finished: completed.then(|| self.ctx.clock.wall()),
                 failed: failed.clone(),
                 score,
+                tools: std::mem::take(&mut self.tools),
             },
             result: SessionResult {
                 session: self.session.id(),

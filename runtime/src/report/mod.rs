@@ -86,11 +86,103 @@ pub struct RunReport {
     pub workflows: BTreeMap<String, WorkflowReport>,
     /// Why sessions failed (at most the first 20 reasons).
     pub failures: Vec<String>,
+    /// Failed tool calls with their causes, and how test verdicts were checked.
+    pub tools: ToolReport,
+}
+
+/// Largest number of failed tool calls listed one by one in a report.
+pub const MAX_LISTED_TOOL_FAILURES: usize = 20;
+
+/// One failed tool call, as the report lists it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ToolFailureRecord {
+    pub session: u32,
+    /// The workflow node that called the tool.
+    pub node: String,
+    pub tool: String,
+    /// [`switchyard_tools::ToolFailureCause::name`]: `timeout`, `memory`, `tests_failed`, …
+    pub cause: String,
+    pub detail: String,
+}
+
+/// What one session's tool calls reported, kept by a shell while the session runs.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct SessionToolLog {
+    pub failures: Vec<ToolFailureRecord>,
+    pub checked_outside: u64,
+    pub untrusted: u64,
+}
+
+impl SessionToolLog {
+    /// Records one tool outcome of `session` at `node`.
+    pub fn record(&mut self, session: u32, node: &str, tool: &str, outcome: &switchyard_tools::ToolOutcome) {
+        self.checked_outside += u64::from(outcome.checks.outside);
+        self.untrusted += u64::from(outcome.checks.untrusted);
+        if let Some(failure) = &outcome.failure {
+            self.failures.push(ToolFailureRecord {
+                session,
+                node: node.to_string(),
+                tool: tool.to_string(),
+                cause: failure.cause.name().to_string(),
+                detail: failure.detail.clone(),
+            });
+        }
+    }
+}
+
+/// The run's tool calls in the report.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct ToolReport {
+    /// Failed tool calls by cause.
+    pub failures_by_cause: BTreeMap<String, u64>,
+    /// The first [`MAX_LISTED_TOOL_FAILURES`] failed calls, by session, then call order.
+    pub failures: Vec<ToolFailureRecord>,
+    /// Test checks decided outside the sandbox (the sandboxed code could not forge them).
+    pub checks_outside_sandbox: u64,
+    /// Test checks whose outcome the sandboxed code reported itself (asserts that could not be
+    /// split into a value and an expectation).
+    pub checks_untrusted: u64,
+}
+
+impl ToolReport {
+    /// Aggregates the sessions' logs, in session order whatever the order given.
+    pub fn collect<'a>(logs: impl IntoIterator<Item = (u32, &'a SessionToolLog)>) -> Self {
+        let mut logs: Vec<(u32, &SessionToolLog)> = logs.into_iter().collect();
+        logs.sort_by_key(|(session, _)| *session);
+        let mut report = ToolReport::default();
+        for (_, log) in logs {
+            report.checks_outside_sandbox += log.checked_outside;
+            report.checks_untrusted += log.untrusted;
+            for failure in &log.failures {
+                *report.failures_by_cause.entry(failure.cause.clone()).or_default() += 1;
+                if report.failures.len() < MAX_LISTED_TOOL_FAILURES {
+                    report.failures.push(failure.clone());
+                }
+            }
+        }
+        report
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn failure(session: u32, cause: &str) -> ToolFailureRecord {
+        ToolFailureRecord { session, node: "test".into(), tool: "python_tests".into(), cause: cause.into(), detail: String::new() }
+    }
+
+    #[test]
+    fn tool_report_counts_causes_in_session_order_and_caps_the_list() {
+        let a = SessionToolLog { failures: vec![failure(1, "timeout"); 15], checked_outside: 3, untrusted: 1 };
+        let b = SessionToolLog { failures: vec![failure(0, "tests_failed"); 10], checked_outside: 2, untrusted: 0 };
+        let report = ToolReport::collect([(1, &a), (0, &b)]);
+        assert_eq!(report.failures_by_cause, BTreeMap::from([("tests_failed".into(), 10), ("timeout".into(), 15)]));
+        assert_eq!(report.failures.len(), MAX_LISTED_TOOL_FAILURES);
+        assert_eq!(report.failures[0].session, 0, "session 0 first");
+        assert_eq!(report.failures[10].session, 1);
+        assert_eq!((report.checks_outside_sandbox, report.checks_untrusted), (5, 1));
+    }
 
     #[test]
     fn nearest_rank_percentiles() {

@@ -32,11 +32,11 @@ use crate::ids::{ActivationId, DeviceId, ReplicaId, SessionId};
 use crate::planner::{
     Command, DeploymentId, DeploymentInfo, Event, JointOptions, PlanError, Planner,
 };
-use crate::shell_common::{self, PrepareContext, PreparedLlm, Ready};
+use crate::shell_common::{self, PrepareContext, PreparedLlm, Ready, tool_trace_detail as trace_detail};
 use graph_info::NodeInfo;
 use crate::report::{
-    DeviceTimeline, GpuBreakdown, Percentiles, RunReport, Segment, SegmentKind, WorkflowReport,
-    gpu, round3,
+    DeviceTimeline, GpuBreakdown, Percentiles, RunReport, Segment, SegmentKind, SessionToolLog, ToolReport,
+    WorkflowReport, gpu, round3,
 };
 use crate::session::Session;
 use crate::values::{NodeOutput, derive_seed};
@@ -178,6 +178,7 @@ struct SessionRun {
     arrived: f64,
     finished: Option<f64>,
     failed: Option<String>,
+    tools: SessionToolLog,
 }
 
 struct Replica {
@@ -220,7 +221,8 @@ struct Sim<'a> {
     in_flight: BTreeMap<u64, InFlight>,
     next_request: u64,
     tools: ToolPool,
-    tool_jobs: BTreeMap<ActivationId, ToolJob>,
+    /// Running tool calls: the job, the calling node's name and the tool's name.
+    tool_jobs: BTreeMap<ActivationId, (ToolJob, String, String)>,
     timelines: Vec<DeviceTimeline>,
     work: TokenWork,
     trace: Vec<TraceLine>,
@@ -514,6 +516,7 @@ impl<'a> Sim<'a> {
                     arrived: self.now,
                     finished: None,
                     failed: None,
+                    tools: SessionToolLog::default(),
                 });
                 self.plan(Event::SessionArrived { session: id, workflow: entry.workflow })?;
                 let ready = self.sessions[i].as_ref().map(|s| s.session.ready()).unwrap_or_default();
@@ -551,7 +554,8 @@ impl<'a> Sim<'a> {
         match self.prepare(a)? {
             Ready::Tool { call, node, workflow, node_index } => {
                 let duration = modeled_duration_s(&call);
-                self.tool_jobs.insert(a, self.tools.submit(call));
+                let tool = call.tool.clone();
+                self.tool_jobs.insert(a, (self.tools.submit(call), node.clone(), tool));
                 self.tool_calls += 1;
                 self.log("tool_start", TraceLine {
                     session: Some(a.session.0),
@@ -595,7 +599,7 @@ impl<'a> Sim<'a> {
     }
 
     fn on_tool_done(&mut self, a: ActivationId) -> Result<(), SimError> {
-        let Some(job) = self.tool_jobs.remove(&a) else {
+        let Some((job, node, tool)) = self.tool_jobs.remove(&a) else {
             return Err(SimError::Internal(format!("no tool job for {a}")));
         };
         let outcome = job.join();
@@ -616,9 +620,13 @@ impl<'a> Sim<'a> {
                 self.log("tool_done", TraceLine {
                     session: Some(a.session.0),
                     activation: Some(a.index),
-                    detail: o.verdict.clone(),
+                    node: Some(node.clone()),
+                    detail: trace_detail(&o),
                     ..blank()
                 });
+                if let Some(run) = self.sessions.get_mut(a.session.0 as usize).and_then(|r| r.as_mut()) {
+                    run.tools.record(a.session.0, &node, &tool, &o);
+                }
                 let output = NodeOutput { text: o.text, verdict: o.verdict, value: o.value, output_tokens: 0 };
                 self.record_call(a, None, 0, 0);
                 self.complete(a, output)
@@ -862,6 +870,7 @@ impl<'a> Sim<'a> {
             preemptions: self.preemptions,
             workflows,
             failures,
+            tools: ToolReport::collect(runs.iter().map(|r| (r.session.id().0, &r.tools))),
         };
         SimOutput {
             report,

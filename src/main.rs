@@ -183,6 +183,12 @@ fn predictor_eval(train: Option<PathBuf>, test: Option<PathBuf>, json: bool) -> 
 
 fn run(args: RunArgs) -> Result<()> {
     let workflows = load_all(&args.workflows)?;
+    // Remove what a killed earlier run's tool sandboxes left on this machine (only work
+    // directories carrying Switchyard's marker whose owning process is gone).
+    let swept = switchyard_tools::sandbox::residue::sweep_once();
+    for (path, error) in &swept.failed {
+        eprintln!("note: cannot remove the stale tool work directory {}: {error}", path.display());
+    }
     let pool = if args.live {
         live_cmd::pool_spec(&args.pool)?
     } else {

@@ -564,6 +564,31 @@ fn pidfd_open(pid: libc::pid_t) -> Option<OwnedFd> {
     Some(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
 }
 
+/// Longest wait for a killed PID namespace to finish dying.
+const NAMESPACE_END_GRACE: Duration = Duration::from_secs(5);
+
+/// Kills the namespace's init through its pidfd and waits until it has exited, which means
+/// every process of its namespace has; false when that takes longer than
+/// [`NAMESPACE_END_GRACE`].
+fn await_namespace_end(init: &OwnedFd) -> bool {
+    // SAFETY: pidfd_send_signal on our own descriptor with no siginfo.
+    unsafe {
+        libc::syscall(libc::SYS_pidfd_send_signal, init.as_raw_fd(), libc::SIGKILL, std::ptr::null::<libc::siginfo_t>(), 0);
+    }
+    let deadline = Instant::now() + NAMESPACE_END_GRACE;
+    loop {
+        let now = Instant::now();
+        if now >= deadline {
+            return false;
+        }
+        match poll_fds(&[Some(init.as_raw_fd())], deadline - now) {
+            Ok(ready) if ready[0] => return true,
+            Ok(_) => {}
+            Err(_) => return false,
+        }
+    }
+}
+
 /// Whether `pid` has exited, without reaping it (`waitid(WNOHANG | WNOWAIT)`).
 fn has_exited(pid: libc::pid_t) -> io::Result<bool> {
     // SAFETY: siginfo_t is plain data; waitid fills it for our own child.
@@ -808,18 +833,29 @@ fn run_process(policy: IsolationPolicy, job: &SandboxJob) -> Result<SandboxOutco
     };
     let pid = child.id() as libc::pid_t;
 
-    let report = ChildReport::read_from(File::from(report_read));
+    let (report, init_pid) = ChildReport::read_from(File::from(report_read));
+    // A descriptor of the namespace's init, taken while it runs (it lives until the program
+    // ends), so its exit — which the kernel completes only once every process of the namespace
+    // is gone — can be awaited without any risk of a recycled pid.
+    let init = init_pid.and_then(pidfd_open);
     let used_host_dir = report.is_none_or(|r| r.used_host_work_dir());
     let isolation = confine::isolation_from(report, policy, is_root, sandbox_uid);
 
     let captured = supervise(&mut child, pid, sandbox_uid, limits, started);
+    let mut notes_after = Vec::new();
     // Whatever happened while supervising, make sure nothing of the run survives.
     kill_group(pid);
     if let Some(uid) = sandbox_uid {
         kill_uid(uid);
     }
     let reaped = reap(pid);
+    if let Some(init) = &init
+        && !await_namespace_end(init)
+    {
+        notes_after.push("the PID namespace was still shutting down when the run ended".to_string());
+    }
     let (stdout, stderr, timed_out, wall_seconds, mut notes) = captured.map_err(SandboxError::Wait)?;
+    notes.append(&mut notes_after);
     let (status, usage) = reaped.map_err(SandboxError::Wait)?;
 
     let termination = if libc::WIFSIGNALED(status) {

@@ -119,7 +119,7 @@ fn failures_name_the_assert_and_code_errors() {
     let partly = "def f(x):\n    return x * 2 if x < 2 else x + 1\n";
     let out = run(json!({"code": partly, "tests": ["assert f(1) == 2", "assert f(2) == 4", "assert f(0) == 0"]}));
     assert_eq!(out.verdict.as_deref(), Some("fail"));
-    assert_eq!(out.text, "2/3 tests passed; first failure: assert f(2) == 4 -> AssertionError");
+    assert_eq!(out.text, "2/3 tests passed; first failure: assert f(2) == 4 -> AssertionError: got 3");
 
     let out = run(json!({"code": "def f(x) return x", "tests": ["assert f(1) == 1"]}));
     assert!(out.text.starts_with("0/1 tests passed; code failed: SyntaxError"), "{}", out.text);

@@ -208,6 +208,11 @@ pub(super) struct ChildReport {
 
 const REPORT_LEN: usize = std::mem::size_of::<ChildReport>();
 
+/// Tags of the messages on the report pipe (each message is written in one `write` of less than
+/// `PIPE_BUF` bytes, so the two writers never interleave).
+const INIT_TAG: u8 = b'I';
+const REPORT_TAG: u8 = b'R';
+
 impl ChildReport {
     fn words(&self) -> [u32; 7] {
         [
@@ -242,20 +247,42 @@ impl ChildReport {
         }
     }
 
-    /// Reads the report from the pipe's read end (after the parent closed its write end).
-    /// `None` when the child wrote no complete report.
-    pub(super) fn read_from(mut pipe: File) -> Option<Self> {
-        let mut bytes = [0u8; REPORT_LEN];
-        let mut filled = 0;
-        while filled < REPORT_LEN {
-            match pipe.read(&mut bytes[filled..]) {
-                Ok(0) => return None,
-                Ok(n) => filled += n,
+    /// Reads the messages of the report pipe (after the parent closed its write end) until it
+    /// closes: the host pid of the PID namespace's init, sent by S (tag [`INIT_TAG`]), and the
+    /// report, sent by the program's process before `exec` (tag [`REPORT_TAG`]). Either is
+    /// `None` when it was not (completely) sent.
+    pub(super) fn read_from(mut pipe: File) -> (Option<Self>, Option<libc::pid_t>) {
+        let mut bytes = Vec::with_capacity(2 * (REPORT_LEN + 1));
+        let mut buf = [0u8; 64];
+        loop {
+            match pipe.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => bytes.extend_from_slice(&buf[..n]),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(_) => return None,
+                Err(_) => break,
+            }
+            if bytes.len() > 4 * REPORT_LEN {
+                break;
             }
         }
-        Some(Self::from_bytes(&bytes))
+        let (mut report, mut init) = (None, None);
+        let mut rest = &bytes[..];
+        while let Some((&tag, body)) = rest.split_first() {
+            match tag {
+                INIT_TAG if body.len() >= 4 => {
+                    init = Some(libc::pid_t::from_ne_bytes([body[0], body[1], body[2], body[3]]));
+                    rest = &body[4..];
+                }
+                REPORT_TAG if body.len() >= REPORT_LEN => {
+                    let mut fixed = [0u8; REPORT_LEN];
+                    fixed.copy_from_slice(&body[..REPORT_LEN]);
+                    report = Some(Self::from_bytes(&fixed));
+                    rest = &body[REPORT_LEN..];
+                }
+                _ => break,
+            }
+        }
+        (report, init)
     }
 
     fn has(&self, flag: u32) -> bool {
@@ -820,9 +847,13 @@ unsafe fn close_all_but(keep: RawFd) {
 ///
 /// # Safety
 /// Only in S after the fork of init; never returns.
-unsafe fn supervise_init(init: libc::pid_t, status_read: RawFd) -> ! {
+unsafe fn supervise_init(init: libc::pid_t, status_read: RawFd, report_fd: RawFd) -> ! {
     // SAFETY: raw, async-signal-safe system calls on plain data.
     unsafe {
+        // The parent watches init's exit to know the whole namespace is gone.
+        let mut message = [INIT_TAG, 0, 0, 0, 0];
+        message[1..].copy_from_slice(&init.to_ne_bytes());
+        libc::write(report_fd, message.as_ptr().cast(), message.len());
         close_all_but(status_read);
         let mut status: libc::c_int = 0;
         loop {
@@ -957,7 +988,7 @@ pub(super) unsafe fn confine_child(plan: &ChildPlan) -> io::Result<()> {
                 return Err(io::Error::last_os_error());
             }
             if init > 0 {
-                supervise_init(init, pipe[0]);
+                supervise_init(init, pipe[0], plan.report_fd);
             }
             libc::close(pipe[0]);
             libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, zero, zero, zero);
@@ -1019,8 +1050,9 @@ pub(super) unsafe fn confine_child(plan: &ChildPlan) -> io::Result<()> {
         // 9. Descriptors and report (sent before the filter, which the report cannot fail).
         libc::syscall(libc::SYS_close_range, 3 as libc::c_uint, libc::c_uint::MAX, libc::CLOSE_RANGE_CLOEXEC);
         report.flags |= SECCOMP;
-        let bytes = report.to_bytes();
-        libc::write(plan.report_fd, bytes.as_ptr().cast(), bytes.len());
+        let mut message = [REPORT_TAG; REPORT_LEN + 1];
+        message[1..].copy_from_slice(&report.to_bytes());
+        libc::write(plan.report_fd, message.as_ptr().cast(), message.len());
 
         // 10. Filter, then the program.
         plan.filter.install()?;

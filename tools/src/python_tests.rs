@@ -144,9 +144,31 @@ def _run(kind, index, source, filename, namespace):
     _emit(kind, index, None)
     return True
 
+def _plain(value, depth=0):
+    # Subclasses of the builtin containers and scalars (Counter, OrderedDict, defaultdict,
+    # namedtuples, IntEnum members) compare equal to their plain counterparts: report those.
+    if depth > 100:
+        return value
+    if isinstance(value, bool) or value is None:
+        return value
+    if isinstance(value, dict):
+        return {_plain(k, depth + 1): _plain(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v, depth + 1) for v in value]
+    if isinstance(value, tuple):
+        return tuple(_plain(v, depth + 1) for v in value)
+    if isinstance(value, frozenset):
+        return frozenset(_plain(v, depth + 1) for v in value)
+    if isinstance(value, set):
+        return {_plain(v, depth + 1) for v in value}
+    for base in (int, float, complex, str, bytes):
+        if isinstance(value, base) and type(value) is not base:
+            return base(value)
+    return value
+
 def _value(index, source, namespace):
     try:
-        text = repr(eval(compile(source, "<test %d>" % index, "eval"), namespace))
+        text = repr(_plain(eval(compile(source, "<test %d>" % index, "eval"), namespace)))
     except BaseException as error:
         _emit("test", index, error)
         return

@@ -288,3 +288,28 @@ fn the_test_tool_cannot_start_processes() {
     let out = run(json!({"code": code, "tests": ["assert spawn() == 'refused'"]}));
     assert_eq!(out.verdict.as_deref(), Some("pass"), "{out:?}");
 }
+
+#[test]
+fn every_mbpp_reference_solution_passes_with_its_checks_decided_outside() {
+    if python().is_none() {
+        return;
+    }
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../workflows/datasets/mbpp/sanitized-mbpp.json");
+    let records: Vec<Value> = serde_json::from_str(&std::fs::read_to_string(&path).expect("dataset")).expect("json");
+    let (mut failed, mut outside, mut untrusted) = (Vec::new(), 0u32, 0u32);
+    for record in &records {
+        let out = run(json!({
+            "code": record["code"], "tests": record["test_list"], "imports": record["test_imports"], "timeout_s": 20,
+        }));
+        outside += out.checks.outside;
+        untrusted += out.checks.untrusted;
+        if out.verdict.as_deref() != Some("pass") {
+            failed.push(format!("task {}: {}", record["task_id"], out.text));
+        }
+    }
+    eprintln!("{} references; checks decided outside the sandbox: {outside}, untrusted: {untrusted}", records.len());
+    assert!(failed.is_empty(), "{} reference solutions failed:\n{}", failed.len(), failed.join("\n"));
+    // Measured: 1,260 of 1,324 asserts split; the rest (bare truthiness, tolerance calls) are
+    // counted as untrusted (tools/SECURITY.md).
+    assert!(outside >= 1260 && untrusted <= 64, "outside {outside}, untrusted {untrusted}");
+}

@@ -17,9 +17,46 @@
 //!   `MemoryError`) and bounds instances, tables, memories and table elements; a refusal is
 //!   reported as [`LimitHit::Memory`].
 //! * **filesystem** — WASI preview 1 with exactly the pre-opened directories the job is given:
-//!   a fresh private work directory at [`GUEST_WORK_DIR`] (read-write, removed afterwards) and
-//!   the sandbox's read-only directories. Any other path (`/etc/passwd`, `/tmp/x`) resolves to no
+//!   a fresh private work directory at [`GUEST_WORK_DIR`] (read-write, descriptor 3) and the
+//!   sandbox's read-only directories. Any other path (`/etc/passwd`, `/tmp/x`) resolves to no
 //!   pre-open and fails with `ENOTCAPABLE`/`ENOENT` inside the guest.
+//! * **work area** — enforced in the WASI layer, whatever the work directory is on: the
+//!   module links against guarded versions of `path_open`, `fd_close`, `fd_renumber`,
+//!   `fd_write`, `fd_pwrite`, `fd_filestat_set_size`, `path_create_directory`, `path_symlink`
+//!   and `path_link`, which check and count, then call wasmtime-wasi's own function (through a
+//!   small shim instance that exports the guest's memory, where wasmtime-wasi looks for it):
+//!   * *open files*: at most `max_open_files` descriptors returned by `path_open` open at once
+//!     (stdio, three in-memory streams, and the pre-opens are not counted; each counted one is
+//!     one host descriptor, so the host holds at most that many plus the pre-opens); one more
+//!     is refused with `EMFILE` before any host call, [`LimitHit::OpenFiles`];
+//!   * *bytes*: at most `max_work_bytes` written by `fd_write`/`fd_pwrite` to anything but the
+//!     stdio streams, cumulatively (overwriting counts again); the lengths in the guest's ciovec
+//!     array are read before the call, a write that does not fit is cut to what is left (a
+//!     short write; the guest's array is restored afterwards) and one with nothing left is
+//!     refused with `ENOSPC`; `fd_filestat_set_size` beyond `max_work_bytes` is `EFBIG`
+//!     (within it, it only leaves a hole); `fd_allocate` is `ENOTSUP` in wasmtime-wasi 48 and
+//!     allocates nothing; [`LimitHit::WorkArea`];
+//!   * *entries*: at most `max_work_entries` files, directories and links created,
+//!     cumulatively (an `O_CREAT` open of an existing file creates nothing and is not counted:
+//!     see `guarded_path_open`); one more is `ENOSPC`, [`LimitHit::WorkArea`].
+//!
+//!   A host answer of `ENOSPC`/`EDQUOT`/`EFBIG` (the tmpfs below is full) is reported as
+//!   [`LimitHit::WorkArea`] too, `EMFILE`/`ENFILE` as [`LimitHit::OpenFiles`]. The store's WASI
+//!   resource table is capped at `max_open_files` + `RESOURCE_TABLE_SLACK` (4,096) entries as well
+//!   (a guest beyond it traps).
+//! * **work directory** — where the kernel allows it (root or `CAP_SYS_ADMIN`), a tmpfs that exists
+//!   only in the private mount namespace of a short-lived helper thread (`unshare(CLONE_NEWNS)`,
+//!   `/` made recursively private, the tmpfs mounted over the temp dir's path there, sized by
+//!   `work_area_size` (`max_work_bytes` + the job's files + a page per entry for rounding),
+//!   `nr_inodes` the entry bound plus the job's files plus 16, mode 0700): the thread writes the
+//!   job's files, pre-opens the directory and exits; no other thread or process ever sees the
+//!   mount, the pre-opened descriptor keeps it usable, and the kernel frees it when the store
+//!   closes that descriptor — or when the process dies, even by `SIGKILL`, so nothing is left
+//!   behind. Otherwise (the kernel refuses, or [`WasmSandbox::host_work_dir`]) a marked host
+//!   directory from [`residue::create_work_dir`] (the guest sees its subdirectory `work`, not the
+//!   marker), removed after the run and by the startup sweep after a crash; its real disk usage is
+//!   measured every 256 writes and held to that same size (sparse writes allocate more than they
+//!   count), and the outcome carries a note saying why there was no tmpfs.
 //! * **network** — none: preview 1 has no socket creation and no socket is pre-opened.
 //! * **environment** — only `HOME` and `TMPDIR` (the work directory) and `LANG`; stdin is
 //!   empty; stdout and stderr are captured up to `max_output_bytes` each, the rest is dropped
@@ -28,19 +65,23 @@
 //!   arguments and files), so a run is reproducible (e.g. Python's hash seed and `random`).
 //! * **processes** — a guest is one thread of the caller: it cannot fork, so the process and
 //!   CPU limits of a job are moot; CPU time is at most the wall time.
-//! * **not enforced** — a file-size limit: writes into the work directory are bounded only by
-//!   the wall-clock limit (noted in every outcome).
+//! * **weaker than a process** — no per-file size limit (`max_file_bytes`): one file can take
+//!   the whole work area (noted in every outcome).
 //!
 //! Modules are compiled once per process: a cache keyed by the SHA-256 of the module holds the
-//! compiled [`Module`] (and, for command modules, the linked [`InstancePre`]); concurrent first
-//! uses wait for one compilation. Compiled code of large module *files* (at least
+//! compiled [`Module`] (and, for command modules, the [`InstancePre`] linked against the guarded
+//! WASI, which finds each store's originals in the store, so one link serves every run); concurrent
+//! first uses wait for one compilation. Compiled code of large module *files* (at least
 //! [`DISK_CACHE_MIN_BYTES`]) is also kept on disk under [`cache_home`]`/wasm-cache`, so later
 //! processes skip Cranelift (about 20 s for CPython here; loading takes 0.2 s).
 
-use std::collections::BTreeMap;
+use std::cell::OnceCell;
+use std::collections::{BTreeMap, BTreeSet};
+use std::ffi::CString;
 use std::hash::{Hash, Hasher};
 use std::io;
-use std::cell::OnceCell;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -51,15 +92,18 @@ use std::time::{Duration, Instant, SystemTime};
 use bytes::Bytes;
 use sha2::{Digest, Sha256};
 use wasmtime::{
-    Config, Engine, Instance, InstancePre, Linker, Module, ResourceLimiter, Store, StoreLimits, StoreLimitsBuilder,
-    Trap, UpdateDeadline,
+    Caller, Config, Engine, Extern, Func, Instance, InstancePre, Linker, Memory, Module, ResourceLimiter, Store,
+    StoreLimits, StoreLimitsBuilder, Trap, TypedFunc, UpdateDeadline, WasmParams,
 };
 use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 use wasmtime_wasi::p1::WasiP1Ctx;
 use wasmtime_wasi::p2::{OutputStream, Pollable, StreamResult};
-use wasmtime_wasi::{Deterministic, FsPerms, I32Exit, WasiCtxBuilder};
+use wasmtime_wasi::{Deterministic, FsPerms, I32Exit, WasiCtxBuilder, WasiView};
 
-use super::{Isolation, LimitHit, Sandbox, SandboxError, SandboxJob, SandboxOutcome, Termination, validate};
+use super::{
+    Isolation, LimitHit, Sandbox, SandboxError, SandboxJob, SandboxLimits, SandboxOutcome, Termination, residue,
+    validate,
+};
 
 /// Guest path at which a job's private work directory is pre-opened.
 pub const GUEST_WORK_DIR: &str = "/work";
@@ -216,7 +260,11 @@ impl std::fmt::Debug for LoadedModule {
     }
 }
 
-fn cached(hash: ModuleHash, name: &str, build: impl FnOnce() -> Result<Module, String>) -> Result<LoadedModule, SandboxError> {
+fn cached(
+    hash: ModuleHash,
+    name: &str,
+    build: impl FnOnce() -> Result<Module, String>,
+) -> Result<LoadedModule, SandboxError> {
     let cell = lock(&MODULES).entry(hash).or_default().clone();
     let mut built_here = false;
     let result = cell.get_or_init(|| {
@@ -497,12 +545,851 @@ impl tokio::io::AsyncWrite for CappedOutput {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Work-area guard (the WASI layer)
+
+/// The WASI module whose functions the guard shadows.
+const WASI_MODULE: &str = "wasi_snapshot_preview1";
+
+/// WASI errno values (`wasi_snapshot_preview1` `errno`) that the guard returns or recognizes.
+const ERRNO_SUCCESS: i32 = 0;
+const ERRNO_DQUOT: i32 = 19;
+const ERRNO_FBIG: i32 = 22;
+const ERRNO_INVAL: i32 = 28;
+const ERRNO_MFILE: i32 = 33;
+const ERRNO_NFILE: i32 = 41;
+const ERRNO_NOENT: i32 = 44;
+const ERRNO_NOSPC: i32 = 51;
+
+/// `oflags` bits of `path_open`: create, must be a directory, exclusive.
+const OFLAGS_CREAT: i32 = 1;
+const OFLAGS_DIRECTORY: i32 = 2;
+const OFLAGS_EXCL: i32 = 4;
+
+/// The `fd_write` right (`rights` bit 6).
+const RIGHTS_FD_WRITE: i64 = 1 << 6;
+
+/// Most ciovecs one write to a work-area file may pass: wasi-libc's `IOV_MAX` (and Linux's);
+/// more is `EINVAL`, as `writev` answers. Bounds the guard's scan of the array.
+const IOV_MAX: u32 = 1024;
+
+/// Entries of the store's WASI resource table beyond `max_open_files` (stdio streams,
+/// pre-opens, the transient pollables of one `poll_oneoff`, directory streams). Defence in
+/// depth only: the guard already bounds descriptors; were some path to open more, the guest
+/// would trap at this many instead of exhausting the host. Assumption: 4,096 is far above what
+/// any legitimate call keeps at once.
+const RESOURCE_TABLE_SLACK: u64 = 4096;
+
+/// Counted writes between two measurements of a host work directory's real disk usage (see
+/// [`WorkGuard::check_host_usage`]). Assumption: 256 writes allocate at most a few MiB beyond
+/// what they count (a block per write, plus metadata), and a walk of at most
+/// `max_work_entries` entries every 256 writes costs the guest little.
+const USAGE_CHECK_WRITES: u32 = 256;
+
+/// Per-store state of the work-area bounds, updated by the guarded WASI functions.
+///
+/// Counted descriptors are the ones `path_open` returned (files and directories, each holding
+/// one host descriptor) and that are still open; stdio (three in-memory streams, no host
+/// descriptor) and the pre-opened directories are not counted. Bytes are the bytes `fd_write`
+/// and `fd_pwrite` wrote to anything but the stdio streams, cumulatively (overwriting counts
+/// again, deleting gives nothing back). Entries are the files, directories, symbolic links and
+/// hard links created, cumulatively as well.
+struct WorkGuard {
+    max_open_files: u64,
+    max_work_bytes: u64,
+    max_work_entries: u64,
+    /// wasmtime-wasi's implementations in this store, which the guards call.
+    originals: Option<Originals>,
+    /// Guest descriptors returned by `path_open` that are still open.
+    opened: BTreeSet<u32>,
+    /// Guest descriptors that are stdio streams (writes to them are captured, not stored).
+    streams: BTreeSet<u32>,
+    /// Bytes written to work-area files so far.
+    bytes_written: u64,
+    /// Files, directories and links created so far.
+    entries_created: u64,
+    /// A write, truncation or creation was refused or cut short: the work area was full.
+    work_area_full: bool,
+    /// An open was refused because `max_open_files` descriptors were open.
+    open_files_refused: bool,
+    /// A host work directory (not a private tmpfs) and the real disk usage it may reach.
+    host_dir: Option<(PathBuf, u64)>,
+    /// Counted writes since its usage was last measured.
+    writes_unchecked: u32,
+}
+
+impl WorkGuard {
+    fn new(limits: &SandboxLimits) -> Self {
+        Self {
+            max_open_files: limits.max_open_files,
+            max_work_bytes: limits.max_work_bytes,
+            max_work_entries: limits.max_work_entries,
+            originals: None,
+            opened: BTreeSet::new(),
+            streams: BTreeSet::from([0, 1, 2]),
+            bytes_written: 0,
+            entries_created: 0,
+            work_area_full: false,
+            open_files_refused: false,
+            host_dir: None,
+            writes_unchecked: 0,
+        }
+    }
+
+    /// Counts a successful write of `written` bytes.
+    fn wrote(&mut self, written: u64) {
+        self.bytes_written = self.bytes_written.saturating_add(written);
+        self.writes_unchecked = self.writes_unchecked.saturating_add(1);
+        if self.writes_unchecked >= USAGE_CHECK_WRITES {
+            self.writes_unchecked = 0;
+            self.check_host_usage();
+        }
+    }
+
+    /// On a host work directory, counted bytes can understate the disk space used: each write
+    /// at a new place of a sparse file allocates a whole block for as little as one byte. So
+    /// its real usage (allocated blocks of everything in it) is measured every
+    /// [`USAGE_CHECK_WRITES`] writes and, beyond what the private tmpfs would have allowed
+    /// ([`work_area_size`]), the work area counts as full. (On the tmpfs the kernel enforces
+    /// that size itself.)
+    fn check_host_usage(&mut self) {
+        if let Some((dir, allowed)) = &self.host_dir
+            && disk_usage(dir) > *allowed
+        {
+            self.bytes_written = self.max_work_bytes;
+            self.work_area_full = true;
+        }
+    }
+
+    fn originals(&self) -> wasmtime::Result<&Originals> {
+        self.originals.as_ref().ok_or_else(|| wasmtime::Error::msg("the work-area guard of this store is not set up"))
+    }
+
+    /// `None` when one more descriptor may be opened, else the errno refusing it (`EMFILE`).
+    fn admit_open(&mut self) -> Option<i32> {
+        if self.opened.len() as u64 >= self.max_open_files {
+            self.open_files_refused = true;
+            return Some(ERRNO_MFILE);
+        }
+        None
+    }
+
+    /// `None` when one more entry may be created, else the errno refusing it (`ENOSPC`).
+    fn admit_entry(&mut self) -> Option<i32> {
+        if self.entries_created >= self.max_work_entries {
+            self.work_area_full = true;
+            return Some(ERRNO_NOSPC);
+        }
+        None
+    }
+
+    /// `None` when a file may be resized to `size`, else the errno refusing it (`EFBIG`): no
+    /// file may be longer than the whole work area. (wasmtime-wasi's `ftruncate` leaves a hole,
+    /// so growth within that bound costs no space.)
+    fn admit_size(&mut self, fd: u32, size: i64) -> Option<i32> {
+        match u64::try_from(size) {
+            Ok(size) if size > self.max_work_bytes && !self.streams.contains(&fd) => {
+                self.work_area_full = true;
+                Some(ERRNO_FBIG)
+            }
+            _ => None,
+        }
+    }
+
+    /// Records what a delegated call returned: the host's own "full" answers count as limits
+    /// too (the private tmpfs is full, or the host is out of descriptors).
+    fn observe(&mut self, errno: i32) {
+        match errno {
+            ERRNO_NOSPC | ERRNO_DQUOT | ERRNO_FBIG => self.work_area_full = true,
+            ERRNO_MFILE | ERRNO_NFILE => self.open_files_refused = true,
+            _ => {}
+        }
+    }
+
+    fn created(&mut self, errno: i32) {
+        if errno == ERRNO_SUCCESS {
+            self.entries_created = self.entries_created.saturating_add(1);
+        }
+        self.observe(errno);
+    }
+
+    fn opened(&mut self, fd: u32) {
+        self.streams.remove(&fd);
+        self.opened.insert(fd);
+    }
+
+    fn closed(&mut self, fd: u32) {
+        self.opened.remove(&fd);
+        self.streams.remove(&fd);
+    }
+
+    /// `fd_renumber(from, to)` succeeded: `to` was closed and `from` now lives at `to`.
+    fn renumbered(&mut self, from: u32, to: u32) {
+        if from == to {
+            return;
+        }
+        self.closed(to);
+        if self.opened.remove(&from) {
+            self.opened.insert(to);
+        }
+        if self.streams.remove(&from) {
+            self.streams.insert(to);
+        }
+    }
+
+    fn remaining_bytes(&self) -> u64 {
+        self.max_work_bytes.saturating_sub(self.bytes_written)
+    }
+}
+
+/// The guarded functions: name and parameter types in `wasi_snapshot_preview1.witx`; each
+/// returns an errno (`i32`).
+const GUARDED_FUNCS: [(&str, &str); 9] = [
+    ("path_open", "i32 i32 i32 i32 i32 i64 i64 i32 i32"),
+    ("fd_close", "i32"),
+    ("fd_renumber", "i32 i32"),
+    ("fd_write", "i32 i32 i32 i32"),
+    ("fd_pwrite", "i32 i32 i32 i64 i32"),
+    ("fd_filestat_set_size", "i32 i64"),
+    ("path_create_directory", "i32 i32 i32"),
+    ("path_symlink", "i32 i32 i32 i32 i32"),
+    ("path_link", "i32 i32 i32 i32 i32 i32 i32"),
+];
+
+/// Text of the shim through which a guard calls wasmtime-wasi's function: it imports the
+/// guest's memory and the original functions and exports both. wasmtime-wasi finds the memory
+/// it reads and writes as the *calling instance's* export `memory`, and a function called
+/// directly from the host has no calling instance; called from the shim it has one, whose
+/// `memory` is the guest's.
+fn shim_wat() -> String {
+    let mut imports = String::from("(import \"guest\" \"memory\" (memory 0))\n");
+    let mut exports = String::from("(export \"memory\" (memory 0))\n");
+    for (index, (name, params)) in GUARDED_FUNCS.iter().enumerate() {
+        imports.push_str(&format!("(import \"{WASI_MODULE}\" \"{name}\" (func (param {params}) (result i32)))\n"));
+        let gets: String = (0..params.split_whitespace().count()).map(|i| format!("(local.get {i})")).collect();
+        exports.push_str(&format!("(func (export \"{name}\") (param {params}) (result i32) (call {index} {gets}))\n"));
+    }
+    format!("(module\n{imports}{exports})")
+}
+
+/// The compiled shim (see [`shim_wat`]), once per process.
+fn shim_module() -> Result<LoadedModule, SandboxError> {
+    static WAT: OnceLock<String> = OnceLock::new();
+    module_from_wat("switchyard-wasi-guard-shim", WAT.get_or_init(shim_wat))
+}
+
+/// Parameters of `path_open` and `path_link`.
+type PathOpenParams = (i32, i32, i32, i32, i32, i64, i64, i32, i32);
+type PathLinkParams = (i32, i32, i32, i32, i32, i32, i32);
+
+/// The functions the guards delegate to, in one store.
+#[derive(Clone)]
+struct Originals {
+    path_open: TypedFunc<PathOpenParams, i32>,
+    fd_close: TypedFunc<i32, i32>,
+    fd_renumber: TypedFunc<(i32, i32), i32>,
+    fd_write: TypedFunc<(i32, i32, i32, i32), i32>,
+    fd_pwrite: TypedFunc<(i32, i32, i32, i64, i32), i32>,
+    fd_filestat_set_size: TypedFunc<(i32, i64), i32>,
+    path_create_directory: TypedFunc<(i32, i32, i32), i32>,
+    path_symlink: TypedFunc<(i32, i32, i32, i32, i32), i32>,
+    path_link: TypedFunc<PathLinkParams, i32>,
+}
+
+impl Originals {
+    /// wasmtime-wasi's functions behind a shim instance that exports the guest's `memory`
+    /// (when the guest exports one; without it wasmtime-wasi's functions are used directly and
+    /// fail, as they would unguarded, with "missing required memory export"). Set up right
+    /// after the guest is instantiated: a guarded call from the guest's own `start` function,
+    /// before that, traps (WASI commands start at `_start`, which runs after).
+    async fn set_up(
+        plain: &Linker<CommandState>,
+        store: &mut Store<CommandState>,
+        guest: &Instance,
+    ) -> wasmtime::Result<Self> {
+        let mut originals = Vec::with_capacity(GUARDED_FUNCS.len());
+        for (name, _) in GUARDED_FUNCS {
+            originals.push(plain.get(&mut *store, WASI_MODULE, name)?);
+        }
+        let Some(memory) = guest.get_memory(&mut *store, "memory") else {
+            let funcs: BTreeMap<&str, Func> = GUARDED_FUNCS
+                .iter()
+                .zip(originals)
+                .filter_map(|((name, _), original)| Some((*name, original.into_func()?)))
+                .collect();
+            return Self::from_lookup(&*store, |name| funcs.get(name).copied());
+        };
+        let shim = shim_module().map_err(|e| wasmtime::Error::msg(e.to_string()))?;
+        let mut imports = vec![Extern::Memory(memory)];
+        imports.extend(originals);
+        let shim = Instance::new_async(&mut *store, &shim.module, &imports).await?;
+        let funcs: BTreeMap<&str, Func> =
+            GUARDED_FUNCS.iter().filter_map(|(name, _)| Some((*name, shim.get_func(&mut *store, name)?))).collect();
+        Self::from_lookup(&*store, |name| funcs.get(name).copied())
+    }
+
+    /// Type-checks the functions `lookup` finds against `wasi_snapshot_preview1`'s signatures.
+    fn from_lookup(store: &Store<CommandState>, lookup: impl Fn(&str) -> Option<Func>) -> wasmtime::Result<Self> {
+        let get =
+            |name: &str| lookup(name).ok_or_else(|| wasmtime::Error::msg(format!("{WASI_MODULE}::{name} is missing")));
+        Ok(Self {
+            path_open: get("path_open")?.typed(store)?,
+            fd_close: get("fd_close")?.typed(store)?,
+            fd_renumber: get("fd_renumber")?.typed(store)?,
+            fd_write: get("fd_write")?.typed(store)?,
+            fd_pwrite: get("fd_pwrite")?.typed(store)?,
+            fd_filestat_set_size: get("fd_filestat_set_size")?.typed(store)?,
+            path_create_directory: get("path_create_directory")?.typed(store)?,
+            path_symlink: get("path_symlink")?.typed(store)?,
+            path_link: get("path_link")?.typed(store)?,
+        })
+    }
+}
+
+/// The linkers of command modules, built once per process.
+struct CommandLinkers {
+    /// WASI preview 1 as wasmtime-wasi defines it: where each store's [`Originals`] come from.
+    plain: Linker<CommandState>,
+    /// The same with the guarded functions shadowing wasmtime-wasi's: what modules link to.
+    guarded: Linker<CommandState>,
+}
+
+static LINKERS: OnceLock<Result<CommandLinkers, String>> = OnceLock::new();
+
+fn linkers() -> Result<&'static CommandLinkers, SandboxError> {
+    let engine = engine()?;
+    match LINKERS.get_or_init(|| build_linkers(engine).map_err(|e| format!("cannot link WASI: {e:#}"))) {
+        Ok(linkers) => Ok(linkers),
+        Err(reason) => Err(SandboxError::WasmEngine(reason.clone())),
+    }
+}
+
+fn build_linkers(engine: &Engine) -> wasmtime::Result<CommandLinkers> {
+    let mut plain: Linker<CommandState> = Linker::new(engine);
+    wasmtime_wasi::p1::add_to_linker_async(&mut plain, |state| &mut state.wasi)?;
+    let mut guarded = plain.clone();
+    guarded.allow_shadowing(true);
+    define_guards(&mut guarded)?;
+    guarded.allow_shadowing(false);
+    Ok(CommandLinkers { plain, guarded })
+}
+
+/// Defines the guarded functions in `linker` (which must allow shadowing), each with the
+/// signature of the `wasi_snapshot_preview1` function it replaces.
+fn define_guards(linker: &mut Linker<CommandState>) -> wasmtime::Result<()> {
+    type Ctx<'a> = Caller<'a, CommandState>;
+    linker.func_wrap_async(
+        WASI_MODULE,
+        "path_open",
+        |mut caller: Ctx<'_>,
+         (dirfd, dirflags, path, path_len, oflags, rights_base, rights_inheriting, fdflags, opened): PathOpenParams| {
+            let args = OpenArgs { dirfd, dirflags, path, path_len, oflags, rights_base, rights_inheriting, fdflags, opened };
+            Box::new(async move { guarded_path_open(&mut caller, args).await })
+        },
+    )?;
+    linker.func_wrap_async(WASI_MODULE, "fd_close", |mut caller: Ctx<'_>, (fd,): (i32,)| {
+        Box::new(async move { guarded_close(&mut caller, fd).await })
+    })?;
+    linker.func_wrap_async(WASI_MODULE, "fd_renumber", |mut caller: Ctx<'_>, (from, to): (i32, i32)| {
+        Box::new(async move { guarded_renumber(&mut caller, from, to).await })
+    })?;
+    linker.func_wrap_async(
+        WASI_MODULE,
+        "fd_write",
+        |mut caller: Ctx<'_>, (fd, iovs, iovs_len, nwritten): (i32, i32, i32, i32)| {
+            Box::new(async move {
+                guarded_write(&mut caller, WriteArgs { fd, iovs, iovs_len, offset: None, nwritten }).await
+            })
+        },
+    )?;
+    linker.func_wrap_async(
+        WASI_MODULE,
+        "fd_pwrite",
+        |mut caller: Ctx<'_>, (fd, iovs, iovs_len, offset, nwritten): (i32, i32, i32, i64, i32)| {
+            Box::new(async move {
+                guarded_write(&mut caller, WriteArgs { fd, iovs, iovs_len, offset: Some(offset), nwritten }).await
+            })
+        },
+    )?;
+    linker.func_wrap_async(WASI_MODULE, "fd_filestat_set_size", |mut caller: Ctx<'_>, (fd, size): (i32, i64)| {
+        Box::new(async move { guarded_set_size(&mut caller, fd, size).await })
+    })?;
+    linker.func_wrap_async(WASI_MODULE, "path_create_directory", |mut caller: Ctx<'_>, params: (i32, i32, i32)| {
+        Box::new(async move {
+            let original = caller.data().guard.originals().map(|o| o.path_create_directory.clone());
+            guarded_create(&mut caller, original, params).await
+        })
+    })?;
+    linker.func_wrap_async(WASI_MODULE, "path_symlink", |mut caller: Ctx<'_>, params: (i32, i32, i32, i32, i32)| {
+        Box::new(async move {
+            let original = caller.data().guard.originals().map(|o| o.path_symlink.clone());
+            guarded_create(&mut caller, original, params).await
+        })
+    })?;
+    linker.func_wrap_async(WASI_MODULE, "path_link", |mut caller: Ctx<'_>, params: PathLinkParams| {
+        Box::new(async move {
+            let original = caller.data().guard.originals().map(|o| o.path_link.clone());
+            guarded_create(&mut caller, original, params).await
+        })
+    })?;
+    Ok(())
+}
+
+/// The guest's exported linear memory (`memory`, which WASI requires), if any.
+fn guest_memory(caller: &mut Caller<'_, CommandState>) -> Option<Memory> {
+    caller.get_export("memory").and_then(Extern::into_memory)
+}
+
+/// The little-endian `u32` at guest address `at`, if it lies within `data`.
+fn read_u32(data: &[u8], at: u64) -> Option<u32> {
+    let start = usize::try_from(at).ok()?;
+    let bytes = data.get(start..start.checked_add(4)?)?;
+    Some(u32::from_le_bytes(bytes.try_into().ok()?))
+}
+
+/// Stores `value` little-endian at guest address `at`; false when it does not lie within `data`.
+fn write_u32(data: &mut [u8], at: u64, value: u32) -> bool {
+    let Ok(start) = usize::try_from(at) else { return false };
+    let Some(end) = start.checked_add(4) else { return false };
+    match data.get_mut(start..end) {
+        Some(bytes) => {
+            bytes.copy_from_slice(&value.to_le_bytes());
+            true
+        }
+        None => false,
+    }
+}
+
+/// Bytes allocated on disk to everything under `root` (not following symbolic links); entries
+/// that vanish or cannot be read count nothing.
+fn disk_usage(root: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let mut total = 0u64;
+    let mut pending = vec![root.to_path_buf()];
+    while let Some(dir) = pending.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else { continue };
+        for entry in entries.flatten() {
+            let Ok(meta) = entry.path().symlink_metadata() else { continue };
+            total = total.saturating_add(meta.blocks().saturating_mul(512));
+            if meta.is_dir() {
+                pending.push(entry.path());
+            }
+        }
+    }
+    total
+}
+
+/// Arguments of `path_open` (in `wasi_snapshot_preview1.witx` order).
+#[derive(Clone, Copy)]
+struct OpenArgs {
+    dirfd: i32,
+    dirflags: i32,
+    path: i32,
+    path_len: i32,
+    oflags: i32,
+    rights_base: i64,
+    rights_inheriting: i64,
+    fdflags: i32,
+    /// Guest address where the new descriptor is stored.
+    opened: i32,
+}
+
+impl OpenArgs {
+    fn params(self) -> PathOpenParams {
+        let Self { dirfd, dirflags, path, path_len, oflags, rights_base, rights_inheriting, fdflags, opened } = self;
+        (dirfd, dirflags, path, path_len, oflags, rights_base, rights_inheriting, fdflags, opened)
+    }
+}
+
+/// `path_open` under the descriptor and entry bounds.
+///
+/// An open that may create (`O_CREAT` without `O_DIRECTORY`, which wasmtime-wasi refuses with
+/// `O_CREAT`) must not create beyond the entry bound, but an open of an existing file creates
+/// nothing and must not count. Without `O_EXCL` the guard therefore first opens without
+/// `O_CREAT` but with the write right (which `O_CREAT` implies in wasmtime-wasi, so an existing
+/// path — a directory included — gives the same result or error as the original call would);
+/// only `ENOENT` (nothing there, or a dangling symbolic link) leads to the creating call, which
+/// counts when it succeeds. The guest is one thread and nothing else writes its work
+/// directory, so nothing can appear between the two calls.
+async fn guarded_path_open(caller: &mut Caller<'_, CommandState>, args: OpenArgs) -> wasmtime::Result<i32> {
+    let original = caller.data().guard.originals()?.path_open.clone();
+    if let Some(errno) = caller.data_mut().guard.admit_open() {
+        return Ok(errno);
+    }
+    let may_create = args.oflags & OFLAGS_CREAT != 0 && args.oflags & OFLAGS_DIRECTORY == 0;
+    let errno = if !may_create {
+        original.call_async(&mut *caller, args.params()).await?
+    } else {
+        let mut errno = ERRNO_NOENT;
+        if args.oflags & OFLAGS_EXCL == 0 {
+            let existing = OpenArgs {
+                oflags: args.oflags & !OFLAGS_CREAT,
+                rights_base: args.rights_base | RIGHTS_FD_WRITE,
+                ..args
+            };
+            errno = original.call_async(&mut *caller, existing.params()).await?;
+        }
+        if errno == ERRNO_NOENT {
+            if let Some(refused) = caller.data_mut().guard.admit_entry() {
+                return Ok(refused);
+            }
+            errno = original.call_async(&mut *caller, args.params()).await?;
+            caller.data_mut().guard.created(errno);
+        }
+        errno
+    };
+    if errno == ERRNO_SUCCESS {
+        // wasmtime-wasi has just stored the new descriptor there, so the read cannot fail.
+        let fd = guest_memory(caller).and_then(|memory| read_u32(memory.data(&*caller), args.opened as u32 as u64));
+        match fd {
+            Some(fd) => caller.data_mut().guard.opened(fd),
+            None => return Err(wasmtime::Error::msg("path_open stored its descriptor out of bounds")),
+        }
+    }
+    caller.data_mut().guard.observe(errno);
+    Ok(errno)
+}
+
+async fn guarded_close(caller: &mut Caller<'_, CommandState>, fd: i32) -> wasmtime::Result<i32> {
+    let original = caller.data().guard.originals()?.fd_close.clone();
+    let errno = original.call_async(&mut *caller, fd).await?;
+    if errno == ERRNO_SUCCESS {
+        caller.data_mut().guard.closed(fd as u32);
+    }
+    Ok(errno)
+}
+
+async fn guarded_renumber(caller: &mut Caller<'_, CommandState>, from: i32, to: i32) -> wasmtime::Result<i32> {
+    let original = caller.data().guard.originals()?.fd_renumber.clone();
+    let errno = original.call_async(&mut *caller, (from, to)).await?;
+    if errno == ERRNO_SUCCESS {
+        caller.data_mut().guard.renumbered(from as u32, to as u32);
+    }
+    Ok(errno)
+}
+
+/// `fd_filestat_set_size` (`ftruncate`): no file longer than the work area.
+async fn guarded_set_size(caller: &mut Caller<'_, CommandState>, fd: i32, size: i64) -> wasmtime::Result<i32> {
+    let original = caller.data().guard.originals()?.fd_filestat_set_size.clone();
+    if let Some(errno) = caller.data_mut().guard.admit_size(fd as u32, size) {
+        return Ok(errno);
+    }
+    let errno = original.call_async(&mut *caller, (fd, size)).await?;
+    caller.data_mut().guard.observe(errno);
+    Ok(errno)
+}
+
+/// A call that creates one directory entry (`path_create_directory`, `path_symlink`,
+/// `path_link`), under the entry bound.
+async fn guarded_create<P>(
+    caller: &mut Caller<'_, CommandState>,
+    original: wasmtime::Result<TypedFunc<P, i32>>,
+    params: P,
+) -> wasmtime::Result<i32>
+where
+    P: WasmParams + Sync,
+{
+    let original = original?;
+    if let Some(errno) = caller.data_mut().guard.admit_entry() {
+        return Ok(errno);
+    }
+    let errno = original.call_async(&mut *caller, params).await?;
+    caller.data_mut().guard.created(errno);
+    Ok(errno)
+}
+
+/// Arguments of `fd_write` (`offset: None`) and `fd_pwrite`.
+#[derive(Clone, Copy)]
+struct WriteArgs {
+    fd: i32,
+    /// Guest address of the ciovec array: (u32 buffer address, u32 length) pairs.
+    iovs: i32,
+    iovs_len: i32,
+    offset: Option<i64>,
+    /// Guest address where the number of bytes written is stored.
+    nwritten: i32,
+}
+
+/// A ciovec length the guard shortened for one call, to be put back afterwards.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Clip {
+    /// Guest address of the length field.
+    at: u64,
+    /// The guest's length.
+    len: u32,
+    /// The length the call saw.
+    kept: u32,
+}
+
+/// What the guard does with one write.
+#[derive(Debug, PartialEq, Eq)]
+enum WritePlan {
+    /// Not a work-area write (a stdio stream, or a guest without memory, which the original
+    /// call fails): call through, count nothing.
+    Untracked,
+    /// Answer this errno without calling.
+    Refused(i32),
+    /// Call through with these lengths shortened, count `nwritten`.
+    Counted { requested: u64, clips: Vec<Clip> },
+}
+
+/// Plans a write of the ciovec array at `iovs` (`iovs_len` entries in `data`) with `remaining`
+/// bytes left in the work area: within the budget it passes unchanged; beyond it the lengths
+/// are cut so that their sum is exactly the budget (a short write, as `write` on a nearly full
+/// file system does), and with no budget left it is refused with `ENOSPC`. Entries outside
+/// memory end the scan (the original call fails on them before writing them).
+fn plan_write(data: &mut [u8], iovs: u32, iovs_len: u32, remaining: u64) -> WritePlan {
+    if iovs_len > IOV_MAX {
+        return WritePlan::Refused(ERRNO_INVAL);
+    }
+    let mut lengths = Vec::with_capacity(iovs_len as usize);
+    for i in 0..u64::from(iovs_len) {
+        let at = u64::from(iovs) + 8 * i + 4;
+        let Some(len) = read_u32(data, at) else { break };
+        lengths.push((at, len));
+    }
+    let requested: u64 = lengths.iter().map(|&(_, len)| u64::from(len)).sum();
+    if requested <= remaining {
+        return WritePlan::Counted { requested, clips: Vec::new() };
+    }
+    if remaining == 0 {
+        return WritePlan::Refused(ERRNO_NOSPC);
+    }
+    let mut budget = remaining;
+    let mut clips = Vec::new();
+    for (at, len) in lengths {
+        // At most `budget`, which is below u32::MAX whenever it is below `len`.
+        let kept = u32::try_from(u64::from(len).min(budget)).unwrap_or(len);
+        budget -= u64::from(kept);
+        if kept != len && write_u32(data, at, kept) {
+            clips.push(Clip { at, len, kept });
+        }
+    }
+    WritePlan::Counted { requested: remaining, clips }
+}
+
+/// Puts back the lengths [`plan_write`] cut, except where the call itself stored something
+/// there (e.g. `nwritten` aimed into the array).
+fn restore_clips(data: &mut [u8], clips: &[Clip]) {
+    for clip in clips {
+        if read_u32(data, clip.at) == Some(clip.kept) {
+            write_u32(data, clip.at, clip.len);
+        }
+    }
+}
+
+/// `fd_write` / `fd_pwrite` under the bytes bound (see [`plan_write`]).
+async fn guarded_write(caller: &mut Caller<'_, CommandState>, args: WriteArgs) -> wasmtime::Result<i32> {
+    let originals = caller.data().guard.originals()?;
+    let (write, pwrite) = match args.offset {
+        None => (Some(originals.fd_write.clone()), None),
+        Some(_) => (None, Some(originals.fd_pwrite.clone())),
+    };
+    let memory = guest_memory(caller);
+    let plan = match memory {
+        Some(memory) if !caller.data().guard.streams.contains(&(args.fd as u32)) => {
+            let remaining = caller.data().guard.remaining_bytes();
+            plan_write(memory.data_mut(&mut *caller), args.iovs as u32, args.iovs_len as u32, remaining)
+        }
+        _ => WritePlan::Untracked,
+    };
+    let (requested, clips) = match plan {
+        WritePlan::Refused(errno) => {
+            caller.data_mut().guard.observe(errno);
+            return Ok(errno);
+        }
+        WritePlan::Untracked => (None, Vec::new()),
+        WritePlan::Counted { requested, clips } => (Some(requested), clips),
+    };
+    if !clips.is_empty() {
+        caller.data_mut().guard.work_area_full = true;
+    }
+    let WriteArgs { fd, iovs, iovs_len, offset, nwritten } = args;
+    let result = match (write, pwrite, offset) {
+        (Some(write), _, _) => write.call_async(&mut *caller, (fd, iovs, iovs_len, nwritten)).await,
+        (_, Some(pwrite), Some(offset)) => {
+            pwrite.call_async(&mut *caller, (fd, iovs, iovs_len, offset, nwritten)).await
+        }
+        _ => Err(wasmtime::Error::msg("fd_write guard: inconsistent arguments")),
+    };
+    if let Some(memory) = memory
+        && !clips.is_empty()
+    {
+        restore_clips(memory.data_mut(&mut *caller), &clips);
+    }
+    let errno = result?;
+    if let Some(requested) = requested {
+        if errno == ERRNO_SUCCESS {
+            // Stored by the call just now; were it unreadable, count the most it could be.
+            let written = memory
+                .and_then(|memory| read_u32(memory.data(&*caller), nwritten as u32 as u64))
+                .map_or(requested, u64::from);
+            caller.data_mut().guard.wrote(written);
+        }
+        caller.data_mut().guard.observe(errno);
+    }
+    Ok(errno)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Work directory
+
+/// Page size the private tmpfs accounts in (it rounds every file up to whole pages).
+const TMPFS_PAGE: u64 = 4096;
+
+/// Inodes of the private tmpfs beyond the entry bound and the job's files: its root, the work
+/// directory and some slack, so that the WASI-layer bound, which says why, is met first.
+const TMPFS_SPARE_INODES: u64 = 16;
+
+/// The most disk (or tmpfs) space a run's work area may take: the guest's `max_work_bytes`,
+/// plus the job's files, plus a page per entry and spare inode for the rounding of each file
+/// up to whole pages (so the WASI-layer bounds, which say which limit was hit, are met first).
+/// Never 0, which would mean "unlimited" to tmpfs.
+fn work_area_size(job: &SandboxJob) -> u64 {
+    let limits = &job.limits;
+    let files = job.files.iter().fold(0u64, |sum, (_, contents)| {
+        sum.saturating_add((contents.len() as u64).div_ceil(TMPFS_PAGE).saturating_mul(TMPFS_PAGE))
+    });
+    let rounding = limits.max_work_entries.saturating_add(TMPFS_SPARE_INODES).saturating_mul(TMPFS_PAGE);
+    limits.max_work_bytes.saturating_add(files).saturating_add(rounding).max(TMPFS_PAGE)
+}
+
+/// Start of the note of a run whose work directory is a host directory.
+const HOST_WORK_DIR_NOTE: &str = "work dir: a host directory";
+
+/// Where a run's work directory lives.
+enum WorkDir {
+    /// A tmpfs mounted only in the mount namespace of a helper thread that has since exited:
+    /// reachable only through the pre-opened descriptor, freed by the kernel when the store
+    /// closes it, or when the process dies, however it dies.
+    PrivateTmpfs,
+    /// A marked host directory (from [`residue::create_work_dir`]): removed after the run, and
+    /// by the next process's sweep when this one is killed first.
+    Host(tempfile::TempDir),
+}
+
+/// Per-process counter naming the work directories inside private tmpfs mounts.
+static TMPFS_RUNS: AtomicU64 = AtomicU64::new(0);
+
+/// Creates the job's work directory with its files and pre-opens it in `wasi` at
+/// [`GUEST_WORK_DIR`] (so it is the guest's descriptor 3): on a private tmpfs when the process
+/// may mount one (root, or `CAP_SYS_ADMIN`) and `sandbox` allows it, else in a marked host
+/// directory. Returns where it is, the path it has (on the host, or inside the helper thread's
+/// namespace, where it existed), and the note of a fallback.
+fn prepare_work_dir(
+    sandbox: &WasmSandbox,
+    wasi: &mut WasiCtxBuilder,
+    job: &SandboxJob,
+) -> Result<(WorkDir, PathBuf, Option<String>), SandboxError> {
+    let refused = if sandbox.host_work_dir {
+        "the sandbox asks for a host directory".to_string()
+    } else {
+        let name = format!(
+            "{}{}-{}",
+            residue::WORK_DIR_PREFIX,
+            std::process::id(),
+            TMPFS_RUNS.fetch_add(1, Ordering::Relaxed)
+        );
+        let mount_point = std::env::temp_dir();
+        let path = mount_point.join(name);
+        let attempt = std::thread::scope(|scope| {
+            std::thread::Builder::new()
+                .name("switchyard-wasm-tmpfs".into())
+                .spawn_scoped(scope, || in_private_tmpfs(wasi, job, &mount_point, &path))
+                .map_err(SandboxError::WorkDir)?
+                .join()
+                .unwrap_or_else(|_| Err(SandboxError::WorkDir(io::Error::other("the work-directory thread panicked"))))
+        })?;
+        match attempt {
+            Ok(()) => return Ok((WorkDir::PrivateTmpfs, path, None)),
+            Err(reason) => reason,
+        }
+    };
+    let dir = residue::create_work_dir().map_err(SandboxError::WorkDir)?;
+    // The guest sees a subdirectory: the owner marker beside it stays out of its reach.
+    let path = dir.path().join("work");
+    fill_work_dir(wasi, job, &path)?;
+    let note = format!(
+        "{HOST_WORK_DIR_NOTE} (no private tmpfs: {refused}); removed after the run, or by the next \
+         start's sweep if this process is killed"
+    );
+    Ok((WorkDir::Host(dir), path, Some(note)))
+}
+
+/// Creates `path` (mode 0700) with the job's files and pre-opens it at [`GUEST_WORK_DIR`].
+fn fill_work_dir(wasi: &mut WasiCtxBuilder, job: &SandboxJob, path: &Path) -> Result<(), SandboxError> {
+    std::fs::DirBuilder::new().mode(0o700).create(path).map_err(SandboxError::WorkDir)?;
+    for (name, contents) in &job.files {
+        std::fs::write(path.join(name), contents)
+            .map_err(|source| SandboxError::WriteFile { name: name.clone(), source })?;
+    }
+    wasi.preopened_dir(path, GUEST_WORK_DIR, FsPerms::ReadWrite)
+        .map_err(|e| SandboxError::WorkDir(io::Error::other(format!("cannot pre-open {}: {e:#}", path.display()))))?;
+    Ok(())
+}
+
+/// Runs on a helper thread that exits afterwards: moves it into a mount namespace of its own
+/// (`unshare(CLONE_NEWNS)`, which a thread of a multi-threaded process may do), makes every
+/// mount there private (so nothing propagates back to the host), mounts a tmpfs sized for the
+/// job over `mount_point` there, and creates and pre-opens `path` on it. The pre-open's
+/// descriptor keeps the tmpfs alive and usable from any thread after the namespace is gone; no
+/// other process or thread ever sees it. `Ok(Err(reason))`: the kernel refused (not root,
+/// no `CAP_SYS_ADMIN`, seccomp), nothing was changed outside this thread.
+fn in_private_tmpfs(
+    wasi: &mut WasiCtxBuilder,
+    job: &SandboxJob,
+    mount_point: &Path,
+    path: &Path,
+) -> Result<Result<(), String>, SandboxError> {
+    let limits = &job.limits;
+    let size = work_area_size(job);
+    let inodes = limits.max_work_entries.saturating_add(job.files.len() as u64).saturating_add(TMPFS_SPARE_INODES);
+    let options = format!("size={size},nr_inodes={inodes},mode=0700");
+    let (Ok(options), Ok(target)) = (CString::new(options), CString::new(mount_point.as_os_str().as_bytes())) else {
+        return Ok(Err(format!("{} contains a NUL byte", mount_point.display())));
+    };
+    // SAFETY: unshare takes only flags; it changes the namespaces of this thread alone.
+    if unsafe { libc::unshare(libc::CLONE_NEWNS) } != 0 {
+        return Ok(Err(format!("unshare(CLONE_NEWNS): {}", io::Error::last_os_error())));
+    }
+    // SAFETY: valid NUL-terminated strings and null pointers where mount(2) allows them; this
+    // thread's mount namespace is its own since the unshare above.
+    let private = unsafe {
+        libc::mount(
+            std::ptr::null(),
+            c"/".as_ptr(),
+            std::ptr::null(),
+            libc::MS_REC | libc::MS_PRIVATE,
+            std::ptr::null(),
+        )
+    };
+    if private != 0 {
+        return Ok(Err(format!("making / private: {}", io::Error::last_os_error())));
+    }
+    // SAFETY: as above; `options` outlives the call.
+    let mounted = unsafe {
+        libc::mount(
+            c"switchyard-work".as_ptr(),
+            target.as_ptr(),
+            c"tmpfs".as_ptr(),
+            libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+            options.as_ptr().cast(),
+        )
+    };
+    if mounted != 0 {
+        return Ok(Err(format!("mounting a tmpfs: {}", io::Error::last_os_error())));
+    }
+    fill_work_dir(wasi, job, path)?;
+    Ok(Ok(()))
+}
+
+// ---------------------------------------------------------------------------------------------
 // WASI command runner
 
 /// Store state of a WASI command run.
 pub struct CommandState {
     wasi: WasiP1Ctx,
     limiter: MemoryLimiter,
+    guard: WorkGuard,
 }
 
 /// Runs WASI preview 1 command modules (`_start`): the job's `program` is the module file, its
@@ -512,6 +1399,9 @@ pub struct CommandState {
 pub struct WasmSandbox {
     /// Host directories pre-opened read-only, as (host path, guest path).
     pub read_only_dirs: Vec<(PathBuf, String)>,
+    /// Put every work directory in a marked host directory (swept after a crash) even where a
+    /// private tmpfs could be mounted; for tests of that fallback. Off by default.
+    pub host_work_dir: bool,
 }
 
 impl WasmSandbox {
@@ -523,6 +1413,12 @@ impl WasmSandbox {
     /// Adds a host directory the guest may read (not write) at `guest_path`.
     pub fn with_read_only_dir(mut self, host_path: impl Into<PathBuf>, guest_path: impl Into<String>) -> Self {
         self.read_only_dirs.push((host_path.into(), guest_path.into()));
+        self
+    }
+
+    /// The same sandbox with [`WasmSandbox::host_work_dir`] set.
+    pub fn with_host_work_dir(mut self) -> Self {
+        self.host_work_dir = true;
         self
     }
 }
@@ -548,6 +1444,12 @@ impl Sandbox for WasmSandbox {
                 let dirs: Vec<&str> = self.read_only_dirs.iter().map(|(_, guest)| guest.as_str()).collect();
                 format!("filesystem: work dir + read-only {}", dirs.join(", "))
             },
+            "work area: bytes written, entries created and open files bounded in WASI".to_string(),
+            if outcome.isolation.notes.iter().any(|n| n.starts_with(HOST_WORK_DIR_NOTE)) {
+                "work dir: host directory".to_string()
+            } else {
+                "work dir: private tmpfs".to_string()
+            },
             "processes: none (one guest thread)".to_string(),
         ];
         parts.extend(outcome.isolation.notes.iter().cloned());
@@ -560,18 +1462,18 @@ pub fn wasmtime_version() -> &'static str {
     "48.0.8"
 }
 
-/// Notes every wasm outcome carries: limits of a process that have no wasm counterpart.
-const COMMAND_NOTES: [&str; 1] = ["no file-size limit (writes bounded by the wall-clock limit)"];
+/// Notes every wasm outcome carries: limits of a process whose wasm counterpart is weaker.
+const COMMAND_NOTES: [&str; 1] = ["file size: no per-file limit, only the work area's (max_work_bytes written in all)"];
 
-/// The linked (not yet instantiated) command module, cached per module.
-fn command_pre(loaded: &LoadedModule) -> Result<InstancePre<CommandState>, SandboxError> {
+/// The command module linked against the guarded WASI (not yet instantiated), cached per
+/// module. The guards find the originals they call in the store, so one link serves all runs.
+fn command_pre(linkers: &CommandLinkers, loaded: &LoadedModule) -> Result<InstancePre<CommandState>, SandboxError> {
     if let Some(pre) = lock(&COMMANDS).get(&loaded.sha256) {
         return Ok(pre.clone());
     }
-    let failed = |e: wasmtime::Error| SandboxError::WasmInstantiate { module: loaded.name.clone(), reason: format!("{e:#}") };
-    let mut linker: Linker<CommandState> = Linker::new(engine()?);
-    wasmtime_wasi::p1::add_to_linker_async(&mut linker, |state| &mut state.wasi).map_err(failed)?;
-    let pre = linker.instantiate_pre(&loaded.module).map_err(failed)?;
+    let failed =
+        |e: wasmtime::Error| SandboxError::WasmInstantiate { module: loaded.name.clone(), reason: format!("{e:#}") };
+    let pre = linkers.guarded.instantiate_pre(&loaded.module).map_err(failed)?;
     lock(&COMMANDS).insert(loaded.sha256, pre.clone());
     Ok(pre)
 }
@@ -665,16 +1567,8 @@ enum Ended {
 /// Runs a validated `job` whose program is `loaded`.
 fn run_command(sandbox: &WasmSandbox, loaded: &LoadedModule, job: &SandboxJob) -> Result<SandboxOutcome, SandboxError> {
     let limits = &job.limits;
-    let pre = command_pre(loaded)?;
-
-    let work = tempfile::Builder::new().prefix("switchyard-wasm-").tempdir().map_err(SandboxError::WorkDir)?;
-    let work_path = work.path().to_path_buf();
-    std::fs::set_permissions(&work_path, std::os::unix::fs::PermissionsExt::from_mode(0o700))
-        .map_err(SandboxError::WorkDir)?;
-    for (name, contents) in &job.files {
-        std::fs::write(work_path.join(name), contents)
-            .map_err(|source| SandboxError::WriteFile { name: name.clone(), source })?;
-    }
+    let linkers = linkers()?;
+    let pre = command_pre(linkers, loaded)?;
 
     let stdout = CappedOutput::new(limits.max_output_bytes);
     let stderr = CappedOutput::new(limits.max_output_bytes);
@@ -701,11 +1595,24 @@ fn run_command(sandbox: &WasmSandbox, loaded: &LoadedModule, job: &SandboxJob) -
         .secure_random(Deterministic::new(random.clone()))
         .insecure_random(Deterministic::new(random))
         .insecure_random_seed(u128::from_le_bytes(insecure_seed));
-    wasi.preopened_dir(&work_path, GUEST_WORK_DIR, FsPerms::ReadWrite).map_err(instantiate_error)?;
+    // First, so that the work directory is the guest's descriptor 3.
+    let (work, work_path, work_note) = prepare_work_dir(sandbox, &mut wasi, job)?;
     for (host, guest) in &sandbox.read_only_dirs {
         wasi.preopened_dir(host, guest, FsPerms::ReadOnly).map_err(instantiate_error)?;
     }
-    let state = CommandState { wasi: wasi.build_p1(), limiter: MemoryLimiter::new(limits.address_space_bytes) };
+    let mut wasi = wasi.build_p1();
+    let table = wasi.ctx().table;
+    let table_cap = limits.max_open_files.saturating_add(RESOURCE_TABLE_SLACK);
+    if let Ok(cap) = usize::try_from(table_cap)
+        && cap < table.max_capacity()
+    {
+        table.set_max_capacity(cap);
+    }
+    let mut guard = WorkGuard::new(limits);
+    if matches!(work, WorkDir::Host(_)) {
+        guard.host_dir = Some((work_path.clone(), work_area_size(job)));
+    }
+    let state = CommandState { wasi, limiter: MemoryLimiter::new(limits.address_space_bytes), guard };
     let mut store = Store::new(engine()?, state);
     store.limiter(|state| &mut state.limiter);
 
@@ -722,6 +1629,10 @@ fn run_command(sandbox: &WasmSandbox, loaded: &LoadedModule, job: &SandboxJob) -
                     Ok(instance) => instance,
                     Err(e) => return Ended::NotStarted(e),
                 };
+                match Originals::set_up(&linkers.plain, store, &instance).await {
+                    Ok(originals) => store.data_mut().guard.originals = Some(originals),
+                    Err(e) => return Ended::NotStarted(e),
+                }
                 let start = match instance.get_typed_func::<(), ()>(&mut *store, "_start") {
                     Ok(start) => start,
                     Err(e) => return Ended::NotStarted(e),
@@ -737,6 +1648,8 @@ fn run_command(sandbox: &WasmSandbox, loaded: &LoadedModule, job: &SandboxJob) -
     let cpu_seconds = (thread_cpu_seconds() - cpu_before).max(0.0);
     let limiter = &store.data().limiter;
     let (memory_denied, peak_bytes) = (limiter.denied, limiter.peak_bytes);
+    let guard = &store.data().guard;
+    let (work_area_full, open_files_refused) = (guard.work_area_full, guard.open_files_refused);
 
     let mut timed_out = false;
     let (termination, trap) = match ended {
@@ -774,7 +1687,20 @@ fn run_command(sandbox: &WasmSandbox, loaded: &LoadedModule, job: &SandboxJob) -
     if memory_denied {
         limits_hit.push(LimitHit::Memory);
     }
-    let cleanup_error = work.close().err().map(|e| e.to_string());
+    if work_area_full {
+        limits_hit.push(LimitHit::WorkArea);
+    }
+    if open_files_refused {
+        limits_hit.push(LimitHit::OpenFiles);
+    }
+    // The store, dropped above, held the last descriptor of a private tmpfs: the kernel has
+    // freed it. A host directory is removed here.
+    let cleanup_error = match work {
+        WorkDir::PrivateTmpfs => None,
+        WorkDir::Host(dir) => dir.close().err().map(|e| e.to_string()),
+    };
+    let mut notes: Vec<String> = COMMAND_NOTES.iter().map(|n| n.to_string()).collect();
+    notes.extend(work_note);
     Ok(SandboxOutcome {
         termination,
         timed_out,
@@ -795,7 +1721,7 @@ fn run_command(sandbox: &WasmSandbox, loaded: &LoadedModule, job: &SandboxJob) -
             sandbox_uid: None,
             user_namespace: false,
             process_limit_per_run: true,
-            notes: COMMAND_NOTES.iter().map(|n| n.to_string()).collect(),
+            notes,
             ..Isolation::default()
         },
         trap,
@@ -916,6 +1842,98 @@ mod tests {
         let waited = started.elapsed();
         assert_eq!(end, ComputeEnd::TimedOut);
         assert!(waited >= Duration::from_millis(200) && waited < Duration::from_secs(2), "{waited:?}");
+    }
+
+    /// Guest memory with a ciovec array at 0: the given lengths (buffers at 1024).
+    fn iovecs(lengths: &[u32]) -> Vec<u8> {
+        let mut data = vec![0u8; 2048];
+        for (i, len) in lengths.iter().enumerate() {
+            data[8 * i..8 * i + 4].copy_from_slice(&1024u32.to_le_bytes());
+            data[8 * i + 4..8 * i + 8].copy_from_slice(&len.to_le_bytes());
+        }
+        data
+    }
+
+    #[test]
+    fn writes_within_the_budget_pass_unchanged() {
+        let mut data = iovecs(&[10, 20]);
+        let before = data.clone();
+        assert_eq!(plan_write(&mut data, 0, 2, 30), WritePlan::Counted { requested: 30, clips: vec![] });
+        assert_eq!(data, before);
+        // Nothing left, nothing asked: a zero-length write is no write.
+        assert_eq!(plan_write(&mut data, 0, 0, 0), WritePlan::Counted { requested: 0, clips: vec![] });
+    }
+
+    #[test]
+    fn writes_beyond_the_budget_are_cut_to_it_and_restored() {
+        let mut data = iovecs(&[10, 20, 5]);
+        let before = data.clone();
+        let plan = plan_write(&mut data, 0, 3, 15);
+        let clips = vec![Clip { at: 12, len: 20, kept: 5 }, Clip { at: 20, len: 5, kept: 0 }];
+        assert_eq!(plan, WritePlan::Counted { requested: 15, clips: clips.clone() });
+        assert_eq!((read_u32(&data, 4), read_u32(&data, 12), read_u32(&data, 20)), (Some(10), Some(5), Some(0)));
+        restore_clips(&mut data, &clips);
+        assert_eq!(data, before);
+        // A length the call overwrote (nwritten aimed at it) is left as the call stored it.
+        let plan = plan_write(&mut data, 0, 3, 15);
+        let WritePlan::Counted { clips, .. } = plan else { panic!("{plan:?}") };
+        assert!(write_u32(&mut data, 12, 7));
+        restore_clips(&mut data, &clips);
+        assert_eq!((read_u32(&data, 12), read_u32(&data, 20)), (Some(7), Some(5)));
+    }
+
+    #[test]
+    fn a_full_work_area_refuses_and_odd_arrays_are_safe() {
+        let mut data = iovecs(&[1]);
+        assert_eq!(plan_write(&mut data, 0, 1, 0), WritePlan::Refused(ERRNO_NOSPC));
+        assert_eq!(plan_write(&mut data, 0, IOV_MAX + 1, 100), WritePlan::Refused(ERRNO_INVAL));
+        // Entries beyond memory end the scan (the original call fails on them); an array that
+        // starts beyond memory, or at the top of the address space, asks for nothing.
+        assert_eq!(plan_write(&mut data, 2040, 4, 100), WritePlan::Counted { requested: 0, clips: vec![] });
+        assert_eq!(plan_write(&mut data, u32::MAX - 3, 2, 100), WritePlan::Counted { requested: 0, clips: vec![] });
+        assert_eq!(read_u32(&data, u64::MAX), None);
+        assert!(!write_u32(&mut data, 2046, 1));
+    }
+
+    #[test]
+    fn the_guard_follows_descriptors_through_close_and_renumber() {
+        let limits =
+            SandboxLimits { max_open_files: 2, max_work_entries: 1, max_work_bytes: 100, ..SandboxLimits::default() };
+        let mut guard = WorkGuard::new(&limits);
+        assert_eq!(guard.admit_open(), None);
+        guard.opened(4);
+        guard.opened(5);
+        assert_eq!(guard.admit_open(), Some(ERRNO_MFILE));
+        assert!(guard.open_files_refused);
+        // A counted descriptor moved onto stdout: still counted, and no longer a stream.
+        guard.renumbered(4, 1);
+        assert_eq!((guard.opened.len(), guard.streams.contains(&1)), (2, false));
+        // stderr moved onto a counted descriptor closes that one and is a stream there.
+        guard.renumbered(2, 5);
+        assert_eq!((guard.opened.len(), guard.streams.contains(&5)), (1, true));
+        guard.closed(1);
+        assert!(guard.opened.is_empty());
+        // Entries and sizes.
+        assert_eq!(guard.admit_entry(), None);
+        guard.created(ERRNO_SUCCESS);
+        assert_eq!(guard.admit_entry(), Some(ERRNO_NOSPC));
+        assert_eq!(guard.admit_size(7, 101), Some(ERRNO_FBIG));
+        assert_eq!((guard.admit_size(7, 100), guard.admit_size(7, -1)), (None, None));
+    }
+
+    #[test]
+    fn the_guard_shim_compiles_and_the_work_area_is_never_unlimited() {
+        let shim = shim_module().expect("the shim compiles");
+        let imports: Vec<String> = shim.module.imports().map(|i| format!("{}::{}", i.module(), i.name())).collect();
+        assert_eq!(imports.len(), GUARDED_FUNCS.len() + 1);
+        assert_eq!(imports[0], "guest::memory");
+        assert!(shim.module.get_export("memory").is_some() && shim.module.get_export("path_open").is_some());
+        let mut job = SandboxJob::new("guest.wasm", vec![]);
+        job.limits.max_work_bytes = 0;
+        job.limits.max_work_entries = 0;
+        assert!(work_area_size(&job) >= TMPFS_PAGE);
+        job.files.push(("a".into(), vec![0; 5000]));
+        assert_eq!(work_area_size(&job), 2 * TMPFS_PAGE + TMPFS_SPARE_INODES * TMPFS_PAGE);
     }
 
     #[test]

@@ -105,12 +105,17 @@ def _forked():
 "#;
 
 /// Start of the runner in WASI (no `dup`, no `fork`): the report writes to fd 1 through its own
-/// file object, and the candidate's `sys.stdout` is stderr.
+/// file object, the candidate's `sys.stdout` is stderr, and relative paths resolve in the work
+/// directory (as in a process, whose cwd it is).
 const WASM_PROLOGUE: &str = r#"
 import os as _os
 import sys as _sys
 _REPORT = open(1, "w", encoding="utf-8", errors="replace", closefd=False)
 _sys.stdout = _sys.stderr
+try:
+    _os.chdir("/work")
+except OSError:
+    pass
 
 def _forked():
     return False
@@ -796,10 +801,24 @@ fn run_job(
     })
 }
 
-/// The errno of an `OSError` message (`[Errno 28] No space left on device`).
-fn os_errno(failure: &StepFailure) -> Option<i32> {
-    let rest = failure.message.strip_prefix("[Errno ")?;
-    rest[..rest.find(']')?].parse().ok()
+/// Which limit an `OSError` message names, by its error text (the same in a Linux process and
+/// in WASI, whose errno numbers differ): work area full, file too large, or out of
+/// descriptors. Informational only: the guest writes these messages, and they never decide a
+/// verdict.
+fn os_error_limit(failure: &StepFailure) -> Option<ToolFailureCause> {
+    let message = failure.message.as_str();
+    if !message.starts_with("[Errno ") {
+        return None;
+    }
+    if message.contains("No space left on device") || message.contains("Disk quota exceeded") {
+        Some(ToolFailureCause::WorkArea)
+    } else if message.contains("File too large") {
+        Some(ToolFailureCause::FileSize)
+    } else if message.contains("Too many open files") || message.contains("No file descriptors available") {
+        Some(ToolFailureCause::OpenFiles)
+    } else {
+        None
+    }
 }
 
 /// The cause of a failed run (`None` when it passed), most specific first: what stopped the
@@ -819,7 +838,7 @@ pub fn failure_of(report: &RunnerReport, outcome: &SandboxOutcome, judgement: &J
         })
         .collect();
     let raised = |exception: &str| steps.iter().any(|f| f.exception == exception);
-    let errno = |code: i32| steps.iter().any(|f| os_errno(f) == Some(code));
+    let os_limit = |cause: ToolFailureCause| steps.iter().any(|f| os_error_limit(f) == Some(cause));
     let hit = |limit: LimitHit| outcome.limits_hit.contains(&limit);
     let stopped = !report.done;
     let cause = if outcome.timed_out {
@@ -830,11 +849,11 @@ pub fn failure_of(report: &RunnerReport, outcome: &SandboxOutcome, judgement: &J
         ToolFailureCause::Syscall
     } else if hit(LimitHit::Memory) || raised("MemoryError") {
         ToolFailureCause::Memory
-    } else if hit(LimitHit::WorkArea) || errno(libc::ENOSPC) || errno(libc::EDQUOT) {
+    } else if hit(LimitHit::WorkArea) || os_limit(ToolFailureCause::WorkArea) {
         ToolFailureCause::WorkArea
-    } else if hit(LimitHit::FileSize) || errno(libc::EFBIG) {
+    } else if hit(LimitHit::FileSize) || os_limit(ToolFailureCause::FileSize) {
         ToolFailureCause::FileSize
-    } else if hit(LimitHit::OpenFiles) || errno(libc::EMFILE) || errno(libc::ENFILE) {
+    } else if hit(LimitHit::OpenFiles) || os_limit(ToolFailureCause::OpenFiles) {
         ToolFailureCause::OpenFiles
     } else if stopped && outcome.stdout_truncated {
         ToolFailureCause::OutputTooLarge

@@ -338,6 +338,7 @@ fn one_call_cannot_fill_the_disk() {
     let limit = SandboxLimits::default().max_work_bytes;
     let code = format!(
         r#"
+import errno
 def attack():
     written = 0
     try:
@@ -347,7 +348,9 @@ def attack():
                     f.write(b'x' * (1024 * 1024))
                     written += 1024 * 1024
     except OSError as e:
-        pass
+        # Stopped by a limit (no space, file too large, quota), after writing something.
+        if e.errno not in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT) or written == 0:
+            return 'unexpected: %r after %d bytes' % (e, written)
     return 'denied' if written <= {limit} else 'escaped: %d bytes' % written
 "#
     );
@@ -363,13 +366,16 @@ fn one_call_cannot_exhaust_descriptors() {
     let fds_before = std::fs::read_dir("/proc/self/fd").map(|d| d.count()).unwrap_or(0);
     let code = format!(
         r#"
+import errno
 def attack():
     kept = []
     try:
         for _ in range(100000):
             kept.append(open('probe.txt', 'a'))
-    except OSError:
-        pass
+    except OSError as e:
+        # Stopped by the descriptor limit, after opening some.
+        if e.errno not in (errno.EMFILE, errno.ENFILE) or not kept:
+            return 'unexpected: %r after %d' % (e, len(kept))
     return 'denied' if len(kept) <= {limit} else 'escaped: %d open' % len(kept)
 "#
     );

@@ -7,39 +7,40 @@
 //! both a process (`program args…` in that directory) and a WASI command module (the module file
 //! as program, the directory pre-opened at [`wasm::GUEST_WORK_DIR`]).
 //!
-//! The process backend is Linux-only. It confines a child as follows (see the `confine`
-//! submodule for the exact order of the system calls and [`Isolation`] for what a given run
-//! really got):
+//! The process backend is Linux-only. It confines a child as follows (the `confine` submodule
+//! has the exact order of the system calls, [`filter`] the seccomp rules, [`Isolation`] what a
+//! given run really got, and `tools/SECURITY.md` the threat model and the attack tests):
 //!
-//! * **wall-clock limit** — the child leads its own process group (`process_group(0)`); at the
-//!   limit the whole group gets `SIGKILL`. The group is killed again after every run, so
-//!   background processes never outlive a tool call. The group is killed while the main process
-//!   is still an unreaped zombie (`waitid(WNOWAIT)`), so its id cannot have been recycled.
-//! * **rlimits** set between `fork` and `exec`: CPU seconds (soft limit → `SIGXCPU`, hard limit
-//!   one second later → `SIGKILL`), address space (`RLIMIT_AS`), processes (`RLIMIT_NPROC`),
-//!   file size (`RLIMIT_FSIZE`), core dumps off (`RLIMIT_CORE = 0`).
+//! * **session and namespaces** — the child calls `setsid()` (no controlling terminal), then
+//!   enters new PID, IPC, network and mount namespaces (as root one `unshare` each; otherwise
+//!   inside a new user namespace). With a PID namespace the program runs under an init of
+//!   Switchyard's that ends the namespace, and so every process in it, when the program ends; the
+//!   parent waits for that end (through init's pidfd) before a run returns.
+//! * **private root** — an empty tmpfs root holding only the job's
+//!   [`SandboxJob::read_only_paths`] (bound read-only, `nosuid`, `nodev`), minimal `/dev`, a
+//!   `/proc` of the PID namespace, and the work directory `/work` (also `/tmp`): a tmpfs limited
+//!   to [`SandboxLimits::max_work_bytes`] and [`SandboxLimits::max_work_entries`], holding the
+//!   job's files, freed with the namespace. Without a mount namespace the work directory is a
+//!   marked host directory ([`residue`]) and the host filesystem is visible (noted).
+//! * **seccomp** ([`filter`]) — kernel attack surface kills the program (`SIGSYS`); terminal
+//!   injection, sockets and System V IPC are refused; for jobs with
+//!   [`SandboxJob::allow_children`] false, so are new processes.
+//! * **rlimits** set before `exec`: CPU seconds (soft limit → `SIGXCPU`, hard limit one second
+//!   later → `SIGKILL`), address space (`RLIMIT_AS`), processes (`RLIMIT_NPROC`), file size
+//!   (`RLIMIT_FSIZE`), open descriptors (`RLIMIT_NOFILE`), core dumps off.
 //! * **identity** — `RLIMIT_NPROC` counts the processes of the child's *real uid* and is not
-//!   enforced at all for uid 0 (the kernel exempts the init user), and we run as root here.
-//!   So when the caller is root the child drops to a fresh unprivileged uid/gid of its own
-//!   (allocated per run from [`SANDBOX_UID_BASE`]), with no supplementary groups and
-//!   `PR_SET_NO_NEW_PRIVS`. The process limit then bounds exactly this run, the child has no
-//!   capabilities, and after the run a helper that takes the same uid sends `kill(-1, SIGKILL)`,
-//!   which reaches every process of that uid — including ones that left the process group with
-//!   `setsid()`. When the caller is not root the child keeps the caller's uid (inside a user
-//!   namespace when one can be created), the process limit counts all of the caller's
-//!   processes, and a process that escapes the group by `setsid()` survives the group kill
-//!   (still bounded by its CPU rlimit); the outcome says so.
-//! * **network** — a new network namespace (`unshare(CLONE_NEWNET)`; `CLONE_NEWUSER` too when
-//!   not root). It holds only a loopback interface that is down, so every connect fails, even to
-//!   127.0.0.1. If the kernel refuses, the run proceeds with the host network and the outcome
-//!   records it.
-//! * **filesystem** — a new mount namespace in which every mount is made read-only
-//!   (`mount_setattr(AT_RECURSIVE, MOUNT_ATTR_RDONLY)`) except a bind mount of the private work
-//!   directory, so writing outside it (e.g. `/tmp/escape`) fails with `EROFS`. Reading
-//!   world-readable host files is still possible. If the kernel refuses, the outcome records it;
-//!   the dropped uid then still cannot write anywhere but world-writable directories.
-//! * **work directory** — a fresh `tempfile` directory, the child's cwd, `HOME` and `TMPDIR`,
-//!   removed after the run (a failure to remove it is reported in the outcome).
+//!   enforced at all for uid 0, and we run as root here. So when the caller is root the child
+//!   drops to a fresh unprivileged uid/gid of its own (allocated per run from
+//!   [`SANDBOX_UID_BASE`]), with no supplementary groups and `PR_SET_NO_NEW_PRIVS`; after the
+//!   run a helper that takes the same uid sends `kill(-1, SIGKILL)`, which reaches every process
+//!   of that uid (a second net under the PID namespace). When the caller is not root the child
+//!   keeps the caller's uid inside a user namespace.
+//! * **wall-clock limit** — at the limit the child's process group gets `SIGKILL`, and so does
+//!   the PID namespace's init. The group is killed while the main process is still an unreaped
+//!   zombie (`waitid(WNOWAIT)`), so its id cannot have been recycled.
+//! * **death of the caller** — every process of the sandbox has `PR_SET_PDEATHSIG = SIGKILL`
+//!   towards its parent; the spawning thread supervises the run to its end, so this fires only
+//!   when the caller itself dies, and the namespace dies with it.
 //! * **environment** cleared except `PATH`, `HOME`, `TMPDIR`, `LANG`; stdin is `/dev/null`
 //!   (reads see end-of-file); stdout and stderr are captured up to a byte cap each (the rest is
 //!   drained and dropped so the child never blocks on a full pipe).
@@ -96,9 +97,10 @@ const EXIT_POLL_INTERVAL: Duration = Duration::from_millis(5);
 /// Resource limits for one sandboxed run.
 ///
 /// The WebAssembly backend reads `wall_time` as its epoch deadline, `address_space_bytes` as the
-/// limit of each linear memory and `max_output_bytes` as its capture caps; a guest is one thread
-/// and cannot start processes, so `cpu_seconds` and `max_processes` are moot there, and it has
-/// no file-size limit (see [`wasm`]).
+/// limit of each linear memory, `max_output_bytes` as its capture caps, and enforces
+/// `max_work_bytes`, `max_work_entries` and `max_open_files` in its WASI layer; a guest is one
+/// thread and cannot start processes, so `cpu_seconds` and `max_processes` are moot there, and
+/// it has no per-file size limit, only the work area's (see [`wasm`]).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SandboxLimits {
     /// Wall-clock limit; the process group is killed when it expires.

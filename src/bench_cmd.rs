@@ -11,7 +11,7 @@ use clap::Args;
 use comfy_table::{Table, presets::UTF8_FULL_CONDENSED};
 use indicatif::{ProgressBar, ProgressStyle};
 use switchyard_runtime::bench::{self, BenchConfig, BenchReport, VariantKind};
-use switchyard_runtime::sim::PoolSpec;
+use switchyard_runtime::exec::PoolSpec;
 use switchyard_runtime::workflow::{WorkflowSpec, load_workflow};
 
 /// Arguments of `switchyard bench`.

@@ -11,9 +11,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow};
+use switchyard_runtime::exec::{PoolSpec, RunConfig};
 use switchyard_runtime::live::engines::EngineSpec;
 use switchyard_runtime::live::{self, LiveConfig, LiveOutput, LivePoolSpec, PoolEngines, Progress};
-use switchyard_runtime::sim::{PoolSpec, SimConfig};
 
 /// What a live run needs beyond the simulator's flags.
 #[derive(Debug, Clone, Default)]
@@ -28,7 +28,7 @@ pub struct LiveOptions {
 }
 
 /// The planner's view of a live pool file (its devices, without the engines), for building the
-/// [`SimConfig`] that [`run_live`] takes.
+/// [`RunConfig`] that [`run_live`] takes.
 pub fn pool_spec(path: &Path) -> Result<PoolSpec> {
     let pool: LivePoolSpec<EngineSpec> = LivePoolSpec::load(path).map_err(|e| anyhow!("{e}"))?;
     Ok(pool.pool)
@@ -36,7 +36,7 @@ pub fn pool_spec(path: &Path) -> Result<PoolSpec> {
 
 /// Run `run` (whose pool is replaced by the live pool file's) on the live runtime.
 /// `progress(ended, total)` is called as sessions end.
-pub fn run_live(mut run: SimConfig, pool_path: &Path, options: &LiveOptions, progress: Option<Progress>) -> Result<LiveOutput> {
+pub fn run_live(mut run: RunConfig, pool_path: &Path, options: &LiveOptions, progress: Option<Progress>) -> Result<LiveOutput> {
     let pool: LivePoolSpec<EngineSpec> = LivePoolSpec::load(pool_path).map_err(|e| anyhow!("{e}"))?;
     let exe = match &options.switchyard_exe {
         Some(p) => p.clone(),

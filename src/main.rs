@@ -15,9 +15,10 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand};
 use comfy_table::{Table, presets::UTF8_FULL_CONDENSED};
 use indicatif::{ProgressBar, ProgressStyle};
+use switchyard_runtime::exec::{self, Arrival, PoolSpec, RunConfig};
 use switchyard_runtime::planner::{JointOptions, POLICIES};
 use switchyard_runtime::report::{RunReport, timeline};
-use switchyard_runtime::sim::{self, Arrival, PoolSpec, SimConfig};
+use switchyard_runtime::sim;
 use switchyard_runtime::workflow::{WorkflowSpec, load_workflow};
 
 #[derive(Parser)]
@@ -194,7 +195,7 @@ fn run(args: RunArgs) -> Result<()> {
     } else {
         PoolSpec::load(&args.pool).map_err(|e| anyhow::anyhow!("{e}"))?
     };
-    let cfg = SimConfig {
+    let cfg = RunConfig {
         workflows,
         sessions: args.sessions,
         arrival: args.arrival,
@@ -234,7 +235,7 @@ fn run(args: RunArgs) -> Result<()> {
     let wall = started.elapsed().as_secs_f64();
     struct Out {
         report: RunReport,
-        trace: Vec<sim::TraceLine>,
+        trace: Vec<exec::TraceLine>,
         timelines: Vec<switchyard_runtime::report::DeviceTimeline>,
         window: (f64, f64),
         notes: Vec<String>,

@@ -11,10 +11,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+use switchyard_runtime::exec::{self, Arrival, RunConfig};
 use switchyard_runtime::live::engines::EngineSpec;
 use switchyard_runtime::live::{self, LiveConfig, LiveOutput, LivePoolSpec, PoolEngines, RetryPolicy};
 use switchyard_runtime::planner::JointOptions;
-use switchyard_runtime::sim::{self, Arrival, SimConfig};
+use switchyard_runtime::sim;
 use switchyard_runtime::workflow::load_workflow;
 
 // The CLI's live entry point, compiled into this test as `switchyard` compiles it.
@@ -43,13 +44,13 @@ fn pool_file(dir: &Path, speed: f64) -> PathBuf {
     path
 }
 
-fn configs(pool: &Path, sessions: usize, seed: u64) -> (SimConfig, LiveConfig, PoolEngines) {
+fn configs(pool: &Path, sessions: usize, seed: u64) -> (RunConfig, LiveConfig, PoolEngines) {
     let workflows = ["gsm8k", "mbpp", "qmsum"]
         .iter()
         .map(|n| Arc::new(load_workflow(&repo().join("workflows").join(format!("{n}.yaml"))).unwrap()))
         .collect();
     let live_pool: LivePoolSpec<EngineSpec> = LivePoolSpec::load(pool).unwrap();
-    let run = SimConfig {
+    let run = RunConfig {
         workflows,
         sessions,
         arrival: Arrival::Burst,
@@ -98,7 +99,7 @@ fn assert_no_children_left() {
     assert_eq!(emulator_children(), Vec::<u32>::new(), "emulator processes outlived the run");
 }
 
-fn assert_equal_to_simulation(live: &LiveOutput, run: &SimConfig) {
+fn assert_equal_to_simulation(live: &LiveOutput, run: &RunConfig) {
     let simulated = sim::simulate(run, &mut |_, _| {}).unwrap();
     let (s, l) = (&simulated.report, &live.report);
     assert!(l.failures.is_empty(), "{:?}", l.failures);
@@ -109,7 +110,7 @@ fn assert_equal_to_simulation(live: &LiveOutput, run: &SimConfig) {
     for (name, w) in &s.workflows {
         assert_eq!(l.workflows[name].accuracy, w.accuracy, "accuracy of {name}");
     }
-    let key = |c: &sim::CallRecord| (c.session, c.activation, c.node, c.prompt_tokens, c.output_tokens);
+    let key = |c: &exec::CallRecord| (c.session, c.activation, c.node, c.prompt_tokens, c.output_tokens);
     let mut a: Vec<_> = live.calls.iter().map(key).collect();
     let mut b: Vec<_> = simulated.calls.iter().map(key).collect();
     a.sort_unstable();

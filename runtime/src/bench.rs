@@ -33,10 +33,11 @@ use thiserror::Error;
 
 pub use markdown::markdown;
 
+use crate::exec::{Arrival, CallRecord, PoolSpec, RunConfig};
 use crate::lower_bound::{self, LowerBound, LowerBoundError, TraceTimes};
 use crate::planner::JointOptions;
 use crate::report::{GpuBreakdown, Percentiles, RunReport, round3};
-use crate::sim::{self, Arrival, CallRecord, PoolSpec, SimConfig, SimError};
+use crate::sim::{self, SimError};
 use crate::workflow::WorkflowSpec;
 
 /// Why a bench could not complete.
@@ -214,8 +215,8 @@ impl BenchConfig {
         Ok(())
     }
 
-    fn sim_config(&self, v: &Variant, arrival: Arrival, noise_seed: u64) -> SimConfig {
-        SimConfig {
+    fn sim_config(&self, v: &Variant, arrival: Arrival, noise_seed: u64) -> RunConfig {
+        RunConfig {
             workflows: self.workflows.clone(),
             sessions: self.sessions,
             arrival,

@@ -1,5 +1,6 @@
-//! switchyard-runtime: the workflow model, the pure planner core and its policies, the
-//! deterministic simulator shell, and the reports.
+//! switchyard-runtime: the workflow model, the pure planner core and its policies, the two
+//! shells that drive it (the deterministic simulator and the live runtime) and what they share,
+//! and the reports.
 //!
 //! Module map (see ARCHITECTURE.md):
 //! - `workflow` — YAML schema, parsing with positions, validation, dataset binding, petgraph DAG.
@@ -7,15 +8,19 @@
 //! - `responder` — emulated LLM outputs per workload, and accuracy scoring.
 //! - `tokens` — real BPE token counts and prefix-block hashes.
 //! - `planner` — the pure core `Planner::handle(event, now) -> commands` and its policies.
-//! - `sim` — the discrete-event simulator shell on virtual time, arrivals, pools.
+//! - `exec` — what both shells share: run configuration, arrival trace, pool files, setting a
+//!   run up, preparing activations, records and the one report builder.
+//! - `sim` — the discrete-event simulator shell on virtual time (event queue, emulated replicas).
+//! - `live` — the live shell: actors on tokio and wall-clock time, engines, `switchyard emulate`.
 //! - `report` — run metrics, JSON, terminal tables' data and SVG timelines.
-//! - `shell_common` — what both shells do identically around the core (prepare, report).
 //! - `lower_bound` — an offline lower bound on a trace's makespan (analysis only).
 //! - `bench` — the paper's evaluation (`switchyard bench`): runs, aggregation, report, charts.
 //!
-//! The planner core must not depend on `sim`, on the emulator crate, on the clock or on I/O.
+//! The planner core must not depend on `exec`, `sim` or `live`, on the emulator crate, on the
+//! clock or on I/O. `exec` must not depend on `sim` or `live`; `live` must not depend on `sim`.
 
 pub mod bench;
+pub mod exec;
 pub mod ids;
 pub mod live;
 pub mod lower_bound;
@@ -23,7 +28,6 @@ pub mod planner;
 pub mod report;
 pub mod responder;
 pub mod session;
-pub mod shell_common;
 pub mod sim;
 pub mod tokens;
 pub mod values;

@@ -45,8 +45,9 @@ use switchyard_emulator::{BatchSummary, CostModel, load_time};
 use switchyard_predictor::spec::{self, DeviceSpec, Dtype, ModelArch};
 use thiserror::Error;
 
+use crate::exec::{CallRecord, TraceLine};
 use crate::report::round3;
-use crate::sim::{CallRecord, SimOutput, TraceLine};
+use crate::sim::SimOutput;
 
 /// Scale applied to every LLM time of the bound. The emulator multiplies each iteration by an
 /// independent log-normal draw with σ = [`ITERATION_NOISE_SIGMA`] (3 %) and mean 1. A critical

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
 use switchyard_runtime::bench::{BenchConfig, BenchReport, markdown, run_bench, write_outputs};
-use switchyard_runtime::sim::PoolSpec;
+use switchyard_runtime::exec::PoolSpec;
 use switchyard_runtime::workflow::load_workflow;
 
 fn repo() -> PathBuf {

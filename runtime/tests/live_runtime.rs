@@ -15,6 +15,7 @@ use switchyard_runtime::ids::SessionId;
 use switchyard_runtime::live::engine::{
     Completion, Engine, EngineError, EngineFuture, EngineTelemetry, LlmRequest,
 };
+use switchyard_runtime::exec::{self, Arrival, PoolSpec, PrepareContext, Ready, RunConfig, arrivals};
 use switchyard_runtime::live::engines::{ApiFlavor, HttpEngine, HttpOptions};
 use switchyard_runtime::live::server::{EmulateConfig, EmulateServer};
 use switchyard_runtime::live::{
@@ -22,8 +23,7 @@ use switchyard_runtime::live::{
 };
 use switchyard_runtime::planner::JointOptions;
 use switchyard_runtime::session::Session;
-use switchyard_runtime::shell_common::{self, PrepareContext, Ready};
-use switchyard_runtime::sim::{self, Arrival, PoolSpec, SimConfig, arrivals};
+use switchyard_runtime::sim;
 use switchyard_runtime::tokens;
 use switchyard_runtime::values::NodeOutput;
 use switchyard_runtime::workflow::{WorkflowSpec, load_workflow};
@@ -307,8 +307,8 @@ fn workflows(names: &[&str]) -> Vec<Arc<WorkflowSpec>> {
         .collect()
 }
 
-fn sim_config(names: &[&str], sessions: usize, pool: &str, seed: u64) -> SimConfig {
-    SimConfig {
+fn sim_config(names: &[&str], sessions: usize, pool: &str, seed: u64) -> RunConfig {
+    RunConfig {
         workflows: workflows(names),
         sessions,
         arrival: Arrival::Burst,
@@ -323,7 +323,7 @@ fn sim_config(names: &[&str], sessions: usize, pool: &str, seed: u64) -> SimConf
     }
 }
 
-fn live_config(run: SimConfig) -> LiveConfig {
+fn live_config(run: RunConfig) -> LiveConfig {
     let mut cfg = LiveConfig::new(run);
     cfg.speed = 1000.0;
     cfg.retry = RetryPolicy { backoff: Duration::from_millis(2), ..RetryPolicy::default() };
@@ -340,10 +340,10 @@ fn run_live(cfg: &LiveConfig, factory: Arc<dyn EngineFactory>) -> LiveOutput {
 
 /// The outcome of every session computed without any scheduling: each session driven alone,
 /// activation by activation, with the shared prepare step and the real tools.
-fn reference(cfg: &SimConfig) -> BTreeMap<SessionId, (Option<NodeOutput>, Option<f64>)> {
-    let (table, of) = shell_common::deployment_table(&cfg.workflows, cfg.max_num_seqs).unwrap();
-    let info = shell_common::node_infos(&cfg.workflows, &of);
-    let records = shell_common::load_records(&cfg.workflows).unwrap();
+fn reference(cfg: &RunConfig) -> BTreeMap<SessionId, (Option<NodeOutput>, Option<f64>)> {
+    let (table, of) = exec::deployment_table(&cfg.workflows, cfg.max_num_seqs).unwrap();
+    let info = exec::node_infos(&cfg.workflows, &of);
+    let records = exec::load_records(&cfg.workflows).unwrap();
     let sizes: Vec<usize> = records.iter().map(|r| r.len()).collect();
     let ctx = PrepareContext { seed: cfg.seed, deployments: &table, deployment_of: &of, node_info: &info };
     let mut out = BTreeMap::new();
@@ -352,7 +352,7 @@ fn reference(cfg: &SimConfig) -> BTreeMap<SessionId, (Option<NodeOutput>, Option
         let w = e.workflow as usize;
         let mut s = Session::new(id, Arc::clone(&cfg.workflows[w]), records[w][e.record].clone()).unwrap();
         while let Some(a) = s.ready().first().copied() {
-            let output = match shell_common::prepare(&ctx, &mut s, e.workflow, a, 0.0).unwrap() {
+            let output = match exec::prepare(&ctx, &mut s, e.workflow, a, 0.0).unwrap() {
                 Ready::Tool { call, .. } => {
                     let o = switchyard_tools::run_tool(&call).unwrap();
                     NodeOutput { text: o.text, verdict: o.verdict, value: o.value, output_tokens: 0 }
@@ -366,7 +366,7 @@ fn reference(cfg: &SimConfig) -> BTreeMap<SessionId, (Option<NodeOutput>, Option
             s.complete(a.index, output).unwrap();
         }
         assert!(s.is_finished(), "reference session {id} did not finish");
-        out.insert(id, (s.final_output().cloned(), shell_common::session_score(&s)));
+        out.insert(id, (s.final_output().cloned(), exec::session_score(&s)));
     }
     out
 }
@@ -377,7 +377,7 @@ fn assert_each_session_once(out: &LiveOutput, total: usize) {
     assert_eq!(ids.len(), total, "no session reported twice");
 }
 
-fn call_keys(calls: &[sim::CallRecord]) -> Vec<(u32, u32, u32, u32, u32)> {
+fn call_keys(calls: &[exec::CallRecord]) -> Vec<(u32, u32, u32, u32, u32)> {
     let mut k: Vec<_> = calls.iter().map(|c| (c.session, c.activation, c.node, c.prompt_tokens, c.output_tokens)).collect();
     k.sort_unstable();
     k
@@ -563,7 +563,7 @@ fn overhead_per_llm_call() {
     let factory = FakeFactory::new(0, Faults::default());
     let direct: Vec<f64> = rt.block_on(async {
         let cfg = sim_config(&["gsm8k"], 1, "paper", 1);
-        let (table, _) = shell_common::deployment_table(&cfg.workflows, 256).unwrap();
+        let (table, _) = exec::deployment_table(&cfg.workflows, 256).unwrap();
         let spec = cfg.pool.devices[0].clone();
         let target = EngineTarget {
             replica: switchyard_runtime::ids::ReplicaId(0),

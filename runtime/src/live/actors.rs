@@ -23,9 +23,8 @@ use super::engine::{Completion, Engine, EngineError, EngineTelemetry, LlmRequest
 use super::shell::LiveOutput;
 use crate::ids::{ActivationId, DeviceId, ReplicaId, SessionId};
 use crate::planner::{DeploymentId, DeploymentInfo, NearReadyItem, WorkItem};
-use crate::shell_common::{DeploymentMap, SessionRecord};
-use crate::sim::CallRecord;
-use crate::sim::graph_info::NodeInfo;
+use crate::exec::graph_info::NodeInfo;
+use crate::exec::{CallRecord, DeploymentMap, SessionRecord};
 use crate::values::NodeOutput;
 use crate::workflow::WorkflowSpec;
 

@@ -93,7 +93,7 @@ mod tests {
         let pool: LivePoolSpec<EngineSpec> = LivePoolSpec::load(&path).unwrap();
         let engines = PoolEngines::new(&pool, 0, Some(PathBuf::from("/bin/true"))).unwrap();
         assert_eq!(engines.speed(), Ok(50.0));
-        let dep = crate::shell_common::deployment_table(
+        let dep = crate::exec::deployment_table(
             &[std::sync::Arc::new(
                 crate::workflow::load_workflow(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../workflows/qmsum.yaml")).unwrap(),
             )],

@@ -1,7 +1,8 @@
 //! The live runtime: ractor actors on tokio driving the same pure planner core on wall-clock
 //! time (planner, session, replica and tool-executor actors), the engines (`emulated` and
 //! `vllm` over HTTP with managed child processes, `openai` endpoints), and the `switchyard
-//! emulate` server. It must not depend on the simulator shell (`sim`) beyond its pure helpers.
+//! emulate` server. It must not depend on the simulator shell (`sim`): what both shells share is
+//! `crate::exec`'s (`runtime/tests/module_boundaries.rs` checks).
 
 pub mod engine;
 pub mod engines;

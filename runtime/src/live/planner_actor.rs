@@ -35,8 +35,7 @@ use crate::ids::{ActivationId, DeviceId, ReplicaId, SessionId};
 use crate::planner::{Command, DeploymentId, Event, Planner, ReplicaPhase, WorkItem};
 use crate::report::{DeviceTimeline, Segment, SegmentKind};
 use crate::session::Session;
-use crate::shell_common::{self, Counters, ReportInput, SessionRecord, TokenWork};
-use crate::sim::{CallRecord, TraceEntry};
+use crate::exec::{self, CallRecord, Counters, ReportInput, SessionRecord, TokenWork, TraceEntry};
 use crate::values::Record;
 
 /// The planner actor.
@@ -827,7 +826,7 @@ impl PlannerActorState {
         let records: Vec<SessionRecord> = reports.iter().map(|r| r.record.clone()).collect();
         let mut timelines = std::mem::take(&mut self.timelines);
         let state = self.planner.state();
-        let (report, window) = shell_common::build_report(ReportInput {
+        let (report, window) = exec::build_report(ReportInput {
             workflows: &self.ctx.workflows,
             policy: self.planner.policy_name(),
             seed: self.meta.seed,

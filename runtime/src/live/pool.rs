@@ -10,7 +10,7 @@
 //! ```
 //! The `engine` mapping is parsed into the caller's type `E` (the engines' `EngineSpec`), so
 //! this parser does not depend on any engine. Errors name the file, and the line and column or
-//! the device group. Depends on the spec catalogue, serde and the simulator's `PoolSpec`.
+//! the device group. Depends on the spec catalogue, serde and the shared `exec::PoolSpec`.
 
 use std::path::{Path, PathBuf};
 
@@ -19,7 +19,7 @@ use serde::de::DeserializeOwned;
 use switchyard_predictor::spec;
 use thiserror::Error;
 
-use crate::sim::PoolSpec;
+use crate::exec::PoolSpec;
 
 /// Why a live pool file was rejected.
 #[derive(Debug, Error)]

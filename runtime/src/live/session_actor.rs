@@ -1,6 +1,6 @@
 //! One actor per session: it owns the [`Session`] state machine (activations instantiated as
 //! branches resolve), renders prompts from predecessor outputs and computes the responder's
-//! output exactly as the simulator does (`shell_common::prepare`, seeded by (seed, workflow,
+//! output exactly as the simulator does (the shared `exec::prepare`, seeded by (seed, workflow,
 //! session, node, round)), hands LLM units to the planner actor, runs tool nodes through the
 //! tool executors, reports near-ready units, and reports its end to the planner exactly once.
 //!
@@ -18,10 +18,9 @@ use super::actors::{
     CallTiming, PendingCall, PlannerMsg, RunContext, SessionMsg, SessionReport, SessionResult, ToolMsg,
 };
 use super::engine::{Completion, LlmRequest};
+use crate::exec::{self, CallRecord, PrepareContext, PreparedLlm, Ready, SessionRecord};
 use crate::ids::{ActivationId, ReplicaId};
-use crate::shell_common::{self, PrepareContext, PreparedLlm, Ready, SessionRecord};
 use crate::session::Session;
-use crate::sim::CallRecord;
 use crate::values::NodeOutput;
 
 /// Run CPU-bound work (prompt rendering, BPE tokenization, the responder) without stalling
@@ -167,7 +166,7 @@ impl SessionState {
         };
         let now = ctx.clock.now();
         let (session, workflow) = (&mut self.session, self.workflow);
-        let ready = match off_the_reactor(|| shell_common::prepare(&pctx, session, workflow, a, now)) {
+        let ready = match off_the_reactor(|| exec::prepare(&pctx, session, workflow, a, now)) {
             Ok(r) => r,
             Err(e) => return self.fail(myself, e.to_string()),
         };
@@ -259,7 +258,7 @@ impl SessionState {
                     let note: String = note.split("; ").filter(|p| !p.starts_with("uid:")).collect::<Vec<_>>().join("; ");
                     let _ = self.planner.send_message(PlannerMsg::Note(note));
                 }
-                tracing::debug!(parent: self.span_of(a), detail = ?shell_common::tool_trace_detail(&o), "tool done");
+                tracing::debug!(parent: self.span_of(a), detail = ?exec::tool_trace_detail(&o), "tool done");
                 if let Some((node, tool)) = self.tool_nodes.remove(&a) {
                     self.tools.record(a.session.0, &node, &tool, &o);
                 }
@@ -305,7 +304,7 @@ impl SessionState {
             return;
         }
         let Some(info) = self.ctx.node_info.get(self.workflow as usize) else { return };
-        let items = off_the_reactor(|| shell_common::near_ready_items(&self.session, self.workflow, info, &self.near_sent));
+        let items = off_the_reactor(|| exec::near_ready_items(&self.session, self.workflow, info, &self.near_sent));
         for item in items {
             self.near_sent.insert(item.activation);
             let _ = self.planner.send_message(PlannerMsg::NearReady(item));
@@ -332,7 +331,7 @@ impl SessionState {
         self.prepared.clear();
         self.spans.clear();
         let completed = failed.is_none();
-        let score = if completed { off_the_reactor(|| shell_common::session_score(&self.session)) } else { None };
+        let score = if completed { off_the_reactor(|| exec::session_score(&self.session)) } else { None };
         match &failed {
             None => tracing::info!(score = ?score, "session completed"),
             Some(r) => tracing::warn!(reason = %r, "session failed"),

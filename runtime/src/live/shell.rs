@@ -8,7 +8,7 @@
 //! their arrival times (trace time / `speed`), waits until every session has ended (or the
 //! deadline passed), then reclaims every replica and builds the report.
 //!
-//! It depends on the actors, the planner core and `shell_common`; engines come from the
+//! It depends on the actors, the planner core and `exec`; engines come from the
 //! caller's [`EngineFactory`].
 
 use std::collections::BTreeMap;
@@ -25,15 +25,14 @@ use super::engine::EngineTelemetry;
 use super::planner_actor::{PlannerActor, PlannerArgs, Progress, ReportMeta};
 use crate::ids::ReplicaId;
 use crate::report::{DeviceTimeline, RunReport};
-use crate::shell_common::{self, ShellError};
-use crate::sim::{CallRecord, SimConfig, arrivals};
+use crate::exec::{self, CallRecord, RunConfig, ShellError, arrivals};
 
-/// A live run: the simulator's configuration plus what only wall-clock execution needs.
+/// A live run: the shared run configuration plus what only wall-clock execution needs.
 #[derive(Clone)]
 pub struct LiveConfig {
     /// Workflows, sessions, arrival process, seeds, pool, policy, predictor, tool workers and
     /// batch limit, exactly as for a simulation.
-    pub run: SimConfig,
+    pub run: RunConfig,
     /// Device seconds per wall second: 1 on real GPUs; the `--speed` of `switchyard emulate`
     /// engines otherwise. Arrival times of the trace are divided by it, and the planner core
     /// sees wall time multiplied by it.
@@ -55,7 +54,7 @@ pub struct LiveConfig {
 impl LiveConfig {
     /// Defaults: real time (speed 1), [`RetryPolicy::default`], sleep on reclaim, telemetry
     /// every second, no deadline, no streaming, a 100 ms watchdog.
-    pub fn new(run: SimConfig) -> Self {
+    pub fn new(run: RunConfig) -> Self {
         LiveConfig {
             run,
             speed: 1.0,
@@ -122,18 +121,18 @@ pub enum LiveError {
 /// as sessions end. Must be called inside a tokio runtime (multi-threaded: tools run on the
 /// blocking pool).
 pub async fn run(cfg: &LiveConfig, factory: Arc<dyn EngineFactory>, progress: Option<Progress>) -> Result<LiveOutput, LiveError> {
-    let sim = &cfg.run;
-    let (deployments, deployment_of) = shell_common::deployment_table(&sim.workflows, sim.max_num_seqs)?;
-    let node_info = shell_common::node_infos(&sim.workflows, &deployment_of);
-    let records = shell_common::load_records(&sim.workflows)?;
-    let planner = shell_common::build_planner(&sim.pool.devices, &deployments, &sim.policy, sim.options, &sim.predictor)?;
+    let rc = &cfg.run;
+    let (deployments, deployment_of) = exec::deployment_table(&rc.workflows, rc.max_num_seqs)?;
+    let node_info = exec::node_infos(&rc.workflows, &deployment_of);
+    let records = exec::load_records(&rc.workflows)?;
+    let planner = exec::build_planner(&rc.pool.devices, &deployments, &rc.policy, rc.options, &rc.predictor)?;
     let sizes: Vec<usize> = records.iter().map(|r| r.len()).collect();
-    let trace = arrivals::trace(sim.arrival, sim.sessions, &sizes, sim.seed);
+    let trace = arrivals::trace(rc.arrival, rc.sessions, &sizes, rc.seed);
     let total = trace.len();
     let clock = Clock::start(cfg.speed);
     let ctx = Arc::new(RunContext {
-        workflows: sim.workflows.clone(),
-        seed: sim.seed,
+        workflows: rc.workflows.clone(),
+        seed: rc.seed,
         deployments,
         deployment_of,
         node_info,
@@ -146,19 +145,19 @@ pub async fn run(cfg: &LiveConfig, factory: Arc<dyn EngineFactory>, progress: Op
         ctx: Arc::clone(&ctx),
         planner,
         factory,
-        devices: sim.pool.devices.clone(),
+        devices: rc.pool.devices.clone(),
         trace: trace.clone(),
         records,
         meta: ReportMeta {
-            policy: sim.policy.clone(),
-            seed: sim.seed,
-            noise_seed: sim.noise_seed,
-            arrival: sim.arrival.to_string(),
-            pool: sim.pool.name.clone(),
+            policy: rc.policy.clone(),
+            seed: rc.seed,
+            noise_seed: rc.noise_seed,
+            arrival: rc.arrival.to_string(),
+            pool: rc.pool.name.clone(),
         },
         sleep_on_reclaim: cfg.sleep_on_reclaim,
         telemetry_every: cfg.telemetry_every,
-        tool_workers: sim.tool_workers,
+        tool_workers: rc.tool_workers,
         tick: cfg.tick,
         progress,
     };

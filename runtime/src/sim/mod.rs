@@ -10,44 +10,38 @@
 //! inputs and seeds only: same inputs, same bytes.
 //!
 //! This is a shell: it does I/O-free bookkeeping and execution, and makes no scheduling
-//! decision of its own (those are the planner's).
+//! decision of its own (those are the planner's). It owns only what is particular to virtual
+//! time: the event queue, the emulated replicas and the tool worker pool. What both shells do
+//! (setting a run up, preparing activations, the records and the report) is `crate::exec`'s;
+//! `sim` depends on it and must not depend on `live`.
 
-pub mod arrivals;
-pub mod graph_info;
-pub mod oracle;
-pub mod pool;
 mod toolpool;
 
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, BinaryHeap};
 use std::sync::Arc;
 
-use serde::Serialize;
 use switchyard_emulator::{EmulatedReplica, EngineEvent, EngineRequest, ServingConfig};
-use switchyard_predictor::{Dtype, spec};
+use switchyard_predictor::spec;
 use switchyard_tools::modeled_duration_s;
 use thiserror::Error;
 
+use crate::exec::graph_info::NodeInfo;
+use crate::exec::{
+    self, CallRecord, PrepareContext, PreparedLlm, Ready, RunConfig, ShellError, TraceEntry, TraceLine, arrivals,
+    tool_trace_detail as trace_detail,
+};
 use crate::ids::{ActivationId, DeviceId, ReplicaId, SessionId};
 use crate::planner::{
-    Command, DeploymentId, DeploymentInfo, Event, JointOptions, PlanError, Planner,
+    Command, DeploymentId, DeploymentInfo, Event, PlanError, Planner,
 };
-use crate::shell_common::{self, PrepareContext, PreparedLlm, Ready, tool_trace_detail as trace_detail};
-use graph_info::NodeInfo;
 use crate::report::{
     DeviceTimeline, GpuBreakdown, Percentiles, RunReport, Segment, SegmentKind, SessionToolLog, ToolReport,
     WorkflowReport, gpu, round3,
 };
 use crate::session::Session;
 use crate::values::{NodeOutput, derive_seed};
-use crate::workflow::WorkflowSpec;
-
-pub use arrivals::{Arrival, TraceEntry};
-pub use pool::{PoolError, PoolSpec};
 use toolpool::{ToolJob, ToolPool};
-
-/// Prefix-cache block size (vLLM's default `--block-size`).
-pub const BLOCK_SIZE: u32 = 16;
 
 /// Errors that stop a simulation (a failing *session* is not one: it is reported).
 #[derive(Debug, Error)]
@@ -55,76 +49,9 @@ pub enum SimError {
     #[error(transparent)]
     Plan(#[from] PlanError),
     #[error(transparent)]
-    Shell(#[from] crate::shell_common::ShellError),
-    #[error("workflow {workflow}: {message}")]
-    Workflow { workflow: String, message: String },
-    #[error("workflow {workflow}: deployment `{deployment}`: {message}")]
-    Deployment { workflow: String, deployment: String, message: String },
-    #[error("predictor: {0}")]
-    Predictor(String),
+    Shell(#[from] ShellError),
     #[error("internal: {0}")]
     Internal(String),
-}
-
-/// Everything a run needs.
-#[derive(Clone)]
-pub struct SimConfig {
-    pub workflows: Vec<Arc<WorkflowSpec>>,
-    /// Sessions per workflow.
-    pub sessions: usize,
-    pub arrival: Arrival,
-    /// Trace and responder seed.
-    pub seed: u64,
-    /// Engine timing-noise seed (repetitions vary it, keeping the trace).
-    pub noise_seed: u64,
-    pub pool: PoolSpec,
-    pub policy: String,
-    /// Mechanisms of the joint policy (ablations switch them off).
-    pub options: JointOptions,
-    /// Estimates the policy plans with: `oracle` (the emulator's own costs, reference only).
-    pub predictor: String,
-    /// Threads that execute tool calls.
-    pub tool_workers: usize,
-    /// vLLM `--max-num-seqs`.
-    pub max_num_seqs: u32,
-}
-
-/// One line of the optional JSONL trace.
-#[derive(Debug, Clone, Serialize)]
-pub struct TraceLine {
-    pub t: f64,
-    pub event: &'static str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub session: Option<u32>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub activation: Option<u32>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub node: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub replica: Option<u32>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub device: Option<u32>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub detail: Option<String>,
-}
-
-/// One completed activation (LLM call or tool call), for offline analysis such as the
-/// makespan lower bound (`crate::lower_bound`).
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct CallRecord {
-    pub session: u32,
-    /// Index of the workflow in the run's list.
-    pub workflow: u32,
-    pub activation: u32,
-    /// Index of the logical node in its workflow.
-    pub node: u32,
-    /// Catalogue model and dtype of the deployment; `None` for a tool call.
-    pub model: Option<(String, Dtype)>,
-    pub prompt_tokens: u32,
-    pub output_tokens: u32,
-    /// Activation indices (same session) this one waited for.
-    pub predecessors: Vec<u32>,
-    pub finished_at: f64,
 }
 
 /// What a run produces.
@@ -200,7 +127,7 @@ struct InFlight {
 type TokenWork = BTreeMap<(DeploymentId, u32), f64>;
 
 struct Sim<'a> {
-    cfg: &'a SimConfig,
+    cfg: &'a RunConfig,
     planner: Planner,
     deployments: Vec<DeploymentInfo>,
     /// Deployment of each (workflow, deployment name).
@@ -242,18 +169,18 @@ struct Sim<'a> {
 }
 
 /// Run one simulation. `progress(done, total)` is called as sessions finish.
-pub fn simulate(cfg: &SimConfig, progress: &mut dyn FnMut(usize, usize)) -> Result<SimOutput, SimError> {
+pub fn simulate(cfg: &RunConfig, progress: &mut dyn FnMut(usize, usize)) -> Result<SimOutput, SimError> {
     let mut sim = Sim::new(cfg)?;
     sim.run(progress)?;
     Ok(sim.finish())
 }
 
 impl<'a> Sim<'a> {
-    fn new(cfg: &'a SimConfig) -> Result<Self, SimError> {
-        let (deployments, deployment_of) = shell_common::deployment_table(&cfg.workflows, cfg.max_num_seqs)?;
+    fn new(cfg: &'a RunConfig) -> Result<Self, SimError> {
+        let (deployments, deployment_of) = exec::deployment_table(&cfg.workflows, cfg.max_num_seqs)?;
         let planner =
-            shell_common::build_planner(&cfg.pool.devices, &deployments, &cfg.policy, cfg.options, &cfg.predictor)?;
-        let records = shell_common::load_records(&cfg.workflows)?;
+            exec::build_planner(&cfg.pool.devices, &deployments, &cfg.policy, cfg.options, &cfg.predictor)?;
+        let records = exec::load_records(&cfg.workflows)?;
         let sizes: Vec<usize> = records.iter().map(|r| r.len()).collect();
         let trace_entries = arrivals::trace(cfg.arrival, cfg.sessions, &sizes, cfg.seed);
         let timelines = cfg
@@ -262,7 +189,7 @@ impl<'a> Sim<'a> {
             .iter()
             .map(|d| DeviceTimeline { name: d.name.clone(), segments: Vec::new() })
             .collect();
-        let node_info = shell_common::node_infos(&cfg.workflows, &deployment_of);
+        let node_info = exec::node_infos(&cfg.workflows, &deployment_of);
         let mut sim = Sim {
             cfg,
             planner,
@@ -473,7 +400,7 @@ impl<'a> Sim<'a> {
             return Ok(());
         }
         let Some(info) = self.node_info.get(run.workflow as usize) else { return Ok(()) };
-        let items = shell_common::near_ready_items(&run.session, run.workflow, info, &self.near_sent);
+        let items = exec::near_ready_items(&run.session, run.workflow, info, &self.near_sent);
         for item in items {
             self.near_sent.insert(item.activation);
             self.plan(Event::UnitNearReady(item))?;
@@ -595,7 +522,7 @@ impl<'a> Sim<'a> {
         let Some(run) = self.sessions.get_mut(a.session.0 as usize).and_then(|r| r.as_mut()) else {
             return Err(SimError::Internal(format!("unknown session of {a}")));
         };
-        Ok(shell_common::prepare(&ctx, &mut run.session, run.workflow, a, self.now)?)
+        Ok(exec::prepare(&ctx, &mut run.session, run.workflow, a, self.now)?)
     }
 
     fn on_tool_done(&mut self, a: ActivationId) -> Result<(), SimError> {
@@ -824,7 +751,7 @@ impl<'a> Sim<'a> {
             let first = mine.iter().map(|r| r.arrived).fold(f64::INFINITY, f64::min);
             let last = done.iter().filter_map(|r| r.finished).fold(f64::NEG_INFINITY, f64::max);
             let accuracy = wf.metric.as_ref().map(|_| {
-                let scores: Vec<f64> = done.iter().filter_map(|r| shell_common::session_score(&r.session)).collect();
+                let scores: Vec<f64> = done.iter().filter_map(|r| exec::session_score(&r.session)).collect();
                 if scores.is_empty() { 0.0 } else { round3(scores.iter().sum::<f64>() / scores.len() as f64) }
             });
             let n = done.len().max(1) as f64;

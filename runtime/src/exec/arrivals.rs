@@ -2,7 +2,9 @@
 //! across policies (paper 003 §4.1).
 //!
 //! `burst` puts every session at t = 0; `poisson:RATE` draws exponential inter-arrival gaps with
-//! RATE sessions per second *per workflow*. Pure; depends on rand only.
+//! RATE sessions per second *per workflow*. Both shells replay the same trace: the simulator in
+//! virtual time, the live shell at trace time / speed. Pure; depends on rand and `values` only,
+//! never on `sim` or `live`.
 
 use std::fmt;
 use std::str::FromStr;

@@ -1,6 +1,8 @@
 //! The `oracle` estimates: the emulator's own cost model read back by the planner. For
 //! reference only — a planner judged with it is judged against itself. The real Predictor
-//! (`switchyard-predictor`) never reads the emulator.
+//! (`switchyard-predictor`) never reads the emulator. Either shell may plan with it (`--predictor
+//! oracle`), so it lives in the shared layer; it depends on the emulator's cost and load models
+//! and the planner's `Estimates` trait only, never on `sim` or `live`.
 
 use switchyard_emulator::{BatchShape, PrefillChunk, iteration_time, load_time};
 use switchyard_predictor::spec;

@@ -1,6 +1,7 @@
 //! What a shell derives once per workflow from its static graph for the planner: fused chains
 //! (Eq. 3, via `planner::fusion`), remaining critical-path work, and per-activation prompt
-//! bounds and chain envelopes (Eq. 4). Shared by both shells; pure.
+//! bounds and chain envelopes (Eq. 4). Shared by both shells; pure. Depends on the workflow
+//! model, sessions, tokens and `planner::fusion`, never on `sim` or `live`.
 
 use crate::ids::ActivationId;
 use crate::planner::DeploymentId;

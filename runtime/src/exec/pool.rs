@@ -6,8 +6,9 @@
 //!   - { kind: A100-40GB, count: 1 }
 //!   - { kind: V100-32GB, count: 2 }
 //! ```
-//! Device kinds come from the catalogue in `switchyard_predictor::spec`. Depends on the spec
-//! catalogue and serde only.
+//! Device kinds come from the catalogue in `switchyard_predictor::spec`. The live pool file
+//! (`live::pool`) extends this one with an engine per device group. Depends on the spec
+//! catalogue and serde only, never on `sim` or `live`.
 
 use std::path::{Path, PathBuf};
 

@@ -1,0 +1,255 @@
+//! What both shells do when an activation becomes ready or near-ready: render a ready
+//! activation (tool inputs; or the prompt, its real BPE token counts and prefix-block hashes,
+//! the responder's output and the planner's [`WorkItem`]), list newly near-ready activations as
+//! the planner's [`NearReadyItem`]s, describe a finished tool call for the trace, and score a
+//! finished session under its workflow's metric.
+//!
+//! Pure functions of their arguments and the seeds: no clock, no I/O, no randomness beyond the
+//! seeded responders, so both shells hand the planner the same items. Must not depend on `sim`
+//! or `live`, on engines, or on the emulator crate.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use switchyard_tools::ToolCall;
+
+use super::graph_info::{self, NodeInfo};
+use super::{BLOCK_SIZE, DeploymentMap, ShellError};
+use crate::ids::ActivationId;
+use crate::planner::{DeploymentInfo, NearReadyItem, WorkItem};
+use crate::responder::{self, ResponderRequest};
+use crate::session::{ActivationState, Session};
+use crate::tokens;
+use crate::values::{NodeOutput, derive_seed};
+use crate::workflow::{MetricKind, NodeKind};
+
+/// A ready LLM activation's request: the rendered prompt, its tokens and the responder output.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PreparedLlm {
+    pub prompt: String,
+    pub prompt_tokens: u32,
+    /// Prefix-cache block hashes of the prompt (vLLM block size [`BLOCK_SIZE`]).
+    pub prefix_hashes: Vec<u64>,
+    /// The responder's output: what an emulated engine returns for this call.
+    pub output: NodeOutput,
+    pub max_output_tokens: u32,
+}
+
+/// What a ready activation needs, once rendered.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Ready {
+    Tool { call: ToolCall, node: String, workflow: u32, node_index: u32 },
+    Llm { item: WorkItem, prepared: PreparedLlm, node: String },
+    /// The session cannot continue (bad template, responder error, context overflow).
+    Fail(String),
+}
+
+/// The run-wide facts [`prepare`] needs.
+pub struct PrepareContext<'a> {
+    /// Trace and responder seed.
+    pub seed: u64,
+    pub deployments: &'a [DeploymentInfo],
+    pub deployment_of: &'a DeploymentMap,
+    pub node_info: &'a [Vec<NodeInfo>],
+}
+
+/// Render what ready activation `a` of `session` (of workflow index `workflow`) needs: tool
+/// inputs (the tool activation is marked running), or the prompt, its tokens and the
+/// responder's output (seeded by (seed, workflow, session, node, round), so both shells get the
+/// same output).
+pub fn prepare(
+    ctx: &PrepareContext<'_>,
+    session: &mut Session,
+    workflow: u32,
+    a: ActivationId,
+    now: f64,
+) -> Result<Ready, ShellError> {
+    let Some(node) = session.node_of(a.index).cloned() else {
+        return Err(ShellError::Internal(format!("activation {a} has no node")));
+    };
+    let round = session.activation(a.index).map(|x| x.round).unwrap_or(0);
+    match &node.kind {
+        NodeKind::Tool(tool) => {
+            let inputs = match session.render_tool_inputs(a.index) {
+                Ok(i) => i,
+                Err(e) => return Ok(Ready::Fail(format!("{}: {e}", node.id))),
+            };
+            session.mark_running(a.index).map_err(|e| ShellError::Internal(e.to_string()))?;
+            let call = ToolCall { tool: tool.tool.clone(), inputs, timeout_s: tool.timeout_s };
+            let node_index = session.activation(a.index).map(|x| x.node as u32).unwrap_or(0);
+            Ok(Ready::Tool { call, node: node.id.clone(), workflow, node_index })
+        }
+        NodeKind::Agent(agent) => {
+            let segments = match session.render_prompt(a.index) {
+                Ok(s) => s,
+                Err(e) => return Ok(Ready::Fail(format!("{}: {e}", node.id))),
+            };
+            let ids = tokens::encode_segments(&segments);
+            let prompt: String = segments.concat();
+            let wf_name = session.spec().name.clone();
+            let Some(deployment) = ctx.deployment_of.get(&(workflow, agent.deployment.clone())).copied() else {
+                return Err(ShellError::Internal(format!("no deployment `{}`", agent.deployment)));
+            };
+            let Some(info) = ctx.deployments.get(deployment.0 as usize) else {
+                return Err(ShellError::Internal(format!("no deployment {deployment:?}")));
+            };
+            let upstream = session.upstream(a.index);
+            let req = ResponderRequest {
+                responder: &agent.responder,
+                node: &node.id,
+                model: &info.model,
+                input: session.input(),
+                prompt: &prompt,
+                upstream: &upstream,
+                length: agent.output_tokens,
+                max_output_tokens: agent.max_output_tokens,
+                seed: derive_seed(ctx.seed, &[&wf_name, &a.session.0.to_string(), &node.id, &round.to_string()]),
+            };
+            let output = match responder::respond(&req) {
+                Ok(o) => o,
+                Err(e) => return Ok(Ready::Fail(format!("{}: responder: {e}", node.id))),
+            };
+            let prompt_tokens = ids.len() as u32;
+            if prompt_tokens as u64 + output.output_tokens as u64 > info.max_model_len as u64 {
+                return Ok(Ready::Fail(format!(
+                    "{}: prompt of {prompt_tokens} tokens + {} output tokens exceeds max_model_len {}",
+                    node.id, output.output_tokens, info.max_model_len
+                )));
+            }
+            let prefix_hashes = tokens::block_hashes(&ids, BLOCK_SIZE as usize);
+            let node_index = session.activation(a.index).map(|x| x.node).unwrap_or(0);
+            let Some(info) = ctx.node_info.get(workflow as usize) else {
+                return Err(ShellError::Internal(format!("no node facts for workflow {workflow}")));
+            };
+            let spec = Arc::clone(session.spec());
+            let item = WorkItem {
+                activation: a,
+                workflow,
+                deployment,
+                prompt_tokens,
+                max_output_tokens: agent.max_output_tokens,
+                ready_at: now,
+                node: node_index as u32,
+                chain_prev: graph_info::chain_prev_activation(info, session, a),
+                chain_next: info[node_index].chain_next.is_some(),
+                envelope: graph_info::chain_envelope(&spec, info, session, node_index, prompt_tokens),
+                remaining_path_tokens: info[node_index].remaining_path_tokens,
+            };
+            let prepared = PreparedLlm {
+                prompt,
+                prompt_tokens,
+                prefix_hashes,
+                output,
+                max_output_tokens: agent.max_output_tokens,
+            };
+            Ok(Ready::Llm { item, prepared, node: node.id.clone() })
+        }
+    }
+}
+
+/// Activations of `session` that became near-ready (all predecessors completed or running, at
+/// least one running) and are not in `sent`, as the planner's [`NearReadyItem`]s.
+pub fn near_ready_items(
+    session: &Session,
+    workflow: u32,
+    node_info: &[NodeInfo],
+    sent: &BTreeSet<ActivationId>,
+) -> Vec<NearReadyItem> {
+    let s = session.id();
+    let mut items = Vec::new();
+    for a in session.near_ready() {
+        if sent.contains(&a) {
+            continue;
+        }
+        let Some(act) = session.activation(a.index) else { continue };
+        let NodeKind::Agent(agent) = &session.spec().nodes[act.node].kind else { continue };
+        let Some(deployment) = node_info.get(act.node).and_then(|n| n.deployment) else { continue };
+        let waits_for = act
+            .predecessors
+            .iter()
+            .filter(|&&p| session.activation(p).is_some_and(|x| x.state != ActivationState::Completed))
+            .map(|&p| ActivationId { session: s, index: p })
+            .collect();
+        let (prompt_bound, _) = graph_info::prompt_bound(session.spec(), node_info, session, act.node, &[]);
+        items.push(NearReadyItem {
+            activation: a,
+            workflow,
+            deployment,
+            node: act.node as u32,
+            waits_for,
+            prompt_bound,
+            max_output_tokens: agent.max_output_tokens,
+        });
+    }
+    items
+}
+
+/// The trace's detail of a finished tool call: its verdict, and for a failed call the cause
+/// (`fail: timeout`).
+pub fn tool_trace_detail(outcome: &switchyard_tools::ToolOutcome) -> Option<String> {
+    match (&outcome.verdict, &outcome.failure) {
+        (Some(verdict), Some(failure)) => Some(format!("{verdict}: {}", failure.cause.name())),
+        (None, Some(failure)) => Some(format!("failed: {}", failure.cause.name())),
+        (verdict, None) => verdict.clone(),
+    }
+}
+
+/// The session's score under its workflow's metric (GSM8K exact answer, MBPP tests pass, QMSum
+/// ROUGE-L F1), as the report counts it; `None` when the workflow has no metric.
+pub fn session_score(session: &Session) -> Option<f64> {
+    let m = session.spec().metric.as_ref()?;
+    let reference = session
+        .input()
+        .get(&m.reference)
+        .map(|v| match v {
+            serde_json::Value::String(s) => s.clone(),
+            other => other.to_string(),
+        })
+        .unwrap_or_default();
+    Some(match (m.kind, session.final_output()) {
+        (_, None) => 0.0,
+        (MetricKind::Gsm8kExact, Some(o)) => responder::gsm8k_exact(o, &reference),
+        (MetricKind::TestsPass, Some(o)) => responder::tests_pass(o),
+        (MetricKind::RougeL, Some(o)) => responder::rouge_l_f1(&o.text, &reference),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::exec::tests::bundled_workflows as workflows;
+    use crate::exec::{deployment_table, load_records, node_infos};
+    use crate::ids::SessionId;
+
+    #[test]
+    fn prepare_is_a_function_of_the_seed() {
+        let wfs = workflows();
+        let (table, of) = deployment_table(&wfs, 8).unwrap();
+        let info = node_infos(&wfs, &of);
+        let records = load_records(&wfs).unwrap();
+        let ctx = PrepareContext { seed: 7, deployments: &table, deployment_of: &of, node_info: &info };
+        let run = |seed: u64| {
+            let ctx = PrepareContext { seed, ..ctx };
+            let mut s = Session::new(SessionId(3), Arc::clone(&wfs[0]), records[0][0].clone()).unwrap();
+            let a = s.ready()[0];
+            match prepare(&ctx, &mut s, 0, a, 1.5).unwrap() {
+                Ready::Llm { item, prepared, .. } => (item, prepared),
+                _ => panic!("gsm8k starts with an agent"),
+            }
+        };
+        let (i1, p1) = run(7);
+        let (i2, p2) = run(7);
+        assert_eq!((&i1, &p1), (&i2, &p2));
+        // Segment-wise BPE (as both shells count) is within a few tokens of the whole text's.
+        let whole = tokens::count(&p1.prompt) as i64;
+        assert!((i64::from(i1.prompt_tokens) - whole).abs() <= whole / 10 + 1, "{} vs {whole}", i1.prompt_tokens);
+        assert_eq!(i1.ready_at, 1.5);
+        let mut other_outputs = 0;
+        for seed in 8..16 {
+            if run(seed).1.output != p1.output {
+                other_outputs += 1;
+            }
+        }
+        assert!(other_outputs > 0, "the responder output must depend on the seed");
+    }
+}

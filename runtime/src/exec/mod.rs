@@ -1,0 +1,136 @@
+//! The execution layer both shells share. DESIGN.md's loop ends "commit the executable prefix
+//! ──▶ shell executes ──▶ events": the simulator and the live runtime are two ways of
+//! *executing* the planner's commands (virtual time on emulated replicas, wall-clock time on
+//! actors and engines). `exec` is everything about executing a run that does not depend on how
+//! time passes or where the engines are, so neither shell owns it:
+//!
+//! - the run's configuration ([`RunConfig`]), its pool file ([`pool`]) and its seeded arrival
+//!   trace ([`arrivals`]);
+//! - setting a run up ([`setup`]: deployment table, node facts from [`graph_info`], dataset
+//!   records, the planner with its policy and predictor, the [`oracle`] estimates);
+//! - what happens when an activation becomes ready ([`activation`]: prompt, tokens with
+//!   prefix-block hashes of [`BLOCK_SIZE`], responder output, near-ready items, scoring);
+//! - what a shell records ([`CallRecord`], [`TraceLine`], [`record`]'s [`SessionRecord`] and
+//!   [`Counters`]) and the one report builder, [`build_report`].
+//!
+//! Must not depend on `sim` or `live` (both depend on it; `runtime/tests/module_boundaries.rs`
+//! checks), on engines, on a clock or on randomness beyond the seeded trace and responders.
+
+pub mod activation;
+pub mod arrivals;
+pub mod graph_info;
+pub mod oracle;
+pub mod pool;
+pub mod record;
+pub mod setup;
+
+use std::sync::Arc;
+
+use serde::Serialize;
+use switchyard_predictor::Dtype;
+use thiserror::Error;
+
+use crate::planner::{JointOptions, PlanError};
+use crate::workflow::WorkflowSpec;
+
+pub use activation::{PrepareContext, PreparedLlm, Ready, near_ready_items, prepare, session_score, tool_trace_detail};
+pub use arrivals::{Arrival, TraceEntry};
+pub use pool::{PoolError, PoolSpec};
+pub use record::{Counters, ReportInput, SessionRecord, TokenWork, build_report};
+pub use setup::{DeploymentMap, build_planner, deployment_table, load_records, node_infos};
+
+/// Prefix-cache block size (vLLM's default `--block-size`).
+pub const BLOCK_SIZE: u32 = 16;
+
+/// Errors that stop a run before or outside any one session.
+#[derive(Debug, Error)]
+pub enum ShellError {
+    #[error(transparent)]
+    Plan(#[from] PlanError),
+    #[error("workflow {workflow}: {message}")]
+    Workflow { workflow: String, message: String },
+    #[error("workflow {workflow}: deployment `{deployment}`: {message}")]
+    Deployment { workflow: String, deployment: String, message: String },
+    #[error("predictor: {0}")]
+    Predictor(String),
+    #[error("internal: {0}")]
+    Internal(String),
+}
+
+/// Everything a run needs, whichever shell executes it.
+#[derive(Clone)]
+pub struct RunConfig {
+    pub workflows: Vec<Arc<WorkflowSpec>>,
+    /// Sessions per workflow.
+    pub sessions: usize,
+    pub arrival: Arrival,
+    /// Trace and responder seed.
+    pub seed: u64,
+    /// Engine timing-noise seed (repetitions vary it, keeping the trace).
+    pub noise_seed: u64,
+    pub pool: PoolSpec,
+    pub policy: String,
+    /// Mechanisms of the joint policy (ablations switch them off).
+    pub options: JointOptions,
+    /// Estimates the policy plans with: `oracle` (the emulator's own costs, reference only).
+    pub predictor: String,
+    /// Threads that execute tool calls.
+    pub tool_workers: usize,
+    /// vLLM `--max-num-seqs`.
+    pub max_num_seqs: u32,
+}
+
+/// One line of the optional JSONL trace.
+#[derive(Debug, Clone, Serialize)]
+pub struct TraceLine {
+    pub t: f64,
+    pub event: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub session: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub activation: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub replica: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+}
+
+/// One completed activation (LLM call or tool call), for offline analysis such as the
+/// makespan lower bound (`crate::lower_bound`) and the live-vs-simulator comparisons.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CallRecord {
+    pub session: u32,
+    /// Index of the workflow in the run's list.
+    pub workflow: u32,
+    pub activation: u32,
+    /// Index of the logical node in its workflow.
+    pub node: u32,
+    /// Catalogue model and dtype of the deployment; `None` for a tool call.
+    pub model: Option<(String, Dtype)>,
+    pub prompt_tokens: u32,
+    pub output_tokens: u32,
+    /// Activation indices (same session) this one waited for.
+    pub predecessors: Vec<u32>,
+    pub finished_at: f64,
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use std::path::Path;
+    use std::sync::Arc;
+
+    use crate::workflow::{WorkflowSpec, load_workflow};
+
+    /// The bundled GSM8K, MBPP and QMSum workflows.
+    pub(crate) fn bundled_workflows() -> Vec<Arc<WorkflowSpec>> {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../workflows");
+        ["gsm8k.yaml", "mbpp.yaml", "qmsum.yaml"]
+            .iter()
+            .map(|f| Arc::new(load_workflow(&root.join(f)).expect("bundled workflow")))
+            .collect()
+    }
+}

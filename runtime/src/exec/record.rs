@@ -1,0 +1,234 @@
+//! What a shell records about a run ([`SessionRecord`] per session, [`Counters`], token work per
+//! deployment, GPU timelines) and the one function that turns it into the [`RunReport`]:
+//! [`build_report`]. Both shells build their report here, so a simulated and a live run of the
+//! same trace report the same way.
+//!
+//! Pure: the report is a function of the records. Must not depend on `sim` or `live`.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use serde::Serialize;
+
+use crate::ids::SessionId;
+use crate::planner::DeploymentId;
+use crate::report::{
+    DeviceTimeline, GpuBreakdown, Percentiles, RunReport, Segment, SegmentKind, SessionToolLog, ToolReport,
+    WorkflowReport, gpu, round3,
+};
+use crate::workflow::WorkflowSpec;
+
+/// One session as a shell recorded it, for the report.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SessionRecord {
+    pub session: SessionId,
+    /// Index of the workflow in the run's list.
+    pub workflow: u32,
+    pub arrived: f64,
+    pub finished: Option<f64>,
+    pub failed: Option<String>,
+    /// [`session_score`] at completion (`None` without a metric or when it did not complete).
+    pub score: Option<f64>,
+    /// What the session's tool calls reported.
+    pub tools: SessionToolLog,
+}
+
+/// Run-wide counters a shell keeps.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct Counters {
+    pub llm_calls: u64,
+    pub tool_calls: u64,
+    pub generated_tokens: u64,
+    pub prompt_tokens: u64,
+    pub cached_prompt_tokens: u64,
+    pub preemptions: u64,
+}
+
+/// Per-workflow token work per deployment, to attribute GPU time (paper 003 §4.3).
+pub type TokenWork = BTreeMap<(DeploymentId, u32), f64>;
+
+/// Everything [`build_report`] reads.
+pub struct ReportInput<'a> {
+    pub workflows: &'a [Arc<WorkflowSpec>],
+    pub policy: &'a str,
+    pub seed: u64,
+    pub noise_seed: u64,
+    pub arrival: String,
+    pub pool: &'a str,
+    pub gpus: usize,
+    pub sessions: &'a [SessionRecord],
+    /// Sessions that could not even be instantiated: (workflow, arrival, reason).
+    pub start_failures: &'a [(u32, f64, String)],
+    /// Per device; resident intervals still open must be given in `open_resident`.
+    pub timelines: &'a mut Vec<DeviceTimeline>,
+    /// Replicas still resident at the end: (device index, deployment, since).
+    pub open_resident: &'a [(u32, DeploymentId, f64)],
+    pub work: &'a TokenWork,
+    pub counters: Counters,
+    pub loads: u64,
+    pub evictions: u64,
+}
+
+/// Build the run report from what a shell recorded (both shells call this); returns it with its
+/// window (first arrival, last completion).
+pub fn build_report(input: ReportInput<'_>) -> (RunReport, (f64, f64)) {
+    let runs = input.sessions;
+    let t0 = runs.iter().map(|r| r.arrived).fold(f64::INFINITY, f64::min);
+    let t0 = if t0.is_finite() { t0 } else { 0.0 };
+    let t1 = runs.iter().filter_map(|r| r.finished).fold(t0, f64::max);
+    for &(device, deployment, since) in input.open_resident {
+        if let Some(tl) = input.timelines.get_mut(device as usize) {
+            tl.segments.push(Segment {
+                start: since,
+                end: t1.max(since),
+                kind: SegmentKind::Resident,
+                deployment: deployment.0,
+            });
+        }
+    }
+    let mut total = GpuBreakdown::default();
+    let mut by_dep: BTreeMap<Option<u32>, GpuBreakdown> = BTreeMap::new();
+    for tl in input.timelines.iter() {
+        for ((cat, dep), secs) in gpu::partition(&tl.segments, t0, t1) {
+            let b = by_dep.entry(dep).or_default();
+            let slot = match cat {
+                gpu::Category::Loading => &mut b.loading,
+                gpu::Category::Generation => &mut b.generation,
+                gpu::Category::IdleResident => &mut b.idle_resident,
+                gpu::Category::Other => &mut b.other,
+            };
+            *slot += secs;
+        }
+    }
+    for b in by_dep.values() {
+        total.add(b);
+    }
+    let nw = input.workflows.len();
+    let mut dep_total: BTreeMap<u32, f64> = BTreeMap::new();
+    let mut wf_total = vec![0.0; nw];
+    for ((d, w), x) in input.work {
+        *dep_total.entry(d.0).or_insert(0.0) += x;
+        if let Some(t) = wf_total.get_mut(*w as usize) {
+            *t += x;
+        }
+    }
+    let all_work: f64 = wf_total.iter().sum();
+    let mut wf_gpu = vec![GpuBreakdown::default(); nw];
+    for (dep, b) in &by_dep {
+        for (w, slot) in wf_gpu.iter_mut().enumerate() {
+            let share = match dep {
+                Some(d) => {
+                    let dt = dep_total.get(d).copied().unwrap_or(0.0);
+                    let x = input.work.get(&(DeploymentId(*d), w as u32)).copied().unwrap_or(0.0);
+                    if dt > 0.0 { x / dt } else { 0.0 }
+                }
+                None => {
+                    if all_work > 0.0 { wf_total[w] / all_work } else { 1.0 / nw as f64 }
+                }
+            };
+            slot.add(&b.scaled(share));
+        }
+    }
+    let completed: Vec<&SessionRecord> = runs.iter().filter(|r| r.finished.is_some()).collect();
+    let latencies: Vec<f64> = completed.iter().filter_map(|r| r.finished.map(|f| f - r.arrived)).collect();
+    let mut workflows = BTreeMap::new();
+    for (w, wf) in input.workflows.iter().enumerate() {
+        let mine: Vec<&SessionRecord> = runs.iter().filter(|r| r.workflow as usize == w).collect();
+        let done: Vec<&&SessionRecord> = mine.iter().filter(|r| r.finished.is_some()).collect();
+        let lat: Vec<f64> = done.iter().filter_map(|r| r.finished.map(|f| f - r.arrived)).collect();
+        let first = mine.iter().map(|r| r.arrived).fold(f64::INFINITY, f64::min);
+        let last = done.iter().filter_map(|r| r.finished).fold(f64::NEG_INFINITY, f64::max);
+        let accuracy = wf.metric.as_ref().map(|_| {
+            let scores: Vec<f64> = done.iter().map(|r| r.score.unwrap_or(0.0)).collect();
+            if scores.is_empty() { 0.0 } else { round3(scores.iter().sum::<f64>() / scores.len() as f64) }
+        });
+        let n = done.len().max(1) as f64;
+        workflows.insert(wf.name.clone(), WorkflowReport {
+            sessions_completed: done.len(),
+            sessions_failed: mine.len() - done.len()
+                + input.start_failures.iter().filter(|f| f.0 as usize == w).count(),
+            makespan_s: if last.is_finite() && first.is_finite() { round3(last - first) } else { 0.0 },
+            latency_s: Percentiles::of(&lat),
+            gpu_seconds_per_session: wf_gpu[w].scaled(1.0 / n).rounded(),
+            accuracy,
+            metric: wf.metric.as_ref().map(|m| format!("{:?}", m.kind)),
+        });
+    }
+    let failures: Vec<String> = runs
+        .iter()
+        .filter_map(|r| r.failed.as_ref().map(|f| format!("{}: {f}", r.session)))
+        .chain(input.start_failures.iter().map(|f| f.2.clone()))
+        .take(20)
+        .collect();
+    let n_done = completed.len();
+    let c = input.counters;
+    let report = RunReport {
+        policy: input.policy.to_string(),
+        seed: input.seed,
+        noise_seed: input.noise_seed,
+        arrival: input.arrival,
+        pool: input.pool.to_string(),
+        gpus: input.gpus,
+        sessions_total: runs.len() + input.start_failures.len(),
+        sessions_completed: n_done,
+        sessions_failed: runs.len() - n_done + input.start_failures.len(),
+        makespan_s: round3(t1 - t0),
+        latency_s: Percentiles::of(&latencies),
+        gpu_seconds_per_session: total.scaled(1.0 / n_done.max(1) as f64).rounded(),
+        gpu_seconds_total: total.rounded(),
+        loads: input.loads,
+        evictions: input.evictions,
+        llm_calls: c.llm_calls,
+        tool_calls: c.tool_calls,
+        generated_tokens: c.generated_tokens,
+        prompt_tokens: c.prompt_tokens,
+        cached_prompt_tokens: c.cached_prompt_tokens,
+        preemptions: c.preemptions,
+        workflows,
+        failures,
+        tools: ToolReport::collect(runs.iter().map(|r| (r.session.0, &r.tools))),
+    };
+    (report, (t0, t1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::exec::tests::bundled_workflows as workflows;
+
+    #[test]
+    fn report_counts_and_accuracy_follow_the_records() {
+        let wfs = workflows();
+        let sessions = vec![
+            SessionRecord { session: SessionId(0), workflow: 0, arrived: 0.0, finished: Some(4.0), failed: None, score: Some(1.0), tools: Default::default() },
+            SessionRecord { session: SessionId(1), workflow: 0, arrived: 1.0, finished: Some(3.0), failed: None, score: Some(0.0), tools: Default::default() },
+            SessionRecord { session: SessionId(2), workflow: 1, arrived: 0.0, finished: None, failed: Some("boom".into()), score: None, tools: Default::default() },
+        ];
+        let mut timelines = vec![DeviceTimeline { name: "A40".into(), segments: vec![] }];
+        let (r, window) = build_report(ReportInput {
+            workflows: &wfs,
+            policy: "joint",
+            seed: 1,
+            noise_seed: 0,
+            arrival: "burst".into(),
+            pool: "p",
+            gpus: 1,
+            sessions: &sessions,
+            start_failures: &[],
+            timelines: &mut timelines,
+            open_resident: &[(0, DeploymentId(0), 1.0)],
+            work: &TokenWork::new(),
+            counters: Counters { llm_calls: 5, ..Counters::default() },
+            loads: 1,
+            evictions: 0,
+        });
+        assert_eq!(window, (0.0, 4.0));
+        assert_eq!((r.sessions_total, r.sessions_completed, r.sessions_failed), (3, 2, 1));
+        assert_eq!(r.makespan_s, 4.0);
+        assert_eq!(r.workflows[&wfs[0].name].accuracy, Some(0.5));
+        assert_eq!(r.failures, vec!["s2: boom".to_string()]);
+        // One GPU over a 4 s window: 3 s resident (idle) + 1 s other.
+        assert!((r.gpu_seconds_total.total() - 4.0).abs() < 1e-9);
+        assert!((r.gpu_seconds_total.idle_resident - 3.0).abs() < 1e-9);
+    }
+}

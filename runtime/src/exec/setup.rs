@@ -1,0 +1,151 @@
+//! Setting a run up, identically in both shells: the deployment table (one identity per model
+//! and dtype across workflows), the static node facts of every workflow, the dataset records,
+//! and the planner with its policy and predictor.
+//!
+//! Pure functions over the run's configuration (reading the datasets is the only I/O). Must not
+//! depend on `sim` or `live`.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use switchyard_predictor::{Dtype, spec};
+
+use super::ShellError;
+use super::graph_info::{self, NodeInfo};
+use super::oracle;
+use crate::planner::profiled::{PREDICTORS, ProfiledEstimates};
+use crate::planner::{DeploymentId, DeploymentInfo, DeviceInfo, Estimates, JointOptions, Planner, policy_by_name};
+use crate::values::Record;
+use crate::workflow::WorkflowSpec;
+
+/// Deployment of each (workflow index, deployment name).
+pub type DeploymentMap = BTreeMap<(u32, String), DeploymentId>;
+
+/// Build the deployment table: one identity per (model, dtype) across all workflows, served with
+/// the largest max context any workflow needs, so identical deployments share replicas.
+pub fn deployment_table(
+    workflows: &[Arc<WorkflowSpec>],
+    max_num_seqs: u32,
+) -> Result<(Vec<DeploymentInfo>, DeploymentMap), ShellError> {
+    let mut by_key: BTreeMap<(String, Dtype), (u32, f64)> = BTreeMap::new();
+    for wf in workflows {
+        for d in wf.deployments.values() {
+            let m = spec::model(&d.model).map_err(|e| ShellError::Deployment {
+                workflow: wf.name.clone(),
+                deployment: d.name.clone(),
+                message: e.to_string(),
+            })?;
+            let e = by_key.entry((m.name.clone(), d.dtype)).or_insert((0, 0.0));
+            e.0 = e.0.max(d.max_context);
+            e.1 = e.1.max(d.gpu_memory_utilization);
+        }
+    }
+    let mut table = Vec::new();
+    let mut ids = BTreeMap::new();
+    for (i, ((model, dtype), (max_len, util))) in by_key.iter().enumerate() {
+        let m = spec::model(model).map_err(|e| ShellError::Internal(e.to_string()))?;
+        table.push(DeploymentInfo {
+            id: DeploymentId(i as u32),
+            model: model.clone(),
+            dtype: *dtype,
+            max_model_len: *max_len,
+            gpu_memory_utilization: *util,
+            weight_bytes: m.param_bytes(*dtype),
+            kv_bytes_per_token: m.kv_bytes_per_token(*dtype),
+            max_num_seqs,
+        });
+        ids.insert((model.clone(), *dtype), DeploymentId(i as u32));
+    }
+    let mut deployment_of = BTreeMap::new();
+    for (w, wf) in workflows.iter().enumerate() {
+        for d in wf.deployments.values() {
+            let m = spec::model(&d.model).map_err(|e| ShellError::Internal(e.to_string()))?;
+            if let Some(id) = ids.get(&(m.name.clone(), d.dtype)) {
+                deployment_of.insert((w as u32, d.name.clone()), *id);
+            }
+        }
+    }
+    Ok((table, deployment_of))
+}
+
+/// Static per-node facts of every workflow (fused chains, critical paths).
+pub fn node_infos(workflows: &[Arc<WorkflowSpec>], deployment_of: &DeploymentMap) -> Vec<Vec<NodeInfo>> {
+    workflows
+        .iter()
+        .enumerate()
+        .map(|(w, wf)| {
+            graph_info::workflow_info(wf, |name| deployment_of.get(&(w as u32, name.to_string())).copied())
+        })
+        .collect()
+}
+
+/// The planner with the named policy and predictor (`oracle`: the emulator's own costs).
+pub fn build_planner(
+    devices: &[switchyard_predictor::DeviceSpec],
+    deployments: &[DeploymentInfo],
+    policy: &str,
+    options: JointOptions,
+    predictor: &str,
+) -> Result<Planner, ShellError> {
+    let devices: Vec<DeviceInfo> = devices
+        .iter()
+        .enumerate()
+        .map(|(i, s)| DeviceInfo { id: crate::ids::DeviceId(i as u32), spec: s.clone() })
+        .collect();
+    let estimates: Box<dyn Estimates> = match predictor {
+        "oracle" => Box::new(crate::planner::estimates::Cached::new(oracle::OracleEstimates)),
+        name if PREDICTORS.contains(&name) => Box::new(
+            ProfiledEstimates::build(name, deployments, &devices).map_err(|e| ShellError::Predictor(e.to_string()))?,
+        ),
+        other => {
+            return Err(ShellError::Predictor(format!(
+                "unknown predictor `{other}` (known: {}, oracle)",
+                PREDICTORS.join(", ")
+            )));
+        }
+    };
+    let policy = policy_by_name(policy, options, estimates)?;
+    Ok(Planner::new(devices, deployments.to_vec(), policy))
+}
+
+/// Every workflow's dataset records (none may be empty).
+pub fn load_records(workflows: &[Arc<WorkflowSpec>]) -> Result<Vec<Vec<Record>>, ShellError> {
+    let mut records = Vec::new();
+    for wf in workflows {
+        let r = wf
+            .load_records()
+            .map_err(|e| ShellError::Workflow { workflow: wf.name.clone(), message: e.to_string() })?;
+        if r.is_empty() {
+            return Err(ShellError::Workflow {
+                workflow: wf.name.clone(),
+                message: "the dataset has no records".into(),
+            });
+        }
+        records.push(r);
+    }
+    Ok(records)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use super::*;
+    use crate::exec::tests::bundled_workflows as workflows;
+
+    #[test]
+    fn identical_deployments_share_one_identity() {
+        let wfs = workflows();
+        let (table, of) = deployment_table(&wfs, 8).unwrap();
+        // Every (workflow, deployment name) maps to an identity of the table, and identities are
+        // unique per (model, dtype).
+        let keys: BTreeSet<(String, Dtype)> = table.iter().map(|d| (d.model.clone(), d.dtype)).collect();
+        assert_eq!(keys.len(), table.len());
+        for (w, wf) in wfs.iter().enumerate() {
+            for name in wf.deployments.keys() {
+                let id = of[&(w as u32, name.clone())];
+                assert!(table[id.0 as usize].max_model_len >= wf.deployments[name].max_context);
+            }
+        }
+    }
+}

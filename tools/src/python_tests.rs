@@ -42,7 +42,7 @@ use crate::sandbox::wasm::{GUEST_WORK_DIR, module_from_file};
 use crate::sandbox::{
     LimitHit, ProcessSandbox, Sandbox, SandboxJob, SandboxLimits, SandboxOutcome, Termination, WasmSandbox,
 };
-use crate::trusted_asserts::{CompareOp, PyValue, SplitAssert, compare, parse_literal, split_assert};
+use crate::trusted_asserts::{CompareOp, GUEST_LITERAL_PY, PyValue, SplitAssert, compare, parse_literal, split_assert};
 use crate::{ToolCall, ToolError, ToolFailure, ToolFailureCause, ToolOutcome, VerdictChecks};
 
 /// Tool name.
@@ -149,31 +149,11 @@ def _run(kind, index, source, filename, namespace):
     _emit(kind, index, None)
     return True
 
-def _plain(value, depth=0):
-    # Subclasses of the builtin containers and scalars (Counter, OrderedDict, defaultdict,
-    # namedtuples, IntEnum members) compare equal to their plain counterparts: report those.
-    if depth > 100:
-        return value
-    if isinstance(value, bool) or value is None:
-        return value
-    if isinstance(value, dict):
-        return {_plain(k, depth + 1): _plain(v, depth + 1) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_plain(v, depth + 1) for v in value]
-    if isinstance(value, tuple):
-        return tuple(_plain(v, depth + 1) for v in value)
-    if isinstance(value, frozenset):
-        return frozenset(_plain(v, depth + 1) for v in value)
-    if isinstance(value, set):
-        return {_plain(v, depth + 1) for v in value}
-    for base in (int, float, complex, str, bytes):
-        if isinstance(value, base) and type(value) is not base:
-            return base(value)
-    return value
-
 def _value(index, source, namespace):
     try:
-        text = repr(_plain(eval(compile(source, "<test %d>" % index, "eval"), namespace)))
+        # The value as a Python literal in ASCII (trusted_asserts::GUEST_LITERAL_PY); a value
+        # that is not one (a user object) raises, which fails the check.
+        text = __switchyard_literal(eval(compile(source, "<test %d>" % index, "eval"), namespace))
     except BaseException as error:
         _emit("test", index, error)
         return
@@ -328,7 +308,7 @@ impl PythonTests {
             })
             .collect();
         format!(
-            "_IMPORTS = {}\n_CODE = {}\n_TESTS = {}\n_MAX_REPR = {MAX_VALUE_REPR_CHARS}\n{prologue}{RUNNER}",
+            "_IMPORTS = {}\n_CODE = {}\n_TESTS = {}\n_MAX_REPR = {MAX_VALUE_REPR_CHARS}\n{prologue}{GUEST_LITERAL_PY}{RUNNER}",
             Value::from(self.imports.clone()),
             Value::from(self.code.clone()),
             Value::from(steps)
@@ -997,7 +977,7 @@ mod tests {
         let values = "value\t0\t2.0\nvalue\t0\t3\nvalue\t1\t[1, (2.5, 'x')]\ndone\n";
         let report = parse_report(values, 0, &checks(&tests));
         assert_eq!(report.tests, [Some(Ok(())), Some(Ok(()))]);
-        // A value that is no literal (a user object's repr) fails.
+        // A value that is no literal (a user object's repr, if a guest sent one) fails.
         let object = "value\t0\t<__main__.Forge object at 0x7f>\n";
         let report = parse_report(object, 0, &checks(&tests));
         assert!(matches!(&report.tests[0], Some(Err(f)) if f.message.starts_with("value is not a literal")), "{report:?}");

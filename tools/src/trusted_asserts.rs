@@ -45,6 +45,11 @@ pub const MAX_TEXT_LEN: usize = 1 << 20;
 /// a thread's stack on hostile input such as a million `[`.
 pub const MAX_DEPTH: usize = 200;
 
+/// Deepest nesting of sets and dicts (displays `{…}` and `set(…)`, `frozenset(…)`, `dict(…)`
+/// calls, each counting one level) [`parse_literal`] accepts. Deduplicating a set hashes each
+/// element's whole subtree, so the work is bounded by this depth times the text length.
+pub const MAX_SET_DEPTH: usize = 32;
+
 /// Most digits of one integer literal: CPython's default `sys.get_int_max_str_digits()`, so the
 /// guest's `repr` cannot produce a longer decimal one and the quadratic base conversion of
 /// hex/octal/binary literals stays cheap.
@@ -610,10 +615,8 @@ pub fn py_eq(a: &PyValue, b: &PyValue) -> bool {
         (PyValue::List(x), PyValue::List(y)) | (PyValue::Tuple(x), PyValue::Tuple(y)) => {
             x.len() == y.len() && x.iter().zip(y).all(|(p, q)| py_eq(p, q))
         }
-        (PyValue::Set(x) | PyValue::FrozenSet(x), PyValue::Set(y) | PyValue::FrozenSet(y)) => {
-            is_subset(x, y) && is_subset(y, x)
-        }
-        (PyValue::Dict(x), PyValue::Dict(y)) => dict_subset(x, y) && dict_subset(y, x),
+        (PyValue::Set(x) | PyValue::FrozenSet(x), PyValue::Set(y) | PyValue::FrozenSet(y)) => set_eq(x, y),
+        (PyValue::Dict(x), PyValue::Dict(y)) => dict_eq(x, y),
         _ => false,
     }
 }
@@ -693,52 +696,97 @@ fn hash_real(x: f64, h: &mut impl Hasher) {
     }
 }
 
-/// Hash index over a slice of keys, for order-free lookups under [`py_eq`] in linear time.
+/// The distinct keys of a set or dict under [`py_eq`], hashed, for order-free lookups in linear
+/// time.
 struct Index<'a> {
     state: RandomState,
+    /// Distinct keys, first occurrence kept.
     keys: Vec<&'a PyValue>,
+    /// `hash_value` of each key (`None`: unhashable, possible only in hand-built values).
+    hashes: Vec<Option<u64>>,
     buckets: HashMap<u64, Vec<usize>>,
-    /// Keys that cannot be hashed (only in hand-built values): searched linearly.
+    /// Positions of the unhashable keys: searched linearly.
     unhashable: Vec<usize>,
 }
 
 impl<'a> Index<'a> {
-    fn new(keys: impl Iterator<Item = &'a PyValue>) -> Self {
-        let state = RandomState::new();
-        let keys: Vec<&PyValue> = keys.collect();
-        let mut buckets: HashMap<u64, Vec<usize>> = HashMap::new();
-        let mut unhashable = Vec::new();
-        for (i, key) in keys.iter().enumerate() {
-            match hash_value(&state, key) {
-                Ok(h) => buckets.entry(h).or_default().push(i),
-                Err(_) => unhashable.push(i),
-            }
-        }
-        Index { state, keys, buckets, unhashable }
+    /// An empty index hashing with `state` (indexes to be compared share one, so that the
+    /// hashes of one side serve lookups in the other).
+    fn new(state: RandomState) -> Self {
+        Index { state, keys: Vec::new(), hashes: Vec::new(), buckets: HashMap::new(), unhashable: Vec::new() }
     }
 
-    /// Position of a key equal to `needle`.
-    fn find(&self, needle: &PyValue) -> Option<usize> {
-        let matches = |i: &usize| py_eq(self.keys[*i], needle);
-        match hash_value(&self.state, needle) {
-            Ok(h) => self
+    /// Position of the key equal to `key`, adding it first when there is none.
+    fn insert(&mut self, key: &'a PyValue) -> usize {
+        let hash = hash_value(&self.state, key).ok();
+        if let Some(i) = self.find_hashed(hash, key) {
+            return i;
+        }
+        let i = self.keys.len();
+        self.keys.push(key);
+        self.hashes.push(hash);
+        match hash {
+            Some(h) => self.buckets.entry(h).or_default().push(i),
+            None => self.unhashable.push(i),
+        }
+        i
+    }
+
+    /// Position of a key equal to `needle`, whose `hash_value` is `hash`.
+    fn find_hashed(&self, hash: Option<u64>, needle: &PyValue) -> Option<usize> {
+        let equal = |i: &usize| py_eq(self.keys[*i], needle);
+        match hash {
+            Some(h) => self
                 .buckets
                 .get(&h)
-                .and_then(|bucket| bucket.iter().copied().find(|i| matches(i)))
-                .or_else(|| self.unhashable.iter().copied().find(|i| matches(i))),
-            Err(_) => (0..self.keys.len()).find(|i| matches(i)),
+                .and_then(|bucket| bucket.iter().copied().find(|i| equal(i)))
+                // A hand-built `Set` key can equal a hashable `FrozenSet` needle.
+                .or_else(|| self.unhashable.iter().copied().find(|i| equal(i))),
+            None => (0..self.keys.len()).find(|i| equal(i)),
         }
+    }
+
+    /// The distinct keys with their hashes.
+    fn entries(&self) -> impl Iterator<Item = (usize, Option<u64>, &'a PyValue)> + '_ {
+        self.keys.iter().zip(&self.hashes).enumerate().map(|(i, (key, hash))| (i, *hash, *key))
     }
 }
 
-fn is_subset(needles: &[PyValue], hay: &[PyValue]) -> bool {
-    let index = Index::new(hay.iter());
-    needles.iter().all(|needle| index.find(needle).is_some())
+/// Set equality: the same number of distinct elements, and each of one side's in the other.
+/// (One direction suffices: distinct elements cannot match the same element of the other side.
+/// Checking both directions would compare nested sets twice per level, exponential in depth.)
+fn set_eq(x: &[PyValue], y: &[PyValue]) -> bool {
+    let state = RandomState::new();
+    let (mut ix, mut iy) = (Index::new(state.clone()), Index::new(state));
+    for key in x {
+        ix.insert(key);
+    }
+    for key in y {
+        iy.insert(key);
+    }
+    ix.keys.len() == iy.keys.len() && ix.entries().all(|(_, hash, key)| iy.find_hashed(hash, key).is_some())
 }
 
-fn dict_subset(a: &[(PyValue, PyValue)], b: &[(PyValue, PyValue)]) -> bool {
-    let index = Index::new(b.iter().map(|(key, _)| key));
-    a.iter().all(|(key, value)| index.find(key).is_some_and(|i| py_eq(value, &b[i].1)))
+/// Dict equality: the same distinct keys (the last value of a repeated key wins, as in a dict
+/// display), and equal values under equal keys.
+fn dict_eq(a: &[(PyValue, PyValue)], b: &[(PyValue, PyValue)]) -> bool {
+    fn index(pairs: &[(PyValue, PyValue)], state: RandomState) -> (Index<'_>, Vec<&PyValue>) {
+        let mut index = Index::new(state);
+        let mut values = Vec::new();
+        for (key, value) in pairs {
+            let i = index.insert(key);
+            if i < values.len() {
+                values[i] = value;
+            } else {
+                values.push(value);
+            }
+        }
+        (index, values)
+    }
+    let state = RandomState::new();
+    let ((ia, va), (ib, vb)) = (index(a, state.clone()), index(b, state));
+    ia.keys.len() == ib.keys.len()
+        && ia.entries().all(|(i, hash, key)| ib.find_hashed(hash, key).is_some_and(|j| py_eq(va[i], vb[j])))
 }
 
 /// Keys kept unique under [`py_eq`] in first-insertion order, as Python's set and dict do.
@@ -809,7 +857,7 @@ pub enum LiteralError {
         /// The limit.
         limit: usize,
     },
-    /// Nested deeper than [`MAX_DEPTH`].
+    /// Nested deeper than [`MAX_DEPTH`], or sets and dicts deeper than [`MAX_SET_DEPTH`].
     #[error("literal nests deeper than {limit} levels")]
     TooDeep {
         /// The limit.
@@ -896,7 +944,7 @@ fn parse_with(text: &str, mode: Mode) -> Result<PyValue, LiteralError> {
     if text.len() > MAX_TEXT_LEN {
         return Err(LiteralError::TooLong { len: text.len(), limit: MAX_TEXT_LEN });
     }
-    let mut parser = Parser { src: text, pos: 0, mode, brackets: 0 };
+    let mut parser = Parser { src: text, pos: 0, mode, brackets: 0, sets: 0 };
     parser.skip_blank_lines();
     let value = parser.parse_expr(0)?;
     parser.skip_blank_lines();
@@ -970,6 +1018,8 @@ struct Parser<'a> {
     mode: Mode,
     /// Open brackets around the position: line breaks are whitespace only inside brackets.
     brackets: usize,
+    /// Open sets and dicts (displays and constructor calls) around the position.
+    sets: usize,
 }
 
 /// A decimal number's text (digits, `.`, exponent; `_` removed; no `j`).
@@ -1124,7 +1174,7 @@ impl<'a> Parser<'a> {
                 let d = p.deeper(depth)?;
                 Ok(PyValue::List(p.parse_items(b']', d)?))
             }),
-            b'{' => self.bracketed(|p| p.parse_brace(depth)),
+            b'{' => self.set_level(|p| p.bracketed(|p| p.parse_brace(depth))),
             b'\'' | b'"' => self.parse_strings(),
             b'0'..=b'9' => self.parse_number(),
             b'.' if matches!(self.peek_at(1), Some(b'0'..=b'9')) => self.parse_number(),
@@ -1157,6 +1207,9 @@ impl<'a> Parser<'a> {
         let after = self.pos;
         self.skip_ws();
         if self.peek() == Some(b'(') {
+            if matches!(name, "set" | "frozenset" | "dict") {
+                return self.set_level(|p| p.bracketed(|p| p.parse_call(name, start, depth)));
+            }
             return self.bracketed(|p| p.parse_call(name, start, depth));
         }
         self.pos = after;
@@ -1171,6 +1224,20 @@ impl<'a> Parser<'a> {
         self.brackets += 1;
         let result = parse(self);
         self.brackets -= 1;
+        result
+    }
+
+    /// Runs `parse` (which builds a set or dict) one set level deeper, within [`MAX_SET_DEPTH`].
+    fn set_level<T>(
+        &mut self,
+        parse: impl FnOnce(&mut Self) -> Result<T, LiteralError>,
+    ) -> Result<T, LiteralError> {
+        if self.sets >= MAX_SET_DEPTH {
+            return Err(LiteralError::TooDeep { limit: MAX_SET_DEPTH });
+        }
+        self.sets += 1;
+        let result = parse(self);
+        self.sets -= 1;
         result
     }
 
@@ -1737,7 +1804,7 @@ fn float_from_str(text: &str) -> Option<f64> {
         "inf" | "infinity" => f64::INFINITY,
         "nan" => f64::NAN,
         _ => {
-            let mut parser = Parser { src: body, pos: 0, mode: Mode::Source, brackets: 0 };
+            let mut parser = Parser { src: body, pos: 0, mode: Mode::Source, brackets: 0, sets: 0 };
             if !matches!(parser.peek(), Some(b'0'..=b'9' | b'.')) {
                 return None;
             }
@@ -1759,7 +1826,7 @@ fn int_from_str(text: &str) -> Option<PyInt> {
         Some(b'+') => (false, &text[1..]),
         _ => (false, text),
     };
-    let mut parser = Parser { src: body, pos: 0, mode: Mode::Source, brackets: 0 };
+    let mut parser = Parser { src: body, pos: 0, mode: Mode::Source, brackets: 0, sets: 0 };
     let mut digits = String::new();
     let count = parser.scan_digits(&mut digits).ok()?;
     if count == 0 || parser.pos != body.len() || count > MAX_INT_DIGITS {
@@ -2513,7 +2580,7 @@ mod tests {
             "set(".repeat(deep),
             format!("{}1{}", "(".repeat(deep), ")".repeat(deep)),
         ] {
-            assert_eq!(parse_literal(&text).unwrap_err(), LiteralError::TooDeep { limit: MAX_DEPTH });
+            assert!(matches!(parse_literal(&text), Err(LiteralError::TooDeep { .. })), "{}", &text[..20]);
         }
         let ok_depth = MAX_DEPTH - 1;
         let nested = format!("{}{}", "[".repeat(ok_depth), "]".repeat(ok_depth));
@@ -2525,6 +2592,29 @@ mod tests {
         // Many nans in one set stay linear (each is distinct, as in Python).
         let nans = format!("{{{}}}", vec!["nan"; 20_000].join(", "));
         assert!(matches!(lit(&nans), PyValue::Set(items) if items.len() == 20_000));
+        // Sets and dicts nest at most MAX_SET_DEPTH deep, and compare in time linear in their
+        // depth, not exponential.
+        let depth = MAX_SET_DEPTH / 2;
+        for text in [
+            format!("{}(1, 2){}", "frozenset({".repeat(depth), "})".repeat(depth)),
+            format!("{}0{}", "{1: ".repeat(MAX_SET_DEPTH), "}".repeat(MAX_SET_DEPTH)),
+            format!("{}0{}", "{1: 0, 2: ".repeat(MAX_SET_DEPTH), "}".repeat(MAX_SET_DEPTH)),
+            // Two equal deep elements: deduplicating them compares them level by level once.
+            {
+                let deep = format!("{}(1,){}", "frozenset({".repeat(depth - 1), "})".repeat(depth - 1));
+                format!("{{{deep}, {deep}}}")
+            },
+        ] {
+            let value = lit(&text);
+            assert!(py_eq(&value, &value.clone()), "{}", &text[..40]);
+        }
+        for text in [
+            format!("{}(1, 2){}", "frozenset({".repeat(depth + 1), "})".repeat(depth + 1)),
+            format!("{}0{}", "{1: ".repeat(MAX_SET_DEPTH + 1), "}".repeat(MAX_SET_DEPTH + 1)),
+            format!("{}{}", "set([".repeat(MAX_SET_DEPTH + 1), "])".repeat(MAX_SET_DEPTH + 1)),
+        ] {
+            assert_eq!(parse_literal(&text).unwrap_err(), LiteralError::TooDeep { limit: MAX_SET_DEPTH });
+        }
         // A deeply parenthesised assert is untrusted, not a stack overflow.
         let statement = format!("assert {}f(x) == 1{}", "(".repeat(deep), ")".repeat(deep));
         assert_eq!(untrusted(&statement), "too deeply parenthesised");

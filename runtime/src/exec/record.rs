@@ -27,7 +27,8 @@ pub struct SessionRecord {
     pub arrived: f64,
     pub finished: Option<f64>,
     pub failed: Option<String>,
-    /// [`session_score`] at completion (`None` without a metric or when it did not complete).
+    /// [`session_score`](super::session_score) at completion (`None` without a metric or when it
+    /// did not complete).
     pub score: Option<f64>,
     /// What the session's tool calls reported.
     pub tools: SessionToolLog,

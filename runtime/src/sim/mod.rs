@@ -28,17 +28,14 @@ use thiserror::Error;
 
 use crate::exec::graph_info::NodeInfo;
 use crate::exec::{
-    self, CallRecord, PrepareContext, PreparedLlm, Ready, RunConfig, ShellError, TraceEntry, TraceLine, arrivals,
-    tool_trace_detail as trace_detail,
+    self, CallRecord, Counters, PrepareContext, PreparedLlm, Ready, ReportInput, RunConfig, SessionRecord, ShellError,
+    TokenWork, TraceEntry, TraceLine, arrivals, tool_trace_detail as trace_detail,
 };
 use crate::ids::{ActivationId, DeviceId, ReplicaId, SessionId};
 use crate::planner::{
     Command, DeploymentId, DeploymentInfo, Event, PlanError, Planner,
 };
-use crate::report::{
-    DeviceTimeline, GpuBreakdown, Percentiles, RunReport, Segment, SegmentKind, SessionToolLog, ToolReport,
-    WorkflowReport, gpu, round3,
-};
+use crate::report::{DeviceTimeline, RunReport, Segment, SegmentKind, SessionToolLog, round3};
 use crate::session::Session;
 use crate::values::{NodeOutput, derive_seed};
 use toolpool::{ToolJob, ToolPool};
@@ -99,13 +96,11 @@ impl Ord for Scheduled {
     }
 }
 
+/// One arrived session: its state machine and what the report needs of it (the shared record,
+/// kept up to date as the session runs).
 struct SessionRun {
     session: Session,
-    workflow: u32,
-    arrived: f64,
-    finished: Option<f64>,
-    failed: Option<String>,
-    tools: SessionToolLog,
+    record: SessionRecord,
 }
 
 struct Replica {
@@ -122,9 +117,6 @@ struct InFlight {
     deployment: DeploymentId,
     output: NodeOutput,
 }
-
-/// Per-workflow token work per deployment, to attribute GPU time (paper 003 §4.3).
-type TokenWork = BTreeMap<(DeploymentId, u32), f64>;
 
 struct Sim<'a> {
     cfg: &'a RunConfig,
@@ -154,12 +146,7 @@ struct Sim<'a> {
     work: TokenWork,
     trace: Vec<TraceLine>,
     notes: Vec<String>,
-    llm_calls: u64,
-    tool_calls: u64,
-    generated_tokens: u64,
-    prompt_tokens: u64,
-    cached_prompt_tokens: u64,
-    preemptions: u64,
+    counters: Counters,
     done_sessions: usize,
     /// Sessions that could not even be instantiated: (workflow, arrival, reason).
     start_failures: Vec<(u32, f64, String)>,
@@ -213,12 +200,7 @@ impl<'a> Sim<'a> {
             work: BTreeMap::new(),
             trace: Vec::new(),
             notes: Vec::new(),
-            llm_calls: 0,
-            tool_calls: 0,
-            generated_tokens: 0,
-            prompt_tokens: 0,
-            cached_prompt_tokens: 0,
-            preemptions: 0,
+            counters: Counters::default(),
             done_sessions: 0,
             start_failures: Vec::new(),
             calls: Vec::new(),
@@ -264,8 +246,8 @@ impl<'a> Sim<'a> {
             self.fail_session(a.session, format!("unit {a} could not be placed on any device of the pool"));
         }
         for s in self.sessions.iter_mut().flatten() {
-            if s.finished.is_none() && s.failed.is_none() {
-                s.failed = Some("the simulation ended with the session unfinished".into());
+            if s.record.finished.is_none() && s.record.failed.is_none() {
+                s.record.failed = Some("the simulation ended with the session unfinished".into());
             }
         }
         Ok(())
@@ -380,7 +362,7 @@ impl<'a> Sim<'a> {
         let deployment = r.deployment;
         let device = r.device;
         self.in_flight.insert(id, InFlight { activation, workflow, deployment, output: prep.output });
-        self.llm_calls += 1;
+        self.counters.llm_calls += 1;
         self.log("dispatch", TraceLine {
             session: Some(activation.session.0),
             activation: Some(activation.index),
@@ -396,11 +378,11 @@ impl<'a> Sim<'a> {
     /// completed or running, at least one running).
     fn report_near_ready(&mut self, s: SessionId) -> Result<(), SimError> {
         let Some(run) = self.sessions.get(s.0 as usize).and_then(|r| r.as_ref()) else { return Ok(()) };
-        if run.failed.is_some() || run.finished.is_some() {
+        if run.record.failed.is_some() || run.record.finished.is_some() {
             return Ok(());
         }
-        let Some(info) = self.node_info.get(run.workflow as usize) else { return Ok(()) };
-        let items = exec::near_ready_items(&run.session, run.workflow, info, &self.near_sent);
+        let Some(info) = self.node_info.get(run.record.workflow as usize) else { return Ok(()) };
+        let items = exec::near_ready_items(&run.session, run.record.workflow, info, &self.near_sent);
         for item in items {
             self.near_sent.insert(item.activation);
             self.plan(Event::UnitNearReady(item))?;
@@ -439,11 +421,15 @@ impl<'a> Sim<'a> {
             Ok(session) => {
                 self.sessions[i] = Some(SessionRun {
                     session,
-                    workflow: entry.workflow,
-                    arrived: self.now,
-                    finished: None,
-                    failed: None,
-                    tools: SessionToolLog::default(),
+                    record: SessionRecord {
+                        session: id,
+                        workflow: entry.workflow,
+                        arrived: self.now,
+                        finished: None,
+                        failed: None,
+                        score: None,
+                        tools: SessionToolLog::default(),
+                    },
                 });
                 self.plan(Event::SessionArrived { session: id, workflow: entry.workflow })?;
                 let ready = self.sessions[i].as_ref().map(|s| s.session.ready()).unwrap_or_default();
@@ -465,12 +451,13 @@ impl<'a> Sim<'a> {
         self.sessions
             .get(s.0 as usize)
             .and_then(|r| r.as_ref())
-            .map(|r| r.workflow)
+            .map(|r| r.record.workflow)
             .ok_or_else(|| SimError::Internal(format!("unknown session {s}")))
     }
 
     fn is_live(&self, s: SessionId) -> bool {
-        matches!(self.sessions.get(s.0 as usize), Some(Some(r)) if r.failed.is_none() && r.finished.is_none())
+        let Some(Some(r)) = self.sessions.get(s.0 as usize) else { return false };
+        r.record.failed.is_none() && r.record.finished.is_none()
     }
 
     /// An activation became ready: run a tool, or prepare an LLM request and queue the unit.
@@ -483,7 +470,7 @@ impl<'a> Sim<'a> {
                 let duration = modeled_duration_s(&call);
                 let tool = call.tool.clone();
                 self.tool_jobs.insert(a, (self.tools.submit(call), node.clone(), tool));
-                self.tool_calls += 1;
+                self.counters.tool_calls += 1;
                 self.log("tool_start", TraceLine {
                     session: Some(a.session.0),
                     activation: Some(a.index),
@@ -522,7 +509,7 @@ impl<'a> Sim<'a> {
         let Some(run) = self.sessions.get_mut(a.session.0 as usize).and_then(|r| r.as_mut()) else {
             return Err(SimError::Internal(format!("unknown session of {a}")));
         };
-        Ok(exec::prepare(&ctx, &mut run.session, run.workflow, a, self.now)?)
+        Ok(exec::prepare(&ctx, &mut run.session, run.record.workflow, a, self.now)?)
     }
 
     fn on_tool_done(&mut self, a: ActivationId) -> Result<(), SimError> {
@@ -552,7 +539,7 @@ impl<'a> Sim<'a> {
                     ..blank()
                 });
                 if let Some(run) = self.sessions.get_mut(a.session.0 as usize).and_then(|r| r.as_mut()) {
-                    run.tools.record(a.session.0, &node, &tool, &o);
+                    run.record.tools.record(a.session.0, &node, &tool, &o);
                 }
                 let output = NodeOutput { text: o.text, verdict: o.verdict, value: o.value, output_tokens: 0 };
                 self.record_call(a, None, 0, 0);
@@ -587,9 +574,9 @@ impl<'a> Sim<'a> {
             match e {
                 EngineEvent::Finished { id, prompt_tokens, cached_prompt_tokens, output_tokens, .. } => {
                     let Some(f) = self.in_flight.remove(&id) else { continue };
-                    self.generated_tokens += output_tokens as u64;
-                    self.prompt_tokens += prompt_tokens as u64;
-                    self.cached_prompt_tokens += cached_prompt_tokens as u64;
+                    self.counters.generated_tokens += output_tokens as u64;
+                    self.counters.prompt_tokens += prompt_tokens as u64;
+                    self.counters.cached_prompt_tokens += cached_prompt_tokens as u64;
                     let work = (prompt_tokens.saturating_sub(cached_prompt_tokens) + output_tokens) as f64;
                     *self.work.entry((f.deployment, f.workflow)).or_insert(0.0) += work;
                     self.log("finish", TraceLine {
@@ -608,7 +595,7 @@ impl<'a> Sim<'a> {
                         self.complete(f.activation, f.output)?;
                     }
                 }
-                EngineEvent::Preempted { .. } => self.preemptions += 1,
+                EngineEvent::Preempted { .. } => self.counters.preemptions += 1,
                 EngineEvent::FirstToken { .. } => {}
             }
         }
@@ -624,7 +611,7 @@ impl<'a> Sim<'a> {
             .map(|d| (d.model.clone(), d.dtype));
         self.calls.push(CallRecord {
             session: a.session.0,
-            workflow: run.workflow,
+            workflow: run.record.workflow,
             activation: a.index,
             node: act.node as u32,
             model,
@@ -653,10 +640,11 @@ impl<'a> Sim<'a> {
 
     fn check_finished(&mut self, s: SessionId) -> Result<(), SimError> {
         let Some(run) = self.sessions[s.0 as usize].as_mut() else { return Ok(()) };
-        if run.finished.is_some() || run.failed.is_some() || !run.session.is_finished() {
+        if run.record.finished.is_some() || run.record.failed.is_some() || !run.session.is_finished() {
             return Ok(());
         }
-        run.finished = Some(self.now);
+        run.record.finished = Some(self.now);
+        run.record.score = exec::session_score(&run.session);
         self.done_sessions += 1;
         self.log("session_done", TraceLine { session: Some(s.0), ..blank() });
         self.plan(Event::SessionEnded { session: s })
@@ -664,10 +652,10 @@ impl<'a> Sim<'a> {
 
     fn fail_session(&mut self, s: SessionId, reason: String) {
         let Some(run) = self.sessions.get_mut(s.0 as usize).and_then(|r| r.as_mut()) else { return };
-        if run.failed.is_some() || run.finished.is_some() {
+        if run.record.failed.is_some() || run.record.finished.is_some() {
             return;
         }
-        run.failed = Some(reason.clone());
+        run.record.failed = Some(reason.clone());
         self.done_sessions += 1;
         self.log("session_failed", TraceLine { session: Some(s.0), detail: Some(reason), ..blank() });
         // Drop its prepared requests and let the planner forget its queued units and holds.
@@ -677,133 +665,41 @@ impl<'a> Sim<'a> {
         }
     }
 
+    /// Build the report through the same function as the live shell ([`exec::build_report`]).
     fn finish(mut self) -> SimOutput {
         let cfg = self.cfg;
-        let runs: Vec<&SessionRun> = self.sessions.iter().flatten().collect();
-        let t0 = runs.iter().map(|r| r.arrived).fold(f64::INFINITY, f64::min);
-        let t0 = if t0.is_finite() { t0 } else { 0.0 };
-        let t1 = runs
-            .iter()
-            .filter_map(|r| r.finished)
-            .fold(t0, f64::max);
-        // Close resident intervals at the end of the window.
-        for r in self.replicas.values() {
-            if let Some(since) = r.resident_since {
-                self.timelines[r.device.0 as usize].segments.push(Segment {
-                    start: since,
-                    end: t1.max(since),
-                    kind: SegmentKind::Resident,
-                    deployment: r.deployment.0,
-                });
-            }
-        }
-        // Partition every device's time and charge it to deployments.
-        let mut total = GpuBreakdown::default();
-        let mut by_dep: BTreeMap<Option<u32>, GpuBreakdown> = BTreeMap::new();
-        for tl in &self.timelines {
-            for ((cat, dep), secs) in gpu::partition(&tl.segments, t0, t1) {
-                let b = by_dep.entry(dep).or_default();
-                let slot = match cat {
-                    gpu::Category::Loading => &mut b.loading,
-                    gpu::Category::Generation => &mut b.generation,
-                    gpu::Category::IdleResident => &mut b.idle_resident,
-                    gpu::Category::Other => &mut b.other,
-                };
-                *slot += secs;
-            }
-        }
-        for b in by_dep.values() {
-            total.add(b);
-        }
-        // Workflow shares: per deployment by token work; `other` (no deployment) by overall work.
-        let nw = cfg.workflows.len();
-        let mut dep_total: BTreeMap<u32, f64> = BTreeMap::new();
-        let mut wf_total = vec![0.0; nw];
-        for ((d, w), x) in &self.work {
-            *dep_total.entry(d.0).or_insert(0.0) += x;
-            wf_total[*w as usize] += x;
-        }
-        let all_work: f64 = wf_total.iter().sum();
-        let mut wf_gpu = vec![GpuBreakdown::default(); nw];
-        for (dep, b) in &by_dep {
-            for w in 0..nw {
-                let share = match dep {
-                    Some(d) => {
-                        let dt = dep_total.get(d).copied().unwrap_or(0.0);
-                        let x = self.work.get(&(DeploymentId(*d), w as u32)).copied().unwrap_or(0.0);
-                        if dt > 0.0 { x / dt } else { 0.0 }
-                    }
-                    None => {
-                        if all_work > 0.0 { wf_total[w] / all_work } else { 1.0 / nw as f64 }
-                    }
-                };
-                wf_gpu[w].add(&b.scaled(share));
-            }
-        }
-        let completed: Vec<&&SessionRun> = runs.iter().filter(|r| r.finished.is_some()).collect();
-        let latencies: Vec<f64> =
-            completed.iter().filter_map(|r| r.finished.map(|f| f - r.arrived)).collect();
-        let mut workflows = BTreeMap::new();
-        for (w, wf) in cfg.workflows.iter().enumerate() {
-            let mine: Vec<&&SessionRun> = runs.iter().filter(|r| r.workflow as usize == w).collect();
-            let done: Vec<&&&SessionRun> = mine.iter().filter(|r| r.finished.is_some()).collect();
-            let lat: Vec<f64> = done.iter().filter_map(|r| r.finished.map(|f| f - r.arrived)).collect();
-            let first = mine.iter().map(|r| r.arrived).fold(f64::INFINITY, f64::min);
-            let last = done.iter().filter_map(|r| r.finished).fold(f64::NEG_INFINITY, f64::max);
-            let accuracy = wf.metric.as_ref().map(|_| {
-                let scores: Vec<f64> = done.iter().filter_map(|r| exec::session_score(&r.session)).collect();
-                if scores.is_empty() { 0.0 } else { round3(scores.iter().sum::<f64>() / scores.len() as f64) }
-            });
-            let n = done.len().max(1) as f64;
-            workflows.insert(wf.name.clone(), WorkflowReport {
-                sessions_completed: done.len(),
-                sessions_failed: mine.len() - done.len()
-                    + self.start_failures.iter().filter(|f| f.0 as usize == w).count(),
-                makespan_s: if last.is_finite() && first.is_finite() { round3(last - first) } else { 0.0 },
-                latency_s: Percentiles::of(&lat),
-                gpu_seconds_per_session: wf_gpu[w].scaled(1.0 / n).rounded(),
-                accuracy,
-                metric: wf.metric.as_ref().map(|m| format!("{:?}", m.kind)),
-            });
-        }
-        let failures: Vec<String> = runs
-            .iter()
-            .filter_map(|r| r.failed.as_ref().map(|f| format!("s{}: {f}", r.session.id().0)))
-            .chain(self.start_failures.iter().map(|f| f.2.clone()))
-            .take(20)
+        let sessions: Vec<SessionRecord> =
+            std::mem::take(&mut self.sessions).into_iter().flatten().map(|r| r.record).collect();
+        // Replicas still resident at the end (in replica order): the report closes their
+        // intervals at the end of its window.
+        let open_resident: Vec<(u32, DeploymentId, f64)> = self
+            .replicas
+            .values()
+            .filter_map(|r| r.resident_since.map(|since| (r.device.0, r.deployment, since)))
             .collect();
-        let n_done = completed.len();
-        let report = RunReport {
-            policy: self.planner.policy_name().to_string(),
+        let state = self.planner.state();
+        let (report, window) = exec::build_report(ReportInput {
+            workflows: &cfg.workflows,
+            policy: self.planner.policy_name(),
             seed: cfg.seed,
             noise_seed: cfg.noise_seed,
             arrival: cfg.arrival.to_string(),
-            pool: cfg.pool.name.clone(),
+            pool: &cfg.pool.name,
             gpus: cfg.pool.devices.len(),
-            sessions_total: runs.len() + self.start_failures.len(),
-            sessions_completed: n_done,
-            sessions_failed: runs.len() - n_done + self.start_failures.len(),
-            makespan_s: round3(t1 - t0),
-            latency_s: Percentiles::of(&latencies),
-            gpu_seconds_per_session: total.scaled(1.0 / n_done.max(1) as f64).rounded(),
-            gpu_seconds_total: total.rounded(),
-            loads: self.planner.state().loads(),
-            evictions: self.planner.state().evictions(),
-            llm_calls: self.llm_calls,
-            tool_calls: self.tool_calls,
-            generated_tokens: self.generated_tokens,
-            prompt_tokens: self.prompt_tokens,
-            cached_prompt_tokens: self.cached_prompt_tokens,
-            preemptions: self.preemptions,
-            workflows,
-            failures,
-            tools: ToolReport::collect(runs.iter().map(|r| (r.session.id().0, &r.tools))),
-        };
+            sessions: &sessions,
+            start_failures: &self.start_failures,
+            timelines: &mut self.timelines,
+            open_resident: &open_resident,
+            work: &self.work,
+            counters: self.counters,
+            loads: state.loads(),
+            evictions: state.evictions(),
+        });
         SimOutput {
             report,
             trace: std::mem::take(&mut self.trace),
             timelines: std::mem::take(&mut self.timelines),
-            window: (t0, t1),
+            window,
             notes: std::mem::take(&mut self.notes),
             calls: std::mem::take(&mut self.calls),
         }

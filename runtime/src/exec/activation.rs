@@ -1,8 +1,8 @@
 //! What both shells do when an activation becomes ready or near-ready: render a ready
 //! activation (tool inputs; or the prompt, its real BPE token counts and prefix-block hashes,
 //! the responder's output and the planner's [`WorkItem`]), list newly near-ready activations as
-//! the planner's [`NearReadyItem`]s, describe a finished tool call for the trace, and score a
-//! finished session under its workflow's metric.
+//! the planner's [`NearReadyItem`]s, turn a finished tool call into the session's output, its
+//! trace detail and its sandbox note, and score a finished session under its workflow's metric.
 //!
 //! Pure functions of their arguments and the seeds: no clock, no I/O, no randomness beyond the
 //! seeded responders, so both shells hand the planner the same items. Must not depend on `sim`
@@ -11,7 +11,7 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use switchyard_tools::ToolCall;
+use switchyard_tools::{ToolCall, ToolOutcome};
 
 use super::graph_info::{self, NodeInfo};
 use super::{BLOCK_SIZE, DeploymentMap, ShellError};
@@ -184,9 +184,21 @@ pub fn near_ready_items(
     items
 }
 
+/// A tool outcome's sandbox note as a run's notes keep it: without the per-run uid, which
+/// differs between calls (the rest says what the sandbox got).
+pub fn sandbox_note(outcome: &ToolOutcome) -> Option<String> {
+    let note = outcome.sandbox_note.as_deref()?;
+    Some(note.split("; ").filter(|p| !p.starts_with("uid:")).collect::<Vec<_>>().join("; "))
+}
+
+/// What a finished tool call hands its session: the tool's text, verdict and value.
+pub fn tool_output(outcome: ToolOutcome) -> NodeOutput {
+    NodeOutput { text: outcome.text, verdict: outcome.verdict, value: outcome.value, output_tokens: 0 }
+}
+
 /// The trace's detail of a finished tool call: its verdict, and for a failed call the cause
 /// (`fail: timeout`).
-pub fn tool_trace_detail(outcome: &switchyard_tools::ToolOutcome) -> Option<String> {
+pub fn tool_trace_detail(outcome: &ToolOutcome) -> Option<String> {
     match (&outcome.verdict, &outcome.failure) {
         (Some(verdict), Some(failure)) => Some(format!("{verdict}: {}", failure.cause.name())),
         (None, Some(failure)) => Some(format!("failed: {}", failure.cause.name())),

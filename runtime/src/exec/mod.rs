@@ -30,10 +30,15 @@ use serde::Serialize;
 use switchyard_predictor::Dtype;
 use thiserror::Error;
 
+use crate::ids::ActivationId;
 use crate::planner::{JointOptions, PlanError};
+use crate::session::Session;
 use crate::workflow::WorkflowSpec;
 
-pub use activation::{PrepareContext, PreparedLlm, Ready, near_ready_items, prepare, session_score, tool_trace_detail};
+pub use activation::{
+    PrepareContext, PreparedLlm, Ready, near_ready_items, prepare, sandbox_note, session_score, tool_output,
+    tool_trace_detail,
+};
 pub use arrivals::{Arrival, TraceEntry};
 pub use pool::{PoolError, PoolSpec};
 pub use record::{Counters, ReportInput, SessionRecord, TokenWork, build_report};
@@ -116,6 +121,33 @@ pub struct CallRecord {
     /// Activation indices (same session) this one waited for.
     pub predecessors: Vec<u32>,
     pub finished_at: f64,
+}
+
+impl CallRecord {
+    /// The record of activation `a` of `session` (of workflow index `workflow`), finished at
+    /// `finished_at` on the shell's clock; `None` when the session has no such activation.
+    pub fn of(
+        session: &Session,
+        workflow: u32,
+        a: ActivationId,
+        model: Option<(String, Dtype)>,
+        prompt_tokens: u32,
+        output_tokens: u32,
+        finished_at: f64,
+    ) -> Option<Self> {
+        let act = session.activation(a.index)?;
+        Some(CallRecord {
+            session: a.session.0,
+            workflow,
+            activation: a.index,
+            node: act.node as u32,
+            model,
+            prompt_tokens,
+            output_tokens,
+            predecessors: act.predecessors.clone(),
+            finished_at,
+        })
+    }
 }
 
 #[cfg(test)]

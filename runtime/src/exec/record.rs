@@ -45,6 +45,26 @@ pub struct Counters {
     pub preemptions: u64,
 }
 
+impl Counters {
+    /// Count a finished LLM call's tokens, and charge its token work (uncached prompt tokens +
+    /// output tokens) to (deployment, workflow) in `work`, by which GPU time is attributed.
+    pub fn llm_call_finished(
+        &mut self,
+        work: &mut TokenWork,
+        deployment: DeploymentId,
+        workflow: u32,
+        prompt_tokens: u32,
+        cached_prompt_tokens: u32,
+        output_tokens: u32,
+    ) {
+        self.generated_tokens += u64::from(output_tokens);
+        self.prompt_tokens += u64::from(prompt_tokens);
+        self.cached_prompt_tokens += u64::from(cached_prompt_tokens);
+        let x = (prompt_tokens.saturating_sub(cached_prompt_tokens) + output_tokens) as f64;
+        *work.entry((deployment, workflow)).or_insert(0.0) += x;
+    }
+}
+
 /// Per-workflow token work per deployment, to attribute GPU time (paper 003 §4.3).
 pub type TokenWork = BTreeMap<(DeploymentId, u32), f64>;
 

@@ -285,11 +285,14 @@ impl PlannerActorState {
                 self.faults.retries += u64::from(attempts.saturating_sub(1));
                 let Some(f) = self.take_in_flight(activation) else { return };
                 let output_tokens = completion.output_tokens;
-                self.counters.generated_tokens += u64::from(output_tokens);
-                self.counters.prompt_tokens += u64::from(completion.prompt_tokens);
-                self.counters.cached_prompt_tokens += u64::from(completion.cached_prompt_tokens);
-                let work = (completion.prompt_tokens.saturating_sub(completion.cached_prompt_tokens) + output_tokens) as f64;
-                *self.work.entry((f.deployment, f.workflow)).or_insert(0.0) += work;
+                self.counters.llm_call_finished(
+                    &mut self.work,
+                    f.deployment,
+                    f.workflow,
+                    completion.prompt_tokens,
+                    completion.cached_prompt_tokens,
+                    output_tokens,
+                );
                 // The session first (it is on the critical path); the core folds the finish
                 // before anything the session sends next, which queues behind this message.
                 if let Some(s) = self.sessions.get(&activation.session) {

@@ -253,36 +253,23 @@ impl SessionState {
         }
         match result {
             Ok(o) => {
-                if let Some(note) = o.sandbox_note.as_deref() {
-                    // The per-run uid differs between calls; the rest says what the sandbox got.
-                    let note: String = note.split("; ").filter(|p| !p.starts_with("uid:")).collect::<Vec<_>>().join("; ");
+                if let Some(note) = exec::sandbox_note(&o) {
                     let _ = self.planner.send_message(PlannerMsg::Note(note));
                 }
                 tracing::debug!(parent: self.span_of(a), detail = ?exec::tool_trace_detail(&o), "tool done");
                 if let Some((node, tool)) = self.tool_nodes.remove(&a) {
                     self.tools.record(a.session.0, &node, &tool, &o);
                 }
-                let output = NodeOutput { text: o.text, verdict: o.verdict, value: o.value, output_tokens: 0 };
                 self.record_call(a, None, 0, 0);
-                self.complete(myself, a, output);
+                self.complete(myself, a, exec::tool_output(o));
             }
             Err(e) => self.fail(myself, format!("tool: {e}")),
         }
     }
 
     fn record_call(&mut self, a: ActivationId, model: Option<(String, switchyard_predictor::Dtype)>, prompt: u32, output: u32) {
-        let Some(act) = self.session.activation(a.index) else { return };
-        self.calls.push(CallRecord {
-            session: a.session.0,
-            workflow: self.workflow,
-            activation: a.index,
-            node: act.node as u32,
-            model,
-            prompt_tokens: prompt,
-            output_tokens: output,
-            predecessors: act.predecessors.clone(),
-            finished_at: self.ctx.clock.wall(),
-        });
+        let at = self.ctx.clock.wall();
+        self.calls.extend(CallRecord::of(&self.session, self.workflow, a, model, prompt, output, at));
     }
 
     fn complete(&mut self, myself: &ActorRef<SessionMsg>, a: ActivationId, output: NodeOutput) {

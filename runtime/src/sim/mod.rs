@@ -523,10 +523,7 @@ impl<'a> Sim<'a> {
         }
         match outcome {
             Ok(o) => {
-                if let Some(note) = o.sandbox_note.as_deref() {
-                    // The per-run uid differs between calls; the rest says what the sandbox got.
-                    let note: String =
-                        note.split("; ").filter(|p| !p.starts_with("uid:")).collect::<Vec<_>>().join("; ");
+                if let Some(note) = exec::sandbox_note(&o) {
                     if !self.notes.contains(&note) {
                         self.notes.push(note);
                     }
@@ -541,9 +538,8 @@ impl<'a> Sim<'a> {
                 if let Some(run) = self.sessions.get_mut(a.session.0 as usize).and_then(|r| r.as_mut()) {
                     run.record.tools.record(a.session.0, &node, &tool, &o);
                 }
-                let output = NodeOutput { text: o.text, verdict: o.verdict, value: o.value, output_tokens: 0 };
                 self.record_call(a, None, 0, 0);
-                self.complete(a, output)
+                self.complete(a, exec::tool_output(o))
             }
             Err(e) => {
                 self.fail_session(a.session, format!("tool: {e}"));
@@ -574,11 +570,14 @@ impl<'a> Sim<'a> {
             match e {
                 EngineEvent::Finished { id, prompt_tokens, cached_prompt_tokens, output_tokens, .. } => {
                     let Some(f) = self.in_flight.remove(&id) else { continue };
-                    self.counters.generated_tokens += output_tokens as u64;
-                    self.counters.prompt_tokens += prompt_tokens as u64;
-                    self.counters.cached_prompt_tokens += cached_prompt_tokens as u64;
-                    let work = (prompt_tokens.saturating_sub(cached_prompt_tokens) + output_tokens) as f64;
-                    *self.work.entry((f.deployment, f.workflow)).or_insert(0.0) += work;
+                    self.counters.llm_call_finished(
+                        &mut self.work,
+                        f.deployment,
+                        f.workflow,
+                        prompt_tokens,
+                        cached_prompt_tokens,
+                        output_tokens,
+                    );
                     self.log("finish", TraceLine {
                         session: Some(f.activation.session.0),
                         activation: Some(f.activation.index),
@@ -605,21 +604,10 @@ impl<'a> Sim<'a> {
 
     fn record_call(&mut self, a: ActivationId, deployment: Option<DeploymentId>, prompt: u32, output: u32) {
         let Some(run) = self.sessions.get(a.session.0 as usize).and_then(|r| r.as_ref()) else { return };
-        let Some(act) = run.session.activation(a.index) else { return };
         let model = deployment
             .and_then(|d| self.deployments.get(d.0 as usize))
             .map(|d| (d.model.clone(), d.dtype));
-        self.calls.push(CallRecord {
-            session: a.session.0,
-            workflow: run.record.workflow,
-            activation: a.index,
-            node: act.node as u32,
-            model,
-            prompt_tokens: prompt,
-            output_tokens: output,
-            predecessors: act.predecessors.clone(),
-            finished_at: self.now,
-        });
+        self.calls.extend(CallRecord::of(&run.session, run.record.workflow, a, model, prompt, output, self.now));
     }
 
     fn complete(&mut self, a: ActivationId, output: NodeOutput) -> Result<(), SimError> {

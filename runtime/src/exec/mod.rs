@@ -14,7 +14,8 @@
 //!   [`Counters`]) and the one report builder, [`build_report`].
 //!
 //! Must not depend on `sim` or `live` (both depend on it; `runtime/tests/module_boundaries.rs`
-//! checks), on engines, on a clock or on randomness beyond the seeded trace and responders.
+//! checks), on engines, on a clock or on randomness beyond the seeded trace and responders. Only
+//! the labelled [`oracle`] estimates read the emulator crate (checked too).
 
 pub mod activation;
 pub mod arrivals;

@@ -252,14 +252,25 @@ pub struct Isolation {
 }
 
 impl Isolation {
-    /// A one-line summary, e.g. `network: isolated; filesystem: read-only except work dir; …`.
+    /// A one-line summary, e.g. `network: isolated; filesystem: private root (declared paths
+    /// read-only, tmpfs work dir); processes: own PID namespace; …`.
     pub fn summary(&self) -> String {
         let mut parts = vec![
             format!("network: {}", if self.network_isolated { "isolated" } else { "HOST NETWORK" }),
             format!(
                 "filesystem: {}",
-                if self.read_only_root { "read-only except work dir" } else { "writable where permissions allow" }
+                if self.private_root {
+                    "private root (declared paths read-only, tmpfs work dir)"
+                } else if self.read_only_root {
+                    "read-only except work dir"
+                } else {
+                    "HOST FILESYSTEM (writable where permissions allow)"
+                }
             ),
+            format!("processes: {}", if self.pid_namespace { "own PID namespace" } else { "host PID namespace" }),
+            format!("IPC: {}", if self.ipc_namespace { "isolated" } else { "host" }),
+            format!("seccomp: {}", if self.seccomp { "on" } else { "OFF" }),
+            format!("terminal: {}", if self.new_session { "none (own session)" } else { "CALLER'S" }),
             match self.sandbox_uid {
                 Some(uid) => format!("uid: {uid} (dropped from root)"),
                 None if self.user_namespace => "uid: caller's, in a user namespace".to_string(),

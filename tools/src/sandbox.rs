@@ -31,10 +31,10 @@
 //! * **identity** — `RLIMIT_NPROC` counts the processes of the child's *real uid* and is not
 //!   enforced at all for uid 0, and we run as root here. So when the caller is root the child
 //!   drops to a fresh unprivileged uid/gid of its own (allocated per run from
-//!   [`SANDBOX_UID_BASE`]), with no supplementary groups and `PR_SET_NO_NEW_PRIVS`; after the
-//!   run a helper that takes the same uid sends `kill(-1, SIGKILL)`, which reaches every process
-//!   of that uid (a second net under the PID namespace). When the caller is not root the child
-//!   keeps the caller's uid inside a user namespace.
+//!   [`SANDBOX_UID_BASE`]), with no supplementary groups and `PR_SET_NO_NEW_PRIVS`. Without a
+//!   PID namespace, a helper that takes the same uid sends `kill(-1, SIGKILL)` after the run,
+//!   which reaches every process of that uid (with one, the namespace's end does that). When the
+//!   caller is not root the child keeps the caller's uid inside a user namespace.
 //! * **wall-clock limit** — at the limit the child's process group gets `SIGKILL`, and so does
 //!   the PID namespace's init. The group is killed while the main process is still an unreaped
 //!   zombie (`waitid(WNOWAIT)`), so its id cannot have been recycled.
@@ -854,11 +854,15 @@ fn run_process(policy: IsolationPolicy, job: &SandboxJob) -> Result<SandboxOutco
     let used_host_dir = report.is_none_or(|r| r.used_host_work_dir());
     let isolation = confine::isolation_from(report, policy, is_root, sandbox_uid);
 
-    let captured = supervise(&mut child, pid, sandbox_uid, limits, started);
+    // With a PID namespace its end kills every process of the run, which `await_namespace_end`
+    // waits for; the uid sweep is then redundant, and it is not free: each sweep forks this
+    // process, whose page tables grow with its memory.
+    let uid_sweep = if init.is_some() { None } else { sandbox_uid };
+    let captured = supervise(&mut child, pid, uid_sweep, limits, started);
     let mut notes_after = Vec::new();
     // Whatever happened while supervising, make sure nothing of the run survives.
     kill_group(pid);
-    if let Some(uid) = sandbox_uid {
+    if let Some(uid) = uid_sweep {
         kill_uid(uid);
     }
     let reaped = reap(pid);

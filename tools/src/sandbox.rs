@@ -822,6 +822,8 @@ fn run_process(policy: IsolationPolicy, job: &SandboxJob) -> Result<SandboxOutco
         // SAFETY: getpid cannot fail.
         parent_pid: unsafe { libc::getpid() },
         report_fd: report_write.as_raw_fd(),
+        init_stack: confine::CloneStack::new(confine::INIT_STACK_BYTES),
+        program_stack: confine::CloneStack::new(confine::PROGRAM_STACK_BYTES),
     };
 
     // `program` is only the name std reports in errors: the child execs `plan.program` itself.
@@ -846,12 +848,28 @@ fn run_process(policy: IsolationPolicy, job: &SandboxJob) -> Result<SandboxOutco
     };
     let pid = child.id() as libc::pid_t;
 
-    let (report, init_pid) = ChildReport::read_from(File::from(report_read));
+    let messages = ChildReport::read_from(File::from(report_read));
+    let (report, init_pid) = (messages.report, messages.init);
+    if let Some(errno) = messages.error {
+        // The program's process failed to confine itself or to exec: nothing ran.
+        kill_group(pid);
+        let _ = reap(pid);
+        if let Some(init) = init_pid.and_then(pidfd_open) {
+            await_namespace_end(&init);
+        }
+        if used_host_dir_of(report) {
+            let _ = std::fs::remove_dir_all(&host_work_dir);
+        }
+        return Err(SandboxError::Spawn {
+            program: job.program.display().to_string(),
+            source: io::Error::from_raw_os_error(errno),
+        });
+    }
     // A descriptor of the namespace's init, taken while it runs (it lives until the program
     // ends), so its exit — which the kernel completes only once every process of the namespace
     // is gone — can be awaited without any risk of a recycled pid.
     let init = init_pid.and_then(pidfd_open);
-    let used_host_dir = report.is_none_or(|r| r.used_host_work_dir());
+    let used_host_dir = used_host_dir_of(report);
     let isolation = confine::isolation_from(report, policy, is_root, sandbox_uid);
 
     // With a PID namespace its end kills every process of the run, which `await_namespace_end`
@@ -933,6 +951,11 @@ fn run_process(policy: IsolationPolicy, job: &SandboxJob) -> Result<SandboxOutco
         isolation,
         trap: None,
     })
+}
+
+/// Whether a run used a host work directory (assumed when the child sent no report).
+fn used_host_dir_of(report: Option<ChildReport>) -> bool {
+    report.is_none_or(|r| r.used_host_work_dir())
 }
 
 /// Counter making host work directory names unique within this process.

@@ -212,6 +212,8 @@ async fn handle(myself: ActorRef<ReplicaMsg>, msg: ReplicaMsg, state: &mut Repli
             }
             tracing::info!(woke = state.wake, "replica awake");
             if let Some(every) = state.telemetry_every {
+                // Once right away (a short run may end before the first tick), then periodically.
+                let _ = myself.send_message(ReplicaMsg::PollTelemetry);
                 state.telemetry_timer = Some(myself.send_interval(every, || ReplicaMsg::PollTelemetry));
             }
         }

@@ -115,6 +115,25 @@ fn main() {
         println!("  {label:<22} {:>7.2} ms", m * 1e3);
     }
 
+    // Forking copies the caller's page tables, so a sandboxed call costs more from a caller with
+    // more memory resident: measure the whole call from this process with ballast touched.
+    println!("process sandbox, whole call of /bin/true by caller resident memory: medians of {runs} runs");
+    let job = SandboxJob::new("/bin/true", vec![]);
+    let sandbox = ProcessSandbox::new();
+    for ballast_mib in [0usize, 100, 300] {
+        let ballast = vec![1u8; ballast_mib << 20];
+        let m = median(
+            (0..runs)
+                .filter_map(|_| {
+                    let started = std::time::Instant::now();
+                    sandbox.run(&job).ok().map(|_| started.elapsed().as_secs_f64())
+                })
+                .collect(),
+        );
+        let touched: usize = ballast.iter().step_by(4096).map(|&b| usize::from(b)).sum();
+        println!("  {ballast_mib:>4} MiB resident ({touched} pages)  {:>7.2} ms", m * 1e3);
+    }
+
     if !python3_available() {
         println!("python3 is not usable in the sandbox here; nothing more to measure");
         return;

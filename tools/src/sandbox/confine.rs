@@ -1079,10 +1079,7 @@ extern "C" fn init_main(arg: *mut libc::c_void) -> libc::c_int {
     // SAFETY: `arg` points to the `ProgramStart` in S's frame, valid for our whole life; only
     // raw, async-signal-safe system calls follow.
     unsafe {
-        let start = &*(arg as *const ProgramStart<'_>);
-        let zero = 0 as libc::c_ulong;
-        libc::close(start.status_read);
-        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, zero, zero, zero);
+        let start = enter(arg, |start| start.status_read);
         let program = libc::clone(
             program_main,
             start.plan.program_stack.top(),
@@ -1102,14 +1099,27 @@ extern "C" fn init_main(arg: *mut libc::c_void) -> libc::c_int {
 extern "C" fn program_main(arg: *mut libc::c_void) -> libc::c_int {
     // SAFETY: as in `init_main`; the init is suspended (`CLONE_VFORK`) until we exec or exit.
     unsafe {
-        let start = &*(arg as *const ProgramStart<'_>);
-        let zero = 0 as libc::c_ulong;
-        libc::close(start.status_write);
-        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, zero, zero, zero);
+        let start = enter(arg, |start| start.status_write);
         let failure = confine_program(start.plan, start.report, start.mount_namespace);
         let code = failure.err().and_then(|e| e.raw_os_error()).unwrap_or(libc::EINVAL);
         report_error(start.plan.report_fd, code);
         libc::_exit(127);
+    }
+}
+
+/// The first steps of a process started by `clone` with a [`ProgramStart`]: close the end of
+/// the status pipe it does not use and die with its parent.
+///
+/// # Safety
+/// `arg` must point to a live `ProgramStart`; async-signal-safe.
+unsafe fn enter<'a>(arg: *mut libc::c_void, unused_end: impl Fn(&ProgramStart<'a>) -> RawFd) -> &'a ProgramStart<'a> {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        let start = &*(arg as *const ProgramStart<'a>);
+        let zero = 0 as libc::c_ulong;
+        libc::close(unused_end(start));
+        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, zero, zero, zero);
+        start
     }
 }
 

@@ -63,7 +63,9 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
@@ -807,7 +809,7 @@ fn run_process(policy: IsolationPolicy, job: &SandboxJob) -> Result<SandboxOutco
         identity,
         isolate_network: policy.network,
         private_root: policy.private_root,
-        view: if policy.private_root { confine::plan_view(&job.read_only_paths)? } else { Vec::new() },
+        view: if policy.private_root { cached_view(&job.read_only_paths)? } else { Vec::new() },
         cpu_seconds: limits.cpu_seconds,
         address_space_bytes: limits.address_space_bytes,
         max_processes: limits.max_processes,
@@ -818,7 +820,7 @@ fn run_process(policy: IsolationPolicy, job: &SandboxJob) -> Result<SandboxOutco
         work,
         program,
         argv: CStringArray::new(argv),
-        filter: SyscallFilter::new(job.allow_children).map_err(|e| SandboxError::Filter(e.to_string()))?,
+        filter: cached_filter(job.allow_children)?,
         // SAFETY: getpid cannot fail.
         parent_pid: unsafe { libc::getpid() },
         report_fd: report_write.as_raw_fd(),
@@ -951,6 +953,28 @@ fn run_process(policy: IsolationPolicy, job: &SandboxJob) -> Result<SandboxOutco
         isolation,
         trap: None,
     })
+}
+
+/// The seccomp filter for jobs with or without children, compiled once per process.
+fn cached_filter(allow_children: bool) -> Result<SyscallFilter, SandboxError> {
+    static FILTERS: [OnceLock<Result<SyscallFilter, String>>; 2] = [OnceLock::new(), OnceLock::new()];
+    FILTERS[usize::from(allow_children)]
+        .get_or_init(|| SyscallFilter::new(allow_children).map_err(|e| e.to_string()))
+        .clone()
+        .map_err(SandboxError::Filter)
+}
+
+/// The private root's layout for a list of read-only paths, planned once per process and list
+/// (the paths a tool declares, such as an interpreter's, do not change while it runs).
+fn cached_view(paths: &[PathBuf]) -> Result<Vec<confine::ViewOp>, SandboxError> {
+    static VIEWS: Mutex<BTreeMap<Vec<PathBuf>, Vec<confine::ViewOp>>> = Mutex::new(BTreeMap::new());
+    let lock = || VIEWS.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    if let Some(view) = lock().get(paths) {
+        return Ok(view.clone());
+    }
+    let view = confine::plan_view(paths)?;
+    lock().insert(paths.to_vec(), view.clone());
+    Ok(view)
 }
 
 /// Whether a run used a host work directory (assumed when the child sent no report).

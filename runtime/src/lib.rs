@@ -6,6 +6,7 @@
 //! - `workflow` — YAML schema, parsing with positions, validation, dataset binding, petgraph DAG.
 //! - `session` — one run of a workflow: activations instantiated as branches resolve.
 //! - `responder` — emulated LLM outputs per workload, and accuracy scoring.
+//! - `schema` — the JSON-Schema subset of agents' structured outputs: check and draw.
 //! - `tokens` — real BPE token counts and prefix-block hashes.
 //! - `planner` — the pure core `Planner::handle(event, now) -> commands` and its policies.
 //! - `exec` — what both shells share: run configuration, arrival trace, pool files, setting a
@@ -27,6 +28,7 @@ pub mod lower_bound;
 pub mod planner;
 pub mod report;
 pub mod responder;
+pub mod schema;
 pub mod session;
 pub mod sim;
 pub mod tokens;

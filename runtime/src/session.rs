@@ -125,14 +125,27 @@ pub struct Session {
     failure: Option<String>,
 }
 
-struct View<'a>(&'a Session);
+/// The session as the templates of one activation see it (its loop round, for `.prev` and
+/// `loop.round`).
+struct View<'a> {
+    session: &'a Session,
+    round: u32,
+}
 
 impl Resolve for View<'_> {
     fn input(&self, field: &str) -> Option<&Json> {
-        self.0.input.get(field)
+        self.session.input.get(field)
     }
     fn output(&self, node: &str) -> Option<&NodeOutput> {
-        self.0.latest_output(self.0.spec.node_index(node)?)
+        self.session.latest_output(self.session.spec.node_index(node)?)
+    }
+    fn previous(&self, node: &str) -> Option<&NodeOutput> {
+        let n = self.session.spec.node_index(node)?;
+        let index = self.session.activation_for(n, self.round.checked_sub(1)?)?;
+        self.session.activation(index)?.output.as_ref()
+    }
+    fn round(&self) -> Option<u32> {
+        Some(self.round)
     }
 }
 
@@ -249,9 +262,10 @@ impl Session {
         let NodeKind::Agent(agent) = &node.kind else {
             return Err(self.wrong_kind(index, "an agent"));
         };
+        let round = self.activations[index as usize].round;
         agent
-            .prompt
-            .render_segments(&View(self))
+            .prompt_for(round)
+            .render_segments(&View { session: self, round })
             .map_err(|u| self.unresolved(index, u.reference))
     }
 
@@ -262,12 +276,13 @@ impl Session {
         let NodeKind::Tool(tool) = &node.kind else {
             return Err(self.wrong_kind(index, "a tool"));
         };
+        let view = View { session: self, round: self.activations[index as usize].round };
         tool.inputs
             .iter()
             .map(|(k, t)| {
                 Ok((
                     k.clone(),
-                    t.render_value(&View(self))
+                    t.render_value(&view)
                         .map_err(|u| self.unresolved(index, u.reference))?,
                 ))
             })
@@ -287,10 +302,17 @@ impl Session {
                 for s in &r.sources {
                     let found = match s {
                         Source::Input(f) => self.input.contains_key(f).then_some(None),
+                        Source::Round | Source::Literal(_) => Some(None),
                         Source::Output(n) | Source::Verdict(n) => self
                             .spec
                             .node_index(n)
                             .and_then(|ni| self.latest[ni])
+                            .map(Some),
+                        Source::Previous(n) => self
+                            .spec
+                            .node_index(n)
+                            .zip(a.round.checked_sub(1))
+                            .and_then(|(ni, r)| self.activation_for(ni, r))
                             .map(Some),
                     };
                     if let Some(found) = found {
@@ -365,11 +387,14 @@ impl Session {
             })
     }
 
-    /// The final answer: the latest output of the metric node, or else of the last sink (in
-    /// topological order) that produced one.
+    /// The final answer: the latest output of the metric's (first term's) first node that has
+    /// one, or else of the last sink (in topological order) that produced one.
     pub fn final_output(&self) -> Option<&NodeOutput> {
         if let Some(m) = &self.spec.metric {
-            return self.latest_output(self.spec.node_index(&m.node)?);
+            return m
+                .answer_nodes()
+                .iter()
+                .find_map(|n| self.latest_output(self.spec.node_index(n)?));
         }
         let sinks = self.spec.sinks();
         self.spec

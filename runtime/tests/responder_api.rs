@@ -123,6 +123,7 @@ fn cases() -> Vec<Case> {
             prompt: "Merge the summaries.".into(),
             upstream: vec![("lane_a".into(), summary.clone()), ("lane_b".into(), summary)],
         },
+        Case { responder: "generic", model: "Qwen3-14B", input: Record::new(), prompt: "Plan the work.".into(), upstream: vec![] },
     ]
 }
 
@@ -138,6 +139,9 @@ fn run(case: &Case, length: LengthDist, cap: u32, seed: u64) -> Result<NodeOutpu
         length,
         max_output_tokens: cap,
         seed,
+        role: None,
+        schema: None,
+        verdict_field: None,
     })
 }
 
@@ -154,6 +158,25 @@ fn ok(r: Result<NodeOutput, ResponderError>) -> NodeOutput {
 fn every_responder_is_covered() {
     let names: Vec<&str> = cases().iter().map(|c| c.responder).collect();
     assert_eq!(names, RESPONDERS);
+}
+
+/// `input_needs` is what the loader checks before a run: each listed field is really needed
+/// (its absence is a typed error naming it), and with them all present the responder answers.
+#[test]
+fn input_needs_are_exactly_checked() {
+    for case in cases() {
+        let length = LengthDist { mean: 50.0, cv: 0.0 };
+        ok(run(&case, length, 128, 1));
+        for need in switchyard_runtime::responder::input_needs(case.responder) {
+            let mut input = case.input.clone();
+            input.remove(*need);
+            let c = Case { input, prompt: case.prompt.clone(), upstream: case.upstream.clone(), ..case };
+            match run(&c, length, 128, 1) {
+                Err(ResponderError::MissingField { field, .. }) => assert_eq!(field, *need),
+                other => panic!("{} without `{need}`: {other:?}", c.responder),
+            }
+        }
+    }
 }
 
 #[test]

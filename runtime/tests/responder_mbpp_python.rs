@@ -97,6 +97,9 @@ fn mutants(record: &Record, seeds: std::ops::Range<u64>) -> Vec<(String, String)
             length: LengthDist { mean: 400.0, cv: 0.0 },
             max_output_tokens: 1024,
             seed,
+            role: None,
+            schema: None,
+            verdict_field: None,
         };
         let out_node = respond(&req).unwrap_or_else(|e| panic!("respond: {e}"));
         if out_node.value["intended_correct"] == json!(false) {

@@ -17,7 +17,7 @@ fn dataset(rel: &str) -> String {
 }
 
 fn call(responder: &str, model: &str, input: &Record, prompt: &str, upstream: &[(&str, &NodeOutput)], length: LengthDist, seed: u64) -> NodeOutput {
-    respond(&ResponderRequest { responder, node: "n", model, input, prompt, upstream, length, max_output_tokens: 512, seed })
+    respond(&ResponderRequest { responder, node: "n", model, input, prompt, upstream, length, max_output_tokens: 512, seed, role: None, schema: None, verdict_field: None })
         .unwrap_or_else(|e| panic!("{e}"))
 }
 

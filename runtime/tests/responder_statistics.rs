@@ -31,6 +31,9 @@ fn solve(model: &str, input: &Record, seed: u64) -> NodeOutput {
         length: LengthDist { mean: 300.0, cv: 0.2 },
         max_output_tokens: 1024,
         seed,
+        role: None,
+        schema: None,
+        verdict_field: None,
     })
     .unwrap_or_else(|e| panic!("respond: {e}"))
 }
@@ -97,6 +100,9 @@ fn mbpp_generations_are_right_at_their_models_pass_rate() {
                 length: LengthDist { mean: 150.0, cv: 0.3 },
                 max_output_tokens: 512,
                 seed,
+                role: None,
+                schema: None,
+                verdict_field: None,
             })
             .unwrap_or_else(|e| panic!("respond: {e}"));
             if switchyard_runtime::responder::extract_code(&out.text) == input["code"].as_str().unwrap_or_default() {

@@ -94,12 +94,19 @@ proptest! {
                     }
                 }
             }
-            Err(WorkflowError::Invalid { file, line, column, .. }) => {
-                prop_assert_eq!(file, name);
-                prop_assert!(line >= 1 && column >= 1);
-                prop_assert!(line as usize <= text.lines().count() + 1, "line {} beyond the text", line);
+            Err(e) => {
+                // One problem or several, each located in the file.
+                let all = e.all();
+                prop_assert!(!all.is_empty());
+                for one in all {
+                    let WorkflowError::Invalid { file, line, column, .. } = one else {
+                        return Err(TestCaseError::fail(format!("unexpected error kind: {one}")));
+                    };
+                    prop_assert_eq!(file, name);
+                    prop_assert!(*line >= 1 && *column >= 1);
+                    prop_assert!(*line as usize <= text.lines().count() + 1, "line {} beyond the text", line);
+                }
             }
-            Err(e) => prop_assert!(false, "unexpected error kind: {}", e),
         }
     }
 }

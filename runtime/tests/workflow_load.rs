@@ -34,7 +34,7 @@ deployments:
 nodes:
   - id: a
     deployment: small
-    responder: gsm8k.solve
+    responder: generic
     output_tokens: {mean: 100, cv: 0.3}
     prompt: "Q: {{input.q}}"
   - id: b
@@ -111,7 +111,7 @@ fn unknown_deployment_model_responder_and_tool() {
         18,
         "deployments.small.model",
     );
-    let e = err(&BASE.replace("gsm8k.solve", "gsm8k.solver"));
+    let e = err(&BASE.replace("generic", "gsm8k.solver"));
     assert_at(&e, ErrorKind::UnknownResponder, 7, 16, "nodes.a.responder");
     assert!(e.to_string().contains("did you mean `gsm8k.solve`"), "{e}");
     let e = err(&BASE.replace("tool: python_tests", "tool: pytest"));
@@ -149,12 +149,12 @@ deployments:
 nodes:
   - id: gen
     deployment: small
-    responder: mbpp.generate
+    responder: generic
     output_tokens: {mean: 100, cv: 0.3}
     prompt: "Write {{input.q}}"
   - id: fix
     deployment: small
-    responder: mbpp.repair
+    responder: generic
     after: [gen]
     output_tokens: {mean: 100, cv: 0.3}
     prompt: "Fix {{fix | gen}}"
@@ -247,13 +247,13 @@ fn syntax_errors_and_unknown_fields() {
     assert_eq!(e.kind(), Some(ErrorKind::Syntax));
     assert_eq!(e.field(), Some("(document)"));
     let e = err(&BASE.replace(
-        "    responder: gsm8k.solve",
-        "    responder: gsm8k.solve\n    temprature: 0.7",
+        "    responder: generic",
+        "    responder: generic\n    temprature: 0.7",
     ));
     assert_at(&e, ErrorKind::UnknownField, 8, 5, "nodes.a.temprature");
     let e = err(&BASE.replace(
-        "    responder: gsm8k.solve",
-        "    responder: gsm8k.solve\n    tool: majority_vote",
+        "    responder: generic",
+        "    responder: generic\n    tool: majority_vote",
     ));
     assert_eq!(e.kind(), Some(ErrorKind::UnknownField), "{e}");
 }
@@ -266,7 +266,7 @@ fn templates_are_checked() {
     let text = BASE.replace("code: \"{{a}}\"", "code: \"{{c}}\"")
         + r#"  - id: c
     deployment: small
-    responder: gsm8k.solve
+    responder: generic
     output_tokens: {mean: 100, cv: 0.3}
     prompt: "x"
 "#;
@@ -347,7 +347,7 @@ fn metric_checks() {
     assert_at(&e, ErrorKind::BadType, 14, 34, "metric.node");
     let text = BASE.to_string() + "metric: {kind: tests_pass, node: b, reference: tests}\n";
     let spec = parse(&text).unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(spec.metric.map(|m| m.kind), Some(MetricKind::TestsPass));
+    assert_eq!(spec.metric.and_then(|m| m.terms.first().map(|t| t.kind)), Some(MetricKind::TestsPass));
 }
 
 #[test]
@@ -412,13 +412,18 @@ fn every_tool_has_its_inputs_declared() {
         );
     }
     assert_eq!(TOOL_INPUTS.len(), TOOLS.len());
-    assert_eq!(RESPONDERS.len(), 8);
+    assert_eq!(RESPONDERS.len(), 9);
 }
 
 #[test]
 fn missing_fields_point_at_their_mapping() {
-    let e = err(&BASE.replace("    responder: gsm8k.solve\n", ""));
-    assert_at(&e, ErrorKind::MissingField, 5, 5, "nodes.a.responder");
+    let e = err(&BASE.replace("    deployment: small\n", ""));
+    assert_at(&e, ErrorKind::MissingField, 5, 5, "nodes.a.deployment");
+    // A benchmark responder's input needs are checked before any session runs.
+    let e = err(&BASE.replace("responder: generic", "responder: gsm8k.solve"));
+    assert_at(&e, ErrorKind::MissingInput, 7, 5, "nodes.a.responder");
+    assert_eq!(e.all().len(), 2, "question and answer: {e}");
+    assert!(e.to_string().contains("needs input field `question`, and this workflow declares no dataset"), "{e}");
     let e = err(&BASE.replace("    tool: python_tests\n", ""));
     assert_at(&e, ErrorKind::MissingField, 10, 5, "nodes.b");
     let e = err(&BASE.replace("name: t\n", ""));

@@ -185,7 +185,7 @@ fn shapes_match_the_paper() {
         .collect();
     assert_eq!(models.len(), 5, "five heterogeneous solvers");
     assert_eq!(
-        g.metric.as_ref().map(|m| m.kind),
+        g.metric.as_ref().and_then(|m| m.terms.first()).map(|t| t.kind),
         Some(MetricKind::Gsm8kExact)
     );
 

@@ -95,7 +95,7 @@ pub fn prepare(
             };
             let upstream = session.upstream(a.index);
             let req = ResponderRequest {
-                responder: &agent.responder,
+                responder: agent.responder_for(round),
                 node: &node.id,
                 model: &info.model,
                 input: session.input(),
@@ -104,6 +104,9 @@ pub fn prepare(
                 length: agent.output_tokens,
                 max_output_tokens: agent.max_output_tokens,
                 seed: derive_seed(ctx.seed, &[&wf_name, &a.session.0.to_string(), &node.id, &round.to_string()]),
+                role: agent.role.as_deref(),
+                schema: agent.output.as_ref().map(|o| &o.schema),
+                verdict_field: agent.output.as_ref().and_then(|o| o.verdict.as_deref()),
             };
             let output = match responder::respond(&req) {
                 Ok(o) => o,
@@ -206,24 +209,38 @@ pub fn tool_trace_detail(outcome: &ToolOutcome) -> Option<String> {
     }
 }
 
-/// The session's score under its workflow's metric (GSM8K exact answer, MBPP tests pass, QMSum
-/// ROUGE-L F1), as the report counts it; `None` when the workflow has no metric.
+/// The session's score under its workflow's metric: the weighted mean of its terms (GSM8K
+/// exact answer, MBPP tests pass, QMSum ROUGE-L F1, a verdict among the passing ones), each
+/// read from the first of its nodes that has an output (0 when none has); `None` when the
+/// workflow has no metric.
 pub fn session_score(session: &Session) -> Option<f64> {
     let m = session.spec().metric.as_ref()?;
-    let reference = session
-        .input()
-        .get(&m.reference)
-        .map(|v| match v {
-            serde_json::Value::String(s) => s.clone(),
-            other => other.to_string(),
-        })
-        .unwrap_or_default();
-    Some(match (m.kind, session.final_output()) {
-        (_, None) => 0.0,
-        (MetricKind::Gsm8kExact, Some(o)) => responder::gsm8k_exact(o, &reference),
-        (MetricKind::TestsPass, Some(o)) => responder::tests_pass(o),
-        (MetricKind::RougeL, Some(o)) => responder::rouge_l_f1(&o.text, &reference),
-    })
+    let spec = session.spec();
+    let (mut sum, mut weights) = (0.0, 0.0);
+    for t in &m.terms {
+        let reference = t
+            .reference
+            .as_ref()
+            .and_then(|r| session.input().get(r))
+            .map(|v| match v {
+                serde_json::Value::String(s) => s.clone(),
+                other => other.to_string(),
+            })
+            .unwrap_or_default();
+        let output = t.nodes.iter().find_map(|n| session.latest_output(spec.node_index(n)?));
+        let score = match (t.kind, output) {
+            (_, None) => 0.0,
+            (MetricKind::Gsm8kExact, Some(o)) => responder::gsm8k_exact(o, &reference),
+            (MetricKind::TestsPass, Some(o)) => responder::tests_pass(o),
+            (MetricKind::RougeL, Some(o)) => responder::rouge_l_f1(&o.text, &reference),
+            (MetricKind::Verdict, Some(o)) => {
+                if o.verdict.as_ref().is_some_and(|v| t.pass.contains(v)) { 1.0 } else { 0.0 }
+            }
+        };
+        sum += t.weight * score;
+        weights += t.weight;
+    }
+    Some(if weights > 0.0 { sum / weights } else { 0.0 })
 }
 
 #[cfg(test)]

@@ -106,7 +106,7 @@ pub fn prompt_bound(
                         };
                         total += (n as f64 * fraction).ceil() as u64;
                     }
-                    Some(Source::Output(name)) => {
+                    Some(Source::Output(name) | Source::Previous(name)) => {
                         if let Some(j) = spec.node_index(name) {
                             if let Some(pos) = internal.iter().position(|&x| x == j) {
                                 consumed.push(pos);
@@ -116,7 +116,8 @@ pub fn prompt_bound(
                             }
                         }
                     }
-                    Some(Source::Verdict(_)) => total += 2,
+                    Some(Source::Verdict(_) | Source::Round) => total += 2,
+                    Some(Source::Literal(t)) => total += tokens::count(t) as u64,
                     None => {}
                 }
             }

@@ -172,7 +172,7 @@ pub fn build_report(input: ReportInput<'_>) -> (RunReport, (f64, f64)) {
             latency_s: Percentiles::of(&lat),
             gpu_seconds_per_session: wf_gpu[w].scaled(1.0 / n).rounded(),
             accuracy,
-            metric: wf.metric.as_ref().map(|m| format!("{:?}", m.kind)),
+            metric: wf.metric.as_ref().map(|m| m.label()),
         });
     }
     let failures: Vec<String> = runs

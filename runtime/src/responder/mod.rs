@@ -20,6 +20,7 @@
 //! caller hands it the already-mapped dataset record and the rendered prompt).
 
 mod fit;
+mod generic;
 pub mod gsm8k;
 pub mod mbpp;
 pub mod models;
@@ -40,6 +41,10 @@ pub use mbpp::extract_code;
 pub use rouge::{rouge_l, rouge_l_f1, rouge_tokens, RougeScore};
 pub use scoring::{gsm8k_exact, tests_pass};
 
+/// The responder of generic agents (any role an author declares): marked filler of the drawn
+/// length, or a JSON value drawn from the node's output schema.
+pub const GENERIC: &str = "generic";
+
 /// Names of the emulated responders a workflow node may ask for.
 pub const RESPONDERS: &[&str] = &[
     "gsm8k.solve",
@@ -50,7 +55,19 @@ pub const RESPONDERS: &[&str] = &[
     "mbpp.repair",
     "qmsum.summarize",
     "qmsum.aggregate",
+    GENERIC,
 ];
+
+/// The input fields (of the mapped dataset record) each responder needs; the workflow loader
+/// checks them before a run starts. A test checks that each responder fails without each.
+pub fn input_needs(responder: &str) -> &'static [&'static str] {
+    match responder {
+        "gsm8k.solve" | "gsm8k.refine" => &["question", "answer"],
+        "mbpp.generate" | "mbpp.diagnose" | "mbpp.review" | "mbpp.repair" => &["code"],
+        "qmsum.summarize" | "qmsum.aggregate" => &["query"],
+        _ => &[],
+    }
+}
 
 /// Everything one LLM activation's output may depend on.
 #[derive(Debug, Clone, Copy)]
@@ -73,6 +90,12 @@ pub struct ResponderRequest<'a> {
     pub max_output_tokens: u32,
     /// Seed derived by the caller from (trace seed, session, node, round).
     pub seed: u64,
+    /// The agent's declared role (generic agents).
+    pub role: Option<&'a str>,
+    /// The node's structured-output schema (generic agents).
+    pub schema: Option<&'a crate::schema::OutputSchema>,
+    /// The schema property that is the node's verdict.
+    pub verdict_field: Option<&'a str>,
 }
 
 /// Why a responder could not answer. Every variant names the node.
@@ -164,7 +187,8 @@ fn json_kind(v: &serde_json::Value) -> &'static str {
 /// fits it to the target: shorter content is extended with honest filler, longer content is
 /// truncated (which can cut off a final answer — a realistic failure).
 /// `NodeOutput::output_tokens` is the exact BPE count of the text, `verdict` is `None` and
-/// `value` carries the responder's structured result (e.g. `{"answer": "18"}` for GSM8K).
+/// `value` carries the responder's structured result (e.g. `{"answer": "18"}` for GSM8K) —
+/// except for [`GENERIC`], whose structured answers carry their `verdict` property.
 pub fn respond(req: &ResponderRequest) -> Result<NodeOutput, ResponderError> {
     if !RESPONDERS.contains(&req.responder) {
         return Err(ResponderError::UnknownResponder {
@@ -177,6 +201,11 @@ pub fn respond(req: &ResponderRequest) -> Result<NodeOutput, ResponderError> {
     }
     let mut rng = ChaCha8Rng::seed_from_u64(req.seed);
     let target = req.length.sample(&mut rng, req.max_output_tokens).min(req.max_output_tokens) as usize;
+    if req.responder == GENERIC {
+        let (text, value, verdict) = generic::respond(req, &mut rng, target)?;
+        let output_tokens = u32::try_from(crate::tokens::count(&text)).unwrap_or(u32::MAX);
+        return Ok(NodeOutput { text, verdict, value, output_tokens });
+    }
     let (text, value) = match req.responder {
         "gsm8k.solve" => gsm8k::solve(req, &mut rng, target)?,
         "gsm8k.refine" => gsm8k::refine(req, &mut rng, target)?,

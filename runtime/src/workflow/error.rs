@@ -43,6 +43,10 @@ pub enum ErrorKind {
     Template,
     /// The dataset file is missing or unreadable, or a record is not what the binding expects.
     Dataset,
+    /// A responder or tool needs an input the workflow does not provide.
+    MissingInput,
+    /// The workflow file is larger than the loader reads.
+    TooLarge,
 }
 
 impl fmt::Display for ErrorKind {
@@ -63,6 +67,8 @@ impl fmt::Display for ErrorKind {
             ErrorKind::ContextNeverFits => "context never fits",
             ErrorKind::Template => "template",
             ErrorKind::Dataset => "dataset",
+            ErrorKind::MissingInput => "missing input",
+            ErrorKind::TooLarge => "too large",
         };
         f.write_str(s)
     }
@@ -91,30 +97,63 @@ pub enum WorkflowError {
         kind: ErrorKind,
         message: String,
     },
+    /// Several independent problems, in file order; each is `Invalid` or `Read`.
+    #[error("{}", .0.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("\n"))]
+    Many(Vec<WorkflowError>),
 }
 
 impl WorkflowError {
-    /// The kind of problem (`None` for a read failure of the workflow file).
+    /// One error for a list of them: the error itself when there is one, `Many` otherwise
+    /// (nested lists flattened, sorted by position).
+    pub fn many(errors: Vec<WorkflowError>) -> WorkflowError {
+        let mut flat = Vec::new();
+        for e in errors {
+            match e {
+                WorkflowError::Many(inner) => flat.extend(inner),
+                other => flat.push(other),
+            }
+        }
+        flat.sort_by_key(|e| e.position().unwrap_or((0, 0)));
+        if flat.len() == 1 {
+            flat.pop().unwrap_or(WorkflowError::Many(Vec::new()))
+        } else {
+            WorkflowError::Many(flat)
+        }
+    }
+
+    /// Every problem: the list of a `Many`, else this one.
+    pub fn all(&self) -> Vec<&WorkflowError> {
+        match self {
+            WorkflowError::Many(list) => list.iter().collect(),
+            other => vec![other],
+        }
+    }
+
+    /// The kind of problem (`None` for a read failure of the workflow file); for several, the
+    /// first's.
     pub fn kind(&self) -> Option<ErrorKind> {
         match self {
             WorkflowError::Read { .. } => None,
             WorkflowError::Invalid { kind, .. } => Some(*kind),
+            WorkflowError::Many(list) => list.first().and_then(WorkflowError::kind),
         }
     }
 
-    /// `(line, column)` of the offending item, 1-based.
+    /// `(line, column)` of the offending item, 1-based; for several, the first's.
     pub fn position(&self) -> Option<(u64, u64)> {
         match self {
             WorkflowError::Read { .. } => None,
             WorkflowError::Invalid { line, column, .. } => Some((*line, *column)),
+            WorkflowError::Many(list) => list.first().and_then(WorkflowError::position),
         }
     }
 
-    /// The field path of the offending item.
+    /// The field path of the offending item; for several, the first's.
     pub fn field(&self) -> Option<&str> {
         match self {
             WorkflowError::Read { .. } => None,
             WorkflowError::Invalid { field, .. } => Some(field),
+            WorkflowError::Many(list) => list.first().and_then(WorkflowError::field),
         }
     }
 }

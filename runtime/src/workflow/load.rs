@@ -12,12 +12,15 @@ use switchyard_predictor::Dtype;
 
 use super::dataset::{DatasetBinding, DatasetFormat, FieldSource, JoinSpec};
 use super::error::{ErrorKind, WorkflowError};
-use super::template::{Source, Template};
+use super::template::{Segment, Source, Template, TemplateBody};
 use super::yaml::{self, Ctx, Key, MapView, Node, Pos, Value, closest, join_path};
 use super::{
-    AgentNode, Condition, DeploymentSpec, EdgeKind, LoopSpec, MetricKind, MetricSpec, NodeKind,
-    NodeSpec, RESPONDERS, TOOL_INPUTS, TOOLS, ToolNode, WorkflowSpec,
+    AgentNode, Condition, DeploymentSpec, EdgeKind, LoopSpec, MetricKind, MetricSpec, MetricTerm, NodeKind,
+    NodeSpec, RESPONDERS, RoundVariant, StructuredOutput, TOOL_INPUTS, TOOL_VERDICTS, TOOLS, ToolNode, WorkflowSpec,
+    default_output_tokens,
 };
+use crate::responder::GENERIC;
+use crate::schema::OutputSchema;
 use crate::values::LengthDist;
 
 const TOP_KEYS: &[&str] = &[
@@ -39,15 +42,20 @@ const DEPLOYMENT_KEYS: &[&str] = &[
 const AGENT_KEYS: &[&str] = &[
     "deployment",
     "responder",
+    "role",
+    "goal",
+    "instructions",
     "prompt",
+    "next_rounds",
     "max_output_tokens",
     "output_tokens",
+    "output",
 ];
 const TOOL_KEYS: &[&str] = &["tool", "inputs", "timeout_s"];
 const COMMON_NODE_KEYS: &[&str] = &["id", "description", "after", "when"];
 const LOOP_KEYS: &[&str] = &["id", "description", "body", "continue_when", "max_rounds"];
 const DATASET_KEYS: &[&str] = &["file", "format", "fields"];
-const METRIC_KEYS: &[&str] = &["kind", "node", "reference"];
+const METRIC_KEYS: &[&str] = &["kind", "node", "reference", "pass", "weight"];
 
 /// Default `gpu_memory_utilization`, vLLM's own default (`vllm serve --help`, EngineArgs).
 const DEFAULT_GPU_MEMORY_UTILIZATION: f64 = 0.9;
@@ -58,6 +66,11 @@ struct NodeLocs {
     after: Vec<Pos>,
     after_key: Option<Pos>,
     prompt: Option<Pos>,
+    /// `next_rounds:` and its prompt.
+    next_rounds: Option<Pos>,
+    next_prompt: Option<Pos>,
+    /// `when:` (its `verdict` entry).
+    when_verdict: Option<Pos>,
     inputs: BTreeMap<String, Pos>,
 }
 
@@ -70,80 +83,100 @@ pub(super) fn build(
     let doc = yaml::parse(file, text)?;
     let top = ctx.map(&doc, "", TOP_KEYS)?;
 
-    let name = ctx.ident(top.required(&ctx, "", "name")?, "name", true)?;
+    // Independent parts are checked one by one and their problems reported together; the
+    // graph checks that need every node run once the nodes are sound.
+    let mut errors: Vec<WorkflowError> = Vec::new();
+    let name = ctx
+        .ident(top.required(&ctx, "", "name")?, "name", true)
+        .map_err(|e| errors.push(e))
+        .unwrap_or_default();
     let description = top
         .get("description")
         .map(|d| ctx.string(d, "description"))
-        .transpose()?;
-    let deployments = deployments(&ctx, top.required(&ctx, "", "deployments")?)?;
+        .transpose()
+        .map_err(|e| errors.push(e))
+        .unwrap_or_default();
+    let deployments_node = top.required(&ctx, "", "deployments");
+    // Names declared, even those whose entry is wrong: a node naming one of them is not
+    // reported again as naming an unknown deployment.
+    let declared: BTreeSet<String> = match deployments_node.as_ref().map(|d| &d.value) {
+        Ok(Value::Map(entries)) => entries.iter().map(|(k, _)| k.name.clone()).collect(),
+        _ => BTreeSet::new(),
+    };
+    let deployments = deployments_node
+        .and_then(|d| deployments(&ctx, d))
+        .map_err(|e| errors.push(e))
+        .unwrap_or_default();
     let dataset = top
         .get("dataset")
         .map(|d| dataset(&ctx, d, base_dir))
-        .transpose()?;
+        .transpose()
+        .map_err(|e| errors.push(e))
+        .unwrap_or_default();
 
     // Nodes: ids first (so references can point forward), then each node.
-    let nodes_node = top.required(&ctx, "", "nodes")?;
-    let raw_nodes = ctx.seq(nodes_node, "nodes")?;
+    let nodes_node = match top.required(&ctx, "", "nodes") {
+        Ok(n) => n,
+        Err(e) => {
+            errors.push(e);
+            return Err(WorkflowError::many(errors));
+        }
+    };
+    let raw_nodes = match ctx.seq(nodes_node, "nodes") {
+        Ok(n) => n,
+        Err(e) => {
+            errors.push(e);
+            return Err(WorkflowError::many(errors));
+        }
+    };
     if raw_nodes.is_empty() {
-        return Err(ctx.err(
+        errors.push(ctx.err(
             nodes_node.pos,
             "nodes",
             ErrorKind::MissingField,
             "a workflow needs at least one node",
         ));
+        return Err(WorkflowError::many(errors));
     }
     let mut index: BTreeMap<String, usize> = BTreeMap::new();
     let mut maps = Vec::with_capacity(raw_nodes.len());
     for (i, n) in raw_nodes.iter().enumerate() {
-        // Name the node by its id in error paths as soon as it has a readable one.
-        let field = match &n.value {
-            Value::Map(entries) => match entries
-                .iter()
-                .find(|(k, _)| k.name == "id")
-                .map(|(_, v)| &v.value)
-            {
-                Some(Value::Str(id)) if yaml::is_ident(id, false) => format!("nodes.{id}"),
-                _ => format!("nodes[{i}]"),
-            },
-            _ => format!("nodes[{i}]"),
-        };
-        let mut allowed: Vec<&str> = COMMON_NODE_KEYS.to_vec();
-        allowed.extend_from_slice(AGENT_KEYS);
-        allowed.extend_from_slice(TOOL_KEYS);
-        let m = ctx.map(n, &field, &allowed)?;
-        let id_node = m.required(&ctx, &field, "id")?;
-        let id = ctx.ident(id_node, &format!("{field}.id"), false)?;
-        if id == "input" {
-            return Err(ctx.err(
-                id_node.pos,
-                &format!("{field}.id"),
-                ErrorKind::BadType,
-                "`input` is reserved for `{{input.FIELD}}`",
-            ));
+        match node_header(&ctx, i, n, &index) {
+            Ok((id, m)) => {
+                index.insert(id.clone(), maps.len());
+                maps.push((id, m));
+            }
+            Err(e) => errors.push(e),
         }
-        if let Some(&first) = index.get(&id) {
-            return Err(ctx.err(
-                id_node.pos,
-                &format!("nodes.{id}.id"),
-                ErrorKind::DuplicateId,
-                format!("duplicate node id `{id}` (first declared as node {first})"),
-            ));
-        }
-        index.insert(id.clone(), i);
-        maps.push((id, m));
+    }
+    if !errors.is_empty() && maps.len() < raw_nodes.len() {
+        // Node indices would shift: stop before cross-references are resolved.
+        return Err(WorkflowError::many(errors));
     }
     let ids: Vec<&str> = maps.iter().map(|(id, _)| id.as_str()).collect();
 
     let mut nodes = Vec::with_capacity(maps.len());
     let mut locs = Vec::with_capacity(maps.len());
     for (id, m) in &maps {
-        let (node, loc) = node(&ctx, id, m, &index, &ids, &deployments)?;
-        nodes.push(node);
-        locs.push(loc);
+        match node(&ctx, id, m, &index, &ids, &deployments, &declared) {
+            Ok((node, loc)) => {
+                nodes.push(node);
+                locs.push(loc);
+            }
+            Err(e) => errors.push(e),
+        }
+    }
+    if !errors.is_empty() {
+        return Err(WorkflowError::many(errors));
     }
 
+    let mut conditions: Vec<(String, Pos, Condition)> = nodes
+        .iter()
+        .zip(&locs)
+        .filter_map(|(n, l)| Some((format!("nodes.{}.when.verdict", n.id), l.when_verdict?, n.when.clone()?)))
+        .collect();
     let mut loops = match top.get("loops") {
-        Some(l) => loops(&ctx, l, &index, &ids, &mut nodes)?,
+        Some(l) => loops(&ctx, l, &index, &ids, &mut nodes, &mut conditions)?,
         None => Vec::new(),
     };
 
@@ -169,13 +202,21 @@ pub(super) fn build(
         }
     }
 
-    check_template_visibility(&ctx, &nodes, &locs, dataset.as_ref(), &topo)?;
-    check_context_fits(&ctx, &nodes, &locs, &deployments)?;
+    errors.extend(check_template_visibility(&ctx, &nodes, &locs, dataset.as_ref(), &topo));
+    errors.extend(check_context_fits(&ctx, &nodes, &locs, &deployments));
+    errors.extend(check_next_rounds(&ctx, &nodes, &locs));
+    errors.extend(check_verdicts(&ctx, &nodes, &conditions));
+    errors.extend(check_input_needs(&ctx, &nodes, &maps, dataset.as_ref()));
 
     let metric = top
         .get("metric")
         .map(|m| metric(&ctx, m, &index, &ids, &nodes, dataset.as_ref()))
-        .transpose()?;
+        .transpose()
+        .map_err(|e| errors.push(e))
+        .unwrap_or_default();
+    if !errors.is_empty() {
+        return Err(WorkflowError::many(errors));
+    }
 
     Ok(WorkflowSpec {
         name,
@@ -192,6 +233,50 @@ pub(super) fn build(
     })
 }
 
+/// A node's id and its mapping (keys checked), named by its id in error paths as soon as it
+/// has a readable one.
+fn node_header<'n>(
+    ctx: &Ctx<'_>,
+    i: usize,
+    n: &'n Node,
+    index: &BTreeMap<String, usize>,
+) -> Result<(String, MapView<'n>), WorkflowError> {
+    let field = match &n.value {
+        Value::Map(entries) => match entries
+            .iter()
+            .find(|(k, _)| k.name == "id")
+            .map(|(_, v)| &v.value)
+        {
+            Some(Value::Str(id)) if yaml::is_ident(id, false) => format!("nodes.{id}"),
+            _ => format!("nodes[{i}]"),
+        },
+        _ => format!("nodes[{i}]"),
+    };
+    let mut allowed: Vec<&str> = COMMON_NODE_KEYS.to_vec();
+    allowed.extend_from_slice(AGENT_KEYS);
+    allowed.extend_from_slice(TOOL_KEYS);
+    let m = ctx.map(n, &field, &allowed)?;
+    let id_node = m.required(ctx, &field, "id")?;
+    let id = ctx.ident(id_node, &format!("{field}.id"), false)?;
+    if id == "input" || id == "loop" {
+        return Err(ctx.err(
+            id_node.pos,
+            &format!("{field}.id"),
+            ErrorKind::BadType,
+            format!("`{id}` is reserved (`{{{{input.FIELD}}}}`, `{{{{loop.round}}}}`)"),
+        ));
+    }
+    if let Some(&first) = index.get(&id) {
+        return Err(ctx.err(
+            id_node.pos,
+            &format!("nodes.{id}.id"),
+            ErrorKind::DuplicateId,
+            format!("duplicate node id `{id}` (first declared as node {first})"),
+        ));
+    }
+    Ok((id, m))
+}
+
 fn deployments(
     ctx: &Ctx<'_>,
     node: &Node,
@@ -206,7 +291,23 @@ fn deployments(
         ));
     }
     let mut out = BTreeMap::new();
+    let mut errors = Vec::new();
     for (key, value) in entries {
+        match deployment(ctx, key, value) {
+            Ok(d) => {
+                out.insert(key.name.clone(), d);
+            }
+            Err(e) => errors.push(e),
+        }
+    }
+    if !errors.is_empty() {
+        return Err(WorkflowError::many(errors));
+    }
+    Ok(out)
+}
+
+fn deployment(ctx: &Ctx<'_>, key: &Key, value: &Node) -> Result<DeploymentSpec, WorkflowError> {
+    {
         let field = format!("deployments.{}", key.name);
         if !yaml::is_ident(&key.name, true) {
             return Err(ctx.err(
@@ -280,19 +381,16 @@ fn deployments(
                 f
             }
         };
-        out.insert(
-            key.name.clone(),
-            DeploymentSpec {
-                name: key.name.clone(),
-                model: arch.name.clone(),
-                dtype,
-                max_context,
-                max_output_tokens,
-                gpu_memory_utilization,
-            },
-        );
+        Ok(DeploymentSpec {
+            name: key.name.clone(),
+            model: arch.name.clone(),
+            dtype,
+            max_context,
+            max_output_tokens,
+            gpu_memory_utilization,
+            declared_at: (key.pos.line, key.pos.column),
+        })
     }
-    Ok(out)
 }
 
 fn dataset(ctx: &Ctx<'_>, node: &Node, base_dir: &Path) -> Result<DatasetBinding, WorkflowError> {
@@ -429,7 +527,7 @@ fn condition(
     field: &str,
     index: &BTreeMap<String, usize>,
     ids: &[&str],
-) -> Result<(Condition, Pos), WorkflowError> {
+) -> Result<(Condition, Pos, Pos), WorkflowError> {
     let m = ctx.map(node, field, &["node", "verdict"])?;
     let n = m.required(ctx, field, "node")?;
     let name = ctx.string(n, &format!("{field}.node"))?;
@@ -454,6 +552,7 @@ fn condition(
             verdicts,
         },
         n.pos,
+        v.pos,
     ))
 }
 
@@ -464,6 +563,7 @@ fn node(
     index: &BTreeMap<String, usize>,
     ids: &[&str],
     deployments: &BTreeMap<String, DeploymentSpec>,
+    declared: &BTreeSet<String>,
 ) -> Result<(NodeSpec, NodeLocs), WorkflowError> {
     let field = format!("nodes.{id}");
     let f = |k: &str| join_path(&field, k);
@@ -476,6 +576,9 @@ fn node(
         after: Vec::new(),
         after_key: m.key_pos("after"),
         prompt: None,
+        next_rounds: None,
+        next_prompt: None,
+        when_verdict: None,
         inputs: BTreeMap::new(),
     };
 
@@ -500,7 +603,8 @@ fn node(
     let when = match m.get("when") {
         None => None,
         Some(w) => {
-            let (c, pos) = condition(ctx, w, &f("when"), index, ids)?;
+            let (c, pos, vpos) = condition(ctx, w, &f("when"), index, ids)?;
+            loc.when_verdict = Some(vpos);
             if !after.contains(&c.node) {
                 return Err(ctx.err(
                     pos,
@@ -536,7 +640,7 @@ fn node(
                 format!("`{k}` belongs to tool nodes, and `{id}` is an agent node"),
             ));
         }
-        NodeKind::Agent(agent_node(ctx, &field, m, deployments, &mut loc)?)
+        NodeKind::Agent(agent_node(ctx, &field, m, deployments, declared, &mut loc)?)
     } else {
         return Err(ctx.err(
             m.pos,
@@ -563,12 +667,17 @@ fn agent_node(
     field: &str,
     m: &MapView<'_>,
     deployments: &BTreeMap<String, DeploymentSpec>,
+    declared: &BTreeSet<String>,
     loc: &mut NodeLocs,
 ) -> Result<AgentNode, WorkflowError> {
     let f = |k: &str| join_path(field, k);
     let dn = m.required(ctx, field, "deployment")?;
     let deployment = ctx.string(dn, &f("deployment"))?;
     let Some(dep) = deployments.get(&deployment) else {
+        if declared.contains(&deployment) {
+            // The deployment's own entry is wrong and already reported.
+            return Err(WorkflowError::Many(Vec::new()));
+        }
         let names: Vec<&str> = deployments.keys().map(String::as_str).collect();
         let hint = closest(&deployment, &names)
             .map(|c| format!(" (did you mean `{c}`?)"))
@@ -580,27 +689,47 @@ fn agent_node(
             format!("unknown deployment `{deployment}`{hint}"),
         ));
     };
-    let rn = m.required(ctx, field, "responder")?;
-    let responder = ctx.string(rn, &f("responder"))?;
-    if !RESPONDERS.contains(&responder.as_str()) {
-        let hint = closest(&responder, RESPONDERS)
-            .map(|c| format!(" (did you mean `{c}`?)"))
-            .unwrap_or_default();
-        return Err(ctx.err(
-            rn.pos,
-            &f("responder"),
-            ErrorKind::UnknownResponder,
-            format!(
-                "unknown responder `{responder}`{hint}; known: {}",
-                RESPONDERS.join(", ")
-            ),
-        ));
-    }
+    let responder = match m.get("responder") {
+        Some(rn) => responder_name(ctx, rn, &f("responder"))?,
+        None => GENERIC.to_string(),
+    };
+    let text_of = |k: &str| -> Result<Option<String>, WorkflowError> {
+        m.get(k).map(|n| ctx.string(n, &f(k))).transpose()
+    };
+    let role = text_of("role")?;
+    let goal = text_of("goal")?;
+    let instructions = text_of("instructions")?;
+    let output = match m.get("output") {
+        Some(o) => Some(structured_output(ctx, o, &f("output"))?),
+        None => None,
+    };
     let pn = m.required(ctx, field, "prompt")?;
-    let text = ctx.string(pn, &f("prompt"))?;
-    let prompt = Template::parse(&text)
-        .map_err(|e| ctx.err(pn.pos, &f("prompt"), ErrorKind::Template, e.to_string()))?;
     loc.prompt = Some(pn.pos);
+    let prompt = agent_prompt(ctx, pn, &f("prompt"), role.as_deref(), goal.as_deref(), instructions.as_deref(), output.as_ref())?;
+    let next_rounds = match m.get("next_rounds") {
+        None => None,
+        Some(v) => {
+            let vf = f("next_rounds");
+            let vm = ctx.map(v, &vf, &["prompt", "responder"])?;
+            let vp = vm.required(ctx, &vf, "prompt")?;
+            loc.next_prompt = Some(vp.pos);
+            loc.next_rounds = Some(v.pos);
+            let prompt = agent_prompt(
+                ctx,
+                vp,
+                &join_path(&vf, "prompt"),
+                role.as_deref(),
+                goal.as_deref(),
+                instructions.as_deref(),
+                output.as_ref(),
+            )?;
+            let responder = match vm.get("responder") {
+                Some(rn) => responder_name(ctx, rn, &join_path(&vf, "responder"))?,
+                None => responder.clone(),
+            };
+            Some(RoundVariant { prompt, responder })
+        }
+    };
     let max_output_tokens = match m.get("max_output_tokens") {
         None => dep.max_output_tokens,
         Some(n) => {
@@ -616,35 +745,154 @@ fn agent_node(
             v
         }
     };
-    let on = m.required(ctx, field, "output_tokens")?;
-    let om = ctx.map(on, &f("output_tokens"), &["mean", "cv"])?;
-    let mean_node = om.required(ctx, &f("output_tokens"), "mean")?;
-    let mean = ctx.f64(mean_node, &f("output_tokens.mean"))?;
-    let cv_node = om.required(ctx, &f("output_tokens"), "cv")?;
-    let cv = ctx.f64(cv_node, &f("output_tokens.cv"))?;
-    if mean < 1.0 {
-        return Err(ctx.err(
-            mean_node.pos,
-            &f("output_tokens.mean"),
-            ErrorKind::BadType,
-            format!("mean {mean} must be at least 1 token"),
-        ));
+    if let Some(o) = &output {
+        let smallest = crate::tokens::count(&o.schema.smallest().to_string()) as u32;
+        if smallest > max_output_tokens {
+            return Err(ctx.err(
+                m.key_pos("output").unwrap_or(m.pos),
+                &f("output.schema"),
+                ErrorKind::OutputLimit,
+                format!("the schema's smallest answer is {smallest} tokens, above max_output_tokens {max_output_tokens}"),
+            ));
+        }
     }
-    if cv < 0.0 {
-        return Err(ctx.err(
-            cv_node.pos,
-            &f("output_tokens.cv"),
-            ErrorKind::BadType,
-            format!("cv {cv} must not be negative"),
-        ));
-    }
+    let output_tokens = match m.get("output_tokens") {
+        None => default_output_tokens(max_output_tokens),
+        Some(on) => {
+            let om = ctx.map(on, &f("output_tokens"), &["mean", "cv"])?;
+            let mean_node = om.required(ctx, &f("output_tokens"), "mean")?;
+            let mean = ctx.f64(mean_node, &f("output_tokens.mean"))?;
+            let cv = match om.get("cv") {
+                Some(cv_node) => {
+                    let cv = ctx.f64(cv_node, &f("output_tokens.cv"))?;
+                    if cv < 0.0 {
+                        return Err(ctx.err(
+                            cv_node.pos,
+                            &f("output_tokens.cv"),
+                            ErrorKind::BadType,
+                            format!("cv {cv} must not be negative"),
+                        ));
+                    }
+                    cv
+                }
+                None => default_output_tokens(max_output_tokens).cv,
+            };
+            if mean < 1.0 {
+                return Err(ctx.err(
+                    mean_node.pos,
+                    &f("output_tokens.mean"),
+                    ErrorKind::BadType,
+                    format!("mean {mean} must be at least 1 token"),
+                ));
+            }
+            LengthDist { mean, cv }
+        }
+    };
     Ok(AgentNode {
         deployment,
+        role,
         prompt,
         max_output_tokens,
-        output_tokens: LengthDist { mean, cv },
+        output_tokens,
         responder,
+        next_rounds,
+        output,
     })
+}
+
+fn responder_name(ctx: &Ctx<'_>, rn: &Node, field: &str) -> Result<String, WorkflowError> {
+    let responder = ctx.string(rn, field)?;
+    if !RESPONDERS.contains(&responder.as_str()) {
+        let hint = closest(&responder, RESPONDERS)
+            .map(|c| format!(" (did you mean `{c}`?)"))
+            .unwrap_or_default();
+        return Err(ctx.err(
+            rn.pos,
+            field,
+            ErrorKind::UnknownResponder,
+            format!(
+                "unknown responder `{responder}`{hint}; known: {}",
+                RESPONDERS.join(", ")
+            ),
+        ));
+    }
+    Ok(responder)
+}
+
+/// `output: {schema: …, verdict: FIELD}`.
+fn structured_output(ctx: &Ctx<'_>, node: &Node, field: &str) -> Result<StructuredOutput, WorkflowError> {
+    let om = ctx.map(node, field, &["schema", "verdict"])?;
+    let sn = om.required(ctx, field, "schema")?;
+    let schema = OutputSchema::from_json(&yaml::to_json(sn)).map_err(|e| {
+        let path = if e.path.is_empty() { format!("{field}.schema") } else { format!("{field}.schema.{}", e.path) };
+        ctx.err(sn.pos, &path, ErrorKind::BadType, e.message)
+    })?;
+    let verdict = match om.get("verdict") {
+        None => None,
+        Some(vn) => {
+            let name = ctx.string(vn, &join_path(field, "verdict"))?;
+            let problem = match schema.property(&name) {
+                None => Some(format!("`{name}` is not a top-level property of the schema")),
+                Some(_) if !schema.is_required(&name) => Some(format!("`{name}` must be in the schema's `required` list (a verdict needs a value)")),
+                Some(p) if p.verdict_values().is_none() => {
+                    Some(format!("`{name}` must be a boolean or a string `enum` so that its values can be named in `when`"))
+                }
+                Some(_) => None,
+            };
+            if let Some(message) = problem {
+                return Err(ctx.err(vn.pos, &join_path(field, "verdict"), ErrorKind::BadType, message));
+            }
+            Some(name)
+        }
+    };
+    Ok(StructuredOutput { schema, verdict })
+}
+
+/// The prompt an agent sends: its role, goal and instructions, the `prompt:` template, and for
+/// a structured output the instruction to answer with JSON of its schema.
+fn agent_prompt(
+    ctx: &Ctx<'_>,
+    pn: &Node,
+    field: &str,
+    role: Option<&str>,
+    goal: Option<&str>,
+    instructions: Option<&str>,
+    output: Option<&StructuredOutput>,
+) -> Result<Template, WorkflowError> {
+    let text = ctx.string(pn, field)?;
+    let body = Template::parse(&text).map_err(|e| ctx.err(pn.pos, field, ErrorKind::Template, e.to_string()))?;
+    let mut head = String::new();
+    if let Some(r) = role {
+        head.push_str(&format!("You are {}.\n", r.trim().trim_end_matches('.')));
+    }
+    if let Some(g) = goal {
+        head.push_str(&format!("Your goal: {}\n", g.trim()));
+    }
+    if let Some(i) = instructions {
+        head.push_str(i.trim_end());
+        head.push('\n');
+    }
+    if !head.is_empty() {
+        head.push('\n');
+    }
+    let tail = output.map(|o| {
+        format!("\n\nAnswer with only a JSON value that satisfies this JSON Schema:\n{}", o.schema.to_json())
+    });
+    if head.is_empty() && tail.is_none() {
+        return Ok(body);
+    }
+    let TemplateBody::Text(segments) = body.body else {
+        return Ok(body);
+    };
+    let mut all = Vec::with_capacity(segments.len() + 2);
+    if !head.is_empty() {
+        all.push(Segment::Text(head.clone()));
+    }
+    all.extend(segments);
+    if let Some(t) = &tail {
+        all.push(Segment::Text(t.clone()));
+    }
+    Ok(Template { source: format!("{head}{text}{}", tail.unwrap_or_default()), body: TemplateBody::Text(all) })
 }
 
 fn tool_node(
@@ -729,6 +977,7 @@ fn loops(
     index: &BTreeMap<String, usize>,
     ids: &[&str],
     nodes: &mut [NodeSpec],
+    conditions: &mut Vec<(String, Pos, Condition)>,
 ) -> Result<Vec<LoopSpec>, WorkflowError> {
     let mut out: Vec<LoopSpec> = Vec::new();
     for (li, l) in ctx.seq(node, "loops")?.iter().enumerate() {
@@ -777,8 +1026,9 @@ fn loops(
         }
         body.sort_unstable();
         let cn = m.required(ctx, &field, "continue_when")?;
-        let (continue_when, cpos) =
+        let (continue_when, cpos, vpos) =
             condition(ctx, cn, &format!("{field}.continue_when"), index, ids)?;
+        conditions.push((format!("{field}.continue_when.verdict"), vpos, continue_when.clone()));
         if !body.contains(&continue_when.node) {
             return Err(ctx.err(
                 cpos,
@@ -972,14 +1222,14 @@ fn check_loops(
 
 /// Every node a template reads must be upstream of the node (or in its loop, for an earlier
 /// round's value), every reference must have at least one source that is certain to be
-/// upstream or an input, and input fields must be mapped by the dataset.
+/// upstream, an input or a literal, and input fields must be mapped by the dataset.
 fn check_template_visibility(
     ctx: &Ctx<'_>,
     nodes: &[NodeSpec],
     locs: &[NodeLocs],
     dataset: Option<&DatasetBinding>,
     topo: &[usize],
-) -> Result<(), WorkflowError> {
+) -> Vec<WorkflowError> {
     let n = nodes.len();
     // ancestors[i]: strict ancestors of i along `after`, computed in topological order.
     let mut ancestors: Vec<BTreeSet<usize>> = vec![BTreeSet::new(); n];
@@ -997,13 +1247,26 @@ fn check_template_visibility(
         .map(|(i, x)| (x.id.as_str(), i))
         .collect();
     let id_list: Vec<&str> = nodes.iter().map(|x| x.id.as_str()).collect();
+    let mut errors = Vec::new();
     for (i, node) in nodes.iter().enumerate() {
-        let templates: Vec<(String, Pos, &Template)> = match &node.kind {
-            NodeKind::Agent(a) => vec![(
-                format!("nodes.{}.prompt", node.id),
-                locs[i].prompt.unwrap_or(locs[i].pos),
-                &a.prompt,
-            )],
+        let templates: Vec<(String, Pos, &Template, bool)> = match &node.kind {
+            NodeKind::Agent(a) => {
+                let mut t = vec![(
+                    format!("nodes.{}.prompt", node.id),
+                    locs[i].prompt.unwrap_or(locs[i].pos),
+                    &a.prompt,
+                    false,
+                )];
+                if let Some(v) = &a.next_rounds {
+                    t.push((
+                        format!("nodes.{}.next_rounds.prompt", node.id),
+                        locs[i].next_prompt.unwrap_or(locs[i].pos),
+                        &v.prompt,
+                        true,
+                    ));
+                }
+                t
+            }
             NodeKind::Tool(t) => t
                 .inputs
                 .iter()
@@ -1012,13 +1275,15 @@ fn check_template_visibility(
                         format!("nodes.{}.inputs.{k}", node.id),
                         locs[i].inputs.get(k).copied().unwrap_or(locs[i].pos),
                         v,
+                        false,
                     )
                 })
                 .collect(),
         };
-        for (field, pos, t) in templates {
+        for (field, pos, t, later_round) in templates {
             for r in t.references() {
                 let mut certain = false;
+                let fail = |message: String| ctx.err(pos, &field, ErrorKind::UnknownReference, message);
                 for s in &r.sources {
                     match s {
                         Source::Input(f) => {
@@ -1030,54 +1295,57 @@ fn check_template_visibility(
                                 let hint = closest(f, &names)
                                     .map(|c| format!(" (did you mean `{c}`?)"))
                                     .unwrap_or_default();
-                                return Err(ctx.err(
-                                    pos,
-                                    &field,
-                                    ErrorKind::UnknownReference,
-                                    format!("`{{{{{}}}}}` reads input field `{f}`, which the dataset does not map{hint}", r.text),
-                                ));
+                                errors.push(fail(format!("`{{{{{}}}}}` reads input field `{f}`, which the dataset does not map{hint}", r.text)));
                             }
                             certain = true;
                         }
-                        Source::Output(name) | Source::Verdict(name) => {
+                        Source::Literal(_) => certain = true,
+                        Source::Round => {
+                            if node.loop_index.is_none() {
+                                errors.push(fail(format!("`{{{{{}}}}}`: `{}` is in no loop, so it has no round", r.text, node.id)));
+                            }
+                            certain = true;
+                        }
+                        Source::Output(name) | Source::Verdict(name) | Source::Previous(name) => {
                             let Some(&j) = ids.get(name.as_str()) else {
                                 let hint = closest(name, &id_list)
                                     .map(|c| format!(" (did you mean `{c}`?)"))
                                     .unwrap_or_default();
-                                return Err(ctx.err(
-                                    pos,
-                                    &field,
-                                    ErrorKind::UnknownReference,
-                                    format!("`{{{{{}}}}}`: unknown node `{name}`{hint}", r.text),
-                                ));
+                                errors.push(fail(format!("`{{{{{}}}}}`: unknown node `{name}`{hint}", r.text)));
+                                certain = true;
+                                continue;
                             };
-                            let upstream = ancestors[i].contains(&j);
                             let same_loop =
                                 node.loop_index.is_some() && nodes[j].loop_index == node.loop_index;
-                            if !upstream && !same_loop {
-                                return Err(ctx.err(
-                                    pos,
-                                    &field,
-                                    ErrorKind::UnknownReference,
-                                    format!("`{{{{{}}}}}` reads node `{name}`, which is not upstream of `{}` (add it to `after`, directly or through a predecessor)", r.text, node.id),
-                                ));
+                            if matches!(s, Source::Previous(_)) {
+                                if !same_loop {
+                                    errors.push(fail(format!("`{{{{{}}}}}`: `.prev` reads the previous round of a node in the same loop, and `{name}` is not in `{}`'s loop", r.text, node.id)));
+                                    certain = true;
+                                }
+                                // Round 1 has no previous round.
+                                continue;
                             }
-                            certain |= upstream;
+                            let upstream = ancestors[i].contains(&j);
+                            if !upstream && !same_loop {
+                                errors.push(fail(format!("`{{{{{}}}}}` reads node `{name}`, which is not upstream of `{}` (add it to `after`, directly or through a predecessor)", r.text, node.id)));
+                                certain = true;
+                                continue;
+                            }
+                            // In the rounds after the first, every node of the loop has run.
+                            certain |= upstream || (later_round && same_loop);
                         }
                     }
                 }
                 if !certain {
-                    return Err(ctx.err(
-                        pos,
-                        &field,
-                        ErrorKind::UnknownReference,
-                        format!("`{{{{{}}}}}` has no value in the loop's first round: add a fallback that is upstream, e.g. `{{{{{} | NODE}}}}`", r.text, r.text),
-                    ));
+                    errors.push(fail(format!(
+                        "`{{{{{}}}}}` has no value in the loop's first round: make it optional (`{{{{{}?}}}}`, or `| default: \"…\"`) or add a fallback that is upstream, e.g. `{{{{{} | NODE}}}}`",
+                        r.text, r.text, r.text
+                    )));
                 }
             }
         }
     }
-    Ok(())
+    errors
 }
 
 /// An agent whose static prompt text alone plus its output limit exceeds the deployment's
@@ -1087,7 +1355,8 @@ fn check_context_fits(
     nodes: &[NodeSpec],
     locs: &[NodeLocs],
     deployments: &BTreeMap<String, DeploymentSpec>,
-) -> Result<(), WorkflowError> {
+) -> Vec<WorkflowError> {
+    let mut errors = Vec::new();
     for (i, node) in nodes.iter().enumerate() {
         let NodeKind::Agent(a) = &node.kind else {
             continue;
@@ -1095,22 +1364,124 @@ fn check_context_fits(
         let Some(dep) = deployments.get(&a.deployment) else {
             continue;
         };
-        let static_tokens = crate::tokens::count(&a.prompt.static_text()) as u64;
-        if static_tokens + u64::from(a.max_output_tokens) > u64::from(dep.max_context) {
-            return Err(ctx.err(
-                locs[i].prompt.unwrap_or(locs[i].pos),
-                &format!("nodes.{}.prompt", node.id),
-                ErrorKind::ContextNeverFits,
-                format!(
-                    "the prompt's static text alone is {static_tokens} tokens; with max_output_tokens {} it exceeds deployment `{}`'s max_context {}",
-                    a.max_output_tokens, dep.name, dep.max_context
-                ),
-            ));
+        let prompts = std::iter::once((&a.prompt, "prompt", locs[i].prompt))
+            .chain(a.next_rounds.as_ref().map(|v| (&v.prompt, "next_rounds.prompt", locs[i].next_prompt)));
+        for (prompt, key, pos) in prompts {
+            let static_tokens = crate::tokens::count(&prompt.static_text()) as u64;
+            if static_tokens + u64::from(a.max_output_tokens) > u64::from(dep.max_context) {
+                errors.push(ctx.err(
+                    pos.unwrap_or(locs[i].pos),
+                    &format!("nodes.{}.{key}", node.id),
+                    ErrorKind::ContextNeverFits,
+                    format!(
+                        "the prompt's static text alone is {static_tokens} tokens; with max_output_tokens {} it exceeds deployment `{}`'s max_context {}",
+                        a.max_output_tokens, dep.name, dep.max_context
+                    ),
+                ));
+            }
         }
     }
-    Ok(())
+    errors
 }
 
+/// `next_rounds` only means something inside a loop.
+fn check_next_rounds(ctx: &Ctx<'_>, nodes: &[NodeSpec], locs: &[NodeLocs]) -> Vec<WorkflowError> {
+    nodes
+        .iter()
+        .zip(locs)
+        .filter(|(n, _)| n.loop_index.is_none() && matches!(&n.kind, NodeKind::Agent(a) if a.next_rounds.is_some()))
+        .map(|(n, l)| {
+            ctx.err(
+                l.next_rounds.unwrap_or(l.pos),
+                &format!("nodes.{}.next_rounds", n.id),
+                ErrorKind::BadLoop,
+                format!("`{}` is in no loop, so it has no later rounds (list it in a loop's `body`)", n.id),
+            )
+        })
+        .collect()
+}
+
+/// The verdicts a node can produce (`None` when it has none, or when they are open).
+fn verdicts_of(node: &NodeSpec) -> Result<Option<Vec<String>>, String> {
+    match &node.kind {
+        NodeKind::Tool(t) => Ok(TOOL_VERDICTS
+            .iter()
+            .find(|(name, _)| *name == t.tool)
+            .map(|(_, v)| v.iter().map(|s| s.to_string()).collect())),
+        NodeKind::Agent(a) => match a.output.as_ref().and_then(|o| Some((o, o.verdict.as_deref()?))) {
+            Some((o, field)) => Ok(o.schema.property(field).and_then(|p| p.verdict_values())),
+            None => Err(format!(
+                "agent `{}` gives no verdict: declare a structured `output` with a `verdict` property (a boolean or a string enum)",
+                node.id
+            )),
+        },
+    }
+}
+
+/// A branch or loop condition can only name verdicts its node can produce.
+fn check_verdicts(ctx: &Ctx<'_>, nodes: &[NodeSpec], conditions: &[(String, Pos, Condition)]) -> Vec<WorkflowError> {
+    let mut errors = Vec::new();
+    for (field, pos, c) in conditions {
+        let node = &nodes[c.node];
+        match verdicts_of(node) {
+            Err(message) => errors.push(ctx.err(*pos, field, ErrorKind::UnknownReference, message)),
+            Ok(Some(values)) => {
+                for v in &c.verdicts {
+                    if !values.contains(v) {
+                        errors.push(ctx.err(
+                            *pos,
+                            field,
+                            ErrorKind::UnknownReference,
+                            format!("`{}` never gives the verdict `{v}` (its verdicts: {})", node.id, values.join(", ")),
+                        ));
+                    }
+                }
+            }
+            Ok(None) => {}
+        }
+    }
+    errors
+}
+
+/// Every responder's input needs are mapped by the dataset (or, without a dataset, there are
+/// none).
+fn check_input_needs(
+    ctx: &Ctx<'_>,
+    nodes: &[NodeSpec],
+    maps: &[(String, MapView<'_>)],
+    dataset: Option<&DatasetBinding>,
+) -> Vec<WorkflowError> {
+    let mut errors = Vec::new();
+    for (node, (_, m)) in nodes.iter().zip(maps) {
+        let NodeKind::Agent(a) = &node.kind else { continue };
+        let variants = std::iter::once((a.responder.as_str(), "responder"))
+            .chain(a.next_rounds.as_ref().map(|v| (v.responder.as_str(), "next_rounds.responder")));
+        for (responder, key) in variants {
+            for need in crate::responder::input_needs(responder) {
+                let missing = match dataset {
+                    Some(d) => !d.fields.contains_key(*need),
+                    None => true,
+                };
+                if missing {
+                    let pos = m.key_pos("responder").or(m.key_pos("next_rounds")).unwrap_or(m.pos);
+                    let mapped = match dataset {
+                        Some(d) => format!("the dataset maps {}", d.fields.keys().map(|k| format!("`{k}`")).collect::<Vec<_>>().join(", ")),
+                        None => "this workflow declares no dataset".to_string(),
+                    };
+                    errors.push(ctx.err(
+                        pos,
+                        &format!("nodes.{}.{key}", node.id),
+                        ErrorKind::MissingInput,
+                        format!("responder `{responder}` needs input field `{need}`, and {mapped} (map it under `dataset.fields`, or use the `generic` responder)"),
+                    ));
+                }
+            }
+        }
+    }
+    errors
+}
+
+/// `metric:` one term (a mapping) or a weighted list of terms.
 fn metric(
     ctx: &Ctx<'_>,
     node: &Node,
@@ -1119,49 +1490,116 @@ fn metric(
     nodes: &[NodeSpec],
     dataset: Option<&DatasetBinding>,
 ) -> Result<MetricSpec, WorkflowError> {
-    let m = ctx.map(node, "metric", METRIC_KEYS)?;
-    let kn = m.required(ctx, "metric", "kind")?;
-    let kind = match ctx.string(kn, "metric.kind")?.as_str() {
+    let terms = match &node.value {
+        Value::Seq(items) => {
+            if items.is_empty() {
+                return Err(ctx.err(node.pos, "metric", ErrorKind::MissingField, "a metric list needs at least one term"));
+            }
+            let mut terms = Vec::new();
+            let mut errors = Vec::new();
+            for (i, item) in items.iter().enumerate() {
+                match metric_term(ctx, item, &format!("metric[{i}]"), index, ids, nodes, dataset) {
+                    Ok(t) => terms.push(t),
+                    Err(e) => errors.push(e),
+                }
+            }
+            if !errors.is_empty() {
+                return Err(WorkflowError::many(errors));
+            }
+            terms
+        }
+        _ => vec![metric_term(ctx, node, "metric", index, ids, nodes, dataset)?],
+    };
+    Ok(MetricSpec { terms })
+}
+
+fn metric_term(
+    ctx: &Ctx<'_>,
+    node: &Node,
+    field: &str,
+    index: &BTreeMap<String, usize>,
+    ids: &[&str],
+    nodes: &[NodeSpec],
+    dataset: Option<&DatasetBinding>,
+) -> Result<MetricTerm, WorkflowError> {
+    let f = |k: &str| join_path(field, k);
+    let m = ctx.map(node, field, METRIC_KEYS)?;
+    let kn = m.required(ctx, field, "kind")?;
+    let kind = match ctx.string(kn, &f("kind"))?.as_str() {
         "gsm8k_exact" => MetricKind::Gsm8kExact,
         "tests_pass" => MetricKind::TestsPass,
         "rouge_l" => MetricKind::RougeL,
+        "verdict" => MetricKind::Verdict,
         other => {
             return Err(ctx.err(
                 kn.pos,
-                "metric.kind",
+                &f("kind"),
                 ErrorKind::BadType,
-                format!("metric kind `{other}`: expected gsm8k_exact, tests_pass or rouge_l"),
+                format!("metric kind `{other}`: expected gsm8k_exact, tests_pass, rouge_l or verdict"),
             ));
         }
     };
-    let nn = m.required(ctx, "metric", "node")?;
-    let name = ctx.string(nn, "metric.node")?;
-    let target = resolve_id(ctx, &name, nn.pos, "metric.node", index, ids)?;
-    if kind == MetricKind::TestsPass
-        && !matches!(&nodes[target].kind, NodeKind::Tool(t) if t.tool == "python_tests")
-    {
-        return Err(ctx.err(
-            nn.pos,
-            "metric.node",
-            ErrorKind::BadType,
-            format!("tests_pass scores a `python_tests` tool node, and `{name}` is not one"),
-        ));
+    let nn = m.required(ctx, field, "node")?;
+    let mut targets = Vec::new();
+    for (name, pos) in ctx.string_list(nn, &f("node"))? {
+        let target = resolve_id(ctx, &name, pos, &f("node"), index, ids)?;
+        if kind == MetricKind::TestsPass
+            && !matches!(&nodes[target].kind, NodeKind::Tool(t) if t.tool == "python_tests")
+        {
+            return Err(ctx.err(
+                pos,
+                &f("node"),
+                ErrorKind::BadType,
+                format!("tests_pass scores a `python_tests` tool node, and `{name}` is not one"),
+            ));
+        }
+        if kind == MetricKind::Verdict
+            && let Err(message) = verdicts_of(&nodes[target])
+        {
+            return Err(ctx.err(pos, &f("node"), ErrorKind::BadType, message));
+        }
+        targets.push(name);
     }
-    let rn = m.required(ctx, "metric", "reference")?;
-    let reference = ctx.string(rn, "metric.reference")?;
-    if let Some(d) = dataset
-        && !d.fields.contains_key(&reference)
-    {
-        return Err(ctx.err(
-            rn.pos,
-            "metric.reference",
-            ErrorKind::UnknownReference,
-            format!("input field `{reference}` is not mapped by the dataset"),
-        ));
+    if targets.is_empty() {
+        return Err(ctx.err(nn.pos, &f("node"), ErrorKind::MissingField, "name at least one node"));
     }
-    Ok(MetricSpec {
-        kind,
-        node: name,
-        reference,
-    })
+    let reference = match m.get("reference") {
+        None if matches!(kind, MetricKind::Gsm8kExact | MetricKind::RougeL) => {
+            return Err(ctx.err(m.pos, &f("reference"), ErrorKind::MissingField, format!("a `{kind:?}` term compares with an input field: add `reference`")));
+        }
+        None => None,
+        Some(rn) => {
+            let reference = ctx.string(rn, &f("reference"))?;
+            if let Some(d) = dataset
+                && !d.fields.contains_key(&reference)
+            {
+                return Err(ctx.err(
+                    rn.pos,
+                    &f("reference"),
+                    ErrorKind::UnknownReference,
+                    format!("input field `{reference}` is not mapped by the dataset"),
+                ));
+            }
+            Some(reference)
+        }
+    };
+    let pass = match m.get("pass") {
+        Some(p) if kind == MetricKind::Verdict => ctx.string_list(p, &f("pass"))?.into_iter().map(|(s, _)| s).collect(),
+        Some(p) => return Err(ctx.err(p.pos, &f("pass"), ErrorKind::UnknownField, "`pass` belongs to `verdict` terms")),
+        None if kind == MetricKind::Verdict => {
+            return Err(ctx.err(m.pos, &f("pass"), ErrorKind::MissingField, "a `verdict` term needs `pass`: the verdicts that score 1"));
+        }
+        None => Vec::new(),
+    };
+    let weight = match m.get("weight") {
+        None => 1.0,
+        Some(w) => {
+            let v = ctx.f64(w, &f("weight"))?;
+            if v <= 0.0 {
+                return Err(ctx.err(w.pos, &f("weight"), ErrorKind::BadType, format!("weight {v} must be positive")));
+            }
+            v
+        }
+    };
+    Ok(MetricTerm { kind, nodes: targets, reference, pass, weight })
 }

@@ -25,6 +25,7 @@ pub use dataset::{DatasetBinding, DatasetFormat, FieldSource, JoinSpec};
 pub use error::{ErrorKind, WorkflowError};
 pub use template::{Filter, Reference, Segment, Source, Template, TemplateBody, TemplateError};
 
+use crate::schema::OutputSchema;
 use crate::values::{LengthDist, Record};
 
 /// The emulated responders a node may name: the responder module's list, the one source of truth.
@@ -38,6 +39,14 @@ pub const TOOLS: &[&str] = switchyard_tools::TOOLS;
 pub const TOOL_INPUTS: &[(&str, &[&str], &[&str])] = &[
     ("python_tests", &["code", "tests"], &["imports"]),
     ("majority_vote", &["candidates"], &["extract"]),
+];
+
+/// The verdicts each tool gives (`python_tests`: all checks pass or not; `majority_vote`:
+/// `switchyard_tools::majority_vote::VoteVerdict`), for checking branch conditions at load
+/// time (a test checks the list against the tools).
+pub const TOOL_VERDICTS: &[(&str, &[&str])] = &[
+    ("python_tests", &["pass", "fail"]),
+    ("majority_vote", &["majority", "plurality", "tie", "no_answer"]),
 ];
 
 /// A deployment: a catalogue model with one serving configuration. Nodes naming the same
@@ -54,6 +63,9 @@ pub struct DeploymentSpec {
     pub max_output_tokens: u32,
     /// vLLM `--gpu-memory-utilization` (fraction of the device's memory).
     pub gpu_memory_utilization: f64,
+    /// `(line, column)` of the deployment's key in the workflow file (for later checks'
+    /// errors, e.g. "fits no device of the pool").
+    pub declared_at: (u64, u64),
 }
 
 /// One node of the workflow template.
@@ -76,17 +88,68 @@ pub enum NodeKind {
     Tool(ToolNode),
 }
 
-/// An LLM call.
+/// An LLM call: a generic agent (a role with a goal, answered on the emulated pool by the
+/// `generic` responder) or one of the benchmark pipelines' responders.
 #[derive(Debug, Clone, PartialEq)]
 pub struct AgentNode {
     pub deployment: String,
+    /// The agent's role (`role:`), if declared; it opens the prompt.
+    pub role: Option<String>,
+    /// The full prompt template: the role / goal / instructions preamble, the `prompt:` text,
+    /// and for a structured output the instruction to answer with JSON of its schema.
     pub prompt: Template,
     /// Output limit of this node (≤ the deployment's).
     pub max_output_tokens: u32,
-    /// The documented output-length distribution of this node.
+    /// The output-length distribution of this node (declared, or [`default_output_tokens`]).
     pub output_tokens: LengthDist,
-    /// Name of the emulated responder (one of [`RESPONDERS`]).
+    /// Name of the emulated responder (one of [`RESPONDERS`]; `generic` unless declared).
     pub responder: String,
+    /// How the node runs in the rounds after the first of its loop (`next_rounds:`), e.g. a
+    /// coder that repairs instead of writing from scratch.
+    pub next_rounds: Option<RoundVariant>,
+    /// A structured answer (`output:`): JSON satisfying a schema, optionally carrying the
+    /// verdict that branch conditions test.
+    pub output: Option<StructuredOutput>,
+}
+
+impl AgentNode {
+    /// The prompt of an activation in loop round `round` (0-based).
+    pub fn prompt_for(&self, round: u32) -> &Template {
+        match &self.next_rounds {
+            Some(v) if round > 0 => &v.prompt,
+            _ => &self.prompt,
+        }
+    }
+
+    /// The responder of an activation in loop round `round` (0-based).
+    pub fn responder_for(&self, round: u32) -> &str {
+        match &self.next_rounds {
+            Some(v) if round > 0 => &v.responder,
+            _ => &self.responder,
+        }
+    }
+}
+
+/// The prompt and responder of an agent node in the rounds after the first of its loop.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RoundVariant {
+    pub prompt: Template,
+    pub responder: String,
+}
+
+/// A structured answer: the schema the answer satisfies, and the top-level property (a
+/// boolean or a string enum) whose value is the node's verdict.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StructuredOutput {
+    pub schema: OutputSchema,
+    pub verdict: Option<String>,
+}
+
+/// The output-length distribution of an agent node that declares none: a log-normal with mean
+/// `min(256, max_output_tokens / 2)` tokens and cv 0.5. A stated default, not a measurement:
+/// declare `output_tokens` from what the role really writes.
+pub fn default_output_tokens(max_output_tokens: u32) -> LengthDist {
+    LengthDist { mean: f64::from(max_output_tokens / 2).clamp(1.0, 256.0), cv: 0.5 }
 }
 
 /// A tool call.
@@ -138,7 +201,7 @@ pub enum EdgeKind {
     LoopBack { loop_index: usize },
 }
 
-/// How a finished session is scored.
+/// How one metric term scores a finished session.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MetricKind {
     /// The final answer after `####` matches the reference's.
@@ -147,15 +210,50 @@ pub enum MetricKind {
     TestsPass,
     /// ROUGE-L F1 of the node's text against the reference.
     RougeL,
+    /// The node's verdict is one of the term's `pass` verdicts (e.g. a reviewer's approval).
+    Verdict,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MetricSpec {
+/// One term of a workflow's score.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MetricTerm {
     pub kind: MetricKind,
-    /// Node whose output is the final answer.
-    pub node: String,
-    /// Input field holding the reference.
-    pub reference: String,
+    /// The nodes whose output is scored: the first of them that has one (like `{{a | b}}`).
+    pub nodes: Vec<String>,
+    /// Input field holding the reference (`gsm8k_exact`, `rouge_l`).
+    pub reference: Option<String>,
+    /// The verdicts that score 1 (`verdict` terms).
+    pub pass: Vec<String>,
+    /// Weight of the term in the workflow's score (default 1).
+    pub weight: f64,
+}
+
+/// How a finished session is scored: the weighted mean of its terms, each in [0, 1].
+#[derive(Debug, Clone, PartialEq)]
+pub struct MetricSpec {
+    pub terms: Vec<MetricTerm>,
+}
+
+impl MetricSpec {
+    /// The metric as a report names it: `TestsPass`, or `0.5 TestsPass + 0.5 Verdict`.
+    pub fn label(&self) -> String {
+        match self.terms.as_slice() {
+            [one] => format!("{:?}", one.kind),
+            terms => {
+                let total: f64 = terms.iter().map(|t| t.weight).sum();
+                terms
+                    .iter()
+                    .map(|t| format!("{} {:?}", (t.weight / total * 1000.0).round() / 1000.0, t.kind))
+                    .collect::<Vec<_>>()
+                    .join(" + ")
+            }
+        }
+    }
+
+    /// The node whose output is the session's final answer: the first term's first node.
+    pub fn answer_nodes(&self) -> &[String] {
+        self.terms.first().map(|t| t.nodes.as_slice()).unwrap_or(&[])
+    }
 }
 
 /// A loaded, validated workflow.
@@ -175,13 +273,26 @@ pub struct WorkflowSpec {
     topo: Vec<usize>,
 }
 
+/// Largest workflow file the loader reads (a workflow with long prompts is tens of KiB).
+pub const MAX_WORKFLOW_BYTES: u64 = 4 << 20;
+
 /// Read and validate a workflow file. Relative dataset paths resolve against its directory.
+/// A file over [`MAX_WORKFLOW_BYTES`] is refused before it is read.
 pub fn load_workflow(path: &Path) -> Result<WorkflowSpec, WorkflowError> {
     let file = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|source| WorkflowError::Read {
-        file: file.clone(),
-        source,
-    })?;
+    let read_err = |source| WorkflowError::Read { file: file.clone(), source };
+    let size = std::fs::metadata(path).map_err(read_err)?.len();
+    if size > MAX_WORKFLOW_BYTES {
+        return Err(WorkflowError::Invalid {
+            file: file.clone(),
+            line: 1,
+            column: 1,
+            field: "(document)".into(),
+            kind: ErrorKind::TooLarge,
+            message: format!("the file is {size} bytes; workflow files are read up to {MAX_WORKFLOW_BYTES} bytes"),
+        });
+    }
+    let text = std::fs::read_to_string(path).map_err(read_err)?;
     let base = path.parent().unwrap_or_else(|| Path::new("."));
     parse_workflow(&file, &text, base)
 }
@@ -293,7 +404,7 @@ impl WorkflowSpec {
             })
             .collect();
         if let Some(m) = &self.metric {
-            out.push(m.reference.clone());
+            out.extend(m.terms.iter().filter_map(|t| t.reference.clone()));
         }
         out.sort();
         out.dedup();
@@ -301,10 +412,11 @@ impl WorkflowSpec {
     }
 }
 
-/// The templates of a node (the prompt, or the tool inputs in name order).
+/// The templates of a node (the prompt and the later rounds' prompt, or the tool inputs in
+/// name order).
 pub fn node_templates(n: &NodeSpec) -> Vec<&Template> {
     match &n.kind {
-        NodeKind::Agent(a) => vec![&a.prompt],
+        NodeKind::Agent(a) => std::iter::once(&a.prompt).chain(a.next_rounds.as_ref().map(|v| &v.prompt)).collect(),
         NodeKind::Tool(t) => t.inputs.values().collect(),
     }
 }

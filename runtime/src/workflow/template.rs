@@ -1,5 +1,7 @@
-//! Prompt and tool-input templates: `{{input.FIELD}}`, `{{NODE}}`, `{{NODE.verdict}}`,
-//! first-available fallbacks `{{repair | generate}}` and two filters, `part I of N` and
+//! Prompt and tool-input templates: `{{input.FIELD}}`, `{{NODE}}`, `{{NODE.verdict}}`, the
+//! previous loop round's `{{NODE.prev}}`, the round number `{{loop.round}}`, first-available
+//! fallbacks `{{repair | generate}}`, optional references (`{{tester?}}`, or a literal
+//! fallback `{{tester.verdict | default: "none"}}`) and two filters, `part I of N` and
 //! `take N`. Parsing happens once at load time; rendering is a pure function of a
 //! [`Resolve`] view of the session (inputs and the latest completed outputs).
 //!
@@ -50,16 +52,24 @@ pub enum Source {
     Input(String),
     /// `NODE` or `NODE.text`: the text of the latest completed activation of NODE.
     Output(String),
-    /// `NODE.verdict`: the verdict of the latest completed activation of NODE (empty if none).
+    /// `NODE.verdict`: the verdict of the latest completed activation of NODE (empty when that
+    /// activation has no verdict).
     Verdict(String),
+    /// `NODE.prev`: the text of NODE's activation in the previous round of its loop (no value
+    /// in the first round).
+    Previous(String),
+    /// `loop.round`: the 1-based round of the rendering activation's loop.
+    Round,
+    /// `default: "TEXT"` (and the `?` suffix, for `""`): a literal, always available.
+    Literal(String),
 }
 
 impl Source {
     /// The node this source reads, if any.
     pub fn node(&self) -> Option<&str> {
         match self {
-            Source::Input(_) => None,
-            Source::Output(n) | Source::Verdict(n) => Some(n),
+            Source::Input(_) | Source::Round | Source::Literal(_) => None,
+            Source::Output(n) | Source::Verdict(n) | Source::Previous(n) => Some(n),
         }
     }
 }
@@ -94,6 +104,15 @@ pub trait Resolve {
     fn input(&self, field: &str) -> Option<&Json>;
     /// The output of the latest completed activation of `node`.
     fn output(&self, node: &str) -> Option<&NodeOutput>;
+    /// The output of `node`'s activation in the previous round of the rendering activation's
+    /// loop.
+    fn previous(&self, _node: &str) -> Option<&NodeOutput> {
+        None
+    }
+    /// The 0-based loop round of the rendering activation.
+    fn round(&self) -> Option<u32> {
+        None
+    }
 }
 
 /// A reference none of whose sources is available yet (or an input field that is absent).
@@ -226,6 +245,9 @@ impl Reference {
                 Source::Verdict(n) => r
                     .output(n)
                     .map(|o| Json::String(o.verdict.clone().unwrap_or_default())),
+                Source::Previous(n) => r.previous(n).map(|o| Json::String(o.text.clone())),
+                Source::Round => r.round().map(|k| Json::from(k + 1)),
+                Source::Literal(t) => Some(Json::String(t.clone())),
             };
             if value.is_some() {
                 break;
@@ -339,16 +361,74 @@ fn parse_segments(text: &str) -> Result<Vec<Segment>, TemplateError> {
     Ok(segs)
 }
 
+/// Split a reference's text at `|`, except inside a double-quoted literal.
+fn split_items(inner: &str) -> Result<Vec<&str>, String> {
+    let mut items = Vec::new();
+    let (mut start, mut quoted, mut escaped) = (0usize, false, false);
+    for (i, c) in inner.char_indices() {
+        match c {
+            _ if escaped => escaped = false,
+            '\\' if quoted => escaped = true,
+            '"' => quoted = !quoted,
+            '|' if !quoted => {
+                items.push(inner[start..i].trim());
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    if quoted {
+        return Err("a `\"` literal is never closed".into());
+    }
+    items.push(inner[start..].trim());
+    Ok(items)
+}
+
+/// `default: "TEXT"` (the colon is optional): the literal, with `\"` and `\\` unescaped.
+fn parse_default(item: &str) -> Option<Result<String, String>> {
+    let rest = item.strip_prefix("default")?;
+    if !rest.starts_with(|c: char| c == ':' || c.is_whitespace()) {
+        return None; // a node id such as `default` or `defaults`
+    }
+    let rest = rest.trim_start();
+    let rest = rest.strip_prefix(':').unwrap_or(rest).trim();
+    let Some(body) = rest.strip_prefix('"').and_then(|r| r.strip_suffix('"')) else {
+        return Some(Err(format!("`{item}`: expected `default: \"TEXT\"`")));
+    };
+    let mut out = String::new();
+    let mut chars = body.chars();
+    while let Some(c) = chars.next() {
+        if c == '\\' {
+            match chars.next() {
+                Some(n @ ('"' | '\\')) => out.push(n),
+                Some('n') => out.push('\n'),
+                Some(n) => return Some(Err(format!("`\\{n}` is not an escape (use \\\" \\\\ \\n)"))),
+                None => return Some(Err("a literal ends in `\\`".into())),
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    Some(Ok(out))
+}
+
 fn parse_reference(inner: &str, offset: usize) -> Result<Reference, TemplateError> {
     let text = inner.trim().to_string();
     let err = |message: String| TemplateError { offset, message };
     let mut sources = Vec::new();
     let mut filters = Vec::new();
-    for item in inner.split('|').map(str::trim) {
+    let mut closed = false;
+    for item in split_items(inner).map_err(|m| err(format!("`{{{{{text}}}}}`: {m}")))? {
         if item.is_empty() {
             return Err(err(format!("empty item in `{{{{{text}}}}}`")));
         }
-        if let Some(f) = parse_filter(item).map_err(|m| err(format!("`{{{{{text}}}}}`: {m}")))? {
+        let literal = match parse_default(item) {
+            Some(l) => Some(l.map_err(|m| err(format!("`{{{{{text}}}}}`: {m}")))?),
+            None => None,
+        };
+        if literal.is_none()
+            && let Some(f) = parse_filter(item).map_err(|m| err(format!("`{{{{{text}}}}}`: {m}")))?
+        {
             filters.push(f);
             continue;
         }
@@ -357,11 +437,29 @@ fn parse_reference(inner: &str, offset: usize) -> Result<Reference, TemplateErro
                 "`{{{{{text}}}}}`: `{item}` comes after a filter; list every source before the filters"
             )));
         }
+        if closed {
+            return Err(err(format!(
+                "`{{{{{text}}}}}`: `{item}` can never be used: the source before it always has a value (put `?` or `default` last)"
+            )));
+        }
+        if let Some(l) = literal {
+            sources.push(Source::Literal(l));
+            closed = true;
+            continue;
+        }
+        let (item, optional) = match item.strip_suffix('?') {
+            Some(i) => (i.trim_end(), true),
+            None => (item, false),
+        };
         sources.push(parse_source(item).map_err(|m| err(format!("`{{{{{text}}}}}`: {m}")))?);
+        if optional {
+            sources.push(Source::Literal(String::new()));
+            closed = true;
+        }
     }
-    if sources.is_empty() {
+    if sources.iter().all(|s| matches!(s, Source::Literal(_))) {
         return Err(err(format!(
-            "`{{{{{text}}}}}` names no source (input.FIELD, NODE or NODE.verdict)"
+            "`{{{{{text}}}}}` names no source (input.FIELD, NODE, NODE.verdict, NODE.prev or loop.round)"
         )));
     }
     Ok(Reference {
@@ -407,6 +505,12 @@ fn parse_source(item: &str) -> Result<Source, String> {
     if item == "input" {
         return Err("`input` needs a field: `input.FIELD`".into());
     }
+    if item == "loop.round" {
+        return Ok(Source::Round);
+    }
+    if item == "loop" || item.starts_with("loop.") {
+        return Err(format!("`{item}`: the loop's value is `loop.round`"));
+    }
     let (node, attr) = match item.split_once('.') {
         Some((n, a)) => (n, Some(a)),
         None => (item, None),
@@ -417,8 +521,9 @@ fn parse_source(item: &str) -> Result<Source, String> {
     match attr {
         None | Some("text") => Ok(Source::Output(node.to_string())),
         Some("verdict") => Ok(Source::Verdict(node.to_string())),
+        Some("prev") => Ok(Source::Previous(node.to_string())),
         Some(other) => Err(format!(
-            "`{node}.{other}`: a node reference reads `.text` or `.verdict`"
+            "`{node}.{other}`: a node reference reads `.text`, `.verdict` or `.prev`"
         )),
     }
 }
@@ -589,6 +694,27 @@ mod tests {
         assert_eq!(split_part("one line", 2, 2), "");
         assert_eq!(split_part("one line", 1, 2), "one line");
         assert_eq!(split_part("", 1, 1), "");
+    }
+
+    #[test]
+    fn optional_references_defaults_previous_rounds_and_round_numbers() {
+        let f = fake();
+        assert_eq!(parse("[{{repair?}}]").render_segments(&f).map(|s| s.concat()), Ok("[]".into()));
+        assert_eq!(parse("{{test.verdict?}}").render_segments(&f).map(|s| s.concat()), Ok("fail".into()));
+        let d = parse(r#"{{tester.verdict | default: "none | yet"}}"#);
+        assert_eq!(d.references()[0].sources[1], Source::Literal("none | yet".into()));
+        assert_eq!(d.render_segments(&f).map(|s| s.concat()), Ok("none | yet".into()));
+        assert_eq!(parse(r#"{{a | default "x\"y"}}"#).references()[0].sources[1], Source::Literal("x\"y".into()));
+        // A node may be called `default`; `defaults` is a node too.
+        assert_eq!(parse("{{defaults}}").references()[0].sources, vec![Source::Output("defaults".into())]);
+        assert_eq!(parse("{{coder.prev?}}").references()[0].sources[0], Source::Previous("coder".into()));
+        assert_eq!(parse("round {{loop.round}}").references()[0].sources, vec![Source::Round]);
+        // Without a session's round or previous round, they have no value.
+        assert!(parse("{{loop.round}}").render_segments(&f).is_err());
+        assert_eq!(parse("{{coder.prev?}}").render_segments(&f).map(|s| s.concat()), Ok(String::new()));
+        for bad in ["{{a? | b}}", r#"{{default: "x" | b}}"#, r#"{{a | default: x}}"#, r#"{{a | default: "x}}"#, "{{loop.x}}", r#"{{default: "x"}}"#] {
+            assert!(Template::parse(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -378,6 +378,23 @@ impl Ctx<'_> {
     }
 }
 
+/// The value as JSON (positions dropped; integers beyond `i64` become floats).
+pub fn to_json(node: &Node) -> serde_json::Value {
+    use serde_json::Value as J;
+    match &node.value {
+        Value::Null => J::Null,
+        Value::Bool(b) => J::Bool(*b),
+        Value::Int(i) => match i64::try_from(*i) {
+            Ok(x) => J::from(x),
+            Err(_) => serde_json::Number::from_f64(*i as f64).map(J::Number).unwrap_or(J::Null),
+        },
+        Value::Float(x) => serde_json::Number::from_f64(*x).map(J::Number).unwrap_or(J::Null),
+        Value::Str(s) => J::String(s.clone()),
+        Value::Seq(items) => J::Array(items.iter().map(to_json).collect()),
+        Value::Map(entries) => J::Object(entries.iter().map(|(k, v)| (k.name.clone(), to_json(v))).collect()),
+    }
+}
+
 /// A checked mapping.
 #[derive(Debug, Clone, Copy)]
 pub struct MapView<'n> {

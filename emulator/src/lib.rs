@@ -28,6 +28,6 @@ pub mod replica;
 pub use cost::{BatchShape, BatchSummary, CostModel, ModelShape, PrefillChunk, iteration_time};
 pub use error::EmulatorError;
 pub use lifecycle::{SleepLevel, load_time, sleep_time, wake_time};
-pub use memory::{MemoryPlan, ServingConfig};
+pub use memory::{MemoryPlan, MemoryRequirement, ServingConfig};
 pub use replica::{EmulatedReplica, EngineEvent, EngineRequest, ReplicaState, Telemetry};
 pub use switchyard_predictor::spec::{DeviceSpec, Dtype, ModelArch};

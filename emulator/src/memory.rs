@@ -179,9 +179,38 @@ impl MemoryPlan {
         })
     }
 
+    /// What a replica of `model` served with `config` needs on any device, by the same rule as
+    /// [`MemoryPlan::new`]: weights, engine overhead, and the KV cache of one `max_model_len`
+    /// sequence (whole blocks). A device fits when its `gpu_memory_utilization` share is at
+    /// least `total_bytes()` (and it computes in the dtype).
+    pub fn requirement(model: &ModelArch, config: &ServingConfig) -> MemoryRequirement {
+        let block = u64::from(config.block_size.max(1));
+        let blocks = u64::from(config.max_model_len).div_ceil(block);
+        MemoryRequirement {
+            weight_bytes: model.param_bytes(config.dtype),
+            overhead_bytes: CUDA_CONTEXT_BYTES + NON_TORCH_BYTES + CUDA_GRAPH_BYTES + activation_peak_bytes(model, config),
+            kv_bytes: blocks * block * model.kv_bytes_per_token(config.dtype),
+        }
+    }
+
     /// Tokens the KV cache holds.
     pub fn kv_tokens(&self, block_size: u32) -> u64 {
         u64::from(self.kv_blocks) * u64::from(block_size)
+    }
+}
+
+/// The memory a replica needs at the least (see [`MemoryPlan::requirement`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemoryRequirement {
+    pub weight_bytes: u64,
+    pub overhead_bytes: u64,
+    /// KV cache of one `max_model_len` sequence.
+    pub kv_bytes: u64,
+}
+
+impl MemoryRequirement {
+    pub fn total_bytes(&self) -> u64 {
+        self.weight_bytes + self.overhead_bytes + self.kv_bytes
     }
 }
 
@@ -202,6 +231,23 @@ fn activation_peak_bytes(model: &ModelArch, config: &ServingConfig) -> u64 {
 mod tests {
     use super::*;
     use switchyard_predictor::spec::{device, model};
+
+    /// The requirement is the plan's own rule: a device fits exactly when its share covers it.
+    #[test]
+    fn requirement_decides_like_the_plan() {
+        for m in ["Qwen3-0.6B", "Qwen3-8B", "Qwen3-14B", "Qwen3-32B"] {
+            let m = model(m).unwrap();
+            for d in ["V100-32GB", "A100-40GB", "A100-80GB", "H100-80GB"] {
+                let d = device(d).unwrap();
+                for len in [2048, 8192, 40_960] {
+                    let cfg = ServingConfig::vllm_defaults(Dtype::Fp16, len);
+                    let need = MemoryPlan::requirement(&m, &cfg).total_bytes();
+                    let budget = (cfg.gpu_memory_utilization * d.memory_bytes as f64).floor() as u64;
+                    assert_eq!(MemoryPlan::new(&d, &m, &cfg).is_ok(), need <= budget, "{} on {} at {len}", m.name, d.name);
+                }
+            }
+        }
+    }
 
     #[test]
     fn qwen3_8b_on_a100_40gb_by_hand() {

@@ -22,6 +22,7 @@ pub mod arrivals;
 pub mod graph_info;
 pub mod oracle;
 pub mod pool;
+pub mod preflight;
 pub mod record;
 pub mod setup;
 

@@ -1,0 +1,227 @@
+//! Checks before the first session starts (`switchyard validate` and `run` alike): the run's
+//! numbers are in range, and every deployment fits at least one device of the pool with its
+//! max context — decided by the engine's own start-up rule (the emulator's memory plan, as
+//! `vllm serve` sizes its KV cache), not by the planner's estimates. Every problem is reported,
+//! each naming the workflow file, line, column and field, or the flag.
+//!
+//! The workflow files themselves are checked by the loader (`workflow::load_workflow`); this
+//! module needs the pool and the run's flags as well. Pure: no I/O. It reads the emulator's
+//! memory rule (the only use of the emulator in `exec` besides the labelled `oracle`
+//! estimates), because that rule is what an engine would answer at start-up.
+
+use std::fmt;
+
+use switchyard_emulator::{MemoryPlan, ServingConfig};
+use switchyard_predictor::{Dtype, spec};
+
+use super::RunConfig;
+use super::arrivals::Arrival;
+use crate::workflow::NodeKind;
+
+/// Most sessions one run may ask for (per workflow).
+pub const MAX_SESSIONS: usize = 10_000_000;
+/// vLLM's `--max-num-batched-tokens` the emulated engines run with bounds `--max-num-seqs`.
+const MAX_NUM_BATCHED_TOKENS: u32 = 8192;
+
+const GIB: f64 = (1u64 << 30) as f64;
+
+/// Everything found wrong, in order: flags first, then workflows in the order given.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PreflightError {
+    pub problems: Vec<String>,
+}
+
+impl fmt::Display for PreflightError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.problems.join("\n"))
+    }
+}
+
+impl std::error::Error for PreflightError {}
+
+/// Which engine rule decides whether a deployment fits a device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FitRule {
+    /// The emulated (vLLM-like) engine's memory plan: the simulator and `switchyard emulate`.
+    EmulatedEngine,
+    /// Not ours to decide (a fixed OpenAI-compatible endpoint serves whatever it serves).
+    None,
+}
+
+/// Check `cfg` before any session starts.
+pub fn check(cfg: &RunConfig, rule: FitRule) -> Result<(), PreflightError> {
+    let mut problems = Vec::new();
+    if cfg.sessions == 0 || cfg.sessions > MAX_SESSIONS {
+        problems.push(format!("--sessions: {} is out of range (1 to {MAX_SESSIONS} per workflow)", cfg.sessions));
+    }
+    if cfg.max_num_seqs == 0 || cfg.max_num_seqs > MAX_NUM_BATCHED_TOKENS {
+        problems.push(format!(
+            "--max-num-seqs: {} is out of range (1 to {MAX_NUM_BATCHED_TOKENS}: vLLM requires max_num_batched_tokens {MAX_NUM_BATCHED_TOKENS} ≥ max_num_seqs)",
+            cfg.max_num_seqs
+        ));
+    }
+    if cfg.tool_workers == 0 || cfg.tool_workers > 1024 {
+        problems.push(format!("--tool-workers: {} is out of range (1 to 1024)", cfg.tool_workers));
+    }
+    if let Arrival::Poisson(r) = cfg.arrival
+        && !(r.is_finite() && r > 0.0)
+    {
+        problems.push(format!("--arrival: Poisson rate {r} must be a positive number"));
+    }
+    if cfg.pool.devices.is_empty() {
+        problems.push(format!("pool `{}`: it has no GPU", cfg.pool.name));
+    }
+    if rule == FitRule::EmulatedEngine && !cfg.pool.devices.is_empty() {
+        problems.extend(fit_problems(cfg));
+    }
+    if problems.is_empty() { Ok(()) } else { Err(PreflightError { problems }) }
+}
+
+/// Each workflow deployment that fits no device of the pool. A deployment is served as its
+/// cross-workflow identity (same model and dtype): with the largest `max_context` and
+/// `gpu_memory_utilization` any workflow asks for, as the shells load it.
+fn fit_problems(cfg: &RunConfig) -> Vec<String> {
+    let max_num_seqs = cfg.max_num_seqs.clamp(1, MAX_NUM_BATCHED_TOKENS);
+    let mut identity: std::collections::BTreeMap<(String, Dtype), (u32, f64)> = Default::default();
+    for wf in &cfg.workflows {
+        for d in wf.deployments.values() {
+            let e = identity.entry((d.model.clone(), d.dtype)).or_insert((0, 0.0));
+            e.0 = e.0.max(d.max_context);
+            e.1 = e.1.max(d.gpu_memory_utilization);
+        }
+    }
+    let mut kinds: Vec<&spec::DeviceSpec> = Vec::new();
+    for d in &cfg.pool.devices {
+        if !kinds.iter().any(|k| k.name == d.name) {
+            kinds.push(d);
+        }
+    }
+    let mut problems = Vec::new();
+    for wf in &cfg.workflows {
+        for d in wf.deployments.values() {
+            let Ok(model) = spec::model(&d.model) else { continue };
+            let (max_len, util) = identity.get(&(d.model.clone(), d.dtype)).copied().unwrap_or((d.max_context, d.gpu_memory_utilization));
+            let mut config = ServingConfig::vllm_defaults(d.dtype, max_len);
+            config.gpu_memory_utilization = util;
+            config.max_num_seqs = max_num_seqs;
+            if kinds.iter().any(|k| MemoryPlan::new(k, &model, &config).is_ok()) {
+                continue;
+            }
+            let need = MemoryPlan::requirement(&model, &config);
+            let offers = kinds
+                .iter()
+                .map(|k| {
+                    let budget = util * k.memory_bytes as f64 / GIB;
+                    if d.dtype == Dtype::Bf16 && !k.supports_bf16 {
+                        format!("{} (no bf16: use `dtype: fp16`)", k.name)
+                    } else {
+                        format!("{} {budget:.1} GiB", k.name)
+                    }
+                })
+                .collect::<Vec<_>>()
+                .join(", ");
+            let nodes: Vec<&str> = wf
+                .nodes
+                .iter()
+                .filter(|n| matches!(&n.kind, NodeKind::Agent(a) if a.deployment == d.name))
+                .map(|n| n.id.as_str())
+                .collect();
+            let used_by = if nodes.is_empty() { "no node".to_string() } else { format!("node{} {}", if nodes.len() > 1 { "s" } else { "" }, nodes.join(", ")) };
+            let context = if max_len > d.max_context {
+                format!("max_context {max_len} (the largest any workflow of this run asks of {})", d.model)
+            } else {
+                format!("max_context {max_len}")
+            };
+            problems.push(format!(
+                "{}:{}:{}: deployments.{}: {} ({}, {context}, used by {used_by}) fits no device of pool `{}`: it needs {:.1} GiB ({:.1} GiB weights + {:.1} GiB engine overhead + {:.1} GiB KV cache for one {max_len}-token sequence); at gpu_memory_utilization {util} the pool offers {offers}",
+                wf.path.display(),
+                d.declared_at.0,
+                d.declared_at.1,
+                d.name,
+                d.model,
+                match d.dtype { Dtype::Bf16 => "bf16", Dtype::Fp16 => "fp16", Dtype::Fp32 => "fp32", Dtype::Fp8 => "fp8" },
+                cfg.pool.name,
+                need.total_bytes() as f64 / GIB,
+                need.weight_bytes as f64 / GIB,
+                need.overhead_bytes as f64 / GIB,
+                need.kv_bytes as f64 / GIB,
+            ));
+        }
+    }
+    problems
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::exec::PoolSpec;
+    use crate::planner::JointOptions;
+    use crate::workflow::parse_workflow;
+
+    fn cfg(yaml: &str, pool: &[&str]) -> RunConfig {
+        let wf = parse_workflow("team.yaml", yaml, Path::new(".")).unwrap_or_else(|e| panic!("{e}"));
+        RunConfig {
+            workflows: vec![Arc::new(wf)],
+            sessions: 3,
+            arrival: Arrival::Burst,
+            seed: 1,
+            noise_seed: 0,
+            pool: PoolSpec {
+                name: "test".into(),
+                description: None,
+                devices: pool.iter().map(|d| spec::device(d).unwrap_or_else(|e| panic!("{e}"))).collect(),
+            },
+            policy: "parrot".into(),
+            options: JointOptions::default(),
+            predictor: "formula".into(),
+            tool_workers: 1,
+            max_num_seqs: 256,
+        }
+    }
+
+    const BIG: &str = "name: t
+deployments:
+  small: {model: Qwen3-4B, dtype: fp16, max_context: 8192, max_output_tokens: 256}
+  big: {model: Qwen3-14B, dtype: fp16, max_context: 8192, max_output_tokens: 256}
+nodes:
+  - {id: plan, deployment: big, prompt: plan it}
+  - {id: act, deployment: small, prompt: do it, after: plan}
+";
+
+    #[test]
+    fn a_model_that_fits_no_device_is_named_with_its_memory() {
+        let e = check(&cfg(BIG, &["V100-32GB", "V100-32GB"]), FitRule::EmulatedEngine).err();
+        let text = e.map(|e| e.to_string()).unwrap_or_default();
+        assert!(text.starts_with("team.yaml:4:3: deployments.big: Qwen3-14B (fp16, max_context 8192, used by node plan) fits no device of pool `test`"), "{text}");
+        assert!(text.contains("GiB weights") && text.contains("V100-32GB 28.8 GiB"), "{text}");
+        assert!(!text.contains("deployments.small"), "{text}");
+        assert_eq!(check(&cfg(BIG, &["V100-32GB", "A100-40GB"]), FitRule::EmulatedEngine), Ok(()));
+        assert_eq!(check(&cfg(BIG, &["V100-32GB"]), FitRule::None), Ok(()));
+    }
+
+    #[test]
+    fn every_bad_number_is_reported_at_once() {
+        let mut c = cfg(BIG, &["A100-80GB"]);
+        c.sessions = 0;
+        c.max_num_seqs = 0;
+        c.tool_workers = 0;
+        let e = check(&c, FitRule::EmulatedEngine).err().map(|e| e.problems).unwrap_or_default();
+        assert_eq!(e.len(), 3, "{e:?}");
+        assert!(e[0].starts_with("--sessions: 0") && e[1].starts_with("--max-num-seqs: 0") && e[2].starts_with("--tool-workers: 0"));
+        c.max_num_seqs = 9000;
+        c.sessions = 1;
+        c.tool_workers = 1;
+        let e = check(&c, FitRule::EmulatedEngine).err().map(|e| e.problems).unwrap_or_default();
+        assert_eq!(e.len(), 1, "{e:?}");
+    }
+
+    #[test]
+    fn bf16_on_volta_is_named() {
+        let y = BIG.replace("Qwen3-4B, dtype: fp16", "Qwen3-4B, dtype: bf16");
+        let text = check(&cfg(&y, &["V100-32GB"]), FitRule::EmulatedEngine).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(text.contains("deployments.small") && text.contains("no bf16"), "{text}");
+    }
+}

@@ -187,7 +187,8 @@ pub fn build_report(input: ReportInput<'_>) -> (RunReport, (f64, f64)) {
         let failed = mine.len() - done.len() + input.start_failures.iter().filter(|f| f.0 as usize == w).count();
         // Over every session of the workflow: a failed one (started or not) scores 0.
         let accuracy = wf.metric.as_ref().map(|_| {
-            let sum: f64 = done.iter().map(|r| r.score.unwrap_or(0.0)).sum();
+            // A fold from +0.0: `sum()` of no f64 is -0.0, which would print as `-0.0`.
+            let sum = done.iter().map(|r| r.score.unwrap_or(0.0)).fold(0.0, |a, b| a + b);
             let all = done.len() + failed;
             if all == 0 { 0.0 } else { round3(sum / all as f64) }
         });
@@ -340,6 +341,9 @@ mod tests {
         assert_eq!(r.gpu_seconds_per_session, r.gpu_seconds_total);
         let w = &r.workflows[&workflows()[0].name];
         assert_eq!(w.makespan_s, 6.0);
+        // No session completed: accuracy 0, and a plain 0 in JSON (not `-0.0`).
+        assert_eq!(w.accuracy, Some(0.0));
+        assert_eq!(serde_json::to_string(&w.accuracy).unwrap_or_default(), "0.0");
         assert!(w.gpu_seconds_total.total() > 0.0);
     }
 

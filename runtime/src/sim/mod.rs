@@ -774,3 +774,63 @@ fn blank() -> TraceLine {
         detail: None,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::exec::{Arrival, PoolSpec};
+    use crate::planner::JointOptions;
+    use crate::workflow::load_workflow;
+
+    fn gsm8k(sessions: usize, arrival: Arrival) -> RunConfig {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../workflows");
+        RunConfig {
+            workflows: vec![Arc::new(load_workflow(&root.join("gsm8k.yaml")).expect("bundled workflow"))],
+            sessions,
+            arrival,
+            seed: 1,
+            noise_seed: 0,
+            pool: PoolSpec::load(&root.join("pools/small.yaml")).expect("bundled pool"),
+            policy: "joint".into(),
+            options: JointOptions { fusion: true, prefetch: true, shared_lifecycle: true },
+            predictor: "oracle".into(),
+            tool_workers: 1,
+            max_num_seqs: 256,
+        }
+    }
+
+    #[test]
+    fn an_interrupt_fails_the_open_and_the_unarrived_sessions_and_marks_the_report() {
+        // Poisson arrivals over ~10 virtual seconds; stop at the first tick past 2 s.
+        let cfg = gsm8k(10, Arrival::Poisson(1.0));
+        let mut ticks = Vec::new();
+        let out = simulate_with(&cfg, &mut |p: &SimProgress| {
+            ticks.push(*p);
+            if p.now_s > 2.0 { Flow::Interrupt } else { Flow::Continue }
+        })
+        .expect("simulation");
+        let r = &out.report;
+        assert!(r.interrupted);
+        assert_eq!(r.sessions_total, 10);
+        assert_eq!(r.sessions_completed + r.sessions_failed, 10);
+        assert!(r.failures.iter().any(|f| f.ends_with(": interrupted")), "{:?}", r.failures);
+        assert!(r.failures.iter().any(|f| f.ends_with(": interrupted before the session arrived")), "{:?}", r.failures);
+        // Progress moved forward in events and virtual time.
+        assert!(ticks.windows(2).all(|w| w[0].events <= w[1].events && w[0].now_s <= w[1].now_s));
+        let last = ticks.last().copied().expect("a tick");
+        assert_eq!(last.sessions_total, 10);
+        // The window ends at the interrupt, not at 0: the pool's time up to there is counted.
+        assert!((r.makespan_s - round3(last.now_s - out.window.0)).abs() < 1e-9, "{} vs {:?}", r.makespan_s, out.window);
+        assert!(r.gpu_seconds_total.total() > 0.0);
+    }
+
+    #[test]
+    fn without_an_interrupt_the_report_is_not_marked() {
+        let out = simulate(&gsm8k(2, Arrival::Burst), &mut |_, _| {}).expect("simulation");
+        assert!(!out.report.interrupted);
+        assert_eq!(out.report.sessions_completed, 2);
+    }
+}

@@ -246,6 +246,8 @@ fn run(args: RunArgs) -> Result<RunEnd> {
     let total = args.sessions * cfg.workflows.len();
     let interrupt = progress::on_ctrl_c()?;
     let reporter = Arc::new(progress::Reporter::new(total, args.json));
+    reporter.update(progress::Point { done: 0, total, ..Default::default() });
+    reporter.heartbeat();
     let started = std::time::Instant::now();
     let (report, trace, timelines, window, notes) = if args.live {
         let r = Arc::clone(&reporter);

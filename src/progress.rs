@@ -1,8 +1,8 @@
 //! Progress of `switchyard run` on stderr, and Ctrl-C.
 //!
 //! On a terminal (and without `--json`) an indicatif bar; otherwise — stderr redirected to a
-//! file or a pipe, or `--json` — plain lines on stderr: one as the run starts, then at most one
-//! every [`LINE_EVERY`] of wall time, and a final line. Progress never goes to stdout, so the
+//! file or a pipe, or `--json` — plain lines on stderr: one as the run starts, then one every
+//! [`LINE_EVERY`] of wall time (at most), and a final line. Progress never goes to stdout, so the
 //! JSON report stays byte-identical for the same seed.
 //!
 //! Ctrl-C (SIGINT) sets a flag the run polls between events (the simulator) or every 50 ms
@@ -40,6 +40,7 @@ pub struct Lines {
     /// Wall time and events of the last line printed.
     last: Option<(Instant, u64)>,
     point: Point,
+    finished: bool,
 }
 
 /// The progress display of one run.
@@ -64,6 +65,7 @@ impl Reporter {
                 started: Instant::now(),
                 last: None,
                 point: Point { total, ..Point::default() },
+                finished: false,
             }))
         }
     }
@@ -75,15 +77,32 @@ impl Reporter {
             Reporter::Lines(lines) => {
                 let Ok(mut l) = lines.lock() else { return };
                 l.point = p;
-                let now = Instant::now();
-                if l.last.is_none_or(|(at, _)| now.duration_since(at) >= LINE_EVERY) {
-                    let line = l.line("", now);
-                    l.last = Some((now, p.events.unwrap_or(0)));
-                    drop(l);
-                    emit(&line);
-                }
+                l.print_if_due();
             }
         }
+    }
+
+    /// For lines: print the last known state every [`LINE_EVERY`] even when the run reports
+    /// nothing (a live run calls back only as sessions end; a long simulator tick), until
+    /// [`Reporter::finish`]. Does nothing for a bar, which ticks by itself.
+    pub fn heartbeat(self: &Arc<Self>) {
+        if matches!(**self, Reporter::Bar(_)) {
+            return;
+        }
+        let me = Arc::clone(self);
+        let spawned = std::thread::Builder::new().name("switchyard-progress".into()).spawn(move || {
+            loop {
+                std::thread::sleep(LINE_EVERY / 4);
+                let Reporter::Lines(lines) = &*me else { return };
+                let Ok(mut l) = lines.lock() else { return };
+                if l.finished {
+                    return;
+                }
+                l.print_if_due();
+            }
+        });
+        // Without the thread the lines still come with the run's own callbacks.
+        drop(spawned);
     }
 
     /// End the display: clear the bar, or print the final line (`outcome` heads it, e.g.
@@ -93,6 +112,7 @@ impl Reporter {
             Reporter::Bar(bar) => bar.finish_and_clear(),
             Reporter::Lines(lines) => {
                 let Ok(mut l) = lines.lock() else { return };
+                l.finished = true;
                 let now = Instant::now();
                 // The final rate is over the whole run.
                 l.last = Some((l.started, 0));
@@ -108,6 +128,16 @@ impl Reporter {
 }
 
 impl Lines {
+    /// Print a line if none was printed in the last [`LINE_EVERY`] (or ever).
+    fn print_if_due(&mut self) {
+        let now = Instant::now();
+        if self.last.is_none_or(|(at, _)| now.duration_since(at) >= LINE_EVERY) {
+            let line = self.line("", now);
+            self.last = Some((now, self.point.events.unwrap_or(0)));
+            emit(&line);
+        }
+    }
+
     fn line(&self, head: &str, now: Instant) -> String {
         let p = self.point;
         let wall = now.duration_since(self.started).as_secs_f64();

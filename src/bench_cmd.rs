@@ -32,9 +32,9 @@ pub struct BenchArgs {
     /// Repetitions per configuration (engine-noise seeds 0..R); the report gives means.
     #[arg(long, default_value_t = 5)]
     pub repetitions: u64,
-    /// Pool file.
-    #[arg(long, default_value = "workflows/pools/paper.yaml")]
-    pub pool: PathBuf,
+    /// Pool file (as given); default `workflows/pools/paper.yaml`, looked up as for `run`.
+    #[arg(long)]
+    pub pool: Option<PathBuf>,
     /// One repetition, burst arrivals only (a smoke run).
     #[arg(long)]
     pub quick: bool,
@@ -68,7 +68,8 @@ fn load_workflows(paths: &[PathBuf]) -> Result<Vec<Arc<WorkflowSpec>>> {
 /// Run `switchyard bench`.
 pub fn run(args: BenchArgs) -> Result<()> {
     let workflows = load_workflows(&args.workflows)?;
-    let pool = PoolSpec::load(&args.pool).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let pool_path = crate::pool_path::resolve(args.pool.as_deref(), args.workflows.first().map(PathBuf::as_path))?;
+    let pool = PoolSpec::load(&pool_path).map_err(|e| anyhow::anyhow!("{e}"))?;
     let mut cfg = BenchConfig::paper(workflows, pool);
     cfg.sessions = args.sessions;
     cfg.repetitions = args.repetitions;

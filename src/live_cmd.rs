@@ -8,6 +8,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow};
@@ -36,7 +37,21 @@ pub fn pool_spec(path: &Path) -> Result<PoolSpec> {
 
 /// Run `run` (whose pool is replaced by the live pool file's) on the live runtime.
 /// `progress(ended, total)` is called as sessions end.
-pub fn run_live(mut run: RunConfig, pool_path: &Path, options: &LiveOptions, progress: Option<Progress>) -> Result<LiveOutput> {
+#[allow(dead_code)] // used by tests/live_e2e.rs, which includes this file
+pub fn run_live(run: RunConfig, pool_path: &Path, options: &LiveOptions, progress: Option<Progress>) -> Result<LiveOutput> {
+    run_live_interruptible(run, pool_path, options, progress, None)
+}
+
+/// [`run_live`] that stops when `interrupt` is set (Ctrl-C): what is open fails as
+/// `interrupted`, as at a deadline, and the report says `interrupted: true`.
+#[allow(dead_code)] // tests/live_e2e.rs includes this file and calls only `run_live`
+pub fn run_live_interruptible(
+    mut run: RunConfig,
+    pool_path: &Path,
+    options: &LiveOptions,
+    progress: Option<Progress>,
+    interrupt: Option<Arc<AtomicBool>>,
+) -> Result<LiveOutput> {
     let pool: LivePoolSpec<EngineSpec> = LivePoolSpec::load(pool_path).map_err(|e| anyhow!("{e}"))?;
     let exe = match &options.switchyard_exe {
         Some(p) => p.clone(),
@@ -48,6 +63,7 @@ pub fn run_live(mut run: RunConfig, pool_path: &Path, options: &LiveOptions, pro
     let mut cfg = LiveConfig::new(run);
     cfg.speed = speed;
     cfg.stream = options.stream;
+    cfg.interrupt = interrupt;
     if let Some(s) = options.deadline_s {
         let d = Duration::try_from_secs_f64(s).map_err(|_| anyhow!("--deadline: {s} is not a number of seconds"))?;
         cfg.deadline = Some(d);

@@ -5,20 +5,22 @@ mod bench_cmd;
 mod emulate_cmd;
 mod emulator_fidelity;
 mod live_cmd;
+mod pool_path;
+mod progress;
 
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand};
 use comfy_table::{Table, presets::UTF8_FULL_CONDENSED};
-use indicatif::{ProgressBar, ProgressStyle};
 use switchyard_runtime::exec::{self, Arrival, PoolSpec, RunConfig};
 use switchyard_runtime::planner::{JointOptions, POLICIES};
 use switchyard_runtime::report::{RunReport, timeline};
-use switchyard_runtime::sim;
+use switchyard_runtime::sim::{self, Flow};
 use switchyard_runtime::workflow::{WorkflowSpec, load_workflow};
 
 #[derive(Parser)]
@@ -79,9 +81,14 @@ struct RunArgs {
     /// Seed of the engines' timing noise (repetitions vary it).
     #[arg(long, default_value_t = 0)]
     noise_seed: u64,
-    /// Pool file.
-    #[arg(long, default_value = "workflows/pools/paper.yaml")]
-    pool: PathBuf,
+    /// Pool file (relative paths are taken as given). Default: `workflows/pools/paper.yaml`,
+    /// looked up in the current directory, then as `pools/paper.yaml` next to the first
+    /// workflow file, then under the repository root above that workflow file.
+    #[arg(long)]
+    pool: Option<PathBuf>,
+    /// Exit 0 even when sessions failed (the report still counts them).
+    #[arg(long)]
+    allow_failures: bool,
     /// Scheduling policy.
     #[arg(long, default_value = "joint", value_parser = clap::builder::PossibleValuesParser::new(POLICIES))]
     policy: String,
@@ -98,7 +105,7 @@ struct RunArgs {
     /// (the emulator's own costs; reference only).
     #[arg(long, default_value = "graph")]
     predictor: String,
-    /// Print one JSON object instead of tables.
+    /// Print one JSON object instead of tables (progress lines still go to stderr).
     #[arg(long)]
     json: bool,
     /// Write every simulator event as JSON lines.
@@ -122,17 +129,40 @@ struct RunArgs {
     deadline: Option<f64>,
 }
 
+/// Exit status of a run that completed with failed sessions (without `--allow-failures`);
+/// 1 is an error that stopped the command, 2 a usage error (clap), 130 Ctrl-C.
+const EXIT_SESSIONS_FAILED: u8 = 3;
+
+/// How a `run` ended, when it produced a report.
+enum RunEnd {
+    /// Every session completed, or `--allow-failures`.
+    Ok,
+    /// This many sessions failed.
+    SessionsFailed(usize),
+    /// Ctrl-C: the report is partial.
+    Interrupted,
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Run(args) => run(args),
-        Command::Validate { workflows } => validate(&workflows),
-        Command::Predictor(PredictorCommand::Eval { train, test, json }) => predictor_eval(train, test, json),
-        Command::Bench(args) => bench_cmd::run(args),
-        Command::Emulate(args) => emulate_cmd::run(args),
+        Command::Validate { workflows } => validate(&workflows).map(|()| RunEnd::Ok),
+        Command::Predictor(PredictorCommand::Eval { train, test, json }) => {
+            predictor_eval(train, test, json).map(|()| RunEnd::Ok)
+        }
+        Command::Bench(args) => bench_cmd::run(args).map(|()| RunEnd::Ok),
+        Command::Emulate(args) => emulate_cmd::run(args).map(|()| RunEnd::Ok),
     };
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(RunEnd::Ok) => ExitCode::SUCCESS,
+        Ok(RunEnd::SessionsFailed(n)) => {
+            eprintln!(
+                "error: {n} session(s) failed (see `failures` in the report); pass --allow-failures to exit 0 anyway"
+            );
+            ExitCode::from(EXIT_SESSIONS_FAILED)
+        }
+        Ok(RunEnd::Interrupted) => ExitCode::from(progress::EXIT_INTERRUPTED),
         Err(e) => {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE
@@ -182,7 +212,7 @@ fn predictor_eval(train: Option<PathBuf>, test: Option<PathBuf>, json: bool) -> 
     Ok(())
 }
 
-fn run(args: RunArgs) -> Result<()> {
+fn run(args: RunArgs) -> Result<RunEnd> {
     let workflows = load_all(&args.workflows)?;
     // Remove what a killed earlier run's tool sandboxes left on this machine (only work
     // directories carrying Switchyard's marker whose owning process is gone).
@@ -190,10 +220,11 @@ fn run(args: RunArgs) -> Result<()> {
     for (path, error) in &swept.failed {
         eprintln!("note: cannot remove the stale tool work directory {}: {error}", path.display());
     }
+    let pool_path = pool_path::resolve(args.pool.as_deref(), args.workflows.first().map(PathBuf::as_path))?;
     let pool = if args.live {
-        live_cmd::pool_spec(&args.pool)?
+        live_cmd::pool_spec(&pool_path)?
     } else {
-        PoolSpec::load(&args.pool).map_err(|e| anyhow::anyhow!("{e}"))?
+        PoolSpec::load(&pool_path).map_err(|e| anyhow::anyhow!("{e}"))?
     };
     let cfg = RunConfig {
         workflows,
@@ -213,25 +244,33 @@ fn run(args: RunArgs) -> Result<()> {
         max_num_seqs: args.max_num_seqs,
     };
     let total = args.sessions * cfg.workflows.len();
-    let bar = if args.json { ProgressBar::hidden() } else { ProgressBar::new(total as u64) };
-    bar.set_style(
-        ProgressStyle::with_template("{spinner} sessions {pos}/{len} [{bar:30}] {elapsed}")
-            .unwrap_or_else(|_| ProgressStyle::default_bar())
-            .progress_chars("=> "),
-    );
+    let interrupt = progress::on_ctrl_c()?;
+    let reporter = Arc::new(progress::Reporter::new(total, args.json));
+    reporter.update(progress::Point { done: 0, total, ..Default::default() });
+    reporter.heartbeat();
     let started = std::time::Instant::now();
     let (report, trace, timelines, window, notes) = if args.live {
-        let b = bar.clone();
-        let progress: switchyard_runtime::live::Progress = Arc::new(move |done, _| b.set_position(done as u64));
+        let r = Arc::clone(&reporter);
+        let progress: switchyard_runtime::live::Progress =
+            Arc::new(move |done, total| r.update(progress::Point { done, total, ..Default::default() }));
         let options = live_cmd::LiveOptions { deadline_s: args.deadline, stream: false, switchyard_exe: None };
-        let out = live_cmd::run_live(cfg, &args.pool, &options, Some(progress))?;
+        let out = live_cmd::run_live_interruptible(cfg, &pool_path, &options, Some(progress), Some(Arc::clone(&interrupt)))?;
         (out.report, Vec::new(), out.timelines, out.window, out.notes)
     } else {
-        let out = sim::simulate(&cfg, &mut |done, _| bar.set_position(done as u64))
-            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        let out = sim::simulate_with(&cfg, &mut |p| {
+            reporter.update(progress::Point {
+                done: p.sessions_done,
+                total: p.sessions_total,
+                virtual_s: Some(p.now_s),
+                events: Some(p.events),
+            });
+            if interrupt.load(Ordering::SeqCst) { Flow::Interrupt } else { Flow::Continue }
+        })
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
         (out.report, out.trace, out.timelines, out.window, out.notes)
     };
-    bar.finish_and_clear();
+    let outcome = if report.interrupted { "interrupted" } else { "done" };
+    reporter.finish(outcome, report.sessions_failed);
     let wall = started.elapsed().as_secs_f64();
     struct Out {
         report: RunReport,
@@ -269,7 +308,18 @@ fn run(args: RunArgs) -> Result<()> {
     } else {
         print_tables(&out.report, wall);
     }
-    Ok(())
+    let r = &out.report;
+    if r.interrupted {
+        eprintln!(
+            "interrupted: partial report; {} of {} sessions completed, {} counted as failed (open ones as `interrupted`)",
+            r.sessions_completed, r.sessions_total, r.sessions_failed
+        );
+        return Ok(RunEnd::Interrupted);
+    }
+    if r.sessions_failed > 0 && !args.allow_failures {
+        return Ok(RunEnd::SessionsFailed(r.sessions_failed));
+    }
+    Ok(RunEnd::Ok)
 }
 
 fn print_tables(r: &RunReport, wall: f64) {
@@ -298,7 +348,9 @@ fn print_tables(r: &RunReport, wall: f64) {
             format!("{:.1}", lat.p50),
             format!("{:.1}", lat.p95),
             format!("{:.1}", lat.p99),
-            format!("{:.1}", g.total()),
+            // Per completed session: with none completed there is no such figure (the pool's
+            // GPU time is on the line below the table).
+            if done == 0 { "-".to_string() } else { format!("{:.1}", g.total()) },
             format!("{:.1}", g.generation),
             format!("{:.1}", g.idle_resident),
             format!("{:.1}", g.loading),
@@ -327,11 +379,22 @@ fn print_tables(r: &RunReport, wall: f64) {
         None,
     ));
     println!("{t}");
+    let g = &r.gpu_seconds_total;
+    println!(
+        "GPU time of the pool over the makespan: {:.1} GPU-s (generation {:.1}, idle resident {:.1}, loading {:.1}, other {:.1}); the gen/idle/load/other columns are per completed session",
+        g.total(), g.generation, g.idle_resident, g.loading, g.other
+    );
     println!(
         "loads {} · evictions {} · LLM calls {} · tool calls {} · prompt tokens {} ({} from prefix cache) · generated tokens {} · preemptions {}",
         r.loads, r.evictions, r.llm_calls, r.tool_calls, r.prompt_tokens, r.cached_prompt_tokens, r.generated_tokens, r.preemptions
     );
     for f in &r.failures {
         println!("failed: {f}");
+    }
+    if r.sessions_failed > r.failures.len() {
+        println!("… and {} more failed sessions", r.sessions_failed - r.failures.len());
+    }
+    if r.interrupted {
+        println!("interrupted: this is a partial report");
     }
 }

@@ -43,7 +43,7 @@ pub use activation::{
 };
 pub use arrivals::{Arrival, TraceEntry};
 pub use pool::{PoolError, PoolSpec};
-pub use record::{Counters, ReportInput, SessionRecord, TokenWork, build_report};
+pub use record::{Counters, INTERRUPTED, ReportInput, SessionRecord, TokenWork, build_report};
 pub use setup::{DeploymentMap, build_planner, deployment_table, load_records, node_infos};
 
 /// Prefix-cache block size (vLLM's default `--block-size`).

@@ -27,6 +27,46 @@ pub enum PoolError {
     Device { path: PathBuf, index: usize, message: String },
     #[error("{path}: devices: the pool has no GPU")]
     Empty { path: PathBuf },
+    #[error("{path}: the pool file is {size} bytes, more than the limit of {limit} bytes (1 MiB); is this the right file?")]
+    TooLarge { path: PathBuf, size: u64, limit: u64 },
+}
+
+/// Largest pool file read (a pool file is a few lines; this bounds what a wrong path costs).
+pub const MAX_POOL_FILE_BYTES: u64 = 1 << 20;
+
+/// Read a pool file (the simulator's or the live one) after checking its size against
+/// [`MAX_POOL_FILE_BYTES`]; the read itself is bounded too, in case the file grows meanwhile.
+pub fn read_pool_file(path: &Path) -> Result<String, PoolError> {
+    read_bounded(path, MAX_POOL_FILE_BYTES)
+        .map_err(|e| match e {
+            Bounded::Io(source) => PoolError::Read { path: path.to_path_buf(), source },
+            Bounded::TooLarge(size) => PoolError::TooLarge { path: path.to_path_buf(), size, limit: MAX_POOL_FILE_BYTES },
+        })
+}
+
+/// Why [`read_bounded`] returned no text.
+#[derive(Debug)]
+pub enum Bounded {
+    Io(std::io::Error),
+    /// The file's size in bytes (at least the size seen when the read passed the limit).
+    TooLarge(u64),
+}
+
+/// Read a UTF-8 text file of at most `limit` bytes: its size is checked before reading, and at
+/// most `limit + 1` bytes are read.
+pub fn read_bounded(path: &Path, limit: u64) -> Result<String, Bounded> {
+    use std::io::Read;
+    let file = std::fs::File::open(path).map_err(Bounded::Io)?;
+    let size = file.metadata().map_err(Bounded::Io)?.len();
+    if size > limit {
+        return Err(Bounded::TooLarge(size));
+    }
+    let mut text = String::new();
+    let read = file.take(limit + 1).read_to_string(&mut text).map_err(Bounded::Io)?;
+    if read as u64 > limit {
+        return Err(Bounded::TooLarge(read as u64));
+    }
+    Ok(text)
 }
 
 #[derive(Debug, Deserialize)]
@@ -61,8 +101,7 @@ pub struct PoolSpec {
 impl PoolSpec {
     /// Read and validate a pool file.
     pub fn load(path: &Path) -> Result<Self, PoolError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|source| PoolError::Read { path: path.to_path_buf(), source })?;
+        let text = read_pool_file(path)?;
         Self::parse(path, &text)
     }
 
@@ -116,5 +155,18 @@ mod tests {
             .to_string();
         assert!(e.starts_with("p.yaml:3:"), "{e}");
         assert!(PoolSpec::parse(Path::new("p.yaml"), "name: t\ndevices: []\n").is_err());
+    }
+
+    #[test]
+    fn a_pool_file_over_the_limit_is_refused_before_it_is_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("huge.yaml");
+        // Sparse: the size is checked, the bytes are never read.
+        std::fs::File::create(&path).unwrap().set_len(MAX_POOL_FILE_BYTES + 1).unwrap();
+        let e = PoolSpec::load(&path).unwrap_err().to_string();
+        assert!(e.contains("huge.yaml") && e.contains(&(MAX_POOL_FILE_BYTES + 1).to_string()) && e.contains("1 MiB"), "{e}");
+        let small = dir.path().join("ok.yaml");
+        std::fs::write(&small, "name: t\ndevices:\n  - { kind: A40 }\n").unwrap();
+        assert_eq!(PoolSpec::load(&small).unwrap().devices.len(), 1);
     }
 }

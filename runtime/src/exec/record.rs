@@ -27,6 +27,9 @@ pub struct SessionRecord {
     pub arrived: f64,
     pub finished: Option<f64>,
     pub failed: Option<String>,
+    /// When the session failed (with `failed`); the report's window and makespans cover failed
+    /// sessions' ends as well as completions.
+    pub failed_at: Option<f64>,
     /// [`session_score`](super::session_score) at completion (`None` without a metric or when it
     /// did not complete).
     pub score: Option<f64>,
@@ -88,15 +91,37 @@ pub struct ReportInput<'a> {
     pub counters: Counters,
     pub loads: u64,
     pub evictions: u64,
+    /// The run was stopped early (Ctrl-C); the sessions still open were failed as `interrupted`.
+    pub interrupted: bool,
+}
+
+/// Reason of a session that was still open (or had not arrived yet) when the run was
+/// interrupted.
+pub const INTERRUPTED: &str = "interrupted";
+
+impl SessionRecord {
+    /// When the session ended: its completion or its failure (`None` while it is open).
+    pub fn ended(&self) -> Option<f64> {
+        self.finished.or(self.failed_at)
+    }
 }
 
 /// Build the run report from what a shell recorded (both shells call this); returns it with its
-/// window (first arrival, last completion).
+/// window (first arrival, last end of a session — completed or failed).
+///
+/// - The makespans (run and per workflow) run from the first arrival to the last session that
+///   *ended*, completed or failed, so a run whose sessions fail still reports the time it took;
+///   the pool's GPU time is partitioned over that window (`gpu_seconds_total`), whether or not
+///   any session completed.
+/// - `gpu_seconds_per_session` divides by the *completed* sessions (the cost of a useful
+///   result, failures' GPU time included); with no completed session it divides by 1, i.e. it
+///   equals the total (never 0 while the pool was busy). The CLI shows `-` there.
+/// - Accuracy is over all the workflow's sessions: a failed session scores 0.
 pub fn build_report(input: ReportInput<'_>) -> (RunReport, (f64, f64)) {
     let runs = input.sessions;
     let t0 = runs.iter().map(|r| r.arrived).fold(f64::INFINITY, f64::min);
     let t0 = if t0.is_finite() { t0 } else { 0.0 };
-    let t1 = runs.iter().filter_map(|r| r.finished).fold(t0, f64::max);
+    let t1 = runs.iter().filter_map(SessionRecord::ended).fold(t0, f64::max);
     for &(device, deployment, since) in input.open_resident {
         if let Some(tl) = input.timelines.get_mut(device as usize) {
             tl.segments.push(Segment {
@@ -158,19 +183,23 @@ pub fn build_report(input: ReportInput<'_>) -> (RunReport, (f64, f64)) {
         let done: Vec<&&SessionRecord> = mine.iter().filter(|r| r.finished.is_some()).collect();
         let lat: Vec<f64> = done.iter().filter_map(|r| r.finished.map(|f| f - r.arrived)).collect();
         let first = mine.iter().map(|r| r.arrived).fold(f64::INFINITY, f64::min);
-        let last = done.iter().filter_map(|r| r.finished).fold(f64::NEG_INFINITY, f64::max);
+        let last = mine.iter().filter_map(|r| r.ended()).fold(f64::NEG_INFINITY, f64::max);
+        let failed = mine.len() - done.len() + input.start_failures.iter().filter(|f| f.0 as usize == w).count();
+        // Over every session of the workflow: a failed one (started or not) scores 0.
         let accuracy = wf.metric.as_ref().map(|_| {
-            let scores: Vec<f64> = done.iter().map(|r| r.score.unwrap_or(0.0)).collect();
-            if scores.is_empty() { 0.0 } else { round3(scores.iter().sum::<f64>() / scores.len() as f64) }
+            // A fold from +0.0: `sum()` of no f64 is -0.0, which would print as `-0.0`.
+            let sum = done.iter().map(|r| r.score.unwrap_or(0.0)).fold(0.0, |a, b| a + b);
+            let all = done.len() + failed;
+            if all == 0 { 0.0 } else { round3(sum / all as f64) }
         });
         let n = done.len().max(1) as f64;
         workflows.insert(wf.name.clone(), WorkflowReport {
             sessions_completed: done.len(),
-            sessions_failed: mine.len() - done.len()
-                + input.start_failures.iter().filter(|f| f.0 as usize == w).count(),
-            makespan_s: if last.is_finite() && first.is_finite() { round3(last - first) } else { 0.0 },
+            sessions_failed: failed,
+            makespan_s: if last.is_finite() && first.is_finite() { round3((last - first).max(0.0)) } else { 0.0 },
             latency_s: Percentiles::of(&lat),
             gpu_seconds_per_session: wf_gpu[w].scaled(1.0 / n).rounded(),
+            gpu_seconds_total: wf_gpu[w].rounded(),
             accuracy,
             metric: wf.metric.as_ref().map(|m| m.label()),
         });
@@ -207,6 +236,7 @@ pub fn build_report(input: ReportInput<'_>) -> (RunReport, (f64, f64)) {
         preemptions: c.preemptions,
         workflows,
         failures,
+        interrupted: input.interrupted,
         tools: ToolReport::collect(runs.iter().map(|r| (r.session.0, &r.tools))),
     };
     (report, (t0, t1))
@@ -221,9 +251,9 @@ mod tests {
     fn report_counts_and_accuracy_follow_the_records() {
         let wfs = workflows();
         let sessions = vec![
-            SessionRecord { session: SessionId(0), workflow: 0, arrived: 0.0, finished: Some(4.0), failed: None, score: Some(1.0), tools: Default::default() },
-            SessionRecord { session: SessionId(1), workflow: 0, arrived: 1.0, finished: Some(3.0), failed: None, score: Some(0.0), tools: Default::default() },
-            SessionRecord { session: SessionId(2), workflow: 1, arrived: 0.0, finished: None, failed: Some("boom".into()), score: None, tools: Default::default() },
+            SessionRecord { session: SessionId(0), workflow: 0, arrived: 0.0, finished: Some(4.0), failed: None, failed_at: None, score: Some(1.0), tools: Default::default() },
+            SessionRecord { session: SessionId(1), workflow: 0, arrived: 1.0, finished: Some(3.0), failed: None, failed_at: None, score: Some(0.0), tools: Default::default() },
+            SessionRecord { session: SessionId(2), workflow: 1, arrived: 0.0, finished: None, failed: Some("boom".into()), failed_at: None, score: None, tools: Default::default() },
         ];
         let mut timelines = vec![DeviceTimeline { name: "A40".into(), segments: vec![] }];
         let (r, window) = build_report(ReportInput {
@@ -242,6 +272,7 @@ mod tests {
             counters: Counters { llm_calls: 5, ..Counters::default() },
             loads: 1,
             evictions: 0,
+            interrupted: false,
         });
         assert_eq!(window, (0.0, 4.0));
         assert_eq!((r.sessions_total, r.sessions_completed, r.sessions_failed), (3, 2, 1));
@@ -251,5 +282,87 @@ mod tests {
         // One GPU over a 4 s window: 3 s resident (idle) + 1 s other.
         assert!((r.gpu_seconds_total.total() - 4.0).abs() < 1e-9);
         assert!((r.gpu_seconds_total.idle_resident - 3.0).abs() < 1e-9);
+    }
+
+    fn record(session: u32, workflow: u32, finished: Option<f64>, failed_at: Option<f64>, score: Option<f64>) -> SessionRecord {
+        SessionRecord {
+            session: SessionId(session),
+            workflow,
+            arrived: 0.0,
+            finished,
+            failed: failed_at.map(|_| "boom".to_string()),
+            failed_at,
+            score,
+            tools: Default::default(),
+        }
+    }
+
+    fn report_of(sessions: &[SessionRecord], segments: Vec<Segment>, start_failures: &[(u32, f64, String)]) -> (RunReport, (f64, f64)) {
+        let wfs = workflows();
+        let mut timelines = vec![DeviceTimeline { name: "A40".into(), segments }];
+        let mut work = TokenWork::new();
+        work.insert((DeploymentId(0), 0), 100.0);
+        build_report(ReportInput {
+            workflows: &wfs,
+            policy: "joint",
+            seed: 1,
+            noise_seed: 0,
+            arrival: "burst".into(),
+            pool: "p",
+            gpus: 1,
+            sessions,
+            start_failures,
+            timelines: &mut timelines,
+            open_resident: &[],
+            work: &work,
+            counters: Counters::default(),
+            loads: 1,
+            evictions: 0,
+            interrupted: false,
+        })
+    }
+
+    #[test]
+    fn failed_sessions_end_the_window_and_the_pool_time_is_counted_without_completions() {
+        // Every session failed, the last at 6 s, after a load (0–2 s) and generation (2–5 s).
+        let sessions = [record(0, 0, None, Some(3.0), None), record(1, 0, None, Some(6.0), None)];
+        let segments = vec![
+            Segment { start: 0.0, end: 2.0, kind: SegmentKind::Loading, deployment: 0 },
+            Segment { start: 2.0, end: 5.0, kind: SegmentKind::Generating, deployment: 0 },
+        ];
+        let (r, window) = report_of(&sessions, segments, &[]);
+        assert_eq!(window, (0.0, 6.0));
+        assert_eq!(r.makespan_s, 6.0);
+        assert_eq!((r.sessions_completed, r.sessions_failed), (0, 2));
+        assert_eq!(r.gpu_seconds_total.loading, 2.0);
+        assert_eq!(r.gpu_seconds_total.generation, 3.0);
+        assert_eq!(r.gpu_seconds_total.total(), 6.0);
+        // No completed session: the per-session figure is the total, not 0.
+        assert_eq!(r.gpu_seconds_per_session, r.gpu_seconds_total);
+        let w = &r.workflows[&workflows()[0].name];
+        assert_eq!(w.makespan_s, 6.0);
+        // No session completed: accuracy 0, and a plain 0 in JSON (not `-0.0`).
+        assert_eq!(w.accuracy, Some(0.0));
+        assert_eq!(serde_json::to_string(&w.accuracy).unwrap_or_default(), "0.0");
+        assert!(w.gpu_seconds_total.total() > 0.0);
+    }
+
+    #[test]
+    fn accuracy_counts_failed_sessions_as_zero_and_per_session_gpu_divides_by_completions() {
+        let sessions = [
+            record(0, 0, Some(4.0), None, Some(1.0)),
+            record(1, 0, Some(2.0), None, Some(1.0)),
+            record(2, 0, None, Some(8.0), None),
+        ];
+        let segments = vec![Segment { start: 0.0, end: 8.0, kind: SegmentKind::Generating, deployment: 0 }];
+        // One more session of workflow 0 could not even start.
+        let (r, _) = report_of(&sessions, segments, &[(0, 0.0, "s3: bad input".into())]);
+        let w = &r.workflows[&workflows()[0].name];
+        assert_eq!((w.sessions_completed, w.sessions_failed), (2, 2));
+        assert_eq!(w.accuracy, Some(0.5), "two of four sessions scored 1");
+        assert_eq!(r.makespan_s, 8.0);
+        assert_eq!(r.gpu_seconds_total.generation, 8.0);
+        assert_eq!(r.gpu_seconds_per_session.generation, 4.0, "8 GPU-s over 2 completed sessions");
+        assert_eq!(r.failures, vec!["s2: boom".to_string(), "s3: bad input".to_string()]);
     }
 }

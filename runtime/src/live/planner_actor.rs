@@ -730,6 +730,7 @@ impl PlannerActorState {
                 workflow,
                 arrived: self.wall(),
                 finished: None,
+                failed_at: Some(self.wall()),
                 failed: failed.clone(),
                 score: None,
                 tools: Default::default(),
@@ -845,6 +846,7 @@ impl PlannerActorState {
             counters: self.counters,
             loads: state.loads(),
             evictions: state.evictions(),
+            interrupted: false,
         });
         let mut calls: Vec<CallRecord> = reports.iter().flat_map(|r| r.calls.iter().cloned()).collect();
         calls.sort_by(|a, b| a.finished_at.total_cmp(&b.finished_at));

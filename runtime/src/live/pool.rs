@@ -34,6 +34,8 @@ pub enum LivePoolError {
     Empty { path: PathBuf },
     #[error("{path}: devices[{index}].engine: required to run live (which engine serves this device?)")]
     MissingEngine { path: PathBuf, index: usize },
+    #[error("{path}: the pool file is {size} bytes, more than the limit of {limit} bytes (1 MiB); is this the right file?")]
+    TooLarge { path: PathBuf, size: u64, limit: u64 },
 }
 
 #[derive(Debug, Deserialize)]
@@ -82,8 +84,14 @@ pub struct LivePoolSpec<E> {
 impl<E: DeserializeOwned + Clone> LivePoolSpec<E> {
     /// Read and validate a live pool file.
     pub fn load(path: &Path) -> Result<Self, LivePoolError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|source| LivePoolError::Read { path: path.to_path_buf(), source })?;
+        let text = crate::exec::pool::read_bounded(path, crate::exec::pool::MAX_POOL_FILE_BYTES).map_err(|e| match e {
+            crate::exec::pool::Bounded::Io(source) => LivePoolError::Read { path: path.to_path_buf(), source },
+            crate::exec::pool::Bounded::TooLarge(size) => LivePoolError::TooLarge {
+                path: path.to_path_buf(),
+                size,
+                limit: crate::exec::pool::MAX_POOL_FILE_BYTES,
+            },
+        })?;
         Self::parse(path, &text)
     }
 

@@ -329,6 +329,7 @@ impl SessionState {
                 workflow: self.workflow,
                 arrived: self.arrived,
                 finished: completed.then(|| self.ctx.clock.wall()),
+                failed_at: (!completed).then(|| self.ctx.clock.wall()),
                 failed: failed.clone(),
                 score,
                 tools: std::mem::take(&mut self.tools),

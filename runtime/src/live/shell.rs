@@ -13,6 +13,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use ractor::rpc::CallResult;
@@ -49,6 +50,9 @@ pub struct LiveConfig {
     pub stream: bool,
     /// Watchdog period of the planner actor (stranded-unit detection).
     pub tick: Duration,
+    /// Set (e.g. by a Ctrl-C handler) to stop the run: what is open fails as `interrupted`, as
+    /// at the deadline, and the report is marked `interrupted` (`None`: never).
+    pub interrupt: Option<Arc<AtomicBool>>,
 }
 
 impl LiveConfig {
@@ -64,6 +68,7 @@ impl LiveConfig {
             deadline: None,
             stream: false,
             tick: Duration::from_millis(100),
+            interrupt: None,
         }
     }
 }
@@ -178,34 +183,65 @@ pub async fn run(cfg: &LiveConfig, factory: Arc<dyn EngineFactory>, progress: Op
     };
 
     let wait = planner.call(PlannerMsg::WaitDone, None);
-    let waited = match cfg.deadline {
-        Some(d) => match tokio::time::timeout(d, wait).await {
-            Ok(r) => Some(r),
-            Err(_) => None,
-        },
-        None => Some(wait.await),
+    let deadline = async {
+        match cfg.deadline {
+            Some(d) => tokio::time::sleep(d).await,
+            None => std::future::pending().await,
+        }
+    };
+    let interrupted = async {
+        match &cfg.interrupt {
+            Some(flag) => {
+                while !flag.load(Ordering::Relaxed) {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+            None => std::future::pending().await,
+        }
+    };
+    enum Waited<T> {
+        Done(T),
+        Deadline,
+        Interrupted,
+    }
+    let waited = tokio::select! {
+        r = wait => Waited::Done(r),
+        () = deadline => Waited::Deadline,
+        () = interrupted => Waited::Interrupted,
     };
     let mut stopped: Option<String> = None;
-    match waited {
-        Some(Ok(CallResult::Success(Ok(())))) => {}
-        Some(Ok(CallResult::Success(Err(reason)))) => stopped = Some(reason),
-        Some(Ok(_)) | Some(Err(_)) => {
+    let mut was_interrupted = false;
+    let early = match waited {
+        Waited::Done(Ok(CallResult::Success(Ok(())))) => None,
+        Waited::Done(Ok(CallResult::Success(Err(reason)))) => {
+            stopped = Some(reason);
+            None
+        }
+        Waited::Done(Ok(_)) | Waited::Done(Err(_)) => {
             arrivals_task.abort();
             return Err(LiveError::PlannerGone("no answer to the wait for the end of the run".into()));
         }
-        None => {
-            // Deadline: fail what is open, give sessions a moment to report, then stop.
-            arrivals_task.abort();
-            let reason = format!("the run's deadline of {:.1} s passed", cfg.deadline.unwrap_or_default().as_secs_f64());
-            let _ = planner.send_message(PlannerMsg::Abort(reason));
-            let _ = tokio::time::timeout(Duration::from_secs(5), planner.call(PlannerMsg::WaitDone, None)).await;
+        Waited::Deadline => {
+            Some(format!("the run's deadline of {:.1} s passed", cfg.deadline.unwrap_or_default().as_secs_f64()))
         }
+        Waited::Interrupted => {
+            was_interrupted = true;
+            Some(exec::INTERRUPTED.to_string())
+        }
+    };
+    if let Some(reason) = early {
+        // Deadline or interrupt: fail what is open, give sessions a moment to report, then stop.
+        arrivals_task.abort();
+        let _ = planner.send_message(PlannerMsg::Abort(reason));
+        let _ = tokio::time::timeout(Duration::from_secs(5), planner.call(PlannerMsg::WaitDone, None)).await;
     }
     arrivals_task.abort();
     let out = match planner.call(PlannerMsg::Shutdown, Some(Duration::from_secs(120))).await {
         Ok(CallResult::Success(out)) => *out,
         _ => return Err(LiveError::PlannerGone("no answer to the shutdown".into())),
     };
+    let mut out = out;
+    out.report.interrupted = was_interrupted;
     let _ = handle.await;
     if let Some(reason) = stopped {
         return Err(LiveError::Stopped {

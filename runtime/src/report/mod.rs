@@ -46,12 +46,18 @@ pub fn round3(x: f64) -> f64 {
 pub struct WorkflowReport {
     pub sessions_completed: usize,
     pub sessions_failed: usize,
-    /// First arrival of the workflow to its last completion.
+    /// First arrival of the workflow to the last end of one of its sessions (completed or
+    /// failed).
     pub makespan_s: f64,
+    /// Latencies of the completed sessions.
     pub latency_s: Percentiles,
+    /// The workflow's share of the pool's GPU time (`gpu_seconds_total`) per *completed*
+    /// session; with none completed it equals `gpu_seconds_total` (divided by 1).
     pub gpu_seconds_per_session: GpuBreakdown,
-    /// GSM8K exact-answer rate, MBPP final-tests pass rate, QMSum ROUGE-L F1 (mean over
-    /// completed sessions), per the workflow's `metric`.
+    /// The workflow's share of the pool's GPU time over the run's window (by token work).
+    pub gpu_seconds_total: GpuBreakdown,
+    /// GSM8K exact-answer rate, MBPP final-tests pass rate, QMSum ROUGE-L F1, per the
+    /// workflow's `metric`: the mean over *all* its sessions, a failed session scoring 0.
     pub accuracy: Option<f64>,
     pub metric: Option<String>,
 }
@@ -68,12 +74,16 @@ pub struct RunReport {
     pub sessions_total: usize,
     pub sessions_completed: usize,
     pub sessions_failed: usize,
-    /// First arrival to last completion, virtual seconds.
+    /// First arrival to the last end of a session (completed or failed), seconds (virtual in
+    /// the simulator, wall in the live runtime).
     pub makespan_s: f64,
+    /// Latencies of the completed sessions.
     pub latency_s: Percentiles,
-    /// Whole-pool GPU time over the makespan divided by completed sessions; the four parts sum
-    /// to gpus × makespan / sessions_completed.
+    /// Whole-pool GPU time over the makespan divided by the completed sessions (failed
+    /// sessions' GPU time included); the four parts sum to gpus × makespan /
+    /// max(sessions_completed, 1) — with no completed session it equals `gpu_seconds_total`.
     pub gpu_seconds_per_session: GpuBreakdown,
+    /// Whole-pool GPU time over the makespan; the four parts sum to gpus × makespan.
     pub gpu_seconds_total: GpuBreakdown,
     pub loads: u64,
     pub evictions: u64,
@@ -86,6 +96,9 @@ pub struct RunReport {
     pub workflows: BTreeMap<String, WorkflowReport>,
     /// Why sessions failed (at most the first 20 reasons).
     pub failures: Vec<String>,
+    /// The run was stopped early (Ctrl-C): the sessions still open, and those yet to arrive,
+    /// are counted as failed with the reason `interrupted`.
+    pub interrupted: bool,
     /// Failed tool calls with their causes, and how test verdicts were checked.
     pub tools: ToolReport,
 }

@@ -153,10 +153,43 @@ struct Sim<'a> {
     calls: Vec<CallRecord>,
     /// Planner events of the current tick, not yet handed over.
     tick_events: Vec<Event>,
+    /// The run was interrupted (see [`Flow::Interrupt`]).
+    interrupted: bool,
+}
+
+/// Where a running simulation stands, handed to the progress callback of [`simulate_with`] once
+/// per scheduling tick (each distinct virtual time).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SimProgress {
+    /// Sessions that ended (completed or failed).
+    pub sessions_done: usize,
+    pub sessions_total: usize,
+    /// Virtual time, seconds.
+    pub now_s: f64,
+    /// Simulator events processed so far.
+    pub events: u64,
+}
+
+/// What the progress callback of [`simulate_with`] asks for next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flow {
+    Continue,
+    /// Stop before the next event (e.g. on Ctrl-C): the sessions still open, and those yet to
+    /// arrive, are failed as [`exec::INTERRUPTED`] and the report is marked `interrupted`.
+    Interrupt,
 }
 
 /// Run one simulation. `progress(done, total)` is called as sessions finish.
 pub fn simulate(cfg: &RunConfig, progress: &mut dyn FnMut(usize, usize)) -> Result<SimOutput, SimError> {
+    simulate_with(cfg, &mut |p: &SimProgress| {
+        progress(p.sessions_done, p.sessions_total);
+        Flow::Continue
+    })
+}
+
+/// Run one simulation; `progress` is called once per scheduling tick and may interrupt the run,
+/// which then ends with a partial report (`interrupted: true`).
+pub fn simulate_with(cfg: &RunConfig, progress: &mut dyn FnMut(&SimProgress) -> Flow) -> Result<SimOutput, SimError> {
     let mut sim = Sim::new(cfg)?;
     sim.run(progress)?;
     Ok(sim.finish())
@@ -205,6 +238,7 @@ impl<'a> Sim<'a> {
             start_failures: Vec::new(),
             calls: Vec::new(),
             tick_events: Vec::new(),
+            interrupted: false,
         };
         for i in 0..sim.trace_entries.len() {
             let at = sim.trace_entries[i].at;
@@ -222,10 +256,12 @@ impl<'a> Sim<'a> {
         self.trace.push(TraceLine { t: round3(self.now), event, ..line });
     }
 
-    fn run(&mut self, progress: &mut dyn FnMut(usize, usize)) -> Result<(), SimError> {
+    fn run(&mut self, progress: &mut dyn FnMut(&SimProgress) -> Flow) -> Result<(), SimError> {
         let total = self.trace_entries.len();
+        let mut events = 0u64;
         while let Some(next) = self.queue.pop() {
             self.now = next.at;
+            events += 1;
             match next.event {
                 SimEvent::Arrival(i) => self.on_arrival(i)?,
                 SimEvent::IterationEnd(r) => self.on_iteration_end(r)?,
@@ -235,7 +271,11 @@ impl<'a> Sim<'a> {
             // One scheduling tick per distinct virtual time.
             if self.queue.peek().is_none_or(|n| n.at > self.now) {
                 self.flush()?;
-                progress(self.done_sessions, total);
+                let at = SimProgress { sessions_done: self.done_sessions, sessions_total: total, now_s: self.now, events };
+                if progress(&at) == Flow::Interrupt && !self.queue.is_empty() {
+                    self.interrupt();
+                    return Ok(());
+                }
             }
         }
         self.flush()?;
@@ -245,12 +285,37 @@ impl<'a> Sim<'a> {
         for a in stranded {
             self.fail_session(a.session, format!("unit {a} could not be placed on any device of the pool"));
         }
+        let now = self.now;
         for s in self.sessions.iter_mut().flatten() {
             if s.record.finished.is_none() && s.record.failed.is_none() {
                 s.record.failed = Some("the simulation ended with the session unfinished".into());
+                s.record.failed_at = Some(now);
             }
         }
         Ok(())
+    }
+
+    /// Stop here: fail every open session, and every session yet to arrive, as interrupted.
+    /// Events still queued are dropped (running tool calls are joined when the pool drops).
+    fn interrupt(&mut self) {
+        self.interrupted = true;
+        let arrived: std::collections::BTreeSet<usize> = self
+            .sessions
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| s.as_ref().map(|_| i))
+            .collect();
+        for i in 0..self.sessions.len() {
+            if arrived.contains(&i) {
+                self.fail_session(SessionId(i as u32), exec::INTERRUPTED.to_string());
+            } else if !self.start_failures.iter().any(|f| f.2.starts_with(&format!("s{i}: "))) {
+                let workflow = self.trace_entries[i].workflow;
+                self.start_failures.push((workflow, self.now, format!("s{i}: {} before the session arrived", exec::INTERRUPTED)));
+                self.done_sessions += 1;
+            }
+        }
+        self.queue.clear();
+        self.tick_events.clear();
     }
 
     /// Queue an event for the planner; it plans once per tick (see [`Sim::flush`]).
@@ -427,6 +492,7 @@ impl<'a> Sim<'a> {
                         arrived: self.now,
                         finished: None,
                         failed: None,
+                        failed_at: None,
                         score: None,
                         tools: SessionToolLog::default(),
                     },
@@ -644,6 +710,7 @@ impl<'a> Sim<'a> {
             return;
         }
         run.record.failed = Some(reason.clone());
+        run.record.failed_at = Some(self.now);
         self.done_sessions += 1;
         self.log("session_failed", TraceLine { session: Some(s.0), detail: Some(reason), ..blank() });
         // Drop its prepared requests and let the planner forget its queued units and holds.
@@ -682,6 +749,7 @@ impl<'a> Sim<'a> {
             counters: self.counters,
             loads: state.loads(),
             evictions: state.evictions(),
+            interrupted: self.interrupted,
         });
         SimOutput {
             report,
@@ -704,5 +772,65 @@ fn blank() -> TraceLine {
         replica: None,
         device: None,
         detail: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::exec::{Arrival, PoolSpec};
+    use crate::planner::JointOptions;
+    use crate::workflow::load_workflow;
+
+    fn gsm8k(sessions: usize, arrival: Arrival) -> RunConfig {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../workflows");
+        RunConfig {
+            workflows: vec![Arc::new(load_workflow(&root.join("gsm8k.yaml")).expect("bundled workflow"))],
+            sessions,
+            arrival,
+            seed: 1,
+            noise_seed: 0,
+            pool: PoolSpec::load(&root.join("pools/small.yaml")).expect("bundled pool"),
+            policy: "joint".into(),
+            options: JointOptions { fusion: true, prefetch: true, shared_lifecycle: true },
+            predictor: "oracle".into(),
+            tool_workers: 1,
+            max_num_seqs: 256,
+        }
+    }
+
+    #[test]
+    fn an_interrupt_fails_the_open_and_the_unarrived_sessions_and_marks_the_report() {
+        // Poisson arrivals over ~10 virtual seconds; stop at the first tick past 2 s.
+        let cfg = gsm8k(10, Arrival::Poisson(1.0));
+        let mut ticks = Vec::new();
+        let out = simulate_with(&cfg, &mut |p: &SimProgress| {
+            ticks.push(*p);
+            if p.now_s > 2.0 { Flow::Interrupt } else { Flow::Continue }
+        })
+        .expect("simulation");
+        let r = &out.report;
+        assert!(r.interrupted);
+        assert_eq!(r.sessions_total, 10);
+        assert_eq!(r.sessions_completed + r.sessions_failed, 10);
+        assert!(r.failures.iter().any(|f| f.ends_with(": interrupted")), "{:?}", r.failures);
+        assert!(r.failures.iter().any(|f| f.ends_with(": interrupted before the session arrived")), "{:?}", r.failures);
+        // Progress moved forward in events and virtual time.
+        assert!(ticks.windows(2).all(|w| w[0].events <= w[1].events && w[0].now_s <= w[1].now_s));
+        let last = ticks.last().copied().expect("a tick");
+        assert_eq!(last.sessions_total, 10);
+        // The window ends at the interrupt, not at 0: the pool's time up to there is counted.
+        assert!((r.makespan_s - round3(last.now_s - out.window.0)).abs() < 1e-9, "{} vs {:?}", r.makespan_s, out.window);
+        assert!(r.gpu_seconds_total.total() > 0.0);
+    }
+
+    #[test]
+    fn without_an_interrupt_the_report_is_not_marked() {
+        let out = simulate(&gsm8k(2, Arrival::Burst), &mut |_, _| {}).expect("simulation");
+        assert!(!out.report.interrupted);
+        assert_eq!(out.report.sessions_completed, 2);
     }
 }

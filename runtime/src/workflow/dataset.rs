@@ -166,6 +166,36 @@ fn kind_of(v: &Json) -> &'static str {
     }
 }
 
+/// Largest dataset file read (256 MiB): checked before reading, so a wrong path to a huge file
+/// fails at once with its size instead of exhausting memory.
+pub const MAX_DATASET_FILE_BYTES: u64 = 256 << 20;
+
+/// Read a dataset file of at most [`MAX_DATASET_FILE_BYTES`]: the size is checked before
+/// reading and the read is bounded too. `Err` is the message (naming the file, its size and the
+/// limit when it is too large).
+fn read_dataset_text(path: &std::path::Path) -> Result<String, String> {
+    use std::io::Read;
+    let too_large = |size: u64| {
+        format!(
+            "`{}` is {size} bytes ({:.1} MiB), more than the limit of {MAX_DATASET_FILE_BYTES} bytes (256 MiB) for a dataset file",
+            path.display(),
+            size as f64 / (1u64 << 20) as f64
+        )
+    };
+    let cannot = |e: std::io::Error| format!("cannot read `{}`: {e}", path.display());
+    let file = std::fs::File::open(path).map_err(cannot)?;
+    let size = file.metadata().map_err(cannot)?.len();
+    if size > MAX_DATASET_FILE_BYTES {
+        return Err(too_large(size));
+    }
+    let mut text = String::new();
+    let read = file.take(MAX_DATASET_FILE_BYTES + 1).read_to_string(&mut text).map_err(cannot)?;
+    if read as u64 > MAX_DATASET_FILE_BYTES {
+        return Err(too_large(read as u64));
+    }
+    Ok(text)
+}
+
 impl DatasetBinding {
     pub(crate) fn new(
         workflow_file: &str,
@@ -195,12 +225,8 @@ impl DatasetBinding {
     /// Read the dataset file and map every record. Errors name the workflow position of the
     /// binding (`dataset.file` or `dataset.fields.NAME`), the record index and the field.
     pub fn load_records(&self) -> Result<Vec<Record>, WorkflowError> {
-        let text = std::fs::read_to_string(&self.file).map_err(|e| {
-            self.err_at(
-                self.file_pos,
-                "dataset.file",
-                format!("cannot read `{}`: {e}", self.file.display()),
-            )
+        let text = read_dataset_text(&self.file).map_err(|message| {
+            self.err_at(self.file_pos, "dataset.file", message)
         })?;
         // (record, line in the file for JSONL)
         let raws: Vec<(Json, Option<usize>)> = match self.format {
@@ -320,5 +346,27 @@ mod tests {
         let e = src("t", Some(bad)).extract(&raw).err().unwrap_or_default();
         assert!(e.contains("element 0") && e.contains("`who`"), "{e}");
         assert!(src("l.0", Some(j)).extract(&raw).is_err());
+    }
+
+    #[test]
+    fn a_dataset_over_the_limit_is_refused_before_it_is_read() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let file = dir.path().join("huge.jsonl");
+        // Sparse: only the size is looked at.
+        std::fs::File::create(&file)
+            .and_then(|f| f.set_len(MAX_DATASET_FILE_BYTES + 1))
+            .expect("sparse file");
+        let binding = DatasetBinding::new(
+            "w.yaml",
+            "huge.jsonl".into(),
+            file,
+            DatasetFormat::Jsonl,
+            BTreeMap::new(),
+            Pos::default(),
+        );
+        let e = binding.load_records().err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(e.contains("dataset.file"), "{e}");
+        assert!(e.contains("huge.jsonl") && e.contains(&(MAX_DATASET_FILE_BYTES + 1).to_string()), "{e}");
+        assert!(e.contains("256 MiB"), "{e}");
     }
 }

@@ -1,0 +1,194 @@
+//! Progress of `switchyard run` on stderr, and Ctrl-C.
+//!
+//! On a terminal (and without `--json`) an indicatif bar; otherwise — stderr redirected to a
+//! file or a pipe, or `--json` — plain lines on stderr: one as the run starts, then one every
+//! [`LINE_EVERY`] of wall time (at most), and a final line. Progress never goes to stdout, so the
+//! JSON report stays byte-identical for the same seed.
+//!
+//! Ctrl-C (SIGINT) sets a flag the run polls between events (the simulator) or every 50 ms
+//! (the live runtime); the run then stops with a partial report. A second Ctrl-C exits at once
+//! with status 130. The handler is tokio's (already a dependency through the runtime), on a
+//! thread of its own.
+
+use std::io::{IsTerminal, Write};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use indicatif::{ProgressBar, ProgressStyle};
+
+/// Least wall time between two progress lines.
+pub const LINE_EVERY: Duration = Duration::from_secs(2);
+
+/// Exit status of a run stopped by Ctrl-C (128 + SIGINT, as shells report it).
+pub const EXIT_INTERRUPTED: u8 = 130;
+
+/// Where a run stands, as far as the shell tells.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Point {
+    pub done: usize,
+    pub total: usize,
+    /// Virtual seconds (the simulator only).
+    pub virtual_s: Option<f64>,
+    /// Events processed (the simulator only).
+    pub events: Option<u64>,
+}
+
+pub struct Lines {
+    started: Instant,
+    /// Wall time and events of the last line printed.
+    last: Option<(Instant, u64)>,
+    point: Point,
+    finished: bool,
+}
+
+/// The progress display of one run.
+pub enum Reporter {
+    Bar(ProgressBar),
+    Lines(Mutex<Lines>),
+}
+
+impl Reporter {
+    /// A bar when stderr is a terminal and the report is not JSON, else lines on stderr.
+    pub fn new(total: usize, json: bool) -> Self {
+        if !json && std::io::stderr().is_terminal() {
+            let bar = ProgressBar::new(total as u64);
+            bar.set_style(
+                ProgressStyle::with_template("{spinner} sessions {pos}/{len} [{bar:30}] {elapsed}")
+                    .unwrap_or_else(|_| ProgressStyle::default_bar())
+                    .progress_chars("=> "),
+            );
+            Reporter::Bar(bar)
+        } else {
+            Reporter::Lines(Mutex::new(Lines {
+                started: Instant::now(),
+                last: None,
+                point: Point { total, ..Point::default() },
+                finished: false,
+            }))
+        }
+    }
+
+    /// Record where the run stands; prints a line when one is due.
+    pub fn update(&self, p: Point) {
+        match self {
+            Reporter::Bar(bar) => bar.set_position(p.done as u64),
+            Reporter::Lines(lines) => {
+                let Ok(mut l) = lines.lock() else { return };
+                l.point = p;
+                l.print_if_due();
+            }
+        }
+    }
+
+    /// For lines: print the last known state every [`LINE_EVERY`] even when the run reports
+    /// nothing (a live run calls back only as sessions end; a long simulator tick), until
+    /// [`Reporter::finish`]. Does nothing for a bar, which ticks by itself.
+    pub fn heartbeat(self: &Arc<Self>) {
+        if matches!(**self, Reporter::Bar(_)) {
+            return;
+        }
+        let me = Arc::clone(self);
+        let spawned = std::thread::Builder::new().name("switchyard-progress".into()).spawn(move || {
+            loop {
+                std::thread::sleep(LINE_EVERY / 4);
+                let Reporter::Lines(lines) = &*me else { return };
+                let Ok(mut l) = lines.lock() else { return };
+                if l.finished {
+                    return;
+                }
+                l.print_if_due();
+            }
+        });
+        // Without the thread the lines still come with the run's own callbacks.
+        drop(spawned);
+    }
+
+    /// End the display: clear the bar, or print the final line (`outcome` heads it, e.g.
+    /// `done` or `interrupted`; `failed` sessions are named when there are any).
+    pub fn finish(&self, outcome: &str, failed: usize) {
+        match self {
+            Reporter::Bar(bar) => bar.finish_and_clear(),
+            Reporter::Lines(lines) => {
+                let Ok(mut l) = lines.lock() else { return };
+                l.finished = true;
+                let now = Instant::now();
+                // The final rate is over the whole run.
+                l.last = Some((l.started, 0));
+                let mut line = l.line(&format!("{outcome}: "), now);
+                if failed > 0 {
+                    line.push_str(&format!(" · {failed} failed"));
+                }
+                drop(l);
+                emit(&line);
+            }
+        }
+    }
+}
+
+impl Lines {
+    /// Print a line if none was printed in the last [`LINE_EVERY`] (or ever).
+    fn print_if_due(&mut self) {
+        let now = Instant::now();
+        if self.last.is_none_or(|(at, _)| now.duration_since(at) >= LINE_EVERY) {
+            let line = self.line("", now);
+            self.last = Some((now, self.point.events.unwrap_or(0)));
+            emit(&line);
+        }
+    }
+
+    fn line(&self, head: &str, now: Instant) -> String {
+        let p = self.point;
+        let wall = now.duration_since(self.started).as_secs_f64();
+        let mut s = format!("progress [{wall:7.1} s wall] {head}sessions {}/{} ended", p.done, p.total);
+        if let Some(v) = p.virtual_s {
+            s.push_str(&format!(" · virtual time {v:.1} s"));
+        }
+        if let Some(events) = p.events {
+            let (since, before) = self.last.unwrap_or((self.started, 0));
+            let dt = now.duration_since(since).as_secs_f64();
+            let rate = if dt > 0.0 { (events.saturating_sub(before)) as f64 / dt } else { 0.0 };
+            s.push_str(&format!(" · {events} events ({rate:.0} events/s)"));
+        }
+        s
+    }
+}
+
+fn emit(line: &str) {
+    let mut err = std::io::stderr().lock();
+    let _ = writeln!(err, "{line}");
+    let _ = err.flush();
+}
+
+/// Install the Ctrl-C handler: the first SIGINT sets the returned flag (and says so on stderr),
+/// a second one exits at once with [`EXIT_INTERRUPTED`].
+pub fn on_ctrl_c() -> Result<Arc<AtomicBool>> {
+    let flag = Arc::new(AtomicBool::new(false));
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the signal handler's runtime")?;
+    // Registered here, before the run starts, so that no early SIGINT falls to the default
+    // action.
+    let mut signals = runtime
+        .block_on(async { tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()) })
+        .context("cannot install the Ctrl-C handler")?;
+    let set = Arc::clone(&flag);
+    std::thread::Builder::new()
+        .name("switchyard-sigint".into())
+        .spawn(move || {
+            runtime.block_on(async move {
+                if signals.recv().await.is_none() {
+                    return;
+                }
+                set.store(true, Ordering::SeqCst);
+                emit("interrupted: stopping the run and writing a partial report (Ctrl-C again to quit at once)");
+                if signals.recv().await.is_some() {
+                    std::process::exit(i32::from(EXIT_INTERRUPTED));
+                }
+            });
+        })
+        .context("cannot start the Ctrl-C handler's thread")?;
+    Ok(flag)
+}

@@ -9,7 +9,7 @@ mod pool_path;
 mod progress;
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -38,6 +38,9 @@ enum Command {
     Validate {
         #[arg(required = true)]
         workflows: Vec<PathBuf>,
+        /// Pool file the deployments must fit (default: the run's default pool, when found).
+        #[arg(long)]
+        pool: Option<PathBuf>,
     },
     /// The Predictor: evaluate its estimators (Table 1 of paper 003).
     #[command(subcommand)]
@@ -147,7 +150,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Run(args) => run(args),
-        Command::Validate { workflows } => validate(&workflows).map(|()| RunEnd::Ok),
+        Command::Validate { workflows, pool } => validate(&workflows, pool.as_deref()).map(|()| RunEnd::Ok),
         Command::Predictor(PredictorCommand::Eval { train, test, json }) => {
             predictor_eval(train, test, json).map(|()| RunEnd::Ok)
         }
@@ -170,21 +173,64 @@ fn main() -> ExitCode {
     }
 }
 
+/// Load every workflow file; the problems of all files are reported together (each already
+/// names file, line, column and field).
 fn load_all(paths: &[PathBuf]) -> Result<Vec<Arc<WorkflowSpec>>> {
-    let mut out = Vec::new();
+    let mut out: Vec<Arc<WorkflowSpec>> = Vec::new();
+    let mut problems = Vec::new();
     for p in paths {
-        // The error already names file, line, column and field.
-        let spec = load_workflow(p).map_err(|e| anyhow::anyhow!("{e}"))?;
-        if out.iter().any(|w: &Arc<WorkflowSpec>| w.name == spec.name) {
-            bail!("{}: workflow name `{}` is used twice in this run", p.display(), spec.name);
+        match load_workflow(p) {
+            Ok(spec) if out.iter().any(|w| w.name == spec.name) => {
+                problems.push(format!("{}: workflow name `{}` is used twice in this run", p.display(), spec.name));
+            }
+            Ok(spec) => out.push(Arc::new(spec)),
+            Err(e) => problems.push(e.to_string()),
         }
-        out.push(Arc::new(spec));
+    }
+    if !problems.is_empty() {
+        bail!("{}", problems.join("\n"));
     }
     Ok(out)
 }
 
-fn validate(paths: &[PathBuf]) -> Result<()> {
-    for w in load_all(paths)? {
+/// The checks before any session starts: the workflows against the pool and the run's numbers
+/// ([`exec::preflight`]); every problem at once.
+fn preflight(cfg: &RunConfig, live: bool) -> Result<()> {
+    // A live pool's engines decide for themselves when they load (a fixed endpoint serves
+    // whatever it serves); the emulated pool is decided by the emulated engine's own rule.
+    let rule = if live { exec::preflight::FitRule::None } else { exec::preflight::FitRule::EmulatedEngine };
+    exec::preflight::check(cfg, rule).map_err(|e| anyhow::anyhow!("{e}"))
+}
+
+fn validate(paths: &[PathBuf], pool: Option<&Path>) -> Result<()> {
+    let workflows = load_all(paths)?;
+    // The deployments are checked against the pool given, or the default one when it is found.
+    let pool_path = match pool_path::resolve(pool, paths.first().map(PathBuf::as_path)) {
+        Ok(p) => Some(p),
+        Err(_) if pool.is_none() => None,
+        Err(e) => return Err(e),
+    };
+    match &pool_path {
+        Some(p) => {
+            let pool = PoolSpec::load(p).map_err(|e| anyhow::anyhow!("{e}"))?;
+            let cfg = RunConfig {
+                workflows: workflows.clone(),
+                sessions: 1,
+                arrival: Arrival::Burst,
+                seed: 0,
+                noise_seed: 0,
+                pool,
+                policy: "joint".into(),
+                options: JointOptions::default(),
+                predictor: "formula".into(),
+                tool_workers: 1,
+                max_num_seqs: 256,
+            };
+            preflight(&cfg, false)?;
+        }
+        None => eprintln!("note: no pool file found (pass --pool FILE): deployments were not checked against a pool"),
+    }
+    for w in workflows {
         let records = w.load_records().map_err(|e| anyhow::anyhow!("{e}"))?;
         println!(
             "{}: ok — workflow `{}`, {} nodes, {} deployments, {} dataset records",
@@ -194,6 +240,9 @@ fn validate(paths: &[PathBuf]) -> Result<()> {
             w.deployments.len(),
             records.len()
         );
+    }
+    if let Some(p) = pool_path {
+        println!("every deployment fits a device of pool {}", p.display());
     }
     Ok(())
 }
@@ -243,6 +292,7 @@ fn run(args: RunArgs) -> Result<RunEnd> {
         tool_workers: args.tool_workers,
         max_num_seqs: args.max_num_seqs,
     };
+    preflight(&cfg, args.live)?;
     let total = args.sessions * cfg.workflows.len();
     let interrupt = progress::on_ctrl_c()?;
     let reporter = Arc::new(progress::Reporter::new(total, args.json));

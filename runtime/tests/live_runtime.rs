@@ -43,6 +43,9 @@ struct Faults {
     bad_attempts_per_request: u32,
     /// Answer every request for this model with garbage.
     always_bad_model: Option<String>,
+    /// Answer the first N calls of each prompt whose emulated answer is a JSON object with prose
+    /// instead (a real model ignoring a structured agent's schema).
+    prose_for_json: u32,
 }
 
 #[derive(Default)]
@@ -56,6 +59,8 @@ struct Counters {
     /// Completed answers per request id (each must be 1 at most).
     answered: Mutex<BTreeMap<u64, u32>>,
     attempts: Mutex<BTreeMap<u64, u32>>,
+    /// Calls per prompt whose emulated answer is JSON.
+    json_prompts: Mutex<BTreeMap<String, u32>>,
 }
 
 struct FakeEngine {
@@ -105,7 +110,15 @@ impl FakeEngine {
                 _ = died.wait_for(|d| *d) => return Err(EngineError::Unreachable("connection reset by peer".into())),
             }
         }
-        let text = request.emulated_output.clone().unwrap_or_default();
+        let mut text = request.emulated_output.clone().unwrap_or_default();
+        if self.faults.prose_for_json > 0 && text.starts_with('{') && serde_json::from_str::<serde_json::Value>(&text).is_ok() {
+            let mut seen = self.counters.json_prompts.lock().unwrap();
+            let n = seen.entry(request.prompt.clone()).or_insert(0);
+            *n += 1;
+            if *n <= self.faults.prose_for_json {
+                text = "Looks good to me, nothing to add.".into();
+            }
+        }
         *self.counters.answered.lock().unwrap().entry(request.id).or_insert(0) += 1;
         let latency_s = t0.elapsed().as_secs_f64();
         Ok(Completion {
@@ -504,6 +517,27 @@ fn a_backend_that_keeps_answering_garbage_fails_its_sessions_with_the_reason() {
     for r in &live.sessions {
         let reason = r.failed.as_deref().unwrap_or_default();
         assert!(reason.contains("answered badly 4 times") && reason.contains("HTTP 500"), "{reason}");
+    }
+}
+
+#[test]
+fn a_structured_answer_that_misses_its_schema_is_asked_again_then_fails_the_session() {
+    // The team's planner and reviewer declare JSON outputs: two per session.
+    let run = sim_config(&["team"], 2, "small", 4);
+    let sim_calls = sim::simulate(&run, &mut |_, _| {}).expect("simulates").report.llm_calls;
+    let factory = FakeFactory::new(1, Faults { prose_for_json: 1, ..Faults::default() });
+    let live = run_live(&live_config(run.clone()), factory);
+    assert!(live.report.failures.is_empty(), "{:?}", live.report.failures);
+    assert_eq!(live.report.sessions_completed, 2);
+    assert_eq!(live.report.llm_calls, sim_calls + 4, "one extra call per structured activation");
+
+    let factory = FakeFactory::new(1, Faults { prose_for_json: 99, ..Faults::default() });
+    let live = run_live(&live_config(run), factory);
+    assert_each_session_once(&live, 2);
+    assert_eq!(live.report.sessions_failed, 2);
+    for r in &live.sessions {
+        let reason = r.failed.as_deref().unwrap_or_default();
+        assert!(reason.starts_with("planner: the answer holds no JSON value (after 3 calls)"), "{reason}");
     }
 }
 

@@ -21,7 +21,7 @@ use crate::responder::{self, ResponderRequest};
 use crate::session::{ActivationState, Session};
 use crate::tokens;
 use crate::values::{NodeOutput, derive_seed};
-use crate::workflow::{MetricKind, NodeKind};
+use crate::workflow::{AgentNode, MetricKind, NodeKind};
 
 /// A ready LLM activation's request: the rendered prompt, its tokens and the responder output.
 #[derive(Debug, Clone, PartialEq)]
@@ -150,6 +150,31 @@ pub fn prepare(
     }
 }
 
+/// How many times a structured agent's call is sent again when a real model's answer does not
+/// satisfy the node's schema (so at most `1 + MAX_SCHEMA_RETRIES` calls), before the session
+/// fails naming the violation.
+pub const MAX_SCHEMA_RETRIES: u32 = 2;
+
+/// The session's output of an LLM call that returned `text` (`output_tokens` generated) for an
+/// activation of `agent` whose emulated answer is `emulated`. The emulated engine returns the
+/// responder's text: its verdict and value are kept. A real model's own text is taken as it
+/// is — for a structured output, the JSON found in it must satisfy the schema (its `verdict`
+/// property becomes the verdict); `Err` names the violation.
+pub fn model_output(agent: &AgentNode, emulated: &NodeOutput, text: String, output_tokens: u32) -> Result<NodeOutput, String> {
+    if text == emulated.text {
+        return Ok(emulated.clone());
+    }
+    let Some(structured) = &agent.output else {
+        return Ok(NodeOutput { text, verdict: None, value: serde_json::Value::Null, output_tokens });
+    };
+    let Some(value) = crate::schema::extract_json(&text) else {
+        return Err("the answer holds no JSON value".into());
+    };
+    structured.schema.check(&value).map_err(|e| format!("the answer does not satisfy the output schema: {e}"))?;
+    let verdict = structured.verdict.as_deref().and_then(|f| crate::schema::verdict_of(&value, f));
+    Ok(NodeOutput { text, verdict, value, output_tokens })
+}
+
 /// Activations of `session` that became near-ready (all predecessors completed or running, at
 /// least one running) and are not in `sent`, as the planner's [`NearReadyItem`]s.
 pub fn near_ready_items(
@@ -249,6 +274,24 @@ mod tests {
     use crate::exec::tests::bundled_workflows as workflows;
     use crate::exec::{deployment_table, load_records, node_infos};
     use crate::ids::SessionId;
+
+    #[test]
+    fn real_answers_to_structured_agents_are_checked_against_the_schema() {
+        let wf = crate::workflow::parse_workflow(
+            "t.yaml",
+            "name: t\ndeployments:\n  d: {model: Qwen3-8B, max_context: 4096, max_output_tokens: 256}\nnodes:\n  - id: review\n    deployment: d\n    prompt: Review.\n    output:\n      schema: {type: object, properties: {approved: {type: boolean}}, required: [approved]}\n      verdict: approved\n",
+            std::path::Path::new("."),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let NodeKind::Agent(agent) = &wf.nodes[0].kind else { panic!("not an agent") };
+        let emulated = NodeOutput { text: "{\"approved\":true}".into(), verdict: Some("true".into()), ..NodeOutput::default() };
+        assert_eq!(model_output(agent, &emulated, emulated.text.clone(), 5), Ok(emulated.clone()));
+        let real = model_output(agent, &emulated, "Sure:\n```json\n{\"approved\": false}\n```".into(), 9);
+        assert_eq!(real.as_ref().map(|o| o.verdict.as_deref()), Ok(Some("false")));
+        assert_eq!(real.map(|o| o.output_tokens), Ok(9));
+        assert!(model_output(agent, &emulated, "{\"approved\": \"yes\"}".into(), 5).is_err_and(|e| e.contains("approved")));
+        assert!(model_output(agent, &emulated, "I approve.".into(), 5).is_err_and(|e| e.contains("no JSON")));
+    }
 
     #[test]
     fn prepare_is_a_function_of_the_seed() {

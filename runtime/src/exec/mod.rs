@@ -38,7 +38,7 @@ use crate::session::Session;
 use crate::workflow::WorkflowSpec;
 
 pub use activation::{
-    PrepareContext, PreparedLlm, Ready, near_ready_items, prepare, sandbox_note, session_score, tool_output,
+    MAX_SCHEMA_RETRIES, PrepareContext, PreparedLlm, Ready, model_output, near_ready_items, prepare, sandbox_note, session_score, tool_output,
     tool_trace_detail,
 };
 pub use arrivals::{Arrival, TraceEntry};

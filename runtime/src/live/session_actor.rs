@@ -21,6 +21,7 @@ use super::engine::{Completion, LlmRequest};
 use crate::exec::{self, CallRecord, PrepareContext, PreparedLlm, Ready, SessionRecord};
 use crate::ids::{ActivationId, ReplicaId};
 use crate::session::Session;
+use crate::workflow::NodeKind;
 use crate::values::NodeOutput;
 
 /// Run CPU-bound work (prompt rendering, BPE tokenization, the responder) without stalling
@@ -57,6 +58,8 @@ pub struct SessionState {
     near_sent: BTreeSet<ActivationId>,
     /// Prepared LLM calls, until they complete.
     prepared: BTreeMap<ActivationId, PreparedLlm>,
+    /// Calls sent again per activation.
+    schema_retries: BTreeMap<ActivationId, u32>,
     spans: BTreeMap<ActivationId, Span>,
     calls: Vec<CallRecord>,
     /// Running tool calls: the calling node's name and the tool's name.
@@ -87,6 +90,7 @@ impl Actor for SessionActor {
             arrived: args.arrived,
             near_sent: BTreeSet::new(),
             prepared: BTreeMap::new(),
+            schema_retries: BTreeMap::new(),
             spans: BTreeMap::new(),
             calls: Vec::new(),
             tool_nodes: BTreeMap::new(),
@@ -227,22 +231,42 @@ impl SessionState {
             });
         }
         // An emulated engine returns the responder's text: keep the responder's verdict and
-        // value with it. A real model's own text is taken as it is.
-        let output = if c.text == prepared.output.text {
-            prepared.output
-        } else {
-            NodeOutput { text: c.text, verdict: None, value: serde_json::Value::Null, output_tokens: c.output_tokens }
+        // value with it. A real model's own text is taken as it is, and a structured agent's
+        // answer must satisfy its schema: the call is sent again a bounded number of times.
+        let agent = self
+            .session
+            .activation(a.index)
+            .and_then(|act| match &self.session.spec().nodes[act.node].kind {
+                NodeKind::Agent(agent) => Some(agent.clone()),
+                NodeKind::Tool(_) => None,
+            });
+        let output = match &agent {
+            Some(agent) => exec::model_output(agent, &prepared.output, c.text, c.output_tokens),
+            None => Ok(NodeOutput { text: c.text, verdict: None, value: serde_json::Value::Null, output_tokens: c.output_tokens }),
         };
-        let deployment = self
-            .ctx
-            .node_info
-            .get(self.workflow as usize)
-            .zip(self.session.activation(a.index))
-            .and_then(|(info, act)| info.get(act.node))
-            .and_then(|n| n.deployment)
-            .and_then(|d| self.ctx.deployments.get(d.0 as usize))
-            .map(|d| (d.model.clone(), d.dtype));
-        self.record_call(a, deployment, prepared.prompt_tokens, output.output_tokens.max(1));
+        let output = match output {
+            Ok(o) => o,
+            Err(violation) => {
+                let tokens = c.output_tokens.max(1);
+                let node = self.session.node_of(a.index).map(|n| n.id.clone()).unwrap_or_default();
+                self.record_call(a, self.deployment_of(a), prepared.prompt_tokens, tokens);
+                let tries = {
+                    let t = self.schema_retries.entry(a).or_insert(0);
+                    *t += 1;
+                    *t
+                };
+                if tries > exec::MAX_SCHEMA_RETRIES {
+                    return self.fail(myself, format!("{node}: {violation} (after {tries} calls)"));
+                }
+                tracing::warn!(parent: self.span_of(a), %node, %violation, "structured answer rejected; asking again");
+                // The same request again (prepared anew: the same prompt and emulated answer).
+                return match self.session.requeue(a.index) {
+                    Ok(()) => self.on_ready(myself, a),
+                    Err(e) => self.fail(myself, format!("internal: {e}")),
+                };
+            }
+        };
+        self.record_call(a, self.deployment_of(a), prepared.prompt_tokens, output.output_tokens.max(1));
         self.complete(myself, a, output);
     }
 
@@ -265,6 +289,18 @@ impl SessionState {
             }
             Err(e) => self.fail(myself, format!("tool: {e}")),
         }
+    }
+
+    /// The (model, dtype) an LLM activation runs on.
+    fn deployment_of(&self, a: ActivationId) -> Option<(String, switchyard_predictor::Dtype)> {
+        self.ctx
+            .node_info
+            .get(self.workflow as usize)
+            .zip(self.session.activation(a.index))
+            .and_then(|(info, act)| info.get(act.node))
+            .and_then(|n| n.deployment)
+            .and_then(|d| self.ctx.deployments.get(d.0 as usize))
+            .map(|d| (d.model.clone(), d.dtype))
     }
 
     fn record_call(&mut self, a: ActivationId, model: Option<(String, switchyard_predictor::Dtype)>, prompt: u32, output: u32) {

@@ -429,3 +429,114 @@ fn missing_fields_point_at_their_mapping() {
     let e = err(&BASE.replace("name: t\n", ""));
     assert_at(&e, ErrorKind::MissingField, 1, 1, "name");
 }
+
+// ---- generic agents ----
+
+const TEAM: &str = r#"name: t
+deployments:
+  d: {model: Qwen3-8B, max_context: 4096, max_output_tokens: 512}
+nodes:
+  - id: coder
+    role: Python programmer
+    goal: Code that passes the tests.
+    deployment: d
+    prompt: "Write {{input.q}}"
+    next_rounds:
+      prompt: "Round {{loop.round}}: fix {{coder}} given {{check}}; before: {{coder.prev?}}"
+  - id: check
+    deployment: d
+    after: coder
+    prompt: "Check {{coder}}"
+    output:
+      schema:
+        type: object
+        properties:
+          ok: {type: boolean}
+          level: {enum: [low, high]}
+        required: [ok, level]
+      verdict: ok
+  - id: report
+    deployment: d
+    after: check
+    when: {node: check, verdict: false}
+    prompt: "Report {{check}} ({{check.verdict | default: \"none\"}})"
+loops:
+  - id: l
+    body: [coder, check]
+    continue_when: {node: check, verdict: false}
+    max_rounds: 3
+"#;
+
+#[test]
+fn generic_agents_load_with_their_defaults_preamble_and_schema_instruction() {
+    let spec = parse(TEAM).unwrap_or_else(|e| panic!("{e}"));
+    let NodeKind::Agent(coder) = &spec.node("coder").unwrap().kind else { panic!() };
+    assert_eq!(coder.responder, "generic");
+    assert_eq!(coder.output_tokens.mean, 256.0, "default: min(256, limit / 2)");
+    assert_eq!(coder.output_tokens.cv, 0.5);
+    let text = coder.prompt.static_text();
+    assert!(text.starts_with("You are Python programmer.\nYour goal: Code that passes the tests.\n\nWrite "), "{text}");
+    let later = coder.prompt_for(1).static_text();
+    assert!(later.starts_with("You are Python programmer.") && later.contains("Round "), "{later}");
+    assert_eq!(coder.prompt_for(0), &coder.prompt);
+    let NodeKind::Agent(check) = &spec.node("check").unwrap().kind else { panic!() };
+    assert!(check.prompt.static_text().contains("Answer with only a JSON value that satisfies this JSON Schema:\n{"));
+    assert_eq!(check.output.as_ref().and_then(|o| o.verdict.as_deref()), Some("ok"));
+}
+
+#[test]
+fn conditions_on_agents_need_a_verdict_they_can_give() {
+    // A verdict value the schema cannot produce.
+    let e = err(&TEAM.replace("when: {node: check, verdict: false}", "when: {node: check, verdict: maybe}"));
+    assert_eq!(e.all().len(), 2, "the `when` and the loop's `continue_when`: {e}");
+    assert_at(e.all()[0], ErrorKind::UnknownReference, 27, 34, "nodes.report.when.verdict");
+    assert!(e.to_string().contains("`check` never gives the verdict `maybe` (its verdicts: true, false)"), "{e}");
+    // An agent without a structured verdict cannot decide a branch.
+    let e = err(&TEAM.replace("      verdict: ok\n", ""));
+    assert!(e.to_string().contains("agent `check` gives no verdict"), "{e}");
+    assert_eq!(e.all().len(), 2, "the `when` and the loop's `continue_when`: {e}");
+    // The verdict property must be a required boolean or enum.
+    let e = err(&TEAM.replace("verdict: ok\n", "verdict: level2\n"));
+    assert!(e.to_string().contains("nodes.check.output.verdict: `level2` is not a top-level property"), "{e}");
+    let e = err(&TEAM.replace("required: [ok, level]", "required: [level]"));
+    assert!(e.to_string().contains("must be in the schema's `required` list"), "{e}");
+    // Schemas outside the subset are named by their path.
+    let e = err(&TEAM.replace("level: {enum: [low, high]}", "level: {type: string, pattern: x}"));
+    assert!(e.to_string().contains("nodes.check.output.schema.properties.level.pattern: `pattern` is not in the supported schema subset"), "{e}");
+    // A tool's verdicts are known too.
+    let e = err(&format!("{BASE}  - id: c\n    deployment: small\n    after: b\n    when: {{node: b, verdict: passed}}\n    prompt: x\n"));
+    assert!(e.to_string().contains("`b` never gives the verdict `passed` (its verdicts: pass, fail)"), "{e}");
+}
+
+#[test]
+fn round_references_and_next_rounds_belong_to_loops() {
+    let outside = TEAM.replace("    body: [coder, check]", "    body: [check]").replace("continue_when: {node: check", "continue_when: {node: check");
+    let e = err(&outside);
+    let text = e.to_string();
+    assert!(text.contains("nodes.coder.next_rounds: `coder` is in no loop"), "{text}");
+    assert!(text.contains("`{{loop.round}}`: `coder` is in no loop"), "{text}");
+    assert!(text.contains("`.prev` reads the previous round of a node in the same loop"), "{text}");
+    // In the first round, `{{check}}` has no value: the first prompt may not read it bare.
+    let e = err(&TEAM.replace("prompt: \"Write {{input.q}}\"", "prompt: \"Write {{input.q}} {{check}}\""));
+    assert!(e.to_string().contains("has no value in the loop's first round: make it optional"), "{e}");
+    parse(&TEAM.replace("prompt: \"Write {{input.q}}\"", "prompt: \"Write {{input.q}} {{check?}}\"")).unwrap_or_else(|e| panic!("{e}"));
+}
+
+#[test]
+fn metrics_may_score_several_nodes_with_weights() {
+    let with = |m: &str| format!("{TEAM}metric: {m}\n");
+    let spec = parse(&with("[{kind: verdict, node: check, pass: [\"true\"], weight: 3}, {kind: verdict, node: [check], pass: [\"false\"]}]"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let m = spec.metric.unwrap();
+    assert_eq!(m.terms.len(), 2);
+    assert_eq!(m.terms[1].nodes, vec!["check".to_string()]);
+    assert_eq!(m.label(), "0.75 Verdict + 0.25 Verdict");
+    let e = err(&with("{kind: verdict, node: check}"));
+    assert!(e.to_string().contains("a `verdict` term needs `pass`"), "{e}");
+    let e = err(&with("{kind: verdict, node: coder, pass: [x]}"));
+    assert!(e.to_string().contains("agent `coder` gives no verdict"), "{e}");
+    let e = err(&with("{kind: rouge_l, node: coder}"));
+    assert!(e.to_string().contains("add `reference`"), "{e}");
+    let e = err(&with("{kind: tests_pass, node: check, weight: 0}"));
+    assert!(e.to_string().contains("tests_pass scores a `python_tests` tool node"), "{e}");
+}

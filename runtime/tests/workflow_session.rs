@@ -367,15 +367,15 @@ fn branchy(max_rounds: u32) -> Arc<WorkflowSpec> {
 deployments:
   m: {{model: Qwen3-0.6B, max_context: 2048, max_output_tokens: 64}}
 nodes:
-  - {{id: gen, deployment: m, responder: mbpp.generate, output_tokens: {{mean: 10, cv: 0}}, prompt: "{{{{input.q}}}}"}}
+  - {{id: gen, deployment: m, responder: generic, output_tokens: {{mean: 10, cv: 0}}, prompt: "{{{{input.q}}}}"}}
   - {{id: check, tool: python_tests, after: [gen], inputs: {{code: "{{{{gen}}}}", tests: "{{{{input.t}}}}"}}}}
-  - {{id: good, deployment: m, responder: mbpp.review, after: [check], when: {{node: check, verdict: pass}}, output_tokens: {{mean: 10, cv: 0}}, prompt: "{{{{gen}}}}"}}
-  - {{id: bad, deployment: m, responder: mbpp.diagnose, after: [check], when: {{node: check, verdict: [fail, error]}}, output_tokens: {{mean: 10, cv: 0}}, prompt: "{{{{gen}}}}"}}
-  - {{id: only_bad, deployment: m, responder: mbpp.review, after: [bad], output_tokens: {{mean: 10, cv: 0}}, prompt: "{{{{bad}}}}"}}
-  - {{id: join, deployment: m, responder: mbpp.review, after: [good, only_bad], output_tokens: {{mean: 10, cv: 0}}, prompt: "{{{{good | only_bad}}}}"}}
-  - {{id: fix, deployment: m, responder: mbpp.repair, after: [join], output_tokens: {{mean: 10, cv: 0}}, prompt: "{{{{fix | gen}}}}"}}
+  - {{id: good, deployment: m, responder: generic, after: [check], when: {{node: check, verdict: pass}}, output_tokens: {{mean: 10, cv: 0}}, prompt: "{{{{gen}}}}"}}
+  - {{id: bad, deployment: m, responder: generic, after: [check], when: {{node: check, verdict: [fail]}}, output_tokens: {{mean: 10, cv: 0}}, prompt: "{{{{gen}}}}"}}
+  - {{id: only_bad, deployment: m, responder: generic, after: [bad], output_tokens: {{mean: 10, cv: 0}}, prompt: "{{{{bad}}}}"}}
+  - {{id: join, deployment: m, responder: generic, after: [good, only_bad], output_tokens: {{mean: 10, cv: 0}}, prompt: "{{{{good | only_bad}}}}"}}
+  - {{id: fix, deployment: m, responder: generic, after: [join], output_tokens: {{mean: 10, cv: 0}}, prompt: "{{{{fix | gen}}}}", output: {{schema: {{type: object, properties: {{parity: {{enum: [odd, even]}}}}, required: [parity]}}, verdict: parity}}}}
   - {{id: recheck, tool: python_tests, after: [fix], inputs: {{code: "{{{{fix}}}}", tests: "{{{{input.t}}}}"}}}}
-  - {{id: side, deployment: m, responder: mbpp.review, after: [fix], when: {{node: fix, verdict: odd}}, output_tokens: {{mean: 10, cv: 0}}, prompt: "{{{{fix}}}}"}}
+  - {{id: side, deployment: m, responder: generic, after: [fix], when: {{node: fix, verdict: odd}}, output_tokens: {{mean: 10, cv: 0}}, prompt: "{{{{fix}}}}"}}
   - {{id: last, tool: python_tests, after: [check, recheck, side], inputs: {{code: "{{{{fix | gen}}}}", tests: "{{{{input.t}}}}"}}}}
 loops:
   - {{id: l, body: [fix, recheck], continue_when: {{node: recheck, verdict: fail}}, max_rounds: {max_rounds}}}
@@ -602,7 +602,7 @@ fn joins_run_after_either_branch_and_single_branch_dependents_are_skipped() {
     );
     assert_eq!(
         s.render_prompt(idx(&s, "fix", 1).unwrap_or(99))
-            .map(|p| p.concat()),
+            .map(|p| p.concat().split("\n\nAnswer with only a JSON value").next().unwrap_or_default().to_string()),
         Ok("f0".into())
     );
     run(&mut s, "fix", out("f1", Some("odd")));
@@ -630,4 +630,51 @@ fn joins_run_after_either_branch_and_single_branch_dependents_are_skipped() {
     );
     run(&mut s, "last", out("done", Some("pass")));
     assert!(s.is_finished());
+}
+
+/// A loop's later rounds render their own prompt, with the round number, the previous round's
+/// output and optional references; an agent's structured verdict decides the loop.
+#[test]
+fn later_rounds_see_their_round_and_the_previous_rounds_output() {
+    let yaml = r#"name: t
+deployments:
+  d: {model: Qwen3-8B, max_context: 4096, max_output_tokens: 512}
+nodes:
+  - id: coder
+    deployment: d
+    prompt: "Write {{input.q}}. Last check: [{{check?}}]"
+    next_rounds:
+      prompt: "Round {{loop.round}}: fix {{coder}} given {{check}} ({{check.verdict}}); round before: {{coder.prev}}"
+  - id: check
+    deployment: d
+    after: coder
+    prompt: "Check {{coder}}"
+    output:
+      schema: {type: object, properties: {ok: {type: boolean}}, required: [ok]}
+      verdict: ok
+loops:
+  - id: l
+    body: [coder, check]
+    continue_when: {node: check, verdict: false}
+    max_rounds: 3
+"#;
+    let spec = Arc::new(parse_workflow("t.yaml", yaml, Path::new(".")).unwrap_or_else(|e| panic!("{e}")));
+    let mut input = Record::new();
+    input.insert("q".into(), serde_json::json!("f"));
+    let mut s = Session::new(SessionId(1), spec, input).unwrap_or_else(|e| panic!("{e}"));
+    let out = |t: &str, v: Option<&str>| NodeOutput { text: t.into(), verdict: v.map(String::from), ..NodeOutput::default() };
+    let mut run = |s: &mut Session, o: NodeOutput| -> String {
+        let a = s.ready()[0].index;
+        let prompt = s.render_prompt(a).map(|p| p.concat()).unwrap_or_else(|e| panic!("{e}"));
+        s.mark_running(a).unwrap_or_else(|e| panic!("{e}"));
+        s.complete(a, o).unwrap_or_else(|e| panic!("{e}"));
+        prompt
+    };
+    assert_eq!(run(&mut s, out("v1", None)), "Write f. Last check: []");
+    assert!(run(&mut s, out("{\"ok\":false}", Some("false"))).starts_with("Check v1"));
+    assert_eq!(run(&mut s, out("v2", None)), "Round 2: fix v1 given {\"ok\":false} (false); round before: v1");
+    run(&mut s, out("{\"ok\":false}", Some("false")));
+    assert_eq!(run(&mut s, out("v3", None)), "Round 3: fix v2 given {\"ok\":false} (false); round before: v2");
+    run(&mut s, out("{\"ok\":true}", Some("true")));
+    assert!(s.is_finished(), "three rounds at most");
 }

@@ -1322,7 +1322,9 @@ fn check_template_visibility(
                                     errors.push(fail(format!("`{{{{{}}}}}`: `.prev` reads the previous round of a node in the same loop, and `{name}` is not in `{}`'s loop", r.text, node.id)));
                                     certain = true;
                                 }
-                                // Round 1 has no previous round.
+                                // Round 1 has no previous round; a later round's does, unless
+                                // the node can be skipped.
+                                certain |= later_round && nodes[j].when.is_none();
                                 continue;
                             }
                             let upstream = ancestors[i].contains(&j);

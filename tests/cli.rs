@@ -133,9 +133,13 @@ fn bad_workflows_give_clear_errors() {
 fn validate_accepts_the_shipped_workflows() {
     let mut args = vec!["validate"];
     args.extend(WORKFLOWS);
+    args.push("workflows/team.yaml");
     let out = switchyard(&args);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 3);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    // One line per workflow, then the pool check against the default (paper) pool.
+    assert_eq!(stdout.lines().count(), 5, "{stdout}");
+    assert!(stdout.ends_with("every deployment fits a device of pool workflows/pools/paper.yaml\n"), "{stdout}");
 }
 
 #[test]

@@ -510,7 +510,7 @@ fn conditions_on_agents_need_a_verdict_they_can_give() {
 
 #[test]
 fn round_references_and_next_rounds_belong_to_loops() {
-    let outside = TEAM.replace("    body: [coder, check]", "    body: [check]").replace("continue_when: {node: check", "continue_when: {node: check");
+    let outside = TEAM.replace("    body: [coder, check]", "    body: [check]");
     let e = err(&outside);
     let text = e.to_string();
     assert!(text.contains("nodes.coder.next_rounds: `coder` is in no loop"), "{text}");

@@ -663,7 +663,7 @@ loops:
     input.insert("q".into(), serde_json::json!("f"));
     let mut s = Session::new(SessionId(1), spec, input).unwrap_or_else(|e| panic!("{e}"));
     let out = |t: &str, v: Option<&str>| NodeOutput { text: t.into(), verdict: v.map(String::from), ..NodeOutput::default() };
-    let mut run = |s: &mut Session, o: NodeOutput| -> String {
+    let run = |s: &mut Session, o: NodeOutput| -> String {
         let a = s.ready()[0].index;
         let prompt = s.render_prompt(a).map(|p| p.concat()).unwrap_or_else(|e| panic!("{e}"));
         s.mark_running(a).unwrap_or_else(|e| panic!("{e}"));

@@ -37,7 +37,7 @@ pub(crate) fn respond(
     };
     let Some(schema) = req.schema else {
         let head = format!("[emulated output of {who} on {}]", req.model);
-        let mut words = |_: usize| format!("{}", FILLER[rng.random_range(0..FILLER.len())]);
+        let mut words = |_: usize| FILLER[rng.random_range(0..FILLER.len())].to_string();
         let text = fit(&head, "", target, &mut words);
         return Ok((text, serde_json::Value::Null, None));
     };

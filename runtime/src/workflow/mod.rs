@@ -82,6 +82,8 @@ pub struct NodeSpec {
     pub loop_index: Option<usize>,
 }
 
+// An agent node is larger than a tool node; a workflow holds a handful of nodes, built once.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq)]
 pub enum NodeKind {
     Agent(AgentNode),

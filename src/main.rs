@@ -262,7 +262,15 @@ fn predictor_eval(train: Option<PathBuf>, test: Option<PathBuf>, json: bool) -> 
 }
 
 fn run(args: RunArgs) -> Result<RunEnd> {
-    let workflows = load_all(&args.workflows)?;
+    // Bad flags and bad files are reported together (with sound files, by `preflight` below,
+    // which also checks the files against the pool).
+    let workflows = match load_all(&args.workflows) {
+        Ok(w) => w,
+        Err(e) => {
+            let flags = exec::preflight::flag_problems(args.sessions, args.max_num_seqs, args.tool_workers, args.arrival);
+            bail!("{}", flags.into_iter().chain(std::iter::once(format!("{e}"))).collect::<Vec<_>>().join("\n"))
+        }
+    };
     // Remove what a killed earlier run's tool sandboxes left on this machine (only work
     // directories carrying Switchyard's marker whose owning process is gone).
     let swept = switchyard_tools::sandbox::residue::sweep_once();

@@ -167,6 +167,11 @@ nodes:
     let out = switchyard_in(&dir, &["validate", a.to_str().unwrap_or_default(), b.to_str().unwrap_or_default()]);
     assert!(!out.status.success());
     let e = stderr(&out);
+    // `run` reports its flags' problems with the files'.
+    let run = switchyard_in(&dir, &["run", a.to_str().unwrap_or_default(), "--sessions", "0", "--json"]);
+    assert!(!run.status.success() && run.stdout.is_empty());
+    let r = stderr(&run);
+    assert!(r.contains("--sessions: 0 is out of range") && r.contains("deployments.e.model: unknown model"), "{r}");
     for want in [
         "a.yaml:3:62: deployments.d.max_output_tokens: max_output_tokens 8192 must be at least 1 and below max_context 4096",
         "a.yaml:4:14: deployments.e.model: unknown model `Qwen3-9B`",

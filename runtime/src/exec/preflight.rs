@@ -50,24 +50,7 @@ pub enum FitRule {
 
 /// Check `cfg` before any session starts.
 pub fn check(cfg: &RunConfig, rule: FitRule) -> Result<(), PreflightError> {
-    let mut problems = Vec::new();
-    if cfg.sessions == 0 || cfg.sessions > MAX_SESSIONS {
-        problems.push(format!("--sessions: {} is out of range (1 to {MAX_SESSIONS} per workflow)", cfg.sessions));
-    }
-    if cfg.max_num_seqs == 0 || cfg.max_num_seqs > MAX_NUM_BATCHED_TOKENS {
-        problems.push(format!(
-            "--max-num-seqs: {} is out of range (1 to {MAX_NUM_BATCHED_TOKENS}: vLLM requires max_num_batched_tokens {MAX_NUM_BATCHED_TOKENS} ≥ max_num_seqs)",
-            cfg.max_num_seqs
-        ));
-    }
-    if cfg.tool_workers == 0 || cfg.tool_workers > 1024 {
-        problems.push(format!("--tool-workers: {} is out of range (1 to 1024)", cfg.tool_workers));
-    }
-    if let Arrival::Poisson(r) = cfg.arrival
-        && !(r.is_finite() && r > 0.0)
-    {
-        problems.push(format!("--arrival: Poisson rate {r} must be a positive number"));
-    }
+    let mut problems = flag_problems(cfg.sessions, cfg.max_num_seqs, cfg.tool_workers, cfg.arrival);
     if cfg.pool.devices.is_empty() {
         problems.push(format!("pool `{}`: it has no GPU", cfg.pool.name));
     }
@@ -75,6 +58,28 @@ pub fn check(cfg: &RunConfig, rule: FitRule) -> Result<(), PreflightError> {
         problems.extend(fit_problems(cfg));
     }
     if problems.is_empty() { Ok(()) } else { Err(PreflightError { problems }) }
+}
+
+/// The run's numbers out of range, each naming its flag (checkable before any file is read).
+pub fn flag_problems(sessions: usize, max_num_seqs: u32, tool_workers: usize, arrival: Arrival) -> Vec<String> {
+    let mut problems = Vec::new();
+    if sessions == 0 || sessions > MAX_SESSIONS {
+        problems.push(format!("--sessions: {sessions} is out of range (1 to {MAX_SESSIONS} per workflow)"));
+    }
+    if max_num_seqs == 0 || max_num_seqs > MAX_NUM_BATCHED_TOKENS {
+        problems.push(format!(
+            "--max-num-seqs: {max_num_seqs} is out of range (1 to {MAX_NUM_BATCHED_TOKENS}: vLLM requires max_num_batched_tokens {MAX_NUM_BATCHED_TOKENS} ≥ max_num_seqs)"
+        ));
+    }
+    if tool_workers == 0 || tool_workers > 1024 {
+        problems.push(format!("--tool-workers: {tool_workers} is out of range (1 to 1024)"));
+    }
+    if let Arrival::Poisson(r) = arrival
+        && !(r.is_finite() && r > 0.0)
+    {
+        problems.push(format!("--arrival: Poisson rate {r} must be a positive number"));
+    }
+    problems
 }
 
 /// Each workflow deployment that fits no device of the pool. A deployment is served as its

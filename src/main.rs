@@ -18,7 +18,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand};
 use comfy_table::{Table, presets::UTF8_FULL_CONDENSED};
 use switchyard_runtime::exec::{self, Arrival, PoolSpec, RunConfig};
-use switchyard_runtime::planner::{JointOptions, POLICIES};
+use switchyard_runtime::planner::{JointOptions, POLICIES, Substrate};
 use switchyard_runtime::report::{RunReport, timeline};
 use switchyard_runtime::sim::{self, Flow};
 use switchyard_runtime::workflow::{WorkflowSpec, load_workflow};
@@ -123,6 +123,16 @@ struct RunArgs {
     /// Batch limit per replica (vLLM --max-num-seqs).
     #[arg(long, default_value_t = 256)]
     max_num_seqs: u32,
+    /// Substrate: most replicas of one model, for every policy (default: the pool is the limit).
+    #[arg(long)]
+    replica_cap: Option<usize>,
+    /// Substrate: reactive scale-out adds a replica when more than this many units per replica
+    /// could not run at once (every policy's substrate; see README "What each policy may do").
+    #[arg(long, default_value_t = 1.0)]
+    scale_out_waiting: f64,
+    /// Substrate: … for at least this many seconds (Ray Serve's default upscale_delay_s).
+    #[arg(long, default_value_t = switchyard_runtime::planner::substrate::RAY_SERVE_UPSCALE_DELAY_S)]
+    upscale_delay: f64,
     /// Run on the live runtime (actors on wall-clock time) against the engines the pool file
     /// names, e.g. `--pool workflows/pools/live-emulated.yaml`; times are wall seconds.
     #[arg(long)]
@@ -229,6 +239,7 @@ fn validate(paths: &[PathBuf], pool: Option<&Path>) -> Result<()> {
                 predictor: "formula".into(),
                 tool_workers: 1,
                 max_num_seqs: 256,
+                substrate: Default::default(),
             };
             preflight(&cfg, false)?;
         }
@@ -303,6 +314,11 @@ fn run(args: RunArgs) -> Result<RunEnd> {
         predictor: args.predictor.clone(),
         tool_workers: args.tool_workers,
         max_num_seqs: args.max_num_seqs,
+        substrate: Substrate {
+            replica_cap: args.replica_cap,
+            scale_out_waiting: args.scale_out_waiting,
+            upscale_delay_s: args.upscale_delay,
+        },
     };
     preflight(&cfg, args.live)?;
     let total = args.sessions * cfg.workflows.len();

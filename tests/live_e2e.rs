@@ -62,6 +62,7 @@ fn configs(pool: &Path, sessions: usize, seed: u64) -> (RunConfig, LiveConfig, P
         predictor: "oracle".into(),
         tool_workers: 2,
         max_num_seqs: 256,
+        substrate: Default::default(),
     };
     let engines = PoolEngines::new(&live_pool, 0, Some(PathBuf::from(EXE))).unwrap();
     let mut cfg = LiveConfig::new(run.clone());

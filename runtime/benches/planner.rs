@@ -50,7 +50,7 @@ fn build(policy: &str, sessions: u32, gpus: u32) -> (Planner, ActivationId, Repl
             }
         })
         .collect();
-    let p = policy_by_name(policy, JointOptions::default(), Box::new(Analytic)).unwrap();
+    let p = policy_by_name(policy, JointOptions::default(), Box::new(Analytic), Default::default()).unwrap();
     let mut planner = Planner::new(devices, deployments, p);
     // Every session has one ready or running unit and one near-ready successor.
     let mut first = None;

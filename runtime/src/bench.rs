@@ -230,6 +230,7 @@ impl BenchConfig {
             // machine's cores.
             tool_workers: 1,
             max_num_seqs: self.max_num_seqs,
+            substrate: Default::default(),
         }
     }
 }

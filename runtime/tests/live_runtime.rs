@@ -333,6 +333,7 @@ fn sim_config(names: &[&str], sessions: usize, pool: &str, seed: u64) -> RunConf
         predictor: "oracle".into(),
         tool_workers: 2,
         max_num_seqs: 256,
+        substrate: Default::default(),
     }
 }
 

@@ -78,7 +78,7 @@ fn run(case: &Case) -> Result<(), TestCaseError> {
     let fits: Vec<bool> = deployments.iter().map(|d| devices.iter().any(|g| d.fits(g))).collect();
     let (fusion, prefetch, shared) = case.options;
     let name = ["parrot", "joint"][case.policy];
-    let policy = policy_by_name(name, JointOptions { fusion, prefetch, shared_lifecycle: shared }, Box::new(Fixed))
+    let policy = policy_by_name(name, JointOptions { fusion, prefetch, shared_lifecycle: shared }, Box::new(Fixed), Default::default())
         .unwrap();
     let mut planner = Planner::new(devices.clone(), deployments.clone(), policy);
 

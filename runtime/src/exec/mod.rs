@@ -33,7 +33,7 @@ use switchyard_predictor::Dtype;
 use thiserror::Error;
 
 use crate::ids::ActivationId;
-use crate::planner::{JointOptions, PlanError};
+use crate::planner::{JointOptions, PlanError, Substrate};
 use crate::session::Session;
 use crate::workflow::WorkflowSpec;
 
@@ -85,6 +85,8 @@ pub struct RunConfig {
     pub tool_workers: usize,
     /// vLLM `--max-num-seqs`.
     pub max_num_seqs: u32,
+    /// The serving substrate every policy shares (replica cap, reactive scale-out).
+    pub substrate: Substrate,
 }
 
 /// One line of the optional JSONL trace.

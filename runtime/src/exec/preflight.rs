@@ -51,6 +51,16 @@ pub enum FitRule {
 /// Check `cfg` before any session starts.
 pub fn check(cfg: &RunConfig, rule: FitRule) -> Result<(), PreflightError> {
     let mut problems = flag_problems(cfg.sessions, cfg.max_num_seqs, cfg.tool_workers, cfg.arrival);
+    let sub = &cfg.substrate;
+    if sub.replica_cap == Some(0) {
+        problems.push("--replica-cap: 0 leaves no replica for any model (at least 1)".into());
+    }
+    if !(sub.scale_out_waiting.is_finite() && sub.scale_out_waiting >= 0.0) {
+        problems.push(format!("--scale-out-waiting: {} must be a number ≥ 0", sub.scale_out_waiting));
+    }
+    if !(sub.upscale_delay_s.is_finite() && sub.upscale_delay_s >= 0.0) {
+        problems.push(format!("--upscale-delay: {} must be a number of seconds ≥ 0", sub.upscale_delay_s));
+    }
     if cfg.pool.devices.is_empty() {
         problems.push(format!("pool `{}`: it has no GPU", cfg.pool.name));
     }
@@ -184,6 +194,7 @@ mod tests {
             predictor: "formula".into(),
             tool_workers: 1,
             max_num_seqs: 256,
+            substrate: Default::default(),
         }
     }
 

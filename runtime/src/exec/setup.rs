@@ -14,7 +14,7 @@ use super::ShellError;
 use super::graph_info::{self, NodeInfo};
 use super::oracle;
 use crate::planner::profiled::{PREDICTORS, ProfiledEstimates};
-use crate::planner::{DeploymentId, DeploymentInfo, DeviceInfo, Estimates, JointOptions, Planner, policy_by_name};
+use crate::planner::{DeploymentId, DeploymentInfo, DeviceInfo, Estimates, JointOptions, Planner, Substrate, policy_by_name};
 use crate::values::Record;
 use crate::workflow::WorkflowSpec;
 
@@ -86,6 +86,7 @@ pub fn build_planner(
     policy: &str,
     options: JointOptions,
     predictor: &str,
+    substrate: Substrate,
 ) -> Result<Planner, ShellError> {
     let devices: Vec<DeviceInfo> = devices
         .iter()
@@ -104,7 +105,7 @@ pub fn build_planner(
             )));
         }
     };
-    let policy = policy_by_name(policy, options, estimates)?;
+    let policy = policy_by_name(policy, options, estimates, substrate)?;
     Ok(Planner::new(devices, deployments.to_vec(), policy))
 }
 

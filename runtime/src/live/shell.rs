@@ -130,7 +130,7 @@ pub async fn run(cfg: &LiveConfig, factory: Arc<dyn EngineFactory>, progress: Op
     let (deployments, deployment_of) = exec::deployment_table(&rc.workflows, rc.max_num_seqs)?;
     let node_info = exec::node_infos(&rc.workflows, &deployment_of);
     let records = exec::load_records(&rc.workflows)?;
-    let planner = exec::build_planner(&rc.pool.devices, &deployments, &rc.policy, rc.options, &rc.predictor)?;
+    let planner = exec::build_planner(&rc.pool.devices, &deployments, &rc.policy, rc.options, &rc.predictor, rc.substrate)?;
     let sizes: Vec<usize> = records.iter().map(|r| r.len()).collect();
     let trace = arrivals::trace(rc.arrival, rc.sessions, &sizes, rc.seed);
     let total = trace.len();

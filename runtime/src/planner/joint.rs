@@ -15,8 +15,9 @@
 //!    Reclaim + Load (Eq. 5) of lease-free victims — redundant copies first, then distant next
 //!    use relative to reload cost, LRU when there is no estimate — chosen by the Eq. 12 order
 //!    restricted to this decision (completion of the unlocked work Ĉ_F, then lifecycle
-//!    overhead H_life). Scale-out (a second replica) only when no replica accepts and a new
-//!    one finishes the unit earlier than the current queue, under a replica cap.
+//!    overhead H_life). Scale-out (another replica) only when no replica accepts and a new
+//!    one finishes the unit earlier than the current queue, under the substrate's replica cap
+//!    (none by default).
 //! 4. **PlanPrefetch**: only when no grant and no ready lifecycle action was issued at this
 //!    tick; stages a near-ready deployment when its predicted release (Eq. 2, from the
 //!    committed timeline) is within its load time plus a dispatch slack, on free memory or
@@ -34,6 +35,7 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use super::estimates::Estimates;
+use super::substrate::Substrate;
 use super::{Command, DeploymentId, Event, PlannerState, Policy, ReplicaPhase, ReplicaView, WorkItem};
 use crate::ids::{ActivationId, DeviceId, ReplicaId};
 
@@ -56,8 +58,6 @@ impl Default for JointOptions {
 pub const AGING_QUANTUM_S: f64 = 30.0;
 /// Dispatch slack added to the load time when deciding whether a prefetch is timely.
 pub const PREFETCH_SLACK_S: f64 = 5.0;
-/// Most replicas of one deployment the policy scales out to.
-pub const REPLICA_CAP: usize = 3;
 /// Bindings whose predicted completion is within this factor of the best are equivalent; the
 /// least capable device among them is taken (resource ordering).
 pub const NEAR_BEST: f64 = 1.10;
@@ -70,6 +70,8 @@ const HISTORY: usize = 32;
 pub struct Joint {
     opts: JointOptions,
     est: Box<dyn Estimates>,
+    /// The shared substrate's settings (the replica cap applies to this policy's scale-out).
+    substrate: Substrate,
     /// Recent output lengths per (workflow, node).
     history: BTreeMap<(u32, u32), VecDeque<u32>>,
     /// KV reservation (bytes) of each admitted unit, per replica.
@@ -85,11 +87,18 @@ impl Joint {
         Joint {
             opts,
             est,
+            substrate: Substrate::default(),
             history: BTreeMap::new(),
             kv: BTreeMap::new(),
             load_owner: BTreeMap::new(),
             history_key: BTreeMap::new(),
         }
+    }
+
+    /// Plan on `substrate` (its replica cap bounds this policy's scale-out).
+    pub fn with_substrate(mut self, substrate: Substrate) -> Self {
+        self.substrate = substrate;
+        self
     }
 
     /// Output tokens for timing: P90 of recent completions of the node, else its limit.
@@ -494,7 +503,7 @@ impl Policy for Joint {
         }
         for (d, items) in scale_out {
             loop {
-                if state.replicas_of(d).count() >= REPLICA_CAP {
+                if !self.substrate.below_cap(state, d) {
                     break;
                 }
                 let Some(dep) = state.deployment(d) else { break };

@@ -1,42 +1,48 @@
 //! `kairos`: the workflow-aware baseline, in the style of Kairos (Chen et al., arXiv
-//! 2508.06948) as paper 003 evaluates it on a shared serving substrate.
+//! 2508.06948) as paper 003 evaluates it on the shared serving substrate
+//! ([`super::substrate`]).
 //!
-//! What is implemented (there is no public code; this follows the paper's abstract and §4 and
-//! the field notes in `shared/field/anchors.md` §3):
+//! What is implemented, following the paper and its public code (`Chen-Jin-yuan/Kairos`,
+//! `framework/balancer/`: `balancer.py`, `memory_predictor.py`):
 //!
 //! - **Workflow-aware priority.** Ready units are served shortest remaining workflow first:
 //!   ascending [`WorkItem::remaining_path_tokens`], the expected generation work on the longest
 //!   path from the unit's node to the end of its workflow (the node included), across all
 //!   workflows; ties first-come first-served (ready time, then activation id).
-//! - **Memory-aware dispatch.** First fit on predicted KV: replicas of the unit's deployment
-//!   are tried in id order, and a unit goes to the first awake one with a free batch slot
-//!   (B_q) whose reserved KV plus the unit's fits its KV capacity. A unit reserves its
-//!   admission envelope (prompt bound + output limit, Eq. 4 of paper 003) ×
-//!   `kv_bytes_per_token` for its whole lifetime; a replica's KV capacity is its claim minus
-//!   the weights minus [`PLANNER_ENGINE_RESERVE_BYTES`]. Lower-priority units may fill the
-//!   room a higher-priority unit cannot use (no head-of-line blocking).
-//! - **Lifecycle as in `parrot`**: a deployment is loaded on demand when no replica of it is
-//!   resident or loading, on the fastest eligible device with free memory, evicting
-//!   least-recently-used idle replicas when memory is needed ([`load_on_demand`]). No
-//!   prefetch, no fusion, no scale-out.
+//! - **Memory-aware dispatch across instances.** For the unit at the head of its deployment's
+//!   queue, every awake replica of the deployment with a free batch slot (B_q) is a candidate
+//!   when its reserved KV plus the unit's fits its KV capacity; the unit goes to the candidate
+//!   with the **lowest predicted memory use after admission** (the balancer sorts the feasible
+//!   instances by predicted peak tokens and takes the smallest), so requests spread over
+//!   instances by memory. A unit reserves its admission envelope (prompt bound + output limit,
+//!   Eq. 4 of paper 003) × `kv_bytes_per_token` for its lifetime; a replica's KV capacity is its
+//!   claim minus the weights minus [`PLANNER_ENGINE_RESERVE_BYTES`].
+//! - **Head-of-line per deployment.** The balancer dispatches only the head of its priority
+//!   queue and waits while no instance can take it; here each deployment's queue waits on its
+//!   own head, so lower-priority units of the same model do not overtake it, while other
+//!   models' units proceed (in Kairos's testbed every model is resident; on a shared pool with
+//!   loading, one global head would stall every model behind a load).
+//! - **Lifecycle is the substrate's**: load on demand, LRU reclaim of idle replicas, reactive
+//!   request-level scale-out under the shared replica cap. No prefetch, no fusion.
 //!
-//! Where it may differ from the paper's system:
+//! Where it differs from the paper's system:
 //! - Kairos profiles agents online and ranks by *predicted remaining latency*; we rank by the
 //!   remaining critical-path *tokens* the workflow graph gives statically (latency is roughly
 //!   proportional to generated tokens on one model, not across models and devices).
-//! - Kairos's dispatcher reasons about memory over *time slots* of each request's lifetime; we
-//!   reserve the peak (the whole envelope) from admission to completion, which is the
-//!   conservative end of the same rule.
+//! - Kairos's memory predictor sums each request's growing footprint (prompt + decode slope ×
+//!   elapsed time) over 0.1 s slots of its predicted duration and corrects the sum by the
+//!   engine's reported KV usage; we reserve each unit's peak (the whole envelope) from admission
+//!   to completion, the conservative end of the same rule, and see no engine telemetry.
 //! - A unit whose envelope exceeds an *empty* replica's KV capacity is still admitted there
-//!   (the engine preempts under real KV pressure) so it cannot starve; Kairos does not say.
+//!   (the engine preempts under real KV pressure) so it cannot starve.
 //!
 //! Pure: depends only on the planner state; no I/O, no clock, no randomness.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
-use super::parrot::load_on_demand;
 use super::state::PLANNER_ENGINE_RESERVE_BYTES;
-use super::{Command, Event, PlannerState, Policy, ReplicaPhase, ReplicaView, WorkItem};
+use super::substrate::{ScaleOut, Substrate, load_on_demand};
+use super::{Command, DeploymentId, Event, PlannerState, Policy, ReplicaPhase, ReplicaView, WorkItem};
 use crate::ids::{ActivationId, ReplicaId};
 
 /// The Kairos-style baseline policy.
@@ -44,11 +50,13 @@ use crate::ids::{ActivationId, ReplicaId};
 pub struct Kairos {
     /// KV bytes reserved by each admitted unit, until it finishes.
     reserved: BTreeMap<ActivationId, u64>,
+    substrate: Substrate,
+    scale_out: ScaleOut,
 }
 
 impl Kairos {
-    pub fn new() -> Self {
-        Self::default()
+    pub fn new(substrate: Substrate) -> Self {
+        Kairos { reserved: BTreeMap::new(), substrate, scale_out: ScaleOut::default() }
     }
 
     /// KV bytes `w` reserves: its admission envelope (I_adm + O_adm) × KV bytes per token.
@@ -68,16 +76,22 @@ impl Kairos {
         r.leases.iter().filter_map(|a| self.reserved.get(a)).sum()
     }
 
-    /// The first replica (id order) of `w`'s deployment that is awake, has a batch slot and
-    /// room for `w`'s KV envelope.
-    fn first_fit(&self, state: &PlannerState, w: &WorkItem) -> Option<ReplicaId> {
+    /// Among the awake replicas of `w`'s deployment with a batch slot and room for `w`'s KV
+    /// envelope, the one whose KV use after admitting `w` is the smallest fraction of its
+    /// capacity (ties: lower id).
+    fn least_memory(&self, state: &PlannerState, w: &WorkItem) -> Option<ReplicaId> {
         let limit = state.deployment(w.deployment)?.max_num_seqs as usize;
         let demand = Self::kv_demand(state, w);
         state
             .replicas_of(w.deployment)
             .filter(|r| r.phase == ReplicaPhase::Awake && r.leases.len() < limit)
-            .find(|r| r.leases.is_empty() || self.kv_reserved(r) + demand <= Self::kv_capacity(state, r))
-            .map(|r| r.id)
+            .filter_map(|r| {
+                let capacity = Self::kv_capacity(state, r);
+                let after = self.kv_reserved(r) + demand;
+                (r.leases.is_empty() || after <= capacity).then(|| (after as f64 / capacity.max(1) as f64, r.id))
+            })
+            .min_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)))
+            .map(|(_, id)| id)
     }
 }
 
@@ -109,17 +123,24 @@ impl Policy for Kairos {
     }
 
     fn plan(&mut self, state: &mut PlannerState, now: f64, out: &mut Vec<Command>) {
+        // Deployments whose head unit could not be placed: their later units wait behind it.
+        let mut blocked: BTreeSet<DeploymentId> = BTreeSet::new();
         for w in priority_order(state.queue()) {
-            if let Some(replica) = self.first_fit(state, &w) {
+            if blocked.contains(&w.deployment) {
+                continue;
+            }
+            if let Some(replica) = self.least_memory(state, &w) {
                 if state.issue_dispatch(w.activation, replica, now, out).is_ok() {
                     self.reserved.insert(w.activation, Self::kv_demand(state, &w));
                 }
                 continue;
             }
+            blocked.insert(w.deployment);
             if state.replicas_of(w.deployment).next().is_none() {
                 load_on_demand(state, w.deployment, now, out);
             }
         }
+        self.scale_out.plan(state, &self.substrate, now, out);
     }
 }
 
@@ -196,7 +217,7 @@ mod tests {
         // Session 1 became ready first but has far more work left on its path.
         s.observe(Event::UnitReady(unit(1, 0, 1.0, 5000, (100, 100))), 1.0).unwrap();
         s.observe(Event::UnitReady(unit(2, 0, 2.0, 300, (100, 100))), 2.0).unwrap();
-        let mut k = Kairos::new();
+        let mut k = Kairos::default();
         let mut out = Vec::new();
         k.plan(&mut s, 2.0, &mut out);
         assert_eq!(dispatched(&out), vec![(2, r.0)]);
@@ -210,12 +231,12 @@ mod tests {
         s.observe(Event::UnitReady(unit(7, 0, 3.0, 300, (100, 100))), 3.0).unwrap();
         s.observe(Event::UnitReady(unit(4, 0, 1.0, 300, (100, 100))), 3.0).unwrap();
         let mut out = Vec::new();
-        Kairos::new().plan(&mut s, 3.0, &mut out);
+        Kairos::default().plan(&mut s, 3.0, &mut out);
         assert_eq!(dispatched(&out), vec![(4, r.0)]);
     }
 
     #[test]
-    fn kv_envelopes_are_packed_first_fit_and_small_units_backfill() {
+    fn kv_envelopes_must_fit_and_the_deployments_head_blocks_later_units() {
         let (mut s, r) = awake(64);
         let rv = s.replica(r).unwrap().clone();
         let cap = Kairos::kv_capacity(&s, &rv);
@@ -227,14 +248,15 @@ mod tests {
         let big = ((0.6 * cap as f64) / per_token as f64) as u32;
         s.observe(Event::UnitReady(unit(1, 0, 1.0, 100, (big - 500, 500))), 1.0).unwrap();
         s.observe(Event::UnitReady(unit(2, 0, 1.0, 200, (big - 500, 500))), 1.0).unwrap();
-        // A small one with a longer path: admitted behind the blocked big one (backfill).
+        // A small one with a longer path: it would fit, but waits behind the blocked big one of
+        // the same model (the balancer dispatches the head of its priority queue only).
         s.observe(Event::UnitReady(unit(3, 0, 1.0, 900, (1000, 500))), 1.0).unwrap();
-        let mut k = Kairos::new();
+        let mut k = Kairos::default();
         let mut out = Vec::new();
         k.plan(&mut s, 1.0, &mut out);
-        assert_eq!(dispatched(&out), vec![(1, r.0), (3, r.0)]);
+        assert_eq!(dispatched(&out), vec![(1, r.0)]);
         let reserved = k.kv_reserved(s.replica(r).unwrap());
-        assert_eq!(reserved, u64::from(big) * per_token + 1500 * per_token);
+        assert_eq!(reserved, u64::from(big) * per_token);
         assert!(reserved <= cap);
         // When the first big unit finishes, its reservation is released and the second fits.
         let a1 = ActivationId { session: SessionId(1), index: 0 };
@@ -243,28 +265,58 @@ mod tests {
         k.observe(&ev, &s, 5.0);
         let mut out = Vec::new();
         k.plan(&mut s, 5.0, &mut out);
-        assert_eq!(dispatched(&out), vec![(2, r.0)]);
+        assert_eq!(dispatched(&out), vec![(2, r.0), (3, r.0)]);
     }
 
-    #[test]
-    fn first_fit_takes_the_lowest_replica_with_room_and_respects_the_batch_limit() {
-        let mut s = PlannerState::new(devices(), deployments(1));
+    fn two_replicas(max_num_seqs: u32) -> (PlannerState, ReplicaId, ReplicaId) {
+        let mut s = PlannerState::new(devices(), deployments(max_num_seqs));
         let mut sink = Vec::new();
         let r0 = s.issue_load(DeploymentId(0), DeviceId(0), 0.0, &mut sink).unwrap();
         let r1 = s.issue_load(DeploymentId(0), DeviceId(1), 0.0, &mut sink).unwrap();
         for r in [r0, r1] {
             s.observe(Event::ReplicaLoaded { replica: r }, 1.0).unwrap();
         }
+        (s, r0, r1)
+    }
+
+    #[test]
+    fn dispatch_takes_the_replica_with_the_least_memory_in_use_and_respects_the_batch_limit() {
+        let (mut s, r0, r1) = two_replicas(1);
         for i in 0..3 {
             s.observe(Event::UnitReady(unit(i, 0, 1.0, 100 + i, (100, 100))), 1.0).unwrap();
         }
         let mut out = Vec::new();
-        Kairos::new().plan(&mut s, 1.0, &mut out);
-        // One sequence per replica: unit 0 to the first replica, unit 1 to the second, unit 2
-        // waits; no load is issued since replicas exist.
-        assert_eq!(dispatched(&out), vec![(0, r0.0), (1, r1.0)]);
+        Kairos::default().plan(&mut s, 1.0, &mut out);
+        // The A100 replica (r1) has the larger KV capacity, so the first unit's share of it is
+        // smaller; the second goes to the V100 replica; unit 2 waits (one sequence each). No
+        // load is issued since replicas exist.
+        assert_eq!(dispatched(&out), vec![(0, r1.0), (1, r0.0)]);
         assert_eq!(out.len(), 2);
         assert_eq!(s.queue().len(), 1);
+    }
+
+    #[test]
+    fn requests_spread_over_instances_by_memory() {
+        let (mut s, r0, r1) = two_replicas(64);
+        for i in 0..8 {
+            s.observe(Event::UnitReady(unit(i, 0, 1.0, 100, (4000, 1000))), 1.0).unwrap();
+        }
+        let mut k = Kairos::default();
+        let mut out = Vec::new();
+        k.plan(&mut s, 1.0, &mut out);
+        let on = |r: ReplicaId| dispatched(&out).iter().filter(|(_, x)| *x == r.0).count();
+        assert_eq!(on(r0) + on(r1), 8);
+        // Both instances take work, in proportion to their KV capacity (never all on one).
+        assert!(on(r0) >= 2 && on(r1) >= 2, "r0 {} r1 {}", on(r0), on(r1));
+        assert!(on(r1) >= on(r0), "the larger cache takes at least as many");
+        // After admission the two caches are within one unit's share of each other.
+        let share = |r: ReplicaId| {
+            let v = s.replica(r).unwrap();
+            k.kv_reserved(v) as f64 / Kairos::kv_capacity(&s, v) as f64
+        };
+        let unit_share = Kairos::kv_demand(&s, &unit(0, 0, 1.0, 100, (4000, 1000))) as f64
+            / Kairos::kv_capacity(&s, s.replica(r0).unwrap()) as f64;
+        assert!((share(r0) - share(r1)).abs() <= unit_share + 1e-9, "{} vs {}", share(r0), share(r1));
     }
 
     #[test]
@@ -272,14 +324,14 @@ mod tests {
         let (mut s, r) = awake(8);
         s.observe(Event::UnitReady(unit(1, 0, 1.0, 100, (8_000_000, 512))), 1.0).unwrap();
         let mut out = Vec::new();
-        Kairos::new().plan(&mut s, 1.0, &mut out);
+        Kairos::default().plan(&mut s, 1.0, &mut out);
         assert_eq!(dispatched(&out), vec![(1, r.0)]);
     }
 
     #[test]
     fn loads_on_demand_in_priority_order_and_evicts_lru_idle_replicas() {
         let mut s = PlannerState::new(devices(), deployments(8));
-        let mut k = Kairos::new();
+        let mut k = Kairos::default();
         // Both deployments wait at the same event: the one with less remaining work is loaded
         // first, so it gets the fastest device (FIFO would have picked deployment 1).
         s.observe(Event::UnitReady(unit(0, 1, 0.0, 900, (10, 10))), 0.0).unwrap();
@@ -321,7 +373,7 @@ mod tests {
 
     #[test]
     fn never_evicts_a_leased_replica() {
-        let mut p = Planner::new(devices(), deployments(8), Box::new(Kairos::new()));
+        let mut p = Planner::new(devices(), deployments(8), Box::new(Kairos::default()));
         p.handle(Event::UnitReady(unit(0, 0, 0.0, 10, (10, 10))), 0.0).unwrap();
         p.handle(Event::UnitReady(unit(1, 1, 0.0, 20, (10, 10))), 0.0).unwrap();
         p.handle(Event::ReplicaLoaded { replica: ReplicaId(0) }, 1.0).unwrap();

@@ -18,11 +18,13 @@ pub mod memory;
 pub mod profiled;
 mod parrot;
 mod state;
+pub mod substrate;
 
 pub use estimates::Estimates;
 pub use joint::{Joint, JointOptions};
 pub use kairos::Kairos;
 pub use parrot::Parrot;
+pub use substrate::Substrate;
 pub use state::{
     DeploymentInfo, DeviceInfo, NearReadyItem, PlanError, PlannerState, ReplicaPhase, ReplicaView,
     RunningUnit, WorkItem,
@@ -91,16 +93,18 @@ pub trait Policy: Send {
 pub const POLICIES: &[&str] = &["joint", "parrot", "kairos"];
 
 /// Build a policy from its CLI name. `options` switch the joint policy's mechanisms (the
-/// ablations); `estimates` is the Predictor the policy plans with (baselines ignore both).
+/// ablations); `estimates` is the Predictor the policy plans with (baselines ignore both);
+/// `substrate` is the serving substrate every policy shares (replica cap, reactive scale-out).
 pub fn policy_by_name(
     name: &str,
     options: JointOptions,
     estimates: Box<dyn Estimates>,
+    substrate: Substrate,
 ) -> Result<Box<dyn Policy>, PlanError> {
     match name {
-        "joint" => Ok(Box::new(Joint::new(options, estimates))),
-        "parrot" => Ok(Box::new(Parrot)),
-        "kairos" => Ok(Box::new(Kairos::new())),
+        "joint" => Ok(Box::new(Joint::new(options, estimates).with_substrate(substrate))),
+        "parrot" => Ok(Box::new(Parrot::new(substrate))),
+        "kairos" => Ok(Box::new(Kairos::new(substrate))),
         other => Err(PlanError::UnknownPolicy(other.to_string(), POLICIES.join(", "))),
     }
 }

@@ -1,24 +1,32 @@
 //! `parrot`: the request-level baseline, in the style of Parrot (Lin et al., OSDI'24) as the
-//! papers evaluate it on a shared serving substrate.
+//! papers evaluate it on the shared serving substrate ([`super::substrate`]).
 //!
 //! - Dependency-aware: a unit is queued only when its predecessors completed (the shell does
 //!   that), and units are served first-come first-served in ready order.
 //! - Placement packs: among awake replicas of the unit's deployment with a free batch slot, the
 //!   one with the most units already admitted (Parrot's "less remaining capacity" rule).
-//! - A model is loaded on demand only when no replica of it is resident or loading, on the
-//!   eligible device with free memory and the highest compute throughput.
-//! - When no device has room, least-recently-used idle replicas are evicted, on the device where
-//!   that frees enough memory with the oldest victims.
+//! - Lifecycle is the substrate's: load on demand, LRU reclaim of idle replicas, and reactive
+//!   request-level scale-out under the shared replica cap.
 //!
-//! It never prefetches, fuses or scales out: each ready request re-queues and re-acquires.
+//! It never prefetches or fuses: each ready request re-queues and re-acquires.
 //! Depends only on the planner state.
 
+use super::substrate::{ScaleOut, Substrate, load_on_demand};
 use super::{Command, DeploymentId, PlannerState, Policy, ReplicaPhase};
-use crate::ids::{DeviceId, ReplicaId};
+use crate::ids::ReplicaId;
 
 /// The Parrot-style baseline policy.
 #[derive(Debug, Default)]
-pub struct Parrot;
+pub struct Parrot {
+    substrate: Substrate,
+    scale_out: ScaleOut,
+}
+
+impl Parrot {
+    pub fn new(substrate: Substrate) -> Self {
+        Parrot { substrate, scale_out: ScaleOut::default() }
+    }
+}
 
 impl Policy for Parrot {
     fn name(&self) -> &'static str {
@@ -38,6 +46,7 @@ impl Policy for Parrot {
                 load_on_demand(state, deployment, now, out);
             }
         }
+        self.scale_out.plan(state, &self.substrate, now, out);
     }
 }
 
@@ -51,69 +60,10 @@ pub(crate) fn pack_target(state: &PlannerState, deployment: DeploymentId) -> Opt
         .map(|r| r.id)
 }
 
-/// Load `deployment` somewhere, evicting LRU idle replicas if memory is needed.
-/// Returns the new replica, or `None` when nothing can be freed now.
-pub(crate) fn load_on_demand(
-    state: &mut PlannerState,
-    deployment: DeploymentId,
-    now: f64,
-    out: &mut Vec<Command>,
-) -> Option<ReplicaId> {
-    let d = state.deployment(deployment)?.clone();
-    let mut eligible: Vec<DeviceId> = state
-        .devices()
-        .iter()
-        .filter(|g| state.eligible(deployment, g.id))
-        .map(|g| g.id)
-        .collect();
-    // Fastest device first; ties by id.
-    eligible.sort_by(|a, b| {
-        let fa = state.device(*a).map(|g| g.spec.dense_fp16_flops).unwrap_or(0.0);
-        let fb = state.device(*b).map(|g| g.spec.dense_fp16_flops).unwrap_or(0.0);
-        fb.total_cmp(&fa).then(a.cmp(b))
-    });
-    for &g in &eligible {
-        let claim = state.device(g).map(|dev| d.claim_bytes(dev)).unwrap_or(u64::MAX);
-        if state.free_bytes(g) >= claim {
-            return state.issue_load(deployment, g, now, out).ok();
-        }
-    }
-    // Evict: for each device, the LRU idle victims that free enough; pick the device whose
-    // newest needed victim is the least recently used.
-    let mut best: Option<(f64, DeviceId, Vec<ReplicaId>)> = None;
-    for &g in &eligible {
-        let Some(dev) = state.device(g) else { continue };
-        let claim = d.claim_bytes(dev);
-        let mut idle: Vec<_> = state.replicas_on(g).filter(|r| r.is_idle()).collect();
-        idle.sort_by(|a, b| a.last_used.total_cmp(&b.last_used).then(a.id.cmp(&b.id)));
-        let mut free = state.free_bytes(g);
-        let mut victims = Vec::new();
-        let mut newest = f64::NEG_INFINITY;
-        for r in idle {
-            if free >= claim {
-                break;
-            }
-            free += r.claim_bytes;
-            newest = newest.max(r.last_used);
-            victims.push(r.id);
-        }
-        if free >= claim && best.as_ref().is_none_or(|(t, ..)| newest < *t) {
-            best = Some((newest, g, victims));
-        }
-    }
-    let (_, g, victims) = best?;
-    for v in victims {
-        if state.issue_unload(v, out).is_err() {
-            return None;
-        }
-    }
-    state.issue_load(deployment, g, now, out).ok()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ids::{ActivationId, SessionId};
+    use crate::ids::{ActivationId, DeviceId, SessionId};
     use crate::planner::{DeploymentInfo, DeviceInfo, Event, Planner, WorkItem};
     use switchyard_predictor::{Dtype, spec};
 
@@ -139,7 +89,7 @@ mod tests {
                 }
             })
             .collect();
-        Planner::new(devices, deployments, Box::new(Parrot))
+        Planner::new(devices, deployments, Box::new(Parrot::default()))
     }
 
     fn ready(s: u32, d: u32, at: f64) -> Event {

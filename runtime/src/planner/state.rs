@@ -134,6 +134,9 @@ pub struct RunningUnit {
     pub predicted_s: Option<f64>,
     pub workflow: u32,
     pub node: u32,
+    /// Tokens of KV the unit may hold on its replica: its admission envelope (prompt bound +
+    /// output limit, Eq. 4); 0 for tools.
+    pub kv_tokens: u64,
 }
 
 /// Lifecycle phase of a replica in the planner's view.
@@ -341,6 +344,7 @@ impl PlannerState {
                     predicted_s: Some(predicted_s),
                     workflow,
                     node,
+                    kv_tokens: 0,
                 });
             }
             Event::ToolFinished { activation } => {
@@ -421,6 +425,7 @@ impl PlannerState {
             predicted_s: None,
             workflow: item.workflow,
             node: item.node,
+            kv_tokens: u64::from(item.envelope.0) + u64::from(item.envelope.1),
         });
         out.push(Command::Dispatch { activation, replica });
         Ok(())

@@ -199,7 +199,7 @@ impl<'a> Sim<'a> {
     fn new(cfg: &'a RunConfig) -> Result<Self, SimError> {
         let (deployments, deployment_of) = exec::deployment_table(&cfg.workflows, cfg.max_num_seqs)?;
         let planner =
-            exec::build_planner(&cfg.pool.devices, &deployments, &cfg.policy, cfg.options, &cfg.predictor)?;
+            exec::build_planner(&cfg.pool.devices, &deployments, &cfg.policy, cfg.options, &cfg.predictor, cfg.substrate)?;
         let records = exec::load_records(&cfg.workflows)?;
         let sizes: Vec<usize> = records.iter().map(|r| r.len()).collect();
         let trace_entries = arrivals::trace(cfg.arrival, cfg.sessions, &sizes, cfg.seed);
@@ -799,6 +799,7 @@ mod tests {
             predictor: "oracle".into(),
             tool_workers: 1,
             max_num_seqs: 256,
+            substrate: Default::default(),
         }
     }
 

@@ -34,7 +34,7 @@ use switchyard_predictor::spec::{DeviceSpec, ModelArch};
 use crate::cost::{BatchSummary, CostModel};
 use crate::error::EmulatorError;
 use crate::kv::BlockPool;
-use crate::lifecycle::{SleepLevel, load_time, sleep_time, wake_time};
+use crate::lifecycle::{SleepLevel, WeightSource, load_time_from, sleep_time, wake_time};
 use crate::memory::{MemoryPlan, ServingConfig};
 
 /// Standard deviation of the log of the per-iteration engine noise. Vidur's kernel profiles
@@ -264,15 +264,20 @@ impl EmulatedReplica {
         self.state
     }
 
-    /// Cold → Loading. Returns the time the load completes.
+    /// Cold → Loading, weights from the page cache. Returns the time the load completes.
     pub fn begin_load(&mut self, now: f64) -> Result<f64, EmulatorError> {
+        self.begin_load_from(now, WeightSource::PageCache)
+    }
+
+    /// Cold → Loading, weights read from `source`. Returns the time the load completes.
+    pub fn begin_load_from(&mut self, now: f64, source: WeightSource) -> Result<f64, EmulatorError> {
         if self.state != ReplicaState::Cold {
             return Err(EmulatorError::IllegalTransition {
                 action: "load",
                 state: self.state,
             });
         }
-        let until = now + load_time(&self.device, &self.model, self.config.dtype);
+        let until = now + load_time_from(&self.device, &self.model, self.config.dtype, source);
         self.state = ReplicaState::Loading { until };
         Ok(until)
     }

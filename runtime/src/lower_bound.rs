@@ -319,9 +319,12 @@ mod tests {
         TraceTimes { arrivals: arrivals.iter().copied().collect(), tool_s: tools.iter().copied().collect() }
     }
 
+    /// The A100's cost model for Qwen3-4B, and the pool's fastest load of it (the V100's V0
+    /// engine starts faster than the A100's V1 engine, which also compiles).
     fn a100_4b() -> (CostModel, f64) {
         let (d, m) = (spec::device("A100-40GB").unwrap(), spec::model("Qwen3-4B").unwrap());
-        (CostModel::for_arch(&d, &m, Dtype::Fp16), load_time(&d, &m, Dtype::Fp16))
+        let load = pool().iter().map(|g| load_time(g, &m, Dtype::Fp16)).fold(f64::INFINITY, f64::min);
+        (CostModel::for_arch(&d, &m, Dtype::Fp16), load)
     }
 
     #[test]

@@ -21,8 +21,8 @@ use std::cmp::Ordering;
 use std::collections::{BTreeMap, BinaryHeap};
 use std::sync::Arc;
 
-use switchyard_emulator::{EmulatedReplica, EngineEvent, EngineRequest, ServingConfig};
-use switchyard_predictor::spec;
+use switchyard_emulator::{EmulatedReplica, EngineEvent, EngineRequest, ServingConfig, WeightSource};
+use switchyard_predictor::{Dtype, spec};
 use switchyard_tools::modeled_duration_s;
 use thiserror::Error;
 
@@ -143,6 +143,10 @@ struct Sim<'a> {
     /// Running tool calls: the job, the calling node's name and the tool's name.
     tool_jobs: BTreeMap<ActivationId, (ToolJob, String, String)>,
     timelines: Vec<DeviceTimeline>,
+    /// (model, dtype, device) whose weights were read before in this run: later loads read
+    /// them from the page cache, the first from disk. (Per device: the emulated pool has no
+    /// node grouping, so a node's other GPUs do not share it — the conservative end.)
+    weights_read: std::collections::BTreeSet<(String, Dtype, u32)>,
     work: TokenWork,
     trace: Vec<TraceLine>,
     notes: Vec<String>,
@@ -230,6 +234,7 @@ impl<'a> Sim<'a> {
             tools: ToolPool::new(cfg.tool_workers),
             tool_jobs: BTreeMap::new(),
             timelines,
+            weights_read: std::collections::BTreeSet::new(),
             work: BTreeMap::new(),
             trace: Vec::new(),
             notes: Vec::new(),
@@ -347,6 +352,11 @@ impl<'a> Sim<'a> {
                 config.gpu_memory_utilization = d.gpu_memory_utilization;
                 config.max_num_seqs = self.cfg.max_num_seqs;
                 let noise = derive_seed(self.cfg.noise_seed, &["replica", &replica.0.to_string()]);
+                let source = if self.weights_read.insert((d.model.clone(), d.dtype, device.0)) {
+                    WeightSource::Disk
+                } else {
+                    WeightSource::PageCache
+                };
                 self.log("load", TraceLine {
                     replica: Some(replica.0),
                     device: Some(device.0),
@@ -356,7 +366,7 @@ impl<'a> Sim<'a> {
                 let started = EmulatedReplica::new(dev, model, config, noise)
                     .map_err(|e| e.to_string())
                     .and_then(|mut engine| {
-                        engine.begin_load(self.now).map(|until| (engine, until)).map_err(|e| e.to_string())
+                        engine.begin_load_from(self.now, source).map(|until| (engine, until)).map_err(|e| e.to_string())
                     });
                 match started {
                     Ok((engine, until)) => {

@@ -58,6 +58,28 @@ impl ServingConfig {
         }
     }
 
+    /// vLLM 0.10.2's defaults for `vllm serve` on `device` (field anchors §9; vLLM's
+    /// `EngineArgs` usage-context defaults): the V1 engine batches 2,048 tokens and 256
+    /// sequences per step on A100 / A40 / L4-class GPUs and 8,192 / 1,024 only on non-A100 GPUs
+    /// with at least 70 GiB; the V0 engine (Volta) runs without chunked prefill for contexts up
+    /// to 32k — its step budget is then `max(max_model_len, 2048)` — and with prefix caching
+    /// off. The caller may still override `max_num_seqs` (`--max-num-seqs`).
+    pub fn vllm_defaults_on(device: &DeviceSpec, dtype: Dtype, max_model_len: u32) -> Self {
+        let mut c = Self::vllm_defaults(dtype, max_model_len);
+        match crate::lifecycle::EngineGeneration::on(device) {
+            crate::lifecycle::EngineGeneration::V0 => {
+                c.max_num_batched_tokens = if max_model_len <= 32_768 { max_model_len.max(2048) } else { 2048 };
+                c.enable_prefix_caching = false;
+            }
+            crate::lifecycle::EngineGeneration::V1 => {
+                let big = device.memory_bytes >= 70 * (1 << 30) && !device.name.starts_with("A100");
+                c.max_num_batched_tokens = if big { 8192 } else { 2048 };
+                c.max_num_seqs = if big { 1024 } else { 256 };
+            }
+        }
+        c
+    }
+
     /// The checks vLLM makes on these flags at start-up.
     pub fn validate(&self, device: &DeviceSpec, model: &ModelArch) -> Result<(), EmulatorError> {
         let bad = |field, value: String, reason| {
@@ -247,6 +269,22 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn per_device_defaults_are_vllms() {
+        let a100 = device("A100-40GB").unwrap();
+        let c = ServingConfig::vllm_defaults_on(&a100, Dtype::Bf16, 8192);
+        assert_eq!((c.max_num_batched_tokens, c.max_num_seqs, c.enable_prefix_caching), (2048, 256, true));
+        let h100 = device("H100-80GB").unwrap();
+        let c = ServingConfig::vllm_defaults_on(&h100, Dtype::Bf16, 8192);
+        assert_eq!((c.max_num_batched_tokens, c.max_num_seqs), (8192, 1024));
+        let a100_80 = device("A100-80GB").unwrap();
+        assert_eq!(ServingConfig::vllm_defaults_on(&a100_80, Dtype::Bf16, 8192).max_num_batched_tokens, 2048);
+        let v100 = device("V100-32GB").unwrap();
+        let c = ServingConfig::vllm_defaults_on(&v100, Dtype::Fp16, 8192);
+        assert_eq!((c.max_num_batched_tokens, c.enable_prefix_caching), (8192, false));
+        assert_eq!(ServingConfig::vllm_defaults_on(&v100, Dtype::Fp16, 1024).max_num_batched_tokens, 2048);
     }
 
     #[test]

@@ -20,8 +20,9 @@ use crate::workflow::NodeKind;
 
 /// Most sessions one run may ask for (per workflow).
 pub const MAX_SESSIONS: usize = 10_000_000;
-/// vLLM's `--max-num-batched-tokens` the emulated engines run with bounds `--max-num-seqs`.
-const MAX_NUM_BATCHED_TOKENS: u32 = 8192;
+/// The smallest per-step token budget of vLLM's per-device defaults (`max_num_batched_tokens`
+/// 2,048 on A100 / A40 / L4 / V100-class GPUs), which vLLM requires to be ≥ `--max-num-seqs`.
+const MAX_NUM_BATCHED_TOKENS: u32 = 2048;
 
 const GIB: f64 = (1u64 << 30) as f64;
 
@@ -116,13 +117,21 @@ fn fit_problems(cfg: &RunConfig) -> Vec<String> {
         for d in wf.deployments.values() {
             let Ok(model) = spec::model(&d.model) else { continue };
             let (max_len, util) = identity.get(&(d.model.clone(), d.dtype)).copied().unwrap_or((d.max_context, d.gpu_memory_utilization));
-            let mut config = ServingConfig::vllm_defaults(d.dtype, max_len);
-            config.gpu_memory_utilization = util;
-            config.max_num_seqs = max_num_seqs;
-            if kinds.iter().any(|k| MemoryPlan::new(k, &model, &config).is_ok()) {
+            let config_on = |k: &spec::DeviceSpec| {
+                let mut config = ServingConfig::vllm_defaults_on(k, d.dtype, max_len);
+                config.gpu_memory_utilization = util;
+                config.max_num_seqs = max_num_seqs;
+                config
+            };
+            if kinds.iter().any(|k| MemoryPlan::new(k, &model, &config_on(k)).is_ok()) {
                 continue;
             }
-            let need = MemoryPlan::requirement(&model, &config);
+            // The figures of the device kind that comes closest.
+            let need = kinds
+                .iter()
+                .map(|k| MemoryPlan::requirement(&model, &config_on(k)))
+                .min_by_key(|r| r.total_bytes())
+                .unwrap_or_else(|| MemoryPlan::requirement(&model, &ServingConfig::vllm_defaults(d.dtype, max_len)));
             let offers = kinds
                 .iter()
                 .map(|k| {

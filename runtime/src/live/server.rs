@@ -431,7 +431,7 @@ impl EmulateApp {
             Some(n) => n,
             None => u32::try_from(model.max_position_embeddings).unwrap_or(u32::MAX),
         };
-        let mut serving = ServingConfig::vllm_defaults(config.dtype, max_model_len);
+        let mut serving = ServingConfig::vllm_defaults_on(&device, config.dtype, max_model_len);
         serving.gpu_memory_utilization = config.gpu_memory_utilization;
         serving.max_num_seqs = config.max_num_seqs;
         serving.validate(&device, &model)?;

@@ -348,7 +348,7 @@ impl<'a> Sim<'a> {
                 let d = &self.deployments[deployment.0 as usize];
                 let model = spec::model(&d.model).map_err(|e| SimError::Internal(e.to_string()))?;
                 let dev = self.cfg.pool.devices[device.0 as usize].clone();
-                let mut config = ServingConfig::vllm_defaults(d.dtype, d.max_model_len);
+                let mut config = ServingConfig::vllm_defaults_on(&dev, d.dtype, d.max_model_len);
                 config.gpu_memory_utilization = d.gpu_memory_utilization;
                 config.max_num_seqs = self.cfg.max_num_seqs;
                 let noise = derive_seed(self.cfg.noise_seed, &["replica", &replica.0.to_string()]);

@@ -7,16 +7,20 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{Result, bail};
-use clap::Args;
+use clap::{Args, Subcommand};
 use comfy_table::{Table, presets::UTF8_FULL_CONDENSED};
 use indicatif::{ProgressBar, ProgressStyle};
-use switchyard_runtime::bench::{self, BenchConfig, BenchReport, VariantKind};
+use switchyard_runtime::bench::{self, BenchConfig, BenchReport, VariantKind, motivation};
 use switchyard_runtime::exec::PoolSpec;
 use switchyard_runtime::workflow::{WorkflowSpec, load_workflow};
 
 /// Arguments of `switchyard bench`.
 #[derive(Args, Debug)]
+#[command(args_conflicts_with_subcommands = true)]
 pub struct BenchArgs {
+    /// A separate experiment instead of paper 003's Figures 5–7.
+    #[command(subcommand)]
+    pub experiment: Option<Experiment>,
     /// Workflow YAML files.
     #[arg(default_values = ["workflows/gsm8k.yaml", "workflows/mbpp.yaml", "workflows/qmsum.yaml"])]
     pub workflows: Vec<PathBuf>,
@@ -52,6 +56,70 @@ pub struct BenchArgs {
     pub workers: usize,
 }
 
+/// Experiments with their own command.
+#[derive(Subcommand, Debug)]
+pub enum Experiment {
+    /// Paper 003 §2.2: QMSum with a concurrent MBPP repair workflow on 1× A100-40GB + 2×
+    /// V100-32GB under the request-level baselines; GPU-time breakdown and re-acquire wait
+    /// beside the paper's Figures 1(b) and 2.
+    Motivation(MotivationArgs),
+}
+
+/// Arguments of `switchyard bench motivation`.
+#[derive(Args, Debug)]
+pub struct MotivationArgs {
+    /// QMSum and MBPP sessions per repetition (each workflow).
+    #[arg(long, default_value_t = 10)]
+    pub sessions: usize,
+    /// Repetitions (engine-noise seeds 0..R); GPU time is summed over them, as the paper's.
+    #[arg(long, default_value_t = 3)]
+    pub repetitions: u64,
+    /// Pool file; default `workflows/pools/small.yaml`.
+    #[arg(long, default_value = "workflows/pools/small.yaml")]
+    pub pool: PathBuf,
+    /// Directory for motivation.md and motivation.json.
+    #[arg(long, default_value = "bench-out")]
+    pub out: PathBuf,
+    /// Print the report as JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+    #[arg(long, default_value = "graph")]
+    pub predictor: String,
+}
+
+/// Run `switchyard bench motivation`.
+fn motivation(args: MotivationArgs) -> Result<()> {
+    let wf = |name: &str| -> Result<Arc<WorkflowSpec>> {
+        let path = args.pool.parent().and_then(|p| p.parent()).map(|d| d.join(name)).unwrap_or_else(|| PathBuf::from(name));
+        let path = if path.is_file() { path } else { PathBuf::from("workflows").join(name) };
+        Ok(Arc::new(load_workflow(&path).map_err(|e| anyhow::anyhow!("{e}"))?))
+    };
+    let pool = PoolSpec::load(&args.pool).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let cfg = motivation::MotivationConfig {
+        qmsum: wf("qmsum.yaml")?,
+        mbpp: wf("mbpp.yaml")?,
+        pool,
+        sessions: args.sessions,
+        repetitions: args.repetitions,
+        seed: args.seed,
+        predictor: args.predictor.clone(),
+        substrate: Default::default(),
+    };
+    let report = motivation::run(&cfg).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let md = motivation::to_markdown(&report);
+    std::fs::create_dir_all(&args.out)?;
+    std::fs::write(args.out.join("motivation.md"), &md)?;
+    std::fs::write(args.out.join("motivation.json"), serde_json::to_string_pretty(&report)?)?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{md}");
+    }
+    Ok(())
+}
+
 fn load_workflows(paths: &[PathBuf]) -> Result<Vec<Arc<WorkflowSpec>>> {
     let mut out: Vec<Arc<WorkflowSpec>> = Vec::new();
     for p in paths {
@@ -67,6 +135,9 @@ fn load_workflows(paths: &[PathBuf]) -> Result<Vec<Arc<WorkflowSpec>>> {
 
 /// Run `switchyard bench`.
 pub fn run(args: BenchArgs) -> Result<()> {
+    if let Some(Experiment::Motivation(m)) = args.experiment {
+        return motivation(m);
+    }
     let workflows = load_workflows(&args.workflows)?;
     let pool_path = crate::pool_path::resolve(args.pool.as_deref(), args.workflows.first().map(PathBuf::as_path))?;
     let pool = PoolSpec::load(&pool_path).map_err(|e| anyhow::anyhow!("{e}"))?;

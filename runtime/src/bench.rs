@@ -22,6 +22,7 @@
 
 mod charts;
 mod markdown;
+pub mod motivation;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -150,3 +150,20 @@ fn bad_arguments_are_rejected() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("no/such/pool.yaml"));
 }
+
+#[test]
+fn bench_motivation_writes_the_breakdown_beside_the_paper() {
+    let out = std::env::temp_dir().join(format!("switchyard-motivation-{}", std::process::id()));
+    let o = switchyard(&["bench", "motivation", "--sessions", "2", "--repetitions", "1", "--out", out.to_str().unwrap_or_default(), "--json"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
+    let policies: Vec<&str> = json["policies"].as_array().into_iter().flatten().filter_map(|p| p["policy"].as_str()).collect();
+    assert_eq!(policies, ["parrot", "kairos"]);
+    for p in json["policies"].as_array().into_iter().flatten() {
+        assert!(p["gpu"]["loading"].as_f64().unwrap_or(0.0) > 0.0, "{p}");
+        assert_eq!(p["qmsum_sessions"], 2);
+    }
+    let md = std::fs::read_to_string(out.join("motivation.md")).expect("motivation.md");
+    assert!(md.contains("/ 3052 (") && md.contains("Re-acquire wait"), "{md}");
+    let _ = std::fs::remove_dir_all(&out);
+}

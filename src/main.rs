@@ -335,7 +335,9 @@ fn run(args: RunArgs) -> Result<RunEnd> {
         let out = live_cmd::run_live_interruptible(cfg, &pool_path, &options, Some(progress), Some(Arc::clone(&interrupt)))?;
         (out.report, Vec::new(), out.timelines, out.window, out.notes)
     } else {
-        let out = sim::simulate_with(&cfg, &mut |p| {
+        // The trace is kept only when it is written; the per-call records are not used here.
+        let opts = sim::SimOptions { keep_trace: args.trace.is_some(), keep_calls: false };
+        let out = sim::simulate_opts(&cfg, opts, &mut |p| {
             reporter.update(progress::Point {
                 done: p.sessions_done,
                 total: p.sessions_total,

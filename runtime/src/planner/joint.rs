@@ -75,11 +75,47 @@ pub struct Joint {
     /// Recent output lengths per (workflow, node).
     history: BTreeMap<(u32, u32), VecDeque<u32>>,
     /// KV reservation (bytes) of each admitted unit, per replica.
-    kv: BTreeMap<ReplicaId, BTreeMap<ActivationId, u64>>,
+    kv: BTreeMap<ReplicaId, KvBook>,
     /// Workflow that triggered each load (per-workflow lifecycle ablation).
     load_owner: BTreeMap<ReplicaId, u32>,
     /// (workflow, node) of each admitted unit, to record its output length when it finishes.
     history_key: BTreeMap<ActivationId, (u32, u32)>,
+    /// P90 of each non-empty history (kept in step with `history`).
+    p90: BTreeMap<(u32, u32), u32>,
+}
+
+/// KV reservations of the units admitted to one replica, with their running sum (read per
+/// unit and replica at every tick).
+#[derive(Debug, Default)]
+struct KvBook {
+    per_unit: BTreeMap<ActivationId, u64>,
+    total: u64,
+}
+
+impl KvBook {
+    fn insert(&mut self, a: ActivationId, bytes: u64) {
+        if let Some(old) = self.per_unit.insert(a, bytes) {
+            self.total -= old;
+        }
+        self.total += bytes;
+    }
+
+    fn remove(&mut self, a: ActivationId) {
+        if let Some(old) = self.per_unit.remove(&a) {
+            self.total -= old;
+        }
+    }
+}
+
+/// P90 of recent output lengths: the ⌈0.9·n⌉-th smallest; `None` for an empty history.
+fn p90_of(h: &VecDeque<u32>) -> Option<u32> {
+    if h.is_empty() {
+        return None;
+    }
+    let mut v: Vec<u32> = h.iter().copied().collect();
+    v.sort_unstable();
+    let k = ((0.9 * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1;
+    Some(v[k])
 }
 
 impl Joint {
@@ -92,6 +128,7 @@ impl Joint {
             kv: BTreeMap::new(),
             load_owner: BTreeMap::new(),
             history_key: BTreeMap::new(),
+            p90: BTreeMap::new(),
         }
     }
 
@@ -102,15 +139,12 @@ impl Joint {
     }
 
     /// Output tokens for timing: P90 of recent completions of the node, else its limit.
+    /// The P90 is kept per node and recomputed only when the node's history changes
+    /// ([`p90_of`]), not at every call (this is called per unit, replica and device per tick).
     fn timing_output(&self, w: &WorkItem) -> u32 {
-        match self.history.get(&(w.workflow, w.node)) {
-            Some(h) if !h.is_empty() => {
-                let mut v: Vec<u32> = h.iter().copied().collect();
-                v.sort_unstable();
-                let k = ((0.9 * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1;
-                v[k].min(w.max_output_tokens).max(1)
-            }
-            _ => w.max_output_tokens.max(1),
+        match self.p90.get(&(w.workflow, w.node)) {
+            Some(&p) => p.min(w.max_output_tokens).max(1),
+            None => w.max_output_tokens.max(1),
         }
     }
 
@@ -128,7 +162,7 @@ impl Joint {
     }
 
     fn kv_in_use(&self, r: ReplicaId) -> u64 {
-        self.kv.get(&r).map(|m| m.values().sum()).unwrap_or(0)
+        self.kv.get(&r).map(|m| m.total).unwrap_or(0)
     }
 
     /// Predicted completion of `w` on replica `r` (Eq. 7: release, replica availability, run).
@@ -387,13 +421,16 @@ impl Policy for Joint {
         match event {
             Event::UnitFinished { activation, replica, output_tokens } => {
                 if let Some(m) = self.kv.get_mut(replica) {
-                    m.remove(activation);
+                    m.remove(*activation);
                 }
                 if let Some(key) = self.history_key.remove(activation) {
                     let h = self.history.entry(key).or_default();
                     h.push_back(*output_tokens);
                     while h.len() > HISTORY {
                         h.pop_front();
+                    }
+                    if let Some(p) = p90_of(h) {
+                        self.p90.insert(key, p);
                     }
                 }
             }

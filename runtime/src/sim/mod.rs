@@ -97,10 +97,28 @@ impl Ord for Scheduled {
 }
 
 /// One arrived session: its state machine and what the report needs of it (the shared record,
-/// kept up to date as the session runs).
+/// kept up to date as the session runs). The state machine (prompts, outputs) is dropped when
+/// the session ends, so memory follows the sessions in flight; the record stays.
 struct SessionRun {
-    session: Session,
+    session: Option<Session>,
     record: SessionRecord,
+}
+
+/// What a run keeps beyond its report. Both default to on ([`simulate`], [`simulate_with`]);
+/// a caller that needs neither (the CLI without `--trace`) turns them off, so a long run's
+/// memory does not grow with its event count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SimOptions {
+    /// Keep every event as a [`TraceLine`] ([`SimOutput::trace`]).
+    pub keep_trace: bool,
+    /// Keep every completed activation ([`SimOutput::calls`]).
+    pub keep_calls: bool,
+}
+
+impl Default for SimOptions {
+    fn default() -> Self {
+        SimOptions { keep_trace: true, keep_calls: true }
+    }
 }
 
 struct Replica {
@@ -120,6 +138,7 @@ struct InFlight {
 
 struct Sim<'a> {
     cfg: &'a RunConfig,
+    opts: SimOptions,
     planner: Planner,
     deployments: Vec<DeploymentInfo>,
     /// Deployment of each (workflow, deployment name).
@@ -194,13 +213,23 @@ pub fn simulate(cfg: &RunConfig, progress: &mut dyn FnMut(usize, usize)) -> Resu
 /// Run one simulation; `progress` is called once per scheduling tick and may interrupt the run,
 /// which then ends with a partial report (`interrupted: true`).
 pub fn simulate_with(cfg: &RunConfig, progress: &mut dyn FnMut(&SimProgress) -> Flow) -> Result<SimOutput, SimError> {
-    let mut sim = Sim::new(cfg)?;
+    simulate_opts(cfg, SimOptions::default(), progress)
+}
+
+/// [`simulate_with`], keeping only what `opts` asks for beyond the report (the report itself
+/// does not depend on `opts`).
+pub fn simulate_opts(
+    cfg: &RunConfig,
+    opts: SimOptions,
+    progress: &mut dyn FnMut(&SimProgress) -> Flow,
+) -> Result<SimOutput, SimError> {
+    let mut sim = Sim::new(cfg, opts)?;
     sim.run(progress)?;
     Ok(sim.finish())
 }
 
 impl<'a> Sim<'a> {
-    fn new(cfg: &'a RunConfig) -> Result<Self, SimError> {
+    fn new(cfg: &'a RunConfig, opts: SimOptions) -> Result<Self, SimError> {
         let (deployments, deployment_of) = exec::deployment_table(&cfg.workflows, cfg.max_num_seqs)?;
         let planner =
             exec::build_planner(&cfg.pool.devices, &deployments, &cfg.policy, cfg.options, &cfg.predictor, cfg.substrate)?;
@@ -216,6 +245,7 @@ impl<'a> Sim<'a> {
         let node_info = exec::node_infos(&cfg.workflows, &deployment_of);
         let mut sim = Sim {
             cfg,
+            opts,
             planner,
             deployments,
             deployment_of,
@@ -258,6 +288,9 @@ impl<'a> Sim<'a> {
     }
 
     fn log(&mut self, event: &'static str, line: TraceLine) {
+        if !self.opts.keep_trace {
+            return;
+        }
         self.trace.push(TraceLine { t: round3(self.now), event, ..line });
     }
 
@@ -416,8 +449,8 @@ impl<'a> Sim<'a> {
             return Err(SimError::Internal(format!("dispatch of unprepared unit {activation}")));
         };
         let workflow = self.session_workflow(activation.session)?;
-        if let Some(run) = self.sessions[activation.session.0 as usize].as_mut() {
-            run.session
+        if let Some(session) = self.sessions[activation.session.0 as usize].as_mut().and_then(|r| r.session.as_mut()) {
+            session
                 .mark_running(activation.index)
                 .map_err(|e| SimError::Internal(e.to_string()))?;
         }
@@ -457,7 +490,8 @@ impl<'a> Sim<'a> {
             return Ok(());
         }
         let Some(info) = self.node_info.get(run.record.workflow as usize) else { return Ok(()) };
-        let items = exec::near_ready_items(&run.session, run.record.workflow, info, &self.near_sent);
+        let Some(session) = run.session.as_ref() else { return Ok(()) };
+        let items = exec::near_ready_items(session, run.record.workflow, info, &self.near_sent);
         for item in items {
             self.near_sent.insert(item.activation);
             self.plan(Event::UnitNearReady(item))?;
@@ -475,12 +509,17 @@ impl<'a> Sim<'a> {
         if let Some(end) = r.engine.start_iteration(now) {
             r.iterating = true;
             let (device, deployment) = (r.device, r.deployment);
-            self.timelines[device.0 as usize].segments.push(Segment {
-                start: now,
-                end,
-                kind: SegmentKind::Generating,
-                deployment: deployment.0,
-            });
+            let segments = &mut self.timelines[device.0 as usize].segments;
+            // Back-to-back iterations of one replica extend one segment (one per busy period,
+            // not one per iteration).
+            match segments.last_mut() {
+                Some(last)
+                    if last.kind == SegmentKind::Generating && last.deployment == deployment.0 && last.end == now =>
+                {
+                    last.end = end;
+                }
+                _ => segments.push(Segment { start: now, end, kind: SegmentKind::Generating, deployment: deployment.0 }),
+            }
             self.schedule(end, SimEvent::IterationEnd(replica));
         }
     }
@@ -495,7 +534,7 @@ impl<'a> Sim<'a> {
         match Session::new(id, spec, input) {
             Ok(session) => {
                 self.sessions[i] = Some(SessionRun {
-                    session,
+                    session: Some(session),
                     record: SessionRecord {
                         session: id,
                         workflow: entry.workflow,
@@ -508,7 +547,8 @@ impl<'a> Sim<'a> {
                     },
                 });
                 self.plan(Event::SessionArrived { session: id, workflow: entry.workflow })?;
-                let ready = self.sessions[i].as_ref().map(|s| s.session.ready()).unwrap_or_default();
+                let ready =
+                    self.sessions[i].as_ref().and_then(|s| s.session.as_ref()).map(|s| s.ready()).unwrap_or_default();
                 for a in ready {
                     self.on_ready(a)?;
                 }
@@ -582,10 +622,15 @@ impl<'a> Sim<'a> {
             deployment_of: &self.deployment_of,
             node_info: &self.node_info,
         };
-        let Some(run) = self.sessions.get_mut(a.session.0 as usize).and_then(|r| r.as_mut()) else {
+        let Some((session, workflow)) = self
+            .sessions
+            .get_mut(a.session.0 as usize)
+            .and_then(|r| r.as_mut())
+            .and_then(|r| r.session.as_mut().map(|s| (s, r.record.workflow)))
+        else {
             return Err(SimError::Internal(format!("unknown session of {a}")));
         };
-        Ok(exec::prepare(&ctx, &mut run.session, run.record.workflow, a, self.now)?)
+        Ok(exec::prepare(&ctx, session, workflow, a, self.now)?)
     }
 
     fn on_tool_done(&mut self, a: ActivationId) -> Result<(), SimError> {
@@ -679,16 +724,22 @@ impl<'a> Sim<'a> {
     }
 
     fn record_call(&mut self, a: ActivationId, deployment: Option<DeploymentId>, prompt: u32, output: u32) {
+        if !self.opts.keep_calls {
+            return;
+        }
         let Some(run) = self.sessions.get(a.session.0 as usize).and_then(|r| r.as_ref()) else { return };
+        let Some(session) = run.session.as_ref() else { return };
         let model = deployment
             .and_then(|d| self.deployments.get(d.0 as usize))
             .map(|d| (d.model.clone(), d.dtype));
-        self.calls.extend(CallRecord::of(&run.session, run.record.workflow, a, model, prompt, output, self.now));
+        self.calls.extend(CallRecord::of(session, run.record.workflow, a, model, prompt, output, self.now));
     }
 
     fn complete(&mut self, a: ActivationId, output: NodeOutput) -> Result<(), SimError> {
-        let Some(run) = self.sessions[a.session.0 as usize].as_mut() else { return Ok(()) };
-        let ready = match run.session.complete(a.index, output) {
+        let Some(session) = self.sessions[a.session.0 as usize].as_mut().and_then(|r| r.session.as_mut()) else {
+            return Ok(());
+        };
+        let ready = match session.complete(a.index, output) {
             Ok(r) => r,
             Err(e) => {
                 self.fail_session(a.session, e.to_string());
@@ -704,11 +755,14 @@ impl<'a> Sim<'a> {
 
     fn check_finished(&mut self, s: SessionId) -> Result<(), SimError> {
         let Some(run) = self.sessions[s.0 as usize].as_mut() else { return Ok(()) };
-        if run.record.finished.is_some() || run.record.failed.is_some() || !run.session.is_finished() {
+        let Some(session) = run.session.as_ref() else { return Ok(()) };
+        if run.record.finished.is_some() || run.record.failed.is_some() || !session.is_finished() {
             return Ok(());
         }
         run.record.finished = Some(self.now);
-        run.record.score = exec::session_score(&run.session);
+        run.record.score = exec::session_score(session);
+        run.session = None;
+        self.forget_near_sent(s);
         self.done_sessions += 1;
         self.log("session_done", TraceLine { session: Some(s.0), ..blank() });
         self.plan(Event::SessionEnded { session: s })
@@ -721,12 +775,23 @@ impl<'a> Sim<'a> {
         }
         run.record.failed = Some(reason.clone());
         run.record.failed_at = Some(self.now);
+        run.session = None;
+        self.forget_near_sent(s);
         self.done_sessions += 1;
         self.log("session_failed", TraceLine { session: Some(s.0), detail: Some(reason), ..blank() });
         // Drop its prepared requests and let the planner forget its queued units and holds.
         self.prepared.retain(|a, _| a.session != s);
         if let Err(e) = self.plan(Event::SessionEnded { session: s }) {
             self.notes.push(format!("planner rejected the end of session {s}: {e}"));
+        }
+    }
+
+    /// Forget which units of an ended session were reported near-ready (none will be again).
+    fn forget_near_sent(&mut self, s: SessionId) {
+        let range = ActivationId { session: s, index: 0 }..=ActivationId { session: s, index: u32::MAX };
+        let sent: Vec<ActivationId> = self.near_sent.range(range).copied().collect();
+        for a in sent {
+            self.near_sent.remove(&a);
         }
     }
 
@@ -836,6 +901,29 @@ mod tests {
         // The window ends at the interrupt, not at 0: the pool's time up to there is counted.
         assert!((r.makespan_s - round3(last.now_s - out.window.0)).abs() < 1e-9, "{} vs {:?}", r.makespan_s, out.window);
         assert!(r.gpu_seconds_total.total() > 0.0);
+    }
+
+    #[test]
+    fn the_report_does_not_depend_on_what_the_run_keeps() {
+        let cfg = gsm8k(6, Arrival::Poisson(2.0));
+        let full = simulate(&cfg, &mut |_, _| {}).expect("simulation");
+        let lean = simulate_opts(&cfg, SimOptions { keep_trace: false, keep_calls: false }, &mut |_| Flow::Continue)
+            .expect("simulation");
+        let json = |r: &RunReport| serde_json::to_string(r).expect("report serialises");
+        assert_eq!(json(&full.report), json(&lean.report));
+        assert!(!full.trace.is_empty() && !full.calls.is_empty());
+        assert!(lean.trace.is_empty() && lean.calls.is_empty());
+        // Back-to-back iterations share one Generating segment: no segment starts where the
+        // previous one of the same replica's kind and deployment ended.
+        for tl in &lean.timelines {
+            for w in tl.segments.windows(2) {
+                let joined = w[0].kind == SegmentKind::Generating
+                    && w[1].kind == SegmentKind::Generating
+                    && w[0].deployment == w[1].deployment
+                    && w[0].end == w[1].start;
+                assert!(!joined, "{:?}", w);
+            }
+        }
     }
 
     #[test]

@@ -26,8 +26,9 @@
 //!
 //! Outputs: the body's `"switchyard": {"output": "..."}` (sent by the live runtime's emulated
 //! sessions, see `LlmRequest::emulated_output`) or a deterministic filler of `max_tokens`
-//! tokens; prompt and output tokens are real BPE tokens (`crate::tokens`), and prefix caching
-//! keys on `tokens::block_hashes(ids, block_size)` like the simulator.
+//! tokens; prompt and output tokens are Qwen3 tokenizer tokens (`crate::tokens`; a chat request
+//! is rendered in Qwen3's chat template, honouring `chat_template_kwargs.enable_thinking`), and
+//! prefix caching keys on `tokens::block_hashes(ids, block_size)` like the simulator.
 //!
 //! Depends on the emulator crate, the predictor's spec catalogue, `crate::tokens` and the web
 //! stack (axum, prometheus-client); it must not depend on the planner or the simulator.

@@ -150,11 +150,11 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     // Every command but the predictor's evaluation counts tokens: load the tokenizer now, so
     // a defect is one clear error before any work starts.
-    if !matches!(cli.command, Command::Predictor(_)) {
-        if let Err(e) = switchyard_runtime::tokens::check() {
-            eprintln!("error: {e}");
-            return ExitCode::FAILURE;
-        }
+    if !matches!(cli.command, Command::Predictor(_))
+        && let Err(e) = switchyard_runtime::tokens::check()
+    {
+        eprintln!("error: {e}");
+        return ExitCode::FAILURE;
     }
     let result = match cli.command {
         Command::Run(args) => run(args),

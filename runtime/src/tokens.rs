@@ -81,8 +81,12 @@ fn byte_alphabet() -> [char; 256] {
 }
 
 fn load() -> Result<Qwen3, TokenizerError> {
+    load_from(TOKENIZER_JSON)
+}
+
+fn load_from(json: &[u8]) -> Result<Qwen3, TokenizerError> {
     let err = |reason: String| TokenizerError::Load { path: TOKENIZER_PATH, reason };
-    let tokenizer = Tokenizer::from_bytes(TOKENIZER_JSON).map_err(|e| err(e.to_string()))?;
+    let tokenizer = Tokenizer::from_bytes(json).map_err(|e| err(e.to_string()))?;
     let alphabet = byte_alphabet();
     let mut char_byte: HashMap<char, u8> = HashMap::with_capacity(256);
     for (b, c) in alphabet.iter().enumerate() {
@@ -298,6 +302,9 @@ mod tests {
         check().expect("tokenizer");
         // 151,643 BPE entries + 26 added tokens.
         assert_eq!(tok().bytes.len(), 151_669);
+        // A damaged file is an error naming it, not a panic.
+        let Err(e) = load_from(b"{\"model\": 1}") else { panic!("a damaged tokenizer loaded") };
+        assert!(e.to_string().contains(TOKENIZER_PATH), "{e}");
     }
 
     #[test]

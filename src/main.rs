@@ -158,6 +158,14 @@ enum RunEnd {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Every command but the predictor's evaluation counts tokens: load the tokenizer now, so
+    // a defect is one clear error before any work starts.
+    if !matches!(cli.command, Command::Predictor(_))
+        && let Err(e) = switchyard_runtime::tokens::check()
+    {
+        eprintln!("error: {e}");
+        return ExitCode::FAILURE;
+    }
     let result = match cli.command {
         Command::Run(args) => run(args),
         Command::Validate { workflows, pool } => validate(&workflows, pool.as_deref()).map(|()| RunEnd::Ok),

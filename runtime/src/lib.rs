@@ -7,7 +7,7 @@
 //! - `session` — one run of a workflow: activations instantiated as branches resolve.
 //! - `responder` — emulated LLM outputs per workload, and accuracy scoring.
 //! - `schema` — the JSON-Schema subset of agents' structured outputs: check and draw.
-//! - `tokens` — real BPE token counts and prefix-block hashes.
+//! - `tokens` — Qwen3 tokenizer counts, Qwen3's chat template and prefix-block hashes.
 //! - `planner` — the pure core `Planner::handle(event, now) -> commands` and its policies.
 //! - `exec` — what both shells share: run configuration, arrival trace, pool files, setting a
 //!   run up, preparing activations, records and the one report builder.

@@ -87,9 +87,10 @@ async fn http_engine_completes_streamed_and_not_with_cached_tokens() {
         assert_eq!(first.text, out);
         assert_eq!(first.output_tokens as usize, tokens::count(out));
         assert_eq!(first.cached_prompt_tokens, 0);
-        if api == ApiFlavor::Completions {
-            assert_eq!(first.prompt_tokens as usize, tokens::count(&prompt));
-        }
+        // Both flavours send the prompt in Qwen3's chat template, thinking off: the server
+        // counts what the runtime planned with.
+        assert_eq!(first.prompt_tokens as usize, tokens::count(&tokens::chat_prompt(&prompt)));
+        assert_eq!(first.prompt_tokens as usize, tokens::encode_chat(&[&prompt]).len());
         assert!(first.latency_s > 0.0 && first.ttft_s == first.latency_s);
         let second = e
             .submit(request(2, &prompt, Some(out), true))

@@ -49,12 +49,13 @@ fn drive_worst_case(
             .unwrap_or_else(|| panic!("no node"));
         let out = match &node.kind {
             NodeKind::Agent(a) => {
-                let prompt = s
+                let segments = s
                     .render_prompt(id.index)
-                    .unwrap_or_else(|e| panic!("{e}"))
-                    .concat();
+                    .unwrap_or_else(|e| panic!("{e}"));
                 let dep = &spec.deployments[&a.deployment];
-                let need = tokens::count(&prompt) as i64 + i64::from(a.max_output_tokens);
+                // As the runtime counts a call's prompt: in Qwen3's chat template.
+                let prompt_tokens = tokens::encode_chat(&segments).len();
+                let need = prompt_tokens as i64 + i64::from(a.max_output_tokens);
                 worst = worst.max(need - i64::from(dep.max_context));
                 let body = text_of(a.max_output_tokens as usize - 12);
                 NodeOutput {

@@ -1,5 +1,7 @@
 //! What both shells do when an activation becomes ready or near-ready: render a ready
-//! activation (tool inputs; or the prompt, its real BPE token counts and prefix-block hashes,
+//! activation (tool inputs; or the prompt, its token count as a Qwen3 vLLM server counts the
+//! chat request (`tokens::encode_chat`: the chat template's tokens around the content) and
+//! its prefix-block hashes (the template's prefix leads the first block),
 //! the responder's output and the planner's [`WorkItem`]), list newly near-ready activations as
 //! the planner's [`NearReadyItem`]s, turn a finished tool call into the session's output, its
 //! trace detail and its sandbox note, and score a finished session under its workflow's metric.
@@ -84,7 +86,9 @@ pub fn prepare(
                 Ok(s) => s,
                 Err(e) => return Ok(Ready::Fail(format!("{}: {e}", node.id))),
             };
-            let ids = tokens::encode_segments(&segments);
+            // The prompt is sent as one user message; vLLM tokenises it inside Qwen3's chat
+            // template, so the template's tokens count and lead the hashed prefix blocks.
+            let ids = tokens::encode_chat(&segments);
             let prompt: String = segments.concat();
             let wf_name = session.spec().name.clone();
             let Some(deployment) = ctx.deployment_of.get(&(workflow, agent.deployment.clone())).copied() else {
@@ -312,8 +316,9 @@ mod tests {
         let (i1, p1) = run(7);
         let (i2, p2) = run(7);
         assert_eq!((&i1, &p1), (&i2, &p2));
-        // Segment-wise BPE (as both shells count) is within a few tokens of the whole text's.
-        let whole = tokens::count(&p1.prompt) as i64;
+        // Segment-wise BPE (as both shells count) is within a few tokens of the whole chat
+        // prompt's, template included.
+        let whole = tokens::count(&tokens::chat_prompt(&p1.prompt)) as i64;
         assert!((i64::from(i1.prompt_tokens) - whole).abs() <= whole / 10 + 1, "{} vs {whole}", i1.prompt_tokens);
         assert_eq!(i1.ready_at, 1.5);
         let mut other_outputs = 0;

@@ -70,9 +70,9 @@ pub fn workflow_info(
     info
 }
 
-/// Token bound of an agent node's prompt in `session`: static text and input fields counted
-/// exactly (a `part I of N` filter takes 1/N), referenced outputs at their producers' output
-/// limits, except references to nodes in `internal` (chain positions), returned separately
+/// Token bound of an agent node's prompt in `session`: the chat template's tokens, static text
+/// and input fields counted exactly (a `part I of N` filter takes 1/N), referenced outputs at
+/// their producers' output limits, except references to nodes in `internal` (chain positions), returned separately
 /// as the positions consumed.
 pub fn prompt_bound(
     spec: &WorkflowSpec,
@@ -83,7 +83,8 @@ pub fn prompt_bound(
 ) -> (u32, Vec<usize>) {
     let NodeKind::Agent(agent) = &spec.nodes[node].kind else { return (0, Vec::new()) };
     let TemplateBody::Text(segments) = &agent.prompt.body else { return (0, Vec::new()) };
-    let mut total: u64 = 0;
+    // The chat template's tokens around the content (see `tokens::encode_chat`).
+    let mut total: u64 = tokens::chat_overhead() as u64;
     let mut consumed = Vec::new();
     for seg in segments {
         match seg {

@@ -26,8 +26,9 @@
 //!
 //! Outputs: the body's `"switchyard": {"output": "..."}` (sent by the live runtime's emulated
 //! sessions, see `LlmRequest::emulated_output`) or a deterministic filler of `max_tokens`
-//! tokens; prompt and output tokens are real BPE tokens (`crate::tokens`), and prefix caching
-//! keys on `tokens::block_hashes(ids, block_size)` like the simulator.
+//! tokens; prompt and output tokens are Qwen3 tokenizer tokens (`crate::tokens`; a chat request
+//! is rendered in Qwen3's chat template, honouring `chat_template_kwargs.enable_thinking`), and
+//! prefix caching keys on `tokens::block_hashes(ids, block_size)` like the simulator.
 //!
 //! Depends on the emulator crate, the predictor's spec catalogue, `crate::tokens` and the web
 //! stack (axum, prometheus-client); it must not depend on the planner or the simulator.
@@ -894,12 +895,23 @@ struct ChatBody {
     stream_options: Option<StreamOptions>,
     #[serde(default)]
     switchyard: Option<SwitchyardExt>,
+    /// vLLM's extra arguments of the chat template (`enable_thinking` for Qwen3).
+    #[serde(default)]
+    chat_template_kwargs: Option<ChatTemplateKwargs>,
 }
 
-/// Renders chat messages with Qwen3's ChatML template (`<|im_start|>role\ncontent<|im_end|>\n`
-/// per message, then the assistant header), the prompt a Qwen3 vLLM server would tokenise.
-/// Special markers are counted as ordinary text by the o200k stand-in tokenizer.
-pub fn render_chat(messages: &[(String, String)]) -> String {
+#[derive(Debug, Default, Deserialize)]
+struct ChatTemplateKwargs {
+    #[serde(default)]
+    enable_thinking: Option<bool>,
+}
+
+/// Renders chat messages with Qwen3's chat template (`<|im_start|>role\ncontent<|im_end|>\n`
+/// per message, then the generation prompt, with the empty thinking block when
+/// `enable_thinking` is false), the prompt a Qwen3 vLLM server tokenises; its special markers
+/// are single tokens. Only plain system / user / assistant turns are rendered (no tools, no
+/// reasoning-content handling of earlier assistant turns).
+pub fn render_chat(messages: &[(String, String)], enable_thinking: bool) -> String {
     let mut out = String::new();
     for (role, content) in messages {
         out.push_str("<|im_start|>");
@@ -908,7 +920,8 @@ pub fn render_chat(messages: &[(String, String)]) -> String {
         out.push_str(content);
         out.push_str("<|im_end|>\n");
     }
-    out.push_str("<|im_start|>assistant\n");
+    let suffix = tokens::chat_generation_suffix(enable_thinking);
+    out.push_str(suffix.strip_prefix("<|im_end|>\n").unwrap_or(&suffix));
     out
 }
 
@@ -1012,7 +1025,9 @@ async fn chat_completions(State(state): State<AppState>, body: Bytes) -> Respons
             (m.role, content)
         })
         .collect();
-    let prompt_ids = tokens::encode(&render_chat(&messages)).to_vec();
+    // Qwen3's template thinks unless told otherwise, as vLLM renders it.
+    let enable_thinking = body.chat_template_kwargs.and_then(|k| k.enable_thinking).unwrap_or(true);
+    let prompt_ids = tokens::encode(&render_chat(&messages, enable_thinking)).to_vec();
     let room = (shared.max_model_len as usize).saturating_sub(prompt_ids.len()) as u32;
     let max_tokens = body
         .max_completion_tokens
@@ -1481,9 +1496,13 @@ mod tests {
     }
 
     #[test]
-    fn chat_template_is_chatml() {
-        let p = render_chat(&[("user".into(), "hi".into())]);
+    fn chat_template_is_qwen3s() {
+        let p = render_chat(&[("user".into(), "hi".into())], true);
         assert_eq!(p, "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
+        // Non-thinking mode, as the runtime's prompts are counted (`tokens::chat_prompt`).
+        let p = render_chat(&[("user".into(), "hi".into())], false);
+        assert_eq!(p, tokens::chat_prompt("hi"));
+        assert_eq!(tokens::count(&p), tokens::count("hi") + tokens::chat_overhead());
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! Fitting a responder's content to the drawn output length, in real BPE tokens.
+//! Fitting a responder's content to the drawn output length, in real (Qwen3 tokenizer) tokens.
 //!
 //! A response is `head + filler pieces + tail`. The head is the substance (a worked solution,
 //! a code block, selected sentences), the tail what a model writes last (`#### 18`). When the

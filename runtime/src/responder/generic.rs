@@ -15,9 +15,10 @@ use super::{ResponderError, ResponderRequest};
 use crate::schema::verdict_of;
 use crate::tokens;
 
-/// Neutral filler words (each one BPE token with its leading space).
+/// Neutral filler words (each one Qwen3 token with its leading space: a draw of `n` words is
+/// `n` tokens).
 const FILLER: &[&str] = &[
-    " emulated", " text", " stands", " in", " for", " the", " answer", " of", " this", " agent", " no", " model",
+    " generated", " text", " stands", " in", " for", " the", " answer", " of", " this", " agent", " no", " model",
     " ran", " here", " words", " keep", " its", " length",
 ];
 
@@ -67,4 +68,16 @@ pub(crate) fn respond(
     let value = schema.smallest();
     let verdict = req.verdict_field.and_then(|f| verdict_of(&value, f));
     Ok((value.to_string(), value, verdict))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_filler_word_is_one_token() {
+        for w in FILLER {
+            assert_eq!(tokens::count(w), 1, "{w:?}");
+        }
+    }
 }

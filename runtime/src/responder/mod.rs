@@ -6,7 +6,7 @@
 //! perturbation of the last step); MBPP coders return the reference solution or a mutated one
 //! that the real test tool later runs (the responder never declares a pass); QMSum summarizers
 //! write extractive, query-focused summaries. Every output has (close to) the drawn number of
-//! real BPE tokens and never more than the cap.
+//! real (Qwen3 tokenizer) tokens and never more than the cap.
 //!
 //! A response is a pure function of its [`ResponderRequest`]: same request (including the
 //! seed) → same output, whatever the scheduling policy. Randomness comes only from

@@ -1369,14 +1369,15 @@ fn check_context_fits(
         let prompts = std::iter::once((&a.prompt, "prompt", locs[i].prompt))
             .chain(a.next_rounds.as_ref().map(|v| (&v.prompt, "next_rounds.prompt", locs[i].next_prompt)));
         for (prompt, key, pos) in prompts {
-            let static_tokens = crate::tokens::count(&prompt.static_text()) as u64;
+            // Sent as one chat message: the template's tokens count too.
+            let static_tokens = crate::tokens::count_chat(&prompt.static_text()) as u64;
             if static_tokens + u64::from(a.max_output_tokens) > u64::from(dep.max_context) {
                 errors.push(ctx.err(
                     pos.unwrap_or(locs[i].pos),
                     &format!("nodes.{}.{key}", node.id),
                     ErrorKind::ContextNeverFits,
                     format!(
-                        "the prompt's static text alone is {static_tokens} tokens; with max_output_tokens {} it exceeds deployment `{}`'s max_context {}",
+                        "the prompt's static text alone is {static_tokens} tokens (in the chat template); with max_output_tokens {} it exceeds deployment `{}`'s max_context {}",
                         a.max_output_tokens, dep.name, dep.max_context
                     ),
                 ));

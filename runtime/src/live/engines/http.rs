@@ -7,7 +7,10 @@
 //! `stream_options.include_usage` or not; `POST /sleep?level=N`; `POST /wake_up` (after a
 //! level-2 sleep: `wake_up?tags=weights`, `collective_rpc reload_weights`,
 //! `wake_up?tags=kv_cache`, as `docs/features/sleep_mode.md` prescribes); `GET /is_sleeping`;
-//! `GET /health`; `GET /metrics`.
+//! `GET /health`; `GET /metrics`. The prompt goes in Qwen3's chat template with thinking
+//! disabled: rendered by us for `/v1/completions` (`tokens::chat_prompt`), by the server for
+//! `/v1/chat/completions` (`chat_template_kwargs.enable_thinking = false`), so the server
+//! counts the prompt tokens the runtime planned with (`tokens::encode_chat`).
 //!
 //! Errors: connection refused/reset, timeouts and a stream cut short → `Unreachable`; HTTP 5xx
 //! and unparsable answers → `BadResponse` (and 429: overload); other 4xx → `Rejected`. One HTTP
@@ -16,7 +19,7 @@
 //! Timing: TTFT is the time to the first streamed choice chunk; without streaming the first
 //! token is not observable, and TTFT is the time to the (complete) response.
 //!
-//! Depends on the `Engine` interface and the metrics parser only.
+//! Depends on the `Engine` interface, the metrics parser and `crate::tokens` only.
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -33,6 +36,7 @@ use super::metrics::MetricsSnapshot;
 use crate::live::engine::{
     Completion, Engine, EngineError, EngineFuture, EngineTelemetry, LlmRequest,
 };
+use crate::tokens;
 
 /// Seconds one `/health` probe may take.
 const HEALTH_PROBE_TIMEOUT: Duration = Duration::from_secs(2);
@@ -318,9 +322,11 @@ impl HttpEngine {
             &request.model
         };
         let mut body = match self.options.api {
+            // The prompt inside Qwen3's chat template, as the chat endpoint would render it:
+            // both flavours count the simulator's prompt tokens (`tokens::encode_chat`).
             ApiFlavor::Completions => json!({
                 "model": model,
-                "prompt": request.prompt,
+                "prompt": tokens::chat_prompt(&request.prompt),
                 "max_tokens": request.max_tokens,
                 "stream": request.stream,
             }),
@@ -329,6 +335,7 @@ impl HttpEngine {
                 "messages": [{ "role": "user", "content": request.prompt }],
                 "max_tokens": request.max_tokens,
                 "stream": request.stream,
+                "chat_template_kwargs": { "enable_thinking": tokens::ENABLE_THINKING },
             }),
         };
         if request.stream {
@@ -701,7 +708,7 @@ mod tests {
             stream: true,
         };
         let b = e.request_body(&req);
-        assert_eq!(b["prompt"], "p");
+        assert_eq!(b["prompt"], tokens::chat_prompt("p"));
         assert_eq!(b["max_tokens"], 7);
         assert_eq!(b["switchyard"]["output"], "out");
         assert_eq!(b["stream_options"]["include_usage"], true);
@@ -721,6 +728,7 @@ mod tests {
             ..req
         });
         assert_eq!(b["messages"][0]["content"], "p");
+        assert_eq!(b["chat_template_kwargs"]["enable_thinking"], false);
         assert!(b.get("switchyard").is_none() && b.get("stream_options").is_none());
         assert!(HttpEngine::new("vllm", "ftp://h", "m", HttpOptions::default()).is_err());
     }

@@ -95,10 +95,12 @@ pub enum EngineKind {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ApiFlavor {
-    /// `POST /v1/completions` with the prompt as is (token counts match the simulator's).
+    /// `POST /v1/completions` with the prompt rendered in Qwen3's chat template
+    /// (`tokens::chat_prompt`; token counts match the simulator's).
     #[default]
     Completions,
-    /// `POST /v1/chat/completions` with the prompt as one user message.
+    /// `POST /v1/chat/completions` with the prompt as one user message, thinking disabled
+    /// (`chat_template_kwargs.enable_thinking = false`; token counts match the simulator's).
     Chat,
 }
 

@@ -91,6 +91,9 @@ pub struct MotivationArgs {
 
 /// Run `switchyard bench motivation`.
 fn motivation(args: MotivationArgs) -> Result<()> {
+    if args.sessions == 0 || args.repetitions == 0 {
+        bail!("--sessions and --repetitions must be at least 1 (got {} and {})", args.sessions, args.repetitions);
+    }
     let wf = |name: &str| -> Result<Arc<WorkflowSpec>> {
         let path = args.pool.parent().and_then(|p| p.parent()).map(|d| d.join(name)).unwrap_or_else(|| PathBuf::from(name));
         let path = if path.is_file() { path } else { PathBuf::from("workflows").join(name) };

@@ -10,15 +10,26 @@
 //! Anything else is refused when the workflow loads, so that every schema accepted here is one
 //! this module can both check and satisfy.
 //!
-//! Plain data with pure helpers; depends on nothing else in the crate.
+//! Plain data with pure helpers; depends only on `values` (for naming JSON kinds).
 
 use rand::Rng;
 use serde_json::{Map, Value as Json};
+
+use crate::values::json_kind;
 
 /// Longest array an emulated answer draws when the schema sets no `maxItems`.
 const DEFAULT_MAX_ITEMS: u32 = 3;
 /// Range an emulated integer / number is drawn from when the schema sets no bounds.
 const DEFAULT_RANGE: (f64, f64) = (0.0, 100.0);
+/// Largest `minItems` / `maxItems` and `minLength` / `maxLength` a schema may set, and most
+/// values (objects, items, scalars) one answer of the schema may hold: an answer is something a
+/// model writes within its output limit, and an emulated one is drawn whole.
+pub const MAX_ITEMS: u32 = 1_000;
+pub const MAX_LENGTH: u32 = 100_000;
+pub const MAX_VALUES: u64 = 10_000;
+/// Drawn numbers stay within ±this, whatever the bounds (a draw over an infinite span is not
+/// defined).
+const DRAW_SPAN: f64 = 1e12;
 
 /// A checked schema.
 #[derive(Debug, Clone, PartialEq)]
@@ -54,7 +65,26 @@ fn join(path: &str, key: &str) -> String {
 impl OutputSchema {
     /// Read a schema written as JSON (the loader converts the YAML mapping).
     pub fn from_json(v: &Json) -> Result<OutputSchema, SchemaError> {
-        parse(v, "")
+        let schema = parse(v, "")?;
+        let n = schema.max_values();
+        if n > MAX_VALUES {
+            return Err(err("", format!("an answer of this schema may hold {n} values; at most {MAX_VALUES} are accepted")));
+        }
+        Ok(schema)
+    }
+
+    /// Most values (objects, items and scalars) one answer may hold.
+    fn max_values(&self) -> u64 {
+        match self {
+            OutputSchema::Object { properties, .. } => {
+                properties.iter().fold(1u64, |n, (_, p)| n.saturating_add(p.max_values()))
+            }
+            OutputSchema::Array { items, min_items, max_items } => {
+                let count = u64::from(max_items.unwrap_or((*min_items).max(DEFAULT_MAX_ITEMS)).max(*min_items));
+                count.saturating_mul(items.max_values()).saturating_add(1)
+            }
+            _ => 1,
+        }
     }
 
     /// The schema back as JSON Schema (what a prompt or an engine's guided decoding is given).
@@ -185,7 +215,9 @@ impl OutputSchema {
             OutputSchema::Number { minimum, maximum } => {
                 let lo = minimum.unwrap_or(DEFAULT_RANGE.0);
                 let hi = maximum.unwrap_or(lo.max(DEFAULT_RANGE.1)).max(lo);
-                let x = if hi > lo { rng.random_range(lo..=hi) } else { lo };
+                // Draw within a finite window of the bounds (an infinite span has no uniform law).
+                let (a, b) = (lo.max(-DRAW_SPAN).min(hi), hi.min(DRAW_SPAN).max(lo));
+                let x = if b > a { rng.random_range(a..=b) } else { a };
                 // Two decimals, kept inside the bounds.
                 let x = ((x * 100.0).round() / 100.0).clamp(lo, hi);
                 serde_json::Number::from_f64(x).map(Json::Number).unwrap_or(Json::Null)
@@ -272,8 +304,13 @@ fn err(path: &str, message: impl Into<String>) -> SchemaError {
     SchemaError { path: path.to_string(), message: message.into() }
 }
 
-fn as_u32(v: &Json, path: &str) -> Result<u32, SchemaError> {
-    v.as_u64().and_then(|x| u32::try_from(x).ok()).ok_or_else(|| err(path, format!("expected a whole number ≥ 0, found {v}")))
+/// A count bounded by `max`.
+fn as_count(v: &Json, path: &str, max: u32) -> Result<u32, SchemaError> {
+    match v.as_u64() {
+        Some(x) if x <= u64::from(max) => Ok(x as u32),
+        Some(x) => Err(err(path, format!("{x} is above the largest accepted, {max}"))),
+        None => Err(err(path, format!("expected a whole number ≥ 0, found {v}"))),
+    }
 }
 
 fn parse(v: &Json, path: &str) -> Result<OutputSchema, SchemaError> {
@@ -354,8 +391,8 @@ fn parse(v: &Json, path: &str) -> Result<OutputSchema, SchemaError> {
         "array" => {
             let items = m.get("items").ok_or_else(|| err(path, "an array needs `items`"))?;
             let items = Box::new(parse(items, &join(path, "items"))?);
-            let min_items = m.get("minItems").map(|v| as_u32(v, &join(path, "minItems"))).transpose()?.unwrap_or(0);
-            let max_items = m.get("maxItems").map(|v| as_u32(v, &join(path, "maxItems"))).transpose()?;
+            let min_items = m.get("minItems").map(|v| as_count(v, &join(path, "minItems"), MAX_ITEMS)).transpose()?.unwrap_or(0);
+            let max_items = m.get("maxItems").map(|v| as_count(v, &join(path, "maxItems"), MAX_ITEMS)).transpose()?;
             if let Some(x) = max_items
                 && x < min_items
             {
@@ -374,8 +411,8 @@ fn parse(v: &Json, path: &str) -> Result<OutputSchema, SchemaError> {
                 ),
                 Some(other) => return Err(err(&join(path, "enum"), format!("expected a non-empty list of strings, found {other}"))),
             };
-            let min_length = m.get("minLength").map(|v| as_u32(v, &join(path, "minLength"))).transpose()?.unwrap_or(0);
-            let max_length = m.get("maxLength").map(|v| as_u32(v, &join(path, "maxLength"))).transpose()?;
+            let min_length = m.get("minLength").map(|v| as_count(v, &join(path, "minLength"), MAX_LENGTH)).transpose()?.unwrap_or(0);
+            let max_length = m.get("maxLength").map(|v| as_count(v, &join(path, "maxLength"), MAX_LENGTH)).transpose()?;
             if let Some(x) = max_length
                 && x < min_length
             {
@@ -417,16 +454,6 @@ fn parse(v: &Json, path: &str) -> Result<OutputSchema, SchemaError> {
     })
 }
 
-fn kind(v: &Json) -> &'static str {
-    match v {
-        Json::Null => "null",
-        Json::Bool(_) => "a boolean",
-        Json::Number(_) => "a number",
-        Json::String(_) => "a string",
-        Json::Array(_) => "a list",
-        Json::Object(_) => "an object",
-    }
-}
 
 fn check(s: &OutputSchema, v: &Json, path: &str) -> Result<(), SchemaError> {
     let here = if path.is_empty() { "the answer" } else { path };
@@ -493,7 +520,7 @@ fn check(s: &OutputSchema, v: &Json, path: &str) -> Result<(), SchemaError> {
                 OutputSchema::Number { .. } => "a number",
                 OutputSchema::Boolean => "a boolean",
             };
-            Err(err(path, format!("{here} must be {want}, found {}", kind(v))))
+            Err(err(path, format!("{here} must be {want}, found {}", json_kind(v))))
         }
     }
 }
@@ -553,6 +580,23 @@ mod tests {
         }
         let e = OutputSchema::from_json(&json!({"type": "object", "properties": {"a": {"type": "strin"}}})).err();
         assert_eq!(e.map(|e| e.path), Some("properties.a.type".to_string()));
+    }
+
+    /// A schema is author input: one that would make an answer (or its drawing) huge is refused
+    /// when the workflow loads, and extreme number bounds still draw a value within them.
+    #[test]
+    fn schemas_that_would_make_huge_answers_are_refused() {
+        let e = OutputSchema::from_json(&json!({"type": "array", "items": {"type": "boolean"}, "minItems": 4_000_000_000u64})).err();
+        assert_eq!(e.map(|e| e.path), Some("minItems".to_string()));
+        assert!(OutputSchema::from_json(&json!({"type": "string", "minLength": 4_000_000_000u64})).is_err());
+        let nested = json!({"type": "array", "maxItems": 100, "items": {"type": "array", "maxItems": 101, "items": {"type": "boolean"}}});
+        let e = OutputSchema::from_json(&nested).err().map(|e| e.message).unwrap_or_default();
+        assert!(e.contains("at most 10000"), "{e}");
+        let wide = OutputSchema::from_json(&json!({"type": "number", "minimum": -1e308, "maximum": 1e308})).unwrap_or_else(|e| panic!("{e}"));
+        let v = wide.sample(&mut ChaCha8Rng::seed_from_u64(3), 1, &mut |_| String::new());
+        assert_eq!(wide.check(&v), Ok(()));
+        let high = OutputSchema::from_json(&json!({"type": "number", "minimum": 5e15, "maximum": 6e15})).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(high.check(&high.sample(&mut ChaCha8Rng::seed_from_u64(3), 1, &mut |_| String::new())), Ok(()));
     }
 
     #[test]

@@ -64,6 +64,18 @@ impl LengthDist {
     }
 }
 
+/// How a JSON value is named in "expected X, found Y" messages (`a string`, `a list`, …).
+pub fn json_kind(v: &serde_json::Value) -> &'static str {
+    match v {
+        serde_json::Value::Null => "null",
+        serde_json::Value::Bool(_) => "a boolean",
+        serde_json::Value::Number(_) => "a number",
+        serde_json::Value::String(_) => "a string",
+        serde_json::Value::Array(_) => "a list",
+        serde_json::Value::Object(_) => "an object",
+    }
+}
+
 /// Derive a stable 64-bit seed from a base seed and a list of parts (SplitMix64 over FNV-1a):
 /// the same (seed, session, node, round) always gives the same stream, whatever the policy.
 pub fn derive_seed(base: u64, parts: &[&str]) -> u64 {

@@ -98,14 +98,10 @@ pub fn flag_problems(sessions: usize, max_num_seqs: u32, tool_workers: usize, ar
 /// `gpu_memory_utilization` any workflow asks for, as the shells load it.
 fn fit_problems(cfg: &RunConfig) -> Vec<String> {
     let max_num_seqs = cfg.max_num_seqs.clamp(1, MAX_NUM_BATCHED_TOKENS);
-    let mut identity: std::collections::BTreeMap<(String, Dtype), (u32, f64)> = Default::default();
-    for wf in &cfg.workflows {
-        for d in wf.deployments.values() {
-            let e = identity.entry((d.model.clone(), d.dtype)).or_insert((0, 0.0));
-            e.0 = e.0.max(d.max_context);
-            e.1 = e.1.max(d.gpu_memory_utilization);
-        }
-    }
+    // The identities exactly as the shells build them (an unknown model is the loader's error).
+    let Ok((table, identity_of)) = super::setup::deployment_table(&cfg.workflows, max_num_seqs) else {
+        return Vec::new();
+    };
     let mut kinds: Vec<&spec::DeviceSpec> = Vec::new();
     for d in &cfg.pool.devices {
         if !kinds.iter().any(|k| k.name == d.name) {
@@ -113,10 +109,13 @@ fn fit_problems(cfg: &RunConfig) -> Vec<String> {
         }
     }
     let mut problems = Vec::new();
-    for wf in &cfg.workflows {
+    for (w, wf) in cfg.workflows.iter().enumerate() {
         for d in wf.deployments.values() {
             let Ok(model) = spec::model(&d.model) else { continue };
-            let (max_len, util) = identity.get(&(d.model.clone(), d.dtype)).copied().unwrap_or((d.max_context, d.gpu_memory_utilization));
+            let Some(info) = identity_of.get(&(w as u32, d.name.clone())).and_then(|id| table.get(id.0 as usize)) else {
+                continue;
+            };
+            let (max_len, util) = (info.max_model_len, info.gpu_memory_utilization);
             let config_on = |k: &spec::DeviceSpec| {
                 let mut config = ServingConfig::vllm_defaults_on(k, d.dtype, max_len);
                 config.gpu_memory_utilization = util;

@@ -157,8 +157,7 @@ impl Joint {
 
     /// KV capacity of a replica as the planner sees it.
     fn kv_capacity(state: &PlannerState, r: &ReplicaView) -> u64 {
-        let weights = state.deployment(r.deployment).map(|d| d.weight_bytes).unwrap_or(0);
-        r.claim_bytes.saturating_sub(weights + super::state::PLANNER_ENGINE_RESERVE_BYTES)
+        super::substrate::kv_capacity_bytes(state, r)
     }
 
     fn kv_in_use(&self, r: ReplicaId) -> u64 {

@@ -16,7 +16,7 @@
 //!   instances by predicted peak tokens and takes the smallest), so requests spread over
 //!   instances by memory. A unit reserves its admission envelope (prompt bound + output limit,
 //!   Eq. 4 of paper 003) × `kv_bytes_per_token` for its lifetime; a replica's KV capacity is its
-//!   claim minus the weights minus [`PLANNER_ENGINE_RESERVE_BYTES`].
+//!   claim minus the weights minus the planner's engine reserve.
 //! - **Head-of-line per deployment.** The balancer dispatches only the head of its priority
 //!   queue and waits while no instance can take it; here each deployment's queue waits on its
 //!   own head, so lower-priority units of the same model do not overtake it, while other
@@ -40,8 +40,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::state::PLANNER_ENGINE_RESERVE_BYTES;
-use super::substrate::{ScaleOut, Substrate, load_on_demand};
+use super::substrate::{ScaleOut, Substrate, kv_capacity_bytes, load_on_demand};
 use super::{Command, DeploymentId, Event, PlannerState, Policy, ReplicaPhase, ReplicaView, WorkItem};
 use crate::ids::{ActivationId, ReplicaId};
 
@@ -65,10 +64,10 @@ impl Kairos {
         (u64::from(w.envelope.0) + u64::from(w.envelope.1)).saturating_mul(per_token)
     }
 
-    /// KV capacity of a replica as the planner sees it: claim − weights − engine reserve.
+    /// KV capacity of a replica as the planner sees it: claim − weights − engine reserve
+    /// (the substrate's rule, [`kv_capacity_bytes`]).
     pub fn kv_capacity(state: &PlannerState, r: &ReplicaView) -> u64 {
-        let weights = state.deployment(r.deployment).map(|d| d.weight_bytes).unwrap_or(0);
-        r.claim_bytes.saturating_sub(weights.saturating_add(PLANNER_ENGINE_RESERVE_BYTES))
+        kv_capacity_bytes(state, r)
     }
 
     /// KV bytes reserved on `r` by the units it holds leases for.

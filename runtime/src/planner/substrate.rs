@@ -90,13 +90,11 @@ pub fn outstanding(state: &PlannerState) -> BTreeMap<DeploymentId, (usize, u64)>
     out
 }
 
-/// How many units of `mean_envelope` tokens a replica of `deployment` on `device` runs at once.
-fn concurrent_capacity(state: &PlannerState, deployment: DeploymentId, device: DeviceId, mean_envelope: u64) -> usize {
-    let Some(d) = state.deployment(deployment) else { return 0 };
-    let Some(g) = state.device(device) else { return 0 };
-    let kv = d.claim_bytes(g).saturating_sub(d.weight_bytes.saturating_add(PLANNER_ENGINE_RESERVE_BYTES));
+/// How many units of `mean_envelope` tokens replica `r` runs at once.
+fn concurrent_capacity(state: &PlannerState, r: &ReplicaView, mean_envelope: u64) -> usize {
+    let Some(d) = state.deployment(r.deployment) else { return 0 };
     let per_unit = mean_envelope.max(1).saturating_mul(d.kv_bytes_per_token.max(1));
-    ((kv / per_unit) as usize).clamp(1, d.max_num_seqs.max(1) as usize)
+    ((kv_capacity_bytes(state, r) / per_unit) as usize).clamp(1, d.max_num_seqs.max(1) as usize)
 }
 
 /// The reactive scale-out rule with its memory: since when each deployment has been over
@@ -115,14 +113,14 @@ impl ScaleOut {
         let mut started = Vec::new();
         let mut over = BTreeMap::new();
         for (d, (units, envelope_tokens)) in outstanding(state) {
-            let replicas: Vec<DeviceId> = state.replicas_of(d).map(|r| r.device).collect();
-            if replicas.is_empty() {
+            let mean = envelope_tokens / units.max(1) as u64;
+            let (replicas, capacity) =
+                state.replicas_of(d).fold((0usize, 0usize), |(n, c), r| (n + 1, c + concurrent_capacity(state, r, mean)));
+            if replicas == 0 {
                 continue;
             }
-            let mean = envelope_tokens / units.max(1) as u64;
-            let capacity: usize = replicas.iter().map(|g| concurrent_capacity(state, d, *g, mean)).sum();
             let waiting = units.saturating_sub(capacity);
-            if (waiting as f64) <= substrate.scale_out_waiting * replicas.len() as f64 {
+            if (waiting as f64) <= substrate.scale_out_waiting * replicas as f64 {
                 continue;
             }
             let since = self.over_since.get(&d).copied().unwrap_or(now);

@@ -34,7 +34,7 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use thiserror::Error;
 
-use crate::values::{LengthDist, NodeOutput, Record};
+use crate::values::{LengthDist, NodeOutput, Record, json_kind};
 
 pub use gsm8k::{extract_gsm8k_answer, normalize_answer};
 pub use mbpp::extract_code;
@@ -169,16 +169,6 @@ impl ResponderRequest<'_> {
     }
 }
 
-fn json_kind(v: &serde_json::Value) -> &'static str {
-    match v {
-        serde_json::Value::Null => "null",
-        serde_json::Value::Bool(_) => "a boolean",
-        serde_json::Value::Number(_) => "a number",
-        serde_json::Value::String(_) => "a string",
-        serde_json::Value::Array(_) => "a list",
-        serde_json::Value::Object(_) => "an object",
-    }
-}
 
 /// Produce the output of one emulated LLM activation.
 ///

@@ -90,7 +90,7 @@ impl FieldSource {
                         items.len()
                     ),
                     Json::Object(_) => format!("{inside} has no field `{step}`"),
-                    other => format!("{inside} is {}, not an object or a list", kind_of(other)),
+                    other => format!("{inside} is {}, not an object or a list", crate::values::json_kind(other)),
                 }
             })?;
         }
@@ -104,7 +104,7 @@ impl FieldSource {
 impl JoinSpec {
     fn apply(&self, value: &Json) -> Result<String, String> {
         let Json::Array(items) = value else {
-            return Err(format!("`join` needs a list, found {}", kind_of(value)));
+            return Err(format!("`join` needs a list, found {}", crate::values::json_kind(value)));
         };
         let mut lines = Vec::with_capacity(items.len());
         for (i, item) in items.iter().enumerate() {
@@ -139,7 +139,7 @@ fn format_element(pattern: &str, item: &Json) -> Result<String, String> {
                 other => {
                     return Err(format!(
                         "is {}, so `{{{key}}}` cannot be read",
-                        kind_of(other)
+                        crate::values::json_kind(other)
                     ));
                 }
             }
@@ -155,16 +155,6 @@ fn format_element(pattern: &str, item: &Json) -> Result<String, String> {
     Ok(out)
 }
 
-fn kind_of(v: &Json) -> &'static str {
-    match v {
-        Json::Null => "null",
-        Json::Bool(_) => "a boolean",
-        Json::Number(_) => "a number",
-        Json::String(_) => "a string",
-        Json::Array(_) => "a list",
-        Json::Object(_) => "an object",
-    }
-}
 
 /// Largest dataset file read (256 MiB): checked before reading, so a wrong path to a huge file
 /// fails at once with its size instead of exhausting memory.

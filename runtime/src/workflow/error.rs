@@ -114,10 +114,18 @@ impl WorkflowError {
             }
         }
         flat.sort_by_key(|e| e.position().unwrap_or((0, 0)));
-        if flat.len() == 1 {
-            flat.pop().unwrap_or(WorkflowError::Many(Vec::new()))
-        } else {
-            WorkflowError::Many(flat)
+        match flat.len() {
+            // Only "already reported" markers: never an error without a message.
+            0 => WorkflowError::Invalid {
+                file: String::new(),
+                line: 1,
+                column: 1,
+                field: "(document)".into(),
+                kind: ErrorKind::Syntax,
+                message: "the workflow is invalid (no further detail)".into(),
+            },
+            1 => flat.pop().unwrap_or(WorkflowError::Many(Vec::new())),
+            _ => WorkflowError::Many(flat),
         }
     }
 

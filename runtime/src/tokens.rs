@@ -11,9 +11,10 @@
 //! Chat requests: vLLM's chat completions render Qwen3's `chat_template`; for one user message
 //! with the generation prompt and thinking disabled that is
 //! `<|im_start|>user\n{content}<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n`
-//! ([`chat_prompt`], [`encode_chat`]). The emulated workloads assume non-thinking mode
-//! ([`ENABLE_THINKING`]): their output lengths (a few hundred tokens, capped at 512) are visible
-//! answers, not a reasoning trace.
+//! ([`chat_prompt`], [`encode_chat`]); with thinking enabled (`enable_thinking`, the template's
+//! default, for agents that declare `thinking_tokens`) the empty `<think></think>` block is
+//! absent ([`chat_prompt_mode`], [`encode_chat_mode`]), so a thinking-off count is an upper
+//! bound of either (what the loader's context checks use).
 //!
 //! Encodings are cached by content so that a transcript shared by many prompts is encoded once.
 //! A prompt is encoded segment by segment (static template text, inputs, predecessor outputs)
@@ -35,9 +36,6 @@ pub const TOKENIZER_PATH: &str = "runtime/data/qwen3-tokenizer/tokenizer.json";
 static TOKENIZER_JSON: &[u8] =
     include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/data/qwen3-tokenizer/tokenizer.json"));
 
-/// Whether the emulated workloads run Qwen3 with thinking enabled. They do not: see the module
-/// documentation.
-pub const ENABLE_THINKING: bool = false;
 
 /// Qwen3's chat-template text before a user message's content.
 pub const CHAT_USER_PREFIX: &str = "<|im_start|>user\n";
@@ -242,18 +240,28 @@ pub fn chat_generation_suffix(enable_thinking: bool) -> String {
     if enable_thinking { CHAT_GENERATION.to_string() } else { format!("{CHAT_GENERATION}{EMPTY_THINK}") }
 }
 
-/// The text vLLM tokenises for a chat request of one user message `content`
-/// ([`ENABLE_THINKING`] mode, generation prompt added).
+/// The text vLLM tokenises for a chat request of one user message `content` (thinking off,
+/// generation prompt added).
 pub fn chat_prompt(content: &str) -> String {
-    format!("{CHAT_USER_PREFIX}{content}{}", chat_generation_suffix(ENABLE_THINKING))
+    chat_prompt_mode(content, false)
+}
+
+/// [`chat_prompt`] with `enable_thinking` as given.
+pub fn chat_prompt_mode(content: &str, enable_thinking: bool) -> String {
+    format!("{CHAT_USER_PREFIX}{content}{}", chat_generation_suffix(enable_thinking))
 }
 
 /// The prompt tokens of a chat request of one user message whose content is `segments`
-/// concatenated, as vLLM counts them ([`ENABLE_THINKING`] mode). The template's prefix is
+/// concatenated, as vLLM counts them (thinking off; [`encode_chat_mode`]). The template's prefix is
 /// encoded with the first segment (exactly as in the rendered string: `\n` may merge with
 /// leading newlines of the content) and its suffix starts with a special token, so only the
 /// boundaries between content segments can differ from encoding [`chat_prompt`] whole.
 pub fn encode_chat<S: AsRef<str>>(segments: &[S]) -> Vec<u32> {
+    encode_chat_mode(segments, false)
+}
+
+/// [`encode_chat`] with `enable_thinking` as given (on: no empty thinking block, 4 tokens fewer).
+pub fn encode_chat_mode<S: AsRef<str>>(segments: &[S], enable_thinking: bool) -> Vec<u32> {
     let (first, rest) = match segments.split_first() {
         Some((f, r)) => (f.as_ref(), r),
         None => ("", &[][..]),
@@ -262,13 +270,13 @@ pub fn encode_chat<S: AsRef<str>>(segments: &[S]) -> Vec<u32> {
     for s in rest {
         out.extend_from_slice(&encode(s.as_ref()));
     }
-    out.extend_from_slice(&encode(&chat_generation_suffix(ENABLE_THINKING)));
+    out.extend_from_slice(&encode(&chat_generation_suffix(enable_thinking)));
     out
 }
 
-/// Tokens the chat template adds around a user message's content ([`ENABLE_THINKING`] mode).
+/// Tokens the chat template adds around a user message's content (thinking off: the larger).
 pub fn chat_overhead() -> usize {
-    count(CHAT_USER_PREFIX) + count(&chat_generation_suffix(ENABLE_THINKING))
+    count(CHAT_USER_PREFIX) + count(&chat_generation_suffix(false))
 }
 
 /// Prompt tokens of a chat request of one user message `content` ([`encode_chat`]).

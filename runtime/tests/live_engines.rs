@@ -34,6 +34,7 @@ fn request(id: u64, prompt: &str, output: Option<&str>, stream: bool) -> LlmRequ
         prompt: prompt.into(),
         max_tokens: 256,
         emulated_output: output.map(str::to_string),
+        enable_thinking: false,
         stream,
     }
 }

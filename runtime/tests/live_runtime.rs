@@ -616,6 +616,7 @@ fn overhead_per_llm_call() {
                 prompt: "Question: what is 2 + 2?".into(),
                 max_tokens: 16,
                 emulated_output: Some("4".into()),
+                enable_thinking: false,
                 stream: false,
             };
             let t0 = Instant::now();
@@ -657,6 +658,7 @@ fn overhead_per_llm_call() {
                 prompt: format!("Question {id}: what is 2 + 2?"),
                 max_tokens: 16,
                 emulated_output: Some("The answer is 4.".into()),
+                enable_thinking: false,
                 stream: false,
             };
             let t0 = Instant::now();

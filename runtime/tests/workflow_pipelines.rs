@@ -27,6 +27,18 @@ fn text_of(n: usize) -> String {
     t
 }
 
+/// The longest answer a node gives in practice: the 99.9th percentile of its answer-length
+/// distribution (log-normal, see `LengthDist::sample`), within its output limit. The reasoning
+/// trace of a thinking node is not part of the answer, so it never reaches a successor's
+/// prompt; the limit caps trace and answer together.
+fn worst_answer_tokens(a: &switchyard_runtime::workflow::AgentNode) -> u32 {
+    let d = a.output_tokens;
+    let sigma2 = (1.0 + d.cv * d.cv).ln();
+    let mu = d.mean.ln() - sigma2 / 2.0;
+    let p999 = (mu + 3.09 * sigma2.sqrt()).exp().ceil();
+    (p999 as u32).clamp(13, a.max_output_tokens)
+}
+
 /// Drive one session to the end with worst-case outputs; returns the largest
 /// `prompt tokens + max_output_tokens - max_context` margin seen (≤ 0 means it fits) and the
 /// number of activations.
@@ -57,7 +69,7 @@ fn drive_worst_case(
                 let prompt_tokens = tokens::encode_chat(&segments).len();
                 let need = prompt_tokens as i64 + i64::from(a.max_output_tokens);
                 worst = worst.max(need - i64::from(dep.max_context));
-                let body = text_of(a.max_output_tokens as usize - 12);
+                let body = text_of(worst_answer_tokens(a) as usize - 12);
                 NodeOutput {
                     text: format!("```python\n{body}\n```"),
                     output_tokens: a.max_output_tokens,

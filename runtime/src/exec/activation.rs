@@ -32,9 +32,26 @@ pub struct PreparedLlm {
     pub prompt_tokens: u32,
     /// Prefix-cache block hashes of the prompt (vLLM block size [`BLOCK_SIZE`]).
     pub prefix_hashes: Vec<u64>,
-    /// The responder's output: what an emulated engine returns for this call.
+    /// The responder's output: the answer an emulated engine returns for this call;
+    /// `output_tokens` counts every generated token, the reasoning trace included.
     pub output: NodeOutput,
     pub max_output_tokens: u32,
+    /// Qwen3 thinking mode for this call (`enable_thinking`), and the reasoning trace's
+    /// length in tokens (0 when off), generated before the answer.
+    pub enable_thinking: bool,
+    pub thinking_tokens: u32,
+}
+
+impl PreparedLlm {
+    /// What an emulated engine generates for this call: the reasoning trace (thinking mode),
+    /// then the answer, as Qwen3 writes them (`<think>…</think>` before the content).
+    pub fn emulated_completion(&self) -> String {
+        if self.enable_thinking {
+            format!("{}{}", responder::reasoning_trace(self.thinking_tokens), self.output.text)
+        } else {
+            self.output.text.clone()
+        }
+    }
 }
 
 /// What a ready activation needs, once rendered.
@@ -88,7 +105,8 @@ pub fn prepare(
             };
             // The prompt is sent as one user message; vLLM tokenises it inside Qwen3's chat
             // template, so the template's tokens count and lead the hashed prefix blocks.
-            let ids = tokens::encode_chat(&segments);
+            let enable_thinking = agent.thinking_tokens.is_some();
+            let ids = tokens::encode_chat_mode(&segments, enable_thinking);
             let prompt: String = segments.concat();
             let wf_name = session.spec().name.clone();
             let Some(deployment) = ctx.deployment_of.get(&(workflow, agent.deployment.clone())).copied() else {
@@ -112,10 +130,20 @@ pub fn prepare(
                 schema: agent.output.as_ref().map(|o| &o.schema),
                 verdict_field: agent.output.as_ref().and_then(|o| o.verdict.as_deref()),
             };
-            let output = match responder::respond(&req) {
+            let mut output = match responder::respond(&req) {
                 Ok(o) => o,
                 Err(e) => return Ok(Ready::Fail(format!("{}: responder: {e}", node.id))),
             };
+            // Thinking mode: a reasoning trace precedes the answer; vLLM's `max_tokens` caps
+            // the trace and the answer together.
+            let thinking_tokens = match agent.thinking_tokens {
+                Some(dist) => {
+                    let mut rng = <rand_chacha::ChaCha8Rng as rand::SeedableRng>::seed_from_u64(derive_seed(req.seed, &["thinking"]));
+                    dist.sample(&mut rng, agent.max_output_tokens).min(agent.max_output_tokens.saturating_sub(output.output_tokens))
+                }
+                None => 0,
+            };
+            output.output_tokens += thinking_tokens;
             let prompt_tokens = ids.len() as u32;
             if prompt_tokens as u64 + output.output_tokens as u64 > info.max_model_len as u64 {
                 return Ok(Ready::Fail(format!(
@@ -148,6 +176,8 @@ pub fn prepare(
                 prefix_hashes,
                 output,
                 max_output_tokens: agent.max_output_tokens,
+                enable_thinking,
+                thinking_tokens,
             };
             Ok(Ready::Llm { item, prepared, node: node.id.clone() })
         }
@@ -165,6 +195,12 @@ pub const MAX_SCHEMA_RETRIES: u32 = 2;
 /// is — for a structured output, the JSON found in it must satisfy the schema (its `verdict`
 /// property becomes the verdict); `Err` names the violation.
 pub fn model_output(agent: &AgentNode, emulated: &NodeOutput, text: String, output_tokens: u32) -> Result<NodeOutput, String> {
+    // A thinking model's reasoning is not its answer (vLLM's reasoning parser returns it
+    // apart; without one it leads the content).
+    let text = match responder::strip_reasoning(&text) {
+        Some(answer) => answer.to_string(),
+        None => text,
+    };
     if text == emulated.text {
         return Ok(emulated.clone());
     }
@@ -328,5 +364,46 @@ mod tests {
             }
         }
         assert!(other_outputs > 0, "the responder output must depend on the seed");
+    }
+
+    #[test]
+    fn thinking_mode_generates_a_trace_that_is_not_the_answer() {
+        let yaml = |thinking: &str| {
+            format!(
+                "name: t\ndeployments:\n  d: {{model: Qwen3-8B, max_context: 8192, max_output_tokens: 2048}}\nnodes:\n  - id: solve\n    deployment: d\n    prompt: Solve it.\n    output_tokens: {{mean: 100, cv: 0.2}}\n{thinking}"
+            )
+        };
+        let prepared = |thinking: &str| {
+            let wf = Arc::new(crate::workflow::parse_workflow("t.yaml", &yaml(thinking), std::path::Path::new(".")).unwrap_or_else(|e| panic!("{e}")));
+            let wfs = vec![Arc::clone(&wf)];
+            let (table, of) = deployment_table(&wfs, 8).unwrap();
+            let info = node_infos(&wfs, &of);
+            let ctx = PrepareContext { seed: 11, deployments: &table, deployment_of: &of, node_info: &info };
+            let mut s = Session::new(SessionId(0), wf, crate::values::Record::default()).unwrap();
+            let a = s.ready()[0];
+            match prepare(&ctx, &mut s, 0, a, 0.0).unwrap() {
+                Ready::Llm { item, prepared, .. } => (item, prepared),
+                _ => panic!("an agent"),
+            }
+        };
+        let (off_item, off) = prepared("");
+        let (on_item, on) = prepared("    thinking_tokens: {mean: 1500, cv: 0.5}\n");
+        assert!(!off.enable_thinking && off.thinking_tokens == 0);
+        assert!(on.enable_thinking && on.thinking_tokens > 0);
+        // The answer is the same draw; the trace adds generated tokens, within max_tokens.
+        assert_eq!(on.output.text, off.output.text);
+        assert_eq!(on.output.output_tokens, off.output.output_tokens + on.thinking_tokens);
+        assert!(on.output.output_tokens <= 2048);
+        // Thinking on drops the template's empty `<think>\n\n</think>\n\n` (4 tokens).
+        assert_eq!(on_item.prompt_tokens + 4, off_item.prompt_tokens);
+        // What an emulated engine returns leads with the trace; the session keeps the answer.
+        let completion = on.emulated_completion();
+        assert!(completion.starts_with("<think>\n") && completion.ends_with(&on.output.text));
+        let trace_tokens = tokens::count(&completion) - tokens::count(&on.output.text);
+        assert!(trace_tokens.abs_diff(on.thinking_tokens as usize) <= 6, "{trace_tokens} vs {}", on.thinking_tokens);
+        let wf = crate::workflow::parse_workflow("t.yaml", &yaml("    thinking_tokens: {mean: 1500}\n"), std::path::Path::new(".")).unwrap();
+        let NodeKind::Agent(agent) = &wf.nodes[0].kind else { panic!("not an agent") };
+        let kept = model_output(agent, &on.output, completion, on.output.output_tokens);
+        assert_eq!(kept, Ok(on.output.clone()));
     }
 }

@@ -55,6 +55,10 @@ pub struct LlmRequest {
     /// `switchyard emulate` in the request body as `"switchyard": {"output": ...}`; a real
     /// vLLM ignores the unknown field and generates its own text.
     pub emulated_output: Option<String>,
+    /// Qwen3 thinking mode (`chat_template_kwargs.enable_thinking`; for the completions API,
+    /// the chat template rendered with or without the empty thinking block).
+    #[serde(default)]
+    pub enable_thinking: bool,
     /// Stream the answer (time to first token is measured either way).
     pub stream: bool,
 }

@@ -201,7 +201,8 @@ impl SessionState {
                     model: String::new(),
                     prompt: prepared.prompt.clone(),
                     max_tokens: prepared.max_output_tokens.max(1),
-                    emulated_output: Some(prepared.output.text.clone()),
+                    emulated_output: Some(prepared.emulated_completion()),
+                    enable_thinking: prepared.enable_thinking,
                     stream: ctx.stream,
                 };
                 let call = PendingCall { request, expected_output_tokens: prepared.output.output_tokens.max(1) };

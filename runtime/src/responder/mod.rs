@@ -170,6 +170,29 @@ impl ResponderRequest<'_> {
 }
 
 
+/// The reasoning trace an emulated Qwen3 writes in thinking mode before its answer:
+/// `<think>\n`, `tokens` neutral words (one Qwen3 token each), `\n</think>\n\n`.
+pub fn reasoning_trace(tokens: u32) -> String {
+    let mut s = String::with_capacity(tokens as usize * 6 + 20);
+    s.push_str("<think>\n");
+    for i in 0..tokens {
+        s.push_str(if i % 2 == 0 { " step" } else { " check" });
+    }
+    s.push_str("\n</think>\n\n");
+    s
+}
+
+/// The answer of a completion that opens with a `<think>…</think>` reasoning block (a Qwen3
+/// thinking-mode reply served without a reasoning parser), or `None` when it has none. An
+/// unterminated block (the output limit cut the reasoning) leaves an empty answer.
+pub fn strip_reasoning(text: &str) -> Option<&str> {
+    let rest = text.trim_start().strip_prefix("<think>")?;
+    Some(match rest.find("</think>") {
+        Some(end) => rest[end + "</think>".len()..].trim_start(),
+        None => "",
+    })
+}
+
 /// Produce the output of one emulated LLM activation.
 ///
 /// The output-length target is drawn first from `req.length` (capped by
@@ -214,4 +237,22 @@ pub fn respond(req: &ResponderRequest) -> Result<NodeOutput, ResponderError> {
     };
     let output_tokens = u32::try_from(crate::tokens::count(&text)).unwrap_or(u32::MAX);
     Ok(NodeOutput { text, verdict: None, value, output_tokens })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reasoning_block_is_stripped_from_the_answer() {
+        assert_eq!(strip_reasoning("<think>\nfirst 2+2\n</think>\n\n#### 4"), Some("#### 4"));
+        assert_eq!(strip_reasoning("  <think>x</think>answer"), Some("answer"));
+        assert_eq!(strip_reasoning("<think>cut by the output limit"), Some(""));
+        assert_eq!(strip_reasoning("no reasoning here"), None);
+        assert_eq!(strip_reasoning("answer <think>x</think>"), None);
+        let trace = reasoning_trace(50);
+        assert_eq!(strip_reasoning(&format!("{trace}ok")), Some("ok"));
+        let n = crate::tokens::count(&trace);
+        assert!((50..=56).contains(&n), "{n} tokens");
+    }
 }

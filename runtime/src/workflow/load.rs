@@ -49,6 +49,7 @@ const AGENT_KEYS: &[&str] = &[
     "next_rounds",
     "max_output_tokens",
     "output_tokens",
+    "thinking_tokens",
     "output",
 ];
 const TOOL_KEYS: &[&str] = &["tool", "inputs", "timeout_s"];
@@ -758,35 +759,11 @@ fn agent_node(
     }
     let output_tokens = match m.get("output_tokens") {
         None => default_output_tokens(max_output_tokens),
-        Some(on) => {
-            let om = ctx.map(on, &f("output_tokens"), &["mean", "cv"])?;
-            let mean_node = om.required(ctx, &f("output_tokens"), "mean")?;
-            let mean = ctx.f64(mean_node, &f("output_tokens.mean"))?;
-            let cv = match om.get("cv") {
-                Some(cv_node) => {
-                    let cv = ctx.f64(cv_node, &f("output_tokens.cv"))?;
-                    if cv < 0.0 {
-                        return Err(ctx.err(
-                            cv_node.pos,
-                            &f("output_tokens.cv"),
-                            ErrorKind::BadType,
-                            format!("cv {cv} must not be negative"),
-                        ));
-                    }
-                    cv
-                }
-                None => default_output_tokens(max_output_tokens).cv,
-            };
-            if mean < 1.0 {
-                return Err(ctx.err(
-                    mean_node.pos,
-                    &f("output_tokens.mean"),
-                    ErrorKind::BadType,
-                    format!("mean {mean} must be at least 1 token"),
-                ));
-            }
-            LengthDist { mean, cv }
-        }
+        Some(on) => length_dist(ctx, on, &f("output_tokens"), default_output_tokens(max_output_tokens).cv)?,
+    };
+    let thinking_tokens = match m.get("thinking_tokens") {
+        None => None,
+        Some(tn) => Some(length_dist(ctx, tn, &f("thinking_tokens"), default_output_tokens(max_output_tokens).cv)?),
     };
     Ok(AgentNode {
         deployment,
@@ -794,10 +771,33 @@ fn agent_node(
         prompt,
         max_output_tokens,
         output_tokens,
+        thinking_tokens,
         responder,
         next_rounds,
         output,
     })
+}
+
+/// A `{mean, cv}` length distribution in tokens (`output_tokens:`, `thinking_tokens:`): the mean
+/// at least 1 token, the coefficient of variation not negative (`default_cv` when absent).
+fn length_dist(ctx: &Ctx<'_>, node: &Node, field: &str, default_cv: f64) -> Result<LengthDist, WorkflowError> {
+    let om = ctx.map(node, field, &["mean", "cv"])?;
+    let mean_node = om.required(ctx, field, "mean")?;
+    let mean = ctx.f64(mean_node, &format!("{field}.mean"))?;
+    let cv = match om.get("cv") {
+        Some(cv_node) => {
+            let cv = ctx.f64(cv_node, &format!("{field}.cv"))?;
+            if cv < 0.0 {
+                return Err(ctx.err(cv_node.pos, &format!("{field}.cv"), ErrorKind::BadType, format!("cv {cv} must not be negative")));
+            }
+            cv
+        }
+        None => default_cv,
+    };
+    if mean < 1.0 {
+        return Err(ctx.err(mean_node.pos, &format!("{field}.mean"), ErrorKind::BadType, format!("mean {mean} must be at least 1 token")));
+    }
+    Ok(LengthDist { mean, cv })
 }
 
 fn responder_name(ctx: &Ctx<'_>, rn: &Node, field: &str) -> Result<String, WorkflowError> {

@@ -104,6 +104,13 @@ pub struct AgentNode {
     pub max_output_tokens: u32,
     /// The output-length distribution of this node (declared, or [`default_output_tokens`]).
     pub output_tokens: LengthDist,
+    /// Qwen3 thinking mode (`thinking_tokens:`): the call is sent with `enable_thinking` and the
+    /// model writes a reasoning trace of this length before its answer. The trace is generated
+    /// (decode time, KV cache, `max_output_tokens` counts it, as vLLM's `max_tokens` does) but
+    /// is not the node's output: successors, verdicts and metrics see the answer only, as with
+    /// vLLM's `qwen3` reasoning parser (`reasoning_content` apart from `content`). `None`:
+    /// thinking disabled (the chat template's empty `<think></think>` block).
+    pub thinking_tokens: Option<LengthDist>,
     /// Name of the emulated responder (one of [`RESPONDERS`]; `generic` unless declared).
     pub responder: String,
     /// How the node runs in the rounds after the first of its loop (`next_rounds:`), e.g. a

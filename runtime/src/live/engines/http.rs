@@ -326,7 +326,7 @@ impl HttpEngine {
             // both flavours count the simulator's prompt tokens (`tokens::encode_chat`).
             ApiFlavor::Completions => json!({
                 "model": model,
-                "prompt": tokens::chat_prompt(&request.prompt),
+                "prompt": tokens::chat_prompt_mode(&request.prompt, request.enable_thinking),
                 "max_tokens": request.max_tokens,
                 "stream": request.stream,
             }),
@@ -335,7 +335,7 @@ impl HttpEngine {
                 "messages": [{ "role": "user", "content": request.prompt }],
                 "max_tokens": request.max_tokens,
                 "stream": request.stream,
-                "chat_template_kwargs": { "enable_thinking": tokens::ENABLE_THINKING },
+                "chat_template_kwargs": { "enable_thinking": request.enable_thinking },
             }),
         };
         if request.stream {
@@ -705,6 +705,7 @@ mod tests {
             prompt: "p".into(),
             max_tokens: 7,
             emulated_output: Some("out".into()),
+            enable_thinking: false,
             stream: true,
         };
         let b = e.request_body(&req);
@@ -725,6 +726,7 @@ mod tests {
         let b = chat.request_body(&LlmRequest {
             stream: false,
             emulated_output: None,
+            enable_thinking: false,
             ..req
         });
         assert_eq!(b["messages"][0]["content"], "p");

@@ -133,6 +133,10 @@ struct RunArgs {
     /// Substrate: … for at least this many seconds (Ray Serve's default upscale_delay_s).
     #[arg(long, default_value_t = switchyard_runtime::planner::substrate::RAY_SERVE_UPSCALE_DELAY_S)]
     upscale_delay: f64,
+    /// Seconds the agent framework takes to hand a finished call's output to the next call
+    /// (simulator; MAFBench's LangGraph overhead by default). The replica is free meanwhile.
+    #[arg(long, default_value_t = switchyard_runtime::exec::FRAMEWORK_HANDOFF_S)]
+    handoff_delay: f64,
     /// Run on the live runtime (actors on wall-clock time) against the engines the pool file
     /// names, e.g. `--pool workflows/pools/live-emulated.yaml`; times are wall seconds.
     #[arg(long)]
@@ -248,6 +252,8 @@ fn validate(paths: &[PathBuf], pool: Option<&Path>) -> Result<()> {
                 tool_workers: 1,
                 max_num_seqs: 256,
                 substrate: Default::default(),
+                session_counts: Vec::new(),
+                handoff_s: switchyard_runtime::exec::FRAMEWORK_HANDOFF_S,
             };
             preflight(&cfg, false)?;
         }
@@ -327,6 +333,8 @@ fn run(args: RunArgs) -> Result<RunEnd> {
             scale_out_waiting: args.scale_out_waiting,
             upscale_delay_s: args.upscale_delay,
         },
+        session_counts: Vec::new(),
+        handoff_s: args.handoff_delay,
     };
     preflight(&cfg, args.live)?;
     let total = args.sessions * cfg.workflows.len();

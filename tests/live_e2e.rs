@@ -63,6 +63,8 @@ fn configs(pool: &Path, sessions: usize, seed: u64) -> (RunConfig, LiveConfig, P
         tool_workers: 2,
         max_num_seqs: 256,
         substrate: Default::default(),
+        session_counts: Vec::new(),
+        handoff_s: switchyard_runtime::exec::FRAMEWORK_HANDOFF_S,
     };
     let engines = PoolEngines::new(&live_pool, 0, Some(PathBuf::from(EXE))).unwrap();
     let mut cfg = LiveConfig::new(run.clone());

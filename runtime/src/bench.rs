@@ -232,6 +232,8 @@ impl BenchConfig {
             tool_workers: 1,
             max_num_seqs: self.max_num_seqs,
             substrate: Default::default(),
+            session_counts: Vec::new(),
+            handoff_s: crate::exec::FRAMEWORK_HANDOFF_S,
         }
     }
 }

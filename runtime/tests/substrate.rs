@@ -29,6 +29,8 @@ fn config(policy: &str, sessions: usize, substrate: Substrate) -> RunConfig {
         tool_workers: 1,
         max_num_seqs: 256,
         substrate,
+        session_counts: Vec::new(),
+        handoff_s: switchyard_runtime::exec::FRAMEWORK_HANDOFF_S,
     }
 }
 

@@ -61,9 +61,9 @@ pub struct TraceEntry {
     pub record: usize,
 }
 
-/// Build the trace: `sessions` per workflow, records drawn without replacement (cycling when the
+/// Build the trace: `sessions[w]` sessions of workflow `w`, records drawn without replacement (cycling when the
 /// dataset is smaller), arrival times by `arrival`; sorted by time, then workflow.
-pub fn trace(arrival: Arrival, sessions: usize, dataset_sizes: &[usize], seed: u64) -> Vec<TraceEntry> {
+pub fn trace(arrival: Arrival, sessions: &[usize], dataset_sizes: &[usize], seed: u64) -> Vec<TraceEntry> {
     let mut out = Vec::new();
     for (w, &size) in dataset_sizes.iter().enumerate() {
         let mut rng = ChaCha8Rng::seed_from_u64(derive_seed(seed, &["trace", &w.to_string()]));
@@ -74,7 +74,7 @@ pub fn trace(arrival: Arrival, sessions: usize, dataset_sizes: &[usize], seed: u
             Arrival::Poisson(rate) => Exp::new(rate).ok(),
             Arrival::Burst => None,
         };
-        for i in 0..sessions {
+        for i in 0..sessions.get(w).copied().unwrap_or(0) {
             if let Some(g) = &gap {
                 // The first session of each workflow arrives after one gap too (a Poisson process
                 // started at 0).
@@ -101,20 +101,22 @@ mod tests {
 
     #[test]
     fn same_seed_same_trace_other_seed_other_trace() {
-        let a = trace(Arrival::Poisson(0.15), 60, &[100, 50], 42);
-        assert_eq!(a, trace(Arrival::Poisson(0.15), 60, &[100, 50], 42));
-        assert_ne!(a, trace(Arrival::Poisson(0.15), 60, &[100, 50], 43));
+        let a = trace(Arrival::Poisson(0.15), &[60, 60], &[100, 50], 42);
+        assert_eq!(a, trace(Arrival::Poisson(0.15), &[60, 60], &[100, 50], 42));
+        assert_ne!(a, trace(Arrival::Poisson(0.15), &[60, 60], &[100, 50], 43));
         assert_eq!(a.len(), 120);
+        let uneven = trace(Arrival::Burst, &[3, 7], &[10, 10], 42);
+        assert_eq!((uneven.iter().filter(|e| e.workflow == 0).count(), uneven.iter().filter(|e| e.workflow == 1).count()), (3, 7));
         assert!(a.windows(2).all(|w| w[0].at <= w[1].at));
     }
 
     #[test]
     fn poisson_rate_is_respected_and_burst_is_at_zero() {
-        let a = trace(Arrival::Poisson(0.5), 4000, &[10], 1);
+        let a = trace(Arrival::Poisson(0.5), &[4000], &[10], 1);
         let last = a.last().unwrap().at;
         let rate = 4000.0 / last;
         assert!((rate - 0.5).abs() < 0.03, "{rate}");
-        let b = trace(Arrival::Burst, 10, &[3], 1);
+        let b = trace(Arrival::Burst, &[10], &[3], 1);
         assert!(b.iter().all(|e| e.at == 0.0));
         // Records cycle without replacement: each of the 3 records used at least 3 times.
         for r in 0..3 {

@@ -87,6 +87,31 @@ pub struct RunConfig {
     pub max_num_seqs: u32,
     /// The serving substrate every policy shares (replica cap, reactive scale-out).
     pub substrate: Substrate,
+    /// Sessions of each workflow, in `workflows` order, where they differ (e.g. paper 003
+    /// §2.2's QMSum sessions beside a different number of MBPP sessions); empty: `sessions`
+    /// each.
+    pub session_counts: Vec<usize>,
+    /// Seconds between a call's finish and its output reaching the session, so that the
+    /// successors become ready that much later: the agent framework's time to take the reply,
+    /// render the next prompt and submit it ([`FRAMEWORK_HANDOFF_S`] by default). The replica
+    /// the call ran on is free in between — a request-level substrate may give it away.
+    pub handoff_s: f64,
+}
+
+/// The agent framework's per-call handoff time: 38 ms, LangGraph's median orchestration
+/// overhead over a direct call in MAFBench (CoDS-GCS/MAFBench,
+/// `single_agent/framework_overhead`: 60.22 ms against 22.13 ms p50; CrewAI 30 ms).
+pub const FRAMEWORK_HANDOFF_S: f64 = 0.038;
+
+impl RunConfig {
+    /// Sessions of each workflow ([`RunConfig::session_counts`], else `sessions` each).
+    pub fn sessions_of(&self) -> Vec<usize> {
+        if self.session_counts.is_empty() {
+            vec![self.sessions; self.workflows.len()]
+        } else {
+            self.workflows.iter().enumerate().map(|(w, _)| self.session_counts.get(w).copied().unwrap_or(self.sessions)).collect()
+        }
+    }
 }
 
 /// One line of the optional JSONL trace.

@@ -52,6 +52,9 @@ pub enum FitRule {
 /// Check `cfg` before any session starts.
 pub fn check(cfg: &RunConfig, rule: FitRule) -> Result<(), PreflightError> {
     let mut problems = flag_problems(cfg.sessions, cfg.max_num_seqs, cfg.tool_workers, cfg.arrival);
+    if !(cfg.handoff_s.is_finite() && (0.0..=3600.0).contains(&cfg.handoff_s)) {
+        problems.push(format!("--handoff-delay: {} must be a number of seconds from 0 to 3600", cfg.handoff_s));
+    }
     let sub = &cfg.substrate;
     if sub.replica_cap == Some(0) {
         problems.push("--replica-cap: 0 leaves no replica for any model (at least 1)".into());

@@ -70,6 +70,9 @@ enum SimEvent {
     IterationEnd(ReplicaId),
     LoadDone(ReplicaId),
     ToolDone(ActivationId),
+    /// The agent framework hands a finished call's output to its session
+    /// ([`RunConfig::handoff_s`] after the finish).
+    Handoff(ActivationId),
 }
 
 struct Scheduled {
@@ -161,6 +164,9 @@ struct Sim<'a> {
     tools: ToolPool,
     /// Running tool calls: the job, the calling node's name and the tool's name.
     tool_jobs: BTreeMap<ActivationId, (ToolJob, String, String)>,
+    /// Outputs in the agent framework's hands, delivered by [`SimEvent::Handoff`].
+    handoffs: BTreeMap<ActivationId, NodeOutput>,
+    handoff_s: f64,
     timelines: Vec<DeviceTimeline>,
     /// (model, dtype, device) whose weights were read before in this run: later loads read
     /// them from the page cache, the first from disk. (Per device: the emulated pool has no
@@ -235,7 +241,7 @@ impl<'a> Sim<'a> {
             exec::build_planner(&cfg.pool.devices, &deployments, &cfg.policy, cfg.options, &cfg.predictor, cfg.substrate)?;
         let records = exec::load_records(&cfg.workflows)?;
         let sizes: Vec<usize> = records.iter().map(|r| r.len()).collect();
-        let trace_entries = arrivals::trace(cfg.arrival, cfg.sessions, &sizes, cfg.seed);
+        let trace_entries = arrivals::trace(cfg.arrival, &cfg.sessions_of(), &sizes, cfg.seed);
         let timelines = cfg
             .pool
             .devices
@@ -263,6 +269,8 @@ impl<'a> Sim<'a> {
             next_request: 0,
             tools: ToolPool::new(cfg.tool_workers),
             tool_jobs: BTreeMap::new(),
+            handoffs: BTreeMap::new(),
+            handoff_s: cfg.handoff_s,
             timelines,
             weights_read: std::collections::BTreeSet::new(),
             work: BTreeMap::new(),
@@ -305,6 +313,11 @@ impl<'a> Sim<'a> {
                 SimEvent::IterationEnd(r) => self.on_iteration_end(r)?,
                 SimEvent::LoadDone(r) => self.on_load_done(r)?,
                 SimEvent::ToolDone(a) => self.on_tool_done(a)?,
+                SimEvent::Handoff(a) => {
+                    if let Some(output) = self.handoffs.remove(&a) {
+                        self.complete(a, output)?;
+                    }
+                }
             }
             // One scheduling tick per distinct virtual time.
             if self.queue.peek().is_none_or(|n| n.at > self.now) {
@@ -660,7 +673,7 @@ impl<'a> Sim<'a> {
                     run.record.tools.record(a.session.0, &node, &tool, &o);
                 }
                 self.record_call(a, None, 0, 0);
-                self.complete(a, exec::tool_output(o))
+                self.hand_off(a, exec::tool_output(o))
             }
             Err(e) => {
                 self.fail_session(a.session, format!("tool: {e}"));
@@ -712,11 +725,21 @@ impl<'a> Sim<'a> {
                     })?;
                     if self.is_live(f.activation.session) {
                         self.record_call(f.activation, Some(f.deployment), prompt_tokens, output_tokens);
-                        self.complete(f.activation, f.output)?;
+                        self.hand_off(f.activation, f.output)?;
                     }
                 }
                 EngineEvent::Preempted { .. } => self.counters.preemptions += 1,
-                EngineEvent::FirstToken { .. } => {}
+                EngineEvent::FirstToken { id, .. } => {
+                    if let Some(f) = self.in_flight.get(&id) {
+                        let (session, activation) = (f.activation.session.0, f.activation.index);
+                        self.log("first_token", TraceLine {
+                            session: Some(session),
+                            activation: Some(activation),
+                            replica: Some(replica.0),
+                            ..blank()
+                        });
+                    }
+                }
             }
         }
         self.kick(replica);
@@ -733,6 +756,19 @@ impl<'a> Sim<'a> {
             .and_then(|d| self.deployments.get(d.0 as usize))
             .map(|d| (d.model.clone(), d.dtype));
         self.calls.extend(CallRecord::of(session, run.record.workflow, a, model, prompt, output, self.now));
+    }
+
+    /// A finished call's output reaches its session after the framework's handoff time (the
+    /// planner already knows the call finished: its replica is free in between).
+    fn hand_off(&mut self, a: ActivationId, output: NodeOutput) -> Result<(), SimError> {
+        if self.handoff_s > 0.0 {
+            self.handoffs.insert(a, output);
+            let at = self.now + self.handoff_s;
+            self.schedule(at, SimEvent::Handoff(a));
+            Ok(())
+        } else {
+            self.complete(a, output)
+        }
     }
 
     fn complete(&mut self, a: ActivationId, output: NodeOutput) -> Result<(), SimError> {
@@ -875,6 +911,8 @@ mod tests {
             tool_workers: 1,
             max_num_seqs: 256,
             substrate: Default::default(),
+            session_counts: Vec::new(),
+            handoff_s: crate::exec::FRAMEWORK_HANDOFF_S,
         }
     }
 

@@ -744,8 +744,11 @@ mod tests {
     }
 
     fn awake_tiny(seed: u64, max_num_seqs: u32) -> EmulatedReplica {
+        // 0.85: vLLM refuses to request more than the memory free once the CUDA context
+        // (512 MiB here) exists, and 0.9 × 4 GiB would be.
         let cfg = ServingConfig {
             max_num_seqs,
+            gpu_memory_utilization: 0.85,
             ..ServingConfig::vllm_defaults(Dtype::Bf16, 4096)
         };
         let mut r =

@@ -55,6 +55,14 @@ pub struct ServingConfig {
     pub max_num_batched_tokens: u32,
     pub block_size: u32,
     pub enable_prefix_caching: bool,
+    /// Chunked prefill (vLLM V1 always; V0 only beyond 32k contexts). Off, the scheduler runs
+    /// V0's `_schedule_default`: whole prefills first, a prefill step holds no decode.
+    #[serde(default = "chunked_by_default")]
+    pub enable_chunked_prefill: bool,
+}
+
+fn chunked_by_default() -> bool {
+    true
 }
 
 impl ServingConfig {
@@ -69,6 +77,7 @@ impl ServingConfig {
             max_num_batched_tokens: 8192,
             block_size: 16,
             enable_prefix_caching: true,
+            enable_chunked_prefill: true,
         }
     }
 
@@ -82,7 +91,8 @@ impl ServingConfig {
         let mut c = Self::vllm_defaults(dtype, max_model_len);
         match crate::lifecycle::EngineGeneration::on(device) {
             crate::lifecycle::EngineGeneration::V0 => {
-                c.max_num_batched_tokens = if max_model_len <= 32_768 { max_model_len.max(2048) } else { 2048 };
+                c.enable_chunked_prefill = max_model_len > 32_768;
+                c.max_num_batched_tokens = if c.enable_chunked_prefill { 2048 } else { max_model_len.max(2048) };
                 c.enable_prefix_caching = false;
             }
             crate::lifecycle::EngineGeneration::V1 => {
@@ -122,6 +132,15 @@ impl ServingConfig {
         }
         if self.max_model_len == 0 {
             return bad("max_model_len", "0".into(), "must be positive");
+        }
+        if !self.enable_chunked_prefill && self.max_num_batched_tokens < self.max_model_len {
+            // vLLM: "max_num_batched_tokens ... is smaller than max_model_len ... Please
+            // increase max_num_batched_tokens or decrease max_model_len" (SchedulerConfig).
+            return bad(
+                "max_num_batched_tokens",
+                self.max_num_batched_tokens.to_string(),
+                "must be at least max_model_len without chunked prefill",
+            );
         }
         if u64::from(self.max_model_len) > model.max_position_embeddings {
             return bad(
@@ -315,7 +334,9 @@ mod tests {
         assert_eq!(ServingConfig::vllm_defaults_on(&a100_80, Dtype::Bf16, 8192).max_num_batched_tokens, 2048);
         let v100 = device("V100-32GB").unwrap();
         let c = ServingConfig::vllm_defaults_on(&v100, Dtype::Fp16, 8192);
-        assert_eq!((c.max_num_batched_tokens, c.enable_prefix_caching), (8192, false));
+        assert_eq!((c.max_num_batched_tokens, c.enable_prefix_caching, c.enable_chunked_prefill), (8192, false, false));
+        let c = ServingConfig::vllm_defaults_on(&v100, Dtype::Fp16, 40_960);
+        assert_eq!((c.max_num_batched_tokens, c.enable_chunked_prefill), (2048, true));
         assert_eq!(ServingConfig::vllm_defaults_on(&v100, Dtype::Fp16, 1024).max_num_batched_tokens, 2048);
     }
 

@@ -66,6 +66,15 @@ pub struct EngineRequest {
     /// hashes: equal hashes at position `i` mean equal prompts up to the end of block `i`.
     /// May cover fewer blocks than the prompt has (the rest is then never cached).
     pub prefix_hashes: Vec<u64>,
+    /// The same chain continued over the generated tokens: the hashes of the full blocks of
+    /// `prompt + output` tokens from block `prompt_tokens / block_size` on, so that the
+    /// blocks the request fills with generated tokens are cached as they complete (vLLM
+    /// hashes every full block of `all_token_ids` and caches it once its KV is computed) and
+    /// a successor whose prompt starts with this prompt and output hits them. Empty when the
+    /// caller does not know the output tokens (then only prompt blocks are cached). Needs
+    /// `prefix_hashes` to cover every full prompt block.
+    #[serde(default)]
+    pub generated_hashes: Vec<u64>,
     /// Tokens to generate (the response length, decided by the caller), at least 1.
     pub output_tokens: u32,
 }
@@ -159,7 +168,9 @@ struct Sequence {
     id: u64,
     prompt_tokens: u32,
     output_tokens: u32,
-    prefix_hashes: Vec<u64>,
+    /// The chained hashes of the request's full blocks: prompt blocks, then the blocks its
+    /// generated tokens complete (when the caller supplied them).
+    hashes: Vec<u64>,
     submitted_at: f64,
     generated: u32,
     /// Tokens whose KV is in the cache.
@@ -405,15 +416,34 @@ impl EmulatedReplica {
                 self.config.block_size
             ));
         }
+        if !req.generated_hashes.is_empty() {
+            if req.prefix_hashes.len() != full_blocks as usize {
+                return reject(format!(
+                    "generated hashes continue a chain of {} prefix hashes, but the prompt has {} full blocks",
+                    req.prefix_hashes.len(),
+                    full_blocks
+                ));
+            }
+            let max = (req.prompt_tokens + req.output_tokens) / self.config.block_size - full_blocks;
+            if req.generated_hashes.len() > max as usize {
+                return reject(format!(
+                    "{} generated hashes for {} blocks completed by the output",
+                    req.generated_hashes.len(),
+                    max
+                ));
+            }
+        }
         if self.ids.contains(&req.id) {
             return Err(EmulatorError::DuplicateRequest(req.id));
         }
+        let mut hashes = req.prefix_hashes;
+        hashes.extend_from_slice(&req.generated_hashes);
         self.ids.insert(req.id);
         let seq = Sequence {
             id: req.id,
             prompt_tokens: req.prompt_tokens,
             output_tokens: req.output_tokens,
-            prefix_hashes: req.prefix_hashes,
+            hashes,
             submitted_at: now,
             generated: 0,
             num_computed: 0,
@@ -627,7 +657,7 @@ impl EmulatedReplica {
             let max_hit = ((seq_len - 1) / bs) as usize;
             let mut hits = 0u32;
             let mut free = 0u32;
-            for &h in seq.prefix_hashes.iter().take(max_hit) {
+            for &h in seq.hashes.iter().take(max_hit) {
                 match self.pool.lookup(h) {
                     Some(b) => {
                         hits += 1;
@@ -651,7 +681,7 @@ impl EmulatedReplica {
             return None;
         }
         self.waiting.pop_front();
-        for &h in seq.prefix_hashes.iter().take(hit_blocks as usize) {
+        for &h in seq.hashes.iter().take(hit_blocks as usize) {
             if let Some(b) = self.pool.lookup(h) {
                 self.pool.touch(b);
                 seq.blocks.push(b);
@@ -814,14 +844,14 @@ fn blocks_for(tokens: u32, block_size: u32) -> u32 {
     tokens.div_ceil(block_size)
 }
 
-/// Registers the sequence's prompt blocks that become full with this iteration's tokens.
+/// Registers the sequence's blocks (prompt, and generated ones when their hashes are known)
+/// that become full with this iteration's tokens.
 fn register_full_blocks(pool: &mut BlockPool, seq: &mut Sequence, block_size: u32) {
-    let full =
-        ((seq.num_computed + seq.scheduled) / block_size).min(seq.prefix_hashes.len() as u32);
+    let full = ((seq.num_computed + seq.scheduled) / block_size).min(seq.hashes.len() as u32);
     for b in seq.hashed_blocks..full {
         let (Some(&block), Some(&hash)) = (
             seq.blocks.get(b as usize),
-            seq.prefix_hashes.get(b as usize),
+            seq.hashes.get(b as usize),
         ) else {
             break;
         };
@@ -955,7 +985,7 @@ mod tests {
             let mut r = EmulatedReplica::new(d, m.clone(), cfg, 1).unwrap();
             let t = r.begin_load(0.0).unwrap();
             assert!(r.finish_transition(t));
-            let req = |id, prompt| EngineRequest { id, prompt_tokens: prompt, prefix_hashes: Vec::new(), output_tokens: 10 };
+            let req = |id, prompt| EngineRequest { id, prompt_tokens: prompt, prefix_hashes: Vec::new(), generated_hashes: Vec::new(), output_tokens: 10 };
             r.submit(req(1, 100), t).unwrap();
             let (t, ev) = step(&mut r, t);
             assert!(matches!(ev[..], [EngineEvent::FirstToken { id: 1, .. }]));
@@ -980,7 +1010,7 @@ mod tests {
         let n = 5u32;
         assert!(n * 188 < total && n * 250 > total, "{total} blocks");
         for id in 0..u64::from(n) {
-            r.submit(EngineRequest { id, prompt_tokens: 3000, prefix_hashes: Vec::new(), output_tokens: 1000 }, 0.0).unwrap();
+            r.submit(EngineRequest { id, prompt_tokens: 3000, prefix_hashes: Vec::new(), generated_hashes: Vec::new(), output_tokens: 1000 }, 0.0).unwrap();
         }
         let mut now = 0.0;
         let mut preempted = Vec::new();
@@ -1022,7 +1052,7 @@ mod tests {
                     // Prompts of the same `prefix` family share their leading blocks.
                     let blocks = (prompt / 16) as u64;
                     let hashes = (0..blocks).map(|b| u64::from(prefix) << 32 | b).collect();
-                    (EngineRequest { id: i as u64, prompt_tokens: prompt, prefix_hashes: hashes, output_tokens: output }, gap)
+                    (EngineRequest { id: i as u64, prompt_tokens: prompt, prefix_hashes: hashes, generated_hashes: Vec::new(), output_tokens: output }, gap)
                 })
                 .collect();
             let mut finished = std::collections::BTreeMap::new();

@@ -28,6 +28,7 @@ fn decoding_replica(batch: u64, output_tokens: u32) -> (EmulatedReplica, f64) {
                 id,
                 prompt_tokens: 512,
                 prefix_hashes: hashes,
+                generated_hashes: Vec::new(),
                 output_tokens,
             },
             now,
@@ -83,6 +84,7 @@ fn bench(c: &mut Criterion) {
                             id,
                             prompt_tokens: 256,
                             prefix_hashes: vec![],
+                            generated_hashes: Vec::new(),
                             output_tokens: 1,
                         };
                         let _ = r.submit(req, now);

@@ -138,7 +138,8 @@ const AMPERE: Efficiency = Efficiency {
 /// Fitted against Vidur's `profiling/compute/h100/*/mlp.csv` (TP = 1, six models, 1,566
 /// rows) with the H100-80GB (SXM5) datasheet peaks, 989 TFLOP/s and 3.35 TB/s. No H100
 /// attention profile exists in the copy: attention reuses the A100-fitted fractions of peak
-/// (an assumption; vLLM on Hopper may use FlashAttention 3, which reaches higher fractions).
+/// here; the emulator serves prefill with FlashAttention-3's published efficiency instead
+/// ([`AttentionKernel`]).
 const HOPPER: Efficiency = Efficiency {
     linear_mfu: 0.728,
     linear_mfu_half_tokens: 130.3,
@@ -181,20 +182,88 @@ const HOPPER: Efficiency = Efficiency {
 const CPU_OVERHEAD_BASE_S: f64 = 8.1313e-4;
 const CPU_OVERHEAD_PER_SEQ_S: f64 = 4.2314e-5;
 
-impl Efficiency {
-    /// The calibrated constants for a device: the Hopper fit for Hopper parts (H100, H200,
-    /// H800, H20), the Ampere fit for everything else (A100, and by roofline extrapolation
-    /// V100, A40, L4 and unknown devices).
-    pub(crate) fn calibrated_for(device: &DeviceSpec) -> Efficiency {
-        let name = device.name.to_ascii_uppercase();
-        if ["H100", "H200", "H800", "H20"]
-            .iter()
-            .any(|h| name.contains(h))
-        {
-            HOPPER
+/// The attention kernels vLLM 0.10.2 runs prefill with, by GPU generation
+/// (`vllm/platforms/cuda.py` backend selection; `vllm/attention/utils/fa_utils.py`
+/// `get_flash_attn_version`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum AttentionKernel {
+    /// The 2024 kernel of Vidur's `legacy/a100/attention.csv`, fitted (0.255 of peak on the
+    /// causal pair count; it computed the whole `c · (p + c)` rectangle). Only the offline
+    /// calibration uses it.
+    Legacy2024Fit,
+    /// FlashAttention-2 (vllm-flash-attn): the V1 `FLASH_ATTN` backend on Ampere / Ada.
+    FlashAttention2,
+    /// FlashAttention-3: what `get_flash_attn_version` picks on Hopper (compute capability 9).
+    FlashAttention3,
+    /// xformers' CUTLASS memory-efficient attention: the V0 `XFORMERS` backend vLLM falls back
+    /// to on Volta ("Cannot use FlashAttention-2 backend for Volta and Turing GPUs").
+    Xformers,
+}
+
+/// FlashAttention-2 forward on A100: "50–73 % of the theoretical maximum FLOPs/s" (Dao 2023,
+/// arXiv 2307.08691, abstract and §4.1; up to 230 TFLOP/s of 312). The FLOP count there is the
+/// causal half for causal runs, like the emulator's. The low half of the range is taken:
+/// vLLM's prefill chunks are at most 2,048 tokens on A100 (the V1 default), where the paper's
+/// causal, head-dim-128 curves sit at the low end, and the varlen/paged kernel adds work.
+pub const FA2_PREFILL_MFU: f64 = 0.55;
+
+/// FlashAttention-3 forward on H100: up to 740 TFLOP/s in fp16, "75 % utilization" (Shah et
+/// al. 2024, arXiv 2407.08608, abstract); causal head-dim-128 runs of 1–2k tokens reach about
+/// 0.5–0.65 of the 989 TFLOP/s. Taken 0.60.
+pub const FA3_PREFILL_MFU: f64 = 0.60;
+
+/// xformers (CUTLASS fMHA) forward on V100: no absolute figure is published. xformers PR #362
+/// (the CUTLASS kernel) measured its fp16 forward on V100 at +25 % mean / −5 % median against
+/// PyTorch's vanilla attention, which at head dim 128 runs the two GEMMs at ~55 % of the
+/// 125 TFLOP/s and three passes of fp16 scores through the 900 GB/s HBM2: ≈ 0.25 of peak on
+/// the full rectangle. The CUTLASS kernel skips masked tiles (causal pairs only): ≈ 0.30 of
+/// peak on the causal count. An estimate with a range of 0.2–0.4.
+pub const XFORMERS_V100_PREFILL_MFU: f64 = 0.30;
+
+impl AttentionKernel {
+    /// The kernel vLLM 0.10.2 runs prefill attention with on `device`: xformers under the V0
+    /// engine (Volta), FlashAttention-3 on Hopper, FlashAttention-2 elsewhere.
+    pub fn on(device: &DeviceSpec) -> AttentionKernel {
+        if crate::lifecycle::EngineGeneration::on(device) == crate::lifecycle::EngineGeneration::V0 {
+            AttentionKernel::Xformers
+        } else if is_hopper(device) {
+            AttentionKernel::FlashAttention3
         } else {
-            AMPERE
+            AttentionKernel::FlashAttention2
         }
+    }
+
+    /// Achieved fraction of the dense fp16 tensor peak on causal prefill FLOPs.
+    pub fn prefill_mfu(self) -> f64 {
+        match self {
+            AttentionKernel::Legacy2024Fit => AMPERE.attn_prefill_mfu,
+            AttentionKernel::FlashAttention2 => FA2_PREFILL_MFU,
+            AttentionKernel::FlashAttention3 => FA3_PREFILL_MFU,
+            AttentionKernel::Xformers => XFORMERS_V100_PREFILL_MFU,
+        }
+    }
+}
+
+fn is_hopper(device: &DeviceSpec) -> bool {
+    let name = device.name.to_ascii_uppercase();
+    ["H100", "H200", "H800", "H20"].iter().any(|h| name.contains(h))
+}
+
+impl Efficiency {
+    /// The constants the emulator serves `device` with: the fitted linear and element-wise
+    /// constants of its class (the Hopper fit for Hopper parts, the Ampere fit for everything
+    /// else, by roofline extrapolation for V100, A40, L4 and unknown devices) and the prefill
+    /// attention efficiency of the kernel vLLM 0.10.2 runs there ([`AttentionKernel::on`]).
+    pub(crate) fn calibrated_for(device: &DeviceSpec) -> Efficiency {
+        let mut eff = Self::fitted_for(device);
+        eff.attn_prefill_mfu = AttentionKernel::on(device).prefill_mfu();
+        eff
+    }
+
+    /// The constants exactly as fitted to Vidur's profiles (the attention ones to the 2024
+    /// legacy kernel): what `tests/calibration.rs` checks against the measurements.
+    pub fn fitted_for(device: &DeviceSpec) -> Efficiency {
+        if is_hopper(device) { HOPPER } else { AMPERE }
     }
 }
 
@@ -618,14 +687,40 @@ mod tests {
 
     #[test]
     fn hopper_parts_get_the_hopper_fit() {
-        assert_eq!(
-            Efficiency::calibrated_for(&device("H200-141GB").unwrap()),
-            HOPPER
-        );
-        assert_eq!(
-            Efficiency::calibrated_for(&device("V100-32GB").unwrap()),
-            AMPERE
-        );
+        assert_eq!(Efficiency::fitted_for(&device("H200-141GB").unwrap()), HOPPER);
+        assert_eq!(Efficiency::fitted_for(&device("V100-32GB").unwrap()), AMPERE);
+        let h200 = Efficiency::calibrated_for(&device("H200-141GB").unwrap());
+        assert_eq!(h200, Efficiency { attn_prefill_mfu: FA3_PREFILL_MFU, ..HOPPER });
+    }
+
+    /// vLLM 0.10.2's prefill kernel per generation, and the achieved fraction of peak of a
+    /// fresh 2,048-token causal prefill (compute-bound) within the published ranges:
+    /// FlashAttention-2 50–73 % on A100 (Dao 2023), FlashAttention-3 up to 75 % on H100
+    /// (Shah et al. 2024), xformers on V100 0.2–0.4 (estimate from xformers PR #362).
+    #[test]
+    fn prefill_attention_runs_at_the_kernels_published_efficiency() {
+        let cases = [
+            ("A100-40GB", AttentionKernel::FlashAttention2, 0.50, 0.73),
+            ("A100-80GB", AttentionKernel::FlashAttention2, 0.50, 0.73),
+            ("L4", AttentionKernel::FlashAttention2, 0.50, 0.73),
+            ("H100-80GB", AttentionKernel::FlashAttention3, 0.50, 0.75),
+            ("V100-32GB", AttentionKernel::Xformers, 0.20, 0.40),
+        ];
+        let m = model("Qwen3-8B").unwrap();
+        for (name, kernel, lo, hi) in cases {
+            let d = device(name).unwrap();
+            assert_eq!(AttentionKernel::on(&d), kernel, "{name}");
+            let c = CostModel::for_arch(&d, &m, Dtype::Fp16);
+            let mut b = BatchSummary::default();
+            b.add_chunk(2048, 0);
+            let flops = 4.0 * c.shape().q_width as f64 * b.prefill_pairs;
+            let t = c.attention_time(&b) - c.eff.attn_launch_s;
+            let achieved = flops / t / d.dense_fp16_flops;
+            assert!((lo..=hi).contains(&achieved), "{name}: {achieved:.3} of peak");
+            assert!((achieved / kernel.prefill_mfu() - 1.0).abs() < 0.03, "{name}: compute-bound");
+        }
+        // The legacy fit is 2.2x slower than FlashAttention-2 on the same chunk.
+        assert!((FA2_PREFILL_MFU / AttentionKernel::Legacy2024Fit.prefill_mfu() - 2.16).abs() < 0.01);
     }
 
     proptest! {

@@ -9,7 +9,9 @@
 //! - [`lifecycle`] — load, sleep and wake durations (storage, host link, engine start-up).
 //! - [`kv`] — the paged KV-cache block pool with hash-identified prefix caching and LRU eviction.
 //! - [`replica`] — the replica state machine (Cold → Loading → Awake ⇄ Asleep) and its FCFS
-//!   continuous-batching scheduler with chunked prefill, prefix caching and recompute preemption.
+//!   continuous-batching scheduler: vLLM V1's (chunked prefill, prefix caching of prompt and
+//!   generated blocks, recompute preemption) or, without chunked prefill, V0's prefill-first
+//!   `_schedule_default` (the engine vLLM 0.10 runs on Volta).
 //! - [`error`] — the typed errors.
 //!
 //! Dependencies: only the `spec` module of `switchyard-predictor` (model architectures, device
@@ -25,7 +27,7 @@ pub mod lifecycle;
 pub mod memory;
 pub mod replica;
 
-pub use cost::{BatchShape, BatchSummary, CostModel, ModelShape, PrefillChunk, iteration_time};
+pub use cost::{AttentionKernel, BatchShape, BatchSummary, CostModel, ModelShape, PrefillChunk, iteration_time};
 pub use error::EmulatorError;
 pub use lifecycle::{EngineGeneration, SleepLevel, WeightSource, load_time, load_time_from, sleep_time, wake_time};
 pub use memory::{MemoryPlan, MemoryRequirement, ServingConfig};

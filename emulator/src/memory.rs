@@ -1,7 +1,20 @@
 //! The serving configuration of a deployment and the memory plan of its replica: weights +
 //! engine overhead + KV cache, the rest of `gpu_memory_utilization × device memory`, in blocks
-//! of `block_size` tokens — the way vLLM sizes its KV cache after its start-up profile run
-//! (`gpu_worker.determine_available_memory`).
+//! of `block_size` tokens — the way vLLM 0.10 sizes its KV cache after its start-up profile run
+//! (V1 `vllm/v1/worker/gpu_worker.py` `determine_available_memory`, V0
+//! `vllm/worker/worker.py` `determine_num_available_blocks`, both through
+//! `vllm.utils.memory_profiling`):
+//!
+//! `kv = gpu_memory_utilization × total − (weights + torch peak increase of the profile run +
+//! non-torch increase since the worker's start-up snapshot)`.
+//!
+//! Two things the engine holds are *not* subtracted there. The CUDA context exists before the
+//! start-up snapshot (`init_device` takes it after `set_device`), so it is outside the
+//! baseline the increases are measured from; and the CUDA graphs are captured in
+//! `compile_or_warm_up_model`, after `initialize_from_config` allocated the KV cache, so
+//! `memory_profiling` "does not consider CUDAGraph memory size" (vLLM's own comment, which
+//! suggests `--kv-cache-memory` to fit them). Both live in the `1 − gpu_memory_utilization`
+//! headroom: [`MemoryPlan::outside_budget_bytes`].
 //!
 //! Depends only on the spec sheets. The constants below are assumptions with sources; the
 //! predictor must not read them.
@@ -24,7 +37,8 @@ pub(crate) const NON_TORCH_BYTES: u64 = 256 * MIB;
 
 /// Memory of the captured CUDA graphs (vLLM V1 captures ~67 batch sizes). Logs report
 /// 0.21 GiB for 35 V0 shapes (PR #11349) and 0.36 GiB estimated (vLLM 0.27 log in
-/// gpustack/runner PR #251). Assumed 512 MiB.
+/// gpustack/runner PR #251). Assumed 512 MiB. Captured after the KV cache is allocated, so it
+/// is not part of the KV budget (see the module doc).
 pub(crate) const CUDA_GRAPH_BYTES: u64 = 512 * MIB;
 
 /// The sampler's profile run materialises fp32 logits for `max_num_seqs` sequences and about
@@ -41,6 +55,14 @@ pub struct ServingConfig {
     pub max_num_batched_tokens: u32,
     pub block_size: u32,
     pub enable_prefix_caching: bool,
+    /// Chunked prefill (vLLM V1 always; V0 only beyond 32k contexts). Off, the scheduler runs
+    /// V0's `_schedule_default`: whole prefills first, a prefill step holds no decode.
+    #[serde(default = "chunked_by_default")]
+    pub enable_chunked_prefill: bool,
+}
+
+fn chunked_by_default() -> bool {
+    true
 }
 
 impl ServingConfig {
@@ -55,6 +77,7 @@ impl ServingConfig {
             max_num_batched_tokens: 8192,
             block_size: 16,
             enable_prefix_caching: true,
+            enable_chunked_prefill: true,
         }
     }
 
@@ -68,7 +91,8 @@ impl ServingConfig {
         let mut c = Self::vllm_defaults(dtype, max_model_len);
         match crate::lifecycle::EngineGeneration::on(device) {
             crate::lifecycle::EngineGeneration::V0 => {
-                c.max_num_batched_tokens = if max_model_len <= 32_768 { max_model_len.max(2048) } else { 2048 };
+                c.enable_chunked_prefill = max_model_len > 32_768;
+                c.max_num_batched_tokens = if c.enable_chunked_prefill { 2048 } else { max_model_len.max(2048) };
                 c.enable_prefix_caching = false;
             }
             crate::lifecycle::EngineGeneration::V1 => {
@@ -109,6 +133,15 @@ impl ServingConfig {
         if self.max_model_len == 0 {
             return bad("max_model_len", "0".into(), "must be positive");
         }
+        if !self.enable_chunked_prefill && self.max_num_batched_tokens < self.max_model_len {
+            // vLLM: "max_num_batched_tokens ... is smaller than max_model_len ... Please
+            // increase max_num_batched_tokens or decrease max_model_len" (SchedulerConfig).
+            return bad(
+                "max_num_batched_tokens",
+                self.max_num_batched_tokens.to_string(),
+                "must be at least max_model_len without chunked prefill",
+            );
+        }
         if u64::from(self.max_model_len) > model.max_position_embeddings {
             return bad(
                 "max_model_len",
@@ -133,7 +166,8 @@ pub struct MemoryPlan {
     pub budget_bytes: u64,
     /// `ModelArch::param_bytes(dtype)`.
     pub weight_bytes: u64,
-    /// CUDA context + non-torch memory + activation peak of the profile run + CUDA graphs.
+    /// What vLLM subtracts from the budget besides the weights: non-torch memory + activation
+    /// peak of the profile run.
     pub overhead_bytes: u64,
     /// The activation peak part of `overhead_bytes`.
     pub activation_peak_bytes: u64,
@@ -142,7 +176,12 @@ pub struct MemoryPlan {
     pub kv_blocks: u32,
     /// Bytes of one block of `block_size` tokens, all layers, K and V.
     pub kv_block_bytes: u64,
-    /// `weight_bytes + overhead_bytes + kv_bytes`: held while loading, awake or in transition.
+    /// Held by the engine but outside the budget: the CUDA context (created before vLLM's
+    /// start-up memory snapshot) and the CUDA graphs (captured after the KV cache is
+    /// allocated). They use the `1 − gpu_memory_utilization` headroom.
+    pub outside_budget_bytes: u64,
+    /// `weight_bytes + overhead_bytes + kv_bytes + outside_budget_bytes`: the device memory
+    /// held while loading, awake or in transition.
     pub total_claim_bytes: u64,
     /// Held while asleep: what sleep mode does not release (CUDA context, NCCL and workspace
     /// buffers, CUDA-graph pool). Field anchors §1.1 report 2–10 % of the device for
@@ -162,10 +201,20 @@ impl MemoryPlan {
         config.validate(device, model)?;
         let budget_bytes =
             (config.gpu_memory_utilization * device.memory_bytes as f64).floor() as u64;
+        // vLLM's `init_device`: the free memory after the CUDA context exists must cover the
+        // requested share ("Free memory on device ... is less than desired GPU memory
+        // utilization").
+        if budget_bytes > device.memory_bytes.saturating_sub(CUDA_CONTEXT_BYTES) {
+            return Err(EmulatorError::InvalidConfig {
+                field: "gpu_memory_utilization",
+                value: config.gpu_memory_utilization.to_string(),
+                reason: "asks for more than the device's free memory once the CUDA context exists",
+            });
+        }
         let weight_bytes = model.param_bytes(config.dtype);
         let activation_peak_bytes = activation_peak_bytes(model, config);
-        let overhead_bytes =
-            CUDA_CONTEXT_BYTES + NON_TORCH_BYTES + CUDA_GRAPH_BYTES + activation_peak_bytes;
+        let overhead_bytes = NON_TORCH_BYTES + activation_peak_bytes;
+        let outside_budget_bytes = CUDA_CONTEXT_BYTES + CUDA_GRAPH_BYTES;
         let available = budget_bytes
             .checked_sub(weight_bytes + overhead_bytes)
             .filter(|&a| a > 0)
@@ -196,7 +245,8 @@ impl MemoryPlan {
             kv_bytes,
             kv_blocks,
             kv_block_bytes,
-            total_claim_bytes: weight_bytes + overhead_bytes + kv_bytes,
+            outside_budget_bytes,
+            total_claim_bytes: weight_bytes + overhead_bytes + kv_bytes + outside_budget_bytes,
             asleep_bytes: CUDA_CONTEXT_BYTES + NON_TORCH_BYTES + CUDA_GRAPH_BYTES,
         })
     }
@@ -210,7 +260,7 @@ impl MemoryPlan {
         let blocks = u64::from(config.max_model_len).div_ceil(block);
         MemoryRequirement {
             weight_bytes: model.param_bytes(config.dtype),
-            overhead_bytes: CUDA_CONTEXT_BYTES + NON_TORCH_BYTES + CUDA_GRAPH_BYTES + activation_peak_bytes(model, config),
+            overhead_bytes: NON_TORCH_BYTES + activation_peak_bytes(model, config),
             kv_bytes: blocks * block * model.kv_bytes_per_token(config.dtype),
         }
     }
@@ -221,7 +271,8 @@ impl MemoryPlan {
     }
 }
 
-/// The memory a replica needs at the least (see [`MemoryPlan::requirement`]).
+/// The memory a replica needs at the least inside its `gpu_memory_utilization` share (see
+/// [`MemoryPlan::requirement`]); the CUDA context and graphs come on top, in the headroom.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MemoryRequirement {
     pub weight_bytes: u64,
@@ -283,7 +334,9 @@ mod tests {
         assert_eq!(ServingConfig::vllm_defaults_on(&a100_80, Dtype::Bf16, 8192).max_num_batched_tokens, 2048);
         let v100 = device("V100-32GB").unwrap();
         let c = ServingConfig::vllm_defaults_on(&v100, Dtype::Fp16, 8192);
-        assert_eq!((c.max_num_batched_tokens, c.enable_prefix_caching), (8192, false));
+        assert_eq!((c.max_num_batched_tokens, c.enable_prefix_caching, c.enable_chunked_prefill), (8192, false, false));
+        let c = ServingConfig::vllm_defaults_on(&v100, Dtype::Fp16, 40_960);
+        assert_eq!((c.max_num_batched_tokens, c.enable_chunked_prefill), (2048, true));
         assert_eq!(ServingConfig::vllm_defaults_on(&v100, Dtype::Fp16, 1024).max_num_batched_tokens, 2048);
     }
 
@@ -299,8 +352,9 @@ mod tests {
         // Profile run: 8,192 × (2·4,096 + 3·12,288) × 2 B = 738,197,504 B of MLP activations,
         // plus 256 × 151,936 × 4 B × 3 = 466,747,392 B of sampler logits.
         assert_eq!(plan.activation_peak_bytes, 738_197_504 + 466_747_392);
-        // + 512 MiB context + 256 MiB non-torch + 512 MiB CUDA graphs.
-        assert_eq!(plan.overhead_bytes, 1_204_944_896 + 1_342_177_280);
+        // + 256 MiB non-torch; the 512 MiB context and 512 MiB of CUDA graphs are outside.
+        assert_eq!(plan.overhead_bytes, 1_204_944_896 + 268_435_456);
+        assert_eq!(plan.outside_budget_bytes, 1_073_741_824);
         // A block: 16 tokens × 147,456 B (36 layers × 2 × 8 heads × 128 × 2 B).
         assert_eq!(plan.kv_block_bytes, 2_359_296);
         let avail = 38_654_705_664 - plan.weight_bytes - plan.overhead_bytes;
@@ -308,17 +362,80 @@ mod tests {
         assert_eq!(plan.kv_bytes, u64::from(plan.kv_blocks) * 2_359_296);
         assert_eq!(
             plan.total_claim_bytes,
-            plan.weight_bytes + plan.overhead_bytes + plan.kv_bytes
+            plan.weight_bytes + plan.overhead_bytes + plan.kv_bytes + plan.outside_budget_bytes
         );
-        assert!(plan.total_claim_bytes <= plan.budget_bytes);
-        assert!(plan.budget_bytes - plan.total_claim_bytes < plan.kv_block_bytes);
-        // About 19.6 GiB of KV: ~8,300 blocks, ~133k tokens.
+        let inside = plan.total_claim_bytes - plan.outside_budget_bytes;
+        assert!(inside <= plan.budget_bytes);
+        assert!(plan.budget_bytes - inside < plan.kv_block_bytes);
+        assert!(plan.total_claim_bytes <= d.memory_bytes);
+        // About 20.6 GiB of KV: ~8,800 blocks, ~141k tokens.
         assert!(
-            (8_000..8_600).contains(&plan.kv_blocks),
+            (8_600..9_000).contains(&plan.kv_blocks),
             "{}",
             plan.kv_blocks
         );
         assert_eq!(plan.asleep_bytes, 1_342_177_280);
+    }
+
+    /// vLLM 0.10.2 starts Qwen3-14B in fp16 at `--max-model-len 40960` on an A100-40GB: with
+    /// its defaults there (2,048 batched tokens, 256 sequences, 0.9 utilisation) 27.5 GiB of
+    /// weights and 0.9 GiB of profile-run activations and non-torch memory leave 7.6 GiB of
+    /// KV (49,600 tokens) for the 6.25 GiB of one 40,960-token sequence. Subtracting the CUDA
+    /// context and graphs too (what the emulator did before) left 43,040 tokens, and with an
+    /// 8,192-token profile run 38,128: refused.
+    #[test]
+    fn qwen3_14b_at_40k_fits_an_a100_40gb_like_vllm() {
+        let d = device("A100-40GB").unwrap();
+        let m = model("Qwen3-14B").unwrap();
+        for cfg in [ServingConfig::vllm_defaults_on(&d, Dtype::Fp16, 40_960), ServingConfig::vllm_defaults(Dtype::Fp16, 40_960)] {
+            let plan = MemoryPlan::new(&d, &m, &cfg).unwrap();
+            // vLLM's rule, by hand: 0.9 × total − (weights + torch peak + non-torch).
+            let budget = (0.9 * d.memory_bytes as f64).floor() as u64;
+            let kv = budget - plan.weight_bytes - plan.activation_peak_bytes - NON_TORCH_BYTES;
+            assert_eq!(u64::from(plan.kv_blocks), kv / plan.kv_block_bytes);
+            assert!(plan.kv_tokens(cfg.block_size) >= 40_960, "{}", plan.kv_tokens(cfg.block_size));
+            // The context and graphs are held on top, in the 10 % headroom.
+            assert!(plan.total_claim_bytes <= d.memory_bytes);
+            assert_eq!(plan.total_claim_bytes - plan.outside_budget_bytes, plan.weight_bytes + plan.overhead_bytes + plan.kv_bytes);
+        }
+        let plan = MemoryPlan::new(&d, &m, &ServingConfig::vllm_defaults_on(&d, Dtype::Fp16, 40_960)).unwrap();
+        assert_eq!(plan.kv_tokens(16), 49_600);
+    }
+
+    /// The KV capacity table of CALIBRATION.md: tokens per replica in fp16 with vLLM 0.10.2's
+    /// defaults on each device, at the paper workflows' `max_model_len` of 8,192 (on V100 the
+    /// V0 engine then profiles 8,192 batched tokens, on A100 the V1 engine 2,048).
+    #[test]
+    fn kv_capacity_table() {
+        let rows: [(&str, &str, Option<u64>); 10] = [
+            ("Qwen3-0.6B", "V100-32GB", Some(251_216)),
+            ("Qwen3-1.7B", "V100-32GB", Some(230_000)),
+            ("Qwen3-4B", "V100-32GB", Some(146_352)),
+            ("Qwen3-8B", "V100-32GB", Some(88_624)),
+            ("Qwen3-14B", "V100-32GB", None),
+            ("Qwen3-0.6B", "A100-40GB", Some(319_824)),
+            ("Qwen3-1.7B", "A100-40GB", Some(299_808)),
+            ("Qwen3-4B", "A100-40GB", Some(201_632)),
+            ("Qwen3-8B", "A100-40GB", Some(144_800)),
+            ("Qwen3-14B", "A100-40GB", Some(49_600)),
+        ];
+        for (m, d, want) in rows {
+            let (m, d) = (model(m).unwrap(), device(d).unwrap());
+            let cfg = ServingConfig::vllm_defaults_on(&d, Dtype::Fp16, 8192);
+            let got = MemoryPlan::new(&d, &m, &cfg).map(|p| p.kv_tokens(cfg.block_size)).ok();
+            assert_eq!(got, want, "{} on {}", m.name, d.name);
+        }
+    }
+
+    #[test]
+    fn the_requested_share_must_be_free_after_the_cuda_context() {
+        let d = device("A100-40GB").unwrap();
+        let m = model("Qwen3-0.6B").unwrap();
+        let cfg = ServingConfig { gpu_memory_utilization: 1.0, ..ServingConfig::vllm_defaults(Dtype::Bf16, 4096) };
+        let err = MemoryPlan::new(&d, &m, &cfg).unwrap_err();
+        assert!(matches!(err, EmulatorError::InvalidConfig { field: "gpu_memory_utilization", .. }), "{err}");
+        let cfg = ServingConfig { gpu_memory_utilization: 0.98, ..cfg };
+        assert!(MemoryPlan::new(&d, &m, &cfg).is_ok());
     }
 
     #[test]

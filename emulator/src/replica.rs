@@ -13,6 +13,12 @@
 //!    hashes are cached skip prefill (automatic prefix caching; at least one token is always
 //!    computed). Admission stops at the first request that does not fit (head-of-line).
 //!
+//! Without chunked prefill (the V0 engine vLLM 0.10 runs on Volta, contexts ≤ 32k) the step is
+//! V0's `Scheduler._schedule_default` instead: waiting requests first, each prefilled whole,
+//! FCFS while the token budget, `max_num_seqs` and a 1 % free-block watermark allow; a step
+//! that admitted a prefill holds no decode; otherwise all running requests decode, preempting
+//! the most recently admitted by recompute when a block is missing.
+//!
 //! A request is a sequence of `prompt + generated` tokens; an iteration computes some of the
 //! not-yet-computed ones, and when it reaches the end of the sequence the model samples one
 //! more token. The same rule covers prefill chunks, decodes and recomputation after
@@ -43,6 +49,10 @@ use crate::memory::{MemoryPlan, ServingConfig};
 /// Assumed 3 %.
 pub const ITERATION_NOISE_SIGMA: f64 = 0.03;
 
+/// vLLM V0's block-manager watermark (`CacheConfig`/`SelfAttnBlockSpaceManager`,
+/// `watermark=0.01`): admission leaves 1 % of the blocks free for running requests' decodes.
+const V0_WATERMARK: f64 = 0.01;
+
 /// Relative tolerance when the caller completes a transition at the time it was given.
 const TIME_EPS: f64 = 1e-9;
 
@@ -56,6 +66,15 @@ pub struct EngineRequest {
     /// hashes: equal hashes at position `i` mean equal prompts up to the end of block `i`.
     /// May cover fewer blocks than the prompt has (the rest is then never cached).
     pub prefix_hashes: Vec<u64>,
+    /// The same chain continued over the generated tokens: the hashes of the full blocks of
+    /// `prompt + output` tokens from block `prompt_tokens / block_size` on, so that the
+    /// blocks the request fills with generated tokens are cached as they complete (vLLM
+    /// hashes every full block of `all_token_ids` and caches it once its KV is computed) and
+    /// a successor whose prompt starts with this prompt and output hits them. Empty when the
+    /// caller does not know the output tokens (then only prompt blocks are cached). Needs
+    /// `prefix_hashes` to cover every full prompt block.
+    #[serde(default)]
+    pub generated_hashes: Vec<u64>,
     /// Tokens to generate (the response length, decided by the caller), at least 1.
     pub output_tokens: u32,
 }
@@ -149,7 +168,9 @@ struct Sequence {
     id: u64,
     prompt_tokens: u32,
     output_tokens: u32,
-    prefix_hashes: Vec<u64>,
+    /// The chained hashes of the request's full blocks: prompt blocks, then the blocks its
+    /// generated tokens complete (when the caller supplied them).
+    hashes: Vec<u64>,
     submitted_at: f64,
     generated: u32,
     /// Tokens whose KV is in the cache.
@@ -395,15 +416,34 @@ impl EmulatedReplica {
                 self.config.block_size
             ));
         }
+        if !req.generated_hashes.is_empty() {
+            if req.prefix_hashes.len() != full_blocks as usize {
+                return reject(format!(
+                    "generated hashes continue a chain of {} prefix hashes, but the prompt has {} full blocks",
+                    req.prefix_hashes.len(),
+                    full_blocks
+                ));
+            }
+            let max = (req.prompt_tokens + req.output_tokens) / self.config.block_size - full_blocks;
+            if req.generated_hashes.len() > max as usize {
+                return reject(format!(
+                    "{} generated hashes for {} blocks completed by the output",
+                    req.generated_hashes.len(),
+                    max
+                ));
+            }
+        }
         if self.ids.contains(&req.id) {
             return Err(EmulatorError::DuplicateRequest(req.id));
         }
+        let mut hashes = req.prefix_hashes;
+        hashes.extend_from_slice(&req.generated_hashes);
         self.ids.insert(req.id);
         let seq = Sequence {
             id: req.id,
             prompt_tokens: req.prompt_tokens,
             output_tokens: req.output_tokens,
-            prefix_hashes: req.prefix_hashes,
+            hashes,
             submitted_at: now,
             generated: 0,
             num_computed: 0,
@@ -444,10 +484,33 @@ impl EmulatedReplica {
 
     /// If awake, idle and with work, forms the next batch and returns the time the iteration
     /// ends; the caller then calls [`finish_iteration`](Self::finish_iteration) at that time.
+    /// With chunked prefill (vLLM V1, and V0 beyond 32k contexts) a step mixes decodes and
+    /// prefill chunks; without it (the V0 engine on Volta, `_schedule_default`) a step is
+    /// either all prefills or all decodes.
     pub fn start_iteration(&mut self, now: f64) -> Option<f64> {
         if self.state != ReplicaState::Awake || self.iteration.is_some() || self.in_flight() == 0 {
             return None;
         }
+        let batch = if self.config.enable_chunked_prefill {
+            self.schedule_chunked(now)
+        } else {
+            self.schedule_prefill_first(now)
+        };
+        if batch.is_empty() {
+            return None;
+        }
+        let dt = self.cost.iteration_time(&batch) * self.noise.sample(&mut self.rng);
+        self.counters.busy += dt;
+        self.counters.iterations += 1;
+        self.counters.prefill += batch.prefill_tokens;
+        let end = now + dt;
+        self.iteration = Some(Iteration { end });
+        Some(end)
+    }
+
+    /// vLLM V1's `Scheduler.schedule` (FCFS): running requests first (decodes and the rest of
+    /// chunked prefills), then waiting requests into the remaining token budget.
+    fn schedule_chunked(&mut self, now: f64) -> BatchSummary {
         let bs = self.config.block_size;
         let caching = self.config.enable_prefix_caching;
         let mut budget = self.config.max_num_batched_tokens;
@@ -463,30 +526,12 @@ impl EmulatedReplica {
             };
             let context = seq.num_computed;
             let tokens = (seq.seq_len() - context).min(budget);
-            let need = blocks_for(context + tokens, bs).saturating_sub(seq.blocks.len() as u32);
-            let mut self_preempted = false;
-            while self.pool.free() < need {
-                let Some(&victim) = self.running.last() else {
-                    break;
-                };
-                self.preempt(victim, now);
-                preempted = true;
-                if victim == slot {
-                    self_preempted = true;
-                    break;
-                }
-            }
-            if self_preempted {
+            if !self.grow_or_preempt(slot, context + tokens, now, &mut preempted) {
                 break;
             }
             let Some(seq) = self.seqs[slot].as_mut() else {
                 break;
             };
-            for _ in 0..need {
-                if let Some(b) = self.pool.allocate() {
-                    seq.blocks.push(b);
-                }
-            }
             seq.scheduled = tokens;
             if caching {
                 register_full_blocks(&mut self.pool, seq, bs);
@@ -500,76 +545,168 @@ impl EmulatedReplica {
         // except when the batch would otherwise be empty.
         if !preempted || batch.is_empty() {
             while budget > 0 && self.running.len() < self.config.max_num_seqs as usize {
-                let Some(&slot) = self.waiting.front() else {
+                let Some(tokens) = self.admit_front(budget, 0, true, now, &mut batch) else {
                     break;
                 };
-                let Some(seq) = self.seqs[slot].as_mut() else {
-                    break;
-                };
-                let seq_len = seq.seq_len();
-                let (hit_blocks, hit_free) = if caching {
-                    let max_hit = ((seq_len - 1) / bs) as usize;
-                    let mut hits = 0u32;
-                    let mut free = 0u32;
-                    for &h in seq.prefix_hashes.iter().take(max_hit) {
-                        match self.pool.lookup(h) {
-                            Some(b) => {
-                                hits += 1;
-                                free += u32::from(self.pool.is_free(b));
-                            }
-                            None => break,
-                        }
-                    }
-                    (hits, free)
-                } else {
-                    (0, 0)
-                };
-                let hit_tokens = hit_blocks * bs;
-                let tokens = (seq_len - hit_tokens).min(budget);
-                let need = blocks_for(hit_tokens + tokens, bs) - hit_blocks;
-                if self.pool.free().saturating_sub(hit_free) < need {
-                    break;
-                }
-                self.waiting.pop_front();
-                for &h in seq.prefix_hashes.iter().take(hit_blocks as usize) {
-                    if let Some(b) = self.pool.lookup(h) {
-                        self.pool.touch(b);
-                        seq.blocks.push(b);
-                    }
-                }
-                for _ in 0..need {
-                    if let Some(b) = self.pool.allocate() {
-                        seq.blocks.push(b);
-                    }
-                }
-                seq.num_computed = hit_tokens;
-                seq.hashed_blocks = hit_blocks;
-                seq.scheduled = tokens;
-                if seq.cached_prompt_tokens.is_none() {
-                    seq.cached_prompt_tokens = Some(hit_tokens.min(seq.prompt_tokens));
-                    self.counters.queue += (now - seq.submitted_at).max(0.0);
-                }
-                if caching {
-                    self.counters.queries += u64::from(seq_len);
-                    self.counters.hits += u64::from(hit_tokens);
-                    register_full_blocks(&mut self.pool, seq, bs);
-                }
                 budget -= tokens;
-                batch.add_chunk(tokens, hit_tokens);
-                self.running.push(slot);
             }
         }
+        batch
+    }
 
-        if batch.is_empty() {
+    /// vLLM V0's `Scheduler._schedule_default` (no chunked prefill): waiting requests are
+    /// admitted first, FCFS, each with its whole uncomputed sequence (prompt, plus the tokens
+    /// generated before a recompute preemption), while the token budget, `max_num_seqs` and
+    /// the block manager's watermark allow (`can_allocate`: 1 % of the blocks stay free); a
+    /// step that admitted a prefill runs only prefills ("Don't schedule decodes if prefills
+    /// are scheduled"). Otherwise every running request decodes one token, and when a decode
+    /// needs a block and none is free the most recently admitted running request is
+    /// preempted by recompute (`_schedule_running`, `PreemptionMode.RECOMPUTE` for a
+    /// single-sequence group) and goes back to the head of the waiting queue.
+    fn schedule_prefill_first(&mut self, now: f64) -> BatchSummary {
+        let bs = self.config.block_size;
+        let caching = self.config.enable_prefix_caching;
+        let mut budget = self.config.max_num_batched_tokens;
+        let mut batch = BatchSummary::default();
+        let watermark = (f64::from(self.pool.total()) * V0_WATERMARK).floor() as u32;
+
+        while self.running.len() < self.config.max_num_seqs as usize {
+            // The watermark keeps decodes of running requests from being starved of blocks;
+            // with nothing running it would only block the queue for ever.
+            let reserve = if self.running.is_empty() && batch.is_empty() { 0 } else { watermark };
+            let Some(tokens) = self.admit_front(budget, reserve, false, now, &mut batch) else {
+                break;
+            };
+            budget -= tokens;
+        }
+        if !batch.is_empty() {
+            return batch;
+        }
+
+        let mut preempted = false;
+        let mut i = 0;
+        while i < self.running.len() && budget > 0 {
+            let slot = self.running[i];
+            let Some(seq) = self.seqs[slot].as_ref() else {
+                break;
+            };
+            let context = seq.num_computed;
+            let tokens = (seq.seq_len() - context).min(budget);
+            if !self.grow_or_preempt(slot, context + tokens, now, &mut preempted) {
+                break;
+            }
+            let Some(seq) = self.seqs[slot].as_mut() else {
+                break;
+            };
+            seq.scheduled = tokens;
+            if caching {
+                register_full_blocks(&mut self.pool, seq, bs);
+            }
+            budget -= tokens;
+            batch.add_chunk(tokens, context);
+            i += 1;
+        }
+        batch
+    }
+
+    /// Gives the running request in `slot` the blocks for `tokens` tokens, preempting the most
+    /// recently admitted running requests while none is free. Returns false when the request
+    /// preempted itself (then nothing more of the running queue is scheduled).
+    fn grow_or_preempt(&mut self, slot: usize, tokens: u32, now: f64, preempted: &mut bool) -> bool {
+        let bs = self.config.block_size;
+        let Some(seq) = self.seqs[slot].as_ref() else {
+            return false;
+        };
+        let need = blocks_for(tokens, bs).saturating_sub(seq.blocks.len() as u32);
+        while self.pool.free() < need {
+            let Some(&victim) = self.running.last() else {
+                break;
+            };
+            self.preempt(victim, now);
+            *preempted = true;
+            if victim == slot {
+                return false;
+            }
+        }
+        let Some(seq) = self.seqs[slot].as_mut() else {
+            return false;
+        };
+        for _ in 0..need {
+            if let Some(b) = self.pool.allocate() {
+                seq.blocks.push(b);
+            }
+        }
+        true
+    }
+
+    /// Admits the head of the waiting queue into the batch if it fits: its cached leading
+    /// blocks (prefix caching) are taken, the rest of its sequence — cut to `budget` when
+    /// `chunk`, else whole — is scheduled, and `reserve` blocks must stay free after its
+    /// allocation. Returns the tokens scheduled, or `None` when it does not fit (admission is
+    /// head-of-line).
+    fn admit_front(&mut self, budget: u32, reserve: u32, chunk: bool, now: f64, batch: &mut BatchSummary) -> Option<u32> {
+        if budget == 0 {
             return None;
         }
-        let dt = self.cost.iteration_time(&batch) * self.noise.sample(&mut self.rng);
-        self.counters.busy += dt;
-        self.counters.iterations += 1;
-        self.counters.prefill += batch.prefill_tokens;
-        let end = now + dt;
-        self.iteration = Some(Iteration { end });
-        Some(end)
+        let bs = self.config.block_size;
+        let caching = self.config.enable_prefix_caching;
+        let &slot = self.waiting.front()?;
+        let seq = self.seqs[slot].as_mut()?;
+        let seq_len = seq.seq_len();
+        let (hit_blocks, hit_free) = if caching {
+            let max_hit = ((seq_len - 1) / bs) as usize;
+            let mut hits = 0u32;
+            let mut free = 0u32;
+            for &h in seq.hashes.iter().take(max_hit) {
+                match self.pool.lookup(h) {
+                    Some(b) => {
+                        hits += 1;
+                        free += u32::from(self.pool.is_free(b));
+                    }
+                    None => break,
+                }
+            }
+            (hits, free)
+        } else {
+            (0, 0)
+        };
+        let hit_tokens = hit_blocks * bs;
+        let rest = seq_len - hit_tokens;
+        if !chunk && rest > budget {
+            return None;
+        }
+        let tokens = rest.min(budget);
+        let need = blocks_for(hit_tokens + tokens, bs) - hit_blocks;
+        if self.pool.free().saturating_sub(hit_free) < need.saturating_add(reserve) {
+            return None;
+        }
+        self.waiting.pop_front();
+        for &h in seq.hashes.iter().take(hit_blocks as usize) {
+            if let Some(b) = self.pool.lookup(h) {
+                self.pool.touch(b);
+                seq.blocks.push(b);
+            }
+        }
+        for _ in 0..need {
+            if let Some(b) = self.pool.allocate() {
+                seq.blocks.push(b);
+            }
+        }
+        seq.num_computed = hit_tokens;
+        seq.hashed_blocks = hit_blocks;
+        seq.scheduled = tokens;
+        if seq.cached_prompt_tokens.is_none() {
+            seq.cached_prompt_tokens = Some(hit_tokens.min(seq.prompt_tokens));
+            self.counters.queue += (now - seq.submitted_at).max(0.0);
+        }
+        if caching {
+            self.counters.queries += u64::from(seq_len);
+            self.counters.hits += u64::from(hit_tokens);
+            register_full_blocks(&mut self.pool, seq, bs);
+        }
+        batch.add_chunk(tokens, hit_tokens);
+        self.running.push(slot);
+        Some(tokens)
     }
 
     /// Frees a running request's blocks and sends it back to the head of the waiting queue.
@@ -707,14 +844,14 @@ fn blocks_for(tokens: u32, block_size: u32) -> u32 {
     tokens.div_ceil(block_size)
 }
 
-/// Registers the sequence's prompt blocks that become full with this iteration's tokens.
+/// Registers the sequence's blocks (prompt, and generated ones when their hashes are known)
+/// that become full with this iteration's tokens.
 fn register_full_blocks(pool: &mut BlockPool, seq: &mut Sequence, block_size: u32) {
-    let full =
-        ((seq.num_computed + seq.scheduled) / block_size).min(seq.prefix_hashes.len() as u32);
+    let full = ((seq.num_computed + seq.scheduled) / block_size).min(seq.hashes.len() as u32);
     for b in seq.hashed_blocks..full {
         let (Some(&block), Some(&hash)) = (
             seq.blocks.get(b as usize),
-            seq.prefix_hashes.get(b as usize),
+            seq.hashes.get(b as usize),
         ) else {
             break;
         };
@@ -743,9 +880,27 @@ mod tests {
         }
     }
 
-    fn awake_tiny(seed: u64, max_num_seqs: u32) -> EmulatedReplica {
+    /// The tiny device as a Volta part: the V0 engine, no chunked prefill, no prefix caching.
+    fn awake_tiny_v0(seed: u64, max_num_seqs: u32) -> EmulatedReplica {
+        let d = DeviceSpec { supports_bf16: false, ..tiny_device() };
         let cfg = ServingConfig {
             max_num_seqs,
+            gpu_memory_utilization: 0.85,
+            ..ServingConfig::vllm_defaults_on(&d, Dtype::Fp16, 4096)
+        };
+        assert!(!cfg.enable_chunked_prefill);
+        let mut r = EmulatedReplica::new(d, model("Qwen3-0.6B").unwrap(), cfg, seed).unwrap();
+        let t = r.begin_load(0.0).unwrap();
+        assert!(r.finish_transition(t));
+        r
+    }
+
+    fn awake_tiny(seed: u64, max_num_seqs: u32) -> EmulatedReplica {
+        // 0.85: vLLM refuses to request more than the memory free once the CUDA context
+        // (512 MiB here) exists, and 0.9 × 4 GiB would be.
+        let cfg = ServingConfig {
+            max_num_seqs,
+            gpu_memory_utilization: 0.85,
             ..ServingConfig::vllm_defaults(Dtype::Bf16, 4096)
         };
         let mut r =
@@ -790,7 +945,90 @@ mod tests {
             );
             assert!(self.pool.in_use() <= self.pool.total());
             assert_eq!(self.ids.len(), self.in_flight());
+            if !self.config.enable_chunked_prefill {
+                let (decodes, prefills) = self.scheduled_kinds();
+                assert!(decodes == 0 || prefills == 0, "V0 step mixes {decodes} decodes and {prefills} prefills");
+            }
         }
+
+        /// Scheduled decodes and prefills of the step in progress.
+        fn scheduled_kinds(&self) -> (usize, usize) {
+            let (mut decodes, mut prefills) = (0, 0);
+            for s in self.running.iter().filter_map(|&slot| self.seqs[slot].as_ref()) {
+                if s.scheduled == 0 {
+                    continue;
+                }
+                if s.scheduled == 1 && s.generated > 0 && s.num_computed + 1 == s.seq_len() {
+                    decodes += 1;
+                } else {
+                    prefills += 1;
+                }
+            }
+            (decodes, prefills)
+        }
+    }
+
+    fn step(r: &mut EmulatedReplica, now: f64) -> (f64, Vec<EngineEvent>) {
+        let end = r.start_iteration(now).expect("work to do");
+        (end, r.finish_iteration(end))
+    }
+
+    /// V0 without chunked prefill (vLLM `Scheduler._schedule_default`): a newly arrived prompt
+    /// runs alone before the running request decodes again; V1 mixes the two in one step.
+    #[test]
+    fn v0_runs_prefills_before_decodes_v1_mixes_them() {
+        let m = model("Qwen3-0.6B").unwrap();
+        for (name, mixes) in [("V100-32GB", false), ("A100-40GB", true)] {
+            let d = switchyard_predictor::spec::device(name).unwrap();
+            let cfg = ServingConfig::vllm_defaults_on(&d, Dtype::Fp16, 8192);
+            assert_eq!(cfg.enable_chunked_prefill, mixes);
+            let mut r = EmulatedReplica::new(d, m.clone(), cfg, 1).unwrap();
+            let t = r.begin_load(0.0).unwrap();
+            assert!(r.finish_transition(t));
+            let req = |id, prompt| EngineRequest { id, prompt_tokens: prompt, prefix_hashes: Vec::new(), generated_hashes: Vec::new(), output_tokens: 10 };
+            r.submit(req(1, 100), t).unwrap();
+            let (t, ev) = step(&mut r, t);
+            assert!(matches!(ev[..], [EngineEvent::FirstToken { id: 1, .. }]));
+            r.submit(req(2, 3000), t).unwrap();
+            r.start_iteration(t).unwrap();
+            let (decodes, prefills) = r.scheduled_kinds();
+            assert_eq!(prefills, 1, "{name}");
+            assert_eq!(decodes, usize::from(mixes), "{name}");
+            r.check_invariants();
+        }
+    }
+
+    /// V0 preempts a decoding request by recompute when a decode needs a block and none is
+    /// free; the victim (the most recently admitted) is recomputed later as a prefill of its
+    /// prompt and the tokens it had generated, and still finishes with all its tokens.
+    #[test]
+    fn v0_preempts_decodes_by_recompute_when_kv_runs_out() {
+        let mut r = awake_tiny_v0(3, 64);
+        let total = r.memory_plan().kv_blocks;
+        // Five 3,000-token prompts fit the cache (188 blocks each), their 4,000-token
+        // sequences (250 blocks each) do not.
+        let n = 5u32;
+        assert!(n * 188 < total && n * 250 > total, "{total} blocks");
+        for id in 0..u64::from(n) {
+            r.submit(EngineRequest { id, prompt_tokens: 3000, prefix_hashes: Vec::new(), generated_hashes: Vec::new(), output_tokens: 1000 }, 0.0).unwrap();
+        }
+        let mut now = 0.0;
+        let mut preempted = Vec::new();
+        let mut finished = 0;
+        while let Some(end) = r.start_iteration(now) {
+            r.check_invariants();
+            now = end;
+            for e in r.finish_iteration(now) {
+                match e {
+                    EngineEvent::Preempted { id, .. } => preempted.push(id),
+                    EngineEvent::Finished { .. } => finished += 1,
+                    EngineEvent::FirstToken { .. } => {}
+                }
+            }
+        }
+        assert_eq!(finished, n);
+        assert!(!preempted.is_empty(), "the cache of {total} blocks overflowed");
+        assert_eq!(r.telemetry().preemptions, preempted.len() as u64);
     }
 
     proptest! {
@@ -801,8 +1039,9 @@ mod tests {
             reqs in prop::collection::vec((1u32..1800, 1u32..250, 0u8..4, 0u32..3), 1..28),
             seed in any::<u64>(),
             max_num_seqs in 2u32..64,
+            v0 in any::<bool>(),
         ) {
-            let mut r = awake_tiny(seed, max_num_seqs);
+            let mut r = if v0 { awake_tiny_v0(seed, max_num_seqs) } else { awake_tiny(seed, max_num_seqs) };
             let total_blocks = r.memory_plan().kv_blocks;
             // Requests arrive in groups: `gap` iterations after the previous one.
             let mut now = 0.0;
@@ -813,7 +1052,7 @@ mod tests {
                     // Prompts of the same `prefix` family share their leading blocks.
                     let blocks = (prompt / 16) as u64;
                     let hashes = (0..blocks).map(|b| u64::from(prefix) << 32 | b).collect();
-                    (EngineRequest { id: i as u64, prompt_tokens: prompt, prefix_hashes: hashes, output_tokens: output }, gap)
+                    (EngineRequest { id: i as u64, prompt_tokens: prompt, prefix_hashes: hashes, generated_hashes: Vec::new(), output_tokens: output }, gap)
                 })
                 .collect();
             let mut finished = std::collections::BTreeMap::new();

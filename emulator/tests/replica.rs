@@ -28,6 +28,7 @@ fn request(id: u64, prompt_tokens: u32, output_tokens: u32, family: u64) -> Engi
         id,
         prompt_tokens,
         prefix_hashes: hashes,
+        generated_hashes: Vec::new(),
         output_tokens,
     }
 }
@@ -330,6 +331,7 @@ fn bad_requests_are_rejected_with_reasons() {
         id: 1,
         prompt_tokens: 40,
         prefix_hashes: vec![1, 2, 3],
+        generated_hashes: Vec::new(),
         output_tokens: 1,
     };
     assert!(invalid(r.submit(too_many, 0.0).unwrap_err()));
@@ -396,4 +398,71 @@ fn a_custom_device_without_bf16_is_refused_in_bf16() {
     )
     .unwrap_err();
     assert!(matches!(err, EmulatorError::UnsupportedDtype { .. }));
+}
+
+/// vLLM V1 hashes every full block of a request's tokens, generated ones included, and
+/// caches it once its KV is computed (`KVCacheManager.cache_blocks` over `all_token_ids`): a
+/// successor whose prompt is the predecessor's prompt + output hits those blocks too. The
+/// predecessor's 100-token prompt fills 6 blocks; with 60 generated tokens its 159 computed
+/// tokens (the last sampled token's KV is never written) fill 9.
+#[test]
+fn generated_blocks_are_cached_for_a_successor() {
+    let run = |with_generated: bool| {
+        let d = device("A100-40GB").unwrap();
+        let cfg = ServingConfig::vllm_defaults_on(&d, Dtype::Fp16, 8192);
+        let mut r = awake("A100-40GB", "Qwen3-0.6B", cfg, 5);
+        let t = 0.0;
+        // The chain over the predecessor's 160 tokens: blocks 0–5 prompt, 6–9 completed by
+        // the output; the successor's 300-token prompt continues it past block 9.
+        let chain: Vec<u64> = (0..18).map(|b| 1000 + b).collect();
+        let first = EngineRequest {
+            id: 1,
+            prompt_tokens: 100,
+            prefix_hashes: chain[..6].to_vec(),
+            generated_hashes: if with_generated { chain[6..10].to_vec() } else { Vec::new() },
+            output_tokens: 60,
+        };
+        r.submit(first, t).unwrap();
+        let mut now = t;
+        while let Some(end) = r.start_iteration(now) {
+            now = end;
+            r.finish_iteration(now);
+        }
+        let second = EngineRequest {
+            id: 2,
+            prompt_tokens: 300,
+            prefix_hashes: chain[..18].to_vec(),
+            generated_hashes: Vec::new(),
+            output_tokens: 5,
+        };
+        r.submit(second, now).unwrap();
+        let mut cached = None;
+        while let Some(end) = r.start_iteration(now) {
+            now = end;
+            for e in r.finish_iteration(now) {
+                if let EngineEvent::Finished { id: 2, cached_prompt_tokens, .. } = e {
+                    cached = Some(cached_prompt_tokens);
+                }
+            }
+        }
+        cached.expect("the successor finished")
+    };
+    assert_eq!(run(false), 6 * 16, "prompt blocks only");
+    assert_eq!(run(true), 9 * 16, "prompt blocks and the three generated blocks completed");
+}
+
+#[test]
+fn generated_hashes_must_continue_a_complete_prompt_chain() {
+    let mut r = awake("A100-40GB", "Qwen3-0.6B", ServingConfig::vllm_defaults(Dtype::Bf16, 1024), 1);
+    let bad = |prefix: usize, generated: usize| EngineRequest {
+        id: 9,
+        prompt_tokens: 40,
+        prefix_hashes: (0..prefix as u64).collect(),
+        generated_hashes: (100..100 + generated as u64).collect(),
+        output_tokens: 30,
+    };
+    // 40 prompt tokens: 2 full blocks; 70 tokens: 4, so 2 completed by the output.
+    assert!(matches!(r.submit(bad(1, 1), 0.0), Err(EmulatorError::InvalidRequest { .. })));
+    assert!(matches!(r.submit(bad(2, 3), 0.0), Err(EmulatorError::InvalidRequest { .. })));
+    r.submit(bad(2, 2), 0.0).unwrap();
 }

@@ -1118,6 +1118,7 @@ async fn run(shared: &Arc<Shared>, p: Prepared) -> Response {
                 id,
                 prompt_tokens,
                 prefix_hashes,
+                generated_hashes: Vec::new(),
                 output_tokens,
             },
             arrival,

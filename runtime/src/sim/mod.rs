@@ -477,6 +477,7 @@ impl<'a> Sim<'a> {
             id,
             prompt_tokens: prep.prompt_tokens,
             prefix_hashes: prep.prefix_hashes,
+            generated_hashes: Vec::new(),
             output_tokens: prep.output.output_tokens.max(1),
         };
         r.engine.submit(request, self.now).map_err(|e| SimError::Internal(e.to_string()))?;

@@ -62,7 +62,7 @@ impl PaperMotivation {
 /// The concurrent MBPP sessions per repetition by default: paper 003 §2.2 does not say how many
 /// ran beside its 10 QMSum sessions; fitted on the Parrot and Kairos GPU-time breakdowns
 /// (emulator/CALIBRATION.md, "Workload").
-pub const MBPP_SESSIONS: usize = 10;
+pub const MBPP_SESSIONS: usize = 3;
 
 /// What the experiment runs.
 #[derive(Clone)]

@@ -399,8 +399,9 @@ mod tests {
         // What an emulated engine returns leads with the trace; the session keeps the answer.
         let completion = on.emulated_completion();
         assert!(completion.starts_with("<think>\n") && completion.ends_with(&on.output.text));
-        let trace_tokens = tokens::count(&completion) - tokens::count(&on.output.text);
-        assert!(trace_tokens.abs_diff(on.thinking_tokens as usize) <= 6, "{trace_tokens} vs {}", on.thinking_tokens);
+        // Within the call's generated tokens, so an engine's `max_tokens` never cuts the answer.
+        let generated = tokens::count(&completion);
+        assert!(generated <= on.output.output_tokens as usize && generated + 2 >= on.output.output_tokens as usize, "{generated} vs {}", on.output.output_tokens);
         let wf = crate::workflow::parse_workflow("t.yaml", &yaml("    thinking_tokens: {mean: 1500}\n"), std::path::Path::new(".")).unwrap();
         let NodeKind::Agent(agent) = &wf.nodes[0].kind else { panic!("not an agent") };
         let kept = model_output(agent, &on.output, completion, on.output.output_tokens);

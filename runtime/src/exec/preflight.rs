@@ -206,6 +206,8 @@ mod tests {
             tool_workers: 1,
             max_num_seqs: 256,
             substrate: Default::default(),
+            session_counts: Vec::new(),
+            handoff_s: crate::exec::FRAMEWORK_HANDOFF_S,
         }
     }
 
@@ -243,6 +245,14 @@ nodes:
         c.tool_workers = 1;
         let e = check(&c, FitRule::EmulatedEngine).err().map(|e| e.problems).unwrap_or_default();
         assert_eq!(e.len(), 1, "{e:?}");
+        c.max_num_seqs = 256;
+        c.handoff_s = f64::NAN;
+        let e = check(&c, FitRule::EmulatedEngine).err().map(|e| e.problems).unwrap_or_default();
+        assert!(e.len() == 1 && e[0].starts_with("--handoff-delay: NaN"), "{e:?}");
+        c.handoff_s = -1.0;
+        assert!(check(&c, FitRule::EmulatedEngine).is_err());
+        c.handoff_s = 0.0;
+        assert_eq!(check(&c, FitRule::EmulatedEngine), Ok(()));
     }
 
     #[test]

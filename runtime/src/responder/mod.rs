@@ -170,17 +170,24 @@ impl ResponderRequest<'_> {
 }
 
 
-/// The reasoning trace an emulated Qwen3 writes in thinking mode before its answer:
-/// `<think>\n`, `tokens` neutral words (one Qwen3 token each), `\n</think>\n\n`.
+/// The reasoning trace an emulated Qwen3 writes in thinking mode before its answer, about
+/// `tokens` Qwen3 tokens in all and never more: `<think>\n`, neutral words (one token each),
+/// `\n</think>\n\n` — the markers take 5 tokens and one more is left for a merge at the
+/// answer's start, so that an engine generating trace + answer under `max_tokens` never cuts
+/// the answer.
 pub fn reasoning_trace(tokens: u32) -> String {
-    let mut s = String::with_capacity(tokens as usize * 6 + 20);
+    let words = tokens.saturating_sub(REASONING_MARKER_TOKENS + 1);
+    let mut s = String::with_capacity(words as usize * 6 + 20);
     s.push_str("<think>\n");
-    for i in 0..tokens {
+    for i in 0..words {
         s.push_str(if i % 2 == 0 { " step" } else { " check" });
     }
     s.push_str("\n</think>\n\n");
     s
 }
+
+/// Tokens of the trace's markers: `<think>`, `\n`, `\n`, `</think>`, `\n\n`.
+const REASONING_MARKER_TOKENS: u32 = 5;
 
 /// The answer of a completion that opens with a `<think>…</think>` reasoning block (a Qwen3
 /// thinking-mode reply served without a reasoning parser), or `None` when it has none. An
@@ -252,7 +259,8 @@ mod tests {
         assert_eq!(strip_reasoning("answer <think>x</think>"), None);
         let trace = reasoning_trace(50);
         assert_eq!(strip_reasoning(&format!("{trace}ok")), Some("ok"));
-        let n = crate::tokens::count(&trace);
-        assert!((50..=56).contains(&n), "{n} tokens");
+        assert_eq!(crate::tokens::count(&trace), 49);
+        assert_eq!(crate::tokens::count(&format!("{trace}#### 4")), 49 + crate::tokens::count("#### 4"));
+        assert!(crate::tokens::count(&reasoning_trace(3)) <= 5);
     }
 }

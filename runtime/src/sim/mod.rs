@@ -943,6 +943,24 @@ mod tests {
     }
 
     #[test]
+    fn successors_become_ready_one_handoff_after_their_predecessor_finishes() {
+        // The refine step of a GSM8K session follows the vote tool: its `ready` line comes
+        // exactly one handoff after the vote's `tool_done`.
+        let ready_gap = |handoff_s: f64| {
+            let cfg = RunConfig { handoff_s, ..gsm8k(1, Arrival::Burst) };
+            let out = simulate(&cfg, &mut |_, _| {}).expect("simulation");
+            let vote_done = out.trace.iter().find(|l| l.event == "tool_done").map(|l| l.t).expect("the vote ran");
+            let refine_ready = out.trace.iter().filter(|l| l.event == "ready" && l.t >= vote_done).map(|l| l.t).next().expect("refine became ready");
+            (refine_ready - vote_done, out.report.makespan_s)
+        };
+        let (gap0, makespan0) = ready_gap(0.0);
+        let (gap, makespan) = ready_gap(0.5);
+        assert!(gap0.abs() < 1e-9, "{gap0}");
+        assert!((gap - 0.5).abs() < 1e-6, "{gap}");
+        assert!(makespan > makespan0, "{makespan} vs {makespan0}");
+    }
+
+    #[test]
     fn the_report_does_not_depend_on_what_the_run_keeps() {
         let cfg = gsm8k(6, Arrival::Poisson(2.0));
         let full = simulate(&cfg, &mut |_, _| {}).expect("simulation");

@@ -22,6 +22,7 @@
 
 mod charts;
 mod markdown;
+mod paper;
 pub mod motivation;
 
 use std::collections::BTreeMap;

@@ -1,6 +1,6 @@
-//! The bench report as markdown: the tables of paper 003's Figures 5–7 with the ratio to the
-//! lower bound and the reductions of `joint` against the baselines. Pure text formatting of a
-//! [`BenchReport`]; no I/O.
+//! The bench report as markdown: paper 003's numbers beside ours (`paper.rs`), then the tables
+//! of Figures 5–7 with the ratio to the lower bound and the reductions of `joint` against the
+//! baselines. Pure text formatting of a [`BenchReport`]; no I/O.
 
 use std::fmt::Write;
 
@@ -98,6 +98,7 @@ pub fn markdown(report: &BenchReport) -> String {
         s.predictor,
         s.simulations
     );
+    super::paper::beside_paper(&mut out, report);
     figure5(&mut out, report);
     figure6(&mut out, report);
     figure7(&mut out, report);

@@ -77,6 +77,7 @@
 //! documented constants ([`estimators::attention`], [`estimators::lifecycle`]), and their
 //! error can be judged only against the emulator.
 
+pub mod activation;
 pub mod arch;
 pub mod boost;
 pub mod data;

@@ -158,9 +158,14 @@ enum RunEnd {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    // Every command but the predictor's evaluation counts tokens: load the tokenizer now, so
+    // Every command but the predictor's evaluations counts tokens: load the tokenizer now, so
     // a defect is one clear error before any work starts.
-    if !matches!(cli.command, Command::Predictor(_))
+    let needs_tokens = match &cli.command {
+        Command::Predictor(_) => false,
+        Command::Bench(b) => !matches!(b.experiment, Some(bench_cmd::Experiment::Predictor(_))),
+        _ => true,
+    };
+    if needs_tokens
         && let Err(e) = switchyard_runtime::tokens::check()
     {
         eprintln!("error: {e}");

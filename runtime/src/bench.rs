@@ -23,6 +23,7 @@
 mod charts;
 mod markdown;
 pub mod motivation;
+pub mod predictor_eval;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

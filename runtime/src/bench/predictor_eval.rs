@@ -5,7 +5,7 @@
 //! lets the deployment start (fp16, `max_model_len` 8,192, vLLM 0.10.2's per-device defaults),
 //! `per_pair` activations are drawn from a seeded ChaCha8 stream: a workload (GSM8K-like short
 //! prompts, MBPP-like, QMSum-like long transcripts), the call's prompt and output lengths in
-//! that workload's range, and a concurrency `b` (log-uniform in 1–64, capped so the `b` calls fit
+//! that workload's range, and a concurrency `b` (log-uniform in 1–63, capped so the `b` calls fit
 //! the replica's KV cache together, as admission would). Each activation runs on a fresh
 //! `switchyard_emulator::EmulatedReplica`: the call and `b − 1` co-running calls of the same
 //! workload (their own lengths) are submitted together, the call at a drawn position of the
@@ -62,7 +62,7 @@ pub const MODELS: [&str; 5] = ["Qwen3-0.6B", "Qwen3-1.7B", "Qwen3-4B", "Qwen3-8B
 /// Serving dtype (V100s have no bf16; the workflows serve fp16) and context of every replica.
 pub const DTYPE: Dtype = Dtype::Fp16;
 pub const MAX_MODEL_LEN: u32 = 8192;
-/// Largest concurrency drawn.
+/// Concurrency is drawn as `⌊2^(u · log₂ MAX_BATCH)⌋`, `u` uniform in [0, 1): 1 to 63.
 pub const MAX_BATCH: u32 = 64;
 
 /// Split names.

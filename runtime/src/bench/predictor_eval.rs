@@ -191,6 +191,8 @@ pub struct E2eRow {
     /// Run time: WAPE, MAPE, ordering and window fit, fractions.
     pub run_wape: f64,
     pub run_mape: f64,
+    /// Signed run-time bias `Σ(predicted − measured) / Σ measured` (> 0: over-predicts).
+    pub run_bias: f64,
     pub ordering: f64,
     pub window_fit: f64,
     pub peak_wape: f64,
@@ -471,6 +473,7 @@ fn train_fold(
 struct Counts {
     run: Tally,
     ape: f64,
+    signed: f64,
     peak_err: f64,
     peak_sum: f64,
     load_err: f64,
@@ -482,6 +485,7 @@ impl Counts {
     fn merge(&mut self, o: &Counts) {
         self.run.merge(&o.run);
         self.ape += o.ape;
+        self.signed += o.signed;
         self.peak_err += o.peak_err;
         self.peak_sum += o.peak_sum;
         self.load_err += o.load_err;
@@ -497,6 +501,7 @@ impl Counts {
             activations: self.run.configurations,
             run_wape: self.run.wape(),
             run_mape: frac(self.ape, self.run.configurations as f64),
+            run_bias: frac(self.signed, self.run.measured),
             ordering: self.run.ordering(),
             window_fit: self.run.window_fit(),
             peak_wape: frac(self.peak_err, self.peak_sum),
@@ -519,6 +524,7 @@ fn score(test: &[usize], activations: &[Activation], guess: impl Fn(&ActivationS
         pr.push(run);
         mr.push(s.run_s);
         c.ape += (run - s.run_s).abs() / s.run_s;
+        c.signed += run - s.run_s;
         c.peak_err += (peak - s.peak_bytes).abs();
         c.peak_sum += s.peak_bytes;
         loads.entry((&s.model.name, &s.device.name)).or_insert((load, s.load_s));
@@ -569,6 +575,7 @@ pub fn run(cfg: &PredictorEvalConfig) -> Result<PredictorEvalReport, PredictorEv
     let measured = MeasuredSet::build(&data)?;
     let all_folds = folds(&activations, cfg.seed);
     let mut graph_cache = BTreeMap::new();
+    let mut shipped_by_device = Vec::new();
     let mut per_fold: Vec<(&Fold, Vec<Counts>)> = Vec::new();
     for fold in &all_folds {
         if fold.test.is_empty() {
@@ -594,6 +601,23 @@ pub fn run(cfg: &PredictorEvalConfig) -> Result<PredictorEvalReport, PredictorEv
             })
             .collect();
         counts.push(score(&fold.test, &activations, oracle_guess));
+        if fold.held == HeldOut::Nothing {
+            // The shipped estimators per device: where their error comes from.
+            for d in &cfg.devices {
+                let on: Vec<usize> = fold.test.iter().copied().filter(|&i| &activations[i].sample.device.name == d).collect();
+                if on.is_empty() {
+                    continue;
+                }
+                for (e, est) in trained.iter().enumerate() {
+                    let c = score(&on, &activations, |s| {
+                        let p = est.predict(&s.graph(), &s.request, &s.device);
+                        (p.run_s, p.peak_bytes, p.load_s)
+                    });
+                    shipped_by_device.push(c.row(ESTIMATORS[e], &format!("as shipped, {d}")));
+                }
+                shipped_by_device.push(score(&on, &activations, oracle_guess).row("oracle", &format!("as shipped, {d}")));
+            }
+        }
         per_fold.push((fold, counts));
     }
     let mut rows = Vec::new();
@@ -616,6 +640,7 @@ pub fn run(cfg: &PredictorEvalConfig) -> Result<PredictorEvalReport, PredictorEv
             }
         }
     }
+    fold_rows.extend(shipped_by_device);
     let operator_timings =
         if cfg.operator_timings { Some(switchyard_predictor::eval::run(&cfg.train_dir, None)?) } else { None };
     Ok(PredictorEvalReport { config: cfg.clone(), pairs, skipped_pairs, activations, rows, fold_rows, operator_timings })
@@ -649,17 +674,18 @@ impl PredictorEvalReport {
             }
         ));
         s.push_str(
-            "| split | estimator | activations | run-time WAPE | run-time MAPE | ordering | window fit | peak VRAM WAPE | load WAPE (pairs) |\n\
-             | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
+            "| split | estimator | activations | run-time WAPE | run-time MAPE | run-time bias | ordering | window fit | peak VRAM WAPE | load WAPE (pairs) |\n\
+             | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
         );
         for r in &self.rows {
             s.push_str(&format!(
-                "| {} | {} | {} | {} | {} | {} | {} | {} | {} ({}) |\n",
+                "| {} | {} | {} | {} | {} | {:+.2} % | {} | {} | {} | {} ({}) |\n",
                 r.split,
                 r.estimator,
                 r.activations,
                 pct(r.run_wape),
                 pct(r.run_mape),
+                100.0 * r.run_bias,
                 pct(r.ordering),
                 pct(r.window_fit),
                 pct(r.peak_wape),
@@ -673,7 +699,11 @@ impl PredictorEvalReport {
              Vidur's operator profiles minus the held-out GPU family). `as shipped`: the estimators the planner \
              uses (operator profiles only), on every activation. `oracle`: the emulator's own models (reference).\n\n",
         );
-        s.push_str("### Per fold: run-time WAPE / peak VRAM WAPE / load WAPE\n\n| fold | formula | gbdt | graph | oracle |\n| --- | --- | --- | --- | --- |\n");
+        s.push_str(
+            "### Per fold: run-time WAPE (signed bias) / peak VRAM WAPE / load WAPE, %\n\n\
+             Folds of the unseen-model and unseen-device splits, then the `as shipped` estimators on each device's \
+             activations.\n\n| fold | formula | gbdt | graph | oracle |\n| --- | --- | --- | --- | --- |\n",
+        );
         let mut names: Vec<&str> = Vec::new();
         for r in &self.fold_rows {
             if !names.contains(&r.split.as_str()) {
@@ -685,8 +715,9 @@ impl PredictorEvalReport {
             for e in ESTIMATORS {
                 match self.row(e, f) {
                     Some(r) => s.push_str(&format!(
-                        " {:.1} / {:.1} / {:.1} |",
+                        " {:.1} ({:+.1}) / {:.1} / {:.1} |",
                         100.0 * r.run_wape,
+                        100.0 * r.run_bias,
                         100.0 * r.peak_wape,
                         100.0 * r.load_wape
                     )),

@@ -233,6 +233,18 @@ impl GraphDevice {
         Ok(self)
     }
 
+    /// The same estimator with another attention model (e.g. [`AttentionModel::ROOFLINE`]
+    /// when the training data must not contribute the shipped fit).
+    pub fn with_attention(mut self, attention: AttentionModel) -> Self {
+        self.attention = attention;
+        self
+    }
+
+    /// The attention model in use.
+    pub fn attention(&self) -> &AttentionModel {
+        &self.attention
+    }
+
     /// The heads in use.
     pub fn heads(&self) -> &ActivationHeads {
         &self.heads

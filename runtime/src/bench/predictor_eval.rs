@@ -20,8 +20,9 @@
 //! estimator trains only on the fold's training activations; the graph estimator's
 //! per-operator models also train on the shipped Vidur operator profiles, minus the profiles
 //! of the held-out device's GPU family (`a100` for either A100, `h100` for the H100) and of the
-//! held-out model. `as shipped` scores the estimators exactly as the planner uses them (trained
-//! on the operator profiles only) on every activation. `oracle` (the emulator's own cost, load
+//! held-out model (a fold left without attention kernels starts from a bare attention
+//! roofline, not the shipped fit on A100 kernels). `as shipped` scores the estimators exactly
+//! as the planner uses them (trained on the operator profiles only) on every activation. `oracle` (the emulator's own cost, load
 //! and memory models, as `--predictor oracle` plans with them) is a reference, never trained.
 //!
 //! Metrics: run-time WAPE and MAPE, ordering and window fit (window = median measured run time
@@ -42,6 +43,7 @@ use serde::Serialize;
 use switchyard_emulator::{EmulatedReplica, EmulatorError, EngineEvent, EngineRequest, ServingConfig};
 use switchyard_predictor::activation::ActivationSample;
 use switchyard_predictor::data::ProfileData;
+use switchyard_predictor::estimators::attention::AttentionModel;
 use switchyard_predictor::estimators::formula::Formula;
 use switchyard_predictor::estimators::gbdt::ActivationGbdt;
 use switchyard_predictor::estimators::graph_device::GraphDevice;
@@ -455,7 +457,11 @@ fn train_fold(
     let ops = match graph_cache.get(&key) {
         Some(g) => g.clone(),
         None => {
-            let g = GraphDevice::train_on(&inputs.operators)?;
+            let mut g = GraphDevice::train_on(&inputs.operators)?;
+            if inputs.operators.attention.is_empty() {
+                // No attention kernel may train this fold: not the shipped (A100) fit either.
+                g = g.with_attention(AttentionModel::ROOFLINE);
+            }
             graph_cache.insert(key, g.clone());
             g
         }
@@ -818,6 +824,15 @@ mod tests {
                 }
             }
         }
+        // The A100 folds train no attention model on A100 kernels, not even the shipped fit.
+        let data_ref = &data;
+        let mut cache = BTreeMap::new();
+        for fold in all.iter().filter(|f| matches!(&f.held, HeldOut::Device(d) if d.starts_with("A100"))) {
+            let inputs = training_inputs(fold, &acts, &measured);
+            assert!(inputs.operators.attention.is_empty());
+            train_fold(fold, &inputs, data_ref, &mut cache).unwrap();
+        }
+        assert!(cache.values().all(|g| *g.attention() == AttentionModel::ROOFLINE), "the shipped attention fit leaks");
         // The checker catches a leak: the model fold trained on everything.
         let Some(fold) = all.iter().find(|f| matches!(f.held, HeldOut::Model(_))) else { panic!("no model fold") };
         let leaky = TrainingInputs { activations: acts.iter().map(|a| a.sample.clone()).collect(), operators: measured.subset(|_, _| true) };

@@ -168,7 +168,7 @@ mod tests {
         // A constant column next to the intercept: the collinear subset is skipped.
         let rows: Vec<Vec<f64>> = (1..10).map(|i| vec![1.0, 1.0, i as f64]).collect();
         let y: Vec<f64> = rows.iter().map(|r| 1.0 + r[2]).collect();
-        let c = nonneg_lsq(&rows, &y, &vec![1.0; 9]).unwrap();
+        let c = nonneg_lsq(&rows, &y, &[1.0; 9]).unwrap();
         assert!((c[0] + c[1] - 1.0).abs() < 1e-6 && (c[2] - 1.0).abs() < 1e-6, "{c:?}");
         assert!(nonneg_lsq(&[], &[], &[]).is_none());
     }

@@ -123,7 +123,8 @@ impl Formula {
     /// (weights + KV, weights over the host link): LLMFit has no parameter for them.
     pub fn calibrate_on_activations(samples: &[ActivationSample]) -> Result<Self, PredictorError> {
         // Per sample: its passes as (weight, FLOPs/P, bytes/B), and the measured run time.
-        let rows: Vec<(Vec<(f64, f64, f64)>, f64)> = samples
+        type Passes = Vec<(f64, f64, f64)>;
+        let rows: Vec<(Passes, f64)> = samples
             .iter()
             .filter(|s| s.run_s > 0.0)
             .map(|s| {

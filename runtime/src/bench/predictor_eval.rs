@@ -231,10 +231,15 @@ fn mix(seed: u64, parts: &[u64]) -> u64 {
     z
 }
 
+/// (model, device) names.
+pub type Pair = (String, String);
+/// What [`generate`] returns: the activations, the pairs judged and the pairs skipped.
+pub type Generated = (Vec<Activation>, Vec<Pair>, Vec<Pair>);
+
 /// Draw and run every activation of `cfg` on the emulator.
 pub fn generate(
     cfg: &PredictorEvalConfig,
-) -> Result<(Vec<Activation>, Vec<(String, String)>, Vec<(String, String)>), PredictorEvalError> {
+) -> Result<Generated, PredictorEvalError> {
     if cfg.per_pair == 0 {
         return Err(PredictorEvalError::Config("per_pair must be at least 1".into()));
     }

@@ -488,6 +488,44 @@ mod tests {
     }
 
     #[test]
+    fn activation_heads_recover_known_coefficients_and_change_nothing_else() {
+        use crate::activation::ActivationSample;
+        let m = trained();
+        let coef = [1.2, 0.8, 0.5, 0.6, 2e-3, 5e-5];
+        let mut samples = Vec::new();
+        for (i, name) in ["Qwen3-0.6B", "Qwen3-4B", "Qwen3-8B"].iter().enumerate() {
+            let model = spec::model(name).unwrap();
+            for (j, dev) in ["A100-40GB", "L4", "V100-32GB"].iter().enumerate() {
+                let device = spec::device(dev).unwrap();
+                for k in 0..6u32 {
+                    let request = Request::new(1 + (k * 7 + i as u32) % 17, 200 + 900 * k + 50 * j as u32, 30 + 60 * k);
+                    let mut s = ActivationSample { model: model.clone(), dtype: Dtype::Fp16, device: device.clone(), request, run_s: 0.0, peak_bytes: 0.0, load_s: 0.0 };
+                    let g = s.graph();
+                    let x = m.run_terms(&g, &request, &device);
+                    s.run_s = coef.iter().zip(&x).map(|(c, x)| c * x).sum();
+                    s.peak_bytes = g.param_bytes() as f64 + lifecycle::kv_bytes(&g, &request) + 2e9;
+                    s.load_s = 30.0 + g.param_bytes() as f64 / 4e9;
+                    samples.push(s);
+                }
+            }
+        }
+        let fitted = m.clone().with_activation_heads(&samples).unwrap();
+        let run = fitted.heads().run.unwrap();
+        for (got, want) in run.iter().zip(&coef) {
+            assert!((got - want).abs() <= 1e-3 * want, "{run:?}");
+        }
+        let mem = fitted.heads().memory.unwrap();
+        assert!((mem[0] - 2e9).abs() < 1e3 && mem[1].abs() < 1e-6 && mem[2].abs() < 1e-6, "{mem:?}");
+        let s = &samples[5];
+        let g = s.graph();
+        assert!((fitted.load_time(&g, &s.device) - s.load_s).abs() < 1e-6);
+        // The per-operator models and the pass times are those of the estimator it came from.
+        let pass = ForwardPass::decode(4, 1000);
+        assert_eq!(fitted.pass_time(&g, &pass, &s.device, Coverage::Full), m.pass_time(&g, &pass, &s.device, Coverage::Full));
+        assert!(m.heads().run.is_none() && m.clone().with_activation_heads(&[]).is_err());
+    }
+
+    #[test]
     fn memory_includes_the_activation_peak() {
         let g = qwen("Qwen3-8B");
         let d = spec::device("A100-80GB").unwrap();

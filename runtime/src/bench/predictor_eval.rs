@@ -98,7 +98,9 @@ pub struct PredictorEvalConfig {
     pub devices: Vec<String>,
     /// Scale of the drawn output lengths, (0, 1]: 1 for the evaluation, less for a fast test.
     pub output_scale: f64,
-    /// Vidur operator profiles (the predictor crate's shipped copy by default).
+    /// Vidur operator profiles (the predictor crate's shipped copy by default). Not in the
+    /// JSON: an absolute path of the machine that ran it.
+    #[serde(skip)]
     pub train_dir: PathBuf,
     /// Also run the operator-timing evaluation of the predictor crate.
     pub operator_timings: bool,

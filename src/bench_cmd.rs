@@ -10,7 +10,7 @@ use anyhow::{Result, bail};
 use clap::{Args, Subcommand};
 use comfy_table::{Table, presets::UTF8_FULL_CONDENSED};
 use indicatif::{ProgressBar, ProgressStyle};
-use switchyard_runtime::bench::{self, BenchConfig, BenchReport, VariantKind, motivation};
+use switchyard_runtime::bench::{self, BenchConfig, BenchReport, VariantKind, motivation, predictor_eval};
 use switchyard_runtime::exec::PoolSpec;
 use switchyard_runtime::workflow::{WorkflowSpec, load_workflow};
 
@@ -63,6 +63,59 @@ pub enum Experiment {
     /// V100-32GB under the request-level baselines; GPU-time breakdown and re-acquire wait
     /// beside the paper's Figures 1(b) and 2.
     Motivation(MotivationArgs),
+    /// Paper 003 §4.4 / Table 1: the estimators on whole activations run on the emulator
+    /// (random, unseen-model and unseen-device splits), plus the operator-timing evaluation;
+    /// writes predictor.md and predictor.json.
+    Predictor(PredictorArgs),
+}
+
+/// Arguments of `switchyard bench predictor`.
+#[derive(Args, Debug)]
+pub struct PredictorArgs {
+    /// Seed of the activation draws and the engines' noise.
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+    /// Activations per (model, device) pair.
+    #[arg(long, default_value_t = 24)]
+    pub per_pair: usize,
+    /// Directory for predictor.md and predictor.json.
+    #[arg(long, default_value = "bench-report")]
+    pub out: PathBuf,
+    /// Print the JSON on stdout instead of the Markdown.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Run `switchyard bench predictor`.
+fn predictor(args: PredictorArgs) -> Result<()> {
+    let cfg = predictor_eval::PredictorEvalConfig { seed: args.seed, per_pair: args.per_pair, ..Default::default() };
+    let report = predictor_eval::run(&cfg).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let mut command = String::from("switchyard bench predictor");
+    if args.seed != 42 {
+        command.push_str(&format!(" --seed {}", args.seed));
+    }
+    if args.per_pair != 24 {
+        command.push_str(&format!(" --per-pair {}", args.per_pair));
+    }
+    let md = report.to_markdown(&command);
+    let json = serde_json::json!({
+        "command": command,
+        "config": report.config,
+        "pairs": report.pairs,
+        "skipped_pairs": report.skipped_pairs,
+        "rows": report.rows,
+        "fold_rows": report.fold_rows,
+        "operator_timings": report.operator_timings.as_ref().map(|r| r.to_json()),
+    });
+    std::fs::create_dir_all(&args.out)?;
+    std::fs::write(args.out.join("predictor.md"), &md)?;
+    std::fs::write(args.out.join("predictor.json"), serde_json::to_string_pretty(&json)?)?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&json)?);
+    } else {
+        print!("{md}");
+    }
+    Ok(())
 }
 
 /// Arguments of `switchyard bench motivation`.
@@ -143,8 +196,10 @@ fn load_workflows(paths: &[PathBuf]) -> Result<Vec<Arc<WorkflowSpec>>> {
 
 /// Run `switchyard bench`.
 pub fn run(args: BenchArgs) -> Result<()> {
-    if let Some(Experiment::Motivation(m)) = args.experiment {
-        return motivation(m);
+    match args.experiment {
+        Some(Experiment::Motivation(m)) => return motivation(m),
+        Some(Experiment::Predictor(p)) => return predictor(p),
+        None => {}
     }
     let workflows = load_workflows(&args.workflows)?;
     let pool_path = crate::pool_path::resolve(args.pool.as_deref(), args.workflows.first().map(PathBuf::as_path))?;

@@ -3,7 +3,6 @@
 
 mod bench_cmd;
 mod emulate_cmd;
-mod emulator_fidelity;
 mod live_cmd;
 mod pool_path;
 mod progress;
@@ -53,7 +52,8 @@ enum Command {
 
 #[derive(Subcommand)]
 enum PredictorCommand {
-    /// Train every estimator and judge it on held-out models and devices (or on `--test`).
+    /// Train every estimator and judge it on held-out models and devices (or on `--test`), on
+    /// measured operator timings; whole activations: `switchyard bench predictor`.
     Eval {
         /// Training measurements in the Vidur profiling layout (default: the shipped ones).
         #[arg(long)]
@@ -162,9 +162,14 @@ enum RunEnd {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    // Every command but the predictor's evaluation counts tokens: load the tokenizer now, so
+    // Every command but the predictor's evaluations counts tokens: load the tokenizer now, so
     // a defect is one clear error before any work starts.
-    if !matches!(cli.command, Command::Predictor(_))
+    let needs_tokens = match &cli.command {
+        Command::Predictor(_) => false,
+        Command::Bench(b) => !matches!(b.experiment, Some(bench_cmd::Experiment::Predictor(_))),
+        _ => true,
+    };
+    if needs_tokens
         && let Err(e) = switchyard_runtime::tokens::check()
     {
         eprintln!("error: {e}");
@@ -278,10 +283,8 @@ fn validate(paths: &[PathBuf], pool: Option<&Path>) -> Result<()> {
 
 fn predictor_eval(train: Option<PathBuf>, test: Option<PathBuf>, json: bool) -> Result<()> {
     let train = train.unwrap_or_else(switchyard_predictor::eval::default_train_dir);
-    let mut report = switchyard_predictor::eval::run(&train, test.as_deref()).map_err(|e| anyhow::anyhow!("{e}"))?;
-    for row in emulator_fidelity::rows().map_err(|e| anyhow::anyhow!("{e}"))? {
-        report.push_row(row);
-    }
+    // Operator timings only; whole activations against the emulator: `switchyard bench predictor`.
+    let report = switchyard_predictor::eval::run(&train, test.as_deref()).map_err(|e| anyhow::anyhow!("{e}"))?;
     if json {
         println!("{}", serde_json::to_string_pretty(&report.to_json())?);
     } else {

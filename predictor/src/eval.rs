@@ -43,9 +43,9 @@ pub const LODO: &str = "leave-one-device-out";
 
 /// What a row says about the targets with no measurement.
 pub const NO_LOAD_DATA: &str =
-    "load time: no measured data (Vidur profiles kernels only); judge against the emulator";
+    "load time: no measured data (Vidur profiles kernels only); judged against the emulator on whole activations by `switchyard bench predictor`";
 pub const NO_PEAK_DATA: &str =
-    "peak VRAM: no measured data (Vidur profiles kernels only); judge against the emulator";
+    "peak VRAM: no measured data (Vidur profiles kernels only); judged against the emulator on whole activations by `switchyard bench predictor`";
 
 /// One estimator on one split.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -21,7 +21,10 @@
 //!   trees on scalar features) and `graph` (per-operator boosted trees on roofline-normalized
 //!   times, combined along the graph). All three train on measured operator timings in Vidur's
 //!   layout ([`data`]); the shipped copy is [`eval::default_train_dir`].
-//! - Evaluation like Table 1: [`eval::run`] (leave-one-model-out, leave-one-device-out, or a
+//! - Whole activations: [`activation::ActivationSample`] (measured by a caller — the runtime's
+//!   `bench predictor` runs them on the emulator) and the fits on them: the formula's
+//!   efficiencies, the GBDT's per-target ensembles, the graph estimator's target heads.
+//! - Operator-timing evaluation: [`eval::run`] (leave-one-model-out, leave-one-device-out, or a
 //!   user's test directory) with WAPE, ordering and window fit ([`metrics`]).
 //! - The scheduling path: [`profile::ProfileTable`] materializes `C_κ` for
 //!   `κ = (deployment, device, batch, input, output)` buckets and `C_load(d, g)` ahead of time;
@@ -77,6 +80,7 @@
 //! documented constants ([`estimators::attention`], [`estimators::lifecycle`]), and their
 //! error can be judged only against the emulator.
 
+pub mod activation;
 pub mod arch;
 pub mod boost;
 pub mod data;

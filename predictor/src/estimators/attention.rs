@@ -61,6 +61,23 @@ impl AttentionModel {
         },
     };
 
+    /// The bare roofline of each phase's bound (no launch time, 100 % of peak compute for
+    /// prefill, of bandwidth for decode): what an estimator uses when its training data holds
+    /// no attention kernel and it must not fall back on [`AttentionModel::SHIPPED`] (which was
+    /// fitted on A100 kernels), e.g. when the A100 is the held-out device.
+    pub const ROOFLINE: AttentionModel = AttentionModel {
+        prefill: PhaseCoefficients {
+            overhead_s: 0.0,
+            compute_factor: 1.0,
+            memory_factor: 0.0,
+        },
+        decode: PhaseCoefficients {
+            overhead_s: 0.0,
+            compute_factor: 0.0,
+            memory_factor: 1.0,
+        },
+    };
+
     /// Seconds of one attention kernel with work `cost`.
     pub fn time(&self, cost: &OpCost, phase: Phase, device: &DeviceSpec) -> f64 {
         match phase {

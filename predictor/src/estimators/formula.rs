@@ -13,6 +13,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::{Predict, lifecycle};
+use crate::activation::{ActivationSample, weighted_passes};
 use crate::data::ProfileData;
 use crate::error::PredictorError;
 use crate::graph::{Coverage, OpKind, OperatorGraph};
@@ -99,6 +100,60 @@ impl Formula {
         let wape = |ec: f64, em: f64| -> f64 {
             rows.iter()
                 .map(|&(tc, tm, t)| ((tc / ec).max(tm / em) - t).abs())
+                .sum::<f64>()
+        };
+        let mut f = Formula::default();
+        for _ in 0..4 {
+            f.compute_efficiency = grid()
+                .min_by(|&a, &b| {
+                    wape(a, f.memory_efficiency).total_cmp(&wape(b, f.memory_efficiency))
+                })
+                .unwrap_or(f.compute_efficiency);
+            f.memory_efficiency = grid()
+                .min_by(|&a, &b| {
+                    wape(f.compute_efficiency, a).total_cmp(&wape(f.compute_efficiency, b))
+                })
+                .unwrap_or(f.memory_efficiency);
+        }
+        Ok(f)
+    }
+
+    /// Fit both efficiencies to whole activations (their run time: prefill and every decode
+    /// step, minimizing WAPE on the same grid). Peak memory and load time stay static
+    /// (weights + KV, weights over the host link): LLMFit has no parameter for them.
+    pub fn calibrate_on_activations(samples: &[ActivationSample]) -> Result<Self, PredictorError> {
+        // Per sample: its passes as (weight, FLOPs/P, bytes/B), and the measured run time.
+        type Passes = Vec<(f64, f64, f64)>;
+        let rows: Vec<(Passes, f64)> = samples
+            .iter()
+            .filter(|s| s.run_s > 0.0)
+            .map(|s| {
+                let graph = s.graph();
+                let passes = weighted_passes(&s.request)
+                    .iter()
+                    .map(|(w, p)| {
+                        let (tc, tm) = ideal_times(&graph, p, &s.device, Coverage::Full);
+                        (*w, tc, tm)
+                    })
+                    .collect();
+                (passes, s.run_s)
+            })
+            .collect();
+        if rows.is_empty() {
+            return Err(PredictorError::Training {
+                estimator: "formula".into(),
+                message: "no measured activation".into(),
+            });
+        }
+        let wape = |ec: f64, em: f64| -> f64 {
+            rows.iter()
+                .map(|(passes, t)| {
+                    let p: f64 = passes
+                        .iter()
+                        .map(|&(w, tc, tm)| w * (tc / ec).max(tm / em))
+                        .sum();
+                    (p - t).abs()
+                })
                 .sum::<f64>()
         };
         let mut f = Formula::default();

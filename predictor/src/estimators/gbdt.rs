@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use super::formula::Formula;
 use super::{Predict, lifecycle};
+use crate::activation::ActivationSample;
 use crate::boost::{BoostParams, BoostedTrees};
 use crate::data::ProfileData;
 use crate::error::PredictorError;
@@ -135,6 +136,139 @@ impl Predict for Gbdt {
 
     fn load_time(&self, graph: &OperatorGraph, device: &DeviceSpec) -> f64 {
         lifecycle::formula_load_time(graph, device)
+    }
+}
+
+/// Features of a deployment on a device: model size, layers, hidden size, memory bandwidth,
+/// compute throughput, device memory and bf16 support (the engine generation a device runs).
+const DEPLOYMENT_FEATURES: usize = 7;
+/// ... plus the request: batch, prompt and output lengths.
+const ACTIVATION_FEATURES: usize = DEPLOYMENT_FEATURES + 3;
+
+fn deployment_features(graph: &OperatorGraph, device: &DeviceSpec) -> [f64; DEPLOYMENT_FEATURES] {
+    [
+        log2(graph.param_bytes() as f64),
+        graph.layers() as f64,
+        log2(graph.deployment.arch.hidden_size as f64),
+        log2(device.memory_bandwidth),
+        log2(device.dense_fp16_flops),
+        log2(device.memory_bytes as f64),
+        f64::from(u8::from(device.supports_bf16)),
+    ]
+}
+
+fn activation_features(
+    graph: &OperatorGraph,
+    request: &Request,
+    device: &DeviceSpec,
+) -> [f64; ACTIVATION_FEATURES] {
+    let d = deployment_features(graph, device);
+    let mut x = [0.0; ACTIVATION_FEATURES];
+    x[..DEPLOYMENT_FEATURES].copy_from_slice(&d);
+    x[DEPLOYMENT_FEATURES] = log2(f64::from(request.batch.max(1)));
+    x[DEPLOYMENT_FEATURES + 1] = log2(f64::from(request.input_tokens.max(1)));
+    x[DEPLOYMENT_FEATURES + 2] = log2(f64::from(request.output_tokens.max(1)));
+    x
+}
+
+/// The GBDT baseline trained on whole activations (paper 003 §4.1: LightGBM on scalar model,
+/// request and device features): one ensemble per target of Eq. 1 — log run time, log peak
+/// memory, log load time. It sees no graph and no roofline. `pass_time` (one forward pass,
+/// which no activation measures) is the calibrated formula's.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ActivationGbdt {
+    run: BoostedTrees,
+    peak: BoostedTrees,
+    load: BoostedTrees,
+    fallback: Formula,
+}
+
+/// Hyper-parameters of the activation ensembles (a few hundred samples: shallower trees).
+pub const ACTIVATION_PARAMS: BoostParams = BoostParams {
+    trees: 120,
+    max_depth: 4,
+    learning_rate: 0.1,
+    min_leaf: 4,
+    lambda: 1.0,
+    bins: 64,
+};
+
+impl ActivationGbdt {
+    /// Train the three ensembles on `samples`; `fallback` answers single passes.
+    pub fn train(samples: &[ActivationSample], fallback: Formula) -> Result<Self, PredictorError> {
+        let mut x = Vec::new();
+        let (mut run, mut peak) = (Vec::new(), Vec::new());
+        // Load time is one value per (model, device): one row per pair.
+        let mut pairs = std::collections::BTreeMap::new();
+        for s in samples {
+            if !(s.run_s > 0.0 && s.peak_bytes > 0.0 && s.load_s > 0.0) {
+                continue;
+            }
+            let graph = s.graph();
+            x.extend(activation_features(&graph, &s.request, &s.device));
+            run.push(s.run_s.log2());
+            peak.push(s.peak_bytes.log2());
+            pairs
+                .entry((s.model.name.clone(), s.device.name.clone()))
+                .or_insert_with(|| (deployment_features(&graph, &s.device), s.load_s.log2()));
+        }
+        let xl: Vec<f64> = pairs.values().flat_map(|(f, _)| f.iter().copied()).collect();
+        let load: Vec<f64> = pairs.values().map(|(_, y)| *y).collect();
+        let fit = |x: &[f64], width: usize, y: &[f64], target: &str| {
+            BoostedTrees::fit(x, width, y, ACTIVATION_PARAMS).map_err(|e| {
+                PredictorError::Training {
+                    estimator: "gbdt".into(),
+                    message: format!("{target}: {e}"),
+                }
+            })
+        };
+        Ok(ActivationGbdt {
+            run: fit(&x, ACTIVATION_FEATURES, &run, "run time")?,
+            peak: fit(&x, ACTIVATION_FEATURES, &peak, "peak memory")?,
+            load: fit(&xl, DEPLOYMENT_FEATURES, &load, "load time")?,
+            fallback,
+        })
+    }
+}
+
+impl Predict for ActivationGbdt {
+    fn name(&self) -> &'static str {
+        "gbdt"
+    }
+
+    fn pass_time(
+        &self,
+        graph: &OperatorGraph,
+        pass: &ForwardPass,
+        device: &DeviceSpec,
+        coverage: Coverage,
+    ) -> f64 {
+        self.fallback.pass_time(graph, pass, device, coverage)
+    }
+
+    fn run_time(&self, graph: &OperatorGraph, request: &Request, device: &DeviceSpec) -> f64 {
+        self.run
+            .predict(&activation_features(graph, request, device))
+            .exp2()
+    }
+
+    /// The learned peak, reported as weights + the learned rest (no KV / activation split).
+    fn memory(
+        &self,
+        graph: &OperatorGraph,
+        request: &Request,
+        device: &DeviceSpec,
+    ) -> (f64, f64, f64) {
+        let peak = self
+            .peak
+            .predict(&activation_features(graph, request, device))
+            .exp2();
+        let weights = graph.param_bytes() as f64;
+        (weights, (peak - weights).max(0.0), 0.0)
+    }
+
+    fn load_time(&self, graph: &OperatorGraph, device: &DeviceSpec) -> f64 {
+        self.load.predict(&deployment_features(graph, device)).exp2()
     }
 }
 

@@ -30,6 +30,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use super::attention::AttentionModel;
+use crate::activation::{ActivationSample, nonneg_lsq, weighted_passes};
 use super::{Predict, lifecycle};
 use crate::boost::{BoostParams, BoostedTrees};
 use crate::data::ProfileData;
@@ -88,6 +89,47 @@ const UNTRAINED_LAUNCH_S: f64 = 5e-6;
 pub struct GraphDevice {
     classes: BTreeMap<OpKind, BoostedTrees>,
     attention: AttentionModel,
+    /// Target heads fitted on whole activations, when any were given
+    /// ([`GraphDevice::with_activation_heads`]); without them the analytic combination.
+    #[serde(default)]
+    heads: ActivationHeads,
+}
+
+/// Terms of the run-time head, each computed on the operator graph for the whole request:
+/// non-attention operators of the prefill and of the decode passes, attention of the prefill
+/// and of the decode passes (all from the per-operator models), engine iterations (one per
+/// output token) and sequence-iterations (batch × iterations: per-sequence engine work such
+/// as scheduling and sampling).
+pub const RUN_TERMS: usize = 6;
+/// Terms of the peak-memory head (beyond weights and KV): a constant (engine context and
+/// workspaces), the request's own activation peak on the graph, and the activation peak of
+/// an 8,192-token pass (the size of vLLM's start-up profile run with its default
+/// `max_num_batched_tokens`).
+pub const MEMORY_TERMS: usize = 3;
+/// Terms of the load-time head: a constant, bf16 support (the engine generation a device
+/// runs), weights over the loader's throughput (capped by the host link) and kernels of one
+/// pass (CUDA-graph capture).
+pub const LOAD_TERMS: usize = 4;
+
+/// The target-specific heads of paper 003 §3.3 ("target-specific heads produce the three
+/// estimates"): linear, non-negative combinations of graph-derived terms, fitted on whole
+/// activations. Each is `None` until fitted (or when its fit found no non-negative solution).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct ActivationHeads {
+    pub run: Option<[f64; RUN_TERMS]>,
+    pub memory: Option<[f64; MEMORY_TERMS]>,
+    pub load: Option<[f64; LOAD_TERMS]>,
+}
+
+/// Tokens of the profile-run pass of the memory head.
+const PROFILE_RUN_TOKENS: u32 = 8192;
+
+fn dot<const N: usize>(c: &[f64; N], x: &[f64; N]) -> f64 {
+    c.iter().zip(x).map(|(a, b)| a * b).sum()
+}
+
+fn to_array<const N: usize>(v: Option<Vec<f64>>) -> Option<[f64; N]> {
+    v.and_then(|v| <[f64; N]>::try_from(v).ok())
 }
 
 impl GraphDevice {
@@ -147,7 +189,92 @@ impl GraphDevice {
             classes,
             attention: AttentionModel::fit(&set.attention, &set.data.devices)
                 .unwrap_or(AttentionModel::SHIPPED),
+            heads: ActivationHeads::default(),
         })
+    }
+
+    /// Fit the three target heads on measured whole activations (non-negative least squares
+    /// over the graph-derived terms of [`RUN_TERMS`], [`MEMORY_TERMS`], [`LOAD_TERMS`]); the
+    /// per-operator models are kept as trained. Run time is fitted with weights `1/t` (between
+    /// relative and absolute error), memory and load on absolute error; load on one row per
+    /// (model, device).
+    pub fn with_activation_heads(mut self, samples: &[ActivationSample]) -> Result<Self, PredictorError> {
+        let samples: Vec<&ActivationSample> = samples
+            .iter()
+            .filter(|s| s.run_s > 0.0 && s.peak_bytes > 0.0 && s.load_s > 0.0)
+            .collect();
+        if samples.is_empty() {
+            return Err(PredictorError::Training {
+                estimator: "graph".into(),
+                message: "no measured activation for the target heads".into(),
+            });
+        }
+        let (mut xr, mut yr, mut wr) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut xm, mut ym) = (Vec::new(), Vec::new());
+        let mut pairs = BTreeMap::new();
+        for s in &samples {
+            let graph = s.graph();
+            xr.push(self.run_terms(&graph, &s.request, &s.device).to_vec());
+            yr.push(s.run_s);
+            wr.push(1.0 / s.run_s);
+            let base = graph.param_bytes() as f64 + lifecycle::kv_bytes(&graph, &s.request);
+            xm.push(memory_terms(&graph, &s.request).to_vec());
+            ym.push(s.peak_bytes - base);
+            pairs
+                .entry((s.model.name.clone(), s.device.name.clone()))
+                .or_insert_with(|| (load_terms(&graph, &s.device).to_vec(), s.load_s));
+        }
+        let (xl, yl): (Vec<Vec<f64>>, Vec<f64>) = pairs.into_values().unzip();
+        self.heads = ActivationHeads {
+            run: to_array(nonneg_lsq(&xr, &yr, &wr)),
+            memory: to_array(nonneg_lsq(&xm, &ym, &vec![1.0; ym.len()])),
+            load: to_array(nonneg_lsq(&xl, &yl, &vec![1.0; yl.len()])),
+        };
+        Ok(self)
+    }
+
+    /// The same estimator with another attention model (e.g. [`AttentionModel::ROOFLINE`]
+    /// when the training data must not contribute the shipped fit).
+    pub fn with_attention(mut self, attention: AttentionModel) -> Self {
+        self.attention = attention;
+        self
+    }
+
+    /// The attention model in use.
+    pub fn attention(&self) -> &AttentionModel {
+        &self.attention
+    }
+
+    /// The heads in use.
+    pub fn heads(&self) -> &ActivationHeads {
+        &self.heads
+    }
+
+    /// The run-time head's terms for `request` (see [`RUN_TERMS`]).
+    pub fn run_terms(&self, graph: &OperatorGraph, request: &Request, device: &DeviceSpec) -> [f64; RUN_TERMS] {
+        let mut x = [0.0; RUN_TERMS];
+        for (w, pass) in weighted_passes(request) {
+            let times = self.node_times(graph, &pass, device, Coverage::Full);
+            let (mut lin, mut attn) = (times.clone(), times);
+            for (i, node) in graph.nodes.iter().enumerate() {
+                if node.kind == OpKind::Attention {
+                    lin[i] = 0.0;
+                } else {
+                    attn[i] = 0.0;
+                }
+            }
+            let (l, a) = (graph.combine(&lin, Coverage::Full), graph.combine(&attn, Coverage::Full));
+            let (li, ai) = match pass.phase {
+                crate::request::Phase::Prefill => (0, 2),
+                crate::request::Phase::Decode => (1, 3),
+            };
+            x[li] += w * l;
+            x[ai] += w * a;
+        }
+        let iterations = f64::from(request.output_tokens.max(1));
+        x[4] = iterations;
+        x[5] = iterations * f64::from(request.batch.max(1));
+        x
     }
 
     /// Predicted seconds of one execution of an operator of class `kind` with work `cost`.
@@ -198,9 +325,41 @@ impl GraphDevice {
     }
 }
 
+/// The memory head's terms (see [`MEMORY_TERMS`]).
+fn memory_terms(graph: &OperatorGraph, request: &Request) -> [f64; MEMORY_TERMS] {
+    [
+        1.0,
+        lifecycle::activation_bytes(graph, request),
+        graph.activation_peak_bytes(&ForwardPass::prefill(1, PROFILE_RUN_TOKENS)),
+    ]
+}
+
+/// The load head's terms (see [`LOAD_TERMS`]).
+fn load_terms(graph: &OperatorGraph, device: &DeviceSpec) -> [f64; LOAD_TERMS] {
+    let throughput = lifecycle::LOADER_BYTES_PER_S.min(device.host_link_bandwidth);
+    [
+        1.0,
+        f64::from(u8::from(device.supports_bf16)),
+        graph.param_bytes() as f64 / throughput,
+        lifecycle::kernels_per_pass(graph) as f64,
+    ]
+}
+
 impl Predict for GraphDevice {
     fn name(&self) -> &'static str {
         "graph"
+    }
+
+    fn run_time(&self, graph: &OperatorGraph, request: &Request, device: &DeviceSpec) -> f64 {
+        match &self.heads.run {
+            Some(c) => dot(c, &self.run_terms(graph, request, device)),
+            None => {
+                self.pass_time(graph, &request.prefill(), device, Coverage::Full)
+                    + super::decode_time(request, |pass| {
+                        self.pass_time(graph, pass, device, Coverage::Full)
+                    })
+            }
+        }
     }
 
     fn pass_time(
@@ -219,15 +378,22 @@ impl Predict for GraphDevice {
         request: &Request,
         _device: &DeviceSpec,
     ) -> (f64, f64, f64) {
+        let rest = match &self.heads.memory {
+            Some(c) => dot(c, &memory_terms(graph, request)),
+            None => lifecycle::activation_bytes(graph, request),
+        };
         (
             graph.param_bytes() as f64,
             lifecycle::kv_bytes(graph, request),
-            lifecycle::activation_bytes(graph, request),
+            rest,
         )
     }
 
     fn load_time(&self, graph: &OperatorGraph, device: &DeviceSpec) -> f64 {
-        lifecycle::graph_load_time(graph, device)
+        match &self.heads.load {
+            Some(c) => dot(c, &load_terms(graph, device)),
+            None => lifecycle::graph_load_time(graph, device),
+        }
     }
 }
 
@@ -319,6 +485,44 @@ mod tests {
         let cost = g.cost(node, &pass);
         let t = m.op_time(OpKind::Rotary, &cost, &pass, &d);
         assert!((t - (5e-6 + 10.0 * roofline(&cost, &d))).abs() < 1e-6 * t.max(1e-9) + 1e-9);
+    }
+
+    #[test]
+    fn activation_heads_recover_known_coefficients_and_change_nothing_else() {
+        use crate::activation::ActivationSample;
+        let m = trained();
+        let coef = [1.2, 0.8, 0.5, 0.6, 2e-3, 5e-5];
+        let mut samples = Vec::new();
+        for (i, name) in ["Qwen3-0.6B", "Qwen3-4B", "Qwen3-8B"].iter().enumerate() {
+            let model = spec::model(name).unwrap();
+            for (j, dev) in ["A100-40GB", "L4", "V100-32GB"].iter().enumerate() {
+                let device = spec::device(dev).unwrap();
+                for k in 0..6u32 {
+                    let request = Request::new(1 + (k * 7 + i as u32) % 17, 200 + 900 * k + 50 * j as u32, 30 + 60 * k);
+                    let mut s = ActivationSample { model: model.clone(), dtype: Dtype::Fp16, device: device.clone(), request, run_s: 0.0, peak_bytes: 0.0, load_s: 0.0 };
+                    let g = s.graph();
+                    let x = m.run_terms(&g, &request, &device);
+                    s.run_s = coef.iter().zip(&x).map(|(c, x)| c * x).sum();
+                    s.peak_bytes = g.param_bytes() as f64 + lifecycle::kv_bytes(&g, &request) + 2e9;
+                    s.load_s = 30.0 + g.param_bytes() as f64 / 4e9;
+                    samples.push(s);
+                }
+            }
+        }
+        let fitted = m.clone().with_activation_heads(&samples).unwrap();
+        let run = fitted.heads().run.unwrap();
+        for (got, want) in run.iter().zip(&coef) {
+            assert!((got - want).abs() <= 1e-3 * want, "{run:?}");
+        }
+        let mem = fitted.heads().memory.unwrap();
+        assert!((mem[0] - 2e9).abs() < 1e3 && mem[1].abs() < 1e-6 && mem[2].abs() < 1e-6, "{mem:?}");
+        let s = &samples[5];
+        let g = s.graph();
+        assert!((fitted.load_time(&g, &s.device) - s.load_s).abs() < 1e-6);
+        // The per-operator models and the pass times are those of the estimator it came from.
+        let pass = ForwardPass::decode(4, 1000);
+        assert_eq!(fitted.pass_time(&g, &pass, &s.device, Coverage::Full), m.pass_time(&g, &pass, &s.device, Coverage::Full));
+        assert!(m.heads().run.is_none() && m.clone().with_activation_heads(&[]).is_err());
     }
 
     #[test]

@@ -307,7 +307,7 @@ fn run_one(
             (p, o, slot as u64 + 1)
         };
         replica
-            .submit(EngineRequest { id: rid, prompt_tokens: p, prefix_hashes: Vec::new(), output_tokens: o }, t0)
+            .submit(EngineRequest { id: rid, prompt_tokens: p, prefix_hashes: Vec::new(), generated_hashes: Vec::new(), output_tokens: o }, t0)
             .map_err(emu)?;
     }
     let mut now = t0;

@@ -212,11 +212,12 @@ fn byte_alphabet() -> [char; 256] {
 }
 
 #[derive(Deserialize)]
-struct RawFile {
+struct RawFile<'a> {
     added_tokens: Vec<RawAdded>,
     normalizer: serde_json::Value,
     pre_tokenizer: serde_json::Value,
-    model: RawModel,
+    #[serde(borrow)]
+    model: RawModel<'a>,
 }
 
 #[derive(Deserialize)]
@@ -233,8 +234,13 @@ struct RawAdded {
     normalized: bool,
 }
 
+/// A string of the file, borrowed when it has no escapes.
+type Text<'a> = std::borrow::Cow<'a, str>;
+
+type StrMap<'a> = HashMap<Text<'a>, u32, BuildHasherDefault<PairHasher>>;
+
 #[derive(Deserialize)]
-struct RawModel {
+struct RawModel<'a> {
     #[serde(rename = "type")]
     kind: String,
     #[serde(default)]
@@ -247,15 +253,17 @@ struct RawModel {
     byte_fallback: bool,
     #[serde(default)]
     ignore_merges: bool,
-    vocab: HashMap<String, u32>,
-    merges: Vec<RawMerge>,
+    #[serde(borrow)]
+    vocab: StrMap<'a>,
+    #[serde(borrow)]
+    merges: Vec<RawMerge<'a>>,
 }
 
 #[derive(Deserialize)]
 #[serde(untagged)]
-enum RawMerge {
-    Pair(String, String),
-    Joined(String),
+enum RawMerge<'a> {
+    Pair(#[serde(borrow)] Text<'a>, #[serde(borrow)] Text<'a>),
+    Joined(#[serde(borrow)] Text<'a>),
 }
 
 fn load() -> Result<Qwen3, TokenizerError> {
@@ -310,19 +318,23 @@ fn load_from(json: &[u8]) -> Result<Qwen3, TokenizerError> {
     }
     let mut byte_ids = [0u32; 256];
     for (b, c) in alphabet.iter().enumerate() {
-        match m.vocab.get(&c.to_string()) {
+        match m.vocab.get(c.to_string().as_str()) {
             Some(&id) => byte_ids[b] = id,
             None => return Err(err(format!("no token for byte {b:#04x}"))),
         }
     }
     let mut merges = PairMap::with_capacity_and_hasher(m.merges.len(), Default::default());
+    let mut joined = String::new();
     for (rank, merge) in m.merges.iter().enumerate() {
         let (a, b) = match merge {
-            RawMerge::Pair(a, b) => (a.as_str(), b.as_str()),
+            RawMerge::Pair(a, b) => (a.as_ref(), b.as_ref()),
             RawMerge::Joined(s) => s.split_once(' ').ok_or_else(|| err(format!("merge {s:?} is not a pair")))?,
         };
         let id = |t: &str| m.vocab.get(t).copied().ok_or_else(|| err(format!("merge token {t:?} is not in the vocabulary")));
-        let new_id = id(&format!("{a}{b}"))?;
+        joined.clear();
+        joined.push_str(a);
+        joined.push_str(b);
+        let new_id = id(&joined)?;
         // Later duplicates win, as in `tokenizers` (the map is collected in order).
         merges.insert((id(a)?, id(b)?), (rank as u32, new_id));
     }

@@ -1,7 +1,17 @@
 //! Token counting, Qwen3's chat template and prefix-block hashing with Qwen3's own tokenizer:
 //! the byte-level BPE of `runtime/data/qwen3-tokenizer/tokenizer.json` (151,643 vocabulary
-//! entries and 26 added tokens, NFC-normalised input), loaded offline with Hugging Face's
-//! `tokenizers` crate, so counts are the ones a Qwen3 vLLM server reports.
+//! entries and 26 added tokens, NFC-normalised input), so counts are the ones a Qwen3 vLLM
+//! server reports.
+//!
+//! The pipeline is Hugging Face `tokenizers`' for this file, re-implemented for speed (the
+//! crate's fancy-regex pre-tokenizer and offset bookkeeping were most of a simulation's time):
+//! split off added tokens (leftmost-longest, on the raw text), NFC-normalise the rest, split it
+//! with a hand-written matcher of the file's pre-tokenizer regex (its `\p{L}`, `\p{N}` and `\s`
+//! classes taken from `regex-syntax`, the tables the regex engines use), map bytes through
+//! GPT-2's alphabet and apply the merges by rank (lowest rank first, leftmost on ties, as
+//! `tokenizers`' `Word::merge_all`). Loading checks that the file's normalizer, pre-tokenizer
+//! and model are the ones implemented here. `tokenizers` itself is the reference of the tests
+//! (every dataset text the bundled workflows use, and adversarial strings), not a dependency.
 //!
 //! The file is embedded in the binary (`include_bytes!`): a moved binary or a `switchyard
 //! emulate` child process counts the same, and there is no file to miss at run time. It is
@@ -24,11 +34,12 @@
 //!
 //! Depends on nothing else in the crate.
 
-use std::collections::HashMap;
-use std::hash::{DefaultHasher, Hash, Hasher};
+use std::collections::{BinaryHeap, HashMap};
+use std::hash::{BuildHasherDefault, DefaultHasher, Hash, Hasher};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use tokenizers::Tokenizer;
+use serde::Deserialize;
+use unicode_normalization_alignments::{IsNormalized, UnicodeNormalization, is_nfc_quick};
 
 /// Where the embedded tokenizer comes from (repository path), for error messages.
 pub const TOKENIZER_PATH: &str = "runtime/data/qwen3-tokenizer/tokenizer.json";
@@ -44,6 +55,9 @@ const CHAT_GENERATION: &str = "<|im_end|>\n<|im_start|>assistant\n";
 /// What the template adds after the generation prompt when `enable_thinking` is false.
 const EMPTY_THINK: &str = "<think>\n\n</think>\n\n";
 
+/// The pre-tokenizer's split pattern this module implements (Qwen2/Qwen3's), `Isolated`.
+const SPLIT_PATTERN: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
 /// The tokenizer failed to load.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum TokenizerError {
@@ -51,14 +65,131 @@ pub enum TokenizerError {
     Load { path: &'static str, reason: String },
 }
 
-/// The loaded tokenizer and, per token id, the bytes it stands for.
+/// A fast hasher for the merge table's (id, id) keys (FxHash's multiply-rotate).
+#[derive(Default)]
+struct PairHasher(u64);
+
+impl Hasher for PairHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+    fn write_u32(&mut self, i: u32) {
+        self.write_u64(u64::from(i));
+    }
+    fn write_u64(&mut self, i: u64) {
+        self.0 = (self.0.rotate_left(5) ^ i).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+}
+
+type PairMap = HashMap<(u32, u32), (u32, u32), BuildHasherDefault<PairHasher>>;
+
+/// Character classes of the split pattern, from `regex-syntax` (sorted, disjoint ranges).
+struct Classes {
+    letter: Vec<(char, char)>,
+    number: Vec<(char, char)>,
+    space: Vec<(char, char)>,
+    /// `(?i:x)` for each letter of the contractions: the characters that match it.
+    folds: Vec<(char, Vec<(char, char)>)>,
+}
+
+fn class_ranges(pattern: &str) -> Result<Vec<(char, char)>, String> {
+    use regex_syntax::hir::{Class, HirKind};
+    let hir = regex_syntax::Parser::new().parse(pattern).map_err(|e| e.to_string())?;
+    match hir.kind() {
+        HirKind::Class(Class::Unicode(c)) => Ok(c.ranges().iter().map(|r| (r.start(), r.end())).collect()),
+        other => Err(format!("{pattern} is not a Unicode class: {other:?}")),
+    }
+}
+
+fn in_ranges(ranges: &[(char, char)], c: char) -> bool {
+    ranges
+        .binary_search_by(|&(lo, hi)| {
+            if hi < c {
+                std::cmp::Ordering::Less
+            } else if lo > c {
+                std::cmp::Ordering::Greater
+            } else {
+                std::cmp::Ordering::Equal
+            }
+        })
+        .is_ok()
+}
+
+/// Class of a character for the split pattern.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Cls {
+    /// `\p{L}`.
+    Letter,
+    /// `\p{N}`.
+    Number,
+    /// `\r` or `\n` (also `\s`).
+    Newline,
+    /// `\s` other than `\r`, `\n`.
+    Space,
+    /// Anything else (`[^\s\p{L}\p{N}]`).
+    Other,
+}
+
+impl Classes {
+    fn load() -> Result<Self, String> {
+        let folds = "strevmld"
+            .chars()
+            .map(|c| Ok((c, class_ranges(&format!("(?i:[{c}])"))?)))
+            .collect::<Result<_, String>>()?;
+        Ok(Classes {
+            letter: class_ranges(r"\p{L}")?,
+            number: class_ranges(r"\p{N}")?,
+            space: class_ranges(r"\s")?,
+            folds,
+        })
+    }
+
+    /// Whether `x` matches `letter` case-insensitively (`(?i)`, Unicode simple case folding).
+    fn folds_to(&self, x: Option<char>, letter: char) -> bool {
+        let Some(x) = x else { return false };
+        self.folds.iter().find(|(l, _)| *l == letter).is_some_and(|(_, ranges)| in_ranges(ranges, x))
+    }
+
+    #[inline]
+    fn of(&self, c: char) -> Cls {
+        if c.is_ascii() {
+            return match c as u8 {
+                b'a'..=b'z' | b'A'..=b'Z' => Cls::Letter,
+                b'0'..=b'9' => Cls::Number,
+                b'\r' | b'\n' => Cls::Newline,
+                b'\t' | 0x0b | 0x0c | b' ' => Cls::Space,
+                _ => Cls::Other,
+            };
+        }
+        if in_ranges(&self.letter, c) {
+            Cls::Letter
+        } else if in_ranges(&self.number, c) {
+            Cls::Number
+        } else if in_ranges(&self.space, c) {
+            Cls::Space
+        } else {
+            Cls::Other
+        }
+    }
+}
+
+/// The loaded tokenizer.
 struct Qwen3 {
-    tokenizer: Tokenizer,
+    /// Merges: (left id, right id) → (rank, merged id).
+    merges: PairMap,
     /// Bytes of each id (byte-level BPE tokens mapped back through GPT-2's byte alphabet;
     /// added tokens as their content).
     bytes: Vec<Box<[u8]>>,
-    /// The id of each single-byte token (the fallback encoding).
+    /// The id of each single-byte token (the BPE's initial symbols).
     byte_ids: [u32; 256],
+    /// Added tokens (content, id), all matched on the raw text.
+    added: Vec<(String, u32)>,
+    classes: Classes,
 }
 
 /// GPT-2's byte-level alphabet: the printable character standing for each byte.
@@ -78,49 +209,136 @@ fn byte_alphabet() -> [char; 256] {
     out
 }
 
+#[derive(Deserialize)]
+struct RawFile<'a> {
+    added_tokens: Vec<RawAdded>,
+    normalizer: serde_json::Value,
+    pre_tokenizer: serde_json::Value,
+    #[serde(borrow)]
+    model: RawModel<'a>,
+}
+
+#[derive(Deserialize)]
+struct RawAdded {
+    id: u32,
+    content: String,
+    #[serde(default)]
+    single_word: bool,
+    #[serde(default)]
+    lstrip: bool,
+    #[serde(default)]
+    rstrip: bool,
+    #[serde(default)]
+    normalized: bool,
+}
+
+/// A string of the file, borrowed when it has no escapes.
+type Text<'a> = std::borrow::Cow<'a, str>;
+
+type StrMap<'a> = HashMap<Text<'a>, u32, BuildHasherDefault<PairHasher>>;
+
+#[derive(Deserialize)]
+struct RawModel<'a> {
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(default)]
+    dropout: Option<f64>,
+    #[serde(default)]
+    continuing_subword_prefix: Option<String>,
+    #[serde(default)]
+    end_of_word_suffix: Option<String>,
+    #[serde(default)]
+    byte_fallback: bool,
+    #[serde(default)]
+    ignore_merges: bool,
+    #[serde(borrow)]
+    vocab: StrMap<'a>,
+    #[serde(borrow)]
+    merges: Vec<RawMerge<'a>>,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum RawMerge<'a> {
+    Pair(#[serde(borrow)] Text<'a>, #[serde(borrow)] Text<'a>),
+    Joined(#[serde(borrow)] Text<'a>),
+}
+
 fn load() -> Result<Qwen3, TokenizerError> {
     load_from(TOKENIZER_JSON)
 }
 
 fn load_from(json: &[u8]) -> Result<Qwen3, TokenizerError> {
     let err = |reason: String| TokenizerError::Load { path: TOKENIZER_PATH, reason };
-    let tokenizer = Tokenizer::from_bytes(json).map_err(|e| err(e.to_string()))?;
+    let raw: RawFile = serde_json::from_slice(json).map_err(|e| err(e.to_string()))?;
+    // Only the configuration implemented below is accepted.
+    if raw.normalizer != serde_json::json!({"type": "NFC"}) {
+        return Err(err(format!("normalizer {} is not NFC", raw.normalizer)));
+    }
+    let expected_pre = serde_json::json!({"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": SPLIT_PATTERN}, "behavior": "Isolated", "invert": false},
+        {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false}]});
+    if raw.pre_tokenizer != expected_pre {
+        return Err(err(format!("pre-tokenizer {} is not Qwen3's", raw.pre_tokenizer)));
+    }
+    let m = &raw.model;
+    let plain = m.kind == "BPE"
+        && m.dropout.is_none()
+        && m.continuing_subword_prefix.as_deref().unwrap_or("").is_empty()
+        && m.end_of_word_suffix.as_deref().unwrap_or("").is_empty()
+        && !m.byte_fallback
+        && !m.ignore_merges;
+    if !plain {
+        return Err(err("the model is not a plain byte-level BPE".into()));
+    }
+    if let Some(a) = raw.added_tokens.iter().find(|a| a.single_word || a.lstrip || a.rstrip || a.normalized) {
+        return Err(err(format!("added token {:?} has options this tokenizer does not implement", a.content)));
+    }
     let alphabet = byte_alphabet();
     let mut char_byte: HashMap<char, u8> = HashMap::with_capacity(256);
     for (b, c) in alphabet.iter().enumerate() {
         char_byte.insert(*c, b as u8);
     }
-    let added = tokenizer.get_added_tokens_decoder();
-    let n = tokenizer.get_vocab_size(true) as u32;
-    let mut bytes = Vec::with_capacity(n as usize);
-    for id in 0..n {
-        let b: Box<[u8]> = if let Some(t) = added.get(&id) {
-            t.content.as_bytes().into()
-        } else {
-            match tokenizer.id_to_token(id) {
-                Some(tok) => {
-                    let mut v = Vec::with_capacity(tok.len());
-                    for c in tok.chars() {
-                        match char_byte.get(&c) {
-                            Some(b) => v.push(*b),
-                            None => return Err(err(format!("token {id} ({tok:?}) is not byte-level"))),
-                        }
-                    }
-                    v.into()
-                }
-                None => Box::default(),
+    let n = m.vocab.values().copied().chain(raw.added_tokens.iter().map(|a| a.id)).max().map_or(0, |x| x + 1);
+    let mut bytes: Vec<Box<[u8]>> = vec![Box::default(); n as usize];
+    for (tok, &id) in &m.vocab {
+        let mut v = Vec::with_capacity(tok.len());
+        for c in tok.chars() {
+            match char_byte.get(&c) {
+                Some(b) => v.push(*b),
+                None => return Err(err(format!("token {id} ({tok:?}) is not byte-level"))),
             }
-        };
-        bytes.push(b);
+        }
+        bytes[id as usize] = v.into();
+    }
+    for a in &raw.added_tokens {
+        bytes[a.id as usize] = a.content.as_bytes().into();
     }
     let mut byte_ids = [0u32; 256];
     for (b, c) in alphabet.iter().enumerate() {
-        match tokenizer.token_to_id(&c.to_string()) {
-            Some(id) => byte_ids[b] = id,
+        match m.vocab.get(c.to_string().as_str()) {
+            Some(&id) => byte_ids[b] = id,
             None => return Err(err(format!("no token for byte {b:#04x}"))),
         }
     }
-    Ok(Qwen3 { tokenizer, bytes, byte_ids })
+    let mut merges = PairMap::with_capacity_and_hasher(m.merges.len(), Default::default());
+    let mut joined = String::new();
+    for (rank, merge) in m.merges.iter().enumerate() {
+        let (a, b) = match merge {
+            RawMerge::Pair(a, b) => (a.as_ref(), b.as_ref()),
+            RawMerge::Joined(s) => s.split_once(' ').ok_or_else(|| err(format!("merge {s:?} is not a pair")))?,
+        };
+        let id = |t: &str| m.vocab.get(t).copied().ok_or_else(|| err(format!("merge token {t:?} is not in the vocabulary")));
+        joined.clear();
+        joined.push_str(a);
+        joined.push_str(b);
+        let new_id = id(&joined)?;
+        // Later duplicates win, as in `tokenizers` (the map is collected in order).
+        merges.insert((id(a)?, id(b)?), (rank as u32, new_id));
+    }
+    let added = raw.added_tokens.iter().map(|a| (a.content.clone(), a.id)).collect();
+    let classes = Classes::load().map_err(err)?;
+    Ok(Qwen3 { merges, bytes, byte_ids, added, classes })
 }
 
 fn qwen3() -> Result<&'static Qwen3, TokenizerError> {
@@ -142,6 +360,241 @@ pub fn check() -> Result<(), TokenizerError> {
     qwen3().map(|_| ())
 }
 
+/// One entry of the merge queue: lowest rank first, then leftmost (`tokenizers`' `Merge`).
+#[derive(PartialEq, Eq)]
+struct Merge {
+    pos: usize,
+    rank: u32,
+    new_id: u32,
+}
+
+impl Ord for Merge {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        other.rank.cmp(&self.rank).then_with(|| other.pos.cmp(&self.pos))
+    }
+}
+
+impl PartialOrd for Merge {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+#[derive(Clone, Copy)]
+struct Symbol {
+    id: u32,
+    prev: isize,
+    next: isize,
+    /// 0 once merged into its left neighbour.
+    len: usize,
+}
+
+impl Qwen3 {
+    /// The BPE of one pre-token (its bytes), appended to `out`: `tokenizers`' `Word::merge_all`.
+    fn bpe(&self, piece: &[u8], out: &mut Vec<u32>) {
+        if piece.len() == 1 {
+            out.push(self.byte_ids[piece[0] as usize]);
+            return;
+        }
+        let n = piece.len();
+        let mut symbols: Vec<Symbol> = piece
+            .iter()
+            .enumerate()
+            .map(|(i, &b)| Symbol {
+                id: self.byte_ids[b as usize],
+                prev: i as isize - 1,
+                next: if i + 1 < n { i as isize + 1 } else { -1 },
+                len: 1,
+            })
+            .collect();
+        let mut queue: BinaryHeap<Merge> = symbols
+            .windows(2)
+            .enumerate()
+            .filter_map(|(pos, w)| self.merges.get(&(w[0].id, w[1].id)).map(|&(rank, new_id)| Merge { pos, rank, new_id }))
+            .collect();
+        while let Some(top) = queue.pop() {
+            if symbols[top.pos].len == 0 || symbols[top.pos].next == -1 {
+                continue;
+            }
+            let next_pos = symbols[top.pos].next as usize;
+            let right = symbols[next_pos];
+            if self.merges.get(&(symbols[top.pos].id, right.id)).is_none_or(|&(_, id)| id != top.new_id) {
+                continue;
+            }
+            symbols[top.pos].id = top.new_id;
+            symbols[top.pos].len += right.len;
+            symbols[top.pos].next = right.next;
+            symbols[next_pos].len = 0;
+            if right.next > -1 && (right.next as usize) < n {
+                symbols[right.next as usize].prev = top.pos as isize;
+            }
+            let current = symbols[top.pos];
+            if current.prev >= 0 {
+                let prev = current.prev as usize;
+                if let Some(&(rank, new_id)) = self.merges.get(&(symbols[prev].id, current.id)) {
+                    queue.push(Merge { pos: prev, rank, new_id });
+                }
+            }
+            if current.next >= 0 && (current.next as usize) < n {
+                if let Some(&(rank, new_id)) = self.merges.get(&(current.id, symbols[current.next as usize].id)) {
+                    queue.push(Merge { pos: top.pos, rank, new_id });
+                }
+            }
+        }
+        out.extend(symbols.iter().filter(|s| s.len != 0).map(|s| s.id));
+    }
+
+    /// Length in bytes of the pre-token starting at byte `i` of `s` (the split pattern's
+    /// leftmost-first match there; every character is matched by some alternative).
+    fn pre_token_len(&self, s: &str, i: usize) -> usize {
+        let rest = &s[i..];
+        let mut chars = rest.char_indices();
+        let Some((_, c)) = chars.next() else { return 0 };
+        let c_len = c.len_utf8();
+        let cls = self.classes.of(c);
+        let next = rest[c_len..].chars().next();
+        // (?i:'s|'t|'re|'ve|'m|'ll|'d) — with Unicode simple case folding (`ſ` matches `s`).
+        if c == '\'' {
+            let after = &rest[1..];
+            let mut it = after.chars();
+            let first = it.next();
+            let second = it.next();
+            let folds = |x: Option<char>, letter: char| self.classes.folds_to(x, letter);
+            for one in ['s', 't', 'm', 'd'] {
+                if folds(first, one) {
+                    return 1 + first.map_or(0, char::len_utf8);
+                }
+            }
+            for (a, b) in [('r', 'e'), ('v', 'e'), ('l', 'l')] {
+                if folds(first, a) && folds(second, b) {
+                    return 1 + first.map_or(0, char::len_utf8) + second.map_or(0, char::len_utf8);
+                }
+            }
+        }
+        let letters_from = |from: usize| -> usize {
+            // Length of the run of letters starting at byte `from` of `rest`.
+            rest[from..].char_indices().find(|&(_, x)| self.classes.of(x) != Cls::Letter).map_or(rest.len() - from, |(j, _)| j)
+        };
+        // [^\r\n\p{L}\p{N}]?\p{L}+
+        if cls == Cls::Letter {
+            return letters_from(0);
+        }
+        if matches!(cls, Cls::Space | Cls::Other) && next.is_some_and(|x| self.classes.of(x) == Cls::Letter) {
+            return c_len + letters_from(c_len);
+        }
+        // \p{N}
+        if cls == Cls::Number {
+            return c_len;
+        }
+        // ` ?[^\s\p{L}\p{N}]+[\r\n]*`
+        let others_from = |from: usize| -> usize {
+            let run = rest[from..].char_indices().find(|&(_, x)| self.classes.of(x) != Cls::Other).map_or(rest.len() - from, |(j, _)| j);
+            let end = from + run;
+            let newlines = rest.as_bytes()[end..].iter().take_while(|&&b| b == b'\r' || b == b'\n').count();
+            run + newlines
+        };
+        if cls == Cls::Other {
+            return others_from(0);
+        }
+        if c == ' ' && next.is_some_and(|x| self.classes.of(x) == Cls::Other) {
+            return 1 + others_from(1);
+        }
+        // Whitespace: the run starting here.
+        let mut run_end = rest.len();
+        let mut last_newline_end = None;
+        let mut last_char_start = 0;
+        for (j, x) in rest.char_indices() {
+            match self.classes.of(x) {
+                Cls::Newline => last_newline_end = Some(j + 1),
+                Cls::Space => {}
+                _ => {
+                    run_end = j;
+                    break;
+                }
+            }
+            last_char_start = j;
+        }
+        // \s*[\r\n]+ — up to the run's last newline.
+        if let Some(end) = last_newline_end {
+            return end;
+        }
+        // \s+(?!\S) — the whole run at the end of the text, else all but its last character;
+        // \s+ — a single whitespace character before a non-space.
+        if run_end == rest.len() || last_char_start == 0 { run_end } else { last_char_start }
+    }
+
+    /// Encode text without added tokens: NFC, pre-tokenize, BPE (pieces through `cache`).
+    fn encode_plain(&self, text: &str, cache: &mut PieceCache, out: &mut Vec<u32>) {
+        let normalized;
+        let text = if text.is_ascii() || is_nfc_quick(text.chars()) == IsNormalized::Yes {
+            text
+        } else {
+            normalized = text.nfc().map(|(c, _)| c).collect::<String>();
+            normalized.as_str()
+        };
+        let mut i = 0;
+        while i < text.len() {
+            let len = self.pre_token_len(text, i).max(1);
+            let piece = &text.as_bytes()[i..i + len];
+            if piece.len() == 1 {
+                out.push(self.byte_ids[piece[0] as usize]);
+            } else if let Some(ids) = cache.get(piece) {
+                out.extend_from_slice(ids);
+            } else {
+                let start = out.len();
+                self.bpe(piece, out);
+                if cache.len() >= PIECE_CACHE_LIMIT {
+                    cache.clear();
+                }
+                cache.insert(piece.into(), out[start..].into());
+            }
+            i += len;
+        }
+    }
+
+    /// Encode `text`: added tokens split off (leftmost-longest), the rest [`Qwen3::encode_plain`].
+    fn encode(&self, text: &str, cache: &mut PieceCache) -> Vec<u32> {
+        let mut out = Vec::with_capacity(text.len() / 3 + 4);
+        let bytes = text.as_bytes();
+        let mut plain_start = 0;
+        let mut i = 0;
+        // Every added token starts with `<`.
+        while let Some(off) = bytes[i..].iter().position(|&b| b == b'<') {
+            let at = i + off;
+            let best = self
+                .added
+                .iter()
+                .filter(|(content, _)| bytes[at..].starts_with(content.as_bytes()))
+                .max_by_key(|(content, _)| content.len());
+            match best {
+                Some((content, id)) => {
+                    if plain_start < at {
+                        self.encode_plain(&text[plain_start..at], cache, &mut out);
+                    }
+                    out.push(*id);
+                    i = at + content.len();
+                    plain_start = i;
+                }
+                None => i = at + 1,
+            }
+        }
+        if plain_start < text.len() {
+            self.encode_plain(&text[plain_start..], cache, &mut out);
+        }
+        out
+    }
+}
+
+/// Most pre-tokens kept in the piece cache before it is emptied.
+const PIECE_CACHE_LIMIT: usize = 1 << 20;
+
+type PieceCache = HashMap<Box<[u8]>, Box<[u32]>>;
+
+fn piece_cache() -> &'static Mutex<PieceCache> {
+    static PIECES: OnceLock<Mutex<PieceCache>> = OnceLock::new();
+    PIECES.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
 type Cache = Mutex<HashMap<u64, Arc<[u32]>>>;
 
 fn cache() -> &'static Cache {
@@ -156,15 +609,8 @@ fn content_key(text: &str) -> u64 {
 }
 
 fn encode_uncached(t: &Qwen3, text: &str) -> Arc<[u32]> {
-    match t.tokenizer.encode_fast(text, false) {
-        Ok(enc) => enc.get_ids().into(),
-        Err(e) => {
-            // Not expected for a byte-level BPE; keep the run going with a decodable upper
-            // bound (one token per byte) and say so.
-            tracing::warn!("tokenizer failed on a {}-byte text ({e}); counting its bytes", text.len());
-            text.bytes().map(|b| t.byte_ids[b as usize]).collect()
-        }
-    }
+    let mut pieces = piece_cache().lock().unwrap_or_else(|p| p.into_inner());
+    t.encode(text, &mut pieces).into()
 }
 
 /// Encode `text` into token ids (cached by content).
@@ -394,6 +840,108 @@ mod tests {
             let t = truncate(&cjk, n);
             assert!(cjk.starts_with(&t), "{n}: {t:?}");
             assert!(count(&t) <= n);
+        }
+    }
+
+    /// Hugging Face `tokenizers` on the same file: the reference this module re-implements.
+    fn reference() -> &'static tokenizers::Tokenizer {
+        static REFERENCE: OnceLock<tokenizers::Tokenizer> = OnceLock::new();
+        REFERENCE.get_or_init(|| tokenizers::Tokenizer::from_bytes(TOKENIZER_JSON).expect("reference tokenizer"))
+    }
+
+    fn assert_same(text: &str) {
+        let expected = reference().encode_fast(text, false).expect("reference encoding");
+        let ours = tok().encode(text, &mut PieceCache::new());
+        if ours != expected.get_ids() {
+            let at = ours.iter().zip(expected.get_ids()).position(|(a, b)| a != b).unwrap_or(ours.len().min(expected.len()));
+            let from = at.saturating_sub(3);
+            panic!(
+                "{} bytes {:?}…: differ at token {at}: ours {:?} ({:?}), reference {:?} ({:?})",
+                text.len(),
+                text.chars().take(60).collect::<String>(),
+                &ours[from..(at + 3).min(ours.len())],
+                decode(&ours[from..(at + 3).min(ours.len())]),
+                &expected.get_ids()[from..(at + 3).min(expected.len())],
+                decode(&expected.get_ids()[from..(at + 3).min(expected.len())]),
+            );
+        }
+        assert_eq!(&*encode(text), expected.get_ids(), "cached path");
+    }
+
+    fn strings(value: &serde_json::Value, out: &mut Vec<String>) {
+        match value {
+            serde_json::Value::String(s) => out.push(s.clone()),
+            serde_json::Value::Array(items) => items.iter().for_each(|v| strings(v, out)),
+            serde_json::Value::Object(map) => map.values().for_each(|v| strings(v, out)),
+            _ => {}
+        }
+    }
+
+    #[test]
+    fn equals_the_reference_on_every_dataset_text_and_workflow() {
+        let workflows = crate::exec::tests::bundled_workflows();
+        let records = crate::exec::load_records(&workflows).expect("records");
+        let mut texts = Vec::new();
+        for record in records.iter().flatten() {
+            for value in record.values() {
+                strings(value, &mut texts);
+            }
+        }
+        assert!(texts.len() > 1000, "{} texts", texts.len());
+        // The workflow files (prompt templates), whole and line by line.
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../workflows");
+        for f in ["gsm8k.yaml", "mbpp.yaml", "qmsum.yaml", "team.yaml"] {
+            let yaml = std::fs::read_to_string(root.join(f)).expect("workflow file");
+            texts.extend(yaml.lines().map(str::to_string));
+            texts.push(yaml);
+        }
+        for text in &texts {
+            assert_same(text);
+            assert_same(&chat_prompt(text));
+        }
+    }
+
+    #[test]
+    fn equals_the_reference_on_adversarial_strings() {
+        let fixed = [
+            "", " ", "  ", "\n", "\r\n", " \n ", "\n\n  x", "a  \n\t b", "x\u{a0}y", "x \u{a0}y", "\u{3000}漢字",
+            "   \t\t  ", "end   ", "a\u{2028}b\u{2029}c\u{85}d\u{b}e\u{c}f", "1234567890", " 12 345", "x² ½ ⅔ Ⅻ ٣٤ ௰",
+            "I'm you're we've they'll he'd it's don't", "I'M YOU'RE WE'VE THEY'LL HE'D IT'S DON'T", "'s's's", "''s",
+            "'ſ 'ſo 'K 'Kelvin 'ß 'İ", "cafe\u{301} cafe\u{301}s e\u{301}\u{301}", "Å Å Å ﬁ ｆｕｌｌ",
+            "<|im_start|>user\nhi<|im_end|>", "<|im_start|<|im_end|>>", "<think></think><think>", "<|endoftext|x",
+            "<tool_call>{\"a\": 1}</tool_call>", "a<|im_start|>b", "<<|im_end|>", "<|fim_prefix|><|fim_middle|>",
+            "def f(x):\n    return x\n\n\n\tif x:\n\t\tpass\n", "    \n    \n", "x = [1, 2]  # comment\r\n",
+            "!!!???...,,,;;;", " !!!\n\n", "(a)", " (a)", "\t(a)", "a...b", "...\n\nb", "a—b–c", "\"quoted\"",
+            "🙂👩‍💻 🇩🇪 e\u{200d}", "Привет, мир! こんにちは世界 안녕하세요 مرحبا עברית", "ÀÉÎÕÜ àéîõü",
+            "\u{feff}bom", "\u{0}\u{1}\u{1f}\u{7f}", "a\u{1c}b\u{1d}c\u{1e}d\u{1f}e", "{vocalsound} um {disfmarker}",
+        ];
+        for text in fixed {
+            assert_same(text);
+        }
+        // Long runs (whitespace, digits, letters without spaces, punctuation).
+        for n in [1, 2, 3, 17, 300] {
+            for unit in [" ", "\n", "\t", " \n", "7", "ab", "漢", "!", "'s", "é"] {
+                assert_same(&unit.repeat(n));
+                assert_same(&format!("x{}y", unit.repeat(n)));
+            }
+        }
+        // Random strings over an alphabet of the pattern's edge characters.
+        let alphabet: Vec<&str> = vec![
+            " ", "  ", "\n", "\r", "\t", "\u{a0}", "\u{3000}", "a", "Z", "é", "e\u{301}", "漢", "ſ", "K", "'", "s", "t",
+            "re", "LL", "d", "1", "٣", "½", ".", ",", "(", "-", "_", "<", ">", "|", "<|im_end|>", "<think>", "🙂",
+            "\u{200d}", "ß", "İ", "\u{85}", "\u{2028}",
+        ];
+        let mut state: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        for _ in 0..3000 {
+            let len = (next() % 24) as usize;
+            let text: String = (0..len).map(|_| alphabet[(next() % alphabet.len() as u64) as usize]).collect();
+            assert_same(&text);
         }
     }
 

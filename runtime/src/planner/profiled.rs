@@ -56,10 +56,15 @@ impl ProfiledEstimates {
                 kinds.push(g.spec.clone());
             }
         }
-        let mut deps = Vec::new();
+        // One table row per distinct (model, dtype): workflows that deploy the same model share
+        // it (rows are looked up by name, so a repeated row would never be read).
+        let mut deps: Vec<Deployment> = Vec::new();
         for d in deployments {
             let arch = spec::model(&d.model).map_err(|e| PredictorError::ProfileTable(e.to_string()))?;
-            deps.push(Deployment::new(Architecture::from(&arch), d.dtype));
+            let dep = Deployment::new(Architecture::from(&arch), d.dtype);
+            if !deps.iter().any(|x| x.name() == dep.name()) {
+                deps.push(dep);
+            }
         }
         let key: TableKey = (
             estimator.to_string(),
@@ -78,7 +83,13 @@ impl ProfiledEstimates {
                 t
             }
         };
-        let deployment_index = deps.iter().map(|d| table.deployment(&d.name())).collect();
+        let deployment_index = deployments
+            .iter()
+            .map(|d| {
+                let arch = spec::model(&d.model).ok()?;
+                table.deployment(&Deployment::new(Architecture::from(&arch), d.dtype).name())
+            })
+            .collect();
         let device_index = devices.iter().map(|g| table.device(&g.spec.name)).collect();
         Ok(ProfiledEstimates { table, deployment_index, device_index })
     }

@@ -37,7 +37,8 @@
 //!
 //! Depends on `super::{fit, text}`; never reads files.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use serde_json::json;
 
@@ -59,7 +60,7 @@ const W_CARRY: f64 = 0.15;
 /// Bonus for a sentence spoken by someone the query names ("What did Barry Hughes think …").
 const W_SPEAKER: f64 = 0.3;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 enum Section {
     Transcript,
     Previous,
@@ -303,17 +304,58 @@ fn closing_lines(cands: &[Candidate], query: &str) -> Vec<String> {
     lines
 }
 
-/// Extract a summary of `sources` for `query` with close to `target` tokens.
-fn extract(sources: &[(Section, String)], query: &str, target: usize) -> (String, serde_json::Value) {
+/// What [`extract`] computes from the sources and the query alone (not the target length):
+/// the candidates, their ranking and the closing lines.
+struct Ranked {
+    cands: Vec<Candidate>,
+    /// Candidate indices, best first.
+    order: Vec<usize>,
+    closing: Vec<String>,
+}
+
+/// Most rankings kept. Only rankings of pure transcript sources are kept: those recur (every
+/// session of a meeting starts its lanes on the same transcript pieces), sources that hold a
+/// drawn summary rarely do.
+const RANKED_CACHE_LIMIT: usize = 512;
+
+type RankedKey = (Vec<(Section, String)>, String);
+
+/// The ranking of `sources` for `query`, cached by their full content when they are all
+/// transcript.
+fn ranked(sources: &[(Section, String)], query: &str) -> Arc<Ranked> {
+    static CACHE: OnceLock<Mutex<HashMap<RankedKey, Arc<Ranked>>>> = OnceLock::new();
+    let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
+    let cacheable = sources.iter().all(|(section, _)| *section == Section::Transcript);
+    let key: Option<RankedKey> = cacheable.then(|| (sources.to_vec(), query.to_string()));
+    if let Some(k) = &key
+        && let Some(hit) = cache.lock().ok().and_then(|c| c.get(k).cloned())
+    {
+        return hit;
+    }
     let cands = candidates(sources);
     let q = content_words(query);
     let s = scores(&cands, &q);
     let mut order: Vec<usize> = (0..cands.len()).collect();
     order.sort_by(|&a, &b| s[b].total_cmp(&s[a]).then(a.cmp(&b)));
+    let closing = closing_lines(&cands, query);
+    let ranked = Arc::new(Ranked { cands, order, closing });
+    if let (Some(k), Ok(mut c)) = (key, cache.lock()) {
+        if c.len() >= RANKED_CACHE_LIMIT {
+            c.clear();
+        }
+        c.insert(k, Arc::clone(&ranked));
+    }
+    ranked
+}
+
+/// Extract a summary of `sources` for `query` with close to `target` tokens.
+fn extract(sources: &[(Section, String)], query: &str, target: usize) -> (String, serde_json::Value) {
+    let ranked = ranked(sources, query);
+    let Ranked { cands, order, closing } = &*ranked;
     // Greedy selection by rank within the token budget, emitted in source order.
     let mut chosen = Vec::new();
     let mut used = 0usize;
-    for &i in &order {
+    for &i in order {
         if target.saturating_sub(used) < 3 {
             break;
         }
@@ -325,7 +367,6 @@ fn extract(sources: &[(Section, String)], query: &str, target: usize) -> (String
     }
     chosen.sort_unstable();
     let rest: Vec<usize> = order.iter().copied().filter(|i| !chosen.contains(i)).collect();
-    let closing = closing_lines(&cands, query);
     let mut last_speaker: Option<&str> = None;
     let text = fit_marked("", "", target, "…", &mut |i| {
         let sep = if i == 0 { "" } else { " " };

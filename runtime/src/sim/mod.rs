@@ -23,7 +23,7 @@ use std::sync::Arc;
 
 use switchyard_emulator::{EmulatedReplica, EngineEvent, EngineRequest, ServingConfig, WeightSource};
 use switchyard_predictor::{Dtype, spec};
-use switchyard_tools::modeled_duration_s;
+use switchyard_tools::{ToolCall, modeled_duration_s};
 use thiserror::Error;
 
 use crate::exec::graph_info::NodeInfo;
@@ -38,6 +38,7 @@ use crate::planner::{
 use crate::report::{DeviceTimeline, RunReport, Segment, SegmentKind, SessionToolLog, round3};
 use crate::session::Session;
 use crate::values::{NodeOutput, derive_seed};
+use crate::workflow::NodeKind;
 use toolpool::{ToolJob, ToolPool};
 
 /// Errors that stop a simulation (a failing *session* is not one: it is reported).
@@ -167,6 +168,8 @@ struct Sim<'a> {
     /// Outputs in the agent framework's hands, delivered by [`SimEvent::Handoff`].
     handoffs: BTreeMap<ActivationId, NodeOutput>,
     handoff_s: f64,
+    /// Per workflow: whether it has a tool node (only then are tool calls prefetched).
+    has_tools: Vec<bool>,
     timelines: Vec<DeviceTimeline>,
     /// (model, dtype, device) whose weights were read before in this run: later loads read
     /// them from the page cache, the first from disk. (Per device: the emulated pool has no
@@ -271,6 +274,11 @@ impl<'a> Sim<'a> {
             tool_jobs: BTreeMap::new(),
             handoffs: BTreeMap::new(),
             handoff_s: cfg.handoff_s,
+            has_tools: cfg
+                .workflows
+                .iter()
+                .map(|w| w.nodes.iter().any(|n| matches!(n.kind, NodeKind::Tool(_))))
+                .collect(),
             timelines,
             weights_read: std::collections::BTreeSet::new(),
             work: BTreeMap::new(),
@@ -612,6 +620,7 @@ impl<'a> Sim<'a> {
                 self.report_near_ready(a.session)
             }
             Ready::Llm { item, prepared, node } => {
+                self.prefetch_tools(a, &prepared.output);
                 self.prepared.insert(a, prepared);
                 self.log("ready", TraceLine {
                     session: Some(a.session.0),
@@ -624,6 +633,29 @@ impl<'a> Sim<'a> {
             Ready::Fail(reason) => {
                 self.fail_session(a.session, reason);
                 Ok(())
+            }
+        }
+    }
+
+    /// Start, ahead of time, the tool calls that completing LLM unit `a` with its (already
+    /// drawn) `output` would issue: rendered on a copy of the session, so nothing here changes
+    /// the run; the issued call later joins the prefetched run (see [`ToolPool::prefetch`]).
+    fn prefetch_tools(&self, a: ActivationId, output: &NodeOutput) {
+        let Some(run) = self.sessions.get(a.session.0 as usize).and_then(|r| r.as_ref()) else { return };
+        if !self.has_tools.get(run.record.workflow as usize).copied().unwrap_or(false) {
+            return;
+        }
+        let Some(session) = run.session.as_ref() else { return };
+        let mut copy = session.clone();
+        if copy.mark_running(a.index).is_err() {
+            return;
+        }
+        let Ok(ready) = copy.complete(a.index, output.clone()) else { return };
+        for r in ready {
+            let Some(node) = copy.node_of(r.index) else { continue };
+            let NodeKind::Tool(tool) = &node.kind else { continue };
+            if let Ok(inputs) = copy.render_tool_inputs(r.index) {
+                self.tools.prefetch(ToolCall { tool: tool.tool.clone(), inputs, timeout_s: tool.timeout_s });
             }
         }
     }

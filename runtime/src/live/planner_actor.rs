@@ -39,6 +39,12 @@ use crate::exec::{self, CallRecord, Counters, ReportInput, SessionRecord, TokenW
 use crate::values::Record;
 
 /// The planner actor.
+
+/// The watchdog's least quiet time before it fails units that no device can take (and at
+/// least 3 ticks): a session actor still rendering its next prompt — a long one, under load —
+/// is not a stranded unit, and a real stranding loses nothing by being declared 2 s later.
+const STRANDED_AFTER: Duration = Duration::from_secs(2);
+
 pub struct PlannerActor;
 
 /// Run facts the report repeats.
@@ -132,6 +138,8 @@ pub struct PlannerActorState {
     events: u64,
     last_tick_events: u64,
     quiet_ticks: u32,
+    /// Quiet ticks before the watchdog fails waiting units ([`Self::stranded_after_ticks`]).
+    stranded_after_ticks: u32,
     fatal: Option<String>,
     /// Events not yet handed to the core, and whether a `Flush` is on its way.
     buffer: Vec<Event>,
@@ -187,6 +195,7 @@ impl Actor for PlannerActor {
             events: 0,
             last_tick_events: 0,
             quiet_ticks: 0,
+            stranded_after_ticks: ((STRANDED_AFTER.as_secs_f64() / args.tick.as_secs_f64().max(1e-3)).ceil() as u32).max(3),
             fatal: None,
             buffer: Vec::new(),
             flush_scheduled: false,
@@ -330,7 +339,10 @@ impl PlannerActorState {
                 self.flush_scheduled = false;
                 self.flush(myself).await;
             }
-            PlannerMsg::Tick => self.on_tick(),
+            PlannerMsg::Tick => {
+                self.replan(myself).await;
+                self.on_tick();
+            }
             PlannerMsg::Abort(reason) => self.abort(reason),
             PlannerMsg::WaitDone(port) => {
                 if let Some(f) = &self.fatal {
@@ -741,6 +753,29 @@ impl PlannerActorState {
         }
     }
 
+    /// A control loop re-plans as time passes, not only on events: the core's time-based rules
+    /// (the substrate's upscale delay, lifecycle decisions that wait for a cost to pay off)
+    /// must get their chance while queued work waits and no event comes — the simulator's
+    /// core sees every distinct virtual time that has an event, the live one every tick.
+    async fn replan(&mut self, myself: &ActorRef<PlannerMsg>) {
+        if self.fatal.is_some() || self.shutting_down || !self.buffer.is_empty() || self.planner.state().queue().is_empty() {
+            return;
+        }
+        let now = self.ctx.clock.now();
+        match self.planner.handle_all(Vec::new(), now) {
+            Ok(commands) => {
+                if !commands.is_empty() {
+                    // Progress: the watchdog must not count this tick as quiet.
+                    self.events += 1;
+                }
+                for c in commands {
+                    self.execute(myself, c).await;
+                }
+            }
+            Err(e) => self.set_fatal(format!("the planner rejected a tick: {e}")),
+        }
+    }
+
     /// Watchdog: once every session has arrived and nothing runs, loads or gets reported for a
     /// few ticks while units still wait, those units can never be placed: fail their sessions
     /// (as the simulator does when its event queue runs dry).
@@ -760,7 +795,7 @@ impl PlannerActorState {
             return;
         }
         self.quiet_ticks += 1;
-        if self.quiet_ticks < 3 {
+        if self.quiet_ticks < self.stranded_after_ticks {
             return;
         }
         self.quiet_ticks = 0;

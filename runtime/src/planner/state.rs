@@ -428,6 +428,11 @@ impl PlannerState {
             kv_tokens: u64::from(item.envelope.0) + u64::from(item.envelope.1),
         });
         out.push(Command::Dispatch { activation, replica });
+        // A fused successor admitted elsewhere leaves its chain's hold with nothing to take it
+        // over: release it, or the held replica stays leased (unreclaimable) for good.
+        if let Some(p) = chain_prev.filter(|p| self.holds.get(p).is_some_and(|rid| *rid != replica)) {
+            self.release_hold(p, now);
+        }
         Ok(())
     }
 
@@ -584,5 +589,39 @@ mod tests {
         s.observe(Event::ReplicaLoadFailed { replica: r, reason: "no KV".into() }, 1.0).unwrap();
         assert!(!s.eligible(DeploymentId(0), DeviceId(0)));
         assert_eq!(s.free_bytes(DeviceId(0)), 40 << 30);
+    }
+
+    #[test]
+    fn a_fused_successor_admitted_elsewhere_releases_its_chains_hold() {
+        // Two devices, one replica each; link 1 of a chain finishes on replica A (its lease is
+        // held for link 2), link 2 is admitted on replica B: A must become reclaimable.
+        let mut s = state();
+        let devices = vec![
+            DeviceInfo { id: DeviceId(0), spec: spec::device("A100-40GB").unwrap() },
+            DeviceInfo { id: DeviceId(1), spec: spec::device("A100-40GB").unwrap() },
+        ];
+        s = PlannerState::new(devices, s.deployments.clone());
+        s.set_fusion(true);
+        let mut out = Vec::new();
+        let a = s.issue_load(DeploymentId(0), DeviceId(0), 0.0, &mut out).unwrap();
+        let b = s.issue_load(DeploymentId(0), DeviceId(1), 0.0, &mut out).unwrap();
+        s.observe(Event::ReplicaLoaded { replica: a }, 1.0).unwrap();
+        s.observe(Event::ReplicaLoaded { replica: b }, 1.0).unwrap();
+        let first = WorkItem { chain_next: true, ..item(1) };
+        let second = WorkItem {
+            activation: ActivationId { session: SessionId(1), index: 1 },
+            chain_prev: Some(first.activation),
+            ..item(1)
+        };
+        s.observe(Event::UnitReady(first.clone()), 1.0).unwrap();
+        s.issue_dispatch(first.activation, a, 1.0, &mut out).unwrap();
+        s.observe(Event::UnitFinished { activation: first.activation, replica: a, output_tokens: 5 }, 2.0).unwrap();
+        assert_eq!(s.hold_of(first.activation), Some(a));
+        assert!(s.issue_unload(a, &mut out).is_err(), "held for the successor");
+        s.observe(Event::UnitReady(second.clone()), 2.0).unwrap();
+        s.issue_dispatch(second.activation, b, 2.0, &mut out).unwrap();
+        assert_eq!(s.hold_of(first.activation), None);
+        assert!(s.replica(a).is_some_and(|r| r.leases.is_empty()));
+        s.issue_unload(a, &mut out).unwrap();
     }
 }

@@ -511,35 +511,12 @@ impl EmulatedReplica {
     /// vLLM V1's `Scheduler.schedule` (FCFS): running requests first (decodes and the rest of
     /// chunked prefills), then waiting requests into the remaining token budget.
     fn schedule_chunked(&mut self, now: f64) -> BatchSummary {
-        let bs = self.config.block_size;
-        let caching = self.config.enable_prefix_caching;
         let mut budget = self.config.max_num_batched_tokens;
         let mut batch = BatchSummary::default();
         let mut preempted = false;
 
         // 1. Running requests, in admission order.
-        let mut i = 0;
-        while i < self.running.len() && budget > 0 {
-            let slot = self.running[i];
-            let Some(seq) = self.seqs[slot].as_ref() else {
-                break;
-            };
-            let context = seq.num_computed;
-            let tokens = (seq.seq_len() - context).min(budget);
-            if !self.grow_or_preempt(slot, context + tokens, now, &mut preempted) {
-                break;
-            }
-            let Some(seq) = self.seqs[slot].as_mut() else {
-                break;
-            };
-            seq.scheduled = tokens;
-            if caching {
-                register_full_blocks(&mut self.pool, seq, bs);
-            }
-            budget -= tokens;
-            batch.add_chunk(tokens, context);
-            i += 1;
-        }
+        self.schedule_running(&mut budget, now, &mut batch, &mut preempted);
 
         // 2. Waiting requests, FCFS, unless this step preempted (V1 admits nothing then) —
         // except when the batch would otherwise be empty.
@@ -564,8 +541,6 @@ impl EmulatedReplica {
     /// preempted by recompute (`_schedule_running`, `PreemptionMode.RECOMPUTE` for a
     /// single-sequence group) and goes back to the head of the waiting queue.
     fn schedule_prefill_first(&mut self, now: f64) -> BatchSummary {
-        let bs = self.config.block_size;
-        let caching = self.config.enable_prefix_caching;
         let mut budget = self.config.max_num_batched_tokens;
         let mut batch = BatchSummary::default();
         let watermark = (f64::from(self.pool.total()) * V0_WATERMARK).floor() as u32;
@@ -584,15 +559,25 @@ impl EmulatedReplica {
         }
 
         let mut preempted = false;
+        self.schedule_running(&mut budget, now, &mut batch, &mut preempted);
+        batch
+    }
+
+    /// Both engines' pass over the running requests, in admission order: each gets the rest
+    /// of its uncomputed sequence within `budget` (a decode: one token), growing its blocks or
+    /// preempting the most recent request (`preempted` set); stops at the first that cannot.
+    fn schedule_running(&mut self, budget: &mut u32, now: f64, batch: &mut BatchSummary, preempted: &mut bool) {
+        let bs = self.config.block_size;
+        let caching = self.config.enable_prefix_caching;
         let mut i = 0;
-        while i < self.running.len() && budget > 0 {
+        while i < self.running.len() && *budget > 0 {
             let slot = self.running[i];
             let Some(seq) = self.seqs[slot].as_ref() else {
                 break;
             };
             let context = seq.num_computed;
-            let tokens = (seq.seq_len() - context).min(budget);
-            if !self.grow_or_preempt(slot, context + tokens, now, &mut preempted) {
+            let tokens = (seq.seq_len() - context).min(*budget);
+            if !self.grow_or_preempt(slot, context + tokens, now, preempted) {
                 break;
             }
             let Some(seq) = self.seqs[slot].as_mut() else {
@@ -602,11 +587,10 @@ impl EmulatedReplica {
             if caching {
                 register_full_blocks(&mut self.pool, seq, bs);
             }
-            budget -= tokens;
+            *budget -= tokens;
             batch.add_chunk(tokens, context);
             i += 1;
         }
-        batch
     }
 
     /// Gives the running request in `slot` the blocks for `tokens` tokens, preempting the most

@@ -339,10 +339,7 @@ impl PlannerActorState {
                 self.flush_scheduled = false;
                 self.flush(myself).await;
             }
-            PlannerMsg::Tick => {
-                self.replan(myself).await;
-                self.on_tick();
-            }
+            PlannerMsg::Tick => self.on_tick(),
             PlannerMsg::Abort(reason) => self.abort(reason),
             PlannerMsg::WaitDone(port) => {
                 if let Some(f) = &self.fatal {
@@ -750,29 +747,6 @@ impl PlannerActorState {
             result: SessionResult { session, workflow, record, final_output: None, score: None, failed },
             calls: Vec::new(),
             timings: Vec::new(),
-        }
-    }
-
-    /// A control loop re-plans as time passes, not only on events: the core's time-based rules
-    /// (the substrate's upscale delay, lifecycle decisions that wait for a cost to pay off)
-    /// must get their chance while queued work waits and no event comes — the simulator's
-    /// core sees every distinct virtual time that has an event, the live one every tick.
-    async fn replan(&mut self, myself: &ActorRef<PlannerMsg>) {
-        if self.fatal.is_some() || self.shutting_down || !self.buffer.is_empty() || self.planner.state().queue().is_empty() {
-            return;
-        }
-        let now = self.ctx.clock.now();
-        match self.planner.handle_all(Vec::new(), now) {
-            Ok(commands) => {
-                if !commands.is_empty() {
-                    // Progress: the watchdog must not count this tick as quiet.
-                    self.events += 1;
-                }
-                for c in commands {
-                    self.execute(myself, c).await;
-                }
-            }
-            Err(e) => self.set_fatal(format!("the planner rejected a tick: {e}")),
         }
     }
 

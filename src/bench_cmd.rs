@@ -151,6 +151,10 @@ fn motivation(args: MotivationArgs) -> Result<()> {
     if args.sessions == 0 || args.repetitions == 0 {
         bail!("--sessions and --repetitions must be at least 1 (got {} and {})", args.sessions, args.repetitions);
     }
+    let max = switchyard_runtime::exec::preflight::MAX_SESSIONS;
+    if args.sessions > max || args.mbpp_sessions > max {
+        bail!("--sessions and --mbpp-sessions must be at most {max} (got {} and {})", args.sessions, args.mbpp_sessions);
+    }
     let wf = |name: &str| -> Result<Arc<WorkflowSpec>> {
         let path = args.pool.parent().and_then(|p| p.parent()).map(|d| d.join(name)).unwrap_or_else(|| PathBuf::from(name));
         let path = if path.is_file() { path } else { PathBuf::from("workflows").join(name) };

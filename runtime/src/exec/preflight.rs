@@ -52,6 +52,11 @@ pub enum FitRule {
 /// Check `cfg` before any session starts.
 pub fn check(cfg: &RunConfig, rule: FitRule) -> Result<(), PreflightError> {
     let mut problems = flag_problems(cfg.sessions, cfg.max_num_seqs, cfg.tool_workers, cfg.arrival);
+    for (w, &n) in cfg.session_counts.iter().enumerate() {
+        if n > MAX_SESSIONS {
+            problems.push(format!("sessions of workflow {}: {n} is out of range (0 to {MAX_SESSIONS})", w + 1));
+        }
+    }
     if !(cfg.handoff_s.is_finite() && (0.0..=3600.0).contains(&cfg.handoff_s)) {
         problems.push(format!("--handoff-delay: {} must be a number of seconds from 0 to 3600", cfg.handoff_s));
     }
@@ -253,6 +258,9 @@ nodes:
         assert!(check(&c, FitRule::EmulatedEngine).is_err());
         c.handoff_s = 0.0;
         assert_eq!(check(&c, FitRule::EmulatedEngine), Ok(()));
+        c.session_counts = vec![MAX_SESSIONS + 1];
+        let e = check(&c, FitRule::EmulatedEngine).err().map(|e| e.problems).unwrap_or_default();
+        assert!(e.len() == 1 && e[0].starts_with("sessions of workflow 1:"), "{e:?}");
     }
 
     #[test]

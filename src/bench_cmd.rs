@@ -131,6 +131,10 @@ pub struct MotivationArgs {
     /// Repetitions (engine-noise seeds 0..R); GPU time is summed over them, as the paper's.
     #[arg(long, default_value_t = 3)]
     pub repetitions: u64,
+    /// How each repetition's sessions arrive: `burst` or `poisson:RATE` (sessions per second,
+    /// per workflow).
+    #[arg(long, default_value_t = motivation::ARRIVAL)]
+    pub arrival: switchyard_runtime::exec::Arrival,
     /// Pool file; default `workflows/pools/small.yaml`.
     #[arg(long, default_value = "workflows/pools/small.yaml")]
     pub pool: PathBuf,
@@ -168,6 +172,7 @@ fn motivation(args: MotivationArgs) -> Result<()> {
         sessions: args.sessions,
         mbpp_sessions: args.mbpp_sessions,
         repetitions: args.repetitions,
+        arrival: args.arrival,
         seed: args.seed,
         predictor: args.predictor.clone(),
         substrate: Default::default(),

@@ -17,7 +17,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand};
 use comfy_table::{Table, presets::UTF8_FULL_CONDENSED};
 use switchyard_runtime::exec::{self, Arrival, PoolSpec, RunConfig};
-use switchyard_runtime::planner::{JointOptions, POLICIES, Substrate};
+use switchyard_runtime::planner::{JointOptions, POLICIES, Reclaim, Substrate};
 use switchyard_runtime::report::{RunReport, timeline};
 use switchyard_runtime::sim::{self, Flow};
 use switchyard_runtime::workflow::{WorkflowSpec, load_workflow};
@@ -133,6 +133,11 @@ struct RunArgs {
     /// Substrate: … for at least this many seconds (Ray Serve's default upscale_delay_s).
     #[arg(long, default_value_t = switchyard_runtime::planner::substrate::RAY_SERVE_UPSCALE_DELAY_S)]
     upscale_delay: f64,
+    /// Substrate: reclaim idle replicas by vLLM sleep mode instead of unloading them (level 1
+    /// where the node's host memory holds the weights, else level 2); a later load of the same
+    /// model on that GPU wakes it. Every policy's substrate; off by default (paper 003's).
+    #[arg(long)]
+    sleep: bool,
     /// Seconds the agent framework takes to hand a finished call's output to the next call
     /// (simulator; MAFBench's LangGraph overhead by default). The replica is free meanwhile.
     #[arg(long, default_value_t = switchyard_runtime::exec::FRAMEWORK_HANDOFF_S)]
@@ -335,6 +340,7 @@ fn run(args: RunArgs) -> Result<RunEnd> {
             replica_cap: args.replica_cap,
             scale_out_waiting: args.scale_out_waiting,
             upscale_delay_s: args.upscale_delay,
+            reclaim: if args.sleep { Reclaim::Sleep } else { Reclaim::Unload },
         },
         session_counts: Vec::new(),
         handoff_s: args.handoff_delay,
@@ -484,8 +490,8 @@ fn print_tables(r: &RunReport, wall: f64) {
         g.total(), g.generation, g.idle_resident, g.loading, g.other
     );
     println!(
-        "loads {} · evictions {} · LLM calls {} · tool calls {} · prompt tokens {} ({} from prefix cache) · generated tokens {} · preemptions {}",
-        r.loads, r.evictions, r.llm_calls, r.tool_calls, r.prompt_tokens, r.cached_prompt_tokens, r.generated_tokens, r.preemptions
+        "loads {} · evictions {} · sleeps {} · wakes {} · LLM calls {} · tool calls {} · prompt tokens {} ({} from prefix cache) · generated tokens {} · preemptions {}",
+        r.loads, r.evictions, r.sleeps, r.wakes, r.llm_calls, r.tool_calls, r.prompt_tokens, r.cached_prompt_tokens, r.generated_tokens, r.preemptions
     );
     for f in &r.failures {
         println!("failed: {f}");

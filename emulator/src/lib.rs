@@ -29,7 +29,7 @@ pub mod replica;
 
 pub use cost::{AttentionKernel, BatchShape, BatchSummary, CostModel, ModelShape, PrefillChunk, iteration_time};
 pub use error::EmulatorError;
-pub use lifecycle::{EngineGeneration, SleepLevel, WeightSource, load_time, load_time_from, sleep_time, wake_time};
+pub use lifecycle::{EngineGeneration, SleepLevel, WeightSource, load_time, load_time_from, sleep_time, teardown_time, wake_time};
 pub use memory::{MemoryPlan, MemoryRequirement, ServingConfig};
 pub use replica::{EmulatedReplica, EngineEvent, EngineRequest, ReplicaState, Telemetry};
 pub use switchyard_predictor::spec::{DeviceSpec, Dtype, ModelArch};

@@ -1,5 +1,6 @@
 //! Durations of the replica's lifecycle transitions: a cold load (weights from the node's page
-//! cache or from disk, plus engine start-up), sleep (vLLM sleep mode level 1 offloads the
+//! cache or from disk, plus engine start-up), teardown (the engine process exits and frees the
+//! device), sleep (vLLM sleep mode level 1 offloads the
 //! weights to host memory, level 2 discards them; both discard the KV cache) and wake (weights
 //! back over the host link, or re-read for level 2, without the process start-up).
 //!
@@ -59,6 +60,20 @@ pub const WAKE_L2_FIXED_S: f64 = 0.55;
 /// blog's level-1 wakes (0.82 s for an 8 GB model, 2.87 s for 61 GB, on PCIe 4.0 hosts):
 /// 0.7 gives 0.56 s and 2.92 s (−32 %, +2 %).
 pub const HOST_LINK_EFFICIENCY: f64 = 0.7;
+
+/// Seconds from an unload request until the device memory is free: the API server asks the
+/// engine-core process to exit (it stops its busy loop, frees the KV cache and the weights,
+/// destroys the CUDA context) and waits for it. Assumed 5.0 s: vLLM's own bound on that wait —
+/// the API server gives the engine core a fixed 5-second shutdown timeout before terminating it
+/// (vllm#31252, vLLM 0.13), and the one published timing, with a KV connector's cleanup
+/// added, is 6.5 s there. No measurement without a connector is published; the planner does
+/// not read this constant.
+pub const ENGINE_TEARDOWN_S: f64 = 5.0;
+
+/// Seconds to tear a replica down and release its device memory.
+pub fn teardown_time() -> f64 {
+    ENGINE_TEARDOWN_S
+}
 
 /// Which vLLM engine serves on a device (paper 003's vLLM 0.10.2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

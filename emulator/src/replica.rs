@@ -40,7 +40,7 @@ use switchyard_predictor::spec::{DeviceSpec, ModelArch};
 use crate::cost::{BatchSummary, CostModel};
 use crate::error::EmulatorError;
 use crate::kv::BlockPool;
-use crate::lifecycle::{SleepLevel, WeightSource, load_time_from, sleep_time, wake_time};
+use crate::lifecycle::{SleepLevel, WeightSource, load_time_from, sleep_time, teardown_time, wake_time};
 use crate::memory::{MemoryPlan, ServingConfig};
 
 /// Standard deviation of the log of the per-iteration engine noise. Vidur's kernel profiles
@@ -112,6 +112,8 @@ pub enum ReplicaState {
     Asleep,
     /// Restoring weights and re-allocating the KV cache.
     Waking { until: f64 },
+    /// The engine process is exiting; its device memory is released when it is gone.
+    TearingDown { until: f64 },
 }
 
 impl fmt::Display for ReplicaState {
@@ -123,6 +125,7 @@ impl fmt::Display for ReplicaState {
             ReplicaState::Sleeping { until } => write!(f, "falling asleep (until {until:.3} s)"),
             ReplicaState::Asleep => write!(f, "asleep"),
             ReplicaState::Waking { until } => write!(f, "waking (until {until:.3} s)"),
+            ReplicaState::TearingDown { until } => write!(f, "tearing down (until {until:.3} s)"),
         }
     }
 }
@@ -329,28 +332,45 @@ impl EmulatedReplica {
         Ok(until)
     }
 
-    /// Completes the pending transition (Loading → Awake, Sleeping → Asleep, Waking → Awake)
-    /// if `now` has reached its completion time; the caller calls it at the time the `begin_*`
-    /// call returned. Returns whether a transition completed.
+    /// Completes the pending transition (Loading → Awake, Sleeping → Asleep, Waking → Awake,
+    /// TearingDown → Cold) if `now` has reached its completion time; the caller calls it at
+    /// the time the `begin_*` call returned. Returns whether a transition completed.
     pub fn finish_transition(&mut self, now: f64) -> bool {
         let (until, next) = match self.state {
             ReplicaState::Loading { until } | ReplicaState::Waking { until } => {
                 (until, ReplicaState::Awake)
             }
             ReplicaState::Sleeping { until } => (until, ReplicaState::Asleep),
+            ReplicaState::TearingDown { until } => (until, ReplicaState::Cold),
             ReplicaState::Cold | ReplicaState::Awake | ReplicaState::Asleep => return false,
         };
         if now < until - TIME_EPS * until.abs().max(1.0) {
             return false;
         }
-        if next == ReplicaState::Awake {
+        if next != ReplicaState::Asleep {
             self.sleep_level = None;
         }
         self.state = next;
         true
     }
 
-    /// Awake (idle) or Asleep → Cold: the engine process exits and frees the device.
+    /// Awake (idle) or Asleep → TearingDown: the engine process starts to exit; its memory
+    /// stays held until the teardown completes ([`teardown_time`]), then it is Cold. Returns
+    /// the time the device memory is free.
+    pub fn begin_unload(&mut self, now: f64) -> Result<f64, EmulatorError> {
+        match self.state {
+            ReplicaState::Awake => self.require_idle_awake("unload")?,
+            ReplicaState::Asleep => {}
+            state => return Err(EmulatorError::IllegalTransition { action: "unload", state }),
+        }
+        self.pool.reset();
+        let until = now + teardown_time();
+        self.state = ReplicaState::TearingDown { until };
+        Ok(until)
+    }
+
+    /// Awake (idle) or Asleep → Cold at once: the engine is gone (a live engine's own exit
+    /// takes its real time; the simulator uses [`Self::begin_unload`]).
     pub fn unload(&mut self) -> Result<(), EmulatorError> {
         match self.state {
             ReplicaState::Awake => self.require_idle_awake("unload")?,
@@ -809,13 +829,16 @@ impl EmulatedReplica {
     }
 
     /// Device memory held in the current state: nothing when cold, the whole claim while
-    /// loading, awake or in a sleep/wake transition, and what sleep mode cannot release
+    /// loading, awake, tearing down or in a sleep/wake transition, and what sleep mode cannot release
     /// ([`MemoryPlan::asleep_bytes`]) when asleep.
     pub fn device_memory_in_use(&self) -> u64 {
         match self.state {
             ReplicaState::Cold => 0,
             ReplicaState::Asleep => self.plan.asleep_bytes,
-            ReplicaState::Loading { .. }
+            // Tearing down from sleep holds what the sleeping engine held.
+            ReplicaState::TearingDown { .. } if self.sleep_level.is_some() => self.plan.asleep_bytes,
+            ReplicaState::TearingDown { .. }
+            | ReplicaState::Loading { .. }
             | ReplicaState::Awake
             | ReplicaState::Sleeping { .. }
             | ReplicaState::Waking { .. } => self.plan.total_claim_bytes,

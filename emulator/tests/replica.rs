@@ -466,3 +466,41 @@ fn generated_hashes_must_continue_a_complete_prompt_chain() {
     assert!(matches!(r.submit(bad(2, 3), 0.0), Err(EmulatorError::InvalidRequest { .. })));
     r.submit(bad(2, 2), 0.0).unwrap();
 }
+
+/// An unload is a teardown: the device memory stays held for [`teardown_time`] (vLLM's engine
+/// exit), from awake with the whole claim and from sleep with what sleep kept; then Cold.
+#[test]
+fn teardown_holds_memory_until_it_ends() {
+    let d = device("A100-40GB").unwrap();
+    let m = model("Qwen3-8B").unwrap();
+    let mut r = EmulatedReplica::new(d, m, ServingConfig::vllm_defaults(Dtype::Bf16, 8192), 1).unwrap();
+    let plan = r.memory_plan().clone();
+    let illegal = |e: EmulatorError| matches!(e, EmulatorError::IllegalTransition { .. });
+    assert!(illegal(r.begin_unload(0.0).unwrap_err()), "a cold replica has nothing to tear down");
+    let loaded = r.begin_load(0.0).unwrap();
+    assert!(illegal(r.begin_unload(1.0).unwrap_err()), "not while loading");
+    r.finish_transition(loaded);
+    let gone = r.begin_unload(loaded).unwrap();
+    assert!((gone - loaded - switchyard_emulator::teardown_time()).abs() < 1e-9);
+    assert_eq!(r.state(), ReplicaState::TearingDown { until: gone });
+    assert_eq!(r.device_memory_in_use(), plan.total_claim_bytes);
+    assert!(illegal(r.begin_load(gone - 1.0).unwrap_err()), "no reload before the teardown ends");
+    assert!(!r.finish_transition(gone - 1.0));
+    assert!(r.finish_transition(gone));
+    assert_eq!(r.state(), ReplicaState::Cold);
+    assert_eq!(r.device_memory_in_use(), 0);
+
+    // From sleep: the teardown holds what the sleeper kept.
+    let loaded = r.begin_load(gone).unwrap();
+    r.finish_transition(loaded);
+    let asleep = r.begin_sleep(1, loaded).unwrap();
+    r.finish_transition(asleep);
+    let gone = r.begin_unload(asleep).unwrap();
+    assert_eq!(r.device_memory_in_use(), plan.asleep_bytes);
+    assert!(r.finish_transition(gone));
+    assert_eq!(r.device_memory_in_use(), 0);
+    // A level-1 sleeper's later load is a fresh load (no leftover sleep level).
+    let loaded = r.begin_load(gone).unwrap();
+    assert!(r.finish_transition(loaded));
+    assert!(illegal(r.begin_wake(loaded).unwrap_err()));
+}

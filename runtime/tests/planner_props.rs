@@ -3,8 +3,12 @@
 //! units after their run time. Checked at every step, for every policy:
 //! - a unit is dispatched at most once, only when ready, only to an awake replica of its
 //!   deployment;
-//! - a replica under lease is never reclaimed; every load precedes its consumers;
-//! - claimed memory never exceeds a device's capacity;
+//! - a replica under lease is never reclaimed (unloaded or put to sleep); every load or wake
+//!   precedes its consumers; only sleepers are woken;
+//! - memory never exceeds a device's capacity at any transition: the fake shell holds a torn-down
+//!   replica's claim for the teardown and a sleeper's for its sleep, then the sleep remainder,
+//!   and starts a load or wake only after the device's earlier teardowns and sleeps, as the real
+//!   shells do;
 //! - every unit whose deployment fits some device completes (nothing is lost).
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -13,9 +17,15 @@ use proptest::prelude::*;
 use switchyard_predictor::{Dtype, spec};
 use switchyard_runtime::ids::{ActivationId, DeviceId, ReplicaId, SessionId};
 use switchyard_runtime::planner::{
-    Command, DeploymentId, DeploymentInfo, DeviceInfo, Estimates, Event, JointOptions, Planner, WorkItem,
-    policy_by_name,
+    Command, DeploymentId, DeploymentInfo, DeviceInfo, Estimates, Event, JointOptions, Planner, Reclaim, Substrate,
+    WorkItem, policy_by_name,
 };
+
+/// What a sleeper really keeps on its GPU in the fake shell (the emulator's remainder).
+const SLEEP_REMAINDER: u64 = 1_342_177_280;
+const TEARDOWN_S: f64 = 5.0;
+const SLEEP_S: f64 = 1.0;
+const WAKE_S: f64 = 0.5;
 
 struct Fixed;
 impl Estimates for Fixed {
@@ -39,16 +49,19 @@ struct Case {
     units: Vec<(f64, usize, u32, u32, bool)>, // (ready at, deployment, prompt, output, chain_next)
     policy: usize,
     options: (bool, bool, bool),
+    /// Reclaim by sleep, and the host memory (GiB) of the one node.
+    sleep: Option<u32>,
 }
 
 fn case() -> impl Strategy<Value = Case> {
     (
         prop::collection::vec(0..DEVICES.len(), 1..4),
         prop::collection::vec((0.0..60.0f64, 0..MODELS.len(), 10..3000u32, 1..400u32, any::<bool>()), 1..40),
-        0..2usize,
+        0..3usize,
         (any::<bool>(), any::<bool>(), any::<bool>()),
+        prop::option::of(0..64u32),
     )
-        .prop_map(|(devices, units, policy, options)| Case { devices, units, policy, options })
+        .prop_map(|(devices, units, policy, options, sleep)| Case { devices, units, policy, options, sleep })
 }
 
 fn run(case: &Case) -> Result<(), TestCaseError> {
@@ -77,10 +90,13 @@ fn run(case: &Case) -> Result<(), TestCaseError> {
         .collect();
     let fits: Vec<bool> = deployments.iter().map(|d| devices.iter().any(|g| d.fits(g))).collect();
     let (fusion, prefetch, shared) = case.options;
-    let name = ["parrot", "joint"][case.policy];
-    let policy = policy_by_name(name, JointOptions { fusion, prefetch, shared_lifecycle: shared }, Box::new(Fixed), Default::default())
-        .unwrap();
+    let name = ["parrot", "joint", "kairos"][case.policy];
+    let reclaim = if case.sleep.is_some() { Reclaim::Sleep } else { Reclaim::Unload };
+    let substrate = Substrate { reclaim, ..Substrate::default() };
+    let policy =
+        policy_by_name(name, JointOptions { fusion, prefetch, shared_lifecycle: shared }, Box::new(Fixed), substrate).unwrap();
     let mut planner = Planner::new(devices.clone(), deployments.clone(), policy);
+    planner.set_substrate_lifecycle(reclaim, vec![0; devices.len()], vec![u64::from(case.sleep.unwrap_or(0)) << 30]);
 
     // The fake shell's own truth.
     #[derive(Debug)]
@@ -88,6 +104,8 @@ fn run(case: &Case) -> Result<(), TestCaseError> {
         Ready(usize),
         Loaded(ReplicaId),
         Finished(usize, ReplicaId),
+        Asleep(ReplicaId),
+        Unloaded(ReplicaId),
     }
     let mut events: Vec<(f64, u64, Ev)> = Vec::new();
     let mut seq = 0u64;
@@ -97,6 +115,12 @@ fn run(case: &Case) -> Result<(), TestCaseError> {
     }
     let mut awake: BTreeMap<ReplicaId, (DeploymentId, DeviceId, u64)> = BTreeMap::new();
     let mut loading: BTreeMap<ReplicaId, (DeploymentId, DeviceId, u64)> = BTreeMap::new();
+    // Falling asleep (whole claim until the end time), asleep (the remainder), tearing down
+    // (what it held until the end time); per device, when its last teardown or sleep ends.
+    let mut falling: BTreeMap<ReplicaId, (DeploymentId, DeviceId, u64, f64)> = BTreeMap::new();
+    let mut asleep: BTreeMap<ReplicaId, (DeploymentId, DeviceId, u64)> = BTreeMap::new();
+    let mut tearing: BTreeMap<ReplicaId, (DeviceId, u64, f64)> = BTreeMap::new();
+    let mut released: BTreeMap<DeviceId, f64> = BTreeMap::new();
     let mut leases: BTreeMap<ReplicaId, BTreeSet<usize>> = BTreeMap::new();
     let mut ready: BTreeSet<usize> = BTreeSet::new();
     let mut dispatched: BTreeSet<usize> = BTreeSet::new();
@@ -136,6 +160,17 @@ fn run(case: &Case) -> Result<(), TestCaseError> {
                 finished.insert(i);
                 Event::UnitFinished { activation: act(i), replica: r, output_tokens: case.units[i].3 }
             }
+            Ev::Asleep(r) => match falling.remove(&r) {
+                Some((d, g, claim, _)) => {
+                    asleep.insert(r, (d, g, claim));
+                    Event::ReplicaAsleep { replica: r }
+                }
+                None => continue, // woken or unloaded before its sleep ended
+            },
+            Ev::Unloaded(r) => {
+                tearing.remove(&r);
+                Event::ReplicaUnloaded { replica: r }
+            }
         };
         // A chain link without a successor in this synthetic stream: end its "session" so a
         // held grant is released.
@@ -148,26 +183,68 @@ fn run(case: &Case) -> Result<(), TestCaseError> {
             cmds.extend(planner.handle(Event::SessionEnded { session: s }, now).unwrap());
         }
         for c in cmds {
+            // Device memory held at time `t` by what the fake shell has on `device`.
+            let held = |device: DeviceId, t: f64, awake: &BTreeMap<ReplicaId, (DeploymentId, DeviceId, u64)>, loading: &BTreeMap<ReplicaId, (DeploymentId, DeviceId, u64)>, falling: &BTreeMap<ReplicaId, (DeploymentId, DeviceId, u64, f64)>, asleep: &BTreeMap<ReplicaId, (DeploymentId, DeviceId, u64)>, tearing: &BTreeMap<ReplicaId, (DeviceId, u64, f64)>| -> u64 {
+                awake.values().chain(loading.values()).filter(|v| v.1 == device).map(|v| v.2).sum::<u64>()
+                    + falling.values().filter(|v| v.1 == device).map(|v| if t < v.3 { v.2 } else { SLEEP_REMAINDER }).sum::<u64>()
+                    + asleep.values().filter(|v| v.1 == device).map(|_| SLEEP_REMAINDER).sum::<u64>()
+                    + tearing.values().filter(|v| v.0 == device && t < v.2).map(|v| v.1).sum::<u64>()
+            };
             match c {
                 Command::Load { replica, deployment, device } => {
                     let g = &devices[device.0 as usize];
                     let claim = deployments[deployment.0 as usize].claim_bytes(g);
-                    let used: u64 = awake
-                        .values()
-                        .chain(loading.values())
-                        .filter(|v| v.1 == device)
-                        .map(|v| v.2)
-                        .sum();
+                    let start = released.get(&device).copied().unwrap_or(now).max(now);
+                    let used = held(device, start, &awake, &loading, &falling, &asleep, &tearing);
                     prop_assert!(used + claim <= g.spec.memory_bytes, "memory over capacity on {device}");
                     prop_assert!(deployments[deployment.0 as usize].fits(g));
                     loading.insert(replica, (deployment, device, claim));
                     seq += 1;
-                    events.push((now + Fixed.load_time(&deployments[deployment.0 as usize], g), seq, Ev::Loaded(replica)));
+                    events.push((start + Fixed.load_time(&deployments[deployment.0 as usize], g), seq, Ev::Loaded(replica)));
+                }
+                Command::Wake { replica } => {
+                    let (d, device, claim) = match (asleep.remove(&replica), falling.remove(&replica)) {
+                        (Some(v), _) => v,
+                        (None, Some((d, g, c, _))) => (d, g, c),
+                        (None, None) => return Err(TestCaseError::fail(format!("wake of {replica}, which is not asleep"))),
+                    };
+                    let start = released.get(&device).copied().unwrap_or(now).max(now);
+                    let g = &devices[device.0 as usize];
+                    let used = held(device, start, &awake, &loading, &falling, &asleep, &tearing);
+                    prop_assert!(used + claim <= g.spec.memory_bytes, "memory over capacity on {device} at a wake");
+                    loading.insert(replica, (d, device, claim));
+                    seq += 1;
+                    events.push((start + WAKE_S, seq, Ev::Loaded(replica)));
+                }
+                Command::Sleep { replica, level } => {
+                    prop_assert!(case.sleep.is_some(), "sleep without reclaim by sleep");
+                    prop_assert!(level == 1 || level == 2);
+                    prop_assert!(leases.get(&replica).is_none_or(|l| l.is_empty()), "put a leased replica to sleep");
+                    let (d, g, claim) = awake.remove(&replica).ok_or_else(|| TestCaseError::fail("sleep of a replica that is not awake"))?;
+                    let until = now + SLEEP_S;
+                    falling.insert(replica, (d, g, claim, until));
+                    let e = released.entry(g).or_insert(until);
+                    *e = e.max(until);
+                    seq += 1;
+                    events.push((until, seq, Ev::Asleep(replica)));
                 }
                 Command::Unload { replica } => {
-                    prop_assert!(awake.contains_key(&replica), "unload of a replica that is not awake");
-                    prop_assert!(leases.get(&replica).is_none_or(|l| l.is_empty()), "reclaimed a leased replica");
-                    awake.remove(&replica);
+                    let (device, bytes, from) = if let Some((_, g, claim)) = awake.remove(&replica) {
+                        prop_assert!(leases.get(&replica).is_none_or(|l| l.is_empty()), "reclaimed a leased replica");
+                        (g, claim, now)
+                    } else if let Some((_, g, _)) = asleep.remove(&replica) {
+                        (g, SLEEP_REMAINDER, now)
+                    } else if let Some((_, g, claim, until)) = falling.remove(&replica) {
+                        (g, claim, until.max(now))
+                    } else {
+                        return Err(TestCaseError::fail(format!("unload of {replica}, which is neither awake nor asleep")));
+                    };
+                    let until = from + TEARDOWN_S;
+                    tearing.insert(replica, (device, bytes, until));
+                    let e = released.entry(device).or_insert(until);
+                    *e = e.max(until);
+                    seq += 1;
+                    events.push((until, seq, Ev::Unloaded(replica)));
                 }
                 Command::Dispatch { activation, replica } => {
                     let i = activation.session.0 as usize;

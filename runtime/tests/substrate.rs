@@ -79,3 +79,75 @@ fn the_replica_cap_binds_every_policy() {
         assert!(peak.values().all(|&n| n == 1), "{policy}: {peak:?}");
     }
 }
+
+/// QMSum sessions beside the four-model MBPP workflow on one A100 and two V100s: more models
+/// than GPUs, so every policy reclaims.
+fn pressure(policy: &str, substrate: Substrate) -> RunConfig {
+    let mut cfg = config(policy, 4, substrate);
+    cfg.workflows.push(Arc::new(load_workflow(&repo().join("workflows/mbpp.yaml")).expect("mbpp")));
+    cfg.session_counts = vec![4, 2];
+    cfg.pool = PoolSpec::load(&repo().join("workflows/pools/small.yaml")).expect("pool");
+    cfg
+}
+
+#[test]
+fn a_teardown_holds_its_gpu_until_it_ends_for_every_policy() {
+    for policy in ["parrot", "kairos", "joint"] {
+        let out = sim::simulate(&pressure(policy, Substrate::default()), &mut |_, _| {}).expect("runs");
+        assert_eq!(out.report.sessions_failed, 0, "{policy}");
+        assert!(out.report.evictions >= 1, "{policy}: no reclaim under pressure");
+        // Each unload's teardown ends 5 s later, and no load starts on that GPU in between.
+        let mut teardowns = Vec::new();
+        for l in out.trace.iter().filter(|l| l.event == "unload") {
+            let end = out.trace.iter().find(|e| e.event == "unloaded" && e.replica == l.replica).map(|e| e.t);
+            let end = end.unwrap_or_else(|| panic!("{policy}: replica {:?} never finished its teardown", l.replica));
+            assert!((end - l.t - switchyard_emulator::teardown_time()).abs() < 2e-3, "{policy}: {} → {end}", l.t);
+            teardowns.push((l.device.expect("unload names its device"), l.t, end));
+        }
+        for (device, from, to) in teardowns {
+            let segments = &out.timelines[device as usize].segments;
+            let early = segments.iter().find(|s| s.kind == switchyard_runtime::report::SegmentKind::Loading && s.start > from + 1e-6 && s.start < to - 1e-3);
+            assert!(early.is_none(), "{policy}: a load started on GPU {device} during a teardown ({from}–{to}): {early:?}");
+        }
+    }
+}
+
+#[test]
+fn reclaim_by_sleep_wakes_sleepers_for_every_policy() {
+    let sleeping = Substrate { reclaim: switchyard_runtime::planner::Reclaim::Sleep, ..Substrate::default() };
+    let mut wakes = 0;
+    for policy in ["parrot", "kairos", "joint"] {
+        let unload = sim::simulate(&pressure(policy, Substrate::default()), &mut |_, _| {}).expect("runs");
+        let out = sim::simulate(&pressure(policy, sleeping), &mut |_, _| {}).expect("runs");
+        assert_eq!(out.report.sessions_failed, 0, "{policy}");
+        assert_eq!(out.report.sessions_completed, unload.report.sessions_completed, "{policy}");
+        assert!(out.report.sleeps >= 1, "{policy}: nothing slept under pressure");
+        assert_eq!((unload.report.sleeps, unload.report.wakes), (0, 0), "{policy}: sleep is off by default");
+        wakes += out.report.wakes;
+        // A model is never loaded cold on a GPU where it sleeps: it is woken there.
+        let mut model_of = BTreeMap::new();
+        let mut sleepers: BTreeMap<u32, (String, u32)> = BTreeMap::new();
+        for l in &out.trace {
+            match (l.event, l.replica) {
+                ("load", Some(r)) => {
+                    let (model, device) = (l.detail.clone().expect("model"), l.device.expect("device"));
+                    assert!(
+                        !sleepers.values().any(|s| *s == (model.clone(), device)),
+                        "{policy}: {model} loaded cold on GPU {device} where it sleeps (t = {})",
+                        l.t
+                    );
+                    model_of.insert(r, (model, device));
+                }
+                ("sleep", Some(r)) => {
+                    sleepers.insert(r, model_of[&r].clone());
+                }
+                ("wake" | "unload", Some(r)) => {
+                    sleepers.remove(&r);
+                }
+                _ => {}
+            }
+        }
+        assert_eq!(out.trace.iter().filter(|l| l.event == "wake").count() as u64, out.report.wakes, "{policy}");
+    }
+    assert!(wakes >= 1, "no sleeper was ever woken");
+}

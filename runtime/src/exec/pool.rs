@@ -6,7 +6,18 @@
 //!   - { kind: A100-40GB, count: 1 }
 //!   - { kind: V100-32GB, count: 2 }
 //! ```
-//! Device kinds come from the catalogue in `switchyard_predictor::spec`. The live pool file
+//! Device kinds come from the catalogue in `switchyard_predictor::spec`. Devices live on
+//! hosts (nodes) whose host memory holds the weights of level-1 sleepers (vLLM sleep mode):
+//! a group may name its node, and `nodes` may give a node's host memory —
+//!
+//! ```yaml
+//! nodes:
+//!   a100-server: { host_memory_gib: 1024 }
+//! devices:
+//!   - { kind: A100-40GB, count: 4, node: a100-server }
+//! ```
+//! — groups without a node share one node, `host`; a node without `host_memory_gib` has twice
+//! its GPUs' memory ([`DEFAULT_HOST_MEMORY_PER_GPU_MEMORY`]). The live pool file
 //! (`live::pool`) extends this one with an engine per device group. Depends on the spec
 //! catalogue and serde only, never on `sim` or `live`.
 
@@ -27,6 +38,8 @@ pub enum PoolError {
     Device { path: PathBuf, index: usize, message: String },
     #[error("{path}: devices: the pool has no GPU")]
     Empty { path: PathBuf },
+    #[error("{path}: nodes.{node}: {message}")]
+    Node { path: PathBuf, node: String, message: String },
     #[error("{path}: the pool file is {size} bytes, more than the limit of {limit} bytes (1 MiB); is this the right file?")]
     TooLarge { path: PathBuf, size: u64, limit: u64 },
 }
@@ -76,6 +89,15 @@ struct PoolFile {
     #[serde(default)]
     description: Option<String>,
     devices: Vec<DeviceGroup>,
+    #[serde(default)]
+    nodes: std::collections::BTreeMap<String, NodeEntry>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NodeEntry {
+    #[serde(default)]
+    host_memory_gib: Option<f64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -84,6 +106,23 @@ struct DeviceGroup {
     kind: String,
     #[serde(default = "one")]
     count: u32,
+    #[serde(default)]
+    node: Option<String>,
+}
+
+/// Host memory of a node without a stated size, per byte of its GPUs' memory: the lower of
+/// NVIDIA's DGX-1 (8× V100-32GB, 512 GB: 2.0×) and DGX A100 (8× A100-40GB, 1 TB: 3.2×)
+/// datasheet ratios.
+pub const DEFAULT_HOST_MEMORY_PER_GPU_MEMORY: f64 = 2.0;
+
+/// The node every device group without `node` belongs to.
+pub const DEFAULT_NODE: &str = "host";
+
+/// One host of the pool.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HostNode {
+    pub name: String,
+    pub host_memory_bytes: u64,
 }
 
 fn one() -> u32 {
@@ -96,9 +135,23 @@ pub struct PoolSpec {
     pub name: String,
     pub description: Option<String>,
     pub devices: Vec<DeviceSpec>,
+    /// The hosts, and the index in `nodes` of each device's host (same order as `devices`).
+    pub nodes: Vec<HostNode>,
+    pub node_of: Vec<usize>,
 }
 
 impl PoolSpec {
+    /// A pool of `devices` on one host with the default host memory.
+    pub fn on_one_host(name: String, description: Option<String>, devices: Vec<DeviceSpec>) -> Self {
+        let gpu: u64 = devices.iter().map(|d| d.memory_bytes).sum();
+        let nodes = vec![HostNode {
+            name: DEFAULT_NODE.into(),
+            host_memory_bytes: (gpu as f64 * DEFAULT_HOST_MEMORY_PER_GPU_MEMORY) as u64,
+        }];
+        let node_of = vec![0; devices.len()];
+        PoolSpec { name, description, devices, nodes, node_of }
+    }
+
     /// Read and validate a pool file.
     pub fn load(path: &Path) -> Result<Self, PoolError> {
         let text = read_pool_file(path)?;
@@ -112,26 +165,90 @@ impl PoolSpec {
             PoolError::Parse { path: path.to_path_buf(), line, column, message: e.to_string() }
         })?;
         let mut devices = Vec::new();
+        let mut node_names: Vec<String> = Vec::new();
+        let mut node_of = Vec::new();
         for (index, group) in file.devices.iter().enumerate() {
             let d = spec::device(&group.kind).map_err(|e| PoolError::Device {
                 path: path.to_path_buf(),
                 index,
                 message: e.to_string(),
             })?;
+            let name = group.node.clone().unwrap_or_else(|| DEFAULT_NODE.to_string());
+            let node = match node_names.iter().position(|n| *n == name) {
+                Some(i) => i,
+                None => {
+                    node_names.push(name);
+                    node_names.len() - 1
+                }
+            };
             for _ in 0..group.count {
                 devices.push(d.clone());
+                node_of.push(node);
             }
         }
         if devices.is_empty() {
             return Err(PoolError::Empty { path: path.to_path_buf() });
         }
-        Ok(PoolSpec { name: file.name, description: file.description, devices })
+        for name in file.nodes.keys() {
+            if !node_names.contains(name) {
+                return Err(PoolError::Node {
+                    path: path.to_path_buf(),
+                    node: name.clone(),
+                    message: format!("no device group names node `{name}`"),
+                });
+            }
+        }
+        let mut nodes = Vec::new();
+        for (i, name) in node_names.iter().enumerate() {
+            let gpu: u64 = devices.iter().zip(&node_of).filter(|(_, n)| **n == i).map(|(d, _)| d.memory_bytes).sum();
+            let host_memory_bytes = match file.nodes.get(name).and_then(|n| n.host_memory_gib) {
+                Some(gib) if gib.is_finite() && gib >= 0.0 => (gib * (1u64 << 30) as f64) as u64,
+                Some(gib) => {
+                    return Err(PoolError::Node {
+                        path: path.to_path_buf(),
+                        node: name.clone(),
+                        message: format!("host_memory_gib must be a non-negative number of GiB (got {gib})"),
+                    });
+                }
+                None => (gpu as f64 * DEFAULT_HOST_MEMORY_PER_GPU_MEMORY) as u64,
+            };
+            nodes.push(HostNode { name: name.clone(), host_memory_bytes });
+        }
+        Ok(PoolSpec { name: file.name, description: file.description, devices, nodes, node_of })
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn devices_live_on_named_nodes_with_their_host_memory() {
+        let p = PoolSpec::parse(
+            Path::new("p.yaml"),
+            "name: t\nnodes:\n  big: { host_memory_gib: 1024 }\ndevices:\n  - { kind: A100-40GB, count: 2, node: big }\n  - { kind: V100-32GB, count: 1, node: small }\n  - { kind: V100-32GB }\n",
+        )
+        .unwrap();
+        assert_eq!(p.node_of, vec![0, 0, 1, 2]);
+        assert_eq!(p.nodes[0], HostNode { name: "big".into(), host_memory_bytes: 1024 << 30 });
+        // Unsized nodes get twice their GPUs' memory; unnamed groups share `host`.
+        assert_eq!(p.nodes[1].host_memory_bytes, 2 * p.devices[2].memory_bytes);
+        assert_eq!(p.nodes[2].name, DEFAULT_NODE);
+        let one = PoolSpec::on_one_host("x".into(), None, p.devices.clone());
+        assert_eq!(one.node_of, vec![0; 4]);
+    }
+
+    #[test]
+    fn bad_nodes_are_refused_with_their_name() {
+        let e = PoolSpec::parse(Path::new("p.yaml"), "name: t\nnodes:\n  ghost: {}\ndevices:\n  - { kind: A40 }\n").unwrap_err();
+        assert_eq!(e.to_string(), "p.yaml: nodes.ghost: no device group names node `ghost`");
+        let e = PoolSpec::parse(
+            Path::new("p.yaml"),
+            "name: t\nnodes:\n  n: { host_memory_gib: -1 }\ndevices:\n  - { kind: A40, node: n }\n",
+        )
+        .unwrap_err();
+        assert!(e.to_string().starts_with("p.yaml: nodes.n: host_memory_gib must be a non-negative"), "{e}");
+    }
 
     #[test]
     fn parses_groups_in_order() {

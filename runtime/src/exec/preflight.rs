@@ -200,11 +200,11 @@ mod tests {
             arrival: Arrival::Burst,
             seed: 1,
             noise_seed: 0,
-            pool: PoolSpec {
-                name: "test".into(),
-                description: None,
-                devices: pool.iter().map(|d| spec::device(d).unwrap_or_else(|e| panic!("{e}"))).collect(),
-            },
+            pool: PoolSpec::on_one_host(
+                "test".into(),
+                None,
+                pool.iter().map(|d| spec::device(d).unwrap_or_else(|e| panic!("{e}"))).collect(),
+            ),
             policy: "parrot".into(),
             options: JointOptions::default(),
             predictor: "formula".into(),

@@ -91,6 +91,9 @@ pub struct ReportInput<'a> {
     pub counters: Counters,
     pub loads: u64,
     pub evictions: u64,
+    /// Replicas put to sleep and woken (substrate reclaim by sleep).
+    pub sleeps: u64,
+    pub wakes: u64,
     /// The run was stopped early (Ctrl-C); the sessions still open were failed as `interrupted`.
     pub interrupted: bool,
 }
@@ -228,6 +231,8 @@ pub fn build_report(input: ReportInput<'_>) -> (RunReport, (f64, f64)) {
         gpu_seconds_total: total.rounded(),
         loads: input.loads,
         evictions: input.evictions,
+        sleeps: input.sleeps,
+        wakes: input.wakes,
         llm_calls: c.llm_calls,
         tool_calls: c.tool_calls,
         generated_tokens: c.generated_tokens,
@@ -272,6 +277,8 @@ mod tests {
             counters: Counters { llm_calls: 5, ..Counters::default() },
             loads: 1,
             evictions: 0,
+            sleeps: 0,
+            wakes: 0,
             interrupted: false,
         });
         assert_eq!(window, (0.0, 4.0));
@@ -318,6 +325,8 @@ mod tests {
             counters: Counters::default(),
             loads: 1,
             evictions: 0,
+            sleeps: 0,
+            wakes: 0,
             interrupted: false,
         })
     }

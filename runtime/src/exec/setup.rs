@@ -81,14 +81,15 @@ pub fn node_infos(workflows: &[Arc<WorkflowSpec>], deployment_of: &DeploymentMap
 
 /// The planner with the named policy and predictor (`oracle`: the emulator's own costs).
 pub fn build_planner(
-    devices: &[switchyard_predictor::DeviceSpec],
+    pool: &super::PoolSpec,
     deployments: &[DeploymentInfo],
     policy: &str,
     options: JointOptions,
     predictor: &str,
     substrate: Substrate,
 ) -> Result<Planner, ShellError> {
-    let devices: Vec<DeviceInfo> = devices
+    let devices: Vec<DeviceInfo> = pool
+        .devices
         .iter()
         .enumerate()
         .map(|(i, s)| DeviceInfo { id: crate::ids::DeviceId(i as u32), spec: s.clone() })
@@ -106,7 +107,13 @@ pub fn build_planner(
         }
     };
     let policy = policy_by_name(policy, options, estimates, substrate)?;
-    Ok(Planner::new(devices, deployments.to_vec(), policy))
+    let mut planner = Planner::new(devices, deployments.to_vec(), policy);
+    planner.set_substrate_lifecycle(
+        substrate.reclaim,
+        pool.node_of.clone(),
+        pool.nodes.iter().map(|n| n.host_memory_bytes).collect(),
+    );
+    Ok(planner)
 }
 
 /// Every workflow's dataset records (none may be empty).

@@ -22,7 +22,7 @@ use tokio::sync::oneshot;
 use super::engine::{Completion, Engine, EngineError, EngineTelemetry, LlmRequest};
 use super::shell::LiveOutput;
 use crate::ids::{ActivationId, DeviceId, ReplicaId, SessionId};
-use crate::planner::{DeploymentId, DeploymentInfo, NearReadyItem, WorkItem};
+use crate::planner::{DeploymentInfo, NearReadyItem, WorkItem};
 use crate::exec::graph_info::NodeInfo;
 use crate::exec::{CallRecord, DeploymentMap, SessionRecord};
 use crate::values::NodeOutput;
@@ -264,8 +264,10 @@ pub enum PlannerMsg {
     Restarted { replica: ReplicaId },
     /// The replica is gone (restarts exhausted): its calls must move elsewhere.
     ReplicaLost { replica: ReplicaId, reason: String },
-    /// A reclaimed replica's engine was put to sleep and can be woken for a later load.
-    Parked { device: DeviceId, deployment: DeploymentId, engine: EngineHandle },
+    /// A replica's engine was put to sleep as the core asked and can be woken later.
+    Parked { replica: ReplicaId, engine: EngineHandle },
+    /// A replica's engine was unloaded (torn down): its device memory is free.
+    Unloaded { replica: ReplicaId },
     Telemetry { replica: ReplicaId, telemetry: EngineTelemetry },
     /// A line for the run's notes (deduplicated).
     Note(String),
@@ -303,8 +305,9 @@ pub enum ReplicaMsg {
     /// An engine call returned (`generation`: the engine incarnation it was sent to).
     Done { id: u64, generation: u64, result: Result<Completion, EngineError> },
     Retry { id: u64 },
-    /// Reclaim: sleep (and park the engine) when `park`, else unload; then stop.
-    Reclaim { park: bool, ticket: LifecycleTicket },
+    /// Reclaim: sleep at this vLLM level (and park the engine) when `sleep`, else unload (also
+    /// when the engine cannot sleep); report `Parked` or `Unloaded`; then stop.
+    Reclaim { sleep: Option<u8>, ticket: LifecycleTicket },
     /// Unload and stop (end of the run).
     Stop(RpcReplyPort<()>),
     PollTelemetry,

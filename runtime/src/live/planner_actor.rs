@@ -68,8 +68,6 @@ pub struct PlannerArgs {
     pub trace: Vec<TraceEntry>,
     pub records: Vec<Vec<Record>>,
     pub meta: ReportMeta,
-    /// Reclaim by vLLM sleep (level 1) and wake later, where the engine supports it.
-    pub sleep_on_reclaim: bool,
     pub telemetry_every: Option<Duration>,
     pub tool_workers: usize,
     /// Watchdog period.
@@ -104,7 +102,6 @@ pub struct PlannerActorState {
     trace: Vec<TraceEntry>,
     records: Vec<Vec<Record>>,
     meta: ReportMeta,
-    sleep_on_reclaim: bool,
     telemetry_every: Option<Duration>,
     tool_workers: usize,
     progress: Option<Progress>,
@@ -120,7 +117,15 @@ pub struct PlannerActorState {
     /// Grants the core made to a gone replica: released and requeued by `replica_gone`.
     regrants: Vec<(ReplicaId, WorkItem, PendingCall)>,
     replica_cells: BTreeMap<ActorId, ReplicaId>,
-    parked: BTreeMap<(DeviceId, DeploymentId), Vec<EngineHandle>>,
+    /// Engines asleep as the core asked (`Command::Sleep`), by replica: woken by
+    /// `Command::Wake`, unloaded by `Command::Unload`.
+    parked: BTreeMap<ReplicaId, (DeviceId, DeploymentId, EngineHandle)>,
+    /// Replicas still falling asleep that the core already asked to wake or to unload: done
+    /// when their `Parked` (or `Unloaded`) arrives.
+    pending_wakes: BTreeMap<ReplicaId, (DeviceId, DeploymentId)>,
+    pending_unloads: BTreeSet<ReplicaId>,
+    /// Replicas whose sleep was asked for, until `Parked` or `Unloaded` says how it went.
+    falling_asleep: BTreeMap<ReplicaId, (DeviceId, DeploymentId)>,
     lifecycle_tail: BTreeMap<DeviceId, oneshot::Receiver<()>>,
     tools: Option<ActorRef<ToolMsg>>,
     next_request: u64,
@@ -167,7 +172,6 @@ impl Actor for PlannerActor {
             trace: args.trace,
             records: args.records,
             meta: args.meta,
-            sleep_on_reclaim: args.sleep_on_reclaim,
             telemetry_every: args.telemetry_every,
             tool_workers: args.tool_workers,
             progress: args.progress,
@@ -180,6 +184,9 @@ impl Actor for PlannerActor {
             regrants: Vec::new(),
             replica_cells: BTreeMap::new(),
             parked: BTreeMap::new(),
+            pending_wakes: BTreeMap::new(),
+            pending_unloads: BTreeSet::new(),
+            falling_asleep: BTreeMap::new(),
             lifecycle_tail: BTreeMap::new(),
             tools: None,
             next_request: 0,
@@ -324,11 +331,33 @@ impl PlannerActorState {
                 self.note(format!("replica {replica} was restarted after its engine stopped answering or failed to start"));
             }
             PlannerMsg::ReplicaLost { replica, reason } => self.replica_gone(myself, replica, reason).await,
-            PlannerMsg::Parked { device, deployment, engine } => {
+            PlannerMsg::Parked { replica, engine } => {
+                let Some((device, deployment)) = self.falling_asleep.remove(&replica) else {
+                    let _ = engine.engine.unload().await;
+                    return;
+                };
                 if self.shutting_down {
                     let _ = engine.engine.unload().await;
+                } else if self.pending_unloads.remove(&replica) {
+                    self.parked.insert(replica, (device, deployment, engine));
+                    self.unload_parked(myself, replica);
+                } else if self.pending_wakes.remove(&replica).is_some() {
+                    self.start_replica(myself, replica, deployment, device, Some(engine)).await;
                 } else {
-                    self.parked.entry((device, deployment)).or_default().push(engine);
+                    self.parked.insert(replica, (device, deployment, engine));
+                    self.post(myself, Event::ReplicaAsleep { replica });
+                }
+            }
+            PlannerMsg::Unloaded { replica } => {
+                self.falling_asleep.remove(&replica);
+                self.pending_unloads.remove(&replica);
+                if self.shutting_down {
+                    return;
+                }
+                self.post(myself, Event::ReplicaUnloaded { replica });
+                // Asked to wake a replica whose engine could not sleep: load it cold instead.
+                if let Some((device, deployment)) = self.pending_wakes.remove(&replica) {
+                    self.start_replica(myself, replica, deployment, device, None).await;
                 }
             }
             PlannerMsg::Telemetry { replica, telemetry } => {
@@ -399,6 +428,85 @@ impl PlannerActorState {
         }
     }
 
+    /// Spawn the replica actor that loads `replica` (or wakes `parked`, its sleeping engine).
+    async fn start_replica(
+        &mut self,
+        myself: &ActorRef<PlannerMsg>,
+        replica: ReplicaId,
+        deployment: DeploymentId,
+        device: DeviceId,
+        parked: Option<EngineHandle>,
+    ) {
+        let Some(dep) = self.ctx.deployments.get(deployment.0 as usize) else {
+            return self.set_fatal(format!("load of unknown deployment {deployment:?}"));
+        };
+        let Some(spec) = self.devices.get(device.0 as usize) else {
+            return self.set_fatal(format!("load on unknown device {device}"));
+        };
+        let wake = parked.is_some();
+        let engine = match parked {
+            Some(e) => Ok(e),
+            None => self.factory.create(&EngineTarget { replica, device, device_spec: spec, deployment: dep }),
+        };
+        let engine = match engine {
+            Ok(e) => e,
+            Err(e) => {
+                self.buffer.push(Event::ReplicaLoadFailed { replica, reason: e.to_string() });
+                return;
+            }
+        };
+        tracing::info!(%replica, %device, model = %dep.model, wake, "load");
+        let args = ReplicaArgs {
+            replica,
+            device,
+            deployment,
+            engine,
+            wake,
+            planner: myself.clone(),
+            retry: self.ctx.retry,
+            telemetry_every: self.telemetry_every,
+        };
+        let actor = match Actor::spawn_linked(None, ReplicaActor, args, myself.get_cell()).await {
+            Ok((a, _)) => a,
+            Err(e) => {
+                self.buffer.push(Event::ReplicaLoadFailed { replica, reason: format!("replica actor: {e}") });
+                return;
+            }
+        };
+        let ticket = self.ticket(device);
+        self.replica_cells.insert(actor.get_id(), replica);
+        let wall = self.wall();
+        self.replicas.insert(replica, ReplicaEntry {
+            actor: actor.clone(),
+            device,
+            deployment,
+            loading_since: Some(wall),
+            resident_since: None,
+            busy_since: None,
+            serving: 0,
+        });
+        if actor.send_message(ReplicaMsg::Start(ticket)).is_err() {
+            self.replicas.remove(&replica);
+            self.buffer.push(Event::ReplicaLoadFailed { replica, reason: "replica actor stopped".into() });
+        }
+    }
+
+    /// Unload a parked (sleeping) engine after the device's earlier lifecycle actions, then
+    /// report `Unloaded`.
+    fn unload_parked(&mut self, myself: &ActorRef<PlannerMsg>, replica: ReplicaId) {
+        let Some((device, _, engine)) = self.parked.remove(&replica) else { return };
+        let mut ticket = self.ticket(device);
+        let me = myself.clone();
+        tokio::spawn(async move {
+            ticket.wait().await;
+            if let Err(e) = engine.engine.unload().await {
+                tracing::warn!(error = %e, %replica, "unload of a sleeping engine failed");
+            }
+            ticket.finish();
+            let _ = me.send_message(PlannerMsg::Unloaded { replica });
+        });
+    }
+
     fn ticket(&mut self, device: DeviceId) -> LifecycleTicket {
         let (done, rx) = oneshot::channel();
         let after = self.lifecycle_tail.insert(device, rx);
@@ -408,61 +516,35 @@ impl PlannerActorState {
     async fn execute(&mut self, myself: &ActorRef<PlannerMsg>, command: Command) {
         match command {
             Command::Load { replica, deployment, device } => {
-                let Some(dep) = self.ctx.deployments.get(deployment.0 as usize) else {
-                    return self.set_fatal(format!("load of unknown deployment {deployment:?}"));
-                };
-                let Some(spec) = self.devices.get(device.0 as usize) else {
-                    return self.set_fatal(format!("load on unknown device {device}"));
-                };
-                let parked = self.parked.get_mut(&(device, deployment)).and_then(|v| v.pop());
-                let wake = parked.is_some();
-                let engine = match parked {
-                    Some(e) => Ok(e),
-                    None => self.factory.create(&EngineTarget { replica, device, device_spec: spec, deployment: dep }),
-                };
-                let engine = match engine {
-                    Ok(e) => e,
-                    Err(e) => {
-                        self.buffer.push(Event::ReplicaLoadFailed { replica, reason: e.to_string() });
-                        return;
+                self.start_replica(myself, replica, deployment, device, None).await;
+            }
+            Command::Wake { replica } => match self.parked.remove(&replica) {
+                Some((device, deployment, engine)) => self.start_replica(myself, replica, deployment, device, Some(engine)).await,
+                None => match self.falling_asleep.get(&replica) {
+                    Some(&at) => {
+                        self.pending_wakes.insert(replica, at);
                     }
+                    None => self.set_fatal(format!("wake of replica {replica}, which is not asleep")),
+                },
+            },
+            Command::Sleep { replica, level } => {
+                let Some(r) = self.replicas.remove(&replica) else {
+                    return self.set_fatal(format!("sleep of unknown replica {replica}"));
                 };
-                tracing::info!(%replica, %device, model = %dep.model, wake, "load");
-                let args = ReplicaArgs {
-                    replica,
-                    device,
-                    deployment,
-                    engine,
-                    wake,
-                    planner: myself.clone(),
-                    retry: self.ctx.retry,
-                    telemetry_every: self.telemetry_every,
-                };
-                let actor = match Actor::spawn_linked(None, ReplicaActor, args, myself.get_cell()).await {
-                    Ok((a, _)) => a,
-                    Err(e) => {
-                        self.buffer.push(Event::ReplicaLoadFailed { replica, reason: format!("replica actor: {e}") });
-                        return;
-                    }
-                };
-                let ticket = self.ticket(device);
-                self.replica_cells.insert(actor.get_id(), replica);
-                let wall = self.wall();
-                self.replicas.insert(replica, ReplicaEntry {
-                    actor: actor.clone(),
-                    device,
-                    deployment,
-                    loading_since: Some(wall),
-                    resident_since: None,
-                    busy_since: None,
-                    serving: 0,
-                });
-                if actor.send_message(ReplicaMsg::Start(ticket)).is_err() {
-                    self.replicas.remove(&replica);
-                    self.buffer.push(Event::ReplicaLoadFailed { replica, reason: "replica actor stopped".into() });
-                }
+                self.close_segments(&r);
+                let ticket = self.ticket(r.device);
+                tracing::info!(%replica, device = %r.device, level, "sleep");
+                self.falling_asleep.insert(replica, (r.device, r.deployment));
+                let _ = r.actor.send_message(ReplicaMsg::Reclaim { sleep: Some(level), ticket });
             }
             Command::Unload { replica } => {
+                if self.parked.contains_key(&replica) {
+                    return self.unload_parked(myself, replica);
+                }
+                if self.falling_asleep.contains_key(&replica) {
+                    self.pending_unloads.insert(replica);
+                    return;
+                }
                 let Some(r) = self.replicas.remove(&replica) else {
                     if self.gone.contains(&replica) {
                         // Reclaiming a replica that is already gone: nothing left to do.
@@ -473,7 +555,7 @@ impl PlannerActorState {
                 self.close_segments(&r);
                 let ticket = self.ticket(r.device);
                 tracing::info!(%replica, device = %r.device, "reclaim");
-                let _ = r.actor.send_message(ReplicaMsg::Reclaim { park: self.sleep_on_reclaim, ticket });
+                let _ = r.actor.send_message(ReplicaMsg::Reclaim { sleep: None, ticket });
             }
             Command::Dispatch { activation, replica } => {
                 let Some((item, mut call)) = self.pending.remove(&activation) else {
@@ -822,7 +904,7 @@ impl PlannerActorState {
                 self.notes.push(format!("replica {replica} did not confirm its unload at shutdown"));
             }
         }
-        let parked: Vec<EngineHandle> = std::mem::take(&mut self.parked).into_values().flatten().collect();
+        let parked: Vec<EngineHandle> = std::mem::take(&mut self.parked).into_values().map(|(_, _, e)| e).collect();
         let unloads = parked.iter().map(|e| e.engine.unload());
         for (result, e) in futures::future::join_all(unloads).await.into_iter().zip(&parked) {
             if let Err(err) = result {
@@ -855,6 +937,8 @@ impl PlannerActorState {
             counters: self.counters,
             loads: state.loads(),
             evictions: state.evictions(),
+            sleeps: state.sleeps(),
+            wakes: state.wakes(),
             interrupted: false,
         });
         let mut calls: Vec<CallRecord> = reports.iter().flat_map(|r| r.calls.iter().cloned()).collect();

@@ -119,7 +119,7 @@ impl<E: DeserializeOwned + Clone> LivePoolSpec<E> {
         }
         Ok(LivePoolSpec {
             path: path.to_path_buf(),
-            pool: PoolSpec { name: file.name, description: file.description, devices: specs },
+            pool: PoolSpec::on_one_host(file.name, file.description, specs),
             devices,
         })
     }

@@ -53,8 +53,6 @@ struct InFlight {
 
 pub struct ReplicaState {
     replica: ReplicaId,
-    device: DeviceId,
-    deployment: DeploymentId,
     handle: EngineHandle,
     wake: bool,
     planner: ActorRef<PlannerMsg>,
@@ -146,8 +144,6 @@ impl Actor for ReplicaActor {
         );
         Ok(ReplicaState {
             replica: args.replica,
-            device: args.device,
-            deployment: args.deployment,
             handle: args.engine,
             wake: args.wake,
             planner: args.planner,
@@ -276,30 +272,27 @@ async fn handle(myself: ActorRef<ReplicaMsg>, msg: ReplicaMsg, state: &mut Repli
                 }
             }
         }
-        ReplicaMsg::Reclaim { park, mut ticket } => {
+        ReplicaMsg::Reclaim { sleep, mut ticket } => {
             state.stop_telemetry();
             ticket.wait().await;
             let engine = state.engine();
             let mut parked = false;
-            if park {
-                match engine.sleep(1).await {
+            if let Some(level) = sleep {
+                match engine.sleep(level).await {
                     Ok(()) => parked = true,
                     Err(EngineError::Unsupported(_)) => {}
                     Err(e) => tracing::warn!(error = %e, "sleep failed: unloading instead"),
                 }
             }
             if parked {
-                tracing::info!("reclaimed: asleep (level 1), parked for a later wake");
-                let _ = state.planner.send_message(PlannerMsg::Parked {
-                    device: state.device,
-                    deployment: state.deployment,
-                    engine: state.handle.clone(),
-                });
+                tracing::info!(?sleep, "reclaimed: asleep, parked for a later wake");
+                let _ = state.planner.send_message(PlannerMsg::Parked { replica: state.replica, engine: state.handle.clone() });
             } else {
                 if let Err(e) = engine.unload().await {
                     tracing::warn!(error = %e, "unload failed");
                 }
                 tracing::info!("reclaimed: unloaded");
+                let _ = state.planner.send_message(PlannerMsg::Unloaded { replica: state.replica });
             }
             ticket.finish();
             if !state.requests.is_empty() {

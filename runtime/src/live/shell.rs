@@ -39,9 +39,6 @@ pub struct LiveConfig {
     /// sees wall time multiplied by it.
     pub speed: f64,
     pub retry: RetryPolicy,
-    /// Reclaim replicas by vLLM sleep (level 1) and wake them for a later load of the same
-    /// deployment on the same device, where the engine supports it.
-    pub sleep_on_reclaim: bool,
     /// How often replica actors scrape their engine's telemetry (`None`: never).
     pub telemetry_every: Option<Duration>,
     /// Fail whatever is still open when this much wall time has passed (`None`: no limit).
@@ -56,14 +53,13 @@ pub struct LiveConfig {
 }
 
 impl LiveConfig {
-    /// Defaults: real time (speed 1), [`RetryPolicy::default`], sleep on reclaim, telemetry
+    /// Defaults: real time (speed 1), [`RetryPolicy::default`], telemetry
     /// every second, no deadline, no streaming, a 100 ms watchdog.
     pub fn new(run: RunConfig) -> Self {
         LiveConfig {
             run,
             speed: 1.0,
             retry: RetryPolicy::default(),
-            sleep_on_reclaim: true,
             telemetry_every: Some(Duration::from_secs(1)),
             deadline: None,
             stream: false,
@@ -130,7 +126,7 @@ pub async fn run(cfg: &LiveConfig, factory: Arc<dyn EngineFactory>, progress: Op
     let (deployments, deployment_of) = exec::deployment_table(&rc.workflows, rc.max_num_seqs)?;
     let node_info = exec::node_infos(&rc.workflows, &deployment_of);
     let records = exec::load_records(&rc.workflows)?;
-    let planner = exec::build_planner(&rc.pool.devices, &deployments, &rc.policy, rc.options, &rc.predictor, rc.substrate)?;
+    let planner = exec::build_planner(&rc.pool, &deployments, &rc.policy, rc.options, &rc.predictor, rc.substrate)?;
     let sizes: Vec<usize> = records.iter().map(|r| r.len()).collect();
     let trace = arrivals::trace(rc.arrival, &rc.sessions_of(), &sizes, rc.seed);
     let total = trace.len();
@@ -160,7 +156,6 @@ pub async fn run(cfg: &LiveConfig, factory: Arc<dyn EngineFactory>, progress: Op
             arrival: rc.arrival.to_string(),
             pool: rc.pool.name.clone(),
         },
-        sleep_on_reclaim: cfg.sleep_on_reclaim,
         telemetry_every: cfg.telemetry_every,
         tool_workers: rc.tool_workers,
         tick: cfg.tick,

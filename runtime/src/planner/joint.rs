@@ -173,6 +173,7 @@ impl Joint {
         let available = match r.phase {
             ReplicaPhase::Awake => now,
             ReplicaPhase::Loading { since } => (since + self.est.load_time(d, g)).max(now),
+            ReplicaPhase::Waking { since, expected_s } => (since + expected_s).max(now),
         };
         Some(available + run)
     }
@@ -205,7 +206,7 @@ impl Joint {
 
     /// Whether a loading replica covers `w` (shared lifecycle: any; per-workflow: its own).
     fn covered_by_load(&self, r: &ReplicaView, w: &WorkItem) -> bool {
-        matches!(r.phase, ReplicaPhase::Loading { .. })
+        matches!(r.phase, ReplicaPhase::Loading { .. } | ReplicaPhase::Waking { .. })
             && (self.opts.shared_lifecycle || self.load_owner.get(&r.id) == Some(&w.workflow))
     }
 
@@ -385,7 +386,7 @@ impl Joint {
         out: &mut Vec<Command>,
     ) -> bool {
         for v in victims {
-            if state.issue_unload(*v, out).is_err() {
+            if state.issue_reclaim(*v, now, out).is_err() {
                 return false;
             }
             self.kv.remove(v);
@@ -551,6 +552,7 @@ impl Policy for Joint {
                         let at = match r.phase {
                             ReplicaPhase::Awake => now,
                             ReplicaPhase::Loading { since } => (since + self.est.load_time(dep, g)).max(now),
+                            ReplicaPhase::Waking { since, expected_s } => (since + expected_s).max(now),
                         };
                         Some((at, r.device, r.leases.len()))
                     })

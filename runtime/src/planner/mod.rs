@@ -26,8 +26,8 @@ pub use kairos::Kairos;
 pub use parrot::Parrot;
 pub use substrate::Substrate;
 pub use state::{
-    DeploymentInfo, DeviceInfo, NearReadyItem, PlanError, PlannerState, ReplicaPhase, ReplicaView,
-    RunningUnit, WorkItem,
+    AsleepReplica, DeploymentInfo, DeviceInfo, NearReadyItem, PlanError, PlannerState, Reclaim, ReplicaPhase,
+    ReplicaView, RunningUnit, WorkItem,
 };
 
 use serde::Serialize;
@@ -49,8 +49,13 @@ pub enum Event {
     UnitReady(WorkItem),
     /// A dispatched unit finished on `replica`.
     UnitFinished { activation: ActivationId, replica: ReplicaId, output_tokens: u32 },
-    /// A load finished: the replica is awake and accepts requests.
+    /// A load or a wake finished: the replica is awake and accepts requests.
     ReplicaLoaded { replica: ReplicaId },
+    /// A sleep finished: the replica keeps only its sleep-mode remainder on the device.
+    ReplicaAsleep { replica: ReplicaId },
+    /// A teardown finished (or a replica that was to sleep was unloaded instead): its device
+    /// memory is free.
+    ReplicaUnloaded { replica: ReplicaId },
     /// A load could not be carried out (the engine refused the deployment on that device).
     ReplicaLoadFailed { replica: ReplicaId, reason: String },
     /// An activation became near-ready (paper 003 §3.2).
@@ -67,8 +72,14 @@ pub enum Event {
 pub enum Command {
     /// Start loading `deployment` as a new replica on `device`.
     Load { replica: ReplicaId, deployment: DeploymentId, device: DeviceId },
-    /// Reclaim an idle replica: free its device memory.
+    /// Reclaim an idle replica or a sleeper: tear the engine down and free its device memory
+    /// (answered by `ReplicaUnloaded`).
     Unload { replica: ReplicaId },
+    /// Put an idle replica to sleep (vLLM sleep mode `level` 1 or 2; answered by
+    /// `ReplicaAsleep`, or by `ReplicaUnloaded` when the engine cannot sleep).
+    Sleep { replica: ReplicaId, level: u8 },
+    /// Wake a sleeping replica (answered by `ReplicaLoaded`).
+    Wake { replica: ReplicaId },
     /// Admit a ready unit to a replica (a grant; its lease lasts until the unit finishes).
     Dispatch { activation: ActivationId, replica: ReplicaId },
 }
@@ -124,6 +135,13 @@ impl Planner {
         let mut state = PlannerState::new(devices, deployments);
         state.set_fusion(policy.fuses_chains());
         Planner { state, policy }
+    }
+
+    /// The substrate's lifecycle settings: how idle replicas are reclaimed, each device's
+    /// node (by device index) and each node's host memory in bytes.
+    pub fn set_substrate_lifecycle(&mut self, reclaim: Reclaim, node_of: Vec<usize>, host_memory: Vec<u64>) {
+        self.state.set_reclaim(reclaim);
+        self.state.set_hosts(node_of, host_memory);
     }
 
     pub fn policy_name(&self) -> &'static str {

@@ -37,6 +37,8 @@ pub enum PlanError {
     Ineligible(DeploymentId, DeviceId),
     #[error("event for unit {0} that holds no lease on replica {1}")]
     NoLease(ActivationId, ReplicaId),
+    #[error("replica {0} is not asleep")]
+    NotAsleep(ReplicaId),
 }
 
 /// One GPU of the pool as the planner sees it.
@@ -51,6 +53,44 @@ pub struct DeviceInfo {
 /// CUDA graphs. A planner-side assumption (vLLM typically needs 1–3 GiB here), deliberately
 /// independent of the emulator's own constants.
 pub const PLANNER_ENGINE_RESERVE_BYTES: u64 = 2 << 30;
+
+/// Device memory a sleeping replica keeps (CUDA context, NCCL buffers, CUDA graphs, allocator
+/// pools): a planner-side assumption inside the 1–5 GiB real vLLM sleepers keep (field anchors
+/// §1.1: `/sleep` frees neither the CUDA context nor the NCCL buffers).
+pub const PLANNER_ASLEEP_BYTES: u64 = 2 << 30;
+
+/// Seconds the planner expects an engine to take from an unload request until its device
+/// memory is free: vLLM's own bound on the engine-core exit (vllm#31252: the API server waits
+/// 5 s for it). A planner-side assumption; the shells report the real end.
+pub const PLANNER_TEARDOWN_S: f64 = 5.0;
+
+/// Weight reads from the page cache the planner assumes for a level-2 wake, bytes/s (the low
+/// end of the 3.5–5 GB/s measured for vLLM safetensors loads, field anchors §9).
+pub const PLANNER_PAGE_CACHE_BYTES_PER_S: f64 = 3.5e9;
+
+/// Fixed part of a sleep or wake the planner assumes, seconds (the vLLM sleep-mode blog
+/// measured 0.25–0.9 s wakes for a 0.6B model, almost all of it fixed).
+pub const PLANNER_SLEEP_WAKE_FIXED_S: f64 = 0.5;
+
+/// vLLM sleep-mode level 1: the weights are copied to host memory (a wake copies them back).
+pub const SLEEP_LEVEL_OFFLOAD: u8 = 1;
+/// Level 2: the weights are dropped (a wake re-reads them from the page cache).
+pub const SLEEP_LEVEL_DISCARD: u8 = 2;
+
+/// The planner's estimate of a sleep (`level` 1 copies the weights over the host link).
+pub fn sleep_estimate_s(weight_bytes: u64, device: &DeviceSpec, level: u8) -> f64 {
+    match level {
+        SLEEP_LEVEL_OFFLOAD => weight_bytes as f64 / device.host_link_bandwidth.max(1.0) + PLANNER_SLEEP_WAKE_FIXED_S,
+        _ => PLANNER_SLEEP_WAKE_FIXED_S,
+    }
+}
+
+/// The planner's estimate of a wake from `level`.
+pub fn wake_estimate_s(weight_bytes: u64, device: &DeviceSpec, level: u8) -> f64 {
+    let link = device.host_link_bandwidth.max(1.0);
+    let bandwidth = if level == SLEEP_LEVEL_OFFLOAD { link } else { link.min(PLANNER_PAGE_CACHE_BYTES_PER_S) };
+    weight_bytes as f64 / bandwidth + PLANNER_SLEEP_WAKE_FIXED_S
+}
 
 /// A deployment identity d: model, dtype and serving configuration.
 #[derive(Debug, Clone, Serialize)]
@@ -142,8 +182,42 @@ pub struct RunningUnit {
 /// Lifecycle phase of a replica in the planner's view.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub enum ReplicaPhase {
+    /// A cold load was issued at `since` (it starts once the device's earlier transitions end).
     Loading { since: f64 },
+    /// A sleeping replica is being woken; the planner expects it awake at `since + expected_s`.
+    Waking { since: f64, expected_s: f64 },
     Awake,
+}
+
+/// A replica in vLLM sleep mode (or falling asleep): not servable until woken, holding
+/// [`PLANNER_ASLEEP_BYTES`] of device memory and, at level 1, its weights in host memory.
+#[derive(Debug, Clone, Serialize)]
+pub struct AsleepReplica {
+    pub id: ReplicaId,
+    pub deployment: DeploymentId,
+    pub device: DeviceId,
+    /// 1 (weights offloaded to host memory) or 2 (weights dropped).
+    pub level: u8,
+    /// When the sleep was issued.
+    pub since: f64,
+    /// Whether the shell reported the sleep complete.
+    pub settled: bool,
+    /// The claim it will hold again once awake.
+    pub claim_bytes: u64,
+    /// Host memory its weights hold (level 1), else 0.
+    pub host_bytes: u64,
+}
+
+/// How the substrate reclaims an idle replica (the same for every policy of a run).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Default)]
+pub enum Reclaim {
+    /// Unload it: the engine exits (paper 003's substrate).
+    #[default]
+    Unload,
+    /// Put it to sleep (vLLM sleep mode): level 1 where the node's host memory holds the
+    /// weights, else level 2; a later load of the same deployment on that device wakes it.
+    /// Sleepers are unloaded, oldest first, when a load needs their memory.
+    Sleep,
 }
 
 /// One replica as the planner sees it.
@@ -185,6 +259,20 @@ pub struct PlannerState {
     next_replica: u32,
     loads: u64,
     evictions: u64,
+    /// Replicas in sleep mode (or falling asleep), by id.
+    asleep: BTreeMap<ReplicaId, AsleepReplica>,
+    /// Replicas being torn down: the device and the issue time (their memory is released when
+    /// the shell reports `ReplicaUnloaded`; loads on the device start after that).
+    tearing_down: BTreeMap<ReplicaId, (DeviceId, f64)>,
+    /// When each device's last issued memory-releasing transition (teardown, sleep) is
+    /// expected to end: a load or wake there starts no earlier.
+    released_at: BTreeMap<DeviceId, f64>,
+    reclaim: Reclaim,
+    /// Node (host) of each device, by device index, and each node's host memory in bytes.
+    node_of: Vec<usize>,
+    host_memory: Vec<u64>,
+    sleeps: u64,
+    wakes: u64,
 }
 
 impl PlannerState {
@@ -198,6 +286,14 @@ impl PlannerState {
             near_ready: BTreeMap::new(),
             running: BTreeMap::new(),
             holds: BTreeMap::new(),
+            asleep: BTreeMap::new(),
+            tearing_down: BTreeMap::new(),
+            released_at: BTreeMap::new(),
+            reclaim: Reclaim::Unload,
+            node_of: Vec::new(),
+            host_memory: Vec::new(),
+            sleeps: 0,
+            wakes: 0,
             fusion: false,
             chain_next: BTreeSet::new(),
             next_replica: 0,
@@ -209,6 +305,59 @@ impl PlannerState {
     /// Turn chain fusion on: finished links with a fused successor keep their lease.
     pub fn set_fusion(&mut self, on: bool) {
         self.fusion = on;
+    }
+
+    /// How idle replicas are reclaimed (a substrate setting).
+    pub fn set_reclaim(&mut self, reclaim: Reclaim) {
+        self.reclaim = reclaim;
+    }
+
+    pub fn reclaim(&self) -> Reclaim {
+        self.reclaim
+    }
+
+    /// The hosts: `node_of[device index]` names each device's node; `host_memory[node]` is
+    /// that node's host memory in bytes (level-1 sleepers keep their weights there). Without
+    /// it, no node has room for a level-1 sleeper.
+    pub fn set_hosts(&mut self, node_of: Vec<usize>, host_memory: Vec<u64>) {
+        self.node_of = node_of;
+        self.host_memory = host_memory;
+    }
+
+    /// Replicas in sleep mode or falling asleep, in id order.
+    pub fn asleep(&self) -> impl Iterator<Item = &AsleepReplica> {
+        self.asleep.values()
+    }
+
+    /// Replicas being torn down on `device`.
+    pub fn tearing_down_on(&self, device: DeviceId) -> usize {
+        self.tearing_down.values().filter(|(g, _)| *g == device).count()
+    }
+
+    pub fn sleeps(&self) -> u64 {
+        self.sleeps
+    }
+
+    pub fn wakes(&self) -> u64 {
+        self.wakes
+    }
+
+    /// Host memory free on `device`'s node for level-1 sleepers, bytes.
+    pub fn host_free_bytes(&self, device: DeviceId) -> u64 {
+        let Some(&node) = self.node_of.get(device.0 as usize) else { return 0 };
+        let cap = self.host_memory.get(node).copied().unwrap_or(0);
+        let used: u64 = self
+            .asleep
+            .values()
+            .filter(|a| self.node_of.get(a.device.0 as usize) == Some(&node))
+            .map(|a| a.host_bytes)
+            .sum();
+        cap.saturating_sub(used)
+    }
+
+    /// Device memory held by sleepers on `device` (all of it reclaimable by unloading them).
+    pub fn asleep_bytes_on(&self, device: DeviceId) -> u64 {
+        self.asleep.values().filter(|a| a.device == device).map(|_| PLANNER_ASLEEP_BYTES).sum()
     }
 
     pub fn fusion(&self) -> bool {
@@ -294,9 +443,12 @@ impl PlannerState {
         self.replicas.values().filter(move |r| r.device == device)
     }
 
-    /// Device memory claimed by replicas (resident or loading).
+    /// Device memory claimed by replicas (resident, loading or waking) and kept by sleepers.
+    /// Replicas being torn down or falling asleep hold more until their transition ends, but a
+    /// load or wake on the device starts only after that (the shells sequence them), so it is
+    /// what the device holds when the next load starts.
     pub fn used_bytes(&self, device: DeviceId) -> u64 {
-        self.replicas_on(device).map(|r| r.claim_bytes).sum()
+        self.replicas_on(device).map(|r| r.claim_bytes).sum::<u64>() + self.asleep_bytes_on(device)
     }
 
     pub fn free_bytes(&self, device: DeviceId) -> u64 {
@@ -371,6 +523,17 @@ impl PlannerState {
                 let r = self.replicas.get_mut(&replica).ok_or(PlanError::UnknownReplica(replica))?;
                 r.phase = ReplicaPhase::Awake;
                 r.last_used = now;
+            }
+            Event::ReplicaAsleep { replica } => {
+                // A sleeper woken (or unloaded) before the report came is no longer here.
+                if let Some(a) = self.asleep.get_mut(&replica) {
+                    a.settled = true;
+                }
+            }
+            Event::ReplicaUnloaded { replica } => {
+                // A shell that could not put a replica to sleep unloads it and says so.
+                self.tearing_down.remove(&replica);
+                self.asleep.remove(&replica);
             }
             Event::ReplicaLoadFailed { replica, .. } => {
                 let r = self.replicas.remove(&replica).ok_or(PlanError::UnknownReplica(replica))?;
@@ -451,15 +614,60 @@ impl PlannerState {
             return Err(PlanError::Ineligible(deployment, device));
         };
         let claim = d.claim_bytes(g);
+        let weight_bytes = d.weight_bytes;
         let capacity = g.spec.memory_bytes;
-        // Eq. 11 over the device's predicted transitions: every replica holds its claim from
-        // now on (reclaimed victims were removed from the view when their unload was issued).
-        let occupancy: Vec<Occupancy> = self
-            .replicas_on(device)
-            .map(|r| Occupancy { from: now, until: f64::INFINITY, bytes: r.claim_bytes })
-            .collect();
-        if !memory::feasible(capacity, &occupancy, Occupancy { from: now, until: f64::INFINITY, bytes: claim }) {
-            return Err(PlanError::NoMemory(deployment, device, claim, self.free_bytes(device)));
+        let spec = g.spec.clone();
+        // A sleeper of this deployment on the device is woken instead of loading anew.
+        let sleeper = self.asleep.values().find(|a| a.deployment == deployment && a.device == device).map(|a| (a.id, a.level));
+        let start = self.released_at.get(&device).copied().unwrap_or(now).max(now);
+        // Eq. 11 over the device's predicted transitions: from the load's start every replica
+        // holds its claim and every other sleeper its remainder (reclaimed victims left the
+        // view when their unload or sleep was issued; the load starts after those end).
+        loop {
+            let mut occupancy: Vec<Occupancy> = self
+                .replicas_on(device)
+                .map(|r| Occupancy { from: start, until: f64::INFINITY, bytes: r.claim_bytes })
+                .collect();
+            occupancy.extend(
+                self.asleep
+                    .values()
+                    .filter(|a| a.device == device && Some(a.id) != sleeper.map(|s| s.0))
+                    .map(|_| Occupancy { from: start, until: f64::INFINITY, bytes: PLANNER_ASLEEP_BYTES }),
+            );
+            if memory::feasible(capacity, &occupancy, Occupancy { from: start, until: f64::INFINITY, bytes: claim }) {
+                break;
+            }
+            // Sleepers are the first to go, oldest first.
+            let oldest = self
+                .asleep
+                .values()
+                .filter(|a| a.device == device && Some(a.id) != sleeper.map(|s| s.0))
+                .min_by(|a, b| a.since.total_cmp(&b.since).then(a.id.cmp(&b.id)))
+                .map(|a| a.id);
+            match oldest {
+                Some(victim) => self.issue_unload(victim, now, out)?,
+                None => return Err(PlanError::NoMemory(deployment, device, claim, self.free_bytes(device))),
+            }
+        }
+        let start = self.released_at.get(&device).copied().unwrap_or(now).max(now);
+        if let Some((id, level)) = sleeper {
+            self.asleep.remove(&id);
+            let expected_s = wake_estimate_s(weight_bytes, &spec, level);
+            self.replicas.insert(
+                id,
+                ReplicaView {
+                    id,
+                    deployment,
+                    device,
+                    phase: ReplicaPhase::Waking { since: start, expected_s },
+                    claim_bytes: claim,
+                    leases: BTreeSet::new(),
+                    last_used: now,
+                },
+            );
+            self.wakes += 1;
+            out.push(Command::Wake { replica: id });
+            return Ok(id);
         }
         let id = ReplicaId(self.next_replica);
         self.next_replica += 1;
@@ -469,7 +677,7 @@ impl PlannerState {
                 id,
                 deployment,
                 device,
-                phase: ReplicaPhase::Loading { since: now },
+                phase: ReplicaPhase::Loading { since: start },
                 claim_bytes: claim,
                 leases: BTreeSet::new(),
                 last_used: now,
@@ -480,8 +688,37 @@ impl PlannerState {
         Ok(id)
     }
 
-    /// Reclaim an idle replica. Refused while it holds a lease or is still loading.
-    pub fn issue_unload(&mut self, replica: ReplicaId, out: &mut Vec<Command>) -> Result<(), PlanError> {
+    /// Unload an idle replica or a sleeper: the engine is torn down and its memory is free
+    /// when the shell reports `ReplicaUnloaded` (a load on the device starts after that).
+    /// Refused while it holds a lease or is still loading or waking.
+    pub fn issue_unload(&mut self, replica: ReplicaId, now: f64, out: &mut Vec<Command>) -> Result<(), PlanError> {
+        let device = if let Some(a) = self.asleep.remove(&replica) {
+            a.device
+        } else {
+            let r = self.replicas.get(&replica).ok_or(PlanError::UnknownReplica(replica))?;
+            if !r.leases.is_empty() {
+                return Err(PlanError::Leased(replica, r.leases.len()));
+            }
+            if r.phase != ReplicaPhase::Awake {
+                return Err(PlanError::NotAwake(replica));
+            }
+            let device = r.device;
+            self.replicas.remove(&replica);
+            device
+        };
+        self.tearing_down.insert(replica, (device, now));
+        self.released_after(device, now + PLANNER_TEARDOWN_S);
+        self.evictions += 1;
+        out.push(Command::Unload { replica });
+        Ok(())
+    }
+
+    /// Reclaim an idle replica the substrate's way ([`Reclaim`]): unload it, or put it to
+    /// sleep — level 1 when its node's host memory has room for the weights, else level 2.
+    pub fn issue_reclaim(&mut self, replica: ReplicaId, now: f64, out: &mut Vec<Command>) -> Result<(), PlanError> {
+        if self.reclaim == Reclaim::Unload || self.asleep.contains_key(&replica) {
+            return self.issue_unload(replica, now, out);
+        }
         let r = self.replicas.get(&replica).ok_or(PlanError::UnknownReplica(replica))?;
         if !r.leases.is_empty() {
             return Err(PlanError::Leased(replica, r.leases.len()));
@@ -489,10 +726,30 @@ impl PlannerState {
         if r.phase != ReplicaPhase::Awake {
             return Err(PlanError::NotAwake(replica));
         }
+        let (deployment, device, claim_bytes) = (r.deployment, r.device, r.claim_bytes);
+        let weight_bytes = self.deployment(deployment).map(|d| d.weight_bytes).unwrap_or(0);
+        let level = if self.host_free_bytes(device) >= weight_bytes { SLEEP_LEVEL_OFFLOAD } else { SLEEP_LEVEL_DISCARD };
+        let took = self.device(device).map(|g| sleep_estimate_s(weight_bytes, &g.spec, level)).unwrap_or(0.0);
         self.replicas.remove(&replica);
-        self.evictions += 1;
-        out.push(Command::Unload { replica });
+        self.asleep.insert(replica, AsleepReplica {
+            id: replica,
+            deployment,
+            device,
+            level,
+            since: now,
+            settled: false,
+            claim_bytes,
+            host_bytes: if level == SLEEP_LEVEL_OFFLOAD { weight_bytes } else { 0 },
+        });
+        self.released_after(device, now + took);
+        self.sleeps += 1;
+        out.push(Command::Sleep { replica, level });
         Ok(())
+    }
+
+    fn released_after(&mut self, device: DeviceId, at: f64) {
+        let e = self.released_at.entry(device).or_insert(at);
+        *e = e.max(at);
     }
 }
 
@@ -542,13 +799,13 @@ mod tests {
         s.observe(Event::ReplicaLoaded { replica: r }, 1.0).unwrap();
         s.observe(Event::UnitReady(item(1)), 1.0).unwrap();
         s.issue_dispatch(item(1).activation, r, 1.0, &mut out).unwrap();
-        assert_eq!(s.issue_unload(r, &mut out), Err(PlanError::Leased(r, 1)));
+        assert_eq!(s.issue_unload(r, 2.0, &mut out), Err(PlanError::Leased(r, 1)));
         s.observe(
             Event::UnitFinished { activation: item(1).activation, replica: r, output_tokens: 5 },
             2.0,
         )
         .unwrap();
-        s.issue_unload(r, &mut out).unwrap();
+        s.issue_unload(r, 2.0, &mut out).unwrap();
         assert_eq!(s.evictions(), 1);
     }
 
@@ -617,11 +874,132 @@ mod tests {
         s.issue_dispatch(first.activation, a, 1.0, &mut out).unwrap();
         s.observe(Event::UnitFinished { activation: first.activation, replica: a, output_tokens: 5 }, 2.0).unwrap();
         assert_eq!(s.hold_of(first.activation), Some(a));
-        assert!(s.issue_unload(a, &mut out).is_err(), "held for the successor");
+        assert!(s.issue_unload(a, 3.0, &mut out).is_err(), "held for the successor");
         s.observe(Event::UnitReady(second.clone()), 2.0).unwrap();
         s.issue_dispatch(second.activation, b, 2.0, &mut out).unwrap();
         assert_eq!(s.hold_of(first.activation), None);
         assert!(s.replica(a).is_some_and(|r| r.leases.is_empty()));
-        s.issue_unload(a, &mut out).unwrap();
+        s.issue_unload(a, 3.0, &mut out).unwrap();
+    }
+
+    const GIB: u64 = 1 << 30;
+
+    /// One A100-40GB and one deployment per model in `models` (claim 36 GiB each).
+    fn state_of(models: &[&str]) -> PlannerState {
+        let devices = vec![DeviceInfo { id: DeviceId(0), spec: spec::device("A100-40GB").unwrap() }];
+        let deployments = models
+            .iter()
+            .enumerate()
+            .map(|(i, name)| {
+                let m = spec::model(name).unwrap();
+                DeploymentInfo {
+                    id: DeploymentId(i as u32),
+                    model: m.name.clone(),
+                    dtype: Dtype::Bf16,
+                    max_model_len: 8192,
+                    gpu_memory_utilization: 0.9,
+                    weight_bytes: m.param_bytes(Dtype::Bf16),
+                    kv_bytes_per_token: m.kv_bytes_per_token(Dtype::Bf16),
+                    max_num_seqs: 2,
+                }
+            })
+            .collect();
+        PlannerState::new(devices, deployments)
+    }
+
+    fn awake(s: &mut PlannerState, d: u32, now: f64, out: &mut Vec<Command>) -> ReplicaId {
+        let r = s.issue_load(DeploymentId(d), DeviceId(0), now, out).unwrap();
+        s.observe(Event::ReplicaLoaded { replica: r }, now + 1.0).unwrap();
+        r
+    }
+
+    #[test]
+    fn a_load_after_an_unload_starts_when_the_teardown_is_expected_to_end() {
+        let mut s = state();
+        let mut out = Vec::new();
+        let r = awake(&mut s, 0, 0.0, &mut out);
+        s.issue_unload(r, 10.0, &mut out).unwrap();
+        assert_eq!(out.last(), Some(&Command::Unload { replica: r }));
+        assert_eq!(s.tearing_down_on(DeviceId(0)), 1);
+        assert!(s.replica(r).is_none(), "an unloading replica serves nothing");
+        let again = s.issue_load(DeploymentId(0), DeviceId(0), 11.0, &mut out).unwrap();
+        assert_eq!(s.replica(again).map(|v| v.phase), Some(ReplicaPhase::Loading { since: 10.0 + PLANNER_TEARDOWN_S }));
+        s.observe(Event::ReplicaUnloaded { replica: r }, 15.0).unwrap();
+        assert_eq!(s.tearing_down_on(DeviceId(0)), 0);
+    }
+
+    #[test]
+    fn reclaim_by_sleep_keeps_a_remainder_and_a_later_load_wakes_the_sleeper() {
+        let mut s = state();
+        s.set_reclaim(Reclaim::Sleep);
+        s.set_hosts(vec![0], vec![64 * GIB]);
+        let weights = s.deployment(DeploymentId(0)).unwrap().weight_bytes;
+        let mut out = Vec::new();
+        let r = awake(&mut s, 0, 0.0, &mut out);
+        s.issue_reclaim(r, 5.0, &mut out).unwrap();
+        assert_eq!(out.last(), Some(&Command::Sleep { replica: r, level: SLEEP_LEVEL_OFFLOAD }));
+        assert!(s.replica(r).is_none(), "a sleeper serves nothing");
+        assert_eq!(s.used_bytes(DeviceId(0)), PLANNER_ASLEEP_BYTES);
+        assert_eq!(s.host_free_bytes(DeviceId(0)), 64 * GIB - weights, "level 1 keeps the weights in host memory");
+        s.observe(Event::ReplicaAsleep { replica: r }, 6.0).unwrap();
+        let woken = s.issue_load(DeploymentId(0), DeviceId(0), 20.0, &mut out).unwrap();
+        assert_eq!(woken, r, "the sleeper is woken, not a new replica loaded");
+        assert_eq!(out.last(), Some(&Command::Wake { replica: r }));
+        assert!(matches!(s.replica(r).map(|v| v.phase), Some(ReplicaPhase::Waking { .. })));
+        assert_eq!(s.host_free_bytes(DeviceId(0)), 64 * GIB);
+        s.observe(Event::ReplicaLoaded { replica: r }, 21.0).unwrap();
+        assert!(s.replica(r).is_some_and(|v| v.is_idle()));
+        assert_eq!((s.loads(), s.sleeps(), s.wakes(), s.evictions()), (1, 1, 1, 0));
+    }
+
+    #[test]
+    fn without_room_in_host_memory_the_sleep_is_level_two() {
+        let mut s = state();
+        s.set_reclaim(Reclaim::Sleep);
+        s.set_hosts(vec![0], vec![GIB]);
+        let mut out = Vec::new();
+        let r = awake(&mut s, 0, 0.0, &mut out);
+        s.issue_reclaim(r, 5.0, &mut out).unwrap();
+        assert_eq!(out.last(), Some(&Command::Sleep { replica: r, level: SLEEP_LEVEL_DISCARD }));
+        assert_eq!(s.host_free_bytes(DeviceId(0)), GIB);
+    }
+
+    #[test]
+    fn a_leased_replica_is_never_put_to_sleep_and_a_sleeper_that_cannot_sleep_is_forgotten() {
+        let mut s = state();
+        s.set_reclaim(Reclaim::Sleep);
+        let mut out = Vec::new();
+        let r = awake(&mut s, 0, 0.0, &mut out);
+        s.observe(Event::UnitReady(item(1)), 1.0).unwrap();
+        s.issue_dispatch(item(1).activation, r, 1.0, &mut out).unwrap();
+        assert_eq!(s.issue_reclaim(r, 2.0, &mut out), Err(PlanError::Leased(r, 1)));
+        s.observe(Event::UnitFinished { activation: item(1).activation, replica: r, output_tokens: 5 }, 3.0).unwrap();
+        s.issue_reclaim(r, 3.0, &mut out).unwrap();
+        // The shell's engine could not sleep and unloaded it instead.
+        s.observe(Event::ReplicaUnloaded { replica: r }, 4.0).unwrap();
+        assert_eq!(s.asleep().count(), 0);
+        assert_eq!(s.used_bytes(DeviceId(0)), 0);
+    }
+
+    #[test]
+    fn a_load_unloads_sleepers_oldest_first_when_it_needs_their_memory() {
+        // 36 GiB claims on a 40 GiB device: one awake replica and two 2 GiB sleepers fit,
+        // three sleepers do not.
+        let mut s = state_of(&["Qwen3-0.6B", "Qwen3-1.7B", "Qwen3-4B", "Qwen3-8B"]);
+        s.set_reclaim(Reclaim::Sleep);
+        s.set_hosts(vec![0], vec![256 * GIB]);
+        let mut out = Vec::new();
+        let mut sleepers = Vec::new();
+        for d in 0..3 {
+            let r = awake(&mut s, d, 10.0 * d as f64, &mut out);
+            s.issue_reclaim(r, 10.0 * d as f64 + 5.0, &mut out).unwrap();
+            sleepers.push(r);
+        }
+        assert_eq!(s.asleep().count(), 3);
+        out.clear();
+        let r = s.issue_load(DeploymentId(3), DeviceId(0), 40.0, &mut out).unwrap();
+        assert_eq!(out, vec![Command::Unload { replica: sleepers[0] }, Command::Load { replica: r, deployment: DeploymentId(3), device: DeviceId(0) }]);
+        assert!(s.used_bytes(DeviceId(0)) <= spec::device("A100-40GB").unwrap().memory_bytes);
+        assert_eq!(s.asleep().map(|a| a.id).collect::<Vec<_>>(), sleepers[1..].to_vec());
     }
 }

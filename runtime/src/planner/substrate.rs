@@ -5,8 +5,13 @@
 //! - **Load on demand**: a deployment with ready work and no replica is loaded on the eligible
 //!   device with free memory and the highest compute throughput ([`load_on_demand`]).
 //! - **Lease-safe reclaim**: when no device has room, least-recently-used *idle* replicas
-//!   (awake, no lease) are unloaded on the device where that frees enough memory with the
+//!   (awake, no lease) are reclaimed on the device where that frees enough memory with the
 //!   oldest victims; a replica holding a lease is never touched (the planner state refuses).
+//!   Reclaiming unloads (the engine is torn down; its memory is free when the shell says so)
+//!   or, with [`super::Reclaim::Sleep`], puts the replica to sleep (vLLM sleep mode, level 1
+//!   where the node's host memory holds the weights, else level 2): a later load of that
+//!   deployment wakes it on its device in seconds, and sleepers are unloaded, oldest first,
+//!   when a load needs their memory ([`PlannerState::issue_load`]).
 //! - **Reactive, request-level scale-out** ([`reactive_scale_out`]): the rule of a standard
 //!   autoscaler (Ray Serve's `target_ongoing_requests`, Knative's target concurrency) with the
 //!   target set to what a replica can really hold — a deployment whose outstanding units
@@ -43,6 +48,9 @@ pub struct Substrate {
     pub scale_out_waiting: f64,
     /// …for at least this long (seconds).
     pub upscale_delay_s: f64,
+    /// How idle replicas are reclaimed: unloaded (default, paper 003's substrate) or put to
+    /// sleep.
+    pub reclaim: super::Reclaim,
 }
 
 /// Ray Serve's default `upscale_delay_s` (`ray.serve.config.AutoscalingConfig`): how long the
@@ -52,7 +60,12 @@ pub const RAY_SERVE_UPSCALE_DELAY_S: f64 = 30.0;
 impl Default for Substrate {
     /// No replica cap; scale out when more than one unit per replica has waited for 30 s.
     fn default() -> Self {
-        Substrate { replica_cap: None, scale_out_waiting: 1.0, upscale_delay_s: RAY_SERVE_UPSCALE_DELAY_S }
+        Substrate {
+            replica_cap: None,
+            scale_out_waiting: 1.0,
+            upscale_delay_s: RAY_SERVE_UPSCALE_DELAY_S,
+            reclaim: super::Reclaim::Unload,
+        }
     }
 }
 
@@ -144,27 +157,33 @@ impl ScaleOut {
 pub fn load_on_demand(state: &mut PlannerState, deployment: DeploymentId, now: f64, out: &mut Vec<Command>) -> Option<ReplicaId> {
     let d = state.deployment(deployment)?.clone();
     let mut eligible: Vec<DeviceId> = state.devices().iter().filter(|g| state.eligible(deployment, g.id)).map(|g| g.id).collect();
-    // Fastest device first; ties by id.
+    // A device where the deployment sleeps first (a wake is seconds, a load tens of seconds),
+    // then the fastest; ties by id.
+    let sleeps_on = |g: DeviceId| state.asleep().any(|a| a.deployment == deployment && a.device == g);
     eligible.sort_by(|a, b| {
         let fa = state.device(*a).map(|g| g.spec.dense_fp16_flops).unwrap_or(0.0);
         let fb = state.device(*b).map(|g| g.spec.dense_fp16_flops).unwrap_or(0.0);
-        fb.total_cmp(&fa).then(a.cmp(b))
+        sleeps_on(*b).cmp(&sleeps_on(*a)).then(fb.total_cmp(&fa)).then(a.cmp(b))
     });
+    // Sleepers' memory is always reclaimable: the load unloads them, oldest first, as needed.
     for &g in &eligible {
         let claim = state.device(g).map(|dev| d.claim_bytes(dev)).unwrap_or(u64::MAX);
-        if state.free_bytes(g) >= claim {
+        if state.free_bytes(g) + state.asleep_bytes_on(g) >= claim {
             return state.issue_load(deployment, g, now, out).ok();
         }
     }
     // Evict: for each device, the LRU idle victims that free enough; pick the device whose
     // newest needed victim is the least recently used.
-    let mut best: Option<(f64, DeviceId, Vec<ReplicaId>)> = None;
+    // A device where the deployment sleeps wins (a wake saves a cold start; `false` sorts
+    // first), then the one whose newest victim is the least recently used.
+    let mut best: Option<((bool, f64), DeviceId, Vec<ReplicaId>)> = None;
     for &g in &eligible {
+        let no_sleeper = !state.asleep().any(|a| a.deployment == deployment && a.device == g);
         let Some(dev) = state.device(g) else { continue };
         let claim = d.claim_bytes(dev);
         let mut idle: Vec<_> = state.replicas_on(g).filter(|r| r.is_idle()).collect();
         idle.sort_by(|a, b| a.last_used.total_cmp(&b.last_used).then(a.id.cmp(&b.id)));
-        let mut free = state.free_bytes(g);
+        let mut free = state.free_bytes(g) + state.asleep_bytes_on(g);
         let mut victims = Vec::new();
         let mut newest = f64::NEG_INFINITY;
         for r in idle {
@@ -175,13 +194,14 @@ pub fn load_on_demand(state: &mut PlannerState, deployment: DeploymentId, now: f
             newest = newest.max(r.last_used);
             victims.push(r.id);
         }
-        if free >= claim && best.as_ref().is_none_or(|(t, ..)| newest < *t) {
-            best = Some((newest, g, victims));
+        let key = (no_sleeper, newest);
+        if free >= claim && best.as_ref().is_none_or(|(k, ..)| key.0 < k.0 || (key.0 == k.0 && key.1 < k.1)) {
+            best = Some((key, g, victims));
         }
     }
     let (_, g, victims) = best?;
     for v in victims {
-        if state.issue_unload(v, out).is_err() {
+        if state.issue_reclaim(v, now, out).is_err() {
             return None;
         }
     }

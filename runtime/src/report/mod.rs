@@ -85,8 +85,12 @@ pub struct RunReport {
     pub gpu_seconds_per_session: GpuBreakdown,
     /// Whole-pool GPU time over the makespan; the four parts sum to gpus × makespan.
     pub gpu_seconds_total: GpuBreakdown,
+    /// Cold loads, and unloads (teardowns) issued.
     pub loads: u64,
     pub evictions: u64,
+    /// Replicas put to sleep, and sleepers woken (`--sleep`).
+    pub sleeps: u64,
+    pub wakes: u64,
     pub llm_calls: u64,
     pub tool_calls: u64,
     pub generated_tokens: u64,

@@ -21,7 +21,7 @@ use std::cmp::Ordering;
 use std::collections::{BTreeMap, BinaryHeap};
 use std::sync::Arc;
 
-use switchyard_emulator::{EmulatedReplica, EngineEvent, EngineRequest, ServingConfig, WeightSource};
+use switchyard_emulator::{EmulatedReplica, EngineEvent, EngineRequest, ReplicaState, ServingConfig, WeightSource};
 use switchyard_predictor::{Dtype, spec};
 use switchyard_tools::{ToolCall, modeled_duration_s};
 use thiserror::Error;
@@ -69,7 +69,12 @@ pub struct SimOutput {
 enum SimEvent {
     Arrival(usize),
     IterationEnd(ReplicaId),
+    /// A load or a wake completes.
     LoadDone(ReplicaId),
+    /// A sleep completes.
+    SleepDone(ReplicaId),
+    /// A teardown completes: the replica's device memory is free.
+    UnloadDone(ReplicaId),
     ToolDone(ActivationId),
     /// The agent framework hands a finished call's output to its session
     /// ([`RunConfig::handoff_s`] after the finish).
@@ -175,6 +180,12 @@ struct Sim<'a> {
     /// them from the page cache, the first from disk. (Per device: the emulated pool has no
     /// node grouping, so a node's other GPUs do not share it — the conservative end.)
     weights_read: std::collections::BTreeSet<(String, Dtype, u32)>,
+    /// Per device: when its latest memory-releasing transition (teardown, sleep) ends; a load
+    /// or wake there starts no earlier (vLLM's start-up refuses a device whose memory is
+    /// still held).
+    released_at: Vec<f64>,
+    /// Engines being torn down, until their `UnloadDone`.
+    tearing_down: BTreeMap<ReplicaId, Replica>,
     work: TokenWork,
     trace: Vec<TraceLine>,
     notes: Vec<String>,
@@ -241,7 +252,7 @@ impl<'a> Sim<'a> {
     fn new(cfg: &'a RunConfig, opts: SimOptions) -> Result<Self, SimError> {
         let (deployments, deployment_of) = exec::deployment_table(&cfg.workflows, cfg.max_num_seqs)?;
         let planner =
-            exec::build_planner(&cfg.pool.devices, &deployments, &cfg.policy, cfg.options, &cfg.predictor, cfg.substrate)?;
+            exec::build_planner(&cfg.pool, &deployments, &cfg.policy, cfg.options, &cfg.predictor, cfg.substrate)?;
         let records = exec::load_records(&cfg.workflows)?;
         let sizes: Vec<usize> = records.iter().map(|r| r.len()).collect();
         let trace_entries = arrivals::trace(cfg.arrival, &cfg.sessions_of(), &sizes, cfg.seed);
@@ -281,6 +292,8 @@ impl<'a> Sim<'a> {
                 .collect(),
             timelines,
             weights_read: std::collections::BTreeSet::new(),
+            released_at: vec![0.0; cfg.pool.devices.len()],
+            tearing_down: BTreeMap::new(),
             work: BTreeMap::new(),
             trace: Vec::new(),
             notes: Vec::new(),
@@ -320,6 +333,8 @@ impl<'a> Sim<'a> {
                 SimEvent::Arrival(i) => self.on_arrival(i)?,
                 SimEvent::IterationEnd(r) => self.on_iteration_end(r)?,
                 SimEvent::LoadDone(r) => self.on_load_done(r)?,
+                SimEvent::SleepDone(r) => self.on_sleep_done(r)?,
+                SimEvent::UnloadDone(r) => self.on_unload_done(r)?,
                 SimEvent::ToolDone(a) => self.on_tool_done(a)?,
                 SimEvent::Handoff(a) => {
                     if let Some(output) = self.handoffs.remove(&a) {
@@ -417,15 +432,17 @@ impl<'a> Sim<'a> {
                     detail: Some(d.model.clone()),
                     ..blank()
                 });
+                // The load starts once the device's earlier teardowns and sleeps have ended.
+                let start = self.released_at[device.0 as usize].max(self.now);
                 let started = EmulatedReplica::new(dev, model, config, noise)
                     .map_err(|e| e.to_string())
                     .and_then(|mut engine| {
-                        engine.begin_load_from(self.now, source).map(|until| (engine, until)).map_err(|e| e.to_string())
+                        engine.begin_load_from(start, source).map(|until| (engine, until)).map_err(|e| e.to_string())
                     });
                 match started {
                     Ok((engine, until)) => {
                         self.timelines[device.0 as usize].segments.push(Segment {
-                            start: self.now,
+                            start,
                             end: until,
                             kind: SegmentKind::Loading,
                             deployment: deployment.0,
@@ -449,16 +466,51 @@ impl<'a> Sim<'a> {
                 let Some(mut r) = self.replicas.remove(&replica) else {
                     return Err(SimError::Internal(format!("unload of unknown replica {replica}")));
                 };
-                r.engine.unload().map_err(|e| SimError::Internal(e.to_string()))?;
-                if let Some(since) = r.resident_since {
-                    self.timelines[r.device.0 as usize].segments.push(Segment {
-                        start: since,
-                        end: self.now,
-                        kind: SegmentKind::Resident,
-                        deployment: r.deployment.0,
-                    });
-                }
+                self.close_resident(&mut r);
+                // A replica still falling asleep is torn down once its sleep has ended.
+                let start = match r.engine.state() {
+                    ReplicaState::Sleeping { until } => until.max(self.now),
+                    _ => self.now,
+                };
+                r.engine.finish_transition(start);
+                let until = r.engine.begin_unload(start).map_err(|e| SimError::Internal(e.to_string()))?;
+                let device = r.device.0 as usize;
+                self.released_at[device] = self.released_at[device].max(until);
                 self.log("unload", TraceLine { replica: Some(replica.0), device: Some(r.device.0), ..blank() });
+                self.tearing_down.insert(replica, r);
+                self.schedule(until, SimEvent::UnloadDone(replica));
+            }
+            Command::Sleep { replica, level } => {
+                let now = self.now;
+                let Some(mut r) = self.replicas.remove(&replica) else {
+                    return Err(SimError::Internal(format!("sleep of unknown replica {replica}")));
+                };
+                self.close_resident(&mut r);
+                let until = r.engine.begin_sleep(level, now).map_err(|e| SimError::Internal(e.to_string()))?;
+                let device = r.device.0 as usize;
+                self.released_at[device] = self.released_at[device].max(until);
+                self.log("sleep", TraceLine { replica: Some(replica.0), device: Some(r.device.0), detail: Some(format!("level {level}")), ..blank() });
+                self.replicas.insert(replica, r);
+                self.schedule(until, SimEvent::SleepDone(replica));
+            }
+            Command::Wake { replica } => {
+                let Some(r) = self.replicas.get_mut(&replica) else {
+                    return Err(SimError::Internal(format!("wake of unknown replica {replica}")));
+                };
+                // A wake starts once the device's earlier teardowns and sleeps (its own
+                // included) have ended.
+                let start = self.released_at[r.device.0 as usize].max(self.now);
+                r.engine.finish_transition(start);
+                let until = r.engine.begin_wake(start).map_err(|e| SimError::Internal(e.to_string()))?;
+                let (device, deployment) = (r.device, r.deployment);
+                self.timelines[device.0 as usize].segments.push(Segment {
+                    start,
+                    end: until,
+                    kind: SegmentKind::Loading,
+                    deployment: deployment.0,
+                });
+                self.log("wake", TraceLine { replica: Some(replica.0), device: Some(device.0), ..blank() });
+                self.schedule(until, SimEvent::LoadDone(replica));
             }
             Command::Dispatch { activation, replica } => self.dispatch(activation, replica)?,
         }
@@ -715,6 +767,38 @@ impl<'a> Sim<'a> {
         }
     }
 
+    /// Close a replica's idle-resident interval (it stops being resident now).
+    fn close_resident(&mut self, r: &mut Replica) {
+        if let Some(since) = r.resident_since.take() {
+            self.timelines[r.device.0 as usize].segments.push(Segment {
+                start: since,
+                end: self.now,
+                kind: SegmentKind::Resident,
+                deployment: r.deployment.0,
+            });
+        }
+    }
+
+    fn on_sleep_done(&mut self, replica: ReplicaId) -> Result<(), SimError> {
+        let now = self.now;
+        let Some(r) = self.replicas.get_mut(&replica) else { return Ok(()) };
+        // Already woken or unloaded (the wake completed the sleep first): nothing to report.
+        if !matches!(r.engine.state(), ReplicaState::Sleeping { .. }) {
+            return Ok(());
+        }
+        r.engine.finish_transition(now);
+        self.log("asleep", TraceLine { replica: Some(replica.0), ..blank() });
+        self.plan(Event::ReplicaAsleep { replica })
+    }
+
+    fn on_unload_done(&mut self, replica: ReplicaId) -> Result<(), SimError> {
+        let now = self.now;
+        let Some(mut r) = self.tearing_down.remove(&replica) else { return Ok(()) };
+        r.engine.finish_transition(now);
+        self.log("unloaded", TraceLine { replica: Some(replica.0), device: Some(r.device.0), ..blank() });
+        self.plan(Event::ReplicaUnloaded { replica })
+    }
+
     fn on_load_done(&mut self, replica: ReplicaId) -> Result<(), SimError> {
         let now = self.now;
         let Some(r) = self.replicas.get_mut(&replica) else { return Ok(()) };
@@ -893,6 +977,8 @@ impl<'a> Sim<'a> {
             counters: self.counters,
             loads: state.loads(),
             evictions: state.evictions(),
+            sleeps: state.sleeps(),
+            wakes: state.wakes(),
             interrupted: self.interrupted,
         });
         SimOutput {

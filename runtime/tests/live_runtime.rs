@@ -440,6 +440,26 @@ fn results_equal_the_simulators_for_the_same_seed() {
 }
 
 #[test]
+fn reclaim_by_sleep_puts_engines_to_sleep_and_wakes_them() {
+    let mut run = sim_config(&["gsm8k", "mbpp", "qmsum"], 3, "small", 11);
+    run.substrate.reclaim = switchyard_runtime::planner::Reclaim::Sleep;
+    let factory = FakeFactory::new(2, Faults::default());
+    let live = run_live(&live_config(run.clone()), factory.clone());
+    assert!(live.report.failures.is_empty(), "{:?}", live.report.failures);
+    assert_each_session_once(&live, 9);
+    let expected = reference(&run);
+    for r in &live.sessions {
+        assert_eq!(r.final_output, expected[&r.session].0, "final output of {}", r.session);
+    }
+    // The core's sleeps and wakes are what the engines were asked to do.
+    let (l, c) = (&live.report, &factory.counters);
+    assert!(l.sleeps >= 1, "nothing slept on a pool with more models than GPUs");
+    assert_eq!(c.sleeps.load(Ordering::SeqCst), l.sleeps);
+    assert_eq!(c.wakes.load(Ordering::SeqCst), l.wakes);
+    assert!(c.answered.lock().unwrap().values().all(|&n| n == 1));
+}
+
+#[test]
 fn results_over_http_against_the_emulated_replica_equal_the_simulators() {
     let run = sim_config(&["gsm8k", "mbpp", "qmsum"], 2, "small", 4);
     let simulated = sim::simulate(&run, &mut |_, _| {}).expect("simulation");

@@ -186,3 +186,41 @@ fn the_checker_sees_every_spelling_of_an_import() {
     let emu = "use switchyard_emulator::EmulatedReplica;";
     assert_eq!(violations(emu, &["switchyard_emulator"]).len(), 1);
 }
+
+/// What would make the planner core impure: files, clocks, randomness, process-global state.
+/// (A policy's own memo of a pure function, e.g. `estimates::Cached`, is instance state and
+/// allowed.)
+const IMPURE: &[&str] =
+    &["std::fs", "std::time", "std::env", "Instant::", "SystemTime", "OnceLock", "LazyLock", "thread_local!", "static mut", "rand::"];
+
+/// The impure constructs `code` uses.
+fn impurities(code: &str) -> Vec<String> {
+    let mut found: Vec<String> = IMPURE
+        .iter()
+        .filter_map(|p| code.lines().find(|l| l.contains(p)).map(|l| format!("`{p}` in `{}`", l.trim())))
+        .collect();
+    // A `static` item other than a plain constant table (`static NAME: &[…]`) is global state.
+    for l in code.lines().filter(|l| l.trim_start().starts_with("static ") || l.contains(" static ")) {
+        if !l.contains("&'static") && !l.contains(": &[") {
+            found.push(format!("`static` in `{}`", l.trim()));
+        }
+    }
+    found
+}
+
+#[test]
+fn the_planner_core_reads_no_file_and_holds_no_global_state() {
+    let mut broken = Vec::new();
+    for f in rust_files(&src().join("planner")) {
+        let text = fs::read_to_string(&f).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+        for v in impurities(&code_of(&text)) {
+            broken.push(format!("{}: {v}", f.strip_prefix(src()).unwrap_or(&f).display()));
+        }
+    }
+    assert!(broken.is_empty(), "runtime/src/planner must stay pure:\n{}", broken.join("\n"));
+    // The checker itself sees what it must.
+    for bad in ["static CACHE: OnceLock<Mutex<u8>> = OnceLock::new();", "let t = std::fs::read(p);", "let n = Instant::now();"] {
+        assert!(!impurities(bad).is_empty(), "not caught: {bad}");
+    }
+    assert!(impurities("pub fn name(&self) -> &'static str {").is_empty());
+}

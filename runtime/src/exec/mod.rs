@@ -23,6 +23,7 @@ pub mod graph_info;
 pub mod oracle;
 pub mod pool;
 pub mod preflight;
+pub mod profiles;
 pub mod record;
 pub mod setup;
 

@@ -13,7 +13,8 @@ use switchyard_predictor::{Dtype, spec};
 use super::ShellError;
 use super::graph_info::{self, NodeInfo};
 use super::oracle;
-use crate::planner::profiled::{PREDICTORS, ProfiledEstimates};
+use super::profiles::{PREDICTORS, profile_table};
+use crate::planner::profiled::ProfiledEstimates;
 use crate::planner::{DeploymentId, DeploymentInfo, DeviceInfo, Estimates, JointOptions, Planner, Substrate, policy_by_name};
 use crate::values::Record;
 use crate::workflow::WorkflowSpec;
@@ -96,9 +97,10 @@ pub fn build_planner(
         .collect();
     let estimates: Box<dyn Estimates> = match predictor {
         "oracle" => Box::new(crate::planner::estimates::Cached::new(oracle::OracleEstimates)),
-        name if PREDICTORS.contains(&name) => Box::new(
-            ProfiledEstimates::build(name, deployments, &devices).map_err(|e| ShellError::Predictor(e.to_string()))?,
-        ),
+        name if PREDICTORS.contains(&name) => {
+            let table = profile_table(name, deployments, &pool.devices).map_err(|e| ShellError::Predictor(e.to_string()))?;
+            Box::new(ProfiledEstimates::new(table, deployments, &devices))
+        }
         other => {
             return Err(ShellError::Predictor(format!(
                 "unknown predictor `{other}` (known: {}, oracle)",

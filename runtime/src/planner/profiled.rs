@@ -1,41 +1,25 @@
 //! Cached Predictor profiles as the planner's [`Estimates`] (paper 003 §3.3): the tables
-//! C_κ, κ = (deployment, device, batch, input, output), and C_load(deployment, device) are
-//! materialised ahead of time by one of the predictor crate's estimators (`graph`, `gbdt`,
-//! `formula`); on the scheduling path a query is a bucket lookup — a few array reads.
+//! C_κ, κ = (deployment, device, batch, input, output), and C_load(deployment, device),
+//! materialised ahead of time by one of the predictor crate's estimators; on the scheduling
+//! path a query is a bucket lookup — a few array reads.
 //!
-//! Tables are cached per (estimator, deployments, devices) for the life of the process, so a
-//! benchmark that runs many simulations trains and materialises once.
+//! Pure: the table is handed in ready (the shells train the estimator and build it, see
+//! `exec::profiles`); nothing here reads a file or keeps state beyond the table.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::Arc;
 
 use switchyard_predictor::arch::Architecture;
-use switchyard_predictor::estimators;
 use switchyard_predictor::graph::Deployment;
-use switchyard_predictor::profile::{Buckets, DeploymentIndex, DeviceIndex, ProfileTable};
-use switchyard_predictor::{DeviceSpec, PredictorError, spec};
+use switchyard_predictor::profile::{DeploymentIndex, DeviceIndex, ProfileTable};
+use switchyard_predictor::spec;
 
 use super::estimates::Estimates;
 use super::{DeploymentInfo, DeviceInfo};
 
-/// Names accepted by [`ProfiledEstimates::build`].
-pub const PREDICTORS: &[&str] = &["graph", "gbdt", "formula"];
-
-/// Bucket bounds fine enough for the workloads here (prompts up to 8k tokens, outputs up to
-/// 512, batches up to 256), each dimension rounded *up* at lookup.
-pub fn scheduling_buckets() -> Buckets {
-    Buckets {
-        batch: vec![1, 2, 4, 8, 16, 32, 64, 128, 256],
-        input: vec![128, 256, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288, 16384, 32768],
-        output: vec![16, 32, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 2048, 4096, 8192],
-    }
-}
-
-type TableKey = (String, Vec<String>, Vec<String>);
-
-fn table_cache() -> &'static Mutex<HashMap<TableKey, Arc<ProfileTable>>> {
-    static CACHE: OnceLock<Mutex<HashMap<TableKey, Arc<ProfileTable>>>> = OnceLock::new();
-    CACHE.get_or_init(|| Mutex::new(HashMap::new()))
+/// The name of a planner deployment's row in a profile table.
+pub fn table_row(d: &DeploymentInfo) -> Option<String> {
+    let arch = spec::model(&d.model).ok()?;
+    Some(Deployment::new(Architecture::from(&arch), d.dtype).name())
 }
 
 /// Estimates read from a materialised profile table.
@@ -47,66 +31,13 @@ pub struct ProfiledEstimates {
 }
 
 impl ProfiledEstimates {
-    /// Train `estimator` on the shipped measurements (once per process) and materialise the
-    /// profiles of `deployments` on the device kinds of `devices`.
-    pub fn build(estimator: &str, deployments: &[DeploymentInfo], devices: &[DeviceInfo]) -> Result<Self, PredictorError> {
-        let mut kinds: Vec<DeviceSpec> = Vec::new();
-        for g in devices {
-            if !kinds.iter().any(|k| k.name == g.spec.name) {
-                kinds.push(g.spec.clone());
-            }
-        }
-        // One table row per distinct (model, dtype): workflows that deploy the same model share
-        // it (rows are looked up by name, so a repeated row would never be read).
-        let mut deps: Vec<Deployment> = Vec::new();
-        for d in deployments {
-            let arch = spec::model(&d.model).map_err(|e| PredictorError::ProfileTable(e.to_string()))?;
-            let dep = Deployment::new(Architecture::from(&arch), d.dtype);
-            if !deps.iter().any(|x| x.name() == dep.name()) {
-                deps.push(dep);
-            }
-        }
-        let key: TableKey = (
-            estimator.to_string(),
-            deps.iter().map(Deployment::name).collect(),
-            kinds.iter().map(|k| k.name.clone()).collect(),
-        );
-        let cached = table_cache().lock().ok().and_then(|c| c.get(&key).cloned());
-        let table = match cached {
-            Some(t) => t,
-            None => {
-                let predictor = trained(estimator)?;
-                let t = Arc::new(ProfileTable::build(predictor.as_ref(), &deps, &kinds, scheduling_buckets())?);
-                if let Ok(mut c) = table_cache().lock() {
-                    c.insert(key, Arc::clone(&t));
-                }
-                t
-            }
-        };
-        let deployment_index = deployments
-            .iter()
-            .map(|d| {
-                let arch = spec::model(&d.model).ok()?;
-                table.deployment(&Deployment::new(Architecture::from(&arch), d.dtype).name())
-            })
-            .collect();
+    /// Look the planner's deployments and devices up in `table` (a pair the table lacks is
+    /// estimated as never fitting).
+    pub fn new(table: Arc<ProfileTable>, deployments: &[DeploymentInfo], devices: &[DeviceInfo]) -> Self {
+        let deployment_index = deployments.iter().map(|d| table.deployment(&table_row(d)?)).collect();
         let device_index = devices.iter().map(|g| table.device(&g.spec.name)).collect();
-        Ok(ProfiledEstimates { table, deployment_index, device_index })
+        ProfiledEstimates { table, deployment_index, device_index }
     }
-}
-
-/// A trained estimator, trained once per process per name.
-fn trained(name: &str) -> Result<Arc<dyn estimators::Predict>, PredictorError> {
-    static TRAINED: OnceLock<Mutex<HashMap<String, Arc<dyn estimators::Predict>>>> = OnceLock::new();
-    let cache = TRAINED.get_or_init(|| Mutex::new(HashMap::new()));
-    if let Some(p) = cache.lock().ok().and_then(|c| c.get(name).cloned()) {
-        return Ok(p);
-    }
-    let p: Arc<dyn estimators::Predict> = Arc::from(estimators::estimator(name)?);
-    if let Ok(mut c) = cache.lock() {
-        c.insert(name.to_string(), Arc::clone(&p));
-    }
-    Ok(p)
 }
 
 impl Estimates for ProfiledEstimates {

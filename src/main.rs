@@ -104,6 +104,10 @@ struct RunArgs {
     /// Ablation: each workflow plans its own model lifecycle (joint only).
     #[arg(long)]
     per_workflow_lifecycle: bool,
+    /// Variant (joint only): a departure from Eq. 12 — among lifecycle bindings whose predicted
+    /// completion is within 10 % of the best, take the least capable device.
+    #[arg(long)]
+    resource_order: bool,
     /// Estimates the planner uses: `graph` (our Predictor), `gbdt`, `formula`, or `oracle`
     /// (the emulator's own costs; reference only).
     #[arg(long, default_value = "graph")]
@@ -332,6 +336,7 @@ fn run(args: RunArgs) -> Result<RunEnd> {
             fusion: !args.no_fusion,
             prefetch: !args.no_prefetch,
             shared_lifecycle: !args.per_workflow_lifecycle,
+            resource_order: args.resource_order,
         },
         predictor: args.predictor.clone(),
         tool_workers: args.tool_workers,

@@ -58,7 +58,7 @@ fn configs(pool: &Path, sessions: usize, seed: u64) -> (RunConfig, LiveConfig, P
         noise_seed: 0,
         pool: live_pool.pool.clone(),
         policy: "joint".into(),
-        options: JointOptions { fusion: true, prefetch: true, shared_lifecycle: true },
+        options: JointOptions::default(),
         predictor: "oracle".into(),
         tool_workers: 2,
         max_num_seqs: 256,

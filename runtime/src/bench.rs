@@ -170,6 +170,7 @@ impl BenchConfig {
                 ("no-fusion", JointOptions { fusion: false, ..full }),
                 ("no-prefetch", JointOptions { prefetch: false, ..full }),
                 ("per-workflow-lifecycle", JointOptions { shared_lifecycle: false, ..full }),
+                ("resource-order", JointOptions { resource_order: true, ..full }),
             ];
             for (label, options) in ablated {
                 v.push(Variant {

@@ -329,7 +329,7 @@ fn sim_config(names: &[&str], sessions: usize, pool: &str, seed: u64) -> RunConf
         noise_seed: 0,
         pool: PoolSpec::load(&repo().join("workflows/pools").join(format!("{pool}.yaml"))).expect("bundled pool"),
         policy: "joint".into(),
-        options: JointOptions { fusion: true, prefetch: true, shared_lifecycle: true },
+        options: JointOptions::default(),
         predictor: "oracle".into(),
         tool_workers: 2,
         max_num_seqs: 256,

@@ -94,7 +94,7 @@ fn run(case: &Case) -> Result<(), TestCaseError> {
     let reclaim = if case.sleep.is_some() { Reclaim::Sleep } else { Reclaim::Unload };
     let substrate = Substrate { reclaim, ..Substrate::default() };
     let policy =
-        policy_by_name(name, JointOptions { fusion, prefetch, shared_lifecycle: shared }, Box::new(Fixed), substrate).unwrap();
+        policy_by_name(name, JointOptions { fusion, prefetch, shared_lifecycle: shared, ..JointOptions::default() }, Box::new(Fixed), substrate).unwrap();
     let mut planner = Planner::new(devices.clone(), deployments.clone(), policy);
     planner.set_substrate_lifecycle(reclaim, vec![0; devices.len()], vec![u64::from(case.sleep.unwrap_or(0)) << 30]);
 

@@ -18,10 +18,11 @@
 //!    overhead H_life). Scale-out (another replica) only when no replica accepts and a new
 //!    one finishes the unit earlier than the current queue, under the substrate's replica cap
 //!    (none by default).
-//! 4. **PlanPrefetch**: only when no grant and no ready lifecycle action was issued at this
-//!    tick; stages a near-ready deployment when its predicted release (Eq. 2, from the
-//!    committed timeline) is within its load time plus a dispatch slack, on free memory or
-//!    by reclaiming replicas no ready or near-ready unit needs, so it never delays ready work.
+//! 4. **PlanPrefetch** with the capacity no ready unit can use (after PlanReady every ready
+//!    unit is granted, covered by a load, or has no binding the pool can give now): stages a
+//!    near-ready deployment without a replica when its predicted release (Eq. 2, from the
+//!    committed timeline) is within its load time plus a dispatch slack, on free memory or by
+//!    reclaiming replicas no ready or near-ready unit needs, so it never delays ready work.
 //! 5. **Prefix**: only actions executable now are committed (grants to awake replicas, loads
 //!    and reclaims); the rest is replanned at the next event.
 //!
@@ -46,11 +47,14 @@ pub struct JointOptions {
     pub prefetch: bool,
     /// Coalesce lifecycle demand across workflows (off = per-workflow lifecycle ablation).
     pub shared_lifecycle: bool,
+    /// A departure from Eq. 12, off by default: among lifecycle bindings whose Ĉ_F is within
+    /// [`NEAR_BEST`] of the best, take the least capable device (keeping faster GPUs free).
+    pub resource_order: bool,
 }
 
 impl Default for JointOptions {
     fn default() -> Self {
-        JointOptions { fusion: true, prefetch: true, shared_lifecycle: true }
+        JointOptions { fusion: true, prefetch: true, shared_lifecycle: true, resource_order: false }
     }
 }
 
@@ -58,8 +62,8 @@ impl Default for JointOptions {
 pub const AGING_QUANTUM_S: f64 = 30.0;
 /// Dispatch slack added to the load time when deciding whether a prefetch is timely.
 pub const PREFETCH_SLACK_S: f64 = 5.0;
-/// Bindings whose predicted completion is within this factor of the best are equivalent; the
-/// least capable device among them is taken (resource ordering).
+/// With [`JointOptions::resource_order`]: bindings whose predicted completion is within this
+/// factor of the best are equivalent, and the least capable device among them is taken.
 pub const NEAR_BEST: f64 = 1.10;
 /// A scale-out must finish the waiting units by this factor of the current completion time.
 pub const SCALE_OUT_GAIN: f64 = 0.95;
@@ -353,24 +357,22 @@ impl Joint {
             // lifecycle overhead H_life; device id breaks exact ties.
             candidates.push((blocking, g.id, chosen, c_f, h_life));
         }
-        // Eq. 12 restricted to this decision: keep ready work coverable (take no device that is
-        // a constrained demand's last), then the earliest completion Ĉ_F of the unlocked work,
-        // then the least lifecycle overhead H_life. Resource ordering: among bindings within
-        // `NEAR_BEST` of the best Ĉ_F, take the least capable device, preserving faster GPUs for
-        // work that needs them.
+        // Eq. 12 restricted to this decision, lexicographic: keep ready work coverable (take no
+        // device that is a constrained demand's last), then the earliest completion Ĉ_F of the
+        // unlocked work, then the least lifecycle overhead H_life; device id breaks exact ties.
+        // With `resource_order` (a named departure), bindings within `NEAR_BEST` of the best
+        // Ĉ_F are equivalent and the least capable device among them is taken.
         let min_blocking = candidates.iter().map(|c| c.0).min()?;
         candidates.retain(|c| c.0 == min_blocking);
         let best_c = candidates.iter().map(|c| c.3).fold(f64::INFINITY, f64::min);
         let flops = |g: DeviceId| state.device(g).map(|d| d.spec.dense_fp16_flops).unwrap_or(0.0);
+        let resource_order = self.opts.resource_order;
         let best = candidates
             .into_iter()
-            .filter(|c| c.3 - now <= (best_c - now) * NEAR_BEST)
+            .filter(|c| !resource_order || c.3 - now <= (best_c - now) * NEAR_BEST)
             .min_by(|x, y| {
-                flops(x.1)
-                    .total_cmp(&flops(y.1))
-                    .then(x.3.total_cmp(&y.3))
-                    .then(x.4.total_cmp(&y.4))
-                    .then(x.1.cmp(&y.1))
+                let capability = if resource_order { flops(x.1).total_cmp(&flops(y.1)) } else { std::cmp::Ordering::Equal };
+                capability.then(x.3.total_cmp(&y.3)).then(x.4.total_cmp(&y.4)).then(x.1.cmp(&y.1))
             });
         best.map(|(_, g, v, c, h)| (g, v, c, h))
     }
@@ -449,7 +451,6 @@ impl Policy for Joint {
         ranked.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.total_cmp(&b.1)).then(a.2.activation.cmp(&b.2.activation)));
 
         // 2. BestFeasibleBinding per unit.
-        let mut granted = 0usize;
         let mut needs: BTreeMap<(DeploymentId, u32), Vec<(u8, WorkItem)>> = BTreeMap::new();
         let mut scale_out: BTreeMap<DeploymentId, Vec<WorkItem>> = BTreeMap::new();
         for (level, _, w) in ranked {
@@ -472,7 +473,6 @@ impl Policy for Joint {
                 Some((_, r, true)) => {
                     if self.grant(state, &w, r, now, out) {
                         self.history_key.insert(w.activation, (w.workflow, w.node));
-                        granted += 1;
                     }
                 }
                 // Waits for a load under way, or for a slot: a scale-out candidate.
@@ -513,7 +513,6 @@ impl Policy for Joint {
         // the most ready work unlocked per second of loading.
         ranked_demands.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.cmp(&b.1)).then(b.2.total_cmp(&a.2)).then(a.3.0.cmp(&b.3.0)));
         let demands: Vec<((DeploymentId, u32), Vec<(u8, WorkItem)>)> = ranked_demands.into_iter().map(|x| x.3).collect();
-        let mut lifecycle = 0usize;
         // Deployments with ready demand are never reclaimed to make room for other demand.
         let mut keep: BTreeSet<DeploymentId> = state.queue().iter().map(|w| w.deployment).collect();
         let mut loaded: Vec<(DeploymentId, u32, Vec<WorkItem>, Vec<DeviceId>)> = Vec::new();
@@ -522,7 +521,6 @@ impl Policy for Joint {
             if let Some((g, victims, _, _)) = self.best_lifecycle(state, d, &items, now, &keep, true) {
                 let owner = items.first().map(|w| w.workflow).unwrap_or(owner);
                 if self.issue_lifecycle(state, d, g, &victims, owner, now, out) {
-                    lifecycle += 1;
                     keep.insert(d);
                     loaded.push((d, owner, items, vec![g]));
                 }
@@ -593,12 +591,13 @@ impl Policy for Joint {
                 if !self.issue_lifecycle(state, d, g, &victims, owner, now, out) {
                     break;
                 }
-                lifecycle += 1;
             }
         }
 
-        // 4. PlanPrefetch, only when no ready action advanced at this tick.
-        if !self.opts.prefetch || granted > 0 || lifecycle > 0 {
+        // 4. PlanPrefetch with the capacity no ready unit can use: every ready unit has been
+        // granted, covered by a load, or found no binding the pool can give it now, and the
+        // deployments with ready or near-ready demand are kept resident below.
+        if !self.opts.prefetch {
             return;
         }
         let mut near: BTreeMap<DeploymentId, (f64, u32)> = BTreeMap::new();
@@ -648,7 +647,26 @@ mod tests {
         }
     }
 
+    /// Loads take 10 s; a request is 5 % slower on a V100 than on an A100.
+    struct SlowerOnVolta;
+    impl Estimates for SlowerOnVolta {
+        fn name(&self) -> &str {
+            "slower-on-volta"
+        }
+        fn run_time(&self, _: &DeploymentInfo, g: &DeviceInfo, _: u32, _: u32, output: u32) -> f64 {
+            let slow = if g.spec.supports_bf16 { 1.0 } else { 1.05 };
+            slow * output as f64
+        }
+        fn load_time(&self, _: &DeploymentInfo, _: &DeviceInfo) -> f64 {
+            10.0
+        }
+    }
+
     fn planner(devices: &[&str], opts: JointOptions) -> Planner {
+        planner_with(devices, opts, Box::new(Fixed))
+    }
+
+    fn planner_with(devices: &[&str], opts: JointOptions, est: Box<dyn Estimates>) -> Planner {
         let devices = devices
             .iter()
             .enumerate()
@@ -671,7 +689,7 @@ mod tests {
                 }
             })
             .collect();
-        Planner::new(devices, deployments, Box::new(Joint::new(opts, Box::new(Fixed))))
+        Planner::new(devices, deployments, Box::new(Joint::new(opts, est)))
     }
 
     fn act(s: u32, i: u32) -> ActivationId {
@@ -772,7 +790,7 @@ mod tests {
     }
 
     #[test]
-    fn prefetch_stages_near_ready_work_only_when_no_ready_action_advances() {
+    fn prefetch_stages_near_ready_work_on_capacity_no_ready_unit_can_use() {
         let mut p = planner(&["A100-40GB", "A100-40GB"], JointOptions::default());
         p.handle(Event::UnitReady(item(0, 0, 0, 0)), 0.0).unwrap();
         p.handle(Event::ReplicaLoaded { replica: ReplicaId(0) }, 10.0).unwrap();
@@ -806,5 +824,38 @@ mod tests {
             .unwrap();
         assert!(cmds.iter().all(|c| !matches!(c, Command::Load { deployment: DeploymentId(1), .. })), "{cmds:?}");
         assert!(cmds.iter().any(|c| matches!(c, Command::Load { deployment: DeploymentId(2), .. })), "{cmds:?}");
+    }
+
+    #[test]
+    fn prefetch_fires_in_the_same_tick_as_a_grant() {
+        // Two devices. A ready unit of deployment 0 is granted on device 0 at the tick its
+        // near-ready successor on the absent deployment 1 appears: the free device 1 is of no
+        // use to ready work, so the successor's model is staged there in that same tick.
+        let mut p = planner(&["A100-40GB", "A100-40GB"], JointOptions::default());
+        p.handle(Event::UnitReady(item(0, 0, 0, 0)), 0.0).unwrap();
+        let cmds = p
+            .handle_all(vec![Event::ReplicaLoaded { replica: ReplicaId(0) }, Event::UnitNearReady(near(0, 1, 1, act(0, 0)))], 10.0)
+            .unwrap();
+        assert!(cmds.iter().any(|c| matches!(c, Command::Dispatch { replica: ReplicaId(0), .. })), "{cmds:?}");
+        assert!(
+            cmds.iter().any(|c| matches!(c, Command::Load { deployment: DeploymentId(1), device: DeviceId(1), .. })),
+            "{cmds:?}"
+        );
+    }
+
+    #[test]
+    fn eq_12_takes_the_earliest_completion_and_resource_order_is_a_named_departure() {
+        // A load for one ready unit: the A100 finishes it at 210 s, the V100 at 220 s (within
+        // 10 %). Eq. 12 as written takes the earlier completion; `resource_order` the V100.
+        let cmds = |opts| {
+            let mut p = planner_with(&["V100-32GB", "A100-40GB"], opts, Box::new(SlowerOnVolta));
+            p.handle(Event::UnitReady(item(0, 0, 0, 0)), 0.0).unwrap()
+        };
+        let on = |c: &[Command]| match c.first() {
+            Some(Command::Load { device, .. }) => *device,
+            other => panic!("expected a load first: {other:?}"),
+        };
+        assert_eq!(on(&cmds(JointOptions::default())), DeviceId(1));
+        assert_eq!(on(&cmds(JointOptions { resource_order: true, ..Default::default() })), DeviceId(0));
     }
 }

@@ -1025,7 +1025,7 @@ mod tests {
             noise_seed: 0,
             pool: PoolSpec::load(&root.join("pools/small.yaml")).expect("bundled pool"),
             policy: "joint".into(),
-            options: JointOptions { fusion: true, prefetch: true, shared_lifecycle: true },
+            options: JointOptions::default(),
             predictor: "oracle".into(),
             tool_workers: 1,
             max_num_seqs: 256,

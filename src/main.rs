@@ -366,7 +366,7 @@ fn run(args: RunArgs) -> Result<RunEnd> {
         (out.report, Vec::new(), out.timelines, out.window, out.notes)
     } else {
         // The trace is kept only when it is written; the per-call records are not used here.
-        let opts = sim::SimOptions { keep_trace: args.trace.is_some(), keep_calls: false };
+        let opts = sim::SimOptions { keep_trace: args.trace.is_some(), keep_calls: false, record_planner: false };
         let out = sim::simulate_opts(&cfg, opts, &mut |p| {
             reporter.update(progress::Point {
                 done: p.sessions_done,

@@ -63,6 +63,8 @@ pub struct SimOutput {
     pub notes: Vec<String>,
     /// Every completed activation, in completion order.
     pub calls: Vec<CallRecord>,
+    /// The planner's input tick by tick (only with [`SimOptions::record_planner`]).
+    pub planner_ticks: Vec<PlannerTick>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -122,13 +124,19 @@ pub struct SimOptions {
     pub keep_trace: bool,
     /// Keep every completed activation ([`SimOutput::calls`]).
     pub keep_calls: bool,
+    /// Record the planner's input, tick by tick ([`SimOutput::planner_ticks`]), so that the
+    /// planning cost can be measured by replaying it (`benches/planner_stream.rs`).
+    pub record_planner: bool,
 }
 
 impl Default for SimOptions {
     fn default() -> Self {
-        SimOptions { keep_trace: true, keep_calls: true }
+        SimOptions { keep_trace: true, keep_calls: true, record_planner: false }
     }
 }
+
+/// One scheduling tick as the planner saw it: the time and the events folded at it.
+pub type PlannerTick = (f64, Vec<Event>);
 
 struct Replica {
     engine: EmulatedReplica,
@@ -196,6 +204,7 @@ struct Sim<'a> {
     calls: Vec<CallRecord>,
     /// Planner events of the current tick, not yet handed over.
     tick_events: Vec<Event>,
+    planner_ticks: Vec<PlannerTick>,
     /// The run was interrupted (see [`Flow::Interrupt`]).
     interrupted: bool,
 }
@@ -302,6 +311,7 @@ impl<'a> Sim<'a> {
             start_failures: Vec::new(),
             calls: Vec::new(),
             tick_events: Vec::new(),
+            planner_ticks: Vec::new(),
             interrupted: false,
         };
         for i in 0..sim.trace_entries.len() {
@@ -403,6 +413,9 @@ impl<'a> Sim<'a> {
     fn flush(&mut self) -> Result<(), SimError> {
         while !self.tick_events.is_empty() {
             let events = std::mem::take(&mut self.tick_events);
+            if self.opts.record_planner {
+                self.planner_ticks.push((self.now, events.clone()));
+            }
             let commands = self.planner.handle_all(events, self.now)?;
             for c in commands {
                 self.execute(c)?;
@@ -988,6 +1001,7 @@ impl<'a> Sim<'a> {
             window,
             notes: std::mem::take(&mut self.notes),
             calls: std::mem::take(&mut self.calls),
+            planner_ticks: std::mem::take(&mut self.planner_ticks),
         }
     }
 }
@@ -1082,7 +1096,7 @@ mod tests {
     fn the_report_does_not_depend_on_what_the_run_keeps() {
         let cfg = gsm8k(6, Arrival::Poisson(2.0));
         let full = simulate(&cfg, &mut |_, _| {}).expect("simulation");
-        let lean = simulate_opts(&cfg, SimOptions { keep_trace: false, keep_calls: false }, &mut |_| Flow::Continue)
+        let lean = simulate_opts(&cfg, SimOptions { keep_trace: false, keep_calls: false, record_planner: false }, &mut |_| Flow::Continue)
             .expect("simulation");
         let json = |r: &RunReport| serde_json::to_string(r).expect("report serialises");
         assert_eq!(json(&full.report), json(&lean.report));

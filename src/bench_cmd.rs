@@ -237,7 +237,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
     .map_err(|e| anyhow::anyhow!("{e}"))?;
     bar.finish_and_clear();
     let wall = started.elapsed().as_secs_f64();
-    let files = bench::write_outputs(&report, &args.out).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let mut files = bench::write_outputs(&report, &args.out).map_err(|e| anyhow::anyhow!("{e}"))?;
+    files.extend(bench::write_timelines(&cfg, &args.out).map_err(|e| anyhow::anyhow!("{e}"))?);
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {

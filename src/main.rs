@@ -357,6 +357,8 @@ fn run(args: RunArgs) -> Result<RunEnd> {
     reporter.update(progress::Point { done: 0, total, ..Default::default() });
     reporter.heartbeat();
     let started = std::time::Instant::now();
+    // Deployment names for the timeline's labels (the live branch takes the config).
+    let deployment_names = switchyard_runtime::exec::deployment_names(&cfg.workflows, cfg.max_num_seqs)?;
     let (report, trace, timelines, window, notes) = if args.live {
         let r = Arc::clone(&reporter);
         let progress: switchyard_runtime::live::Progress =
@@ -411,7 +413,7 @@ fn run(args: RunArgs) -> Result<RunEnd> {
             "{} on {} ({} GPUs), {}: makespan {:.1} s",
             out.report.policy, out.report.pool, out.report.gpus, out.report.arrival, out.report.makespan_s
         );
-        timeline::write_svg(path, &title, &out.timelines, out.window.0, out.window.1)?;
+        timeline::write_svg(path, &title, &out.timelines, &deployment_names, out.window.0, out.window.1)?;
     }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&out.report)?);

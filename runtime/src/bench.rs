@@ -656,6 +656,35 @@ pub fn write_outputs(report: &BenchReport, dir: &Path) -> Result<Vec<PathBuf>, B
     Ok(files)
 }
 
+/// Draw one GPU timeline per policy of `cfg` in burst (engine-noise seed 0) into `dir`, as
+/// [`markdown`]'s "GPU timelines" section names them: one more simulation per policy. Nothing
+/// is written when the bench has no burst arrival.
+pub fn write_timelines(cfg: &BenchConfig, dir: &Path) -> Result<Vec<PathBuf>, BenchError> {
+    let mut files = Vec::new();
+    let Some(&burst) = cfg.arrivals.iter().find(|a| matches!(a, Arrival::Burst)) else { return Ok(files) };
+    let names = crate::exec::deployment_names(&cfg.workflows, cfg.max_num_seqs)
+        .map_err(|e| BenchError::Config(e.to_string()))?;
+    for v in cfg.variants().into_iter().filter(|v| v.kind == VariantKind::Policy) {
+        let sim_cfg = cfg.sim_config(&v, burst, 0);
+        let opts = sim::SimOptions { keep_trace: false, keep_calls: false, record_planner: false };
+        let out = sim::simulate_opts(&sim_cfg, opts, &mut |_| sim::Flow::Continue).map_err(|source| BenchError::Run {
+            variant: v.label.clone(),
+            arrival: burst.to_string(),
+            noise_seed: 0,
+            source: Box::new(source),
+        })?;
+        let path = dir.join(markdown::timeline_file(&v.label));
+        let title = format!(
+            "{} on {} ({} GPUs), burst, noise seed 0: makespan {:.1} s",
+            v.label, out.report.pool, out.report.gpus, out.report.makespan_s
+        );
+        crate::report::timeline::write_svg(&path, &title, &out.timelines, &names, out.window.0, out.window.1)
+            .map_err(|e| BenchError::Config(e.to_string()))?;
+        files.push(path);
+    }
+    Ok(files)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

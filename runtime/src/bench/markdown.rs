@@ -103,7 +103,32 @@ pub fn markdown(report: &BenchReport) -> String {
     figure6(&mut out, report);
     figure7(&mut out, report);
     lower_bound(&mut out, report);
+    timelines(&mut out, report);
     out
+}
+
+/// The timeline file of `policy` in burst (written by [`super::write_timelines`]).
+pub fn timeline_file(policy: &str) -> String {
+    format!("timeline_{policy}_burst.svg")
+}
+
+fn timelines(out: &mut String, report: &BenchReport) {
+    if !report.setup.arrivals.iter().any(|a| a == "burst") {
+        return;
+    }
+    let _ = writeln!(out, "## GPU timelines (burst, engine-noise seed 0)
+");
+    let _ = writeln!(
+        out,
+        "One row per GPU; bars coloured by the model responsible, shaded generating / idle \
+         resident / loading or waking, a thin line while a replica sleeps, white where the GPU \
+         is empty.\n"
+    );
+    for p in policies(report) {
+        let f = timeline_file(&p);
+        let _ = writeln!(out, "- `{p}`: [{f}]({f})");
+    }
+    let _ = writeln!(out);
 }
 
 fn policies(report: &BenchReport) -> Vec<String> {

@@ -69,6 +69,14 @@ pub fn deployment_table(
     Ok((table, deployment_of))
 }
 
+/// The name of each deployment identity, by id, as timelines and tables show it: the model,
+/// with the dtype where two identities share a model.
+pub fn deployment_names(workflows: &[Arc<WorkflowSpec>], max_num_seqs: u32) -> Result<Vec<String>, ShellError> {
+    let (table, _) = deployment_table(workflows, max_num_seqs)?;
+    let shared = |m: &str| table.iter().filter(|d| d.model == m).count() > 1;
+    Ok(table.iter().map(|d| if shared(&d.model) { format!("{} {:?}", d.model, d.dtype) } else { d.model.clone() }).collect())
+}
+
 /// Static per-node facts of every workflow (fused chains, critical paths).
 pub fn node_infos(workflows: &[Arc<WorkflowSpec>], deployment_of: &DeploymentMap) -> Vec<Vec<NodeInfo>> {
     workflows

@@ -23,6 +23,9 @@ pub enum SegmentKind {
     Generating,
     /// A replica is resident (loaded, awake); idle where no `Generating` overlaps.
     Resident,
+    /// A replica is in vLLM sleep mode (or falling asleep). Not part of the GPU-time partition
+    /// (a GPU holding only sleepers is *other*); the timeline marks it.
+    Asleep,
 }
 
 /// One interval of a device's activity.
@@ -112,7 +115,7 @@ pub fn sweep(
     }
     // Sweep over clipped segment boundaries.
     let mut events: Vec<(f64, i32, SegmentKind, u32)> = Vec::with_capacity(segments.len() * 2);
-    for s in segments {
+    for s in segments.iter().filter(|s| s.kind != SegmentKind::Asleep) {
         let (a, b) = (s.start.max(t0), s.end.min(t1));
         if b > a {
             events.push((a, 1, s.kind, s.deployment));
@@ -124,7 +127,7 @@ pub fn sweep(
     let slot = |k: SegmentKind| match k {
         SegmentKind::Loading => 0,
         SegmentKind::Generating => 1,
-        SegmentKind::Resident => 2,
+        SegmentKind::Resident | SegmentKind::Asleep => 2,
     };
     let mut t = t0;
     let mut i = 0;

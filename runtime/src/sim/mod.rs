@@ -144,6 +144,8 @@ struct Replica {
     deployment: DeploymentId,
     iterating: bool,
     resident_since: Option<f64>,
+    /// Since when it sleeps (from the sleep command until its wake or unload).
+    asleep_since: Option<f64>,
 }
 
 struct InFlight {
@@ -466,6 +468,7 @@ impl<'a> Sim<'a> {
                             deployment,
                             iterating: false,
                             resident_since: None,
+                            asleep_since: None,
                         });
                         self.schedule(until, SimEvent::LoadDone(replica));
                     }
@@ -480,6 +483,7 @@ impl<'a> Sim<'a> {
                     return Err(SimError::Internal(format!("unload of unknown replica {replica}")));
                 };
                 self.close_resident(&mut r);
+                self.close_asleep(&mut r);
                 // A replica still falling asleep is torn down once its sleep has ended.
                 let start = match r.engine.state() {
                     ReplicaState::Sleeping { until } => until.max(self.now),
@@ -499,6 +503,7 @@ impl<'a> Sim<'a> {
                     return Err(SimError::Internal(format!("sleep of unknown replica {replica}")));
                 };
                 self.close_resident(&mut r);
+                r.asleep_since = Some(now);
                 let until = r.engine.begin_sleep(level, now).map_err(|e| SimError::Internal(e.to_string()))?;
                 let device = r.device.0 as usize;
                 self.released_at[device] = self.released_at[device].max(until);
@@ -507,6 +512,11 @@ impl<'a> Sim<'a> {
                 self.schedule(until, SimEvent::SleepDone(replica));
             }
             Command::Wake { replica } => {
+                let Some(mut r) = self.replicas.remove(&replica) else {
+                    return Err(SimError::Internal(format!("wake of unknown replica {replica}")));
+                };
+                self.close_asleep(&mut r);
+                self.replicas.insert(replica, r);
                 let Some(r) = self.replicas.get_mut(&replica) else {
                     return Err(SimError::Internal(format!("wake of unknown replica {replica}")));
                 };
@@ -792,6 +802,18 @@ impl<'a> Sim<'a> {
         }
     }
 
+    /// Close a replica's sleep interval (it is woken or unloaded now).
+    fn close_asleep(&mut self, r: &mut Replica) {
+        if let Some(since) = r.asleep_since.take() {
+            self.timelines[r.device.0 as usize].segments.push(Segment {
+                start: since,
+                end: self.now,
+                kind: SegmentKind::Asleep,
+                deployment: r.deployment.0,
+            });
+        }
+    }
+
     fn on_sleep_done(&mut self, replica: ReplicaId) -> Result<(), SimError> {
         let now = self.now;
         let Some(r) = self.replicas.get_mut(&replica) else { return Ok(()) };
@@ -973,6 +995,12 @@ impl<'a> Sim<'a> {
             .values()
             .filter_map(|r| r.resident_since.map(|since| (r.device.0, r.deployment, since)))
             .collect();
+        // Sleepers at the end: their marks run to the last event (the timeline clips them).
+        let asleep: Vec<(u32, u32, f64)> =
+            self.replicas.values().filter_map(|r| r.asleep_since.map(|since| (r.device.0, r.deployment.0, since))).collect();
+        for (device, deployment, since) in asleep {
+            self.timelines[device as usize].segments.push(Segment { start: since, end: self.now, kind: SegmentKind::Asleep, deployment });
+        }
         let state = self.planner.state();
         let (report, window) = exec::build_report(ReportInput {
             workflows: &cfg.workflows,

@@ -108,6 +108,11 @@ struct RunArgs {
     /// completion is within 10 % of the best, take the least capable device.
     #[arg(long)]
     resource_order: bool,
+    /// Variant (joint only): a departure from paper 003 §3.3 — admit against the KV of each
+    /// node's recent P90 output instead of its configured output limit (the engine preempts
+    /// if outputs run longer, as under the baselines).
+    #[arg(long)]
+    history_admission: bool,
     /// Estimates the planner uses: `graph` (our Predictor), `gbdt`, `formula`, or `oracle`
     /// (the emulator's own costs; reference only).
     #[arg(long, default_value = "graph")]
@@ -337,6 +342,7 @@ fn run(args: RunArgs) -> Result<RunEnd> {
             prefetch: !args.no_prefetch,
             shared_lifecycle: !args.per_workflow_lifecycle,
             resource_order: args.resource_order,
+            history_admission: args.history_admission,
         },
         predictor: args.predictor.clone(),
         tool_workers: args.tool_workers,

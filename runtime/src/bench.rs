@@ -87,9 +87,10 @@ pub struct Variant {
 
 impl Variant {
     /// Runs of variants with the same key are the same simulation.
-    fn key(&self) -> (String, bool, bool, bool, String) {
+    fn key(&self) -> (String, [bool; 5], String) {
         let o = self.options;
-        (self.policy.clone(), o.fusion, o.prefetch, o.shared_lifecycle, self.predictor.clone())
+        let JointOptions { fusion, prefetch, shared_lifecycle, resource_order, history_admission } = o;
+        (self.policy.clone(), [fusion, prefetch, shared_lifecycle, resource_order, history_admission], self.predictor.clone())
     }
 }
 
@@ -171,6 +172,7 @@ impl BenchConfig {
                 ("no-prefetch", JointOptions { prefetch: false, ..full }),
                 ("per-workflow-lifecycle", JointOptions { shared_lifecycle: false, ..full }),
                 ("resource-order", JointOptions { resource_order: true, ..full }),
+                ("history-admission", JointOptions { history_admission: true, ..full }),
             ];
             for (label, options) in ablated {
                 v.push(Variant {
@@ -379,7 +381,7 @@ pub fn run_bench(cfg: &BenchConfig, progress: &(dyn Fn(usize, usize) + Sync)) ->
     let variants = cfg.variants();
     // One simulation per distinct (policy, options, predictor): a substitution equal to the
     // default predictor reuses the joint runs.
-    let mut keys: Vec<(String, bool, bool, bool, String)> = Vec::new();
+    let mut keys: Vec<(String, [bool; 5], String)> = Vec::new();
     let mut owner: Vec<usize> = Vec::new();
     let mut key_of: Vec<usize> = Vec::new();
     for (i, v) in variants.iter().enumerate() {
@@ -731,12 +733,17 @@ mod tests {
                 "no-fusion",
                 "no-prefetch",
                 "per-workflow-lifecycle",
+                "resource-order",
+                "history-admission",
                 "predictor:oracle",
                 "predictor:formula"
             ]
         );
-        // The oracle substitution is the joint run itself; the formula one is not.
-        assert_eq!(v[2].key(), v[6].key());
+        // The oracle substitution is the joint run itself; the formula one is not, and neither
+        // is a variant that differs only in an option (every option is part of the key).
+        assert_eq!(v[2].key(), v[8].key());
+        assert_ne!(v[2].key(), v[9].key());
+        assert_ne!(v[2].key(), v[6].key());
         assert_ne!(v[2].key(), v[7].key());
         assert!(!v[3].options.fusion && v[3].options.prefetch && v[3].options.shared_lifecycle);
         assert!(!v[5].options.shared_lifecycle);

@@ -282,7 +282,9 @@ fn figure7(out: &mut String, report: &BenchReport) {
          `per-workflow-lifecycle`: each workflow estimates reuse, orders its waiting requests and \
          evaluates loading benefit alone (loaded replicas stay shared); `resource-order`: not an \
          ablation but our departure from Eq. 12, off in the full policy (among lifecycle bindings \
-         within 10 % of the best completion, the least capable device); `predictor:NAME`: the full \
+         within 10 % of the best completion, the least capable device); `history-admission`: our \
+         departure from §3.3, off in the full policy (KV admission against each node's recent P90 \
+         output instead of its configured limit); `predictor:NAME`: the full \
          policy planning with that predictor. Δ: change against the full `{OURS}` (positive = worse).\n"
     );
     header(out, "variant", arrivals, &["makespan s", "p95 s", "×LB", "Δ makespan", "Δ p95"]);

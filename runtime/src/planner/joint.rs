@@ -50,11 +50,15 @@ pub struct JointOptions {
     /// A departure from Eq. 12, off by default: among lifecycle bindings whose Ĉ_F is within
     /// [`NEAR_BEST`] of the best, take the least capable device (keeping faster GPUs free).
     pub resource_order: bool,
+    /// A departure from §3.3, off by default: admit against the KV of the P90 output of the
+    /// node's recent completions (the timing bucket) instead of its configured output limit,
+    /// leaving the rest to the engine's own KV management (preemption), as the baselines do.
+    pub history_admission: bool,
 }
 
 impl Default for JointOptions {
     fn default() -> Self {
-        JointOptions { fusion: true, prefetch: true, shared_lifecycle: true, resource_order: false }
+        JointOptions { fusion: true, prefetch: true, shared_lifecycle: true, resource_order: false, history_admission: false }
     }
 }
 
@@ -153,10 +157,12 @@ impl Joint {
     }
 
     /// KV bytes a unit reserves for admission: its envelope (Eq. 4) at the configured output
-    /// limit, never the timing history.
-    fn kv_reservation(state: &PlannerState, w: &WorkItem) -> u64 {
+    /// limit, never the timing history (§3.3) — unless `history_admission`, where the output
+    /// part is the timing output (P90 of recent completions, the limit without history).
+    fn kv_reservation(&self, state: &PlannerState, w: &WorkItem) -> u64 {
         let per_token = state.deployment(w.deployment).map(|d| d.kv_bytes_per_token).unwrap_or(0);
-        (w.envelope.0 as u64 + w.envelope.1 as u64) * per_token
+        let output = if self.opts.history_admission { self.timing_output(w).min(w.envelope.1) } else { w.envelope.1 };
+        (w.envelope.0 as u64 + output as u64) * per_token
     }
 
     /// KV capacity of a replica as the planner sees it.
@@ -194,7 +200,7 @@ impl Joint {
         }
         let limit = state.deployment(r.deployment).map(|d| d.max_num_seqs).unwrap_or(0) as usize;
         r.leases.len() < limit
-            && self.kv_in_use(r.id) + Self::kv_reservation(state, w) <= Self::kv_capacity(state, r)
+            && self.kv_in_use(r.id) + self.kv_reservation(state, w) <= Self::kv_capacity(state, r)
     }
 
     /// Priority-and-aging level (lower is more urgent).
@@ -225,7 +231,8 @@ impl Joint {
         if let Some(p) = predicted {
             state.set_predicted(w.activation, p);
         }
-        self.kv.entry(r).or_default().insert(w.activation, Self::kv_reservation(state, w));
+        let reservation = self.kv_reservation(state, w);
+        self.kv.entry(r).or_default().insert(w.activation, reservation);
         true
     }
 
@@ -857,5 +864,23 @@ mod tests {
         };
         assert_eq!(on(&cmds(JointOptions::default())), DeviceId(1));
         assert_eq!(on(&cmds(JointOptions { resource_order: true, ..Default::default() })), DeviceId(0));
+    }
+
+    #[test]
+    fn history_admission_admits_against_recent_outputs_instead_of_the_limit() {
+        // Units that may write 60,000 tokens but whose node wrote 100 last time: §3.3 reserves
+        // KV for the limit (a 4B replica on an A100 holds three such envelopes); the named
+        // departure reserves for the recent P90 and admits all ten.
+        let long = |s: u32| WorkItem { max_output_tokens: 60_000, envelope: (500, 60_000), node: 0, ..item(s, 0, 0, 0) };
+        let admitted = |opts: JointOptions| {
+            let mut p = planner(&["A100-40GB"], opts);
+            p.handle(Event::UnitReady(item(0, 0, 0, 0)), 0.0).unwrap();
+            p.handle(Event::ReplicaLoaded { replica: ReplicaId(0) }, 10.0).unwrap();
+            p.handle(Event::UnitFinished { activation: act(0, 0), replica: ReplicaId(0), output_tokens: 100 }, 11.0).unwrap();
+            let cmds = p.handle_all((1..=10).map(|s| Event::UnitReady(long(s))).collect(), 12.0).unwrap();
+            cmds.iter().filter(|c| matches!(c, Command::Dispatch { .. })).count()
+        };
+        assert_eq!(admitted(JointOptions::default()), 3);
+        assert_eq!(admitted(JointOptions { history_admission: true, ..Default::default() }), 10);
     }
 }

@@ -25,16 +25,7 @@ struct Group {
     bars: Vec<Bar>,
 }
 
-const PALETTE: [RGBColor; 8] = [
-    RGBColor(31, 119, 180),
-    RGBColor(255, 127, 14),
-    RGBColor(44, 160, 44),
-    RGBColor(214, 39, 40),
-    RGBColor(148, 103, 189),
-    RGBColor(140, 86, 75),
-    RGBColor(227, 119, 194),
-    RGBColor(23, 190, 207),
-];
+use crate::report::timeline::PALETTE;
 const IDLE: RGBColor = RGBColor(189, 195, 199);
 const LOADING: RGBColor = RGBColor(230, 126, 34);
 const OTHER: RGBColor = RGBColor(236, 240, 241);

@@ -110,6 +110,20 @@ pub struct DeploymentInfo {
 }
 
 impl DeploymentInfo {
+    /// The deployment of `model` at `dtype` with vLLM's default 90 % memory claim.
+    pub fn of_model(id: DeploymentId, model: &switchyard_predictor::ModelArch, dtype: Dtype, max_model_len: u32, max_num_seqs: u32) -> Self {
+        DeploymentInfo {
+            id,
+            model: model.name.clone(),
+            dtype,
+            max_model_len,
+            gpu_memory_utilization: 0.9,
+            weight_bytes: model.param_bytes(dtype),
+            kv_bytes_per_token: model.kv_bytes_per_token(dtype),
+            max_num_seqs,
+        }
+    }
+
     /// Memory a replica of this deployment claims on `device`.
     pub fn claim_bytes(&self, device: &DeviceInfo) -> u64 {
         (self.gpu_memory_utilization.clamp(0.0, 1.0) * device.spec.memory_bytes as f64) as u64
@@ -890,19 +904,7 @@ mod tests {
         let deployments = models
             .iter()
             .enumerate()
-            .map(|(i, name)| {
-                let m = spec::model(name).unwrap();
-                DeploymentInfo {
-                    id: DeploymentId(i as u32),
-                    model: m.name.clone(),
-                    dtype: Dtype::Bf16,
-                    max_model_len: 8192,
-                    gpu_memory_utilization: 0.9,
-                    weight_bytes: m.param_bytes(Dtype::Bf16),
-                    kv_bytes_per_token: m.kv_bytes_per_token(Dtype::Bf16),
-                    max_num_seqs: 2,
-                }
-            })
+            .map(|(i, name)| DeploymentInfo::of_model(DeploymentId(i as u32), &spec::model(name).unwrap(), Dtype::Bf16, 8192, 2))
             .collect();
         PlannerState::new(devices, deployments)
     }

@@ -19,8 +19,8 @@ pub struct TimelineError {
     pub message: String,
 }
 
-/// One colour per deployment id (cycled beyond eight).
-const PALETTE: [RGBColor; 8] = [
+/// One colour per deployment id (cycled beyond eight); the bench charts use it too.
+pub const PALETTE: [RGBColor; 8] = [
     RGBColor(31, 119, 180),
     RGBColor(255, 127, 14),
     RGBColor(44, 160, 44),

@@ -27,7 +27,7 @@ pub mod lifecycle;
 pub mod memory;
 pub mod replica;
 
-pub use cost::{AttentionKernel, BatchShape, BatchSummary, CostModel, ModelShape, PrefillChunk, iteration_time};
+pub use cost::{AttentionKernel, BatchShape, BatchSummary, CostModel, IterationCost, ModelShape, PrefillChunk, iteration_time};
 pub use error::EmulatorError;
 pub use lifecycle::{EngineGeneration, SleepLevel, WeightSource, load_time, load_time_from, sleep_time, wake_time};
 pub use memory::{MemoryPlan, MemoryRequirement, ServingConfig};

@@ -572,14 +572,14 @@ impl CostModel {
 }
 
 #[derive(Debug, Clone, Copy)]
-struct TokenTerms {
+pub(crate) struct TokenTerms {
     layer_sum: f64,
     emb: f64,
     input_layernorm: f64,
 }
 
 #[derive(Debug, Clone, Copy)]
-struct RequestTerms {
+pub(crate) struct RequestTerms {
     lm_head: f64,
     cpu: f64,
 }
@@ -615,10 +615,23 @@ impl IterationCost {
         if b.is_empty() {
             return 0.0;
         }
+        let terms = self.terms(b.tokens, b.requests);
+        self.model.combine(terms.0, terms.1, b)
+    }
+
+    /// The memoised terms of batches of `tokens` tokens over `requests` sequences, for
+    /// [`with_terms`](Self::with_terms) (a caller costing many such batches in a row).
+    pub(crate) fn terms(&mut self, tokens: u64, requests: u32) -> (TokenTerms, RequestTerms) {
         let model = &self.model;
-        let t = memo(&mut self.tokens, b.tokens as usize, || model.token_terms(b.tokens));
-        let r = memo(&mut self.requests, b.requests as usize, || model.request_terms(b.requests));
-        model.combine(t, r, b)
+        let t = memo(&mut self.tokens, tokens as usize, || model.token_terms(tokens));
+        let r = memo(&mut self.requests, requests as usize, || model.request_terms(requests));
+        (t, r)
+    }
+
+    /// [`iteration_time`](Self::iteration_time) of a non-empty batch `b` whose
+    /// [`terms`](Self::terms) are `terms`.
+    pub(crate) fn with_terms(&self, terms: (TokenTerms, RequestTerms), b: &BatchSummary) -> f64 {
+        self.model.combine(terms.0, terms.1, b)
     }
 }
 

@@ -28,7 +28,8 @@
 //! Time is passed in by the caller; nothing here reads a clock or does I/O. Depends on the
 //! cost model, the memory plan, the lifecycle durations and the block pool of this crate.
 
-use std::collections::{HashSet, VecDeque};
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashSet, VecDeque};
 use std::fmt;
 
 use rand::SeedableRng;
@@ -620,6 +621,8 @@ impl EmulatedReplica {
         let mut rng = self.rng.clone();
         let mut steps = Vec::with_capacity(planned);
         let mut end = it.end;
+        // Every step computes b tokens over b sequences: those terms of its time are shared.
+        let terms = self.cost.terms(u64::from(b), b);
         for k in 1..=planned as u64 {
             let batch = BatchSummary {
                 requests: b,
@@ -630,7 +633,7 @@ impl EmulatedReplica {
                 decode_requests: b,
                 decode_kv_tokens: base + k * u64::from(b),
             };
-            let dt = self.cost.iteration_time(&batch) * self.noise.sample(&mut rng);
+            let dt = self.cost.with_terms(terms, &batch) * self.noise.sample(&mut rng);
             end += dt;
             steps.push((dt, end));
         }
@@ -656,35 +659,49 @@ impl EmulatedReplica {
         self.iteration_end()
     }
 
-    /// Applies the first `n` steps of `run`: per step, what `finish_iteration` (no event) and
-    /// `start_iteration` (the same decodes, blocks grown in running order) would do.
+    /// Applies the first `n` steps of `run`: what `finish_iteration` (no event) and
+    /// `start_iteration` (the same decodes) would do at each step, in closed form — every
+    /// running request computes and samples `n` tokens — with the blocks the steps open
+    /// allocated in the order stepping allocates them (by step, then in running order).
     fn apply_decode_steps(&mut self, run: &DecodeRun, n: usize) {
         if n == 0 {
             return;
         }
         let bs = self.config.block_size;
-        for &(dt, end) in &run.steps[..n] {
-            for &slot in &self.running {
-                let Some(seq) = self.seqs[slot].as_mut() else {
-                    continue;
-                };
-                // finish: the decoded token enters the cache and the next is sampled.
-                seq.num_computed += seq.scheduled;
-                seq.generated += 1;
-                self.counters.generated += 1;
-                // start: one more decode, its block allocated if it opens one.
-                let need = blocks_for(seq.num_computed + 1, bs).saturating_sub(seq.blocks.len() as u32);
-                for _ in 0..need {
-                    if let Some(b) = self.pool.allocate() {
-                        seq.blocks.push(b);
-                    }
-                }
-                seq.scheduled = 1;
+        let steps = n as u32;
+        // (step, position in `running`) of each request's next block: planned step k computes
+        // position `c + k - 1` (c: tokens computed once the step in progress finishes), so it
+        // needs more than the `held` blocks from k = held·bs − c + 1 on, then every bs steps.
+        let mut opens: BinaryHeap<Reverse<(u32, usize)>> = BinaryHeap::new();
+        for (pos, &slot) in self.running.iter().enumerate() {
+            let Some(seq) = self.seqs[slot].as_mut() else {
+                continue;
+            };
+            let c = seq.num_computed + seq.scheduled;
+            let first = (seq.blocks.len() as u32 * bs + 1).saturating_sub(c).max(1);
+            if first <= steps {
+                opens.push(Reverse((first, pos)));
             }
+            seq.num_computed += steps;
+            seq.generated += steps;
+            self.counters.generated += u64::from(steps);
+        }
+        while let Some(Reverse((step, pos))) = opens.pop() {
+            let Some(seq) = self.running.get(pos).and_then(|&slot| self.seqs[slot].as_mut()) else {
+                continue;
+            };
+            if let Some(b) = self.pool.allocate() {
+                seq.blocks.push(b);
+            }
+            if step + bs <= steps {
+                opens.push(Reverse((step + bs, pos)));
+            }
+        }
+        for &(dt, end) in &run.steps[..n] {
             self.counters.busy += dt;
-            self.counters.iterations += 1;
             self.iteration = Some(Iteration { end });
         }
+        self.counters.iterations += n as u64;
         if n == run.steps.len() {
             self.rng = run.rng_after.clone();
         } else {

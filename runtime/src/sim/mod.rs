@@ -68,7 +68,10 @@ pub struct SimOutput {
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum SimEvent {
     Arrival(usize),
-    IterationEnd(ReplicaId),
+    /// The end of a replica's iteration in progress (or of its planned decode run), with the
+    /// replica's schedule token at the time: an event whose token is no longer the replica's
+    /// was superseded (the run was cut short, see [`Sim::retime`]) and is ignored.
+    IterationEnd(ReplicaId, u64),
     LoadDone(ReplicaId),
     ToolDone(ActivationId),
     /// The agent framework hands a finished call's output to its session
@@ -131,7 +134,19 @@ struct Replica {
     deployment: DeploymentId,
     iterating: bool,
     resident_since: Option<f64>,
+    /// Identifies the replica's current [`SimEvent::IterationEnd`].
+    token: u64,
+    /// Decode steps the next run may plan ahead ([`EmulatedReplica::extend_decode_run`]):
+    /// doubles while runs reach their end, back to the minimum when one is cut short, so a
+    /// replica that keeps receiving requests plans little it must drop.
+    run_steps: usize,
+    /// Whether the iteration in progress ends a planned run.
+    in_run: bool,
 }
+
+/// Bounds of [`Replica::run_steps`].
+const MIN_RUN_STEPS: usize = 32;
+const MAX_RUN_STEPS: usize = 8192;
 
 struct InFlight {
     activation: ActivationId,
@@ -318,7 +333,7 @@ impl<'a> Sim<'a> {
             events += 1;
             match next.event {
                 SimEvent::Arrival(i) => self.on_arrival(i)?,
-                SimEvent::IterationEnd(r) => self.on_iteration_end(r)?,
+                SimEvent::IterationEnd(r, token) => self.on_iteration_end(r, token)?,
                 SimEvent::LoadDone(r) => self.on_load_done(r)?,
                 SimEvent::ToolDone(a) => self.on_tool_done(a)?,
                 SimEvent::Handoff(a) => {
@@ -424,6 +439,7 @@ impl<'a> Sim<'a> {
                     });
                 match started {
                     Ok((engine, until)) => {
+                        self.settle_device(device);
                         self.timelines[device.0 as usize].segments.push(Segment {
                             start: self.now,
                             end: until,
@@ -436,6 +452,9 @@ impl<'a> Sim<'a> {
                             deployment,
                             iterating: false,
                             resident_since: None,
+                            token: 0,
+                            run_steps: MIN_RUN_STEPS,
+                            in_run: false,
                         });
                         self.schedule(until, SimEvent::LoadDone(replica));
                     }
@@ -450,6 +469,7 @@ impl<'a> Sim<'a> {
                     return Err(SimError::Internal(format!("unload of unknown replica {replica}")));
                 };
                 r.engine.unload().map_err(|e| SimError::Internal(e.to_string()))?;
+                self.settle_device(r.device);
                 if let Some(since) = r.resident_since {
                     self.timelines[r.device.0 as usize].segments.push(Segment {
                         start: since,
@@ -488,9 +508,12 @@ impl<'a> Sim<'a> {
             generated_hashes: Vec::new(),
             output_tokens: prep.output.output_tokens.max(1),
         };
+        let planned_end = r.engine.iteration_end();
+        // A request submitted during a planned run cuts it at the step in progress.
         r.engine.submit(request, self.now).map_err(|e| SimError::Internal(e.to_string()))?;
         let deployment = r.deployment;
         let device = r.device;
+        self.retime(replica, planned_end);
         self.in_flight.insert(id, InFlight { activation, workflow, deployment, output: prep.output });
         self.counters.llm_calls += 1;
         self.log("dispatch", TraceLine {
@@ -521,16 +544,26 @@ impl<'a> Sim<'a> {
         Ok(())
     }
 
-    /// Start an iteration on an idle replica that has work.
+    /// Start an iteration on an idle replica that has work, and plan the decode steps after
+    /// it when they are foreseeable ([`EmulatedReplica::extend_decode_run`]): the replica's
+    /// next event is then the end of that run, one event instead of one per step. Nothing is
+    /// lost: a step ends without an event of its own only when finishing it reports nothing,
+    /// and whatever could change the run first — a request for this replica, or a segment
+    /// pushed onto its device's timeline — cuts it at the step in progress then
+    /// ([`Sim::retime`], [`Sim::settle_device`]), so the run is the same, event for event, as
+    /// with one event per step.
     fn kick(&mut self, replica: ReplicaId) {
         let now = self.now;
+        let Some(device) = self.replicas.get(&replica).filter(|r| !r.iterating).map(|r| r.device) else { return };
+        self.settle_device(device);
         let Some(r) = self.replicas.get_mut(&replica) else { return };
-        if r.iterating {
-            return;
-        }
-        if let Some(end) = r.engine.start_iteration(now) {
+        if let Some(first_end) = r.engine.start_iteration(now) {
             r.iterating = true;
-            let (device, deployment) = (r.device, r.deployment);
+            let planned = r.engine.extend_decode_run(r.run_steps);
+            r.in_run = planned.is_some();
+            let end = planned.unwrap_or(first_end);
+            r.token += 1;
+            let (token, deployment) = (r.token, r.deployment);
             let segments = &mut self.timelines[device.0 as usize].segments;
             // Back-to-back iterations of one replica extend one segment (one per busy period,
             // not one per iteration).
@@ -542,7 +575,51 @@ impl<'a> Sim<'a> {
                 }
                 _ => segments.push(Segment { start: now, end, kind: SegmentKind::Generating, deployment: deployment.0 }),
             }
-            self.schedule(end, SimEvent::IterationEnd(replica));
+            self.schedule(end, SimEvent::IterationEnd(replica, token));
+        }
+    }
+
+    /// After something reached `replica` at this time (a submit), its iteration in progress
+    /// may end earlier than `planned_end`, the end its queued event and its timeline segment
+    /// carry (a planned run was cut): move both to the new end.
+    fn retime(&mut self, replica: ReplicaId, planned_end: Option<f64>) {
+        let Some(r) = self.replicas.get_mut(&replica) else { return };
+        let end = r.engine.iteration_end();
+        if end == planned_end || !r.iterating {
+            return;
+        }
+        let Some(end) = end else { return };
+        r.run_steps = MIN_RUN_STEPS;
+        r.in_run = false;
+        r.token += 1;
+        let (token, device, deployment) = (r.token, r.device, r.deployment);
+        // The run's segment is its device's last one: every other push onto the device
+        // settles the device's runs first.
+        if let Some(last) = self.timelines[device.0 as usize].segments.last_mut() {
+            if last.kind == SegmentKind::Generating && last.deployment == deployment.0 && Some(last.end) == planned_end {
+                last.end = end;
+            }
+        }
+        self.schedule(end, SimEvent::IterationEnd(replica, token));
+    }
+
+    /// Cut the planned runs of the replicas on `device` at the steps in progress now (before a
+    /// segment of something else is pushed onto the device's timeline, as with one event per
+    /// step the runs' segments would end there).
+    fn settle_device(&mut self, device: DeviceId) {
+        let now = self.now;
+        let running: Vec<(ReplicaId, Option<f64>)> = self
+            .replicas
+            .iter_mut()
+            .filter(|(_, r)| r.device == device && r.in_run)
+            .map(|(&id, r)| {
+                let planned_end = r.engine.iteration_end();
+                r.engine.catch_up(now);
+                (id, planned_end)
+            })
+            .collect();
+        for (id, planned_end) in running {
+            self.retime(id, planned_end);
         }
     }
 
@@ -724,14 +801,17 @@ impl<'a> Sim<'a> {
         self.plan(Event::ReplicaLoaded { replica })
     }
 
-    fn on_iteration_end(&mut self, replica: ReplicaId) -> Result<(), SimError> {
+    fn on_iteration_end(&mut self, replica: ReplicaId, token: u64) -> Result<(), SimError> {
         let now = self.now;
         let events = match self.replicas.get_mut(&replica) {
-            Some(r) => {
+            Some(r) if r.token == token && r.iterating => {
                 r.iterating = false;
+                if std::mem::take(&mut r.in_run) {
+                    r.run_steps = (r.run_steps * 2).min(MAX_RUN_STEPS);
+                }
                 r.engine.finish_iteration(now)
             }
-            None => return Ok(()),
+            _ => return Ok(()),
         };
         for e in events {
             match e {

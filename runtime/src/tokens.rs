@@ -589,12 +589,12 @@ impl Qwen3 {
 
 /// Bytes (roughly) each generation of the piece cache keeps: the pre-tokens of the texts seen
 /// recur (words, numbers), so this holds the working vocabulary of a run.
-const PIECE_CACHE_BYTES: usize = 8 << 20;
+const PIECE_CACHE_BYTES: usize = 4 << 20;
 
 /// Bytes (roughly) each generation of the encoding cache keeps. Encodings are reused soon
 /// after they are made (a prompt counted and hashed, a summary refitted), so a run's memory
 /// need not grow with its length to keep them.
-const ENCODING_CACHE_BYTES: usize = 16 << 20;
+const ENCODING_CACHE_BYTES: usize = 8 << 20;
 
 /// Cost counted per cache entry beyond its data (table slot, allocation headers).
 const ENTRY_OVERHEAD: usize = 64;

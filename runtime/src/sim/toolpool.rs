@@ -25,7 +25,7 @@ use switchyard_tools::{ToolCall, ToolError, ToolOutcome, run_tool};
 use crate::memo::Memo;
 
 /// Bytes (roughly: keys and outcome texts) each generation of the process-wide memo keeps.
-const MEMO_BYTES: usize = 32 << 20;
+const MEMO_BYTES: usize = 4 << 20;
 
 /// Most prefetched calls queued and not yet started; more are dropped (they are only hints).
 const PREFETCH_LIMIT: usize = 4096;

@@ -22,6 +22,9 @@
 //! without measurements reuse the constants of their closest measured class scaled by their
 //! own datasheet FLOP/s and bandwidth — a roofline extrapolation.
 //!
+//! [`IterationCost`] is the same model with the terms that depend only on a batch's token and
+//! sequence counts memoised (what a replica repeats step after step), with the same bits.
+//!
 //! This module is the emulator's private ground truth: the predictor must not call it or read
 //! its constants. It depends only on the spec sheets (`ModelArch`, `DeviceSpec`, `Dtype`).
 

@@ -25,6 +25,14 @@
 //! preemption. Iteration time comes from [`crate::cost`], times a log-normal engine noise
 //! drawn from a ChaCha8 stream seeded by the caller.
 //!
+//! Decode runs: while every running request decodes, nothing waits and the free blocks cover
+//! the growth, each next step's batch is known (the same requests, each context one token
+//! longer), so [`EmulatedReplica::extend_decode_run`] plans those steps ahead — their times
+//! drawn from a clone of the noise stream — and they are applied in closed form when the
+//! caller reaches the run's end, or cut back to the step in progress by a submit or
+//! [`EmulatedReplica::catch_up`]: the same result as stepping, bit for bit, for one round
+//! trip per run instead of one per token.
+//!
 //! Time is passed in by the caller; nothing here reads a clock or does I/O. Depends on the
 //! cost model, the memory plan, the lifecycle durations and the block pool of this crate.
 

@@ -22,6 +22,9 @@
 //! without measurements reuse the constants of their closest measured class scaled by their
 //! own datasheet FLOP/s and bandwidth — a roofline extrapolation.
 //!
+//! [`IterationCost`] is the same model with the terms that depend only on a batch's token and
+//! sequence counts memoised (what a replica repeats step after step), with the same bits.
+//!
 //! This module is the emulator's private ground truth: the predictor must not call it or read
 //! its constants. It depends only on the spec sheets (`ModelArch`, `DeviceSpec`, `Dtype`).
 
@@ -545,17 +548,106 @@ impl CostModel {
         if b.is_empty() {
             return 0.0;
         }
-        let s = &self.shape;
-        let ops = self.op_times(b.tokens);
-        let per_layer = ops.layer_sum() + self.attention_time(b);
-        let requests = f64::from(b.requests);
-        let lm_head = self.linear(s.hidden as f64, s.vocab as f64, requests);
-        s.num_layers as f64 * per_layer
-            + ops.emb
-            + ops.input_layernorm
-            + lm_head
-            + self.cpu_overhead(b.requests)
+        self.combine(self.token_terms(b.tokens), self.request_terms(b.requests), b)
     }
+
+    /// The terms of an iteration that depend only on the tokens computed.
+    fn token_terms(&self, tokens: u64) -> TokenTerms {
+        let ops = self.op_times(tokens);
+        TokenTerms { layer_sum: ops.layer_sum(), emb: ops.emb, input_layernorm: ops.input_layernorm }
+    }
+
+    /// The terms of an iteration that depend only on the sequences in the batch.
+    fn request_terms(&self, requests: u32) -> RequestTerms {
+        let s = &self.shape;
+        RequestTerms {
+            lm_head: self.linear(s.hidden as f64, s.vocab as f64, f64::from(requests)),
+            cpu: self.cpu_overhead(requests),
+        }
+    }
+
+    /// [`iteration_time`](Self::iteration_time) from its precomputed terms, in the same order
+    /// of floating-point operations (so with the same bits).
+    fn combine(&self, t: TokenTerms, r: RequestTerms, b: &BatchSummary) -> f64 {
+        let per_layer = t.layer_sum + self.attention_time(b);
+        self.shape.num_layers as f64 * per_layer + t.emb + t.input_layernorm + r.lm_head + r.cpu
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct TokenTerms {
+    layer_sum: f64,
+    emb: f64,
+    input_layernorm: f64,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RequestTerms {
+    lm_head: f64,
+    cpu: f64,
+}
+
+/// Batches up to this many tokens (and sequences) have their terms memoised by
+/// [`IterationCost`]: decode steps compute one token per sequence, so these are the batches a
+/// replica repeats step after step.
+const MEMO_LIMIT: usize = 1024;
+
+/// A cost model with the terms that depend only on the batch's token and sequence counts
+/// memoised (the per-operator rooflines and the LM head: ten `powf`s per iteration). The
+/// attention term, which depends on the contexts, is computed every time. Gives exactly the
+/// bits of [`CostModel::iteration_time`]; the memo grows on demand to at most
+/// [`MEMO_LIMIT`] entries of each kind.
+#[derive(Debug, Clone)]
+pub struct IterationCost {
+    model: CostModel,
+    tokens: Vec<Option<TokenTerms>>,
+    requests: Vec<Option<RequestTerms>>,
+}
+
+impl IterationCost {
+    pub fn new(model: CostModel) -> Self {
+        IterationCost { model, tokens: Vec::new(), requests: Vec::new() }
+    }
+
+    pub fn model(&self) -> &CostModel {
+        &self.model
+    }
+
+    /// [`CostModel::iteration_time`], memoised.
+    pub fn iteration_time(&mut self, b: &BatchSummary) -> f64 {
+        if b.is_empty() {
+            return 0.0;
+        }
+        let terms = self.terms(b.tokens, b.requests);
+        self.model.combine(terms.0, terms.1, b)
+    }
+
+    /// The memoised terms of batches of `tokens` tokens over `requests` sequences, for
+    /// [`with_terms`](Self::with_terms) (a caller costing many such batches in a row).
+    pub(crate) fn terms(&mut self, tokens: u64, requests: u32) -> (TokenTerms, RequestTerms) {
+        let model = &self.model;
+        let t = memo(&mut self.tokens, tokens as usize, || model.token_terms(tokens));
+        let r = memo(&mut self.requests, requests as usize, || model.request_terms(requests));
+        (t, r)
+    }
+
+    /// [`iteration_time`](Self::iteration_time) of a non-empty batch `b` whose
+    /// [`terms`](Self::terms) are `terms`.
+    pub(crate) fn with_terms(&self, terms: (TokenTerms, RequestTerms), b: &BatchSummary) -> f64 {
+        self.model.combine(terms.0, terms.1, b)
+    }
+}
+
+/// The value memoised at `i` (computed and kept on first use), or computed when `i` is past
+/// the memo's limit.
+fn memo<T: Copy>(table: &mut Vec<Option<T>>, i: usize, compute: impl FnOnce() -> T) -> T {
+    if i >= MEMO_LIMIT {
+        return compute();
+    }
+    if table.len() <= i {
+        table.resize(i + 1, None);
+    }
+    *table[i].get_or_insert_with(compute)
 }
 
 /// `(aᵖ + bᵖ)^(1/p)`, computed relative to the larger term so it cannot overflow.
@@ -725,6 +817,30 @@ mod tests {
     }
 
     proptest! {
+        /// The memoised cost gives exactly the bits of the direct one, whatever batches came
+        /// before (memo hits and misses, and batches past the memo's limit).
+        #[test]
+        fn memoised_iteration_time_has_the_same_bits(
+            batches in prop::collection::vec(
+                (prop::collection::vec((1u32..3000, 0u32..20_000), 0..4), prop::collection::vec(1u32..30_000, 0..40)),
+                1..30,
+            ),
+            dev in prop::sample::select(vec!["A100-40GB", "V100-32GB", "H100-80GB", "L4"]),
+            name in prop::sample::select(vec!["Qwen3-0.6B", "Qwen3-8B", "Qwen3-14B"]),
+        ) {
+            let direct = CostModel::for_arch(&device(dev).unwrap(), &model(name).unwrap(), Dtype::Bf16);
+            let mut memoised = IterationCost::new(direct.clone());
+            // Each batch twice: the second time every memoised term is a hit.
+            for (prefills, decodes) in batches.iter().chain(batches.iter()) {
+                let shape = BatchShape {
+                    prefills: prefills.iter().map(|&(tokens, cached_context)| PrefillChunk { tokens, cached_context }).collect(),
+                    decode_contexts: decodes.clone(),
+                };
+                let b = shape.summary();
+                prop_assert_eq!(memoised.iteration_time(&b).to_bits(), direct.iteration_time(&b).to_bits());
+            }
+        }
+
         #[test]
         fn iteration_time_is_monotone_in_tokens_and_context(
             chunk in 1u32..4096, extra in 1u32..4096, ctx in 0u32..32_000, more_ctx in 1u32..8000,

@@ -3,7 +3,8 @@
 //!
 //! Module map:
 //! - [`cost`] — the time of one continuous-batching iteration on a device (per-operator
-//!   rooflines calibrated against Vidur's measured A100 / H100 profiles, see `CALIBRATION.md`).
+//!   rooflines calibrated against Vidur's measured A100 / H100 profiles, see `CALIBRATION.md`),
+//!   and [`IterationCost`], the same with its per-batch-size terms memoised (same bits).
 //! - [`memory`] — the replica's memory plan: weights + engine overhead + KV-cache blocks,
 //!   sized the way vLLM's start-up profile run sizes them.
 //! - [`lifecycle`] — load, sleep and wake durations (storage, host link, engine start-up).
@@ -11,7 +12,8 @@
 //! - [`replica`] — the replica state machine (Cold → Loading → Awake ⇄ Asleep) and its FCFS
 //!   continuous-batching scheduler: vLLM V1's (chunked prefill, prefix caching of prompt and
 //!   generated blocks, recompute preemption) or, without chunked prefill, V0's prefill-first
-//!   `_schedule_default` (the engine vLLM 0.10 runs on Volta).
+//!   `_schedule_default` (the engine vLLM 0.10 runs on Volta); decode runs planned ahead while
+//!   the batch does not change (`extend_decode_run`), exactly equal to stepping.
 //! - [`error`] — the typed errors.
 //!
 //! Dependencies: only the `spec` module of `switchyard-predictor` (model architectures, device
@@ -27,7 +29,7 @@ pub mod lifecycle;
 pub mod memory;
 pub mod replica;
 
-pub use cost::{AttentionKernel, BatchShape, BatchSummary, CostModel, ModelShape, PrefillChunk, iteration_time};
+pub use cost::{AttentionKernel, BatchShape, BatchSummary, CostModel, IterationCost, ModelShape, PrefillChunk, iteration_time};
 pub use error::EmulatorError;
 pub use lifecycle::{EngineGeneration, SleepLevel, WeightSource, load_time, load_time_from, sleep_time, teardown_time, wake_time};
 pub use memory::{MemoryPlan, MemoryRequirement, ServingConfig};

@@ -25,10 +25,19 @@
 //! preemption. Iteration time comes from [`crate::cost`], times a log-normal engine noise
 //! drawn from a ChaCha8 stream seeded by the caller.
 //!
+//! Decode runs: while every running request decodes, nothing waits and the free blocks cover
+//! the growth, each next step's batch is known (the same requests, each context one token
+//! longer), so [`EmulatedReplica::extend_decode_run`] plans those steps ahead — their times
+//! drawn from a clone of the noise stream — and they are applied in closed form when the
+//! caller reaches the run's end, or cut back to the step in progress by a submit or
+//! [`EmulatedReplica::catch_up`]: the same result as stepping, bit for bit, for one round
+//! trip per run instead of one per token.
+//!
 //! Time is passed in by the caller; nothing here reads a clock or does I/O. Depends on the
 //! cost model, the memory plan, the lifecycle durations and the block pool of this crate.
 
-use std::collections::{HashSet, VecDeque};
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashSet, VecDeque};
 use std::fmt;
 
 use rand::SeedableRng;
@@ -37,7 +46,7 @@ use rand_distr::{Distribution, LogNormal};
 use serde::{Deserialize, Serialize};
 use switchyard_predictor::spec::{DeviceSpec, ModelArch};
 
-use crate::cost::{BatchSummary, CostModel};
+use crate::cost::{BatchSummary, CostModel, IterationCost};
 use crate::error::EmulatorError;
 use crate::kv::BlockPool;
 use crate::lifecycle::{SleepLevel, WeightSource, load_time_from, sleep_time, teardown_time, wake_time};
@@ -212,6 +221,20 @@ struct Counters {
     queue: f64,
 }
 
+/// Decode steps planned ahead of the iteration in progress
+/// ([`EmulatedReplica::extend_decode_run`]): while every running request decodes, nothing waits
+/// and no step can run out of KV blocks, the batch of each next step is known — the same
+/// requests, each context one token longer — and so is its duration, up to the noise drawn
+/// from the replica's stream. The steps are applied when the caller reaches them.
+#[derive(Debug)]
+struct DecodeRun {
+    /// Duration and end time of each planned step, in order; step `k` starts when step `k - 1`
+    /// ends (step 0 is the iteration in progress).
+    steps: Vec<(f64, f64)>,
+    /// The noise stream after the draws of every planned step.
+    rng_after: ChaCha8Rng,
+}
+
 /// A vLLM-like replica of one deployment on one GPU.
 #[derive(Debug)]
 pub struct EmulatedReplica {
@@ -219,7 +242,7 @@ pub struct EmulatedReplica {
     model: ModelArch,
     config: ServingConfig,
     plan: MemoryPlan,
-    cost: CostModel,
+    cost: IterationCost,
     state: ReplicaState,
     sleep_level: Option<SleepLevel>,
     pool: BlockPool,
@@ -229,6 +252,8 @@ pub struct EmulatedReplica {
     waiting: VecDeque<usize>,
     running: Vec<usize>,
     iteration: Option<Iteration>,
+    /// Decode steps planned after the iteration in progress, not yet applied.
+    run: Option<DecodeRun>,
     pending: Vec<EngineEvent>,
     rng: ChaCha8Rng,
     noise: LogNormal<f64>,
@@ -245,7 +270,7 @@ impl EmulatedReplica {
         noise_seed: u64,
     ) -> Result<Self, EmulatorError> {
         let plan = MemoryPlan::new(&device, &model, &config)?;
-        let cost = CostModel::for_arch(&device, &model, config.dtype);
+        let cost = IterationCost::new(CostModel::for_arch(&device, &model, config.dtype));
         let sigma = ITERATION_NOISE_SIGMA;
         let noise = LogNormal::new(-sigma * sigma / 2.0, sigma).map_err(|_| {
             EmulatorError::InvalidConfig {
@@ -269,6 +294,7 @@ impl EmulatedReplica {
             waiting: VecDeque::new(),
             running: Vec::new(),
             iteration: None,
+            run: None,
             pending: Vec::new(),
             rng: ChaCha8Rng::seed_from_u64(noise_seed),
             noise,
@@ -407,6 +433,7 @@ impl EmulatedReplica {
     /// Queues a request (FCFS). Only while Awake. Rejects what vLLM rejects: an empty prompt,
     /// no tokens to generate, or `prompt + output > max_model_len`.
     pub fn submit(&mut self, req: EngineRequest, now: f64) -> Result<(), EmulatorError> {
+        self.catch_up(now);
         if self.state != ReplicaState::Awake {
             return Err(EmulatorError::IllegalTransition {
                 action: "submit a request",
@@ -492,9 +519,13 @@ impl EmulatedReplica {
         self.iteration.is_some()
     }
 
-    /// The end time of the iteration in progress.
+    /// The end time of the iteration in progress — with decode steps planned after it
+    /// ([`extend_decode_run`](Self::extend_decode_run)), the end of the last of them.
     pub fn iteration_end(&self) -> Option<f64> {
-        self.iteration.map(|it| it.end)
+        match &self.run {
+            Some(run) => run.steps.last().map(|s| s.1),
+            None => self.iteration.map(|it| it.end),
+        }
     }
 
     /// Requests queued or running.
@@ -526,6 +557,186 @@ impl EmulatedReplica {
         let end = now + dt;
         self.iteration = Some(Iteration { end });
         Some(end)
+    }
+
+    /// Whether finishing the iteration in progress would produce no event: nothing was
+    /// preempted when its batch formed, and no scheduled request samples its first token or
+    /// its last. False when no iteration is in progress.
+    pub fn finish_is_quiet(&self) -> bool {
+        if self.iteration.is_none() || !self.pending.is_empty() {
+            return false;
+        }
+        self.running.iter().all(|&slot| {
+            let Some(seq) = self.seqs[slot].as_ref() else {
+                return true;
+            };
+            seq.scheduled == 0
+                || seq.num_computed + seq.scheduled < seq.seq_len()
+                || (seq.first_token_sent && seq.generated + 1 < seq.output_tokens)
+        })
+    }
+
+    /// Plans up to `max_steps` decode steps after the iteration in progress and returns the
+    /// end of the last one (the new [`iteration_end`](Self::iteration_end)); `None` when
+    /// nothing can be planned. Possible only while the step in progress is a decode of every
+    /// running request, finishing it produces no event, nothing waits, no registration in the
+    /// prefix cache is due, and the free KV blocks cover every planned step's growth: then
+    /// each next step decodes the same requests, and until one of them samples its last
+    /// token nothing observable happens. The plan stops at that step (whose finish reports
+    /// it) or earlier.
+    ///
+    /// The result is exactly that of stepping — [`finish_iteration`](Self::finish_iteration)
+    /// at each end, [`start_iteration`](Self::start_iteration) at once — whatever the caller
+    /// does next: `finish_iteration` at the run's end applies every planned step and finishes
+    /// the last one; [`submit`](Self::submit) before it applies the steps that started by then
+    /// (the request joins the next step, as it would) and drops the rest, so `iteration_end`
+    /// moves back to the end of the step in progress; [`catch_up`](Self::catch_up) does the
+    /// same without a request. [`telemetry`](Self::telemetry) and
+    /// [`in_flight`](Self::in_flight) see the replica as of the steps applied.
+    pub fn extend_decode_run(&mut self, max_steps: usize) -> Option<f64> {
+        if self.run.is_some() || max_steps == 0 || !self.waiting.is_empty() || !self.finish_is_quiet() {
+            return None;
+        }
+        let it = self.iteration?;
+        let bs = self.config.block_size;
+        let caching = self.config.enable_prefix_caching;
+        // Per running request: tokens computed once the step in progress finishes, blocks held.
+        let mut contexts = Vec::with_capacity(self.running.len());
+        let mut quiet_steps = usize::MAX;
+        for &slot in &self.running {
+            let seq = self.seqs[slot].as_ref()?;
+            // A decode: one token scheduled, the last one of the sequence.
+            if seq.scheduled != 1 || seq.num_computed + 1 != seq.seq_len() {
+                return None;
+            }
+            if caching && (seq.hashed_blocks as usize) < seq.hashes.len() {
+                return None;
+            }
+            // The step in progress samples token `generated + 1`; planned step k samples token
+            // `generated + 1 + k`, the last one at k = output - generated - 1.
+            let last = seq.output_tokens.saturating_sub(seq.generated + 1) as usize;
+            quiet_steps = quiet_steps.min(last);
+            contexts.push((seq.num_computed + 1, seq.blocks.len() as u32));
+        }
+        if contexts.is_empty() {
+            return None;
+        }
+        // Blocks the planned steps 1..=k allocate (step k computes position context + k - 1,
+        // so it needs blocks for context + k tokens); none may be missing (no preemption).
+        let new_blocks = |k: usize| -> u64 {
+            contexts
+                .iter()
+                .map(|&(c, held)| u64::from(blocks_for(c + k as u32, bs).saturating_sub(held)))
+                .sum()
+        };
+        let free = u64::from(self.pool.free());
+        let (mut lo, mut hi) = (0usize, quiet_steps.min(max_steps));
+        while lo < hi {
+            let mid = lo + (hi - lo).div_ceil(2);
+            if new_blocks(mid) <= free {
+                lo = mid;
+            } else {
+                hi = mid - 1;
+            }
+        }
+        let planned = lo;
+        if planned == 0 {
+            return None;
+        }
+        let b = contexts.len() as u32;
+        // Keys and values read by step k's decodes: Σ (context + k - 1 + 1) = base + k·b.
+        let base: u64 = contexts.iter().map(|&(c, _)| u64::from(c)).sum();
+        let mut rng = self.rng.clone();
+        let mut steps = Vec::with_capacity(planned);
+        let mut end = it.end;
+        // Every step computes b tokens over b sequences: those terms of its time are shared.
+        let terms = self.cost.terms(u64::from(b), b);
+        for k in 1..=planned as u64 {
+            let batch = BatchSummary {
+                requests: b,
+                tokens: u64::from(b),
+                prefill_pairs: 0.0,
+                prefill_kv_tokens: 0,
+                prefill_tokens: 0,
+                decode_requests: b,
+                decode_kv_tokens: base + k * u64::from(b),
+            };
+            let dt = self.cost.with_terms(terms, &batch) * self.noise.sample(&mut rng);
+            end += dt;
+            steps.push((dt, end));
+        }
+        self.run = Some(DecodeRun { steps, rng_after: rng });
+        Some(end)
+    }
+
+    /// Applies the planned decode steps that have started by `now` (see
+    /// [`extend_decode_run`](Self::extend_decode_run)) and drops the others: afterwards the
+    /// iteration in progress is the one stepping would have in progress at `now`. A no-op
+    /// without planned steps. Returns the new [`iteration_end`](Self::iteration_end).
+    pub fn catch_up(&mut self, now: f64) -> Option<f64> {
+        if let Some(run) = self.run.take() {
+            let first_end = self.iteration.map_or(f64::INFINITY, |it| it.end);
+            // Step k ≥ 1 starts when step k - 1 ends.
+            let started = if first_end > now {
+                0
+            } else {
+                1 + run.steps[..run.steps.len() - 1].partition_point(|s| s.1 <= now)
+            };
+            self.apply_decode_steps(&run, started);
+        }
+        self.iteration_end()
+    }
+
+    /// Applies the first `n` steps of `run`: what `finish_iteration` (no event) and
+    /// `start_iteration` (the same decodes) would do at each step, in closed form — every
+    /// running request computes and samples `n` tokens — with the blocks the steps open
+    /// allocated in the order stepping allocates them (by step, then in running order).
+    fn apply_decode_steps(&mut self, run: &DecodeRun, n: usize) {
+        if n == 0 {
+            return;
+        }
+        let bs = self.config.block_size;
+        let steps = n as u32;
+        // (step, position in `running`) of each request's next block: planned step k computes
+        // position `c + k - 1` (c: tokens computed once the step in progress finishes), so it
+        // needs more than the `held` blocks from k = held·bs − c + 1 on, then every bs steps.
+        let mut opens: BinaryHeap<Reverse<(u32, usize)>> = BinaryHeap::new();
+        for (pos, &slot) in self.running.iter().enumerate() {
+            let Some(seq) = self.seqs[slot].as_mut() else {
+                continue;
+            };
+            let c = seq.num_computed + seq.scheduled;
+            let first = (seq.blocks.len() as u32 * bs + 1).saturating_sub(c).max(1);
+            if first <= steps {
+                opens.push(Reverse((first, pos)));
+            }
+            seq.num_computed += steps;
+            seq.generated += steps;
+            self.counters.generated += u64::from(steps);
+        }
+        while let Some(Reverse((step, pos))) = opens.pop() {
+            let Some(seq) = self.running.get(pos).and_then(|&slot| self.seqs[slot].as_mut()) else {
+                continue;
+            };
+            if let Some(b) = self.pool.allocate() {
+                seq.blocks.push(b);
+            }
+            if step + bs <= steps {
+                opens.push(Reverse((step + bs, pos)));
+            }
+        }
+        for &(dt, end) in &run.steps[..n] {
+            self.counters.busy += dt;
+            self.iteration = Some(Iteration { end });
+        }
+        self.counters.iterations += n as u64;
+        if n == run.steps.len() {
+            self.rng = run.rng_after.clone();
+        } else {
+            for _ in 0..n {
+                self.noise.sample(&mut self.rng);
+            }
+        }
     }
 
     /// vLLM V1's `Scheduler.schedule` (FCFS): running requests first (decodes and the rest of
@@ -742,6 +953,10 @@ impl EmulatedReplica {
     /// events in order: preemptions made when the batch was formed, then first tokens and
     /// completions in batch order. Empty if no iteration was in progress.
     pub fn finish_iteration(&mut self, now: f64) -> Vec<EngineEvent> {
+        if let Some(run) = self.run.take() {
+            let n = run.steps.len();
+            self.apply_decode_steps(&run, n);
+        }
         if self.iteration.take().is_none() {
             return Vec::new();
         }
@@ -1036,6 +1251,126 @@ mod tests {
         assert_eq!(finished, n);
         assert!(!preempted.is_empty(), "the cache of {total} blocks overflowed");
         assert_eq!(r.telemetry().preemptions, preempted.len() as u64);
+    }
+
+    /// A request arriving at a time.
+    type Arrival = (f64, EngineRequest);
+
+    /// Drives a replica through `arrivals` the plain way — finish each iteration at its end,
+    /// start the next at once, submit each request at its time (an iteration ending at that
+    /// very time first) — or, with `plan = Some(max)`, planning up to `max` decode steps ahead
+    /// after every start ([`EmulatedReplica::extend_decode_run`]) and catching up at the times
+    /// in `observe` as an observer would. Returns every event with its time's bits, the calls
+    /// to `finish_iteration`, and the final telemetry.
+    fn drive(mut r: EmulatedReplica, arrivals: &[Arrival], plan: Option<usize>, observe: &[f64]) -> (Vec<(u64, EngineEvent)>, u64, Telemetry) {
+        let mut log = Vec::new();
+        let (mut next, mut next_obs) = (0, 0);
+        let mut finishes = 0u64;
+        let extend = |r: &mut EmulatedReplica| {
+            if let Some(max) = plan {
+                if let Some(end) = r.extend_decode_run(max) {
+                    assert_eq!(r.iteration_end(), Some(end));
+                }
+            }
+        };
+        loop {
+            let arrival = arrivals.get(next).map(|a| a.0).unwrap_or(f64::INFINITY);
+            let obs = observe.get(next_obs).copied().unwrap_or(f64::INFINITY);
+            match r.iteration_end() {
+                Some(end) if end <= arrival && end <= obs => {
+                    let predicted_quiet = r.finish_is_quiet();
+                    let events = r.finish_iteration(end);
+                    finishes += 1;
+                    if plan.is_none() {
+                        assert_eq!(predicted_quiet, events.is_empty(), "finish_is_quiet at {end}: {events:?}");
+                    }
+                    log.extend(events.into_iter().map(|e| (end.to_bits(), e)));
+                    if r.start_iteration(end).is_some() {
+                        extend(&mut r);
+                    }
+                }
+                _ if obs <= arrival && obs.is_finite() => {
+                    next_obs += 1;
+                    if plan.is_some() {
+                        let before = r.telemetry().iterations;
+                        let end = r.catch_up(obs);
+                        assert_eq!(end, r.iteration_end());
+                        assert!(end.is_none_or(|e| e > obs), "the step in progress at {obs} ends after it");
+                        assert!(r.telemetry().iterations >= before);
+                    }
+                }
+                _ if next < arrivals.len() => {
+                    let (at, req) = arrivals[next].clone();
+                    next += 1;
+                    r.submit(req, at).unwrap();
+                    if !r.in_iteration() && r.start_iteration(at).is_some() {
+                        extend(&mut r);
+                    }
+                }
+                _ => break,
+            }
+        }
+        (log, finishes, r.telemetry())
+    }
+
+    /// A request decoding alone needs one round trip for its whole decode, not one per token.
+    #[test]
+    fn a_lone_decode_is_planned_in_one_run() {
+        let req = EngineRequest { id: 7, prompt_tokens: 300, prefix_hashes: Vec::new(), generated_hashes: Vec::new(), output_tokens: 2000 };
+        let arrivals = [(0.0, req)];
+        let (plain, plain_finishes, plain_t) = drive(awake_tiny(5, 8), &arrivals, None, &[]);
+        let (planned, planned_finishes, planned_t) = drive(awake_tiny(5, 8), &arrivals, Some(100_000), &[]);
+        assert_eq!(plain, planned);
+        assert_eq!(plain_t, planned_t);
+        assert_eq!(plain_finishes, 2000);
+        // The prefill (first token), then one run from the second token's decode to the last.
+        assert_eq!(planned_finishes, 2);
+        assert_eq!(planned_t.iterations, 2000);
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(80))]
+
+        /// Planning decode steps ahead changes nothing: the same events at the same times (bit
+        /// for bit) and the same counters as stepping, on both engines, with prefix sharing,
+        /// KV pressure, preemptions, requests arriving mid-run, observers catching up and
+        /// runs of any length.
+        #[test]
+        fn planned_decode_runs_are_exactly_stepping(
+            reqs in prop::collection::vec((1u32..1500, 1u32..400, 0u8..3, 0.0f64..0.5), 1..24),
+            observe in prop::collection::vec(0.0f64..30.0, 0..12),
+            seed in any::<u64>(),
+            max_num_seqs in 2u32..48,
+            v0 in any::<bool>(),
+            max_steps in prop::sample::select(vec![1usize, 3, 17, 1 << 20]),
+            generated in any::<bool>(),
+        ) {
+            let make = || if v0 { awake_tiny_v0(seed, max_num_seqs) } else { awake_tiny(seed, max_num_seqs) };
+            let mut at = 0.0;
+            let arrivals: Vec<Arrival> = reqs
+                .iter()
+                .enumerate()
+                .map(|(i, &(prompt, output, prefix, gap))| {
+                    at += gap;
+                    let hashes = (0..u64::from(prompt / 16)).map(|b| u64::from(prefix) << 32 | b).collect();
+                    // Generated blocks hashed too (their chain is the request's own).
+                    let generated_hashes = if generated {
+                        (u64::from(prompt / 16)..u64::from((prompt + output) / 16)).map(|b| (1000 + i as u64) << 32 | b).collect()
+                    } else {
+                        Vec::new()
+                    };
+                    (at, EngineRequest { id: i as u64, prompt_tokens: prompt, prefix_hashes: hashes, generated_hashes, output_tokens: output })
+                })
+                .collect();
+            let mut observe = observe;
+            observe.sort_by(f64::total_cmp);
+            let (plain_log, _, plain_t) = drive(make(), &arrivals, None, &[]);
+            let (planned_log, _, planned_t) = drive(make(), &arrivals, Some(max_steps), &observe);
+            prop_assert_eq!(&plain_log, &planned_log);
+            prop_assert_eq!(plain_t.busy_seconds.to_bits(), planned_t.busy_seconds.to_bits());
+            prop_assert_eq!(plain_t, planned_t);
+            prop_assert_eq!(plain_log.iter().filter(|e| matches!(e.1, EngineEvent::Finished { .. })).count(), reqs.len());
+        }
     }
 
     proptest! {

@@ -8,6 +8,7 @@
 //! - `responder` — emulated LLM outputs per workload, and accuracy scoring.
 //! - `schema` — the JSON-Schema subset of agents' structured outputs: check and draw.
 //! - `tokens` — Qwen3 tokenizer counts, Qwen3's chat template and prefix-block hashes.
+//! - `memo` — the bounded two-generation memo behind the process-wide caches.
 //! - `planner` — the pure core `Planner::handle(event, now) -> commands` and its policies.
 //! - `exec` — what both shells share: run configuration, arrival trace, pool files, setting a
 //!   run up, preparing activations, records and the one report builder.
@@ -25,6 +26,7 @@ pub mod exec;
 pub mod ids;
 pub mod live;
 pub mod lower_bound;
+pub mod memo;
 pub mod planner;
 pub mod report;
 pub mod responder;

@@ -26,7 +26,8 @@
 //! absent ([`chat_prompt_mode`], [`encode_chat_mode`]), so a thinking-off count is an upper
 //! bound of either (what the loader's context checks use).
 //!
-//! Encodings are cached by content so that a transcript shared by many prompts is encoded once.
+//! Encodings are cached by content so that a transcript shared by many prompts is encoded once
+//! (in a [`crate::memo::Memo`] of bounded size).
 //! A prompt is encoded segment by segment (static template text, inputs, predecessor outputs)
 //! and the ids concatenated; this differs from encoding the joined string only at segment
 //! boundaries (at most a token or two each). Special tokens (`<|im_start|>`, …) in a text are
@@ -40,6 +41,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use serde::Deserialize;
 use unicode_normalization_alignments::{IsNormalized, UnicodeNormalization, is_nfc_quick};
+
+use crate::memo::Memo;
 
 /// Where the embedded tokenizer comes from (repository path), for error messages.
 pub const TOKENIZER_PATH: &str = "runtime/data/qwen3-tokenizer/tokenizer.json";
@@ -543,10 +546,9 @@ impl Qwen3 {
             } else {
                 let start = out.len();
                 self.bpe(piece, out);
-                if cache.len() >= PIECE_CACHE_LIMIT {
-                    cache.clear();
-                }
-                cache.insert(piece.into(), out[start..].into());
+                let ids: Box<[u32]> = out[start..].into();
+                let cost = piece.len() + 4 * ids.len() + ENTRY_OVERHEAD;
+                cache.insert(piece.into(), ids, cost);
             }
             i += len;
         }
@@ -585,21 +587,30 @@ impl Qwen3 {
     }
 }
 
-/// Most pre-tokens kept in the piece cache before it is emptied.
-const PIECE_CACHE_LIMIT: usize = 1 << 20;
+/// Bytes (roughly) each generation of the piece cache keeps: the pre-tokens of the texts seen
+/// recur (words, numbers), so this holds the working vocabulary of a run.
+const PIECE_CACHE_BYTES: usize = 4 << 20;
 
-type PieceCache = HashMap<Box<[u8]>, Box<[u32]>>;
+/// Bytes (roughly) each generation of the encoding cache keeps. Encodings are reused soon
+/// after they are made (a prompt counted and hashed, a summary refitted), so a run's memory
+/// need not grow with its length to keep them.
+const ENCODING_CACHE_BYTES: usize = 8 << 20;
+
+/// Cost counted per cache entry beyond its data (table slot, allocation headers).
+const ENTRY_OVERHEAD: usize = 64;
+
+type PieceCache = Memo<Box<[u8]>, Box<[u32]>>;
 
 fn piece_cache() -> &'static Mutex<PieceCache> {
     static PIECES: OnceLock<Mutex<PieceCache>> = OnceLock::new();
-    PIECES.get_or_init(|| Mutex::new(HashMap::new()))
+    PIECES.get_or_init(|| Mutex::new(Memo::new(PIECE_CACHE_BYTES)))
 }
 
-type Cache = Mutex<HashMap<u64, Arc<[u32]>>>;
+type Cache = Mutex<Memo<u64, Arc<[u32]>>>;
 
 fn cache() -> &'static Cache {
     static CACHE: OnceLock<Cache> = OnceLock::new();
-    CACHE.get_or_init(|| Mutex::new(HashMap::new()))
+    CACHE.get_or_init(|| Mutex::new(Memo::new(ENCODING_CACHE_BYTES)))
 }
 
 fn content_key(text: &str) -> u64 {
@@ -626,11 +637,7 @@ pub fn encode(text: &str) -> Arc<[u32]> {
     }
     let ids = encode_uncached(tok(), text);
     if let Ok(mut guard) = cache().lock() {
-        // Bound the cache: a long run of distinct texts must not grow memory without limit.
-        if guard.len() > 200_000 {
-            guard.clear();
-        }
-        guard.insert(key, Arc::clone(&ids));
+        guard.insert(key, Arc::clone(&ids), 4 * ids.len() + ENTRY_OVERHEAD);
     }
     ids
 }
@@ -851,7 +858,7 @@ mod tests {
 
     fn assert_same(text: &str) {
         let expected = reference().encode_fast(text, false).expect("reference encoding");
-        let ours = tok().encode(text, &mut PieceCache::new());
+        let ours = tok().encode(text, &mut PieceCache::new(PIECE_CACHE_BYTES));
         if ours != expected.get_ids() {
             let at = ours.iter().zip(expected.get_ids()).position(|(a, b)| a != b).unwrap_or(ours.len().min(expected.len()));
             let from = at.saturating_sub(3);

@@ -140,16 +140,34 @@ fn clean(sentence: &str) -> String {
     s.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
-struct Candidate {
+/// One sentence of a source section as the ranking sees it: what depends on the section's
+/// text alone (not on the other sections or the query), so it is computed once per recurring
+/// section ([`section_sentences`]).
+struct Sentence {
     /// The speaker of the turn the sentence comes from, when the line had a `speaker:` prefix.
     speaker: Option<String>,
     /// The sentence, markup removed, without the speaker prefix.
     text: String,
     words: BTreeSet<String>,
+    /// `text` lower-cased: a sentence seen before under this key is dropped.
+    key: String,
+    /// Content words of the speaker's name (empty without a speaker).
+    speaker_words: BTreeSet<String>,
+}
+
+struct Candidate {
+    sentence: Arc<Sentence>,
     carry: bool,
 }
 
-impl Candidate {
+impl std::ops::Deref for Candidate {
+    type Target = Sentence;
+    fn deref(&self) -> &Sentence {
+        &self.sentence
+    }
+}
+
+impl Sentence {
     /// The sentence as emitted, with its speaker when it has one.
     fn attributed(&self) -> String {
         match &self.speaker {
@@ -179,41 +197,81 @@ const MAX_SPEAKER_WORDS: usize = 5;
 /// that share a sentence, a summary repeating the transcript) is kept once, at its first place.
 fn candidates(sources: &[(Section, String)]) -> Vec<Candidate> {
     let mut out = Vec::new();
-    let mut seen: BTreeSet<String> = BTreeSet::new();
-    for (section, body) in sources {
-        for line in body.lines() {
-            // A transcript line is one turn; a summary paragraph may hold several turns, each
-            // sentence starting with its speaker when the speaker changes.
-            let (first, content) = speaker_turn(line);
-            let mut speaker: Option<String> = first.map(String::from);
-            for raw in split_sentences(content) {
-                let raw = if *section == Section::Transcript {
-                    raw
-                } else {
-                    let (sp, rest) = speaker_turn(&raw);
-                    match sp {
-                        Some(sp) => {
-                            speaker = Some(sp.to_string());
-                            rest.to_string()
-                        }
-                        None => raw,
-                    }
-                };
-                let text = clean(&raw);
-                if text.split_whitespace().count() < MIN_WORDS {
-                    continue;
-                }
-                let words = content_words(&text);
-                if words.is_empty() || !seen.insert(text.to_lowercase()) {
-                    continue;
-                }
-                out.push(Candidate {
-                    speaker: speaker.clone(),
-                    text,
-                    words,
-                    carry: *section == Section::Previous,
-                });
+    let mut seen: BTreeSet<&str> = BTreeSet::new();
+    let sections: Vec<(Section, Arc<Vec<Arc<Sentence>>>)> =
+        sources.iter().map(|(section, body)| (*section, section_sentences(*section, body))).collect();
+    for (section, sentences) in &sections {
+        for sentence in sentences.iter() {
+            if seen.insert(sentence.key.as_str()) {
+                out.push(Candidate { sentence: Arc::clone(sentence), carry: *section == Section::Previous });
             }
+        }
+    }
+    out
+}
+
+/// Most transcript sections whose sentences are kept (a meeting has six parts; the test split
+/// has 35 meetings).
+const SECTION_CACHE_LIMIT: usize = 256;
+
+/// The rankable sentences of one source section, in order (see [`candidates`]); cached for
+/// transcript sections, which recur across the sessions of a meeting, while summaries are
+/// drawn per session and rarely do.
+fn section_sentences(section: Section, body: &str) -> Arc<Vec<Arc<Sentence>>> {
+    static CACHE: OnceLock<Mutex<HashMap<String, Arc<Vec<Arc<Sentence>>>>>> = OnceLock::new();
+    if section != Section::Transcript {
+        return Arc::new(split_section(section, body));
+    }
+    let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
+    if let Some(hit) = cache.lock().ok().and_then(|c| c.get(body).cloned()) {
+        return hit;
+    }
+    let sentences = Arc::new(split_section(section, body));
+    if let Ok(mut c) = cache.lock() {
+        if c.len() >= SECTION_CACHE_LIMIT {
+            c.clear();
+        }
+        c.insert(body.to_string(), Arc::clone(&sentences));
+    }
+    sentences
+}
+
+/// The sentences of a section with at least [`MIN_WORDS`] words and a content word, in order.
+fn split_section(section: Section, body: &str) -> Vec<Arc<Sentence>> {
+    let mut out = Vec::new();
+    for line in body.lines() {
+        // A transcript line is one turn; a summary paragraph may hold several turns, each
+        // sentence starting with its speaker when the speaker changes.
+        let (first, content) = speaker_turn(line);
+        let mut speaker: Option<String> = first.map(String::from);
+        for raw in split_sentences(content) {
+            let raw = if section == Section::Transcript {
+                raw
+            } else {
+                let (sp, rest) = speaker_turn(&raw);
+                match sp {
+                    Some(sp) => {
+                        speaker = Some(sp.to_string());
+                        rest.to_string()
+                    }
+                    None => raw,
+                }
+            };
+            let text = clean(&raw);
+            if text.split_whitespace().count() < MIN_WORDS {
+                continue;
+            }
+            let words = content_words(&text);
+            if words.is_empty() {
+                continue;
+            }
+            out.push(Arc::new(Sentence {
+                speaker_words: speaker.as_deref().map(content_words).unwrap_or_default(),
+                speaker: speaker.clone(),
+                key: text.to_lowercase(),
+                text,
+                words,
+            }));
         }
     }
     out
@@ -246,7 +304,7 @@ fn scores(cands: &[Candidate], query: &BTreeSet<String>) -> Vec<f64> {
             let overlap = c.words.intersection(query).count() as f64;
             let centrality = if max_raw > 0.0 { raw[i] / max_raw } else { 0.0 };
             let position = 1.0 - i as f64 / n;
-            let by_named_speaker = c.speaker.as_deref().is_some_and(|sp| !content_words(sp).is_disjoint(query));
+            let by_named_speaker = c.speaker.is_some() && !c.speaker_words.is_disjoint(query);
             W_QUERY * overlap / len.sqrt()
                 + W_CENTRALITY * centrality
                 + W_POSITION * position
@@ -264,7 +322,7 @@ const CENTROID_WORDS: usize = 40;
 /// built from the source's highest tf·idf content words and its speakers, rotating through
 /// the keywords so that it does not repeat itself verbatim.
 fn closing_lines(cands: &[Candidate], query: &str) -> Vec<String> {
-    let speaker_words: BTreeSet<String> = cands.iter().filter_map(|c| c.speaker.as_deref()).flat_map(content_words).collect();
+    let speaker_words: BTreeSet<&String> = cands.iter().flat_map(|c| c.speaker_words.iter()).collect();
     let mut df: BTreeMap<&str, u32> = BTreeMap::new();
     for c in cands {
         for w in &c.words {

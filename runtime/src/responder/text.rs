@@ -3,7 +3,8 @@
 //!
 //! Depends on nothing else in the crate.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashSet};
+use std::sync::OnceLock;
 
 /// A number written in text: its byte span and its normalised value (see [`normalize_number`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -141,7 +142,16 @@ const STOP_WORDS: &[&str] = &[
 
 /// Content words of `text`: lower-cased words that are not stop words.
 pub(crate) fn content_words(text: &str) -> BTreeSet<String> {
-    words(text).into_iter().filter(|w| !STOP_WORDS.contains(&w.as_str())).collect()
+    static STOP: OnceLock<HashSet<&'static str>> = OnceLock::new();
+    let stop = STOP.get_or_init(|| STOP_WORDS.iter().copied().collect());
+    let mut out = BTreeSet::new();
+    for w in text.split(|c: char| !c.is_alphanumeric()).filter(|w| !w.is_empty()) {
+        let w = w.to_lowercase();
+        if !stop.contains(w.as_str()) {
+            out.insert(w);
+        }
+    }
+    out
 }
 
 /// Split `text` into sentences: at `.`, `?`, `!` or `…` followed by whitespace, and at line

@@ -22,15 +22,17 @@ use std::thread::JoinHandle;
 
 use switchyard_tools::{ToolCall, ToolError, ToolOutcome, run_tool};
 
-/// Most outcomes kept in the process-wide memo.
-const MEMO_LIMIT: usize = 50_000;
+use crate::memo::Memo;
+
+/// Bytes (roughly: keys and outcome texts) each generation of the process-wide memo keeps.
+const MEMO_BYTES: usize = 4 << 20;
 
 /// Most prefetched calls queued and not yet started; more are dropped (they are only hints).
 const PREFETCH_LIMIT: usize = 4096;
 
-fn memo() -> &'static Mutex<HashMap<String, ToolOutcome>> {
-    static MEMO: OnceLock<Mutex<HashMap<String, ToolOutcome>>> = OnceLock::new();
-    MEMO.get_or_init(|| Mutex::new(HashMap::new()))
+fn memo() -> &'static Mutex<Memo<String, ToolOutcome>> {
+    static MEMO: OnceLock<Mutex<Memo<String, ToolOutcome>>> = OnceLock::new();
+    MEMO.get_or_init(|| Mutex::new(Memo::new(MEMO_BYTES)))
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -48,6 +50,11 @@ fn memo_get(key: &str) -> Option<ToolOutcome> {
     lock(memo()).get(key).cloned()
 }
 
+/// What an outcome counts against the memo's budget: its key and texts, plus a fixed part.
+fn memo_cost(key: &str, o: &ToolOutcome) -> usize {
+    key.len() + o.text.len() + o.sandbox_note.as_ref().map_or(0, String::len) + 512
+}
+
 /// Run a call, through the memo.
 fn run_memoised(call: &ToolCall, key: Option<&str>) -> Result<ToolOutcome, ToolError> {
     if let Some(hit) = key.and_then(memo_get) {
@@ -55,11 +62,8 @@ fn run_memoised(call: &ToolCall, key: Option<&str>) -> Result<ToolOutcome, ToolE
     }
     let outcome = run_tool(call)?;
     if let Some(k) = key {
-        let mut m = lock(memo());
-        if m.len() >= MEMO_LIMIT {
-            m.clear();
-        }
-        m.insert(k.to_string(), outcome.clone());
+        let cost = memo_cost(k, &outcome);
+        lock(memo()).insert(k.to_string(), outcome.clone(), cost);
     }
     Ok(outcome)
 }

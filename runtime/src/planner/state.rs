@@ -371,7 +371,7 @@ impl PlannerState {
 
     /// Device memory held by sleepers on `device` (all of it reclaimable by unloading them).
     pub fn asleep_bytes_on(&self, device: DeviceId) -> u64 {
-        self.asleep.values().filter(|a| a.device == device).map(|_| PLANNER_ASLEEP_BYTES).sum()
+        self.asleep.values().filter(|a| a.device == device).count() as u64 * PLANNER_ASLEEP_BYTES
     }
 
     pub fn fusion(&self) -> bool {
@@ -709,14 +709,7 @@ impl PlannerState {
         let device = if let Some(a) = self.asleep.remove(&replica) {
             a.device
         } else {
-            let r = self.replicas.get(&replica).ok_or(PlanError::UnknownReplica(replica))?;
-            if !r.leases.is_empty() {
-                return Err(PlanError::Leased(replica, r.leases.len()));
-            }
-            if r.phase != ReplicaPhase::Awake {
-                return Err(PlanError::NotAwake(replica));
-            }
-            let device = r.device;
+            let device = self.reclaimable(replica)?.device;
             self.replicas.remove(&replica);
             device
         };
@@ -733,13 +726,7 @@ impl PlannerState {
         if self.reclaim == Reclaim::Unload || self.asleep.contains_key(&replica) {
             return self.issue_unload(replica, now, out);
         }
-        let r = self.replicas.get(&replica).ok_or(PlanError::UnknownReplica(replica))?;
-        if !r.leases.is_empty() {
-            return Err(PlanError::Leased(replica, r.leases.len()));
-        }
-        if r.phase != ReplicaPhase::Awake {
-            return Err(PlanError::NotAwake(replica));
-        }
+        let r = self.reclaimable(replica)?;
         let (deployment, device, claim_bytes) = (r.deployment, r.device, r.claim_bytes);
         let weight_bytes = self.deployment(deployment).map(|d| d.weight_bytes).unwrap_or(0);
         let level = if self.host_free_bytes(device) >= weight_bytes { SLEEP_LEVEL_OFFLOAD } else { SLEEP_LEVEL_DISCARD };
@@ -759,6 +746,18 @@ impl PlannerState {
         self.sleeps += 1;
         out.push(Command::Sleep { replica, level });
         Ok(())
+    }
+
+    /// An awake replica without a lease: the only kind that may be unloaded or put to sleep.
+    fn reclaimable(&self, replica: ReplicaId) -> Result<&ReplicaView, PlanError> {
+        let r = self.replicas.get(&replica).ok_or(PlanError::UnknownReplica(replica))?;
+        if !r.leases.is_empty() {
+            return Err(PlanError::Leased(replica, r.leases.len()));
+        }
+        if r.phase != ReplicaPhase::Awake {
+            return Err(PlanError::NotAwake(replica));
+        }
+        Ok(r)
     }
 
     fn released_after(&mut self, device: DeviceId, at: f64) {

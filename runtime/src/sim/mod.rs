@@ -475,13 +475,7 @@ impl<'a> Sim<'a> {
                     });
                 match started {
                     Ok((engine, until)) => {
-                        self.settle_device(device);
-                        self.timelines[device.0 as usize].segments.push(Segment {
-                            start,
-                            end: until,
-                            kind: SegmentKind::Loading,
-                            deployment: deployment.0,
-                        });
+                        self.push_segment(device, deployment, start, until, SegmentKind::Loading);
                         self.replicas.insert(replica, Replica {
                             engine,
                             device,
@@ -506,8 +500,7 @@ impl<'a> Sim<'a> {
                     return Err(SimError::Internal(format!("unload of unknown replica {replica}")));
                 };
                 self.settle_device(r.device);
-                self.close_resident(&mut r);
-                self.close_asleep(&mut r);
+                self.close_intervals(&mut r);
                 // A replica still falling asleep is torn down once its sleep has ended.
                 let start = match r.engine.state() {
                     ReplicaState::Sleeping { until } => until.max(self.now),
@@ -526,7 +519,7 @@ impl<'a> Sim<'a> {
                 let Some(mut r) = self.replicas.remove(&replica) else {
                     return Err(SimError::Internal(format!("sleep of unknown replica {replica}")));
                 };
-                self.close_resident(&mut r);
+                self.close_intervals(&mut r);
                 r.asleep_since = Some(now);
                 let until = r.engine.begin_sleep(level, now).map_err(|e| SimError::Internal(e.to_string()))?;
                 let device = r.device.0 as usize;
@@ -539,24 +532,15 @@ impl<'a> Sim<'a> {
                 let Some(mut r) = self.replicas.remove(&replica) else {
                     return Err(SimError::Internal(format!("wake of unknown replica {replica}")));
                 };
-                self.close_asleep(&mut r);
-                self.replicas.insert(replica, r);
-                let Some(r) = self.replicas.get_mut(&replica) else {
-                    return Err(SimError::Internal(format!("wake of unknown replica {replica}")));
-                };
+                self.close_intervals(&mut r);
                 // A wake starts once the device's earlier teardowns and sleeps (its own
                 // included) have ended.
                 let start = self.released_at[r.device.0 as usize].max(self.now);
                 r.engine.finish_transition(start);
                 let until = r.engine.begin_wake(start).map_err(|e| SimError::Internal(e.to_string()))?;
                 let (device, deployment) = (r.device, r.deployment);
-                self.settle_device(device);
-                self.timelines[device.0 as usize].segments.push(Segment {
-                    start,
-                    end: until,
-                    kind: SegmentKind::Loading,
-                    deployment: deployment.0,
-                });
+                self.replicas.insert(replica, r);
+                self.push_segment(device, deployment, start, until, SegmentKind::Loading);
                 self.log("wake", TraceLine { replica: Some(replica.0), device: Some(device.0), ..blank() });
                 self.schedule(until, SimEvent::LoadDone(replica));
             }
@@ -872,30 +856,22 @@ impl<'a> Sim<'a> {
         }
     }
 
-    /// Close a replica's idle-resident interval (it stops being resident now).
-    fn close_resident(&mut self, r: &mut Replica) {
-        if let Some(since) = r.resident_since.take() {
-            // Segments are pushed in time order: cut the device's planned runs back to now.
-            self.settle_device(r.device);
-            self.timelines[r.device.0 as usize].segments.push(Segment {
-                start: since,
-                end: self.now,
-                kind: SegmentKind::Resident,
-                deployment: r.deployment.0,
-            });
-        }
+    /// Push a segment onto `device`'s timeline. Segments are pushed in time order, so the
+    /// device's planned decode runs are first cut back to now.
+    fn push_segment(&mut self, device: DeviceId, deployment: DeploymentId, start: f64, end: f64, kind: SegmentKind) {
+        self.settle_device(device);
+        self.timelines[device.0 as usize].segments.push(Segment { start, end, kind, deployment: deployment.0 });
     }
 
-    /// Close a replica's sleep interval (it is woken or unloaded now).
-    fn close_asleep(&mut self, r: &mut Replica) {
+    /// Close a replica's open idle-resident or sleep interval at now (it stops being resident,
+    /// or is woken or unloaded).
+    fn close_intervals(&mut self, r: &mut Replica) {
+        let now = self.now;
+        if let Some(since) = r.resident_since.take() {
+            self.push_segment(r.device, r.deployment, since, now, SegmentKind::Resident);
+        }
         if let Some(since) = r.asleep_since.take() {
-            self.settle_device(r.device);
-            self.timelines[r.device.0 as usize].segments.push(Segment {
-                start: since,
-                end: self.now,
-                kind: SegmentKind::Asleep,
-                deployment: r.deployment.0,
-            });
+            self.push_segment(r.device, r.deployment, since, now, SegmentKind::Asleep);
         }
     }
 
@@ -1084,10 +1060,10 @@ impl<'a> Sim<'a> {
             .filter_map(|r| r.resident_since.map(|since| (r.device.0, r.deployment, since)))
             .collect();
         // Sleepers at the end: their marks run to the last event (the timeline clips them).
-        let asleep: Vec<(u32, u32, f64)> =
-            self.replicas.values().filter_map(|r| r.asleep_since.map(|since| (r.device.0, r.deployment.0, since))).collect();
+        let asleep: Vec<(DeviceId, DeploymentId, f64)> =
+            self.replicas.values().filter_map(|r| r.asleep_since.map(|since| (r.device, r.deployment, since))).collect();
         for (device, deployment, since) in asleep {
-            self.timelines[device as usize].segments.push(Segment { start: since, end: self.now, kind: SegmentKind::Asleep, deployment });
+            self.push_segment(device, deployment, since, self.now, SegmentKind::Asleep);
         }
         let state = self.planner.state();
         let (report, window) = exec::build_report(ReportInput {

@@ -17,7 +17,7 @@ use switchyard_runtime::live::engines::EngineSpec;
 use switchyard_runtime::live::{self, LiveConfig, LiveOutput, LivePoolSpec, PoolEngines, Progress};
 
 /// What a live run needs beyond the simulator's flags.
-#[derive(Debug, Clone, Default)]
+#[derive(Clone, Default)]
 pub struct LiveOptions {
     /// Fail whatever is still open after this many wall seconds.
     pub deadline_s: Option<f64>,
@@ -26,6 +26,10 @@ pub struct LiveOptions {
     /// The `switchyard` binary that command templates starting with `switchyard` run
     /// (`None`: this executable).
     pub switchyard_exe: Option<PathBuf>,
+    /// Where notes go as they happen (`None`: only in the output).
+    pub on_note: Option<live::NoteSink>,
+    /// Record the run's events (`--trace`).
+    pub keep_trace: bool,
 }
 
 /// The planner's view of a live pool file (its devices, without the engines), for building the
@@ -64,6 +68,8 @@ pub fn run_live_interruptible(
     cfg.speed = speed;
     cfg.stream = options.stream;
     cfg.interrupt = interrupt;
+    cfg.on_note = options.on_note.clone();
+    cfg.keep_trace = options.keep_trace;
     if let Some(s) = options.deadline_s {
         let d = Duration::try_from_secs_f64(s).map_err(|_| anyhow!("--deadline: {s} is not a number of seconds"))?;
         cfg.deadline = Some(d);

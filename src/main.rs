@@ -25,6 +25,11 @@ use switchyard_runtime::workflow::{WorkflowSpec, load_workflow};
 #[derive(Parser)]
 #[command(name = "switchyard", version, about = "Plan and run multi-agent LLM workflows on small heterogeneous GPU pools")]
 struct Cli {
+    /// Log lines (from `RUST_LOG`, e.g. `RUST_LOG=info` or `switchyard_runtime=debug`) on
+    /// stderr as `text` or one JSON object per line (`json`). Nothing is logged without
+    /// `RUST_LOG`.
+    #[arg(long, global = true, default_value = "text", value_parser = ["text", "json"])]
+    log_format: String,
     #[command(subcommand)]
     command: Command,
 }
@@ -120,7 +125,8 @@ struct RunArgs {
     /// Print one JSON object instead of tables (progress lines still go to stderr).
     #[arg(long)]
     json: bool,
-    /// Write every simulator event as JSON lines.
+    /// Write every event of the run as JSON lines (the simulator's, or with `--live` the live
+    /// runtime's, in the same schema; live times are wall seconds).
     #[arg(long)]
     trace: Option<PathBuf>,
     /// Draw the GPU timeline as SVG.
@@ -158,6 +164,10 @@ struct RunArgs {
     /// With `--live`: fail whatever is still open after this many wall seconds.
     #[arg(long)]
     deadline: Option<f64>,
+    /// With `--live`: ask the engines for whole answers instead of streams (streaming is the
+    /// default: a stalled server is noticed between chunks).
+    #[arg(long)]
+    no_stream: bool,
 }
 
 /// Exit status of a run that completed with failed sessions (without `--allow-failures`);
@@ -174,8 +184,17 @@ enum RunEnd {
     Interrupted,
 }
 
+/// The tracing subscriber: `RUST_LOG` filters (nothing without it), stderr, text or JSON.
+fn init_logging(format: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("off"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let _ = if format == "json" { builder.json().try_init() } else { builder.try_init() };
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    init_logging(&cli.log_format);
     // Every command but the predictor's evaluations counts tokens: load the tokenizer now, so
     // a defect is one clear error before any work starts.
     let needs_tokens = match &cli.command {
@@ -369,9 +388,17 @@ fn run(args: RunArgs) -> Result<RunEnd> {
         let r = Arc::clone(&reporter);
         let progress: switchyard_runtime::live::Progress =
             Arc::new(move |done, total| r.update(progress::Point { done, total, ..Default::default() }));
-        let options = live_cmd::LiveOptions { deadline_s: args.deadline, stream: false, switchyard_exe: None };
+        // Notes (the first engine error of each kind, lost replicas) are printed as they happen.
+        let on_note: switchyard_runtime::live::NoteSink = Arc::new(|line: &str| eprintln!("note: {line}"));
+        let options = live_cmd::LiveOptions {
+            deadline_s: args.deadline,
+            stream: !args.no_stream,
+            switchyard_exe: None,
+            on_note: Some(on_note),
+            keep_trace: args.trace.is_some(),
+        };
         let out = live_cmd::run_live_interruptible(cfg, &pool_path, &options, Some(progress), Some(Arc::clone(&interrupt)))?;
-        (out.report, Vec::new(), out.timelines, out.window, out.notes)
+        (out.report, out.trace, out.timelines, out.window, Vec::new())
     } else {
         // The trace is kept only when it is written; the per-call records are not used here.
         let opts = sim::SimOptions { keep_trace: args.trace.is_some(), keep_calls: false, record_planner: false };
@@ -398,9 +425,6 @@ fn run(args: RunArgs) -> Result<RunEnd> {
         notes: Vec<String>,
     }
     let out = Out { report, trace, timelines, window, notes };
-    if args.live && args.trace.is_some() {
-        eprintln!("note: --trace records simulator events; the live runtime logs through tracing (RUST_LOG)");
-    }
     for note in &out.notes {
         eprintln!("note: {note}");
     }

@@ -131,8 +131,9 @@ fn live_runs_over_emulator_processes_equal_the_simulation() {
     cli_run.pool = live_cmd::pool_spec(&pool).unwrap();
     let options = live_cmd::LiveOptions {
         deadline_s: Some(240.0),
-        stream: false,
+        stream: true,
         switchyard_exe: Some(PathBuf::from(EXE)),
+        ..Default::default()
     };
     let live = live_cmd::run_live(cli_run, &pool, &options, None).expect("live run");
     assert_equal_to_simulation(&live, &run);

@@ -36,6 +36,8 @@ fn request(id: u64, prompt: &str, output: Option<&str>, stream: bool) -> LlmRequ
         emulated_output: output.map(str::to_string),
         enable_thinking: false,
         stream,
+        prompt_tokens: tokens::count_chat(prompt) as u32,
+        deadline_s: None,
     }
 }
 

@@ -640,6 +640,8 @@ fn overhead_per_llm_call() {
                 emulated_output: Some("4".into()),
                 enable_thinking: false,
                 stream: false,
+                prompt_tokens: 0,
+                deadline_s: None,
             };
             let t0 = Instant::now();
             h.engine.submit(req).await.unwrap();
@@ -682,6 +684,8 @@ fn overhead_per_llm_call() {
                 emulated_output: Some("The answer is 4.".into()),
                 enable_thinking: false,
                 stream: false,
+                prompt_tokens: 0,
+                deadline_s: None,
             };
             let t0 = Instant::now();
             http.submit(req).await.unwrap();

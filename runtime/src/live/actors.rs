@@ -66,19 +66,46 @@ impl Clock {
     }
 }
 
-/// Bounded retries. Defaults: 4 attempts per call on a bad answer (HTTP 5xx or garbage) with
-/// exponential backoff from 50 ms (50, 100, 200 ms: about a third of a second before giving up,
-/// long enough to ride out a momentary overload, short enough that a broken backend fails the
-/// session quickly); 2 in-place restarts per replica before its calls move to another replica;
-/// 2 attempts per tool call whose executor crashed. These are our choices, not from a paper.
+/// The live runtime's fault policy: what each kind of engine error gets (the replica actor
+/// applies it; `EngineError` names the kinds). These are our choices, not from a paper:
+///
+/// - a bad answer (5xx, garbage) or a dropped connection on a server that still answers its
+///   health probe: the call is sent again after an exponential backoff with jitter from
+///   `backoff` (50, 100, 200 ms …), `max_attempts` attempts in all, then it fails;
+/// - overload (429, or 503 with `Retry-After`): sent again after the server's `Retry-After`
+///   (else the backoff, capped at `max_backoff`), up to `max_overloads` times;
+/// - a slow call (past its deadline, the server alive): sent again once, then it fails
+///   (`max_timeouts`); the deadline is `call_deadline_factor` × the planner's predicted
+///   duration, at least `call_deadline_floor` (no prediction: the engine's
+///   `request_timeout_s`);
+/// - a dead replica (unreachable, its health probe unanswered): restarted in place
+///   `max_restarts` times, `restart_backoff` apart (doubling, capped at `max_backoff`), then
+///   given up: the planner marks its device unusable for that deployment and moves its
+///   calls elsewhere — never a hot loop;
+/// - auth failures, rejected requests and misconfiguration fail at once (retrying cannot
+///   help), and a load that fails for one of them is not retried.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RetryPolicy {
     /// Attempts per LLM call answered badly (the first one included).
     pub max_attempts: u32,
     /// First backoff; doubles with every further attempt.
     pub backoff: Duration,
+    /// Longest single backoff (also caps `Retry-After` waits).
+    pub max_backoff: Duration,
+    /// Overload answers (429) one call may get before it fails.
+    pub max_overloads: u32,
+    /// Deadline misses one call may have before it fails.
+    pub max_timeouts: u32,
+    /// A call's deadline: this factor times its predicted duration …
+    pub call_deadline_factor: f64,
+    /// … but never less than this.
+    pub call_deadline_floor: Duration,
     /// In-place restarts of one replica (engine unreachable) before it is given up.
     pub max_restarts: u32,
+    /// Wait before the first restart (doubles with each further one).
+    pub restart_backoff: Duration,
+    /// Longest wait for calls still running on a replica the planner reclaims.
+    pub drain_timeout: Duration,
     /// Attempts per tool call whose executor crashed (panicked).
     pub tool_attempts: u32,
 }
@@ -88,19 +115,49 @@ impl Default for RetryPolicy {
         RetryPolicy {
             max_attempts: 4,
             backoff: Duration::from_millis(50),
+            max_backoff: Duration::from_secs(30),
+            max_overloads: 8,
+            max_timeouts: 2,
+            call_deadline_factor: 4.0,
+            call_deadline_floor: Duration::from_secs(60),
             max_restarts: 2,
+            restart_backoff: Duration::from_secs(1),
+            drain_timeout: Duration::from_secs(60),
             tool_attempts: 2,
         }
     }
 }
 
 impl RetryPolicy {
-    /// Backoff before attempt `attempt + 1`, after `attempt` failed ones (1-based).
+    /// Backoff before attempt `attempt + 1`, after `attempt` failed ones (1-based), without
+    /// jitter, capped at `max_backoff`.
     pub fn backoff_after(&self, attempt: u32) -> Duration {
         let shift = attempt.saturating_sub(1).min(16);
-        self.backoff.saturating_mul(1u32 << shift)
+        self.backoff.saturating_mul(1u32 << shift).min(self.max_backoff)
+    }
+
+    /// [`Self::backoff_after`] with "equal jitter": half of it plus a uniform draw of up to
+    /// the other half (`unit` in [0, 1)), so that calls failed together do not retry together.
+    pub fn jittered(&self, attempt: u32, unit: f64) -> Duration {
+        let d = self.backoff_after(attempt);
+        d / 2 + d.mul_f64(0.5 * unit.clamp(0.0, 1.0))
+    }
+
+    /// Wait before restart `restart` (1-based) of a dead replica.
+    pub fn restart_after(&self, restart: u32) -> Duration {
+        let shift = restart.saturating_sub(1).min(16);
+        self.restart_backoff.saturating_mul(1u32 << shift).min(self.max_backoff)
+    }
+
+    /// The wall-clock deadline of a call predicted to take `predicted_wall_s` seconds.
+    pub fn call_deadline(&self, predicted_wall_s: Option<f64>) -> Option<f64> {
+        let p = predicted_wall_s.filter(|p| p.is_finite() && *p >= 0.0)?;
+        Some((p * self.call_deadline_factor).max(self.call_deadline_floor.as_secs_f64()))
     }
 }
+
+/// Where the runtime reports notes as they happen (the CLI prints them on stderr).
+pub type NoteSink = Arc<dyn Fn(&str) + Send + Sync>;
 
 /// Which replica an engine is wanted for.
 #[derive(Debug, Clone, Copy)]
@@ -264,6 +321,9 @@ pub enum PlannerMsg {
     Restarted { replica: ReplicaId },
     /// The replica is gone (restarts exhausted): its calls must move elsewhere.
     ReplicaLost { replica: ReplicaId, reason: String },
+    /// An engine call or lifecycle action failed with `error` (reported on every failure; the
+    /// planner notes the first of each kind per endpoint as it happens).
+    EngineFault { replica: ReplicaId, endpoint: String, error: EngineError },
     /// A replica's engine was put to sleep as the core asked and can be woken later.
     Parked { replica: ReplicaId, engine: EngineHandle },
     /// A replica's engine was unloaded (torn down): its device memory is free.
@@ -308,6 +368,8 @@ pub enum ReplicaMsg {
     /// Reclaim: sleep at this vLLM level (and park the engine) when `sleep`, else unload (also
     /// when the engine cannot sleep); report `Parked` or `Unloaded`; then stop.
     Reclaim { sleep: Option<u8>, ticket: LifecycleTicket },
+    /// The calls a reclaim waited for did not finish in time: reclaim now.
+    DrainTimeout,
     /// Unload and stop (end of the run).
     Stop(RpcReplyPort<()>),
     PollTelemetry,

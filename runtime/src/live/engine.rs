@@ -15,18 +15,36 @@ use thiserror::Error;
 /// A boxed future, so that `Engine` is object-safe.
 pub type EngineFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, EngineError>> + Send + 'a>>;
 
-/// Why an engine call failed. `retryable` errors may succeed on another try or replica.
+/// Why an engine call failed. Each kind asks for its own reaction (the replica actor's
+/// fault policy): see [`EngineError::kind`].
 #[derive(Debug, Error, Clone, PartialEq)]
 pub enum EngineError {
-    /// Connection refused / reset, timeout, process gone: the replica may be dead.
+    /// Connection refused / reset, a stream cut short, a server that stopped answering its
+    /// health probe, a process gone: the replica may be dead.
     #[error("engine unreachable: {0}")]
     Unreachable(String),
+    /// The call ran past its deadline while the server still answered its health probe: a
+    /// slow request, not a dead replica.
+    #[error("request timed out: {0}")]
+    TimedOut(String),
+    /// HTTP 401 / 403: the API key (or its absence) is refused. Not retryable.
+    #[error("authentication failed: {0}")]
+    Auth(String),
+    /// HTTP 429 (or 503 with `Retry-After`): overloaded; retry after `retry_after` (the
+    /// server's `Retry-After`) or an exponential backoff with jitter.
+    #[error("server overloaded: {message}")]
+    Overloaded { message: String, retry_after: Option<std::time::Duration> },
     /// HTTP 5xx or an unparsable answer.
     #[error("engine answered badly: {0}")]
     BadResponse(String),
-    /// HTTP 4xx: the request itself is wrong (not retryable).
+    /// HTTP 4xx: the request itself is wrong (not retryable), or it cannot fit the server
+    /// (a prompt over the served context).
     #[error("request rejected: {0}")]
     Rejected(String),
+    /// The server does not serve what the pool file says (the mapped model is not in its
+    /// `/v1/models`): a configuration error, not retryable.
+    #[error("misconfigured: {0}")]
+    Misconfigured(String),
     /// The engine cannot do this (e.g. lifecycle control on a fixed endpoint).
     #[error("unsupported: {0}")]
     Unsupported(String),
@@ -36,8 +54,30 @@ pub enum EngineError {
 }
 
 impl EngineError {
+    /// Whether another attempt (here or on another replica) may succeed.
     pub fn retryable(&self) -> bool {
-        matches!(self, EngineError::Unreachable(_) | EngineError::BadResponse(_))
+        matches!(
+            self,
+            EngineError::Unreachable(_)
+                | EngineError::BadResponse(_)
+                | EngineError::TimedOut(_)
+                | EngineError::Overloaded { .. }
+        )
+    }
+
+    /// A short name of the kind, for notes, traces and tests.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            EngineError::Unreachable(_) => "unreachable",
+            EngineError::TimedOut(_) => "timeout",
+            EngineError::Auth(_) => "auth",
+            EngineError::Overloaded { .. } => "overload",
+            EngineError::BadResponse(_) => "bad_response",
+            EngineError::Rejected(_) => "rejected",
+            EngineError::Misconfigured(_) => "misconfigured",
+            EngineError::Unsupported(_) => "unsupported",
+            EngineError::Lifecycle(_) => "lifecycle",
+        }
     }
 }
 
@@ -49,11 +89,16 @@ pub struct LlmRequest {
     /// The served model name.
     pub model: String,
     pub prompt: String,
+    /// The prompt's length in Qwen3 tokens as the server will count it (the chat template
+    /// with the call's thinking mode, `tokens::encode_chat_mode`): checked against the served
+    /// context before sending, and the prompt count of an answer without `usage`.
+    #[serde(default)]
+    pub prompt_tokens: u32,
     pub max_tokens: u32,
     /// For emulated engines only: the text the emulated model returns (the workload's
-    /// responder output, computed by the session like the simulator does). Sent to
-    /// `switchyard emulate` in the request body as `"switchyard": {"output": ...}`; a real
-    /// vLLM ignores the unknown field and generates its own text.
+    /// responder output, computed by the session like the simulator does). An engine sends it
+    /// (as `"switchyard": {"output": ...}`) only to a server that identified itself as
+    /// `switchyard emulate` at load (its `/version`); never to vLLM or any other server.
     pub emulated_output: Option<String>,
     /// Qwen3 thinking mode (`chat_template_kwargs.enable_thinking`; for the completions API,
     /// the chat template rendered with or without the empty thinking block).
@@ -61,6 +106,10 @@ pub struct LlmRequest {
     pub enable_thinking: bool,
     /// Stream the answer (time to first token is measured either way).
     pub stream: bool,
+    /// Wall seconds the call may take before it counts as timed out (derived by the planner
+    /// actor from the predicted duration); `None`: the engine's `request_timeout_s`.
+    #[serde(default)]
+    pub deadline_s: Option<f64>,
 }
 
 /// The result of one LLM call.
@@ -101,4 +150,19 @@ pub trait Engine: Send + Sync {
     /// Run one request to completion.
     fn submit(&self, request: LlmRequest) -> EngineFuture<'_, Completion>;
     fn telemetry(&self) -> EngineFuture<'_, EngineTelemetry>;
+    /// Is the server alive (its health endpoint answers, its process runs)? Asked after a
+    /// call timed out or lost its connection, to tell a slow or dropped request from a dead
+    /// replica. Default: the engine cannot tell, so it is taken as alive.
+    fn probe(&self) -> EngineFuture<'_, ()> {
+        Box::pin(async { Ok(()) })
+    }
+    /// Where the engine is reached (for messages): a base URL, or the managed command.
+    fn endpoint(&self) -> String {
+        self.kind().to_string()
+    }
+    /// A fixed endpoint: residency and GPU time are not ours to see (no loads, no unloads;
+    /// the report does not count GPU time for it).
+    fn fixed(&self) -> bool {
+        false
+    }
 }

@@ -16,7 +16,7 @@ pub mod session_actor;
 pub mod shell;
 pub mod tools_actor;
 
-pub use actors::{CallTiming, EngineFactory, EngineHandle, EngineTarget, RetryPolicy, SessionResult};
+pub use actors::{CallTiming, EngineFactory, EngineHandle, EngineTarget, NoteSink, RetryPolicy, SessionResult};
 pub use factory::PoolEngines;
 pub use pool::{LivePoolError, LivePoolSpec};
 pub use planner_actor::Progress;

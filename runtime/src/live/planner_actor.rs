@@ -23,10 +23,10 @@ use switchyard_predictor::DeviceSpec;
 use tokio::sync::oneshot;
 
 use super::actors::{
-    EngineFactory, EngineHandle, EngineTarget, LifecycleTicket, PendingCall, PlannerMsg, ReplicaMsg,
-    RunContext, SessionMsg, SessionReport, SessionResult, ToolMsg,
+    EngineFactory, EngineHandle, EngineTarget, LifecycleTicket, NoteSink, PendingCall, PlannerMsg,
+    ReplicaMsg, RunContext, SessionMsg, SessionReport, SessionResult, ToolMsg,
 };
-use super::engine::EngineTelemetry;
+use super::engine::{EngineError, EngineTelemetry};
 use super::replica_actor::{ReplicaActor, ReplicaArgs};
 use super::session_actor::{SessionActor, SessionArgs};
 use super::shell::{FaultCounters, LiveOutput};
@@ -35,7 +35,7 @@ use crate::ids::{ActivationId, DeviceId, ReplicaId, SessionId};
 use crate::planner::{Command, DeploymentId, Event, Planner, ReplicaPhase, WorkItem};
 use crate::report::{DeviceTimeline, Segment, SegmentKind};
 use crate::session::Session;
-use crate::exec::{self, CallRecord, Counters, ReportInput, SessionRecord, TokenWork, TraceEntry};
+use crate::exec::{self, CallRecord, Counters, ReportInput, SessionRecord, TokenWork, TraceEntry, TraceLine};
 use crate::values::Record;
 
 /// The planner actor.
@@ -73,6 +73,10 @@ pub struct PlannerArgs {
     /// Watchdog period.
     pub tick: Duration,
     pub progress: Option<Progress>,
+    /// Where notes go as they happen (they are also in the output).
+    pub on_note: Option<NoteSink>,
+    /// Record the run's events (`--trace`, the simulator's schema).
+    pub keep_trace: bool,
 }
 
 struct ReplicaEntry {
@@ -85,6 +89,8 @@ struct ReplicaEntry {
     /// Wall time the replica last went from idle to serving.
     busy_since: Option<f64>,
     serving: usize,
+    /// A fixed endpoint: no load, no GPU time of ours to record.
+    fixed: bool,
 }
 
 struct InFlight {
@@ -105,6 +111,18 @@ pub struct PlannerActorState {
     telemetry_every: Option<Duration>,
     tool_workers: usize,
     progress: Option<Progress>,
+    on_note: Option<NoteSink>,
+    /// Engine faults already noted, by (kind, endpoint): the first of each is printed.
+    faults_seen: BTreeSet<(&'static str, String)>,
+    /// The last engine error on each device (named when a unit cannot be placed).
+    last_error: BTreeMap<DeviceId, String>,
+    /// Devices served by fixed endpoints (no loads, GPU time not known).
+    fixed_devices: BTreeSet<DeviceId>,
+    /// Attach "loads" and detach "evictions" of fixed endpoints (not counted in the report).
+    fixed_loads: u64,
+    fixed_evictions: u64,
+    keep_trace: bool,
+    trace_lines: Vec<TraceLine>,
 
     sessions: BTreeMap<SessionId, ActorRef<SessionMsg>>,
     session_cells: BTreeMap<ActorId, SessionId>,
@@ -175,6 +193,14 @@ impl Actor for PlannerActor {
             telemetry_every: args.telemetry_every,
             tool_workers: args.tool_workers,
             progress: args.progress,
+            on_note: args.on_note,
+            faults_seen: BTreeSet::new(),
+            last_error: BTreeMap::new(),
+            fixed_devices: BTreeSet::new(),
+            fixed_loads: 0,
+            fixed_evictions: 0,
+            keep_trace: args.keep_trace,
+            trace_lines: Vec::new(),
             sessions: BTreeMap::new(),
             session_cells: BTreeMap::new(),
             pending: BTreeMap::new(),
@@ -261,8 +287,42 @@ impl PlannerActorState {
 
     fn note(&mut self, line: String) {
         if !self.notes.contains(&line) {
+            if let Some(sink) = &self.on_note {
+                sink(&line);
+            }
             self.notes.push(line);
         }
+    }
+
+    /// Record one event of the run (`--trace`; the simulator's schema, wall seconds).
+    fn log(&mut self, event: &'static str, line: TraceLine) {
+        if self.keep_trace {
+            let t = (self.wall() * 1000.0).round() / 1000.0;
+            self.trace_lines.push(TraceLine { t, event, ..line });
+        }
+    }
+
+    /// An engine failed: remember it for the device, and note the first of each kind per
+    /// endpoint as it happens (with the endpoint and the server's message).
+    fn engine_fault(&mut self, replica: ReplicaId, endpoint: String, error: EngineError) {
+        let device = self.replicas.get(&replica).map(|r| r.device);
+        tracing::warn!(%replica, %endpoint, kind = error.kind(), %error, "engine fault");
+        if let Some(d) = device {
+            self.last_error.insert(d, error.to_string());
+        }
+        if self.faults_seen.insert((error.kind(), endpoint.clone())) {
+            let on = device.map(|d| format!(" (replica {replica} on {d})")).unwrap_or_default();
+            self.note(format!("first {} error from {endpoint}{on}: {error}", error.kind()));
+        }
+    }
+
+    /// Why units may be unplaceable: the last engine error of each device that had one.
+    fn last_errors(&self) -> String {
+        if self.last_error.is_empty() {
+            return String::new();
+        }
+        let parts: Vec<String> = self.last_error.iter().map(|(d, e)| format!("{d}: {e}")).collect();
+        format!("; last engine errors: {}", parts.join("; "))
     }
 
     async fn on_message(&mut self, myself: &ActorRef<PlannerMsg>, msg: PlannerMsg) {
@@ -275,6 +335,11 @@ impl PlannerActorState {
                 if !self.sessions.contains_key(&item.activation.session) {
                     return;
                 }
+                self.log("ready", TraceLine {
+                    session: Some(item.activation.session.0),
+                    activation: Some(item.activation.index),
+                    ..blank()
+                });
                 self.pending.insert(item.activation, (item.clone(), call));
                 self.post(myself, Event::UnitReady(item));
             }
@@ -285,22 +350,46 @@ impl PlannerActorState {
             }
             PlannerMsg::ToolStarted { activation, predicted_s, workflow, node } => {
                 self.counters.tool_calls += 1;
+                self.log("tool_start", TraceLine { session: Some(activation.session.0), activation: Some(activation.index), ..blank() });
                 self.post(myself, Event::ToolStarted { activation, predicted_s, workflow, node });
             }
-            PlannerMsg::ToolFinished { activation } => self.post(myself, Event::ToolFinished { activation }),
+            PlannerMsg::ToolFinished { activation } => {
+                self.log("tool_done", TraceLine { session: Some(activation.session.0), activation: Some(activation.index), ..blank() });
+                self.post(myself, Event::ToolFinished { activation });
+            }
             PlannerMsg::ToolCrashed { activation, reason } => {
                 self.faults.tool_crashes += 1;
                 tracing::warn!(%activation, %reason, "tool executor crashed");
             }
             PlannerMsg::SessionEnded(report) => self.on_session_ended(myself, *report).await,
             PlannerMsg::Loaded { replica, result } => match result {
-                Ok(()) => self.on_loaded(myself, replica).await,
-                Err(reason) => self.replica_gone(myself, replica, format!("load failed: {reason}")).await,
+                Ok(()) => {
+                    let device = self.replicas.get(&replica).map(|r| r.device.0);
+                    self.log("loaded", TraceLine { replica: Some(replica.0), device, ..blank() });
+                    self.on_loaded(myself, replica).await;
+                }
+                Err(reason) => {
+                    let device = self.replicas.get(&replica).map(|r| r.device.0);
+                    self.log("load_failed", TraceLine { replica: Some(replica.0), device, detail: Some(reason.clone()), ..blank() });
+                    self.replica_gone(myself, replica, format!("load failed: {reason}")).await;
+                }
             },
             PlannerMsg::Finished { replica, activation, completion, attempts } => {
                 self.faults.retries += u64::from(attempts.saturating_sub(1));
                 let Some(f) = self.take_in_flight(activation) else { return };
                 let output_tokens = completion.output_tokens;
+                if self.keep_trace {
+                    let wall = self.wall();
+                    let at = |t: f64| Some((((wall - completion.latency_s + t) * 1000.0).round() / 1000.0).to_string());
+                    let line = TraceLine {
+                        session: Some(activation.session.0),
+                        activation: Some(activation.index),
+                        replica: Some(replica.0),
+                        ..blank()
+                    };
+                    self.log("first_token", TraceLine { detail: at(completion.ttft_s).map(|t| format!("at {t} s")), ..line.clone() });
+                    self.log("finish", TraceLine { detail: Some(format!("{output_tokens} tokens")), ..line });
+                }
                 self.counters.llm_call_finished(
                     &mut self.work,
                     f.deployment,
@@ -317,6 +406,13 @@ impl PlannerActorState {
                 self.post(myself, Event::UnitFinished { activation, replica, output_tokens });
             }
             PlannerMsg::CallFailed { replica, activation, reason, attempts } => {
+                self.log("call_failed", TraceLine {
+                    session: Some(activation.session.0),
+                    activation: Some(activation.index),
+                    replica: Some(replica.0),
+                    detail: Some(reason.clone()),
+                    ..blank()
+                });
                 self.faults.retries += u64::from(attempts.saturating_sub(1));
                 self.faults.failed_calls += 1;
                 let Some(f) = self.take_in_flight(activation) else { return };
@@ -331,6 +427,7 @@ impl PlannerActorState {
                 self.note(format!("replica {replica} was restarted after its engine stopped answering or failed to start"));
             }
             PlannerMsg::ReplicaLost { replica, reason } => self.replica_gone(myself, replica, reason).await,
+            PlannerMsg::EngineFault { replica, endpoint, error } => self.engine_fault(replica, endpoint, error),
             PlannerMsg::Parked { replica, engine } => {
                 let Some((device, deployment)) = self.falling_asleep.remove(&replica) else {
                     let _ = engine.engine.unload().await;
@@ -344,6 +441,7 @@ impl PlannerActorState {
                 } else if self.pending_wakes.remove(&replica).is_some() {
                     self.start_replica(myself, replica, deployment, device, Some(engine)).await;
                 } else {
+                    self.log("asleep", TraceLine { replica: Some(replica.0), device: Some(device.0), ..blank() });
                     self.parked.insert(replica, (device, deployment, engine));
                     self.post(myself, Event::ReplicaAsleep { replica });
                 }
@@ -354,6 +452,7 @@ impl PlannerActorState {
                 if self.shutting_down {
                     return;
                 }
+                self.log("unloaded", TraceLine { replica: Some(replica.0), ..blank() });
                 self.post(myself, Event::ReplicaUnloaded { replica });
                 // Asked to wake a replica whose engine could not sleep: load it cold instead.
                 if let Some((device, deployment)) = self.pending_wakes.remove(&replica) {
@@ -456,6 +555,15 @@ impl PlannerActorState {
             }
         };
         tracing::info!(%replica, %device, model = %dep.model, wake, "load");
+        let fixed = engine.engine.fixed();
+        if fixed {
+            self.fixed_devices.insert(device);
+            if !wake {
+                self.fixed_loads += 1;
+            }
+        }
+        let line = TraceLine { replica: Some(replica.0), device: Some(device.0), detail: Some(dep.model.clone()), ..blank() };
+        self.log(if wake { "wake" } else { "load" }, line);
         let args = ReplicaArgs {
             replica,
             device,
@@ -484,6 +592,7 @@ impl PlannerActorState {
             resident_since: None,
             busy_since: None,
             serving: 0,
+            fixed,
         });
         if actor.send_message(ReplicaMsg::Start(ticket)).is_err() {
             self.replicas.remove(&replica);
@@ -534,6 +643,7 @@ impl PlannerActorState {
                 self.close_segments(&r);
                 let ticket = self.ticket(r.device);
                 tracing::info!(%replica, device = %r.device, level, "sleep");
+                self.log("sleep", TraceLine { replica: Some(replica.0), device: Some(r.device.0), detail: Some(format!("level {level}")), ..blank() });
                 self.falling_asleep.insert(replica, (r.device, r.deployment));
                 let _ = r.actor.send_message(ReplicaMsg::Reclaim { sleep: Some(level), ticket });
             }
@@ -555,13 +665,17 @@ impl PlannerActorState {
                 self.close_segments(&r);
                 let ticket = self.ticket(r.device);
                 tracing::info!(%replica, device = %r.device, "reclaim");
+                if r.fixed {
+                    self.fixed_evictions += 1;
+                }
+                self.log("unload", TraceLine { replica: Some(replica.0), device: Some(r.device.0), ..blank() });
                 let _ = r.actor.send_message(ReplicaMsg::Reclaim { sleep: None, ticket });
             }
             Command::Dispatch { activation, replica } => {
                 let Some((item, mut call)) = self.pending.remove(&activation) else {
                     return self.set_fatal(format!("dispatch of unprepared unit {activation}"));
                 };
-                let Some(r) = self.replicas.get_mut(&replica) else {
+                let Some(device) = self.replicas.get(&replica).map(|r| r.device) else {
                     if self.gone.contains(&replica) {
                         self.regrants.push((replica, item, call));
                         return;
@@ -571,6 +685,18 @@ impl PlannerActorState {
                 let id = self.next_request;
                 self.next_request += 1;
                 call.request.id = id;
+                // The call's deadline from the core's predicted duration (device seconds).
+                let predicted = self.planner.state().running().get(&activation).and_then(|u| u.predicted_s);
+                call.request.deadline_s = self.ctx.retry.call_deadline(predicted.map(|p| p / self.ctx.clock.speed()));
+                self.log("dispatch", TraceLine {
+                    session: Some(activation.session.0),
+                    activation: Some(activation.index),
+                    replica: Some(replica.0),
+                    device: Some(device.0),
+                    ..blank()
+                });
+                let wall = self.ctx.clock.wall();
+                let Some(r) = self.replicas.get_mut(&replica) else { return };
                 let submit = ReplicaMsg::Submit { activation, request: call.request.clone() };
                 if r.actor.send_message(submit).is_err() {
                     // The replica actor is gone and its supervision event is on its way:
@@ -580,7 +706,7 @@ impl PlannerActorState {
                     return;
                 }
                 if r.serving == 0 {
-                    r.busy_since = Some(self.ctx.clock.wall());
+                    r.busy_since = Some(wall);
                 }
                 r.serving += 1;
                 let deployment = r.deployment;
@@ -605,7 +731,9 @@ impl PlannerActorState {
         if let Some(r) = self.replicas.get_mut(&f.replica) {
             r.serving = r.serving.saturating_sub(1);
             if r.serving == 0 {
-                if let Some(since) = r.busy_since.take() {
+                if let Some(since) = r.busy_since.take()
+                    && !r.fixed
+                {
                     if let Some(tl) = self.timelines.get_mut(r.device.0 as usize) {
                         tl.segments.push(Segment {
                             start: since,
@@ -622,6 +750,9 @@ impl PlannerActorState {
 
     /// Close a removed replica's open loading, serving and resident intervals.
     fn close_segments(&mut self, r: &ReplicaEntry) {
+        if r.fixed {
+            return;
+        }
         let wall = self.wall();
         let Some(tl) = self.timelines.get_mut(r.device.0 as usize) else { return };
         let mut push = |start: f64, kind: SegmentKind| {
@@ -665,6 +796,7 @@ impl PlannerActorState {
                     Ok((actor, _)) => {
                         self.session_cells.insert(actor.get_id(), id);
                         self.sessions.insert(id, actor.clone());
+                        self.log("arrival", TraceLine { session: Some(id.0), detail: Some(spec_name(&self.ctx.workflows, entry.workflow)), ..blank() });
                         self.post(myself, Event::SessionArrived { session: id, workflow: entry.workflow });
                         let _ = actor.send_message(SessionMsg::Start);
                     }
@@ -689,6 +821,11 @@ impl PlannerActorState {
         }
         self.sessions.remove(&id);
         self.pending.retain(|a, _| a.session != id);
+        let (event, detail) = match &report.record.failed {
+            Some(reason) => ("session_failed", Some(reason.clone())),
+            None => ("session_done", None),
+        };
+        self.log(event, TraceLine { session: Some(id.0), detail, ..blank() });
         self.ended.insert(id, report);
         self.post(myself, Event::SessionEnded { session: id });
         self.after_session_end();
@@ -709,12 +846,14 @@ impl PlannerActorState {
     async fn on_loaded(&mut self, myself: &ActorRef<PlannerMsg>, replica: ReplicaId) {
         let wall = self.wall();
         let Some(r) = self.replicas.get_mut(&replica) else { return };
-        if let Some(since) = r.loading_since.take() {
+        if let Some(since) = r.loading_since.take()
+            && !r.fixed
+        {
             if let Some(tl) = self.timelines.get_mut(r.device.0 as usize) {
                 tl.segments.push(Segment { start: since, end: wall, kind: SegmentKind::Loading, deployment: r.deployment.0 });
             }
         }
-        r.resident_since = Some(wall);
+        r.resident_since = (!r.fixed).then_some(wall);
         self.post(myself, Event::ReplicaLoaded { replica });
     }
 
@@ -735,7 +874,10 @@ impl PlannerActorState {
         let lost: Vec<ActivationId> =
             self.in_flight.iter().filter(|(_, f)| f.replica == replica).map(|(a, _)| *a).collect();
         tracing::warn!(%replica, device = %entry.device, %reason, calls = lost.len(), "replica gone");
-        if !was_loading {
+        self.last_error.entry(entry.device).or_insert_with(|| reason.clone());
+        if was_loading {
+            self.note(format!("replica {replica} on {} could not start ({reason}); that device is no longer used for its model", entry.device));
+        } else {
             self.note(format!("replica {replica} on {} was lost ({reason}); its calls moved to other replicas", entry.device));
         }
         let mut released = Vec::new();
@@ -856,9 +998,10 @@ impl PlannerActorState {
         }
         self.quiet_ticks = 0;
         let stranded: Vec<ActivationId> = state.queue().iter().map(|w| w.activation).collect();
+        let why = self.last_errors();
         for a in stranded {
             if let Some(s) = self.sessions.get(&a.session) {
-                let _ = s.send_message(SessionMsg::Fail(format!("unit {a} could not be placed on any device of the pool")));
+                let _ = s.send_message(SessionMsg::Fail(format!("unit {a} could not be placed on any device of the pool{why}")));
             }
         }
     }
@@ -883,7 +1026,7 @@ impl PlannerActorState {
         let wall = self.wall();
         let mut open_resident = Vec::new();
         let replicas: Vec<(ReplicaId, ReplicaEntry)> = std::mem::take(&mut self.replicas).into_iter().collect();
-        for (_, r) in &replicas {
+        for (_, r) in replicas.iter().filter(|(_, r)| !r.fixed) {
             if let Some(since) = r.loading_since {
                 if let Some(tl) = self.timelines.get_mut(r.device.0 as usize) {
                     tl.segments.push(Segment { start: since, end: wall, kind: SegmentKind::Loading, deployment: r.deployment.0 });
@@ -935,12 +1078,14 @@ impl PlannerActorState {
             open_resident: &open_resident,
             work: &self.work,
             counters: self.counters,
-            loads: state.loads(),
-            evictions: state.evictions(),
+            loads: state.loads().saturating_sub(self.fixed_loads),
+            evictions: state.evictions().saturating_sub(self.fixed_evictions),
             sleeps: state.sleeps(),
             wakes: state.wakes(),
             interrupted: false,
         });
+        let mut report = report;
+        report.fixed_endpoint_gpus = self.fixed_devices.len();
         let mut calls: Vec<CallRecord> = reports.iter().flat_map(|r| r.calls.iter().cloned()).collect();
         calls.sort_by(|a, b| a.finished_at.total_cmp(&b.finished_at));
         let timings = reports.iter().flat_map(|r| r.timings.iter().copied()).collect();
@@ -955,6 +1100,16 @@ impl PlannerActorState {
             telemetry: std::mem::take(&mut self.telemetry),
             faults: self.faults,
             error: self.fatal.clone(),
+            trace: std::mem::take(&mut self.trace_lines),
         }
     }
+}
+
+/// A trace line with no fields set.
+fn blank() -> TraceLine {
+    TraceLine { t: 0.0, event: "", session: None, activation: None, node: None, replica: None, device: None, detail: None }
+}
+
+fn spec_name(workflows: &[Arc<crate::workflow::WorkflowSpec>], w: u32) -> String {
+    workflows.get(w as usize).map(|s| s.name.clone()).unwrap_or_default()
 }

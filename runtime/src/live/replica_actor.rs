@@ -1,15 +1,22 @@
 //! One actor per GPU replica: it drives its [`Engine`](super::engine::Engine) through load (or
 //! wake of a parked engine), serving, sleep or unload; submits the requests the planner granted
 //! (each on its own task, so the engine batches them), and reports `Loaded`, `Finished`,
-//! `CallFailed`, `Restarted`, `ReplicaLost`, `Parked` and telemetry to the planner actor.
+//! `CallFailed`, `Restarted`, `ReplicaLost`, `Parked`, `EngineFault` and telemetry to the
+//! planner actor.
 //!
-//! Faults: a bad answer (HTTP 5xx, garbage) is retried with exponential backoff up to
-//! `RetryPolicy::max_attempts`, then the call fails with the reason; an unreachable engine is
-//! restarted in place (unload, load) up to `RetryPolicy::max_restarts` times and its calls are
-//! sent again to the new incarnation; past that the replica reports itself lost and stops, and
-//! the planner moves its calls to another replica. A rejected request fails at once. Each call
-//! is answered at most once: answers from an old engine incarnation for a call already retried
-//! are dropped by request id.
+//! Faults follow [`RetryPolicy`] kind by kind: a bad answer is retried with a jittered
+//! exponential backoff; an overloaded server is asked again after its `Retry-After`; a call
+//! past its deadline is sent once more, then fails (a slow request is not a dead replica); a
+//! dropped connection is a dead replica only when the server also fails its health probe
+//! (`Engine::probe`) — then it is restarted in place, with a growing pause, up to
+//! `max_restarts` times, after which the replica reports itself lost and stops, and the planner
+//! moves its calls to another replica; auth failures, rejected requests and misconfiguration
+//! fail at once. Every failure is reported to the planner (`EngineFault`), which prints the
+//! first of each kind as it happens. Each call is answered at most once: answers from an old
+//! engine incarnation for a call already retried are dropped by request id.
+//!
+//! A reclaim while calls still run waits for them (up to `drain_timeout`) before the engine
+//! sleeps or unloads: vLLM before 0.17 crashes when put to sleep with requests in flight.
 //!
 //! It decides nothing about placement; it depends on the `Engine` trait and the actor messages.
 
@@ -21,7 +28,7 @@ use ractor::concurrency::JoinHandle;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tracing::{Instrument, Span};
 
-use super::actors::{EngineHandle, PlannerMsg, ReplicaMsg, RetryPolicy};
+use super::actors::{EngineHandle, LifecycleTicket, PlannerMsg, ReplicaMsg, RetryPolicy};
 use super::engine::{Engine, EngineError, LlmRequest};
 use crate::ids::{ActivationId, DeviceId, ReplicaId};
 use crate::planner::DeploymentId;
@@ -45,8 +52,12 @@ pub struct ReplicaArgs {
 struct InFlight {
     activation: ActivationId,
     request: LlmRequest,
-    /// Attempts that got a bad answer.
+    /// Attempts that got a bad answer (or lost their connection to a live server).
     bad_answers: u32,
+    /// Attempts answered "overloaded".
+    overloads: u32,
+    /// Attempts past their deadline.
+    timeouts: u32,
     /// Attempts made so far (any outcome).
     attempts: u32,
 }
@@ -64,12 +75,34 @@ pub struct ReplicaState {
     generation: u64,
     restarts: u32,
     requests: BTreeMap<u64, InFlight>,
+    /// A reclaim waiting for the calls in flight to finish.
+    draining: Option<(Option<u8>, LifecycleTicket)>,
     span: Span,
+}
+
+/// What to do with a call whose attempt failed.
+enum Next {
+    /// Send it again after this pause.
+    Retry(Duration),
+    /// Fail it for good with this reason.
+    Fail(String),
+    /// The engine looks dead: restart it (or give the replica up).
+    Restart(String),
+    /// Send it again at once (an answer from an older incarnation).
+    Resend,
 }
 
 impl ReplicaState {
     fn engine(&self) -> Arc<dyn Engine> {
         Arc::clone(&self.handle.engine)
+    }
+
+    fn fault(&self, error: &EngineError) {
+        let _ = self.planner.send_message(PlannerMsg::EngineFault {
+            replica: self.replica,
+            endpoint: self.handle.engine.endpoint(),
+            error: error.clone(),
+        });
     }
 
     /// Send request `id` to the engine on its own task; the answer comes back as `Done`.
@@ -90,6 +123,74 @@ impl ReplicaState {
         );
     }
 
+    fn fail_call(&mut self, id: u64, reason: String) {
+        let Some(f) = self.requests.remove(&id) else { return };
+        tracing::warn!(activation = %f.activation, %reason, "call failed");
+        let _ = self.planner.send_message(PlannerMsg::CallFailed {
+            replica: self.replica,
+            activation: f.activation,
+            reason,
+            attempts: f.attempts,
+        });
+    }
+
+    /// The fault policy for one failed attempt of call `id`.
+    async fn next_step(&mut self, id: u64, generation: u64, error: EngineError) -> Next {
+        let retry = self.retry;
+        let stale = generation < self.generation;
+        let engine = self.engine();
+        let Some(f) = self.requests.get_mut(&id) else { return Next::Fail(error.to_string()) };
+        match error {
+            EngineError::BadResponse(reason) => {
+                f.bad_answers += 1;
+                let n = f.bad_answers;
+                if n >= retry.max_attempts {
+                    Next::Fail(format!("the engine answered badly {n} times; last: {reason}"))
+                } else {
+                    Next::Retry(retry.jittered(n, rand::random()))
+                }
+            }
+            EngineError::Overloaded { message, retry_after } => {
+                f.overloads += 1;
+                let n = f.overloads;
+                if n > retry.max_overloads {
+                    Next::Fail(format!("the server stayed overloaded through {n} attempts; last: {message}"))
+                } else {
+                    let pause = retry_after.unwrap_or_else(|| retry.jittered(n, rand::random()));
+                    Next::Retry(pause.min(retry.max_backoff))
+                }
+            }
+            EngineError::TimedOut(reason) => {
+                f.timeouts += 1;
+                let n = f.timeouts;
+                if n >= retry.max_timeouts {
+                    Next::Fail(format!("timed out {n} times (the server answers its health probe, the call is too slow); last: {reason}"))
+                } else {
+                    Next::Resend
+                }
+            }
+            EngineError::Unreachable(_) if stale => Next::Resend,
+            EngineError::Unreachable(reason) => {
+                // A dead replica, or only this call's connection dropped? Ask the server.
+                match engine.probe().await {
+                    Ok(()) => {
+                        f.bad_answers += 1;
+                        let n = f.bad_answers;
+                        if n >= retry.max_attempts {
+                            Next::Fail(format!(
+                                "the connection dropped {n} times while the server still answers its health probe; last: {reason}"
+                            ))
+                        } else {
+                            Next::Retry(retry.jittered(n, rand::random()))
+                        }
+                    }
+                    Err(probe) => Next::Restart(format!("{reason} (health probe: {probe})")),
+                }
+            }
+            other => Next::Fail(other.to_string()),
+        }
+    }
+
     fn stop_telemetry(&mut self) {
         if let Some(t) = self.telemetry_timer.take() {
             t.abort();
@@ -102,8 +203,9 @@ impl ReplicaState {
         let engine = self.engine();
         while self.restarts < self.retry.max_restarts {
             self.restarts += 1;
-            tokio::time::sleep(self.retry.backoff_after(self.restarts)).await;
-            tracing::warn!(restart = self.restarts, "engine unreachable: restarting the replica");
+            let pause = self.retry.restart_after(self.restarts);
+            tracing::warn!(restart = self.restarts, ?pause, "engine unreachable: restarting the replica");
+            tokio::time::sleep(pause).await;
             let _ = engine.unload().await;
             match engine.load().await {
                 Ok(()) => {
@@ -111,7 +213,13 @@ impl ReplicaState {
                     let _ = self.planner.send_message(PlannerMsg::Restarted { replica: self.replica });
                     return true;
                 }
-                Err(e) => tracing::warn!(error = %e, "restart failed"),
+                Err(e) => {
+                    tracing::warn!(error = %e, "restart failed");
+                    self.fault(&e);
+                    if !e.retryable() && !matches!(e, EngineError::Lifecycle(_)) {
+                        return false;
+                    }
+                }
             }
         }
         false
@@ -125,6 +233,51 @@ impl ReplicaState {
         let _ = self.planner.send_message(PlannerMsg::ReplicaLost { replica: self.replica, reason: reason.clone() });
         let _ = self.engine().unload().await;
         myself.stop(Some(reason));
+    }
+
+    /// Sleep (park) or unload the engine, report it, and stop.
+    async fn reclaim(&mut self, myself: &ActorRef<ReplicaMsg>, sleep: Option<u8>, mut ticket: LifecycleTicket) {
+        self.stop_telemetry();
+        ticket.wait().await;
+        let engine = self.engine();
+        let mut parked = false;
+        if let Some(level) = sleep {
+            match engine.sleep(level).await {
+                Ok(()) => parked = true,
+                Err(EngineError::Unsupported(_)) => {}
+                Err(e) => tracing::warn!(error = %e, "sleep failed: unloading instead"),
+            }
+        }
+        if parked {
+            tracing::info!(?sleep, "reclaimed: asleep, parked for a later wake");
+            let _ = self.planner.send_message(PlannerMsg::Parked { replica: self.replica, engine: self.handle.clone() });
+        } else {
+            match engine.unload().await {
+                Ok(()) | Err(EngineError::Unsupported(_)) => {}
+                Err(e) => tracing::warn!(error = %e, "unload failed"),
+            }
+            tracing::info!("reclaimed: unloaded");
+            let _ = self.planner.send_message(PlannerMsg::Unloaded { replica: self.replica });
+        }
+        ticket.finish();
+        if !self.requests.is_empty() {
+            // Calls that outlived the drain must not be lost: the planner runs them again.
+            self.requests.clear();
+            let _ = self.planner.send_message(PlannerMsg::ReplicaLost {
+                replica: self.replica,
+                reason: "reclaimed with calls in flight".into(),
+            });
+        }
+        myself.stop(None);
+    }
+
+    /// A reclaim that waited for calls to drain: go on once none is left.
+    async fn after_call(&mut self, myself: &ActorRef<ReplicaMsg>) {
+        if self.requests.is_empty()
+            && let Some((sleep, ticket)) = self.draining.take()
+        {
+            self.reclaim(myself, sleep, ticket).await;
+        }
     }
 }
 
@@ -154,6 +307,7 @@ impl Actor for ReplicaActor {
             generation: 0,
             restarts: 0,
             requests: BTreeMap::new(),
+            draining: None,
             span,
         })
     }
@@ -179,16 +333,20 @@ async fn handle(myself: ActorRef<ReplicaMsg>, msg: ReplicaMsg, state: &mut Repli
             if let (true, Err(e)) = (state.wake, &result) {
                 tracing::warn!(error = %e, "wake failed: loading instead");
             }
-            // A start can fail for good (the server refuses the configuration) or because the
-            // process died meanwhile; both are retried a bounded number of times.
+            // A start can fail for good (the server refuses the configuration, the key, the
+            // model) or because the process died meanwhile; only the latter is retried, a
+            // bounded number of times with a growing pause.
             let mut retries = u32::from(state.wake && result.is_err());
             let mut attempts = 0;
-            while result.is_err() && attempts < state.retry.max_restarts {
-                attempts += 1;
-                if let Err(e) = &result {
-                    tracing::warn!(error = %e, attempt = attempts, "start failed: starting again");
+            while let Err(e) = &result {
+                state.fault(e);
+                let hopeless = matches!(e, EngineError::Auth(_) | EngineError::Misconfigured(_) | EngineError::Rejected(_));
+                if hopeless || attempts >= state.retry.max_restarts {
+                    break;
                 }
-                tokio::time::sleep(state.retry.backoff_after(attempts)).await;
+                attempts += 1;
+                tracing::warn!(error = %e, attempt = attempts, "start failed: starting again");
+                tokio::time::sleep(state.retry.restart_after(attempts)).await;
                 let _ = engine.unload().await;
                 result = engine.load().await;
                 retries += 1;
@@ -216,100 +374,72 @@ async fn handle(myself: ActorRef<ReplicaMsg>, msg: ReplicaMsg, state: &mut Repli
         ReplicaMsg::Submit { activation, mut request } => {
             request.model = state.handle.served_model.clone();
             let id = request.id;
-            state.requests.insert(id, InFlight { activation, request, bad_answers: 0, attempts: 0 });
+            state.requests.insert(id, InFlight { activation, request, bad_answers: 0, overloads: 0, timeouts: 0, attempts: 0 });
             state.launch(&myself, id);
         }
         ReplicaMsg::Retry { id } => state.launch(&myself, id),
         ReplicaMsg::Done { id, generation, result } => {
-            let Some(f) = state.requests.get_mut(&id) else { return };
+            if !state.requests.contains_key(&id) {
+                return;
+            }
             match result {
                 Ok(completion) => {
-                    let attempts = f.attempts;
-                    let activation = f.activation;
-                    state.requests.remove(&id);
-                    let _ = state.planner.send_message(PlannerMsg::Finished {
-                        replica: state.replica,
-                        activation,
-                        completion,
-                        attempts,
-                    });
-                }
-                Err(EngineError::BadResponse(reason)) => {
-                    f.bad_answers += 1;
-                    let n = f.bad_answers;
-                    if n >= state.retry.max_attempts {
-                        let (activation, attempts) = (f.activation, f.attempts);
-                        state.requests.remove(&id);
-                        let reason = format!("the engine answered badly {n} times; last: {reason}");
-                        tracing::warn!(%activation, %reason, "call failed");
-                        let _ = state.planner.send_message(PlannerMsg::CallFailed { replica: state.replica, activation, reason, attempts });
-                    } else {
-                        let delay = state.retry.backoff_after(n);
-                        tracing::debug!(request = id, attempt = n, ?delay, %reason, "bad answer: retrying");
-                        myself.send_after(delay, move || ReplicaMsg::Retry { id });
+                    if let Some(f) = state.requests.remove(&id) {
+                        let _ = state.planner.send_message(PlannerMsg::Finished {
+                            replica: state.replica,
+                            activation: f.activation,
+                            completion,
+                            attempts: f.attempts,
+                        });
                     }
                 }
-                Err(EngineError::Unreachable(reason)) => {
-                    if generation < state.generation {
-                        // Sent to an incarnation that has since been replaced: send it again.
-                        state.launch(&myself, id);
-                    } else if state.restart().await {
-                        state.launch(&myself, id);
-                    } else {
-                        let reason = format!("engine unreachable ({reason}) and {} restart(s) did not bring it back", state.restarts);
-                        state.lose(&myself, reason).await;
+                Err(error) => {
+                    if generation >= state.generation {
+                        state.fault(&error);
+                    }
+                    match state.next_step(id, generation, error).await {
+                        Next::Retry(pause) => {
+                            tracing::debug!(request = id, ?pause, "retrying the call");
+                            myself.send_after(pause, move || ReplicaMsg::Retry { id });
+                        }
+                        Next::Resend => state.launch(&myself, id),
+                        Next::Fail(reason) => state.fail_call(id, reason),
+                        Next::Restart(reason) => {
+                            if state.restart().await {
+                                state.launch(&myself, id);
+                            } else {
+                                let reason = format!("engine unreachable ({reason}) and {} restart(s) did not bring it back", state.restarts);
+                                state.lose(&myself, reason).await;
+                                return;
+                            }
+                        }
                     }
                 }
-                Err(e) => {
-                    let (activation, attempts) = (f.activation, f.attempts);
-                    state.requests.remove(&id);
-                    let _ = state.planner.send_message(PlannerMsg::CallFailed {
-                        replica: state.replica,
-                        activation,
-                        reason: e.to_string(),
-                        attempts,
-                    });
-                }
+            }
+            state.after_call(&myself).await;
+        }
+        ReplicaMsg::Reclaim { sleep, ticket } => {
+            if state.requests.is_empty() {
+                state.reclaim(&myself, sleep, ticket).await;
+            } else {
+                // The planner never reclaims a leased replica; if calls run here anyway, let
+                // them finish first (vLLM < 0.17 crashes when slept with calls in flight).
+                tracing::warn!(calls = state.requests.len(), "reclaim with calls in flight: draining first");
+                state.draining = Some((sleep, ticket));
+                myself.send_after(state.retry.drain_timeout, || ReplicaMsg::DrainTimeout);
             }
         }
-        ReplicaMsg::Reclaim { sleep, mut ticket } => {
-            state.stop_telemetry();
-            ticket.wait().await;
-            let engine = state.engine();
-            let mut parked = false;
-            if let Some(level) = sleep {
-                match engine.sleep(level).await {
-                    Ok(()) => parked = true,
-                    Err(EngineError::Unsupported(_)) => {}
-                    Err(e) => tracing::warn!(error = %e, "sleep failed: unloading instead"),
-                }
+        ReplicaMsg::DrainTimeout => {
+            if let Some((sleep, ticket)) = state.draining.take() {
+                tracing::warn!(calls = state.requests.len(), "calls did not drain in time: reclaiming now");
+                state.reclaim(&myself, sleep, ticket).await;
             }
-            if parked {
-                tracing::info!(?sleep, "reclaimed: asleep, parked for a later wake");
-                let _ = state.planner.send_message(PlannerMsg::Parked { replica: state.replica, engine: state.handle.clone() });
-            } else {
-                if let Err(e) = engine.unload().await {
-                    tracing::warn!(error = %e, "unload failed");
-                }
-                tracing::info!("reclaimed: unloaded");
-                let _ = state.planner.send_message(PlannerMsg::Unloaded { replica: state.replica });
-            }
-            ticket.finish();
-            if !state.requests.is_empty() {
-                // The planner never reclaims a leased replica; if calls are here anyway, they
-                // must not be lost.
-                state.requests.clear();
-                let _ = state.planner.send_message(PlannerMsg::ReplicaLost {
-                    replica: state.replica,
-                    reason: "reclaimed with calls in flight".into(),
-                });
-            }
-            myself.stop(None);
         }
         ReplicaMsg::Stop(reply) => {
             state.stop_telemetry();
-            if let Err(e) = state.engine().unload().await {
-                tracing::warn!(error = %e, "unload at shutdown failed");
+            match state.engine().unload().await {
+                Ok(()) | Err(EngineError::Unsupported(_)) => {}
+                Err(e) => tracing::warn!(error = %e, "unload at shutdown failed"),
             }
             let _ = reply.send(());
             myself.stop(None);
@@ -332,6 +462,11 @@ async fn handle(myself: ActorRef<ReplicaMsg>, msg: ReplicaMsg, state: &mut Repli
                 Ok(t) => {
                     tracing::trace!(running = t.running, waiting = t.waiting, kv = t.kv_cache_usage, "telemetry");
                     let _ = state.planner.send_message(PlannerMsg::Telemetry { replica: state.replica, telemetry: t });
+                }
+                Err(EngineError::Unsupported(reason)) => {
+                    // No metrics here: stop asking (a fixed endpoint without `/metrics`).
+                    tracing::debug!(%reason, "no telemetry: polling stopped");
+                    state.stop_telemetry();
                 }
                 Err(e) => tracing::debug!(error = %e, "telemetry unavailable"),
             }

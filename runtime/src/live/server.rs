@@ -10,6 +10,8 @@
 //!   not, with `usage` = `prompt_tokens`, `completion_tokens`, `total_tokens` and
 //!   `prompt_tokens_details.cached_tokens`; streams end with a usage chunk when
 //!   `stream_options.include_usage` is set;
+//! - `GET /version` (vLLM's `{"version"}` plus `"switchyard_emulate"`: the one server the
+//!   live runtime sends emulated outputs to);
 //! - `GET /v1/models`, `GET /health` (503 until the start-up load has finished, like a vLLM
 //!   server that is not up yet), `GET /metrics` (Prometheus text 0.0.4 with vLLM's names);
 //! - sleep mode (dev mode endpoints): `POST /sleep?level=1|2`, `POST /wake_up[?tags=..]`,
@@ -509,6 +511,7 @@ impl EmulateApp {
             .route("/v1/chat/completions", post(chat_completions))
             .route("/v1/models", get(models))
             .route("/health", get(health))
+            .route("/version", get(version))
             .route("/metrics", get(metrics))
             .route("/sleep", post(sleep))
             .route("/wake_up", post(wake_up))
@@ -1341,6 +1344,20 @@ impl Answer {
         )
         .flat_map(|events| futures::stream::iter(events.into_iter().map(Ok)))
     }
+}
+
+/// The vLLM release whose API and behaviour the emulator follows (paper 003's engine).
+pub const EMULATED_VLLM_VERSION: &str = "0.10.2";
+
+/// `GET /version`: vLLM's `{"version": …}`, plus `switchyard_emulate` (this crate's version):
+/// how the live runtime's engines know they talk to an emulator, the only server that is sent
+/// the emulated output.
+async fn version() -> Response {
+    Json(serde_json::json!({
+        "version": EMULATED_VLLM_VERSION,
+        "switchyard_emulate": env!("CARGO_PKG_VERSION"),
+    }))
+    .into_response()
 }
 
 async fn models(State(state): State<AppState>) -> Response {

@@ -200,10 +200,12 @@ impl SessionState {
                     id: 0,
                     model: String::new(),
                     prompt: prepared.prompt.clone(),
+                    prompt_tokens: prepared.prompt_tokens,
                     max_tokens: prepared.max_output_tokens.max(1),
                     emulated_output: Some(prepared.emulated_completion()),
                     enable_thinking: prepared.enable_thinking,
                     stream: ctx.stream,
+                    deadline_s: None,
                 };
                 let call = PendingCall { request, expected_output_tokens: prepared.output.output_tokens.max(1) };
                 self.prepared.insert(a, prepared);

@@ -21,12 +21,12 @@ use ractor::Actor;
 use serde::Serialize;
 use thiserror::Error;
 
-use super::actors::{CallTiming, Clock, EngineFactory, PlannerMsg, RetryPolicy, RunContext, SessionResult, ToolsHandle};
+use super::actors::{CallTiming, Clock, EngineFactory, NoteSink, PlannerMsg, RetryPolicy, RunContext, SessionResult, ToolsHandle};
 use super::engine::EngineTelemetry;
 use super::planner_actor::{PlannerActor, PlannerArgs, Progress, ReportMeta};
 use crate::ids::ReplicaId;
 use crate::report::{DeviceTimeline, RunReport};
-use crate::exec::{self, CallRecord, RunConfig, ShellError, arrivals};
+use crate::exec::{self, CallRecord, RunConfig, ShellError, TraceLine, arrivals};
 
 /// A live run: the shared run configuration plus what only wall-clock execution needs.
 #[derive(Clone)]
@@ -50,6 +50,11 @@ pub struct LiveConfig {
     /// Set (e.g. by a Ctrl-C handler) to stop the run: what is open fails as `interrupted`, as
     /// at the deadline, and the report is marked `interrupted` (`None`: never).
     pub interrupt: Option<Arc<AtomicBool>>,
+    /// Where notes (the first engine error of each kind, lost replicas, …) go as they
+    /// happen; they are in [`LiveOutput::notes`] as well (`None`: only there).
+    pub on_note: Option<NoteSink>,
+    /// Record the run's events in [`LiveOutput::trace`] (the simulator's `--trace` schema).
+    pub keep_trace: bool,
 }
 
 impl LiveConfig {
@@ -65,6 +70,8 @@ impl LiveConfig {
             stream: false,
             tick: Duration::from_millis(100),
             interrupt: None,
+            on_note: None,
+            keep_trace: false,
         }
     }
 }
@@ -103,6 +110,8 @@ pub struct LiveOutput {
     pub faults: FaultCounters,
     /// Why the run stopped early, if it did (the report covers what ran until then).
     pub error: Option<String>,
+    /// The run's events, when [`LiveConfig::keep_trace`] asked for them (wall seconds).
+    pub trace: Vec<TraceLine>,
 }
 
 /// Errors that prevent a live run from starting or finishing.
@@ -159,6 +168,8 @@ pub async fn run(cfg: &LiveConfig, factory: Arc<dyn EngineFactory>, progress: Op
         telemetry_every: cfg.telemetry_every,
         tool_workers: rc.tool_workers,
         tick: cfg.tick,
+        on_note: cfg.on_note.clone(),
+        keep_trace: cfg.keep_trace,
         progress,
     };
     let (planner, handle) =

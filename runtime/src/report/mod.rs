@@ -105,6 +105,15 @@ pub struct RunReport {
     pub interrupted: bool,
     /// Failed tool calls with their causes, and how test verdicts were checked.
     pub tools: ToolReport,
+    /// Live runs: devices served by fixed endpoints (`engine: {kind: openai}`), whose GPU time
+    /// and residency are not ours to see: no loads are counted for them and their GPU time
+    /// reads as empty ("other"). Omitted when 0.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub fixed_endpoint_gpus: usize,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 /// Largest number of failed tool calls listed one by one in a report.

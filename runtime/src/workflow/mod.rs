@@ -318,18 +318,12 @@ pub fn parse_workflow(
 
 impl WorkflowSpec {
     /// Read the dataset and map each record to the input fields. Errors name the record index
-    /// and the field.
+    /// and the field. A workflow without a dataset (its nodes need no input, which loading
+    /// checked) has one empty record: every session runs the same prompts.
     pub fn load_records(&self) -> Result<Vec<Record>, WorkflowError> {
         match &self.dataset {
             Some(d) => d.load_records(),
-            None => Err(WorkflowError::Invalid {
-                file: self.path.display().to_string(),
-                line: 1,
-                column: 1,
-                field: "dataset".into(),
-                kind: ErrorKind::MissingField,
-                message: "this workflow declares no dataset".into(),
-            }),
+            None => Ok(vec![Record::new()]),
         }
     }
 

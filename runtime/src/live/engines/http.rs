@@ -1,20 +1,39 @@
-//! `HttpEngine`: one vLLM-compatible server at a base URL, over HTTP with reqwest. The
-//! `emulated` and `vllm` engines talk through it; on its own it is the engine of a running
-//! `switchyard emulate` server (kind `emulated` with a `base_url`).
+//! `HttpEngine`: one OpenAI-compatible server over HTTP with reqwest — a vLLM server (the
+//! `vllm` and `emulated` engines talk through it), a running `switchyard emulate`, or a fixed
+//! endpoint of any other OpenAI-compatible server (the `openai` engine wraps it).
 //!
 //! Calls (vLLM's OpenAI-compatible server and dev-mode endpoints, field anchors §1.1–1.3):
-//! `POST /v1/completions` (or `/v1/chat/completions`), streaming with
-//! `stream_options.include_usage` or not; `POST /sleep?level=N`; `POST /wake_up` (after a
-//! level-2 sleep: `wake_up?tags=weights`, `collective_rpc reload_weights`,
-//! `wake_up?tags=kv_cache`, as `docs/features/sleep_mode.md` prescribes); `GET /is_sleeping`;
-//! `GET /health`; `GET /metrics`. The prompt goes in Qwen3's chat template with thinking
-//! disabled: rendered by us for `/v1/completions` (`tokens::chat_prompt`), by the server for
-//! `/v1/chat/completions` (`chat_template_kwargs.enable_thinking = false`), so the server
-//! counts the prompt tokens the runtime planned with (`tokens::encode_chat`).
+//! `POST {api}/completions` or `{api}/chat/completions`, streaming with
+//! `stream_options.include_usage` or not; `POST /sleep?level=N` (with `&mode=wait` from vLLM
+//! 0.17 on, which drains running requests; before, the replica actor drains them itself);
+//! `POST /wake_up` (after a level-2 sleep: `wake_up?tags=weights`, `collective_rpc
+//! reload_weights`, `wake_up?tags=kv_cache`, as `docs/features/sleep_mode.md` prescribes);
+//! `GET /is_sleeping`; `GET /health`; `GET /metrics`; `GET /version`; `GET {api}/models`.
+//! `{api}` is the server root plus `/v1` for a vLLM server, the configured base URL for an
+//! `openai` endpoint. The prompt goes in Qwen3's chat template: rendered by us for the
+//! completions API (`tokens::chat_prompt_mode`), by the server for the chat API
+//! (`chat_template_kwargs.enable_thinking`), so that the server counts the prompt tokens the
+//! runtime planned with.
 //!
-//! Errors: connection refused/reset, timeouts and a stream cut short → `Unreachable`; HTTP 5xx
-//! and unparsable answers → `BadResponse` (and 429: overload); other 4xx → `Rejected`. One HTTP
-//! request per call, no hidden retries (the replica actor decides).
+//! **What the server is, found at load** ([`ServerFacts`]): `/version` (vLLM's version, which
+//! chooses the sleep calls; `switchyard emulate` says so there, and only then does a request
+//! carry the emulated output — a real server never receives it); `{api}/models` (the mapped
+//! model must be served, else `Misconfigured`; its `max_model_len` where the server reports
+//! it). A prompt that cannot fit the served context is refused before it is sent, and
+//! `max_tokens` is clamped to what is left of it.
+//!
+//! **Errors**: connection refused/reset and a stream cut short → `Unreachable`; 401/403 →
+//! `Auth`; 429, and 503 with `Retry-After` → `Overloaded` (with the server's `Retry-After`);
+//! other 4xx → `Rejected`; 5xx and unparsable answers → `BadResponse`. A call that makes no
+//! progress for `stall_timeout` gets its server probed (`/health`): a server that does not
+//! answer is `Unreachable` (a stopped or hung process: the replica is dead), one that answers
+//! keeps the call waiting until its deadline (the request's `deadline_s`, at most
+//! `request_timeout`), then `TimedOut` (a slow request, not a dead replica). One HTTP request
+//! per call, no hidden retries (the replica actor decides).
+//!
+//! **Answers without `usage`** (llama.cpp's streams, some proxies): the prompt count is the
+//! request's own (Qwen3's tokenizer and chat template), the output count our tokenizer's count
+//! of the text.
 //!
 //! Timing: TTFT is the time to the first streamed choice chunk; without streaming the first
 //! token is not observable, and TTFT is the time to the (complete) response.
@@ -22,12 +41,13 @@
 //! Depends on the `Engine` interface, the metrics parser and `crate::tokens` only.
 
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use eventsource_stream::Eventsource;
 use futures::StreamExt;
-use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
 use reqwest::{Client, StatusCode};
 use serde_json::{Value, json};
 
@@ -44,6 +64,11 @@ const HEALTH_PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Longest error-body excerpt kept in an error message.
 const ERROR_EXCERPT: usize = 300;
+/// Longest `Retry-After` honoured (a server asking for more is waited on this long, then
+/// asked again).
+const MAX_RETRY_AFTER: Duration = Duration::from_secs(60);
+/// The first vLLM version whose `/sleep` takes `mode=wait` (drain running requests first).
+const SLEEP_MODE_WAIT_SINCE: (u32, u32) = (0, 17);
 
 /// Options shared by the HTTP engines.
 #[derive(Debug, Clone, PartialEq)]
@@ -53,6 +78,9 @@ pub struct HttpOptions {
     pub request_timeout: Duration,
     /// Longest wait for `/health` in `load`.
     pub health_timeout: Duration,
+    /// A call with no progress (no answer, no stream chunk) for this long gets its server
+    /// probed; a server that does not answer the probe is taken as dead.
+    pub stall_timeout: Duration,
     /// `Authorization: Bearer` key.
     pub api_key: Option<String>,
     pub headers: BTreeMap<String, String>,
@@ -64,9 +92,36 @@ impl Default for HttpOptions {
             api: ApiFlavor::Completions,
             request_timeout: Duration::from_secs(600),
             health_timeout: Duration::from_secs(900),
+            stall_timeout: Duration::from_secs(30),
             api_key: None,
             headers: BTreeMap::new(),
         }
+    }
+}
+
+/// What the server said about itself at load.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ServerFacts {
+    /// `/version`'s `version`, when the server has that endpoint.
+    pub version: Option<String>,
+    /// The server is `switchyard emulate` (its `/version` says so): requests may carry the
+    /// emulated output.
+    pub emulator: bool,
+    /// The served context length of the model (`{api}/models` `max_model_len`, or
+    /// llama.cpp's `meta.n_ctx_train`), when reported.
+    pub max_model_len: Option<u32>,
+    /// `/metrics` answered 404 once: never scraped again.
+    pub no_metrics: bool,
+}
+
+impl ServerFacts {
+    /// `major.minor` of a vLLM-style version string (`0.10.2`, `0.11.0rc1`, `v0.17.1`).
+    pub fn version_number(&self) -> Option<(u32, u32)> {
+        let v = self.version.as_deref()?.trim_start_matches('v');
+        let mut parts = v.split(|c: char| !c.is_ascii_digit());
+        let major = parts.next()?.parse().ok()?;
+        let minor = parts.next()?.parse().ok()?;
+        Some((major, minor))
     }
 }
 
@@ -95,9 +150,14 @@ pub(crate) fn build_client(options: &HttpOptions) -> Result<Client, EngineError>
         .map_err(|e| EngineError::Lifecycle(format!("cannot build the HTTP client: {e}")))
 }
 
-/// Maps a transport error (no HTTP status) to `Unreachable`.
+/// Maps a transport error (no HTTP status): a timeout → `TimedOut`, anything else (refused,
+/// reset, DNS, a body cut short) → `Unreachable`.
 pub(crate) fn transport_error(what: &str, e: &reqwest::Error) -> EngineError {
-    EngineError::Unreachable(format!("{what}: {}", error_chain(e)))
+    if e.is_timeout() {
+        EngineError::TimedOut(format!("{what}: {}", error_chain(e)))
+    } else {
+        EngineError::Unreachable(format!("{what}: {}", error_chain(e)))
+    }
 }
 
 fn error_chain(e: &dyn std::error::Error) -> String {
@@ -119,16 +179,41 @@ fn excerpt(body: &str) -> String {
     }
 }
 
-/// Maps a non-success status to the error kind: 4xx → Rejected (the request itself is
-/// wrong), except 429 Too Many Requests, which is overload and may succeed later or
-/// elsewhere → BadResponse like 5xx.
-pub(crate) fn status_error(what: &str, status: StatusCode, body: &str) -> EngineError {
+/// `Retry-After` in seconds (the HTTP-date form is not used by inference servers and is
+/// ignored), capped at [`MAX_RETRY_AFTER`].
+pub(crate) fn retry_after(headers: &HeaderMap) -> Option<Duration> {
+    let v = headers.get(RETRY_AFTER)?.to_str().ok()?.trim();
+    let secs: f64 = v.parse().ok()?;
+    Duration::try_from_secs_f64(secs).ok().map(|d| d.min(MAX_RETRY_AFTER))
+}
+
+/// Maps a non-success status to the error kind: 401/403 → `Auth`; 429, and 503 with
+/// `Retry-After` → `Overloaded`; other 4xx → `Rejected` (the request itself is wrong); 5xx →
+/// `BadResponse`.
+pub(crate) fn status_error(
+    what: &str,
+    status: StatusCode,
+    retry: Option<Duration>,
+    body: &str,
+) -> EngineError {
     let message = format!("{what}: HTTP {status}: {}", excerpt(body));
-    if status.is_client_error() && status != StatusCode::TOO_MANY_REQUESTS {
-        EngineError::Rejected(message)
-    } else {
-        EngineError::BadResponse(message)
+    match status {
+        StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => EngineError::Auth(message),
+        StatusCode::TOO_MANY_REQUESTS => EngineError::Overloaded { message, retry_after: retry },
+        StatusCode::SERVICE_UNAVAILABLE if retry.is_some() => {
+            EngineError::Overloaded { message, retry_after: retry }
+        }
+        s if s.is_client_error() => EngineError::Rejected(message),
+        _ => EngineError::BadResponse(message),
     }
+}
+
+/// The error of a non-success response (reads its body).
+async fn response_error(what: &str, response: reqwest::Response) -> EngineError {
+    let status = response.status();
+    let retry = retry_after(response.headers());
+    let body = response.text().await.unwrap_or_default();
+    status_error(what, status, retry, &body)
 }
 
 /// Usage numbers of an OpenAI response (`prompt_tokens_details.cached_tokens` may be absent
@@ -153,6 +238,13 @@ pub(crate) fn choice_text(choice: &Value) -> Option<&str> {
         .and_then(Value::as_str)
         .or_else(|| choice.get("message")?.get("content")?.as_str())
         .or_else(|| choice.get("delta")?.get("content")?.as_str())
+}
+
+/// Token counts of an answer that carried no `usage`: the request's own prompt count and our
+/// tokenizer's count of the text (Qwen3's, what the runtime plans with).
+fn counted_usage(text: &str, prompt_tokens: u32) -> (u32, u32, u32) {
+    let output = u32::try_from(tokens::count(text)).unwrap_or(u32::MAX);
+    (prompt_tokens, output, 0)
 }
 
 /// Folds a stream of OpenAI chunks into a completion.
@@ -193,25 +285,28 @@ impl StreamFold {
         Ok(())
     }
 
-    pub(crate) fn finish(self, latency: Duration) -> Result<Completion, EngineError> {
-        let (prompt_tokens, output_tokens, cached) = self.usage.ok_or_else(|| {
-            EngineError::BadResponse(
-                "the stream carried no usage (stream_options.include_usage unsupported?)".into(),
-            )
-        })?;
-        Ok(Completion {
+    /// The completion; without a `usage` chunk the counts are ours ([`counted_usage`]).
+    pub(crate) fn finish(self, latency: Duration, prompt_tokens: u32) -> Completion {
+        let (prompt_tokens, output_tokens, cached) =
+            self.usage.unwrap_or_else(|| counted_usage(&self.text, prompt_tokens));
+        Completion {
             text: self.text,
             prompt_tokens,
             cached_prompt_tokens: cached,
             output_tokens,
             ttft_s: self.first_choice_at.unwrap_or(latency).as_secs_f64(),
             latency_s: latency.as_secs_f64(),
-        })
+        }
     }
 }
 
-/// Parses a complete (non-streamed) OpenAI completion body.
-pub(crate) fn parse_full(body: &Value, latency: Duration) -> Result<Completion, EngineError> {
+/// Parses a complete (non-streamed) OpenAI completion body; without `usage` the counts are
+/// ours ([`counted_usage`]).
+pub(crate) fn parse_full(
+    body: &Value,
+    latency: Duration,
+    prompt_tokens: u32,
+) -> Result<Completion, EngineError> {
     let bad = |what: &str| {
         EngineError::BadResponse(format!(
             "{what} in response: {}",
@@ -226,10 +321,10 @@ pub(crate) fn parse_full(body: &Value, latency: Duration) -> Result<Completion, 
     let text = choice_text(choice)
         .ok_or_else(|| bad("no text"))?
         .to_string();
-    let (prompt_tokens, output_tokens, cached) = body
-        .get("usage")
-        .and_then(parse_usage)
-        .ok_or_else(|| bad("no usage"))?;
+    let (prompt_tokens, output_tokens, cached) = match body.get("usage").filter(|u| !u.is_null()) {
+        Some(u) => parse_usage(u).ok_or_else(|| bad("bad usage"))?,
+        None => counted_usage(&text, prompt_tokens),
+    };
     Ok(Completion {
         text,
         prompt_tokens,
@@ -240,16 +335,32 @@ pub(crate) fn parse_full(body: &Value, latency: Duration) -> Result<Completion, 
     })
 }
 
-/// One vLLM-compatible server.
+/// The served context length in a `/v1/models` entry: vLLM's `max_model_len`, or llama.cpp's
+/// `meta.n_ctx_train`.
+fn served_context(entry: &Value) -> Option<u32> {
+    let num = |v: &Value| v.as_u64().and_then(|n| u32::try_from(n).ok());
+    entry
+        .get("max_model_len")
+        .and_then(num)
+        .or_else(|| entry.get("meta")?.get("n_ctx_train").and_then(num))
+}
+
+/// One OpenAI-compatible server.
 #[derive(Debug)]
 pub struct HttpEngine {
     kind: &'static str,
     client: Client,
+    /// The server root (`/health`, `/metrics`, `/sleep`, `/version`).
     base: String,
+    /// The OpenAI API root (`{api}/completions`, `{api}/models`).
+    api: String,
     model: String,
     options: HttpOptions,
+    /// A fixed endpoint (kind `openai`): no health wait, no sleep, no lifecycle.
+    fixed: bool,
     /// The level of the last successful sleep (decides the wake sequence).
     slept_level: Mutex<Option<u8>>,
+    facts: Mutex<ServerFacts>,
 }
 
 impl Clone for HttpEngine {
@@ -258,16 +369,19 @@ impl Clone for HttpEngine {
             kind: self.kind,
             client: self.client.clone(),
             base: self.base.clone(),
+            api: self.api.clone(),
             model: self.model.clone(),
             options: self.options.clone(),
+            fixed: self.fixed,
             slept_level: Mutex::new(self.last_sleep_level()),
+            facts: Mutex::new(self.facts()),
         }
     }
 }
 
 impl HttpEngine {
-    /// An engine for the server at `base_url` (`http://host:port`, an optional trailing `/v1`
-    /// is dropped) serving `model`.
+    /// An engine for the vLLM-style server at `base_url` (`http://host:port`, an optional
+    /// trailing `/v1` is dropped) serving `model`.
     pub fn new(
         kind: &'static str,
         base_url: &str,
@@ -276,18 +390,47 @@ impl HttpEngine {
     ) -> Result<Self, EngineError> {
         let trimmed = base_url.trim_end_matches('/');
         let base = trimmed.strip_suffix("/v1").unwrap_or(trimmed).to_string();
+        let api = format!("{base}/v1");
+        Self::build(kind, base, api, model, options, false)
+    }
+
+    /// A fixed OpenAI-compatible endpoint at `api_base` (e.g. `http://host:8000/v1`; the API
+    /// paths are relative to it, the health and metrics probes to it without a trailing
+    /// `/v1`).
+    pub fn fixed_endpoint(
+        kind: &'static str,
+        api_base: &str,
+        model: &str,
+        options: HttpOptions,
+    ) -> Result<Self, EngineError> {
+        let api = api_base.trim_end_matches('/').to_string();
+        let base = api.strip_suffix("/v1").unwrap_or(&api).to_string();
+        Self::build(kind, base, api, model, options, true)
+    }
+
+    fn build(
+        kind: &'static str,
+        base: String,
+        api: String,
+        model: &str,
+        options: HttpOptions,
+        fixed: bool,
+    ) -> Result<Self, EngineError> {
         if !(base.starts_with("http://") || base.starts_with("https://")) {
             return Err(EngineError::Lifecycle(format!(
-                "base URL `{base_url}` is not http(s)"
+                "base URL `{base}` is not http(s)"
             )));
         }
         Ok(HttpEngine {
             kind,
             client: build_client(&options)?,
             base,
+            api,
             model: model.to_string(),
             options,
+            fixed,
             slept_level: Mutex::new(None),
+            facts: Mutex::new(ServerFacts::default()),
         })
     }
 
@@ -296,8 +439,28 @@ impl HttpEngine {
         &self.base
     }
 
+    /// The OpenAI API root (`…/v1`).
+    pub fn api_base(&self) -> &str {
+        &self.api
+    }
+
     pub fn model(&self) -> &str {
         &self.model
+    }
+
+    pub fn options(&self) -> &HttpOptions {
+        &self.options
+    }
+
+    /// What the server said about itself at the last load.
+    pub fn facts(&self) -> ServerFacts {
+        self.facts.lock().map(|g| g.clone()).unwrap_or_default()
+    }
+
+    fn update_facts(&self, f: impl FnOnce(&mut ServerFacts)) {
+        if let Ok(mut g) = self.facts.lock() {
+            f(&mut g);
+        }
     }
 
     fn url(&self, path: &str) -> String {
@@ -314,7 +477,8 @@ impl HttpEngine {
         }
     }
 
-    /// The request body vLLM expects.
+    /// The request body the server expects (the emulated output only for `switchyard
+    /// emulate`, and `max_tokens` as given: see [`Self::fit`]).
     pub fn request_body(&self, request: &LlmRequest) -> Value {
         let model = if request.model.is_empty() {
             &self.model
@@ -341,38 +505,101 @@ impl HttpEngine {
         if request.stream {
             body["stream_options"] = json!({ "include_usage": true });
         }
-        if let Some(output) = &request.emulated_output {
+        if let (true, Some(output)) = (self.facts().emulator, &request.emulated_output) {
             body["switchyard"] = json!({ "output": output });
         }
         body
     }
 
+    /// Refuse a prompt that cannot fit the served context, clamp `max_tokens` to what is
+    /// left of it (when the server reported its context length).
+    pub fn fit(&self, request: &mut LlmRequest) -> Result<(), EngineError> {
+        let Some(context) = self.facts().max_model_len else { return Ok(()) };
+        if request.prompt_tokens >= context {
+            return Err(EngineError::Rejected(format!(
+                "request {}: the prompt of {} tokens does not fit the served context of {} tokens of `{}` at {}",
+                request.id, request.prompt_tokens, context, self.model, self.api
+            )));
+        }
+        let room = context - request.prompt_tokens;
+        if request.max_tokens > room {
+            tracing::debug!(request = request.id, from = request.max_tokens, to = room, "max_tokens clamped to the served context");
+            request.max_tokens = room;
+        }
+        Ok(())
+    }
+
+    /// Awaits `work`, probing the server whenever it made no progress for `stall_timeout`:
+    /// `Unreachable` when the probe fails, `TimedOut` at `deadline`.
+    async fn watched<T>(
+        &self,
+        what: &str,
+        work: impl Future<Output = Result<T, EngineError>>,
+        started: Instant,
+        deadline: Duration,
+    ) -> Result<T, EngineError> {
+        let mut work = std::pin::pin!(work);
+        loop {
+            let left = deadline.saturating_sub(started.elapsed());
+            if left.is_zero() {
+                return Err(EngineError::TimedOut(format!(
+                    "{what}: no answer within its deadline of {:.1} s",
+                    deadline.as_secs_f64()
+                )));
+            }
+            let wait = self.options.stall_timeout.min(left);
+            match tokio::time::timeout(wait, &mut work).await {
+                Ok(result) => return result,
+                Err(_) if started.elapsed() >= deadline => {
+                    return Err(EngineError::TimedOut(format!(
+                        "{what}: no answer within its deadline of {:.1} s",
+                        deadline.as_secs_f64()
+                    )));
+                }
+                Err(_) => {
+                    if let Err(e) = self.probe_health().await {
+                        return Err(EngineError::Unreachable(format!(
+                            "{what}: no progress for {:.1} s and the server does not answer its health probe ({e})",
+                            self.options.stall_timeout.as_secs_f64()
+                        )));
+                    }
+                }
+            }
+        }
+    }
+
     /// Runs one request to completion (one HTTP request, no retry).
     pub async fn complete(&self, request: &LlmRequest) -> Result<Completion, EngineError> {
+        let mut request = request.clone();
+        self.fit(&mut request)?;
         let path = match self.options.api {
-            ApiFlavor::Completions => "/v1/completions",
-            ApiFlavor::Chat => "/v1/chat/completions",
+            ApiFlavor::Completions => "/completions",
+            ApiFlavor::Chat => "/chat/completions",
         };
-        let what = format!("request {} to {}{}", request.id, self.base, path);
+        let what = format!("request {} to {}{}", request.id, self.api, path);
+        let deadline = request
+            .deadline_s
+            .and_then(|s| Duration::try_from_secs_f64(s).ok())
+            .map_or(self.options.request_timeout, |d| d.min(self.options.request_timeout));
         let started = Instant::now();
-        let response = self
-            .client
-            .post(self.url(path))
-            .header("X-Request-Id", format!("switchyard-{}", request.id))
-            .json(&self.request_body(request))
-            .send()
-            .await
-            .map_err(|e| transport_error(&what, &e))?;
-        let status = response.status();
-        if !status.is_success() {
-            let body = response.text().await.unwrap_or_default();
-            return Err(status_error(&what, status, &body));
+        let send = async {
+            self.client
+                .post(format!("{}{}", self.api, path))
+                .header("X-Request-Id", format!("switchyard-{}", request.id))
+                // The deadline is enforced by `watched`; this is only a backstop.
+                .timeout(deadline + Duration::from_secs(1))
+                .json(&self.request_body(&request))
+                .send()
+                .await
+                .map_err(|e| transport_error(&what, &e))
+        };
+        let response = self.watched(&what, send, started, deadline).await?;
+        if !response.status().is_success() {
+            return Err(response_error(&what, response).await);
         }
         if !request.stream {
-            let bytes = response
-                .bytes()
-                .await
-                .map_err(|e| transport_error(&what, &e))?;
+            let read = async { response.bytes().await.map_err(|e| transport_error(&what, &e)) };
+            let bytes = self.watched(&what, read, started, deadline).await?;
             let latency = started.elapsed();
             let body: Value = serde_json::from_slice(&bytes).map_err(|e| {
                 EngineError::BadResponse(format!(
@@ -380,16 +607,20 @@ impl HttpEngine {
                     excerpt(&String::from_utf8_lossy(&bytes))
                 ))
             })?;
-            return parse_full(&body, latency);
+            return parse_full(&body, latency, request.prompt_tokens);
         }
         let mut events = response.bytes_stream().eventsource();
         let mut fold = StreamFold::default();
         let mut done = false;
-        while let Some(event) = events.next().await {
+        let mut any_event = false;
+        loop {
+            let next = async { Ok(events.next().await) };
+            let Some(event) = self.watched(&what, next, started, deadline).await? else { break };
             let event = event.map_err(|e| match e {
                 eventsource_stream::EventStreamError::Transport(t) => transport_error(&what, &t),
                 other => EngineError::BadResponse(format!("{what}: bad event stream: {other}")),
             })?;
+            any_event = true;
             if event.data == "[DONE]" {
                 done = true;
                 break;
@@ -402,12 +633,19 @@ impl HttpEngine {
             })?;
             fold.push(&chunk, started.elapsed())?;
         }
+        if !any_event {
+            // A 200 with an empty stream is an answer, not a dropped connection: it is how
+            // llama-cpp-python refuses a streamed prompt over its context.
+            return Err(EngineError::Rejected(format!(
+                "{what}: the server answered with an empty stream (a prompt over its context?)"
+            )));
+        }
         if !done {
             return Err(EngineError::Unreachable(format!(
                 "{what}: the stream ended before [DONE]"
             )));
         }
-        fold.finish(started.elapsed())
+        Ok(fold.finish(started.elapsed(), request.prompt_tokens))
     }
 
     async fn post_ok(&self, path_and_query: &str, body: Option<Value>) -> Result<(), EngineError> {
@@ -417,24 +655,31 @@ impl HttpEngine {
             req = req.json(&b);
         }
         let response = req.send().await.map_err(|e| transport_error(&what, &e))?;
-        let status = response.status();
-        if status.is_success() {
+        if response.status().is_success() {
             Ok(())
         } else {
-            let body = response.text().await.unwrap_or_default();
-            Err(status_error(&what, status, &body))
+            Err(response_error(&what, response).await)
         }
     }
 
-    /// `POST /sleep?level=N` (vLLM dev mode).
+    /// Whether this server's `/sleep` drains running requests itself (`mode=wait`).
+    pub fn sleep_drains(&self) -> bool {
+        self.facts()
+            .version_number()
+            .is_some_and(|v| v >= SLEEP_MODE_WAIT_SINCE)
+    }
+
     pub async fn sleep_level(&self, level: u8) -> Result<(), EngineError> {
-        self.post_ok(&format!("/sleep?level={level}"), None).await?;
+        let path = if self.sleep_drains() {
+            format!("/sleep?level={level}&mode=wait")
+        } else {
+            format!("/sleep?level={level}")
+        };
+        self.post_ok(&path, None).await?;
         self.set_sleep_level(Some(level));
         Ok(())
     }
 
-    /// `POST /wake_up`; after a level-2 sleep, vLLM's three-step sequence (weights, reload,
-    /// KV cache).
     pub async fn wake_up(&self) -> Result<(), EngineError> {
         if self.last_sleep_level() == Some(2) {
             self.post_ok("/wake_up?tags=weights", None).await?;
@@ -451,7 +696,6 @@ impl HttpEngine {
         Ok(())
     }
 
-    /// `GET /is_sleeping` → `{"is_sleeping": bool}`.
     pub async fn is_sleeping(&self) -> Result<bool, EngineError> {
         let what = format!("GET {}/is_sleeping", self.base);
         let response = self
@@ -460,21 +704,19 @@ impl HttpEngine {
             .send()
             .await
             .map_err(|e| transport_error(&what, &e))?;
-        let status = response.status();
+        if !response.status().is_success() {
+            return Err(response_error(&what, response).await);
+        }
         let body = response
             .text()
             .await
             .map_err(|e| transport_error(&what, &e))?;
-        if !status.is_success() {
-            return Err(status_error(&what, status, &body));
-        }
         serde_json::from_str::<Value>(&body)
             .ok()
             .and_then(|v| v.get("is_sleeping").and_then(Value::as_bool))
             .ok_or_else(|| EngineError::BadResponse(format!("{what}: {}", excerpt(&body))))
     }
 
-    /// One `/health` probe: `Ok(true)` on 200, `Ok(false)` on another status (not up yet).
     pub async fn health(&self) -> Result<bool, EngineError> {
         let what = format!("GET {}/health", self.base);
         let response = self
@@ -487,7 +729,29 @@ impl HttpEngine {
         Ok(response.status() == StatusCode::OK)
     }
 
-    /// Polls `/health` until 200 or `timeout`.
+    /// One liveness probe: `/health` answers 200, or (a server without `/health`) the models
+    /// list answers at all. Auth failures count as alive (the server answered).
+    pub async fn probe_health(&self) -> Result<(), EngineError> {
+        match self.health().await {
+            Ok(true) => return Ok(()),
+            Ok(false) => {}
+            Err(e) => return Err(e),
+        }
+        let what = format!("GET {}/models", self.api);
+        let response = self
+            .client
+            .get(format!("{}/models", self.api))
+            .timeout(HEALTH_PROBE_TIMEOUT)
+            .send()
+            .await
+            .map_err(|e| transport_error(&what, &e))?;
+        if response.status().is_server_error() {
+            Err(EngineError::Unreachable(format!("{what}: HTTP {}", response.status())))
+        } else {
+            Ok(())
+        }
+    }
+
     pub async fn wait_healthy(&self, timeout: Duration) -> Result<(), EngineError> {
         let deadline = Instant::now() + timeout;
         let mut pause = Duration::from_millis(10);
@@ -510,8 +774,66 @@ impl HttpEngine {
         }
     }
 
-    /// `GET /metrics`, parsed.
+    /// Learn what the server is ([`ServerFacts`]): its `/version` (optional), and from the
+    /// models list that the model is served and its context length. A server that does not
+    /// list the model is `Misconfigured`.
+    pub async fn inspect(&self) -> Result<ServerFacts, EngineError> {
+        let mut facts = ServerFacts::default();
+        if let Ok(response) = self
+            .client
+            .get(self.url("/version"))
+            .timeout(HEALTH_PROBE_TIMEOUT)
+            .send()
+            .await
+            && response.status().is_success()
+            && let Ok(v) = response.json::<Value>().await
+        {
+            facts.version = v.get("version").and_then(Value::as_str).map(str::to_string);
+            facts.emulator = v.get("switchyard_emulate").is_some();
+        }
+        let what = format!("GET {}/models", self.api);
+        let response = self
+            .client
+            .get(format!("{}/models", self.api))
+            .send()
+            .await
+            .map_err(|e| transport_error(&what, &e))?;
+        if !response.status().is_success() {
+            return Err(response_error(&what, response).await);
+        }
+        let list: Value = response
+            .json()
+            .await
+            .map_err(|e| EngineError::BadResponse(format!("{what}: unparsable models list: {e}")))?;
+        let entries = list.get("data").and_then(Value::as_array).cloned().unwrap_or_default();
+        let served: Vec<&str> = entries.iter().filter_map(|m| m.get("id")?.as_str()).collect();
+        let Some(entry) = entries.iter().find(|m| m.get("id").and_then(Value::as_str) == Some(self.model.as_str())) else {
+            return Err(EngineError::Misconfigured(format!(
+                "model `{}` is not served at {} (it serves: {}); map it in the pool file's `engine.models`",
+                self.model,
+                self.api,
+                if served.is_empty() { "nothing".to_string() } else { served.join(", ") }
+            )));
+        };
+        facts.max_model_len = served_context(entry);
+        let no_metrics = self.facts().no_metrics;
+        self.update_facts(|f| {
+            *f = ServerFacts { no_metrics, ..facts.clone() };
+        });
+        tracing::info!(server = %self.base, version = ?facts.version, emulator = facts.emulator, max_model_len = ?facts.max_model_len, "server inspected");
+        Ok(facts)
+    }
+
+    /// `load` of a managed server once its process runs: wait for `/health`, then inspect.
+    pub async fn wait_ready(&self) -> Result<(), EngineError> {
+        self.wait_healthy(self.options.health_timeout).await?;
+        self.inspect().await.map(|_| ())
+    }
+
     pub async fn scrape(&self) -> Result<MetricsSnapshot, EngineError> {
+        if self.facts().no_metrics {
+            return Err(EngineError::Unsupported(format!("{} has no /metrics", self.base)));
+        }
         let what = format!("GET {}/metrics", self.base);
         let response = self
             .client
@@ -520,27 +842,36 @@ impl HttpEngine {
             .await
             .map_err(|e| transport_error(&what, &e))?;
         let status = response.status();
+        if status == StatusCode::NOT_FOUND || status == StatusCode::METHOD_NOT_ALLOWED {
+            self.update_facts(|f| f.no_metrics = true);
+            return Err(EngineError::Unsupported(format!("{what}: HTTP {status}: no metrics here")));
+        }
+        if !status.is_success() {
+            return Err(response_error(&what, response).await);
+        }
         let body = response
             .text()
             .await
             .map_err(|e| transport_error(&what, &e))?;
-        if !status.is_success() {
-            return Err(status_error(&what, status, &body));
-        }
         MetricsSnapshot::parse(&body).map_err(|e| EngineError::BadResponse(format!("{what}: {e}")))
     }
 
-    /// Scraped gauges and counters plus `/is_sleeping` (false where the endpoint is absent,
-    /// i.e. the server runs without dev mode).
     pub async fn scrape_telemetry(&self) -> Result<EngineTelemetry, EngineError> {
         let mut t = self.scrape().await?.telemetry();
-        t.sleeping = match self.is_sleeping().await {
-            Ok(s) => s,
-            Err(EngineError::Rejected(_)) => false,
-            Err(e) => return Err(e),
-        };
+        if !self.fixed {
+            t.sleeping = match self.is_sleeping().await {
+                Ok(s) => s,
+                Err(EngineError::Rejected(_)) => false,
+                Err(e) => return Err(e),
+            };
+        }
         Ok(t)
     }
+}
+
+fn unsupported(what: &str, base: &str) -> EngineFuture<'static, ()> {
+    let message = format!("{what}: {base} is a fixed endpoint (no lifecycle control from here)");
+    Box::pin(async move { Err(EngineError::Unsupported(message)) })
 }
 
 impl Engine for HttpEngine {
@@ -548,26 +879,30 @@ impl Engine for HttpEngine {
         self.kind
     }
 
-    /// A fixed server: wait until it is healthy.
     fn load(&self) -> EngineFuture<'_, ()> {
-        Box::pin(self.wait_healthy(self.options.health_timeout))
+        if self.fixed {
+            Box::pin(async { self.inspect().await.map(|_| ()) })
+        } else {
+            Box::pin(self.wait_ready())
+        }
     }
 
     fn sleep(&self, level: u8) -> EngineFuture<'_, ()> {
+        if self.fixed {
+            return unsupported("sleep", &self.base);
+        }
         Box::pin(self.sleep_level(level))
     }
 
     fn wake(&self) -> EngineFuture<'_, ()> {
+        if self.fixed {
+            return unsupported("wake", &self.base);
+        }
         Box::pin(self.wake_up())
     }
 
     fn unload(&self) -> EngineFuture<'_, ()> {
-        Box::pin(async {
-            Err(EngineError::Unsupported(format!(
-                "{} is a fixed server; it cannot be unloaded from here",
-                self.base
-            )))
-        })
+        unsupported("unload", &self.base)
     }
 
     fn submit(&self, request: LlmRequest) -> EngineFuture<'_, Completion> {
@@ -576,6 +911,18 @@ impl Engine for HttpEngine {
 
     fn telemetry(&self) -> EngineFuture<'_, EngineTelemetry> {
         Box::pin(self.scrape_telemetry())
+    }
+
+    fn probe(&self) -> EngineFuture<'_, ()> {
+        Box::pin(self.probe_health())
+    }
+
+    fn endpoint(&self) -> String {
+        self.api.clone()
+    }
+
+    fn fixed(&self) -> bool {
+        self.fixed
     }
 }
 
@@ -601,7 +948,7 @@ mod tests {
     fn full_bodies_of_both_apis() {
         let t = Duration::from_millis(20);
         let usage = json!({"prompt_tokens": 5, "completion_tokens": 2});
-        let c = parse_full(&json!({"choices": [{"text": "hi"}], "usage": usage}), t).unwrap();
+        let c = parse_full(&json!({"choices": [{"text": "hi"}], "usage": usage}), t, 9).unwrap();
         assert_eq!(
             (c.text.as_str(), c.prompt_tokens, c.output_tokens),
             ("hi", 5, 2)
@@ -610,15 +957,19 @@ mod tests {
         let c = parse_full(
             &json!({"choices": [{"message": {"role": "assistant", "content": "yo"}}], "usage": usage}),
             t,
+            9,
         )
         .unwrap();
         assert_eq!(c.text, "yo");
         assert!(matches!(
-            parse_full(&json!({"choices": []}), t),
+            parse_full(&json!({"choices": []}), t, 9),
             Err(EngineError::BadResponse(_))
         ));
+        // No usage (llama.cpp, some proxies): the request's prompt count, our count of the text.
+        let c = parse_full(&json!({"choices": [{"text": "hello world"}]}), t, 9).unwrap();
+        assert_eq!((c.prompt_tokens, c.output_tokens, c.cached_prompt_tokens), (9, 2, 0));
         assert!(matches!(
-            parse_full(&json!({"choices": [{"text": "x"}]}), t),
+            parse_full(&json!({"choices": [{"text": "x"}], "usage": {"prompt_tokens": "a"}}), t, 9),
             Err(EngineError::BadResponse(_))
         ));
     }
@@ -642,18 +993,19 @@ mod tests {
             Duration::from_millis(9),
         )
         .unwrap();
-        let c = f.finish(Duration::from_millis(10)).unwrap();
+        let c = f.finish(Duration::from_millis(10), 99);
         assert_eq!(c.text, "Hello");
         assert_eq!(c.ttft_s, 0.005);
         assert_eq!(c.latency_s, 0.010);
         assert_eq!(c.output_tokens, 2);
+        // A stream without usage (llama.cpp): counted by us.
         let mut f = StreamFold::default();
-        f.push(&json!({"choices": [{"text": "x"}]}), Duration::ZERO)
+        f.push(&json!({"choices": [{"text": "hello"}]}), Duration::ZERO)
             .unwrap();
-        assert!(matches!(
-            f.finish(Duration::ZERO),
-            Err(EngineError::BadResponse(_))
-        ));
+        f.push(&json!({"choices": [{"text": " world"}]}), Duration::ZERO)
+            .unwrap();
+        let c = f.finish(Duration::ZERO, 12);
+        assert_eq!((c.text.as_str(), c.prompt_tokens, c.output_tokens), ("hello world", 12, 2));
         let mut f = StreamFold::default();
         assert!(
             f.push(&json!({"error": {"message": "boom"}}), Duration::ZERO)
@@ -664,29 +1016,94 @@ mod tests {
 
     #[test]
     fn status_classes_map_to_error_kinds() {
+        let kind = |status, retry, body: &str| status_error("x", status, retry, body).kind();
+        assert_eq!(kind(StatusCode::NOT_FOUND, None, ""), "rejected");
+        assert_eq!(kind(StatusCode::BAD_REQUEST, None, "context"), "rejected");
+        assert_eq!(kind(StatusCode::UNAUTHORIZED, None, ""), "auth");
+        assert_eq!(kind(StatusCode::FORBIDDEN, None, ""), "auth");
+        assert_eq!(kind(StatusCode::BAD_GATEWAY, None, ""), "bad_response");
+        let secs = Some(Duration::from_secs(3));
+        assert_eq!(
+            status_error("x", StatusCode::TOO_MANY_REQUESTS, secs, ""),
+            EngineError::Overloaded { message: "x: HTTP 429 Too Many Requests: ".into(), retry_after: secs }
+        );
+        assert_eq!(kind(StatusCode::TOO_MANY_REQUESTS, None, ""), "overload");
+        // 503 is overload only when the server says when to come back.
+        assert_eq!(kind(StatusCode::SERVICE_UNAVAILABLE, secs, ""), "overload");
         assert!(matches!(
-            status_error("x", StatusCode::NOT_FOUND, ""),
-            EngineError::Rejected(_)
-        ));
-        assert!(matches!(
-            status_error("x", StatusCode::BAD_GATEWAY, ""),
-            EngineError::BadResponse(_)
-        ));
-        assert!(matches!(
-            status_error("x", StatusCode::TOO_MANY_REQUESTS, ""),
-            EngineError::BadResponse(_)
-        ));
-        assert!(matches!(
-            status_error("x", StatusCode::SERVICE_UNAVAILABLE, "asleep"),
+            status_error("x", StatusCode::SERVICE_UNAVAILABLE, None, "asleep"),
             EngineError::BadResponse(m) if m.contains("asleep")
         ));
         let long = "y".repeat(5000);
         let EngineError::BadResponse(m) =
-            status_error("x", StatusCode::INTERNAL_SERVER_ERROR, &long)
+            status_error("x", StatusCode::INTERNAL_SERVER_ERROR, None, &long)
         else {
             panic!("5xx must be BadResponse");
         };
         assert!(m.len() < 400);
+    }
+
+    #[test]
+    fn retry_after_is_read_in_seconds_and_capped() {
+        let mut h = HeaderMap::new();
+        assert_eq!(retry_after(&h), None);
+        h.insert(RETRY_AFTER, HeaderValue::from_static("2"));
+        assert_eq!(retry_after(&h), Some(Duration::from_secs(2)));
+        h.insert(RETRY_AFTER, HeaderValue::from_static("0.5"));
+        assert_eq!(retry_after(&h), Some(Duration::from_millis(500)));
+        h.insert(RETRY_AFTER, HeaderValue::from_static("86400"));
+        assert_eq!(retry_after(&h), Some(MAX_RETRY_AFTER));
+        h.insert(RETRY_AFTER, HeaderValue::from_static("Wed, 21 Oct 2015 07:28:00 GMT"));
+        assert_eq!(retry_after(&h), None);
+        h.insert(RETRY_AFTER, HeaderValue::from_static("-3"));
+        assert_eq!(retry_after(&h), None);
+    }
+
+    #[test]
+    fn versions_choose_the_sleep_call() {
+        let v = |s: &str| ServerFacts { version: Some(s.into()), ..ServerFacts::default() }.version_number();
+        assert_eq!(v("0.10.2"), Some((0, 10)));
+        assert_eq!(v("v0.17.1"), Some((0, 17)));
+        assert_eq!(v("0.11.0rc1"), Some((0, 11)));
+        assert_eq!(v("dev"), None);
+        let e = HttpEngine::new("vllm", "http://h:1", "m", HttpOptions::default()).unwrap();
+        assert!(!e.sleep_drains());
+        e.update_facts(|f| f.version = Some("0.17.0".into()));
+        assert!(e.sleep_drains());
+        e.update_facts(|f| f.version = Some("0.10.2".into()));
+        assert!(!e.sleep_drains());
+    }
+
+    #[test]
+    fn served_context_from_vllm_and_llama_cpp_model_cards() {
+        assert_eq!(served_context(&json!({"id": "m", "max_model_len": 40960})), Some(40960));
+        assert_eq!(served_context(&json!({"id": "m", "meta": {"n_ctx_train": 512}})), Some(512));
+        assert_eq!(served_context(&json!({"id": "m"})), None);
+    }
+
+    #[test]
+    fn prompts_over_the_served_context_are_refused_and_max_tokens_clamped() {
+        let e = HttpEngine::new("vllm", "http://h:1", "m", HttpOptions::default()).unwrap();
+        let mut req = LlmRequest {
+            id: 3,
+            model: "m".into(),
+            prompt: "p".into(),
+            prompt_tokens: 100,
+            max_tokens: 8192,
+            emulated_output: None,
+            enable_thinking: false,
+            stream: false,
+            deadline_s: None,
+        };
+        // Unknown context: sent as is.
+        e.fit(&mut req).unwrap();
+        assert_eq!(req.max_tokens, 8192);
+        e.update_facts(|f| f.max_model_len = Some(1000));
+        e.fit(&mut req).unwrap();
+        assert_eq!(req.max_tokens, 900);
+        req.prompt_tokens = 1000;
+        let err = e.fit(&mut req).unwrap_err();
+        assert!(matches!(&err, EngineError::Rejected(m) if m.contains("1000 tokens does not fit the served context of 1000")), "{err}");
     }
 
     #[test]
@@ -703,11 +1120,17 @@ mod tests {
             id: 1,
             model: "m".into(),
             prompt: "p".into(),
+            prompt_tokens: 10,
             max_tokens: 7,
             emulated_output: Some("out".into()),
             enable_thinking: false,
             stream: true,
+            deadline_s: None,
         };
+        // Not known to be `switchyard emulate`: the emulated output is never sent.
+        let b = e.request_body(&req);
+        assert!(b.get("switchyard").is_none(), "{b}");
+        e.update_facts(|f| f.emulator = true);
         let b = e.request_body(&req);
         assert_eq!(b["prompt"], tokens::chat_prompt("p"));
         assert_eq!(b["max_tokens"], 7);

@@ -7,8 +7,9 @@
 //! - [`vllm::VllmEngine`] — a managed child process (`vllm serve …`, or `switchyard emulate …`
 //!   for the `emulated` kind and in tests) from a command template, in its own process group;
 //!   health-wait, crash detection, restart, and a clean shutdown with no orphans.
-//! - [`openai::OpenAiEngine`] — a fixed OpenAI-compatible endpoint through `async-openai`, with
-//!   the client's silent retries removed; no lifecycle control.
+//! - [`openai::OpenAiEngine`] — a fixed OpenAI-compatible endpoint (the HTTP engine built as a
+//!   fixed endpoint: chat API by default, completions with `api: completions`); no lifecycle
+//!   control, no loads or GPU time counted for it.
 //! - [`metrics`] — a parser of the Prometheus text format that keeps `vllm:*` names.
 //!
 //! Engines do I/O and decide nothing; they must not depend on the planner, the simulator or
@@ -149,7 +150,7 @@ pub struct EngineSpec {
     /// Extra HTTP headers on every request.
     #[serde(default)]
     pub headers: BTreeMap<String, String>,
-    /// Completions (default for `vllm` / `emulated`) or chat (always for `openai`).
+    /// Completions (default for `vllm` / `emulated`) or chat (default for `openai`).
     #[serde(default)]
     pub api: Option<ApiFlavor>,
     /// Catalogue model name → what the server loads / is asked for (`{model}`; e.g.
@@ -166,9 +167,14 @@ pub struct EngineSpec {
     /// `torch.compile` and CUDA graphs take 35 s to several minutes, field anchors §0.2).
     #[serde(default)]
     pub health_timeout_s: Option<f64>,
-    /// Seconds one HTTP call may take (default 600).
+    /// Seconds one HTTP call may take at most (default 600); the planner gives each call a
+    /// shorter deadline from its predicted duration.
     #[serde(default)]
     pub request_timeout_s: Option<f64>,
+    /// Seconds a call may make no progress (no answer, no stream chunk) before the server is
+    /// probed; a server that does not answer the probe is taken as dead (default 30).
+    #[serde(default)]
+    pub stall_timeout_s: Option<f64>,
     /// Seconds between SIGTERM and SIGKILL at shutdown (default 30).
     #[serde(default)]
     pub shutdown_grace_s: Option<f64>,
@@ -178,6 +184,8 @@ pub struct EngineSpec {
 pub const DEFAULT_HEALTH_TIMEOUT_S: f64 = 900.0;
 /// Default `request_timeout_s`.
 pub const DEFAULT_REQUEST_TIMEOUT_S: f64 = 600.0;
+/// Default `stall_timeout_s`.
+pub const DEFAULT_STALL_TIMEOUT_S: f64 = 30.0;
 /// Default `shutdown_grace_s`.
 pub const DEFAULT_SHUTDOWN_GRACE_S: f64 = 30.0;
 
@@ -198,6 +206,7 @@ impl EngineSpec {
             host: None,
             health_timeout_s: None,
             request_timeout_s: None,
+            stall_timeout_s: None,
             shutdown_grace_s: None,
         }
     }
@@ -283,6 +292,11 @@ impl EngineSpec {
                 "health_timeout_s",
                 self.health_timeout_s,
                 DEFAULT_HEALTH_TIMEOUT_S,
+            )?,
+            stall_timeout: Self::seconds(
+                "stall_timeout_s",
+                self.stall_timeout_s,
+                DEFAULT_STALL_TIMEOUT_S,
             )?,
             api_key: self.api_key()?,
             headers: self.headers.clone(),

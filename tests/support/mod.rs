@@ -1,0 +1,3 @@
+//! Helpers shared by the root package's integration tests.
+
+pub mod fault_proxy;

@@ -6,10 +6,14 @@
 //!   engines talk through it. No hidden retries: retrying is the replica actor's decision.
 //! - [`vllm::VllmEngine`] — a managed child process (`vllm serve …`, or `switchyard emulate …`
 //!   for the `emulated` kind and in tests) from a command template, in its own process group;
-//!   health-wait, crash detection, restart, and a clean shutdown with no orphans.
+//!   health-wait, crash detection, restart, and a clean shutdown with no orphans; every child
+//!   is forked by one spawner thread with `PR_SET_PDEATHSIG(SIGKILL)` and recorded in the
+//!   [`registry`].
 //! - [`openai::OpenAiEngine`] — a fixed OpenAI-compatible endpoint through `async-openai`, with
 //!   the client's silent retries removed; no lifecycle control.
 //! - [`metrics`] — a parser of the Prometheus text format that keeps `vllm:*` names.
+//! - [`registry`] — pidfiles of the managed engine children (process group, start times,
+//!   owner), and the sweep that kills what a killed Switchyard left running.
 //!
 //! Engines do I/O and decide nothing; they must not depend on the planner, the simulator or
 //! the actors.

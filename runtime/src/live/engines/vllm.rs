@@ -386,10 +386,11 @@ async fn spawn_owned(mut command: Command) -> std::io::Result<Child> {
     let Some(spawner) = spawner() else {
         return Err(std::io::Error::other("cannot start the engine spawner thread"));
     };
+    let handle = tokio::runtime::Handle::try_current().map_err(std::io::Error::other)?;
     let (reply, answer) = tokio::sync::oneshot::channel();
     let job = SpawnJob {
         command,
-        handle: tokio::runtime::Handle::current(),
+        handle,
         reply,
     };
     spawner

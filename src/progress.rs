@@ -5,10 +5,13 @@
 //! [`LINE_EVERY`] of wall time (at most), and a final line. Progress never goes to stdout, so the
 //! JSON report stays byte-identical for the same seed.
 //!
-//! Ctrl-C (SIGINT) sets a flag the run polls between events (the simulator) or every 50 ms
-//! (the live runtime); the run then stops with a partial report. A second Ctrl-C exits at once
-//! with status 130. The handler is tokio's (already a dependency through the runtime), on a
-//! thread of its own.
+//! Ctrl-C (SIGINT) and SIGTERM set a flag the run polls between events (the simulator) or every
+//! 50 ms (the live runtime); the run then stops with a partial report (a live run unloads its
+//! engines first) and exits with status 130. A second signal of either kind exits at once
+//! (status 130 after SIGINT, 143 after SIGTERM), after a SIGKILL to the process groups of the
+//! engines this process recorded in the engine registry; the engine children also die with
+//! the process through `PR_SET_PDEATHSIG`. The handler is tokio's (already a dependency
+//! through the runtime), on a thread of its own.
 
 use std::io::{IsTerminal, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -21,8 +24,11 @@ use indicatif::{ProgressBar, ProgressStyle};
 /// Least wall time between two progress lines.
 pub const LINE_EVERY: Duration = Duration::from_secs(2);
 
-/// Exit status of a run stopped by Ctrl-C (128 + SIGINT, as shells report it).
+/// Exit status of a run stopped by Ctrl-C or SIGTERM (128 + SIGINT, as shells report it).
 pub const EXIT_INTERRUPTED: u8 = 130;
+
+/// Exit status of an immediate exit on a second signal that was SIGTERM (128 + SIGTERM).
+pub const EXIT_TERMINATED: u8 = 143;
 
 /// Where a run stands, as far as the shell tells.
 #[derive(Debug, Clone, Copy, Default)]
@@ -161,31 +167,52 @@ fn emit(line: &str) {
     let _ = err.flush();
 }
 
-/// Install the Ctrl-C handler: the first SIGINT sets the returned flag (and says so on stderr),
-/// a second one exits at once with [`EXIT_INTERRUPTED`].
+/// The next SIGINT or SIGTERM, as the exit status it stands for (`None`: the signal streams
+/// ended, the driver is gone).
+async fn next_signal(i: &mut tokio::signal::unix::Signal, t: &mut tokio::signal::unix::Signal) -> Option<u8> {
+    tokio::select! {
+        s = i.recv() => s.map(|()| EXIT_INTERRUPTED),
+        s = t.recv() => s.map(|()| EXIT_TERMINATED),
+    }
+}
+
+/// Install the Ctrl-C and SIGTERM handler: the first SIGINT or SIGTERM sets the returned flag
+/// (and says so on stderr), a second one exits at once with [`EXIT_INTERRUPTED`] (SIGINT) or
+/// [`EXIT_TERMINATED`] (SIGTERM), killing this process's engine groups first.
 pub fn on_ctrl_c() -> Result<Arc<AtomicBool>> {
+    use tokio::signal::unix::{SignalKind, signal};
     let flag = Arc::new(AtomicBool::new(false));
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("cannot start the signal handler's runtime")?;
-    // Registered here, before the run starts, so that no early SIGINT falls to the default
+    // Registered here, before the run starts, so that no early signal falls to the default
     // action.
-    let mut signals = runtime
-        .block_on(async { tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()) })
-        .context("cannot install the Ctrl-C handler")?;
+    let (mut interrupts, mut terms) = runtime.block_on(async {
+        let i = signal(SignalKind::interrupt()).context("cannot install the Ctrl-C handler")?;
+        let t = signal(SignalKind::terminate()).context("cannot install the SIGTERM handler")?;
+        anyhow::Ok((i, t))
+    })?;
     let set = Arc::clone(&flag);
     std::thread::Builder::new()
         .name("switchyard-sigint".into())
         .spawn(move || {
             runtime.block_on(async move {
-                if signals.recv().await.is_none() {
+                let Some(first) = next_signal(&mut interrupts, &mut terms).await else {
                     return;
-                }
+                };
                 set.store(true, Ordering::SeqCst);
-                emit("interrupted: stopping the run and writing a partial report (Ctrl-C again to quit at once)");
-                if signals.recv().await.is_some() {
-                    std::process::exit(i32::from(EXIT_INTERRUPTED));
+                if first == EXIT_INTERRUPTED {
+                    emit("interrupted: stopping the run and writing a partial report (Ctrl-C again to quit at once)");
+                } else {
+                    emit("terminated (SIGTERM): stopping the run and writing a partial report (a second signal quits at once)");
+                }
+                if let Some(status) = next_signal(&mut interrupts, &mut terms).await {
+                    // The engine children die with this process (PR_SET_PDEATHSIG); the processes
+                    // they forked are in their groups.
+                    let dir = switchyard_runtime::live::engines::registry::default_dir();
+                    switchyard_runtime::live::engines::registry::kill_own(&dir);
+                    std::process::exit(i32::from(status));
                 }
             });
         })

@@ -34,6 +34,8 @@ pub enum LivePoolError {
     Empty { path: PathBuf },
     #[error("{path}: devices[{index}].engine: required to run live (which engine serves this device?)")]
     MissingEngine { path: PathBuf, index: usize },
+    #[error("{path}: devices[{index}].engine.{field}: {message}")]
+    Engine { path: PathBuf, index: usize, field: &'static str, message: String },
     #[error("{path}: the pool file is {size} bytes, more than the limit of {limit} bytes (1 MiB); is this the right file?")]
     TooLarge { path: PathBuf, size: u64, limit: u64 },
 }

@@ -6,11 +6,15 @@
 //!   engines talk through it. No hidden retries: retrying is the replica actor's decision.
 //! - [`vllm::VllmEngine`] — a managed child process (`vllm serve …`, or `switchyard emulate …`
 //!   for the `emulated` kind and in tests) from a command template, in its own process group;
-//!   health-wait, crash detection, restart, and a clean shutdown with no orphans.
+//!   health-wait, crash detection, restart, and a clean shutdown with no orphans; every child
+//!   is forked by one spawner thread with `PR_SET_PDEATHSIG(SIGKILL)` and recorded in the
+//!   [`registry`].
 //! - [`openai::OpenAiEngine`] — a fixed OpenAI-compatible endpoint (the HTTP engine built as a
 //!   fixed endpoint: chat API by default, completions with `api: completions`); no lifecycle
 //!   control, no loads or GPU time counted for it.
 //! - [`metrics`] — a parser of the Prometheus text format that keeps `vllm:*` names.
+//! - [`registry`] — pidfiles of the managed engine children (process group, start times,
+//!   owner), and the sweep that kills what a killed Switchyard left running.
 //!
 //! Engines do I/O and decide nothing; they must not depend on the planner, the simulator or
 //! the actors.
@@ -33,10 +37,11 @@
 pub mod http;
 pub mod metrics;
 pub mod openai;
+pub mod registry;
 pub mod vllm;
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -51,10 +56,12 @@ pub use openai::OpenAiEngine;
 pub use vllm::{ManagedCommand, VllmEngine, process_group_members};
 
 /// vLLM's default command (field anchors §1.1: sleep mode needs `--enable-sleep-mode` and
-/// `VLLM_SERVER_DEV_MODE=1`; `docs/features/sleep_mode.md`).
+/// `VLLM_SERVER_DEV_MODE=1`; `docs/features/sleep_mode.md`; `--enable-prompt-tokens-details`
+/// makes the usage report `prompt_tokens_details.cached_tokens`, the prefix-cache hits).
 pub const DEFAULT_VLLM_COMMAND: &str = "vllm serve {model} --served-model-name {served} \
      --host {host} --port {port} --gpu-memory-utilization {util} --max-model-len {max_len} \
-     --max-num-seqs {max_num_seqs} --dtype {dtype} --enable-sleep-mode";
+     --max-num-seqs {max_num_seqs} --dtype {dtype} --enable-sleep-mode \
+     --enable-prompt-tokens-details";
 
 /// The `emulated` kind's default command: `switchyard emulate` on the same flags. A program
 /// named `switchyard` resolves to [`LaunchParams::switchyard_exe`] when that is set.
@@ -137,6 +144,13 @@ pub struct EngineSpec {
     /// sets `CUDA_VISIBLE_DEVICES={gpu}` and `VLLM_SERVER_DEV_MODE=1` unless given here.
     #[serde(default)]
     pub env: BTreeMap<String, String>,
+    /// Physical GPU ordinals on this host of the group's devices, in order (`{gpu}`, and the
+    /// `vllm` kind's `CUDA_VISIBLE_DEVICES`): as many as the group's `count`, distinct, not
+    /// negative, and inside an inherited `CUDA_VISIBLE_DEVICES` mask. Default: the device's
+    /// index in its group (0, 1, …), through the inherited mask when one is set. Needed when
+    /// two groups of managed `vllm` engines share this host.
+    #[serde(default)]
+    pub gpus: Option<Vec<i64>>,
     /// Fixed endpoint (`openai`: required, e.g. `http://host:8000/v1`; `emulated`: optional, a
     /// running `switchyard emulate` at `http://host:port`).
     #[serde(default)]
@@ -154,7 +168,9 @@ pub struct EngineSpec {
     #[serde(default)]
     pub api: Option<ApiFlavor>,
     /// Catalogue model name → what the server loads / is asked for (`{model}`; e.g.
-    /// `Qwen3-8B: Qwen/Qwen3-8B`). Unlisted models map to themselves.
+    /// `Qwen3-8B: Qwen/Qwen3-8B`). Unlisted models: for a `vllm` engine, a `Qwen3-*` name maps
+    /// to its Hugging Face id `Qwen/Qwen3-*`; otherwise (the `emulated` kind, a `vllm` kind
+    /// whose command runs `switchyard`, other names) a name maps to itself.
     #[serde(default)]
     pub models: BTreeMap<String, String>,
     /// `emulated`: virtual seconds per wall second for `{speed}` (default 1).
@@ -196,6 +212,7 @@ impl EngineSpec {
             kind,
             command: None,
             env: BTreeMap::new(),
+            gpus: None,
             base_url: None,
             api_key: None,
             api_key_env: None,
@@ -211,12 +228,46 @@ impl EngineSpec {
         }
     }
 
-    /// What `{model}` expands to for a catalogue model.
+    /// What `{model}` expands to for a catalogue model: the `models:` entry; else, for a
+    /// `vllm` engine that really is vLLM, the Hugging Face id of a Qwen3 model
+    /// (`Qwen3-8B` → `Qwen/Qwen3-8B`); else the catalogue name.
     pub fn model_id(&self, catalogue_model: &str) -> String {
-        self.models
-            .get(catalogue_model)
-            .cloned()
-            .unwrap_or_else(|| catalogue_model.to_string())
+        if let Some(m) = self.models.get(catalogue_model) {
+            return m.clone();
+        }
+        if self.kind == EngineKind::Vllm
+            && !self.runs_emulator()
+            && catalogue_model.starts_with("Qwen3-")
+        {
+            return format!("Qwen/{catalogue_model}");
+        }
+        catalogue_model.to_string()
+    }
+
+    /// Whether the managed child is Switchyard's own emulator: the `emulated` kind, or a
+    /// command whose program is `switchyard` (the emulator standing in for vLLM). It takes
+    /// catalogue model names and uses no GPU.
+    pub fn runs_emulator(&self) -> bool {
+        self.kind == EngineKind::Emulated
+            || self.template().words().first().is_some_and(|p| {
+                Path::new(p).file_name().is_some_and(|n| n == "switchyard")
+            })
+    }
+
+    /// Whether this engine's child is placed on a GPU by its ordinal: a managed `vllm` engine
+    /// that is not the emulator and gets the default `CUDA_VISIBLE_DEVICES={gpu}`, or any
+    /// managed engine whose command or environment uses `{gpu}`.
+    pub fn places_on_gpu(&self) -> bool {
+        if self.kind == EngineKind::Openai
+            || (self.kind == EngineKind::Emulated && self.base_url.is_some())
+        {
+            return false;
+        }
+        let uses = self.template().words().iter().any(|w| w.contains("{gpu}"))
+            || self.env.values().any(|v| v.contains("{gpu}"));
+        uses || (self.kind == EngineKind::Vllm
+            && !self.runs_emulator()
+            && !self.env.contains_key("CUDA_VISIBLE_DEVICES"))
     }
 
     /// The model name requests must carry: the catalogue name where the command passes
@@ -312,7 +363,9 @@ pub struct LaunchParams {
     pub model: String,
     /// Device catalogue name (`A100-40GB`), for `{device}`.
     pub device_kind: String,
-    /// GPU index for `CUDA_VISIBLE_DEVICES` (`{gpu}`).
+    /// The device's physical GPU ordinal on this host (`{gpu}`; the `vllm` kind's
+    /// `CUDA_VISIBLE_DEVICES`), resolved by the live factory from the group's `gpus:`, the
+    /// device's index in its group and the inherited `CUDA_VISIBLE_DEVICES` mask.
     pub gpu: u32,
     pub dtype: Dtype,
     pub max_model_len: u32,
@@ -533,6 +586,51 @@ mod tests {
             })
             .collect();
         assert_eq!(kinds, ["emulated", "vllm"]);
+    }
+
+    #[test]
+    fn vllm_loads_qwen3_by_its_hugging_face_id_unless_the_pool_says_otherwise() {
+        let mut s = EngineSpec::new(EngineKind::Vllm);
+        assert_eq!(s.model_id("Qwen3-8B"), "Qwen/Qwen3-8B");
+        assert_eq!(s.model_id("Qwen3-0.6B"), "Qwen/Qwen3-0.6B");
+        assert_eq!(s.model_id("Llama-3-8B"), "Llama-3-8B");
+        let argv = ManagedCommand::from_spec(&s, &launch()).unwrap().argv(1);
+        assert_eq!(argv[..3], ["vllm", "serve", "Qwen/Qwen3-8B"]);
+        // The server is still asked for the catalogue name it serves under.
+        assert_eq!(s.served_model("Qwen3-8B"), "Qwen3-8B");
+        s.models.insert("Qwen3-8B".into(), "/models/qwen3-8b-awq".into());
+        assert_eq!(s.model_id("Qwen3-8B"), "/models/qwen3-8b-awq");
+        // The emulator takes catalogue names, as the `emulated` kind or a `switchyard` command.
+        assert_eq!(EngineSpec::new(EngineKind::Emulated).model_id("Qwen3-8B"), "Qwen3-8B");
+        let mut e = EngineSpec::new(EngineKind::Vllm);
+        e.command = Some(CommandTemplate::Line("/opt/bin/switchyard emulate --model {model} --port {port}".into()));
+        assert_eq!(e.model_id("Qwen3-8B"), "Qwen3-8B");
+        assert_eq!(e.served_model("Qwen3-8B"), "Qwen3-8B");
+    }
+
+    #[test]
+    fn the_default_vllm_command_reports_cached_prompt_tokens() {
+        let argv = ManagedCommand::from_spec(&EngineSpec::new(EngineKind::Vllm), &launch())
+            .unwrap()
+            .argv(8000);
+        assert!(argv.iter().any(|a| a == "--enable-prompt-tokens-details"), "{argv:?}");
+        assert!(argv.iter().any(|a| a == "--enable-sleep-mode"), "{argv:?}");
+    }
+
+    #[test]
+    fn gpus_parse_and_decide_placement() {
+        let s: EngineSpec = serde_saphyr::from_str("{ kind: vllm, gpus: [4, 5] }").unwrap();
+        assert_eq!(s.gpus, Some(vec![4, 5]));
+        assert!(s.places_on_gpu());
+        let c = ManagedCommand::from_spec(&s, &launch()).unwrap();
+        assert_eq!(c.env(1)["CUDA_VISIBLE_DEVICES"], "3", "{{gpu}} is the launch's ordinal");
+        let mut e = EngineSpec::new(EngineKind::Vllm);
+        e.env.insert("CUDA_VISIBLE_DEVICES".into(), "1,2".into());
+        assert!(!e.places_on_gpu());
+        e.env.insert("CUDA_VISIBLE_DEVICES".into(), "{gpu}".into());
+        assert!(e.places_on_gpu());
+        assert!(!EngineSpec::new(EngineKind::Emulated).places_on_gpu());
+        assert!(!EngineSpec::new(EngineKind::Openai).places_on_gpu());
     }
 
     #[test]

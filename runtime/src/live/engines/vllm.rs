@@ -6,26 +6,36 @@
 //! in the short window before the child binds it, and the start then fails with a clear
 //! error), spawns the command in its own process group (`process_group(0)`) with its
 //! environment (`CUDA_VISIBLE_DEVICES={gpu}`, `VLLM_SERVER_DEV_MODE=1` for vLLM's sleep
-//! endpoints, field anchors §1.1), and polls `/health` until 200, failing early with the
-//! child's last output if it exits. `unload` sends SIGTERM to the whole group, SIGKILL after
+//! endpoints, field anchors §1.1; the registry's tag), records it in the engine registry
+//! ([`super::registry`]), and polls `/health` until 200, failing early with the child's last
+//! output if it exits.
+//!
+//! One process-tree owner: every child is forked by one long-lived spawner thread and gets
+//! `PR_SET_PDEATHSIG(SIGKILL)` before it execs (the signal follows the death of the forking
+//! *thread*, so a tokio worker or blocking-pool thread, which may end before the process,
+//! must not fork it); the child checks `getppid()` afterwards and gives up if the owner
+//! already died. A `kill -9` of Switchyard thus takes its engine children with it; what they
+//! forked themselves is the registry sweep's to find. `unload` sends SIGTERM to the whole group, SIGKILL after
 //! the grace period, reaps the child and checks in `/proc` that no process of the group is
 //! left (workers a vLLM server forks included). A child that exited on its own is detected at
 //! the next call (`Unreachable`, with its exit status); its group is killed then. `restart`
-//! is `unload` + `load`. `sleep`/`wake`/`submit`/`telemetry` go over HTTP.
+//! is `unload` + `load`. `sleep`/`wake`/`submit`/`telemetry` go over HTTP. A clean unload
+//! removes the child's registry entry.
 //!
-//! Unix only (process groups, signals, `/proc`). Depends on the HTTP engine and libc; it must
-//! not depend on the planner or the actors.
+//! Linux only (process groups, signals, `prctl`, `/proc`). Depends on the HTTP engine, the
+//! registry and libc; it must not depend on the planner or the actors.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::path::PathBuf;
 use std::process::Stdio;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock, mpsc};
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::process::{Child, Command};
 
 use super::http::{HttpEngine, HttpOptions};
+use super::registry;
 use super::{CommandTemplate, EngineKind, EngineSpec, EngineSpecError, LaunchParams, PLACEHOLDERS};
 use crate::live::engine::{
     Completion, Engine, EngineError, EngineFuture, EngineTelemetry, LlmRequest,
@@ -284,6 +294,113 @@ pub fn process_group_members(pgid: i32) -> Vec<u32> {
     out
 }
 
+/// A command for the spawner thread, and where its child goes.
+struct SpawnJob {
+    command: Command,
+    /// The runtime the child's reaping and pipes belong to.
+    handle: tokio::runtime::Handle,
+    reply: tokio::sync::oneshot::Sender<std::io::Result<Child>>,
+}
+
+/// The one thread that forks every engine child. It lives as long as the process, so the
+/// children's `PR_SET_PDEATHSIG` fires only when the process dies (`None`: the thread could
+/// not be started).
+fn spawner() -> Option<&'static mpsc::Sender<SpawnJob>> {
+    static SPAWNER: OnceLock<Option<mpsc::Sender<SpawnJob>>> = OnceLock::new();
+    SPAWNER
+        .get_or_init(|| {
+            let (tx, rx) = mpsc::channel::<SpawnJob>();
+            std::thread::Builder::new()
+                .name("switchyard-engine-spawner".into())
+                .spawn(move || {
+                    while let Ok(job) = rx.recv() {
+                        let SpawnJob {
+                            mut command,
+                            handle,
+                            reply,
+                        } = job;
+                        let spawned = {
+                            let _runtime = handle.enter();
+                            command.spawn()
+                        };
+                        // The requester may have gone (cancelled start): the child is then
+                        // dropped here and killed (`kill_on_drop`).
+                        drop(reply.send(spawned));
+                    }
+                })
+                .ok()
+                .map(|_| tx)
+        })
+        .as_ref()
+}
+
+/// Makes `command`'s child die with this process: `PR_SET_PDEATHSIG(SIGKILL)` in the child
+/// before exec, then a check that the parent is still the one that forked it (if it died in
+/// between, the signal was never going to come: fail the exec instead).
+fn die_with_parent(command: &mut Command) {
+    let parent = std::process::id();
+    // SAFETY: the hook runs in the forked child before exec; it only calls the
+    // async-signal-safe prctl(2) and getppid(2) and builds errors without allocating.
+    unsafe {
+        command.pre_exec(move || {
+            set_parent_death_signal()?;
+            if u32::try_from(libc::getppid()).ok() != Some(parent) {
+                return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            Ok(())
+        });
+    }
+}
+
+/// `prctl(PR_SET_PDEATHSIG, SIGKILL)` for the calling process (async-signal-safe).
+#[cfg(target_os = "linux")]
+fn set_parent_death_signal() -> std::io::Result<()> {
+    let zero: libc::c_ulong = 0;
+    // SAFETY: prctl(2) with PR_SET_PDEATHSIG reads its second argument only; every argument is
+    // passed as the unsigned long the kernel reads.
+    let rc = unsafe {
+        libc::prctl(
+            libc::PR_SET_PDEATHSIG,
+            libc::SIGKILL as libc::c_ulong,
+            zero,
+            zero,
+            zero,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// No parent-death signal outside Linux (the registry sweep remains).
+#[cfg(not(target_os = "linux"))]
+fn set_parent_death_signal() -> std::io::Result<()> {
+    Ok(())
+}
+
+/// Spawns `command` on the spawner thread, for the current tokio runtime.
+async fn spawn_owned(mut command: Command) -> std::io::Result<Child> {
+    die_with_parent(&mut command);
+    let Some(spawner) = spawner() else {
+        return Err(std::io::Error::other("cannot start the engine spawner thread"));
+    };
+    let handle = tokio::runtime::Handle::try_current().map_err(std::io::Error::other)?;
+    let (reply, answer) = tokio::sync::oneshot::channel();
+    let job = SpawnJob {
+        command,
+        handle,
+        reply,
+    };
+    spawner
+        .send(job)
+        .map_err(|_| std::io::Error::other("the engine spawner thread is gone"))?;
+    answer
+        .await
+        .map_err(|_| std::io::Error::other("the engine spawner thread dropped the request"))?
+}
+
 fn free_port(host: &str) -> Result<u16, EngineError> {
     let bind_host = match host {
         "localhost" => "127.0.0.1",
@@ -301,6 +418,8 @@ fn free_port(host: &str) -> Result<u16, EngineError> {
 struct Running {
     child: Child,
     pgid: i32,
+    /// The child's start time when it is recorded in the registry.
+    recorded: Option<u64>,
     http: Arc<HttpEngine>,
     log: Arc<Mutex<LogTail>>,
     command_line: String,
@@ -328,6 +447,8 @@ pub struct VllmEngine {
     running: Mutex<Option<Running>>,
     /// Why the last child went away on its own (reported until the next load).
     crashed: Mutex<Option<String>>,
+    /// The engine registry directory (`None`: children are not recorded).
+    registry: Option<PathBuf>,
 }
 
 impl VllmEngine {
@@ -348,6 +469,37 @@ impl VllmEngine {
             lifecycle: tokio::sync::Mutex::new(()),
             running: Mutex::new(None),
             crashed: Mutex::new(None),
+            registry: Some(registry::default_dir()),
+        }
+    }
+
+    /// Records children in `dir` instead of [`registry::default_dir`] (`None`: nowhere).
+    pub fn with_registry(mut self, dir: Option<PathBuf>) -> Self {
+        self.registry = dir;
+        self
+    }
+
+    /// Removes the registry entry of a child that is gone (or was just killed).
+    fn forget(&self, r: &Running) {
+        if let (Some(dir), Some(start)) = (&self.registry, r.recorded)
+            && let Err(e) = registry::remove(dir, r.pgid, start)
+        {
+            tracing::warn!(kind = self.kind, pid = r.pgid, error = %e, "cannot remove the engine registry entry");
+        }
+    }
+
+    /// Records a child just started; its start time when recorded. A registry that cannot be
+    /// written costs the safety net of the sweep only, so it is a warning, not a failed start.
+    fn remember(&self, pgid: i32, tag: Option<String>, command_line: &str) -> Option<u64> {
+        let (dir, tag) = (self.registry.as_ref()?, tag?);
+        let recorded = registry::Entry::for_child(pgid, tag, command_line.to_string())
+            .and_then(|e| e.map(|e| registry::record(dir, &e).map(|_| e.child_start)).transpose());
+        match recorded {
+            Ok(start) => start,
+            Err(e) => {
+                tracing::warn!(kind = self.kind, pid = pgid, error = %e, "cannot record the engine process in the registry");
+                None
+            }
         }
     }
 
@@ -399,6 +551,7 @@ impl VllmEngine {
                     r.tail()
                 );
                 signal_group(r.pgid, libc::SIGKILL);
+                self.forget(r);
                 *guard = None;
                 if let Ok(mut c) = self.crashed.lock() {
                     *c = Some(why.clone());
@@ -445,6 +598,19 @@ impl VllmEngine {
         let Some((program, args)) = argv.split_first() else {
             return Err(EngineError::Lifecycle("empty command".into()));
         };
+        let http = Arc::new(HttpEngine::new(
+            self.kind,
+            &self.command.base_url(port),
+            &self.model,
+            self.options.clone(),
+        )?);
+        let tag = match registry::new_tag() {
+            Ok(t) => Some(t),
+            Err(e) => {
+                tracing::warn!(kind = self.kind, error = %e, "engine processes are not recorded");
+                None
+            }
+        };
         let mut cmd = Command::new(program);
         cmd.args(args)
             .envs(self.command.env(port))
@@ -453,14 +619,18 @@ impl VllmEngine {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true);
-        let mut child = cmd
-            .spawn()
+        if let Some(t) = &tag {
+            cmd.env(registry::TAG_ENV, t);
+        }
+        let mut child = spawn_owned(cmd)
+            .await
             .map_err(|e| EngineError::Lifecycle(format!("cannot start `{command_line}`: {e}")))?;
         let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok()) else {
             return Err(EngineError::Lifecycle(format!(
                 "`{command_line}` exited at once"
             )));
         };
+        let recorded = self.remember(pid, tag, &command_line);
         let log = Arc::new(Mutex::new(LogTail::default()));
         if let Some(out) = child.stdout.take() {
             drain(out, Arc::clone(&log));
@@ -468,21 +638,10 @@ impl VllmEngine {
         if let Some(err) = child.stderr.take() {
             drain(err, Arc::clone(&log));
         }
-        let http = match HttpEngine::new(
-            self.kind,
-            &self.command.base_url(port),
-            &self.model,
-            self.options.clone(),
-        ) {
-            Ok(h) => Arc::new(h),
-            Err(e) => {
-                signal_group(pid, libc::SIGKILL);
-                return Err(e);
-            }
-        };
         *self.running() = Some(Running {
             child,
             pgid: pid,
+            recorded,
             http: Arc::clone(&http),
             log,
             command_line: command_line.clone(),
@@ -541,6 +700,7 @@ impl VllmEngine {
         loop {
             let left = process_group_members(pgid);
             if left.is_empty() {
+                self.forget(&r);
                 tracing::info!(kind = self.kind, pid = pgid, "replica process stopped");
                 return Ok(());
             }
@@ -566,6 +726,7 @@ impl Drop for VllmEngine {
         // killed child in the background: `kill_on_drop`).
         if let Some(r) = self.running().as_ref() {
             signal_group(r.pgid, libc::SIGKILL);
+            self.forget(r);
         }
     }
 }

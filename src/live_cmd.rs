@@ -62,6 +62,13 @@ pub fn run_live_interruptible(
         None => std::env::current_exe().context("cannot locate the switchyard binary")?,
     };
     let engines = PoolEngines::new(&pool, run.noise_seed, Some(exe)).map_err(|e| anyhow!("{e}"))?;
+    // Engines a killed earlier run left behind (the registry's sweep, done by `PoolEngines::new`).
+    for n in engines.sweep_notes() {
+        match &options.on_note {
+            Some(sink) => sink(&n),
+            None => eprintln!("note: {n}"),
+        }
+    }
     let speed = engines.speed().map_err(|e| anyhow!("{}: {e}", pool_path.display()))?;
     run.pool = pool.pool;
     let mut cfg = LiveConfig::new(run);

@@ -31,7 +31,7 @@ fn repo() -> PathBuf {
 /// A live pool of one A100-40GB and two V100-32GB, each replica an emulator at `speed`.
 fn pool_file(dir: &Path, speed: f64) -> PathBuf {
     let engine = format!(
-        "{{ kind: vllm, speed: {speed}, health_timeout_s: 30, shutdown_grace_s: 2, command: \"switchyard emulate \
+        "{{ kind: vllm, speed: {speed}, health_timeout_s: 30, shutdown_grace_s: 2, stall_timeout_s: 1, command: \"switchyard emulate \
          --device {{device}} --model {{model}} --port {{port}} --speed {{speed}} --host {{host}} --dtype {{dtype}} \
          --max-model-len {{max_len}} --gpu-memory-utilization {{util}} --max-num-seqs {{max_num_seqs}} \
          --noise-seed {{noise_seed}} --enable-sleep-mode\" }}"
@@ -69,7 +69,11 @@ fn configs(pool: &Path, sessions: usize, seed: u64) -> (RunConfig, LiveConfig, P
     let engines = PoolEngines::new(&live_pool, 0, Some(PathBuf::from(EXE))).unwrap();
     let mut cfg = LiveConfig::new(run.clone());
     cfg.speed = engines.speed().unwrap();
-    cfg.retry = RetryPolicy { backoff: Duration::from_millis(20), ..RetryPolicy::default() };
+    cfg.retry = RetryPolicy {
+        backoff: Duration::from_millis(20),
+        restart_backoff: Duration::from_millis(50),
+        ..RetryPolicy::default()
+    };
     cfg.telemetry_every = Some(Duration::from_millis(200));
     cfg.deadline = Some(Duration::from_secs(240));
     (run, cfg, engines)
@@ -173,6 +177,47 @@ fn an_emulator_killed_mid_run_costs_no_session() {
     killer.join().unwrap();
     assert_ne!(killed.load(Ordering::SeqCst), 0, "emulator processes were killed mid-run");
     assert!(live.faults.restarts >= 1, "a replica serving requests was restarted: {:?}", live.faults);
+    assert_equal_to_simulation(&live, &run);
+    assert_no_children_left();
+}
+
+#[test]
+fn an_emulator_stopped_mid_run_costs_seconds() {
+    // `kill -STOP`: the process lives, its sockets accept, nothing answers. The stall probe
+    // (`stall_timeout_s: 1`) finds the server dead, the replica is restarted in place (the
+    // stopped group gets SIGTERM and SIGCONT), and the calls run again: seconds, not the
+    // 600 s request timeout.
+    let dir = tempfile::tempdir().unwrap();
+    let (run, cfg, engines) = configs(&pool_file(dir.path(), 100.0), 2, 8);
+    let done = Arc::new(AtomicBool::new(false));
+    let stopped = Arc::new(AtomicU32::new(0));
+    let stopper = {
+        let (done, stopped) = (Arc::clone(&done), Arc::clone(&stopped));
+        std::thread::spawn(move || {
+            let start = Instant::now();
+            while !done.load(Ordering::SeqCst) && start.elapsed() < Duration::from_secs(60) {
+                std::thread::sleep(Duration::from_millis(20));
+                if start.elapsed() < Duration::from_millis(1500) {
+                    continue;
+                }
+                for pid in emulator_children() {
+                    let status = std::process::Command::new("kill").arg("-STOP").arg(pid.to_string()).status();
+                    if status.is_ok_and(|s| s.success()) {
+                        stopped.fetch_add(1, Ordering::SeqCst);
+                    }
+                }
+                return;
+            }
+        })
+    };
+    let started = Instant::now();
+    let live = live::run_blocking(&cfg, Arc::new(engines), None).expect("live run");
+    let took = started.elapsed();
+    done.store(true, Ordering::SeqCst);
+    stopper.join().unwrap();
+    assert_ne!(stopped.load(Ordering::SeqCst), 0, "emulator processes were stopped mid-run");
+    assert!(live.faults.restarts >= 1, "a stopped replica was restarted: {:?}", live.faults);
+    assert!(took < Duration::from_secs(90), "a stopped engine cost {took:?}");
     assert_equal_to_simulation(&live, &run);
     assert_no_children_left();
 }

@@ -658,6 +658,12 @@ impl VllmEngine {
                 return Err(EngineError::Lifecycle(format!("during start-up: {e}")));
             }
             if let Ok(true) = http.health().await {
+                // What the server is: its version (sleep calls), whether it is the emulator
+                // (emulated outputs), that it serves the model, and its context length.
+                if let Err(e) = http.inspect().await {
+                    let _ = self.stop_locked().await;
+                    return Err(e);
+                }
                 return Ok(());
             }
             if Instant::now() >= deadline {
@@ -687,6 +693,8 @@ impl VllmEngine {
         };
         let pgid = r.pgid;
         signal_group(pgid, libc::SIGTERM);
+        // A stopped process (SIGSTOP, a debugger) cannot act on SIGTERM until it runs again.
+        signal_group(pgid, libc::SIGCONT);
         if tokio::time::timeout(self.grace, r.child.wait())
             .await
             .is_err()
@@ -734,6 +742,21 @@ impl Drop for VllmEngine {
 impl Engine for VllmEngine {
     fn kind(&self) -> &'static str {
         self.kind
+    }
+
+    /// Alive: the process runs and its server answers (`/health`, else its models list).
+    fn probe(&self) -> EngineFuture<'_, ()> {
+        Box::pin(async move {
+            let http = self.live_http()?;
+            http.probe_health().await
+        })
+    }
+
+    fn endpoint(&self) -> String {
+        match self.live_http() {
+            Ok(http) => http.base_url().to_string(),
+            Err(_) => format!("a managed `{}` engine", self.kind),
+        }
     }
 
     fn load(&self) -> EngineFuture<'_, ()> {

@@ -10,19 +10,16 @@
 
 mod support;
 
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
 
 use support::fault_proxy::{Fault, FaultProxy};
+use support::live_cli::{self, report, run, stderr};
 
 const BIN: &str = env!("CARGO_BIN_EXE_switchyard");
 const MODEL: &str = "Qwen3-0.6B";
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).to_path_buf()
-}
 
 /// A `switchyard emulate` child serving `MODEL` at 1000× (calls take milliseconds).
 struct Upstream {
@@ -56,74 +53,9 @@ fn upstream(max_model_len: u32) -> Upstream {
     Upstream { child, url: format!("http://{addr}") }
 }
 
-/// A live pool of two devices, each a fixed endpoint at `base` (the API root, `…/v1`), every
-/// Qwen3 size mapped to the one served model; short timeouts so faults show in seconds.
+/// A live pool of two fixed endpoints at `base`, every Qwen3 size mapped to `MODEL`.
 fn pool(dir: &Path, base: &str, extra: &str) -> PathBuf {
-    let models = ["Qwen3-0.6B", "Qwen3-1.7B", "Qwen3-4B", "Qwen3-8B", "Qwen3-14B"]
-        .iter()
-        .map(|m| format!("{m}: {MODEL}"))
-        .collect::<Vec<_>>()
-        .join(", ");
-    let text = format!(
-        "name: faults\ndevices:\n  - kind: A100-80GB\n    count: 2\n    engine: {{ kind: openai, base_url: \"{base}\", \
-         request_timeout_s: 3, stall_timeout_s: 1, models: {{ {models} }}{extra} }}\n"
-    );
-    let path = dir.join("pool.yaml");
-    std::fs::write(&path, text).expect("pool file");
-    path
-}
-
-/// `switchyard run --live` of 2 sessions of a two-call chain (`tests/fixtures/tiny_chain.yaml`)
-/// on `pool`; killed if it outlives `limit`.
-fn run(pool: &Path, extra: &[&str], limit: Duration) -> (Output, Duration) {
-    let started = Instant::now();
-    let mut child = Command::new(BIN)
-        .arg("run")
-        .arg(repo().join("tests/fixtures/tiny_chain.yaml"))
-        .args(["--live", "--sessions", "2", "--deadline", "60", "--json", "--pool"])
-        .arg(pool)
-        .args(extra)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn switchyard run --live");
-    let mut stdout = child.stdout.take().expect("stdout");
-    let mut stderr = child.stderr.take().expect("stderr");
-    let out_reader = std::thread::spawn(move || {
-        let mut s = Vec::new();
-        let _ = stdout.read_to_end(&mut s);
-        s
-    });
-    let err_reader = std::thread::spawn(move || {
-        let mut s = Vec::new();
-        let _ = stderr.read_to_end(&mut s);
-        s
-    });
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("wait") {
-            break status;
-        }
-        if started.elapsed() > limit {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("the run did not end within {limit:?}: {}", String::from_utf8_lossy(&err_reader.join().unwrap_or_default()));
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let output = Output {
-        status,
-        stdout: out_reader.join().unwrap_or_default(),
-        stderr: err_reader.join().unwrap_or_default(),
-    };
-    (output, started.elapsed())
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-fn report(o: &Output) -> serde_json::Value {
-    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("no JSON report ({e}): {}", stderr(o)))
+    live_cli::pool(dir, base, MODEL, extra)
 }
 
 #[test]

@@ -335,6 +335,12 @@ pub(crate) fn parse_full(
     })
 }
 
+/// The `X-Request-Id` of call `id`, shaped as a UUID: vLLM takes any id, but
+/// llama-cpp-python's server (starlette-context) answers 400 to one that is not a UUID.
+fn request_uuid(id: u64) -> String {
+    format!("5a1c7ca0-0000-4000-8000-{:012x}", id & 0xffff_ffff_ffff)
+}
+
 /// The served context length in a `/v1/models` entry: vLLM's `max_model_len`, or llama.cpp's
 /// `meta.n_ctx_train`.
 fn served_context(entry: &Value) -> Option<u32> {
@@ -585,7 +591,7 @@ impl HttpEngine {
         let send = async {
             self.client
                 .post(format!("{}{}", self.api, path))
-                .header("X-Request-Id", format!("switchyard-{}", request.id))
+                .header("X-Request-Id", request_uuid(request.id))
                 // The deadline is enforced by `watched`; this is only a backstop.
                 .timeout(deadline + Duration::from_secs(1))
                 .json(&self.request_body(&request))
@@ -1072,6 +1078,15 @@ mod tests {
         assert!(e.sleep_drains());
         e.update_facts(|f| f.version = Some("0.10.2".into()));
         assert!(!e.sleep_drains());
+    }
+
+    #[test]
+    fn request_ids_are_uuids() {
+        let id = request_uuid(42);
+        assert_eq!(id, "5a1c7ca0-0000-4000-8000-00000000002a");
+        let groups: Vec<usize> = id.split('-').map(str::len).collect();
+        assert_eq!(groups, [8, 4, 4, 4, 12]);
+        assert!(id.chars().all(|c| c == '-' || c.is_ascii_hexdigit()));
     }
 
     #[test]

@@ -526,6 +526,12 @@ fn print_tables(r: &RunReport, wall: f64) {
         "GPU time of the pool over the makespan: {:.1} GPU-s (generation {:.1}, idle resident {:.1}, loading {:.1}, other {:.1}); the gen/idle/load/other columns are per completed session",
         g.total(), g.generation, g.idle_resident, g.loading, g.other
     );
+    if r.fixed_endpoint_gpus > 0 {
+        println!(
+            "{} device(s) were fixed endpoints (engine kind `openai`): their GPU time and residency are not ours to see, so they count no loads and read as empty (other)",
+            r.fixed_endpoint_gpus
+        );
+    }
     println!(
         "loads {} · evictions {} · sleeps {} · wakes {} · LLM calls {} · tool calls {} · prompt tokens {} ({} from prefix cache) · generated tokens {} · preemptions {}",
         r.loads, r.evictions, r.sleeps, r.wakes, r.llm_calls, r.tool_calls, r.prompt_tokens, r.cached_prompt_tokens, r.generated_tokens, r.preemptions

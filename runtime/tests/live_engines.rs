@@ -503,3 +503,71 @@ async fn the_factory_builds_a_managed_engine_that_serves() {
     assert_eq!(c.text, "42");
     e.unload().await.unwrap();
 }
+
+/// A stub of a third-party OpenAI-compatible server (llama.cpp-like: no `/health`, `/metrics`
+/// or `/version`): lists `served`, answers both completion APIs without `usage`, and records
+/// each request as (method, path, body).
+async fn third_party(served: &'static str) -> (String, Arc<std::sync::Mutex<Vec<(String, String, String)>>>, tokio::task::JoinHandle<()>) {
+    use axum::http::StatusCode;
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = Arc::clone(&seen);
+    let app = axum::Router::new().fallback(move |request: axum::extract::Request| {
+        let log = Arc::clone(&log);
+        async move {
+            let method = request.method().to_string();
+            let path = request.uri().path().to_string();
+            let body = axum::body::to_bytes(request.into_body(), 1 << 20).await.unwrap_or_default();
+            log.lock().unwrap().push((method, path.clone(), String::from_utf8_lossy(&body).into_owned()));
+            match path.as_str() {
+                "/v1/models" => (StatusCode::OK, format!(r#"{{"object":"list","data":[{{"id":"{served}"}}]}}"#)),
+                "/v1/completions" => (StatusCode::OK, r#"{"choices":[{"text":"plain words"}]}"#.to_string()),
+                "/v1/chat/completions" => {
+                    (StatusCode::OK, r#"{"choices":[{"message":{"role":"assistant","content":"chat words"}}]}"#.to_string())
+                }
+                _ => (StatusCode::NOT_FOUND, r#"{"detail":"Not Found"}"#.to_string()),
+            }
+        }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}/v1", listener.local_addr().unwrap());
+    let task = tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    (base, seen, task)
+}
+
+#[tokio::test]
+async fn the_openai_engine_keeps_a_third_party_servers_contract() {
+    let (base, seen, task) = third_party("served-name").await;
+    // The mapped model must be served: a clear, non-retryable error at load.
+    let wrong = OpenAiEngine::new(&base, MODEL, options()).unwrap();
+    let err = wrong.load().await.unwrap_err();
+    assert!(
+        matches!(&err, EngineError::Misconfigured(m) if m.contains("is not served") && m.contains("served-name")) && !err.retryable(),
+        "{err:?}"
+    );
+    for (api, path, text) in [(ApiFlavor::Chat, "/v1/chat/completions", "chat words"), (ApiFlavor::Completions, "/v1/completions", "plain words")] {
+        seen.lock().unwrap().clear();
+        let e = OpenAiEngine::new(&base, "served-name", HttpOptions { api, ..options() }).unwrap();
+        e.load().await.unwrap();
+        let mut req = request(1, "hi there", Some("emulated text"), false);
+        req.model = "served-name".into();
+        let c = e.submit(req).await.unwrap();
+        // No usage in the answer: the request's prompt count and our count of the text.
+        assert_eq!((c.text.as_str(), c.prompt_tokens as usize, c.output_tokens as usize), (text, tokens::count_chat("hi there"), tokens::count(text)));
+        let calls = seen.lock().unwrap().clone();
+        let posted: Vec<&(String, String, String)> = calls.iter().filter(|(m, _, _)| m == "POST").collect();
+        assert_eq!(posted.len(), 1, "{calls:?}");
+        assert_eq!(posted[0].1, path, "api: {api:?} honoured");
+        let body: serde_json::Value = serde_json::from_str(&posted[0].2).unwrap();
+        assert!(body.get("switchyard").is_none(), "emulated output sent to a third-party server: {body}");
+        // No /metrics here: asked once, then never again.
+        for _ in 0..3 {
+            assert!(matches!(e.telemetry().await, Err(EngineError::Unsupported(_))));
+        }
+        let scrapes = seen.lock().unwrap().iter().filter(|(_, p, _)| p == "/metrics").count();
+        assert_eq!(scrapes, 1, "a missing /metrics is not polled forever");
+        assert!(e.fixed());
+    }
+    task.abort();
+}

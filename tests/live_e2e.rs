@@ -24,6 +24,14 @@ mod live_cmd;
 
 const EXE: &str = env!("CARGO_BIN_EXE_switchyard");
 
+/// The tests here find their emulator processes as children of this test process, and the
+/// fault tests kill or stop all of them: they must not run at the same time.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).to_path_buf()
 }
@@ -127,6 +135,7 @@ fn assert_equal_to_simulation(live: &LiveOutput, run: &RunConfig) {
 
 #[test]
 fn live_runs_over_emulator_processes_equal_the_simulation() {
+    let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
     let pool = pool_file(dir.path(), 400.0);
     let (run, _, _) = configs(&pool, 2, 21);
@@ -148,6 +157,7 @@ fn live_runs_over_emulator_processes_equal_the_simulation() {
 
 #[test]
 fn an_emulator_killed_mid_run_costs_no_session() {
+    let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
     let (run, cfg, engines) = configs(&pool_file(dir.path(), 100.0), 2, 8);
     let done = Arc::new(AtomicBool::new(false));
@@ -183,6 +193,7 @@ fn an_emulator_killed_mid_run_costs_no_session() {
 
 #[test]
 fn an_emulator_stopped_mid_run_costs_seconds() {
+    let _serial = serial();
     // `kill -STOP`: the process lives, its sockets accept, nothing answers. The stall probe
     // (`stall_timeout_s: 1`) finds the server dead, the replica is restarted in place (the
     // stopped group gets SIGTERM and SIGCONT), and the calls run again: seconds, not the

@@ -237,6 +237,7 @@ fn http_options() -> HttpOptions {
         api: ApiFlavor::Completions,
         request_timeout: Duration::from_secs(30),
         health_timeout: Duration::from_secs(30),
+        stall_timeout: Duration::from_secs(30),
         api_key: None,
         headers: BTreeMap::new(),
     }

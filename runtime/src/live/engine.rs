@@ -151,10 +151,12 @@ pub trait Engine: Send + Sync {
     fn submit(&self, request: LlmRequest) -> EngineFuture<'_, Completion>;
     fn telemetry(&self) -> EngineFuture<'_, EngineTelemetry>;
     /// Is the server alive (its health endpoint answers, its process runs)? Asked after a
-    /// call timed out or lost its connection, to tell a slow or dropped request from a dead
-    /// replica. Default: the engine cannot tell, so it is taken as alive.
+    /// call lost its connection, to tell a dropped request from a dead replica. Default:
+    /// `Unsupported` — the engine cannot tell, and a lost connection is taken as a dead
+    /// replica (restarted in place).
     fn probe(&self) -> EngineFuture<'_, ()> {
-        Box::pin(async { Ok(()) })
+        let kind = self.kind();
+        Box::pin(async move { Err(EngineError::Unsupported(format!("a `{kind}` engine has no liveness probe"))) })
     }
     /// Where the engine is reached (for messages): a base URL, or the managed command.
     fn endpoint(&self) -> String {

@@ -330,13 +330,19 @@ async fn handle(myself: ActorRef<ReplicaMsg>, msg: ReplicaMsg, state: &mut Repli
             ticket.wait().await;
             let engine = state.engine();
             let mut result = if state.wake { engine.wake().await } else { engine.load().await };
+            let mut retries = 0;
             if let (true, Err(e)) = (state.wake, &result) {
+                // A sleeper that cannot wake (e.g. a server without `/collective_rpc` after a
+                // level-2 sleep) is replaced by a fresh engine.
                 tracing::warn!(error = %e, "wake failed: loading instead");
+                state.fault(e);
+                let _ = engine.unload().await;
+                result = engine.load().await;
+                retries = 1;
             }
             // A start can fail for good (the server refuses the configuration, the key, the
             // model) or because the process died meanwhile; only the latter is retried, a
             // bounded number of times with a growing pause.
-            let mut retries = u32::from(state.wake && result.is_err());
             let mut attempts = 0;
             while let Err(e) = &result {
                 state.fault(e);

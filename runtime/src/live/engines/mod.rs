@@ -277,10 +277,13 @@ impl EngineSpec {
         match self.kind {
             EngineKind::Openai => self.model_id(catalogue_model),
             EngineKind::Emulated | EngineKind::Vllm => {
+                // The server is told the catalogue name (`--served-model-name {served}`, or
+                // through its environment): requests carry that name.
                 let uses_served = self
                     .template()
                     .words()
                     .iter()
+                    .chain(self.env.values())
                     .any(|w| w.contains("{served}"));
                 if uses_served || (self.base_url.is_some() && self.kind == EngineKind::Emulated) {
                     catalogue_model.to_string()
@@ -538,6 +541,9 @@ mod tests {
             "vllm serve {model} --port {port}".into(),
         ));
         assert_eq!(s.served_model("Qwen3-8B"), "Qwen/Qwen3-8B");
+        // A server told its name through the environment serves that name.
+        s.env.insert("SERVED_NAME".into(), "{served}".into());
+        assert_eq!(s.served_model("Qwen3-8B"), "Qwen3-8B");
     }
 
     #[test]

@@ -135,6 +135,13 @@ pub struct MotivationArgs {
     /// per workflow).
     #[arg(long, default_value_t = motivation::ARRIVAL)]
     pub arrival: switchyard_runtime::exec::Arrival,
+    /// How the MBPP sessions arrive, where it differs from `--arrival`.
+    #[arg(long)]
+    pub mbpp_arrival: Option<switchyard_runtime::exec::Arrival>,
+    /// Rerun one draw of sessions in every repetition (engine noise only), instead of drawing
+    /// each repetition's meetings and tasks anew (trace seed SEED + r, the default).
+    #[arg(long)]
+    pub same_sessions: bool,
     /// Pool file; default `workflows/pools/small.yaml`.
     #[arg(long, default_value = "workflows/pools/small.yaml")]
     pub pool: PathBuf,
@@ -144,6 +151,10 @@ pub struct MotivationArgs {
     /// Print the report as JSON on stdout.
     #[arg(long)]
     pub json: bool,
+    /// Write each run's event trace (as `switchyard run --trace` writes it) to
+    /// DIR/POLICY-rep-N.jsonl.
+    #[arg(long, value_name = "DIR")]
+    pub trace_dir: Option<PathBuf>,
     #[arg(long, default_value_t = 42)]
     pub seed: u64,
     #[arg(long, default_value = "graph")]
@@ -176,6 +187,9 @@ fn motivation(args: MotivationArgs) -> Result<()> {
         seed: args.seed,
         predictor: args.predictor.clone(),
         substrate: Default::default(),
+        trace_dir: args.trace_dir.clone(),
+        mbpp_arrival: args.mbpp_arrival,
+        redraw: !args.same_sessions,
     };
     let report = motivation::run(&cfg).map_err(|e| anyhow::anyhow!("{e}"))?;
     let md = motivation::to_markdown(&report);

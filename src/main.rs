@@ -291,6 +291,7 @@ fn validate(paths: &[PathBuf], pool: Option<&Path>) -> Result<()> {
                 max_num_seqs: 256,
                 substrate: Default::default(),
                 session_counts: Vec::new(),
+                workflow_arrivals: Vec::new(),
                 handoff_s: switchyard_runtime::exec::FRAMEWORK_HANDOFF_S,
             };
             preflight(&cfg, false)?;
@@ -373,6 +374,7 @@ fn run(args: RunArgs) -> Result<RunEnd> {
             reclaim: if args.sleep { Reclaim::Sleep } else { Reclaim::Unload },
         },
         session_counts: Vec::new(),
+        workflow_arrivals: Vec::new(),
         handoff_s: args.handoff_delay,
     };
     preflight(&cfg, args.live)?;

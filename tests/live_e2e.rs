@@ -72,6 +72,7 @@ fn configs(pool: &Path, sessions: usize, seed: u64) -> (RunConfig, LiveConfig, P
         max_num_seqs: 256,
         substrate: Default::default(),
         session_counts: Vec::new(),
+        workflow_arrivals: Vec::new(),
         handoff_s: switchyard_runtime::exec::FRAMEWORK_HANDOFF_S,
     };
     let engines = PoolEngines::new(&live_pool, 0, Some(PathBuf::from(EXE))).unwrap();

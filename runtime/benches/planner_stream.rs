@@ -40,6 +40,7 @@ fn config(workflows: &[&str], sessions: usize, pool: &str, arrival: Arrival, pol
         max_num_seqs: 256,
         substrate: Default::default(),
         session_counts: Vec::new(),
+        workflow_arrivals: Vec::new(),
         handoff_s: exec::FRAMEWORK_HANDOFF_S,
     }
 }

@@ -238,6 +238,7 @@ impl BenchConfig {
             max_num_seqs: self.max_num_seqs,
             substrate: Default::default(),
             session_counts: Vec::new(),
+            workflow_arrivals: Vec::new(),
             handoff_s: crate::exec::FRAMEWORK_HANDOFF_S,
         }
     }

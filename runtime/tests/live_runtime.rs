@@ -336,6 +336,7 @@ fn sim_config(names: &[&str], sessions: usize, pool: &str, seed: u64) -> RunConf
         max_num_seqs: 256,
         substrate: Default::default(),
         session_counts: Vec::new(),
+        workflow_arrivals: Vec::new(),
         handoff_s: switchyard_runtime::exec::FRAMEWORK_HANDOFF_S,
     }
 }
@@ -364,7 +365,7 @@ fn reference(cfg: &RunConfig) -> BTreeMap<SessionId, (Option<NodeOutput>, Option
     let sizes: Vec<usize> = records.iter().map(|r| r.len()).collect();
     let ctx = PrepareContext { seed: cfg.seed, deployments: &table, deployment_of: &of, node_info: &info };
     let mut out = BTreeMap::new();
-    for (i, e) in arrivals::trace(cfg.arrival, &cfg.sessions_of(), &sizes, cfg.seed).iter().enumerate() {
+    for (i, e) in arrivals::trace_per_workflow(&cfg.arrivals_of(), &cfg.sessions_of(), &sizes, cfg.seed).iter().enumerate() {
         let id = SessionId(i as u32);
         let w = e.workflow as usize;
         let mut s = Session::new(id, Arc::clone(&cfg.workflows[w]), records[w][e.record].clone()).unwrap();

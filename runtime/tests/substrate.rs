@@ -30,6 +30,7 @@ fn config(policy: &str, sessions: usize, substrate: Substrate) -> RunConfig {
         max_num_seqs: 256,
         substrate,
         session_counts: Vec::new(),
+        workflow_arrivals: Vec::new(),
         handoff_s: switchyard_runtime::exec::FRAMEWORK_HANDOFF_S,
     }
 }

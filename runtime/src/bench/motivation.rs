@@ -14,6 +14,11 @@
 //!   (a fraction of a second for these prompts). Reported for the session at the median and at
 //!   the 95th percentile of QMSum latency, with its share of that latency.
 //!
+//! Each repetition draws its own sessions (trace seed `seed + r`, engine-noise seed `r`): the
+//! paper's three repetitions "yield 30 QMSum sessions", and rerunning one draw of 10 under
+//! engine noise only gives three near-identical runs (the same meetings, and the same MBPP
+//! tasks, so the same repair-loop branches). `redraw: false` reruns one draw.
+//!
 //! The MBPP session count is a workload knob (the paper does not state it): [`MBPP_SESSIONS`]
 //! per repetition by default, fitted on the baselines' runs.
 //!
@@ -84,6 +89,13 @@ pub struct MotivationConfig {
     pub seed: u64,
     pub predictor: String,
     pub substrate: Substrate,
+    /// How the MBPP sessions arrive, where it differs from `arrival`.
+    pub mbpp_arrival: Option<Arrival>,
+    /// Repetition r draws its sessions with trace seed `seed + r` (other meetings and tasks),
+    /// instead of rerunning the same draw under another engine-noise seed.
+    pub redraw: bool,
+    /// Where to write each run's event trace as JSON lines (`POLICY-rep-N.jsonl`), if anywhere.
+    pub trace_dir: Option<std::path::PathBuf>,
 }
 
 /// One session's re-acquire wait and latency.
@@ -105,12 +117,24 @@ pub struct PolicyMotivation {
     pub p95_session: SessionWait,
     pub qmsum_sessions: usize,
     pub failed_sessions: usize,
+    /// Loads started, per model, summed over the repetitions.
+    pub loads: BTreeMap<String, usize>,
+    /// Replicas reclaimed (unloaded or put to sleep), per model, summed over the repetitions.
+    pub evictions: BTreeMap<String, usize>,
+    /// QMSum same-model boundaries (summed over the repetitions) whose successor waited for a
+    /// load of its model: the predecessor's replica was reclaimed, or it ran elsewhere.
+    pub boundaries_with_load: usize,
+    /// All QMSum same-model boundaries (summed over the repetitions).
+    pub boundaries: usize,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct MotivationReport {
     pub pool: String,
     pub arrival: String,
+    pub mbpp_arrival: String,
+    /// Whether each repetition drew its own sessions (trace seed + r).
+    pub redraw: bool,
     pub qmsum_sessions_per_repetition: usize,
     pub mbpp_sessions_per_repetition: usize,
     pub repetitions: u64,
@@ -170,6 +194,84 @@ fn session_waits(trace: &[TraceLine], calls: &[CallRecord], qmsum: u32) -> Vec<S
         .collect()
 }
 
+/// What one run's lifecycle did: loads and reclaims per model, and how many QMSum same-model
+/// boundaries had their successor wait for a load.
+#[derive(Debug, Default, PartialEq)]
+struct Lifecycle {
+    loads: BTreeMap<String, usize>,
+    evictions: BTreeMap<String, usize>,
+    boundaries: usize,
+    boundaries_with_load: usize,
+}
+
+fn lifecycle_counts(trace: &[TraceLine], calls: &[CallRecord], qmsum: u32) -> Lifecycle {
+    let mut life = Lifecycle::default();
+    let mut model_of: BTreeMap<u32, String> = BTreeMap::new();
+    let mut loaded_at: BTreeMap<u32, f64> = BTreeMap::new();
+    let mut finished: BTreeMap<(u32, u32), (f64, Option<u32>)> = BTreeMap::new();
+    let mut dispatched: BTreeMap<(u32, u32), (f64, Option<u32>)> = BTreeMap::new();
+    for l in trace {
+        match (l.event, l.replica) {
+            ("load", Some(r)) => {
+                let m = l.detail.clone().unwrap_or_default();
+                *life.loads.entry(m.clone()).or_default() += 1;
+                model_of.insert(r, m);
+            }
+            ("loaded", Some(r)) => {
+                loaded_at.insert(r, l.t);
+            }
+            ("unload" | "sleep", Some(r)) => {
+                *life.evictions.entry(model_of.get(&r).cloned().unwrap_or_default()).or_default() += 1;
+            }
+            _ => {}
+        }
+        match (l.event, l.session, l.activation) {
+            ("dispatch", Some(s), Some(a)) => {
+                dispatched.entry((s, a)).or_insert((l.t, l.replica));
+            }
+            ("finish", Some(s), Some(a)) => {
+                finished.insert((s, a), (l.t, l.replica));
+            }
+            _ => {}
+        }
+    }
+    let model: BTreeMap<(u32, u32), &str> =
+        calls.iter().filter_map(|c| Some(((c.session, c.activation), c.model.as_ref()?.0.as_str()))).collect();
+    for c in calls.iter().filter(|c| c.workflow == qmsum) {
+        let Some(m) = c.model.as_ref().map(|m| m.0.as_str()) else { continue };
+        let Some(&(_, replica)) = dispatched.get(&(c.session, c.activation)) else { continue };
+        let released = c
+            .predecessors
+            .iter()
+            .filter(|p| model.get(&(c.session, **p)) == Some(&m))
+            .filter_map(|p| finished.get(&(c.session, *p)).map(|f| f.0))
+            .fold(f64::NEG_INFINITY, f64::max);
+        if !released.is_finite() {
+            continue;
+        }
+        life.boundaries += 1;
+        // Its replica finished loading after the predecessor finished: it waited for a load.
+        if replica.and_then(|r| loaded_at.get(&r)).is_some_and(|&t| t > released) {
+            life.boundaries_with_load += 1;
+        }
+    }
+    life
+}
+
+fn write_trace(path: &std::path::Path, trace: &[TraceLine]) -> Result<(), BenchError> {
+    use std::io::Write;
+    let io = |source| BenchError::Io { path: path.to_path_buf(), source };
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(io)?;
+    }
+    let mut f = std::io::BufWriter::new(std::fs::File::create(path).map_err(io)?);
+    for line in trace {
+        serde_json::to_writer(&mut f, line)?;
+        f.write_all(b"\n").map_err(io)?;
+    }
+    f.flush().map_err(io)
+}
+
 /// The session at quantile `q` of latency (nearest rank).
 fn at_quantile(sessions: &[SessionWait], q: f64) -> SessionWait {
     let mut v = sessions.to_vec();
@@ -189,12 +291,14 @@ pub fn run(cfg: &MotivationConfig) -> Result<MotivationReport, BenchError> {
         let mut makespans = Vec::new();
         let mut waits = Vec::new();
         let mut failed = 0;
+        let (mut loads, mut evictions) = (BTreeMap::new(), BTreeMap::new());
+        let (mut boundaries, mut boundaries_with_load) = (0, 0);
         for noise_seed in 0..cfg.repetitions {
             let run = RunConfig {
                 workflows: vec![Arc::clone(&cfg.qmsum), Arc::clone(&cfg.mbpp)],
                 sessions: cfg.sessions,
                 arrival: cfg.arrival,
-                seed: cfg.seed,
+                seed: if cfg.redraw { cfg.seed + noise_seed } else { cfg.seed },
                 noise_seed,
                 pool: cfg.pool.clone(),
                 policy: policy.into(),
@@ -204,6 +308,7 @@ pub fn run(cfg: &MotivationConfig) -> Result<MotivationReport, BenchError> {
                 max_num_seqs: 256,
                 substrate: cfg.substrate,
                 session_counts: vec![cfg.sessions, cfg.mbpp_sessions],
+                workflow_arrivals: vec![cfg.arrival, cfg.mbpp_arrival.unwrap_or(cfg.arrival)],
                 handoff_s: crate::exec::FRAMEWORK_HANDOFF_S,
             };
             let out = sim::simulate(&run, &mut |_, _| {}).map_err(|e| BenchError::Run {
@@ -220,6 +325,18 @@ pub fn run(cfg: &MotivationConfig) -> Result<MotivationReport, BenchError> {
             makespans.push(out.report.makespan_s);
             failed += out.report.sessions_failed;
             waits.extend(session_waits(&out.trace, &out.calls, 0));
+            let life = lifecycle_counts(&out.trace, &out.calls, 0);
+            for (m, n) in life.loads {
+                *loads.entry(m).or_default() += n;
+            }
+            for (m, n) in life.evictions {
+                *evictions.entry(m).or_default() += n;
+            }
+            boundaries += life.boundaries;
+            boundaries_with_load += life.boundaries_with_load;
+            if let Some(dir) = &cfg.trace_dir {
+                write_trace(&dir.join(format!("{policy}-rep-{noise_seed}.jsonl")), &out.trace)?;
+            }
         }
         policies.push(PolicyMotivation {
             policy: policy.into(),
@@ -229,9 +346,22 @@ pub fn run(cfg: &MotivationConfig) -> Result<MotivationReport, BenchError> {
             p95_session: at_quantile(&waits, 0.95),
             qmsum_sessions: waits.len(),
             failed_sessions: failed,
+            loads,
+            evictions,
+            boundaries_with_load,
+            boundaries,
         });
     }
-    Ok(MotivationReport { pool: cfg.pool.name.clone(), arrival: cfg.arrival.to_string(), qmsum_sessions_per_repetition: cfg.sessions, mbpp_sessions_per_repetition: cfg.mbpp_sessions, repetitions: cfg.repetitions, policies })
+    Ok(MotivationReport {
+        pool: cfg.pool.name.clone(),
+        arrival: cfg.arrival.to_string(),
+        mbpp_arrival: cfg.mbpp_arrival.unwrap_or(cfg.arrival).to_string(),
+        redraw: cfg.redraw,
+        qmsum_sessions_per_repetition: cfg.sessions,
+        mbpp_sessions_per_repetition: cfg.mbpp_sessions,
+        repetitions: cfg.repetitions,
+        policies,
+    })
 }
 
 fn ratio(ours: f64, paper: f64) -> String {
@@ -242,8 +372,14 @@ fn ratio(ours: f64, paper: f64) -> String {
 pub fn to_markdown(r: &MotivationReport) -> String {
     let mut s = String::new();
     s.push_str(&format!(
-        "# Paper 003 §2.2 on the emulated pool\n\n`switchyard bench motivation`: pool `{}`, {} QMSum + {} MBPP sessions per repetition ({}, trace seed 42), {} repetitions (engine-noise seeds), GPU time summed over them.\n\n",
-        r.pool, r.qmsum_sessions_per_repetition, r.mbpp_sessions_per_repetition, r.arrival, r.repetitions
+        "# Paper 003 §2.2 on the emulated pool\n\n`switchyard bench motivation`: pool `{}`, {} QMSum ({}) + {} MBPP ({}) sessions per repetition, {} repetitions ({}), GPU time summed over them.\n\n",
+        r.pool,
+        r.qmsum_sessions_per_repetition,
+        r.arrival,
+        r.mbpp_sessions_per_repetition,
+        r.mbpp_arrival,
+        r.repetitions,
+        if r.redraw { "repetition r: trace seed 42 + r, engine-noise seed r" } else { "one draw, trace seed 42; engine-noise seeds 0..R" }
     ));
     s.push_str("## GPU time (Figure 1(b)), GPU-seconds: ours / paper (ratio)\n\n| policy | generation | idle resident | loading | other | total |\n| --- | ---: | ---: | ---: | ---: | ---: |\n");
     for p in &r.policies {
@@ -275,6 +411,21 @@ pub fn to_markdown(r: &MotivationReport) -> String {
             share(&p.p95_session),
             p.qmsum_sessions,
             p.failed_sessions
+        ));
+    }
+    s.push_str("\n## Lifecycle (summed over the repetitions)\n\n| policy | makespans s | loads per model | reclaims per model | QMSum same-model boundaries that waited for a load |\n| --- | --- | --- | --- | ---: |\n");
+    for p in &r.policies {
+        let per_model = |m: &BTreeMap<String, usize>| {
+            if m.is_empty() { "none".to_string() } else { m.iter().map(|(k, v)| format!("{} {v}", k.trim_start_matches("Qwen3-"))).collect::<Vec<_>>().join(", ") }
+        };
+        s.push_str(&format!(
+            "| `{}` | {} | {} | {} | {} / {} |\n",
+            p.policy,
+            p.makespans_s.iter().map(|m| format!("{m:.0}")).collect::<Vec<_>>().join(", "),
+            per_model(&p.loads),
+            per_model(&p.evictions),
+            p.boundaries_with_load,
+            p.boundaries
         ));
     }
     s
@@ -321,6 +472,39 @@ mod tests {
         let calls = vec![call(1, 0, "Qwen3-4B", &[]), call(1, 1, "Qwen3-4B", &[0]), call(1, 2, "Qwen3-8B", &[1])];
         let w = session_waits(&trace, &calls, 0);
         assert_eq!(w, vec![SessionWait { latency_s: 50.0, reacquire_s: 5.0 }]);
+    }
+
+    fn lifecycle_line(t: f64, event: &'static str, replica: u32, detail: Option<&str>) -> TraceLine {
+        TraceLine { t, event, session: None, activation: None, node: None, replica: Some(replica), device: None, detail: detail.map(String::from) }
+    }
+
+    fn on(mut l: TraceLine, replica: u32) -> TraceLine {
+        l.replica = Some(replica);
+        l
+    }
+
+    #[test]
+    fn lifecycle_counts_loads_reclaims_and_boundaries_that_waited_for_a_load() {
+        // a0 (4B) → a1 (4B) → a2 (4B): a0 and a1 on replica 0; replica 0 is reclaimed at the
+        // a1 → a2 boundary and a2 runs on replica 1, loaded after a1 finished.
+        let trace = vec![
+            lifecycle_line(0.0, "load", 0, Some("Qwen3-4B")),
+            lifecycle_line(30.0, "loaded", 0, None),
+            on(line(30.0, "dispatch", 1, Some(0)), 0),
+            on(line(40.0, "finish", 1, Some(0)), 0),
+            on(line(40.1, "dispatch", 1, Some(1)), 0),
+            on(line(50.0, "finish", 1, Some(1)), 0),
+            lifecycle_line(50.0, "unload", 0, None),
+            lifecycle_line(50.0, "load", 1, Some("Qwen3-4B")),
+            lifecycle_line(80.0, "loaded", 1, None),
+            on(line(80.0, "dispatch", 1, Some(2)), 1),
+            on(line(90.0, "finish", 1, Some(2)), 1),
+        ];
+        let calls = vec![call(1, 0, "Qwen3-4B", &[]), call(1, 1, "Qwen3-4B", &[0]), call(1, 2, "Qwen3-4B", &[1])];
+        let life = lifecycle_counts(&trace, &calls, 0);
+        assert_eq!(life.loads, BTreeMap::from([("Qwen3-4B".to_string(), 2)]));
+        assert_eq!(life.evictions, BTreeMap::from([("Qwen3-4B".to_string(), 1)]));
+        assert_eq!((life.boundaries, life.boundaries_with_load), (2, 1));
     }
 
     #[test]

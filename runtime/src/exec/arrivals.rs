@@ -64,8 +64,16 @@ pub struct TraceEntry {
 /// Build the trace: `sessions[w]` sessions of workflow `w`, records drawn without replacement (cycling when the
 /// dataset is smaller), arrival times by `arrival`; sorted by time, then workflow.
 pub fn trace(arrival: Arrival, sessions: &[usize], dataset_sizes: &[usize], seed: u64) -> Vec<TraceEntry> {
+    trace_per_workflow(&vec![arrival; dataset_sizes.len()], sessions, dataset_sizes, seed)
+}
+
+/// [`trace`] with an arrival process per workflow (`arrivals[w]`, the last one for workflows
+/// beyond the slice; burst when it is empty). Each workflow's draw depends only on its own
+/// arrival, so a workflow's sessions are the same whatever the others do.
+pub fn trace_per_workflow(arrivals: &[Arrival], sessions: &[usize], dataset_sizes: &[usize], seed: u64) -> Vec<TraceEntry> {
     let mut out = Vec::new();
     for (w, &size) in dataset_sizes.iter().enumerate() {
+        let arrival = arrivals.get(w).or(arrivals.last()).copied().unwrap_or(Arrival::Burst);
         let mut rng = ChaCha8Rng::seed_from_u64(derive_seed(seed, &["trace", &w.to_string()]));
         let mut order: Vec<usize> = (0..size.max(1)).collect();
         order.shuffle(&mut rng);
@@ -108,6 +116,20 @@ mod tests {
         let uneven = trace(Arrival::Burst, &[3, 7], &[10, 10], 42);
         assert_eq!((uneven.iter().filter(|e| e.workflow == 0).count(), uneven.iter().filter(|e| e.workflow == 1).count()), (3, 7));
         assert!(a.windows(2).all(|w| w[0].at <= w[1].at));
+    }
+
+    #[test]
+    fn each_workflow_can_arrive_its_own_way_and_its_draw_does_not_depend_on_the_others() {
+        let mixed = trace_per_workflow(&[Arrival::Burst, Arrival::Poisson(0.05)], &[10, 5], &[35, 100], 42);
+        assert!(mixed.iter().filter(|e| e.workflow == 0).all(|e| e.at == 0.0));
+        let mbpp: Vec<_> = mixed.iter().filter(|e| e.workflow == 1).cloned().collect();
+        assert_eq!(mbpp.len(), 5);
+        assert!(mbpp.iter().all(|e| e.at > 0.0));
+        let alone: Vec<_> =
+            trace(Arrival::Poisson(0.05), &[10, 5], &[35, 100], 42).into_iter().filter(|e| e.workflow == 1).collect();
+        assert_eq!(mbpp, alone);
+        // One arrival for all: the same as `trace`.
+        assert_eq!(trace_per_workflow(&[Arrival::Burst], &[3, 7], &[10, 10], 1), trace(Arrival::Burst, &[3, 7], &[10, 10], 1));
     }
 
     #[test]

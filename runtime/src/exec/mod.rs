@@ -97,6 +97,10 @@ pub struct RunConfig {
     /// render the next prompt and submit it ([`FRAMEWORK_HANDOFF_S`] by default). The replica
     /// the call ran on is free in between — a request-level substrate may give it away.
     pub handoff_s: f64,
+    /// Arrival process of each workflow, in `workflows` order, where they differ (e.g. paper
+    /// 003 §2.2's QMSum burst beside MBPP sessions arriving over the run); empty: `arrival`
+    /// for each.
+    pub workflow_arrivals: Vec<Arrival>,
 }
 
 /// The agent framework's per-call handoff time: 38 ms, LangGraph's median orchestration
@@ -105,6 +109,11 @@ pub struct RunConfig {
 pub const FRAMEWORK_HANDOFF_S: f64 = 0.038;
 
 impl RunConfig {
+    /// Arrival process of each workflow ([`RunConfig::workflow_arrivals`], else `arrival` each).
+    pub fn arrivals_of(&self) -> Vec<Arrival> {
+        (0..self.workflows.len()).map(|w| self.workflow_arrivals.get(w).copied().unwrap_or(self.arrival)).collect()
+    }
+
     /// Sessions of each workflow ([`RunConfig::session_counts`], else `sessions` each).
     pub fn sessions_of(&self) -> Vec<usize> {
         if self.session_counts.is_empty() {

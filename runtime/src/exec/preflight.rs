@@ -212,6 +212,7 @@ mod tests {
             max_num_seqs: 256,
             substrate: Default::default(),
             session_counts: Vec::new(),
+            workflow_arrivals: Vec::new(),
             handoff_s: crate::exec::FRAMEWORK_HANDOFF_S,
         }
     }

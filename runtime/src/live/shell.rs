@@ -137,7 +137,7 @@ pub async fn run(cfg: &LiveConfig, factory: Arc<dyn EngineFactory>, progress: Op
     let records = exec::load_records(&rc.workflows)?;
     let planner = exec::build_planner(&rc.pool, &deployments, &rc.policy, rc.options, &rc.predictor, rc.substrate)?;
     let sizes: Vec<usize> = records.iter().map(|r| r.len()).collect();
-    let trace = arrivals::trace(rc.arrival, &rc.sessions_of(), &sizes, rc.seed);
+    let trace = arrivals::trace_per_workflow(&rc.arrivals_of(), &rc.sessions_of(), &sizes, rc.seed);
     let total = trace.len();
     let clock = Clock::start(cfg.speed);
     let ctx = Arc::new(RunContext {

@@ -285,7 +285,7 @@ impl<'a> Sim<'a> {
             exec::build_planner(&cfg.pool, &deployments, &cfg.policy, cfg.options, &cfg.predictor, cfg.substrate)?;
         let records = exec::load_records(&cfg.workflows)?;
         let sizes: Vec<usize> = records.iter().map(|r| r.len()).collect();
-        let trace_entries = arrivals::trace(cfg.arrival, &cfg.sessions_of(), &sizes, cfg.seed);
+        let trace_entries = arrivals::trace_per_workflow(&cfg.arrivals_of(), &cfg.sessions_of(), &sizes, cfg.seed);
         let timelines = cfg
             .pool
             .devices
@@ -1137,6 +1137,7 @@ mod tests {
             max_num_seqs: 256,
             substrate: Default::default(),
             session_counts: Vec::new(),
+            workflow_arrivals: Vec::new(),
             handoff_s: crate::exec::FRAMEWORK_HANDOFF_S,
         }
     }

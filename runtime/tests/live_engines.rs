@@ -262,7 +262,7 @@ async fn stub(status: u16) -> (String, Arc<AtomicUsize>, tokio::task::JoinHandle
 
 #[tokio::test]
 async fn openai_engine_does_not_retry_behind_the_callers_back() {
-    // async-openai's default client retries 429 and 5xx three times with backoff.
+    // One call, one HTTP request: retrying (429, 5xx) is the replica actor's decision, never hidden.
     for (status, retryable) in [(500, true), (503, true), (429, true), (400, false)] {
         let (base, hits, task) = stub(status).await;
         let e = OpenAiEngine::new(&base, MODEL, options()).unwrap();

@@ -802,7 +802,7 @@ struct AppState {
     registry: Arc<Registry>,
 }
 
-/// An OpenAI-shaped error (`{"error": {...}}`, the shape `async-openai` parses).
+/// An OpenAI-shaped error (`{"error": {...}}`, the shape OpenAI clients parse).
 fn error(status: StatusCode, kind: &str, message: impl Into<String>) -> Response {
     let body = json!({
         "error": {

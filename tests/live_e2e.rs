@@ -8,7 +8,7 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use switchyard_runtime::exec::{self, Arrival, RunConfig};
@@ -156,37 +156,40 @@ fn live_runs_over_emulator_processes_equal_the_simulation() {
     assert_no_children_left();
 }
 
+/// After 1.5 s of the run, sends `signal` (`-KILL`, `-STOP`) to every emulator child at once
+/// (the ones serving are hit mid-request). Join the handle after the run to learn how many
+/// were signalled; `done` ends the wait early when the run ended first.
+fn signal_emulators_mid_run(signal: &'static str, done: Arc<AtomicBool>) -> std::thread::JoinHandle<u32> {
+    std::thread::spawn(move || {
+        let start = Instant::now();
+        while !done.load(Ordering::SeqCst) && start.elapsed() < Duration::from_secs(60) {
+            std::thread::sleep(Duration::from_millis(20));
+            if start.elapsed() < Duration::from_millis(1500) {
+                continue;
+            }
+            let signalled = emulator_children()
+                .into_iter()
+                .filter(|pid| {
+                    let status = std::process::Command::new("kill").arg(signal).arg(pid.to_string()).status();
+                    status.is_ok_and(|s| s.success())
+                })
+                .count();
+            return u32::try_from(signalled).unwrap_or(u32::MAX);
+        }
+        0
+    })
+}
+
 #[test]
 fn an_emulator_killed_mid_run_costs_no_session() {
     let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
     let (run, cfg, engines) = configs(&pool_file(dir.path(), 100.0), 2, 8);
     let done = Arc::new(AtomicBool::new(false));
-    let killed = Arc::new(AtomicU32::new(0));
-    let killer = {
-        let (done, killed) = (Arc::clone(&done), Arc::clone(&killed));
-        std::thread::spawn(move || {
-            let start = Instant::now();
-            while !done.load(Ordering::SeqCst) && start.elapsed() < Duration::from_secs(60) {
-                std::thread::sleep(Duration::from_millis(20));
-                if start.elapsed() < Duration::from_millis(1500) {
-                    continue;
-                }
-                // Kill every emulator at once: the ones serving die mid-request.
-                for pid in emulator_children() {
-                    let status = std::process::Command::new("kill").arg("-KILL").arg(pid.to_string()).status();
-                    if status.is_ok_and(|s| s.success()) {
-                        killed.fetch_add(1, Ordering::SeqCst);
-                    }
-                }
-                return;
-            }
-        })
-    };
+    let killer = signal_emulators_mid_run("-KILL", Arc::clone(&done));
     let live = live::run_blocking(&cfg, Arc::new(engines), None).expect("live run");
     done.store(true, Ordering::SeqCst);
-    killer.join().unwrap();
-    assert_ne!(killed.load(Ordering::SeqCst), 0, "emulator processes were killed mid-run");
+    assert_ne!(killer.join().unwrap(), 0, "emulator processes were killed mid-run");
     assert!(live.faults.restarts >= 1, "a replica serving requests was restarted: {:?}", live.faults);
     assert_equal_to_simulation(&live, &run);
     assert_no_children_left();
@@ -202,32 +205,13 @@ fn an_emulator_stopped_mid_run_costs_seconds() {
     let dir = tempfile::tempdir().unwrap();
     let (run, cfg, engines) = configs(&pool_file(dir.path(), 100.0), 2, 8);
     let done = Arc::new(AtomicBool::new(false));
-    let stopped = Arc::new(AtomicU32::new(0));
-    let stopper = {
-        let (done, stopped) = (Arc::clone(&done), Arc::clone(&stopped));
-        std::thread::spawn(move || {
-            let start = Instant::now();
-            while !done.load(Ordering::SeqCst) && start.elapsed() < Duration::from_secs(60) {
-                std::thread::sleep(Duration::from_millis(20));
-                if start.elapsed() < Duration::from_millis(1500) {
-                    continue;
-                }
-                for pid in emulator_children() {
-                    let status = std::process::Command::new("kill").arg("-STOP").arg(pid.to_string()).status();
-                    if status.is_ok_and(|s| s.success()) {
-                        stopped.fetch_add(1, Ordering::SeqCst);
-                    }
-                }
-                return;
-            }
-        })
-    };
+    let stopper = signal_emulators_mid_run("-STOP", Arc::clone(&done));
     let started = Instant::now();
     let live = live::run_blocking(&cfg, Arc::new(engines), None).expect("live run");
     let took = started.elapsed();
     done.store(true, Ordering::SeqCst);
-    stopper.join().unwrap();
-    assert_ne!(stopped.load(Ordering::SeqCst), 0, "emulator processes were stopped mid-run");
+    assert_ne!(stopper.join().unwrap(), 0, "emulator processes were stopped mid-run");
+    eprintln!("a run whose emulators were all stopped mid-run took {took:.1?} (restarts: {})", live.faults.restarts);
     assert!(live.faults.restarts >= 1, "a stopped replica was restarted: {:?}", live.faults);
     assert!(took < Duration::from_secs(90), "a stopped engine cost {took:?}");
     assert_equal_to_simulation(&live, &run);

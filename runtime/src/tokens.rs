@@ -647,7 +647,7 @@ pub fn count(text: &str) -> usize {
     encode(text).len()
 }
 
-fn decode_bytes(ids: &[u32]) -> Vec<u8> {
+pub(crate) fn decode_bytes(ids: &[u32]) -> Vec<u8> {
     let t = tok();
     let mut out = Vec::with_capacity(ids.len() * 4);
     for &id in ids {

@@ -571,3 +571,44 @@ async fn the_openai_engine_keeps_a_third_party_servers_contract() {
     }
     task.abort();
 }
+
+#[tokio::test]
+async fn emulated_streams_arrive_token_by_token_at_the_engines_pace() {
+    // At 20x an A100-80GB decodes Qwen3-0.6B in well under a millisecond of wall time per
+    // token: a 200-token answer arrives in many chunks spread over time, not at the end.
+    let mut cfg = EmulateConfig::new(DEVICE, MODEL);
+    cfg.speed = 20.0;
+    cfg.max_model_len = Some(8192);
+    let server = EmulateServer::start(cfg, SocketAddr::from(([127, 0, 0, 1], 0))).await.unwrap();
+    let e = http_engine(&server, ApiFlavor::Chat).await;
+    let out = "Step by step, the answer is forty-two. ".repeat(20);
+    let client = reqwest::Client::new();
+    let mut body = e.request_body(&request(7, "What is six times seven?", Some(&out), true));
+    body["max_tokens"] = serde_json::json!(1024);
+    let response = client.post(format!("{}/chat/completions", e.api_base())).json(&body).send().await.unwrap();
+    assert!(response.status().is_success());
+    let mut chunks = Vec::new();
+    let mut stream = response.bytes_stream();
+    let started = std::time::Instant::now();
+    let mut buf = String::new();
+    while let Some(bytes) = futures::StreamExt::next(&mut stream).await {
+        buf.push_str(&String::from_utf8_lossy(&bytes.unwrap()));
+        while let Some(end) = buf.find("\n\n") {
+            let event: String = buf.drain(..end + 2).collect();
+            if let Some(data) = event.trim().strip_prefix("data: ")
+                && data != "[DONE]"
+            {
+                let v: serde_json::Value = serde_json::from_str(data).unwrap();
+                if let Some(text) = v["choices"][0]["delta"]["content"].as_str() {
+                    chunks.push((started.elapsed(), text.to_string()));
+                }
+            }
+        }
+    }
+    let text: String = chunks.iter().map(|(_, t)| t.as_str()).collect();
+    assert_eq!(text, out);
+    assert!(chunks.len() > tokens::count(&out) / 2, "{} chunks for {} tokens", chunks.len(), tokens::count(&out));
+    let (first, last) = (chunks[0].0, chunks[chunks.len() - 1].0);
+    assert!(last > first, "the tokens are spread over the generation, not sent at its end");
+    server.shutdown().await.unwrap();
+}

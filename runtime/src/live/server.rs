@@ -8,8 +8,10 @@
 //! `docs/features/sleep_mode.md`; field anchors §1):
 //! - `POST /v1/completions`, `POST /v1/chat/completions` — streaming (SSE, `data: [DONE]`) and
 //!   not, with `usage` = `prompt_tokens`, `completion_tokens`, `total_tokens` and
-//!   `prompt_tokens_details.cached_tokens`; streams end with a usage chunk when
-//!   `stream_options.include_usage` is set;
+//!   `prompt_tokens_details.cached_tokens`; a stream sends one chunk per token as the engine
+//!   decodes it (its first token at the first-token event, then one per iteration in which the
+//!   request decoded; a preempted request's rest comes with its finish) and ends with a usage
+//!   chunk when `stream_options.include_usage` is set;
 //! - `GET /version` (vLLM's `{"version"}` plus `"switchyard_emulate"`: the one server the
 //!   live runtime sends emulated outputs to);
 //! - `GET /v1/models`, `GET /health` (503 until the start-up load has finished, like a vLLM
@@ -198,6 +200,8 @@ impl Clock {
 #[derive(Debug, Clone, PartialEq)]
 enum Progress {
     FirstToken,
+    /// One more output token (an iteration in which the request decoded).
+    Token,
     Finished { cached_prompt_tokens: u32 },
     Failed(String),
 }
@@ -213,6 +217,8 @@ struct Pending {
 struct Waiter {
     arrival: f64,
     tx: mpsc::UnboundedSender<Progress>,
+    /// Past its first token and not preempted: each iteration decodes one more token.
+    decoding: bool,
 }
 
 /// Everything the driver and the handlers share under one lock.
@@ -661,6 +667,11 @@ async fn drive(shared: Arc<Shared>) {
                         break Next::SleepUntil(end);
                     }
                     let events = core.replica.finish_iteration(end);
+                    // The requests that were decoding got one token each in this iteration
+                    // (before the events: a first token is not counted twice).
+                    for w in core.waiters.values().filter(|w| w.decoding) {
+                        let _ = w.tx.send(Progress::Token);
+                    }
                     core.cursor = core.cursor.max(end);
                     deliver(&mut core, &shared, events);
                     done += 1;
@@ -706,8 +717,9 @@ fn deliver(core: &mut Core, shared: &Shared, events: Vec<EngineEvent>) {
     for event in events {
         match event {
             EngineEvent::FirstToken { id, at } => {
-                if let Some(w) = core.waiters.get(&id) {
+                if let Some(w) = core.waiters.get_mut(&id) {
                     shared.ttft.observe((at - w.arrival).max(0.0));
+                    w.decoding = true;
                     let _ = w.tx.send(Progress::FirstToken);
                 }
             }
@@ -724,7 +736,12 @@ fn deliver(core: &mut Core, shared: &Shared, events: Vec<EngineEvent>) {
                     });
                 }
             }
-            EngineEvent::Preempted { .. } => {}
+            EngineEvent::Preempted { id, .. } => {
+                // Recomputed from scratch: its tokens stream on only at its finish.
+                if let Some(w) = core.waiters.get_mut(&id) {
+                    w.decoding = false;
+                }
+            }
         }
     }
 }
@@ -1115,7 +1132,7 @@ async fn run(shared: &Arc<Shared>, p: Prepared) -> Response {
         let id = core.next_id;
         core.next_id += 1;
         let arrival = shared.clock.now().max(core.cursor);
-        core.waiters.insert(id, Waiter { arrival, tx });
+        core.waiters.insert(id, Waiter { arrival, tx, decoding: false });
         core.inbox.push_back(Pending {
             request: EngineRequest {
                 id,
@@ -1140,7 +1157,7 @@ async fn run(shared: &Arc<Shared>, p: Prepared) -> Response {
         prompt_tokens,
         output_tokens,
         text: p.text,
-        first_piece_tokens: p.output_ids.first().copied(),
+        output_ids: p.output_ids,
         finish_reason: p.finish_reason,
         include_usage: p.include_usage,
     };
@@ -1178,7 +1195,8 @@ struct Answer {
     prompt_tokens: u32,
     output_tokens: u32,
     text: String,
-    first_piece_tokens: Option<u32>,
+    /// The text's tokens: a stream sends them one by one as the engine decodes them.
+    output_ids: Vec<u32>,
     finish_reason: &'static str,
     include_usage: bool,
 }
@@ -1204,7 +1222,7 @@ impl Answer {
     async fn wait(self, mut rx: mpsc::UnboundedReceiver<Progress>) -> Response {
         loop {
             match rx.recv().await {
-                Some(Progress::FirstToken) => continue,
+                Some(Progress::FirstToken | Progress::Token) => continue,
                 Some(Progress::Finished {
                     cached_prompt_tokens,
                 }) => return Json(self.full(cached_prompt_tokens)).into_response(),
@@ -1267,53 +1285,39 @@ impl Answer {
         })
     }
 
-    /// The text of the first token, when it decodes to a prefix of the answer on its own;
-    /// the rest follows at completion (the emulator reports only first token and finish).
-    fn split_first(&self) -> (String, String) {
-        let first = self
-            .first_piece_tokens
-            .map(|t| tokens::decode(&[t]))
-            .unwrap_or_default();
-        match self.text.strip_prefix(first.as_str()) {
-            Some(rest) if !first.is_empty() => (first, rest.to_string()),
-            _ => (String::new(), self.text.clone()),
-        }
-    }
-
+    /// A stream: one chunk per decoded token at the engine's pace (a token that ends inside a
+    /// multi-byte character waits for the rest of it), the rest of the text with the finish
+    /// reason at completion, then the usage chunk and `[DONE]`.
     fn stream(
         self,
         rx: mpsc::UnboundedReceiver<Progress>,
     ) -> impl Stream<Item = Result<Event, Infallible>> + Send + 'static {
-        let (first, rest) = self.split_first();
         futures::stream::unfold(
-            (self, rx, Some(first), Some(rest), false),
-            |(answer, mut rx, mut first, mut rest, done)| async move {
+            (self, rx, TokenCursor::default(), false),
+            |(answer, mut rx, mut cursor, done)| async move {
                 if done {
                     return None;
                 }
                 loop {
                     match rx.recv().await {
-                        Some(Progress::FirstToken) => {
-                            if let Some(piece) = first.take() {
-                                let data = answer.chunk(&piece, true, None).to_string();
-                                let event = Event::default().data(data);
-                                return Some((vec![event], (answer, rx, first, rest, false)));
+                        Some(Progress::FirstToken | Progress::Token) => {
+                            let first = cursor.tokens == 0;
+                            let Some(piece) = cursor.next_piece(&answer.output_ids, &answer.text) else {
+                                continue;
+                            };
+                            if piece.is_empty() && !first {
+                                continue;
                             }
+                            let data = answer.chunk(&piece, first, None).to_string();
+                            return Some((vec![Event::default().data(data)], (answer, rx, cursor, false)));
                         }
                         Some(Progress::Finished {
                             cached_prompt_tokens,
                         }) => {
                             let mut events = Vec::new();
-                            let leading = first.take();
-                            let piece = rest.take().unwrap_or_default();
-                            let is_first = leading.is_some();
-                            let text = match leading {
-                                Some(l) => l + &piece,
-                                None => piece,
-                            };
-                            let data = answer
-                                .chunk(&text, is_first, Some(answer.finish_reason))
-                                .to_string();
+                            let first = cursor.tokens == 0;
+                            let rest = answer.text.get(cursor.sent..).unwrap_or_default();
+                            let data = answer.chunk(rest, first, Some(answer.finish_reason)).to_string();
                             events.push(Event::default().data(data));
                             if answer.include_usage {
                                 let usage = json!({
@@ -1327,7 +1331,7 @@ impl Answer {
                                 events.push(Event::default().data(usage.to_string()));
                             }
                             events.push(Event::default().data("[DONE]"));
-                            return Some((events, (answer, rx, first, rest, true)));
+                            return Some((events, (answer, rx, cursor, true)));
                         }
                         Some(Progress::Failed(reason)) => {
                             let data = json!({
@@ -1335,7 +1339,7 @@ impl Answer {
                                            "param": null, "code": "503" }
                             });
                             let events = vec![Event::default().data(data.to_string())];
-                            return Some((events, (answer, rx, first, rest, true)));
+                            return Some((events, (answer, rx, cursor, true)));
                         }
                         None => return None,
                     }
@@ -1343,6 +1347,37 @@ impl Answer {
             },
         )
         .flat_map(|events| futures::stream::iter(events.into_iter().map(Ok)))
+    }
+}
+
+/// How far a stream got through its answer: tokens decoded, bytes of text sent, and the bytes
+/// of a character still incomplete.
+#[derive(Debug, Default)]
+struct TokenCursor {
+    tokens: usize,
+    sent: usize,
+    pending: Vec<u8>,
+}
+
+impl TokenCursor {
+    /// The text the next decoded token adds (empty while a character is incomplete); `None`
+    /// past the text's last token (the rest, if any, goes with the finish).
+    fn next_piece(&mut self, ids: &[u32], text: &str) -> Option<String> {
+        let id = *ids.get(self.tokens)?;
+        self.tokens += 1;
+        self.pending.extend_from_slice(&tokens::decode_bytes(&[id]));
+        let valid = match std::str::from_utf8(&self.pending) {
+            Ok(_) => self.pending.len(),
+            Err(e) => e.valid_up_to(),
+        };
+        let piece = String::from_utf8_lossy(&self.pending[..valid]).into_owned();
+        // Only what really continues the text is sent (the text is what the answer says).
+        if !text.get(self.sent..).is_some_and(|rest| rest.starts_with(&piece)) {
+            return Some(String::new());
+        }
+        self.pending.drain(..valid);
+        self.sent += piece.len();
+        Some(piece)
     }
 }
 
@@ -1503,6 +1538,29 @@ async fn collective_rpc(body: Bytes) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_stream_sends_the_text_token_by_token_and_whole_characters_only() {
+        for text in ["The plan ships on Friday.", "naïve café — 東京 🚀 done", ""] {
+            let ids = tokens::encode(text).to_vec();
+            let mut cursor = TokenCursor::default();
+            let mut pieces = Vec::new();
+            while let Some(piece) = cursor.next_piece(&ids, text) {
+                assert!(std::str::from_utf8(piece.as_bytes()).is_ok());
+                pieces.push(piece);
+            }
+            assert_eq!(pieces.len(), ids.len(), "one step per token");
+            assert_eq!(pieces.concat(), text, "the pieces are the text");
+            assert_eq!(text.get(cursor.sent..), Some(""));
+        }
+        // A token split inside a multi-byte character: the first half sends nothing.
+        let text = "🚀";
+        let ids = tokens::encode(text).to_vec();
+        if ids.len() > 1 {
+            let mut cursor = TokenCursor::default();
+            assert_eq!(cursor.next_piece(&ids, text).as_deref(), Some(""));
+        }
+    }
 
     #[test]
     fn dtype_names_of_both_vocabularies() {

@@ -36,6 +36,14 @@ use crate::planner::DeploymentId;
 /// The replica actor.
 pub struct ReplicaActor;
 
+/// One more bad attempt of a call (a bad answer, or a connection dropped by a live server):
+/// retried after a jittered backoff until `max_attempts`, then failed with `why(n)`.
+fn bad_answer(f: &mut InFlight, retry: &RetryPolicy, why: impl FnOnce(u32) -> String) -> Next {
+    f.bad_answers += 1;
+    let n = f.bad_answers;
+    if n >= retry.max_attempts { Next::Fail(why(n)) } else { Next::Retry(retry.jittered(n, rand::random())) }
+}
+
 pub struct ReplicaArgs {
     pub replica: ReplicaId,
     pub device: DeviceId,
@@ -142,13 +150,7 @@ impl ReplicaState {
         let Some(f) = self.requests.get_mut(&id) else { return Next::Fail(error.to_string()) };
         match error {
             EngineError::BadResponse(reason) => {
-                f.bad_answers += 1;
-                let n = f.bad_answers;
-                if n >= retry.max_attempts {
-                    Next::Fail(format!("the engine answered badly {n} times; last: {reason}"))
-                } else {
-                    Next::Retry(retry.jittered(n, rand::random()))
-                }
+                bad_answer(f, &retry, |n| format!("the engine answered badly {n} times; last: {reason}"))
             }
             EngineError::Overloaded { message, retry_after } => {
                 f.overloads += 1;
@@ -173,17 +175,9 @@ impl ReplicaState {
             EngineError::Unreachable(reason) => {
                 // A dead replica, or only this call's connection dropped? Ask the server.
                 match engine.probe().await {
-                    Ok(()) => {
-                        f.bad_answers += 1;
-                        let n = f.bad_answers;
-                        if n >= retry.max_attempts {
-                            Next::Fail(format!(
-                                "the connection dropped {n} times while the server still answers its health probe; last: {reason}"
-                            ))
-                        } else {
-                            Next::Retry(retry.jittered(n, rand::random()))
-                        }
-                    }
+                    Ok(()) => bad_answer(f, &retry, |n| {
+                        format!("the connection dropped {n} times while the server still answers its health probe; last: {reason}")
+                    }),
                     Err(probe) => Next::Restart(format!("{reason} (health probe: {probe})")),
                 }
             }

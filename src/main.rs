@@ -6,6 +6,7 @@ mod emulate_cmd;
 mod live_cmd;
 mod pool_path;
 mod progress;
+mod serve_cmd;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -53,6 +54,8 @@ enum Command {
     Bench(bench_cmd::BenchArgs),
     /// Serve one emulated replica over HTTP with vLLM's API (sleep mode, /metrics).
     Emulate(emulate_cmd::EmulateArgs),
+    /// Serve workflows over a REST API on the live runtime (register, run, follow, cancel).
+    Serve(serve_cmd::ServeArgs),
 }
 
 #[derive(Subcommand)]
@@ -216,6 +219,7 @@ fn main() -> ExitCode {
         }
         Command::Bench(args) => bench_cmd::run(args).map(|()| RunEnd::Ok),
         Command::Emulate(args) => emulate_cmd::run(args).map(|()| RunEnd::Ok),
+        Command::Serve(args) => serve_cmd::run(args).map(|()| RunEnd::Ok),
     };
     match result {
         Ok(RunEnd::Ok) => ExitCode::SUCCESS,

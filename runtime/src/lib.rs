@@ -32,6 +32,7 @@ pub mod report;
 pub mod responder;
 pub mod schema;
 pub mod session;
+pub mod serve;
 pub mod sim;
 pub mod tokens;
 pub mod values;

@@ -137,7 +137,14 @@ fn the_live_shell_does_not_import_the_simulator() {
 
 #[test]
 fn the_shared_execution_layer_imports_neither_shell() {
-    check("exec", &["sim", "live", "bench", "lower_bound"]);
+    check("exec", &["sim", "live", "bench", "lower_bound", "serve"]);
+}
+
+#[test]
+fn the_serve_api_runs_on_the_live_shell_only() {
+    check("serve", &["sim", "bench", "lower_bound"]);
+    // and the live shell does not know the HTTP API built on it
+    check("live", &["serve"]);
 }
 
 #[test]

@@ -25,7 +25,7 @@ use crate::ids::{ActivationId, DeviceId, ReplicaId, SessionId};
 use crate::planner::{DeploymentInfo, NearReadyItem, WorkItem};
 use crate::exec::graph_info::NodeInfo;
 use crate::exec::{CallRecord, DeploymentMap, SessionRecord};
-use crate::values::NodeOutput;
+use crate::values::{NodeOutput, Record};
 use crate::workflow::WorkflowSpec;
 
 /// The run's clock. The planner core's `now` is *device time*: wall seconds since the run
@@ -227,7 +227,9 @@ impl ToolsHandle {
     }
 }
 
-/// What every actor of a run may read.
+/// What every actor of a run may read. A served runtime (`live::service`) replaces the
+/// planner's copy when a workflow is registered; sessions keep the copy they started with.
+#[derive(Clone)]
 pub struct RunContext {
     pub workflows: Vec<Arc<WorkflowSpec>>,
     /// Trace and responder seed.
@@ -341,6 +343,29 @@ pub enum PlannerMsg {
     WaitDone(RpcReplyPort<Result<(), String>>),
     /// Reclaim everything, build the output and stop.
     Shutdown(RpcReplyPort<Box<LiveOutput>>),
+    /// A served runtime: add a workflow whose deployments the served table covers; answers its
+    /// index in the run's workflow list.
+    Register { spec: Arc<WorkflowSpec>, reply: RpcReplyPort<Result<u32, String>> },
+    /// A served runtime: start one session of workflow `workflow` per input, now; answers their
+    /// ids in input order.
+    Submit { workflow: u32, inputs: Vec<Record>, reply: RpcReplyPort<Result<Vec<SessionId>, String>> },
+    /// A served runtime: where these sessions stand.
+    Status { sessions: Vec<SessionId>, reply: RpcReplyPort<Vec<SessionStatus>> },
+    /// A served runtime: end these sessions, if still open, as failed with `reason`.
+    Cancel { sessions: Vec<SessionId>, reason: String },
+}
+
+/// Where one session of a served runtime stands.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SessionStatus {
+    /// No such session.
+    Unknown,
+    /// Started and not ended.
+    Running,
+    /// Ended with its final answer.
+    Completed { output: Option<NodeOutput>, score: Option<f64>, finished_at: f64 },
+    /// Ended without one (a failed call, a cancel, an unplaceable unit, …).
+    Failed { reason: String, at: f64 },
 }
 
 /// Messages to a session actor.

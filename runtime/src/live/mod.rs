@@ -12,11 +12,13 @@ pub mod factory;
 pub mod planner_actor;
 pub mod pool;
 pub mod replica_actor;
+pub mod service;
 pub mod session_actor;
 pub mod shell;
 pub mod tools_actor;
 
-pub use actors::{CallTiming, EngineFactory, EngineHandle, EngineTarget, NoteSink, RetryPolicy, SessionResult};
+pub use actors::{CallTiming, EngineFactory, EngineHandle, EngineTarget, NoteSink, RetryPolicy, SessionResult, SessionStatus};
+pub use service::{Service, ServiceError};
 pub use factory::PoolEngines;
 pub use pool::{LivePoolError, LivePoolSpec};
 pub use planner_actor::Progress;

@@ -20,11 +20,11 @@ use std::time::Duration;
 
 use ractor::{Actor, ActorCell, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 use switchyard_predictor::DeviceSpec;
-use tokio::sync::oneshot;
+use tokio::sync::{broadcast, oneshot};
 
 use super::actors::{
     EngineFactory, EngineHandle, EngineTarget, LifecycleTicket, NoteSink, PendingCall, PlannerMsg,
-    ReplicaMsg, RunContext, SessionMsg, SessionReport, SessionResult, ToolMsg,
+    ReplicaMsg, RunContext, SessionMsg, SessionReport, SessionResult, SessionStatus, ToolMsg,
 };
 use super::engine::{EngineError, EngineTelemetry};
 use super::replica_actor::{ReplicaActor, ReplicaArgs};
@@ -77,6 +77,9 @@ pub struct PlannerArgs {
     pub on_note: Option<NoteSink>,
     /// Record the run's events (`--trace`, the simulator's schema).
     pub keep_trace: bool,
+    /// Where each event of the run is also published as it happens (a served runtime's event
+    /// streams); lagging subscribers lose events, the run never waits for them.
+    pub events: Option<broadcast::Sender<TraceLine>>,
 }
 
 struct ReplicaEntry {
@@ -123,6 +126,7 @@ pub struct PlannerActorState {
     fixed_evictions: u64,
     keep_trace: bool,
     trace_lines: Vec<TraceLine>,
+    events_out: Option<broadcast::Sender<TraceLine>>,
 
     sessions: BTreeMap<SessionId, ActorRef<SessionMsg>>,
     session_cells: BTreeMap<ActorId, SessionId>,
@@ -201,6 +205,7 @@ impl Actor for PlannerActor {
             fixed_evictions: 0,
             keep_trace: args.keep_trace,
             trace_lines: Vec::new(),
+            events_out: args.events,
             sessions: BTreeMap::new(),
             session_cells: BTreeMap::new(),
             pending: BTreeMap::new(),
@@ -296,9 +301,17 @@ impl PlannerActorState {
 
     /// Record one event of the run (`--trace`; the simulator's schema, wall seconds).
     fn log(&mut self, event: &'static str, line: TraceLine) {
+        if !self.keep_trace && self.events_out.is_none() {
+            return;
+        }
+        let t = (self.wall() * 1000.0).round() / 1000.0;
+        let line = TraceLine { t, event, ..line };
+        if let Some(tx) = &self.events_out {
+            // No subscriber is not an error: nobody is listening right now.
+            let _ = tx.send(line.clone());
+        }
         if self.keep_trace {
-            let t = (self.wall() * 1000.0).round() / 1000.0;
-            self.trace_lines.push(TraceLine { t, event, ..line });
+            self.trace_lines.push(line);
         }
     }
 
@@ -378,7 +391,7 @@ impl PlannerActorState {
                 self.faults.retries += u64::from(attempts.saturating_sub(1));
                 let Some(f) = self.take_in_flight(activation) else { return };
                 let output_tokens = completion.output_tokens;
-                if self.keep_trace {
+                if self.keep_trace || self.events_out.is_some() {
                     let wall = self.wall();
                     let at = |t: f64| Some((((wall - completion.latency_s + t) * 1000.0).round() / 1000.0).to_string());
                     let line = TraceLine {
@@ -483,6 +496,109 @@ impl PlannerActorState {
                 let _ = port.send(Box::new(out));
                 myself.stop(None);
             }
+            PlannerMsg::Register { spec, reply } => {
+                let _ = reply.send(self.register(spec));
+            }
+            PlannerMsg::Submit { workflow, inputs, reply } => {
+                let r = self.submit(myself, workflow, inputs).await;
+                let _ = reply.send(r);
+            }
+            PlannerMsg::Status { sessions, reply } => {
+                let _ = reply.send(sessions.iter().map(|s| self.status(*s)).collect());
+            }
+            PlannerMsg::Cancel { sessions, reason } => {
+                for id in sessions {
+                    if let Some(actor) = self.sessions.get(&id) {
+                        let _ = actor.send_message(SessionMsg::Fail(reason.clone()));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Add `spec` to the run's workflows. Its deployments must map onto the served table: the
+    /// same model and dtype, a context no longer than the served one (the planner's table and
+    /// its profiles are built once, at start).
+    fn register(&mut self, spec: Arc<crate::workflow::WorkflowSpec>) -> Result<u32, String> {
+        if self.shutting_down {
+            return Err("the runtime is shutting down".into());
+        }
+        let w = u32::try_from(self.ctx.workflows.len()).map_err(|_| "too many workflows".to_string())?;
+        let mut ctx = (*self.ctx).clone();
+        for d in spec.deployments.values() {
+            let found = ctx.deployments.iter().find(|info| {
+                info.model.eq_ignore_ascii_case(&d.model) && info.dtype == d.dtype && info.max_model_len >= d.max_context
+            });
+            match found {
+                Some(info) => {
+                    ctx.deployment_of.insert((w, d.name.clone()), info.id);
+                }
+                None => {
+                    let served: Vec<String> = ctx
+                        .deployments
+                        .iter()
+                        .map(|i| format!("{} {} (context {})", i.model, format!("{:?}", i.dtype).to_lowercase(), i.max_model_len))
+                        .collect();
+                    return Err(format!(
+                        "deployment `{}` ({} {}, max_context {}) is not served here; served: {}",
+                        d.name,
+                        d.model,
+                        format!("{:?}", d.dtype).to_lowercase(),
+                        d.max_context,
+                        if served.is_empty() { "nothing".to_string() } else { served.join(", ") }
+                    ));
+                }
+            }
+        }
+        let info = exec::graph_info::workflow_info(&spec, |name| ctx.deployment_of.get(&(w, name.to_string())).copied());
+        ctx.node_info.push(info);
+        ctx.workflows.push(spec);
+        self.records.push(Vec::new());
+        self.ctx = Arc::new(ctx);
+        Ok(w)
+    }
+
+    /// Start one session of workflow `w` per input, now.
+    async fn submit(&mut self, myself: &ActorRef<PlannerMsg>, w: u32, inputs: Vec<Record>) -> Result<Vec<SessionId>, String> {
+        if self.shutting_down || self.fatal.is_some() {
+            return Err("the runtime is shutting down".into());
+        }
+        if self.ctx.workflows.get(w as usize).is_none() {
+            return Err(format!("no workflow {w}"));
+        }
+        let wall = self.wall();
+        let mut ids = Vec::with_capacity(inputs.len());
+        for input in inputs {
+            let Some(records) = self.records.get_mut(w as usize) else { break };
+            records.push(input);
+            let record = records.len() - 1;
+            let i = self.trace.len();
+            self.trace.push(TraceEntry { at: wall, workflow: w, record });
+            self.on_arrival(myself, i).await;
+            ids.push(SessionId(i as u32));
+        }
+        Ok(ids)
+    }
+
+    /// Where session `id` stands.
+    fn status(&self, id: SessionId) -> SessionStatus {
+        if let Some(r) = self.ended.get(&id) {
+            return match &r.result.failed {
+                Some(reason) => SessionStatus::Failed { reason: reason.clone(), at: r.record.failed_at.unwrap_or(0.0) },
+                None => SessionStatus::Completed {
+                    output: r.result.final_output.clone(),
+                    score: r.result.score,
+                    finished_at: r.record.finished.unwrap_or(0.0),
+                },
+            };
+        }
+        if let Some((_, at, reason)) = self.start_failures.iter().find(|(_, _, r)| r.starts_with(&format!("{id}:"))) {
+            return SessionStatus::Failed { reason: reason.clone(), at: *at };
+        }
+        if self.sessions.contains_key(&id) {
+            SessionStatus::Running
+        } else {
+            SessionStatus::Unknown
         }
     }
 

@@ -171,6 +171,7 @@ pub async fn run(cfg: &LiveConfig, factory: Arc<dyn EngineFactory>, progress: Op
         on_note: cfg.on_note.clone(),
         keep_trace: cfg.keep_trace,
         progress,
+        events: None,
     };
     let (planner, handle) =
         Actor::spawn(None, PlannerActor, args).await.map_err(|e| LiveError::Spawn(e.to_string()))?;

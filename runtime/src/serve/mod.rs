@@ -1,0 +1,673 @@
+//! `switchyard serve`'s REST API over a [`Service`] (the live runtime, started once): register
+//! and validate workflows, start runs (sessions of a workflow with inputs), read a run's status
+//! and outputs, stream its events (SSE), cancel it. The API is described by the OpenAPI
+//! document served at `/openapi.json` ([`OPENAPI`], kept true by a test that compares it with
+//! the router).
+//!
+//! Security: every `/v1/*` route needs `Authorization: Bearer <token>` when the server has a
+//! token (compared in constant time; 401 otherwise, with `WWW-Authenticate`); bodies over
+//! [`ApiConfig::max_body_bytes`] get 413; malformed bodies 400, invalid workflows 422 with each
+//! problem's file, line, column and field. A workflow registered over HTTP may not name a
+//! dataset (a dataset is a path on the server's disk: a client could make the server read any
+//! file); its sessions take their inputs from the request. Only `/health` and `/openapi.json`
+//! answer without a token.
+//!
+//! Errors have OpenAI's shape, `{"error": {"message", "type", "param", "code"}}` with the HTTP
+//! status as `code`; a workflow's validation errors add `"errors": [{file, line, column, field,
+//! kind, message}, …]`.
+//!
+//! Depends on `crate::live` (the service) and the workflow loader; must not depend on the
+//! simulator.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{DefaultBodyLimit, Path, Request, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use futures::Stream;
+use serde::Deserialize;
+use serde_json::{Value, json};
+use subtle::ConstantTimeEq;
+use tokio::sync::broadcast::error::RecvError;
+
+use crate::ids::SessionId;
+use crate::live::{Service, ServiceError, SessionStatus};
+use crate::values::Record;
+use crate::workflow::{WorkflowError, parse_workflow};
+
+/// The OpenAPI 3.1 document of this API (served at `/openapi.json`).
+pub const OPENAPI: &str = include_str!("openapi.json");
+
+/// Limits and credentials of the API.
+#[derive(Debug, Clone)]
+pub struct ApiConfig {
+    /// The bearer token every `/v1/*` request must carry (`None`: no authentication — the CLI
+    /// allows that only on a loopback address).
+    pub token: Option<String>,
+    /// Largest request body (413 above it).
+    pub max_body_bytes: usize,
+    /// Most sessions one run may start.
+    pub max_sessions_per_run: usize,
+}
+
+impl Default for ApiConfig {
+    fn default() -> Self {
+        ApiConfig { token: None, max_body_bytes: 4 << 20, max_sessions_per_run: 10_000 }
+    }
+}
+
+/// A registered workflow.
+struct WorkflowEntry {
+    index: u32,
+    text: String,
+    description: String,
+    inputs: Vec<String>,
+    nodes: Vec<String>,
+    /// Registered at start with its dataset: sessions may be drawn from it.
+    has_dataset: bool,
+}
+
+/// A run: sessions of one workflow started by one request.
+struct RunEntry {
+    workflow: String,
+    sessions: Vec<SessionId>,
+    created_at: f64,
+    cancelled: bool,
+}
+
+struct Api {
+    service: Arc<Service>,
+    config: ApiConfig,
+    workflows: Mutex<BTreeMap<String, WorkflowEntry>>,
+    runs: Mutex<BTreeMap<String, RunEntry>>,
+    next_run: AtomicU64,
+    /// Sessions drawn from each start-up workflow's dataset so far (the next record to use).
+    drawn: Mutex<BTreeMap<u32, usize>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// An API error: an HTTP status and OpenAI's error body.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    kind: &'static str,
+    message: String,
+    param: Option<String>,
+    details: Option<Value>,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> Self {
+        ApiError { status, kind, message: message.into(), param: None, details: None }
+    }
+
+    fn bad_request(message: impl Into<String>, param: &str) -> Self {
+        ApiError { param: Some(param.to_string()), ..Self::new(StatusCode::BAD_REQUEST, "invalid_request_error", message) }
+    }
+
+    fn not_found(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, "not_found_error", message)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut body = json!({ "error": {
+            "message": self.message,
+            "type": self.kind,
+            "param": self.param,
+            "code": self.status.as_u16(),
+        }});
+        if let (Some(d), Some(obj)) = (self.details, body.get_mut("error").and_then(Value::as_object_mut)) {
+            obj.insert("errors".into(), d);
+        }
+        let mut resp = (self.status, Json(body)).into_response();
+        if self.status == StatusCode::UNAUTHORIZED {
+            resp.headers_mut().insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
+        }
+        resp
+    }
+}
+
+impl From<ServiceError> for ApiError {
+    fn from(e: ServiceError) -> Self {
+        match e {
+            ServiceError::NotServed(m) => Self::new(StatusCode::UNPROCESSABLE_ENTITY, "not_served_error", m),
+            ServiceError::BadRequest(m) => Self::new(StatusCode::BAD_REQUEST, "invalid_request_error", m),
+            ServiceError::Unavailable(m) => Self::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable_error", m),
+        }
+    }
+}
+
+/// A JSON body, with axum's rejections turned into this API's 400 / 413 / 415.
+struct JsonBody<T>(T);
+
+impl<S: Send + Sync, T: serde::de::DeserializeOwned> axum::extract::FromRequest<S> for JsonBody<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        match Json::<T>::from_request(req, state).await {
+            Ok(Json(v)) => Ok(JsonBody(v)),
+            Err(rejection) => Err(json_rejection(rejection)),
+        }
+    }
+}
+
+/// A body axum could not read or parse: 413 over the size limit, 415 for a wrong content
+/// type, 400 for anything malformed (axum says 422 for well-formed JSON of the wrong shape;
+/// to a client both are a bad request).
+fn rejection(status: StatusCode, text: String) -> ApiError {
+    match status {
+        StatusCode::PAYLOAD_TOO_LARGE => ApiError::new(status, "request_too_large", text),
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => ApiError::new(status, "invalid_request_error", text),
+        _ => ApiError::bad_request(text, "body"),
+    }
+}
+
+fn json_rejection(r: JsonRejection) -> ApiError {
+    rejection(r.status(), r.body_text())
+}
+
+/// The router of the API over `service`.
+/// `startup` are the workflows the service started with: (index, spec, YAML text).
+pub fn router(service: Arc<Service>, config: ApiConfig, startup: Vec<(u32, Arc<crate::workflow::WorkflowSpec>, String)>) -> Router {
+    let mut workflows = BTreeMap::new();
+    for (index, spec, text) in startup {
+        workflows.insert(spec.name.clone(), entry(index, &spec, text));
+    }
+    let limit = config.max_body_bytes;
+    let api = Arc::new(Api {
+        service,
+        config,
+        workflows: Mutex::new(workflows),
+        runs: Mutex::new(BTreeMap::new()),
+        next_run: AtomicU64::new(1),
+        drawn: Mutex::new(BTreeMap::new()),
+    });
+    let v1 = Router::new()
+        .route("/v1/workflows", get(list_workflows).post(register_workflow))
+        .route("/v1/workflows/{name}", get(get_workflow))
+        .route("/v1/runs", get(list_runs).post(start_run))
+        .route("/v1/runs/{id}", get(get_run))
+        .route("/v1/runs/{id}/events", get(run_events))
+        .route("/v1/runs/{id}/cancel", post(cancel_run))
+        .route_layer(middleware::from_fn_with_state(Arc::clone(&api), authenticate));
+    Router::new()
+        .route("/health", get(|| async { Json(json!({"status": "ok"})) }))
+        .route("/openapi.json", get(openapi))
+        .merge(v1)
+        .fallback(|| async { ApiError::not_found("no such route") })
+        .method_not_allowed_fallback(|| async {
+            ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "invalid_request_error", "method not allowed on this route")
+        })
+        .layer(DefaultBodyLimit::max(limit))
+        .with_state(api)
+}
+
+/// Serve `app` on `listener` until `shutdown` completes (then finish the requests in flight).
+pub async fn serve_until(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, app).with_graceful_shutdown(shutdown).await
+}
+
+fn entry(index: u32, spec: &crate::workflow::WorkflowSpec, text: String) -> WorkflowEntry {
+    WorkflowEntry {
+        index,
+        text,
+        description: spec.description.clone().unwrap_or_default(),
+        inputs: spec.input_fields(),
+        nodes: spec.nodes.iter().map(|n| n.id.clone()).collect(),
+        has_dataset: spec.dataset.is_some(),
+    }
+}
+
+async fn openapi() -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], OPENAPI).into_response()
+}
+
+/// Bearer-token check of every `/v1/*` request.
+async fn authenticate(State(api): State<Arc<Api>>, headers: HeaderMap, req: Request, next: Next) -> Response {
+    if let Some(token) = &api.config.token {
+        let given = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(str::trim);
+        let ok = match given {
+            // Lengths may differ; `ct_eq` on slices of different lengths is false in constant
+            // time for the given length, which leaks only the length, not the token.
+            Some(g) => bool::from(g.as_bytes().ct_eq(token.as_bytes())),
+            None => false,
+        };
+        if !ok {
+            let msg = if given.is_none() { "missing bearer token" } else { "invalid bearer token" };
+            return ApiError::new(StatusCode::UNAUTHORIZED, "authentication_error", msg).into_response();
+        }
+    }
+    next.run(req).await
+}
+
+fn workflow_json(name: &str, w: &WorkflowEntry) -> Value {
+    json!({
+        "name": name,
+        "index": w.index,
+        "description": w.description,
+        "inputs": w.inputs,
+        "nodes": w.nodes,
+        "dataset": w.has_dataset,
+    })
+}
+
+async fn list_workflows(State(api): State<Arc<Api>>) -> Json<Value> {
+    let wfs = lock(&api.workflows);
+    Json(json!({ "workflows": wfs.iter().map(|(n, w)| workflow_json(n, w)).collect::<Vec<_>>() }))
+}
+
+async fn get_workflow(State(api): State<Arc<Api>>, Path(name): Path<String>) -> Result<Json<Value>, ApiError> {
+    let wfs = lock(&api.workflows);
+    let w = wfs.get(&name).ok_or_else(|| ApiError::not_found(format!("no workflow named `{name}`")))?;
+    let mut v = workflow_json(&name, w);
+    if let Some(o) = v.as_object_mut() {
+        o.insert("yaml".into(), Value::String(w.text.clone()));
+    }
+    Ok(Json(v))
+}
+
+/// The body of `POST /v1/workflows`: the YAML text itself (any text content type), or JSON
+/// `{"yaml": "...", "validate_only": bool}`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RegisterBody {
+    yaml: String,
+    #[serde(default)]
+    validate_only: bool,
+}
+
+async fn register_workflow(
+    State(api): State<Arc<Api>>,
+    headers: HeaderMap,
+    body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
+) -> Result<Response, ApiError> {
+    let body = body.map_err(|r| rejection(r.status(), r.body_text()))?;
+    let is_json = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|c| c.starts_with("application/json"));
+    let (text, validate_only) = if is_json {
+        let b: RegisterBody = serde_json::from_slice(&body)
+            .map_err(|e| ApiError::bad_request(format!("the body is not a registration: {e}"), "body"))?;
+        (b.yaml, b.validate_only)
+    } else {
+        let t = String::from_utf8(body.to_vec()).map_err(|_| ApiError::bad_request("the body is not UTF-8 text", "body"))?;
+        (t, false)
+    };
+    let spec = parse_workflow("request", &text, std::path::Path::new("/nonexistent"))
+        .map_err(workflow_errors)?;
+    if spec.dataset.is_some() {
+        return Err(ApiError {
+            param: Some("dataset".into()),
+            ..ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid_workflow",
+                "a workflow registered over the API may not name a dataset (it is a path on the server's disk); \
+                 pass each session's inputs when starting a run, or start the server with the workflow file",
+            )
+        });
+    }
+    let name = spec.name.clone();
+    {
+        let wfs = lock(&api.workflows);
+        if let Some(existing) = wfs.get(&name) {
+            if existing.text == text {
+                return Ok((StatusCode::OK, Json(workflow_json(&name, existing))).into_response());
+            }
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "conflict_error",
+                format!("a different workflow named `{name}` is already registered"),
+            ));
+        }
+    }
+    if validate_only {
+        let e = entry(u32::MAX, &spec, text);
+        let mut v = workflow_json(&name, &e);
+        if let Some(o) = v.as_object_mut() {
+            o.remove("index");
+            o.insert("valid".into(), Value::Bool(true));
+        }
+        return Ok((StatusCode::OK, Json(v)).into_response());
+    }
+    let e_inputs = entry(0, &spec, String::new());
+    let index = api.service.register(spec).await?;
+    let e = WorkflowEntry { index, text, ..e_inputs };
+    let v = workflow_json(&name, &e);
+    let mut wfs = lock(&api.workflows);
+    // Two identical registrations may race: the second finds the first here.
+    wfs.entry(name).or_insert(e);
+    Ok((StatusCode::CREATED, Json(v)).into_response())
+}
+
+/// A workflow's validation errors as a 422 with each problem's position and field.
+fn workflow_errors(e: WorkflowError) -> ApiError {
+    let details: Vec<Value> = e
+        .all()
+        .into_iter()
+        .map(|p| match p {
+            WorkflowError::Invalid { file, line, column, field, kind, message } => json!({
+                "file": file, "line": line, "column": column, "field": field,
+                "kind": kind.to_string(), "message": message,
+            }),
+            other => json!({ "message": other.to_string() }),
+        })
+        .collect();
+    ApiError {
+        param: e.field().map(str::to_string),
+        details: Some(Value::Array(details)),
+        ..ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_workflow", e.to_string())
+    }
+}
+
+/// The body of `POST /v1/runs`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RunBody {
+    workflow: String,
+    /// One session per input object.
+    #[serde(default)]
+    inputs: Option<Vec<Record>>,
+    /// Or this many sessions drawn from the workflow's dataset (start-up workflows only).
+    #[serde(default)]
+    sessions: Option<usize>,
+}
+
+async fn start_run(State(api): State<Arc<Api>>, JsonBody(body): JsonBody<RunBody>) -> Result<Response, ApiError> {
+    let (index, needed, has_dataset) = {
+        let wfs = lock(&api.workflows);
+        let w = wfs
+            .get(&body.workflow)
+            .ok_or_else(|| ApiError { param: Some("workflow".into()), ..ApiError::not_found(format!("no workflow named `{}`", body.workflow)) })?;
+        (w.index, w.inputs.clone(), w.has_dataset)
+    };
+    let max = api.config.max_sessions_per_run;
+    let inputs: Vec<Record> = match (body.inputs, body.sessions) {
+        (Some(_), Some(_)) => return Err(ApiError::bad_request("give `inputs` or `sessions`, not both", "sessions")),
+        (Some(inputs), None) => {
+            if inputs.is_empty() || inputs.len() > max {
+                return Err(ApiError::bad_request(format!("`inputs` must hold 1 to {max} objects"), "inputs"));
+            }
+            for (i, rec) in inputs.iter().enumerate() {
+                if let Some(missing) = needed.iter().find(|f| !rec.contains_key(*f)) {
+                    return Err(ApiError::bad_request(
+                        format!("inputs[{i}] lacks `{missing}` (the workflow reads: {})", needed.join(", ")),
+                        &format!("inputs[{i}].{missing}"),
+                    ));
+                }
+            }
+            inputs
+        }
+        (None, n) => {
+            let n = n.unwrap_or(1);
+            if n == 0 || n > max {
+                return Err(ApiError::bad_request(format!("`sessions` must be 1 to {max}"), "sessions"));
+            }
+            // A workflow that reads no input runs on empty records (as `run` does without a
+            // dataset); one that does needs its start-up dataset.
+            let data = if has_dataset { api.service.dataset(index) } else { None }
+                .or_else(|| needed.is_empty().then(|| Arc::new(vec![Record::new()])));
+            let Some(data) = data.filter(|d| !d.is_empty()) else {
+                return Err(ApiError::bad_request(
+                    format!("workflow `{}` has no dataset here: pass `inputs` (it reads: {})", body.workflow, needed.join(", ")),
+                    "inputs",
+                ));
+            };
+            let mut drawn = lock(&api.drawn);
+            let next = drawn.entry(index).or_insert(0);
+            let out = (0..n).map(|k| data[(*next + k) % data.len()].clone()).collect();
+            *next += n;
+            out
+        }
+    };
+    let sessions = api.service.submit(index, inputs).await?;
+    let id = format!("run-{}", api.next_run.fetch_add(1, Ordering::Relaxed));
+    let created_at = api.service.wall();
+    let v = json!({
+        "id": id,
+        "workflow": body.workflow,
+        "sessions": sessions.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
+        "created_at": created_at,
+    });
+    lock(&api.runs).insert(id, RunEntry { workflow: body.workflow, sessions, created_at, cancelled: false });
+    Ok((StatusCode::CREATED, Json(v)).into_response())
+}
+
+fn session_json(id: SessionId, s: &SessionStatus) -> Value {
+    match s {
+        SessionStatus::Unknown => json!({"id": id.to_string(), "state": "unknown"}),
+        SessionStatus::Running => json!({"id": id.to_string(), "state": "running"}),
+        SessionStatus::Completed { output, score, finished_at } => json!({
+            "id": id.to_string(), "state": "completed", "finished_at": finished_at,
+            "score": score, "output": output,
+        }),
+        SessionStatus::Failed { reason, at } => json!({
+            "id": id.to_string(), "state": "failed", "failed_at": at, "reason": reason,
+        }),
+    }
+}
+
+/// `running` while any session runs; else `completed` when all completed, `cancelled` after a
+/// cancel, `failed` otherwise.
+fn run_state(statuses: &[SessionStatus], cancelled: bool) -> &'static str {
+    if statuses.iter().any(|s| matches!(s, SessionStatus::Running)) {
+        "running"
+    } else if statuses.iter().all(|s| matches!(s, SessionStatus::Completed { .. })) {
+        "completed"
+    } else if cancelled {
+        "cancelled"
+    } else {
+        "failed"
+    }
+}
+
+async fn run_json(api: &Api, id: &str) -> Result<Value, ApiError> {
+    let (workflow, sessions, created_at, cancelled) = {
+        let runs = lock(&api.runs);
+        let r = runs.get(id).ok_or_else(|| ApiError::not_found(format!("no run `{id}`")))?;
+        (r.workflow.clone(), r.sessions.clone(), r.created_at, r.cancelled)
+    };
+    let statuses = api.service.status(sessions.clone()).await?;
+    let count = |f: fn(&SessionStatus) -> bool| statuses.iter().filter(|s| f(s)).count();
+    Ok(json!({
+        "id": id,
+        "workflow": workflow,
+        "state": run_state(&statuses, cancelled),
+        "created_at": created_at,
+        "counts": {
+            "sessions": statuses.len(),
+            "running": count(|s| matches!(s, SessionStatus::Running)),
+            "completed": count(|s| matches!(s, SessionStatus::Completed { .. })),
+            "failed": count(|s| matches!(s, SessionStatus::Failed { .. })),
+        },
+        "sessions": sessions.iter().zip(&statuses).map(|(i, s)| session_json(*i, s)).collect::<Vec<_>>(),
+    }))
+}
+
+async fn get_run(State(api): State<Arc<Api>>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
+    Ok(Json(run_json(&api, &id).await?))
+}
+
+async fn list_runs(State(api): State<Arc<Api>>) -> Json<Value> {
+    let runs = lock(&api.runs);
+    let list: Vec<Value> = runs
+        .iter()
+        .map(|(id, r)| json!({"id": id, "workflow": r.workflow, "sessions": r.sessions.len(), "created_at": r.created_at}))
+        .collect();
+    Json(json!({ "runs": list }))
+}
+
+async fn cancel_run(State(api): State<Arc<Api>>, Path(id): Path<String>) -> Result<Response, ApiError> {
+    let sessions = {
+        let mut runs = lock(&api.runs);
+        let r = runs.get_mut(&id).ok_or_else(|| ApiError::not_found(format!("no run `{id}`")))?;
+        r.cancelled = true;
+        r.sessions.clone()
+    };
+    api.service.cancel(sessions, format!("cancelled by a client (run {id})"))?;
+    Ok((StatusCode::ACCEPTED, Json(json!({"id": id, "cancelling": true}))).into_response())
+}
+
+/// `GET /v1/runs/{id}/events`: the run's events as server-sent events, one per line of the
+/// live trace (`event:` the trace event's name, `data:` the line as JSON): its sessions'
+/// events and the pool's lifecycle events (loads, sleeps, unloads). Ends with a `run_end`
+/// event carrying the run's status once every session ended.
+async fn run_events(
+    State(api): State<Arc<Api>>,
+    Path(id): Path<String>,
+) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
+    // Subscribe before reading the status: an end between the two is then seen twice, never
+    // missed.
+    let rx = api.service.subscribe();
+    let first = run_json(&api, &id).await?;
+    let sessions: BTreeSet<u32> =
+        lock(&api.runs).get(&id).map(|r| r.sessions.iter().map(|s| s.0).collect()).unwrap_or_default();
+    let ended = ended_set(first);
+    Ok(Sse::new(stream_from(rx, api, id, sessions, ended)).keep_alive(KeepAlive::default()))
+}
+
+/// The ids of the sessions a run status (`run_json`) shows as ended.
+fn ended_set(first: Value) -> BTreeSet<u32> {
+    first
+        .get("sessions")
+        .and_then(Value::as_array)
+        .map(|list| {
+            list.iter()
+                .filter(|s| s.get("state").and_then(Value::as_str).is_some_and(|st| st == "completed" || st == "failed"))
+                .filter_map(|s| s.get("id").and_then(Value::as_str).and_then(|i| i.strip_prefix('s')).and_then(|n| n.parse().ok()))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn stream_from(
+    rx: tokio::sync::broadcast::Receiver<crate::exec::TraceLine>,
+    api: Arc<Api>,
+    id: String,
+    sessions: BTreeSet<u32>,
+    ended: BTreeSet<u32>,
+) -> impl Stream<Item = Result<Event, Infallible>> {
+    struct St {
+        rx: tokio::sync::broadcast::Receiver<crate::exec::TraceLine>,
+        api: Arc<Api>,
+        id: String,
+        sessions: BTreeSet<u32>,
+        ended: BTreeSet<u32>,
+        done: bool,
+    }
+    let st = St { rx, api, id, sessions, ended, done: false };
+    futures::stream::unfold(st, |mut st| async move {
+        if st.done {
+            return None;
+        }
+        if st.ended.len() >= st.sessions.len() {
+            st.done = true;
+            let status = run_json(&st.api, &st.id).await.unwrap_or_else(|e| json!({"error": e.message}));
+            return Some((Ok(Event::default().event("run_end").data(status.to_string())), st));
+        }
+        loop {
+            match st.rx.recv().await {
+                Ok(line) => {
+                    let mine = match line.session {
+                        Some(s) => st.sessions.contains(&s),
+                        None => true,
+                    };
+                    if !mine {
+                        continue;
+                    }
+                    if matches!(line.event, "session_done" | "session_failed")
+                        && let Some(s) = line.session
+                    {
+                        st.ended.insert(s);
+                    }
+                    let data = serde_json::to_string(&line).unwrap_or_default();
+                    return Some((Ok(Event::default().event(line.event).data(data)), st));
+                }
+                Err(RecvError::Lagged(n)) => {
+                    // Lost lines may include session ends: re-read the status.
+                    if let Ok(v) = run_json(&st.api, &st.id).await {
+                        st.ended.extend(ended_set(v));
+                    }
+                    return Some((Ok(Event::default().event("lagged").data(json!({"lost": n}).to_string())), st));
+                }
+                Err(RecvError::Closed) => {
+                    st.done = true;
+                    return Some((Ok(Event::default().event("closed").data("{}")), st));
+                }
+            }
+        }
+    })
+}
+
+/// Every route of the API as (method, path), as [`router`] builds it: the OpenAPI document
+/// must describe exactly these (tested).
+pub const ROUTES: &[(&str, &str)] = &[
+    ("get", "/health"),
+    ("get", "/openapi.json"),
+    ("get", "/v1/workflows"),
+    ("post", "/v1/workflows"),
+    ("get", "/v1/workflows/{name}"),
+    ("get", "/v1/runs"),
+    ("post", "/v1/runs"),
+    ("get", "/v1/runs/{id}"),
+    ("get", "/v1/runs/{id}/events"),
+    ("post", "/v1/runs/{id}/cancel"),
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_openapi_document_describes_exactly_the_routes() {
+        let doc: Value = serde_json::from_str(OPENAPI).expect("the OpenAPI document is JSON");
+        let paths = doc.get("paths").and_then(Value::as_object).expect("paths");
+        let mut documented = BTreeSet::new();
+        for (path, ops) in paths {
+            for method in ops.as_object().expect("operations").keys() {
+                documented.insert((method.clone(), path.clone()));
+            }
+        }
+        let routes: BTreeSet<(String, String)> = ROUTES.iter().map(|(m, p)| (m.to_string(), p.to_string())).collect();
+        assert_eq!(documented, routes);
+    }
+
+    #[test]
+    fn a_run_is_running_until_every_session_ended() {
+        let done = SessionStatus::Completed { output: None, score: None, finished_at: 1.0 };
+        let failed = SessionStatus::Failed { reason: "x".into(), at: 1.0 };
+        assert_eq!(run_state(&[done.clone(), SessionStatus::Running], false), "running");
+        assert_eq!(run_state(&[done.clone(), done.clone()], false), "completed");
+        assert_eq!(run_state(&[done.clone(), failed.clone()], false), "failed");
+        assert_eq!(run_state(&[done, failed], true), "cancelled");
+    }
+
+    #[test]
+    fn errors_have_openais_shape_with_an_integer_code() {
+        let resp = ApiError::bad_request("bad", "inputs").into_response();
+        assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
+        let unauthorized = ApiError::new(StatusCode::UNAUTHORIZED, "authentication_error", "no").into_response();
+        assert_eq!(unauthorized.headers().get(header::WWW_AUTHENTICATE).map(|v| v.as_bytes()), Some(&b"Bearer"[..]));
+    }
+}

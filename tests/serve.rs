@@ -1,0 +1,238 @@
+//! `switchyard serve` end to end, as a client sees it: the binary on a live pool of
+//! `switchyard emulate` children, its REST API over real HTTP — authentication, limits and
+//! validation errors, registering workflows, runs with their outputs, the SSE event stream,
+//! cancel — and a SIGTERM that stops it cleanly.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use futures::StreamExt;
+use serde_json::{Value, json};
+
+const BIN: &str = env!("CARGO_BIN_EXE_switchyard");
+const TOKEN: &str = "test-token-0123456789abcdef";
+
+fn repo() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The bundled live-emulated pool at a lower speed (5×), so that a load takes long enough to
+/// cancel a run before its first call.
+fn slow_pool(dir: &Path) -> std::path::PathBuf {
+    let text = std::fs::read_to_string(repo().join("workflows/pools/live-emulated.yaml")).expect("pool");
+    let path = dir.join("pool.yaml");
+    std::fs::write(&path, text.replace("speed: 50", "speed: 5")).expect("write pool");
+    path
+}
+
+/// A chain on Qwen3-8B with long answers (the cancel test's run).
+const LONG_CHAIN: &str = "name: long-chain\ndeployments:\n  big: {model: Qwen3-8B, dtype: fp16, max_context: 4096, max_output_tokens: 3000}\n\
+nodes:\n  - id: write\n    deployment: big\n    max_output_tokens: 3000\n    output_tokens: {mean: 2500, cv: 0.1}\n    prompt: Write at length.\n";
+
+struct Server {
+    child: Child,
+    base: String,
+}
+
+impl Server {
+    fn start(dir: &Path) -> Server {
+        let long = dir.join("long.yaml");
+        std::fs::write(&long, LONG_CHAIN).expect("write workflow");
+        let mut child = Command::new(BIN)
+            .args(["serve", "--listen", "127.0.0.1:0", "--pool"])
+            .arg(slow_pool(dir))
+            .arg("--workflow")
+            .arg(repo().join("tests/fixtures/tiny_chain.yaml"))
+            .arg("--workflow")
+            .arg(&long)
+            .env("SWITCHYARD_API_TOKEN", TOKEN)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn switchyard serve");
+        let stderr = child.stderr.take().expect("stderr");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                eprintln!("[serve] {line}");
+                if let Some(addr) = line.split("listening on ").nth(1) {
+                    let _ = tx.send(addr.split_whitespace().next().unwrap_or("").to_string());
+                }
+            }
+        });
+        let base = rx.recv_timeout(Duration::from_secs(60)).expect("the server says where it listens");
+        Server { child, base }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+async fn body(resp: reqwest::Response) -> (u16, Value) {
+    let status = resp.status().as_u16();
+    let v = resp.json::<Value>().await.unwrap_or(Value::Null);
+    (status, v)
+}
+
+fn error_code(v: &Value) -> Option<i64> {
+    v.pointer("/error/code").and_then(Value::as_i64)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_end_to_end() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = Server::start(dir.path());
+    let http = reqwest::Client::new();
+    let auth = format!("Bearer {TOKEN}");
+
+    // Open routes; everything under /v1 needs the token.
+    let (s, v) = body(http.get(server.url("/health")).send().await.expect("health")).await;
+    assert_eq!((s, v["status"].as_str()), (200, Some("ok")));
+    let (s, v) = body(http.get(server.url("/openapi.json")).send().await.expect("openapi")).await;
+    assert_eq!(s, 200);
+    assert!(v.pointer("/paths/~1v1~1runs").is_some(), "{v}");
+    let resp = http.get(server.url("/v1/workflows")).send().await.expect("no token");
+    assert_eq!(resp.headers().get("www-authenticate").map(|h| h.as_bytes()), Some(&b"Bearer"[..]));
+    let (s, v) = body(resp).await;
+    assert_eq!((s, error_code(&v)), (401, Some(401)), "{v}");
+    let (s, _) = body(http.get(server.url("/v1/workflows")).header("authorization", "Bearer wrong").send().await.expect("bad token")).await;
+    assert_eq!(s, 401);
+
+    // The start-up workflows are registered.
+    let (s, v) = body(http.get(server.url("/v1/workflows")).header("authorization", &auth).send().await.expect("list")).await;
+    assert_eq!(s, 200);
+    let names: Vec<&str> = v["workflows"].as_array().expect("list").iter().filter_map(|w| w["name"].as_str()).collect();
+    assert_eq!(names, ["long-chain", "tiny-chain"]);
+
+    // Invalid workflows: 422 with every problem's line, column and field.
+    let bad = "name: bad\nnodes:\n  - id: a\n    deployment: nope\n    prompt: hi\n";
+    let (s, v) = body(http.post(server.url("/v1/workflows")).header("authorization", &auth).body(bad).send().await.expect("bad")).await;
+    assert_eq!((s, error_code(&v)), (422, Some(422)), "{v}");
+    let errors = v.pointer("/error/errors").and_then(Value::as_array).expect("errors");
+    let unknown = errors.iter().find(|e| e["field"] == "nodes.a.deployment").expect("the unknown deployment is named");
+    assert_eq!((unknown["line"].as_u64(), unknown["column"].as_u64()), (Some(4), Some(17)), "{unknown}");
+    // A deployment the server does not serve, and a dataset (a path on the server's disk).
+    let tiny = std::fs::read_to_string(repo().join("tests/fixtures/tiny_chain.yaml")).expect("fixture");
+    let other_model = tiny.replace("name: tiny-chain", "name: other").replace("Qwen3-0.6B", "Qwen3-14B");
+    let (s, v) = body(http.post(server.url("/v1/workflows")).header("authorization", &auth).body(other_model).send().await.expect("unserved")).await;
+    assert_eq!(s, 422, "{v}");
+    assert!(v["error"]["message"].as_str().unwrap_or("").contains("not served"), "{v}");
+    let with_dataset = tiny.replace("name: tiny-chain", "name: reads-files")
+        + "\ndataset: {file: /etc/passwd, format: jsonl, fields: {x: x}}\n";
+    let (s, v) = body(http.post(server.url("/v1/workflows")).header("authorization", &auth).body(with_dataset).send().await.expect("dataset")).await;
+    assert_eq!(s, 422, "{v}");
+    // Register: 201, the same text again 200, another text under that name 409.
+    let second = tiny.replace("name: tiny-chain", "name: second");
+    let (s, v) = body(http.post(server.url("/v1/workflows")).header("authorization", &auth).body(second.clone()).send().await.expect("register")).await;
+    assert_eq!((s, v["name"].as_str()), (201, Some("second")), "{v}");
+    let (s, _) = body(http.post(server.url("/v1/workflows")).header("authorization", &auth).body(second.clone()).send().await.expect("again")).await;
+    assert_eq!(s, 200);
+    let changed = second.replace("Write the sentence.", "Write two sentences.");
+    let (s, _) = body(http.post(server.url("/v1/workflows")).header("authorization", &auth).body(changed).send().await.expect("conflict")).await;
+    assert_eq!(s, 409);
+    // Limits and malformed bodies.
+    // (its own client: the server closes a connection whose body it refused unread)
+    let once = reqwest::Client::new();
+    let (s, v) = body(once.post(server.url("/v1/workflows")).header("authorization", &auth).body(vec![b'a'; 5 << 20]).send().await.expect("big")).await;
+    assert_eq!((s, error_code(&v)), (413, Some(413)), "{v}");
+    let (s, v) = body(http.post(server.url("/v1/runs")).header("authorization", &auth).json(&json!({"workflow": "second", "input": [{}]})).send().await.expect("typo")).await;
+    assert_eq!((s, error_code(&v)), (400, Some(400)), "{v}");
+    let (s, _) = body(http.post(server.url("/v1/runs")).header("authorization", &auth).json(&json!({"workflow": "nope"})).send().await.expect("unknown")).await;
+    assert_eq!(s, 404);
+    let (s, _) = body(http.delete(server.url("/v1/runs")).header("authorization", &auth).send().await.expect("405")).await;
+    assert_eq!(s, 405);
+
+    // A run: three sessions, followed on the event stream to its end.
+    let (s, v) = body(http.post(server.url("/v1/runs")).header("authorization", &auth).json(&json!({"workflow": "second", "sessions": 3})).send().await.expect("run")).await;
+    assert_eq!(s, 201, "{v}");
+    let run = v["id"].as_str().expect("run id").to_string();
+    let events = http.get(server.url(&format!("/v1/runs/{run}/events"))).header("authorization", &auth).send().await.expect("events");
+    assert_eq!(events.status().as_u16(), 200);
+    let mut stream = events.bytes_stream();
+    let mut text = String::new();
+    let followed = tokio::time::timeout(Duration::from_secs(120), async {
+        while let Some(chunk) = stream.next().await {
+            text.push_str(&String::from_utf8_lossy(&chunk.expect("chunk")));
+            if text.contains("event: run_end") && text.ends_with("\n\n") {
+                break;
+            }
+        }
+    })
+    .await;
+    assert!(followed.is_ok(), "the event stream ended: {text}");
+    let count = |name: &str| text.matches(&format!("event: {name}\n")).count();
+    assert_eq!(count("session_done"), 3, "{text}");
+    assert_eq!(count("finish"), 6, "two calls per session: {text}");
+    assert!(count("dispatch") >= 6, "{text}");
+    let (s, v) = body(http.get(server.url(&format!("/v1/runs/{run}"))).header("authorization", &auth).send().await.expect("status")).await;
+    assert_eq!((s, v["state"].as_str()), (200, Some("completed")), "{v}");
+    for session in v["sessions"].as_array().expect("sessions") {
+        let out = session.pointer("/output/text").and_then(Value::as_str).unwrap_or("");
+        assert!(out.contains("emulated output of node `edit`"), "the final node's answer: {session}");
+    }
+
+    // Cancel a run of long answers before it could finish: its sessions fail as cancelled.
+    let (s, v) = body(http.post(server.url("/v1/runs")).header("authorization", &auth).json(&json!({"workflow": "long-chain", "sessions": 2})).send().await.expect("long")).await;
+    assert_eq!(s, 201, "{v}");
+    let long = v["id"].as_str().expect("run id").to_string();
+    let (s, _) = body(http.post(server.url(&format!("/v1/runs/{long}/cancel"))).header("authorization", &auth).send().await.expect("cancel")).await;
+    assert_eq!(s, 202);
+    let mut state = String::new();
+    for _ in 0..100 {
+        let (_, v) = body(http.get(server.url(&format!("/v1/runs/{long}"))).header("authorization", &auth).send().await.expect("status")).await;
+        state = v["state"].as_str().unwrap_or("").to_string();
+        if state != "running" {
+            let reasons: Vec<&str> = v["sessions"].as_array().expect("sessions").iter().filter_map(|s| s["reason"].as_str()).collect();
+            assert_eq!(reasons.len(), 2, "{v}");
+            assert!(reasons.iter().all(|r| r.contains("cancelled")), "{v}");
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(state, "cancelled");
+
+    // SIGTERM: the server stops cleanly.
+    let pid = server.child.id() as libc::pid_t;
+    // SAFETY: a signal to our own child.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let mut server = server;
+    let mut status = None;
+    for _ in 0..300 {
+        if let Ok(Some(s)) = server.child.try_wait() {
+            status = Some(s);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(status.is_some_and(|s| s.success()), "exit after SIGTERM: {status:?}");
+}
+
+#[test]
+fn serve_refuses_to_start_without_a_token_or_on_a_public_address_without_auth() {
+    let out = Command::new(BIN)
+        .args(["serve", "--listen", "127.0.0.1:0", "--pool", "workflows/pools/live-emulated.yaml", "--workflow", "tests/fixtures/tiny_chain.yaml"])
+        .current_dir(repo())
+        .env_remove("SWITCHYARD_API_TOKEN")
+        .output()
+        .expect("run");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no API token"), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new(BIN)
+        .args(["serve", "--no-auth", "--listen", "0.0.0.0:0", "--pool", "workflows/pools/live-emulated.yaml", "--workflow", "tests/fixtures/tiny_chain.yaml"])
+        .current_dir(repo())
+        .env_remove("SWITCHYARD_API_TOKEN")
+        .output()
+        .expect("run");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("loopback"), "{}", String::from_utf8_lossy(&out.stderr));
+}

@@ -201,6 +201,37 @@ async fn serve_end_to_end() {
     }
     assert_eq!(state, "cancelled");
 
+    // The front door: a streamed chat call arrives token by token, with OpenAI's shapes.
+    let (s, v) = body(http.get(server.url("/v1/models")).header("authorization", &auth).send().await.expect("models")).await;
+    assert_eq!(s, 200);
+    let models: Vec<&str> = v["data"].as_array().expect("data").iter().filter_map(|m| m["id"].as_str()).collect();
+    assert_eq!(models, ["Qwen3-0.6B", "Qwen3-8B"]);
+    let call = json!({"model": "Qwen/Qwen3-0.6B", "messages": [{"role": "user", "content": "Say hi"}], "max_tokens": 24,
+                      "stream": true, "stream_options": {"include_usage": true}});
+    let resp = http.post(server.url("/v1/chat/completions")).header("authorization", &auth).header("X-Session-ID", "agent-1").json(&call).send().await.expect("chat");
+    assert_eq!(resp.status().as_u16(), 200);
+    let text = resp.text().await.expect("stream");
+    let chunks: Vec<Value> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter(|d| *d != "[DONE]")
+        .map(|d| serde_json::from_str(d).expect("chunk JSON"))
+        .collect();
+    let pieces: Vec<&str> = chunks.iter().filter_map(|c| c.pointer("/choices/0/delta/content").and_then(Value::as_str)).collect();
+    assert!(pieces.len() >= 12, "one chunk per token, not the whole answer at once: {text}");
+    assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
+    let usage = chunks.last().and_then(|c| c.get("usage")).expect("the usage chunk");
+    assert_eq!(usage["completion_tokens"].as_u64(), Some(24), "{usage}");
+    assert!(usage.pointer("/prompt_tokens_details/cached_tokens").is_some(), "{usage}");
+    // The same program's second call, not streamed.
+    let call = json!({"model": "Qwen3-0.6B", "messages": [{"role": "user", "content": "Say hi"}, {"role": "assistant", "content": "hi"},
+                      {"role": "user", "content": "again"}], "max_tokens": 8, "program_done": true});
+    let (s, v) = body(http.post(server.url("/v1/chat/completions")).header("authorization", &auth).header("X-Session-ID", "agent-1").json(&call).send().await.expect("chat")).await;
+    assert_eq!((s, v["object"].as_str(), v.pointer("/usage/completion_tokens").and_then(Value::as_u64)), (200, Some("chat.completion"), Some(8)), "{v}");
+    assert!(v.pointer("/choices/0/message/content").and_then(Value::as_str).is_some_and(|t| !t.is_empty()), "{v}");
+    let (s, v) = body(http.post(server.url("/v1/chat/completions")).header("authorization", &auth).json(&json!({"model": "gpt-4", "messages": [{"role": "user", "content": "x"}]})).send().await.expect("chat")).await;
+    assert_eq!((s, v["error"]["param"].as_str()), (404, Some("model")), "{v}");
+
     // SIGTERM: the server stops cleanly.
     let pid = server.child.id() as libc::pid_t;
     // SAFETY: a signal to our own child.
@@ -235,4 +266,136 @@ fn serve_refuses_to_start_without_a_token_or_on_a_public_address_without_auth() 
         .expect("run");
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("loopback"), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// An upstream OpenAI-compatible server that streams a long answer slowly and records whether
+/// its client went away before the end.
+mod slow_upstream {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::time::Duration;
+
+    use axum::response::sse::{Event, Sse};
+    use axum::routing::{get, post};
+    use axum::{Json, Router};
+    use serde_json::json;
+
+    #[derive(Default)]
+    pub struct Seen {
+        pub started: AtomicUsize,
+        pub dropped_early: AtomicBool,
+    }
+
+    struct Guard {
+        seen: Arc<Seen>,
+        finished: bool,
+    }
+
+    impl Drop for Guard {
+        fn drop(&mut self) {
+            if !self.finished {
+                self.seen.dropped_early.store(true, Ordering::SeqCst);
+            }
+        }
+    }
+
+    /// Serve on a loopback port; answers the `/v1` root URL.
+    pub async fn start() -> (String, Arc<Seen>) {
+        let seen = Arc::new(Seen::default());
+        let s2 = Arc::clone(&seen);
+        let app = Router::new()
+            .route("/health", get(|| async { "ok" }))
+            .route("/v1/models", get(|| async { Json(json!({"object": "list", "data": [{"id": "up", "object": "model"}]})) }))
+            .route(
+                "/v1/chat/completions",
+                post(move || {
+                    let seen = Arc::clone(&s2);
+                    async move {
+                        seen.started.fetch_add(1, Ordering::SeqCst);
+                        let guard = Guard { seen, finished: false };
+                        let stream = futures::stream::unfold((0u32, guard), |(i, mut guard)| async move {
+                            if i == 200 {
+                                guard.finished = true;
+                                return None;
+                            }
+                            tokio::time::sleep(Duration::from_millis(20)).await;
+                            let data = if i == 199 {
+                                "[DONE]".to_string()
+                            } else {
+                                json!({"choices": [{"index": 0, "delta": {"content": " tok"}}]}).to_string()
+                            };
+                            Some((Ok::<_, std::convert::Infallible>(Event::default().data(data)), (i + 1, guard)))
+                        });
+                        Sse::new(stream)
+                    }
+                }),
+            );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        (format!("http://{addr}/v1"), seen)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_front_door_client_that_disconnects_aborts_its_call_upstream() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (base, seen) = slow_upstream::start().await;
+    let models = ["Qwen3-0.6B", "Qwen3-8B"].iter().map(|m| format!("{m}: up")).collect::<Vec<_>>().join(", ");
+    let pool = dir.path().join("pool.yaml");
+    std::fs::write(
+        &pool,
+        format!("name: upstream\ndevices:\n  - kind: A100-80GB\n    count: 1\n    engine: {{ kind: openai, base_url: \"{base}\", request_timeout_s: 30, models: {{ {models} }} }}\n"),
+    )
+    .expect("pool");
+    let mut child = Command::new(BIN)
+        .args(["serve", "--listen", "127.0.0.1:0", "--pool"])
+        .arg(&pool)
+        .arg("--workflow")
+        .arg(repo().join("tests/fixtures/tiny_chain.yaml"))
+        .env("SWITCHYARD_API_TOKEN", TOKEN)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let stderr = child.stderr.take().expect("stderr");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            eprintln!("[serve] {line}");
+            if let Some(addr) = line.split("listening on ").nth(1) {
+                let _ = tx.send(addr.split_whitespace().next().unwrap_or("").to_string());
+            }
+        }
+    });
+    let server = Server { child, base: rx.recv_timeout(Duration::from_secs(60)).expect("listening") };
+    let http = reqwest::Client::new();
+    let call = json!({"model": "Qwen3-0.6B", "messages": [{"role": "user", "content": "Write a lot"}], "max_tokens": 500, "stream": true});
+    let resp = http
+        .post(server.url("/v1/chat/completions"))
+        .header("authorization", format!("Bearer {TOKEN}"))
+        .json(&call)
+        .send()
+        .await
+        .expect("chat");
+    assert_eq!(resp.status().as_u16(), 200);
+    let mut stream = resp.bytes_stream();
+    let mut got = String::new();
+    while got.matches("tok").count() < 3 {
+        let chunk = tokio::time::timeout(Duration::from_secs(30), stream.next()).await.expect("a chunk in time");
+        got.push_str(&String::from_utf8_lossy(&chunk.expect("stream open").expect("chunk")));
+    }
+    assert_eq!(seen.started.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert!(!seen.dropped_early.load(std::sync::atomic::Ordering::SeqCst));
+    // The client goes away mid-answer: the upstream sees its connection dropped well before
+    // the answer's end (200 chunks × 20 ms = 4 s).
+    drop(stream);
+    let t0 = std::time::Instant::now();
+    while !seen.dropped_early.load(std::sync::atomic::Ordering::SeqCst) && t0.elapsed() < Duration::from_secs(3) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(seen.dropped_early.load(std::sync::atomic::Ordering::SeqCst), "the call went on upstream after the client left");
+    assert_eq!(seen.started.load(std::sync::atomic::Ordering::SeqCst), 1, "an abandoned call is not retried");
 }

@@ -704,6 +704,36 @@ pub fn chat_prompt_mode(content: &str, enable_thinking: bool) -> String {
     format!("{CHAT_USER_PREFIX}{content}{}", chat_generation_suffix(enable_thinking))
 }
 
+/// The text Qwen3's chat template renders for a conversation of plain-text messages
+/// `(role, content)` — `system`, `user`, `assistant`, and `tool` (a tool result, which the
+/// template wraps in a user turn's `<tool_response>`) — with the generation prompt. For one
+/// user message it is [`chat_prompt_mode`]. Tool-call blocks of assistant turns are not
+/// rendered (the front door passes the messages to the engine as they are; this text only
+/// counts and hashes the prompt).
+pub fn chat_messages_prompt(messages: &[(&str, &str)], enable_thinking: bool) -> String {
+    let mut out = String::new();
+    for (i, (role, content)) in messages.iter().enumerate() {
+        if i > 0 {
+            out.push_str("<|im_end|>\n");
+        }
+        match *role {
+            "tool" => {
+                out.push_str("<|im_start|>user\n<tool_response>\n");
+                out.push_str(content);
+                out.push_str("\n</tool_response>");
+            }
+            r => {
+                out.push_str("<|im_start|>");
+                out.push_str(r);
+                out.push('\n');
+                out.push_str(content);
+            }
+        }
+    }
+    out.push_str(&chat_generation_suffix(enable_thinking));
+    out
+}
+
 /// The prompt tokens of a chat request of one user message whose content is `segments`
 /// concatenated, as vLLM counts them (thinking off; [`encode_chat_mode`]). The template's prefix is
 /// encoded with the first segment (exactly as in the rendered string: `\n` may merge with
@@ -756,6 +786,15 @@ pub fn block_hashes(ids: &[u32], block_size: usize) -> Vec<u64> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_conversation_of_one_user_message_renders_like_the_one_message_template() {
+        assert_eq!(chat_messages_prompt(&[("user", "hi")], false), chat_prompt_mode("hi", false));
+        assert_eq!(chat_messages_prompt(&[("user", "hi")], true), chat_prompt_mode("hi", true));
+        let two = chat_messages_prompt(&[("system", "be brief"), ("user", "hi"), ("tool", "42")], true);
+        assert!(two.starts_with("<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n"), "{two}");
+        assert!(two.contains("<|im_start|>user\n<tool_response>\n42\n</tool_response><|im_end|>\n<|im_start|>assistant\n"), "{two}");
+    }
+
     use super::*;
 
     #[test]

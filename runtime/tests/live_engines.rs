@@ -38,6 +38,9 @@ fn request(id: u64, prompt: &str, output: Option<&str>, stream: bool) -> LlmRequ
         stream,
         prompt_tokens: tokens::count_chat(prompt) as u32,
         deadline_s: None,
+messages: None,
+raw_prompt: false,
+sink: Default::default(),
     }
 }
 

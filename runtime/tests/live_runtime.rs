@@ -644,6 +644,9 @@ fn overhead_per_llm_call() {
                 stream: false,
                 prompt_tokens: 0,
                 deadline_s: None,
+messages: None,
+raw_prompt: false,
+sink: Default::default(),
             };
             let t0 = Instant::now();
             h.engine.submit(req).await.unwrap();
@@ -688,6 +691,9 @@ fn overhead_per_llm_call() {
                 stream: false,
                 prompt_tokens: 0,
                 deadline_s: None,
+messages: None,
+raw_prompt: false,
+sink: Default::default(),
             };
             let t0 = Instant::now();
             http.submit(req).await.unwrap();

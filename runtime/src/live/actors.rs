@@ -353,6 +353,15 @@ pub enum PlannerMsg {
     Status { sessions: Vec<SessionId>, reply: RpcReplyPort<Vec<SessionStatus>> },
     /// A served runtime: end these sessions, if still open, as failed with `reason`.
     Cancel { sessions: Vec<SessionId>, reason: String },
+    /// The front door: one call of the external program `program` (`None`: a program of this
+    /// call alone) on deployment `deployment`.
+    ProgramCall {
+        program: Option<String>,
+        deployment: crate::planner::DeploymentId,
+        request: super::program_actor::ProgramRequest,
+        sink: super::engine::TokenSink,
+        reply: tokio::sync::oneshot::Sender<Result<super::engine::Completion, String>>,
+    },
 }
 
 /// Where one session of a served runtime stands.
@@ -380,6 +389,10 @@ pub enum SessionMsg {
     ToolDone { activation: ActivationId, result: Result<ToolOutcome, String> },
     /// End the session as failed.
     Fail(String),
+    /// A front-door program's next call (program actors only; sessions ignore it).
+    Call(Box<super::program_actor::ProgramCall>),
+    /// A program's idle check of the given generation (program actors only).
+    Idle(u64),
 }
 
 /// Messages to a replica actor.

@@ -51,6 +51,10 @@ pub enum EngineError {
     /// Starting or stopping the engine failed.
     #[error("lifecycle: {0}")]
     Lifecycle(String),
+    /// Nobody waits for the answer any more (the front door's client went away): the call was
+    /// abandoned, and its connection to the server closed so that the server aborts it.
+    #[error("cancelled: {0}")]
+    Cancelled(String),
 }
 
 impl EngineError {
@@ -77,6 +81,7 @@ impl EngineError {
             EngineError::Misconfigured(_) => "misconfigured",
             EngineError::Unsupported(_) => "unsupported",
             EngineError::Lifecycle(_) => "lifecycle",
+            EngineError::Cancelled(_) => "cancelled",
         }
     }
 }
@@ -110,6 +115,69 @@ pub struct LlmRequest {
     /// actor from the predicted duration); `None`: the engine's `request_timeout_s`.
     #[serde(default)]
     pub deadline_s: Option<f64>,
+    /// Chat messages of an external client (the front door), sent as they are instead of one
+    /// user message holding `prompt` (`prompt` is then their rendering in Qwen3's template).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub messages: Option<Vec<serde_json::Value>>,
+    /// `prompt` is a raw completion prompt (the front door's `/v1/completions`), sent as it is
+    /// rather than inside the chat template.
+    #[serde(default)]
+    pub raw_prompt: bool,
+    /// Where the answer's text goes as it arrives, and how the engine learns that its caller
+    /// went away (then it abandons the call: [`EngineError::Cancelled`]).
+    #[serde(skip)]
+    pub sink: TokenSink,
+}
+
+/// The caller's end of a streamed answer: text pieces in order as the server sends them. An
+/// empty sink (the default: the runtime's own sessions) takes nothing and never closes.
+#[derive(Clone, Default)]
+pub struct TokenSink(Option<tokio::sync::mpsc::UnboundedSender<String>>);
+
+impl TokenSink {
+    /// A sink that feeds `tx`.
+    pub fn new(tx: tokio::sync::mpsc::UnboundedSender<String>) -> Self {
+        TokenSink(Some(tx))
+    }
+
+    /// Whether a caller listens.
+    pub fn is_attached(&self) -> bool {
+        self.0.is_some()
+    }
+
+    /// Hand over a piece of text; false when the caller went away.
+    pub fn send(&self, text: &str) -> bool {
+        match &self.0 {
+            Some(tx) => text.is_empty() || tx.send(text.to_string()).is_ok(),
+            None => true,
+        }
+    }
+
+    /// Whether the caller went away.
+    pub fn is_closed(&self) -> bool {
+        self.0.as_ref().is_some_and(|tx| tx.is_closed())
+    }
+
+    /// Resolves when the caller went away (never for an empty sink).
+    pub async fn closed(&self) {
+        match &self.0 {
+            Some(tx) => tx.closed().await,
+            None => std::future::pending().await,
+        }
+    }
+}
+
+impl PartialEq for TokenSink {
+    /// Sinks are plumbing, not part of what a request asks for.
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl std::fmt::Debug for TokenSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.is_attached() { "TokenSink(attached)" } else { "TokenSink(none)" })
+    }
 }
 
 /// The result of one LLM call.

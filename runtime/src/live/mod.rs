@@ -11,6 +11,7 @@ pub mod actors;
 pub mod factory;
 pub mod planner_actor;
 pub mod pool;
+pub mod program_actor;
 pub mod replica_actor;
 pub mod service;
 pub mod session_actor;

@@ -27,6 +27,7 @@ use super::actors::{
     ReplicaMsg, RunContext, SessionMsg, SessionReport, SessionResult, SessionStatus, ToolMsg,
 };
 use super::engine::{EngineError, EngineTelemetry};
+use super::program_actor::{ProgramActor, ProgramArgs, ProgramCall, ProgramRequest};
 use super::replica_actor::{ReplicaActor, ReplicaArgs};
 use super::session_actor::{SessionActor, SessionArgs};
 use super::shell::{FaultCounters, LiveOutput};
@@ -80,6 +81,9 @@ pub struct PlannerArgs {
     /// Where each event of the run is also published as it happens (a served runtime's event
     /// streams); lagging subscribers lose events, the run never waits for them.
     pub events: Option<broadcast::Sender<TraceLine>>,
+    /// A served runtime's front door: the index of its workflow (one node per served
+    /// deployment, node i serving deployment i) and how long an idle program lives.
+    pub front_door: Option<(u32, Duration)>,
 }
 
 struct ReplicaEntry {
@@ -127,6 +131,9 @@ pub struct PlannerActorState {
     keep_trace: bool,
     trace_lines: Vec<TraceLine>,
     events_out: Option<broadcast::Sender<TraceLine>>,
+    front_door: Option<(u32, Duration)>,
+    /// Front-door programs by their client's key, while they live.
+    programs: BTreeMap<String, SessionId>,
 
     sessions: BTreeMap<SessionId, ActorRef<SessionMsg>>,
     session_cells: BTreeMap<ActorId, SessionId>,
@@ -206,6 +213,8 @@ impl Actor for PlannerActor {
             keep_trace: args.keep_trace,
             trace_lines: Vec::new(),
             events_out: args.events,
+            front_door: args.front_door,
+            programs: BTreeMap::new(),
             sessions: BTreeMap::new(),
             session_cells: BTreeMap::new(),
             pending: BTreeMap::new(),
@@ -506,6 +515,9 @@ impl PlannerActorState {
             PlannerMsg::Status { sessions, reply } => {
                 let _ = reply.send(sessions.iter().map(|s| self.status(*s)).collect());
             }
+            PlannerMsg::ProgramCall { program, deployment, request, sink, reply } => {
+                self.program_call(myself, program, deployment, request, sink, reply).await;
+            }
             PlannerMsg::Cancel { sessions, reason } => {
                 for id in sessions {
                     if let Some(actor) = self.sessions.get(&id) {
@@ -556,6 +568,79 @@ impl PlannerActorState {
         self.records.push(Vec::new());
         self.ctx = Arc::new(ctx);
         Ok(w)
+    }
+
+    /// The front door: hand one call to its program's actor, starting the program (a session
+    /// of the front-door workflow) at its first call.
+    async fn program_call(
+        &mut self,
+        myself: &ActorRef<PlannerMsg>,
+        program: Option<String>,
+        deployment: DeploymentId,
+        mut request: ProgramRequest,
+        sink: super::engine::TokenSink,
+        reply: oneshot::Sender<Result<super::engine::Completion, String>>,
+    ) {
+        let Some((workflow, idle_timeout)) = self.front_door else {
+            let _ = reply.send(Err("this runtime has no front door".into()));
+            return;
+        };
+        if self.shutting_down || self.fatal.is_some() {
+            let _ = reply.send(Err("the runtime is shutting down".into()));
+            return;
+        }
+        let existing = program.as_ref().and_then(|p| self.programs.get(p).copied());
+        let id = match existing.filter(|id| self.sessions.contains_key(id)) {
+            Some(id) => id,
+            None => {
+                let wall = self.wall();
+                let i = self.trace.len();
+                let id = SessionId(i as u32);
+                self.trace.push(TraceEntry { at: wall, workflow, record: 0 });
+                self.arrived.insert(i);
+                let args = ProgramArgs {
+                    ctx: Arc::clone(&self.ctx),
+                    session: id,
+                    workflow,
+                    planner: myself.clone(),
+                    arrived: wall,
+                    idle_timeout,
+                };
+                match Actor::spawn_linked(None, ProgramActor, args, myself.get_cell()).await {
+                    Ok((actor, _)) => {
+                        self.session_cells.insert(actor.get_id(), id);
+                        self.sessions.insert(id, actor);
+                        let detail = Some(format!("program {}", program.as_deref().unwrap_or("(one call)")));
+                        self.log("arrival", TraceLine { session: Some(id.0), detail, ..blank() });
+                        self.post(myself, Event::SessionArrived { session: id, workflow });
+                        if let Some(p) = &program {
+                            self.programs.insert(p.clone(), id);
+                        }
+                    }
+                    Err(e) => {
+                        self.start_failure(workflow, wall, format!("{id}: program actor: {e}"));
+                        let _ = reply.send(Err(format!("cannot start the program: {e}")));
+                        return;
+                    }
+                }
+                id
+            }
+        };
+        if program.is_none() {
+            request.program_done = true;
+        }
+        let node = deployment.0;
+        let call = ProgramCall { request, deployment, node, sink, reply };
+        match self.sessions.get(&id) {
+            Some(actor) => {
+                if let Err(e) = actor.send_message(SessionMsg::Call(Box::new(call))) {
+                    tracing::warn!(%id, error = %e, "program actor gone");
+                }
+            }
+            None => {
+                let _ = call.reply.send(Err("the program ended".into()));
+            }
+        }
     }
 
     /// Start one session of workflow `w` per input, now.
@@ -936,6 +1021,7 @@ impl PlannerActorState {
             return;
         }
         self.sessions.remove(&id);
+        self.programs.retain(|_, s| *s != id);
         self.pending.retain(|a, _| a.session != id);
         let (event, detail) = match &report.record.failed {
             Some(reason) => ("session_failed", Some(reason.clone())),

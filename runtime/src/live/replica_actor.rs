@@ -394,7 +394,8 @@ async fn handle(myself: ActorRef<ReplicaMsg>, msg: ReplicaMsg, state: &mut Repli
                     }
                 }
                 Err(error) => {
-                    if generation >= state.generation {
+                    // A caller that went away is not a fault of the engine.
+                    if generation >= state.generation && !matches!(error, EngineError::Cancelled(_)) {
                         state.fault(&error);
                     }
                     match state.next_step(id, generation, error).await {

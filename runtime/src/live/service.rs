@@ -23,16 +23,19 @@ use std::time::Duration;
 use ractor::rpc::CallResult;
 use ractor::{Actor, ActorRef};
 use thiserror::Error;
-use tokio::sync::broadcast;
+use tokio::sync::{broadcast, oneshot};
 use tokio::task::JoinHandle;
 
 use super::actors::{Clock, EngineFactory, PlannerMsg, RunContext, SessionStatus, ToolsHandle};
+use super::engine::{Completion, TokenSink};
 use super::planner_actor::{PlannerActor, PlannerArgs, ReportMeta};
+use super::program_actor::ProgramRequest;
 use super::shell::{LiveConfig, LiveError, LiveOutput};
 use crate::exec::{self, TraceLine};
 use crate::ids::SessionId;
+use crate::planner::{DeploymentId, DeploymentInfo};
 use crate::values::Record;
-use crate::workflow::WorkflowSpec;
+use crate::workflow::{WorkflowError, WorkflowSpec, parse_workflow};
 
 /// Lines of the event stream kept for subscribers that fall behind.
 const EVENT_BUFFER: usize = 4096;
@@ -63,6 +66,8 @@ pub struct Service {
     /// sessions submitted without inputs.
     datasets: Vec<Arc<Vec<Record>>>,
     clock: Clock,
+    /// The served deployments' models, for the front door's `model` field.
+    served: Vec<(String, DeploymentId)>,
 }
 
 impl Service {
@@ -72,13 +77,20 @@ impl Service {
     /// runtime.
     pub async fn start(cfg: &LiveConfig, factory: Arc<dyn EngineFactory>) -> Result<Service, LiveError> {
         let rc = &cfg.run;
-        let (deployments, deployment_of) = exec::deployment_table(&rc.workflows, rc.max_num_seqs)?;
-        let node_info = exec::node_infos(&rc.workflows, &deployment_of);
+        let (deployments, _) = exec::deployment_table(&rc.workflows, rc.max_num_seqs)?;
+        // The front door's workflow comes last: one node per served deployment.
+        let front_door = Arc::new(front_door_workflow(&deployments).map_err(|e| LiveError::Spawn(format!("front door: {e}")))?);
+        let mut workflows = rc.workflows.clone();
+        workflows.push(Arc::clone(&front_door));
+        let front_door_index = u32::try_from(workflows.len() - 1).map_err(|_| LiveError::Spawn("too many workflows".into()))?;
+        let (deployments, deployment_of) = exec::deployment_table(&workflows, rc.max_num_seqs)?;
+        let node_info = exec::node_infos(&workflows, &deployment_of);
         let datasets: Vec<Arc<Vec<Record>>> = exec::load_records(&rc.workflows)?.into_iter().map(Arc::new).collect();
+        let served: Vec<(String, DeploymentId)> = deployments.iter().map(|d| (d.model.clone(), d.id)).collect();
         let planner = exec::build_planner(&rc.pool, &deployments, &rc.policy, rc.options, &rc.predictor, rc.substrate)?;
         let clock = Clock::start(cfg.speed);
         let ctx = Arc::new(RunContext {
-            workflows: rc.workflows.clone(),
+            workflows,
             seed: rc.seed,
             deployments,
             deployment_of,
@@ -95,7 +107,7 @@ impl Service {
             factory,
             devices: rc.pool.devices.clone(),
             trace: Vec::new(),
-            records: vec![Vec::new(); rc.workflows.len()],
+            records: vec![Vec::new(); rc.workflows.len() + 1],
             meta: ReportMeta {
                 policy: rc.policy.clone(),
                 seed: rc.seed,
@@ -110,10 +122,11 @@ impl Service {
             keep_trace: false,
             progress: None,
             events: Some(events.clone()),
+            front_door: Some((front_door_index, cfg.program_idle)),
         };
         let (planner, handle) =
             Actor::spawn(None, PlannerActor, args).await.map_err(|e| LiveError::Spawn(e.to_string()))?;
-        Ok(Service { planner, handle: std::sync::Mutex::new(Some(handle)), events, datasets, clock })
+        Ok(Service { planner, handle: std::sync::Mutex::new(Some(handle)), events, datasets, clock, served })
     }
 
     /// Seconds since the service started (the time base of events and session ends).
@@ -152,6 +165,39 @@ impl Service {
             .map_err(|e| ServiceError::Unavailable(e.to_string()))
     }
 
+    /// The served models (the front door's `/v1/models`).
+    pub fn models(&self) -> Vec<String> {
+        self.served.iter().map(|(m, _)| m.clone()).collect()
+    }
+
+    /// The served deployment of `model` (`Qwen3-8B`, any case, or its Hugging Face id
+    /// `Qwen/Qwen3-8B`).
+    pub fn deployment_of_model(&self, model: &str) -> Option<DeploymentId> {
+        let name = model.rsplit('/').next().unwrap_or(model);
+        self.served.iter().find(|(m, _)| m.eq_ignore_ascii_case(name)).map(|(_, d)| *d)
+    }
+
+    /// The front door: schedule one call of external program `program` (`None`: a program of
+    /// this one call) on the served deployment of `model`. The answer's text goes to `sink` as
+    /// it arrives; the returned receiver gets the whole answer (or why there is none). When
+    /// `sink`'s receiver is dropped, the call is abandoned upstream.
+    pub fn call(
+        &self,
+        program: Option<String>,
+        model: &str,
+        request: ProgramRequest,
+        sink: TokenSink,
+    ) -> Result<oneshot::Receiver<Result<Completion, String>>, ServiceError> {
+        let deployment = self.deployment_of_model(model).ok_or_else(|| {
+            ServiceError::NotServed(format!("the model `{model}` is not served here; served: {}", self.models().join(", ")))
+        })?;
+        let (reply, rx) = oneshot::channel();
+        self.planner
+            .send_message(PlannerMsg::ProgramCall { program, deployment, request, sink, reply })
+            .map_err(|e| ServiceError::Unavailable(e.to_string()))?;
+        Ok(rx)
+    }
+
     /// The run's events from now on.
     pub fn subscribe(&self) -> broadcast::Receiver<TraceLine> {
         self.events.subscribe()
@@ -184,4 +230,31 @@ impl Service {
             Err(e) => Err(ServiceError::Unavailable(e.to_string())),
         }
     }
+}
+
+/// Name of the front door's workflow in reports.
+pub const FRONT_DOOR_WORKFLOW: &str = "front-door";
+
+/// The front door's workflow: one node per served deployment (node i serves deployment i, in
+/// the table's order), each a single call whose prompt the client sends. It only gives the
+/// planner and the report a workflow to file front-door calls under.
+fn front_door_workflow(deployments: &[DeploymentInfo]) -> Result<WorkflowSpec, WorkflowError> {
+    let mut text = format!(
+        "name: {FRONT_DOOR_WORKFLOW}\ndescription: calls of external agent programs through the OpenAI-compatible front door\ndeployments:\n"
+    );
+    for d in deployments {
+        let dtype = format!("{:?}", d.dtype).to_lowercase();
+        text.push_str(&format!(
+            "  d{}: {{model: {}, dtype: {dtype}, max_context: {}, max_output_tokens: {}}}\n",
+            d.id.0,
+            d.model,
+            d.max_model_len,
+            (d.max_model_len / 2).max(1)
+        ));
+    }
+    text.push_str("nodes:\n");
+    for d in deployments {
+        text.push_str(&format!("  - id: d{0}\n    deployment: d{0}\n    prompt: \"a call of an external program\"\n", d.id.0));
+    }
+    parse_workflow(FRONT_DOOR_WORKFLOW, &text, std::path::Path::new("/nonexistent"))
 }

@@ -128,6 +128,11 @@ impl Actor for SessionActor {
                 state.report_near_ready();
             }
             SessionMsg::LlmDone { activation, replica, completion } => state.on_llm_done(&myself, activation, replica, completion),
+            // Front-door messages are for program actors.
+            SessionMsg::Call(call) => {
+                let _ = call.reply.send(Err("internal: a front-door call reached a workflow session".into()));
+            }
+            SessionMsg::Idle(_) => {}
             SessionMsg::LlmFailed { activation, reason } => {
                 let node = state.session.node_of(activation.index).map(|n| n.id.clone()).unwrap_or_default();
                 state.fail(&myself, format!("{node}: {reason}"));
@@ -206,6 +211,9 @@ impl SessionState {
                     enable_thinking: prepared.enable_thinking,
                     stream: ctx.stream,
                     deadline_s: None,
+messages: None,
+raw_prompt: false,
+sink: Default::default(),
                 };
                 let call = PendingCall { request, expected_output_tokens: prepared.output.output_tokens.max(1) };
                 self.prepared.insert(a, prepared);

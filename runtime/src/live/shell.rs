@@ -55,6 +55,8 @@ pub struct LiveConfig {
     pub on_note: Option<NoteSink>,
     /// Record the run's events in [`LiveOutput::trace`] (the simulator's `--trace` schema).
     pub keep_trace: bool,
+    /// A served runtime's front door: end a program after this long without a call in flight.
+    pub program_idle: Duration,
 }
 
 impl LiveConfig {
@@ -72,6 +74,7 @@ impl LiveConfig {
             interrupt: None,
             on_note: None,
             keep_trace: false,
+            program_idle: Duration::from_secs(300),
         }
     }
 }
@@ -172,6 +175,7 @@ pub async fn run(cfg: &LiveConfig, factory: Arc<dyn EngineFactory>, progress: Op
         keep_trace: cfg.keep_trace,
         progress,
         events: None,
+        front_door: None,
     };
     let (planner, handle) =
         Actor::spawn(None, PlannerActor, args).await.map_err(|e| LiveError::Spawn(e.to_string()))?;

@@ -16,6 +16,8 @@
 //! status as `code`; a workflow's validation errors add `"errors": [{file, line, column, field,
 //! kind, message}, …]`.
 //!
+//! The front door (OpenAI-compatible completions keyed by program) is [`front_door`]'s.
+//!
 //! Depends on `crate::live` (the service) and the workflow loader; must not depend on the
 //! simulator.
 
@@ -42,6 +44,8 @@ use crate::ids::SessionId;
 use crate::live::{Service, ServiceError, SessionStatus};
 use crate::values::Record;
 use crate::workflow::{WorkflowError, parse_workflow};
+
+mod front_door;
 
 /// The OpenAPI 3.1 document of this API (served at `/openapi.json`).
 pub const OPENAPI: &str = include_str!("openapi.json");
@@ -202,6 +206,9 @@ pub fn router(service: Arc<Service>, config: ApiConfig, startup: Vec<(u32, Arc<c
         .route("/v1/runs/{id}", get(get_run))
         .route("/v1/runs/{id}/events", get(run_events))
         .route("/v1/runs/{id}/cancel", post(cancel_run))
+        .route("/v1/chat/completions", post(front_door::chat_completions))
+        .route("/v1/completions", post(front_door::completions))
+        .route("/v1/models", get(front_door::models))
         .route_layer(middleware::from_fn_with_state(Arc::clone(&api), authenticate));
     Router::new()
         .route("/health", get(|| async { Json(json!({"status": "ok"})) }))
@@ -633,6 +640,9 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("get", "/v1/runs/{id}"),
     ("get", "/v1/runs/{id}/events"),
     ("post", "/v1/runs/{id}/cancel"),
+    ("post", "/v1/chat/completions"),
+    ("post", "/v1/completions"),
+    ("get", "/v1/models"),
 ];
 
 #[cfg(test)]

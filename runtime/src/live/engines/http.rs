@@ -491,7 +491,22 @@ impl HttpEngine {
         } else {
             &request.model
         };
-        let mut body = match self.options.api {
+        let mut body = match Self::api_of(self.options.api, request) {
+            // An external client's raw completion prompt, as it is.
+            ApiFlavor::Completions if request.raw_prompt => json!({
+                "model": model,
+                "prompt": request.prompt,
+                "max_tokens": request.max_tokens,
+                "stream": request.stream,
+            }),
+            // An external client's chat messages, as they are.
+            ApiFlavor::Chat if request.messages.is_some() => json!({
+                "model": model,
+                "messages": request.messages,
+                "max_tokens": request.max_tokens,
+                "stream": request.stream,
+                "chat_template_kwargs": { "enable_thinking": request.enable_thinking },
+            }),
             // The prompt inside Qwen3's chat template, as the chat endpoint would render it:
             // both flavours count the simulator's prompt tokens (`tokens::encode_chat`).
             ApiFlavor::Completions => json!({
@@ -574,11 +589,34 @@ impl HttpEngine {
         }
     }
 
-    /// Runs one request to completion (one HTTP request, no retry).
+    /// The endpoint a request goes to: an external client's raw prompt to the completions API
+    /// and its messages to the chat API, whatever the engine's own flavour.
+    fn api_of(flavor: ApiFlavor, request: &LlmRequest) -> ApiFlavor {
+        if request.raw_prompt {
+            ApiFlavor::Completions
+        } else if request.messages.is_some() {
+            ApiFlavor::Chat
+        } else {
+            flavor
+        }
+    }
+
+    /// Runs one request to completion (one HTTP request, no retry). The answer's text goes to
+    /// the request's sink as it arrives; when the sink's caller goes away the call is
+    /// abandoned — its connection dropped, so the server aborts it — as
+    /// [`EngineError::Cancelled`].
     pub async fn complete(&self, request: &LlmRequest) -> Result<Completion, EngineError> {
+        let sink = request.sink.clone();
+        tokio::select! {
+            r = self.complete_once(request) => r,
+            () = sink.closed() => Err(EngineError::Cancelled(format!("request {}: the caller went away", request.id))),
+        }
+    }
+
+    async fn complete_once(&self, request: &LlmRequest) -> Result<Completion, EngineError> {
         let mut request = request.clone();
         self.fit(&mut request)?;
-        let path = match self.options.api {
+        let path = match Self::api_of(self.options.api, &request) {
             ApiFlavor::Completions => "/completions",
             ApiFlavor::Chat => "/chat/completions",
         };
@@ -613,7 +651,11 @@ impl HttpEngine {
                     excerpt(&String::from_utf8_lossy(&bytes))
                 ))
             })?;
-            return parse_full(&body, latency, request.prompt_tokens);
+            let completion = parse_full(&body, latency, request.prompt_tokens)?;
+            if !request.sink.send(&completion.text) {
+                return Err(EngineError::Cancelled(format!("{what}: the caller went away")));
+            }
+            return Ok(completion);
         }
         let mut events = response.bytes_stream().eventsource();
         let mut fold = StreamFold::default();
@@ -637,7 +679,11 @@ impl HttpEngine {
                     excerpt(&event.data)
                 ))
             })?;
+            let before = fold.text.len();
             fold.push(&chunk, started.elapsed())?;
+            if !request.sink.send(&fold.text[before..]) {
+                return Err(EngineError::Cancelled(format!("{what}: the caller went away")));
+            }
         }
         if !any_event {
             // A 200 with an empty stream is an answer, not a dropped connection: it is how
@@ -1109,6 +1155,9 @@ mod tests {
             enable_thinking: false,
             stream: false,
             deadline_s: None,
+messages: None,
+raw_prompt: false,
+sink: Default::default(),
         };
         // Unknown context: sent as is.
         e.fit(&mut req).unwrap();
@@ -1141,6 +1190,9 @@ mod tests {
             enable_thinking: false,
             stream: true,
             deadline_s: None,
+messages: None,
+raw_prompt: false,
+sink: Default::default(),
         };
         // Not known to be `switchyard emulate`: the emulated output is never sent.
         let b = e.request_body(&req);

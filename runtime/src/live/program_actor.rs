@@ -1,0 +1,290 @@
+//! One actor per external program of the front door (an agent framework's run, keyed by its
+//! session id): it speaks the session actor's protocol to the planner actor, so the planner
+//! core schedules a program's calls like any session's units, on the same replicas. Each call
+//! the client sends becomes one ready unit of the program's session (activation 0, 1, …) of
+//! the front-door workflow (one node per served deployment); its answer goes back to the HTTP
+//! handler that is waiting for it, its text streamed through the request's [`TokenSink`] by
+//! the engine as it arrives.
+//!
+//! A program ends when a call says it is the last (`program_done`), or when it has been idle
+//! (no call in flight) for its idle timeout; a failed call fails only that call. What the
+//! client does between its calls (its tools) is the program's own time.
+//!
+//! It decides nothing about placement and never talks to an engine. Must not depend on the
+//! HTTP layer (`crate::serve`).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ractor::{Actor, ActorProcessingErr, ActorRef};
+use tokio::sync::oneshot;
+
+use super::actors::{CallTiming, PendingCall, PlannerMsg, RunContext, SessionMsg, SessionReport, SessionResult};
+use super::engine::{Completion, LlmRequest, TokenSink};
+use crate::exec::SessionRecord;
+use crate::ids::{ActivationId, SessionId};
+use crate::planner::{DeploymentId, WorkItem};
+use crate::tokens;
+use crate::values::NodeOutput;
+
+/// What a front-door client asks for in one call.
+#[derive(Debug, Clone)]
+pub struct ProgramRequest {
+    /// Chat messages `(role, content)` (`/v1/chat/completions`), sent to the engine as given.
+    pub messages: Option<Vec<serde_json::Value>>,
+    /// Or a raw completion prompt (`/v1/completions`).
+    pub prompt: Option<String>,
+    pub max_tokens: u32,
+    pub enable_thinking: bool,
+    /// The client says this is its program's last call.
+    pub program_done: bool,
+}
+
+/// One call of a program, as the planner actor hands it to the program's actor.
+pub struct ProgramCall {
+    pub request: ProgramRequest,
+    /// The served deployment the call's model names, and the front-door node serving it.
+    pub deployment: DeploymentId,
+    pub node: u32,
+    /// Where the answer's text goes as it arrives (the client's stream).
+    pub sink: TokenSink,
+    /// The answer, or why there is none.
+    pub reply: oneshot::Sender<Result<Completion, String>>,
+}
+
+impl std::fmt::Debug for ProgramCall {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProgramCall").field("deployment", &self.deployment).field("node", &self.node).finish()
+    }
+}
+
+/// The program actor.
+pub struct ProgramActor;
+
+pub struct ProgramArgs {
+    pub ctx: Arc<RunContext>,
+    pub session: SessionId,
+    /// The front-door workflow's index.
+    pub workflow: u32,
+    pub planner: ActorRef<PlannerMsg>,
+    /// Wall-clock arrival (seconds since the runtime started).
+    pub arrived: f64,
+    /// End the program after this long without a call in flight.
+    pub idle_timeout: Duration,
+}
+
+struct Waiting {
+    item: WorkItem,
+    call: PendingCall,
+    reply: oneshot::Sender<Result<Completion, String>>,
+    done_after: bool,
+    ready_at: f64,
+    granted_at: Option<f64>,
+}
+
+pub struct ProgramState {
+    args: ProgramArgs,
+    next_index: u32,
+    waiting: BTreeMap<ActivationId, Waiting>,
+    last_output: Option<NodeOutput>,
+    timings: Vec<CallTiming>,
+    /// Bumped by every call: an idle check of an older generation is stale.
+    generation: u64,
+    ended: bool,
+}
+
+impl Actor for ProgramActor {
+    type Msg = SessionMsg;
+    type State = ProgramState;
+    type Arguments = ProgramArgs;
+
+    async fn pre_start(&self, _myself: ActorRef<SessionMsg>, args: ProgramArgs) -> Result<ProgramState, ActorProcessingErr> {
+        Ok(ProgramState {
+            args,
+            next_index: 0,
+            waiting: BTreeMap::new(),
+            last_output: None,
+            timings: Vec::new(),
+            generation: 0,
+            ended: false,
+        })
+    }
+
+    async fn handle(&self, myself: ActorRef<SessionMsg>, msg: SessionMsg, state: &mut ProgramState) -> Result<(), ActorProcessingErr> {
+        match msg {
+            SessionMsg::Call(call) => state.on_call(&myself, *call),
+            SessionMsg::Dispatched { activation, .. } => {
+                let wall = state.args.ctx.clock.wall();
+                if let Some(w) = state.waiting.get_mut(&activation) {
+                    w.granted_at = Some(wall);
+                }
+            }
+            SessionMsg::LlmDone { activation, completion, .. } => state.on_done(&myself, activation, completion),
+            SessionMsg::LlmFailed { activation, reason } => {
+                if let Some(w) = state.waiting.remove(&activation) {
+                    let _ = w.reply.send(Err(reason));
+                    if w.done_after {
+                        state.end(&myself, None);
+                        return Ok(());
+                    }
+                }
+                state.arm_idle(&myself);
+            }
+            SessionMsg::Requeue { activation } => {
+                if let Some(w) = state.waiting.get(&activation) {
+                    let _ = state.args.planner.send_message(PlannerMsg::UnitReady { item: w.item.clone(), call: w.call.clone() });
+                }
+            }
+            SessionMsg::Idle(generation) => {
+                if generation == state.generation && state.waiting.is_empty() {
+                    state.end(&myself, None);
+                }
+            }
+            SessionMsg::Fail(reason) => state.end(&myself, Some(reason)),
+            SessionMsg::Start | SessionMsg::ToolDone { .. } => {}
+        }
+        Ok(())
+    }
+}
+
+impl ProgramState {
+    fn on_call(&mut self, myself: &ActorRef<SessionMsg>, call: ProgramCall) {
+        if self.ended {
+            let _ = call.reply.send(Err("the program has ended".into()));
+            return;
+        }
+        self.generation += 1;
+        let ctx = &self.args.ctx;
+        let r = &call.request;
+        let thinking = r.enable_thinking;
+        let (prompt, raw) = match (&r.messages, &r.prompt) {
+            (Some(messages), _) => {
+                let pairs: Vec<(&str, &str)> = messages
+                    .iter()
+                    .map(|m| {
+                        (
+                            m.get("role").and_then(|v| v.as_str()).unwrap_or("user"),
+                            m.get("content").and_then(|v| v.as_str()).unwrap_or(""),
+                        )
+                    })
+                    .collect();
+                (tokens::chat_messages_prompt(&pairs, thinking), false)
+            }
+            (None, Some(p)) => (p.clone(), true),
+            (None, None) => (String::new(), true),
+        };
+        let ids = tokens::encode(&prompt);
+        let prompt_tokens = u32::try_from(ids.len()).unwrap_or(u32::MAX);
+        let activation = ActivationId { session: self.args.session, index: self.next_index };
+        self.next_index += 1;
+        let max = r.max_tokens.max(1);
+        let item = WorkItem {
+            activation,
+            workflow: self.args.workflow,
+            deployment: call.deployment,
+            prompt_tokens,
+            max_output_tokens: max,
+            ready_at: ctx.clock.now(),
+            node: call.node,
+            chain_prev: None,
+            chain_next: false,
+            envelope: (prompt_tokens, max),
+            remaining_path_tokens: max,
+        };
+        let request = LlmRequest {
+            id: 0,
+            model: String::new(),
+            prompt,
+            prompt_tokens,
+            max_tokens: max,
+            emulated_output: None,
+            enable_thinking: thinking,
+            stream: true,
+            deadline_s: None,
+            messages: r.messages.clone().filter(|_| !raw),
+            raw_prompt: raw,
+            sink: call.sink,
+        };
+        // What the planner expects the answer to cost: the client's limit (the front door
+        // knows no workload distribution).
+        let pending = PendingCall { request, expected_output_tokens: max };
+        let _ = self.args.planner.send_message(PlannerMsg::UnitReady { item: item.clone(), call: pending.clone() });
+        let wall = ctx.clock.wall();
+        self.waiting.insert(
+            activation,
+            Waiting { item, call: pending, reply: call.reply, done_after: r.program_done, ready_at: wall, granted_at: None },
+        );
+        let _ = myself;
+    }
+
+    fn on_done(&mut self, myself: &ActorRef<SessionMsg>, activation: ActivationId, completion: Completion) {
+        let Some(w) = self.waiting.remove(&activation) else { return };
+        let wall = self.args.ctx.clock.wall();
+        self.timings.push(CallTiming {
+            activation,
+            total_s: wall - w.ready_at,
+            grant_s: w.granted_at.unwrap_or(wall) - w.ready_at,
+            engine_s: completion.latency_s,
+        });
+        self.last_output = Some(NodeOutput {
+            text: completion.text.clone(),
+            verdict: None,
+            value: serde_json::Value::Null,
+            output_tokens: completion.output_tokens,
+        });
+        let _ = w.reply.send(Ok(completion));
+        if w.done_after {
+            self.end(myself, None);
+        } else {
+            self.arm_idle(myself);
+        }
+    }
+
+    /// Check for idleness after the idle timeout (stale if a call arrives meanwhile).
+    fn arm_idle(&mut self, myself: &ActorRef<SessionMsg>) {
+        if self.waiting.is_empty() {
+            let generation = self.generation;
+            myself.send_after(self.args.idle_timeout, move || SessionMsg::Idle(generation));
+        }
+    }
+
+    /// Report the end to the planner (once) and stop; calls still waiting get `failed`.
+    fn end(&mut self, myself: &ActorRef<SessionMsg>, failed: Option<String>) {
+        if self.ended {
+            return;
+        }
+        self.ended = true;
+        for (_, w) in std::mem::take(&mut self.waiting) {
+            let _ = w.reply.send(Err(failed.clone().unwrap_or_else(|| "the program ended".into())));
+        }
+        let wall = self.args.ctx.clock.wall();
+        let completed = failed.is_none();
+        let session = self.args.session;
+        let workflow = self.args.workflow;
+        let report = SessionReport {
+            record: SessionRecord {
+                session,
+                workflow,
+                arrived: self.args.arrived,
+                finished: completed.then_some(wall),
+                failed_at: (!completed).then_some(wall),
+                failed: failed.clone(),
+                score: None,
+                tools: Default::default(),
+            },
+            result: SessionResult {
+                session,
+                workflow,
+                record: 0,
+                final_output: if completed { self.last_output.take() } else { None },
+                score: None,
+                failed,
+            },
+            calls: Vec::new(),
+            timings: std::mem::take(&mut self.timings),
+        };
+        let _ = self.args.planner.send_message(PlannerMsg::SessionEnded(Box::new(report)));
+        myself.stop(None);
+    }
+}

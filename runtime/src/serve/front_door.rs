@@ -1,0 +1,389 @@
+//! The front door: OpenAI-compatible `POST /v1/chat/completions`, `POST /v1/completions` and
+//! `GET /v1/models`, where an external agent framework (LangGraph, the OpenAI Agents SDK, …)
+//! sends its LLM calls so that Switchyard schedules them on the pool with the same planner core
+//! as its own workflows.
+//!
+//! The program key comes from the `X-Session-ID` header (also accepted: `x-dynamo-session-id`,
+//! `X-Program-ID`, and a body field `program_id`, as Dynamo, ORACLE and ThunderAgent send it);
+//! calls without one are programs of one call. Hints: `X-Program-Done: true` or a body field
+//! `program_done: true` ends the program after this call. The body's `model` names a served
+//! model (`Qwen3-8B` or `Qwen/Qwen3-8B`); `max_tokens` (or `max_completion_tokens`) is the
+//! answer's limit (default 1,024 — the front door knows no workload distribution); Qwen3's
+//! thinking mode follows `chat_template_kwargs.enable_thinking` (default on, as vLLM serves
+//! Qwen3).
+//!
+//! Answers have OpenAI's shapes, with `usage.prompt_tokens_details.cached_tokens`; a stream
+//! (`stream: true`) carries the engine's text as it arrives, chunk by chunk, then a chunk with
+//! the finish reason, the usage chunk when `stream_options.include_usage` asks for it, and
+//! `data: [DONE]`. A client that disconnects abandons its call: the engine drops its upstream
+//! connection, so the server aborts the request. Parameters the front door does not honour
+//! (`n > 1`, `logprobs`, `tools`, a list of prompts, …) are refused with a 400 naming them.
+//!
+//! Depends on `crate::live::Service`; must not depend on the simulator.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use futures::Stream;
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+
+use super::{Api, ApiError, JsonBody};
+use crate::live::engine::{Completion, TokenSink};
+use crate::live::program_actor::ProgramRequest;
+
+/// The answer's limit when the request gives none.
+pub const DEFAULT_MAX_TOKENS: u32 = 1024;
+
+/// Headers that carry the program key, in order of precedence.
+pub const PROGRAM_HEADERS: [&str; 3] = ["x-session-id", "x-dynamo-session-id", "x-program-id"];
+
+/// Request fields the front door refuses rather than ignore silently.
+const UNSUPPORTED: [&str; 9] =
+    ["logprobs", "top_logprobs", "echo", "tools", "tool_choice", "functions", "response_format", "best_of", "suffix"];
+
+#[derive(Clone, Copy, PartialEq)]
+enum Flavor {
+    Chat,
+    Completions,
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+fn program_key(headers: &HeaderMap, body: &Value) -> Option<String> {
+    PROGRAM_HEADERS
+        .iter()
+        .find_map(|h| headers.get(*h).and_then(|v| v.to_str().ok()).map(str::to_string))
+        .or_else(|| body.get("program_id").and_then(Value::as_str).map(str::to_string))
+        .filter(|k| !k.is_empty() && k.len() <= 256)
+}
+
+fn truthy(v: Option<&Value>) -> bool {
+    match v {
+        Some(Value::Bool(b)) => *b,
+        Some(Value::String(s)) => s.eq_ignore_ascii_case("true") || s == "1",
+        _ => false,
+    }
+}
+
+/// The request, checked: what the program actor needs, the model, and how to answer.
+struct Parsed {
+    model: String,
+    request: ProgramRequest,
+    stream: bool,
+    include_usage: bool,
+}
+
+fn parse(flavor: Flavor, headers: &HeaderMap, body: &Value) -> Result<Parsed, ApiError> {
+    let obj = body.as_object().ok_or_else(|| ApiError::bad_request("the body must be a JSON object", "body"))?;
+    let model = obj
+        .get("model")
+        .and_then(Value::as_str)
+        .ok_or_else(|| ApiError::bad_request("`model` is required", "model"))?
+        .to_string();
+    for f in UNSUPPORTED {
+        if obj.get(f).is_some_and(|v| !v.is_null() && v != &Value::Bool(false)) {
+            return Err(ApiError::bad_request(format!("`{f}` is not supported by this front door"), f));
+        }
+    }
+    if let Some(n) = obj.get("n").filter(|v| !v.is_null()) {
+        if n.as_u64() != Some(1) {
+            return Err(ApiError::bad_request("only `n: 1` is supported", "n"));
+        }
+    }
+    let max_tokens = match obj.get("max_completion_tokens").or_else(|| obj.get("max_tokens")).filter(|v| !v.is_null()) {
+        None => DEFAULT_MAX_TOKENS,
+        Some(v) => match v.as_u64() {
+            Some(n) if n >= 1 => u32::try_from(n).unwrap_or(u32::MAX),
+            _ => return Err(ApiError::bad_request("`max_tokens` must be an integer of at least 1", "max_tokens")),
+        },
+    };
+    if let Some(t) = obj.get("temperature").filter(|v| !v.is_null()) {
+        if !t.as_f64().is_some_and(|t| (0.0..=2.0).contains(&t)) {
+            return Err(ApiError::bad_request("`temperature` must be between 0 and 2", "temperature"));
+        }
+    }
+    let stream = obj.get("stream").and_then(Value::as_bool).unwrap_or(false);
+    let include_usage = body.pointer("/stream_options/include_usage").and_then(Value::as_bool).unwrap_or(false);
+    let enable_thinking = body.pointer("/chat_template_kwargs/enable_thinking").and_then(Value::as_bool).unwrap_or(true);
+    let program_done = truthy(headers.get("x-program-done").and_then(|v| v.to_str().ok()).map(|s| Value::String(s.into())).as_ref())
+        || truthy(obj.get("program_done"));
+    let (messages, prompt) = match flavor {
+        Flavor::Chat => {
+            let list = obj
+                .get("messages")
+                .and_then(Value::as_array)
+                .filter(|l| !l.is_empty())
+                .ok_or_else(|| ApiError::bad_request("`messages` must be a non-empty array", "messages"))?;
+            let mut out = Vec::with_capacity(list.len());
+            for (i, m) in list.iter().enumerate() {
+                let role = m.get("role").and_then(Value::as_str).unwrap_or("");
+                if !matches!(role, "system" | "developer" | "user" | "assistant" | "tool") {
+                    return Err(ApiError::bad_request(format!("messages[{i}].role `{role}` is not a chat role"), &format!("messages[{i}].role")));
+                }
+                let content = match m.get("content") {
+                    Some(Value::String(s)) => s.clone(),
+                    Some(Value::Null) | None if role == "assistant" => String::new(),
+                    // Content parts: text parts are joined; anything else is refused.
+                    Some(Value::Array(parts)) => {
+                        let mut text = String::new();
+                        for p in parts {
+                            match (p.get("type").and_then(Value::as_str), p.get("text").and_then(Value::as_str)) {
+                                (Some("text"), Some(t)) => text.push_str(t),
+                                _ => {
+                                    return Err(ApiError::bad_request(
+                                        format!("messages[{i}].content: only text parts are supported"),
+                                        &format!("messages[{i}].content"),
+                                    ));
+                                }
+                            }
+                        }
+                        text
+                    }
+                    _ => return Err(ApiError::bad_request(format!("messages[{i}].content must be text"), &format!("messages[{i}].content"))),
+                };
+                let role = if role == "developer" { "system" } else { role };
+                out.push(json!({"role": role, "content": content}));
+            }
+            (Some(out), None)
+        }
+        Flavor::Completions => match obj.get("prompt") {
+            Some(Value::String(p)) => (None, Some(p.clone())),
+            Some(Value::Array(_)) => {
+                return Err(ApiError::bad_request("a list of prompts is not supported: send one request per prompt", "prompt"));
+            }
+            _ => return Err(ApiError::bad_request("`prompt` must be a string", "prompt")),
+        },
+    };
+    Ok(Parsed {
+        model,
+        request: ProgramRequest { messages, prompt, max_tokens, enable_thinking, program_done },
+        stream,
+        include_usage,
+    })
+}
+
+fn usage(c: &Completion) -> Value {
+    json!({
+        "prompt_tokens": c.prompt_tokens,
+        "completion_tokens": c.output_tokens,
+        "total_tokens": c.prompt_tokens + c.output_tokens,
+        "prompt_tokens_details": { "cached_tokens": c.cached_prompt_tokens },
+    })
+}
+
+fn finish_reason(c: &Completion, max_tokens: u32) -> &'static str {
+    if c.output_tokens >= max_tokens { "length" } else { "stop" }
+}
+
+async fn handle(api: Arc<Api>, flavor: Flavor, headers: HeaderMap, body: Value) -> Result<Response, ApiError> {
+    let parsed = parse(flavor, &headers, &body)?;
+    let program = program_key(&headers, &body);
+    let max_tokens = parsed.request.max_tokens;
+    let (tx, mut rx) = mpsc::unbounded_channel::<String>();
+    let done = api.service.call(program, &parsed.model, parsed.request, TokenSink::new(tx)).map_err(|e| match e {
+        crate::live::ServiceError::NotServed(m) => ApiError { param: Some("model".into()), ..ApiError::new(StatusCode::NOT_FOUND, "model_not_found", m) },
+        other => other.into(),
+    })?;
+    let id = format!("{}-{}", if flavor == Flavor::Chat { "chatcmpl" } else { "cmpl" }, uuid_like());
+    let created = unix_now();
+    let model = parsed.model;
+    if !parsed.stream {
+        // `rx` lives until the answer: dropping it (the client went away, axum dropped this
+        // future) abandons the call upstream.
+        let result = done.await.map_err(|_| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable_error", "the runtime dropped the call"))?;
+        drop(rx);
+        let c = result.map_err(|m| ApiError::new(StatusCode::BAD_GATEWAY, "engine_error", m))?;
+        let choice = match flavor {
+            Flavor::Chat => json!({"index": 0, "message": {"role": "assistant", "content": c.text}, "finish_reason": finish_reason(&c, max_tokens)}),
+            Flavor::Completions => json!({"index": 0, "text": c.text, "finish_reason": finish_reason(&c, max_tokens)}),
+        };
+        let object = if flavor == Flavor::Chat { "chat.completion" } else { "text_completion" };
+        return Ok(Json(json!({
+            "id": id, "object": object, "created": created, "model": model,
+            "choices": [choice], "usage": usage(&c),
+        }))
+        .into_response());
+    }
+    let object = if flavor == Flavor::Chat { "chat.completion.chunk" } else { "text_completion" };
+    let chunk = move |choice: Value, usage: Option<Value>| -> Event {
+        let mut v = json!({"id": id, "object": object, "created": created, "model": model, "choices": [choice]});
+        if let Some(u) = usage {
+            v["usage"] = u;
+            v["choices"] = json!([]);
+        }
+        Event::default().data(v.to_string())
+    };
+    let delta = move |text: &str, first: bool| -> Value {
+        match flavor {
+            Flavor::Chat if first => json!({"index": 0, "delta": {"role": "assistant", "content": text}, "finish_reason": null}),
+            Flavor::Chat => json!({"index": 0, "delta": {"content": text}, "finish_reason": null}),
+            Flavor::Completions => json!({"index": 0, "text": text, "finish_reason": null}),
+        }
+    };
+    let include_usage = parsed.include_usage;
+    let events = async_stream(move |out: mpsc::Sender<Event>| async move {
+        let mut done = done;
+        let mut first = true;
+        let result = loop {
+            tokio::select! {
+                biased;
+                piece = rx.recv() => match piece {
+                    Some(text) => {
+                        if out.send(chunk(delta(&text, first), None)).await.is_err() {
+                            return; // the client went away: `rx` drops with us
+                        }
+                        first = false;
+                    }
+                    None => break (&mut done).await,
+                },
+                r = &mut done => break r,
+            }
+        };
+        // Pieces that arrived just before the answer.
+        while let Ok(text) = rx.try_recv() {
+            if out.send(chunk(delta(&text, first), None)).await.is_err() {
+                return;
+            }
+            first = false;
+        }
+        match result {
+            Ok(Ok(c)) => {
+                if first && !c.text.is_empty() {
+                    // An engine that does not stream: the whole text at once.
+                    let _ = out.send(chunk(delta(&c.text, true), None)).await;
+                }
+                let fin = match flavor {
+                    Flavor::Chat => json!({"index": 0, "delta": {}, "finish_reason": finish_reason(&c, max_tokens)}),
+                    Flavor::Completions => json!({"index": 0, "text": "", "finish_reason": finish_reason(&c, max_tokens)}),
+                };
+                let _ = out.send(chunk(fin, None)).await;
+                if include_usage {
+                    let _ = out.send(chunk(Value::Null, Some(usage(&c)))).await;
+                }
+            }
+            Ok(Err(m)) => {
+                let err = json!({"error": {"message": m, "type": "engine_error", "param": null, "code": 502}});
+                let _ = out.send(Event::default().data(err.to_string())).await;
+            }
+            Err(_) => {
+                let err = json!({"error": {"message": "the runtime dropped the call", "type": "unavailable_error", "param": null, "code": 503}});
+                let _ = out.send(Event::default().data(err.to_string())).await;
+            }
+        }
+        let _ = out.send(Event::default().data("[DONE]")).await;
+    });
+    Ok(Sse::new(events).keep_alive(KeepAlive::default()).into_response())
+}
+
+/// A stream fed by a task that `body` runs; when the client goes away the stream is dropped,
+/// the channel closes, and the task (with everything it holds) ends at its next send.
+fn async_stream<F, Fut>(body: F) -> impl Stream<Item = Result<Event, Infallible>>
+where
+    F: FnOnce(mpsc::Sender<Event>) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let (tx, rx) = mpsc::channel::<Event>(64);
+    let task = tokio::spawn(body(tx));
+    let guard = AbortOnDrop(task);
+    futures::stream::unfold((rx, guard), |(mut rx, guard)| async move { rx.recv().await.map(|e| (Ok(e), (rx, guard))) })
+}
+
+/// Aborts the feeding task when the response stream is dropped (the client disconnected), so
+/// that the token receiver it holds is dropped at once and the engine abandons the call.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// A random 32-hex-digit id (OpenAI's ids are opaque).
+fn uuid_like() -> String {
+    format!("{:032x}", rand::random::<u128>())
+}
+
+pub(super) async fn chat_completions(
+    State(api): State<Arc<Api>>,
+    headers: HeaderMap,
+    JsonBody(body): JsonBody<Value>,
+) -> Result<Response, ApiError> {
+    handle(api, Flavor::Chat, headers, body).await
+}
+
+pub(super) async fn completions(
+    State(api): State<Arc<Api>>,
+    headers: HeaderMap,
+    JsonBody(body): JsonBody<Value>,
+) -> Result<Response, ApiError> {
+    handle(api, Flavor::Completions, headers, body).await
+}
+
+pub(super) async fn models(State(api): State<Arc<Api>>) -> Json<Value> {
+    let created = unix_now();
+    let data: Vec<Value> = api
+        .service
+        .models()
+        .into_iter()
+        .map(|m| json!({"id": m, "object": "model", "created": created, "owned_by": "switchyard"}))
+        .collect();
+    Json(json!({"object": "list", "data": data}))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.insert(axum::http::HeaderName::from_bytes(k.as_bytes()).expect("name"), v.parse().expect("value"));
+        }
+        h
+    }
+
+    #[test]
+    fn the_program_key_comes_from_the_known_headers_then_the_body() {
+        let body = json!({"program_id": "from-body"});
+        assert_eq!(program_key(&headers(&[("X-Session-ID", "a")]), &body).as_deref(), Some("a"));
+        assert_eq!(program_key(&headers(&[("x-dynamo-session-id", "b")]), &body).as_deref(), Some("b"));
+        assert_eq!(program_key(&headers(&[("X-Program-ID", "c")]), &body).as_deref(), Some("c"));
+        assert_eq!(program_key(&HeaderMap::new(), &body).as_deref(), Some("from-body"));
+        assert_eq!(program_key(&HeaderMap::new(), &json!({})), None);
+    }
+
+    #[test]
+    fn requests_are_checked_before_anything_is_scheduled() {
+        let h = HeaderMap::new();
+        let ok = parse(Flavor::Chat, &h, &json!({"model": "Qwen3-8B", "messages": [{"role": "user", "content": "hi"}]}));
+        let ok = ok.unwrap_or_else(|e| panic!("{e:?}"));
+        assert_eq!((ok.request.max_tokens, ok.request.enable_thinking, ok.stream), (DEFAULT_MAX_TOKENS, true, false));
+        let cases = [
+            (json!({"messages": [{"role": "user", "content": "hi"}]}), "model"),
+            (json!({"model": "m", "messages": []}), "messages"),
+            (json!({"model": "m", "messages": [{"role": "wizard", "content": "hi"}]}), "messages[0].role"),
+            (json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "n": 2}), "n"),
+            (json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}), "max_tokens"),
+            (json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "temperature": -1}), "temperature"),
+            (json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "logprobs": true}), "logprobs"),
+            (json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": []}), "tools"),
+        ];
+        for (body, param) in cases {
+            let e = parse(Flavor::Chat, &h, &body).err().unwrap_or_else(|| panic!("accepted {body}"));
+            assert_eq!((e.status, e.param.as_deref()), (StatusCode::BAD_REQUEST, Some(param)), "{body}");
+        }
+        let list = parse(Flavor::Completions, &h, &json!({"model": "m", "prompt": ["a", "b"]}));
+        assert_eq!(list.err().and_then(|e| e.param), Some("prompt".to_string()));
+        let done = parse(Flavor::Completions, &headers(&[("x-program-done", "true")]), &json!({"model": "m", "prompt": "p"}));
+        assert!(done.is_ok_and(|p| p.request.program_done));
+    }
+}

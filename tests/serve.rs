@@ -1,82 +1,21 @@
 //! `switchyard serve` end to end, as a client sees it: the binary on a live pool of
 //! `switchyard emulate` children, its REST API over real HTTP — authentication, limits and
 //! validation errors, registering workflows, runs with their outputs, the SSE event stream,
-//! cancel — and a SIGTERM that stops it cleanly.
+//! cancel — the front door (streaming, a disconnect that aborts upstream) and a SIGTERM that
+//! stops it cleanly.
+
+mod support;
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
+
+use support::serve::{BIN, Server, TOKEN, repo};
 
 use futures::StreamExt;
 use serde_json::{Value, json};
 
-const BIN: &str = env!("CARGO_BIN_EXE_switchyard");
-const TOKEN: &str = "test-token-0123456789abcdef";
-
-fn repo() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
-
-/// The bundled live-emulated pool at a lower speed (5×), so that a load takes long enough to
-/// cancel a run before its first call.
-fn slow_pool(dir: &Path) -> std::path::PathBuf {
-    let text = std::fs::read_to_string(repo().join("workflows/pools/live-emulated.yaml")).expect("pool");
-    let path = dir.join("pool.yaml");
-    std::fs::write(&path, text.replace("speed: 50", "speed: 5")).expect("write pool");
-    path
-}
-
-/// A chain on Qwen3-8B with long answers (the cancel test's run).
-const LONG_CHAIN: &str = "name: long-chain\ndeployments:\n  big: {model: Qwen3-8B, dtype: fp16, max_context: 4096, max_output_tokens: 3000}\n\
-nodes:\n  - id: write\n    deployment: big\n    max_output_tokens: 3000\n    output_tokens: {mean: 2500, cv: 0.1}\n    prompt: Write at length.\n";
-
-struct Server {
-    child: Child,
-    base: String,
-}
-
-impl Server {
-    fn start(dir: &Path) -> Server {
-        let long = dir.join("long.yaml");
-        std::fs::write(&long, LONG_CHAIN).expect("write workflow");
-        let mut child = Command::new(BIN)
-            .args(["serve", "--listen", "127.0.0.1:0", "--pool"])
-            .arg(slow_pool(dir))
-            .arg("--workflow")
-            .arg(repo().join("tests/fixtures/tiny_chain.yaml"))
-            .arg("--workflow")
-            .arg(&long)
-            .env("SWITCHYARD_API_TOKEN", TOKEN)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn switchyard serve");
-        let stderr = child.stderr.take().expect("stderr");
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                eprintln!("[serve] {line}");
-                if let Some(addr) = line.split("listening on ").nth(1) {
-                    let _ = tx.send(addr.split_whitespace().next().unwrap_or("").to_string());
-                }
-            }
-        });
-        let base = rx.recv_timeout(Duration::from_secs(60)).expect("the server says where it listens");
-        Server { child, base }
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("{}{path}", self.base)
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 async fn body(resp: reqwest::Response) -> (u16, Value) {
     let status = resp.status().as_u16();
@@ -91,7 +30,7 @@ fn error_code(v: &Value) -> Option<i64> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_end_to_end() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let server = Server::start(dir.path());
+    let server = Server::start_slow(dir.path());
     let http = reqwest::Client::new();
     let auth = format!("Bearer {TOKEN}");
 
@@ -370,7 +309,7 @@ async fn a_front_door_client_that_disconnects_aborts_its_call_upstream() {
             }
         }
     });
-    let server = Server { child, base: rx.recv_timeout(Duration::from_secs(60)).expect("listening") };
+    let server = Server::from_child(child, rx.recv_timeout(Duration::from_secs(60)).expect("listening"));
     let http = reqwest::Client::new();
     let call = json!({"model": "Qwen3-0.6B", "messages": [{"role": "user", "content": "Write a lot"}], "max_tokens": 500, "stream": true});
     let resp = http

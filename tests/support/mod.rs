@@ -2,3 +2,4 @@
 
 pub mod fault_proxy;
 pub mod live_cli;
+pub mod serve;

@@ -171,6 +171,20 @@ async fn serve_end_to_end() {
     let (s, v) = body(http.post(server.url("/v1/chat/completions")).header("authorization", &auth).json(&json!({"model": "gpt-4", "messages": [{"role": "user", "content": "x"}]})).send().await.expect("chat")).await;
     assert_eq!((s, v["error"]["param"].as_str()), (404, Some("model")), "{v}");
 
+    // The runtime's own metrics, without a token.
+    let metrics = http.get(server.url("/metrics")).send().await.expect("metrics").text().await.expect("text");
+    for needle in [
+        "switchyard_sessions{state=\"completed\"}",
+        "switchyard_queue_depth",
+        "switchyard_replicas{state=\"awake\"}",
+        "switchyard_planning_latency_seconds_count",
+        "switchyard_lifecycle_actions_total{action=\"load\"}",
+        "switchyard_front_door_requests_total{endpoint=\"/v1/chat/completions\",status=\"200\"} 2",
+        "switchyard_front_door_requests_total{endpoint=\"/v1/chat/completions\",status=\"404\"} 1",
+    ] {
+        assert!(metrics.contains(needle), "`{needle}` missing from /metrics:\n{metrics}");
+    }
+
     // SIGTERM: the server stops cleanly.
     let pid = server.child.id() as libc::pid_t;
     // SAFETY: a signal to our own child.

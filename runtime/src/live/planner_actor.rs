@@ -27,6 +27,7 @@ use super::actors::{
     ReplicaMsg, RunContext, SessionMsg, SessionReport, SessionResult, SessionStatus, ToolMsg,
 };
 use super::engine::{EngineError, EngineTelemetry};
+use super::metrics::RuntimeMetrics;
 use super::program_actor::{ProgramActor, ProgramArgs, ProgramCall, ProgramRequest};
 use super::replica_actor::{ReplicaActor, ReplicaArgs};
 use super::session_actor::{SessionActor, SessionArgs};
@@ -84,6 +85,8 @@ pub struct PlannerArgs {
     /// A served runtime's front door: the index of its workflow (one node per served
     /// deployment, node i serving deployment i) and how long an idle program lives.
     pub front_door: Option<(u32, Duration)>,
+    /// The runtime's own metrics, kept up to date at each tick (a served runtime's `/metrics`).
+    pub metrics: Option<Arc<RuntimeMetrics>>,
 }
 
 struct ReplicaEntry {
@@ -132,6 +135,7 @@ pub struct PlannerActorState {
     trace_lines: Vec<TraceLine>,
     events_out: Option<broadcast::Sender<TraceLine>>,
     front_door: Option<(u32, Duration)>,
+    metrics: Option<Arc<RuntimeMetrics>>,
     /// Front-door programs by their client's key, while they live.
     programs: BTreeMap<String, SessionId>,
 
@@ -214,6 +218,7 @@ impl Actor for PlannerActor {
             trace_lines: Vec::new(),
             events_out: args.events,
             front_door: args.front_door,
+            metrics: args.metrics,
             programs: BTreeMap::new(),
             sessions: BTreeMap::new(),
             session_cells: BTreeMap::new(),
@@ -707,7 +712,12 @@ impl PlannerActorState {
             }
             let events = std::mem::take(&mut self.buffer);
             let now = self.ctx.clock.now();
-            match self.planner.handle_all(events, now) {
+            let started = std::time::Instant::now();
+            let planned = self.planner.handle_all(events, now);
+            if let Some(m) = &self.metrics {
+                m.planning_latency.observe(started.elapsed().as_secs_f64());
+            }
+            match planned {
                 Ok(commands) => {
                     for c in commands {
                         self.execute(myself, c).await;
@@ -716,6 +726,23 @@ impl PlannerActorState {
                 Err(e) => self.set_fatal(format!("the planner rejected an event: {e}")),
             }
         }
+        self.update_gauges();
+    }
+
+    /// The metrics' gauges from the actor's state (sessions, queue, replicas by state).
+    fn update_gauges(&self) {
+        let Some(m) = &self.metrics else { return };
+        let gauge = |v: usize| i64::try_from(v).unwrap_or(i64::MAX);
+        let failed = self.ended.values().filter(|r| r.record.failed.is_some()).count() + self.start_failures.len();
+        let completed = self.ended.len() + self.start_failures.len() - failed;
+        RuntimeMetrics::set_state(&m.sessions, "running", gauge(self.sessions.len()));
+        RuntimeMetrics::set_state(&m.sessions, "completed", gauge(completed));
+        RuntimeMetrics::set_state(&m.sessions, "failed", gauge(failed));
+        m.queue_depth.set(gauge(self.pending.len()));
+        let loading = self.replicas.values().filter(|r| r.loading_since.is_some()).count();
+        RuntimeMetrics::set_state(&m.replicas, "loading", gauge(loading));
+        RuntimeMetrics::set_state(&m.replicas, "awake", gauge(self.replicas.len() - loading));
+        RuntimeMetrics::set_state(&m.replicas, "asleep", gauge(self.parked.len() + self.falling_asleep.len()));
     }
 
     fn set_fatal(&mut self, reason: String) {
@@ -823,12 +850,19 @@ impl PlannerActorState {
         LifecycleTicket { after, done }
     }
 
+    fn count_action(&self, action: &str) {
+        if let Some(m) = &self.metrics {
+            m.action(action);
+        }
+    }
+
     async fn execute(&mut self, myself: &ActorRef<PlannerMsg>, command: Command) {
         match command {
             Command::Load { replica, deployment, device } => {
+                self.count_action("load");
                 self.start_replica(myself, replica, deployment, device, None).await;
             }
-            Command::Wake { replica } => match self.parked.remove(&replica) {
+            Command::Wake { replica } => match { self.count_action("wake"); self.parked.remove(&replica) } {
                 Some((device, deployment, engine)) => self.start_replica(myself, replica, deployment, device, Some(engine)).await,
                 None => match self.falling_asleep.get(&replica) {
                     Some(&at) => {
@@ -842,6 +876,7 @@ impl PlannerActorState {
                     return self.set_fatal(format!("sleep of unknown replica {replica}"));
                 };
                 self.close_segments(&r);
+                self.count_action("sleep");
                 let ticket = self.ticket(r.device);
                 tracing::info!(%replica, device = %r.device, level, "sleep");
                 self.log("sleep", TraceLine { replica: Some(replica.0), device: Some(r.device.0), detail: Some(format!("level {level}")), ..blank() });
@@ -864,6 +899,7 @@ impl PlannerActorState {
                     return self.set_fatal(format!("unload of unknown replica {replica}"));
                 };
                 self.close_segments(&r);
+                self.count_action("unload");
                 let ticket = self.ticket(r.device);
                 tracing::info!(%replica, device = %r.device, "reclaim");
                 if r.fixed {

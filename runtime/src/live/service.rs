@@ -28,6 +28,7 @@ use tokio::task::JoinHandle;
 
 use super::actors::{Clock, EngineFactory, PlannerMsg, RunContext, SessionStatus, ToolsHandle};
 use super::engine::{Completion, TokenSink};
+use super::metrics::RuntimeMetrics;
 use super::planner_actor::{PlannerActor, PlannerArgs, ReportMeta};
 use super::program_actor::ProgramRequest;
 use super::shell::{LiveConfig, LiveError, LiveOutput};
@@ -68,6 +69,7 @@ pub struct Service {
     clock: Clock,
     /// The served deployments' models, for the front door's `model` field.
     served: Vec<(String, DeploymentId)>,
+    metrics: Arc<RuntimeMetrics>,
 }
 
 impl Service {
@@ -101,6 +103,7 @@ impl Service {
             tools: ToolsHandle::default(),
         });
         let (events, _) = broadcast::channel(EVENT_BUFFER);
+        let metrics = Arc::new(RuntimeMetrics::new());
         let args = PlannerArgs {
             ctx,
             planner,
@@ -123,10 +126,11 @@ impl Service {
             progress: None,
             events: Some(events.clone()),
             front_door: Some((front_door_index, cfg.program_idle)),
+            metrics: Some(Arc::clone(&metrics)),
         };
         let (planner, handle) =
             Actor::spawn(None, PlannerActor, args).await.map_err(|e| LiveError::Spawn(e.to_string()))?;
-        Ok(Service { planner, handle: std::sync::Mutex::new(Some(handle)), events, datasets, clock, served })
+        Ok(Service { planner, handle: std::sync::Mutex::new(Some(handle)), events, datasets, clock, served, metrics })
     }
 
     /// Seconds since the service started (the time base of events and session ends).
@@ -163,6 +167,11 @@ impl Service {
         self.planner
             .send_message(PlannerMsg::Cancel { sessions, reason })
             .map_err(|e| ServiceError::Unavailable(e.to_string()))
+    }
+
+    /// The runtime's own metrics (`GET /metrics`).
+    pub fn metrics(&self) -> &Arc<RuntimeMetrics> {
+        &self.metrics
     }
 
     /// The served models (the front door's `/v1/models`).

@@ -176,6 +176,7 @@ pub async fn run(cfg: &LiveConfig, factory: Arc<dyn EngineFactory>, progress: Op
         progress,
         events: None,
         front_door: None,
+        metrics: None,
     };
     let (planner, handle) =
         Actor::spawn(None, PlannerActor, args).await.map_err(|e| LiveError::Spawn(e.to_string()))?;

@@ -312,20 +312,33 @@ fn uuid_like() -> String {
     format!("{:032x}", rand::random::<u128>())
 }
 
+/// Answer, and count the request by endpoint and status (`switchyard_front_door_requests_total`;
+/// a stream counts as its 200, whatever happens later in it).
+async fn counted(api: Arc<Api>, flavor: Flavor, headers: HeaderMap, body: Result<Value, ApiError>) -> Response {
+    let metrics = Arc::clone(api.service.metrics());
+    let endpoint = if flavor == Flavor::Chat { "/v1/chat/completions" } else { "/v1/completions" };
+    let resp = match body {
+        Ok(body) => handle(api, flavor, headers, body).await.unwrap_or_else(IntoResponse::into_response),
+        Err(e) => e.into_response(),
+    };
+    metrics.front_door(endpoint, resp.status().as_u16());
+    resp
+}
+
 pub(super) async fn chat_completions(
     State(api): State<Arc<Api>>,
     headers: HeaderMap,
-    JsonBody(body): JsonBody<Value>,
-) -> Result<Response, ApiError> {
-    handle(api, Flavor::Chat, headers, body).await
+    body: Result<JsonBody<Value>, ApiError>,
+) -> Response {
+    counted(api, Flavor::Chat, headers, body.map(|JsonBody(b)| b)).await
 }
 
 pub(super) async fn completions(
     State(api): State<Arc<Api>>,
     headers: HeaderMap,
-    JsonBody(body): JsonBody<Value>,
-) -> Result<Response, ApiError> {
-    handle(api, Flavor::Completions, headers, body).await
+    body: Result<JsonBody<Value>, ApiError>,
+) -> Response {
+    counted(api, Flavor::Completions, headers, body.map(|JsonBody(b)| b)).await
 }
 
 pub(super) async fn models(State(api): State<Arc<Api>>) -> Json<Value> {

@@ -9,8 +9,8 @@
 //! [`ApiConfig::max_body_bytes`] get 413; malformed bodies 400, invalid workflows 422 with each
 //! problem's file, line, column and field. A workflow registered over HTTP may not name a
 //! dataset (a dataset is a path on the server's disk: a client could make the server read any
-//! file); its sessions take their inputs from the request. Only `/health` and `/openapi.json`
-//! answer without a token.
+//! file); its sessions take their inputs from the request. Only `/health`, `/openapi.json` and
+//! `/metrics` answer without a token.
 //!
 //! Errors have OpenAI's shape, `{"error": {"message", "type", "param", "code"}}` with the HTTP
 //! status as `code`; a workflow's validation errors add `"errors": [{file, line, column, field,
@@ -213,6 +213,7 @@ pub fn router(service: Arc<Service>, config: ApiConfig, startup: Vec<(u32, Arc<c
     Router::new()
         .route("/health", get(|| async { Json(json!({"status": "ok"})) }))
         .route("/openapi.json", get(openapi))
+        .route("/metrics", get(metrics))
         .merge(v1)
         .fallback(|| async { ApiError::not_found("no such route") })
         .method_not_allowed_fallback(|| async {
@@ -240,6 +241,13 @@ fn entry(index: u32, spec: &crate::workflow::WorkflowSpec, text: String) -> Work
         nodes: spec.nodes.iter().map(|n| n.id.clone()).collect(),
         has_dataset: spec.dataset.is_some(),
     }
+}
+
+/// The runtime's own metrics, Prometheus text format (no token: like vLLM's `/metrics`, it
+/// says how busy the pool is, nothing about what it computes).
+async fn metrics(State(api): State<Arc<Api>>) -> Response {
+    let text = api.service.metrics().encode();
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response()
 }
 
 async fn openapi() -> Response {
@@ -632,6 +640,7 @@ fn stream_from(
 pub const ROUTES: &[(&str, &str)] = &[
     ("get", "/health"),
     ("get", "/openapi.json"),
+    ("get", "/metrics"),
     ("get", "/v1/workflows"),
     ("post", "/v1/workflows"),
     ("get", "/v1/workflows/{name}"),

@@ -565,6 +565,16 @@ impl EmulatedReplica {
             .and_then(|s| s.first_scheduled_at)
     }
 
+    /// The running batch's requests with the time each was first admitted (vLLM's
+    /// `scheduled_ts`), in admission order: a server reads each request's queueing time here
+    /// once it starts running.
+    pub fn running_admissions(&self) -> impl Iterator<Item = (u64, f64)> + '_ {
+        self.running
+            .iter()
+            .filter_map(|&slot| self.seqs[slot].as_ref())
+            .filter_map(|s| s.first_scheduled_at.map(|at| (s.id, at)))
+    }
+
     pub fn in_iteration(&self) -> bool {
         self.iteration.is_some()
     }
@@ -1517,6 +1527,7 @@ mod tests {
         assert_eq!(r.telemetry().running, 2);
         let before = r.telemetry().kv_blocks_in_use;
         assert!(r.first_scheduled_at(1).is_some_and(|t| t == 0.0));
+        assert_eq!(r.running_admissions().map(|(id, _)| id).collect::<Vec<_>>(), vec![1, 2]);
         // Mid-iteration: the step in progress keeps its end, request 1 takes no part in it.
         let end = r.start_iteration(now).unwrap();
         assert!(r.abort(1, now));

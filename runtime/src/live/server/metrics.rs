@@ -18,7 +18,11 @@
 //!   `vllm:request_queue_time_seconds`, `vllm:request_inference_time_seconds`,
 //!   `vllm:request_prefill_time_seconds`, `vllm:request_decode_time_seconds`.
 //!
-//! Times are emulated (virtual) seconds. Not emitted: the deprecated `vllm:gpu_*` aliases,
+//! Times are emulated (virtual) seconds. `finished_reason="abort"` counts the requests the
+//! engine ended with an abort (a sleep with `mode=abort`), whose clients get that finish
+//! reason; a request whose client went away is aborted without an answer and, as in vLLM
+//! 0.10.2 (`OutputProcessor.abort_requests` records no finished-request stats), not counted.
+//! Not emitted: the deprecated `vllm:gpu_*` aliases,
 //! LoRA and speculative-decoding families (nothing to report).
 //!
 //! Depends on the emulator's `Telemetry` and prometheus-client; must not depend on the driver
@@ -94,8 +98,12 @@ pub struct FinishedRequest {
     pub finished: f64,
     pub prompt_tokens: u32,
     pub generation_tokens: u32,
-    pub max_tokens: u32,
+    /// `max_tokens` as the client set it.
+    pub max_tokens: Option<u32>,
     pub n: u32,
+    /// The first of its request's `n` samples: the per-request families (`n`, the most tokens
+    /// a sample generated) are observed once per request, on it (the samples are identical).
+    pub first_sample: bool,
 }
 
 /// The families the server observes as requests progress.
@@ -193,9 +201,13 @@ impl Metrics {
         }
         self.request_prompt_tokens.observe(f64::from(r.prompt_tokens));
         self.request_generation_tokens.observe(f64::from(r.generation_tokens));
-        self.max_num_generation_tokens.observe(f64::from(r.max_tokens));
-        self.params_n.observe(f64::from(r.n));
-        self.params_max_tokens.observe(f64::from(r.max_tokens));
+        if r.first_sample {
+            self.max_num_generation_tokens.observe(f64::from(r.generation_tokens));
+            self.params_n.observe(f64::from(r.n));
+            if let Some(max) = r.max_tokens {
+                self.params_max_tokens.observe(f64::from(max));
+            }
+        }
     }
 
     /// The registry: these families plus the scrape-time ones read through `telemetry`

@@ -240,8 +240,9 @@ struct Waiter {
     prompt_tokens: u32,
     generated: u32,
     finish_reason: &'static str,
-    max_tokens: u32,
+    max_tokens: Option<u32>,
     n: u32,
+    first_sample: bool,
 }
 
 impl Waiter {
@@ -256,6 +257,7 @@ impl Waiter {
             generation_tokens: self.generated,
             max_tokens: self.max_tokens,
             n: self.n,
+            first_sample: self.first_sample,
         }
     }
 }
@@ -1120,8 +1122,9 @@ async fn run(shared: &Arc<Shared>, p: Prepared) -> Response {
                     prompt_tokens: c.prompt_tokens,
                     generated: 0,
                     finish_reason: c.shaped.finish_reason,
-                    max_tokens: p.limit,
+                    max_tokens: p.checked.max_tokens,
                     n: p.checked.n,
+                    first_sample: c.index % n == 0,
                 },
             );
             core.inbox.push_back(Pending {

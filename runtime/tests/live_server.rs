@@ -615,8 +615,9 @@ fn running_and_kv(m: &MetricsSnapshot) -> (f64, f64) {
 
 #[tokio::test]
 async fn a_client_that_disconnects_aborts_its_request_streaming_or_not() {
-    // 20x: a 6000-token answer runs for seconds of wall time if nobody aborts it.
-    let (s, c, base) = server_at(20.0).await;
+    // 10x: a 6000-token answer (23.5 emulated seconds) runs for over 2 s of wall time if
+    // nobody aborts it.
+    let (s, c, base) = slow_server(10.0).await;
     let body = json!({"prompt": long_prompt(), "max_tokens": 6000, "stream": true});
     let mut r = c.post(format!("{base}/v1/completions")).json(&body).send().await.unwrap();
     assert_eq!(r.status(), 200);
@@ -989,7 +990,7 @@ async fn a_weights_only_wake_keeps_completions_at_503_until_the_kv_cache_wakes()
 
 #[tokio::test]
 async fn a_sleep_aborts_the_requests_in_flight_or_waits_for_them() {
-    let (s, c, base) = server_at(20.0).await;
+    let (s, c, base) = slow_server(10.0).await;
     let completions = format!("{base}/v1/completions");
     // mode=abort (the default): a long stream ends with finish_reason "abort".
     let body = json!({"prompt": long_prompt(), "max_tokens": 6000, "stream": true});
@@ -1029,4 +1030,26 @@ async fn a_sleep_aborts_the_requests_in_flight_or_waits_for_them() {
     assert_eq!(v["choices"][0]["finish_reason"], "length");
     assert_eq!(v["usage"]["completion_tokens"], 2000);
     s.shutdown().await.unwrap();
+}
+
+/// A server slow enough to keep long requests in flight for seconds; its start-up load takes
+/// seconds of wall time too, so health is awaited longer.
+async fn slow_server(speed: f64) -> (EmulateServer, reqwest::Client, String) {
+    let mut cfg = EmulateConfig::new(DEVICE, MODEL);
+    cfg.speed = speed;
+    cfg.max_model_len = Some(8192);
+    let s = start(cfg).await;
+    let c = client();
+    let base = s.base_url();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Ok(r) = c.get(format!("{base}/health")).send().await
+            && r.status() == 200
+        {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{base} never became healthy");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    (s, c, base)
 }

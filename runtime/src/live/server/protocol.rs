@@ -373,11 +373,12 @@ impl Sampling {
             include_stop_str_in_output: self.include_stop_str_in_output,
             ignore_eos: self.ignore_eos,
             stream,
+            // vLLM's `StreamOptions.include_usage` defaults to true once `stream_options` is
+            // given.
             include_usage: self
                 .stream_options
                 .as_ref()
-                .and_then(|o| o.include_usage)
-                .unwrap_or(false),
+                .is_some_and(|o| o.include_usage.unwrap_or(true)),
         })
     }
 }
@@ -587,6 +588,12 @@ mod tests {
         let e = Sampling::default().check(Some(0)).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("max_tokens"));
         assert_eq!(e.body()["error"]["code"], 400);
+        let s = Sampling {
+            stream: Some(true),
+            stream_options: Some(StreamOptions::default()),
+            ..Sampling::default()
+        };
+        assert!(s.check(None).unwrap().include_usage, "vLLM's default once stream_options is set");
     }
 
     #[test]

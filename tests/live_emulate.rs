@@ -1,6 +1,7 @@
 //! `switchyard emulate` as a real process: the CLI flags, the printed address, vLLM's API over
 //! a loopback socket (health, completions with usage and cached tokens, metrics names, sleep
-//! mode, the served model name) and a clean exit on SIGTERM. Plain std HTTP/1.1, so that the
+//! mode, the served model name, /ping, /tokenize, JSON 404s and validation errors) and a clean
+//! exit on SIGTERM. Plain std HTTP/1.1, so that the
 //! root package needs no async runtime; the engines that manage such processes are tested in
 //! `runtime/tests/live_engines.rs`.
 
@@ -124,9 +125,41 @@ fn emulate_serves_vllms_api_and_exits_on_sigterm() {
         "vllm:prefix_cache_queries_total{",
         "vllm:prefix_cache_hits_total{",
         "vllm:time_to_first_token_seconds_bucket{",
+        "vllm:prompt_tokens_total{",
+        "vllm:generation_tokens_total{",
+        "vllm:request_success_total{",
+        "vllm:inter_token_latency_seconds_bucket{",
+        "vllm:e2e_request_latency_seconds_bucket{",
+        "vllm:request_queue_time_seconds_bucket{",
+        "vllm:cache_config_info{",
     ] {
         assert!(body.contains(name), "{name} missing from /metrics");
     }
+    assert!(body.contains("model_name=\"qwen-small\""));
+
+    // What vLLM clients also find: /ping, /tokenize under the served name, JSON 404s,
+    // validation errors with vLLM's integer code.
+    assert_eq!(http(&s.addr, "GET", "/ping", None).0, 200);
+    let (status, body) = http(
+        &s.addr,
+        "POST",
+        "/tokenize",
+        Some(&json!({"model": "qwen-small", "prompt": "hello world"})),
+    );
+    assert_eq!(status, 200, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["count"], 2);
+    let (status, body) = http(&s.addr, "GET", "/no/such/path", None);
+    assert_eq!((status, body.as_str()), (404, r#"{"detail":"Not Found"}"#));
+    let (status, body) = http(
+        &s.addr,
+        "POST",
+        "/v1/completions",
+        Some(&json!({"prompt": "x", "n": 0})),
+    );
+    assert_eq!(status, 400);
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!((v["error"]["code"].as_u64(), v["error"]["param"].as_str()), (Some(400), Some("n")));
 
     assert_eq!(http(&s.addr, "POST", "/sleep?level=1", None).0, 200);
     assert_eq!(

@@ -193,6 +193,8 @@ struct Sequence {
     /// Leading blocks already registered in the prefix cache (or hit from it).
     hashed_blocks: u32,
     cached_prompt_tokens: Option<u32>,
+    /// When the request was first scheduled (admitted into a batch).
+    first_scheduled_at: Option<f64>,
     first_token_sent: bool,
     done: bool,
 }
@@ -498,6 +500,7 @@ impl EmulatedReplica {
             blocks: Vec::new(),
             hashed_blocks: 0,
             cached_prompt_tokens: None,
+            first_scheduled_at: None,
             first_token_sent: false,
             done: false,
         };
@@ -513,6 +516,63 @@ impl EmulatedReplica {
         };
         self.waiting.push_back(slot);
         Ok(())
+    }
+
+    /// Removes a request from the engine, as vLLM's `abort_request` does when a client goes
+    /// away: it leaves the waiting queue or the running batch at `now`, its KV blocks are
+    /// released (full prompt blocks stay in the prefix cache, reusable until evicted), and no
+    /// event of it is reported any more. An iteration in progress keeps its duration (its
+    /// batch was already launched); the request simply takes no part in its results. Decode
+    /// steps planned ahead are applied up to `now` and the rest dropped, as
+    /// [`catch_up`](Self::catch_up) does. Returns false for an id not in flight.
+    pub fn abort(&mut self, id: u64, now: f64) -> bool {
+        if !self.ids.contains(&id) {
+            return false;
+        }
+        self.catch_up(now);
+        let Some(slot) = self
+            .seqs
+            .iter()
+            .position(|s| s.as_ref().is_some_and(|s| s.id == id && !s.done))
+        else {
+            return false;
+        };
+        self.running.retain(|&s| s != slot);
+        self.waiting.retain(|&s| s != slot);
+        if let Some(seq) = self.seqs[slot].take() {
+            for &b in seq.blocks.iter().rev() {
+                self.pool.release(b);
+            }
+            self.ids.remove(&seq.id);
+        }
+        self.free_slots.push(slot);
+        self.pending.retain(|e| match e {
+            EngineEvent::FirstToken { id: e, .. }
+            | EngineEvent::Finished { id: e, .. }
+            | EngineEvent::Preempted { id: e, .. } => *e != id,
+        });
+        true
+    }
+
+    /// When the request in flight `id` was first admitted into a batch (the start of the
+    /// iteration that first scheduled it; vLLM's `scheduled_ts`), `None` while it still waits
+    /// for its first admission or is not in flight.
+    pub fn first_scheduled_at(&self, id: u64) -> Option<f64> {
+        self.seqs
+            .iter()
+            .flatten()
+            .find(|s| s.id == id)
+            .and_then(|s| s.first_scheduled_at)
+    }
+
+    /// The running batch's requests with the time each was first admitted (vLLM's
+    /// `scheduled_ts`), in admission order: a server reads each request's queueing time here
+    /// once it starts running.
+    pub fn running_admissions(&self) -> impl Iterator<Item = (u64, f64)> + '_ {
+        self.running
+            .iter()
+            .filter_map(|&slot| self.seqs[slot].as_ref())
+            .filter_map(|s| s.first_scheduled_at.map(|at| (s.id, at)))
     }
 
     pub fn in_iteration(&self) -> bool {
@@ -912,6 +972,7 @@ impl EmulatedReplica {
         seq.scheduled = tokens;
         if seq.cached_prompt_tokens.is_none() {
             seq.cached_prompt_tokens = Some(hit_tokens.min(seq.prompt_tokens));
+            seq.first_scheduled_at = Some(now);
             self.counters.queue += (now - seq.submitted_at).max(0.0);
         }
         if caching {
@@ -1445,5 +1506,74 @@ mod tests {
             prop_assert_eq!(t.generated_tokens, reqs.iter().map(|r| u64::from(r.1)).sum::<u64>());
             prop_assert_eq!(t.finished_requests, reqs.len() as u64);
         }
+    }
+
+    fn plain(id: u64, prompt: u32, output: u32) -> EngineRequest {
+        EngineRequest { id, prompt_tokens: prompt, prefix_hashes: Vec::new(), generated_hashes: Vec::new(), output_tokens: output }
+    }
+
+    /// vLLM's abort on a client disconnect: the request leaves the batch, frees its blocks
+    /// and reports nothing more; the other request runs on to its end.
+    #[test]
+    fn an_aborted_request_leaves_the_batch_and_frees_its_blocks() {
+        let mut r = awake_tiny(3, 8);
+        r.submit(plain(1, 300, 50), 0.0).unwrap();
+        r.submit(plain(2, 200, 20), 0.0).unwrap();
+        let mut now = 0.0;
+        for _ in 0..5 {
+            let (end, _) = step(&mut r, now);
+            now = end;
+        }
+        assert_eq!(r.telemetry().running, 2);
+        let before = r.telemetry().kv_blocks_in_use;
+        assert!(r.first_scheduled_at(1).is_some_and(|t| t == 0.0));
+        assert_eq!(r.running_admissions().map(|(id, _)| id).collect::<Vec<_>>(), vec![1, 2]);
+        // Mid-iteration: the step in progress keeps its end, request 1 takes no part in it.
+        let end = r.start_iteration(now).unwrap();
+        assert!(r.abort(1, now));
+        r.check_invariants();
+        let t = r.telemetry();
+        assert_eq!((t.running, t.in_flight), (1, 1));
+        assert!(t.kv_blocks_in_use < before);
+        assert!(!r.abort(1, now), "not in flight any more");
+        assert!(!r.abort(99, now));
+        assert_eq!(r.first_scheduled_at(1), None);
+        let mut events = r.finish_iteration(end);
+        now = end;
+        while let Some(end) = r.start_iteration(now) {
+            events.extend(r.finish_iteration(end));
+            now = end;
+            r.check_invariants();
+        }
+        assert!(events.iter().all(|e| !matches!(e, EngineEvent::FirstToken { id: 1, .. } | EngineEvent::Finished { id: 1, .. })));
+        assert!(events.iter().any(|e| matches!(e, EngineEvent::Finished { id: 2, output_tokens: 20, .. })));
+        let t = r.telemetry();
+        assert_eq!((t.in_flight, t.kv_blocks_in_use), (0, 0));
+        // The id may be used again.
+        r.submit(plain(1, 10, 1), now).unwrap();
+    }
+
+    #[test]
+    fn aborting_a_waiting_request_or_inside_a_planned_decode_run() {
+        let mut r = awake_tiny(5, 1);
+        r.submit(plain(1, 100, 200), 0.0).unwrap();
+        r.submit(plain(2, 100, 5), 0.0).unwrap();
+        let (mut now, _) = step(&mut r, 0.0);
+        assert_eq!(r.telemetry().waiting, 1);
+        assert!(r.abort(2, now));
+        assert_eq!(r.telemetry().waiting, 0);
+        r.check_invariants();
+        // A planned decode run is cut at the abort: the replica is as stepping leaves it.
+        let end = r.start_iteration(now).unwrap();
+        let planned = r.extend_decode_run(50).expect("a quiet decode run");
+        assert!(planned > end);
+        let mid = end + (planned - end) / 2.0;
+        assert!(r.abort(1, mid));
+        r.check_invariants();
+        assert_eq!(r.telemetry().kv_blocks_in_use, 0);
+        assert!(r.iteration_end().is_some_and(|e| e <= mid + 1.0));
+        now = r.iteration_end().unwrap_or(now);
+        assert!(r.finish_iteration(now).is_empty());
+        assert_eq!(r.start_iteration(now), None);
     }
 }

@@ -1,7 +1,9 @@
 //! The `switchyard emulate` server in-process, over real loopback sockets with a plain HTTP
 //! client: vLLM's API surface (completions streaming and not, usage with cached tokens,
-//! models, health before and after the load, metrics names and movement, sleep mode, errors
-//! and fault injection). Speeds of 100x and more keep every test well under a second or two.
+//! models, health before and after the load, metrics names, types and movement, sleep mode,
+//! errors and fault injection), and what vLLM clients rely on: aborts on disconnect, answers
+//! without `max_tokens`, `n` and prompt lists, stop strings, parameter validation, JSON 404 and
+//! 405, tokenize / detokenize, partial wakes and sleeps with requests in flight. Speeds of 100x and more keep every test well under a second or two.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -469,8 +471,8 @@ async fn bad_requests_get_vllm_like_errors() {
         .await
         .unwrap();
     assert_eq!(r.status(), 400);
-    let (status, _) = post(&c, url, json!({"prompt": ["a", "b"]})).await;
-    assert_eq!(status, 400);
+    let (status, body) = post(&c, url, json!({"prompt": []})).await;
+    assert_eq!(status, 400, "{body}");
     s.shutdown().await.unwrap();
 }
 
@@ -585,4 +587,469 @@ async fn virtual_time_runs_at_the_requested_speed() {
         "virtual {virtual_s:.3} s over wall {wall:.3} s = {ratio:.0}x"
     );
     s.shutdown().await.unwrap();
+}
+
+/// Polls `/metrics` until `ok` holds (bounded), returning the last snapshot.
+async fn scrape_until(
+    c: &reqwest::Client,
+    base: &str,
+    ok: impl Fn(&MetricsSnapshot) -> bool,
+) -> MetricsSnapshot {
+    let mut last = scrape(c, base).await;
+    for _ in 0..400 {
+        if ok(&last) {
+            return last;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        last = scrape(c, base).await;
+    }
+    last
+}
+
+fn running_and_kv(m: &MetricsSnapshot) -> (f64, f64) {
+    (
+        m.sum(metrics::RUNNING).unwrap_or(-1.0),
+        m.sum(metrics::KV_CACHE_USAGE).unwrap_or(-1.0),
+    )
+}
+
+#[tokio::test]
+async fn a_client_that_disconnects_aborts_its_request_streaming_or_not() {
+    // 10x: a 6000-token answer (23.5 emulated seconds) runs for over 2 s of wall time if
+    // nobody aborts it.
+    let (s, c, base) = slow_server(10.0).await;
+    let body = json!({"prompt": long_prompt(), "max_tokens": 6000, "stream": true});
+    let mut r = c.post(format!("{base}/v1/completions")).json(&body).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    // The first token arrived: the request runs and holds KV blocks.
+    let first = r.chunk().await.unwrap().unwrap();
+    assert!(String::from_utf8_lossy(&first).contains("data:"));
+    let busy = scrape(&c, &base).await;
+    let (running, kv) = running_and_kv(&busy);
+    assert_eq!(running, 1.0);
+    assert!(kv > 0.0);
+    drop(r);
+    let after = scrape_until(&c, &base, |m| running_and_kv(m) == (0.0, 0.0)).await;
+    assert_eq!(running_and_kv(&after), (0.0, 0.0), "the stream's request was not aborted");
+    // It generates no more tokens, and never finished.
+    let generated = after.counter("vllm:generation_tokens").unwrap();
+    assert!(generated < 6000.0, "{generated}");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(scrape(&c, &base).await.counter("vllm:generation_tokens"), Some(generated));
+
+    // Non-streaming: the client gives up after 300 ms.
+    let impatient = reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let body = json!({"prompt": long_prompt(), "max_tokens": 6000});
+    let err = impatient.post(format!("{base}/v1/completions")).json(&body).send().await;
+    assert!(err.is_err(), "the answer cannot be ready in 300 ms");
+    let after = scrape_until(&c, &base, |m| running_and_kv(m) == (0.0, 0.0)).await;
+    assert_eq!(running_and_kv(&after), (0.0, 0.0), "the timed-out request was not aborted");
+    let total = after.counter("vllm:generation_tokens").unwrap();
+    assert!(total < generated + 6000.0, "{total}");
+    let finished: f64 = after.samples_named("vllm:request_success_total").map(|s| s.value).sum();
+    assert_eq!(finished, 0.0, "neither request finished");
+    s.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn without_max_tokens_a_chat_answer_ends_by_itself() {
+    let (s, c, base) = fast_server().await;
+    let url = format!("{base}/v1/chat/completions");
+    let messages = json!([{"role": "user", "content": "Say something."}]);
+    let (status, text) = post(&c, url.clone(), json!({"messages": messages})).await;
+    assert_eq!(status, 200, "{text}");
+    let v: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["usage"]["completion_tokens"], 256, "the filler's own length");
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+    let (_, text) = post(
+        &c,
+        url,
+        json!({"messages": messages, "switchyard": {"output": "Fine, thanks."}}),
+    )
+    .await;
+    let v: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["choices"][0]["message"]["content"], "Fine, thanks.");
+    assert_eq!(v["usage"]["completion_tokens"], tokens::count("Fine, thanks.") as u64);
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+    // /v1/completions keeps vLLM's default of 16.
+    let (_, text) = post(&c, format!("{base}/v1/completions"), json!({"prompt": "Go on"})).await;
+    let v: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["usage"]["completion_tokens"], 16);
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
+    s.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn n_and_prompt_lists_give_one_choice_each() {
+    let (s, c, base) = fast_server().await;
+    let url = format!("{base}/v1/completions");
+    let out = "The answer is 42.";
+    let (status, text) = post(
+        &c,
+        url.clone(),
+        json!({"prompt": ["first prompt", "the second prompt"], "n": 2, "max_tokens": 50,
+               "switchyard": {"output": out}}),
+    )
+    .await;
+    assert_eq!(status, 200, "{text}");
+    let v: Value = serde_json::from_str(&text).unwrap();
+    let choices = v["choices"].as_array().unwrap();
+    assert_eq!(choices.len(), 4);
+    for (i, ch) in choices.iter().enumerate() {
+        assert_eq!(ch["index"], i as u64);
+        assert_eq!(ch["text"], out);
+    }
+    let prompts = tokens::count("first prompt") + tokens::count("the second prompt");
+    assert_eq!(v["usage"]["prompt_tokens"], prompts as u64, "prompt tokens once per prompt");
+    assert_eq!(v["usage"]["completion_tokens"], 4 * tokens::count(out) as u64);
+    // Token-id prompts, and a stream of n = 2: both indices end, one [DONE].
+    let (status, text) = post(
+        &c,
+        url,
+        json!({"prompt": [[9707, 11, 1879]], "n": 2, "max_tokens": 50, "stream": true,
+               "stream_options": {"include_usage": true}, "switchyard": {"output": out}}),
+    )
+    .await;
+    assert_eq!(status, 200, "{text}");
+    let data = sse_data(&text);
+    assert_eq!(data.last().map(String::as_str), Some("[DONE]"));
+    assert_eq!(data.iter().filter(|d| *d == "[DONE]").count(), 1);
+    let mut texts = [String::new(), String::new()];
+    let mut finished = [false, false];
+    for d in &data[..data.len() - 1] {
+        let v: Value = serde_json::from_str(d).unwrap();
+        for ch in v["choices"].as_array().unwrap() {
+            let i = ch["index"].as_u64().unwrap() as usize;
+            texts[i].push_str(ch["text"].as_str().unwrap());
+            finished[i] |= ch["finish_reason"] == "stop";
+        }
+        if let Some(u) = v.get("usage").filter(|u| !u.is_null()) {
+            assert_eq!(u["prompt_tokens"], 3);
+            assert_eq!(u["completion_tokens"], 2 * tokens::count(out) as u64);
+        }
+    }
+    assert_eq!(texts, [out.to_string(), out.to_string()]);
+    assert_eq!(finished, [true, true]);
+    s.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn stop_strings_cut_the_text_and_echo_prepends_the_prompt() {
+    let (s, c, base) = fast_server().await;
+    let url = format!("{base}/v1/completions");
+    let out = "The answer is 42. Then it goes on and on.";
+    let body = json!({"prompt": "Q:", "max_tokens": 100, "stop": [". ", "never"],
+                      "switchyard": {"output": out}});
+    let (status, text) = post(&c, url.clone(), body.clone()).await;
+    assert_eq!(status, 200, "{text}");
+    let v: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["choices"][0]["text"], "The answer is 42");
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+    assert_eq!(v["choices"][0]["stop_reason"], ". ");
+    let used = v["usage"]["completion_tokens"].as_u64().unwrap();
+    assert!(used < tokens::count(out) as u64, "generation stopped at the stop string");
+    // Streamed, the same text arrives.
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let (_, text) = post(&c, url.clone(), streamed).await;
+    let mut joined = String::new();
+    for d in sse_data(&text).iter().filter(|d| *d != "[DONE]") {
+        let v: Value = serde_json::from_str(d).unwrap();
+        joined.push_str(v["choices"][0]["text"].as_str().unwrap());
+    }
+    assert_eq!(joined, "The answer is 42");
+    // Chat honours stop too; echo prepends the prompt.
+    let (_, text) = post(
+        &c,
+        format!("{base}/v1/chat/completions"),
+        json!({"messages": [{"role": "user", "content": "hi"}], "stop": "42",
+               "switchyard": {"output": out}}),
+    )
+    .await;
+    let v: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["choices"][0]["message"]["content"], "The answer is ");
+    let (_, text) = post(
+        &c,
+        url,
+        json!({"prompt": "Q: why?", "echo": true, "max_tokens": 10, "switchyard": {"output": " Because."}}),
+    )
+    .await;
+    let v: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["choices"][0]["text"], "Q: why? Because.");
+    s.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn invalid_parameters_get_400_naming_the_param() {
+    let (s, c, base) = fast_server().await;
+    let completions = format!("{base}/v1/completions");
+    let chat = format!("{base}/v1/chat/completions");
+    let msgs = json!([{"role": "user", "content": "hi"}]);
+    let cases = [
+        (&completions, json!({"prompt": "x", "n": 0}), "n"),
+        (&completions, json!({"prompt": "x", "temperature": -1}), "temperature"),
+        (&completions, json!({"prompt": "x", "max_tokens": 0}), "max_tokens"),
+        (&completions, json!({"prompt": "x", "top_p": 0}), "top_p"),
+        (&completions, json!({"prompt": "x", "top_p": 1.5}), "top_p"),
+        (&completions, json!({"prompt": "x", "top_k": -5}), "top_k"),
+        (&completions, json!({"prompt": "x", "presence_penalty": 9}), "presence_penalty"),
+        (&completions, json!({"prompt": "x", "min_tokens": 20, "max_tokens": 5}), "min_tokens"),
+        (&completions, json!({"prompt": "x", "logprobs": 2}), "logprobs"),
+        (&completions, json!({"prompt": "x", "suffix": "y"}), "suffix"),
+        (&completions, json!({"prompt": "x", "stream_options": {"include_usage": true}}), "stream_options"),
+        (&completions, json!({"prompt": "x", "max_tokens": 9000}), "max_tokens"),
+        (&chat, json!({"messages": msgs, "n": 0}), "n"),
+        (&chat, json!({"messages": msgs, "logprobs": true}), "logprobs"),
+        (&chat, json!({"messages": msgs, "top_logprobs": 3}), "top_logprobs"),
+        (&chat, json!({"messages": msgs, "max_completion_tokens": 0}), "max_tokens"),
+    ];
+    for (url, body, param) in cases {
+        let (status, text) = post(&c, url.clone(), body.clone()).await;
+        assert_eq!(status, 400, "{body}: {text}");
+        let v: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(v["error"]["param"], param, "{body}: {text}");
+        assert_eq!(v["error"]["code"], 400, "the code is the integer status");
+        assert_eq!(v["error"]["type"], "BadRequestError");
+        assert!(!v["error"]["message"].as_str().unwrap().is_empty());
+    }
+    // Valid edge values pass.
+    let (status, text) =
+        post(&c, completions, json!({"prompt": "x", "temperature": 0, "top_p": 1, "top_k": -1, "max_tokens": 1})).await;
+    assert_eq!(status, 200, "{text}");
+    let (status, text) = post(&c, format!("{base}/v1/completions"), json!({"model": "gpt-9", "prompt": "x"})).await;
+    assert_eq!(status, 404);
+    let v: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["error"]["code"], 404);
+    s.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn unknown_paths_and_methods_answer_json_and_ping_answers() {
+    let (s, c, base) = fast_server().await;
+    let r = c.get(format!("{base}/no/such/path")).send().await.unwrap();
+    assert_eq!(r.status(), 404);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v, json!({"detail": "Not Found"}));
+    let r = c.get(format!("{base}/v1/completions")).send().await.unwrap();
+    assert_eq!(r.status(), 405);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v, json!({"detail": "Method Not Allowed"}));
+    assert_eq!(c.get(format!("{base}/ping")).send().await.unwrap().status(), 200);
+    assert_eq!(c.post(format!("{base}/ping")).send().await.unwrap().status(), 200);
+    s.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn tokenize_and_detokenize_round_trip() {
+    let (s, c, base) = fast_server().await;
+    let text = "naïve café — 東京 🚀 done";
+    let (status, body) = post(&c, format!("{base}/tokenize"), json!({"prompt": text, "return_token_strs": true})).await;
+    assert_eq!(status, 200, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    let ids: Vec<u32> = serde_json::from_value(v["tokens"].clone()).unwrap();
+    assert_eq!(ids, tokens::encode(text).to_vec());
+    assert_eq!(v["count"], ids.len() as u64);
+    assert_eq!(v["max_model_len"], 8192);
+    assert_eq!(v["token_strs"].as_array().map(Vec::len), Some(ids.len()));
+    let (status, body) = post(&c, format!("{base}/detokenize"), json!({"tokens": ids})).await;
+    assert_eq!(status, 200, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["prompt"], text);
+    // Chat messages are counted as a chat completion counts them.
+    let (_, body) = post(
+        &c,
+        format!("{base}/tokenize"),
+        json!({"messages": [{"role": "user", "content": "hi"}],
+               "chat_template_kwargs": {"enable_thinking": false}}),
+    )
+    .await;
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["count"], tokens::count_chat("hi") as u64);
+    let (status, body) = post(&c, format!("{base}/detokenize"), json!({"tokens": [-1]})).await;
+    assert_eq!(status, 400, "{body}");
+    s.shutdown().await.unwrap();
+}
+
+/// `# TYPE` lines of a Prometheus text body: name → type.
+fn metric_types(text: &str) -> std::collections::BTreeMap<String, String> {
+    text.lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split_once(' '))
+        .map(|(n, t)| (n.to_string(), t.to_string()))
+        .collect()
+}
+
+#[tokio::test]
+async fn metric_families_have_vllm_names_types_labels_and_buckets() {
+    let (s, c, base) = fast_server().await;
+    let (status, _) = post(
+        &c,
+        format!("{base}/v1/completions"),
+        json!({"prompt": long_prompt(), "max_tokens": 30}),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let text = c.get(format!("{base}/metrics")).send().await.unwrap().text().await.unwrap();
+    let types = metric_types(&text);
+    let expected = [
+        ("vllm:num_requests_running", "gauge"),
+        ("vllm:num_requests_waiting", "gauge"),
+        ("vllm:kv_cache_usage_perc", "gauge"),
+        ("vllm:cache_config_info", "gauge"),
+        ("vllm:prefix_cache_queries", "counter"),
+        ("vllm:prefix_cache_hits", "counter"),
+        ("vllm:num_preemptions", "counter"),
+        ("vllm:prompt_tokens", "counter"),
+        ("vllm:generation_tokens", "counter"),
+        ("vllm:request_success", "counter"),
+        ("vllm:time_to_first_token_seconds", "histogram"),
+        ("vllm:time_per_output_token_seconds", "histogram"),
+        ("vllm:inter_token_latency_seconds", "histogram"),
+        ("vllm:request_time_per_output_token_seconds", "histogram"),
+        ("vllm:e2e_request_latency_seconds", "histogram"),
+        ("vllm:request_queue_time_seconds", "histogram"),
+        ("vllm:request_inference_time_seconds", "histogram"),
+        ("vllm:request_prefill_time_seconds", "histogram"),
+        ("vllm:request_decode_time_seconds", "histogram"),
+        ("vllm:request_prompt_tokens", "histogram"),
+        ("vllm:request_generation_tokens", "histogram"),
+        ("vllm:request_max_num_generation_tokens", "histogram"),
+        ("vllm:request_params_n", "histogram"),
+        ("vllm:request_params_max_tokens", "histogram"),
+        ("vllm:iteration_tokens_total", "histogram"),
+    ];
+    for (name, kind) in expected {
+        // Counters' TYPE lines carry `_total` in the 0.0.4 text format (as Python's client writes them).
+        let found = types.get(name).or_else(|| types.get(&format!("{name}_total")));
+        assert_eq!(found.map(String::as_str), Some(kind), "{name}");
+    }
+    let m = MetricsSnapshot::parse(&text).unwrap();
+    for name in ["vllm:prompt_tokens", "vllm:generation_tokens"] {
+        assert!(m.counter(name).is_some_and(|v| v > 0.0), "{name}");
+    }
+    assert_eq!(m.counter("vllm:generation_tokens"), Some(30.0));
+    let success: Vec<_> = m.samples_named("vllm:request_success_total").collect();
+    assert_eq!(success.len(), 3, "stop, length, abort");
+    let length = success
+        .iter()
+        .find(|s| s.labels.iter().any(|(k, v)| k == "finished_reason" && v == "length"))
+        .unwrap();
+    assert_eq!(length.value, 1.0);
+    assert!(length.labels.iter().any(|(k, _)| k == "model_name"));
+    assert!(length.labels.iter().any(|(k, v)| k == "engine" && v == "0"));
+    for name in [
+        "vllm:e2e_request_latency_seconds",
+        "vllm:request_queue_time_seconds",
+        "vllm:request_prefill_time_seconds",
+        "vllm:request_decode_time_seconds",
+        "vllm:request_inference_time_seconds",
+        "vllm:request_time_per_output_token_seconds",
+    ] {
+        assert_eq!(m.histogram(name).map(|h| h.count), Some(1.0), "{name}");
+    }
+    // 29 tokens after the first, each an inter-token latency.
+    assert_eq!(m.histogram("vllm:inter_token_latency_seconds").map(|h| h.count), Some(29.0));
+    let has = |name: &str, le: &str| {
+        text.lines().any(|l| l.starts_with(&format!("{name}_bucket{{")) && l.contains(&format!("le=\"{le}")))
+    };
+    assert!(has("vllm:e2e_request_latency_seconds", "7680"), "vLLM's last latency bound");
+    assert!(has("vllm:time_to_first_token_seconds", "2560"), "TTFT's last bound");
+    assert!(has("vllm:inter_token_latency_seconds", "0.025"));
+    let info: Vec<&str> = text.lines().filter(|l| l.starts_with("vllm:cache_config_info")).collect();
+    assert!(info.len() == 1 && info[0].contains("block_size=\"16\""), "{info:?}");
+    s.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_weights_only_wake_keeps_completions_at_503_until_the_kv_cache_wakes() {
+    let (s, c, base) = fast_server().await;
+    let body = json!({"prompt": "hello", "max_tokens": 4});
+    let completions = format!("{base}/v1/completions");
+    let ok = |r: reqwest::Response| r.status().as_u16();
+    assert_eq!(ok(c.post(format!("{base}/sleep?level=2")).send().await.unwrap()), 200);
+    assert_eq!(ok(c.post(format!("{base}/wake_up?tags=weights")).send().await.unwrap()), 200);
+    let sleeping: Value = c.get(format!("{base}/is_sleeping")).send().await.unwrap().json().await.unwrap();
+    assert_eq!(sleeping["is_sleeping"], true, "kv_cache still sleeps");
+    let (status, text) = post(&c, completions.clone(), body.clone()).await;
+    assert_eq!(status, 503, "{text}");
+    let v: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["error"]["code"], 503);
+    // Waking a tag that is not asleep is a no-op.
+    assert_eq!(ok(c.post(format!("{base}/wake_up?tags=weights")).send().await.unwrap()), 200);
+    assert_eq!(post(&c, completions.clone(), body.clone()).await.0, 503);
+    assert_eq!(ok(c.post(format!("{base}/wake_up?tags=kv_cache")).send().await.unwrap()), 200);
+    let sleeping: Value = c.get(format!("{base}/is_sleeping")).send().await.unwrap().json().await.unwrap();
+    assert_eq!(sleeping["is_sleeping"], false);
+    assert_eq!(post(&c, completions, body).await.0, 200);
+    s.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_sleep_aborts_the_requests_in_flight_or_waits_for_them() {
+    let (s, c, base) = slow_server(10.0).await;
+    let completions = format!("{base}/v1/completions");
+    // mode=abort (the default): a long stream ends with finish_reason "abort".
+    let body = json!({"prompt": long_prompt(), "max_tokens": 6000, "stream": true});
+    let mut r = c.post(completions.clone()).json(&body).send().await.unwrap();
+    let _ = r.chunk().await.unwrap();
+    let slept = c.post(format!("{base}/sleep?level=1")).send().await.unwrap();
+    assert_eq!(slept.status(), 200);
+    let mut rest = String::new();
+    while let Some(chunk) = r.chunk().await.unwrap() {
+        rest.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    let data = sse_data(&rest);
+    assert_eq!(data.last().map(String::as_str), Some("[DONE]"));
+    let last: Value = serde_json::from_str(&data[data.len() - 2]).unwrap();
+    assert_eq!(last["choices"][0]["finish_reason"], "abort");
+    let m = scrape(&c, &base).await;
+    assert_eq!(running_and_kv(&m), (0.0, 0.0));
+    let aborted = m
+        .samples_named("vllm:request_success_total")
+        .find(|s| s.labels.iter().any(|(k, v)| k == "finished_reason" && v == "abort"))
+        .map(|s| s.value);
+    assert_eq!(aborted, Some(1.0));
+    assert_eq!(c.post(format!("{base}/wake_up")).send().await.unwrap().status(), 200);
+    // mode=wait: the request in flight finishes first, with its own finish reason.
+    let c2 = c.clone();
+    let url = completions.clone();
+    let pending = tokio::spawn(async move {
+        post(&c2, url, json!({"prompt": "hello", "max_tokens": 2000})).await
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(scrape(&c, &base).await.sum(metrics::RUNNING), Some(1.0), "in flight at the sleep");
+    let slept = c.post(format!("{base}/sleep?level=1&mode=wait")).send().await.unwrap();
+    assert_eq!(slept.status(), 200);
+    let (status, text) = pending.await.unwrap();
+    assert_eq!(status, 200, "{text}");
+    let v: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
+    assert_eq!(v["usage"]["completion_tokens"], 2000);
+    s.shutdown().await.unwrap();
+}
+
+/// A server slow enough to keep long requests in flight for seconds; its start-up load takes
+/// seconds of wall time too, so health is awaited longer.
+async fn slow_server(speed: f64) -> (EmulateServer, reqwest::Client, String) {
+    let mut cfg = EmulateConfig::new(DEVICE, MODEL);
+    cfg.speed = speed;
+    cfg.max_model_len = Some(8192);
+    let s = start(cfg).await;
+    let c = client();
+    let base = s.base_url();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Ok(r) = c.get(format!("{base}/health")).send().await
+            && r.status() == 200
+        {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{base} never became healthy");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    (s, c, base)
 }

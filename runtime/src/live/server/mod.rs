@@ -1,0 +1,1960 @@
+//! The `switchyard emulate` server: ONE emulated replica ([`EmulatedReplica`], the simulator's
+//! ground truth) served on wall-clock time behind vLLM's HTTP API, so that the live runtime's
+//! engines are exercised over real sockets (and, through the `vllm` engine's command template,
+//! real child processes) on machines without GPUs, and so that vLLM clients see what a vLLM
+//! server would do.
+//!
+//! Which vLLM it follows: vLLM 0.10.2 (the engine of paper 003; `/version` says so), with the
+//! behaviour kept through 0.11–0.12 unless said otherwise:
+//! - `POST /v1/completions`, `POST /v1/chat/completions` (`protocol.rs`: bodies, validation,
+//!   vLLM's error body with the integer `code`): streaming (SSE, `data: [DONE]`, one chunk per
+//!   token as the engine decodes it, a usage chunk with `stream_options.include_usage`) and
+//!   not; `usage` with `prompt_tokens_details.cached_tokens`; a list of prompts in
+//!   `/v1/completions` and `n > 1` run one engine request per (prompt, sample), choice index
+//!   `prompt × n + sample` as vLLM numbers them (the n samples are identical: the emulated
+//!   model is deterministic); `echo` prepends the prompt; `stop`, `stop_token_ids`,
+//!   `include_stop_str_in_output`, `min_tokens`, `ignore_eos` shape the answer; `logprobs`,
+//!   `top_logprobs`, `prompt_logprobs`, `suffix` and `best_of` are refused with a 400 naming
+//!   the field (no token distribution is sampled, so there is nothing true to return);
+//! - a client that disconnects aborts its request (vLLM's `abort_request` when the HTTP
+//!   request is cancelled): it leaves the engine's queue or batch and frees its KV blocks;
+//! - without `max_tokens`, a chat answer ends at the emulated model's end of sequence: the
+//!   `switchyard` output's own length, or a filler of `protocol::FILLER_EOS_TOKENS` tokens,
+//!   capped by the context (vLLM's default `max_tokens` = what the context leaves); a
+//!   completion defaults to `max_tokens = 16` as vLLM's `CompletionRequest` does;
+//! - `POST /tokenize`, `POST /detokenize` (vLLM's shapes, Qwen3's tokenizer), `GET|POST
+//!   /ping`, `GET /version` (vLLM's `{"version"}` plus `"switchyard_emulate"`: the one server
+//!   the live runtime sends emulated outputs to), `GET /v1/models`, `GET /health` (503 until
+//!   the start-up load has finished), `GET /metrics` (`metrics.rs`); unknown paths and wrong
+//!   methods answer FastAPI's JSON bodies (`{"detail": "Not Found"}`, 404; `{"detail": "Method
+//!   Not Allowed"}`, 405), as vLLM's server does;
+//! - sleep mode (dev mode endpoints, `docs/features/sleep_mode.md`): `POST /sleep?level=1|2`,
+//!   `POST /wake_up[?tags=weights|kv_cache]`, `GET /is_sleeping`, `POST /collective_rpc`
+//!   (`reload_weights` only). A sleep puts both memory tags (`weights`, `kv_cache`) to sleep;
+//!   a wake with tags wakes only those (the first one pays the replica's whole wake time), and
+//!   the replica serves, and `is_sleeping` turns false, only once both are awake (vLLM's
+//!   executor keeps `is_sleeping` until `sleeping_tags` is empty). Requests in flight at a
+//!   sleep: vLLM 0.10–0.12 do not guard this (the engine faults and every request ends with
+//!   `finish_reason: "abort"`, vLLM issues #31618, #45520); the first release that documents it
+//!   (0.17, `mode=abort|wait`) aborts them by default or, with `mode=wait`, lets them finish
+//!   first. The emulator does what 0.17 documents: `mode=abort` (the default) ends them with
+//!   `finish_reason: "abort"`, `mode=wait` drains them (new requests get 503 meanwhile).
+//!   While not serving, the completion endpoints answer 503.
+//!
+//! Time: virtual (emulated) seconds = wall seconds × `speed`. A driver task runs the replica's
+//! iteration loop as a discrete-event loop paced by the wall clock: an iteration that ends at
+//! virtual time `e` is completed once the wall clock reaches `e / speed`, and the next one
+//! starts at `e` (not at the late wake-up time), so timer slack delays answers but never
+//! distorts the emulated timeline. A request arriving at wall time `w` enters the engine at
+//! virtual time `w × speed`. Metrics in seconds are virtual.
+//!
+//! Outputs: the body's `"switchyard": {"output": "..."}` (sent by the live runtime's emulated
+//! sessions, see `LlmRequest::emulated_output`) or a deterministic filler; prompt and output
+//! tokens are Qwen3 tokenizer tokens (`crate::tokens`; a chat request is rendered in Qwen3's
+//! chat template, honouring `chat_template_kwargs.enable_thinking`), and prefix caching keys on
+//! `tokens::block_hashes(ids, block_size)` like the simulator.
+//!
+//! Depends on the emulator crate, the predictor's spec catalogue, `crate::tokens` and the web
+//! stack (axum, prometheus-client); it must not depend on the planner or the simulator.
+
+mod metrics;
+mod protocol;
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::{RawQuery, State};
+use axum::http::{StatusCode, header};
+use axum::response::sse::{Event, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::serve::ListenerExt;
+use axum::{Json, Router};
+use futures::{Stream, StreamExt};
+use prometheus_client::registry::Registry;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde::Deserialize;
+use serde_json::{Value, json};
+use switchyard_emulator::{
+    EmulatedReplica, EmulatorError, EngineEvent, EngineRequest, ReplicaState, ServingConfig,
+};
+use switchyard_predictor::spec::{self, Dtype, SpecError};
+use thiserror::Error;
+use tokio::net::TcpListener;
+use tokio::sync::{Notify, mpsc};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::tokens;
+
+pub use metrics::{E2E_BUCKETS, TOKEN_LATENCY_BUCKETS, TTFT_BUCKETS};
+pub use protocol::{
+    COMPLETIONS_DEFAULT_MAX_TOKENS, FILLER_EOS_TOKENS, render_chat, render_chat_prompt,
+};
+use metrics::{FinishedRequest, Metrics};
+use protocol::{ApiError, ChatBody, Checked, CompletionBody, PromptField, Shaped};
+
+/// Most iterations the driver completes while holding the lock before it yields to the
+/// request handlers (only reached when the driver runs behind the wall clock).
+const DRIVER_BATCH: usize = 64;
+
+/// How often a draining sleep (`mode=wait`, or the end of an aborted batch's step) looks
+/// whether the engine is idle, in wall time.
+const DRAIN_POLL: Duration = Duration::from_millis(2);
+
+/// vLLM's memory tags of sleep mode.
+const SLEEP_TAGS: [&str; 2] = ["weights", "kv_cache"];
+
+/// Options of `switchyard emulate`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EmulateConfig {
+    /// Device catalogue name (`switchyard_predictor::spec::device`).
+    pub device: String,
+    /// Model catalogue name (`switchyard_predictor::spec::model`).
+    pub model: String,
+    pub dtype: Dtype,
+    /// vLLM `--max-model-len`; `None` = the model's `max_position_embeddings` (vLLM's default).
+    pub max_model_len: Option<u32>,
+    /// vLLM `--gpu-memory-utilization`.
+    pub gpu_memory_utilization: f64,
+    /// vLLM `--max-num-seqs`.
+    pub max_num_seqs: u32,
+    /// Virtual seconds per wall second (> 0).
+    pub speed: f64,
+    /// Seed of the engine's timing noise.
+    pub noise_seed: u64,
+    /// vLLM `--served-model-name`; `None` = the model name.
+    pub served_model_name: Option<String>,
+    /// Fault injection: the fraction of completion requests answered with HTTP 500.
+    pub fail_rate: f64,
+    /// Fault injection: the fraction answered 200 with an unparsable body.
+    pub garbage_rate: f64,
+    /// Seed of the fault draws (one draw per completion request, in arrival order).
+    pub fault_seed: u64,
+}
+
+impl EmulateConfig {
+    /// vLLM's defaults (fp16, 90 % memory, 256 sequences), real time, no faults.
+    pub fn new(device: impl Into<String>, model: impl Into<String>) -> Self {
+        EmulateConfig {
+            device: device.into(),
+            model: model.into(),
+            dtype: Dtype::Fp16,
+            max_model_len: None,
+            gpu_memory_utilization: 0.9,
+            max_num_seqs: 256,
+            speed: 1.0,
+            noise_seed: 0,
+            served_model_name: None,
+            fail_rate: 0.0,
+            garbage_rate: 0.0,
+            fault_seed: 0,
+        }
+    }
+
+    /// The model name clients must send.
+    pub fn served_name(&self) -> &str {
+        self.served_model_name.as_deref().unwrap_or(&self.model)
+    }
+}
+
+/// Why the server could not start.
+#[derive(Debug, Error)]
+pub enum ServeError {
+    #[error(transparent)]
+    Spec(#[from] SpecError),
+    /// vLLM would refuse to start with this configuration (memory plan, dtype, flags).
+    #[error(transparent)]
+    Emulator(#[from] EmulatorError),
+    #[error("invalid option --{field} {value}: {reason}")]
+    InvalidOption {
+        field: &'static str,
+        value: String,
+        reason: &'static str,
+    },
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Virtual time = wall time since `epoch` × `speed`.
+#[derive(Debug, Clone, Copy)]
+struct Clock {
+    epoch: Instant,
+    speed: f64,
+}
+
+impl Clock {
+    fn now(&self) -> f64 {
+        self.epoch.elapsed().as_secs_f64() * self.speed
+    }
+
+    /// The wall instant at which virtual time `v` is reached.
+    fn instant(&self, v: f64) -> Instant {
+        let wall = Duration::try_from_secs_f64((v / self.speed).max(0.0))
+            .unwrap_or(Duration::from_secs(365 * 24 * 3600));
+        self.epoch + wall
+    }
+}
+
+/// What the driver tells a waiting request handler.
+#[derive(Debug, Clone, PartialEq)]
+enum Progress {
+    FirstToken,
+    /// One more output token (an iteration in which the request decoded).
+    Token,
+    Finished { cached_prompt_tokens: u32 },
+    /// The engine aborted the request (a sleep with `mode=abort`).
+    Aborted,
+    Failed(String),
+}
+
+/// A request accepted by a handler, not yet submitted to the replica.
+#[derive(Debug)]
+struct Pending {
+    request: EngineRequest,
+    arrival: f64,
+}
+
+/// One engine request's handler-side state: where its progress goes, and what the metrics
+/// need when it finishes.
+#[derive(Debug)]
+struct Waiter {
+    /// The choice index within its HTTP request.
+    index: usize,
+    tx: mpsc::UnboundedSender<(usize, Progress)>,
+    arrival: f64,
+    /// Past its first token and not preempted: each iteration decodes one more token.
+    decoding: bool,
+    scheduled: Option<f64>,
+    first_token: Option<f64>,
+    last_token: f64,
+    prompt_tokens: u32,
+    generated: u32,
+    finish_reason: &'static str,
+    max_tokens: Option<u32>,
+    n: u32,
+    first_sample: bool,
+}
+
+impl Waiter {
+    fn finished(&self, reason: &'static str, at: f64) -> FinishedRequest {
+        FinishedRequest {
+            finish_reason: reason,
+            arrival: self.arrival,
+            scheduled: self.scheduled,
+            first_token: self.first_token,
+            finished: at,
+            prompt_tokens: self.prompt_tokens,
+            generation_tokens: self.generated,
+            max_tokens: self.max_tokens,
+            n: self.n,
+            first_sample: self.first_sample,
+        }
+    }
+}
+
+/// Everything the driver and the handlers share under one lock.
+#[derive(Debug)]
+struct Core {
+    replica: EmulatedReplica,
+    /// The driver's virtual time: the end of the last completed event.
+    cursor: f64,
+    inbox: VecDeque<Pending>,
+    waiters: BTreeMap<u64, Waiter>,
+    next_id: u64,
+    closing: bool,
+    /// A sleep is draining or ending the requests in flight: no new request is accepted.
+    pausing: bool,
+    /// vLLM's `sleeping_tags`: the memory tags asleep (empty while awake).
+    sleeping_tags: BTreeSet<&'static str>,
+    /// Prefill tokens of the step in progress (for `vllm:iteration_tokens_total`).
+    step_prefill: u64,
+}
+
+impl Core {
+    /// Completes a lifecycle transition whose end time has passed.
+    fn settle(&mut self, now: f64) {
+        let until = match self.replica.state() {
+            ReplicaState::Loading { until }
+            | ReplicaState::Sleeping { until }
+            | ReplicaState::Waking { until } => until,
+            _ => return,
+        };
+        if until <= now && self.replica.finish_transition(until) {
+            self.cursor = self.cursor.max(until);
+        }
+    }
+
+    fn loaded(&self) -> bool {
+        !matches!(
+            self.replica.state(),
+            ReplicaState::Cold | ReplicaState::Loading { .. }
+        )
+    }
+
+    fn is_sleeping(&self) -> bool {
+        !self.sleeping_tags.is_empty()
+            || matches!(
+                self.replica.state(),
+                ReplicaState::Sleeping { .. } | ReplicaState::Asleep | ReplicaState::Waking { .. }
+            )
+    }
+
+    fn busy(&self) -> bool {
+        !self.inbox.is_empty() || self.replica.in_flight() > 0 || self.replica.in_iteration()
+    }
+
+    /// Why a new request cannot be served now, if it cannot.
+    fn refusal(&self) -> Option<String> {
+        if self.closing {
+            return Some("the server is shutting down".into());
+        }
+        if self.pausing {
+            return Some("the engine is pausing to sleep".into());
+        }
+        match self.replica.state() {
+            ReplicaState::Awake if self.sleeping_tags.is_empty() => None,
+            ReplicaState::Awake => Some(format!(
+                "the model is sleeping ({} asleep)",
+                self.sleeping_tags.iter().copied().collect::<Vec<_>>().join(", ")
+            )),
+            ReplicaState::Cold | ReplicaState::Loading { .. } => {
+                Some("the model is still loading".into())
+            }
+            state => Some(format!("the model is sleeping ({state})")),
+        }
+    }
+
+    /// Removes request `id` wherever it is (inbox or engine) and forgets its waiter; returns
+    /// the waiter if it was still waiting.
+    fn abort(&mut self, id: u64, now: f64) -> Option<Waiter> {
+        let waiter = self.waiters.remove(&id)?;
+        let queued = self.inbox.len();
+        self.inbox.retain(|p| p.request.id != id);
+        if self.inbox.len() == queued {
+            let at = now.max(self.cursor);
+            self.replica.abort(id, at);
+        }
+        Some(waiter)
+    }
+}
+
+/// State shared by the handlers and the driver.
+#[derive(Debug)]
+struct Shared {
+    core: Arc<Mutex<Core>>,
+    driver_wake: Notify,
+    clock: Clock,
+    served_name: String,
+    model: String,
+    max_model_len: u32,
+    block_size: u32,
+    created: u64,
+    metrics: Metrics,
+    faults: Mutex<Faults>,
+    filler: Vec<u32>,
+}
+
+#[derive(Debug)]
+struct Faults {
+    rng: ChaCha8Rng,
+    fail_rate: f64,
+    garbage_rate: f64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Fault {
+    None,
+    Fail,
+    Garbage,
+}
+
+impl Faults {
+    fn draw(&mut self) -> Fault {
+        if self.fail_rate <= 0.0 && self.garbage_rate <= 0.0 {
+            return Fault::None;
+        }
+        let x: f64 = self.rng.random();
+        if x < self.fail_rate {
+            Fault::Fail
+        } else if x < self.fail_rate + self.garbage_rate {
+            Fault::Garbage
+        } else {
+            Fault::None
+        }
+    }
+}
+
+fn lock(core: &Mutex<Core>) -> MutexGuard<'_, Core> {
+    // A handler that panicked while holding the lock leaves consistent data behind (every
+    // mutation is a single replica call), so a poisoned lock is still usable.
+    core.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Core> {
+        lock(&self.core)
+    }
+
+    /// The core with pending transitions settled at the current virtual time.
+    fn settled(&self) -> MutexGuard<'_, Core> {
+        let mut core = self.lock();
+        let now = self.clock.now();
+        core.settle(now);
+        core
+    }
+}
+
+/// A running emulate server (in-process). Dropping it without [`shutdown`](Self::shutdown)
+/// aborts the server task.
+#[derive(Debug)]
+pub struct EmulateServer {
+    addr: SocketAddr,
+    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+    task: Option<JoinHandle<Result<(), ServeError>>>,
+}
+
+impl EmulateServer {
+    /// Binds `addr` (port 0 picks a free port) and serves `config` in a background task.
+    pub async fn start(config: EmulateConfig, addr: SocketAddr) -> Result<Self, ServeError> {
+        let listener = TcpListener::bind(addr)
+            .await
+            .map_err(|source| ServeError::Io {
+                context: format!("cannot bind {addr}"),
+                source,
+            })?;
+        let addr = listener.local_addr().map_err(|source| ServeError::Io {
+            context: "cannot read the bound address".into(),
+            source,
+        })?;
+        let app = EmulateApp::new(config)?;
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(app.serve(listener, async move {
+            let _ = rx.await;
+        }));
+        Ok(EmulateServer {
+            addr,
+            shutdown: Some(tx),
+            task: Some(task),
+        })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://127.0.0.1:PORT` (no trailing slash).
+    pub fn base_url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Stops accepting, fails the requests still in flight with 503, and waits for the task.
+    pub async fn shutdown(mut self) -> Result<(), ServeError> {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        match self.task.take() {
+            Some(task) => task.await.unwrap_or(Ok(())),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for EmulateServer {
+    fn drop(&mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
+}
+
+/// The emulate server before it is bound: validated configuration, replica, metrics.
+#[derive(Debug)]
+pub struct EmulateApp {
+    shared: Arc<Shared>,
+    registry: Arc<Registry>,
+}
+
+impl EmulateApp {
+    /// Validates the options and builds the (cold) replica; fails where vLLM would refuse to
+    /// start (unknown model or device, memory plan, bf16 on a V100, bad flags).
+    pub fn new(config: EmulateConfig) -> Result<Self, ServeError> {
+        let bad = |field, value: String, reason| ServeError::InvalidOption {
+            field,
+            value,
+            reason,
+        };
+        if !(config.speed.is_finite() && config.speed > 0.0) {
+            return Err(bad(
+                "speed",
+                config.speed.to_string(),
+                "must be a positive number",
+            ));
+        }
+        for (field, rate) in [
+            ("fail-rate", config.fail_rate),
+            ("garbage-rate", config.garbage_rate),
+        ] {
+            if !(0.0..=1.0).contains(&rate) {
+                return Err(bad(field, rate.to_string(), "must be in [0, 1]"));
+            }
+        }
+        if config.fail_rate + config.garbage_rate > 1.0 {
+            return Err(bad(
+                "garbage-rate",
+                config.garbage_rate.to_string(),
+                "fail-rate + garbage-rate must not exceed 1",
+            ));
+        }
+        let device = spec::device(&config.device)?;
+        let model = spec::model(&config.model)?;
+        let max_model_len = match config.max_model_len {
+            Some(n) => n,
+            None => u32::try_from(model.max_position_embeddings).unwrap_or(u32::MAX),
+        };
+        let mut serving = ServingConfig::vllm_defaults_on(&device, config.dtype, max_model_len);
+        serving.gpu_memory_utilization = config.gpu_memory_utilization;
+        serving.max_num_seqs = config.max_num_seqs;
+        serving.validate(&device, &model)?;
+        let replica = EmulatedReplica::new(device, model, serving.clone(), config.noise_seed)?;
+        let kv_blocks = replica.telemetry().kv_blocks_total;
+
+        let served_name = config.served_name().to_string();
+        let core = Arc::new(Mutex::new(Core {
+            replica,
+            cursor: 0.0,
+            inbox: VecDeque::new(),
+            waiters: BTreeMap::new(),
+            next_id: 0,
+            closing: false,
+            pausing: false,
+            sleeping_tags: BTreeSet::new(),
+            step_prefill: 0,
+        }));
+        let metrics = Metrics::new(max_model_len);
+        metrics.set_cache_config(&[
+            ("block_size", serving.block_size.to_string()),
+            ("cache_dtype", "auto".to_string()),
+            ("enable_prefix_caching", python_bool(serving.enable_prefix_caching)),
+            ("gpu_memory_utilization", serving.gpu_memory_utilization.to_string()),
+            ("num_gpu_blocks", kv_blocks.to_string()),
+            ("num_cpu_blocks", "0".to_string()),
+            ("enable_sleep_mode", "True".to_string()),
+            ("engine", "0".to_string()),
+        ]);
+        let scrape_core = Arc::clone(&core);
+        let registry = metrics.registry(
+            &served_name,
+            Arc::new(move || {
+                let core = lock(&scrape_core);
+                (core.replica.telemetry(), core.inbox.len())
+            }),
+        );
+        let created = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        let shared = Shared {
+            core,
+            driver_wake: Notify::new(),
+            clock: Clock {
+                epoch: Instant::now(),
+                speed: config.speed,
+            },
+            served_name,
+            model: config.model.clone(),
+            max_model_len,
+            block_size: serving.block_size,
+            created,
+            metrics,
+            faults: Mutex::new(Faults {
+                rng: ChaCha8Rng::seed_from_u64(config.fault_seed),
+                fail_rate: config.fail_rate,
+                garbage_rate: config.garbage_rate,
+            }),
+            filler: tokens::encode(protocol::FILLER_TEXT).to_vec(),
+        };
+        Ok(EmulateApp {
+            shared: Arc::new(shared),
+            registry: Arc::new(registry),
+        })
+    }
+
+    /// The axum router (exposed for tests that drive it without a socket).
+    pub fn router(&self) -> Router {
+        let state = AppState {
+            shared: Arc::clone(&self.shared),
+            registry: Arc::clone(&self.registry),
+        };
+        Router::new()
+            .route("/v1/completions", post(completions))
+            .route("/v1/chat/completions", post(chat_completions))
+            .route("/v1/models", get(models))
+            .route("/health", get(health))
+            .route("/ping", get(health).post(health))
+            .route("/version", get(version))
+            .route("/metrics", get(metrics))
+            .route("/tokenize", post(tokenize))
+            .route("/detokenize", post(detokenize))
+            .route("/sleep", post(sleep))
+            .route("/wake_up", post(wake_up))
+            .route("/is_sleeping", get(is_sleeping))
+            .route("/collective_rpc", post(collective_rpc))
+            .fallback(not_found)
+            .method_not_allowed_fallback(method_not_allowed)
+            .with_state(state)
+    }
+
+    /// Loads the replica (health turns 200 when done), runs the driver, and serves until
+    /// `shutdown` resolves; then fails the requests in flight with 503 and returns.
+    pub async fn serve(
+        self,
+        listener: TcpListener,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(), ServeError> {
+        let shared = Arc::clone(&self.shared);
+        let driver = tokio::spawn(drive(Arc::clone(&shared)));
+        let loader = tokio::spawn(load(Arc::clone(&shared)));
+        let router = self.router();
+        let closing = Arc::clone(&shared);
+        // Streamed answers are several small writes: without TCP_NODELAY, Nagle's algorithm
+        // and the client's delayed ACK add ~40 ms to every streamed request.
+        let listener = listener.tap_io(|tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
+        let result = axum::serve(listener, router)
+            .with_graceful_shutdown(async move {
+                shutdown.await;
+                close(&closing);
+            })
+            .await
+            .map_err(|source| ServeError::Io {
+                context: "HTTP server failed".into(),
+                source,
+            });
+        driver.abort();
+        loader.abort();
+        result
+    }
+}
+
+fn python_bool(b: bool) -> String {
+    if b { "True" } else { "False" }.to_string()
+}
+
+/// Parses a `--dtype` value: ours (`fp16`, `bf16`, `fp32`, `fp8`) or vLLM's spelling
+/// (`float16`/`half`, `bfloat16`, `float32`/`float`). vLLM's `auto` (the checkpoint's dtype)
+/// is refused: the emulator needs an explicit one.
+pub fn parse_dtype(text: &str) -> Result<Dtype, String> {
+    match text.to_ascii_lowercase().as_str() {
+        "fp16" | "float16" | "half" => Ok(Dtype::Fp16),
+        "bf16" | "bfloat16" => Ok(Dtype::Bf16),
+        "fp32" | "float32" | "float" => Ok(Dtype::Fp32),
+        "fp8" => Ok(Dtype::Fp8),
+        other => Err(format!(
+            "unknown dtype `{other}` (fp16/float16/half, bf16/bfloat16, fp32/float32, fp8)"
+        )),
+    }
+}
+
+/// Runs the server on its own tokio runtime until SIGINT or SIGTERM (the `switchyard emulate`
+/// command). `on_listening` is told the bound address before the start-up load begins.
+pub fn run_blocking(
+    config: EmulateConfig,
+    addr: SocketAddr,
+    on_listening: impl FnOnce(SocketAddr),
+) -> Result<(), ServeError> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|source| ServeError::Io {
+            context: "cannot start the async runtime".into(),
+            source,
+        })?;
+    runtime.block_on(async move {
+        let app = EmulateApp::new(config)?;
+        let listener = TcpListener::bind(addr)
+            .await
+            .map_err(|source| ServeError::Io {
+                context: format!("cannot bind {addr}"),
+                source,
+            })?;
+        let bound = listener.local_addr().map_err(|source| ServeError::Io {
+            context: "cannot read the bound address".into(),
+            source,
+        })?;
+        let mut terminate = tokio::signal::unix::signal(
+            tokio::signal::unix::SignalKind::terminate(),
+        )
+        .map_err(|source| ServeError::Io {
+            context: "cannot install the SIGTERM handler".into(),
+            source,
+        })?;
+        on_listening(bound);
+        app.serve(listener, async move {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = terminate.recv() => {}
+            }
+        })
+        .await
+    })
+}
+
+/// Fails everything in flight (the server is going away) and refuses new requests.
+fn close(shared: &Shared) {
+    let mut core = shared.lock();
+    core.closing = true;
+    core.inbox.clear();
+    for (_, w) in std::mem::take(&mut core.waiters) {
+        let _ = w.tx.send((
+            w.index,
+            Progress::Failed("the server is shutting down".into()),
+        ));
+    }
+}
+
+/// The start-up load: Cold → Loading → Awake after the model's load time (virtual).
+async fn load(shared: Arc<Shared>) {
+    let until = {
+        let mut core = shared.lock();
+        let now = shared.clock.now();
+        match core.replica.begin_load(now) {
+            Ok(until) => until,
+            Err(_) => return,
+        }
+    };
+    tokio::time::sleep_until(shared.clock.instant(until)).await;
+    drop(shared.settled());
+    shared.driver_wake.notify_one();
+}
+
+/// The iteration loop (see the module doc).
+async fn drive(shared: Arc<Shared>) {
+    enum Next {
+        SleepUntil(f64),
+        Idle,
+        Yield,
+    }
+    loop {
+        let next = {
+            let mut guard = shared.lock();
+            let core = &mut *guard;
+            let now = shared.clock.now();
+            core.settle(now);
+            let mut done = 0usize;
+            loop {
+                if done >= DRIVER_BATCH {
+                    break Next::Yield;
+                }
+                if let Some(end) = core.replica.iteration_end() {
+                    if end > now {
+                        break Next::SleepUntil(end);
+                    }
+                    let generated_before = core.replica.telemetry().generated_tokens;
+                    let events = core.replica.finish_iteration(end);
+                    let generated = core.replica.telemetry().generated_tokens - generated_before;
+                    shared.metrics.iteration(core.step_prefill + generated);
+                    core.step_prefill = 0;
+                    // The requests that were decoding got one token each in this iteration
+                    // (before the events: a first token is not counted twice).
+                    for w in core.waiters.values_mut().filter(|w| w.decoding) {
+                        shared.metrics.inter_token(end - w.last_token);
+                        w.last_token = end;
+                        w.generated += 1;
+                        let _ = w.tx.send((w.index, Progress::Token));
+                    }
+                    core.cursor = core.cursor.max(end);
+                    deliver(core, &shared, events);
+                    done += 1;
+                    continue;
+                }
+                // Idle engine: jump to the next arrival (never past the wall clock).
+                if core.replica.in_flight() == 0
+                    && let Some(front) = core.inbox.front()
+                {
+                    core.cursor = core.cursor.max(front.arrival.min(now));
+                }
+                admit(core);
+                let cursor = core.cursor;
+                let prefill_before = core.replica.telemetry().prefill_tokens;
+                if core.replica.start_iteration(cursor).is_none() {
+                    break Next::Idle;
+                }
+                core.step_prefill = core.replica.telemetry().prefill_tokens - prefill_before;
+                let Core { replica, waiters, .. } = core;
+                for (id, at) in replica.running_admissions() {
+                    if let Some(w) = waiters.get_mut(&id)
+                        && w.scheduled.is_none()
+                    {
+                        w.scheduled = Some(at);
+                    }
+                }
+            }
+        };
+        match next {
+            Next::SleepUntil(end) => tokio::time::sleep_until(shared.clock.instant(end)).await,
+            Next::Idle => shared.driver_wake.notified().await,
+            Next::Yield => tokio::task::yield_now().await,
+        }
+    }
+}
+
+/// Submits the inbox requests that arrived by the driver's cursor.
+fn admit(core: &mut Core) {
+    while core.inbox.front().is_some_and(|p| p.arrival <= core.cursor) {
+        let Some(p) = core.inbox.pop_front() else {
+            break;
+        };
+        let id = p.request.id;
+        if let Err(e) = core.replica.submit(p.request, p.arrival)
+            && let Some(w) = core.waiters.remove(&id)
+        {
+            let _ = w.tx.send((w.index, Progress::Failed(e.to_string())));
+        }
+    }
+}
+
+fn deliver(core: &mut Core, shared: &Shared, events: Vec<EngineEvent>) {
+    for event in events {
+        match event {
+            EngineEvent::FirstToken { id, at } => {
+                if let Some(w) = core.waiters.get_mut(&id) {
+                    shared.metrics.first_token(at - w.arrival, w.prompt_tokens);
+                    w.first_token = Some(at);
+                    w.last_token = at;
+                    w.generated = 1;
+                    w.decoding = true;
+                    let _ = w.tx.send((w.index, Progress::FirstToken));
+                }
+            }
+            EngineEvent::Finished {
+                id,
+                at,
+                cached_prompt_tokens,
+                output_tokens,
+                ..
+            } => {
+                if let Some(mut w) = core.waiters.remove(&id) {
+                    w.generated = output_tokens;
+                    shared.metrics.finished(&w.finished(w.finish_reason, at));
+                    let _ = w.tx.send((
+                        w.index,
+                        Progress::Finished {
+                            cached_prompt_tokens,
+                        },
+                    ));
+                }
+            }
+            EngineEvent::Preempted { id, .. } => {
+                // Recomputed from scratch: its tokens stream on only at its finish.
+                if let Some(w) = core.waiters.get_mut(&id) {
+                    w.decoding = false;
+                }
+            }
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+struct AppState {
+    shared: Arc<Shared>,
+    registry: Arc<Registry>,
+}
+
+/// vLLM answers 404 for a model it does not serve.
+fn check_model(shared: &Shared, model: Option<&str>) -> Result<(), ApiError> {
+    match model {
+        Some(m) if m != shared.served_name => Err(ApiError::not_found(format!(
+            "The model `{m}` does not exist."
+        ))),
+        _ => Ok(()),
+    }
+}
+
+fn draw_fault(shared: &Shared) -> Fault {
+    shared
+        .faults
+        .lock()
+        .map(|mut f| f.draw())
+        .unwrap_or(Fault::None)
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Api {
+    Completions,
+    Chat,
+}
+
+/// One prompt of a request: its tokens and (for `echo`) its text.
+struct PromptIn {
+    ids: Vec<u32>,
+    text: String,
+}
+
+/// A validated request, ready for the engine.
+struct Prepared {
+    api: Api,
+    prompts: Vec<PromptIn>,
+    checked: Checked,
+    /// `max_tokens` in effect (the client's, or the API's default).
+    limit: u32,
+    provided: Option<String>,
+    echo: bool,
+}
+
+fn context_error(shared: &Shared, prompt: usize, max_tokens: Option<u32>, param: &str) -> ApiError {
+    let len = shared.max_model_len;
+    match max_tokens {
+        Some(m) => ApiError::bad_param(
+            "max_tokens",
+            format!(
+                "This model's maximum context length is {len} tokens. However, you requested \
+                 {} tokens ({prompt} in the messages, {m} in the completion). Please reduce the \
+                 length of the messages or completion.",
+                prompt as u64 + u64::from(m)
+            ),
+        ),
+        None => ApiError::bad_param(
+            param,
+            format!(
+                "This model's maximum context length is {len} tokens. However, your request has \
+                 {prompt} input tokens. Please reduce the length of the input messages."
+            ),
+        ),
+    }
+}
+
+async fn completions(State(state): State<AppState>, body: Bytes) -> Response {
+    match prepare_completion(&state.shared, &body) {
+        Ok(p) => run(&state.shared, p).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+fn prepare_completion(shared: &Shared, body: &[u8]) -> Result<Prepared, ApiError> {
+    let body: CompletionBody = serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("invalid completion request: {e}")))?;
+    check_model(shared, body.sampling.model.as_deref())?;
+    if body.suffix.is_some() {
+        return Err(ApiError::bad_param("suffix", "suffix is not currently supported"));
+    }
+    if body.logprobs.is_some() {
+        return Err(protocol::not_emulated("logprobs"));
+    }
+    if body.best_of.is_some_and(|b| b != body.sampling.n.unwrap_or(1)) {
+        return Err(ApiError::bad_param(
+            "best_of",
+            "best_of is not supported by the emulated replica (vLLM's V1 engine has no best_of)",
+        ));
+    }
+    let checked = body.sampling.check(body.sampling.max_tokens)?;
+    let from_ids = |ids: Vec<u32>| PromptIn {
+        text: tokens::decode(&ids),
+        ids,
+    };
+    let from_text = |t: String| PromptIn {
+        ids: tokens::encode(&t).to_vec(),
+        text: t,
+    };
+    let prompts: Vec<PromptIn> = match body.prompt {
+        PromptField::Text(t) => vec![from_text(t)],
+        PromptField::Texts(ts) => ts.into_iter().map(from_text).collect(),
+        PromptField::Ids(ids) => vec![from_ids(ids)],
+        PromptField::IdLists(ls) => ls.into_iter().map(from_ids).collect(),
+    };
+    if prompts.is_empty() {
+        return Err(ApiError::bad_param("prompt", "Prompt must not be empty."));
+    }
+    let limit = checked.max_tokens.unwrap_or(COMPLETIONS_DEFAULT_MAX_TOKENS);
+    for p in &prompts {
+        if p.ids.is_empty() {
+            return Err(ApiError::bad_param("prompt", "The prompt is empty."));
+        }
+        if p.ids.len() as u64 + u64::from(limit) > u64::from(shared.max_model_len) {
+            return Err(context_error(shared, p.ids.len(), Some(limit), "prompt"));
+        }
+    }
+    Ok(Prepared {
+        api: Api::Completions,
+        prompts,
+        limit,
+        provided: body.sampling.switchyard.and_then(|s| s.output),
+        echo: body.echo.unwrap_or(false),
+        checked,
+    })
+}
+
+async fn chat_completions(State(state): State<AppState>, body: Bytes) -> Response {
+    match prepare_chat(&state.shared, &body) {
+        Ok(p) => run(&state.shared, p).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+fn prepare_chat(shared: &Shared, body: &[u8]) -> Result<Prepared, ApiError> {
+    let body: ChatBody = serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("invalid chat completion request: {e}")))?;
+    check_model(shared, body.sampling.model.as_deref())?;
+    if body.messages.is_empty() {
+        return Err(ApiError::bad_param("messages", "messages must not be empty"));
+    }
+    if body.logprobs == Some(true) {
+        return Err(protocol::not_emulated("logprobs"));
+    }
+    if body.top_logprobs.is_some() {
+        return Err(protocol::not_emulated("top_logprobs"));
+    }
+    let checked = body
+        .sampling
+        .check(body.max_completion_tokens.or(body.sampling.max_tokens))?;
+    let messages: Vec<(String, String)> =
+        body.messages.into_iter().map(|m| m.into_pair()).collect();
+    // Qwen3's template thinks unless told otherwise, as vLLM renders it.
+    let enable_thinking = body
+        .chat_template_kwargs
+        .and_then(|k| k.enable_thinking)
+        .unwrap_or(true);
+    let text = render_chat(&messages, enable_thinking);
+    let ids = tokens::encode(&text).to_vec();
+    let len = shared.max_model_len as usize;
+    let limit = match checked.max_tokens {
+        Some(m) if ids.len() as u64 + u64::from(m) > len as u64 => {
+            return Err(context_error(shared, ids.len(), Some(m), "messages"));
+        }
+        Some(m) => m,
+        None if ids.len() >= len => return Err(context_error(shared, ids.len(), None, "messages")),
+        None => (len - ids.len()) as u32,
+    };
+    Ok(Prepared {
+        api: Api::Chat,
+        prompts: vec![PromptIn { ids, text }],
+        limit,
+        provided: body.sampling.switchyard.and_then(|s| s.output),
+        echo: false,
+        checked,
+    })
+}
+
+/// The engine requests of one HTTP request still in flight: dropping it (the client went
+/// away, the handler's future or the response stream is dropped) aborts them, as vLLM aborts
+/// a request whose HTTP connection closes.
+struct InFlight {
+    shared: Arc<Shared>,
+    ids: Vec<u64>,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let mut core = self.shared.lock();
+        let now = self.shared.clock.now();
+        let mut aborted = false;
+        for &id in &self.ids {
+            aborted |= core.abort(id, now).is_some();
+        }
+        drop(core);
+        if aborted {
+            self.shared.driver_wake.notify_one();
+        }
+    }
+}
+
+/// Enqueues one engine request per (prompt, sample) and answers.
+async fn run(shared: &Arc<Shared>, p: Prepared) -> Response {
+    let stream = p.checked.stream;
+    match draw_fault(shared) {
+        Fault::None => {}
+        Fault::Fail => {
+            return ApiError::internal("injected fault (--fail-rate)").into_response();
+        }
+        Fault::Garbage => return garbage(stream),
+    }
+    let n = p.checked.n as usize;
+    let mut choices = Vec::with_capacity(p.prompts.len() * n);
+    for (prompt_idx, prompt) in p.prompts.iter().enumerate() {
+        let shaped = protocol::shape(p.provided.as_deref(), &shared.filler, p.limit, &p.checked);
+        for _ in 0..n {
+            choices.push(Choice {
+                index: choices.len(),
+                prompt_idx,
+                prompt_tokens: prompt.ids.len() as u32,
+                echo: p.echo.then(|| prompt.text.clone()),
+                shaped: shaped.clone(),
+                cursor: TokenCursor::default(),
+                started: false,
+                end: None,
+                cached: 0,
+            });
+        }
+    }
+    let (tx, rx) = mpsc::unbounded_channel();
+    let ids = {
+        let mut core = shared.settled();
+        if let Some(why) = core.refusal() {
+            return ApiError::unavailable(why).into_response();
+        }
+        let arrival = shared.clock.now().max(core.cursor);
+        let mut ids = Vec::with_capacity(choices.len());
+        for c in &choices {
+            let prompt = &p.prompts[c.prompt_idx];
+            let id = core.next_id;
+            core.next_id += 1;
+            core.waiters.insert(
+                id,
+                Waiter {
+                    index: c.index,
+                    tx: tx.clone(),
+                    arrival,
+                    decoding: false,
+                    scheduled: None,
+                    first_token: None,
+                    last_token: arrival,
+                    prompt_tokens: c.prompt_tokens,
+                    generated: 0,
+                    finish_reason: c.shaped.finish_reason,
+                    max_tokens: p.checked.max_tokens,
+                    n: p.checked.n,
+                    first_sample: c.index % n == 0,
+                },
+            );
+            core.inbox.push_back(Pending {
+                request: EngineRequest {
+                    id,
+                    prompt_tokens: c.prompt_tokens,
+                    prefix_hashes: tokens::block_hashes(&prompt.ids, shared.block_size as usize),
+                    generated_hashes: Vec::new(),
+                    output_tokens: c.shaped.generated.max(1),
+                },
+                arrival,
+            });
+            ids.push(id);
+        }
+        ids
+    };
+    shared.driver_wake.notify_one();
+    let first = ids.first().copied().unwrap_or(0);
+    let answer = Answer {
+        id: match p.api {
+            Api::Completions => format!("cmpl-{first}"),
+            Api::Chat => format!("chatcmpl-{first}"),
+        },
+        api: p.api,
+        created: shared.created,
+        model: shared.served_name.clone(),
+        include_usage: p.checked.include_usage,
+        choices,
+        _in_flight: InFlight {
+            shared: Arc::clone(shared),
+            ids,
+        },
+    };
+    if stream {
+        Sse::new(answer.stream(rx)).into_response()
+    } else {
+        answer.wait(rx).await
+    }
+}
+
+/// An injected unparsable answer with status 200.
+fn garbage(stream: bool) -> Response {
+    if stream {
+        let events = futures::stream::iter([
+            Ok::<_, Infallible>(Event::default().data("{\"id\": \"cmpl-garbage\", \"choices\": [")),
+            Ok(Event::default().data("[DONE]")),
+        ]);
+        Sse::new(events).into_response()
+    } else {
+        (
+            StatusCode::OK,
+            [(header::CONTENT_TYPE, "application/json")],
+            "{\"id\": \"cmpl-garbage\", \"choices\": [{\"text\": ",
+        )
+            .into_response()
+    }
+}
+
+/// How a choice ended.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum End {
+    Finished,
+    Aborted,
+}
+
+/// One choice of an answer: its shaped output and how far it got.
+struct Choice {
+    index: usize,
+    prompt_idx: usize,
+    prompt_tokens: u32,
+    /// The prompt text, sent before the answer (`echo`).
+    echo: Option<String>,
+    shaped: Shaped,
+    cursor: TokenCursor,
+    /// A chunk of it was sent.
+    started: bool,
+    end: Option<End>,
+    cached: u32,
+}
+
+impl Choice {
+    fn advance(&mut self) -> Option<String> {
+        self.cursor.next_piece(&self.shaped.ids, &self.shaped.text)
+    }
+
+    /// The answer's text (the part decoded by an abort).
+    fn text(&self) -> &str {
+        match self.end {
+            Some(End::Aborted) => self.shaped.text.get(..self.cursor.sent).unwrap_or_default(),
+            _ => &self.shaped.text,
+        }
+    }
+
+    fn completion_tokens(&self) -> u32 {
+        match self.end {
+            Some(End::Aborted) => self.cursor.tokens as u32,
+            _ => self.shaped.generated,
+        }
+    }
+
+    fn finish_reason(&self) -> &'static str {
+        match self.end {
+            Some(End::Aborted) => "abort",
+            _ => self.shaped.finish_reason,
+        }
+    }
+
+    fn stop_reason(&self) -> Value {
+        match self.end {
+            Some(End::Aborted) => Value::Null,
+            _ => self.shaped.stop_reason.clone(),
+        }
+    }
+}
+
+/// What a request answers, as its choices progress.
+struct Answer {
+    id: String,
+    api: Api,
+    created: u64,
+    model: String,
+    include_usage: bool,
+    choices: Vec<Choice>,
+    /// Aborts the engine requests still running when the answer is dropped.
+    _in_flight: InFlight,
+}
+
+impl Answer {
+    /// vLLM's usage: prompt tokens (and cached ones) once per prompt, completion tokens of
+    /// every choice.
+    fn usage(&self) -> Value {
+        let mut prompt = 0u32;
+        let mut cached = 0u32;
+        let mut seen = BTreeSet::new();
+        for c in &self.choices {
+            if seen.insert(c.prompt_idx) {
+                prompt += c.prompt_tokens;
+                cached += c.cached;
+            }
+        }
+        let completion: u32 = self.choices.iter().map(Choice::completion_tokens).sum();
+        json!({
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+            "prompt_tokens_details": { "cached_tokens": cached },
+        })
+    }
+
+    fn object(&self, chunk: bool) -> &'static str {
+        match (self.api, chunk) {
+            (Api::Completions, _) => "text_completion",
+            (Api::Chat, false) => "chat.completion",
+            (Api::Chat, true) => "chat.completion.chunk",
+        }
+    }
+
+    fn all_ended(&self) -> bool {
+        self.choices.iter().all(|c| c.end.is_some())
+    }
+
+    /// Applies one progress report; `Err` when the request failed.
+    fn apply(&mut self, i: usize, p: &Progress) -> Result<(), String> {
+        let Some(c) = self.choices.get_mut(i) else {
+            return Ok(());
+        };
+        match p {
+            Progress::FirstToken | Progress::Token => {}
+            Progress::Finished {
+                cached_prompt_tokens,
+            } => {
+                c.cached = *cached_prompt_tokens;
+                c.end = Some(End::Finished);
+            }
+            Progress::Aborted => c.end = Some(End::Aborted),
+            Progress::Failed(reason) => return Err(reason.clone()),
+        }
+        Ok(())
+    }
+
+    async fn wait(mut self, mut rx: mpsc::UnboundedReceiver<(usize, Progress)>) -> Response {
+        while !self.all_ended() {
+            let Some((i, p)) = rx.recv().await else {
+                return ApiError::unavailable("the engine dropped the request").into_response();
+            };
+            if matches!(p, Progress::FirstToken | Progress::Token)
+                && let Some(c) = self.choices.get_mut(i)
+            {
+                c.advance();
+            }
+            if let Err(reason) = self.apply(i, &p) {
+                return ApiError::unavailable(reason).into_response();
+            }
+        }
+        Json(self.full()).into_response()
+    }
+
+    fn full(&self) -> Value {
+        let choices: Vec<Value> = self
+            .choices
+            .iter()
+            .map(|c| {
+                let text = format!("{}{}", c.echo.as_deref().unwrap_or(""), c.text());
+                match self.api {
+                    Api::Completions => json!({
+                        "index": c.index,
+                        "text": text,
+                        "logprobs": null,
+                        "finish_reason": c.finish_reason(),
+                        "stop_reason": c.stop_reason(),
+                    }),
+                    Api::Chat => json!({
+                        "index": c.index,
+                        "message": { "role": "assistant", "content": text },
+                        "logprobs": null,
+                        "finish_reason": c.finish_reason(),
+                        "stop_reason": c.stop_reason(),
+                    }),
+                }
+            })
+            .collect();
+        json!({
+            "id": self.id,
+            "object": self.object(false),
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+            "usage": self.usage(),
+        })
+    }
+
+    /// One chunk of choice `i`: `piece` (after the echoed prompt on its first chunk), with
+    /// its finish reason when it ends.
+    fn chunk(&mut self, i: usize, piece: &str, finish: bool) -> Option<Event> {
+        let api = self.api;
+        let c = self.choices.get_mut(i)?;
+        let first = !c.started;
+        c.started = true;
+        let text = match (&c.echo, first) {
+            (Some(e), true) => format!("{e}{piece}"),
+            _ => piece.to_string(),
+        };
+        let (finish_reason, stop_reason) = if finish {
+            (json!(c.finish_reason()), c.stop_reason())
+        } else {
+            (Value::Null, Value::Null)
+        };
+        let choice = match api {
+            Api::Completions => json!({
+                "index": c.index,
+                "text": text,
+                "logprobs": null,
+                "finish_reason": finish_reason,
+                "stop_reason": stop_reason,
+            }),
+            Api::Chat => {
+                let delta = if first {
+                    json!({ "role": "assistant", "content": text })
+                } else {
+                    json!({ "content": text })
+                };
+                json!({ "index": c.index, "delta": delta, "logprobs": null,
+                        "finish_reason": finish_reason, "stop_reason": stop_reason })
+            }
+        };
+        let data = json!({
+            "id": self.id,
+            "object": self.object(true),
+            "created": self.created,
+            "model": self.model,
+            "choices": [choice],
+        });
+        Some(Event::default().data(data.to_string()))
+    }
+
+    /// A stream: one chunk per decoded token of each choice at the engine's pace (a token
+    /// that ends inside a multi-byte character waits for the rest of it), the rest of a
+    /// choice's text with its finish reason when it ends, then (all ended) the usage chunk
+    /// and `[DONE]`. Dropping the stream (the client went away) aborts what still runs.
+    fn stream(
+        self,
+        rx: mpsc::UnboundedReceiver<(usize, Progress)>,
+    ) -> impl Stream<Item = Result<Event, Infallible>> + Send + 'static {
+        futures::stream::unfold(
+            (self, rx, false),
+            |(mut answer, mut rx, done)| async move {
+                if done {
+                    return None;
+                }
+                loop {
+                    let (i, p) = rx.recv().await?;
+                    let mut events = Vec::new();
+                    match &p {
+                        Progress::FirstToken | Progress::Token => {
+                            let Some(c) = answer.choices.get_mut(i) else {
+                                continue;
+                            };
+                            let first = !c.started;
+                            let Some(piece) = c.advance() else {
+                                continue;
+                            };
+                            if piece.is_empty() && !first {
+                                continue;
+                            }
+                            events.extend(answer.chunk(i, &piece, false));
+                        }
+                        Progress::Finished { .. } | Progress::Aborted => {
+                            if let Err(reason) = answer.apply(i, &p) {
+                                let data = ApiError::unavailable(reason).body().to_string();
+                                return Some((vec![Event::default().data(data)], (answer, rx, true)));
+                            }
+                            let rest = answer
+                                .choices
+                                .get(i)
+                                .map(|c| c.text().get(c.cursor.sent..).unwrap_or_default().to_string())
+                                .unwrap_or_default();
+                            events.extend(answer.chunk(i, &rest, true));
+                        }
+                        Progress::Failed(reason) => {
+                            let data = ApiError::unavailable(reason.clone()).body().to_string();
+                            return Some((vec![Event::default().data(data)], (answer, rx, true)));
+                        }
+                    }
+                    let ended = answer.all_ended();
+                    if ended {
+                        if answer.include_usage {
+                            let usage = json!({
+                                "id": answer.id,
+                                "object": answer.object(true),
+                                "created": answer.created,
+                                "model": answer.model,
+                                "choices": [],
+                                "usage": answer.usage(),
+                            });
+                            events.push(Event::default().data(usage.to_string()));
+                        }
+                        events.push(Event::default().data("[DONE]"));
+                    }
+                    return Some((events, (answer, rx, ended)));
+                }
+            },
+        )
+        .flat_map(|events| futures::stream::iter(events.into_iter().map(Ok)))
+    }
+}
+
+/// How far a stream got through its answer: tokens decoded, bytes of text sent, and the bytes
+/// of a character still incomplete.
+#[derive(Debug, Default)]
+struct TokenCursor {
+    tokens: usize,
+    sent: usize,
+    pending: Vec<u8>,
+}
+
+impl TokenCursor {
+    /// The text the next decoded token adds (empty while a character is incomplete); `None`
+    /// past the text's last token (the rest, if any, goes with the finish).
+    fn next_piece(&mut self, ids: &[u32], text: &str) -> Option<String> {
+        let id = *ids.get(self.tokens)?;
+        self.tokens += 1;
+        self.pending.extend_from_slice(&tokens::decode_bytes(&[id]));
+        let valid = match std::str::from_utf8(&self.pending) {
+            Ok(_) => self.pending.len(),
+            Err(e) => e.valid_up_to(),
+        };
+        let piece = String::from_utf8_lossy(&self.pending[..valid]).into_owned();
+        // Only what really continues the text is sent (the text is what the answer says).
+        if !text.get(self.sent..).is_some_and(|rest| rest.starts_with(&piece)) {
+            return Some(String::new());
+        }
+        self.pending.drain(..valid);
+        self.sent += piece.len();
+        Some(piece)
+    }
+}
+
+/// The vLLM release whose API and behaviour the emulator follows (paper 003's engine).
+pub const EMULATED_VLLM_VERSION: &str = "0.10.2";
+
+/// `GET /version`: vLLM's `{"version": …}`, plus `switchyard_emulate` (this crate's version):
+/// how the live runtime's engines know they talk to an emulator, the only server that is sent
+/// the emulated output.
+async fn version() -> Response {
+    Json(serde_json::json!({
+        "version": EMULATED_VLLM_VERSION,
+        "switchyard_emulate": env!("CARGO_PKG_VERSION"),
+    }))
+    .into_response()
+}
+
+async fn models(State(state): State<AppState>) -> Response {
+    let s = &state.shared;
+    Json(json!({
+        "object": "list",
+        "data": [{
+            "id": s.served_name,
+            "object": "model",
+            "created": s.created,
+            "owned_by": "vllm",
+            "root": s.model,
+            "parent": null,
+            "max_model_len": s.max_model_len,
+        }]
+    }))
+    .into_response()
+}
+
+/// `GET /health`, and `GET|POST /ping` (SageMaker's health check, the same answer in vLLM).
+async fn health(State(state): State<AppState>) -> Response {
+    let core = state.shared.settled();
+    if core.loaded() && !core.closing {
+        StatusCode::OK.into_response()
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE.into_response()
+    }
+}
+
+async fn metrics(State(state): State<AppState>) -> Response {
+    drop(state.shared.settled());
+    let mut body = String::new();
+    match prometheus_client::encoding::prometheus_text::encode(&mut body, &state.registry) {
+        Ok(()) => (
+            StatusCode::OK,
+            [(
+                header::CONTENT_TYPE,
+                prometheus_client::encoding::prometheus_text::CONTENT_TYPE,
+            )],
+            body,
+        )
+            .into_response(),
+        Err(_) => ApiError::internal("cannot encode metrics").into_response(),
+    }
+}
+
+/// `POST /tokenize`: vLLM's `TokenizeCompletionRequest` (`prompt`) or `TokenizeChatRequest`
+/// (`messages`, rendered with Qwen3's chat template) → `{count, max_model_len, tokens,
+/// token_strs}` (`token_strs` with `return_token_strs`, in the byte-level BPE spelling).
+async fn tokenize(State(state): State<AppState>, body: Bytes) -> Response {
+    let shared = &state.shared;
+    let result = (|| {
+        let body: protocol::TokenizeBody = serde_json::from_slice(&body)
+            .map_err(|e| ApiError::bad_request(format!("invalid tokenize request: {e}")))?;
+        check_model(shared, body.model.as_deref())?;
+        let ids: Vec<u32> = match (body.prompt, body.messages) {
+            (Some(p), None) => tokens::encode(&p).to_vec(),
+            (None, Some(messages)) => {
+                let messages: Vec<(String, String)> =
+                    messages.into_iter().map(|m| m.into_pair()).collect();
+                let thinking = body
+                    .chat_template_kwargs
+                    .and_then(|k| k.enable_thinking)
+                    .unwrap_or(true);
+                let text = render_chat_prompt(
+                    &messages,
+                    thinking,
+                    body.add_generation_prompt.unwrap_or(true),
+                );
+                tokens::encode(&text).to_vec()
+            }
+            _ => {
+                return Err(ApiError::bad_request(
+                    "a tokenize request has either `prompt` or `messages`",
+                ));
+            }
+        };
+        let token_strs = body.return_token_strs.unwrap_or(false).then(|| {
+            ids.iter()
+                .map(|&id| protocol::token_str(&tokens::decode_bytes(&[id])))
+                .collect::<Vec<_>>()
+        });
+        Ok(json!({
+            "count": ids.len(),
+            "max_model_len": shared.max_model_len,
+            "tokens": ids,
+            "token_strs": token_strs,
+        }))
+    })();
+    match result {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// `POST /detokenize`: `{tokens}` → `{prompt}`; an id outside the vocabulary is a 400.
+async fn detokenize(State(state): State<AppState>, body: Bytes) -> Response {
+    let shared = &state.shared;
+    let result = (|| {
+        let body: protocol::DetokenizeBody = serde_json::from_slice(&body)
+            .map_err(|e| ApiError::bad_request(format!("invalid detokenize request: {e}")))?;
+        check_model(shared, body.model.as_deref())?;
+        let mut ids = Vec::with_capacity(body.tokens.len());
+        for t in body.tokens {
+            match u32::try_from(t) {
+                Ok(id) if !tokens::decode_bytes(&[id]).is_empty() => ids.push(id),
+                _ => {
+                    return Err(ApiError::bad_param(
+                        "tokens",
+                        format!("token id {t} is out of vocabulary"),
+                    ));
+                }
+            }
+        }
+        Ok(json!({ "prompt": tokens::decode(&ids) }))
+    })();
+    match result {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// Unknown path: FastAPI's 404 body, as vLLM's server answers.
+async fn not_found() -> Response {
+    (StatusCode::NOT_FOUND, Json(json!({ "detail": "Not Found" }))).into_response()
+}
+
+/// Known path, wrong method: FastAPI's 405 body.
+async fn method_not_allowed() -> Response {
+    (
+        StatusCode::METHOD_NOT_ALLOWED,
+        Json(json!({ "detail": "Method Not Allowed" })),
+    )
+        .into_response()
+}
+
+/// The `key=value` pairs of a query string (repeated keys kept, as FastAPI's `getlist`).
+fn query_pairs(raw: Option<&str>) -> Vec<(String, String)> {
+    raw.unwrap_or_default()
+        .split('&')
+        .filter(|kv| !kv.is_empty())
+        .map(|kv| match kv.split_once('=') {
+            Some((k, v)) => (k.to_string(), v.to_string()),
+            None => (kv.to_string(), String::new()),
+        })
+        .collect()
+}
+
+fn conflict(message: impl Into<String>) -> Response {
+    ApiError::new(StatusCode::CONFLICT, "ConflictError", message).into_response()
+}
+
+/// How a sleep treats the requests in flight (vLLM ≥ 0.17's `mode`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum SleepMode {
+    Abort,
+    Wait,
+}
+
+/// `POST /sleep?level=1|2[&mode=abort|wait]` (see the module doc).
+async fn sleep(State(state): State<AppState>, RawQuery(raw): RawQuery) -> Response {
+    let shared = &state.shared;
+    let mut level = 1u8;
+    let mut mode = SleepMode::Abort;
+    for (k, v) in query_pairs(raw.as_deref()) {
+        match k.as_str() {
+            "level" => match v.parse() {
+                Ok(l) => level = l,
+                Err(_) => {
+                    return ApiError::bad_param("level", format!("invalid sleep level `{v}`"))
+                        .into_response();
+                }
+            },
+            "mode" => match v.as_str() {
+                "abort" => mode = SleepMode::Abort,
+                "wait" => mode = SleepMode::Wait,
+                _ => {
+                    return ApiError::bad_param(
+                        "mode",
+                        format!("sleep mode `{v}` is not emulated (abort, wait)"),
+                    )
+                    .into_response();
+                }
+            },
+            "tags" => {
+                return ApiError::bad_param(
+                    "tags",
+                    "the emulated replica sleeps by level only (sleeping by tags is not emulated)",
+                )
+                .into_response();
+            }
+            _ => {}
+        }
+    }
+    if !matches!(level, 1 | 2) {
+        return ApiError::bad_param("level", EmulatorError::InvalidSleepLevel(level).to_string())
+            .into_response();
+    }
+    {
+        let mut core = shared.settled();
+        if core.is_sleeping() {
+            // vLLM: "Executor is already sleeping" — a no-op.
+            return StatusCode::OK.into_response();
+        }
+        if core.pausing {
+            return conflict("a sleep is already in progress");
+        }
+        match core.replica.state() {
+            ReplicaState::Awake => {}
+            state => return conflict(format!("cannot sleep while {state}")),
+        }
+        core.pausing = true;
+        if mode == SleepMode::Abort {
+            let now = shared.clock.now();
+            let ids: Vec<u64> = core.waiters.keys().copied().collect();
+            for id in ids {
+                if let Some(w) = core.abort(id, now) {
+                    let at = now.max(core.cursor);
+                    shared.metrics.finished(&w.finished("abort", at));
+                    let _ = w.tx.send((w.index, Progress::Aborted));
+                }
+            }
+        }
+    }
+    shared.driver_wake.notify_one();
+    // Drain: the requests (wait) or the step in progress (abort) end first.
+    let until = loop {
+        {
+            let mut core = shared.settled();
+            if core.closing {
+                core.pausing = false;
+                return ApiError::unavailable("the server is shutting down").into_response();
+            }
+            if !core.busy() {
+                let at = shared.clock.now().max(core.cursor);
+                let result = core.replica.begin_sleep(level, at);
+                core.pausing = false;
+                match result {
+                    Ok(until) => {
+                        core.sleeping_tags = SLEEP_TAGS.into_iter().collect();
+                        break until;
+                    }
+                    Err(e @ EmulatorError::InvalidSleepLevel(_)) => {
+                        return ApiError::bad_param("level", e.to_string()).into_response();
+                    }
+                    Err(e) => return conflict(e.to_string()),
+                }
+            }
+        }
+        tokio::time::sleep(DRAIN_POLL).await;
+    };
+    finish_transition(shared, until).await
+}
+
+async fn finish_transition(shared: &Shared, until: f64) -> Response {
+    tokio::time::sleep_until(shared.clock.instant(until)).await;
+    drop(shared.settled());
+    shared.driver_wake.notify_one();
+    StatusCode::OK.into_response()
+}
+
+/// `POST /wake_up[?tags=weights|kv_cache ...]`: wakes the tags asked for (all without tags).
+/// A tag that is not asleep makes the call a no-op, as vLLM 0.10's executor does. The first
+/// wake of a sleeping replica takes the replica's whole wake time; the replica serves once no
+/// tag sleeps.
+async fn wake_up(State(state): State<AppState>, RawQuery(raw): RawQuery) -> Response {
+    let shared = &state.shared;
+    let tags: Vec<String> = query_pairs(raw.as_deref())
+        .into_iter()
+        .filter(|(k, _)| k == "tags")
+        .map(|(_, v)| v)
+        .collect();
+    let until = {
+        let mut core = shared.settled();
+        if !core.is_sleeping() {
+            return StatusCode::OK.into_response();
+        }
+        if tags.iter().any(|t| !core.sleeping_tags.contains(t.as_str())) {
+            return StatusCode::OK.into_response();
+        }
+        match core.replica.state() {
+            ReplicaState::Awake => None,
+            ReplicaState::Waking { until } => Some(until),
+            ReplicaState::Asleep => {
+                let at = shared.clock.now().max(core.cursor);
+                match core.replica.begin_wake(at) {
+                    Ok(until) => Some(until),
+                    Err(e) => return conflict(e.to_string()),
+                }
+            }
+            state => return conflict(format!("cannot wake while {state}")),
+        }
+    };
+    if let Some(until) = until {
+        tokio::time::sleep_until(shared.clock.instant(until)).await;
+    }
+    {
+        let mut core = shared.settled();
+        if tags.is_empty() {
+            core.sleeping_tags.clear();
+        } else {
+            core.sleeping_tags.retain(|t| !tags.iter().any(|x| x == t));
+        }
+    }
+    shared.driver_wake.notify_one();
+    StatusCode::OK.into_response()
+}
+
+async fn is_sleeping(State(state): State<AppState>) -> Response {
+    let sleeping = state.shared.settled().is_sleeping();
+    Json(json!({ "is_sleeping": sleeping })).into_response()
+}
+
+#[derive(Debug, Deserialize)]
+struct RpcBody {
+    method: String,
+}
+
+/// Only `reload_weights` (step two of vLLM's level-2 wake sequence) is known: the emulated
+/// wake already restored the weights, so it is a no-op.
+async fn collective_rpc(body: Bytes) -> Response {
+    match serde_json::from_slice::<RpcBody>(&body) {
+        Ok(b) if b.method == "reload_weights" => Json(json!({ "results": [null] })).into_response(),
+        Ok(b) => ApiError::bad_param(
+            "method",
+            format!("collective_rpc method `{}` is not emulated", b.method),
+        )
+        .into_response(),
+        Err(e) => ApiError::bad_request(format!("invalid collective_rpc body: {e}")).into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stream_sends_the_text_token_by_token_and_whole_characters_only() {
+        for text in ["The plan ships on Friday.", "naïve café — 東京 🚀 done", ""] {
+            let ids = tokens::encode(text).to_vec();
+            let mut cursor = TokenCursor::default();
+            let mut pieces = Vec::new();
+            while let Some(piece) = cursor.next_piece(&ids, text) {
+                assert!(std::str::from_utf8(piece.as_bytes()).is_ok());
+                pieces.push(piece);
+            }
+            assert_eq!(pieces.len(), ids.len(), "one step per token");
+            assert_eq!(pieces.concat(), text, "the pieces are the text");
+            assert_eq!(text.get(cursor.sent..), Some(""));
+        }
+        // A token split inside a multi-byte character: the first half sends nothing.
+        let text = "🚀";
+        let ids = tokens::encode(text).to_vec();
+        if ids.len() > 1 {
+            let mut cursor = TokenCursor::default();
+            assert_eq!(cursor.next_piece(&ids, text).as_deref(), Some(""));
+        }
+    }
+
+    #[test]
+    fn dtype_names_of_both_vocabularies() {
+        assert_eq!(parse_dtype("float16"), Ok(Dtype::Fp16));
+        assert_eq!(parse_dtype("FP16"), Ok(Dtype::Fp16));
+        assert_eq!(parse_dtype("bfloat16"), Ok(Dtype::Bf16));
+        assert_eq!(parse_dtype("fp32"), Ok(Dtype::Fp32));
+        assert!(parse_dtype("auto").is_err());
+    }
+
+    #[test]
+    fn chat_template_is_qwen3s() {
+        let p = render_chat(&[("user".into(), "hi".into())], true);
+        assert_eq!(p, "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
+        // Non-thinking mode, as the runtime's prompts are counted (`tokens::chat_prompt`).
+        let p = render_chat(&[("user".into(), "hi".into())], false);
+        assert_eq!(p, tokens::chat_prompt("hi"));
+        assert_eq!(tokens::count(&p), tokens::count("hi") + tokens::chat_overhead());
+    }
+
+    #[test]
+    fn clock_maps_virtual_to_wall_by_speed() {
+        let epoch = Instant::now();
+        let c = Clock {
+            epoch,
+            speed: 100.0,
+        };
+        assert_eq!(c.instant(50.0) - epoch, Duration::from_millis(500));
+        assert_eq!(c.instant(-1.0), epoch);
+        // Absurd values do not panic.
+        let _ = c.instant(f64::INFINITY);
+        let _ = c.instant(f64::NAN);
+    }
+
+    #[test]
+    fn fault_draws_follow_the_rates_and_the_seed() {
+        let mk = |seed| Faults {
+            rng: ChaCha8Rng::seed_from_u64(seed),
+            fail_rate: 0.2,
+            garbage_rate: 0.3,
+        };
+        let (mut a, mut b) = (mk(7), mk(7));
+        let draws: Vec<Fault> = (0..4000).map(|_| a.draw()).collect();
+        assert!(
+            draws
+                .iter()
+                .zip((0..4000).map(|_| b.draw()))
+                .all(|(x, y)| *x == y)
+        );
+        let fails = draws.iter().filter(|f| **f == Fault::Fail).count() as f64 / 4000.0;
+        let garbage = draws.iter().filter(|f| **f == Fault::Garbage).count() as f64 / 4000.0;
+        assert!((fails - 0.2).abs() < 0.03, "{fails}");
+        assert!((garbage - 0.3).abs() < 0.03, "{garbage}");
+        let mut none = Faults {
+            rng: ChaCha8Rng::seed_from_u64(0),
+            fail_rate: 0.0,
+            garbage_rate: 0.0,
+        };
+        assert!((0..100).all(|_| none.draw() == Fault::None));
+    }
+
+    #[test]
+    fn rejects_what_vllm_refuses_at_start() {
+        let mut c = EmulateConfig::new("V100-32GB", "Qwen3-0.6B");
+        c.dtype = Dtype::Bf16;
+        assert!(matches!(EmulateApp::new(c), Err(ServeError::Emulator(_))));
+        assert!(matches!(
+            EmulateApp::new(EmulateConfig::new("no-such-gpu", "Qwen3-0.6B")),
+            Err(ServeError::Spec(_))
+        ));
+        let mut c = EmulateConfig::new("A100-80GB", "Qwen3-0.6B");
+        c.speed = 0.0;
+        assert!(matches!(
+            EmulateApp::new(c),
+            Err(ServeError::InvalidOption { field: "speed", .. })
+        ));
+        let mut c = EmulateConfig::new("A100-80GB", "Qwen3-0.6B");
+        c.fail_rate = 0.7;
+        c.garbage_rate = 0.7;
+        assert!(matches!(
+            EmulateApp::new(c),
+            Err(ServeError::InvalidOption { .. })
+        ));
+    }
+
+}

@@ -67,6 +67,61 @@ pub enum Experiment {
     /// (random, unseen-model and unseen-device splits), plus the operator-timing evaluation;
     /// writes predictor.md and predictor.json.
     Predictor(PredictorArgs),
+    /// `switchyard serve`'s front door against calling the engine directly, side by side on
+    /// one emulated engine (added latency at p50/p99), and a soak of concurrent streaming
+    /// programs (whole streams, resident memory).
+    FrontDoor(FrontDoorArgs),
+}
+
+/// Arguments of `switchyard bench front-door`.
+#[derive(Args, Debug)]
+pub struct FrontDoorArgs {
+    /// Concurrent programs of the side-by-side comparison.
+    #[arg(long, default_value_t = 100)]
+    pub programs: usize,
+    /// Sequential streamed calls per program and round.
+    #[arg(long, default_value_t = 5)]
+    pub calls: usize,
+    /// Tokens per call.
+    #[arg(long, default_value_t = 64)]
+    pub max_tokens: u32,
+    /// Rounds (each: direct, then front door).
+    #[arg(long, default_value_t = 2)]
+    pub rounds: usize,
+    /// Concurrent streaming programs of the soak (0: no soak).
+    #[arg(long, default_value_t = 1000)]
+    pub soak: usize,
+    /// Tokens per soak stream.
+    #[arg(long, default_value_t = 256)]
+    pub soak_tokens: u32,
+    /// Emulated seconds per wall second.
+    #[arg(long, default_value_t = 50.0)]
+    pub speed: f64,
+    /// Print JSON instead of Markdown.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn front_door(a: FrontDoorArgs) -> Result<()> {
+    let opts = switchyard_runtime::serve::load::LoadOptions {
+        programs: a.programs,
+        calls: a.calls,
+        max_tokens: a.max_tokens,
+        rounds: a.rounds,
+        soak: a.soak,
+        soak_tokens: a.soak_tokens,
+        speed: a.speed,
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let report = runtime
+        .block_on(switchyard_runtime::serve::load::front_door_bench(&opts))
+        .map_err(|e| anyhow::anyhow!("bench front-door: {e}"))?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", report.markdown());
+    }
+    Ok(())
 }
 
 /// Arguments of `switchyard bench predictor`.
@@ -222,6 +277,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     match args.experiment {
         Some(Experiment::Motivation(m)) => return motivation(m),
         Some(Experiment::Predictor(p)) => return predictor(p),
+        Some(Experiment::FrontDoor(f)) => return front_door(f),
         None => {}
     }
     let workflows = load_workflows(&args.workflows)?;

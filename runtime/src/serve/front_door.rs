@@ -17,7 +17,7 @@
 //! the finish reason, the usage chunk when `stream_options.include_usage` asks for it, and
 //! `data: [DONE]`. A client that disconnects abandons its call: the engine drops its upstream
 //! connection, so the server aborts the request. Parameters the front door does not honour
-//! (`n > 1`, `logprobs`, `tools`, a list of prompts, …) are refused with a 400 naming them.
+//! (`n > 1`, `logprobs`, `stop`, `tools`, a list of prompts, …) are refused with a 400 naming them.
 //!
 //! Depends on `crate::live::Service`; must not depend on the simulator.
 
@@ -45,8 +45,8 @@ pub const DEFAULT_MAX_TOKENS: u32 = 1024;
 pub const PROGRAM_HEADERS: [&str; 3] = ["x-session-id", "x-dynamo-session-id", "x-program-id"];
 
 /// Request fields the front door refuses rather than ignore silently.
-const UNSUPPORTED: [&str; 9] =
-    ["logprobs", "top_logprobs", "echo", "tools", "tool_choice", "functions", "response_format", "best_of", "suffix"];
+const UNSUPPORTED: [&str; 10] =
+    ["logprobs", "top_logprobs", "echo", "tools", "tool_choice", "functions", "response_format", "best_of", "suffix", "stop"];
 
 #[derive(Clone, Copy, PartialEq)]
 enum Flavor {

@@ -1,0 +1,364 @@
+//! `switchyard bench front-door`: what the front door costs and whether it holds under load,
+//! measured side by side on one emulated engine.
+//!
+//! Set-up (one process): a `switchyard emulate` server (Qwen3-0.6B on an A100-80GB at
+//! `speed`×) in process, and a served runtime whose pool is that server as a fixed OpenAI
+//! endpoint, with its REST API and front door on a loopback port (no token). The same load
+//! is sent
+//! * **direct**: to the emulate server's `/v1/chat/completions`;
+//! * **front door**: to the runtime's `/v1/chat/completions` (each program its own
+//!   `X-Session-ID`), which the planner schedules onto the same server.
+//!
+//! Load: `programs` concurrent programs, each `calls` sequential streamed calls of
+//! `max_tokens` tokens; the latency of a call is from sending it to reading `[DONE]`. Rounds
+//! alternate direct and front door so drift hits both. The added latency is front door minus
+//! direct at the same percentile — the runtime's overhead (parsing, tokenizing the prompt, the
+//! planner's tick, the actors' hops, re-streaming) plus any difference in how the engine
+//! batched the two loads.
+//!
+//! Soak: `soak` programs at once through the front door, one streamed call of `soak_tokens`
+//! tokens each; a stream counts as whole when it ends with `[DONE]` after exactly
+//! `soak_tokens` content pieces. The process's resident memory is sampled (engine, runtime and
+//! clients together: they share the process).
+//!
+//! Depends on `crate::live` (service, emulate server) and this module's router; must not
+//! depend on the simulator.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use serde::Serialize;
+use serde_json::json;
+
+use super::{ApiConfig, router, serve_until};
+use crate::exec::{Arrival, RunConfig};
+use crate::live::engines::EngineSpec;
+use crate::live::server::{EmulateConfig, EmulateServer};
+use crate::live::{LiveConfig, LivePoolSpec, PoolEngines, Service};
+use crate::planner::{JointOptions, Substrate};
+use crate::workflow::parse_workflow;
+
+/// What to measure.
+#[derive(Debug, Clone)]
+pub struct LoadOptions {
+    pub programs: usize,
+    pub calls: usize,
+    pub max_tokens: u32,
+    pub rounds: usize,
+    pub soak: usize,
+    pub soak_tokens: u32,
+    pub speed: f64,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        LoadOptions { programs: 100, calls: 5, max_tokens: 64, rounds: 2, soak: 1000, soak_tokens: 256, speed: 50.0 }
+    }
+}
+
+/// Latency percentiles of one side, in milliseconds.
+#[derive(Debug, Clone, Serialize)]
+pub struct Side {
+    pub calls: usize,
+    pub failed: usize,
+    pub p50_ms: f64,
+    pub p90_ms: f64,
+    pub p99_ms: f64,
+    pub calls_per_s: f64,
+}
+
+/// The measurement.
+#[derive(Debug, Clone, Serialize)]
+pub struct LoadReport {
+    pub programs: usize,
+    pub calls_per_program: usize,
+    pub max_tokens: u32,
+    pub speed: f64,
+    pub direct: Side,
+    pub front_door: Side,
+    /// Front door minus direct, at p50 and p99 (ms).
+    pub added_p50_ms: f64,
+    pub added_p99_ms: f64,
+    pub soak_programs: usize,
+    pub soak_tokens: u32,
+    pub soak_whole_streams: usize,
+    pub soak_wall_s: f64,
+    pub rss_before_mib: f64,
+    pub rss_peak_mib: f64,
+    pub rss_after_mib: f64,
+}
+
+const MODEL: &str = "Qwen3-0.6B";
+
+fn rss_mib() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| s.lines().find(|l| l.starts_with("VmRSS:")).and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok()))
+        .map_or(0.0, |kib| kib / 1024.0)
+}
+
+fn percentile(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * q).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+/// One streamed call; `Ok((latency, content pieces))` when it ended with `[DONE]`.
+async fn call(http: &reqwest::Client, url: &str, program: Option<&str>, max_tokens: u32) -> Result<(Duration, usize), String> {
+    let body = json!({
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Tell me about agent workflows."}],
+        "max_tokens": max_tokens,
+        "stream": true,
+    });
+    let started = Instant::now();
+    let mut req = http.post(url).json(&body);
+    if let Some(p) = program {
+        req = req.header("X-Session-ID", p);
+    }
+    let resp = req.send().await.map_err(|e| e.to_string())?;
+    if !resp.status().is_success() {
+        return Err(format!("HTTP {}", resp.status()));
+    }
+    let mut stream = resp.bytes_stream();
+    let mut text = String::new();
+    while let Some(chunk) = stream.next().await {
+        text.push_str(&String::from_utf8_lossy(&chunk.map_err(|e| e.to_string())?));
+    }
+    let latency = started.elapsed();
+    if !text.contains("data: [DONE]") {
+        return Err("the stream ended without [DONE]".into());
+    }
+    let pieces = text.matches("\"content\":\"").count();
+    Ok((latency, pieces))
+}
+
+/// `programs` programs × `calls` sequential calls against `url`; latencies in ms.
+async fn load(http: &reqwest::Client, url: &str, tag: &str, programs: usize, calls: usize, max_tokens: u32) -> (Vec<f64>, usize, f64) {
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..programs)
+        .map(|p| {
+            let http = http.clone();
+            let url = url.to_string();
+            let program = format!("{tag}-{p}");
+            tokio::spawn(async move {
+                let mut out = Vec::new();
+                let mut failed = 0;
+                for _ in 0..calls {
+                    match call(&http, &url, Some(&program), max_tokens).await {
+                        Ok((d, _)) => out.push(d.as_secs_f64() * 1e3),
+                        Err(_) => failed += 1,
+                    }
+                }
+                (out, failed)
+            })
+        })
+        .collect();
+    let mut all = Vec::new();
+    let mut failed = 0;
+    for t in tasks {
+        if let Ok((l, f)) = t.await {
+            all.extend(l);
+            failed += f;
+        }
+    }
+    (all, failed, started.elapsed().as_secs_f64())
+}
+
+fn side(mut lat: Vec<f64>, failed: usize, wall: f64) -> Side {
+    lat.sort_by(f64::total_cmp);
+    Side {
+        calls: lat.len(),
+        failed,
+        p50_ms: percentile(&lat, 0.5),
+        p90_ms: percentile(&lat, 0.9),
+        p99_ms: percentile(&lat, 0.99),
+        calls_per_s: if wall > 0.0 { lat.len() as f64 / wall } else { 0.0 },
+    }
+}
+
+/// Run the measurement (inside a multi-threaded tokio runtime).
+pub async fn front_door_bench(opts: &LoadOptions) -> Result<LoadReport, String> {
+    let engine = EmulateServer::start(
+        EmulateConfig {
+            device: "A100-80GB".into(),
+            model: MODEL.into(),
+            dtype: switchyard_predictor::spec::Dtype::Fp16,
+            max_model_len: Some(4096),
+            gpu_memory_utilization: 0.9,
+            max_num_seqs: 1024,
+            speed: opts.speed,
+            noise_seed: 0,
+            served_model_name: None,
+            fail_rate: 0.0,
+            garbage_rate: 0.0,
+            fault_seed: 0,
+        },
+        "127.0.0.1:0".parse().map_err(|e| format!("{e}"))?,
+    )
+    .await
+    .map_err(|e| e.to_string())?;
+    let direct_base = engine.base_url();
+    let http = reqwest::Client::builder().pool_max_idle_per_host(2048).build().map_err(|e| e.to_string())?;
+    // Wait for the emulated start-up load.
+    for _ in 0..600 {
+        if http.get(format!("{direct_base}/health")).send().await.is_ok_and(|r| r.status().is_success()) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let workflow = parse_workflow(
+        "front-door-bench",
+        "name: bench\ndeployments:\n  m: {model: Qwen3-0.6B, dtype: fp16, max_context: 4096, max_output_tokens: 1024}\nnodes:\n  - id: a\n    deployment: m\n    prompt: hi\n",
+        Path::new("."),
+    )
+    .map_err(|e| e.to_string())?;
+    let pool_text = format!(
+        "name: bench\ndevices:\n  - kind: A100-80GB\n    count: 1\n    engine: {{ kind: openai, base_url: \"{direct_base}/v1\", request_timeout_s: 600, models: {{ {MODEL}: {MODEL} }} }}\n"
+    );
+    let pool: LivePoolSpec<EngineSpec> = LivePoolSpec::parse(Path::new("bench-pool.yaml"), &pool_text).map_err(|e| e.to_string())?;
+    let run = RunConfig {
+        workflows: vec![Arc::new(workflow)],
+        sessions: 1,
+        arrival: Arrival::Burst,
+        seed: 42,
+        noise_seed: 0,
+        pool: pool.pool.clone(),
+        policy: "joint".into(),
+        options: JointOptions::default(),
+        predictor: "graph".into(),
+        tool_workers: 1,
+        max_num_seqs: 1024,
+        substrate: Substrate::default(),
+        session_counts: Vec::new(),
+        workflow_arrivals: Vec::new(),
+        handoff_s: 0.0,
+    };
+    let engines = PoolEngines::new(&pool, 0, None).map_err(|e| e.to_string())?;
+    let mut cfg = LiveConfig::new(run);
+    cfg.speed = opts.speed;
+    cfg.stream = true;
+    cfg.telemetry_every = None;
+    let service = Arc::new(Service::start(&cfg, Arc::new(engines)).await.map_err(|e| e.to_string())?);
+    let app = router(Arc::clone(&service), ApiConfig { token: None, ..ApiConfig::default() }, Vec::new());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.map_err(|e| e.to_string())?;
+    let front_base = format!("http://{}", listener.local_addr().map_err(|e| e.to_string())?);
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(serve_until(listener, app, async move {
+        let _ = stop_rx.await;
+    }));
+
+    let direct_url = format!("{direct_base}/v1/chat/completions");
+    let front_url = format!("{front_base}/v1/chat/completions");
+    // Warm both paths (the front door's first call loads the replica).
+    call(&http, &front_url, Some("warm"), 8).await.map_err(|e| format!("warm-up through the front door: {e}"))?;
+    call(&http, &direct_url, None, 8).await.map_err(|e| format!("warm-up direct: {e}"))?;
+
+    let (mut dl, mut df, mut dw) = (Vec::new(), 0, 0.0);
+    let (mut fl, mut ff, mut fw) = (Vec::new(), 0, 0.0);
+    for r in 0..opts.rounds.max(1) {
+        let (l, f, w) = load(&http, &direct_url, &format!("d{r}"), opts.programs, opts.calls, opts.max_tokens).await;
+        dl.extend(l);
+        df += f;
+        dw += w;
+        let (l, f, w) = load(&http, &front_url, &format!("f{r}"), opts.programs, opts.calls, opts.max_tokens).await;
+        fl.extend(l);
+        ff += f;
+        fw += w;
+    }
+    let direct = side(dl, df, dw);
+    let front_door = side(fl, ff, fw);
+
+    // Soak.
+    let rss_before = rss_mib();
+    let sampling = Arc::new(AtomicBool::new(true));
+    let peak = {
+        let sampling = Arc::clone(&sampling);
+        tokio::spawn(async move {
+            let mut peak = 0.0f64;
+            while sampling.load(Ordering::Relaxed) {
+                peak = peak.max(rss_mib());
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            peak
+        })
+    };
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..opts.soak)
+        .map(|p| {
+            let http = http.clone();
+            let url = front_url.clone();
+            let tokens = opts.soak_tokens;
+            tokio::spawn(async move {
+                let program = format!("soak-{p}");
+                matches!(call(&http, &url, Some(&program), tokens).await, Ok((_, n)) if n == tokens as usize)
+            })
+        })
+        .collect();
+    let mut whole = 0;
+    for t in tasks {
+        if t.await.unwrap_or(false) {
+            whole += 1;
+        }
+    }
+    let soak_wall_s = started.elapsed().as_secs_f64();
+    sampling.store(false, Ordering::Relaxed);
+    let rss_peak = peak.await.unwrap_or(0.0);
+    let _ = stop_tx.send(());
+    let _ = server.await;
+    let _ = service.shutdown("the benchmark ended").await;
+    let _ = engine.shutdown().await;
+    let rss_after = rss_mib();
+    Ok(LoadReport {
+        programs: opts.programs,
+        calls_per_program: opts.calls,
+        max_tokens: opts.max_tokens,
+        speed: opts.speed,
+        added_p50_ms: front_door.p50_ms - direct.p50_ms,
+        added_p99_ms: front_door.p99_ms - direct.p99_ms,
+        direct,
+        front_door,
+        soak_programs: opts.soak,
+        soak_tokens: opts.soak_tokens,
+        soak_whole_streams: whole,
+        soak_wall_s,
+        rss_before_mib: rss_before,
+        rss_peak_mib: rss_peak,
+        rss_after_mib: rss_after,
+    })
+}
+
+impl LoadReport {
+    /// The report as Markdown.
+    pub fn markdown(&self) -> String {
+        let row = |name: &str, s: &Side| {
+            format!("| {name} | {} | {} | {:.1} | {:.1} | {:.1} | {:.1} |\n", s.calls, s.failed, s.p50_ms, s.p90_ms, s.p99_ms, s.calls_per_s)
+        };
+        let mut out = format!(
+            "Front door vs direct: {} programs × {} streamed calls of {} tokens, emulated Qwen3-0.6B on A100-80GB at {}×\n\n\
+             | path | calls | failed | p50 ms | p90 ms | p99 ms | calls/s |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n",
+            self.programs, self.calls_per_program, self.max_tokens, self.speed
+        );
+        out.push_str(&row("direct", &self.direct));
+        out.push_str(&row("front door", &self.front_door));
+        out.push_str(&format!(
+            "\nadded by the front door: p50 {:+.2} ms, p99 {:+.2} ms\n\nsoak: {} concurrent programs × {} tokens: {} of {} streams whole in {:.1} s; RSS (whole process) {:.0} MiB before, {:.0} MiB peak, {:.0} MiB after\n",
+            self.added_p50_ms,
+            self.added_p99_ms,
+            self.soak_programs,
+            self.soak_tokens,
+            self.soak_whole_streams,
+            self.soak_programs,
+            self.soak_wall_s,
+            self.rss_before_mib,
+            self.rss_peak_mib,
+            self.rss_after_mib
+        ));
+        out
+    }
+}

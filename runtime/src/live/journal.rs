@@ -442,6 +442,14 @@ impl Journal {
         &self.path
     }
 
+    /// Check every page and checksum of the file (slow: a full read; for tests and for an
+    /// operator who suspects the file). `Ok(true)`: consistent; `Ok(false)`: it was not and redb
+    /// repaired it (rolled back to the last valid commit); an error: it cannot be repaired. A
+    /// crash never needs this: [`Journal::open`] recovers the last committed transaction itself.
+    pub fn check_integrity(&mut self) -> Result<bool, JournalError> {
+        Ok(self.db.check_integrity()?)
+    }
+
     fn check_or_init(&self) -> Result<(), JournalError> {
         let txn = self.db.begin_write()?;
         let tables: Vec<String> = txn.list_tables()?.map(|t| t.name().to_string()).collect();

@@ -9,11 +9,13 @@
 //!   keyed by run id; recording the same run again is a no-op, a different one under the same id
 //!   is refused;
 //! - **sessions** (run, inputs, and at most one [`SessionOutcome`]), keyed by a session number
-//!   unique in the journal; a second [`Journal::finish_session`] is refused, so no session ever
+//!   unique in the journal across runs ([`Journal::last_session`] tells a restarted server where
+//!   to go on numbering); a second [`Journal::finish_session`] is refused, so no session ever
 //!   ends twice;
 //! - **activations** — one execution of a workflow node: an LLM call or a tool call — keyed by
-//!   `(session, activation key)` where the key is stable across restarts ([`activation_key`]:
-//!   `"{node}#{round}"`). [`Journal::intend`] records the *intent* before the call is sent and
+//!   `(session, activation key)` where the key is unique in the session and stable across
+//!   restarts ([`activation_key`]: `"{node}#{round}"`; a node that runs several times in one
+//!   round needs more in its key). [`Journal::intend`] records the *intent* before the call is sent and
 //!   returns its [`Attempt`]; [`Journal::complete`] records the *result* after it came back.
 //!   A second result for the same key is refused and leaves the first untouched; an intent for a
 //!   completed key is refused (completed activations are never re-run); an in-flight key may be
@@ -40,8 +42,8 @@
 //!   valid is used, so a committed transaction survives `kill -9` (and power loss, as far as the
 //!   disk honours `fsync`) and an uncommitted one leaves no trace: no torn records. SQLite in WAL
 //!   mode with `synchronous=FULL` gives the same guarantee; nothing here needs more.
-//! - **Build cost and no C dependency.** redb is one Rust crate with no dependencies of its own
-//!   (seconds to build); `rusqlite` needs either the system `libsqlite3` (plus `libsqlite3-dev` on
+//! - **Build cost and no C dependency.** redb is one Rust crate depending only on `libc` (already
+//!   in the tree): seconds to build; `rusqlite` needs either the system `libsqlite3` (plus `libsqlite3-dev` on
 //!   every fresh CI machine, and a C toolchain's linker flags) or its `bundled` feature, which
 //!   compiles SQLite's C amalgamation — slow on the 2-core build machines.
 //! - **Query needs.** Everything asked of the journal is a point lookup or a range scan by key
@@ -606,6 +608,14 @@ impl Journal {
         let Some(text) = sessions.get(session)? else { return Ok(None) };
         let row: SessionRow = decode(|| format!("session {session}"), text.value())?;
         Ok(Some(SessionEntry { run_id: row.run_id, session, inputs: row.inputs, outcome: row.outcome }))
+    }
+
+    /// The highest session number recorded, so a restarted server numbers new sessions after it
+    /// (session numbers are unique in the journal, across runs).
+    pub fn last_session(&self) -> Result<Option<u64>, JournalError> {
+        let txn = self.read()?;
+        let sessions = txn.open_table(SESSIONS)?;
+        Ok(sessions.last()?.map(|(s, _)| s.value()))
     }
 
     /// The outcome of every finished session, by session. A session appears here at most once

@@ -173,6 +173,7 @@ fn a_session_finishes_once_and_then_takes_no_activation() {
 fn the_first_program_binding_wins() {
     let (_d, j) = fresh();
     assert_eq!(j.program_binding("p").expect("binding"), None);
+    assert_eq!(j.last_session().expect("last"), None);
     assert_eq!(j.bind_program("p", &json!("a")).expect("bind"), json!("a"));
     assert_eq!(j.bind_program("p", &json!("b")).expect("bind"), json!("a"));
     assert_eq!(j.bind_program("q", &json!("b")).expect("bind"), json!("b"));
@@ -203,6 +204,7 @@ fn recovery_lists_unfinished_sessions_with_results_in_completion_order() {
     let j = Journal::open(&dir.path().join("state")).expect("reopen");
     let u = j.unfinished().expect("unfinished");
     assert_eq!(u.iter().map(|s| s.session).collect::<Vec<_>>(), vec![1, 3]);
+    assert_eq!(j.last_session().expect("last"), Some(3));
     let s1 = &u[0];
     assert_eq!((s1.run_id.as_str(), &s1.inputs), ("r1", &json!({"s": 1})));
     assert_eq!(

@@ -15,8 +15,9 @@
 //! - **activations** — one execution of a workflow node: an LLM call or a tool call — keyed by
 //!   `(session, activation key)` where the key is unique in the session and stable across
 //!   restarts ([`activation_key`]: `"{node}#{round}"`; a node that runs several times in one
-//!   round needs more in its key). [`Journal::intend`] records the *intent* before the call is sent and
-//!   returns its [`Attempt`]; [`Journal::complete`] records the *result* after it came back.
+//!   round needs more in its key). The kind ([`ActivationKind`]) tells LLM calls from tool calls,
+//!   so tool results are journaled the same way. [`Journal::intend`] records the *intent* before
+//!   the call is sent and returns its [`Attempt`]; [`Journal::complete`] records the *result* after it came back.
 //!   A second result for the same key is refused and leaves the first untouched; an intent for a
 //!   completed key is refused (completed activations are never re-run); an in-flight key may be
 //!   intended once more after a crash (attempt 2) and a third intent is refused
@@ -36,16 +37,18 @@
 //!
 //! [`redb`] 4.6: an embedded, pure-Rust, copy-on-write B-tree store in one file.
 //!
-//! - **Durability per commit.** Every mutating call here is one write transaction committed with
-//!   [`redb::Durability::Immediate`]: redb writes the new tree and commit slot (checksummed) and
-//!   `fsync`s before `commit` returns. After a crash the newest commit slot whose checksum is
+//! - **Durability per commit.** Every mutating call is committed in a write transaction with
+//!   [`redb::Durability::Immediate`] before it returns: redb writes the new tree and commit slot
+//!   (checksummed) and `fsync`s before `commit` returns (redb's default one-phase commit with
+//!   checksums: one `fsync` per commit). After a crash the newest commit slot whose checksum is
 //!   valid is used, so a committed transaction survives `kill -9` (and power loss, as far as the
 //!   disk honours `fsync`) and an uncommitted one leaves no trace: no torn records. SQLite in WAL
 //!   mode with `synchronous=FULL` gives the same guarantee; nothing here needs more.
 //! - **Build cost and no C dependency.** redb is one Rust crate depending only on `libc` (already
-//!   in the tree): seconds to build; `rusqlite` needs either the system `libsqlite3` (plus `libsqlite3-dev` on
-//!   every fresh CI machine, and a C toolchain's linker flags) or its `bundled` feature, which
-//!   compiles SQLite's C amalgamation — slow on the 2-core build machines.
+//!   in the tree): seconds to build, nothing to install. `rusqlite` needs either the system
+//!   `libsqlite3` (plus `libsqlite3-dev` on every fresh CI machine, which `.ci/run` would have
+//!   to install) or its `bundled` feature, which compiles SQLite's C amalgamation — slow on the
+//!   2-core build machines.
 //! - **Query needs.** Everything asked of the journal is a point lookup or a range scan by key
 //!   (a session's activations are the key range `(session, ..)`), which a typed key-value store
 //!   does directly; no SQL, joins or ad-hoc queries are needed. Records are JSON values (the
@@ -59,8 +62,10 @@
 //!
 //! - A call that **returned `Ok`** is on disk: `kill -9` of the process right after it never
 //!   loses it. A call killed **before it returned** is either wholly recorded or not at all.
-//! - A call that returned a refusal (any variant but [`JournalError::Storage`],
-//!   [`JournalError::Io`] and [`JournalError::Corrupt`]) recorded nothing.
+//! - A call that returned an error recorded nothing: a refusal (any variant but
+//!   [`JournalError::Storage`], [`JournalError::Commit`], [`JournalError::Corrupt`],
+//!   [`JournalError::Io`] and [`JournalError::Closed`]) because the rules forbid the write, the
+//!   others because the transaction was not committed.
 //! - No result is recorded twice and no session finishes twice: both are refused by the journal
 //!   itself, whatever the caller does.
 //! - An activation runs again **at most once** after crashes: [`MAX_ATTEMPTS`] intents per key.
@@ -69,11 +74,20 @@
 //!   the restart it is intended again (attempt 2) and sent again. A second kill during attempt 2
 //!   exhausts it. Side effects of the call itself (a tool writing somewhere) are the tool's
 //!   business: the journal records intents and results, it cannot make a call idempotent.
-//! - Not guaranteed: throughput under concurrency. Write transactions are serialised and each
-//!   one `fsync`s, so concurrent callers queue; there is no group commit (yet).
-//! - Calls block the calling thread for an `fsync`: from async code, call them through
-//!   `tokio::task::spawn_blocking` (or `block_in_place`). [`Journal`] is `Send + Sync`; share it
-//!   behind an `Arc`.
+//! - Group commit: writes go to one committer thread, which runs every write waiting (up to
+//!   256) in order in one transaction and commits it with one `fsync`, then answers each caller.
+//!   Concurrent sessions therefore share flushes instead of queueing for one each; a lone caller
+//!   pays one thread hand-off more. Each write checks its rules before it writes anything, so a
+//!   refused write in a group leaves the others intact; a storage failure drops the whole group
+//!   (every caller in it gets the error, nothing of it is recorded).
+//! - What `kill -9` tests (`runtime/tests/journal_crash.rs`) can and cannot show: a killed
+//!   process's written pages survive in the kernel, so they check atomicity, recovery, the
+//!   exactly-once rules and the resume, not the `fsync` itself; that one is redb's
+//!   (`Durability::Immediate`) and matters for power loss or a kernel crash.
+//! - Calls block the calling thread until their group is on disk: from async code, call them
+//!   through `tokio::task::spawn_blocking` (or `block_in_place`). [`Journal`] is `Send + Sync`;
+//!   share it behind an `Arc`. Reads ([`Journal::unfinished`], [`Journal::activation`], …) see
+//!   the last committed state and do not wait for the committer.
 //!
 //! # Cost
 //!
@@ -92,6 +106,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::fs;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, mpsc};
 
 use redb::{
     Database, Durability, ReadTransaction, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition,
@@ -148,6 +163,10 @@ pub enum JournalError {
     NotAJournal { path: PathBuf, tables: Vec<String> },
     #[error("journal storage: {0}")]
     Storage(#[from] redb::Error),
+    #[error("journal commit failed; this write is not recorded: {message}")]
+    Commit { message: String },
+    #[error("the journal's committer thread is gone (it panicked or the journal is closing)")]
+    Closed,
     #[error("journal record {what} cannot be read: {source}")]
     Corrupt { what: String, source: serde_json::Error },
     #[error("invalid {what} {value:?}: {why}")]
@@ -403,10 +422,118 @@ fn next_seq(txn: &WriteTransaction) -> Result<u64, JournalError> {
     Ok(seq)
 }
 
+/// The most writes one transaction carries (group commit).
+const MAX_BATCH: usize = 256;
+
+/// One write waiting for the committer: run it inside the batch's transaction.
+trait Job: Send {
+    fn run(self: Box<Self>, txn: &WriteTransaction) -> Box<dyn Done>;
+    /// The batch could not even start: hand `message` back.
+    fn fail(self: Box<Self>, message: &str);
+}
+
+/// A write that ran: hand its result back once the batch's commit is known.
+trait Done: Send {
+    /// Whether it failed in storage (the transaction may then hold part of it: the batch is not
+    /// committed) rather than being refused (it wrote nothing).
+    fn broke_storage(&self) -> bool;
+    fn deliver(self: Box<Self>, commit: Result<(), &str>);
+}
+
+struct PendingWrite<R, F> {
+    op: F,
+    reply: mpsc::SyncSender<Result<R, JournalError>>,
+}
+
+struct RanWrite<R> {
+    result: Result<R, JournalError>,
+    reply: mpsc::SyncSender<Result<R, JournalError>>,
+}
+
+impl<R, F> Job for PendingWrite<R, F>
+where
+    R: Send + 'static,
+    F: FnOnce(&WriteTransaction) -> Result<R, JournalError> + Send,
+{
+    fn run(self: Box<Self>, txn: &WriteTransaction) -> Box<dyn Done> {
+        let PendingWrite { op, reply } = *self;
+        Box::new(RanWrite { result: op(txn), reply })
+    }
+
+    fn fail(self: Box<Self>, message: &str) {
+        // A caller that went away does not need its answer.
+        let _ = self.reply.send(Err(JournalError::Commit { message: message.to_string() }));
+    }
+}
+
+impl<R: Send> Done for RanWrite<R> {
+    fn broke_storage(&self) -> bool {
+        matches!(self.result, Err(JournalError::Storage(_) | JournalError::Corrupt { .. }))
+    }
+
+    fn deliver(self: Box<Self>, commit: Result<(), &str>) {
+        let result = match (self.result, commit) {
+            // A refusal stays a refusal whatever happened to the batch: it wrote nothing.
+            (Err(e), _) => Err(e),
+            (Ok(r), Ok(())) => Ok(r),
+            (Ok(_), Err(message)) => Err(JournalError::Commit { message: message.to_string() }),
+        };
+        // A caller that went away does not need its answer.
+        let _ = self.reply.send(result);
+    }
+}
+
+/// The thread that commits: it takes every write waiting (up to [`MAX_BATCH`]), runs them in
+/// order in one transaction, commits it durably once, then answers each caller.
+fn committer(db: Arc<Database>, jobs: mpsc::Receiver<Box<dyn Job>>) {
+    while let Ok(first) = jobs.recv() {
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            match jobs.try_recv() {
+                Ok(job) => batch.push(job),
+                Err(_) => break,
+            }
+        }
+        let txn = db.begin_write().map_err(redb::Error::from).and_then(|mut txn| {
+            txn.set_durability(Durability::Immediate)?;
+            Ok(txn)
+        });
+        let txn = match txn {
+            Ok(txn) => txn,
+            Err(e) => {
+                let message = e.to_string();
+                batch.into_iter().for_each(|job| job.fail(&message));
+                continue;
+            }
+        };
+        let ran: Vec<Box<dyn Done>> = batch.into_iter().map(|job| job.run(&txn)).collect();
+        let commit = if let Some(broken) = ran.iter().position(|d| d.broke_storage()) {
+            // Dropping the transaction aborts it: nothing of the batch is written.
+            drop(txn);
+            Err(format!("another write of the same group commit (number {broken}) failed in storage"))
+        } else {
+            txn.commit().map_err(|e| e.to_string())
+        };
+        for done in ran {
+            done.deliver(commit.as_ref().map(|_| ()).map_err(String::as_str));
+        }
+    }
+}
+
 /// The durable journal of one state directory. See the module doc for the rules.
 pub struct Journal {
-    db: Database,
+    db: Arc<Database>,
     path: PathBuf,
+    /// To the committer thread; `None` only while [`Journal::check_integrity`] runs or after
+    /// drop.
+    jobs: Option<mpsc::Sender<Box<dyn Job>>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for Journal {
+    fn drop(&mut self) {
+        self.stop_committer();
+    }
 }
 
 impl fmt::Debug for Journal {
@@ -434,9 +561,31 @@ impl Journal {
             // The new file's directory entry must survive a crash too.
             fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io)?;
         }
-        let journal = Journal { db, path };
+        let mut journal = Journal { db: Arc::new(db), path, jobs: None, thread: None };
         journal.check_or_init()?;
+        journal.start_committer()?;
         Ok(journal)
+    }
+
+    fn start_committer(&mut self) -> Result<(), JournalError> {
+        let (tx, rx) = mpsc::channel();
+        let db = self.db.clone();
+        let thread = std::thread::Builder::new()
+            .name("journal-commit".into())
+            .spawn(move || committer(db, rx))
+            .map_err(|source| JournalError::Io { path: self.path.clone(), source })?;
+        self.jobs = Some(tx);
+        self.thread = Some(thread);
+        Ok(())
+    }
+
+    /// Close the channel (the committer finishes what is queued) and wait for the thread.
+    fn stop_committer(&mut self) {
+        self.jobs = None;
+        if let Some(thread) = self.thread.take() {
+            // A committer that panicked has answered nobody since; nothing more to do here.
+            let _ = thread.join();
+        }
     }
 
     /// The journal's file.
@@ -449,7 +598,13 @@ impl Journal {
     /// repaired it (rolled back to the last valid commit); an error: it cannot be repaired. A
     /// crash never needs this: [`Journal::open`] recovers the last committed transaction itself.
     pub fn check_integrity(&mut self) -> Result<bool, JournalError> {
-        Ok(self.db.check_integrity()?)
+        self.stop_committer();
+        let checked = match Arc::get_mut(&mut self.db) {
+            Some(db) => db.check_integrity().map_err(JournalError::from),
+            None => Err(JournalError::Commit { message: "the committer thread still holds the database".into() }),
+        };
+        self.start_committer()?;
+        checked
     }
 
     fn check_or_init(&self) -> Result<(), JournalError> {
@@ -483,23 +638,19 @@ impl Journal {
         Ok(())
     }
 
-    /// Run `f` in one durable write transaction: committed (and `fsync`ed) when it returns `Ok`,
-    /// dropped (nothing written) when it returns an error.
-    fn write<R>(&self, f: impl FnOnce(&WriteTransaction) -> Result<R, JournalError>) -> Result<R, JournalError> {
-        let mut txn = self.db.begin_write()?;
-        txn.set_durability(Durability::Immediate)?;
-        match f(&txn) {
-            Ok(r) => {
-                txn.commit()?;
-                Ok(r)
-            }
-            Err(e) => {
-                // Dropping an uncommitted transaction aborts it; the refusal is what the caller
-                // needs to see.
-                drop(txn);
-                Err(e)
-            }
-        }
+    /// Run `f` in a durable write transaction and wait until it is committed (and `fsync`ed).
+    /// `f` must check everything before it writes: when it returns an error it must have
+    /// written nothing, because the transaction is shared with the other writes of its group
+    /// commit. (A storage error part-way is the exception: then the whole group is dropped.)
+    fn write<R, F>(&self, f: F) -> Result<R, JournalError>
+    where
+        R: Send + 'static,
+        F: FnOnce(&WriteTransaction) -> Result<R, JournalError> + Send + 'static,
+    {
+        let (reply, answer) = mpsc::sync_channel(1);
+        let jobs = self.jobs.as_ref().ok_or(JournalError::Closed)?;
+        jobs.send(Box::new(PendingWrite { op: f, reply })).map_err(|_| JournalError::Closed)?;
+        answer.recv().map_err(|_| JournalError::Closed)?
     }
 
     fn read(&self) -> Result<ReadTransaction, JournalError> {
@@ -518,7 +669,8 @@ impl Journal {
             sessions: run.sessions,
             created_at_unix_ms: run.created_at_unix_ms,
         };
-        self.write(|txn| {
+        let run = run.clone();
+        self.write(move |txn| {
             let mut runs = txn.open_table(RUNS)?;
             if let Some(old) = runs.get(run.run_id.as_str())? {
                 let old: RunRow = decode(|| format!("run {:?}", run.run_id), old.value())?;
@@ -557,7 +709,9 @@ impl Journal {
     /// Record a session of a recorded run with its inputs. Recording it again with the same run
     /// and inputs is a no-op; with others it is refused.
     pub fn record_session(&self, run_id: &str, session: u64, inputs: &Value) -> Result<(), JournalError> {
-        self.write(|txn| {
+        let (run_id, inputs) = (run_id.to_string(), inputs.clone());
+        self.write(move |txn| {
+            let (run_id, inputs) = (run_id.as_str(), &inputs);
             if txn.open_table(RUNS)?.get(run_id)?.is_none() {
                 return Err(JournalError::UnknownRun(run_id.to_string()));
             }
@@ -582,7 +736,8 @@ impl Journal {
     /// Record how a session ended. A second finish is refused
     /// ([`JournalError::AlreadyFinished`], carrying the recorded outcome) and changes nothing.
     pub fn finish_session(&self, session: u64, outcome: &SessionOutcome) -> Result<(), JournalError> {
-        self.write(|txn| {
+        let outcome = outcome.clone();
+        self.write(move |txn| {
             let mut sessions = txn.open_table(SESSIONS)?;
             let mut row: SessionRow = match sessions.get(session)? {
                 Some(text) => decode(|| format!("session {session}"), text.value())?,
@@ -592,7 +747,7 @@ impl Journal {
                 return Err(JournalError::AlreadyFinished { session, recorded });
             }
             let seq = next_seq(txn)?;
-            row.outcome = Some(outcome.clone());
+            row.outcome = Some(outcome);
             row.finished_seq = Some(seq);
             let text = encode(|| format!("session {session}"), &row)?;
             sessions.insert(session, text.as_str())?;
@@ -659,7 +814,9 @@ impl Journal {
         request_digest: &str,
     ) -> Result<Attempt, JournalError> {
         check_key("activation key", key)?;
-        self.write(|txn| {
+        let (key, request_digest) = (key.to_string(), request_digest.to_string());
+        self.write(move |txn| {
+            let (key, request_digest) = (key.as_str(), request_digest.as_str());
             open_session(txn, session, key)?;
             let mut acts = txn.open_table(ACTIVATIONS)?;
             let old: Option<ActivationRow> = match acts.get((session, key))? {
@@ -708,7 +865,9 @@ impl Journal {
     /// ([`JournalError::NotIntended`]), a finished or unknown session.
     pub fn complete(&self, session: u64, key: &str, result: &Value) -> Result<(), JournalError> {
         check_key("activation key", key)?;
-        self.write(|txn| {
+        let (key, result) = (key.to_string(), result.clone());
+        self.write(move |txn| {
+            let key = key.as_str();
             open_session(txn, session, key)?;
             let mut acts = txn.open_table(ACTIVATIONS)?;
             let mut row: ActivationRow = match acts.get((session, key))? {
@@ -718,7 +877,7 @@ impl Journal {
             if row.result.is_some() {
                 return Err(JournalError::AlreadyCompleted { session, key: key.to_string() });
             }
-            row.result = Some(result.clone());
+            row.result = Some(result);
             row.completed_seq = Some(next_seq(txn)?);
             let text = encode(|| format!("activation {key:?} of session {session}"), &row)?;
             acts.insert((session, key), text.as_str())?;
@@ -745,14 +904,16 @@ impl Journal {
         if let Some(found) = self.program_binding(program_id)? {
             return Ok(found);
         }
-        self.write(|txn| {
+        let (program_id, binding) = (program_id.to_string(), binding.clone());
+        self.write(move |txn| {
+            let program_id = program_id.as_str();
             let mut bindings = txn.open_table(BINDINGS)?;
             if let Some(text) = bindings.get(program_id)? {
                 return decode(|| format!("binding of program {program_id:?}"), text.value());
             }
-            let text = encode(|| format!("binding of program {program_id:?}"), binding)?;
+            let text = encode(|| format!("binding of program {program_id:?}"), &binding)?;
             bindings.insert(program_id, text.as_str())?;
-            Ok(binding.clone())
+            Ok(binding)
         })
     }
 

@@ -332,6 +332,36 @@ fn the_journal_is_shared_across_threads() {
     assert_eq!((s.sessions, s.finished_sessions, s.completed_activations), (4, 4, 20));
 }
 
+#[test]
+fn racing_writes_of_one_group_commit_record_one_result_and_one_finish() {
+    let (_d, j) = fresh();
+    with_session(&j, 1);
+    j.intend(1, "n#0", ActivationKind::Llm, "d").expect("intend");
+    let j = std::sync::Arc::new(j);
+    let barrier = std::sync::Arc::new(std::sync::Barrier::new(8));
+    let handles: Vec<_> = (0..8u64)
+        .map(|t| {
+            let (j, barrier) = (j.clone(), barrier.clone());
+            std::thread::spawn(move || {
+                barrier.wait();
+                let result = j.complete(1, "n#0", &json!(t)).map(|_| t);
+                // Other sessions' writes share the batches; refusals must not spoil them.
+                j.record_session("r1", 100 + t, &json!(t)).expect("another session");
+                result
+            })
+        })
+        .collect();
+    let results: Vec<_> = handles.into_iter().map(|h| h.join().expect("thread")).collect();
+    let winners: Vec<u64> = results.iter().filter_map(|r| r.as_ref().ok().copied()).collect();
+    assert_eq!(winners.len(), 1, "{results:?}");
+    assert!(results.iter().filter(|r| r.is_err()).all(|r| matches!(r, Err(JournalError::AlreadyCompleted { .. }))));
+    match j.activation(1, "n#0").expect("activation") {
+        Some(ActivationState::Completed(c)) => assert_eq!(c.result, json!(winners[0])),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(j.stats().expect("stats").sessions, 9);
+}
+
 // ----- property test: random operations against a model of the rules -----
 
 /// `prop_assert!` that `$got` matches the pattern (a refusal), showing it when not.

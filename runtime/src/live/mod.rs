@@ -9,6 +9,7 @@ pub mod engines;
 pub mod server;
 pub mod actors;
 pub mod factory;
+pub mod journal;
 pub mod metrics;
 pub mod planner_actor;
 pub mod pool;

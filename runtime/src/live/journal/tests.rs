@@ -1,0 +1,534 @@
+//! The journal's rules, one test each, and a property test of random operation sequences
+//! (with reopenings between them) against a model of the rules.
+
+use std::collections::BTreeMap;
+
+use proptest::prelude::*;
+use serde_json::json;
+
+use super::*;
+
+fn run(id: &str) -> RunRecord {
+    RunRecord {
+        run_id: id.to_string(),
+        workflow: "wf".to_string(),
+        workflow_yaml: "name: wf\n".to_string(),
+        sessions: 3,
+        created_at_unix_ms: 1_700_000_000_000,
+    }
+}
+
+fn fresh() -> (tempfile::TempDir, Journal) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let j = Journal::open(&dir.path().join("state")).expect("open");
+    (dir, j)
+}
+
+fn with_session(j: &Journal, session: u64) {
+    j.record_run(&run("r1")).expect("run");
+    j.record_session("r1", session, &json!({"q": session})).expect("session");
+}
+
+#[test]
+fn open_creates_the_file_and_a_reopen_keeps_everything() {
+    let (dir, j) = fresh();
+    assert!(j.path().ends_with(FILE_NAME) && j.path().exists());
+    with_session(&j, 7);
+    assert_eq!(j.intend(7, "a#0", ActivationKind::Llm, "d").expect("intend"), Attempt(1));
+    j.complete(7, "a#0", &json!("out")).expect("complete");
+    assert_eq!(j.bind_program("p", &json!({"wf": 1})).expect("bind"), json!({"wf": 1}));
+    drop(j);
+    let j = Journal::open(&dir.path().join("state")).expect("reopen");
+    assert_eq!(j.runs().expect("runs"), vec![run("r1")]);
+    assert_eq!(j.run("r1").expect("run"), Some(run("r1")));
+    assert_eq!(j.run("nope").expect("run"), None);
+    let s = j.session(7).expect("session").expect("recorded");
+    assert_eq!((s.run_id.as_str(), s.inputs, s.outcome), ("r1", json!({"q": 7}), None));
+    assert_eq!(
+        j.activation(7, "a#0").expect("activation"),
+        Some(ActivationState::Completed(CompletedActivation {
+            key: "a#0".into(),
+            kind: ActivationKind::Llm,
+            attempts: 1,
+            result: json!("out")
+        }))
+    );
+    assert_eq!(j.program_binding("p").expect("binding"), Some(json!({"wf": 1})));
+}
+
+#[test]
+fn a_run_recorded_again_is_a_no_op_and_a_different_one_is_refused() {
+    let (_d, j) = fresh();
+    j.record_run(&run("r1")).expect("first");
+    j.record_run(&run("r1")).expect("same again");
+    let other = RunRecord { sessions: 4, ..run("r1") };
+    assert!(matches!(j.record_run(&other), Err(JournalError::RunConflict { run_id }) if run_id == "r1"));
+    assert_eq!(j.run("r1").expect("run"), Some(run("r1")));
+    assert!(matches!(j.record_run(&run("")), Err(JournalError::InvalidKey { .. })));
+}
+
+#[test]
+fn sessions_need_their_run_and_cannot_change() {
+    let (_d, j) = fresh();
+    assert!(matches!(j.record_session("r1", 1, &json!(1)), Err(JournalError::UnknownRun(r)) if r == "r1"));
+    j.record_run(&run("r1")).expect("run");
+    j.record_run(&run("r2")).expect("run");
+    j.record_session("r1", 1, &json!(1)).expect("session");
+    j.record_session("r1", 1, &json!(1)).expect("same again");
+    assert!(matches!(j.record_session("r1", 1, &json!(2)), Err(JournalError::SessionConflict { session: 1, .. })));
+    assert!(matches!(j.record_session("r2", 1, &json!(1)), Err(JournalError::SessionConflict { .. })));
+    assert_eq!(j.session(1).expect("session").map(|s| s.inputs), Some(json!(1)));
+}
+
+#[test]
+fn attempts_count_to_two_and_a_third_intent_is_refused() {
+    let (_d, j) = fresh();
+    with_session(&j, 1);
+    assert_eq!(j.intend(1, "n#0", ActivationKind::Llm, "d").expect("first"), Attempt(1));
+    // The process died while it ran: the restarted one intends it again.
+    let second = j.intend(1, "n#0", ActivationKind::Llm, "d").expect("second");
+    assert_eq!(second, Attempt(2));
+    assert!(second.is_retry() && !Attempt(1).is_retry());
+    match j.intend(1, "n#0", ActivationKind::Llm, "d") {
+        Err(JournalError::AttemptsExhausted { session: 1, key, attempts: 2 }) => assert_eq!(key, "n#0"),
+        other => panic!("third intent: {other:?}"),
+    }
+    // Still in flight at attempt 2, and it may still complete.
+    assert!(matches!(
+        j.activation(1, "n#0").expect("activation"),
+        Some(ActivationState::InFlight(InFlightActivation { attempt: 2, .. }))
+    ));
+    j.complete(1, "n#0", &json!(5)).expect("complete");
+    assert_eq!(j.stats().expect("stats").retried_activations, 1);
+}
+
+#[test]
+fn a_second_result_is_refused_and_the_first_stays() {
+    let (_d, j) = fresh();
+    with_session(&j, 1);
+    j.intend(1, "t#0", ActivationKind::Tool, "d").expect("intend");
+    j.complete(1, "t#0", &json!({"ok": true})).expect("first result");
+    assert!(matches!(
+        j.complete(1, "t#0", &json!({"ok": false})),
+        Err(JournalError::AlreadyCompleted { session: 1, .. })
+    ));
+    match j.activation(1, "t#0").expect("activation") {
+        Some(ActivationState::Completed(c)) => {
+            assert_eq!((c.kind, c.result), (ActivationKind::Tool, json!({"ok": true})));
+        }
+        other => panic!("{other:?}"),
+    }
+    // A completed activation is never sent again.
+    assert!(matches!(
+        j.intend(1, "t#0", ActivationKind::Tool, "d"),
+        Err(JournalError::AlreadyCompleted { session: 1, .. })
+    ));
+}
+
+#[test]
+fn a_result_needs_its_intent_and_an_intent_its_request() {
+    let (_d, j) = fresh();
+    with_session(&j, 1);
+    assert!(matches!(j.complete(1, "n#0", &json!(1)), Err(JournalError::NotIntended { session: 1, .. })));
+    assert_eq!(j.activation(1, "n#0").expect("activation"), None);
+    j.intend(1, "n#0", ActivationKind::Llm, "abc").expect("intend");
+    assert!(matches!(
+        j.intend(1, "n#0", ActivationKind::Llm, "other"),
+        Err(JournalError::IntentMismatch { recorded_digest, .. }) if recorded_digest == "abc"
+    ));
+    assert!(matches!(
+        j.intend(1, "n#0", ActivationKind::Tool, "abc"),
+        Err(JournalError::IntentMismatch { recorded_kind: ActivationKind::Llm, .. })
+    ));
+    // The refusals did not count as attempts.
+    assert_eq!(j.intend(1, "n#0", ActivationKind::Llm, "abc").expect("retry"), Attempt(2));
+    assert!(matches!(j.intend(1, "", ActivationKind::Llm, "abc"), Err(JournalError::InvalidKey { .. })));
+    let long = "k".repeat(MAX_KEY_LEN + 1);
+    assert!(matches!(j.intend(1, &long, ActivationKind::Llm, "abc"), Err(JournalError::InvalidKey { .. })));
+}
+
+#[test]
+fn a_session_finishes_once_and_then_takes_no_activation() {
+    let (_d, j) = fresh();
+    with_session(&j, 1);
+    assert!(matches!(j.finish_session(2, &SessionOutcome::Cancelled), Err(JournalError::UnknownSession(2))));
+    assert!(matches!(j.intend(2, "n#0", ActivationKind::Llm, "d"), Err(JournalError::UnknownSession(2))));
+    j.intend(1, "n#0", ActivationKind::Llm, "d").expect("intend");
+    let done = SessionOutcome::Completed { output: json!("answer") };
+    j.finish_session(1, &done).expect("finish");
+    match j.finish_session(1, &SessionOutcome::Failed { reason: "late".into() }) {
+        Err(JournalError::AlreadyFinished { session: 1, recorded }) => assert_eq!(recorded, done),
+        other => panic!("second finish: {other:?}"),
+    }
+    assert!(matches!(j.complete(1, "n#0", &json!(1)), Err(JournalError::SessionFinished { session: 1, .. })));
+    assert!(matches!(
+        j.intend(1, "m#0", ActivationKind::Tool, "d"),
+        Err(JournalError::SessionFinished { session: 1, .. })
+    ));
+    assert_eq!(j.session_outcomes().expect("outcomes"), BTreeMap::from([(1, done)]));
+    assert!(j.unfinished().expect("unfinished").is_empty());
+}
+
+#[test]
+fn the_first_program_binding_wins() {
+    let (_d, j) = fresh();
+    assert_eq!(j.program_binding("p").expect("binding"), None);
+    assert_eq!(j.last_session().expect("last"), None);
+    assert_eq!(j.bind_program("p", &json!("a")).expect("bind"), json!("a"));
+    assert_eq!(j.bind_program("p", &json!("b")).expect("bind"), json!("a"));
+    assert_eq!(j.bind_program("q", &json!("b")).expect("bind"), json!("b"));
+    assert_eq!(j.stats().expect("stats").program_bindings, 2);
+    assert!(matches!(j.bind_program("", &json!("b")), Err(JournalError::InvalidKey { .. })));
+}
+
+#[test]
+fn recovery_lists_unfinished_sessions_with_results_in_completion_order() {
+    let (dir, j) = fresh();
+    j.record_run(&run("r1")).expect("run");
+    for s in [3, 1, 2] {
+        j.record_session("r1", s, &json!({"s": s})).expect("session");
+    }
+    // Session 1: b completes before a; c in flight at attempt 1, d at attempt 2.
+    j.intend(1, "a#0", ActivationKind::Llm, "da").expect("a");
+    j.intend(1, "b#0", ActivationKind::Tool, "db").expect("b");
+    j.complete(1, "b#0", &json!("B")).expect("b done");
+    j.complete(1, "a#0", &json!("A")).expect("a done");
+    j.intend(1, "d#0", ActivationKind::Llm, "dd").expect("d");
+    j.intend(1, "c#0", ActivationKind::Llm, "dc").expect("c");
+    j.intend(1, "d#0", ActivationKind::Llm, "dd").expect("d again");
+    // Session 2 finished (its activation sorts right after session 1's and must not leak into
+    // them); session 3 has nothing yet.
+    j.intend(2, "a#0", ActivationKind::Llm, "x").expect("2a");
+    j.finish_session(2, &SessionOutcome::Failed { reason: "r".into() }).expect("finish 2");
+    drop(j);
+    let j = Journal::open(&dir.path().join("state")).expect("reopen");
+    let u = j.unfinished().expect("unfinished");
+    assert_eq!(u.iter().map(|s| s.session).collect::<Vec<_>>(), vec![1, 3]);
+    assert_eq!(j.last_session().expect("last"), Some(3));
+    let s1 = &u[0];
+    assert_eq!((s1.run_id.as_str(), &s1.inputs), ("r1", &json!({"s": 1})));
+    assert_eq!(
+        s1.completed.iter().map(|c| (c.key.as_str(), c.kind, c.result.clone())).collect::<Vec<_>>(),
+        vec![("b#0", ActivationKind::Tool, json!("B")), ("a#0", ActivationKind::Llm, json!("A"))]
+    );
+    assert_eq!(
+        s1.in_flight,
+        vec![
+            InFlightActivation {
+                key: "d#0".into(),
+                kind: ActivationKind::Llm,
+                attempt: 2,
+                request_digest: "dd".into()
+            },
+            InFlightActivation {
+                key: "c#0".into(),
+                kind: ActivationKind::Llm,
+                attempt: 1,
+                request_digest: "dc".into()
+            },
+        ]
+    );
+    assert!(u[1].completed.is_empty() && u[1].in_flight.is_empty());
+    assert_eq!(
+        j.stats().expect("stats"),
+        JournalStats {
+            runs: 1,
+            sessions: 3,
+            finished_sessions: 1,
+            completed_activations: 2,
+            in_flight_activations: 3,
+            retried_activations: 1,
+            program_bindings: 0,
+        }
+    );
+}
+
+#[test]
+fn the_last_session_number_has_its_own_activations() {
+    let (_d, j) = fresh();
+    with_session(&j, u64::MAX);
+    j.intend(u64::MAX, "a#0", ActivationKind::Llm, "d").expect("intend");
+    let u = j.unfinished().expect("unfinished");
+    assert_eq!(u.len(), 1);
+    assert_eq!(u[0].in_flight.len(), 1);
+}
+
+#[test]
+fn a_file_of_another_schema_version_is_refused() {
+    let (dir, j) = fresh();
+    with_session(&j, 1);
+    let path = j.path().to_path_buf();
+    drop(j);
+    {
+        let db = Database::create(&path).expect("raw open");
+        let txn = db.begin_write().expect("txn");
+        txn.open_table(META).expect("meta").insert(META_SCHEMA, 99).expect("insert");
+        txn.commit().expect("commit");
+    }
+    match Journal::open(&dir.path().join("state")) {
+        Err(e @ JournalError::IncompatibleSchema { found: 99, expected: SCHEMA_VERSION, .. }) => {
+            assert!(e.to_string().contains("schema version 99"), "{e}");
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_redb_file_that_is_no_journal_and_a_file_that_is_no_redb_are_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let other = dir.path().join("other");
+    fs::create_dir_all(&other).expect("dir");
+    {
+        let db = Database::create(other.join(FILE_NAME)).expect("raw");
+        let txn = db.begin_write().expect("txn");
+        let t: TableDefinition<&str, &str> = TableDefinition::new("something_else");
+        txn.open_table(t).expect("table").insert("k", "v").expect("insert");
+        txn.commit().expect("commit");
+    }
+    assert!(
+        matches!(Journal::open(&other), Err(JournalError::NotAJournal { tables, .. }) if tables == ["something_else"])
+    );
+    let garbage = dir.path().join("garbage");
+    fs::create_dir_all(&garbage).expect("dir");
+    fs::write(garbage.join(FILE_NAME), vec![0x5a; 10_000]).expect("write");
+    assert!(matches!(Journal::open(&garbage), Err(JournalError::Storage(_))));
+    // A state "directory" that is a file.
+    let file = dir.path().join("file");
+    fs::write(&file, b"x").expect("write");
+    assert!(matches!(Journal::open(&file), Err(JournalError::Io { .. })));
+}
+
+#[test]
+fn a_journal_is_open_once() {
+    let (dir, _j) = fresh();
+    assert!(matches!(Journal::open(&dir.path().join("state")), Err(JournalError::InUse { .. })));
+}
+
+#[test]
+fn the_journal_is_shared_across_threads() {
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<Journal>();
+    let (_d, j) = fresh();
+    j.record_run(&run("r1")).expect("run");
+    let j = std::sync::Arc::new(j);
+    let handles: Vec<_> = (0..4u64)
+        .map(|t| {
+            let j = j.clone();
+            std::thread::spawn(move || -> Result<(), JournalError> {
+                j.record_session("r1", t, &json!(t))?;
+                for n in 0..5 {
+                    let key = activation_key("n", n);
+                    j.intend(t, &key, ActivationKind::Llm, "d")?;
+                    j.complete(t, &key, &json!(n))?;
+                }
+                j.finish_session(t, &SessionOutcome::Completed { output: json!(t) })
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().expect("thread").expect("journal calls");
+    }
+    let s = j.stats().expect("stats");
+    assert_eq!((s.sessions, s.finished_sessions, s.completed_activations), (4, 4, 20));
+}
+
+#[test]
+fn racing_writes_of_one_group_commit_record_one_result_and_one_finish() {
+    let (_d, j) = fresh();
+    with_session(&j, 1);
+    j.intend(1, "n#0", ActivationKind::Llm, "d").expect("intend");
+    let j = std::sync::Arc::new(j);
+    let barrier = std::sync::Arc::new(std::sync::Barrier::new(8));
+    let handles: Vec<_> = (0..8u64)
+        .map(|t| {
+            let (j, barrier) = (j.clone(), barrier.clone());
+            std::thread::spawn(move || {
+                barrier.wait();
+                let result = j.complete(1, "n#0", &json!(t)).map(|_| t);
+                // Other sessions' writes share the batches; refusals must not spoil them.
+                j.record_session("r1", 100 + t, &json!(t)).expect("another session");
+                result
+            })
+        })
+        .collect();
+    let results: Vec<_> = handles.into_iter().map(|h| h.join().expect("thread")).collect();
+    let winners: Vec<u64> = results.iter().filter_map(|r| r.as_ref().ok().copied()).collect();
+    assert_eq!(winners.len(), 1, "{results:?}");
+    assert!(results.iter().filter(|r| r.is_err()).all(|r| matches!(r, Err(JournalError::AlreadyCompleted { .. }))));
+    match j.activation(1, "n#0").expect("activation") {
+        Some(ActivationState::Completed(c)) => assert_eq!(c.result, json!(winners[0])),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(j.stats().expect("stats").sessions, 9);
+}
+
+// ----- property test: random operations against a model of the rules -----
+
+/// `prop_assert!` that `$got` matches the pattern (a refusal), showing it when not.
+macro_rules! refused {
+    ($got:expr, $($pat:tt)+) => {{
+        let got = &$got;
+        prop_assert!(matches!(got, $($pat)+), "unexpected {:?}", got);
+    }};
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Session(u64),
+    Intend(u64, u8, bool),
+    Complete(u64, u8, u8),
+    Finish(u64, u8),
+    Bind(u8, u8),
+    Reopen,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        1 => (0..4u64).prop_map(Op::Session),
+        4 => (0..4u64, 0..3u8, any::<bool>()).prop_map(|(s, k, t)| Op::Intend(s, k, t)),
+        3 => (0..4u64, 0..3u8, 0..3u8).prop_map(|(s, k, v)| Op::Complete(s, k, v)),
+        1 => (0..4u64, 0..3u8).prop_map(|(s, v)| Op::Finish(s, v)),
+        1 => (0..2u8, 0..3u8).prop_map(|(p, v)| Op::Bind(p, v)),
+        1 => Just(Op::Reopen),
+    ]
+}
+
+#[derive(Default)]
+struct Model {
+    sessions: BTreeMap<u64, Option<SessionOutcome>>,
+    /// (session, key) → (kind, attempts, result).
+    acts: BTreeMap<(u64, String), (ActivationKind, u32, Option<Value>)>,
+    bindings: BTreeMap<String, Value>,
+}
+
+fn outcome(v: u8) -> SessionOutcome {
+    match v {
+        0 => SessionOutcome::Completed { output: json!(v) },
+        1 => SessionOutcome::Failed { reason: "x".into() },
+        _ => SessionOutcome::Cancelled,
+    }
+}
+
+fn kind(tool: bool) -> ActivationKind {
+    if tool { ActivationKind::Tool } else { ActivationKind::Llm }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    /// Whatever the sequence: every call is accepted or refused exactly as the rules say, a
+    /// refusal changes nothing, and after every reopening the journal holds what the accepted
+    /// calls wrote — one outcome per finished session, one result per completed activation.
+    #[test]
+    fn random_operations_keep_the_rules(ops in proptest::collection::vec(op(), 1..40)) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let state = dir.path().join("state");
+        let mut j = Journal::open(&state).expect("open");
+        j.record_run(&run("r")).expect("run");
+        let mut m = Model::default();
+        for op in ops {
+            match op {
+                Op::Session(s) => {
+                    j.record_session("r", s, &json!(s)).expect("session");
+                    m.sessions.entry(s).or_insert(None);
+                }
+                Op::Intend(s, k, tool) => {
+                    let key = activation_key("n", k.into());
+                    // The digest is a function of the key: a restart sends the same request.
+                    let got = j.intend(s, &key, kind(tool), &key);
+                    let finished = m.sessions.get(&s);
+                    let slot = m.acts.get_mut(&(s, key.clone()));
+                    match (finished, slot) {
+                        (None, _) => refused!(got, Err(JournalError::UnknownSession(_))),
+                        (Some(Some(_)), _) => refused!(got, Err(JournalError::SessionFinished { .. })),
+                        (Some(None), None) => {
+                            prop_assert_eq!(got.expect("first intent"), Attempt(1));
+                            m.acts.insert((s, key), (kind(tool), 1, None));
+                        }
+                        (Some(None), Some((_, _, Some(_)))) =>
+                            refused!(got, Err(JournalError::AlreadyCompleted { .. })),
+                        (Some(None), Some((k0, _, None))) if *k0 != kind(tool) =>
+                            refused!(got, Err(JournalError::IntentMismatch { .. })),
+                        (Some(None), Some((_, a, None))) if *a >= MAX_ATTEMPTS =>
+                            refused!(got, Err(JournalError::AttemptsExhausted { .. })),
+                        (Some(None), Some((_, a, None))) => {
+                            *a += 1;
+                            prop_assert_eq!(got.expect("second intent"), Attempt(*a));
+                        }
+                    }
+                }
+                Op::Complete(s, k, v) => {
+                    let key = activation_key("n", k.into());
+                    let got = j.complete(s, &key, &json!(v));
+                    let finished = m.sessions.get(&s);
+                    let slot = m.acts.get_mut(&(s, key));
+                    match (finished, slot) {
+                        (None, _) => refused!(got, Err(JournalError::UnknownSession(_))),
+                        (Some(Some(_)), _) => refused!(got, Err(JournalError::SessionFinished { .. })),
+                        (Some(None), None) => refused!(got, Err(JournalError::NotIntended { .. })),
+                        (Some(None), Some((_, _, Some(_)))) =>
+                            refused!(got, Err(JournalError::AlreadyCompleted { .. })),
+                        (Some(None), Some((_, _, r @ None))) => {
+                            got.expect("result");
+                            *r = Some(json!(v));
+                        }
+                    }
+                }
+                Op::Finish(s, v) => {
+                    let got = j.finish_session(s, &outcome(v));
+                    match m.sessions.get_mut(&s) {
+                        None => refused!(got, Err(JournalError::UnknownSession(_))),
+                        Some(Some(first)) => refused!(got, Err(JournalError::AlreadyFinished { recorded, .. }) if recorded == first),
+                        Some(o @ None) => {
+                            got.expect("finish");
+                            *o = Some(outcome(v));
+                        }
+                    }
+                }
+                Op::Bind(p, v) => {
+                    let id = format!("p{p}");
+                    let got = j.bind_program(&id, &json!(v)).expect("bind");
+                    let want = m.bindings.entry(id).or_insert(json!(v)).clone();
+                    prop_assert_eq!(got, want);
+                }
+                Op::Reopen => {
+                    drop(j);
+                    j = Journal::open(&state).expect("reopen");
+                }
+            }
+        }
+        drop(j);
+        let j = Journal::open(&state).expect("final reopen");
+        // Outcomes: exactly the model's finished sessions.
+        let want: BTreeMap<u64, SessionOutcome> =
+            m.sessions.iter().filter_map(|(s, o)| o.clone().map(|o| (*s, o))).collect();
+        prop_assert_eq!(j.session_outcomes().expect("outcomes"), want);
+        // Recovery: exactly the model's open sessions, each with its activations.
+        let u = j.unfinished().expect("unfinished");
+        let open: Vec<u64> = m.sessions.iter().filter(|(_, o)| o.is_none()).map(|(s, _)| *s).collect();
+        prop_assert_eq!(u.iter().map(|s| s.session).collect::<Vec<_>>(), open);
+        for s in &u {
+            let mut done: Vec<(String, u32, Value)> =
+                s.completed.iter().map(|c| (c.key.clone(), c.attempts, c.result.clone())).collect();
+            done.sort_by(|a, b| a.0.cmp(&b.0));
+            let mut flying: Vec<(String, u32)> = s.in_flight.iter().map(|i| (i.key.clone(), i.attempt)).collect();
+            flying.sort();
+            let mut want_done = Vec::new();
+            let mut want_flying = Vec::new();
+            for ((ms, key), (_, a, r)) in &m.acts {
+                if *ms != s.session {
+                    continue;
+                }
+                match r {
+                    Some(v) => want_done.push((key.clone(), *a, v.clone())),
+                    None => want_flying.push((key.clone(), *a)),
+                }
+            }
+            prop_assert_eq!(done, want_done);
+            prop_assert_eq!(flying, want_flying);
+        }
+        let stats = j.stats().expect("stats");
+        prop_assert_eq!(stats.completed_activations, m.acts.values().filter(|a| a.2.is_some()).count() as u64);
+        prop_assert_eq!(stats.program_bindings, m.bindings.len() as u64);
+    }
+}

@@ -13,6 +13,7 @@ use anyhow::{Context, Result, anyhow, bail};
 use clap::Args;
 use switchyard_runtime::exec::{Arrival, RunConfig};
 use switchyard_runtime::live::engines::EngineSpec;
+use switchyard_runtime::live::journal::Journal;
 use switchyard_runtime::live::{self, LiveConfig, LivePoolSpec, PoolEngines, Service};
 use switchyard_runtime::planner::{JointOptions, POLICIES, Reclaim, Substrate};
 use switchyard_runtime::serve::{self, ApiConfig};
@@ -40,6 +41,10 @@ pub struct ServeArgs {
     /// Serve without authentication (refused unless the address is a loopback one).
     #[arg(long)]
     pub no_auth: bool,
+    /// Directory of the journal of durable sessions: every run, session, activation intent and
+    /// result is recorded there, and a restart on the same directory resumes what was unfinished.
+    #[arg(long)]
+    pub state: Option<PathBuf>,
     /// Largest request body in bytes.
     #[arg(long, default_value_t = 4 << 20)]
     pub max_body_bytes: usize,
@@ -137,10 +142,30 @@ pub fn run(args: ServeArgs) -> Result<()> {
         .build()
         .context("tokio runtime")?;
     let listen = args.listen;
+    let state = args.state.clone();
     runtime.block_on(async move {
         let service = Arc::new(Service::start(&cfg, Arc::new(engines)).await.map_err(|e| anyhow!("{e}"))?);
         let startup = workflows.iter().cloned().zip(texts).enumerate().map(|(i, (w, t))| (i as u32, w, t)).collect();
-        let app = serve::router(Arc::clone(&service), api_config, startup);
+        let app = match &state {
+            None => serve::router(Arc::clone(&service), api_config, startup),
+            Some(dir) => {
+                std::fs::create_dir_all(dir).with_context(|| format!("--state {}", dir.display()))?;
+                let journal = Arc::new(Journal::open(dir).map_err(|e| anyhow!("--state {}: {e}", dir.display()))?);
+                let (app, restored) = serve::durable_router(Arc::clone(&service), api_config, startup, journal)
+                    .await
+                    .map_err(|e| anyhow!("--state {}: {e}", dir.display()))?;
+                if restored.runs > 0 {
+                    eprintln!(
+                        "switchyard serve: journal {}: {} runs, {} sessions ended before, {} resumed",
+                        dir.display(),
+                        restored.runs,
+                        restored.ended_sessions,
+                        restored.resumed_sessions
+                    );
+                }
+                app
+            }
+        };
         let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("cannot listen on {listen}"))?;
         let bound = listener.local_addr().context("listening address")?;
         eprintln!("switchyard serve: listening on http://{bound} (policy {}, {} devices)", cfg.run.policy, cfg.run.pool.devices.len());

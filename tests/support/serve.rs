@@ -46,11 +46,17 @@ impl Server {
 
     /// `switchyard serve --pool POOL --workflow W…` with the test token, on a free port.
     pub fn start(pool: &Path, workflows: &[&Path]) -> Server {
+        Self::start_with(pool, workflows, &[])
+    }
+
+    /// [`Server::start`] with more arguments.
+    pub fn start_with(pool: &Path, workflows: &[&Path], extra: &[&std::ffi::OsStr]) -> Server {
         let mut cmd = Command::new(BIN);
         cmd.args(["serve", "--listen", "127.0.0.1:0", "--pool"]).arg(pool);
         for w in workflows {
             cmd.arg("--workflow").arg(w);
         }
+        cmd.args(extra);
         let mut child = cmd
             .current_dir(repo())
             .env("SWITCHYARD_API_TOKEN", TOKEN)

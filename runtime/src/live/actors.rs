@@ -346,9 +346,9 @@ pub enum PlannerMsg {
     /// A served runtime: add a workflow whose deployments the served table covers; answers its
     /// index in the run's workflow list.
     Register { spec: Arc<WorkflowSpec>, reply: RpcReplyPort<Result<u32, String>> },
-    /// A served runtime: start one session of workflow `workflow` per input, now; answers their
-    /// ids in input order.
-    Submit { workflow: u32, inputs: Vec<Record>, reply: RpcReplyPort<Result<Vec<SessionId>, String>> },
+    /// A served runtime: start one session of workflow `workflow` per input, now (journaled
+    /// when it has a [`DurableSession`]); answers their ids in input order.
+    Submit { workflow: u32, inputs: Vec<(Record, Option<DurableSession>)>, reply: RpcReplyPort<Result<Vec<SessionId>, String>> },
     /// A served runtime: where these sessions stand.
     Status { sessions: Vec<SessionId>, reply: RpcReplyPort<Vec<SessionStatus>> },
     /// A served runtime: end these sessions, if still open, as failed with `reason`.
@@ -362,6 +362,22 @@ pub enum PlannerMsg {
         sink: super::engine::TokenSink,
         reply: tokio::sync::oneshot::Sender<Result<super::engine::Completion, String>>,
     },
+}
+
+/// A session whose progress is journaled (`switchyard serve --state`): its number in the
+/// journal, and the results the journal already holds (by activation key), which it replays
+/// instead of running those activations again.
+#[derive(Clone)]
+pub struct DurableSession {
+    pub journal: Arc<super::journal::Journal>,
+    pub number: u64,
+    pub replay: std::collections::BTreeMap<String, serde_json::Value>,
+}
+
+impl std::fmt::Debug for DurableSession {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DurableSession").field("number", &self.number).field("replay", &self.replay.len()).finish()
+    }
 }
 
 /// Where one session of a served runtime stands.
@@ -389,6 +405,9 @@ pub enum SessionMsg {
     ToolDone { activation: ActivationId, result: Result<ToolOutcome, String> },
     /// End the session as failed.
     Fail(String),
+    /// End the session as failed for this process only (the runtime is stopping): a journaled
+    /// session stays unfinished in its journal and resumes at the next start.
+    Abandon(String),
     /// A front-door program's next call (program actors only; sessions ignore it).
     Call(Box<super::program_actor::ProgramCall>),
     /// A program's idle check of the given generation (program actors only).

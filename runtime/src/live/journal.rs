@@ -284,6 +284,17 @@ impl Attempt {
     }
 }
 
+/// A digest of a request's content for [`Journal::intend`]: FNV-1a over its bytes, with its
+/// length (stable across processes and builds; it depends on nothing but the content).
+pub fn content_digest(content: &str) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in content.as_bytes() {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    format!("fnv1a64:{h:016x}:{}", content.len())
+}
+
 /// The activation key stable across restarts: the node's name and the loop round.
 pub fn activation_key(node: &str, round: u32) -> String {
     format!("{node}#{round}")

@@ -24,7 +24,7 @@ use tokio::sync::{broadcast, oneshot};
 
 use super::actors::{
     EngineFactory, EngineHandle, EngineTarget, LifecycleTicket, NoteSink, PendingCall, PlannerMsg,
-    ReplicaMsg, RunContext, SessionMsg, SessionReport, SessionResult, SessionStatus, ToolMsg,
+    DurableSession, ReplicaMsg, RunContext, SessionMsg, SessionReport, SessionResult, SessionStatus, ToolMsg,
 };
 use super::engine::{EngineError, EngineTelemetry};
 use super::metrics::RuntimeMetrics;
@@ -138,6 +138,8 @@ pub struct PlannerActorState {
     metrics: Option<Arc<RuntimeMetrics>>,
     /// Front-door programs by their client's key, while they live.
     programs: BTreeMap<String, SessionId>,
+    /// Journaled sessions not started yet, by trace index.
+    durable: BTreeMap<usize, DurableSession>,
 
     sessions: BTreeMap<SessionId, ActorRef<SessionMsg>>,
     session_cells: BTreeMap<ActorId, SessionId>,
@@ -220,6 +222,7 @@ impl Actor for PlannerActor {
             front_door: args.front_door,
             metrics: args.metrics,
             programs: BTreeMap::new(),
+            durable: BTreeMap::new(),
             sessions: BTreeMap::new(),
             session_cells: BTreeMap::new(),
             pending: BTreeMap::new(),
@@ -649,7 +652,7 @@ impl PlannerActorState {
     }
 
     /// Start one session of workflow `w` per input, now.
-    async fn submit(&mut self, myself: &ActorRef<PlannerMsg>, w: u32, inputs: Vec<Record>) -> Result<Vec<SessionId>, String> {
+    async fn submit(&mut self, myself: &ActorRef<PlannerMsg>, w: u32, inputs: Vec<(Record, Option<DurableSession>)>) -> Result<Vec<SessionId>, String> {
         if self.shutting_down || self.fatal.is_some() {
             return Err("the runtime is shutting down".into());
         }
@@ -658,12 +661,15 @@ impl PlannerActorState {
         }
         let wall = self.wall();
         let mut ids = Vec::with_capacity(inputs.len());
-        for input in inputs {
+        for (input, durable) in inputs {
             let Some(records) = self.records.get_mut(w as usize) else { break };
             records.push(input);
             let record = records.len() - 1;
             let i = self.trace.len();
             self.trace.push(TraceEntry { at: wall, workflow: w, record });
+            if let Some(d) = durable {
+                self.durable.insert(i, d);
+            }
             self.on_arrival(myself, i).await;
             ids.push(SessionId(i as u32));
         }
@@ -1028,6 +1034,7 @@ impl PlannerActorState {
                     record: entry.record,
                     planner: myself.clone(),
                     arrived: wall,
+                    durable: self.durable.remove(&i),
                 };
                 match Actor::spawn_linked(None, SessionActor, args, myself.get_cell()).await {
                     Ok((actor, _)) => {
@@ -1247,7 +1254,7 @@ impl PlannerActorState {
     /// Fail every open session and every one still to arrive.
     fn abort(&mut self, reason: String) {
         for s in self.sessions.values() {
-            let _ = s.send_message(SessionMsg::Fail(reason.clone()));
+            let _ = s.send_message(SessionMsg::Abandon(reason.clone()));
         }
         let missing: Vec<usize> = (0..self.total()).filter(|i| !self.arrived.contains(i)).collect();
         let wall = self.wall();

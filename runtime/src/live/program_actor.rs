@@ -141,7 +141,7 @@ impl Actor for ProgramActor {
                     state.end(&myself, None);
                 }
             }
-            SessionMsg::Fail(reason) => state.end(&myself, Some(reason)),
+            SessionMsg::Fail(reason) | SessionMsg::Abandon(reason) => state.end(&myself, Some(reason)),
             SessionMsg::Start | SessionMsg::ToolDone { .. } => {}
         }
         Ok(())

@@ -26,7 +26,7 @@ use thiserror::Error;
 use tokio::sync::{broadcast, oneshot};
 use tokio::task::JoinHandle;
 
-use super::actors::{Clock, EngineFactory, PlannerMsg, RunContext, SessionStatus, ToolsHandle};
+use super::actors::{Clock, DurableSession, EngineFactory, PlannerMsg, RunContext, SessionStatus, ToolsHandle};
 use super::engine::{Completion, TokenSink};
 use super::metrics::RuntimeMetrics;
 use super::planner_actor::{PlannerActor, PlannerArgs, ReportMeta};
@@ -147,6 +147,12 @@ impl Service {
 
     /// Start one session of workflow `workflow` per input, now; answers their ids.
     pub async fn submit(&self, workflow: u32, inputs: Vec<Record>) -> Result<Vec<SessionId>, ServiceError> {
+        self.submit_durable(workflow, inputs.into_iter().map(|r| (r, None)).collect()).await
+    }
+
+    /// [`Self::submit`] of sessions that journal their progress (those with a
+    /// [`DurableSession`]) and replay what their journal already holds.
+    pub async fn submit_durable(&self, workflow: u32, inputs: Vec<(Record, Option<DurableSession>)>) -> Result<Vec<SessionId>, ServiceError> {
         let r = self.ask(|reply| PlannerMsg::Submit { workflow, inputs, reply }).await?;
         r.map_err(ServiceError::BadRequest)
     }

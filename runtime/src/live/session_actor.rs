@@ -15,8 +15,9 @@ use switchyard_tools::modeled_duration_s;
 use tracing::Span;
 
 use super::actors::{
-    CallTiming, PendingCall, PlannerMsg, RunContext, SessionMsg, SessionReport, SessionResult, ToolMsg,
+    CallTiming, DurableSession, PendingCall, PlannerMsg, RunContext, SessionMsg, SessionReport, SessionResult, ToolMsg,
 };
+use super::journal::{self, ActivationKind, JournalError, SessionOutcome};
 use super::engine::{Completion, LlmRequest};
 use crate::exec::{self, CallRecord, PrepareContext, PreparedLlm, Ready, SessionRecord};
 use crate::ids::{ActivationId, ReplicaId};
@@ -33,6 +34,9 @@ fn off_the_reactor<T>(f: impl FnOnce() -> T) -> T {
     }
 }
 
+/// A failure reason that starts so is a client's cancel (journaled as `cancelled`).
+pub const CANCELLED_PREFIX: &str = "cancelled";
+
 /// The session actor.
 pub struct SessionActor;
 
@@ -46,6 +50,9 @@ pub struct SessionArgs {
     pub planner: ActorRef<PlannerMsg>,
     /// Wall-clock arrival (seconds since the run started).
     pub arrived: f64,
+    /// The session's journal (`switchyard serve --state`): intents and results of its
+    /// activations, results to replay, its outcome.
+    pub durable: Option<DurableSession>,
 }
 
 pub struct SessionState {
@@ -71,6 +78,11 @@ pub struct SessionState {
     timings: Vec<CallTiming>,
     ended: bool,
     span: Span,
+    durable: Option<DurableSession>,
+    /// Activations whose intent this process journaled (one intent per process lifetime).
+    intended: BTreeSet<ActivationId>,
+    /// Ending because the runtime stops: the journal keeps the session unfinished.
+    abandoned: bool,
 }
 
 impl Actor for SessionActor {
@@ -99,6 +111,9 @@ impl Actor for SessionActor {
             timings: Vec::new(),
             ended: false,
             span,
+            durable: args.durable,
+            intended: BTreeSet::new(),
+            abandoned: false,
         })
     }
 
@@ -150,6 +165,10 @@ impl Actor for SessionActor {
             }
             SessionMsg::ToolDone { activation, result } => state.on_tool_done(&myself, activation, result),
             SessionMsg::Fail(reason) => state.fail(&myself, reason),
+            SessionMsg::Abandon(reason) => {
+                state.abandoned = true;
+                state.fail(&myself, reason);
+            }
         }
         Ok(())
     }
@@ -165,6 +184,16 @@ impl SessionState {
     fn on_ready(&mut self, myself: &ActorRef<SessionMsg>, a: ActivationId) {
         if self.ended {
             return;
+        }
+        // A result the journal already holds is replayed, never run again.
+        if let Some(recorded) = self.replayed(a) {
+            return match recorded {
+                Ok(output) => match self.session.mark_running(a.index) {
+                    Ok(()) => self.complete_as(myself, a, output, false),
+                    Err(e) => self.fail(myself, format!("internal: {e}")),
+                },
+                Err(e) => self.fail(myself, e),
+            };
         }
         let ctx = Arc::clone(&self.ctx);
         let pctx = PrepareContext {
@@ -184,6 +213,10 @@ impl SessionState {
                 let span = tracing::info_span!(parent: &self.span, "activation", activation = %a, node = %node);
                 tracing::debug!(parent: &span, tool = %call.tool, "tool start");
                 self.spans.insert(a, span);
+                let digest = serde_json::to_string(&call.inputs).unwrap_or_default();
+                if !self.intend(myself, a, ActivationKind::Tool, &digest) {
+                    return;
+                }
                 let predicted_s = modeled_duration_s(&call);
                 self.tool_nodes.insert(a, (node.clone(), call.tool.clone()));
                 let _ = self.planner.send_message(PlannerMsg::ToolStarted { activation: a, predicted_s, workflow, node: node_index });
@@ -198,6 +231,9 @@ impl SessionState {
                 self.report_near_ready();
             }
             Ready::Llm { item, prepared, node } => {
+                if !self.intend(myself, a, ActivationKind::Llm, &prepared.prompt) {
+                    return;
+                }
                 let span = tracing::info_span!(parent: &self.span, "activation", activation = %a, node = %node);
                 tracing::debug!(parent: &span, prompt_tokens = prepared.prompt_tokens, "ready");
                 self.spans.insert(a, span);
@@ -320,6 +356,56 @@ sink: Default::default(),
     }
 
     fn complete(&mut self, myself: &ActorRef<SessionMsg>, a: ActivationId, output: NodeOutput) {
+        self.complete_as(myself, a, output, true);
+    }
+
+    /// The journal key of activation `a`: its node and round, stable across restarts.
+    fn journal_key(&self, a: ActivationId) -> Option<String> {
+        let act = self.session.activation(a.index)?;
+        let node = self.session.spec().nodes.get(act.node)?;
+        Some(journal::activation_key(&node.id, act.round))
+    }
+
+    /// The journal's recorded result of `a`, if the session is journaled and has one.
+    fn replayed(&self, a: ActivationId) -> Option<Result<NodeOutput, String>> {
+        let d = self.durable.as_ref()?;
+        let key = self.journal_key(a)?;
+        let v = d.replay.get(&key)?;
+        Some(serde_json::from_value(v.clone()).map_err(|e| format!("journal: the recorded result of {key} cannot be read: {e}")))
+    }
+
+    /// Journal the intent of `a` before it is sent (once per process). False when the journal
+    /// refuses — e.g. it was in flight at two crashes already — and the session failed.
+    fn intend(&mut self, myself: &ActorRef<SessionMsg>, a: ActivationId, kind: ActivationKind, content: &str) -> bool {
+        let Some(d) = &self.durable else { return true };
+        if !self.intended.insert(a) {
+            return true;
+        }
+        let Some(key) = self.journal_key(a) else { return true };
+        let (j, n, digest) = (Arc::clone(&d.journal), d.number, journal::content_digest(content));
+        match off_the_reactor(|| j.intend(n, &key, kind, &digest)) {
+            Ok(attempt) => {
+                if attempt.is_retry() {
+                    tracing::info!(parent: &self.span, %key, attempt = attempt.0, "sent again: it was in flight when the server stopped");
+                }
+                true
+            }
+            Err(e) => {
+                self.fail(myself, format!("journal: {e}"));
+                false
+            }
+        }
+    }
+
+    fn complete_as(&mut self, myself: &ActorRef<SessionMsg>, a: ActivationId, output: NodeOutput, journal: bool) {
+        if let (true, Some(d), Some(key)) = (journal, &self.durable, self.journal_key(a)) {
+            let (j, n) = (Arc::clone(&d.journal), d.number);
+            let value = serde_json::to_value(&output).unwrap_or(serde_json::Value::Null);
+            match off_the_reactor(|| j.complete(n, &key, &value)) {
+                Ok(()) | Err(JournalError::AlreadyCompleted { .. }) => {}
+                Err(e) => return self.fail(myself, format!("journal: {e}")),
+            }
+        }
         self.spans.remove(&a);
         let ready = match self.session.complete(a.index, output) {
             Ok(r) => r,
@@ -392,6 +478,17 @@ sink: Default::default(),
             calls: std::mem::take(&mut self.calls),
             timings: std::mem::take(&mut self.timings),
         };
+        if let (Some(d), false) = (&self.durable, self.abandoned) {
+            let outcome = match (&report.result.failed, &report.result.final_output) {
+                (None, out) => SessionOutcome::Completed { output: serde_json::to_value(out).unwrap_or(serde_json::Value::Null) },
+                (Some(r), _) if r.starts_with(CANCELLED_PREFIX) => SessionOutcome::Cancelled,
+                (Some(r), _) => SessionOutcome::Failed { reason: r.clone() },
+            };
+            let (j, n) = (Arc::clone(&d.journal), d.number);
+            if let Err(e) = off_the_reactor(|| j.finish_session(n, &outcome)) {
+                tracing::error!(session = n, error = %e, "the journal did not record the session's end");
+            }
+        }
         let _ = self.planner.send_message(PlannerMsg::SessionEnded(Box::new(report)));
         myself.stop(None);
     }

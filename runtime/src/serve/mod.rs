@@ -41,6 +41,8 @@ use subtle::ConstantTimeEq;
 use tokio::sync::broadcast::error::RecvError;
 
 use crate::ids::SessionId;
+use crate::live::actors::DurableSession;
+use crate::live::journal::{Journal, RunRecord, SessionOutcome};
 use crate::live::{Service, ServiceError, SessionStatus};
 use crate::values::Record;
 use crate::workflow::{WorkflowError, parse_workflow};
@@ -83,7 +85,10 @@ struct WorkflowEntry {
 /// A run: sessions of one workflow started by one request.
 struct RunEntry {
     workflow: String,
+    /// Its sessions running (or run) in this process.
     sessions: Vec<SessionId>,
+    /// Its sessions that ended before this process started (a journal's), by journal number.
+    ended_before: Vec<(u64, SessionStatus)>,
     created_at: f64,
     cancelled: bool,
 }
@@ -96,6 +101,9 @@ struct Api {
     next_run: AtomicU64,
     /// Sessions drawn from each start-up workflow's dataset so far (the next record to use).
     drawn: Mutex<BTreeMap<u32, usize>>,
+    /// The journal of durable sessions (`--state`), and the next session number in it.
+    journal: Option<Arc<Journal>>,
+    next_number: AtomicU64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -187,19 +195,124 @@ fn json_rejection(r: JsonRejection) -> ApiError {
 /// The router of the API over `service`.
 /// `startup` are the workflows the service started with: (index, spec, YAML text).
 pub fn router(service: Arc<Service>, config: ApiConfig, startup: Vec<(u32, Arc<crate::workflow::WorkflowSpec>, String)>) -> Router {
+    routes(api_state(service, config, startup, None))
+}
+
+/// [`router`] over a journal of durable sessions (`switchyard serve --state DIR`): every run
+/// and session is journaled before it starts, and the runs the journal holds come back — their
+/// workflows registered again, their ended sessions with their recorded outcomes, their
+/// unfinished sessions resumed (completed activations replayed from the journal, never run
+/// again; an activation in flight at the crash sent once more).
+pub async fn durable_router(
+    service: Arc<Service>,
+    config: ApiConfig,
+    startup: Vec<(u32, Arc<crate::workflow::WorkflowSpec>, String)>,
+    journal: Arc<Journal>,
+) -> Result<(Router, Restored), String> {
+    let api = api_state(service, config, startup, Some(Arc::clone(&journal)));
+    let restored = restore(&api, &journal).await?;
+    Ok((routes(api), restored))
+}
+
+/// What a restart found in its journal.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Restored {
+    pub runs: usize,
+    pub ended_sessions: usize,
+    pub resumed_sessions: usize,
+}
+
+fn api_state(
+    service: Arc<Service>,
+    config: ApiConfig,
+    startup: Vec<(u32, Arc<crate::workflow::WorkflowSpec>, String)>,
+    journal: Option<Arc<Journal>>,
+) -> Arc<Api> {
     let mut workflows = BTreeMap::new();
     for (index, spec, text) in startup {
         workflows.insert(spec.name.clone(), entry(index, &spec, text));
     }
-    let limit = config.max_body_bytes;
-    let api = Arc::new(Api {
+    Arc::new(Api {
         service,
         config,
         workflows: Mutex::new(workflows),
         runs: Mutex::new(BTreeMap::new()),
         next_run: AtomicU64::new(1),
         drawn: Mutex::new(BTreeMap::new()),
-    });
+        journal,
+        next_number: AtomicU64::new(1),
+    })
+}
+
+fn journal_status(outcome: &SessionOutcome) -> SessionStatus {
+    match outcome {
+        SessionOutcome::Completed { output } => SessionStatus::Completed {
+            output: serde_json::from_value(output.clone()).ok(),
+            score: None,
+            finished_at: 0.0,
+        },
+        SessionOutcome::Failed { reason } => SessionStatus::Failed { reason: reason.clone(), at: 0.0 },
+        SessionOutcome::Cancelled => SessionStatus::Failed { reason: "cancelled (before a restart)".into(), at: 0.0 },
+    }
+}
+
+/// Rebuild the runs a journal holds and resume their unfinished sessions.
+async fn restore(api: &Arc<Api>, journal: &Arc<Journal>) -> Result<Restored, String> {
+    let j = |e: crate::live::journal::JournalError| format!("journal: {e}");
+    let runs = journal.runs().map_err(j)?;
+    let outcomes = journal.session_outcomes().map_err(j)?;
+    let unfinished = journal.unfinished().map_err(j)?;
+    let next = journal.last_session().map_err(j)?.map_or(1, |n| n + 1);
+    api.next_number.store(next, Ordering::Relaxed);
+    let mut restored = Restored { runs: runs.len(), ..Restored::default() };
+    let mut max_run = 0;
+    for run in &runs {
+        if let Some(n) = run.run_id.strip_prefix("run-").and_then(|n| n.parse::<u64>().ok()) {
+            max_run = max_run.max(n);
+        }
+        // Its workflow: registered at start under that name, else registered again from the
+        // journaled text.
+        let known = lock(&api.workflows).get(&run.workflow).map(|w| w.index);
+        let index = match known {
+            Some(i) => i,
+            None => {
+                let spec = parse_workflow(&run.workflow, &run.workflow_yaml, std::path::Path::new("/nonexistent"))
+                    .map_err(|e| format!("run {}: its journaled workflow no longer loads: {e}", run.run_id))?;
+                let e_inputs = entry(0, &spec, String::new());
+                let index = api.service.register(spec).await.map_err(|e| format!("run {}: {e}", run.run_id))?;
+                lock(&api.workflows).insert(run.workflow.clone(), WorkflowEntry { index, text: run.workflow_yaml.clone(), ..e_inputs });
+                index
+            }
+        };
+        let mut ended_before = Vec::new();
+        for (number, outcome) in &outcomes {
+            if journal.session(*number).map_err(j)?.is_some_and(|e| e.run_id == run.run_id) {
+                ended_before.push((*number, journal_status(outcome)));
+            }
+        }
+        let mut resume = Vec::new();
+        for u in unfinished.iter().filter(|u| u.run_id == run.run_id) {
+            let input: Record = match &u.inputs {
+                Value::Object(m) => m.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+                _ => Record::new(),
+            };
+            let replay = u.completed.iter().map(|c| (c.key.clone(), c.result.clone())).collect();
+            resume.push((input, Some(DurableSession { journal: Arc::clone(journal), number: u.session, replay })));
+        }
+        restored.ended_sessions += ended_before.len();
+        restored.resumed_sessions += resume.len();
+        let sessions = if resume.is_empty() { Vec::new() } else { api.service.submit_durable(index, resume).await.map_err(|e| e.to_string())? };
+        lock(&api.runs).insert(
+            run.run_id.clone(),
+            RunEntry { workflow: run.workflow.clone(), sessions, ended_before, created_at: 0.0, cancelled: false },
+        );
+    }
+    api.next_run.store(max_run + 1, Ordering::Relaxed);
+    Ok(restored)
+}
+
+fn routes(api: Arc<Api>) -> Router {
+    let limit = api.config.max_body_bytes;
     let v1 = Router::new()
         .route("/v1/workflows", get(list_workflows).post(register_workflow))
         .route("/v1/workflows/{name}", get(get_workflow))
@@ -464,8 +577,32 @@ async fn start_run(State(api): State<Arc<Api>>, JsonBody(body): JsonBody<RunBody
             out
         }
     };
-    let sessions = api.service.submit(index, inputs).await?;
     let id = format!("run-{}", api.next_run.fetch_add(1, Ordering::Relaxed));
+    let sessions = match &api.journal {
+        None => api.service.submit(index, inputs).await?,
+        Some(journal) => {
+            // Journaled before anything starts: a crash from here on resumes the run.
+            let text = lock(&api.workflows).get(&body.workflow).map(|w| w.text.clone()).unwrap_or_default();
+            let unavailable = |e: crate::live::journal::JournalError| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "journal_error", e.to_string());
+            let record = RunRecord {
+                run_id: id.clone(),
+                workflow: body.workflow.clone(),
+                workflow_yaml: text,
+                sessions: u32::try_from(inputs.len()).unwrap_or(u32::MAX),
+                created_at_unix_ms: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64),
+            };
+            let j = Arc::clone(journal);
+            tokio::task::block_in_place(|| j.record_run(&record)).map_err(unavailable)?;
+            let mut durable = Vec::with_capacity(inputs.len());
+            for input in inputs {
+                let number = api.next_number.fetch_add(1, Ordering::Relaxed);
+                let value = Value::Object(input.iter().map(|(k, v)| (k.clone(), v.clone())).collect());
+                tokio::task::block_in_place(|| j.record_session(&id, number, &value)).map_err(unavailable)?;
+                durable.push((input, Some(DurableSession { journal: Arc::clone(&j), number, replay: BTreeMap::new() })));
+            }
+            api.service.submit_durable(index, durable).await?
+        }
+    };
     let created_at = api.service.wall();
     let v = json!({
         "id": id,
@@ -473,7 +610,7 @@ async fn start_run(State(api): State<Arc<Api>>, JsonBody(body): JsonBody<RunBody
         "sessions": sessions.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
         "created_at": created_at,
     });
-    lock(&api.runs).insert(id, RunEntry { workflow: body.workflow, sessions, created_at, cancelled: false });
+    lock(&api.runs).insert(id, RunEntry { workflow: body.workflow, sessions, ended_before: Vec::new(), created_at, cancelled: false });
     Ok((StatusCode::CREATED, Json(v)).into_response())
 }
 
@@ -506,12 +643,20 @@ fn run_state(statuses: &[SessionStatus], cancelled: bool) -> &'static str {
 }
 
 async fn run_json(api: &Api, id: &str) -> Result<Value, ApiError> {
-    let (workflow, sessions, created_at, cancelled) = {
+    let (workflow, sessions, ended_before, created_at, cancelled) = {
         let runs = lock(&api.runs);
         let r = runs.get(id).ok_or_else(|| ApiError::not_found(format!("no run `{id}`")))?;
-        (r.workflow.clone(), r.sessions.clone(), r.created_at, r.cancelled)
+        (r.workflow.clone(), r.sessions.clone(), r.ended_before.clone(), r.created_at, r.cancelled)
     };
-    let statuses = api.service.status(sessions.clone()).await?;
+    let live = api.service.status(sessions.clone()).await?;
+    let mut statuses = live.clone();
+    statuses.extend(ended_before.iter().map(|(_, s)| s.clone()));
+    let mut listed: Vec<Value> = sessions.iter().zip(&live).map(|(i, s)| session_json(*i, s)).collect();
+    listed.extend(ended_before.iter().map(|(n, s)| {
+        let mut v = session_json(SessionId(u32::MAX), s);
+        v["id"] = json!(format!("journal-{n}"));
+        v
+    }));
     let count = |f: fn(&SessionStatus) -> bool| statuses.iter().filter(|s| f(s)).count();
     Ok(json!({
         "id": id,
@@ -524,7 +669,7 @@ async fn run_json(api: &Api, id: &str) -> Result<Value, ApiError> {
             "completed": count(|s| matches!(s, SessionStatus::Completed { .. })),
             "failed": count(|s| matches!(s, SessionStatus::Failed { .. })),
         },
-        "sessions": sessions.iter().zip(&statuses).map(|(i, s)| session_json(*i, s)).collect::<Vec<_>>(),
+        "sessions": listed,
     }))
 }
 
@@ -536,7 +681,7 @@ async fn list_runs(State(api): State<Arc<Api>>) -> Json<Value> {
     let runs = lock(&api.runs);
     let list: Vec<Value> = runs
         .iter()
-        .map(|(id, r)| json!({"id": id, "workflow": r.workflow, "sessions": r.sessions.len(), "created_at": r.created_at}))
+        .map(|(id, r)| json!({"id": id, "workflow": r.workflow, "sessions": r.sessions.len() + r.ended_before.len(), "created_at": r.created_at}))
         .collect();
     Json(json!({ "runs": list }))
 }

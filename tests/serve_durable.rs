@@ -1,0 +1,112 @@
+//! Durable sessions of `switchyard serve --state DIR`: the server is killed with SIGKILL while
+//! hundreds of sessions are in flight on the emulated pool, started again on the same state
+//! directory, and the run completes; the journal then shows every session completed exactly
+//! once, no activation sent more than twice (once more only if it was in flight at the kill),
+//! and nothing left in flight.
+
+mod support;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use support::serve::{Server, TOKEN, repo, slow_pool};
+use switchyard_runtime::live::journal::{Journal, SessionOutcome};
+
+/// Two long answers on Qwen3-0.6B: a session lasts seconds at 5×, so a kill lands mid-run.
+const LONG_PAIR: &str = r#"
+name: long-pair
+deployments:
+  small: {model: Qwen3-0.6B, dtype: fp16, max_context: 4096, max_output_tokens: 1200}
+nodes:
+  - id: draft
+    deployment: small
+    output_tokens: {mean: 600, cv: 0.3}
+    prompt: Draft at length.
+  - id: edit
+    deployment: small
+    after: draft
+    output_tokens: {mean: 400, cv: 0.3}
+    prompt: "Edit: {{draft}}"
+"#;
+
+const SESSIONS: usize = 300;
+
+fn start(dir: &Path, state: &Path, workflow: &Path) -> Server {
+    let pool = slow_pool(dir);
+    Server::start_with(&pool, &[workflow], &["--state".as_ref(), state.as_os_str()])
+}
+
+async fn run_status(http: &reqwest::Client, server: &Server, run: &str) -> Value {
+    let resp = http.get(server.url(&format!("/v1/runs/{run}"))).header("authorization", format!("Bearer {TOKEN}")).send().await.expect("status");
+    resp.json().await.expect("json")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_server_resumes_every_session_exactly_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let state = dir.path().join("state");
+    let workflow = dir.path().join("long-pair.yaml");
+    std::fs::write(&workflow, LONG_PAIR).expect("workflow");
+    let http = reqwest::Client::new();
+    let auth = format!("Bearer {TOKEN}");
+
+    let mut first = start(dir.path(), &state, &workflow);
+    let resp = http
+        .post(first.url("/v1/runs"))
+        .header("authorization", &auth)
+        .json(&json!({"workflow": "long-pair", "sessions": SESSIONS}))
+        .send()
+        .await
+        .expect("run");
+    assert_eq!(resp.status().as_u16(), 201);
+    let run = resp.json::<Value>().await.expect("json")["id"].as_str().expect("id").to_string();
+    // Kill it once some sessions completed and most are still in flight.
+    let t0 = Instant::now();
+    let mut at_kill = json!(null);
+    while t0.elapsed() < Duration::from_secs(120) {
+        let v = run_status(&http, &first, &run).await;
+        let done = v.pointer("/counts/completed").and_then(Value::as_u64).unwrap_or(0);
+        if done >= 10 {
+            at_kill = v["counts"].clone();
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let running = at_kill.get("running").and_then(Value::as_u64).unwrap_or(0);
+    assert!(running >= 100, "hundreds of sessions in flight at the kill: {at_kill}");
+    // SAFETY: a signal to our own child.
+    assert_eq!(unsafe { libc::kill(first.child.id() as libc::pid_t, libc::SIGKILL) }, 0);
+    let _ = first.child.wait();
+    drop(first);
+    eprintln!("killed with {at_kill}");
+
+    // The same state directory: the run comes back and completes.
+    let second = start(dir.path(), &state, &workflow);
+    let t0 = Instant::now();
+    let mut v = json!(null);
+    while t0.elapsed() < Duration::from_secs(300) {
+        v = run_status(&http, &second, &run).await;
+        if v["state"] != "running" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(v["state"], "completed", "{}", v["counts"]);
+    assert_eq!(v.pointer("/counts/completed").and_then(Value::as_u64), Some(SESSIONS as u64), "{}", v["counts"]);
+    drop(second); // SIGKILL again: the journal is closed by the kernel; redb recovers it
+
+    // The journal's own account.
+    let journal = Journal::open(&state).expect("the journal opens after two kills");
+    let outcomes = journal.session_outcomes().expect("outcomes");
+    assert_eq!(outcomes.len(), SESSIONS, "every session finished once");
+    assert!(outcomes.values().all(|o| matches!(o, SessionOutcome::Completed { .. })), "{outcomes:?}");
+    let stats = journal.stats().expect("stats");
+    assert_eq!(stats.sessions, SESSIONS as u64);
+    assert_eq!(stats.finished_sessions, SESSIONS as u64);
+    assert_eq!(stats.in_flight_activations, 0, "{stats:?}");
+    assert_eq!(stats.completed_activations, 2 * SESSIONS as u64, "two activations per session, each recorded once: {stats:?}");
+    assert!(stats.retried_activations <= running * 2, "only activations in flight at the kill were sent again: {stats:?}");
+    eprintln!("journal after the restart: {stats:?}");
+    let _ = repo();
+}

@@ -61,6 +61,10 @@ async fn a_killed_server_resumes_every_session_exactly_once() {
         .expect("run");
     assert_eq!(resp.status().as_u16(), 201);
     let run = resp.json::<Value>().await.expect("json")["id"].as_str().expect("id").to_string();
+    // A front-door program's first call binds it (journaled).
+    let call = json!({"model": "Qwen3-0.6B", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4});
+    let resp = http.post(first.url("/v1/chat/completions")).header("authorization", &auth).header("X-Session-ID", "agent-7").json(&call).send().await.expect("call");
+    assert_eq!(resp.status().as_u16(), 200);
     // Kill it once some sessions completed and most are still in flight.
     let t0 = Instant::now();
     let mut at_kill = json!(null);
@@ -108,5 +112,7 @@ async fn a_killed_server_resumes_every_session_exactly_once() {
     assert_eq!(stats.completed_activations, 2 * SESSIONS as u64, "two activations per session, each recorded once: {stats:?}");
     assert!(stats.retried_activations <= running * 2, "only activations in flight at the kill were sent again: {stats:?}");
     eprintln!("journal after the restart: {stats:?}");
+    assert_eq!(stats.program_bindings, 1);
+    assert_eq!(journal.program_binding("agent-7").expect("binding"), Some(json!({"model": "Qwen3-0.6B"})));
     let _ = repo();
 }

@@ -8,7 +8,9 @@
 //!
 //! A program ends when a call says it is the last (`program_done`), or when it has been idle
 //! (no call in flight) for its idle timeout; a failed call fails only that call. What the
-//! client does between its calls (its tools) is the program's own time.
+//! client does between an answer and its next call is the program's tool time: the planner is
+//! told a tool of the program runs (`ToolStarted`, predicted as the mean of its earlier gaps),
+//! and that it finished when the next call arrives.
 //!
 //! It decides nothing about placement and never talks to an engine. Must not depend on the
 //! HTTP layer (`crate::serve`).
@@ -92,7 +94,19 @@ pub struct ProgramState {
     /// Bumped by every call: an idle check of an older generation is stale.
     generation: u64,
     ended: bool,
+    /// The tool gap in progress — the client's own time between an answer and its next call —
+    /// as the planner knows it: a tool unit of the program (id, node, wall start).
+    gap: Option<(ActivationId, u32, f64)>,
+    /// Gaps so far, for the next one's predicted length.
+    gaps: Vec<f64>,
 }
+
+/// The predicted length of a program's first tool gap, before any was seen (TAO's default
+/// tool-return estimate, paper 000 §3).
+pub const DEFAULT_GAP_S: f64 = 5.0;
+
+/// Tool gaps take activation indices from here up (calls count from 0).
+const GAP_INDEX_BASE: u32 = 1 << 31;
 
 impl Actor for ProgramActor {
     type Msg = SessionMsg;
@@ -108,6 +122,8 @@ impl Actor for ProgramActor {
             timings: Vec::new(),
             generation: 0,
             ended: false,
+            gap: None,
+            gaps: Vec::new(),
         })
     }
 
@@ -155,6 +171,7 @@ impl ProgramState {
             return;
         }
         self.generation += 1;
+        self.close_gap();
         let ctx = &self.args.ctx;
         let r = &call.request;
         let thinking = r.enable_thinking;
@@ -237,7 +254,32 @@ impl ProgramState {
         if w.done_after {
             self.end(myself, None);
         } else {
+            if self.waiting.is_empty() {
+                self.open_gap(w.item.node);
+            }
             self.arm_idle(myself);
+        }
+    }
+
+    /// The program is between calls: tell the planner a tool of the program runs (its
+    /// predicted length: the mean of the program's earlier gaps, else [`DEFAULT_GAP_S`]).
+    fn open_gap(&mut self, node: u32) {
+        if self.gap.is_some() {
+            return;
+        }
+        let index = GAP_INDEX_BASE.saturating_add(u32::try_from(self.gaps.len()).unwrap_or(u32::MAX - GAP_INDEX_BASE));
+        let activation = ActivationId { session: self.args.session, index };
+        let predicted_s = if self.gaps.is_empty() { DEFAULT_GAP_S } else { self.gaps.iter().sum::<f64>() / self.gaps.len() as f64 };
+        let workflow = self.args.workflow;
+        let _ = self.args.planner.send_message(PlannerMsg::ToolStarted { activation, predicted_s, workflow, node });
+        self.gap = Some((activation, node, self.args.ctx.clock.wall()));
+    }
+
+    /// The program called again (or ended): its tool gap is over.
+    fn close_gap(&mut self) {
+        if let Some((activation, _, since)) = self.gap.take() {
+            self.gaps.push((self.args.ctx.clock.wall() - since).max(0.0));
+            let _ = self.args.planner.send_message(PlannerMsg::ToolFinished { activation });
         }
     }
 
@@ -255,6 +297,7 @@ impl ProgramState {
             return;
         }
         self.ended = true;
+        self.close_gap();
         for (_, w) in std::mem::take(&mut self.waiting) {
             let _ = w.reply.send(Err(failed.clone().unwrap_or_else(|| "the program ended".into())));
         }

@@ -187,6 +187,16 @@ fn finish_reason(c: &Completion, max_tokens: u32) -> &'static str {
 async fn handle(api: Arc<Api>, flavor: Flavor, headers: HeaderMap, body: Value) -> Result<Response, ApiError> {
     let parsed = parse(flavor, &headers, &body)?;
     let program = program_key(&headers, &body);
+    // With a journal, a program's binding (its first model) is recorded at its first call and
+    // kept across restarts: a later call of the program to another model is still scheduled
+    // (the planner places each call), but the binding says where the program started.
+    if let (Some(journal), Some(p)) = (&api.journal, &program) {
+        let binding = json!({"model": parsed.model});
+        let j = Arc::clone(journal);
+        if let Err(e) = tokio::task::block_in_place(|| j.bind_program(p, &binding)) {
+            return Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "journal_error", e.to_string()));
+        }
+    }
     let max_tokens = parsed.request.max_tokens;
     let (tx, mut rx) = mpsc::unbounded_channel::<String>();
     let done = api.service.call(program, &parsed.model, parsed.request, TokenSink::new(tx)).map_err(|e| match e {

@@ -1,15 +1,19 @@
 //! Journal cost (`runtime/src/live/journal.rs`): what durable sessions add per activation. Every
-//! call is one redb write transaction `fsync`ed before it returns, on a tempdir (this machine:
-//! ext4 on a virtual disk), so the numbers are dominated by the disk's flush latency.
+//! call returns once its redb write transaction is committed and `fsync`ed (a lone caller gets
+//! one transaction per call; concurrent callers share group commits), on a tempdir (this
+//! machine: ext4 on a virtual disk), so the numbers are dominated by the disk's flush latency.
 //!
 //! - `activation/llm`: one LLM activation = intent before the call + result after (two durable
 //!   commits), with a ~1 KiB JSON result;
 //! - `activation/tool`: the same for a tool call with a small verdict;
 //! - `intent` and `result` alone;
+//! - `activation/llm_8_threads`: eight callers journaling LLM activations at once, so their
+//!   writes share group commits (time per activation);
 //! - `session/3_activations`: a session's whole journal life: record, three activations, finish.
 //!
 //! Run with `cargo bench -p switchyard-runtime --bench journal` (add
 //! `-- --warm-up-time 1 --measurement-time 5` for a quick look).
+//! The numbers measured here are in `runtime/src/live/journal.rs`'s module doc ("Cost").
 
 use std::cell::Cell;
 

@@ -7,7 +7,6 @@
 mod support;
 
 use std::io::{BufRead, BufReader};
-use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -244,6 +243,13 @@ mod slow_upstream {
         finished: bool,
     }
 
+    impl Guard {
+        /// The stream reached its end: dropping the guard now is not an early drop.
+        fn finish(mut self) {
+            self.finished = true;
+        }
+    }
+
     impl Drop for Guard {
         fn drop(&mut self) {
             if !self.finished {
@@ -266,9 +272,9 @@ mod slow_upstream {
                     async move {
                         seen.started.fetch_add(1, Ordering::SeqCst);
                         let guard = Guard { seen, finished: false };
-                        let stream = futures::stream::unfold((0u32, guard), |(i, mut guard)| async move {
+                        let stream = futures::stream::unfold((0u32, guard), |(i, guard)| async move {
                             if i == 200 {
-                                guard.finished = true;
+                                guard.finish();
                                 return None;
                             }
                             tokio::time::sleep(Duration::from_millis(20)).await;

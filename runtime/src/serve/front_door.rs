@@ -384,6 +384,58 @@ mod tests {
         assert_eq!(program_key(&HeaderMap::new(), &json!({})), None);
     }
 
+    /// Any JSON value, a few levels deep, with the front door's own field names likely.
+    fn arb_json() -> impl proptest::strategy::Strategy<Value = Value> {
+        use proptest::prelude::*;
+        let key = prop_oneof![
+            Just("model".to_string()),
+            Just("messages".to_string()),
+            Just("prompt".to_string()),
+            Just("max_tokens".to_string()),
+            Just("n".to_string()),
+            Just("stream".to_string()),
+            Just("temperature".to_string()),
+            Just("role".to_string()),
+            Just("content".to_string()),
+            Just("program_done".to_string()),
+            "[a-z_]{1,8}",
+        ];
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(|n| json!(n)),
+            any::<f64>().prop_map(|f| json!(f)),
+            ".{0,12}".prop_map(Value::String),
+        ];
+        leaf.prop_recursive(3, 24, 6, move |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+                proptest::collection::btree_map(key.clone(), inner, 0..6).prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    proptest::proptest! {
+        /// Whatever the body and headers, checking a request never panics: it is accepted, or
+        /// refused with a 400 that names a parameter.
+        #[test]
+        fn any_request_is_accepted_or_refused_with_a_named_400(body in arb_json(), done in ".{0,6}", chat in proptest::bool::ANY) {
+            let mut h = HeaderMap::new();
+            if let Ok(v) = done.parse() {
+                h.insert("x-program-done", v);
+            }
+            let flavor = if chat { Flavor::Chat } else { Flavor::Completions };
+            match parse(flavor, &h, &body) {
+                Ok(p) => proptest::prop_assert!(p.request.max_tokens >= 1),
+                Err(e) => {
+                    proptest::prop_assert_eq!(e.status, StatusCode::BAD_REQUEST);
+                    proptest::prop_assert!(e.param.is_some());
+                }
+            }
+            let _ = program_key(&h, &body);
+        }
+    }
+
     #[test]
     fn requests_are_checked_before_anything_is_scheduled() {
         let h = HeaderMap::new();

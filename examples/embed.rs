@@ -71,6 +71,7 @@ async fn main() -> anyhow::Result<()> {
         max_tokens: 16,
         enable_thinking: false,
         program_done: true,
+        next_model: None,
     };
     let answer = rt.call(Some("example-agent"), "Qwen3-0.6B", request, TokenSink::new(tx)).await?;
     let out = rt.shutdown().await?;

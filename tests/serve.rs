@@ -358,3 +358,46 @@ async fn a_front_door_client_that_disconnects_aborts_its_call_upstream() {
     assert!(seen.dropped_early.load(std::sync::atomic::Ordering::SeqCst), "the call went on upstream after the client left");
     assert_eq!(seen.started.load(std::sync::atomic::Ordering::SeqCst), 1, "an abandoned call is not retried");
 }
+
+/// The count of one lifecycle action in the server's `/metrics`.
+async fn lifecycle_count(http: &reqwest::Client, server: &Server, action: &str) -> u64 {
+    let text = http.get(server.url("/metrics")).send().await.expect("metrics").text().await.expect("text");
+    let needle = format!("switchyard_lifecycle_actions_total{{action=\"{action}\"}} ");
+    text.lines().find_map(|l| l.strip_prefix(&needle)).and_then(|n| n.trim().parse().ok()).unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_next_model_hint_lets_the_planner_prefetch_that_model() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let big = dir.path().join("big.yaml");
+    std::fs::write(&big, "name: big\ndeployments:\n  b: {model: Qwen3-8B, dtype: fp16, max_context: 4096, max_output_tokens: 100}\nnodes:\n  - id: x\n    deployment: b\n    prompt: hi\n").expect("write");
+    let server = Server::start(&repo().join("workflows/pools/live-emulated.yaml"), &[&repo().join("tests/fixtures/tiny_chain.yaml"), &big]);
+    let http = reqwest::Client::new();
+    let auth = format!("Bearer {TOKEN}");
+    let call = json!({"model": "Qwen3-0.6B", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8});
+    // Without a hint: the call's own model is loaded, nothing else.
+    let resp = http.post(server.url("/v1/chat/completions")).header("authorization", &auth).header("X-Session-ID", "plain").json(&call).send().await.expect("call");
+    assert_eq!(resp.status().as_u16(), 200);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(lifecycle_count(&http, &server, "load").await, 1);
+    // With `X-Next-Model`, the next call is near-ready while the client works: its model loads.
+    let resp = http
+        .post(server.url("/v1/chat/completions"))
+        .header("authorization", &auth)
+        .header("X-Session-ID", "hinted")
+        .header("X-Next-Model", "Qwen3-8B")
+        .json(&call)
+        .send()
+        .await
+        .expect("call");
+    assert_eq!(resp.status().as_u16(), 200);
+    let mut loads = 0;
+    for _ in 0..50 {
+        loads = lifecycle_count(&http, &server, "load").await;
+        if loads >= 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(loads, 2, "the hinted model was prefetched");
+}

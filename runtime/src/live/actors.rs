@@ -358,6 +358,8 @@ pub enum PlannerMsg {
     ProgramCall {
         program: Option<String>,
         deployment: crate::planner::DeploymentId,
+        /// The served deployment of the request's next-model hint.
+        next: Option<crate::planner::DeploymentId>,
         request: super::program_actor::ProgramRequest,
         sink: super::engine::TokenSink,
         reply: tokio::sync::oneshot::Sender<Result<super::engine::Completion, String>>,

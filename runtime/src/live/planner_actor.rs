@@ -523,8 +523,8 @@ impl PlannerActorState {
             PlannerMsg::Status { sessions, reply } => {
                 let _ = reply.send(sessions.iter().map(|s| self.status(*s)).collect());
             }
-            PlannerMsg::ProgramCall { program, deployment, request, sink, reply } => {
-                self.program_call(myself, program, deployment, request, sink, reply).await;
+            PlannerMsg::ProgramCall { program, deployment, next, request, sink, reply } => {
+                self.program_call(myself, program, deployment, next, request, sink, reply).await;
             }
             PlannerMsg::Cancel { sessions, reason } => {
                 for id in sessions {
@@ -585,6 +585,7 @@ impl PlannerActorState {
         myself: &ActorRef<PlannerMsg>,
         program: Option<String>,
         deployment: DeploymentId,
+        next: Option<DeploymentId>,
         mut request: ProgramRequest,
         sink: super::engine::TokenSink,
         reply: oneshot::Sender<Result<super::engine::Completion, String>>,
@@ -638,7 +639,7 @@ impl PlannerActorState {
             request.program_done = true;
         }
         let node = deployment.0;
-        let call = ProgramCall { request, deployment, node, sink, reply };
+        let call = ProgramCall { request, deployment, node, next, sink, reply };
         match self.sessions.get(&id) {
             Some(actor) => {
                 if let Err(e) = actor.send_message(SessionMsg::Call(Box::new(call))) {

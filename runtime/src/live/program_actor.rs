@@ -26,7 +26,7 @@ use super::actors::{CallTiming, PendingCall, PlannerMsg, RunContext, SessionMsg,
 use super::engine::{Completion, LlmRequest, TokenSink};
 use crate::exec::SessionRecord;
 use crate::ids::{ActivationId, SessionId};
-use crate::planner::{DeploymentId, WorkItem};
+use crate::planner::{DeploymentId, NearReadyItem, WorkItem};
 use crate::tokens;
 use crate::values::NodeOutput;
 
@@ -41,6 +41,9 @@ pub struct ProgramRequest {
     pub enable_thinking: bool,
     /// The client says this is its program's last call.
     pub program_done: bool,
+    /// The client says which model its next call will use (a hint: the planner sees that call
+    /// as near-ready while the client works, and may load or keep the model for it).
+    pub next_model: Option<String>,
 }
 
 /// One call of a program, as the planner actor hands it to the program's actor.
@@ -49,6 +52,8 @@ pub struct ProgramCall {
     /// The served deployment the call's model names, and the front-door node serving it.
     pub deployment: DeploymentId,
     pub node: u32,
+    /// The served deployment of the hinted next model, if any.
+    pub next: Option<DeploymentId>,
     /// Where the answer's text goes as it arrives (the client's stream).
     pub sink: TokenSink,
     /// The answer, or why there is none.
@@ -78,6 +83,7 @@ pub struct ProgramArgs {
 
 struct Waiting {
     item: WorkItem,
+    next: Option<DeploymentId>,
     call: PendingCall,
     reply: oneshot::Sender<Result<Completion, String>>,
     done_after: bool,
@@ -104,6 +110,10 @@ pub struct ProgramState {
 /// The predicted length of a program's first tool gap, before any was seen (TAO's default
 /// tool-return estimate, paper 000 §3).
 pub const DEFAULT_GAP_S: f64 = 5.0;
+
+/// Tokens a hinted next call's prompt may add to the previous prompt and answer (a tool's
+/// observation, the next instruction) in its near-ready prompt bound.
+pub const NEXT_PROMPT_SLACK: u32 = 512;
 
 /// Tool gaps take activation indices from here up (calls count from 0).
 const GAP_INDEX_BASE: u32 = 1 << 31;
@@ -230,7 +240,7 @@ impl ProgramState {
         let wall = ctx.clock.wall();
         self.waiting.insert(
             activation,
-            Waiting { item, call: pending, reply: call.reply, done_after: r.program_done, ready_at: wall, granted_at: None },
+            Waiting { item, next: call.next, call: pending, reply: call.reply, done_after: r.program_done, ready_at: wall, granted_at: None },
         );
         let _ = myself;
     }
@@ -250,12 +260,27 @@ impl ProgramState {
             value: serde_json::Value::Null,
             output_tokens: completion.output_tokens,
         });
+        let output_tokens = completion.output_tokens;
         let _ = w.reply.send(Ok(completion));
         if w.done_after {
             self.end(myself, None);
         } else {
             if self.waiting.is_empty() {
                 self.open_gap(w.item.node);
+                if let (Some(next), Some((gap, _, _))) = (w.next, self.gap) {
+                    // The next call, near-ready behind the client's tool gap: its model is
+                    // known, its prompt about this one plus this answer.
+                    let item = NearReadyItem {
+                        activation: ActivationId { session: self.args.session, index: self.next_index },
+                        workflow: self.args.workflow,
+                        deployment: next,
+                        node: next.0,
+                        waits_for: vec![gap],
+                        prompt_bound: w.item.prompt_tokens.saturating_add(output_tokens).saturating_add(NEXT_PROMPT_SLACK),
+                        max_output_tokens: w.item.max_output_tokens,
+                    };
+                    let _ = self.args.planner.send_message(PlannerMsg::NearReady(item));
+                }
             }
             self.arm_idle(myself);
         }

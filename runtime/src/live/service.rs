@@ -206,9 +206,11 @@ impl Service {
         let deployment = self.deployment_of_model(model).ok_or_else(|| {
             ServiceError::NotServed(format!("the model `{model}` is not served here; served: {}", self.models().join(", ")))
         })?;
+        // An unknown next model is only a hint that cannot be used.
+        let next = request.next_model.as_deref().and_then(|m| self.deployment_of_model(m));
         let (reply, rx) = oneshot::channel();
         self.planner
-            .send_message(PlannerMsg::ProgramCall { program, deployment, request, sink, reply })
+            .send_message(PlannerMsg::ProgramCall { program, deployment, next, request, sink, reply })
             .map_err(|e| ServiceError::Unavailable(e.to_string()))?;
         Ok(rx)
     }

@@ -6,7 +6,9 @@
 //! The program key comes from the `X-Session-ID` header (also accepted: `x-dynamo-session-id`,
 //! `X-Program-ID`, and a body field `program_id`, as Dynamo, ORACLE and ThunderAgent send it);
 //! calls without one are programs of one call. Hints: `X-Program-Done: true` or a body field
-//! `program_done: true` ends the program after this call. The body's `model` names a served
+//! `program_done: true` ends the program after this call; `X-Next-Model` (or body
+//! `next_model`) names the model of the program's next call, which the planner then sees as
+//! near-ready while the client works (paper 003 §3.2: it may prefetch or keep that model). The body's `model` names a served
 //! model (`Qwen3-8B` or `Qwen/Qwen3-8B`); `max_tokens` (or `max_completion_tokens`) is the
 //! answer's limit (default 1,024 — the front door knows no workload distribution); Qwen3's
 //! thinking mode follows `chat_template_kwargs.enable_thinking` (default on, as vLLM serves
@@ -116,6 +118,11 @@ fn parse(flavor: Flavor, headers: &HeaderMap, body: &Value) -> Result<Parsed, Ap
     let enable_thinking = body.pointer("/chat_template_kwargs/enable_thinking").and_then(Value::as_bool).unwrap_or(true);
     let program_done = truthy(headers.get("x-program-done").and_then(|v| v.to_str().ok()).map(|s| Value::String(s.into())).as_ref())
         || truthy(obj.get("program_done"));
+    let next_model = headers
+        .get("x-next-model")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string)
+        .or_else(|| obj.get("next_model").and_then(Value::as_str).map(str::to_string));
     let (messages, prompt) = match flavor {
         Flavor::Chat => {
             let list = obj
@@ -165,7 +172,7 @@ fn parse(flavor: Flavor, headers: &HeaderMap, body: &Value) -> Result<Parsed, Ap
     };
     Ok(Parsed {
         model,
-        request: ProgramRequest { messages, prompt, max_tokens, enable_thinking, program_done },
+        request: ProgramRequest { messages, prompt, max_tokens, enable_thinking, program_done, next_model },
         stream,
         include_usage,
     })

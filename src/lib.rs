@@ -25,8 +25,11 @@
 //! # Ok(()) }
 //! ```
 //!
-//! Tools: workflows use the built-in, sandboxed tools (`python_tests`, `majority_vote`); a tool
-//! of your own cannot be plugged in yet.
+//! Tools: besides the built-in, sandboxed tools (`python_tests`, `majority_vote`), a program
+//! plugs in its own with [`register_tool`] before it loads the workflows that name them (its
+//! inputs, verdicts and modeled duration in a [`ToolSpec`]; the code a [`CustomTool`], e.g. a
+//! closure). A custom tool is the program's own trusted code: it runs in process, unsandboxed,
+//! and must be a function of its call. `examples/custom_tool.rs` shows one.
 //!
 //! The crate re-exports the runtime's types it uses; everything else is
 //! `switchyard_runtime`'s (this facade adds no behaviour of its own). It must not depend on
@@ -47,6 +50,8 @@ pub use switchyard_runtime::report::RunReport;
 pub use switchyard_runtime::sim::{SimOutput, simulate};
 pub use switchyard_runtime::values::{NodeOutput, Record};
 pub use switchyard_runtime::workflow::{WorkflowError, WorkflowSpec, load_workflow, parse_workflow};
+pub use switchyard_tools::custom::{CustomTool, ToolSpec, register as register_tool};
+pub use switchyard_tools::{ToolCall, ToolError, ToolOutcome};
 
 use switchyard_runtime::live::engines::EngineSpec;
 use switchyard_runtime::live::{LivePoolSpec, PoolEngines};

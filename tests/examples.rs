@@ -1,4 +1,5 @@
 //! The top-level examples, run as a user runs them: `examples/embed.rs` (in process),
+//! `examples/custom_tool.rs` (a tool of the program's own, branched on),
 //! `examples/serve_client.rs` (REST + SSE against `switchyard serve`), and the Python examples
 //! (`examples/python/`: a LangGraph agent and an OpenAI Agents SDK agent whose calls go through
 //! the front door). `cargo test` builds the Rust examples next to the binary
@@ -33,6 +34,16 @@ fn the_embed_example_runs_sessions_and_a_front_door_call_in_process() {
     assert_eq!(t.matches("completed: [emulated output of node `write`").count(), 2, "{t}");
     assert!(t.contains("front door: 16 tokens in 16 pieces"), "{t}");
     assert!(t.contains("3 sessions completed, 0 failed"), "{t}");
+}
+
+#[test]
+fn the_custom_tool_example_branches_on_its_own_tools_verdict() {
+    let out = Command::new(example("custom_tool")).current_dir(repo()).output().expect("run examples/custom_tool");
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    // Both drafts are long (60 tokens ≫ 20 words), so both sessions end with the condensed answer.
+    assert_eq!(t.matches("emulated output of node `condense`").count(), 2, "{t}");
+    assert!(t.contains("tool calls: 2; sessions completed: 2"), "{t}");
 }
 
 /// The Python interpreter with the examples' packages, if there is one.

@@ -19,6 +19,7 @@
 //! It must not depend on the runtime, the planner, the predictor or the emulator: the runtime
 //! depends on it, never the reverse. Linux only (namespaces, rlimits, pidfds).
 
+pub mod custom;
 pub mod majority_vote;
 pub mod python;
 pub mod python_tests;
@@ -47,7 +48,7 @@ pub struct ToolCall {
 }
 
 /// What a tool returned.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ToolOutcome {
     /// Human-readable result, fed to later nodes (e.g. `1/3 tests passed; first failure: …`).
     pub text: String,
@@ -188,6 +189,14 @@ pub enum ToolError {
         /// Why.
         reason: String,
     },
+    /// A custom tool ([`custom`]) refused its registration or failed a call.
+    #[error("tool `{tool}`: {message}")]
+    Custom {
+        /// Tool name.
+        tool: String,
+        /// What happened.
+        message: String,
+    },
     /// The sandbox could not start or follow the program.
     #[error("tool `{tool}`: {source}")]
     Sandbox {
@@ -204,7 +213,8 @@ pub fn run_tool(call: &ToolCall) -> Result<ToolOutcome, ToolError> {
     match call.tool.as_str() {
         python_tests::NAME => python_tests::run(call),
         majority_vote::NAME => majority_vote::run(call),
-        other => Err(ToolError::UnknownTool { tool: other.to_string(), known: TOOLS.join(", ") }),
+        other => custom::run(call)
+            .unwrap_or_else(|| Err(ToolError::UnknownTool { tool: other.to_string(), known: custom::all_names().join(", ") })),
     }
 }
 
@@ -220,7 +230,7 @@ pub fn modeled_duration_s(call: &ToolCall) -> f64 {
             .map(|job| job.modeled_duration_s())
             .unwrap_or(python_tests::MODEL_STARTUP_S),
         majority_vote::NAME => majority_vote::MODELED_DURATION_S,
-        _ => python_tests::MODEL_STARTUP_S,
+        other => custom::spec(other).map_or(python_tests::MODEL_STARTUP_S, |s| s.modeled_duration_s),
     }
 }
 

@@ -16,7 +16,7 @@ use super::template::{Segment, Source, Template, TemplateBody};
 use super::yaml::{self, Ctx, Key, MapView, Node, Pos, Value, closest, join_path};
 use super::{
     AgentNode, Condition, DeploymentSpec, EdgeKind, LoopSpec, MetricKind, MetricSpec, MetricTerm, NodeKind,
-    NodeSpec, RESPONDERS, RoundVariant, StructuredOutput, TOOL_INPUTS, TOOL_VERDICTS, TOOLS, ToolNode, WorkflowSpec,
+    NodeSpec, RESPONDERS, RoundVariant, StructuredOutput, TOOL_INPUTS, TOOL_VERDICTS, ToolNode, WorkflowSpec,
     default_output_tokens,
 };
 use crate::responder::GENERIC;
@@ -904,20 +904,28 @@ fn tool_node(
     let f = |k: &str| join_path(field, k);
     let tn = m.required(ctx, field, "tool")?;
     let tool = ctx.string(tn, &f("tool"))?;
-    let Some((_, required, optional)) = TOOL_INPUTS.iter().find(|(t, _, _)| *t == tool) else {
-        let hint = closest(&tool, TOOLS)
+    // A built-in tool, else a custom one the embedding program registered.
+    let io: Option<(Vec<String>, Vec<String>)> = TOOL_INPUTS
+        .iter()
+        .find(|(t, _, _)| *t == tool)
+        .map(|(_, r, o)| (r.iter().map(|s| s.to_string()).collect(), o.iter().map(|s| s.to_string()).collect()))
+        .or_else(|| switchyard_tools::custom::spec(&tool).map(|s| (s.required, s.optional)));
+    let Some((required, optional)) = io else {
+        let known = switchyard_tools::custom::all_names();
+        let known_refs: Vec<&str> = known.iter().map(String::as_str).collect();
+        let hint = closest(&tool, &known_refs)
             .map(|c| format!(" (did you mean `{c}`?)"))
             .unwrap_or_default();
         return Err(ctx.err(
             tn.pos,
             &f("tool"),
             ErrorKind::UnknownTool,
-            format!("unknown tool `{tool}`{hint}; known: {}", TOOLS.join(", ")),
+            format!("unknown tool `{tool}`{hint}; known: {}", known.join(", ")),
         ));
     };
     let in_node = m.required(ctx, field, "inputs")?;
-    let mut allowed: Vec<&str> = required.to_vec();
-    allowed.extend_from_slice(optional);
+    let mut allowed: Vec<&str> = required.iter().map(String::as_str).collect();
+    allowed.extend(optional.iter().map(String::as_str));
     let im = ctx.map(in_node, &f("inputs"), &allowed)?;
     let mut inputs = BTreeMap::new();
     for (Key { name, .. }, v) in im.entries {
@@ -939,8 +947,8 @@ fn tool_node(
         loc.inputs.insert(name.clone(), v.pos);
         inputs.insert(name.clone(), t);
     }
-    for r in *required {
-        if !inputs.contains_key(*r) {
+    for r in &required {
+        if !inputs.contains_key(r) {
             return Err(ctx.err(
                 in_node.pos,
                 &f(&format!("inputs.{r}")),
@@ -1410,7 +1418,8 @@ fn verdicts_of(node: &NodeSpec) -> Result<Option<Vec<String>>, String> {
         NodeKind::Tool(t) => Ok(TOOL_VERDICTS
             .iter()
             .find(|(name, _)| *name == t.tool)
-            .map(|(_, v)| v.iter().map(|s| s.to_string()).collect())),
+            .map(|(_, v)| v.iter().map(|s| s.to_string()).collect())
+            .or_else(|| switchyard_tools::custom::spec(&t.tool).map(|s| s.verdicts))),
         NodeKind::Agent(a) => match a.output.as_ref().and_then(|o| Some((o, o.verdict.as_deref()?))) {
             Some((o, field)) => Ok(o.schema.property(field).and_then(|p| p.verdict_values())),
             None => Err(format!(

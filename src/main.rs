@@ -189,10 +189,48 @@ enum RunEnd {
 
 /// The tracing subscriber: `RUST_LOG` filters (nothing without it), stderr, text or JSON.
 fn init_logging(format: &str) {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::Layer as _;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("off"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
-    let _ = if format == "json" { builder.json().try_init() } else { builder.try_init() };
+    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let fmt = if format == "json" { fmt.json().boxed() } else { fmt.boxed() };
+    let registry = tracing_subscriber::registry().with(filter).with(fmt);
+    #[cfg(feature = "otlp")]
+    let registry = registry.with(otlp::layer());
+    let _ = registry.try_init();
+}
+
+/// OpenTelemetry export of the runtime's spans (feature `otlp`): when
+/// `OTEL_EXPORTER_OTLP_ENDPOINT` is set, spans go to that collector over OTLP/HTTP (protobuf),
+/// batched; service name `switchyard`. Without the variable, nothing is exported.
+#[cfg(feature = "otlp")]
+mod otlp {
+    use opentelemetry::trace::TracerProvider as _;
+    use tracing_subscriber::Layer;
+
+    pub fn layer<S>() -> Option<Box<dyn Layer<S> + Send + Sync>>
+    where
+        S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a> + Send + Sync,
+    {
+        std::env::var_os("OTEL_EXPORTER_OTLP_ENDPOINT")?;
+        let exporter = match opentelemetry_otlp::SpanExporter::builder().with_http().build() {
+            Ok(e) => e,
+            Err(e) => {
+                eprintln!("note: OTLP export is off: {e}");
+                return None;
+            }
+        };
+        let resource = opentelemetry_sdk::Resource::builder().with_service_name("switchyard").build();
+        let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder()
+            .with_batch_exporter(exporter)
+            .with_resource(resource)
+            .build();
+        let tracer = provider.tracer("switchyard");
+        opentelemetry::global::set_tracer_provider(provider);
+        Some(tracing_opentelemetry::layer().with_tracer(tracer).boxed())
+    }
 }
 
 fn main() -> ExitCode {

@@ -32,7 +32,6 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use futures::Stream;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
@@ -205,7 +204,7 @@ async fn handle(api: Arc<Api>, flavor: Flavor, headers: HeaderMap, body: Value) 
         }
     }
     let max_tokens = parsed.request.max_tokens;
-    let (tx, mut rx) = mpsc::unbounded_channel::<String>();
+    let (tx, rx) = mpsc::unbounded_channel::<String>();
     let done = api.service.call(program, &parsed.model, parsed.request, TokenSink::new(tx)).map_err(|e| match e {
         crate::live::ServiceError::NotServed(m) => ApiError { param: Some("model".into()), ..ApiError::new(StatusCode::NOT_FOUND, "model_not_found", m) },
         other => other.into(),
@@ -230,97 +229,112 @@ async fn handle(api: Arc<Api>, flavor: Flavor, headers: HeaderMap, body: Value) 
         }))
         .into_response());
     }
-    let object = if flavor == Flavor::Chat { "chat.completion.chunk" } else { "text_completion" };
-    let chunk = move |choice: Value, usage: Option<Value>| -> Event {
-        let mut v = json!({"id": id, "object": object, "created": created, "model": model, "choices": [choice]});
-        if let Some(u) = usage {
-            v["usage"] = u;
-            v["choices"] = json!([]);
-        }
-        Event::default().data(v.to_string())
-    };
-    let delta = move |text: &str, first: bool| -> Value {
-        match flavor {
-            Flavor::Chat if first => json!({"index": 0, "delta": {"role": "assistant", "content": text}, "finish_reason": null}),
-            Flavor::Chat => json!({"index": 0, "delta": {"content": text}, "finish_reason": null}),
-            Flavor::Completions => json!({"index": 0, "text": text, "finish_reason": null}),
-        }
-    };
+    let render = Render::new(flavor, &id, created, &model, max_tokens);
     let include_usage = parsed.include_usage;
-    let events = async_stream(move |out: mpsc::Sender<Event>| async move {
-        let mut done = done;
-        let mut first = true;
-        let result = loop {
-            tokio::select! {
+    let st = Streaming { rx, done: Some(done), first: true, tail: std::collections::VecDeque::new(), render, include_usage };
+    let events = futures::stream::unfold(st, |mut st| async move {
+        loop {
+            if let Some(e) = st.tail.pop_front() {
+                return Some((Ok::<_, Infallible>(e), st));
+            }
+            let done = st.done.as_mut()?;
+            let result = tokio::select! {
                 biased;
-                piece = rx.recv() => match piece {
+                piece = st.rx.recv() => match piece {
                     Some(text) => {
-                        if out.send(chunk(delta(&text, first), None)).await.is_err() {
-                            return; // the client went away: `rx` drops with us
-                        }
-                        first = false;
+                        let e = st.render.piece(&text, st.first);
+                        st.first = false;
+                        return Some((Ok(e), st));
                     }
-                    None => break (&mut done).await,
+                    None => done.await,
                 },
-                r = &mut done => break r,
+                r = &mut *done => r,
+            };
+            st.done = None;
+            // Pieces that arrived just before the answer, then its end.
+            while let Ok(text) = st.rx.try_recv() {
+                let e = st.render.piece(&text, st.first);
+                st.first = false;
+                st.tail.push_back(e);
             }
-        };
-        // Pieces that arrived just before the answer.
-        while let Ok(text) = rx.try_recv() {
-            if out.send(chunk(delta(&text, first), None)).await.is_err() {
-                return;
-            }
-            first = false;
-        }
-        match result {
-            Ok(Ok(c)) => {
-                if first && !c.text.is_empty() {
-                    // An engine that does not stream: the whole text at once.
-                    let _ = out.send(chunk(delta(&c.text, true), None)).await;
+            match result {
+                Ok(Ok(c)) => {
+                    if st.first && !c.text.is_empty() {
+                        // An engine that does not stream: the whole text at once.
+                        st.tail.push_back(st.render.piece(&c.text, true));
+                    }
+                    st.tail.push_back(st.render.finish(&c));
+                    if st.include_usage {
+                        st.tail.push_back(st.render.usage(&c));
+                    }
                 }
-                let fin = match flavor {
-                    Flavor::Chat => json!({"index": 0, "delta": {}, "finish_reason": finish_reason(&c, max_tokens)}),
-                    Flavor::Completions => json!({"index": 0, "text": "", "finish_reason": finish_reason(&c, max_tokens)}),
-                };
-                let _ = out.send(chunk(fin, None)).await;
-                if include_usage {
-                    let _ = out.send(chunk(Value::Null, Some(usage(&c)))).await;
+                Ok(Err(m)) => {
+                    let err = json!({"error": {"message": m, "type": "engine_error", "param": null, "code": 502}});
+                    st.tail.push_back(Event::default().data(err.to_string()));
+                }
+                Err(_) => {
+                    let err = json!({"error": {"message": "the runtime dropped the call", "type": "unavailable_error", "param": null, "code": 503}});
+                    st.tail.push_back(Event::default().data(err.to_string()));
                 }
             }
-            Ok(Err(m)) => {
-                let err = json!({"error": {"message": m, "type": "engine_error", "param": null, "code": 502}});
-                let _ = out.send(Event::default().data(err.to_string())).await;
-            }
-            Err(_) => {
-                let err = json!({"error": {"message": "the runtime dropped the call", "type": "unavailable_error", "param": null, "code": 503}});
-                let _ = out.send(Event::default().data(err.to_string())).await;
-            }
+            st.tail.push_back(Event::default().data("[DONE]"));
         }
-        let _ = out.send(Event::default().data("[DONE]")).await;
     });
     Ok(Sse::new(events).keep_alive(KeepAlive::default()).into_response())
 }
 
-/// A stream fed by a task that `body` runs; when the client goes away the stream is dropped,
-/// the channel closes, and the task (with everything it holds) ends at its next send.
-fn async_stream<F, Fut>(body: F) -> impl Stream<Item = Result<Event, Infallible>>
-where
-    F: FnOnce(mpsc::Sender<Event>) -> Fut,
-    Fut: std::future::Future<Output = ()> + Send + 'static,
-{
-    let (tx, rx) = mpsc::channel::<Event>(64);
-    let task = tokio::spawn(body(tx));
-    let guard = AbortOnDrop(task);
-    futures::stream::unfold((rx, guard), |(mut rx, guard)| async move { rx.recv().await.map(|e| (Ok(e), (rx, guard))) })
+/// A streamed answer in progress: the engine's pieces (`rx`; dropping it — the client went
+/// away and axum dropped the stream — cancels the call upstream), the whole answer (`done`),
+/// and the events still to send after it.
+struct Streaming {
+    rx: mpsc::UnboundedReceiver<String>,
+    done: Option<tokio::sync::oneshot::Receiver<Result<Completion, String>>>,
+    first: bool,
+    tail: std::collections::VecDeque<Event>,
+    render: Render,
+    include_usage: bool,
 }
 
-/// Aborts the feeding task when the response stream is dropped (the client disconnected), so
-/// that the token receiver it holds is dropped at once and the engine abandons the call.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
+/// The chunks of one streamed answer, rendered without building a JSON tree per piece: the
+/// fixed head (`id`, `object`, `created`, `model`) once, each piece's text escaped into it.
+struct Render {
+    flavor: Flavor,
+    head: String,
+    max_tokens: u32,
+}
 
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
+impl Render {
+    fn new(flavor: Flavor, id: &str, created: u64, model: &str, max_tokens: u32) -> Self {
+        let object = if flavor == Flavor::Chat { "chat.completion.chunk" } else { "text_completion" };
+        let head = format!(
+            "{{\"id\":{},\"object\":\"{object}\",\"created\":{created},\"model\":{},",
+            Value::String(id.to_string()),
+            Value::String(model.to_string())
+        );
+        Render { flavor, head, max_tokens }
+    }
+
+    fn piece(&self, text: &str, first: bool) -> Event {
+        let text = Value::String(text.to_string());
+        let choice = match self.flavor {
+            Flavor::Chat if first => format!("{{\"index\":0,\"delta\":{{\"role\":\"assistant\",\"content\":{text}}},\"finish_reason\":null}}"),
+            Flavor::Chat => format!("{{\"index\":0,\"delta\":{{\"content\":{text}}},\"finish_reason\":null}}"),
+            Flavor::Completions => format!("{{\"index\":0,\"text\":{text},\"finish_reason\":null}}"),
+        };
+        Event::default().data(format!("{}\"choices\":[{choice}]}}", self.head))
+    }
+
+    fn finish(&self, c: &Completion) -> Event {
+        let reason = finish_reason(c, self.max_tokens);
+        let choice = match self.flavor {
+            Flavor::Chat => format!("{{\"index\":0,\"delta\":{{}},\"finish_reason\":\"{reason}\"}}"),
+            Flavor::Completions => format!("{{\"index\":0,\"text\":\"\",\"finish_reason\":\"{reason}\"}}"),
+        };
+        Event::default().data(format!("{}\"choices\":[{choice}]}}", self.head))
+    }
+
+    fn usage(&self, c: &Completion) -> Event {
+        Event::default().data(format!("{}\"choices\":[],\"usage\":{}}}", self.head, usage(c)))
     }
 }
 
@@ -379,6 +393,32 @@ mod tests {
             h.insert(axum::http::HeaderName::from_bytes(k.as_bytes()).expect("name"), v.parse().expect("value"));
         }
         h
+    }
+
+    /// The data of an SSE event, as the client reads it off the wire.
+    async fn data(e: Event) -> Value {
+        let resp = Sse::new(futures::stream::iter([Ok::<_, Infallible>(e)])).into_response();
+        let bytes = axum::body::to_bytes(resp.into_body(), 1 << 20).await.expect("body");
+        let text = String::from_utf8(bytes.to_vec()).expect("UTF-8");
+        let json = text.lines().find_map(|l| l.strip_prefix("data: ")).expect("a data line");
+        serde_json::from_str(json).unwrap_or_else(|err| panic!("{err}: {json}"))
+    }
+
+    #[tokio::test]
+    async fn streamed_pieces_are_valid_chunks_whatever_the_text() {
+        let r = Render::new(Flavor::Chat, "chatcmpl-1", 7, "Qwen/Qwen3-8B", 16);
+        for text in ["plain", "quote \" and \\ backslash", "line\nbreak", "üñí 漢字 😀", ""] {
+            let v = data(r.piece(text, false)).await;
+            assert_eq!(v.pointer("/choices/0/delta/content").and_then(Value::as_str), Some(text), "{v}");
+            assert_eq!((v["id"].as_str(), v["created"].as_u64(), v["model"].as_str()), (Some("chatcmpl-1"), Some(7), Some("Qwen/Qwen3-8B")));
+        }
+        let first = data(r.piece("hi", true)).await;
+        assert_eq!(first.pointer("/choices/0/delta/role").and_then(Value::as_str), Some("assistant"));
+        let c = Completion { text: "x".into(), prompt_tokens: 3, cached_prompt_tokens: 1, output_tokens: 16, ttft_s: 0.0, latency_s: 0.0 };
+        assert_eq!(data(r.finish(&c)).await.pointer("/choices/0/finish_reason").and_then(Value::as_str), Some("length"));
+        assert_eq!(data(r.usage(&c)).await.pointer("/usage/prompt_tokens_details/cached_tokens").and_then(Value::as_u64), Some(1));
+        let rc = Render::new(Flavor::Completions, "cmpl-1", 7, "m", 16);
+        assert_eq!(data(rc.piece("a\"b", false)).await.pointer("/choices/0/text").and_then(Value::as_str), Some("a\"b"));
     }
 
     #[test]

@@ -1072,6 +1072,13 @@ impl PlannerActorState {
             None => ("session_done", None),
         };
         self.log(event, TraceLine { session: Some(id.0), detail, ..blank() });
+        let mut report = report;
+        if self.events_out.is_some() {
+            // A served runtime runs for long: its per-call records were published as events and
+            // are not kept (only the session's record and result, which status queries read).
+            report.calls = Vec::new();
+            report.timings = Vec::new();
+        }
         self.ended.insert(id, report);
         self.post(myself, Event::SessionEnded { session: id });
         self.after_session_end();

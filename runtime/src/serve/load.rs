@@ -17,7 +17,7 @@
 //! batched the two loads.
 //!
 //! Soak: `soak` programs at once through the front door, one streamed call of `soak_tokens`
-//! tokens each; a stream counts as whole when it ends with `[DONE]` after exactly
+//! tokens each (the program's last: `X-Program-Done`); a stream counts as whole when it ends with `[DONE]` after exactly
 //! `soak_tokens` content pieces. The process's resident memory is sampled (engine, runtime and
 //! clients together: they share the process).
 //!
@@ -110,6 +110,11 @@ fn percentile(sorted: &[f64], q: f64) -> f64 {
 
 /// One streamed call; `Ok((latency, content pieces))` when it ended with `[DONE]`.
 async fn call(http: &reqwest::Client, url: &str, program: Option<&str>, max_tokens: u32) -> Result<(Duration, usize), String> {
+    call_as(http, url, program, max_tokens, false).await
+}
+
+/// [`call`], saying whether it is the program's last (`X-Program-Done`).
+async fn call_as(http: &reqwest::Client, url: &str, program: Option<&str>, max_tokens: u32, last: bool) -> Result<(Duration, usize), String> {
     let body = json!({
         "model": MODEL,
         "messages": [{"role": "user", "content": "Tell me about agent workflows."}],
@@ -120,6 +125,9 @@ async fn call(http: &reqwest::Client, url: &str, program: Option<&str>, max_toke
     let mut req = http.post(url).json(&body);
     if let Some(p) = program {
         req = req.header("X-Session-ID", p);
+    }
+    if last {
+        req = req.header("X-Program-Done", "true");
     }
     let resp = req.send().await.map_err(|e| e.to_string())?;
     if !resp.status().is_success() {
@@ -296,7 +304,7 @@ pub async fn front_door_bench(opts: &LoadOptions) -> Result<LoadReport, String> 
             let tokens = opts.soak_tokens;
             tokio::spawn(async move {
                 let program = format!("soak-{p}");
-                matches!(call(&http, &url, Some(&program), tokens).await, Ok((_, n)) if n == tokens as usize)
+                matches!(call_as(&http, &url, Some(&program), tokens, true).await, Ok((_, n)) if n == tokens as usize)
             })
         })
         .collect();

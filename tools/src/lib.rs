@@ -218,6 +218,23 @@ pub fn run_tool(call: &ToolCall) -> Result<ToolOutcome, ToolError> {
     }
 }
 
+/// A key that identifies what a call computes, for memoising outcomes: two calls with the
+/// same key give the same outcome (on one backend). For `python_tests` it is the job the tool
+/// runs — the code *extracted* from its fenced block, the tests, the imports, the timeout — so
+/// calls whose inputs differ only in the prose around the code share it; `None` when the
+/// inputs cannot be read or for other tools (the caller keys on the call as it is).
+pub fn canonical_key(call: &ToolCall) -> Option<String> {
+    match call.tool.as_str() {
+        python_tests::NAME => {
+            let job = python_tests::PythonTests::from_call(call).ok()?;
+            serde_json::to_string(&(NAME_PREFIX_PYTHON_TESTS, &job.code, &job.tests, &job.imports, job.timeout_s.to_bits())).ok()
+        }
+        _ => None,
+    }
+}
+
+const NAME_PREFIX_PYTHON_TESTS: &str = "python_tests/job";
+
 /// The deterministic duration of a call for virtual time, from its inputs alone.
 ///
 /// `python_tests`: start-up + per-test + per-KiB-of-source + per-import terms measured on this
@@ -237,4 +254,41 @@ pub fn modeled_duration_s(call: &ToolCall) -> f64 {
 /// True when a python3 interpreter runs inside the sandbox here (probed once per process).
 pub fn python3_available() -> bool {
     python::interpreter().is_some()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn call(code: &str, tests: &[&str]) -> ToolCall {
+        ToolCall {
+            tool: python_tests::NAME.into(),
+            inputs: [
+                ("code".to_string(), serde_json::json!(code)),
+                ("tests".to_string(), serde_json::json!(tests)),
+            ]
+            .into_iter()
+            .collect(),
+            timeout_s: Some(5.0),
+        }
+    }
+
+    #[test]
+    fn the_canonical_key_is_the_job_not_the_prose_around_the_code() {
+        let a = call("Here you go:\n```python\ndef f(x):\n    return x\n```\nIt returns x.", &["assert f(1) == 1"]);
+        let b = call("```python\ndef f(x):\n    return x\n```\nThis defines f, which is the identity.", &["assert f(1) == 1"]);
+        let other_code = call("```python\ndef f(x):\n    return x + 1\n```", &["assert f(1) == 1"]);
+        let other_tests = call("```python\ndef f(x):\n    return x\n```", &["assert f(2) == 2"]);
+        let key = |c: &ToolCall| canonical_key(c).expect("a readable call has a key");
+        assert_eq!(key(&a), key(&b));
+        assert_ne!(key(&a), key(&other_code));
+        assert_ne!(key(&a), key(&other_tests));
+        let mut slower = a.clone();
+        slower.timeout_s = Some(10.0);
+        assert_ne!(key(&a), key(&slower), "the timeout is part of the job");
+        let unreadable = ToolCall { inputs: BTreeMap::new(), ..a.clone() };
+        assert_eq!(canonical_key(&unreadable), None);
+        let vote = ToolCall { tool: majority_vote::NAME.into(), ..a };
+        assert_eq!(canonical_key(&vote), None);
+    }
 }

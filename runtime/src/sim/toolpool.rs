@@ -39,9 +39,15 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// The memo key: the call and the sandbox backend that will run it.
+/// The memo key: what the call computes (`switchyard_tools::canonical_key`: for
+/// `python_tests`, the extracted code, tests, imports and timeout — not the prose around the
+/// code, which differs from session to session) or else the call itself, and the sandbox
+/// backend that will run it.
 fn memo_key(call: &ToolCall) -> Option<String> {
     let backend = std::env::var("SWITCHYARD_PYTHON_SANDBOX").unwrap_or_default();
+    if let Some(job) = switchyard_tools::canonical_key(call) {
+        return Some(format!("{}\u{0}job\u{0}{backend}\u{0}{job}", call.tool));
+    }
     let inputs = serde_json::to_string(&call.inputs).ok()?;
     Some(format!("{}\u{0}{:?}\u{0}{backend}\u{0}{inputs}", call.tool, call.timeout_s))
 }

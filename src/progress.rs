@@ -180,6 +180,11 @@ async fn next_signal(i: &mut tokio::signal::unix::Signal, t: &mut tokio::signal:
 /// (and says so on stderr), a second one exits at once with [`EXIT_INTERRUPTED`] (SIGINT) or
 /// [`EXIT_TERMINATED`] (SIGTERM), killing this process's engine groups first.
 pub fn on_ctrl_c() -> Result<Arc<AtomicBool>> {
+    on_ctrl_c_doing("stopping the run and writing a partial report")
+}
+
+/// [`on_ctrl_c`] whose first-signal message says `what` happens (e.g. the server stops).
+pub fn on_ctrl_c_doing(what: &'static str) -> Result<Arc<AtomicBool>> {
     use tokio::signal::unix::{SignalKind, signal};
     let flag = Arc::new(AtomicBool::new(false));
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -203,9 +208,9 @@ pub fn on_ctrl_c() -> Result<Arc<AtomicBool>> {
                 };
                 set.store(true, Ordering::SeqCst);
                 if first == EXIT_INTERRUPTED {
-                    emit("interrupted: stopping the run and writing a partial report (Ctrl-C again to quit at once)");
+                    emit(&format!("interrupted: {what} (Ctrl-C again to quit at once)"));
                 } else {
-                    emit("terminated (SIGTERM): stopping the run and writing a partial report (a second signal quits at once)");
+                    emit(&format!("terminated (SIGTERM): {what} (a second signal quits at once)"));
                 }
                 if let Some(status) = next_signal(&mut interrupts, &mut terms).await {
                     // The engine children die with this process (PR_SET_PDEATHSIG); the processes

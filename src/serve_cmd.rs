@@ -122,7 +122,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         handoff_s: 0.0,
     };
     crate::preflight(&run, true)?;
-    let interrupt = crate::progress::on_ctrl_c()?;
+    let interrupt = crate::progress::on_ctrl_c_doing("stopping the server (with --state, open sessions resume at the next start)")?;
     let exe = std::env::current_exe().context("cannot locate the switchyard binary")?;
     let engines = PoolEngines::new(&pool, args.noise_seed, Some(exe)).map_err(|e| anyhow!("{e}"))?;
     for n in engines.sweep_notes() {

@@ -45,6 +45,10 @@ pub struct ServeArgs {
     /// result is recorded there, and a restart on the same directory resumes what was unfinished.
     #[arg(long)]
     pub state: Option<PathBuf>,
+    /// Keep the status and final output of at most this many ended sessions in memory (older
+    /// ones read `unknown`; with `--state` the journal keeps every outcome).
+    #[arg(long, default_value_t = 100_000)]
+    pub keep_ended: usize,
     /// Largest request body in bytes.
     #[arg(long, default_value_t = 4 << 20)]
     pub max_body_bytes: usize,
@@ -132,6 +136,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let mut cfg = LiveConfig::new(run);
     cfg.speed = speed;
     cfg.stream = !args.no_stream;
+    cfg.keep_ended = args.keep_ended;
     let on_note: live::NoteSink = Arc::new(|line: &str| eprintln!("note: {line}"));
     cfg.on_note = Some(on_note);
     let api_config = ApiConfig { token, max_body_bytes: args.max_body_bytes, ..ApiConfig::default() };

@@ -401,3 +401,36 @@ async fn a_next_model_hint_lets_the_planner_prefetch_that_model() {
     }
     assert_eq!(loads, 2, "the hinted model was prefetched");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_forgets_the_oldest_ended_sessions_beyond_its_limit() {
+    let server = Server::start_with(
+        &repo().join("workflows/pools/live-emulated.yaml"),
+        &[&repo().join("tests/fixtures/tiny_chain.yaml")],
+        &["--keep-ended".as_ref(), "2".as_ref()],
+    );
+    let http = reqwest::Client::new();
+    let auth = format!("Bearer {TOKEN}");
+    let mut runs = Vec::new();
+    for _ in 0..3 {
+        let resp = http.post(server.url("/v1/runs")).header("authorization", &auth).json(&json!({"workflow": "tiny-chain", "sessions": 1})).send().await.expect("run");
+        let v: Value = resp.json().await.expect("json");
+        let id = v["id"].as_str().expect("id").to_string();
+        // One after the other, so that they end in order.
+        for _ in 0..300 {
+            let v: Value = http.get(server.url(&format!("/v1/runs/{id}"))).header("authorization", &auth).send().await.expect("status").json().await.expect("json");
+            if v["state"] != "running" {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        runs.push(id);
+    }
+    let state = |v: &Value| v.pointer("/sessions/0/state").and_then(Value::as_str).map(str::to_string);
+    let first: Value = http.get(server.url(&format!("/v1/runs/{}", runs[0]))).header("authorization", &auth).send().await.expect("s").json().await.expect("j");
+    let last: Value = http.get(server.url(&format!("/v1/runs/{}", runs[2]))).header("authorization", &auth).send().await.expect("s").json().await.expect("j");
+    assert_eq!(state(&first).as_deref(), Some("unknown"), "the oldest ended session is forgotten: {first}");
+    assert_eq!(state(&last).as_deref(), Some("completed"), "{last}");
+    let metrics = http.get(server.url("/metrics")).send().await.expect("metrics").text().await.expect("text");
+    assert!(metrics.contains("switchyard_sessions{state=\"completed\"} 3"), "forgotten sessions still count: {metrics}");
+}

@@ -87,6 +87,10 @@ pub struct PlannerArgs {
     pub front_door: Option<(u32, Duration)>,
     /// The runtime's own metrics, kept up to date at each tick (a served runtime's `/metrics`).
     pub metrics: Option<Arc<RuntimeMetrics>>,
+    /// A served runtime keeps the reports of at most this many ended sessions (the oldest
+    /// ended are forgotten: their status reads `unknown`, the journal still has their outcome);
+    /// `None`: all (a run of a fixed trace).
+    pub keep_ended: Option<usize>,
 }
 
 struct ReplicaEntry {
@@ -142,6 +146,11 @@ pub struct PlannerActorState {
     durable: BTreeMap<usize, DurableSession>,
     /// Sessions of `ended` that failed (the metrics' gauges, without a scan per tick).
     ended_failed: usize,
+    keep_ended: Option<usize>,
+    /// Ended sessions in the order they ended (for forgetting the oldest), and how many were
+    /// forgotten (completed, failed).
+    end_order: std::collections::VecDeque<SessionId>,
+    forgotten: (usize, usize),
 
     sessions: BTreeMap<SessionId, ActorRef<SessionMsg>>,
     session_cells: BTreeMap<ActorId, SessionId>,
@@ -226,6 +235,9 @@ impl Actor for PlannerActor {
             programs: BTreeMap::new(),
             durable: BTreeMap::new(),
             ended_failed: 0,
+            keep_ended: args.keep_ended,
+            end_order: std::collections::VecDeque::new(),
+            forgotten: (0, 0),
             sessions: BTreeMap::new(),
             session_cells: BTreeMap::new(),
             pending: BTreeMap::new(),
@@ -307,7 +319,12 @@ impl PlannerActorState {
     }
 
     fn done(&self) -> bool {
-        self.ended.len() + self.start_failures.len() >= self.total()
+        self.ended_count() >= self.total()
+    }
+
+    /// Sessions that ended, forgotten ones included.
+    fn ended_count(&self) -> usize {
+        self.ended.len() + self.start_failures.len() + self.forgotten.0 + self.forgotten.1
     }
 
     fn note(&mut self, line: String) {
@@ -743,8 +760,8 @@ impl PlannerActorState {
     fn update_gauges(&self) {
         let Some(m) = &self.metrics else { return };
         let gauge = |v: usize| i64::try_from(v).unwrap_or(i64::MAX);
-        let failed = self.ended_failed + self.start_failures.len();
-        let completed = self.ended.len() - self.ended_failed;
+        let failed = self.ended_failed + self.start_failures.len() + self.forgotten.1;
+        let completed = self.ended.len() - self.ended_failed + self.forgotten.0;
         RuntimeMetrics::set_state(&m.sessions, "running", gauge(self.sessions.len()));
         RuntimeMetrics::set_state(&m.sessions, "completed", gauge(completed));
         RuntimeMetrics::set_state(&m.sessions, "failed", gauge(failed));
@@ -1022,8 +1039,13 @@ impl PlannerActorState {
         }
         let Some(entry) = self.trace.get(i).cloned() else { return };
         let w = entry.workflow as usize;
-        let (Some(spec), Some(input)) =
-            (self.ctx.workflows.get(w).cloned(), self.records.get(w).and_then(|r| r.get(entry.record)).cloned())
+        let input = if self.keep_ended.is_some() {
+            // A served runtime: the session takes its input; the actor keeps none.
+            self.records.get_mut(w).and_then(|r| r.get_mut(entry.record)).map(std::mem::take)
+        } else {
+            self.records.get(w).and_then(|r| r.get(entry.record)).cloned()
+        };
+        let (Some(spec), Some(input)) = (self.ctx.workflows.get(w).cloned(), input)
         else {
             return self.set_fatal(format!("trace entry {i} names no workflow record"));
         };
@@ -1086,12 +1108,26 @@ impl PlannerActorState {
             self.ended_failed += 1;
         }
         self.ended.insert(id, report);
+        if let Some(keep) = self.keep_ended {
+            self.end_order.push_back(id);
+            while self.ended.len() > keep {
+                let Some(old) = self.end_order.pop_front() else { break };
+                if let Some(r) = self.ended.remove(&old) {
+                    if r.record.failed.is_some() {
+                        self.ended_failed -= 1;
+                        self.forgotten.1 += 1;
+                    } else {
+                        self.forgotten.0 += 1;
+                    }
+                }
+            }
+        }
         self.post(myself, Event::SessionEnded { session: id });
         self.after_session_end();
     }
 
     fn after_session_end(&mut self) {
-        let n = self.ended.len() + self.start_failures.len();
+        let n = self.ended_count();
         if let Some(p) = &self.progress {
             p(n, self.total());
         }

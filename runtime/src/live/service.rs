@@ -127,6 +127,7 @@ impl Service {
             events: Some(events.clone()),
             front_door: Some((front_door_index, cfg.program_idle)),
             metrics: Some(Arc::clone(&metrics)),
+            keep_ended: Some(cfg.keep_ended.max(1)),
         };
         let (planner, handle) =
             Actor::spawn(None, PlannerActor, args).await.map_err(|e| LiveError::Spawn(e.to_string()))?;

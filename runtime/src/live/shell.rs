@@ -57,6 +57,10 @@ pub struct LiveConfig {
     pub keep_trace: bool,
     /// A served runtime's front door: end a program after this long without a call in flight.
     pub program_idle: Duration,
+    /// A served runtime keeps the reports (status, final output) of at most this many ended
+    /// sessions; older ones are forgotten (their status reads `unknown`), so memory does not
+    /// grow with the sessions served.
+    pub keep_ended: usize,
 }
 
 impl LiveConfig {
@@ -75,6 +79,7 @@ impl LiveConfig {
             on_note: None,
             keep_trace: false,
             program_idle: Duration::from_secs(300),
+            keep_ended: 100_000,
         }
     }
 }
@@ -177,6 +182,7 @@ pub async fn run(cfg: &LiveConfig, factory: Arc<dyn EngineFactory>, progress: Op
         events: None,
         front_door: None,
         metrics: None,
+        keep_ended: None,
     };
     let (planner, handle) =
         Actor::spawn(None, PlannerActor, args).await.map_err(|e| LiveError::Spawn(e.to_string()))?;

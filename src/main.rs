@@ -228,8 +228,21 @@ mod otlp {
             .with_resource(resource)
             .build();
         let tracer = provider.tracer("switchyard");
+        let _ = PROVIDER.set(provider.clone());
         opentelemetry::global::set_tracer_provider(provider);
         Some(tracing_opentelemetry::layer().with_tracer(tracer).boxed())
+    }
+
+    /// The provider, kept to flush its batch at exit.
+    static PROVIDER: std::sync::OnceLock<opentelemetry_sdk::trace::SdkTracerProvider> = std::sync::OnceLock::new();
+
+    /// Flush and stop the exporter (spans still batched are sent).
+    pub fn shutdown() {
+        if let Some(p) = PROVIDER.get()
+            && let Err(e) = p.shutdown()
+        {
+            eprintln!("note: OTLP export did not flush: {e}");
+        }
     }
 }
 
@@ -259,6 +272,9 @@ fn main() -> ExitCode {
         Command::Emulate(args) => emulate_cmd::run(args).map(|()| RunEnd::Ok),
         Command::Serve(args) => serve_cmd::run(args).map(|()| RunEnd::Ok),
     };
+    // Spans still batched for the collector go out before the process ends.
+    #[cfg(feature = "otlp")]
+    otlp::shutdown();
     match result {
         Ok(RunEnd::Ok) => ExitCode::SUCCESS,
         Ok(RunEnd::SessionsFailed(n)) => {

@@ -144,23 +144,12 @@ impl RuntimeBuilder {
         }
         let pool_err = |message: String| Error::Pool { path: self.pool.display().to_string(), message };
         let pool: LivePoolSpec<EngineSpec> = LivePoolSpec::load(&self.pool).map_err(|e| pool_err(e.to_string()))?;
-        let run = RunConfig {
-            workflows: workflows.clone(),
-            sessions: 1,
-            arrival: Arrival::Burst,
-            seed: self.seed,
-            noise_seed: self.noise_seed,
-            pool: pool.pool.clone(),
-            policy: self.policy.clone(),
-            options: JointOptions::default(),
-            predictor: self.predictor.clone(),
-            tool_workers: 2,
-            max_num_seqs: 256,
-            substrate: Substrate { reclaim: if self.sleep { Reclaim::Sleep } else { Reclaim::Unload }, ..Substrate::default() },
-            session_counts: Vec::new(),
-            workflow_arrivals: Vec::new(),
-            handoff_s: 0.0,
-        };
+        let mut run = RunConfig::served(workflows.clone(), pool.pool.clone());
+        run.seed = self.seed;
+        run.noise_seed = self.noise_seed;
+        run.policy = self.policy.clone();
+        run.predictor = self.predictor.clone();
+        run.substrate.reclaim = if self.sleep { Reclaim::Sleep } else { Reclaim::Unload };
         let exe = self.switchyard_exe.clone().or_else(default_switchyard_exe);
         let engines = PoolEngines::new(&pool, self.noise_seed, exe).map_err(|e| pool_err(e.to_string()))?;
         let speed = engines.speed().map_err(|e| pool_err(e.to_string()))?;

@@ -11,11 +11,11 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail};
 use clap::Args;
-use switchyard_runtime::exec::{Arrival, RunConfig};
+use switchyard_runtime::exec::RunConfig;
 use switchyard_runtime::live::engines::EngineSpec;
 use switchyard_runtime::live::journal::Journal;
 use switchyard_runtime::live::{self, LiveConfig, LivePoolSpec, PoolEngines, Service};
-use switchyard_runtime::planner::{JointOptions, POLICIES, Reclaim, Substrate};
+use switchyard_runtime::planner::{POLICIES, Reclaim};
 use switchyard_runtime::serve::{self, ApiConfig};
 
 /// Environment variable holding the API's bearer token (when `--token-file` is not given).
@@ -108,23 +108,14 @@ pub fn run(args: ServeArgs) -> Result<()> {
         .map(|p| std::fs::read_to_string(p).with_context(|| p.display().to_string()))
         .collect::<Result<_>>()?;
     let pool: LivePoolSpec<EngineSpec> = LivePoolSpec::load(&args.pool).map_err(|e| anyhow!("{e}"))?;
-    let run = RunConfig {
-        workflows: workflows.clone(),
-        sessions: 1,
-        arrival: Arrival::Burst,
-        seed: args.seed,
-        noise_seed: args.noise_seed,
-        pool: pool.pool.clone(),
-        policy: args.policy.clone(),
-        options: JointOptions::default(),
-        predictor: args.predictor.clone(),
-        tool_workers: args.tool_workers,
-        max_num_seqs: args.max_num_seqs,
-        substrate: Substrate { reclaim: if args.sleep { Reclaim::Sleep } else { Reclaim::Unload }, ..Substrate::default() },
-        session_counts: Vec::new(),
-        workflow_arrivals: Vec::new(),
-        handoff_s: 0.0,
-    };
+    let mut run = RunConfig::served(workflows.clone(), pool.pool.clone());
+    run.seed = args.seed;
+    run.noise_seed = args.noise_seed;
+    run.policy = args.policy.clone();
+    run.predictor = args.predictor.clone();
+    run.tool_workers = args.tool_workers;
+    run.max_num_seqs = args.max_num_seqs;
+    run.substrate.reclaim = if args.sleep { Reclaim::Sleep } else { Reclaim::Unload };
     crate::preflight(&run, true)?;
     let interrupt = crate::progress::on_ctrl_c_doing("stopping the server (with --state, open sessions resume at the next start)")?;
     let exe = std::env::current_exe().context("cannot locate the switchyard binary")?;

@@ -6,8 +6,7 @@
 
 mod support;
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use support::serve::{BIN, Server, TOKEN, repo};
@@ -309,27 +308,7 @@ async fn a_front_door_client_that_disconnects_aborts_its_call_upstream() {
         format!("name: upstream\ndevices:\n  - kind: A100-80GB\n    count: 1\n    engine: {{ kind: openai, base_url: \"{base}\", request_timeout_s: 30, models: {{ {models} }} }}\n"),
     )
     .expect("pool");
-    let mut child = Command::new(BIN)
-        .args(["serve", "--listen", "127.0.0.1:0", "--pool"])
-        .arg(&pool)
-        .arg("--workflow")
-        .arg(repo().join("tests/fixtures/tiny_chain.yaml"))
-        .env("SWITCHYARD_API_TOKEN", TOKEN)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn");
-    let stderr = child.stderr.take().expect("stderr");
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            eprintln!("[serve] {line}");
-            if let Some(addr) = line.split("listening on ").nth(1) {
-                let _ = tx.send(addr.split_whitespace().next().unwrap_or("").to_string());
-            }
-        }
-    });
-    let server = Server::from_child(child, rx.recv_timeout(Duration::from_secs(60)).expect("listening"));
+    let server = Server::start(&pool, &[&repo().join("tests/fixtures/tiny_chain.yaml")]);
     let http = reqwest::Client::new();
     let call = json!({"model": "Qwen3-0.6B", "messages": [{"role": "user", "content": "Write a lot"}], "max_tokens": 500, "stream": true});
     let resp = http

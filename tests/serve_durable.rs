@@ -10,7 +10,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use support::serve::{Server, TOKEN, repo, slow_pool};
+use support::serve::{Server, TOKEN, slow_pool};
 use switchyard_runtime::live::journal::{Journal, SessionOutcome};
 
 /// Two long answers on Qwen3-0.6B: a session lasts seconds at 5×, so a kill lands mid-run.
@@ -114,5 +114,4 @@ async fn a_killed_server_resumes_every_session_exactly_once() {
     eprintln!("journal after the restart: {stats:?}");
     assert_eq!(stats.program_bindings, 1);
     assert_eq!(journal.program_binding("agent-7").expect("binding"), Some(json!({"model": "Qwen3-0.6B"})));
-    let _ = repo();
 }

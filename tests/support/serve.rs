@@ -78,10 +78,6 @@ impl Server {
         Server { child, base }
     }
 
-    pub fn from_child(child: Child, base: String) -> Server {
-        Server { child, base }
-    }
-
     pub fn url(&self, path: &str) -> String {
         format!("{}{path}", self.base)
     }

@@ -109,6 +109,31 @@ pub struct RunConfig {
 pub const FRAMEWORK_HANDOFF_S: f64 = 0.038;
 
 impl RunConfig {
+    /// The configuration of a served runtime (`live::Service`): `workflows` define the served
+    /// deployment table; sessions arrive when clients submit them, so the trace fields are
+    /// unused (one burst session each). Policy `joint` with its defaults, the `graph`
+    /// predictor, the default substrate, 2 tool workers, vLLM's default batch limit (256), no
+    /// framework handoff (the framework is the client). Callers change what they need.
+    pub fn served(workflows: Vec<Arc<WorkflowSpec>>, pool: PoolSpec) -> RunConfig {
+        RunConfig {
+            workflows,
+            sessions: 1,
+            arrival: Arrival::Burst,
+            seed: 42,
+            noise_seed: 0,
+            pool,
+            policy: "joint".into(),
+            options: JointOptions::default(),
+            predictor: "graph".into(),
+            tool_workers: 2,
+            max_num_seqs: 256,
+            substrate: Substrate::default(),
+            session_counts: Vec::new(),
+            workflow_arrivals: Vec::new(),
+            handoff_s: 0.0,
+        }
+    }
+
     /// Arrival process of each workflow ([`RunConfig::workflow_arrivals`], else `arrival` each).
     pub fn arrivals_of(&self) -> Vec<Arrival> {
         (0..self.workflows.len()).map(|w| self.workflow_arrivals.get(w).copied().unwrap_or(self.arrival)).collect()

@@ -227,6 +227,17 @@ impl ToolsHandle {
     }
 }
 
+/// Run blocking or CPU-bound work (prompt rendering, BPE tokenization, the responder, a
+/// journal write that waits for its fsync) without stalling the other tasks: on a
+/// multi-threaded runtime the worker hands its other tasks over first; elsewhere (a
+/// current-thread runtime, no runtime) it simply runs — `block_in_place` would panic there.
+pub fn off_the_reactor<T>(f: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
+        _ => f(),
+    }
+}
+
 /// What every actor of a run may read. A served runtime (`live::service`) replaces the
 /// planner's copy when a workflow is registered; sessions keep the copy they started with.
 #[derive(Clone)]

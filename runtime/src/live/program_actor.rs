@@ -139,7 +139,7 @@ impl Actor for ProgramActor {
 
     async fn handle(&self, myself: ActorRef<SessionMsg>, msg: SessionMsg, state: &mut ProgramState) -> Result<(), ActorProcessingErr> {
         match msg {
-            SessionMsg::Call(call) => state.on_call(&myself, *call),
+            SessionMsg::Call(call) => state.on_call(*call),
             SessionMsg::Dispatched { activation, .. } => {
                 let wall = state.args.ctx.clock.wall();
                 if let Some(w) = state.waiting.get_mut(&activation) {
@@ -175,7 +175,7 @@ impl Actor for ProgramActor {
 }
 
 impl ProgramState {
-    fn on_call(&mut self, myself: &ActorRef<SessionMsg>, call: ProgramCall) {
+    fn on_call(&mut self, call: ProgramCall) {
         if self.ended {
             let _ = call.reply.send(Err("the program has ended".into()));
             return;
@@ -205,7 +205,9 @@ impl ProgramState {
         let prompt_tokens = u32::try_from(ids.len()).unwrap_or(u32::MAX);
         let activation = ActivationId { session: self.args.session, index: self.next_index };
         self.next_index += 1;
-        let max = r.max_tokens.max(1);
+        // As vLLM's OpenAI server does with a limit past the served context: what is left of it.
+        let context = ctx.deployments.get(call.deployment.0 as usize).map_or(u32::MAX, |d| d.max_model_len);
+        let max = r.max_tokens.min(context.saturating_sub(prompt_tokens)).max(1);
         let item = WorkItem {
             activation,
             workflow: self.args.workflow,
@@ -242,7 +244,6 @@ impl ProgramState {
             activation,
             Waiting { item, next: call.next, call: pending, reply: call.reply, done_after: r.program_done, ready_at: wall, granted_at: None },
         );
-        let _ = myself;
     }
 
     fn on_done(&mut self, myself: &ActorRef<SessionMsg>, activation: ActivationId, completion: Completion) {

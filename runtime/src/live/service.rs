@@ -26,12 +26,12 @@ use thiserror::Error;
 use tokio::sync::{broadcast, oneshot};
 use tokio::task::JoinHandle;
 
-use super::actors::{Clock, DurableSession, EngineFactory, PlannerMsg, RunContext, SessionStatus, ToolsHandle};
+use super::actors::{Clock, DurableSession, EngineFactory, PlannerMsg, SessionStatus};
 use super::engine::{Completion, TokenSink};
 use super::metrics::RuntimeMetrics;
-use super::planner_actor::{PlannerActor, PlannerArgs, ReportMeta};
+use super::planner_actor::PlannerActor;
 use super::program_actor::ProgramRequest;
-use super::shell::{LiveConfig, LiveError, LiveOutput};
+use super::shell::{LiveConfig, LiveError, LiveOutput, planner_args, run_context};
 use crate::exec::{self, TraceLine};
 use crate::ids::SessionId;
 use crate::planner::{DeploymentId, DeploymentInfo};
@@ -68,7 +68,7 @@ pub struct Service {
     datasets: Vec<Arc<Vec<Record>>>,
     clock: Clock,
     /// The served deployments' models, for the front door's `model` field.
-    served: Vec<(String, DeploymentId)>,
+    served: Vec<(String, DeploymentId, u32)>,
     metrics: Arc<RuntimeMetrics>,
 }
 
@@ -88,47 +88,18 @@ impl Service {
         let (deployments, deployment_of) = exec::deployment_table(&workflows, rc.max_num_seqs)?;
         let node_info = exec::node_infos(&workflows, &deployment_of);
         let datasets: Vec<Arc<Vec<Record>>> = exec::load_records(&rc.workflows)?.into_iter().map(Arc::new).collect();
-        let served: Vec<(String, DeploymentId)> = deployments.iter().map(|d| (d.model.clone(), d.id)).collect();
+        let served: Vec<(String, DeploymentId, u32)> = deployments.iter().map(|d| (d.model.clone(), d.id, d.max_model_len)).collect();
         let planner = exec::build_planner(&rc.pool, &deployments, &rc.policy, rc.options, &rc.predictor, rc.substrate)?;
-        let clock = Clock::start(cfg.speed);
-        let ctx = Arc::new(RunContext {
-            workflows,
-            seed: rc.seed,
-            deployments,
-            deployment_of,
-            node_info,
-            clock,
-            retry: cfg.retry,
-            stream: cfg.stream,
-            tools: ToolsHandle::default(),
-        });
+        let ctx = run_context(cfg, workflows, deployments, deployment_of, node_info);
+        let clock = ctx.clock;
         let (events, _) = broadcast::channel(EVENT_BUFFER);
         let metrics = Arc::new(RuntimeMetrics::new());
-        let args = PlannerArgs {
-            ctx,
-            planner,
-            factory,
-            devices: rc.pool.devices.clone(),
-            trace: Vec::new(),
-            records: vec![Vec::new(); rc.workflows.len() + 1],
-            meta: ReportMeta {
-                policy: rc.policy.clone(),
-                seed: rc.seed,
-                noise_seed: rc.noise_seed,
-                arrival: "served".into(),
-                pool: rc.pool.name.clone(),
-            },
-            telemetry_every: cfg.telemetry_every,
-            tool_workers: rc.tool_workers,
-            tick: cfg.tick,
-            on_note: cfg.on_note.clone(),
-            keep_trace: false,
-            progress: None,
-            events: Some(events.clone()),
-            front_door: Some((front_door_index, cfg.program_idle)),
-            metrics: Some(Arc::clone(&metrics)),
-            keep_ended: Some(cfg.keep_ended.max(1)),
-        };
+        let mut args = planner_args(cfg, ctx, planner, factory, "served".into());
+        args.records = vec![Vec::new(); rc.workflows.len() + 1];
+        args.events = Some(events.clone());
+        args.front_door = Some((front_door_index, cfg.program_idle));
+        args.metrics = Some(Arc::clone(&metrics));
+        args.keep_ended = Some(cfg.keep_ended.max(1));
         let (planner, handle) =
             Actor::spawn(None, PlannerActor, args).await.map_err(|e| LiveError::Spawn(e.to_string()))?;
         Ok(Service { planner, handle: std::sync::Mutex::new(Some(handle)), events, datasets, clock, served, metrics })
@@ -183,14 +154,20 @@ impl Service {
 
     /// The served models (the front door's `/v1/models`).
     pub fn models(&self) -> Vec<String> {
-        self.served.iter().map(|(m, _)| m.clone()).collect()
+        self.served.iter().map(|(m, _, _)| m.clone()).collect()
     }
 
     /// The served deployment of `model` (`Qwen3-8B`, any case, or its Hugging Face id
     /// `Qwen/Qwen3-8B`).
     pub fn deployment_of_model(&self, model: &str) -> Option<DeploymentId> {
+        self.served_model(model).map(|(d, _)| d)
+    }
+
+    /// The served deployment of `model` and its context length (prompt plus answer, tokens):
+    /// the front door's calls get at most what is left of it after their prompt.
+    pub fn served_model(&self, model: &str) -> Option<(DeploymentId, u32)> {
         let name = model.rsplit('/').next().unwrap_or(model);
-        self.served.iter().find(|(m, _)| m.eq_ignore_ascii_case(name)).map(|(_, d)| *d)
+        self.served.iter().find(|(m, _, _)| m.eq_ignore_ascii_case(name)).map(|(_, d, len)| (*d, *len))
     }
 
     /// The front door: schedule one call of external program `program` (`None`: a program of

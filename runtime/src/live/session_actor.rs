@@ -15,7 +15,7 @@ use switchyard_tools::modeled_duration_s;
 use tracing::Span;
 
 use super::actors::{
-    CallTiming, DurableSession, PendingCall, PlannerMsg, RunContext, SessionMsg, SessionReport, SessionResult, ToolMsg,
+    off_the_reactor, CallTiming, DurableSession, PendingCall, PlannerMsg, RunContext, SessionMsg, SessionReport, SessionResult, ToolMsg,
 };
 use super::journal::{self, ActivationKind, JournalError, SessionOutcome};
 use super::engine::{Completion, LlmRequest};
@@ -25,14 +25,6 @@ use crate::session::Session;
 use crate::workflow::NodeKind;
 use crate::values::NodeOutput;
 
-/// Run CPU-bound work (prompt rendering, BPE tokenization, the responder) without stalling
-/// the other actors: on a multi-threaded runtime the worker hands its other tasks over first.
-fn off_the_reactor<T>(f: impl FnOnce() -> T) -> T {
-    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
-        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
-        _ => f(),
-    }
-}
 
 /// A failure reason that starts so is a client's cancel (journaled as `cancelled`).
 pub const CANCELLED_PREFIX: &str = "cancelled";

@@ -147,43 +147,13 @@ pub async fn run(cfg: &LiveConfig, factory: Arc<dyn EngineFactory>, progress: Op
     let sizes: Vec<usize> = records.iter().map(|r| r.len()).collect();
     let trace = arrivals::trace_per_workflow(&rc.arrivals_of(), &rc.sessions_of(), &sizes, rc.seed);
     let total = trace.len();
-    let clock = Clock::start(cfg.speed);
-    let ctx = Arc::new(RunContext {
-        workflows: rc.workflows.clone(),
-        seed: rc.seed,
-        deployments,
-        deployment_of,
-        node_info,
-        clock,
-        retry: cfg.retry,
-        stream: cfg.stream,
-        tools: ToolsHandle::default(),
-    });
-    let args = PlannerArgs {
-        ctx: Arc::clone(&ctx),
-        planner,
-        factory,
-        devices: rc.pool.devices.clone(),
-        trace: trace.clone(),
-        records,
-        meta: ReportMeta {
-            policy: rc.policy.clone(),
-            seed: rc.seed,
-            noise_seed: rc.noise_seed,
-            arrival: rc.arrival.to_string(),
-            pool: rc.pool.name.clone(),
-        },
-        telemetry_every: cfg.telemetry_every,
-        tool_workers: rc.tool_workers,
-        tick: cfg.tick,
-        on_note: cfg.on_note.clone(),
-        keep_trace: cfg.keep_trace,
-        progress,
-        events: None,
-        front_door: None,
-        metrics: None,
-        keep_ended: None,
-    };
+    let ctx = run_context(cfg, rc.workflows.clone(), deployments, deployment_of, node_info);
+    let clock = ctx.clock;
+    let mut args = planner_args(cfg, Arc::clone(&ctx), planner, factory, rc.arrival.to_string());
+    args.trace = trace.clone();
+    args.records = records;
+    args.keep_trace = cfg.keep_trace;
+    args.progress = progress;
     let (planner, handle) =
         Actor::spawn(None, PlannerActor, args).await.map_err(|e| LiveError::Spawn(e.to_string()))?;
 
@@ -269,6 +239,64 @@ pub async fn run(cfg: &LiveConfig, factory: Arc<dyn EngineFactory>, progress: Op
         });
     }
     Ok(out)
+}
+
+/// What every actor of a run on `cfg` reads, with the clock started now.
+pub(super) fn run_context(
+    cfg: &LiveConfig,
+    workflows: Vec<Arc<crate::workflow::WorkflowSpec>>,
+    deployments: Vec<crate::planner::DeploymentInfo>,
+    deployment_of: exec::DeploymentMap,
+    node_info: Vec<Vec<exec::graph_info::NodeInfo>>,
+) -> Arc<RunContext> {
+    Arc::new(RunContext {
+        workflows,
+        seed: cfg.run.seed,
+        deployments,
+        deployment_of,
+        node_info,
+        clock: Clock::start(cfg.speed),
+        retry: cfg.retry,
+        stream: cfg.stream,
+        tools: ToolsHandle::default(),
+    })
+}
+
+/// The planner actor's arguments for `cfg`: no trace, no records, no trace lines kept, no
+/// progress callback, none of a served runtime's parts — the caller sets what its shell uses.
+pub(super) fn planner_args(
+    cfg: &LiveConfig,
+    ctx: Arc<RunContext>,
+    planner: crate::planner::Planner,
+    factory: Arc<dyn EngineFactory>,
+    arrival: String,
+) -> PlannerArgs {
+    let rc = &cfg.run;
+    PlannerArgs {
+        ctx,
+        planner,
+        factory,
+        devices: rc.pool.devices.clone(),
+        trace: Vec::new(),
+        records: Vec::new(),
+        meta: ReportMeta {
+            policy: rc.policy.clone(),
+            seed: rc.seed,
+            noise_seed: rc.noise_seed,
+            arrival,
+            pool: rc.pool.name.clone(),
+        },
+        telemetry_every: cfg.telemetry_every,
+        tool_workers: rc.tool_workers,
+        tick: cfg.tick,
+        on_note: cfg.on_note.clone(),
+        keep_trace: false,
+        progress: None,
+        events: None,
+        front_door: None,
+        metrics: None,
+        keep_ended: None,
+    }
 }
 
 /// [`run`] on a runtime of its own (multi-threaded, two workers plus tokio's blocking pool for

@@ -36,6 +36,7 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
 use super::{Api, ApiError, JsonBody};
+use crate::live::actors::off_the_reactor;
 use crate::live::engine::{Completion, TokenSink};
 use crate::live::program_actor::ProgramRequest;
 
@@ -186,8 +187,8 @@ fn usage(c: &Completion) -> Value {
     })
 }
 
-fn finish_reason(c: &Completion, max_tokens: u32) -> &'static str {
-    if c.output_tokens >= max_tokens { "length" } else { "stop" }
+fn finish_reason(c: &Completion, max_tokens: impl Fn(u32) -> u32) -> &'static str {
+    if c.output_tokens >= max_tokens(c.prompt_tokens) { "length" } else { "stop" }
 }
 
 async fn handle(api: Arc<Api>, flavor: Flavor, headers: HeaderMap, body: Value) -> Result<Response, ApiError> {
@@ -199,11 +200,15 @@ async fn handle(api: Arc<Api>, flavor: Flavor, headers: HeaderMap, body: Value) 
     if let (Some(journal), Some(p)) = (&api.journal, &program) {
         let binding = json!({"model": parsed.model});
         let j = Arc::clone(journal);
-        if let Err(e) = tokio::task::block_in_place(|| j.bind_program(p, &binding)) {
+        if let Err(e) = off_the_reactor(|| j.bind_program(p, &binding)) {
             return Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "journal_error", e.to_string()));
         }
     }
-    let max_tokens = parsed.request.max_tokens;
+    // The limit the call really has: the program actor clamps it to what the served context
+    // leaves after the prompt (as vLLM does), and `length` is reported against that.
+    let context = api.service.served_model(&parsed.model).map_or(u32::MAX, |(_, len)| len);
+    let requested = parsed.request.max_tokens;
+    let max_tokens = move |prompt: u32| requested.min(context.saturating_sub(prompt)).max(1);
     let (tx, rx) = mpsc::unbounded_channel::<String>();
     let done = api.service.call(program, &parsed.model, parsed.request, TokenSink::new(tx)).map_err(|e| match e {
         crate::live::ServiceError::NotServed(m) => ApiError { param: Some("model".into()), ..ApiError::new(StatusCode::NOT_FOUND, "model_not_found", m) },
@@ -229,7 +234,7 @@ async fn handle(api: Arc<Api>, flavor: Flavor, headers: HeaderMap, body: Value) 
         }))
         .into_response());
     }
-    let render = Render::new(flavor, &id, created, &model, max_tokens);
+    let render = Render::new(flavor, &id, created, &model, requested, context);
     let include_usage = parsed.include_usage;
     let st = Streaming { rx, done: Some(done), first: true, tail: std::collections::VecDeque::new(), render, include_usage };
     let events = futures::stream::unfold(st, |mut st| async move {
@@ -300,18 +305,20 @@ struct Streaming {
 struct Render {
     flavor: Flavor,
     head: String,
-    max_tokens: u32,
+    /// The request's `max_tokens` and the served context (see `finish_reason`).
+    requested: u32,
+    context: u32,
 }
 
 impl Render {
-    fn new(flavor: Flavor, id: &str, created: u64, model: &str, max_tokens: u32) -> Self {
+    fn new(flavor: Flavor, id: &str, created: u64, model: &str, requested: u32, context: u32) -> Self {
         let object = if flavor == Flavor::Chat { "chat.completion.chunk" } else { "text_completion" };
         let head = format!(
             "{{\"id\":{},\"object\":\"{object}\",\"created\":{created},\"model\":{},",
             Value::String(id.to_string()),
             Value::String(model.to_string())
         );
-        Render { flavor, head, max_tokens }
+        Render { flavor, head, requested, context }
     }
 
     fn piece(&self, text: &str, first: bool) -> Event {
@@ -325,7 +332,7 @@ impl Render {
     }
 
     fn finish(&self, c: &Completion) -> Event {
-        let reason = finish_reason(c, self.max_tokens);
+        let reason = finish_reason(c, |prompt| self.requested.min(self.context.saturating_sub(prompt)).max(1));
         let choice = match self.flavor {
             Flavor::Chat => format!("{{\"index\":0,\"delta\":{{}},\"finish_reason\":\"{reason}\"}}"),
             Flavor::Completions => format!("{{\"index\":0,\"text\":\"\",\"finish_reason\":\"{reason}\"}}"),
@@ -406,7 +413,7 @@ mod tests {
 
     #[tokio::test]
     async fn streamed_pieces_are_valid_chunks_whatever_the_text() {
-        let r = Render::new(Flavor::Chat, "chatcmpl-1", 7, "Qwen/Qwen3-8B", 16);
+        let r = Render::new(Flavor::Chat, "chatcmpl-1", 7, "Qwen/Qwen3-8B", 16, 4096);
         for text in ["plain", "quote \" and \\ backslash", "line\nbreak", "üñí 漢字 😀", ""] {
             let v = data(r.piece(text, false)).await;
             assert_eq!(v.pointer("/choices/0/delta/content").and_then(Value::as_str), Some(text), "{v}");
@@ -417,7 +424,7 @@ mod tests {
         let c = Completion { text: "x".into(), prompt_tokens: 3, cached_prompt_tokens: 1, output_tokens: 16, ttft_s: 0.0, latency_s: 0.0 };
         assert_eq!(data(r.finish(&c)).await.pointer("/choices/0/finish_reason").and_then(Value::as_str), Some("length"));
         assert_eq!(data(r.usage(&c)).await.pointer("/usage/prompt_tokens_details/cached_tokens").and_then(Value::as_u64), Some(1));
-        let rc = Render::new(Flavor::Completions, "cmpl-1", 7, "m", 16);
+        let rc = Render::new(Flavor::Completions, "cmpl-1", 7, "m", 16, 4096);
         assert_eq!(data(rc.piece("a\"b", false)).await.pointer("/choices/0/text").and_then(Value::as_str), Some("a\"b"));
     }
 

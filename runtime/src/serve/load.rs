@@ -34,11 +34,10 @@ use serde::Serialize;
 use serde_json::json;
 
 use super::{ApiConfig, router, serve_until};
-use crate::exec::{Arrival, RunConfig};
+use crate::exec::RunConfig;
 use crate::live::engines::EngineSpec;
 use crate::live::server::{EmulateConfig, EmulateServer};
 use crate::live::{LiveConfig, LivePoolSpec, PoolEngines, Service};
-use crate::planner::{JointOptions, Substrate};
 use crate::workflow::parse_workflow;
 
 /// What to measure.
@@ -230,23 +229,9 @@ pub async fn front_door_bench(opts: &LoadOptions) -> Result<LoadReport, String> 
         "name: bench\ndevices:\n  - kind: A100-80GB\n    count: 1\n    engine: {{ kind: openai, base_url: \"{direct_base}/v1\", request_timeout_s: 600, models: {{ {MODEL}: {MODEL} }} }}\n"
     );
     let pool: LivePoolSpec<EngineSpec> = LivePoolSpec::parse(Path::new("bench-pool.yaml"), &pool_text).map_err(|e| e.to_string())?;
-    let run = RunConfig {
-        workflows: vec![Arc::new(workflow)],
-        sessions: 1,
-        arrival: Arrival::Burst,
-        seed: 42,
-        noise_seed: 0,
-        pool: pool.pool.clone(),
-        policy: "joint".into(),
-        options: JointOptions::default(),
-        predictor: "graph".into(),
-        tool_workers: 1,
-        max_num_seqs: 1024,
-        substrate: Substrate::default(),
-        session_counts: Vec::new(),
-        workflow_arrivals: Vec::new(),
-        handoff_s: 0.0,
-    };
+    let mut run = RunConfig::served(vec![Arc::new(workflow)], pool.pool.clone());
+    run.tool_workers = 1;
+    run.max_num_seqs = 1024;
     let engines = PoolEngines::new(&pool, 0, None).map_err(|e| e.to_string())?;
     let mut cfg = LiveConfig::new(run);
     cfg.speed = opts.speed;

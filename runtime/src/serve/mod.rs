@@ -41,7 +41,7 @@ use subtle::ConstantTimeEq;
 use tokio::sync::broadcast::error::RecvError;
 
 use crate::ids::SessionId;
-use crate::live::actors::DurableSession;
+use crate::live::actors::{DurableSession, off_the_reactor};
 use crate::live::journal::{Journal, RunRecord, SessionOutcome};
 use crate::live::{Service, ServiceError, SessionStatus};
 use crate::values::Record;
@@ -264,6 +264,13 @@ async fn restore(api: &Arc<Api>, journal: &Arc<Journal>) -> Result<Restored, Str
     let unfinished = journal.unfinished().map_err(j)?;
     let next = journal.last_session().map_err(j)?.map_or(1, |n| n + 1);
     api.next_number.store(next, Ordering::Relaxed);
+    // Ended sessions by run, in one pass.
+    let mut ended_by_run: BTreeMap<String, Vec<(u64, SessionStatus)>> = BTreeMap::new();
+    for (number, outcome) in &outcomes {
+        if let Some(entry) = journal.session(*number).map_err(j)? {
+            ended_by_run.entry(entry.run_id).or_default().push((*number, journal_status(outcome)));
+        }
+    }
     let mut restored = Restored { runs: runs.len(), ..Restored::default() };
     let mut max_run = 0;
     for run in &runs {
@@ -284,12 +291,7 @@ async fn restore(api: &Arc<Api>, journal: &Arc<Journal>) -> Result<Restored, Str
                 index
             }
         };
-        let mut ended_before = Vec::new();
-        for (number, outcome) in &outcomes {
-            if journal.session(*number).map_err(j)?.is_some_and(|e| e.run_id == run.run_id) {
-                ended_before.push((*number, journal_status(outcome)));
-            }
-        }
+        let ended_before = ended_by_run.remove(&run.run_id).unwrap_or_default();
         let mut resume = Vec::new();
         for u in unfinished.iter().filter(|u| u.run_id == run.run_id) {
             let input: Record = match &u.inputs {
@@ -592,12 +594,12 @@ async fn start_run(State(api): State<Arc<Api>>, JsonBody(body): JsonBody<RunBody
                 created_at_unix_ms: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64),
             };
             let j = Arc::clone(journal);
-            tokio::task::block_in_place(|| j.record_run(&record)).map_err(unavailable)?;
+            off_the_reactor(|| j.record_run(&record)).map_err(unavailable)?;
             let mut durable = Vec::with_capacity(inputs.len());
             for input in inputs {
                 let number = api.next_number.fetch_add(1, Ordering::Relaxed);
                 let value = Value::Object(input.iter().map(|(k, v)| (k.clone(), v.clone())).collect());
-                tokio::task::block_in_place(|| j.record_session(&id, number, &value)).map_err(unavailable)?;
+                off_the_reactor(|| j.record_session(&id, number, &value)).map_err(unavailable)?;
                 durable.push((input, Some(DurableSession { journal: Arc::clone(&j), number, replay: BTreeMap::new() })));
             }
             api.service.submit_durable(index, durable).await?

@@ -36,8 +36,13 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use super::estimates::Estimates;
+use super::state::{PLANNER_ENGINE_RESERVE_BYTES, PLANNER_TEARDOWN_S, wake_estimate_s};
 use super::substrate::Substrate;
-use super::{Command, DeploymentId, Event, PlannerState, Policy, ReplicaPhase, ReplicaView, WorkItem};
+use super::timeline::{Lane, Slot, place_all};
+use super::{
+    Command, DeploymentId, DeploymentInfo, DeviceInfo, Event, NearReadyItem, PlannerState, Policy, ReplicaPhase,
+    ReplicaView, WorkItem,
+};
 use crate::ids::{ActivationId, DeviceId, ReplicaId};
 
 /// Which mechanisms are on (all on = the full system).
@@ -58,7 +63,13 @@ pub struct JointOptions {
 
 impl Default for JointOptions {
     fn default() -> Self {
-        JointOptions { fusion: true, prefetch: true, shared_lifecycle: true, resource_order: false, history_admission: false }
+        JointOptions {
+            fusion: true,
+            prefetch: true,
+            shared_lifecycle: true,
+            resource_order: false,
+            history_admission: false,
+        }
     }
 }
 
@@ -90,6 +101,19 @@ pub struct Joint {
     history_key: BTreeMap<ActivationId, (u32, u32)>,
     /// P90 of each non-empty history (kept in step with `history`).
     p90: BTreeMap<(u32, u32), u32>,
+    /// Predicted finish of every unit placed on this tick's timeline (rebuilt each tick).
+    finish_of: BTreeMap<ActivationId, f64>,
+}
+
+/// A unit as the timeline places it: release (Eq. 2), KV reservation (bytes, Eq. 4/8), and
+/// the input and output lengths its run time is predicted for.
+#[derive(Debug, Clone, Copy)]
+struct Need {
+    activation: ActivationId,
+    release: f64,
+    kv: u64,
+    input: u32,
+    output: u32,
 }
 
 /// KV reservations of the units admitted to one replica, with their running sum (read per
@@ -137,6 +161,7 @@ impl Joint {
             load_owner: BTreeMap::new(),
             history_key: BTreeMap::new(),
             p90: BTreeMap::new(),
+            finish_of: BTreeMap::new(),
         }
     }
 
@@ -174,18 +199,99 @@ impl Joint {
         self.kv.get(&r).map(|m| m.total).unwrap_or(0)
     }
 
-    /// Predicted completion of `w` on replica `r` (Eq. 7: release, replica availability, run).
-    fn completion_on(&self, state: &PlannerState, r: &ReplicaView, w: &WorkItem, now: f64) -> Option<f64> {
+    /// What the timeline needs of a ready unit released at `release`.
+    fn need_of(&self, state: &PlannerState, w: &WorkItem, release: f64) -> Need {
+        Need {
+            activation: w.activation,
+            release,
+            kv: self.kv_reservation(state, w),
+            input: w.envelope.0.max(w.prompt_tokens),
+            output: self.timing_output(w),
+        }
+    }
+
+    /// What the timeline needs of a near-ready unit: its prompt bound and output limit, timed
+    /// like a ready unit of the same node, released at its predicted release (Eq. 2).
+    fn near_need(&self, state: &PlannerState, n: &NearReadyItem, release: f64) -> Need {
+        let w = WorkItem {
+            activation: n.activation,
+            workflow: n.workflow,
+            deployment: n.deployment,
+            prompt_tokens: n.prompt_bound,
+            max_output_tokens: n.max_output_tokens,
+            ready_at: release,
+            node: n.node,
+            chain_prev: None,
+            chain_next: false,
+            envelope: (n.prompt_bound, n.max_output_tokens),
+            remaining_path_tokens: 0,
+        };
+        self.need_of(state, &w, release)
+    }
+
+    /// A replica's lane (Eq. 7's lifecycle predecessor is its load or wake), seeded with the
+    /// reservations of the units admitted to it until their predicted finish (an overdue unit
+    /// is taken to finish now).
+    fn lane_of(&self, state: &PlannerState, r: &ReplicaView, now: f64) -> Option<Lane> {
         let d = state.deployment(r.deployment)?;
         let g = state.device(r.device)?;
-        let batch = r.leases.len() as u32 + 1;
-        let run = self.est.run_time(d, g, batch, w.envelope.0.max(w.prompt_tokens), self.timing_output(w));
-        let available = match r.phase {
+        let ready_at = match r.phase {
             ReplicaPhase::Awake => now,
             ReplicaPhase::Loading { since } => (since + self.est.load_time(d, g)).max(now),
             ReplicaPhase::Waking { since, expected_s } => (since + expected_s).max(now),
         };
-        Some(available + run)
+        let mut lane = Lane::new(Some(r.id), r.device, ready_at, Self::kv_capacity(state, r), d.max_num_seqs);
+        if let Some(book) = self.kv.get(&r.id) {
+            for (a, bytes) in &book.per_unit {
+                let finish = state.running().get(a).map_or(now, |u| u.started + u.predicted_s.unwrap_or(0.0));
+                lane.seed(finish.max(now), *bytes);
+            }
+        }
+        Some(lane)
+    }
+
+    /// When a replica of `d` that a lifecycle action starts now on `g` would serve: after the
+    /// teardown of its victims or of the device's earlier reclaims (the shells sequence them),
+    /// then a wake of a sleeper of `d` there, else a load.
+    fn lifecycle_ready_at(
+        &self,
+        state: &PlannerState,
+        d: &DeploymentInfo,
+        g: &DeviceInfo,
+        victims: &[ReplicaId],
+        now: f64,
+    ) -> f64 {
+        let start = if victims.is_empty() && state.tearing_down_on(g.id) == 0 { now } else { now + PLANNER_TEARDOWN_S };
+        let prepare = state
+            .asleep()
+            .find(|a| a.deployment == d.id && a.device == g.id)
+            .map_or_else(|| self.est.load_time(d, g), |a| wake_estimate_s(d.weight_bytes, &g.spec, a.level));
+        start + prepare
+    }
+
+    /// The lane of a replica of `d` that does not exist yet, serving from `ready_at`.
+    fn new_lane(d: &DeploymentInfo, g: &DeviceInfo, ready_at: f64) -> Lane {
+        let capacity = d.claim_bytes(g).saturating_sub(d.weight_bytes.saturating_add(PLANNER_ENGINE_RESERVE_BYTES));
+        Lane::new(None, g.id, ready_at, capacity, d.max_num_seqs)
+    }
+
+    /// Ĉ_F of `needs` on `lanes` (copied): the latest predicted finish once each is placed, in
+    /// order, where it finishes earliest; `now` when none can be placed.
+    fn completion(&self, state: &PlannerState, d: DeploymentId, lanes: &[Lane], needs: &[Need], now: f64) -> f64 {
+        let Some(dep) = state.deployment(d) else {
+            return f64::INFINITY;
+        };
+        let mut lanes = lanes.to_vec();
+        let slots =
+            place_all(&mut lanes, needs, |n| n.release, |n, _| n.kv, |n, g, b| self.run_on(state, dep, g, b, n));
+        if slots.iter().any(Option::is_none) {
+            return f64::INFINITY;
+        }
+        slots.iter().flatten().map(|(_, s)| s.finish).fold(now, f64::max)
+    }
+
+    fn run_on(&self, state: &PlannerState, dep: &DeploymentInfo, device: DeviceId, batch: u32, n: &Need) -> f64 {
+        state.device(device).map_or(f64::INFINITY, |g| self.est.run_time(dep, g, batch, n.input, n.output))
     }
 
     /// Whether replica `r` accepts `w` now (awake, batch slot, KV envelope fits).
@@ -199,8 +305,7 @@ impl Joint {
             }
         }
         let limit = state.deployment(r.deployment).map(|d| d.max_num_seqs).unwrap_or(0) as usize;
-        r.leases.len() < limit
-            && self.kv_in_use(r.id) + self.kv_reservation(state, w) <= Self::kv_capacity(state, r)
+        r.leases.len() < limit && self.kv_in_use(r.id) + self.kv_reservation(state, w) <= Self::kv_capacity(state, r)
     }
 
     /// Priority-and-aging level (lower is more urgent).
@@ -220,51 +325,62 @@ impl Joint {
             && (self.opts.shared_lifecycle || self.load_owner.get(&r.id) == Some(&w.workflow))
     }
 
-    fn grant(&mut self, state: &mut PlannerState, w: &WorkItem, r: ReplicaId, now: f64, out: &mut Vec<Command>) -> bool {
-        let predicted = state
-            .replica(r)
-            .and_then(|rv| self.completion_on(state, rv, w, now))
-            .map(|c| c - now);
+    /// Commit a grant (the plan's executable prefix) with its predicted run time.
+    fn grant(
+        &mut self,
+        state: &mut PlannerState,
+        w: &WorkItem,
+        r: ReplicaId,
+        predicted_s: f64,
+        now: f64,
+        out: &mut Vec<Command>,
+    ) -> bool {
         if state.issue_dispatch(w.activation, r, now, out).is_err() {
             return false;
         }
-        if let Some(p) = predicted {
-            state.set_predicted(w.activation, p);
-        }
+        state.set_predicted(w.activation, predicted_s);
         let reservation = self.kv_reservation(state, w);
         self.kv.entry(r).or_default().insert(w.activation, reservation);
+        self.history_key.insert(w.activation, (w.workflow, w.node));
         true
     }
 
-    /// Predicted release of a near-ready unit (Eq. 2): the latest predicted completion of
-    /// what it waits for.
-    fn release(state: &PlannerState, waits_for: &[ActivationId], now: f64) -> f64 {
+    /// Predicted release of a near-ready unit (Eq. 2): the latest predicted completion of what
+    /// it waits for — on the timeline for units placed this tick, else from the dispatch.
+    fn release(&self, state: &PlannerState, waits_for: &[ActivationId], now: f64) -> f64 {
         waits_for
             .iter()
-            .map(|a| match state.running().get(a) {
-                Some(r) => (r.started + r.predicted_s.unwrap_or(0.0)).max(now),
-                None => now,
+            .map(|a| match (self.finish_of.get(a), state.running().get(a)) {
+                (Some(f), _) => f.max(now),
+                (None, Some(r)) => (r.started + r.predicted_s.unwrap_or(0.0)).max(now),
+                (None, None) => now,
             })
             .fold(now, f64::max)
     }
 
     /// Demand on deployment `d` other than `exclude`: 0 = ready work, 1 = near-ready, 2 = none,
     /// with the earliest predicted release for near-ready.
-    fn next_use(state: &PlannerState, d: DeploymentId, now: f64) -> (u8, f64) {
+    fn next_use(&self, state: &PlannerState, d: DeploymentId, now: f64) -> (u8, f64) {
         if state.queue().iter().any(|w| w.deployment == d) {
             return (0, now);
         }
         let near = state
             .near_ready()
             .filter(|n| n.deployment == d)
-            .map(|n| Self::release(state, &n.waits_for, now))
+            .map(|n| self.release(state, &n.waits_for, now))
             .fold(f64::INFINITY, f64::min);
         if near.is_finite() { (1, near) } else { (2, f64::INFINITY) }
     }
 
     /// Lease-free victims on `device` in reclamation order: redundant copies first, then the
     /// most distant next use relative to reload cost, then least recently used.
-    fn victims(&self, state: &PlannerState, device: DeviceId, now: f64, keep: &BTreeSet<DeploymentId>) -> Vec<(ReplicaId, u64, f64)> {
+    fn victims(
+        &self,
+        state: &PlannerState,
+        device: DeviceId,
+        now: f64,
+        keep: &BTreeSet<DeploymentId>,
+    ) -> Vec<(ReplicaId, u64, f64)> {
         let mut v: Vec<(u8, f64, f64, ReplicaId, u64, f64)> = state
             .replicas_on(device)
             .filter(|r| r.is_idle() && !keep.contains(&r.deployment))
@@ -273,7 +389,7 @@ impl Joint {
                 let g = state.device(r.device)?;
                 let copies = state.replicas_of(r.deployment).count();
                 let reload = self.est.load_time(d, g).max(1e-3);
-                let (kind, at) = Self::next_use(state, r.deployment, now);
+                let (kind, at) = self.next_use(state, r.deployment, now);
                 // A redundant copy costs no reload at all.
                 let penalty = if copies > 1 {
                     0.0
@@ -288,12 +404,7 @@ impl Joint {
                 Some((u8::from(copies <= 1), -distance, r.last_used, r.id, r.claim_bytes, penalty))
             })
             .collect();
-        v.sort_by(|a, b| {
-            a.0.cmp(&b.0)
-                .then(a.1.total_cmp(&b.1))
-                .then(a.2.total_cmp(&b.2))
-                .then(a.3.cmp(&b.3))
-        });
+        v.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.total_cmp(&b.1)).then(a.2.total_cmp(&b.2)).then(a.3.cmp(&b.3)));
         v.into_iter().map(|x| (x.3, x.4, x.5)).collect()
     }
 
@@ -303,7 +414,7 @@ impl Joint {
         &self,
         state: &PlannerState,
         d: DeploymentId,
-        units: &[WorkItem],
+        needs: &[Need],
         now: f64,
         keep: &BTreeSet<DeploymentId>,
         reclaim: bool,
@@ -353,12 +464,10 @@ impl Joint {
                 }
             }
             let blocking = pending.iter().filter(|&&e| state.eligible(e, g.id) && free_for(e, g.id) == 0).count();
-            let batch = units.len().max(1) as u32;
-            let run = units
-                .iter()
-                .map(|w| self.est.run_time(dep, g, batch, w.envelope.0.max(w.prompt_tokens), self.timing_output(w)))
-                .fold(0.0, f64::max);
-            let c_f = now + self.est.load_time(dep, g) + run;
+            // Ĉ_F of the unlocked work on the new replica's lane (its waves under the KV
+            // capacity and batch limit of that device included).
+            let lane = Self::new_lane(dep, g, self.lifecycle_ready_at(state, dep, g, &chosen, now));
+            let c_f = self.completion(state, d, std::slice::from_ref(&lane), needs, lane.ready_at);
             // Eq. 12 restricted to this decision: ready work kept coverable (no device taken
             // from a constrained demand), completion of the unlocked ready work Ĉ_F, then
             // lifecycle overhead H_life; device id breaks exact ties.
@@ -378,7 +487,8 @@ impl Joint {
             .into_iter()
             .filter(|c| !resource_order || c.3 - now <= (best_c - now) * NEAR_BEST)
             .min_by(|x, y| {
-                let capability = if resource_order { flops(x.1).total_cmp(&flops(y.1)) } else { std::cmp::Ordering::Equal };
+                let capability =
+                    if resource_order { flops(x.1).total_cmp(&flops(y.1)) } else { std::cmp::Ordering::Equal };
                 capability.then(x.3.total_cmp(&y.3)).then(x.4.total_cmp(&y.4)).then(x.1.cmp(&y.1))
             });
         best.map(|(_, g, v, c, h)| (g, v, c, h))
@@ -393,21 +503,15 @@ impl Joint {
         owner: u32,
         now: f64,
         out: &mut Vec<Command>,
-    ) -> bool {
+    ) -> Option<ReplicaId> {
         for v in victims {
-            if state.issue_reclaim(*v, now, out).is_err() {
-                return false;
-            }
+            state.issue_reclaim(*v, now, out).ok()?;
             self.kv.remove(v);
             self.load_owner.remove(v);
         }
-        match state.issue_load(d, device, now, out) {
-            Ok(r) => {
-                self.load_owner.insert(r, owner);
-                true
-            }
-            Err(_) => false,
-        }
+        let r = state.issue_load(d, device, now, out).ok()?;
+        self.load_owner.insert(r, owner);
+        Some(r)
     }
 }
 
@@ -452,41 +556,102 @@ impl Policy for Joint {
     }
 
     fn plan(&mut self, state: &mut PlannerState, now: f64, out: &mut Vec<Command>) {
+        // Propagate's lanes: every replica, seeded with the units admitted to it.
+        let mut lanes: BTreeMap<DeploymentId, Vec<Lane>> = BTreeMap::new();
+        for r in state.replicas() {
+            if let Some(l) = self.lane_of(state, r, now) {
+                lanes.entry(r.deployment).or_default().push(l);
+            }
+        }
+        // The lanes before this tick's placements, for pricing scale-out.
+        let mut base = lanes.clone();
+        self.finish_of.clear();
+
         // 1. RankReady.
         let mut ranked: Vec<(u8, f64, WorkItem)> =
             state.queue().iter().map(|w| (self.level(state, w, now), w.ready_at, w.clone())).collect();
         ranked.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.total_cmp(&b.1)).then(a.2.activation.cmp(&b.2.activation)));
 
-        // 2. BestFeasibleBinding per unit.
+        // 2. BestFeasibleBinding per unit on the timeline (Eq. 7, 10, 11): the lane of its
+        // deployment where it finishes earliest. Units that start now on an awake replica are
+        // the executable prefix and are granted; the others keep their place in the queue.
         let mut needs: BTreeMap<(DeploymentId, u32), Vec<(u8, WorkItem)>> = BTreeMap::new();
-        let mut scale_out: BTreeMap<DeploymentId, Vec<WorkItem>> = BTreeMap::new();
+        // Ready work of each deployment in ranked order, and the deployments whose ready work
+        // waits (for a load, a wake or capacity): scale-out candidates.
+        let mut ready_needs: BTreeMap<DeploymentId, Vec<Need>> = BTreeMap::new();
+        let mut waiting: BTreeSet<DeploymentId> = BTreeSet::new();
         for (level, _, w) in ranked {
-            let mut best: Option<(f64, ReplicaId, bool)> = None;
-            let mut awake_exists = false;
-            for r in state.replicas_of(w.deployment) {
-                let accepting = self.accepts(state, r, &w);
-                let waits = self.covered_by_load(r, &w);
-                awake_exists |= r.phase == ReplicaPhase::Awake;
-                if !(accepting || waits) {
+            let d = w.deployment;
+            let need = self.need_of(state, &w, now);
+            // A fused successor takes its chain's grant on the held replica.
+            if let Some(held) = w.chain_prev.and_then(|p| state.hold_of(p)) {
+                let accepted = state.replica(held).is_some_and(|r| self.accepts(state, r, &w));
+                let lane = lanes.get_mut(&d).and_then(|ls| ls.iter_mut().find(|l| l.replica == Some(held)));
+                if let (true, Some(lane)) = (accepted, lane) {
+                    let slot = state
+                        .deployment(d)
+                        .map(|dep| {
+                            let run = self.run_on(state, dep, lane.device, 1, &need);
+                            (now, now + run)
+                        })
+                        .unwrap_or((now, now));
+                    lane.seed(slot.1, need.kv);
+                    self.finish_of.insert(w.activation, slot.1);
+                    ready_needs.entry(d).or_default().push(need);
+                    self.grant(state, &w, held, slot.1 - now, now, out);
                     continue;
                 }
-                if let Some(c) = self.completion_on(state, r, &w, now) {
-                    if best.is_none_or(|(bc, ..)| c < bc) {
-                        best = Some((c, r.id, accepting));
+            }
+            let Some(dep) = state.deployment(d) else {
+                continue;
+            };
+            let dep_lanes = lanes.entry(d).or_default();
+            let mut best: Option<(usize, Slot)> = None;
+            let mut awake_exists = false;
+            for (i, lane) in dep_lanes.iter().enumerate() {
+                let Some(r) = lane.replica.and_then(|id| state.replica(id)) else {
+                    continue;
+                };
+                awake_exists |= r.phase == ReplicaPhase::Awake;
+                if r.phase != ReplicaPhase::Awake && !self.covered_by_load(r, &w) {
+                    continue;
+                }
+                let device = lane.device;
+                if let Some(slot) = lane.probe(need.release, need.kv, |b| self.run_on(state, dep, device, b, &need)) {
+                    if best.is_none_or(|(_, s)| slot.finish < s.finish) {
+                        best = Some((i, slot));
                     }
                 }
             }
             match best {
-                Some((_, r, true)) => {
-                    if self.grant(state, &w, r, now, out) {
-                        self.history_key.insert(w.activation, (w.workflow, w.node));
+                Some((i, _)) => {
+                    let lane = &mut dep_lanes[i];
+                    let device = lane.device;
+                    let Some(slot) = lane.place(need.release, need.kv, |b| self.run_on(state, dep, device, b, &need))
+                    else {
+                        continue;
+                    };
+                    self.finish_of.insert(w.activation, slot.finish);
+                    ready_needs.entry(d).or_default().push(need);
+                    let replica = lane.replica;
+                    let now_on_awake = slot.start <= now
+                        && replica.and_then(|id| state.replica(id)).is_some_and(|r| self.accepts(state, r, &w));
+                    let granted = match (now_on_awake, replica) {
+                        (true, Some(r)) => self.grant(state, &w, r, slot.finish - now, now, out),
+                        _ => false,
+                    };
+                    if !granted {
+                        waiting.insert(d);
                     }
                 }
-                // Waits for a load under way, or for a slot: a scale-out candidate.
-                Some((_, _, false)) => scale_out.entry(w.deployment).or_default().push(w),
-                None if awake_exists => scale_out.entry(w.deployment).or_default().push(w),
+                // Replicas exist but none can ever hold it (its reservation exceeds their KV):
+                // only another replica helps.
+                None if awake_exists => {
+                    ready_needs.entry(d).or_default().push(need);
+                    waiting.insert(d);
+                }
                 None => {
-                    let key = (w.deployment, if self.opts.shared_lifecycle { 0 } else { w.workflow });
+                    let key = (d, if self.opts.shared_lifecycle { 0 } else { w.workflow });
                     needs.entry(key).or_default().push((level, w));
                 }
             }
@@ -497,12 +662,16 @@ impl Policy for Joint {
         // Value of a load: the predicted ready work (seconds of run time, on the fastest eligible
         // device, each unit alone) it unlocks per second of loading.
         let value = |state: &PlannerState, d: DeploymentId, units: &[(u8, WorkItem)]| {
-            let Some(dep) = state.deployment(d) else { return 0.0 };
+            let Some(dep) = state.deployment(d) else {
+                return 0.0;
+            };
             let mut best = 0.0f64;
             for g in state.devices().iter().filter(|g| state.eligible(d, g.id)) {
                 let work: f64 = units
                     .iter()
-                    .map(|(_, w)| self.est.run_time(dep, g, 1, w.envelope.0.max(w.prompt_tokens), self.timing_output(w)))
+                    .map(|(_, w)| {
+                        self.est.run_time(dep, g, 1, w.envelope.0.max(w.prompt_tokens), self.timing_output(w))
+                    })
                     .sum();
                 best = best.max(work / self.est.load_time(dep, g).max(1e-3));
             }
@@ -518,98 +687,112 @@ impl Policy for Joint {
             .collect();
         // Urgency first, then the most constrained deployment (fewest eligible devices), then
         // the most ready work unlocked per second of loading.
-        ranked_demands.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.cmp(&b.1)).then(b.2.total_cmp(&a.2)).then(a.3.0.cmp(&b.3.0)));
-        let demands: Vec<((DeploymentId, u32), Vec<(u8, WorkItem)>)> = ranked_demands.into_iter().map(|x| x.3).collect();
+        ranked_demands
+            .sort_by(|a, b| a.0.cmp(&b.0).then(a.1.cmp(&b.1)).then(b.2.total_cmp(&a.2)).then(a.3.0.cmp(&b.3.0)));
         // Deployments with ready demand are never reclaimed to make room for other demand.
         let mut keep: BTreeSet<DeploymentId> = state.queue().iter().map(|w| w.deployment).collect();
-        let mut loaded: Vec<(DeploymentId, u32, Vec<WorkItem>, Vec<DeviceId>)> = Vec::new();
-        for ((d, owner), units) in demands {
-            let items: Vec<WorkItem> = units.into_iter().map(|(_, w)| w).collect();
-            if let Some((g, victims, _, _)) = self.best_lifecycle(state, d, &items, now, &keep, true) {
-                let owner = items.first().map(|w| w.workflow).unwrap_or(owner);
-                if self.issue_lifecycle(state, d, g, &victims, owner, now, out) {
-                    keep.insert(d);
-                    loaded.push((d, owner, items, vec![g]));
+        for (_, _, _, ((d, owner), units)) in ranked_demands {
+            let demand: Vec<Need> = units.iter().map(|(_, w)| self.need_of(state, w, now)).collect();
+            let Some((g, victims, _, _)) = self.best_lifecycle(state, d, &demand, now, &keep, true) else {
+                ready_needs.entry(d).or_default().extend(demand);
+                continue;
+            };
+            let owner = units.first().map(|(_, w)| w.workflow).unwrap_or(owner);
+            let Some(r) = self.issue_lifecycle(state, d, g, &victims, owner, now, out) else {
+                continue;
+            };
+            keep.insert(d);
+            waiting.insert(d);
+            // The new replica's lane, with the demand it was loaded for placed on it.
+            let Some(mut lane) = state.replica(r).and_then(|rv| self.lane_of(state, rv, now)) else {
+                continue;
+            };
+            base.entry(d).or_default().push(lane.clone());
+            if let Some(dep) = state.deployment(d) {
+                let device = lane.device;
+                for n in &demand {
+                    if let Some(slot) = lane.place(n.release, n.kv, |b| self.run_on(state, dep, device, b, n)) {
+                        self.finish_of.insert(n.activation, slot.finish);
+                    }
                 }
             }
+            lanes.entry(d).or_default().push(lane);
+            ready_needs.entry(d).or_default().extend(demand);
         }
-        // Scale-out: for every deployment with units that no replica accepts now (they wait for
-        // a load or for a slot), add a replica on a free device — or one whose idle replicas
-        // nothing in the window needs — while spreading
-        // the waiting units over one more replica finishes them earlier (Ĉ_F of Eq. 12) by at
-        // least 5 %, under the replica cap. Every demand above got its first replica first.
-        for (_, _, items, _) in loaded {
-            for w in items {
-                scale_out.entry(w.deployment).or_default().push(w);
-            }
+
+        // Scale-out on the timeline: a deployment whose ready work waits gets another replica
+        // when the work's predicted latest completion Ĉ_F (Eq. 12) with it is earlier by at least
+        // 1 − SCALE_OUT_GAIN. Replicas go first to the deployment that finishes last (the plan's
+        // Ĉ_F is the latest completion over all ready work), one at a time, until none gains,
+        // under the substrate's replica cap. Near-ready units of the deployment are placed at
+        // their predicted releases (the window's visible demand). Scale-out may reclaim only
+        // replicas no ready or near-ready unit needs.
+        let near_of = |this: &Self, state: &PlannerState, d: DeploymentId| -> Vec<Need> {
+            state
+                .near_ready()
+                .filter(|n| n.deployment == d)
+                .map(|n| this.near_need(state, n, this.release(state, &n.waits_for, now)))
+                .collect()
+        };
+        let mut keep_all = keep.clone();
+        keep_all.extend(state.near_ready().map(|n| n.deployment));
+        let mut demand: BTreeMap<DeploymentId, (Vec<Need>, f64)> = BTreeMap::new();
+        for d in waiting {
+            let mut all = ready_needs.remove(&d).unwrap_or_default();
+            all.extend(near_of(self, state, d));
+            let current = self.completion(state, d, base.get(&d).map_or(&[][..], |v| &v[..]), &all, now);
+            demand.insert(d, (all, current));
         }
-        for (d, items) in scale_out {
-            loop {
+        loop {
+            // (current Ĉ_F, Ĉ_F with the new replica, deployment, device, victims)
+            let mut pick: Option<(f64, f64, DeploymentId, DeviceId, Vec<ReplicaId>)> = None;
+            for (&d, (all, current)) in &demand {
                 if !self.substrate.below_cap(state, d) {
-                    break;
+                    continue;
                 }
-                let Some(dep) = state.deployment(d) else { break };
-                // Where each existing replica becomes available, and its current load.
-                let mut slots: Vec<(f64, DeviceId, usize)> = state
-                    .replicas_of(d)
-                    .filter_map(|r| {
-                        let g = state.device(r.device)?;
-                        let at = match r.phase {
-                            ReplicaPhase::Awake => now,
-                            ReplicaPhase::Loading { since } => (since + self.est.load_time(dep, g)).max(now),
-                            ReplicaPhase::Waking { since, expected_s } => (since + expected_s).max(now),
-                        };
-                        Some((at, r.device, r.leases.len()))
-                    })
-                    .collect();
-                // Scale-out may reclaim only replicas that no ready or near-ready unit needs.
-                let mut keep_all = keep.clone();
-                keep_all.extend(state.near_ready().map(|n| n.deployment));
-                keep_all.insert(d);
-                let Some((g, victims, _, _)) = self.best_lifecycle(state, d, &items, now, &keep_all, true) else {
-                    break;
+                let mut keep_d = keep_all.clone();
+                keep_d.insert(d);
+                let Some((g, victims, _, _)) = self.best_lifecycle(state, d, all, now, &keep_d, true) else {
+                    continue;
                 };
-                let Some(dev) = state.device(g) else { break };
-                // Work the replicas must absorb: the waiting units and the near-ready units of
-                // the same deployment (the window's visible future demand).
-                let near_n = state.near_ready().filter(|n| n.deployment == d).count();
-                let c_f = |slots: &[(f64, DeviceId, usize)]| {
-                    let per = (items.len() + near_n).div_ceil(slots.len().max(1));
-                    slots
-                        .iter()
-                        .filter_map(|(at, g, busy)| {
-                            let dev = state.device(*g)?;
-                            let batch = (per + busy) as u32;
-                            let run = items
-                                .iter()
-                                .map(|w| self.est.run_time(dep, dev, batch, w.envelope.0.max(w.prompt_tokens), self.timing_output(w)))
-                                .fold(0.0, f64::max);
-                            Some(at + run)
-                        })
-                        .fold(now, f64::max)
+                let (Some(dep), Some(dev)) = (state.deployment(d), state.device(g)) else {
+                    continue;
                 };
-                let current = c_f(&slots);
-                slots.push((now + self.est.load_time(dep, dev), g, 0));
-                let split = c_f(&slots);
+                let mut with = base.get(&d).cloned().unwrap_or_default();
+                with.push(Self::new_lane(dep, dev, self.lifecycle_ready_at(state, dep, dev, &victims, now)));
+                let split = self.completion(state, d, &with, all, now);
                 if !(split < now + (current - now) * SCALE_OUT_GAIN) {
-                    break;
+                    continue;
                 }
-                let owner = items.first().map(|w| w.workflow).unwrap_or(0);
-                if !self.issue_lifecycle(state, d, g, &victims, owner, now, out) {
-                    break;
+                let better = pick.as_ref().is_none_or(|p| current.total_cmp(&p.0).then(p.1.total_cmp(&split)).is_gt());
+                if better {
+                    pick = Some((*current, split, d, g, victims));
                 }
+            }
+            let Some((_, _, d, g, victims)) = pick else {
+                break;
+            };
+            let owner = state.queue().iter().find(|w| w.deployment == d).map_or(0, |w| w.workflow);
+            let Some(r) = self.issue_lifecycle(state, d, g, &victims, owner, now, out) else {
+                break;
+            };
+            if let Some(lane) = state.replica(r).and_then(|rv| self.lane_of(state, rv, now)) {
+                base.entry(d).or_default().push(lane);
+            }
+            if let Some((all, current)) = demand.get_mut(&d) {
+                *current = self.completion(state, d, base.get(&d).map_or(&[][..], |v| &v[..]), all, now);
             }
         }
 
         // 4. PlanPrefetch with the capacity no ready unit can use: every ready unit has been
-        // granted, covered by a load, or found no binding the pool can give it now, and the
-        // deployments with ready or near-ready demand are kept resident below.
+        // granted, placed behind a replica's queue or a load, or found no binding the pool can
+        // give it now, and the deployments with ready or near-ready demand are kept resident.
         if !self.opts.prefetch {
             return;
         }
         let mut near: BTreeMap<DeploymentId, (f64, u32)> = BTreeMap::new();
         for n in state.near_ready() {
-            let r = Self::release(state, &n.waits_for, now);
+            let r = self.release(state, &n.waits_for, now);
             let e = near.entry(n.deployment).or_insert((f64::INFINITY, n.workflow));
             if r < e.0 {
                 *e = (r, n.workflow);
@@ -624,9 +807,13 @@ impl Policy for Joint {
             if state.replicas_of(d).next().is_some() {
                 continue;
             }
-            let Some((g, victims, _, _)) = self.best_lifecycle(state, d, &[], now, &keep, true) else { continue };
-            let (Some(dep), Some(dev)) = (state.deployment(d), state.device(g)) else { continue };
-            if release - now <= self.est.load_time(dep, dev) + PREFETCH_SLACK_S {
+            let Some((g, victims, _, _)) = self.best_lifecycle(state, d, &[], now, &keep, true) else {
+                continue;
+            };
+            let (Some(dep), Some(dev)) = (state.deployment(d), state.device(g)) else {
+                continue;
+            };
+            if release - now <= self.lifecycle_ready_at(state, dep, dev, &victims, now) - now + PREFETCH_SLACK_S {
                 self.issue_lifecycle(state, d, g, &victims, owner, now, out);
             }
         }
@@ -730,7 +917,8 @@ mod tests {
         cmds.extend(p.handle(Event::UnitReady(item(1, 0, 0, 1)), 0.0).unwrap());
         assert_eq!(loads(&cmds), 1, "{cmds:?}");
         // The per-workflow ablation loads the deployment once per workflow.
-        let mut p = planner(&["A100-40GB", "A100-40GB"], JointOptions { shared_lifecycle: false, ..Default::default() });
+        let mut p =
+            planner(&["A100-40GB", "A100-40GB"], JointOptions { shared_lifecycle: false, ..Default::default() });
         let mut cmds = p.handle(Event::UnitReady(item(0, 0, 0, 0)), 0.0).unwrap();
         cmds.extend(p.handle(Event::UnitReady(item(1, 0, 0, 1)), 0.0).unwrap());
         assert_eq!(loads(&cmds), 2, "{cmds:?}");
@@ -841,7 +1029,10 @@ mod tests {
         let mut p = planner(&["A100-40GB", "A100-40GB"], JointOptions::default());
         p.handle(Event::UnitReady(item(0, 0, 0, 0)), 0.0).unwrap();
         let cmds = p
-            .handle_all(vec![Event::ReplicaLoaded { replica: ReplicaId(0) }, Event::UnitNearReady(near(0, 1, 1, act(0, 0)))], 10.0)
+            .handle_all(
+                vec![Event::ReplicaLoaded { replica: ReplicaId(0) }, Event::UnitNearReady(near(0, 1, 1, act(0, 0)))],
+                10.0,
+            )
             .unwrap();
         assert!(cmds.iter().any(|c| matches!(c, Command::Dispatch { replica: ReplicaId(0), .. })), "{cmds:?}");
         assert!(
@@ -871,12 +1062,14 @@ mod tests {
         // Units that may write 60,000 tokens but whose node wrote 100 last time: §3.3 reserves
         // KV for the limit (a 4B replica on an A100 holds three such envelopes); the named
         // departure reserves for the recent P90 and admits all ten.
-        let long = |s: u32| WorkItem { max_output_tokens: 60_000, envelope: (500, 60_000), node: 0, ..item(s, 0, 0, 0) };
+        let long =
+            |s: u32| WorkItem { max_output_tokens: 60_000, envelope: (500, 60_000), node: 0, ..item(s, 0, 0, 0) };
         let admitted = |opts: JointOptions| {
             let mut p = planner(&["A100-40GB"], opts);
             p.handle(Event::UnitReady(item(0, 0, 0, 0)), 0.0).unwrap();
             p.handle(Event::ReplicaLoaded { replica: ReplicaId(0) }, 10.0).unwrap();
-            p.handle(Event::UnitFinished { activation: act(0, 0), replica: ReplicaId(0), output_tokens: 100 }, 11.0).unwrap();
+            p.handle(Event::UnitFinished { activation: act(0, 0), replica: ReplicaId(0), output_tokens: 100 }, 11.0)
+                .unwrap();
             let cmds = p.handle_all((1..=10).map(|s| Event::UnitReady(long(s))).collect(), 12.0).unwrap();
             cmds.iter().filter(|c| matches!(c, Command::Dispatch { .. })).count()
         };

@@ -15,6 +15,7 @@ pub mod fusion;
 mod joint;
 mod kairos;
 pub mod memory;
+pub mod timeline;
 pub mod profiled;
 mod parrot;
 mod state;

@@ -5,29 +5,36 @@
 //!
 //! 1. **RankReady**: ready units by priority-and-aging level k(u) (fused-chain continuations,
 //!    then units waiting longer than the aging quantum, then the rest), FIFO within a level.
-//! 2. **BestFeasibleBinding**: per unit, the accepting replica of its deployment (awake, batch
-//!    slot B_q free, KV envelope of Eq. 4/8 within the replica's KV capacity) with the earliest
-//!    predicted completion on the common timeline (Eq. 7); a loading replica counts as a binding
-//!    that waits for its load. Units without a binding need a lifecycle action.
+//! 2. **BestFeasibleBinding on the timeline** ([`super::timeline`], Propagate: Eq. 7, 10, 11):
+//!    every replica is a lane seeded with the reservations of its admitted units until their
+//!    predicted finish; each unit, in ranked order, is placed on the lane of its deployment where
+//!    it finishes earliest — after its release, the replica's load or wake, and the start of the
+//!    unit ranked before it there, once its KV envelope (Eq. 4/8) fits beside the reservations
+//!    still held and a batch slot B_q is free. The **prefix** — units whose predicted start is now
+//!    on an awake replica — is granted; the rest stay queued, re-ranked at the next event. The
+//!    placements give near-ready units their predicted release (Eq. 2). Units with no lane need
+//!    a lifecycle action.
 //! 3. **PlanReady**: lifecycle demand is coalesced per deployment across workflows (Figure 4:
-//!    one Load serves the ready units of every workflow), ranked by ready work unlocked per
-//!    second of loading. Each demand gets one binding: Load on a device with free memory, or
-//!    Reclaim + Load (Eq. 5) of lease-free victims — redundant copies first, then distant next
-//!    use relative to reload cost, LRU when there is no estimate — chosen by the Eq. 12 order
-//!    restricted to this decision (completion of the unlocked work Ĉ_F, then lifecycle
-//!    overhead H_life). Scale-out (another replica) only when no replica accepts and a new
-//!    one finishes the unit earlier than the current queue, under the substrate's replica cap
-//!    (none by default).
+//!    one Load serves the ready units of every workflow), ranked by urgency, constraint (fewest
+//!    eligible devices) and ready work unlocked per second of loading. Each demand gets one
+//!    binding: Load on a device with free memory, or Reclaim + Load (Eq. 5) of lease-free victims
+//!    — redundant copies first, then distant next use relative to reload cost, LRU when there is
+//!    no estimate — chosen by Eq. 12 lexicographically: keep other ready work coverable (no
+//!    device that a more constrained deployment with demand can use, or that is a replica-less
+//!    demand's last free place: resource ordering, §2.3), then the plan's latest completion Ĉ_F
+//!    (the demand's work on the new replica's lane, bounded below by the work already placed
+//!    this tick), then lifecycle overhead H_life. **Scale-out** on the timeline: the deployment
+//!    that finishes last gets another replica while that brings its Ĉ_F forward by at least
+//!    1 − [`SCALE_OUT_GAIN`], one at a time, under the substrate's replica cap (none by default).
 //! 4. **PlanPrefetch** with the capacity no ready unit can use (after PlanReady every ready
-//!    unit is granted, covered by a load, or has no binding the pool can give now): stages a
-//!    near-ready deployment without a replica when its predicted release (Eq. 2, from the
-//!    committed timeline) is within its load time plus a dispatch slack, on free memory or by
-//!    reclaiming replicas no ready or near-ready unit needs, so it never delays ready work.
-//! 5. **Prefix**: only actions executable now are committed (grants to awake replicas, loads
-//!    and reclaims); the rest is replanned at the next event.
+//!    unit is granted, placed behind a queue or a load, or has no binding the pool can give
+//!    now): stages a near-ready deployment without a replica when its predicted release is
+//!    within its load time plus a dispatch slack, on free memory or by reclaiming replicas no
+//!    ready or near-ready unit needs, so it never delays ready work.
 //!
-//! Memory feasibility (Eq. 11) is enforced by the planner state: a load's claim must fit the
-//! device's free memory at the moment it starts, with reclaimed victims freed first.
+//! Memory feasibility (Eq. 11) holds twice: on each lane (KV reservations at every predicted
+//! start) and in the planner state (a load's claim must fit the device's free memory when it
+//! starts, after its victims' teardown).
 //!
 //! Ablations are options: no fusion, no prefetch, per-workflow lifecycle (each workflow
 //! estimates reuse and loading benefit only over its own demand and its own loads, while
@@ -103,6 +110,8 @@ pub struct Joint {
     p90: BTreeMap<(u32, u32), u32>,
     /// Predicted finish of every unit placed on this tick's timeline (rebuilt each tick).
     finish_of: BTreeMap<ActivationId, f64>,
+    /// Latest predicted finish of the ready work placed on each deployment's lanes this tick.
+    latest_of: BTreeMap<DeploymentId, f64>,
 }
 
 /// A unit as the timeline places it: release (Eq. 2), KV reservation (bytes, Eq. 4/8), and
@@ -162,6 +171,7 @@ impl Joint {
             history_key: BTreeMap::new(),
             p90: BTreeMap::new(),
             finish_of: BTreeMap::new(),
+            latest_of: BTreeMap::new(),
         }
     }
 
@@ -345,6 +355,13 @@ impl Joint {
         true
     }
 
+    /// Record a unit's place on this tick's timeline.
+    fn placed(&mut self, a: ActivationId, d: DeploymentId, finish: f64) {
+        self.finish_of.insert(a, finish);
+        let latest = self.latest_of.entry(d).or_insert(finish);
+        *latest = latest.max(finish);
+    }
+
     /// Predicted release of a near-ready unit (Eq. 2): the latest predicted completion of what
     /// it waits for — on the timeline for units placed this tick, else from the dispatch.
     fn release(&self, state: &PlannerState, waits_for: &[ActivationId], now: f64) -> f64 {
@@ -420,16 +437,24 @@ impl Joint {
         reclaim: bool,
     ) -> Option<(DeviceId, Vec<ReplicaId>, f64, f64)> {
         let dep = state.deployment(d)?;
-        // Other deployments with pending demand (ready or near-ready) and no replica yet: a
-        // device that is the last free place for one of them is preserved for it (resource
-        // ordering: a flexible unit must not block a constrained one, paper 003 §2.3).
-        let pending: BTreeSet<DeploymentId> = state
+        // Resource ordering (paper 003 §2.3: "placing a flexible activation on the only
+        // high-capacity GPU blocks a constrained successor"): a device is *blocking* for this
+        // demand when another deployment with ready or near-ready work is eligible there and
+        // is more constrained (eligible on fewer devices), or has no replica and this device is
+        // its last free place. Keeping that work coverable is Eq. 12's first concern.
+        let eligible_count = |e: DeploymentId| state.devices().iter().filter(|h| state.eligible(e, h.id)).count();
+        let own_eligible = eligible_count(d);
+        let demanded: BTreeSet<DeploymentId> = state
             .queue()
             .iter()
             .map(|w| w.deployment)
             .chain(state.near_ready().map(|n| n.deployment))
-            .filter(|&e| e != d && state.replicas_of(e).next().is_none())
+            .filter(|&e| e != d)
             .collect();
+        let constrained: Vec<DeploymentId> =
+            demanded.iter().copied().filter(|&e| eligible_count(e) < own_eligible).collect();
+        let pending: Vec<DeploymentId> =
+            demanded.iter().copied().filter(|&e| state.replicas_of(e).next().is_none()).collect();
         let free_for = |e: DeploymentId, except: DeviceId| {
             state
                 .devices()
@@ -438,6 +463,18 @@ impl Joint {
                 .filter(|h| state.deployment(e).is_some_and(|de| state.free_bytes(h.id) >= de.claim_bytes(h)))
                 .count()
         };
+        let blocking_on = |g: DeviceId| {
+            constrained.iter().filter(|&&e| state.eligible(e, g)).count()
+                + pending
+                    .iter()
+                    .filter(|&&e| !constrained.contains(&e) && state.eligible(e, g) && free_for(e, g) == 0)
+                    .count()
+        };
+        // Eq. 12's Ĉ_F is the latest completion of the plan's ready work: what is already placed
+        // on other deployments' lanes this tick bounds it from below, so bindings that finish
+        // this demand before it tie on Ĉ_F and are told apart by H_life.
+        let placed_elsewhere =
+            self.latest_of.iter().filter(|(e, _)| **e != d).map(|(_, f)| *f).fold(f64::NEG_INFINITY, f64::max);
         let mut candidates: Vec<(usize, DeviceId, Vec<ReplicaId>, f64, f64)> = Vec::new();
         for g in state.devices() {
             if !state.eligible(d, g.id) {
@@ -463,11 +500,12 @@ impl Joint {
                     continue;
                 }
             }
-            let blocking = pending.iter().filter(|&&e| state.eligible(e, g.id) && free_for(e, g.id) == 0).count();
+            let blocking = blocking_on(g.id);
             // Ĉ_F of the unlocked work on the new replica's lane (its waves under the KV
             // capacity and batch limit of that device included).
             let lane = Self::new_lane(dep, g, self.lifecycle_ready_at(state, dep, g, &chosen, now));
-            let c_f = self.completion(state, d, std::slice::from_ref(&lane), needs, lane.ready_at);
+            let own = self.completion(state, d, std::slice::from_ref(&lane), needs, lane.ready_at);
+            let c_f = own.max(placed_elsewhere);
             // Eq. 12 restricted to this decision: ready work kept coverable (no device taken
             // from a constrained demand), completion of the unlocked ready work Ĉ_F, then
             // lifecycle overhead H_life; device id breaks exact ties.
@@ -566,6 +604,7 @@ impl Policy for Joint {
         // The lanes before this tick's placements, for pricing scale-out.
         let mut base = lanes.clone();
         self.finish_of.clear();
+        self.latest_of.clear();
 
         // 1. RankReady.
         let mut ranked: Vec<(u8, f64, WorkItem)> =
@@ -596,7 +635,7 @@ impl Policy for Joint {
                         })
                         .unwrap_or((now, now));
                     lane.seed(slot.1, need.kv);
-                    self.finish_of.insert(w.activation, slot.1);
+                    self.placed(w.activation, d, slot.1);
                     ready_needs.entry(d).or_default().push(need);
                     self.grant(state, &w, held, slot.1 - now, now, out);
                     continue;
@@ -631,7 +670,7 @@ impl Policy for Joint {
                     else {
                         continue;
                     };
-                    self.finish_of.insert(w.activation, slot.finish);
+                    self.placed(w.activation, d, slot.finish);
                     ready_needs.entry(d).or_default().push(need);
                     let replica = lane.replica;
                     let now_on_awake = slot.start <= now
@@ -712,7 +751,7 @@ impl Policy for Joint {
                 let device = lane.device;
                 for n in &demand {
                     if let Some(slot) = lane.place(n.release, n.kv, |b| self.run_on(state, dep, device, b, n)) {
-                        self.finish_of.insert(n.activation, slot.finish);
+                        self.placed(n.activation, d, slot.finish);
                     }
                 }
             }
@@ -866,7 +905,7 @@ mod tests {
             .enumerate()
             .map(|(i, n)| DeviceInfo { id: DeviceId(i as u32), spec: spec::device(n).unwrap() })
             .collect();
-        let deployments = ["Qwen3-4B", "Qwen3-8B", "Qwen3-1.7B"]
+        let deployments = ["Qwen3-4B", "Qwen3-8B", "Qwen3-1.7B", "Qwen3-14B"]
             .iter()
             .enumerate()
             .map(|(i, name)| {
@@ -1075,5 +1114,53 @@ mod tests {
         };
         assert_eq!(admitted(JointOptions::default()), 3);
         assert_eq!(admitted(JointOptions { history_admission: true, ..Default::default() }), 10);
+    }
+
+    #[test]
+    fn a_flexible_deployment_leaves_the_constrained_ones_device_alone() {
+        // Qwen3-14B (deployment 3) fits only the A100s; Qwen3-4B fits everywhere and runs 5 %
+        // faster on an A100. With 14B work waiting, the 4B load takes the V100 (resource
+        // ordering, paper 003 §2.3) and the second A100 stays free for the 14B.
+        let mut p =
+            planner_with(&["A100-40GB", "V100-32GB", "A100-40GB"], JointOptions::default(), Box::new(SlowerOnVolta));
+        let mut events: Vec<Event> = (0..8).map(|s| Event::UnitReady(item(s, 0, 3, 0))).collect();
+        events.push(Event::UnitReady(item(100, 0, 0, 1)));
+        let cmds = p.handle_all(events, 0.0).unwrap();
+        let placed = |d: u32| {
+            cmds.iter()
+                .filter_map(|c| match c {
+                    Command::Load { deployment, device, .. } if deployment.0 == d => Some(device.0),
+                    _ => None,
+                })
+                .collect::<Vec<u32>>()
+        };
+        assert_eq!(placed(0), vec![1], "{cmds:?}");
+        assert!(placed(3).iter().all(|g| *g != 1) && placed(3).contains(&0), "{cmds:?}");
+        // Without the 14B work, the 4B takes the faster A100.
+        let mut p =
+            planner_with(&["A100-40GB", "V100-32GB", "A100-40GB"], JointOptions::default(), Box::new(SlowerOnVolta));
+        let cmds = p.handle(Event::UnitReady(item(100, 0, 0, 1)), 0.0).unwrap();
+        assert!(matches!(cmds[0], Command::Load { device: DeviceId(0), .. }), "{cmds:?}");
+    }
+
+    #[test]
+    fn scale_out_sees_the_waves_a_replica_must_run_and_grants_only_what_fits_now() {
+        // Units whose 8,192-token envelope lets one 8B replica on an A100 hold only a few at a
+        // time: the timeline shows them running in waves, so a second replica is loaded at once
+        // although each unit alone would run no faster there.
+        let long = |s: u32| WorkItem { max_output_tokens: 8192, envelope: (500, 8192), ..item(s, 0, 1, 0) };
+        let mut p = planner(&["A100-40GB", "A100-40GB"], JointOptions::default());
+        let cmds = p.handle_all((0..40).map(|s| Event::UnitReady(long(s))).collect(), 0.0).unwrap();
+        assert_eq!(loads(&cmds), 2, "{cmds:?}");
+        // When the first replica is up, only the units whose reservations fit are granted; the
+        // rest stay queued for the next event.
+        let cmds = p.handle(Event::ReplicaLoaded { replica: ReplicaId(0) }, 10.0).unwrap();
+        let granted = cmds.iter().filter(|c| matches!(c, Command::Dispatch { .. })).count();
+        let r = p.state().replica(ReplicaId(0)).unwrap();
+        let per_unit = (500 + 8192) * p.state().deployment(DeploymentId(1)).unwrap().kv_bytes_per_token;
+        let capacity = crate::planner::substrate::kv_capacity_bytes(p.state(), r);
+        assert_eq!(granted as u64, capacity / per_unit, "{cmds:?}");
+        assert!(granted > 0 && granted < 40);
+        assert_eq!(p.state().queue().len(), 40 - granted);
     }
 }

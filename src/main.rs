@@ -121,6 +121,11 @@ struct RunArgs {
     /// if outputs run longer, as under the baselines).
     #[arg(long)]
     history_admission: bool,
+    /// Ablation (joint only): with `--sleep`, never put a replica to sleep (unload it); by
+    /// default joint sleeps a replica it reclaims when its model has predicted next use and a
+    /// sleep plus a wake costs less than a teardown plus a cold load.
+    #[arg(long)]
+    no_sleep: bool,
     /// Estimates the planner uses: `graph` (our Predictor), `gbdt`, `formula`, or `oracle`
     /// (the emulator's own costs; reference only).
     #[arg(long, default_value = "graph")]
@@ -421,6 +426,7 @@ fn run(args: RunArgs) -> Result<RunEnd> {
             shared_lifecycle: !args.per_workflow_lifecycle,
             resource_order: args.resource_order,
             history_admission: args.history_admission,
+            sleep: !args.no_sleep,
         },
         predictor: args.predictor.clone(),
         tool_workers: args.tool_workers,

@@ -72,6 +72,8 @@ pub enum VariantKind {
     Ablation,
     /// The joint policy planning with another predictor (Figure 7).
     Predictor,
+    /// A policy on the substrate that can sleep (`--sleep`): beyond paper 003, reported apart.
+    Sleep,
 }
 
 /// One configuration under comparison.
@@ -83,14 +85,17 @@ pub struct Variant {
     pub policy: String,
     pub options: JointOptions,
     pub predictor: String,
+    /// The substrate reclaims by vLLM sleep mode (`--sleep`) instead of unloading.
+    pub sleep_substrate: bool,
 }
 
 impl Variant {
     /// Runs of variants with the same key are the same simulation.
-    fn key(&self) -> (String, [bool; 5], String) {
+    fn key(&self) -> (String, [bool; 7], String) {
         let o = self.options;
-        let JointOptions { fusion, prefetch, shared_lifecycle, resource_order, history_admission } = o;
-        (self.policy.clone(), [fusion, prefetch, shared_lifecycle, resource_order, history_admission], self.predictor.clone())
+        let JointOptions { fusion, prefetch, shared_lifecycle, resource_order, history_admission, sleep } = o;
+        let flags = [fusion, prefetch, shared_lifecycle, resource_order, history_admission, sleep, self.sleep_substrate];
+        (self.policy.clone(), flags, self.predictor.clone())
     }
 }
 
@@ -120,6 +125,9 @@ pub struct BenchConfig {
     pub workers: usize,
     /// vLLM `--max-num-seqs` of every replica.
     pub max_num_seqs: u32,
+    /// Whether to run the policies again on the substrate that sleeps (`--sleep`), with joint's
+    /// `--no-sleep` ablation: the three-state lifecycle, beyond the paper, reported apart.
+    pub sleep: bool,
 }
 
 impl BenchConfig {
@@ -142,6 +150,7 @@ impl BenchConfig {
             path_models: ["Qwen3-4B", "Qwen3-8B"].map(String::from).to_vec(),
             workers: 2,
             max_num_seqs: 256,
+            sleep: true,
         }
     }
 
@@ -149,6 +158,7 @@ impl BenchConfig {
     pub fn quick(mut self) -> Self {
         self.repetitions = 1;
         self.arrivals = vec![Arrival::Burst];
+        self.sleep = false;
         self
     }
 
@@ -164,6 +174,7 @@ impl BenchConfig {
                 policy: p.clone(),
                 options: full,
                 predictor: self.predictor.clone(),
+                sleep_substrate: false,
             })
             .collect();
         if self.ablations {
@@ -181,6 +192,7 @@ impl BenchConfig {
                     policy: "joint".into(),
                     options,
                     predictor: self.predictor.clone(),
+                    sleep_substrate: false,
                 });
             }
         }
@@ -191,7 +203,25 @@ impl BenchConfig {
                 policy: "joint".into(),
                 options: full,
                 predictor: p.clone(),
+                sleep_substrate: false,
             });
+        }
+        if self.sleep {
+            let mut rows: Vec<(String, String, JointOptions)> =
+                self.policies.iter().map(|p| (format!("sleep:{p}"), p.clone(), full)).collect();
+            if self.policies.iter().any(|p| p == "joint") {
+                rows.push(("sleep:joint-no-sleep".into(), "joint".into(), JointOptions { sleep: false, ..full }));
+            }
+            for (label, policy, options) in rows {
+                v.push(Variant {
+                    label,
+                    kind: VariantKind::Sleep,
+                    policy,
+                    options,
+                    predictor: self.predictor.clone(),
+                    sleep_substrate: true,
+                });
+            }
         }
         v
     }
@@ -236,7 +266,10 @@ impl BenchConfig {
             // machine's cores.
             tool_workers: 1,
             max_num_seqs: self.max_num_seqs,
-            substrate: Default::default(),
+            substrate: crate::planner::Substrate {
+                reclaim: if v.sleep_substrate { crate::planner::Reclaim::Sleep } else { crate::planner::Reclaim::Unload },
+                ..Default::default()
+            },
             session_counts: Vec::new(),
             workflow_arrivals: Vec::new(),
             handoff_s: crate::exec::FRAMEWORK_HANDOFF_S,
@@ -382,7 +415,7 @@ pub fn run_bench(cfg: &BenchConfig, progress: &(dyn Fn(usize, usize) + Sync)) ->
     let variants = cfg.variants();
     // One simulation per distinct (policy, options, predictor): a substitution equal to the
     // default predictor reuses the joint runs.
-    let mut keys: Vec<(String, [bool; 5], String)> = Vec::new();
+    let mut keys: Vec<(String, [bool; 7], String)> = Vec::new();
     let mut owner: Vec<usize> = Vec::new();
     let mut key_of: Vec<usize> = Vec::new();
     for (i, v) in variants.iter().enumerate() {
@@ -737,7 +770,11 @@ mod tests {
                 "resource-order",
                 "history-admission",
                 "predictor:oracle",
-                "predictor:formula"
+                "predictor:formula",
+                "sleep:parrot",
+                "sleep:kairos",
+                "sleep:joint",
+                "sleep:joint-no-sleep"
             ]
         );
         // The oracle substitution is the joint run itself; the formula one is not, and neither
@@ -748,6 +785,13 @@ mod tests {
         assert_ne!(v[2].key(), v[7].key());
         assert!(!v[3].options.fusion && v[3].options.prefetch && v[3].options.shared_lifecycle);
         assert!(!v[5].options.shared_lifecycle);
+        // The sleep rows run on the substrate that sleeps: never the same simulation as the
+        // rows above, and joint's `--no-sleep` differs from joint there.
+        assert!(v[10..].iter().all(|x| x.sleep_substrate && x.kind == VariantKind::Sleep));
+        assert!(v[..10].iter().all(|x| !x.sleep_substrate));
+        assert_ne!(v[2].key(), v[12].key());
+        assert_ne!(v[12].key(), v[13].key());
+        assert!(!v[13].options.sleep);
     }
 
     #[test]

@@ -239,7 +239,7 @@ pub(super) fn figure7(report: &BenchReport, path: &Path) -> Result<PathBuf, Benc
     if report.runs.iter().any(|r| r.variant == "joint") {
         variants.push("joint".into());
     }
-    for r in report.runs.iter().filter(|r| r.kind != VariantKind::Policy) {
+    for r in report.runs.iter().filter(|r| matches!(r.kind, VariantKind::Ablation | VariantKind::Predictor)) {
         if !variants.contains(&r.variant) {
             variants.push(r.variant.clone());
         }

@@ -102,6 +102,7 @@ pub fn markdown(report: &BenchReport) -> String {
     figure5(&mut out, report);
     figure6(&mut out, report);
     figure7(&mut out, report);
+    sleep_rows(&mut out, report);
     lower_bound(&mut out, report);
     timelines(&mut out, report);
     out
@@ -265,7 +266,7 @@ fn figure7(out: &mut String, report: &BenchReport) {
         let mut v: Vec<(String, VariantKind)> = Vec::new();
         let full = report.runs.iter().find(|r| r.variant == OURS).map(|r| (r.variant.clone(), r.kind));
         v.extend(full);
-        for r in report.runs.iter().filter(|r| r.kind != VariantKind::Policy) {
+        for r in report.runs.iter().filter(|r| matches!(r.kind, VariantKind::Ablation | VariantKind::Predictor)) {
             if !v.iter().any(|(l, _)| *l == r.variant) {
                 v.push((r.variant.clone(), r.kind));
             }
@@ -311,6 +312,50 @@ fn figure7(out: &mut String, report: &BenchReport) {
                 }
                 None => cells.extend(std::iter::repeat_n("–".to_string(), 5)),
             }
+        }
+        let _ = writeln!(out, "| {} |", cells.join(" | "));
+    }
+    let _ = writeln!(out);
+}
+
+/// The three-state lifecycle (beyond paper 003): every policy again on the substrate that
+/// reclaims by vLLM sleep — the baselines sleep their least recently used idle replica, joint
+/// sleeps where predicted next use makes it cheaper than unloading — and joint's `--no-sleep`.
+fn sleep_rows(out: &mut String, report: &BenchReport) {
+    let rows: Vec<&str> = {
+        let mut v: Vec<&str> = Vec::new();
+        for r in report.runs.iter().filter(|r| r.kind == VariantKind::Sleep) {
+            if !v.contains(&r.variant.as_str()) {
+                v.push(&r.variant);
+            }
+        }
+        v
+    };
+    if rows.is_empty() {
+        return;
+    }
+    let arrivals = &report.setup.arrivals;
+    let _ = writeln!(out, "## Sleep — the three-state lifecycle (beyond paper 003)\n");
+    let _ = writeln!(
+        out,
+        "Every policy again on the substrate that reclaims by vLLM sleep mode (`--sleep`): \
+         `sleep:parrot` and `sleep:kairos` put the least recently used idle replica to sleep \
+         instead of unloading it; `sleep:joint` sleeps a replica it reclaims when its model has \
+         ready or near-ready work and a sleep plus a wake costs less than a teardown plus a cold \
+         load, and unloads it otherwise; `sleep:joint-no-sleep` is joint on that substrate never \
+         sleeping. Δ vs {OURS}: against joint on the paper's substrate (no sleep); Δ vs \
+         no-sleep: against `sleep:joint-no-sleep` (positive = worse).\n"
+    );
+    header(out, "variant", arrivals, &["makespan s", "p95 s", "Δ vs joint", "Δ vs no-sleep"]);
+    for label in rows {
+        let mut cells = vec![label.to_string()];
+        for a in arrivals {
+            let Some(r) = report.row(label, a) else {
+                cells.extend(std::iter::repeat_n("–".to_string(), 4));
+                continue;
+            };
+            let vs = |other: &str| pct(report.row(other, a).and_then(|o| change_pct(r.makespan_s, o.makespan_s)));
+            cells.extend([secs(r.makespan_s), secs(r.latency_s.p95), vs(OURS), vs("sleep:joint-no-sleep")]);
         }
         let _ = writeln!(out, "| {} |", cells.join(" | "));
     }

@@ -43,12 +43,12 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use super::estimates::Estimates;
-use super::state::{PLANNER_ENGINE_RESERVE_BYTES, PLANNER_TEARDOWN_S, wake_estimate_s};
+use super::state::{PLANNER_ENGINE_RESERVE_BYTES, PLANNER_TEARDOWN_S, sleep_estimate_s, wake_estimate_s};
 use super::substrate::Substrate;
 use super::timeline::{Lane, Slot, place_all};
 use super::{
-    Command, DeploymentId, DeploymentInfo, DeviceInfo, Event, NearReadyItem, PlannerState, Policy, ReplicaPhase,
-    ReplicaView, WorkItem,
+    Command, DeploymentId, DeploymentInfo, DeviceInfo, Event, NearReadyItem, PlannerState, Policy, Reclaim,
+    ReplicaPhase, ReplicaView, WorkItem,
 };
 use crate::ids::{ActivationId, DeviceId, ReplicaId};
 
@@ -66,6 +66,11 @@ pub struct JointOptions {
     /// node's recent completions (the timing bucket) instead of its configured output limit,
     /// leaving the rest to the engine's own KV management (preemption), as the baselines do.
     pub history_admission: bool,
+    /// Three-state lifecycle where the substrate can sleep (`--sleep`): a reclaimed replica
+    /// sleeps instead of being unloaded when its model has predicted next use in the window and
+    /// sleeping then waking costs less than tearing down then reloading (off = `--no-sleep`:
+    /// always unload). Without the substrate's sleep nothing sleeps (paper 003's substrate).
+    pub sleep: bool,
 }
 
 impl Default for JointOptions {
@@ -76,6 +81,7 @@ impl Default for JointOptions {
             shared_lifecycle: true,
             resource_order: false,
             history_admission: false,
+            sleep: true,
         }
     }
 }
@@ -355,6 +361,27 @@ impl Joint {
         true
     }
 
+    /// Whether reclaiming idle replica `v` by sleep costs less than unloading it (the
+    /// three-state lifecycle: awake, asleep, cold). Only where the substrate can sleep and the
+    /// option is on. With predicted next use of its model in the window (ready or near-ready
+    /// work), sleeping costs the sleep plus a wake, unloading the teardown plus a cold reload;
+    /// without, unloading costs the teardown and sleeping a sleep now and the same teardown
+    /// when its memory is needed, so the replica is unloaded.
+    fn sleep_pays(&self, state: &PlannerState, v: ReplicaId, now: f64) -> bool {
+        if !self.opts.sleep || state.reclaim() != Reclaim::Sleep {
+            return false;
+        }
+        let Some(r) = state.replica(v) else { return false };
+        let (Some(d), Some(g)) = (state.deployment(r.deployment), state.device(r.device)) else { return false };
+        if self.next_use(state, r.deployment, now).0 > 1 {
+            return false;
+        }
+        let level = state.sleep_level(r.deployment, r.device);
+        let asleep = sleep_estimate_s(d.weight_bytes, &g.spec, level) + wake_estimate_s(d.weight_bytes, &g.spec, level);
+        let cold = PLANNER_TEARDOWN_S + self.est.load_time(d, g);
+        asleep < cold
+    }
+
     /// Record a unit's place on this tick's timeline.
     fn placed(&mut self, a: ActivationId, d: DeploymentId, finish: f64) {
         self.finish_of.insert(a, finish);
@@ -543,7 +570,11 @@ impl Joint {
         out: &mut Vec<Command>,
     ) -> Option<ReplicaId> {
         for v in victims {
-            state.issue_reclaim(*v, now, out).ok()?;
+            if self.sleep_pays(state, *v, now) {
+                state.issue_sleep(*v, now, out).ok()?;
+            } else {
+                state.issue_unload(*v, now, out).ok()?;
+            }
             self.kv.remove(v);
             self.load_owner.remove(v);
         }
@@ -1162,5 +1193,34 @@ mod tests {
         assert_eq!(granted as u64, capacity / per_unit, "{cmds:?}");
         assert!(granted > 0 && granted < 40);
         assert_eq!(p.state().queue().len(), 40 - granted);
+    }
+
+    #[test]
+    fn a_reclaimed_replica_sleeps_when_its_model_is_needed_again_and_is_unloaded_otherwise() {
+        // One A100 holds a Qwen3-4B replica whose unit has finished; a Qwen3-8B unit needs the
+        // device. On the substrate that can sleep, the 4B sleeps when a near-ready 4B unit is in
+        // the window (a sleep and a wake cost less than a teardown and a reload) and is unloaded
+        // when nothing needs it; with `sleep` off (`--no-sleep`) it is always unloaded.
+        let reclaim = |opts: JointOptions, near_ready: bool| {
+            let mut p = planner(&["A100-40GB"], opts);
+            p.set_substrate_lifecycle(Reclaim::Sleep, vec![0], vec![1 << 40]);
+            p.handle(Event::UnitReady(item(0, 0, 0, 0)), 0.0).unwrap();
+            p.handle(Event::ReplicaLoaded { replica: ReplicaId(0) }, 10.0).unwrap();
+            let mut events =
+                vec![Event::UnitFinished { activation: act(0, 0), replica: ReplicaId(0), output_tokens: 100 }];
+            if near_ready {
+                events.push(Event::UnitNearReady(near(1, 1, 0, act(9, 9))));
+            }
+            events.push(Event::UnitReady(item(2, 0, 1, 0)));
+            let cmds = p.handle_all(events, 12.0).unwrap();
+            match cmds.first() {
+                Some(Command::Sleep { replica: ReplicaId(0), level: 1 }) => "sleep",
+                Some(Command::Unload { replica: ReplicaId(0) }) => "unload",
+                other => panic!("expected a reclaim first: {other:?} in {cmds:?}"),
+            }
+        };
+        assert_eq!(reclaim(JointOptions::default(), true), "sleep");
+        assert_eq!(reclaim(JointOptions::default(), false), "unload");
+        assert_eq!(reclaim(JointOptions { sleep: false, ..Default::default() }, true), "unload");
     }
 }

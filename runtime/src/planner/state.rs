@@ -726,10 +726,24 @@ impl PlannerState {
         if self.reclaim == Reclaim::Unload || self.asleep.contains_key(&replica) {
             return self.issue_unload(replica, now, out);
         }
+        self.issue_sleep(replica, now, out)
+    }
+
+    /// The sleep level an idle replica on `device` would get: 1 when its node's host memory
+    /// has room for the weights, else 2.
+    pub fn sleep_level(&self, deployment: DeploymentId, device: DeviceId) -> u8 {
+        let weight_bytes = self.deployment(deployment).map(|d| d.weight_bytes).unwrap_or(0);
+        if self.host_free_bytes(device) >= weight_bytes { SLEEP_LEVEL_OFFLOAD } else { SLEEP_LEVEL_DISCARD }
+    }
+
+    /// Put an idle replica to sleep (level as [`PlannerState::sleep_level`]), whatever the
+    /// substrate's reclaim rule: a policy that prices sleep against unloading decides itself.
+    /// Refused while it holds a lease or is still loading or waking.
+    pub fn issue_sleep(&mut self, replica: ReplicaId, now: f64, out: &mut Vec<Command>) -> Result<(), PlanError> {
         let r = self.reclaimable(replica)?;
         let (deployment, device, claim_bytes) = (r.deployment, r.device, r.claim_bytes);
         let weight_bytes = self.deployment(deployment).map(|d| d.weight_bytes).unwrap_or(0);
-        let level = if self.host_free_bytes(device) >= weight_bytes { SLEEP_LEVEL_OFFLOAD } else { SLEEP_LEVEL_DISCARD };
+        let level = self.sleep_level(deployment, device);
         let took = self.device(device).map(|g| sleep_estimate_s(weight_bytes, &g.spec, level)).unwrap_or(0.0);
         self.replicas.remove(&replica);
         self.asleep.insert(replica, AsleepReplica {

@@ -445,6 +445,9 @@ fn results_equal_the_simulators_for_the_same_seed() {
 fn reclaim_by_sleep_puts_engines_to_sleep_and_wakes_them() {
     let mut run = sim_config(&["gsm8k", "mbpp", "qmsum"], 3, "small", 11);
     run.substrate.reclaim = switchyard_runtime::planner::Reclaim::Sleep;
+    // A policy that sleeps every replica it reclaims (joint sleeps only where the model is
+    // needed again soon, see the planner's tests), so the shell's sleep and wake paths run.
+    run.policy = "parrot".into();
     let factory = FakeFactory::new(2, Faults::default());
     let live = run_live(&live_config(run.clone()), factory.clone());
     assert!(live.report.failures.is_empty(), "{:?}", live.report.failures);

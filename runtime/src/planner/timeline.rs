@@ -71,12 +71,6 @@ impl Lane {
         self.active.len() - self.active.partition_point(|a| a.0 <= t)
     }
 
-    /// KV bytes reserved on the lane at time `t`.
-    pub fn kv_at(&self, t: f64) -> u64 {
-        let done = self.active.partition_point(|a| a.0 <= t);
-        self.used - self.active[..done].iter().map(|a| a.1).sum::<u64>()
-    }
-
     /// Earliest start at or after `release` of a unit reserving `kv` bytes; `None` when it can
     /// never fit this lane (a reservation above the replica's KV capacity, or no batch slot).
     pub fn earliest_start(&self, release: f64, kv: u64) -> Option<f64> {
@@ -115,11 +109,6 @@ impl Lane {
         self.seed(slot.finish, kv);
         self.cursor = slot.start;
         Some(slot)
-    }
-
-    /// The latest predicted finish on the lane (its ready time when empty).
-    pub fn drained_at(&self) -> f64 {
-        self.active.last().map_or(self.ready_at, |a| a.0.max(self.ready_at))
     }
 }
 

@@ -122,7 +122,17 @@ fn reclaim_by_sleep_wakes_sleepers_for_every_policy() {
         let out = sim::simulate(&pressure(policy, sleeping), &mut |_, _| {}).expect("runs");
         assert_eq!(out.report.sessions_failed, 0, "{policy}");
         assert_eq!(out.report.sessions_completed, unload.report.sessions_completed, "{policy}");
-        assert!(out.report.sleeps >= 1, "{policy}: nothing slept under pressure");
+        // The baselines sleep every replica they reclaim; joint only where the model has work
+        // again in the window (its own rule, tested in the planner), and never with `--no-sleep`.
+        if policy != "joint" {
+            assert!(out.report.sleeps >= 1, "{policy}: nothing slept under pressure");
+        } else {
+            let mut never = pressure(policy, sleeping);
+            never.options.sleep = false;
+            let never = sim::simulate(&never, &mut |_, _| {}).expect("runs");
+            assert_eq!((never.report.sleeps, never.report.wakes), (0, 0), "joint --no-sleep slept");
+            assert!(never.report.evictions >= 1, "joint --no-sleep reclaims by unloading");
+        }
         assert_eq!((unload.report.sleeps, unload.report.wakes), (0, 0), "{policy}: sleep is off by default");
         wakes += out.report.wakes;
         // A model is never loaded cold on a GPU where it sleeps: it is woken there.

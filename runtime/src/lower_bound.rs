@@ -7,7 +7,7 @@
 //! responders are seeded per trace seed, workflow, session, node and round), so one run gives
 //! the bound for every policy on that trace.
 //!
-//! The bound is `max(critical path, work)`, measured from the first arrival t₀:
+//! The bound is `max(critical path, work, per-model)`, measured from the first arrival t₀:
 //!
 //! - **Critical path with first loads.** Every session runs its own DAG with no contention and
 //!   no queueing: an LLM call takes its batch-1 time on the fastest device that can hold its
@@ -22,6 +22,12 @@
 //!   reach (an iteration over k ≤ `max_num_seqs` sequences yields at most k output tokens and
 //!   costs at least k one-token sequences on an empty context). Divided over the GPUs, minus
 //!   t₀ (loads may start before the first arrival).
+//! - **Per model.** A model's calls cannot start before the earliest contention-free start of
+//!   any of them (its release, and its shortest load), run on at most the devices that can hold
+//!   the model, each producing tokens no cheaper than above, and the session of the last one
+//!   still has at least the shortest contention-free tail any of its calls leaves:
+//!   `min start + tokens × cost / devices + min tail`, the largest over models. (The first
+//!   prefill of each unique prompt block is necessary work too; it is not counted here.)
 //!
 //! Each call's batch-1 time is itself a lower bound of what the emulator can do: the prefill
 //! is costed as fully prefix-cached (a single new token on a cached context), a batch with
@@ -75,7 +81,7 @@ pub enum LowerBoundError {
 /// The bound and its parts, seconds from the first arrival.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct LowerBound {
-    /// `max(critical_path_s, work_s)`.
+    /// `max(critical_path_s, work_s, model_s)`.
     pub makespan_s: f64,
     /// Latest contention-free session finish, with first loads.
     pub critical_path_s: f64,
@@ -83,6 +89,13 @@ pub struct LowerBound {
     pub work_s: f64,
     /// Shortest load of any model the trace uses (no LLM call can finish before it).
     pub first_load_s: f64,
+    /// The largest per-model bound (see [`LowerBound::models`]).
+    pub model_s: f64,
+    /// Per catalogue model: the earliest contention-free start of any of its calls (release and
+    /// first load), plus its generation work at the cheapest per-token cost over the devices
+    /// that can hold it, plus the shortest contention-free tail any of its calls leaves in its
+    /// session: its last call cannot finish sooner, nor that session's end.
+    pub models: BTreeMap<String, f64>,
     /// Per catalogue model: bound on the last finish of a call on that model.
     pub paths: BTreeMap<String, f64>,
     pub sessions: usize,
@@ -133,6 +146,8 @@ struct ModelCosts {
     load_s: f64,
     /// Cheapest seconds per generated token over devices and batch sizes ≤ `max_num_seqs`.
     per_token_s: f64,
+    /// Devices of the pool (counted one by one) that can hold the model.
+    devices: usize,
 }
 
 impl ModelCosts {
@@ -155,7 +170,8 @@ impl ModelCosts {
             .iter()
             .map(|c| min_cost_per_output_token(c, max_num_seqs.max(1)))
             .fold(f64::INFINITY, f64::min);
-        Some(ModelCosts { on, load_s, per_token_s })
+        let devices = devices.iter().filter(|d| model.param_bytes(dtype) < d.memory_bytes).count();
+        Some(ModelCosts { on, load_s, per_token_s, devices })
     }
 
     /// Fastest batch-1 time of a call over the devices.
@@ -237,11 +253,14 @@ pub fn compute(
     let mut order: Vec<&CallRecord> = calls.iter().collect();
     order.sort_by(|a, b| a.finished_at.total_cmp(&b.finished_at).then((a.session, a.activation).cmp(&(b.session, b.activation))));
     let mut finish: BTreeMap<(u32, u32), f64> = BTreeMap::new();
+    // Per call: its contention-free duration; per model key: (earliest start, generation work).
+    let mut duration: BTreeMap<(u32, u32), f64> = BTreeMap::new();
+    let mut per_model: BTreeMap<(String, Dtype), (f64, f64)> = BTreeMap::new();
     let mut critical = t0;
     let mut paths: BTreeMap<String, f64> = BTreeMap::new();
     let mut work = 0.0;
     let mut llm_calls = 0;
-    for c in order {
+    for c in &order {
         let arrival = *times
             .arrivals
             .get(&c.session)
@@ -255,17 +274,56 @@ pub fn compute(
             Some((name, dtype)) => {
                 let Some(m) = models.get(&(name.clone(), *dtype)) else { continue };
                 llm_calls += 1;
-                work += f64::from(c.output_tokens.max(1)) * m.per_token_s * NOISE_MARGIN;
-                let end = after_preds.max(m.load_s) + m.call_s(c.prompt_tokens, c.output_tokens) * NOISE_MARGIN;
+                let tokens = f64::from(c.output_tokens.max(1)) * m.per_token_s * NOISE_MARGIN;
+                work += tokens;
+                let start = after_preds.max(m.load_s);
+                let e = per_model.entry((name.clone(), *dtype)).or_insert((f64::INFINITY, 0.0));
+                *e = (e.0.min(start), e.1 + tokens);
+                let run = m.call_s(c.prompt_tokens, c.output_tokens) * NOISE_MARGIN;
+                duration.insert((c.session, c.activation), run);
+                let end = start + run;
                 let p = paths.entry(name.clone()).or_insert(t0);
                 *p = p.max(end);
                 end
             }
-            None => after_preds + times.tool_s.get(&(c.session, c.activation)).copied().unwrap_or(0.0),
+            None => {
+                let run = times.tool_s.get(&(c.session, c.activation)).copied().unwrap_or(0.0);
+                duration.insert((c.session, c.activation), run);
+                after_preds + run
+            }
         };
         finish.insert((c.session, c.activation), end);
         critical = critical.max(end);
     }
+    // Contention-free tail after each call: the longest chain of its successors' durations
+    // (reverse completion order is a reverse topological order of every session's DAG).
+    let mut tail: BTreeMap<(u32, u32), f64> = BTreeMap::new();
+    for c in order.iter().rev() {
+        let key = (c.session, c.activation);
+        if !duration.contains_key(&key) {
+            continue;
+        }
+        let after = tail.get(&key).copied().unwrap_or(0.0) + duration[&key];
+        for p in &c.predecessors {
+            let t = tail.entry((c.session, *p)).or_insert(0.0);
+            *t = t.max(after);
+        }
+    }
+    let mut shortest_tail: BTreeMap<(String, Dtype), f64> = BTreeMap::new();
+    for c in calls {
+        let Some(key) = &c.model else { continue };
+        let t = tail.get(&(c.session, c.activation)).copied().unwrap_or(0.0);
+        let e = shortest_tail.entry(key.clone()).or_insert(f64::INFINITY);
+        *e = e.min(t);
+    }
+    let mut model_bounds: BTreeMap<String, f64> = BTreeMap::new();
+    for (key, (start, tokens)) in &per_model {
+        let Some(m) = models.get(key) else { continue };
+        let bound = start + tokens / m.devices.max(1) as f64 + shortest_tail.get(key).copied().unwrap_or(0.0) - t0;
+        let e = model_bounds.entry(key.0.clone()).or_insert(0.0);
+        *e = e.max(bound);
+    }
+    let model_s = model_bounds.values().copied().fold(0.0, f64::max);
     let mut model_names: BTreeMap<&str, f64> = BTreeMap::new();
     for ((name, _), m) in &models {
         // One load per model at least (the cheapest dtype variant if several).
@@ -278,10 +336,12 @@ pub fn compute(
     let critical_path_s = critical - t0;
     let sessions = times.arrivals.len();
     Ok(LowerBound {
-        makespan_s: round_down3(critical_path_s.max(work_s)),
+        makespan_s: round_down3(critical_path_s.max(work_s).max(model_s)),
         critical_path_s: round_down3(critical_path_s),
         work_s: round_down3(work_s),
         first_load_s: if first_load.is_finite() { round3(first_load) } else { 0.0 },
+        model_s: round_down3(model_s),
+        models: model_bounds.into_iter().map(|(k, v)| (k, round_down3(v))).collect(),
         paths: paths.into_iter().map(|(k, v)| (k, round_down3(v - t0))).collect(),
         sessions,
         llm_calls,
@@ -405,7 +465,10 @@ mod tests {
         let expect = (load + 400.0 * 5000.0 * per_token * NOISE_MARGIN) / 2.0;
         assert!((lb.work_s - expect).abs() < 2e-3, "{} vs {expect}", lb.work_s);
         assert!(lb.work_s > lb.critical_path_s, "{lb:?}");
-        assert_eq!(lb.makespan_s, lb.work_s);
+        // The model's own bound also waits for its first load before its tokens.
+        let model = load + 400.0 * 5000.0 * per_token * NOISE_MARGIN / 2.0;
+        assert!((lb.model_s - model).abs() < 2e-3, "{} vs {model}", lb.model_s);
+        assert_eq!(lb.makespan_s, lb.work_s.max(lb.model_s));
     }
 
     #[test]
@@ -451,5 +514,32 @@ mod tests {
         let t = TraceTimes::from_trace(&trace);
         assert!((t.arrivals[&3] - 1.4995).abs() < 1e-9);
         assert!((t.tool_s[&(3, 4)] - 0.749).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_model_only_one_device_holds_is_bounded_by_its_own_work_and_tail() {
+        // Qwen3-14B's weights fit the A100 only (not the 24 GB L4): its tokens run on one GPU,
+        // not two, and every session still runs a tool of 3 s after its call.
+        let (a100, m) = (spec::device("A100-40GB").unwrap(), spec::model("Qwen3-14B").unwrap());
+        let cost = CostModel::for_arch(&a100, &m, Dtype::Fp16);
+        let per_token = min_cost_per_output_token(&cost, 8);
+        let load = load_time(&a100, &m, Dtype::Fp16);
+        let mut calls = Vec::new();
+        let mut tools = Vec::new();
+        for s in 0..200 {
+            let mut c = call(s, 0, Some("Qwen3-14B"), 10, 5000, &[], 1.0 + s as f64);
+            c.model = Some(("Qwen3-14B".into(), Dtype::Fp16));
+            calls.push(c);
+            calls.push(call(s, 1, None, 0, 0, &[0], 2.0 + s as f64));
+            tools.push(((s, 1), 3.0));
+        }
+        let arrivals: Vec<(u32, f64)> = (0..200).map(|s| (s, 0.0)).collect();
+        let pool = vec![a100.clone(), spec::device("L4").unwrap()];
+        let lb = compute(&calls, &times(&arrivals, &tools), &pool, 8).unwrap();
+        let expect = load + 200.0 * 5000.0 * per_token * NOISE_MARGIN + 3.0;
+        assert!((lb.models["Qwen3-14B"] - expect).abs() < 2e-3, "{} vs {expect}", lb.models["Qwen3-14B"]);
+        assert_eq!(lb.model_s, lb.models["Qwen3-14B"]);
+        assert!(lb.model_s > lb.work_s && lb.model_s > lb.critical_path_s, "{lb:?}");
+        assert_eq!(lb.makespan_s, lb.model_s);
     }
 }

@@ -366,12 +366,16 @@ fn lower_bound(out: &mut String, report: &BenchReport) {
     let _ = writeln!(out, "## Lower bound\n");
     let _ = writeln!(
         out,
-        "Per trace: max(critical path, work). *Critical path*: every session alone on the \
+        "Per trace: max(critical path, work, per-model). *Critical path*: every session alone on the \
          fastest device that holds each model, batch-1 emulator iteration costs on its real \
          token counts with a fully cached prefill, modeled tool durations, and no call on a model \
          before that model's shortest load (the pool starts empty). *Work*: one load per model \
          plus every generated token at the cheapest per-token cost of any device at any batch \
-         size, over the GPUs. LLM times are scaled by 0.97 for engine noise. See \
+         size, over the GPUs. *Per-model*: for each model, the earliest contention-free start of \
+         any of its calls (release and first load), plus its generated tokens at that cheapest \
+         cost over the devices that can hold it, plus the shortest contention-free tail one of \
+         its calls leaves in its session; the table shows the largest (prefill work is not \
+         counted). LLM times are scaled by 0.97 for engine noise. See \
          `runtime/src/lower_bound.rs`.\n"
     );
     let models: Vec<String> = {
@@ -380,7 +384,7 @@ fn lower_bound(out: &mut String, report: &BenchReport) {
         m.dedup();
         m
     };
-    let mut cols = vec!["arrival", "bound s", "critical path s", "work s", "first load s"]
+    let mut cols = vec!["arrival", "bound s", "critical path s", "work s", "per-model s", "first load s"]
         .into_iter()
         .map(String::from)
         .collect::<Vec<_>>();
@@ -389,7 +393,14 @@ fn lower_bound(out: &mut String, report: &BenchReport) {
     let _ = writeln!(out, "|{}", cols.iter().map(|_| "---|").collect::<String>());
     for a in &report.setup.arrivals {
         let Some(b) = report.lower_bounds.get(a) else { continue };
-        let mut cells = vec![a.clone(), secs(b.makespan_s), secs(b.critical_path_s), secs(b.work_s), secs(b.first_load_s)];
+        let mut cells = vec![
+            a.clone(),
+            secs(b.makespan_s),
+            secs(b.critical_path_s),
+            secs(b.work_s),
+            secs(b.model_s),
+            secs(b.first_load_s),
+        ];
         cells.extend(models.iter().map(|m| b.paths.get(m).map(|x| secs(*x)).unwrap_or_else(|| "–".into())));
         let _ = writeln!(out, "| {} |", cells.join(" | "));
     }

@@ -150,10 +150,11 @@ pub fn run(args: ServeArgs) -> Result<()> {
                 let (app, restored) = serve::durable_router(Arc::clone(&service), api_config, startup, journal)
                     .await
                     .map_err(|e| anyhow!("--state {}: {e}", dir.display()))?;
-                if restored.runs > 0 {
+                if restored.runs > 0 || restored.workflows > 0 {
                     eprintln!(
-                        "switchyard serve: journal {}: {} runs, {} sessions ended before, {} resumed",
+                        "switchyard serve: journal {}: {} workflows registered again, {} runs, {} sessions ended before, {} resumed",
                         dir.display(),
+                        restored.workflows,
                         restored.runs,
                         restored.ended_sessions,
                         restored.resumed_sessions

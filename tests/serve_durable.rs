@@ -115,3 +115,64 @@ async fn a_killed_server_resumes_every_session_exactly_once() {
     assert_eq!(stats.program_bindings, 1);
     assert_eq!(journal.program_binding("agent-7").expect("binding"), Some(json!({"model": "Qwen3-0.6B"})));
 }
+
+/// A workflow registered over the API with `--state` is registered again by a restart, even
+/// when no run used it; a server started on an older journal without that table opens it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_workflow_registered_over_the_api_survives_a_restart() {
+    const ECHO: &str = "name: echo-later\ndeployments:\n  small: {model: Qwen3-0.6B, dtype: fp16, max_context: 4096, max_output_tokens: 64}\nnodes:\n  - id: say\n    deployment: small\n    output_tokens: {mean: 8, cv: 0.1}\n    prompt: Say something.\n";
+    let dir = tempfile::tempdir().expect("tempdir");
+    let state = dir.path().join("state");
+    let workflow = dir.path().join("long-pair.yaml");
+    std::fs::write(&workflow, LONG_PAIR).expect("workflow");
+    let http = reqwest::Client::new();
+    let auth = format!("Bearer {TOKEN}");
+    let first = start(dir.path(), &state, &workflow);
+    let resp = http
+        .post(first.url("/v1/workflows"))
+        .header("authorization", &auth)
+        .header("content-type", "application/yaml")
+        .body(ECHO)
+        .send()
+        .await
+        .expect("register");
+    assert_eq!(resp.status(), 201, "{}", resp.text().await.unwrap_or_default());
+    drop(first); // SIGKILL
+
+    let second = start(dir.path(), &state, &workflow);
+    let resp = http.get(second.url("/v1/workflows/echo-later")).header("authorization", &auth).send().await.expect("get");
+    assert_eq!(resp.status(), 200, "the registration did not survive the restart");
+    // A run of it completes on the restarted server.
+    let resp = http
+        .post(second.url("/v1/runs"))
+        .header("authorization", &auth)
+        .json(&json!({"workflow": "echo-later", "sessions": 1}))
+        .send()
+        .await
+        .expect("run");
+    assert_eq!(resp.status(), 201, "{}", resp.text().await.unwrap_or_default());
+    let run = resp.json::<Value>().await.expect("json")["id"].as_str().expect("id").to_string();
+    let t0 = Instant::now();
+    let mut v = json!(null);
+    while t0.elapsed() < Duration::from_secs(120) {
+        v = run_status(&http, &second, &run).await;
+        if v["state"] != "running" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(v["state"], "completed", "{v}");
+    // Registering the same text again is idempotent; another text under that name conflicts.
+    let again = http
+        .post(second.url("/v1/workflows"))
+        .header("authorization", &auth)
+        .header("content-type", "application/yaml")
+        .body(ECHO)
+        .send()
+        .await
+        .expect("register again");
+    assert_eq!(again.status(), 200);
+    drop(second);
+    let journal = Journal::open(&state).expect("journal");
+    assert_eq!(journal.workflows().expect("workflows"), vec![("echo-later".to_string(), ECHO.to_string())]);
+}

@@ -24,6 +24,9 @@
 //!   ([`JournalError::AttemptsExhausted`]) — the caller fails that activation instead;
 //! - **front-door program bindings** ([`Journal::bind_program`]): the first binding of a program
 //!   id wins; later calls get the one in force;
+//! - **workflows registered over the API** ([`Journal::record_workflow`]): name → YAML text, so
+//!   a restart registers them again whether or not a run used them; another text under a
+//!   recorded name is refused;
 //! - **recovery** ([`Journal::unfinished`]): every unfinished session with its run, inputs,
 //!   completed activations (results in completion order) and in-flight intents; and the reads
 //!   tests use to assert exactly-once completion ([`Journal::session_outcomes`],
@@ -149,6 +152,9 @@ const OPEN: TableDefinition<u64, ()> = TableDefinition::new("open_sessions");
 const ACTIVATIONS: TableDefinition<(u64, &str), &str> = TableDefinition::new("activations");
 /// program id → its binding (JSON).
 const BINDINGS: TableDefinition<&str, &str> = TableDefinition::new("program_bindings");
+/// workflow name → the YAML text it was registered with over the API (a table added after
+/// schema 1 was fixed: opening an older journal creates it empty, nothing else changes).
+const WORKFLOWS: TableDefinition<&str, &str> = TableDefinition::new("workflows");
 
 const META_SCHEMA: &str = "schema_version";
 const META_SEQ: &str = "seq";
@@ -181,6 +187,8 @@ pub enum JournalError {
     InvalidKey { what: &'static str, value: String, why: &'static str },
     #[error("run {run_id:?} is already recorded with other contents")]
     RunConflict { run_id: String },
+    #[error("workflow {name:?} is already recorded with another text")]
+    WorkflowConflict { name: String },
     #[error("unknown run {0:?}")]
     UnknownRun(String),
     #[error("session {session} is already recorded with another run or other inputs (run {recorded_run:?})")]
@@ -653,6 +661,7 @@ impl Journal {
         txn.open_table(OPEN)?;
         txn.open_table(ACTIVATIONS)?;
         txn.open_table(BINDINGS)?;
+        txn.open_table(WORKFLOWS)?;
         txn.commit()?;
         Ok(())
     }
@@ -719,6 +728,35 @@ impl Journal {
             let (id, text) = entry?;
             let row: RunRow = decode(|| format!("run {:?}", id.value()), text.value())?;
             out.push(run_record(id.value(), row));
+        }
+        Ok(out)
+    }
+
+    // ----- workflows -----
+
+    /// Record a workflow registered over the API with its YAML text, so a restart registers it
+    /// again. The same text again is a no-op; another text under a recorded name is refused.
+    pub fn record_workflow(&self, name: &str, yaml: &str) -> Result<(), JournalError> {
+        check_key("workflow name", name)?;
+        let (name, yaml) = (name.to_string(), yaml.to_string());
+        self.write(move |txn| {
+            let mut workflows = txn.open_table(WORKFLOWS)?;
+            if let Some(old) = workflows.get(name.as_str())? {
+                return if old.value() == yaml { Ok(()) } else { Err(JournalError::WorkflowConflict { name: name.clone() }) };
+            }
+            workflows.insert(name.as_str(), yaml.as_str())?;
+            Ok(())
+        })
+    }
+
+    /// Every workflow recorded with [`Journal::record_workflow`]: (name, YAML text), by name.
+    pub fn workflows(&self) -> Result<Vec<(String, String)>, JournalError> {
+        let txn = self.read()?;
+        let workflows = txn.open_table(WORKFLOWS)?;
+        let mut out = Vec::new();
+        for entry in workflows.iter()? {
+            let (name, text) = entry?;
+            out.push((name.value().to_string(), text.value().to_string()));
         }
         Ok(out)
     }

@@ -217,6 +217,8 @@ pub async fn durable_router(
 /// What a restart found in its journal.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Restored {
+    /// Workflows registered over the API and registered again from the journal.
+    pub workflows: usize,
     pub runs: usize,
     pub ended_sessions: usize,
     pub resumed_sessions: usize,
@@ -272,6 +274,19 @@ async fn restore(api: &Arc<Api>, journal: &Arc<Journal>) -> Result<Restored, Str
         }
     }
     let mut restored = Restored { runs: runs.len(), ..Restored::default() };
+    // Workflows registered over the API, whether or not a run used them.
+    for (name, text) in journal.workflows().map_err(j)? {
+        // A name the server was started with keeps its start-up file (as for runs).
+        if lock(&api.workflows).contains_key(&name) {
+            continue;
+        }
+        let spec = parse_workflow(&name, &text, std::path::Path::new("/nonexistent"))
+            .map_err(|e| format!("workflow `{name}`: its journaled text no longer loads: {e}"))?;
+        let e_inputs = entry(0, &spec, String::new());
+        let index = api.service.register(spec).await.map_err(|e| format!("workflow `{name}`: {e}"))?;
+        lock(&api.workflows).insert(name, WorkflowEntry { index, text, ..e_inputs });
+        restored.workflows += 1;
+    }
     let mut max_run = 0;
     for run in &runs {
         if let Some(n) = run.run_id.strip_prefix("run-").and_then(|n| n.parse::<u64>().ok()) {
@@ -467,11 +482,20 @@ async fn register_workflow(
         });
     }
     let name = spec.name.clone();
+    // With `--state`, a registration is journaled so that a restart registers it again
+    // (idempotent: an identical registration journals nothing new).
+    let journal_it = |name: &str, text: &str| -> Result<(), ApiError> {
+        let Some(journal) = (!validate_only).then_some(api.journal.as_ref()).flatten() else { return Ok(()) };
+        let j = Arc::clone(journal);
+        off_the_reactor(|| j.record_workflow(name, text))
+            .map_err(|e| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "journal_error", e.to_string()))
+    };
     {
-        let wfs = lock(&api.workflows);
-        if let Some(existing) = wfs.get(&name) {
-            if existing.text == text {
-                return Ok((StatusCode::OK, Json(workflow_json(&name, existing))).into_response());
+        let existing = lock(&api.workflows).get(&name).map(|e| (e.text == text, workflow_json(&name, e)));
+        if let Some((same, json)) = existing {
+            if same {
+                journal_it(&name, &text)?;
+                return Ok((StatusCode::OK, Json(json)).into_response());
             }
             return Err(ApiError::new(
                 StatusCode::CONFLICT,
@@ -491,6 +515,7 @@ async fn register_workflow(
     }
     let e_inputs = entry(0, &spec, String::new());
     let index = api.service.register(spec).await?;
+    journal_it(&name, &text)?;
     let e = WorkflowEntry { index, text, ..e_inputs };
     let v = workflow_json(&name, &e);
     let mut wfs = lock(&api.workflows);

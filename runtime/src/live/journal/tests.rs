@@ -532,3 +532,19 @@ proptest! {
         prop_assert_eq!(stats.program_bindings, m.bindings.len() as u64);
     }
 }
+
+#[test]
+fn workflows_registered_over_the_api_are_kept_once_by_name() {
+    let (dir, j) = fresh();
+    j.record_workflow("echo", "name: echo\n").expect("record");
+    j.record_workflow("echo", "name: echo\n").expect("the same text again is a no-op");
+    assert!(matches!(j.record_workflow("echo", "name: echo # v2\n"), Err(JournalError::WorkflowConflict { .. })));
+    assert!(matches!(j.record_workflow("", "x"), Err(JournalError::InvalidKey { .. })));
+    j.record_workflow("another", "name: another\n").expect("record");
+    drop(j);
+    let j = Journal::open(&dir.path().join("state")).expect("reopen");
+    assert_eq!(
+        j.workflows().expect("workflows"),
+        vec![("another".to_string(), "name: another\n".to_string()), ("echo".to_string(), "name: echo\n".to_string())]
+    );
+}

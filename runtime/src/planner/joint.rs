@@ -657,18 +657,14 @@ impl Policy for Joint {
             if let Some(held) = w.chain_prev.and_then(|p| state.hold_of(p)) {
                 let accepted = state.replica(held).is_some_and(|r| self.accepts(state, r, &w));
                 let lane = lanes.get_mut(&d).and_then(|ls| ls.iter_mut().find(|l| l.replica == Some(held)));
-                if let (true, Some(lane)) = (accepted, lane) {
-                    let slot = state
-                        .deployment(d)
-                        .map(|dep| {
-                            let run = self.run_on(state, dep, lane.device, 1, &need);
-                            (now, now + run)
-                        })
-                        .unwrap_or((now, now));
-                    lane.seed(slot.1, need.kv);
-                    self.placed(w.activation, d, slot.1);
+                if let (true, Some(lane), Some(dep)) = (accepted, lane, state.deployment(d)) {
+                    // The chain's own grant: it starts now, in the batch running there.
+                    let batch = lane.running_at(now) as u32 + 1;
+                    let finish = now + self.run_on(state, dep, lane.device, batch, &need);
+                    lane.seed(finish, need.kv);
+                    self.placed(w.activation, d, finish);
                     ready_needs.entry(d).or_default().push(need);
-                    self.grant(state, &w, held, slot.1 - now, now, out);
+                    self.grant(state, &w, held, finish - now, now, out);
                     continue;
                 }
             }

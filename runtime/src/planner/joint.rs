@@ -26,6 +26,9 @@
 //!    this tick), then lifecycle overhead H_life. **Scale-out** on the timeline: the deployment
 //!    that finishes last gets another replica while that brings its Ĉ_F forward by at least
 //!    1 − [`SCALE_OUT_GAIN`], one at a time, under the substrate's replica cap (none by default).
+//!    It may reclaim idle replicas nothing in the window needs, and idle *redundant copies* of a
+//!    model that still has work when that model, one copy fewer, still finishes before the new
+//!    completion (the plan's Ĉ_F falls; "preferring redundant copies", §3.5).
 //! 4. **PlanPrefetch** with the capacity no ready unit can use (after PlanReady every ready
 //!    unit is granted, placed behind a queue or a load, or has no binding the pool can give
 //!    now): stages a near-ready deployment without a replica when its predicted release is
@@ -424,10 +427,15 @@ impl Joint {
         device: DeviceId,
         now: f64,
         keep: &BTreeSet<DeploymentId>,
+        spare: &BTreeSet<DeploymentId>,
     ) -> Vec<(ReplicaId, u64, f64)> {
+        let redundant = |d: DeploymentId| state.replicas_of(d).count() > 1;
         let mut v: Vec<(u8, f64, f64, ReplicaId, u64, f64)> = state
             .replicas_on(device)
-            .filter(|r| r.is_idle() && !keep.contains(&r.deployment))
+            .filter(|r| {
+                r.is_idle()
+                    && (!keep.contains(&r.deployment) || (spare.contains(&r.deployment) && redundant(r.deployment)))
+            })
             .filter_map(|r| {
                 let d = state.deployment(r.deployment)?;
                 let g = state.device(r.device)?;
@@ -461,6 +469,7 @@ impl Joint {
         needs: &[Need],
         now: f64,
         keep: &BTreeSet<DeploymentId>,
+        spare: &BTreeSet<DeploymentId>,
         reclaim: bool,
     ) -> Option<(DeviceId, Vec<ReplicaId>, f64, f64)> {
         let dep = state.deployment(d)?;
@@ -515,7 +524,7 @@ impl Joint {
                 if !reclaim {
                     continue;
                 }
-                for (victim, bytes, penalty) in self.victims(state, g.id, now, keep) {
+                for (victim, bytes, penalty) in self.victims(state, g.id, now, keep, spare) {
                     if free >= claim {
                         break;
                     }
@@ -759,7 +768,8 @@ impl Policy for Joint {
         let mut keep: BTreeSet<DeploymentId> = state.queue().iter().map(|w| w.deployment).collect();
         for (_, _, _, ((d, owner), units)) in ranked_demands {
             let demand: Vec<Need> = units.iter().map(|(_, w)| self.need_of(state, w, now)).collect();
-            let Some((g, victims, _, _)) = self.best_lifecycle(state, d, &demand, now, &keep, true) else {
+            let Some((g, victims, _, _)) = self.best_lifecycle(state, d, &demand, now, &keep, &BTreeSet::new(), true)
+            else {
                 ready_needs.entry(d).or_default().extend(demand);
                 continue;
             };
@@ -818,7 +828,11 @@ impl Policy for Joint {
                 }
                 let mut keep_d = keep_all.clone();
                 keep_d.insert(d);
-                let Some((g, victims, _, _)) = self.best_lifecycle(state, d, all, now, &keep_d, true) else {
+                // Redundant copies of other deployments with demand may go too, when the plan's
+                // Ĉ_F still falls: checked below against the victim's own completion.
+                let mut spare = keep_all.clone();
+                spare.remove(&d);
+                let Some((g, victims, _, _)) = self.best_lifecycle(state, d, all, now, &keep_d, &spare, true) else {
                     continue;
                 };
                 let (Some(dep), Some(dev)) = (state.deployment(d), state.device(g)) else {
@@ -828,6 +842,34 @@ impl Policy for Joint {
                 with.push(Self::new_lane(dep, dev, self.lifecycle_ready_at(state, dep, dev, &victims, now)));
                 let split = self.completion(state, d, &with, all, now);
                 if !(split < now + (current - now) * SCALE_OUT_GAIN) {
+                    continue;
+                }
+                // Eq. 12 over the plan: a deployment that gives up a copy must still finish by
+                // the new completion of the one that gains it.
+                let mut taken: BTreeMap<DeploymentId, Vec<ReplicaId>> = BTreeMap::new();
+                for v in &victims {
+                    if let Some(r) = state.replica(*v).filter(|r| spare.contains(&r.deployment)) {
+                        taken.entry(r.deployment).or_default().push(*v);
+                    }
+                }
+                let still_first = taken.iter().all(|(e, gone)| {
+                    let lanes: Vec<Lane> = base
+                        .get(e)
+                        .map(|ls| {
+                            ls.iter().filter(|l| l.replica.is_none_or(|id| !gone.contains(&id))).cloned().collect()
+                        })
+                        .unwrap_or_default();
+                    let needs = match demand.get(e) {
+                        Some((all, _)) => all.clone(),
+                        None => {
+                            let mut n = ready_needs.get(e).cloned().unwrap_or_default();
+                            n.extend(near_of(self, state, *e));
+                            n
+                        }
+                    };
+                    self.completion(state, *e, &lanes, &needs, now) <= split
+                });
+                if !still_first {
                     continue;
                 }
                 let better = pick.as_ref().is_none_or(|p| current.total_cmp(&p.0).then(p.1.total_cmp(&split)).is_gt());
@@ -845,8 +887,12 @@ impl Policy for Joint {
             if let Some(lane) = state.replica(r).and_then(|rv| self.lane_of(state, rv, now)) {
                 base.entry(d).or_default().push(lane);
             }
-            if let Some((all, current)) = demand.get_mut(&d) {
-                *current = self.completion(state, d, base.get(&d).map_or(&[][..], |v| &v[..]), all, now);
+            // The reclaimed replicas leave their deployments' lanes.
+            for lanes in base.values_mut() {
+                lanes.retain(|l| l.replica.is_none_or(|id| !victims.contains(&id)));
+            }
+            for (e, (all, current)) in demand.iter_mut() {
+                *current = self.completion(state, *e, base.get(e).map_or(&[][..], |v| &v[..]), all, now);
             }
         }
 
@@ -873,7 +919,8 @@ impl Policy for Joint {
             if state.replicas_of(d).next().is_some() {
                 continue;
             }
-            let Some((g, victims, _, _)) = self.best_lifecycle(state, d, &[], now, &keep, true) else {
+            let Some((g, victims, _, _)) = self.best_lifecycle(state, d, &[], now, &keep, &BTreeSet::new(), true)
+            else {
                 continue;
             };
             let (Some(dep), Some(dev)) = (state.deployment(d), state.device(g)) else {
@@ -1218,5 +1265,43 @@ mod tests {
         assert_eq!(reclaim(JointOptions::default(), true), "sleep");
         assert_eq!(reclaim(JointOptions::default(), false), "unload");
         assert_eq!(reclaim(JointOptions { sleep: false, ..Default::default() }, true), "unload");
+    }
+
+    #[test]
+    fn scale_out_takes_a_redundant_copy_of_a_needed_model_when_the_plan_finishes_earlier() {
+        // Three A100s. Forty long Qwen3-4B units get two replicas (one would run them in two
+        // waves); they finish and both copies idle while a 4B unit is near-ready. Then forty long
+        // Qwen3-14B units arrive: a 14B replica loads on the free A100, and scale-out reclaims one
+        // redundant 4B copy for a second 14B replica (the 4B's near-ready unit still finishes long
+        // before the 14B work), never the last copy.
+        let long = |s: u32, d: u32| WorkItem { max_output_tokens: 8192, envelope: (500, 8192), ..item(s, 0, d, 0) };
+        let mut p = planner(&["A100-40GB", "A100-40GB", "A100-40GB"], JointOptions::default());
+        let cmds = p.handle_all((0..40).map(|s| Event::UnitReady(long(s, 0))).collect(), 0.0).unwrap();
+        assert_eq!(loads(&cmds), 2, "{cmds:?}");
+        let cmds = p
+            .handle_all(
+                vec![Event::ReplicaLoaded { replica: ReplicaId(0) }, Event::ReplicaLoaded { replica: ReplicaId(1) }],
+                10.0,
+            )
+            .unwrap();
+        let granted: Vec<(ActivationId, ReplicaId)> = cmds
+            .iter()
+            .filter_map(|c| match c {
+                Command::Dispatch { activation, replica } => Some((*activation, *replica)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(granted.len(), 40, "{cmds:?}");
+        let mut done: Vec<Event> = granted
+            .iter()
+            .map(|(a, r)| Event::UnitFinished { activation: *a, replica: *r, output_tokens: 8000 })
+            .collect();
+        done.push(Event::UnitNearReady(near(50, 1, 0, act(99, 99))));
+        p.handle_all(done, 92.0).unwrap();
+        let cmds = p.handle_all((100..140).map(|s| Event::UnitReady(long(s, 3))).collect(), 100.0).unwrap();
+        let unloads = cmds.iter().filter(|c| matches!(c, Command::Unload { .. })).count();
+        let loads_14b = cmds.iter().filter(|c| matches!(c, Command::Load { deployment: DeploymentId(3), .. })).count();
+        assert_eq!((loads_14b, unloads), (2, 1), "{cmds:?}");
+        assert_eq!(p.state().replicas_of(DeploymentId(0)).count(), 1, "the last 4B copy stays");
     }
 }

@@ -42,6 +42,31 @@ async fn run_status(http: &reqwest::Client, server: &Server, run: &str) -> Value
     resp.json().await.expect("json")
 }
 
+/// Poll a run until it is no longer running (or `within` has passed); its last status.
+async fn run_until_ended(http: &reqwest::Client, server: &Server, run: &str, within: Duration) -> Value {
+    let t0 = Instant::now();
+    let mut v = json!(null);
+    while t0.elapsed() < within {
+        v = run_status(http, server, run).await;
+        if v["state"] != "running" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    v
+}
+
+/// Register a workflow's YAML text over the API.
+async fn register(http: &reqwest::Client, server: &Server, yaml: &str) -> reqwest::Response {
+    http.post(server.url("/v1/workflows"))
+        .header("authorization", format!("Bearer {TOKEN}"))
+        .header("content-type", "application/yaml")
+        .body(yaml.to_string())
+        .send()
+        .await
+        .expect("register")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_server_resumes_every_session_exactly_once() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -87,15 +112,7 @@ async fn a_killed_server_resumes_every_session_exactly_once() {
 
     // The same state directory: the run comes back and completes.
     let second = start(dir.path(), &state, &workflow);
-    let t0 = Instant::now();
-    let mut v = json!(null);
-    while t0.elapsed() < Duration::from_secs(300) {
-        v = run_status(&http, &second, &run).await;
-        if v["state"] != "running" {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let v = run_until_ended(&http, &second, &run, Duration::from_secs(300)).await;
     assert_eq!(v["state"], "completed", "{}", v["counts"]);
     assert_eq!(v.pointer("/counts/completed").and_then(Value::as_u64), Some(SESSIONS as u64), "{}", v["counts"]);
     drop(second); // SIGKILL again: the journal is closed by the kernel; redb recovers it
@@ -117,7 +134,7 @@ async fn a_killed_server_resumes_every_session_exactly_once() {
 }
 
 /// A workflow registered over the API with `--state` is registered again by a restart, even
-/// when no run used it; a server started on an older journal without that table opens it.
+/// when no run used it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_workflow_registered_over_the_api_survives_a_restart() {
     const ECHO: &str = "name: echo-later\ndeployments:\n  small: {model: Qwen3-0.6B, dtype: fp16, max_context: 4096, max_output_tokens: 64}\nnodes:\n  - id: say\n    deployment: small\n    output_tokens: {mean: 8, cv: 0.1}\n    prompt: Say something.\n";
@@ -128,14 +145,7 @@ async fn a_workflow_registered_over_the_api_survives_a_restart() {
     let http = reqwest::Client::new();
     let auth = format!("Bearer {TOKEN}");
     let first = start(dir.path(), &state, &workflow);
-    let resp = http
-        .post(first.url("/v1/workflows"))
-        .header("authorization", &auth)
-        .header("content-type", "application/yaml")
-        .body(ECHO)
-        .send()
-        .await
-        .expect("register");
+    let resp = register(&http, &first, ECHO).await;
     assert_eq!(resp.status(), 201, "{}", resp.text().await.unwrap_or_default());
     drop(first); // SIGKILL
 
@@ -152,26 +162,12 @@ async fn a_workflow_registered_over_the_api_survives_a_restart() {
         .expect("run");
     assert_eq!(resp.status(), 201, "{}", resp.text().await.unwrap_or_default());
     let run = resp.json::<Value>().await.expect("json")["id"].as_str().expect("id").to_string();
-    let t0 = Instant::now();
-    let mut v = json!(null);
-    while t0.elapsed() < Duration::from_secs(120) {
-        v = run_status(&http, &second, &run).await;
-        if v["state"] != "running" {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let v = run_until_ended(&http, &second, &run, Duration::from_secs(120)).await;
     assert_eq!(v["state"], "completed", "{v}");
     // Registering the same text again is idempotent; another text under that name conflicts.
-    let again = http
-        .post(second.url("/v1/workflows"))
-        .header("authorization", &auth)
-        .header("content-type", "application/yaml")
-        .body(ECHO)
-        .send()
-        .await
-        .expect("register again");
-    assert_eq!(again.status(), 200);
+    assert_eq!(register(&http, &second, ECHO).await.status(), 200);
+    let other = ECHO.replace("Say something.", "Say something else.");
+    assert_eq!(register(&http, &second, &other).await.status(), 409);
     drop(second);
     let journal = Journal::open(&state).expect("journal");
     assert_eq!(journal.workflows().expect("workflows"), vec![("echo-later".to_string(), ECHO.to_string())]);

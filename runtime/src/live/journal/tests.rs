@@ -548,3 +548,16 @@ fn workflows_registered_over_the_api_are_kept_once_by_name() {
         vec![("another".to_string(), "name: another\n".to_string()), ("echo".to_string(), "name: echo\n".to_string())]
     );
 }
+
+#[test]
+fn a_journal_without_the_workflows_table_opens_with_none() {
+    // Journals written before the table existed: opening one creates it empty.
+    let (dir, j) = fresh();
+    let txn = j.db.begin_write().expect("write");
+    assert!(txn.delete_table(WORKFLOWS).expect("delete"));
+    txn.commit().expect("commit");
+    drop(j);
+    let j = Journal::open(&dir.path().join("state")).expect("reopen");
+    assert_eq!(j.workflows().expect("workflows"), Vec::new());
+    j.record_workflow("echo", "name: echo\n").expect("record");
+}

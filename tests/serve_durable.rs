@@ -168,6 +168,9 @@ async fn a_workflow_registered_over_the_api_survives_a_restart() {
     assert_eq!(register(&http, &second, ECHO).await.status(), 200);
     let other = ECHO.replace("Say something.", "Say something else.");
     assert_eq!(register(&http, &second, &other).await.status(), 409);
+    // A name the journal could not key is refused before anything is registered.
+    let long = ECHO.replace("name: echo-later", &format!("name: {}", "a".repeat(1100)));
+    assert_eq!(register(&http, &second, &long).await.status(), 422);
     drop(second);
     let journal = Journal::open(&state).expect("journal");
     assert_eq!(journal.workflows().expect("workflows"), vec![("echo-later".to_string(), ECHO.to_string())]);

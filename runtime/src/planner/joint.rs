@@ -46,7 +46,7 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use super::estimates::Estimates;
-use super::state::{PLANNER_ENGINE_RESERVE_BYTES, PLANNER_TEARDOWN_S, sleep_estimate_s, wake_estimate_s};
+use super::state::{PLANNER_TEARDOWN_S, sleep_estimate_s, wake_estimate_s};
 use super::substrate::Substrate;
 use super::timeline::{Lane, Slot, place_all};
 use super::{
@@ -290,8 +290,13 @@ impl Joint {
 
     /// The lane of a replica of `d` that does not exist yet, serving from `ready_at`.
     fn new_lane(d: &DeploymentInfo, g: &DeviceInfo, ready_at: f64) -> Lane {
-        let capacity = d.claim_bytes(g).saturating_sub(d.weight_bytes.saturating_add(PLANNER_ENGINE_RESERVE_BYTES));
-        Lane::new(None, g.id, ready_at, capacity, d.max_num_seqs)
+        Lane::new(
+            None,
+            g.id,
+            ready_at,
+            super::substrate::kv_capacity_of(d.weight_bytes, d.claim_bytes(g)),
+            d.max_num_seqs,
+        )
     }
 
     /// Ĉ_F of `needs` on `lanes` (copied): the latest predicted finish once each is placed, in
@@ -699,13 +704,9 @@ impl Policy for Joint {
                 }
             }
             match best {
-                Some((i, _)) => {
+                Some((i, slot)) => {
                     let lane = &mut dep_lanes[i];
-                    let device = lane.device;
-                    let Some(slot) = lane.place(need.release, need.kv, |b| self.run_on(state, dep, device, b, &need))
-                    else {
-                        continue;
-                    };
+                    lane.commit(slot, need.kv);
                     self.placed(w.activation, d, slot.finish);
                     ready_needs.entry(d).or_default().push(need);
                     let replica = lane.replica;
@@ -887,12 +888,20 @@ impl Policy for Joint {
             if let Some(lane) = state.replica(r).and_then(|rv| self.lane_of(state, rv, now)) {
                 base.entry(d).or_default().push(lane);
             }
-            // The reclaimed replicas leave their deployments' lanes.
-            for lanes in base.values_mut() {
+            // The reclaimed replicas leave their deployments' lanes; the deployments whose lanes
+            // changed are priced again.
+            let mut changed: BTreeSet<DeploymentId> = BTreeSet::from([d]);
+            for (e, lanes) in base.iter_mut() {
+                let before = lanes.len();
                 lanes.retain(|l| l.replica.is_none_or(|id| !victims.contains(&id)));
+                if lanes.len() != before {
+                    changed.insert(*e);
+                }
             }
-            for (e, (all, current)) in demand.iter_mut() {
-                *current = self.completion(state, *e, base.get(e).map_or(&[][..], |v| &v[..]), all, now);
+            for e in changed {
+                if let Some((all, current)) = demand.get_mut(&e) {
+                    *current = self.completion(state, e, base.get(&e).map_or(&[][..], |v| &v[..]), all, now);
+                }
             }
         }
 

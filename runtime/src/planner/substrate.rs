@@ -80,7 +80,13 @@ impl Substrate {
 /// planner's engine reserve (bytes).
 pub fn kv_capacity_bytes(state: &PlannerState, r: &ReplicaView) -> u64 {
     let weights = state.deployment(r.deployment).map(|d| d.weight_bytes).unwrap_or(0);
-    r.claim_bytes.saturating_sub(weights.saturating_add(PLANNER_ENGINE_RESERVE_BYTES))
+    kv_capacity_of(weights, r.claim_bytes)
+}
+
+/// KV capacity of a replica whose weights take `weight_bytes` of a `claim_bytes` claim: the
+/// claim minus the weights minus the planner's engine reserve (bytes).
+pub fn kv_capacity_of(weight_bytes: u64, claim_bytes: u64) -> u64 {
+    claim_bytes.saturating_sub(weight_bytes.saturating_add(PLANNER_ENGINE_RESERVE_BYTES))
 }
 
 /// Outstanding units of each deployment (queued in the planner plus admitted to a replica)

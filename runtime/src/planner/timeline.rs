@@ -100,15 +100,21 @@ impl Lane {
         Some(Slot { start, finish: start + run(batch).max(0.0), batch })
     }
 
-    /// Place a unit: as [`Lane::probe`], and the lane now holds its reservation until it
-    /// finishes. Units finished by its start leave the lane (no later unit starts earlier).
+    /// Place a unit: as [`Lane::probe`], then [`Lane::commit`].
     pub fn place(&mut self, release: f64, kv: u64, run: impl FnOnce(u32) -> f64) -> Option<Slot> {
         let slot = self.probe(release, kv, run)?;
+        self.commit(slot, kv);
+        Some(slot)
+    }
+
+    /// Hold a unit's reservation of `kv` bytes from `slot` (what [`Lane::probe`] returned on
+    /// this lane, unchanged since) until it finishes. Units finished by its start leave the lane
+    /// (no later unit starts earlier).
+    pub fn commit(&mut self, slot: Slot, kv: u64) {
         let done = self.active.partition_point(|a| a.0 <= slot.start);
         self.used -= self.active.drain(..done).map(|a| a.1).sum::<u64>();
         self.seed(slot.finish, kv);
         self.cursor = slot.start;
-        Some(slot)
     }
 }
 
@@ -126,15 +132,16 @@ pub fn place_all<U>(
         .iter()
         .map(|u| {
             let r = release(u);
-            let best = lanes
+            let (i, slot, bytes) = lanes
                 .iter()
                 .enumerate()
-                .filter_map(|(i, l)| l.probe(r, kv(u, l), |b| run(u, l.device, b)).map(|s| (i, s)))
+                .filter_map(|(i, l)| {
+                    let bytes = kv(u, l);
+                    l.probe(r, bytes, |b| run(u, l.device, b)).map(|s| (i, s, bytes))
+                })
                 .min_by(|a, b| a.1.finish.total_cmp(&b.1.finish).then(a.0.cmp(&b.0)))?;
-            let lane = &mut lanes[best.0];
-            let (bytes, device) = (kv(u, lane), lane.device);
-            let slot = lane.place(r, bytes, |b| run(u, device, b))?;
-            Some((best.0, slot))
+            lanes[i].commit(slot, bytes);
+            Some((i, slot))
         })
         .collect()
 }

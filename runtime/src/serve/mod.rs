@@ -482,6 +482,16 @@ async fn register_workflow(
         });
     }
     let name = spec.name.clone();
+    if name.len() > crate::live::journal::MAX_KEY_LEN {
+        return Err(ApiError {
+            param: Some("name".into()),
+            ..ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid_workflow",
+                format!("a workflow name may be at most {} bytes", crate::live::journal::MAX_KEY_LEN),
+            )
+        });
+    }
     // With `--state`, a registration is journaled so that a restart registers it again
     // (idempotent: an identical registration journals nothing new).
     let journal_it = |name: &str, text: &str| -> Result<(), ApiError> {

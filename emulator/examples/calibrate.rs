@@ -8,13 +8,21 @@
 //! separately (mbu, launch), attention on the one legacy A100 shape, and the CPU overhead by
 //! ordinary least squares. Prints the constants as Rust to paste into `src/cost.rs`, and the
 //! WAPE / MAPE tables for `CALIBRATION.md`.
+//!
+//! Then tensor parallelism (alone: `--example calibrate -- tp`): the TP = 2, 4, 8 rows of the
+//! same `mlp.csv` profiles predicted with the TP = 1 constants on the sharded shape (no refit),
+//! the all-reduce interpolation knots from `emulator/data/vidur-profiling` and their error, and
+//! the CPU overhead refitted on the TP = 2 and TP = 4 rows of `cpu_overheads.csv`.
 
 #[path = "../tests/support/vidur.rs"]
 mod vidur;
 
-use switchyard_emulator::cost::{CostModel, Efficiency, KernelEff, ModelShape, OpTimes};
+use switchyard_emulator::cost::{AllReduce, CostModel, Efficiency, KernelEff, ModelShape, OpTimes};
 use switchyard_predictor::spec::{DeviceSpec, Dtype};
 use vidur::{ErrorStats, LINEAR_OPS, MlpRow, OPS, Res, error_stats, layer_pair, op_value};
+
+/// The TP degrees of Vidur's compute and network profiles.
+const TP_DEGREES: [u32; 3] = [2, 4, 8];
 
 /// Minimises `f` from `x0` with the Nelder–Mead simplex method.
 fn nelder_mead(f: &dyn Fn(&[f64]) -> f64, x0: &[f64], step: f64, iters: usize) -> Vec<f64> {
@@ -106,6 +114,11 @@ fn initial() -> Efficiency {
 
 fn model_for(dev: &DeviceSpec, shape: ModelShape, eff: Efficiency) -> CostModel {
     CostModel::with_efficiency(dev, shape, Dtype::Fp16, eff)
+}
+
+/// The cost model one profile row is predicted with: its whole shape sharded by its TP degree.
+fn model_for_row(dev: &DeviceSpec, row: &MlpRow, eff: Efficiency) -> CostModel {
+    CostModel::with_efficiency_tp(dev, row.shape, Dtype::Fp16, eff, row.tp)
 }
 
 fn fit_linear(dev: &DeviceSpec, rows: &[MlpRow], eff: &mut Efficiency) {
@@ -206,7 +219,7 @@ fn fit_attention(dev: &DeviceSpec, rows: &[vidur::AttnRow], eff: &mut Efficiency
 }
 
 fn report_mlp(dev: &DeviceSpec, rows: &[MlpRow], eff: Efficiency) {
-    let models: Vec<CostModel> = rows.iter().map(|r| model_for(dev, r.shape, eff)).collect();
+    let models: Vec<CostModel> = rows.iter().map(|r| model_for_row(dev, r, eff)).collect();
     let times: Vec<OpTimes> = rows
         .iter()
         .zip(&models)
@@ -302,7 +315,86 @@ fn print_eff(name: &str, e: &Efficiency) {
     println!("}};");
 }
 
+/// The tensor-parallel part: TP rows of the compute profiles, all-reduce knots, CPU overhead.
+fn tensor_parallel() -> Res<()> {
+    for vd in ["a100", "h100"] {
+        let dev = vidur::device_spec(vd)?;
+        // The constants the emulator serves `dev` with (the op times do not involve the
+        // attention constants, where the two differ).
+        let eff = Efficiency::fitted_for(&dev);
+        for tp in TP_DEGREES {
+            let rows = vidur::load_mlp_tp(vd, tp)?;
+            let mut models: Vec<&str> = rows.iter().map(|r| r.model.as_str()).collect();
+            models.dedup();
+            println!(
+                "\n## {vd} ({}), TP = {tp}: {} rows, {} models ({})\n",
+                dev.name,
+                rows.len(),
+                models.len(),
+                models.join(", ")
+            );
+            report_mlp(&dev, &rows, eff);
+        }
+    }
+
+    println!("\n## all-reduce knots (bytes, seconds)\n");
+    for node in ["h100_dgx", "a100_dgx"] {
+        println!("const {}_ALL_REDUCE: [(u32, Knots); 3] = [", node.to_ascii_uppercase());
+        for tp in TP_DEGREES {
+            let rows = vidur::load_all_reduce(node, tp)?;
+            let knots = vidur::all_reduce_knots(&rows);
+            let cells: Vec<String> = knots.iter().map(|(b, t)| format!("({b:.1}, {t:.4e})")).collect();
+            println!("    ({tp}, &[{}]),", cells.join(", "));
+        }
+        println!("];");
+    }
+    println!("\n| node | workers | rows | WAPE | MAPE | rows ≥ 1 MiB | WAPE | MAPE |");
+    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    for node in ["h100_dgx", "a100_dgx"] {
+        for tp in TP_DEGREES {
+            let rows = vidur::load_all_reduce(node, tp)?;
+            let knots = vidur::all_reduce_knots(&rows);
+            let ar = AllReduce::Profile { node: "derived", knots: Box::leak(knots.into_boxed_slice()) };
+            let all = error_stats(rows.iter().map(|r| (ar.time(r.bytes), r.time_s)));
+            let big = error_stats(
+                rows.iter().filter(|r| r.bytes >= f64::from(1u32 << 20)).map(|r| (ar.time(r.bytes), r.time_s)),
+            );
+            println!(
+                "| {node} | {tp} | {} | {:.1} % | {:.1} % | {} | {:.1} % | {:.1} % |",
+                all.n,
+                100.0 * all.wape,
+                100.0 * all.mape,
+                big.n,
+                100.0 * big.wape,
+                100.0 * big.mape
+            );
+        }
+    }
+
+    println!("\n## CPU overhead at TP > 1\n");
+    let mut consts = Vec::new();
+    for tp in [2u32, 4] {
+        let rows = vidur::load_cpu_overheads_tp(tp)?;
+        let (base, slope) = vidur::fit_cpu_overhead(&rows);
+        let s = error_stats(rows.iter().map(|r| (base + slope * f64::from(r.batch_size), r.time_s)));
+        println!(
+            "TP {tp}: {} rows, base {:.3} ms, per sequence {:.4} ms, WAPE {:.1} %, MAPE {:.1} %",
+            s.n,
+            base * 1e3,
+            slope * 1e3,
+            100.0 * s.wape,
+            100.0 * s.mape
+        );
+        consts.push(format!("({tp}, {base:.4e}, {slope:.4e})"));
+    }
+    println!("const CPU_OVERHEAD_TP: [(u32, f64, f64); 2] = [{}];", consts.join(", "));
+    Ok(())
+}
+
 fn main() -> Res<()> {
+    if std::env::args().nth(1).as_deref() == Some("tp") {
+        return tensor_parallel();
+    }
     let mut fitted = Vec::new();
     let a100 = vidur::device_spec("a100")?;
     let attention = vidur::load_legacy_attention()?;
@@ -395,5 +487,5 @@ fn main() -> Res<()> {
     for (vd, eff) in &fitted {
         print_eff(if *vd == "a100" { "AMPERE" } else { "HOPPER" }, eff);
     }
-    Ok(())
+    tensor_parallel()
 }

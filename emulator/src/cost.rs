@@ -1,6 +1,7 @@
-//! The cost model: the time of one continuous-batching iteration of a vLLM-like engine on one
-//! GPU, given the batch (prefill chunks with the context cached before each, and decode
-//! sequences with their context lengths).
+//! The cost model: the time of one continuous-batching iteration of a vLLM-like engine, given
+//! the batch (prefill chunks with the context cached before each, and decode sequences with
+//! their context lengths), on one GPU or on the `tp` GPUs of one node of a tensor-parallel
+//! replica.
 //!
 //! Form (per transformer layer, following Vidur's operator split):
 //! - token-level linear ops (QKV projection, O projection, gated MLP up+gate, MLP down; the LM
@@ -16,9 +17,20 @@
 //! - plus a per-iteration CPU overhead (schedule, prepare inputs, sampler, output processing)
 //!   linear in the number of sequences in the batch.
 //!
+//! Tensor parallelism (`tp` > 1, Megatron-style as vLLM shards a dense decoder): every GPU runs
+//! the same iteration on its shard ([`ModelShape::shard`]: q / k / v / o, MLP, LM head and
+//! attention heads split by `tp`; norms, residual add and embedding width whole), with the
+//! constants fitted at TP = 1, and waits for two all-reduces of the hidden activations per
+//! layer (after the attention output projection and after the MLP), one after the
+//! vocab-parallel embedding and an all-gather of the logits: [`AllReduce`], interpolated in
+//! Vidur's measured NCCL profiles of the device's node (or a PCIe bandwidth model where none
+//! exists). The CPU overhead is the one fitted at that TP. At `tp` = 1 none of this runs: the
+//! same bits as before.
+//!
 //! The efficiency constants were fitted offline (`cargo run -p switchyard-emulator --example
-//! calibrate`) against Vidur's measured per-operator profiles (`predictor/data/vidur-profiling`)
-//! and are checked by `tests/calibration.rs`; `CALIBRATION.md` reports the errors. Devices
+//! calibrate`) against Vidur's measured per-operator profiles (`predictor/data/vidur-profiling`,
+//! and `emulator/data/vidur-profiling` for the all-reduces) and are checked by
+//! `tests/calibration.rs`; `CALIBRATION.md` reports the errors. Devices
 //! without measurements reuse the constants of their closest measured class scaled by their
 //! own datasheet FLOP/s and bandwidth — a roofline extrapolation.
 //!
@@ -60,6 +72,28 @@ impl ModelShape {
             gated_mlp: true,
             vocab: model.vocab_size,
             qk_norm: model.qk_norm,
+        }
+    }
+
+    /// What one GPU of a `tp`-way tensor-parallel replica computes, as vLLM shards a dense
+    /// decoder (and as Vidur's profiler shards the operators it times): the QKV and gate/up
+    /// projections are column-parallel (output width / `tp`), the O and down projections
+    /// row-parallel (input width / `tp`), attention runs `heads / tp` query and KV heads, the
+    /// LM head holds `vocab / tp` rows; the hidden width (norms, residual add, embedding
+    /// output, all-reduced after each row-parallel layer) stays whole. The identity at
+    /// `tp` ≤ 1. Head counts divisible by `tp` are checked by `ServingConfig::validate`; the
+    /// intermediate and vocab widths round up (vLLM pads the vocab to a multiple of 64).
+    pub fn shard(&self, tp: u32) -> ModelShape {
+        let t = u64::from(tp.max(1));
+        if t == 1 {
+            return *self;
+        }
+        ModelShape {
+            q_width: self.q_width / t,
+            kv_width: self.kv_width / t,
+            intermediate: self.intermediate.div_ceil(t),
+            vocab: self.vocab.div_ceil(t),
+            ..*self
         }
     }
 }
@@ -107,6 +141,13 @@ pub struct Efficiency {
 /// in the fit are the A100-80GB datasheet's 312 TFLOP/s and 2,039 GB/s) and the legacy
 /// `legacy/a100/attention.csv` (one shape). Produced by `examples/calibrate.rs`; errors in
 /// `CALIBRATION.md`, re-checked by `tests/calibration.rs`.
+///
+/// Tensor parallelism keeps these constants, checked (not refitted) against the TP > 1 rows of
+/// the same `mlp.csv` files, each predicted on its sharded shape ([`ModelShape::shard`]): TP = 2,
+/// 2,217 rows (seven models; phi-2 has TP = 1 rows only), layer WAPE 1.9 % (≤ 256 tokens
+/// 7.2 %), linear ops 2.8–7.3 %; TP = 4, 2,217 rows, layer 2.8 % (6.9 %), linear ops 3.2–7.0 %;
+/// TP = 8, layer 2.4 %. The legacy attention profile is itself TP = 2 (64 q / 8 kv heads,
+/// 32 / 4 per GPU): the attention fit is the sharded one.
 const AMPERE: Efficiency = Efficiency {
     linear_mfu: 0.737,
     linear_mfu_half_tokens: 73.6,
@@ -143,6 +184,11 @@ const AMPERE: Efficiency = Efficiency {
 /// attention profile exists in the copy: attention reuses the A100-fitted fractions of peak
 /// here; the emulator serves prefill with FlashAttention-3's published efficiency instead
 /// ([`AttentionKernel`]).
+///
+/// At TP > 1, checked against the TP > 1 rows of the same files on the sharded shapes: TP = 2,
+/// 1,305 rows (five models), layer WAPE 3.8 % (≤ 256 tokens 6.9 %), linear ops 5.0–9.1 %;
+/// TP = 4, 1,305 rows, layer 4.7 % (7.6 %), linear ops 6.3–13.5 % (MLP down projection);
+/// TP = 8, layer 4.6 %.
 const HOPPER: Efficiency = Efficiency {
     linear_mfu: 0.728,
     linear_mfu_half_tokens: 130.3,
@@ -184,6 +230,162 @@ const HOPPER: Efficiency = Efficiency {
 /// uses it. Produced by `examples/calibrate.rs`.
 const CPU_OVERHEAD_BASE_S: f64 = 8.1313e-4;
 const CPU_OVERHEAD_PER_SEQ_S: f64 = 4.2314e-5;
+
+/// The CPU overhead at TP > 1, `(tp, base, per_seq)`: least squares over the TP = 2 rows
+/// (CodeLlama-34B, InternLM-20B, batch 8–128: 26 rows; WAPE 3.9 %) and the TP = 4 rows
+/// (Llama-2-70B, Qwen-72B: 26 rows; WAPE 12.2 %, the two models' bases differ by 1.2 ms) of
+/// the same `legacy/a100/cpu_overheads.csv` (the 2024 engine drove its TP workers over Ray:
+/// 0.7–1.2 ms more base than at TP = 1). No TP = 8 rows exist: TP = 8 uses the TP = 4 fit.
+/// Produced by `examples/calibrate.rs -- tp`.
+const CPU_OVERHEAD_TP: [(u32, f64, f64); 2] = [(2, 1.4855e-3, 4.4925e-5), (4, 1.9860e-3, 3.7788e-5)];
+
+/// A measured all-reduce profile: the interpolation knots `(message bytes, seconds)` of one
+/// node type at one worker count.
+type Knots = &'static [(f64, f64)];
+
+/// Vidur's `profiling/network/h100_dgx/all_reduce.csv` (copied to `emulator/data/
+/// vidur-profiling`; NCCL on a DGX H100, 8 × H100 SXM on NVSwitch), the intra-node rows
+/// (`num_workers = devices_per_node`) at 2, 4 and 8 workers, 994 rows each (2 KiB – 64 MiB),
+/// condensed by `examples/calibrate.rs -- tp` (`tests/support/vidur.rs` `all_reduce_knots`)
+/// into the median size and median time of the rows within a factor √2 of each power of two
+/// from 64 KiB to 64 MiB (all smaller rows join the first), made non-decreasing: below ~1 MiB
+/// the measured times scatter between 7 and 45 µs around NCCL's latency floor. Interpolated
+/// against the 994 rows: WAPE 2.9 / 1.8 / 2.2 % at 2 / 4 / 8 workers (rows ≥ 1 MiB: 1.7 /
+/// 1.5 / 2.0 %); re-derived and checked by `tests/calibration.rs`. Vidur times NCCL without
+/// CUDA graphs; vLLM's own custom all-reduce (messages ≤ 8 MiB on NVLink, inside CUDA graphs)
+/// is faster at decode sizes, so small-batch steps at TP > 1 are pessimistic by up to ~30 µs
+/// per all-reduce.
+#[rustfmt::skip]
+const H100_DGX_ALL_REDUCE: [(u32, Knots); 3] = [
+    (2, &[
+        (47104.0, 3.5500e-5), (141312.0, 3.5500e-5), (280576.0, 3.8000e-5), (559104.0, 4.1000e-5),
+        (952320.0, 4.1000e-5), (2228224.0, 4.2000e-5), (4456448.0, 4.3000e-5), (8912896.0, 4.7000e-5),
+        (15220736.0, 6.9000e-5), (35651584.0, 1.4100e-4), (57344000.0, 2.1500e-4),
+    ]),
+    (4, &[
+        (47104.0, 3.8500e-5), (141312.0, 4.1000e-5), (280576.0, 4.1000e-5), (559104.0, 4.4000e-5),
+        (952320.0, 4.4000e-5), (2228224.0, 4.4000e-5), (4456448.0, 4.5000e-5), (8912896.0, 6.2000e-5),
+        (15220736.0, 8.7000e-5), (35651584.0, 1.7800e-4), (57344000.0, 2.7400e-4),
+    ]),
+    (8, &[
+        (47104.0, 3.1000e-5), (141312.0, 3.1000e-5), (280576.0, 3.2000e-5), (559104.0, 3.2000e-5),
+        (952320.0, 3.2000e-5), (2228224.0, 4.4000e-5), (4456448.0, 5.6000e-5), (8912896.0, 8.4000e-5),
+        (15220736.0, 1.1100e-4), (35651584.0, 2.0700e-4), (57344000.0, 3.0350e-4),
+    ]),
+];
+
+/// The same for `profiling/network/a100_dgx/all_reduce.csv` (DGX A100, NVSwitch): 994 intra-node
+/// rows per worker count; WAPE 2.5 / 3.6 / 3.5 % at 2 / 4 / 8 workers (rows ≥ 1 MiB: 1.8 /
+/// 2.7 / 2.9 %).
+#[rustfmt::skip]
+const A100_DGX_ALL_REDUCE: [(u32, Knots); 3] = [
+    (2, &[
+        (47104.0, 4.9500e-5), (141312.0, 5.1000e-5), (280576.0, 5.1000e-5), (559104.0, 5.4000e-5),
+        (952320.0, 5.8000e-5), (2228224.0, 5.8000e-5), (4456448.0, 6.6000e-5), (8912896.0, 9.7000e-5),
+        (15220736.0, 1.3350e-4), (35651584.0, 2.5400e-4), (57344000.0, 3.8200e-4),
+    ]),
+    (4, &[
+        (47104.0, 2.1000e-5), (141312.0, 6.1000e-5), (280576.0, 6.2000e-5), (559104.0, 6.2000e-5),
+        (952320.0, 6.3000e-5), (2228224.0, 6.3000e-5), (4456448.0, 9.0000e-5), (8912896.0, 1.3300e-4),
+        (15220736.0, 1.9600e-4), (35651584.0, 3.3800e-4), (57344000.0, 5.1800e-4),
+    ]),
+    (8, &[
+        (47104.0, 3.4500e-5), (141312.0, 5.5000e-5), (280576.0, 5.5000e-5), (559104.0, 5.5000e-5),
+        (952320.0, 6.3000e-5), (2228224.0, 7.2000e-5), (4456448.0, 1.0100e-4), (8912896.0, 1.5800e-4),
+        (15220736.0, 2.5050e-4), (35651584.0, 4.2000e-4), (57344000.0, 6.1700e-4),
+    ]),
+];
+
+/// Share of the host link's nominal bandwidth a ring all-reduce achieves as its bus
+/// bandwidth when the GPUs talk over PCIe: Vidur's `a100_pairwise_nvlink` profile (GPU pairs
+/// bridged, the four GPUs otherwise on PCIe 4.0 ×16, 32 GB/s) reaches 24 GB/s of bus bandwidth
+/// at 64 MiB with 4 workers (4.27 ms), 0.75 of nominal; taken 0.7, the host-copy efficiency of
+/// `lifecycle::HOST_LINK_EFFICIENCY`.
+const PCIE_ALL_REDUCE_EFFICIENCY: f64 = 0.7;
+
+/// How long one all-reduce of the hidden activations takes across a replica's GPUs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum AllReduce {
+    /// One GPU: no collective.
+    None,
+    /// Interpolated in a measured profile (`node` names Vidur's folder): linear in the message
+    /// size between knots, the first knot's time below it (NCCL's latency floor), and the
+    /// last segment's slope beyond the last knot (bandwidth-bound).
+    Profile { node: &'static str, knots: Knots },
+    /// No profile for the device: `latency + 2 (t − 1) / t × bytes / bus_bandwidth`, a ring
+    /// all-reduce over PCIe peer-to-peer (the catalogue has no NVLink figure): bus bandwidth
+    /// `PCIE_ALL_REDUCE_EFFICIENCY` (0.7) × the host link, latency the first knot of the A100 DGX
+    /// profile at the same worker count. Pessimistic for NVLink-bridged pairs (A40) and for
+    /// DGX-1 V100s.
+    Bandwidth { workers: u32, latency_s: f64, bus_bytes_per_s: f64 },
+}
+
+impl AllReduce {
+    /// The all-reduce of a `tp`-way replica on `device`: the H100 DGX profile on Hopper parts
+    /// (H100, H200: NVLink 4 on NVSwitch), the A100 DGX profile on A100s, the PCIe bandwidth
+    /// model on every other device (V100, A40, L4: no network profile in the data).
+    pub fn on(device: &DeviceSpec, tp: u32) -> AllReduce {
+        if tp <= 1 {
+            return AllReduce::None;
+        }
+        let pick = |table: &[(u32, Knots)]| table.iter().find(|(w, _)| *w == tp).map(|&(_, k)| k);
+        let name = device.name.to_ascii_uppercase();
+        let profile = if is_hopper(device) {
+            pick(&H100_DGX_ALL_REDUCE).map(|k| ("h100_dgx", k))
+        } else if name.contains("A100") {
+            pick(&A100_DGX_ALL_REDUCE).map(|k| ("a100_dgx", k))
+        } else {
+            None
+        };
+        match profile {
+            Some((node, knots)) if !knots.is_empty() => AllReduce::Profile { node, knots },
+            _ => {
+                // The latency floor of the nearest measured worker count at or below `tp`.
+                let a100 = A100_DGX_ALL_REDUCE.iter().rev().find(|(w, _)| *w <= tp).unwrap_or(&A100_DGX_ALL_REDUCE[0]);
+                let latency_s = a100.1.first().map_or(0.0, |&(_, t)| t);
+                AllReduce::Bandwidth {
+                    workers: tp,
+                    latency_s,
+                    bus_bytes_per_s: device.host_link_bandwidth * PCIE_ALL_REDUCE_EFFICIENCY,
+                }
+            }
+        }
+    }
+
+    /// Seconds to all-reduce a message of `bytes` bytes.
+    pub fn time(&self, bytes: f64) -> f64 {
+        match *self {
+            AllReduce::None => 0.0,
+            AllReduce::Profile { knots, .. } => interpolate(knots, bytes),
+            AllReduce::Bandwidth { workers, latency_s, bus_bytes_per_s } => {
+                let t = f64::from(workers);
+                latency_s + 2.0 * (t - 1.0) / t * bytes / bus_bytes_per_s
+            }
+        }
+    }
+
+    /// The measured node whose profile this is, if any.
+    pub fn profile_node(&self) -> Option<&'static str> {
+        match self {
+            AllReduce::Profile { node, .. } => Some(node),
+            _ => None,
+        }
+    }
+}
+
+/// Piecewise-linear interpolation in `knots` (sorted by size): flat below the first knot,
+/// extended with the last segment's slope beyond the last.
+fn interpolate(knots: &[(f64, f64)], x: f64) -> f64 {
+    let Some(&(x0, y0)) = knots.first() else {
+        return 0.0;
+    };
+    if x <= x0 || knots.len() == 1 {
+        return y0;
+    }
+    let i = knots.partition_point(|&(k, _)| k <= x).clamp(1, knots.len() - 1);
+    let ((xa, ya), (xb, yb)) = (knots[i - 1], knots[i]);
+    ya + (yb - ya) * (x - xa) / (xb - xa)
+}
 
 /// The attention kernels vLLM 0.10.2 runs prefill with, by GPU generation
 /// (`vllm/platforms/cuda.py` backend selection; `vllm/attention/utils/fa_utils.py`
@@ -394,11 +596,16 @@ impl BatchSummary {
 /// are twice as fast).
 const FP32_PEAK_FRACTION: f64 = 1.0 / 16.0;
 
-/// The cost model of one (device, model, dtype) triple, with every per-call constant
-/// precomputed so an iteration costs a few dozen floating-point operations.
+/// The cost model of one (device, model, dtype, tensor-parallel degree), with every per-call
+/// constant precomputed so an iteration costs a few dozen floating-point operations.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CostModel {
+    /// What one GPU computes: the model's shape sharded by `tp` ([`ModelShape::shard`]).
     shape: ModelShape,
+    /// GPUs of the replica (1: no tensor parallelism).
+    tp: u32,
+    /// The collective after each row-parallel layer and the embedding (`None` at `tp` = 1).
+    all_reduce: AllReduce,
     eff: Efficiency,
     /// Achievable peak FLOP/s in this dtype.
     peak: f64,
@@ -423,6 +630,17 @@ impl CostModel {
         Self::new(device, ModelShape::from_arch(model), dtype)
     }
 
+    /// The calibrated cost model of `shape` served in `dtype` on `tp` GPUs of `device`'s kind
+    /// in one node (tensor parallel; `tp` = 1 is [`CostModel::new`]).
+    pub fn tensor_parallel(device: &DeviceSpec, shape: ModelShape, dtype: Dtype, tp: u32) -> Self {
+        Self::with_efficiency_tp(device, shape, dtype, Efficiency::calibrated_for(device), tp)
+    }
+
+    /// [`CostModel::tensor_parallel`] of a catalogue model.
+    pub fn for_arch_tp(device: &DeviceSpec, model: &ModelArch, dtype: Dtype, tp: u32) -> Self {
+        Self::tensor_parallel(device, ModelShape::from_arch(model), dtype, tp)
+    }
+
     /// A cost model with explicit efficiency constants (used by the offline calibration).
     pub fn with_efficiency(
         device: &DeviceSpec,
@@ -430,13 +648,22 @@ impl CostModel {
         dtype: Dtype,
         eff: Efficiency,
     ) -> Self {
+        Self::with_efficiency_tp(device, shape, dtype, eff, 1)
+    }
+
+    /// A cost model with explicit efficiency constants on `tp` GPUs (`shape` is the whole
+    /// model's; each GPU computes `shape.shard(tp)`).
+    pub fn with_efficiency_tp(device: &DeviceSpec, shape: ModelShape, dtype: Dtype, eff: Efficiency, tp: u32) -> Self {
+        let tp = tp.max(1);
         let peak = match dtype {
             Dtype::Fp32 => device.dense_fp16_flops * FP32_PEAK_FRACTION,
             Dtype::Bf16 | Dtype::Fp16 | Dtype::Fp8 => device.dense_fp16_flops,
         };
         let bytes = dtype.bytes() as f64;
         CostModel {
-            shape,
+            shape: shape.shard(tp),
+            tp,
+            all_reduce: AllReduce::on(device, tp),
             eff,
             peak,
             bw: device.memory_bandwidth,
@@ -446,8 +673,25 @@ impl CostModel {
         }
     }
 
+    /// The shape one GPU computes (the whole model's at `tp` = 1).
     pub fn shape(&self) -> &ModelShape {
         &self.shape
+    }
+
+    /// GPUs of the replica.
+    pub fn tensor_parallel_degree(&self) -> u32 {
+        self.tp
+    }
+
+    /// The all-reduce the replica's layers wait for.
+    pub fn all_reduce(&self) -> &AllReduce {
+        &self.all_reduce
+    }
+
+    /// Seconds of one all-reduce of the hidden activations of `tokens` tokens
+    /// (`tokens × hidden × activation bytes`); zero at `tp` = 1.
+    pub fn all_reduce_time(&self, tokens: u64) -> f64 {
+        self.all_reduce.time(tokens as f64 * self.shape.hidden as f64 * self.ab)
     }
 
     /// One linear op `[tokens × k] · [k × n]`: a smoothed roofline plus a launch time.
@@ -537,13 +781,21 @@ impl CostModel {
         t
     }
 
-    /// Host-side engine overhead of one iteration over `requests` sequences.
+    /// Host-side engine overhead of one iteration over `requests` sequences (the fit of the
+    /// replica's TP degree; TP = 8 takes TP = 4's).
     pub fn cpu_overhead(&self, requests: u32) -> f64 {
-        CPU_OVERHEAD_BASE_S + CPU_OVERHEAD_PER_SEQ_S * f64::from(requests)
+        if self.tp == 1 {
+            return CPU_OVERHEAD_BASE_S + CPU_OVERHEAD_PER_SEQ_S * f64::from(requests);
+        }
+        let &(_, base, per_seq) =
+            CPU_OVERHEAD_TP.iter().rev().find(|(t, _, _)| *t <= self.tp).unwrap_or(&CPU_OVERHEAD_TP[0]);
+        base + per_seq * f64::from(requests)
     }
 
     /// The time of one iteration, noise-free: all layers, the embedding, the final norm, the
-    /// LM head over the batch's sequences and the CPU overhead. Zero for an empty batch.
+    /// LM head over the batch's sequences and the CPU overhead (at `tp` > 1: on one GPU's
+    /// shard, plus two all-reduces per layer, one after the embedding and the logits'
+    /// all-gather). Zero for an empty batch.
     pub fn iteration_time(&self, b: &BatchSummary) -> f64 {
         if b.is_empty() {
             return 0.0;
@@ -551,19 +803,34 @@ impl CostModel {
         self.combine(self.token_terms(b.tokens), self.request_terms(b.requests), b)
     }
 
-    /// The terms of an iteration that depend only on the tokens computed.
+    /// The terms of an iteration that depend only on the tokens computed. At `tp` > 1 the
+    /// all-reduces join them: two per layer, one after the vocab-parallel embedding.
     fn token_terms(&self, tokens: u64) -> TokenTerms {
         let ops = self.op_times(tokens);
-        TokenTerms { layer_sum: ops.layer_sum(), emb: ops.emb, input_layernorm: ops.input_layernorm }
+        let mut terms = TokenTerms { layer_sum: ops.layer_sum(), emb: ops.emb, input_layernorm: ops.input_layernorm };
+        if self.tp > 1 {
+            let all_reduce = self.all_reduce_time(tokens);
+            terms.layer_sum += 2.0 * all_reduce;
+            terms.emb += all_reduce;
+        }
+        terms
     }
 
-    /// The terms of an iteration that depend only on the sequences in the batch.
+    /// The terms of an iteration that depend only on the sequences in the batch. At `tp` > 1
+    /// the LM head computes `vocab / tp` logits per sequence and the V1 engine all-gathers
+    /// them on every rank for its sampler (vLLM's `Platform.use_all_gather`); costed as an
+    /// all-reduce of half the gathered bytes, the same ring traffic per GPU.
     fn request_terms(&self, requests: u32) -> RequestTerms {
         let s = &self.shape;
-        RequestTerms {
+        let mut terms = RequestTerms {
             lm_head: self.linear(s.hidden as f64, s.vocab as f64, f64::from(requests)),
             cpu: self.cpu_overhead(requests),
+        };
+        if self.tp > 1 {
+            let gathered = f64::from(requests) * (s.vocab * u64::from(self.tp)) as f64 * self.ab;
+            terms.lm_head += self.all_reduce.time(gathered / 2.0);
         }
+        terms
     }
 
     /// [`iteration_time`](Self::iteration_time) from its precomputed terms, in the same order
@@ -814,6 +1081,95 @@ mod tests {
         }
         // The legacy fit is 2.2x slower than FlashAttention-2 on the same chunk.
         assert!((FA2_PREFILL_MFU / AttentionKernel::Legacy2024Fit.prefill_mfu() - 2.16).abs() < 0.01);
+    }
+
+    /// At TP = 1 the tensor-parallel constructor is the single-GPU model, to the bit.
+    #[test]
+    fn tensor_parallel_one_is_the_single_gpu_model() {
+        for (d, m) in [("A100-40GB", "Qwen3-8B"), ("H100-80GB", "Qwen3-32B"), ("V100-32GB", "Qwen3-4B")] {
+            let (d, m) = (device(d).unwrap(), model(m).unwrap());
+            let one = CostModel::for_arch(&d, &m, Dtype::Fp16);
+            let tp1 = CostModel::for_arch_tp(&d, &m, Dtype::Fp16, 1);
+            assert_eq!(one, tp1);
+            assert_eq!(*tp1.all_reduce(), AllReduce::None);
+            let mut b = BatchSummary::default();
+            b.add_chunk(1500, 300);
+            for c in [10, 4000, 9000] {
+                b.add_decode(c);
+            }
+            assert_eq!(one.iteration_time(&b).to_bits(), tp1.iteration_time(&b).to_bits());
+        }
+    }
+
+    #[test]
+    fn all_reduce_interpolates_its_profile() {
+        let knots: &[(f64, f64)] = &[(1000.0, 1e-5), (3000.0, 3e-5), (5000.0, 4e-5)];
+        assert_eq!(interpolate(knots, 10.0), 1e-5, "flat below the first knot");
+        assert_eq!(interpolate(knots, 3000.0), 3e-5);
+        assert!((interpolate(knots, 2000.0) - 2e-5).abs() < 1e-18);
+        assert!((interpolate(knots, 4000.0) - 3.5e-5).abs() < 1e-18);
+        assert!((interpolate(knots, 7000.0) - 5e-5).abs() < 1e-18, "the last slope beyond");
+
+        // By device family; no collective on one GPU; PCIe where no profile exists.
+        let h100 = AllReduce::on(&device("H100-80GB").unwrap(), 2);
+        assert_eq!(h100.profile_node(), Some("h100_dgx"));
+        assert_eq!(AllReduce::on(&device("H200-141GB").unwrap(), 4).profile_node(), Some("h100_dgx"));
+        assert_eq!(AllReduce::on(&device("A100-40GB").unwrap(), 8).profile_node(), Some("a100_dgx"));
+        assert_eq!(AllReduce::on(&device("A100-80GB").unwrap(), 1), AllReduce::None);
+        let l4 = device("L4").unwrap();
+        let pcie = AllReduce::on(&l4, 2);
+        assert_eq!(pcie.profile_node(), None);
+        let AllReduce::Bandwidth { latency_s, .. } = pcie else { panic!("{pcie:?}") };
+        // Two workers: each sends and receives the message once over 0.7 × 32 GB/s.
+        let want = latency_s + 64e6 / (0.7 * l4.host_link_bandwidth);
+        assert!((pcie.time(64e6) - want).abs() < 1e-12);
+
+        // 32 decode tokens of Qwen3-32B (32 × 5,120 × 2 B) on two H100s: between the knots
+        // (280,576 B, 38 µs) and (559,104 B, 41 µs) of the measured profile.
+        let want = 38e-6 + 3e-6 * (327_680.0 - 280_576.0) / (559_104.0 - 280_576.0);
+        assert!((h100.time(327_680.0) - want).abs() < 1e-15);
+        // Every profile is non-decreasing in the size, from bytes to gigabytes.
+        for d in ["H100-80GB", "A100-80GB", "V100-32GB"] {
+            for tp in [2, 4, 8] {
+                let ar = AllReduce::on(&device(d).unwrap(), tp);
+                let mut prev = 0.0;
+                for k in 0..32 {
+                    let t = ar.time(f64::from(1u32 << k));
+                    assert!(t > 0.0 && t >= prev, "{d} x{tp} at 2^{k} B");
+                    prev = t;
+                }
+            }
+        }
+    }
+
+    /// A TP = 2 iteration is one GPU's shard of the work (the single-GPU model of the sharded
+    /// shape) plus two all-reduces per layer, one after the embedding, the logits' all-gather
+    /// and the TP = 2 CPU overhead; faster than one GPU, slower than half of it.
+    #[test]
+    fn tensor_parallel_is_a_shard_plus_collectives() {
+        let d = device("H100-80GB").unwrap();
+        let m = model("Qwen3-32B").unwrap();
+        let tp2 = CostModel::for_arch_tp(&d, &m, Dtype::Bf16, 2);
+        let s = tp2.shape();
+        assert_eq!((s.hidden, s.q_width, s.kv_width, s.intermediate, s.vocab), (5120, 4096, 512, 12_800, 75_968));
+        let shard = CostModel::new(&d, ModelShape::from_arch(&m).shard(2), Dtype::Bf16);
+        let mut b = BatchSummary::default();
+        for _ in 0..32 {
+            b.add_decode(8192);
+        }
+        let all_reduce = tp2.all_reduce_time(32);
+        assert_eq!(all_reduce, tp2.all_reduce().time(32.0 * 5120.0 * 2.0));
+        let gather = tp2.all_reduce().time(32.0 * 151_936.0 * 2.0 / 2.0);
+        let want = shard.iteration_time(&b) + (2.0 * 64.0 + 1.0) * all_reduce + gather + tp2.cpu_overhead(32)
+            - shard.cpu_overhead(32);
+        let got = tp2.iteration_time(&b);
+        assert!((got - want).abs() < 1e-12 * want, "{got} vs {want}");
+        let one = CostModel::for_arch(&d, &m, Dtype::Bf16).iteration_time(&b);
+        assert!(got < 0.75 * one && got > 0.5 * one, "TP 2 {got} vs TP 1 {one}");
+        // The CPU overhead grows with the workers; TP 8 has no rows and takes TP 4's fit.
+        let cpu = |tp| CostModel::for_arch_tp(&d, &m, Dtype::Bf16, tp).cpu_overhead(32);
+        assert!(cpu(1) < cpu(2) && cpu(2) < cpu(4));
+        assert_eq!(cpu(8), cpu(4));
     }
 
     proptest! {

@@ -1,12 +1,14 @@
 //! switchyard-emulator: the emulated GPU replica — a vLLM-like engine serving one deployment
-//! on one GPU. It is the embedded default engine and the *ground truth* of the simulator.
+//! on one GPU, or tensor-parallel on several GPUs of one node. It is the embedded default
+//! engine and the *ground truth* of the simulator.
 //!
 //! Module map:
 //! - [`cost`] — the time of one continuous-batching iteration on a device (per-operator
-//!   rooflines calibrated against Vidur's measured A100 / H100 profiles, see `CALIBRATION.md`),
-//!   and [`IterationCost`], the same with its per-batch-size terms memoised (same bits).
+//!   rooflines calibrated against Vidur's measured A100 / H100 profiles, see `CALIBRATION.md`;
+//!   under tensor parallelism one GPU's shard plus the measured all-reduces), and
+//!   [`IterationCost`], the same with its per-batch-size terms memoised (same bits).
 //! - [`memory`] — the replica's memory plan: weights + engine overhead + KV-cache blocks,
-//!   sized the way vLLM's start-up profile run sizes them.
+//!   sized the way vLLM's start-up profile run sizes them (per GPU of a tensor-parallel replica).
 //! - [`lifecycle`] — load, sleep and wake durations (storage, host link, engine start-up).
 //! - [`kv`] — the paged KV-cache block pool with hash-identified prefix caching and LRU eviction.
 //! - [`replica`] — the replica state machine (Cold → Loading → Awake ⇄ Asleep) and its FCFS
@@ -29,9 +31,15 @@ pub mod lifecycle;
 pub mod memory;
 pub mod replica;
 
-pub use cost::{AttentionKernel, BatchShape, BatchSummary, CostModel, IterationCost, ModelShape, PrefillChunk, iteration_time};
+pub use cost::{
+    AllReduce, AttentionKernel, BatchShape, BatchSummary, CostModel, IterationCost, ModelShape, PrefillChunk,
+    iteration_time,
+};
 pub use error::EmulatorError;
-pub use lifecycle::{EngineGeneration, SleepLevel, WeightSource, load_time, load_time_from, sleep_time, teardown_time, wake_time};
-pub use memory::{MemoryPlan, MemoryRequirement, ServingConfig};
+pub use lifecycle::{
+    EngineGeneration, SleepLevel, WeightSource, load_time, load_time_from, load_time_of, sleep_time, sleep_time_of,
+    teardown_time, wake_time, wake_time_of,
+};
+pub use memory::{MAX_TENSOR_PARALLEL, MemoryPlan, MemoryRequirement, ServingConfig, weight_bytes_per_gpu};
 pub use replica::{EmulatedReplica, EngineEvent, EngineRequest, ReplicaState, Telemetry};
 pub use switchyard_predictor::spec::{DeviceSpec, Dtype, ModelArch};

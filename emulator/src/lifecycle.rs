@@ -10,6 +10,12 @@
 //! H100, H200), the V0 engine on Volta (V100), which vLLM ≤ 0.10 selects below 8.0
 //! (`_is_v1_supported_oracle`).
 //!
+//! A tensor-parallel replica's GPUs move their weight shards in parallel, each process over
+//! its own GPU's host link, so its durations are those of one GPU's shard (the `*_of`
+//! functions take the weight bytes per GPU; the others a whole model on one GPU). The start-up
+//! is the single-GPU one. From disk this assumes the node's storage serves the shards' readers
+//! at the per-reader bandwidth (optimistic for one NVMe disk read by several GPUs).
+//!
 //! Depends only on the spec sheets. These are ground-truth constants of the emulated world;
 //! the predictor must not read them.
 
@@ -152,7 +158,14 @@ fn weights_from(device: &DeviceSpec, weight_bytes: f64, source: WeightSource) ->
 
 /// Seconds of a cold load from `source`: the weight read plus the engine's start-up.
 pub fn load_time_from(device: &DeviceSpec, model: &ModelArch, dtype: Dtype, source: WeightSource) -> f64 {
-    weights_from(device, model.param_bytes(dtype) as f64, source) + EngineGeneration::on(device).startup_s()
+    load_time_of(device, model.param_bytes(dtype), source)
+}
+
+/// Seconds of a cold load from `source` of a replica whose GPUs each hold `weight_bytes`
+/// (`MemoryPlan::weight_bytes`: the whole model on one GPU, a shard under tensor
+/// parallelism, read by the GPUs in parallel), plus the engine's start-up.
+pub fn load_time_of(device: &DeviceSpec, weight_bytes: u64, source: WeightSource) -> f64 {
+    weights_from(device, weight_bytes as f64, source) + EngineGeneration::on(device).startup_s()
 }
 
 /// Seconds of a cold load with the weights in the page cache (the usual case once a model has
@@ -163,8 +176,13 @@ pub fn load_time(device: &DeviceSpec, model: &ModelArch, dtype: Dtype) -> f64 {
 
 /// Seconds to enter sleep: level 1 copies the weights to host memory over the host link.
 pub fn sleep_time(device: &DeviceSpec, model: &ModelArch, dtype: Dtype, level: SleepLevel) -> f64 {
+    sleep_time_of(device, model.param_bytes(dtype), level)
+}
+
+/// [`sleep_time`] of a replica whose GPUs each hold `weight_bytes` (offloaded in parallel).
+pub fn sleep_time_of(device: &DeviceSpec, weight_bytes: u64, level: SleepLevel) -> f64 {
     match level {
-        SleepLevel::OffloadWeights => model.param_bytes(dtype) as f64 / host_copy_bandwidth(device) + SLEEP_FIXED_S,
+        SleepLevel::OffloadWeights => weight_bytes as f64 / host_copy_bandwidth(device) + SLEEP_FIXED_S,
         SleepLevel::DiscardWeights => SLEEP_FIXED_S,
     }
 }
@@ -172,7 +190,12 @@ pub fn sleep_time(device: &DeviceSpec, model: &ModelArch, dtype: Dtype, level: S
 /// Seconds to wake: weights back over the host link (level 1) or re-read from the page cache
 /// (level 2), plus the fixed wake cost; no process start-up either way.
 pub fn wake_time(device: &DeviceSpec, model: &ModelArch, dtype: Dtype, level: SleepLevel) -> f64 {
-    let bytes = model.param_bytes(dtype) as f64;
+    wake_time_of(device, model.param_bytes(dtype), level)
+}
+
+/// [`wake_time`] of a replica whose GPUs each hold `weight_bytes` (restored in parallel).
+pub fn wake_time_of(device: &DeviceSpec, weight_bytes: u64, level: SleepLevel) -> f64 {
+    let bytes = weight_bytes as f64;
     match level {
         SleepLevel::OffloadWeights => bytes / host_copy_bandwidth(device) + WAKE_FIXED_S,
         SleepLevel::DiscardWeights => weights_from(device, bytes, WeightSource::PageCache) + WAKE_L2_FIXED_S,
@@ -246,6 +269,29 @@ mod tests {
                     < load_time(&d, &m, Dtype::Bf16)
             );
         }
+    }
+
+    /// The byte-based durations of tensor-parallel replicas: a whole model's bytes give the
+    /// single-GPU durations to the bit, a shard's less.
+    #[test]
+    fn durations_of_a_shard() {
+        let d = device("H100-80GB").unwrap();
+        let m = model("Qwen3-32B").unwrap();
+        let bytes = m.param_bytes(Dtype::Bf16);
+        for source in [WeightSource::PageCache, WeightSource::Disk] {
+            assert_eq!(
+                load_time_of(&d, bytes, source).to_bits(),
+                load_time_from(&d, &m, Dtype::Bf16, source).to_bits()
+            );
+            assert!(load_time_of(&d, bytes / 2, source) < load_time_from(&d, &m, Dtype::Bf16, source));
+        }
+        for level in [SleepLevel::OffloadWeights, SleepLevel::DiscardWeights] {
+            assert_eq!(sleep_time_of(&d, bytes, level).to_bits(), sleep_time(&d, &m, Dtype::Bf16, level).to_bits());
+            assert_eq!(wake_time_of(&d, bytes, level).to_bits(), wake_time(&d, &m, Dtype::Bf16, level).to_bits());
+        }
+        // Each GPU reads its half from the page cache: 32.8 GB at 4.25 GB/s + 37 s of start-up.
+        let half = load_time_of(&d, bytes / 2, WeightSource::PageCache);
+        assert!((half - (bytes as f64 / 2.0 / 4.25e9 + 37.0)).abs() < 1e-6, "{half}");
     }
 
     #[test]

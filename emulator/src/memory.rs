@@ -16,6 +16,13 @@
 //! suggests `--kv-cache-memory` to fit them). Both live in the `1 − gpu_memory_utilization`
 //! headroom: [`MemoryPlan::outside_budget_bytes`].
 //!
+//! A tensor-parallel replica (`ServingConfig::tensor_parallel` = t GPUs of one node) runs this
+//! rule on each of its GPUs, which are alike: each holds its shard of the weights
+//! ([`weight_bytes_per_gpu`]) and `num_kv_heads / t` KV heads of every block, so the engine's
+//! logical blocks (what the scheduler allocates) span all t GPUs and number
+//! `per-GPU KV memory / per-GPU block bytes`. Every byte figure of the plan is per GPU;
+//! [`MemoryPlan::gpus`] says how many GPUs hold it.
+//!
 //! Depends only on the spec sheets. The constants below are assumptions with sources; the
 //! predictor must not read them.
 
@@ -45,6 +52,17 @@ pub(crate) const CUDA_GRAPH_BYTES: u64 = 512 * MIB;
 /// two more tensors of the same size (probabilities, log-probabilities). Assumed factor 3.
 const SAMPLER_TENSORS: u64 = 3;
 
+/// The most GPUs a tensor-parallel replica spans: one node's (DGX A100 / H100: 8).
+pub const MAX_TENSOR_PARALLEL: u32 = 8;
+
+fn one() -> u32 {
+    1
+}
+
+fn is_one(v: &u32) -> bool {
+    *v == 1
+}
+
 /// The configuration a deployment is served with (the vLLM flags that shape cost and memory).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ServingConfig {
@@ -59,6 +77,12 @@ pub struct ServingConfig {
     /// V0's `_schedule_default`: whole prefills first, a prefill step holds no decode.
     #[serde(default = "chunked_by_default")]
     pub enable_chunked_prefill: bool,
+    /// `--tensor-parallel-size`: the replica spans this many identical GPUs of one node (a
+    /// power of two up to [`MAX_TENSOR_PARALLEL`] dividing the model's attention and KV heads).
+    /// 1 when absent, and not written when 1, so configurations without it read and write as
+    /// before.
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub tensor_parallel: u32,
 }
 
 fn chunked_by_default() -> bool {
@@ -78,6 +102,7 @@ impl ServingConfig {
             block_size: 16,
             enable_prefix_caching: true,
             enable_chunked_prefill: true,
+            tensor_parallel: 1,
         }
     }
 
@@ -149,6 +174,16 @@ impl ServingConfig {
                 "exceeds the model's max_position_embeddings",
             );
         }
+        let tp = self.tensor_parallel;
+        if tp == 0 || !tp.is_power_of_two() || tp > MAX_TENSOR_PARALLEL {
+            return bad("tensor_parallel", tp.to_string(), "must be 1, 2, 4 or 8 (GPUs of one node)");
+        }
+        let t = u64::from(tp);
+        if !model.num_attention_heads.is_multiple_of(t) || !model.num_key_value_heads.is_multiple_of(t) {
+            // vLLM: "Total number of attention heads must be divisible by tensor parallel
+            // size"; with fewer KV heads than GPUs it would replicate them, not modelled here.
+            return bad("tensor_parallel", tp.to_string(), "must divide the model's attention heads and KV heads");
+        }
         if self.dtype == Dtype::Bf16 && !device.supports_bf16 {
             return Err(EmulatorError::UnsupportedDtype {
                 device: device.name.clone(),
@@ -159,22 +194,25 @@ impl ServingConfig {
     }
 }
 
-/// Where a replica's device memory goes.
+/// Where a replica's device memory goes, on each of its GPUs (one unless tensor parallel).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MemoryPlan {
-    /// `gpu_memory_utilization × device memory`: what the replica may claim.
+    /// `gpu_memory_utilization × device memory`: what the replica may claim on each GPU.
     pub budget_bytes: u64,
-    /// `ModelArch::param_bytes(dtype)`.
+    /// The weights on each GPU: `ModelArch::param_bytes(dtype)` on one GPU, the shard
+    /// ([`weight_bytes_per_gpu`]) under tensor parallelism.
     pub weight_bytes: u64,
     /// What vLLM subtracts from the budget besides the weights: non-torch memory + activation
     /// peak of the profile run.
     pub overhead_bytes: u64,
     /// The activation peak part of `overhead_bytes`.
     pub activation_peak_bytes: u64,
-    /// The KV cache actually allocated (`kv_blocks × kv_block_bytes`).
+    /// The KV cache actually allocated on each GPU (`kv_blocks × kv_block_bytes`).
     pub kv_bytes: u64,
+    /// The engine's blocks: logical blocks spanning all of the replica's GPUs.
     pub kv_blocks: u32,
-    /// Bytes of one block of `block_size` tokens, all layers, K and V.
+    /// Bytes one GPU holds of one block of `block_size` tokens: all layers, K and V, its
+    /// `num_kv_heads / gpus` heads.
     pub kv_block_bytes: u64,
     /// Held by the engine but outside the budget: the CUDA context (created before vLLM's
     /// start-up memory snapshot) and the CUDA graphs (captured after the KV cache is
@@ -187,6 +225,10 @@ pub struct MemoryPlan {
     /// buffers, CUDA-graph pool). Field anchors §1.1 report 2–10 % of the device for
     /// generative models.
     pub asleep_bytes: u64,
+    /// GPUs the replica spans (`ServingConfig::tensor_parallel`), each holding the figures
+    /// above. 1 when absent, and not written when 1.
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub tensor_parallel: u32,
 }
 
 impl MemoryPlan {
@@ -211,7 +253,8 @@ impl MemoryPlan {
                 reason: "asks for more than the device's free memory once the CUDA context exists",
             });
         }
-        let weight_bytes = model.param_bytes(config.dtype);
+        let tp = config.tensor_parallel;
+        let weight_bytes = weight_bytes_per_gpu(model, config.dtype, tp);
         let activation_peak_bytes = activation_peak_bytes(model, config);
         let overhead_bytes = NON_TORCH_BYTES + activation_peak_bytes;
         let outside_budget_bytes = CUDA_CONTEXT_BYTES + CUDA_GRAPH_BYTES;
@@ -225,7 +268,7 @@ impl MemoryPlan {
                 overhead_bytes,
                 budget_bytes,
             })?;
-        let kv_block_bytes = model.kv_bytes_per_token(config.dtype) * u64::from(config.block_size);
+        let kv_block_bytes = kv_bytes_per_token_per_gpu(model, config.dtype, tp) * u64::from(config.block_size);
         let kv_blocks = u32::try_from(available / kv_block_bytes.max(1)).unwrap_or(u32::MAX);
         let kv_tokens = u64::from(kv_blocks) * u64::from(config.block_size);
         if kv_tokens < u64::from(config.max_model_len) {
@@ -248,20 +291,34 @@ impl MemoryPlan {
             outside_budget_bytes,
             total_claim_bytes: weight_bytes + overhead_bytes + kv_bytes + outside_budget_bytes,
             asleep_bytes: CUDA_CONTEXT_BYTES + NON_TORCH_BYTES + CUDA_GRAPH_BYTES,
+            tensor_parallel: tp,
         })
+    }
+
+    /// GPUs the replica occupies, each holding this plan's per-GPU figures.
+    pub fn gpus(&self) -> u32 {
+        self.tensor_parallel.max(1)
+    }
+
+    /// Device memory the whole replica claims while loading or awake: `total_claim_bytes` on
+    /// each of its [`gpus`](Self::gpus).
+    pub fn replica_claim_bytes(&self) -> u64 {
+        self.total_claim_bytes * u64::from(self.gpus())
     }
 
     /// What a replica of `model` served with `config` needs on any device, by the same rule as
     /// [`MemoryPlan::new`]: weights, engine overhead, and the KV cache of one `max_model_len`
-    /// sequence (whole blocks). A device fits when its `gpu_memory_utilization` share is at
-    /// least `total_bytes()` (and it computes in the dtype).
+    /// sequence (whole blocks) — on each of its `config.tensor_parallel` GPUs. A device fits
+    /// when its `gpu_memory_utilization` share is at least `total_bytes()` (and it computes in
+    /// the dtype).
     pub fn requirement(model: &ModelArch, config: &ServingConfig) -> MemoryRequirement {
         let block = u64::from(config.block_size.max(1));
         let blocks = u64::from(config.max_model_len).div_ceil(block);
+        let tp = config.tensor_parallel;
         MemoryRequirement {
-            weight_bytes: model.param_bytes(config.dtype),
+            weight_bytes: weight_bytes_per_gpu(model, config.dtype, tp),
             overhead_bytes: NON_TORCH_BYTES + activation_peak_bytes(model, config),
-            kv_bytes: blocks * block * model.kv_bytes_per_token(config.dtype),
+            kv_bytes: blocks * block * kv_bytes_per_token_per_gpu(model, config.dtype, tp),
         }
     }
 
@@ -271,8 +328,9 @@ impl MemoryPlan {
     }
 }
 
-/// The memory a replica needs at the least inside its `gpu_memory_utilization` share (see
-/// [`MemoryPlan::requirement`]); the CUDA context and graphs come on top, in the headroom.
+/// The memory a replica needs at the least inside its `gpu_memory_utilization` share, on each
+/// of its GPUs (see [`MemoryPlan::requirement`]); the CUDA context and graphs come on top, in
+/// the headroom.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MemoryRequirement {
     pub weight_bytes: u64,
@@ -287,11 +345,43 @@ impl MemoryRequirement {
     }
 }
 
+/// The weight bytes each GPU of a `tp`-way tensor-parallel replica holds, as vLLM shards a
+/// dense decoder: the q / k / v / o and MLP matrices split by `tp`, the embedding and the LM
+/// head split by vocabulary rows (`VocabParallelEmbedding`, `ParallelLMHead`; tied embeddings
+/// counted once, as in `ModelArch::param_count`), the norms whole on every GPU. vLLM's log in
+/// PR #10511 shows Llama-3-8B at 14.96 GiB on one GPU and 7.48 GiB per GPU at TP = 2. At
+/// `tp` = 1, `ModelArch::param_bytes`.
+pub fn weight_bytes_per_gpu(model: &ModelArch, dtype: Dtype, tp: u32) -> u64 {
+    let t = u64::from(tp.max(1));
+    if t == 1 {
+        return model.param_bytes(dtype);
+    }
+    let h = model.hidden_size;
+    let (q, kv) = (model.q_width() / t, model.kv_width() / t);
+    let linear = h * q + 2 * h * kv + q * h + 3 * h * model.intermediate_size.div_ceil(t);
+    let vocab_rows = model.vocab_size.div_ceil(t);
+    let embed = vocab_rows * h * if model.tie_word_embeddings { 1 } else { 2 };
+    let params = embed + model.num_hidden_layers * (linear + model.layer_norm_params()) + h;
+    params * dtype.bytes()
+}
+
+/// KV-cache bytes per token on each GPU of a `tp`-way replica (`num_kv_heads / tp` heads).
+fn kv_bytes_per_token_per_gpu(model: &ModelArch, dtype: Dtype, tp: u32) -> u64 {
+    model.kv_bytes_per_token(dtype) / u64::from(tp.max(1))
+}
+
 /// Activation peak of vLLM's profile run: one forward pass over `max_num_batched_tokens`
 /// tokens, whose largest live set is in the MLP (residual and normed hidden states, the fused
 /// gate/up output of width `2 × intermediate` and the activation output), plus the sampler's
 /// fp32 logits for `max_num_seqs` sequences. Checked against vLLM's log for Llama-3-8B at
 /// 8,192 tokens and 256 sequences (PR #10511: 1.26 GiB): this formula gives 1.15 GiB.
+///
+/// The same on each GPU of a tensor-parallel replica, not sharded: the same log reports
+/// 1.26 GiB at TP = 2 as at TP = 1 (the V1 engine gathers the whole logits on every rank for
+/// its sampler, and the unsharded hidden states and buffers hold the peak). Likewise the
+/// non-torch memory stays [`NON_TORCH_BYTES`] per GPU: the TP communicators are created after
+/// vLLM's start-up snapshot, so they are part of what it measures, and a 4-worker log reports
+/// 0.20 GiB in all (vLLM PR #14447; an NCCL group holds 52–100 MB, vLLM PR #18242).
 fn activation_peak_bytes(model: &ModelArch, config: &ServingConfig) -> u64 {
     let act_bytes = config.dtype.bytes().max(2);
     let tokens = u64::from(config.max_num_batched_tokens);
@@ -540,6 +630,121 @@ mod tests {
                 "{err}"
             );
         }
+    }
+
+    /// TP = 2 halves the weights each GPU holds (the norms stay whole on both) and the bytes a
+    /// GPU holds of each block (half the KV heads), so the replica's logical blocks more than
+    /// double; budget and overhead per GPU stay those of one GPU.
+    #[test]
+    fn tensor_parallel_2_halves_the_weights_and_grows_the_kv() {
+        let d = device("A100-40GB").unwrap();
+        let m = model("Qwen3-8B").unwrap();
+        let one = ServingConfig::vllm_defaults_on(&d, Dtype::Bf16, 32_768);
+        let two = ServingConfig { tensor_parallel: 2, ..one.clone() };
+        let (p1, p2) = (MemoryPlan::new(&d, &m, &one).unwrap(), MemoryPlan::new(&d, &m, &two).unwrap());
+        assert_eq!(p1.weight_bytes, m.param_bytes(Dtype::Bf16));
+        let replicated = (m.num_hidden_layers * m.layer_norm_params() + m.hidden_size) * 2;
+        assert_eq!(2 * p2.weight_bytes, p1.weight_bytes + replicated);
+        assert_eq!(2 * p2.kv_block_bytes, p1.kv_block_bytes);
+        assert_eq!(
+            (p2.budget_bytes, p2.overhead_bytes, p2.outside_budget_bytes),
+            (p1.budget_bytes, p1.overhead_bytes, p1.outside_budget_bytes)
+        );
+        assert_eq!(
+            u64::from(p2.kv_blocks),
+            (p2.budget_bytes - p2.weight_bytes - p2.overhead_bytes) / p2.kv_block_bytes
+        );
+        assert!(p2.kv_blocks > 2 * p1.kv_blocks, "{} vs {}", p2.kv_blocks, p1.kv_blocks);
+        assert_eq!((p1.gpus(), p2.gpus()), (1, 2));
+        assert_eq!(p1.replica_claim_bytes(), p1.total_claim_bytes);
+        assert_eq!(p2.replica_claim_bytes(), 2 * p2.total_claim_bytes);
+        assert_eq!(p2.asleep_bytes, p1.asleep_bytes);
+        // The requirement per GPU follows the same rule.
+        let need = MemoryPlan::requirement(&m, &two);
+        assert_eq!(need.weight_bytes, p2.weight_bytes);
+        assert_eq!(need.kv_bytes, MemoryPlan::requirement(&m, &one).kv_bytes / 2);
+        // Every catalogue model, every TP degree: the weights per GPU shrink as 1/t (up to the
+        // replicated norms and the rounding of the vocabulary rows).
+        for m in switchyard_predictor::spec::model_catalogue() {
+            for tp in [2u32, 4, 8] {
+                let w = weight_bytes_per_gpu(&m, Dtype::Bf16, tp) as f64;
+                let share = m.param_bytes(Dtype::Bf16) as f64 / f64::from(tp);
+                assert!(w >= share && w < share * 1.001, "{} at TP {tp}: {w} vs {share}", m.name);
+            }
+        }
+    }
+
+    /// The requirement is the plan's own rule under tensor parallelism too.
+    #[test]
+    fn requirement_decides_like_the_plan_at_every_tp() {
+        for m in ["Qwen3-8B", "Qwen3-14B", "Qwen3-32B"] {
+            let m = model(m).unwrap();
+            for d in ["V100-32GB", "A100-40GB", "L4", "H100-80GB"] {
+                let d = device(d).unwrap();
+                for tp in [2u32, 4, 8] {
+                    for len in [8192, 40_960] {
+                        let cfg =
+                            ServingConfig { tensor_parallel: tp, ..ServingConfig::vllm_defaults(Dtype::Fp16, len) };
+                        let need = MemoryPlan::requirement(&m, &cfg).total_bytes();
+                        let budget = (cfg.gpu_memory_utilization * d.memory_bytes as f64).floor() as u64;
+                        assert_eq!(
+                            MemoryPlan::new(&d, &m, &cfg).is_ok(),
+                            need <= budget,
+                            "{} on {} x{tp} at {len}",
+                            m.name,
+                            d.name
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// Qwen3-32B in bf16 (65.5 GB of weights) leaves one H100-80GB 31,360 tokens of KV, so
+    /// vLLM refuses even `--max-model-len 32768` there; on two (`-tp 2`, H100 defaults: 8,192
+    /// batched tokens, 1,024 sequences) each GPU holds 30.5 GiB of weights, 3.3 GiB of
+    /// profile-run overhead and 38.2 GiB of KV: 19,543 blocks, 312,688 tokens, 7.6 sequences of
+    /// 40,960 tokens.
+    #[test]
+    fn qwen3_32b_starts_on_two_h100s_at_its_full_context() {
+        let d = device("H100-80GB").unwrap();
+        let m = model("Qwen3-32B").unwrap();
+        let one = ServingConfig::vllm_defaults_on(&d, Dtype::Bf16, 32_768);
+        match MemoryPlan::new(&d, &m, &one).unwrap_err() {
+            EmulatorError::KvCacheTooSmall { kv_tokens, .. } => assert_eq!(kv_tokens, 31_360),
+            other => panic!("unexpected {other}"),
+        }
+        let two = ServingConfig { tensor_parallel: 2, ..ServingConfig::vllm_defaults_on(&d, Dtype::Bf16, 40_960) };
+        let plan = MemoryPlan::new(&d, &m, &two).unwrap();
+        assert_eq!(plan.kv_blocks, 19_543);
+        assert_eq!(plan.kv_tokens(two.block_size), 312_688);
+        assert_eq!(plan.kv_block_bytes, 16 * 64 * 2 * 4 * 128 * 2);
+        assert!(plan.total_claim_bytes <= d.memory_bytes);
+        assert_eq!(plan.replica_claim_bytes(), 2 * plan.total_claim_bytes);
+    }
+
+    #[test]
+    fn an_invalid_tensor_parallel_degree_is_refused() {
+        let d = device("H100-80GB").unwrap();
+        let m = model("Qwen3-8B").unwrap();
+        let refused = |m: &ModelArch, tp: u32| {
+            let cfg = ServingConfig { tensor_parallel: tp, ..ServingConfig::vllm_defaults(Dtype::Bf16, 8192) };
+            matches!(MemoryPlan::new(&d, m, &cfg), Err(EmulatorError::InvalidConfig { field: "tensor_parallel", .. }))
+        };
+        for tp in [0, 3, 6, 16] {
+            assert!(refused(&m, tp), "TP {tp}");
+        }
+        for tp in [1, 2, 4, 8] {
+            assert!(!refused(&m, tp), "TP {tp}");
+        }
+        // Four KV heads cannot be split over eight GPUs.
+        let four_kv = ModelArch { num_key_value_heads: 4, ..m.clone() };
+        assert!(refused(&four_kv, 8));
+        assert!(!refused(&four_kv, 4));
+        let err = ServingConfig { tensor_parallel: 3, ..ServingConfig::vllm_defaults(Dtype::Bf16, 8192) }
+            .validate(&d, &m)
+            .unwrap_err();
+        assert!(err.to_string().contains("tensor_parallel = 3"), "{err}");
     }
 
     #[test]

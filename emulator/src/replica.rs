@@ -1,4 +1,6 @@
-//! One emulated replica: a deployment on one GPU, with vLLM's lifecycle
+//! One emulated replica: a deployment on one GPU, or on the `tp` GPUs of one node under tensor
+//! parallelism (one engine: one scheduler, one pool of logical KV blocks spanning the GPUs,
+//! each iteration costed on one GPU's shard plus its all-reduces), with vLLM's lifecycle
 //! (Cold → Loading → Awake ⇄ Sleeping → Asleep → Waking → Awake; Unload → Cold) and a vLLM
 //! V1-like continuous-batching scheduler.
 //!
@@ -49,7 +51,7 @@ use switchyard_predictor::spec::{DeviceSpec, ModelArch};
 use crate::cost::{BatchSummary, CostModel, IterationCost};
 use crate::error::EmulatorError;
 use crate::kv::BlockPool;
-use crate::lifecycle::{SleepLevel, WeightSource, load_time_from, sleep_time, teardown_time, wake_time};
+use crate::lifecycle::{SleepLevel, WeightSource, load_time_of, sleep_time_of, teardown_time, wake_time_of};
 use crate::memory::{MemoryPlan, ServingConfig};
 
 /// Standard deviation of the log of the per-iteration engine noise. Vidur's kernel profiles
@@ -237,7 +239,8 @@ struct DecodeRun {
     rng_after: ChaCha8Rng,
 }
 
-/// A vLLM-like replica of one deployment on one GPU.
+/// A vLLM-like replica of one deployment on one GPU, or on `ServingConfig::tensor_parallel`
+/// GPUs of one node.
 #[derive(Debug)]
 pub struct EmulatedReplica {
     device: DeviceSpec,
@@ -272,7 +275,7 @@ impl EmulatedReplica {
         noise_seed: u64,
     ) -> Result<Self, EmulatorError> {
         let plan = MemoryPlan::new(&device, &model, &config)?;
-        let cost = IterationCost::new(CostModel::for_arch(&device, &model, config.dtype));
+        let cost = IterationCost::new(CostModel::for_arch_tp(&device, &model, config.dtype, config.tensor_parallel));
         let sigma = ITERATION_NOISE_SIGMA;
         let noise = LogNormal::new(-sigma * sigma / 2.0, sigma).map_err(|_| {
             EmulatorError::InvalidConfig {
@@ -312,6 +315,16 @@ impl EmulatedReplica {
         &self.config
     }
 
+    pub fn model(&self) -> &ModelArch {
+        &self.model
+    }
+
+    /// GPUs the replica occupies (`ServingConfig::tensor_parallel`): each holds
+    /// [`device_memory_in_use`](Self::device_memory_in_use).
+    pub fn gpus(&self) -> u32 {
+        self.plan.gpus()
+    }
+
     pub fn state(&self) -> ReplicaState {
         self.state
     }
@@ -329,7 +342,7 @@ impl EmulatedReplica {
                 state: self.state,
             });
         }
-        let until = now + load_time_from(&self.device, &self.model, self.config.dtype, source);
+        let until = now + load_time_of(&self.device, self.plan.weight_bytes, source);
         self.state = ReplicaState::Loading { until };
         Ok(until)
     }
@@ -340,7 +353,7 @@ impl EmulatedReplica {
     pub fn begin_sleep(&mut self, level: u8, now: f64) -> Result<f64, EmulatorError> {
         let level = SleepLevel::try_from(level)?;
         self.require_idle_awake("sleep")?;
-        let until = now + sleep_time(&self.device, &self.model, self.config.dtype, level);
+        let until = now + sleep_time_of(&self.device, self.plan.weight_bytes, level);
         self.pool.reset();
         self.sleep_level = Some(level);
         self.state = ReplicaState::Sleeping { until };
@@ -355,7 +368,7 @@ impl EmulatedReplica {
                 state: self.state,
             });
         };
-        let until = now + wake_time(&self.device, &self.model, self.config.dtype, level);
+        let until = now + wake_time_of(&self.device, self.plan.weight_bytes, level);
         self.state = ReplicaState::Waking { until };
         Ok(until)
     }
@@ -1104,9 +1117,11 @@ impl EmulatedReplica {
         }
     }
 
-    /// Device memory held in the current state: nothing when cold, the whole claim while
-    /// loading, awake, tearing down or in a sleep/wake transition, and what sleep mode cannot release
-    /// ([`MemoryPlan::asleep_bytes`]) when asleep.
+    /// Device memory held in the current state, on each of the replica's [`gpus`](Self::gpus)
+    /// (a tensor-parallel replica holds this much on every one of its GPUs; on one GPU, all of
+    /// it): nothing when cold, the whole claim while loading, awake, tearing down or in a
+    /// sleep/wake transition, and what sleep mode cannot release ([`MemoryPlan::asleep_bytes`])
+    /// when asleep.
     pub fn device_memory_in_use(&self) -> u64 {
         match self.state {
             ReplicaState::Cold => 0,

@@ -1,5 +1,6 @@
 //! Behaviour of the emulated replica through its public API: lifecycle transitions, prefix
-//! caching, chunked prefill, preemption, request validation and seeded determinism.
+//! caching, chunked prefill, preemption, request validation, seeded determinism and tensor
+//! parallelism.
 
 use switchyard_emulator::{
     DeviceSpec, Dtype, EmulatedReplica, EmulatorError, EngineEvent, EngineRequest, ReplicaState,
@@ -503,4 +504,119 @@ fn teardown_holds_memory_until_it_ends() {
     let loaded = r.begin_load(gone).unwrap();
     assert!(r.finish_transition(loaded));
     assert!(illegal(r.begin_wake(loaded).unwrap_err()));
+}
+
+/// The scenario whose bits `tensor_parallel_one_changes_no_bit` pins.
+fn pinned_scenario(cfg: ServingConfig) -> Vec<u64> {
+    let d = device("A100-40GB").unwrap();
+    let mut r = EmulatedReplica::new(d, model("Qwen3-4B").unwrap(), cfg, 7).unwrap();
+    let mut bits = Vec::new();
+    let t = r.begin_load(0.0).unwrap();
+    bits.push(t.to_bits());
+    assert!(r.finish_transition(t));
+    for id in 0..6u64 {
+        r.submit(request(id, 300 + 700 * id as u32, 20 + 15 * id as u32, id % 2), t).unwrap();
+    }
+    let (events, end) = drain(&mut r, t);
+    bits.push(end.to_bits());
+    bits.push(r.telemetry().busy_seconds.to_bits());
+    bits.extend(events.iter().filter_map(|e| match e {
+        EngineEvent::Finished { at, .. } => Some(at.to_bits()),
+        _ => None,
+    }));
+    let asleep = r.begin_sleep(1, end).unwrap();
+    bits.push(asleep.to_bits());
+    assert!(r.finish_transition(asleep));
+    bits.push(r.begin_wake(asleep).unwrap().to_bits());
+    bits.push(r.memory_plan().kv_blocks.into());
+    bits.push(r.device_memory_in_use());
+    bits
+}
+
+/// Tensor parallelism left at 1 (absent or explicit) changes no bit of a replica's run: the
+/// load, every finish time, the busy time, the sleep and wake, the blocks and the memory, as
+/// computed before tensor parallelism existed (the bits below were recorded with that code).
+#[test]
+fn tensor_parallel_one_changes_no_bit() {
+    let d = device("A100-40GB").unwrap();
+    let defaults = ServingConfig::vllm_defaults_on(&d, Dtype::Bf16, 8192);
+    assert_eq!(defaults.tensor_parallel, 1);
+    let recorded: [u64; 13] = [
+        4630670510052444400,
+        4630864428503783944,
+        4608884209615512387,
+        4630743790718093369,
+        4630767996547245809,
+        4630793623006925694,
+        4630818632868478964,
+        4630841182518996706,
+        4630864428503783944,
+        4630943121720813981,
+        4631021814937844018,
+        12602,
+        39726218240,
+    ];
+    assert_eq!(pinned_scenario(defaults.clone()), recorded);
+    assert_eq!(pinned_scenario(ServingConfig { tensor_parallel: 1, ..defaults }), recorded);
+}
+
+/// A serving configuration written before tensor parallelism (no `tensor_parallel` field)
+/// still reads, as one GPU.
+#[test]
+fn a_config_without_tensor_parallel_reads_as_one_gpu() {
+    let header = "dtype,max_model_len,gpu_memory_utilization,max_num_seqs,max_num_batched_tokens,block_size";
+    let text = format!("{header},enable_prefix_caching\nbf16,8192,0.9,256,8192,16,true\n");
+    let mut rdr = csv::Reader::from_reader(text.as_bytes());
+    let cfg: ServingConfig = rdr.deserialize().next().unwrap().unwrap();
+    assert_eq!(cfg, ServingConfig::vllm_defaults(Dtype::Bf16, 8192));
+    assert_eq!(cfg.tensor_parallel, 1);
+}
+
+/// A TP = 2 replica of Qwen3-14B on two A100-80GBs: it occupies two GPUs, holds the same claim
+/// on each (half the weights, more KV), loads faster (each GPU reads its shard), and serves the
+/// same requests sooner than the one-GPU replica, with the same tokens.
+#[test]
+fn a_tensor_parallel_replica_spans_its_gpus_and_serves_sooner() {
+    let d = device("A100-80GB").unwrap();
+    let m = model("Qwen3-14B").unwrap();
+    let one = ServingConfig::vllm_defaults_on(&d, Dtype::Bf16, 16_384);
+    let two = ServingConfig { tensor_parallel: 2, ..one.clone() };
+    let mut r1 = EmulatedReplica::new(d.clone(), m.clone(), one, 3).unwrap();
+    let mut r2 = EmulatedReplica::new(d.clone(), m.clone(), two, 3).unwrap();
+    assert_eq!((r1.gpus(), r2.gpus()), (1, 2));
+    let (p1, p2) = (r1.memory_plan().clone(), r2.memory_plan().clone());
+    assert!(p2.weight_bytes < p1.weight_bytes / 2 + (1 << 20));
+    assert!(p2.kv_blocks > 2 * p1.kv_blocks);
+    assert_eq!(r2.telemetry().kv_blocks_total, p2.kv_blocks);
+    assert_eq!(p2.replica_claim_bytes(), 2 * p2.total_claim_bytes);
+    assert!(p2.total_claim_bytes <= d.memory_bytes);
+
+    let (t1, t2) = (r1.begin_load(0.0).unwrap(), r2.begin_load(0.0).unwrap());
+    let shard_read =
+        switchyard_emulator::load_time_of(&d, p2.weight_bytes, switchyard_emulator::WeightSource::PageCache);
+    assert_eq!(t2, shard_read);
+    assert!(t2 < t1);
+    // Per GPU: each of the two GPUs holds the whole per-GPU claim while loading and awake.
+    assert_eq!(r2.device_memory_in_use(), p2.total_claim_bytes);
+    assert!(r1.finish_transition(t1) && r2.finish_transition(t2));
+    let start = t1.max(t2);
+    for r in [&mut r1, &mut r2] {
+        for id in 0..24 {
+            r.submit(request(id, 1500, 200, id % 3), start).unwrap();
+        }
+    }
+    let (e1, end1) = drain(&mut r1, start);
+    let (e2, end2) = drain(&mut r2, start);
+    assert_eq!(finished(&e1).len(), 24);
+    let tokens = |e: &[EngineEvent]| {
+        let mut f = finished(e);
+        f.sort();
+        f.iter().map(|&(id, _, out)| (id, out)).collect::<Vec<_>>()
+    };
+    assert_eq!(tokens(&e1), tokens(&e2));
+    assert!(end2 - start < 0.9 * (end1 - start), "TP 2 {:.2} s vs TP 1 {:.2} s", end2 - start, end1 - start);
+    // Asleep, each GPU keeps its remainder.
+    let asleep = r2.begin_sleep(1, end2).unwrap();
+    assert!(r2.finish_transition(asleep));
+    assert_eq!(r2.device_memory_in_use(), p2.asleep_bytes);
 }

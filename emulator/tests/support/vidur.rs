@@ -1,7 +1,9 @@
 //! Readers for Vidur's measured profiles in `predictor/data/vidur-profiling` (per-operator
-//! `mlp.csv`, the legacy A100 `attention.csv` and `cpu_overheads.csv`), and the error metrics
-//! the calibration reports. Shared by `tests/calibration.rs` and `examples/calibrate.rs`;
-//! test/tooling code, not part of the library (which does no I/O).
+//! `mlp.csv`, the legacy A100 `attention.csv` and `cpu_overheads.csv`) and
+//! `emulator/data/vidur-profiling` (NCCL `all_reduce.csv`), the all-reduce interpolation knots
+//! derived from them, and the error metrics the calibration reports. Shared by
+//! `tests/calibration.rs` and `examples/calibrate.rs`; test/tooling code, not part of the
+//! library (which does no I/O).
 
 #![allow(dead_code)]
 
@@ -87,11 +89,15 @@ pub fn device_spec(vidur_device: &str) -> Res<DeviceSpec> {
     Ok(device(name)?)
 }
 
-/// One TP = 1 row of an `mlp.csv`: median times (seconds) of the operators it lists.
+/// One row of an `mlp.csv`: median times (seconds) of the operators it lists, measured on one
+/// GPU of a `tp`-way tensor-parallel group (Vidur's profiler shards the linear layers, rope
+/// and activation by `tp`; norms, residual add and embedding width stay whole).
 #[derive(Debug, Clone)]
 pub struct MlpRow {
     pub model: String,
+    /// The whole model's shape (the row's `n_head`, `n_kv_head`, ... are unsharded).
     pub shape: ModelShape,
+    pub tp: u32,
     pub num_tokens: u64,
     pub ops: BTreeMap<&'static str, f64>,
 }
@@ -99,6 +105,13 @@ pub struct MlpRow {
 /// Every TP = 1 row of `profiling/compute/<vidur_device>/<org>/<model>/mlp.csv`, models in
 /// path order.
 pub fn load_mlp(vidur_device: &str) -> Res<Vec<MlpRow>> {
+    load_mlp_tp(vidur_device, 1)
+}
+
+/// Every row with `num_tensor_parallel_workers = tp` of the `mlp.csv` profiles of
+/// `vidur_device`, models in path order.
+pub fn load_mlp_tp(vidur_device: &str, tp: u32) -> Res<Vec<MlpRow>> {
+    let tp_field = tp.to_string();
     let dir = data_root().join("profiling/compute").join(vidur_device);
     let mut files = Vec::new();
     for org in sorted_dir(&dir)? {
@@ -138,7 +151,7 @@ pub fn load_mlp(vidur_device: &str) -> Res<Vec<MlpRow>> {
         for rec in rdr.records() {
             let rec = rec?;
             let field = |c: usize| rec.get(c).unwrap_or("");
-            if field(c_tp) != "1" {
+            if field(c_tp) != tp_field {
                 continue;
             }
             let num = |c: usize| -> Res<u64> { Ok(field(c).parse::<u64>()?) };
@@ -163,6 +176,7 @@ pub fn load_mlp(vidur_device: &str) -> Res<Vec<MlpRow>> {
             rows.push(MlpRow {
                 model: model.clone(),
                 shape,
+                tp,
                 num_tokens: num(c_n)?,
                 ops,
             });
@@ -252,15 +266,22 @@ pub fn load_legacy_attention() -> Res<Vec<AttnRow>> {
     Ok(rows)
 }
 
-/// One TP = 1 row of `legacy/a100/cpu_overheads.csv`: sequences in the batch and the per
-/// iteration host time (schedule + prepare inputs + sampler + output processing, medians).
+/// One row of `legacy/a100/cpu_overheads.csv`: sequences in the batch and the per iteration
+/// host time (schedule + prepare inputs + sampler + output processing, medians).
 #[derive(Debug, Clone, Copy)]
 pub struct CpuRow {
     pub batch_size: u32,
     pub time_s: f64,
 }
 
+/// The TP = 1 rows of `legacy/a100/cpu_overheads.csv`.
 pub fn load_cpu_overheads() -> Res<Vec<CpuRow>> {
+    load_cpu_overheads_tp(1)
+}
+
+/// The rows of `legacy/a100/cpu_overheads.csv` with `tensor_parallel_degree = tp`.
+pub fn load_cpu_overheads_tp(tp: u32) -> Res<Vec<CpuRow>> {
+    let tp_field = tp.to_string();
     let f = data_root().join("legacy/a100/cpu_overheads.csv");
     let mut rdr = csv::Reader::from_path(&f)?;
     let headers = rdr.headers()?.clone();
@@ -281,7 +302,7 @@ pub fn load_cpu_overheads() -> Res<Vec<CpuRow>> {
     for rec in rdr.records() {
         let rec = rec?;
         let field = |c: usize| rec.get(c).unwrap_or("");
-        if field(c_tp) != "1" {
+        if field(c_tp) != tp_field {
             continue;
         }
         let mut ms = 0.0;
@@ -294,6 +315,87 @@ pub fn load_cpu_overheads() -> Res<Vec<CpuRow>> {
         });
     }
     Ok(rows)
+}
+
+/// Least-squares line `time = base + per_seq × batch_size` through CPU-overhead rows.
+pub fn fit_cpu_overhead(rows: &[CpuRow]) -> (f64, f64) {
+    let n = rows.len() as f64;
+    let mx = rows.iter().map(|r| f64::from(r.batch_size)).sum::<f64>() / n;
+    let my = rows.iter().map(|r| r.time_s).sum::<f64>() / n;
+    let sxy: f64 = rows.iter().map(|r| (f64::from(r.batch_size) - mx) * (r.time_s - my)).sum();
+    let sxx: f64 = rows.iter().map(|r| (f64::from(r.batch_size) - mx).powi(2)).sum();
+    let slope = sxy / sxx;
+    (my - slope * mx, slope)
+}
+
+/// Where the copied network profiles live (`emulator/data/vidur-profiling`, MIT).
+pub fn network_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("data/vidur-profiling")
+}
+
+/// One intra-node all-reduce measurement: message bytes and median time, seconds.
+#[derive(Debug, Clone, Copy)]
+pub struct AllReduceRow {
+    pub bytes: f64,
+    pub time_s: f64,
+}
+
+/// The all-reduce rows of `profiling/network/<node>/all_reduce.csv` among `workers` GPUs of
+/// one node (`num_workers = devices_per_node = workers`, as Vidur's predictor filters them),
+/// by size.
+pub fn load_all_reduce(node: &str, workers: u32) -> Res<Vec<AllReduceRow>> {
+    let f = network_root().join("profiling/network").join(node).join("all_reduce.csv");
+    let mut rdr = csv::Reader::from_path(&f).map_err(|e| format!("{}: {e}", f.display()))?;
+    let headers = rdr.headers()?.clone();
+    let col =
+        |name: &str| headers.iter().position(|h| h == name).ok_or_else(|| format!("{}: no column {name}", f.display()));
+    let (c_t, c_w, c_s, c_c, c_d) = (
+        col("time_stats.all_reduce.median")?,
+        col("num_workers")?,
+        col("size")?,
+        col("collective")?,
+        col("devices_per_node")?,
+    );
+    let w = workers.to_string();
+    let mut rows = Vec::new();
+    for rec in rdr.records() {
+        let rec = rec?;
+        let field = |c: usize| rec.get(c).unwrap_or("");
+        if field(c_c) != "all_reduce" || field(c_w) != w || field(c_d) != w {
+            continue;
+        }
+        rows.push(AllReduceRow { bytes: field(c_s).parse()?, time_s: field(c_t).parse::<f64>()? * 1e-3 });
+    }
+    rows.sort_by(|a, b| a.bytes.total_cmp(&b.bytes));
+    Ok(rows)
+}
+
+/// The interpolation knots of an all-reduce profile: for each power of two `s` from 64 KiB to
+/// 64 MiB, the rows with sizes in `[s/√2, s·√2)` (every smaller size joins the first window),
+/// summarised by the median size and the median time; then made non-decreasing (a running
+/// maximum), since a larger message never takes less time and the small-message times are
+/// bimodal noise around NCCL's latency floor. `(bytes, seconds)` pairs.
+pub fn all_reduce_knots(rows: &[AllReduceRow]) -> Vec<(f64, f64)> {
+    fn median(mut v: Vec<f64>) -> f64 {
+        v.sort_by(f64::total_cmp);
+        let n = v.len();
+        if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 }
+    }
+    let mut knots: Vec<(f64, f64)> = Vec::new();
+    for k in 16..=26 {
+        let s = f64::from(1u32 << k);
+        let lo = if k == 16 { 0.0 } else { s / 2f64.sqrt() };
+        let hi = s * 2f64.sqrt();
+        let window: Vec<&AllReduceRow> = rows.iter().filter(|r| r.bytes >= lo && r.bytes < hi).collect();
+        if window.is_empty() {
+            continue;
+        }
+        let x = median(window.iter().map(|r| r.bytes).collect());
+        let y = median(window.iter().map(|r| r.time_s).collect());
+        let y = knots.last().map_or(y, |&(_, prev)| y.max(prev));
+        knots.push((x, y));
+    }
+    knots
 }
 
 /// Weighted absolute percentage error `Σ|p − m| / Σ m` and mean absolute percentage error.

@@ -71,6 +71,44 @@ pub enum Experiment {
     /// one emulated engine (added latency at p50/p99), and a soak of concurrent streaming
     /// programs (whole streams, resident memory).
     FrontDoor(FrontDoorArgs),
+    /// Paper 000 (TAO): agent sessions under TAO and its baselines (round-robin, cache-aware,
+    /// Dynamo-like, ThunderAgent-like) on two workloads × three worker counts × two pools
+    /// (Table 1's shape), TAO's ablations (Table 4) and tool-delay scaling (Table 8); writes
+    /// tao.md, tao.json and tao-running.svg.
+    Tao(TaoArgs),
+}
+
+/// Arguments of `switchyard bench tao`.
+#[derive(Args, Debug)]
+pub struct TaoArgs {
+    /// Sessions per run (the paper's 300 SWE-bench Lite tasks).
+    #[arg(long, default_value_t = 300)]
+    pub sessions: usize,
+    /// Concurrent workers (closed loop), comma-separated.
+    #[arg(long, value_delimiter = ',', default_values_t = [96, 128, 160])]
+    pub workers: Vec<usize>,
+    /// Trace seed of the generated workloads.
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+    /// Skip the ablations and the tool-delay scaling.
+    #[arg(long)]
+    pub no_ablations: bool,
+    /// Only the first pool and the first workload (a quick look).
+    #[arg(long)]
+    pub quick: bool,
+    /// Write the generated trace of `--workload` (JSONL, the `run --trace-replay` format) to
+    /// this file and stop.
+    #[arg(long)]
+    pub write_trace: Option<PathBuf>,
+    /// With `--write-trace`: `swe-lite` or `swe-verified`.
+    #[arg(long, default_value = "swe-lite", value_parser = clap::builder::PossibleValuesParser::new(["swe-lite", "swe-verified"]))]
+    pub workload: String,
+    /// Directory for tao.md, tao.json and the SVG chart.
+    #[arg(long, default_value = "bench-out")]
+    pub out: PathBuf,
+    /// Print the report as JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// Arguments of `switchyard bench front-door`.
@@ -259,6 +297,57 @@ fn motivation(args: MotivationArgs) -> Result<()> {
     Ok(())
 }
 
+fn tao(args: TaoArgs) -> Result<()> {
+    use switchyard_runtime::bench::tao;
+    if args.sessions == 0 || args.workers.is_empty() || args.workers.contains(&0) {
+        bail!("--sessions and every --workers value must be at least 1");
+    }
+    if args.sessions > 100_000 {
+        bail!("--sessions must be at most 100000 (got {})", args.sessions);
+    }
+    if let Some(path) = &args.write_trace {
+        let workload = switchyard_runtime::agentic::AgentWorkload::parse(&args.workload)
+            .ok_or_else(|| anyhow::anyhow!("unknown workload `{}`", args.workload))?;
+        let trace = switchyard_runtime::agentic::generate(workload, args.sessions, args.seed);
+        std::fs::write(path, switchyard_runtime::agentic::to_jsonl(&trace))?;
+        eprintln!("wrote {} sessions ({} turns) to {}", trace.sessions.len(), trace.turns(), path.display());
+        return Ok(());
+    }
+    let mut cfg = tao::TaoBenchConfig::paper();
+    cfg.sessions = args.sessions;
+    cfg.workers = args.workers.clone();
+    cfg.trace_seed = args.seed;
+    cfg.ablations = !args.no_ablations;
+    cfg.ablation_workers = args.workers[args.workers.len() / 2];
+    if args.quick {
+        cfg.pools.truncate(1);
+        cfg.workloads.truncate(1);
+    }
+    let runs = cfg.pools.len() * cfg.workloads.len() * cfg.workers.len() * 5 + if cfg.ablations { 12 } else { 0 };
+    let bar = ProgressBar::new(runs as u64);
+    if let Ok(style) = ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}") {
+        bar.set_style(style);
+    }
+    let report = tao::run_tao_bench(&cfg, |label| {
+        bar.set_message(label.to_string());
+        bar.inc(1);
+    })
+    .map_err(|e| anyhow::anyhow!("{e}"))?;
+    bar.finish_and_clear();
+    let command = std::env::args().collect::<Vec<_>>().join(" ");
+    let md = tao::markdown(&report, &command);
+    std::fs::create_dir_all(&args.out)?;
+    std::fs::write(args.out.join("tao.md"), &md)?;
+    std::fs::write(args.out.join("tao.json"), serde_json::to_string_pretty(&report)?)?;
+    std::fs::write(args.out.join("tao-running.svg"), tao::running_svg(&report).map_err(|e| anyhow::anyhow!("{e}"))?)?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{md}");
+    }
+    Ok(())
+}
+
 fn load_workflows(paths: &[PathBuf]) -> Result<Vec<Arc<WorkflowSpec>>> {
     let mut out: Vec<Arc<WorkflowSpec>> = Vec::new();
     for p in paths {
@@ -278,6 +367,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         Some(Experiment::Motivation(m)) => return motivation(m),
         Some(Experiment::Predictor(p)) => return predictor(p),
         Some(Experiment::FrontDoor(f)) => return front_door(f),
+        Some(Experiment::Tao(t)) => return tao(t),
         None => {}
     }
     let workflows = load_workflows(&args.workflows)?;

@@ -78,8 +78,22 @@ enum PredictorCommand {
 #[derive(Args)]
 struct RunArgs {
     /// Workflow YAML files.
-    #[arg(required = true)]
+    #[arg(required_unless_present = "trace_replay")]
     workflows: Vec<PathBuf>,
+    /// Replay the agent sessions of a JSONL trace (paper 000; format in
+    /// `workflows/traces/README.md`) on an agent pool under `--scheduler`, instead of workflows.
+    #[arg(long, conflicts_with_all = ["workflows", "live"])]
+    trace_replay: Option<PathBuf>,
+    /// With `--trace-replay`: the scheduler.
+    #[arg(long, default_value = "tao", value_parser = clap::builder::PossibleValuesParser::new(["tao", "thunderagent", "dynamo", "vllm-rr", "vllm-ca"]))]
+    scheduler: String,
+    /// With `--trace-replay`: concurrent workers (closed loop).
+    #[arg(long, default_value_t = 32)]
+    workers: usize,
+    /// With `--trace-replay`: the pool, `qwen32b-tp2x4` (4× Qwen3-32B TP2 on H100-80GB) or
+    /// `qwen14b-a100x4` (4× Qwen3-14B on A100-80GB).
+    #[arg(long, default_value = "qwen32b-tp2x4", value_parser = clap::builder::PossibleValuesParser::new(["qwen32b-tp2x4", "qwen14b-a100x4"]))]
+    agent_pool: String,
     /// Sessions per workflow.
     #[arg(long, default_value_t = 60)]
     sessions: usize,
@@ -391,6 +405,9 @@ fn predictor_eval(train: Option<PathBuf>, test: Option<PathBuf>, json: bool) -> 
 }
 
 fn run(args: RunArgs) -> Result<RunEnd> {
+    if let Some(trace) = &args.trace_replay {
+        return replay(trace, &args);
+    }
     // Bad flags and bad files are reported together (with sound files, by `preflight` below,
     // which also checks the files against the pool).
     let workflows = match load_all(&args.workflows) {
@@ -526,6 +543,50 @@ fn run(args: RunArgs) -> Result<RunEnd> {
     }
     if r.sessions_failed > 0 && !args.allow_failures {
         return Ok(RunEnd::SessionsFailed(r.sessions_failed));
+    }
+    Ok(RunEnd::Ok)
+}
+
+/// `switchyard run --trace-replay FILE`: agent sessions from a trace on an agent pool.
+fn replay(path: &Path, args: &RunArgs) -> Result<RunEnd> {
+    use switchyard_runtime::bench::tao;
+    use switchyard_runtime::planner::admission::{SchedulerKind, TaoOptions};
+    use switchyard_runtime::sim::agentic::{AgentRunConfig, run_agents};
+    if args.workers == 0 {
+        bail!("--workers must be at least 1");
+    }
+    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let trace = switchyard_runtime::agentic::parse_trace(&path.display().to_string(), &text)?;
+    let scheduler = SchedulerKind::ALL
+        .into_iter()
+        .find(|k| k.name() == args.scheduler)
+        .ok_or_else(|| anyhow::anyhow!("unknown scheduler `{}`", args.scheduler))?;
+    let pool = if args.agent_pool == "qwen14b-a100x4" { tao::pool_qwen14b_a100x4() } else { tao::pool_qwen32b_tp2x4() };
+    let cfg = AgentRunConfig {
+        workers: args.workers,
+        scheduler,
+        tao: TaoOptions::default(),
+        noise_seed: args.noise_seed,
+        plan_latency_s: 0.002,
+    };
+    let report = run_agents(&trace, &pool, &cfg)?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        let mut t = Table::new();
+        t.load_preset(UTF8_FULL_CONDENSED);
+        t.set_header(["scheduler", "sessions", "makespan (s)", "latency (s)", "TTFT (s)", "decode (tok/s)", "cache hit", "tool end → first (s)"]);
+        t.add_row([
+            report.scheduler.clone(),
+            report.sessions.to_string(),
+            format!("{:.1}", report.makespan_s),
+            format!("{:.1}", report.mean_latency_s),
+            format!("{:.3}", report.mean_ttft_s),
+            format!("{:.1}", report.decode_tps),
+            format!("{:.1} %", report.cache_hit_rate * 100.0),
+            format!("{:.3}", report.tool_end_to_first_token_s),
+        ]);
+        println!("{} on {}, {} workers\n{t}", path.display(), pool.name, args.workers);
     }
     Ok(RunEnd::Ok)
 }

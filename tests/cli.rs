@@ -167,3 +167,34 @@ fn bench_motivation_writes_the_breakdown_beside_the_paper() {
     assert!(md.contains("/ 3052 (") && md.contains("Re-acquire wait"), "{md}");
     let _ = std::fs::remove_dir_all(&out);
 }
+
+#[test]
+fn trace_replay_runs_the_sample_and_names_bad_lines() {
+    let out = switchyard(&[
+        "run",
+        "--trace-replay",
+        "workflows/traces/swe-lite-sample.jsonl",
+        "--workers",
+        "8",
+        "--agent-pool",
+        "qwen14b-a100x4",
+        "--json",
+    ]);
+    assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    assert_eq!(json["sessions"], 20);
+    assert_eq!(json["scheduler"], "tao");
+
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.jsonl");
+    std::fs::write(
+        &bad,
+        "{\"id\": \"a\", \"system_tokens\": 10, \"turns\": [{\"new_tokens\": 5, \"output_tokens\": 3}]}\n\
+         {\"id\": \"b\", \"system_tokens\": 10, \"turns\": [{\"new_tokens\": 5, \"output_tokens\": 3, \"tool\": {\"name\": \"bash\", \"duration_s\": 1}}, {\"new_tokens\": 5, \"output_tokens\": 0}]}\n",
+    )
+    .unwrap();
+    let out = switchyard(&["run", "--trace-replay", bad.to_str().unwrap()]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("bad.jsonl:2: turns[1].output_tokens: must be at least 1"), "{err}");
+}

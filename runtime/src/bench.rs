@@ -24,6 +24,7 @@ mod charts;
 mod markdown;
 mod paper;
 pub mod motivation;
+pub mod tao;
 pub mod predictor_eval;
 
 use std::collections::BTreeMap;

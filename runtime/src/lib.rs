@@ -21,6 +21,7 @@
 //! The planner core must not depend on `exec`, `sim` or `live`, on the emulator crate, on the
 //! clock or on I/O. `exec` must not depend on `sim` or `live`; `live` must not depend on `sim`.
 
+pub mod agentic;
 pub mod bench;
 pub mod exec;
 pub mod ids;

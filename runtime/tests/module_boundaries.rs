@@ -166,6 +166,16 @@ fn the_planner_core_imports_no_shell_emulator_or_tools() {
 }
 
 #[test]
+fn the_agent_workload_is_pure_data() {
+    // The trace format and its generators feed both the simulator and the CLI; they decide
+    // nothing and must not reach the planner, the shells or the emulator.
+    check(
+        "agentic",
+        &["planner", "exec", "sim", "live", "serve", "bench", "lower_bound", "switchyard_emulator", "switchyard_tools"],
+    );
+}
+
+#[test]
 fn the_checker_sees_every_spelling_of_an_import() {
     let bad = [
         "use crate::sim::CallRecord;",

@@ -8,6 +8,7 @@ pub mod engine;
 pub mod engines;
 pub mod server;
 pub mod actors;
+pub mod agents;
 pub mod factory;
 pub mod journal;
 pub mod metrics;

@@ -10,6 +10,7 @@
 //! simulator shell, on the emulator crate, or on the tools crate: both shells (the simulator
 //! and the live runtime) drive this same core.
 
+pub mod admission;
 pub mod estimates;
 pub mod fusion;
 mod joint;
@@ -20,6 +21,7 @@ pub mod profiled;
 mod parrot;
 mod state;
 pub mod substrate;
+pub mod tao;
 
 pub use estimates::Estimates;
 pub use joint::{Joint, JointOptions};

@@ -1,0 +1,173 @@
+//! Seeded generators of SWE-bench-like agent-session traces (mini-SWE-agent harness). The
+//! distributions and the source of every number are in `workflows/traces/README.md`; the
+//! constants here are those numbers.
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use rand_distr::{Distribution, LogNormal};
+
+use super::{AgentSession, AgentTrace, ToolStep, Turn};
+
+/// The workloads `bench tao` runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum AgentWorkload {
+    /// SWE-bench Lite through mini-SWE-agent.
+    SweLite,
+    /// SWE-bench Verified through mini-SWE-agent: longer sessions with larger observations.
+    SweVerified,
+}
+
+impl AgentWorkload {
+    pub fn name(self) -> &'static str {
+        match self {
+            AgentWorkload::SweLite => "swe-lite",
+            AgentWorkload::SweVerified => "swe-verified",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<Self> {
+        match name {
+            "swe-lite" => Some(AgentWorkload::SweLite),
+            "swe-verified" => Some(AgentWorkload::SweVerified),
+            _ => None,
+        }
+    }
+
+    fn params(self) -> Params {
+        match self {
+            AgentWorkload::SweLite => Params { turns_median: 28.0, obs_scale: 1.0, task_median: 300.0 },
+            AgentWorkload::SweVerified => Params { turns_median: 34.0, obs_scale: 1.2, task_median: 340.0 },
+        }
+    }
+}
+
+struct Params {
+    turns_median: f64,
+    /// Multiplies the observation sizes.
+    obs_scale: f64,
+    task_median: f64,
+}
+
+/// mini-SWE-agent's system template plus the instance template's fixed instructions, identical
+/// for every session (tokens).
+const SYSTEM_TOKENS: u32 = 1_500;
+/// Model calls per session: log-normal around the median with this sigma (mean ≈ 1.2 × the
+/// median), at least 3 (read, edit, submit), at most mini-SWE-agent's `step_limit`.
+const TURNS_SIGMA: f64 = 0.6;
+const MIN_TURNS: u32 = 3;
+const MAX_TURNS: u32 = 250;
+/// Model output per call (a THOUGHT paragraph and one bash block): log-normal, median 130,
+/// mean ≈ 180.
+const OUTPUT_MEDIAN: f64 = 130.0;
+const OUTPUT_SIGMA: f64 = 0.8;
+const OUTPUT_MAX: u32 = 2_048;
+/// Observations: 55 % short (an edit, `ls`: 5–80 tokens), 40 % medium (file views, grep,
+/// test logs: log-normal median 400), 5 % at the harness's 10,000-character truncation
+/// (≈ 2,600 tokens); mean ≈ 270.
+const OBS_SHORT_SHARE: f64 = 0.55;
+const OBS_LONG_SHARE: f64 = 0.05;
+const OBS_MEDIUM_MEDIAN: f64 = 400.0;
+const OBS_MEDIUM_SIGMA: f64 = 0.7;
+const OBS_MAX: u32 = 2_600;
+/// The task statement: log-normal.
+const TASK_SIGMA: f64 = 0.6;
+/// Sessions stop where the next turn would not fit this context (paper 000 Appendix G's
+/// 33,024-token limit with its 512-token reserve).
+const CONTEXT_LIMIT: u32 = 33_024;
+const RESERVE: u32 = 512;
+
+/// The bash command classes of a mini-SWE-agent session (keyed by the command's first word in
+/// the paper's history), with their share of calls and the log-normal (median, sigma) of their
+/// duration in seconds; overall mean ≈ 0.85 s, clipped at the harness's 60 s timeout.
+const TOOLS: [(&str, f64, f64, f64); 4] = [
+    ("bash.inspect", 0.55, 0.15, 0.8),
+    ("bash.edit", 0.20, 0.10, 0.5),
+    ("bash.run", 0.20, 1.2, 0.9),
+    ("bash.test", 0.05, 5.0, 0.8),
+];
+const TOOL_TIMEOUT_S: f64 = 60.0;
+/// A `sleep N` or an explicit `timeout N` exposes a deadline on this share of calls.
+const HINTED_SHARE: f64 = 0.05;
+
+fn lognormal(median: f64, sigma: f64) -> LogNormal<f64> {
+    // Finite positive median and non-negative sigma: always valid.
+    LogNormal::new(median.ln(), sigma).unwrap_or_else(|_| unreachable!("valid log-normal"))
+}
+
+/// `sessions` sessions of `workload` drawn from `seed`.
+pub fn generate(workload: AgentWorkload, sessions: usize, seed: u64) -> AgentTrace {
+    let p = workload.params();
+    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x7a0_5e55_1011);
+    let turns_d = lognormal(p.turns_median, TURNS_SIGMA);
+    let out_d = lognormal(OUTPUT_MEDIAN, OUTPUT_SIGMA);
+    let obs_d = lognormal(OBS_MEDIUM_MEDIAN, OBS_MEDIUM_SIGMA);
+    let task_d = lognormal(p.task_median, TASK_SIGMA);
+    let tool_d: Vec<LogNormal<f64>> = TOOLS.iter().map(|&(_, _, m, s)| lognormal(m, s)).collect();
+    let mut out = Vec::with_capacity(sessions);
+    for i in 0..sessions {
+        let n = (turns_d.sample(&mut rng).round() as u32).clamp(MIN_TURNS, MAX_TURNS);
+        let mut turns = Vec::with_capacity(n as usize);
+        let mut context = SYSTEM_TOKENS;
+        for k in 0..n {
+            let new_tokens = if k == 0 {
+                (task_d.sample(&mut rng).round() as u32).clamp(60, 6_000)
+            } else {
+                let u: f64 = rng.random();
+                let raw = if u < OBS_SHORT_SHARE {
+                    rng.random_range(5.0..80.0)
+                } else if u < 1.0 - OBS_LONG_SHARE {
+                    obs_d.sample(&mut rng)
+                } else {
+                    f64::from(OBS_MAX)
+                };
+                ((raw * p.obs_scale).round() as u32).clamp(5, OBS_MAX)
+            };
+            let output_tokens = (out_d.sample(&mut rng).round() as u32).clamp(10, OUTPUT_MAX);
+            if context + new_tokens + output_tokens + RESERVE > CONTEXT_LIMIT {
+                break;
+            }
+            context += new_tokens + output_tokens;
+            turns.push(Turn { new_tokens, output_tokens, tool: None });
+        }
+        // Every turn but the last calls a tool.
+        let last = turns.len().saturating_sub(1);
+        for turn in turns.iter_mut().take(last) {
+            let u: f64 = rng.random();
+            let mut acc = 0.0;
+            let mut pick = TOOLS.len() - 1;
+            for (j, &(_, share, _, _)) in TOOLS.iter().enumerate() {
+                acc += share;
+                if u < acc {
+                    pick = j;
+                    break;
+                }
+            }
+            let duration_s = (tool_d[pick].sample(&mut rng).clamp(0.02, TOOL_TIMEOUT_S) * 1000.0).round() / 1000.0;
+            let hint_s = (rng.random::<f64>() < HINTED_SHARE).then_some(duration_s);
+            turn.tool = Some(ToolStep { name: TOOLS[pick].0.to_string(), duration_s, hint_s });
+        }
+        out.push(AgentSession { id: format!("{}-{i:04}", workload.name()), system_tokens: SYSTEM_TOKENS, turns });
+    }
+    AgentTrace { sessions: out }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generated_traces_are_valid_seeded_and_fit_the_context_limit() {
+        let a = generate(AgentWorkload::SweLite, 50, 7);
+        assert_eq!(a, generate(AgentWorkload::SweLite, 50, 7));
+        assert_ne!(a, generate(AgentWorkload::SweLite, 50, 8));
+        let text = super::super::to_jsonl(&a);
+        assert_eq!(super::super::parse_trace("gen", &text).unwrap(), a);
+        for s in &a.sessions {
+            assert!(s.final_context() + RESERVE <= CONTEXT_LIMIT);
+            assert!(s.turns.last().unwrap().tool.is_none());
+        }
+        let v = generate(AgentWorkload::SweVerified, 50, 7);
+        assert!(v.turns() > a.turns(), "verified sessions are longer: {} vs {}", v.turns(), a.turns());
+    }
+}

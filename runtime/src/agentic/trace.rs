@@ -1,0 +1,152 @@
+//! The JSONL trace format of agent sessions: one session per line,
+//! `{"id": "...", "system_tokens": N, "turns": [{"new_tokens": N, "output_tokens": N,
+//! "tool": {"name": "...", "duration_s": S, "hint_s": S}}, ...]}`. Blank lines and lines
+//! starting with `#` are skipped. Every problem is reported with the file, the line and the
+//! field, and all of them at once, before anything runs.
+
+use std::collections::BTreeSet;
+
+use thiserror::Error;
+
+use super::{AgentSession, AgentTrace};
+
+/// Largest context a trace may describe: Qwen3's 128k YaRN window bounds any real session.
+const MAX_CONTEXT_TOKENS: u64 = 131_072;
+/// Longest tool call a trace may describe (a day): a longer one is a unit mistake.
+const MAX_TOOL_S: f64 = 86_400.0;
+
+#[derive(Debug, Error)]
+pub enum TraceError {
+    #[error("{}", .problems.join("\n"))]
+    Invalid { problems: Vec<String> },
+}
+
+/// Parses a JSONL trace named `file` (the name only labels errors).
+pub fn parse_trace(file: &str, text: &str) -> Result<AgentTrace, TraceError> {
+    let mut problems = Vec::new();
+    let mut sessions = Vec::new();
+    let mut ids = BTreeSet::new();
+    for (i, line) in text.lines().enumerate() {
+        let line_no = i + 1;
+        let trimmed = line.trim();
+        if trimmed.is_empty() || trimmed.starts_with('#') {
+            continue;
+        }
+        let session: AgentSession = match serde_json::from_str(trimmed) {
+            Ok(s) => s,
+            Err(e) => {
+                problems.push(format!("{file}:{line_no}:{}: {e}", e.column()));
+                continue;
+            }
+        };
+        let at = |field: &str, why: &str| format!("{file}:{line_no}: {field}: {why}");
+        if session.id.is_empty() {
+            problems.push(at("id", "must not be empty"));
+        } else if !ids.insert(session.id.clone()) {
+            problems.push(at("id", &format!("`{}` appears on an earlier line", session.id)));
+        }
+        if session.turns.is_empty() {
+            problems.push(at("turns", "a session needs at least one turn"));
+        }
+        let last = session.turns.len().saturating_sub(1);
+        for (k, turn) in session.turns.iter().enumerate() {
+            if turn.output_tokens == 0 {
+                problems.push(at(&format!("turns[{k}].output_tokens"), "must be at least 1"));
+            }
+            if k == 0 && turn.new_tokens == 0 && session.system_tokens == 0 {
+                problems.push(at("turns[0].new_tokens", "the first prompt is empty"));
+            }
+            match &turn.tool {
+                Some(tool) => {
+                    if k == last {
+                        problems
+                            .push(at(&format!("turns[{k}].tool"), "the last turn ends the session: it calls no tool"));
+                    }
+                    if tool.name.is_empty() {
+                        problems.push(at(&format!("turns[{k}].tool.name"), "must not be empty"));
+                    }
+                    if !(tool.duration_s.is_finite() && (0.0..=MAX_TOOL_S).contains(&tool.duration_s)) {
+                        problems.push(at(
+                            &format!("turns[{k}].tool.duration_s"),
+                            &format!("{} is not a duration in [0, {MAX_TOOL_S}] s", tool.duration_s),
+                        ));
+                    }
+                    if let Some(h) = tool.hint_s
+                        && !(h.is_finite() && (0.0..=MAX_TOOL_S).contains(&h))
+                    {
+                        problems.push(at(&format!("turns[{k}].tool.hint_s"), &format!("{h} is not a duration")));
+                    }
+                }
+                None if k < last => {
+                    problems.push(at(&format!("turns[{k}].tool"), "every turn but the last calls a tool"));
+                }
+                None => {}
+            }
+        }
+        let context = u64::from(session.system_tokens)
+            + session.turns.iter().map(|t| u64::from(t.new_tokens) + u64::from(t.output_tokens)).sum::<u64>();
+        if context > MAX_CONTEXT_TOKENS {
+            problems.push(at(
+                "turns",
+                &format!("the conversation reaches {context} tokens (at most {MAX_CONTEXT_TOKENS})"),
+            ));
+        }
+        sessions.push(session);
+    }
+    if sessions.is_empty() && problems.is_empty() {
+        problems.push(format!("{file}: the trace has no session"));
+    }
+    if problems.is_empty() { Ok(AgentTrace { sessions }) } else { Err(TraceError::Invalid { problems }) }
+}
+
+/// The trace as JSONL text (what [`parse_trace`] reads back).
+pub fn to_jsonl(trace: &AgentTrace) -> String {
+    let mut out = String::new();
+    for s in &trace.sessions {
+        // A session of plain numbers and strings always serialises.
+        if let Ok(line) = serde_json::to_string(s) {
+            out.push_str(&line);
+            out.push('\n');
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_trace_round_trips_and_prompts_grow() {
+        let text = r#"
+# two sessions
+{"id": "a", "system_tokens": 100, "turns": [{"new_tokens": 50, "output_tokens": 10, "tool": {"name": "bash", "duration_s": 1.5, "hint_s": 2.0}}, {"new_tokens": 20, "output_tokens": 5}]}
+{"id": "b", "system_tokens": 100, "turns": [{"new_tokens": 7, "output_tokens": 3}]}
+"#;
+        let t = parse_trace("t.jsonl", text).unwrap();
+        assert_eq!(t.sessions.len(), 2);
+        assert_eq!(t.sessions[0].prompt_tokens(0), 150);
+        assert_eq!(t.sessions[0].prompt_tokens(1), 180);
+        assert_eq!(t.sessions[0].final_context(), 185);
+        assert_eq!(t.tool_calls(), 1);
+        assert_eq!(parse_trace("t.jsonl", &to_jsonl(&t)).unwrap(), t);
+    }
+
+    #[test]
+    fn every_problem_names_file_line_and_field() {
+        let text = "{\"id\": \"a\", \"system_tokens\": 1, \"turns\": [{\"new_tokens\": 1, \"output_tokens\": 0}]}\n\
+                    {\"id\": \"a\", \"system_tokens\": 1, \"turns\": [{\"new_tokens\": 1, \"output_tokens\": 1, \"tool\": {\"name\": \"x\", \"duration_s\": -1}}]}\n\
+                    {\"id\": \"c\", \"system_tokens\": 1, \"turns\": [], \"extra\": 1}\n";
+        let err = parse_trace("f.jsonl", text).unwrap_err().to_string();
+        assert!(err.contains("f.jsonl:1: turns[0].output_tokens: must be at least 1"), "{err}");
+        assert!(err.contains("f.jsonl:2: id: `a` appears on an earlier line"), "{err}");
+        assert!(err.contains("f.jsonl:2: turns[0].tool: the last turn ends the session"), "{err}");
+        assert!(err.contains("f.jsonl:2: turns[0].tool.duration_s: -1 is not a duration"), "{err}");
+        assert!(err.contains("f.jsonl:3:") && err.contains("unknown field `extra`"), "{err}");
+    }
+
+    #[test]
+    fn an_empty_trace_is_an_error() {
+        assert!(parse_trace("e.jsonl", "\n# nothing\n").unwrap_err().to_string().contains("no session"));
+    }
+}

@@ -1,0 +1,834 @@
+//! The simulator's agent-session loop (paper 000): closed-loop workers run the sessions of an
+//! [`AgentTrace`] on a pool of emulated replicas, in virtual time; a scheduler of
+//! [`crate::planner::admission`] decides where and when each model turn runs. Tools are
+//! modeled (their trace durations): nothing runs.
+//!
+//! The loop is the shell: it keeps the sessions, the replicas' engines and the event queue, it
+//! observes (cached tokens as the engine reports them, tool durations, each replica's admitted
+//! tokens) and it applies what the scheduler decides. TAO's plans are solved on a frozen
+//! snapshot and applied a modeled solve latency later, after revalidation against the live
+//! state (Appendix B.2): a plan whose selected session moved on is discarded, otherwise the
+//! longest prefix that still fits is applied.
+//!
+//! Every session runs to completion exactly once. Same trace, pool, scheduler and seed → the
+//! same report, to the bit. Must not depend on the live shell.
+
+use std::cmp::Ordering;
+use std::collections::{BTreeMap, BinaryHeap};
+
+use serde::Serialize;
+use switchyard_emulator::{EmulatedReplica, EngineEvent, EngineRequest, ServingConfig};
+use switchyard_predictor::spec::{self, Dtype};
+use thiserror::Error;
+
+use crate::agentic::AgentTrace;
+use crate::planner::admission::{
+    CacheAware, CacheObservation, DynamoRouter, PoolSession, ReplicaLoad, RoundRobin, RouteRequest, SchedulerKind,
+    THUNDER_PERIOD_S, TaoOptions, ThunderAgent, admission_weight, tao_plan,
+};
+use crate::planner::tao::{self, Assignment, LiveSession, LiveState, ToolCall, ToolHistory};
+
+/// Engine block size (vLLM's default).
+const BLOCK: u32 = 16;
+/// Decode steps a replica plans ahead at once (the emulator's closed-form runs).
+const RUN_STEPS: usize = 64;
+/// Seconds between TAO's periodic re-plans (its scheduling period; readiness looks one
+/// horizon ahead of it).
+const TAO_PERIOD_S: f64 = 1.0;
+
+#[derive(Debug, Error)]
+pub enum AgentSimError {
+    #[error("replica {index}: {reason}")]
+    Replica { index: usize, reason: String },
+    #[error("the pool has no replica")]
+    EmptyPool,
+    #[error("session {session}: turn {turn} needs {tokens} tokens, more than max_model_len {max_model_len}")]
+    TooLong { session: String, turn: usize, tokens: u32, max_model_len: u32 },
+    #[error("TAO: {0}")]
+    Tao(#[from] tao::TaoError),
+    #[error("the run stalled at {at:.3} s with {open} sessions open")]
+    Stalled { at: f64, open: usize },
+}
+
+/// One replica of the pool: a model on `tensor_parallel` GPUs of one kind.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct AgentReplicaSpec {
+    pub model: String,
+    pub device: String,
+    pub tensor_parallel: u32,
+    pub max_model_len: u32,
+}
+
+/// A pool of identical or mixed replicas.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct AgentPoolSpec {
+    pub name: String,
+    pub replicas: Vec<AgentReplicaSpec>,
+}
+
+/// How to run.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct AgentRunConfig {
+    pub workers: usize,
+    pub scheduler: SchedulerKind,
+    pub tao: TaoOptions,
+    pub noise_seed: u64,
+    /// Modeled time from a TAO snapshot to its plan's application (the asynchronous solve).
+    pub plan_latency_s: f64,
+}
+
+/// TAO's planner outcomes (paper 000 Table 9).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct PlannerStats {
+    pub submissions: u64,
+    pub applications: u64,
+    pub nonempty_applications: u64,
+    pub fallbacks: u64,
+    pub discarded: u64,
+    pub partial: u64,
+    pub states_mean: f64,
+    pub states_max: u64,
+    pub candidates_mean: f64,
+    pub plan_age_mean_s: f64,
+}
+
+/// What one run measured.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct AgentRunReport {
+    pub scheduler: String,
+    pub workers: usize,
+    pub sessions: usize,
+    pub requests: u64,
+    pub makespan_s: f64,
+    /// Mean session latency (first request ready → last token), tools included.
+    pub mean_latency_s: f64,
+    /// Mean time from a request being ready (session start or tool return) to its first token.
+    pub mean_ttft_s: f64,
+    pub p90_ttft_s: f64,
+    /// Generated tokens per second of makespan.
+    pub decode_tps: f64,
+    /// Prompt tokens served from the prefix cache over all prompt tokens.
+    pub cache_hit_rate: f64,
+    /// Mean time from a tool's return to its session's next first token.
+    pub tool_end_to_first_token_s: f64,
+    /// Mean time from a request's end to its session's next dispatch (the tool call included).
+    pub pause_wait_s: f64,
+    pub preemptions: u64,
+    /// Readiness prediction: mean absolute error of the predicted tool duration at the call's
+    /// start (Eq. 8 history, hints first), and the share within 0.5 s.
+    pub readiness_mae_s: f64,
+    pub readiness_within_half_s: f64,
+    pub planner: PlannerStats,
+    /// Requests running or queued in the engines, sampled each second.
+    pub running_series: Vec<u32>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Phase {
+    NotStarted,
+    /// Between turns: its tool runs (`returned` false) or its next request waits.
+    Pooled {
+        returned: bool,
+    },
+    /// Admitted onto a replica while its tool still runs: the request goes there on return.
+    Held {
+        replica: usize,
+    },
+    Running {
+        replica: usize,
+    },
+    Done,
+}
+
+struct SessionState {
+    phase: Phase,
+    turn: usize,
+    signature: u64,
+    started_at: f64,
+    ready_at: f64,
+    tool_returned_at: Option<f64>,
+    paused_at: f64,
+    call: Option<ToolCall>,
+    cache: Vec<CacheObservation>,
+    /// Admission weight it holds on its replica while held or running.
+    weight: u64,
+    /// Which replica's router index last saw its conversation, and how many tokens.
+    indexed: Vec<(usize, u64)>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ev {
+    IterationEnd { replica: usize, token: u64 },
+    ToolReturn { session: usize, signature: u64 },
+    PlanApply { id: u64 },
+    Tick,
+    ThunderTick,
+}
+
+struct Queued {
+    at: f64,
+    seq: u64,
+    ev: Ev,
+}
+
+impl PartialEq for Queued {
+    fn eq(&self, o: &Self) -> bool {
+        self.cmp(o) == Ordering::Equal
+    }
+}
+impl Eq for Queued {}
+impl PartialOrd for Queued {
+    fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Queued {
+    fn cmp(&self, o: &Self) -> Ordering {
+        // Min-heap on (time, sequence).
+        o.at.total_cmp(&self.at).then(o.seq.cmp(&self.seq))
+    }
+}
+
+struct Replica {
+    engine: EmulatedReplica,
+    iterating: bool,
+    token: u64,
+    scheduled_end: Option<f64>,
+    kv_tokens: u64,
+    admitted: u64,
+    /// Sessions whose conversation the router index places here (for the shared prefix).
+    served_any: bool,
+}
+
+struct PendingPlan {
+    id: u64,
+    made_at: f64,
+    signatures: BTreeMap<u64, u64>,
+    plan: tao::Plan,
+}
+
+struct Sim<'a> {
+    trace: &'a AgentTrace,
+    cfg: &'a AgentRunConfig,
+    now: f64,
+    seq: u64,
+    queue: BinaryHeap<Queued>,
+    replicas: Vec<Replica>,
+    sessions: Vec<SessionState>,
+    next_session: usize,
+    open: usize,
+    /// Request id → session index.
+    requests: BTreeMap<u64, usize>,
+    next_request: u64,
+    rr: RoundRobin,
+    thunder: ThunderAgent,
+    history: ToolHistory,
+    pending: Option<PendingPlan>,
+    plan_dirty: bool,
+    next_plan_id: u64,
+    // Measurements.
+    ttft: Vec<f64>,
+    tool_end_ttft: Vec<f64>,
+    pause: Vec<f64>,
+    latency: Vec<f64>,
+    prompt_tokens: u64,
+    cached_tokens: u64,
+    generated: u64,
+    n_requests: u64,
+    pred_err: Vec<f64>,
+    stats: PlannerStats,
+    states_sum: f64,
+    candidates_sum: f64,
+    age_sum: f64,
+    running_series: Vec<u32>,
+    last_end: f64,
+    /// The trace's shared system prompt (tokens), held once per replica.
+    shared_tokens: u64,
+}
+
+fn mix(a: u64, b: u64) -> u64 {
+    // SplitMix64 finaliser of a combined key: distinct inputs give distinct hashes in practice.
+    let mut z = a.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ b.wrapping_add(0xD1B5_4A32_D192_ED03);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// Runs the trace on the pool with the configured scheduler.
+pub fn run_agents(
+    trace: &AgentTrace,
+    pool: &AgentPoolSpec,
+    cfg: &AgentRunConfig,
+) -> Result<AgentRunReport, AgentSimError> {
+    if pool.replicas.is_empty() {
+        return Err(AgentSimError::EmptyPool);
+    }
+    let mut replicas = Vec::with_capacity(pool.replicas.len());
+    let mut ready_at: f64 = 0.0;
+    for (index, r) in pool.replicas.iter().enumerate() {
+        let bad = |reason: String| AgentSimError::Replica { index, reason };
+        let device = spec::device(&r.device).map_err(|e| bad(e.to_string()))?;
+        let model = spec::model(&r.model).map_err(|e| bad(e.to_string()))?;
+        let mut config = ServingConfig::vllm_defaults_on(&device, Dtype::Bf16, r.max_model_len);
+        config.tensor_parallel = r.tensor_parallel;
+        let seed = crate::values::derive_seed(cfg.noise_seed, &["agentic", &index.to_string()]);
+        let mut engine = EmulatedReplica::new(device, model, config, seed).map_err(|e| bad(e.to_string()))?;
+        let until = engine.begin_load(0.0).map_err(|e| bad(e.to_string()))?;
+        engine.finish_transition(until);
+        ready_at = ready_at.max(until);
+        let kv_tokens = u64::from(engine.memory_plan().kv_blocks) * u64::from(BLOCK);
+        replicas.push(Replica {
+            engine,
+            iterating: false,
+            token: 0,
+            scheduled_end: None,
+            kv_tokens,
+            admitted: 0,
+            served_any: false,
+        });
+    }
+    let max_len = pool.replicas.iter().map(|r| r.max_model_len).min().unwrap_or(0);
+    for s in &trace.sessions {
+        for k in 0..s.turns.len() {
+            let tokens = s.prompt_tokens(k) + s.turns[k].output_tokens;
+            if tokens > max_len {
+                return Err(AgentSimError::TooLong { session: s.id.clone(), turn: k, tokens, max_model_len: max_len });
+            }
+        }
+    }
+    let sessions = trace
+        .sessions
+        .iter()
+        .map(|_| SessionState {
+            phase: Phase::NotStarted,
+            turn: 0,
+            signature: 0,
+            started_at: 0.0,
+            ready_at: 0.0,
+            tool_returned_at: None,
+            paused_at: 0.0,
+            call: None,
+            cache: Vec::new(),
+            weight: 0,
+            indexed: Vec::new(),
+        })
+        .collect();
+    let mut sim = Sim {
+        trace,
+        cfg,
+        now: ready_at,
+        seq: 0,
+        queue: BinaryHeap::new(),
+        replicas,
+        sessions,
+        next_session: 0,
+        open: 0,
+        requests: BTreeMap::new(),
+        next_request: 0,
+        rr: RoundRobin::default(),
+        thunder: ThunderAgent::new(),
+        history: ToolHistory::default(),
+        pending: None,
+        plan_dirty: false,
+        next_plan_id: 0,
+        ttft: Vec::new(),
+        tool_end_ttft: Vec::new(),
+        pause: Vec::new(),
+        latency: Vec::new(),
+        prompt_tokens: 0,
+        cached_tokens: 0,
+        generated: 0,
+        n_requests: 0,
+        pred_err: Vec::new(),
+        stats: PlannerStats::default(),
+        states_sum: 0.0,
+        candidates_sum: 0.0,
+        age_sum: 0.0,
+        running_series: Vec::new(),
+        last_end: ready_at,
+        shared_tokens: trace.sessions.iter().map(|s| u64::from(s.system_tokens)).max().unwrap_or(0),
+    };
+    sim.run()?;
+    Ok(sim.report(ready_at))
+}
+
+impl Sim<'_> {
+    fn schedule(&mut self, at: f64, ev: Ev) {
+        self.seq += 1;
+        self.queue.push(Queued { at, seq: self.seq, ev });
+    }
+
+    fn run(&mut self) -> Result<(), AgentSimError> {
+        let start = self.now;
+        for _ in 0..self.cfg.workers.min(self.trace.sessions.len()) {
+            self.start_next_session();
+        }
+        self.schedule(start, Ev::Tick);
+        if self.cfg.scheduler == SchedulerKind::ThunderAgent {
+            self.schedule(start + THUNDER_PERIOD_S, Ev::ThunderTick);
+        }
+        self.after_event()?;
+        while self.open > 0 || self.next_session < self.trace.sessions.len() {
+            let Some(q) = self.queue.pop() else {
+                return Err(AgentSimError::Stalled { at: self.now, open: self.open });
+            };
+            self.now = q.at;
+            match q.ev {
+                Ev::IterationEnd { replica, token } => self.iteration_end(replica, token),
+                Ev::ToolReturn { session, signature } => self.tool_return(session, signature)?,
+                Ev::PlanApply { id } => self.apply_plan(id),
+                Ev::ThunderTick => {
+                    self.thunder_step();
+                    if self.open > 0 || self.next_session < self.trace.sessions.len() {
+                        self.schedule(self.now + THUNDER_PERIOD_S, Ev::ThunderTick);
+                    }
+                }
+                Ev::Tick => {
+                    // Running requests sampled each second (Figure 4's series).
+                    let running: usize = self.replicas.iter().map(|r| r.engine.in_flight()).sum();
+                    self.running_series.push(running as u32);
+                    self.plan_dirty = true;
+                    if self.open > 0 || self.next_session < self.trace.sessions.len() {
+                        self.schedule(self.now + TAO_PERIOD_S, Ev::Tick);
+                    }
+                }
+            }
+            self.after_event()?;
+        }
+        Ok(())
+    }
+
+    /// After each event: an admission scheduler replans when something changed.
+    fn after_event(&mut self) -> Result<(), AgentSimError> {
+        if self.cfg.scheduler == SchedulerKind::Tao && self.plan_dirty && self.pending.is_none() {
+            self.submit_plan()?;
+        }
+        Ok(())
+    }
+
+    fn start_next_session(&mut self) {
+        let i = self.next_session;
+        if i >= self.trace.sessions.len() {
+            return;
+        }
+        self.next_session += 1;
+        self.open += 1;
+        let s = &mut self.sessions[i];
+        s.started_at = self.now;
+        s.ready_at = self.now;
+        s.paused_at = self.now;
+        s.phase = Phase::Pooled { returned: true };
+        self.request_ready(i);
+    }
+
+    /// Tokens of the conversation a session's next request sends.
+    fn next_prompt(&self, i: usize) -> u32 {
+        self.trace.sessions[i].prompt_tokens(self.sessions[i].turn)
+    }
+
+    fn request_ready(&mut self, i: usize) {
+        match self.cfg.scheduler {
+            SchedulerKind::RoundRobin | SchedulerKind::CacheAware | SchedulerKind::Dynamo => {
+                let loads = self.loads();
+                let req = self.route_request(i);
+                let b = match self.cfg.scheduler {
+                    SchedulerKind::RoundRobin => self.rr.route(&loads),
+                    SchedulerKind::CacheAware => CacheAware.route(&req, &loads),
+                    _ => DynamoRouter::default().route(&req, &loads),
+                };
+                self.dispatch(i, b);
+            }
+            SchedulerKind::ThunderAgent => {
+                let tokens = u64::from(self.next_prompt(i));
+                let loads = self.loads();
+                let backend = if self.sessions[i].call.is_none() {
+                    self.thunder.arrive(i as u64, tokens, &loads)
+                } else {
+                    self.thunder.request(i as u64, tokens)
+                };
+                match backend {
+                    Some(b) => self.dispatch(i, b),
+                    None => self.sessions[i].phase = Phase::Pooled { returned: true },
+                }
+            }
+            SchedulerKind::Tao => {
+                if let Phase::Held { replica } = self.sessions[i].phase {
+                    self.dispatch(i, replica);
+                } else {
+                    self.sessions[i].phase = Phase::Pooled { returned: true };
+                    self.plan_dirty = true;
+                }
+            }
+        }
+    }
+
+    fn route_request(&self, i: usize) -> RouteRequest {
+        let prompt = u64::from(self.next_prompt(i));
+        let system = u64::from(self.trace.sessions[i].system_tokens);
+        let overlap_tokens = (0..self.replicas.len())
+            .map(|b| {
+                let own = self.sessions[i].indexed.iter().find(|(r, _)| *r == b).map(|&(_, t)| t).unwrap_or(0);
+                let shared = if self.replicas[b].served_any { system } else { 0 };
+                own.max(shared).min(prompt)
+            })
+            .collect();
+        RouteRequest { session: i as u64, prompt_tokens: prompt, overlap_tokens }
+    }
+
+    fn loads(&self) -> Vec<ReplicaLoad> {
+        self.replicas
+            .iter()
+            .map(|r| {
+                let t = r.engine.telemetry();
+                ReplicaLoad {
+                    kv_tokens: r.kv_tokens,
+                    admitted_tokens: r.admitted,
+                    shared_tokens: self.shared_tokens,
+                    requests: t.in_flight as u32,
+                    active_blocks: u64::from(t.kv_blocks_in_use),
+                }
+            })
+            .collect()
+    }
+
+    /// Sends session `i`'s next request to replica `b`.
+    fn dispatch(&mut self, i: usize, b: usize) {
+        let now = self.now;
+        let session = &self.trace.sessions[i];
+        let turn = self.sessions[i].turn;
+        let prompt = session.prompt_tokens(turn);
+        let output = session.turns[turn].output_tokens;
+        let system_blocks = session.system_tokens / BLOCK;
+        let key = i as u64 + 1;
+        let hash =
+            |block: u32| if block < system_blocks { mix(0, u64::from(block)) } else { mix(key, u64::from(block)) };
+        let full = prompt / BLOCK;
+        let prefix_hashes: Vec<u64> = (0..full).map(hash).collect();
+        let generated_hashes: Vec<u64> = (full..(prompt + output) / BLOCK).map(hash).collect();
+        let id = self.next_request;
+        self.next_request += 1;
+        self.requests.insert(id, i);
+        let weight = admission_weight(&self.pool_view(i), self.cfg.tao.reserve_tokens);
+        let st = &mut self.sessions[i];
+        // A held session's weight is already on its replica.
+        if !matches!(st.phase, Phase::Held { replica } if replica == b) {
+            self.replicas[b].admitted += weight;
+        } else {
+            self.replicas[b].admitted = self.replicas[b].admitted - st.weight + weight;
+        }
+        st.weight = weight;
+        st.phase = Phase::Running { replica: b };
+        st.signature += 1;
+        self.pause.push(now - st.paused_at);
+        let r = &mut self.replicas[b];
+        r.served_any = true;
+        let before = r.scheduled_end;
+        let req = EngineRequest { id, prompt_tokens: prompt, prefix_hashes, generated_hashes, output_tokens: output };
+        if let Err(e) = r.engine.submit(req, now) {
+            // The trace was checked against max_model_len and the replica is awake: a refusal
+            // here is a bug in this loop, not an input problem.
+            unreachable!("engine refused a checked request: {e}");
+        }
+        if r.iterating && r.engine.iteration_end() != before {
+            self.retime(b);
+        }
+        self.kick(b);
+    }
+
+    fn retime(&mut self, b: usize) {
+        let r = &mut self.replicas[b];
+        if let Some(end) = r.engine.iteration_end() {
+            r.token += 1;
+            r.scheduled_end = Some(end);
+            let token = r.token;
+            self.schedule(end, Ev::IterationEnd { replica: b, token });
+        }
+    }
+
+    fn kick(&mut self, b: usize) {
+        let now = self.now;
+        let r = &mut self.replicas[b];
+        if r.iterating {
+            return;
+        }
+        if let Some(first) = r.engine.start_iteration(now) {
+            let end = r.engine.extend_decode_run(RUN_STEPS).unwrap_or(first);
+            r.iterating = true;
+            r.token += 1;
+            r.scheduled_end = Some(end);
+            let token = r.token;
+            self.schedule(end, Ev::IterationEnd { replica: b, token });
+        }
+    }
+
+    fn iteration_end(&mut self, b: usize, token: u64) {
+        let now = self.now;
+        let r = &mut self.replicas[b];
+        if r.token != token || !r.iterating {
+            return;
+        }
+        r.iterating = false;
+        r.scheduled_end = None;
+        let events = r.engine.finish_iteration(now);
+        for e in events {
+            match e {
+                EngineEvent::FirstToken { id, at } => {
+                    if let Some(&i) = self.requests.get(&id) {
+                        let st = &self.sessions[i];
+                        self.ttft.push(at - st.ready_at);
+                        if let Some(t) = st.tool_returned_at {
+                            self.tool_end_ttft.push(at - t);
+                        }
+                    }
+                }
+                EngineEvent::Finished { id, at, prompt_tokens, cached_prompt_tokens, output_tokens } => {
+                    self.n_requests += 1;
+                    self.prompt_tokens += u64::from(prompt_tokens);
+                    self.cached_tokens += u64::from(cached_prompt_tokens);
+                    self.generated += u64::from(output_tokens);
+                    if let Some(i) = self.requests.remove(&id) {
+                        self.request_finished(i, b, at, u64::from(prompt_tokens + output_tokens));
+                    }
+                }
+                EngineEvent::Preempted { .. } => {}
+            }
+        }
+        self.kick(b);
+    }
+
+    fn request_finished(&mut self, i: usize, b: usize, at: f64, context: u64) {
+        self.last_end = self.last_end.max(at);
+        let weight = self.sessions[i].weight;
+        self.replicas[b].admitted = self.replicas[b].admitted.saturating_sub(weight);
+        let st = &mut self.sessions[i];
+        st.weight = 0;
+        st.signature += 1;
+        // The engine now holds the whole conversation: a fresh cache observation there.
+        st.cache.retain(|o| o.replica != b);
+        st.cache.push(CacheObservation { replica: b, tokens: context, at });
+        st.indexed.retain(|(r, _)| *r != b);
+        st.indexed.push((b, context));
+        let turn = st.turn;
+        let session = &self.trace.sessions[i];
+        match &session.turns[turn].tool {
+            None => {
+                st.phase = Phase::Done;
+                self.latency.push(at - st.started_at);
+                self.open -= 1;
+                self.plan_dirty = true;
+                self.thunder.release(i as u64);
+                self.start_next_session();
+            }
+            Some(tool) => {
+                let mut call = ToolCall::new(tool.name.clone(), at);
+                if let Some(h) = tool.hint_s {
+                    call = call.with_deadline(at + h);
+                }
+                call.refresh(&self.history, at);
+                // The readiness prediction at the call's start (hint first, then history),
+                // scored against the truth.
+                let predicted = call.remaining_s(&self.history, at);
+                self.pred_err.push((predicted - tool.duration_s).abs());
+                st.call = Some(call);
+                st.turn += 1;
+                st.phase = Phase::Pooled { returned: false };
+                st.paused_at = at;
+                st.tool_returned_at = None;
+                let (duration, signature) = (tool.duration_s, st.signature);
+                self.plan_dirty = true;
+                self.thunder.response_done(i as u64, context);
+                self.schedule(at + duration, Ev::ToolReturn { session: i, signature });
+            }
+        }
+    }
+
+    fn tool_return(&mut self, i: usize, _signature: u64) -> Result<(), AgentSimError> {
+        let now = self.now;
+        let st = &mut self.sessions[i];
+        if let Some(call) = &mut st.call {
+            call.completed_at = Some(now);
+            let elapsed = now - call.started_at;
+            self.history.observe(&call.tool, elapsed)?;
+        }
+        st.tool_returned_at = Some(now);
+        st.ready_at = now;
+        self.request_ready(i);
+        Ok(())
+    }
+
+    /// The scheduler's view of session `i` (not running).
+    fn pool_view(&self, i: usize) -> PoolSession {
+        let st = &self.sessions[i];
+        let returned = match st.phase {
+            Phase::Pooled { returned } => returned,
+            Phase::Held { .. } => st.tool_returned_at.is_some(),
+            _ => true,
+        };
+        PoolSession {
+            session: i as u64,
+            signature: st.signature,
+            tokens: u64::from(self.next_prompt(i)),
+            call: st.call.clone(),
+            returned,
+            shared_tokens: u64::from(self.trace.sessions[i].system_tokens),
+            cache: st.cache.clone(),
+            since: st.paused_at,
+        }
+    }
+
+    /// Sessions TAO may place: every one between turns (pooled or held), in session order.
+    fn tao_pool(&self) -> Vec<PoolSession> {
+        (0..self.sessions.len())
+            .filter(|&i| matches!(self.sessions[i].phase, Phase::Pooled { .. } | Phase::Held { .. }))
+            .map(|i| self.pool_view(i))
+            .collect()
+    }
+
+    /// Loads with the weights of running sessions only: holds are re-decided by each plan.
+    fn running_loads(&self) -> Vec<ReplicaLoad> {
+        let mut loads = self.loads();
+        for (i, st) in self.sessions.iter().enumerate() {
+            if let Phase::Held { replica } = st.phase {
+                loads[replica].admitted_tokens = loads[replica].admitted_tokens.saturating_sub(self.sessions[i].weight);
+            }
+        }
+        loads
+    }
+
+    fn submit_plan(&mut self) -> Result<(), AgentSimError> {
+        self.plan_dirty = false;
+        // The predictor republishes its predictions for the calls still running (their
+        // freshness, Eq. 6's g_i).
+        let now = self.now;
+        for st in &mut self.sessions {
+            if matches!(st.phase, Phase::Pooled { .. } | Phase::Held { .. })
+                && let Some(call) = &mut st.call
+                && call.completed_at.is_none()
+            {
+                call.refresh(&self.history, now);
+            }
+        }
+        let pool = self.tao_pool();
+        if pool.is_empty() {
+            return Ok(());
+        }
+        let loads = self.running_loads();
+        let plan = tao_plan(&pool, &loads, &self.history, self.now, &self.cfg.tao)?;
+        self.stats.submissions += 1;
+        self.stats.fallbacks += u64::from(plan.fallback);
+        self.states_sum += plan.states_explored as f64;
+        self.stats.states_max = self.stats.states_max.max(plan.states_explored as u64);
+        self.candidates_sum += pool.len() as f64;
+        let signatures = pool.iter().map(|s| (s.session, s.signature)).collect();
+        let id = self.next_plan_id;
+        self.next_plan_id += 1;
+        self.pending = Some(PendingPlan { id, made_at: self.now, signatures, plan });
+        self.schedule(self.now + self.cfg.plan_latency_s, Ev::PlanApply { id });
+        Ok(())
+    }
+
+    fn apply_plan(&mut self, id: u64) {
+        let Some(p) = self.pending.take_if(|p| p.id == id) else { return };
+        self.stats.applications += 1;
+        self.age_sum += self.now - p.made_at;
+        // Live state: sessions still between turns keep their signature; capacities without
+        // the holds this plan replaces.
+        let all: Vec<usize> = (0..self.replicas.len()).collect();
+        let sessions = p
+            .signatures
+            .keys()
+            .filter_map(|&s| {
+                let st = &self.sessions[s as usize];
+                matches!(st.phase, Phase::Pooled { .. } | Phase::Held { .. })
+                    .then(|| (s, LiveSession { signature: st.signature, eligible: all.clone() }))
+            })
+            .collect();
+        let loads = self.running_loads();
+        let capacities = crate::planner::admission::residual_capacities(&loads, self.cfg.tao.safe_fraction);
+        let live = LiveState { sessions, capacities };
+        let applied = tao::revalidate(&p.plan, &live);
+        if applied.discarded {
+            self.stats.discarded += 1;
+            self.plan_dirty = true;
+            return;
+        }
+        self.stats.partial += u64::from(applied.partial);
+        self.stats.nonempty_applications += u64::from(!applied.assignments.is_empty());
+        // Release every hold, then take the plan's.
+        for i in 0..self.sessions.len() {
+            if let Phase::Held { replica } = self.sessions[i].phase {
+                let w = self.sessions[i].weight;
+                self.replicas[replica].admitted = self.replicas[replica].admitted.saturating_sub(w);
+                self.sessions[i].weight = 0;
+                self.sessions[i].phase = Phase::Pooled { returned: false };
+            }
+        }
+        for Assignment { session, replica, .. } in applied.assignments {
+            let i = session as usize;
+            let returned = self.sessions[i].tool_returned_at.is_some() || self.sessions[i].call.is_none();
+            if returned {
+                self.dispatch(i, replica);
+            } else {
+                let w = admission_weight(&self.pool_view(i), self.cfg.tao.reserve_tokens);
+                self.sessions[i].weight = w;
+                self.replicas[replica].admitted += w;
+                self.sessions[i].phase = Phase::Held { replica };
+            }
+        }
+    }
+
+    /// ThunderAgent's step: pause and resume programs against each backend's capacity.
+    fn thunder_step(&mut self) {
+        let loads = self.loads();
+        for (session, replica) in self.thunder.tick(&loads) {
+            let i = session as usize;
+            // A resumed program with its request pending runs now; an acting one is active
+            // again and sends its next request there when its tool returns.
+            if matches!(self.sessions[i].phase, Phase::Pooled { returned: true }) {
+                self.dispatch(i, replica);
+            }
+        }
+    }
+
+    fn report(&self, start: f64) -> AgentRunReport {
+        let mean = |v: &[f64]| if v.is_empty() { 0.0 } else { v.iter().sum::<f64>() / v.len() as f64 };
+        let mut sorted = self.ttft.clone();
+        sorted.sort_by(f64::total_cmp);
+        let p90 = sorted.get(((sorted.len() as f64 * 0.9).ceil() as usize).saturating_sub(1)).copied().unwrap_or(0.0);
+        let makespan = self.last_end - start;
+        let s = &self.stats;
+        let n = s.submissions.max(1) as f64;
+        AgentRunReport {
+            scheduler: self.cfg.scheduler.name().to_string(),
+            workers: self.cfg.workers,
+            sessions: self.trace.sessions.len(),
+            requests: self.n_requests,
+            makespan_s: makespan,
+            mean_latency_s: mean(&self.latency),
+            mean_ttft_s: mean(&self.ttft),
+            p90_ttft_s: p90,
+            decode_tps: if makespan > 0.0 { self.generated as f64 / makespan } else { 0.0 },
+            cache_hit_rate: if self.prompt_tokens > 0 {
+                self.cached_tokens as f64 / self.prompt_tokens as f64
+            } else {
+                0.0
+            },
+            tool_end_to_first_token_s: mean(&self.tool_end_ttft),
+            pause_wait_s: mean(&self.pause),
+            preemptions: self.replicas.iter().map(|r| r.engine.telemetry().preemptions).sum(),
+            readiness_mae_s: mean(&self.pred_err),
+            readiness_within_half_s: if self.pred_err.is_empty() {
+                0.0
+            } else {
+                self.pred_err.iter().filter(|&&e| e <= 0.5).count() as f64 / self.pred_err.len() as f64
+            },
+            planner: PlannerStats {
+                states_mean: self.states_sum / n,
+                candidates_mean: self.candidates_sum / n,
+                plan_age_mean_s: self.age_sum / s.applications.max(1) as f64,
+                ..s.clone()
+            },
+            running_series: self.running_series.clone(),
+        }
+    }
+}

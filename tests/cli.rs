@@ -198,3 +198,18 @@ fn trace_replay_runs_the_sample_and_names_bad_lines() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("bad.jsonl:2: turns[1].output_tokens: must be at least 1"), "{err}");
 }
+
+#[test]
+fn the_react_agent_runs_its_tool_loop_to_the_end() {
+    let args = ["run", "workflows/react.yaml", "--sessions", "3", "--pool", "workflows/pools/small.yaml", "--json"];
+    let out = switchyard(&args);
+    assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    assert_eq!(json["sessions_completed"], 3, "{json}");
+    assert_eq!(json["sessions_failed"], 0);
+    let w = &json["workflows"]["react"];
+    assert_eq!(w["sessions_completed"], 3, "{json}");
+    let acc = w["accuracy"].as_f64().expect("accuracy");
+    assert!((0.0..=1.0).contains(&acc), "{acc}");
+    assert_eq!(switchyard(&args).stdout, out.stdout, "same seed, byte-identical report");
+}

@@ -9,6 +9,11 @@
 //! `Pending` until its predecessors complete, then `Ready`; the shell marks it `Running` and
 //! completes it with its output.
 //!
+//! An agent with tools takes turns: turn k is round k of its own loop (`AGENT.turns`), a turn
+//! that calls a tool (verdict `tool:NAME`) is followed by an activation of that tool step, and
+//! the next turn waits for it; a later turn's prompt is the previous turn's + its answer + the
+//! observation. A turn naming no declared tool, and the last turn, are the final answer.
+//!
 //! Skipping: a node is skipped (gets no activation) when its `when` condition is false, or
 //! when every one of its predecessors was skipped; a join with at least one completed
 //! predecessor still runs (final validation runs whether or not a repair happened). A skip is
@@ -256,13 +261,39 @@ impl Session {
     }
 
     /// The agent prompt as segments (static text and inserted values, in order); their
-    /// concatenation is the full prompt.
+    /// concatenation is the full prompt. A later turn of an agent with tools is the previous
+    /// turn's segments followed by that turn's answer and the observation of the tool it called
+    /// (`workflow::observation_text`), so each turn's prompt extends the one before.
     pub fn render_prompt(&self, index: u32) -> Result<Vec<String>, SessionError> {
         let node = self.node_checked(index)?;
         let NodeKind::Agent(agent) = &node.kind else {
             return Err(self.wrong_kind(index, "an agent"));
         };
         let round = self.activations[index as usize].round;
+        if let Some(tools) = &agent.tools {
+            // The first turn's prompt is the template's; a turn's template values are all
+            // upstream of the agent, so they do not change between turns.
+            let Some(prev) = round.checked_sub(1) else {
+                return agent
+                    .prompt
+                    .render_segments(&View { session: self, round: 0 })
+                    .map_err(|u| self.unresolved(index, u.reference));
+            };
+            let node_index = self.activations[index as usize].node;
+            let turn = self.activation_for(node_index, prev);
+            let answer = turn.and_then(|t| self.activation(t)?.output.as_ref());
+            let observed = tools.tools.iter().find_map(|t| {
+                let out = self.activation(self.activation_for(t.node, prev)?)?.output.as_ref()?;
+                Some(crate::workflow::observation_text(&t.name, &out.text))
+            });
+            let (Some(turn), Some(answer), Some(observed)) = (turn, answer, observed) else {
+                return Err(self.unresolved(index, format!("{}.turn{prev}", node.id)));
+            };
+            let mut segments = self.render_prompt(turn)?;
+            segments.push(answer.text.clone());
+            segments.push(observed);
+            return Ok(segments);
+        }
         agent
             .prompt_for(round)
             .render_segments(&View { session: self, round })
@@ -342,6 +373,18 @@ impl Session {
     ) -> Result<Vec<ActivationId>, SessionError> {
         self.check_alive()?;
         self.expect_state(index, ActivationState::Running, "Running")?;
+        let mut output = output;
+        let a = &self.activations[index as usize];
+        if let NodeKind::Agent(agent) = &self.spec.nodes[a.node].kind
+            && let Some(tools) = &agent.tools
+        {
+            // A turn calls a declared tool, or it is the final answer; so is the last turn's.
+            let calls = tools.called_by(output.verdict.as_deref()).is_some()
+                && a.round + 1 < tools.max_turns;
+            if !calls {
+                output.verdict = Some(crate::workflow::FINAL_VERDICT.to_string());
+            }
+        }
         let a = &mut self.activations[index as usize];
         a.state = ActivationState::Completed;
         a.output = Some(output);
@@ -618,7 +661,7 @@ impl Session {
             && r > 0
             && spec.loops[li].entries.contains(&n)
         {
-            insts.push((spec.loops[li].continue_when.node, r - 1));
+            insts.extend(spec.loops[li].back_from.iter().map(|&b| (b, r - 1)));
         }
         let mut res = Vec::with_capacity(insts.len());
         for inst in &insts {

@@ -540,3 +540,155 @@ fn metrics_may_score_several_nodes_with_weights() {
     let e = err(&with("{kind: tests_pass, node: check, weight: 0}"));
     assert!(e.to_string().contains("tests_pass scores a `python_tests` tool node"), "{e}");
 }
+
+const REACT: &str = r#"name: t
+deployments:
+  small: {model: Qwen3-0.6B, max_context: 4096, max_output_tokens: 256}
+nodes:
+  - id: fixer
+    deployment: small
+    role: software engineer
+    prompt: "Fix the failing test in {{input.repo}}."
+    tools:
+      - name: run_tests
+        tool: python_tests
+        inputs: {code: "{{fixer}}", tests: "{{input.tests}}"}
+        timeout_s: 5
+    max_turns: 8
+  - id: check
+    tool: python_tests
+    after: fixer
+    inputs: {code: "{{fixer}}", tests: "{{input.tests}}"}
+"#;
+
+#[test]
+fn an_agent_with_tools_gets_tool_steps_and_a_loop_of_turns() {
+    let spec = parse(REACT).unwrap_or_else(|e| panic!("{e}"));
+    // The file's two nodes, then the agent's tool step.
+    let ids: Vec<&str> = spec.nodes.iter().map(|n| n.id.as_str()).collect();
+    assert_eq!(ids, ["fixer", "check", "fixer.run_tests"]);
+    let step = &spec.nodes[2];
+    assert_eq!((step.after.as_slice(), step.tool_of, step.loop_index), (&[0][..], Some(0), Some(0)));
+    assert_eq!(step.when.as_ref().map(|c| (c.node, c.verdicts.clone())), Some((0, vec!["tool:run_tests".to_string()])));
+    let NodeKind::Tool(t) = &step.kind else { panic!("a tool step") };
+    assert_eq!((t.tool.as_str(), t.timeout_s), ("python_tests", Some(5.0)));
+    let NodeKind::Agent(a) = &spec.nodes[0].kind else { panic!("an agent") };
+    let tools = a.tools.as_ref().expect("tools");
+    assert_eq!((tools.max_turns, tools.tools.len(), tools.tools[0].node), (8, 1, 2));
+    assert_eq!(tools.turns, switchyard_runtime::workflow::default_turns(8));
+    // The prompt ends with the tools and the protocol.
+    let prompt = a.prompt.static_text();
+    assert!(prompt.starts_with("You are software engineer.\n\nFix the failing test in "), "{prompt}");
+    assert!(prompt.contains("- `run_tests`") && prompt.ends_with("An answer without such a line is your final answer."), "{prompt}");
+    // The loop of its turns: entry the agent, back edges from the tool step, bound max_turns.
+    let l = &spec.loops[0];
+    assert_eq!((l.id.as_str(), l.body.as_slice(), l.entries.as_slice(), l.back_from.as_slice()), ("fixer.turns", &[0, 2][..], &[0][..], &[2][..]));
+    assert_eq!((l.max_rounds, l.agent, spec.nodes[0].loop_index), (8, Some(0), Some(0)));
+    // The step is found by id but is never a sink; `check` waits for the agent's last turn.
+    assert_eq!(spec.node_index("fixer.run_tests"), Some(2));
+    assert_eq!(spec.sinks(), vec![1]);
+    assert_eq!(spec.successors(0), vec![1, 2]);
+    assert_eq!(spec.input_fields(), vec!["repo".to_string(), "tests".to_string()]);
+
+    // Several tools, a bare name, descriptions and a `turns` distribution.
+    let two = REACT.replace(
+        "        timeout_s: 5\n",
+        "        timeout_s: 5\n      - name: vote\n        tool: majority_vote\n        description: counts the answers\n        inputs: {candidates: [\"{{fixer}}\", \"{{input.repo}}\"]}\n",
+    ).replace("    max_turns: 8\n", "    max_turns: 3\n    turns: {mean: 2}\n");
+    let spec = parse(&two).unwrap_or_else(|e| panic!("{e}"));
+    let NodeKind::Agent(a) = &spec.nodes[0].kind else { panic!("an agent") };
+    let tools = a.tools.as_ref().expect("tools");
+    assert_eq!(tools.turns, switchyard_runtime::values::LengthDist { mean: 2.0, cv: 0.5 });
+    assert!(a.prompt.static_text().contains("- `vote`: counts the answers"));
+    assert_eq!(spec.loops[0].back_from, vec![2, 3]);
+    assert_eq!(spec.loops[0].continue_when.verdicts, vec!["tool:run_tests".to_string(), "tool:vote".to_string()]);
+}
+
+#[test]
+fn the_shipped_react_workflow_loads() {
+    let spec = shipped("react.yaml");
+    assert!(spec.node("coder.run_tests").is_some());
+    assert_eq!(spec.sinks(), vec![spec.node_index("validate").unwrap()]);
+    assert!(spec.load_records().unwrap_or_else(|e| panic!("{e}")).len() > 400);
+}
+
+#[test]
+fn bad_agent_tools_are_named_with_their_position() {
+    let e = err(&REACT.replace("tool: python_tests\n        inputs", "tool: pyhton_tests\n        inputs"));
+    assert_at(&e, ErrorKind::UnknownTool, 11, 15, "nodes.fixer.tools.run_tests.tool");
+    assert!(e.to_string().contains("unknown tool `pyhton_tests` (did you mean `python_tests`?)"), "{e}");
+
+    // A bare name is the tool.
+    let bare = REACT.replace(
+        "      - name: run_tests\n        tool: python_tests\n        inputs: {code: \"{{fixer}}\", tests: \"{{input.tests}}\"}\n        timeout_s: 5\n",
+        "      - run_test\n",
+    );
+    let e = err(&bare);
+    assert_at(&e, ErrorKind::UnknownTool, 10, 9, "nodes.fixer.tools.run_test");
+    let e = err(&bare.replace("run_test\n", "python_tests\n"));
+    assert_at(&e, ErrorKind::MissingField, 10, 9, "nodes.fixer.tools.python_tests.inputs.code");
+    assert!(e.to_string().contains("tool `python_tests` needs input `code`"), "{e}");
+
+    for bad in ["0", "65", "1000"] {
+        let e = err(&REACT.replace("max_turns: 8", &format!("max_turns: {bad}")));
+        assert_at(&e, ErrorKind::BadLoop, 14, 16, "nodes.fixer.max_turns");
+        assert!(e.to_string().ends_with(&format!("max_turns {bad} must be between 1 and 64")), "{e}");
+    }
+    let e = err(&REACT.replace("max_turns: 8", "max_turns: -1"));
+    assert_eq!((e.kind(), e.position(), e.field()), (Some(ErrorKind::BadType), Some((14, 16)), Some("nodes.fixer.max_turns")));
+    let e = err(&REACT.replace("    max_turns: 8\n", ""));
+    assert_at(&e, ErrorKind::BadLoop, 5, 5, "nodes.fixer.max_turns");
+    assert!(e.to_string().contains("an agent with tools needs a bound: add `max_turns`"), "{e}");
+
+    // `max_turns` and `turns` belong to an agent with tools; `tools` to agents.
+    let no_tools = "name: t\ndeployments:\n  small: {model: Qwen3-0.6B, max_context: 4096, max_output_tokens: 256}\nnodes:\n  - id: a\n    deployment: small\n    prompt: Hi.\n    max_turns: 3\n";
+    let e = err(no_tools);
+    assert_at(&e, ErrorKind::MissingField, 8, 5, "nodes.a.max_turns");
+    assert!(e.to_string().ends_with("`max_turns` bounds an agent's tool loop: declare the `tools` it may call"), "{e}");
+    let e = err(&no_tools.replace("max_turns: 3", "turns: {mean: 2}"));
+    assert_at(&e, ErrorKind::MissingField, 8, 5, "nodes.a.turns");
+    let e = err(&REACT.replace("    after: fixer\n", "    after: fixer\n    tools: [run_tests]\n"));
+    assert_at(&e, ErrorKind::UnknownField, 18, 5, "nodes.check.tools");
+    assert!(e.to_string().ends_with("`tools` belongs to agent nodes, and `check` is a tool node"), "{e}");
+
+    // An empty list, a name twice, a bad name, an unknown key.
+    let e = err(&REACT.replace(
+        "    tools:\n      - name: run_tests\n        tool: python_tests\n        inputs: {code: \"{{fixer}}\", tests: \"{{input.tests}}\"}\n        timeout_s: 5\n",
+        "    tools: []\n",
+    ));
+    assert_at(&e, ErrorKind::MissingField, 9, 12, "nodes.fixer.tools");
+    let twice = REACT.replace("        timeout_s: 5\n", "        timeout_s: 5\n      - name: run_tests\n        tool: majority_vote\n");
+    let e = err(&twice);
+    assert_at(&e, ErrorKind::DuplicateId, 14, 15, "nodes.fixer.tools.run_tests.name");
+    let e = err(&REACT.replace("name: run_tests", "name: run tests"));
+    assert_at(&e, ErrorKind::BadType, 10, 15, "nodes.fixer.tools[0].name");
+    let e = err(&REACT.replace("        timeout_s: 5\n", "        timeout: 5\n"));
+    assert_eq!((e.kind(), e.field()), (Some(ErrorKind::UnknownField), Some("nodes.fixer.tools[0].timeout")), "{e}");
+
+    // A tool input is a template checked like a tool node's.
+    let e = err(&REACT.replacen("code: \"{{fixer}}\", tests", "code: \"{{fixr}}\", tests", 1));
+    assert_at(&e, ErrorKind::UnknownReference, 12, 24, "nodes.fixer.tools.run_tests.inputs.code");
+    assert!(e.to_string().contains("unknown node `fixr` (did you mean `fixer`?)"), "{e}");
+
+    // No structured output, no next_rounds, not in a declared loop.
+    let e = err(&REACT.replace("    max_turns: 8\n", "    max_turns: 8\n    output:\n      schema: {type: object, properties: {ok: {type: boolean}}, required: [ok]}\n"));
+    assert_at(&e, ErrorKind::BadType, 15, 5, "nodes.fixer.output");
+    let e = err(&REACT.replace("    max_turns: 8\n", "    max_turns: 8\n    next_rounds: {prompt: Again.}\n"));
+    assert_at(&e, ErrorKind::BadLoop, 15, 5, "nodes.fixer.next_rounds");
+    let looped = format!("{REACT}loops:\n  - id: l\n    body: [fixer, check]\n    continue_when: {{node: check, verdict: fail}}\n    max_rounds: 2\n");
+    let e = err(&looped);
+    assert_at(&e, ErrorKind::BadLoop, 21, 12, "loops.l.body");
+    assert!(e.to_string().ends_with("`fixer` calls tools: its turns are a loop of their own, and loops do not nest"), "{e}");
+
+    // Its prompt is the first turn's: no own output, no rounds.
+    let e = err(&REACT.replace("Fix the failing test in {{input.repo}}.", "Fix {{input.repo}}. Before: {{fixer?}}"));
+    assert_at(&e, ErrorKind::UnknownReference, 8, 13, "nodes.fixer.prompt");
+    assert!(e.to_string().contains("which is not upstream of `fixer`"), "{e}");
+    let e = err(&REACT.replace("Fix the failing test in {{input.repo}}.", "Turn {{loop.round}}: fix {{input.repo}}."));
+    assert_at(&e, ErrorKind::UnknownReference, 8, 13, "nodes.fixer.prompt");
+    assert!(e.to_string().contains("`fixer` is in no loop"), "{e}");
+
+    // A tool step cannot be named in the file.
+    let e = err(&REACT.replace("    after: fixer\n", "    after: fixer.run_tests\n"));
+    assert_eq!((e.kind(), e.field()), (Some(ErrorKind::UnknownReference), Some("nodes.check.after")), "{e}");
+}

@@ -678,3 +678,86 @@ loops:
     run(&mut s, out("{\"ok\":true}", Some("true")));
     assert!(s.is_finished(), "three rounds at most");
 }
+
+fn react(max_turns: u32) -> Arc<WorkflowSpec> {
+    let text = format!(
+        "name: r\ndeployments:\n  d: {{model: Qwen3-0.6B, max_context: 4096, max_output_tokens: 256}}\nnodes:\n  - id: fixer\n    deployment: d\n    role: software engineer\n    prompt: \"Fix {{{{input.repo}}}}.\"\n    tools:\n      - name: run_tests\n        tool: python_tests\n        inputs: {{code: \"{{{{fixer}}}}\", tests: \"{{{{input.tests}}}}\"}}\n      - name: vote\n        tool: majority_vote\n        inputs: {{candidates: [\"{{{{fixer}}}}\"]}}\n    max_turns: {max_turns}\n  - id: check\n    tool: python_tests\n    after: fixer\n    inputs: {{code: \"{{{{fixer}}}}\", tests: \"{{{{input.tests}}}}\"}}\n"
+    );
+    Arc::new(parse_workflow("r.yaml", &text, Path::new(".")).unwrap_or_else(|e| panic!("{e}")))
+}
+
+fn react_input() -> Record {
+    let mut r = Record::new();
+    r.insert("repo".into(), serde_json::json!("acme/widgets"));
+    r.insert("tests".into(), serde_json::json!(["assert f() == 1"]));
+    r
+}
+
+fn prompt_of(s: &Session, node: &str, round: u32) -> String {
+    let i = idx(s, node, round).unwrap_or_else(|| panic!("no {node}#{round}"));
+    s.render_prompt(i).unwrap_or_else(|e| panic!("{e}")).concat()
+}
+
+#[test]
+fn an_agent_with_tools_takes_turns_with_tool_calls_between_them() {
+    let spec = react(3);
+    let mut s = Session::new(SessionId(4), Arc::clone(&spec), react_input()).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(names(&s, &s.ready()), vec!["fixer#0"]);
+    let p0 = prompt_of(&s, "fixer", 0);
+    assert!(p0.starts_with("You are software engineer.\n\nFix acme/widgets."), "{p0}");
+
+    // Turn 0 calls `run_tests`: its tool step runs; the next turn waits for it.
+    let a0 = "```python\ndef f(): return 0\n```\nAction: run_tests";
+    assert_eq!(run(&mut s, "fixer", out(a0, Some("tool:run_tests"))), vec!["fixer.run_tests#0"]);
+    assert_eq!(idx(&s, "fixer.vote", 0), None, "only the called tool runs");
+    assert_eq!(idx(&s, "check", 0), None, "`check` waits for the last turn");
+    let t0 = idx(&s, "fixer.run_tests", 0).unwrap();
+    let inputs = s.render_tool_inputs(t0).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(inputs["code"], serde_json::json!(a0), "the tool reads the turn's answer");
+    s.mark_running(t0).unwrap();
+    assert_eq!(names(&s, &s.near_ready()), vec!["fixer#1"], "the next turn is near-ready while the tool runs");
+    let newly = s.complete(t0, out("0/1 tests passed; first failure: assert f() == 1", Some("fail"))).unwrap();
+    assert_eq!(names(&s, &newly), vec!["fixer#1"]);
+    let t1 = idx(&s, "fixer", 1).unwrap();
+    assert_eq!(s.activation(t1).unwrap().predecessors, vec![t0]);
+
+    // The prompt grows: the previous prompt + its answer + the observation.
+    let p1 = prompt_of(&s, "fixer", 1);
+    assert_eq!(p1, format!("{p0}{a0}\nObservation from `run_tests`:\n0/1 tests passed; first failure: assert f() == 1\n"));
+
+    // Turn 1 calls the other tool; turn 2 is the last: its tool call is taken as the final answer.
+    let a1 = "Let me count.\nAction: vote";
+    assert_eq!(run(&mut s, "fixer", out(a1, Some("tool:vote"))), vec!["fixer.vote#1"]);
+    assert_eq!(run(&mut s, "fixer.vote", out("majority: 1", Some("majority"))), vec!["fixer#2"]);
+    let p2 = prompt_of(&s, "fixer", 2);
+    assert!(p2.starts_with(&format!("{p1}{a1}")) && p2.ends_with("Observation from `vote`:\nmajority: 1\n"), "{p2}");
+    let a2 = "```python\ndef f(): return 1\n```\nAction: run_tests";
+    assert_eq!(run(&mut s, "fixer", out(a2, Some("tool:run_tests"))), vec!["check#0"]);
+    let last = idx(&s, "fixer", 2).unwrap();
+    assert_eq!(s.activation(last).unwrap().output.as_ref().unwrap().verdict.as_deref(), Some("final"));
+    assert_eq!(idx(&s, "fixer.run_tests", 2), None, "no tool call after the last turn");
+    assert_eq!(s.loop_rounds(0), Some(3), "bounded by max_turns");
+    let check = idx(&s, "check", 0).unwrap();
+    assert_eq!(s.render_tool_inputs(check).unwrap()["code"], serde_json::json!(a2), "the check reads the final answer");
+    assert!(!s.is_finished());
+    run(&mut s, "check", out("1/1 tests passed", Some("pass")));
+    assert!(s.is_finished());
+}
+
+#[test]
+fn an_answer_without_a_tool_call_ends_the_turns() {
+    let spec = react(8);
+    let mut s = Session::new(SessionId(5), Arc::clone(&spec), react_input()).unwrap_or_else(|e| panic!("{e}"));
+    run(&mut s, "fixer", out("code\nAction: run_tests", Some("tool:run_tests")));
+    run(&mut s, "fixer.run_tests", out("1/1 tests passed", Some("pass")));
+    // No verdict (or one naming no declared tool) is a final answer.
+    assert_eq!(run(&mut s, "fixer", out("Done: code", Some("tool:deploy"))), vec!["check#0"]);
+    assert_eq!(s.latest_output(0).map(|o| (o.text.as_str(), o.verdict.as_deref())), Some(("Done: code", Some("final"))));
+    assert_eq!(s.loop_rounds(0), Some(2));
+    run(&mut s, "check", out("1/1 tests passed", Some("pass")));
+    assert!(s.is_finished());
+    // Each of the 2 turns and the tool step resolved; the skipped tool steps are recorded.
+    assert_eq!(s.activations().len(), 4);
+    let skipped: Vec<String> = s.skipped().iter().map(|(n, r)| format!("{}#{r}", spec.nodes[*n].id)).collect();
+    assert_eq!(skipped, ["fixer.run_tests#1", "fixer.vote#0", "fixer.vote#1"]);
+}

@@ -23,7 +23,7 @@ use crate::responder::{self, ResponderRequest};
 use crate::session::{ActivationState, Session};
 use crate::tokens;
 use crate::values::{NodeOutput, derive_seed};
-use crate::workflow::{AgentNode, MetricKind, NodeKind};
+use crate::workflow::{ACTION_PREFIX, AgentNode, AgentTools, FINAL_VERDICT, MetricKind, NodeKind, tool_call_verdict};
 
 /// A ready LLM activation's request: the rendered prompt, its tokens and the responder output.
 #[derive(Debug, Clone, PartialEq)]
@@ -134,6 +134,10 @@ pub fn prepare(
                 Ok(o) => o,
                 Err(e) => return Ok(Ready::Fail(format!("{}: responder: {e}", node.id))),
             };
+            if let Some(tools) = &agent.tools {
+                let turns_seed = derive_seed(ctx.seed, &[&wf_name, &a.session.0.to_string(), &node.id, "turns"]);
+                output = emulated_turn(session, a.index, agent, tools, turns_seed, req.seed, output);
+            }
             // Thinking mode: a reasoning trace precedes the answer; vLLM's `max_tokens` caps
             // the trace and the answer together.
             let thinking_tokens = match agent.thinking_tokens {
@@ -184,6 +188,51 @@ pub fn prepare(
     }
 }
 
+/// The emulated answer of one turn of an agent with tools, from the responder's `drawn` answer
+/// (documented in `workflows/README.md`, *Agents with tools*): the emulated agent takes `T`
+/// turns, drawn once per session and node from its `turns` (seed `turns_seed`) and capped by
+/// `max_turns`; a turn before the `T`-th calls a tool — its only tool, or one drawn with the
+/// turn's `seed` — by ending its answer with `Action: NAME`; the `T`-th turn is the final
+/// answer. A turn after a tool run with verdict `pass` is the final answer at once, and hands
+/// in the answer that passed (without its action line).
+fn emulated_turn(
+    session: &Session,
+    index: u32,
+    agent: &AgentNode,
+    tools: &AgentTools,
+    turns_seed: u64,
+    seed: u64,
+    drawn: NodeOutput,
+) -> NodeOutput {
+    use rand::{Rng, SeedableRng};
+    let Some(act) = session.activation(index) else { return drawn };
+    let output_of = |node: usize, round: u32| session.activation(session.activation_for(node, round)?)?.output.as_ref();
+    if let Some(prev) = act.round.checked_sub(1) {
+        let passed = tools.tools.iter().any(|t| output_of(t.node, prev).is_some_and(|o| o.verdict.as_deref() == Some("pass")));
+        if passed && let Some(answer) = output_of(act.node, prev) {
+            let text = tools.answer_of(&answer.text).to_string();
+            let output_tokens = (tokens::count(&text) as u32).clamp(1, agent.max_output_tokens);
+            return NodeOutput { verdict: Some(FINAL_VERDICT.into()), value: answer.value.clone(), output_tokens, text };
+        }
+    }
+    let turns = tools.turns.sample(&mut rand_chacha::ChaCha8Rng::seed_from_u64(turns_seed), tools.max_turns);
+    if act.round + 1 >= turns.min(tools.max_turns) || tools.tools.is_empty() {
+        return NodeOutput { verdict: Some(FINAL_VERDICT.into()), ..drawn };
+    }
+    let k = match tools.tools.len() {
+        1 => 0,
+        n => rand_chacha::ChaCha8Rng::seed_from_u64(derive_seed(seed, &["tool"])).random_range(0..n),
+    };
+    let name = &tools.tools[k].name;
+    let action = format!("\n{ACTION_PREFIX}{name}");
+    let output_tokens = (drawn.output_tokens + tokens::count(&action) as u32).min(agent.max_output_tokens);
+    NodeOutput { text: format!("{}{action}", drawn.text), verdict: Some(tool_call_verdict(name)), value: drawn.value, output_tokens }
+}
+
+/// Tokens a tool's observation is assumed to add to the next turn's prompt, for a near-ready
+/// turn's prompt bound (the bound graph_info gives a tool's output).
+const OBSERVATION_BOUND_TOKENS: u32 = 256;
+
 /// How many times a structured agent's call is sent again when a real model's answer does not
 /// satisfy the node's schema (so at most `1 + MAX_SCHEMA_RETRIES` calls), before the session
 /// fails naming the violation.
@@ -205,7 +254,12 @@ pub fn model_output(agent: &AgentNode, emulated: &NodeOutput, text: String, outp
         return Ok(emulated.clone());
     }
     let Some(structured) = &agent.output else {
-        return Ok(NodeOutput { text, verdict: None, value: serde_json::Value::Null, output_tokens });
+        // An agent with tools: a last line `Action: NAME` calls that tool, else the answer is final.
+        let verdict = agent.tools.as_ref().map(|t| match t.called_in(&text) {
+            Some(tool) => tool_call_verdict(&tool.name),
+            None => FINAL_VERDICT.to_string(),
+        });
+        return Ok(NodeOutput { text, verdict, value: serde_json::Value::Null, output_tokens });
     };
     let Some(value) = crate::schema::extract_json(&text) else {
         return Err("the answer holds no JSON value".into());
@@ -238,7 +292,17 @@ pub fn near_ready_items(
             .filter(|&&p| session.activation(p).is_some_and(|x| x.state != ActivationState::Completed))
             .map(|&p| ActivationId { session: s, index: p })
             .collect();
-        let (prompt_bound, _) = graph_info::prompt_bound(session.spec(), node_info, session, act.node, &[]);
+        let (mut prompt_bound, _) = graph_info::prompt_bound(session.spec(), node_info, session, act.node, &[]);
+        // A later turn of an agent with tools: the previous turn's prompt and answer, and the
+        // observation to come.
+        if agent.tools.is_some()
+            && let Some(prev) = act.round.checked_sub(1).and_then(|r| session.activation_for(act.node, r))
+            && let (Ok(mut segments), Some(answer)) = (session.render_prompt(prev), session.activation(prev).and_then(|p| p.output.as_ref()))
+        {
+            segments.push(answer.text.clone());
+            let known = tokens::encode_chat_mode(&segments, agent.thinking_tokens.is_some()).len() as u32;
+            prompt_bound = known.saturating_add(OBSERVATION_BOUND_TOKENS);
+        }
         items.push(NearReadyItem {
             activation: a,
             workflow,
@@ -364,6 +428,80 @@ mod tests {
             }
         }
         assert!(other_outputs > 0, "the responder output must depend on the seed");
+    }
+
+    #[test]
+    fn an_agent_with_tools_grows_one_prefix_and_ends_within_its_turns() {
+        let yaml = "name: r\ndeployments:\n  d: {model: Qwen3-8B, max_context: 8192, max_output_tokens: 256}\nnodes:\n  - id: fixer\n    deployment: d\n    prompt: Fix it.\n    output_tokens: {mean: 60, cv: 0.3}\n    tools:\n      - name: run_tests\n        tool: python_tests\n        inputs: {code: \"{{fixer}}\", tests: [\"assert f() == 1\"]}\n    max_turns: 5\n    turns: {mean: 4, cv: 0.5}\n";
+        let wf = Arc::new(crate::workflow::parse_workflow("r.yaml", yaml, std::path::Path::new(".")).unwrap_or_else(|e| panic!("{e}")));
+        let wfs = vec![Arc::clone(&wf)];
+        let (table, of) = deployment_table(&wfs, 8).unwrap();
+        let info = node_infos(&wfs, &of);
+        // Every turn and tool call of one session; the tool's verdict is `observed`.
+        let drive = |seed: u64, observed: &str| -> Vec<PreparedLlm> {
+            let ctx = PrepareContext { seed, deployments: &table, deployment_of: &of, node_info: &info };
+            let mut s = Session::new(SessionId(0), Arc::clone(&wf), crate::values::Record::default()).unwrap();
+            let mut turns = Vec::new();
+            while let Some(a) = s.ready().first().copied() {
+                match prepare(&ctx, &mut s, 0, a, 0.0).unwrap() {
+                    Ready::Llm { prepared, .. } => {
+                        s.mark_running(a.index).unwrap();
+                        s.complete(a.index, prepared.output.clone()).unwrap();
+                        turns.push(prepared);
+                    }
+                    Ready::Tool { call, .. } => {
+                        assert_eq!(call.inputs["code"], serde_json::json!(turns.last().map(|t| t.output.text.clone())));
+                        let o = NodeOutput { text: "0/1 tests passed".into(), verdict: Some(observed.into()), ..NodeOutput::default() };
+                        s.complete(a.index, o).unwrap();
+                    }
+                    Ready::Fail(e) => panic!("{e}"),
+                }
+            }
+            assert!(s.is_finished());
+            turns
+        };
+        let mut counts = BTreeSet::new();
+        for seed in 0..24 {
+            let turns = drive(seed, "fail");
+            assert!((1..=5).contains(&turns.len()));
+            counts.insert(turns.len());
+            let (last, calls) = turns.split_last().unwrap();
+            assert_eq!(last.output.verdict.as_deref(), Some("final"));
+            assert!(!last.output.text.contains("Action: "));
+            for (k, t) in calls.iter().enumerate() {
+                assert_eq!(t.output.verdict.as_deref(), Some("tool:run_tests"));
+                assert!(t.output.text.ends_with("\nAction: run_tests"));
+                // The next turn extends this one: same text, then its answer; same KV blocks but
+                // the last (the chat template's end shares the block).
+                let next = &turns[k + 1];
+                assert!(next.prompt.starts_with(&format!("{}{}", t.prompt, t.output.text)));
+                assert!(next.prompt_tokens > t.prompt_tokens);
+                let shared = t.prefix_hashes.len() - 1;
+                assert_eq!(next.prefix_hashes[..shared], t.prefix_hashes[..shared]);
+            }
+        }
+        assert!(counts.len() >= 3, "the number of turns is drawn: {counts:?}");
+        assert_eq!(drive(7, "fail"), drive(7, "fail"));
+        // A passing tool run ends the turns at once with the answer that passed.
+        for seed in 0..8 {
+            let turns = drive(seed, "pass");
+            assert!(turns.len() <= 2);
+            if let [first, last] = turns.as_slice() {
+                assert_eq!(format!("{}\nAction: run_tests", last.output.text), first.output.text);
+            }
+        }
+    }
+
+    #[test]
+    fn a_real_model_calls_a_tool_with_its_last_action_line() {
+        let yaml = "name: r\ndeployments:\n  d: {model: Qwen3-8B, max_context: 8192, max_output_tokens: 256}\nnodes:\n  - id: a\n    deployment: d\n    prompt: Go.\n    tools: [{name: vote, tool: majority_vote, inputs: {candidates: [\"{{a}}\"]}}]\n    max_turns: 3\n";
+        let wf = crate::workflow::parse_workflow("r.yaml", yaml, std::path::Path::new(".")).unwrap_or_else(|e| panic!("{e}"));
+        let NodeKind::Agent(agent) = &wf.nodes[0].kind else { panic!("an agent") };
+        let emulated = NodeOutput::default();
+        let verdict = |text: &str| model_output(agent, &emulated, text.into(), 5).map(|o| o.verdict);
+        assert_eq!(verdict("Thinking.\n  Action: vote  \n"), Ok(Some("tool:vote".into())));
+        assert_eq!(verdict("Action: deploy"), Ok(Some("final".into())));
+        assert_eq!(verdict("The answer is 4."), Ok(Some("final".into())));
     }
 
     #[test]

@@ -15,9 +15,9 @@ use super::error::{ErrorKind, WorkflowError};
 use super::template::{Segment, Source, Template, TemplateBody};
 use super::yaml::{self, Ctx, Key, MapView, Node, Pos, Value, closest, join_path};
 use super::{
-    AgentNode, Condition, DeploymentSpec, EdgeKind, LoopSpec, MetricKind, MetricSpec, MetricTerm, NodeKind,
-    NodeSpec, RESPONDERS, RoundVariant, StructuredOutput, TOOL_INPUTS, TOOL_VERDICTS, ToolNode, WorkflowSpec,
-    default_output_tokens,
+    AgentNode, AgentTool, AgentTools, Condition, DeploymentSpec, EdgeKind, LoopSpec, MAX_TURNS, MetricKind,
+    MetricSpec, MetricTerm, NodeKind, NodeSpec, RESPONDERS, RoundVariant, StructuredOutput, TOOL_INPUTS,
+    TOOL_VERDICTS, ToolNode, WorkflowSpec, default_output_tokens, default_turns, tool_call_verdict,
 };
 use crate::responder::GENERIC;
 use crate::schema::OutputSchema;
@@ -51,7 +51,12 @@ const AGENT_KEYS: &[&str] = &[
     "output_tokens",
     "thinking_tokens",
     "output",
+    "tools",
+    "max_turns",
+    "turns",
 ];
+/// Keys of one entry of an agent's `tools:` (a bare string is `{name: STRING}`).
+const AGENT_TOOL_KEYS: &[&str] = &["name", "tool", "description", "inputs", "timeout_s"];
 const TOOL_KEYS: &[&str] = &["tool", "inputs", "timeout_s"];
 const COMMON_NODE_KEYS: &[&str] = &["id", "description", "after", "when"];
 const LOOP_KEYS: &[&str] = &["id", "description", "body", "continue_when", "max_rounds"];
@@ -73,6 +78,28 @@ struct NodeLocs {
     /// `when:` (its `verdict` entry).
     when_verdict: Option<Pos>,
     inputs: BTreeMap<String, Pos>,
+    /// The field path of a node the loader adds (an agent's tool step:
+    /// `nodes.AGENT.tools.NAME`); `None`: `nodes.ID`.
+    path: Option<String>,
+    /// An agent's tools, each to become a tool step node after the file's nodes.
+    tools: Vec<(ToolNode, NodeLocs)>,
+}
+
+impl NodeLocs {
+    fn at(pos: Pos) -> NodeLocs {
+        NodeLocs {
+            pos,
+            after: Vec::new(),
+            after_key: None,
+            prompt: None,
+            next_rounds: None,
+            next_prompt: None,
+            when_verdict: None,
+            inputs: BTreeMap::new(),
+            path: None,
+            tools: Vec::new(),
+        }
+    }
 }
 
 pub(super) fn build(
@@ -170,6 +197,8 @@ pub(super) fn build(
     if !errors.is_empty() {
         return Err(WorkflowError::many(errors));
     }
+    let file_nodes = nodes.len();
+    add_tool_steps(&mut nodes, &mut locs);
 
     let mut conditions: Vec<(String, Pos, Condition)> = nodes
         .iter()
@@ -180,6 +209,7 @@ pub(super) fn build(
         Some(l) => loops(&ctx, l, &index, &ids, &mut nodes, &mut conditions)?,
         None => Vec::new(),
     };
+    add_turn_loops(&mut nodes, &mut loops, file_nodes);
 
     let topo = topological_order(&ctx, &nodes, &locs)?;
     check_loops(&ctx, top.get("loops"), &nodes, &mut loops)?;
@@ -194,12 +224,10 @@ pub(super) fn build(
         }
     }
     for (li, l) in loops.iter().enumerate() {
-        for &e in &l.entries {
-            graph.add_edge(
-                NodeIndex::new(l.continue_when.node),
-                NodeIndex::new(e),
-                EdgeKind::LoopBack { loop_index: li },
-            );
+        for &b in &l.back_from {
+            for &e in &l.entries {
+                graph.add_edge(NodeIndex::new(b), NodeIndex::new(e), EdgeKind::LoopBack { loop_index: li });
+            }
         }
     }
 
@@ -217,6 +245,11 @@ pub(super) fn build(
         .unwrap_or_default();
     if !errors.is_empty() {
         return Err(WorkflowError::many(errors));
+    }
+    // Tool steps are found by id (`AGENT.NAME`), but no reference in the file can name one.
+    let mut index = index;
+    for (i, n) in nodes.iter().enumerate().skip(file_nodes) {
+        index.insert(n.id.clone(), i);
     }
 
     Ok(WorkflowSpec {
@@ -572,16 +605,7 @@ fn node(
         .get("description")
         .map(|d| ctx.string(d, &f("description")))
         .transpose()?;
-    let mut loc = NodeLocs {
-        pos: m.pos,
-        after: Vec::new(),
-        after_key: m.key_pos("after"),
-        prompt: None,
-        next_rounds: None,
-        next_prompt: None,
-        when_verdict: None,
-        inputs: BTreeMap::new(),
-    };
+    let mut loc = NodeLocs { after_key: m.key_pos("after"), ..NodeLocs::at(m.pos) };
 
     let mut after = Vec::new();
     if let Some(a) = m.get("after") {
@@ -658,9 +682,59 @@ fn node(
             after,
             when,
             loop_index: None,
+            tool_of: None,
         },
         loc,
     ))
+}
+
+/// Each agent's tools become tool step nodes `AGENT.NAME` after the file's nodes: after the
+/// agent, run when its turn calls them (verdict `tool:NAME`).
+fn add_tool_steps(nodes: &mut Vec<NodeSpec>, locs: &mut Vec<NodeLocs>) {
+    for a in 0..nodes.len() {
+        for (k, (tool, loc)) in std::mem::take(&mut locs[a].tools).into_iter().enumerate() {
+            let step = nodes.len();
+            let agent_id = nodes[a].id.clone();
+            let NodeKind::Agent(agent) = &mut nodes[a].kind else { continue };
+            let Some(t) = agent.tools.as_mut().and_then(|t| t.tools.get_mut(k)) else { continue };
+            t.node = step;
+            let (name, description) = (t.name.clone(), t.description.clone());
+            nodes.push(NodeSpec {
+                id: format!("{agent_id}.{name}"),
+                description,
+                kind: NodeKind::Tool(tool),
+                after: vec![a],
+                when: Some(Condition { node: a, verdicts: vec![tool_call_verdict(&name)] }),
+                loop_index: None,
+                tool_of: Some(a),
+            });
+            locs.push(loc);
+        }
+    }
+}
+
+/// The loop of each agent's turns (id `AGENT.turns`): body the agent and its tool steps, a new
+/// turn while a turn calls a tool, waiting for that tool's run, at most `max_turns` turns.
+fn add_turn_loops(nodes: &mut [NodeSpec], loops: &mut Vec<LoopSpec>, file_nodes: usize) {
+    for a in 0..file_nodes {
+        let NodeKind::Agent(agent) = &nodes[a].kind else { continue };
+        let Some(t) = &agent.tools else { continue };
+        let steps: Vec<usize> = t.tools.iter().map(|x| x.node).collect();
+        let li = loops.len();
+        loops.push(LoopSpec {
+            id: format!("{}.turns", nodes[a].id),
+            description: None,
+            body: std::iter::once(a).chain(steps.iter().copied()).collect(),
+            entries: vec![a],
+            continue_when: Condition { node: a, verdicts: t.tools.iter().map(|x| tool_call_verdict(&x.name)).collect() },
+            max_rounds: t.max_turns,
+            back_from: steps,
+            agent: Some(a),
+        });
+        for &b in &loops[li].body {
+            nodes[b].loop_index = Some(li);
+        }
+    }
 }
 
 fn agent_node(
@@ -704,9 +778,51 @@ fn agent_node(
         Some(o) => Some(structured_output(ctx, o, &f("output"))?),
         None => None,
     };
+    let tools = match m.get("tools") {
+        Some(tn) => Some(agent_tools(ctx, field, m, tn, loc)?),
+        None => {
+            if let Some(k) = ["max_turns", "turns"].into_iter().find(|k| m.get(k).is_some()) {
+                return Err(ctx.err(
+                    m.key_pos(k).unwrap_or(m.pos),
+                    &f(k),
+                    ErrorKind::MissingField,
+                    format!("`{k}` bounds an agent's tool loop: declare the `tools` it may call"),
+                ));
+            }
+            None
+        }
+    };
+    if tools.is_some() {
+        if let Some(pos) = m.key_pos("output") {
+            return Err(ctx.err(
+                pos,
+                &f("output"),
+                ErrorKind::BadType,
+                "an agent with `tools` answers in free text (a last line `Action: NAME` calls a tool): a structured `output` is not supported with `tools`",
+            ));
+        }
+        if let Some(pos) = m.key_pos("next_rounds") {
+            return Err(ctx.err(
+                pos,
+                &f("next_rounds"),
+                ErrorKind::BadLoop,
+                "an agent with `tools` has turns, not loop rounds: each turn's prompt is the previous one's + its answer + the observation, and its `responder` answers every turn",
+            ));
+        }
+    }
     let pn = m.required(ctx, field, "prompt")?;
     loc.prompt = Some(pn.pos);
-    let prompt = agent_prompt(ctx, pn, &f("prompt"), role.as_deref(), goal.as_deref(), instructions.as_deref(), output.as_ref())?;
+    let tools_tail = tools.as_ref().map(tools_instruction);
+    let prompt = agent_prompt(
+        ctx,
+        pn,
+        &f("prompt"),
+        role.as_deref(),
+        goal.as_deref(),
+        instructions.as_deref(),
+        output.as_ref(),
+        tools_tail.as_deref(),
+    )?;
     let next_rounds = match m.get("next_rounds") {
         None => None,
         Some(v) => {
@@ -723,6 +839,7 @@ fn agent_node(
                 goal.as_deref(),
                 instructions.as_deref(),
                 output.as_ref(),
+                None,
             )?;
             let responder = match vm.get("responder") {
                 Some(rn) => responder_name(ctx, rn, &join_path(&vf, "responder"))?,
@@ -775,7 +892,109 @@ fn agent_node(
         responder,
         next_rounds,
         output,
+        tools,
     })
+}
+
+/// `tools:` (each a tool the agent may call: `{name, tool, description, inputs, timeout_s}`,
+/// `tool` defaulting to `name`; a bare string is `{name: STRING}`), `max_turns:` (required)
+/// and `turns:`. The tools' step nodes are pushed on `loc.tools`; their indices are set when
+/// they are added.
+fn agent_tools(
+    ctx: &Ctx<'_>,
+    field: &str,
+    m: &MapView<'_>,
+    tn: &Node,
+    loc: &mut NodeLocs,
+) -> Result<AgentTools, WorkflowError> {
+    let f = |k: &str| join_path(field, k);
+    let items = ctx.seq(tn, &f("tools"))?;
+    if items.is_empty() {
+        return Err(ctx.err(tn.pos, &f("tools"), ErrorKind::MissingField, "list at least one tool the agent may call"));
+    }
+    let mut tools: Vec<AgentTool> = Vec::new();
+    for (i, item) in items.iter().enumerate() {
+        let at = format!("{}[{i}]", f("tools"));
+        let (em, name_node) = match &item.value {
+            Value::Str(_) => (MapView { entries: &[], pos: item.pos }, item),
+            _ => {
+                let em = ctx.map(item, &at, AGENT_TOOL_KEYS)?;
+                let nn = em.required(ctx, &at, "name")?;
+                (em, nn)
+            }
+        };
+        let name = ctx.string(name_node, &join_path(&at, "name"))?;
+        if !yaml::is_ident(&name, false) {
+            return Err(ctx.err(
+                name_node.pos,
+                &join_path(&at, "name"),
+                ErrorKind::BadType,
+                format!("`{name}` is not a valid tool name (letters, digits, `_`, `-`)"),
+            ));
+        }
+        let ef = format!("{}.{name}", f("tools"));
+        if tools.iter().any(|t| t.name == name) {
+            return Err(ctx.err(
+                name_node.pos,
+                &join_path(&ef, "name"),
+                ErrorKind::DuplicateId,
+                format!("the agent declares tool `{name}` twice"),
+            ));
+        }
+        let (tool_node, tool_field) = match em.get("tool") {
+            Some(t) => (t, join_path(&ef, "tool")),
+            None if em.entries.is_empty() => (item, ef.clone()),
+            None => (name_node, join_path(&ef, "name")),
+        };
+        let mut tloc = NodeLocs { path: Some(ef.clone()), ..NodeLocs::at(item.pos) };
+        let node = tool_spec(ctx, &ef, &em, tool_node, &tool_field, false, &mut tloc)?;
+        let description = em.get("description").map(|d| ctx.string(d, &join_path(&ef, "description"))).transpose()?;
+        tools.push(AgentTool { name, description, node: usize::MAX });
+        loc.tools.push((node, tloc));
+    }
+    let max_turns = match m.get("max_turns") {
+        None => {
+            return Err(ctx.err(
+                m.pos,
+                &f("max_turns"),
+                ErrorKind::BadLoop,
+                format!("an agent with tools needs a bound: add `max_turns` (its model turns, 1 to {MAX_TURNS})"),
+            ));
+        }
+        Some(n) => {
+            let v = ctx.u32(n, &f("max_turns"))?;
+            if v == 0 || v > MAX_TURNS {
+                return Err(ctx.err(
+                    n.pos,
+                    &f("max_turns"),
+                    ErrorKind::BadLoop,
+                    format!("max_turns {v} must be between 1 and {MAX_TURNS}"),
+                ));
+            }
+            v
+        }
+    };
+    let turns = match m.get("turns") {
+        None => default_turns(max_turns),
+        Some(n) => length_dist(ctx, n, &f("turns"), default_turns(max_turns).cv)?,
+    };
+    Ok(AgentTools { tools, max_turns, turns })
+}
+
+/// What the prompt of an agent with tools ends with: the tools and how to call them.
+fn tools_instruction(t: &AgentTools) -> String {
+    let mut out = String::from("\n\nYou can call these tools:");
+    for tool in &t.tools {
+        match &tool.description {
+            Some(d) => out.push_str(&format!("\n- `{}`: {}", tool.name, d.trim())),
+            None => out.push_str(&format!("\n- `{}`", tool.name)),
+        }
+    }
+    out.push_str(&format!(
+        "\nTo call one, end your answer with a line `{}NAME`; its result comes back as an observation. An answer without such a line is your final answer.",
+        super::ACTION_PREFIX
+    ));
+    out
 }
 
 /// A `{mean, cv}` length distribution in tokens (`output_tokens:`, `thinking_tokens:`): the mean
@@ -849,7 +1068,9 @@ fn structured_output(ctx: &Ctx<'_>, node: &Node, field: &str) -> Result<Structur
 }
 
 /// The prompt an agent sends: its role, goal and instructions, the `prompt:` template, and for
-/// a structured output the instruction to answer with JSON of its schema.
+/// a structured output the instruction to answer with JSON of its schema (for an agent with
+/// tools, the tools and how to call them).
+#[allow(clippy::too_many_arguments)]
 fn agent_prompt(
     ctx: &Ctx<'_>,
     pn: &Node,
@@ -858,6 +1079,7 @@ fn agent_prompt(
     goal: Option<&str>,
     instructions: Option<&str>,
     output: Option<&StructuredOutput>,
+    tools: Option<&str>,
 ) -> Result<Template, WorkflowError> {
     let text = ctx.string(pn, field)?;
     let body = Template::parse(&text).map_err(|e| ctx.err(pn.pos, field, ErrorKind::Template, e.to_string()))?;
@@ -875,9 +1097,9 @@ fn agent_prompt(
     if !head.is_empty() {
         head.push('\n');
     }
-    let tail = output.map(|o| {
-        format!("\n\nAnswer with only a JSON value that satisfies this JSON Schema:\n{}", o.schema.to_json())
-    });
+    let tail = output
+        .map(|o| format!("\n\nAnswer with only a JSON value that satisfies this JSON Schema:\n{}", o.schema.to_json()))
+        .or(tools.map(str::to_string));
     if head.is_empty() && tail.is_none() {
         return Ok(body);
     }
@@ -901,9 +1123,24 @@ fn tool_node(
     m: &MapView<'_>,
     loc: &mut NodeLocs,
 ) -> Result<ToolNode, WorkflowError> {
-    let f = |k: &str| join_path(field, k);
     let tn = m.required(ctx, field, "tool")?;
-    let tool = ctx.string(tn, &f("tool"))?;
+    tool_spec(ctx, field, m, tn, &join_path(field, "tool"), true, loc)
+}
+
+/// A tool call's spec: the tool named by `tn` (a built-in or a registered custom tool), its
+/// `inputs` (required in a tool node; in an agent's tool entry absent means none) and
+/// `timeout_s`, read from `m`.
+fn tool_spec(
+    ctx: &Ctx<'_>,
+    field: &str,
+    m: &MapView<'_>,
+    tn: &Node,
+    tool_field: &str,
+    inputs_required: bool,
+    loc: &mut NodeLocs,
+) -> Result<ToolNode, WorkflowError> {
+    let f = |k: &str| join_path(field, k);
+    let tool = ctx.string(tn, tool_field)?;
     // A built-in tool, else a custom one the embedding program registered.
     let io: Option<(Vec<String>, Vec<String>)> = TOOL_INPUTS
         .iter()
@@ -918,17 +1155,20 @@ fn tool_node(
             .unwrap_or_default();
         return Err(ctx.err(
             tn.pos,
-            &f("tool"),
+            tool_field,
             ErrorKind::UnknownTool,
             format!("unknown tool `{tool}`{hint}; known: {}", known.join(", ")),
         ));
     };
-    let in_node = m.required(ctx, field, "inputs")?;
+    let in_node = if inputs_required { Some(m.required(ctx, field, "inputs")?) } else { m.get("inputs") };
     let mut allowed: Vec<&str> = required.iter().map(String::as_str).collect();
     allowed.extend(optional.iter().map(String::as_str));
-    let im = ctx.map(in_node, &f("inputs"), &allowed)?;
+    let entries = match in_node {
+        Some(n) => ctx.map(n, &f("inputs"), &allowed)?.entries,
+        None => &[],
+    };
     let mut inputs = BTreeMap::new();
-    for (Key { name, .. }, v) in im.entries {
+    for (Key { name, .. }, v) in entries {
         let vf = f(&format!("inputs.{name}"));
         let parse_one = |n: &Node, fld: &str| -> Result<Template, WorkflowError> {
             let s = ctx.string(n, fld)?;
@@ -950,7 +1190,7 @@ fn tool_node(
     for r in &required {
         if !inputs.contains_key(r) {
             return Err(ctx.err(
-                in_node.pos,
+                in_node.map_or(m.pos, |n| n.pos),
                 &f(&format!("inputs.{r}")),
                 ErrorKind::MissingField,
                 format!("tool `{tool}` needs input `{r}`"),
@@ -1010,6 +1250,14 @@ fn loops(
         let mut body = Vec::new();
         for (name, pos) in ctx.string_list(bn, &format!("{field}.body"))? {
             let n = resolve_id(ctx, &name, pos, &format!("{field}.body"), index, ids)?;
+            if matches!(&nodes[n].kind, NodeKind::Agent(a) if a.tools.is_some()) {
+                return Err(ctx.err(
+                    pos,
+                    &format!("{field}.body"),
+                    ErrorKind::BadLoop,
+                    format!("`{name}` calls tools: its turns are a loop of their own, and loops do not nest"),
+                ));
+            }
             if let Some(other) = nodes[n].loop_index {
                 let msg = if other == out.len() {
                     format!("`{name}` is listed twice")
@@ -1072,8 +1320,10 @@ fn loops(
             description,
             body,
             entries: Vec::new(),
+            back_from: vec![continue_when.node],
             continue_when,
             max_rounds,
+            agent: None,
         });
     }
     Ok(out)
@@ -1185,6 +1435,10 @@ fn check_loops(
         seen
     };
     for (li, l) in loops.iter_mut().enumerate() {
+        if l.agent.is_some() {
+            // An agent's turns: built well-formed by the loader.
+            continue;
+        }
         let pos = positions.get(li).copied().unwrap_or_default();
         let field = format!("loops.{}.body", l.id);
         let in_body = |x: usize| nodes[x].loop_index == Some(li);
@@ -1257,6 +1511,11 @@ fn check_template_visibility(
     let id_list: Vec<&str> = nodes.iter().map(|x| x.id.as_str()).collect();
     let mut errors = Vec::new();
     for (i, node) in nodes.iter().enumerate() {
+        // An agent with tools renders its prompt once, for its first turn: it has no rounds.
+        let node_loop = match &node.kind {
+            NodeKind::Agent(a) if a.tools.is_some() => None,
+            _ => node.loop_index,
+        };
         let templates: Vec<(String, Pos, &Template, bool)> = match &node.kind {
             NodeKind::Agent(a) => {
                 let mut t = vec![(
@@ -1280,7 +1539,10 @@ fn check_template_visibility(
                 .iter()
                 .map(|(k, v)| {
                     (
-                        format!("nodes.{}.inputs.{k}", node.id),
+                        match &locs[i].path {
+                            Some(path) => format!("{path}.inputs.{k}"),
+                            None => format!("nodes.{}.inputs.{k}", node.id),
+                        },
                         locs[i].inputs.get(k).copied().unwrap_or(locs[i].pos),
                         v,
                         false,
@@ -1309,7 +1571,7 @@ fn check_template_visibility(
                         }
                         Source::Literal(_) => certain = true,
                         Source::Round => {
-                            if node.loop_index.is_none() {
+                            if node_loop.is_none() {
                                 errors.push(fail(format!("`{{{{{}}}}}`: `{}` is in no loop, so it has no round", r.text, node.id)));
                             }
                             certain = true;
@@ -1323,8 +1585,7 @@ fn check_template_visibility(
                                 certain = true;
                                 continue;
                             };
-                            let same_loop =
-                                node.loop_index.is_some() && nodes[j].loop_index == node.loop_index;
+                            let same_loop = node_loop.is_some() && nodes[j].loop_index == node_loop;
                             if matches!(s, Source::Previous(_)) {
                                 if !same_loop {
                                     errors.push(fail(format!("`{{{{{}}}}}`: `.prev` reads the previous round of a node in the same loop, and `{name}` is not in `{}`'s loop", r.text, node.id)));

@@ -80,6 +80,9 @@ pub struct NodeSpec {
     pub when: Option<Condition>,
     /// Index into [`WorkflowSpec::loops`] of the loop whose body holds this node.
     pub loop_index: Option<usize>,
+    /// For the tool step of an agent with tools (a node the loader adds, id `AGENT.TOOL`): the
+    /// agent's index. `None` for the nodes of the file.
+    pub tool_of: Option<usize>,
 }
 
 // An agent node is larger than a tool node; a workflow holds a handful of nodes, built once.
@@ -119,6 +122,9 @@ pub struct AgentNode {
     /// A structured answer (`output:`): JSON satisfying a schema, optionally carrying the
     /// verdict that branch conditions test.
     pub output: Option<StructuredOutput>,
+    /// The tools the agent may call (`tools:`, `max_turns:`): a ReAct loop of model turns and
+    /// tool calls (see [`AgentTools`]). `None`: one call.
+    pub tools: Option<AgentTools>,
 }
 
 impl AgentNode {
@@ -136,6 +142,84 @@ impl AgentNode {
             Some(v) if round > 0 => &v.responder,
             _ => &self.responder,
         }
+    }
+}
+
+/// An agent with tools: a ReAct loop. Each model turn is an activation of the agent (turn k
+/// is round k of the agent's own loop, [`LoopSpec::agent`]); a turn whose answer ends with a
+/// line `Action: NAME` ([`ACTION_PREFIX`]) calls that tool (verdict `tool:NAME`), whose run is
+/// an activation of the tool step node `AGENT.NAME`; its text is the observation. The next
+/// turn's prompt is the previous turn's prompt + its answer + the observation
+/// ([`observation_text`]), so every turn extends the one before (one growing prefix). An
+/// answer without an action line is the final answer (verdict [`FINAL_VERDICT`]), and so is
+/// the answer of turn `max_turns`, whatever it says.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AgentTools {
+    /// In declaration order.
+    pub tools: Vec<AgentTool>,
+    /// At least 1, at most [`MAX_TURNS`]: model turns, so at most `max_turns - 1` tool calls.
+    pub max_turns: u32,
+    /// The emulated agent's number of model turns (`turns:`, drawn once per session and
+    /// capped by `max_turns`); default [`default_turns`].
+    pub turns: LengthDist,
+}
+
+/// One tool an agent may call.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AgentTool {
+    /// The name the agent calls it by (`Action: NAME`).
+    pub name: String,
+    pub description: Option<String>,
+    /// Index into [`WorkflowSpec::nodes`] of its tool step node (`AGENT.NAME`).
+    pub node: usize,
+}
+
+/// Upper bound of `max_turns`.
+pub const MAX_TURNS: u32 = 64;
+
+/// How an agent's answer calls a tool: a line `Action: NAME`.
+pub const ACTION_PREFIX: &str = "Action: ";
+
+/// The verdict of an agent turn that gave its final answer.
+pub const FINAL_VERDICT: &str = "final";
+
+/// The verdict of an agent turn that calls tool `name`.
+pub fn tool_call_verdict(name: &str) -> String {
+    format!("tool:{name}")
+}
+
+/// The default of `turns:`: a log-normal with mean `(max_turns + 1) / 2` turns and cv 0.5. A
+/// stated default, not a measurement.
+pub fn default_turns(max_turns: u32) -> LengthDist {
+    LengthDist { mean: (f64::from(max_turns) + 1.0) / 2.0, cv: 0.5 }
+}
+
+/// What a turn's prompt gains after the agent's answer: the observation of tool `name`.
+pub fn observation_text(name: &str, observation: &str) -> String {
+    format!("\nObservation from `{name}`:\n{}\n", observation.trim_end())
+}
+
+impl AgentTools {
+    /// The tool an answer calls: the last line `Action: NAME` naming one of the tools.
+    pub fn called_in(&self, text: &str) -> Option<&AgentTool> {
+        text.lines()
+            .rev()
+            .filter_map(|l| l.trim().strip_prefix(ACTION_PREFIX.trim_end()))
+            .find_map(|name| self.tools.iter().find(|t| t.name == name.trim()))
+    }
+
+    /// An answer without its last line when that line calls a tool: what the agent handed in.
+    pub fn answer_of<'t>(&self, text: &'t str) -> &'t str {
+        match text.rsplit_once('\n') {
+            Some((head, last)) if self.called_in(last).is_some() => head,
+            _ => text,
+        }
+    }
+
+    /// The tool a turn's verdict calls (`tool:NAME`).
+    pub fn called_by(&self, verdict: Option<&str>) -> Option<&AgentTool> {
+        let name = verdict?.strip_prefix("tool:")?;
+        self.tools.iter().find(|t| t.name == name)
     }
 }
 
@@ -199,6 +283,11 @@ pub struct LoopSpec {
     pub continue_when: Condition,
     /// At least 1: the body runs at most this many times.
     pub max_rounds: u32,
+    /// The body nodes whose previous-round activations the entries of a new round wait for:
+    /// `[continue_when.node]` for a declared loop; an agent's tool steps for its turns.
+    pub back_from: Vec<usize>,
+    /// For the loop of an agent's turns (added by the loader, id `AGENT.turns`): the agent.
+    pub agent: Option<usize>,
 }
 
 /// Edge kinds of the static template graph.
@@ -206,7 +295,8 @@ pub struct LoopSpec {
 pub enum EdgeKind {
     /// `after:` — the target waits for the source.
     After,
-    /// The implicit back edge of a declared loop, from its `continue_when` node to an entry.
+    /// The implicit back edge of a loop, from its `continue_when` node (an agent's turns: from
+    /// each tool step) to an entry.
     LoopBack { loop_index: usize },
 }
 
@@ -378,10 +468,11 @@ impl WorkflowSpec {
         &self.topo
     }
 
-    /// Nodes without successors along `after` edges, in file order.
+    /// Nodes without successors along `after` edges, in file order (an agent's tool steps are
+    /// inside its turns, never a sink).
     pub fn sinks(&self) -> Vec<usize> {
         (0..self.nodes.len())
-            .filter(|&i| self.successors(i).is_empty())
+            .filter(|&i| self.nodes[i].tool_of.is_none() && self.successors(i).is_empty())
             .collect()
     }
 

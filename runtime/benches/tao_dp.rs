@@ -95,11 +95,32 @@ fn instance_with(candidates: usize, replicas: usize, seed: u64, cached: f64) -> 
 
 const SHAPES: [(usize, usize); 3] = [(40, 4), (160, 4), (160, 8)];
 
-/// Mean and p95 solve time over many instances of each shape, with states and fallbacks.
+/// This thread's CPU time in seconds: unlike the wall clock, it does not count the time the
+/// thread was preempted, which on a shared machine dominates the tail of a 50 µs solve.
+fn thread_cpu_s() -> f64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid, writable timespec; the call only writes it.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    if rc != 0 {
+        return f64::NAN;
+    }
+    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+}
+
+/// Mean, p50, p95 and p99 of milliseconds (sorts `xs`).
+fn summary(xs: &mut [f64]) -> String {
+    xs.sort_by(f64::total_cmp);
+    let at = |q: usize| xs[(xs.len() * q).div_ceil(100) - 1];
+    let mean = xs.iter().sum::<f64>() / xs.len() as f64;
+    format!("mean {mean:.4} ms, p50 {:.4}, p95 {:.4}, p99 {:.4}, max {:.4}", at(50), at(95), at(99), at(100))
+}
+
+/// Solve-time distribution over many instances of each row, with states and fallbacks.
 fn timing_loop() {
     let solves = 1_000u64;
     eprintln!(
-        "\nTAO DP, Δ = {DEFAULT_QUANTUM} tokens, budget {STATE_BUDGET} live states per layer, {solves} instances per row:"
+        "\nTAO DP, Δ = {DEFAULT_QUANTUM} tokens, budget {STATE_BUDGET} live states per layer, {solves} instances per row \
+         (wall clock, and this thread's CPU time, which excludes preemption):"
     );
     let rows: Vec<(usize, usize, f64)> =
         SHAPES.iter().map(|&(n, m)| (n, m, 0.5)).chain([(160, 4, 0.0), (160, 4, 1.0)]).collect();
@@ -110,40 +131,26 @@ fn timing_loop() {
         for p in problems.iter().take(20) {
             black_box(solver.solve(p).expect("valid instance"));
         }
-        let mut times = Vec::with_capacity(problems.len());
-        let (mut states, mut max_states, mut fallbacks) = (0usize, 0usize, 0usize);
+        let (mut wall, mut cpu) = (Vec::with_capacity(problems.len()), Vec::with_capacity(problems.len()));
+        let (mut states, mut max_states, mut slowest, mut fallbacks) = (0usize, 0usize, 0usize, 0usize);
         for (seed, p) in problems.iter().enumerate() {
-            let t = Instant::now();
+            let (t, c) = (Instant::now(), thread_cpu_s());
             let plan = solver.solve(black_box(p)).expect("valid instance");
-            times.push((t.elapsed().as_secs_f64() * 1e3, seed));
+            cpu.push((thread_cpu_s() - c) * 1e3);
+            wall.push(t.elapsed().as_secs_f64() * 1e3);
             states += plan.states_explored;
-            max_states = max_states.max(plan.states_explored);
+            if plan.states_explored > max_states {
+                (max_states, slowest) = (plan.states_explored, seed);
+            }
             fallbacks += usize::from(plan.fallback);
         }
-        times.sort_by(|a, b| a.0.total_cmp(&b.0));
-        let at = |q: usize| times[(times.len() * q).div_ceil(100) - 1].0;
-        let mean = times.iter().map(|t| t.0).sum::<f64>() / times.len() as f64;
-        let (max, slowest) = times[times.len() - 1];
-        // Re-time the slowest instance: a hard instance or a preempted run?
-        let mut again: Vec<f64> = (0..51)
-            .map(|_| {
-                let t = Instant::now();
-                black_box(solver.solve(&problems[slowest]).expect("valid instance"));
-                t.elapsed().as_secs_f64() * 1e3
-            })
-            .collect();
-        again.sort_by(f64::total_cmp);
-        let slow_states = solver.solve(&problems[slowest]).expect("valid instance").states_explored;
         eprintln!(
-            "  {n:>3} candidates × {m} replicas, {:>3.0} % cached: mean {mean:.4} ms, p50 {:.4} ms, p95 {:.4} ms, \
-             p99 {:.4} ms, max {max:.3} ms (seed {slowest}, {slow_states} states: {:.4} ms median when re-timed); \
-             states explored mean {:.0}, max {max_states}; fallback {fallbacks}/{solves}",
+            "  {n:>3} candidates × {m} replicas, {:>3.0} % cached: states explored mean {:.0}, max {max_states} \
+             (seed {slowest}); fallback {fallbacks}/{solves}\n      wall: {}\n      cpu:  {}",
             cached * 100.0,
-            at(50),
-            at(95),
-            at(99),
-            again[25],
-            states as f64 / solves as f64
+            states as f64 / solves as f64,
+            summary(&mut wall),
+            summary(&mut cpu),
         );
         // What bound pruning saves: the same instances without it (states only).
         if n <= 40 {
@@ -155,7 +162,7 @@ fn timing_loop() {
                 fb_off += usize::from(plan.fallback);
             }
             eprintln!(
-                "      (without bound pruning, first 100 instances: states explored mean {:.0}; fallback {fb_off}/100)",
+                "      without bound pruning (first 100 instances): states explored mean {:.0}; fallback {fb_off}/100",
                 s_off as f64 / 100.0
             );
         }

@@ -44,6 +44,11 @@
 //! - **Budget.** If a layer of the exact run would hold more than `state_budget` live states,
 //!   the solve stops and the best-fit-decreasing plan ([`super::bfd`]) is returned, flagged
 //!   `fallback`.
+//!
+//! Ties are broken deterministically: candidates are processed by best value u descending, then
+//! input position; from each state the skip comes first, then the eligible groups in replica
+//! order and their member positions in ascending residual; a state keeps the first path that
+//! reached it unless a later one is strictly better, and the first best final state wins.
 
 use std::collections::BTreeSet;
 
@@ -394,22 +399,19 @@ fn prepare(problem: &Problem, grouping: bool) -> Option<Prepared> {
             continue;
         }
         let start = opts.len();
-        let mut mine: Vec<Opt> = Vec::new();
         for &(b, k) in &c.options {
             let g = group_of[b];
-            if g == usize::MAX || mine.iter().any(|o| o.group == g) {
+            if g == usize::MAX || opts[start..].iter().any(|o: &Opt| o.group == g) {
                 continue;
             }
-            let fits = groups[g].members.iter().any(|&m| cap_q[m] >= wq);
-            if fits {
-                mine.push(Opt { group: g, value: pack(k, c.ready, c.tokens, 1), credit: k });
+            if groups[g].members.iter().any(|&m| cap_q[m] >= wq) {
+                opts.push(Opt { group: g, value: pack(k, c.ready, c.tokens, 1), credit: k });
             }
         }
-        if mine.is_empty() {
+        if opts.len() == start {
             continue;
         }
-        mine.sort_by_key(|o| o.group);
-        opts.extend(mine);
+        opts[start..].sort_unstable_by_key(|o| o.group);
         items.push(Item { cand: i, wq, opts: start..opts.len(), base: pack(0, c.ready, c.tokens, 1) });
     }
     // Processing order: best value u descending (credit first), then input order.

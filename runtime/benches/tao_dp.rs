@@ -3,20 +3,20 @@
 //! four TP2 replicas). Run with `cargo bench -p switchyard-runtime --bench tao_dp`.
 //!
 //! The instance (a deterministic LCG, no `rand`): replicas of Qwen3-32B with TP2 on 2×H100-80GB.
-//! Its KV cache costs 64 layers × 8 KV heads × 128 dims × 2 (K, V) × 2 bytes = 256 KiB a token,
-//! 128 KiB per GPU; with 0.9 × 80 GB per GPU less 32.8 GB of weights and ~4 GB of activations,
-//! about 267k tokens of KV per replica. Under load the replicas are mostly full: each one's
-//! residual admission capacity is uniform in 0–60,000 tokens. Waiting agent sessions carry
-//! 5,000–30,000-token contexts; the admission weight is the context less a 1,500-token shared
-//! system prompt plus the 512-token reserve. Half of them have a cached prefix on one replica
-//! (70–100 % of the context, observed 0–40 s ago, decayed by Eq. 4); the rest have none. 30 %
-//! are ready. Every session is eligible on every replica. Δ = 2,048 tokens.
+//! Its KV cache costs 64 layers × 8 KV heads × 128 dims × 2 (K, V) × 2 bytes = 256 KiB a token
+//! (128 KiB per GPU); the emulator gives such a replica 312,688 tokens of KV
+//! (emulator/CALIBRATION.md). Under load the replicas are mostly full: each one's residual
+//! admission capacity is uniform in 0–60,000 tokens (at most a fifth of its KV). Waiting agent
+//! sessions carry 5,000–30,000-token contexts; the admission weight is the context less a
+//! 1,500-token shared system prompt plus the 512-token reserve. Half of them have a cached prefix
+//! on one replica (70–100 % of the context, observed 0–40 s ago, decayed by Eq. 4); the rest have
+//! none. 30 % are ready. Every session is eligible on every replica. Δ = 2,048 tokens.
 //!
 //! Besides criterion's estimate on one fixed instance per shape (40×4, 160×4, 160×8), a timing
 //! loop solves 1,000 different instances (seeds) per row and prints mean, p50, p95 and p99 solve
-//! time (one reused `Solver`, wall clock per solve), the states explored and how often the budget
-//! forced the best-fit-decreasing fallback; the slowest instance is re-timed to tell a hard
-//! instance from a preempted one. Two extra 160×4 rows vary the share of sessions with cached
+//! time (one reused `Solver`; wall clock, and the thread's CPU time, which leaves out preemption
+//! on a shared machine), the states explored and how often the budget forced the
+//! best-fit-decreasing fallback. Two extra 160×4 rows vary the share of sessions with cached
 //! prefixes: 0 % (a cold start, the DP's hardest case: only readiness and tokens separate plans)
 //! and 100 %.
 

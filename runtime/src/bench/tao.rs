@@ -383,7 +383,8 @@ pub fn running_svg(r: &TaoBenchReport) -> Result<String, String> {
         return Err("the report has no setting".into());
     };
     let s = |e: &dyn std::fmt::Display| e.to_string();
-    let xmax = setting.runs.iter().map(|run| run.running_series.len()).max().unwrap_or(1).max(1) as f64;
+    let step = crate::sim::agentic::SERIES_STEP_S;
+    let xmax = setting.runs.iter().map(|run| run.running_series.len()).max().unwrap_or(1).max(1) as f64 * step;
     let ymax =
         setting.runs.iter().flat_map(|run| run.running_series.iter()).copied().max().unwrap_or(1).max(1) as f64 * 1.15;
     let mut svg = String::new();
@@ -409,7 +410,7 @@ pub fn running_svg(r: &TaoBenchReport) -> Result<String, String> {
             let label = format!("{} ({:.0} s)", run.scheduler, run.makespan_s);
             chart
                 .draw_series(LineSeries::new(
-                    run.running_series.iter().enumerate().map(|(t, &v)| (t as f64, f64::from(v))),
+                    run.running_series.iter().enumerate().map(|(t, &v)| (t as f64 * step, f64::from(v))),
                     color.stroke_width(2),
                 ))
                 .map_err(|e| s(&e))?

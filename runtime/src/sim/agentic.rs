@@ -35,6 +35,10 @@ const RUN_STEPS: usize = 64;
 /// Seconds between TAO's periodic re-plans (its scheduling period; readiness looks one
 /// horizon ahead of it).
 const TAO_PERIOD_S: f64 = 1.0;
+/// Ticks between two samples of the running-request series.
+const SERIES_STEP_TICKS: u64 = 5;
+/// Seconds between two samples of the running-request series.
+pub const SERIES_STEP_S: f64 = TAO_PERIOD_S * SERIES_STEP_TICKS as f64;
 
 #[derive(Debug, Error)]
 pub enum AgentSimError {
@@ -119,7 +123,7 @@ pub struct AgentRunReport {
     pub readiness_mae_s: f64,
     pub readiness_within_half_s: f64,
     pub planner: PlannerStats,
-    /// Requests running or queued in the engines, sampled each second.
+    /// Requests running or queued in the engines, sampled every [`SERIES_STEP_S`] seconds.
     pub running_series: Vec<u32>,
 }
 
@@ -241,6 +245,7 @@ struct Sim<'a> {
     candidates_sum: f64,
     age_sum: f64,
     running_series: Vec<u32>,
+    ticks: u64,
     last_end: f64,
     /// The trace's shared system prompt (tokens), held once per replica.
     shared_tokens: u64,
@@ -345,6 +350,7 @@ pub fn run_agents(
         candidates_sum: 0.0,
         age_sum: 0.0,
         running_series: Vec::new(),
+        ticks: 0,
         last_end: ready_at,
         shared_tokens: trace.sessions.iter().map(|s| u64::from(s.system_tokens)).max().unwrap_or(0),
     };
@@ -384,9 +390,12 @@ impl Sim<'_> {
                     }
                 }
                 Ev::Tick => {
-                    // Running requests sampled each second (Figure 4's series).
-                    let running: usize = self.replicas.iter().map(|r| r.engine.in_flight()).sum();
-                    self.running_series.push(running as u32);
+                    // Running requests sampled every SERIES_STEP_S (Figure 4's series).
+                    self.ticks += 1;
+                    if (self.ticks - 1) % SERIES_STEP_TICKS == 0 {
+                        let running: usize = self.replicas.iter().map(|r| r.engine.in_flight()).sum();
+                        self.running_series.push(running as u32);
+                    }
                     self.plan_dirty = true;
                     if self.open > 0 || self.next_session < self.trace.sessions.len() {
                         self.schedule(self.now + TAO_PERIOD_S, Ev::Tick);

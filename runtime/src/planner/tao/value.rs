@@ -353,7 +353,8 @@ pub fn readiness(call: &ToolCall, history: &ToolHistory, now: f64) -> bool {
     if call.completed_at.is_some() {
         return true;
     }
-    if !(call.started_at <= now) {
+    // Not started yet (or a NaN time): not an established candidate.
+    if call.started_at.partial_cmp(&now).is_none_or(|o| o == std::cmp::Ordering::Greater) {
         return false;
     }
     let prediction = call.prediction.unwrap_or_else(|| call.predict(history, now));

@@ -474,8 +474,8 @@ impl ThunderAgent {
     /// One scheduler period: resumes (returning `(program, backend)` for each), then pauses.
     pub fn tick(&mut self, replicas: &[ReplicaLoad]) -> Vec<(u64, usize)> {
         let resumed = self.resume(replicas);
-        for b in 0..replicas.len() {
-            self.pause_until_safe(b, replicas[b].kv_tokens);
+        for (b, r) in replicas.iter().enumerate() {
+            self.pause_until_safe(b, r.kv_tokens);
         }
         resumed
     }

@@ -392,7 +392,7 @@ impl Sim<'_> {
                 Ev::Tick => {
                     // Running requests sampled every SERIES_STEP_S (Figure 4's series).
                     self.ticks += 1;
-                    if (self.ticks - 1) % SERIES_STEP_TICKS == 0 {
+                    if (self.ticks - 1).is_multiple_of(SERIES_STEP_TICKS) {
                         let running: usize = self.replicas.iter().map(|r| r.engine.in_flight()).sum();
                         self.running_series.push(running as u32);
                     }

@@ -66,3 +66,14 @@ fn the_quick_bench_compares_tao_with_every_baseline() {
     let svg = tao::running_svg(&r).unwrap();
     assert!(svg.starts_with("<svg") && svg.contains("tao"), "{}", &svg[..200.min(svg.len())]);
 }
+
+#[test]
+fn a_trace_built_in_code_is_checked_before_it_runs() {
+    let mut trace = generate(AgentWorkload::SweLite, 3, 1);
+    trace.sessions[1].turns[0].output_tokens = 0;
+    let err = run_agents(&trace, &tao::pool_qwen14b_a100x4(), &cfg(SchedulerKind::Tao, 2)).unwrap_err().to_string();
+    assert!(err.contains("session 1 (swe-lite-0001): turns[0].output_tokens: must be at least 1"), "{err}");
+    let ok = generate(AgentWorkload::SweLite, 3, 1);
+    let err = run_agents(&ok, &tao::pool_qwen14b_a100x4(), &cfg(SchedulerKind::Tao, 0)).unwrap_err().to_string();
+    assert!(err.contains("at least one worker"), "{err}");
+}

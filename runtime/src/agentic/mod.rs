@@ -21,6 +21,16 @@ pub use trace::{TraceError, parse_trace, to_jsonl};
 
 use serde::{Deserialize, Serialize};
 
+/// SplitMix64's finaliser of a combined key: the deterministic hash both shells derive a
+/// session's block hashes and prompt text from (distinct inputs give distinct hashes in
+/// practice).
+pub fn mix(a: u64, b: u64) -> u64 {
+    let mut z = a.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ b.wrapping_add(0xD1B5_4A32_D192_ED03);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
 /// One tool call between two model turns.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -88,6 +98,25 @@ pub struct AgentTrace {
 impl AgentTrace {
     pub fn turns(&self) -> usize {
         self.sessions.iter().map(|s| s.turns.len()).sum()
+    }
+
+    /// The checks a parsed trace passes, for a trace built in code: every problem as
+    /// `session N (ID): field: reason`, and duplicate ids.
+    pub fn validate(&self) -> Result<(), TraceError> {
+        let mut problems = Vec::new();
+        let mut ids = std::collections::BTreeSet::new();
+        for (n, s) in self.sessions.iter().enumerate() {
+            if !s.id.is_empty() && !ids.insert(s.id.as_str()) {
+                problems.push(format!("session {n} ({}): id: used by an earlier session", s.id));
+            }
+            for (field, why) in trace::session_problems(s) {
+                problems.push(format!("session {n} ({}): {field}: {why}", s.id));
+            }
+        }
+        if self.sessions.is_empty() {
+            problems.push("the trace has no session".into());
+        }
+        if problems.is_empty() { Ok(()) } else { Err(TraceError::Invalid { problems }) }
     }
 
     pub fn tool_calls(&self) -> usize {

@@ -40,63 +40,67 @@ pub fn parse_trace(file: &str, text: &str) -> Result<AgentTrace, TraceError> {
             }
         };
         let at = |field: &str, why: &str| format!("{file}:{line_no}: {field}: {why}");
-        if session.id.is_empty() {
-            problems.push(at("id", "must not be empty"));
-        } else if !ids.insert(session.id.clone()) {
+        if !session.id.is_empty() && !ids.insert(session.id.clone()) {
             problems.push(at("id", &format!("`{}` appears on an earlier line", session.id)));
         }
-        if session.turns.is_empty() {
-            problems.push(at("turns", "a session needs at least one turn"));
-        }
-        let last = session.turns.len().saturating_sub(1);
-        for (k, turn) in session.turns.iter().enumerate() {
-            if turn.output_tokens == 0 {
-                problems.push(at(&format!("turns[{k}].output_tokens"), "must be at least 1"));
-            }
-            if k == 0 && turn.new_tokens == 0 && session.system_tokens == 0 {
-                problems.push(at("turns[0].new_tokens", "the first prompt is empty"));
-            }
-            match &turn.tool {
-                Some(tool) => {
-                    if k == last {
-                        problems
-                            .push(at(&format!("turns[{k}].tool"), "the last turn ends the session: it calls no tool"));
-                    }
-                    if tool.name.is_empty() {
-                        problems.push(at(&format!("turns[{k}].tool.name"), "must not be empty"));
-                    }
-                    if !(tool.duration_s.is_finite() && (0.0..=MAX_TOOL_S).contains(&tool.duration_s)) {
-                        problems.push(at(
-                            &format!("turns[{k}].tool.duration_s"),
-                            &format!("{} is not a duration in [0, {MAX_TOOL_S}] s", tool.duration_s),
-                        ));
-                    }
-                    if let Some(h) = tool.hint_s
-                        && !(h.is_finite() && (0.0..=MAX_TOOL_S).contains(&h))
-                    {
-                        problems.push(at(&format!("turns[{k}].tool.hint_s"), &format!("{h} is not a duration")));
-                    }
-                }
-                None if k < last => {
-                    problems.push(at(&format!("turns[{k}].tool"), "every turn but the last calls a tool"));
-                }
-                None => {}
-            }
-        }
-        let context = u64::from(session.system_tokens)
-            + session.turns.iter().map(|t| u64::from(t.new_tokens) + u64::from(t.output_tokens)).sum::<u64>();
-        if context > MAX_CONTEXT_TOKENS {
-            problems.push(at(
-                "turns",
-                &format!("the conversation reaches {context} tokens (at most {MAX_CONTEXT_TOKENS})"),
-            ));
-        }
+        problems.extend(session_problems(&session).into_iter().map(|(field, why)| at(&field, &why)));
         sessions.push(session);
     }
     if sessions.is_empty() && problems.is_empty() {
         problems.push(format!("{file}: the trace has no session"));
     }
     if problems.is_empty() { Ok(AgentTrace { sessions }) } else { Err(TraceError::Invalid { problems }) }
+}
+
+/// What is wrong with one session, as (field, reason) pairs: the checks every trace passes
+/// before it runs, whether parsed ([`parse_trace`]) or built in code ([`AgentTrace::validate`]).
+pub(super) fn session_problems(session: &AgentSession) -> Vec<(String, String)> {
+    let mut problems = Vec::new();
+    let mut at = |field: &str, why: &str| problems.push((field.to_string(), why.to_string()));
+    if session.id.is_empty() {
+        at("id", "must not be empty");
+    }
+    if session.turns.is_empty() {
+        at("turns", "a session needs at least one turn");
+    }
+    let last = session.turns.len().saturating_sub(1);
+    for (k, turn) in session.turns.iter().enumerate() {
+        if turn.output_tokens == 0 {
+            at(&format!("turns[{k}].output_tokens"), "must be at least 1");
+        }
+        if k == 0 && turn.new_tokens == 0 && session.system_tokens == 0 {
+            at("turns[0].new_tokens", "the first prompt is empty");
+        }
+        match &turn.tool {
+            Some(tool) => {
+                if k == last {
+                    at(&format!("turns[{k}].tool"), "the last turn ends the session: it calls no tool");
+                }
+                if tool.name.is_empty() {
+                    at(&format!("turns[{k}].tool.name"), "must not be empty");
+                }
+                if !(tool.duration_s.is_finite() && (0.0..=MAX_TOOL_S).contains(&tool.duration_s)) {
+                    at(
+                        &format!("turns[{k}].tool.duration_s"),
+                        &format!("{} is not a duration in [0, {MAX_TOOL_S}] s", tool.duration_s),
+                    );
+                }
+                if let Some(h) = tool.hint_s
+                    && !(h.is_finite() && (0.0..=MAX_TOOL_S).contains(&h))
+                {
+                    at(&format!("turns[{k}].tool.hint_s"), &format!("{h} is not a duration"));
+                }
+            }
+            None if k < last => at(&format!("turns[{k}].tool"), "every turn but the last calls a tool"),
+            None => {}
+        }
+    }
+    let context = u64::from(session.system_tokens)
+        + session.turns.iter().map(|t| u64::from(t.new_tokens) + u64::from(t.output_tokens)).sum::<u64>();
+    if context > MAX_CONTEXT_TOKENS {
+        at("turns", &format!("the conversation reaches {context} tokens (at most {MAX_CONTEXT_TOKENS})"));
+    }
+    problems
 }
 
 /// The trace as JSONL text (what [`parse_trace`] reads back).

@@ -48,7 +48,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use crate::agentic::AgentTrace;
+use crate::agentic::{AgentTrace, mix};
 use crate::live::engine::{Completion, Engine, EngineError, LlmRequest};
 use crate::planner::admission::{
     CacheAware, CacheObservation, DynamoRouter, PoolSession, ReplicaLoad, RoundRobin, RouteRequest, SchedulerKind,
@@ -237,14 +237,6 @@ pub struct LiveAgentReport {
     pub outcomes: Vec<SessionOutcome>,
 }
 
-fn mix(a: u64, b: u64) -> u64 {
-    // SplitMix64 finaliser of a combined key.
-    let mut z = a.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ b.wrapping_add(0xD1B5_4A32_D192_ED03);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
 /// `n` one-token words drawn deterministically from `key`, each with its leading space.
 fn words(key: u64, n: u32) -> String {
     let mut out = String::with_capacity(n as usize * 5);
@@ -398,6 +390,7 @@ pub async fn run_agents_live(
     if cfg.workers == 0 {
         return Err(LiveAgentError::Config("workers must be at least 1".into()));
     }
+    trace.validate().map_err(|e| LiveAgentError::Config(format!("the trace: {e}")))?;
     if !(cfg.speed.is_finite() && cfg.speed > 0.0) {
         return Err(LiveAgentError::Config(format!("speed must be a positive number, not {}", cfg.speed)));
     }

@@ -21,7 +21,7 @@ use switchyard_emulator::{EmulatedReplica, EngineEvent, EngineRequest, ServingCo
 use switchyard_predictor::spec::{self, Dtype};
 use thiserror::Error;
 
-use crate::agentic::AgentTrace;
+use crate::agentic::{AgentTrace, mix};
 use crate::planner::admission::{
     CacheAware, CacheObservation, DynamoRouter, PoolSession, ReplicaLoad, RoundRobin, RouteRequest, SchedulerKind,
     THUNDER_PERIOD_S, TaoOptions, ThunderAgent, admission_weight, tao_plan,
@@ -46,10 +46,14 @@ pub enum AgentSimError {
     Replica { index: usize, reason: String },
     #[error("the pool has no replica")]
     EmptyPool,
+    #[error("the trace: {0}")]
+    Trace(#[from] crate::agentic::TraceError),
     #[error("session {session}: turn {turn} needs {tokens} tokens, more than max_model_len {max_model_len}")]
     TooLong { session: String, turn: usize, tokens: u32, max_model_len: u32 },
     #[error("TAO: {0}")]
     Tao(#[from] tao::TaoError),
+    #[error("a run needs at least one worker")]
+    NoWorkers,
     #[error("the run stalled at {at:.3} s with {open} sessions open")]
     Stalled { at: f64, open: usize },
 }
@@ -251,14 +255,6 @@ struct Sim<'a> {
     shared_tokens: u64,
 }
 
-fn mix(a: u64, b: u64) -> u64 {
-    // SplitMix64 finaliser of a combined key: distinct inputs give distinct hashes in practice.
-    let mut z = a.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ b.wrapping_add(0xD1B5_4A32_D192_ED03);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
 /// Runs the trace on the pool with the configured scheduler.
 pub fn run_agents(
     trace: &AgentTrace,
@@ -268,6 +264,10 @@ pub fn run_agents(
     if pool.replicas.is_empty() {
         return Err(AgentSimError::EmptyPool);
     }
+    if cfg.workers == 0 {
+        return Err(AgentSimError::NoWorkers);
+    }
+    trace.validate()?;
     let mut replicas = Vec::with_capacity(pool.replicas.len());
     let mut ready_at: f64 = 0.0;
     for (index, r) in pool.replicas.iter().enumerate() {
@@ -534,8 +534,10 @@ impl Sim<'_> {
         let before = r.scheduled_end;
         let req = EngineRequest { id, prompt_tokens: prompt, prefix_hashes, generated_hashes, output_tokens: output };
         if let Err(e) = r.engine.submit(req, now) {
-            // The trace was checked against max_model_len and the replica is awake: a refusal
-            // here is a bug in this loop, not an input problem.
+            // The trace was validated (`AgentTrace::validate`: outputs ≥ 1 token, a non-empty
+            // first prompt) and checked against max_model_len, the hashes are built to the
+            // engine's rule and the replica is awake: a refusal here is a bug in this loop, not
+            // an input problem.
             unreachable!("engine refused a checked request: {e}");
         }
         if r.iterating && r.engine.iteration_end() != before {

@@ -555,7 +555,13 @@ fn replay(path: &Path, args: &RunArgs) -> Result<RunEnd> {
     if args.workers == 0 {
         bail!("--workers must be at least 1");
     }
-    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let limit = switchyard_runtime::agentic::MAX_TRACE_FILE_BYTES;
+    let text = exec::pool::read_bounded(path, limit).map_err(|e| match e {
+        exec::pool::Bounded::Io(e) => anyhow::anyhow!("cannot read {}: {e}", path.display()),
+        exec::pool::Bounded::TooLarge(size) => {
+            anyhow::anyhow!("{}: {size} bytes, more than the {limit}-byte limit of a trace", path.display())
+        }
+    })?;
     let trace = switchyard_runtime::agentic::parse_trace(&path.display().to_string(), &text)?;
     let scheduler = SchedulerKind::ALL
         .into_iter()

@@ -17,7 +17,7 @@ mod generate;
 mod trace;
 
 pub use generate::{AgentWorkload, generate};
-pub use trace::{TraceError, parse_trace, to_jsonl};
+pub use trace::{MAX_TRACE_FILE_BYTES, TraceError, parse_trace, to_jsonl};
 
 use serde::{Deserialize, Serialize};
 

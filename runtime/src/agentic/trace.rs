@@ -21,6 +21,9 @@ pub enum TraceError {
     Invalid { problems: Vec<String> },
 }
 
+/// Largest trace file read (as a dataset: 256 MiB), checked before reading.
+pub const MAX_TRACE_FILE_BYTES: u64 = 256 << 20;
+
 /// Parses a JSONL trace named `file` (the name only labels errors).
 pub fn parse_trace(file: &str, text: &str) -> Result<AgentTrace, TraceError> {
     let mut problems = Vec::new();

@@ -126,6 +126,10 @@ struct RunArgs {
     /// Ablation: each workflow plans its own model lifecycle (joint only).
     #[arg(long)]
     per_workflow_lifecycle: bool,
+    /// Ablation (joint only): admit ready units onto resident replicas first-fit in rank order
+    /// instead of by TAO's dynamic program over cache credit, tool-return readiness and tokens.
+    #[arg(long)]
+    no_tao_admission: bool,
     /// Variant (joint only): a departure from Eq. 12 — among lifecycle bindings whose predicted
     /// completion is within 10 % of the best, take the least capable device.
     #[arg(long)]
@@ -444,6 +448,7 @@ fn run(args: RunArgs) -> Result<RunEnd> {
             resource_order: args.resource_order,
             history_admission: args.history_admission,
             sleep: !args.no_sleep,
+            tao_admission: !args.no_tao_admission,
         },
         predictor: args.predictor.clone(),
         tool_workers: args.tool_workers,

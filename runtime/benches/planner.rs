@@ -70,6 +70,7 @@ fn build(policy: &str, sessions: u32, gpus: u32) -> (Planner, ActivationId, Repl
             chain_next: s % 2 == 0,
             envelope: (1500, 512),
             remaining_path_tokens: 800,
+            prior_context: None,
         }));
         events.push(Event::UnitNearReady(NearReadyItem {
             activation: ActivationId { session: SessionId(s), index: 1 },
@@ -79,6 +80,7 @@ fn build(policy: &str, sessions: u32, gpus: u32) -> (Planner, ActivationId, Repl
             waits_for: vec![a],
             prompt_bound: 2000,
             max_output_tokens: 512,
+            prior_context: None,
         }));
     }
     let cmds = planner.handle_all(events, 0.0).unwrap();

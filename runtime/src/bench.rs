@@ -92,10 +92,20 @@ pub struct Variant {
 
 impl Variant {
     /// Runs of variants with the same key are the same simulation.
-    fn key(&self) -> (String, [bool; 7], String) {
+    fn key(&self) -> (String, [bool; 8], String) {
         let o = self.options;
-        let JointOptions { fusion, prefetch, shared_lifecycle, resource_order, history_admission, sleep } = o;
-        let flags = [fusion, prefetch, shared_lifecycle, resource_order, history_admission, sleep, self.sleep_substrate];
+        let JointOptions { fusion, prefetch, shared_lifecycle, resource_order, history_admission, sleep, tao_admission } =
+            o;
+        let flags = [
+            fusion,
+            prefetch,
+            shared_lifecycle,
+            resource_order,
+            history_admission,
+            sleep,
+            tao_admission,
+            self.sleep_substrate,
+        ];
         (self.policy.clone(), flags, self.predictor.clone())
     }
 }
@@ -185,6 +195,7 @@ impl BenchConfig {
                 ("per-workflow-lifecycle", JointOptions { shared_lifecycle: false, ..full }),
                 ("resource-order", JointOptions { resource_order: true, ..full }),
                 ("history-admission", JointOptions { history_admission: true, ..full }),
+                ("no-tao-admission", JointOptions { tao_admission: false, ..full }),
             ];
             for (label, options) in ablated {
                 v.push(Variant {
@@ -416,7 +427,7 @@ pub fn run_bench(cfg: &BenchConfig, progress: &(dyn Fn(usize, usize) + Sync)) ->
     let variants = cfg.variants();
     // One simulation per distinct (policy, options, predictor): a substitution equal to the
     // default predictor reuses the joint runs.
-    let mut keys: Vec<(String, [bool; 7], String)> = Vec::new();
+    let mut keys: Vec<(String, [bool; 8], String)> = Vec::new();
     let mut owner: Vec<usize> = Vec::new();
     let mut key_of: Vec<usize> = Vec::new();
     for (i, v) in variants.iter().enumerate() {
@@ -770,6 +781,7 @@ mod tests {
                 "per-workflow-lifecycle",
                 "resource-order",
                 "history-admission",
+                "no-tao-admission",
                 "predictor:oracle",
                 "predictor:formula",
                 "sleep:parrot",
@@ -780,19 +792,21 @@ mod tests {
         );
         // The oracle substitution is the joint run itself; the formula one is not, and neither
         // is a variant that differs only in an option (every option is part of the key).
-        assert_eq!(v[2].key(), v[8].key());
-        assert_ne!(v[2].key(), v[9].key());
+        assert_eq!(v[2].key(), v[9].key());
+        assert_ne!(v[2].key(), v[10].key());
         assert_ne!(v[2].key(), v[6].key());
         assert_ne!(v[2].key(), v[7].key());
+        assert_ne!(v[2].key(), v[8].key());
         assert!(!v[3].options.fusion && v[3].options.prefetch && v[3].options.shared_lifecycle);
         assert!(!v[5].options.shared_lifecycle);
+        assert!(!v[8].options.tao_admission && v[8].options.fusion);
         // The sleep rows run on the substrate that sleeps: never the same simulation as the
         // rows above, and joint's `--no-sleep` differs from joint there.
-        assert!(v[10..].iter().all(|x| x.sleep_substrate && x.kind == VariantKind::Sleep));
-        assert!(v[..10].iter().all(|x| !x.sleep_substrate));
-        assert_ne!(v[2].key(), v[12].key());
-        assert_ne!(v[12].key(), v[13].key());
-        assert!(!v[13].options.sleep);
+        assert!(v[11..].iter().all(|x| x.sleep_substrate && x.kind == VariantKind::Sleep));
+        assert!(v[..11].iter().all(|x| !x.sleep_substrate));
+        assert_ne!(v[2].key(), v[13].key());
+        assert_ne!(v[13].key(), v[14].key());
+        assert!(!v[14].options.sleep);
     }
 
     #[test]

@@ -148,6 +148,7 @@ fn run(case: &Case) -> Result<(), TestCaseError> {
                     chain_next: u.4,
                     envelope: (u.2, u.3),
                     remaining_path_tokens: u.3,
+                    prior_context: None,
                 })
             }
             Ev::Loaded(r) => {

@@ -285,7 +285,9 @@ fn figure7(out: &mut String, report: &BenchReport) {
          ablation but our departure from Eq. 12, off in the full policy (among lifecycle bindings \
          within 10 % of the best completion, the least capable device); `history-admission`: our \
          departure from §3.3, off in the full policy (KV admission against each node's recent P90 \
-         output instead of its configured limit); `predictor:NAME`: the full \
+         output instead of its configured limit); `no-tao-admission`: ready units take resident \
+         replicas first-fit in rank order instead of by TAO's dynamic program (paper 000: cache \
+         credit, tool-return readiness, tokens); `predictor:NAME`: the full \
          policy planning with that predictor. Δ: change against the full `{OURS}` (positive = worse).\n"
     );
     header(out, "variant", arrivals, &["makespan s", "p95 s", "×LB", "Δ makespan", "Δ p95"]);

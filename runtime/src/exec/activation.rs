@@ -18,7 +18,7 @@ use switchyard_tools::{ToolCall, ToolOutcome};
 use super::graph_info::{self, NodeInfo};
 use super::{BLOCK_SIZE, DeploymentMap, ShellError};
 use crate::ids::ActivationId;
-use crate::planner::{DeploymentInfo, NearReadyItem, WorkItem};
+use crate::planner::{DeploymentInfo, NearReadyItem, PriorContext, WorkItem};
 use crate::responder::{self, ResponderRequest};
 use crate::session::{ActivationState, Session};
 use crate::tokens;
@@ -157,6 +157,16 @@ pub fn prepare(
             }
             let prefix_hashes = tokens::block_hashes(&ids, BLOCK_SIZE as usize);
             let node_index = session.activation(a.index).map(|x| x.node).unwrap_or(0);
+            // A later turn of an agent with tools starts with its previous turn's context.
+            let prior_context = match (&agent.tools, session.activation(a.index)) {
+                (Some(_), Some(act)) => previous_turn_context(session, act.node, act.round, enable_thinking).map(
+                    |(index, context)| PriorContext {
+                        activation: ActivationId { session: a.session, index },
+                        tokens: whole_blocks(common_prefix(&ids, &context)),
+                    },
+                ),
+                _ => None,
+            };
             let Some(info) = ctx.node_info.get(workflow as usize) else {
                 return Err(ShellError::Internal(format!("no node facts for workflow {workflow}")));
             };
@@ -173,6 +183,7 @@ pub fn prepare(
                 chain_next: info[node_index].chain_next.is_some(),
                 envelope: graph_info::chain_envelope(&spec, info, session, node_index, prompt_tokens),
                 remaining_path_tokens: info[node_index].remaining_path_tokens,
+                prior_context,
             };
             let prepared = PreparedLlm {
                 prompt,
@@ -293,15 +304,19 @@ pub fn near_ready_items(
             .map(|&p| ActivationId { session: s, index: p })
             .collect();
         let (mut prompt_bound, _) = graph_info::prompt_bound(session.spec(), node_info, session, act.node, &[]);
-        // A later turn of an agent with tools: the previous turn's prompt and answer, and the
-        // observation to come.
+        // A later turn of an agent with tools: the previous turn's prompt and answer, the
+        // template's generation suffix, and the observation to come.
+        let mut prior_context = None;
+        let thinking = agent.thinking_tokens.is_some();
         if agent.tools.is_some()
-            && let Some(prev) = act.round.checked_sub(1).and_then(|r| session.activation_for(act.node, r))
-            && let (Ok(mut segments), Some(answer)) = (session.render_prompt(prev), session.activation(prev).and_then(|p| p.output.as_ref()))
+            && let Some((index, context)) = previous_turn_context(session, act.node, act.round, thinking)
         {
-            segments.push(answer.text.clone());
-            let known = tokens::encode_chat_mode(&segments, agent.thinking_tokens.is_some()).len() as u32;
+            let known = context.len() as u32 + tokens::count(&tokens::chat_generation_suffix(thinking)) as u32;
             prompt_bound = known.saturating_add(OBSERVATION_BOUND_TOKENS);
+            prior_context = Some(PriorContext {
+                activation: ActivationId { session: s, index },
+                tokens: whole_blocks(context.len()),
+            });
         }
         items.push(NearReadyItem {
             activation: a,
@@ -311,9 +326,35 @@ pub fn near_ready_items(
             waits_for,
             prompt_bound,
             max_output_tokens: agent.max_output_tokens,
+            prior_context,
         });
     }
     items
+}
+
+/// The previous turn of an agent with tools whose next turn is round `round` of `node`: its
+/// activation index and the tokens its prompt and answer put at the head of the next turn's
+/// prompt (the next prompt appends the observation to them; the chat template's generation
+/// suffix, encoded apart, is left out). `None` for a first turn or a turn without an answer.
+fn previous_turn_context(session: &Session, node: usize, round: u32, thinking: bool) -> Option<(u32, Vec<u32>)> {
+    let prev = session.activation_for(node, round.checked_sub(1)?)?;
+    let answer = session.activation(prev)?.output.as_ref()?;
+    let mut segments = session.render_prompt(prev).ok()?;
+    segments.push(answer.text.clone());
+    let mut ids = tokens::encode_chat_mode(&segments, thinking);
+    let suffix = tokens::count(&tokens::chat_generation_suffix(thinking));
+    ids.truncate(ids.len().saturating_sub(suffix));
+    Some((prev, ids))
+}
+
+/// Length of the longest common prefix of two token sequences.
+pub fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+/// `tokens` rounded down to whole KV blocks (prefix caching shares only full blocks).
+pub fn whole_blocks(tokens: usize) -> u32 {
+    u32::try_from(tokens / BLOCK_SIZE as usize * BLOCK_SIZE as usize).unwrap_or(u32::MAX)
 }
 
 /// A tool outcome's sandbox note as a run's notes keep it: without the per-run uid, which
@@ -438,19 +479,19 @@ mod tests {
         let (table, of) = deployment_table(&wfs, 8).unwrap();
         let info = node_infos(&wfs, &of);
         // Every turn and tool call of one session; the tool's verdict is `observed`.
-        let drive = |seed: u64, observed: &str| -> Vec<PreparedLlm> {
+        let drive = |seed: u64, observed: &str| -> Vec<(PreparedLlm, Option<PriorContext>, u32)> {
             let ctx = PrepareContext { seed, deployments: &table, deployment_of: &of, node_info: &info };
             let mut s = Session::new(SessionId(0), Arc::clone(&wf), crate::values::Record::default()).unwrap();
             let mut turns = Vec::new();
             while let Some(a) = s.ready().first().copied() {
                 match prepare(&ctx, &mut s, 0, a, 0.0).unwrap() {
-                    Ready::Llm { prepared, .. } => {
+                    Ready::Llm { prepared, item, .. } => {
                         s.mark_running(a.index).unwrap();
                         s.complete(a.index, prepared.output.clone()).unwrap();
-                        turns.push(prepared);
+                        turns.push((prepared, item.prior_context, a.index));
                     }
                     Ready::Tool { call, .. } => {
-                        assert_eq!(call.inputs["code"], serde_json::json!(turns.last().map(|t| t.output.text.clone())));
+                        assert_eq!(call.inputs["code"], serde_json::json!(turns.last().map(|t| t.0.output.text.clone())));
                         let o = NodeOutput { text: "0/1 tests passed".into(), verdict: Some(observed.into()), ..NodeOutput::default() };
                         s.complete(a.index, o).unwrap();
                     }
@@ -466,18 +507,28 @@ mod tests {
             assert!((1..=5).contains(&turns.len()));
             counts.insert(turns.len());
             let (last, calls) = turns.split_last().unwrap();
+            let last = &last.0;
             assert_eq!(last.output.verdict.as_deref(), Some("final"));
             assert!(!last.output.text.contains("Action: "));
-            for (k, t) in calls.iter().enumerate() {
+            assert_eq!(turns[0].1, None, "a first turn has no earlier context");
+            for (k, (t, _, index)) in calls.iter().enumerate() {
                 assert_eq!(t.output.verdict.as_deref(), Some("tool:run_tests"));
                 assert!(t.output.text.ends_with("\nAction: run_tests"));
                 // The next turn extends this one: same text, then its answer; same KV blocks but
                 // the last (the chat template's end shares the block).
-                let next = &turns[k + 1];
+                let (next, prior, _) = &turns[k + 1];
                 assert!(next.prompt.starts_with(&format!("{}{}", t.prompt, t.output.text)));
                 assert!(next.prompt_tokens > t.prompt_tokens);
                 let shared = t.prefix_hashes.len() - 1;
                 assert_eq!(next.prefix_hashes[..shared], t.prefix_hashes[..shared]);
+                // Its cache credit names this turn and covers, in whole blocks, this turn's
+                // prompt before the template's generation suffix and its answer.
+                let prior = prior.unwrap_or_else(|| panic!("turn {} has no prior context", k + 1));
+                assert_eq!(prior.activation, ActivationId { session: SessionId(0), index: *index });
+                assert_eq!(prior.tokens % BLOCK_SIZE, 0);
+                let answer = tokens::count(&t.output.text) as u32;
+                assert!(prior.tokens + 2 * BLOCK_SIZE > t.prompt_tokens + answer - 8, "{prior:?} {}", t.prompt_tokens);
+                assert!(prior.tokens <= next.prompt_tokens);
             }
         }
         assert!(counts.len() >= 3, "the number of turns is drawn: {counts:?}");
@@ -486,7 +537,7 @@ mod tests {
         for seed in 0..8 {
             let turns = drive(seed, "pass");
             assert!(turns.len() <= 2);
-            if let [first, last] = turns.as_slice() {
+            if let [(first, ..), (last, ..)] = turns.as_slice() {
                 assert_eq!(format!("{}\nAction: run_tests", last.output.text), first.output.text);
             }
         }

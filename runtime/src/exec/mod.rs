@@ -39,8 +39,8 @@ use crate::session::Session;
 use crate::workflow::WorkflowSpec;
 
 pub use activation::{
-    MAX_SCHEMA_RETRIES, PrepareContext, PreparedLlm, Ready, model_output, near_ready_items, prepare, sandbox_note, session_score, tool_output,
-    tool_trace_detail,
+    MAX_SCHEMA_RETRIES, PrepareContext, PreparedLlm, Ready, common_prefix, model_output, near_ready_items, prepare, sandbox_note, session_score, tool_output,
+    tool_trace_detail, whole_blocks,
 };
 pub use arrivals::{Arrival, TraceEntry};
 pub use pool::{PoolError, PoolSpec};

@@ -24,9 +24,9 @@ use tokio::sync::oneshot;
 
 use super::actors::{CallTiming, PendingCall, PlannerMsg, RunContext, SessionMsg, SessionReport, SessionResult};
 use super::engine::{Completion, LlmRequest, TokenSink};
-use crate::exec::SessionRecord;
+use crate::exec::{self, SessionRecord};
 use crate::ids::{ActivationId, SessionId};
-use crate::planner::{DeploymentId, NearReadyItem, WorkItem};
+use crate::planner::{DeploymentId, NearReadyItem, PriorContext, WorkItem};
 use crate::tokens;
 use crate::values::NodeOutput;
 
@@ -105,6 +105,9 @@ pub struct ProgramState {
     gap: Option<(ActivationId, u32, f64)>,
     /// Gaps so far, for the next one's predicted length.
     gaps: Vec<f64>,
+    /// The latest call's activation and prompt tokens: the next call's prompt usually starts
+    /// with them (a conversation grows), which is its cache credit on the replica that ran it.
+    last_prompt: Option<(ActivationId, Arc<[u32]>)>,
 }
 
 /// The predicted length of a program's first tool gap, before any was seen (TAO's default
@@ -134,6 +137,7 @@ impl Actor for ProgramActor {
             ended: false,
             gap: None,
             gaps: Vec::new(),
+            last_prompt: None,
         })
     }
 
@@ -220,7 +224,12 @@ impl ProgramState {
             chain_next: false,
             envelope: (prompt_tokens, max),
             remaining_path_tokens: max,
+            prior_context: self.last_prompt.as_ref().map(|(a, prev)| PriorContext {
+                activation: *a,
+                tokens: exec::whole_blocks(exec::common_prefix(&ids, prev)),
+            }),
         };
+        self.last_prompt = Some((activation, Arc::clone(&ids)));
         let request = LlmRequest {
             id: 0,
             model: String::new(),
@@ -279,6 +288,13 @@ impl ProgramState {
                         waits_for: vec![gap],
                         prompt_bound: w.item.prompt_tokens.saturating_add(output_tokens).saturating_add(NEXT_PROMPT_SLACK),
                         max_output_tokens: w.item.max_output_tokens,
+                        // The next prompt repeats this one up to the generation prompt.
+                        prior_context: Some(PriorContext {
+                            activation,
+                            tokens: exec::whole_blocks(
+                                (w.item.prompt_tokens as usize).saturating_sub(tokens::count(&tokens::chat_generation_suffix(false))),
+                            ),
+                        }),
                     };
                     let _ = self.args.planner.send_message(PlannerMsg::NearReady(item));
                 }

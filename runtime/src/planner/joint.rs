@@ -48,10 +48,11 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use super::estimates::Estimates;
 use super::state::{PLANNER_TEARDOWN_S, sleep_estimate_s, wake_estimate_s};
 use super::substrate::Substrate;
+use super::tao::{self, Solver, ToolCall, ToolHistory};
 use super::timeline::{Lane, Slot, place_all};
 use super::{
-    Command, DeploymentId, DeploymentInfo, DeviceInfo, Event, NearReadyItem, PlannerState, Policy, Reclaim,
-    ReplicaPhase, ReplicaView, WorkItem,
+    Command, DeploymentId, DeploymentInfo, DeviceInfo, Event, NearReadyItem, PlannerState, Policy, PriorContext,
+    Reclaim, ReplicaPhase, ReplicaView, WorkItem,
 };
 use crate::ids::{ActivationId, DeviceId, ReplicaId};
 
@@ -74,6 +75,10 @@ pub struct JointOptions {
     /// sleeping then waking costs less than tearing down then reloading (off = `--no-sleep`:
     /// always unload). Without the substrate's sleep nothing sleeps (paper 003's substrate).
     pub sleep: bool,
+    /// TAO's admission (paper 000) of the ready units onto resident replicas: an exact DP over
+    /// decayed cache credit, tool-return readiness and token footprint
+    /// ([`Joint::tao_admit`]); off (`--no-tao-admission`): ranked first-fit on the timeline.
+    pub tao_admission: bool,
 }
 
 impl Default for JointOptions {
@@ -85,6 +90,7 @@ impl Default for JointOptions {
             resource_order: false,
             history_admission: false,
             sleep: true,
+            tao_admission: true,
         }
     }
 }
@@ -100,6 +106,12 @@ pub const NEAR_BEST: f64 = 1.10;
 pub const SCALE_OUT_GAIN: f64 = 0.95;
 /// Recent output lengths kept per logical node for the timing bucket (P90).
 const HISTORY: usize = 32;
+/// TAO admission's capacity quantum Δ, tokens: a workflow unit's KV envelope is a few thousand
+/// tokens, a replica's free KV tens to hundreds of thousands (`bench tao` uses 2,048 for
+/// sessions of 10–60k tokens).
+pub const TAO_QUANTUM_TOKENS: u64 = 512;
+/// Live DP states per layer before TAO admission falls back to best-fit decreasing.
+pub const TAO_STATE_BUDGET: usize = 1 << 16;
 
 /// The joint graph–schedule policy.
 pub struct Joint {
@@ -121,6 +133,43 @@ pub struct Joint {
     finish_of: BTreeMap<ActivationId, f64>,
     /// Latest predicted finish of the ready work placed on each deployment's lanes this tick.
     latest_of: BTreeMap<DeploymentId, f64>,
+    /// Where each finished LLM call ran and when it finished: the replica that may still hold
+    /// its context (the cache credit of the units whose prompts start with it).
+    ran_on: BTreeMap<ActivationId, (ReplicaId, f64)>,
+    /// When each awake replica last became awake (a load or a wake): a context computed before
+    /// is gone (a sleep or a teardown drops the prefix cache).
+    awake_since: BTreeMap<ReplicaId, f64>,
+    /// Tool durations per (workflow, node): TAO's estimator with its Appendix A margin.
+    tool_history: ToolHistory,
+    /// Tool calls in progress.
+    tool_calls: BTreeMap<ActivationId, ToolCall>,
+    /// TAO admission's solver (its tables are reused between solves).
+    solver: Solver,
+    tao_stats: TaoAdmissionStats,
+}
+
+/// What TAO admission did over a run (paper 000 Table 9's plan statistics, for the joint
+/// planner's synchronous solves: a plan is applied in the tick that made it, so none is stale).
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
+pub struct TaoAdmissionStats {
+    /// DP solves (a deployment whose candidates all fit without any credit is not solved).
+    pub solves: u64,
+    /// Solves that exceeded the state budget and fell back to best-fit decreasing.
+    pub fallbacks: u64,
+    /// Σ live DP states over all solves.
+    pub states: u64,
+    /// Ready units granted by the DP, and those of them placed where they had cache credit.
+    pub granted: u64,
+    pub granted_with_credit: u64,
+    /// Capacity held for one tick for a near-ready unit whose tool call is predicted to return
+    /// within the horizon H.
+    pub held_for_near_ready: u64,
+}
+
+/// A TAO admission candidate: a ready unit, or a near-ready unit whose tool is about to return.
+enum Candidate<'a> {
+    Ready(&'a WorkItem),
+    Returning(NearReadyItem),
 }
 
 /// A unit as the timeline places it: release (Eq. 2), KV reservation (bytes, Eq. 4/8), and
@@ -181,7 +230,152 @@ impl Joint {
             p90: BTreeMap::new(),
             finish_of: BTreeMap::new(),
             latest_of: BTreeMap::new(),
+            ran_on: BTreeMap::new(),
+            awake_since: BTreeMap::new(),
+            tool_history: ToolHistory::new(),
+            tool_calls: BTreeMap::new(),
+            solver: Solver::new(),
+            tao_stats: TaoAdmissionStats::default(),
         }
+    }
+
+    /// What TAO admission did so far.
+    pub fn tao_stats(&self) -> TaoAdmissionStats {
+        self.tao_stats
+    }
+
+    /// Decayed KV-cache credit k·2^(−τ/h) (paper 000 Eq. 4) of a unit with `prior` context on
+    /// replica `r`: the context's tokens if the call that computed them ran on `r` and `r` has
+    /// stayed awake since, decayed by the time since that call finished; else 0.
+    fn credit(&self, prior: Option<PriorContext>, r: ReplicaId, now: f64) -> u64 {
+        let Some(p) = prior else { return 0 };
+        match (self.ran_on.get(&p.activation), self.awake_since.get(&r)) {
+            (Some(&(ran, at)), Some(&since)) if ran == r && since <= at => {
+                tao::decayed_credit(u64::from(p.tokens), at, now, tao::HALF_LIFE_S)
+            }
+            _ => 0,
+        }
+    }
+
+    /// Whether a near-ready unit waits only on tool calls TAO predicts to return within the
+    /// horizon H (Eq. 6, on the (workflow, node) history; the default estimate makes no
+    /// session ready).
+    fn returning(&self, n: &NearReadyItem, now: f64) -> bool {
+        !n.waits_for.is_empty()
+            && n.waits_for.iter().all(|a| self.tool_calls.get(a).is_some_and(|c| tao::readiness(c, &self.tool_history, now)))
+    }
+
+    /// TAO's admission (paper 000 §3.5, Eq. 7) of ready units onto the awake replicas of their
+    /// deployment. Per deployment, the candidates are `units` (ready, in rank order) and the
+    /// near-ready units whose tool calls are predicted to return within H; each replica offers
+    /// its free KV (capacity less the reservations of its admitted units) in tokens. The exact
+    /// capacity-state DP chooses which candidates take that capacity now and where, maximising
+    /// the lexicographic sum of (decayed cache credit on the replica, readiness, token count) —
+    /// never a weighted sum. Ready units it admits are granted on their lanes (where the lane
+    /// also has a batch slot now); a returning unit it admits holds its reservation on the lane
+    /// for this tick, so no ready unit of lower value takes the place the session will want a
+    /// moment later. A deployment whose candidates all fit and hold no credit anywhere is left
+    /// to the timeline (the DP would only break ties). Returns the units it granted.
+    fn tao_admit(
+        &mut self,
+        state: &mut PlannerState,
+        units: &[WorkItem],
+        lanes: &mut BTreeMap<DeploymentId, Vec<Lane>>,
+        now: f64,
+        out: &mut Vec<Command>,
+    ) -> BTreeSet<ActivationId> {
+        let mut granted = BTreeSet::new();
+        let deployments: BTreeSet<DeploymentId> = units.iter().map(|w| w.deployment).collect();
+        for d in deployments {
+            let Some(dep) = state.deployment(d).cloned() else { continue };
+            let per_token = dep.kv_bytes_per_token.max(1);
+            let replicas: Vec<(ReplicaId, u64)> = state
+                .replicas_of(d)
+                .filter(|r| r.phase == ReplicaPhase::Awake && (r.leases.len() as u64) < u64::from(dep.max_num_seqs))
+                .map(|r| (r.id, Self::kv_capacity(state, r).saturating_sub(self.kv_in_use(r.id)) / per_token))
+                .collect();
+            if replicas.is_empty() {
+                continue;
+            }
+            let mut pool: Vec<Candidate<'_>> =
+                units.iter().filter(|w| w.deployment == d).map(Candidate::Ready).collect();
+            pool.extend(
+                state
+                    .near_ready()
+                    .filter(|n| n.deployment == d && self.returning(n, now))
+                    .map(|n| Candidate::Returning(n.clone())),
+            );
+            let candidates: Vec<tao::Candidate> = pool
+                .iter()
+                .enumerate()
+                .map(|(i, c)| {
+                    let (need, tokens, prior) = match c {
+                        Candidate::Ready(w) => (self.need_of(state, w, now), w.prompt_tokens, w.prior_context),
+                        Candidate::Returning(n) => (self.near_need(state, n, now), n.prompt_bound, n.prior_context),
+                    };
+                    tao::Candidate {
+                        session: i as u64,
+                        signature: 0,
+                        weight: need.kv.div_ceil(per_token),
+                        ready: true,
+                        tokens: u64::from(tokens),
+                        options: replicas.iter().enumerate().map(|(b, (r, _))| (b, self.credit(prior, *r, now))).collect(),
+                    }
+                })
+                .collect();
+            let any_credit = candidates.iter().any(|c| c.options.iter().any(|o| o.1 > 0));
+            let demand: u64 = candidates.iter().map(|c| c.weight).sum();
+            let free: u64 = replicas.iter().map(|r| r.1).sum();
+            if !any_credit && demand <= free {
+                continue;
+            }
+            let problem = tao::Problem {
+                candidates,
+                capacities: replicas.iter().map(|r| r.1).collect(),
+                quantum: TAO_QUANTUM_TOKENS,
+                state_budget: TAO_STATE_BUDGET,
+            };
+            let Ok(plan) = self.solver.solve(&problem) else { continue };
+            self.tao_stats.solves += 1;
+            self.tao_stats.fallbacks += u64::from(plan.fallback);
+            self.tao_stats.states += plan.states_explored as u64;
+            let plan = super::admission::balance_ties(&problem, plan);
+            for a in &plan.assignments {
+                let (Some(c), Some(&(r, _))) = (pool.get(a.session as usize), replicas.get(a.replica)) else {
+                    continue;
+                };
+                let Some(lane) = lanes.get_mut(&d).and_then(|ls| ls.iter_mut().find(|l| l.replica == Some(r))) else {
+                    continue;
+                };
+                let device = lane.device;
+                match c {
+                    Candidate::Ready(w) => {
+                        let need = self.need_of(state, w, now);
+                        let Some(slot) = lane.probe(now, need.kv, |b| self.run_on(state, &dep, device, b, &need)) else {
+                            continue;
+                        };
+                        let fits = slot.start <= now && state.replica(r).is_some_and(|rv| self.accepts(state, rv, w));
+                        if fits && self.grant(state, w, r, slot.finish - now, now, out) {
+                            lane.commit(slot, need.kv);
+                            self.placed(w.activation, d, slot.finish);
+                            granted.insert(w.activation);
+                            self.tao_stats.granted += 1;
+                            self.tao_stats.granted_with_credit += u64::from(a.value.credit > 0);
+                        }
+                    }
+                    Candidate::Returning(n) => {
+                        let need = self.near_need(state, n, now);
+                        if let Some(slot) = lane.probe(now, need.kv, |b| self.run_on(state, &dep, device, b, &need))
+                            && slot.start <= now
+                        {
+                            lane.commit(slot, need.kv);
+                            self.tao_stats.held_for_near_ready += 1;
+                        }
+                    }
+                }
+            }
+        }
+        granted
     }
 
     /// Plan on `substrate` (its replica cap bounds this policy's scale-out).
@@ -244,6 +438,7 @@ impl Joint {
             chain_next: false,
             envelope: (n.prompt_bound, n.max_output_tokens),
             remaining_path_tokens: 0,
+            prior_context: None,
         };
         self.need_of(state, &w, release)
     }
@@ -600,11 +795,12 @@ impl Joint {
 
 impl Policy for Joint {
     fn name(&self) -> &'static str {
-        match (self.opts.fusion, self.opts.prefetch, self.opts.shared_lifecycle) {
-            (true, true, true) => "joint",
-            (false, true, true) => "joint-no-fusion",
-            (true, false, true) => "joint-no-prefetch",
-            (true, true, false) => "joint-per-workflow-lifecycle",
+        match (self.opts.fusion, self.opts.prefetch, self.opts.shared_lifecycle, self.opts.tao_admission) {
+            (true, true, true, true) => "joint",
+            (false, true, true, true) => "joint-no-fusion",
+            (true, false, true, true) => "joint-no-prefetch",
+            (true, true, false, true) => "joint-per-workflow-lifecycle",
+            (true, true, true, false) => "joint-no-tao-admission",
             _ => "joint-ablated",
         }
     }
@@ -613,12 +809,13 @@ impl Policy for Joint {
         self.opts.fusion
     }
 
-    fn observe(&mut self, event: &Event, _state: &PlannerState, _now: f64) {
+    fn observe(&mut self, event: &Event, _state: &PlannerState, now: f64) {
         match event {
             Event::UnitFinished { activation, replica, output_tokens } => {
                 if let Some(m) = self.kv.get_mut(replica) {
                     m.remove(*activation);
                 }
+                self.ran_on.insert(*activation, (*replica, now));
                 if let Some(key) = self.history_key.remove(activation) {
                     let h = self.history.entry(key).or_default();
                     h.push_back(*output_tokens);
@@ -633,6 +830,31 @@ impl Policy for Joint {
             Event::ReplicaLoadFailed { replica, .. } => {
                 self.load_owner.remove(replica);
                 self.kv.remove(replica);
+                self.awake_since.remove(replica);
+            }
+            Event::ReplicaLoaded { replica } => {
+                self.awake_since.insert(*replica, now);
+            }
+            Event::ReplicaAsleep { replica } | Event::ReplicaUnloaded { replica } => {
+                self.awake_since.remove(replica);
+            }
+            Event::ToolStarted { activation, workflow, node, .. } => {
+                self.tool_calls.insert(*activation, ToolCall::new(format!("{workflow}/{node}"), now));
+            }
+            Event::ToolFinished { activation } => {
+                if let Some(call) = self.tool_calls.remove(activation) {
+                    // A duration from this clock is finite and non-negative: nothing to refuse.
+                    let _ = self.tool_history.observe(&call.tool, call.elapsed_s(now));
+                }
+            }
+            Event::SessionEnded { session } => {
+                let first = ActivationId { session: *session, index: 0 };
+                let last = ActivationId { session: *session, index: u32::MAX };
+                let gone: Vec<ActivationId> = self.ran_on.range(first..=last).map(|(a, _)| *a).collect();
+                for a in gone {
+                    self.ran_on.remove(&a);
+                }
+                self.tool_calls.retain(|a, _| a.session != *session);
             }
             _ => {}
         }
@@ -664,9 +886,21 @@ impl Policy for Joint {
         // waits (for a load, a wake or capacity): scale-out candidates.
         let mut ready_needs: BTreeMap<DeploymentId, Vec<Need>> = BTreeMap::new();
         let mut waiting: BTreeSet<DeploymentId> = BTreeSet::new();
-        for (level, _, w) in ranked {
+        // Fused continuations and aged units (levels 0 and 1) bind first; then TAO admission
+        // decides which of the rest take the resident replicas' free capacity now.
+        let urgent = ranked.partition_point(|x| x.0 < 2);
+        let rest: Vec<WorkItem> = ranked[urgent..].iter().map(|x| x.2.clone()).collect();
+        let mut admitted: BTreeSet<ActivationId> = BTreeSet::new();
+        for (k, (level, _, w)) in ranked.into_iter().enumerate() {
+            if k == urgent && self.opts.tao_admission {
+                admitted = self.tao_admit(state, &rest, &mut lanes, now, out);
+            }
             let d = w.deployment;
             let need = self.need_of(state, &w, now);
+            if admitted.contains(&w.activation) {
+                ready_needs.entry(d).or_default().push(need);
+                continue;
+            }
             // A fused successor takes its chain's grant on the held replica.
             if let Some(held) = w.chain_prev.and_then(|p| state.hold_of(p)) {
                 let accepted = state.replica(held).is_some_and(|r| self.accepts(state, r, &w));
@@ -1025,6 +1259,7 @@ mod tests {
             chain_next: false,
             envelope: (500, 200),
             remaining_path_tokens: 200,
+            prior_context: None,
         }
     }
 
@@ -1103,6 +1338,7 @@ mod tests {
             waits_for: vec![waits],
             prompt_bound: 500,
             max_output_tokens: 200,
+            prior_context: None,
         }
     }
 
@@ -1312,5 +1548,135 @@ mod tests {
         let loads_14b = cmds.iter().filter(|c| matches!(c, Command::Load { deployment: DeploymentId(3), .. })).count();
         assert_eq!((loads_14b, unloads), (2, 1), "{cmds:?}");
         assert_eq!(p.state().replicas_of(DeploymentId(0)).count(), 1, "the last 4B copy stays");
+    }
+
+    /// Forty long Qwen3-8B units on two A100s: two replicas, each full after its first wave at
+    /// t = 10. Returns the planner, the grants and the long unit's constructor.
+    fn two_full_replicas(opts: JointOptions) -> (Planner, Vec<(ActivationId, ReplicaId)>) {
+        let mut p = planner(&["A100-40GB", "A100-40GB"], opts);
+        p.handle_all((0..40).map(|s| Event::UnitReady(long_unit(s, 0))).collect(), 0.0).unwrap();
+        let cmds = p
+            .handle_all(
+                vec![Event::ReplicaLoaded { replica: ReplicaId(0) }, Event::ReplicaLoaded { replica: ReplicaId(1) }],
+                10.0,
+            )
+            .unwrap();
+        let granted = dispatches(&cmds);
+        assert!(granted.len() < 40 && granted.iter().any(|g| g.1 == ReplicaId(1)), "{cmds:?}");
+        (p, granted)
+    }
+
+    fn long_unit(s: u32, i: u32) -> WorkItem {
+        WorkItem { max_output_tokens: 8192, envelope: (500, 8192), ..item(s, i, 1, 0) }
+    }
+
+    fn dispatches(cmds: &[Command]) -> Vec<(ActivationId, ReplicaId)> {
+        cmds.iter()
+            .filter_map(|c| match c {
+                Command::Dispatch { activation, replica } => Some((*activation, *replica)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn tao_admission_gives_freed_capacity_to_the_turn_whose_context_the_replica_holds() {
+        // One unit finishes on each replica; the next turn of the session on replica 1 arrives,
+        // behind older units queued without cache credit anywhere. TAO admission gives it the
+        // slot on the replica that holds its context (credit first); first-fit in rank order
+        // takes the two oldest units instead.
+        for tao in [true, false] {
+            let (mut p, granted) = two_full_replicas(JointOptions { tao_admission: tao, ..Default::default() });
+            let on = |r: u32| granted.iter().find(|g| g.1 == ReplicaId(r)).copied().unwrap();
+            let (a0, a1) = (on(0), on(1));
+            let next = WorkItem {
+                ready_at: 20.0,
+                prior_context: Some(PriorContext { activation: a1.0, tokens: 4096 }),
+                ..long_unit(a1.0.session.0, 1)
+            };
+            let events = vec![
+                Event::UnitFinished { activation: a0.0, replica: a0.1, output_tokens: 8000 },
+                Event::UnitFinished { activation: a1.0, replica: a1.1, output_tokens: 8000 },
+                Event::UnitReady(next.clone()),
+            ];
+            let cmds = dispatches(&p.handle_all(events, 20.0).unwrap());
+            assert_eq!(cmds.len(), 2, "{cmds:?}");
+            let oldest: Vec<ActivationId> = p.state().queue().iter().map(|w| w.activation).collect();
+            if tao {
+                assert!(cmds.contains(&(next.activation, ReplicaId(1))), "{cmds:?}");
+            } else {
+                assert!(!cmds.iter().any(|c| c.0 == next.activation), "{cmds:?}");
+                assert!(oldest.contains(&next.activation));
+            }
+        }
+    }
+
+    #[test]
+    fn tao_admission_holds_capacity_for_a_turn_whose_tool_is_about_to_return() {
+        // A tool of node 7 took 2 s once. Session A's turn finished on replica r and its tool
+        // started at t = 20: predicted back at 22, beyond the 1 s horizon, so the slot A freed
+        // goes to a queued unit. At 21.5 another unit finishes on r: A's tool is now predicted
+        // within H, and TAO holds the freed slot for A's next turn (it has credit there) instead
+        // of granting a queued unit; when the tool returns, the turn is granted on r.
+        for tao in [true, false] {
+            let (mut p, granted) = two_full_replicas(JointOptions { tao_admission: tao, ..Default::default() });
+            p.handle(Event::ToolStarted { activation: act(600, 1), predicted_s: 9.0, workflow: 0, node: 7 }, 10.5)
+                .unwrap();
+            p.handle(Event::ToolFinished { activation: act(600, 1) }, 12.5).unwrap();
+            let r = granted[0].1;
+            let on_r: Vec<ActivationId> = granted.iter().filter(|g| g.1 == r).map(|g| g.0).collect();
+            let (a, b) = (on_r[0], on_r[1]);
+            let tool = ActivationId { session: a.session, index: 1 };
+            let next_turn = ActivationId { session: a.session, index: 2 };
+            let prior = Some(PriorContext { activation: a, tokens: 4096 });
+            let near_turn = NearReadyItem { max_output_tokens: 8192, prior_context: prior, ..near(a.session.0, 2, 1, tool) };
+            let events = vec![
+                Event::UnitFinished { activation: a, replica: r, output_tokens: 8000 },
+                Event::ToolStarted { activation: tool, predicted_s: 2.0, workflow: 0, node: 7 },
+                Event::UnitNearReady(near_turn),
+            ];
+            let cmds = dispatches(&p.handle_all(events, 20.0).unwrap());
+            assert_eq!(cmds.len(), 1, "the slot A freed goes to a queued unit: {cmds:?}");
+            let cmds = dispatches(
+                &p.handle(Event::UnitFinished { activation: b, replica: r, output_tokens: 8000 }, 21.5).unwrap(),
+            );
+            if tao {
+                assert!(cmds.is_empty(), "the slot is held for A's returning turn: {cmds:?}");
+                let turn = WorkItem { ready_at: 22.0, prior_context: prior, ..long_unit(a.session.0, 2) };
+                let events = vec![Event::ToolFinished { activation: tool }, Event::UnitReady(turn)];
+                let cmds = dispatches(&p.handle_all(events, 22.0).unwrap());
+                assert_eq!(cmds, vec![(next_turn, r)]);
+            } else {
+                assert_eq!(cmds.len(), 1, "first-fit grants a queued unit: {cmds:?}");
+                assert_ne!(cmds[0].0, next_turn);
+            }
+        }
+    }
+
+    #[test]
+    fn cache_credit_decays_and_is_lost_with_the_replica_s_cache() {
+        let devices: Vec<DeviceInfo> =
+            vec![DeviceInfo { id: DeviceId(0), spec: spec::device("A100-40GB").unwrap() }];
+        let state = PlannerState::new(devices, Vec::new());
+        let mut j = Joint::new(JointOptions::default(), Box::new(Fixed));
+        let r = ReplicaId(0);
+        j.observe(&Event::ReplicaLoaded { replica: r }, &state, 5.0);
+        j.observe(&Event::UnitFinished { activation: act(0, 0), replica: r, output_tokens: 10 }, &state, 10.0);
+        let prior = Some(PriorContext { activation: act(0, 0), tokens: 4096 });
+        assert_eq!(j.credit(prior, r, 10.0), 4096);
+        assert_eq!(j.credit(prior, r, 20.0), 2048, "half-life h = 10 s");
+        assert_eq!(j.credit(prior, ReplicaId(1), 10.0), 0, "no credit where it did not run");
+        assert_eq!(j.credit(None, r, 10.0), 0);
+        // A sleep drops the prefix cache: after the wake, the context is gone.
+        j.observe(&Event::ReplicaAsleep { replica: r }, &state, 11.0);
+        assert_eq!(j.credit(prior, r, 11.0), 0);
+        j.observe(&Event::ReplicaLoaded { replica: r }, &state, 12.0);
+        assert_eq!(j.credit(prior, r, 12.0), 0);
+        // The session's end forgets it.
+        j.observe(&Event::UnitFinished { activation: act(0, 1), replica: r, output_tokens: 10 }, &state, 13.0);
+        let later = Some(PriorContext { activation: act(0, 1), tokens: 1024 });
+        assert_eq!(j.credit(later, r, 13.0), 1024);
+        j.observe(&Event::SessionEnded { session: SessionId(0) }, &state, 14.0);
+        assert_eq!(j.credit(later, r, 14.0), 0);
     }
 }

@@ -190,6 +190,7 @@ mod tests {
             chain_next: false,
             envelope,
             remaining_path_tokens: path,
+            prior_context: None,
         }
     }
 

@@ -29,7 +29,7 @@ pub use kairos::Kairos;
 pub use parrot::Parrot;
 pub use substrate::Substrate;
 pub use state::{
-    AsleepReplica, DeploymentInfo, DeviceInfo, NearReadyItem, PlanError, PlannerState, Reclaim, ReplicaPhase,
+    AsleepReplica, DeploymentInfo, DeviceInfo, NearReadyItem, PlanError, PlannerState, PriorContext, Reclaim, ReplicaPhase,
     ReplicaView, RunningUnit, WorkItem,
 };
 

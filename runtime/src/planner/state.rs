@@ -162,6 +162,22 @@ pub struct WorkItem {
     /// its workflow, this node included: the remaining critical path, for workflow-aware
     /// priorities.
     pub remaining_path_tokens: u32,
+    /// The earlier call of its session whose context this prompt starts with, if any (an
+    /// agent's previous turn, a program's previous call): its cache credit.
+    pub prior_context: Option<PriorContext>,
+}
+
+/// What an earlier LLM call of the same session left in its engine's prefix cache that a unit's
+/// prompt starts with (an agent's previous turn and its answer; a front-door program's previous
+/// call). The replica that ran it may still hold those blocks: paper 000's KV-cache credit,
+/// decayed with the time since (Eq. 4). Set by the shell, which knows both prompts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct PriorContext {
+    /// The earlier call.
+    pub activation: ActivationId,
+    /// Leading tokens of this unit's prompt, in whole KV blocks, that equal what the earlier
+    /// call's engine computed (its prompt and answer).
+    pub tokens: u32,
 }
 
 /// A unit whose predecessors are all completed or running, at least one running
@@ -176,6 +192,9 @@ pub struct NearReadyItem {
     pub waits_for: Vec<ActivationId>,
     pub prompt_bound: u32,
     pub max_output_tokens: u32,
+    /// The earlier call of its session whose context its prompt will start with (see
+    /// [`PriorContext`]); its tokens are a bound, known before the prompt is.
+    pub prior_context: Option<PriorContext>,
 }
 
 /// A unit or tool call in progress, as the committed timeline knows it.
@@ -815,6 +834,7 @@ mod tests {
             chain_next: false,
             envelope: (100, 100),
             remaining_path_tokens: 100,
+            prior_context: None,
         }
     }
 

@@ -250,6 +250,7 @@ mod tests {
             chain_next: false,
             envelope: (100, 100),
             remaining_path_tokens: 100,
+            prior_context: None,
         }
     }
 

@@ -13,8 +13,10 @@
 //! * the CPython-on-WASI runtime ([`python_wasm`]): pinned identity, installation with pip,
 //!   location;
 //! * the built-in tools: [`python_tests`] (candidate code against unit tests, in CPython on
-//!   WASI when that runtime is installed, else in the process sandbox) and [`majority_vote`]
-//!   (answers extracted in Rust, the vote itself in a WebAssembly module authored in WAT).
+//!   WASI when that runtime is installed, else in the process sandbox), [`majority_vote`]
+//!   (answers extracted in Rust, the vote itself in a WebAssembly module authored in WAT) and
+//!   [`shell`] (an agent's command line by `/bin/sh -c` in the process sandbox, with only the
+//!   system paths and the paths the workflow declares readable).
 //!
 //! It must not depend on the runtime, the planner, the predictor or the emulator: the runtime
 //! depends on it, never the reverse. Linux only (namespaces, rlimits, pidfds).
@@ -24,6 +26,7 @@ pub mod majority_vote;
 pub mod python;
 pub mod python_tests;
 pub mod python_wasm;
+pub mod shell;
 pub mod trusted_asserts;
 pub mod sandbox;
 
@@ -34,7 +37,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 /// Names of the built-in tools.
-pub const TOOLS: &[&str] = &[python_tests::NAME, majority_vote::NAME];
+pub const TOOLS: &[&str] = &[python_tests::NAME, majority_vote::NAME, shell::NAME];
 
 /// One invocation of a tool by a workflow node.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -213,6 +216,7 @@ pub fn run_tool(call: &ToolCall) -> Result<ToolOutcome, ToolError> {
     match call.tool.as_str() {
         python_tests::NAME => python_tests::run(call),
         majority_vote::NAME => majority_vote::run(call),
+        shell::NAME => shell::run(call),
         other => custom::run(call)
             .unwrap_or_else(|| Err(ToolError::UnknownTool { tool: other.to_string(), known: custom::all_names().join(", ") })),
     }
@@ -239,7 +243,8 @@ const NAME_PREFIX_PYTHON_TESTS: &str = "python_tests/job";
 ///
 /// `python_tests`: start-up + per-test + per-KiB-of-source + per-import terms measured on this
 /// machine (constants and medians in [`python_tests`]), capped at the call's timeout.
-/// `majority_vote`: [`majority_vote::MODELED_DURATION_S`]. Calls whose inputs cannot be read
+/// `majority_vote`: [`majority_vote::MODELED_DURATION_S`]. `shell`: start-up plus the command
+/// line's `sleep`s ([`shell::sleep_seconds`]), capped at the timeout. Calls whose inputs cannot be read
 /// (or unknown tools) get the start-up term alone; [`run_tool`] rejects them anyway.
 pub fn modeled_duration_s(call: &ToolCall) -> f64 {
     match call.tool.as_str() {
@@ -247,6 +252,7 @@ pub fn modeled_duration_s(call: &ToolCall) -> f64 {
             .map(|job| job.modeled_duration_s())
             .unwrap_or(python_tests::MODEL_STARTUP_S),
         majority_vote::NAME => majority_vote::MODELED_DURATION_S,
+        shell::NAME => shell::ShellJob::from_call(call).map_or(shell::MODEL_STARTUP_S, |job| job.modeled_duration_s()),
         other => custom::spec(other).map_or(python_tests::MODEL_STARTUP_S, |s| s.modeled_duration_s),
     }
 }

@@ -39,6 +39,7 @@ pub const TOOLS: &[&str] = switchyard_tools::TOOLS;
 pub const TOOL_INPUTS: &[(&str, &[&str], &[&str])] = &[
     ("python_tests", &["code", "tests"], &["imports"]),
     ("majority_vote", &["candidates"], &["extract"]),
+    ("shell", &["command"], &["reads", "timeout_s"]),
 ];
 
 /// The verdicts each tool gives (`python_tests`: all checks pass or not; `majority_vote`:
@@ -47,6 +48,7 @@ pub const TOOL_INPUTS: &[(&str, &[&str], &[&str])] = &[
 pub const TOOL_VERDICTS: &[(&str, &[&str])] = &[
     ("python_tests", &["pass", "fail"]),
     ("majority_vote", &["majority", "plurality", "tie", "no_answer"]),
+    ("shell", &["pass", "fail"]),
 ];
 
 /// A deployment: a catalogue model with one serving configuration. Nodes naming the same

@@ -19,6 +19,7 @@ pub mod memory;
 pub mod timeline;
 pub mod profiled;
 mod parrot;
+pub mod routing;
 mod state;
 pub mod substrate;
 pub mod tao;

@@ -8,6 +8,9 @@
 //!   model (expected peak KV footprint max(tokens, ĉ) + δ̂, strictly FIFO admission within 85 %
 //!   of the KV pool, a 95 % per-call ceiling), the wait forecast w = (q + 1)·D / max(K, 1), and
 //!   the divert rule at the program boundary.
+//! - [`embed`]: the request's offline embedding (hashed word/bigram TF-IDF of its first 4 KiB,
+//!   PCA to the 16 components of the router's context) and the nearest-prototype verifier
+//!   selector over k = 5 exemplars per verifier (Appendix B.3).
 //!
 //! Everything here is a pure function of its arguments and its own state: no I/O, no clock (time
 //! is an argument), no randomness, no global state, `BTreeMap`s where order could matter. It must
@@ -15,7 +18,9 @@
 //! crate.
 
 pub mod disc;
+pub mod embed;
 pub mod linucb;
 
 pub use disc::{DiscConfig, Ledger, LedgerError, divert};
+pub use embed::{Pca, SparseVec, VerifierSelector, Vocabulary};
 pub use linucb::{ALPHA_UCB, Decision, LinUcb, LinUcbError, reward};

@@ -12,6 +12,10 @@
 //!   PCA to the 16 components of the router's context) and the nearest-prototype verifier
 //!   selector over k = 5 exemplars per verifier (Appendix B.3).
 //!
+//! - [`router`]: the program-ID table composing them — at a program's first request the
+//!   verifier (task type), the learner's choice of model, DISC's one-time divert, the model's
+//!   ledger; the verdict lands later and updates the learner.
+//!
 //! Everything here is a pure function of its arguments and its own state: no I/O, no clock (time
 //! is an argument), no randomness, no global state, `BTreeMap`s where order could matter. It must
 //! not depend on the shells (`exec`, `sim`, `live`), `bench`, the emulator crate or the tools
@@ -20,7 +24,9 @@
 pub mod disc;
 pub mod embed;
 pub mod linucb;
+pub mod router;
 
 pub use disc::{DiscConfig, Ledger, LedgerError, divert};
 pub use embed::{Pca, SparseVec, VerifierSelector, Vocabulary};
 pub use linucb::{ALPHA_UCB, Decision, LinUcb, LinUcbError, reward};
+pub use router::{Binding, Router, RouterError, RouterOptions};

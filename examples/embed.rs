@@ -72,6 +72,7 @@ async fn main() -> anyhow::Result<()> {
         enable_thinking: false,
         program_done: true,
         next_model: None,
+        step: None,
     };
     let answer = rt.call(Some("example-agent"), "Qwen3-0.6B", request, TokenSink::new(tx)).await?;
     let out = rt.shutdown().await?;

@@ -160,10 +160,10 @@ async fn serve_end_to_end() {
     let usage = chunks.last().and_then(|c| c.get("usage")).expect("the usage chunk");
     assert_eq!(usage["completion_tokens"].as_u64(), Some(24), "{usage}");
     assert!(usage.pointer("/prompt_tokens_details/cached_tokens").is_some(), "{usage}");
-    // The same program's second call, not streamed.
+    // The same program's second call, not streamed, named as a step of the agent.
     let call = json!({"model": "Qwen3-0.6B", "messages": [{"role": "user", "content": "Say hi"}, {"role": "assistant", "content": "hi"},
                       {"role": "user", "content": "again"}], "max_tokens": 8, "program_done": true});
-    let (s, v) = body(http.post(server.url("/v1/chat/completions")).header("authorization", &auth).header("X-Session-ID", "agent-1").json(&call).send().await.expect("chat")).await;
+    let (s, v) = body(http.post(server.url("/v1/chat/completions")).header("authorization", &auth).header("X-Session-ID", "agent-1").header("X-Step-ID", "reviewer").json(&call).send().await.expect("chat")).await;
     assert_eq!((s, v["object"].as_str(), v.pointer("/usage/completion_tokens").and_then(Value::as_u64)), (200, Some("chat.completion"), Some(8)), "{v}");
     assert!(v.pointer("/choices/0/message/content").and_then(Value::as_str).is_some_and(|t| !t.is_empty()), "{v}");
     let (s, v) = body(http.post(server.url("/v1/chat/completions")).header("authorization", &auth).json(&json!({"model": "gpt-4", "messages": [{"role": "user", "content": "x"}]})).send().await.expect("chat")).await;

@@ -47,6 +47,13 @@ use crate::values::Record;
 /// is not a stranded unit, and a real stranding loses nothing by being declared 2 s later.
 const STRANDED_AFTER: Duration = Duration::from_secs(2);
 
+/// Planner nodes of front-door step hints start here (a served deployment's own node is its
+/// index, far below).
+pub const FRONT_DOOR_STEP_BASE: u32 = 1 << 16;
+
+/// Distinct front-door step hints the runtime keeps histories for.
+pub const MAX_FRONT_DOOR_STEPS: usize = 4096;
+
 pub struct PlannerActor;
 
 /// Run facts the report repeats.
@@ -142,6 +149,9 @@ pub struct PlannerActorState {
     metrics: Option<Arc<RuntimeMetrics>>,
     /// Front-door programs by their client's key, while they live.
     programs: BTreeMap<String, SessionId>,
+    /// Front-door step hints (`X-Step-ID`) seen so far and the planner node each stands for, so
+    /// the core keeps output-length and tool-gap histories per step across programs.
+    front_door_steps: BTreeMap<String, u32>,
     /// Journaled sessions not started yet, by trace index.
     durable: BTreeMap<usize, DurableSession>,
     /// Sessions of `ended` that failed (the metrics' gauges, without a scan per tick).
@@ -233,6 +243,7 @@ impl Actor for PlannerActor {
             front_door: args.front_door,
             metrics: args.metrics,
             programs: BTreeMap::new(),
+            front_door_steps: BTreeMap::new(),
             durable: BTreeMap::new(),
             ended_failed: 0,
             keep_ended: args.keep_ended,
@@ -598,6 +609,20 @@ impl PlannerActorState {
         Ok(w)
     }
 
+    /// The planner node of a front-door step hint: steps get nodes from
+    /// [`FRONT_DOOR_STEP_BASE`] up in the order they are first seen (the deployments' own nodes
+    /// are below it); past [`MAX_FRONT_DOOR_STEPS`] distinct steps a new one gets none (the call
+    /// keeps its deployment's node), so a client cannot grow the table without bound.
+    fn step_node(&mut self, step: &str) -> Option<u32> {
+        if let Some(&n) = self.front_door_steps.get(step) {
+            return Some(n);
+        }
+        let k = u32::try_from(self.front_door_steps.len()).ok().filter(|k| (*k as usize) < MAX_FRONT_DOOR_STEPS)?;
+        let node = FRONT_DOOR_STEP_BASE + k;
+        self.front_door_steps.insert(step.to_string(), node);
+        Some(node)
+    }
+
     /// The front door: hand one call to its program's actor, starting the program (a session
     /// of the front-door workflow) at its first call.
     async fn program_call(
@@ -658,7 +683,10 @@ impl PlannerActorState {
         if program.is_none() {
             request.program_done = true;
         }
-        let node = deployment.0;
+        let node = match request.step.as_deref() {
+            Some(step) => self.step_node(step).unwrap_or(deployment.0),
+            None => deployment.0,
+        };
         let call = ProgramCall { request, deployment, node, next, sink, reply };
         match self.sessions.get(&id) {
             Some(actor) => {

@@ -44,6 +44,9 @@ pub struct ProgramRequest {
     /// The client says which model its next call will use (a hint: the planner sees that call
     /// as near-ready while the client works, and may load or keep the model for it).
     pub next_model: Option<String>,
+    /// The client's name for the step this call is (`X-Step-ID`: `planner`, `coder`, …): the
+    /// planner keeps output-length and tool-gap histories per step, across programs.
+    pub step: Option<String>,
 }
 
 /// One call of a program, as the planner actor hands it to the program's actor.

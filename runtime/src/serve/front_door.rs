@@ -8,7 +8,10 @@
 //! calls without one are programs of one call. Hints: `X-Program-Done: true` or a body field
 //! `program_done: true` ends the program after this call; `X-Next-Model` (or body
 //! `next_model`) names the model of the program's next call, which the planner then sees as
-//! near-ready while the client works (paper 003 §3.2: it may prefetch or keep that model). The body's `model` names a served
+//! near-ready while the client works (paper 003 §3.2: it may prefetch or keep that model);
+//! `X-Step-ID` (also `X-Node-ID`, or body `step_id` / `node_id`; 1–128 bytes) names the step of
+//! the agent this call is, so the planner keeps output-length and tool-gap histories (the P90
+//! timing output, TAO's readiness) per step across programs. The body's `model` names a served
 //! model (`Qwen3-8B` or `Qwen/Qwen3-8B`); `max_tokens` (or `max_completion_tokens`) is the
 //! answer's limit (default 1,024 — the front door knows no workload distribution); Qwen3's
 //! thinking mode follows `chat_template_kwargs.enable_thinking` (default on, as vLLM serves
@@ -59,6 +62,9 @@ enum Flavor {
 fn unix_now() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
+
+/// Longest accepted step hint.
+const MAX_STEP_ID_BYTES: usize = 128;
 
 fn program_key(headers: &HeaderMap, body: &Value) -> Option<String> {
     PROGRAM_HEADERS
@@ -123,6 +129,19 @@ fn parse(flavor: Flavor, headers: &HeaderMap, body: &Value) -> Result<Parsed, Ap
         .and_then(|v| v.to_str().ok())
         .map(str::to_string)
         .or_else(|| obj.get("next_model").and_then(Value::as_str).map(str::to_string));
+    let step = match headers.get("x-step-id").or_else(|| headers.get("x-node-id")) {
+        Some(v) => Some(v.to_str().map(str::to_string).map_err(|_| ApiError::bad_request("`X-Step-ID` must be visible ASCII", "step_id"))?),
+        None => match obj.get("step_id").or_else(|| obj.get("node_id")).filter(|v| !v.is_null()) {
+            Some(Value::String(s)) => Some(s.clone()),
+            Some(_) => return Err(ApiError::bad_request("`step_id` must be a string", "step_id")),
+            None => None,
+        },
+    };
+    if let Some(s) = &step {
+        if s.is_empty() || s.len() > MAX_STEP_ID_BYTES {
+            return Err(ApiError::bad_request(format!("`step_id` must be 1 to {MAX_STEP_ID_BYTES} bytes"), "step_id"));
+        }
+    }
     let (messages, prompt) = match flavor {
         Flavor::Chat => {
             let list = obj
@@ -172,7 +191,7 @@ fn parse(flavor: Flavor, headers: &HeaderMap, body: &Value) -> Result<Parsed, Ap
     };
     Ok(Parsed {
         model,
-        request: ProgramRequest { messages, prompt, max_tokens, enable_thinking, program_done, next_model },
+        request: ProgramRequest { messages, prompt, max_tokens, enable_thinking, program_done, next_model, step },
         stream,
         include_usage,
     })
@@ -514,5 +533,23 @@ mod tests {
         assert_eq!(list.err().and_then(|e| e.param), Some("prompt".to_string()));
         let done = parse(Flavor::Completions, &headers(&[("x-program-done", "true")]), &json!({"model": "m", "prompt": "p"}));
         assert!(done.is_ok_and(|p| p.request.program_done));
+    }
+
+    #[test]
+    fn a_step_hint_comes_from_a_header_or_the_body_and_is_bounded() {
+        let body = json!({"model": "m", "prompt": "p"});
+        let step = |h: &[(&str, &str)], b: &Value| parse(Flavor::Completions, &headers(h), b).map(|p| p.request.step);
+        assert_eq!(step(&[("X-Step-ID", "coder")], &body).ok().flatten().as_deref(), Some("coder"));
+        assert_eq!(step(&[("x-node-id", "tester")], &body).ok().flatten().as_deref(), Some("tester"));
+        let with = json!({"model": "m", "prompt": "p", "step_id": "planner"});
+        assert_eq!(step(&[], &with).ok().flatten().as_deref(), Some("planner"));
+        assert_eq!(step(&[("X-Step-ID", "h")], &with).ok().flatten().as_deref(), Some("h"), "the header wins");
+        assert_eq!(step(&[], &body).ok().flatten(), None);
+        for bad in [json!({"model": "m", "prompt": "p", "step_id": 3}), json!({"model": "m", "prompt": "p", "node_id": ""})] {
+            let e = step(&[], &bad).err().unwrap_or_else(|| panic!("accepted {bad}"));
+            assert_eq!(e.param.as_deref(), Some("step_id"));
+        }
+        let long = "s".repeat(MAX_STEP_ID_BYTES + 1);
+        assert!(step(&[("X-Step-ID", long.as_str())], &body).is_err());
     }
 }

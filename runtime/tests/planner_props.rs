@@ -10,6 +10,10 @@
 //!   and starts a load or wake only after the device's earlier teardowns and sleeps, as the real
 //!   shells do;
 //! - every unit whose deployment fits some device completes (nothing is lost).
+//!
+//! Units come in sessions of two turns: the second turn's prompt starts with the first's (its
+//! prior context, the joint planner's TAO cache credit) and may wait on a tool call first (a
+//! near-ready unit behind a tool, which TAO admission may hold capacity for).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -17,8 +21,8 @@ use proptest::prelude::*;
 use switchyard_predictor::{Dtype, spec};
 use switchyard_runtime::ids::{ActivationId, DeviceId, ReplicaId, SessionId};
 use switchyard_runtime::planner::{
-    Command, DeploymentId, DeploymentInfo, DeviceInfo, Estimates, Event, JointOptions, Planner, Reclaim, Substrate,
-    WorkItem, policy_by_name,
+    Command, DeploymentId, DeploymentInfo, DeviceInfo, Estimates, Event, JointOptions, NearReadyItem, Planner,
+    PriorContext, Reclaim, Substrate, WorkItem, policy_by_name,
 };
 
 /// What a sleeper really keeps on its GPU in the fake shell (the emulator's remainder).
@@ -47,6 +51,8 @@ const DEVICES: [&str; 3] = ["A100-40GB", "V100-32GB", "L4"];
 struct Case {
     devices: Vec<usize>,
     units: Vec<(f64, usize, u32, u32, bool)>, // (ready at, deployment, prompt, output, chain_next)
+    /// Per unit: seconds of tool call before it (second turns only; 0 = none).
+    tools: Vec<f64>,
     policy: usize,
     options: (bool, bool, bool),
     /// Reclaim by sleep, and the host memory (GiB) of the one node.
@@ -57,11 +63,12 @@ fn case() -> impl Strategy<Value = Case> {
     (
         prop::collection::vec(0..DEVICES.len(), 1..4),
         prop::collection::vec((0.0..60.0f64, 0..MODELS.len(), 10..3000u32, 1..400u32, any::<bool>()), 1..40),
+        prop::collection::vec(prop_oneof![Just(0.0), 0.1..5.0f64], 40),
         0..3usize,
         (any::<bool>(), any::<bool>(), any::<bool>()),
         prop::option::of(0..64u32),
     )
-        .prop_map(|(devices, units, policy, options, sleep)| Case { devices, units, policy, options, sleep })
+        .prop_map(|(devices, units, tools, policy, options, sleep)| Case { devices, units, tools, policy, options, sleep })
 }
 
 fn run(case: &Case) -> Result<(), TestCaseError> {
@@ -101,6 +108,7 @@ fn run(case: &Case) -> Result<(), TestCaseError> {
     // The fake shell's own truth.
     #[derive(Debug)]
     enum Ev {
+        ToolStart(usize),
         Ready(usize),
         Loaded(ReplicaId),
         Finished(usize, ReplicaId),
@@ -109,10 +117,14 @@ fn run(case: &Case) -> Result<(), TestCaseError> {
     }
     let mut events: Vec<(f64, u64, Ev)> = Vec::new();
     let mut seq = 0u64;
-    for (i, u) in case.units.iter().enumerate() {
+    // Unit i is turn i % 2 of session i / 2. A first turn is ready at its time; a second turn
+    // when the first has finished, after a tool call of `tools[i]` seconds when that is not 0.
+    let second = |i: usize| i % 2 == 1;
+    for i in (0..case.units.len()).filter(|&i| !second(i)) {
         seq += 1;
-        events.push((u.0, seq, Ev::Ready(i)));
+        events.push((case.units[i].0, seq, Ev::Ready(i)));
     }
+    let last_turn = |i: usize| second(i) || i + 1 == case.units.len();
     let mut awake: BTreeMap<ReplicaId, (DeploymentId, DeviceId, u64)> = BTreeMap::new();
     let mut loading: BTreeMap<ReplicaId, (DeploymentId, DeviceId, u64)> = BTreeMap::new();
     // Falling asleep (whole claim until the end time), asleep (the remainder), tearing down
@@ -125,16 +137,37 @@ fn run(case: &Case) -> Result<(), TestCaseError> {
     let mut ready: BTreeSet<usize> = BTreeSet::new();
     let mut dispatched: BTreeSet<usize> = BTreeSet::new();
     let mut finished: BTreeSet<usize> = BTreeSet::new();
-    let act = |i: usize| ActivationId { session: SessionId(i as u32), index: 0 };
+    let act = |i: usize| ActivationId { session: SessionId((i / 2) as u32), index: (i % 2) as u32 };
+    let tool_of = |i: usize| ActivationId { session: SessionId((i / 2) as u32), index: 100 };
+    let mut tools_running: BTreeSet<usize> = BTreeSet::new();
     let mut steps = 0;
     while !events.is_empty() {
         steps += 1;
         prop_assert!(steps < 10_000, "no progress");
         events.sort_by(|a, b| b.0.total_cmp(&a.0).then(b.1.cmp(&a.1)));
         let (now, _, ev) = events.pop().unwrap();
+        let mut before: Vec<Event> = Vec::new();
         let event = match ev {
+            Ev::ToolStart(i) => {
+                let u = case.units[i];
+                tools_running.insert(i);
+                before.push(Event::ToolStarted { activation: tool_of(i), predicted_s: case.tools[i], workflow: 0, node: 7 });
+                Event::UnitNearReady(NearReadyItem {
+                    activation: act(i),
+                    workflow: (i % 3) as u32,
+                    deployment: DeploymentId(u.1 as u32),
+                    node: 1,
+                    waits_for: vec![tool_of(i)],
+                    prompt_bound: u.2,
+                    max_output_tokens: u.3,
+                    prior_context: Some(PriorContext { activation: act(i - 1), tokens: 512 }),
+                })
+            }
             Ev::Ready(i) => {
                 ready.insert(i);
+                if tools_running.remove(&i) {
+                    before.push(Event::ToolFinished { activation: tool_of(i) });
+                }
                 let u = case.units[i];
                 Event::UnitReady(WorkItem {
                     activation: act(i),
@@ -143,12 +176,12 @@ fn run(case: &Case) -> Result<(), TestCaseError> {
                     prompt_tokens: u.2,
                     max_output_tokens: u.3,
                     ready_at: now,
-                    node: 0,
+                    node: (i % 2) as u32,
                     chain_prev: None,
-                    chain_next: u.4,
+                    chain_next: u.4 && last_turn(i),
                     envelope: (u.2, u.3),
                     remaining_path_tokens: u.3,
-                    prior_context: None,
+                    prior_context: second(i).then(|| PriorContext { activation: act(i - 1), tokens: 512 }),
                 })
             }
             Ev::Loaded(r) => {
@@ -159,6 +192,15 @@ fn run(case: &Case) -> Result<(), TestCaseError> {
             Ev::Finished(i, r) => {
                 leases.get_mut(&r).unwrap().remove(&i);
                 finished.insert(i);
+                if !second(i) && i + 1 < case.units.len() {
+                    let tool = case.tools.get(i + 1).copied().unwrap_or(0.0);
+                    if tool > 0.0 {
+                        seq += 1;
+                        events.push((now, seq, Ev::ToolStart(i + 1)));
+                    }
+                    seq += 1;
+                    events.push((now + tool, seq, Ev::Ready(i + 1)));
+                }
                 Event::UnitFinished { activation: act(i), replica: r, output_tokens: case.units[i].3 }
             }
             Ev::Asleep(r) => match falling.remove(&r) {
@@ -173,13 +215,18 @@ fn run(case: &Case) -> Result<(), TestCaseError> {
                 Event::ReplicaUnloaded { replica: r }
             }
         };
-        // A chain link without a successor in this synthetic stream: end its "session" so a
-        // held grant is released.
+        // A chain link without a successor in this synthetic stream: end its session after its
+        // last turn so a held grant is released.
         let ended = match &event {
-            Event::UnitFinished { activation, .. } => Some(activation.session),
+            Event::UnitFinished { activation, .. } => {
+                let first = activation.session.0 as usize * 2;
+                let turns = first..(first + 2).min(case.units.len());
+                turns.clone().all(|t| finished.contains(&t)).then_some(activation.session)
+            }
             _ => None,
         };
-        let mut cmds = planner.handle(event, now).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        before.push(event);
+        let mut cmds = planner.handle_all(before, now).map_err(|e| TestCaseError::fail(e.to_string()))?;
         if let Some(s) = ended {
             cmds.extend(planner.handle(Event::SessionEnded { session: s }, now).unwrap());
         }
@@ -248,7 +295,7 @@ fn run(case: &Case) -> Result<(), TestCaseError> {
                     events.push((until, seq, Ev::Unloaded(replica)));
                 }
                 Command::Dispatch { activation, replica } => {
-                    let i = activation.session.0 as usize;
+                    let i = activation.session.0 as usize * 2 + activation.index as usize;
                     prop_assert!(ready.contains(&i), "dispatched before ready");
                     prop_assert!(dispatched.insert(i), "dispatched twice");
                     let (d, g, _) = *awake.get(&replica).ok_or_else(|| TestCaseError::fail("dispatch to a replica that is not awake"))?;

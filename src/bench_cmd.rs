@@ -76,6 +76,57 @@ pub enum Experiment {
     /// (Table 1's shape), TAO's ablations (Table 4) and tool-delay scaling (Table 8); writes
     /// tao.md, tao.json and tao-running.svg.
     Tao(TaoArgs),
+    /// Paper 002 (ORACLE), Appendix B.3: verifier selection by nearest prototype (k = 5
+    /// exemplars per verifier, hashed TF-IDF) on held-out GSM8K / MBPP / QMSum tasks, as they
+    /// are and with their keyword cues removed; plus the embedding's and a routing decision's
+    /// cost per request. Writes verifier.md and verifier.json.
+    Verifier(VerifierArgs),
+}
+
+/// Arguments of `switchyard bench verifier`.
+#[derive(Args, Debug)]
+pub struct VerifierArgs {
+    /// Seed of the exemplar draws (repetition r uses seed + r).
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+    /// Repetitions (exemplar draws).
+    #[arg(long, default_value_t = 20)]
+    pub repetitions: usize,
+    /// The datasets' directory.
+    #[arg(long, default_value = "workflows/datasets")]
+    pub datasets: PathBuf,
+    /// Directory for verifier.md and verifier.json.
+    #[arg(long, default_value = "bench-report")]
+    pub out: PathBuf,
+    /// Print the JSON on stdout instead of the Markdown.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Run `switchyard bench verifier`.
+fn verifier(args: VerifierArgs) -> Result<()> {
+    if args.repetitions == 0 {
+        anyhow::bail!("--repetitions must be at least 1");
+    }
+    let report = bench::verifier::run(&args.datasets, args.seed, args.repetitions).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let mut command = String::from("switchyard bench verifier");
+    if args.seed != 42 {
+        command.push_str(&format!(" --seed {}", args.seed));
+    }
+    if args.repetitions != 20 {
+        command.push_str(&format!(" --repetitions {}", args.repetitions));
+    }
+    let md = report.markdown(&command);
+    let json = serde_json::json!({ "command": command, "report": report });
+    std::fs::create_dir_all(&args.out)?;
+    std::fs::write(args.out.join("verifier.md"), &md)?;
+    std::fs::write(args.out.join("verifier.json"), serde_json::to_string_pretty(&json)?)?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&json)?);
+    } else {
+        print!("{md}");
+    }
+    Ok(())
 }
 
 /// Arguments of `switchyard bench tao`.
@@ -368,6 +419,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         Some(Experiment::Predictor(p)) => return predictor(p),
         Some(Experiment::FrontDoor(f)) => return front_door(f),
         Some(Experiment::Tao(t)) => return tao(t),
+        Some(Experiment::Verifier(v)) => return verifier(v),
         None => {}
     }
     let workflows = load_workflows(&args.workflows)?;

@@ -213,3 +213,27 @@ fn the_react_agent_runs_its_tool_loop_to_the_end() {
     assert!((0.0..=1.0).contains(&acc), "{acc}");
     assert_eq!(switchyard(&args).stdout, out.stdout, "same seed, byte-identical report");
 }
+
+#[test]
+fn bench_verifier_classifies_held_out_tasks_and_times_a_routing_decision() {
+    let dir = tempfile::Builder::new().prefix("bench-verifier-").tempdir().expect("tempdir");
+    let out_dir = dir.path().to_str().expect("utf-8 path");
+    let out = switchyard(&["bench", "verifier", "--repetitions", "2", "--out", out_dir, "--json"]);
+    assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    let mixes = json.pointer("/report/mixes").and_then(|m| m.as_array()).expect("mixes");
+    assert_eq!(mixes.len(), 2);
+    for m in mixes {
+        let acc = m["mean"].as_f64().expect("mean accuracy");
+        // Three verifiers: a selector no better than chance would sit near 1/3.
+        assert!(acc > 0.5 && acc <= 1.0, "{m}");
+        let held: u64 = m["confusion"].as_array().unwrap().iter().flat_map(|r| r.as_array().unwrap()).map(|x| x.as_u64().unwrap()).sum();
+        let tasks: u64 = m["tasks_per_verifier"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).sum();
+        assert_eq!(held, 2 * (tasks - 3 * 5), "every task but the exemplars, twice: {m}");
+    }
+    assert!(json.pointer("/report/costs/route_p50_us").and_then(|v| v.as_f64()).is_some_and(|v| v > 0.0));
+    assert!(dir.path().join("verifier.md").exists());
+    let bad = switchyard(&["bench", "verifier", "--datasets", "no/such/dir", "--out", out_dir]);
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("no/such/dir/gsm8k/test.jsonl"), "{}", String::from_utf8_lossy(&bad.stderr));
+}

@@ -26,6 +26,7 @@ mod paper;
 pub mod motivation;
 pub mod tao;
 pub mod predictor_eval;
+pub mod verifier;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

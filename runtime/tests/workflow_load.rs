@@ -692,3 +692,16 @@ fn bad_agent_tools_are_named_with_their_position() {
     let e = err(&REACT.replace("    after: fixer\n", "    after: fixer.run_tests\n"));
     assert_eq!((e.kind(), e.field()), (Some(ErrorKind::UnknownReference), Some("nodes.check.after")), "{e}");
 }
+
+#[test]
+fn the_shell_tool_reads_only_literal_paths() {
+    let with = |reads: &str| {
+        BASE.replace("tool: python_tests", "tool: shell")
+            .replace("inputs: {code: \"{{a}}\", tests: \"{{input.tests}}\"}", &format!("inputs: {{command: \"ls\", reads: {reads}}}"))
+    };
+    assert!(parse(&with("[\"/usr/share\"]")).is_ok());
+    let e = err(&with("[\"{{a}}\"]"));
+    assert_eq!(e.kind(), Some(ErrorKind::Template), "{e}");
+    assert_eq!(e.field(), Some("nodes.b.inputs.reads"), "{e}");
+    assert!(e.to_string().contains("written literally"), "{e}");
+}

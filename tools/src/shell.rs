@@ -45,7 +45,7 @@ pub const MAX_COMMAND_BYTES: usize = 64 * 1024;
 /// Most paths a call may declare in `reads`.
 pub const MAX_READS: usize = 64;
 
-/// Longest observation text, in bytes (the head of stdout, then of stderr).
+/// Bytes of stdout, then stderr, kept in the observation text (after its status line).
 pub const MAX_TEXT_BYTES: usize = 4096;
 
 /// Modeled start-up of one call: the sandbox (≈ 1.6 ms measured for `/bin/true` by the
@@ -96,7 +96,11 @@ impl ShellJob {
             Some(other) => return Err(invalid("reads", format!("must be a list of absolute paths, not {other}"))),
         };
         let timeout_s = match call.inputs.get("timeout_s") {
-            Some(v) => v.as_f64().ok_or_else(|| invalid("timeout_s", format!("must be a number, not {v}")))?,
+            // A workflow's inputs are rendered templates: a literal `30` arrives as "30".
+            Some(v) => v
+                .as_f64()
+                .or_else(|| v.as_str().and_then(|s| s.trim().parse::<f64>().ok()))
+                .ok_or_else(|| invalid("timeout_s", format!("must be a number, not {v}")))?,
             None => call.timeout_s.unwrap_or(DEFAULT_TIMEOUT_S),
         };
         if !(timeout_s > 0.0 && timeout_s <= MAX_TIMEOUT_S) {
@@ -277,6 +281,8 @@ mod tests {
         assert_eq!(sleep_seconds("ls -la"), 0.0);
         let job = ShellJob::from_call(&call(json!({"command": "sleep 2", "timeout_s": 1.5}))).unwrap();
         assert_eq!(job.modeled_duration_s(), 1.5, "capped at the timeout");
+        let job = ShellJob::from_call(&call(json!({"command": "sleep 5", "timeout_s": "2.5"}))).unwrap();
+        assert_eq!(job.timeout_s, 2.5, "a rendered template's number");
         let job = ShellJob::from_call(&call(json!({"command": "sleep 2"}))).unwrap();
         assert!((job.modeled_duration_s() - 2.003).abs() < 1e-12);
     }

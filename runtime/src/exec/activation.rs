@@ -159,12 +159,13 @@ pub fn prepare(
             let node_index = session.activation(a.index).map(|x| x.node).unwrap_or(0);
             // A later turn of an agent with tools starts with its previous turn's context.
             let prior_context = match (&agent.tools, session.activation(a.index)) {
-                (Some(_), Some(act)) => previous_turn_context(session, act.node, act.round, enable_thinking).map(
-                    |(index, context)| PriorContext {
+                (Some(_), Some(act)) => previous_turn(session, act.node, act.round).map(|(index, segments, _)| {
+                    let cached = cached_prompt(&segments, enable_thinking);
+                    PriorContext {
                         activation: ActivationId { session: a.session, index },
-                        tokens: whole_blocks(common_prefix(&ids, &context)),
-                    },
-                ),
+                        tokens: whole_blocks(common_prefix(&ids, &cached)),
+                    }
+                }),
                 _ => None,
             };
             let Some(info) = ctx.node_info.get(workflow as usize) else {
@@ -309,14 +310,16 @@ pub fn near_ready_items(
         let mut prior_context = None;
         let thinking = agent.thinking_tokens.is_some();
         if agent.tools.is_some()
-            && let Some((index, context)) = previous_turn_context(session, act.node, act.round, thinking)
+            && let Some((index, mut segments, answer)) = previous_turn(session, act.node, act.round)
         {
-            let known = context.len() as u32 + tokens::count(&tokens::chat_generation_suffix(thinking)) as u32;
-            prompt_bound = known.saturating_add(OBSERVATION_BOUND_TOKENS);
+            let cached = cached_prompt(&segments, thinking);
             prior_context = Some(PriorContext {
                 activation: ActivationId { session: s, index },
-                tokens: whole_blocks(context.len()),
+                tokens: whole_blocks(cached.len()),
             });
+            segments.push(answer);
+            let known = tokens::encode_chat_mode(&segments, thinking).len() as u32;
+            prompt_bound = known.saturating_add(OBSERVATION_BOUND_TOKENS);
         }
         items.push(NearReadyItem {
             activation: a,
@@ -333,18 +336,25 @@ pub fn near_ready_items(
 }
 
 /// The previous turn of an agent with tools whose next turn is round `round` of `node`: its
-/// activation index and the tokens its prompt and answer put at the head of the next turn's
-/// prompt (the next prompt appends the observation to them; the chat template's generation
-/// suffix, encoded apart, is left out). `None` for a first turn or a turn without an answer.
-fn previous_turn_context(session: &Session, node: usize, round: u32, thinking: bool) -> Option<(u32, Vec<u32>)> {
+/// activation index, its prompt's segments and its answer. The next turn's prompt is those
+/// segments, the answer and the observation, in one user message. `None` for a first turn or a
+/// turn without an answer.
+fn previous_turn(session: &Session, node: usize, round: u32) -> Option<(u32, Vec<String>, String)> {
     let prev = session.activation_for(node, round.checked_sub(1)?)?;
-    let answer = session.activation(prev)?.output.as_ref()?;
-    let mut segments = session.render_prompt(prev).ok()?;
-    segments.push(answer.text.clone());
-    let mut ids = tokens::encode_chat_mode(&segments, thinking);
+    let answer = session.activation(prev)?.output.as_ref()?.text.clone();
+    let segments = session.render_prompt(prev).ok()?;
+    Some((prev, segments, answer))
+}
+
+/// The tokens of a prompt of `segments` that a later prompt extending its content can find in
+/// the engine's prefix cache: the prompt without the chat template's generation suffix. The
+/// engine computed [prompt, suffix, answer]; the next turn's prompt is [prompt, answer,
+/// observation, suffix], so the answer's blocks (behind the suffix) never match.
+fn cached_prompt(segments: &[String], thinking: bool) -> Vec<u32> {
+    let mut ids = tokens::encode_chat_mode(segments, thinking);
     let suffix = tokens::count(&tokens::chat_generation_suffix(thinking));
     ids.truncate(ids.len().saturating_sub(suffix));
-    Some((prev, ids))
+    ids
 }
 
 /// Length of the longest common prefix of two token sequences.
@@ -521,14 +531,14 @@ mod tests {
                 assert!(next.prompt_tokens > t.prompt_tokens);
                 let shared = t.prefix_hashes.len() - 1;
                 assert_eq!(next.prefix_hashes[..shared], t.prefix_hashes[..shared]);
-                // Its cache credit names this turn and covers, in whole blocks, this turn's
-                // prompt before the template's generation suffix and its answer.
+                // Its cache credit names this turn and covers, in whole blocks, the blocks the two
+                // prompts share (this turn's prompt up to the template's generation suffix; the
+                // answer came after the suffix, so its blocks do not match).
                 let prior = prior.unwrap_or_else(|| panic!("turn {} has no prior context", k + 1));
                 assert_eq!(prior.activation, ActivationId { session: SessionId(0), index: *index });
                 assert_eq!(prior.tokens % BLOCK_SIZE, 0);
-                let answer = tokens::count(&t.output.text) as u32;
-                assert!(prior.tokens + 2 * BLOCK_SIZE > t.prompt_tokens + answer - 8, "{prior:?} {}", t.prompt_tokens);
-                assert!(prior.tokens <= next.prompt_tokens);
+                let same = next.prefix_hashes.iter().zip(&t.prefix_hashes).take_while(|(a, b)| a == b).count() as u32;
+                assert_eq!(prior.tokens / BLOCK_SIZE, same, "{prior:?}: {same} blocks really match");
             }
         }
         assert!(counts.len() >= 3, "the number of turns is drawn: {counts:?}");

@@ -259,15 +259,21 @@ impl Joint {
 
     /// Whether a near-ready unit waits only on tool calls TAO predicts to return within the
     /// horizon H (Eq. 6, on the (workflow, node) history; the default estimate makes no
-    /// session ready).
+    /// session ready) and none of them is overdue: a call that has outlived its prediction gets
+    /// no hold (the core has no timer to release one; the next event replans).
     fn returning(&self, n: &NearReadyItem, now: f64) -> bool {
         !n.waits_for.is_empty()
-            && n.waits_for.iter().all(|a| self.tool_calls.get(a).is_some_and(|c| tao::readiness(c, &self.tool_history, now)))
+            && n.waits_for.iter().all(|a| {
+                self.tool_calls.get(a).is_some_and(|c| {
+                    c.remaining_s(&self.tool_history, now) > 0.0 && tao::readiness(c, &self.tool_history, now)
+                })
+            })
     }
 
     /// TAO's admission (paper 000 §3.5, Eq. 7) of ready units onto the awake replicas of their
     /// deployment. Per deployment, the candidates are `units` (ready, in rank order) and the
-    /// near-ready units whose tool calls are predicted to return within H; each replica offers
+    /// near-ready units whose tool calls are predicted to return within H (not overdue), eligible
+    /// only on the replicas that hold their context (credit > 0); each replica offers
     /// its free KV (capacity less the reservations of its admitted units) in tokens. The exact
     /// capacity-state DP chooses which candidates take that capacity now and where, maximising
     /// the lexicographic sum of (decayed cache credit on the replica, readiness, token count) —
@@ -313,13 +319,20 @@ impl Joint {
                         Candidate::Ready(w) => (self.need_of(state, w, now), w.prompt_tokens, w.prior_context),
                         Candidate::Returning(n) => (self.near_need(state, n, now), n.prompt_bound, n.prior_context),
                     };
+                    let mut options: Vec<(usize, u64)> =
+                        replicas.iter().enumerate().map(|(b, (r, _))| (b, self.credit(prior, *r, now))).collect();
+                    // A returning turn may hold capacity only where its context is cached: that
+                    // is what the hold protects (elsewhere it would only delay ready work).
+                    if matches!(c, Candidate::Returning(_)) {
+                        options.retain(|o| o.1 > 0);
+                    }
                     tao::Candidate {
                         session: i as u64,
                         signature: 0,
                         weight: need.kv.div_ceil(per_token),
                         ready: true,
                         tokens: u64::from(tokens),
-                        options: replicas.iter().enumerate().map(|(b, (r, _))| (b, self.credit(prior, *r, now))).collect(),
+                        options,
                     }
                 })
                 .collect();
@@ -1551,7 +1564,7 @@ mod tests {
     }
 
     /// Forty long Qwen3-8B units on two A100s: two replicas, each full after its first wave at
-    /// t = 10. Returns the planner, the grants and the long unit's constructor.
+    /// t = 10. Returns the planner and the grants.
     fn two_full_replicas(opts: JointOptions) -> (Planner, Vec<(ActivationId, ReplicaId)>) {
         let mut p = planner(&["A100-40GB", "A100-40GB"], opts);
         p.handle_all((0..40).map(|s| Event::UnitReady(long_unit(s, 0))).collect(), 0.0).unwrap();

@@ -1184,6 +1184,15 @@ fn tool_spec(
             ),
             _ => parse_one(v, &vf)?,
         };
+        // What the shell tool may read is the workflow's declaration, never a model's answer.
+        if tool == switchyard_tools::shell::NAME && name == "reads" && !t.references().is_empty() {
+            return Err(ctx.err(
+                v.pos,
+                &vf,
+                ErrorKind::Template,
+                "the paths `shell` may read must be written literally, not rendered from references",
+            ));
+        }
         loc.inputs.insert(name.clone(), v.pos);
         inputs.insert(name.clone(), t);
     }

@@ -144,8 +144,11 @@ impl Router {
                 }
             }
         }
-        self.learner.record(program, model, &context)?;
         self.ledgers[model].submit(program, tokens)?;
+        if let Err(e) = self.learner.record(program, model, &context) {
+            let _ = self.ledgers[model].withdraw(program);
+            return Err(e.into());
+        }
         self.table.insert(program, Binding { model, chosen, verifier, context, index, waits });
         Ok(&self.table[&program])
     }
@@ -175,8 +178,10 @@ impl Router {
     /// The verdict of a finished program landed: update the learner with the reward
     /// (success − a·cost/scale) and drop the program's row. Returns the reward.
     pub fn verdict(&mut self, program: u64, success: f64, cost: f64) -> Result<f64, RouterError> {
-        if !self.table.contains_key(&program) {
-            return Err(RouterError::Unbound(program));
+        let model = self.table.get(&program).ok_or(RouterError::Unbound(program))?.model;
+        if self.ledgers[model].is_admitted(program) || self.ledgers[model].withdraw(program).is_ok() {
+            // A verdict before `finished`: release what the program still holds.
+            let _ = self.ledgers[model].release(program);
         }
         let r = reward(success, cost, self.options.cost_weight, self.options.cost_scale);
         self.learner.land(program, r)?;
@@ -263,8 +268,16 @@ mod tests {
         assert!(after > before);
         assert_eq!(r.programs(), 1);
         assert_eq!(r.verdict(1, 1.0, 0.0).unwrap_err(), RouterError::Unbound(1));
-        r.abandon(2).unwrap();
+        // A verdict that lands before the program's end releases what it still holds.
+        assert_eq!(r.ledger(1).unwrap().admitted(), 1);
+        r.verdict(2, 0.0, 0.0).unwrap();
         assert_eq!(r.ledger(1).unwrap().admitted(), 0);
+        assert_eq!(r.finished(2, 100, 1.0).unwrap_err(), RouterError::Unbound(2));
+        // A program id bound again while its first binding lives is refused without a trace.
+        r.bind(3, CODE, 200).unwrap();
+        assert_eq!(r.bind(3, CODE, 200).unwrap_err(), RouterError::Bound(3));
+        r.abandon(3).unwrap();
+        assert_eq!(r.programs(), 0);
     }
 
     #[test]

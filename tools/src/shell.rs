@@ -6,8 +6,8 @@
 //! the same path into the sandbox's otherwise empty private root beside the operating system's
 //! programs and libraries — nothing else of the host is there), `timeout_s` (default
 //! [`DEFAULT_TIMEOUT_S`], at most [`MAX_TIMEOUT_S`]). The command line is untrusted (a model
-//! wrote it); `reads` is the workflow's declaration of what the tool needs and should be
-//! written literally in the workflow, not rendered from a model's answer.
+//! wrote it); `reads` is the workflow's declaration of what the tool needs, literal in the
+//! workflow (the runtime's workflow loader refuses template references there).
 //!
 //! What the sandbox guarantees (those the kernel grants; the outcome's `sandbox_note` says which
 //! it got): no network, a fresh unprivileged uid, an empty root with only the system paths and

@@ -14,6 +14,7 @@ use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use switchyard_runtime::planner::routing::embed::{COMPONENTS, Pca, SparseVec, VerifierSelector, Vocabulary};
+use switchyard_runtime::planner::routing::learner_context;
 use switchyard_runtime::planner::routing::linucb::{ALPHA_UCB, LinUcb};
 
 const VERIFIERS: [&str; 3] = ["exact_answer", "tests_pass", "rouge"];
@@ -38,7 +39,7 @@ fn setup() -> (Vocabulary, Pca, VerifierSelector, LinUcb, Vec<SparseVec>) {
     let pca = Pca::fit(&points, COMPONENTS);
     let exemplars: Vec<(&str, &str)> = (0..15).map(|k| (VERIFIERS[k % 3], texts[k].as_str())).collect();
     let sel = VerifierSelector::fit(&vocab, &exemplars);
-    let dim = 1 + VERIFIERS.len() + pca.len();
+    let dim = switchyard_runtime::planner::routing::Router::context_dim(VERIFIERS.len(), pca.len());
     let mut learner = LinUcb::new(3, dim, ALPHA_UCB, true).expect("learner");
     for p in 0..1_000u64 {
         let x = context(&sel, &pca, &points[p as usize % points.len()]);
@@ -49,11 +50,7 @@ fn setup() -> (Vocabulary, Pca, VerifierSelector, LinUcb, Vec<SparseVec>) {
 }
 
 fn context(sel: &VerifierSelector, pca: &Pca, e: &SparseVec) -> Vec<f64> {
-    let verifier = sel.select(e).map(|s| s.0).unwrap_or(VERIFIERS[0]);
-    let mut x = vec![1.0];
-    x.extend(VERIFIERS.iter().map(|v| if *v == verifier { 1.0 } else { 0.0 }));
-    x.extend(pca.project(e));
-    x
+    learner_context(sel, pca, e).1
 }
 
 fn bench(c: &mut Criterion) {

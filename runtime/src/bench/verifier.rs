@@ -28,6 +28,7 @@ use serde::Serialize;
 
 use crate::planner::routing::embed::{COMPONENTS, EXEMPLARS, Pca, VerifierSelector, Vocabulary};
 use crate::planner::routing::linucb::{ALPHA_UCB, LinUcb};
+use crate::planner::routing::router::{Router, learner_context};
 
 /// The verifiers of the shipped datasets, in report order.
 pub const VERIFIERS: [&str; 3] = ["exact_answer", "tests_pass", "rouge"];
@@ -37,6 +38,8 @@ pub const VERIFIERS: [&str; 3] = ["exact_answer", "tests_pass", "rouge"];
 pub enum VerifierBenchError {
     #[error("{path}: {reason}")]
     Dataset { path: String, reason: String },
+    #[error("the routing learner: {0}")]
+    Learner(String),
 }
 
 /// One labelled task.
@@ -213,7 +216,7 @@ fn percentile(v: &mut [f64], p: f64) -> f64 {
 }
 
 /// Time the embedding and a routing decision over `tasks` (the plain texts).
-fn costs(tasks: &[Task], seed: u64) -> Costs {
+fn costs(tasks: &[Task], seed: u64) -> Result<Costs, VerifierBenchError> {
     let texts: Vec<&str> = tasks.iter().map(|t| t.text.as_str()).collect();
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
     let mut sample: Vec<&str> = texts.clone();
@@ -226,11 +229,9 @@ fn costs(tasks: &[Task], seed: u64) -> Costs {
         tasks.iter().filter(move |t| t.verifier == v).take(EXEMPLARS).map(move |t| (*name, t.text.as_str()))
     }).collect();
     let sel = VerifierSelector::fit(&vocab, &exemplars);
-    let dim = 1 + VERIFIERS.len() + pca.len();
-    let mut learner = match LinUcb::new(3, dim, ALPHA_UCB, true) {
-        Ok(l) => l,
-        Err(_) => return Costs { embed_p50_us: 0.0, embed_p99_us: 0.0, route_p50_us: 0.0, route_p99_us: 0.0, requests: 0 },
-    };
+    let dim = Router::context_dim(VERIFIERS.len(), pca.len());
+    let mut learner =
+        LinUcb::new(3, dim, ALPHA_UCB, true).map_err(|e| VerifierBenchError::Learner(e.to_string()))?;
     let mut embed_us = Vec::with_capacity(sample.len());
     let mut route_us = Vec::with_capacity(sample.len());
     for (p, t) in sample.iter().enumerate() {
@@ -238,23 +239,20 @@ fn costs(tasks: &[Task], seed: u64) -> Costs {
         let e = vocab.embed(t);
         embed_us.push(start.elapsed().as_secs_f64() * 1e6);
         let start = Instant::now();
-        let verifier = sel.select(&e).map(|s| s.0).unwrap_or(VERIFIERS[0]);
-        let mut x = vec![1.0];
-        x.extend(VERIFIERS.iter().map(|v| if *v == verifier { 1.0 } else { 0.0 }));
-        x.extend(pca.project(&e));
+        let (_, x) = learner_context(&sel, &pca, &e);
         let decided = learner.decide(p as u64, &x);
         route_us.push(start.elapsed().as_secs_f64() * 1e6);
         if decided.is_ok() {
             let _ = learner.land(p as u64, if p % 3 == 0 { 1.0 } else { 0.0 });
         }
     }
-    Costs {
+    Ok(Costs {
         embed_p50_us: percentile(&mut embed_us.clone(), 0.5),
         embed_p99_us: percentile(&mut embed_us, 0.99),
         route_p50_us: percentile(&mut route_us.clone(), 0.5),
         route_p99_us: percentile(&mut route_us, 0.99),
         requests: sample.len(),
-    }
+    })
 }
 
 /// Run the bench on the datasets under `datasets`.
@@ -269,7 +267,7 @@ pub fn run(datasets: &Path, seed: u64, repetitions: usize) -> Result<VerifierRep
         classify_mix("plain", &distinct(tasks.clone()), seed, repetitions),
         classify_mix("confusable", &distinct(hard), seed, repetitions),
     ];
-    Ok(VerifierReport { seed, repetitions, exemplars: EXEMPLARS, mixes, costs: costs(&tasks, seed) })
+    Ok(VerifierReport { seed, repetitions, exemplars: EXEMPLARS, mixes, costs: costs(&tasks, seed)? })
 }
 
 impl VerifierReport {

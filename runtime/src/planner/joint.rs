@@ -145,25 +145,6 @@ pub struct Joint {
     tool_calls: BTreeMap<ActivationId, ToolCall>,
     /// TAO admission's solver (its tables are reused between solves).
     solver: Solver,
-    tao_stats: TaoAdmissionStats,
-}
-
-/// What TAO admission did over a run (paper 000 Table 9's plan statistics, for the joint
-/// planner's synchronous solves: a plan is applied in the tick that made it, so none is stale).
-#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
-pub struct TaoAdmissionStats {
-    /// DP solves (a deployment whose candidates all fit without any credit is not solved).
-    pub solves: u64,
-    /// Solves that exceeded the state budget and fell back to best-fit decreasing.
-    pub fallbacks: u64,
-    /// Σ live DP states over all solves.
-    pub states: u64,
-    /// Ready units granted by the DP, and those of them placed where they had cache credit.
-    pub granted: u64,
-    pub granted_with_credit: u64,
-    /// Capacity held for one tick for a near-ready unit whose tool call is predicted to return
-    /// within the horizon H.
-    pub held_for_near_ready: u64,
 }
 
 /// A TAO admission candidate: a ready unit, or a near-ready unit whose tool is about to return.
@@ -235,13 +216,7 @@ impl Joint {
             tool_history: ToolHistory::new(),
             tool_calls: BTreeMap::new(),
             solver: Solver::new(),
-            tao_stats: TaoAdmissionStats::default(),
         }
-    }
-
-    /// What TAO admission did so far.
-    pub fn tao_stats(&self) -> TaoAdmissionStats {
-        self.tao_stats
     }
 
     /// Decayed KV-cache credit k·2^(−τ/h) (paper 000 Eq. 4) of a unit with `prior` context on
@@ -311,13 +286,21 @@ impl Joint {
                     .filter(|n| n.deployment == d && self.returning(n, now))
                     .map(|n| Candidate::Returning(n.clone())),
             );
+            let needs: Vec<Need> = pool
+                .iter()
+                .map(|c| match c {
+                    Candidate::Ready(w) => self.need_of(state, w, now),
+                    Candidate::Returning(n) => self.near_need(state, n, now),
+                })
+                .collect();
             let candidates: Vec<tao::Candidate> = pool
                 .iter()
+                .zip(&needs)
                 .enumerate()
-                .map(|(i, c)| {
-                    let (need, tokens, prior) = match c {
-                        Candidate::Ready(w) => (self.need_of(state, w, now), w.prompt_tokens, w.prior_context),
-                        Candidate::Returning(n) => (self.near_need(state, n, now), n.prompt_bound, n.prior_context),
+                .map(|(i, (c, need))| {
+                    let (tokens, prior) = match c {
+                        Candidate::Ready(w) => (w.prompt_tokens, w.prior_context),
+                        Candidate::Returning(n) => (n.prompt_bound, n.prior_context),
                     };
                     let mut options: Vec<(usize, u64)> =
                         replicas.iter().enumerate().map(|(b, (r, _))| (b, self.credit(prior, *r, now))).collect();
@@ -349,12 +332,10 @@ impl Joint {
                 state_budget: TAO_STATE_BUDGET,
             };
             let Ok(plan) = self.solver.solve(&problem) else { continue };
-            self.tao_stats.solves += 1;
-            self.tao_stats.fallbacks += u64::from(plan.fallback);
-            self.tao_stats.states += plan.states_explored as u64;
             let plan = super::admission::balance_ties(&problem, plan);
             for a in &plan.assignments {
-                let (Some(c), Some(&(r, _))) = (pool.get(a.session as usize), replicas.get(a.replica)) else {
+                let k = a.session as usize;
+                let (Some(c), Some(need), Some(&(r, _))) = (pool.get(k), needs.get(k), replicas.get(a.replica)) else {
                     continue;
                 };
                 let Some(lane) = lanes.get_mut(&d).and_then(|ls| ls.iter_mut().find(|l| l.replica == Some(r))) else {
@@ -363,8 +344,7 @@ impl Joint {
                 let device = lane.device;
                 match c {
                     Candidate::Ready(w) => {
-                        let need = self.need_of(state, w, now);
-                        let Some(slot) = lane.probe(now, need.kv, |b| self.run_on(state, &dep, device, b, &need)) else {
+                        let Some(slot) = lane.probe(now, need.kv, |b| self.run_on(state, &dep, device, b, need)) else {
                             continue;
                         };
                         let fits = slot.start <= now && state.replica(r).is_some_and(|rv| self.accepts(state, rv, w));
@@ -372,17 +352,13 @@ impl Joint {
                             lane.commit(slot, need.kv);
                             self.placed(w.activation, d, slot.finish);
                             granted.insert(w.activation);
-                            self.tao_stats.granted += 1;
-                            self.tao_stats.granted_with_credit += u64::from(a.value.credit > 0);
                         }
                     }
-                    Candidate::Returning(n) => {
-                        let need = self.near_need(state, n, now);
-                        if let Some(slot) = lane.probe(now, need.kv, |b| self.run_on(state, &dep, device, b, &need))
+                    Candidate::Returning(_) => {
+                        if let Some(slot) = lane.probe(now, need.kv, |b| self.run_on(state, &dep, device, b, need))
                             && slot.start <= now
                         {
                             lane.commit(slot, need.kv);
-                            self.tao_stats.held_for_near_ready += 1;
                         }
                     }
                 }

@@ -29,4 +29,4 @@ pub mod router;
 pub use disc::{DiscConfig, Ledger, LedgerError, divert};
 pub use embed::{Pca, SparseVec, VerifierSelector, Vocabulary};
 pub use linucb::{ALPHA_UCB, Decision, LinUcb, LinUcbError, reward};
-pub use router::{Binding, Router, RouterError, RouterOptions};
+pub use router::{Binding, Router, RouterError, RouterOptions, learner_context};

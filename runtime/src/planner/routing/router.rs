@@ -21,7 +21,7 @@ use std::collections::BTreeMap;
 use thiserror::Error;
 
 use super::disc::{DiscConfig, Ledger, LedgerError, divert};
-use super::embed::{Pca, VerifierSelector, Vocabulary};
+use super::embed::{Pca, SparseVec, VerifierSelector, Vocabulary};
 use super::linucb::{Decision, LinUcb, LinUcbError, reward};
 
 /// What the router refuses.
@@ -73,13 +73,23 @@ pub struct Binding {
     pub waits: Vec<f64>,
 }
 
+/// The learner's context for an embedded request, and its verifier: a bias, the one-hot of the
+/// verifier the selector picks (its first verifier if it picks none),
+/// the request's principal components. Its length is [`Router::context_dim`].
+pub fn learner_context(selector: &VerifierSelector, pca: &Pca, e: &SparseVec) -> (String, Vec<f64>) {
+    let chosen = selector.select(e).map(|(v, _)| v).or_else(|| selector.verifiers().next()).unwrap_or_default();
+    let mut x = vec![1.0];
+    x.extend(selector.verifiers().map(|v| if v == chosen { 1.0 } else { 0.0 }));
+    x.extend(pca.project(e));
+    (chosen.to_string(), x)
+}
+
 /// The program-ID table with its learner, its verifier selector and one ledger per model.
 #[derive(Debug, Clone)]
 pub struct Router {
     vocabulary: Vocabulary,
     pca: Pca,
     selector: VerifierSelector,
-    verifiers: Vec<String>,
     learner: LinUcb,
     ledgers: Vec<Ledger>,
     options: RouterOptions,
@@ -104,7 +114,7 @@ impl Router {
         if learner.dim() != Self::context_dim(verifiers.len(), pca.len()) {
             return Err(RouterError::Config);
         }
-        Ok(Router { vocabulary, pca, selector, verifiers, learner, ledgers, options, table: BTreeMap::new() })
+        Ok(Router { vocabulary, pca, selector, learner, ledgers, options, table: BTreeMap::new() })
     }
 
     /// The context length for `verifiers` task types and `components` principal components.
@@ -115,12 +125,7 @@ impl Router {
     /// The verifier of a request and the learner's context for it: a bias, the task type
     /// one-hot, the request's principal components.
     pub fn context(&self, request: &str) -> (String, Vec<f64>) {
-        let e = self.vocabulary.embed(request);
-        let verifier = self.selector.select(&e).map_or_else(|| self.verifiers[0].clone(), |(v, _)| v.to_string());
-        let mut x = vec![1.0];
-        x.extend(self.verifiers.iter().map(|v| if *v == verifier { 1.0 } else { 0.0 }));
-        x.extend(self.pca.project(&e));
-        (verifier, x)
+        learner_context(&self.selector, &self.pca, &self.vocabulary.embed(request))
     }
 
     /// Bind `program` at its first request (`tokens` of it): verifier, model, divert, ledger.

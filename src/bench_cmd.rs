@@ -183,8 +183,9 @@ pub struct FrontDoorArgs {
     /// Tokens per soak stream.
     #[arg(long, default_value_t = 256)]
     pub soak_tokens: u32,
-    /// Emulated seconds per wall second.
-    #[arg(long, default_value_t = 50.0)]
+    /// Emulated seconds per wall second (1: a real GPU's pace; higher saturates the cores and
+    /// measures throughput instead of overhead).
+    #[arg(long, default_value_t = 1.0)]
     pub speed: f64,
     /// Print JSON instead of Markdown.
     #[arg(long)]

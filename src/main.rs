@@ -8,6 +8,10 @@ mod pool_path;
 mod progress;
 mod serve_cmd;
 
+/// Per-thread heaps: the live runtime allocates per streamed token on every worker thread.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;

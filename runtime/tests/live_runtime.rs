@@ -720,3 +720,49 @@ sink: Default::default(),
     println!("added by the live runtime per LLM call: median {:.1} µs, p99 {:.1} µs over {m} calls", o50 * 1e6, o99 * 1e6);
     println!("  of which after the grant (actor hops): median {:.1} µs, p99 {:.1} µs", a50 * 1e6, a99 * 1e6);
 }
+
+#[test]
+fn a_served_runtime_folds_its_gpu_timeline_and_keeps_the_partition() {
+    use switchyard_runtime::live::Service;
+    use switchyard_runtime::live::engine::TokenSink;
+    use switchyard_runtime::live::program_actor::ProgramRequest;
+
+    let tiny = Arc::new(load_workflow(&repo().join("tests/fixtures/tiny_chain.yaml")).expect("fixture"));
+    let pool = PoolSpec::load(&repo().join("workflows/pools/small.yaml")).expect("bundled pool");
+    let mut cfg = live_config(RunConfig::served(vec![tiny], pool));
+    cfg.timeline_segments = 4;
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let out = rt.block_on(async {
+        let service = Service::start(&cfg, FakeFactory::new(1, Faults::default())).await.expect("service");
+        // One program, 40 calls one after the other: each a busy period, so a segment of its own.
+        for i in 0..40 {
+            let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+            let request = ProgramRequest {
+                messages: Some(vec![serde_json::json!({"role": "user", "content": format!("call {i}")})]),
+                prompt: None,
+                max_tokens: 8,
+                enable_thinking: false,
+                program_done: i == 39,
+                next_model: None,
+                step: None,
+            };
+            let done = service.call(Some("p".into()), "Qwen3-0.6B", request, TokenSink::new(tx)).expect("served model");
+            done.await.expect("answered").expect("completed");
+        }
+        service.shutdown("the test ended").await.expect("shutdown")
+    });
+    let folded: Vec<_> = out.timelines.iter().filter_map(|tl| tl.folded.as_ref()).collect();
+    assert!(!folded.is_empty(), "40 busy periods on a 4-segment bound fold");
+    for tl in &out.timelines {
+        // The bound (twice the kept segments) plus the intervals closed at the end.
+        assert!(tl.segments.len() <= 2 * 4 + 3, "{}: {} segments", tl.name, tl.segments.len());
+    }
+    let folded_generation: f64 =
+        folded.iter().flat_map(|f| f.seconds.iter()).filter(|((c, _), _)| *c == switchyard_runtime::report::gpu::Category::Generation).map(|(_, s)| s).sum();
+    assert!(folded_generation > 0.0, "the folded time kept its generation: {folded:?}");
+    // The partition still covers the window exactly: GPUs × makespan.
+    let r = &out.report;
+    let window = r.gpus as f64 * r.makespan_s;
+    assert!((r.gpu_seconds_total.total() - window).abs() < 1e-3 * window.max(1.0), "{:?} vs {window}", r.gpu_seconds_total);
+    assert_eq!(r.sessions_completed, 1, "{r:?}");
+}

@@ -124,7 +124,11 @@ pub fn build_report(input: ReportInput<'_>) -> (RunReport, (f64, f64)) {
     let runs = input.sessions;
     let t0 = runs.iter().map(|r| r.arrived).fold(f64::INFINITY, f64::min);
     let t0 = if t0.is_finite() { t0 } else { 0.0 };
+    // A served runtime folds old timeline segments; the window covers what it folded (the
+    // sessions of that time may have been forgotten, `--keep-ended`).
+    let t0 = input.timelines.iter().filter_map(|tl| tl.folded.as_ref()).map(|f| f.from).fold(t0, f64::min);
     let t1 = runs.iter().filter_map(SessionRecord::ended).fold(t0, f64::max);
+    let t1 = input.timelines.iter().filter_map(|tl| tl.folded.as_ref()).map(|f| f.until).fold(t1, f64::max);
     for &(device, deployment, since) in input.open_resident {
         if let Some(tl) = input.timelines.get_mut(device as usize) {
             tl.segments.push(Segment {
@@ -138,7 +142,7 @@ pub fn build_report(input: ReportInput<'_>) -> (RunReport, (f64, f64)) {
     let mut total = GpuBreakdown::default();
     let mut by_dep: BTreeMap<Option<u32>, GpuBreakdown> = BTreeMap::new();
     for tl in input.timelines.iter() {
-        for ((cat, dep), secs) in gpu::partition(&tl.segments, t0, t1) {
+        for ((cat, dep), secs) in tl.partition(t0, t1) {
             let b = by_dep.entry(dep).or_default();
             let slot = match cat {
                 gpu::Category::Loading => &mut b.loading,
@@ -261,7 +265,7 @@ mod tests {
             SessionRecord { session: SessionId(1), workflow: 0, arrived: 1.0, finished: Some(3.0), failed: None, failed_at: None, score: Some(0.0), tools: Default::default() },
             SessionRecord { session: SessionId(2), workflow: 1, arrived: 0.0, finished: None, failed: Some("boom".into()), failed_at: None, score: None, tools: Default::default() },
         ];
-        let mut timelines = vec![DeviceTimeline { name: "A40".into(), segments: vec![] }];
+        let mut timelines = vec![DeviceTimeline::new("A40")];
         let (r, window) = build_report(ReportInput {
             workflows: &wfs,
             policy: "joint",
@@ -307,7 +311,7 @@ mod tests {
 
     fn report_of(sessions: &[SessionRecord], segments: Vec<Segment>, start_failures: &[(u32, f64, String)]) -> (RunReport, (f64, f64)) {
         let wfs = workflows();
-        let mut timelines = vec![DeviceTimeline { name: "A40".into(), segments }];
+        let mut timelines = vec![DeviceTimeline { segments, ..DeviceTimeline::new("A40") }];
         let mut work = TokenWork::new();
         work.insert((DeploymentId(0), 0), 100.0);
         build_report(ReportInput {

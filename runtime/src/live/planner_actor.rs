@@ -98,6 +98,10 @@ pub struct PlannerArgs {
     /// ended are forgotten: their status reads `unknown`, the journal still has their outcome);
     /// `None`: all (a run of a fixed trace).
     pub keep_ended: Option<usize>,
+    /// A served runtime keeps at most about twice this many GPU-timeline segments per device:
+    /// older ones are folded into the report's partition ([`DeviceTimeline::fold_until`]).
+    /// `None`: a run's timeline is its chart and is kept whole.
+    pub timeline_segments: Option<usize>,
 }
 
 struct ReplicaEntry {
@@ -157,6 +161,7 @@ pub struct PlannerActorState {
     /// Sessions of `ended` that failed (the metrics' gauges, without a scan per tick).
     ended_failed: usize,
     keep_ended: Option<usize>,
+    timeline_segments: Option<usize>,
     /// Ended sessions in the order they ended (for forgetting the oldest), and how many were
     /// forgotten (completed, failed).
     end_order: std::collections::VecDeque<SessionId>,
@@ -218,7 +223,7 @@ impl Actor for PlannerActor {
         let timelines = args
             .devices
             .iter()
-            .map(|d| DeviceTimeline { name: d.name.clone(), segments: Vec::new() })
+            .map(|d| DeviceTimeline::new(d.name.clone()))
             .collect();
         let mut state = PlannerActorState {
             ctx: args.ctx,
@@ -247,6 +252,7 @@ impl Actor for PlannerActor {
             durable: BTreeMap::new(),
             ended_failed: 0,
             keep_ended: args.keep_ended,
+            timeline_segments: args.timeline_segments,
             end_order: std::collections::VecDeque::new(),
             forgotten: (0, 0),
             sessions: BTreeMap::new(),
@@ -781,7 +787,40 @@ impl PlannerActorState {
                 Err(e) => self.set_fatal(format!("the planner rejected an event: {e}")),
             }
         }
+        self.bound_timelines();
         self.update_gauges();
+    }
+
+    /// A served runtime's GPU timelines stay bounded: past twice `timeline_segments` segments
+    /// on a device, everything before its newest `timeline_segments` is folded into the
+    /// partition the report reads ([`DeviceTimeline::fold_until`]), and the intervals still
+    /// open there restart at the cut. A run's timeline is its chart and is kept whole.
+    fn bound_timelines(&mut self) {
+        let Some(kept) = self.timeline_segments.map(|k| k.max(1)) else { return };
+        let Some(from) = self.trace.first().map(|e| e.at) else { return };
+        for (d, tl) in self.timelines.iter_mut().enumerate() {
+            let n = tl.segments.len();
+            if n <= 2 * kept {
+                continue;
+            }
+            // Segments are pushed as they close, so their ends come in order.
+            let cut = tl.segments[n - kept - 1].end.max(from);
+            let mut open = Vec::new();
+            for r in self.replicas.values_mut().filter(|r| r.device.0 as usize == d && !r.fixed) {
+                let deployment = r.deployment.0;
+                for (since, kind) in [
+                    (&mut r.loading_since, SegmentKind::Loading),
+                    (&mut r.busy_since, SegmentKind::Generating),
+                    (&mut r.resident_since, SegmentKind::Resident),
+                ] {
+                    if let Some(t) = since.as_mut().filter(|t| **t < cut) {
+                        open.push(Segment { start: *t, end: cut, kind, deployment });
+                        *t = cut;
+                    }
+                }
+            }
+            tl.fold_until(from, cut, &open);
+        }
     }
 
     /// The metrics' gauges from the actor's state (sessions, queue, replicas by state).

@@ -61,6 +61,9 @@ pub struct LiveConfig {
     /// sessions; older ones are forgotten (their status reads `unknown`), so memory does not
     /// grow with the sessions served.
     pub keep_ended: usize,
+    /// A served runtime keeps at most about twice this many GPU-timeline segments per device;
+    /// older ones are folded into the GPU-time partition its report reads.
+    pub timeline_segments: usize,
 }
 
 impl LiveConfig {
@@ -80,6 +83,7 @@ impl LiveConfig {
             keep_trace: false,
             program_idle: Duration::from_secs(300),
             keep_ended: 100_000,
+            timeline_segments: 4_096,
         }
     }
 }
@@ -296,6 +300,7 @@ pub(super) fn planner_args(
         front_door: None,
         metrics: None,
         keep_ended: None,
+        timeline_segments: None,
     }
 }
 

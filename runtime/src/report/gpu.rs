@@ -43,6 +43,63 @@ pub struct Segment {
 pub struct DeviceTimeline {
     pub name: String,
     pub segments: Vec<Segment>,
+    /// The partition of the time already folded out of `segments` by
+    /// [`DeviceTimeline::fold_until`] (a long-running server's timeline stays bounded); `None`
+    /// while nothing was folded. Charts draw only `segments`.
+    #[serde(skip)]
+    pub folded: Option<Folded>,
+}
+
+/// What [`DeviceTimeline::fold_until`] took out of a timeline: the partition of `[from, until]`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Folded {
+    pub from: f64,
+    pub until: f64,
+    pub seconds: BTreeMap<(Category, Option<u32>), f64>,
+}
+
+impl DeviceTimeline {
+    /// An empty timeline for device `name`.
+    pub fn new(name: impl Into<String>) -> Self {
+        DeviceTimeline { name: name.into(), segments: Vec::new(), folded: None }
+    }
+
+    /// Partition `[from, cut]` into [`Self::folded`] and keep only what lies after `cut`:
+    /// segments that end by `cut` are dropped, those that straddle it restart at it. A later fold
+    /// continues from the previous one's end (`from` is then ignored). Intervals the caller still
+    /// holds open (a replica loading, generating or resident, whose segment is pushed only when
+    /// it closes) must be passed in `open` as segments ending at `cut`, and restarted at `cut` by
+    /// the caller: then [`Self::partition`] over any window that starts by `from` is the same as
+    /// without the fold.
+    pub fn fold_until(&mut self, from: f64, cut: f64, open: &[Segment]) {
+        let from = self.folded.as_ref().map_or(from, |f| f.until);
+        if cut <= from {
+            return;
+        }
+        let mut past: Vec<Segment> = self.segments.iter().filter(|s| s.start < cut).copied().collect();
+        past.extend_from_slice(open);
+        let parts = partition(&past, from, cut);
+        let folded = self.folded.get_or_insert_with(|| Folded { from, until: from, seconds: BTreeMap::new() });
+        for (key, secs) in parts {
+            *folded.seconds.entry(key).or_insert(0.0) += secs;
+        }
+        folded.until = cut;
+        self.segments.retain(|s| s.end > cut);
+        for s in &mut self.segments {
+            s.start = s.start.max(cut);
+        }
+    }
+
+    /// Seconds per (category, responsible deployment) over `[t0, t1]`: what was folded (which
+    /// must lie inside the window) plus the partition of the segments after it.
+    pub fn partition(&self, t0: f64, t1: f64) -> BTreeMap<(Category, Option<u32>), f64> {
+        let Some(f) = &self.folded else { return partition(&self.segments, t0, t1) };
+        let mut out = f.seconds.clone();
+        for (key, secs) in partition(&self.segments, t0.max(f.until), t1) {
+            *out.entry(key).or_insert(0.0) += secs;
+        }
+        out
+    }
 }
 
 /// GPU seconds split by category.
@@ -195,6 +252,38 @@ mod tests {
         assert_eq!(b.idle_resident, 27.0);
         assert_eq!(b.other, 10.0);
         assert_eq!(b.total(), 60.0);
+    }
+
+    #[test]
+    fn folding_keeps_the_partition_and_bounds_the_segments() {
+        // Resident 0–100 (still open at the folds), iterations every 10 s, a load 42–47.
+        let mut all: Vec<Segment> = (0..10).map(|i| seg(i as f64 * 10.0 + 1.0, i as f64 * 10.0 + 4.0, SegmentKind::Generating, 1)).collect();
+        all.push(seg(42.0, 47.0, SegmentKind::Loading, 2));
+        let whole = {
+            let mut s = all.clone();
+            s.push(seg(5.0, 100.0, SegmentKind::Resident, 1));
+            partition(&s, 2.0, 110.0)
+        };
+        let mut tl = DeviceTimeline::new("A100-80GB");
+        tl.segments = all;
+        // The caller's open resident interval starts at 5 and restarts at each cut.
+        let mut open_since = 5.0;
+        for cut in [33.5, 44.0, 61.0] {
+            tl.fold_until(2.0, cut, &[seg(open_since, cut, SegmentKind::Resident, 1)]);
+            open_since = cut;
+        }
+        assert!(tl.segments.iter().all(|s| s.start >= 61.0), "{:?}", tl.segments);
+        assert_eq!(tl.segments.len(), 4);
+        tl.segments.push(seg(open_since, 100.0, SegmentKind::Resident, 1));
+        let folded = tl.partition(2.0, 110.0);
+        assert_eq!(folded.keys().collect::<Vec<_>>(), whole.keys().collect::<Vec<_>>());
+        for (k, v) in &whole {
+            assert!((folded[k] - v).abs() < 1e-9, "{k:?}: {} vs {v}", folded[k]);
+        }
+        // A cut at or before the last one folds nothing more.
+        let before = tl.folded.clone();
+        tl.fold_until(0.0, 50.0, &[]);
+        assert_eq!(tl.folded, before);
     }
 
     #[test]

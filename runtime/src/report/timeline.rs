@@ -187,8 +187,9 @@ mod tests {
                     seg(30.0, 90.0, SegmentKind::Generating, 0),
                     seg(100.0, 160.0, SegmentKind::Asleep, 0),
                 ],
+                folded: None,
             },
-            DeviceTimeline { name: "V100-32GB".into(), segments: vec![seg(0.0, 160.0, SegmentKind::Resident, 1)] },
+            DeviceTimeline { segments: vec![seg(0.0, 160.0, SegmentKind::Resident, 1)], ..DeviceTimeline::new("V100-32GB") },
         ];
         let names = vec!["Qwen3-4B".to_string(), "Qwen3-8B".to_string()];
         write_svg(&path, "test", &devices, &names, 0.0, 160.0).expect("drawn");

@@ -14,7 +14,16 @@
 //! alternate direct and front door so drift hits both. The added latency is front door minus
 //! direct at the same percentile — the runtime's overhead (parsing, tokenizing the prompt, the
 //! planner's tick, the actors' hops, re-streaming) plus any difference in how the engine
-//! batched the two loads.
+//! batched the two loads. Two arrival patterns, each measured both ways:
+//! * **steady**: the programs' first calls are spread evenly over one call's duration (measured
+//!   alone, direct, before the load), so that `programs` programs are in flight at any time —
+//!   what a pool serving that many agents sees;
+//! * **burst**: every program sends its first call at the same instant (the worst case: the
+//!   front door's per-call work for all of them queues on the cores before any reaches the
+//!   engine, and the engine sees them arrive over several of its steps instead of one).
+//!
+//! At `speed` 1 the engine keeps a real GPU's pace and the cores are not the bottleneck; at a
+//! higher speed the same load saturates the cores and measures throughput instead.
 //!
 //! Soak: `soak` programs at once through the front door, one streamed call of `soak_tokens`
 //! tokens each (the program's last: `X-Program-Done`); a stream counts as whole when it ends with `[DONE]` after exactly
@@ -54,7 +63,7 @@ pub struct LoadOptions {
 
 impl Default for LoadOptions {
     fn default() -> Self {
-        LoadOptions { programs: 100, calls: 5, max_tokens: 64, rounds: 2, soak: 1000, soak_tokens: 256, speed: 50.0 }
+        LoadOptions { programs: 100, calls: 5, max_tokens: 64, rounds: 2, soak: 1000, soak_tokens: 256, speed: 1.0 }
     }
 }
 
@@ -69,6 +78,30 @@ pub struct Side {
     pub calls_per_s: f64,
 }
 
+/// One arrival pattern, measured directly and through the front door.
+#[derive(Debug, Clone, Serialize)]
+pub struct Comparison {
+    /// The programs' first calls are spread evenly over this many seconds (0: all at once).
+    pub spread_s: f64,
+    pub direct: Side,
+    pub front_door: Side,
+    /// Front door minus direct, at p50 and p99 (ms).
+    pub added_p50_ms: f64,
+    pub added_p99_ms: f64,
+}
+
+impl Comparison {
+    fn new(spread_s: f64, direct: Side, front_door: Side) -> Self {
+        Comparison {
+            spread_s,
+            added_p50_ms: front_door.p50_ms - direct.p50_ms,
+            added_p99_ms: front_door.p99_ms - direct.p99_ms,
+            direct,
+            front_door,
+        }
+    }
+}
+
 /// The measurement.
 #[derive(Debug, Clone, Serialize)]
 pub struct LoadReport {
@@ -76,11 +109,10 @@ pub struct LoadReport {
     pub calls_per_program: usize,
     pub max_tokens: u32,
     pub speed: f64,
-    pub direct: Side,
-    pub front_door: Side,
-    /// Front door minus direct, at p50 and p99 (ms).
-    pub added_p50_ms: f64,
-    pub added_p99_ms: f64,
+    /// One call alone, direct (ms): the steady pattern's spread.
+    pub single_call_ms: f64,
+    pub steady: Comparison,
+    pub burst: Comparison,
     pub soak_programs: usize,
     pub soak_tokens: u32,
     pub soak_whole_streams: usize,
@@ -145,15 +177,19 @@ async fn call_as(http: &reqwest::Client, url: &str, program: Option<&str>, max_t
     Ok((latency, pieces))
 }
 
-/// `programs` programs × `calls` sequential calls against `url`; latencies in ms.
-async fn load(http: &reqwest::Client, url: &str, tag: &str, programs: usize, calls: usize, max_tokens: u32) -> (Vec<f64>, usize, f64) {
+/// `programs` programs × `calls` sequential calls of `max_tokens` tokens against `url`, the
+/// programs' first calls spread evenly over `spread_s` seconds; latencies in ms, failures, wall
+/// seconds.
+async fn load(http: &reqwest::Client, url: &str, tag: &str, (programs, calls, max_tokens, spread_s): (usize, usize, u32, f64)) -> (Vec<f64>, usize, f64) {
     let started = Instant::now();
     let tasks: Vec<_> = (0..programs)
         .map(|p| {
             let http = http.clone();
             let url = url.to_string();
             let program = format!("{tag}-{p}");
+            let offset = Duration::from_secs_f64(spread_s * p as f64 / programs.max(1) as f64);
             tokio::spawn(async move {
+                tokio::time::sleep(offset).await;
                 let mut out = Vec::new();
                 let mut failed = 0;
                 for _ in 0..calls {
@@ -212,8 +248,9 @@ pub async fn front_door_bench(opts: &LoadOptions) -> Result<LoadReport, String> 
     .map_err(|e| e.to_string())?;
     let direct_base = engine.base_url();
     let http = reqwest::Client::builder().pool_max_idle_per_host(2048).build().map_err(|e| e.to_string())?;
-    // Wait for the emulated start-up load.
-    for _ in 0..600 {
+    // Wait for the emulated start-up load (tens of emulated seconds: up to 5 minutes of wall
+    // time at real pace).
+    for _ in 0..6_000 {
         if http.get(format!("{direct_base}/health")).send().await.is_ok_and(|r| r.status().is_success()) {
             break;
         }
@@ -252,20 +289,29 @@ pub async fn front_door_bench(opts: &LoadOptions) -> Result<LoadReport, String> 
     call(&http, &front_url, Some("warm"), 8).await.map_err(|e| format!("warm-up through the front door: {e}"))?;
     call(&http, &direct_url, None, 8).await.map_err(|e| format!("warm-up direct: {e}"))?;
 
-    let (mut dl, mut df, mut dw) = (Vec::new(), 0, 0.0);
-    let (mut fl, mut ff, mut fw) = (Vec::new(), 0, 0.0);
-    for r in 0..opts.rounds.max(1) {
-        let (l, f, w) = load(&http, &direct_url, &format!("d{r}"), opts.programs, opts.calls, opts.max_tokens).await;
-        dl.extend(l);
-        df += f;
-        dw += w;
-        let (l, f, w) = load(&http, &front_url, &format!("f{r}"), opts.programs, opts.calls, opts.max_tokens).await;
-        fl.extend(l);
-        ff += f;
-        fw += w;
-    }
-    let direct = side(dl, df, dw);
-    let front_door = side(fl, ff, fw);
+    let (single, _) = call(&http, &direct_url, None, opts.max_tokens).await.map_err(|e| format!("a single direct call: {e}"))?;
+    let single_call_ms = single.as_secs_f64() * 1e3;
+    let compare = |pattern: &'static str, spread_s: f64| {
+        let (http, direct_url, front_url) = (&http, &direct_url, &front_url);
+        async move {
+            let (mut dl, mut df, mut dw) = (Vec::new(), 0, 0.0);
+            let (mut fl, mut ff, mut fw) = (Vec::new(), 0, 0.0);
+            for r in 0..opts.rounds.max(1) {
+                let shape = (opts.programs, opts.calls, opts.max_tokens, spread_s);
+                let (l, f, w) = load(http, direct_url, &format!("{pattern}-d{r}"), shape).await;
+                dl.extend(l);
+                df += f;
+                dw += w;
+                let (l, f, w) = load(http, front_url, &format!("{pattern}-f{r}"), shape).await;
+                fl.extend(l);
+                ff += f;
+                fw += w;
+            }
+            Comparison::new(spread_s, side(dl, df, dw), side(fl, ff, fw))
+        }
+    };
+    let steady = compare("steady", single_call_ms / 1e3).await;
+    let burst = compare("burst", 0.0).await;
 
     // Soak.
     let rss_before = rss_mib();
@@ -312,10 +358,9 @@ pub async fn front_door_bench(opts: &LoadOptions) -> Result<LoadReport, String> 
         calls_per_program: opts.calls,
         max_tokens: opts.max_tokens,
         speed: opts.speed,
-        added_p50_ms: front_door.p50_ms - direct.p50_ms,
-        added_p99_ms: front_door.p99_ms - direct.p99_ms,
-        direct,
-        front_door,
+        single_call_ms,
+        steady,
+        burst,
         soak_programs: opts.soak,
         soak_tokens: opts.soak_tokens,
         soak_whole_streams: whole,
@@ -329,20 +374,31 @@ pub async fn front_door_bench(opts: &LoadOptions) -> Result<LoadReport, String> 
 impl LoadReport {
     /// The report as Markdown.
     pub fn markdown(&self) -> String {
-        let row = |name: &str, s: &Side| {
-            format!("| {name} | {} | {} | {:.1} | {:.1} | {:.1} | {:.1} |\n", s.calls, s.failed, s.p50_ms, s.p90_ms, s.p99_ms, s.calls_per_s)
-        };
         let mut out = format!(
-            "Front door vs direct: {} programs × {} streamed calls of {} tokens, emulated Qwen3-0.6B on A100-80GB at {}×\n\n\
-             | path | calls | failed | p50 ms | p90 ms | p99 ms | calls/s |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n",
-            self.programs, self.calls_per_program, self.max_tokens, self.speed
+            "Front door vs direct: {} programs × {} streamed calls of {} tokens, emulated Qwen3-0.6B on A100-80GB at {}× \
+             (one call alone: {:.1} ms)\n\n\
+             | arrivals | path | calls | failed | p50 ms | p90 ms | p99 ms | calls/s |\n\
+             | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |\n",
+            self.programs, self.calls_per_program, self.max_tokens, self.speed, self.single_call_ms
         );
-        out.push_str(&row("direct", &self.direct));
-        out.push_str(&row("front door", &self.front_door));
+        let patterns = [("steady", &self.steady), ("burst", &self.burst)];
+        for (name, c) in patterns {
+            for (path, s) in [("direct", &c.direct), ("front door", &c.front_door)] {
+                out.push_str(&format!(
+                    "| {name} | {path} | {} | {} | {:.1} | {:.1} | {:.1} | {:.1} |\n",
+                    s.calls, s.failed, s.p50_ms, s.p90_ms, s.p99_ms, s.calls_per_s
+                ));
+            }
+        }
+        out.push('\n');
+        for (name, c) in patterns {
+            out.push_str(&format!(
+                "added by the front door, {name} (first calls spread over {:.2} s): p50 {:+.2} ms, p99 {:+.2} ms\n",
+                c.spread_s, c.added_p50_ms, c.added_p99_ms
+            ));
+        }
         out.push_str(&format!(
-            "\nadded by the front door: p50 {:+.2} ms, p99 {:+.2} ms\n\nsoak: {} concurrent programs × {} tokens: {} of {} streams whole in {:.1} s; RSS (whole process) {:.0} MiB before, {:.0} MiB peak, {:.0} MiB after\n",
-            self.added_p50_ms,
-            self.added_p99_ms,
+            "\nsoak: {} concurrent programs × {} tokens: {} of {} streams whole in {:.1} s; RSS (whole process) {:.0} MiB before, {:.0} MiB peak, {:.0} MiB after\n",
             self.soak_programs,
             self.soak_tokens,
             self.soak_whole_streams,

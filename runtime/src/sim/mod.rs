@@ -291,7 +291,7 @@ impl<'a> Sim<'a> {
             .pool
             .devices
             .iter()
-            .map(|d| DeviceTimeline { name: d.name.clone(), segments: Vec::new() })
+            .map(|d| DeviceTimeline::new(d.name.clone()))
             .collect();
         let node_info = exec::node_infos(&cfg.workflows, &deployment_of);
         let mut sim = Sim {

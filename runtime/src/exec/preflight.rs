@@ -154,7 +154,10 @@ fn fit_problems(cfg: &RunConfig) -> Vec<String> {
             let nodes: Vec<&str> = wf
                 .nodes
                 .iter()
-                .filter(|n| matches!(&n.kind, NodeKind::Agent(a) if a.deployment == d.name))
+                .filter(|n| {
+                    matches!(&n.kind, NodeKind::Agent(a)
+                        if a.deployment == d.name || a.route.as_ref().is_some_and(|r| r.contains(&d.name)))
+                })
                 .map(|n| n.id.as_str())
                 .collect();
             let used_by = if nodes.is_empty() { "no node".to_string() } else { format!("node{} {}", if nodes.len() > 1 { "s" } else { "" }, nodes.join(", ")) };

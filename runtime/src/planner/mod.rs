@@ -124,10 +124,11 @@ pub fn policy_by_name(
     }
 }
 
-/// The pure planner: state + policy.
+/// The pure planner: state + policy, and ORACLE's router when the run has routed workflows.
 pub struct Planner {
     state: PlannerState,
     policy: Box<dyn Policy>,
+    routing: Option<routing::RoutedPrograms>,
 }
 
 impl Planner {
@@ -138,7 +139,7 @@ impl Planner {
     ) -> Self {
         let mut state = PlannerState::new(devices, deployments);
         state.set_fusion(policy.fuses_chains());
-        Planner { state, policy }
+        Planner { state, policy, routing: None }
     }
 
     /// The substrate's lifecycle settings: how idle replicas are reclaimed, each device's
@@ -161,10 +162,75 @@ impl Planner {
         self.handle_all(vec![event], now)
     }
 
+    /// Route the run's routed workflows with ORACLE's router (paper 002) built from `setup`.
+    pub fn set_routing(&mut self, setup: routing::RoutingSetup) -> Result<(), PlanError> {
+        self.routing = Some(routing::RoutedPrograms::new(setup).map_err(|e| PlanError::Routing(e.to_string()))?);
+        Ok(())
+    }
+
+    /// Bind the program of routed session `session` to a member of `route`: ORACLE's learner
+    /// chooses by its task text (`task`; `tokens` of first prompt), DISC may divert it once,
+    /// and until its model's ledger admits it its units stay out of the queue. Answers the
+    /// deployment every routed node of the session runs on.
+    pub fn bind_program(
+        &mut self,
+        session: SessionId,
+        route: &[DeploymentId],
+        task: &str,
+        tokens: u64,
+        now: f64,
+    ) -> Result<routing::RouteRecord, PlanError> {
+        let routing = self.routing.as_mut().ok_or_else(|| PlanError::Routing("this run has no router".into()))?;
+        let (record, admitted) =
+            routing.bind(u64::from(session.0), route, task, tokens, now).map_err(|e| PlanError::Routing(e.to_string()))?;
+        if !admitted {
+            self.state.gate(session);
+        }
+        Ok(record)
+    }
+
+    /// The verdict of routed session `session` landed (its verifier ran after the session
+    /// ended): update the learner. Answers the reward. A session that was never routed, or
+    /// whose verdict already landed, is an error.
+    pub fn program_verdict(&mut self, session: SessionId, success: f64, cost: f64) -> Result<f64, PlanError> {
+        let routing = self.routing.as_mut().ok_or_else(|| PlanError::Routing("this run has no router".into()))?;
+        let (reward, admitted) = routing.verdict(u64::from(session.0), success, cost).map_err(|e| PlanError::Routing(e.to_string()))?;
+        for p in admitted {
+            self.state.ungate(SessionId(p as u32));
+        }
+        Ok(reward)
+    }
+
+    /// A routed session that cannot be verified (it failed): it releases what it holds.
+    pub fn program_abandoned(&mut self, session: SessionId) -> Result<(), PlanError> {
+        let routing = self.routing.as_mut().ok_or_else(|| PlanError::Routing("this run has no router".into()))?;
+        let admitted = routing.abandon(u64::from(session.0)).map_err(|e| PlanError::Routing(e.to_string()))?;
+        for p in admitted {
+            self.state.ungate(SessionId(p as u32));
+        }
+        Ok(())
+    }
+
+    /// The router, when the run has one.
+    pub fn routing(&self) -> Option<&routing::RoutedPrograms> {
+        self.routing.as_ref()
+    }
+
     /// Fold every event of one scheduling tick (all that happened at `now`), then plan once:
     /// the window the policy sees holds all of them.
     pub fn handle_all(&mut self, events: Vec<Event>, now: f64) -> Result<Vec<Command>, PlanError> {
         for event in events {
+            // A routed program that ended releases its ledger reservation (its peak context and
+            // run time teach the ledger) and may admit the next ones.
+            if let (Event::SessionEnded { session }, Some(routing)) = (&event, self.routing.as_mut())
+                && routing.record(u64::from(session.0)).is_some()
+            {
+                let peak = self.state.peak_tokens(*session);
+                let admitted = routing.finished(u64::from(session.0), peak, now).map_err(|e| PlanError::Routing(e.to_string()))?;
+                for p in admitted {
+                    self.state.ungate(SessionId(p as u32));
+                }
+            }
             self.state.observe(event.clone(), now)?;
             self.policy.observe(&event, &self.state, now);
         }

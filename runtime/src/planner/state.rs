@@ -12,7 +12,7 @@ use thiserror::Error;
 
 use super::memory::{self, Occupancy};
 use super::{Command, DeploymentId, Event};
-use crate::ids::{ActivationId, DeviceId, ReplicaId};
+use crate::ids::{ActivationId, DeviceId, ReplicaId, SessionId};
 
 /// A decision that would break an invariant, or an event that contradicts the view.
 #[derive(Debug, Error, PartialEq)]
@@ -39,6 +39,8 @@ pub enum PlanError {
     NoLease(ActivationId, ReplicaId),
     #[error("replica {0} is not asleep")]
     NotAsleep(ReplicaId),
+    #[error("routing: {0}")]
+    Routing(String),
 }
 
 /// One GPU of the pool as the planner sees it.
@@ -280,6 +282,12 @@ pub struct PlannerState {
     deployments: Vec<DeploymentInfo>,
     replicas: BTreeMap<ReplicaId, ReplicaView>,
     queue: Vec<WorkItem>,
+    /// Routed programs that DISC's ledger has not admitted yet, with the units they made ready
+    /// meanwhile (kept out of [`Self::queue`], so no policy can dispatch them).
+    gated: BTreeMap<SessionId, Vec<WorkItem>>,
+    /// Largest KV footprint (prompt + output limit) of each live session's units: a routed
+    /// program's peak context, which teaches its ledger when it ends.
+    peak_tokens: BTreeMap<SessionId, u64>,
     infeasible: BTreeSet<(DeploymentId, DeviceId)>,
     near_ready: BTreeMap<ActivationId, NearReadyItem>,
     running: BTreeMap<ActivationId, RunningUnit>,
@@ -315,6 +323,8 @@ impl PlannerState {
             deployments,
             replicas: BTreeMap::new(),
             queue: Vec::new(),
+            gated: BTreeMap::new(),
+            peak_tokens: BTreeMap::new(),
             infeasible: BTreeSet::new(),
             near_ready: BTreeMap::new(),
             running: BTreeMap::new(),
@@ -458,6 +468,29 @@ impl PlannerState {
         &self.queue
     }
 
+    /// Hold `session`'s units out of the queue until [`Self::ungate`] (a routed program DISC's
+    /// ledger has not admitted).
+    pub fn gate(&mut self, session: SessionId) {
+        self.gated.entry(session).or_default();
+    }
+
+    /// Admit a gated session: the units it made ready meanwhile join the queue, in order.
+    pub fn ungate(&mut self, session: SessionId) {
+        if let Some(held) = self.gated.remove(&session) {
+            self.queue.extend(held);
+        }
+    }
+
+    /// Whether `session` waits for admission.
+    pub fn is_gated(&self, session: SessionId) -> bool {
+        self.gated.contains_key(&session)
+    }
+
+    /// The largest KV footprint (prompt + output limit) among `session`'s units so far.
+    pub fn peak_tokens(&self, session: SessionId) -> u64 {
+        self.peak_tokens.get(&session).copied().unwrap_or(0)
+    }
+
     pub fn loads(&self) -> u64 {
         self.loads
     }
@@ -502,7 +535,12 @@ impl PlannerState {
         match event {
             Event::UnitReady(item) => {
                 self.near_ready.remove(&item.activation);
-                self.queue.push(item);
+                let peak = self.peak_tokens.entry(item.activation.session).or_insert(0);
+                *peak = (*peak).max(u64::from(item.envelope.0) + u64::from(item.envelope.1));
+                match self.gated.get_mut(&item.activation.session) {
+                    Some(held) => held.push(item),
+                    None => self.queue.push(item),
+                }
             }
             Event::UnitNearReady(item) => {
                 self.near_ready.insert(item.activation, item);
@@ -550,6 +588,8 @@ impl PlannerState {
                 }
                 self.near_ready.retain(|a, _| a.session != session);
                 self.queue.retain(|w| w.activation.session != session);
+                self.gated.remove(&session);
+                self.peak_tokens.remove(&session);
                 self.chain_next.retain(|a| a.session != session);
             }
             Event::ReplicaLoaded { replica } => {

@@ -233,6 +233,7 @@ pub(super) fn build(
 
     errors.extend(check_template_visibility(&ctx, &nodes, &locs, dataset.as_ref(), &topo));
     errors.extend(check_context_fits(&ctx, &nodes, &locs, &deployments));
+    errors.extend(check_one_route(&ctx, &nodes, &locs));
     errors.extend(check_next_rounds(&ctx, &nodes, &locs));
     errors.extend(check_verdicts(&ctx, &nodes, &conditions));
     errors.extend(check_input_needs(&ctx, &nodes, &maps, dataset.as_ref()));
@@ -747,22 +748,45 @@ fn agent_node(
 ) -> Result<AgentNode, WorkflowError> {
     let f = |k: &str| join_path(field, k);
     let dn = m.required(ctx, field, "deployment")?;
-    let deployment = ctx.string(dn, &f("deployment"))?;
-    let Some(dep) = deployments.get(&deployment) else {
-        if declared.contains(&deployment) {
+    // `deployment: NAME`, or a routed choice `deployment: {route: [NAME, ...]}` that ORACLE's
+    // router binds per session (the first member is what static analysis plans with).
+    let (route, members) = match &dn.value {
+        Value::Map(_) => {
+            let rm = ctx.map(dn, &f("deployment"), &["route"])?;
+            let rf = join_path(&f("deployment"), "route");
+            let rn = rm.required(ctx, &f("deployment"), "route")?;
+            let items = ctx.seq(rn, &rf)?;
+            if items.is_empty() {
+                return Err(ctx.err(rn.pos, &rf, ErrorKind::BadType, "a route needs at least one deployment"));
+            }
+            let mut members: Vec<(String, Pos, String)> = Vec::with_capacity(items.len());
+            for (i, item) in items.iter().enumerate() {
+                let name = ctx.string(item, &format!("{rf}[{i}]"))?;
+                if members.iter().any(|(n, _, _)| *n == name) {
+                    return Err(ctx.err(item.pos, &format!("{rf}[{i}]"), ErrorKind::DuplicateId, format!("deployment `{name}` is twice in the route")));
+                }
+                members.push((name, item.pos, format!("{rf}[{i}]")));
+            }
+            (Some(members.iter().map(|(n, _, _)| n.clone()).collect::<Vec<_>>()), members)
+        }
+        _ => (None, vec![(ctx.string(dn, &f("deployment"))?, dn.pos, f("deployment"))]),
+    };
+    for (name, pos, at) in &members {
+        if deployments.contains_key(name) {
+            continue;
+        }
+        if declared.contains(name) {
             // The deployment's own entry is wrong and already reported.
             return Err(WorkflowError::Many(Vec::new()));
         }
         let names: Vec<&str> = deployments.keys().map(String::as_str).collect();
-        let hint = closest(&deployment, &names)
-            .map(|c| format!(" (did you mean `{c}`?)"))
-            .unwrap_or_default();
-        return Err(ctx.err(
-            dn.pos,
-            &f("deployment"),
-            ErrorKind::UnknownReference,
-            format!("unknown deployment `{deployment}`{hint}"),
-        ));
+        let hint = closest(name, &names).map(|c| format!(" (did you mean `{c}`?)")).unwrap_or_default();
+        return Err(ctx.err(*pos, at, ErrorKind::UnknownReference, format!("unknown deployment `{name}`{hint}")));
+    }
+    let deployment = members[0].0.clone();
+    // The node's limits hold on every member: the smallest output limit and context.
+    let Some(dep) = members.iter().filter_map(|(n, _, _)| deployments.get(n)).min_by_key(|d| (d.max_output_tokens, d.max_context)) else {
+        return Err(WorkflowError::Many(Vec::new()));
     };
     let responder = match m.get("responder") {
         Some(rn) => responder_name(ctx, rn, &f("responder"))?,
@@ -884,6 +908,7 @@ fn agent_node(
     };
     Ok(AgentNode {
         deployment,
+        route,
         role,
         prompt,
         max_output_tokens,
@@ -1641,7 +1666,9 @@ fn check_context_fits(
         let NodeKind::Agent(a) = &node.kind else {
             continue;
         };
-        let Some(dep) = deployments.get(&a.deployment) else {
+        // A routed node must fit on each member of its route: the smallest context decides.
+        let members = a.route.as_deref().unwrap_or(std::slice::from_ref(&a.deployment));
+        let Some(dep) = members.iter().filter_map(|m| deployments.get(m)).min_by_key(|d| d.max_context) else {
             continue;
         };
         let prompts = std::iter::once((&a.prompt, "prompt", locs[i].prompt))
@@ -1660,6 +1687,30 @@ fn check_context_fits(
                     ),
                 ));
             }
+        }
+    }
+    errors
+}
+
+/// A workflow is routed as one program (paper 002: a program is bound to one model): every
+/// routed node declares the same route.
+fn check_one_route(ctx: &Ctx<'_>, nodes: &[NodeSpec], locs: &[NodeLocs]) -> Vec<WorkflowError> {
+    let routed = nodes.iter().zip(locs).filter_map(|(n, l)| match &n.kind {
+        NodeKind::Agent(a) => a.route.as_ref().map(|r| (n, l, r)),
+        NodeKind::Tool(_) => None,
+    });
+    let mut first: Option<(&str, &Vec<String>)> = None;
+    let mut errors = Vec::new();
+    for (n, l, route) in routed {
+        match first {
+            None => first = Some((&n.id, route)),
+            Some((id, r)) if r != route => errors.push(ctx.err(
+                l.pos,
+                &format!("nodes.{}.deployment.route", n.id),
+                ErrorKind::BadType,
+                format!("route [{}] differs from node `{id}`'s [{}]: a workflow's routed nodes share one route (the session is bound to one model)", route.join(", "), r.join(", ")),
+            )),
+            Some(_) => {}
         }
     }
     errors

@@ -99,7 +99,12 @@ pub enum NodeKind {
 /// `generic` responder) or one of the benchmark pipelines' responders.
 #[derive(Debug, Clone, PartialEq)]
 pub struct AgentNode {
+    /// The deployment the node runs on; for a routed node, its route's first member until a
+    /// session is bound ([`WorkflowSpec::bound_to`]).
     pub deployment: String,
+    /// A routed node (`deployment: {route: [...]}`): the deployments ORACLE's router chooses
+    /// among, once per session (every routed node of a workflow declares the same route).
+    pub route: Option<Vec<String>>,
     /// The agent's role (`role:`), if declared; it opens the prompt.
     pub role: Option<String>,
     /// The full prompt template: the role / goal / instructions preamble, the `prompt:` text,
@@ -421,6 +426,28 @@ impl WorkflowSpec {
 
     pub fn node(&self, id: &str) -> Option<&NodeSpec> {
         self.index.get(id).map(|&i| &self.nodes[i])
+    }
+
+    /// The route of a routed workflow (its routed nodes all declare it), if it has one.
+    pub fn route(&self) -> Option<&[String]> {
+        self.nodes.iter().find_map(|n| match &n.kind {
+            NodeKind::Agent(a) => a.route.as_deref(),
+            NodeKind::Tool(_) => None,
+        })
+    }
+
+    /// The workflow as a session bound to route member `deployment` runs it: every routed node
+    /// on that deployment. The route stays on the nodes (it says what was chosen among).
+    pub fn bound_to(&self, deployment: &str) -> WorkflowSpec {
+        let mut spec = self.clone();
+        for n in &mut spec.nodes {
+            if let NodeKind::Agent(a) = &mut n.kind
+                && a.route.as_ref().is_some_and(|r| r.iter().any(|m| m == deployment))
+            {
+                a.deployment = deployment.to_string();
+            }
+        }
+        spec
     }
 
     pub fn node_index(&self, id: &str) -> Option<usize> {

@@ -15,6 +15,9 @@
 //! - [`router`]: the program-ID table composing them — at a program's first request the
 //!   verifier (task type), the learner's choice of model, DISC's one-time divert, the model's
 //!   ledger; the verdict lands later and updates the learner.
+//! - [`programs`]: the router as the planner core holds it — arms are the run's routed
+//!   deployments, a program is bound within its workflow's route, the ledgers' admissions gate
+//!   the programs' units in the planner's queue.
 //!
 //! Everything here is a pure function of its arguments and its own state: no I/O, no clock (time
 //! is an argument), no randomness, no global state, `BTreeMap`s where order could matter. It must
@@ -24,9 +27,11 @@
 pub mod disc;
 pub mod embed;
 pub mod linucb;
+pub mod programs;
 pub mod router;
 
 pub use disc::{DiscConfig, Ledger, LedgerError, divert};
 pub use embed::{Pca, SparseVec, VerifierSelector, Vocabulary};
 pub use linucb::{ALPHA_UCB, Decision, LinUcb, LinUcbError, reward};
+pub use programs::{RouteRecord, RoutedPrograms, RoutingSetup};
 pub use router::{Binding, Router, RouterError, RouterOptions, learner_context};

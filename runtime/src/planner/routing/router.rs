@@ -129,20 +129,27 @@ impl Router {
     }
 
     /// Bind `program` at its first request (`tokens` of it): verifier, model, divert, ledger.
-    pub fn bind(&mut self, program: u64, request: &str, tokens: u64) -> Result<&Binding, RouterError> {
+    /// `eligible` are the models the program may run on (its route; empty: every model).
+    pub fn bind(&mut self, program: u64, request: &str, tokens: u64, eligible: &[usize]) -> Result<&Binding, RouterError> {
         if self.table.contains_key(&program) {
             return Err(RouterError::Bound(program));
+        }
+        let all: Vec<usize> = (0..self.ledgers.len()).collect();
+        let eligible = if eligible.is_empty() { &all[..] } else { eligible };
+        if eligible.iter().any(|&m| m >= self.ledgers.len()) {
+            return Err(RouterError::Config);
         }
         let (verifier, context) = self.context(request);
         let decision: Decision = self.learner.evaluate(&context)?;
         let index: Vec<f64> = (0..self.ledgers.len()).map(|m| decision.index(m)).collect();
         let waits: Vec<f64> = self.ledgers.iter().map(|l| l.wait_forecast(tokens)).collect();
-        let chosen = decision.arm;
+        // The best selection index among the eligible models (ties: the first listed).
+        let chosen = eligible.iter().copied().fold(eligible[0], |best, m| if index[m] > index[best] { m } else { best });
         let mut model = chosen;
         if self.options.reassign {
             let (beta, w0) = (self.options.disc.beta, self.options.disc.w0_s);
             let score = |m: usize| (1.0 - beta) * index[m] - beta * waits[m] / w0.max(f64::MIN_POSITIVE);
-            for m in 0..self.ledgers.len() {
+            for &m in eligible {
                 if m != chosen && divert(beta, w0, index[chosen], index[m], waits[chosen], waits[m]) && score(m) > score(model)
                 {
                     model = m;
@@ -208,6 +215,10 @@ impl Router {
         Ok(())
     }
 
+    pub fn options(&self) -> RouterOptions {
+        self.options
+    }
+
     pub fn ledger(&self, model: usize) -> Option<&Ledger> {
         self.ledgers.get(model)
     }
@@ -254,14 +265,14 @@ mod tests {
     #[test]
     fn a_program_is_bound_once_to_a_model_and_a_verifier_and_learns_from_its_verdict() {
         let mut r = router(true, 100_000);
-        let b = r.bind(1, MATH, 200).unwrap().clone();
+        let b = r.bind(1, MATH, 200, &[]).unwrap().clone();
         assert_eq!(b.verifier, "exact_answer");
         assert_eq!((b.chosen, b.model), (0, 0), "an untrained learner ties; the first model");
         assert_eq!(b.context[..3], [1.0, 1.0, 0.0], "bias, then the task type one-hot");
-        assert_eq!(r.bind(1, MATH, 200).unwrap_err(), RouterError::Bound(1));
+        assert_eq!(r.bind(1, MATH, 200, &[]).unwrap_err(), RouterError::Bound(1));
         // Program 1's pending decision already narrows model 0's width (the pending term), so
         // the untrained learner explores model 1 for the next program.
-        let b2 = r.bind(2, CODE, 200).unwrap();
+        let b2 = r.bind(2, CODE, 200, &[]).unwrap();
         assert_eq!((b2.verifier.as_str(), b2.chosen), ("tests_pass", 1));
         assert_eq!(r.admit(), vec![(1, 0), (2, 1)]);
         r.finished(1, 900, 40.0).unwrap();
@@ -279,8 +290,8 @@ mod tests {
         assert_eq!(r.ledger(1).unwrap().admitted(), 0);
         assert_eq!(r.finished(2, 100, 1.0).unwrap_err(), RouterError::Unbound(2));
         // A program id bound again while its first binding lives is refused without a trace.
-        r.bind(3, CODE, 200).unwrap();
-        assert_eq!(r.bind(3, CODE, 200).unwrap_err(), RouterError::Bound(3));
+        r.bind(3, CODE, 200, &[]).unwrap();
+        assert_eq!(r.bind(3, CODE, 200, &[]).unwrap_err(), RouterError::Bound(3));
         r.abandon(3).unwrap();
         assert_eq!(r.programs(), 0);
     }
@@ -295,14 +306,14 @@ mod tests {
         for reassign in [true, false] {
             let mut r = router(reassign, 10_000);
             for p in 100..160 {
-                let model = r.bind(p, MATH, 100).unwrap().model;
+                let model = r.bind(p, MATH, 100, &[]).unwrap().model;
                 r.admit();
                 r.finished(p, 1_000, 100.0).unwrap();
                 r.verdict(p, if model == 0 { 1.0 } else { 0.0 }, 0.0).unwrap();
             }
             let mut moved = Vec::new();
             for p in 0..12 {
-                let b = r.bind(p, MATH, 100).unwrap();
+                let b = r.bind(p, MATH, 100, &[]).unwrap();
                 assert_eq!(b.chosen, 0, "the trained learner prefers model 0");
                 if b.model != b.chosen {
                     assert!(b.waits[1] < b.waits[0], "{b:?}");

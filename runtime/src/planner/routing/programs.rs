@@ -1,0 +1,226 @@
+//! ORACLE inside the planner core: the router over a run's routed deployments, and what it has
+//! bound each routed program (a session of a routed workflow) to.
+//!
+//! The arms of the router are the distinct deployments that appear in some workflow's route; a
+//! program may only be bound to a member of its own route. Binding happens once, when the
+//! program arrives ([`RoutedPrograms::bind`], called by the planner for the shells); the
+//! program's ledger admission gates its units in the planner's queue; its end releases the
+//! reservation (peak context and run time teach the ledger); its verdict lands whenever the
+//! shell's verifier returns ([`RoutedPrograms::verdict`]) and updates the learner then. Routing
+//! never waits on a verdict.
+//!
+//! Pure, like the rest of `routing`: no I/O, no clock, no randomness.
+
+use std::collections::BTreeMap;
+
+use super::disc::{DiscConfig, Ledger};
+use super::embed::{COMPONENTS, Pca, VerifierSelector, Vocabulary};
+use super::linucb::{ALPHA_UCB, LinUcb};
+use super::router::{Router, RouterError, RouterOptions};
+use crate::planner::DeploymentId;
+
+/// What the shells hand the core to build its router.
+#[derive(Debug, Clone)]
+pub struct RoutingSetup {
+    /// The routed deployments (the learner's arms), in a fixed order.
+    pub arms: Vec<DeploymentId>,
+    /// Per arm: the KV-cache capacity of its backend in tokens (DISC's pool).
+    pub capacity_tokens: Vec<u64>,
+    /// Per arm: the ledger's prior peak context c₀ (tokens).
+    pub prior_peak_tokens: Vec<f64>,
+    /// The ledgers' prior program run time D₀ (seconds).
+    pub prior_run_s: f64,
+    /// Exemplar tasks per verifier: (verifier, task text); k = 5 each in Appendix B.3.
+    pub exemplars: Vec<(String, String)>,
+    pub options: RouterOptions,
+}
+
+/// One routed program's row, as the run's report shows it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RouteRecord {
+    pub deployment: DeploymentId,
+    /// The deployment the learner chose (differs from `deployment` when DISC diverted it).
+    pub chosen: DeploymentId,
+    pub verifier: String,
+    /// When the program was bound (planner time).
+    pub bound_at: f64,
+}
+
+/// The router and the bindings of the programs it has not forgotten yet.
+#[derive(Debug, Clone)]
+pub struct RoutedPrograms {
+    router: Router,
+    arms: Vec<DeploymentId>,
+    live: BTreeMap<u64, RouteRecord>,
+}
+
+impl RoutedPrograms {
+    pub fn new(setup: RoutingSetup) -> Result<Self, RouterError> {
+        let n = setup.arms.len();
+        if n == 0
+            || setup.capacity_tokens.len() != n
+            || setup.prior_peak_tokens.len() != n
+            || setup.exemplars.is_empty()
+        {
+            return Err(RouterError::Config);
+        }
+        let texts: Vec<&str> = setup.exemplars.iter().map(|(_, t)| t.as_str()).collect();
+        let vocabulary = Vocabulary::fit(&texts);
+        let points: Vec<_> = texts.iter().map(|t| vocabulary.embed(t)).collect();
+        let pca = Pca::fit(&points, COMPONENTS);
+        let selector = VerifierSelector::fit(&vocabulary, &setup.exemplars);
+        let verifiers = selector.verifiers().count();
+        let learner = LinUcb::new(n, Router::context_dim(verifiers, pca.len()), ALPHA_UCB, true)?;
+        let mut ledgers = Vec::with_capacity(n);
+        for (cap, c0) in setup.capacity_tokens.iter().zip(&setup.prior_peak_tokens) {
+            ledgers.push(Ledger::new(*cap, *c0, setup.prior_run_s, setup.options.disc)?);
+        }
+        let router = Router::new(vocabulary, pca, selector, learner, ledgers, setup.options)?;
+        Ok(RoutedPrograms { router, arms: setup.arms, live: BTreeMap::new() })
+    }
+
+    /// The DISC settings the router runs with.
+    pub fn disc(&self) -> DiscConfig {
+        self.router_options().disc
+    }
+
+    fn router_options(&self) -> RouterOptions {
+        self.router.options()
+    }
+
+    fn arm(&self, d: DeploymentId) -> Option<usize> {
+        self.arms.iter().position(|a| *a == d)
+    }
+
+    /// Bind `program` (its task text and first prompt's tokens) to a member of `route`; returns
+    /// its row and whether its ledger admitted it at once.
+    pub fn bind(
+        &mut self,
+        program: u64,
+        route: &[DeploymentId],
+        task: &str,
+        tokens: u64,
+        now: f64,
+    ) -> Result<(RouteRecord, bool), RouterError> {
+        let eligible: Vec<usize> =
+            route.iter().map(|d| self.arm(*d).ok_or(RouterError::Config)).collect::<Result<_, _>>()?;
+        if eligible.is_empty() {
+            return Err(RouterError::Config);
+        }
+        let b = self.router.bind(program, task, tokens, &eligible)?.clone();
+        let record = RouteRecord {
+            deployment: self.arms[b.model],
+            chosen: self.arms[b.chosen],
+            verifier: b.verifier,
+            bound_at: now,
+        };
+        self.live.insert(program, record.clone());
+        let admitted = self.router.admit().iter().any(|(p, _)| *p == program) || self.is_admitted(program);
+        Ok((record, admitted))
+    }
+
+    fn is_admitted(&self, program: u64) -> bool {
+        self.router.binding(program).and_then(|b| self.router.ledger(b.model)).is_some_and(|l| l.is_admitted(program))
+    }
+
+    /// The program ended (its last call returned): release its reservation, learning its peak
+    /// context and run time; answers the programs the ledgers admit now.
+    pub fn finished(&mut self, program: u64, peak_tokens: u64, now: f64) -> Result<Vec<u64>, RouterError> {
+        let Some(r) = self.live.get(&program) else { return Err(RouterError::Unbound(program)) };
+        self.router.finished(program, peak_tokens, (now - r.bound_at).max(0.0))?;
+        Ok(self.router.admit().into_iter().map(|(p, _)| p).collect())
+    }
+
+    /// The program's verdict landed: the learner's update (reward returned). Its row goes.
+    pub fn verdict(&mut self, program: u64, success: f64, cost: f64) -> Result<(f64, Vec<u64>), RouterError> {
+        let r = self.router.verdict(program, success, cost)?;
+        self.live.remove(&program);
+        Ok((r, self.router.admit().into_iter().map(|(p, _)| p).collect()))
+    }
+
+    /// A program that cannot be verified (it failed): release what it holds, forget it.
+    pub fn abandon(&mut self, program: u64) -> Result<Vec<u64>, RouterError> {
+        self.router.abandon(program)?;
+        self.live.remove(&program);
+        Ok(self.router.admit().into_iter().map(|(p, _)| p).collect())
+    }
+
+    /// The row of a bound program not yet verified.
+    pub fn record(&self, program: u64) -> Option<&RouteRecord> {
+        self.live.get(&program)
+    }
+
+    pub fn router(&self) -> &Router {
+        &self.router
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MATH: &str = "Tom has 5 apples and buys 3 more. How many apples does Tom have now?";
+
+    fn setup(capacity: u64) -> RoutingSetup {
+        let exemplars = [
+            ("exact_answer", "Natalia sold 48 clips in April and half as many in May. How many clips did she sell?"),
+            ("exact_answer", "Weng earns $12 an hour. She worked 50 minutes. How much did she earn?"),
+            ("tests_pass", "Write a python function to find the first repeated character in a string."),
+            ("tests_pass", "Write a python function to check whether a number is prime."),
+        ];
+        RoutingSetup {
+            arms: vec![DeploymentId(3), DeploymentId(5), DeploymentId(7)],
+            capacity_tokens: vec![capacity; 3],
+            prior_peak_tokens: vec![1_000.0; 3],
+            prior_run_s: 60.0,
+            exemplars: exemplars.iter().map(|(v, t)| (v.to_string(), t.to_string())).collect(),
+            options: RouterOptions::default(),
+        }
+    }
+
+    #[test]
+    fn a_program_is_bound_within_its_route_and_learns_from_its_verdict() {
+        let mut p = RoutedPrograms::new(setup(1_000_000)).unwrap();
+        let route = [DeploymentId(5), DeploymentId(7)];
+        // Untrained, the learner explores: each binding's pending decision narrows its arm's
+        // width, so the next program goes to the other member — never to the arm outside the
+        // route.
+        let mut seen = Vec::new();
+        for program in 0..4 {
+            let (r, admitted) = p.bind(program, &route, MATH, 100, 0.0).unwrap();
+            assert!(admitted);
+            assert_eq!(r.verifier, "exact_answer");
+            assert!(route.contains(&r.deployment), "{r:?}");
+            seen.push(r.deployment);
+        }
+        assert!(seen.contains(&DeploymentId(5)) && seen.contains(&DeploymentId(7)), "{seen:?}");
+        assert_eq!(p.bind(0, &route, MATH, 100, 0.0).unwrap_err(), RouterError::Bound(0));
+        assert_eq!(p.bind(9, &[DeploymentId(4)], MATH, 100, 0.0).unwrap_err(), RouterError::Config, "not an arm");
+        // Verdicts: member 7 succeeds, member 5 fails; the learner then prefers 7.
+        for program in 0..4 {
+            p.finished(program, 900, 30.0).unwrap();
+            let good = p.record(program).unwrap().deployment == DeploymentId(7);
+            p.verdict(program, if good { 1.0 } else { 0.0 }, 0.0).unwrap();
+        }
+        for program in 10..40 {
+            let (r, _) = p.bind(program, &route, MATH, 100, 40.0).unwrap();
+            p.finished(program, 900, 50.0).unwrap();
+            let good = r.deployment == DeploymentId(7);
+            p.verdict(program, if good { 1.0 } else { 0.0 }, 0.0).unwrap();
+        }
+        let (r, _) = p.bind(100, &route, MATH, 100, 60.0).unwrap();
+        assert_eq!(r.deployment, DeploymentId(7), "the learner prefers the member that succeeds");
+        assert!(p.record(3).is_none(), "a verified program's row is gone");
+    }
+
+    #[test]
+    fn a_full_ledger_gates_programs_until_one_finishes() {
+        // Room for about one program (prior peak 1,000 tokens + allowance within 85 % of 1,500).
+        let mut p = RoutedPrograms::new(setup(1_500)).unwrap();
+        let route = [DeploymentId(3)];
+        let (_, first) = p.bind(1, &route, MATH, 100, 0.0).unwrap();
+        let (_, second) = p.bind(2, &route, MATH, 100, 0.0).unwrap();
+        assert!(first && !second, "the second waits in the ledger's FIFO");
+        assert_eq!(p.finished(1, 900, 10.0).unwrap(), vec![2], "the first's end admits the second");
+    }
+}

@@ -236,6 +236,15 @@ fn kill_9_of_switchyard_leaves_no_engine_child() {
     run.signal(libc::SIGKILL);
     assert_eq!(run.exit_within(Duration::from_secs(5)), None, "killed by SIGKILL");
     assert_gone(&engines, Duration::from_secs(5), "a kill -9 of switchyard");
+    // Every engine the run had recorded — also one it was still starting when the signal came —
+    // dies with it (the kernel's parent-death signal is delivered at once, but a child may take
+    // a moment to finish dying).
+    let recorded: Vec<(i32, u64)> = registry::entries(&run.registry)
+        .expect("read the registry")
+        .into_iter()
+        .filter_map(|(_, e)| e.ok().map(|e| (e.pgid, e.child_start)))
+        .collect();
+    assert_gone(&recorded, Duration::from_secs(5), "a kill -9 of switchyard");
     // What is left are stale entries of a dead owner: the next run's sweep drops them and
     // has nothing to kill.
     assert!(!recorded_pgids(&run.registry).is_empty());

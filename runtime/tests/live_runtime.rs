@@ -734,7 +734,8 @@ fn a_served_runtime_folds_its_gpu_timeline_and_keeps_the_partition() {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let out = rt.block_on(async {
         let service = Service::start(&cfg, FakeFactory::new(1, Faults::default())).await.expect("service");
-        // One program, 40 calls one after the other: each a busy period, so a segment of its own.
+        // One program, 40 calls one after the other, 20 ms apart: each a busy period, so a segment
+        // of its own.
         for i in 0..40 {
             let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
             let request = ProgramRequest {
@@ -748,6 +749,8 @@ fn a_served_runtime_folds_its_gpu_timeline_and_keeps_the_partition() {
             };
             let done = service.call(Some("p".into()), "Qwen3-0.6B", request, TokenSink::new(tx)).expect("served model");
             done.await.expect("answered").expect("completed");
+            // An idle gap: the replica is resident but not generating.
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
         service.shutdown("the test ended").await.expect("shutdown")
     });
@@ -763,6 +766,12 @@ fn a_served_runtime_folds_its_gpu_timeline_and_keeps_the_partition() {
     // The partition still covers the window exactly: GPUs × makespan.
     let r = &out.report;
     let window = r.gpus as f64 * r.makespan_s;
-    assert!((r.gpu_seconds_total.total() - window).abs() < 1e-3 * window.max(1.0), "{:?} vs {window}", r.gpu_seconds_total);
+    let g = r.gpu_seconds_total;
+    assert!((g.total() - window).abs() < 1e-3 * window.max(1.0), "{g:?} vs {window}");
     assert_eq!(r.sessions_completed, 1, "{r:?}");
+    // The one replica stays resident from its load to the end: its device is never *other*
+    // after the load, folded part included (a fold that dropped the open resident interval
+    // would turn the folded idle gaps into other).
+    let busy = g.generation + g.idle_resident + g.loading;
+    assert!(busy >= r.makespan_s - 0.05, "{g:?} over a makespan of {} s", r.makespan_s);
 }

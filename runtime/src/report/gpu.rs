@@ -69,8 +69,8 @@ impl DeviceTimeline {
     /// continues from the previous one's end (`from` is then ignored). Intervals the caller still
     /// holds open (a replica loading, generating or resident, whose segment is pushed only when
     /// it closes) must be passed in `open` as segments ending at `cut`, and restarted at `cut` by
-    /// the caller: then [`Self::partition`] over any window that starts by `from` is the same as
-    /// without the fold.
+    /// the caller: then [`Self::partition`] over a window that starts at `from` (and ends after
+    /// the last cut) is the same as without the fold.
     pub fn fold_until(&mut self, from: f64, cut: f64, open: &[Segment]) {
         let from = self.folded.as_ref().map_or(from, |f| f.until);
         if cut <= from {

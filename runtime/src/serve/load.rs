@@ -10,17 +10,20 @@
 //!   `X-Session-ID`), which the planner schedules onto the same server.
 //!
 //! Load: `programs` concurrent programs, each `calls` sequential streamed calls of
-//! `max_tokens` tokens; the latency of a call is from sending it to reading `[DONE]`. Rounds
-//! alternate direct and front door so drift hits both. The added latency is front door minus
+//! `max_tokens` tokens (the last marked `X-Program-Done`); the latency of a call is from
+//! sending it to reading `[DONE]`. Rounds alternate direct and front door in ABBA order (direct
+//! first in even rounds, front door first in odd ones) so drift hits both alike. The added latency is front door minus
 //! direct at the same percentile — the runtime's overhead (parsing, tokenizing the prompt, the
 //! planner's tick, the actors' hops, re-streaming) plus any difference in how the engine
 //! batched the two loads. Two arrival patterns, each measured both ways:
-//! * **steady**: the programs' first calls are spread evenly over one call's duration (measured
-//!   alone, direct, before the load), so that `programs` programs are in flight at any time —
-//!   what a pool serving that many agents sees;
+//! * **steady**: the programs' first calls are spread evenly over one call's duration under the
+//!   load (the burst pattern's direct median), so that calls start and end all the time rather
+//!   than in waves — what a pool serving that many agents sees;
 //! * **burst**: every program sends its first call at the same instant (the worst case: the
 //!   front door's per-call work for all of them queues on the cores before any reaches the
 //!   engine, and the engine sees them arrive over several of its steps instead of one).
+//!
+//! Before the measured rounds, one unmeasured burst per path fills the connection pools.
 //!
 //! At `speed` 1 the engine keeps a real GPU's pace and the cores are not the bottleneck; at a
 //! higher speed the same load saturates the cores and measures throughput instead.
@@ -109,7 +112,7 @@ pub struct LoadReport {
     pub calls_per_program: usize,
     pub max_tokens: u32,
     pub speed: f64,
-    /// One call alone, direct (ms): the steady pattern's spread.
+    /// One call alone, direct (ms).
     pub single_call_ms: f64,
     pub steady: Comparison,
     pub burst: Comparison,
@@ -192,8 +195,8 @@ async fn load(http: &reqwest::Client, url: &str, tag: &str, (programs, calls, ma
                 tokio::time::sleep(offset).await;
                 let mut out = Vec::new();
                 let mut failed = 0;
-                for _ in 0..calls {
-                    match call(&http, &url, Some(&program), max_tokens).await {
+                for c in 0..calls {
+                    match call_as(&http, &url, Some(&program), max_tokens, c + 1 == calls).await {
                         Ok((d, _)) => out.push(d.as_secs_f64() * 1e3),
                         Err(_) => failed += 1,
                     }
@@ -298,20 +301,33 @@ pub async fn front_door_bench(opts: &LoadOptions) -> Result<LoadReport, String> 
             let (mut fl, mut ff, mut fw) = (Vec::new(), 0, 0.0);
             for r in 0..opts.rounds.max(1) {
                 let shape = (opts.programs, opts.calls, opts.max_tokens, spread_s);
-                let (l, f, w) = load(http, direct_url, &format!("{pattern}-d{r}"), shape).await;
-                dl.extend(l);
-                df += f;
-                dw += w;
-                let (l, f, w) = load(http, front_url, &format!("{pattern}-f{r}"), shape).await;
-                fl.extend(l);
-                ff += f;
-                fw += w;
+                for direct in if r % 2 == 0 { [true, false] } else { [false, true] } {
+                    if direct {
+                        let (l, f, w) = load(http, direct_url, &format!("{pattern}-d{r}"), shape).await;
+                        dl.extend(l);
+                        df += f;
+                        dw += w;
+                    } else {
+                        let (l, f, w) = load(http, front_url, &format!("{pattern}-f{r}"), shape).await;
+                        fl.extend(l);
+                        ff += f;
+                        fw += w;
+                    }
+                }
             }
             Comparison::new(spread_s, side(dl, df, dw), side(fl, ff, fw))
         }
     };
-    let steady = compare("steady", single_call_ms / 1e3).await;
+    // One unmeasured burst per path first: connection pools filled (client → front door, front
+    // door → engine, client → engine), as a server that has been running has them.
+    for url in [&direct_url, &front_url] {
+        let (_, failed, _) = load(&http, url, "warm", (opts.programs, 1, opts.max_tokens, 0.0)).await;
+        if failed > 0 {
+            return Err(format!("{failed} warm-up calls to {url} failed"));
+        }
+    }
     let burst = compare("burst", 0.0).await;
+    let steady = compare("steady", burst.direct.p50_ms / 1e3).await;
 
     // Soak.
     let rss_before = rss_mib();

@@ -36,7 +36,10 @@ pub fn workflow_info(
         let (deployment, limit) = match &node.kind {
             NodeKind::Agent(a) => {
                 mean_tokens[i] = a.output_tokens.mean.round().max(0.0) as u32;
-                (deployment_of(&a.deployment), a.max_output_tokens)
+                // A routed node's deployment is known per session only (its binding): no static
+                // deployment, so it is neither fused nor forecast near-ready.
+                let deployment = if a.route.is_some() { None } else { deployment_of(&a.deployment) };
+                (deployment, a.max_output_tokens)
             }
             NodeKind::Tool(_) => (None, 0),
         };

@@ -10,6 +10,8 @@
 //!   records, the planner with its policy and predictor, the [`oracle`] estimates);
 //! - what happens when an activation becomes ready ([`activation`]: prompt, tokens with
 //!   prefix-block hashes of [`BLOCK_SIZE`], responder output, near-ready items, scoring);
+//! - what routed workflows need ([`routing`]: the router's setup, a program's first request, its
+//!   verdict under the selected verifier);
 //! - what a shell records ([`CallRecord`], [`TraceLine`], [`record`]'s [`SessionRecord`] and
 //!   [`Counters`]) and the one report builder, [`build_report`].
 //!
@@ -25,6 +27,7 @@ pub mod pool;
 pub mod preflight;
 pub mod profiles;
 pub mod record;
+pub mod routing;
 pub mod setup;
 
 use std::sync::Arc;

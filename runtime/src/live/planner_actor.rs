@@ -162,6 +162,10 @@ pub struct PlannerActorState {
     ended_failed: usize,
     keep_ended: Option<usize>,
     timeline_segments: Option<usize>,
+    /// Routed workflows bound to a route member, made once per (workflow, member).
+    bound_specs: exec::routing::BoundSpecs,
+    /// Routed sessions (ORACLE's bindings), by session.
+    routes: BTreeMap<SessionId, exec::routing::RouteRow>,
     /// Ended sessions in the order they ended (for forgetting the oldest), and how many were
     /// forgotten (completed, failed).
     end_order: std::collections::VecDeque<SessionId>,
@@ -253,6 +257,8 @@ impl Actor for PlannerActor {
             ended_failed: 0,
             keep_ended: args.keep_ended,
             timeline_segments: args.timeline_segments,
+            bound_specs: BTreeMap::new(),
+            routes: BTreeMap::new(),
             end_order: std::collections::VecDeque::new(),
             forgotten: (0, 0),
             sessions: BTreeMap::new(),
@@ -1118,7 +1124,23 @@ impl PlannerActorState {
         };
         let id = SessionId(i as u32);
         let wall = self.wall();
-        match Session::new(id, spec, input) {
+        let session = Session::new(id, spec, input).map_err(|e| e.to_string()).and_then(|session| {
+            let (session, row) = exec::routing::bind_session(
+                &mut self.planner,
+                entry.workflow,
+                session,
+                &self.ctx.deployment_of,
+                &self.ctx.deployments,
+                &mut self.bound_specs,
+                wall,
+            )
+            .map_err(|e| e.to_string())?;
+            if let Some(row) = row {
+                self.routes.insert(id, row);
+            }
+            Ok(session)
+        });
+        match session {
             Ok(session) => {
                 let args = SessionArgs {
                     ctx: Arc::clone(&self.ctx),
@@ -1190,7 +1212,40 @@ impl PlannerActorState {
             }
         }
         self.post(myself, Event::SessionEnded { session: id });
+        if self.routes.contains_key(&id) {
+            self.route_verdict(myself, id).await;
+        }
         self.after_session_end();
+    }
+
+    /// A routed session ended: its end reaches the core first (the ledger learns its peak and
+    /// run time), then its verdict under the selected verifier (the learner's update) or, for a
+    /// failed session, its release; then a planning pass, since the ledgers may have admitted
+    /// waiting programs.
+    async fn route_verdict(&mut self, myself: &ActorRef<PlannerMsg>, id: SessionId) {
+        self.flush(myself).await;
+        let Some(report) = self.ended.get(&id) else { return };
+        let (failed, score) = (report.record.failed.is_some(), report.record.score);
+        let Some(row) = self.routes.get_mut(&id) else { return };
+        let result = if failed {
+            self.planner.program_abandoned(id)
+        } else {
+            let spec = self.ctx.workflows.get(row.workflow as usize).cloned();
+            let success = spec.map_or(0.0, |spec| exec::routing::verdict(&spec, score, &row.verifier));
+            row.verdict = Some(success);
+            self.planner.program_verdict(id, success, 0.0).map(|_| ())
+        };
+        if let Err(e) = result {
+            self.note(format!("router: session {id}: {e}"));
+        }
+        match self.planner.handle_all(Vec::new(), self.ctx.clock.now()) {
+            Ok(commands) => {
+                for c in commands {
+                    self.execute(myself, c).await;
+                }
+            }
+            Err(e) => self.set_fatal(format!("the planner rejected a planning pass: {e}")),
+        }
     }
 
     fn after_session_end(&mut self) {
@@ -1448,6 +1503,7 @@ impl PlannerActorState {
         });
         let mut report = report;
         report.fixed_endpoint_gpus = self.fixed_devices.len();
+        report.routing = exec::routing::routing_report(&self.ctx.workflows, self.routes.values());
         let mut calls: Vec<CallRecord> = reports.iter().flat_map(|r| r.calls.iter().cloned()).collect();
         calls.sort_by(|a, b| a.finished_at.total_cmp(&b.finished_at));
         let timings = reports.iter().flat_map(|r| r.timings.iter().copied()).collect();

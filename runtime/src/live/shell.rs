@@ -147,7 +147,10 @@ pub async fn run(cfg: &LiveConfig, factory: Arc<dyn EngineFactory>, progress: Op
     let (deployments, deployment_of) = exec::deployment_table(&rc.workflows, rc.max_num_seqs)?;
     let node_info = exec::node_infos(&rc.workflows, &deployment_of);
     let records = exec::load_records(&rc.workflows)?;
-    let planner = exec::build_planner(&rc.pool, &deployments, &rc.policy, rc.options, &rc.predictor, rc.substrate)?;
+    let mut planner = exec::build_planner(&rc.pool, &deployments, &rc.policy, rc.options, &rc.predictor, rc.substrate)?;
+    if let Some(setup) = exec::routing::routing_setup(&rc.workflows, &records, &deployments, &deployment_of, &rc.pool)? {
+        planner.set_routing(setup).map_err(exec::ShellError::from)?;
+    }
     let sizes: Vec<usize> = records.iter().map(|r| r.len()).collect();
     let trace = arrivals::trace_per_workflow(&rc.arrivals_of(), &rc.sessions_of(), &sizes, rc.seed);
     let total = trace.len();

@@ -110,10 +110,30 @@ pub struct RunReport {
     /// reads as empty ("other"). Omitted when 0.
     #[serde(skip_serializing_if = "is_zero")]
     pub fixed_endpoint_gpus: usize,
+    /// Routed workflows (ORACLE): per workflow and model, the programs bound there and their
+    /// verdicts. Omitted when nothing was routed.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub routing: BTreeMap<String, BTreeMap<String, RouteStats>>,
 }
 
 fn is_zero(n: &usize) -> bool {
     *n == 0
+}
+
+/// What the router did with one workflow's programs on one model.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct RouteStats {
+    /// Programs bound to the model.
+    pub programs: u64,
+    /// Of those, programs DISC diverted there from the learner's choice.
+    pub diverted: u64,
+    /// Programs that waited for the model's ledger to admit them.
+    pub gated: u64,
+    /// Verdicts that landed, and how many were successes.
+    pub verdicts: u64,
+    pub successes: u64,
+    /// Programs classified to the workflow's own verifier.
+    pub right_verifier: u64,
 }
 
 /// Largest number of failed tool calls listed one by one in a report.

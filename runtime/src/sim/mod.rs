@@ -85,7 +85,15 @@ enum SimEvent {
     /// The agent framework hands a finished call's output to its session
     /// ([`RunConfig::handoff_s`] after the finish).
     Handoff(ActivationId),
+    /// A routed session's verifier returns ([`VERIFIER_S`] after the session ended).
+    Verdict(SessionId),
 }
+
+/// How long a routed session's verifier takes after the session ends (assumption: the exact
+/// answer and ROUGE checks are milliseconds; MBPP's tests already ran inside the workflow).
+pub const VERIFIER_S: f64 = 0.05;
+
+
 
 struct Scheduled {
     at: f64,
@@ -229,6 +237,10 @@ struct Sim<'a> {
     planner_ticks: Vec<PlannerTick>,
     /// The run was interrupted (see [`Flow::Interrupt`]).
     interrupted: bool,
+    /// Routed workflows bound to a route member: (workflow, member) → the bound spec.
+    bound_specs: exec::routing::BoundSpecs,
+    /// Routed sessions, by session.
+    routes: BTreeMap<SessionId, exec::routing::RouteRow>,
 }
 
 /// Where a running simulation stands, handed to the progress callback of [`simulate_with`] once
@@ -294,6 +306,10 @@ impl<'a> Sim<'a> {
             .map(|d| DeviceTimeline::new(d.name.clone()))
             .collect();
         let node_info = exec::node_infos(&cfg.workflows, &deployment_of);
+        let mut planner = planner;
+        if let Some(setup) = exec::routing::routing_setup(&cfg.workflows, &records, &deployments, &deployment_of, &cfg.pool)? {
+            planner.set_routing(setup)?;
+        }
         let mut sim = Sim {
             cfg,
             opts,
@@ -335,6 +351,8 @@ impl<'a> Sim<'a> {
             tick_events: Vec::new(),
             planner_ticks: Vec::new(),
             interrupted: false,
+            bound_specs: BTreeMap::new(),
+            routes: BTreeMap::new(),
         };
         for i in 0..sim.trace_entries.len() {
             let at = sim.trace_entries[i].at;
@@ -373,6 +391,7 @@ impl<'a> Sim<'a> {
                         self.complete(a, output)?;
                     }
                 }
+                SimEvent::Verdict(s) => self.on_verdict(s)?,
             }
             // One scheduling tick per distinct virtual time.
             if self.queue.peek().is_none_or(|n| n.at > self.now) {
@@ -697,6 +716,7 @@ impl<'a> Sim<'a> {
         self.log("arrival", TraceLine { session: Some(id.0), detail: Some(spec.name.clone()), ..blank() });
         match Session::new(id, spec, input) {
             Ok(session) => {
+                let session = self.bind_route(id, entry.workflow, session)?;
                 self.sessions[i] = Some(SessionRun {
                     session: Some(Box::new(session)),
                     record: SessionRecord {
@@ -723,6 +743,41 @@ impl<'a> Sim<'a> {
                 self.done_sessions += 1;
                 self.log("session_failed", TraceLine { session: Some(id.0), detail: Some(e.to_string()), ..blank() });
             }
+        }
+        Ok(())
+    }
+
+    /// A session of a routed workflow: the planner's router binds it to a route member by its
+    /// first request; the session then runs the workflow bound to that member.
+    fn bind_route(&mut self, id: SessionId, w: u32, session: Session) -> Result<Session, SimError> {
+        let (session, row) = exec::routing::bind_session(
+            &mut self.planner,
+            w,
+            session,
+            &self.deployment_of,
+            &self.deployments,
+            &mut self.bound_specs,
+            self.now,
+        )?;
+        if let Some(row) = row {
+            self.log("route", TraceLine { session: Some(id.0), detail: Some(format!("{} ({})", row.model, row.verifier)), ..blank() });
+            self.routes.insert(id, row);
+        }
+        Ok(session)
+    }
+
+    /// A routed session's verdict lands: the learner's update, then a planning pass (the
+    /// ledgers may have admitted waiting programs).
+    fn on_verdict(&mut self, s: SessionId) -> Result<(), SimError> {
+        let Some(run) = self.sessions.get(s.0 as usize).and_then(|r| r.as_ref()) else { return Ok(()) };
+        let Some(row) = self.routes.get_mut(&s) else { return Ok(()) };
+        let spec = &self.cfg.workflows[row.workflow as usize];
+        let success = exec::routing::verdict(spec, run.record.score, &row.verifier);
+        row.verdict = Some(success);
+        self.planner.program_verdict(s, success, 0.0)?;
+        let commands = self.planner.handle_all(Vec::new(), self.now)?;
+        for c in commands {
+            self.execute(c)?;
         }
         Ok(())
     }
@@ -1018,6 +1073,9 @@ impl<'a> Sim<'a> {
         self.forget_near_sent(s);
         self.done_sessions += 1;
         self.log("session_done", TraceLine { session: Some(s.0), ..blank() });
+        if self.routes.contains_key(&s) {
+            self.schedule(self.now + VERIFIER_S, SimEvent::Verdict(s));
+        }
         self.plan(Event::SessionEnded { session: s })
     }
 
@@ -1036,6 +1094,12 @@ impl<'a> Sim<'a> {
         self.prepared.retain(|a, _| a.session != s);
         if let Err(e) = self.plan(Event::SessionEnded { session: s }) {
             self.notes.push(format!("planner rejected the end of session {s}: {e}"));
+        }
+        // A routed program that failed is never verified: it releases what it holds.
+        if self.routes.contains_key(&s)
+            && let Err(e) = self.planner.program_abandoned(s)
+        {
+            self.notes.push(format!("router: session {s}: {e}"));
         }
     }
 
@@ -1087,6 +1151,8 @@ impl<'a> Sim<'a> {
             wakes: state.wakes(),
             interrupted: self.interrupted,
         });
+        let mut report = report;
+        report.routing = exec::routing::routing_report(&cfg.workflows, self.routes.values());
         SimOutput {
             report,
             trace: std::mem::take(&mut self.trace),

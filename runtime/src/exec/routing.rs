@@ -1,0 +1,269 @@
+//! What both shells need to run routed workflows (paper 002, ORACLE; the decisions are the
+//! planner core's, `planner::routing`): the router's setup from the run's workflows and
+//! datasets, a session's first request (what the router embeds), its route as deployment
+//! identities, and its verdict under the verifier the router selected.
+//!
+//! - **Verifiers** are the workflows' metric kinds (`gsm8k_exact`, `tests_pass`, `rouge_l`,
+//!   `verdict`); the router's classifier learns them from [`EXEMPLARS_PER_VERIFIER`] exemplar
+//!   requests of each workflow in the run that has a one-term metric (Appendix B.3's k = 5): the
+//!   rendered first prompt of its first records.
+//! - **The request** a program is classified and routed by is its first agent prompt, rendered
+//!   from its input exactly as the engine will receive it (never the dataset's reference
+//!   fields, which would leak the answer into the routing features).
+//! - **The verdict** lands when the session ends: the selected verifier applied to the
+//!   session's result. The right verifier confirms success by the workflow's own metric (ROUGE-L
+//!   at least [`ROUGE_SUCCESS`]); a verifier of another task type cannot, so it reports failure
+//!   — the cost of a wrong classification is wrong feedback, as with a single verifier in §5.
+//! - **Cost** is not priced yet: the reward's cost weight is 0 (reward = success).
+//!
+//! Depends on the workflow model, sessions and `planner::routing`; never on `sim` or `live`.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use crate::ids::SessionId;
+use crate::planner::routing::{RouterOptions, RoutingSetup};
+use crate::planner::{DeploymentId, DeploymentInfo, Planner};
+use crate::report::RouteStats;
+use crate::session::Session;
+use crate::values::Record;
+use crate::workflow::{MetricKind, NodeKind, WorkflowSpec};
+
+use super::{DeploymentMap, PoolSpec, ShellError};
+
+/// Exemplar requests per verifier (Appendix B.3: k = 5).
+pub const EXEMPLARS_PER_VERIFIER: usize = 5;
+
+/// A QMSum-style answer counts as a success at this ROUGE-L F1 (assumption: the shipped QMSum
+/// answers score 0.10–0.20 on average in the emulator; 0.2 separates the better ones).
+pub const ROUGE_SUCCESS: f64 = 0.2;
+
+/// The ledgers' prior peak context c₀ (tokens; five pseudo-observations, then the finished
+/// programs' peaks take over) and prior program run time D₀ (seconds).
+pub const PRIOR_PEAK_TOKENS: f64 = 2_048.0;
+pub const PRIOR_RUN_S: f64 = 60.0;
+
+/// The verifier name of a metric kind.
+pub fn verifier_name(kind: MetricKind) -> &'static str {
+    match kind {
+        MetricKind::Gsm8kExact => "gsm8k_exact",
+        MetricKind::TestsPass => "tests_pass",
+        MetricKind::RougeL => "rouge_l",
+        MetricKind::Verdict => "verdict",
+    }
+}
+
+/// The verifier a workflow's sessions are judged by: its metric's kind when it has one term.
+pub fn workflow_verifier(spec: &WorkflowSpec) -> Option<&'static str> {
+    match spec.metric.as_ref()?.terms.as_slice() {
+        [one] => Some(verifier_name(one.kind)),
+        _ => None,
+    }
+}
+
+/// The route of workflow `w` as deployment identities, if it is routed.
+pub fn route_of(
+    w: u32,
+    spec: &WorkflowSpec,
+    deployment_of: &DeploymentMap,
+) -> Result<Option<Vec<DeploymentId>>, ShellError> {
+    let Some(route) = spec.route() else { return Ok(None) };
+    route
+        .iter()
+        .map(|name| {
+            deployment_of.get(&(w, name.clone())).copied().ok_or_else(|| {
+                ShellError::Internal(format!("route member `{name}` of `{}` has no deployment", spec.name))
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map(Some)
+}
+
+/// The route member (deployment name of workflow `w`) that deployment `d` is.
+pub fn member_name(w: u32, spec: &WorkflowSpec, deployment_of: &DeploymentMap, d: DeploymentId) -> Option<String> {
+    spec.route()?.iter().find(|name| deployment_of.get(&(w, (*name).clone())) == Some(&d)).cloned()
+}
+
+/// A program's first request: the first ready agent activation's prompt, rendered from the
+/// session's input (empty when the session starts with a tool).
+pub fn first_request(session: &Session) -> String {
+    session
+        .ready()
+        .into_iter()
+        .filter(|a| session.node_of(a.index).is_some_and(|n| matches!(n.kind, NodeKind::Agent(_))))
+        .find_map(|a| session.render_prompt(a.index).ok())
+        .map(|segments| segments.concat())
+        .unwrap_or_default()
+}
+
+/// The router's setup for a run, `None` when no workflow is routed. Arms: every deployment in
+/// some route; capacity: the KV tokens one replica of it holds on the pool's largest device;
+/// exemplars: [`EXEMPLARS_PER_VERIFIER`] first requests of each workflow with a verifier.
+pub fn routing_setup(
+    workflows: &[Arc<WorkflowSpec>],
+    records: &[Vec<Record>],
+    deployments: &[DeploymentInfo],
+    deployment_of: &DeploymentMap,
+    pool: &PoolSpec,
+) -> Result<Option<RoutingSetup>, ShellError> {
+    let mut arms: Vec<DeploymentId> = Vec::new();
+    for (w, spec) in workflows.iter().enumerate() {
+        for d in route_of(w as u32, spec, deployment_of)?.unwrap_or_default() {
+            if !arms.contains(&d) {
+                arms.push(d);
+            }
+        }
+    }
+    if arms.is_empty() {
+        return Ok(None);
+    }
+    arms.sort();
+    let largest = pool.devices.iter().map(|d| d.memory_bytes).max().unwrap_or(0);
+    let mut capacity_tokens = Vec::with_capacity(arms.len());
+    for d in &arms {
+        let info = deployments.get(d.0 as usize).ok_or_else(|| ShellError::Internal(format!("no deployment {d:?}")))?;
+        let budget = info.gpu_memory_utilization * largest as f64 - info.weight_bytes as f64;
+        capacity_tokens.push((budget / info.kv_bytes_per_token.max(1) as f64).max(1.0) as u64);
+    }
+    let mut exemplars = Vec::new();
+    for (w, spec) in workflows.iter().enumerate() {
+        let Some(verifier) = workflow_verifier(spec) else { continue };
+        let recs = records.get(w).map(Vec::as_slice).unwrap_or_default();
+        let mut texts: Vec<String> = Vec::new();
+        for record in recs {
+            if texts.len() == EXEMPLARS_PER_VERIFIER {
+                break;
+            }
+            let Ok(session) = Session::new(SessionId(0), Arc::clone(spec), record.clone()) else { continue };
+            let text = first_request(&session);
+            if !text.is_empty() && !texts.contains(&text) {
+                texts.push(text);
+            }
+        }
+        exemplars.extend(texts.into_iter().map(|t| (verifier.to_string(), t)));
+    }
+    if exemplars.is_empty() {
+        return Err(ShellError::Workflow {
+            workflow: workflows.iter().find(|w| w.route().is_some()).map(|w| w.name.clone()).unwrap_or_default(),
+            message: "a routed run needs at least one workflow with a one-term metric (its verifier) and a dataset"
+                .into(),
+        });
+    }
+    let prior_peak_tokens = vec![PRIOR_PEAK_TOKENS; arms.len()];
+    Ok(Some(RoutingSetup {
+        arms,
+        capacity_tokens,
+        prior_peak_tokens,
+        prior_run_s: PRIOR_RUN_S,
+        exemplars,
+        options: RouterOptions::default(),
+    }))
+}
+
+/// A routed session's row, kept by a shell: the workflow, the model it was bound to, whether
+/// DISC diverted it or its ledger gated it, the verifier the classifier selected, its verdict.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RouteRow {
+    pub workflow: u32,
+    pub model: String,
+    pub diverted: bool,
+    pub gated: bool,
+    pub verifier: String,
+    pub verdict: Option<f64>,
+}
+
+/// Bound workflows, one per (workflow, route member), made once and shared by the sessions.
+pub type BoundSpecs = BTreeMap<(u32, String), Arc<WorkflowSpec>>;
+
+/// A new session of workflow `w`: when the workflow is routed, the planner's router binds it
+/// by its first request and the session is remade on the workflow bound to the chosen member
+/// (its row returned); otherwise it is returned as it is.
+pub fn bind_session(
+    planner: &mut Planner,
+    w: u32,
+    session: Session,
+    deployment_of: &DeploymentMap,
+    deployments: &[DeploymentInfo],
+    bound: &mut BoundSpecs,
+    now: f64,
+) -> Result<(Session, Option<RouteRow>), ShellError> {
+    let spec = Arc::clone(session.spec());
+    let Some(route) = route_of(w, &spec, deployment_of)? else { return Ok((session, None)) };
+    let id = session.id();
+    let request = first_request(&session);
+    let tokens = crate::tokens::count_chat(&request) as u64;
+    let record = planner.bind_program(id, &route, &request, tokens, now)?;
+    let member = member_name(w, &spec, deployment_of, record.deployment)
+        .ok_or_else(|| ShellError::Internal(format!("{id}: bound to {:?}, outside its route", record.deployment)))?;
+    let row = RouteRow {
+        workflow: w,
+        model: deployments.get(record.deployment.0 as usize).map(|d| d.model.clone()).unwrap_or_default(),
+        diverted: record.deployment != record.chosen,
+        gated: planner.state().is_gated(id),
+        verifier: record.verifier,
+        verdict: None,
+    };
+    let spec_bound = Arc::clone(bound.entry((w, member.clone())).or_insert_with(|| Arc::new(spec.bound_to(&member))));
+    let input = session.input().clone();
+    let session = Session::new(id, spec_bound, input)
+        .map_err(|e| ShellError::Internal(format!("{id}: the bound workflow: {e}")))?;
+    Ok((session, Some(row)))
+}
+
+/// The report's routing section from the shells' rows: per workflow name and model.
+pub fn routing_report<'a>(
+    workflows: &[Arc<WorkflowSpec>],
+    rows: impl IntoIterator<Item = &'a RouteRow>,
+) -> BTreeMap<String, BTreeMap<String, RouteStats>> {
+    let mut out: BTreeMap<String, BTreeMap<String, RouteStats>> = BTreeMap::new();
+    for row in rows {
+        let Some(spec) = workflows.get(row.workflow as usize) else { continue };
+        let st = out.entry(spec.name.clone()).or_default().entry(row.model.clone()).or_default();
+        st.programs += 1;
+        st.diverted += u64::from(row.diverted);
+        st.gated += u64::from(row.gated);
+        st.right_verifier += u64::from(workflow_verifier(spec) == Some(row.verifier.as_str()));
+        if let Some(v) = row.verdict {
+            st.verdicts += 1;
+            st.successes += u64::from(v >= 1.0);
+        }
+    }
+    out
+}
+
+/// The verdict of a finished routed session under verifier `verifier`: 1.0 when it is the
+/// workflow's own verifier and the session's score passes it, else 0.0.
+pub fn verdict(spec: &WorkflowSpec, score: Option<f64>, verifier: &str) -> f64 {
+    if workflow_verifier(spec) != Some(verifier) {
+        return 0.0;
+    }
+    let score = score.unwrap_or(0.0);
+    let pass = if verifier == verifier_name(MetricKind::RougeL) { score >= ROUGE_SUCCESS } else { score >= 1.0 - 1e-9 };
+    if pass { 1.0 } else { 0.0 }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::exec::tests::bundled_workflows;
+
+    #[test]
+    fn exemplars_are_first_requests_and_verdicts_need_the_right_verifier() {
+        let wfs = bundled_workflows();
+        let gsm8k = wfs.iter().find(|w| w.name == "gsm8k").unwrap();
+        assert_eq!(workflow_verifier(gsm8k), Some("gsm8k_exact"));
+        assert_eq!(verdict(gsm8k, Some(1.0), "gsm8k_exact"), 1.0);
+        assert_eq!(verdict(gsm8k, Some(0.0), "gsm8k_exact"), 0.0);
+        assert_eq!(verdict(gsm8k, Some(1.0), "rouge_l"), 0.0, "a verifier of another task type cannot confirm");
+        let qmsum = wfs.iter().find(|w| w.name == "qmsum").unwrap();
+        assert_eq!(verdict(qmsum, Some(0.25), "rouge_l"), 1.0);
+        assert_eq!(verdict(qmsum, Some(0.15), "rouge_l"), 0.0);
+        let records = crate::exec::load_records(&wfs).unwrap();
+        let session = Session::new(SessionId(0), Arc::clone(gsm8k), records[0][0].clone()).unwrap();
+        let request = first_request(&session);
+        let question = records[0][0]["question"].as_str().unwrap();
+        assert!(request.contains(question), "the first request is the rendered prompt");
+        let answer = records[0][0]["answer"].as_str().unwrap();
+        assert!(!request.contains(answer.trim()), "and never the reference");
+    }
+}

@@ -705,3 +705,45 @@ fn the_shell_tool_reads_only_literal_paths() {
     assert_eq!(e.field(), Some("nodes.b.inputs.reads"), "{e}");
     assert!(e.to_string().contains("written literally"), "{e}");
 }
+
+/// BASE with a second deployment and node `a` routed between the two (paper 002).
+fn routed(route: &str) -> String {
+    BASE.replace(
+        "  small: {model: Qwen3-0.6B, max_context: 2048, max_output_tokens: 256}\n",
+        "  small: {model: Qwen3-0.6B, max_context: 2048, max_output_tokens: 256}\n  large: {model: Qwen3-8B, max_context: 2048, max_output_tokens: 128}\n",
+    )
+    .replace("    deployment: small\n", &format!("    deployment: {route}\n"))
+}
+
+#[test]
+fn a_routed_node_names_its_choices_and_each_bad_route_is_placed() {
+    let spec = parse(&routed("{route: [small, large]}")).expect("a valid route");
+    assert_eq!(spec.route(), Some(&["small".to_string(), "large".to_string()][..]));
+    let crate_agent = |s: &WorkflowSpec| match &s.nodes[0].kind {
+        switchyard_runtime::workflow::NodeKind::Agent(a) => (a.deployment.clone(), a.max_output_tokens),
+        _ => unreachable!(),
+    };
+    // Static analysis plans with the first member; the node's limit holds on every member.
+    assert_eq!(crate_agent(&spec), ("small".to_string(), 128));
+    assert_eq!(crate_agent(&spec.bound_to("large")).0, "large");
+    assert_eq!(spec.bound_to("large").route(), spec.route(), "the bound workflow still says what it chose among");
+
+    let e = err(&routed("{route: [small, larg]}"));
+    assert_at(&e, ErrorKind::UnknownReference, 7, 33, "nodes.a.deployment.route[1]");
+    assert!(e.to_string().contains("did you mean `large`"), "{e}");
+    let e = err(&routed("{route: []}"));
+    assert_at(&e, ErrorKind::BadType, 7, 25, "nodes.a.deployment.route");
+    let e = err(&routed("{route: [small, small]}"));
+    assert_at(&e, ErrorKind::DuplicateId, 7, 33, "nodes.a.deployment.route[1]");
+    let e = err(&routed("{rout: [small]}"));
+    assert_at(&e, ErrorKind::UnknownField, 7, 18, "nodes.a.deployment.rout");
+    // A workflow is routed as one program: its routed nodes share one route.
+    let two = routed("{route: [small, large]}").replace(
+        "  - id: b\n",
+        "  - id: c\n    deployment: {route: [large, small]}\n    after: [a]\n    prompt: \"again\"\n  - id: b\n",
+    );
+    let e = err(&two);
+    assert_eq!(e.kind(), Some(ErrorKind::BadType), "{e}");
+    assert_eq!(e.field(), Some("nodes.c.deployment.route"), "{e}");
+    assert!(e.to_string().contains("share one route"), "{e}");
+}

@@ -241,6 +241,15 @@ nodes:
     }
 
     #[test]
+    fn a_route_member_that_fits_no_device_is_named_with_the_routed_node() {
+        let routed = BIG.replace("{id: plan, deployment: big, prompt: plan it}", "{id: plan, deployment: {route: [small, big]}, prompt: plan it}");
+        let e = check(&cfg(&routed, &["V100-32GB", "V100-32GB"]), FitRule::EmulatedEngine).err();
+        let text = e.map(|e| e.to_string()).unwrap_or_default();
+        assert!(text.starts_with("team.yaml:4:3: deployments.big: Qwen3-14B (fp16, max_context 8192, used by node plan) fits no device of pool `test`"), "{text}");
+        assert_eq!(check(&cfg(&routed, &["V100-32GB", "A100-40GB"]), FitRule::EmulatedEngine), Ok(()));
+    }
+
+    #[test]
     fn every_bad_number_is_reported_at_once() {
         let mut c = cfg(BIG, &["A100-80GB"]);
         c.sessions = 0;

@@ -1,0 +1,177 @@
+//! ORACLE's routing (paper 002) composed with the planner core, end to end in the simulator:
+//! routed sessions are bound once by the core's router and run on the model they were bound to;
+//! verdicts teach the learner which model succeeds; routed and fixed workflows share one run
+//! and one planner; DISC's ledger holds a program's units out of the queue until it admits it.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use switchyard_runtime::exec::{self, Arrival, PoolSpec, RunConfig};
+use switchyard_runtime::ids::{ActivationId, SessionId};
+use switchyard_runtime::planner::routing::{RouterOptions, RoutingSetup};
+use switchyard_runtime::planner::{Event, JointOptions, WorkItem};
+use switchyard_runtime::sim::{self, Flow, SimOptions, SimOutput};
+use switchyard_runtime::workflow::{WorkflowSpec, load_workflow};
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn workflow(name: &str) -> Arc<WorkflowSpec> {
+    Arc::new(load_workflow(&repo().join("workflows").join(format!("{name}.yaml"))).expect("bundled workflow"))
+}
+
+fn config(names: &[&str], sessions: usize, arrival: Arrival, pool: &str) -> RunConfig {
+    RunConfig {
+        workflows: names.iter().map(|n| workflow(n)).collect(),
+        sessions,
+        arrival,
+        seed: 7,
+        noise_seed: 0,
+        pool: PoolSpec::load(&repo().join("workflows/pools").join(format!("{pool}.yaml"))).expect("bundled pool"),
+        policy: "joint".into(),
+        options: JointOptions::default(),
+        predictor: "oracle".into(),
+        tool_workers: 2,
+        max_num_seqs: 256,
+        substrate: Default::default(),
+        session_counts: Vec::new(),
+        workflow_arrivals: Vec::new(),
+        handoff_s: exec::FRAMEWORK_HANDOFF_S,
+    }
+}
+
+fn simulate(cfg: &RunConfig) -> SimOutput {
+    let opts = SimOptions { keep_trace: true, keep_calls: true, ..SimOptions::default() };
+    sim::simulate_opts(cfg, opts, &mut |_| Flow::Continue).expect("the run finishes")
+}
+
+/// Each routed session's model, from the trace's `route` lines ("MODEL (verifier)").
+fn bindings(out: &SimOutput) -> Vec<(u32, String)> {
+    out.trace
+        .iter()
+        .filter(|l| l.event == "route")
+        .filter_map(|l| Some((l.session?, l.detail.as_deref()?.split(' ').next()?.to_string())))
+        .collect()
+}
+
+#[test]
+fn routed_sessions_run_on_their_binding_and_the_learner_finds_the_model_that_succeeds() {
+    let cfg = config(&["gsm8k-routed"], 120, Arrival::Poisson(0.5), "paper");
+    let out = simulate(&cfg);
+    let r = &out.report;
+    assert_eq!((r.sessions_completed, r.sessions_failed), (120, 0), "{:?}", r.failures);
+    let per_model = &r.routing["gsm8k-routed"];
+    let programs: u64 = per_model.values().map(|s| s.programs).sum();
+    let verdicts: u64 = per_model.values().map(|s| s.verdicts).sum();
+    assert_eq!((programs, verdicts), (120, 120), "every program bound once and verified once: {per_model:?}");
+    assert!(
+        per_model.values().all(|s| s.right_verifier == s.programs),
+        "GSM8K requests classify as GSM8K: {per_model:?}"
+    );
+    // Every member was tried, and the learner ends on the model with the highest GSM8K
+    // accuracy (8B 89.8 % vs 1.7B 75.4 % and 0.6B 59.6 %).
+    assert_eq!(per_model.len(), 3, "{per_model:?}");
+    let bound = bindings(&out);
+    assert_eq!(bound.len(), 120);
+    let late_8b = bound[80..].iter().filter(|(_, m)| m == "Qwen3-8B").count();
+    let early_8b = bound[..40].iter().filter(|(_, m)| m == "Qwen3-8B").count();
+    assert!(late_8b >= 32 && late_8b > early_8b, "8B in the last 40: {late_8b}, in the first 40: {early_8b}");
+    // A routed session's calls ran on the model it was bound to.
+    for (session, model) in &bound {
+        let calls: Vec<_> = out.calls.iter().filter(|c| c.session == *session && c.model.is_some()).collect();
+        assert!(!calls.is_empty(), "session {session} made no call");
+        assert!(
+            calls.iter().all(|c| c.model.as_ref().is_some_and(|(m, _)| m == model)),
+            "session {session} bound to {model}"
+        );
+    }
+    // Same seed, same bindings and report.
+    let again = simulate(&cfg);
+    assert_eq!(bindings(&again), bound);
+    assert_eq!(serde_json::to_string(&again.report).unwrap(), serde_json::to_string(r).unwrap());
+}
+
+#[test]
+fn routed_and_fixed_workflows_share_one_run() {
+    let cfg = config(&["gsm8k-routed", "gsm8k"], 6, Arrival::Burst, "paper");
+    let out = simulate(&cfg);
+    let r = &out.report;
+    assert_eq!((r.sessions_completed, r.sessions_failed), (12, 0), "{:?}", r.failures);
+    assert_eq!(r.routing.keys().collect::<Vec<_>>(), vec!["gsm8k-routed"], "only the routed workflow is routed");
+    assert_eq!(r.routing["gsm8k-routed"].values().map(|s| s.verdicts).sum::<u64>(), 6);
+    // The fixed workflow's calls keep their declared models (five solvers and a refiner).
+    let fixed: std::collections::BTreeSet<&str> = out
+        .calls
+        .iter()
+        .filter(|c| c.workflow == 1)
+        .filter_map(|c| c.model.as_ref().map(|(m, _)| m.as_str()))
+        .collect();
+    assert_eq!(fixed.len(), 5, "{fixed:?}");
+    // A routed model is shared with the fixed workflow's replicas (one deployment identity).
+    assert!(r.routing["gsm8k-routed"].keys().all(|m| fixed.contains(m.as_str())));
+}
+
+fn unit(session: u32, deployment: switchyard_runtime::planner::DeploymentId) -> WorkItem {
+    WorkItem {
+        activation: ActivationId { session: SessionId(session), index: 0 },
+        workflow: 0,
+        deployment,
+        prompt_tokens: 100,
+        max_output_tokens: 200,
+        ready_at: 0.0,
+        node: 0,
+        chain_prev: None,
+        chain_next: false,
+        envelope: (100, 200),
+        remaining_path_tokens: 200,
+        prior_context: None,
+    }
+}
+
+#[test]
+fn a_program_its_ledger_has_not_admitted_keeps_its_units_out_of_the_queue() {
+    let cfg = config(&["gsm8k-routed"], 2, Arrival::Burst, "small");
+    let (deployments, of) = exec::deployment_table(&cfg.workflows, cfg.max_num_seqs).unwrap();
+    let mut planner =
+        exec::build_planner(&cfg.pool, &deployments, "joint", JointOptions::default(), "oracle", Default::default())
+            .unwrap();
+    let route = exec::routing::route_of(0, &cfg.workflows[0], &of).unwrap().unwrap();
+    // A ledger with room for one program at a time on every member.
+    planner
+        .set_routing(RoutingSetup {
+            arms: route.clone(),
+            capacity_tokens: vec![3_000; route.len()],
+            prior_peak_tokens: vec![2_048.0; route.len()],
+            prior_run_s: 60.0,
+            exemplars: vec![("gsm8k_exact".into(), "How many apples does Tom have?".into())],
+            options: RouterOptions { reassign: false, ..RouterOptions::default() },
+        })
+        .unwrap();
+    let only = &route[..1];
+    let first = planner.bind_program(SessionId(0), only, "How many pears?", 10, 0.0).unwrap();
+    planner.bind_program(SessionId(1), only, "How many plums?", 10, 0.0).unwrap();
+    assert_eq!(first.deployment, route[0]);
+    assert!(!planner.state().is_gated(SessionId(0)) && planner.state().is_gated(SessionId(1)));
+    let events = vec![
+        Event::SessionArrived { session: SessionId(0), workflow: 0 },
+        Event::SessionArrived { session: SessionId(1), workflow: 0 },
+        Event::UnitReady(unit(0, route[0])),
+        Event::UnitReady(unit(1, route[0])),
+    ];
+    planner.handle_all(events, 0.0).unwrap();
+    let waiting = |p: &switchyard_runtime::planner::Planner| -> Vec<u32> {
+        let queued = p.state().queue().iter().map(|w| w.activation.session.0);
+        let running = p.state().running().keys().map(|a| a.session.0);
+        let mut v: Vec<u32> = queued.chain(running).collect();
+        v.sort_unstable();
+        v
+    };
+    assert_eq!(waiting(&planner), vec![0], "session 1's unit waits for its admission");
+    // Session 0 ends: its reservation goes, the ledger admits session 1, its unit is queued.
+    planner.handle_all(vec![Event::SessionEnded { session: SessionId(0) }], 10.0).unwrap();
+    assert!(!planner.state().is_gated(SessionId(1)));
+    assert_eq!(waiting(&planner), vec![1]);
+    assert_eq!(planner.program_verdict(SessionId(0), 1.0, 0.0).unwrap(), 1.0);
+    assert!(planner.program_verdict(SessionId(0), 1.0, 0.0).is_err(), "a verdict lands once");
+}

@@ -81,6 +81,50 @@ pub enum Experiment {
     /// are and with their keyword cues removed; plus the embedding's and a routing decision's
     /// cost per request. Writes verifier.md and verifier.json.
     Verifier(VerifierArgs),
+    /// Paper 002 (ORACLE) §5.3: adaptive vs single-verifier feedback for routed programs
+    /// (`gsm8k-routed` + `mbpp-routed` in the simulator, paired by session over seeds).
+    /// Writes oracle.md and oracle.json.
+    Oracle(OracleArgs),
+}
+
+/// Arguments of `switchyard bench oracle`.
+#[derive(Args, Debug)]
+pub struct OracleArgs {
+    /// Sessions per workflow per run.
+    #[arg(long, default_value_t = 120)]
+    pub sessions: usize,
+    /// Poisson arrivals per workflow, sessions per second.
+    #[arg(long, default_value_t = 0.5)]
+    pub rate: f64,
+    /// Trace seeds 1..=N (one paired comparison each).
+    #[arg(long, default_value_t = 5)]
+    pub seeds: u64,
+    /// Directory for oracle.md and oracle.json.
+    #[arg(long, default_value = "bench-report")]
+    pub out: PathBuf,
+    /// Print the JSON on stdout instead of the Markdown.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Run `switchyard bench oracle`.
+fn oracle(args: OracleArgs) -> Result<()> {
+    if args.seeds == 0 || args.sessions == 0 || !(args.rate > 0.0 && args.rate.is_finite()) {
+        anyhow::bail!("--seeds and --sessions must be at least 1 and --rate positive");
+    }
+    let cfg = bench::oracle::OracleBenchConfig { root: ".".into(), sessions: args.sessions, rate: args.rate, seeds: (1..=args.seeds).collect() };
+    let report = bench::oracle::run(&cfg).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let md = report.markdown();
+    let json = serde_json::json!({ "command": "switchyard bench oracle", "report": report });
+    std::fs::create_dir_all(&args.out)?;
+    std::fs::write(args.out.join("oracle.md"), &md)?;
+    std::fs::write(args.out.join("oracle.json"), serde_json::to_string_pretty(&json)?)?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&json)?);
+    } else {
+        print!("{md}");
+    }
+    Ok(())
 }
 
 /// Arguments of `switchyard bench verifier`.
@@ -421,6 +465,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         Some(Experiment::FrontDoor(f)) => return front_door(f),
         Some(Experiment::Tao(t)) => return tao(t),
         Some(Experiment::Verifier(v)) => return verifier(v),
+        Some(Experiment::Oracle(o)) => return oracle(o),
         None => {}
     }
     let workflows = load_workflows(&args.workflows)?;

@@ -378,6 +378,7 @@ fn validate(paths: &[PathBuf], pool: Option<&Path>) -> Result<()> {
                 session_counts: Vec::new(),
                 workflow_arrivals: Vec::new(),
                 handoff_s: switchyard_runtime::exec::FRAMEWORK_HANDOFF_S,
+                routing: Default::default(),
             };
             preflight(&cfg, false)?;
         }
@@ -466,6 +467,7 @@ fn run(args: RunArgs) -> Result<RunEnd> {
         session_counts: Vec::new(),
         workflow_arrivals: Vec::new(),
         handoff_s: args.handoff_delay,
+        routing: Default::default(),
     };
     preflight(&cfg, args.live)?;
     let total = args.sessions * cfg.workflows.len();

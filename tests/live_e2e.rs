@@ -74,6 +74,7 @@ fn configs(pool: &Path, sessions: usize, seed: u64) -> (RunConfig, LiveConfig, P
         session_counts: Vec::new(),
         workflow_arrivals: Vec::new(),
         handoff_s: switchyard_runtime::exec::FRAMEWORK_HANDOFF_S,
+        routing: Default::default(),
     };
     let engines = PoolEngines::new(&live_pool, 0, Some(PathBuf::from(EXE))).unwrap();
     let mut cfg = LiveConfig::new(run.clone());

@@ -42,6 +42,7 @@ fn config(workflows: &[&str], sessions: usize, pool: &str, arrival: Arrival, pol
         session_counts: Vec::new(),
         workflow_arrivals: Vec::new(),
         handoff_s: exec::FRAMEWORK_HANDOFF_S,
+        routing: Default::default(),
     }
 }
 

@@ -24,6 +24,7 @@ mod charts;
 mod markdown;
 mod paper;
 pub mod motivation;
+pub mod oracle;
 pub mod tao;
 pub mod predictor_eval;
 pub mod verifier;
@@ -286,6 +287,7 @@ impl BenchConfig {
             session_counts: Vec::new(),
             workflow_arrivals: Vec::new(),
             handoff_s: crate::exec::FRAMEWORK_HANDOFF_S,
+            routing: Default::default(),
         }
     }
 }

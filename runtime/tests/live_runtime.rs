@@ -338,6 +338,7 @@ fn sim_config(names: &[&str], sessions: usize, pool: &str, seed: u64) -> RunConf
         session_counts: Vec::new(),
         workflow_arrivals: Vec::new(),
         handoff_s: switchyard_runtime::exec::FRAMEWORK_HANDOFF_S,
+        routing: Default::default(),
     }
 }
 
@@ -774,4 +775,21 @@ fn a_served_runtime_folds_its_gpu_timeline_and_keeps_the_partition() {
     // would turn the folded idle gaps into other).
     let busy = g.generation + g.idle_resident + g.loading;
     assert!(busy >= r.makespan_s - 0.05, "{g:?} over a makespan of {} s", r.makespan_s);
+}
+
+#[test]
+fn the_live_runtime_routes_a_routed_workflow_like_the_simulator() {
+    // gsm8k-routed: each session bound by the planner core's router at arrival, its verdict
+    // teaching the learner at its end; its calls run (and are recorded) on the bound model.
+    let run = sim_config(&["gsm8k-routed"], 8, "small", 3);
+    let live = run_live(&live_config(run), FakeFactory::new(1, Faults::default()));
+    let r = &live.report;
+    assert_eq!((r.sessions_completed, r.sessions_failed), (8, 0), "{:?}", r.failures);
+    let per_model = &r.routing["gsm8k-routed"];
+    assert_eq!(per_model.values().map(|s| s.programs).sum::<u64>(), 8, "{per_model:?}");
+    assert_eq!(per_model.values().map(|s| s.verdicts).sum::<u64>(), 8, "{per_model:?}");
+    let models: BTreeSet<String> =
+        live.calls.iter().filter_map(|c| c.model.as_ref().map(|(m, _)| m.clone())).collect();
+    assert!(!models.is_empty() && models.iter().all(|m| per_model.contains_key(m)), "{models:?} vs {per_model:?}");
+    assert_eq!(live.calls.iter().filter(|c| c.model.is_some()).count(), 8, "one LLM call per session, each with its model");
 }

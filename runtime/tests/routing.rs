@@ -38,6 +38,7 @@ fn config(names: &[&str], sessions: usize, arrival: Arrival, pool: &str) -> RunC
         session_counts: Vec::new(),
         workflow_arrivals: Vec::new(),
         handoff_s: exec::FRAMEWORK_HANDOFF_S,
+        routing: Default::default(),
     }
 }
 
@@ -172,6 +173,22 @@ fn a_program_its_ledger_has_not_admitted_keeps_its_units_out_of_the_queue() {
     planner.handle_all(vec![Event::SessionEnded { session: SessionId(0) }], 10.0).unwrap();
     assert!(!planner.state().is_gated(SessionId(1)));
     assert_eq!(waiting(&planner), vec![1]);
-    assert_eq!(planner.program_verdict(SessionId(0), 1.0, 0.0).unwrap(), 1.0);
-    assert!(planner.program_verdict(SessionId(0), 1.0, 0.0).is_err(), "a verdict lands once");
+    assert_eq!(planner.program_verdict(SessionId(0), 1.0, 0.0, 10.5).unwrap(), 1.0);
+    assert!(planner.program_verdict(SessionId(0), 1.0, 0.0, 10.5).is_err(), "a verdict lands once");
+    // Two more programs wait behind session 1. One fails while it waits (a shell abandons it
+    // before its end reaches the core); one ends while it waits (it needed no call of its
+    // model). Neither stops the planner, and the ledger then admits nothing in their place.
+    planner.bind_program(SessionId(2), only, "How many figs?", 10, 11.0).unwrap();
+    planner.bind_program(SessionId(3), only, "How many kiwis?", 10, 11.0).unwrap();
+    assert!(planner.state().is_gated(SessionId(2)) && planner.state().is_gated(SessionId(3)));
+    planner.program_abandoned(SessionId(2), 12.0).unwrap();
+    planner
+        .handle_all(
+            vec![Event::SessionEnded { session: SessionId(2) }, Event::SessionEnded { session: SessionId(3) }],
+            12.0,
+        )
+        .unwrap();
+    assert!(!planner.state().is_gated(SessionId(2)) && !planner.state().is_gated(SessionId(3)));
+    assert_eq!(planner.program_verdict(SessionId(3), 0.0, 0.0, 12.5).unwrap(), 0.0);
+    assert_eq!(waiting(&planner), vec![1], "session 1 keeps its place");
 }

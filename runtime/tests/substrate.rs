@@ -32,6 +32,7 @@ fn config(policy: &str, sessions: usize, substrate: Substrate) -> RunConfig {
         session_counts: Vec::new(),
         workflow_arrivals: Vec::new(),
         handoff_s: switchyard_runtime::exec::FRAMEWORK_HANDOFF_S,
+        routing: Default::default(),
     }
 }
 

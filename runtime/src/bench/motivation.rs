@@ -310,6 +310,7 @@ pub fn run(cfg: &MotivationConfig) -> Result<MotivationReport, BenchError> {
                 session_counts: vec![cfg.sessions, cfg.mbpp_sessions],
                 workflow_arrivals: vec![cfg.arrival, cfg.mbpp_arrival.unwrap_or(cfg.arrival)],
                 handoff_s: crate::exec::FRAMEWORK_HANDOFF_S,
+                routing: Default::default(),
             };
             let out = sim::simulate(&run, &mut |_, _| {}).map_err(|e| BenchError::Run {
                 variant: policy.into(),

@@ -100,6 +100,8 @@ pub struct RunConfig {
     /// render the next prompt and submit it ([`FRAMEWORK_HANDOFF_S`] by default). The replica
     /// the call ran on is free in between — a request-level substrate may give it away.
     pub handoff_s: f64,
+    /// How routed workflows are routed (paper 002); the default learns every verifier.
+    pub routing: routing::RoutingConfig,
     /// Arrival process of each workflow, in `workflows` order, where they differ (e.g. paper
     /// 003 §2.2's QMSum burst beside MBPP sessions arriving over the run); empty: `arrival`
     /// for each.
@@ -134,6 +136,7 @@ impl RunConfig {
             session_counts: Vec::new(),
             workflow_arrivals: Vec::new(),
             handoff_s: 0.0,
+            routing: Default::default(),
         }
     }
 

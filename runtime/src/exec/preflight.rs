@@ -217,6 +217,7 @@ mod tests {
             session_counts: Vec::new(),
             workflow_arrivals: Vec::new(),
             handoff_s: crate::exec::FRAMEWORK_HANDOFF_S,
+            routing: Default::default(),
         }
     }
 

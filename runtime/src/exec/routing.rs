@@ -43,6 +43,14 @@ pub const ROUGE_SUCCESS: f64 = 0.2;
 pub const PRIOR_PEAK_TOKENS: f64 = 2_048.0;
 pub const PRIOR_RUN_S: f64 = 60.0;
 
+/// How a run routes its routed workflows.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RoutingConfig {
+    /// Learn only these verifiers (§5.3's single-verifier feedback gives one): the classifier
+    /// then selects among them only. `None`: every verifier the run's workflows define.
+    pub verifiers: Option<Vec<String>>,
+}
+
 /// The verifier name of a metric kind.
 pub fn verifier_name(kind: MetricKind) -> &'static str {
     match kind {
@@ -105,6 +113,7 @@ pub fn routing_setup(
     deployments: &[DeploymentInfo],
     deployment_of: &DeploymentMap,
     pool: &PoolSpec,
+    config: &RoutingConfig,
 ) -> Result<Option<RoutingSetup>, ShellError> {
     let mut arms: Vec<DeploymentId> = Vec::new();
     for (w, spec) in workflows.iter().enumerate() {
@@ -128,6 +137,9 @@ pub fn routing_setup(
     let mut exemplars = Vec::new();
     for (w, spec) in workflows.iter().enumerate() {
         let Some(verifier) = workflow_verifier(spec) else { continue };
+        if config.verifiers.as_ref().is_some_and(|only| !only.iter().any(|v| v == verifier)) {
+            continue;
+        }
         let recs = records.get(w).map(Vec::as_slice).unwrap_or_default();
         let mut texts: Vec<String> = Vec::new();
         for record in recs {
@@ -169,7 +181,6 @@ pub struct RouteRow {
     pub diverted: bool,
     pub gated: bool,
     pub verifier: String,
-    pub verdict: Option<f64>,
 }
 
 /// Bound workflows, one per (workflow, route member), made once and shared by the sessions.
@@ -201,7 +212,6 @@ pub fn bind_session(
         diverted: record.deployment != record.chosen,
         gated: planner.state().is_gated(id),
         verifier: record.verifier,
-        verdict: None,
     };
     let spec_bound = Arc::clone(bound.entry((w, member.clone())).or_insert_with(|| Arc::new(spec.bound_to(&member))));
     let input = session.input().clone();
@@ -210,25 +220,72 @@ pub fn bind_session(
     Ok((session, Some(row)))
 }
 
-/// The report's routing section from the shells' rows: per workflow name and model.
-pub fn routing_report<'a>(
-    workflows: &[Arc<WorkflowSpec>],
-    rows: impl IntoIterator<Item = &'a RouteRow>,
-) -> BTreeMap<String, BTreeMap<String, RouteStats>> {
-    let mut out: BTreeMap<String, BTreeMap<String, RouteStats>> = BTreeMap::new();
-    for row in rows {
-        let Some(spec) = workflows.get(row.workflow as usize) else { continue };
-        let st = out.entry(spec.name.clone()).or_default().entry(row.model.clone()).or_default();
-        st.programs += 1;
-        st.diverted += u64::from(row.diverted);
-        st.gated += u64::from(row.gated);
-        st.right_verifier += u64::from(workflow_verifier(spec) == Some(row.verifier.as_str()));
-        if let Some(v) = row.verdict {
+/// A shell's book of routed sessions: each row while its session is open, folded into the
+/// per-(workflow, model) counts when it closes — so a long-running server keeps only the rows
+/// of the sessions in flight.
+#[derive(Debug, Clone, Default)]
+pub struct RouteBook {
+    open: BTreeMap<SessionId, RouteRow>,
+    closed: BTreeMap<(u32, String), RouteStats>,
+}
+
+impl RouteBook {
+    pub fn open(&mut self, id: SessionId, row: RouteRow) {
+        self.open.insert(id, row);
+    }
+
+    pub fn get(&self, id: SessionId) -> Option<&RouteRow> {
+        self.open.get(&id)
+    }
+
+    pub fn contains(&self, id: SessionId) -> bool {
+        self.open.contains_key(&id)
+    }
+
+    /// Close session `id`'s row with its verdict (`None`: it failed, never verified), counting
+    /// it for its workflow (whose verifier is `own_verifier`) and model.
+    pub fn close(&mut self, id: SessionId, verdict: Option<f64>, own_verifier: Option<&str>) {
+        let Some(row) = self.open.remove(&id) else { return };
+        let st = self.closed.entry((row.workflow, row.model.clone())).or_default();
+        count(st, &row, own_verifier);
+        if let Some(v) = verdict {
             st.verdicts += 1;
             st.successes += u64::from(v >= 1.0);
         }
     }
-    out
+
+    /// The report's routing section: per workflow name and model, closed rows and open ones.
+    pub fn report(&self, workflows: &[Arc<WorkflowSpec>]) -> BTreeMap<String, BTreeMap<String, RouteStats>> {
+        let name = |w: u32| workflows.get(w as usize).map(|s| s.name.clone());
+        let mut out: BTreeMap<String, BTreeMap<String, RouteStats>> = BTreeMap::new();
+        for ((w, model), st) in &self.closed {
+            let Some(n) = name(*w) else { continue };
+            let slot = out.entry(n).or_default().entry(model.clone()).or_default();
+            add(slot, st);
+        }
+        for row in self.open.values() {
+            let Some(spec) = workflows.get(row.workflow as usize) else { continue };
+            let slot = out.entry(spec.name.clone()).or_default().entry(row.model.clone()).or_default();
+            count(slot, row, workflow_verifier(spec));
+        }
+        out
+    }
+}
+
+fn count(st: &mut RouteStats, row: &RouteRow, own_verifier: Option<&str>) {
+    st.programs += 1;
+    st.diverted += u64::from(row.diverted);
+    st.gated += u64::from(row.gated);
+    st.right_verifier += u64::from(own_verifier == Some(row.verifier.as_str()));
+}
+
+fn add(to: &mut RouteStats, st: &RouteStats) {
+    to.programs += st.programs;
+    to.diverted += st.diverted;
+    to.gated += st.gated;
+    to.verdicts += st.verdicts;
+    to.successes += st.successes;
+    to.right_verifier += st.right_verifier;
 }
 
 /// The verdict of a finished routed session under verifier `verifier`: 1.0 when it is the
@@ -264,6 +321,8 @@ mod tests {
         let question = records[0][0]["question"].as_str().unwrap();
         assert!(request.contains(question), "the first request is the rendered prompt");
         let answer = records[0][0]["answer"].as_str().unwrap();
-        assert!(!request.contains(answer.trim()), "and never the reference");
+        let number = answer.rsplit("####").next().unwrap().trim();
+        assert!(!request.contains(&format!("#### {number}")), "and never the reference's answer");
+        assert!(answer.lines().count() > 1 && !request.contains(answer.lines().next().unwrap()), "nor its reasoning");
     }
 }

@@ -164,8 +164,8 @@ pub struct PlannerActorState {
     timeline_segments: Option<usize>,
     /// Routed workflows bound to a route member, made once per (workflow, member).
     bound_specs: exec::routing::BoundSpecs,
-    /// Routed sessions (ORACLE's bindings), by session.
-    routes: BTreeMap<SessionId, exec::routing::RouteRow>,
+    /// Routed sessions (ORACLE's bindings): open rows, closed counts.
+    routes: exec::routing::RouteBook,
     /// Ended sessions in the order they ended (for forgetting the oldest), and how many were
     /// forgotten (completed, failed).
     end_order: std::collections::VecDeque<SessionId>,
@@ -258,7 +258,7 @@ impl Actor for PlannerActor {
             keep_ended: args.keep_ended,
             timeline_segments: args.timeline_segments,
             bound_specs: BTreeMap::new(),
-            routes: BTreeMap::new(),
+            routes: exec::routing::RouteBook::default(),
             end_order: std::collections::VecDeque::new(),
             forgotten: (0, 0),
             sessions: BTreeMap::new(),
@@ -585,6 +585,14 @@ impl PlannerActorState {
     fn register(&mut self, spec: Arc<crate::workflow::WorkflowSpec>) -> Result<u32, String> {
         if self.shutting_down {
             return Err("the runtime is shutting down".into());
+        }
+        if spec.route().is_some() {
+            // The router (its models, verifiers and ledgers) is built from the workflows the
+            // runtime starts with.
+            return Err(format!(
+                "workflow `{}` has a routed node: routed workflows must be given when the runtime starts (`switchyard serve --workflow FILE`)",
+                spec.name
+            ));
         }
         let w = u32::try_from(self.ctx.workflows.len()).map_err(|_| "too many workflows".to_string())?;
         let mut ctx = (*self.ctx).clone();
@@ -1132,11 +1140,11 @@ impl PlannerActorState {
                 &self.ctx.deployment_of,
                 &self.ctx.deployments,
                 &mut self.bound_specs,
-                wall,
+                self.ctx.clock.now(),
             )
             .map_err(|e| e.to_string())?;
             if let Some(row) = row {
-                self.routes.insert(id, row);
+                self.routes.open(id, row);
             }
             Ok(session)
         });
@@ -1159,7 +1167,16 @@ impl PlannerActorState {
                         self.post(myself, Event::SessionArrived { session: id, workflow: entry.workflow });
                         let _ = actor.send_message(SessionMsg::Start);
                     }
-                    Err(e) => self.start_failure(entry.workflow, wall, format!("{id}: session actor: {e}")),
+                    Err(e) => {
+                        // A bound program that never started releases its ledger place.
+                        if self.routes.contains(id) {
+                            self.routes.close(id, None, None);
+                            if let Err(e) = self.planner.program_abandoned(id, self.ctx.clock.now()) {
+                                self.note(format!("router: session {id}: {e}"));
+                            }
+                        }
+                        self.start_failure(entry.workflow, wall, format!("{id}: session actor: {e}"));
+                    }
                 }
             }
             Err(e) => self.start_failure(entry.workflow, wall, format!("{id}: {e}")),
@@ -1211,31 +1228,34 @@ impl PlannerActorState {
                 }
             }
         }
+        let routed = self.routes.get(id).map(|row| row.workflow);
+        if let (Some(w), Some(_)) = (routed, &self.ended.get(&id).and_then(|r| r.record.failed.clone())) {
+            // A routed program that failed is never verified: it releases what it holds before
+            // its end reaches the core, so that its ledger learns nothing from it.
+            let own = self.ctx.workflows.get(w as usize).and_then(|s| exec::routing::workflow_verifier(s));
+            self.routes.close(id, None, own);
+            if let Err(e) = self.planner.program_abandoned(id, self.ctx.clock.now()) {
+                self.note(format!("router: session {id}: {e}"));
+            }
+        }
         self.post(myself, Event::SessionEnded { session: id });
-        if self.routes.contains_key(&id) {
+        if self.routes.contains(id) {
             self.route_verdict(myself, id).await;
         }
         self.after_session_end();
     }
 
-    /// A routed session ended: its end reaches the core first (the ledger learns its peak and
-    /// run time), then its verdict under the selected verifier (the learner's update) or, for a
-    /// failed session, its release; then a planning pass, since the ledgers may have admitted
-    /// waiting programs.
+    /// A routed session completed: its end reaches the core first (the ledger learns its peak
+    /// and run time), then its verdict under the selected verifier (the learner's update), then
+    /// a planning pass, since the ledgers may have admitted waiting programs.
     async fn route_verdict(&mut self, myself: &ActorRef<PlannerMsg>, id: SessionId) {
         self.flush(myself).await;
-        let Some(report) = self.ended.get(&id) else { return };
-        let (failed, score) = (report.record.failed.is_some(), report.record.score);
-        let Some(row) = self.routes.get_mut(&id) else { return };
-        let result = if failed {
-            self.planner.program_abandoned(id)
-        } else {
-            let spec = self.ctx.workflows.get(row.workflow as usize).cloned();
-            let success = spec.map_or(0.0, |spec| exec::routing::verdict(&spec, score, &row.verifier));
-            row.verdict = Some(success);
-            self.planner.program_verdict(id, success, 0.0).map(|_| ())
-        };
-        if let Err(e) = result {
+        let score = self.ended.get(&id).and_then(|r| r.record.score);
+        let Some(row) = self.routes.get(id).cloned() else { return };
+        let spec = self.ctx.workflows.get(row.workflow as usize).cloned();
+        let success = spec.as_ref().map_or(0.0, |spec| exec::routing::verdict(spec, score, &row.verifier));
+        self.routes.close(id, Some(success), spec.as_ref().and_then(|s| exec::routing::workflow_verifier(s)));
+        if let Err(e) = self.planner.program_verdict(id, success, 0.0, self.ctx.clock.now()) {
             self.note(format!("router: session {id}: {e}"));
         }
         match self.planner.handle_all(Vec::new(), self.ctx.clock.now()) {
@@ -1503,7 +1523,7 @@ impl PlannerActorState {
         });
         let mut report = report;
         report.fixed_endpoint_gpus = self.fixed_devices.len();
-        report.routing = exec::routing::routing_report(&self.ctx.workflows, self.routes.values());
+        report.routing = self.routes.report(&self.ctx.workflows);
         let mut calls: Vec<CallRecord> = reports.iter().flat_map(|r| r.calls.iter().cloned()).collect();
         calls.sort_by(|a, b| a.finished_at.total_cmp(&b.finished_at));
         let timings = reports.iter().flat_map(|r| r.timings.iter().copied()).collect();

@@ -330,16 +330,13 @@ sink: Default::default(),
         }
     }
 
-    /// The (model, dtype) an LLM activation runs on.
+    /// The (model, dtype) an LLM activation runs on: its node's deployment in the session's own
+    /// workflow (for a routed session, the workflow bound to its model).
     fn deployment_of(&self, a: ActivationId) -> Option<(String, switchyard_predictor::Dtype)> {
-        self.ctx
-            .node_info
-            .get(self.workflow as usize)
-            .zip(self.session.activation(a.index))
-            .and_then(|(info, act)| info.get(act.node))
-            .and_then(|n| n.deployment)
-            .and_then(|d| self.ctx.deployments.get(d.0 as usize))
-            .map(|d| (d.model.clone(), d.dtype))
+        let act = self.session.activation(a.index)?;
+        let NodeKind::Agent(agent) = &self.session.spec().nodes.get(act.node)?.kind else { return None };
+        let d = self.ctx.deployment_of.get(&(self.workflow, agent.deployment.clone()))?;
+        self.ctx.deployments.get(d.0 as usize).map(|d| (d.model.clone(), d.dtype))
     }
 
     fn record_call(&mut self, a: ActivationId, model: Option<(String, switchyard_predictor::Dtype)>, prompt: u32, output: u32) {

@@ -192,19 +192,21 @@ impl Planner {
     /// The verdict of routed session `session` landed (its verifier ran after the session
     /// ended): update the learner. Answers the reward. A session that was never routed, or
     /// whose verdict already landed, is an error.
-    pub fn program_verdict(&mut self, session: SessionId, success: f64, cost: f64) -> Result<f64, PlanError> {
+    pub fn program_verdict(&mut self, session: SessionId, success: f64, cost: f64, now: f64) -> Result<f64, PlanError> {
         let routing = self.routing.as_mut().ok_or_else(|| PlanError::Routing("this run has no router".into()))?;
-        let (reward, admitted) = routing.verdict(u64::from(session.0), success, cost).map_err(|e| PlanError::Routing(e.to_string()))?;
+        let (reward, admitted) =
+            routing.verdict(u64::from(session.0), success, cost, now).map_err(|e| PlanError::Routing(e.to_string()))?;
         for p in admitted {
             self.state.ungate(SessionId(p as u32));
         }
         Ok(reward)
     }
 
-    /// A routed session that cannot be verified (it failed): it releases what it holds.
-    pub fn program_abandoned(&mut self, session: SessionId) -> Result<(), PlanError> {
+    /// A routed session that cannot be verified (it failed): it releases what it holds and
+    /// teaches the ledger nothing. Shells call it before the session's `SessionEnded`.
+    pub fn program_abandoned(&mut self, session: SessionId, now: f64) -> Result<(), PlanError> {
         let routing = self.routing.as_mut().ok_or_else(|| PlanError::Routing("this run has no router".into()))?;
-        let admitted = routing.abandon(u64::from(session.0)).map_err(|e| PlanError::Routing(e.to_string()))?;
+        let admitted = routing.abandon(u64::from(session.0), now).map_err(|e| PlanError::Routing(e.to_string()))?;
         for p in admitted {
             self.state.ungate(SessionId(p as u32));
         }
@@ -219,20 +221,32 @@ impl Planner {
     /// Fold every event of one scheduling tick (all that happened at `now`), then plan once:
     /// the window the policy sees holds all of them.
     pub fn handle_all(&mut self, events: Vec<Event>, now: f64) -> Result<Vec<Command>, PlanError> {
+        let mut routing_error = None;
         for event in events {
             // A routed program that ended releases its ledger reservation (its peak context and
-            // run time teach the ledger) and may admit the next ones.
-            if let (Event::SessionEnded { session }, Some(routing)) = (&event, self.routing.as_mut())
-                && routing.record(u64::from(session.0)).is_some()
-            {
-                let peak = self.state.peak_tokens(*session);
-                let admitted = routing.finished(u64::from(session.0), peak, now).map_err(|e| PlanError::Routing(e.to_string()))?;
-                for p in admitted {
-                    self.state.ungate(SessionId(p as u32));
-                }
-            }
+            // run time teach the ledger) and may admit the next ones. The state sees the end
+            // whatever the router says.
+            let ended = match &event {
+                Event::SessionEnded { session } => Some((*session, self.state.peak_tokens(*session))),
+                _ => None,
+            };
             self.state.observe(event.clone(), now)?;
             self.policy.observe(&event, &self.state, now);
+            if let (Some((session, peak)), Some(routing)) = (ended, self.routing.as_mut())
+                && routing.record(u64::from(session.0)).is_some()
+            {
+                match routing.finished(u64::from(session.0), peak, now) {
+                    Ok(admitted) => {
+                        for p in admitted {
+                            self.state.ungate(SessionId(p as u32));
+                        }
+                    }
+                    Err(e) => routing_error = routing_error.or(Some(PlanError::Routing(format!("session {session}: {e}")))),
+                }
+            }
+        }
+        if let Some(e) = routing_error {
+            return Err(e);
         }
         let mut out = Vec::new();
         self.policy.plan(&mut self.state, now, &mut out);

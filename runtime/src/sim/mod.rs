@@ -66,6 +66,8 @@ pub struct SimOutput {
     pub calls: Vec<CallRecord>,
     /// The planner's input tick by tick (only with [`SimOptions::record_planner`]).
     pub planner_ticks: Vec<PlannerTick>,
+    /// Every session's record (arrival, end, score), in session order.
+    pub sessions: Vec<SessionRecord>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -239,8 +241,10 @@ struct Sim<'a> {
     interrupted: bool,
     /// Routed workflows bound to a route member: (workflow, member) → the bound spec.
     bound_specs: exec::routing::BoundSpecs,
-    /// Routed sessions, by session.
-    routes: BTreeMap<SessionId, exec::routing::RouteRow>,
+    /// Routed sessions: open rows, closed counts.
+    routes: exec::routing::RouteBook,
+    /// Plan once more at this tick even without events (a verdict may have admitted programs).
+    replan: bool,
 }
 
 /// Where a running simulation stands, handed to the progress callback of [`simulate_with`] once
@@ -307,7 +311,7 @@ impl<'a> Sim<'a> {
             .collect();
         let node_info = exec::node_infos(&cfg.workflows, &deployment_of);
         let mut planner = planner;
-        if let Some(setup) = exec::routing::routing_setup(&cfg.workflows, &records, &deployments, &deployment_of, &cfg.pool)? {
+        if let Some(setup) = exec::routing::routing_setup(&cfg.workflows, &records, &deployments, &deployment_of, &cfg.pool, &cfg.routing)? {
             planner.set_routing(setup)?;
         }
         let mut sim = Sim {
@@ -352,7 +356,8 @@ impl<'a> Sim<'a> {
             planner_ticks: Vec::new(),
             interrupted: false,
             bound_specs: BTreeMap::new(),
-            routes: BTreeMap::new(),
+            routes: exec::routing::RouteBook::default(),
+            replan: false,
         };
         for i in 0..sim.trace_entries.len() {
             let at = sim.trace_entries[i].at;
@@ -452,7 +457,7 @@ impl<'a> Sim<'a> {
     /// Hand every event of this tick to the planner at once and execute its commands, until
     /// executing them produces no further event at this time.
     fn flush(&mut self) -> Result<(), SimError> {
-        while !self.tick_events.is_empty() {
+        while !self.tick_events.is_empty() || std::mem::take(&mut self.replan) {
             let events = std::mem::take(&mut self.tick_events);
             if self.opts.record_planner {
                 self.planner_ticks.push((self.now, events.clone()));
@@ -761,24 +766,22 @@ impl<'a> Sim<'a> {
         )?;
         if let Some(row) = row {
             self.log("route", TraceLine { session: Some(id.0), detail: Some(format!("{} ({})", row.model, row.verifier)), ..blank() });
-            self.routes.insert(id, row);
+            self.routes.open(id, row);
         }
         Ok(session)
     }
 
-    /// A routed session's verdict lands: the learner's update, then a planning pass (the
-    /// ledgers may have admitted waiting programs).
+    /// A routed session's verdict lands: the learner's update; the ledgers may admit waiting
+    /// programs, so this tick plans once more (with the tick's other events, in [`Self::flush`]).
     fn on_verdict(&mut self, s: SessionId) -> Result<(), SimError> {
         let Some(run) = self.sessions.get(s.0 as usize).and_then(|r| r.as_ref()) else { return Ok(()) };
-        let Some(row) = self.routes.get_mut(&s) else { return Ok(()) };
+        let Some(row) = self.routes.get(s) else { return Ok(()) };
         let spec = &self.cfg.workflows[row.workflow as usize];
         let success = exec::routing::verdict(spec, run.record.score, &row.verifier);
-        row.verdict = Some(success);
-        self.planner.program_verdict(s, success, 0.0)?;
-        let commands = self.planner.handle_all(Vec::new(), self.now)?;
-        for c in commands {
-            self.execute(c)?;
-        }
+        let own = exec::routing::workflow_verifier(spec);
+        self.routes.close(s, Some(success), own);
+        self.planner.program_verdict(s, success, 0.0, self.now)?;
+        self.replan = true;
         Ok(())
     }
 
@@ -1073,7 +1076,7 @@ impl<'a> Sim<'a> {
         self.forget_near_sent(s);
         self.done_sessions += 1;
         self.log("session_done", TraceLine { session: Some(s.0), ..blank() });
-        if self.routes.contains_key(&s) {
+        if self.routes.contains(s) {
             self.schedule(self.now + VERIFIER_S, SimEvent::Verdict(s));
         }
         self.plan(Event::SessionEnded { session: s })
@@ -1092,14 +1095,17 @@ impl<'a> Sim<'a> {
         self.log("session_failed", TraceLine { session: Some(s.0), detail: Some(reason), ..blank() });
         // Drop its prepared requests and let the planner forget its queued units and holds.
         self.prepared.retain(|a, _| a.session != s);
+        // A routed program that failed is never verified: it releases what it holds (before its
+        // end reaches the core, so that its ledger learns nothing from it).
+        if let Some(row) = self.routes.get(s) {
+            let own = exec::routing::workflow_verifier(&self.cfg.workflows[row.workflow as usize]);
+            self.routes.close(s, None, own);
+            if let Err(e) = self.planner.program_abandoned(s, self.now) {
+                self.notes.push(format!("router: session {s}: {e}"));
+            }
+        }
         if let Err(e) = self.plan(Event::SessionEnded { session: s }) {
             self.notes.push(format!("planner rejected the end of session {s}: {e}"));
-        }
-        // A routed program that failed is never verified: it releases what it holds.
-        if self.routes.contains_key(&s)
-            && let Err(e) = self.planner.program_abandoned(s)
-        {
-            self.notes.push(format!("router: session {s}: {e}"));
         }
     }
 
@@ -1152,7 +1158,7 @@ impl<'a> Sim<'a> {
             interrupted: self.interrupted,
         });
         let mut report = report;
-        report.routing = exec::routing::routing_report(&cfg.workflows, self.routes.values());
+        report.routing = self.routes.report(&cfg.workflows);
         SimOutput {
             report,
             trace: std::mem::take(&mut self.trace),
@@ -1161,6 +1167,7 @@ impl<'a> Sim<'a> {
             notes: std::mem::take(&mut self.notes),
             calls: std::mem::take(&mut self.calls),
             planner_ticks: std::mem::take(&mut self.planner_ticks),
+            sessions,
         }
     }
 }
@@ -1206,6 +1213,7 @@ mod tests {
             session_counts: Vec::new(),
             workflow_arrivals: Vec::new(),
             handoff_s: crate::exec::FRAMEWORK_HANDOFF_S,
+            routing: Default::default(),
         }
     }
 

@@ -44,6 +44,8 @@ pub struct RouteRecord {
     pub verifier: String,
     /// When the program was bound (planner time).
     pub bound_at: f64,
+    /// When its ledger admitted it (`None` while it waits).
+    pub admitted_at: Option<f64>,
 }
 
 /// The router and the bindings of the programs it has not forgotten yet.
@@ -113,36 +115,49 @@ impl RoutedPrograms {
             chosen: self.arms[b.chosen],
             verifier: b.verifier,
             bound_at: now,
+            admitted_at: None,
         };
-        self.live.insert(program, record.clone());
-        let admitted = self.router.admit().iter().any(|(p, _)| *p == program) || self.is_admitted(program);
+        self.live.insert(program, record);
+        self.admit(now);
+        let record = self.live.get(&program).cloned().ok_or(RouterError::Unbound(program))?;
+        let admitted = record.admitted_at.is_some();
         Ok((record, admitted))
     }
 
-    fn is_admitted(&self, program: u64) -> bool {
-        self.router.binding(program).and_then(|b| self.router.ledger(b.model)).is_some_and(|l| l.is_admitted(program))
+    /// Admit what the ledgers can now; answers the programs admitted (their admission time is
+    /// `now`).
+    fn admit(&mut self, now: f64) -> Vec<u64> {
+        let admitted: Vec<u64> = self.router.admit().into_iter().map(|(p, _)| p).collect();
+        for p in &admitted {
+            if let Some(r) = self.live.get_mut(p) {
+                r.admitted_at = Some(now);
+            }
+        }
+        admitted
     }
 
     /// The program ended (its last call returned): release its reservation, learning its peak
-    /// context and run time; answers the programs the ledgers admit now.
+    /// context and its run time since admission (one that never was admitted leaves its queue);
+    /// answers the programs the ledgers admit now.
     pub fn finished(&mut self, program: u64, peak_tokens: u64, now: f64) -> Result<Vec<u64>, RouterError> {
         let Some(r) = self.live.get(&program) else { return Err(RouterError::Unbound(program)) };
-        self.router.finished(program, peak_tokens, (now - r.bound_at).max(0.0))?;
-        Ok(self.router.admit().into_iter().map(|(p, _)| p).collect())
+        let run_s = r.admitted_at.map_or(0.0, |t| (now - t).max(0.0));
+        self.router.finished(program, peak_tokens, run_s)?;
+        Ok(self.admit(now))
     }
 
     /// The program's verdict landed: the learner's update (reward returned). Its row goes.
-    pub fn verdict(&mut self, program: u64, success: f64, cost: f64) -> Result<(f64, Vec<u64>), RouterError> {
+    pub fn verdict(&mut self, program: u64, success: f64, cost: f64, now: f64) -> Result<(f64, Vec<u64>), RouterError> {
         let r = self.router.verdict(program, success, cost)?;
         self.live.remove(&program);
-        Ok((r, self.router.admit().into_iter().map(|(p, _)| p).collect()))
+        Ok((r, self.admit(now)))
     }
 
     /// A program that cannot be verified (it failed): release what it holds, forget it.
-    pub fn abandon(&mut self, program: u64) -> Result<Vec<u64>, RouterError> {
+    pub fn abandon(&mut self, program: u64, now: f64) -> Result<Vec<u64>, RouterError> {
         self.router.abandon(program)?;
         self.live.remove(&program);
-        Ok(self.router.admit().into_iter().map(|(p, _)| p).collect())
+        Ok(self.admit(now))
     }
 
     /// The row of a bound program not yet verified.
@@ -200,13 +215,13 @@ mod tests {
         for program in 0..4 {
             p.finished(program, 900, 30.0).unwrap();
             let good = p.record(program).unwrap().deployment == DeploymentId(7);
-            p.verdict(program, if good { 1.0 } else { 0.0 }, 0.0).unwrap();
+            p.verdict(program, if good { 1.0 } else { 0.0 }, 0.0, 60.0).unwrap();
         }
         for program in 10..40 {
             let (r, _) = p.bind(program, &route, MATH, 100, 40.0).unwrap();
             p.finished(program, 900, 50.0).unwrap();
             let good = r.deployment == DeploymentId(7);
-            p.verdict(program, if good { 1.0 } else { 0.0 }, 0.0).unwrap();
+            p.verdict(program, if good { 1.0 } else { 0.0 }, 0.0, 60.0).unwrap();
         }
         let (r, _) = p.bind(100, &route, MATH, 100, 60.0).unwrap();
         assert_eq!(r.deployment, DeploymentId(7), "the learner prefers the member that succeeds");
@@ -222,5 +237,16 @@ mod tests {
         let (_, second) = p.bind(2, &route, MATH, 100, 0.0).unwrap();
         assert!(first && !second, "the second waits in the ledger's FIFO");
         assert_eq!(p.finished(1, 900, 10.0).unwrap(), vec![2], "the first's end admits the second");
+        assert_eq!(p.record(2).unwrap().admitted_at, Some(10.0));
+        // A program that ends while it waits (it needed no call of its model) leaves the queue.
+        let (_, third) = p.bind(3, &route, MATH, 100, 11.0).unwrap();
+        assert!(!third);
+        assert_eq!(p.finished(3, 0, 12.0).unwrap(), Vec::<u64>::new());
+        assert_eq!(p.verdict(3, 1.0, 0.0, 12.5).unwrap().1, Vec::<u64>::new());
+        // A program abandoned while it waits frees its place in the queue too.
+        let (_, fourth) = p.bind(4, &route, MATH, 100, 13.0).unwrap();
+        assert!(!fourth);
+        p.abandon(4, 13.5).unwrap();
+        assert_eq!(p.finished(2, 900, 20.0).unwrap(), Vec::<u64>::new(), "nothing left to admit");
     }
 }

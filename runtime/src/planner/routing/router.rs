@@ -180,10 +180,17 @@ impl Router {
     }
 
     /// The program's last call returned: release its reservation, learning its peak context and
-    /// run time. Its verifier runs next (elsewhere); the row stays until the verdict lands.
+    /// run time (since its admission). A program that ended before its ledger admitted it (it
+    /// needed no call of that model) leaves the queue and teaches nothing. Its verifier runs
+    /// next (elsewhere); the row stays until the verdict lands.
     pub fn finished(&mut self, program: u64, peak_tokens: u64, run_s: f64) -> Result<(), RouterError> {
         let b = self.table.get(&program).ok_or(RouterError::Unbound(program))?;
-        self.ledgers[b.model].finish(program, peak_tokens, run_s)?;
+        let ledger = &mut self.ledgers[b.model];
+        if ledger.is_admitted(program) {
+            ledger.finish(program, peak_tokens, run_s)?;
+        } else {
+            ledger.withdraw(program)?;
+        }
         Ok(())
     }
 

@@ -1,0 +1,273 @@
+//! `switchyard bench oracle`: what ORACLE's adaptive verification is worth (paper 002 §5.3,
+//! "adaptive vs single-verifier feedback"), on the simulator with the planner core's router.
+//!
+//! Workload: the routed `gsm8k-routed` and `mbpp-routed` workflows together (each session a
+//! program routed among Qwen3-0.6B / 1.7B / 8B; the emulated answers are right with each model's
+//! GSM8K accuracy and MBPP pass@1 from the Qwen3 report), Poisson arrivals so that verdicts land
+//! while later programs are still being routed, the paper pool, the joint policy.
+//!
+//! Two configurations, the same trace per seed (so session i is the same task in both):
+//! - **adaptive**: the router's classifier knows both verifiers (GSM8K exact answer, MBPP's
+//!   tests) and picks one per request;
+//! - **single verifier**: the router knows only GSM8K's exact-answer check, so every program is
+//!   judged by it; MBPP programs can never be confirmed and the learner learns nothing about
+//!   which model writes code that passes.
+//!
+//! Reported per configuration (means over seeds): accuracy (every session's score: GSM8K exact,
+//! MBPP tests; a failed session 0), per workflow, GPU-seconds per completed session, the share
+//! of programs per model; and the paired difference in accuracy (adaptive − single) with a 95 %
+//! bootstrap interval over sessions (paired by session: same seed, same task), resampled with a
+//! fixed seed. Cost is not matched by construction: the report gives both configurations' cost
+//! and their ratio, and says whether the accuracy difference holds at no higher cost.
+//!
+//! Depends on `sim` and `exec`; nothing else depends on it.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+
+use crate::exec::routing::RoutingConfig;
+use crate::exec::{Arrival, PoolSpec, RunConfig};
+use crate::planner::JointOptions;
+use crate::sim::{self, Flow, SimOptions};
+use crate::workflow::load_workflow;
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct OracleBenchConfig {
+    /// The repository root (workflows and pools are read from it).
+    pub root: std::path::PathBuf,
+    /// Sessions per workflow per run.
+    pub sessions: usize,
+    /// Poisson arrival rate per workflow (sessions per second).
+    pub rate: f64,
+    /// Trace seeds (one paired comparison each).
+    pub seeds: Vec<u64>,
+}
+
+impl Default for OracleBenchConfig {
+    fn default() -> Self {
+        OracleBenchConfig { root: ".".into(), sessions: 120, rate: 0.5, seeds: (1..=5).collect() }
+    }
+}
+
+/// One configuration's results, means over the seeds.
+#[derive(Debug, Clone, Serialize)]
+pub struct FeedbackSide {
+    pub accuracy: f64,
+    pub accuracy_per_workflow: BTreeMap<String, f64>,
+    pub gpu_seconds_per_session: f64,
+    /// Share of programs per workflow and model.
+    pub model_share: BTreeMap<String, BTreeMap<String, f64>>,
+    /// Share of programs classified to their workflow's own verifier.
+    pub right_verifier: f64,
+}
+
+/// The comparison.
+#[derive(Debug, Clone, Serialize)]
+pub struct OracleReport {
+    pub sessions_per_workflow: usize,
+    pub rate: f64,
+    pub seeds: Vec<u64>,
+    pub adaptive: FeedbackSide,
+    pub single_verifier: FeedbackSide,
+    /// Adaptive − single, accuracy points (0–100), paired by session, with its 95 % bootstrap
+    /// interval.
+    pub accuracy_gain_pp: f64,
+    pub accuracy_gain_ci_pp: (f64, f64),
+    /// Single-verifier GPU-seconds per session over adaptive's.
+    pub cost_ratio_single_over_adaptive: f64,
+}
+
+/// What can go wrong.
+#[derive(Debug, thiserror::Error)]
+pub enum OracleBenchError {
+    #[error("{0}")]
+    Setup(String),
+    #[error("a run failed: {0}")]
+    Run(String),
+}
+
+const WORKFLOWS: [&str; 2] = ["gsm8k-routed", "mbpp-routed"];
+const BOOTSTRAP: usize = 2_000;
+
+fn config(
+    root: &Path,
+    c: &OracleBenchConfig,
+    seed: u64,
+    routing: RoutingConfig,
+) -> Result<RunConfig, OracleBenchError> {
+    let workflows = WORKFLOWS
+        .iter()
+        .map(|w| load_workflow(&root.join("workflows").join(format!("{w}.yaml"))).map(Arc::new))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| OracleBenchError::Setup(e.to_string()))?;
+    let pool =
+        PoolSpec::load(&root.join("workflows/pools/paper.yaml")).map_err(|e| OracleBenchError::Setup(e.to_string()))?;
+    Ok(RunConfig {
+        workflows,
+        sessions: c.sessions,
+        arrival: Arrival::Poisson(c.rate),
+        seed,
+        noise_seed: 0,
+        pool,
+        policy: "joint".into(),
+        options: JointOptions::default(),
+        predictor: "oracle".into(),
+        tool_workers: 2,
+        max_num_seqs: 256,
+        substrate: Default::default(),
+        session_counts: Vec::new(),
+        workflow_arrivals: Vec::new(),
+        handoff_s: crate::exec::FRAMEWORK_HANDOFF_S,
+        routing,
+    })
+}
+
+/// One run's per-session scores (session order) and its side of the report.
+struct RunResult {
+    scores: Vec<f64>,
+    side: FeedbackSide,
+}
+
+fn run_one(cfg: &RunConfig) -> Result<RunResult, OracleBenchError> {
+    let out = sim::simulate_opts(cfg, SimOptions::default(), &mut |_| Flow::Continue)
+        .map_err(|e| OracleBenchError::Run(e.to_string()))?;
+    let r = &out.report;
+    let scores: Vec<f64> = out.sessions.iter().map(|s| s.score.unwrap_or(0.0)).collect();
+    let accuracy = scores.iter().sum::<f64>() / scores.len().max(1) as f64;
+    let accuracy_per_workflow = r.workflows.iter().map(|(k, w)| (k.clone(), w.accuracy.unwrap_or(0.0))).collect();
+    let mut model_share: BTreeMap<String, BTreeMap<String, f64>> = BTreeMap::new();
+    let (mut right, mut programs) = (0u64, 0u64);
+    for (w, per_model) in &r.routing {
+        let total: u64 = per_model.values().map(|s| s.programs).sum();
+        for (m, s) in per_model {
+            model_share.entry(w.clone()).or_default().insert(m.clone(), s.programs as f64 / total.max(1) as f64);
+            right += s.right_verifier;
+            programs += s.programs;
+        }
+    }
+    let side = FeedbackSide {
+        accuracy,
+        accuracy_per_workflow,
+        gpu_seconds_per_session: r.gpu_seconds_per_session.total(),
+        model_share,
+        right_verifier: right as f64 / programs.max(1) as f64,
+    };
+    Ok(RunResult { scores, side })
+}
+
+fn mean_sides(sides: &[FeedbackSide]) -> FeedbackSide {
+    let n = sides.len().max(1) as f64;
+    let mut out = FeedbackSide {
+        accuracy: 0.0,
+        accuracy_per_workflow: BTreeMap::new(),
+        gpu_seconds_per_session: 0.0,
+        model_share: BTreeMap::new(),
+        right_verifier: 0.0,
+    };
+    for s in sides {
+        out.accuracy += s.accuracy / n;
+        out.gpu_seconds_per_session += s.gpu_seconds_per_session / n;
+        out.right_verifier += s.right_verifier / n;
+        for (k, v) in &s.accuracy_per_workflow {
+            *out.accuracy_per_workflow.entry(k.clone()).or_insert(0.0) += v / n;
+        }
+        for (w, m) in &s.model_share {
+            for (k, v) in m {
+                *out.model_share.entry(w.clone()).or_default().entry(k.clone()).or_insert(0.0) += v / n;
+            }
+        }
+    }
+    out
+}
+
+/// Run the comparison.
+pub fn run(c: &OracleBenchConfig) -> Result<OracleReport, OracleBenchError> {
+    if c.seeds.is_empty() || c.sessions == 0 {
+        return Err(OracleBenchError::Setup("at least one seed and one session".into()));
+    }
+    let single = RoutingConfig {
+        verifiers: Some(vec![crate::exec::routing::verifier_name(crate::workflow::MetricKind::Gsm8kExact).to_string()]),
+    };
+    let (mut adaptive, mut narrow, mut diffs) = (Vec::new(), Vec::new(), Vec::new());
+    for &seed in &c.seeds {
+        let a = run_one(&config(&c.root, c, seed, RoutingConfig::default())?)?;
+        let b = run_one(&config(&c.root, c, seed, single.clone())?)?;
+        if a.scores.len() != b.scores.len() {
+            return Err(OracleBenchError::Run(format!(
+                "seed {seed}: {} vs {} sessions",
+                a.scores.len(),
+                b.scores.len()
+            )));
+        }
+        diffs.extend(a.scores.iter().zip(&b.scores).map(|(x, y)| x - y));
+        adaptive.push(a.side);
+        narrow.push(b.side);
+    }
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
+    let gain = mean(&diffs);
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0x0ac1e);
+    let mut boots: Vec<f64> = (0..BOOTSTRAP)
+        .map(|_| (0..diffs.len()).map(|_| diffs[rng.random_range(0..diffs.len())]).sum::<f64>() / diffs.len() as f64)
+        .collect();
+    boots.sort_by(f64::total_cmp);
+    let ci = (boots[(BOOTSTRAP as f64 * 0.025) as usize], boots[(BOOTSTRAP as f64 * 0.975) as usize - 1]);
+    let adaptive = mean_sides(&adaptive);
+    let single_verifier = mean_sides(&narrow);
+    Ok(OracleReport {
+        sessions_per_workflow: c.sessions,
+        rate: c.rate,
+        seeds: c.seeds.clone(),
+        cost_ratio_single_over_adaptive: single_verifier.gpu_seconds_per_session
+            / adaptive.gpu_seconds_per_session.max(f64::MIN_POSITIVE),
+        adaptive,
+        single_verifier,
+        accuracy_gain_pp: gain * 100.0,
+        accuracy_gain_ci_pp: (ci.0 * 100.0, ci.1 * 100.0),
+    })
+}
+
+impl OracleReport {
+    /// The report as Markdown.
+    pub fn markdown(&self) -> String {
+        let mut out = format!(
+            "# ORACLE: adaptive vs single-verifier feedback (paper 002 §5.3)\n\n\
+             `gsm8k-routed` + `mbpp-routed`, {} sessions each, Poisson {} /s per workflow, paper pool, joint policy, \
+             seeds {:?} (means; the difference paired by session).\n\n\
+             | feedback | accuracy | GSM8K | MBPP | GPU-s / session | right verifier |\n| --- | ---: | ---: | ---: | ---: | ---: |\n",
+            self.sessions_per_workflow, self.rate, self.seeds
+        );
+        for (name, s) in [("adaptive", &self.adaptive), ("single verifier (exact answer)", &self.single_verifier)] {
+            out.push_str(&format!(
+                "| {name} | {:.1} % | {:.1} % | {:.1} % | {:.1} | {:.0} % |\n",
+                s.accuracy * 100.0,
+                s.accuracy_per_workflow.get("gsm8k-routed").copied().unwrap_or(0.0) * 100.0,
+                s.accuracy_per_workflow.get("mbpp-routed").copied().unwrap_or(0.0) * 100.0,
+                s.gpu_seconds_per_session,
+                s.right_verifier * 100.0
+            ));
+        }
+        out.push_str(&format!(
+            "\nadaptive − single: **{:+.1} pp** accuracy (95 % bootstrap interval {:+.1} … {:+.1} pp; goal ≥ +5 pp, paper ≈ +7 pp), \
+             at {:.2}× the single-verifier configuration's GPU-seconds per session ({}).\n\n",
+            self.accuracy_gain_pp,
+            self.accuracy_gain_ci_pp.0,
+            self.accuracy_gain_ci_pp.1,
+            1.0 / self.cost_ratio_single_over_adaptive.max(f64::MIN_POSITIVE),
+            if self.cost_ratio_single_over_adaptive >= 0.99 { "no higher cost" } else { "a higher cost: not a matched-cost comparison" }
+        ));
+        out.push_str("Share of programs per model (mean over seeds):\n\n| feedback | workflow | model | share |\n| --- | --- | --- | ---: |\n");
+        for (name, s) in [("adaptive", &self.adaptive), ("single", &self.single_verifier)] {
+            for (w, m) in &s.model_share {
+                for (k, v) in m {
+                    out.push_str(&format!("| {name} | {w} | {k} | {:.0} % |\n", v * 100.0));
+                }
+            }
+        }
+        out
+    }
+}

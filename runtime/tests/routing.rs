@@ -192,3 +192,19 @@ fn a_program_its_ledger_has_not_admitted_keeps_its_units_out_of_the_queue() {
     assert_eq!(planner.program_verdict(SessionId(3), 0.0, 0.0, 12.5).unwrap(), 0.0);
     assert_eq!(waiting(&planner), vec![1], "session 1 keeps its place");
 }
+
+#[test]
+fn bench_oracle_pairs_adaptive_and_single_verifier_feedback_by_session() {
+    use switchyard_runtime::bench::oracle::{OracleBenchConfig, run};
+    let cfg = OracleBenchConfig { root: repo(), sessions: 12, rate: 0.5, seeds: vec![1] };
+    let r = run(&cfg).expect("bench oracle");
+    // Adaptive feedback judges every program by its own verifier; the single (exact-answer)
+    // verifier judges only GSM8K's.
+    assert_eq!(r.adaptive.right_verifier, 1.0);
+    assert_eq!(r.single_verifier.right_verifier, 0.5);
+    let (lo, hi) = r.accuracy_gain_ci_pp;
+    assert!(lo <= r.accuracy_gain_pp && r.accuracy_gain_pp <= hi, "{r:?}");
+    let gain = (r.adaptive.accuracy - r.single_verifier.accuracy) * 100.0;
+    assert!((gain - r.accuracy_gain_pp).abs() < 1e-9, "the paired mean is the difference of the means");
+    assert!(r.markdown().contains("adaptive − single"));
+}

@@ -46,9 +46,11 @@ pub const PRIOR_RUN_S: f64 = 60.0;
 /// How a run routes its routed workflows.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct RoutingConfig {
-    /// Learn only these verifiers (§5.3's single-verifier feedback gives one): the classifier
-    /// then selects among them only. `None`: every verifier the run's workflows define.
-    pub verifiers: Option<Vec<String>>,
+    /// §5.3's single-verifier feedback: every program's verdict comes from this verifier,
+    /// whatever its task type (the classifier still infers the type for the learner's context,
+    /// as the family one-hot of Appendix B.4). `None`: adaptive verification, the verifier
+    /// the classifier selects.
+    pub single_verifier: Option<String>,
 }
 
 /// The verifier name of a metric kind.
@@ -113,7 +115,6 @@ pub fn routing_setup(
     deployments: &[DeploymentInfo],
     deployment_of: &DeploymentMap,
     pool: &PoolSpec,
-    config: &RoutingConfig,
 ) -> Result<Option<RoutingSetup>, ShellError> {
     let mut arms: Vec<DeploymentId> = Vec::new();
     for (w, spec) in workflows.iter().enumerate() {
@@ -137,9 +138,6 @@ pub fn routing_setup(
     let mut exemplars = Vec::new();
     for (w, spec) in workflows.iter().enumerate() {
         let Some(verifier) = workflow_verifier(spec) else { continue };
-        if config.verifiers.as_ref().is_some_and(|only| !only.iter().any(|v| v == verifier)) {
-            continue;
-        }
         let recs = records.get(w).map(Vec::as_slice).unwrap_or_default();
         let mut texts: Vec<String> = Vec::new();
         for record in recs {
@@ -181,6 +179,9 @@ pub struct RouteRow {
     pub diverted: bool,
     pub gated: bool,
     pub verifier: String,
+    /// The verifier whose verdict teaches the learner: `verifier`, or the run's single
+    /// verifier ([`RoutingConfig::single_verifier`]).
+    pub feedback: String,
 }
 
 /// Bound workflows, one per (workflow, route member), made once and shared by the sessions.
@@ -196,6 +197,7 @@ pub fn bind_session(
     deployment_of: &DeploymentMap,
     deployments: &[DeploymentInfo],
     bound: &mut BoundSpecs,
+    config: &RoutingConfig,
     now: f64,
 ) -> Result<(Session, Option<RouteRow>), ShellError> {
     let spec = Arc::clone(session.spec());
@@ -211,6 +213,7 @@ pub fn bind_session(
         model: deployments.get(record.deployment.0 as usize).map(|d| d.model.clone()).unwrap_or_default(),
         diverted: record.deployment != record.chosen,
         gated: planner.state().is_gated(id),
+        feedback: config.single_verifier.clone().unwrap_or_else(|| record.verifier.clone()),
         verifier: record.verifier,
     };
     let spec_bound = Arc::clone(bound.entry((w, member.clone())).or_insert_with(|| Arc::new(spec.bound_to(&member))));
@@ -276,7 +279,7 @@ fn count(st: &mut RouteStats, row: &RouteRow, own_verifier: Option<&str>) {
     st.programs += 1;
     st.diverted += u64::from(row.diverted);
     st.gated += u64::from(row.gated);
-    st.right_verifier += u64::from(own_verifier == Some(row.verifier.as_str()));
+    st.right_verifier += u64::from(own_verifier == Some(row.feedback.as_str()));
 }
 
 fn add(to: &mut RouteStats, st: &RouteStats) {

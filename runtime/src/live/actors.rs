@@ -253,6 +253,8 @@ pub struct RunContext {
     /// Ask engines to stream answers.
     pub stream: bool,
     pub tools: ToolsHandle,
+    /// How routed workflows are routed (the single-verifier comparison).
+    pub routing: crate::exec::routing::RoutingConfig,
 }
 
 /// An LLM call waiting for its grant: the request (id and model are filled at dispatch) and the

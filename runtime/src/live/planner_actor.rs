@@ -1140,6 +1140,7 @@ impl PlannerActorState {
                 &self.ctx.deployment_of,
                 &self.ctx.deployments,
                 &mut self.bound_specs,
+                &self.ctx.routing,
                 self.ctx.clock.now(),
             )
             .map_err(|e| e.to_string())?;
@@ -1253,7 +1254,7 @@ impl PlannerActorState {
         let score = self.ended.get(&id).and_then(|r| r.record.score);
         let Some(row) = self.routes.get(id).cloned() else { return };
         let spec = self.ctx.workflows.get(row.workflow as usize).cloned();
-        let success = spec.as_ref().map_or(0.0, |spec| exec::routing::verdict(spec, score, &row.verifier));
+        let success = spec.as_ref().map_or(0.0, |spec| exec::routing::verdict(spec, score, &row.feedback));
         self.routes.close(id, Some(success), spec.as_ref().and_then(|s| exec::routing::workflow_verifier(s)));
         if let Err(e) = self.planner.program_verdict(id, success, 0.0, self.ctx.clock.now()) {
             self.note(format!("router: session {id}: {e}"));

@@ -132,7 +132,8 @@ pub struct RouteStats {
     /// Verdicts that landed, and how many were successes.
     pub verdicts: u64,
     pub successes: u64,
-    /// Programs classified to the workflow's own verifier.
+    /// Programs judged by the workflow's own verifier (the one the classifier selected, or
+    /// the run's single verifier).
     pub right_verifier: u64,
 }
 

@@ -311,7 +311,7 @@ impl<'a> Sim<'a> {
             .collect();
         let node_info = exec::node_infos(&cfg.workflows, &deployment_of);
         let mut planner = planner;
-        if let Some(setup) = exec::routing::routing_setup(&cfg.workflows, &records, &deployments, &deployment_of, &cfg.pool, &cfg.routing)? {
+        if let Some(setup) = exec::routing::routing_setup(&cfg.workflows, &records, &deployments, &deployment_of, &cfg.pool)? {
             planner.set_routing(setup)?;
         }
         let mut sim = Sim {
@@ -762,6 +762,7 @@ impl<'a> Sim<'a> {
             &self.deployment_of,
             &self.deployments,
             &mut self.bound_specs,
+            &self.cfg.routing,
             self.now,
         )?;
         if let Some(row) = row {
@@ -777,7 +778,7 @@ impl<'a> Sim<'a> {
         let Some(run) = self.sessions.get(s.0 as usize).and_then(|r| r.as_ref()) else { return Ok(()) };
         let Some(row) = self.routes.get(s) else { return Ok(()) };
         let spec = &self.cfg.workflows[row.workflow as usize];
-        let success = exec::routing::verdict(spec, run.record.score, &row.verifier);
+        let success = exec::routing::verdict(spec, run.record.score, &row.feedback);
         let own = exec::routing::workflow_verifier(spec);
         self.routes.close(s, Some(success), own);
         self.planner.program_verdict(s, success, 0.0, self.now)?;

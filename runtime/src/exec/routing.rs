@@ -187,19 +187,25 @@ pub struct RouteRow {
 /// Bound workflows, one per (workflow, route member), made once and shared by the sessions.
 pub type BoundSpecs = BTreeMap<(u32, String), Arc<WorkflowSpec>>;
 
+/// The run's facts [`bind_session`] reads.
+pub struct BindContext<'a> {
+    pub deployment_of: &'a DeploymentMap,
+    pub deployments: &'a [DeploymentInfo],
+    pub config: &'a RoutingConfig,
+}
+
 /// A new session of workflow `w`: when the workflow is routed, the planner's router binds it
 /// by its first request and the session is remade on the workflow bound to the chosen member
 /// (its row returned); otherwise it is returned as it is.
 pub fn bind_session(
     planner: &mut Planner,
+    ctx: &BindContext<'_>,
+    bound: &mut BoundSpecs,
     w: u32,
     session: Session,
-    deployment_of: &DeploymentMap,
-    deployments: &[DeploymentInfo],
-    bound: &mut BoundSpecs,
-    config: &RoutingConfig,
     now: f64,
 ) -> Result<(Session, Option<RouteRow>), ShellError> {
+    let BindContext { deployment_of, deployments, config } = *ctx;
     let spec = Arc::clone(session.spec());
     let Some(route) = route_of(w, &spec, deployment_of)? else { return Ok((session, None)) };
     let id = session.id();

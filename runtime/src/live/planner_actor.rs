@@ -1133,14 +1133,17 @@ impl PlannerActorState {
         let id = SessionId(i as u32);
         let wall = self.wall();
         let session = Session::new(id, spec, input).map_err(|e| e.to_string()).and_then(|session| {
+            let ctx = exec::routing::BindContext {
+                deployment_of: &self.ctx.deployment_of,
+                deployments: &self.ctx.deployments,
+                config: &self.ctx.routing,
+            };
             let (session, row) = exec::routing::bind_session(
                 &mut self.planner,
+                &ctx,
+                &mut self.bound_specs,
                 entry.workflow,
                 session,
-                &self.ctx.deployment_of,
-                &self.ctx.deployments,
-                &mut self.bound_specs,
-                &self.ctx.routing,
                 self.ctx.clock.now(),
             )
             .map_err(|e| e.to_string())?;

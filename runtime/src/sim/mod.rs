@@ -755,16 +755,12 @@ impl<'a> Sim<'a> {
     /// A session of a routed workflow: the planner's router binds it to a route member by its
     /// first request; the session then runs the workflow bound to that member.
     fn bind_route(&mut self, id: SessionId, w: u32, session: Session) -> Result<Session, SimError> {
-        let (session, row) = exec::routing::bind_session(
-            &mut self.planner,
-            w,
-            session,
-            &self.deployment_of,
-            &self.deployments,
-            &mut self.bound_specs,
-            &self.cfg.routing,
-            self.now,
-        )?;
+        let ctx = exec::routing::BindContext {
+            deployment_of: &self.deployment_of,
+            deployments: &self.deployments,
+            config: &self.cfg.routing,
+        };
+        let (session, row) = exec::routing::bind_session(&mut self.planner, &ctx, &mut self.bound_specs, w, session, self.now)?;
         if let Some(row) = row {
             self.log("route", TraceLine { session: Some(id.0), detail: Some(format!("{} ({})", row.model, row.verifier)), ..blank() });
             self.routes.open(id, row);

@@ -35,7 +35,7 @@ use crate::exec::routing::RoutingConfig;
 use crate::exec::{Arrival, PoolSpec, RunConfig};
 use crate::planner::JointOptions;
 use crate::sim::{self, Flow, SimOptions};
-use crate::workflow::load_workflow;
+use crate::workflow::{NodeKind, load_workflow};
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -62,6 +62,8 @@ pub struct FeedbackSide {
     pub accuracy: f64,
     pub accuracy_per_workflow: BTreeMap<String, f64>,
     pub gpu_seconds_per_session: f64,
+    /// Compute cost per program, billions of parameter-tokens (`exec::routing::call_cost`).
+    pub cost_per_program: f64,
     /// Share of programs per workflow and model.
     pub model_share: BTreeMap<String, BTreeMap<String, f64>>,
     /// Share of programs classified to their workflow's own verifier.
@@ -82,7 +84,19 @@ pub struct OracleReport {
     pub accuracy_gain_ci_pp: (f64, f64),
     /// Single-verifier GPU-seconds per session over adaptive's.
     pub cost_ratio_single_over_adaptive: f64,
+    /// Each route member alone (the fixed policies): accuracy and compute cost per program.
+    pub fixed: BTreeMap<String, FeedbackSide>,
+    /// The reward's cost scale: the largest member's mean cost per program (Appendix B.4).
+    pub cost_scale: f64,
+    /// The cost-weight sweep: (a, adaptive, single verifier), means over the seeds.
+    pub sweep: Vec<(f64, FeedbackSide, FeedbackSide)>,
 }
+
+/// Cost weights of the sweep (a subset of Appendix B.4's {0, 0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 3}).
+pub const COST_WEIGHTS: [f64; 4] = [0.25, 0.5, 1.0, 2.0];
+
+/// The route members, largest last.
+const MEMBERS: [&str; 3] = ["qwen3-0.6b", "qwen3-1.7b", "qwen3-8b"];
 
 /// What can go wrong.
 #[derive(Debug, thiserror::Error)]
@@ -96,17 +110,31 @@ pub enum OracleBenchError {
 const WORKFLOWS: [&str; 2] = ["gsm8k-routed", "mbpp-routed"];
 const BOOTSTRAP: usize = 2_000;
 
+/// The run of one configuration; `fixed`: every routed node's route cut to that one member
+/// (a single-model policy, routed like the others so that its cost is counted the same way).
 fn config(
     root: &Path,
     c: &OracleBenchConfig,
     seed: u64,
     routing: RoutingConfig,
+    fixed: Option<&str>,
 ) -> Result<RunConfig, OracleBenchError> {
-    let workflows = WORKFLOWS
-        .iter()
-        .map(|w| load_workflow(&root.join("workflows").join(format!("{w}.yaml"))).map(Arc::new))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| OracleBenchError::Setup(e.to_string()))?;
+    let mut workflows = Vec::new();
+    for w in WORKFLOWS {
+        let mut spec = load_workflow(&root.join("workflows").join(format!("{w}.yaml")))
+            .map_err(|e| OracleBenchError::Setup(e.to_string()))?;
+        if let Some(member) = fixed {
+            for n in &mut spec.nodes {
+                if let NodeKind::Agent(a) = &mut n.kind
+                    && a.route.is_some()
+                {
+                    a.deployment = member.to_string();
+                    a.route = Some(vec![member.to_string()]);
+                }
+            }
+        }
+        workflows.push(Arc::new(spec));
+    }
     let pool =
         PoolSpec::load(&root.join("workflows/pools/paper.yaml")).map_err(|e| OracleBenchError::Setup(e.to_string()))?;
     Ok(RunConfig {
@@ -143,19 +171,21 @@ fn run_one(cfg: &RunConfig) -> Result<RunResult, OracleBenchError> {
     let accuracy = scores.iter().sum::<f64>() / scores.len().max(1) as f64;
     let accuracy_per_workflow = r.workflows.iter().map(|(k, w)| (k.clone(), w.accuracy.unwrap_or(0.0))).collect();
     let mut model_share: BTreeMap<String, BTreeMap<String, f64>> = BTreeMap::new();
-    let (mut right, mut programs) = (0u64, 0u64);
+    let (mut right, mut programs, mut cost) = (0u64, 0u64, 0.0);
     for (w, per_model) in &r.routing {
         let total: u64 = per_model.values().map(|s| s.programs).sum();
         for (m, s) in per_model {
             model_share.entry(w.clone()).or_default().insert(m.clone(), s.programs as f64 / total.max(1) as f64);
             right += s.right_verifier;
             programs += s.programs;
+            cost += s.cost;
         }
     }
     let side = FeedbackSide {
         accuracy,
         accuracy_per_workflow,
         gpu_seconds_per_session: r.gpu_seconds_per_session.total(),
+        cost_per_program: cost / programs.max(1) as f64,
         model_share,
         right_verifier: right as f64 / programs.max(1) as f64,
     };
@@ -168,11 +198,13 @@ fn mean_sides(sides: &[FeedbackSide]) -> FeedbackSide {
         accuracy: 0.0,
         accuracy_per_workflow: BTreeMap::new(),
         gpu_seconds_per_session: 0.0,
+        cost_per_program: 0.0,
         model_share: BTreeMap::new(),
         right_verifier: 0.0,
     };
     for s in sides {
         out.accuracy += s.accuracy / n;
+        out.cost_per_program += s.cost_per_program / n;
         out.gpu_seconds_per_session += s.gpu_seconds_per_session / n;
         out.right_verifier += s.right_verifier / n;
         for (k, v) in &s.accuracy_per_workflow {
@@ -192,13 +224,12 @@ pub fn run(c: &OracleBenchConfig) -> Result<OracleReport, OracleBenchError> {
     if c.seeds.is_empty() || c.sessions == 0 {
         return Err(OracleBenchError::Setup("at least one seed and one session".into()));
     }
-    let single = RoutingConfig {
-        single_verifier: Some(crate::exec::routing::verifier_name(crate::workflow::MetricKind::Gsm8kExact).to_string()),
-    };
+    let exact = crate::exec::routing::verifier_name(crate::workflow::MetricKind::Gsm8kExact).to_string();
+    let single = RoutingConfig { single_verifier: Some(exact.clone()), ..RoutingConfig::default() };
     let (mut adaptive, mut narrow, mut diffs) = (Vec::new(), Vec::new(), Vec::new());
     for &seed in &c.seeds {
-        let a = run_one(&config(&c.root, c, seed, RoutingConfig::default())?)?;
-        let b = run_one(&config(&c.root, c, seed, single.clone())?)?;
+        let a = run_one(&config(&c.root, c, seed, RoutingConfig::default(), None)?)?;
+        let b = run_one(&config(&c.root, c, seed, single.clone(), None)?)?;
         if a.scores.len() != b.scores.len() {
             return Err(OracleBenchError::Run(format!(
                 "seed {seed}: {} vs {} sessions",
@@ -220,7 +251,32 @@ pub fn run(c: &OracleBenchConfig) -> Result<OracleReport, OracleBenchError> {
     let ci = (boots[(BOOTSTRAP as f64 * 0.025) as usize], boots[(BOOTSTRAP as f64 * 0.975) as usize - 1]);
     let adaptive = mean_sides(&adaptive);
     let single_verifier = mean_sides(&narrow);
+    // The fixed policies, then the reward's scale from the largest one (not from a routed run).
+    let mut fixed = BTreeMap::new();
+    for m in MEMBERS {
+        let sides = c
+            .seeds
+            .iter()
+            .map(|&seed| run_one(&config(&c.root, c, seed, RoutingConfig::default(), Some(m))?).map(|r| r.side))
+            .collect::<Result<Vec<_>, _>>()?;
+        fixed.insert(m.to_string(), mean_sides(&sides));
+    }
+    let cost_scale = fixed.get(MEMBERS[MEMBERS.len() - 1]).map_or(1.0, |s| s.cost_per_program).max(f64::MIN_POSITIVE);
+    let mut sweep = Vec::new();
+    for a in COST_WEIGHTS {
+        let priced = RoutingConfig { cost_weight: a, cost_scale, single_verifier: None };
+        let priced_single = RoutingConfig { single_verifier: Some(exact.clone()), ..priced.clone() };
+        let (mut xs, mut ys) = (Vec::new(), Vec::new());
+        for &seed in &c.seeds {
+            xs.push(run_one(&config(&c.root, c, seed, priced.clone(), None)?)?.side);
+            ys.push(run_one(&config(&c.root, c, seed, priced_single.clone(), None)?)?.side);
+        }
+        sweep.push((a, mean_sides(&xs), mean_sides(&ys)));
+    }
     Ok(OracleReport {
+        fixed,
+        cost_scale,
+        sweep,
         sessions_per_workflow: c.sessions,
         rate: c.rate,
         seeds: c.seeds.clone(),
@@ -234,6 +290,25 @@ pub fn run(c: &OracleBenchConfig) -> Result<OracleReport, OracleBenchError> {
 }
 
 impl OracleReport {
+    /// For each adaptive point (a, cost, accuracy): the single-verifier accuracy at the same
+    /// compute cost, interpolated linearly between the single-verifier points around it
+    /// (`None` outside their range).
+    pub fn matched_cost(&self) -> Vec<(f64, f64, f64, Option<f64>)> {
+        let all = std::iter::once((0.0, &self.adaptive, &self.single_verifier))
+            .chain(self.sweep.iter().map(|(a, x, y)| (*a, x, y)));
+        let mut single: Vec<(f64, f64)> = all.clone().map(|(_, _, y)| (y.cost_per_program, y.accuracy)).collect();
+        single.sort_by(|p, q| p.0.total_cmp(&q.0));
+        all.map(|(a, x, _)| {
+            let c = x.cost_per_program;
+            let y = single.windows(2).find(|w| w[0].0 <= c && c <= w[1].0).map(|w| {
+                let t = if w[1].0 > w[0].0 { (c - w[0].0) / (w[1].0 - w[0].0) } else { 0.0 };
+                w[0].1 + t * (w[1].1 - w[0].1)
+            });
+            (a, c, x.accuracy, y)
+        })
+        .collect()
+    }
+
     /// The report as Markdown.
     pub fn markdown(&self) -> String {
         let mut out = format!(
@@ -254,18 +329,48 @@ impl OracleReport {
             ));
         }
         out.push_str(&format!(
-            "\nadaptive − single: **{:+.1} pp** accuracy (95 % bootstrap interval {:+.1} … {:+.1} pp; goal ≥ +5 pp, paper ≈ +7 pp), \
-             at {:.2}× the single-verifier configuration's GPU-seconds per session ({}).\n\n",
+            "\nadaptive − single at a = 0: **{:+.1} pp** accuracy (95 % bootstrap interval {:+.1} … {:+.1} pp), at {:.2}× the \
+             single-verifier configuration's GPU-seconds per session but {:.2}× its compute cost per program — not matched \
+             in compute; the matched-cost comparison is below.\n\n",
             self.accuracy_gain_pp,
             self.accuracy_gain_ci_pp.0,
             self.accuracy_gain_ci_pp.1,
             1.0 / self.cost_ratio_single_over_adaptive.max(f64::MIN_POSITIVE),
-            match self.cost_ratio_single_over_adaptive {
-                r if (r - 1.0).abs() <= 0.01 => "the same cost within 1 %",
-                r if r > 1.0 => "a lower cost",
-                _ => "a higher cost: not a matched-cost comparison",
-            }
+            self.adaptive.cost_per_program / self.single_verifier.cost_per_program.max(f64::MIN_POSITIVE),
         ));
+        out.push_str(&format!(
+            "Accuracy against compute cost (cost: billions of parameter-tokens per program, the tokens each call computed × \
+             the model's parameters; reward r = success − a·cost/scale with scale {:.0}, the 8B model's mean cost per program):\n\n\
+             | policy | a | accuracy | cost / program |\n| --- | ---: | ---: | ---: |\n",
+            self.cost_scale
+        ));
+        for (m, s) in &self.fixed {
+            out.push_str(&format!("| {m} alone | – | {:.1} % | {:.0} |\n", s.accuracy * 100.0, s.cost_per_program));
+        }
+        let points = std::iter::once((0.0, &self.adaptive, &self.single_verifier))
+            .chain(self.sweep.iter().map(|(a, x, y)| (*a, x, y)));
+        for (a, x, y) in points {
+            out.push_str(&format!("| adaptive | {a} | {:.1} % | {:.0} |\n", x.accuracy * 100.0, x.cost_per_program));
+            out.push_str(&format!(
+                "| single verifier | {a} | {:.1} % | {:.0} |\n",
+                y.accuracy * 100.0,
+                y.cost_per_program
+            ));
+        }
+        out.push_str("\nAt matched compute cost — single-verifier accuracy interpolated linearly between its two points around each \
+             adaptive point's cost (goal: adaptive ≥ +5 pp; paper ≈ +7 pp):\n\n| a | cost / program | adaptive | single at that cost | gain |\n| ---: | ---: | ---: | ---: | ---: |\n");
+        for (a, cost, x, y) in self.matched_cost() {
+            match y {
+                Some(y) => out.push_str(&format!(
+                    "| {a} | {cost:.0} | {:.1} % | {:.1} % | {:+.1} pp |\n",
+                    x * 100.0,
+                    y * 100.0,
+                    (x - y) * 100.0
+                )),
+                None => out.push_str(&format!("| {a} | {cost:.0} | {:.1} % | outside its range | – |\n", x * 100.0)),
+            }
+        }
+        out.push('\n');
         out.push_str("Share of programs per model (mean over seeds):\n\n| feedback | workflow | model | share |\n| --- | --- | --- | ---: |\n");
         for (name, s) in [("adaptive", &self.adaptive), ("single", &self.single_verifier)] {
             for (w, m) in &s.model_share {
@@ -275,5 +380,44 @@ impl OracleReport {
             }
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn side(accuracy: f64, cost: f64) -> FeedbackSide {
+        FeedbackSide {
+            accuracy,
+            accuracy_per_workflow: BTreeMap::new(),
+            gpu_seconds_per_session: 0.0,
+            cost_per_program: cost,
+            model_share: BTreeMap::new(),
+            right_verifier: 1.0,
+        }
+    }
+
+    #[test]
+    fn matched_cost_interpolates_the_single_verifier_frontier() {
+        let r = OracleReport {
+            sessions_per_workflow: 1,
+            rate: 1.0,
+            seeds: vec![1],
+            adaptive: side(0.70, 1_500.0),
+            single_verifier: side(0.60, 1_000.0),
+            accuracy_gain_pp: 10.0,
+            accuracy_gain_ci_pp: (5.0, 15.0),
+            cost_ratio_single_over_adaptive: 1.0,
+            fixed: BTreeMap::new(),
+            cost_scale: 1.0,
+            sweep: vec![(1.0, side(0.55, 600.0), side(0.50, 400.0)), (2.0, side(0.45, 300.0), side(0.44, 350.0))],
+        };
+        let m = r.matched_cost();
+        // 1,500 is beyond the single points (350 … 1,000); 600 lies between 400 (50 %) and
+        // 1,000 (60 %): 50 + 200/600·10 = 53.3 %; 300 lies below them.
+        assert_eq!(m[0].3, None);
+        assert!((m[1].3.unwrap() - (0.50 + 200.0 / 600.0 * 0.10)).abs() < 1e-12, "{m:?}");
+        assert_eq!(m[2].3, None);
     }
 }

@@ -14,7 +14,8 @@
 //!   session's result. The right verifier confirms success by the workflow's own metric (ROUGE-L
 //!   at least [`ROUGE_SUCCESS`]); a verifier of another task type cannot, so it reports failure
 //!   — the cost of a wrong classification is wrong feedback, as with a single verifier in §5.
-//! - **Cost** is not priced yet: the reward's cost weight is 0 (reward = success).
+//! - **Cost** is compute ([`call_cost`]: billions of parameter-tokens, summed over the program's
+//!   calls); the reward is success − a·cost/scale ([`RoutingConfig`]; a = 0 by default).
 //!
 //! Depends on the workflow model, sessions and `planner::routing`; never on `sim` or `live`.
 
@@ -44,13 +45,35 @@ pub const PRIOR_PEAK_TOKENS: f64 = 2_048.0;
 pub const PRIOR_RUN_S: f64 = 60.0;
 
 /// How a run routes its routed workflows.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct RoutingConfig {
+    /// The reward's cost weight a (Appendix B.4: r = success − a·cost/scale); 0 = success only.
+    pub cost_weight: f64,
+    /// The reward's cost scale, in [`call_cost`]'s units (the paper: the stream's mean cost per
+    /// task of its largest model); used only when `cost_weight` > 0.
+    pub cost_scale: f64,
     /// §5.3's single-verifier feedback: every program's verdict comes from this verifier,
     /// whatever its task type (the classifier still infers the type for the learner's context,
     /// as the family one-hot of Appendix B.4). `None`: adaptive verification, the verifier
     /// the classifier selects.
     pub single_verifier: Option<String>,
+}
+
+impl Default for RoutingConfig {
+    fn default() -> Self {
+        RoutingConfig { cost_weight: 0.0, cost_scale: 1.0, single_verifier: None }
+    }
+}
+
+/// The compute cost of one LLM call in billions of parameter-tokens: the tokens the engine
+/// computed (the prompt less its cached prefix, plus the output) × the model's parameters. A
+/// forward pass costs ≈ 2·N FLOPs per token (Kaplan et al. 2020), so this is proportional to
+/// the call's compute on any device — the price of a model on a private pool, where no API
+/// price list applies. 0 for a model outside the catalogue.
+pub fn call_cost(model: &str, prompt_tokens: u32, cached_prompt_tokens: u32, output_tokens: u32) -> f64 {
+    let Ok(arch) = switchyard_predictor::spec::model(model) else { return 0.0 };
+    let tokens = f64::from(prompt_tokens.saturating_sub(cached_prompt_tokens)) + f64::from(output_tokens);
+    tokens * arch.param_count() as f64 / 1e9
 }
 
 /// The verifier name of a metric kind.
@@ -115,6 +138,7 @@ pub fn routing_setup(
     deployments: &[DeploymentInfo],
     deployment_of: &DeploymentMap,
     pool: &PoolSpec,
+    config: &RoutingConfig,
 ) -> Result<Option<RoutingSetup>, ShellError> {
     let mut arms: Vec<DeploymentId> = Vec::new();
     for (w, spec) in workflows.iter().enumerate() {
@@ -166,7 +190,11 @@ pub fn routing_setup(
         prior_peak_tokens,
         prior_run_s: PRIOR_RUN_S,
         exemplars,
-        options: RouterOptions::default(),
+        options: RouterOptions {
+            cost_weight: config.cost_weight,
+            cost_scale: config.cost_scale,
+            ..RouterOptions::default()
+        },
     }))
 }
 
@@ -182,6 +210,8 @@ pub struct RouteRow {
     /// The verifier whose verdict teaches the learner: `verifier`, or the run's single
     /// verifier ([`RoutingConfig::single_verifier`]).
     pub feedback: String,
+    /// The program's compute cost so far ([`call_cost`] summed over its calls).
+    pub cost: f64,
 }
 
 /// Bound workflows, one per (workflow, route member), made once and shared by the sessions.
@@ -220,6 +250,7 @@ pub fn bind_session(
         diverted: record.deployment != record.chosen,
         gated: planner.state().is_gated(id),
         feedback: config.single_verifier.clone().unwrap_or_else(|| record.verifier.clone()),
+        cost: 0.0,
         verifier: record.verifier,
     };
     let spec_bound = Arc::clone(bound.entry((w, member.clone())).or_insert_with(|| Arc::new(spec.bound_to(&member))));
@@ -249,6 +280,20 @@ impl RouteBook {
 
     pub fn contains(&self, id: SessionId) -> bool {
         self.open.contains_key(&id)
+    }
+
+    /// Charge a finished call of session `id` (a no-op for a session that is not routed).
+    pub fn charge(
+        &mut self,
+        id: SessionId,
+        model: &str,
+        prompt_tokens: u32,
+        cached_prompt_tokens: u32,
+        output_tokens: u32,
+    ) {
+        if let Some(row) = self.open.get_mut(&id) {
+            row.cost += call_cost(model, prompt_tokens, cached_prompt_tokens, output_tokens);
+        }
     }
 
     /// Close session `id`'s row with its verdict (`None`: it failed, never verified), counting
@@ -283,6 +328,7 @@ impl RouteBook {
 
 fn count(st: &mut RouteStats, row: &RouteRow, own_verifier: Option<&str>) {
     st.programs += 1;
+    st.cost += row.cost;
     st.diverted += u64::from(row.diverted);
     st.gated += u64::from(row.gated);
     st.right_verifier += u64::from(own_verifier == Some(row.feedback.as_str()));
@@ -290,6 +336,7 @@ fn count(st: &mut RouteStats, row: &RouteRow, own_verifier: Option<&str>) {
 
 fn add(to: &mut RouteStats, st: &RouteStats) {
     to.programs += st.programs;
+    to.cost += st.cost;
     to.diverted += st.diverted;
     to.gated += st.gated;
     to.verdicts += st.verdicts;

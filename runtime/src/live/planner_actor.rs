@@ -463,6 +463,9 @@ impl PlannerActorState {
                     self.log("first_token", TraceLine { detail: at(completion.ttft_s).map(|t| format!("at {t} s")), ..line.clone() });
                     self.log("finish", TraceLine { detail: Some(format!("{output_tokens} tokens")), ..line });
                 }
+                if let Some(d) = self.ctx.deployments.get(f.deployment.0 as usize) {
+                    self.routes.charge(activation.session, &d.model, completion.prompt_tokens, completion.cached_prompt_tokens, output_tokens);
+                }
                 self.counters.llm_call_finished(
                     &mut self.work,
                     f.deployment,
@@ -1259,7 +1262,7 @@ impl PlannerActorState {
         let spec = self.ctx.workflows.get(row.workflow as usize).cloned();
         let success = spec.as_ref().map_or(0.0, |spec| exec::routing::verdict(spec, score, &row.feedback));
         self.routes.close(id, Some(success), spec.as_ref().and_then(|s| exec::routing::workflow_verifier(s)));
-        if let Err(e) = self.planner.program_verdict(id, success, 0.0, self.ctx.clock.now()) {
+        if let Err(e) = self.planner.program_verdict(id, success, row.cost, self.ctx.clock.now()) {
             self.note(format!("router: session {id}: {e}"));
         }
         match self.planner.handle_all(Vec::new(), self.ctx.clock.now()) {

@@ -91,7 +91,7 @@ impl Service {
         let served: Vec<(String, DeploymentId, u32)> = deployments.iter().map(|d| (d.model.clone(), d.id, d.max_model_len)).collect();
         let mut planner = exec::build_planner(&rc.pool, &deployments, &rc.policy, rc.options, &rc.predictor, rc.substrate)?;
         let records: Vec<Vec<Record>> = datasets.iter().map(|d| d.as_ref().clone()).collect();
-        if let Some(setup) = exec::routing::routing_setup(&rc.workflows, &records, &deployments, &deployment_of, &rc.pool)? {
+        if let Some(setup) = exec::routing::routing_setup(&rc.workflows, &records, &deployments, &deployment_of, &rc.pool, &rc.routing)? {
             planner.set_routing(setup).map_err(exec::ShellError::from)?;
         }
         let ctx = run_context(cfg, workflows, deployments, deployment_of, node_info);

@@ -148,7 +148,7 @@ pub async fn run(cfg: &LiveConfig, factory: Arc<dyn EngineFactory>, progress: Op
     let node_info = exec::node_infos(&rc.workflows, &deployment_of);
     let records = exec::load_records(&rc.workflows)?;
     let mut planner = exec::build_planner(&rc.pool, &deployments, &rc.policy, rc.options, &rc.predictor, rc.substrate)?;
-    if let Some(setup) = exec::routing::routing_setup(&rc.workflows, &records, &deployments, &deployment_of, &rc.pool)? {
+    if let Some(setup) = exec::routing::routing_setup(&rc.workflows, &records, &deployments, &deployment_of, &rc.pool, &rc.routing)? {
         planner.set_routing(setup).map_err(exec::ShellError::from)?;
     }
     let sizes: Vec<usize> = records.iter().map(|r| r.len()).collect();

@@ -135,6 +135,8 @@ pub struct RouteStats {
     /// Programs judged by the workflow's own verifier (the one the classifier selected, or
     /// the run's single verifier).
     pub right_verifier: u64,
+    /// The programs' compute cost, billions of parameter-tokens (`exec::routing::call_cost`).
+    pub cost: f64,
 }
 
 /// Largest number of failed tool calls listed one by one in a report.

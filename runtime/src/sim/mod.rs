@@ -311,7 +311,7 @@ impl<'a> Sim<'a> {
             .collect();
         let node_info = exec::node_infos(&cfg.workflows, &deployment_of);
         let mut planner = planner;
-        if let Some(setup) = exec::routing::routing_setup(&cfg.workflows, &records, &deployments, &deployment_of, &cfg.pool)? {
+        if let Some(setup) = exec::routing::routing_setup(&cfg.workflows, &records, &deployments, &deployment_of, &cfg.pool, &cfg.routing)? {
             planner.set_routing(setup)?;
         }
         let mut sim = Sim {
@@ -776,8 +776,9 @@ impl<'a> Sim<'a> {
         let spec = &self.cfg.workflows[row.workflow as usize];
         let success = exec::routing::verdict(spec, run.record.score, &row.feedback);
         let own = exec::routing::workflow_verifier(spec);
+        let cost = row.cost;
         self.routes.close(s, Some(success), own);
-        self.planner.program_verdict(s, success, 0.0, self.now)?;
+        self.planner.program_verdict(s, success, cost, self.now)?;
         self.replan = true;
         Ok(())
     }
@@ -976,6 +977,9 @@ impl<'a> Sim<'a> {
             match e {
                 EngineEvent::Finished { id, prompt_tokens, cached_prompt_tokens, output_tokens, .. } => {
                     let Some(f) = self.in_flight.remove(&id) else { continue };
+                    if let Some(d) = self.deployments.get(f.deployment.0 as usize) {
+                        self.routes.charge(f.activation.session, &d.model, prompt_tokens, cached_prompt_tokens, output_tokens);
+                    }
                     self.counters.llm_call_finished(
                         &mut self.work,
                         f.deployment,

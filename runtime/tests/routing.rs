@@ -208,3 +208,30 @@ fn bench_oracle_pairs_adaptive_and_single_verifier_feedback_by_session() {
     assert!((gain - r.accuracy_gain_pp).abs() < 1e-9, "the paired mean is the difference of the means");
     assert!(r.markdown().contains("adaptive − single"));
 }
+
+#[test]
+fn single_verifier_feedback_never_confirms_mbpp_and_a_cost_weight_favours_cheap_models() {
+    use switchyard_runtime::exec::routing::RoutingConfig;
+    let mut cfg = config(&["gsm8k-routed", "mbpp-routed"], 40, Arrival::Poisson(0.5), "paper");
+    cfg.routing = RoutingConfig { single_verifier: Some("gsm8k_exact".into()), ..RoutingConfig::default() };
+    let r = simulate(&cfg).report;
+    let successes = |w: &str| r.routing[w].values().map(|s| s.successes).sum::<u64>();
+    let verdicts = |w: &str| r.routing[w].values().map(|s| s.verdicts).sum::<u64>();
+    assert_eq!(
+        (verdicts("mbpp-routed"), successes("mbpp-routed")),
+        (40, 0),
+        "the exact-answer check cannot confirm code"
+    );
+    assert!(successes("gsm8k-routed") > 20, "{:?}", r.routing);
+    // Priced compute: with a heavy cost weight the learner moves programs to the small model.
+    let share_small = |cost_weight: f64| {
+        let mut cfg = config(&["gsm8k-routed"], 80, Arrival::Poisson(0.5), "paper");
+        cfg.routing = RoutingConfig { cost_weight, cost_scale: 500.0, single_verifier: None };
+        let r = simulate(&cfg).report;
+        let per_model = &r.routing["gsm8k-routed"];
+        assert!(per_model.values().all(|s| s.cost > 0.0), "every model's programs cost compute: {per_model:?}");
+        per_model.get("Qwen3-0.6B").map_or(0, |s| s.programs) as f64 / 80.0
+    };
+    let (free, priced) = (share_small(0.0), share_small(2.0));
+    assert!(priced > free + 0.2, "0.6B share: {free} at a = 0, {priced} at a = 2");
+}

@@ -66,7 +66,7 @@ pub struct FeedbackSide {
     pub cost_per_program: f64,
     /// Share of programs per workflow and model.
     pub model_share: BTreeMap<String, BTreeMap<String, f64>>,
-    /// Share of programs classified to their workflow's own verifier.
+    /// Share of programs judged by their workflow's own verifier.
     pub right_verifier: f64,
 }
 
@@ -82,6 +82,8 @@ pub struct OracleReport {
     /// interval.
     pub accuracy_gain_pp: f64,
     pub accuracy_gain_ci_pp: (f64, f64),
+    /// The gain per seed (pp).
+    pub per_seed_gain_pp: Vec<f64>,
     /// Single-verifier GPU-seconds per session over adaptive's.
     pub cost_ratio_single_over_adaptive: f64,
     /// Each route member alone (the fixed policies): accuracy and compute cost per program.
@@ -157,9 +159,9 @@ fn config(
     })
 }
 
-/// One run's per-session scores (session order) and its side of the report.
+/// One run's per-session scores (by session id) and its side of the report.
 struct RunResult {
-    scores: Vec<f64>,
+    scores: BTreeMap<u32, f64>,
     side: FeedbackSide,
 }
 
@@ -167,8 +169,8 @@ fn run_one(cfg: &RunConfig) -> Result<RunResult, OracleBenchError> {
     let out = sim::simulate_opts(cfg, SimOptions::default(), &mut |_| Flow::Continue)
         .map_err(|e| OracleBenchError::Run(e.to_string()))?;
     let r = &out.report;
-    let scores: Vec<f64> = out.sessions.iter().map(|s| s.score.unwrap_or(0.0)).collect();
-    let accuracy = scores.iter().sum::<f64>() / scores.len().max(1) as f64;
+    let scores: BTreeMap<u32, f64> = out.sessions.iter().map(|s| (s.session.0, s.score.unwrap_or(0.0))).collect();
+    let accuracy = scores.values().sum::<f64>() / scores.len().max(1) as f64;
     let accuracy_per_workflow = r.workflows.iter().map(|(k, w)| (k.clone(), w.accuracy.unwrap_or(0.0))).collect();
     let mut model_share: BTreeMap<String, BTreeMap<String, f64>> = BTreeMap::new();
     let (mut right, mut programs, mut cost) = (0u64, 0u64, 0.0);
@@ -230,22 +232,33 @@ pub fn run(c: &OracleBenchConfig) -> Result<OracleReport, OracleBenchError> {
     for &seed in &c.seeds {
         let a = run_one(&config(&c.root, c, seed, RoutingConfig::default(), None)?)?;
         let b = run_one(&config(&c.root, c, seed, single.clone(), None)?)?;
-        if a.scores.len() != b.scores.len() {
-            return Err(OracleBenchError::Run(format!(
-                "seed {seed}: {} vs {} sessions",
-                a.scores.len(),
-                b.scores.len()
-            )));
+        // Paired by session id: the same seed gives the same task to session i in both.
+        if a.scores.keys().ne(b.scores.keys()) {
+            return Err(OracleBenchError::Run(format!("seed {seed}: the two runs ended different sessions")));
         }
-        diffs.extend(a.scores.iter().zip(&b.scores).map(|(x, y)| x - y));
+        diffs.push(a.scores.values().zip(b.scores.values()).map(|(x, y)| x - y).collect::<Vec<f64>>());
         adaptive.push(a.side);
         narrow.push(b.side);
     }
     let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
-    let gain = mean(&diffs);
+    let per_seed_gain_pp: Vec<f64> = diffs.iter().map(|d| mean(d) * 100.0).collect();
+    let all: Vec<f64> = diffs.iter().flatten().copied().collect();
+    let gain = mean(&all);
+    // Two-level bootstrap: seeds with replacement (a run's sessions share one learner, so seeds
+    // are the independent units), then each drawn seed's sessions with replacement.
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0x0ac1e);
     let mut boots: Vec<f64> = (0..BOOTSTRAP)
-        .map(|_| (0..diffs.len()).map(|_| diffs[rng.random_range(0..diffs.len())]).sum::<f64>() / diffs.len() as f64)
+        .map(|_| {
+            let (mut sum, mut n) = (0.0, 0usize);
+            for _ in 0..diffs.len() {
+                let d = &diffs[rng.random_range(0..diffs.len())];
+                for _ in 0..d.len() {
+                    sum += d[rng.random_range(0..d.len())];
+                }
+                n += d.len();
+            }
+            sum / n.max(1) as f64
+        })
         .collect();
     boots.sort_by(f64::total_cmp);
     let ci = (boots[(BOOTSTRAP as f64 * 0.025) as usize], boots[(BOOTSTRAP as f64 * 0.975) as usize - 1]);
@@ -286,6 +299,7 @@ pub fn run(c: &OracleBenchConfig) -> Result<OracleReport, OracleBenchError> {
         single_verifier,
         accuracy_gain_pp: gain * 100.0,
         accuracy_gain_ci_pp: (ci.0 * 100.0, ci.1 * 100.0),
+        per_seed_gain_pp,
     })
 }
 
@@ -329,12 +343,14 @@ impl OracleReport {
             ));
         }
         out.push_str(&format!(
-            "\nadaptive − single at a = 0: **{:+.1} pp** accuracy (95 % bootstrap interval {:+.1} … {:+.1} pp), at {:.2}× the \
+            "\nadaptive − single at a = 0: **{:+.1} pp** accuracy (95 % two-level bootstrap interval over seeds and sessions \
+             {:+.1} … {:+.1} pp; per seed {}), at {:.2}× the \
              single-verifier configuration's GPU-seconds per session but {:.2}× its compute cost per program — not matched \
              in compute; the matched-cost comparison is below.\n\n",
             self.accuracy_gain_pp,
             self.accuracy_gain_ci_pp.0,
             self.accuracy_gain_ci_pp.1,
+            self.per_seed_gain_pp.iter().map(|g| format!("{g:+.1}")).collect::<Vec<_>>().join(" / "),
             1.0 / self.cost_ratio_single_over_adaptive.max(f64::MIN_POSITIVE),
             self.adaptive.cost_per_program / self.single_verifier.cost_per_program.max(f64::MIN_POSITIVE),
         ));
@@ -408,6 +424,7 @@ mod tests {
             single_verifier: side(0.60, 1_000.0),
             accuracy_gain_pp: 10.0,
             accuracy_gain_ci_pp: (5.0, 15.0),
+            per_seed_gain_pp: vec![10.0],
             cost_ratio_single_over_adaptive: 1.0,
             fixed: BTreeMap::new(),
             cost_scale: 1.0,

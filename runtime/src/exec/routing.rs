@@ -242,8 +242,17 @@ pub fn bind_session(
     let request = first_request(&session);
     let tokens = crate::tokens::count_chat(&request) as u64;
     let record = planner.bind_program(id, &route, &request, tokens, now)?;
-    let member = member_name(w, &spec, deployment_of, record.deployment)
-        .ok_or_else(|| ShellError::Internal(format!("{id}: bound to {:?}, outside its route", record.deployment)))?;
+    // From here an error must release the binding (its ledger place would block the model).
+    let release = |planner: &mut Planner, e: ShellError| {
+        let _ = planner.program_abandoned(id, now);
+        e
+    };
+    let Some(member) = member_name(w, &spec, deployment_of, record.deployment) else {
+        return Err(release(
+            planner,
+            ShellError::Internal(format!("{id}: bound to {:?}, outside its route", record.deployment)),
+        ));
+    };
     let row = RouteRow {
         workflow: w,
         model: deployments.get(record.deployment.0 as usize).map(|d| d.model.clone()).unwrap_or_default(),
@@ -255,8 +264,10 @@ pub fn bind_session(
     };
     let spec_bound = Arc::clone(bound.entry((w, member.clone())).or_insert_with(|| Arc::new(spec.bound_to(&member))));
     let input = session.input().clone();
-    let session = Session::new(id, spec_bound, input)
-        .map_err(|e| ShellError::Internal(format!("{id}: the bound workflow: {e}")))?;
+    let session = match Session::new(id, spec_bound, input) {
+        Ok(s) => s,
+        Err(e) => return Err(release(planner, ShellError::Internal(format!("{id}: the bound workflow: {e}")))),
+    };
     Ok((session, Some(row)))
 }
 
@@ -359,6 +370,40 @@ pub fn verdict(spec: &WorkflowSpec, score: Option<f64>, verifier: &str) -> f64 {
 mod tests {
     use super::*;
     use crate::exec::tests::bundled_workflows;
+
+    #[test]
+    fn a_calls_compute_cost_is_its_computed_tokens_times_the_parameters() {
+        let params = |m: &str| switchyard_predictor::spec::model(m).unwrap().param_count() as f64 / 1e9;
+        // 1,000 prompt tokens of which 600 cached, 50 out: 450 tokens computed.
+        assert!((call_cost("Qwen3-8B", 1_000, 600, 50) - 450.0 * params("Qwen3-8B")).abs() < 1e-9);
+        let ratio = call_cost("Qwen3-8B", 100, 0, 100) / call_cost("Qwen3-0.6B", 100, 0, 100);
+        assert!((ratio - params("Qwen3-8B") / params("Qwen3-0.6B")).abs() < 1e-9 && ratio > 5.0, "{ratio}");
+        assert_eq!(call_cost("no-such-model", 100, 0, 100), 0.0);
+        let mut book = RouteBook::default();
+        let row = RouteRow {
+            workflow: 0,
+            model: "Qwen3-8B".into(),
+            diverted: false,
+            gated: false,
+            verifier: "v".into(),
+            feedback: "v".into(),
+            cost: 0.0,
+        };
+        book.open(SessionId(1), row);
+        book.charge(SessionId(1), "Qwen3-8B", 10, 0, 10);
+        book.charge(SessionId(2), "Qwen3-8B", 10, 0, 10);
+        assert!(
+            (book.get(SessionId(1)).unwrap().cost - call_cost("Qwen3-8B", 10, 0, 10)).abs() < 1e-12,
+            "only the routed session pays"
+        );
+        book.close(SessionId(1), Some(1.0), Some("v"));
+        book.charge(SessionId(1), "Qwen3-8B", 10, 0, 10);
+        let wfs = bundled_workflows();
+        let report = book.report(&wfs);
+        let st = report[&wfs[0].name]["Qwen3-8B"];
+        assert_eq!((st.programs, st.verdicts, st.successes, st.right_verifier), (1, 1, 1, 1));
+        assert!((st.cost - call_cost("Qwen3-8B", 10, 0, 10)).abs() < 1e-12, "a charge after the close is not counted");
+    }
 
     #[test]
     fn exemplars_are_first_requests_and_verdicts_need_the_right_verifier() {

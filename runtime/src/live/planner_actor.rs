@@ -1175,12 +1175,14 @@ impl PlannerActorState {
                         let _ = actor.send_message(SessionMsg::Start);
                     }
                     Err(e) => {
-                        // A bound program that never started releases its ledger place.
+                        // A bound program that never started releases its ledger place, and its
+                        // end reaches the core (its gate goes; a planning pass follows).
                         if self.routes.contains(id) {
                             self.routes.close(id, None, None);
                             if let Err(e) = self.planner.program_abandoned(id, self.ctx.clock.now()) {
                                 self.note(format!("router: session {id}: {e}"));
                             }
+                            self.post(myself, Event::SessionEnded { session: id });
                         }
                         self.start_failure(entry.workflow, wall, format!("{id}: session actor: {e}"));
                     }

@@ -183,8 +183,11 @@ impl Planner {
         let routing = self.routing.as_mut().ok_or_else(|| PlanError::Routing("this run has no router".into()))?;
         let (record, admitted) =
             routing.bind(u64::from(session.0), route, task, tokens, now).map_err(|e| PlanError::Routing(e.to_string()))?;
-        if !admitted {
+        if record.admitted_at.is_none() {
             self.state.gate(session);
+        }
+        for p in admitted.into_iter().filter(|p| *p != u64::from(session.0)) {
+            self.state.ungate(SessionId(p as u32));
         }
         Ok(record)
     }

@@ -95,7 +95,7 @@ impl RoutedPrograms {
     }
 
     /// Bind `program` (its task text and first prompt's tokens) to a member of `route`; returns
-    /// its row and whether its ledger admitted it at once.
+    /// its row (admitted at once when its `admitted_at` is set) and every program admitted now.
     pub fn bind(
         &mut self,
         program: u64,
@@ -103,7 +103,7 @@ impl RoutedPrograms {
         task: &str,
         tokens: u64,
         now: f64,
-    ) -> Result<(RouteRecord, bool), RouterError> {
+    ) -> Result<(RouteRecord, Vec<u64>), RouterError> {
         let eligible: Vec<usize> =
             route.iter().map(|d| self.arm(*d).ok_or(RouterError::Config)).collect::<Result<_, _>>()?;
         if eligible.is_empty() {
@@ -118,9 +118,8 @@ impl RoutedPrograms {
             admitted_at: None,
         };
         self.live.insert(program, record);
-        self.admit(now);
+        let admitted = self.admit(now);
         let record = self.live.get(&program).cloned().ok_or(RouterError::Unbound(program))?;
-        let admitted = record.admitted_at.is_some();
         Ok((record, admitted))
     }
 
@@ -203,7 +202,7 @@ mod tests {
         let mut seen = Vec::new();
         for program in 0..4 {
             let (r, admitted) = p.bind(program, &route, MATH, 100, 0.0).unwrap();
-            assert!(admitted);
+            assert_eq!(admitted, vec![program]);
             assert_eq!(r.verifier, "exact_answer");
             assert!(route.contains(&r.deployment), "{r:?}");
             seen.push(r.deployment);
@@ -233,19 +232,19 @@ mod tests {
         // Room for about one program (prior peak 1,000 tokens + allowance within 85 % of 1,500).
         let mut p = RoutedPrograms::new(setup(1_500)).unwrap();
         let route = [DeploymentId(3)];
-        let (_, first) = p.bind(1, &route, MATH, 100, 0.0).unwrap();
-        let (_, second) = p.bind(2, &route, MATH, 100, 0.0).unwrap();
-        assert!(first && !second, "the second waits in the ledger's FIFO");
+        let (first, _) = p.bind(1, &route, MATH, 100, 0.0).unwrap();
+        let (second, _) = p.bind(2, &route, MATH, 100, 0.0).unwrap();
+        assert!(first.admitted_at.is_some() && second.admitted_at.is_none(), "the second waits in the ledger's FIFO");
         assert_eq!(p.finished(1, 900, 10.0).unwrap(), vec![2], "the first's end admits the second");
         assert_eq!(p.record(2).unwrap().admitted_at, Some(10.0));
         // A program that ends while it waits (it needed no call of its model) leaves the queue.
-        let (_, third) = p.bind(3, &route, MATH, 100, 11.0).unwrap();
-        assert!(!third);
+        let (third, _) = p.bind(3, &route, MATH, 100, 11.0).unwrap();
+        assert!(third.admitted_at.is_none());
         assert_eq!(p.finished(3, 0, 12.0).unwrap(), Vec::<u64>::new());
         assert_eq!(p.verdict(3, 1.0, 0.0, 12.5).unwrap().1, Vec::<u64>::new());
         // A program abandoned while it waits frees its place in the queue too.
-        let (_, fourth) = p.bind(4, &route, MATH, 100, 13.0).unwrap();
-        assert!(!fourth);
+        let (fourth, _) = p.bind(4, &route, MATH, 100, 13.0).unwrap();
+        assert!(fourth.admitted_at.is_none());
         p.abandon(4, 13.5).unwrap();
         assert_eq!(p.finished(2, 900, 20.0).unwrap(), Vec::<u64>::new(), "nothing left to admit");
     }

@@ -187,6 +187,18 @@ struct RunArgs {
     /// (simulator; MAFBench's LangGraph overhead by default). The replica is free meanwhile.
     #[arg(long, default_value_t = switchyard_runtime::exec::FRAMEWORK_HANDOFF_S)]
     handoff_delay: f64,
+    /// Routed workflows (paper 002): judge every program by this verifier (`gsm8k_exact`,
+    /// `tests_pass`, `rouge_l`, `verdict`) instead of the one its request classifies to — the
+    /// single-verifier comparison.
+    #[arg(long, value_name = "VERIFIER")]
+    single_verifier: Option<String>,
+    /// Routed workflows: the reward's cost weight a (r = success − a·cost/scale; cost = the
+    /// program's compute in billions of parameter-tokens).
+    #[arg(long, default_value_t = 0.0)]
+    cost_weight: f64,
+    /// Routed workflows: the reward's cost scale (e.g. the largest model's mean cost per program).
+    #[arg(long, default_value_t = 1.0)]
+    cost_scale: f64,
     /// Run on the live runtime (actors on wall-clock time) against the engines the pool file
     /// names, e.g. `--pool workflows/pools/live-emulated.yaml`; times are wall seconds.
     #[arg(long)]
@@ -271,6 +283,27 @@ mod otlp {
             eprintln!("note: OTLP export did not flush: {e}");
         }
     }
+}
+
+/// The routing flags of `run`, checked before any work starts.
+fn routing_config(args: &RunArgs) -> Result<switchyard_runtime::exec::routing::RoutingConfig> {
+    const VERIFIERS: [&str; 4] = ["gsm8k_exact", "tests_pass", "rouge_l", "verdict"];
+    if let Some(v) = &args.single_verifier
+        && !VERIFIERS.contains(&v.as_str())
+    {
+        anyhow::bail!("--single-verifier: unknown verifier `{v}` (known: {})", VERIFIERS.join(", "));
+    }
+    if !(args.cost_weight.is_finite() && args.cost_weight >= 0.0) {
+        anyhow::bail!("--cost-weight must be a finite number ≥ 0 (got {})", args.cost_weight);
+    }
+    if !(args.cost_scale.is_finite() && args.cost_scale > 0.0) {
+        anyhow::bail!("--cost-scale must be a finite number > 0 (got {})", args.cost_scale);
+    }
+    Ok(switchyard_runtime::exec::routing::RoutingConfig {
+        cost_weight: args.cost_weight,
+        cost_scale: args.cost_scale,
+        single_verifier: args.single_verifier.clone(),
+    })
 }
 
 fn main() -> ExitCode {
@@ -467,7 +500,7 @@ fn run(args: RunArgs) -> Result<RunEnd> {
         session_counts: Vec::new(),
         workflow_arrivals: Vec::new(),
         handoff_s: args.handoff_delay,
-        routing: Default::default(),
+        routing: routing_config(&args)?,
     };
     preflight(&cfg, args.live)?;
     let total = args.sessions * cfg.workflows.len();

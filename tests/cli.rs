@@ -149,6 +149,12 @@ fn bad_arguments_are_rejected() {
     let out = switchyard(&["run", "workflows/gsm8k.yaml", "--pool", "no/such/pool.yaml"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("no/such/pool.yaml"));
+    let out = switchyard(&["run", "workflows/gsm8k-routed.yaml", "--single-verifier", "exact"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown verifier `exact` (known: gsm8k_exact"));
+    let out = switchyard(&["run", "workflows/gsm8k-routed.yaml", "--cost-weight", "-1"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--cost-weight"));
 }
 
 #[test]

@@ -152,7 +152,7 @@ fn bad_arguments_are_rejected() {
     let out = switchyard(&["run", "workflows/gsm8k-routed.yaml", "--single-verifier", "exact"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown verifier `exact` (known: gsm8k_exact"));
-    let out = switchyard(&["run", "workflows/gsm8k-routed.yaml", "--cost-weight", "-1"]);
+    let out = switchyard(&["run", "workflows/gsm8k-routed.yaml", "--cost-weight=-1"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--cost-weight"));
 }

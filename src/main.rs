@@ -199,6 +199,10 @@ struct RunArgs {
     /// Routed workflows: the reward's cost scale (e.g. the largest model's mean cost per program).
     #[arg(long, default_value_t = 1.0)]
     cost_scale: f64,
+    /// Routed workflows: DISC never moves a program to another member of its route (admission
+    /// only; the ablation of paper 002's Fig. 7(a)).
+    #[arg(long)]
+    no_divert: bool,
     /// Run on the live runtime (actors on wall-clock time) against the engines the pool file
     /// names, e.g. `--pool workflows/pools/live-emulated.yaml`; times are wall seconds.
     #[arg(long)]
@@ -303,6 +307,7 @@ fn routing_config(args: &RunArgs) -> Result<switchyard_runtime::exec::routing::R
         cost_weight: args.cost_weight,
         cost_scale: args.cost_scale,
         single_verifier: args.single_verifier.clone(),
+        reassign: !args.no_divert,
     })
 }
 

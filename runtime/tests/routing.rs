@@ -226,7 +226,7 @@ fn single_verifier_feedback_never_confirms_mbpp_and_a_cost_weight_favours_cheap_
     // Priced compute: with a heavy cost weight the learner moves programs to the small model.
     let share_small = |cost_weight: f64| {
         let mut cfg = config(&["gsm8k-routed"], 80, Arrival::Poisson(0.5), "paper");
-        cfg.routing = RoutingConfig { cost_weight, cost_scale: 500.0, single_verifier: None };
+        cfg.routing = RoutingConfig { cost_weight, cost_scale: 500.0, ..RoutingConfig::default() };
         let r = simulate(&cfg).report;
         let per_model = &r.routing["gsm8k-routed"];
         assert!(per_model.values().all(|s| s.cost > 0.0), "every model's programs cost compute: {per_model:?}");

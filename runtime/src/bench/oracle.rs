@@ -277,7 +277,7 @@ pub fn run(c: &OracleBenchConfig) -> Result<OracleReport, OracleBenchError> {
     let cost_scale = fixed.get(MEMBERS[MEMBERS.len() - 1]).map_or(1.0, |s| s.cost_per_program).max(f64::MIN_POSITIVE);
     let mut sweep = Vec::new();
     for a in COST_WEIGHTS {
-        let priced = RoutingConfig { cost_weight: a, cost_scale, single_verifier: None };
+        let priced = RoutingConfig { cost_weight: a, cost_scale, ..RoutingConfig::default() };
         let priced_single = RoutingConfig { single_verifier: Some(exact.clone()), ..priced.clone() };
         let (mut xs, mut ys) = (Vec::new(), Vec::new());
         for &seed in &c.seeds {

@@ -57,11 +57,14 @@ pub struct RoutingConfig {
     /// as the family one-hot of Appendix B.4). `None`: adaptive verification, the verifier
     /// the classifier selects.
     pub single_verifier: Option<String>,
+    /// DISC may move a program to another member of its route by the divert rule (off: admission
+    /// only, the ablation of Fig. 7(a)).
+    pub reassign: bool,
 }
 
 impl Default for RoutingConfig {
     fn default() -> Self {
-        RoutingConfig { cost_weight: 0.0, cost_scale: 1.0, single_verifier: None }
+        RoutingConfig { cost_weight: 0.0, cost_scale: 1.0, single_verifier: None, reassign: true }
     }
 }
 
@@ -193,6 +196,7 @@ pub fn routing_setup(
         options: RouterOptions {
             cost_weight: config.cost_weight,
             cost_scale: config.cost_scale,
+            reassign: config.reassign,
             ..RouterOptions::default()
         },
     }))
@@ -370,6 +374,30 @@ pub fn verdict(spec: &WorkflowSpec, score: Option<f64>, verifier: &str) -> f64 {
 mod tests {
     use super::*;
     use crate::exec::tests::bundled_workflows;
+
+    #[test]
+    fn the_setup_takes_the_routed_members_and_the_runs_reward_and_divert_settings() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let routed = Arc::new(crate::workflow::load_workflow(&root.join("workflows/gsm8k-routed.yaml")).unwrap());
+        let wfs = vec![routed, bundled_workflows()[1].clone()];
+        let records = crate::exec::load_records(&wfs).unwrap();
+        let (deployments, of) = crate::exec::deployment_table(&wfs, 256).unwrap();
+        let pool = PoolSpec::load(&root.join("workflows/pools/paper.yaml")).unwrap();
+        let config = RoutingConfig { cost_weight: 0.5, cost_scale: 300.0, single_verifier: None, reassign: false };
+        let setup = routing_setup(&wfs, &records, &deployments, &of, &pool, &config).unwrap().unwrap();
+        assert_eq!(setup.arms, route_of(0, &wfs[0], &of).unwrap().unwrap(), "the arms are the route's members");
+        assert!(setup.capacity_tokens.iter().all(|&c| c > 10_000), "{:?}", setup.capacity_tokens);
+        assert_eq!((setup.options.cost_weight, setup.options.cost_scale, setup.options.reassign), (0.5, 300.0, false));
+        let verifiers: std::collections::BTreeSet<&str> = setup.exemplars.iter().map(|(v, _)| v.as_str()).collect();
+        assert_eq!(
+            verifiers,
+            ["gsm8k_exact", "tests_pass"].into_iter().collect(),
+            "a verifier per workflow with a metric"
+        );
+        assert_eq!(setup.exemplars.len(), 2 * EXEMPLARS_PER_VERIFIER);
+        // No routed workflow: no router.
+        assert!(routing_setup(&wfs[1..], &records[1..], &deployments, &of, &pool, &config).unwrap().is_none());
+    }
 
     #[test]
     fn a_calls_compute_cost_is_its_computed_tokens_times_the_parameters() {

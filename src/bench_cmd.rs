@@ -3,7 +3,7 @@
 //! markdown report, the JSON and the SVG charts, and prints a summary (or the JSON).
 //! Errors are `anyhow` here, as everywhere in the binary.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{Result, bail};
@@ -116,15 +116,7 @@ fn oracle(args: OracleArgs) -> Result<()> {
     let report = bench::oracle::run(&cfg).map_err(|e| anyhow::anyhow!("{e}"))?;
     let md = report.markdown();
     let json = serde_json::json!({ "command": "switchyard bench oracle", "report": report });
-    std::fs::create_dir_all(&args.out)?;
-    std::fs::write(args.out.join("oracle.md"), &md)?;
-    std::fs::write(args.out.join("oracle.json"), serde_json::to_string_pretty(&json)?)?;
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&json)?);
-    } else {
-        print!("{md}");
-    }
-    Ok(())
+    write_and_print(&args.out, "oracle", &md, &json, args.json)
 }
 
 /// Arguments of `switchyard bench verifier`.
@@ -162,15 +154,7 @@ fn verifier(args: VerifierArgs) -> Result<()> {
     }
     let md = report.markdown(&command);
     let json = serde_json::json!({ "command": command, "report": report });
-    std::fs::create_dir_all(&args.out)?;
-    std::fs::write(args.out.join("verifier.md"), &md)?;
-    std::fs::write(args.out.join("verifier.json"), serde_json::to_string_pretty(&json)?)?;
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&json)?);
-    } else {
-        print!("{md}");
-    }
-    Ok(())
+    write_and_print(&args.out, "verifier", &md, &json, args.json)
 }
 
 /// Arguments of `switchyard bench tao`.
@@ -296,15 +280,7 @@ fn predictor(args: PredictorArgs) -> Result<()> {
         "fold_rows": report.fold_rows,
         "operator_timings": report.operator_timings.as_ref().map(|r| r.to_json()),
     });
-    std::fs::create_dir_all(&args.out)?;
-    std::fs::write(args.out.join("predictor.md"), &md)?;
-    std::fs::write(args.out.join("predictor.json"), serde_json::to_string_pretty(&json)?)?;
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&json)?);
-    } else {
-        print!("{md}");
-    }
-    Ok(())
+    write_and_print(&args.out, "predictor", &md, &json, args.json)
 }
 
 /// Arguments of `switchyard bench motivation`.
@@ -382,15 +358,7 @@ fn motivation(args: MotivationArgs) -> Result<()> {
     };
     let report = motivation::run(&cfg).map_err(|e| anyhow::anyhow!("{e}"))?;
     let md = motivation::to_markdown(&report);
-    std::fs::create_dir_all(&args.out)?;
-    std::fs::write(args.out.join("motivation.md"), &md)?;
-    std::fs::write(args.out.join("motivation.json"), serde_json::to_string_pretty(&report)?)?;
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    } else {
-        print!("{md}");
-    }
-    Ok(())
+    write_and_print(&args.out, "motivation", &md, &report, args.json)
 }
 
 fn tao(args: TaoArgs) -> Result<()> {
@@ -433,11 +401,19 @@ fn tao(args: TaoArgs) -> Result<()> {
     let command = std::env::args().collect::<Vec<_>>().join(" ");
     let md = tao::markdown(&report, &command);
     std::fs::create_dir_all(&args.out)?;
-    std::fs::write(args.out.join("tao.md"), &md)?;
-    std::fs::write(args.out.join("tao.json"), serde_json::to_string_pretty(&report)?)?;
     std::fs::write(args.out.join("tao-running.svg"), tao::running_svg(&report).map_err(|e| anyhow::anyhow!("{e}"))?)?;
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+    write_and_print(&args.out, "tao", &md, &report, args.json)
+}
+
+/// Write `NAME.md` and `NAME.json` into `out` (created if missing) and print the JSON (`json`)
+/// or the Markdown on stdout: the tail every `switchyard bench EXPERIMENT` shares.
+fn write_and_print<T: serde::Serialize>(out: &Path, name: &str, md: &str, report: &T, json: bool) -> Result<()> {
+    let text = serde_json::to_string_pretty(report)?;
+    std::fs::create_dir_all(out)?;
+    std::fs::write(out.join(format!("{name}.md")), md)?;
+    std::fs::write(out.join(format!("{name}.json")), &text)?;
+    if json {
+        println!("{text}");
     } else {
         print!("{md}");
     }

@@ -22,23 +22,15 @@ fn workflow(name: &str) -> Arc<WorkflowSpec> {
 }
 
 fn config(names: &[&str], sessions: usize, arrival: Arrival, pool: &str) -> RunConfig {
+    let workflows = names.iter().map(|n| workflow(n)).collect();
+    let pool = PoolSpec::load(&repo().join("workflows/pools").join(format!("{pool}.yaml"))).expect("bundled pool");
     RunConfig {
-        workflows: names.iter().map(|n| workflow(n)).collect(),
         sessions,
         arrival,
         seed: 7,
-        noise_seed: 0,
-        pool: PoolSpec::load(&repo().join("workflows/pools").join(format!("{pool}.yaml"))).expect("bundled pool"),
-        policy: "joint".into(),
-        options: JointOptions::default(),
         predictor: "oracle".into(),
-        tool_workers: 2,
-        max_num_seqs: 256,
-        substrate: Default::default(),
-        session_counts: Vec::new(),
-        workflow_arrivals: Vec::new(),
         handoff_s: exec::FRAMEWORK_HANDOFF_S,
-        routing: Default::default(),
+        ..RunConfig::served(workflows, pool)
     }
 }
 

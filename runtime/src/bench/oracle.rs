@@ -33,7 +33,6 @@ use serde::Serialize;
 
 use crate::exec::routing::RoutingConfig;
 use crate::exec::{Arrival, PoolSpec, RunConfig};
-use crate::planner::JointOptions;
 use crate::sim::{self, Flow, SimOptions};
 use crate::workflow::{NodeKind, load_workflow};
 
@@ -140,22 +139,13 @@ fn config(
     let pool =
         PoolSpec::load(&root.join("workflows/pools/paper.yaml")).map_err(|e| OracleBenchError::Setup(e.to_string()))?;
     Ok(RunConfig {
-        workflows,
         sessions: c.sessions,
         arrival: Arrival::Poisson(c.rate),
         seed,
-        noise_seed: 0,
-        pool,
-        policy: "joint".into(),
-        options: JointOptions::default(),
         predictor: "oracle".into(),
-        tool_workers: 2,
-        max_num_seqs: 256,
-        substrate: Default::default(),
-        session_counts: Vec::new(),
-        workflow_arrivals: Vec::new(),
         handoff_s: crate::exec::FRAMEWORK_HANDOFF_S,
         routing,
+        ..RunConfig::served(workflows, pool)
     })
 }
 

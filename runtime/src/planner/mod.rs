@@ -229,16 +229,21 @@ impl Planner {
             // A routed program that ended releases its ledger reservation (its peak context and
             // run time teach the ledger) and may admit the next ones. The state sees the end
             // whatever the router says.
-            let ended = match &event {
-                Event::SessionEnded { session } => Some((*session, self.state.peak_tokens(*session))),
+            let ended = match (&event, self.routing.as_mut()) {
+                (Event::SessionEnded { session }, _) => Some(*session),
+                (Event::UnitReady(item), Some(routing)) => {
+                    let tokens = u64::from(item.envelope.0) + u64::from(item.envelope.1);
+                    routing.unit_ready(u64::from(item.activation.session.0), tokens);
+                    None
+                }
                 _ => None,
             };
             self.state.observe(event.clone(), now)?;
             self.policy.observe(&event, &self.state, now);
-            if let (Some((session, peak)), Some(routing)) = (ended, self.routing.as_mut())
+            if let (Some(session), Some(routing)) = (ended, self.routing.as_mut())
                 && routing.record(u64::from(session.0)).is_some()
             {
-                match routing.finished(u64::from(session.0), peak, now) {
+                match routing.finished(u64::from(session.0), now) {
                     Ok(admitted) => {
                         for p in admitted {
                             self.state.ungate(SessionId(p as u32));

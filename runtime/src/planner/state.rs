@@ -285,9 +285,6 @@ pub struct PlannerState {
     /// Routed programs that DISC's ledger has not admitted yet, with the units they made ready
     /// meanwhile (kept out of [`Self::queue`], so no policy can dispatch them).
     gated: BTreeMap<SessionId, Vec<WorkItem>>,
-    /// Largest KV footprint (prompt + output limit) of each live session's units: a routed
-    /// program's peak context, which teaches its ledger when it ends.
-    peak_tokens: BTreeMap<SessionId, u64>,
     infeasible: BTreeSet<(DeploymentId, DeviceId)>,
     near_ready: BTreeMap<ActivationId, NearReadyItem>,
     running: BTreeMap<ActivationId, RunningUnit>,
@@ -324,7 +321,6 @@ impl PlannerState {
             replicas: BTreeMap::new(),
             queue: Vec::new(),
             gated: BTreeMap::new(),
-            peak_tokens: BTreeMap::new(),
             infeasible: BTreeSet::new(),
             near_ready: BTreeMap::new(),
             running: BTreeMap::new(),
@@ -486,10 +482,6 @@ impl PlannerState {
         self.gated.contains_key(&session)
     }
 
-    /// The largest KV footprint (prompt + output limit) among `session`'s units so far.
-    pub fn peak_tokens(&self, session: SessionId) -> u64 {
-        self.peak_tokens.get(&session).copied().unwrap_or(0)
-    }
 
     pub fn loads(&self) -> u64 {
         self.loads
@@ -535,8 +527,6 @@ impl PlannerState {
         match event {
             Event::UnitReady(item) => {
                 self.near_ready.remove(&item.activation);
-                let peak = self.peak_tokens.entry(item.activation.session).or_insert(0);
-                *peak = (*peak).max(u64::from(item.envelope.0) + u64::from(item.envelope.1));
                 match self.gated.get_mut(&item.activation.session) {
                     Some(held) => held.push(item),
                     None => self.queue.push(item),
@@ -589,7 +579,6 @@ impl PlannerState {
                 self.near_ready.retain(|a, _| a.session != session);
                 self.queue.retain(|w| w.activation.session != session);
                 self.gated.remove(&session);
-                self.peak_tokens.remove(&session);
                 self.chain_next.retain(|a| a.session != session);
             }
             Event::ReplicaLoaded { replica } => {

@@ -46,6 +46,9 @@ pub struct RouteRecord {
     pub bound_at: f64,
     /// When its ledger admitted it (`None` while it waits).
     pub admitted_at: Option<f64>,
+    /// The largest KV footprint (prompt + output limit) among its units so far: its peak
+    /// context, which teaches its ledger when it ends.
+    pub peak_tokens: u64,
 }
 
 /// The router and the bindings of the programs it has not forgotten yet.
@@ -116,6 +119,7 @@ impl RoutedPrograms {
             verifier: b.verifier,
             bound_at: now,
             admitted_at: None,
+            peak_tokens: 0,
         };
         self.live.insert(program, record);
         let admitted = self.admit(now);
@@ -135,13 +139,21 @@ impl RoutedPrograms {
         admitted
     }
 
+    /// A unit of `program` became ready holding `tokens` of KV at most (a no-op for a program
+    /// that is not routed).
+    pub fn unit_ready(&mut self, program: u64, tokens: u64) {
+        if let Some(r) = self.live.get_mut(&program) {
+            r.peak_tokens = r.peak_tokens.max(tokens);
+        }
+    }
+
     /// The program ended (its last call returned): release its reservation, learning its peak
     /// context and its run time since admission (one that never was admitted leaves its queue);
     /// answers the programs the ledgers admit now.
-    pub fn finished(&mut self, program: u64, peak_tokens: u64, now: f64) -> Result<Vec<u64>, RouterError> {
+    pub fn finished(&mut self, program: u64, now: f64) -> Result<Vec<u64>, RouterError> {
         let Some(r) = self.live.get(&program) else { return Err(RouterError::Unbound(program)) };
         let run_s = r.admitted_at.map_or(0.0, |t| (now - t).max(0.0));
-        self.router.finished(program, peak_tokens, run_s)?;
+        self.router.finished(program, r.peak_tokens, run_s)?;
         Ok(self.admit(now))
     }
 
@@ -212,13 +224,15 @@ mod tests {
         assert_eq!(p.bind(9, &[DeploymentId(4)], MATH, 100, 0.0).unwrap_err(), RouterError::Config, "not an arm");
         // Verdicts: member 7 succeeds, member 5 fails; the learner then prefers 7.
         for program in 0..4 {
-            p.finished(program, 900, 30.0).unwrap();
+            p.unit_ready(program, 900);
+            p.finished(program, 30.0).unwrap();
             let good = p.record(program).unwrap().deployment == DeploymentId(7);
             p.verdict(program, if good { 1.0 } else { 0.0 }, 0.0, 60.0).unwrap();
         }
         for program in 10..40 {
             let (r, _) = p.bind(program, &route, MATH, 100, 40.0).unwrap();
-            p.finished(program, 900, 50.0).unwrap();
+            p.unit_ready(program, 900);
+            p.finished(program, 50.0).unwrap();
             let good = r.deployment == DeploymentId(7);
             p.verdict(program, if good { 1.0 } else { 0.0 }, 0.0, 60.0).unwrap();
         }
@@ -235,17 +249,20 @@ mod tests {
         let (first, _) = p.bind(1, &route, MATH, 100, 0.0).unwrap();
         let (second, _) = p.bind(2, &route, MATH, 100, 0.0).unwrap();
         assert!(first.admitted_at.is_some() && second.admitted_at.is_none(), "the second waits in the ledger's FIFO");
-        assert_eq!(p.finished(1, 900, 10.0).unwrap(), vec![2], "the first's end admits the second");
+        p.unit_ready(1, 900);
+        assert_eq!(p.finished(1, 10.0).unwrap(), vec![2], "the first's end admits the second");
         assert_eq!(p.record(2).unwrap().admitted_at, Some(10.0));
         // A program that ends while it waits (it needed no call of its model) leaves the queue.
         let (third, _) = p.bind(3, &route, MATH, 100, 11.0).unwrap();
         assert!(third.admitted_at.is_none());
-        assert_eq!(p.finished(3, 0, 12.0).unwrap(), Vec::<u64>::new());
+        p.unit_ready(3, 0);
+        assert_eq!(p.finished(3, 12.0).unwrap(), Vec::<u64>::new());
         assert_eq!(p.verdict(3, 1.0, 0.0, 12.5).unwrap().1, Vec::<u64>::new());
         // A program abandoned while it waits frees its place in the queue too.
         let (fourth, _) = p.bind(4, &route, MATH, 100, 13.0).unwrap();
         assert!(fourth.admitted_at.is_none());
         p.abandon(4, 13.5).unwrap();
-        assert_eq!(p.finished(2, 900, 20.0).unwrap(), Vec::<u64>::new(), "nothing left to admit");
+        p.unit_ready(2, 900);
+        assert_eq!(p.finished(2, 20.0).unwrap(), Vec::<u64>::new(), "nothing left to admit");
     }
 }

@@ -99,7 +99,16 @@ pub struct OracleArgs {
     /// Trace seeds 1..=N (one paired comparison each).
     #[arg(long, default_value_t = 5)]
     pub seeds: u64,
-    /// Directory for oracle.md and oracle.json.
+    /// Programs per cell of the concurrency experiments (oracle-programs.md).
+    #[arg(long, default_value_t = 108)]
+    pub programs: usize,
+    /// Plan seeds 1..=N of the concurrency experiments.
+    #[arg(long, default_value_t = 2)]
+    pub program_seeds: u64,
+    /// Run only the concurrency experiments (oracle-programs.*), not the feedback comparison.
+    #[arg(long)]
+    pub only_programs: bool,
+    /// Directory for oracle.md / oracle.json and oracle-programs.md / oracle-programs.json.
     #[arg(long, default_value = "bench-report")]
     pub out: PathBuf,
     /// Print the JSON on stdout instead of the Markdown.
@@ -112,11 +121,26 @@ fn oracle(args: OracleArgs) -> Result<()> {
     if args.seeds == 0 || args.sessions == 0 || !(args.rate > 0.0 && args.rate.is_finite()) {
         anyhow::bail!("--seeds and --sessions must be at least 1 and --rate positive");
     }
-    let cfg = bench::oracle::OracleBenchConfig { root: ".".into(), sessions: args.sessions, rate: args.rate, seeds: (1..=args.seeds).collect() };
-    let report = bench::oracle::run(&cfg).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let md = report.markdown();
+    if args.programs == 0 || args.program_seeds == 0 {
+        anyhow::bail!("--programs and --program-seeds must be at least 1");
+    }
+    if !args.only_programs {
+        let cfg = bench::oracle::OracleBenchConfig { root: ".".into(), sessions: args.sessions, rate: args.rate, seeds: (1..=args.seeds).collect() };
+        let report = bench::oracle::run(&cfg).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let md = report.markdown();
+        let json = serde_json::json!({ "command": "switchyard bench oracle", "report": report });
+        write_and_print(&args.out, "oracle", &md, &json, args.json)?;
+    }
+    let cfg = bench::oracle_programs::ProgramsBenchConfig {
+        programs: args.programs,
+        seeds: (1..=args.program_seeds).collect(),
+        ..Default::default()
+    };
+    let report = bench::oracle_programs::run_programs_bench(&cfg, |label| eprintln!("{label}"))
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let md = format!("# Paper 002 (ORACLE): routed programs\n\nProduced by `switchyard bench oracle`.\n\n{}", report.markdown());
     let json = serde_json::json!({ "command": "switchyard bench oracle", "report": report });
-    write_and_print(&args.out, "oracle", &md, &json, args.json)
+    write_and_print(&args.out, "oracle-programs", &md, &json, args.json)
 }
 
 /// Arguments of `switchyard bench verifier`.

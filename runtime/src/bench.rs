@@ -25,6 +25,7 @@ mod markdown;
 mod paper;
 pub mod motivation;
 pub mod oracle;
+pub mod oracle_programs;
 pub mod tao;
 pub mod predictor_eval;
 pub mod verifier;

@@ -12,6 +12,8 @@ use serde::Serialize;
 
 use crate::agentic::{AgentTrace, AgentWorkload, generate};
 use crate::planner::admission::{SchedulerKind, TaoOptions};
+use switchyard_predictor::spec::Dtype;
+
 use crate::sim::agentic::{AgentPoolSpec, AgentReplicaSpec, AgentRunConfig, AgentRunReport, AgentSimError, run_agents};
 
 /// The paper's relative improvements of TAO over the best baseline per metric (Table 1,
@@ -51,6 +53,7 @@ pub fn pool_qwen32b_tp2x4() -> AgentPoolSpec {
                 device: "H100-80GB".into(),
                 tensor_parallel: 2,
                 max_model_len: 40_960,
+                dtype: Dtype::Bf16,
             })
             .collect(),
     }
@@ -66,6 +69,7 @@ pub fn pool_qwen14b_a100x4() -> AgentPoolSpec {
                 device: "A100-80GB".into(),
                 tensor_parallel: 1,
                 max_model_len: 40_960,
+                dtype: Dtype::Bf16,
             })
             .collect(),
     }

@@ -27,6 +27,7 @@ use crate::planner::admission::{
     THUNDER_PERIOD_S, TaoOptions, ThunderAgent, admission_weight, tao_plan,
 };
 use crate::planner::tao::{self, Assignment, LiveSession, LiveState, ToolCall, ToolHistory};
+use crate::sim::agent_routing::{Feedback, ProgramRouting, ProgramRoutingError, RoutedRunReport, RoutingLayer};
 
 /// Engine block size (vLLM's default).
 const BLOCK: u32 = 16;
@@ -56,6 +57,10 @@ pub enum AgentSimError {
     NoWorkers,
     #[error("the run stalled at {at:.3} s with {open} sessions open")]
     Stalled { at: f64, open: usize },
+    #[error("routed programs: {0}")]
+    Routing(#[from] ProgramRoutingError),
+    #[error("routed programs run under the request-level schedulers and ThunderAgent, not TAO")]
+    RoutedTao,
 }
 
 /// One replica of the pool: a model on `tensor_parallel` GPUs of one kind.
@@ -65,6 +70,8 @@ pub struct AgentReplicaSpec {
     pub device: String,
     pub tensor_parallel: u32,
     pub max_model_len: u32,
+    /// Weights' (and KV cache's) format.
+    pub dtype: Dtype,
 }
 
 /// A pool of identical or mixed replicas.
@@ -134,6 +141,8 @@ pub struct AgentRunReport {
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Phase {
     NotStarted,
+    /// A routed program bound to its model, waiting for that model's admission.
+    Admitting,
     /// Between turns: its tool runs (`returned` false) or its next request waits.
     Pooled {
         returned: bool,
@@ -168,6 +177,8 @@ struct SessionState {
 enum Ev {
     IterationEnd { replica: usize, token: u64 },
     ToolReturn { session: usize, signature: u64 },
+    /// A routed program's verifier returned.
+    Verdict { session: usize },
     PlanApply { id: u64 },
     Tick,
     ThunderTick,
@@ -228,8 +239,12 @@ struct Sim<'a> {
     /// Request id → session index.
     requests: BTreeMap<u64, usize>,
     next_request: u64,
-    rr: RoundRobin,
-    thunder: ThunderAgent,
+    /// Replicas each scheduler instance places among: one group of every replica, or, with
+    /// routed programs, one per routed model.
+    groups: Vec<Vec<usize>>,
+    rr: Vec<RoundRobin>,
+    thunder: Vec<ThunderAgent>,
+    routing: Option<RoutingLayer>,
     history: ToolHistory,
     pending: Option<PendingPlan>,
     plan_dirty: bool,
@@ -261,6 +276,32 @@ pub fn run_agents(
     pool: &AgentPoolSpec,
     cfg: &AgentRunConfig,
 ) -> Result<AgentRunReport, AgentSimError> {
+    Ok(run(trace, pool, cfg, None)?.0)
+}
+
+/// Runs the trace's sessions as routed programs ([`super::agent_routing`]): each is bound to
+/// one of the pool's models by ORACLE's router and admitted by `routing`'s rule; the
+/// scheduler places its requests among its model's replicas.
+pub fn run_routed_agents(
+    trace: &AgentTrace,
+    pool: &AgentPoolSpec,
+    cfg: &AgentRunConfig,
+    routing: &ProgramRouting,
+) -> Result<(AgentRunReport, RoutedRunReport), AgentSimError> {
+    let (report, routed) = run(trace, pool, cfg, Some(routing))?;
+    let routed = routed.ok_or(AgentSimError::EmptyPool)?;
+    Ok((report, routed))
+}
+
+fn run(
+    trace: &AgentTrace,
+    pool: &AgentPoolSpec,
+    cfg: &AgentRunConfig,
+    routing: Option<&ProgramRouting>,
+) -> Result<(AgentRunReport, Option<RoutedRunReport>), AgentSimError> {
+    if routing.is_some() && cfg.scheduler == SchedulerKind::Tao {
+        return Err(AgentSimError::RoutedTao);
+    }
     if pool.replicas.is_empty() {
         return Err(AgentSimError::EmptyPool);
     }
@@ -274,7 +315,7 @@ pub fn run_agents(
         let bad = |reason: String| AgentSimError::Replica { index, reason };
         let device = spec::device(&r.device).map_err(|e| bad(e.to_string()))?;
         let model = spec::model(&r.model).map_err(|e| bad(e.to_string()))?;
-        let mut config = ServingConfig::vllm_defaults_on(&device, Dtype::Bf16, r.max_model_len);
+        let mut config = ServingConfig::vllm_defaults_on(&device, r.dtype, r.max_model_len);
         config.tensor_parallel = r.tensor_parallel;
         let seed = crate::values::derive_seed(cfg.noise_seed, &["agentic", &index.to_string()]);
         let mut engine = EmulatedReplica::new(device, model, config, seed).map_err(|e| bad(e.to_string()))?;
@@ -330,8 +371,10 @@ pub fn run_agents(
         open: 0,
         requests: BTreeMap::new(),
         next_request: 0,
-        rr: RoundRobin::default(),
-        thunder: ThunderAgent::new(),
+        groups: vec![(0..pool.replicas.len()).collect()],
+        rr: vec![RoundRobin::default()],
+        thunder: vec![ThunderAgent::new()],
+        routing: None,
         history: ToolHistory::default(),
         pending: None,
         plan_dirty: false,
@@ -354,8 +397,22 @@ pub fn run_agents(
         last_end: ready_at,
         shared_tokens: trace.sessions.iter().map(|s| u64::from(s.system_tokens)).max().unwrap_or(0),
     };
+    if let Some(routing) = routing {
+        let models: Vec<&str> = pool.replicas.iter().map(|r| r.model.as_str()).collect();
+        let kv: Vec<u64> = sim.replicas.iter().map(|r| r.kv_tokens).collect();
+        let layer = RoutingLayer::new(routing.clone(), &models, &kv, trace.sessions.len(), cfg.workers)?;
+        let arms = layer.arms();
+        sim.groups = (0..arms).map(|a| (0..kv.len()).filter(|&r| layer.replica_arm[r] == a).collect()).collect();
+        sim.rr = vec![RoundRobin::default(); arms];
+        sim.thunder = vec![ThunderAgent::new(); arms];
+        sim.routing = Some(layer);
+    }
     sim.run()?;
-    Ok(sim.report(ready_at))
+    let routed = sim.routing.as_ref().map(|l| {
+        let preemptions: Vec<u64> = sim.replicas.iter().map(|r| r.engine.telemetry().preemptions).collect();
+        l.report(&preemptions)
+    });
+    Ok((sim.report(ready_at), routed))
 }
 
 impl Sim<'_> {
@@ -366,8 +423,8 @@ impl Sim<'_> {
 
     fn run(&mut self) -> Result<(), AgentSimError> {
         let start = self.now;
-        for _ in 0..self.cfg.workers.min(self.trace.sessions.len()) {
-            self.start_next_session();
+        for slot in 0..self.cfg.workers.min(self.trace.sessions.len()) {
+            self.start_next_session(slot)?;
         }
         self.schedule(start, Ev::Tick);
         if self.cfg.scheduler == SchedulerKind::ThunderAgent {
@@ -380,8 +437,9 @@ impl Sim<'_> {
             };
             self.now = q.at;
             match q.ev {
-                Ev::IterationEnd { replica, token } => self.iteration_end(replica, token),
+                Ev::IterationEnd { replica, token } => self.iteration_end(replica, token)?,
                 Ev::ToolReturn { session, signature } => self.tool_return(session, signature)?,
+                Ev::Verdict { session } => self.verdict(session)?,
                 Ev::PlanApply { id } => self.apply_plan(id),
                 Ev::ThunderTick => {
                     self.thunder_step();
@@ -415,19 +473,56 @@ impl Sim<'_> {
         Ok(())
     }
 
-    fn start_next_session(&mut self) {
+    /// Worker `slot` takes the next session: it starts at once, or, routed, is bound to a
+    /// model and starts when that model admits it.
+    fn start_next_session(&mut self, slot: usize) -> Result<(), AgentSimError> {
         let i = self.next_session;
         if i >= self.trace.sessions.len() {
-            return;
+            return Ok(());
         }
         self.next_session += 1;
         self.open += 1;
+        self.sessions[i].started_at = self.now;
+        let tokens = u64::from(self.next_prompt(i));
+        let now = self.now;
+        match &mut self.routing {
+            None => self.begin(i),
+            Some(layer) => {
+                self.sessions[i].phase = Phase::Admitting;
+                for a in layer.bind(i, slot, tokens, now)? {
+                    self.begin(a);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Session `i`'s first request is ready now.
+    fn begin(&mut self, i: usize) {
         let s = &mut self.sessions[i];
-        s.started_at = self.now;
         s.ready_at = self.now;
         s.paused_at = self.now;
         s.phase = Phase::Pooled { returned: true };
         self.request_ready(i);
+    }
+
+    /// The scheduler group (and its replicas) session `i` runs in.
+    fn group_of(&self, i: usize) -> usize {
+        self.routing.as_ref().map_or(0, |l| l.arm_of(i))
+    }
+
+    /// A routed program's verdict landed; batch-synchronous dispatch starts the next batch
+    /// once every program of this one is verified.
+    fn verdict(&mut self, i: usize) -> Result<(), AgentSimError> {
+        let Some(layer) = &mut self.routing else { return Ok(()) };
+        layer.verdict(i)?;
+        if layer.feedback() == Feedback::BatchSynchronous && !layer.batch_open() {
+            layer.next_batch();
+            for slot in 0..self.cfg.workers {
+                self.start_next_session(slot)?;
+            }
+        }
+        Ok(())
     }
 
     /// Tokens of the conversation a session's next request sends.
@@ -438,25 +533,29 @@ impl Sim<'_> {
     fn request_ready(&mut self, i: usize) {
         match self.cfg.scheduler {
             SchedulerKind::RoundRobin | SchedulerKind::CacheAware | SchedulerKind::Dynamo => {
-                let loads = self.loads();
-                let req = self.route_request(i);
-                let b = match self.cfg.scheduler {
-                    SchedulerKind::RoundRobin => self.rr.route(&loads),
+                let g = self.group_of(i);
+                let loads = self.group_loads(g);
+                let mut req = self.route_request(i);
+                req.overlap_tokens = self.groups[g].iter().map(|&r| req.overlap_tokens[r]).collect();
+                let local = match self.cfg.scheduler {
+                    SchedulerKind::RoundRobin => self.rr[g].route(&loads),
                     SchedulerKind::CacheAware => CacheAware.route(&req, &loads),
                     _ => DynamoRouter::default().route(&req, &loads),
                 };
+                let b = self.groups[g][local];
                 self.dispatch(i, b);
             }
             SchedulerKind::ThunderAgent => {
+                let g = self.group_of(i);
                 let tokens = u64::from(self.next_prompt(i));
-                let loads = self.loads();
+                let loads = self.group_loads(g);
                 let backend = if self.sessions[i].call.is_none() {
-                    self.thunder.arrive(i as u64, tokens, &loads)
+                    self.thunder[g].arrive(i as u64, tokens, &loads)
                 } else {
-                    self.thunder.request(i as u64, tokens)
+                    self.thunder[g].request(i as u64, tokens)
                 };
                 match backend {
-                    Some(b) => self.dispatch(i, b),
+                    Some(local) => self.dispatch(i, self.groups[g][local]),
                     None => self.sessions[i].phase = Phase::Pooled { returned: true },
                 }
             }
@@ -484,6 +583,12 @@ impl Sim<'_> {
         RouteRequest { session: i as u64, prompt_tokens: prompt, overlap_tokens }
     }
 
+    /// The loads of group `g`'s replicas, in the group's order.
+    fn group_loads(&self, g: usize) -> Vec<ReplicaLoad> {
+        let all = self.loads();
+        self.groups[g].iter().map(|&r| all[r].clone()).collect()
+    }
+
     fn loads(&self) -> Vec<ReplicaLoad> {
         self.replicas
             .iter()
@@ -502,6 +607,9 @@ impl Sim<'_> {
 
     /// Sends session `i`'s next request to replica `b`.
     fn dispatch(&mut self, i: usize, b: usize) {
+        // A routed program's requests go to its own model's replicas only (each scheduler
+        // instance places among its group).
+        debug_assert!(self.routing.as_ref().is_none_or(|l| l.replica_arm[b] == l.arm_of(i)));
         let now = self.now;
         let session = &self.trace.sessions[i];
         let turn = self.sessions[i].turn;
@@ -572,11 +680,11 @@ impl Sim<'_> {
         }
     }
 
-    fn iteration_end(&mut self, b: usize, token: u64) {
+    fn iteration_end(&mut self, b: usize, token: u64) -> Result<(), AgentSimError> {
         let now = self.now;
         let r = &mut self.replicas[b];
         if r.token != token || !r.iterating {
-            return;
+            return Ok(());
         }
         r.iterating = false;
         r.scheduled_end = None;
@@ -598,16 +706,21 @@ impl Sim<'_> {
                     self.cached_tokens += u64::from(cached_prompt_tokens);
                     self.generated += u64::from(output_tokens);
                     if let Some(i) = self.requests.remove(&id) {
-                        self.request_finished(i, b, at, u64::from(prompt_tokens + output_tokens));
+                        if let Some(layer) = &mut self.routing {
+                            let latency = at - self.sessions[i].ready_at;
+                            layer.call_finished(i, latency, prompt_tokens, cached_prompt_tokens, output_tokens);
+                        }
+                        self.request_finished(i, b, at, u64::from(prompt_tokens + output_tokens))?;
                     }
                 }
                 EngineEvent::Preempted { .. } => {}
             }
         }
         self.kick(b);
+        Ok(())
     }
 
-    fn request_finished(&mut self, i: usize, b: usize, at: f64, context: u64) {
+    fn request_finished(&mut self, i: usize, b: usize, at: f64, context: u64) -> Result<(), AgentSimError> {
         self.last_end = self.last_end.max(at);
         let weight = self.sessions[i].weight;
         self.replicas[b].admitted = self.replicas[b].admitted.saturating_sub(weight);
@@ -627,8 +740,24 @@ impl Sim<'_> {
                 self.latency.push(at - st.started_at);
                 self.open -= 1;
                 self.plan_dirty = true;
-                self.thunder.release(i as u64);
-                self.start_next_session();
+                let g = self.group_of(i);
+                self.thunder[g].release(i as u64);
+                match &mut self.routing {
+                    None => self.start_next_session(0)?,
+                    Some(layer) => {
+                        // Its reservation is released now; its verifier runs; its slot is free
+                        // (batch-synchronous dispatch waits for the whole batch's verdicts).
+                        let admitted = layer.finished(i, context, at)?;
+                        let (verifier_s, feedback, slot) = (layer.verifier_s(), layer.feedback(), layer.slot_of(i));
+                        self.schedule(at + verifier_s, Ev::Verdict { session: i });
+                        for a in admitted {
+                            self.begin(a);
+                        }
+                        if feedback != Feedback::BatchSynchronous {
+                            self.start_next_session(slot)?;
+                        }
+                    }
+                }
             }
             Some(tool) => {
                 let mut call = ToolCall::new(tool.name.clone(), at);
@@ -647,10 +776,12 @@ impl Sim<'_> {
                 st.tool_returned_at = None;
                 let (duration, signature) = (tool.duration_s, st.signature);
                 self.plan_dirty = true;
-                self.thunder.response_done(i as u64, context);
+                let g = self.group_of(i);
+                self.thunder[g].response_done(i as u64, context);
                 self.schedule(at + duration, Ev::ToolReturn { session: i, signature });
             }
         }
+        Ok(())
     }
 
     fn tool_return(&mut self, i: usize, _signature: u64) -> Result<(), AgentSimError> {
@@ -790,13 +921,15 @@ impl Sim<'_> {
 
     /// ThunderAgent's step: pause and resume programs against each backend's capacity.
     fn thunder_step(&mut self) {
-        let loads = self.loads();
-        for (session, replica) in self.thunder.tick(&loads) {
-            let i = session as usize;
-            // A resumed program with its request pending runs now; an acting one is active
-            // again and sends its next request there when its tool returns.
-            if matches!(self.sessions[i].phase, Phase::Pooled { returned: true }) {
-                self.dispatch(i, replica);
+        for g in 0..self.groups.len() {
+            let loads = self.group_loads(g);
+            for (session, local) in self.thunder[g].tick(&loads) {
+                let i = session as usize;
+                // A resumed program with its request pending runs now; an acting one is active
+                // again and sends its next request there when its tool returns.
+                if matches!(self.sessions[i].phase, Phase::Pooled { returned: true }) {
+                    self.dispatch(i, self.groups[g][local]);
+                }
             }
         }
     }

@@ -15,6 +15,7 @@
 //! (setting a run up, preparing activations, the records and the report) is `crate::exec`'s;
 //! `sim` depends on it and must not depend on `live`.
 
+pub mod agent_routing;
 pub mod agentic;
 mod toolpool;
 

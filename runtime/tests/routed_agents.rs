@@ -1,0 +1,198 @@
+//! Routed agent programs in the agent-session simulator (paper 002 §5.2–5.3): every program runs
+//! once on the model it is bound to, runs are reproducible to the bit, DISC's admission and
+//! divert rule, the static cap, the feedback modes (delayed, batch-synchronous, independent) and
+//! what the layer refuses.
+
+use switchyard_predictor::spec::Dtype;
+use switchyard_runtime::agentic::{AgentTrace, AgentWorkload, generate};
+use switchyard_runtime::bench::oracle_programs::{self, ProgramsBenchConfig};
+use switchyard_runtime::planner::admission::{SchedulerKind, TaoOptions};
+use switchyard_runtime::planner::routing::{DiscConfig, RouterOptions};
+use switchyard_runtime::sim::agent_routing::{Feedback, ProgramAdmission, ProgramRouting, RoutedArm, RoutedRunReport};
+use switchyard_runtime::sim::agentic::{
+    AgentPoolSpec, AgentReplicaSpec, AgentRunConfig, AgentSimError, run_routed_agents,
+};
+
+fn cfg(scheduler: SchedulerKind, workers: usize) -> AgentRunConfig {
+    AgentRunConfig { workers, scheduler, tao: TaoOptions::default(), noise_seed: 0, plan_latency_s: 0.002 }
+}
+
+/// The bench's H100 pair: Qwen3-32B (fp8) and Qwen3-8B (bf16).
+fn pair() -> AgentPoolSpec {
+    oracle_programs::pool("H100-80GB")
+}
+
+fn routing(admission: ProgramAdmission, reassign: bool, feedback: Feedback) -> ProgramRouting {
+    let arm = |model: &str, success| RoutedArm {
+        model: model.into(),
+        success,
+        prior_peak_tokens: 20_000.0,
+        prior_run_s: 200.0,
+    };
+    ProgramRouting {
+        arms: vec![arm("Qwen3-32B", 0.7), arm("Qwen3-8B", 0.44)],
+        admission,
+        options: RouterOptions { disc: DiscConfig::default(), reassign, ..RouterOptions::default() },
+        feedback,
+        verifier_s: 120.0,
+        outcome_seed: 7,
+    }
+}
+
+fn run(trace: &AgentTrace, scheduler: SchedulerKind, workers: usize, r: &ProgramRouting) -> RoutedRunReport {
+    run_routed_agents(trace, &pair(), &cfg(scheduler, workers), r).unwrap().1
+}
+
+#[test]
+fn every_program_runs_once_on_its_model_and_runs_are_reproducible() {
+    let trace = generate(AgentWorkload::SweLite, 24, 3);
+    for (scheduler, admission, reassign) in [
+        (SchedulerKind::CacheAware, ProgramAdmission::Immediate, false),
+        (SchedulerKind::RoundRobin, ProgramAdmission::Immediate, false),
+        (SchedulerKind::ThunderAgent, ProgramAdmission::Immediate, false),
+        (SchedulerKind::ThunderAgent, ProgramAdmission::StaticCap(vec![3, 3]), false),
+        (SchedulerKind::ThunderAgent, ProgramAdmission::Disc, false),
+        (SchedulerKind::ThunderAgent, ProgramAdmission::Disc, true),
+    ] {
+        let r = routing(admission.clone(), reassign, Feedback::Delayed);
+        let (a, ra) = run_routed_agents(&trace, &pair(), &cfg(scheduler, 12), &r).unwrap();
+        let label = format!("{} {admission:?} reassign {reassign}", scheduler.name());
+        // Every turn of every session ran exactly once (the sim's own count), every program
+        // finished and is counted on exactly one model.
+        assert_eq!(a.requests as usize, trace.turns(), "{label}");
+        assert_eq!(ra.programs, 24, "{label}");
+        assert_eq!(ra.arms.iter().map(|x| x.programs).sum::<u64>(), 24, "{label}");
+        assert_eq!(ra.arms.iter().map(|x| x.resolved).sum::<u64>(), ra.resolved, "{label}");
+        assert!(ra.programs_per_hour > 0.0 && ra.mean_call_latency_s > 0.0, "{label}: {ra:?}");
+        // Same inputs, same bits.
+        let (b, rb) = run_routed_agents(&trace, &pair(), &cfg(scheduler, 12), &r).unwrap();
+        assert_eq!(serde_json::to_string(&a).unwrap(), serde_json::to_string(&b).unwrap(), "{label}");
+        assert_eq!(serde_json::to_string(&ra).unwrap(), serde_json::to_string(&rb).unwrap(), "{label}");
+    }
+}
+
+#[test]
+fn outcomes_are_nested_by_difficulty() {
+    // The smaller model never succeeds: every resolved program ran on the larger one; with
+    // both certain, every program resolves.
+    let trace = generate(AgentWorkload::SweLite, 20, 4);
+    let mut r = routing(ProgramAdmission::Immediate, false, Feedback::Delayed);
+    r.arms[1].success = 0.0;
+    let out = run(&trace, SchedulerKind::CacheAware, 8, &r);
+    assert_eq!(out.arms[1].resolved, 0);
+    assert_eq!(out.resolved, out.arms[0].resolved);
+    assert!(out.arms[0].programs > 0 && out.arms[1].programs > 0, "both models tried: {out:?}");
+    r.arms[0].success = 1.0;
+    r.arms[1].success = 1.0;
+    assert_eq!(run(&trace, SchedulerKind::CacheAware, 8, &r).resolved, 20);
+}
+
+#[test]
+fn disc_admits_within_its_ledger_and_diverts_only_with_reassignment() {
+    // Sixteen concurrent programs against a prior peak of 200k tokens: each ledger (a few
+    // hundred thousand tokens of KV on an H100) admits one or two programs at a time until
+    // finished programs' real peaks (~15k) pull its estimate down, so programs wait; with
+    // reassignment some are diverted to the other model, without it none is.
+    let trace = generate(AgentWorkload::SweLite, 24, 5);
+    let mut r = routing(ProgramAdmission::Disc, false, Feedback::Delayed);
+    for a in &mut r.arms {
+        a.prior_peak_tokens = 200_000.0;
+    }
+    let only = run(&trace, SchedulerKind::ThunderAgent, 16, &r);
+    assert!(only.mean_admission_wait_s > 0.0, "{only:?}");
+    assert_eq!(only.arms.iter().map(|a| a.diverted_in).sum::<u64>(), 0);
+    assert!(only.arms.iter().all(|a| a.admitted_while_waiting < 3.0), "{only:?}");
+    r.options.reassign = true;
+    let full = run(&trace, SchedulerKind::ThunderAgent, 16, &r);
+    assert!(full.arms.iter().map(|a| a.diverted_in).sum::<u64>() > 0, "{full:?}");
+    assert!(full.mean_admission_wait_s < only.mean_admission_wait_s, "{full:?} vs {only:?}");
+}
+
+#[test]
+fn static_cap_queues_programs_beyond_it() {
+    let trace = generate(AgentWorkload::SweLite, 24, 6);
+    let capped = run(
+        &trace,
+        SchedulerKind::ThunderAgent,
+        16,
+        &routing(ProgramAdmission::StaticCap(vec![2, 2]), false, Feedback::Delayed),
+    );
+    assert!(capped.mean_admission_wait_s > 0.0);
+    assert!(capped.arms.iter().all(|a| a.admitted_while_waiting <= 2.0), "{capped:?}");
+    let free =
+        run(&trace, SchedulerKind::ThunderAgent, 16, &routing(ProgramAdmission::Immediate, false, Feedback::Delayed));
+    assert_eq!(free.mean_admission_wait_s, 0.0);
+    assert!(capped.makespan_s > free.makespan_s, "{} vs {}", capped.makespan_s, free.makespan_s);
+}
+
+#[test]
+fn batch_synchronous_dispatch_waits_for_the_batch_verdicts() {
+    // With a long verifier, a batch-synchronous run pays it once per batch; delayed feedback
+    // overlaps it with the next programs.
+    let trace = generate(AgentWorkload::SweLite, 24, 7);
+    let mut r = routing(ProgramAdmission::Immediate, false, Feedback::Delayed);
+    r.verifier_s = 600.0;
+    let delayed = run(&trace, SchedulerKind::ThunderAgent, 8, &r);
+    r.feedback = Feedback::BatchSynchronous;
+    let batch = run(&trace, SchedulerKind::ThunderAgent, 8, &r);
+    // Three batches of eight: at least two verifier waits between them.
+    assert!(
+        batch.makespan_s > delayed.makespan_s + 2.0 * 600.0 - 1.0,
+        "{} vs {}",
+        batch.makespan_s,
+        delayed.makespan_s
+    );
+    assert_eq!(batch.programs, 24);
+    r.feedback = Feedback::Independent;
+    assert_eq!(run(&trace, SchedulerKind::ThunderAgent, 8, &r).programs, 24);
+}
+
+#[test]
+fn refusals_are_typed() {
+    let trace = generate(AgentWorkload::SweLite, 4, 1);
+    let indep_disc = routing(ProgramAdmission::Disc, true, Feedback::Independent);
+    assert!(matches!(
+        run_routed_agents(&trace, &pair(), &cfg(SchedulerKind::ThunderAgent, 2), &indep_disc),
+        Err(AgentSimError::Routing(_))
+    ));
+    let ok = routing(ProgramAdmission::Immediate, false, Feedback::Delayed);
+    assert!(matches!(
+        run_routed_agents(&trace, &pair(), &cfg(SchedulerKind::Tao, 2), &ok),
+        Err(AgentSimError::RoutedTao)
+    ));
+    let mut pool = pair();
+    pool.replicas.push(AgentReplicaSpec {
+        model: "Qwen3-4B".into(),
+        device: "H100-80GB".into(),
+        tensor_parallel: 1,
+        max_model_len: 40_960,
+        dtype: Dtype::Bf16,
+    });
+    let err = run_routed_agents(&trace, &pool, &cfg(SchedulerKind::CacheAware, 2), &ok).unwrap_err();
+    assert!(err.to_string().contains("Qwen3-4B"), "{err}");
+    let bad_cap = routing(ProgramAdmission::StaticCap(vec![0, 3]), false, Feedback::Delayed);
+    assert!(run_routed_agents(&trace, &pair(), &cfg(SchedulerKind::ThunderAgent, 2), &bad_cap).is_err());
+}
+
+#[test]
+fn the_bench_runs_its_three_experiments() {
+    let cfg = ProgramsBenchConfig {
+        programs: 16,
+        concurrency: vec![8],
+        feedback_concurrency: vec![4],
+        calibration_concurrency: 8,
+        betas: vec![0.0, 1.0],
+        seeds: vec![1],
+        verifier_s: 60.0,
+    };
+    let r = oracle_programs::run_programs_bench(&cfg, |_| {}).unwrap();
+    assert_eq!(r.pools.len(), oracle_programs::DEVICES.len());
+    assert_eq!(r.admission.len(), oracle_programs::DEVICES.len() * oracle_programs::SYSTEMS.len());
+    assert_eq!(r.feedback.len(), 3);
+    assert_eq!(r.beta_sweep.len(), 3);
+    assert!(r.admission.iter().all(|c| c.runs.iter().all(|x| x.programs == 16)));
+    // β = 0 never diverts (the rule needs a positive weight on the wait).
+    assert_eq!(r.beta_sweep[0].diverted, 0.0);
+    let md = r.markdown();
+    assert!(md.contains("ORACLE / ThunderAgent program throughput") && md.contains("delayed / batch-synchronous"));
+}

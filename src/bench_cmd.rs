@@ -138,7 +138,13 @@ fn oracle(args: OracleArgs) -> Result<()> {
     };
     let report = bench::oracle_programs::run_programs_bench(&cfg, |label| eprintln!("{label}"))
         .map_err(|e| anyhow::anyhow!("{e}"))?;
-    let md = format!("# Paper 002 (ORACLE): routed programs\n\nProduced by `switchyard bench oracle`.\n\n{}", report.markdown());
+    let svg = bench::oracle_programs::programs_svg(&report).map_err(|e| anyhow::anyhow!("{e}"))?;
+    std::fs::create_dir_all(&args.out)?;
+    std::fs::write(args.out.join("oracle-programs.svg"), svg)?;
+    let md = format!(
+        "# Paper 002 (ORACLE): routed programs\n\nProduced by `switchyard bench oracle`.\n\n![program throughput, feedback modes, β sweep](oracle-programs.svg)\n\n{}",
+        report.markdown()
+    );
     let json = serde_json::json!({ "command": "switchyard bench oracle", "report": report });
     write_and_print(&args.out, "oracle-programs", &md, &json, args.json)
 }

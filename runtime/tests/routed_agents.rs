@@ -193,6 +193,8 @@ fn the_bench_runs_its_three_experiments() {
     assert!(r.admission.iter().all(|c| c.runs.iter().all(|x| x.programs == 16)));
     // β = 0 never diverts (the rule needs a positive weight on the wait).
     assert_eq!(r.beta_sweep[0].diverted, 0.0);
+    let svg = oracle_programs::programs_svg(&r).unwrap();
+    assert!(svg.starts_with("<svg") && svg.contains("β = 0") && svg.contains("batch-synchronous"), "{svg:.200}");
     let md = r.markdown();
     assert!(md.contains("ORACLE / ThunderAgent program throughput") && md.contains("delayed / batch-synchronous"));
 }

@@ -461,3 +461,119 @@ impl ProgramsReport {
         o
     }
 }
+
+/// The program experiments as SVG (plotters): program throughput against concurrency per
+/// system on the first pool (Fig. 6's shape), per feedback mode (Fig. 5's), and resolved tasks
+/// against throughput over the β sweep (Fig. 7b's). Legends sit above the data (the y range
+/// leaves them a band).
+pub fn programs_svg(r: &ProgramsReport) -> Result<String, String> {
+    use plotters::prelude::*;
+    let s = |e: &dyn std::fmt::Display| e.to_string();
+    let Some(pool) = r.pools.first().map(|p| p.pool.name.clone()) else {
+        return Err("the report has no pool".into());
+    };
+    let palette = crate::report::timeline::PALETTE;
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (1350, 430)).into_drawing_area();
+        root.fill(&WHITE).map_err(|e| s(&e))?;
+        let panels = root.split_evenly((1, 3));
+        // Panels (a) and (b): lines of programs/h over concurrency.
+        let lines = |area: &DrawingArea<SVGBackend<'_>, plotters::coord::Shift>,
+                     title: &str,
+                     cells: &[ProgramsCell],
+                     names: &[&str]|
+         -> Result<(), String> {
+            let xs: Vec<usize> = {
+                let mut v: Vec<usize> = cells.iter().map(|c| c.concurrency).collect();
+                v.sort_unstable();
+                v.dedup();
+                v
+            };
+            let xmin = *xs.first().unwrap_or(&0) as f64;
+            let xmax = (*xs.last().unwrap_or(&1) as f64).max(xmin + 1.0);
+            let ymax = cells.iter().map(|c| c.programs_per_hour).fold(1.0, f64::max) * 1.45;
+            let mut chart = ChartBuilder::on(area)
+                .caption(title, ("sans-serif", 15))
+                .margin(12)
+                .x_label_area_size(34)
+                .y_label_area_size(50)
+                .build_cartesian_2d(xmin - 2.0..xmax + 2.0, 0.0..ymax)
+                .map_err(|e| s(&e))?;
+            chart
+                .configure_mesh()
+                .x_desc("concurrent programs")
+                .y_desc("programs per hour")
+                .draw()
+                .map_err(|e| s(&e))?;
+            for (k, name) in names.iter().enumerate() {
+                let color = palette[k % palette.len()];
+                let mut pts: Vec<(f64, f64)> = cells
+                    .iter()
+                    .filter(|c| c.system == *name && c.pool == pool)
+                    .map(|c| (c.concurrency as f64, c.programs_per_hour))
+                    .collect();
+                pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+                chart
+                    .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))
+                    .map_err(|e| s(&e))?
+                    .label(name.to_string())
+                    .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2)));
+                chart.draw_series(pts.into_iter().map(|p| Circle::new(p, 3, color.filled()))).map_err(|e| s(&e))?;
+            }
+            chart
+                .configure_series_labels()
+                .position(SeriesLabelPosition::UpperLeft)
+                .background_style(WHITE.mix(0.85))
+                .border_style(BLACK)
+                .draw()
+                .map_err(|e| s(&e))?;
+            Ok(())
+        };
+        lines(&panels[0], &format!("(a) admission · {pool}"), &r.admission, &SYSTEMS)?;
+        lines(
+            &panels[1],
+            &format!("(b) feedback · {pool}"),
+            &r.feedback,
+            &[Feedback::Delayed.name(), Feedback::BatchSynchronous.name(), Feedback::Independent.name()],
+        )?;
+        // Panel (c): resolved tasks against throughput, one point per β (and independent).
+        let cells = &r.beta_sweep;
+        let xmax = cells.iter().map(|c| c.programs_per_hour).fold(1.0, f64::max) * 1.15;
+        let xmin = cells.iter().map(|c| c.programs_per_hour).fold(f64::INFINITY, f64::min).min(xmax) * 0.85;
+        let ymin = cells.iter().map(|c| c.resolved).fold(f64::INFINITY, f64::min).min(1e9) - 3.0;
+        let ymax = cells.iter().map(|c| c.resolved).fold(0.0, f64::max) + 3.0;
+        let mut chart = ChartBuilder::on(&panels[2])
+            .caption(format!("(c) β sweep · {} concurrent", r.config.calibration_concurrency), ("sans-serif", 15))
+            .margin(12)
+            .x_label_area_size(34)
+            .y_label_area_size(50)
+            .build_cartesian_2d(xmin..xmax, ymin.max(0.0)..ymax)
+            .map_err(|e| s(&e))?;
+        chart
+            .configure_mesh()
+            .x_desc("programs per hour")
+            .y_desc("resolved tasks (mean per run)")
+            .draw()
+            .map_err(|e| s(&e))?;
+        for (k, c) in cells.iter().enumerate() {
+            let color = palette[k % palette.len()];
+            let label = if c.system == "oracle" { format!("β = {}", c.beta) } else { c.system.clone() };
+            let p = (c.programs_per_hour, c.resolved);
+            chart
+                .draw_series(std::iter::once(Circle::new(p, 5, color.filled())))
+                .map_err(|e| s(&e))?
+                .label(label)
+                .legend(move |(x, y)| Circle::new((x + 8, y), 4, color.filled()));
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::LowerLeft)
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK)
+            .draw()
+            .map_err(|e| s(&e))?;
+        root.present().map_err(|e| s(&e))?;
+    }
+    Ok(svg)
+}

@@ -118,18 +118,25 @@ pub struct OracleArgs {
 
 /// Run `switchyard bench oracle`.
 fn oracle(args: OracleArgs) -> Result<()> {
-    if args.seeds == 0 || args.sessions == 0 || !(args.rate > 0.0 && args.rate.is_finite()) {
+    if !args.only_programs && (args.seeds == 0 || args.sessions == 0 || !(args.rate > 0.0 && args.rate.is_finite())) {
         anyhow::bail!("--seeds and --sessions must be at least 1 and --rate positive");
     }
     if args.programs == 0 || args.program_seeds == 0 {
         anyhow::bail!("--programs and --program-seeds must be at least 1");
     }
+    // Each experiment writes its own files; stdout gets both Markdown sections, or one JSON
+    // document holding both reports.
+    let mut printed = serde_json::Map::new();
+    printed.insert("command".into(), "switchyard bench oracle".into());
+    let mut md_out = String::new();
     if !args.only_programs {
         let cfg = bench::oracle::OracleBenchConfig { root: ".".into(), sessions: args.sessions, rate: args.rate, seeds: (1..=args.seeds).collect() };
         let report = bench::oracle::run(&cfg).map_err(|e| anyhow::anyhow!("{e}"))?;
         let md = report.markdown();
         let json = serde_json::json!({ "command": "switchyard bench oracle", "report": report });
-        write_and_print(&args.out, "oracle", &md, &json, args.json)?;
+        write_files(&args.out, "oracle", &md, &json)?;
+        printed.insert("feedback".into(), json["report"].clone());
+        md_out.push_str(&md);
     }
     let cfg = bench::oracle_programs::ProgramsBenchConfig {
         programs: args.programs,
@@ -146,7 +153,15 @@ fn oracle(args: OracleArgs) -> Result<()> {
         report.markdown()
     );
     let json = serde_json::json!({ "command": "switchyard bench oracle", "report": report });
-    write_and_print(&args.out, "oracle-programs", &md, &json, args.json)
+    write_files(&args.out, "oracle-programs", &md, &json)?;
+    printed.insert("programs".into(), json["report"].clone());
+    md_out.push_str(&md);
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&serde_json::Value::Object(printed))?);
+    } else {
+        print!("{md_out}");
+    }
+    Ok(())
 }
 
 /// Arguments of `switchyard bench verifier`.
@@ -437,11 +452,17 @@ fn tao(args: TaoArgs) -> Result<()> {
 
 /// Write `NAME.md` and `NAME.json` into `out` (created if missing) and print the JSON (`json`)
 /// or the Markdown on stdout: the tail every `switchyard bench EXPERIMENT` shares.
-fn write_and_print<T: serde::Serialize>(out: &Path, name: &str, md: &str, report: &T, json: bool) -> Result<()> {
+/// Writes `<name>.md` and `<name>.json` under `out`; answers the JSON text.
+fn write_files<T: serde::Serialize>(out: &Path, name: &str, md: &str, report: &T) -> Result<String> {
     let text = serde_json::to_string_pretty(report)?;
     std::fs::create_dir_all(out)?;
     std::fs::write(out.join(format!("{name}.md")), md)?;
     std::fs::write(out.join(format!("{name}.json")), &text)?;
+    Ok(text)
+}
+
+fn write_and_print<T: serde::Serialize>(out: &Path, name: &str, md: &str, report: &T, json: bool) -> Result<()> {
+    let text = write_files(out, name, md, report)?;
     if json {
         println!("{text}");
     } else {

@@ -105,6 +105,7 @@ pub struct ProgramsCell {
     pub preemptions: f64,
     pub mean_call_latency_s: f64,
     pub mean_admission_wait_s: f64,
+    pub mean_start_wait_s: f64,
     pub diverted: f64,
     pub makespan_s: f64,
     /// Every seed's run.
@@ -245,6 +246,7 @@ fn mean_cell(pool: &str, system: &str, concurrency: usize, beta: f64, runs: Vec<
         preemptions: m(&|r| r.arms.iter().map(|a| a.preemptions as f64).sum()),
         mean_call_latency_s: m(&|r| r.mean_call_latency_s),
         mean_admission_wait_s: m(&|r| r.mean_admission_wait_s),
+        mean_start_wait_s: m(&|r| r.mean_start_wait_s),
         diverted: m(&|r| r.arms.iter().map(|a| a.diverted_in as f64).sum()),
         makespan_s: m(&|r| r.makespan_s),
         runs,
@@ -362,8 +364,13 @@ impl ProgramsReport {
              per program (an assumption for the SWE-bench harness's run, not measured here). DISC's priors come \
              from calibration passes on seed {CALIBRATION_SEED}: c₀ = {:.0} tokens (the trace's mean final \
              context), D₀ per model from that trace run on the model alone (ThunderAgent, 16 concurrent); the \
-             static cap is DISC's mean admitted count while programs waited ({} concurrent, seed \
-             {CALIBRATION_SEED}), rounded — the paper's rule.\n",
+             static cap is DISC's mean admitted count over the time programs waited ({} concurrent, seed \
+             {CALIBRATION_SEED}), rounded — the paper's rule. The larger model's KV cache is FP8 as well \
+             (vLLM `--kv-cache-dtype fp8`; the emulator gives a replica one format for weights and cache — \
+             vLLM's default for an FP8 checkpoint keeps a BF16 cache, with half the KV tokens). *Admission \
+             wait*: binding → the ledger's or the cap's admission (0 without admission control); *start \
+             wait*: binding → first request dispatched, which also counts ThunderAgent's hold of new \
+             programs — the comparable column.\n",
             c.programs,
             c.seeds,
             SUCCESS_LARGER * 100.0,
@@ -385,9 +392,9 @@ impl ProgramsReport {
             let _ = writeln!(
                 o,
                 "| pool | {first} | concurrent | programs/h | resolved | resolved/h | {LARGER} share | {LARGER} hit | \
-                 {SMALLER} hit | preemptions | call latency s | admission wait s | diverted |"
+                 {SMALLER} hit | preemptions | call latency s | admission wait s | start wait s | diverted |"
             );
-            let _ = writeln!(o, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+            let _ = writeln!(o, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
             for x in cells {
                 let label = if first == "β" && x.system == "oracle" {
                     format!("oracle β = {}", x.beta)
@@ -396,7 +403,7 @@ impl ProgramsReport {
                 };
                 let _ = writeln!(
                     o,
-                    "| {} | {label} | {} | {:.1} | {:.1} | {:.1} | {:.2} | {:.3} | {:.3} | {:.1} | {:.1} | {:.1} | {:.1} |",
+                    "| {} | {label} | {} | {:.1} | {:.1} | {:.1} | {:.2} | {:.3} | {:.3} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} |",
                     x.pool,
                     x.concurrency,
                     x.programs_per_hour,
@@ -408,6 +415,7 @@ impl ProgramsReport {
                     x.preemptions,
                     x.mean_call_latency_s,
                     x.mean_admission_wait_s,
+                    x.mean_start_wait_s,
                     x.diverted,
                 );
             }

@@ -113,6 +113,8 @@ pub enum ProgramRoutingError {
     Cap,
     #[error("independent per-slot learners run without admission control")]
     IndependentAdmission,
+    #[error("reassignment (the divert rule) needs DISC's ledgers as the admission rule")]
+    ReassignWithoutLedger,
     #[error("the verifier time must be finite and non-negative")]
     VerifierTime,
     #[error(transparent)]
@@ -131,8 +133,27 @@ pub struct ArmReport {
     /// Prompt tokens served from the prefix cache over its prompt tokens.
     pub cache_hit_rate: f64,
     pub preemptions: u64,
-    /// Mean of programs admitted at once, sampled whenever one was waiting for this arm.
+    /// Programs admitted at once, averaged over the time a program waited for this arm's
+    /// admission (0 when none ever waited).
     pub admitted_while_waiting: f64,
+}
+
+/// One program's timeline, for tests and analysis (not serialized: the bench's JSON stays
+/// small).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ProgramRow {
+    pub arm: usize,
+    pub slot: usize,
+    /// The learner (index among the run's learners) that bound it.
+    pub learner: usize,
+    pub batch: u64,
+    pub bound_at: f64,
+    pub admitted_at: Option<f64>,
+    /// When its first request went to a replica.
+    pub started_at: Option<f64>,
+    pub finished_at: Option<f64>,
+    pub verified_at: Option<f64>,
+    pub resolved: bool,
 }
 
 /// What a routed run measured (beside the scheduler's [`super::agentic::AgentRunReport`]).
@@ -146,11 +167,18 @@ pub struct RoutedRunReport {
     pub makespan_s: f64,
     pub programs_per_hour: f64,
     pub resolved_per_hour: f64,
-    /// Mean time from binding to admission.
+    /// Mean time from binding to admission (the ledger's or the cap's queue; 0 without
+    /// admission control).
     pub mean_admission_wait_s: f64,
+    /// Mean time from binding to the first request's dispatch to a replica: the admission wait
+    /// plus any hold of the scheduler (ThunderAgent's proxy holds new programs while its queue
+    /// is busy) — comparable across every system.
+    pub mean_start_wait_s: f64,
     /// Mean time from a request being ready to its last token.
     pub mean_call_latency_s: f64,
     pub arms: Vec<ArmReport>,
+    #[serde(skip)]
+    pub rows: Vec<ProgramRow>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -164,6 +192,9 @@ struct Program {
     batch: u64,
     bound_at: f64,
     admitted_at: Option<f64>,
+    started_at: Option<f64>,
+    finished_at: Option<f64>,
+    verified_at: Option<f64>,
     finished: bool,
     verified: bool,
     cost: f64,
@@ -186,7 +217,11 @@ pub(crate) struct RoutingLayer {
     calls: u64,
     prompt: Vec<u64>,
     cached: Vec<u64>,
-    waiting_samples: Vec<(f64, u64)>,
+    /// Per arm: ∫ admitted dt and ∫ dt over the time some program waited for its admission.
+    waiting: Vec<(f64, f64)>,
+    /// Per arm, since `waiting_since`: whether a program waits, and how many are admitted.
+    waiting_state: Vec<(bool, usize)>,
+    waiting_since: f64,
 }
 
 fn router(arms: &[RoutedArm], capacity_tokens: &[u64], options: RouterOptions) -> Result<Router, ProgramRoutingError> {
@@ -251,6 +286,9 @@ impl RoutingLayer {
             }
             Feedback::Delayed | Feedback::BatchSynchronous => 1,
         };
+        if cfg.options.reassign && cfg.admission != ProgramAdmission::Disc {
+            return Err(ProgramRoutingError::ReassignWithoutLedger);
+        }
         let routers = (0..learners).map(|_| router(&cfg.arms, &capacity, cfg.options)).collect::<Result<_, _>>()?;
         let n = cfg.arms.len();
         Ok(RoutingLayer {
@@ -267,7 +305,9 @@ impl RoutingLayer {
             calls: 0,
             prompt: vec![0; n],
             cached: vec![0; n],
-            waiting_samples: vec![(0.0, 0); n],
+            waiting: vec![(0.0, 0.0); n],
+            waiting_state: vec![(false, 0); n],
+            waiting_since: 0.0,
         })
     }
 
@@ -301,6 +341,7 @@ impl RoutingLayer {
         // listed: the list is rotated by program so that no model is favoured by its position.
         let n = self.cfg.arms.len();
         let order: Vec<usize> = (0..n).map(|k| (i + k) % n).collect();
+        self.accumulate_waiting(now);
         let b = self.routers[r].bind(i as u64, TASK_TEXT, tokens, &order)?.clone();
         self.first_bound.get_or_insert(now);
         self.programs[i] = Program {
@@ -320,7 +361,6 @@ impl RoutingLayer {
                 admitted.push(i);
             }
             ProgramAdmission::Disc => {
-                self.sample_waiting();
                 admitted.extend(self.routers[r].admit().into_iter().map(|(p, _)| p as usize));
             }
             ProgramAdmission::StaticCap(caps) => {
@@ -331,35 +371,46 @@ impl RoutingLayer {
                     admitted.push(i);
                 } else {
                     self.cap_queue[arm].push_back(i);
-                    self.sample_waiting();
                 }
             }
         }
         for &p in &admitted {
             self.programs[p].admitted_at = Some(now);
         }
+        self.snapshot_waiting();
         Ok(admitted)
     }
 
-    /// While a program waits for an arm, how many that arm has admitted (the static cap's
-    /// calibration: paper 002 rounds DISC's mean admitted counts during admission waiting).
-    fn sample_waiting(&mut self) {
-        for arm in 0..self.cfg.arms.len() {
-            let waiting = match &self.cfg.admission {
-                ProgramAdmission::Disc => self.routers[0].ledger(arm).is_some_and(|l| l.queued() > 0),
-                ProgramAdmission::StaticCap(_) => !self.cap_queue[arm].is_empty(),
-                ProgramAdmission::Immediate => false,
-            };
+    /// Adds the time since the last change of admission state to each arm's waiting integral
+    /// (the static cap's calibration: paper 002 rounds DISC's mean admitted counts during
+    /// admission waiting).
+    fn accumulate_waiting(&mut self, now: f64) {
+        let dt = (now - self.waiting_since).max(0.0);
+        for (acc, &(waiting, admitted)) in self.waiting.iter_mut().zip(&self.waiting_state) {
             if waiting {
-                let running = match &self.cfg.admission {
-                    ProgramAdmission::Disc => self.routers[0].ledger(arm).map_or(0, Ledger::admitted),
-                    _ => self.cap_running[arm],
-                };
-                let s = &mut self.waiting_samples[arm];
-                s.0 += running as f64;
-                s.1 += 1;
+                acc.0 += admitted as f64 * dt;
+                acc.1 += dt;
             }
         }
+        self.waiting_since = now;
+    }
+
+    /// Records each arm's admission state after a change.
+    fn snapshot_waiting(&mut self) {
+        for arm in 0..self.cfg.arms.len() {
+            self.waiting_state[arm] = match &self.cfg.admission {
+                ProgramAdmission::Disc => {
+                    self.routers[0].ledger(arm).map_or((false, 0), |l| (l.queued() > 0, l.admitted()))
+                }
+                ProgramAdmission::StaticCap(_) => (!self.cap_queue[arm].is_empty(), self.cap_running[arm]),
+                ProgramAdmission::Immediate => (false, 0),
+            };
+        }
+    }
+
+    /// Program `i`'s first request went to a replica now.
+    pub fn started(&mut self, i: usize, now: f64) {
+        self.programs[i].started_at.get_or_insert(now);
     }
 
     /// One call of program `i` finished on `arm`: its latency and tokens.
@@ -376,8 +427,10 @@ impl RoutingLayer {
     /// reservation is released; answers the programs admitted now.
     pub fn finished(&mut self, i: usize, peak_tokens: u64, now: f64) -> Result<Vec<usize>, ProgramRoutingError> {
         self.last_finished = self.last_finished.max(now);
+        self.accumulate_waiting(now);
         let p = &mut self.programs[i];
         p.finished = true;
+        p.finished_at = Some(now);
         let (r, arm) = (p.router, p.arm);
         let run_s = now - p.admitted_at.unwrap_or(p.bound_at);
         self.routers[r].finished(i as u64, peak_tokens, run_s)?;
@@ -401,7 +454,7 @@ impl RoutingLayer {
         for &p in &admitted {
             self.programs[p].admitted_at = Some(now);
         }
-        self.sample_waiting();
+        self.snapshot_waiting();
         Ok(admitted)
     }
 
@@ -411,11 +464,12 @@ impl RoutingLayer {
         u < self.cfg.arms[self.programs[i].arm].success
     }
 
-    /// Program `i`'s verdict landed: the learner updates.
-    pub fn verdict(&mut self, i: usize) -> Result<(), ProgramRoutingError> {
+    /// Program `i`'s verdict landed (at `now`): the learner updates.
+    pub fn verdict(&mut self, i: usize, now: f64) -> Result<(), ProgramRoutingError> {
         let success = if self.success(i) { 1.0 } else { 0.0 };
         let p = &mut self.programs[i];
         p.verified = true;
+        p.verified_at = Some(now);
         let (r, cost) = (p.router, p.cost);
         self.routers[r].verdict(i as u64, success, cost)?;
         Ok(())
@@ -439,8 +493,8 @@ impl RoutingLayer {
             .map(|(m, a)| ArmReport {
                 model: a.model.clone(),
                 cache_hit_rate: if self.prompt[m] > 0 { self.cached[m] as f64 / self.prompt[m] as f64 } else { 0.0 },
-                admitted_while_waiting: if self.waiting_samples[m].1 > 0 {
-                    self.waiting_samples[m].0 / self.waiting_samples[m].1 as f64
+                admitted_while_waiting: if self.waiting[m].1 > 0.0 {
+                    self.waiting[m].0 / self.waiting[m].1
                 } else {
                     0.0
                 },
@@ -454,6 +508,8 @@ impl RoutingLayer {
         let mut programs = 0u64;
         let mut wait_sum = 0.0;
         let mut waits = 0u64;
+        let mut start_sum = 0.0;
+        let mut starts = 0u64;
         for (i, p) in self.programs.iter().enumerate() {
             if !p.finished {
                 continue;
@@ -469,7 +525,29 @@ impl RoutingLayer {
                 wait_sum += a - p.bound_at;
                 waits += 1;
             }
+            if let Some(a) = p.started_at {
+                start_sum += a - p.bound_at;
+                starts += 1;
+            }
         }
+        let rows = self
+            .programs
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| p.bound)
+            .map(|(i, p)| ProgramRow {
+                arm: p.arm,
+                slot: p.slot,
+                learner: p.router,
+                batch: p.batch,
+                bound_at: p.bound_at,
+                admitted_at: p.admitted_at,
+                started_at: p.started_at,
+                finished_at: p.finished_at,
+                verified_at: p.verified_at,
+                resolved: self.success(i),
+            })
+            .collect();
         let makespan = self.last_finished - self.first_bound.unwrap_or(0.0);
         let per_hour = |x: u64| if makespan > 0.0 { x as f64 * 3600.0 / makespan } else { 0.0 };
         RoutedRunReport {
@@ -488,8 +566,66 @@ impl RoutingLayer {
             programs_per_hour: per_hour(programs),
             resolved_per_hour: per_hour(resolved),
             mean_admission_wait_s: if waits > 0 { wait_sum / waits as f64 } else { 0.0 },
+            mean_start_wait_s: if starts > 0 { start_sum / starts as f64 } else { 0.0 },
             mean_call_latency_s: if self.calls > 0 { self.call_latency_sum / self.calls as f64 } else { 0.0 },
             arms,
+            rows,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn layer(p_large: f64, p_small: f64) -> RoutingLayer {
+        let arm = |model: &str, success| RoutedArm {
+            model: model.into(),
+            success,
+            prior_peak_tokens: 1_000.0,
+            prior_run_s: 10.0,
+        };
+        let cfg = ProgramRouting {
+            arms: vec![arm("big", p_large), arm("small", p_small)],
+            admission: ProgramAdmission::Immediate,
+            options: RouterOptions { reassign: false, ..RouterOptions::default() },
+            feedback: Feedback::Delayed,
+            verifier_s: 0.0,
+            outcome_seed: 11,
+        };
+        RoutingLayer::new(cfg, &["big", "small"], &[100_000, 100_000], 2_000, 4).unwrap()
+    }
+
+    #[test]
+    fn a_task_the_smaller_model_resolves_the_larger_resolves_too() {
+        let mut l = layer(0.7, 0.44);
+        let (mut big, mut small, mut both) = (0, 0, 0);
+        for i in 0..2_000 {
+            l.programs[i].arm = 0;
+            let on_big = l.success(i);
+            l.programs[i].arm = 1;
+            let on_small = l.success(i);
+            assert!(!on_small || on_big, "task {i}");
+            big += usize::from(on_big);
+            small += usize::from(on_small);
+            both += usize::from(on_big && on_small);
+        }
+        // The rates are the configured ones (2,000 draws: ±3 points is beyond 3 σ).
+        assert!((big as f64 / 2_000.0 - 0.7).abs() < 0.035, "{big}");
+        assert!((small as f64 / 2_000.0 - 0.44).abs() < 0.035, "{small}");
+        assert_eq!(both, small);
+    }
+
+    #[test]
+    fn the_waiting_average_is_time_weighted() {
+        let mut l = layer(0.5, 0.5);
+        l.waiting_state = vec![(true, 1), (false, 0)];
+        l.waiting_since = 0.0;
+        l.accumulate_waiting(10.0);
+        l.waiting_state = vec![(true, 3), (false, 2)];
+        l.accumulate_waiting(20.0);
+        // (1·10 + 3·10) / 20 on the first arm; the second never waited.
+        assert_eq!(l.waiting[0], (40.0, 20.0));
+        assert_eq!(l.waiting[1], (0.0, 0.0));
     }
 }

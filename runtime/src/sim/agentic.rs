@@ -515,7 +515,7 @@ impl Sim<'_> {
     /// once every program of this one is verified.
     fn verdict(&mut self, i: usize) -> Result<(), AgentSimError> {
         let Some(layer) = &mut self.routing else { return Ok(()) };
-        layer.verdict(i)?;
+        layer.verdict(i, self.now)?;
         if layer.feedback() == Feedback::BatchSynchronous && !layer.batch_open() {
             layer.next_batch();
             for slot in 0..self.cfg.workers {
@@ -611,6 +611,9 @@ impl Sim<'_> {
         // instance places among its group).
         debug_assert!(self.routing.as_ref().is_none_or(|l| l.replica_arm[b] == l.arm_of(i)));
         let now = self.now;
+        if let Some(layer) = &mut self.routing {
+            layer.started(i, now);
+        }
         let session = &self.trace.sessions[i];
         let turn = self.sessions[i].turn;
         let prompt = session.prompt_tokens(turn);

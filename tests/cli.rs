@@ -243,3 +243,27 @@ fn bench_verifier_classifies_held_out_tasks_and_times_a_routing_decision() {
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("no/such/dir/gsm8k/test.jsonl"), "{}", String::from_utf8_lossy(&bad.stderr));
 }
+
+#[test]
+fn bench_oracle_programs_prints_one_json_document_and_writes_its_files() {
+    let dir = tempfile::Builder::new().prefix("bench-oracle-programs-").tempdir().expect("tempdir");
+    let out_dir = dir.path().to_str().expect("utf-8 path");
+    let out = switchyard(&[
+        "bench", "oracle", "--only-programs", "--programs", "8", "--program-seeds", "1", "--out", out_dir, "--json",
+    ]);
+    assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+    // One JSON document on stdout, holding the program experiments (the feedback comparison
+    // was skipped).
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON document");
+    assert!(json.get("feedback").is_none());
+    let admission = json.pointer("/programs/admission").and_then(|a| a.as_array()).expect("admission cells");
+    assert!(!admission.is_empty());
+    assert!(admission.iter().all(|c| c["runs"][0]["programs"] == 8), "every program ran");
+    for f in ["oracle-programs.md", "oracle-programs.json", "oracle-programs.svg"] {
+        assert!(dir.path().join(f).exists(), "{f}");
+    }
+    assert!(!dir.path().join("oracle.md").exists());
+    let bad = switchyard(&["bench", "oracle", "--only-programs", "--programs", "0", "--out", out_dir]);
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("--programs"));
+}

@@ -8,7 +8,9 @@ use switchyard_runtime::agentic::{AgentTrace, AgentWorkload, generate};
 use switchyard_runtime::bench::oracle_programs::{self, ProgramsBenchConfig};
 use switchyard_runtime::planner::admission::{SchedulerKind, TaoOptions};
 use switchyard_runtime::planner::routing::{DiscConfig, RouterOptions};
-use switchyard_runtime::sim::agent_routing::{Feedback, ProgramAdmission, ProgramRouting, RoutedArm, RoutedRunReport};
+use switchyard_runtime::sim::agent_routing::{
+    Feedback, Judge, ProgramAdmission, ProgramRouting, RoutedArm, RoutedRunReport,
+};
 use switchyard_runtime::sim::agentic::{
     AgentPoolSpec, AgentReplicaSpec, AgentRunConfig, AgentSimError, run_routed_agents,
 };
@@ -35,6 +37,7 @@ fn routing(admission: ProgramAdmission, reassign: bool, feedback: Feedback) -> P
         options: RouterOptions { disc: DiscConfig::default(), reassign, ..RouterOptions::default() },
         feedback,
         verifier_s: 120.0,
+        judge: None,
         outcome_seed: 7,
     }
 }
@@ -254,12 +257,18 @@ fn the_bench_runs_its_three_experiments() {
         betas: vec![0.0, 1.0],
         seeds: vec![1],
         verifier_s: 60.0,
+        verifier_concurrency: 8,
+        judge_prompt_tokens: 4_096,
+        judge_output_tokens: 128,
+        judge_error: 0.15,
     };
     let r = oracle_programs::run_programs_bench(&cfg, |_| {}).unwrap();
     assert_eq!(r.pools.len(), oracle_programs::DEVICES.len());
     assert_eq!(r.admission.len(), oracle_programs::DEVICES.len() * oracle_programs::SYSTEMS.len());
     assert_eq!(r.feedback.len(), 3);
     assert_eq!(r.beta_sweep.len(), 3);
+    assert_eq!(r.verifiers.len(), 3);
+    assert_eq!(r.verifiers[0].wrong_verdicts, 0.0, "the harness is always right");
     assert!(r.admission.iter().all(|c| c.runs.iter().all(|x| x.programs == 16)));
     // β = 0 never diverts (the rule needs a positive weight on the wait).
     assert_eq!(r.beta_sweep[0].diverted, 0.0);
@@ -267,4 +276,30 @@ fn the_bench_runs_its_three_experiments() {
     assert!(svg.starts_with("<svg") && svg.contains("β = 0") && svg.contains("batch-synchronous"), "{svg:.200}");
     let md = r.markdown();
     assert!(md.contains("ORACLE / ThunderAgent program throughput") && md.contains("delayed / batch-synchronous"));
+}
+
+#[test]
+fn an_llm_judge_is_a_model_call_on_the_pool_and_errs_at_its_rate() {
+    let trace = generate(AgentWorkload::SweLite, 24, 9);
+    let judge = |model: &str, error| Judge { model: model.into(), prompt_tokens: 4_096, output_tokens: 128, error };
+    let mut r = routing(ProgramAdmission::Immediate, false, Feedback::Delayed);
+    r.judge = Some(judge("Qwen3-8B", 0.0));
+    let (a, right) = run_routed_agents(&trace, &pair(), &cfg(SchedulerKind::ThunderAgent, 8), &r).unwrap();
+    // Every program's turns ran, and the judge's calls went to the engines too: one per
+    // program whose end came early enough to be judged before the run ended.
+    assert!(a.requests as usize > trace.turns(), "{} vs {}", a.requests, trace.turns());
+    assert!(a.requests as usize <= trace.turns() + 24);
+    assert_eq!(right.verifier, "judge:Qwen3-8B");
+    assert!(right.verdicts > 0 && right.wrong_verdicts == 0, "{right:?}");
+    // Landed verdicts are judge calls that finished: as many as the extra requests.
+    assert_eq!(right.verdicts as usize, a.requests as usize - trace.turns());
+    r.judge = Some(judge("Qwen3-8B", 1.0));
+    let wrong = run(&trace, SchedulerKind::ThunderAgent, 8, &r);
+    assert!(wrong.verdicts > 0 && wrong.wrong_verdicts == wrong.verdicts, "{wrong:?}");
+    // A judge needs a model of the pool.
+    r.judge = Some(judge("Qwen3-4B", 0.1));
+    assert!(matches!(
+        run_routed_agents(&trace, &pair(), &cfg(SchedulerKind::ThunderAgent, 8), &r),
+        Err(AgentSimError::Routing(_))
+    ));
 }

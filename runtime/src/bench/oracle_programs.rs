@@ -37,12 +37,18 @@ use switchyard_predictor::spec::Dtype;
 use crate::agentic::{AgentTrace, AgentWorkload, generate};
 use crate::planner::admission::{SchedulerKind, TaoOptions};
 use crate::planner::routing::{DiscConfig, RouterOptions};
-use crate::sim::agent_routing::{Feedback, ProgramAdmission, ProgramRouting, RoutedArm, RoutedRunReport};
+use crate::sim::agent_routing::{Feedback, Judge, ProgramAdmission, ProgramRouting, RoutedArm, RoutedRunReport};
 use crate::sim::agentic::{AgentPoolSpec, AgentReplicaSpec, AgentRunConfig, AgentSimError, run_routed_agents};
 
 /// Paper 002 §5.2: the single-model accuracies of its pair (Qwen3.5-9B 44 %, Qwen3.6-27B-FP8 70 %).
 pub const SUCCESS_LARGER: f64 = 0.70;
 pub const SUCCESS_SMALLER: f64 = 0.44;
+
+/// A judge's error rate: Zheng et al. 2023 ("Judging LLM-as-a-Judge with MT-Bench and Chatbot
+/// Arena", NeurIPS Datasets and Benchmarks) measured GPT-4 as a judge agreeing with human
+/// experts on 85 % of the non-tied MT-Bench pairs. An assumption for these judges (a local model
+/// judging agent transcripts is likely to err more).
+pub const JUDGE_ERROR: f64 = 0.15;
 
 /// The models in the two roles.
 pub const LARGER: &str = "Qwen3-32B";
@@ -73,6 +79,12 @@ pub struct ProgramsBenchConfig {
     pub seeds: Vec<u64>,
     /// Modeled verifier time per program (assumption: see the report).
     pub verifier_s: f64,
+    /// Concurrency of the verifier experiment (harness vs LLM judges).
+    pub verifier_concurrency: usize,
+    /// The judges' prompt cap and answer, tokens, and their error rate.
+    pub judge_prompt_tokens: u32,
+    pub judge_output_tokens: u32,
+    pub judge_error: f64,
 }
 
 impl Default for ProgramsBenchConfig {
@@ -85,6 +97,10 @@ impl Default for ProgramsBenchConfig {
             betas: vec![0.0, 0.2, 0.3, 0.5, 1.0],
             seeds: vec![1, 2],
             verifier_s: 120.0,
+            verifier_concurrency: 32,
+            judge_prompt_tokens: 8_192,
+            judge_output_tokens: 256,
+            judge_error: JUDGE_ERROR,
         }
     }
 }
@@ -107,6 +123,8 @@ pub struct ProgramsCell {
     pub mean_admission_wait_s: f64,
     pub mean_start_wait_s: f64,
     pub diverted: f64,
+    /// Share of landed verdicts that were wrong (a judge's errors).
+    pub wrong_verdicts: f64,
     pub makespan_s: f64,
     /// Every seed's run.
     pub runs: Vec<RoutedRunReport>,
@@ -121,6 +139,7 @@ pub struct ProgramsReport {
     pub admission: Vec<ProgramsCell>,
     pub feedback: Vec<ProgramsCell>,
     pub beta_sweep: Vec<ProgramsCell>,
+    pub verifiers: Vec<ProgramsCell>,
 }
 
 /// A pool's calibration: DISC's run-time priors and the static cap fixed from DISC's run.
@@ -167,6 +186,7 @@ struct Setting {
     reassign: bool,
     feedback: Feedback,
     beta: f64,
+    judge: Option<Judge>,
 }
 
 impl Setting {
@@ -178,7 +198,14 @@ impl Setting {
             "admission-only" => (SchedulerKind::ThunderAgent, ProgramAdmission::Disc, false),
             _ => (SchedulerKind::ThunderAgent, ProgramAdmission::Disc, true),
         };
-        Setting { scheduler, admission, reassign, feedback: Feedback::Delayed, beta: DiscConfig::default().beta }
+        Setting {
+            scheduler,
+            admission,
+            reassign,
+            feedback: Feedback::Delayed,
+            beta: DiscConfig::default().beta,
+            judge: None,
+        }
     }
 }
 
@@ -206,6 +233,7 @@ impl Ctx<'_> {
             },
             feedback: s.feedback,
             verifier_s: self.cfg.verifier_s,
+            judge: s.judge.clone(),
             outcome_seed: seed,
         };
         Ok(run_routed_agents(trace, &self.pool, &run_cfg(s.scheduler, workers, seed), &routing)?.1)
@@ -248,6 +276,7 @@ fn mean_cell(pool: &str, system: &str, concurrency: usize, beta: f64, runs: Vec<
         mean_admission_wait_s: m(&|r| r.mean_admission_wait_s),
         mean_start_wait_s: m(&|r| r.mean_start_wait_s),
         diverted: m(&|r| r.arms.iter().map(|a| a.diverted_in as f64).sum()),
+        wrong_verdicts: m(&|r| r.wrong_verdicts as f64 / r.verdicts.max(1) as f64),
         makespan_s: m(&|r| r.makespan_s),
         runs,
     }
@@ -298,6 +327,7 @@ pub fn run_programs_bench(
     let mut admission = Vec::new();
     let mut feedback = Vec::new();
     let mut beta_sweep = Vec::new();
+    let mut verifiers = Vec::new();
     for (k, device) in DEVICES.iter().enumerate() {
         let (ctx, cal) = calibrate(cfg, pool(device), &calibration, c0, &mut progress)?;
         let cap = cal.static_cap;
@@ -325,8 +355,22 @@ pub fn run_programs_bench(
         }
         let s = Setting { feedback: Feedback::Independent, ..Setting::system("thunderagent", cap) };
         beta_sweep.push(ctx.cell("independent", c, &s, &traces, &mut progress)?);
+        // The verifier: the task's harness, or an LLM judge on either model (its calls run on
+        // the pool beside the programs').
+        let c = cfg.verifier_concurrency;
+        verifiers.push(ctx.cell("harness", c, &Setting::system("oracle", cap), &traces, &mut progress)?);
+        for model in [SMALLER, LARGER] {
+            let judge = Judge {
+                model: model.into(),
+                prompt_tokens: cfg.judge_prompt_tokens,
+                output_tokens: cfg.judge_output_tokens,
+                error: cfg.judge_error,
+            };
+            let s = Setting { judge: Some(judge), ..Setting::system("oracle", cap) };
+            verifiers.push(ctx.cell(&format!("judge:{model}"), c, &s, &traces, &mut progress)?);
+        }
     }
-    Ok(ProgramsReport { config: cfg.clone(), prior_peak_tokens: c0, pools, admission, feedback, beta_sweep })
+    Ok(ProgramsReport { config: cfg.clone(), prior_peak_tokens: c0, pools, admission, feedback, beta_sweep, verifiers })
 }
 
 impl ProgramsReport {
@@ -466,6 +510,25 @@ impl ProgramsReport {
             c.calibration_concurrency
         );
         table(&mut o, &self.beta_sweep, "β");
+        let _ = writeln!(
+            o,
+            "### Verifier: the harness or an LLM judge ({}, ORACLE, {} concurrent)\n\n`harness`: the task's own \
+             tests, {:.0} s after the program ends, always right. `judge:<model>`: one call per finished program \
+             on that model's replica, beside the programs' own calls (prompt: the transcript up to {} tokens; \
+             answer {} tokens), its verdict wrong with probability {:.2} (Zheng et al. 2023: GPT-4 agreed with \
+             human experts on 85 % of non-tied MT-Bench pairs; an assumption here).\n",
+            self.pools.first().map_or("", |p| p.pool.name.as_str()),
+            c.verifier_concurrency,
+            c.verifier_s,
+            c.judge_prompt_tokens,
+            c.judge_output_tokens,
+            c.judge_error,
+        );
+        table(&mut o, &self.verifiers, "verifier");
+        let _ = writeln!(o, "Wrong verdicts (share of landed verdicts):");
+        for x in &self.verifiers {
+            let _ = writeln!(o, "- {}: {:.3}", x.system, x.wrong_verdicts);
+        }
         o
     }
 }

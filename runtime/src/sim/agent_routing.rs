@@ -92,10 +92,30 @@ pub struct ProgramRouting {
     pub admission: ProgramAdmission,
     pub options: RouterOptions,
     pub feedback: Feedback,
-    /// Modeled time from a program's end to its verdict (the verifier's run).
+    /// Modeled time from a program's end to its verdict (the verifier's run) when the verifier
+    /// is the task's harness.
     pub verifier_s: f64,
+    /// An LLM judge instead of the harness: its verdict comes from a model call on the pool.
+    pub judge: Option<Judge>,
     /// Seeds the tasks' difficulties.
     pub outcome_seed: u64,
+}
+
+/// An LLM judge as the verifier (paper 002 §4.2.1's LLM-as-a-judge): one call per finished
+/// program on a replica of `model`, submitted to that replica's engine like any other request
+/// (it competes for the batch and the KV cache); its verdict is the truth, flipped with
+/// probability `error` (a deterministic draw per program).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Judge {
+    /// One of the routed models (it must have a replica).
+    pub model: String,
+    /// The judge's prompt: its rubric and the program's transcript, at most this many tokens
+    /// (fewer when the transcript is shorter).
+    pub prompt_tokens: u32,
+    /// Its answer: a short rationale and the verdict.
+    pub output_tokens: u32,
+    /// Probability that a verdict is wrong.
+    pub error: f64,
 }
 
 /// What the program layer refuses.
@@ -117,6 +137,10 @@ pub enum ProgramRoutingError {
     ReassignWithoutLedger,
     #[error("the verifier time must be finite and non-negative")]
     VerifierTime,
+    #[error(
+        "the judge must be one of the routed models, with a non-empty prompt and answer and an error rate within [0, 1]"
+    )]
+    Judge,
     #[error(transparent)]
     Router(#[from] RouterError),
 }
@@ -176,6 +200,11 @@ pub struct RoutedRunReport {
     pub mean_start_wait_s: f64,
     /// Mean time from a request being ready to its last token.
     pub mean_call_latency_s: f64,
+    /// `harness` or `judge:<model>`.
+    pub verifier: String,
+    /// Verdicts that landed, and how many of them were wrong (a judge's errors).
+    pub verdicts: u64,
+    pub wrong_verdicts: u64,
     pub arms: Vec<ArmReport>,
     #[serde(skip)]
     pub rows: Vec<ProgramRow>,
@@ -222,6 +251,9 @@ pub(crate) struct RoutingLayer {
     /// Per arm, since `waiting_since`: whether a program waits, and how many are admitted.
     waiting_state: Vec<(bool, usize)>,
     waiting_since: f64,
+    judge_arm: Option<usize>,
+    verdicts: u64,
+    wrong_verdicts: u64,
 }
 
 fn router(arms: &[RoutedArm], capacity_tokens: &[u64], options: RouterOptions) -> Result<Router, ProgramRoutingError> {
@@ -286,6 +318,16 @@ impl RoutingLayer {
             }
             Feedback::Delayed | Feedback::BatchSynchronous => 1,
         };
+        let judge_arm = match &cfg.judge {
+            None => None,
+            Some(j) => {
+                let arm = cfg.arms.iter().position(|a| a.model == j.model).ok_or(ProgramRoutingError::Judge)?;
+                if j.prompt_tokens == 0 || j.output_tokens == 0 || !(0.0..=1.0).contains(&j.error) {
+                    return Err(ProgramRoutingError::Judge);
+                }
+                Some(arm)
+            }
+        };
         if cfg.options.reassign && cfg.admission != ProgramAdmission::Disc {
             return Err(ProgramRoutingError::ReassignWithoutLedger);
         }
@@ -308,6 +350,9 @@ impl RoutingLayer {
             waiting: vec![(0.0, 0.0); n],
             waiting_state: vec![(false, 0); n],
             waiting_since: 0.0,
+            judge_arm,
+            verdicts: 0,
+            wrong_verdicts: 0,
         })
     }
 
@@ -464,9 +509,22 @@ impl RoutingLayer {
         u < self.cfg.arms[self.programs[i].arm].success
     }
 
-    /// Program `i`'s verdict landed (at `now`): the learner updates.
+    /// The judge and the arm whose replicas run it, when an LLM judge is the verifier.
+    pub fn judge(&self) -> Option<(&Judge, usize)> {
+        Some((self.cfg.judge.as_ref()?, self.judge_arm?))
+    }
+
+    /// Program `i`'s verdict landed (at `now`): the learner updates. A judge's verdict is wrong
+    /// with its error probability.
     pub fn verdict(&mut self, i: usize, now: f64) -> Result<(), ProgramRoutingError> {
-        let success = if self.success(i) { 1.0 } else { 0.0 };
+        let truth = self.success(i);
+        let wrong = self.cfg.judge.as_ref().is_some_and(|j| {
+            let u = (mix(self.cfg.outcome_seed ^ 0x06a7_d6e5, i as u64) >> 11) as f64 / (1u64 << 53) as f64;
+            u < j.error
+        });
+        self.verdicts += 1;
+        self.wrong_verdicts += u64::from(wrong);
+        let success = if truth != wrong { 1.0 } else { 0.0 };
         let p = &mut self.programs[i];
         p.verified = true;
         p.verified_at = Some(now);
@@ -568,6 +626,9 @@ impl RoutingLayer {
             mean_admission_wait_s: if waits > 0 { wait_sum / waits as f64 } else { 0.0 },
             mean_start_wait_s: if starts > 0 { start_sum / starts as f64 } else { 0.0 },
             mean_call_latency_s: if self.calls > 0 { self.call_latency_sum / self.calls as f64 } else { 0.0 },
+            verifier: self.cfg.judge.as_ref().map_or_else(|| "harness".to_string(), |j| format!("judge:{}", j.model)),
+            verdicts: self.verdicts,
+            wrong_verdicts: self.wrong_verdicts,
             arms,
             rows,
         }
@@ -591,6 +652,7 @@ mod tests {
             options: RouterOptions { reassign: false, ..RouterOptions::default() },
             feedback: Feedback::Delayed,
             verifier_s: 0.0,
+            judge: None,
             outcome_seed: 11,
         };
         RoutingLayer::new(cfg, &["big", "small"], &[100_000, 100_000], 2_000, 4).unwrap()

@@ -238,6 +238,8 @@ struct Sim<'a> {
     open: usize,
     /// Request id → session index.
     requests: BTreeMap<u64, usize>,
+    /// A judge's request id → the program it judges.
+    judges: BTreeMap<u64, usize>,
     next_request: u64,
     /// Replicas each scheduler instance places among: one group of every replica, or, with
     /// routed programs, one per routed model.
@@ -370,6 +372,7 @@ fn run(
         next_session: 0,
         open: 0,
         requests: BTreeMap::new(),
+        judges: BTreeMap::new(),
         next_request: 0,
         groups: vec![(0..pool.replicas.len()).collect()],
         rr: vec![RoundRobin::default()],
@@ -401,6 +404,11 @@ fn run(
         let models: Vec<&str> = pool.replicas.iter().map(|r| r.model.as_str()).collect();
         let kv: Vec<u64> = sim.replicas.iter().map(|r| r.kv_tokens).collect();
         let layer = RoutingLayer::new(routing.clone(), &models, &kv, trace.sessions.len(), cfg.workers)?;
+        if let Some((j, _)) = layer.judge()
+            && j.prompt_tokens.saturating_add(j.output_tokens) > max_len
+        {
+            return Err(ProgramRoutingError::Judge.into());
+        }
         let arms = layer.arms();
         sim.groups = (0..arms).map(|a| (0..kv.len()).filter(|&r| layer.replica_arm[r] == a).collect()).collect();
         sim.rr = vec![RoundRobin::default(); arms];
@@ -657,6 +665,33 @@ impl Sim<'_> {
         self.kick(b);
     }
 
+    /// Submits the LLM judge's call for program `i` to the least busy replica of the judge's
+    /// model: a request like any other (its own prompt blocks: the judge's rubric comes first,
+    /// so it shares no cached prefix with the program).
+    fn submit_judge(&mut self, i: usize, arm: usize, prompt: u32, output: u32) -> Result<(), AgentSimError> {
+        let now = self.now;
+        let loads = self.loads();
+        let Some(&b) = self.groups[arm].iter().min_by_key(|&&r| (loads[r].requests, r)) else {
+            return Err(AgentSimError::EmptyPool);
+        };
+        let key = mix(0x06a7_d6e5, i as u64 + 1);
+        let prefix_hashes: Vec<u64> = (0..prompt / BLOCK).map(|k| mix(key, u64::from(k))).collect();
+        let generated_hashes: Vec<u64> =
+            (prompt / BLOCK..(prompt + output) / BLOCK).map(|k| mix(key, u64::from(k))).collect();
+        let id = self.next_request;
+        self.next_request += 1;
+        self.judges.insert(id, i);
+        let r = &mut self.replicas[b];
+        let before = r.scheduled_end;
+        let req = EngineRequest { id, prompt_tokens: prompt, prefix_hashes, generated_hashes, output_tokens: output };
+        r.engine.submit(req, now).map_err(|e| AgentSimError::Replica { index: b, reason: e.to_string() })?;
+        if r.iterating && r.engine.iteration_end() != before {
+            self.retime(b);
+        }
+        self.kick(b);
+        Ok(())
+    }
+
     fn retime(&mut self, b: usize) {
         let r = &mut self.replicas[b];
         if let Some(end) = r.engine.iteration_end() {
@@ -708,7 +743,9 @@ impl Sim<'_> {
                     self.prompt_tokens += u64::from(prompt_tokens);
                     self.cached_tokens += u64::from(cached_prompt_tokens);
                     self.generated += u64::from(output_tokens);
-                    if let Some(i) = self.requests.remove(&id) {
+                    if let Some(i) = self.judges.remove(&id) {
+                        self.verdict(i)?;
+                    } else if let Some(i) = self.requests.remove(&id) {
                         if let Some(layer) = &mut self.routing {
                             let latency = at - self.sessions[i].ready_at;
                             layer.call_finished(i, latency, prompt_tokens, cached_prompt_tokens, output_tokens);
@@ -752,7 +789,13 @@ impl Sim<'_> {
                         // (batch-synchronous dispatch waits for the whole batch's verdicts).
                         let admitted = layer.finished(i, context, at)?;
                         let (verifier_s, feedback, slot) = (layer.verifier_s(), layer.feedback(), layer.slot_of(i));
-                        self.schedule(at + verifier_s, Ev::Verdict { session: i });
+                        match layer.judge().map(|(j, arm)| (j.prompt_tokens, j.output_tokens, arm)) {
+                            None => self.schedule(at + verifier_s, Ev::Verdict { session: i }),
+                            Some((prompt, output, arm)) => {
+                                let prompt = prompt.min(u32::try_from(context).unwrap_or(u32::MAX)).max(1);
+                                self.submit_judge(i, arm, prompt, output)?;
+                            }
+                        }
                         for a in admitted {
                             self.begin(a);
                         }

@@ -451,12 +451,41 @@ fn predictor_eval(train: Option<PathBuf>, test: Option<PathBuf>, json: bool) -> 
     Ok(())
 }
 
+/// Ablation and variant flags that only `joint` reads, set with another policy (they would
+/// silently change nothing), and `--no-sleep` without the sleeping substrate.
+fn joint_flag_problems(args: &RunArgs) -> Vec<String> {
+    let mut problems = Vec::new();
+    let joint_only = [
+        ("--no-fusion", args.no_fusion),
+        ("--no-prefetch", args.no_prefetch),
+        ("--per-workflow-lifecycle", args.per_workflow_lifecycle),
+        ("--no-tao-admission", args.no_tao_admission),
+        ("--resource-order", args.resource_order),
+        ("--history-admission", args.history_admission),
+        ("--no-sleep", args.no_sleep),
+    ];
+    if args.policy != "joint" {
+        for (flag, set) in joint_only {
+            if set {
+                problems.push(format!("{flag}: applies to --policy joint only (this run: --policy {})", args.policy));
+            }
+        }
+    } else if args.no_sleep && !args.sleep {
+        problems.push("--no-sleep: needs --sleep (without it no policy sleeps a replica)".to_string());
+    }
+    problems
+}
+
 fn run(args: RunArgs) -> Result<RunEnd> {
     if let Some(trace) = &args.trace_replay {
         return replay(trace, &args);
     }
     // Bad flags and bad files are reported together (with sound files, by `preflight` below,
     // which also checks the files against the pool).
+    let policy_flags = joint_flag_problems(&args);
+    if !policy_flags.is_empty() {
+        bail!("{}", policy_flags.join("\n"));
+    }
     let workflows = match load_all(&args.workflows) {
         Ok(w) => w,
         Err(e) => {

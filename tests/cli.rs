@@ -267,3 +267,14 @@ fn bench_oracle_programs_prints_one_json_document_and_writes_its_files() {
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("--programs"));
 }
+
+#[test]
+fn joint_only_flags_are_refused_with_another_policy() {
+    let out = switchyard(&["run", "workflows/gsm8k.yaml", "--sessions", "1", "--policy", "parrot", "--no-fusion"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--no-fusion: applies to --policy joint only (this run: --policy parrot)"), "{err}");
+    let out = switchyard(&["run", "workflows/gsm8k.yaml", "--sessions", "1", "--no-sleep"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--no-sleep: needs --sleep"));
+}

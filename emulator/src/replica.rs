@@ -192,6 +192,9 @@ struct Sequence {
     /// Tokens scheduled in the current iteration.
     scheduled: u32,
     blocks: Vec<u32>,
+    /// Blocks of the fixed per-request state ([`EmulatedReplica::set_request_state_tokens`]),
+    /// held while the request is admitted.
+    state: Vec<u32>,
     /// Leading blocks already registered in the prefix cache (or hit from it).
     hashed_blocks: u32,
     cached_prompt_tokens: Option<u32>,
@@ -263,6 +266,8 @@ pub struct EmulatedReplica {
     rng: ChaCha8Rng,
     noise: LogNormal<f64>,
     counters: Counters,
+    /// Blocks each admitted request holds beyond its tokens (0: a dense-attention engine).
+    state_blocks: u32,
 }
 
 impl EmulatedReplica {
@@ -304,7 +309,23 @@ impl EmulatedReplica {
             rng: ChaCha8Rng::seed_from_u64(noise_seed),
             noise,
             counters: Counters::default(),
+            state_blocks: 0,
         })
+    }
+
+    /// Makes every admitted request hold `tokens` token-equivalents of KV (whole blocks)
+    /// beyond its own tokens, for as long as it is admitted: the fixed recurrent state of a
+    /// hybrid-attention model's linear-attention layers, which vLLM's hybrid cache manager
+    /// allocates per running request whatever its length. 0 (the default) is a dense-attention
+    /// engine, whose KV is exactly its tokens. Applies to requests admitted from now on.
+    pub fn set_request_state_tokens(&mut self, tokens: u32) {
+        self.state_blocks = blocks_for(tokens, self.config.block_size);
+    }
+
+    /// Tokens whose KV the running requests hold (their computed tokens; the per-request state
+    /// excluded): with [`Telemetry::kv_blocks_in_use`] an observer can estimate that state.
+    pub fn running_context_tokens(&self) -> u64 {
+        self.running.iter().filter_map(|&s| self.seqs[s].as_ref()).map(|s| u64::from(s.num_computed + s.scheduled)).sum()
     }
 
     pub fn memory_plan(&self) -> &MemoryPlan {
@@ -511,6 +532,7 @@ impl EmulatedReplica {
             num_computed: 0,
             scheduled: 0,
             blocks: Vec::new(),
+            state: Vec::new(),
             hashed_blocks: 0,
             cached_prompt_tokens: None,
             first_scheduled_at: None,
@@ -553,7 +575,7 @@ impl EmulatedReplica {
         self.running.retain(|&s| s != slot);
         self.waiting.retain(|&s| s != slot);
         if let Some(seq) = self.seqs[slot].take() {
-            for &b in seq.blocks.iter().rev() {
+            for &b in seq.blocks.iter().rev().chain(seq.state.iter().rev()) {
                 self.pool.release(b);
             }
             self.ids.remove(&seq.id);
@@ -965,7 +987,8 @@ impl EmulatedReplica {
         }
         let tokens = rest.min(budget);
         let need = blocks_for(hit_tokens + tokens, bs) - hit_blocks;
-        if self.pool.free().saturating_sub(hit_free) < need.saturating_add(reserve) {
+        let state_need = if seq.state.is_empty() { self.state_blocks } else { 0 };
+        if self.pool.free().saturating_sub(hit_free) < need.saturating_add(state_need).saturating_add(reserve) {
             return None;
         }
         self.waiting.pop_front();
@@ -978,6 +1001,11 @@ impl EmulatedReplica {
         for _ in 0..need {
             if let Some(b) = self.pool.allocate() {
                 seq.blocks.push(b);
+            }
+        }
+        for _ in 0..state_need {
+            if let Some(b) = self.pool.allocate() {
+                seq.state.push(b);
             }
         }
         seq.num_computed = hit_tokens;
@@ -1006,10 +1034,11 @@ impl EmulatedReplica {
         let Some(seq) = self.seqs[slot].as_mut() else {
             return;
         };
-        for &b in seq.blocks.iter().rev() {
+        for &b in seq.blocks.iter().rev().chain(seq.state.iter().rev()) {
             self.pool.release(b);
         }
         seq.blocks.clear();
+        seq.state.clear();
         seq.num_computed = 0;
         seq.hashed_blocks = 0;
         seq.scheduled = 0;
@@ -1060,10 +1089,11 @@ impl EmulatedReplica {
             if seq.generated >= seq.output_tokens {
                 seq.done = true;
                 any_done = true;
-                for &b in seq.blocks.iter().rev() {
+                for &b in seq.blocks.iter().rev().chain(seq.state.iter().rev()) {
                     self.pool.release(b);
                 }
                 seq.blocks.clear();
+                seq.state.clear();
                 self.counters.finished += 1;
                 events.push(EngineEvent::Finished {
                     id: seq.id,
@@ -1222,7 +1252,8 @@ mod tests {
                 assert!(s.num_computed + s.scheduled <= s.seq_len());
                 assert!(s.blocks.len() as u32 >= blocks_for(s.num_computed + s.scheduled, bs));
                 assert!(s.generated < s.output_tokens);
-                for &b in &s.blocks {
+                assert_eq!(s.state.len() as u32, self.state_blocks.min(s.state.len() as u32));
+                for &b in s.blocks.iter().chain(&s.state) {
                     assert!(
                         !self.pool.is_free(b),
                         "block {b} of a running request is in the free queue"
@@ -1234,7 +1265,7 @@ mod tests {
                 let s = self.seqs[slot]
                     .as_ref()
                     .expect("waiting slot holds a sequence");
-                assert!(s.blocks.is_empty() && s.num_computed == 0);
+                assert!(s.blocks.is_empty() && s.state.is_empty() && s.num_computed == 0);
             }
             assert_eq!(
                 referenced.len() as u32,
@@ -1294,6 +1325,51 @@ mod tests {
             assert_eq!(decodes, usize::from(mixes), "{name}");
             r.check_invariants();
         }
+    }
+
+    /// A hybrid-attention engine's per-request state: each admitted request holds its blocks
+    /// beyond its tokens while it runs (an observer sees them as usage above the running
+    /// contexts), they return to the pool when it finishes, and with them fewer requests run
+    /// at once.
+    #[test]
+    fn a_per_request_state_is_held_while_admitted_and_crowds_the_cache() {
+        let run = |state_tokens: u32| {
+            let mut r = awake_tiny(5, 64);
+            r.set_request_state_tokens(state_tokens);
+            let total = r.memory_plan().kv_blocks;
+            // Requests whose tokens alone fit the cache together.
+            let n = (total / (blocks_for(1100, 16) + 2)).min(8) as u64;
+            for id in 0..n {
+                let req = EngineRequest { id, prompt_tokens: 1000, prefix_hashes: Vec::new(), generated_hashes: Vec::new(), output_tokens: 100 };
+                r.submit(req, 0.0).unwrap();
+            }
+            let mut now = 0.0;
+            let mut max_excess = 0u64;
+            let mut max_running = 0usize;
+            while let Some(end) = r.start_iteration(now) {
+                r.check_invariants();
+                let t = r.telemetry();
+                max_running = max_running.max(t.running);
+                if t.running > 0 && t.preemptions == 0 {
+                    let used = u64::from(t.kv_blocks_in_use) * 16;
+                    let ctx = r.running_context_tokens();
+                    max_excess = max_excess.max((used - ctx) / t.running as u64);
+                }
+                now = end;
+                r.finish_iteration(now);
+            }
+            let t = r.telemetry();
+            assert_eq!(t.kv_blocks_in_use, 0, "every block returned");
+            (max_running, max_excess, total, n)
+        };
+        let (dense_running, dense_excess, total, n) = run(0);
+        assert_eq!(dense_running as u64, n, "the dense engine runs every request at once");
+        assert!(dense_excess < 16, "a dense request holds its tokens' blocks only: {dense_excess}");
+        // A state that leaves room for about half the requests at once.
+        let state = (total / n as u32) * 16;
+        let (hybrid_running, hybrid_excess, _, _) = run(state);
+        assert!(hybrid_excess >= u64::from(state), "{hybrid_excess} < {state}");
+        assert!(hybrid_running < dense_running, "{hybrid_running} vs {dense_running}");
     }
 
     /// V0 preempts a decoding request by recompute when a decode needs a block and none is

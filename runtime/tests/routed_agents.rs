@@ -21,7 +21,7 @@ fn cfg(scheduler: SchedulerKind, workers: usize) -> AgentRunConfig {
 
 /// The bench's H100 pair: Qwen3-32B (fp8) and Qwen3-8B (bf16).
 fn pair() -> AgentPoolSpec {
-    oracle_programs::pool("H100-80GB")
+    oracle_programs::pool("H100-80GB", 0)
 }
 
 fn routing(admission: ProgramAdmission, reassign: bool, feedback: Feedback) -> ProgramRouting {
@@ -235,6 +235,7 @@ fn refusals_are_typed() {
         tensor_parallel: 1,
         max_model_len: 40_960,
         dtype: Dtype::Bf16,
+        request_state_tokens: 0,
     });
     let err = run_routed_agents(&trace, &pool, &cfg(SchedulerKind::CacheAware, 2), &ok).unwrap_err();
     assert!(err.to_string().contains("Qwen3-4B"), "{err}");
@@ -263,8 +264,8 @@ fn the_bench_runs_its_three_experiments() {
         judge_error: 0.15,
     };
     let r = oracle_programs::run_programs_bench(&cfg, |_| {}).unwrap();
-    assert_eq!(r.pools.len(), oracle_programs::DEVICES.len());
-    assert_eq!(r.admission.len(), oracle_programs::DEVICES.len() * oracle_programs::SYSTEMS.len());
+    assert_eq!(r.pools.len(), oracle_programs::POOLS.len());
+    assert_eq!(r.admission.len(), oracle_programs::POOLS.len() * oracle_programs::SYSTEMS.len());
     assert_eq!(r.feedback.len(), 3);
     assert_eq!(r.beta_sweep.len(), 3);
     assert_eq!(r.verifiers.len(), 3);
@@ -302,4 +303,33 @@ fn an_llm_judge_is_a_model_call_on_the_pool_and_errs_at_its_rate() {
         run_routed_agents(&trace, &pair(), &cfg(SchedulerKind::ThunderAgent, 8), &r),
         Err(AgentSimError::Routing(_))
     ));
+}
+
+#[test]
+fn disc_learns_the_per_request_state_a_hybrid_engine_holds() {
+    // Dense engines: the excess over the running tokens is block rounding (less the shared
+    // prefix, clamped at 0); hybrid ones hold their state per running request.
+    let trace = generate(AgentWorkload::SweLite, 24, 10);
+    let r = routing(ProgramAdmission::Disc, false, Feedback::Delayed);
+    let dense = run(&trace, SchedulerKind::ThunderAgent, 12, &r);
+    assert!(dense.allowance_tokens.iter().all(|&a| (0.0..32.0).contains(&a)), "{:?}", dense.allowance_tokens);
+    let hybrid = run_routed_agents(
+        &trace,
+        &oracle_programs::pool("H100-80GB", 4_096),
+        &cfg(SchedulerKind::ThunderAgent, 12),
+        &r,
+    )
+    .unwrap()
+    .1;
+    // The ledger finds most of it: the sessions' shared system prompt is one set of blocks in
+    // the engine but counts once per request in the running tokens, which pulls the estimate
+    // below the state (the paper's ledger, too, converged below its offline measurement).
+    assert!(
+        hybrid.allowance_tokens.iter().all(|&a| (2_000.0..4_096.0 + 32.0).contains(&a)),
+        "{:?}",
+        hybrid.allowance_tokens
+    );
+    // Without the ledger there is nothing that learns it.
+    let free = routing(ProgramAdmission::Immediate, false, Feedback::Delayed);
+    assert!(run(&trace, SchedulerKind::ThunderAgent, 12, &free).allowance_tokens.is_empty());
 }

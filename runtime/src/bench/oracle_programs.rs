@@ -149,25 +149,37 @@ pub struct PoolCalibration {
     /// D₀ per model (larger, smaller), seconds.
     pub prior_run_s: [f64; 2],
     pub static_cap: [usize; 2],
+    /// DISC's learned per-request allowance δ̂ per model at the end of the calibration run.
+    pub allowance_tokens: Vec<f64>,
 }
 
-/// The two-model pool on two GPUs of `device`.
-pub fn pool(device: &str) -> AgentPoolSpec {
+/// The two-model pool on two GPUs of `device`, each running request holding
+/// `request_state_tokens` of KV beyond its tokens (0: Qwen3's dense attention).
+pub fn pool(device: &str, request_state_tokens: u32) -> AgentPoolSpec {
     let replica = |model: &str, dtype| AgentReplicaSpec {
         model: model.into(),
         device: device.into(),
         tensor_parallel: 1,
         max_model_len: MAX_MODEL_LEN,
         dtype,
+        request_state_tokens,
     };
-    AgentPoolSpec {
-        name: format!("2x {device}"),
-        replicas: vec![replica(LARGER, Dtype::Fp8), replica(SMALLER, Dtype::Bf16)],
-    }
+    let name = if request_state_tokens == 0 {
+        format!("2x {device}")
+    } else {
+        format!("2x {device}, {request_state_tokens}-token state")
+    };
+    AgentPoolSpec { name, replicas: vec![replica(LARGER, Dtype::Fp8), replica(SMALLER, Dtype::Bf16)] }
 }
 
-/// The pools the experiments run on (feedback and β on the first).
-pub const DEVICES: [&str; 2] = ["H100-80GB", "H200-141GB"];
+/// The per-request state paper 002 measured on its hybrid-attention engines (Appendix B.2:
+/// "3.6–4.7k token-equivalents per running request"), the midpoint: the counterfactual pool
+/// asks what DISC gains when the engines hold it, on Qwen3's dense cost model otherwise.
+pub const HYBRID_STATE_TOKENS: u32 = 4_150;
+
+/// The pools the experiments run on (device, per-request state tokens; feedback and β on the
+/// first).
+pub const POOLS: [(&str, u32); 3] = [("H100-80GB", 0), ("H200-141GB", 0), ("H100-80GB", HYBRID_STATE_TOKENS)];
 
 fn arms(c0: f64, d0: [f64; 2]) -> Vec<RoutedArm> {
     vec![
@@ -309,7 +321,7 @@ fn calibrate<'a>(
         "oracle programs: {} calibrated: D0 {:.0} / {:.0} s, static cap {}/{}",
         pool.name, d0[0], d0[1], cap[0], cap[1]
     ));
-    Ok((ctx, PoolCalibration { pool, prior_run_s: d0, static_cap: cap }))
+    Ok((ctx, PoolCalibration { pool, prior_run_s: d0, static_cap: cap, allowance_tokens: disc.allowance_tokens }))
 }
 
 /// Runs the three experiments; `progress` is told each finished run.
@@ -328,8 +340,8 @@ pub fn run_programs_bench(
     let mut feedback = Vec::new();
     let mut beta_sweep = Vec::new();
     let mut verifiers = Vec::new();
-    for (k, device) in DEVICES.iter().enumerate() {
-        let (ctx, cal) = calibrate(cfg, pool(device), &calibration, c0, &mut progress)?;
+    for (k, &(device, state)) in POOLS.iter().enumerate() {
+        let (ctx, cal) = calibrate(cfg, pool(device, state), &calibration, c0, &mut progress)?;
         let cap = cal.static_cap;
         pools.push(cal);
         for &c in &cfg.concurrency {
@@ -423,12 +435,21 @@ impl ProgramsReport {
             self.prior_peak_tokens,
             c.calibration_concurrency,
         );
-        let _ = writeln!(o, "| pool | D₀ {LARGER} s | D₀ {SMALLER} s | static cap |\n|---|---:|---:|---|");
+        let _ = writeln!(
+            o,
+            "| pool | D₀ {LARGER} s | D₀ {SMALLER} s | static cap | DISC's learned δ̂ (tokens per running request) |\n|---|---:|---:|---|---|"
+        );
         for p in &self.pools {
+            let d: Vec<String> = p.allowance_tokens.iter().map(|a| format!("{a:.0}")).collect();
             let _ = writeln!(
                 o,
-                "| {} | {:.0} | {:.0} | {}/{} |",
-                p.pool.name, p.prior_run_s[0], p.prior_run_s[1], p.static_cap[0], p.static_cap[1]
+                "| {} | {:.0} | {:.0} | {}/{} | {} |",
+                p.pool.name,
+                p.prior_run_s[0],
+                p.prior_run_s[1],
+                p.static_cap[0],
+                p.static_cap[1],
+                d.join(" / ")
             );
         }
         let _ = writeln!(o);

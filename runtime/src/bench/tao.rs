@@ -54,6 +54,7 @@ pub fn pool_qwen32b_tp2x4() -> AgentPoolSpec {
                 tensor_parallel: 2,
                 max_model_len: 40_960,
                 dtype: Dtype::Bf16,
+                request_state_tokens: 0,
             })
             .collect(),
     }
@@ -70,6 +71,7 @@ pub fn pool_qwen14b_a100x4() -> AgentPoolSpec {
                 tensor_parallel: 1,
                 max_model_len: 40_960,
                 dtype: Dtype::Bf16,
+                request_state_tokens: 0,
             })
             .collect(),
     }

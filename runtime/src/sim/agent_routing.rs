@@ -206,6 +206,8 @@ pub struct RoutedRunReport {
     pub verdicts: u64,
     pub wrong_verdicts: u64,
     pub arms: Vec<ArmReport>,
+    /// DISC's learned per-request allowance δ̂ per arm at the end of the run (tokens).
+    pub allowance_tokens: Vec<f64>,
     #[serde(skip)]
     pub rows: Vec<ProgramRow>,
 }
@@ -453,6 +455,18 @@ impl RoutingLayer {
         }
     }
 
+    /// An engine usage observation of `arm`'s replicas (DISC only: the ledger's allowance).
+    pub fn observe_usage(&mut self, arm: usize, used_tokens: u64, context_tokens: u64, running: u32) {
+        if self.cfg.admission == ProgramAdmission::Disc {
+            self.routers[0].observe_usage(arm, used_tokens, context_tokens, running);
+        }
+    }
+
+    /// DISC's learned per-request allowance δ̂ per arm (0 without the ledger).
+    pub fn allowances(&self) -> Vec<f64> {
+        (0..self.cfg.arms.len()).map(|m| self.routers[0].ledger(m).map_or(0.0, Ledger::allowance)).collect()
+    }
+
     /// Program `i`'s first request went to a replica now.
     pub fn started(&mut self, i: usize, now: f64) {
         self.programs[i].started_at.get_or_insert(now);
@@ -630,6 +644,7 @@ impl RoutingLayer {
             verdicts: self.verdicts,
             wrong_verdicts: self.wrong_verdicts,
             arms,
+            allowance_tokens: if self.cfg.admission == ProgramAdmission::Disc { self.allowances() } else { Vec::new() },
             rows,
         }
     }

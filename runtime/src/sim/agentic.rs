@@ -72,6 +72,9 @@ pub struct AgentReplicaSpec {
     pub max_model_len: u32,
     /// Weights' (and KV cache's) format.
     pub dtype: Dtype,
+    /// KV token-equivalents each running request holds beyond its tokens (a hybrid-attention
+    /// model's per-request state, `EmulatedReplica::set_request_state_tokens`); 0: dense.
+    pub request_state_tokens: u32,
 }
 
 /// A pool of identical or mixed replicas.
@@ -321,6 +324,7 @@ fn run(
         config.tensor_parallel = r.tensor_parallel;
         let seed = crate::values::derive_seed(cfg.noise_seed, &["agentic", &index.to_string()]);
         let mut engine = EmulatedReplica::new(device, model, config, seed).map_err(|e| bad(e.to_string()))?;
+        engine.set_request_state_tokens(r.request_state_tokens);
         let until = engine.begin_load(0.0).map_err(|e| bad(e.to_string()))?;
         engine.finish_transition(until);
         ready_at = ready_at.max(until);
@@ -456,6 +460,7 @@ impl Sim<'_> {
                     }
                 }
                 Ev::Tick => {
+                    self.observe_usage();
                     // Running requests sampled every SERIES_STEP_S (Figure 4's series).
                     self.ticks += 1;
                     if (self.ticks - 1).is_multiple_of(SERIES_STEP_TICKS) {
@@ -663,6 +668,24 @@ impl Sim<'_> {
             self.retime(b);
         }
         self.kick(b);
+    }
+
+    /// DISC's usage observation, once per tick: per routed model, the KV its replicas hold
+    /// against the running requests' tokens (the ledger learns the per-request allowance δ̂
+    /// from the excess while the engines are not saturated).
+    fn observe_usage(&mut self) {
+        let Some(layer) = &mut self.routing else { return };
+        for (arm, group) in self.groups.iter().enumerate() {
+            let (mut used, mut context, mut running) = (0u64, 0u64, 0u32);
+            for &r in group {
+                let engine = &self.replicas[r].engine;
+                let t = engine.telemetry();
+                used += u64::from(t.kv_blocks_in_use) * u64::from(BLOCK);
+                context += engine.running_context_tokens();
+                running += t.running as u32;
+            }
+            layer.observe_usage(arm, used, context, running);
+        }
     }
 
     /// Submits the LLM judge's call for program `i` to the least busy replica of the judge's

@@ -222,6 +222,12 @@ impl Router {
         Ok(())
     }
 
+    /// An engine usage observation for `model`'s backend ([`Ledger::observe_usage`]): whether
+    /// it taught the allowance.
+    pub fn observe_usage(&mut self, model: usize, used_tokens: u64, context_tokens: u64, running: u32) -> bool {
+        self.ledgers.get_mut(model).is_some_and(|l| l.observe_usage(used_tokens, context_tokens, running))
+    }
+
     pub fn options(&self) -> RouterOptions {
         self.options
     }

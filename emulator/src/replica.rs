@@ -21,6 +21,13 @@
 //! that admitted a prefill holds no decode; otherwise all running requests decode, preempting
 //! the most recently admitted by recompute when a block is missing.
 //!
+//! Per-request state (off by default): [`EmulatedReplica::set_request_state_tokens`] makes each
+//! admitted request hold a fixed number of blocks beyond its tokens, taken at its admission and
+//! returned at its end or preemption — the recurrent state a hybrid-attention model's
+//! linear-attention layers keep per running request, which vLLM's hybrid cache manager
+//! allocates from the same pool. A dense-attention engine (every shipped Qwen3 model) holds
+//! none.
+//!
 //! A request is a sequence of `prompt + generated` tokens; an iteration computes some of the
 //! not-yet-computed ones, and when it reaches the end of the sequence the model samples one
 //! more token. The same rule covers prefill chunks, decodes and recomputation after

@@ -464,7 +464,13 @@ fn joint_flag_problems(args: &RunArgs) -> Vec<String> {
         ("--history-admission", args.history_admission),
         ("--no-sleep", args.no_sleep),
     ];
-    if args.policy != "joint" {
+    if args.trace_replay.is_some() {
+        for (flag, set) in joint_only {
+            if set {
+                problems.push(format!("{flag}: not read with --trace-replay (agent sessions run under --scheduler)"));
+            }
+        }
+    } else if args.policy != "joint" {
         for (flag, set) in joint_only {
             if set {
                 problems.push(format!("{flag}: applies to --policy joint only (this run: --policy {})", args.policy));
@@ -477,15 +483,15 @@ fn joint_flag_problems(args: &RunArgs) -> Vec<String> {
 }
 
 fn run(args: RunArgs) -> Result<RunEnd> {
+    let policy_flags = joint_flag_problems(&args);
+    if !policy_flags.is_empty() {
+        bail!("{}", policy_flags.join("\n"));
+    }
     if let Some(trace) = &args.trace_replay {
         return replay(trace, &args);
     }
     // Bad flags and bad files are reported together (with sound files, by `preflight` below,
     // which also checks the files against the pool).
-    let policy_flags = joint_flag_problems(&args);
-    if !policy_flags.is_empty() {
-        bail!("{}", policy_flags.join("\n"));
-    }
     let workflows = match load_all(&args.workflows) {
         Ok(w) => w,
         Err(e) => {

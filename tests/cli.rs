@@ -277,4 +277,7 @@ fn joint_only_flags_are_refused_with_another_policy() {
     let out = switchyard(&["run", "workflows/gsm8k.yaml", "--sessions", "1", "--no-sleep"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--no-sleep: needs --sleep"));
+    let out = switchyard(&["run", "--trace-replay", "workflows/traces/swe-lite-sample.jsonl", "--no-prefetch"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--no-prefetch: not read with --trace-replay"));
 }

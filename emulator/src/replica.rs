@@ -324,9 +324,29 @@ impl EmulatedReplica {
     /// beyond its own tokens, for as long as it is admitted: the fixed recurrent state of a
     /// hybrid-attention model's linear-attention layers, which vLLM's hybrid cache manager
     /// allocates per running request whatever its length. 0 (the default) is a dense-attention
-    /// engine, whose KV is exactly its tokens. Applies to requests admitted from now on.
-    pub fn set_request_state_tokens(&mut self, tokens: u32) {
-        self.state_blocks = blocks_for(tokens, self.config.block_size);
+    /// engine, whose KV is exactly its tokens. Refused while requests are in flight, and when
+    /// one `max_model_len` sequence with its state would not fit the cache (vLLM refuses to
+    /// start such an engine).
+    pub fn set_request_state_tokens(&mut self, tokens: u32) -> Result<(), EmulatorError> {
+        let state = blocks_for(tokens, self.config.block_size);
+        if self.in_flight() > 0 {
+            return Err(EmulatorError::InvalidConfig {
+                field: "request_state_tokens",
+                value: tokens.to_string(),
+                reason: "cannot change while requests are in flight",
+            });
+        }
+        if u64::from(blocks_for(self.config.max_model_len, self.config.block_size)) + u64::from(state)
+            > u64::from(self.plan.kv_blocks)
+        {
+            return Err(EmulatorError::InvalidConfig {
+                field: "request_state_tokens",
+                value: tokens.to_string(),
+                reason: "a max_model_len sequence and its state do not fit the KV cache",
+            });
+        }
+        self.state_blocks = state;
+        Ok(())
     }
 
     /// Tokens whose KV the running requests hold (their computed tokens; the per-request state
@@ -1259,7 +1279,7 @@ mod tests {
                 assert!(s.num_computed + s.scheduled <= s.seq_len());
                 assert!(s.blocks.len() as u32 >= blocks_for(s.num_computed + s.scheduled, bs));
                 assert!(s.generated < s.output_tokens);
-                assert_eq!(s.state.len() as u32, self.state_blocks.min(s.state.len() as u32));
+                assert_eq!(s.state.len() as u32, self.state_blocks, "a running request holds the state");
                 for &b in s.blocks.iter().chain(&s.state) {
                     assert!(
                         !self.pool.is_free(b),
@@ -1342,7 +1362,7 @@ mod tests {
     fn a_per_request_state_is_held_while_admitted_and_crowds_the_cache() {
         let run = |state_tokens: u32| {
             let mut r = awake_tiny(5, 64);
-            r.set_request_state_tokens(state_tokens);
+            r.set_request_state_tokens(state_tokens).unwrap();
             let total = r.memory_plan().kv_blocks;
             // Requests whose tokens alone fit the cache together.
             let n = (total / (blocks_for(1100, 16) + 2)).min(8) as u64;
@@ -1377,6 +1397,13 @@ mod tests {
         let (hybrid_running, hybrid_excess, _, _) = run(state);
         assert!(hybrid_excess >= u64::from(state), "{hybrid_excess} < {state}");
         assert!(hybrid_running < dense_running, "{hybrid_running} vs {dense_running}");
+        // Refused: a state that leaves no room for one max_model_len sequence, and any change
+        // while requests are in flight.
+        let mut r = awake_tiny(5, 64);
+        let total = r.memory_plan().kv_blocks;
+        assert!(r.set_request_state_tokens(total * 16).is_err());
+        r.submit(EngineRequest { id: 1, prompt_tokens: 10, prefix_hashes: Vec::new(), generated_hashes: Vec::new(), output_tokens: 5 }, 0.0).unwrap();
+        assert!(r.set_request_state_tokens(16).is_err());
     }
 
     /// V0 preempts a decoding request by recompute when a decode needs a block and none is
@@ -1541,8 +1568,11 @@ mod tests {
             seed in any::<u64>(),
             max_num_seqs in 2u32..64,
             v0 in any::<bool>(),
+            state in prop::sample::select(vec![0u32, 100, 1000]),
         ) {
             let mut r = if v0 { awake_tiny_v0(seed, max_num_seqs) } else { awake_tiny(seed, max_num_seqs) };
+            // A hybrid engine's per-request state too (checked by `check_invariants` at every step).
+            r.set_request_state_tokens(state).unwrap();
             let total_blocks = r.memory_plan().kv_blocks;
             // Requests arrive in groups: `gap` iterations after the previous one.
             let mut now = 0.0;

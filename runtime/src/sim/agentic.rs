@@ -324,7 +324,7 @@ fn run(
         config.tensor_parallel = r.tensor_parallel;
         let seed = crate::values::derive_seed(cfg.noise_seed, &["agentic", &index.to_string()]);
         let mut engine = EmulatedReplica::new(device, model, config, seed).map_err(|e| bad(e.to_string()))?;
-        engine.set_request_state_tokens(r.request_state_tokens);
+        engine.set_request_state_tokens(r.request_state_tokens).map_err(|e| bad(e.to_string()))?;
         let until = engine.begin_load(0.0).map_err(|e| bad(e.to_string()))?;
         engine.finish_transition(until);
         ready_at = ready_at.max(until);
@@ -762,13 +762,17 @@ impl Sim<'_> {
                     }
                 }
                 EngineEvent::Finished { id, at, prompt_tokens, cached_prompt_tokens, output_tokens } => {
+                    // A judge's call is the verifier's work, not the sessions': the routed
+                    // report counts it (`verdicts`), the sessions' totals do not.
+                    if let Some(i) = self.judges.remove(&id) {
+                        self.verdict(i)?;
+                        continue;
+                    }
                     self.n_requests += 1;
                     self.prompt_tokens += u64::from(prompt_tokens);
                     self.cached_tokens += u64::from(cached_prompt_tokens);
                     self.generated += u64::from(output_tokens);
-                    if let Some(i) = self.judges.remove(&id) {
-                        self.verdict(i)?;
-                    } else if let Some(i) = self.requests.remove(&id) {
+                    if let Some(i) = self.requests.remove(&id) {
                         if let Some(layer) = &mut self.routing {
                             let latency = at - self.sessions[i].ready_at;
                             layer.call_finished(i, latency, prompt_tokens, cached_prompt_tokens, output_tokens);

@@ -567,15 +567,17 @@ pub fn programs_svg(r: &ProgramsReport) -> Result<String, String> {
     let palette = crate::report::timeline::PALETTE;
     let mut svg = String::new();
     {
-        let root = SVGBackend::with_string(&mut svg, (1350, 430)).into_drawing_area();
+        let root = SVGBackend::with_string(&mut svg, (1100, 860)).into_drawing_area();
         root.fill(&WHITE).map_err(|e| s(&e))?;
-        let panels = root.split_evenly((1, 3));
+        let panels = root.split_evenly((2, 2));
         // Panels (a) and (b): lines of programs/h over concurrency.
         let lines = |area: &DrawingArea<SVGBackend<'_>, plotters::coord::Shift>,
                      title: &str,
                      cells: &[ProgramsCell],
+                     pool: &str,
                      names: &[&str]|
          -> Result<(), String> {
+            let cells: Vec<&ProgramsCell> = cells.iter().filter(|c| c.pool == pool).collect();
             let xs: Vec<usize> = {
                 let mut v: Vec<usize> = cells.iter().map(|c| c.concurrency).collect();
                 v.sort_unstable();
@@ -602,7 +604,7 @@ pub fn programs_svg(r: &ProgramsReport) -> Result<String, String> {
                 let color = palette[k % palette.len()];
                 let mut pts: Vec<(f64, f64)> = cells
                     .iter()
-                    .filter(|c| c.system == *name && c.pool == pool)
+                    .filter(|c| c.system == *name)
                     .map(|c| (c.concurrency as f64, c.programs_per_hour))
                     .collect();
                 pts.sort_by(|a, b| a.0.total_cmp(&b.0));
@@ -622,21 +624,28 @@ pub fn programs_svg(r: &ProgramsReport) -> Result<String, String> {
                 .map_err(|e| s(&e))?;
             Ok(())
         };
-        lines(&panels[0], &format!("(a) admission · {pool}"), &r.admission, &SYSTEMS)?;
+        lines(&panels[0], &format!("(a) admission · {pool}"), &r.admission, &pool, &SYSTEMS)?;
+        // The pool with the per-request state of paper 002's hybrid engines, when it ran.
+        let hybrid = r.pools.iter().find(|p| p.pool.replicas.iter().any(|x| x.request_state_tokens > 0));
+        if let Some(h) = hybrid {
+            let name = h.pool.name.clone();
+            lines(&panels[1], &format!("(b) admission · {name}"), &r.admission, &name, &SYSTEMS)?;
+        }
         lines(
-            &panels[1],
-            &format!("(b) feedback · {pool}"),
+            &panels[2],
+            &format!("(c) feedback · {pool}"),
             &r.feedback,
+            &pool,
             &[Feedback::Delayed.name(), Feedback::BatchSynchronous.name(), Feedback::Independent.name()],
         )?;
-        // Panel (c): resolved tasks against throughput, one point per β (and independent).
+        // Panel (d): resolved tasks against throughput, one point per β (and independent).
         let cells = &r.beta_sweep;
         let xmax = cells.iter().map(|c| c.programs_per_hour).fold(1.0, f64::max) * 1.15;
         let xmin = cells.iter().map(|c| c.programs_per_hour).fold(f64::INFINITY, f64::min).min(xmax) * 0.85;
         let ymin = cells.iter().map(|c| c.resolved).fold(f64::INFINITY, f64::min).min(1e9) - 3.0;
         let ymax = cells.iter().map(|c| c.resolved).fold(0.0, f64::max) + 3.0;
-        let mut chart = ChartBuilder::on(&panels[2])
-            .caption(format!("(c) β sweep · {} concurrent", r.config.calibration_concurrency), ("sans-serif", 15))
+        let mut chart = ChartBuilder::on(&panels[3])
+            .caption(format!("(d) β sweep · {} concurrent", r.config.calibration_concurrency), ("sans-serif", 15))
             .margin(12)
             .x_label_area_size(34)
             .y_label_area_size(50)

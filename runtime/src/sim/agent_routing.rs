@@ -226,8 +226,6 @@ struct Program {
     started_at: Option<f64>,
     finished_at: Option<f64>,
     verified_at: Option<f64>,
-    finished: bool,
-    verified: bool,
     cost: f64,
 }
 
@@ -372,7 +370,7 @@ impl RoutingLayer {
 
     /// Whether a program of the current batch is unfinished or unverified.
     pub fn batch_open(&self) -> bool {
-        self.programs.iter().any(|p| p.bound && p.batch == self.batch && !p.verified)
+        self.programs.iter().any(|p| p.bound && p.batch == self.batch && p.verified_at.is_none())
     }
 
     /// Starts a new batch (batch-synchronous dispatch).
@@ -488,7 +486,6 @@ impl RoutingLayer {
         self.last_finished = self.last_finished.max(now);
         self.accumulate_waiting(now);
         let p = &mut self.programs[i];
-        p.finished = true;
         p.finished_at = Some(now);
         let (r, arm) = (p.router, p.arm);
         let run_s = now - p.admitted_at.unwrap_or(p.bound_at);
@@ -540,7 +537,6 @@ impl RoutingLayer {
         self.wrong_verdicts += u64::from(wrong);
         let success = if truth != wrong { 1.0 } else { 0.0 };
         let p = &mut self.programs[i];
-        p.verified = true;
         p.verified_at = Some(now);
         let (r, cost) = (p.router, p.cost);
         self.routers[r].verdict(i as u64, success, cost)?;
@@ -583,7 +579,7 @@ impl RoutingLayer {
         let mut start_sum = 0.0;
         let mut starts = 0u64;
         for (i, p) in self.programs.iter().enumerate() {
-            if !p.finished {
+            if p.finished_at.is_none() {
                 continue;
             }
             programs += 1;

@@ -549,7 +549,9 @@ impl Sim<'_> {
                 let g = self.group_of(i);
                 let loads = self.group_loads(g);
                 let mut req = self.route_request(i);
-                req.overlap_tokens = self.groups[g].iter().map(|&r| req.overlap_tokens[r]).collect();
+                if self.routing.is_some() {
+                    req.overlap_tokens = self.groups[g].iter().map(|&r| req.overlap_tokens[r]).collect();
+                }
                 let local = match self.cfg.scheduler {
                     SchedulerKind::RoundRobin => self.rr[g].route(&loads),
                     SchedulerKind::CacheAware => CacheAware.route(&req, &loads),
@@ -599,6 +601,10 @@ impl Sim<'_> {
     /// The loads of group `g`'s replicas, in the group's order.
     fn group_loads(&self, g: usize) -> Vec<ReplicaLoad> {
         let all = self.loads();
+        if self.routing.is_none() {
+            // One group of every replica, in order.
+            return all;
+        }
         self.groups[g].iter().map(|&r| all[r].clone()).collect()
     }
 

@@ -143,6 +143,11 @@ struct RunArgs {
     /// if outputs run longer, as under the baselines).
     #[arg(long)]
     history_admission: bool,
+    /// Ablation (joint only): no drain-to-reclaim — by default, when the model that finishes
+    /// last finds no device, a busy redundant copy of a more flexible model on a device it can
+    /// use stops taking new units and is reclaimed once its admitted units finish.
+    #[arg(long)]
+    no_drain: bool,
     /// Ablation (joint only): with `--sleep`, never put a replica to sleep (unload it); by
     /// default joint sleeps a replica it reclaims when its model has predicted next use and a
     /// sleep plus a wake costs less than a teardown plus a cold load.
@@ -462,6 +467,7 @@ fn joint_flag_problems(args: &RunArgs) -> Vec<String> {
         ("--no-tao-admission", args.no_tao_admission),
         ("--resource-order", args.resource_order),
         ("--history-admission", args.history_admission),
+        ("--no-drain", args.no_drain),
         ("--no-sleep", args.no_sleep),
     ];
     if args.trace_replay.is_some() {
@@ -527,6 +533,7 @@ fn run(args: RunArgs) -> Result<RunEnd> {
             history_admission: args.history_admission,
             sleep: !args.no_sleep,
             tao_admission: !args.no_tao_admission,
+            drain: !args.no_drain,
         },
         predictor: args.predictor.clone(),
         tool_workers: args.tool_workers,

@@ -95,10 +95,18 @@ pub struct Variant {
 
 impl Variant {
     /// Runs of variants with the same key are the same simulation.
-    fn key(&self) -> (String, [bool; 8], String) {
+    fn key(&self) -> (String, [bool; 9], String) {
         let o = self.options;
-        let JointOptions { fusion, prefetch, shared_lifecycle, resource_order, history_admission, sleep, tao_admission } =
-            o;
+        let JointOptions {
+            fusion,
+            prefetch,
+            shared_lifecycle,
+            resource_order,
+            history_admission,
+            sleep,
+            tao_admission,
+            drain,
+        } = o;
         let flags = [
             fusion,
             prefetch,
@@ -107,6 +115,7 @@ impl Variant {
             history_admission,
             sleep,
             tao_admission,
+            drain,
             self.sleep_substrate,
         ];
         (self.policy.clone(), flags, self.predictor.clone())
@@ -199,6 +208,7 @@ impl BenchConfig {
                 ("resource-order", JointOptions { resource_order: true, ..full }),
                 ("history-admission", JointOptions { history_admission: true, ..full }),
                 ("no-tao-admission", JointOptions { tao_admission: false, ..full }),
+                ("no-drain", JointOptions { drain: false, ..full }),
             ];
             for (label, options) in ablated {
                 v.push(Variant {
@@ -431,7 +441,7 @@ pub fn run_bench(cfg: &BenchConfig, progress: &(dyn Fn(usize, usize) + Sync)) ->
     let variants = cfg.variants();
     // One simulation per distinct (policy, options, predictor): a substitution equal to the
     // default predictor reuses the joint runs.
-    let mut keys: Vec<(String, [bool; 8], String)> = Vec::new();
+    let mut keys: Vec<(String, [bool; 9], String)> = Vec::new();
     let mut owner: Vec<usize> = Vec::new();
     let mut key_of: Vec<usize> = Vec::new();
     for (i, v) in variants.iter().enumerate() {
@@ -786,6 +796,7 @@ mod tests {
                 "resource-order",
                 "history-admission",
                 "no-tao-admission",
+                "no-drain",
                 "predictor:oracle",
                 "predictor:formula",
                 "sleep:parrot",
@@ -796,21 +807,23 @@ mod tests {
         );
         // The oracle substitution is the joint run itself; the formula one is not, and neither
         // is a variant that differs only in an option (every option is part of the key).
-        assert_eq!(v[2].key(), v[9].key());
-        assert_ne!(v[2].key(), v[10].key());
+        assert_eq!(v[2].key(), v[10].key());
+        assert_ne!(v[2].key(), v[11].key());
+        assert_ne!(v[2].key(), v[9].key());
         assert_ne!(v[2].key(), v[6].key());
         assert_ne!(v[2].key(), v[7].key());
         assert_ne!(v[2].key(), v[8].key());
         assert!(!v[3].options.fusion && v[3].options.prefetch && v[3].options.shared_lifecycle);
         assert!(!v[5].options.shared_lifecycle);
         assert!(!v[8].options.tao_admission && v[8].options.fusion);
+        assert!(!v[9].options.drain && v[9].options.tao_admission && v[2].options.drain);
         // The sleep rows run on the substrate that sleeps: never the same simulation as the
         // rows above, and joint's `--no-sleep` differs from joint there.
-        assert!(v[11..].iter().all(|x| x.sleep_substrate && x.kind == VariantKind::Sleep));
-        assert!(v[..11].iter().all(|x| !x.sleep_substrate));
-        assert_ne!(v[2].key(), v[13].key());
-        assert_ne!(v[13].key(), v[14].key());
-        assert!(!v[14].options.sleep);
+        assert!(v[12..].iter().all(|x| x.sleep_substrate && x.kind == VariantKind::Sleep));
+        assert!(v[..12].iter().all(|x| !x.sleep_substrate));
+        assert_ne!(v[2].key(), v[14].key());
+        assert_ne!(v[14].key(), v[15].key());
+        assert!(!v[15].options.sleep);
     }
 
     #[test]

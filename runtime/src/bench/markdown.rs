@@ -287,7 +287,9 @@ fn figure7(out: &mut String, report: &BenchReport) {
          departure from §3.3, off in the full policy (KV admission against each node's recent P90 \
          output instead of its configured limit); `no-tao-admission`: ready units take resident \
          replicas first-fit in rank order instead of by TAO's dynamic program (paper 000: cache \
-         credit, tool-return readiness, tokens); `predictor:NAME`: the full \
+         credit, tool-return readiness, tokens); `no-drain`: no drain-to-reclaim (a busy redundant \
+         copy of a flexible model is never stopped from taking units so that a more constrained \
+         model finishing last can have its device once its leases end); `predictor:NAME`: the full \
          policy planning with that predictor. Δ: change against the full `{OURS}` (positive = worse).\n"
     );
     header(out, "variant", arrivals, &["makespan s", "p95 s", "×LB", "Δ makespan", "Δ p95"]);

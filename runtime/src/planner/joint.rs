@@ -79,6 +79,17 @@ pub struct JointOptions {
     /// decayed cache credit, tool-return readiness and token footprint
     /// ([`Joint::tao_admit`]); off (`--no-tao-admission`): ranked first-fit on the timeline.
     pub tao_admission: bool,
+    /// Drain-to-reclaim, our reading of a reclaim on the committed timeline (Eq. 7 and 10: a
+    /// reclamation starts after the units leased on its victim, and nothing is placed on the
+    /// victim after it): when the deployment that finishes last can gain no replica on a free
+    /// or idle device, a busy redundant copy of a more flexible deployment (eligible on more
+    /// devices; resource ordering, §2.3) on a device it can use stops taking new units. It
+    /// becomes lease-free at its units' predicted finish, and the scale-out then reclaims it
+    /// like any idle redundant copy, for whichever deployment gains most at that time. Taken
+    /// only when Eq. 12 over the plan gains: the last deployment's Ĉ_F falls by 1 −
+    /// [`SCALE_OUT_GAIN`] with that device after the drain, teardown and load, and the donor,
+    /// one copy fewer, still finishes first. On in the full policy; `--no-drain` is its ablation.
+    pub drain: bool,
 }
 
 impl Default for JointOptions {
@@ -91,6 +102,7 @@ impl Default for JointOptions {
             history_admission: false,
             sleep: true,
             tao_admission: true,
+            drain: true,
         }
     }
 }
@@ -145,6 +157,9 @@ pub struct Joint {
     tool_calls: BTreeMap<ActivationId, ToolCall>,
     /// TAO admission's solver (its tables are reused between solves).
     solver: Solver,
+    /// Replicas draining for another deployment ([`JointOptions::drain`]): they take no new
+    /// unit (a fused chain keeps its own grant) until the scale-out reclaims them.
+    draining: BTreeMap<ReplicaId, DeploymentId>,
 }
 
 /// A TAO admission candidate: a ready unit, or a near-ready unit whose tool is about to return.
@@ -216,6 +231,7 @@ impl Joint {
             tool_history: ToolHistory::new(),
             tool_calls: BTreeMap::new(),
             solver: Solver::new(),
+            draining: BTreeMap::new(),
         }
     }
 
@@ -272,7 +288,11 @@ impl Joint {
             let per_token = dep.kv_bytes_per_token.max(1);
             let replicas: Vec<(ReplicaId, u64)> = state
                 .replicas_of(d)
-                .filter(|r| r.phase == ReplicaPhase::Awake && (r.leases.len() as u64) < u64::from(dep.max_num_seqs))
+                .filter(|r| {
+                    r.phase == ReplicaPhase::Awake
+                        && (r.leases.len() as u64) < u64::from(dep.max_num_seqs)
+                        && !self.draining.contains_key(&r.id)
+                })
                 .map(|r| (r.id, Self::kv_capacity(state, r).saturating_sub(self.kv_in_use(r.id)) / per_token))
                 .collect();
             if replicas.is_empty() {
@@ -512,6 +532,9 @@ impl Joint {
                 return true; // the chain's own grant
             }
         }
+        if self.draining.contains_key(&r.id) {
+            return false;
+        }
         let limit = state.deployment(r.deployment).map(|d| d.max_num_seqs).unwrap_or(0) as usize;
         r.leases.len() < limit && self.kv_in_use(r.id) + self.kv_reservation(state, w) <= Self::kv_capacity(state, r)
     }
@@ -647,6 +670,61 @@ impl Joint {
             .collect();
         v.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.total_cmp(&b.1)).then(a.2.total_cmp(&b.2)).then(a.3.cmp(&b.3)));
         v.into_iter().map(|x| (x.3, x.4, x.5)).collect()
+    }
+
+    /// The busy redundant copy whose device, once its admitted units finish (lease-safe), torn
+    /// down and loaded with `d`, brings `d`'s Ĉ_F furthest forward — by at least 1 −
+    /// [`SCALE_OUT_GAIN`] from `current` — while its own deployment, one copy fewer, still
+    /// finishes by then (Eq. 12 over the plan). `needs_of` gives a deployment's ready and
+    /// near-ready work.
+    #[allow(clippy::too_many_arguments)]
+    fn drain_candidate(
+        &self,
+        state: &PlannerState,
+        base: &BTreeMap<DeploymentId, Vec<Lane>>,
+        d: DeploymentId,
+        all: &[Need],
+        current: f64,
+        needs_of: impl Fn(DeploymentId) -> Vec<Need>,
+        now: f64,
+    ) -> Option<ReplicaId> {
+        let dep = state.deployment(d)?;
+        let eligible_count = |e: DeploymentId| state.devices().iter().filter(|h| state.eligible(e, h.id)).count();
+        let own_eligible = eligible_count(d);
+        let mut best: Option<(f64, ReplicaId)> = None;
+        for g in state.devices().iter().filter(|g| state.eligible(d, g.id)) {
+            for r in state.replicas_on(g.id) {
+                // Only a more flexible model gives way (resource ordering, §2.3).
+                if r.deployment == d || r.phase != ReplicaPhase::Awake || r.is_idle() {
+                    continue;
+                }
+                if eligible_count(r.deployment) <= own_eligible {
+                    continue;
+                }
+                let stays = state
+                    .replicas_of(r.deployment)
+                    .filter(|o| o.id != r.id && !self.draining.contains_key(&o.id))
+                    .count();
+                if stays == 0 || state.free_bytes(g.id) + r.claim_bytes < dep.claim_bytes(g) {
+                    continue;
+                }
+                let Some(own) = base.get(&r.deployment) else { continue };
+                let Some(lane) = own.iter().find(|l| l.replica == Some(r.id)) else { continue };
+                let drained = lane.last_finish().unwrap_or(now).max(now);
+                let ready = drained + PLANNER_TEARDOWN_S + self.est.load_time(dep, g);
+                let mut with = base.get(&d).cloned().unwrap_or_default();
+                with.push(Self::new_lane(dep, g, ready));
+                let split = self.completion(state, d, &with, all, now);
+                if !(split < now + (current - now) * SCALE_OUT_GAIN) || best.is_some_and(|(b, _)| b <= split) {
+                    continue;
+                }
+                let rest: Vec<Lane> = own.iter().filter(|l| l.replica != Some(r.id)).cloned().collect();
+                if self.completion(state, r.deployment, &rest, &needs_of(r.deployment), now) <= split {
+                    best = Some((split, r.id));
+                }
+            }
+        }
+        best.map(|b| b.1)
     }
 
     /// Best lifecycle binding for deployment `d` serving `units`: (device, victims, Ĉ_F, H_life).
@@ -850,6 +928,21 @@ impl Policy for Joint {
     }
 
     fn plan(&mut self, state: &mut PlannerState, now: f64, out: &mut Vec<Command>) {
+        // A drain lasts while its replica exists, its target still has ready work and another
+        // copy of its own deployment keeps serving.
+        if !self.draining.is_empty() {
+            let queued: BTreeSet<DeploymentId> = state.queue().iter().map(|w| w.deployment).collect();
+            let marks: Vec<(ReplicaId, DeploymentId)> = self.draining.iter().map(|(r, d)| (*r, *d)).collect();
+            for (r, d) in marks {
+                let keep = state.replica(r).is_some_and(|rv| {
+                    queued.contains(&d)
+                        && state.replicas_of(rv.deployment).any(|o| o.id != r && !self.draining.contains_key(&o.id))
+                });
+                if !keep {
+                    self.draining.remove(&r);
+                }
+            }
+        }
         // Propagate's lanes: every replica, seeded with the units admitted to it.
         let mut lanes: BTreeMap<DeploymentId, Vec<Lane>> = BTreeMap::new();
         for r in state.replicas() {
@@ -915,6 +1008,9 @@ impl Policy for Joint {
                 let Some(r) = lane.replica.and_then(|id| state.replica(id)) else {
                     continue;
                 };
+                if self.draining.contains_key(&r.id) {
+                    continue;
+                }
                 awake_exists |= r.phase == ReplicaPhase::Awake;
                 if r.phase != ReplicaPhase::Awake && !self.covered_by_load(r, &w) {
                     continue;
@@ -1043,6 +1139,11 @@ impl Policy for Joint {
             let current = self.completion(state, d, base.get(&d).map_or(&[][..], |v| &v[..]), &all, now);
             demand.insert(d, (all, current));
         }
+        // A drained replica that is idle now is lease-free: the scale-out below may reclaim it
+        // like any idle redundant copy, for whichever deployment gains most now.
+        if self.opts.drain {
+            self.draining.retain(|id, _| state.replica(*id).is_some_and(|r| !r.is_idle()));
+        }
         loop {
             // (current Ĉ_F, Ĉ_F with the new replica, deployment, device, victims)
             let mut pick: Option<(f64, f64, DeploymentId, DeviceId, Vec<ReplicaId>)> = None;
@@ -1124,6 +1225,31 @@ impl Policy for Joint {
             for e in changed {
                 if let Some((all, current)) = demand.get_mut(&e) {
                     *current = self.completion(state, e, base.get(&e).map_or(&[][..], |v| &v[..]), all, now);
+                }
+            }
+        }
+
+        // Drain-to-reclaim (`JointOptions::drain`), after the scale-out: if the deployment that
+        // finishes last found no device, a busy redundant copy on a device it is eligible for
+        // stops taking units, when Eq. 12 over the plan gains once it has drained.
+        if self.opts.drain {
+            let targets: BTreeSet<DeploymentId> = self.draining.values().copied().collect();
+            let last = demand
+                .iter()
+                .filter(|(d, _)| self.substrate.below_cap(state, **d) && !targets.contains(d))
+                .max_by(|a, b| a.1.1.total_cmp(&b.1.1).then(b.0.cmp(a.0)))
+                .map(|(d, (all, current))| (*d, all.clone(), *current));
+            if let Some((d, all, current)) = last {
+                let needs_of = |e: DeploymentId| match demand.get(&e) {
+                    Some((a, _)) => a.clone(),
+                    None => {
+                        let mut n = ready_needs.get(&e).cloned().unwrap_or_default();
+                        n.extend(near_of(self, state, e));
+                        n
+                    }
+                };
+                if let Some(r) = self.drain_candidate(state, &base, d, &all, current, needs_of, now) {
+                    self.draining.insert(r, d);
                 }
             }
         }
@@ -1539,6 +1665,52 @@ mod tests {
         assert_eq!(p.state().replicas_of(DeploymentId(0)).count(), 1, "the last 4B copy stays");
     }
 
+    #[test]
+    fn drain_stops_feeding_a_busy_redundant_copy_and_reclaims_it_once_its_units_finish() {
+        // Three A100s and a V100 (where the 4B fits and the 14B does not). Forty long Qwen3-4B
+        // units get two replicas on A100s and run; sixty more 4B units queue behind them and forty
+        // long Qwen3-14B units arrive: the 14B loads on the free A100 and can gain no other device
+        // (both A100 4B copies are busy). With drain, one of them takes no new unit; when its
+        // units finish it is reclaimed for a second 14B replica while the other copies serve the
+        // 4B queue. Without drain both keep serving the 4B queue.
+        let long = |s: u32, d: u32| WorkItem { max_output_tokens: 8192, envelope: (500, 8192), ..item(s, 0, d, 0) };
+        let loads_of = |cmds: &[Command], d: u32| {
+            cmds.iter()
+                .filter(|c| matches!(c, Command::Load { deployment, .. } if *deployment == DeploymentId(d)))
+                .count()
+        };
+        let unloads = |cmds: &[Command]| cmds.iter().filter(|c| matches!(c, Command::Unload { .. })).count();
+        for drain in [false, true] {
+            let devices = ["A100-40GB", "A100-40GB", "A100-40GB", "V100-32GB"];
+            let mut p = planner(&devices, JointOptions { drain, ..Default::default() });
+            let cmds = p.handle_all((0..40).map(|s| Event::UnitReady(long(s, 0))).collect(), 0.0).unwrap();
+            assert_eq!(loads(&cmds), 2, "{cmds:?}");
+            let loaded =
+                vec![Event::ReplicaLoaded { replica: ReplicaId(0) }, Event::ReplicaLoaded { replica: ReplicaId(1) }];
+            let mut running = dispatches(&p.handle_all(loaded, 10.0).unwrap());
+            assert_eq!(running.len(), 40);
+            let mut arrivals: Vec<Event> = (100..160).map(|s| Event::UnitReady(long(s, 0))).collect();
+            arrivals.extend((200..240).map(|s| Event::UnitReady(long(s, 3))));
+            let cmds = p.handle_all(arrivals, 20.0).unwrap();
+            assert_eq!(loads_of(&cmds, 3), 1, "the 14B loads on the free A100: {cmds:?}");
+            running.extend(dispatches(&cmds));
+            let done = running
+                .iter()
+                .map(|(a, r)| Event::UnitFinished { activation: *a, replica: *r, output_tokens: 8000 })
+                .collect();
+            let cmds = p.handle_all(done, 92.0).unwrap();
+            let fed = |r: u32| dispatches(&cmds).iter().filter(|g| g.1 == ReplicaId(r)).count();
+            if drain {
+                assert_eq!((fed(0), unloads(&cmds), loads_of(&cmds, 3)), (0, 1, 1), "{cmds:?}");
+                assert!(fed(1) > 0, "the other 4B copy serves the queue: {cmds:?}");
+                assert!(p.state().replica(ReplicaId(0)).is_none(), "the drained copy is reclaimed");
+            } else {
+                assert!(fed(0) > 0 && fed(1) > 0, "{cmds:?}");
+                assert_eq!((unloads(&cmds), loads_of(&cmds, 3)), (0, 0), "{cmds:?}");
+            }
+        }
+    }
+
     /// Forty long Qwen3-8B units on two A100s: two replicas, each full after its first wave at
     /// t = 10. Returns the planner and the grants.
     fn two_full_replicas(opts: JointOptions) -> (Planner, Vec<(ActivationId, ReplicaId)>) {
@@ -1618,7 +1790,8 @@ mod tests {
             let tool = ActivationId { session: a.session, index: 1 };
             let next_turn = ActivationId { session: a.session, index: 2 };
             let prior = Some(PriorContext { activation: a, tokens: 4096 });
-            let near_turn = NearReadyItem { max_output_tokens: 8192, prior_context: prior, ..near(a.session.0, 2, 1, tool) };
+            let near_turn =
+                NearReadyItem { max_output_tokens: 8192, prior_context: prior, ..near(a.session.0, 2, 1, tool) };
             let events = vec![
                 Event::UnitFinished { activation: a, replica: r, output_tokens: 8000 },
                 Event::ToolStarted { activation: tool, predicted_s: 2.0, workflow: 0, node: 7 },
@@ -1644,8 +1817,7 @@ mod tests {
 
     #[test]
     fn cache_credit_decays_and_is_lost_with_the_replica_s_cache() {
-        let devices: Vec<DeviceInfo> =
-            vec![DeviceInfo { id: DeviceId(0), spec: spec::device("A100-40GB").unwrap() }];
+        let devices: Vec<DeviceInfo> = vec![DeviceInfo { id: DeviceId(0), spec: spec::device("A100-40GB").unwrap() }];
         let state = PlannerState::new(devices, Vec::new());
         let mut j = Joint::new(JointOptions::default(), Box::new(Fixed));
         let r = ReplicaId(0);

@@ -66,6 +66,11 @@ impl Lane {
         self.used += kv;
     }
 
+    /// Predicted finish of the last unit on the lane (`None` when it holds none).
+    pub fn last_finish(&self) -> Option<f64> {
+        self.active.last().map(|a| a.0)
+    }
+
     /// Units on the lane (admitted or placed) that have not finished by `t`.
     pub fn running_at(&self, t: f64) -> usize {
         self.active.len() - self.active.partition_point(|a| a.0 <= t)

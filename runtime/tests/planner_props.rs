@@ -9,7 +9,12 @@
 //!   replica's claim for the teardown and a sleeper's for its sleep, then the sleep remainder,
 //!   and starts a load or wake only after the device's earlier teardowns and sleeps, as the real
 //!   shells do;
-//! - every unit whose deployment fits some device completes (nothing is lost).
+//! - every unit whose deployment fits some device completes (nothing is lost), unless it is
+//!   the second turn of a session whose first turn fits no device.
+//!
+//! Qwen3-14B is among the models: it fits only the A100 of the pool's device kinds (and no
+//! device at all in some pools). These short units did not make the joint planner drain in 200 cases when checked; its
+//! drain-to-reclaim is tested in `planner::joint`'s unit tests.
 //!
 //! Units come in sessions of two turns: the second turn's prompt starts with the first's (its
 //! prior context, the joint planner's TAO cache credit) and may wait on a tool call first (a
@@ -44,7 +49,7 @@ impl Estimates for Fixed {
     }
 }
 
-const MODELS: [&str; 4] = ["Qwen3-0.6B", "Qwen3-1.7B", "Qwen3-4B", "Qwen3-8B"];
+const MODELS: [&str; 5] = ["Qwen3-0.6B", "Qwen3-1.7B", "Qwen3-4B", "Qwen3-8B", "Qwen3-14B"];
 const DEVICES: [&str; 3] = ["A100-40GB", "V100-32GB", "L4"];
 
 #[derive(Debug, Clone)]
@@ -310,7 +315,8 @@ fn run(case: &Case) -> Result<(), TestCaseError> {
         }
     }
     for (i, u) in case.units.iter().enumerate() {
-        if fits[u.1] {
+        // A second turn is ready only once its first turn ran.
+        if fits[u.1] && (!second(i) || fits[case.units[i - 1].1]) {
             prop_assert!(finished.contains(&i), "unit {i} (deployment {}) never completed", u.1);
         }
     }

@@ -13,8 +13,8 @@
 //!   the second turn of a session whose first turn fits no device.
 //!
 //! Qwen3-14B is among the models: it fits only the A100 of the pool's device kinds (and no
-//! device at all in some pools). These short units did not make the joint planner drain in 200 cases when checked; its
-//! drain-to-reclaim is tested in `planner::joint`'s unit tests.
+//! device at all in some pools). These short units did not make the joint planner drain in
+//! 200 cases when checked; its drain-to-reclaim is tested in `planner::joint`'s unit tests.
 //!
 //! Units come in sessions of two turns: the second turn's prompt starts with the first's (its
 //! prior context, the joint planner's TAO cache credit) and may wait on a tool call first (a

@@ -694,10 +694,10 @@ impl Joint {
         let mut best: Option<(f64, ReplicaId)> = None;
         for g in state.devices().iter().filter(|g| state.eligible(d, g.id)) {
             for r in state.replicas_on(g.id) {
-                // Only a more flexible model gives way (resource ordering, §2.3).
                 if r.deployment == d || r.phase != ReplicaPhase::Awake || r.is_idle() {
                     continue;
                 }
+                // Only a more flexible model gives way (resource ordering, §2.3).
                 if eligible_count(r.deployment) <= own_eligible {
                     continue;
                 }

@@ -94,31 +94,9 @@ pub struct Variant {
 }
 
 impl Variant {
-    /// Runs of variants with the same key are the same simulation.
-    fn key(&self) -> (String, [bool; 9], String) {
-        let o = self.options;
-        let JointOptions {
-            fusion,
-            prefetch,
-            shared_lifecycle,
-            resource_order,
-            history_admission,
-            sleep,
-            tao_admission,
-            drain,
-        } = o;
-        let flags = [
-            fusion,
-            prefetch,
-            shared_lifecycle,
-            resource_order,
-            history_admission,
-            sleep,
-            tao_admission,
-            drain,
-            self.sleep_substrate,
-        ];
-        (self.policy.clone(), flags, self.predictor.clone())
+    /// Runs of variants with the same key are the same simulation (every option is in it).
+    fn key(&self) -> (String, JointOptions, bool, String) {
+        (self.policy.clone(), self.options, self.sleep_substrate, self.predictor.clone())
     }
 }
 
@@ -441,7 +419,7 @@ pub fn run_bench(cfg: &BenchConfig, progress: &(dyn Fn(usize, usize) + Sync)) ->
     let variants = cfg.variants();
     // One simulation per distinct (policy, options, predictor): a substitution equal to the
     // default predictor reuses the joint runs.
-    let mut keys: Vec<(String, [bool; 9], String)> = Vec::new();
+    let mut keys: Vec<(String, JointOptions, bool, String)> = Vec::new();
     let mut owner: Vec<usize> = Vec::new();
     let mut key_of: Vec<usize> = Vec::new();
     for (i, v) in variants.iter().enumerate() {

@@ -7,8 +7,8 @@
 //!   that runtime is installed: `python -I -S -B /work/job.py`, 512 MiB of linear memory, the
 //!   timeout as epoch deadline, only the work directory visible, no sockets;
 //! * otherwise in the host's python3 under the [`ProcessSandbox`] (`python3 -I -S -B job.py`,
-//!   512 MiB of address space, 10 processes, 5 s of CPU), and the outcome's `sandbox_note` says
-//!   that this is a fallback and why. The note is the same on every call, so a report that
+//!   512 MiB of address space, 10 processes, the timeout as CPU limit too), and the outcome's
+//!   `sandbox_note` says that this is a fallback and why. The note is the same on every call, so a report that
 //!   collects distinct notes (the simulator's) states it once.
 //!
 //! `SWITCHYARD_PYTHON_SANDBOX=auto|wasm|process` overrides the choice. Must not depend on the
@@ -321,9 +321,15 @@ impl PythonTests {
         )
     }
 
-    /// The limits of a run: the timeout as wall limit, the rest from [`SandboxLimits::default`].
+    /// The limits of a run: the timeout as wall limit and as CPU limit (rounded up: a job given
+    /// 20 s may spend them computing, as MBPP task 123's reference needs about 6 s of CPU), the
+    /// rest from [`SandboxLimits::default`]. At the default timeout both are the specification's 5 s.
     pub fn limits(&self) -> SandboxLimits {
-        SandboxLimits { wall_time: Duration::from_secs_f64(self.timeout_s), ..SandboxLimits::default() }
+        SandboxLimits {
+            wall_time: Duration::from_secs_f64(self.timeout_s),
+            cpu_seconds: (self.timeout_s.ceil() as u64).max(1),
+            ..SandboxLimits::default()
+        }
     }
 }
 

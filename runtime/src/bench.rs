@@ -26,6 +26,7 @@ mod paper;
 pub mod motivation;
 pub mod oracle;
 pub mod oracle_programs;
+pub mod oracle_replay;
 pub mod tao;
 pub mod predictor_eval;
 pub mod verifier;

@@ -22,7 +22,12 @@
 //! fixed seed. Cost is not matched by construction: the report gives both configurations' cost
 //! and their ratio, and says whether the accuracy difference holds at no higher cost.
 //!
-//! Depends on `sim` and `exec`; nothing else depends on it.
+//! The steady state: each route member's single-model runs of the same traces give every task's
+//! outcome and cost per member, over which `bench::oracle_replay` replays the core's learner
+//! with the paper's frontier protocol (Appendix E: random orders, eight passes, the last scored,
+//! matched cost at the midpoint between single-model costs, stratified task bootstrap).
+//!
+//! Depends on `sim`, `exec` and `planner::routing`; nothing else depends on it.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -31,8 +36,10 @@ use std::sync::Arc;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
+use super::oracle_replay::{self, ReplayOptions, ReplayReport, ReplayTask};
 use crate::exec::routing::RoutingConfig;
 use crate::exec::{Arrival, PoolSpec, RunConfig};
+use crate::planner::routing::{learner_context, router_features};
 use crate::sim::{self, Flow, SimOptions};
 use crate::workflow::{NodeKind, load_workflow};
 
@@ -91,6 +98,9 @@ pub struct OracleReport {
     pub cost_scale: f64,
     /// The cost-weight sweep: (a, adaptive, single verifier), means over the seeds.
     pub sweep: Vec<(f64, FeedbackSide, FeedbackSide)>,
+    /// The steady state: the learner replayed over the single-model runs' per-task outcomes
+    /// (paper 002 Appendix E's frontier protocol).
+    pub replay: ReplayReport,
 }
 
 /// Cost weights of the sweep (a subset of Appendix B.4's {0, 0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 3}).
@@ -149,10 +159,23 @@ fn config(
     })
 }
 
-/// One run's per-session scores (by session id) and its side of the report.
+/// One run's per-session scores (by session id), its side of the report, and its routed
+/// programs with their outcome by their own verifier.
 struct RunResult {
     scores: BTreeMap<u32, f64>,
     side: FeedbackSide,
+    programs: Vec<ProgramOutcome>,
+}
+
+/// A routed program of a run: its task, its workflow's own verifier, its outcome by that
+/// verifier (0 or 1) and its compute cost.
+struct ProgramOutcome {
+    session: u32,
+    workflow: u32,
+    task: String,
+    own_verifier: String,
+    success: f64,
+    cost: f64,
 }
 
 fn run_one(cfg: &RunConfig) -> Result<RunResult, OracleBenchError> {
@@ -160,6 +183,23 @@ fn run_one(cfg: &RunConfig) -> Result<RunResult, OracleBenchError> {
         .map_err(|e| OracleBenchError::Run(e.to_string()))?;
     let r = &out.report;
     let scores: BTreeMap<u32, f64> = out.sessions.iter().map(|s| (s.session.0, s.score.unwrap_or(0.0))).collect();
+    let outcomes = out
+        .programs
+        .iter()
+        .filter_map(|p| {
+            let spec = cfg.workflows.get(p.workflow as usize)?;
+            let own = crate::exec::routing::workflow_verifier(spec)?;
+            let score = scores.get(&p.session).copied();
+            Some(ProgramOutcome {
+                session: p.session,
+                workflow: p.workflow,
+                task: p.task.clone(),
+                own_verifier: own.to_string(),
+                success: crate::exec::routing::verdict(spec, score, own),
+                cost: p.cost,
+            })
+        })
+        .collect();
     let accuracy = scores.values().sum::<f64>() / scores.len().max(1) as f64;
     let accuracy_per_workflow = r.workflows.iter().map(|(k, w)| (k.clone(), w.accuracy.unwrap_or(0.0))).collect();
     let mut model_share: BTreeMap<String, BTreeMap<String, f64>> = BTreeMap::new();
@@ -181,7 +221,7 @@ fn run_one(cfg: &RunConfig) -> Result<RunResult, OracleBenchError> {
         model_share,
         right_verifier: right as f64 / programs.max(1) as f64,
     };
-    Ok(RunResult { scores, side })
+    Ok(RunResult { scores, side, programs: outcomes })
 }
 
 fn mean_sides(sides: &[FeedbackSide]) -> FeedbackSide {
@@ -256,14 +296,18 @@ pub fn run(c: &OracleBenchConfig) -> Result<OracleReport, OracleBenchError> {
     let single_verifier = mean_sides(&narrow);
     // The fixed policies, then the reward's scale from the largest one (not from a routed run).
     let mut fixed = BTreeMap::new();
+    let mut single_model_programs: Vec<Vec<Vec<ProgramOutcome>>> = Vec::new();
     for m in MEMBERS {
-        let sides = c
-            .seeds
-            .iter()
-            .map(|&seed| run_one(&config(&c.root, c, seed, RoutingConfig::default(), Some(m))?).map(|r| r.side))
-            .collect::<Result<Vec<_>, _>>()?;
+        let (mut sides, mut programs) = (Vec::new(), Vec::new());
+        for &seed in &c.seeds {
+            let r = run_one(&config(&c.root, c, seed, RoutingConfig::default(), Some(m))?)?;
+            sides.push(r.side);
+            programs.push(r.programs);
+        }
         fixed.insert(m.to_string(), mean_sides(&sides));
+        single_model_programs.push(programs);
     }
+    let replay = replay_steady_state(&c.root, c, &single_model_programs, &exact)?;
     let cost_scale = fixed.get(MEMBERS[MEMBERS.len() - 1]).map_or(1.0, |s| s.cost_per_program).max(f64::MIN_POSITIVE);
     let mut sweep = Vec::new();
     for a in COST_WEIGHTS {
@@ -277,6 +321,7 @@ pub fn run(c: &OracleBenchConfig) -> Result<OracleReport, OracleBenchError> {
         sweep.push((a, mean_sides(&xs), mean_sides(&ys)));
     }
     Ok(OracleReport {
+        replay,
         fixed,
         cost_scale,
         sweep,
@@ -291,6 +336,63 @@ pub fn run(c: &OracleBenchConfig) -> Result<OracleReport, OracleBenchError> {
         accuracy_gain_ci_pp: (ci.0 * 100.0, ci.1 * 100.0),
         per_seed_gain_pp,
     })
+}
+
+/// The replay's tasks from the single-model runs (`per_member[m][seed]`: member m's run of that
+/// seed's trace) and its result. A task is a routed session every member's run closed; its
+/// context and classified verifier come from the router's own features over the run's exemplars.
+fn replay_steady_state(
+    root: &Path,
+    c: &OracleBenchConfig,
+    per_member: &[Vec<Vec<ProgramOutcome>>],
+    single_verifier: &str,
+) -> Result<ReplayReport, OracleBenchError> {
+    let setup_err = |e: String| OracleBenchError::Setup(format!("replay: {e}"));
+    let cfg = config(root, c, c.seeds.first().copied().unwrap_or(1), RoutingConfig::default(), None)?;
+    let (deployments, deployment_of) =
+        crate::exec::deployment_table(&cfg.workflows, cfg.max_num_seqs).map_err(|e| setup_err(e.to_string()))?;
+    let records = crate::exec::load_records(&cfg.workflows).map_err(|e| setup_err(e.to_string()))?;
+    let setup = crate::exec::routing::routing_setup(
+        &cfg.workflows,
+        &records,
+        &deployments,
+        &deployment_of,
+        &cfg.pool,
+        &cfg.routing,
+    )
+    .map_err(|e| setup_err(e.to_string()))?
+    .ok_or_else(|| setup_err("no routed workflow".into()))?;
+    let (vocabulary, pca, selector) = router_features(&setup.exemplars);
+    let mut tasks = Vec::new();
+    for (stream, _) in c.seeds.iter().enumerate() {
+        let runs: Vec<BTreeMap<u32, &ProgramOutcome>> = per_member
+            .iter()
+            .map(|seeds| seeds.get(stream).map(|ps| ps.iter().map(|p| (p.session, p)).collect()).unwrap_or_default())
+            .collect();
+        let Some(first) = runs.first() else { continue };
+        for (session, p) in first {
+            let outcomes: Vec<&ProgramOutcome> = runs.iter().filter_map(|r| r.get(session).copied()).collect();
+            if outcomes.len() != runs.len() {
+                continue;
+            }
+            if outcomes.iter().any(|o| o.task != p.task || o.workflow != p.workflow) {
+                return Err(setup_err(format!("session {session} is not the same task in every member's run")));
+            }
+            let (classified, context) = learner_context(&selector, &pca, &vocabulary.embed(&p.task));
+            tasks.push(ReplayTask {
+                family: p.workflow as usize,
+                stream,
+                own_verifier: p.own_verifier.clone(),
+                classified,
+                context,
+                success: outcomes.iter().map(|o| o.success).collect(),
+                cost: outcomes.iter().map(|o| o.cost).collect(),
+            });
+        }
+    }
+    let members: Vec<String> = MEMBERS.iter().map(|m| m.to_string()).collect();
+    oracle_replay::run(&members, &tasks, single_verifier, &ReplayOptions::default())
+        .map_err(|e| OracleBenchError::Run(e.to_string()))
 }
 
 impl OracleReport {
@@ -385,6 +487,8 @@ impl OracleReport {
                 }
             }
         }
+        out.push('\n');
+        out.push_str(&self.replay.markdown());
         out
     }
 }
@@ -404,6 +508,34 @@ mod tests {
         }
     }
 
+    fn no_replay() -> ReplayReport {
+        let none = oracle_replay::MatchedCost {
+            cost_weight: 0.0,
+            cost: 0.0,
+            adaptive: 0.0,
+            single: None,
+            gain_pp: None,
+            gain_ci_pp: None,
+        };
+        ReplayReport {
+            members: Vec::new(),
+            tasks: 0,
+            streams: 0,
+            passes: 0,
+            orders_per_stream: 0,
+            bootstrap_draws: 0,
+            cost_scale: 1.0,
+            fixed: Vec::new(),
+            per_task_best: (0.0, 0.0),
+            adaptive: Vec::new(),
+            single: Vec::new(),
+            midpoint_cost: 0.0,
+            headline: none.clone(),
+            headline_cold: none.clone(),
+            matched: Vec::new(),
+        }
+    }
+
     #[test]
     fn matched_cost_interpolates_the_single_verifier_frontier() {
         let r = OracleReport {
@@ -419,6 +551,7 @@ mod tests {
             fixed: BTreeMap::new(),
             cost_scale: 1.0,
             sweep: vec![(1.0, side(0.55, 600.0), side(0.50, 400.0)), (2.0, side(0.45, 300.0), side(0.44, 350.0))],
+            replay: no_replay(),
         };
         let m = r.matched_cost();
         // 1,500 is beyond the single points (350 … 1,000); 600 lies between 400 (50 %) and

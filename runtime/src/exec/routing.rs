@@ -218,6 +218,20 @@ pub struct RouteRow {
     pub cost: f64,
 }
 
+/// A routed program as its run closed it (kept by the simulator for offline replays of the
+/// router's learner, `bench::oracle_replay`): the task it was bound by, the model it ran on, its
+/// compute cost.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProgramRecord {
+    pub session: u32,
+    pub workflow: u32,
+    /// Its first request ([`first_request`]): what the router embedded.
+    pub task: String,
+    pub model: String,
+    /// [`call_cost`] summed over its calls.
+    pub cost: f64,
+}
+
 /// Bound workflows, one per (workflow, route member), made once and shared by the sessions.
 pub type BoundSpecs = BTreeMap<(u32, String), Arc<WorkflowSpec>>;
 

@@ -69,6 +69,8 @@ pub struct SimOutput {
     pub planner_ticks: Vec<PlannerTick>,
     /// Every session's record (arrival, end, score), in session order.
     pub sessions: Vec<SessionRecord>,
+    /// Every routed program the run closed (verified or failed), in the order they closed.
+    pub programs: Vec<exec::routing::ProgramRecord>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -244,6 +246,9 @@ struct Sim<'a> {
     bound_specs: exec::routing::BoundSpecs,
     /// Routed sessions: open rows, closed counts.
     routes: exec::routing::RouteBook,
+    /// Routed programs: the first request of each open one; the record of each closed one.
+    program_tasks: BTreeMap<SessionId, String>,
+    programs: Vec<exec::routing::ProgramRecord>,
     /// Plan once more at this tick even without events (a verdict may have admitted programs).
     replan: bool,
 }
@@ -358,6 +363,8 @@ impl<'a> Sim<'a> {
             interrupted: false,
             bound_specs: BTreeMap::new(),
             routes: exec::routing::RouteBook::default(),
+            program_tasks: BTreeMap::new(),
+            programs: Vec::new(),
             replan: false,
         };
         for i in 0..sim.trace_entries.len() {
@@ -765,6 +772,7 @@ impl<'a> Sim<'a> {
         if let Some(row) = row {
             self.log("route", TraceLine { session: Some(id.0), detail: Some(format!("{} ({})", row.model, row.verifier)), ..blank() });
             self.routes.open(id, row);
+            self.program_tasks.insert(id, exec::routing::first_request(&session));
         }
         Ok(session)
     }
@@ -778,10 +786,23 @@ impl<'a> Sim<'a> {
         let success = exec::routing::verdict(spec, run.record.score, &row.feedback);
         let own = exec::routing::workflow_verifier(spec);
         let cost = row.cost;
+        self.close_program(s);
         self.routes.close(s, Some(success), own);
         self.planner.program_verdict(s, success, cost, self.now)?;
         self.replan = true;
         Ok(())
+    }
+
+    /// Keep the record of routed program `s` as its row closes.
+    fn close_program(&mut self, s: SessionId) {
+        let Some(row) = self.routes.get(s) else { return };
+        self.programs.push(exec::routing::ProgramRecord {
+            session: s.0,
+            workflow: row.workflow,
+            task: self.program_tasks.remove(&s).unwrap_or_default(),
+            model: row.model.clone(),
+            cost: row.cost,
+        });
     }
 
     fn session_workflow(&self, s: SessionId) -> Result<u32, SimError> {
@@ -1101,6 +1122,7 @@ impl<'a> Sim<'a> {
         // end reaches the core, so that its ledger learns nothing from it).
         if let Some(row) = self.routes.get(s) {
             let own = exec::routing::workflow_verifier(&self.cfg.workflows[row.workflow as usize]);
+            self.close_program(s);
             self.routes.close(s, None, own);
             if let Err(e) = self.planner.program_abandoned(s, self.now) {
                 self.notes.push(format!("router: session {s}: {e}"));
@@ -1170,6 +1192,7 @@ impl<'a> Sim<'a> {
             calls: std::mem::take(&mut self.calls),
             planner_ticks: std::mem::take(&mut self.planner_ticks),
             sessions,
+            programs: std::mem::take(&mut self.programs),
         }
     }
 }

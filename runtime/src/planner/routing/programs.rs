@@ -51,6 +51,19 @@ pub struct RouteRecord {
     pub peak_tokens: u64,
 }
 
+/// What the router embeds requests with, fitted on the exemplars (verifier, task text): the
+/// TF-IDF vocabulary, the [`COMPONENTS`] principal components of the exemplars' embeddings and
+/// the nearest-prototype verifier selector. The router and an offline replay of its learner
+/// (`bench::oracle_replay`) build them the same way.
+pub fn router_features(exemplars: &[(String, String)]) -> (Vocabulary, Pca, VerifierSelector) {
+    let texts: Vec<&str> = exemplars.iter().map(|(_, t)| t.as_str()).collect();
+    let vocabulary = Vocabulary::fit(&texts);
+    let points: Vec<_> = texts.iter().map(|t| vocabulary.embed(t)).collect();
+    let pca = Pca::fit(&points, COMPONENTS);
+    let selector = VerifierSelector::fit(&vocabulary, exemplars);
+    (vocabulary, pca, selector)
+}
+
 /// The router and the bindings of the programs it has not forgotten yet.
 #[derive(Debug, Clone)]
 pub struct RoutedPrograms {
@@ -69,11 +82,7 @@ impl RoutedPrograms {
         {
             return Err(RouterError::Config);
         }
-        let texts: Vec<&str> = setup.exemplars.iter().map(|(_, t)| t.as_str()).collect();
-        let vocabulary = Vocabulary::fit(&texts);
-        let points: Vec<_> = texts.iter().map(|t| vocabulary.embed(t)).collect();
-        let pca = Pca::fit(&points, COMPONENTS);
-        let selector = VerifierSelector::fit(&vocabulary, &setup.exemplars);
+        let (vocabulary, pca, selector) = router_features(&setup.exemplars);
         let verifiers = selector.verifiers().count();
         let learner = LinUcb::new(n, Router::context_dim(verifiers, pca.len()), ALPHA_UCB, true)?;
         let mut ledgers = Vec::with_capacity(n);

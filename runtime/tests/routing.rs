@@ -199,6 +199,12 @@ fn bench_oracle_pairs_adaptive_and_single_verifier_feedback_by_session() {
     let gain = (r.adaptive.accuracy - r.single_verifier.accuracy) * 100.0;
     assert!((gain - r.accuracy_gain_pp).abs() < 1e-9, "the paired mean is the difference of the means");
     assert!(r.markdown().contains("adaptive − single"));
+    // The steady-state replay: one task per routed session that every member's single-model run
+    // closed, replayed with the paper's eight passes; each member alone is the mean of its runs.
+    assert!(r.replay.tasks > 12 && r.replay.tasks <= 24, "{}", r.replay.tasks);
+    assert_eq!((r.replay.passes, r.replay.members.len()), (8, 3));
+    assert_eq!(r.replay.adaptive.len(), r.replay.single.len());
+    assert!(r.markdown().contains("Steady state"));
 }
 
 #[test]

@@ -446,6 +446,60 @@ async fn vllm_engine_detects_a_crash_and_restarts() {
     assert!(process_group_members(new_pid as i32).is_empty());
 }
 
+/// Another process's server on the port the engine picked (it bound the port in the window
+/// between the engine's pick and the child's bind: another engine starting on this host,
+/// another program) is not taken for the child's. The first child here writes its port and
+/// never binds it, and a stranger serving another model binds it from this test process
+/// (outside the child's process group), as a slow-starting child loses the race under load;
+/// the start is made again on a fresh port and its own child serves there. (The engine used
+/// to inspect the stranger: "model `Qwen3-0.6B` is not served at … (it serves: Qwen3-8B)", a
+/// start the replica actor does not retry, so the unit could not be placed.)
+#[tokio::test]
+async fn vllm_engine_does_not_take_a_strangers_server_on_its_port_for_its_child() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = std::env::current_exe().unwrap().to_string_lossy().into_owned();
+    let harness = "emulate_child_process --exact --ignored --nocapture --test-threads=1";
+    let mut spec = child_spec(false);
+    spec.command = Some(CommandTemplate::Args(vec![
+        "/bin/sh".into(),
+        "-c".into(),
+        format!("if mkdir \"$1/first\" 2>/dev/null; then echo \"$2\" > \"$1/port\"; exec sleep 60; else exec \"$0\" {harness}; fi"),
+        exe,
+        dir.path().to_string_lossy().into_owned(),
+        "{port}".into(),
+    ]));
+    let e = engine_for(&spec, &launch()).unwrap();
+    let port_file = dir.path().join("port");
+    let stranger = async {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        let port = loop {
+            if let Some(p) = std::fs::read_to_string(&port_file).ok().and_then(|t| t.trim().parse::<u16>().ok()) {
+                break p;
+            }
+            assert!(std::time::Instant::now() < deadline, "the first child never wrote its port");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
+        let mut cfg = EmulateConfig::new(DEVICE, "Qwen3-8B");
+        cfg.speed = 2000.0;
+        cfg.max_model_len = Some(8192);
+        EmulateServer::start(cfg, SocketAddr::from(([127, 0, 0, 1], port)))
+            .await
+            .unwrap()
+    };
+    let (loaded, stranger) = tokio::join!(e.load(), stranger);
+    loaded.expect("the start moves to a port of its own");
+    let stranger_port = stranger.base_url().rsplit(':').next().unwrap().to_string();
+    let ours = e.endpoint();
+    assert!(!ours.ends_with(&format!(":{stranger_port}")), "{ours} is the stranger's port");
+    let done = e.submit(request(1, "hi", Some("from the child"), false)).await.unwrap();
+    assert_eq!(done.text, "from the child");
+    // The stranger was left alone.
+    let other = HttpEngine::new("emulated", &stranger.base_url(), "Qwen3-8B", options()).unwrap();
+    other.load().await.unwrap();
+    e.unload().await.unwrap();
+    stranger.shutdown().await.unwrap();
+}
+
 #[tokio::test]
 async fn vllm_engine_reports_failed_starts_with_the_childs_output() {
     let mut spec = EngineSpec::new(EngineKind::Vllm);

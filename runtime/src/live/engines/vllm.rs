@@ -2,13 +2,18 @@
 //! `switchyard emulate …` (kind `emulated`, and the `vllm` kind in tests) — started from a
 //! command template, reached through [`HttpEngine`].
 //!
-//! Lifecycle: `load` picks a free port (binding port 0 first; another process could take it
-//! in the short window before the child binds it, and the start then fails with a clear
-//! error), spawns the command in its own process group (`process_group(0)`) with its
-//! environment (`CUDA_VISIBLE_DEVICES={gpu}`, `VLLM_SERVER_DEV_MODE=1` for vLLM's sleep
-//! endpoints, field anchors §1.1; the registry's tag), records it in the engine registry
-//! ([`super::registry`]), and polls `/health` until 200, failing early with the child's last
-//! output if it exits.
+//! Lifecycle: `load` picks a free port (binding port 0 first), spawns the command in its own
+//! process group (`process_group(0)`) with its environment (`CUDA_VISIBLE_DEVICES={gpu}`,
+//! `VLLM_SERVER_DEV_MODE=1` for vLLM's sleep endpoints, field anchors §1.1; the registry's
+//! tag), records it in the engine registry ([`super::registry`]), and polls `/health` until
+//! 200, failing early with the child's last output if it exits. Another process (another
+//! engine's child starting at the same time, another program) can take the port in the window
+//! before the child binds it; its server then answers `/health` while the child starts. So an
+//! answer counts only when the port's listening socket belongs to the child's process group
+//! (`/proc/net/tcp*` and the group's open files); a port found held outside the group (or a
+//! child that exited while it is) is given up, the child stopped, and the start is made again
+//! on a fresh port ([`PORT_ATTEMPTS`] in all). Where the listener cannot be seen (a remote
+//! host, another network namespace), the answer is trusted as before.
 //!
 //! One process-tree owner: every child is forked by one long-lived spawner thread and gets
 //! `PR_SET_PDEATHSIG(SIGKILL)` before it execs (the signal follows the death of the forking
@@ -49,6 +54,8 @@ const LOG_LINE_CHARS: usize = 2000;
 const GROUP_EXIT_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a connection error waits for a dying child to become reapable.
 const CRASH_SETTLE: Duration = Duration::from_millis(200);
+/// Starts made on fresh ports when another process took the port before the child bound it.
+const PORT_ATTEMPTS: u32 = 3;
 
 /// A command template with every placeholder but `{port}` resolved.
 #[derive(Debug, Clone, PartialEq)]
@@ -292,6 +299,80 @@ pub fn process_group_members(pgid: i32) -> Vec<u32> {
     }
     out.sort_unstable();
     out
+}
+
+/// Who listens on a TCP port of this host, as far as `/proc` tells.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PortHolder {
+    /// A process of the child's process group.
+    Group,
+    /// Only processes outside the group.
+    Other,
+    /// Nobody visible here (a remote host, another network namespace), or it cannot be told.
+    Unknown,
+}
+
+/// The inodes of the listening TCP sockets (IPv4 and IPv6) on `port` in this network
+/// namespace, from `/proc/net/tcp` and `/proc/net/tcp6` (empty where they cannot be read).
+fn listening_inodes(port: u16) -> Vec<u64> {
+    let mut out = Vec::new();
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        let Ok(text) = std::fs::read_to_string(table) else {
+            continue;
+        };
+        // `sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode …`, the
+        // local address as `HEXADDR:HEXPORT`, state 0A = LISTEN.
+        for line in text.lines().skip(1) {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let (Some(local), Some(state), Some(inode)) = (fields.get(1), fields.get(3), fields.get(9)) else {
+                continue;
+            };
+            let local_port = local.rsplit_once(':').and_then(|(_, p)| u16::from_str_radix(p, 16).ok());
+            if *state == "0A"
+                && local_port == Some(port)
+                && let Ok(inode) = inode.parse::<u64>()
+                && inode != 0
+            {
+                out.push(inode);
+            }
+        }
+    }
+    out
+}
+
+/// Whether the server listening on `port` is the child's (group `pgid`) or another process's.
+fn port_holder(port: u16, pgid: i32) -> PortHolder {
+    let listening = listening_inodes(port);
+    if listening.is_empty() {
+        return PortHolder::Unknown;
+    }
+    for pid in process_group_members(pgid) {
+        let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+            // A member whose files cannot be read might hold the socket.
+            return PortHolder::Unknown;
+        };
+        for fd in fds.flatten() {
+            let Ok(target) = std::fs::read_link(fd.path()) else {
+                continue;
+            };
+            let inode = target
+                .to_str()
+                .and_then(|t| t.strip_prefix("socket:["))
+                .and_then(|t| t.strip_suffix(']'))
+                .and_then(|t| t.parse::<u64>().ok());
+            if inode.is_some_and(|i| listening.contains(&i)) {
+                return PortHolder::Group;
+            }
+        }
+    }
+    PortHolder::Other
+}
+
+/// How one start attempt ended, short of an error.
+enum Started {
+    Ready,
+    /// Another process holds the port; the child is gone (why, for the log).
+    PortTaken(String),
 }
 
 /// A command for the spawner thread, and where its child goes.
@@ -586,12 +667,30 @@ impl VllmEngine {
         }
     }
 
-    /// Starts the process (if none runs) and waits until `/health` answers 200.
+    /// Starts the process (if none runs) and waits until `/health` answers 200 from it; on a
+    /// fresh port again when another process took the port first.
     pub async fn start(&self) -> Result<(), EngineError> {
         let _lifecycle = self.lifecycle.lock().await;
         if self.live_http().is_ok() {
             return Ok(());
         }
+        let mut attempt = 1;
+        loop {
+            match self.start_once().await? {
+                Started::Ready => return Ok(()),
+                Started::PortTaken(why) if attempt < PORT_ATTEMPTS => {
+                    tracing::warn!(kind = self.kind, attempt, reason = %why, "port taken: starting again on another port");
+                    attempt += 1;
+                }
+                Started::PortTaken(why) => {
+                    return Err(EngineError::Lifecycle(format!("{why} ({PORT_ATTEMPTS} ports tried)")));
+                }
+            }
+        }
+    }
+
+    /// One start on a port of its own (the lifecycle lock held, no child running).
+    async fn start_once(&self) -> Result<Started, EngineError> {
         let port = free_port(&self.command.host)?;
         let argv = self.command.argv(port);
         let command_line = argv.join(" ");
@@ -653,18 +752,31 @@ impl VllmEngine {
 
         let deadline = Instant::now() + self.options.health_timeout;
         let mut pause = Duration::from_millis(10);
+        let taken = |port: u16| {
+            format!("port {port} is held by a process outside the `{}` child's process group", self.kind)
+        };
         loop {
             if let Err(e) = self.live_http() {
+                // A child that lost the race for its port exits (address in use).
+                if port_holder(port, pid) == PortHolder::Other {
+                    return Ok(Started::PortTaken(format!("{}: {e}", taken(port))));
+                }
                 return Err(EngineError::Lifecycle(format!("during start-up: {e}")));
             }
             if let Ok(true) = http.health().await {
+                // Another process's server answering on the port is not the child's: its
+                // model, version and calls are not ours (the child cannot bind the port).
+                if port_holder(port, pid) == PortHolder::Other {
+                    let _ = self.stop_locked().await;
+                    return Ok(Started::PortTaken(format!("{} and answered `/health`", taken(port))));
+                }
                 // What the server is: its version (sleep calls), whether it is the emulator
                 // (emulated outputs), that it serves the model, and its context length.
                 if let Err(e) = http.inspect().await {
                     let _ = self.stop_locked().await;
                     return Err(e);
                 }
-                return Ok(());
+                return Ok(Started::Ready);
             }
             if Instant::now() >= deadline {
                 let tail = self.output_tail();

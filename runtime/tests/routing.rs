@@ -186,6 +186,51 @@ fn a_program_its_ledger_has_not_admitted_keeps_its_units_out_of_the_queue() {
 }
 
 #[test]
+fn disc_learns_the_per_request_allowance_from_a_routed_models_engine_usage() {
+    let cfg = config(&["gsm8k-routed", "gsm8k"], 2, Arrival::Burst, "small");
+    let (deployments, of) = exec::deployment_table(&cfg.workflows, cfg.max_num_seqs).unwrap();
+    let mut planner =
+        exec::build_planner(&cfg.pool, &deployments, "joint", JointOptions::default(), "oracle", Default::default())
+            .unwrap();
+    let route = exec::routing::route_of(0, &cfg.workflows[0], &of).unwrap().unwrap();
+    planner
+        .set_routing(RoutingSetup {
+            arms: route.clone(),
+            capacity_tokens: vec![100_000; route.len()],
+            prior_peak_tokens: vec![2_048.0; route.len()],
+            prior_run_s: 60.0,
+            exemplars: vec![("gsm8k_exact".into(), "How many apples does Tom have?".into())],
+            options: RouterOptions::default(),
+        })
+        .unwrap();
+    assert_eq!(planner.backend_allowance(route[0]), Some(0.0), "nothing learned before any observation");
+    // Three running requests of 1,000 tokens each, each holding 4,150 tokens of state besides.
+    assert!(planner.observe_backend_usage(route[0], 3 * (1_000 + 4_150), 3_000, 3));
+    assert_eq!(planner.backend_allowance(route[0]), Some(4_150.0));
+    assert_eq!(planner.backend_allowance(route[1]), Some(0.0), "each model has its own ledger");
+    // A saturated engine (at the 95 % per-call ceiling) teaches nothing; nor does an idle one.
+    assert!(!planner.observe_backend_usage(route[0], 96_000, 10_000, 2));
+    assert!(!planner.observe_backend_usage(route[0], 0, 0, 0));
+    assert_eq!(planner.backend_allowance(route[0]), Some(4_150.0));
+    // A deployment outside every route has no ledger.
+    let fixed = of[&(1, "qwen3-14b".to_string())];
+    assert!(!planner.is_routed(fixed) && planner.is_routed(route[0]));
+    assert!(!planner.observe_backend_usage(fixed, 5_000, 1_000, 1));
+    assert_eq!(planner.backend_allowance(fixed), None);
+}
+
+#[test]
+fn the_simulator_feeds_each_routed_models_ledger_its_engines_usage() {
+    // Qwen3's dense attention holds no state beyond the tokens: what a ledger learns is at most
+    // the last partly filled block of each request (16 tokens), never a spurious allowance.
+    let out = simulate(&config(&["gsm8k-routed"], 30, Arrival::Poisson(0.5), "paper"));
+    let models: Vec<&str> = out.allowances.keys().map(String::as_str).collect();
+    assert_eq!(models, ["Qwen3-0.6B", "Qwen3-1.7B", "Qwen3-8B"], "one ledger per routed model");
+    assert!(out.allowances.values().all(|d| (0.0..=16.0).contains(d)), "{:?}", out.allowances);
+    assert!(out.allowances.values().any(|d| *d > 0.0), "the engines were observed: {:?}", out.allowances);
+}
+
+#[test]
 fn bench_oracle_pairs_adaptive_and_single_verifier_feedback_by_session() {
     use switchyard_runtime::bench::oracle::{OracleBenchConfig, run};
     let cfg = OracleBenchConfig { root: repo(), sessions: 12, rate: 0.5, seeds: vec![1] };
@@ -232,4 +277,34 @@ fn single_verifier_feedback_never_confirms_mbpp_and_a_cost_weight_favours_cheap_
     };
     let (free, priced) = (share_small(0.0), share_small(2.0));
     assert!(priced > free + 0.2, "0.6B share: {free} at a = 0, {priced} at a = 2");
+}
+
+#[test]
+fn an_llm_judge_is_a_call_on_the_pool_and_its_verdict_teaches_the_router() {
+    let cfg = config(&["gsm8k-judged"], 60, Arrival::Poisson(0.5), "paper");
+    let out = simulate(&cfg);
+    let r = &out.report;
+    assert_eq!((r.sessions_completed, r.sessions_failed), (60, 0), "{:?}", r.failures);
+    assert_eq!(r.llm_calls, 120, "one solver call and one judge call per session");
+    let per_model = &r.routing["gsm8k-judged"];
+    let programs: u64 = per_model.values().map(|s| s.programs).sum();
+    let verdicts: u64 = per_model.values().map(|s| s.verdicts).sum();
+    assert_eq!((programs, verdicts), (60, 60), "{per_model:?}");
+    assert!(
+        per_model.values().all(|s| s.right_verifier == s.programs),
+        "the judged workflow's requests classify to its judge: {per_model:?}"
+    );
+    // The judge is not routed: its call runs on Qwen3-8B whatever model its session is bound to,
+    // after the solver's, and it is charged to the program's cost like any call.
+    let bound = bindings(&out);
+    assert!(bound.iter().any(|(_, m)| m != "Qwen3-8B"), "some sessions are bound to a smaller model");
+    for (session, _) in &bound {
+        let judge: Vec<_> = out.calls.iter().filter(|c| c.session == *session && c.node == 1).collect();
+        assert_eq!(judge.len(), 1, "session {session}");
+        assert_eq!(judge[0].model.as_ref().map(|(m, _)| m.as_str()), Some("Qwen3-8B"), "session {session}");
+        let solve = out.calls.iter().find(|c| c.session == *session && c.node == 0).expect("the solver's call");
+        assert!(solve.finished_at <= judge[0].finished_at);
+    }
+    let judge_cost = exec::routing::call_cost("Qwen3-8B", 1, 0, 0);
+    assert!(per_model.values().all(|s| s.cost >= judge_cost), "{per_model:?}");
 }

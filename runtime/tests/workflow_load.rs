@@ -412,7 +412,7 @@ fn every_tool_has_its_inputs_declared() {
         );
     }
     assert_eq!(TOOL_INPUTS.len(), TOOLS.len());
-    assert_eq!(RESPONDERS.len(), 9);
+    assert_eq!(RESPONDERS.len(), 11);
 }
 
 #[test]
@@ -746,4 +746,37 @@ fn a_routed_node_names_its_choices_and_each_bad_route_is_placed() {
     assert_eq!(e.kind(), Some(ErrorKind::BadType), "{e}");
     assert_eq!(e.field(), Some("nodes.c.deployment.route"), "{e}");
     assert!(e.to_string().contains("share one route"), "{e}");
+}
+
+/// The shipped judged workflow's text, parsed where its dataset path resolves.
+fn judged(text: &str) -> Result<WorkflowSpec, WorkflowError> {
+    parse_workflow("t.yaml", text, &repo().join("workflows"))
+}
+
+#[test]
+fn an_llm_judge_node_is_a_routed_workflows_verifier_and_each_misuse_is_placed() {
+    let text = std::fs::read_to_string(repo().join("workflows/gsm8k-judged.yaml")).unwrap();
+    let spec = judged(&text).unwrap_or_else(|e| panic!("{e}"));
+    let verifier = spec.verifier.as_ref().expect("a verifier term");
+    assert_eq!((verifier.kind, verifier.nodes.as_slice()), (MetricKind::Verdict, &["judge".to_string()][..]));
+    assert_eq!(spec.metric.as_ref().unwrap().terms[0].kind, MetricKind::Gsm8kExact, "the metric stays the exact answer");
+    let line_of = |t: &str, needle: &str| t.lines().position(|l| l.starts_with(needle)).unwrap() as u64 + 1;
+
+    // A verifier teaches a router: a workflow without a route has none.
+    let unrouted = text.replace("deployment: {route: [qwen3-0.6b, qwen3-1.7b, qwen3-8b]}", "deployment: qwen3-8b");
+    let e = judged(&unrouted).unwrap_err();
+    assert_at(&e, ErrorKind::BadType, line_of(&unrouted, "verifier:"), 11, "verifier");
+    assert!(e.to_string().contains("no node here has `deployment: {route"), "{e}");
+    // One term, no weight.
+    let weighted = text.replace("pass: [\"true\"]}", "pass: [\"true\"], weight: 2}");
+    let e = judged(&weighted).unwrap_err();
+    assert_eq!((e.kind(), e.field()), (Some(ErrorKind::UnknownField), Some("verifier.weight")), "{e}");
+    // A judge answers with a boolean verdict.
+    let unstructured = text.replace("correct: {type: boolean}", "correct: {type: string, enum: [right, wrong]}");
+    let e = judged(&unstructured).unwrap_err();
+    assert!(e.to_string().contains("is a judge"), "{e}");
+    assert!(e.to_string().contains("t.yaml:"), "the error names the file and line: {e}");
+    // A verifier naming a node that does not exist.
+    let e = judged(&text.replace("node: judge, pass", "node: judg, pass")).unwrap_err();
+    assert_eq!((e.kind(), e.field()), (Some(ErrorKind::UnknownReference), Some("verifier.node")), "{e}");
 }

@@ -23,7 +23,7 @@ use crate::responder::{self, ResponderRequest};
 use crate::session::{ActivationState, Session};
 use crate::tokens;
 use crate::values::{NodeOutput, derive_seed};
-use crate::workflow::{ACTION_PREFIX, AgentNode, AgentTools, FINAL_VERDICT, MetricKind, NodeKind, tool_call_verdict};
+use crate::workflow::{ACTION_PREFIX, AgentNode, AgentTools, FINAL_VERDICT, MetricKind, MetricTerm, NodeKind, tool_call_verdict};
 
 /// A ready LLM activation's request: the rendered prompt, its tokens and the responder output.
 #[derive(Debug, Clone, PartialEq)]
@@ -395,32 +395,42 @@ pub fn tool_trace_detail(outcome: &ToolOutcome) -> Option<String> {
 /// workflow has no metric.
 pub fn session_score(session: &Session) -> Option<f64> {
     let m = session.spec().metric.as_ref()?;
-    let spec = session.spec();
     let (mut sum, mut weights) = (0.0, 0.0);
     for t in &m.terms {
-        let reference = t
-            .reference
-            .as_ref()
-            .and_then(|r| session.input().get(r))
-            .map(|v| match v {
-                serde_json::Value::String(s) => s.clone(),
-                other => other.to_string(),
-            })
-            .unwrap_or_default();
-        let output = t.nodes.iter().find_map(|n| session.latest_output(spec.node_index(n)?));
-        let score = match (t.kind, output) {
-            (_, None) => 0.0,
-            (MetricKind::Gsm8kExact, Some(o)) => responder::gsm8k_exact(o, &reference),
-            (MetricKind::TestsPass, Some(o)) => responder::tests_pass(o),
-            (MetricKind::RougeL, Some(o)) => responder::rouge_l_f1(&o.text, &reference),
-            (MetricKind::Verdict, Some(o)) => {
-                if o.verdict.as_ref().is_some_and(|v| t.pass.contains(v)) { 1.0 } else { 0.0 }
-            }
-        };
-        sum += t.weight * score;
+        sum += t.weight * term_score(session, t);
         weights += t.weight;
     }
     Some(if weights > 0.0 { sum / weights } else { 0.0 })
+}
+
+/// The score of a routed session under its workflow's own `verifier:` term (e.g. an LLM
+/// judge's verdict), when it declares one; `None` otherwise (the metric is the verifier).
+pub fn verifier_score(session: &Session) -> Option<f64> {
+    session.spec().verifier.as_ref().map(|t| term_score(session, t))
+}
+
+/// One term's score in [0, 1], read from the first of its nodes that has an output.
+fn term_score(session: &Session, t: &MetricTerm) -> f64 {
+    let spec = session.spec();
+    let reference = t
+        .reference
+        .as_ref()
+        .and_then(|r| session.input().get(r))
+        .map(|v| match v {
+            serde_json::Value::String(s) => s.clone(),
+            other => other.to_string(),
+        })
+        .unwrap_or_default();
+    let output = t.nodes.iter().find_map(|n| session.latest_output(spec.node_index(n)?));
+    match (t.kind, output) {
+        (_, None) => 0.0,
+        (MetricKind::Gsm8kExact, Some(o)) => responder::gsm8k_exact(o, &reference),
+        (MetricKind::TestsPass, Some(o)) => responder::tests_pass(o),
+        (MetricKind::RougeL, Some(o)) => responder::rouge_l_f1(&o.text, &reference),
+        (MetricKind::Verdict, Some(o)) => {
+            if o.verdict.as_ref().is_some_and(|v| t.pass.contains(v)) { 1.0 } else { 0.0 }
+        }
+    }
 }
 
 #[cfg(test)]

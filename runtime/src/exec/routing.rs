@@ -4,7 +4,9 @@
 //! identities, and its verdict under the verifier the router selected.
 //!
 //! - **Verifiers** are the workflows' metric kinds (`gsm8k_exact`, `tests_pass`, `rouge_l`,
-//!   `verdict`); the router's classifier learns them from [`EXEMPLARS_PER_VERIFIER`] exemplar
+//!   `verdict`), or a workflow's own `verifier:` term — [`LLM_JUDGE`] when it reads an agent
+//!   node's verdict: an LLM judge, a model call the planner schedules like any other; the
+//!   router's classifier learns them from [`EXEMPLARS_PER_VERIFIER`] exemplar
 //!   requests of each workflow in the run that has a one-term metric (Appendix B.3's k = 5): the
 //!   rendered first prompt of its first records.
 //! - **The request** a program is classified and routed by is its first agent prompt, rendered
@@ -36,8 +38,9 @@ use super::{DeploymentMap, PoolSpec, ShellError};
 pub const EXEMPLARS_PER_VERIFIER: usize = 5;
 
 /// A QMSum-style answer counts as a success at this ROUGE-L F1 (assumption: the shipped QMSum
-/// answers score 0.10–0.20 on average in the emulator; 0.2 separates the better ones).
-pub const ROUGE_SUCCESS: f64 = 0.2;
+/// answers score 0.10–0.20 on average in the emulator; 0.2 separates the better ones). The
+/// emulated QMSum judge uses the same threshold.
+pub const ROUGE_SUCCESS: f64 = crate::responder::judge::QMSUM_PASS;
 
 /// The ledgers' prior peak context c₀ (tokens; five pseudo-observations, then the finished
 /// programs' peaks take over) and prior program run time D₀ (seconds).
@@ -89,8 +92,23 @@ pub fn verifier_name(kind: MetricKind) -> &'static str {
     }
 }
 
-/// The verifier a workflow's sessions are judged by: its metric's kind when it has one term.
+/// The verifier name of an LLM judge: a workflow's `verifier:` term that reads an agent's
+/// verdict (paper 002's LLM-as-a-judge; the judge is a node, a model call scheduled like any
+/// other).
+pub const LLM_JUDGE: &str = "llm_judge";
+
+/// The verifier a workflow's sessions are judged by: its `verifier:` term when it declares one
+/// ([`LLM_JUDGE`] when that reads an agent's verdict), else its metric's kind when the metric
+/// has one term.
 pub fn workflow_verifier(spec: &WorkflowSpec) -> Option<&'static str> {
+    if let Some(term) = &spec.verifier {
+        let on_agent = term
+            .nodes
+            .iter()
+            .filter_map(|n| spec.node_index(n).and_then(|i| spec.nodes.get(i)))
+            .any(|n| matches!(n.kind, NodeKind::Agent(_)));
+        return Some(if term.kind == MetricKind::Verdict && on_agent { LLM_JUDGE } else { verifier_name(term.kind) });
+    }
     match spec.metric.as_ref()?.terms.as_slice() {
         [one] => Some(verifier_name(one.kind)),
         _ => None,
@@ -216,6 +234,9 @@ pub struct RouteRow {
     pub feedback: String,
     /// The program's compute cost so far ([`call_cost`] summed over its calls).
     pub cost: f64,
+    /// Its score under the workflow's own `verifier:` term, set when it completes
+    /// (`exec::verifier_score`; `None` when the metric is the verifier).
+    pub verifier_score: Option<f64>,
 }
 
 /// A routed program as its run closed it (kept by the simulator for offline replays of the
@@ -279,6 +300,7 @@ pub fn bind_session(
         feedback: config.single_verifier.clone().unwrap_or_else(|| record.verifier.clone()),
         cost: 0.0,
         verifier: record.verifier,
+        verifier_score: None,
     };
     let spec_bound = Arc::clone(bound.entry((w, member.clone())).or_insert_with(|| Arc::new(spec.bound_to(&member))));
     let input = session.input().clone();
@@ -309,6 +331,13 @@ impl RouteBook {
 
     pub fn contains(&self, id: SessionId) -> bool {
         self.open.contains_key(&id)
+    }
+
+    /// Record the completed session `id`'s score under its workflow's `verifier:` term.
+    pub fn set_verifier_score(&mut self, id: SessionId, score: Option<f64>) {
+        if let Some(row) = self.open.get_mut(&id) {
+            row.verifier_score = score;
+        }
     }
 
     /// Charge a finished call of session `id` (a no-op for a session that is not routed).
@@ -374,7 +403,9 @@ fn add(to: &mut RouteStats, st: &RouteStats) {
 }
 
 /// The verdict of a finished routed session under verifier `verifier`: 1.0 when it is the
-/// workflow's own verifier and the session's score passes it, else 0.0.
+/// workflow's own verifier and the session's score passes it, else 0.0. `score` is the
+/// session's score under that verifier: its `verifier:` term's when the workflow declares one
+/// (`exec::verifier_score`), else its metric's.
 pub fn verdict(spec: &WorkflowSpec, score: Option<f64>, verifier: &str) -> f64 {
     if workflow_verifier(spec) != Some(verifier) {
         return 0.0;
@@ -430,6 +461,7 @@ mod tests {
             verifier: "v".into(),
             feedback: "v".into(),
             cost: 0.0,
+            verifier_score: None,
         };
         book.open(SessionId(1), row);
         book.charge(SessionId(1), "Qwen3-8B", 10, 0, 10);
@@ -445,6 +477,43 @@ mod tests {
         let st = report[&wfs[0].name]["Qwen3-8B"];
         assert_eq!((st.programs, st.verdicts, st.successes, st.right_verifier), (1, 1, 1, 1));
         assert!((st.cost - call_cost("Qwen3-8B", 10, 0, 10)).abs() < 1e-12, "a charge after the close is not counted");
+    }
+
+    #[test]
+    fn an_llm_judges_verdict_teaches_the_router_and_the_metric_still_scores_the_answer() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let spec = Arc::new(crate::workflow::load_workflow(&root.join("workflows/gsm8k-judged.yaml")).unwrap());
+        assert_eq!(workflow_verifier(&spec), Some(LLM_JUDGE));
+        let records = crate::exec::load_records(std::slice::from_ref(&spec)).unwrap();
+        let record = records[0][0].clone();
+        let answer = record["answer"].as_str().unwrap().to_string();
+        // The solver answers right; the judge (wrongly) rejects it, then (rightly) accepts it.
+        for (judge_says, taught) in [("false", 0.0), ("true", 1.0)] {
+            let mut session = Session::new(SessionId(0), Arc::clone(&spec), record.clone()).unwrap();
+            let solve = session.ready()[0].index;
+            session.mark_running(solve).unwrap();
+            let right = crate::values::NodeOutput { text: answer.clone(), ..Default::default() };
+            let next = session.complete(solve, right).unwrap();
+            assert_eq!(next.len(), 1, "the judge runs after the solver, as a call of its own");
+            let judge = next[0].index;
+            session.mark_running(judge).unwrap();
+            let verdict_out = crate::values::NodeOutput {
+                text: format!("{{\"correct\": {judge_says}, \"reason\": \"checked\"}}"),
+                verdict: Some(judge_says.into()),
+                ..Default::default()
+            };
+            session.complete(judge, verdict_out).unwrap();
+            assert!(session.is_finished());
+            assert_eq!(crate::exec::session_score(&session), Some(1.0), "the metric scores the answer itself");
+            let judged = crate::exec::verifier_score(&session);
+            assert_eq!(judged, Some(taught));
+            assert_eq!(verdict(&spec, judged, LLM_JUDGE), taught, "the learner is taught the judge's verdict");
+            assert_eq!(verdict(&spec, judged, "gsm8k_exact"), 0.0, "another verifier cannot confirm");
+        }
+        // Without a `verifier:` term the metric is the verifier and nothing else is scored.
+        let plain = bundled_workflows().into_iter().find(|w| w.name == "gsm8k").unwrap();
+        let session = Session::new(SessionId(0), plain, records[0][0].clone()).unwrap();
+        assert_eq!(crate::exec::verifier_score(&session), None);
     }
 
     #[test]

@@ -314,6 +314,9 @@ pub struct SessionResult {
     pub final_output: Option<NodeOutput>,
     /// The workflow metric's score of a completed session.
     pub score: Option<f64>,
+    /// Its score under the workflow's own `verifier:` term (`exec::verifier_score`), when it
+    /// declares one: what a routed session's verdict is read from.
+    pub verifier_score: Option<f64>,
     pub failed: Option<String>,
 }
 

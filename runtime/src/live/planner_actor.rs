@@ -1259,7 +1259,8 @@ impl PlannerActorState {
     /// a planning pass, since the ledgers may have admitted waiting programs.
     async fn route_verdict(&mut self, myself: &ActorRef<PlannerMsg>, id: SessionId) {
         self.flush(myself).await;
-        let score = self.ended.get(&id).and_then(|r| r.record.score);
+        // The workflow's own verifier term when it declares one (an LLM judge), else its metric.
+        let score = self.ended.get(&id).and_then(|r| r.result.verifier_score.or(r.record.score));
         let Some(row) = self.routes.get(id).cloned() else { return };
         let spec = self.ctx.workflows.get(row.workflow as usize).cloned();
         let success = spec.as_ref().map_or(0.0, |spec| exec::routing::verdict(spec, score, &row.feedback));
@@ -1414,7 +1415,7 @@ impl PlannerActorState {
                 score: None,
                 tools: Default::default(),
             },
-            result: SessionResult { session, workflow, record, final_output: None, score: None, failed },
+            result: SessionResult { session, workflow, record, final_output: None, score: None, verifier_score: None, failed },
             calls: Vec::new(),
             timings: Vec::new(),
         }

@@ -367,6 +367,7 @@ impl ProgramState {
                 record: 0,
                 final_output: if completed { self.last_output.take() } else { None },
                 score: None,
+                verifier_score: None,
                 failed,
             },
             calls: Vec::new(),

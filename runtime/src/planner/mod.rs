@@ -205,6 +205,24 @@ impl Planner {
         Ok(reward)
     }
 
+    /// DISC's usage observation from one replica of deployment `d`: the KV it holds
+    /// (`used_tokens`) for `running` requests whose contexts sum to `context_tokens`. Teaches
+    /// the ledger of a routed deployment its per-request allowance δ̂; a no-op otherwise (and in
+    /// a run without a router). Answers whether a ledger learned from it.
+    pub fn observe_backend_usage(&mut self, d: DeploymentId, used_tokens: u64, context_tokens: u64, running: u32) -> bool {
+        self.routing.as_mut().is_some_and(|r| r.observe_usage(d, used_tokens, context_tokens, running))
+    }
+
+    /// Whether deployment `d` is routed (DISC keeps a ledger for it).
+    pub fn is_routed(&self, d: DeploymentId) -> bool {
+        self.routing.as_ref().is_some_and(|r| r.routes(d))
+    }
+
+    /// The per-request allowance δ̂ DISC's ledger of routed deployment `d` has learned.
+    pub fn backend_allowance(&self, d: DeploymentId) -> Option<f64> {
+        self.routing.as_ref().and_then(|r| r.allowance(d))
+    }
+
     /// A routed session that cannot be verified (it failed): it releases what it holds and
     /// teaches the ledger nothing. Shells call it before the session's `SessionEnded`.
     pub fn program_abandoned(&mut self, session: SessionId, now: f64) -> Result<(), PlanError> {

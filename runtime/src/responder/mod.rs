@@ -22,6 +22,7 @@
 mod fit;
 mod generic;
 pub mod gsm8k;
+pub mod judge;
 pub mod mbpp;
 pub mod models;
 mod mutate;
@@ -49,14 +50,22 @@ pub const GENERIC: &str = "generic";
 pub const RESPONDERS: &[&str] = &[
     "gsm8k.solve",
     "gsm8k.refine",
+    "gsm8k.judge",
     "mbpp.generate",
     "mbpp.diagnose",
     "mbpp.review",
     "mbpp.repair",
     "qmsum.summarize",
     "qmsum.aggregate",
+    "qmsum.judge",
     GENERIC,
 ];
+
+/// Whether `responder` is an LLM judge ([`judge`]): its answer must be a structured output
+/// with a boolean verdict property, checked when the workflow loads.
+pub fn is_judge(responder: &str) -> bool {
+    matches!(responder, "gsm8k.judge" | "qmsum.judge")
+}
 
 /// The input fields (of the mapped dataset record) each responder needs; the workflow loader
 /// checks them before a run starts. A test checks that each responder fails without each.
@@ -65,6 +74,7 @@ pub fn input_needs(responder: &str) -> &'static [&'static str] {
         "gsm8k.solve" | "gsm8k.refine" => &["question", "answer"],
         "mbpp.generate" | "mbpp.diagnose" | "mbpp.review" | "mbpp.repair" => &["code"],
         "qmsum.summarize" | "qmsum.aggregate" => &["query"],
+        "gsm8k.judge" | "qmsum.judge" => &["answer"],
         _ => &[],
     }
 }
@@ -208,7 +218,8 @@ pub fn strip_reasoning(text: &str) -> Option<&str> {
 /// truncated (which can cut off a final answer — a realistic failure).
 /// `NodeOutput::output_tokens` is the exact BPE count of the text, `verdict` is `None` and
 /// `value` carries the responder's structured result (e.g. `{"answer": "18"}` for GSM8K) —
-/// except for [`GENERIC`], whose structured answers carry their `verdict` property.
+/// except for [`GENERIC`] and the judges ([`judge`]), whose structured answers carry their
+/// `verdict` property.
 pub fn respond(req: &ResponderRequest) -> Result<NodeOutput, ResponderError> {
     if !RESPONDERS.contains(&req.responder) {
         return Err(ResponderError::UnknownResponder {
@@ -221,8 +232,13 @@ pub fn respond(req: &ResponderRequest) -> Result<NodeOutput, ResponderError> {
     }
     let mut rng = ChaCha8Rng::seed_from_u64(req.seed);
     let target = req.length.sample(&mut rng, req.max_output_tokens).min(req.max_output_tokens) as usize;
-    if req.responder == GENERIC {
-        let (text, value, verdict) = generic::respond(req, &mut rng, target)?;
+    let structured = match req.responder {
+        GENERIC => Some(generic::respond(req, &mut rng, target)?),
+        "gsm8k.judge" => Some(judge::judge(req, &mut rng, target, judge::Task::Gsm8k)?),
+        "qmsum.judge" => Some(judge::judge(req, &mut rng, target, judge::Task::Qmsum)?),
+        _ => None,
+    };
+    if let Some((text, value, verdict)) = structured {
         let output_tokens = u32::try_from(crate::tokens::count(&text)).unwrap_or(u32::MAX);
         return Ok(NodeOutput { text, verdict, value, output_tokens });
     }

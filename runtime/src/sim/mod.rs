@@ -71,6 +71,9 @@ pub struct SimOutput {
     pub sessions: Vec<SessionRecord>,
     /// Every routed program the run closed (verified or failed), in the order they closed.
     pub programs: Vec<exec::routing::ProgramRecord>,
+    /// The per-request allowance δ̂ each routed model's DISC ledger learned from the engines'
+    /// usage (by model name; empty without a router).
+    pub allowances: BTreeMap<String, f64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -783,7 +786,8 @@ impl<'a> Sim<'a> {
         let Some(run) = self.sessions.get(s.0 as usize).and_then(|r| r.as_ref()) else { return Ok(()) };
         let Some(row) = self.routes.get(s) else { return Ok(()) };
         let spec = &self.cfg.workflows[row.workflow as usize];
-        let success = exec::routing::verdict(spec, run.record.score, &row.feedback);
+        // The workflow's own verifier term when it declares one (an LLM judge), else its metric.
+        let success = exec::routing::verdict(spec, row.verifier_score.or(run.record.score), &row.feedback);
         let own = exec::routing::workflow_verifier(spec);
         let cost = row.cost;
         self.close_program(s);
@@ -991,6 +995,15 @@ impl<'a> Sim<'a> {
                 if std::mem::take(&mut r.in_run) {
                     r.run_steps = (r.run_steps * 2).min(MAX_RUN_STEPS);
                 }
+                // DISC's usage observation (a routed model's replica, once per iteration): the
+                // KV the engine holds against its running requests' tokens teaches the ledger
+                // the per-request allowance δ̂ (paper 002 Appendix B).
+                if self.planner.is_routed(r.deployment) {
+                    let t = r.engine.telemetry();
+                    let used = u64::from(t.kv_blocks_in_use) * u64::from(r.engine.config().block_size);
+                    let context = r.engine.running_context_tokens();
+                    self.planner.observe_backend_usage(r.deployment, used, context, t.running as u32);
+                }
                 r.engine.finish_iteration(now)
             }
             _ => return Ok(()),
@@ -1095,6 +1108,9 @@ impl<'a> Sim<'a> {
         }
         run.record.finished = Some(self.now);
         run.record.score = exec::session_score(session);
+        if self.routes.contains(s) {
+            self.routes.set_verifier_score(s, exec::verifier_score(session));
+        }
         run.session = None;
         self.forget_near_sent(s);
         self.done_sessions += 1;
@@ -1183,6 +1199,10 @@ impl<'a> Sim<'a> {
         });
         let mut report = report;
         report.routing = self.routes.report(&cfg.workflows);
+        let allowances = (0..self.deployments.len() as u32)
+            .map(DeploymentId)
+            .filter_map(|d| Some((self.deployments.get(d.0 as usize)?.model.clone(), self.planner.backend_allowance(d)?)))
+            .collect();
         SimOutput {
             report,
             trace: std::mem::take(&mut self.trace),
@@ -1193,6 +1213,7 @@ impl<'a> Sim<'a> {
             planner_ticks: std::mem::take(&mut self.planner_ticks),
             sessions,
             programs: std::mem::take(&mut self.programs),
+            allowances,
         }
     }
 }

@@ -29,6 +29,7 @@ const TOP_KEYS: &[&str] = &[
     "deployments",
     "dataset",
     "metric",
+    "verifier",
     "nodes",
     "loops",
 ];
@@ -244,6 +245,12 @@ pub(super) fn build(
         .transpose()
         .map_err(|e| errors.push(e))
         .unwrap_or_default();
+    let verifier = top
+        .get("verifier")
+        .map(|v| verifier(&ctx, v, &index, &ids, &nodes, dataset.as_ref()))
+        .transpose()
+        .map_err(|e| errors.push(e))
+        .unwrap_or_default();
     if !errors.is_empty() {
         return Err(WorkflowError::many(errors));
     }
@@ -262,6 +269,7 @@ pub(super) fn build(
         loops,
         dataset,
         metric,
+        verifier,
         graph,
         index,
         topo,
@@ -802,6 +810,18 @@ fn agent_node(
         Some(o) => Some(structured_output(ctx, o, &f("output"))?),
         None => None,
     };
+    if crate::responder::is_judge(&responder) {
+        let boolean = output.as_ref().and_then(|o| Some(o.schema.property(o.verdict.as_deref()?)?.verdict_values()?))
+            == Some(vec!["true".to_string(), "false".to_string()]);
+        if !boolean {
+            return Err(ctx.err(
+                m.key_pos("output").or(m.key_pos("responder")).unwrap_or(m.pos),
+                &f("output"),
+                ErrorKind::BadType,
+                format!("responder `{responder}` is a judge: it answers with a structured `output` whose `verdict` names a boolean property (its decision)"),
+            ));
+        }
+    }
     let tools = match m.get("tools") {
         Some(tn) => Some(agent_tools(ctx, field, m, tn, loc)?),
         None => {
@@ -1844,6 +1864,32 @@ fn metric(
         _ => vec![metric_term(ctx, node, "metric", index, ids, nodes, dataset)?],
     };
     Ok(MetricSpec { terms })
+}
+
+/// `verifier:` the one term whose verdict teaches a routed workflow's router (paper 002's
+/// verifier), when it is not the metric — e.g. an LLM judge node's verdict. Only a workflow
+/// that routes a node has a router to teach.
+fn verifier(
+    ctx: &Ctx<'_>,
+    node: &Node,
+    index: &BTreeMap<String, usize>,
+    ids: &[&str],
+    nodes: &[NodeSpec],
+    dataset: Option<&DatasetBinding>,
+) -> Result<MetricTerm, WorkflowError> {
+    let routed = nodes.iter().any(|n| matches!(&n.kind, NodeKind::Agent(a) if a.route.is_some()));
+    if !routed {
+        return Err(ctx.err(
+            node.pos,
+            "verifier",
+            ErrorKind::BadType,
+            "a `verifier` teaches the router of a routed workflow, and no node here has `deployment: {route: [...]}`",
+        ));
+    }
+    if let Some(weight) = ctx.map(node, "verifier", METRIC_KEYS)?.get("weight") {
+        return Err(ctx.err(weight.pos, "verifier.weight", ErrorKind::UnknownField, "a verifier is one term: it has no weight"));
+    }
+    metric_term(ctx, node, "verifier", index, ids, nodes, dataset)
 }
 
 fn metric_term(

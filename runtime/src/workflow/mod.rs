@@ -374,6 +374,9 @@ pub struct WorkflowSpec {
     pub loops: Vec<LoopSpec>,
     pub dataset: Option<DatasetBinding>,
     pub metric: Option<MetricSpec>,
+    /// `verifier:` the term whose verdict teaches a routed workflow's router (paper 002), when
+    /// it is not the metric's single term: e.g. an LLM judge node's verdict. `None`: the metric.
+    pub verifier: Option<MetricTerm>,
     graph: DiGraph<usize, EdgeKind>,
     index: BTreeMap<String, usize>,
     topo: Vec<usize>,

@@ -106,6 +106,23 @@ impl RoutedPrograms {
         self.arms.iter().position(|a| *a == d)
     }
 
+    /// An engine usage observation from one replica of deployment `d` (DISC's δ̂, Appendix B:
+    /// the KV it holds against its running requests' tokens); whether `d`'s ledger learned from
+    /// it (`false` for a deployment outside every route, or a saturated engine).
+    pub fn observe_usage(&mut self, d: DeploymentId, used_tokens: u64, context_tokens: u64, running: u32) -> bool {
+        self.arm(d).is_some_and(|arm| self.router.observe_usage(arm, used_tokens, context_tokens, running))
+    }
+
+    /// Whether `d` is a member of some route (has a ledger).
+    pub fn routes(&self, d: DeploymentId) -> bool {
+        self.arm(d).is_some()
+    }
+
+    /// δ̂ of deployment `d`'s ledger (`None` outside every route).
+    pub fn allowance(&self, d: DeploymentId) -> Option<f64> {
+        self.arm(d).and_then(|arm| self.router.ledger(arm)).map(|l| l.allowance())
+    }
+
     /// Bind `program` (its task text and first prompt's tokens) to a member of `route`; returns
     /// its row (admitted at once when its `admitted_at` is set) and every program admitted now.
     pub fn bind(

@@ -205,17 +205,17 @@ fn disc_learns_the_per_request_allowance_from_a_routed_models_engine_usage() {
         .unwrap();
     assert_eq!(planner.backend_allowance(route[0]), Some(0.0), "nothing learned before any observation");
     // Three running requests of 1,000 tokens each, each holding 4,150 tokens of state besides.
-    assert!(planner.observe_backend_usage(route[0], 3 * (1_000 + 4_150), 3_000, 3));
+    assert!(planner.observe_backend_usage(route[0], 3 * (1_000 + 4_150), 3_000, 3, 1));
     assert_eq!(planner.backend_allowance(route[0]), Some(4_150.0));
     assert_eq!(planner.backend_allowance(route[1]), Some(0.0), "each model has its own ledger");
     // A saturated engine (at the 95 % per-call ceiling) teaches nothing; nor does an idle one.
-    assert!(!planner.observe_backend_usage(route[0], 96_000, 10_000, 2));
-    assert!(!planner.observe_backend_usage(route[0], 0, 0, 0));
+    assert!(!planner.observe_backend_usage(route[0], 96_000, 10_000, 2, 1));
+    assert!(!planner.observe_backend_usage(route[0], 0, 0, 0, 1));
     assert_eq!(planner.backend_allowance(route[0]), Some(4_150.0));
     // A deployment outside every route has no ledger.
     let fixed = of[&(1, "qwen3-14b".to_string())];
     assert!(!planner.is_routed(fixed) && planner.is_routed(route[0]));
-    assert!(!planner.observe_backend_usage(fixed, 5_000, 1_000, 1));
+    assert!(!planner.observe_backend_usage(fixed, 5_000, 1_000, 1, 1));
     assert_eq!(planner.backend_allowance(fixed), None);
 }
 
@@ -224,8 +224,7 @@ fn the_simulator_feeds_each_routed_models_ledger_its_engines_usage() {
     // Qwen3's dense attention holds no state beyond the tokens: what a ledger learns is at most
     // the last partly filled block of each request (16 tokens), never a spurious allowance.
     let out = simulate(&config(&["gsm8k-routed"], 30, Arrival::Poisson(0.5), "paper"));
-    let models: Vec<&str> = out.allowances.keys().map(String::as_str).collect();
-    assert_eq!(models, ["Qwen3-0.6B", "Qwen3-1.7B", "Qwen3-8B"], "one ledger per routed model");
+    assert_eq!(out.allowances.len(), 3, "one ledger per routed model: {:?}", out.allowances);
     assert!(out.allowances.values().all(|d| (0.0..=16.0).contains(d)), "{:?}", out.allowances);
     assert!(out.allowances.values().any(|d| *d > 0.0), "the engines were observed: {:?}", out.allowances);
 }
@@ -290,12 +289,19 @@ fn an_llm_judge_is_a_call_on_the_pool_and_its_verdict_teaches_the_router() {
     let programs: u64 = per_model.values().map(|s| s.programs).sum();
     let verdicts: u64 = per_model.values().map(|s| s.verdicts).sum();
     assert_eq!((programs, verdicts), (60, 60), "{per_model:?}");
-    assert!(
-        per_model.values().all(|s| s.right_verifier == s.programs),
-        "the judged workflow's requests classify to its judge: {per_model:?}"
-    );
+    // The learner is taught the judge's verdicts, not the metric's: the successes are the
+    // sessions the judge accepted, and the judge (wrong with probability 0.15) disagrees with
+    // the exact answer on some sessions.
+    let successes: u64 = per_model.values().map(|s| s.successes).sum();
+    let judged: Vec<(u32, f64)> =
+        out.programs.iter().map(|p| (p.session, p.verifier_score.expect("a completed judged program"))).collect();
+    assert_eq!(judged.len(), 60);
+    assert_eq!(successes, judged.iter().filter(|(_, v)| *v >= 1.0).count() as u64, "{per_model:?}");
+    let metric = |s: u32| out.sessions[s as usize].score.expect("completed");
+    let disagree = judged.iter().filter(|(s, v)| (metric(*s) >= 1.0) != (*v >= 1.0)).count();
+    assert!((1..=20).contains(&disagree), "the judge erred on {disagree} of 60 sessions");
     // The judge is not routed: its call runs on Qwen3-8B whatever model its session is bound to,
-    // after the solver's, and it is charged to the program's cost like any call.
+    // after the solver's.
     let bound = bindings(&out);
     assert!(bound.iter().any(|(_, m)| m != "Qwen3-8B"), "some sessions are bound to a smaller model");
     for (session, _) in &bound {
@@ -305,6 +311,4 @@ fn an_llm_judge_is_a_call_on_the_pool_and_its_verdict_teaches_the_router() {
         let solve = out.calls.iter().find(|c| c.session == *session && c.node == 0).expect("the solver's call");
         assert!(solve.finished_at <= judge[0].finished_at);
     }
-    let judge_cost = exec::routing::call_cost("Qwen3-8B", 1, 0, 0);
-    assert!(per_model.values().all(|s| s.cost >= judge_cost), "{per_model:?}");
 }

@@ -189,7 +189,7 @@ fn run_one(cfg: &RunConfig) -> Result<RunResult, OracleBenchError> {
         .filter_map(|p| {
             let spec = cfg.workflows.get(p.workflow as usize)?;
             let own = crate::exec::routing::workflow_verifier(spec)?;
-            let score = scores.get(&p.session).copied();
+            let score = crate::exec::routing::verifier_input(spec, scores.get(&p.session).copied(), p.verifier_score);
             Some(ProgramOutcome {
                 session: p.session,
                 workflow: p.workflow,

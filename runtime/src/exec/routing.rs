@@ -195,7 +195,20 @@ pub fn routing_setup(
                 texts.push(text);
             }
         }
-        exemplars.extend(texts.into_iter().map(|t| (verifier.to_string(), t)));
+        for text in texts {
+            // One request text cannot teach the classifier two verifiers: it would confirm one
+            // workflow's programs with the other's verifier (e.g. a judged and an exact-answer
+            // routing of the same solver in one run).
+            if let Some((other, _)) = exemplars.iter().find(|(v, t)| *t == text && v != verifier) {
+                return Err(ShellError::Workflow {
+                    workflow: spec.name.clone(),
+                    message: format!(
+                        "its first request is also that of a workflow verified by `{other}` in this run; the router cannot tell which verifier (`{verifier}` or `{other}`) a program needs — run them apart"
+                    ),
+                });
+            }
+            exemplars.push((verifier.to_string(), text));
+        }
     }
     if exemplars.is_empty() {
         return Err(ShellError::Workflow {
@@ -234,8 +247,9 @@ pub struct RouteRow {
     pub feedback: String,
     /// The program's compute cost so far ([`call_cost`] summed over its calls).
     pub cost: f64,
-    /// Its score under the workflow's own `verifier:` term, set when it completes
-    /// (`exec::verifier_score`; `None` when the metric is the verifier).
+    /// Its score under the workflow's own `verifier:` term, set by the simulator when it
+    /// completes (`exec::verifier_score`; `None` when the metric is the verifier; the live shell
+    /// reads it from the session's result instead).
     pub verifier_score: Option<f64>,
 }
 
@@ -251,6 +265,8 @@ pub struct ProgramRecord {
     pub model: String,
     /// [`call_cost`] summed over its calls.
     pub cost: f64,
+    /// Its score under the workflow's `verifier:` term, when it declares one and it completed.
+    pub verifier_score: Option<f64>,
 }
 
 /// Bound workflows, one per (workflow, route member), made once and shared by the sessions.
@@ -402,6 +418,13 @@ fn add(to: &mut RouteStats, st: &RouteStats) {
     to.right_verifier += st.right_verifier;
 }
 
+/// A completed session's score under its workflow's verifier: its `verifier:` term's score
+/// (`verifier_score`, from `exec::verifier_score`) when the workflow declares one — `None`
+/// then when it is missing, never the metric's in its place — else its metric's (`score`).
+pub fn verifier_input(spec: &WorkflowSpec, score: Option<f64>, verifier_score: Option<f64>) -> Option<f64> {
+    if spec.verifier.is_some() { verifier_score } else { score }
+}
+
 /// The verdict of a finished routed session under verifier `verifier`: 1.0 when it is the
 /// workflow's own verifier and the session's score passes it, else 0.0. `score` is the
 /// session's score under that verifier: its `verifier:` term's when the workflow declares one
@@ -510,9 +533,18 @@ mod tests {
             assert_eq!(verdict(&spec, judged, LLM_JUDGE), taught, "the learner is taught the judge's verdict");
             assert_eq!(verdict(&spec, judged, "gsm8k_exact"), 0.0, "another verifier cannot confirm");
         }
+        // A judged and an exact-answer routing of the same solver cannot share a run: their
+        // first requests are the same text, and the classifier could not tell their verifiers.
+        let exact = Arc::new(crate::workflow::load_workflow(&root.join("workflows/gsm8k-routed.yaml")).unwrap());
+        let both = vec![exact, Arc::clone(&spec)];
+        let records = crate::exec::load_records(&both).unwrap();
+        let (deployments, of) = crate::exec::deployment_table(&both, 256).unwrap();
+        let pool = PoolSpec::load(&root.join("workflows/pools/paper.yaml")).unwrap();
+        let e = routing_setup(&both, &records, &deployments, &of, &pool, &RoutingConfig::default()).unwrap_err();
+        assert!(e.to_string().contains("cannot tell which verifier"), "{e}");
         // Without a `verifier:` term the metric is the verifier and nothing else is scored.
         let plain = bundled_workflows().into_iter().find(|w| w.name == "gsm8k").unwrap();
-        let session = Session::new(SessionId(0), plain, records[0][0].clone()).unwrap();
+        let session = Session::new(SessionId(0), plain, records[1][0].clone()).unwrap();
         assert_eq!(crate::exec::verifier_score(&session), None);
     }
 

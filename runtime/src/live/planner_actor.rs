@@ -1259,11 +1259,14 @@ impl PlannerActorState {
     /// a planning pass, since the ledgers may have admitted waiting programs.
     async fn route_verdict(&mut self, myself: &ActorRef<PlannerMsg>, id: SessionId) {
         self.flush(myself).await;
-        // The workflow's own verifier term when it declares one (an LLM judge), else its metric.
-        let score = self.ended.get(&id).and_then(|r| r.result.verifier_score.or(r.record.score));
         let Some(row) = self.routes.get(id).cloned() else { return };
         let spec = self.ctx.workflows.get(row.workflow as usize).cloned();
-        let success = spec.as_ref().map_or(0.0, |spec| exec::routing::verdict(spec, score, &row.feedback));
+        // The workflow's own verifier term when it declares one (an LLM judge), else its metric.
+        let ended = self.ended.get(&id);
+        let success = spec.as_ref().map_or(0.0, |spec| {
+            let score = ended.and_then(|r| exec::routing::verifier_input(spec, r.record.score, r.result.verifier_score));
+            exec::routing::verdict(spec, score, &row.feedback)
+        });
         self.routes.close(id, Some(success), spec.as_ref().and_then(|s| exec::routing::workflow_verifier(s)));
         if let Err(e) = self.planner.program_verdict(id, success, row.cost, self.ctx.clock.now()) {
             self.note(format!("router: session {id}: {e}"));

@@ -441,6 +441,7 @@ sink: Default::default(),
         self.spans.clear();
         let completed = failed.is_none();
         let score = if completed { off_the_reactor(|| exec::session_score(&self.session)) } else { None };
+        let verifier_score = if completed { off_the_reactor(|| exec::verifier_score(&self.session)) } else { None };
         match &failed {
             None => tracing::info!(score = ?score, "session completed"),
             Some(r) => tracing::warn!(reason = %r, "session failed"),
@@ -462,7 +463,7 @@ sink: Default::default(),
                 record: self.record,
                 final_output: if completed { self.session.final_output().cloned() } else { None },
                 score,
-                verifier_score: if completed { exec::verifier_score(&self.session) } else { None },
+                verifier_score,
                 failed,
             },
             calls: std::mem::take(&mut self.calls),

@@ -208,9 +208,17 @@ impl Planner {
     /// DISC's usage observation from one replica of deployment `d`: the KV it holds
     /// (`used_tokens`) for `running` requests whose contexts sum to `context_tokens`. Teaches
     /// the ledger of a routed deployment its per-request allowance δ̂; a no-op otherwise (and in
-    /// a run without a router). Answers whether a ledger learned from it.
-    pub fn observe_backend_usage(&mut self, d: DeploymentId, used_tokens: u64, context_tokens: u64, running: u32) -> bool {
-        self.routing.as_mut().is_some_and(|r| r.observe_usage(d, used_tokens, context_tokens, running))
+    /// a run without a router). It stands for `steps` engine steps (an observer that samples
+    /// once per planned run of steps weights it by them). Answers whether a ledger learned.
+    pub fn observe_backend_usage(
+        &mut self,
+        d: DeploymentId,
+        used_tokens: u64,
+        context_tokens: u64,
+        running: u32,
+        steps: u32,
+    ) -> bool {
+        self.routing.as_mut().is_some_and(|r| r.observe_usage(d, used_tokens, context_tokens, running, steps))
     }
 
     /// Whether deployment `d` is routed (DISC keeps a ledger for it).
@@ -251,7 +259,7 @@ impl Planner {
                 (Event::SessionEnded { session }, _) => Some(*session),
                 (Event::UnitReady(item), Some(routing)) => {
                     let tokens = u64::from(item.envelope.0) + u64::from(item.envelope.1);
-                    routing.unit_ready(u64::from(item.activation.session.0), tokens);
+                    routing.unit_ready(u64::from(item.activation.session.0), item.deployment, tokens);
                     None
                 }
                 _ => None,

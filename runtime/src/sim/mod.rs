@@ -71,9 +71,9 @@ pub struct SimOutput {
     pub sessions: Vec<SessionRecord>,
     /// Every routed program the run closed (verified or failed), in the order they closed.
     pub programs: Vec<exec::routing::ProgramRecord>,
-    /// The per-request allowance δ̂ each routed model's DISC ledger learned from the engines'
-    /// usage (by model name; empty without a router).
-    pub allowances: BTreeMap<String, f64>,
+    /// The per-request allowance δ̂ each routed deployment's DISC ledger learned from the
+    /// engines' usage, by deployment identity (empty without a router).
+    pub allowances: BTreeMap<DeploymentId, f64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -176,6 +176,8 @@ struct Replica {
     /// gsm8k+qmsum sessions: with runs of up to 8,192 steps a third of the planned steps were
     /// dropped by cuts, with up to 256 a seventh, for one more event per 256 steps.)
     run_steps: usize,
+    /// The engine's iteration count at its last DISC usage observation (routed models only).
+    observed_iterations: u64,
     /// Whether the iteration in progress ends a planned run.
     in_run: bool,
 }
@@ -521,6 +523,7 @@ impl<'a> Sim<'a> {
                             asleep_since: None,
                             token: 0,
                             run_steps: MIN_RUN_STEPS,
+                            observed_iterations: 0,
                             in_run: false,
                         });
                         self.schedule(until, SimEvent::LoadDone(replica));
@@ -787,7 +790,8 @@ impl<'a> Sim<'a> {
         let Some(row) = self.routes.get(s) else { return Ok(()) };
         let spec = &self.cfg.workflows[row.workflow as usize];
         // The workflow's own verifier term when it declares one (an LLM judge), else its metric.
-        let success = exec::routing::verdict(spec, row.verifier_score.or(run.record.score), &row.feedback);
+        let score = exec::routing::verifier_input(spec, run.record.score, row.verifier_score);
+        let success = exec::routing::verdict(spec, score, &row.feedback);
         let own = exec::routing::workflow_verifier(spec);
         let cost = row.cost;
         self.close_program(s);
@@ -806,6 +810,7 @@ impl<'a> Sim<'a> {
             task: self.program_tasks.remove(&s).unwrap_or_default(),
             model: row.model.clone(),
             cost: row.cost,
+            verifier_score: row.verifier_score,
         });
     }
 
@@ -995,14 +1000,17 @@ impl<'a> Sim<'a> {
                 if std::mem::take(&mut r.in_run) {
                     r.run_steps = (r.run_steps * 2).min(MAX_RUN_STEPS);
                 }
-                // DISC's usage observation (a routed model's replica, once per iteration): the
-                // KV the engine holds against its running requests' tokens teaches the ledger
-                // the per-request allowance δ̂ (paper 002 Appendix B).
+                // DISC's usage observation (a routed model's replica, at each end of an
+                // iteration or planned run, weighted by the steps it covered): the KV the engine
+                // holds against its running requests' tokens teaches the ledger the
+                // per-request allowance δ̂ (paper 002 Appendix B).
                 if self.planner.is_routed(r.deployment) {
                     let t = r.engine.telemetry();
                     let used = u64::from(t.kv_blocks_in_use) * u64::from(r.engine.config().block_size);
                     let context = r.engine.running_context_tokens();
-                    self.planner.observe_backend_usage(r.deployment, used, context, t.running as u32);
+                    let steps = u32::try_from(t.iterations.saturating_sub(r.observed_iterations)).unwrap_or(u32::MAX);
+                    r.observed_iterations = t.iterations;
+                    self.planner.observe_backend_usage(r.deployment, used, context, t.running as u32, steps);
                 }
                 r.engine.finish_iteration(now)
             }
@@ -1201,7 +1209,7 @@ impl<'a> Sim<'a> {
         report.routing = self.routes.report(&cfg.workflows);
         let allowances = (0..self.deployments.len() as u32)
             .map(DeploymentId)
-            .filter_map(|d| Some((self.deployments.get(d.0 as usize)?.model.clone(), self.planner.backend_allowance(d)?)))
+            .filter_map(|d| Some((d, self.planner.backend_allowance(d)?)))
             .collect();
         SimOutput {
             report,

@@ -811,8 +811,10 @@ fn agent_node(
         None => None,
     };
     if crate::responder::is_judge(&responder) {
-        let boolean = output.as_ref().and_then(|o| Some(o.schema.property(o.verdict.as_deref()?)?.verdict_values()?))
-            == Some(vec!["true".to_string(), "false".to_string()]);
+        let boolean = output
+            .as_ref()
+            .and_then(|o| o.schema.property(o.verdict.as_deref()?))
+            .is_some_and(|p| matches!(p, OutputSchema::Boolean));
         if !boolean {
             return Err(ctx.err(
                 m.key_pos("output").or(m.key_pos("responder")).unwrap_or(m.pos),

@@ -9,11 +9,14 @@
 //! 200, failing early with the child's last output if it exits. Another process (another
 //! engine's child starting at the same time, another program) can take the port in the window
 //! before the child binds it; its server then answers `/health` while the child starts. So an
-//! answer counts only when the port's listening socket belongs to the child's process group
-//! (`/proc/net/tcp*` and the group's open files); a port found held outside the group (or a
-//! child that exited while it is) is given up, the child stopped, and the start is made again
-//! on a fresh port ([`PORT_ATTEMPTS`] in all). Where the listener cannot be seen (a remote
-//! host, another network namespace), the answer is trusted as before.
+//! answer counts only when every listening socket on the port belongs to the child's process
+//! group (`/proc/net/tcp*` and the group's open files; with `SO_REUSEPORT` two servers can
+//! share a port); a port found held outside the group (or a child that exited while it is) is
+//! given up, the child stopped, and the start is made again on a fresh port ([`PORT_ATTEMPTS`]
+//! in all). Where no listener can be seen (a remote host, another network namespace), the
+//! answer is trusted as before. A command whose server listens outside the child's process
+//! group in this namespace (e.g. `docker run -p`, through docker-proxy) is therefore refused:
+//! the managed lifecycle stops an engine by its process group and could not stop such a server.
 //!
 //! One process-tree owner: every child is forked by one long-lived spawner thread and gets
 //! `PR_SET_PDEATHSIG(SIGKILL)` before it execs (the signal follows the death of the forking
@@ -340,9 +343,12 @@ fn listening_inodes(port: u16) -> Vec<u64> {
     out
 }
 
-/// Whether the server listening on `port` is the child's (group `pgid`) or another process's.
+/// Whether the server listening on `port` is the child's (group `pgid`) alone or also, or only,
+/// another process's: `Group` only when every listening socket on the port is the group's —
+/// with `SO_REUSEPORT` (vLLM sets it) two servers can listen on one port and the kernel splits
+/// connections between them.
 fn port_holder(port: u16, pgid: i32) -> PortHolder {
-    let listening = listening_inodes(port);
+    let mut listening = listening_inodes(port);
     if listening.is_empty() {
         return PortHolder::Unknown;
     }
@@ -360,7 +366,10 @@ fn port_holder(port: u16, pgid: i32) -> PortHolder {
                 .and_then(|t| t.strip_prefix("socket:["))
                 .and_then(|t| t.strip_suffix(']'))
                 .and_then(|t| t.parse::<u64>().ok());
-            if inode.is_some_and(|i| listening.contains(&i)) {
+            if let Some(i) = inode {
+                listening.retain(|l| *l != i);
+            }
+            if listening.is_empty() {
                 return PortHolder::Group;
             }
         }

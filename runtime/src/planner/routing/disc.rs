@@ -76,7 +76,7 @@ pub struct Ledger {
     run_sum: f64,
     run_n: u64,
     allowance_sum: f64,
-    allowance_n: u64,
+    allowance_n: f64,
     /// Admitted programs and their reservations (tokens).
     admitted: BTreeMap<u64, u64>,
     /// Programs waiting for admission, in arrival order, with their known tokens.
@@ -100,7 +100,7 @@ impl Ledger {
             run_sum: 0.0,
             run_n: 0,
             allowance_sum: 0.0,
-            allowance_n: 0,
+            allowance_n: 0.0,
             admitted: BTreeMap::new(),
             queue: VecDeque::new(),
         })
@@ -117,7 +117,7 @@ impl Ledger {
 
     /// δ̂: the learned per-request allowance (0 before any observation).
     pub fn allowance(&self) -> f64 {
-        if self.allowance_n == 0 { 0.0 } else { (self.allowance_sum / self.allowance_n as f64).max(0.0) }
+        if self.allowance_n <= 0.0 { 0.0 } else { (self.allowance_sum / self.allowance_n).max(0.0) }
     }
 
     /// D: the mean run time of finished programs, the prior before any finished.
@@ -231,11 +231,18 @@ impl Ledger {
     /// sample of δ̂ (usage = tokens + δ per running request); at or above it (saturated: the
     /// engine preempts) it is not identifiable and is ignored. Returns whether it was used.
     pub fn observe_usage(&mut self, used_tokens: u64, context_tokens: u64, running: u32) -> bool {
-        if running == 0 || used_tokens as f64 >= self.cfg.call_ceiling * self.capacity_tokens as f64 {
+        self.observe_usage_weighted(used_tokens, context_tokens, running, 1)
+    }
+
+    /// [`Self::observe_usage`] standing for `weight` samples (e.g. the engine steps an
+    /// observation covers, so that δ̂ does not depend on how often an observer looks).
+    pub fn observe_usage_weighted(&mut self, used_tokens: u64, context_tokens: u64, running: u32, weight: u32) -> bool {
+        if running == 0 || weight == 0 || used_tokens as f64 >= self.cfg.call_ceiling * self.capacity_tokens as f64 {
             return false;
         }
-        self.allowance_sum += (used_tokens as f64 - context_tokens as f64) / f64::from(running);
-        self.allowance_n += 1;
+        let w = f64::from(weight);
+        self.allowance_sum += w * (used_tokens as f64 - context_tokens as f64) / f64::from(running);
+        self.allowance_n += w;
         true
     }
 }
@@ -277,6 +284,11 @@ mod tests {
         // Saturated (≥ 95 % of the pool) or idle observations teach nothing.
         assert!(!l.observe_usage(96_000, 10_000, 2));
         assert!(!l.observe_usage(10_000, 10_000, 0));
+        // A weighted observation counts as that many samples: (1 × 1,000 + 3 × 2,000) / 4.
+        let mut w = ledger();
+        assert!(w.observe_usage_weighted(11_000, 10_000, 1, 1) && w.observe_usage_weighted(12_000, 10_000, 1, 3));
+        assert!((w.allowance() - 1_750.0).abs() < 1e-9, "{}", w.allowance());
+        assert!(!w.observe_usage_weighted(12_000, 10_000, 1, 0), "no step, no sample");
         assert_eq!(l.allowance(), 1_000.0);
     }
 

@@ -108,9 +108,17 @@ impl RoutedPrograms {
 
     /// An engine usage observation from one replica of deployment `d` (DISC's δ̂, Appendix B:
     /// the KV it holds against its running requests' tokens); whether `d`'s ledger learned from
-    /// it (`false` for a deployment outside every route, or a saturated engine).
-    pub fn observe_usage(&mut self, d: DeploymentId, used_tokens: u64, context_tokens: u64, running: u32) -> bool {
-        self.arm(d).is_some_and(|arm| self.router.observe_usage(arm, used_tokens, context_tokens, running))
+    /// it (`false` for a deployment outside every route, or a saturated engine). The observation
+    /// stands for `steps` engine steps.
+    pub fn observe_usage(
+        &mut self,
+        d: DeploymentId,
+        used_tokens: u64,
+        context_tokens: u64,
+        running: u32,
+        steps: u32,
+    ) -> bool {
+        self.arm(d).is_some_and(|arm| self.router.observe_usage_weighted(arm, used_tokens, context_tokens, running, steps))
     }
 
     /// Whether `d` is a member of some route (has a ledger).
@@ -165,10 +173,14 @@ impl RoutedPrograms {
         admitted
     }
 
-    /// A unit of `program` became ready holding `tokens` of KV at most (a no-op for a program
-    /// that is not routed).
-    pub fn unit_ready(&mut self, program: u64, tokens: u64) {
-        if let Some(r) = self.live.get_mut(&program) {
+    /// A unit of `program` on `deployment` became ready holding `tokens` of KV at most (a no-op
+    /// for a program that is not routed, and for a unit off the program's bound deployment — an
+    /// unrouted node's call, such as an LLM judge's, is not part of what the bound model's ledger
+    /// reserves, and no ledger reserves it).
+    pub fn unit_ready(&mut self, program: u64, deployment: DeploymentId, tokens: u64) {
+        if let Some(r) = self.live.get_mut(&program)
+            && r.deployment == deployment
+        {
             r.peak_tokens = r.peak_tokens.max(tokens);
         }
     }
@@ -250,14 +262,15 @@ mod tests {
         assert_eq!(p.bind(9, &[DeploymentId(4)], MATH, 100, 0.0).unwrap_err(), RouterError::Config, "not an arm");
         // Verdicts: member 7 succeeds, member 5 fails; the learner then prefers 7.
         for program in 0..4 {
-            p.unit_ready(program, 900);
+            let d = p.record(program).unwrap().deployment;
+            p.unit_ready(program, d, 900);
             p.finished(program, 30.0).unwrap();
             let good = p.record(program).unwrap().deployment == DeploymentId(7);
             p.verdict(program, if good { 1.0 } else { 0.0 }, 0.0, 60.0).unwrap();
         }
         for program in 10..40 {
             let (r, _) = p.bind(program, &route, MATH, 100, 40.0).unwrap();
-            p.unit_ready(program, 900);
+            p.unit_ready(program, r.deployment, 900);
             p.finished(program, 50.0).unwrap();
             let good = r.deployment == DeploymentId(7);
             p.verdict(program, if good { 1.0 } else { 0.0 }, 0.0, 60.0).unwrap();
@@ -275,20 +288,24 @@ mod tests {
         let (first, _) = p.bind(1, &route, MATH, 100, 0.0).unwrap();
         let (second, _) = p.bind(2, &route, MATH, 100, 0.0).unwrap();
         assert!(first.admitted_at.is_some() && second.admitted_at.is_none(), "the second waits in the ledger's FIFO");
-        p.unit_ready(1, 900);
+        p.unit_ready(1, DeploymentId(3), 900);
+        // A unit off the bound deployment (an unrouted node's call, e.g. an LLM judge's) is not
+        // part of the program's peak.
+        p.unit_ready(1, DeploymentId(9), 50_000);
+        assert_eq!(p.record(1).unwrap().peak_tokens, 900);
         assert_eq!(p.finished(1, 10.0).unwrap(), vec![2], "the first's end admits the second");
         assert_eq!(p.record(2).unwrap().admitted_at, Some(10.0));
         // A program that ends while it waits (it needed no call of its model) leaves the queue.
         let (third, _) = p.bind(3, &route, MATH, 100, 11.0).unwrap();
         assert!(third.admitted_at.is_none());
-        p.unit_ready(3, 0);
+        p.unit_ready(3, DeploymentId(3), 0);
         assert_eq!(p.finished(3, 12.0).unwrap(), Vec::<u64>::new());
         assert_eq!(p.verdict(3, 1.0, 0.0, 12.5).unwrap().1, Vec::<u64>::new());
         // A program abandoned while it waits frees its place in the queue too.
         let (fourth, _) = p.bind(4, &route, MATH, 100, 13.0).unwrap();
         assert!(fourth.admitted_at.is_none());
         p.abandon(4, 13.5).unwrap();
-        p.unit_ready(2, 900);
+        p.unit_ready(2, DeploymentId(3), 900);
         assert_eq!(p.finished(2, 20.0).unwrap(), Vec::<u64>::new(), "nothing left to admit");
     }
 }

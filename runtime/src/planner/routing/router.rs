@@ -225,7 +225,19 @@ impl Router {
     /// An engine usage observation for `model`'s backend ([`Ledger::observe_usage`]): whether
     /// it taught the allowance.
     pub fn observe_usage(&mut self, model: usize, used_tokens: u64, context_tokens: u64, running: u32) -> bool {
-        self.ledgers.get_mut(model).is_some_and(|l| l.observe_usage(used_tokens, context_tokens, running))
+        self.observe_usage_weighted(model, used_tokens, context_tokens, running, 1)
+    }
+
+    /// [`Self::observe_usage`] standing for `weight` samples ([`Ledger::observe_usage_weighted`]).
+    pub fn observe_usage_weighted(
+        &mut self,
+        model: usize,
+        used_tokens: u64,
+        context_tokens: u64,
+        running: u32,
+        weight: u32,
+    ) -> bool {
+        self.ledgers.get_mut(model).is_some_and(|l| l.observe_usage_weighted(used_tokens, context_tokens, running, weight))
     }
 
     pub fn options(&self) -> RouterOptions {

@@ -5,8 +5,9 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde_json::{json, Value};
 use switchyard_runtime::responder::{
-    extract_code, extract_gsm8k_answer, respond, ResponderError, ResponderRequest, RESPONDERS,
+    extract_code, extract_gsm8k_answer, is_judge, respond, ResponderError, ResponderRequest, RESPONDERS,
 };
+use switchyard_runtime::schema::OutputSchema;
 use switchyard_runtime::tokens;
 use switchyard_runtime::values::{LengthDist, NodeOutput, Record};
 
@@ -93,6 +94,13 @@ fn cases() -> Vec<Case> {
             prompt: "Refine.".into(),
             upstream: vec![("vote".into(), vote("200000", json!({"200000": 2, "70000": 2, "69999": 1}), "tie"))],
         },
+        Case {
+            responder: "gsm8k.judge",
+            model: "Qwen3-8B",
+            input: gsm8k_record(),
+            prompt: "Is this solution right?".into(),
+            upstream: vec![("solve".into(), NodeOutput { text: "80,000 + 50,000 = 130,000 ...\n#### 70000".into(), ..NodeOutput::default() })],
+        },
         Case { responder: "mbpp.generate", model: "Qwen3-1.7B", input: mbpp_record(), prompt: "Write it.".into(), upstream: vec![] },
         Case {
             responder: "mbpp.diagnose",
@@ -121,7 +129,14 @@ fn cases() -> Vec<Case> {
             model: "Qwen3-8B",
             input: qmsum_record(),
             prompt: "Merge the summaries.".into(),
-            upstream: vec![("lane_a".into(), summary.clone()), ("lane_b".into(), summary)],
+            upstream: vec![("lane_a".into(), summary.clone()), ("lane_b".into(), summary.clone())],
+        },
+        Case {
+            responder: "qmsum.judge",
+            model: "Qwen3-8B",
+            input: qmsum_record(),
+            prompt: "Does this summary answer the query?".into(),
+            upstream: vec![("answer".into(), summary)],
         },
         Case { responder: "generic", model: "Qwen3-14B", input: Record::new(), prompt: "Plan the work.".into(), upstream: vec![] },
     ]
@@ -129,6 +144,11 @@ fn cases() -> Vec<Case> {
 
 fn run(case: &Case, length: LengthDist, cap: u32, seed: u64) -> Result<NodeOutput, ResponderError> {
     let upstream: Vec<(&str, &NodeOutput)> = case.upstream.iter().map(|(n, o)| (n.as_str(), o)).collect();
+    // A judge answers with a structured verdict (the loader requires one).
+    let schema = is_judge(case.responder).then(|| {
+        let json = json!({"type": "object", "properties": {"correct": {"type": "boolean"}, "reason": {"type": "string"}}, "required": ["correct", "reason"]});
+        OutputSchema::from_json(&json).unwrap_or_else(|e| panic!("schema: {e}"))
+    });
     respond(&ResponderRequest {
         responder: case.responder,
         node: "node",
@@ -140,8 +160,8 @@ fn run(case: &Case, length: LengthDist, cap: u32, seed: u64) -> Result<NodeOutpu
         max_output_tokens: cap,
         seed,
         role: None,
-        schema: None,
-        verdict_field: None,
+        schema: schema.as_ref(),
+        verdict_field: schema.as_ref().map(|_| "correct"),
     })
 }
 
@@ -204,6 +224,11 @@ fn lengths_follow_the_target_and_never_exceed_the_cap() {
                 let t = target(length, cap, seed);
                 let n = tokens::count(&out.text);
                 assert_eq!(out.output_tokens as usize, n, "{}", case.responder);
+                if is_judge(case.responder) {
+                    // A structured answer's length follows the target only roughly; never the cap.
+                    assert!(n <= cap as usize, "{} seed {seed}: {n} tokens, cap {cap}", case.responder);
+                    continue;
+                }
                 assert!(n <= cap as usize && n <= t, "{} seed {seed}: {n} tokens, target {t}, cap {cap}", case.responder);
                 assert!(n + 4 >= t, "{} seed {seed}: {n} tokens, far below target {t}\n{}", case.responder, out.text);
             }
@@ -232,14 +257,14 @@ fn bad_requests_get_typed_errors_naming_the_problem() {
     assert!(matches!(run(&c, length, 0, 1), Err(ResponderError::ZeroOutputCap { .. })));
     let x = Case { responder: "gsm8k.sovle", ..cases().remove(0) };
     assert!(matches!(run(&x, length, 100, 1), Err(ResponderError::UnknownResponder { .. })));
-    let q = Case { input: record(json!({"transcript": "x"})), ..cases().remove(6) };
+    let q = Case { input: record(json!({"transcript": "x"})), ..cases().remove(7) };
     match run(&q, length, 100, 1) {
         Err(ResponderError::MissingField { field, .. }) => assert_eq!(field, "query"),
         other => panic!("{other:?}"),
     }
     let mut bad_tests = mbpp_record();
     bad_tests.insert("test_list".into(), json!("assert f()"));
-    let b = Case { input: bad_tests, ..cases().remove(2) };
+    let b = Case { input: bad_tests, ..cases().remove(3) };
     assert!(matches!(run(&b, length, 100, 1), Err(ResponderError::BadField { .. })));
 }
 
@@ -348,7 +373,7 @@ fn refine_counts_solver_outputs_when_no_vote_is_upstream() {
 
 #[test]
 fn generated_code_is_the_reference_or_a_mutant_in_a_python_fence() {
-    let c = &cases()[2];
+    let c = &cases()[3];
     let reference = c.input["code"].as_str().unwrap_or_default();
     let (mut right, mut wrong) = (0, 0);
     for seed in 0..60 {
@@ -370,7 +395,7 @@ fn generated_code_is_the_reference_or_a_mutant_in_a_python_fence() {
 #[test]
 fn diagnosis_and_review_cite_the_failure_and_a_line() {
     let cs = cases();
-    for c in [&cs[3], &cs[4]] {
+    for c in [&cs[4], &cs[5]] {
         let mut localized = 0;
         for seed in 0..40 {
             let out = ok(run(c, LengthDist { mean: 200.0, cv: 0.0 }, 512, seed));
@@ -387,7 +412,7 @@ fn diagnosis_and_review_cite_the_failure_and_a_line() {
 
 #[test]
 fn repair_fixes_with_its_repair_probability() {
-    let c = &cases()[5];
+    let c = &cases()[6];
     let reference = c.input["code"].as_str().unwrap_or_default();
     let n = 400;
     let fixed = (0..n).filter(|&s| extract_code(&ok(run(c, LengthDist { mean: 200.0, cv: 0.2 }, 512, s)).text) == reference).count();
@@ -398,7 +423,7 @@ fn repair_fixes_with_its_repair_probability() {
 
 #[test]
 fn summaries_extract_query_relevant_transcript_sentences() {
-    let c = &cases()[6];
+    let c = &cases()[7];
     let out = ok(run(c, LengthDist { mean: 60.0, cv: 0.0 }, 512, 1));
     assert!(out.text.contains("reasonable punishment"), "{}", out.text);
     assert!(!out.text.contains("Write the summary"), "{}", out.text);
@@ -410,7 +435,7 @@ fn summaries_extract_query_relevant_transcript_sentences() {
         let body = s.split_once(": ").map_or(s, |(_, b)| b);
         assert!(TRANSCRIPT.contains(body.trim_end_matches('.')), "not extracted: {s}");
     }
-    let agg = &cases()[7];
+    let agg = &cases()[8];
     let out = ok(run(agg, LengthDist { mean: 25.0, cv: 0.0 }, 512, 1));
     assert!(out.text.starts_with("Barry Hughes said children have fewer rights"), "{}", out.text);
 }

@@ -53,15 +53,28 @@ pub(crate) fn judge(
     });
     let wrong = rng.random_bool(LLM_JUDGE_ERROR);
     let decision = truth != wrong;
-    // The answer's shape and length as any structured agent's, with the decision in it.
-    let (_, mut value, _) = generic::respond(req, rng, target)?;
-    match value.as_object_mut() {
-        Some(object) => {
-            object.insert(field.to_string(), serde_json::Value::Bool(decision));
+    // The answer's shape and length as any structured agent's, with the decision in it; the
+    // schema's smallest answer when the decision would push it past the cap (the loader checks
+    // that the smallest fits; a request with a tighter cap gets it cut, as a length cap would).
+    let decide = |mut value: serde_json::Value| -> Result<serde_json::Value, ResponderError> {
+        match value.as_object_mut() {
+            Some(object) => {
+                object.insert(field.to_string(), serde_json::Value::Bool(decision));
+                Ok(value)
+            }
+            None => Err(req.bad_field("output", "a judge's output schema must be an object".into())),
         }
-        None => return Err(req.bad_field("output", "a judge's output schema must be an object".into())),
+    };
+    let (_, drawn, _) = generic::respond(req, rng, target)?;
+    let mut value = decide(drawn)?;
+    let cap = req.max_output_tokens as usize;
+    if crate::tokens::count(&value.to_string()) > cap
+        && let Some(schema) = req.schema
+    {
+        value = decide(schema.smallest())?;
     }
     let text = value.to_string();
+    let text = if crate::tokens::count(&text) > cap { super::fit::truncate_tokens(&text, cap) } else { text };
     Ok((text, value, Some(decision.to_string())))
 }
 

@@ -122,25 +122,37 @@ fn unit(session: u32, deployment: switchyard_runtime::planner::DeploymentId) -> 
     }
 }
 
-#[test]
-fn a_program_its_ledger_has_not_admitted_keeps_its_units_out_of_the_queue() {
-    let cfg = config(&["gsm8k-routed"], 2, Arrival::Burst, "small");
+/// A joint planner for `names` on the small pool whose router has the first workflow's route as
+/// its arms, each ledger `capacity` tokens: the planner, the route, the deployment map.
+fn routed_planner(
+    names: &[&str],
+    capacity: u64,
+    options: RouterOptions,
+) -> (switchyard_runtime::planner::Planner, Vec<switchyard_runtime::planner::DeploymentId>, exec::DeploymentMap) {
+    let cfg = config(names, 2, Arrival::Burst, "small");
     let (deployments, of) = exec::deployment_table(&cfg.workflows, cfg.max_num_seqs).unwrap();
     let mut planner =
         exec::build_planner(&cfg.pool, &deployments, "joint", JointOptions::default(), "oracle", Default::default())
             .unwrap();
     let route = exec::routing::route_of(0, &cfg.workflows[0], &of).unwrap().unwrap();
-    // A ledger with room for one program at a time on every member.
     planner
         .set_routing(RoutingSetup {
             arms: route.clone(),
-            capacity_tokens: vec![3_000; route.len()],
+            capacity_tokens: vec![capacity; route.len()],
             prior_peak_tokens: vec![2_048.0; route.len()],
             prior_run_s: 60.0,
             exemplars: vec![("gsm8k_exact".into(), "How many apples does Tom have?".into())],
-            options: RouterOptions { reassign: false, ..RouterOptions::default() },
+            options,
         })
         .unwrap();
+    (planner, route, of)
+}
+
+#[test]
+fn a_program_its_ledger_has_not_admitted_keeps_its_units_out_of_the_queue() {
+    // A ledger with room for one program at a time on every member.
+    let (mut planner, route, _) =
+        routed_planner(&["gsm8k-routed"], 3_000, RouterOptions { reassign: false, ..RouterOptions::default() });
     let only = &route[..1];
     let first = planner.bind_program(SessionId(0), only, "How many pears?", 10, 0.0).unwrap();
     planner.bind_program(SessionId(1), only, "How many plums?", 10, 0.0).unwrap();
@@ -187,22 +199,7 @@ fn a_program_its_ledger_has_not_admitted_keeps_its_units_out_of_the_queue() {
 
 #[test]
 fn disc_learns_the_per_request_allowance_from_a_routed_models_engine_usage() {
-    let cfg = config(&["gsm8k-routed", "gsm8k"], 2, Arrival::Burst, "small");
-    let (deployments, of) = exec::deployment_table(&cfg.workflows, cfg.max_num_seqs).unwrap();
-    let mut planner =
-        exec::build_planner(&cfg.pool, &deployments, "joint", JointOptions::default(), "oracle", Default::default())
-            .unwrap();
-    let route = exec::routing::route_of(0, &cfg.workflows[0], &of).unwrap().unwrap();
-    planner
-        .set_routing(RoutingSetup {
-            arms: route.clone(),
-            capacity_tokens: vec![100_000; route.len()],
-            prior_peak_tokens: vec![2_048.0; route.len()],
-            prior_run_s: 60.0,
-            exemplars: vec![("gsm8k_exact".into(), "How many apples does Tom have?".into())],
-            options: RouterOptions::default(),
-        })
-        .unwrap();
+    let (mut planner, route, of) = routed_planner(&["gsm8k-routed", "gsm8k"], 100_000, RouterOptions::default());
     assert_eq!(planner.backend_allowance(route[0]), Some(0.0), "nothing learned before any observation");
     // Three running requests of 1,000 tokens each, each holding 4,150 tokens of state besides.
     assert!(planner.observe_backend_usage(route[0], 3 * (1_000 + 4_150), 3_000, 3, 1));

@@ -456,7 +456,7 @@ impl RoutingLayer {
     /// An engine usage observation of `arm`'s replicas (DISC only: the ledger's allowance).
     pub fn observe_usage(&mut self, arm: usize, used_tokens: u64, context_tokens: u64, running: u32) {
         if self.cfg.admission == ProgramAdmission::Disc {
-            self.routers[0].observe_usage(arm, used_tokens, context_tokens, running);
+            self.routers[0].observe_usage(arm, used_tokens, context_tokens, running, 1);
         }
     }
 

@@ -118,7 +118,7 @@ impl RoutedPrograms {
         running: u32,
         steps: u32,
     ) -> bool {
-        self.arm(d).is_some_and(|arm| self.router.observe_usage_weighted(arm, used_tokens, context_tokens, running, steps))
+        self.arm(d).is_some_and(|arm| self.router.observe_usage(arm, used_tokens, context_tokens, running, steps))
     }
 
     /// Whether `d` is a member of some route (has a ledger).

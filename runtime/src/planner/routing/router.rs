@@ -222,14 +222,10 @@ impl Router {
         Ok(())
     }
 
-    /// An engine usage observation for `model`'s backend ([`Ledger::observe_usage`]): whether
-    /// it taught the allowance.
-    pub fn observe_usage(&mut self, model: usize, used_tokens: u64, context_tokens: u64, running: u32) -> bool {
-        self.observe_usage_weighted(model, used_tokens, context_tokens, running, 1)
-    }
-
-    /// [`Self::observe_usage`] standing for `weight` samples ([`Ledger::observe_usage_weighted`]).
-    pub fn observe_usage_weighted(
+    /// An engine usage observation for `model`'s backend, standing for `weight` samples (e.g.
+    /// the engine steps it covers; [`Ledger::observe_usage_weighted`]): whether it taught the
+    /// allowance.
+    pub fn observe_usage(
         &mut self,
         model: usize,
         used_tokens: u64,

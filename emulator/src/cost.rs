@@ -34,6 +34,14 @@
 //! without measurements reuse the constants of their closest measured class scaled by their
 //! own datasheet FLOP/s and bandwidth — a roofline extrapolation.
 //!
+//! Hybrid models (Qwen3.5: [`LinearShape`]): the full-attention layers cost as above (their
+//! query projection also emits the output gate); each Gated DeltaNet layer runs its
+//! projections, causal convolution and gated norm as linear and element-wise kernels beside the
+//! same MLP, and its recurrence as a roofline over the state it reads and writes — once per
+//! decoding sequence per step, once per prefill chunk — at the attention kernels' fitted
+//! efficiencies (an assumption: no profile of the flash-linear-attention kernels exists here).
+//! Tensor parallelism of hybrid models is not modelled (refused by `ServingConfig::validate`).
+//!
 //! [`IterationCost`] is the same model with the terms that depend only on a batch's token and
 //! sequence counts memoised (what a replica repeats step after step), with the same bits.
 //!
@@ -42,6 +50,27 @@
 
 use serde::{Deserialize, Serialize};
 use switchyard_predictor::spec::{DeviceSpec, Dtype, ModelArch};
+
+/// Tokens per chunk of the chunked Gated DeltaNet prefill kernel (flash-linear-attention's
+/// `chunk_gated_delta_rule`, which vLLM runs for Qwen3.5: chunks of 64).
+const GDN_CHUNK: f64 = 64.0;
+
+/// The Gated DeltaNet layers of a hybrid model as the cost model sees them
+/// ([`switchyard_predictor::spec::LinearAttention`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LinearShape {
+    pub layers: u64,
+    /// `num_key_heads × key_head_dim` (q and k each).
+    pub key_width: u64,
+    /// `num_value_heads × value_head_dim` (v, the output gate z and the output each).
+    pub value_width: u64,
+    pub value_heads: u64,
+    pub key_head_dim: u64,
+    pub value_head_dim: u64,
+    /// Bytes of one sequence's recurrent state plus convolution window in one layer (the
+    /// window in 16-bit activations, whatever the weights' format).
+    pub state_bytes: u64,
+}
 
 /// The shape of a decoder-only transformer as the cost model sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -58,6 +87,13 @@ pub struct ModelShape {
     pub vocab: u64,
     /// Per-head RMSNorm on q and k (Qwen3).
     pub qk_norm: bool,
+    /// The query projection also emits an output gate of the query's width (Qwen3.5).
+    #[serde(default)]
+    pub attn_output_gate: bool,
+    /// A hybrid model's linear-attention layers (`num_layers` counts them too); `None`:
+    /// every layer attends.
+    #[serde(default)]
+    pub linear: Option<LinearShape>,
 }
 
 impl ModelShape {
@@ -72,7 +108,22 @@ impl ModelShape {
             gated_mlp: true,
             vocab: model.vocab_size,
             qk_norm: model.qk_norm,
+            attn_output_gate: model.attn_output_gate,
+            linear: model.linear_attention.map(|l| LinearShape {
+                layers: l.num_layers,
+                key_width: l.key_width(),
+                value_width: l.value_width(),
+                value_heads: l.num_value_heads,
+                key_head_dim: l.key_head_dim,
+                value_head_dim: l.value_head_dim,
+                state_bytes: l.state_bytes_per_layer(Dtype::Bf16),
+            }),
         }
+    }
+
+    /// Layers with full attention (all of a dense model's).
+    pub fn attention_layers(&self) -> u64 {
+        self.num_layers - self.linear.map_or(0, |l| l.layers)
     }
 
     /// What one GPU of a `tp`-way tensor-parallel replica computes, as vLLM shards a dense
@@ -82,7 +133,9 @@ impl ModelShape {
     /// LM head holds `vocab / tp` rows; the hidden width (norms, residual add, embedding
     /// output, all-reduced after each row-parallel layer) stays whole. The identity at
     /// `tp` ≤ 1. Head counts divisible by `tp` are checked by `ServingConfig::validate`; the
-    /// intermediate and vocab widths round up (vLLM pads the vocab to a multiple of 64).
+    /// intermediate and vocab widths round up (vLLM pads the vocab to a multiple of 64). A
+    /// hybrid model's linear-attention layers are not sharded: `ServingConfig::validate`
+    /// refuses tensor parallelism for them.
     pub fn shard(&self, tp: u32) -> ModelShape {
         let t = u64::from(tp.max(1));
         if t == 1 {
@@ -673,6 +726,13 @@ impl CostModel {
         }
     }
 
+    /// The same model reading and writing its KV cache in `kv_dtype` (vLLM's
+    /// `--kv-cache-dtype`; by default the weights' format).
+    pub fn with_kv_dtype(mut self, kv_dtype: Dtype) -> Self {
+        self.kvb = kv_dtype.bytes() as f64;
+        self
+    }
+
     /// The shape one GPU computes (the whole model's at `tp` = 1).
     pub fn shape(&self) -> &ModelShape {
         &self.shape
@@ -734,7 +794,7 @@ impl CostModel {
         OpTimes {
             emb: self.elementwise(2.0 * n * h * ab, e.emb),
             input_layernorm: norm,
-            attn_pre_proj: self.linear(h, q + 2.0 * kv, n),
+            attn_pre_proj: self.linear(h, if s.attn_output_gate { 2.0 * q } else { q } + 2.0 * kv, n),
             attn_rope: self.elementwise(2.0 * n * (q + kv) * ab, e.rope),
             attn_post_proj: self.linear(q, h, n),
             post_attention_layernorm: norm,
@@ -781,6 +841,79 @@ impl CostModel {
         t
     }
 
+    /// The token-level kernels of one Gated DeltaNet layer over `num_tokens` tokens (0 for a
+    /// dense model): the fused q/k/v/z and β/decay projections, the causal convolution (an
+    /// element-wise pass over its channels), the L2 norms of q and k, the gated RMSNorm of the
+    /// output, the output projection, and the layer's norms, gated MLP and residual adds
+    /// exactly as in an attention layer (`ops`). The recurrence itself is
+    /// [`recurrence_time`](Self::recurrence_time).
+    fn linear_layer_sum(&self, ops: &OpTimes, num_tokens: u64) -> f64 {
+        let (Some(l), true) = (self.shape.linear, num_tokens > 0) else {
+            return 0.0;
+        };
+        let n = num_tokens as f64;
+        let (h, kw, vw) = (self.shape.hidden as f64, l.key_width as f64, l.value_width as f64);
+        let ab = self.ab;
+        let e = &self.eff;
+        let in_proj = self.linear(h, 2.0 * kw + 2.0 * vw + 2.0 * l.value_heads as f64, n);
+        let conv = self.elementwise(2.0 * n * (2.0 * kw + vw) * ab, e.act);
+        let qk_l2norm = self.elementwise(2.0 * n * 2.0 * kw * ab, e.norm);
+        let gated_norm = self.elementwise(3.0 * n * vw * ab, e.norm);
+        let out_proj = self.linear(vw, h, n);
+        ops.input_layernorm
+            + in_proj
+            + conv
+            + qk_l2norm
+            + gated_norm
+            + out_proj
+            + ops.post_attention_layernorm
+            + ops.mlp_up_proj
+            + ops.mlp_act
+            + ops.mlp_down_proj
+            + ops.add
+    }
+
+    /// The gated delta rule of one Gated DeltaNet layer for the batch (0 for a dense model),
+    /// as rooflines at the attention kernels' efficiencies (an assumption: no profile of these
+    /// kernels exists here). A decode step reads and writes each sequence's whole state
+    /// (`value_heads × key_head_dim × value_head_dim`, fp32 in Qwen3.5) and computes ≈ 6 FLOPs
+    /// per state element (S·k, the rank-one update, S·q); a prefill chunk reads and writes the
+    /// state once and computes, per token, the same state products plus the intra-chunk
+    /// attention over chunks of 64 tokens (`2 · 64 · (dk + dv)` per value head).
+    pub fn recurrence_time(&self, b: &BatchSummary) -> f64 {
+        let Some(l) = self.shape.linear else {
+            return 0.0;
+        };
+        let e = &self.eff;
+        let per_token_state = (l.value_heads * l.key_head_dim * l.value_head_dim) as f64;
+        let mut t = 0.0;
+        let prefills = b.requests.saturating_sub(b.decode_requests);
+        if b.prefill_tokens > 0 {
+            let tokens = b.prefill_tokens as f64;
+            let flops = tokens
+                * (6.0 * per_token_state
+                    + l.value_heads as f64 * 2.0 * GDN_CHUNK * (l.key_head_dim + l.value_head_dim) as f64);
+            let bytes = f64::from(prefills) * 2.0 * l.state_bytes as f64
+                + tokens * (2.0 * l.key_width as f64 + 2.0 * l.value_width as f64) * self.ab;
+            t += smooth_max(
+                flops / (self.peak * e.attn_prefill_mfu),
+                bytes / (self.bw * e.attn_mbu),
+                e.linear_sharpness,
+            ) + e.attn_launch_s;
+        }
+        if b.decode_requests > 0 {
+            let seqs = f64::from(b.decode_requests);
+            let flops = seqs * 6.0 * per_token_state;
+            let bytes = seqs * (2.0 * l.state_bytes as f64 + (2.0 * l.key_width as f64 + 2.0 * l.value_width as f64) * self.ab);
+            t += smooth_max(
+                flops / (self.peak * e.attn_prefill_mfu),
+                bytes / (self.bw * e.attn_mbu),
+                e.linear_sharpness,
+            ) + e.attn_launch_s;
+        }
+        t
+    }
+
     /// Host-side engine overhead of one iteration over `requests` sequences (the fit of the
     /// replica's TP degree; TP = 8 takes TP = 4's).
     pub fn cpu_overhead(&self, requests: u32) -> f64 {
@@ -807,7 +940,12 @@ impl CostModel {
     /// all-reduces join them: two per layer, one after the vocab-parallel embedding.
     fn token_terms(&self, tokens: u64) -> TokenTerms {
         let ops = self.op_times(tokens);
-        let mut terms = TokenTerms { layer_sum: ops.layer_sum(), emb: ops.emb, input_layernorm: ops.input_layernorm };
+        let mut terms = TokenTerms {
+            layer_sum: ops.layer_sum(),
+            linear_layer_sum: self.linear_layer_sum(&ops, tokens),
+            emb: ops.emb,
+            input_layernorm: ops.input_layernorm,
+        };
         if self.tp > 1 {
             let all_reduce = self.all_reduce_time(tokens);
             terms.layer_sum += 2.0 * all_reduce;
@@ -837,13 +975,26 @@ impl CostModel {
     /// of floating-point operations (so with the same bits).
     fn combine(&self, t: TokenTerms, r: RequestTerms, b: &BatchSummary) -> f64 {
         let per_layer = t.layer_sum + self.attention_time(b);
-        self.shape.num_layers as f64 * per_layer + t.emb + t.input_layernorm + r.lm_head + r.cpu
+        match self.shape.linear {
+            None => self.shape.num_layers as f64 * per_layer + t.emb + t.input_layernorm + r.lm_head + r.cpu,
+            Some(l) => {
+                let per_linear_layer = t.linear_layer_sum + self.recurrence_time(b);
+                self.shape.attention_layers() as f64 * per_layer
+                    + l.layers as f64 * per_linear_layer
+                    + t.emb
+                    + t.input_layernorm
+                    + r.lm_head
+                    + r.cpu
+            }
+        }
     }
 }
 
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct TokenTerms {
     layer_sum: f64,
+    /// One Gated DeltaNet layer's token-level kernels (0 for a dense model).
+    linear_layer_sum: f64,
     emb: f64,
     input_layernorm: f64,
 }
@@ -949,6 +1100,48 @@ mod tests {
             &model("Qwen3-8B").unwrap(),
             Dtype::Bf16,
         )
+    }
+
+    /// A hybrid model (Qwen3.5-9B on an H100): attention runs on 8 of its 32 layers, and a
+    /// decode step of the other 24 is bound by reading and writing each sequence's 2.1 MB of
+    /// state per layer — a term a dense model of its size does not have, linear in the
+    /// sequences and independent of their contexts.
+    #[test]
+    fn a_hybrid_decode_step_moves_every_sequences_state() {
+        let dev = device("H100-80GB").unwrap();
+        let hybrid = CostModel::for_arch(&dev, &model("Qwen3.5-9B").unwrap(), Dtype::Bf16);
+        let shape = *hybrid.shape();
+        let l = shape.linear.unwrap();
+        assert_eq!((shape.attention_layers(), l.layers), (8, 24));
+        assert_eq!(l.state_bytes, 32 * 128 * 128 * 4 + 3 * (2 * 2048 + 4096) * 2);
+        let decodes = |n: u32, ctx: u32| {
+            let mut b = BatchSummary::default();
+            for _ in 0..n {
+                b.add_decode(ctx);
+            }
+            b
+        };
+        // By hand: 64 sequences × 2 × 2,146,304 bytes over the bandwidth at the attention
+        // kernels' efficiency; the FLOPs (6 per state element) are far below their roofline.
+        let e = Efficiency::calibrated_for(&dev);
+        let b = decodes(64, 2000);
+        let memory = 64.0 * (2.0 * l.state_bytes as f64 + (2.0 * 2048.0 + 2.0 * 4096.0) * 2.0) / (dev.memory_bandwidth * e.attn_mbu);
+        let t = hybrid.recurrence_time(&b) - e.attn_launch_s;
+        assert!(t >= memory && t <= memory * 2f64.powf(1.0 / e.linear_sharpness), "{t} vs {memory}");
+        // Independent of the contexts; the attention layers' term is not.
+        assert_eq!(hybrid.recurrence_time(&decodes(64, 100)), hybrid.recurrence_time(&decodes(64, 30000)));
+        assert!(hybrid.iteration_time(&decodes(64, 30000)) > hybrid.iteration_time(&decodes(64, 100)));
+        // A dense model has no such term; at long contexts its decode (36 attention layers of
+        // 8 KV heads of 128) costs more than the hybrid's (8 of 4 × 256).
+        let dense = CostModel::for_arch(&dev, &model("Qwen3-8B").unwrap(), Dtype::Bf16);
+        assert_eq!(dense.recurrence_time(&b), 0.0);
+        assert!(dense.iteration_time(&decodes(64, 30000)) > hybrid.iteration_time(&decodes(64, 30000)));
+        // Prefill: one state read and write per chunk, the chunked kernel's FLOPs per token.
+        let mut p = BatchSummary::default();
+        p.add_chunk(4096, 0);
+        assert!(hybrid.recurrence_time(&p) > 0.0);
+        let memo = IterationCost::new(hybrid.clone()).iteration_time(&p);
+        assert_eq!(memo.to_bits(), hybrid.iteration_time(&p).to_bits());
     }
 
     #[test]

@@ -83,6 +83,11 @@ pub struct ServingConfig {
     /// before.
     #[serde(default = "one", skip_serializing_if = "is_one")]
     pub tensor_parallel: u32,
+    /// `--kv-cache-dtype`: the KV cache's format when it differs from the weights' (`None`:
+    /// the weights' format; not written then). vLLM's `auto` keeps an FP8 checkpoint's cache
+    /// in its 16-bit activation dtype: `Some(Bf16)` with `dtype: Fp8`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_cache_dtype: Option<Dtype>,
 }
 
 fn chunked_by_default() -> bool {
@@ -103,7 +108,13 @@ impl ServingConfig {
             enable_prefix_caching: true,
             enable_chunked_prefill: true,
             tensor_parallel: 1,
+            kv_cache_dtype: None,
         }
+    }
+
+    /// The KV cache's format ([`ServingConfig::kv_cache_dtype`], else the weights').
+    pub fn kv_dtype(&self) -> Dtype {
+        self.kv_cache_dtype.unwrap_or(self.dtype)
     }
 
     /// vLLM 0.10.2's defaults for `vllm serve` on `device` (field anchors §9; vLLM's
@@ -165,6 +176,16 @@ impl ServingConfig {
                 "max_num_batched_tokens",
                 self.max_num_batched_tokens.to_string(),
                 "must be at least max_model_len without chunked prefill",
+            );
+        }
+        if self.kv_cache_dtype == Some(Dtype::Fp32) {
+            return bad("kv_cache_dtype", "fp32".into(), "vLLM keeps the KV cache in 16 or 8 bits");
+        }
+        if model.linear_attention.is_some() && self.tensor_parallel > 1 {
+            return bad(
+                "tensor_parallel",
+                self.tensor_parallel.to_string(),
+                "tensor parallelism of a hybrid (linear-attention) model is not modelled",
             );
         }
         if u64::from(self.max_model_len) > model.max_position_embeddings {
@@ -268,7 +289,7 @@ impl MemoryPlan {
                 overhead_bytes,
                 budget_bytes,
             })?;
-        let kv_block_bytes = kv_bytes_per_token_per_gpu(model, config.dtype, tp) * u64::from(config.block_size);
+        let kv_block_bytes = kv_bytes_per_token_per_gpu(model, config.kv_dtype(), tp) * u64::from(config.block_size);
         let kv_blocks = u32::try_from(available / kv_block_bytes.max(1)).unwrap_or(u32::MAX);
         let kv_tokens = u64::from(kv_blocks) * u64::from(config.block_size);
         if kv_tokens < u64::from(config.max_model_len) {
@@ -318,7 +339,7 @@ impl MemoryPlan {
         MemoryRequirement {
             weight_bytes: weight_bytes_per_gpu(model, config.dtype, tp),
             overhead_bytes: NON_TORCH_BYTES + activation_peak_bytes(model, config),
-            kv_bytes: blocks * block * kv_bytes_per_token_per_gpu(model, config.dtype, tp),
+            kv_bytes: blocks * block * kv_bytes_per_token_per_gpu(model, config.kv_dtype(), tp),
         }
     }
 

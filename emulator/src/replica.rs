@@ -25,8 +25,9 @@
 //! admitted request hold a fixed number of blocks beyond its tokens, taken at its admission and
 //! returned at its end or preemption — the recurrent state a hybrid-attention model's
 //! linear-attention layers keep per running request, which vLLM's hybrid cache manager
-//! allocates from the same pool. A dense-attention engine (every shipped Qwen3 model) holds
-//! none.
+//! allocates from the same pool. A hybrid model (Qwen3.5: `ModelArch::linear_attention`) holds
+//! its own from its config (`ModelArch::request_state_tokens`); a dense-attention engine
+//! (every Qwen3 model) holds none unless a counterfactual state is set.
 //!
 //! A request is a sequence of `prompt + generated` tokens; an iteration computes some of the
 //! not-yet-computed ones, and when it reaches the end of the sequence the model samples one
@@ -287,7 +288,9 @@ impl EmulatedReplica {
         noise_seed: u64,
     ) -> Result<Self, EmulatorError> {
         let plan = MemoryPlan::new(&device, &model, &config)?;
-        let cost = IterationCost::new(CostModel::for_arch_tp(&device, &model, config.dtype, config.tensor_parallel));
+        let cost = IterationCost::new(
+            CostModel::for_arch_tp(&device, &model, config.dtype, config.tensor_parallel).with_kv_dtype(config.kv_dtype()),
+        );
         let sigma = ITERATION_NOISE_SIGMA;
         let noise = LogNormal::new(-sigma * sigma / 2.0, sigma).map_err(|_| {
             EmulatorError::InvalidConfig {
@@ -296,6 +299,19 @@ impl EmulatedReplica {
                 reason: "must be finite and non-negative",
             }
         })?;
+        // A hybrid model's linear-attention state, in whole blocks of its KV cache.
+        let state_tokens =
+            model.request_state_bytes(config.dtype).div_ceil(model.kv_bytes_per_token(config.kv_dtype()).max(1));
+        let state_blocks = blocks_for(u32::try_from(state_tokens).unwrap_or(u32::MAX), config.block_size);
+        if u64::from(blocks_for(config.max_model_len, config.block_size)) + u64::from(state_blocks)
+            > u64::from(plan.kv_blocks)
+        {
+            return Err(EmulatorError::InvalidConfig {
+                field: "max_model_len",
+                value: config.max_model_len.to_string(),
+                reason: "a max_model_len sequence and the model's per-request state do not fit the KV cache",
+            });
+        }
         Ok(EmulatedReplica {
             pool: BlockPool::new(plan.kv_blocks),
             device,
@@ -316,19 +332,28 @@ impl EmulatedReplica {
             rng: ChaCha8Rng::seed_from_u64(noise_seed),
             noise,
             counters: Counters::default(),
-            state_blocks: 0,
+            state_blocks,
         })
     }
 
     /// Makes every admitted request hold `tokens` token-equivalents of KV (whole blocks)
     /// beyond its own tokens, for as long as it is admitted: the fixed recurrent state of a
     /// hybrid-attention model's linear-attention layers, which vLLM's hybrid cache manager
-    /// allocates per running request whatever its length. 0 (the default) is a dense-attention
-    /// engine, whose KV is exactly its tokens. Refused while requests are in flight, and when
+    /// allocates per running request whatever its length — a counterfactual on a dense model,
+    /// whose KV is otherwise exactly its tokens (0, the default). A hybrid model's replica
+    /// holds its own state from the start (`ModelArch::request_state_tokens`, in the serving
+    /// dtype's KV tokens) and refuses this setting. Refused while requests are in flight, and when
     /// one `max_model_len` sequence with its state would not fit the cache (vLLM refuses to
     /// start such an engine).
     pub fn set_request_state_tokens(&mut self, tokens: u32) -> Result<(), EmulatorError> {
         let state = blocks_for(tokens, self.config.block_size);
+        if self.model.linear_attention.is_some() {
+            return Err(EmulatorError::InvalidConfig {
+                field: "request_state_tokens",
+                value: tokens.to_string(),
+                reason: "a hybrid model's per-request state is its own (from its config)",
+            });
+        }
         if self.in_flight() > 0 {
             return Err(EmulatorError::InvalidConfig {
                 field: "request_state_tokens",
@@ -1219,7 +1244,7 @@ fn register_full_blocks(pool: &mut BlockPool, seq: &mut Sequence, block_size: u3
 mod tests {
     use super::*;
     use proptest::prelude::*;
-    use switchyard_predictor::spec::{Dtype, model};
+    use switchyard_predictor::spec::{Dtype, device, model};
 
     /// A 4 GiB test device: Qwen3-0.6B leaves a KV cache of a few hundred blocks, so
     /// modest request mixes overflow it.
@@ -1404,6 +1429,43 @@ mod tests {
         assert!(r.set_request_state_tokens(total * 16).is_err());
         r.submit(EngineRequest { id: 1, prompt_tokens: 10, prefix_hashes: Vec::new(), generated_hashes: Vec::new(), output_tokens: 5 }, 0.0).unwrap();
         assert!(r.set_request_state_tokens(16).is_err());
+    }
+
+    /// A hybrid model's replica holds its config's state per running request from the start
+    /// (Qwen3.5-9B in BF16: 1,572 tokens of its KV cache, 99 blocks of 16) and refuses a
+    /// counterfactual one.
+    #[test]
+    fn a_hybrid_model_holds_its_own_state_per_running_request() {
+        let m = model("Qwen3.5-9B").unwrap();
+        let cfg = ServingConfig::vllm_defaults_on(&device("H100-80GB").unwrap(), Dtype::Bf16, 32768);
+        let mut r = EmulatedReplica::new(device("H100-80GB").unwrap(), m, cfg, 1).unwrap();
+        let t = r.begin_load(0.0).unwrap();
+        assert!(r.finish_transition(t));
+        assert!(r.set_request_state_tokens(16).is_err());
+        for id in 0..3 {
+            let req = EngineRequest { id, prompt_tokens: 1000, prefix_hashes: Vec::new(), generated_hashes: Vec::new(), output_tokens: 50 };
+            r.submit(req, 0.0).unwrap();
+        }
+        let end = r.start_iteration(0.0).unwrap();
+        r.check_invariants();
+        let t = r.telemetry();
+        assert_eq!(t.running, 3);
+        let per_request = blocks_for(1000, 16) + blocks_for(1572, 16);
+        assert_eq!(t.kv_blocks_in_use, 3 * per_request, "prompt blocks plus 99 state blocks each");
+        let mut now = end;
+        r.finish_iteration(now);
+        while let Some(end) = r.start_iteration(now) {
+            now = end;
+            r.finish_iteration(now);
+        }
+        assert_eq!(r.telemetry().kv_blocks_in_use, 0);
+        // Tensor parallelism of a hybrid model is refused with its field.
+        let tp2 = ServingConfig {
+            tensor_parallel: 2,
+            ..ServingConfig::vllm_defaults_on(&device("H100-80GB").unwrap(), Dtype::Bf16, 32768)
+        };
+        let err = EmulatedReplica::new(device("H100-80GB").unwrap(), model("Qwen3.5-9B").unwrap(), tp2, 1).err().unwrap();
+        assert!(err.to_string().contains("tensor_parallel"), "{err}");
     }
 
     /// V0 preempts a decoding request by recompute when a decode needs a block and none is

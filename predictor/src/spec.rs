@@ -40,8 +40,10 @@ impl Dtype {
     }
 }
 
-/// The architecture fields of a dense decoder-only transformer (Qwen3 / Llama family),
-/// as published in its Hugging Face `config.json`.
+/// The architecture fields of a decoder-only transformer as published in its Hugging Face
+/// `config.json`: a dense one (Qwen3 / Llama family), or a hybrid one (Qwen3.5) whose layers
+/// are mostly Gated DeltaNet linear attention with a full-attention layer every few
+/// ([`LinearAttention`]).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ModelArch {
     /// Catalogue name, e.g. `Qwen3-8B`.
@@ -57,6 +59,70 @@ pub struct ModelArch {
     pub max_position_embeddings: u64,
     /// Qwen3 applies RMSNorm to q and k per head (`q_norm`, `k_norm`).
     pub qk_norm: bool,
+    /// The full-attention layers gate their output (`attn_output_gate`, Qwen3.5): the query
+    /// projection emits the query and a gate of the same width.
+    #[serde(default)]
+    pub attn_output_gate: bool,
+    /// The linear-attention layers of a hybrid model; `None` for a dense one.
+    #[serde(default)]
+    pub linear_attention: Option<LinearAttention>,
+}
+
+/// The Gated DeltaNet layers of a hybrid model (Qwen3.5, after Qwen3-Next): each keeps, per
+/// sequence, a fixed recurrent state of `value heads × key_head_dim × value_head_dim` (in
+/// `mamba_ssm_dtype`) and a causal-convolution window of `kernel − 1` inputs (in the model's
+/// dtype) instead of a KV cache that grows with the context. Field names as in the config.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LinearAttention {
+    /// Layers of this kind (`layer_types` entries `linear_attention`).
+    pub num_layers: u64,
+    pub num_key_heads: u64,
+    pub num_value_heads: u64,
+    pub key_head_dim: u64,
+    pub value_head_dim: u64,
+    pub conv_kernel_dim: u64,
+    /// Bytes per element of the recurrent state (`mamba_ssm_dtype`: float32 in Qwen3.5).
+    pub state_dtype_bytes: u64,
+}
+
+impl LinearAttention {
+    /// Width of the query (= key) projection output, `num_key_heads × key_head_dim`.
+    pub fn key_width(&self) -> u64 {
+        self.num_key_heads * self.key_head_dim
+    }
+
+    /// Width of the value projection output, `num_value_heads × value_head_dim`.
+    pub fn value_width(&self) -> u64 {
+        self.num_value_heads * self.value_head_dim
+    }
+
+    /// Channels of the causal convolution (q, k and v concatenated).
+    pub fn conv_dim(&self) -> u64 {
+        2 * self.key_width() + self.value_width()
+    }
+
+    /// Parameters of the matrix multiplies of one layer's token mixer: the fused q/k/v/z
+    /// projection (`in_proj_qkvz`, z the output gate of value width), the per-head β and
+    /// decay projections (`in_proj_ba`) and the output projection.
+    pub fn mixer_linear_params(&self, hidden: u64) -> u64 {
+        hidden * (2 * self.key_width() + 2 * self.value_width()) + hidden * 2 * self.num_value_heads
+            + self.value_width() * hidden
+    }
+
+    /// The small parameters of one layer's token mixer: convolution weights, per-head decay
+    /// (`A_log`) and `dt_bias`, the gated RMSNorm over a value head.
+    pub fn mixer_other_params(&self) -> u64 {
+        self.conv_dim() * self.conv_kernel_dim + 2 * self.num_value_heads + self.value_head_dim
+    }
+
+    /// Bytes of one sequence's state in one layer: the recurrent state in
+    /// `state_dtype_bytes`, the convolution window in the activations' dtype (bf16 for an
+    /// FP8 checkpoint, whose activations are not quantized).
+    pub fn state_bytes_per_layer(&self, dtype: Dtype) -> u64 {
+        let activation_bytes = if dtype == Dtype::Fp8 { 2 } else { dtype.bytes() };
+        self.num_value_heads * self.key_head_dim * self.value_head_dim * self.state_dtype_bytes
+            + self.conv_dim() * self.conv_kernel_dim.saturating_sub(1) * activation_bytes
+    }
 }
 
 #[derive(Deserialize)]
@@ -74,15 +140,46 @@ struct HfConfig {
     max_position_embeddings: Option<u64>,
     #[serde(default)]
     model_type: Option<String>,
+    #[serde(default)]
+    attn_output_gate: bool,
+    #[serde(default)]
+    layer_types: Option<Vec<String>>,
+    #[serde(default)]
+    full_attention_interval: Option<u64>,
+    #[serde(default)]
+    linear_num_key_heads: Option<u64>,
+    #[serde(default)]
+    linear_num_value_heads: Option<u64>,
+    #[serde(default)]
+    linear_key_head_dim: Option<u64>,
+    #[serde(default)]
+    linear_value_head_dim: Option<u64>,
+    #[serde(default)]
+    linear_conv_kernel_dim: Option<u64>,
+    #[serde(default)]
+    mamba_ssm_dtype: Option<String>,
+}
+
+/// A multimodal checkpoint's config keeps the language model's fields under `text_config`.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum HfConfigFile {
+    Nested { text_config: HfConfig },
+    Flat(HfConfig),
 }
 
 impl ModelArch {
     /// Parse a Hugging Face `config.json`. `source_name` names the file in errors.
     pub fn from_hf_config(name: &str, source_name: &str, json: &str) -> Result<Self, SpecError> {
-        let cfg: HfConfig = serde_json::from_str(json).map_err(|e| SpecError::BadModelConfig {
-            source_name: source_name.to_string(),
-            message: format!("line {} column {}: {e}", e.line(), e.column()),
-        })?;
+        let bad = |message: String| SpecError::BadModelConfig { source_name: source_name.to_string(), message };
+        // Parsed as a value first so that a syntax error keeps its line and column.
+        let value: serde_json::Value =
+            serde_json::from_str(json).map_err(|e| bad(format!("line {} column {}: {e}", e.line(), e.column())))?;
+        let cfg = match serde_json::from_value::<HfConfigFile>(value) {
+            Ok(HfConfigFile::Nested { text_config }) => text_config,
+            Ok(HfConfigFile::Flat(cfg)) => cfg,
+            Err(e) => return Err(bad(e.to_string())),
+        };
         if cfg.num_attention_heads == 0 || cfg.hidden_size == 0 || cfg.num_hidden_layers == 0 {
             return Err(SpecError::BadModelConfig {
                 source_name: source_name.to_string(),
@@ -91,6 +188,8 @@ impl ModelArch {
             });
         }
         let head_dim = cfg.head_dim.unwrap_or(cfg.hidden_size / cfg.num_attention_heads);
+        let linear_attention = linear_attention(&cfg).map_err(bad)?;
+        let qk_norm = matches!(cfg.model_type.as_deref(), Some("qwen3" | "qwen3_5" | "qwen3_5_text" | "qwen3_next"));
         Ok(ModelArch {
             name: name.to_string(),
             hidden_size: cfg.hidden_size,
@@ -102,8 +201,21 @@ impl ModelArch {
             vocab_size: cfg.vocab_size,
             tie_word_embeddings: cfg.tie_word_embeddings,
             max_position_embeddings: cfg.max_position_embeddings.unwrap_or(4096),
-            qk_norm: cfg.model_type.as_deref() == Some("qwen3"),
+            qk_norm,
+            attn_output_gate: cfg.attn_output_gate,
+            linear_attention,
         })
+    }
+
+    /// Layers with full (softmax) attention and a KV cache: all of a dense model's.
+    pub fn attention_layers(&self) -> u64 {
+        self.num_hidden_layers - self.linear_attention.map_or(0, |l| l.num_layers)
+    }
+
+    /// Width of the query projection's output: the query, and as much again for the output
+    /// gate where the model has one.
+    pub fn q_proj_width(&self) -> u64 {
+        self.q_width() * if self.attn_output_gate { 2 } else { 1 }
     }
 
     /// Width of the query projection output (`num_attention_heads × head_dim`).
@@ -116,25 +228,39 @@ impl ModelArch {
         self.num_key_value_heads * self.head_dim
     }
 
-    /// Parameters of the matrix multiplies of one decoder layer (q, k, v, o and the gated MLP).
+    /// Parameters of the matrix multiplies of one full-attention decoder layer (q — with its
+    /// gate where the model has one —, k, v, o and the gated MLP).
     pub fn layer_linear_params(&self) -> u64 {
         let h = self.hidden_size;
-        let attn = h * self.q_width() + 2 * h * self.kv_width() + self.q_width() * h;
-        let mlp = 3 * h * self.intermediate_size;
-        attn + mlp
+        let attn = h * self.q_proj_width() + 2 * h * self.kv_width() + self.q_width() * h;
+        attn + self.mlp_params()
     }
 
-    /// Parameters of the norms of one decoder layer.
+    /// Parameters of one layer's gated MLP (up, gate, down).
+    pub fn mlp_params(&self) -> u64 {
+        3 * self.hidden_size * self.intermediate_size
+    }
+
+    /// Parameters of the norms of one full-attention decoder layer.
     pub fn layer_norm_params(&self) -> u64 {
         2 * self.hidden_size + if self.qk_norm { 2 * self.head_dim } else { 0 }
+    }
+
+    /// Parameters of the matrix multiplies of all decoder layers.
+    pub fn all_layers_linear_params(&self) -> u64 {
+        let linear = self.linear_attention.map_or(0, |l| l.num_layers * (l.mixer_linear_params(self.hidden_size) + self.mlp_params()));
+        self.attention_layers() * self.layer_linear_params() + linear
     }
 
     /// Total parameter count (tied embeddings counted once).
     pub fn param_count(&self) -> u64 {
         let embed = self.vocab_size * self.hidden_size;
         let lm_head = if self.tie_word_embeddings { 0 } else { embed };
-        let layers = self.num_hidden_layers * (self.layer_linear_params() + self.layer_norm_params());
-        embed + lm_head + layers + self.hidden_size
+        let layers = self.attention_layers() * (self.layer_linear_params() + self.layer_norm_params());
+        let linear = self.linear_attention.map_or(0, |l| {
+            l.num_layers * (l.mixer_linear_params(self.hidden_size) + self.mlp_params() + l.mixer_other_params() + 2 * self.hidden_size)
+        });
+        embed + lm_head + layers + linear + self.hidden_size
     }
 
     /// Weight bytes in `dtype`.
@@ -142,17 +268,79 @@ impl ModelArch {
         self.param_count() * dtype.bytes()
     }
 
-    /// KV-cache bytes per token: 2 (K and V) × layers × kv heads × head_dim × dtype bytes.
+    /// KV-cache bytes per token: 2 (K and V) × full-attention layers × kv heads × head_dim ×
+    /// dtype bytes.
     pub fn kv_bytes_per_token(&self, dtype: Dtype) -> u64 {
-        2 * self.num_hidden_layers * self.kv_width() * dtype.bytes()
+        2 * self.attention_layers() * self.kv_width() * dtype.bytes()
+    }
+
+    /// Bytes of state each running sequence holds whatever its length: the linear-attention
+    /// layers' recurrent and convolution state (0 for a dense model). vLLM's hybrid cache
+    /// manager allocates it from the same pool as the KV cache.
+    pub fn request_state_bytes(&self, dtype: Dtype) -> u64 {
+        self.linear_attention.map_or(0, |l| l.num_layers * l.state_bytes_per_layer(dtype))
+    }
+
+    /// [`request_state_bytes`](Self::request_state_bytes) in tokens of KV cache (rounded up).
+    pub fn request_state_tokens(&self, dtype: Dtype) -> u64 {
+        self.request_state_bytes(dtype).div_ceil(self.kv_bytes_per_token(dtype).max(1))
     }
 
     /// FLOPs of all matrix multiplies per token in a forward pass, LM head included
     /// (2 FLOPs per multiply-accumulate). Attention score / value products are excluded:
     /// they depend on the context length.
     pub fn linear_flops_per_token(&self) -> u64 {
-        2 * (self.num_hidden_layers * self.layer_linear_params() + self.vocab_size * self.hidden_size)
+        2 * (self.all_layers_linear_params() + self.vocab_size * self.hidden_size)
     }
+}
+
+/// The linear-attention layers a config describes: from `layer_types`, else every layer but
+/// each `full_attention_interval`-th; `None` when it has neither.
+fn linear_attention(cfg: &HfConfig) -> Result<Option<LinearAttention>, String> {
+    let num_layers = match (&cfg.layer_types, cfg.full_attention_interval) {
+        (Some(types), _) => {
+            if types.len() as u64 != cfg.num_hidden_layers {
+                return Err(format!(
+                    "layer_types lists {} layers, num_hidden_layers is {}",
+                    types.len(),
+                    cfg.num_hidden_layers
+                ));
+            }
+            if let Some(t) = types.iter().find(|t| *t != "linear_attention" && *t != "full_attention") {
+                return Err(format!("layer_types: unknown layer type `{t}`"));
+            }
+            types.iter().filter(|t| *t == "linear_attention").count() as u64
+        }
+        (None, Some(0)) => return Err("full_attention_interval must be positive".into()),
+        (None, Some(k)) => cfg.num_hidden_layers - cfg.num_hidden_layers / k,
+        (None, None) => 0,
+    };
+    if num_layers == 0 {
+        return Ok(None);
+    }
+    if num_layers == cfg.num_hidden_layers {
+        return Err("a hybrid model needs at least one full_attention layer".into());
+    }
+    let field = |v: Option<u64>, name: &str| match v {
+        Some(v) if v > 0 => Ok(v),
+        _ => Err(format!("{name} must be a positive integer in a model with linear_attention layers")),
+    };
+    let state_dtype_bytes = match cfg.mamba_ssm_dtype.as_deref() {
+        // vLLM's `auto`: the model's activation dtype (bf16).
+        None => 2,
+        Some("float32") => 4,
+        Some("bfloat16" | "float16") => 2,
+        Some(other) => return Err(format!("mamba_ssm_dtype: unknown dtype `{other}`")),
+    };
+    Ok(Some(LinearAttention {
+        num_layers,
+        num_key_heads: field(cfg.linear_num_key_heads, "linear_num_key_heads")?,
+        num_value_heads: field(cfg.linear_num_value_heads, "linear_num_value_heads")?,
+        key_head_dim: field(cfg.linear_key_head_dim, "linear_key_head_dim")?,
+        value_head_dim: field(cfg.linear_value_head_dim, "linear_value_head_dim")?,
+        conv_kernel_dim: field(cfg.linear_conv_kernel_dim, "linear_conv_kernel_dim")?,
+        state_dtype_bytes,
+    }))
 }
 
 /// One kind of GPU, from its vendor datasheet.
@@ -247,9 +435,28 @@ pub fn model_catalogue() -> Vec<ModelArch> {
         .collect()
 }
 
-/// Look a model up by catalogue name (case-insensitive).
+const HYBRID_CONFIGS: [(&str, &str); 2] = [
+    ("Qwen3.5-9B", include_str!("../data/qwen3.5/Qwen3.5-9B.json")),
+    ("Qwen3.6-27B", include_str!("../data/qwen3.5/Qwen3.6-27B.json")),
+];
+
+/// The hybrid-attention models (Qwen3.5 family: Gated DeltaNet layers with a full-attention
+/// layer every fourth), parsed from their configs' language-model fields
+/// (`predictor/data/qwen3.5/SOURCE.md`). Kept apart from [`model_catalogue`], the models the
+/// shipped workflows and responders cover; [`model`] finds both.
+pub fn hybrid_catalogue() -> Vec<ModelArch> {
+    HYBRID_CONFIGS
+        .iter()
+        .filter_map(|(name, json)| {
+            ModelArch::from_hf_config(name, &format!("predictor/data/qwen3.5/{name}.json"), json).ok()
+        })
+        .collect()
+}
+
+/// Look a model up by catalogue name (case-insensitive), dense or hybrid.
 pub fn model(name: &str) -> Result<ModelArch, SpecError> {
-    let all = model_catalogue();
+    let mut all = model_catalogue();
+    all.extend(hybrid_catalogue());
     all.iter()
         .find(|m| m.name.eq_ignore_ascii_case(name))
         .cloned()
@@ -286,6 +493,60 @@ mod tests {
             let got = m.param_count() as f64;
             assert!((got - params).abs() / params < 0.01, "{name}: {got} vs {params}");
         }
+    }
+
+    #[test]
+    fn hybrid_configs_parse_to_the_published_sizes() {
+        assert_eq!(hybrid_catalogue().len(), HYBRID_CONFIGS.len());
+        // Language model only (the vision tower and the MTP layer are not served here):
+        // Qwen3.5-9B 8.95 B, Qwen3.6-27B 26.9 B.
+        for (name, params) in [("Qwen3.5-9B", 8.95e9), ("Qwen3.6-27B", 26.9e9)] {
+            let m = model(name).unwrap();
+            let got = m.param_count() as f64;
+            assert!((got - params).abs() / params < 0.01, "{name}: {got} vs {params}");
+        }
+    }
+
+    #[test]
+    fn hybrid_state_and_kv_by_hand() {
+        // Qwen3.5-9B: 8 of 32 layers attend: KV 2 × 8 × 4 heads × 256 × 2 bytes = 32,768 per
+        // token. 24 Gated DeltaNet layers hold 32 × 128 × 128 fp32 state and a window of 3 ×
+        // (2 × 16 × 128 + 32 × 128) bf16 inputs: 24 × (2,097,152 + 49,152) = 51,511,296 bytes,
+        // 1,572 tokens of KV.
+        let m = model("Qwen3.5-9B").unwrap();
+        assert_eq!(m.attention_layers(), 8);
+        assert_eq!(m.kv_bytes_per_token(Dtype::Bf16), 32_768);
+        assert_eq!(m.request_state_bytes(Dtype::Bf16), 51_511_296);
+        assert_eq!(m.request_state_tokens(Dtype::Bf16), 1_572);
+        // Qwen3.6-27B with an FP8 cache: 16 of 64 layers attend, 2 × 16 × 4 × 256 × 1 = 32,768
+        // bytes per token; 48 layers × (48 × 128 × 128 × 4 + 3 × (4,096 + 6,144) × 2 — the
+        // window in bf16 activations) = 153,944,064 bytes, 4,698 tokens.
+        let m = model("Qwen3.6-27B").unwrap();
+        assert_eq!(m.attention_layers(), 16);
+        assert_eq!(m.kv_bytes_per_token(Dtype::Fp8), 32_768);
+        assert_eq!(m.request_state_bytes(Dtype::Fp8), 153_944_064);
+        assert_eq!(m.request_state_tokens(Dtype::Fp8), 4_698);
+        // A dense model holds none.
+        assert_eq!(model("Qwen3-8B").unwrap().request_state_bytes(Dtype::Bf16), 0);
+    }
+
+    #[test]
+    fn bad_hybrid_configs_say_which_field() {
+        let cfg = |extra: &str| {
+            format!(
+                r#"{{"text_config": {{"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4,
+                "num_attention_heads": 2, "vocab_size": 10 {extra}}}}}"#
+            )
+        };
+        let err = |extra: &str| ModelArch::from_hf_config("x", "x.json", &cfg(extra)).unwrap_err().to_string();
+        assert!(err(r#", "full_attention_interval": 2"#).contains("linear_num_key_heads"));
+        assert!(err(r#", "layer_types": ["linear_attention"]"#).contains("layer_types lists 1"));
+        let all_linear = r#", "layer_types": ["linear_attention", "linear_attention", "linear_attention", "linear_attention"]"#;
+        assert!(err(all_linear).contains("at least one full_attention"));
+        assert!(err(r#", "layer_types": ["a", "b", "c", "d"]"#).contains("unknown layer type"));
+        // Nested under text_config and without linear layers: a dense model.
+        let dense = ModelArch::from_hf_config("x", "x.json", &cfg("")).unwrap();
+        assert_eq!(dense.linear_attention, None);
     }
 
     #[test]

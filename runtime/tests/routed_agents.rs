@@ -21,7 +21,7 @@ fn cfg(scheduler: SchedulerKind, workers: usize) -> AgentRunConfig {
 
 /// The bench's H100 pair: Qwen3-32B (fp8) and Qwen3-8B (bf16).
 fn pair() -> AgentPoolSpec {
-    oracle_programs::pool("H100-80GB", 0)
+    oracle_programs::pool("H100-80GB", (oracle_programs::LARGER, oracle_programs::SMALLER), 0)
 }
 
 fn routing(admission: ProgramAdmission, reassign: bool, feedback: Feedback) -> ProgramRouting {
@@ -236,6 +236,7 @@ fn refusals_are_typed() {
         max_model_len: 40_960,
         dtype: Dtype::Bf16,
         request_state_tokens: 0,
+        kv_cache_dtype: None,
     });
     let err = run_routed_agents(&trace, &pool, &cfg(SchedulerKind::CacheAware, 2), &ok).unwrap_err();
     assert!(err.to_string().contains("Qwen3-4B"), "{err}");
@@ -329,7 +330,7 @@ fn disc_learns_the_per_request_state_a_hybrid_engine_holds() {
     assert!(dense.allowance_tokens.iter().all(|&a| (0.0..32.0).contains(&a)), "{:?}", dense.allowance_tokens);
     let hybrid = run_routed_agents(
         &trace,
-        &oracle_programs::pool("H100-80GB", 4_096),
+        &oracle_programs::pool("H100-80GB", (oracle_programs::LARGER, oracle_programs::SMALLER), 4_096),
         &cfg(SchedulerKind::ThunderAgent, 12),
         &r,
     )
@@ -346,4 +347,28 @@ fn disc_learns_the_per_request_state_a_hybrid_engine_holds() {
     // Without the ledger there is nothing that learns it.
     let free = routing(ProgramAdmission::Immediate, false, Feedback::Delayed);
     assert!(run(&trace, SchedulerKind::ThunderAgent, 12, &free).allowance_tokens.is_empty());
+}
+
+/// Paper 002's own pair, hybrid-attention models with their configs' state (Qwen3.6-27B, FP8
+/// weights and a BF16 cache: 2,349 tokens of KV per running request; Qwen3.5-9B: 1,572): DISC's ledger learns
+/// each model's own allowance from usage, the larger one's well above the smaller one's.
+#[test]
+fn disc_learns_each_hybrid_models_own_state() {
+    let trace = generate(AgentWorkload::SweLite, 24, 10);
+    let mut r = routing(ProgramAdmission::Disc, false, Feedback::Delayed);
+    r.arms[0].model = oracle_programs::HYBRID_LARGER.into();
+    r.arms[1].model = oracle_programs::HYBRID_SMALLER.into();
+    let hybrid =
+        oracle_programs::pool("H100-80GB", (oracle_programs::HYBRID_LARGER, oracle_programs::HYBRID_SMALLER), 0);
+    let report = run_routed_agents(&trace, &hybrid, &cfg(SchedulerKind::ThunderAgent, 12), &r).unwrap().1;
+    let a = &report.allowance_tokens;
+    assert_eq!(a.len(), 2, "{a:?}");
+    // Below the state by at most the shared prefix's share (see the dense counterfactual test
+    // above), never above it by more than a block's rounding.
+    assert!((1_200.0..2_349.0 + 32.0).contains(&a[0]), "{a:?}");
+    assert!((500.0..1_572.0 + 32.0).contains(&a[1]), "{a:?}");
+    // A hybrid model refuses a counterfactual state on top of its own.
+    let both =
+        oracle_programs::pool("H100-80GB", (oracle_programs::HYBRID_LARGER, oracle_programs::HYBRID_SMALLER), 1_000);
+    assert!(run_routed_agents(&trace, &both, &cfg(SchedulerKind::ThunderAgent, 12), &r).is_err());
 }

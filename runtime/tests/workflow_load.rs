@@ -111,6 +111,10 @@ fn unknown_deployment_model_responder_and_tool() {
         18,
         "deployments.small.model",
     );
+    // A hybrid model of the catalogue: known, but not deployable in a workflow.
+    let e = err(&BASE.replace("Qwen3-0.6B", "Qwen3.5-9B"));
+    assert_at(&e, ErrorKind::UnknownModel, 3, 18, "deployments.small.model");
+    assert!(e.to_string().contains("hybrid"), "{e}");
     let e = err(&BASE.replace("generic", "gsm8k.solver"));
     assert_at(&e, ErrorKind::UnknownResponder, 7, 16, "nodes.a.responder");
     assert!(e.to_string().contains("did you mean `gsm8k.solve`"), "{e}");

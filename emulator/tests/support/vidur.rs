@@ -166,6 +166,8 @@ pub fn load_mlp_tp(vidur_device: &str, tp: u32) -> Res<Vec<MlpRow>> {
                 gated_mlp: field(c_g).eq_ignore_ascii_case("true"),
                 vocab: num(c_v)?,
                 qk_norm: false,
+                attn_output_gate: false,
+                linear: None,
             };
             let mut ops = BTreeMap::new();
             for &(op, c) in &op_cols {
@@ -216,6 +218,8 @@ pub fn legacy_attention_shape() -> ModelShape {
         gated_mlp: true,
         vocab: 0,
         qk_norm: false,
+        attn_output_gate: false,
+        linear: None,
     }
 }
 

@@ -50,9 +50,16 @@ pub const SUCCESS_SMALLER: f64 = 0.44;
 /// judging agent transcripts is likely to err more).
 pub const JUDGE_ERROR: f64 = 0.15;
 
-/// The models in the two roles.
+/// The models in the two roles on the dense pools: Qwen3-32B (FP8) for Qwen3.6-27B-FP8, Qwen3-8B
+/// for Qwen3.5-9B.
 pub const LARGER: &str = "Qwen3-32B";
 pub const SMALLER: &str = "Qwen3-8B";
+
+/// Paper 002's own pair (§5.1): Qwen3.6-27B-FP8 and Qwen3.5-9B, hybrid-attention models whose
+/// every running request holds its linear-attention layers' state (from their configs:
+/// 2,349 and 1,572 tokens of their BF16 KV caches).
+pub const HYBRID_LARGER: &str = "Qwen3.6-27B";
+pub const HYBRID_SMALLER: &str = "Qwen3.5-9B";
 
 /// Context length each replica serves (Qwen3's native window; the generated sessions stay below it).
 const MAX_MODEL_LEN: u32 = 40_960;
@@ -153,38 +160,65 @@ pub struct PoolCalibration {
     pub allowance_tokens: Vec<f64>,
 }
 
-/// The two-model pool on two GPUs of `device`, each running request holding
-/// `request_state_tokens` of KV beyond its tokens (0: Qwen3's dense attention).
-pub fn pool(device: &str, request_state_tokens: u32) -> AgentPoolSpec {
-    let replica = |model: &str, dtype| AgentReplicaSpec {
+/// The two-model pool on two GPUs of `device`: `models` (larger, smaller), the larger with FP8
+/// weights, the smaller in BF16; each running request of a dense model holding
+/// `request_state_tokens` of KV beyond its tokens (0: none; a hybrid model holds its own). The
+/// dense larger model keeps an FP8 KV cache (`--kv-cache-dtype fp8`), the hybrid one vLLM's
+/// default for an FP8 checkpoint, a BF16 cache — as paper 002 ran it (it names no KV flag).
+pub fn pool(device: &str, models: (&str, &str), request_state_tokens: u32) -> AgentPoolSpec {
+    let hybrid = switchyard_predictor::spec::model(models.0).is_ok_and(|m| m.linear_attention.is_some());
+    let replica = |model: &str, dtype, kv_cache_dtype| AgentReplicaSpec {
         model: model.into(),
         device: device.into(),
         tensor_parallel: 1,
         max_model_len: MAX_MODEL_LEN,
         dtype,
         request_state_tokens,
+        kv_cache_dtype,
     };
-    let name = if request_state_tokens == 0 {
-        format!("2x {device}")
-    } else {
-        format!("2x {device}, {request_state_tokens}-token state")
+    let name = match (models.0 == LARGER, request_state_tokens) {
+        (true, 0) => format!("2x {device}"),
+        (true, state) => format!("2x {device}, {state}-token state"),
+        (false, _) => format!("2x {device}, {} + {}", models.0, models.1),
     };
-    AgentPoolSpec { name, replicas: vec![replica(LARGER, Dtype::Fp8), replica(SMALLER, Dtype::Bf16)] }
+    let larger_kv = hybrid.then_some(Dtype::Bf16);
+    AgentPoolSpec {
+        name,
+        replicas: vec![replica(models.0, Dtype::Fp8, larger_kv), replica(models.1, Dtype::Bf16, None)],
+    }
 }
 
 /// The per-request state paper 002 measured on its hybrid-attention engines (Appendix B.2:
 /// "3.6–4.7k token-equivalents per running request"), the midpoint: the counterfactual pool
-/// asks what DISC gains when the engines hold it, on Qwen3's dense cost model otherwise.
+/// asks what DISC gains when the dense engines hold it.
 pub const HYBRID_STATE_TOKENS: u32 = 4_150;
 
-/// The pools the experiments run on (device, per-request state tokens; feedback and β on the
-/// first).
-pub const POOLS: [(&str, u32); 3] = [("H100-80GB", 0), ("H200-141GB", 0), ("H100-80GB", HYBRID_STATE_TOKENS)];
+/// The pools the experiments run on (device, model pair, counterfactual per-request state;
+/// feedback and β on the first): the dense Qwen3 pair on two H100s and two H200s, the dense
+/// pair on two H100s holding paper 002's measured state, and paper 002's own hybrid pair on
+/// two H100s with its configs' state.
+pub const POOLS: [(&str, (&str, &str), u32); 4] = [
+    ("H100-80GB", (LARGER, SMALLER), 0),
+    ("H200-141GB", (LARGER, SMALLER), 0),
+    ("H100-80GB", (LARGER, SMALLER), HYBRID_STATE_TOKENS),
+    ("H100-80GB", (HYBRID_LARGER, HYBRID_SMALLER), 0),
+];
 
-fn arms(c0: f64, d0: [f64; 2]) -> Vec<RoutedArm> {
+/// The per-request state of a catalogue model served in `dtype`, in tokens of its KV cache.
+fn state_tokens(model: &str, dtype: Dtype) -> u64 {
+    switchyard_predictor::spec::model(model).map_or(0, |m| m.request_state_tokens(dtype))
+}
+
+/// Whether a pool serves hybrid-attention models (the per-request state of paper 002's engines).
+fn is_hybrid(pool: &AgentPoolSpec) -> bool {
+    pool.replicas.iter().any(|r| r.request_state_tokens > 0 || r.model == HYBRID_LARGER || r.model == HYBRID_SMALLER)
+}
+
+fn arms(pool: &AgentPoolSpec, c0: f64, d0: [f64; 2]) -> Vec<RoutedArm> {
+    let model = |k: usize| pool.replicas.get(k).map(|r| r.model.clone()).unwrap_or_default();
     vec![
-        RoutedArm { model: LARGER.into(), success: SUCCESS_LARGER, prior_peak_tokens: c0, prior_run_s: d0[0] },
-        RoutedArm { model: SMALLER.into(), success: SUCCESS_SMALLER, prior_peak_tokens: c0, prior_run_s: d0[1] },
+        RoutedArm { model: model(0), success: SUCCESS_LARGER, prior_peak_tokens: c0, prior_run_s: d0[0] },
+        RoutedArm { model: model(1), success: SUCCESS_SMALLER, prior_peak_tokens: c0, prior_run_s: d0[1] },
     ]
 }
 
@@ -313,10 +347,20 @@ fn calibrate<'a>(
         )?;
         d0[k] = report.mean_latency_s;
     }
-    let ctx = Ctx { cfg, pool: pool.clone(), arms: arms(c0, d0) };
+    let ctx = Ctx { cfg, pool: pool.clone(), arms: arms(&pool, c0, d0) };
     let disc =
         ctx.run(calibration, CALIBRATION_SEED, cfg.calibration_concurrency, &Setting::system("oracle", [1, 1]))?;
-    let cap = [0, 1].map(|k| disc.arms.get(k).map_or(1, |a| (a.admitted_while_waiting.round() as usize).max(1)));
+    // A model on which no program ever waited gave the rule no sample: its cap never bound,
+    // so it is the calibration concurrency.
+    let cap = [0, 1].map(|k| {
+        disc.arms.get(k).map_or(1, |a| {
+            if a.admitted_while_waiting > 0.0 {
+                (a.admitted_while_waiting.round() as usize).max(1)
+            } else {
+                cfg.calibration_concurrency
+            }
+        })
+    });
     progress(&format!(
         "oracle programs: {} calibrated: D0 {:.0} / {:.0} s, static cap {}/{}",
         pool.name, d0[0], d0[1], cap[0], cap[1]
@@ -340,8 +384,8 @@ pub fn run_programs_bench(
     let mut feedback = Vec::new();
     let mut beta_sweep = Vec::new();
     let mut verifiers = Vec::new();
-    for (k, &(device, state)) in POOLS.iter().enumerate() {
-        let (ctx, cal) = calibrate(cfg, pool(device, state), &calibration, c0, &mut progress)?;
+    for (k, &(device, models, state)) in POOLS.iter().enumerate() {
+        let (ctx, cal) = calibrate(cfg, pool(device, models, state), &calibration, c0, &mut progress)?;
         let cap = cal.static_cap;
         pools.push(cal);
         for &c in &cfg.concurrency {
@@ -414,21 +458,25 @@ impl ProgramsReport {
             o,
             "{} SWE-bench-Verified-like programs per cell (`agentic::generate`, the TAO bench's generator), plan \
              seeds {:?} (each draws the trace, the outcomes and the engine noise), means over them; every system \
-             runs the same traces. Pools: two GPUs, {LARGER} in FP8 in the 27B's role and {SMALLER} in BF16 in the \
-             9B's, one replica each. A program resolves its task with paper 002's single-model accuracies for its \
+             runs the same traces. Pools: two GPUs, one replica each: the dense pair {LARGER} in FP8 in the 27B's \
+             role and {SMALLER} in BF16 in the 9B's, or paper 002's own hybrid-attention pair {HYBRID_LARGER} in \
+             FP8 and {HYBRID_SMALLER} in BF16, whose every running request holds its linear-attention layers' \
+             state (from their configs: {} and {} tokens of their BF16 KV caches). A program resolves its task with paper 002's single-model accuracies for its \
              pair ({:.0} % on the larger, {:.0} % on the smaller), nested by difficulty. Verifier time {:.0} s \
              per program (an assumption for the SWE-bench harness's run, not measured here). DISC's priors come \
              from calibration passes on seed {CALIBRATION_SEED}: c₀ = {:.0} tokens (the trace's mean final \
              context), D₀ per model from that trace run on the model alone (ThunderAgent, 16 concurrent); the \
              static cap is DISC's mean admitted count over the time programs waited ({} concurrent, seed \
-             {CALIBRATION_SEED}), rounded — the paper's rule. The larger model's KV cache is FP8 as well \
-             (vLLM `--kv-cache-dtype fp8`; the emulator gives a replica one format for weights and cache — \
-             vLLM's default for an FP8 checkpoint keeps a BF16 cache, with half the KV tokens). *Admission \
+             {CALIBRATION_SEED}), rounded — the paper's rule. The dense larger model's KV cache is FP8 as \
+             well (vLLM `--kv-cache-dtype fp8`), the hybrid one's BF16 (vLLM's default for an FP8 checkpoint, \
+             with half the KV tokens). *Admission \
              wait*: binding → the ledger's or the cap's admission (0 without admission control); *start \
              wait*: binding → first request dispatched, which also counts ThunderAgent's hold of new \
              programs — the comparable column.\n",
             c.programs,
             c.seeds,
+            state_tokens(HYBRID_LARGER, Dtype::Bf16),
+            state_tokens(HYBRID_SMALLER, Dtype::Bf16),
             SUCCESS_LARGER * 100.0,
             SUCCESS_SMALLER * 100.0,
             c.verifier_s,
@@ -437,7 +485,7 @@ impl ProgramsReport {
         );
         let _ = writeln!(
             o,
-            "| pool | D₀ {LARGER} s | D₀ {SMALLER} s | static cap | DISC's learned δ̂ (tokens per running request) |\n|---|---:|---:|---|---|"
+            "| pool | D₀ larger s | D₀ smaller s | static cap | DISC's learned δ̂ (tokens per running request) |\n|---|---:|---:|---|---|"
         );
         for p in &self.pools {
             let d: Vec<String> = p.allowance_tokens.iter().map(|a| format!("{a:.0}")).collect();
@@ -456,8 +504,8 @@ impl ProgramsReport {
         let table = |o: &mut String, cells: &[ProgramsCell], first: &str| {
             let _ = writeln!(
                 o,
-                "| pool | {first} | concurrent | programs/h | resolved | resolved/h | {LARGER} share | {LARGER} hit | \
-                 {SMALLER} hit | preemptions | call latency s | admission wait s | start wait s | diverted |"
+                "| pool | {first} | concurrent | programs/h | resolved | resolved/h | larger share | larger hit | \
+                 smaller hit | preemptions | call latency s | admission wait s | start wait s | diverted |"
             );
             let _ = writeln!(o, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
             for x in cells {
@@ -555,8 +603,9 @@ impl ProgramsReport {
 }
 
 /// The program experiments as SVG (plotters): program throughput against concurrency per
-/// system on the first pool (Fig. 6's shape), per feedback mode (Fig. 5's), and resolved tasks
-/// against throughput over the β sweep (Fig. 7b's). Legends sit above the data (the y range
+/// system on each pool (Fig. 6's shape: the dense H100 and H200 pairs, the dense pair with the
+/// measured state, the hybrid pair), per feedback mode (Fig. 5's), and resolved tasks against
+/// throughput over the β sweep (Fig. 7b's). Legends sit above the data (the y range
 /// leaves them a band).
 pub fn programs_svg(r: &ProgramsReport) -> Result<String, String> {
     use plotters::prelude::*;
@@ -567,9 +616,9 @@ pub fn programs_svg(r: &ProgramsReport) -> Result<String, String> {
     let palette = crate::report::timeline::PALETTE;
     let mut svg = String::new();
     {
-        let root = SVGBackend::with_string(&mut svg, (1100, 860)).into_drawing_area();
+        let root = SVGBackend::with_string(&mut svg, (1100, 1290)).into_drawing_area();
         root.fill(&WHITE).map_err(|e| s(&e))?;
-        let panels = root.split_evenly((2, 2));
+        let panels = root.split_evenly((3, 2));
         // Panels (a) and (b): lines of programs/h over concurrency.
         let lines = |area: &DrawingArea<SVGBackend<'_>, plotters::coord::Shift>,
                      title: &str,
@@ -625,10 +674,16 @@ pub fn programs_svg(r: &ProgramsReport) -> Result<String, String> {
             Ok(())
         };
         lines(&panels[0], &format!("(a) admission · {pool}"), &r.admission, &pool, &SYSTEMS)?;
-        // The pool with the per-request state of paper 002's hybrid engines, when it ran.
-        let hybrid = r.pools.iter().find(|p| p.pool.replicas.iter().any(|x| x.request_state_tokens > 0));
-        if let Some(h) = hybrid {
-            let name = h.pool.name.clone();
+        // The pools with a per-request state (the counterfactual on the dense pair, paper 002's
+        // own hybrid pair), when they ran: panels (e) and (f).
+        for (k, p) in r.pools.iter().filter(|p| is_hybrid(&p.pool)).take(2).enumerate() {
+            let name = p.pool.name.clone();
+            let title = format!("({}) admission · {name}", ['e', 'f'][k]);
+            lines(&panels[4 + k], &title, &r.admission, &name, &SYSTEMS)?;
+        }
+        // Panel (b): the H200 pair, when it ran.
+        if let Some(p) = r.pools.get(1).filter(|p| !is_hybrid(&p.pool)) {
+            let name = p.pool.name.clone();
             lines(&panels[1], &format!("(b) admission · {name}"), &r.admission, &name, &SYSTEMS)?;
         }
         lines(

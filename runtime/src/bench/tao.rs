@@ -55,6 +55,7 @@ pub fn pool_qwen32b_tp2x4() -> AgentPoolSpec {
                 max_model_len: 40_960,
                 dtype: Dtype::Bf16,
                 request_state_tokens: 0,
+                kv_cache_dtype: None,
             })
             .collect(),
     }
@@ -72,6 +73,7 @@ pub fn pool_qwen14b_a100x4() -> AgentPoolSpec {
                 max_model_len: 40_960,
                 dtype: Dtype::Bf16,
                 request_state_tokens: 0,
+                kv_cache_dtype: None,
             })
             .collect(),
     }

@@ -70,10 +70,14 @@ pub struct AgentReplicaSpec {
     pub device: String,
     pub tensor_parallel: u32,
     pub max_model_len: u32,
-    /// Weights' (and KV cache's) format.
+    /// Weights' (and, unless `kv_cache_dtype` says otherwise, KV cache's) format.
     pub dtype: Dtype,
-    /// KV token-equivalents each running request holds beyond its tokens (a hybrid-attention
-    /// model's per-request state, `EmulatedReplica::set_request_state_tokens`); 0: dense.
+    /// The KV cache's format when it differs from the weights' (vLLM's `--kv-cache-dtype`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_cache_dtype: Option<Dtype>,
+    /// KV token-equivalents each running request of a dense model holds beyond its tokens (a
+    /// counterfactual hybrid-attention state, `EmulatedReplica::set_request_state_tokens`);
+    /// 0: none. A hybrid model (Qwen3.5) holds its own state, from its config.
     pub request_state_tokens: u32,
 }
 
@@ -322,9 +326,12 @@ fn run(
         let model = spec::model(&r.model).map_err(|e| bad(e.to_string()))?;
         let mut config = ServingConfig::vllm_defaults_on(&device, r.dtype, r.max_model_len);
         config.tensor_parallel = r.tensor_parallel;
+        config.kv_cache_dtype = r.kv_cache_dtype;
         let seed = crate::values::derive_seed(cfg.noise_seed, &["agentic", &index.to_string()]);
         let mut engine = EmulatedReplica::new(device, model, config, seed).map_err(|e| bad(e.to_string()))?;
-        engine.set_request_state_tokens(r.request_state_tokens).map_err(|e| bad(e.to_string()))?;
+        if r.request_state_tokens > 0 {
+            engine.set_request_state_tokens(r.request_state_tokens).map_err(|e| bad(e.to_string()))?;
+        }
         let until = engine.begin_load(0.0).map_err(|e| bad(e.to_string()))?;
         engine.finish_transition(until);
         ready_at = ready_at.max(until);

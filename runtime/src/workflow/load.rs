@@ -371,6 +371,19 @@ fn deployment(ctx: &Ctx<'_>, key: &Key, value: &Node) -> Result<DeploymentSpec, 
                 e.to_string(),
             )
         })?;
+        if arch.linear_attention.is_some() {
+            // The planner's predictor and the responders know dense models only; the hybrid
+            // catalogue serves the agent-program experiments (`bench oracle`).
+            return Err(ctx.err(
+                model_node.pos,
+                &format!("{field}.model"),
+                ErrorKind::UnknownModel,
+                format!(
+                    "`{model_name}` is a hybrid (linear-attention) model: workflows deploy the dense Qwen3 models \
+                     only (the predictor does not model Gated DeltaNet layers)"
+                ),
+            ));
+        }
         let dtype = match m.get("dtype") {
             None => Dtype::Bf16,
             Some(d) => match ctx.string(d, &format!("{field}.dtype"))?.as_str() {

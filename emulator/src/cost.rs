@@ -123,7 +123,7 @@ impl ModelShape {
 
     /// Layers with full attention (all of a dense model's).
     pub fn attention_layers(&self) -> u64 {
-        self.num_layers - self.linear.map_or(0, |l| l.layers)
+        self.num_layers.saturating_sub(self.linear.map_or(0, |l| l.layers))
     }
 
     /// What one GPU of a `tp`-way tensor-parallel replica computes, as vLLM shards a dense
@@ -708,6 +708,7 @@ impl CostModel {
     /// model's; each GPU computes `shape.shard(tp)`).
     pub fn with_efficiency_tp(device: &DeviceSpec, shape: ModelShape, dtype: Dtype, eff: Efficiency, tp: u32) -> Self {
         let tp = tp.max(1);
+        debug_assert!(tp == 1 || shape.linear.is_none(), "tensor parallelism of a hybrid model is not modelled");
         let peak = match dtype {
             Dtype::Fp32 => device.dense_fp16_flops * FP32_PEAK_FRACTION,
             Dtype::Bf16 | Dtype::Fp16 | Dtype::Fp8 => device.dense_fp16_flops,

@@ -26,8 +26,9 @@
 //! returned at its end or preemption — the recurrent state a hybrid-attention model's
 //! linear-attention layers keep per running request, which vLLM's hybrid cache manager
 //! allocates from the same pool. A hybrid model (Qwen3.5: `ModelArch::linear_attention`) holds
-//! its own from its config (`ModelArch::request_state_tokens`); a dense-attention engine
-//! (every Qwen3 model) holds none unless a counterfactual state is set.
+//! its own from its config (`ModelArch::request_state_tokens`), and its prefix-cache hits are
+//! whole pages of `ModelArch::hybrid_page_tokens` (vLLM's `align` mode); a dense-attention
+//! engine (every Qwen3 model) holds none unless a counterfactual state is set.
 //!
 //! A request is a sequence of `prompt + generated` tokens; an iteration computes some of the
 //! not-yet-computed ones, and when it reaches the end of the sequence the model samples one
@@ -276,6 +277,10 @@ pub struct EmulatedReplica {
     counters: Counters,
     /// Blocks each admitted request holds beyond its tokens (0: a dense-attention engine).
     state_blocks: u32,
+    /// Prefix-cache hits count in multiples of this many blocks: 1 for a dense model; for a
+    /// hybrid one the blocks of its aligned page (vLLM's `align` mode caches the recurrent state
+    /// only at the boundaries of its enlarged attention blocks, so a prefix resumes there).
+    hit_align_blocks: u32,
 }
 
 impl EmulatedReplica {
@@ -300,9 +305,12 @@ impl EmulatedReplica {
             }
         })?;
         // A hybrid model's linear-attention state, in whole blocks of its KV cache.
-        let state_tokens =
-            model.request_state_bytes(config.dtype).div_ceil(model.kv_bytes_per_token(config.kv_dtype()).max(1));
+        let state_tokens = model.request_state_tokens(config.dtype, config.kv_dtype());
         let state_blocks = blocks_for(u32::try_from(state_tokens).unwrap_or(u32::MAX), config.block_size);
+        let hit_align_blocks = u32::try_from(model.hybrid_page_tokens(config.dtype, config.kv_dtype()))
+            .unwrap_or(u32::MAX)
+            .div_ceil(config.block_size.max(1))
+            .max(1);
         if u64::from(blocks_for(config.max_model_len, config.block_size)) + u64::from(state_blocks)
             > u64::from(plan.kv_blocks)
         {
@@ -333,6 +341,7 @@ impl EmulatedReplica {
             noise,
             counters: Counters::default(),
             state_blocks,
+            hit_align_blocks,
         })
     }
 
@@ -1017,17 +1026,16 @@ impl EmulatedReplica {
         let seq_len = seq.seq_len();
         let (hit_blocks, hit_free) = if caching {
             let max_hit = ((seq_len - 1) / bs) as usize;
-            let mut hits = 0u32;
-            let mut free = 0u32;
-            for &h in seq.hashes.iter().take(max_hit) {
-                match self.pool.lookup(h) {
-                    Some(b) => {
-                        hits += 1;
-                        free += u32::from(self.pool.is_free(b));
-                    }
-                    None => break,
-                }
-            }
+            let hits = seq.hashes.iter().take(max_hit).take_while(|&&h| self.pool.lookup(h).is_some()).count() as u32;
+            // A hybrid model resumes only from a state kept at an aligned page boundary.
+            let hits = hits - hits % self.hit_align_blocks;
+            let free = seq
+                .hashes
+                .iter()
+                .take(hits as usize)
+                .filter_map(|&h| self.pool.lookup(h))
+                .filter(|&b| self.pool.is_free(b))
+                .count() as u32;
             (hits, free)
         } else {
             (0, 0)
@@ -1459,6 +1467,25 @@ mod tests {
             r.finish_iteration(now);
         }
         assert_eq!(r.telemetry().kv_blocks_in_use, 0);
+        // Prefix caching resumes at the last 528-token page (33 blocks) the cached prefix
+        // covers: a 1,200-token prompt cached, then one sharing its 75 full blocks hits 66
+        // of them, 1,056 tokens (a dense model would hit all 75).
+        let hashes: Vec<u64> = (0..75).collect();
+        let first = EngineRequest { id: 10, prompt_tokens: 1200, prefix_hashes: hashes.clone(), generated_hashes: Vec::new(), output_tokens: 5 };
+        let mut longer = hashes;
+        longer.extend(1000..1050);
+        let second = EngineRequest { id: 11, prompt_tokens: 2000, prefix_hashes: longer, generated_hashes: Vec::new(), output_tokens: 5 };
+        let mut hits = Vec::new();
+        for req in [first, second] {
+            let before = r.telemetry().prefix_cache_hits;
+            r.submit(req, now).unwrap();
+            while let Some(end) = r.start_iteration(now) {
+                now = end;
+                r.finish_iteration(now);
+            }
+            hits.push(r.telemetry().prefix_cache_hits - before);
+        }
+        assert_eq!(hits, vec![0, 66 * 16]);
         // Tensor parallelism of a hybrid model is refused with its field.
         let tp2 = ServingConfig {
             tensor_parallel: 2,

@@ -158,15 +158,10 @@ struct HfConfig {
     linear_conv_kernel_dim: Option<u64>,
     #[serde(default)]
     mamba_ssm_dtype: Option<String>,
+    #[serde(default)]
+    num_experts: Option<u64>,
 }
 
-/// A multimodal checkpoint's config keeps the language model's fields under `text_config`.
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum HfConfigFile {
-    Nested { text_config: HfConfig },
-    Flat(HfConfig),
-}
 
 impl ModelArch {
     /// Parse a Hugging Face `config.json`. `source_name` names the file in errors.
@@ -175,17 +170,25 @@ impl ModelArch {
         // Parsed as a value first so that a syntax error keeps its line and column.
         let value: serde_json::Value =
             serde_json::from_str(json).map_err(|e| bad(format!("line {} column {}: {e}", e.line(), e.column())))?;
-        let cfg = match serde_json::from_value::<HfConfigFile>(value) {
-            Ok(HfConfigFile::Nested { text_config }) => text_config,
-            Ok(HfConfigFile::Flat(cfg)) => cfg,
-            Err(e) => return Err(bad(e.to_string())),
+        // A multimodal checkpoint's config keeps the language model's fields under
+        // `text_config`.
+        let text = match value {
+            serde_json::Value::Object(mut top) => match top.remove("text_config") {
+                Some(text) => text,
+                None => serde_json::Value::Object(top),
+            },
+            other => other,
         };
+        let cfg: HfConfig = serde_json::from_value(text).map_err(|e| bad(e.to_string()))?;
         if cfg.num_attention_heads == 0 || cfg.hidden_size == 0 || cfg.num_hidden_layers == 0 {
             return Err(SpecError::BadModelConfig {
                 source_name: source_name.to_string(),
                 message: "hidden_size, num_hidden_layers and num_attention_heads must be positive"
                     .into(),
             });
+        }
+        if cfg.num_experts.is_some_and(|n| n > 0) {
+            return Err(bad("num_experts: mixture-of-experts models are not modelled".into()));
         }
         let head_dim = cfg.head_dim.unwrap_or(cfg.hidden_size / cfg.num_attention_heads);
         let linear_attention = linear_attention(&cfg).map_err(bad)?;
@@ -209,7 +212,7 @@ impl ModelArch {
 
     /// Layers with full (softmax) attention and a KV cache: all of a dense model's.
     pub fn attention_layers(&self) -> u64 {
-        self.num_hidden_layers - self.linear_attention.map_or(0, |l| l.num_layers)
+        self.num_hidden_layers.saturating_sub(self.linear_attention.map_or(0, |l| l.num_layers))
     }
 
     /// Width of the query projection's output: the query, and as much again for the output
@@ -281,9 +284,20 @@ impl ModelArch {
         self.linear_attention.map_or(0, |l| l.num_layers * l.state_bytes_per_layer(dtype))
     }
 
-    /// [`request_state_bytes`](Self::request_state_bytes) in tokens of KV cache (rounded up).
-    pub fn request_state_tokens(&self, dtype: Dtype) -> u64 {
-        self.request_state_bytes(dtype).div_ceil(self.kv_bytes_per_token(dtype).max(1))
+    /// [`request_state_bytes`](Self::request_state_bytes) of a model served in `dtype`, in
+    /// tokens of its `kv_dtype` KV cache (rounded up).
+    pub fn request_state_tokens(&self, dtype: Dtype, kv_dtype: Dtype) -> u64 {
+        self.request_state_bytes(dtype).div_ceil(self.kv_bytes_per_token(kv_dtype).max(1))
+    }
+
+    /// A hybrid model's page in tokens (0 for a dense model): vLLM's hybrid cache manager
+    /// enlarges the attention block until one layer's page of it holds one layer's state
+    /// (a multiple of 16 tokens), and in its prefix-caching `align` mode keeps states only at
+    /// those block boundaries. Qwen3.6-27B with a BF16 cache: 784 tokens; Qwen3.5-9B: 528.
+    pub fn hybrid_page_tokens(&self, dtype: Dtype, kv_dtype: Dtype) -> u64 {
+        let Some(l) = self.linear_attention else { return 0 };
+        let per_token_per_layer = 2 * self.kv_width() * kv_dtype.bytes();
+        16 * l.state_bytes_per_layer(dtype).div_ceil(16 * per_token_per_layer.max(1))
     }
 
     /// FLOPs of all matrix multiplies per token in a forward pass, LM head included
@@ -498,13 +512,24 @@ mod tests {
     #[test]
     fn hybrid_configs_parse_to_the_published_sizes() {
         assert_eq!(hybrid_catalogue().len(), HYBRID_CONFIGS.len());
-        // Language model only (the vision tower and the MTP layer are not served here):
-        // Qwen3.5-9B 8.95 B, Qwen3.6-27B 26.9 B.
-        for (name, params) in [("Qwen3.5-9B", 8.95e9), ("Qwen3.6-27B", 26.9e9)] {
+        // Language model only (the vision tower and the MTP layer are not served here),
+        // within 1 % of the published 9B (8.95 B text) and 27B.
+        for (name, params) in [("Qwen3.5-9B", 8.95e9), ("Qwen3.6-27B", 27.0e9)] {
             let m = model(name).unwrap();
             let got = m.param_count() as f64;
             assert!((got - params).abs() / params < 0.01, "{name}: {got} vs {params}");
         }
+        // Exactly, by hand (Qwen3.5-9B): embeddings and LM head 2 × 248,320 × 4,096; 8 attention
+        // layers of q+gate 4,096 × 8,192, k and v 4,096 × 1,024 each, o 4,096 × 4,096, MLP
+        // 3 × 4,096 × 12,288, norms 2 × 4,096 + 2 × 256; 24 Gated DeltaNet layers of
+        // in_proj_qkvz 4,096 × 12,288, in_proj_ba 4,096 × 64, out_proj 4,096 × 4,096, the same
+        // MLP, conv 8,192 × 4, A_log and dt_bias 2 × 32, gated norm 128, norms 2 × 4,096; the
+        // final norm 4,096.
+        let mlp = 3 * 4_096 * 12_288;
+        let attention = 4_096 * 8_192 + 2 * 4_096 * 1_024 + 4_096 * 4_096 + mlp + 2 * 4_096 + 2 * 256;
+        let delta_net = 4_096 * 12_288 + 4_096 * 64 + 4_096 * 4_096 + mlp + 8_192 * 4 + 64 + 128 + 2 * 4_096;
+        let expect: u64 = 2 * 248_320 * 4_096 + 8 * attention + 24 * delta_net + 4_096;
+        assert_eq!(model("Qwen3.5-9B").unwrap().param_count(), expect);
     }
 
     #[test]
@@ -517,7 +542,10 @@ mod tests {
         assert_eq!(m.attention_layers(), 8);
         assert_eq!(m.kv_bytes_per_token(Dtype::Bf16), 32_768);
         assert_eq!(m.request_state_bytes(Dtype::Bf16), 51_511_296);
-        assert_eq!(m.request_state_tokens(Dtype::Bf16), 1_572);
+        assert_eq!(m.request_state_tokens(Dtype::Bf16, Dtype::Bf16), 1_572);
+        // One layer's state (2,146,304 bytes) over 16 × 4,096 bytes per attention-layer token:
+        // 33 rows of 16, a 528-token page.
+        assert_eq!(m.hybrid_page_tokens(Dtype::Bf16, Dtype::Bf16), 528);
         // Qwen3.6-27B with an FP8 cache: 16 of 64 layers attend, 2 × 16 × 4 × 256 × 1 = 32,768
         // bytes per token; 48 layers × (48 × 128 × 128 × 4 + 3 × (4,096 + 6,144) × 2 — the
         // window in bf16 activations) = 153,944,064 bytes, 4,698 tokens.
@@ -525,7 +553,12 @@ mod tests {
         assert_eq!(m.attention_layers(), 16);
         assert_eq!(m.kv_bytes_per_token(Dtype::Fp8), 32_768);
         assert_eq!(m.request_state_bytes(Dtype::Fp8), 153_944_064);
-        assert_eq!(m.request_state_tokens(Dtype::Fp8), 4_698);
+        assert_eq!(m.request_state_tokens(Dtype::Fp8, Dtype::Fp8), 4_698);
+        // FP8 weights with vLLM's default BF16 cache: 65,536 bytes per token, 2,349 tokens;
+        // its page 16 × ⌈3,207,168 / (16 × 4,096)⌉ = 784 tokens.
+        assert_eq!(m.request_state_tokens(Dtype::Fp8, Dtype::Bf16), 2_349);
+        assert_eq!(m.hybrid_page_tokens(Dtype::Fp8, Dtype::Bf16), 784);
+        assert_eq!(model("Qwen3-8B").unwrap().hybrid_page_tokens(Dtype::Bf16, Dtype::Bf16), 0);
         // A dense model holds none.
         assert_eq!(model("Qwen3-8B").unwrap().request_state_bytes(Dtype::Bf16), 0);
     }
@@ -544,6 +577,10 @@ mod tests {
         let all_linear = r#", "layer_types": ["linear_attention", "linear_attention", "linear_attention", "linear_attention"]"#;
         assert!(err(all_linear).contains("at least one full_attention"));
         assert!(err(r#", "layer_types": ["a", "b", "c", "d"]"#).contains("unknown layer type"));
+        assert!(err(r#", "num_experts": 8"#).contains("num_experts"));
+        // A schema error inside text_config names the field.
+        let missing = ModelArch::from_hf_config("x", "x.json", r#"{"text_config": {"hidden_size": 64}}"#).unwrap_err();
+        assert!(missing.to_string().contains("intermediate_size"), "{missing}");
         // Nested under text_config and without linear layers: a dense model.
         let dense = ModelArch::from_hf_config("x", "x.json", &cfg("")).unwrap();
         assert_eq!(dense.linear_attention, None);

@@ -205,13 +205,16 @@ pub const POOLS: [(&str, (&str, &str), u32); 4] = [
 ];
 
 /// The per-request state of a catalogue model served in `dtype`, in tokens of its KV cache.
-fn state_tokens(model: &str, dtype: Dtype) -> u64 {
-    switchyard_predictor::spec::model(model).map_or(0, |m| m.request_state_tokens(dtype))
+fn state_tokens(model: &str, dtype: Dtype, kv_dtype: Dtype) -> u64 {
+    switchyard_predictor::spec::model(model).map_or(0, |m| m.request_state_tokens(dtype, kv_dtype))
 }
 
 /// Whether a pool serves hybrid-attention models (the per-request state of paper 002's engines).
 fn is_hybrid(pool: &AgentPoolSpec) -> bool {
-    pool.replicas.iter().any(|r| r.request_state_tokens > 0 || r.model == HYBRID_LARGER || r.model == HYBRID_SMALLER)
+    pool.replicas.iter().any(|r| {
+        r.request_state_tokens > 0
+            || switchyard_predictor::spec::model(&r.model).is_ok_and(|m| m.linear_attention.is_some())
+    })
 }
 
 fn arms(pool: &AgentPoolSpec, c0: f64, d0: [f64; 2]) -> Vec<RoutedArm> {
@@ -467,7 +470,8 @@ impl ProgramsReport {
              from calibration passes on seed {CALIBRATION_SEED}: c₀ = {:.0} tokens (the trace's mean final \
              context), D₀ per model from that trace run on the model alone (ThunderAgent, 16 concurrent); the \
              static cap is DISC's mean admitted count over the time programs waited ({} concurrent, seed \
-             {CALIBRATION_SEED}), rounded — the paper's rule. The dense larger model's KV cache is FP8 as \
+             {CALIBRATION_SEED}), rounded — the paper's rule (a model on which no program waited gives the \
+             rule no sample: its cap is the calibration concurrency, never binding there). The dense larger model's KV cache is FP8 as \
              well (vLLM `--kv-cache-dtype fp8`), the hybrid one's BF16 (vLLM's default for an FP8 checkpoint, \
              with half the KV tokens). *Admission \
              wait*: binding → the ledger's or the cap's admission (0 without admission control); *start \
@@ -475,8 +479,8 @@ impl ProgramsReport {
              programs — the comparable column.\n",
             c.programs,
             c.seeds,
-            state_tokens(HYBRID_LARGER, Dtype::Bf16),
-            state_tokens(HYBRID_SMALLER, Dtype::Bf16),
+            state_tokens(HYBRID_LARGER, Dtype::Fp8, Dtype::Bf16),
+            state_tokens(HYBRID_SMALLER, Dtype::Bf16, Dtype::Bf16),
             SUCCESS_LARGER * 100.0,
             SUCCESS_SMALLER * 100.0,
             c.verifier_s,

@@ -205,7 +205,7 @@ impl ServingConfig {
             // size"; with fewer KV heads than GPUs it would replicate them, not modelled here.
             return bad("tensor_parallel", tp.to_string(), "must divide the model's attention heads and KV heads");
         }
-        if self.dtype == Dtype::Bf16 && !device.supports_bf16 {
+        if (self.dtype == Dtype::Bf16 || self.kv_cache_dtype == Some(Dtype::Bf16)) && !device.supports_bf16 {
             return Err(EmulatorError::UnsupportedDtype {
                 device: device.name.clone(),
                 dtype: "bf16".into(),
@@ -593,6 +593,12 @@ mod tests {
             MemoryPlan::new(&d, &m, &ServingConfig::vllm_defaults(Dtype::Bf16, 4096)).unwrap_err();
         assert!(matches!(err, EmulatorError::UnsupportedDtype { .. }));
         assert!(MemoryPlan::new(&d, &m, &ServingConfig::vllm_defaults(Dtype::Fp16, 4096)).is_ok());
+        // A BF16 cache beside fp16 weights is refused there too; an FP8 one is served.
+        let bf16_cache = ServingConfig { kv_cache_dtype: Some(Dtype::Bf16), ..ServingConfig::vllm_defaults(Dtype::Fp16, 4096) };
+        assert!(matches!(MemoryPlan::new(&d, &m, &bf16_cache).unwrap_err(), EmulatorError::UnsupportedDtype { .. }));
+        let fp8_cache = ServingConfig { kv_cache_dtype: Some(Dtype::Fp8), ..ServingConfig::vllm_defaults(Dtype::Fp16, 4096) };
+        let (half, whole) = (MemoryPlan::new(&d, &m, &fp8_cache).unwrap(), MemoryPlan::new(&d, &m, &ServingConfig::vllm_defaults(Dtype::Fp16, 4096)).unwrap());
+        assert!(half.kv_blocks > whole.kv_blocks * 19 / 10, "{} vs {}", half.kv_blocks, whole.kv_blocks);
     }
 
     #[test]

@@ -369,6 +369,14 @@ fn read_model_config(root: &Path, model: &str) -> Result<Architecture, Predictor
     } else if json.is_file() {
         let text = fs::read_to_string(&json).map_err(io(&json))?;
         let arch = ModelArch::from_hf_config(model, &json.display().to_string(), &text)?;
+        if arch.linear_attention.is_some() {
+            // The operator graph is a dense decoder's: a hybrid's Gated DeltaNet layers would
+            // be predicted as attention layers.
+            return Err(PredictorError::BadLayout {
+                path: json,
+                message: format!("`{model}` is a hybrid (linear-attention) model; the predictor models dense decoders"),
+            });
+        }
         Ok(Architecture::from(&arch))
     } else {
         Err(PredictorError::BadLayout {

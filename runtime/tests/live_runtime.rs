@@ -46,6 +46,9 @@ struct Faults {
     /// Answer the first N calls of each prompt whose emulated answer is a JSON object with prose
     /// instead (a real model ignoring a structured agent's schema).
     prose_for_json: u32,
+    /// Report `/metrics` like a hybrid-attention engine: each call in flight holds its prompt
+    /// tokens plus this many tokens of state in a 1,000,000-token KV cache.
+    request_state_tokens: Option<u64>,
 }
 
 #[derive(Default)]
@@ -72,6 +75,19 @@ struct FakeEngine {
     /// request is listening).
     dead: watch::Sender<bool>,
     awake: AtomicBool,
+    /// Calls in flight on this engine, and their prompt tokens.
+    in_flight: AtomicU64,
+    in_flight_prompt: AtomicU64,
+}
+
+/// A call counted in flight on its engine until dropped.
+struct InFlightGuard<'a>(&'a FakeEngine, u64);
+
+impl Drop for InFlightGuard<'_> {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+        self.0.in_flight_prompt.fetch_sub(self.1, Ordering::SeqCst);
+    }
 }
 
 impl FakeEngine {
@@ -103,6 +119,9 @@ impl FakeEngine {
         if attempt <= self.faults.bad_attempts_per_request || self.faults.always_bad_model.as_deref() == Some(&self.model) {
             return Err(EngineError::BadResponse("HTTP 500: internal server error".into()));
         }
+        self.in_flight.fetch_add(1, Ordering::SeqCst);
+        self.in_flight_prompt.fetch_add(u64::from(request.prompt_tokens), Ordering::SeqCst);
+        let _in_flight = InFlightGuard(self, u64::from(request.prompt_tokens));
         if !self.delay.is_zero() {
             let mut died = self.dead.subscribe();
             tokio::select! {
@@ -180,7 +199,19 @@ impl Engine for FakeEngine {
             if *self.dead.borrow() {
                 return Err(EngineError::Unreachable("connection refused".into()));
             }
-            Ok(EngineTelemetry { sleeping: !self.awake.load(Ordering::SeqCst), ..EngineTelemetry::default() })
+            let sleeping = !self.awake.load(Ordering::SeqCst);
+            let Some(state) = self.faults.request_state_tokens else {
+                return Ok(EngineTelemetry { sleeping, ..EngineTelemetry::default() });
+            };
+            let running = self.in_flight.load(Ordering::SeqCst);
+            let used = self.in_flight_prompt.load(Ordering::SeqCst) + state * running;
+            Ok(EngineTelemetry {
+                sleeping,
+                running: running as f64,
+                kv_capacity_tokens: Some(1_000_000.0),
+                kv_cache_usage: used as f64 / 1_000_000.0,
+                ..EngineTelemetry::default()
+            })
         })
     }
 }
@@ -210,6 +241,8 @@ impl EngineFactory for FakeFactory {
             counters: Arc::clone(&self.counters),
             dead: watch::channel(false).0,
             awake: AtomicBool::new(false),
+            in_flight: AtomicU64::new(0),
+            in_flight_prompt: AtomicU64::new(0),
         };
         Ok(EngineHandle { engine: Arc::new(engine), served_model: target.deployment.model.clone() })
     }
@@ -792,4 +825,23 @@ fn the_live_runtime_routes_a_routed_workflow_like_the_simulator() {
         live.calls.iter().filter_map(|c| c.model.as_ref().map(|(m, _)| m.clone())).collect();
     assert!(!models.is_empty() && models.iter().all(|m| per_model.contains_key(m)), "{models:?} vs {per_model:?}");
     assert_eq!(live.calls.iter().filter(|c| c.model.is_some()).count(), 8, "one LLM call per session, each with its model");
+}
+
+#[test]
+fn disc_learns_the_allowance_from_the_engines_metrics_in_a_live_run() {
+    // Engines whose every call in flight holds 300 tokens of KV beyond its prompt (the fake's
+    // `/metrics`: running calls, KV usage and the cache's capacity): each routed model's ledger
+    // learns δ̂ ≈ 300 from the scrapes (the calls last 150 ms, scraped every 20 ms). The fake
+    // generates no KV while it decodes, so nothing else enters the allowance.
+    let run = sim_config(&["gsm8k-routed"], 8, "small", 3);
+    let faults = Faults { request_state_tokens: Some(300), ..Faults::default() };
+    let live = run_live(&live_config(run.clone()), FakeFactory::new(150, faults));
+    assert_eq!((live.report.sessions_completed, live.report.sessions_failed), (8, 0), "{:?}", live.report.failures);
+    assert_eq!(live.allowances.len(), 3, "one ledger per routed model: {:?}", live.allowances);
+    let learned: Vec<f64> = live.allowances.values().copied().filter(|d| *d > 0.0).collect();
+    assert!(!learned.is_empty(), "the engines were observed: {:?}", live.allowances);
+    assert!(learned.iter().all(|d| (200.0..=400.0).contains(d)), "{:?}", live.allowances);
+    // Engines that do not report their cache (no capacity): nothing is learned.
+    let blind = run_live(&live_config(run), FakeFactory::new(150, Faults::default()));
+    assert!(blind.allowances.values().all(|d| *d == 0.0), "{:?}", blind.allowances);
 }

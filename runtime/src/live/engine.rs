@@ -202,6 +202,10 @@ pub struct EngineTelemetry {
     pub prefix_cache_queries: f64,
     pub prefix_cache_hits: f64,
     pub sleeping: bool,
+    /// Tokens the KV cache holds in all (`vllm:cache_config_info`'s `num_gpu_blocks` ×
+    /// `block_size`, summed over engines); `None` when the server does not say.
+    #[serde(default)]
+    pub kv_capacity_tokens: Option<f64>,
 }
 
 /// One GPU replica's engine.

@@ -536,6 +536,7 @@ impl PlannerActorState {
                 }
             }
             PlannerMsg::Telemetry { replica, telemetry } => {
+                self.observe_usage(replica, &telemetry);
                 self.telemetry.insert(replica, telemetry);
             }
             PlannerMsg::Note(line) => self.note(line),
@@ -1073,6 +1074,31 @@ impl PlannerActorState {
     }
 
     /// Remove an in-flight call and close its replica's serving interval when it goes idle.
+    /// DISC's usage observation from a routed model's replica (paper 002 Appendix B), one per
+    /// scrape of its `/metrics`: the KV the engine reports in use (`vllm:kv_cache_usage_perc` ×
+    /// its capacity from `vllm:cache_config_info`) against the prompt tokens of the calls in
+    /// flight on it — what a front end knows of them, as the paper's forwarder does — teaches
+    /// that model's ledger its per-request allowance δ̂. Unlike the simulator, which sees the
+    /// engine's running contexts exactly, the tokens each call has generated so far are not
+    /// known here, so the live allowance also covers them: what a program may hold beyond
+    /// the tokens the ledger counts. Answers whether a ledger learned.
+    fn observe_usage(&mut self, replica: ReplicaId, t: &EngineTelemetry) -> bool {
+        let Some(entry) = self.replicas.get(&replica) else { return false };
+        let Some(capacity) = t.kv_capacity_tokens else { return false };
+        if t.sleeping || !self.planner.is_routed(entry.deployment) {
+            return false;
+        }
+        let used = (t.kv_cache_usage.clamp(0.0, 1.0) * capacity).round() as u64;
+        let context: u64 = self
+            .in_flight
+            .values()
+            .filter(|f| f.replica == replica)
+            .map(|f| u64::from(f.call.request.prompt_tokens))
+            .sum();
+        let running = t.running.max(0.0).round() as u32;
+        self.planner.observe_backend_usage(entry.deployment, used, context, running, 1)
+    }
+
     fn take_in_flight(&mut self, activation: ActivationId) -> Option<InFlight> {
         let f = self.in_flight.remove(&activation)?;
         let wall = self.wall();
@@ -1540,7 +1566,12 @@ impl PlannerActorState {
         let mut calls: Vec<CallRecord> = reports.iter().flat_map(|r| r.calls.iter().cloned()).collect();
         calls.sort_by(|a, b| a.finished_at.total_cmp(&b.finished_at));
         let timings = reports.iter().flat_map(|r| r.timings.iter().copied()).collect();
+        let allowances = (0..self.ctx.deployments.len() as u32)
+            .map(DeploymentId)
+            .filter_map(|d| Some((d, self.planner.backend_allowance(d)?)))
+            .collect();
         LiveOutput {
+            allowances,
             report,
             sessions: reports.into_iter().map(|r| r.result).collect(),
             calls,

@@ -25,6 +25,7 @@ use super::actors::{CallTiming, Clock, EngineFactory, NoteSink, PlannerMsg, Retr
 use super::engine::EngineTelemetry;
 use super::planner_actor::{PlannerActor, PlannerArgs, Progress, ReportMeta};
 use crate::ids::ReplicaId;
+use crate::planner::DeploymentId;
 use crate::report::{DeviceTimeline, RunReport};
 use crate::exec::{self, CallRecord, RunConfig, ShellError, TraceLine, arrivals};
 
@@ -124,6 +125,9 @@ pub struct LiveOutput {
     pub error: Option<String>,
     /// The run's events, when [`LiveConfig::keep_trace`] asked for them (wall seconds).
     pub trace: Vec<TraceLine>,
+    /// DISC's learned per-request allowance δ̂ per routed deployment (tokens), from the
+    /// engines' `/metrics` (`PlannerActorState::observe_usage`).
+    pub allowances: BTreeMap<DeploymentId, f64>,
 }
 
 /// Errors that prevent a live run from starting or finishing.

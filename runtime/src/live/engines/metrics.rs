@@ -37,6 +37,9 @@ pub const KV_CACHE_USAGE_DEPRECATED: &str = "vllm:gpu_cache_usage_perc";
 pub const PREFIX_CACHE_QUERIES: &str = "vllm:prefix_cache_queries";
 /// `vllm:prefix_cache_hits` (counter, tokens).
 pub const PREFIX_CACHE_HITS: &str = "vllm:prefix_cache_hits";
+/// `vllm:cache_config_info` (info gauge; its labels are vLLM's `CacheConfig.metrics_info()`,
+/// among them `num_gpu_blocks` and `block_size`).
+pub const CACHE_CONFIG_INFO: &str = "vllm:cache_config_info";
 /// `vllm:time_to_first_token_seconds` (histogram).
 pub const TIME_TO_FIRST_TOKEN: &str = "vllm:time_to_first_token_seconds";
 
@@ -157,7 +160,21 @@ impl MetricsSnapshot {
             prefix_cache_queries: self.counter(PREFIX_CACHE_QUERIES).unwrap_or(0.0),
             prefix_cache_hits: self.counter(PREFIX_CACHE_HITS).unwrap_or(0.0),
             sleeping: false,
+            kv_capacity_tokens: self.kv_capacity_tokens(),
         }
+    }
+
+    /// The KV cache's capacity in tokens from `vllm:cache_config_info`'s labels, summed over
+    /// its label sets (one per data-parallel engine); `None` without the gauge or with a label
+    /// missing or unreadable (vLLM writes `None` for blocks not yet profiled).
+    pub fn kv_capacity_tokens(&self) -> Option<f64> {
+        let mut total = None;
+        for s in self.samples_named(CACHE_CONFIG_INFO) {
+            let blocks: f64 = s.labels.get("num_gpu_blocks")?.parse().ok()?;
+            let block_size: f64 = s.labels.get("block_size")?.parse().ok()?;
+            *total.get_or_insert(0.0) += blocks * block_size;
+        }
+        total.filter(|t: &f64| t.is_finite() && *t > 0.0)
     }
 }
 
@@ -345,6 +362,9 @@ vllm:time_to_first_token_seconds_bucket{engine="0",le="1.0",model_name="Qwen/Qwe
 vllm:time_to_first_token_seconds_bucket{engine="0",le="+Inf",model_name="Qwen/Qwen3-0.6B"} 4.0
 vllm:time_to_first_token_seconds_count{engine="0",model_name="Qwen/Qwen3-0.6B"} 4.0
 vllm:time_to_first_token_seconds_sum{engine="0",model_name="Qwen/Qwen3-0.6B"} 7.5
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{block_size="16",cache_dtype="auto",engine="0",num_gpu_blocks="1000"} 1.0
+vllm:cache_config_info{block_size="16",cache_dtype="auto",engine="1",num_gpu_blocks="1000"} 1.0
 "#;
 
     #[test]
@@ -356,6 +376,11 @@ vllm:time_to_first_token_seconds_sum{engine="0",model_name="Qwen/Qwen3-0.6B"} 7.
         assert_eq!(m.counter(PREFIX_CACHE_QUERIES), Some(1024.0));
         assert_eq!(m.counter(PREFIX_CACHE_HITS), Some(512.0));
         let t = m.telemetry();
+        assert_eq!(t.kv_capacity_tokens, Some(32_000.0), "two engines of 1,000 blocks of 16");
+        // Unprofiled blocks (`None`) or no gauge: unknown.
+        let unprofiled = MetricsSnapshot::parse(r#"vllm:cache_config_info{block_size="16",num_gpu_blocks="None"} 1.0"#).unwrap();
+        assert_eq!(unprofiled.kv_capacity_tokens(), None);
+        assert_eq!(MetricsSnapshot::parse("vllm:num_requests_running 1").unwrap().kv_capacity_tokens(), None);
         assert_eq!(t.running, 5.0);
         assert_eq!(t.waiting, 7.0);
         assert_eq!(t.kv_cache_usage, 0.5);

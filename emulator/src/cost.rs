@@ -817,27 +817,18 @@ impl CostModel {
     pub fn attention_time(&self, b: &BatchSummary) -> f64 {
         let s = &self.shape;
         let (q, kv) = (s.q_width as f64, s.kv_width as f64);
-        let e = &self.eff;
         let mut t = 0.0;
         if b.prefill_tokens > 0 {
             let flops = 4.0 * q * b.prefill_pairs;
             let bytes = b.prefill_kv_tokens as f64 * 2.0 * kv * self.kvb
                 + b.prefill_tokens as f64 * 2.0 * q * self.ab;
-            t += smooth_max(
-                flops / (self.peak * e.attn_prefill_mfu),
-                bytes / (self.bw * e.attn_mbu),
-                e.linear_sharpness,
-            ) + e.attn_launch_s;
+            t += self.attention_kernel(flops, bytes);
         }
         if b.decode_requests > 0 {
             let flops = 4.0 * q * b.decode_kv_tokens as f64;
             let bytes = b.decode_kv_tokens as f64 * 2.0 * kv * self.kvb
                 + f64::from(b.decode_requests) * 2.0 * q * self.ab;
-            t += smooth_max(
-                flops / (self.peak * e.attn_prefill_mfu),
-                bytes / (self.bw * e.attn_mbu),
-                e.linear_sharpness,
-            ) + e.attn_launch_s;
+            t += self.attention_kernel(flops, bytes);
         }
         t
     }
@@ -885,7 +876,6 @@ impl CostModel {
         let Some(l) = self.shape.linear else {
             return 0.0;
         };
-        let e = &self.eff;
         let per_token_state = (l.value_heads * l.key_head_dim * l.value_head_dim) as f64;
         let mut t = 0.0;
         let prefills = b.requests.saturating_sub(b.decode_requests);
@@ -896,23 +886,23 @@ impl CostModel {
                     + l.value_heads as f64 * 2.0 * GDN_CHUNK * (l.key_head_dim + l.value_head_dim) as f64);
             let bytes = f64::from(prefills) * 2.0 * l.state_bytes as f64
                 + tokens * (2.0 * l.key_width as f64 + 2.0 * l.value_width as f64) * self.ab;
-            t += smooth_max(
-                flops / (self.peak * e.attn_prefill_mfu),
-                bytes / (self.bw * e.attn_mbu),
-                e.linear_sharpness,
-            ) + e.attn_launch_s;
+            t += self.attention_kernel(flops, bytes);
         }
         if b.decode_requests > 0 {
             let seqs = f64::from(b.decode_requests);
             let flops = seqs * 6.0 * per_token_state;
             let bytes = seqs * (2.0 * l.state_bytes as f64 + (2.0 * l.key_width as f64 + 2.0 * l.value_width as f64) * self.ab);
-            t += smooth_max(
-                flops / (self.peak * e.attn_prefill_mfu),
-                bytes / (self.bw * e.attn_mbu),
-                e.linear_sharpness,
-            ) + e.attn_launch_s;
+            t += self.attention_kernel(flops, bytes);
         }
         t
+    }
+
+    /// One attention-class kernel (attention itself, the gated delta rule) moving `bytes` and
+    /// computing `flops`: a smoothed roofline at the attention efficiencies plus a launch.
+    fn attention_kernel(&self, flops: f64, bytes: f64) -> f64 {
+        let e = &self.eff;
+        smooth_max(flops / (self.peak * e.attn_prefill_mfu), bytes / (self.bw * e.attn_mbu), e.linear_sharpness)
+            + e.attn_launch_s
     }
 
     /// Host-side engine overhead of one iteration over `requests` sequences (the fit of the

@@ -1026,17 +1026,21 @@ impl EmulatedReplica {
         let seq_len = seq.seq_len();
         let (hit_blocks, hit_free) = if caching {
             let max_hit = ((seq_len - 1) / bs) as usize;
-            let hits = seq.hashes.iter().take(max_hit).take_while(|&&h| self.pool.lookup(h).is_some()).count() as u32;
-            // A hybrid model resumes only from a state kept at an aligned page boundary.
-            let hits = hits - hits % self.hit_align_blocks;
-            let free = seq
-                .hashes
-                .iter()
-                .take(hits as usize)
-                .filter_map(|&h| self.pool.lookup(h))
-                .filter(|&b| self.pool.is_free(b))
-                .count() as u32;
-            (hits, free)
+            let mut hits = 0u32;
+            let mut free = 0u32;
+            // Free blocks among the hits up to the last aligned boundary passed.
+            let mut free_aligned = 0u32;
+            for &h in seq.hashes.iter().take(max_hit) {
+                let Some(b) = self.pool.lookup(h) else { break };
+                hits += 1;
+                free += u32::from(self.pool.is_free(b));
+                if hits.is_multiple_of(self.hit_align_blocks) {
+                    free_aligned = free;
+                }
+            }
+            // A hybrid model resumes only from a state kept at an aligned page boundary (a
+            // dense one's pages are single blocks: every hit counts).
+            (hits - hits % self.hit_align_blocks, free_aligned)
         } else {
             (0, 0)
         };

@@ -441,11 +441,15 @@ const QWEN3_CONFIGS: [(&str, &str); 6] = [
 
 /// The built-in model catalogue: the Qwen3 dense models, parsed from their published configs.
 pub fn model_catalogue() -> Vec<ModelArch> {
-    QWEN3_CONFIGS
+    parse_configs(&QWEN3_CONFIGS, "qwen3")
+}
+
+/// The shipped configs of one data directory, parsed (a shipped config that does not parse is
+/// caught by the catalogue tests, which count them).
+fn parse_configs(configs: &[(&str, &str)], dir: &str) -> Vec<ModelArch> {
+    configs
         .iter()
-        .filter_map(|(name, json)| {
-            ModelArch::from_hf_config(name, &format!("predictor/data/qwen3/{name}.json"), json).ok()
-        })
+        .filter_map(|(name, json)| ModelArch::from_hf_config(name, &format!("predictor/data/{dir}/{name}.json"), json).ok())
         .collect()
 }
 
@@ -459,12 +463,7 @@ const HYBRID_CONFIGS: [(&str, &str); 2] = [
 /// (`predictor/data/qwen3.5/SOURCE.md`). Kept apart from [`model_catalogue`], the models the
 /// shipped workflows and responders cover; [`model`] finds both.
 pub fn hybrid_catalogue() -> Vec<ModelArch> {
-    HYBRID_CONFIGS
-        .iter()
-        .filter_map(|(name, json)| {
-            ModelArch::from_hf_config(name, &format!("predictor/data/qwen3.5/{name}.json"), json).ok()
-        })
-        .collect()
+    parse_configs(&HYBRID_CONFIGS, "qwen3.5")
 }
 
 /// Look a model up by catalogue name (case-insensitive), dense or hybrid.

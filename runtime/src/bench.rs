@@ -323,6 +323,9 @@ pub struct BenchRun {
     pub sessions_completed: f64,
     pub sessions_failed: f64,
     pub loads: f64,
+    /// Near-ready prefetch checks per run, by outcome: issued, model resident, no capacity,
+    /// not timely.
+    pub prefetch_checks: [f64; 4],
     pub evictions: f64,
     pub preemptions: f64,
 }
@@ -666,6 +669,12 @@ fn aggregate(v: &Variant, arrival: &str, runs: &[&RunSummary], lb: Option<&Lower
         sessions_completed: mean(reports.iter().map(|r| r.sessions_completed as f64)),
         sessions_failed: mean(reports.iter().map(|r| r.sessions_failed as f64)),
         loads: mean(reports.iter().map(|r| r.loads as f64)),
+        prefetch_checks: [
+            mean(reports.iter().map(|r| r.prefetch.issued as f64)),
+            mean(reports.iter().map(|r| r.prefetch.resident as f64)),
+            mean(reports.iter().map(|r| r.prefetch.no_capacity as f64)),
+            mean(reports.iter().map(|r| r.prefetch.not_timely as f64)),
+        ],
         evictions: mean(reports.iter().map(|r| r.evictions as f64)),
         preemptions: mean(reports.iter().map(|r| r.preemptions as f64)),
     }

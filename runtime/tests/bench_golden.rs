@@ -116,3 +116,39 @@ fn the_report_renders_as_markdown_json_and_svg() {
     }
     assert!(back["lower_bound_s"]["burst"].is_number());
 }
+
+#[test]
+fn the_report_says_where_each_ablation_is_not_worse_and_what_prefetch_found() {
+    let r = report();
+    let md = markdown(r);
+    let full = r.row("joint", "burst").expect("joint");
+    let checks: [(&str, fn(&switchyard_runtime::bench::BenchRun) -> f64); 3] = [
+        ("no-fusion", |x| x.latency_s.p95),
+        ("per-workflow-lifecycle", |x| x.makespan_s),
+        ("no-prefetch", |x| x.makespan_s),
+    ];
+    for (variant, metric) in checks {
+        let row = r.row(variant, "burst").expect("ablation row");
+        let change = 100.0 * (metric(row) - metric(full)) / metric(full);
+        let worse = usize::from(change >= 1.0);
+        let line = md.lines().find(|l| l.starts_with(&format!("- `{variant}`"))).expect("a line per ablation");
+        assert!(line.contains(&format!("Worse than full `joint` in {worse} of 1 arrival settings")), "{line}");
+        let verdict = if change >= 1.0 {
+            "worse"
+        } else if change <= -1.0 {
+            "better"
+        } else {
+            "a tie"
+        };
+        assert!(line.contains(&format!("({verdict})")), "{line}");
+    }
+    // The prefetch line reports full joint's checks as counted in its runs.
+    let line = md.lines().find(|l| l.starts_with("- `no-prefetch`")).expect("prefetch line");
+    let c = full.prefetch_checks;
+    assert!(line.contains(&format!("burst: {:.1} issued, {:.1} model already resident", c[0], c[1])), "{line}");
+    assert_eq!(line.contains("It never fired"), c[0] == 0.0, "{line}");
+    // The baselines never prefetch.
+    for b in ["parrot", "kairos"] {
+        assert_eq!(r.row(b, "burst").expect("baseline").prefetch_checks, [0.0; 4]);
+    }
+}

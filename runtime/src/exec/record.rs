@@ -11,10 +11,10 @@ use std::sync::Arc;
 use serde::Serialize;
 
 use crate::ids::SessionId;
-use crate::planner::DeploymentId;
+use crate::planner::{DeploymentId, PrefetchChecks};
 use crate::report::{
-    DeviceTimeline, GpuBreakdown, Percentiles, RunReport, Segment, SegmentKind, SessionToolLog, ToolReport,
-    WorkflowReport, gpu, round3,
+    DeviceTimeline, GpuBreakdown, Percentiles, PrefetchCounts, RunReport, Segment, SegmentKind, SessionToolLog,
+    ToolReport, WorkflowReport, gpu, round3,
 };
 use crate::workflow::WorkflowSpec;
 
@@ -71,6 +71,11 @@ impl Counters {
 /// Per-workflow token work per deployment, to attribute GPU time (paper 003 §4.3).
 pub type TokenWork = BTreeMap<(DeploymentId, u32), f64>;
 
+/// The planner's prefetch-check counts as the report shows them.
+pub fn prefetch_counts(c: PrefetchChecks) -> PrefetchCounts {
+    PrefetchCounts { issued: c.issued, resident: c.resident, no_capacity: c.no_capacity, not_timely: c.not_timely }
+}
+
 /// Everything [`build_report`] reads.
 pub struct ReportInput<'a> {
     pub workflows: &'a [Arc<WorkflowSpec>],
@@ -94,6 +99,8 @@ pub struct ReportInput<'a> {
     /// Replicas put to sleep and woken (substrate reclaim by sleep).
     pub sleeps: u64,
     pub wakes: u64,
+    /// What the near-ready prefetch checks found (`PlannerState::prefetch_checks`).
+    pub prefetch: PrefetchCounts,
     /// The run was stopped early (Ctrl-C); the sessions still open were failed as `interrupted`.
     pub interrupted: bool,
 }
@@ -237,6 +244,7 @@ pub fn build_report(input: ReportInput<'_>) -> (RunReport, (f64, f64)) {
         evictions: input.evictions,
         sleeps: input.sleeps,
         wakes: input.wakes,
+        prefetch: input.prefetch,
         llm_calls: c.llm_calls,
         tool_calls: c.tool_calls,
         generated_tokens: c.generated_tokens,
@@ -285,6 +293,7 @@ mod tests {
             evictions: 0,
             sleeps: 0,
             wakes: 0,
+            prefetch: PrefetchCounts::default(),
             interrupted: false,
         });
         assert_eq!(window, (0.0, 4.0));
@@ -333,6 +342,7 @@ mod tests {
             evictions: 0,
             sleeps: 0,
             wakes: 0,
+            prefetch: PrefetchCounts::default(),
             interrupted: false,
         })
     }

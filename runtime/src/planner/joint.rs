@@ -51,8 +51,8 @@ use super::substrate::Substrate;
 use super::tao::{self, Solver, ToolCall, ToolHistory};
 use super::timeline::{Lane, Slot, place_all};
 use super::{
-    Command, DeploymentId, DeploymentInfo, DeviceInfo, Event, NearReadyItem, PlannerState, Policy, PriorContext,
-    Reclaim, ReplicaPhase, ReplicaView, WorkItem,
+    Command, DeploymentId, DeploymentInfo, DeviceInfo, Event, NearReadyItem, PlannerState, Policy, PrefetchOutcome,
+    PriorContext, Reclaim, ReplicaPhase, ReplicaView, WorkItem,
 };
 use crate::ids::{ActivationId, DeviceId, ReplicaId};
 
@@ -1275,17 +1275,21 @@ impl Policy for Joint {
         order.sort_by(|a, b| a.1.0.total_cmp(&b.1.0).then(a.0.cmp(&b.0)));
         for (d, (release, owner)) in order {
             if state.replicas_of(d).next().is_some() {
+                state.count_prefetch_check(PrefetchOutcome::Resident);
                 continue;
             }
             let Some((g, victims, _, _)) = self.best_lifecycle(state, d, &[], now, &keep, &BTreeSet::new(), true)
             else {
+                state.count_prefetch_check(PrefetchOutcome::NoCapacity);
                 continue;
             };
             let (Some(dep), Some(dev)) = (state.deployment(d), state.device(g)) else {
                 continue;
             };
-            if release - now <= self.lifecycle_ready_at(state, dep, dev, &victims, now) - now + PREFETCH_SLACK_S {
-                self.issue_lifecycle(state, d, g, &victims, owner, now, out);
+            if release - now > self.lifecycle_ready_at(state, dep, dev, &victims, now) - now + PREFETCH_SLACK_S {
+                state.count_prefetch_check(PrefetchOutcome::NotTimely);
+            } else if self.issue_lifecycle(state, d, g, &victims, owner, now, out).is_some() {
+                state.count_prefetch_check(PrefetchOutcome::Issued);
             }
         }
     }
@@ -1467,11 +1471,18 @@ mod tests {
         let cmds = p.handle(Event::UnitNearReady(near(0, 1, 1, act(0, 0))), 10.0).unwrap();
         assert_eq!(loads(&cmds), 1, "{cmds:?}");
         assert!(matches!(cmds[0], Command::Load { deployment: DeploymentId(1), device: DeviceId(1), .. }));
-        // With prefetch off, nothing is staged.
+        assert_eq!(p.state().prefetch_checks().issued, 1);
+        // The next tick finds the model resident (loading counts as resident).
+        p.handle(Event::UnitNearReady(near(0, 2, 1, act(0, 0))), 10.5).unwrap();
+        let checks = p.state().prefetch_checks();
+        assert_eq!((checks.issued, checks.no_capacity, checks.not_timely), (1, 0, 0));
+        assert!(checks.resident >= 1, "{checks:?}");
+        // With prefetch off, nothing is staged and nothing is checked.
         let mut p = planner(&["A100-40GB", "A100-40GB"], JointOptions { prefetch: false, ..Default::default() });
         p.handle(Event::UnitReady(item(0, 0, 0, 0)), 0.0).unwrap();
         p.handle(Event::ReplicaLoaded { replica: ReplicaId(0) }, 10.0).unwrap();
         assert!(p.handle(Event::UnitNearReady(near(0, 1, 1, act(0, 0))), 10.0).unwrap().is_empty());
+        assert_eq!(p.state().prefetch_checks(), Default::default());
     }
 
     #[test]
@@ -1486,6 +1497,9 @@ mod tests {
         assert!(cmds.is_empty());
         let cmds = p.handle(Event::UnitNearReady(near(0, 1, 1, act(0, 0))), 10.0).unwrap();
         assert!(cmds.is_empty(), "{cmds:?}");
+        // The check saw the absent model and found no capacity to stage it in.
+        let checks = p.state().prefetch_checks();
+        assert_eq!((checks.issued, checks.no_capacity), (0, 1), "{checks:?}");
         // When the device frees, the ready unit's deployment is loaded, not the prefetch.
         let cmds = p
             .handle(Event::UnitFinished { activation: act(0, 0), replica: ReplicaId(0), output_tokens: 100 }, 12.0)

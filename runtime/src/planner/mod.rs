@@ -30,8 +30,8 @@ pub use kairos::Kairos;
 pub use parrot::Parrot;
 pub use substrate::Substrate;
 pub use state::{
-    AsleepReplica, DeploymentInfo, DeviceInfo, NearReadyItem, PlanError, PlannerState, PriorContext, Reclaim, ReplicaPhase,
-    ReplicaView, RunningUnit, WorkItem,
+    AsleepReplica, DeploymentInfo, DeviceInfo, NearReadyItem, PlanError, PlannerState, PrefetchChecks, PrefetchOutcome,
+    PriorContext, Reclaim, ReplicaPhase, ReplicaView, RunningUnit, WorkItem,
 };
 
 use serde::Serialize;

@@ -14,6 +14,30 @@ use super::memory::{self, Occupancy};
 use super::{Command, DeploymentId, Event};
 use crate::ids::{ActivationId, DeviceId, ReplicaId, SessionId};
 
+/// One near-ready deployment looked at by a prefetch check (paper 003 §3.5: prefetch a
+/// near-ready model into capacity no ready work can use, when its release approaches its
+/// load time).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PrefetchOutcome {
+    /// A load or wake was issued.
+    Issued,
+    /// The model already had a replica.
+    Resident,
+    /// No device had room without reclaiming a model with ready or near-ready work.
+    NoCapacity,
+    /// Its release was further away than its load time plus the dispatch slack.
+    NotTimely,
+}
+
+/// Counts of [`PrefetchOutcome`]s over a run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct PrefetchChecks {
+    pub issued: u64,
+    pub resident: u64,
+    pub no_capacity: u64,
+    pub not_timely: u64,
+}
+
 /// A decision that would break an invariant, or an event that contradicts the view.
 #[derive(Debug, Error, PartialEq)]
 pub enum PlanError {
@@ -296,6 +320,8 @@ pub struct PlannerState {
     chain_next: BTreeSet<ActivationId>,
     next_replica: u32,
     loads: u64,
+    /// What the policy's near-ready prefetch checks found ([`Self::count_prefetch_check`]).
+    prefetch_checks: PrefetchChecks,
     evictions: u64,
     /// Replicas in sleep mode (or falling asleep), by id.
     asleep: BTreeMap<ReplicaId, AsleepReplica>,
@@ -337,6 +363,7 @@ impl PlannerState {
             chain_next: BTreeSet::new(),
             next_replica: 0,
             loads: 0,
+            prefetch_checks: PrefetchChecks::default(),
             evictions: 0,
         }
     }
@@ -485,6 +512,24 @@ impl PlannerState {
 
     pub fn loads(&self) -> u64 {
         self.loads
+    }
+
+    /// What the near-ready prefetch checks of the run found (all zero for a policy that does
+    /// not prefetch).
+    pub fn prefetch_checks(&self) -> PrefetchChecks {
+        self.prefetch_checks
+    }
+
+    /// Record the outcome of one near-ready prefetch check (the policy knows why it loads; the
+    /// state only counts).
+    pub fn count_prefetch_check(&mut self, outcome: PrefetchOutcome) {
+        let c = &mut self.prefetch_checks;
+        match outcome {
+            PrefetchOutcome::Issued => c.issued += 1,
+            PrefetchOutcome::Resident => c.resident += 1,
+            PrefetchOutcome::NoCapacity => c.no_capacity += 1,
+            PrefetchOutcome::NotTimely => c.not_timely += 1,
+        }
     }
 
     pub fn evictions(&self) -> u64 {

@@ -323,11 +323,21 @@ pub struct BenchRun {
     pub sessions_completed: f64,
     pub sessions_failed: f64,
     pub loads: f64,
-    /// Near-ready prefetch checks per run, by outcome: issued, model resident, no capacity,
-    /// not timely.
-    pub prefetch_checks: [f64; 4],
+    /// Near-ready prefetch checks per run, by outcome.
+    pub prefetch: PrefetchMeans,
     pub evictions: f64,
     pub preemptions: f64,
+}
+
+/// A row's near-ready prefetch checks per run by outcome, means over the repetitions (see
+/// `planner::PrefetchChecks`: one check per near-ready model per planning tick).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct PrefetchMeans {
+    pub issued: f64,
+    pub resident: f64,
+    pub no_capacity: f64,
+    pub not_timely: f64,
+    pub refused: f64,
 }
 
 /// What was run.
@@ -669,12 +679,13 @@ fn aggregate(v: &Variant, arrival: &str, runs: &[&RunSummary], lb: Option<&Lower
         sessions_completed: mean(reports.iter().map(|r| r.sessions_completed as f64)),
         sessions_failed: mean(reports.iter().map(|r| r.sessions_failed as f64)),
         loads: mean(reports.iter().map(|r| r.loads as f64)),
-        prefetch_checks: [
-            mean(reports.iter().map(|r| r.prefetch.issued as f64)),
-            mean(reports.iter().map(|r| r.prefetch.resident as f64)),
-            mean(reports.iter().map(|r| r.prefetch.no_capacity as f64)),
-            mean(reports.iter().map(|r| r.prefetch.not_timely as f64)),
-        ],
+        prefetch: PrefetchMeans {
+            issued: mean(reports.iter().map(|r| r.prefetch.issued as f64)),
+            resident: mean(reports.iter().map(|r| r.prefetch.resident as f64)),
+            no_capacity: mean(reports.iter().map(|r| r.prefetch.no_capacity as f64)),
+            not_timely: mean(reports.iter().map(|r| r.prefetch.not_timely as f64)),
+            refused: mean(reports.iter().map(|r| r.prefetch.refused as f64)),
+        },
         evictions: mean(reports.iter().map(|r| r.evictions as f64)),
         preemptions: mean(reports.iter().map(|r| r.preemptions as f64)),
     }

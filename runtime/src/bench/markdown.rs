@@ -330,9 +330,9 @@ fn lifecycle_counts(out: &mut String, report: &BenchReport, rows: &[(String, Var
     let arrivals = &report.setup.arrivals;
     let _ = writeln!(
         out,
-        "Lifecycle actions per run (mean over the repetitions): *loads* (cold loads), \
-         *prefetches* (loads and wakes issued to stage a near-ready model; only `{OURS}` \
-         prefetches), *unloads* (teardowns).\n"
+        "Lifecycle actions per run (mean over the repetitions): *loads* (cold loads, prefetches \
+         included), *prefetches* (cold loads or wakes issued to stage a near-ready model; only \
+         `{OURS}` prefetches), *unloads* (teardowns).\n"
     );
     let mut labels: Vec<&str> = BASELINES.to_vec();
     labels.extend(rows.iter().map(|(l, _)| l.as_str()));
@@ -343,7 +343,7 @@ fn lifecycle_counts(out: &mut String, report: &BenchReport, rows: &[(String, Var
             match report.row(label, a) {
                 Some(r) => cells.extend([
                     format!("{:.1}", r.loads),
-                    format!("{:.1}", r.prefetch_checks[0]),
+                    format!("{:.1}", r.prefetch.issued),
                     format!("{:.1}", r.evictions),
                 ]),
                 None => cells.extend(std::iter::repeat_n("–".to_string(), 3)),
@@ -354,13 +354,34 @@ fn lifecycle_counts(out: &mut String, report: &BenchReport, rows: &[(String, Var
     let _ = writeln!(out);
 }
 
-/// How a change against the full policy reads: a difference under 1 % is a tie.
-fn verdict(change: Option<f64>) -> &'static str {
-    match change {
-        Some(c) if c >= 1.0 => "worse",
-        Some(c) if c <= -1.0 => "better",
-        Some(_) => "a tie",
-        None => "not run",
+/// How a variant's change against the full policy reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Verdict {
+    Worse,
+    Better,
+    Tie,
+    NotRun,
+}
+
+impl Verdict {
+    /// A change (percent, positive = worse) as the report prints it, to one decimal: a printed
+    /// difference under 1 % is a tie.
+    fn of(change: Option<f64>) -> Self {
+        match change.map(|c| (c * 10.0).round() / 10.0) {
+            Some(c) if c >= 1.0 => Verdict::Worse,
+            Some(c) if c <= -1.0 => Verdict::Better,
+            Some(_) => Verdict::Tie,
+            None => Verdict::NotRun,
+        }
+    }
+
+    fn word(self) -> &'static str {
+        match self {
+            Verdict::Worse => "worse",
+            Verdict::Better => "better",
+            Verdict::Tie => "a tie",
+            Verdict::NotRun => "not run",
+        }
     }
 }
 
@@ -391,9 +412,9 @@ fn paper_settings(out: &mut String, report: &BenchReport) {
         if per.iter().all(|(_, c)| c.is_none()) {
             continue;
         }
-        let worse = per.iter().filter(|(_, c)| verdict(*c) == "worse").count();
+        let worse = per.iter().filter(|(_, c)| Verdict::of(*c) == Verdict::Worse).count();
         let detail: Vec<String> =
-            per.iter().map(|(a, c)| format!("{a} {} ({})", pct(*c), verdict(*c))).collect();
+            per.iter().map(|(a, c)| format!("{a} {} ({})", pct(*c), Verdict::of(*c).word())).collect();
         let mut line = format!(
             "- `{variant}` — {what}; the paper's metric: {metric}. Worse than full `{OURS}` in {worse} of {} \
              arrival settings: {}.",
@@ -405,20 +426,26 @@ fn paper_settings(out: &mut String, report: &BenchReport) {
             let checks: Vec<String> = arrivals
                 .iter()
                 .filter_map(|a| {
-                    let c = report.row(OURS, a)?.prefetch_checks;
+                    let c = report.row(OURS, a)?.prefetch;
                     Some(format!(
-                        "{a}: {:.1} issued, {:.1} model already resident, {:.1} no capacity, {:.1} not yet timely",
-                        c[0], c[1], c[2], c[3]
+                        "{a}: {:.1} issued, {:.1} model already resident, {:.1} no capacity, {:.1} not yet \
+                         timely, {:.1} refused",
+                        c.issued, c.resident, c.no_capacity, c.not_timely, c.refused
                     ))
                 })
                 .collect();
             line.push_str(&format!(
                 " The rule (§3.5) stages a near-ready model that has no replica into capacity no ready or \
-                 near-ready work holds, once its release is within its load time; full `{OURS}`'s \
-                 checks per run (one per near-ready model per planning tick) found — {}.",
+                 near-ready work holds, once its release is within its load time plus a dispatch slack; \
+                 full `{OURS}`'s checks per run (one per near-ready model per planning tick, so a model \
+                 resident for many ticks counts many times) found — {}.",
                 checks.join("; ")
             ));
-            if arrivals.iter().all(|a| report.row(OURS, a).is_none_or(|r| r.prefetch_checks[0] == 0.0)) {
+            let never_fired = arrivals.iter().all(|a| {
+                report.row(OURS, a).is_some_and(|r| r.prefetch.issued == 0.0 && r.prefetch.refused == 0.0)
+            });
+            let all_ties = per.iter().all(|(_, c)| Verdict::of(*c) == Verdict::Tie);
+            if never_fired && all_ties {
                 line.push_str(" It never fired, so turning it off changes nothing.");
             }
         }

@@ -13,7 +13,7 @@ use serde::Serialize;
 use crate::ids::SessionId;
 use crate::planner::{DeploymentId, PrefetchChecks};
 use crate::report::{
-    DeviceTimeline, GpuBreakdown, Percentiles, PrefetchCounts, RunReport, Segment, SegmentKind, SessionToolLog,
+    DeviceTimeline, GpuBreakdown, Percentiles, RunReport, Segment, SegmentKind, SessionToolLog,
     ToolReport, WorkflowReport, gpu, round3,
 };
 use crate::workflow::WorkflowSpec;
@@ -71,11 +71,6 @@ impl Counters {
 /// Per-workflow token work per deployment, to attribute GPU time (paper 003 §4.3).
 pub type TokenWork = BTreeMap<(DeploymentId, u32), f64>;
 
-/// The planner's prefetch-check counts as the report shows them.
-pub fn prefetch_counts(c: PrefetchChecks) -> PrefetchCounts {
-    PrefetchCounts { issued: c.issued, resident: c.resident, no_capacity: c.no_capacity, not_timely: c.not_timely }
-}
-
 /// Everything [`build_report`] reads.
 pub struct ReportInput<'a> {
     pub workflows: &'a [Arc<WorkflowSpec>],
@@ -100,7 +95,7 @@ pub struct ReportInput<'a> {
     pub sleeps: u64,
     pub wakes: u64,
     /// What the near-ready prefetch checks found (`PlannerState::prefetch_checks`).
-    pub prefetch: PrefetchCounts,
+    pub prefetch: PrefetchChecks,
     /// The run was stopped early (Ctrl-C); the sessions still open were failed as `interrupted`.
     pub interrupted: bool,
 }
@@ -293,7 +288,7 @@ mod tests {
             evictions: 0,
             sleeps: 0,
             wakes: 0,
-            prefetch: PrefetchCounts::default(),
+            prefetch: PrefetchChecks::default(),
             interrupted: false,
         });
         assert_eq!(window, (0.0, 4.0));
@@ -342,7 +337,7 @@ mod tests {
             evictions: 0,
             sleeps: 0,
             wakes: 0,
-            prefetch: PrefetchCounts::default(),
+            prefetch: PrefetchChecks::default(),
             interrupted: false,
         })
     }

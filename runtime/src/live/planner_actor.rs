@@ -1558,7 +1558,7 @@ impl PlannerActorState {
             evictions: state.evictions().saturating_sub(self.fixed_evictions),
             sleeps: state.sleeps(),
             wakes: state.wakes(),
-            prefetch: exec::prefetch_counts(state.prefetch_checks()),
+            prefetch: state.prefetch_checks(),
             interrupted: false,
         });
         let mut report = report;

@@ -1286,11 +1286,16 @@ impl Policy for Joint {
             let (Some(dep), Some(dev)) = (state.deployment(d), state.device(g)) else {
                 continue;
             };
-            if release - now > self.lifecycle_ready_at(state, dep, dev, &victims, now) - now + PREFETCH_SLACK_S {
-                state.count_prefetch_check(PrefetchOutcome::NotTimely);
+            let outcome = if release - now
+                > self.lifecycle_ready_at(state, dep, dev, &victims, now) - now + PREFETCH_SLACK_S
+            {
+                PrefetchOutcome::NotTimely
             } else if self.issue_lifecycle(state, d, g, &victims, owner, now, out).is_some() {
-                state.count_prefetch_check(PrefetchOutcome::Issued);
-            }
+                PrefetchOutcome::Issued
+            } else {
+                PrefetchOutcome::Refused
+            };
+            state.count_prefetch_check(outcome);
         }
     }
 }
@@ -1483,6 +1488,22 @@ mod tests {
         p.handle(Event::ReplicaLoaded { replica: ReplicaId(0) }, 10.0).unwrap();
         assert!(p.handle(Event::UnitNearReady(near(0, 1, 1, act(0, 0))), 10.0).unwrap().is_empty());
         assert_eq!(p.state().prefetch_checks(), Default::default());
+    }
+
+    #[test]
+    fn a_prefetch_waits_until_the_release_is_within_the_load_time() {
+        // The near-ready unit waits on a unit predicted to run 100 s (10,000 output tokens):
+        // its release is far beyond the 10 s load plus slack, so the check finds it not yet
+        // timely and stages nothing.
+        let mut p = planner(&["A100-40GB", "A100-40GB"], JointOptions::default());
+        let mut long = item(0, 0, 0, 0);
+        long.max_output_tokens = 10_000;
+        p.handle(Event::UnitReady(long), 0.0).unwrap();
+        p.handle(Event::ReplicaLoaded { replica: ReplicaId(0) }, 10.0).unwrap();
+        let cmds = p.handle(Event::UnitNearReady(near(0, 1, 1, act(0, 0))), 10.0).unwrap();
+        assert_eq!(loads(&cmds), 0, "{cmds:?}");
+        let checks = p.state().prefetch_checks();
+        assert_eq!((checks.issued, checks.not_timely), (0, 1), "{checks:?}");
     }
 
     #[test]

@@ -14,28 +14,34 @@ use super::memory::{self, Occupancy};
 use super::{Command, DeploymentId, Event};
 use crate::ids::{ActivationId, DeviceId, ReplicaId, SessionId};
 
-/// One near-ready deployment looked at by a prefetch check (paper 003 §3.5: prefetch a
-/// near-ready model into capacity no ready work can use, when its release approaches its
-/// load time).
+/// What one prefetch check found for one near-ready deployment at one planning tick (paper 003
+/// §3.5: prefetch a near-ready model into capacity no ready work can use, when its release
+/// approaches its load time plus the dispatch slack).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PrefetchOutcome {
     /// A load or wake was issued.
     Issued,
-    /// The model already had a replica.
+    /// The model already had a replica (awake, loading or waking).
     Resident,
     /// No device had room without reclaiming a model with ready or near-ready work.
     NoCapacity,
     /// Its release was further away than its load time plus the dispatch slack.
     NotTimely,
+    /// Timely and with room, but the state refused the lifecycle action (victims already
+    /// unloaded or put to sleep stay so).
+    Refused,
 }
 
-/// Counts of [`PrefetchOutcome`]s over a run.
+/// Counts of [`PrefetchOutcome`]s over a run: one per near-ready deployment per planning tick
+/// that reached the prefetch step, so a model resident for many ticks counts many times.
+/// Reported as `RunReport.prefetch`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct PrefetchChecks {
     pub issued: u64,
     pub resident: u64,
     pub no_capacity: u64,
     pub not_timely: u64,
+    pub refused: u64,
 }
 
 /// A decision that would break an invariant, or an event that contradicts the view.
@@ -529,6 +535,7 @@ impl PlannerState {
             PrefetchOutcome::Resident => c.resident += 1,
             PrefetchOutcome::NoCapacity => c.no_capacity += 1,
             PrefetchOutcome::NotTimely => c.not_timely += 1,
+            PrefetchOutcome::Refused => c.refused += 1,
         }
     }
 

@@ -10,6 +10,8 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
+use crate::planner::PrefetchChecks;
+
 pub use gpu::{DeviceTimeline, GpuBreakdown, Segment, SegmentKind};
 
 /// p50 / p95 / p99 of a sample (nearest-rank), seconds.
@@ -62,20 +64,6 @@ pub struct WorkflowReport {
     pub metric: Option<String>,
 }
 
-/// Near-ready prefetch checks of a run, by outcome: one per near-ready deployment per planning
-/// tick that reached the prefetch step.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
-pub struct PrefetchCounts {
-    /// Loads or wakes issued.
-    pub issued: u64,
-    /// The model already had a replica.
-    pub resident: u64,
-    /// No device had room without reclaiming a model with ready or near-ready work.
-    pub no_capacity: u64,
-    /// Its release was further away than its load time plus the dispatch slack.
-    pub not_timely: u64,
-}
-
 /// The result of one run (`switchyard run --json`).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct RunReport {
@@ -106,7 +94,7 @@ pub struct RunReport {
     pub sleeps: u64,
     pub wakes: u64,
     /// What the near-ready prefetch checks found (only `joint` prefetches; zero otherwise).
-    pub prefetch: PrefetchCounts,
+    pub prefetch: PrefetchChecks,
     pub llm_calls: u64,
     pub tool_calls: u64,
     pub generated_tokens: u64,

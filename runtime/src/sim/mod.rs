@@ -1203,7 +1203,7 @@ impl<'a> Sim<'a> {
             evictions: state.evictions(),
             sleeps: state.sleeps(),
             wakes: state.wakes(),
-            prefetch: exec::prefetch_counts(state.prefetch_checks()),
+            prefetch: state.prefetch_checks(),
             interrupted: self.interrupted,
         });
         let mut report = report;

@@ -146,12 +146,14 @@ fn the_report_says_where_each_ablation_is_not_worse_and_what_prefetch_found() {
     // The prefetch line reports full joint's checks as counted in its runs.
     let line = md.lines().find(|l| l.starts_with("- `no-prefetch`")).expect("prefetch line");
     let c = full.prefetch;
-    assert!(line.contains(&format!("burst: {:.1} issued, {:.1} model already resident", c.issued, c.resident)), "{line}");
+    let expected = format!("burst: {:.1} issued, {:.1} model already resident", c.issued, c.resident);
+    assert!(line.contains(&expected), "{line}");
     // Joint's checks ran (its near-ready successors were looked at), and none was refused.
     assert!(c.issued + c.resident + c.no_capacity + c.not_timely > 0.0, "{c:?}");
     assert_eq!(c.refused, 0.0);
     let no_prefetch = r.row("no-prefetch", "burst").expect("no-prefetch");
-    assert_eq!(line.contains("It never fired"), c.issued == 0.0 && no_prefetch.makespan_s == full.makespan_s, "{line}");
+    let never_fired = c.issued == 0.0 && no_prefetch.makespan_s == full.makespan_s;
+    assert_eq!(line.contains("It never fired"), never_fired, "{line}");
     // With prefetch off nothing is checked; the baselines never prefetch.
     for b in ["no-prefetch", "parrot", "kairos"] {
         assert_eq!(r.row(b, "burst").expect("row").prefetch, Default::default(), "{b}");

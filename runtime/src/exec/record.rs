@@ -13,8 +13,8 @@ use serde::Serialize;
 use crate::ids::SessionId;
 use crate::planner::{DeploymentId, PrefetchChecks};
 use crate::report::{
-    DeviceTimeline, GpuBreakdown, Percentiles, RunReport, Segment, SegmentKind, SessionToolLog,
-    ToolReport, WorkflowReport, gpu, round3,
+    DeviceTimeline, GpuBreakdown, Percentiles, RunReport, Segment, SegmentKind, SessionToolLog, ToolReport,
+    WorkflowReport, gpu, round3,
 };
 use crate::workflow::WorkflowSpec;
 

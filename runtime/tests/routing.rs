@@ -9,7 +9,7 @@ use std::sync::Arc;
 use switchyard_runtime::exec::{self, Arrival, PoolSpec, RunConfig};
 use switchyard_runtime::ids::{ActivationId, SessionId};
 use switchyard_runtime::planner::routing::{RouterOptions, RoutingSetup};
-use switchyard_runtime::planner::{Event, JointOptions, WorkItem};
+use switchyard_runtime::planner::{Event, JointOptions, NearReadyItem, WorkItem};
 use switchyard_runtime::sim::{self, Flow, SimOptions, SimOutput};
 use switchyard_runtime::workflow::{WorkflowSpec, load_workflow};
 
@@ -122,6 +122,20 @@ fn unit(session: u32, deployment: switchyard_runtime::planner::DeploymentId) -> 
     }
 }
 
+/// Session `session`'s second unit, waiting for its first.
+fn near_ready(session: u32, deployment: switchyard_runtime::planner::DeploymentId) -> NearReadyItem {
+    NearReadyItem {
+        activation: ActivationId { session: SessionId(session), index: 1 },
+        workflow: 0,
+        deployment,
+        node: 1,
+        waits_for: vec![ActivationId { session: SessionId(session), index: 0 }],
+        prompt_bound: 300,
+        max_output_tokens: 200,
+        prior_context: None,
+    }
+}
+
 /// A joint planner for `names` on the small pool whose router has the first workflow's route as
 /// its arms, each ledger `capacity` tokens: the planner, the route, the deployment map.
 fn routed_planner(
@@ -163,8 +177,13 @@ fn a_program_its_ledger_has_not_admitted_keeps_its_units_out_of_the_queue() {
         Event::SessionArrived { session: SessionId(1), workflow: 0 },
         Event::UnitReady(unit(0, route[0])),
         Event::UnitReady(unit(1, route[0])),
+        Event::UnitNearReady(near_ready(0, route[0])),
+        Event::UnitNearReady(near_ready(1, route[0])),
     ];
     planner.handle_all(events, 0.0).unwrap();
+    // Nothing forecast for a program the ledger holds may stage a model for it.
+    let forecast: Vec<u32> = planner.state().near_ready().map(|n| n.activation.session.0).collect();
+    assert_eq!(forecast, vec![0], "only the admitted program's unit is near-ready");
     let waiting = |p: &switchyard_runtime::planner::Planner| -> Vec<u32> {
         let queued = p.state().queue().iter().map(|w| w.activation.session.0);
         let running = p.state().running().keys().map(|a| a.session.0);
@@ -308,4 +327,113 @@ fn an_llm_judge_is_a_call_on_the_pool_and_its_verdict_teaches_the_router() {
         let solve = out.calls.iter().find(|c| c.session == *session && c.node == 0).expect("the solver's call");
         assert!(solve.finished_at <= judge[0].finished_at);
     }
+}
+
+/// A routed workflow whose two agent nodes form a same-deployment chain once the session is
+/// bound (both declare the same route), written next to the test's temporary directory with
+/// the bundled GSM8K dataset.
+fn routed_chain_workflow(dir: &Path) -> Arc<WorkflowSpec> {
+    let dataset = repo().join("workflows/datasets/gsm8k/test.jsonl");
+    let yaml = format!(
+        r#####"name: gsm8k-routed-chain
+description: A routed solver and a routed checker on the same bound model.
+deployments:
+  qwen3-1.7b: {{model: Qwen3-1.7B, dtype: fp16, max_context: 16384, max_output_tokens: 8192}}
+  qwen3-8b:   {{model: Qwen3-8B,   dtype: fp16, max_context: 16384, max_output_tokens: 8192}}
+dataset:
+  file: {}
+  format: jsonl
+  fields:
+    question: question
+    answer: answer
+metric: {{kind: gsm8k_exact, node: check, reference: answer}}
+nodes:
+  - id: solve
+    deployment: {{route: [qwen3-1.7b, qwen3-8b]}}
+    responder: gsm8k.solve
+    max_output_tokens: 1024
+    output_tokens: {{mean: 200, cv: 0.4}}
+    prompt: |
+      Solve step by step, then give the final answer as "#### <number>".
+      Question: {{{{input.question}}}}
+  - id: check
+    deployment: {{route: [qwen3-1.7b, qwen3-8b]}}
+    responder: gsm8k.solve
+    after: [solve]
+    max_output_tokens: 1024
+    output_tokens: {{mean: 120, cv: 0.4}}
+    prompt: |
+      Check this solution and restate its final answer as "#### <number>".
+      Question: {{{{input.question}}}}
+      Solution: {{{{solve}}}}
+"#####,
+        dataset.display()
+    );
+    let path = dir.join("gsm8k-routed-chain.yaml");
+    std::fs::write(&path, yaml).expect("write the workflow");
+    Arc::new(load_workflow(&path).expect("the routed chain workflow loads"))
+}
+
+#[test]
+fn a_bound_routed_chain_is_fused_and_its_successor_forecast_near_ready() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let spec = routed_chain_workflow(dir.path());
+    let pool = PoolSpec::load(&repo().join("workflows/pools/paper.yaml")).expect("bundled pool");
+    let cfg = RunConfig {
+        sessions: 8,
+        arrival: Arrival::Burst,
+        seed: 7,
+        predictor: "oracle".into(),
+        handoff_s: exec::FRAMEWORK_HANDOFF_S,
+        ..RunConfig::served(vec![spec], pool)
+    };
+    let opts = SimOptions { keep_trace: true, keep_calls: true, record_planner: true };
+    let out = sim::simulate_opts(&cfg, opts, &mut |_| Flow::Continue).expect("the run finishes");
+    assert_eq!((out.report.sessions_completed, out.report.sessions_failed), (8, 0), "{:?}", out.report.failures);
+    let (mut heads, mut successors, mut forecasts) = (0, 0, 0);
+    for (_, events) in &out.planner_ticks {
+        for e in events {
+            match e {
+                Event::UnitReady(item) if item.node == 0 => {
+                    assert!(item.chain_next && item.chain_prev.is_none(), "solve heads the chain: {item:?}");
+                    heads += 1;
+                }
+                Event::UnitReady(item) if item.node == 1 => {
+                    let prev = item.chain_prev.expect("check follows solve in the chain");
+                    assert_eq!(prev.session, item.activation.session);
+                    successors += 1;
+                }
+                Event::UnitNearReady(item) if item.node == 1 => forecasts += 1,
+                _ => {}
+            }
+        }
+    }
+    assert_eq!((heads, successors, forecasts), (8, 8, 8), "every bound session's chain is fused and forecast");
+    // The fused successor runs where its head ran (the chain's one grant), on the bound model.
+    let dispatched = |node: u32| -> Vec<(u32, u32)> {
+        let mut v: Vec<(u32, u32)> = out
+            .trace
+            .iter()
+            .filter(|l| l.event == "dispatch")
+            .filter_map(|l| {
+                let s = l.session?;
+                let a = l.activation?;
+                let call = out.calls.iter().find(|c| c.session == s && c.activation == a)?;
+                (call.node == node).then_some((s, l.replica?))
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    let (solve, check) = (dispatched(0), dispatched(1));
+    assert_eq!(solve.len(), 8);
+    assert_eq!(solve, check, "each session's check ran on its solve's replica");
+
+    // The same workflow as loaded (unbound) has no static deployment for its routed nodes.
+    let of =
+        |_: u32, name: &str| if name == "qwen3-8b" { Some(switchyard_runtime::planner::DeploymentId(1)) } else { None };
+    let loaded = exec::graph_info::workflow_info(&routed_chain_workflow(dir.path()), |n| of(0, n));
+    assert!(loaded.iter().all(|n| n.deployment.is_none() && n.chain.is_none()));
+    let bound = exec::graph_info::workflow_info(&routed_chain_workflow(dir.path()).bound_to("qwen3-8b"), |n| of(0, n));
+    assert_eq!(bound[0].chain.as_deref(), Some(&[0usize, 1][..]), "bound to one model, solve → check is a chain");
 }

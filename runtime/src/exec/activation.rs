@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use switchyard_tools::{ToolCall, ToolOutcome};
 
-use super::graph_info::{self, NodeInfo};
+use super::graph_info::{self, NodeFacts, NodeInfo};
 use super::{BLOCK_SIZE, DeploymentMap, ShellError};
 use crate::ids::ActivationId;
 use crate::planner::{DeploymentInfo, NearReadyItem, PriorContext, WorkItem};
@@ -69,7 +69,7 @@ pub struct PrepareContext<'a> {
     pub seed: u64,
     pub deployments: &'a [DeploymentInfo],
     pub deployment_of: &'a DeploymentMap,
-    pub node_info: &'a [Vec<NodeInfo>],
+    pub node_info: &'a NodeFacts,
 }
 
 /// Render what ready activation `a` of `session` (of workflow index `workflow`) needs: tool
@@ -168,7 +168,7 @@ pub fn prepare(
                 }),
                 _ => None,
             };
-            let Some(info) = ctx.node_info.get(workflow as usize) else {
+            let Some(info) = ctx.node_info.of(workflow, session.spec()) else {
                 return Err(ShellError::Internal(format!("no node facts for workflow {workflow}")));
             };
             let spec = Arc::clone(session.spec());

@@ -3,12 +3,61 @@
 //! bounds and chain envelopes (Eq. 4). Shared by both shells; pure. Depends on the workflow
 //! model, sessions, tokens and `planner::fusion`, never on `sim` or `live`.
 
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
 use crate::ids::ActivationId;
 use crate::planner::DeploymentId;
 use crate::planner::fusion::{LogicalEdge, LogicalNode, envelope, fusible_chains};
 use crate::session::Session;
 use crate::tokens;
 use crate::workflow::{Filter, NodeKind, Segment, Source, TemplateBody, WorkflowSpec};
+
+/// The node facts of a run: each workflow's as loaded, and a routed workflow's once more per
+/// member of its route (what its sessions plan with once bound: routed nodes fused and forecast
+/// near-ready like fixed ones). Looked up by a session's own spec, which says its binding.
+#[derive(Debug, Clone, Default)]
+pub struct NodeFacts {
+    workflows: Vec<Vec<NodeInfo>>,
+    bound: Vec<BTreeMap<String, Vec<NodeInfo>>>,
+}
+
+impl NodeFacts {
+    /// Facts of `workflows` (index = workflow index); `deployment_of(w, name)` maps workflow
+    /// `w`'s deployment names to identities.
+    pub fn new(
+        workflows: &[Arc<WorkflowSpec>],
+        deployment_of: impl Fn(u32, &str) -> Option<DeploymentId>,
+    ) -> NodeFacts {
+        let mut facts = NodeFacts::default();
+        for spec in workflows {
+            facts.push(spec, &deployment_of);
+        }
+        facts
+    }
+
+    /// Add the facts of the next workflow (index = the number already held).
+    pub fn push(&mut self, spec: &WorkflowSpec, deployment_of: impl Fn(u32, &str) -> Option<DeploymentId>) {
+        let w = self.workflows.len() as u32;
+        self.workflows.push(workflow_info(spec, |name| deployment_of(w, name)));
+        let members = spec.route().unwrap_or(&[]);
+        let bound = members
+            .iter()
+            .map(|m| (m.clone(), workflow_info(&spec.bound_to(m), |name| deployment_of(w, name))))
+            .collect();
+        self.bound.push(bound);
+    }
+
+    /// The facts a session of workflow `workflow` plans with, given the session's own spec
+    /// (the bound copy for a routed session once its router bound it).
+    pub fn of(&self, workflow: u32, spec: &WorkflowSpec) -> Option<&[NodeInfo]> {
+        let w = workflow as usize;
+        match spec.bound_member() {
+            Some(member) => self.bound.get(w)?.get(member).map(Vec::as_slice),
+            None => self.workflows.get(w).map(Vec::as_slice),
+        }
+    }
+}
 
 /// Static facts about one node.
 #[derive(Debug, Clone, Default)]
@@ -36,9 +85,14 @@ pub fn workflow_info(
         let (deployment, limit) = match &node.kind {
             NodeKind::Agent(a) => {
                 mean_tokens[i] = a.output_tokens.mean.round().max(0.0) as u32;
-                // A routed node's deployment is known per session only (its binding): no static
-                // deployment, so it is neither fused nor forecast near-ready.
-                let deployment = if a.route.is_some() { None } else { deployment_of(&a.deployment) };
+                // A routed node's deployment is known once its session is bound (the spec is then
+                // the bound copy, `WorkflowSpec::bound_to`); on the workflow as loaded it has none,
+                // so it is neither fused nor forecast near-ready there.
+                let deployment = if a.route.is_some() && spec.bound_member().is_none() {
+                    None
+                } else {
+                    deployment_of(&a.deployment)
+                };
                 (deployment, a.max_output_tokens)
             }
             NodeKind::Tool(_) => (None, 0),

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use switchyard_predictor::{Dtype, spec};
 
 use super::ShellError;
-use super::graph_info::{self, NodeInfo};
+use super::graph_info::NodeFacts;
 use super::oracle;
 use super::profiles::{PREDICTORS, profile_table};
 use crate::planner::profiled::ProfiledEstimates;
@@ -77,15 +77,10 @@ pub fn deployment_names(workflows: &[Arc<WorkflowSpec>], max_num_seqs: u32) -> R
     Ok(table.iter().map(|d| if shared(&d.model) { format!("{} {:?}", d.model, d.dtype) } else { d.model.clone() }).collect())
 }
 
-/// Static per-node facts of every workflow (fused chains, critical paths).
-pub fn node_infos(workflows: &[Arc<WorkflowSpec>], deployment_of: &DeploymentMap) -> Vec<Vec<NodeInfo>> {
-    workflows
-        .iter()
-        .enumerate()
-        .map(|(w, wf)| {
-            graph_info::workflow_info(wf, |name| deployment_of.get(&(w as u32, name.to_string())).copied())
-        })
-        .collect()
+/// Static per-node facts of every workflow (fused chains, critical paths), and of each routed
+/// workflow bound to each member of its route.
+pub fn node_infos(workflows: &[Arc<WorkflowSpec>], deployment_of: &DeploymentMap) -> NodeFacts {
+    NodeFacts::new(workflows, |w, name| deployment_of.get(&(w, name.to_string())).copied())
 }
 
 /// The planner with the named policy and predictor (`oracle`: the emulator's own costs).

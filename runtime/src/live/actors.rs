@@ -23,7 +23,7 @@ use super::engine::{Completion, Engine, EngineError, EngineTelemetry, LlmRequest
 use super::shell::LiveOutput;
 use crate::ids::{ActivationId, DeviceId, ReplicaId, SessionId};
 use crate::planner::{DeploymentInfo, NearReadyItem, WorkItem};
-use crate::exec::graph_info::NodeInfo;
+use crate::exec::graph_info::NodeFacts;
 use crate::exec::{CallRecord, DeploymentMap, SessionRecord};
 use crate::values::{NodeOutput, Record};
 use crate::workflow::WorkflowSpec;
@@ -247,7 +247,7 @@ pub struct RunContext {
     pub seed: u64,
     pub deployments: Vec<DeploymentInfo>,
     pub deployment_of: DeploymentMap,
-    pub node_info: Vec<Vec<NodeInfo>>,
+    pub node_info: NodeFacts,
     pub clock: Clock,
     pub retry: RetryPolicy,
     /// Ask engines to stream answers.

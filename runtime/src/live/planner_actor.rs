@@ -625,8 +625,8 @@ impl PlannerActorState {
                 }
             }
         }
-        let info = exec::graph_info::workflow_info(&spec, |name| ctx.deployment_of.get(&(w, name.to_string())).copied());
-        ctx.node_info.push(info);
+        let deployment_of = &ctx.deployment_of;
+        ctx.node_info.push(&spec, |w, name| deployment_of.get(&(w, name.to_string())).copied());
         ctx.workflows.push(spec);
         self.records.push(Vec::new());
         self.ctx = Arc::new(ctx);

@@ -412,7 +412,7 @@ sink: Default::default(),
         if self.ended {
             return;
         }
-        let Some(info) = self.ctx.node_info.get(self.workflow as usize) else { return };
+        let Some(info) = self.ctx.node_info.of(self.workflow, self.session.spec()) else { return };
         let items = off_the_reactor(|| exec::near_ready_items(&self.session, self.workflow, info, &self.near_sent));
         for item in items {
             self.near_sent.insert(item.activation);

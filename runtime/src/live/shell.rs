@@ -258,7 +258,7 @@ pub(super) fn run_context(
     workflows: Vec<Arc<crate::workflow::WorkflowSpec>>,
     deployments: Vec<crate::planner::DeploymentInfo>,
     deployment_of: exec::DeploymentMap,
-    node_info: Vec<Vec<exec::graph_info::NodeInfo>>,
+    node_info: exec::graph_info::NodeFacts,
 ) -> Arc<RunContext> {
     Arc::new(RunContext {
         workflows,

@@ -585,7 +585,11 @@ impl PlannerState {
                 }
             }
             Event::UnitNearReady(item) => {
-                self.near_ready.insert(item.activation, item);
+                // A program its ledger has not admitted runs nothing yet: no forecast of its
+                // units may stage a model for it (its ready units come when it is admitted).
+                if !self.gated.contains_key(&item.activation.session) {
+                    self.near_ready.insert(item.activation, item);
+                }
             }
             Event::UnitFinished { activation, replica, .. } => {
                 self.running.remove(&activation);

@@ -28,7 +28,7 @@ use switchyard_predictor::{Dtype, spec};
 use switchyard_tools::{ToolCall, modeled_duration_s};
 use thiserror::Error;
 
-use crate::exec::graph_info::NodeInfo;
+use crate::exec::graph_info::NodeFacts;
 use crate::exec::{
     self, CallRecord, Counters, PrepareContext, PreparedLlm, Ready, ReportInput, RunConfig, SessionRecord, ShellError,
     TokenWork, TraceEntry, TraceLine, arrivals, tool_trace_detail as trace_detail,
@@ -201,7 +201,7 @@ struct Sim<'a> {
     /// Deployment of each (workflow, deployment name).
     deployment_of: BTreeMap<(u32, String), DeploymentId>,
     /// Static per-node facts of each workflow (chains, critical paths).
-    node_info: Vec<Vec<NodeInfo>>,
+    node_info: NodeFacts,
     /// Near-ready units already reported to the planner.
     near_sent: std::collections::BTreeSet<ActivationId>,
     queue: BinaryHeap<Scheduled>,
@@ -637,8 +637,8 @@ impl<'a> Sim<'a> {
         if run.record.failed.is_some() || run.record.finished.is_some() {
             return Ok(());
         }
-        let Some(info) = self.node_info.get(run.record.workflow as usize) else { return Ok(()) };
         let Some(session) = run.session.as_deref() else { return Ok(()) };
+        let Some(info) = self.node_info.of(run.record.workflow, session.spec()) else { return Ok(()) };
         let items = exec::near_ready_items(session, run.record.workflow, info, &self.near_sent);
         for item in items {
             self.near_sent.insert(item.activation);

@@ -270,6 +270,7 @@ pub(super) fn build(
         dataset,
         metric,
         verifier,
+        bound: None,
         graph,
         index,
         topo,

@@ -377,6 +377,9 @@ pub struct WorkflowSpec {
     /// `verifier:` the term whose verdict teaches a routed workflow's router (paper 002), when
     /// it is not the metric's single term: e.g. an LLM judge node's verdict. `None`: the metric.
     pub verifier: Option<MetricTerm>,
+    /// The route member a routed session's copy of the workflow is bound to ([`Self::bound_to`]);
+    /// `None` for the workflow as loaded.
+    bound: Option<String>,
     graph: DiGraph<usize, EdgeKind>,
     index: BTreeMap<String, usize>,
     topo: Vec<usize>,
@@ -443,6 +446,7 @@ impl WorkflowSpec {
     /// on that deployment. The route stays on the nodes (it says what was chosen among).
     pub fn bound_to(&self, deployment: &str) -> WorkflowSpec {
         let mut spec = self.clone();
+        spec.bound = Some(deployment.to_string());
         for n in &mut spec.nodes {
             if let NodeKind::Agent(a) = &mut n.kind
                 && a.route.as_ref().is_some_and(|r| r.iter().any(|m| m == deployment))
@@ -451,6 +455,12 @@ impl WorkflowSpec {
             }
         }
         spec
+    }
+
+    /// The route member this copy is bound to (a routed session's workflow), if any: its
+    /// routed nodes then run on that deployment, known statically.
+    pub fn bound_member(&self) -> Option<&str> {
+        self.bound.as_deref()
     }
 
     pub fn node_index(&self, id: &str) -> Option<usize> {

@@ -77,3 +77,48 @@ fn a_trace_built_in_code_is_checked_before_it_runs() {
     let err = run_agents(&ok, &tao::pool_qwen14b_a100x4(), &cfg(SchedulerKind::Tao, 0)).unwrap_err().to_string();
     assert!(err.contains("at least one worker"), "{err}");
 }
+
+#[test]
+fn reasoning_is_generated_but_dropped_from_the_conversation() {
+    use switchyard_runtime::bench::oracle_programs;
+    use switchyard_runtime::sim::agentic::AgentPoolSpec;
+    // Paper 002's thinking programs on one replica of its Qwen3.6-27B, and the same sessions
+    // with every turn's reasoning removed.
+    let thinking = generate(AgentWorkload::SweVerifiedThinking, 12, 5);
+    assert!(thinking.sessions.iter().all(|s| s.turns.iter().all(|t| t.reasoning_tokens > 0)));
+    assert!(
+        generate(AgentWorkload::SweVerified, 12, 5)
+            .sessions
+            .iter()
+            .all(|s| s.turns.iter().all(|t| t.reasoning_tokens == 0))
+    );
+    let mut plain = thinking.clone();
+    for t in plain.sessions.iter_mut().flat_map(|s| s.turns.iter_mut()) {
+        t.reasoning_tokens = 0;
+    }
+    // The conversation does not keep the reasoning: same prompts either way.
+    for (a, b) in thinking.sessions.iter().zip(&plain.sessions) {
+        assert_eq!(a.final_context(), b.final_context());
+        assert!((0..a.turns.len()).all(|k| a.prompt_tokens(k) == b.prompt_tokens(k)));
+    }
+    let pair = oracle_programs::pool_for(
+        "H100-80GB",
+        (oracle_programs::HYBRID_LARGER, oracle_programs::HYBRID_SMALLER),
+        0,
+        AgentWorkload::SweVerifiedThinking,
+    );
+    let pool = AgentPoolSpec { name: "one".into(), replicas: vec![pair.replicas[0].clone()] };
+    let t = run_agents(&thinking, &pool, &cfg(SchedulerKind::Tao, 6)).unwrap();
+    let p = run_agents(&plain, &pool, &cfg(SchedulerKind::Tao, 6)).unwrap();
+    // The reasoning is decoded: every token of it and of the answers, and longer calls.
+    let expected: u64 =
+        thinking.sessions.iter().flat_map(|s| &s.turns).map(|t| u64::from(t.reasoning_tokens + t.output_tokens)).sum();
+    let generated = (t.decode_tps * t.makespan_s).round() as u64;
+    assert!(generated.abs_diff(expected) <= expected / 1000, "generated {generated}, expected {expected}");
+    assert!(t.mean_latency_s > p.mean_latency_s * 1.5, "{} vs {}", t.mean_latency_s, p.mean_latency_s);
+    // No later prompt finds a block of reasoning in the cache: the hit rate is not above the
+    // plain run's (a turn loses at most the block its reasoning began in), and the shared
+    // prefix still hits.
+    assert!(t.cache_hit_rate <= p.cache_hit_rate + 1e-9, "{} vs {}", t.cache_hit_rate, p.cache_hit_rate);
+    assert!(t.cache_hit_rate > 0.8, "{}", t.cache_hit_rate);
+}

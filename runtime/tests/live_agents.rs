@@ -106,6 +106,7 @@ fn trace() -> AgentTrace {
                 .map(|k| Turn {
                     new_tokens: 80 + 16 * ((i + k) % 3),
                     output_tokens: 24 + 8 * ((i * 2 + k) % 3),
+                    reasoning_tokens: 0,
                     tool: (k < 2).then(|| ToolStep {
                         name: tools[((i + k) % 3) as usize].to_string(),
                         duration_s: 0.4 + 0.3 * f64::from((i * 3 + k) % 5),
@@ -365,4 +366,13 @@ async fn retryable_errors_are_retried_and_counted_and_others_fail_the_run_with_t
         run_agents_live(&trace, &[], &fake_config(SchedulerKind::Tao)).await,
         Err(LiveAgentError::EmptyPool)
     ));
+    // Reasoning the conversation drops is simulated only: the live replay refuses it, naming
+    // the session and the turn.
+    let mut thinking = trace.clone();
+    thinking.sessions[1].turns[2].reasoning_tokens = 64;
+    let pool = fake_pool(vec![FakeEngine::new(0, EngineError::BadResponse(String::new()))]);
+    match run_agents_live(&thinking, &pool, &fake_config(SchedulerKind::Tao)).await {
+        Err(LiveAgentError::Config(m)) => assert!(m.contains("session task-1: turns[2].reasoning_tokens"), "{m}"),
+        other => panic!("{other:?}"),
+    }
 }

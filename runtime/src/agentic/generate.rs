@@ -16,6 +16,10 @@ pub enum AgentWorkload {
     SweLite,
     /// SWE-bench Verified through mini-SWE-agent: longer sessions with larger observations.
     SweVerified,
+    /// Paper 002's programs: SWE-bench Verified through mini-SWE-agent with a thinking model
+    /// (Qwen3.6 / Qwen3.5 think by default), each call writing reasoning the conversation drops
+    /// before its answer; calibrated on paper 002's baselines (`workflows/traces/README.md`).
+    SweVerifiedThinking,
 }
 
 impl AgentWorkload {
@@ -23,6 +27,7 @@ impl AgentWorkload {
         match self {
             AgentWorkload::SweLite => "swe-lite",
             AgentWorkload::SweVerified => "swe-verified",
+            AgentWorkload::SweVerifiedThinking => "swe-verified-thinking",
         }
     }
 
@@ -30,15 +35,40 @@ impl AgentWorkload {
         match name {
             "swe-lite" => Some(AgentWorkload::SweLite),
             "swe-verified" => Some(AgentWorkload::SweVerified),
+            "swe-verified-thinking" => Some(AgentWorkload::SweVerifiedThinking),
             _ => None,
         }
     }
 
     fn params(self) -> Params {
         match self {
-            AgentWorkload::SweLite => Params { turns_median: 28.0, obs_scale: 1.0, task_median: 300.0 },
-            AgentWorkload::SweVerified => Params { turns_median: 34.0, obs_scale: 1.2, task_median: 340.0 },
+            AgentWorkload::SweLite => Params {
+                turns_median: 28.0,
+                obs_scale: 1.0,
+                task_median: 300.0,
+                reasoning: None,
+                context_limit: CONTEXT_LIMIT,
+            },
+            AgentWorkload::SweVerified => Params {
+                turns_median: 34.0,
+                obs_scale: 1.2,
+                task_median: 340.0,
+                reasoning: None,
+                context_limit: CONTEXT_LIMIT,
+            },
+            AgentWorkload::SweVerifiedThinking => Params {
+                turns_median: THINKING_TURNS_MEDIAN,
+                obs_scale: THINKING_OBS_SCALE,
+                task_median: 340.0,
+                reasoning: Some(THINKING_REASONING_MEDIAN),
+                context_limit: THINKING_CONTEXT_LIMIT,
+            },
         }
+    }
+
+    /// The context window a replica must serve for this workload's sessions.
+    pub fn context_limit(self) -> u32 {
+        self.params().context_limit
     }
 }
 
@@ -47,6 +77,10 @@ struct Params {
     /// Multiplies the observation sizes.
     obs_scale: f64,
     task_median: f64,
+    /// Median reasoning per call (log-normal, [`REASONING_SIGMA`]), if the model thinks.
+    reasoning: Option<f64>,
+    /// Sessions stop where the next turn would not fit this context.
+    context_limit: u32,
 }
 
 /// mini-SWE-agent's system template plus the instance template's fixed instructions, identical
@@ -75,6 +109,26 @@ const TASK_SIGMA: f64 = 0.6;
 /// Sessions stop where the next turn would not fit this context (paper 000 Appendix G's
 /// 33,024-token limit with its 512-token reserve).
 const CONTEXT_LIMIT: u32 = 33_024;
+/// Paper 002's programs (`SweVerifiedThinking`; sources and the fit in
+/// `workflows/traces/README.md`). Three knobs FITTED together, on the calibration trace (seed
+/// 911, 108 programs) and the Qwen3.6-27B / Qwen3.5-9B pool on two H100s, to three numbers paper
+/// 002 measured on its baselines and calibration passes — the 27B's c₀ (22.6k tokens: mean
+/// final context), its D (642 s: mean program run time in a calibration pass) and
+/// ThunderAgent's mean call latency at 64 concurrent programs (10.9 s) — never on an ORACLE run:
+/// model calls per program, median;
+const THINKING_TURNS_MEDIAN: f64 = 45.0;
+/// observation sizes, × the `swe-lite` mixture (mean ≈ 160 tokens);
+const THINKING_OBS_SCALE: f64 = 0.6;
+/// reasoning per call, median (mean ≈ 255 with the spread below);
+const THINKING_REASONING_MEDIAN: f64 = 185.0;
+/// its spread (an assumption: the answer's);
+const REASONING_SIGMA: f64 = OUTPUT_SIGMA;
+/// at most Qwen3's recommended thinking budget for most queries (the model card's 32,768-token
+/// output), in practice far below it;
+const REASONING_MAX: u32 = 32_768;
+/// and the window a replica serves them in (an assumption: Qwen3.6's native window is 262,144;
+/// paper 002's 9B reached a mean peak context of 44.7k, so 40,960 would cut its programs short).
+const THINKING_CONTEXT_LIMIT: u32 = 65_536;
 const RESERVE: u32 = 512;
 
 /// The bash command classes of a mini-SWE-agent session (keyed by the command's first word in
@@ -103,6 +157,7 @@ pub fn generate(workload: AgentWorkload, sessions: usize, seed: u64) -> AgentTra
     let out_d = lognormal(OUTPUT_MEDIAN, OUTPUT_SIGMA);
     let obs_d = lognormal(OBS_MEDIUM_MEDIAN, OBS_MEDIUM_SIGMA);
     let task_d = lognormal(p.task_median, TASK_SIGMA);
+    let reasoning_d = p.reasoning.map(|m| lognormal(m, REASONING_SIGMA));
     let tool_d: Vec<LogNormal<f64>> = TOOLS.iter().map(|&(_, _, m, s)| lognormal(m, s)).collect();
     let mut out = Vec::with_capacity(sessions);
     for i in 0..sessions {
@@ -124,11 +179,13 @@ pub fn generate(workload: AgentWorkload, sessions: usize, seed: u64) -> AgentTra
                 ((raw * p.obs_scale).round() as u32).clamp(5, OBS_MAX)
             };
             let output_tokens = (out_d.sample(&mut rng).round() as u32).clamp(10, OUTPUT_MAX);
-            if context + new_tokens + output_tokens + RESERVE > CONTEXT_LIMIT {
+            let reasoning_tokens =
+                reasoning_d.as_ref().map_or(0, |d| (d.sample(&mut rng).round() as u32).clamp(1, REASONING_MAX));
+            if context + new_tokens + reasoning_tokens + output_tokens + RESERVE > p.context_limit {
                 break;
             }
             context += new_tokens + output_tokens;
-            turns.push(Turn { new_tokens, output_tokens, tool: None });
+            turns.push(Turn { new_tokens, output_tokens, reasoning_tokens, tool: None });
         }
         // Every turn but the last calls a tool.
         let last = turns.len().saturating_sub(1);
@@ -169,5 +226,20 @@ mod tests {
         }
         let v = generate(AgentWorkload::SweVerified, 50, 7);
         assert!(v.turns() > a.turns(), "verified sessions are longer: {} vs {}", v.turns(), a.turns());
+        // Paper 002's thinking programs: every call reasons, the reasoning round-trips through
+        // the JSONL format, and the largest context a call reaches (its prompt, reasoning and
+        // answer) fits the workload's window.
+        let t = generate(AgentWorkload::SweVerifiedThinking, 50, 7);
+        assert_eq!(super::super::parse_trace("gen", &super::super::to_jsonl(&t)).unwrap(), t);
+        for s in &t.sessions {
+            for (k, turn) in s.turns.iter().enumerate() {
+                assert!(turn.reasoning_tokens >= 1);
+                assert!(
+                    s.prompt_tokens(k) + turn.reasoning_tokens + turn.output_tokens + RESERVE <= THINKING_CONTEXT_LIMIT
+                );
+            }
+        }
+        assert!(v.sessions.iter().all(|s| s.turns.iter().all(|t| t.reasoning_tokens == 0)));
+        assert_eq!(AgentWorkload::parse("swe-verified-thinking"), Some(AgentWorkload::SweVerifiedThinking));
     }
 }

@@ -7,8 +7,9 @@
 //! A session is a sequence of turns. Turn `k` sends the whole conversation so far — the shared
 //! system prompt, every earlier turn's new tokens and outputs — plus its own new tokens (the
 //! task for the first turn, the previous tool's observation for the others), and generates
-//! `output_tokens`; every turn but the last then calls one tool. The conversation only grows,
-//! so every turn after the first shares the session's prefix.
+//! `output_tokens` (after `reasoning_tokens` of reasoning the conversation does not keep); every
+//! turn but the last then calls one tool. The conversation only grows, so every turn after the
+//! first shares the session's prefix.
 //!
 //! Pure data: no I/O beyond parsing the text it is handed, no clock. Must not depend on the
 //! planner, the shells or the emulator.
@@ -52,10 +53,20 @@ pub struct Turn {
     /// Tokens this turn appends to the conversation before the model runs: the task on the
     /// first turn, the previous tool's observation on later ones.
     pub new_tokens: u32,
-    /// Tokens the model generates in this turn.
+    /// Tokens the model generates in this turn that the conversation keeps (its answer).
     pub output_tokens: u32,
+    /// Reasoning the model writes before that answer (a thinking model): generated in the call
+    /// (decode time, KV while it runs) but not kept — Qwen3's chat template drops the reasoning
+    /// of every assistant turn before the latest user message, and an agent harness's
+    /// observation is one — so later turns neither carry it nor find it in the prefix cache.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub reasoning_tokens: u32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool: Option<ToolStep>,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// One agent session of a trace.

@@ -153,6 +153,10 @@ pub struct ProgramsReport {
 #[derive(Debug, Clone, Serialize)]
 pub struct PoolCalibration {
     pub pool: AgentPoolSpec,
+    /// The programs this pool runs.
+    pub workload: AgentWorkload,
+    /// c₀: the calibration trace's mean final context, tokens.
+    pub prior_peak_tokens: f64,
     /// D₀ per model (larger, smaller), seconds.
     pub prior_run_s: [f64; 2],
     pub static_cap: [usize; 2],
@@ -166,21 +170,36 @@ pub struct PoolCalibration {
 /// dense larger model keeps an FP8 KV cache (`--kv-cache-dtype fp8`), the hybrid one vLLM's
 /// default for an FP8 checkpoint, a BF16 cache — as paper 002 ran it (it names no KV flag).
 pub fn pool(device: &str, models: (&str, &str), request_state_tokens: u32) -> AgentPoolSpec {
+    pool_for(device, models, request_state_tokens, AgentWorkload::SweVerified)
+}
+
+/// [`pool`] for `workload`'s programs: its replicas serve the workload's context window (at
+/// least [`MAX_MODEL_LEN`]); a workload other than SWE-bench Verified is named in the pool's name.
+pub fn pool_for(
+    device: &str,
+    models: (&str, &str),
+    request_state_tokens: u32,
+    workload: AgentWorkload,
+) -> AgentPoolSpec {
+    let max_model_len = MAX_MODEL_LEN.max(workload.context_limit());
     let hybrid = switchyard_predictor::spec::model(models.0).is_ok_and(|m| m.linear_attention.is_some());
     let replica = |model: &str, dtype, kv_cache_dtype| AgentReplicaSpec {
         model: model.into(),
         device: device.into(),
         tensor_parallel: 1,
-        max_model_len: MAX_MODEL_LEN,
+        max_model_len,
         dtype,
         request_state_tokens,
         kv_cache_dtype,
     };
-    let name = match (models.0 == LARGER, request_state_tokens) {
+    let mut name = match (models.0 == LARGER, request_state_tokens) {
         (true, 0) => format!("2x {device}"),
         (true, state) => format!("2x {device}, {state}-token state"),
         (false, _) => format!("2x {device}, {} + {}", models.0, models.1),
     };
+    if workload != AgentWorkload::SweVerified {
+        name.push_str(&format!(", {}", workload.name()));
+    }
     let larger_kv = hybrid.then_some(Dtype::Bf16);
     AgentPoolSpec {
         name,
@@ -193,15 +212,17 @@ pub fn pool(device: &str, models: (&str, &str), request_state_tokens: u32) -> Ag
 /// asks what DISC gains when the dense engines hold it.
 pub const HYBRID_STATE_TOKENS: u32 = 4_150;
 
-/// The pools the experiments run on (device, model pair, counterfactual per-request state;
-/// feedback and β on the first): the dense Qwen3 pair on two H100s and two H200s, the dense
-/// pair on two H100s holding paper 002's measured state, and paper 002's own hybrid pair on
-/// two H100s with its configs' state.
-pub const POOLS: [(&str, (&str, &str), u32); 4] = [
-    ("H100-80GB", (LARGER, SMALLER), 0),
-    ("H200-141GB", (LARGER, SMALLER), 0),
-    ("H100-80GB", (LARGER, SMALLER), HYBRID_STATE_TOKENS),
-    ("H100-80GB", (HYBRID_LARGER, HYBRID_SMALLER), 0),
+/// The pools the experiments run on (device, model pair, counterfactual per-request state, the
+/// programs; feedback and β on the first): the dense Qwen3 pair on two H100s and two H200s, the
+/// dense pair on two H100s holding paper 002's measured state, and paper 002's own hybrid pair
+/// on two H100s with its configs' state — with the TAO bench's SWE-bench Verified programs, and
+/// with paper 002's thinking programs (`swe-verified-thinking`).
+pub const POOLS: [(&str, (&str, &str), u32, AgentWorkload); 5] = [
+    ("H100-80GB", (LARGER, SMALLER), 0, AgentWorkload::SweVerified),
+    ("H200-141GB", (LARGER, SMALLER), 0, AgentWorkload::SweVerified),
+    ("H100-80GB", (LARGER, SMALLER), HYBRID_STATE_TOKENS, AgentWorkload::SweVerified),
+    ("H100-80GB", (HYBRID_LARGER, HYBRID_SMALLER), 0, AgentWorkload::SweVerified),
+    ("H100-80GB", (HYBRID_LARGER, HYBRID_SMALLER), 0, AgentWorkload::SweVerifiedThinking),
 ];
 
 /// The per-request state of a catalogue model served in `dtype`, in tokens of its KV cache.
@@ -336,6 +357,7 @@ fn mean_cell(pool: &str, system: &str, concurrency: usize, beta: f64, runs: Vec<
 fn calibrate<'a>(
     cfg: &'a ProgramsBenchConfig,
     pool: AgentPoolSpec,
+    workload: AgentWorkload,
     calibration: &AgentTrace,
     c0: f64,
     progress: &mut impl FnMut(&str),
@@ -368,7 +390,17 @@ fn calibrate<'a>(
         "oracle programs: {} calibrated: D0 {:.0} / {:.0} s, static cap {}/{}",
         pool.name, d0[0], d0[1], cap[0], cap[1]
     ));
-    Ok((ctx, PoolCalibration { pool, prior_run_s: d0, static_cap: cap, allowance_tokens: disc.allowance_tokens }))
+    Ok((
+        ctx,
+        PoolCalibration {
+            pool,
+            workload,
+            prior_peak_tokens: c0,
+            prior_run_s: d0,
+            static_cap: cap,
+            allowance_tokens: disc.allowance_tokens,
+        },
+    ))
 }
 
 /// Runs the three experiments; `progress` is told each finished run.
@@ -376,19 +408,29 @@ pub fn run_programs_bench(
     cfg: &ProgramsBenchConfig,
     mut progress: impl FnMut(&str),
 ) -> Result<ProgramsReport, AgentSimError> {
-    // Calibration passes on a seed never evaluated: c₀ from the trace.
-    let calibration = generate(AgentWorkload::SweVerified, cfg.programs, CALIBRATION_SEED);
-    let c0 = calibration.sessions.iter().map(|s| f64::from(s.final_context())).sum::<f64>()
-        / calibration.sessions.len().max(1) as f64;
-    let traces: Vec<(u64, AgentTrace)> =
-        cfg.seeds.iter().map(|&s| (s, generate(AgentWorkload::SweVerified, cfg.programs, s))).collect();
+    // Per workload: the calibration trace on a seed never evaluated, c₀ from it, and the
+    // evaluated traces.
+    let workloads = |w: AgentWorkload| {
+        let calibration = generate(w, cfg.programs, CALIBRATION_SEED);
+        let c0 = calibration.sessions.iter().map(|s| f64::from(s.final_context())).sum::<f64>()
+            / calibration.sessions.len().max(1) as f64;
+        let traces: Vec<(u64, AgentTrace)> = cfg.seeds.iter().map(|&s| (s, generate(w, cfg.programs, s))).collect();
+        (calibration, c0, traces)
+    };
+    let (calibration, c0, traces) = workloads(AgentWorkload::SweVerified);
+    let thinking = workloads(AgentWorkload::SweVerifiedThinking);
     let mut pools = Vec::new();
     let mut admission = Vec::new();
     let mut feedback = Vec::new();
     let mut beta_sweep = Vec::new();
     let mut verifiers = Vec::new();
-    for (k, &(device, models, state)) in POOLS.iter().enumerate() {
-        let (ctx, cal) = calibrate(cfg, pool(device, models, state), &calibration, c0, &mut progress)?;
+    for (k, &(device, models, state, workload)) in POOLS.iter().enumerate() {
+        let (calibration, c0, traces) = match workload {
+            AgentWorkload::SweVerifiedThinking => (&thinking.0, thinking.1, &thinking.2),
+            _ => (&calibration, c0, &traces),
+        };
+        let pool = pool_for(device, models, state, workload);
+        let (ctx, cal) = calibrate(cfg, pool, workload, calibration, c0, &mut progress)?;
         let cap = cal.static_cap;
         pools.push(cal);
         for &c in &cfg.concurrency {
@@ -468,7 +510,7 @@ impl ProgramsReport {
              pair ({:.0} % on the larger, {:.0} % on the smaller), nested by difficulty. Verifier time {:.0} s \
              per program (an assumption for the SWE-bench harness's run, not measured here). DISC's priors come \
              from calibration passes on seed {CALIBRATION_SEED}: c₀ = {:.0} tokens (the trace's mean final \
-             context), D₀ per model from that trace run on the model alone (ThunderAgent, 16 concurrent); the \
+             context; per pool in the table below), D₀ per model from that trace run on the model alone (ThunderAgent, 16 concurrent); the \
              static cap is DISC's mean admitted count over the time programs waited ({} concurrent, seed \
              {CALIBRATION_SEED}), rounded — the paper's rule (a model on which no program waited gives the \
              rule no sample: its cap is the calibration concurrency, never binding there). The dense larger model's KV cache is FP8 as \
@@ -489,14 +531,28 @@ impl ProgramsReport {
         );
         let _ = writeln!(
             o,
-            "| pool | D₀ larger s | D₀ smaller s | static cap | DISC's learned δ̂ (tokens per running request) |\n|---|---:|---:|---|---|"
+            "The pool whose name ends in `{}` runs paper 002's own programs instead (`agentic::generate`, \
+             `workflows/traces/README.md`): every call of the thinking model writes reasoning before its \
+             answer — decoded, held in the KV cache while the call runs, dropped from the conversation after \
+             it. Three knobs are fitted on the calibration trace to three numbers paper 002 measured on its \
+             baselines and calibration passes (GH200 pair), never on an ORACLE run: the calls per program to \
+             ThunderAgent's mean call latency at 64 concurrent programs (10.9 s), the observation sizes to the \
+             27B's c₀ (22.6k tokens) and the reasoning per call to the 27B's D (642 s, here its D₀). Not \
+             reproduced: the paper's 9B ran longer programs (c₀ 44.7k, D 639 s); here a program's calls do not \
+             depend on its model.\n",
+            AgentWorkload::SweVerifiedThinking.name()
+        );
+        let _ = writeln!(
+            o,
+            "| pool | c₀ tokens | D₀ larger s | D₀ smaller s | static cap | DISC's learned δ̂ (tokens per running request) |\n|---|---:|---:|---:|---|---|"
         );
         for p in &self.pools {
             let d: Vec<String> = p.allowance_tokens.iter().map(|a| format!("{a:.0}")).collect();
             let _ = writeln!(
                 o,
-                "| {} | {:.0} | {:.0} | {}/{} | {} |",
+                "| {} | {:.0} | {:.0} | {:.0} | {}/{} | {} |",
                 p.pool.name,
+                p.prior_peak_tokens,
                 p.prior_run_s[0],
                 p.prior_run_s[1],
                 p.static_cap[0],
@@ -620,9 +676,9 @@ pub fn programs_svg(r: &ProgramsReport) -> Result<String, String> {
     let palette = crate::report::timeline::PALETTE;
     let mut svg = String::new();
     {
-        let root = SVGBackend::with_string(&mut svg, (1100, 1290)).into_drawing_area();
+        let root = SVGBackend::with_string(&mut svg, (1100, 1720)).into_drawing_area();
         root.fill(&WHITE).map_err(|e| s(&e))?;
-        let panels = root.split_evenly((3, 2));
+        let panels = root.split_evenly((4, 2));
         // Panels (a) and (b): lines of programs/h over concurrency.
         let lines = |area: &DrawingArea<SVGBackend<'_>, plotters::coord::Shift>,
                      title: &str,
@@ -679,10 +735,11 @@ pub fn programs_svg(r: &ProgramsReport) -> Result<String, String> {
         };
         lines(&panels[0], &format!("(a) admission · {pool}"), &r.admission, &pool, &SYSTEMS)?;
         // The pools with a per-request state (the counterfactual on the dense pair, paper 002's
-        // own hybrid pair), when they ran: panels (e) and (f).
-        for (k, p) in r.pools.iter().filter(|p| is_hybrid(&p.pool)).take(2).enumerate() {
+        // own hybrid pair, on the TAO bench's programs and on paper 002's thinking programs),
+        // when they ran: panels (e), (f) and (g).
+        for (k, p) in r.pools.iter().filter(|p| is_hybrid(&p.pool)).take(3).enumerate() {
             let name = p.pool.name.clone();
-            let title = format!("({}) admission · {name}", ['e', 'f'][k]);
+            let title = format!("({}) admission · {name}", ['e', 'f', 'g'][k]);
             lines(&panels[4 + k], &title, &r.admission, &name, &SYSTEMS)?;
         }
         // Panel (b): the H200 pair, when it ran.

@@ -391,6 +391,14 @@ pub async fn run_agents_live(
         return Err(LiveAgentError::Config("workers must be at least 1".into()));
     }
     trace.validate().map_err(|e| LiveAgentError::Config(format!("the trace: {e}")))?;
+    if let Some((s, k)) = trace.sessions.iter().find_map(|s| {
+        s.turns.iter().position(|t| t.reasoning_tokens > 0).map(|k| (s.id.as_str(), k))
+    }) {
+        return Err(LiveAgentError::Config(format!(
+            "the trace: session {s}: turns[{k}].reasoning_tokens: reasoning that the conversation drops is \
+             simulated only (the live replay sends each turn's kept text)"
+        )));
+    }
     if !(cfg.speed.is_finite() && cfg.speed > 0.0) {
         return Err(LiveAgentError::Config(format!("speed must be a positive number, not {}", cfg.speed)));
     }

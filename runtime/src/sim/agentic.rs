@@ -349,7 +349,7 @@ fn run(
     let max_len = pool.replicas.iter().map(|r| r.max_model_len).min().unwrap_or(0);
     for s in &trace.sessions {
         for k in 0..s.turns.len() {
-            let tokens = s.prompt_tokens(k) + s.turns[k].output_tokens;
+            let tokens = s.prompt_tokens(k) + s.turns[k].reasoning_tokens + s.turns[k].output_tokens;
             if tokens > max_len {
                 return Err(AgentSimError::TooLong { session: s.id.clone(), turn: k, tokens, max_model_len: max_len });
             }
@@ -643,14 +643,23 @@ impl Sim<'_> {
         let session = &self.trace.sessions[i];
         let turn = self.sessions[i].turn;
         let prompt = session.prompt_tokens(turn);
-        let output = session.turns[turn].output_tokens;
+        let reasoning = session.turns[turn].reasoning_tokens;
+        let output = reasoning + session.turns[turn].output_tokens;
         let system_blocks = session.system_tokens / BLOCK;
         let key = i as u64 + 1;
         let hash =
             |block: u32| if block < system_blocks { mix(0, u64::from(block)) } else { mix(key, u64::from(block)) };
         let full = prompt / BLOCK;
         let prefix_hashes: Vec<u64> = (0..full).map(hash).collect();
-        let generated_hashes: Vec<u64> = (full..(prompt + output) / BLOCK).map(hash).collect();
+        // What the call generates: with reasoning first, no block of it is a block of the next
+        // turn's prompt (the conversation drops the reasoning), so its blocks get hashes of
+        // their own (keyed by the request) that no later prompt asks for.
+        let generated_hashes: Vec<u64> = if reasoning == 0 {
+            (full..(prompt + output) / BLOCK).map(hash).collect()
+        } else {
+            let own = mix(key, u64::from(turn as u32) | 1 << 40);
+            (full..(prompt + output) / BLOCK).map(|block| mix(own, u64::from(block))).collect()
+        };
         let id = self.next_request;
         self.next_request += 1;
         self.requests.insert(id, i);

@@ -224,8 +224,9 @@ pub struct TaoArgs {
     /// this file and stop.
     #[arg(long)]
     pub write_trace: Option<PathBuf>,
-    /// With `--write-trace`: `swe-lite` or `swe-verified`.
-    #[arg(long, default_value = "swe-lite", value_parser = clap::builder::PossibleValuesParser::new(["swe-lite", "swe-verified"]))]
+    /// With `--write-trace`: `swe-lite`, `swe-verified`, or `swe-verified-thinking` (paper 002's
+    /// programs: each turn's reasoning, which the conversation drops; simulated only).
+    #[arg(long, default_value = "swe-lite", value_parser = clap::builder::PossibleValuesParser::new(["swe-lite", "swe-verified", "swe-verified-thinking"]))]
     pub workload: String,
     /// Directory for tao.md, tao.json and the SVG chart.
     #[arg(long, default_value = "bench-out")]

@@ -181,7 +181,7 @@ fn a_program_its_ledger_has_not_admitted_keeps_its_units_out_of_the_queue() {
         Event::UnitNearReady(near_ready(1, route[0])),
     ];
     planner.handle_all(events, 0.0).unwrap();
-    // Nothing forecast for a program the ledger holds may stage a model for it.
+    // Nothing forecast for a program the ledger holds may stage a model for it (kept, not shown).
     let forecast: Vec<u32> = planner.state().near_ready().map(|n| n.activation.session.0).collect();
     assert_eq!(forecast, vec![0], "only the admitted program's unit is near-ready");
     let waiting = |p: &switchyard_runtime::planner::Planner| -> Vec<u32> {
@@ -196,6 +196,9 @@ fn a_program_its_ledger_has_not_admitted_keeps_its_units_out_of_the_queue() {
     planner.handle_all(vec![Event::SessionEnded { session: SessionId(0) }], 10.0).unwrap();
     assert!(!planner.state().is_gated(SessionId(1)));
     assert_eq!(waiting(&planner), vec![1]);
+    // Its forecast was kept while it waited, and shows now.
+    let forecast: Vec<u32> = planner.state().near_ready().map(|n| n.activation.session.0).collect();
+    assert_eq!(forecast, vec![1], "the admitted program's forecast returns");
     assert_eq!(planner.program_verdict(SessionId(0), 1.0, 0.0, 10.5).unwrap(), 1.0);
     assert!(planner.program_verdict(SessionId(0), 1.0, 0.0, 10.5).is_err(), "a verdict lands once");
     // Two more programs wait behind session 1. One fails while it waits (a shell abandons it
@@ -391,6 +394,8 @@ fn a_bound_routed_chain_is_fused_and_its_successor_forecast_near_ready() {
     let out = sim::simulate_opts(&cfg, opts, &mut |_| Flow::Continue).expect("the run finishes");
     assert_eq!((out.report.sessions_completed, out.report.sessions_failed), (8, 0), "{:?}", out.report.failures);
     let (mut heads, mut successors, mut forecasts) = (0, 0, 0);
+    let mut forecast_on = std::collections::BTreeMap::new();
+    let mut ready_on = std::collections::BTreeMap::new();
     for (_, events) in &out.planner_ticks {
         for e in events {
             match e {
@@ -402,13 +407,19 @@ fn a_bound_routed_chain_is_fused_and_its_successor_forecast_near_ready() {
                     let prev = item.chain_prev.expect("check follows solve in the chain");
                     assert_eq!(prev.session, item.activation.session);
                     successors += 1;
+                    ready_on.insert(item.activation, item.deployment);
                 }
-                Event::UnitNearReady(item) if item.node == 1 => forecasts += 1,
+                Event::UnitNearReady(item) if item.node == 1 => {
+                    forecasts += 1;
+                    forecast_on.insert(item.activation, item.deployment);
+                }
                 _ => {}
             }
         }
     }
     assert_eq!((heads, successors, forecasts), (8, 8, 8), "every bound session's chain is fused and forecast");
+    // Each forecast names the model the session was bound to (the one its unit then ran on).
+    assert_eq!(forecast_on, ready_on);
     // The fused successor runs where its head ran (the chain's one grant), on the bound model.
     let dispatched = |node: u32| -> Vec<(u32, u32)> {
         let mut v: Vec<(u32, u32)> = out

@@ -112,8 +112,9 @@ const CONTEXT_LIMIT: u32 = 33_024;
 /// Paper 002's programs (`SweVerifiedThinking`; sources and the fit in
 /// `workflows/traces/README.md`). Three knobs FITTED together, on the calibration trace (seed
 /// 911, 108 programs) and the Qwen3.6-27B / Qwen3.5-9B pool on two H100s, to three numbers paper
-/// 002 measured on its baselines and calibration passes — the 27B's c₀ (22.6k tokens: mean
-/// final context), its D (642 s: mean program run time in a calibration pass) and
+/// 002 measured on its baselines and calibration passes — the 27B's c₀ (22.6k tokens: the mean
+/// peak context of finished programs, here each program's largest call), its D (642 s: mean
+/// program run time in a calibration pass) and
 /// ThunderAgent's mean call latency at 64 concurrent programs (10.9 s) — never on an ORACLE run:
 /// model calls per program, median;
 const THINKING_TURNS_MEDIAN: f64 = 45.0;

@@ -98,6 +98,16 @@ impl AgentSession {
     pub fn final_context(&self) -> u32 {
         self.system_tokens + self.turns.iter().map(|t| t.new_tokens + t.output_tokens).sum::<u32>()
     }
+
+    /// The largest context one of its calls reaches — its prompt, reasoning and answer, what a
+    /// proxy counts from the call's usage: the peak context paper 002's ledger learns. Without
+    /// reasoning, the last call's ([`Self::final_context`]).
+    pub fn peak_call_tokens(&self) -> u32 {
+        (0..self.turns.len())
+            .map(|k| self.prompt_tokens(k) + self.turns[k].reasoning_tokens + self.turns[k].output_tokens)
+            .max()
+            .unwrap_or(self.system_tokens)
+    }
 }
 
 /// A trace: the sessions, in the order workers pick them up.

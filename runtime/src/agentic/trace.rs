@@ -1,6 +1,7 @@
 //! The JSONL trace format of agent sessions: one session per line,
 //! `{"id": "...", "system_tokens": N, "turns": [{"new_tokens": N, "output_tokens": N,
-//! "tool": {"name": "...", "duration_s": S, "hint_s": S}}, ...]}`. Blank lines and lines
+//! "reasoning_tokens": N, "tool": {"name": "...", "duration_s": S, "hint_s": S}}, ...]}`
+//! (`reasoning_tokens` and `hint_s` optional). Blank lines and lines
 //! starting with `#` are skipped. Every problem is reported with the file, the line and the
 //! field, and all of them at once, before anything runs.
 
@@ -102,6 +103,22 @@ pub(super) fn session_problems(session: &AgentSession) -> Vec<(String, String)> 
         + session.turns.iter().map(|t| u64::from(t.new_tokens) + u64::from(t.output_tokens)).sum::<u64>();
     if context > MAX_CONTEXT_TOKENS {
         at("turns", &format!("the conversation reaches {context} tokens (at most {MAX_CONTEXT_TOKENS})"));
+    } else {
+        // A call's own context: its prompt, its reasoning and its answer (the reasoning is not
+        // kept, so it counts once, in its own call).
+        let mut prompt = u64::from(session.system_tokens);
+        for (k, t) in session.turns.iter().enumerate() {
+            prompt += u64::from(t.new_tokens);
+            let call = prompt + u64::from(t.reasoning_tokens) + u64::from(t.output_tokens);
+            if call > MAX_CONTEXT_TOKENS {
+                at(
+                    &format!("turns[{k}].reasoning_tokens"),
+                    &format!("the call reaches {call} tokens with its reasoning (at most {MAX_CONTEXT_TOKENS})"),
+                );
+                break;
+            }
+            prompt += u64::from(t.output_tokens);
+        }
     }
     problems
 }
@@ -143,13 +160,18 @@ mod tests {
     fn every_problem_names_file_line_and_field() {
         let text = "{\"id\": \"a\", \"system_tokens\": 1, \"turns\": [{\"new_tokens\": 1, \"output_tokens\": 0}]}\n\
                     {\"id\": \"a\", \"system_tokens\": 1, \"turns\": [{\"new_tokens\": 1, \"output_tokens\": 1, \"tool\": {\"name\": \"x\", \"duration_s\": -1}}]}\n\
-                    {\"id\": \"c\", \"system_tokens\": 1, \"turns\": [], \"extra\": 1}\n";
+                    {\"id\": \"c\", \"system_tokens\": 1, \"turns\": [], \"extra\": 1}\n\
+                    {\"id\": \"d\", \"system_tokens\": 1, \"turns\": [{\"new_tokens\": 1, \"output_tokens\": 1, \"reasoning_tokens\": 4294967295}]}\n";
         let err = parse_trace("f.jsonl", text).unwrap_err().to_string();
         assert!(err.contains("f.jsonl:1: turns[0].output_tokens: must be at least 1"), "{err}");
         assert!(err.contains("f.jsonl:2: id: `a` appears on an earlier line"), "{err}");
         assert!(err.contains("f.jsonl:2: turns[0].tool: the last turn ends the session"), "{err}");
         assert!(err.contains("f.jsonl:2: turns[0].tool.duration_s: -1 is not a duration"), "{err}");
         assert!(err.contains("f.jsonl:3:") && err.contains("unknown field `extra`"), "{err}");
+        assert!(
+            err.contains("f.jsonl:4: turns[0].reasoning_tokens: the call reaches 4294967298 tokens with its reasoning"),
+            "{err}"
+        );
     }
 
     #[test]

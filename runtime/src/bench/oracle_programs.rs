@@ -23,7 +23,7 @@
 //!    independent per-slot learners, router only (no admission control), at 12–32 concurrent.
 //! 3. **β sweep** (Fig. 7b) at the calibration concurrency.
 //!
-//! DISC's priors come from calibration passes, as the paper's do: c₀ is the mean final context
+//! DISC's priors come from calibration passes, as the paper's do: c₀ is the mean peak context
 //! of a calibration trace (another seed), D₀ each model's mean program run time when that trace
 //! runs on it alone under ThunderAgent's proxy at 16 concurrent programs.
 //!
@@ -155,7 +155,8 @@ pub struct PoolCalibration {
     pub pool: AgentPoolSpec,
     /// The programs this pool runs.
     pub workload: AgentWorkload,
-    /// c₀: the calibration trace's mean final context, tokens.
+    /// c₀: the mean over the calibration trace's programs of their largest call's context
+    /// (prompt, reasoning and answer), tokens.
     pub prior_peak_tokens: f64,
     /// D₀ per model (larger, smaller), seconds.
     pub prior_run_s: [f64; 2],
@@ -412,7 +413,7 @@ pub fn run_programs_bench(
     // evaluated traces.
     let workloads = |w: AgentWorkload| {
         let calibration = generate(w, cfg.programs, CALIBRATION_SEED);
-        let c0 = calibration.sessions.iter().map(|s| f64::from(s.final_context())).sum::<f64>()
+        let c0 = calibration.sessions.iter().map(|s| f64::from(s.peak_call_tokens())).sum::<f64>()
             / calibration.sessions.len().max(1) as f64;
         let traces: Vec<(u64, AgentTrace)> = cfg.seeds.iter().map(|&s| (s, generate(w, cfg.programs, s))).collect();
         (calibration, c0, traces)
@@ -509,8 +510,9 @@ impl ProgramsReport {
              state (from their configs: {} and {} tokens of their BF16 KV caches). A program resolves its task with paper 002's single-model accuracies for its \
              pair ({:.0} % on the larger, {:.0} % on the smaller), nested by difficulty. Verifier time {:.0} s \
              per program (an assumption for the SWE-bench harness's run, not measured here). DISC's priors come \
-             from calibration passes on seed {CALIBRATION_SEED}: c₀ = {:.0} tokens (the trace's mean final \
-             context; per pool in the table below), D₀ per model from that trace run on the model alone (ThunderAgent, 16 concurrent); the \
+             from calibration passes on seed {CALIBRATION_SEED}: c₀ = {:.0} tokens (the mean over the \
+             trace's programs of their largest call's context — prompt, reasoning, answer — what a proxy \
+             counts; per pool in the table below), D₀ per model from that trace run on the model alone (ThunderAgent, 16 concurrent); the \
              static cap is DISC's mean admitted count over the time programs waited ({} concurrent, seed \
              {CALIBRATION_SEED}), rounded — the paper's rule (a model on which no program waited gives the \
              rule no sample: its cap is the calibration concurrency, never binding there). The dense larger model's KV cache is FP8 as \

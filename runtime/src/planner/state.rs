@@ -437,8 +437,12 @@ impl PlannerState {
     }
 
     /// Near-ready units N_t.
+    ///
+    /// A program its ledger has not admitted shows none: no forecast of its units may stage a
+    /// model for it. Its forecasts are kept, and show once it is admitted (as its held ready
+    /// units join the queue then).
     pub fn near_ready(&self) -> impl Iterator<Item = &NearReadyItem> {
-        self.near_ready.values()
+        self.near_ready.values().filter(|n| !self.gated.contains_key(&n.activation.session))
     }
 
     /// Units and tool calls in progress.
@@ -585,11 +589,7 @@ impl PlannerState {
                 }
             }
             Event::UnitNearReady(item) => {
-                // A program its ledger has not admitted runs nothing yet: no forecast of its
-                // units may stage a model for it (its ready units come when it is admitted).
-                if !self.gated.contains_key(&item.activation.session) {
-                    self.near_ready.insert(item.activation, item);
-                }
+                self.near_ready.insert(item.activation, item);
             }
             Event::UnitFinished { activation, replica, .. } => {
                 self.running.remove(&activation);

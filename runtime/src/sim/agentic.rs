@@ -178,6 +178,8 @@ struct SessionState {
     weight: u64,
     /// Which replica's router index last saw its conversation, and how many tokens.
     indexed: Vec<(usize, u64)>,
+    /// The largest context any of its calls reached (prompt, reasoning and answer).
+    peak: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -368,6 +370,7 @@ fn run(
             paused_at: 0.0,
             call: None,
             cache: Vec::new(),
+            peak: 0,
             weight: 0,
             indexed: Vec::new(),
         })
@@ -653,7 +656,7 @@ impl Sim<'_> {
         let prefix_hashes: Vec<u64> = (0..full).map(hash).collect();
         // What the call generates: with reasoning first, no block of it is a block of the next
         // turn's prompt (the conversation drops the reasoning), so its blocks get hashes of
-        // their own (keyed by the request) that no later prompt asks for.
+        // their own (keyed by the session and turn) that no later prompt asks for.
         let generated_hashes: Vec<u64> = if reasoning == 0 {
             (full..(prompt + output) / BLOCK).map(hash).collect()
         } else {
@@ -809,18 +812,30 @@ impl Sim<'_> {
         Ok(())
     }
 
+    /// Session `i`'s call on replica `b` finished at `at`, its context (prompt, reasoning and
+    /// answer) `context` tokens.
     fn request_finished(&mut self, i: usize, b: usize, at: f64, context: u64) -> Result<(), AgentSimError> {
         self.last_end = self.last_end.max(at);
         let weight = self.sessions[i].weight;
         self.replicas[b].admitted = self.replicas[b].admitted.saturating_sub(weight);
+        // What the next prompt can find cached there: the whole conversation, or — after a call
+        // that reasoned, whose reasoning the conversation drops — its prompt only.
+        let call = &self.trace.sessions[i].turns[self.sessions[i].turn];
+        let cacheable = if call.reasoning_tokens > 0 {
+            context.saturating_sub(u64::from(call.reasoning_tokens) + u64::from(call.output_tokens))
+        } else {
+            context
+        };
         let st = &mut self.sessions[i];
         st.weight = 0;
         st.signature += 1;
-        // The engine now holds the whole conversation: a fresh cache observation there.
+        st.peak = st.peak.max(context);
+        let peak = st.peak;
+        // A fresh cache observation there.
         st.cache.retain(|o| o.replica != b);
-        st.cache.push(CacheObservation { replica: b, tokens: context, at });
+        st.cache.push(CacheObservation { replica: b, tokens: cacheable, at });
         st.indexed.retain(|(r, _)| *r != b);
-        st.indexed.push((b, context));
+        st.indexed.push((b, cacheable));
         let turn = st.turn;
         let session = &self.trace.sessions[i];
         match &session.turns[turn].tool {
@@ -836,7 +851,7 @@ impl Sim<'_> {
                     Some(layer) => {
                         // Its reservation is released now; its verifier runs; its slot is free
                         // (batch-synchronous dispatch waits for the whole batch's verdicts).
-                        let admitted = layer.finished(i, context, at)?;
+                        let admitted = layer.finished(i, peak, at)?;
                         let (verifier_s, feedback, slot) = (layer.verifier_s(), layer.feedback(), layer.slot_of(i));
                         match layer.judge().map(|(j, arm)| (j.prompt_tokens, j.output_tokens, arm)) {
                             None => self.schedule(at + verifier_s, Ev::Verdict { session: i }),

@@ -241,6 +241,9 @@ mod tests {
             }
         }
         assert!(v.sessions.iter().all(|s| s.turns.iter().all(|t| t.reasoning_tokens == 0)));
+        // Without reasoning the largest call is the last; with it, a call's reasoning counts.
+        assert!(v.sessions.iter().all(|s| s.peak_call_tokens() == s.final_context()));
+        assert!(t.sessions.iter().all(|s| s.peak_call_tokens() > s.final_context()));
         assert_eq!(AgentWorkload::parse("swe-verified-thinking"), Some(AgentWorkload::SweVerifiedThinking));
     }
 }

@@ -94,14 +94,15 @@ impl AgentSession {
         t
     }
 
-    /// Tokens of the whole conversation after its last turn.
+    /// Tokens of the whole conversation after its last turn (of a validated session: its sums
+    /// stay far below `u32::MAX`).
     pub fn final_context(&self) -> u32 {
         self.system_tokens + self.turns.iter().map(|t| t.new_tokens + t.output_tokens).sum::<u32>()
     }
 
     /// The largest context one of its calls reaches — its prompt, reasoning and answer, what a
     /// proxy counts from the call's usage: the peak context paper 002's ledger learns. Without
-    /// reasoning, the last call's ([`Self::final_context`]).
+    /// reasoning, the last call's ([`Self::final_context`]). Of a validated session.
     pub fn peak_call_tokens(&self) -> u32 {
         (0..self.turns.len())
             .map(|k| self.prompt_tokens(k) + self.turns[k].reasoning_tokens + self.turns[k].output_tokens)

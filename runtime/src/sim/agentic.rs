@@ -826,6 +826,8 @@ impl Sim<'_> {
         } else {
             context
         };
+        // The conversation as kept: the call's prompt and its answer.
+        let transcript = cacheable + if call.reasoning_tokens > 0 { u64::from(call.output_tokens) } else { 0 };
         let st = &mut self.sessions[i];
         st.weight = 0;
         st.signature += 1;
@@ -856,7 +858,7 @@ impl Sim<'_> {
                         match layer.judge().map(|(j, arm)| (j.prompt_tokens, j.output_tokens, arm)) {
                             None => self.schedule(at + verifier_s, Ev::Verdict { session: i }),
                             Some((prompt, output, arm)) => {
-                                let prompt = prompt.min(u32::try_from(context).unwrap_or(u32::MAX)).max(1);
+                                let prompt = prompt.min(u32::try_from(transcript).unwrap_or(u32::MAX)).max(1);
                                 self.submit_judge(i, arm, prompt, output)?;
                             }
                         }

@@ -4,7 +4,7 @@
 //! what the layer refuses.
 
 use switchyard_predictor::spec::Dtype;
-use switchyard_runtime::agentic::{AgentTrace, AgentWorkload, generate};
+use switchyard_runtime::agentic::{AgentTrace, AgentWorkload, generate, generate_with_steps};
 use switchyard_runtime::bench::oracle_programs::{self, ProgramsBenchConfig};
 use switchyard_runtime::planner::admission::{SchedulerKind, TaoOptions};
 use switchyard_runtime::planner::routing::{DiscConfig, RouterOptions};
@@ -12,7 +12,7 @@ use switchyard_runtime::sim::agent_routing::{
     Feedback, Judge, ProgramAdmission, ProgramRouting, RoutedArm, RoutedRunReport,
 };
 use switchyard_runtime::sim::agentic::{
-    AgentPoolSpec, AgentReplicaSpec, AgentRunConfig, AgentSimError, run_routed_agents,
+    AgentPoolSpec, AgentReplicaSpec, AgentRunConfig, AgentSimError, run_routed_agents, run_routed_agents_by_model,
 };
 
 fn cfg(scheduler: SchedulerKind, workers: usize) -> AgentRunConfig {
@@ -71,6 +71,46 @@ fn every_program_runs_once_on_its_model_and_runs_are_reproducible() {
         let (b, rb) = run_routed_agents(&trace, &pair(), &cfg(scheduler, 12), &r).unwrap();
         assert_eq!(serde_json::to_string(&a).unwrap(), serde_json::to_string(&b).unwrap(), "{label}");
         assert_eq!(serde_json::to_string(&ra).unwrap(), serde_json::to_string(&rb).unwrap(), "{label}");
+    }
+}
+
+/// Programs that depend on their model: each runs its bound model's version — a diverted one its
+/// new model's — and every call of that version runs once; versions that are not versions of one
+/// set of programs are refused.
+#[test]
+fn a_program_runs_the_version_of_the_model_it_is_bound_to() {
+    let larger = generate(AgentWorkload::SweLite, 24, 3);
+    let smaller = generate_with_steps(AgentWorkload::SweLite, 24, 3, 2.0);
+    assert!(smaller.turns() > larger.turns() + 24);
+    let mut diverted = 0;
+    for (scheduler, admission, reassign) in [
+        (SchedulerKind::CacheAware, ProgramAdmission::Immediate, false),
+        (SchedulerKind::ThunderAgent, ProgramAdmission::Disc, true),
+    ] {
+        let mut r = routing(admission, reassign, Feedback::Delayed);
+        // A prior far above the real peaks keeps programs waiting, so the divert rule moves some
+        // (as in the DISC test below).
+        r.arms.iter_mut().for_each(|a| a.prior_peak_tokens = 200_000.0);
+        let (a, ra) = run_routed_agents_by_model(&[&larger, &smaller], &pair(), &cfg(scheduler, 16), &r).unwrap();
+        let versions = [&larger, &smaller];
+        let expected: usize =
+            ra.rows.iter().enumerate().map(|(i, row)| versions[row.arm].sessions[i].turns.len()).sum();
+        assert_eq!(a.requests as usize, expected, "{}", scheduler.name());
+        assert!(ra.rows.iter().any(|x| x.arm == 1) && ra.rows.iter().any(|x| x.arm == 0));
+        diverted += ra.arms.iter().map(|x| x.diverted_in).sum::<u64>();
+        // Both versions the same: the run of the one trace, to the bit.
+        let (b, rb) = run_routed_agents_by_model(&[&larger, &larger], &pair(), &cfg(scheduler, 16), &r).unwrap();
+        let (c, rc) = run_routed_agents(&larger, &pair(), &cfg(scheduler, 16), &r).unwrap();
+        assert_eq!(serde_json::to_string(&(b, rb)).unwrap(), serde_json::to_string(&(c, rc)).unwrap());
+    }
+    assert!(diverted > 0, "no program was diverted: the divert path is untested");
+    let r = routing(ProgramAdmission::Immediate, false, Feedback::Delayed);
+    let run =
+        |traces: &[&AgentTrace]| run_routed_agents_by_model(traces, &pair(), &cfg(SchedulerKind::CacheAware, 4), &r);
+    let other = generate(AgentWorkload::SweLite, 24, 4);
+    let fewer = generate(AgentWorkload::SweLite, 23, 3);
+    for bad in [vec![&larger, &smaller, &larger], vec![&larger, &other], vec![&larger, &fewer]] {
+        assert!(matches!(run(&bad), Err(AgentSimError::ProgramsByModel(_))));
     }
 }
 

@@ -70,6 +70,16 @@ impl AgentWorkload {
     pub fn context_limit(self) -> u32 {
         self.params().context_limit
     }
+
+    /// How many times as many calls the smaller model of a routed pair needs for the same
+    /// program ([`generate_with_steps`]): 1 where the programs do not depend on the model; for
+    /// paper 002's programs [`THINKING_SMALLER_MODEL_STEPS`].
+    pub fn smaller_model_steps(self) -> f64 {
+        match self {
+            AgentWorkload::SweVerifiedThinking => THINKING_SMALLER_MODEL_STEPS,
+            AgentWorkload::SweLite | AgentWorkload::SweVerified => 1.0,
+        }
+    }
 }
 
 struct Params {
@@ -130,6 +140,12 @@ const REASONING_MAX: u32 = 32_768;
 /// and the window a replica serves them in (an assumption: Qwen3.6's native window is 262,144;
 /// paper 002's 9B reached a mean peak context of 44.7k, so 40,960 would cut its programs short).
 const THINKING_CONTEXT_LIMIT: u32 = 65_536;
+/// The smaller model (Qwen3.5-9B) needs this many times as many calls as the larger for the
+/// same program. FITTED on the calibration trace (seed 911, 108 programs) to the 9B's c₀ that
+/// paper 002's calibration passes measured (44.7k tokens against the 27B's 22.6k); the 9B's D
+/// (639 s, against 642 s on the 27B) is left as the check: twice the calls at about half the
+/// latency per call. `workflows/traces/README.md` has the fit.
+pub const THINKING_SMALLER_MODEL_STEPS: f64 = 2.45;
 const RESERVE: u32 = 512;
 
 /// The bash command classes of a mini-SWE-agent session (keyed by the command's first word in
@@ -150,65 +166,127 @@ fn lognormal(median: f64, sigma: f64) -> LogNormal<f64> {
     LogNormal::new(median.ln(), sigma).unwrap_or_else(|_| unreachable!("valid log-normal"))
 }
 
+/// The distributions of one workload's draws.
+struct Draws {
+    p: Params,
+    turns: LogNormal<f64>,
+    output: LogNormal<f64>,
+    observation: LogNormal<f64>,
+    task: LogNormal<f64>,
+    reasoning: Option<LogNormal<f64>>,
+    tools: Vec<LogNormal<f64>>,
+}
+
+impl Draws {
+    fn new(workload: AgentWorkload) -> Self {
+        let p = workload.params();
+        Draws {
+            turns: lognormal(p.turns_median, TURNS_SIGMA),
+            output: lognormal(OUTPUT_MEDIAN, OUTPUT_SIGMA),
+            observation: lognormal(OBS_MEDIUM_MEDIAN, OBS_MEDIUM_SIGMA),
+            task: lognormal(p.task_median, TASK_SIGMA),
+            reasoning: p.reasoning.map(|m| lognormal(m, REASONING_SIGMA)),
+            tools: TOOLS.iter().map(|&(_, _, m, s)| lognormal(m, s)).collect(),
+            p,
+        }
+    }
+
+    /// Turn `k`'s tokens, or `None` when it would not fit the context window after `context`.
+    fn turn(&self, k: u32, context: u32, rng: &mut ChaCha8Rng) -> Option<Turn> {
+        let new_tokens = if k == 0 {
+            (self.task.sample(rng).round() as u32).clamp(60, 6_000)
+        } else {
+            let u: f64 = rng.random();
+            let raw = if u < OBS_SHORT_SHARE {
+                rng.random_range(5.0..80.0)
+            } else if u < 1.0 - OBS_LONG_SHARE {
+                self.observation.sample(rng)
+            } else {
+                f64::from(OBS_MAX)
+            };
+            ((raw * self.p.obs_scale).round() as u32).clamp(5, OBS_MAX)
+        };
+        let output_tokens = (self.output.sample(rng).round() as u32).clamp(10, OUTPUT_MAX);
+        let reasoning_tokens =
+            self.reasoning.as_ref().map_or(0, |d| (d.sample(rng).round() as u32).clamp(1, REASONING_MAX));
+        (context + new_tokens + reasoning_tokens + output_tokens + RESERVE <= self.p.context_limit).then_some(Turn {
+            new_tokens,
+            output_tokens,
+            reasoning_tokens,
+            tool: None,
+        })
+    }
+
+    /// The tool call after a turn.
+    fn tool(&self, rng: &mut ChaCha8Rng) -> ToolStep {
+        let u: f64 = rng.random();
+        let mut acc = 0.0;
+        let mut pick = TOOLS.len() - 1;
+        for (j, &(_, share, _, _)) in TOOLS.iter().enumerate() {
+            acc += share;
+            if u < acc {
+                pick = j;
+                break;
+            }
+        }
+        let duration_s = (self.tools[pick].sample(rng).clamp(0.02, TOOL_TIMEOUT_S) * 1000.0).round() / 1000.0;
+        let hint_s = (rng.random::<f64>() < HINTED_SHARE).then_some(duration_s);
+        ToolStep { name: TOOLS[pick].0.to_string(), duration_s, hint_s }
+    }
+}
+
 /// `sessions` sessions of `workload` drawn from `seed`.
 pub fn generate(workload: AgentWorkload, sessions: usize, seed: u64) -> AgentTrace {
-    let p = workload.params();
+    generate_with_steps(workload, sessions, seed, 1.0)
+}
+
+/// The programs of [`generate`] (same seed) as a model that needs `steps` times as many calls
+/// to finish them runs them: each session keeps every turn and tool call of its [`generate`]
+/// version and continues, the one more call it needed — `round(n × steps)` in all for `n`
+/// drawn, at most mini-SWE-agent's step limit, while they fit the window — from its own
+/// stream (`mix(seed, session)`), so every other session stays as [`generate`] draws it.
+/// `steps` ≤ 1 gives [`generate`]'s trace. (Paper 002's calibration passes found the smaller
+/// model's programs twice as long in context at the same run time: see
+/// [`THINKING_SMALLER_MODEL_STEPS`].)
+pub fn generate_with_steps(workload: AgentWorkload, sessions: usize, seed: u64, steps: f64) -> AgentTrace {
+    let d = Draws::new(workload);
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x7a0_5e55_1011);
-    let turns_d = lognormal(p.turns_median, TURNS_SIGMA);
-    let out_d = lognormal(OUTPUT_MEDIAN, OUTPUT_SIGMA);
-    let obs_d = lognormal(OBS_MEDIUM_MEDIAN, OBS_MEDIUM_SIGMA);
-    let task_d = lognormal(p.task_median, TASK_SIGMA);
-    let reasoning_d = p.reasoning.map(|m| lognormal(m, REASONING_SIGMA));
-    let tool_d: Vec<LogNormal<f64>> = TOOLS.iter().map(|&(_, _, m, s)| lognormal(m, s)).collect();
     let mut out = Vec::with_capacity(sessions);
     for i in 0..sessions {
-        let n = (turns_d.sample(&mut rng).round() as u32).clamp(MIN_TURNS, MAX_TURNS);
+        let n = (d.turns.sample(&mut rng).round() as u32).clamp(MIN_TURNS, MAX_TURNS);
         let mut turns = Vec::with_capacity(n as usize);
         let mut context = SYSTEM_TOKENS;
         for k in 0..n {
-            let new_tokens = if k == 0 {
-                (task_d.sample(&mut rng).round() as u32).clamp(60, 6_000)
-            } else {
-                let u: f64 = rng.random();
-                let raw = if u < OBS_SHORT_SHARE {
-                    rng.random_range(5.0..80.0)
-                } else if u < 1.0 - OBS_LONG_SHARE {
-                    obs_d.sample(&mut rng)
-                } else {
-                    f64::from(OBS_MAX)
-                };
-                ((raw * p.obs_scale).round() as u32).clamp(5, OBS_MAX)
-            };
-            let output_tokens = (out_d.sample(&mut rng).round() as u32).clamp(10, OUTPUT_MAX);
-            let reasoning_tokens =
-                reasoning_d.as_ref().map_or(0, |d| (d.sample(&mut rng).round() as u32).clamp(1, REASONING_MAX));
-            if context + new_tokens + reasoning_tokens + output_tokens + RESERVE > p.context_limit {
-                break;
-            }
-            context += new_tokens + output_tokens;
-            turns.push(Turn { new_tokens, output_tokens, reasoning_tokens, tool: None });
+            let Some(turn) = d.turn(k, context, &mut rng) else { break };
+            context += turn.new_tokens + turn.output_tokens;
+            turns.push(turn);
         }
         // Every turn but the last calls a tool.
         let last = turns.len().saturating_sub(1);
         for turn in turns.iter_mut().take(last) {
-            let u: f64 = rng.random();
-            let mut acc = 0.0;
-            let mut pick = TOOLS.len() - 1;
-            for (j, &(_, share, _, _)) in TOOLS.iter().enumerate() {
-                acc += share;
-                if u < acc {
-                    pick = j;
-                    break;
-                }
+            turn.tool = Some(d.tool(&mut rng));
+        }
+        let more = ((f64::from(n) * steps).round() as u32).min(MAX_TURNS);
+        if more > n && turns.len() == n as usize {
+            let mut own = ChaCha8Rng::seed_from_u64(super::mix(seed ^ STEPS_STREAM, i as u64));
+            let base = turns.len();
+            for k in n..more {
+                let Some(turn) = d.turn(k, context, &mut own) else { break };
+                context += turn.new_tokens + turn.output_tokens;
+                turns.push(turn);
             }
-            let duration_s = (tool_d[pick].sample(&mut rng).clamp(0.02, TOOL_TIMEOUT_S) * 1000.0).round() / 1000.0;
-            let hint_s = (rng.random::<f64>() < HINTED_SHARE).then_some(duration_s);
-            turn.tool = Some(ToolStep { name: TOOLS[pick].0.to_string(), duration_s, hint_s });
+            let last = turns.len().saturating_sub(1);
+            for turn in turns.iter_mut().take(last).skip(base.saturating_sub(1)) {
+                turn.tool = Some(d.tool(&mut own));
+            }
         }
         out.push(AgentSession { id: format!("{}-{i:04}", workload.name()), system_tokens: SYSTEM_TOKENS, turns });
     }
     AgentTrace { sessions: out }
 }
+
+/// Keys the streams of the calls a model needs beyond [`generate`]'s.
+const STEPS_STREAM: u64 = 0x5e9_5_7e95;
 
 #[cfg(test)]
 mod tests {
@@ -245,5 +323,47 @@ mod tests {
         assert!(v.sessions.iter().all(|s| s.peak_call_tokens() == s.final_context()));
         assert!(t.sessions.iter().all(|s| s.peak_call_tokens() > s.final_context()));
         assert_eq!(AgentWorkload::parse("swe-verified-thinking"), Some(AgentWorkload::SweVerifiedThinking));
+    }
+
+    #[test]
+    fn a_model_that_needs_more_steps_runs_the_same_programs_longer() {
+        let w = AgentWorkload::SweVerifiedThinking;
+        let base = generate(w, 108, 911);
+        assert_eq!(generate_with_steps(w, 108, 911, 1.0), base);
+        assert_eq!(w.smaller_model_steps(), THINKING_SMALLER_MODEL_STEPS);
+        assert_eq!(AgentWorkload::SweVerified.smaller_model_steps(), 1.0);
+        let longer = generate_with_steps(w, 108, 911, THINKING_SMALLER_MODEL_STEPS);
+        longer.validate().unwrap();
+        let mut extended = 0;
+        for (a, b) in base.sessions.iter().zip(&longer.sessions) {
+            assert_eq!(a.id, b.id);
+            assert!(b.turns.len() >= a.turns.len());
+            // The same program: every turn's tokens as before, every tool call but the old last
+            // turn's (which now calls one) as before; the last turn calls none.
+            for (k, (x, y)) in a.turns.iter().zip(&b.turns).enumerate() {
+                assert_eq!(
+                    (x.new_tokens, x.output_tokens, x.reasoning_tokens),
+                    (y.new_tokens, y.output_tokens, y.reasoning_tokens)
+                );
+                if k + 1 < a.turns.len() {
+                    assert_eq!(x.tool, y.tool);
+                }
+            }
+            assert!(b.turns.last().unwrap().tool.is_none());
+            assert!(b.turns[..b.turns.len() - 1].iter().all(|t| t.tool.is_some()));
+            for (k, turn) in b.turns.iter().enumerate() {
+                assert!(
+                    b.prompt_tokens(k) + turn.reasoning_tokens + turn.output_tokens + RESERVE <= THINKING_CONTEXT_LIMIT
+                );
+            }
+            extended += usize::from(b.turns.len() > a.turns.len());
+        }
+        assert!(extended > 100, "{extended} of 108 programs got longer");
+        // The fit: the mean largest call is paper 002's c₀ for the 9B (44.7k tokens), within 1 %.
+        let c0 = longer.sessions.iter().map(|s| f64::from(s.peak_call_tokens())).sum::<f64>() / 108.0;
+        assert!((c0 / 44_700.0 - 1.0).abs() < 0.01, "c0 {c0}");
+        // Another session count changes nothing of the sessions both have.
+        let fewer = generate_with_steps(w, 20, 911, THINKING_SMALLER_MODEL_STEPS);
+        assert_eq!(fewer.sessions[..], longer.sessions[..20]);
     }
 }

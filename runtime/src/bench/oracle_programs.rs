@@ -34,11 +34,11 @@ use std::fmt::Write as _;
 use serde::Serialize;
 use switchyard_predictor::spec::Dtype;
 
-use crate::agentic::{AgentTrace, AgentWorkload, generate};
+use crate::agentic::{AgentTrace, AgentWorkload, generate, generate_with_steps};
 use crate::planner::admission::{SchedulerKind, TaoOptions};
 use crate::planner::routing::{DiscConfig, RouterOptions};
 use crate::sim::agent_routing::{Feedback, Judge, ProgramAdmission, ProgramRouting, RoutedArm, RoutedRunReport};
-use crate::sim::agentic::{AgentPoolSpec, AgentReplicaSpec, AgentRunConfig, AgentSimError, run_routed_agents};
+use crate::sim::agentic::{AgentPoolSpec, AgentReplicaSpec, AgentRunConfig, AgentSimError, run_routed_agents_by_model};
 
 /// Paper 002 §5.2: the single-model accuracies of its pair (Qwen3.5-9B 44 %, Qwen3.6-27B-FP8 70 %).
 pub const SUCCESS_LARGER: f64 = 0.70;
@@ -155,9 +155,9 @@ pub struct PoolCalibration {
     pub pool: AgentPoolSpec,
     /// The programs this pool runs.
     pub workload: AgentWorkload,
-    /// c₀: the mean over the calibration trace's programs of their largest call's context
-    /// (prompt, reasoning and answer), tokens.
-    pub prior_peak_tokens: f64,
+    /// c₀ per model (larger, smaller): the mean over the calibration trace's programs, as that
+    /// model runs them, of their largest call's context (prompt, reasoning and answer), tokens.
+    pub prior_peak_tokens: [f64; 2],
     /// D₀ per model (larger, smaller), seconds.
     pub prior_run_s: [f64; 2],
     pub static_cap: [usize; 2],
@@ -239,12 +239,45 @@ fn is_hybrid(pool: &AgentPoolSpec) -> bool {
     })
 }
 
-fn arms(pool: &AgentPoolSpec, c0: f64, d0: [f64; 2]) -> Vec<RoutedArm> {
+fn arms(pool: &AgentPoolSpec, c0: [f64; 2], d0: [f64; 2]) -> Vec<RoutedArm> {
     let model = |k: usize| pool.replicas.get(k).map(|r| r.model.clone()).unwrap_or_default();
     vec![
-        RoutedArm { model: model(0), success: SUCCESS_LARGER, prior_peak_tokens: c0, prior_run_s: d0[0] },
-        RoutedArm { model: model(1), success: SUCCESS_SMALLER, prior_peak_tokens: c0, prior_run_s: d0[1] },
+        RoutedArm { model: model(0), success: SUCCESS_LARGER, prior_peak_tokens: c0[0], prior_run_s: d0[0] },
+        RoutedArm { model: model(1), success: SUCCESS_SMALLER, prior_peak_tokens: c0[1], prior_run_s: d0[1] },
     ]
+}
+
+/// One draw of programs: as every model runs them, or — where the workload's smaller model
+/// needs more calls for the same program ([`AgentWorkload::smaller_model_steps`]) — as the
+/// larger and as the smaller model runs them.
+pub struct Programs {
+    versions: Vec<AgentTrace>,
+}
+
+impl Programs {
+    /// `programs` programs of `workload` drawn from `seed`.
+    pub fn draw(workload: AgentWorkload, programs: usize, seed: u64) -> Self {
+        let base = generate(workload, programs, seed);
+        let steps = workload.smaller_model_steps();
+        let versions =
+            if steps > 1.0 { vec![base, generate_with_steps(workload, programs, seed, steps)] } else { vec![base] };
+        Programs { versions }
+    }
+
+    /// The programs as model `k` (0 larger, 1 smaller) runs them.
+    pub fn for_model(&self, k: usize) -> &AgentTrace {
+        self.versions.get(k).unwrap_or(&self.versions[0])
+    }
+
+    /// c₀ on model `k`: the mean of its programs' largest call.
+    pub fn mean_peak_tokens(&self, k: usize) -> f64 {
+        let t = self.for_model(k);
+        t.sessions.iter().map(|s| f64::from(s.peak_call_tokens())).sum::<f64>() / t.sessions.len().max(1) as f64
+    }
+
+    fn refs(&self) -> Vec<&AgentTrace> {
+        self.versions.iter().collect()
+    }
 }
 
 fn run_cfg(scheduler: SchedulerKind, workers: usize, noise_seed: u64) -> AgentRunConfig {
@@ -289,7 +322,7 @@ struct Ctx<'a> {
 impl Ctx<'_> {
     fn run(
         &self,
-        trace: &AgentTrace,
+        programs: &Programs,
         seed: u64,
         workers: usize,
         s: &Setting,
@@ -307,7 +340,8 @@ impl Ctx<'_> {
             judge: s.judge.clone(),
             outcome_seed: seed,
         };
-        Ok(run_routed_agents(trace, &self.pool, &run_cfg(s.scheduler, workers, seed), &routing)?.1)
+        let cfg = run_cfg(s.scheduler, workers, seed);
+        Ok(run_routed_agents_by_model(&programs.refs(), &self.pool, &cfg, &routing)?.1)
     }
 
     fn cell(
@@ -315,12 +349,12 @@ impl Ctx<'_> {
         system: &str,
         workers: usize,
         s: &Setting,
-        traces: &[(u64, AgentTrace)],
+        traces: &[(u64, Programs)],
         progress: &mut impl FnMut(&str),
     ) -> Result<ProgramsCell, AgentSimError> {
         let mut runs = Vec::new();
-        for (seed, trace) in traces {
-            runs.push(self.run(trace, *seed, workers, s)?);
+        for (seed, programs) in traces {
+            runs.push(self.run(programs, *seed, workers, s)?);
             progress(&format!("oracle programs: {system} at {workers} (seed {seed})"));
         }
         Ok(mean_cell(&self.pool.name, system, workers, s.beta, runs))
@@ -359,15 +393,15 @@ fn calibrate<'a>(
     cfg: &'a ProgramsBenchConfig,
     pool: AgentPoolSpec,
     workload: AgentWorkload,
-    calibration: &AgentTrace,
-    c0: f64,
+    calibration: &Programs,
     progress: &mut impl FnMut(&str),
 ) -> Result<(Ctx<'a>, PoolCalibration), AgentSimError> {
+    let c0 = [0, 1].map(|k| calibration.mean_peak_tokens(k));
     let mut d0 = [0.0; 2];
     for (k, replica) in pool.replicas.iter().enumerate() {
         let alone = AgentPoolSpec { name: replica.model.clone(), replicas: vec![replica.clone()] };
         let report = crate::sim::agentic::run_agents(
-            calibration,
+            calibration.for_model(k),
             &alone,
             &run_cfg(SchedulerKind::ThunderAgent, 16, CALIBRATION_SEED),
         )?;
@@ -409,16 +443,15 @@ pub fn run_programs_bench(
     cfg: &ProgramsBenchConfig,
     mut progress: impl FnMut(&str),
 ) -> Result<ProgramsReport, AgentSimError> {
-    // Per workload: the calibration trace on a seed never evaluated, c₀ from it, and the
+    // Per workload: the calibration trace on a seed never evaluated (c₀ from it) and the
     // evaluated traces.
     let workloads = |w: AgentWorkload| {
-        let calibration = generate(w, cfg.programs, CALIBRATION_SEED);
-        let c0 = calibration.sessions.iter().map(|s| f64::from(s.peak_call_tokens())).sum::<f64>()
-            / calibration.sessions.len().max(1) as f64;
-        let traces: Vec<(u64, AgentTrace)> = cfg.seeds.iter().map(|&s| (s, generate(w, cfg.programs, s))).collect();
-        (calibration, c0, traces)
+        let calibration = Programs::draw(w, cfg.programs, CALIBRATION_SEED);
+        let traces: Vec<(u64, Programs)> = cfg.seeds.iter().map(|&s| (s, Programs::draw(w, cfg.programs, s))).collect();
+        (calibration, traces)
     };
-    let (calibration, c0, traces) = workloads(AgentWorkload::SweVerified);
+    let (calibration, traces) = workloads(AgentWorkload::SweVerified);
+    let c0 = calibration.mean_peak_tokens(0);
     let thinking = workloads(AgentWorkload::SweVerifiedThinking);
     let mut pools = Vec::new();
     let mut admission = Vec::new();
@@ -426,12 +459,12 @@ pub fn run_programs_bench(
     let mut beta_sweep = Vec::new();
     let mut verifiers = Vec::new();
     for (k, &(device, models, state, workload)) in POOLS.iter().enumerate() {
-        let (calibration, c0, traces) = match workload {
-            AgentWorkload::SweVerifiedThinking => (&thinking.0, thinking.1, &thinking.2),
-            _ => (&calibration, c0, &traces),
+        let (calibration, traces) = match workload {
+            AgentWorkload::SweVerifiedThinking => (&thinking.0, &thinking.1),
+            _ => (&calibration, &traces),
         };
         let pool = pool_for(device, models, state, workload);
-        let (ctx, cal) = calibrate(cfg, pool, workload, calibration, c0, &mut progress)?;
+        let (ctx, cal) = calibrate(cfg, pool, workload, calibration, &mut progress)?;
         let cap = cal.static_cap;
         pools.push(cal);
         for &c in &cfg.concurrency {
@@ -536,25 +569,28 @@ impl ProgramsReport {
             "The pool whose name ends in `{}` runs paper 002's own programs instead (`agentic::generate`, \
              `workflows/traces/README.md`): every call of the thinking model writes reasoning before its \
              answer — decoded, held in the KV cache while the call runs, dropped from the conversation after \
-             it. Three knobs are fitted on the calibration trace to three numbers paper 002 measured on its \
+             it. Four knobs are fitted on the calibration trace to four numbers paper 002 measured on its \
              baselines and calibration passes (GH200 pair), never on an ORACLE run: the calls per program to \
              ThunderAgent's mean call latency at 64 concurrent programs (10.9 s), the observation sizes to the \
-             27B's c₀ (22.6k tokens) and the reasoning per call to the 27B's D (642 s, here its D₀). Not \
-             reproduced: the paper's 9B ran longer programs (c₀ 44.7k, D 639 s); here a program's calls do not \
-             depend on its model.\n",
-            AgentWorkload::SweVerifiedThinking.name()
+             27B's c₀ (22.6k tokens), the reasoning per call to the 27B's D (642 s, here its D₀), and the \
+             calls the 9B needs for the same program (× {}: each program runs on the 9B as its 27B version \
+             continued, `agentic::generate_with_steps`) to the 9B's c₀ (44.7k). The 9B's D (paper: 639 s) is \
+             not fitted: the table's D₀ smaller is the check.\n",
+            AgentWorkload::SweVerifiedThinking.name(),
+            AgentWorkload::SweVerifiedThinking.smaller_model_steps(),
         );
         let _ = writeln!(
             o,
-            "| pool | c₀ tokens | D₀ larger s | D₀ smaller s | static cap | DISC's learned δ̂ (tokens per running request) |\n|---|---:|---:|---:|---|---|"
+            "| pool | c₀ tokens (larger / smaller where they differ) | D₀ larger s | D₀ smaller s | static cap | DISC's learned δ̂ (tokens per running request) |\n|---|---:|---:|---:|---|---|"
         );
         for p in &self.pools {
             let d: Vec<String> = p.allowance_tokens.iter().map(|a| format!("{a:.0}")).collect();
+            let [larger, smaller] = p.prior_peak_tokens;
+            let c0 = if larger == smaller { format!("{larger:.0}") } else { format!("{larger:.0} / {smaller:.0}") };
             let _ = writeln!(
                 o,
-                "| {} | {:.0} | {:.0} | {:.0} | {}/{} | {} |",
+                "| {} | {c0} | {:.0} | {:.0} | {}/{} | {} |",
                 p.pool.name,
-                p.prior_peak_tokens,
                 p.prior_run_s[0],
                 p.prior_run_s[1],
                 p.static_cap[0],

@@ -61,6 +61,8 @@ pub enum AgentSimError {
     Routing(#[from] ProgramRoutingError),
     #[error("routed programs run under the request-level schedulers and ThunderAgent, not TAO")]
     RoutedTao,
+    #[error("programs by model: {0}")]
+    ProgramsByModel(String),
 }
 
 /// One replica of the pool: a model on `tensor_parallel` GPUs of one kind.
@@ -236,7 +238,11 @@ struct PendingPlan {
 }
 
 struct Sim<'a> {
+    /// The sessions; routed, as the first model runs them.
     trace: &'a AgentTrace,
+    /// Routed with programs that depend on their model: arm `a`'s version of every session
+    /// (empty when every model runs [`Sim::trace`]'s).
+    by_arm: Vec<&'a AgentTrace>,
     cfg: &'a AgentRunConfig,
     now: f64,
     seq: u64,
@@ -287,7 +293,7 @@ pub fn run_agents(
     pool: &AgentPoolSpec,
     cfg: &AgentRunConfig,
 ) -> Result<AgentRunReport, AgentSimError> {
-    Ok(run(trace, pool, cfg, None)?.0)
+    Ok(run(&[trace], pool, cfg, None)?.0)
 }
 
 /// Runs the trace's sessions as routed programs ([`super::agent_routing`]): each is bound to
@@ -299,13 +305,51 @@ pub fn run_routed_agents(
     cfg: &AgentRunConfig,
     routing: &ProgramRouting,
 ) -> Result<(AgentRunReport, RoutedRunReport), AgentSimError> {
-    let (report, routed) = run(trace, pool, cfg, Some(routing))?;
+    run_routed_agents_by_model(&[trace], pool, cfg, routing)
+}
+
+/// [`run_routed_agents`] where a program depends on the model it is bound to: `traces[a]` is
+/// every program as `routing`'s arm `a` runs it (one trace per arm, the same sessions by id,
+/// each with the same first turn — the router binds a program on its first request; one trace
+/// alone serves every arm). A diverted program runs its new model's version from its start.
+pub fn run_routed_agents_by_model(
+    traces: &[&AgentTrace],
+    pool: &AgentPoolSpec,
+    cfg: &AgentRunConfig,
+    routing: &ProgramRouting,
+) -> Result<(AgentRunReport, RoutedRunReport), AgentSimError> {
+    let (report, routed) = run(traces, pool, cfg, Some(routing))?;
     let routed = routed.ok_or(AgentSimError::EmptyPool)?;
     Ok((report, routed))
 }
 
+/// Checks that `traces` are versions of one set of programs, one per arm.
+fn check_versions(traces: &[&AgentTrace], arms: usize) -> Result<(), AgentSimError> {
+    let bad = |reason: String| Err(AgentSimError::ProgramsByModel(reason));
+    if traces.len() != arms {
+        return bad(format!("{} traces for {arms} models (one per model, or one for all)", traces.len()));
+    }
+    let first = traces[0];
+    for (a, t) in traces.iter().enumerate().skip(1) {
+        if t.sessions.len() != first.sessions.len() {
+            return bad(format!("trace {a} has {} sessions, trace 0 {}", t.sessions.len(), first.sessions.len()));
+        }
+        for (x, y) in first.sessions.iter().zip(&t.sessions) {
+            let first_turn = |s: &crate::agentic::AgentSession| s.prompt_tokens(0);
+            if x.id != y.id || x.system_tokens != y.system_tokens || first_turn(x) != first_turn(y) {
+                return bad(format!(
+                    "session {} of trace {a} is not a version of trace 0's {} (the id, system prompt and first \
+                     request must match)",
+                    y.id, x.id
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 fn run(
-    trace: &AgentTrace,
+    traces: &[&AgentTrace],
     pool: &AgentPoolSpec,
     cfg: &AgentRunConfig,
     routing: Option<&ProgramRouting>,
@@ -319,7 +363,22 @@ fn run(
     if cfg.workers == 0 {
         return Err(AgentSimError::NoWorkers);
     }
-    trace.validate()?;
+    let Some(&trace) = traces.first() else {
+        return Err(AgentSimError::ProgramsByModel("no trace".into()));
+    };
+    for t in traces {
+        t.validate()?;
+    }
+    let by_arm = match routing {
+        Some(r) if traces.len() > 1 => {
+            check_versions(traces, r.arms.len())?;
+            traces.to_vec()
+        }
+        None if traces.len() > 1 => {
+            return Err(AgentSimError::ProgramsByModel("only routed programs depend on their model".into()));
+        }
+        _ => Vec::new(),
+    };
     let mut replicas = Vec::with_capacity(pool.replicas.len());
     let mut ready_at: f64 = 0.0;
     for (index, r) in pool.replicas.iter().enumerate() {
@@ -349,7 +408,7 @@ fn run(
         });
     }
     let max_len = pool.replicas.iter().map(|r| r.max_model_len).min().unwrap_or(0);
-    for s in &trace.sessions {
+    for s in traces.iter().flat_map(|t| &t.sessions) {
         for k in 0..s.turns.len() {
             let tokens = s.prompt_tokens(k) + s.turns[k].reasoning_tokens + s.turns[k].output_tokens;
             if tokens > max_len {
@@ -377,6 +436,7 @@ fn run(
         .collect();
     let mut sim = Sim {
         trace,
+        by_arm,
         cfg,
         now: ready_at,
         seq: 0,
@@ -412,7 +472,7 @@ fn run(
         running_series: Vec::new(),
         ticks: 0,
         last_end: ready_at,
-        shared_tokens: trace.sessions.iter().map(|s| u64::from(s.system_tokens)).max().unwrap_or(0),
+        shared_tokens: traces.iter().flat_map(|t| &t.sessions).map(|s| u64::from(s.system_tokens)).max().unwrap_or(0),
     };
     if let Some(routing) = routing {
         let models: Vec<&str> = pool.replicas.iter().map(|r| r.model.as_str()).collect();
@@ -437,7 +497,18 @@ fn run(
     Ok((sim.report(ready_at), routed))
 }
 
-impl Sim<'_> {
+impl<'a> Sim<'a> {
+    /// Session `i` as it runs: routed with programs by model, its bound model's version (the
+    /// first version's before it is bound — they share the first request).
+    fn session(&self, i: usize) -> &'a crate::agentic::AgentSession {
+        let arm = match (&self.routing, self.by_arm.is_empty()) {
+            (Some(layer), false) if !matches!(self.sessions[i].phase, Phase::NotStarted) => layer.arm_of(i),
+            _ => 0,
+        };
+        let trace = self.by_arm.get(arm).copied().unwrap_or(self.trace);
+        &trace.sessions[i]
+    }
+
     fn schedule(&mut self, at: f64, ev: Ev) {
         self.seq += 1;
         self.queue.push(Queued { at, seq: self.seq, ev });
@@ -550,7 +621,7 @@ impl Sim<'_> {
 
     /// Tokens of the conversation a session's next request sends.
     fn next_prompt(&self, i: usize) -> u32 {
-        self.trace.sessions[i].prompt_tokens(self.sessions[i].turn)
+        self.session(i).prompt_tokens(self.sessions[i].turn)
     }
 
     fn request_ready(&mut self, i: usize) {
@@ -597,7 +668,7 @@ impl Sim<'_> {
 
     fn route_request(&self, i: usize) -> RouteRequest {
         let prompt = u64::from(self.next_prompt(i));
-        let system = u64::from(self.trace.sessions[i].system_tokens);
+        let system = u64::from(self.session(i).system_tokens);
         let overlap_tokens = (0..self.replicas.len())
             .map(|b| {
                 let own = self.sessions[i].indexed.iter().find(|(r, _)| *r == b).map(|&(_, t)| t).unwrap_or(0);
@@ -643,7 +714,7 @@ impl Sim<'_> {
         if let Some(layer) = &mut self.routing {
             layer.started(i, now);
         }
-        let session = &self.trace.sessions[i];
+        let session = self.session(i);
         let turn = self.sessions[i].turn;
         let prompt = session.prompt_tokens(turn);
         let reasoning = session.turns[turn].reasoning_tokens;
@@ -820,7 +891,7 @@ impl Sim<'_> {
         self.replicas[b].admitted = self.replicas[b].admitted.saturating_sub(weight);
         // What the next prompt can find cached there: the whole conversation, or — after a call
         // that reasoned, whose reasoning the conversation drops — its prompt only.
-        let call = &self.trace.sessions[i].turns[self.sessions[i].turn];
+        let call = &self.session(i).turns[self.sessions[i].turn];
         let cacheable = if call.reasoning_tokens > 0 {
             context.saturating_sub(u64::from(call.reasoning_tokens) + u64::from(call.output_tokens))
         } else {
@@ -839,7 +910,8 @@ impl Sim<'_> {
         st.indexed.retain(|(r, _)| *r != b);
         st.indexed.push((b, cacheable));
         let turn = st.turn;
-        let session = &self.trace.sessions[i];
+        let session = self.session(i);
+        let st = &mut self.sessions[i];
         match &session.turns[turn].tool {
             None => {
                 st.phase = Phase::Done;
@@ -924,7 +996,7 @@ impl Sim<'_> {
             tokens: u64::from(self.next_prompt(i)),
             call: st.call.clone(),
             returned,
-            shared_tokens: u64::from(self.trace.sessions[i].system_tokens),
+            shared_tokens: u64::from(self.session(i).system_tokens),
             cache: st.cache.clone(),
             since: st.paused_at,
         }

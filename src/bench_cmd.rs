@@ -225,7 +225,8 @@ pub struct TaoArgs {
     #[arg(long)]
     pub write_trace: Option<PathBuf>,
     /// With `--write-trace`: `swe-lite`, `swe-verified`, or `swe-verified-thinking` (paper 002's
-    /// programs: each turn's reasoning, which the conversation drops; simulated only).
+    /// programs: each turn's reasoning, which the conversation drops; simulated only; the
+    /// larger model's version — the 9B runs them continued, `agentic::generate_with_steps`).
     #[arg(long, default_value = "swe-lite", value_parser = clap::builder::PossibleValuesParser::new(["swe-lite", "swe-verified", "swe-verified-thinking"]))]
     pub workload: String,
     /// Directory for tao.md, tao.json and the SVG chart.

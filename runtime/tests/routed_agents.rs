@@ -96,6 +96,15 @@ fn a_program_runs_the_version_of_the_model_it_is_bound_to() {
         let expected: usize =
             ra.rows.iter().enumerate().map(|(i, row)| versions[row.arm].sessions[i].turns.len()).sum();
         assert_eq!(a.requests as usize, expected, "{}", scheduler.name());
+        // Every generated token is its bound version's (decode rate × makespan = tokens).
+        let generated: u64 = ra
+            .rows
+            .iter()
+            .enumerate()
+            .flat_map(|(i, row)| &versions[row.arm].sessions[i].turns)
+            .map(|t| u64::from(t.output_tokens + t.reasoning_tokens))
+            .sum();
+        assert!((a.decode_tps * a.makespan_s / generated as f64 - 1.0).abs() < 1e-9, "{}", scheduler.name());
         assert!(ra.rows.iter().any(|x| x.arm == 1) && ra.rows.iter().any(|x| x.arm == 0));
         diverted += ra.arms.iter().map(|x| x.diverted_in).sum::<u64>();
         // Both versions the same: the run of the one trace, to the bit.
@@ -306,6 +315,16 @@ fn the_bench_runs_its_three_experiments() {
     };
     let r = oracle_programs::run_programs_bench(&cfg, |_| {}).unwrap();
     assert_eq!(r.pools.len(), oracle_programs::POOLS.len());
+    // c₀ per model: the thinking programs' 9B version is longer; elsewhere both models run the
+    // same programs.
+    for p in &r.pools {
+        let [larger, smaller] = p.prior_peak_tokens;
+        if p.workload == AgentWorkload::SweVerifiedThinking {
+            assert!(smaller > 1.5 * larger, "{}: {larger} / {smaller}", p.pool.name);
+        } else {
+            assert_eq!(larger, smaller, "{}", p.pool.name);
+        }
+    }
     assert_eq!(r.admission.len(), oracle_programs::POOLS.len() * oracle_programs::SYSTEMS.len());
     assert_eq!(r.feedback.len(), 3);
     assert_eq!(r.beta_sweep.len(), 3);

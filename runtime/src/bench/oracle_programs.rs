@@ -141,6 +141,8 @@ pub struct ProgramsCell {
 #[derive(Debug, Clone, Serialize)]
 pub struct ProgramsReport {
     pub config: ProgramsBenchConfig,
+    /// c₀ of the TAO bench's SWE-bench Verified programs (the first four pools'; each pool's own,
+    /// per model, is in [`PoolCalibration::prior_peak_tokens`]).
     pub prior_peak_tokens: f64,
     pub pools: Vec<PoolCalibration>,
     pub admission: Vec<ProgramsCell>,

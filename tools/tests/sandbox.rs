@@ -258,3 +258,74 @@ fn sandbox_failures_are_typed_errors() {
     let zero = sh("true", SandboxLimits { wall_time: Duration::ZERO, ..quick() });
     assert!(matches!(ProcessSandbox::new().run(&zero), Err(SandboxError::InvalidLimits(_))));
 }
+
+/// `script` under the host's python3 (`-I -S -B -c`) in the process sandbox, no children.
+fn python_script(python: &python::Interpreter, script: &str) -> SandboxOutcome {
+    run(&SandboxJob {
+        program: python.path.clone(),
+        args: vec!["-I".into(), "-S".into(), "-B".into(), "-c".into(), script.into()],
+        files: vec![],
+        limits: quick(),
+        read_only_paths: python::read_only_paths(&python.path),
+        allow_children: false,
+    })
+}
+
+#[test]
+fn anonymous_memory_files_are_refused() {
+    // A memfd's pages count against no rlimit but the file size: 250 of them held 4 GiB.
+    let Some(python) = python::interpreter() else {
+        eprintln!("note: python3 not available; skipping");
+        return;
+    };
+    let script = "import os\ntry:\n    os.memfd_create('x')\n    print('created')\nexcept OSError as e:\n    \
+                  print('refused', e.errno)\n";
+    let out = python_script(&python, script);
+    assert!(out.termination.success(), "{out:?}");
+    if out.isolation.seccomp {
+        assert_eq!(out.stdout.trim(), format!("refused {}", libc::EPERM), "{out:?}");
+    } else {
+        eprintln!("note: no seccomp filter here: {}", out.isolation.summary());
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn x32_system_calls_kill_the_program() {
+    // getpid (39) with the x32 bit: without the guard, seccompiler's exact-number rules let any
+    // x32-numbered call through (here the kernel would answer ENOSYS, or run it with x32).
+    let Some(python) = python::interpreter() else {
+        eprintln!("note: python3 not available; skipping");
+        return;
+    };
+    let script = "import ctypes\nprint('returned', ctypes.CDLL(None).syscall(0x40000000 | 39), flush=True)\n";
+    let out = python_script(&python, script);
+    if out.isolation.seccomp {
+        assert!(out.limits_hit.contains(&LimitHit::Syscall), "{out:?}");
+        assert!(!out.stdout.contains("returned"), "{out:?}");
+    } else {
+        eprintln!("note: no seccomp filter here: {}", out.isolation.summary());
+    }
+    // An ordinary call still runs.
+    let out = python_script(&python, "import ctypes\nprint('pid', ctypes.CDLL(None).syscall(39))\n");
+    assert!(out.termination.success() && out.stdout.starts_with("pid "), "{out:?}");
+}
+
+#[test]
+fn the_namespace_init_does_not_show_the_callers_command_line() {
+    let Some(python) = python::interpreter() else {
+        eprintln!("note: python3 not available; skipping");
+        return;
+    };
+    let script = "try:\n    print(open('/proc/1/cmdline', 'rb').read().decode(errors='replace'))\nexcept OSError as e:\n    \
+                  print('unreadable', e.errno)\n";
+    let out = python_script(&python, script);
+    assert!(out.termination.success(), "{out:?}");
+    let exe = std::env::current_exe().expect("exe");
+    let name = exe.file_name().expect("name").to_string_lossy().into_owned();
+    if out.isolation.pid_namespace && out.isolation.sandbox_uid.is_some() {
+        assert!(!out.stdout.contains(&name), "the sandbox read this process's command line: {}", out.stdout);
+    } else {
+        eprintln!("note: no PID namespace with a dropped uid here: {}", out.isolation.summary());
+    }
+}

@@ -779,13 +779,15 @@ unsafe fn build_private_root(plan: &ChildPlan, owner: Option<(u32, u32)>, report
             create_file(path, contents, 0o644, owner)?;
         }
         // A fresh /proc shows only this PID namespace; without one it would show the host's.
+        // `hidepid=2`: only the program's own uid's processes, so not the namespace's init (a
+        // copy of the caller, whose command line every /proc would otherwise show).
         if report.has(PID_NAMESPACE) {
             if libc::mount(
                 c"proc".as_ptr(),
                 ROOT_PROC_C.as_ptr(),
                 c"proc".as_ptr(),
                 libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
-                std::ptr::null(),
+                c"hidepid=2".as_ptr().cast(),
             ) == 0
             {
                 report.flags |= PROC_MOUNTED;

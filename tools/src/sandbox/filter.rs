@@ -20,10 +20,18 @@
 //! * **deny** (`EPERM`, the program sees an ordinary error): terminal injection
 //!   (`ioctl(TIOCSTI)`, `ioctl(TIOCLINUX)`), every `socket` and `socketpair` (unix sockets
 //!   included, which a network namespace does not cover), System V IPC (`shm*`, `msg*`,
-//!   `sem*`), and — for jobs that declare no children — `fork`, `vfork` and every `clone`
-//!   without `CLONE_THREAD`.
+//!   `sem*`), anonymous memory files (`memfd_create`, `memfd_secret`: their pages count against
+//!   no rlimit — not `RLIMIT_AS`, each file only against `RLIMIT_FSIZE` — so 250 descriptors
+//!   of 16 MiB files held 4 GiB of host memory), and — for jobs that declare no children —
+//!   `fork`, `vfork` and every `clone` without `CLONE_THREAD`.
 //! * **enosys** (`ENOSYS`): `clone3`, whose flags live in memory a filter cannot read; libc
 //!   falls back to `clone`, which the rules above can inspect.
+//!
+//! * **x32** (x86_64 only, `SECCOMP_RET_KILL_PROCESS`): a system call number with the x32 bit
+//!   (`0x4000_0000`) set. seccompiler's programs check the architecture tag, which x32 calls
+//!   share with x86_64, and then exact numbers, so on a kernel built with x32 support
+//!   `syscall(0x4000_0000 | nr)` would reach every call the lists above name; a hand-written
+//!   program, installed first, kills the caller instead.
 //!
 //! Everything else is allowed: the filter is a deny list on top of the namespaces, the private
 //! root, the dropped uid and the rlimits, not the only wall.
@@ -34,6 +42,34 @@ use seccompiler::{
     BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter, SeccompRule,
     TargetArch,
 };
+
+/// The x32 ABI's bit in a system call number (`__X32_SYSCALL_BIT`).
+pub const X32_SYSCALL_BIT: u32 = 0x4000_0000;
+
+/// A program that kills the caller of any x86_64-tagged system call whose number has the x32
+/// bit set, and allows everything else (the other programs decide): load the architecture; not
+/// x86_64 → allow; load the number; at least the x32 bit → kill; else allow.
+#[cfg(target_arch = "x86_64")]
+fn x32_guard() -> BpfProgram {
+    use seccompiler::sock_filter;
+    const LD_W_ABS: u16 = 0x20; // BPF_LD | BPF_W | BPF_ABS
+    const JEQ_K: u16 = 0x15; // BPF_JMP | BPF_JEQ | BPF_K
+    const JGE_K: u16 = 0x35; // BPF_JMP | BPF_JGE | BPF_K
+    const RET_K: u16 = 0x06; // BPF_RET | BPF_K
+    const AUDIT_ARCH_X86_64: u32 = 0xC000_003E;
+    const RET_KILL_PROCESS: u32 = 0x8000_0000;
+    const RET_ALLOW: u32 = 0x7fff_0000;
+    // Offsets in `struct seccomp_data`: `nr` at 0, `arch` at 4.
+    let op = |code, jt, jf, k| sock_filter { code, jt, jf, k };
+    vec![
+        op(LD_W_ABS, 0, 0, 4),
+        op(JEQ_K, 0, 3, AUDIT_ARCH_X86_64),
+        op(LD_W_ABS, 0, 0, 0),
+        op(JGE_K, 0, 1, X32_SYSCALL_BIT),
+        op(RET_K, 0, 0, RET_KILL_PROCESS),
+        op(RET_K, 0, 0, RET_ALLOW),
+    ]
+}
 
 /// `TIOCSTI` of `<asm-generic/ioctls.h>`: push a byte into a terminal's input queue.
 pub const TIOCSTI: u64 = 0x5412;
@@ -142,6 +178,9 @@ const DENIED: &[i64] = &[
     libc::SYS_semop,
     libc::SYS_semctl,
     libc::SYS_semtimedop,
+    libc::SYS_memfd_create,
+    #[cfg(target_arch = "x86_64")]
+    libc::SYS_memfd_secret,
 ];
 
 impl SyscallFilter {
@@ -177,13 +216,13 @@ impl SyscallFilter {
 
         let enosys: BTreeMap<i64, Vec<SeccompRule>> = [(libc::SYS_clone3, Vec::new())].into_iter().collect();
 
-        Ok(Self {
-            programs: vec![
-                compile(kill, SeccompAction::KillProcess)?,
-                compile(deny, SeccompAction::Errno(libc::EPERM as u32))?,
-                compile(enosys, SeccompAction::Errno(libc::ENOSYS as u32))?,
-            ],
-        })
+        let mut programs = Vec::with_capacity(4);
+        #[cfg(target_arch = "x86_64")]
+        programs.push(x32_guard());
+        programs.push(compile(kill, SeccompAction::KillProcess)?);
+        programs.push(compile(deny, SeccompAction::Errno(libc::EPERM as u32))?);
+        programs.push(compile(enosys, SeccompAction::Errno(libc::ENOSYS as u32))?);
+        Ok(Self { programs })
     }
 
     /// Installs every program on the calling thread. Requires `PR_SET_NO_NEW_PRIVS` or
@@ -217,8 +256,9 @@ mod tests {
     fn filters_compile_for_this_architecture() {
         let with = SyscallFilter::new(true).expect("compiles");
         let without = SyscallFilter::new(false).expect("compiles");
-        assert_eq!(with.programs.len(), 3);
+        let guards = usize::from(cfg!(target_arch = "x86_64"));
+        assert_eq!(with.programs.len(), 3 + guards);
         // The no-children variant has more rules, hence a longer deny program.
-        assert!(without.programs[1].len() > with.programs[1].len());
+        assert!(without.programs[guards + 1].len() > with.programs[guards + 1].len());
     }
 }

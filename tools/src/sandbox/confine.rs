@@ -780,16 +780,19 @@ unsafe fn build_private_root(plan: &ChildPlan, owner: Option<(u32, u32)>, report
         }
         // A fresh /proc shows only this PID namespace; without one it would show the host's.
         // `hidepid=2`: only the program's own uid's processes, so not the namespace's init (a
-        // copy of the caller, whose command line every /proc would otherwise show).
+        // copy of the caller, whose command line every /proc would otherwise show); where a
+        // kernel refuses the option, /proc without it (the program's own processes and the init).
         if report.has(PID_NAMESPACE) {
-            if libc::mount(
-                c"proc".as_ptr(),
-                ROOT_PROC_C.as_ptr(),
-                c"proc".as_ptr(),
-                libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
-                c"hidepid=2".as_ptr().cast(),
-            ) == 0
-            {
+            let mount_proc = |options: *const libc::c_void| {
+                libc::mount(
+                    c"proc".as_ptr(),
+                    ROOT_PROC_C.as_ptr(),
+                    c"proc".as_ptr(),
+                    libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+                    options,
+                ) == 0
+            };
+            if mount_proc(c"hidepid=2".as_ptr().cast()) || mount_proc(std::ptr::null()) {
                 report.flags |= PROC_MOUNTED;
             } else {
                 report.proc_errno = errno();

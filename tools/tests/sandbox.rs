@@ -318,9 +318,13 @@ fn the_namespace_init_does_not_show_the_callers_command_line() {
         return;
     };
     let script = "try:\n    print(open('/proc/1/cmdline', 'rb').read().decode(errors='replace'))\nexcept OSError as e:\n    \
-                  print('unreadable', e.errno)\n";
+                  print('unreadable', e.errno)\nprint('self', len(open('/proc/self/status').read()) > 0)\n";
     let out = python_script(&python, script);
     assert!(out.termination.success(), "{out:?}");
+    if out.isolation.pid_namespace {
+        // Its own processes stay visible.
+        assert!(out.stdout.contains("self True"), "{out:?}");
+    }
     let exe = std::env::current_exe().expect("exe");
     let name = exe.file_name().expect("name").to_string_lossy().into_owned();
     if out.isolation.pid_namespace && out.isolation.sandbox_uid.is_some() {

@@ -229,6 +229,7 @@ const PROC_MOUNTED: u32 = 1 << 7;
 const NEW_SESSION: u32 = 1 << 8;
 const SECCOMP: u32 = 1 << 9;
 const HOST_WORK_DIR: u32 = 1 << 10;
+const PROC_HIDES_PIDS: u32 = 1 << 11;
 
 /// What the child managed to do, sent to the parent through a pipe before `exec`.
 #[repr(C)]
@@ -404,6 +405,13 @@ pub(super) fn isolation_from(
     }
     if report.has(PRIVATE_ROOT) && !report.has(PROC_MOUNTED) && report.has(PID_NAMESPACE) {
         notes.push(format!("no /proc in the private root ({})", errno_text(report.proc_errno)));
+    }
+    if report.has(PROC_MOUNTED) && !report.has(PROC_HIDES_PIDS) {
+        notes.push(
+            "/proc without hidepid (the kernel refused the remount): the program can read the namespace \
+             init's command line"
+                .to_string(),
+        );
     }
     if is_root && sandbox_uid.is_none() {
         notes.push(
@@ -779,21 +787,25 @@ unsafe fn build_private_root(plan: &ChildPlan, owner: Option<(u32, u32)>, report
             create_file(path, contents, 0o644, owner)?;
         }
         // A fresh /proc shows only this PID namespace; without one it would show the host's.
-        // `hidepid=2`: only the program's own uid's processes, so not the namespace's init (a
-        // copy of the caller, whose command line every /proc would otherwise show); where a
-        // kernel refuses the option, /proc without it (the program's own processes and the init).
+        // Then remounted `hidepid=2`: only the processes the program may trace, so not the
+        // namespace's init (a copy of the caller, whose command line every /proc would otherwise
+        // show). A remount, because before Linux 5.8 a namespace's proc superblock exists from
+        // its first process on and a mount reuses it without reading options (it would succeed
+        // and hide nothing); a remount parses them on every kernel. Refused: noted.
         if report.has(PID_NAMESPACE) {
-            let mount_proc = |options: *const libc::c_void| {
-                libc::mount(
-                    c"proc".as_ptr(),
-                    ROOT_PROC_C.as_ptr(),
-                    c"proc".as_ptr(),
-                    libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
-                    options,
-                ) == 0
-            };
-            if mount_proc(c"hidepid=2".as_ptr().cast()) || mount_proc(std::ptr::null()) {
+            let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
+            if libc::mount(c"proc".as_ptr(), ROOT_PROC_C.as_ptr(), c"proc".as_ptr(), flags, std::ptr::null()) == 0 {
                 report.flags |= PROC_MOUNTED;
+                if libc::mount(
+                    std::ptr::null(),
+                    ROOT_PROC_C.as_ptr(),
+                    std::ptr::null(),
+                    libc::MS_REMOUNT | flags,
+                    c"hidepid=2".as_ptr().cast(),
+                ) == 0
+                {
+                    report.flags |= PROC_HIDES_PIDS;
+                }
             } else {
                 report.proc_errno = errno();
             }
@@ -1257,6 +1269,7 @@ mod tests {
                 | PID_NAMESPACE
                 | IPC_NAMESPACE
                 | PROC_MOUNTED
+                | PROC_HIDES_PIDS
                 | SECCOMP
                 | NEW_SESSION,
             ..ChildReport::default()

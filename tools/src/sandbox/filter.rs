@@ -6,7 +6,8 @@
 //! `execve`, so it binds the program and everything it starts). Must not depend on anything
 //! outside this crate's sandbox module.
 //!
-//! Three programs, all installed (the kernel runs every one and the most severe verdict wins):
+//! Three programs from the rule lists and, on x86_64, the x32 guard, all installed (the kernel
+//! runs every one and the most severe verdict wins):
 //!
 //! * **kill** (`SECCOMP_RET_KILL_PROCESS`, the program dies of `SIGSYS`, reported as
 //!   [`super::LimitHit::Syscall`]): kernel attack surface no test needs — `ptrace`,
@@ -179,7 +180,7 @@ const DENIED: &[i64] = &[
     libc::SYS_semctl,
     libc::SYS_semtimedop,
     libc::SYS_memfd_create,
-    #[cfg(target_arch = "x86_64")]
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64", target_arch = "riscv64"))]
     libc::SYS_memfd_secret,
 ];
 

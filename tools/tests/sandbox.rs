@@ -333,3 +333,24 @@ fn the_namespace_init_does_not_show_the_callers_command_line() {
         eprintln!("note: no PID namespace with a dropped uid here: {}", out.isolation.summary());
     }
 }
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn posix_message_queues_are_refused() {
+    // mq_open (240): without an IPC namespace a queue would outlive the run on the host.
+    let Some(python) = python::interpreter() else {
+        eprintln!("note: python3 not available; skipping");
+        return;
+    };
+    let script = "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n\
+                  fd = libc.syscall(240, b'switchyard-mq-test', os.O_CREAT | os.O_RDWR, 0o600, None)\n\
+                  print('opened' if fd >= 0 else 'refused %d' % ctypes.get_errno())\n\
+                  if fd >= 0:\n    libc.syscall(241, b'switchyard-mq-test')\n";
+    let out = python_script(&python, script);
+    assert!(out.termination.success(), "{out:?}");
+    if out.isolation.seccomp {
+        assert_eq!(out.stdout.trim(), format!("refused {}", libc::EPERM), "{out:?}");
+    } else {
+        eprintln!("note: no seccomp filter here: {}", out.isolation.summary());
+    }
+}

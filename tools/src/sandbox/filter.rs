@@ -21,7 +21,8 @@
 //! * **deny** (`EPERM`, the program sees an ordinary error): terminal injection
 //!   (`ioctl(TIOCSTI)`, `ioctl(TIOCLINUX)`), every `socket` and `socketpair` (unix sockets
 //!   included, which a network namespace does not cover), System V IPC (`shm*`, `msg*`,
-//!   `sem*`), anonymous memory files (`memfd_create`, `memfd_secret`: their pages count against
+//!   `sem*`) and POSIX message queues (`mq_*`: without an IPC namespace a queue outlives the
+//!   run on the host), anonymous memory files (`memfd_create`, `memfd_secret`: their pages count against
 //!   no rlimit — not `RLIMIT_AS`, each file only against `RLIMIT_FSIZE` — so 250 descriptors
 //!   of 16 MiB files held 4 GiB of host memory), and — for jobs that declare no children —
 //!   `fork`, `vfork` and every `clone` without `CLONE_THREAD`.
@@ -179,6 +180,12 @@ const DENIED: &[i64] = &[
     libc::SYS_semop,
     libc::SYS_semctl,
     libc::SYS_semtimedop,
+    libc::SYS_mq_open,
+    libc::SYS_mq_unlink,
+    libc::SYS_mq_timedsend,
+    libc::SYS_mq_timedreceive,
+    libc::SYS_mq_notify,
+    libc::SYS_mq_getsetattr,
     libc::SYS_memfd_create,
     #[cfg(any(target_arch = "x86_64", target_arch = "aarch64", target_arch = "riscv64"))]
     libc::SYS_memfd_secret,

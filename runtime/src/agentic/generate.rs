@@ -337,7 +337,7 @@ mod tests {
         assert_eq!(w.smaller_model_steps(), THINKING_SMALLER_MODEL_STEPS);
         assert_eq!(AgentWorkload::SweVerified.smaller_model_steps(), 1.0);
         let longer = generate_with_steps(w, 108, 911, THINKING_SMALLER_MODEL_STEPS);
-        longer.validate().unwrap();
+        assert!(longer.validate().is_ok());
         let mut extended = 0;
         for (a, b) in base.sessions.iter().zip(&longer.sessions) {
             assert_eq!(a.id, b.id);
@@ -353,7 +353,7 @@ mod tests {
                     assert_eq!(x.tool, y.tool);
                 }
             }
-            assert!(b.turns.last().unwrap().tool.is_none());
+            assert!(b.turns.last().is_some_and(|t| t.tool.is_none()));
             assert!(b.turns[..b.turns.len() - 1].iter().all(|t| t.tool.is_some()));
             for (k, turn) in b.turns.iter().enumerate() {
                 assert!(

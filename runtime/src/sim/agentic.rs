@@ -330,12 +330,12 @@ fn check_versions(traces: &[&AgentTrace], arms: usize) -> Result<(), AgentSimErr
         return bad(format!("{} traces for {arms} models (one per model, or one for all)", traces.len()));
     }
     let first = traces[0];
+    let first_turn = |s: &crate::agentic::AgentSession| s.prompt_tokens(0);
     for (a, t) in traces.iter().enumerate().skip(1) {
         if t.sessions.len() != first.sessions.len() {
             return bad(format!("trace {a} has {} sessions, trace 0 {}", t.sessions.len(), first.sessions.len()));
         }
         for (x, y) in first.sessions.iter().zip(&t.sessions) {
-            let first_turn = |s: &crate::agentic::AgentSession| s.prompt_tokens(0);
             if x.id != y.id || x.system_tokens != y.system_tokens || first_turn(x) != first_turn(y) {
                 return bad(format!(
                     "session {} of trace {a} is not a version of trace 0's {} (the id, system prompt and first \
@@ -369,13 +369,11 @@ fn run(
     for t in traces {
         t.validate()?;
     }
+    // Versions by model: routed runs only (`run_agents` passes one trace).
     let by_arm = match routing {
         Some(r) if traces.len() > 1 => {
             check_versions(traces, r.arms.len())?;
             traces.to_vec()
-        }
-        None if traces.len() > 1 => {
-            return Err(AgentSimError::ProgramsByModel("only routed programs depend on their model".into()));
         }
         _ => Vec::new(),
     };
@@ -498,13 +496,10 @@ fn run(
 }
 
 impl<'a> Sim<'a> {
-    /// Session `i` as it runs: routed with programs by model, its bound model's version (the
-    /// first version's before it is bound — they share the first request).
+    /// Session `i` as it runs: routed with programs by model, its bound model's version (arm 0's
+    /// before it is bound — the versions share the first request).
     fn session(&self, i: usize) -> &'a crate::agentic::AgentSession {
-        let arm = match (&self.routing, self.by_arm.is_empty()) {
-            (Some(layer), false) if !matches!(self.sessions[i].phase, Phase::NotStarted) => layer.arm_of(i),
-            _ => 0,
-        };
+        let arm = self.routing.as_ref().map_or(0, |layer| layer.arm_of(i));
         let trace = self.by_arm.get(arm).copied().unwrap_or(self.trace);
         &trace.sessions[i]
     }

@@ -845,3 +845,54 @@ fn disc_learns_the_allowance_from_the_engines_metrics_in_a_live_run() {
     let blind = run_live(&live_config(run), FakeFactory::new(150, Faults::default()));
     assert!(blind.allowances.values().all(|d| *d == 0.0), "{:?}", blind.allowances);
 }
+
+#[test]
+fn a_served_runtime_routes_a_routed_workflow_registered_after_start() {
+    use switchyard_runtime::live::{Service, SessionStatus};
+    use switchyard_runtime::workflow::parse_workflow;
+
+    // The router is fitted at start on gsm8k-routed (models 0.6B, 1.7B, 8B; verifier
+    // `gsm8k_exact`); gsm8k serves the 4B and 14B unrouted.
+    let pool = PoolSpec::load(&repo().join("workflows/pools/small.yaml")).expect("bundled pool");
+    let cfg = live_config(RunConfig::served(workflows(&["gsm8k-routed", "gsm8k"]), pool));
+    let text = std::fs::read_to_string(repo().join("workflows/gsm8k-routed.yaml")).expect("bundled workflow");
+    // Over the API a workflow names no dataset (its sessions' inputs come with each run), so its
+    // emulated answers come from the generic responder.
+    let (head, rest) = text.split_at(text.find("dataset:").expect("a dataset block"));
+    let later = format!("{head}{}", &rest[rest.find("metric:").expect("a metric")..])
+        .replace("name: gsm8k-routed", "name: later")
+        .replace("responder: gsm8k.solve", "responder: generic");
+    let parse = |text: &str| parse_workflow("request", text, Path::new("/nonexistent")).expect("a valid workflow");
+    let inputs: Vec<_> =
+        exec::load_records(&workflows(&["gsm8k-routed"])).expect("dataset").remove(0).into_iter().take(4).collect();
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let out = rt.block_on(async {
+        let service = Service::start(&cfg, FakeFactory::new(1, Faults::default())).await.expect("service");
+        // A route outside the router's models, and a verifier its classifier cannot select.
+        let unrouted = later.replace("name: later", "name: wider").replace("route: [qwen3-0.6b,", "route: [qwen3-14b,")
+            .replace("  qwen3-0.6b: {", "  qwen3-14b: {model: Qwen3-14B, dtype: fp16, max_context: 16384, max_output_tokens: 8192}\n  qwen3-0.6b: {");
+        let e = service.register(parse(&unrouted)).await.expect_err("the 14B is not a routed model");
+        assert!(e.to_string().contains("Qwen3-14B, which is not one of the router's models"), "{e}");
+        let summarised = later.replace("name: later", "name: summed").replace("kind: gsm8k_exact", "kind: rouge_l");
+        let e = service.register(parse(&summarised)).await.expect_err("no rouge_l prototype");
+        assert!(e.to_string().contains("verified by `rouge_l`"), "{e}");
+        // Same models, same verifier: routed like the start-up workflow.
+        let w = service.register(parse(&later)).await.expect("registered");
+        let ids = service.submit(w, inputs).await.expect("submitted");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let status = service.status(ids.clone()).await.expect("status");
+            if status.iter().all(|s| matches!(s, SessionStatus::Completed { .. } | SessionStatus::Failed { .. })) {
+                assert!(status.iter().all(|s| matches!(s, SessionStatus::Completed { .. })), "{status:?}");
+                break;
+            }
+            assert!(Instant::now() < deadline, "the sessions did not end: {status:?}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        service.shutdown("the test ended").await.expect("shutdown")
+    });
+    let per_model = &out.report.routing["later"];
+    assert_eq!(per_model.values().map(|s| s.programs).sum::<u64>(), 4, "{per_model:?}");
+    assert_eq!(per_model.values().map(|s| s.verdicts).sum::<u64>(), 4, "each verdict taught the learner: {per_model:?}");
+    assert!(per_model.keys().all(|m| ["Qwen3-0.6B", "Qwen3-1.7B", "Qwen3-8B"].contains(&m.as_str())), "{per_model:?}");
+}

@@ -585,18 +585,11 @@ impl PlannerActorState {
 
     /// Add `spec` to the run's workflows. Its deployments must map onto the served table: the
     /// same model and dtype, a context no longer than the served one (the planner's table and
-    /// its profiles are built once, at start).
+    /// its profiles are built once, at start). A routed workflow must fit the router built at
+    /// start ([`Self::check_route`]).
     fn register(&mut self, spec: Arc<crate::workflow::WorkflowSpec>) -> Result<u32, String> {
         if self.shutting_down {
             return Err("the runtime is shutting down".into());
-        }
-        if spec.route().is_some() {
-            // The router (its models, verifiers and ledgers) is built from the workflows the
-            // runtime starts with.
-            return Err(format!(
-                "workflow `{}` has a routed node: routed workflows must be given when the runtime starts (`switchyard serve --workflow FILE`)",
-                spec.name
-            ));
         }
         let w = u32::try_from(self.ctx.workflows.len()).map_err(|_| "too many workflows".to_string())?;
         let mut ctx = (*self.ctx).clone();
@@ -625,12 +618,53 @@ impl PlannerActorState {
                 }
             }
         }
+        self.check_route(w, &spec, &ctx)?;
         let deployment_of = &ctx.deployment_of;
         ctx.node_info.push(&spec, |w, name| deployment_of.get(&(w, name.to_string())).copied());
         ctx.workflows.push(spec);
         self.records.push(Vec::new());
         self.ctx = Arc::new(ctx);
         Ok(w)
+    }
+
+    /// Whether routed workflow `spec` (index `w`, its deployments mapped in `ctx`) can be routed
+    /// by the router the runtime started with (`Ok` for an unrouted one). The router — its
+    /// TF-IDF vocabulary, PCA basis, verifier prototypes, LinUCB arms and context, one DISC
+    /// ledger per model — is fitted once on the start-up workflows' exemplars and learns online
+    /// from then on; refitting it would discard what it learned. So a workflow registered later
+    /// is routed only among models the router already has, and only when its verifier is one its
+    /// classifier selects among (a program classified to another verifier is judged by that one,
+    /// and would teach the learner failure however it did). Its programs are then bound,
+    /// admitted, verified and learned from like those of a start-up workflow.
+    fn check_route(&self, w: u32, spec: &crate::workflow::WorkflowSpec, ctx: &RunContext) -> Result<(), String> {
+        let Some(route) = exec::routing::route_of(w, spec, &ctx.deployment_of).map_err(|e| e.to_string())? else {
+            return Ok(());
+        };
+        let name = &spec.name;
+        let Some(known) = self.planner.routing_verifiers() else {
+            return Err(format!(
+                "workflow `{name}` has a routed node and this runtime has no router: ORACLE's router is built from the routed workflows the runtime starts with (`switchyard serve --workflow FILE`)"
+            ));
+        };
+        let model = |d: DeploymentId| ctx.deployments.get(d.0 as usize).map_or_else(|| format!("{d:?}"), |i| i.model.clone());
+        let arms: Vec<String> = ctx.deployments.iter().filter(|i| self.planner.is_routed(i.id)).map(|i| i.model.clone()).collect();
+        if let Some(&outside) = route.iter().find(|d| !self.planner.is_routed(**d)) {
+            return Err(format!(
+                "workflow `{name}` routes to {}, which is not one of the router's models ({}): the router's models are those of the routed workflows the runtime started with",
+                model(outside),
+                arms.join(", ")
+            ));
+        }
+        match exec::routing::workflow_verifier(spec) {
+            None => Err(format!(
+                "workflow `{name}` is routed but has no verifier: a routed workflow needs a one-term `metric:` or a `verifier:` term"
+            )),
+            Some(v) if !known.iter().any(|k| k == v) => Err(format!(
+                "workflow `{name}` is verified by `{v}`, which the router's classifier (fitted at start on {}) cannot select: start the runtime with a routed workflow of that task type",
+                known.join(", ")
+            )),
+            Some(_) => Ok(()),
+        }
     }
 
     /// The planner node of a front-door step hint: steps get nodes from

@@ -221,6 +221,11 @@ impl Planner {
         self.routing.as_mut().is_some_and(|r| r.observe_usage(d, used_tokens, context_tokens, running, steps))
     }
 
+    /// The verifiers the router's classifier selects among; `None` in a run without a router.
+    pub fn routing_verifiers(&self) -> Option<Vec<String>> {
+        self.routing.as_ref().map(|r| r.verifiers())
+    }
+
     /// Whether deployment `d` is routed (DISC keeps a ledger for it).
     pub fn is_routed(&self, d: DeploymentId) -> bool {
         self.routing.as_ref().is_some_and(|r| r.routes(d))

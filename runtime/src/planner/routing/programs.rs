@@ -121,6 +121,11 @@ impl RoutedPrograms {
         self.arm(d).is_some_and(|arm| self.router.observe_usage(arm, used_tokens, context_tokens, running, steps))
     }
 
+    /// The verifiers the router's classifier selects among (fixed when it was built).
+    pub fn verifiers(&self) -> Vec<String> {
+        self.router.verifiers().map(str::to_string).collect()
+    }
+
     /// Whether `d` is a member of some route (has a ledger).
     pub fn routes(&self, d: DeploymentId) -> bool {
         self.arm(d).is_some()

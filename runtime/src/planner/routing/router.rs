@@ -248,6 +248,11 @@ impl Router {
         &self.learner
     }
 
+    /// The verifiers (task types) its classifier selects among, in the order of its prototypes.
+    pub fn verifiers(&self) -> impl Iterator<Item = &str> {
+        self.selector.verifiers()
+    }
+
     /// Rows of the table (programs bound and not yet verified).
     pub fn programs(&self) -> usize {
         self.table.len()

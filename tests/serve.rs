@@ -68,6 +68,14 @@ async fn serve_end_to_end() {
         + "\ndataset: {file: /etc/passwd, format: jsonl, fields: {x: x}}\n";
     let (s, v) = body(http.post(server.url("/v1/workflows")).header("authorization", &auth).body(with_dataset).send().await.expect("dataset")).await;
     assert_eq!(s, 422, "{v}");
+    // A `shell` step that declares host paths to read (the server's files): refused; without
+    // `reads` the same step registers.
+    let peek = "name: peek\nnodes:\n  - id: look\n    tool: shell\n    inputs: {command: \"cat /etc/passwd\", reads: [/etc/passwd]}\n";
+    let (s, v) = body(http.post(server.url("/v1/workflows")).header("authorization", &auth).body(peek).send().await.expect("peek")).await;
+    assert_eq!((s, v["error"]["param"].as_str()), (422, Some("nodes.look.inputs.reads")), "{v}");
+    let blind = peek.replace(", reads: [/etc/passwd]", "").replace("name: peek", "name: blind");
+    let (s, v) = body(http.post(server.url("/v1/workflows")).header("authorization", &auth).body(blind).send().await.expect("blind")).await;
+    assert_eq!(s, 201, "{v}");
     // A routed workflow on a server started without one: there is no router to route it.
     let routed = tiny.replace("name: tiny-chain", "name: routed").replacen("deployment: small", "deployment: {route: [small]}", 1);
     assert!(routed.contains("route: [small]"), "the fixture's deployment key changed");
@@ -415,6 +423,11 @@ async fn a_server_forgets_the_oldest_ended_sessions_beyond_its_limit() {
     let first: Value = http.get(server.url(&format!("/v1/runs/{}", runs[0]))).header("authorization", &auth).send().await.expect("s").json().await.expect("j");
     let last: Value = http.get(server.url(&format!("/v1/runs/{}", runs[2]))).header("authorization", &auth).send().await.expect("s").json().await.expect("j");
     assert_eq!(state(&first).as_deref(), Some("unknown"), "the oldest ended session is forgotten: {first}");
+    // Its run has ended (not failed), and its event stream ends.
+    assert_eq!((first["state"].as_str(), first.pointer("/counts/unknown").and_then(Value::as_u64)), (Some("ended"), Some(1)), "{first}");
+    let events = http.get(server.url(&format!("/v1/runs/{}/events", runs[0]))).header("authorization", &auth).timeout(Duration::from_secs(20)).send().await.expect("events");
+    let text = events.text().await.expect("the stream ends");
+    assert!(text.contains("run_end"), "{text}");
     assert_eq!(state(&last).as_deref(), Some("completed"), "{last}");
     let metrics = http.get(server.url("/metrics")).send().await.expect("metrics").text().await.expect("text");
     assert!(metrics.contains("switchyard_sessions{state=\"completed\"} 3"), "forgotten sessions still count: {metrics}");

@@ -117,6 +117,8 @@ impl FakeEngine {
             *e
         };
         if attempt <= self.faults.bad_attempts_per_request || self.faults.always_bad_model.as_deref() == Some(&self.model) {
+            // A streamed answer that broke off: its first piece already reached the caller.
+            request.sink.send(&format!("attempt {attempt} "));
             return Err(EngineError::BadResponse("HTTP 500: internal server error".into()));
         }
         self.in_flight.fetch_add(1, Ordering::SeqCst);
@@ -895,4 +897,47 @@ fn a_served_runtime_routes_a_routed_workflow_registered_after_start() {
     assert_eq!(per_model.values().map(|s| s.programs).sum::<u64>(), 4, "{per_model:?}");
     assert_eq!(per_model.values().map(|s| s.verdicts).sum::<u64>(), 4, "each verdict taught the learner: {per_model:?}");
     assert!(per_model.keys().all(|m| ["Qwen3-0.6B", "Qwen3-1.7B", "Qwen3-8B"].contains(&m.as_str())), "{per_model:?}");
+}
+
+#[test]
+fn a_streamed_answer_that_broke_off_after_reaching_its_caller_is_not_retried() {
+    use switchyard_runtime::live::Service;
+    use switchyard_runtime::live::engine::TokenSink;
+    use switchyard_runtime::live::program_actor::ProgramRequest;
+
+    // Every request's first attempt streams a piece and then fails. A front-door call (its
+    // caller streams the answer) fails rather than send a second attempt's text after the
+    // first's; the runtime's own sessions (no caller streaming) still retry
+    // (`bad_answers_are_retried_with_backoff`).
+    let tiny = Arc::new(load_workflow(&repo().join("tests/fixtures/tiny_chain.yaml")).expect("fixture"));
+    let pool = PoolSpec::load(&repo().join("workflows/pools/small.yaml")).expect("bundled pool");
+    let cfg = live_config(RunConfig::served(vec![tiny], pool));
+    let factory = FakeFactory::new(1, Faults { bad_attempts_per_request: 1, ..Faults::default() });
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let (answer, pieces) = rt.block_on(async {
+        let service = Service::start(&cfg, factory.clone()).await.expect("service");
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let request = ProgramRequest {
+            messages: Some(vec![serde_json::json!({"role": "user", "content": "one call"})]),
+            prompt: None,
+            max_tokens: 8,
+            enable_thinking: false,
+            program_done: true,
+            next_model: None,
+            step: None,
+        };
+        let done = service.call(Some("p".into()), "Qwen3-0.6B", request, TokenSink::new(tx)).expect("served model");
+        let answer = tokio::time::timeout(Duration::from_secs(30), done).await.expect("answered").expect("a reply");
+        let mut pieces = Vec::new();
+        while let Ok(p) = rx.try_recv() {
+            pieces.push(p);
+        }
+        service.shutdown("the test ended").await.expect("shutdown");
+        (answer, pieces)
+    });
+    let reason = answer.expect_err("the call fails");
+    assert!(reason.contains("after part of the answer had reached the caller"), "{reason}");
+    assert_eq!(pieces, ["attempt 1 "], "the caller saw one attempt's text only");
+    let attempts: Vec<u32> = factory.counters.attempts.lock().unwrap().values().copied().collect();
+    assert_eq!(attempts, [1], "not sent again: {attempts:?}");
 }

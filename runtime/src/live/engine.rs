@@ -8,6 +8,8 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
@@ -130,14 +132,22 @@ pub struct LlmRequest {
 }
 
 /// The caller's end of a streamed answer: text pieces in order as the server sends them. An
-/// empty sink (the default: the runtime's own sessions) takes nothing and never closes.
+/// empty sink (the default: the runtime's own sessions) takes nothing and never closes. Its
+/// clones share whether any text reached the caller: an answer that did cannot be retried (a
+/// new attempt samples anew, and the caller would get the first attempt's text, then the
+/// second's).
 #[derive(Clone, Default)]
-pub struct TokenSink(Option<tokio::sync::mpsc::UnboundedSender<String>>);
+pub struct TokenSink(Option<tokio::sync::mpsc::UnboundedSender<String>>, Arc<AtomicBool>);
 
 impl TokenSink {
     /// A sink that feeds `tx`.
     pub fn new(tx: tokio::sync::mpsc::UnboundedSender<String>) -> Self {
-        TokenSink(Some(tx))
+        TokenSink(Some(tx), Arc::default())
+    }
+
+    /// Whether some text of the answer has reached the caller.
+    pub fn delivered(&self) -> bool {
+        self.1.load(Ordering::Relaxed)
     }
 
     /// Whether a caller listens.
@@ -148,7 +158,14 @@ impl TokenSink {
     /// Hand over a piece of text; false when the caller went away.
     pub fn send(&self, text: &str) -> bool {
         match &self.0 {
-            Some(tx) => text.is_empty() || tx.send(text.to_string()).is_ok(),
+            Some(_) if text.is_empty() => true,
+            Some(tx) => {
+                let sent = tx.send(text.to_string()).is_ok();
+                if sent {
+                    self.1.store(true, Ordering::Relaxed);
+                }
+                sent
+            }
             None => true,
         }
     }

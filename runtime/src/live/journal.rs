@@ -574,12 +574,24 @@ impl Journal {
     /// when absent. A file another process holds open is refused ([`JournalError::InUse`]), a
     /// file of another schema version too ([`JournalError::IncompatibleSchema`]), and a redb
     /// file that is no journal ([`JournalError::NotAJournal`]). A journal left by a crash opens
-    /// at its last committed transaction.
+    /// at its last committed transaction. The journal holds every prompt, input and answer, so
+    /// a directory it creates is its owner's alone (0700) and the file is too (0600, tightened
+    /// when an existing one is wider).
     pub fn open(dir: &Path) -> Result<Journal, JournalError> {
+        use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
         let io = |source| JournalError::Io { path: dir.to_path_buf(), source };
-        fs::create_dir_all(dir).map_err(io)?;
+        fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).map_err(io)?;
         let path = dir.join(FILE_NAME);
         let existed = path.exists();
+        let file_io = |source| JournalError::Io { path: path.clone(), source };
+        if existed {
+            let mode = fs::metadata(&path).map_err(file_io)?.permissions().mode();
+            if mode & 0o077 != 0 {
+                fs::set_permissions(&path, fs::Permissions::from_mode(mode & 0o700)).map_err(file_io)?;
+            }
+        } else {
+            fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&path).map_err(file_io)?;
+        }
         let db = Database::create(&path).map_err(|e| match e {
             redb::DatabaseError::DatabaseAlreadyOpen => JournalError::InUse { path: path.clone() },
             other => JournalError::from(other),

@@ -165,7 +165,19 @@ impl Actor for ProgramActor {
                 state.arm_idle(&myself);
             }
             SessionMsg::Requeue { activation } => {
-                if let Some(w) = state.waiting.get(&activation) {
+                let streamed = state.waiting.get(&activation).is_some_and(|w| w.call.request.sink.delivered());
+                if streamed {
+                    // Its replica was lost after part of the answer reached the client: answered
+                    // as failed rather than run again (the client would get two answers' text).
+                    if let Some(w) = state.waiting.remove(&activation) {
+                        let _ = w.reply.send(Err("the replica was lost after part of the answer had reached the caller".into()));
+                        if w.done_after {
+                            state.end(&myself, None);
+                            return Ok(());
+                        }
+                    }
+                    state.arm_idle(&myself);
+                } else if let Some(w) = state.waiting.get(&activation) {
                     let _ = state.args.planner.send_message(PlannerMsg::UnitReady { item: w.item.clone(), call: w.call.clone() });
                 }
             }

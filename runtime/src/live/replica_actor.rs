@@ -148,6 +148,10 @@ impl ReplicaState {
         let stale = generation < self.generation;
         let engine = self.engine();
         let Some(f) = self.requests.get_mut(&id) else { return Next::Fail(error.to_string()) };
+        if f.request.sink.delivered() {
+            // Part of the answer reached the caller: a new attempt would send its own text after it.
+            return Next::Fail(format!("{error} after part of the answer had reached the caller (not retried)"));
+        }
         match error {
             EngineError::BadResponse(reason) => {
                 bad_answer(f, &retry, |n| format!("the engine answered badly {n} times; last: {reason}"))

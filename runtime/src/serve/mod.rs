@@ -45,7 +45,7 @@ use crate::live::actors::{DurableSession, off_the_reactor};
 use crate::live::journal::{Journal, RunRecord, SessionOutcome};
 use crate::live::{Service, ServiceError, SessionStatus};
 use crate::values::Record;
-use crate::workflow::{WorkflowError, parse_workflow};
+use crate::workflow::{NodeKind, WorkflowError, parse_workflow};
 
 mod front_door;
 pub mod load;
@@ -104,6 +104,9 @@ struct Api {
     /// The journal of durable sessions (`--state`), and the next session number in it.
     journal: Option<Arc<Journal>>,
     next_number: AtomicU64,
+    /// Held by a registration from its name check to its insert, so that two registrations of
+    /// one name cannot both pass the check (the loser would be answered 201 and dropped).
+    registering: tokio::sync::Mutex<()>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -243,6 +246,7 @@ fn api_state(
         drawn: Mutex::new(BTreeMap::new()),
         journal,
         next_number: AtomicU64::new(1),
+        registering: tokio::sync::Mutex::new(()),
     })
 }
 
@@ -481,6 +485,26 @@ async fn register_workflow(
             )
         });
     }
+    // For the same reason a `shell` step may not declare host paths to read: the server's files
+    // are not the client's (the sandbox binds each declared path read-only, and its uid can read
+    // whatever on the host is world-readable).
+    let shell_reads = spec.nodes.iter().find(|n| {
+        matches!(&n.kind, NodeKind::Tool(t) if t.tool == switchyard_tools::shell::NAME && t.inputs.contains_key("reads"))
+    });
+    if let Some(node) = shell_reads {
+        return Err(ApiError {
+            param: Some(format!("nodes.{}.inputs.reads", node.id)),
+            ..ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid_workflow",
+                format!(
+                    "a workflow registered over the API may not let `shell` read host paths (`{}` declares `reads`: \
+                     paths on the server's disk); start the server with the workflow file to grant them",
+                    node.id
+                ),
+            )
+        });
+    }
     let name = spec.name.clone();
     if name.len() > crate::live::journal::MAX_KEY_LEN {
         return Err(ApiError {
@@ -500,6 +524,7 @@ async fn register_workflow(
         off_the_reactor(|| j.record_workflow(name, text))
             .map_err(|e| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "journal_error", e.to_string()))
     };
+    let _registering = api.registering.lock().await;
     {
         let existing = lock(&api.workflows).get(&name).map(|e| (e.text == text, workflow_json(&name, e)));
         if let Some((same, json)) = existing {
@@ -528,9 +553,7 @@ async fn register_workflow(
     journal_it(&name, &text)?;
     let e = WorkflowEntry { index, text, ..e_inputs };
     let v = workflow_json(&name, &e);
-    let mut wfs = lock(&api.workflows);
-    // Two identical registrations may race: the second finds the first here.
-    wfs.entry(name).or_insert(e);
+    lock(&api.workflows).insert(name, e);
     Ok((StatusCode::CREATED, Json(v)).into_response())
 }
 
@@ -666,7 +689,9 @@ fn session_json(id: SessionId, s: &SessionStatus) -> Value {
 }
 
 /// `running` while any session runs; else `completed` when all completed, `cancelled` after a
-/// cancel, `failed` otherwise.
+/// cancel, `failed` when one failed, and `ended` when the rest completed but the outcome of some
+/// was forgotten (a session of a run that the runtime no longer knows has ended: past
+/// `--keep-ended` it reads `unknown`).
 fn run_state(statuses: &[SessionStatus], cancelled: bool) -> &'static str {
     if statuses.iter().any(|s| matches!(s, SessionStatus::Running)) {
         "running"
@@ -674,8 +699,10 @@ fn run_state(statuses: &[SessionStatus], cancelled: bool) -> &'static str {
         "completed"
     } else if cancelled {
         "cancelled"
-    } else {
+    } else if statuses.iter().any(|s| matches!(s, SessionStatus::Failed { .. })) {
         "failed"
+    } else {
+        "ended"
     }
 }
 
@@ -705,6 +732,7 @@ async fn run_json(api: &Api, id: &str) -> Result<Value, ApiError> {
             "running": count(|s| matches!(s, SessionStatus::Running)),
             "completed": count(|s| matches!(s, SessionStatus::Completed { .. })),
             "failed": count(|s| matches!(s, SessionStatus::Failed { .. })),
+            "unknown": count(|s| matches!(s, SessionStatus::Unknown)),
         },
         "sessions": listed,
     }))
@@ -759,7 +787,10 @@ fn ended_set(first: Value) -> BTreeSet<u32> {
         .and_then(Value::as_array)
         .map(|list| {
             list.iter()
-                .filter(|s| s.get("state").and_then(Value::as_str).is_some_and(|st| st == "completed" || st == "failed"))
+                // A run's `unknown` session has ended: its outcome was forgotten.
+                .filter(|s| {
+                    s.get("state").and_then(Value::as_str).is_some_and(|st| matches!(st, "completed" | "failed" | "unknown"))
+                })
                 .filter_map(|s| s.get("id").and_then(Value::as_str).and_then(|i| i.strip_prefix('s')).and_then(|n| n.parse().ok()))
                 .collect()
         })

@@ -231,12 +231,16 @@ pub(crate) fn parse_usage(usage: &Value) -> Option<(u32, u32, u32)> {
 }
 
 /// The text of a choice: `text` (completions), `message.content` (chat) or `delta.content`
-/// (chat chunks).
+/// (chat chunks). A message whose `content` is null has empty text: vLLM answers so when a
+/// reasoning model spent its whole budget on reasoning (`reasoning_content`).
 pub(crate) fn choice_text(choice: &Value) -> Option<&str> {
     choice
         .get("text")
         .and_then(Value::as_str)
-        .or_else(|| choice.get("message")?.get("content")?.as_str())
+        .or_else(|| {
+            let content = choice.get("message")?.get("content")?;
+            if content.is_null() { Some("") } else { content.as_str() }
+        })
         .or_else(|| choice.get("delta")?.get("content")?.as_str())
 }
 
@@ -276,11 +280,10 @@ impl StreamFold {
                 excerpt(&chunk.to_string())
             )));
         }
-        if let Some(u) = chunk.get("usage").filter(|u| !u.is_null()) {
-            self.usage =
-                Some(parse_usage(u).ok_or_else(|| {
-                    EngineError::BadResponse(format!("bad usage in stream: {u}"))
-                })?);
+        // A `usage` we cannot read (a field missing) leaves the counts to us: the answer itself
+        // is whole, and asking again would generate it again.
+        if let Some(u) = chunk.get("usage").filter(|u| !u.is_null()).and_then(parse_usage) {
+            self.usage = Some(u);
         }
         Ok(())
     }
@@ -321,10 +324,11 @@ pub(crate) fn parse_full(
     let text = choice_text(choice)
         .ok_or_else(|| bad("no text"))?
         .to_string();
-    let (prompt_tokens, output_tokens, cached) = match body.get("usage").filter(|u| !u.is_null()) {
-        Some(u) => parse_usage(u).ok_or_else(|| bad("bad usage"))?,
-        None => counted_usage(&text, prompt_tokens),
-    };
+    // Without a readable `usage` (absent, or a field missing) the counts are ours.
+    let (prompt_tokens, output_tokens, cached) = body
+        .get("usage")
+        .and_then(parse_usage)
+        .unwrap_or_else(|| counted_usage(&text, prompt_tokens));
     Ok(Completion {
         text,
         prompt_tokens,
@@ -1020,10 +1024,18 @@ mod tests {
         // No usage (llama.cpp, some proxies): the request's prompt count, our count of the text.
         let c = parse_full(&json!({"choices": [{"text": "hello world"}]}), t, 9).unwrap();
         assert_eq!((c.prompt_tokens, c.output_tokens, c.cached_prompt_tokens), (9, 2, 0));
-        assert!(matches!(
-            parse_full(&json!({"choices": [{"text": "x"}], "usage": {"prompt_tokens": "a"}}), t, 9),
-            Err(EngineError::BadResponse(_))
-        ));
+        // A usage block we cannot read (no `completion_tokens`): the whole answer is kept with our
+        // counts, never thrown away and generated again.
+        let c = parse_full(&json!({"choices": [{"text": "hello world"}], "usage": {"prompt_tokens": 7}}), t, 9).unwrap();
+        assert_eq!((c.text.as_str(), c.prompt_tokens, c.output_tokens), ("hello world", 9, 2));
+        // A reasoning model that spent its budget on reasoning: null content is empty text.
+        let c = parse_full(
+            &json!({"choices": [{"message": {"role": "assistant", "content": null, "reasoning_content": "hmm"}}], "usage": usage}),
+            t,
+            9,
+        )
+        .unwrap();
+        assert_eq!((c.text.as_str(), c.output_tokens), ("", 2));
     }
 
     #[test]
@@ -1056,6 +1068,12 @@ mod tests {
             .unwrap();
         f.push(&json!({"choices": [{"text": " world"}]}), Duration::ZERO)
             .unwrap();
+        let c = f.finish(Duration::ZERO, 12);
+        assert_eq!((c.text.as_str(), c.prompt_tokens, c.output_tokens), ("hello world", 12, 2));
+        // A usage chunk without `completion_tokens`: the streamed answer stands, counted by us.
+        let mut f = StreamFold::default();
+        f.push(&json!({"choices": [{"text": "hello world"}]}), Duration::ZERO).unwrap();
+        f.push(&json!({"choices": [], "usage": {"prompt_tokens": 3}}), Duration::ZERO).unwrap();
         let c = f.finish(Duration::ZERO, 12);
         assert_eq!((c.text.as_str(), c.prompt_tokens, c.output_tokens), ("hello world", 12, 2));
         let mut f = StreamFold::default();

@@ -57,6 +57,21 @@ fn open_creates_the_file_and_a_reopen_keeps_everything() {
 }
 
 #[test]
+fn the_journal_and_its_directory_are_their_owners_alone() {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |p: &Path| fs::metadata(p).expect("metadata").permissions().mode() & 0o777;
+    let (dir, j) = fresh();
+    let state = dir.path().join("state");
+    assert_eq!((mode(&state), mode(j.path())), (0o700, 0o600));
+    // A journal left world-readable (by an older version, or by hand) is tightened at open.
+    let path = j.path().to_path_buf();
+    drop(j);
+    fs::set_permissions(&path, fs::Permissions::from_mode(0o644)).expect("chmod");
+    let j = Journal::open(&state).expect("reopen");
+    assert_eq!(mode(j.path()), 0o600);
+}
+
+#[test]
 fn a_run_recorded_again_is_a_no_op_and_a_different_one_is_refused() {
     let (_d, j) = fresh();
     j.record_run(&run("r1")).expect("first");

@@ -140,6 +140,10 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let listen = args.listen;
     let state = args.state.clone();
     runtime.block_on(async move {
+        // The address first: a start that cannot listen (the port is taken) must stop before the
+        // journal's open sessions resume, or each failed start would count as another attempt of
+        // every activation they had in flight.
+        let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("cannot listen on {listen}"))?;
         let service = Arc::new(Service::start(&cfg, Arc::new(engines)).await.map_err(|e| anyhow!("{e}"))?);
         let startup = workflows.iter().cloned().zip(texts).enumerate().map(|(i, (w, t))| (i as u32, w, t)).collect();
         let app = match &state {
@@ -163,7 +167,6 @@ pub fn run(args: ServeArgs) -> Result<()> {
                 app
             }
         };
-        let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("cannot listen on {listen}"))?;
         let bound = listener.local_addr().context("listening address")?;
         eprintln!("switchyard serve: listening on http://{bound} (policy {}, {} devices)", cfg.run.policy, cfg.run.pool.devices.len());
         // On SIGINT/SIGTERM: fail what is open and reclaim the engines first (event streams

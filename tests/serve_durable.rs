@@ -10,7 +10,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use support::serve::{Server, TOKEN, slow_pool};
+use support::serve::{BIN, Server, TOKEN, slow_pool};
 use switchyard_runtime::live::journal::{Journal, SessionOutcome};
 
 /// Two long answers on Qwen3-0.6B: a session lasts seconds at 5×, so a kill lands mid-run.
@@ -109,6 +109,29 @@ async fn a_killed_server_resumes_every_session_exactly_once() {
     let _ = first.child.wait();
     drop(first);
     eprintln!("killed with {at_kill}");
+
+    // Two starts on an address another process holds: each stops before resuming anything, so
+    // neither counts as another attempt of the activations in flight at the kill (a session is
+    // refused a third).
+    let held = std::net::TcpListener::bind("127.0.0.1:0").expect("hold a port");
+    let address = held.local_addr().expect("address").to_string();
+    for _ in 0..2 {
+        let out = std::process::Command::new(BIN)
+            .args(["serve", "--listen", &address, "--pool"])
+            .arg(slow_pool(dir.path()))
+            .arg("--workflow")
+            .arg(&workflow)
+            .arg("--state")
+            .arg(&state)
+            .env("SWITCHYARD_API_TOKEN", TOKEN)
+            .current_dir(support::serve::repo())
+            .output()
+            .expect("switchyard serve");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && stderr.contains("cannot listen"), "{stderr}");
+        assert!(!stderr.contains("resumed"), "nothing resumes before the address is bound: {stderr}");
+    }
+    drop(held);
 
     // The same state directory: the run comes back and completes.
     let second = start(dir.path(), &state, &workflow);

@@ -28,7 +28,6 @@ use crate::exec::{self, SessionRecord};
 use crate::ids::{ActivationId, SessionId};
 use crate::planner::{DeploymentId, NearReadyItem, PriorContext, WorkItem};
 use crate::tokens;
-use crate::values::NodeOutput;
 
 /// What a front-door client asks for in one call.
 #[derive(Debug, Clone)]
@@ -98,7 +97,6 @@ pub struct ProgramState {
     args: ProgramArgs,
     next_index: u32,
     waiting: BTreeMap<ActivationId, Waiting>,
-    last_output: Option<NodeOutput>,
     timings: Vec<CallTiming>,
     /// Bumped by every call: an idle check of an older generation is stale.
     generation: u64,
@@ -134,7 +132,6 @@ impl Actor for ProgramActor {
             args,
             next_index: 0,
             waiting: BTreeMap::new(),
-            last_output: None,
             timings: Vec::new(),
             generation: 0,
             ended: false,
@@ -156,9 +153,10 @@ impl Actor for ProgramActor {
             SessionMsg::LlmDone { activation, completion, .. } => state.on_done(&myself, activation, completion),
             SessionMsg::LlmFailed { activation, reason } => {
                 if let Some(w) = state.waiting.remove(&activation) {
-                    let _ = w.reply.send(Err(reason));
+                    let _ = w.reply.send(Err(reason.clone()));
                     if w.done_after {
-                        state.end(&myself, None);
+                        // Its last call failed: so did the program.
+                        state.end(&myself, Some(reason));
                         return Ok(());
                     }
                 }
@@ -170,9 +168,10 @@ impl Actor for ProgramActor {
                     // Its replica was lost after part of the answer reached the client: answered
                     // as failed rather than run again (the client would get two answers' text).
                     if let Some(w) = state.waiting.remove(&activation) {
-                        let _ = w.reply.send(Err("the replica was lost after part of the answer had reached the caller".into()));
+                        let reason = "the replica was lost after part of the answer had reached the caller".to_string();
+                        let _ = w.reply.send(Err(reason.clone()));
                         if w.done_after {
-                            state.end(&myself, None);
+                            state.end(&myself, Some(reason));
                             return Ok(());
                         }
                     }
@@ -279,12 +278,6 @@ impl ProgramState {
             grant_s: w.granted_at.unwrap_or(wall) - w.ready_at,
             engine_s: completion.latency_s,
         });
-        self.last_output = Some(NodeOutput {
-            text: completion.text.clone(),
-            verdict: None,
-            value: serde_json::Value::Null,
-            output_tokens: completion.output_tokens,
-        });
         let output_tokens = completion.output_tokens;
         let _ = w.reply.send(Ok(completion));
         if w.done_after {
@@ -377,7 +370,9 @@ impl ProgramState {
                 session,
                 workflow,
                 record: 0,
-                final_output: if completed { self.last_output.take() } else { None },
+                // The answers went to the client as they came; no API reads them again, so an
+                // ended program keeps none (a served runtime keeps up to `--keep-ended` ends).
+                final_output: None,
                 score: None,
                 verifier_score: None,
                 failed,

@@ -70,8 +70,9 @@ async fn serve_end_to_end() {
     assert_eq!(s, 422, "{v}");
     // A `shell` step that declares host paths to read (the server's files): refused; without
     // `reads` the same step registers.
-    let peek = "name: peek\nnodes:\n  - id: look\n    tool: shell\n    inputs: {command: \"cat /etc/passwd\", reads: [/etc/passwd]}\n";
-    let (s, v) = body(http.post(server.url("/v1/workflows")).header("authorization", &auth).body(peek).send().await.expect("peek")).await;
+    let peek = tiny.replace("name: tiny-chain", "name: peek").trim_end().to_string()
+        + "\n\n  - id: look\n    tool: shell\n    after: edit\n    inputs: {command: \"cat /etc/passwd\", reads: [/etc/passwd]}\n";
+    let (s, v) = body(http.post(server.url("/v1/workflows")).header("authorization", &auth).body(peek.clone()).send().await.expect("peek")).await;
     assert_eq!((s, v["error"]["param"].as_str()), (422, Some("nodes.look.inputs.reads")), "{v}");
     let blind = peek.replace(", reads: [/etc/passwd]", "").replace("name: peek", "name: blind");
     let (s, v) = body(http.post(server.url("/v1/workflows")).header("authorization", &auth).body(blind).send().await.expect("blind")).await;

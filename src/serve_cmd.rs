@@ -149,7 +149,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         let app = match &state {
             None => serve::router(Arc::clone(&service), api_config, startup),
             Some(dir) => {
-                std::fs::create_dir_all(dir).with_context(|| format!("--state {}", dir.display()))?;
+                // `Journal::open` creates the directory, its owner's alone (0700).
                 let journal = Arc::new(Journal::open(dir).map_err(|e| anyhow!("--state {}: {e}", dir.display()))?);
                 let (app, restored) = serve::durable_router(Arc::clone(&service), api_config, startup, journal)
                     .await

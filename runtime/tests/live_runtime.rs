@@ -757,11 +757,23 @@ sink: Default::default(),
     println!("  of which after the grant (actor hops): median {:.1} µs, p99 {:.1} µs", a50 * 1e6, a99 * 1e6);
 }
 
+/// A front-door call of one user message and 8 answer tokens; `last` ends its program.
+fn front_door_call(content: &str, last: bool) -> switchyard_runtime::live::program_actor::ProgramRequest {
+    switchyard_runtime::live::program_actor::ProgramRequest {
+        messages: Some(vec![serde_json::json!({"role": "user", "content": content})]),
+        prompt: None,
+        max_tokens: 8,
+        enable_thinking: false,
+        program_done: last,
+        next_model: None,
+        step: None,
+    }
+}
+
 #[test]
 fn a_served_runtime_folds_its_gpu_timeline_and_keeps_the_partition() {
     use switchyard_runtime::live::Service;
     use switchyard_runtime::live::engine::TokenSink;
-    use switchyard_runtime::live::program_actor::ProgramRequest;
 
     let tiny = Arc::new(load_workflow(&repo().join("tests/fixtures/tiny_chain.yaml")).expect("fixture"));
     let pool = PoolSpec::load(&repo().join("workflows/pools/small.yaml")).expect("bundled pool");
@@ -774,15 +786,7 @@ fn a_served_runtime_folds_its_gpu_timeline_and_keeps_the_partition() {
         // of its own.
         for i in 0..40 {
             let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
-            let request = ProgramRequest {
-                messages: Some(vec![serde_json::json!({"role": "user", "content": format!("call {i}")})]),
-                prompt: None,
-                max_tokens: 8,
-                enable_thinking: false,
-                program_done: i == 39,
-                next_model: None,
-                step: None,
-            };
+            let request = front_door_call(&format!("call {i}"), i == 39);
             let done = service.call(Some("p".into()), "Qwen3-0.6B", request, TokenSink::new(tx)).expect("served model");
             done.await.expect("answered").expect("completed");
             // An idle gap: the replica is resident but not generating.
@@ -903,7 +907,6 @@ fn a_served_runtime_routes_a_routed_workflow_registered_after_start() {
 fn a_streamed_answer_that_broke_off_after_reaching_its_caller_is_not_retried() {
     use switchyard_runtime::live::Service;
     use switchyard_runtime::live::engine::TokenSink;
-    use switchyard_runtime::live::program_actor::ProgramRequest;
 
     // Every request's first attempt streams a piece and then fails. A front-door call (its
     // caller streams the answer) fails rather than send a second attempt's text after the
@@ -914,27 +917,21 @@ fn a_streamed_answer_that_broke_off_after_reaching_its_caller_is_not_retried() {
     let cfg = live_config(RunConfig::served(vec![tiny], pool));
     let factory = FakeFactory::new(1, Faults { bad_attempts_per_request: 1, ..Faults::default() });
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    let (answer, pieces) = rt.block_on(async {
+    let (answer, pieces, out) = rt.block_on(async {
         let service = Service::start(&cfg, factory.clone()).await.expect("service");
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        let request = ProgramRequest {
-            messages: Some(vec![serde_json::json!({"role": "user", "content": "one call"})]),
-            prompt: None,
-            max_tokens: 8,
-            enable_thinking: false,
-            program_done: true,
-            next_model: None,
-            step: None,
-        };
+        let request = front_door_call("one call", true);
         let done = service.call(Some("p".into()), "Qwen3-0.6B", request, TokenSink::new(tx)).expect("served model");
         let answer = tokio::time::timeout(Duration::from_secs(30), done).await.expect("answered").expect("a reply");
         let mut pieces = Vec::new();
         while let Ok(p) = rx.try_recv() {
             pieces.push(p);
         }
-        service.shutdown("the test ended").await.expect("shutdown");
-        (answer, pieces)
+        let out = service.shutdown("the test ended").await.expect("shutdown");
+        (answer, pieces, out)
     });
+    // The program's last call failed: so did the program.
+    assert_eq!((out.report.sessions_completed, out.report.sessions_failed), (0, 1), "{:?}", out.report.failures);
     let reason = answer.expect_err("the call fails");
     assert!(reason.contains("after part of the answer had reached the caller"), "{reason}");
     assert_eq!(pieces, ["attempt 1 "], "the caller saw one attempt's text only");

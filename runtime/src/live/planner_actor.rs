@@ -646,9 +646,9 @@ impl PlannerActorState {
                 "workflow `{name}` has a routed node and this runtime has no router: ORACLE's router is built from the routed workflows the runtime starts with (`switchyard serve --workflow FILE`)"
             ));
         };
-        let model = |d: DeploymentId| ctx.deployments.get(d.0 as usize).map_or_else(|| format!("{d:?}"), |i| i.model.clone());
-        let arms: Vec<String> = ctx.deployments.iter().filter(|i| self.planner.is_routed(i.id)).map(|i| i.model.clone()).collect();
         if let Some(&outside) = route.iter().find(|d| !self.planner.is_routed(**d)) {
+            let model = |d: DeploymentId| ctx.deployments.get(d.0 as usize).map_or_else(|| format!("{d:?}"), |i| i.model.clone());
+            let arms: Vec<String> = ctx.deployments.iter().filter(|i| self.planner.is_routed(i.id)).map(|i| model(i.id)).collect();
             return Err(format!(
                 "workflow `{name}` routes to {}, which is not one of the router's models ({}): the router's models are those of the routed workflows the runtime started with",
                 model(outside),

@@ -151,31 +151,14 @@ impl Actor for ProgramActor {
                 }
             }
             SessionMsg::LlmDone { activation, completion, .. } => state.on_done(&myself, activation, completion),
-            SessionMsg::LlmFailed { activation, reason } => {
-                if let Some(w) = state.waiting.remove(&activation) {
-                    let _ = w.reply.send(Err(reason.clone()));
-                    if w.done_after {
-                        // Its last call failed: so did the program.
-                        state.end(&myself, Some(reason));
-                        return Ok(());
-                    }
-                }
-                state.arm_idle(&myself);
-            }
+            SessionMsg::LlmFailed { activation, reason } => state.on_failed(&myself, activation, reason),
             SessionMsg::Requeue { activation } => {
                 let streamed = state.waiting.get(&activation).is_some_and(|w| w.call.request.sink.delivered());
                 if streamed {
                     // Its replica was lost after part of the answer reached the client: answered
                     // as failed rather than run again (the client would get two answers' text).
-                    if let Some(w) = state.waiting.remove(&activation) {
-                        let reason = "the replica was lost after part of the answer had reached the caller".to_string();
-                        let _ = w.reply.send(Err(reason.clone()));
-                        if w.done_after {
-                            state.end(&myself, Some(reason));
-                            return Ok(());
-                        }
-                    }
-                    state.arm_idle(&myself);
+                    let reason = "the replica was lost after part of the answer had reached the caller";
+                    state.on_failed(&myself, activation, reason.to_string());
                 } else if let Some(w) = state.waiting.get(&activation) {
                     let _ = state.args.planner.send_message(PlannerMsg::UnitReady { item: w.item.clone(), call: w.call.clone() });
                 }
@@ -267,6 +250,19 @@ impl ProgramState {
             activation,
             Waiting { item, next: call.next, call: pending, reply: call.reply, done_after: r.program_done, ready_at: wall, granted_at: None },
         );
+    }
+
+    /// A call failed: its client is answered with `reason`; a program whose last call it was
+    /// ends failed.
+    fn on_failed(&mut self, myself: &ActorRef<SessionMsg>, activation: ActivationId, reason: String) {
+        if let Some(w) = self.waiting.remove(&activation) {
+            let _ = w.reply.send(Err(reason.clone()));
+            if w.done_after {
+                self.end(myself, Some(reason));
+                return;
+            }
+        }
+        self.arm_idle(myself);
     }
 
     fn on_done(&mut self, myself: &ActorRef<SessionMsg>, activation: ActivationId, completion: Completion) {

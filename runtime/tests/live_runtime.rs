@@ -938,3 +938,38 @@ fn a_streamed_answer_that_broke_off_after_reaching_its_caller_is_not_retried() {
     let attempts: Vec<u32> = factory.counters.attempts.lock().unwrap().values().copied().collect();
     assert_eq!(attempts, [1], "not sent again: {attempts:?}");
 }
+
+#[test]
+fn a_run_refused_while_the_runtime_stops_is_journaled_as_never_started() {
+    use switchyard_runtime::live::Service;
+    use switchyard_runtime::live::journal::{Journal, SessionOutcome};
+    use switchyard_runtime::serve::{ApiConfig, durable_router, serve_until};
+
+    // A durable server whose runtime is stopping refuses a new run with 503; the sessions it had
+    // journaled for it are finished as failed, so a restart does not resume a run its client was
+    // told failed.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let tiny = Arc::new(load_workflow(&repo().join("tests/fixtures/tiny_chain.yaml")).expect("fixture"));
+    let text = std::fs::read_to_string(repo().join("tests/fixtures/tiny_chain.yaml")).expect("fixture");
+    let pool = PoolSpec::load(&repo().join("workflows/pools/small.yaml")).expect("bundled pool");
+    let cfg = live_config(RunConfig::served(vec![Arc::clone(&tiny)], pool));
+    let journal = Arc::new(Journal::open(&dir.path().join("state")).expect("journal"));
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let (status, body) = rt.block_on(async {
+        let service = Arc::new(Service::start(&cfg, FakeFactory::new(1, Faults::default())).await.expect("service"));
+        let (app, _) = durable_router(Arc::clone(&service), ApiConfig { token: None, ..ApiConfig::default() }, vec![(0, tiny, text)], Arc::clone(&journal))
+            .await
+            .expect("router");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let url = format!("http://{}/v1/runs", listener.local_addr().expect("address"));
+        tokio::spawn(serve_until(listener, app, std::future::pending()));
+        service.shutdown("the test stops it").await.expect("shutdown");
+        let resp = reqwest::Client::new().post(&url).json(&serde_json::json!({"workflow": "tiny-chain", "sessions": 3})).send().await.expect("post");
+        (resp.status().as_u16(), resp.text().await.unwrap_or_default())
+    });
+    assert_eq!(status, 503, "{body}");
+    assert!(!body.contains("enqueue"), "no actor-library wording: {body}");
+    let outcomes = journal.session_outcomes().expect("outcomes");
+    assert_eq!(outcomes.len(), 3, "{outcomes:?}");
+    assert!(outcomes.values().all(|o| matches!(o, SessionOutcome::Failed { reason } if reason.starts_with("not started"))), "{outcomes:?}");
+}

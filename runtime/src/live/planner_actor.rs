@@ -40,6 +40,10 @@ use crate::session::Session;
 use crate::exec::{self, CallRecord, Counters, ReportInput, SessionRecord, TokenWork, TraceEntry, TraceLine};
 use crate::values::Record;
 
+/// Why a workflow, a session or a front-door call is refused once the runtime stops (the
+/// service answers it as unavailable, not as a bad request).
+pub const SHUTTING_DOWN: &str = "the runtime is shutting down";
+
 /// The planner actor.
 
 /// The watchdog's least quiet time before it fails units that no device can take (and at
@@ -216,6 +220,9 @@ pub struct PlannerActorState {
     flush_scheduled: bool,
     waiters: Vec<RpcReplyPort<Result<(), String>>>,
     shutting_down: bool,
+    /// Set by `Abort` (the first step of a shutdown): no new workflow, session or front-door
+    /// call is taken from then on.
+    aborted: bool,
 }
 
 impl Actor for PlannerActor {
@@ -294,6 +301,7 @@ impl Actor for PlannerActor {
             flush_scheduled: false,
             waiters: Vec::new(),
             shutting_down: false,
+            aborted: false,
         };
         state.spawn_tools(&myself).await?;
         myself.send_interval(args.tick, || PlannerMsg::Tick);
@@ -588,8 +596,8 @@ impl PlannerActorState {
     /// its profiles are built once, at start). A routed workflow must fit the router built at
     /// start ([`Self::check_route`]).
     fn register(&mut self, spec: Arc<crate::workflow::WorkflowSpec>) -> Result<u32, String> {
-        if self.shutting_down {
-            return Err("the runtime is shutting down".into());
+        if self.shutting_down || self.aborted {
+            return Err(SHUTTING_DOWN.into());
         }
         let w = u32::try_from(self.ctx.workflows.len()).map_err(|_| "too many workflows".to_string())?;
         let mut ctx = (*self.ctx).clone();
@@ -697,8 +705,8 @@ impl PlannerActorState {
             let _ = reply.send(Err("this runtime has no front door".into()));
             return;
         };
-        if self.shutting_down || self.fatal.is_some() {
-            let _ = reply.send(Err("the runtime is shutting down".into()));
+        if self.shutting_down || self.aborted || self.fatal.is_some() {
+            let _ = reply.send(Err(SHUTTING_DOWN.into()));
             return;
         }
         let existing = program.as_ref().and_then(|p| self.programs.get(p).copied());
@@ -760,8 +768,8 @@ impl PlannerActorState {
 
     /// Start one session of workflow `w` per input, now.
     async fn submit(&mut self, myself: &ActorRef<PlannerMsg>, w: u32, inputs: Vec<(Record, Option<DurableSession>)>) -> Result<Vec<SessionId>, String> {
-        if self.shutting_down || self.fatal.is_some() {
-            return Err("the runtime is shutting down".into());
+        if self.shutting_down || self.aborted || self.fatal.is_some() {
+            return Err(SHUTTING_DOWN.into());
         }
         if self.ctx.workflows.get(w as usize).is_none() {
             return Err(format!("no workflow {w}"));
@@ -1518,6 +1526,7 @@ impl PlannerActorState {
 
     /// Fail every open session and every one still to arrive.
     fn abort(&mut self, reason: String) {
+        self.aborted = true;
         for s in self.sessions.values() {
             let _ = s.send_message(SessionMsg::Abandon(reason.clone()));
         }

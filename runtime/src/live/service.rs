@@ -29,7 +29,7 @@ use tokio::task::JoinHandle;
 use super::actors::{Clock, DurableSession, EngineFactory, PlannerMsg, SessionStatus};
 use super::engine::{Completion, TokenSink};
 use super::metrics::RuntimeMetrics;
-use super::planner_actor::PlannerActor;
+use super::planner_actor::{PlannerActor, SHUTTING_DOWN};
 use super::program_actor::ProgramRequest;
 use super::shell::{LiveConfig, LiveError, LiveOutput, planner_args, run_context};
 use crate::exec::{self, TraceLine};
@@ -119,7 +119,7 @@ impl Service {
     pub async fn register(&self, spec: WorkflowSpec) -> Result<u32, ServiceError> {
         let spec = Arc::new(spec);
         let r = self.ask(|reply| PlannerMsg::Register { spec, reply }).await?;
-        r.map_err(ServiceError::NotServed)
+        r.map_err(|e| refused(e, ServiceError::NotServed))
     }
 
     /// Start one session of workflow `workflow` per input, now; answers their ids.
@@ -131,7 +131,7 @@ impl Service {
     /// [`DurableSession`]) and replay what their journal already holds.
     pub async fn submit_durable(&self, workflow: u32, inputs: Vec<(Record, Option<DurableSession>)>) -> Result<Vec<SessionId>, ServiceError> {
         let r = self.ask(|reply| PlannerMsg::Submit { workflow, inputs, reply }).await?;
-        r.map_err(ServiceError::BadRequest)
+        r.map_err(|e| refused(e, ServiceError::BadRequest))
     }
 
     /// The dataset records of start-up workflow `workflow` (`None` for a workflow registered
@@ -227,9 +227,17 @@ impl Service {
             Ok(CallResult::Success(v)) => Ok(v),
             Ok(CallResult::Timeout) => Err(ServiceError::Unavailable("the planner did not answer in time".into())),
             Ok(CallResult::SenderError) => Err(ServiceError::Unavailable("the planner dropped the request".into())),
-            Err(e) => Err(ServiceError::Unavailable(e.to_string())),
+            Err(e) => {
+                tracing::debug!(error = %e, "the planner actor is gone");
+                Err(ServiceError::Unavailable("the runtime has stopped".into()))
+            }
         }
     }
+}
+
+/// A refusal of the planner as the service's error: `otherwise`, unless the runtime is stopping.
+fn refused(message: String, otherwise: fn(String) -> ServiceError) -> ServiceError {
+    if message == SHUTTING_DOWN { ServiceError::Unavailable(message) } else { otherwise(message) }
 }
 
 /// Name of the front door's workflow in reports.

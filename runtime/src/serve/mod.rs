@@ -397,13 +397,19 @@ async fn openapi() -> Response {
 }
 
 /// Bearer-token check of every `/v1/*` request.
+/// The credentials of an `Authorization: Bearer …` value; the scheme is case-insensitive (RFC
+/// 7235 §2.1).
+fn bearer_credentials(value: &str) -> Option<&str> {
+    let (scheme, credentials) = value.trim_start().split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| credentials.trim())
+}
+
 async fn authenticate(State(api): State<Arc<Api>>, headers: HeaderMap, req: Request, next: Next) -> Response {
     if let Some(token) = &api.config.token {
         let given = headers
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .map(str::trim);
+            .and_then(bearer_credentials);
         let ok = match given {
             // Lengths may differ; `ct_eq` on slices of different lengths is false in constant
             // time for the given length, which leaks only the length, not the token.
@@ -653,14 +659,36 @@ async fn start_run(State(api): State<Arc<Api>>, JsonBody(body): JsonBody<RunBody
             };
             let j = Arc::clone(journal);
             off_the_reactor(|| j.record_run(&record)).map_err(unavailable)?;
+            // A run the client is told failed must not resume at the next start: the sessions
+            // journaled so far are finished as failed when the rest cannot be.
+            let never_started = |numbers: &[u64], why: &str| {
+                let outcome = SessionOutcome::Failed { reason: format!("not started: {why}") };
+                for &n in numbers {
+                    if let Err(e) = off_the_reactor(|| j.finish_session(n, &outcome)) {
+                        tracing::warn!(session = n, error = %e, "cannot record a session that never started");
+                    }
+                }
+            };
             let mut durable = Vec::with_capacity(inputs.len());
+            let mut numbers = Vec::with_capacity(inputs.len());
             for input in inputs {
                 let number = api.next_number.fetch_add(1, Ordering::Relaxed);
                 let value = Value::Object(input.iter().map(|(k, v)| (k.clone(), v.clone())).collect());
-                off_the_reactor(|| j.record_session(&id, number, &value)).map_err(unavailable)?;
+                if let Err(e) = off_the_reactor(|| j.record_session(&id, number, &value)) {
+                    never_started(&numbers, &e.to_string());
+                    return Err(unavailable(e));
+                }
+                numbers.push(number);
                 durable.push((input, Some(DurableSession { journal: Arc::clone(&j), number, replay: BTreeMap::new() })));
             }
-            api.service.submit_durable(index, durable).await?
+            match api.service.submit_durable(index, durable).await {
+                Ok(sessions) => sessions,
+                Err(e) => {
+                    let e = ApiError::from(e);
+                    never_started(&numbers, &e.message);
+                    return Err(e);
+                }
+            }
         }
     };
     let created_at = api.service.wall();
@@ -878,6 +906,16 @@ pub const ROUTES: &[(&str, &str)] = &[
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_bearer_scheme_is_case_insensitive_and_nothing_else_is_a_token() {
+        for ok in ["Bearer tok", "bearer tok", "BEARER  tok ", " Bearer tok"] {
+            assert_eq!(bearer_credentials(ok), Some("tok"), "{ok:?}");
+        }
+        for bad in ["Basic tok", "Bearertok", "tok", "", "Bearer"] {
+            assert_eq!(bearer_credentials(bad), None, "{bad:?}");
+        }
+    }
 
     #[test]
     fn the_openapi_document_describes_exactly_the_routes() {

@@ -183,6 +183,12 @@ async fn serve_end_to_end() {
     assert!(v.pointer("/choices/0/message/content").and_then(Value::as_str).is_some_and(|t| !t.is_empty()), "{v}");
     let (s, v) = body(http.post(server.url("/v1/chat/completions")).header("authorization", &auth).json(&json!({"model": "gpt-4", "messages": [{"role": "user", "content": "x"}]})).send().await.expect("chat")).await;
     assert_eq!((s, v["error"]["param"].as_str()), (404, Some("model")), "{v}");
+    // A prompt longer than the served context (2,048 tokens): 400, as vLLM answers, before it
+    // is scheduled — not a 502 naming the engine's address.
+    let long = "hello ".repeat(5000);
+    let (s, v) = body(http.post(server.url("/v1/completions")).header("authorization", &auth).json(&json!({"model": "Qwen3-0.6B", "prompt": long})).send().await.expect("long")).await;
+    assert_eq!((s, v["error"]["type"].as_str(), v["error"]["param"].as_str()), (400, Some("context_length_exceeded"), Some("prompt")), "{v}");
+    assert!(!v.to_string().contains("http://"), "{v}");
 
     // The runtime's own metrics, without a token.
     let metrics = http.get(server.url("/metrics")).send().await.expect("metrics").text().await.expect("text");

@@ -48,6 +48,29 @@ pub struct ProgramRequest {
     pub step: Option<String>,
 }
 
+impl ProgramRequest {
+    /// The prompt the engine receives — the messages in Qwen3's chat template (with the call's
+    /// thinking mode), or the raw prompt — and whether it is raw.
+    pub fn rendered_prompt(&self) -> (String, bool) {
+        match (&self.messages, &self.prompt) {
+            (Some(messages), _) => {
+                let pairs: Vec<(&str, &str)> = messages
+                    .iter()
+                    .map(|m| {
+                        (
+                            m.get("role").and_then(|v| v.as_str()).unwrap_or("user"),
+                            m.get("content").and_then(|v| v.as_str()).unwrap_or(""),
+                        )
+                    })
+                    .collect();
+                (tokens::chat_messages_prompt(&pairs, self.enable_thinking), false)
+            }
+            (None, Some(p)) => (p.clone(), true),
+            (None, None) => (String::new(), true),
+        }
+    }
+}
+
 /// One call of a program, as the planner actor hands it to the program's actor.
 pub struct ProgramCall {
     pub request: ProgramRequest,
@@ -186,22 +209,7 @@ impl ProgramState {
         let ctx = &self.args.ctx;
         let r = &call.request;
         let thinking = r.enable_thinking;
-        let (prompt, raw) = match (&r.messages, &r.prompt) {
-            (Some(messages), _) => {
-                let pairs: Vec<(&str, &str)> = messages
-                    .iter()
-                    .map(|m| {
-                        (
-                            m.get("role").and_then(|v| v.as_str()).unwrap_or("user"),
-                            m.get("content").and_then(|v| v.as_str()).unwrap_or(""),
-                        )
-                    })
-                    .collect();
-                (tokens::chat_messages_prompt(&pairs, thinking), false)
-            }
-            (None, Some(p)) => (p.clone(), true),
-            (None, None) => (String::new(), true),
-        };
+        let (prompt, raw) = r.rendered_prompt();
         let ids = tokens::encode(&prompt);
         let prompt_tokens = u32::try_from(ids.len()).unwrap_or(u32::MAX);
         let activation = ActivationId { session: self.args.session, index: self.next_index };

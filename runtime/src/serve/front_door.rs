@@ -42,6 +42,7 @@ use super::{Api, ApiError, JsonBody};
 use crate::live::actors::off_the_reactor;
 use crate::live::engine::{Completion, TokenSink};
 use crate::live::program_actor::ProgramRequest;
+use crate::tokens;
 
 /// The answer's limit when the request gives none.
 pub const DEFAULT_MAX_TOKENS: u32 = 1024;
@@ -213,6 +214,27 @@ fn finish_reason(c: &Completion, max_tokens: impl Fn(u32) -> u32) -> &'static st
 async fn handle(api: Arc<Api>, flavor: Flavor, headers: HeaderMap, body: Value) -> Result<Response, ApiError> {
     let parsed = parse(flavor, &headers, &body)?;
     let program = program_key(&headers, &body);
+    let Some((_, context)) = api.service.served_model(&parsed.model) else {
+        let m = format!("the model `{}` is not served here; served: {}", parsed.model, api.service.models().join(", "));
+        return Err(ApiError { param: Some("model".into()), ..ApiError::new(StatusCode::NOT_FOUND, "model_not_found", m) });
+    };
+    // A prompt the served context cannot hold is the client's error, as vLLM answers it (400),
+    // before anything is scheduled or journaled. (The count is the tokenizer's cached one: the
+    // program actor counts the same text again.)
+    let prompt_tokens = tokens::count(&parsed.request.rendered_prompt().0);
+    if prompt_tokens >= context as usize {
+        return Err(ApiError {
+            param: Some(if flavor == Flavor::Chat { "messages" } else { "prompt" }.into()),
+            ..ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "context_length_exceeded",
+                format!(
+                    "this model's maximum context length is {context} tokens; the prompt has {prompt_tokens} (`{}`)",
+                    parsed.model
+                ),
+            )
+        });
+    }
     // With a journal, a program's binding (its first model) is recorded at its first call and
     // kept across restarts: a later call of the program to another model is still scheduled
     // (the planner places each call), but the binding says where the program started.
@@ -225,7 +247,6 @@ async fn handle(api: Arc<Api>, flavor: Flavor, headers: HeaderMap, body: Value) 
     }
     // The limit the call really has: the program actor clamps it to what the served context
     // leaves after the prompt (as vLLM does), and `length` is reported against that.
-    let context = api.service.served_model(&parsed.model).map_or(u32::MAX, |(_, len)| len);
     let requested = parsed.request.max_tokens;
     let max_tokens = move |prompt: u32| requested.min(context.saturating_sub(prompt)).max(1);
     let (tx, rx) = mpsc::unbounded_channel::<String>();

@@ -359,6 +359,43 @@ async fn a_front_door_client_that_disconnects_aborts_its_call_upstream() {
     assert_eq!(seen.started.load(std::sync::atomic::Ordering::SeqCst), 1, "an abandoned call is not retried");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_run_aborts_its_calls_upstream() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (base, seen) = slow_upstream::start().await;
+    let pool = dir.path().join("pool.yaml");
+    std::fs::write(
+        &pool,
+        format!("name: upstream\ndevices:\n  - kind: A100-80GB\n    count: 1\n    engine: {{ kind: openai, base_url: \"{base}\", request_timeout_s: 30, models: {{ Qwen3-0.6B: up }} }}\n"),
+    )
+    .expect("pool");
+    let server = Server::start(&pool, &[&repo().join("tests/fixtures/tiny_chain.yaml")]);
+    let http = reqwest::Client::new();
+    let auth = format!("Bearer {TOKEN}");
+    let resp = http.post(server.url("/v1/runs")).header("authorization", &auth).json(&json!({"workflow": "tiny-chain", "sessions": 1})).send().await.expect("run");
+    assert_eq!(resp.status().as_u16(), 201);
+    let v: Value = resp.json().await.expect("json");
+    let id = v["id"].as_str().expect("id").to_string();
+    // The session's first call is streaming upstream (200 chunks × 20 ms = 4 s).
+    let t0 = std::time::Instant::now();
+    while seen.started.load(std::sync::atomic::Ordering::SeqCst) == 0 && t0.elapsed() < Duration::from_secs(20) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(seen.started.load(std::sync::atomic::Ordering::SeqCst), 1, "the session's call reached the upstream");
+    let resp = http.delete(server.url(&format!("/v1/runs/{id}"))).header("authorization", &auth).send().await.expect("cancel");
+    assert_eq!(resp.status().as_u16(), 202);
+    // The cancel reaches the call: its connection is dropped well before the answer's end.
+    let t1 = std::time::Instant::now();
+    while !seen.dropped_early.load(std::sync::atomic::Ordering::SeqCst) && t1.elapsed() < Duration::from_secs(3) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(seen.dropped_early.load(std::sync::atomic::Ordering::SeqCst), "the cancelled session's call went on upstream");
+    let run: Value = http.get(server.url(&format!("/v1/runs/{id}"))).header("authorization", &auth).send().await.expect("status").json().await.expect("json");
+    assert_eq!(run["state"], "cancelled", "{run}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(seen.started.load(std::sync::atomic::Ordering::SeqCst), 1, "an aborted call is not retried, and the session sends nothing more");
+}
+
 /// The count of one lifecycle action in the server's `/metrics`.
 async fn lifecycle_count(http: &reqwest::Client, server: &Server, action: &str) -> u64 {
     let text = http.get(server.url("/metrics")).send().await.expect("metrics").text().await.expect("text");

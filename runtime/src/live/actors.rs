@@ -335,6 +335,9 @@ pub enum PlannerMsg {
     Finished { replica: ReplicaId, activation: ActivationId, completion: Completion, attempts: u32 },
     /// A call failed for good (bad answers past the retry bound, or a rejected request).
     CallFailed { replica: ReplicaId, activation: ActivationId, reason: String, attempts: u32 },
+    /// A call stopped at the planner's request ([`ReplicaMsg::Abort`]): its session had ended.
+    /// Not a fault; its lease ends now, when the engine no longer runs it.
+    Aborted { replica: ReplicaId, activation: ActivationId, attempts: u32 },
     /// The engine was unreachable and restarted in place.
     Restarted { replica: ReplicaId },
     /// The replica is gone (restarts exhausted): its calls must move elsewhere.
@@ -423,6 +426,9 @@ pub enum SessionMsg {
     ToolDone { activation: ActivationId, result: Result<ToolOutcome, String> },
     /// End the session as failed.
     Fail(String),
+    /// End the session as cancelled by its client (failed with this reason; a journaled
+    /// session is recorded as cancelled, whatever the reason's words).
+    Cancel(String),
     /// End the session as failed for this process only (the runtime is stopping): a journaled
     /// session stays unfinished in its journal and resumes at the next start.
     Abandon(String),
@@ -440,6 +446,10 @@ pub enum ReplicaMsg {
     /// An engine call returned (`generation`: the engine incarnation it was sent to).
     Done { id: u64, generation: u64, result: Result<Completion, EngineError> },
     Retry { id: u64 },
+    /// Stop the calls of these activations (their sessions ended while the calls ran): each
+    /// call's task is dropped with its connection, so that the server aborts the request (vLLM
+    /// aborts on a disconnect), and the call is reported [`PlannerMsg::Aborted`].
+    Abort { activations: Vec<ActivationId> },
     /// Reclaim: sleep at this vLLM level (and park the engine) when `sleep`, else unload (also
     /// when the engine cannot sleep); report `Parked` or `Unloaded`; then stop.
     Reclaim { sleep: Option<u8>, ticket: LifecycleTicket },

@@ -506,6 +506,18 @@ impl PlannerActorState {
                     let _ = s.send_message(SessionMsg::LlmFailed { activation, reason });
                 }
             }
+            PlannerMsg::Aborted { replica, activation, attempts } => {
+                self.log("call_aborted", TraceLine {
+                    session: Some(activation.session.0),
+                    activation: Some(activation.index),
+                    replica: Some(replica.0),
+                    ..blank()
+                });
+                self.faults.retries += u64::from(attempts.saturating_sub(1));
+                let Some(f) = self.take_in_flight(activation) else { return };
+                let output_tokens = f.call.expected_output_tokens;
+                self.post(myself, Event::UnitFinished { activation, replica, output_tokens });
+            }
             PlannerMsg::Restarted { replica } => {
                 self.faults.restarts += 1;
                 self.note(format!("replica {replica} was restarted after its engine stopped answering or failed to start"));
@@ -584,7 +596,7 @@ impl PlannerActorState {
             PlannerMsg::Cancel { sessions, reason } => {
                 for id in sessions {
                     if let Some(actor) = self.sessions.get(&id) {
-                        let _ = actor.send_message(SessionMsg::Fail(reason.clone()));
+                        let _ = actor.send_message(SessionMsg::Cancel(reason.clone()));
                     }
                 }
             }
@@ -1275,6 +1287,7 @@ impl PlannerActorState {
         self.sessions.remove(&id);
         self.programs.retain(|_, s| *s != id);
         self.pending.retain(|a, _| a.session != id);
+        self.abort_calls_of(id);
         let (event, detail) = match &report.record.failed {
             Some(reason) => ("session_failed", Some(reason.clone())),
             None => ("session_done", None),
@@ -1320,6 +1333,23 @@ impl PlannerActorState {
             self.route_verdict(myself, id).await;
         }
         self.after_session_end();
+    }
+
+    /// Calls of session `id` still running when it ended (a cancel, a failed sibling branch)
+    /// are of no use to anyone: ask their replicas to abort them, so that the engines stop
+    /// computing them and their leases end when the calls do ([`PlannerMsg::Aborted`]).
+    fn abort_calls_of(&mut self, id: SessionId) {
+        let mut by_replica: BTreeMap<ReplicaId, Vec<ActivationId>> = BTreeMap::new();
+        for (a, f) in &self.in_flight {
+            if a.session == id {
+                by_replica.entry(f.replica).or_default().push(*a);
+            }
+        }
+        for (replica, activations) in by_replica {
+            if let Some(r) = self.replicas.get(&replica) {
+                let _ = r.actor.send_message(ReplicaMsg::Abort { activations });
+            }
+        }
     }
 
     /// A routed session completed: its end reaches the core first (the ledger learns its peak

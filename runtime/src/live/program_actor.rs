@@ -191,7 +191,7 @@ impl Actor for ProgramActor {
                     state.end(&myself, None);
                 }
             }
-            SessionMsg::Fail(reason) | SessionMsg::Abandon(reason) => state.end(&myself, Some(reason)),
+            SessionMsg::Fail(reason) | SessionMsg::Cancel(reason) | SessionMsg::Abandon(reason) => state.end(&myself, Some(reason)),
             SessionMsg::Start | SessionMsg::ToolDone { .. } => {}
         }
         Ok(())

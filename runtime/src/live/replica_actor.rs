@@ -15,6 +15,10 @@
 //! first of each kind as it happens. Each call is answered at most once: answers from an old
 //! engine incarnation for a call already retried are dropped by request id.
 //!
+//! A call whose session ended while it ran (a client's cancel, a failed sibling) is aborted
+//! at the planner's request: its task is dropped with its connection, which makes vLLM abort
+//! the request, and its lease ends then rather than when the answer would have come.
+//!
 //! A reclaim while calls still run waits for them (up to `drain_timeout`) before the engine
 //! sleeps or unloads: vLLM before 0.17 crashes when put to sleep with requests in flight.
 //!
@@ -68,6 +72,9 @@ struct InFlight {
     timeouts: u32,
     /// Attempts made so far (any outcome).
     attempts: u32,
+    /// The task of the latest attempt: aborting it drops the request's connection (a no-op
+    /// once the attempt has answered).
+    task: Option<tokio::task::AbortHandle>,
 }
 
 pub struct ReplicaState {
@@ -122,13 +129,29 @@ impl ReplicaState {
         let generation = self.generation;
         let me = myself.clone();
         let span = tracing::debug_span!(parent: &self.span, "call", request = id, activation = %f.activation, attempt = f.attempts);
-        tokio::spawn(
+        let task = tokio::spawn(
             async move {
                 let result = engine.submit(request).await;
                 let _ = me.send_message(ReplicaMsg::Done { id, generation, result });
             }
             .instrument(span),
         );
+        f.task = Some(task.abort_handle());
+    }
+
+    /// Stop the calls of `activations`: drop their attempts in flight (and with them their
+    /// connections, so that the server aborts them) and report each one `Aborted`. A retry
+    /// waiting for its pause finds nothing left to send.
+    fn abort(&mut self, activations: &[ActivationId]) {
+        let ids: Vec<u64> = self.requests.iter().filter(|(_, f)| activations.contains(&f.activation)).map(|(id, _)| *id).collect();
+        for id in ids {
+            let Some(f) = self.requests.remove(&id) else { continue };
+            if let Some(task) = &f.task {
+                task.abort();
+            }
+            tracing::info!(activation = %f.activation, "call aborted: its session ended");
+            let _ = self.planner.send_message(PlannerMsg::Aborted { replica: self.replica, activation: f.activation, attempts: f.attempts });
+        }
     }
 
     fn fail_call(&mut self, id: u64, reason: String) {
@@ -378,10 +401,14 @@ async fn handle(myself: ActorRef<ReplicaMsg>, msg: ReplicaMsg, state: &mut Repli
         ReplicaMsg::Submit { activation, mut request } => {
             request.model = state.handle.served_model.clone();
             let id = request.id;
-            state.requests.insert(id, InFlight { activation, request, bad_answers: 0, overloads: 0, timeouts: 0, attempts: 0 });
+            state.requests.insert(id, InFlight { activation, request, bad_answers: 0, overloads: 0, timeouts: 0, attempts: 0, task: None });
             state.launch(&myself, id);
         }
         ReplicaMsg::Retry { id } => state.launch(&myself, id),
+        ReplicaMsg::Abort { activations } => {
+            state.abort(&activations);
+            state.after_call(&myself).await;
+        }
         ReplicaMsg::Done { id, generation, result } => {
             if !state.requests.contains_key(&id) {
                 return;

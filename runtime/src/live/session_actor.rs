@@ -25,10 +25,6 @@ use crate::session::Session;
 use crate::workflow::NodeKind;
 use crate::values::NodeOutput;
 
-
-/// A failure reason that starts so is a client's cancel (journaled as `cancelled`).
-pub const CANCELLED_PREFIX: &str = "cancelled";
-
 /// The session actor.
 pub struct SessionActor;
 
@@ -75,6 +71,8 @@ pub struct SessionState {
     intended: BTreeSet<ActivationId>,
     /// Ending because the runtime stops: the journal keeps the session unfinished.
     abandoned: bool,
+    /// Ending because a client cancelled it (journaled as `cancelled`).
+    cancelled: bool,
 }
 
 impl Actor for SessionActor {
@@ -106,6 +104,7 @@ impl Actor for SessionActor {
             durable: args.durable,
             intended: BTreeSet::new(),
             abandoned: false,
+            cancelled: false,
         })
     }
 
@@ -157,6 +156,10 @@ impl Actor for SessionActor {
             }
             SessionMsg::ToolDone { activation, result } => state.on_tool_done(&myself, activation, result),
             SessionMsg::Fail(reason) => state.fail(&myself, reason),
+            SessionMsg::Cancel(reason) => {
+                state.cancelled = true;
+                state.fail(&myself, reason);
+            }
             SessionMsg::Abandon(reason) => {
                 state.abandoned = true;
                 state.fail(&myself, reason);
@@ -472,7 +475,7 @@ sink: Default::default(),
         if let (Some(d), false) = (&self.durable, self.abandoned) {
             let outcome = match (&report.result.failed, &report.result.final_output) {
                 (None, out) => SessionOutcome::Completed { output: serde_json::to_value(out).unwrap_or(serde_json::Value::Null) },
-                (Some(r), _) if r.starts_with(CANCELLED_PREFIX) => SessionOutcome::Cancelled,
+                (Some(_), _) if self.cancelled => SessionOutcome::Cancelled,
                 (Some(r), _) => SessionOutcome::Failed { reason: r.clone() },
             };
             let (j, n) = (Arc::clone(&d.journal), d.number);

@@ -283,6 +283,34 @@ async fn openai_engine_does_not_retry_behind_the_callers_back() {
     }
 }
 
+#[tokio::test]
+async fn a_streamed_call_answered_with_one_json_body_is_read_as_a_whole_answer() {
+    // A server (or proxy) that ignores `stream: true` and answers one JSON completion: the
+    // answer stands (it was read as an empty event stream, and refused, before); a JSON error
+    // object with a 200 is a bad answer, not an empty stream.
+    for (body, ok) in [
+        (r#"{"choices":[{"index":0,"message":{"role":"assistant","content":"Friday."},"finish_reason":"stop"}],"usage":{"prompt_tokens":7,"completion_tokens":3}}"#, true),
+        (r#"{"error":{"message":"upstream hiccup","type":"x"}}"#, false),
+    ] {
+        let app = axum::Router::new().fallback(move || async move { ([(axum::http::header::CONTENT_TYPE, "application/json")], body) });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}/v1", listener.local_addr().unwrap());
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        let e = OpenAiEngine::new(&base, MODEL, options()).unwrap();
+        let r = e.submit(request(1, "hi", None, true)).await;
+        if ok {
+            let a = r.unwrap();
+            assert_eq!((a.text.as_str(), a.prompt_tokens, a.output_tokens), ("Friday.", 7, 3));
+        } else {
+            let err = r.unwrap_err();
+            assert!(matches!(err, EngineError::BadResponse(_)), "{err:?}");
+        }
+        task.abort();
+    }
+}
+
 // ---- managed processes --------------------------------------------------------------------
 
 /// Entry point of the child process (run only when re-executed with `CHILD_ENV` set).

@@ -339,10 +339,32 @@ pub(crate) fn parse_full(
     })
 }
 
-/// The `X-Request-Id` of call `id`, shaped as a UUID: vLLM takes any id, but
-/// llama-cpp-python's server (starlette-context) answers 400 to one that is not a UUID.
+/// The `X-Request-Id` of one send of call `id`, shaped as a UUID (vLLM takes any id, but
+/// llama-cpp-python's server — starlette-context — answers 400 to one that is not a UUID).
+/// Unique per send: a retry of a call whose first attempt vLLM has not yet aborted, or a call
+/// of a later run (or process) with the same number, must not reuse an id the server may still
+/// hold ("request id already running"). The last group is the call's number, for the logs;
+/// the first two are a per-process random salt, then a per-process send counter.
 fn request_uuid(id: u64) -> String {
-    format!("5a1c7ca0-0000-4000-8000-{:012x}", id & 0xffff_ffff_ffff)
+    use std::sync::OnceLock;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static SALT: OnceLock<u64> = OnceLock::new();
+    static SENDS: AtomicU64 = AtomicU64::new(0);
+    let salt = *SALT.get_or_init(rand::random::<u64>);
+    let send = SENDS.fetch_add(1, Ordering::Relaxed);
+    uuid_of(salt, send, id)
+}
+
+/// [`request_uuid`]'s layout: 48 bits of salt, 24 bits of send counter, 48 bits of call id.
+fn uuid_of(salt: u64, send: u64, id: u64) -> String {
+    format!(
+        "{:08x}-{:04x}-4{:03x}-8{:03x}-{:012x}",
+        (salt >> 16) & 0xffff_ffff,
+        salt & 0xffff,
+        (send >> 12) & 0xfff,
+        send & 0xfff,
+        id & 0xffff_ffff_ffff
+    )
 }
 
 /// The served context length in a `/v1/models` entry: vLLM's `max_model_len`, or llama.cpp's
@@ -645,7 +667,15 @@ impl HttpEngine {
         if !response.status().is_success() {
             return Err(response_error(&what, response).await);
         }
-        if !request.stream {
+        // A streamed request answered with one JSON body (a server or proxy that ignores
+        // `stream`, or an error object with a 200) is read as a whole answer, not as an empty
+        // event stream.
+        let json_body = response
+            .headers()
+            .get(reqwest::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.trim_start().to_ascii_lowercase().starts_with("application/json"));
+        if !request.stream || json_body {
             let read = async { response.bytes().await.map_err(|e| transport_error(&what, &e)) };
             let bytes = self.watched(&what, read, started, deadline).await?;
             let latency = started.elapsed();
@@ -1145,12 +1175,16 @@ mod tests {
     }
 
     #[test]
-    fn request_ids_are_uuids() {
-        let id = request_uuid(42);
-        assert_eq!(id, "5a1c7ca0-0000-4000-8000-00000000002a");
-        let groups: Vec<usize> = id.split('-').map(str::len).collect();
-        assert_eq!(groups, [8, 4, 4, 4, 12]);
-        assert!(id.chars().all(|c| c == '-' || c.is_ascii_hexdigit()));
+    fn request_ids_are_uuids_unique_per_send() {
+        assert_eq!(uuid_of(0x0123_4567_89ab, 0x00a_00b, 42), "01234567-89ab-400a-800b-00000000002a");
+        let (a, b) = (request_uuid(42), request_uuid(42));
+        assert_ne!(a, b, "two sends of one call get two ids");
+        for id in [a, b] {
+            let groups: Vec<usize> = id.split('-').map(str::len).collect();
+            assert_eq!(groups, [8, 4, 4, 4, 12]);
+            assert!(id.chars().all(|c| c == '-' || c.is_ascii_hexdigit()));
+            assert!(id.ends_with("-00000000002a"), "{id}");
+        }
     }
 
     #[test]

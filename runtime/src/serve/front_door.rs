@@ -67,12 +67,32 @@ fn unix_now() -> u64 {
 /// Longest accepted step hint.
 const MAX_STEP_ID_BYTES: usize = 128;
 
-fn program_key(headers: &HeaderMap, body: &Value) -> Option<String> {
-    PROGRAM_HEADERS
-        .iter()
-        .find_map(|h| headers.get(*h).and_then(|v| v.to_str().ok()).map(str::to_string))
-        .or_else(|| body.get("program_id").and_then(Value::as_str).map(str::to_string))
-        .filter(|k| !k.is_empty() && k.len() <= 256)
+/// Longest accepted program key (`X-Session-ID` and its aliases, or `program_id`).
+const MAX_PROGRAM_KEY_BYTES: usize = 256;
+
+/// The program a call belongs to: the first of the known headers, else the body's
+/// `program_id`; `None` (a program of this call alone) when absent or empty. A key that is
+/// not visible ASCII, not a string, or longer than [`MAX_PROGRAM_KEY_BYTES`] is refused (400)
+/// rather than silently dropped, which would cut the caller's program into one-call programs.
+fn program_key(headers: &HeaderMap, body: &Value) -> Result<Option<String>, ApiError> {
+    let key = match PROGRAM_HEADERS.iter().find_map(|h| headers.get(*h).map(|v| (*h, v))) {
+        Some((h, v)) => {
+            let v = v.to_str().map_err(|_| ApiError::bad_request(format!("`{h}` must be visible ASCII"), "program_id"))?;
+            v.to_string()
+        }
+        None => match body.get("program_id").filter(|v| !v.is_null()) {
+            Some(Value::String(s)) => s.clone(),
+            Some(_) => return Err(ApiError::bad_request("`program_id` must be a string", "program_id")),
+            None => return Ok(None),
+        },
+    };
+    if key.len() > MAX_PROGRAM_KEY_BYTES {
+        return Err(ApiError::bad_request(
+            format!("the program key (`X-Session-ID` or `program_id`) is {} bytes; at most {MAX_PROGRAM_KEY_BYTES} are accepted", key.len()),
+            "program_id",
+        ));
+    }
+    Ok((!key.is_empty()).then_some(key))
 }
 
 fn truthy(v: Option<&Value>) -> bool {
@@ -213,7 +233,7 @@ fn finish_reason(c: &Completion, max_tokens: impl Fn(u32) -> u32) -> &'static st
 
 async fn handle(api: Arc<Api>, flavor: Flavor, headers: HeaderMap, body: Value) -> Result<Response, ApiError> {
     let parsed = parse(flavor, &headers, &body)?;
-    let program = program_key(&headers, &body);
+    let program = program_key(&headers, &body)?;
     let Some((_, context)) = api.service.served_model(&parsed.model) else {
         let m = format!("the model `{}` is not served here; served: {}", parsed.model, api.service.models().join(", "));
         return Err(ApiError { param: Some("model".into()), ..ApiError::new(StatusCode::NOT_FOUND, "model_not_found", m) });
@@ -471,11 +491,20 @@ mod tests {
     #[test]
     fn the_program_key_comes_from_the_known_headers_then_the_body() {
         let body = json!({"program_id": "from-body"});
-        assert_eq!(program_key(&headers(&[("X-Session-ID", "a")]), &body).as_deref(), Some("a"));
-        assert_eq!(program_key(&headers(&[("x-dynamo-session-id", "b")]), &body).as_deref(), Some("b"));
-        assert_eq!(program_key(&headers(&[("X-Program-ID", "c")]), &body).as_deref(), Some("c"));
-        assert_eq!(program_key(&HeaderMap::new(), &body).as_deref(), Some("from-body"));
-        assert_eq!(program_key(&HeaderMap::new(), &json!({})), None);
+        let key = |h: &HeaderMap, b: &Value| program_key(h, b).ok().flatten();
+        assert_eq!(key(&headers(&[("X-Session-ID", "a")]), &body).as_deref(), Some("a"));
+        assert_eq!(key(&headers(&[("x-dynamo-session-id", "b")]), &body).as_deref(), Some("b"));
+        assert_eq!(key(&headers(&[("X-Program-ID", "c")]), &body).as_deref(), Some("c"));
+        assert_eq!(key(&HeaderMap::new(), &body).as_deref(), Some("from-body"));
+        assert_eq!(key(&HeaderMap::new(), &json!({})), None);
+        assert_eq!(key(&headers(&[("X-Session-ID", "")]), &json!({})), None);
+        // Too long, or not a string: refused with a 400 naming the key, not dropped.
+        let long = "k".repeat(257);
+        for (h, b) in [(headers(&[("X-Session-ID", long.as_str())]), json!({})), (HeaderMap::new(), json!({"program_id": long})), (HeaderMap::new(), json!({"program_id": 7}))] {
+            let e = program_key(&h, &b).err().expect("refused");
+            assert_eq!((e.status, e.param.as_deref()), (StatusCode::BAD_REQUEST, Some("program_id")));
+        }
+        assert_eq!(key(&headers(&[("X-Session-ID", &"k".repeat(256))]), &json!({})).map(|k| k.len()), Some(256));
     }
 
     /// Any JSON value, a few levels deep, with the front door's own field names likely.
@@ -526,7 +555,10 @@ mod tests {
                     proptest::prop_assert!(e.param.is_some());
                 }
             }
-            let _ = program_key(&h, &body);
+            if let Err(e) = program_key(&h, &body) {
+                proptest::prop_assert_eq!(e.status, StatusCode::BAD_REQUEST);
+                proptest::prop_assert!(e.param.is_some());
+            }
         }
     }
 

@@ -95,6 +95,25 @@ fn program_key(headers: &HeaderMap, body: &Value) -> Result<Option<String>, ApiE
     Ok((!key.is_empty()).then_some(key))
 }
 
+/// A failed call's reason as the front door's client sees it: the pool's engine addresses
+/// (`request 12 to http://10.0.0.7:8000/v1/chat/completions: …`) are the operator's, not the
+/// client's, so every URL in it reads `<engine>`. The whole reason stays in the server's log.
+fn public_reason(reason: &str) -> String {
+    let mut out = String::with_capacity(reason.len());
+    let mut rest = reason;
+    while let Some(at) = rest.find("http://").into_iter().chain(rest.find("https://")).min() {
+        out.push_str(&rest[..at]);
+        out.push_str("<engine>");
+        let tail = &rest[at..];
+        let end = tail.find(|c: char| c.is_whitespace() || c == ',' || c == ')' || c == '"' || c == '\'').unwrap_or(tail.len());
+        // A trailing `:` ends the URL's sentence (`…/completions: the stream …`), not the URL.
+        let end = if tail[..end].ends_with(':') { end - 1 } else { end };
+        rest = &tail[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
 fn truthy(v: Option<&Value>) -> bool {
     match v {
         Some(Value::Bool(b)) => *b,
@@ -282,7 +301,7 @@ async fn handle(api: Arc<Api>, flavor: Flavor, headers: HeaderMap, body: Value) 
         // future) abandons the call upstream.
         let result = done.await.map_err(|_| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable_error", "the runtime dropped the call"))?;
         drop(rx);
-        let c = result.map_err(|m| ApiError::new(StatusCode::BAD_GATEWAY, "engine_error", m))?;
+        let c = result.map_err(|m| ApiError::new(StatusCode::BAD_GATEWAY, "engine_error", public_reason(&m)))?;
         let choice = match flavor {
             Flavor::Chat => json!({"index": 0, "message": {"role": "assistant", "content": c.text}, "finish_reason": finish_reason(&c, max_tokens)}),
             Flavor::Completions => json!({"index": 0, "text": c.text, "finish_reason": finish_reason(&c, max_tokens)}),
@@ -334,7 +353,7 @@ async fn handle(api: Arc<Api>, flavor: Flavor, headers: HeaderMap, body: Value) 
                     }
                 }
                 Ok(Err(m)) => {
-                    let err = json!({"error": {"message": m, "type": "engine_error", "param": null, "code": 502}});
+                    let err = json!({"error": {"message": public_reason(&m), "type": "engine_error", "param": null, "code": 502}});
                     st.tail.push_back(Event::default().data(err.to_string()));
                 }
                 Err(_) => {
@@ -486,6 +505,16 @@ mod tests {
         assert_eq!(data(r.usage(&c)).await.pointer("/usage/prompt_tokens_details/cached_tokens").and_then(Value::as_u64), Some(1));
         let rc = Render::new(Flavor::Completions, "cmpl-1", 7, "m", 16, 4096);
         assert_eq!(data(rc.piece("a\"b", false)).await.pointer("/choices/0/text").and_then(Value::as_str), Some("a\"b"));
+    }
+
+    #[test]
+    fn engine_addresses_are_not_shown_to_front_door_clients() {
+        assert_eq!(
+            public_reason("engine answered badly: request 12 to http://10.0.0.7:8000/v1/chat/completions: HTTP 500 (boom)"),
+            "engine answered badly: request 12 to <engine>: HTTP 500 (boom)"
+        );
+        assert_eq!(public_reason("a https://h/x, then http://k:1/"), "a <engine>, then <engine>");
+        assert_eq!(public_reason("the server stayed overloaded"), "the server stayed overloaded");
     }
 
     #[test]

@@ -311,6 +311,54 @@ async fn a_streamed_call_answered_with_one_json_body_is_read_as_a_whole_answer()
     }
 }
 
+/// An SSE endpoint that waits `first_after` before its first chunk, then streams `chunks`
+/// pieces " tok" every `every`, then `[DONE]`.
+async fn paced_stream(first_after: Duration, chunks: u32, every: Duration) -> (String, tokio::task::JoinHandle<()>) {
+    use axum::response::sse::{Event, Sse};
+    let app = axum::Router::new().fallback(move || async move {
+        let stream = futures::stream::unfold(0u32, move |i| async move {
+            if i > chunks {
+                return None;
+            }
+            tokio::time::sleep(if i == 0 { first_after } else { every }).await;
+            let data = if i == chunks {
+                "[DONE]".to_string()
+            } else {
+                serde_json::json!({"choices": [{"index": 0, "text": " tok"}]}).to_string()
+            };
+            Some((Ok::<_, std::convert::Infallible>(Event::default().data(data)), i + 1))
+        });
+        Sse::new(stream)
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}/v1", listener.local_addr().unwrap());
+    let task = tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    (base, task)
+}
+
+#[tokio::test]
+async fn a_call_deadline_bounds_the_first_chunk_not_a_stream_in_progress() {
+    // 30 chunks every 50 ms (1.5 s) under a 0.5 s deadline: the stream is progressing, so it
+    // runs to its end instead of being cut and sent again.
+    let (base, task) = paced_stream(Duration::from_millis(10), 30, Duration::from_millis(50)).await;
+    let e = OpenAiEngine::new(&base, MODEL, options()).unwrap();
+    let mut r = request(1, "hi", None, true);
+    r.deadline_s = Some(0.5);
+    let a = e.submit(r).await.unwrap();
+    assert_eq!(a.text, " tok".repeat(30));
+    task.abort();
+    // No first chunk within the deadline: timed out, as before.
+    let (base, task) = paced_stream(Duration::from_millis(1500), 3, Duration::from_millis(10)).await;
+    let e = OpenAiEngine::new(&base, MODEL, options()).unwrap();
+    let mut r = request(2, "hi", None, true);
+    r.deadline_s = Some(0.5);
+    let err = e.submit(r).await.unwrap_err();
+    assert!(matches!(err, EngineError::TimedOut(_)), "{err:?}");
+    task.abort();
+}
+
 // ---- managed processes --------------------------------------------------------------------
 
 /// Entry point of the child process (run only when re-executed with `CHILD_ENV` set).

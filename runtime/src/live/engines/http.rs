@@ -696,8 +696,12 @@ impl HttpEngine {
         let mut done = false;
         let mut any_event = false;
         loop {
+            // The call's deadline bounds the wait for its first chunk; a stream that is making
+            // progress is not cut by it (a resend would compute the same tokens again), only by
+            // the engine's `request_timeout` — and a stream that stops is the stall watch's.
+            let limit = if any_event { self.options.request_timeout.max(deadline) } else { deadline };
             let next = async { Ok(events.next().await) };
-            let Some(event) = self.watched(&what, next, started, deadline).await? else { break };
+            let Some(event) = self.watched(&what, next, started, limit).await? else { break };
             let event = event.map_err(|e| match e {
                 eventsource_stream::EventStreamError::Transport(t) => transport_error(&what, &t),
                 other => EngineError::BadResponse(format!("{what}: bad event stream: {other}")),

@@ -656,8 +656,9 @@ impl HttpEngine {
             self.client
                 .post(format!("{}{}", self.api, path))
                 .header("X-Request-Id", request_uuid(request.id))
-                // The deadline is enforced by `watched`; this is only a backstop.
-                .timeout(deadline + Duration::from_secs(1))
+                // The deadline is enforced by `watched`; this is only a backstop (a stream in
+                // progress may outlive the call's deadline, up to `request_timeout`).
+                .timeout(if request.stream { self.options.request_timeout.max(deadline) } else { deadline } + Duration::from_secs(1))
                 .json(&self.request_body(&request))
                 .send()
                 .await

@@ -49,6 +49,10 @@ pub struct ServeArgs {
     /// ones read `unknown`; with `--state` the journal keeps every outcome).
     #[arg(long, default_value_t = 100_000)]
     pub keep_ended: usize,
+    /// Past this many runs, the oldest runs whose sessions were all forgotten (`--keep-ended`)
+    /// are dropped from `/v1/runs`.
+    #[arg(long, default_value_t = 1000)]
+    pub keep_runs: usize,
     /// Largest request body in bytes.
     #[arg(long, default_value_t = 4 << 20)]
     pub max_body_bytes: usize,
@@ -130,7 +134,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     cfg.keep_ended = args.keep_ended;
     let on_note: live::NoteSink = Arc::new(|line: &str| eprintln!("note: {line}"));
     cfg.on_note = Some(on_note);
-    let api_config = ApiConfig { token, max_body_bytes: args.max_body_bytes, ..ApiConfig::default() };
+    let api_config = ApiConfig { token, max_body_bytes: args.max_body_bytes, keep_runs: args.keep_runs, ..ApiConfig::default() };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -444,7 +444,7 @@ async fn a_server_forgets_the_oldest_ended_sessions_beyond_its_limit() {
     let server = Server::start_with(
         &repo().join("workflows/pools/live-emulated.yaml"),
         &[&repo().join("tests/fixtures/tiny_chain.yaml")],
-        &["--keep-ended".as_ref(), "2".as_ref()],
+        &["--keep-ended".as_ref(), "2".as_ref(), "--keep-runs".as_ref(), "3".as_ref()],
     );
     let http = reqwest::Client::new();
     let auth = format!("Bearer {TOKEN}");
@@ -475,4 +475,26 @@ async fn a_server_forgets_the_oldest_ended_sessions_beyond_its_limit() {
     assert_eq!(state(&last).as_deref(), Some("completed"), "{last}");
     let metrics = http.get(server.url("/metrics")).send().await.expect("metrics").text().await.expect("text");
     assert!(metrics.contains("switchyard_sessions{state=\"completed\"} 3"), "forgotten sessions still count: {metrics}");
+    // Past `--keep-runs 3`, a new run forgets the oldest runs whose sessions were all forgotten
+    // (the first), and keeps the rest.
+    let resp = http.post(server.url("/v1/runs")).header("authorization", &auth).json(&json!({"workflow": "tiny-chain", "sessions": 1})).send().await.expect("run");
+    assert_eq!(resp.status().as_u16(), 201);
+    let gone = http.get(server.url(&format!("/v1/runs/{}", runs[0]))).header("authorization", &auth).send().await.expect("s");
+    assert_eq!(gone.status().as_u16(), 404, "the forgotten run is dropped");
+    // The list pages oldest first.
+    let page = |q: &'static str| {
+        let (http, auth, url) = (http.clone(), auth.clone(), server.url(&format!("/v1/runs{q}")));
+        async move { http.get(url).header("authorization", auth).send().await.expect("list") }
+    };
+    let first_page: Value = page("?limit=2").await.json().await.expect("j");
+    let ids = |v: &Value| v["runs"].as_array().map(|a| a.iter().filter_map(|r| r["id"].as_str().map(str::to_string)).collect::<Vec<_>>()).unwrap_or_default();
+    assert_eq!(ids(&first_page), vec![runs[1].clone(), runs[2].clone()], "{first_page}");
+    assert_eq!(first_page["next"].as_str(), Some(runs[2].as_str()));
+    let rest: Value = http.get(server.url(&format!("/v1/runs?limit=2&after={}", runs[2]))).header("authorization", &auth).send().await.expect("list").json().await.expect("j");
+    assert_eq!(ids(&rest).len(), 1, "{rest}");
+    assert!(rest["next"].is_null(), "{rest}");
+    let bad = page("?limit=0").await;
+    assert_eq!(bad.status().as_u16(), 400);
+    let bad: Value = bad.json().await.expect("j");
+    assert_eq!(bad.pointer("/error/param").and_then(Value::as_str), Some("limit"), "{bad}");
 }

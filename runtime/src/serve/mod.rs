@@ -63,11 +63,14 @@ pub struct ApiConfig {
     pub max_body_bytes: usize,
     /// Most sessions one run may start.
     pub max_sessions_per_run: usize,
+    /// Runs kept before the oldest runs whose sessions were all forgotten (past
+    /// `--keep-ended`) are dropped from `/v1/runs` (`--keep-runs`).
+    pub keep_runs: usize,
 }
 
 impl Default for ApiConfig {
     fn default() -> Self {
-        ApiConfig { token: None, max_body_bytes: 4 << 20, max_sessions_per_run: 10_000 }
+        ApiConfig { token: None, max_body_bytes: 4 << 20, max_sessions_per_run: 10_000, keep_runs: 1000 }
     }
 }
 
@@ -699,6 +702,7 @@ async fn start_run(State(api): State<Arc<Api>>, JsonBody(body): JsonBody<RunBody
         "created_at": created_at,
     });
     lock(&api.runs).insert(id, RunEntry { workflow: body.workflow, sessions, ended_before: Vec::new(), created_at, cancelled: false });
+    prune_forgotten_runs(&api).await;
     Ok((StatusCode::CREATED, Json(v)).into_response())
 }
 
@@ -770,13 +774,66 @@ async fn get_run(State(api): State<Arc<Api>>, Path(id): Path<String>) -> Result<
     Ok(Json(run_json(&api, &id).await?))
 }
 
-async fn list_runs(State(api): State<Arc<Api>>) -> Json<Value> {
+/// Runs a `GET /v1/runs` page holds by default, and at most.
+const RUNS_PAGE: usize = 100;
+const RUNS_PAGE_MAX: usize = 1000;
+
+/// The order of run ids: `run-N` by N (then any other id by its text).
+fn run_order(id: &str) -> (u64, &str) {
+    (id.strip_prefix("run-").and_then(|n| n.parse().ok()).unwrap_or(u64::MAX), id)
+}
+
+/// `GET /v1/runs[?limit=N&after=ID]`: the runs this server knows, oldest first, a page at a
+/// time (`limit` 1–1000, default 100); `next` is the `after` of the next page, `null` on the
+/// last one.
+async fn list_runs(State(api): State<Arc<Api>>, axum::extract::Query(query): axum::extract::Query<BTreeMap<String, String>>) -> Result<Json<Value>, ApiError> {
+    let limit = match query.get("limit") {
+        None => RUNS_PAGE,
+        Some(l) => l.parse::<usize>().ok().filter(|n| (1..=RUNS_PAGE_MAX).contains(n)).ok_or_else(|| {
+            ApiError::bad_request(format!("`limit` must be an integer from 1 to {RUNS_PAGE_MAX}"), "limit")
+        })?,
+    };
+    let after = query.get("after");
     let runs = lock(&api.runs);
-    let list: Vec<Value> = runs
+    let mut ids: Vec<&String> = runs.keys().filter(|id| after.is_none_or(|a| run_order(id) > run_order(a))).collect();
+    ids.sort_by(|a, b| run_order(a).cmp(&run_order(b)));
+    let more = ids.len() > limit;
+    ids.truncate(limit);
+    let list: Vec<Value> = ids
         .iter()
+        .filter_map(|id| runs.get(*id).map(|r| (id, r)))
         .map(|(id, r)| json!({"id": id, "workflow": r.workflow, "sessions": r.sessions.len() + r.ended_before.len(), "created_at": r.created_at}))
         .collect();
-    Json(json!({ "runs": list }))
+    let next = if more { ids.last().map(|id| json!(id)) } else { None };
+    Ok(Json(json!({ "runs": list, "next": next.unwrap_or(Value::Null) })))
+}
+
+/// Oldest runs examined per pruning pass.
+const RUNS_PRUNED_PER_PASS: usize = 16;
+
+/// Past [`ApiConfig::keep_runs`] runs, starting one forgets the oldest runs that have nothing
+/// left to tell: every session of theirs ended and was forgotten past `--keep-ended` (each
+/// reads `unknown`). This bounds the runs' memory by the sessions the runtime remembers; a run
+/// still running, or with a session whose outcome is known, is kept.
+async fn prune_forgotten_runs(api: &Api) {
+    let oldest: Vec<(String, Vec<SessionId>)> = {
+        let runs = lock(&api.runs);
+        if runs.len() <= api.config.keep_runs {
+            return;
+        }
+        let mut ids: Vec<&String> = runs.keys().collect();
+        ids.sort_by(|a, b| run_order(a).cmp(&run_order(b)));
+        ids.into_iter()
+            .take(RUNS_PRUNED_PER_PASS)
+            .filter_map(|id| runs.get(id).filter(|r| r.ended_before.is_empty()).map(|r| (id.clone(), r.sessions.clone())))
+            .collect()
+    };
+    for (id, sessions) in oldest {
+        let Ok(statuses) = api.service.status(sessions).await else { return };
+        if statuses.iter().all(|s| matches!(s, SessionStatus::Unknown)) {
+            lock(&api.runs).remove(&id);
+        }
+    }
 }
 
 async fn cancel_run(State(api): State<Arc<Api>>, Path(id): Path<String>) -> Result<Response, ApiError> {

@@ -321,6 +321,35 @@ fn x32_system_calls_kill_the_program() {
 }
 
 #[test]
+fn newer_mount_calls_kill_the_program() {
+    // open_tree_attr (467, Linux 6.15), statmount (457) and listmount (458, 6.8): numbers newer
+    // than the libc crate's tables, so a list of its constants let them through (open_tree_attr
+    // returned a descriptor to a dropped-uid program on a 6.18 kernel).
+    let Some(python) = python3() else { return };
+    for nr in [467, 457, 458] {
+        let script = format!("import ctypes\nprint('returned', ctypes.CDLL(None).syscall({nr}, 0, 0, 0, 0), flush=True)\n");
+        let out = python_script(python, &script);
+        if out.isolation.seccomp {
+            assert!(out.limits_hit.contains(&LimitHit::Syscall), "{nr}: {out:?}");
+            assert!(!out.stdout.contains("returned"), "{nr}: {out:?}");
+        } else {
+            eprintln!("note: no seccomp filter here: {}", out.isolation.summary());
+        }
+    }
+}
+
+#[test]
+fn the_program_cannot_raise_its_scheduling_priority_or_lock_memory() {
+    // Limits of 0 whatever the caller's: SCHED_FIFO, a raised nice level and mlock are refused.
+    let Some(python) = python3() else { return };
+    let script = "import resource\nfor r in (resource.RLIMIT_RTPRIO, resource.RLIMIT_NICE, resource.RLIMIT_MEMLOCK):\n    \
+                  print(resource.getrlimit(r))\n";
+    let out = python_script(python, script);
+    assert!(out.termination.success(), "{out:?}");
+    assert_eq!(out.stdout.lines().collect::<Vec<_>>(), vec!["(0, 0)"; 3], "{out:?}");
+}
+
+#[test]
 fn the_namespace_init_does_not_show_the_callers_command_line() {
     let Some(python) = python3() else { return };
     let script = "try:\n    print(open('/proc/1/cmdline', 'rb').read().decode(errors='replace'))\nexcept OSError as e:\n    \

@@ -1190,6 +1190,12 @@ unsafe fn confine_program(plan: &ChildPlan, mut report: ChildReport, mount_names
         set_limit(libc::RLIMIT_NPROC, plan.max_processes, plan.max_processes)?;
         set_limit(libc::RLIMIT_FSIZE, plan.max_file_bytes, plan.max_file_bytes)?;
         set_limit(libc::RLIMIT_NOFILE, plan.max_open_files, plan.max_open_files)?;
+        // Nothing the program inherits lets it outrank the host: no real-time scheduling
+        // (SCHED_FIFO would starve the machine), no raised nice priority, no locked memory
+        // (pages out of the kernel's reach).
+        set_limit(libc::RLIMIT_RTPRIO, 0, 0)?;
+        set_limit(libc::RLIMIT_NICE, 0, 0)?;
+        set_limit(libc::RLIMIT_MEMLOCK, 0, 0)?;
 
         // 8. Identity.
         if let Identity::DropTo { uid, gid } = plan.identity {

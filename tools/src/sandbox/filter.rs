@@ -13,7 +13,8 @@
 //!   [`super::LimitHit::Syscall`]): kernel attack surface no test needs — `ptrace`,
 //!   `process_vm_readv/writev`, `bpf`, `userfaultfd`, `perf_event_open`, `keyctl`, `add_key`,
 //!   `request_key`, the mount family (`mount`, `umount2`, `pivot_root`, `chroot`, `open_tree`,
-//!   `move_mount`, `fsopen`, `fsconfig`, `fsmount`, `fspick`, `mount_setattr`), namespace
+//!   `open_tree_attr`, `move_mount`, `fsopen`, `fsconfig`, `fsmount`, `fspick`,
+//!   `mount_setattr`, `statmount`, `listmount`), namespace
 //!   changes (`unshare`, `setns`, and `clone` with any `CLONE_NEW*` flag), `io_uring_*` (whose
 //!   operations would bypass this filter), module and kexec loading, `iopl`/`ioperm`,
 //!   `swapon`/`swapoff`, `reboot`, `acct`, `quotactl`, `name_to_handle_at`,
@@ -119,6 +120,13 @@ fn compile(rules: BTreeMap<i64, Vec<SeccompRule>>, action: SeccompAction) -> Res
 }
 
 /// System calls that kill the program outright.
+/// Mount-family calls newer than the `libc` crate's tables. Numbers from 424 on are the same
+/// on every architecture (Linux 5.1's unified table): `statmount` and `listmount` (Linux 6.8)
+/// and `open_tree_attr` (6.15, `open_tree` with mount attributes).
+const SYS_STATMOUNT: i64 = 457;
+const SYS_LISTMOUNT: i64 = 458;
+const SYS_OPEN_TREE_ATTR: i64 = 467;
+
 const KILLED: &[i64] = &[
     libc::SYS_ptrace,
     libc::SYS_process_vm_readv,
@@ -140,6 +148,9 @@ const KILLED: &[i64] = &[
     libc::SYS_fsmount,
     libc::SYS_fspick,
     libc::SYS_mount_setattr,
+    SYS_OPEN_TREE_ATTR,
+    SYS_STATMOUNT,
+    SYS_LISTMOUNT,
     libc::SYS_unshare,
     libc::SYS_setns,
     libc::SYS_io_uring_setup,

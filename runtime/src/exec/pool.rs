@@ -38,10 +38,22 @@ pub enum PoolError {
     Device { path: PathBuf, index: usize, message: String },
     #[error("{path}: devices: the pool has no GPU")]
     Empty { path: PathBuf },
+    #[error("{path}: devices[{index}].count: the pool would hold {total} GPUs; at most {max} are supported", max = MAX_POOL_DEVICES)]
+    TooManyDevices { path: PathBuf, index: usize, total: u64 },
     #[error("{path}: nodes.{node}: {message}")]
     Node { path: PathBuf, node: String, message: String },
     #[error("{path}: the pool file is {size} bytes, more than the limit of {limit} bytes (1 MiB); is this the right file?")]
     TooLarge { path: PathBuf, size: u64, limit: u64 },
+}
+
+/// Most GPUs a pool may hold (the largest shipped pool has 256): a `count` is checked against
+/// it before any device is built, so a typo of a few digits cannot exhaust the host's memory.
+pub const MAX_POOL_DEVICES: u64 = 16_384;
+
+/// The running GPU total after a group of `count` devices, or the group's error past
+/// [`MAX_POOL_DEVICES`].
+pub fn add_devices(total: u64, count: u32) -> Option<u64> {
+    Some(total + u64::from(count)).filter(|t| *t <= MAX_POOL_DEVICES)
 }
 
 /// Largest pool file read (a pool file is a few lines; this bounds what a wrong path costs).
@@ -167,7 +179,13 @@ impl PoolSpec {
         let mut devices = Vec::new();
         let mut node_names: Vec<String> = Vec::new();
         let mut node_of = Vec::new();
+        let mut total = 0u64;
         for (index, group) in file.devices.iter().enumerate() {
+            total = add_devices(total, group.count).ok_or_else(|| PoolError::TooManyDevices {
+                path: path.to_path_buf(),
+                index,
+                total: total + u64::from(group.count),
+            })?;
             let d = spec::device(&group.kind).map_err(|e| PoolError::Device {
                 path: path.to_path_buf(),
                 index,
@@ -236,6 +254,13 @@ mod tests {
         assert_eq!(p.nodes[2].name, DEFAULT_NODE);
         let one = PoolSpec::on_one_host("x".into(), None, p.devices.clone());
         assert_eq!(one.node_of, vec![0; 4]);
+    }
+
+    #[test]
+    fn a_huge_count_is_refused_before_any_device_is_built() {
+        let e = PoolSpec::parse(Path::new("p.yaml"), "name: t\ndevices:\n  - { kind: A40, count: 2 }\n  - { kind: A40, count: 1000000000 }\n").unwrap_err();
+        assert_eq!(e.to_string(), format!("p.yaml: devices[1].count: the pool would hold 1000000002 GPUs; at most {MAX_POOL_DEVICES} are supported"));
+        assert!(PoolSpec::parse(Path::new("p.yaml"), "name: t\ndevices:\n  - { kind: A40, count: 256 }\n").is_ok());
     }
 
     #[test]

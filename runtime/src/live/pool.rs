@@ -32,6 +32,8 @@ pub enum LivePoolError {
     Device { path: PathBuf, index: usize, message: String },
     #[error("{path}: devices: the pool has no GPU")]
     Empty { path: PathBuf },
+    #[error("{path}: devices[{index}].count: the pool would hold {total} GPUs; at most {max} are supported", max = crate::exec::pool::MAX_POOL_DEVICES)]
+    TooManyDevices { path: PathBuf, index: usize, total: u64 },
     #[error("{path}: devices[{index}].engine: required to run live (which engine serves this device?)")]
     MissingEngine { path: PathBuf, index: usize },
     #[error("{path}: devices[{index}].engine.{field}: {message}")]
@@ -105,7 +107,13 @@ impl<E: DeserializeOwned + Clone> LivePoolSpec<E> {
         })?;
         let mut specs = Vec::new();
         let mut devices = Vec::new();
+        let mut total = 0u64;
         for (index, group) in file.devices.iter().enumerate() {
+            total = crate::exec::pool::add_devices(total, group.count).ok_or_else(|| LivePoolError::TooManyDevices {
+                path: path.to_path_buf(),
+                index,
+                total: total + u64::from(group.count),
+            })?;
             let d = spec::device(&group.kind).map_err(|e| LivePoolError::Device {
                 path: path.to_path_buf(),
                 index,

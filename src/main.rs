@@ -550,6 +550,15 @@ fn run(args: RunArgs) -> Result<RunEnd> {
         routing: routing_config(&args)?,
     };
     preflight(&cfg, args.live)?;
+    // The output files are created before the run: a path that cannot be written is an error
+    // now, not after the whole run (which would end without its report).
+    let trace_file = match &args.trace {
+        Some(path) => Some(std::fs::File::create(path).with_context(|| format!("--trace: cannot create {}", path.display()))?),
+        None => None,
+    };
+    if let Some(path) = &args.timeline {
+        std::fs::File::create(path).with_context(|| format!("--timeline: cannot create {}", path.display()))?;
+    }
     let total = args.sessions * cfg.workflows.len();
     let interrupt = progress::on_ctrl_c()?;
     let reporter = Arc::new(progress::Reporter::new(total, args.json));
@@ -602,10 +611,8 @@ fn run(args: RunArgs) -> Result<RunEnd> {
     for note in &out.notes {
         eprintln!("note: {note}");
     }
-    if let Some(path) = &args.trace {
-        let mut f = std::io::BufWriter::new(
-            std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?,
-        );
+    if let Some(file) = trace_file {
+        let mut f = std::io::BufWriter::new(file);
         for line in &out.trace {
             serde_json::to_writer(&mut f, line)?;
             f.write_all(b"\n")?;

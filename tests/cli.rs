@@ -155,6 +155,14 @@ fn bad_arguments_are_rejected() {
     let out = switchyard(&["run", "workflows/gsm8k-routed.yaml", "--cost-weight=-1"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--cost-weight"));
+    // An output path that cannot be written is refused before the run, not after it.
+    for flag in ["--timeline", "--trace"] {
+        let out = switchyard(&["run", "workflows/gsm8k.yaml", "--sessions", "60", flag, "/nonexistent/dir/out"]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success());
+        assert!(stderr.contains(&format!("{flag}: cannot create /nonexistent/dir/out")), "{stderr}");
+        assert!(!stderr.contains("progress"), "the run started: {stderr}");
+    }
 }
 
 #[test]

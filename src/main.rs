@@ -390,6 +390,19 @@ fn preflight(cfg: &RunConfig, live: bool) -> Result<()> {
     exec::preflight::check(cfg, rule).map_err(|e| anyhow::anyhow!("{e}"))
 }
 
+/// A routed run's router is built from its workflows together (their verifiers and first
+/// requests): build it once as the run would, so that `validate` and `run` refuse the same
+/// runs, before anything starts.
+fn check_routing(cfg: &RunConfig) -> Result<()> {
+    if cfg.workflows.iter().any(|w| w.route().is_some()) {
+        let (deployments, deployment_of) = exec::deployment_table(&cfg.workflows, cfg.max_num_seqs).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let records = exec::load_records(&cfg.workflows).map_err(|e| anyhow::anyhow!("{e}"))?;
+        exec::routing::routing_setup(&cfg.workflows, &records, &deployments, &deployment_of, &cfg.pool, &cfg.routing)
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+    }
+    Ok(())
+}
+
 fn validate(paths: &[PathBuf], pool: Option<&Path>) -> Result<()> {
     let workflows = load_all(paths)?;
     // The deployments are checked against the pool given, or the default one when it is found.
@@ -424,6 +437,7 @@ fn validate(paths: &[PathBuf], pool: Option<&Path>) -> Result<()> {
                 routing: Default::default(),
             };
             preflight(&cfg, false)?;
+            check_routing(&cfg)?;
         }
         None => eprintln!("note: no pool file found (pass --pool FILE): deployments were not checked against a pool"),
     }
@@ -550,6 +564,7 @@ fn run(args: RunArgs) -> Result<RunEnd> {
         routing: routing_config(&args)?,
     };
     preflight(&cfg, args.live)?;
+    check_routing(&cfg)?;
     // The output files are created before the run: a path that cannot be written is an error
     // now, not after the whole run (which would end without its report).
     let trace_file = match &args.trace {

@@ -130,6 +130,18 @@ fn bad_workflows_give_clear_errors() {
 }
 
 #[test]
+fn validate_refuses_what_run_would_refuse_for_a_routed_run() {
+    // Each file alone is sound; together the router cannot tell their verifiers apart: `run`
+    // refuses them, so `validate` must too, naming the file and the field.
+    for cmd in ["validate", "run"] {
+        let out = switchyard(&[cmd, "workflows/gsm8k-routed.yaml", "workflows/gsm8k-judged.yaml", "--pool", "workflows/pools/paper.yaml"]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{cmd}: {stderr}");
+        assert!(stderr.contains("workflows/gsm8k-judged.yaml: metric: its first request is also that of a workflow verified by"), "{cmd}: {stderr}");
+    }
+}
+
+#[test]
 fn validate_accepts_the_shipped_workflows() {
     let mut args = vec!["validate"];
     args.extend(WORKFLOWS);

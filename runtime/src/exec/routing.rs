@@ -203,7 +203,8 @@ pub fn routing_setup(
                 return Err(ShellError::Workflow {
                     workflow: spec.name.clone(),
                     message: format!(
-                        "its first request is also that of a workflow verified by `{other}` in this run; the router cannot tell which verifier (`{verifier}` or `{other}`) a program needs — run them apart"
+                        "{}: metric: its first request is also that of a workflow verified by `{other}` in this run; the router cannot tell which verifier (`{verifier}` or `{other}`) a program needs — run them apart",
+                        spec.path.display()
                     ),
                 });
             }
@@ -211,10 +212,13 @@ pub fn routing_setup(
         }
     }
     if exemplars.is_empty() {
+        let routed = workflows.iter().find(|w| w.route().is_some());
         return Err(ShellError::Workflow {
-            workflow: workflows.iter().find(|w| w.route().is_some()).map(|w| w.name.clone()).unwrap_or_default(),
-            message: "a routed run needs at least one workflow with a one-term metric (its verifier) and a dataset"
-                .into(),
+            workflow: routed.map(|w| w.name.clone()).unwrap_or_default(),
+            message: format!(
+                "{}: metric: a routed run needs at least one workflow with a one-term metric (its verifier) and a dataset",
+                routed.map(|w| w.path.display().to_string()).unwrap_or_default()
+            ),
         });
     }
     let prior_peak_tokens = vec![PRIOR_PEAK_TOKENS; arms.len()];

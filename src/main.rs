@@ -782,6 +782,28 @@ fn print_tables(r: &RunReport, wall: f64) {
         "loads {} · evictions {} · sleeps {} · wakes {} · LLM calls {} · tool calls {} · prompt tokens {} ({} from prefix cache) · generated tokens {} · preemptions {}",
         r.loads, r.evictions, r.sleeps, r.wakes, r.llm_calls, r.tool_calls, r.prompt_tokens, r.cached_prompt_tokens, r.generated_tokens, r.preemptions
     );
+    if !r.routing.is_empty() {
+        // ORACLE's routing: which model each routed workflow's programs were bound to.
+        let mut t = Table::new();
+        t.load_preset(UTF8_FULL_CONDENSED);
+        t.set_header(vec!["routed workflow", "model", "programs", "diverted", "gated", "verdicts", "successes", "right verifier", "cost (G param-tokens)"]);
+        for (workflow, models) in &r.routing {
+            for (model, s) in models {
+                t.add_row(vec![
+                    workflow.clone(),
+                    model.clone(),
+                    s.programs.to_string(),
+                    s.diverted.to_string(),
+                    s.gated.to_string(),
+                    s.verdicts.to_string(),
+                    s.successes.to_string(),
+                    s.right_verifier.to_string(),
+                    format!("{:.0}", s.cost),
+                ]);
+            }
+        }
+        println!("{t}");
+    }
     for f in &r.failures {
         println!("failed: {f}");
     }

@@ -107,6 +107,13 @@ fn the_table_output_names_every_workflow() {
     for w in ["gsm8k", "mbpp", "qmsum", "overall"] {
         assert!(text.contains(w), "{text}");
     }
+    assert!(!text.contains("routed workflow"), "no routing table without a routed workflow: {text}");
+    // A routed run's table output shows where its programs went (as `--json`'s `routing`).
+    let out = switchyard(&["run", "workflows/gsm8k-routed.yaml", "--sessions", "12", "--arrival", "poisson:0.5"]);
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    let rows: Vec<&str> = text.lines().filter(|l| l.contains("gsm8k-routed") && l.contains("Qwen3-")).collect();
+    assert!(text.contains("routed workflow") && !rows.is_empty(), "{text}");
 }
 
 fn assert_bad(file: &str, needle: &str) {

@@ -708,6 +708,15 @@ fn the_shell_tool_reads_only_literal_paths() {
     assert_eq!(e.kind(), Some(ErrorKind::Template), "{e}");
     assert_eq!(e.field(), Some("nodes.b.inputs.reads"), "{e}");
     assert!(e.to_string().contains("written literally"), "{e}");
+    // A literal path the tool would refuse is the file's error, at its entry, not every
+    // session's at run time: relative, with `..`, or absent on this host.
+    for (reads, why) in [("[\"/usr/share\", \"etc/passwd\"]", "is not absolute"), ("[\"/usr/../etc\"]", "contains `..`"), ("[\"/nonexistent/file\"]", "does not exist on this host")] {
+        let e = err(&with(reads));
+        assert_eq!(e.kind(), Some(ErrorKind::BadType), "{e}");
+        let field = if reads.contains("etc/passwd") { "nodes.b.inputs.reads[1]" } else { "nodes.b.inputs.reads[0]" };
+        assert_eq!(e.field(), Some(field), "{e}");
+        assert!(e.to_string().contains(why), "{e}");
+    }
 }
 
 /// BASE with a second deployment and node `a` routed between the two (paper 002).

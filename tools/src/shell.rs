@@ -147,8 +147,10 @@ impl ShellJob {
     }
 }
 
-/// A declared read path, checked: absolute, no `..`, existing on the host.
-fn checked_read(s: &str) -> Result<PathBuf, String> {
+/// A declared read path, checked: absolute, no `..`, existing on the host. The workflow
+/// loader checks every literal `reads` entry with it too, so that a bad path is the file's
+/// error (with its line and field) rather than every session's.
+pub fn checked_read(s: &str) -> Result<PathBuf, String> {
     let p = Path::new(s);
     if !p.is_absolute() {
         return Err(format!("path `{s}` is not absolute"));

@@ -1254,6 +1254,18 @@ fn tool_spec(
                 "the paths `shell` may read must be written literally, not rendered from references",
             ));
         }
+        if tool == switchyard_tools::shell::NAME && name == "reads" {
+            let items: Vec<(&Node, String)> = match &v.value {
+                Value::Seq(items) => items.iter().enumerate().map(|(i, n)| (n, format!("{vf}[{i}]"))).collect(),
+                _ => vec![(v, vf.clone())],
+            };
+            for (n, fld) in items {
+                let path = ctx.string(n, &fld)?;
+                if let Err(why) = switchyard_tools::shell::checked_read(&path) {
+                    return Err(ctx.err(n.pos, &fld, ErrorKind::BadType, why));
+                }
+            }
+        }
         loc.inputs.insert(name.clone(), v.pos);
         inputs.insert(name.clone(), t);
     }

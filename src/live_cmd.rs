@@ -36,6 +36,8 @@ pub struct LiveOptions {
 /// [`RunConfig`] that [`run_live`] takes.
 pub fn pool_spec(path: &Path) -> Result<PoolSpec> {
     let pool: LivePoolSpec<EngineSpec> = LivePoolSpec::load(path).map_err(|e| anyhow!("{e}"))?;
+    // Every device needs its engine to run live: said now, before the run starts.
+    pool.engines().map_err(|e| anyhow!("{e}"))?;
     Ok(pool.pool)
 }
 

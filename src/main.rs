@@ -413,11 +413,8 @@ fn validate(paths: &[PathBuf], pool: Option<&Path>) -> Result<()> {
     };
     match &pool_path {
         Some(p) => {
-            // A live pool file (devices with their engines) is accepted too.
-            let pool = match PoolSpec::load(p) {
-                Ok(pool) => pool,
-                Err(e) => live_cmd::pool_spec(p).map_err(|_| anyhow::anyhow!("{e}"))?,
-            };
+            // A live pool file (devices with their engines) is read for its devices too.
+            let pool = PoolSpec::load(p).map_err(|e| anyhow::anyhow!("{e}"))?;
             let cfg = RunConfig {
                 workflows: workflows.clone(),
                 sessions: 1,

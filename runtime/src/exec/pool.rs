@@ -18,7 +18,8 @@
 //! ```
 //! — groups without a node share one node, `host`; a node without `host_memory_gib` has twice
 //! its GPUs' memory ([`DEFAULT_HOST_MEMORY_PER_GPU_MEMORY`]). The live pool file
-//! (`live::pool`) extends this one with an engine per device group. Depends on the spec
+//! (`live::pool`) extends this one with an engine per device group; this parser reads a live
+//! pool file too, ignoring its engines. Depends on the spec
 //! catalogue and serde only, never on `sim` or `live`.
 
 use std::path::{Path, PathBuf};
@@ -120,6 +121,11 @@ struct DeviceGroup {
     count: u32,
     #[serde(default)]
     node: Option<String>,
+    /// A live pool file's engine (`live::pool`): the simulator reads such a file for its
+    /// devices and nodes and leaves the engines to `--live`.
+    #[serde(default)]
+    #[allow(dead_code)]
+    engine: Option<serde::de::IgnoredAny>,
 }
 
 /// Host memory of a node without a stated size, per byte of its GPUs' memory: the lower of

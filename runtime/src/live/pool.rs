@@ -40,16 +40,27 @@ pub enum LivePoolError {
     Engine { path: PathBuf, index: usize, field: &'static str, message: String },
     #[error("{path}: the pool file is {size} bytes, more than the limit of {limit} bytes (1 MiB); is this the right file?")]
     TooLarge { path: PathBuf, size: u64, limit: u64 },
+    /// The file's devices and nodes, as the simulator's pool parser reads them.
+    #[error("{0}")]
+    Pool(String),
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 #[serde(bound = "E: DeserializeOwned")]
 struct PoolFile<E> {
+    // The name, description and nodes are read by [`PoolSpec::parse`]; listed here so that
+    // the file's other fields are still checked.
+    #[allow(dead_code)]
     name: String,
     #[serde(default)]
+    #[allow(dead_code)]
     description: Option<String>,
     devices: Vec<DeviceGroup<E>>,
+    /// Host memory per node, as in the simulator's pool file (read by [`PoolSpec::parse`]).
+    #[serde(default)]
+    #[allow(dead_code)]
+    nodes: std::collections::BTreeMap<String, serde::de::IgnoredAny>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -59,6 +70,10 @@ struct DeviceGroup<E> {
     kind: String,
     #[serde(default = "one")]
     count: u32,
+    /// The group's host, as in the simulator's pool file (read by [`PoolSpec::parse`]).
+    #[serde(default)]
+    #[allow(dead_code)]
+    node: Option<String>,
     #[serde(default = "Option::default")]
     engine: Option<E>,
 }
@@ -127,11 +142,11 @@ impl<E: DeserializeOwned + Clone> LivePoolSpec<E> {
         if specs.is_empty() {
             return Err(LivePoolError::Empty { path: path.to_path_buf() });
         }
-        Ok(LivePoolSpec {
-            path: path.to_path_buf(),
-            pool: PoolSpec::on_one_host(file.name, file.description, specs),
-            devices,
-        })
+        // The devices and their hosts as the simulator reads the same file (`node`, `nodes`:
+        // the host memory level-1 sleepers use), in the same order as `devices`.
+        let pool = PoolSpec::parse(path, text).map_err(|e| LivePoolError::Pool(e.to_string()))?;
+        debug_assert_eq!(pool.devices.len(), specs.len());
+        Ok(LivePoolSpec { path: path.to_path_buf(), pool, devices })
     }
 
     /// The engine of every device, or the first group that names none.
@@ -172,6 +187,22 @@ mod tests {
         assert_eq!(e[0], Eng { kind: "vllm".into(), command: Some("x {port}".into()) });
         assert_eq!(e[2].kind, "openai");
         assert_eq!((p.devices[2].group, p.devices[2].ordinal), (1, 1));
+    }
+
+    #[test]
+    fn one_file_serves_the_simulator_and_the_live_runtime() {
+        // Nodes and their host memory (what level-1 sleepers use) in a live pool; the
+        // simulator's parser reads the same file for its devices, leaving the engines.
+        let text = "name: t\nnodes:\n  big: { host_memory_gib: 64 }\ndevices:\n  - { kind: A100-40GB, node: big, engine: { kind: openai } }\n  - { kind: A40, engine: { kind: openai } }\n";
+        let p: LivePoolSpec<Eng> = LivePoolSpec::parse(Path::new("p.yaml"), text).unwrap();
+        assert_eq!(p.pool.node_of, vec![0, 1]);
+        assert_eq!(p.pool.nodes[0].host_memory_bytes, 64 << 30);
+        let sim = PoolSpec::parse(Path::new("p.yaml"), text).unwrap();
+        assert_eq!(sim.devices.len(), 2);
+        // A simulator's pool file (with `node`) run live: the missing engine is named.
+        let p: LivePoolSpec<Eng> =
+            LivePoolSpec::parse(Path::new("p.yaml"), "name: t\ndevices:\n  - { kind: A40, count: 2, node: n }\n").unwrap();
+        assert!(p.engines().unwrap_err().to_string().starts_with("p.yaml: devices[0].engine: required to run live"));
     }
 
     #[test]

@@ -118,8 +118,8 @@ struct RunArgs {
     /// Exit 0 even when sessions failed (the report still counts them).
     #[arg(long)]
     allow_failures: bool,
-    /// Scheduling policy.
-    #[arg(long, default_value = "joint", value_parser = clap::builder::PossibleValuesParser::new(POLICIES))]
+    /// Scheduling policy (workflows; `--trace-replay` runs under `--scheduler`).
+    #[arg(long, default_value = "joint", conflicts_with = "trace_replay", value_parser = clap::builder::PossibleValuesParser::new(POLICIES))]
     policy: String,
     /// Ablation: do not fuse same-deployment chains (joint only).
     #[arg(long)]
@@ -213,11 +213,11 @@ struct RunArgs {
     #[arg(long)]
     live: bool,
     /// With `--live`: fail whatever is still open after this many wall seconds.
-    #[arg(long)]
+    #[arg(long, requires = "live")]
     deadline: Option<f64>,
     /// With `--live`: ask the engines for whole answers instead of streams (streaming is the
     /// default: a stalled server is noticed between chunks).
-    #[arg(long)]
+    #[arg(long, requires = "live")]
     no_stream: bool,
 }
 
@@ -495,6 +495,19 @@ fn joint_flag_problems(args: &RunArgs) -> Vec<String> {
         }
     } else if args.no_sleep && !args.sleep {
         problems.push("--no-sleep: needs --sleep (without it no policy sleeps a replica)".to_string());
+    }
+    if args.trace_replay.is_none() {
+        // Read only by `--trace-replay` (set to anything but their defaults, they would change
+        // nothing silently).
+        for (flag, set) in [
+            ("--scheduler", args.scheduler != "tao"),
+            ("--workers", args.workers != 32),
+            ("--agent-pool", args.agent_pool != "qwen32b-tp2x4"),
+        ] {
+            if set {
+                problems.push(format!("{flag}: applies to --trace-replay only"));
+            }
+        }
     }
     problems
 }

@@ -307,4 +307,16 @@ fn joint_only_flags_are_refused_with_another_policy() {
     let out = switchyard(&["run", "--trace-replay", "workflows/traces/swe-lite-sample.jsonl", "--no-prefetch"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--no-prefetch: not read with --trace-replay"));
+    // Flags another mode reads, refused rather than silently ignored.
+    for (args, needle) in [
+        (&["run", "--trace-replay", "workflows/traces/swe-lite-sample.jsonl", "--policy", "parrot"][..], "cannot be used with '--policy"),
+        (&["run", "workflows/gsm8k.yaml", "--sessions", "1", "--deadline", "5"][..], "--live"),
+        (&["run", "workflows/gsm8k.yaml", "--sessions", "1", "--no-stream"][..], "--live"),
+        (&["run", "workflows/gsm8k.yaml", "--sessions", "1", "--scheduler", "dynamo"][..], "--scheduler: applies to --trace-replay only"),
+        (&["run", "workflows/gsm8k.yaml", "--sessions", "1", "--workers", "3"][..], "--workers: applies to --trace-replay only"),
+    ] {
+        let out = switchyard(args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(needle), "{args:?}: {err}");
+    }
 }

@@ -33,16 +33,19 @@ use thiserror::Error;
 pub enum PoolError {
     #[error("{path}: cannot read: {source}")]
     Read { path: PathBuf, source: std::io::Error },
+    /// Not YAML, or a value of the wrong type or an unknown field (`message` names the field
+    /// where the position shows it).
     #[error("{path}:{line}:{column}: {message}")]
     Parse { path: PathBuf, line: u64, column: u64, message: String },
-    #[error("{path}: devices[{index}].kind: {message}")]
-    Device { path: PathBuf, index: usize, message: String },
-    #[error("{path}: devices: the pool has no GPU")]
-    Empty { path: PathBuf },
-    #[error("{path}: devices[{index}].count: the pool would hold {total} GPUs; at most {max} are supported", max = MAX_POOL_DEVICES)]
-    TooManyDevices { path: PathBuf, index: usize, total: u64 },
-    #[error("{path}: nodes.{node}: {message}")]
-    Node { path: PathBuf, node: String, message: String },
+    /// `at` is `:LINE:COLUMN` of the entry, or empty where it is not known.
+    #[error("{path}{at}: devices[{index}].kind: {message}")]
+    Device { path: PathBuf, at: String, index: usize, message: String },
+    #[error("{path}{at}: devices: the pool has no GPU")]
+    Empty { path: PathBuf, at: String },
+    #[error("{path}{at}: devices[{index}].count: the pool would hold {total} GPUs; at most {max} are supported", max = MAX_POOL_DEVICES)]
+    TooManyDevices { path: PathBuf, at: String, index: usize, total: u64 },
+    #[error("{path}{at}: nodes.{node}: {message}")]
+    Node { path: PathBuf, at: String, node: String, message: String },
     #[error("{path}: the pool file is {size} bytes, more than the limit of {limit} bytes (1 MiB); is this the right file?")]
     TooLarge { path: PathBuf, size: u64, limit: u64 },
 }
@@ -55,6 +58,73 @@ pub const MAX_POOL_DEVICES: u64 = 16_384;
 /// [`MAX_POOL_DEVICES`].
 pub fn add_devices(total: u64, count: u32) -> Option<u64> {
     Some(total + u64::from(count)).filter(|t| *t <= MAX_POOL_DEVICES)
+}
+
+/// Where things are in a pool file, for its errors: the YAML tree with positions (the
+/// workflow loader's parser). `None` where the text does not parse.
+struct Positions(Option<crate::workflow::yaml::Node>);
+
+impl Positions {
+    fn of(text: &str) -> Self {
+        Positions(crate::workflow::yaml::parse("", text).ok())
+    }
+
+    /// `:LINE:COLUMN` of the value at `path` (map keys and sequence indices), or "".
+    fn at(&self, path: &[PathStep<'_>]) -> String {
+        use crate::workflow::yaml::Value;
+        let Some(mut node) = self.0.as_ref() else { return String::new() };
+        for step in path {
+            let next = match (step, &node.value) {
+                (PathStep::Key(k), Value::Map(entries)) => entries.iter().find(|(key, _)| key.name == *k).map(|(_, v)| v),
+                (PathStep::Index(i), Value::Seq(items)) => items.get(*i),
+                _ => None,
+            };
+            match next {
+                Some(n) => node = n,
+                None => return String::new(),
+            }
+        }
+        format!(":{}:{}", node.pos.line, node.pos.column)
+    }
+
+    /// The field path (`devices[0].count`) of the value at `line`:`column`, if one starts there.
+    fn field_at(&self, line: u64, column: u64) -> Option<String> {
+        use crate::workflow::yaml::{Node, Value};
+        fn walk(node: &Node, path: String, line: u64, column: u64) -> Option<String> {
+            match &node.value {
+                Value::Map(entries) => entries.iter().find_map(|(k, v)| {
+                    let p = if path.is_empty() { k.name.clone() } else { format!("{path}.{}", k.name) };
+                    if (k.pos.line, k.pos.column) == (line, column) { Some(p) } else { walk(v, p, line, column) }
+                }),
+                Value::Seq(items) => items.iter().enumerate().find_map(|(i, v)| walk(v, format!("{path}[{i}]"), line, column)),
+                _ => ((node.pos.line, node.pos.column) == (line, column) && !path.is_empty()).then_some(path),
+            }
+        }
+        walk(self.0.as_ref()?, String::new(), line, column)
+    }
+}
+
+enum PathStep<'a> {
+    Key(&'a str),
+    Index(usize),
+}
+
+/// A serde error of a pool file as `(line, column, message)`: the parser's message once,
+/// without its snippet or its repeated position, after the field at that position.
+pub fn parse_error(text: &str, e: &serde_saphyr::Error) -> (u64, u64, String) {
+    let (line, column) = e.location().map(|l| (l.line().max(1), l.column().max(1))).unwrap_or((1, 1));
+    let mut message = e.without_snippet().to_string();
+    let prefix = format!("line {line} column {column}: ");
+    if let Some(i) = message.find(&prefix) {
+        message = message[i + prefix.len()..].to_string();
+    }
+    if let Some(stripped) = message.strip_suffix(&format!(" at line {line}, column {column}")) {
+        message = stripped.to_string();
+    }
+    match Positions::of(text).field_at(line, column) {
+        Some(field) => (line, column, format!("{field}: {message}")),
+        None => (line, column, message),
+    }
 }
 
 /// Largest pool file read (a pool file is a few lines; this bounds what a wrong path costs).
@@ -179,9 +249,10 @@ impl PoolSpec {
     /// Parse pool YAML; `path` names the source in errors.
     pub fn parse(path: &Path, text: &str) -> Result<Self, PoolError> {
         let file: PoolFile = serde_saphyr::from_str(text).map_err(|e| {
-            let (line, column) = e.location().map(|l| (l.line(), l.column())).unwrap_or((0, 0));
-            PoolError::Parse { path: path.to_path_buf(), line, column, message: e.to_string() }
+            let (line, column, message) = parse_error(text, &e);
+            PoolError::Parse { path: path.to_path_buf(), line, column, message }
         })?;
+        let positions = Positions::of(text);
         let mut devices = Vec::new();
         let mut node_names: Vec<String> = Vec::new();
         let mut node_of = Vec::new();
@@ -189,11 +260,13 @@ impl PoolSpec {
         for (index, group) in file.devices.iter().enumerate() {
             total = add_devices(total, group.count).ok_or_else(|| PoolError::TooManyDevices {
                 path: path.to_path_buf(),
+                at: positions.at(&[PathStep::Key("devices"), PathStep::Index(index), PathStep::Key("count")]),
                 index,
                 total: total + u64::from(group.count),
             })?;
             let d = spec::device(&group.kind).map_err(|e| PoolError::Device {
                 path: path.to_path_buf(),
+                at: positions.at(&[PathStep::Key("devices"), PathStep::Index(index), PathStep::Key("kind")]),
                 index,
                 message: e.to_string(),
             })?;
@@ -211,12 +284,13 @@ impl PoolSpec {
             }
         }
         if devices.is_empty() {
-            return Err(PoolError::Empty { path: path.to_path_buf() });
+            return Err(PoolError::Empty { path: path.to_path_buf(), at: positions.at(&[PathStep::Key("devices")]) });
         }
         for name in file.nodes.keys() {
             if !node_names.contains(name) {
                 return Err(PoolError::Node {
                     path: path.to_path_buf(),
+                    at: positions.at(&[PathStep::Key("nodes"), PathStep::Key(name)]),
                     node: name.clone(),
                     message: format!("no device group names node `{name}`"),
                 });
@@ -230,6 +304,7 @@ impl PoolSpec {
                 Some(gib) => {
                     return Err(PoolError::Node {
                         path: path.to_path_buf(),
+                        at: positions.at(&[PathStep::Key("nodes"), PathStep::Key(name), PathStep::Key("host_memory_gib")]),
                         node: name.clone(),
                         message: format!("host_memory_gib must be a non-negative number of GiB (got {gib})"),
                     });
@@ -265,20 +340,25 @@ mod tests {
     #[test]
     fn a_huge_count_is_refused_before_any_device_is_built() {
         let e = PoolSpec::parse(Path::new("p.yaml"), "name: t\ndevices:\n  - { kind: A40, count: 2 }\n  - { kind: A40, count: 1000000000 }\n").unwrap_err();
-        assert_eq!(e.to_string(), format!("p.yaml: devices[1].count: the pool would hold 1000000002 GPUs; at most {MAX_POOL_DEVICES} are supported"));
+        assert_eq!(e.to_string(), format!("p.yaml:4:25: devices[1].count: the pool would hold 1000000002 GPUs; at most {MAX_POOL_DEVICES} are supported"));
         assert!(PoolSpec::parse(Path::new("p.yaml"), "name: t\ndevices:\n  - { kind: A40, count: 256 }\n").is_ok());
     }
 
     #[test]
     fn bad_nodes_are_refused_with_their_name() {
         let e = PoolSpec::parse(Path::new("p.yaml"), "name: t\nnodes:\n  ghost: {}\ndevices:\n  - { kind: A40 }\n").unwrap_err();
-        assert_eq!(e.to_string(), "p.yaml: nodes.ghost: no device group names node `ghost`");
+        assert_eq!(e.to_string(), "p.yaml:3:10: nodes.ghost: no device group names node `ghost`");
         let e = PoolSpec::parse(
             Path::new("p.yaml"),
             "name: t\nnodes:\n  n: { host_memory_gib: -1 }\ndevices:\n  - { kind: A40, node: n }\n",
         )
         .unwrap_err();
-        assert!(e.to_string().starts_with("p.yaml: nodes.n: host_memory_gib must be a non-negative"), "{e}");
+        assert!(e.to_string().starts_with("p.yaml:3:25: nodes.n: host_memory_gib must be a non-negative"), "{e}");
+        // Each error names the line, column and field, the parser's included.
+        let e = PoolSpec::parse(Path::new("p.yaml"), "name: t\ndevices:\n  - { kind: A40 }\n  - { kind: V100-16GB }\n").unwrap_err();
+        assert!(e.to_string().starts_with("p.yaml:4:13: devices[1].kind: unknown device `V100-16GB`"), "{e}");
+        let e = PoolSpec::parse(Path::new("p.yaml"), "name: t\ndevices:\n  - { kind: A40, count: two }\n").unwrap_err();
+        assert_eq!(e.to_string(), "p.yaml:3:25: devices[0].count: invalid u32");
     }
 
     #[test]

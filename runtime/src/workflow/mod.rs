@@ -11,7 +11,7 @@ mod dataset;
 mod error;
 mod load;
 pub mod template;
-mod yaml;
+pub(crate) mod yaml;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -377,7 +377,7 @@ mod tests {
         let e = PoolSpec::parse(Path::new("p.yaml"), "name: t\ndevices:\n  - { kind: B300 }\n")
             .unwrap_err()
             .to_string();
-        assert!(e.starts_with("p.yaml: devices[0].kind"), "{e}");
+        assert!(e.starts_with("p.yaml:3:13: devices[0].kind"), "{e}");
         let e = PoolSpec::parse(Path::new("p.yaml"), "name: t\ndevices:\n  - { kind: A40, count: x }\n")
             .unwrap_err()
             .to_string();

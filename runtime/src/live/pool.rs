@@ -116,9 +116,12 @@ impl<E: DeserializeOwned + Clone> LivePoolSpec<E> {
 
     /// Parse live pool YAML; `path` names the source in errors.
     pub fn parse(path: &Path, text: &str) -> Result<Self, LivePoolError> {
+        // The devices and their hosts as the simulator reads the same file (`node`, `nodes`:
+        // the host memory level-1 sleepers use), with its positioned errors; then the engines.
+        let pool = PoolSpec::parse(path, text).map_err(|e| LivePoolError::Pool(e.to_string()))?;
         let file: PoolFile<E> = serde_saphyr::from_str(text).map_err(|e| {
-            let (line, column) = e.location().map(|l| (l.line(), l.column())).unwrap_or((0, 0));
-            LivePoolError::Parse { path: path.to_path_buf(), line, column, message: e.to_string() }
+            let (line, column, message) = crate::exec::pool::parse_error(text, &e);
+            LivePoolError::Parse { path: path.to_path_buf(), line, column, message }
         })?;
         let mut specs = Vec::new();
         let mut devices = Vec::new();
@@ -142,9 +145,6 @@ impl<E: DeserializeOwned + Clone> LivePoolSpec<E> {
         if specs.is_empty() {
             return Err(LivePoolError::Empty { path: path.to_path_buf() });
         }
-        // The devices and their hosts as the simulator reads the same file (`node`, `nodes`:
-        // the host memory level-1 sleepers use), in the same order as `devices`.
-        let pool = PoolSpec::parse(path, text).map_err(|e| LivePoolError::Pool(e.to_string()))?;
         debug_assert_eq!(pool.devices.len(), specs.len());
         Ok(LivePoolSpec { path: path.to_path_buf(), pool, devices })
     }
@@ -218,8 +218,13 @@ mod tests {
         let e = LivePoolSpec::<Eng>::parse(Path::new("p.yaml"), "name: t\ndevices:\n  - { kind: B300 }\n")
             .unwrap_err()
             .to_string();
-        assert!(e.starts_with("p.yaml: devices[0].kind"), "{e}");
+        assert!(e.starts_with("p.yaml:3:13: devices[0].kind"), "{e}");
         assert!(LivePoolSpec::<Eng>::parse(Path::new("p.yaml"), "name: t\ndevices: []\n").is_err());
+        // An engine's own field: the line, column and field path, the parser's message once.
+        let e = LivePoolSpec::<Eng>::parse(Path::new("p.yaml"), "name: t\ndevices:\n  - { kind: A40, engine: { kind: vllm, port: 3 } }\n")
+            .unwrap_err()
+            .to_string();
+        assert_eq!(e.matches("line").count(), 0, "{e}");
     }
 
     #[test]

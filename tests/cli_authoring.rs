@@ -44,7 +44,7 @@ fn the_generic_agent_team_runs_under_every_policy_deterministically() {
         assert_eq!(json["sessions_completed"], 4, "{policy}: {json}");
         assert_eq!(json["sessions_failed"], 0, "{policy}");
         let w = &json["workflows"]["team"];
-        assert_eq!(w["metric"], "TestsPass");
+        assert_eq!(w["metric"], "tests_pass");
         let acc = w["accuracy"].as_f64().unwrap_or(-1.0);
         assert!((0.0..=1.0).contains(&acc), "{policy}: {acc}");
         // Nine agent activations at least per session (planner, 3 researchers, synthesizer,

@@ -84,12 +84,7 @@ pub fn call_cost(model: &str, prompt_tokens: u32, cached_prompt_tokens: u32, out
 
 /// The verifier name of a metric kind.
 pub fn verifier_name(kind: MetricKind) -> &'static str {
-    match kind {
-        MetricKind::Gsm8kExact => "gsm8k_exact",
-        MetricKind::TestsPass => "tests_pass",
-        MetricKind::RougeL => "rouge_l",
-        MetricKind::Verdict => "verdict",
-    }
+    kind.name()
 }
 
 /// The verifier name of an LLM judge: a workflow's `verifier:` term that reads an agent's

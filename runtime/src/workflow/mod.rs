@@ -320,6 +320,18 @@ pub enum MetricKind {
     Verdict,
 }
 
+impl MetricKind {
+    /// The kind's name in a workflow file (`metric: {kind: …}`) and in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            MetricKind::Gsm8kExact => "gsm8k_exact",
+            MetricKind::TestsPass => "tests_pass",
+            MetricKind::RougeL => "rouge_l",
+            MetricKind::Verdict => "verdict",
+        }
+    }
+}
+
 /// One term of a workflow's score.
 #[derive(Debug, Clone, PartialEq)]
 pub struct MetricTerm {
@@ -344,12 +356,12 @@ impl MetricSpec {
     /// The metric as a report names it: `TestsPass`, or `0.5 TestsPass + 0.5 Verdict`.
     pub fn label(&self) -> String {
         match self.terms.as_slice() {
-            [one] => format!("{:?}", one.kind),
+            [one] => one.kind.name().to_string(),
             terms => {
                 let total: f64 = terms.iter().map(|t| t.weight).sum();
                 terms
                     .iter()
-                    .map(|t| format!("{} {:?}", (t.weight / total * 1000.0).round() / 1000.0, t.kind))
+                    .map(|t| format!("{} {}", (t.weight / total * 1000.0).round() / 1000.0, t.kind.name()))
                     .collect::<Vec<_>>()
                     .join(" + ")
             }

@@ -18,6 +18,11 @@ use super::RunConfig;
 use super::arrivals::Arrival;
 use crate::workflow::NodeKind;
 
+/// Poisson arrival rates a run accepts, sessions per second per workflow (outside it the
+/// trace's times lose all meaning: a rate of 1e-300 put arrivals 10^300 s apart).
+pub const MIN_POISSON_RATE: f64 = 1e-6;
+pub const MAX_POISSON_RATE: f64 = 1e6;
+
 /// Most sessions one run may ask for (per workflow).
 pub const MAX_SESSIONS: usize = 10_000_000;
 /// The smallest per-step token budget of vLLM's per-device defaults (`max_num_batched_tokens`
@@ -97,6 +102,12 @@ pub fn flag_problems(sessions: usize, max_num_seqs: u32, tool_workers: usize, ar
         && !(r.is_finite() && r > 0.0)
     {
         problems.push(format!("--arrival: Poisson rate {r} must be a positive number"));
+    } else if let Arrival::Poisson(r) = arrival
+        && !(MIN_POISSON_RATE..=MAX_POISSON_RATE).contains(&r)
+    {
+        problems.push(format!(
+            "--arrival: Poisson rate {r} sessions/s is out of range ({MIN_POISSON_RATE} to {MAX_POISSON_RATE}; {MIN_POISSON_RATE} is one session every 11.6 days)"
+        ));
     }
     problems
 }
@@ -275,6 +286,11 @@ nodes:
         c.session_counts = vec![MAX_SESSIONS + 1];
         let e = check(&c, FitRule::EmulatedEngine).err().map(|e| e.problems).unwrap_or_default();
         assert!(e.len() == 1 && e[0].starts_with("sessions of workflow 1:"), "{e:?}");
+        c.session_counts = Vec::new();
+        for (rate, ok) in [(1e-300, false), (1e-6, true), (0.15, true), (1e6, true), (1e7, false)] {
+            c.arrival = Arrival::Poisson(rate);
+            assert_eq!(check(&c, FitRule::EmulatedEngine).is_ok(), ok, "rate {rate}");
+        }
     }
 
     #[test]

@@ -534,7 +534,7 @@ fn metrics_may_score_several_nodes_with_weights() {
     let m = spec.metric.unwrap();
     assert_eq!(m.terms.len(), 2);
     assert_eq!(m.terms[1].nodes, vec!["check".to_string()]);
-    assert_eq!(m.label(), "0.75 Verdict + 0.25 Verdict");
+    assert_eq!(m.label(), "0.75 verdict + 0.25 verdict");
     let e = err(&with("{kind: verdict, node: check}"));
     assert!(e.to_string().contains("a `verdict` term needs `pass`"), "{e}");
     let e = err(&with("{kind: verdict, node: coder, pass: [x]}"));

@@ -187,7 +187,10 @@ pub fn load_on_demand(state: &mut PlannerState, deployment: DeploymentId, now: f
         let no_sleeper = !state.asleep().any(|a| a.deployment == deployment && a.device == g);
         let Some(dev) = state.device(g) else { continue };
         let claim = d.claim_bytes(dev);
-        let mut idle: Vec<_> = state.replicas_on(g).filter(|r| r.is_idle()).collect();
+        // Never a copy of the deployment being loaded: unloading it to load the same model on
+        // the same device again only costs a teardown and a cold start (the reactive scale-out
+        // of a packing policy, which leaves its newest copies idle, did exactly that).
+        let mut idle: Vec<_> = state.replicas_on(g).filter(|r| r.is_idle() && r.deployment != deployment).collect();
         idle.sort_by(|a, b| a.last_used.total_cmp(&b.last_used).then(a.id.cmp(&b.id)));
         let mut free = state.free_bytes(g) + state.asleep_bytes_on(g);
         let mut victims = Vec::new();
@@ -271,6 +274,22 @@ mod tests {
 
     fn loads(out: &[Command]) -> usize {
         out.iter().filter(|c| matches!(c, Command::Load { .. })).count()
+    }
+
+    #[test]
+    fn a_load_never_evicts_an_idle_copy_of_its_own_model() {
+        // Every device holds an idle replica of the deployment: nothing to gain by unloading
+        // one to load the same model there again.
+        let mut s = state(2);
+        let mut sink = Vec::new();
+        for g in 0..3 {
+            let r = s.issue_load(DeploymentId(0), DeviceId(g), 0.0, &mut sink).unwrap();
+            s.observe(Event::ReplicaLoaded { replica: r }, 0.0).unwrap();
+        }
+        let mut out = Vec::new();
+        assert_eq!(load_on_demand(&mut s, DeploymentId(0), 10.0, &mut out), None);
+        assert!(out.is_empty(), "{out:?}");
+        assert_eq!(s.replicas_of(DeploymentId(0)).count(), 3);
     }
 
     #[test]

@@ -336,12 +336,15 @@ pub enum PlannerMsg {
     /// A call failed for good (bad answers past the retry bound, or a rejected request).
     CallFailed { replica: ReplicaId, activation: ActivationId, reason: String, attempts: u32 },
     /// A call stopped at the planner's request ([`ReplicaMsg::Abort`]): its session had ended.
-    /// Not a fault; its lease ends now, when the engine no longer runs it.
+    /// Not a fault; sent once the call's task (and its connection) is gone, so its lease ends
+    /// when the call no longer runs here.
     Aborted { replica: ReplicaId, activation: ActivationId, attempts: u32 },
     /// The engine was unreachable and restarted in place.
     Restarted { replica: ReplicaId },
-    /// The replica is gone (restarts exhausted): its calls must move elsewhere.
-    ReplicaLost { replica: ReplicaId, reason: String },
+    /// The replica is gone (restarts exhausted): its calls must move elsewhere. `actor` is the
+    /// replica actor that says so: a replica woken or reloaded under the same id is another
+    /// actor, which a late word from its predecessor must not take down.
+    ReplicaLost { replica: ReplicaId, actor: ractor::ActorId, reason: String },
     /// An engine call or lifecycle action failed with `error` (reported on every failure; the
     /// planner notes the first of each kind per endpoint as it happens).
     EngineFault { replica: ReplicaId, endpoint: String, error: EngineError },
@@ -450,6 +453,8 @@ pub enum ReplicaMsg {
     /// call's task is dropped with its connection, so that the server aborts the request (vLLM
     /// aborts on a disconnect), and the call is reported [`PlannerMsg::Aborted`].
     Abort { activations: Vec<ActivationId> },
+    /// The task of aborted call `id` is gone: report the call `Aborted`.
+    Stopped { id: u64 },
     /// Reclaim: sleep at this vLLM level (and park the engine) when `sleep`, else unload (also
     /// when the engine cannot sleep); report `Parked` or `Unloaded`; then stop.
     Reclaim { sleep: Option<u8>, ticket: LifecycleTicket },

@@ -522,7 +522,11 @@ impl PlannerActorState {
                 self.faults.restarts += 1;
                 self.note(format!("replica {replica} was restarted after its engine stopped answering or failed to start"));
             }
-            PlannerMsg::ReplicaLost { replica, reason } => self.replica_gone(myself, replica, reason).await,
+            PlannerMsg::ReplicaLost { replica, actor, reason } => {
+                if self.is_current(replica, actor) {
+                    self.replica_gone(myself, replica, reason).await;
+                }
+            }
             PlannerMsg::EngineFault { replica, endpoint, error } => self.engine_fault(replica, endpoint, error),
             PlannerMsg::Parked { replica, engine } => {
                 let Some((device, deployment)) = self.falling_asleep.remove(&replica) else {
@@ -1480,7 +1484,9 @@ impl PlannerActorState {
     async fn child_stopped(&mut self, myself: &ActorRef<PlannerMsg>, cell: ActorCell, reason: Option<String>) {
         let id = cell.get_id();
         if let Some(replica) = self.replica_cells.remove(&id) {
-            if !self.shutting_down {
+            // A replica woken or reloaded under the same id is a new actor: the old one's end
+            // is not the new one's.
+            if !self.shutting_down && self.is_current(replica, id) {
                 let reason = reason.unwrap_or_else(|| "the replica actor stopped".into());
                 self.replica_gone(myself, replica, reason).await;
             }
@@ -1499,6 +1505,12 @@ impl PlannerActorState {
                 self.set_fatal(format!("cannot restart the tool executors: {e}"));
             }
         }
+    }
+
+    /// Whether `actor` is the actor now serving `replica` (not one it replaced under the same
+    /// id after a sleep or an unload).
+    fn is_current(&self, replica: ReplicaId, actor: ActorId) -> bool {
+        self.replicas.get(&replica).is_some_and(|r| r.actor.get_id() == actor)
     }
 
     fn crashed_session_report(&self, session: SessionId, reason: String) -> SessionReport {

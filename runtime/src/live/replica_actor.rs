@@ -74,7 +74,10 @@ struct InFlight {
     attempts: u32,
     /// The task of the latest attempt: aborting it drops the request's connection (a no-op
     /// once the attempt has answered).
-    task: Option<tokio::task::AbortHandle>,
+    task: Option<tokio::task::JoinHandle<()>>,
+    /// Aborted at the planner's request, and its task not yet gone: the call still counts as
+    /// in flight (a reclaim waits for it) until [`ReplicaMsg::Stopped`].
+    aborting: bool,
 }
 
 pub struct ReplicaState {
@@ -123,6 +126,9 @@ impl ReplicaState {
     /// Send request `id` to the engine on its own task; the answer comes back as `Done`.
     fn launch(&mut self, myself: &ActorRef<ReplicaMsg>, id: u64) {
         let Some(f) = self.requests.get_mut(&id) else { return };
+        if f.aborting {
+            return;
+        }
         f.attempts += 1;
         let request = f.request.clone();
         let engine = Arc::clone(&self.handle.engine);
@@ -136,20 +142,33 @@ impl ReplicaState {
             }
             .instrument(span),
         );
-        f.task = Some(task.abort_handle());
+        f.task = Some(task);
     }
 
-    /// Stop the calls of `activations`: drop their attempts in flight (and with them their
-    /// connections, so that the server aborts them) and report each one `Aborted`. A retry
-    /// waiting for its pause finds nothing left to send.
-    fn abort(&mut self, activations: &[ActivationId]) {
-        let ids: Vec<u64> = self.requests.iter().filter(|(_, f)| activations.contains(&f.activation)).map(|(id, _)| *id).collect();
-        for id in ids {
-            let Some(f) = self.requests.remove(&id) else { continue };
-            if let Some(task) = &f.task {
-                task.abort();
-            }
+    /// Stop the calls of `activations`: abort their attempts in flight (dropping an attempt's
+    /// task drops its connection, so that the server aborts the request). Each call stays in
+    /// flight until its task is gone ([`ReplicaMsg::Stopped`]), so that a reclaim waiting for
+    /// the replica's calls waits for it too; then it is reported `Aborted`. A retry waiting for
+    /// its pause sends nothing.
+    fn abort(&mut self, myself: &ActorRef<ReplicaMsg>, activations: &[ActivationId]) {
+        for (&id, f) in self.requests.iter_mut().filter(|(_, f)| activations.contains(&f.activation) && !f.aborting) {
+            f.aborting = true;
             tracing::info!(activation = %f.activation, "call aborted: its session ended");
+            let task = f.task.take();
+            let me = myself.clone();
+            tokio::spawn(async move {
+                if let Some(task) = task {
+                    task.abort();
+                    let _ = task.await;
+                }
+                let _ = me.send_message(ReplicaMsg::Stopped { id });
+            });
+        }
+    }
+
+    /// An aborted call is over: report it.
+    fn aborted(&mut self, id: u64) {
+        if let Some(f) = self.requests.remove(&id) {
             let _ = self.planner.send_message(PlannerMsg::Aborted { replica: self.replica, activation: f.activation, attempts: f.attempts });
         }
     }
@@ -251,7 +270,7 @@ impl ReplicaState {
         tracing::error!(%reason, "replica lost");
         self.stop_telemetry();
         self.requests.clear();
-        let _ = self.planner.send_message(PlannerMsg::ReplicaLost { replica: self.replica, reason: reason.clone() });
+        let _ = self.planner.send_message(PlannerMsg::ReplicaLost { replica: self.replica, actor: myself.get_id(), reason: reason.clone() });
         let _ = self.engine().unload().await;
         myself.stop(Some(reason));
     }
@@ -286,6 +305,7 @@ impl ReplicaState {
             self.requests.clear();
             let _ = self.planner.send_message(PlannerMsg::ReplicaLost {
                 replica: self.replica,
+                actor: myself.get_id(),
                 reason: "reclaimed with calls in flight".into(),
             });
         }
@@ -401,16 +421,21 @@ async fn handle(myself: ActorRef<ReplicaMsg>, msg: ReplicaMsg, state: &mut Repli
         ReplicaMsg::Submit { activation, mut request } => {
             request.model = state.handle.served_model.clone();
             let id = request.id;
-            state.requests.insert(id, InFlight { activation, request, bad_answers: 0, overloads: 0, timeouts: 0, attempts: 0, task: None });
+            state.requests.insert(id, InFlight { activation, request, bad_answers: 0, overloads: 0, timeouts: 0, attempts: 0, task: None, aborting: false });
             state.launch(&myself, id);
         }
         ReplicaMsg::Retry { id } => state.launch(&myself, id),
-        ReplicaMsg::Abort { activations } => {
-            state.abort(&activations);
+        ReplicaMsg::Abort { activations } => state.abort(&myself, &activations),
+        ReplicaMsg::Stopped { id } => {
+            state.aborted(id);
             state.after_call(&myself).await;
         }
         ReplicaMsg::Done { id, generation, result } => {
-            if !state.requests.contains_key(&id) {
+            let Some(f) = state.requests.get(&id) else { return };
+            if f.aborting {
+                // Answered before the abort took: the call is over all the same.
+                state.aborted(id);
+                state.after_call(&myself).await;
                 return;
             }
             match result {

@@ -636,6 +636,10 @@ impl PlannerState {
                 self.queue.retain(|w| w.activation.session != session);
                 self.gated.remove(&session);
                 self.chain_next.retain(|a| a.session != session);
+                // Its tool runs end with it: their answers go to a session that no longer
+                // exists, so no `ToolFinished` follows (a unit on a replica holds a lease and
+                // ends with its call: `UnitFinished`).
+                self.running.retain(|a, u| a.session != session || u.replica.is_some());
             }
             Event::ReplicaLoaded { replica } => {
                 let r = self.replicas.get_mut(&replica).ok_or(PlanError::UnknownReplica(replica))?;
@@ -939,6 +943,25 @@ mod tests {
         .unwrap();
         s.issue_unload(r, 2.0, &mut out).unwrap();
         assert_eq!(s.evictions(), 1);
+    }
+
+    #[test]
+    fn a_session_that_ends_during_a_tool_run_leaves_nothing_running() {
+        // Its tool's answer goes to a session that no longer exists: no `ToolFinished` comes,
+        // and a unit left "running" would keep the shells' stranded-unit watch off for good.
+        let mut s = state();
+        let mut out = Vec::new();
+        let r = s.issue_load(DeploymentId(0), DeviceId(0), 0.0, &mut out).unwrap();
+        s.observe(Event::ReplicaLoaded { replica: r }, 1.0).unwrap();
+        let tool = ActivationId { session: SessionId(1), index: 1 };
+        s.observe(Event::ToolStarted { activation: tool, predicted_s: 4.0, workflow: 0, node: 1 }, 1.0).unwrap();
+        s.observe(Event::UnitReady(item(2)), 1.0).unwrap();
+        s.issue_dispatch(item(2).activation, r, 1.0, &mut out).unwrap();
+        s.observe(Event::SessionEnded { session: SessionId(1) }, 2.0).unwrap();
+        assert!(!s.running().contains_key(&tool));
+        // Another session's call on a replica runs on.
+        s.observe(Event::SessionEnded { session: SessionId(3) }, 2.0).unwrap();
+        assert!(s.running().contains_key(&item(2).activation));
     }
 
     #[test]

@@ -102,6 +102,8 @@ struct Api {
     workflows: Mutex<BTreeMap<String, WorkflowEntry>>,
     runs: Mutex<BTreeMap<String, RunEntry>>,
     next_run: AtomicU64,
+    /// The run the last pruning pass looked at last ([`prune_forgotten_runs`]).
+    prune_cursor: Mutex<Option<String>>,
     /// Sessions drawn from each start-up workflow's dataset so far (the next record to use).
     drawn: Mutex<BTreeMap<u32, usize>>,
     /// The journal of durable sessions (`--state`), and the next session number in it.
@@ -246,6 +248,7 @@ fn api_state(
         workflows: Mutex::new(workflows),
         runs: Mutex::new(BTreeMap::new()),
         next_run: AtomicU64::new(1),
+        prune_cursor: Mutex::new(None),
         drawn: Mutex::new(BTreeMap::new()),
         journal,
         next_number: AtomicU64::new(1),
@@ -816,22 +819,36 @@ const RUNS_PRUNED_PER_PASS: usize = 16;
 /// reads `unknown`). This bounds the runs' memory by the sessions the runtime remembers; a run
 /// still running, or with a session whose outcome is known, is kept.
 async fn prune_forgotten_runs(api: &Api) {
-    let oldest: Vec<(String, Vec<SessionId>)> = {
+    // Each pass looks at the next few candidates after where the last one stopped (wrapping
+    // around), so runs that cannot go — still running, restored from the journal with known
+    // outcomes, a session whose outcome is remembered — never block the ones behind them.
+    let candidates: Vec<(String, Vec<SessionId>)> = {
         let runs = lock(&api.runs);
         if runs.len() <= api.config.keep_runs {
             return;
         }
-        let mut ids: Vec<&String> = runs.keys().collect();
+        let mut ids: Vec<&String> = runs.iter().filter(|(_, r)| r.ended_before.is_empty()).map(|(id, _)| id).collect();
         ids.sort_by(|a, b| run_order(a).cmp(&run_order(b)));
-        ids.into_iter()
-            .take(RUNS_PRUNED_PER_PASS)
-            .filter_map(|id| runs.get(id).filter(|r| r.ended_before.is_empty()).map(|r| (id.clone(), r.sessions.clone())))
-            .collect()
+        let cursor = lock(&api.prune_cursor).clone();
+        let start = cursor.as_deref().map_or(0, |c| ids.partition_point(|id| run_order(id) <= run_order(c)));
+        let picked: Vec<(String, Vec<SessionId>)> = ids
+            .iter()
+            .cycle()
+            .skip(start)
+            .take(RUNS_PRUNED_PER_PASS.min(ids.len()))
+            .filter_map(|id| runs.get(*id).map(|r| ((*id).clone(), r.sessions.clone())))
+            .collect();
+        *lock(&api.prune_cursor) = picked.last().map(|(id, _)| id.clone());
+        picked
     };
-    for (id, sessions) in oldest {
+    for (id, sessions) in candidates {
         let Ok(statuses) = api.service.status(sessions).await else { return };
         if statuses.iter().all(|s| matches!(s, SessionStatus::Unknown)) {
-            lock(&api.runs).remove(&id);
+            let mut runs = lock(&api.runs);
+            runs.remove(&id);
+            if runs.len() <= api.config.keep_runs {
+                return;
+            }
         }
     }
 }

@@ -209,7 +209,7 @@ pub struct TaoArgs {
     #[arg(long, default_value_t = 300)]
     pub sessions: usize,
     /// Concurrent workers (closed loop), comma-separated.
-    #[arg(long, value_delimiter = ',', default_values_t = [96, 128, 160])]
+    #[arg(long, value_delimiter = ',', default_value = "96,128,160")]
     pub workers: Vec<usize>,
     /// Trace seed of the generated workloads.
     #[arg(long, default_value_t = 42)]

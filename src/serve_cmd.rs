@@ -160,10 +160,11 @@ pub fn run(args: ServeArgs) -> Result<()> {
                     .map_err(|e| anyhow!("--state {}: {e}", dir.display()))?;
                 if restored.runs > 0 || restored.workflows > 0 {
                     eprintln!(
-                        "switchyard serve: journal {}: {} workflows registered again, {} runs, {} sessions ended before, {} resumed",
+                        "switchyard serve: journal {}: {} workflows registered again, {} runs ({} ended ones past --keep-runs left in the journal), {} sessions ended before, {} resumed",
                         dir.display(),
                         restored.workflows,
                         restored.runs,
+                        restored.runs_left_in_journal,
                         restored.ended_sessions,
                         restored.resumed_sessions
                     );

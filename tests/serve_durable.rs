@@ -198,3 +198,38 @@ async fn a_workflow_registered_over_the_api_survives_a_restart() {
     let journal = Journal::open(&state).expect("journal");
     assert_eq!(journal.workflows().expect("workflows"), vec![("echo-later".to_string(), ECHO.to_string())]);
 }
+
+/// A restart reads back at most `--keep-runs` ended runs (the newest); older ones stay in the
+/// journal only, so the server's memory does not grow with every run it ever served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_reads_back_only_the_newest_ended_runs() {
+    const ECHO: &str = "name: echo-few\ndeployments:\n  small: {model: Qwen3-0.6B, dtype: fp16, max_context: 4096, max_output_tokens: 64}\nnodes:\n  - id: say\n    deployment: small\n    output_tokens: {mean: 8, cv: 0.1}\n    prompt: Say something.\n";
+    let dir = tempfile::tempdir().expect("tempdir");
+    let state = dir.path().join("state");
+    let workflow = dir.path().join("long-pair.yaml");
+    std::fs::write(&workflow, LONG_PAIR).expect("workflow");
+    let http = reqwest::Client::new();
+    let auth = format!("Bearer {TOKEN}");
+    let pool = slow_pool(dir.path());
+    let args = ["--state".as_ref(), state.as_os_str(), "--keep-runs".as_ref(), "1".as_ref()];
+    let first = Server::start_with(&pool, &[&workflow], &args);
+    assert_eq!(register(&http, &first, ECHO).await.status(), 201);
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        let resp = http.post(first.url("/v1/runs")).header("authorization", &auth).json(&json!({"workflow": "echo-few", "sessions": 1})).send().await.expect("run");
+        assert_eq!(resp.status(), 201);
+        let id = resp.json::<Value>().await.expect("json")["id"].as_str().expect("id").to_string();
+        assert_eq!(run_until_ended(&http, &first, &id, Duration::from_secs(120)).await["state"], "completed");
+        ids.push(id);
+    }
+    drop(first);
+    let second = Server::start_with(&pool, &[&workflow], &args);
+    let list: Value = http.get(second.url("/v1/runs")).header("authorization", &auth).send().await.expect("list").json().await.expect("json");
+    let listed: Vec<&str> = list["runs"].as_array().expect("runs").iter().filter_map(|r| r["id"].as_str()).collect();
+    assert_eq!(listed, vec![ids[2].as_str()], "{list}");
+    let old = http.get(second.url(&format!("/v1/runs/{}", ids[0]))).header("authorization", &auth).send().await.expect("old");
+    assert_eq!(old.status(), 404);
+    // The journal still holds every run.
+    drop(second);
+    assert_eq!(Journal::open(&state).expect("journal").runs().expect("runs").len(), 3);
+}

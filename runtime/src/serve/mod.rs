@@ -228,6 +228,9 @@ pub struct Restored {
     /// Workflows registered over the API and registered again from the journal.
     pub workflows: usize,
     pub runs: usize,
+    /// Of those, runs that had ended and were not read back: past [`ApiConfig::keep_runs`] such
+    /// runs, the oldest stay in the journal only.
+    pub runs_left_in_journal: usize,
     pub ended_sessions: usize,
     pub resumed_sessions: usize,
 }
@@ -297,10 +300,21 @@ async fn restore(api: &Arc<Api>, journal: &Arc<Journal>) -> Result<Restored, Str
         lock(&api.workflows).insert(name, WorkflowEntry { index, text, ..e_inputs });
         restored.workflows += 1;
     }
+    // Ended runs beyond `keep_runs`, oldest first, are left in the journal: a restart does not
+    // grow the server's memory with every run it ever served.
+    let open: BTreeSet<&str> = unfinished.iter().map(|u| u.run_id.as_str()).collect();
+    let mut ended: Vec<&str> = runs.iter().map(|r| r.run_id.as_str()).filter(|id| !open.contains(id)).collect();
+    ended.sort_by(|a, b| run_order(a).cmp(&run_order(b)));
+    let left: BTreeSet<String> =
+        ended.iter().take(ended.len().saturating_sub(api.config.keep_runs)).map(|id| id.to_string()).collect();
+    restored.runs_left_in_journal = left.len();
     let mut max_run = 0;
     for run in &runs {
         if let Some(n) = run.run_id.strip_prefix("run-").and_then(|n| n.parse::<u64>().ok()) {
             max_run = max_run.max(n);
+        }
+        if left.contains(&run.run_id) {
+            continue;
         }
         // Its workflow: registered at start under that name, else registered again from the
         // journaled text.

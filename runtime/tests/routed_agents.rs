@@ -431,3 +431,25 @@ fn disc_learns_each_hybrid_models_own_state() {
         oracle_programs::pool("H100-80GB", (oracle_programs::HYBRID_LARGER, oracle_programs::HYBRID_SMALLER), 1_000);
     assert!(run_routed_agents(&trace, &both, &cfg(SchedulerKind::ThunderAgent, 12), &r).is_err());
 }
+
+/// DISC's 95 % per-call ceiling (paper 002 B.2, "the hard limit"): with a ledger that admits
+/// far more programs than the cache holds, calls that would take an engine's KV past the
+/// ceiling wait for a call there to end; without the ceiling they go at once and the engine
+/// preempts.
+#[test]
+fn the_per_call_ceiling_holds_calls_an_engine_cannot_take() {
+    let trace = generate(AgentWorkload::SweLite, 48, 10);
+    let state_pool = oracle_programs::pool("H100-80GB", (oracle_programs::LARGER, oracle_programs::SMALLER), 4_096);
+    let with_ceiling = |ceiling: f64| {
+        let mut r = routing(ProgramAdmission::Disc, false, Feedback::Delayed);
+        r.options.disc = DiscConfig { admit_fraction: 50.0, call_ceiling: ceiling, ..DiscConfig::default() };
+        run_routed_agents(&trace, &state_pool, &cfg(SchedulerKind::ThunderAgent, 48), &r).unwrap().1
+    };
+    let held = with_ceiling(0.95);
+    let free = with_ceiling(f64::INFINITY);
+    let preemptions = |r: &RoutedRunReport| r.arms.iter().map(|a| a.preemptions).sum::<u64>();
+    assert!(held.ceiling_holds > 0, "no call was held: {held:?}");
+    assert_eq!(free.ceiling_holds, 0);
+    assert!(preemptions(&held) < preemptions(&free), "{} vs {}", preemptions(&held), preemptions(&free));
+    assert_eq!(held.programs, 48);
+}

@@ -205,6 +205,9 @@ pub struct RoutedRunReport {
     /// Verdicts that landed, and how many of them were wrong (a judge's errors).
     pub verdicts: u64,
     pub wrong_verdicts: u64,
+    /// Calls of DISC-admitted programs held back by the 95 % per-call ceiling (each hold until
+    /// a call on that replica ends).
+    pub ceiling_holds: u64,
     pub arms: Vec<ArmReport>,
     /// DISC's learned per-request allowance δ̂ per arm at the end of the run (tokens).
     pub allowance_tokens: Vec<f64>,
@@ -254,6 +257,8 @@ pub(crate) struct RoutingLayer {
     judge_arm: Option<usize>,
     verdicts: u64,
     wrong_verdicts: u64,
+    /// Calls held back by the per-call ceiling ([`RoutedRunReport::ceiling_holds`]).
+    pub ceiling_holds: u64,
 }
 
 fn router(arms: &[RoutedArm], capacity_tokens: &[u64], options: RouterOptions) -> Result<Router, ProgramRoutingError> {
@@ -353,6 +358,7 @@ impl RoutingLayer {
             judge_arm,
             verdicts: 0,
             wrong_verdicts: 0,
+            ceiling_holds: 0,
         })
     }
 
@@ -362,6 +368,12 @@ impl RoutingLayer {
 
     pub fn arms(&self) -> usize {
         self.cfg.arms.len()
+    }
+
+    /// Whether a program's calls pass DISC's 95 % per-call ceiling before they go to an
+    /// engine (paper 002 B.2: "a 95% ceiling per call remains as the hard limit").
+    pub fn per_call_ceiling(&self) -> Option<f64> {
+        (self.cfg.admission == ProgramAdmission::Disc).then_some(self.cfg.options.disc.call_ceiling)
     }
 
     pub fn arm_of(&self, program: usize) -> usize {
@@ -639,6 +651,7 @@ impl RoutingLayer {
             verifier: self.cfg.judge.as_ref().map_or_else(|| "harness".to_string(), |j| format!("judge:{}", j.model)),
             verdicts: self.verdicts,
             wrong_verdicts: self.wrong_verdicts,
+            ceiling_holds: self.ceiling_holds,
             arms,
             allowance_tokens: if self.cfg.admission == ProgramAdmission::Disc { self.allowances() } else { Vec::new() },
             rows,

@@ -261,6 +261,9 @@ struct Sim<'a> {
     groups: Vec<Vec<usize>>,
     rr: Vec<RoundRobin>,
     thunder: Vec<ThunderAgent>,
+    /// Per replica: calls of DISC-admitted programs its engine could not take under the 95 %
+    /// per-call ceiling, in arrival order; retried whenever a call there ends.
+    ceiling_wait: Vec<std::collections::VecDeque<usize>>,
     routing: Option<RoutingLayer>,
     history: ToolHistory,
     pending: Option<PendingPlan>,
@@ -449,6 +452,7 @@ fn run(
         groups: vec![(0..pool.replicas.len()).collect()],
         rr: vec![RoundRobin::default()],
         thunder: vec![ThunderAgent::new()],
+        ceiling_wait: Vec::new(),
         routing: None,
         history: ToolHistory::default(),
         pending: None,
@@ -485,6 +489,7 @@ fn run(
         sim.groups = (0..arms).map(|a| (0..kv.len()).filter(|&r| layer.replica_arm[r] == a).collect()).collect();
         sim.rr = vec![RoundRobin::default(); arms];
         sim.thunder = vec![ThunderAgent::new(); arms];
+        sim.ceiling_wait = vec![std::collections::VecDeque::new(); kv.len()];
         sim.routing = Some(layer);
     }
     sim.run()?;
@@ -646,7 +651,18 @@ impl<'a> Sim<'a> {
                     self.thunder[g].request(i as u64, tokens)
                 };
                 match backend {
-                    Some(local) => self.dispatch(i, self.groups[g][local]),
+                    Some(local) => {
+                        let b = self.groups[g][local];
+                        if self.under_call_ceiling(i, b) {
+                            self.dispatch(i, b);
+                        } else {
+                            self.sessions[i].phase = Phase::Pooled { returned: true };
+                            self.ceiling_wait[b].push_back(i);
+                            if let Some(layer) = &mut self.routing {
+                                layer.ceiling_holds += 1;
+                            }
+                        }
+                    }
                     None => self.sessions[i].phase = Phase::Pooled { returned: true },
                 }
             }
@@ -657,6 +673,36 @@ impl<'a> Sim<'a> {
                     self.sessions[i].phase = Phase::Pooled { returned: true };
                     self.plan_dirty = true;
                 }
+            }
+        }
+    }
+
+    /// DISC's per-call ceiling (paper 002 B.2): session `i`'s next call goes to replica `b`
+    /// only if the KV its engine holds plus the call's whole footprint (prompt, reasoning and
+    /// answer) stays within the ceiling's share of the engine's KV cache. Always true without
+    /// DISC admission.
+    fn under_call_ceiling(&self, i: usize, b: usize) -> bool {
+        let Some(ceiling) = self.routing.as_ref().and_then(RoutingLayer::per_call_ceiling) else { return true };
+        let t = self.replicas[b].engine.telemetry();
+        let session = self.session(i);
+        let turn = &session.turns[self.sessions[i].turn];
+        let call = u64::from(session.prompt_tokens(self.sessions[i].turn)) + u64::from(turn.reasoning_tokens) + u64::from(turn.output_tokens);
+        let in_use = u64::from(t.kv_blocks_in_use) * u64::from(BLOCK);
+        let capacity = u64::from(t.kv_blocks_total) * u64::from(BLOCK);
+        // An idle engine takes any call (one larger than the ceiling would otherwise wait forever).
+        in_use == 0 || (in_use + call) as f64 <= ceiling * capacity as f64
+    }
+
+    /// Calls held at replica `b` by the per-call ceiling go, in order, while they fit.
+    fn release_ceiling_wait(&mut self, b: usize) {
+        while let Some(&i) = self.ceiling_wait.get(b).and_then(|q| q.front()) {
+            if !self.under_call_ceiling(i, b) {
+                break;
+            }
+            self.ceiling_wait[b].pop_front();
+            // Still waiting (ThunderAgent may have paused and resumed it elsewhere meanwhile).
+            if matches!(self.sessions[i].phase, Phase::Pooled { returned: true }) {
+                self.dispatch(i, b);
             }
         }
     }
@@ -873,6 +919,9 @@ impl<'a> Sim<'a> {
                 }
                 EngineEvent::Preempted { .. } => {}
             }
+        }
+        if self.ceiling_wait.get(b).is_some_and(|q| !q.is_empty()) {
+            self.release_ceiling_wait(b);
         }
         self.kick(b);
         Ok(())

@@ -94,6 +94,11 @@ struct RunArgs {
     /// With `--trace-replay`: concurrent workers (closed loop).
     #[arg(long, default_value_t = 32)]
     workers: usize,
+    /// With `--trace-replay --scheduler thunderagent`: the proxy's 2^−t decay of acting
+    /// programs' tokens when it resumes paused ones (its `--use-acting-token-decay`, off as it
+    /// ships; paper 002 ran it on).
+    #[arg(long)]
+    acting_decay: bool,
     /// With `--trace-replay`: the pool, `qwen32b-tp2x4` (4× Qwen3-32B TP2 on H100-80GB) or
     /// `qwen14b-a100x4` (4× Qwen3-14B on A100-80GB).
     #[arg(long, default_value = "qwen32b-tp2x4", value_parser = clap::builder::PossibleValuesParser::new(["qwen32b-tp2x4", "qwen14b-a100x4"]))]
@@ -503,11 +508,14 @@ fn joint_flag_problems(args: &RunArgs) -> Vec<String> {
             ("--scheduler", args.scheduler != "tao"),
             ("--workers", args.workers != 32),
             ("--agent-pool", args.agent_pool != "qwen32b-tp2x4"),
+            ("--acting-decay", args.acting_decay),
         ] {
             if set {
                 problems.push(format!("{flag}: applies to --trace-replay only"));
             }
         }
+    } else if args.acting_decay && args.scheduler != "thunderagent" {
+        problems.push(format!("--acting-decay: applies to --scheduler thunderagent only (this run: {})", args.scheduler));
     }
     problems
 }
@@ -697,6 +705,7 @@ fn replay(path: &Path, args: &RunArgs) -> Result<RunEnd> {
         tao: TaoOptions::default(),
         noise_seed: args.noise_seed,
         plan_latency_s: 0.002,
+        thunder_acting_decay: args.acting_decay,
     };
     let report = run_agents(&trace, &pool, &cfg)?;
     if args.json {
@@ -792,6 +801,13 @@ fn print_tables(r: &RunReport, wall: f64) {
         "loads {} · evictions {} · sleeps {} · wakes {} · LLM calls {} · tool calls {} · prompt tokens {} ({} from prefix cache) · generated tokens {} · preemptions {}",
         r.loads, r.evictions, r.sleeps, r.wakes, r.llm_calls, r.tool_calls, r.prompt_tokens, r.cached_prompt_tokens, r.generated_tokens, r.preemptions
     );
+    if !r.wasted.is_empty() {
+        let w = &r.wasted;
+        println!(
+            "wasted engine work: {} call attempt(s) failed, were retried or were aborted after their first token ({} prompt tokens, {} streamed output tokens; not in the counts above)",
+            w.attempts, w.prompt_tokens, w.output_tokens
+        );
+    }
     if !r.routing.is_empty() {
         // ORACLE's routing: which model each routed workflow's programs were bound to.
         let mut t = Table::new();

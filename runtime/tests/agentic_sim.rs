@@ -8,7 +8,7 @@ use switchyard_runtime::planner::admission::{SchedulerKind, TaoOptions};
 use switchyard_runtime::sim::agentic::{AgentRunConfig, run_agents};
 
 fn cfg(scheduler: SchedulerKind, workers: usize) -> AgentRunConfig {
-    AgentRunConfig { workers, scheduler, tao: TaoOptions::default(), noise_seed: 0, plan_latency_s: 0.002 }
+    AgentRunConfig { workers, scheduler, tao: TaoOptions::default(), noise_seed: 0, plan_latency_s: 0.002, thunder_acting_decay: false }
 }
 
 #[test]

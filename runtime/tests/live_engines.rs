@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use switchyard_predictor::spec::Dtype;
-use switchyard_runtime::live::engine::{Engine, EngineError, LlmRequest};
+use switchyard_runtime::live::engine::{AttemptCost, Engine, EngineError, LlmRequest};
 use switchyard_runtime::live::engines::{
     ApiFlavor, CommandTemplate, EngineKind, EngineSpec, HttpEngine, HttpOptions, LaunchParams,
     ManagedCommand, OpenAiEngine, VllmEngine, engine_for, process_group_members,
@@ -41,6 +41,7 @@ fn request(id: u64, prompt: &str, output: Option<&str>, stream: bool) -> LlmRequ
 messages: None,
 raw_prompt: false,
 sink: Default::default(),
+meter: Default::default(),
     }
 }
 
@@ -312,12 +313,13 @@ async fn a_streamed_call_answered_with_one_json_body_is_read_as_a_whole_answer()
 }
 
 /// An SSE endpoint that waits `first_after` before its first chunk, then streams `chunks`
-/// pieces " tok" every `every`, then `[DONE]`.
-async fn paced_stream(first_after: Duration, chunks: u32, every: Duration) -> (String, tokio::task::JoinHandle<()>) {
+/// pieces " tok" every `every`, then `[DONE]` — or, with `done` false, ends the stream
+/// without it (an answer broken off).
+async fn paced_stream(first_after: Duration, chunks: u32, every: Duration, done: bool) -> (String, tokio::task::JoinHandle<()>) {
     use axum::response::sse::{Event, Sse};
     let app = axum::Router::new().fallback(move || async move {
         let stream = futures::stream::unfold(0u32, move |i| async move {
-            if i > chunks {
+            if i > chunks || (i == chunks && !done) {
                 return None;
             }
             tokio::time::sleep(if i == 0 { first_after } else { every }).await;
@@ -342,7 +344,7 @@ async fn paced_stream(first_after: Duration, chunks: u32, every: Duration) -> (S
 async fn a_call_deadline_bounds_the_first_chunk_not_a_stream_in_progress() {
     // 30 chunks every 50 ms (1.5 s) under a 0.5 s deadline: the stream is progressing, so it
     // runs to its end instead of being cut and sent again.
-    let (base, task) = paced_stream(Duration::from_millis(10), 30, Duration::from_millis(50)).await;
+    let (base, task) = paced_stream(Duration::from_millis(10), 30, Duration::from_millis(50), true).await;
     let e = OpenAiEngine::new(&base, MODEL, options()).unwrap();
     let mut r = request(1, "hi", None, true);
     r.deadline_s = Some(0.5);
@@ -350,13 +352,38 @@ async fn a_call_deadline_bounds_the_first_chunk_not_a_stream_in_progress() {
     assert_eq!(a.text, " tok".repeat(30));
     task.abort();
     // No first chunk within the deadline: timed out, as before.
-    let (base, task) = paced_stream(Duration::from_millis(1500), 3, Duration::from_millis(10)).await;
+    let (base, task) = paced_stream(Duration::from_millis(1500), 3, Duration::from_millis(10), true).await;
     let e = OpenAiEngine::new(&base, MODEL, options()).unwrap();
     let mut r = request(2, "hi", None, true);
     r.deadline_s = Some(0.5);
     let err = e.submit(r).await.unwrap_err();
     assert!(matches!(err, EngineError::TimedOut(_)), "{err:?}");
     task.abort();
+}
+
+#[tokio::test]
+async fn a_broken_off_stream_leaves_what_it_cost_on_the_calls_meter() {
+    // Five pieces, then the stream ends without `[DONE]`: the attempt fails, and its meter
+    // says its prompt was prefilled and five tokens were generated.
+    let (base, task) = paced_stream(Duration::from_millis(5), 5, Duration::from_millis(5), false).await;
+    let e = OpenAiEngine::new(&base, MODEL, options()).unwrap();
+    let r = request(1, "hi", None, true);
+    let meter = r.meter.clone();
+    let err = e.submit(r).await.unwrap_err();
+    assert!(matches!(err, EngineError::Unreachable(_)), "{err:?}");
+    assert_eq!(meter.take(), AttemptCost { prefilled: true, output_tokens: 5 });
+    // Taken: the next attempt starts from nothing.
+    assert_eq!(meter.take(), AttemptCost::default());
+    // No first chunk before the deadline: nothing is known to have been computed.
+    let (base2, task2) = paced_stream(Duration::from_millis(1500), 3, Duration::from_millis(10), true).await;
+    let e = OpenAiEngine::new(&base2, MODEL, options()).unwrap();
+    let mut r = request(2, "hi", None, true);
+    r.deadline_s = Some(0.3);
+    let meter = r.meter.clone();
+    assert!(e.submit(r).await.is_err());
+    assert_eq!(meter.take(), AttemptCost::default());
+    task.abort();
+    task2.abort();
 }
 
 // ---- managed processes --------------------------------------------------------------------

@@ -64,6 +64,8 @@ struct Counters {
     attempts: Mutex<BTreeMap<u64, u32>>,
     /// Calls per prompt whose emulated answer is JSON.
     json_prompts: Mutex<BTreeMap<String, u32>>,
+    /// Prompt tokens (the runtime's count) of the attempts that broke off after streaming.
+    broken_prompt_tokens: AtomicU64,
 }
 
 struct FakeEngine {
@@ -117,8 +119,12 @@ impl FakeEngine {
             *e
         };
         if attempt <= self.faults.bad_attempts_per_request || self.faults.always_bad_model.as_deref() == Some(&self.model) {
-            // A streamed answer that broke off: its first piece already reached the caller.
+            // A streamed answer that broke off: its first piece already reached the caller, and
+            // the engine had computed its prompt and three tokens.
             request.sink.send(&format!("attempt {attempt} "));
+            request.meter.first_token();
+            request.meter.add_output(3);
+            self.counters.broken_prompt_tokens.fetch_add(u64::from(request.prompt_tokens), Ordering::SeqCst);
             return Err(EngineError::BadResponse("HTTP 500: internal server error".into()));
         }
         self.in_flight.fetch_add(1, Ordering::SeqCst);
@@ -568,6 +574,14 @@ fn bad_answers_are_retried_with_backoff() {
     assert_eq!(live.report.sessions_completed, 2);
     // Two extra attempts per call.
     assert_eq!(live.faults.retries, 2 * live.report.llm_calls, "{:?}", live.faults);
+    // What the broken attempts had cost is reported apart from the answered calls' work.
+    let w = live.report.wasted;
+    assert_eq!(w.attempts, 2 * live.report.llm_calls, "{w:?}");
+    assert_eq!(w.output_tokens, 3 * w.attempts, "{w:?}");
+    assert_eq!(w.prompt_tokens, factory.counters.broken_prompt_tokens.load(Ordering::SeqCst), "{w:?}");
+    assert!(w.prompt_tokens > 0);
+    let json = serde_json::to_value(&live.report).unwrap();
+    assert_eq!(json["wasted"]["attempts"], w.attempts);
 }
 
 #[test]
@@ -582,6 +596,13 @@ fn a_backend_that_keeps_answering_garbage_fails_its_sessions_with_the_reason() {
         let reason = r.failed.as_deref().unwrap_or_default();
         assert!(reason.contains("answered badly 4 times") && reason.contains("HTTP 500"), "{reason}");
     }
+    // Every attempt the engine saw broke off after its first tokens: the failed calls' four
+    // each are wasted work, and so are their siblings' attempts, aborted with their sessions
+    // (those whose word reaches the planner before the run's report is made).
+    let seen: u32 = factory.counters.attempts.lock().unwrap().values().sum();
+    let w = live.report.wasted;
+    assert!(w.attempts >= 4 * live.faults.failed_calls && w.attempts <= u64::from(seen), "{w:?} {:?}, {seen} seen", live.faults);
+    assert_eq!(w.output_tokens, 3 * w.attempts);
 }
 
 #[test]
@@ -686,6 +707,7 @@ fn overhead_per_llm_call() {
 messages: None,
 raw_prompt: false,
 sink: Default::default(),
+meter: Default::default(),
             };
             let t0 = Instant::now();
             h.engine.submit(req).await.unwrap();
@@ -733,6 +755,7 @@ sink: Default::default(),
 messages: None,
 raw_prompt: false,
 sink: Default::default(),
+meter: Default::default(),
             };
             let t0 = Instant::now();
             http.submit(req).await.unwrap();

@@ -16,7 +16,7 @@ use switchyard_runtime::sim::agentic::{
 };
 
 fn cfg(scheduler: SchedulerKind, workers: usize) -> AgentRunConfig {
-    AgentRunConfig { workers, scheduler, tao: TaoOptions::default(), noise_seed: 0, plan_latency_s: 0.002 }
+    AgentRunConfig { workers, scheduler, tao: TaoOptions::default(), noise_seed: 0, plan_latency_s: 0.002, thunder_acting_decay: false }
 }
 
 /// The bench's H100 pair: Qwen3-32B (fp8) and Qwen3-8B (bf16).

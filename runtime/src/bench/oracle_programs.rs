@@ -283,7 +283,17 @@ impl Programs {
 }
 
 fn run_cfg(scheduler: SchedulerKind, workers: usize, noise_seed: u64) -> AgentRunConfig {
-    AgentRunConfig { workers, scheduler, tao: TaoOptions::default(), noise_seed, plan_latency_s: 0.002 }
+    AgentRunConfig {
+        workers,
+        scheduler,
+        tao: TaoOptions::default(),
+        noise_seed,
+        plan_latency_s: 0.002,
+        // Paper 002 §5.1 / B.1: "ThunderAgent's released proxy runs in front of each engine with
+        // Δt = 5 s and priority decay on, the configuration of its paper"; DISC and the static
+        // cap sit on the same proxy.
+        thunder_acting_decay: true,
+    }
 }
 
 struct Setting {
@@ -552,7 +562,9 @@ impl ProgramsReport {
              {CALIBRATION_SEED}), rounded — the paper's rule (a model on which no program waited gives the \
              rule no sample: its cap is the calibration concurrency, never binding there). The dense larger model's KV cache is FP8 as \
              well (vLLM `--kv-cache-dtype fp8`), the hybrid one's BF16 (vLLM's default for an FP8 checkpoint, \
-             with half the KV tokens). *Admission \
+             with half the KV tokens). ThunderAgent's proxy, which the static cap, admission only and ORACLE \
+             also sit on, runs as paper 002 ran it: Δt = 5 s, priority decay on (at resume an acting \
+             program's tokens count 2^−t, t seconds since its last response). *Admission \
              wait*: binding → the ledger's or the cap's admission (0 without admission control); *start \
              wait*: binding → first request dispatched, which also counts ThunderAgent's hold of new \
              programs — the comparable column.\n",

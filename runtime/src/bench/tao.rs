@@ -158,8 +158,15 @@ fn run_one(
     workers: usize,
     tao: TaoOptions,
 ) -> Result<AgentRunReport, AgentSimError> {
-    let run =
-        AgentRunConfig { workers, scheduler, tao, noise_seed: cfg.noise_seed, plan_latency_s: cfg.plan_latency_s };
+    let run = AgentRunConfig {
+        workers,
+        scheduler,
+        tao,
+        noise_seed: cfg.noise_seed,
+        plan_latency_s: cfg.plan_latency_s,
+        // Paper 000 does not say; the proxy as it ships.
+        thunder_acting_decay: false,
+    };
     run_agents(trace, pool, &run)
 }
 

@@ -251,6 +251,7 @@ pub fn build_report(input: ReportInput<'_>) -> (RunReport, (f64, f64)) {
         interrupted: input.interrupted,
         tools: ToolReport::collect(runs.iter().map(|r| (r.session.0, &r.tools))),
         fixed_endpoint_gpus: 0,
+        wasted: Default::default(),
         routing: BTreeMap::new(),
     };
     (report, (t0, t1))

@@ -25,6 +25,7 @@ use crate::ids::{ActivationId, DeviceId, ReplicaId, SessionId};
 use crate::planner::{DeploymentInfo, NearReadyItem, WorkItem};
 use crate::exec::graph_info::NodeFacts;
 use crate::exec::{CallRecord, DeploymentMap, SessionRecord};
+use crate::report::WastedWork;
 use crate::values::{NodeOutput, Record};
 use crate::workflow::WorkflowSpec;
 
@@ -332,19 +333,22 @@ pub enum PlannerMsg {
     ToolCrashed { activation: ActivationId, reason: String },
     SessionEnded(Box<SessionReport>),
     Loaded { replica: ReplicaId, result: Result<(), String> },
-    Finished { replica: ReplicaId, activation: ActivationId, completion: Completion, attempts: u32 },
-    /// A call failed for good (bad answers past the retry bound, or a rejected request).
-    CallFailed { replica: ReplicaId, activation: ActivationId, reason: String, attempts: u32 },
+    /// A call answered. `wasted`: what its earlier, failed attempts had cost the engine.
+    Finished { replica: ReplicaId, activation: ActivationId, completion: Completion, attempts: u32, wasted: WastedWork },
+    /// A call failed for good (bad answers past the retry bound, or a rejected request);
+    /// `wasted`: what its attempts had cost the engine.
+    CallFailed { replica: ReplicaId, activation: ActivationId, reason: String, attempts: u32, wasted: WastedWork },
     /// A call stopped at the planner's request ([`ReplicaMsg::Abort`]): its session had ended.
     /// Not a fault; sent once the call's task (and its connection) is gone, so its lease ends
-    /// when the call no longer runs here.
-    Aborted { replica: ReplicaId, activation: ActivationId, attempts: u32 },
+    /// when the call no longer runs here. `wasted`: what its attempts had cost the engine.
+    Aborted { replica: ReplicaId, activation: ActivationId, attempts: u32, wasted: WastedWork },
     /// The engine was unreachable and restarted in place.
     Restarted { replica: ReplicaId },
     /// The replica is gone (restarts exhausted): its calls must move elsewhere. `actor` is the
     /// replica actor that says so: a replica woken or reloaded under the same id is another
     /// actor, which a late word from its predecessor must not take down.
-    ReplicaLost { replica: ReplicaId, actor: ractor::ActorId, reason: String },
+    /// `wasted`: what the attempts of the calls it gave up had cost the engine.
+    ReplicaLost { replica: ReplicaId, actor: ractor::ActorId, reason: String, wasted: WastedWork },
     /// An engine call or lifecycle action failed with `error` (reported on every failure; the
     /// planner notes the first of each kind per endpoint as it happens).
     EngineFault { replica: ReplicaId, endpoint: String, error: EngineError },

@@ -134,6 +134,8 @@ pub struct LiveAgentConfig {
     pub retries: u32,
     /// Wall seconds the whole run may take.
     pub deadline_s: f64,
+    /// ThunderAgent's 2^−t decay of acting programs' tokens at resume (off, as the proxy ships).
+    pub thunder_acting_decay: bool,
     /// Seeds the conversation text: runs with different seeds share no prefix, so a second
     /// run against the same engines starts with cold prefix caches.
     pub text_seed: u64,
@@ -151,6 +153,7 @@ impl LiveAgentConfig {
             stream: true,
             retries: 2,
             deadline_s: 3_600.0,
+            thunder_acting_decay: false,
             text_seed: 0,
         }
     }
@@ -478,7 +481,7 @@ pub async fn run_agents_live(
         open: 0,
         next_request: 0,
         rr: RoundRobin::default(),
-        thunder: ThunderAgent::new(),
+        thunder: ThunderAgent::new().with_acting_decay(cfg.thunder_acting_decay),
         history: ToolHistory::new(),
         pending: None,
         plan_dirty: false,
@@ -746,6 +749,7 @@ impl Shell<'_> {
             messages: None,
             raw_prompt: true,
             sink: Default::default(),
+            meter: Default::default(),
         };
         let engine = Arc::clone(&r.engine);
         let tx = self.tx.clone();
@@ -845,7 +849,7 @@ impl Shell<'_> {
                 st.outcome.tool_calls += 1;
                 self.pauses += 1;
                 self.plan_dirty = true;
-                self.thunder.response_done(i as u64, context);
+                self.thunder.response_done(i as u64, context, at);
                 let sleep = self.wall(tool.duration_s);
                 let tx = self.tx.clone();
                 // The tool runs here (a sandboxed tool in the real runtime; its trace
@@ -1015,7 +1019,7 @@ impl Shell<'_> {
     /// ThunderAgent's step: pause and resume programs against each backend's capacity.
     fn thunder_step(&mut self) -> Result<(), LiveAgentError> {
         let loads = self.loads();
-        for (session, replica) in self.thunder.tick(&loads) {
+        for (session, replica) in self.thunder.tick(&loads, self.now()) {
             let i = session as usize;
             if matches!(self.sessions[i].phase, Phase::Pooled { returned: true }) {
                 self.dispatch(i, replica)?;

@@ -9,7 +9,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
@@ -129,6 +129,11 @@ pub struct LlmRequest {
     /// went away (then it abandons the call: [`EngineError::Cancelled`]).
     #[serde(skip)]
     pub sink: TokenSink,
+    /// What the engine has computed for the attempt in progress, as far as its answer shows
+    /// (filled by the engine as the answer streams in; read by the replica actor when an
+    /// attempt fails or is abandoned, [`CallMeter::take`]).
+    #[serde(skip)]
+    pub meter: CallMeter,
 }
 
 /// The caller's end of a streamed answer: text pieces in order as the server sends them. An
@@ -194,6 +199,65 @@ impl PartialEq for TokenSink {
 impl std::fmt::Debug for TokenSink {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(if self.is_attached() { "TokenSink(attached)" } else { "TokenSink(none)" })
+    }
+}
+
+/// What one attempt of a call is known to have cost the engine before it ended: whether its
+/// first token came (so its prompt was prefilled) and the output tokens streamed so far
+/// (Qwen3's tokenizer over each piece). An engine fills it as the answer arrives — so it holds
+/// even when the attempt's task is dropped midway — and the replica actor takes it when the
+/// attempt fails, is abandoned or is superseded: those tokens were computed and thrown away.
+/// A lower bound: an attempt that ended before its first token counts nothing (the engine
+/// may or may not have prefilled it), and an unstreamed answer shows nothing until it is
+/// whole. Clones share the counts.
+#[derive(Clone, Default)]
+pub struct CallMeter(Arc<MeterCounts>);
+
+#[derive(Default)]
+struct MeterCounts {
+    first_token: AtomicBool,
+    output_tokens: AtomicU64,
+}
+
+/// What [`CallMeter::take`] read.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AttemptCost {
+    /// The attempt's first token came: its prompt was computed.
+    pub prefilled: bool,
+    pub output_tokens: u64,
+}
+
+impl CallMeter {
+    /// The attempt's first token arrived.
+    pub fn first_token(&self) {
+        self.0.first_token.store(true, Ordering::Relaxed);
+    }
+
+    /// `n` more output tokens arrived.
+    pub fn add_output(&self, n: u64) {
+        self.0.output_tokens.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// The counts so far, reset for the next attempt.
+    pub fn take(&self) -> AttemptCost {
+        AttemptCost {
+            prefilled: self.0.first_token.swap(false, Ordering::Relaxed),
+            output_tokens: self.0.output_tokens.swap(0, Ordering::Relaxed),
+        }
+    }
+}
+
+impl PartialEq for CallMeter {
+    /// Meters are plumbing, not part of what a request asks for.
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl std::fmt::Debug for CallMeter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let c = &self.0;
+        write!(f, "CallMeter(first_token: {}, output_tokens: {})", c.first_token.load(Ordering::Relaxed), c.output_tokens.load(Ordering::Relaxed))
     }
 }
 

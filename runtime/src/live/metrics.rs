@@ -2,7 +2,8 @@
 //! exposition format, Prometheus naming conventions, prefix `switchyard_`): sessions by state,
 //! the planner's queue of ready units, replicas by lifecycle state, the planning latency of one
 //! tick (the core's `handle_all`, measured by the shell around it), lifecycle actions by kind,
-//! and the front door's requests by endpoint and status.
+//! the tokens engines computed for attempts that gave no used answer, and the front door's
+//! requests by endpoint and status.
 //!
 //! Written by the planner actor (gauges set at each tick, counters as actions are issued) and
 //! by the HTTP layer (front-door requests); read by the scrape. Depends on prometheus-client
@@ -31,6 +32,11 @@ pub struct ActionLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabel {
+    pub kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RequestLabel {
     pub endpoint: String,
     pub status: String,
@@ -50,6 +56,9 @@ pub struct RuntimeMetrics {
     pub lifecycle_actions: Family<ActionLabel, Counter>,
     /// `switchyard_front_door_requests_total{endpoint, status}`.
     pub front_door_requests: Family<RequestLabel, Counter>,
+    /// `switchyard_wasted_tokens_total{kind="prompt|output"}`: what failed, retried or aborted
+    /// attempts had cost the engines (`report::WastedWork`).
+    pub wasted_tokens: Family<KindLabel, Counter>,
     registry: Mutex<Registry>,
 }
 
@@ -67,6 +76,7 @@ impl RuntimeMetrics {
         let planning_latency = Histogram::new(PLANNING_BUCKETS);
         let lifecycle_actions = Family::<ActionLabel, Counter>::default();
         let front_door_requests = Family::<RequestLabel, Counter>::default();
+        let wasted_tokens = Family::<KindLabel, Counter>::default();
         let mut r = Registry::with_prefix("switchyard");
         r.register("sessions", "Sessions (and front-door programs) by state", sessions.clone());
         r.register("queue_depth", "Ready units waiting for a replica", queue_depth.clone());
@@ -79,6 +89,11 @@ impl RuntimeMetrics {
         );
         r.register("lifecycle_actions", "Lifecycle actions issued, by kind", lifecycle_actions.clone());
         r.register("front_door_requests", "Front-door requests, by endpoint and status", front_door_requests.clone());
+        r.register(
+            "wasted_tokens",
+            "Tokens engines computed for call attempts that failed, were retried or were aborted",
+            wasted_tokens.clone(),
+        );
         RuntimeMetrics {
             sessions,
             queue_depth,
@@ -86,6 +101,7 @@ impl RuntimeMetrics {
             planning_latency,
             lifecycle_actions,
             front_door_requests,
+            wasted_tokens,
             registry: Mutex::new(r),
         }
     }
@@ -98,6 +114,15 @@ impl RuntimeMetrics {
     /// Count a lifecycle action.
     pub fn action(&self, action: &str) {
         self.lifecycle_actions.get_or_create(&ActionLabel { action: action.to_string() }).inc();
+    }
+
+    /// Count the tokens of attempts whose work was thrown away.
+    pub fn wasted(&self, prompt_tokens: u64, output_tokens: u64) {
+        for (kind, n) in [("prompt", prompt_tokens), ("output", output_tokens)] {
+            if n > 0 {
+                self.wasted_tokens.get_or_create(&KindLabel { kind: kind.to_string() }).inc_by(n);
+            }
+        }
     }
 
     /// Count a front-door request.

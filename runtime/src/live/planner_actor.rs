@@ -35,7 +35,7 @@ use super::shell::{FaultCounters, LiveOutput};
 use super::tools_actor::{ToolsActor, ToolsArgs};
 use crate::ids::{ActivationId, DeviceId, ReplicaId, SessionId};
 use crate::planner::{Command, DeploymentId, Event, Planner, ReplicaPhase, WorkItem};
-use crate::report::{DeviceTimeline, Segment, SegmentKind};
+use crate::report::{DeviceTimeline, Segment, SegmentKind, WastedWork};
 use crate::session::Session;
 use crate::exec::{self, CallRecord, Counters, ReportInput, SessionRecord, TokenWork, TraceEntry, TraceLine};
 use crate::values::Record;
@@ -203,6 +203,8 @@ pub struct PlannerActorState {
     work: TokenWork,
     counters: Counters,
     faults: FaultCounters,
+    /// What failed, retried and aborted attempts had cost the engines (the report's `wasted`).
+    wasted: WastedWork,
     ended: BTreeMap<SessionId, SessionReport>,
     start_failures: Vec<(u32, f64, String)>,
     arrived: BTreeSet<usize>,
@@ -287,6 +289,7 @@ impl Actor for PlannerActor {
             work: TokenWork::new(),
             counters: Counters::default(),
             faults: FaultCounters::default(),
+            wasted: WastedWork::default(),
             ended: BTreeMap::new(),
             start_failures: Vec::new(),
             arrived: BTreeSet::new(),
@@ -455,9 +458,11 @@ impl PlannerActorState {
                     self.replica_gone(myself, replica, format!("load failed: {reason}")).await;
                 }
             },
-            PlannerMsg::Finished { replica, activation, completion, attempts } => {
+            PlannerMsg::Finished { replica, activation, completion, attempts, wasted } => {
                 self.faults.retries += u64::from(attempts.saturating_sub(1));
-                let Some(f) = self.take_in_flight(activation) else { return };
+                let f = self.take_in_flight(activation);
+                self.waste(activation, f.as_ref().map(|f| f.deployment), &wasted);
+                let Some(f) = f else { return };
                 let output_tokens = completion.output_tokens;
                 if self.keep_trace || self.events_out.is_some() {
                     let wall = self.wall();
@@ -489,7 +494,7 @@ impl PlannerActorState {
                 }
                 self.post(myself, Event::UnitFinished { activation, replica, output_tokens });
             }
-            PlannerMsg::CallFailed { replica, activation, reason, attempts } => {
+            PlannerMsg::CallFailed { replica, activation, reason, attempts, wasted } => {
                 self.log("call_failed", TraceLine {
                     session: Some(activation.session.0),
                     activation: Some(activation.index),
@@ -499,14 +504,16 @@ impl PlannerActorState {
                 });
                 self.faults.retries += u64::from(attempts.saturating_sub(1));
                 self.faults.failed_calls += 1;
-                let Some(f) = self.take_in_flight(activation) else { return };
+                let f = self.take_in_flight(activation);
+                self.waste(activation, f.as_ref().map(|f| f.deployment), &wasted);
+                let Some(f) = f else { return };
                 let output_tokens = f.call.expected_output_tokens;
                 self.post(myself, Event::UnitFinished { activation, replica, output_tokens });
                 if let Some(s) = self.sessions.get(&activation.session) {
                     let _ = s.send_message(SessionMsg::LlmFailed { activation, reason });
                 }
             }
-            PlannerMsg::Aborted { replica, activation, attempts } => {
+            PlannerMsg::Aborted { replica, activation, attempts, wasted } => {
                 self.log("call_aborted", TraceLine {
                     session: Some(activation.session.0),
                     activation: Some(activation.index),
@@ -514,7 +521,9 @@ impl PlannerActorState {
                     ..blank()
                 });
                 self.faults.retries += u64::from(attempts.saturating_sub(1));
-                let Some(f) = self.take_in_flight(activation) else { return };
+                let f = self.take_in_flight(activation);
+                self.waste(activation, f.as_ref().map(|f| f.deployment), &wasted);
+                let Some(f) = f else { return };
                 let output_tokens = f.call.expected_output_tokens;
                 self.post(myself, Event::UnitFinished { activation, replica, output_tokens });
             }
@@ -522,7 +531,15 @@ impl PlannerActorState {
                 self.faults.restarts += 1;
                 self.note(format!("replica {replica} was restarted after its engine stopped answering or failed to start"));
             }
-            PlannerMsg::ReplicaLost { replica, actor, reason } => {
+            PlannerMsg::ReplicaLost { replica, actor, reason, wasted } => {
+                // Its calls run again elsewhere: what their attempts here had cost is wasted
+                // (counted in the run, not charged to a program).
+                if !wasted.is_empty() {
+                    self.wasted.add(&wasted);
+                    if let Some(m) = &self.metrics {
+                        m.wasted(wasted.prompt_tokens, wasted.output_tokens);
+                    }
+                }
                 if self.is_current(replica, actor) {
                     self.replica_gone(myself, replica, reason).await;
                 }
@@ -1157,6 +1174,23 @@ impl PlannerActorState {
         self.planner.observe_backend_usage(entry.deployment, used, context, running, 1)
     }
 
+    /// Attempts of `activation`'s call (on `deployment`, when still known) ended without an
+    /// answer the run uses: their work counts in the report's `wasted`, the `wasted_tokens`
+    /// metric and, for a routed program, its cost.
+    fn waste(&mut self, activation: ActivationId, deployment: Option<DeploymentId>, wasted: &WastedWork) {
+        if wasted.is_empty() {
+            return;
+        }
+        self.wasted.add(wasted);
+        if let Some(m) = &self.metrics {
+            m.wasted(wasted.prompt_tokens, wasted.output_tokens);
+        }
+        if let Some(d) = deployment.and_then(|d| self.ctx.deployments.get(d.0 as usize)) {
+            let clamp = |n: u64| u32::try_from(n).unwrap_or(u32::MAX);
+            self.routes.charge(activation.session, &d.model, clamp(wasted.prompt_tokens), 0, clamp(wasted.output_tokens));
+        }
+    }
+
     fn take_in_flight(&mut self, activation: ActivationId) -> Option<InFlight> {
         let f = self.in_flight.remove(&activation)?;
         let wall = self.wall();
@@ -1649,6 +1683,7 @@ impl PlannerActorState {
         let mut report = report;
         report.fixed_endpoint_gpus = self.fixed_devices.len();
         report.routing = self.routes.report(&self.ctx.workflows);
+        report.wasted = self.wasted;
         let mut calls: Vec<CallRecord> = reports.iter().flat_map(|r| r.calls.iter().cloned()).collect();
         calls.sort_by(|a, b| a.finished_at.total_cmp(&b.finished_at));
         let timings = reports.iter().flat_map(|r| r.timings.iter().copied()).collect();

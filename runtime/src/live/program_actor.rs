@@ -248,6 +248,7 @@ impl ProgramState {
             messages: r.messages.clone().filter(|_| !raw),
             raw_prompt: raw,
             sink: call.sink,
+            meter: Default::default(),
         };
         // What the planner expects the answer to cost: the client's limit (the front door
         // knows no workload distribution).

@@ -33,9 +33,10 @@ use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tracing::{Instrument, Span};
 
 use super::actors::{EngineHandle, LifecycleTicket, PlannerMsg, ReplicaMsg, RetryPolicy};
-use super::engine::{Engine, EngineError, LlmRequest};
+use super::engine::{CallMeter, Engine, EngineError, LlmRequest};
 use crate::ids::{ActivationId, DeviceId, ReplicaId};
 use crate::planner::DeploymentId;
+use crate::report::WastedWork;
 
 /// The replica actor.
 pub struct ReplicaActor;
@@ -78,6 +79,16 @@ struct InFlight {
     /// Aborted at the planner's request, and its task not yet gone: the call still counts as
     /// in flight (a reclaim waits for it) until [`ReplicaMsg::Stopped`].
     aborting: bool,
+    /// What its ended attempts had cost the engine (from the request's `CallMeter`).
+    wasted: WastedWork,
+}
+
+impl InFlight {
+    /// The attempt in progress ended without an answer the run uses: what it cost is wasted.
+    fn attempt_wasted(&mut self) {
+        let cost = self.request.meter.take();
+        self.wasted.add_attempt(cost.prefilled, self.request.prompt_tokens, cost.output_tokens);
+    }
 }
 
 pub struct ReplicaState {
@@ -168,8 +179,14 @@ impl ReplicaState {
 
     /// An aborted call is over: report it.
     fn aborted(&mut self, id: u64) {
-        if let Some(f) = self.requests.remove(&id) {
-            let _ = self.planner.send_message(PlannerMsg::Aborted { replica: self.replica, activation: f.activation, attempts: f.attempts });
+        if let Some(mut f) = self.requests.remove(&id) {
+            f.attempt_wasted();
+            let _ = self.planner.send_message(PlannerMsg::Aborted {
+                replica: self.replica,
+                activation: f.activation,
+                attempts: f.attempts,
+                wasted: f.wasted,
+            });
         }
     }
 
@@ -181,6 +198,7 @@ impl ReplicaState {
             activation: f.activation,
             reason,
             attempts: f.attempts,
+            wasted: f.wasted,
         });
     }
 
@@ -265,12 +283,32 @@ impl ReplicaState {
         false
     }
 
+    /// Drop every call here (the planner runs them again elsewhere): their attempts in flight
+    /// are aborted, so that none still streams into a caller's sink, and what all their
+    /// attempts had cost is returned.
+    fn give_up_calls(&mut self) -> WastedWork {
+        let mut wasted = WastedWork::default();
+        for (_, mut f) in std::mem::take(&mut self.requests) {
+            if let Some(task) = f.task.take() {
+                task.abort();
+            }
+            f.attempt_wasted();
+            wasted.add(&f.wasted);
+        }
+        wasted
+    }
+
     /// Give the replica up: the planner requeues its calls elsewhere.
     async fn lose(&mut self, myself: &ActorRef<ReplicaMsg>, reason: String) {
         tracing::error!(%reason, "replica lost");
         self.stop_telemetry();
-        self.requests.clear();
-        let _ = self.planner.send_message(PlannerMsg::ReplicaLost { replica: self.replica, actor: myself.get_id(), reason: reason.clone() });
+        let wasted = self.give_up_calls();
+        let _ = self.planner.send_message(PlannerMsg::ReplicaLost {
+            replica: self.replica,
+            actor: myself.get_id(),
+            reason: reason.clone(),
+            wasted,
+        });
         let _ = self.engine().unload().await;
         myself.stop(Some(reason));
     }
@@ -302,11 +340,12 @@ impl ReplicaState {
         ticket.finish();
         if !self.requests.is_empty() {
             // Calls that outlived the drain must not be lost: the planner runs them again.
-            self.requests.clear();
+            let wasted = self.give_up_calls();
             let _ = self.planner.send_message(PlannerMsg::ReplicaLost {
                 replica: self.replica,
                 actor: myself.get_id(),
                 reason: "reclaimed with calls in flight".into(),
+                wasted,
             });
         }
         myself.stop(None);
@@ -420,8 +459,24 @@ async fn handle(myself: ActorRef<ReplicaMsg>, msg: ReplicaMsg, state: &mut Repli
         }
         ReplicaMsg::Submit { activation, mut request } => {
             request.model = state.handle.served_model.clone();
+            // A fresh meter: a call sent again after its replica was lost must not share one with
+            // an attempt of the lost replica that may still be ending.
+            request.meter = CallMeter::default();
             let id = request.id;
-            state.requests.insert(id, InFlight { activation, request, bad_answers: 0, overloads: 0, timeouts: 0, attempts: 0, task: None, aborting: false });
+            state.requests.insert(
+                id,
+                InFlight {
+                    activation,
+                    request,
+                    bad_answers: 0,
+                    overloads: 0,
+                    timeouts: 0,
+                    attempts: 0,
+                    task: None,
+                    aborting: false,
+                    wasted: WastedWork::default(),
+                },
+            );
             state.launch(&myself, id);
         }
         ReplicaMsg::Retry { id } => state.launch(&myself, id),
@@ -431,9 +486,14 @@ async fn handle(myself: ActorRef<ReplicaMsg>, msg: ReplicaMsg, state: &mut Repli
             state.after_call(&myself).await;
         }
         ReplicaMsg::Done { id, generation, result } => {
-            let Some(f) = state.requests.get(&id) else { return };
+            let Some(f) = state.requests.get_mut(&id) else { return };
             if f.aborting {
-                // Answered before the abort took: the call is over all the same.
+                // Answered before the abort took: the call is over all the same, and its answer
+                // (whose counts the completion carries) goes unused.
+                if let Ok(c) = &result {
+                    f.request.meter.take();
+                    f.wasted.add_attempt(true, c.prompt_tokens, u64::from(c.output_tokens));
+                }
                 state.aborted(id);
                 state.after_call(&myself).await;
                 return;
@@ -441,15 +501,21 @@ async fn handle(myself: ActorRef<ReplicaMsg>, msg: ReplicaMsg, state: &mut Repli
             match result {
                 Ok(completion) => {
                     if let Some(f) = state.requests.remove(&id) {
+                        // The answering attempt's own cost is in the completion.
+                        f.request.meter.take();
                         let _ = state.planner.send_message(PlannerMsg::Finished {
                             replica: state.replica,
                             activation: f.activation,
                             completion,
                             attempts: f.attempts,
+                            wasted: f.wasted,
                         });
                     }
                 }
                 Err(error) => {
+                    if let Some(f) = state.requests.get_mut(&id) {
+                        f.attempt_wasted();
+                    }
                     // A caller that went away is not a fault of the engine.
                     if generation >= state.generation && !matches!(error, EngineError::Cancelled(_)) {
                         state.fault(&error);

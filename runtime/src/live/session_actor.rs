@@ -245,6 +245,7 @@ impl SessionState {
 messages: None,
 raw_prompt: false,
 sink: Default::default(),
+meter: Default::default(),
                 };
                 let call = PendingCall { request, expected_output_tokens: prepared.output.output_tokens.max(1) };
                 self.prepared.insert(a, prepared);

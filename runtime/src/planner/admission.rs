@@ -379,27 +379,76 @@ struct Program {
     steps: u32,
     /// Order it was paused in (FIFO tie-break of the global queue).
     paused_seq: u64,
+    /// Its tokens when it was paused: the global queue's sort key (the proxy's
+    /// `PausedInfo.total_tokens`).
+    paused_tokens: u64,
+    /// When its last response finished (it entered ACTING), seconds.
+    acting_since: f64,
 }
 
 /// ThunderAgent's program scheduler (ThunderAgent-org/ThunderAgent `scheduler/router.py`, read
 /// for its rules; written here): programs are sticky to a backend while active; each backend's
 /// working set is the tokens of its active programs (reasoning and acting alike) plus a
 /// 100-token buffer each, against its KV token capacity. Every 5 s it first resumes paused
-/// programs — pending requests first, then new programs, then idle ones, each smallest first,
-/// while their total fits the free capacity, placed largest first on the backend with the
+/// programs — pending requests first, then programs still on their first request, then idle
+/// ones, each smallest first by its tokens when it was paused, while their total fits the free
+/// capacity, placed largest first on the backend with the
 /// most room (its "best-fit-decreasing") — then, on each backend over capacity, pauses acting
 /// programs smallest first and, when none is left, marks its reasoning programs to pause at
 /// their next tool boundary. A new program goes to the backend with the fewest active tokens
 /// that has room, unless programs already wait in the global queue.
+///
+/// With [`ThunderAgent::with_acting_decay`] (the proxy's `--use-acting-token-decay`, which
+/// paper 002 ran: "priority decay on, the configuration of its paper") the resume step counts
+/// an acting program's tokens at 2^−t of their number, t the seconds since its last response
+/// finished (`remaining_capacity_with_decay`: optimistic, the tool is expected to have let its
+/// KV go cold), while the pause step counts them whole. Off by default, as the proxy ships.
+/// A program's tokens are the prompt of its latest request while the request runs (the proxy
+/// re-estimates them from the request's payload) and its `usage.total_tokens` once it ends;
+/// the proxy's streaming increments in between are not modelled. The proxy's `shared_tokens`
+/// credit is left out because the released proxy never updates it (its `update_shared_tokens`
+/// has no caller in `ThunderAgent-org/ThunderAgent`), so it stays 0.
 #[derive(Debug, Clone, Default)]
 pub struct ThunderAgent {
     programs: std::collections::BTreeMap<u64, Program>,
     paused_seq: u64,
+    acting_decay: bool,
 }
 
 impl ThunderAgent {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// The proxy with (true) or without its 2^−t decay of acting programs' tokens at resume.
+    pub fn with_acting_decay(mut self, on: bool) -> Self {
+        self.acting_decay = on;
+        self
+    }
+
+    /// Remaining capacity as the resume step sees it: with decay, each acting program's tokens
+    /// weigh 2^−t (t seconds since it entered ACTING; the proxy truncates the sum to tokens).
+    fn remaining_for_resume(&self, backend: usize, kv_tokens: u64, now: f64) -> i64 {
+        if !self.acting_decay {
+            return self.remaining(backend, kv_tokens);
+        }
+        let mut reasoning = 0u64;
+        let mut acting = 0.0f64;
+        let mut count = 0u64;
+        for p in self.programs.values().filter(|p| p.backend == Some(backend)) {
+            count += 1;
+            match p.status {
+                ProgramStatus::Reasoning => reasoning += p.tokens,
+                ProgramStatus::Acting => acting += p.tokens as f64 * (-(now - p.acting_since).max(0.0)).exp2(),
+            }
+        }
+        let effective = (reasoning as f64 + acting) as i64;
+        kv_tokens as i64 - effective - (count * THUNDER_BUFFER) as i64
+    }
+
+    /// The tokens of the programs active on `backend` (the proxy's `active_program_tokens`).
+    fn active_tokens(&self, backend: usize) -> u64 {
+        self.programs.values().filter(|p| p.backend == Some(backend)).map(|p| p.tokens).sum()
     }
 
     fn used(&self, backend: usize) -> u64 {
@@ -423,7 +472,7 @@ impl ThunderAgent {
         } else {
             (0..replicas.len())
                 .filter(|&b| self.remaining(b, replicas[b].kv_tokens) >= (tokens + THUNDER_BUFFER) as i64)
-                .min_by_key(|&b| (self.used(b), b))
+                .min_by_key(|&b| (self.active_tokens(b), b))
         };
         self.paused_seq += 1;
         self.programs.insert(
@@ -435,33 +484,39 @@ impl ThunderAgent {
                 marked: false,
                 steps: 1,
                 paused_seq: self.paused_seq,
+                paused_tokens: tokens,
+                acting_since: 0.0,
             },
         );
         pick
     }
 
-    /// The program's next request is ready (its tool returned): its backend if active, `None`
-    /// while paused (the request waits for a resume).
+    /// The program's next request, `tokens` long, is ready (its tool returned): its backend if
+    /// active, `None` while paused (the request waits for a resume). Its tokens are now the
+    /// request's (the proxy's estimate from the payload): a thinking model's reasoning, dropped
+    /// from the conversation, no longer counts.
     pub fn request(&mut self, id: u64, tokens: u64) -> Option<usize> {
         let p = self.programs.get_mut(&id)?;
         p.status = ProgramStatus::Reasoning;
         p.steps += 1;
-        p.tokens = p.tokens.max(tokens);
+        p.tokens = tokens;
         p.backend
     }
 
-    /// Its response finished with `total_tokens` of context: it acts (runs a tool); a program
-    /// marked for pause is paused now.
-    pub fn response_done(&mut self, id: u64, total_tokens: u64) {
+    /// Its response finished at `now` with `total_tokens` of context: it acts (runs a tool); a
+    /// program marked for pause is paused now.
+    pub fn response_done(&mut self, id: u64, total_tokens: u64, now: f64) {
         self.paused_seq += 1;
         let seq = self.paused_seq;
         if let Some(p) = self.programs.get_mut(&id) {
             p.status = ProgramStatus::Acting;
+            p.acting_since = now;
             p.tokens = total_tokens;
             if p.marked {
                 p.marked = false;
                 p.backend = None;
                 p.paused_seq = seq;
+                p.paused_tokens = total_tokens;
             }
         }
     }
@@ -471,38 +526,41 @@ impl ThunderAgent {
         self.programs.remove(&id);
     }
 
-    /// One scheduler period: resumes (returning `(program, backend)` for each), then pauses.
-    pub fn tick(&mut self, replicas: &[ReplicaLoad]) -> Vec<(u64, usize)> {
-        let resumed = self.resume(replicas);
+    /// One scheduler period at `now`: resumes (returning `(program, backend)` for each), then
+    /// pauses.
+    pub fn tick(&mut self, replicas: &[ReplicaLoad], now: f64) -> Vec<(u64, usize)> {
+        let resumed = self.resume(replicas, now);
         for (b, r) in replicas.iter().enumerate() {
             self.pause_until_safe(b, r.kv_tokens);
         }
         resumed
     }
 
-    fn resume(&mut self, replicas: &[ReplicaLoad]) -> Vec<(u64, usize)> {
+    fn resume(&mut self, replicas: &[ReplicaLoad], now: f64) -> Vec<(u64, usize)> {
         let mut caps: Vec<(usize, i64)> = (0..replicas.len())
-            .map(|b| (b, self.remaining(b, replicas[b].kv_tokens)))
+            .map(|b| (b, self.remaining_for_resume(b, replicas[b].kv_tokens, now)))
             .filter(|&(_, c)| c > THUNDER_BUFFER as i64)
             .collect();
         let total: i64 = caps.iter().map(|&(_, c)| c).sum();
-        let mut paused: Vec<(u8, u64, u64, u64)> = self
+        let mut paused: Vec<(u8, u64, u64, u64, u64)> = self
             .programs
             .iter()
             .filter(|(_, p)| p.backend.is_none())
             .map(|(&id, p)| {
-                let group = match (p.status, p.steps) {
-                    (ProgramStatus::Reasoning, s) if s > 1 => 0,
-                    (ProgramStatus::Reasoning, _) => 1,
-                    (ProgramStatus::Acting, _) => 2,
+                // The proxy's groups: a program still on its first request, then one with a
+                // request pending, then one acting.
+                let group = match (p.steps, p.status) {
+                    (1, _) => 1,
+                    (_, ProgramStatus::Reasoning) => 0,
+                    (_, ProgramStatus::Acting) => 2,
                 };
-                (group, p.tokens, p.paused_seq, id)
+                (group, p.paused_tokens, p.paused_seq, id, p.tokens)
             })
             .collect();
         paused.sort();
         let mut selected = Vec::new();
         let mut cumulative = 0i64;
-        for &(_, tokens, _, id) in &paused {
+        for &(_, _, _, id, tokens) in &paused {
             let need = (tokens + THUNDER_BUFFER) as i64;
             if cumulative + need <= total {
                 cumulative += need;
@@ -541,6 +599,7 @@ impl ThunderAgent {
                 if let Some(p) = self.programs.get_mut(&id) {
                     p.backend = None;
                     p.paused_seq = seq;
+                    p.paused_tokens = p.tokens;
                 }
                 continue;
             }
@@ -601,10 +660,10 @@ mod tests {
         // 9,300 used of 10,000: a fourth does not fit and queues.
         assert_eq!(t.arrive(4, 1_000, &l), None);
         // Responses grow the contexts past capacity; all act.
-        t.response_done(1, 3_500);
-        t.response_done(2, 2_600);
-        t.response_done(3, 4_200);
-        let resumed = t.tick(&l);
+        t.response_done(1, 3_500, 1.0);
+        t.response_done(2, 2_600, 1.0);
+        t.response_done(3, 4_200, 1.0);
+        let resumed = t.tick(&l, 5.0);
         assert!(resumed.is_empty());
         // Over by 10,600 − 10,000: the smallest acting program (2) is paused.
         assert_eq!(t.programs[&2].backend, None);
@@ -612,9 +671,78 @@ mod tests {
         // Program 1 ends: the next tick resumes the paused ones that fit, the new program 4
         // (pending request) before program 2 (acting).
         t.release(1);
-        let resumed = t.tick(&l);
+        let resumed = t.tick(&l, 10.0);
         assert_eq!(resumed.iter().map(|r| r.0).collect::<Vec<_>>(), [2, 4]);
         assert_eq!(t.request(4, 1_000), Some(0));
+    }
+
+    #[test]
+    fn a_program_paused_on_its_first_request_resumes_before_idle_ones_whatever_its_status() {
+        let paused = |steps: u32, status: ProgramStatus, tokens: u64, seq: u64| Program {
+            status,
+            backend: None,
+            tokens,
+            marked: false,
+            steps,
+            paused_seq: seq,
+            paused_tokens: tokens,
+            acting_since: 0.0,
+        };
+        let mut t = ThunderAgent::new();
+        // 1: still on its first call, acting when paused; 2: idle (acting) after three calls;
+        // 3: a request pending.
+        t.programs.insert(1, paused(1, ProgramStatus::Acting, 3_000, 1));
+        t.programs.insert(2, paused(3, ProgramStatus::Acting, 2_000, 2));
+        t.programs.insert(3, paused(2, ProgramStatus::Reasoning, 4_000, 3));
+        // 8,000 free: the pending request (4,100), then the first-call program (3,100); the
+        // idle one (2,100) no longer fits the total although it is the smallest.
+        let mut resumed: Vec<u64> = t.tick(&[load(8_000, 0, 0)], 5.0).into_iter().map(|r| r.0).collect();
+        resumed.sort();
+        assert_eq!(resumed, [1, 3]);
+    }
+
+    #[test]
+    fn a_request_counts_its_own_prompt_not_the_reasoning_its_predecessor_dropped() {
+        let l = vec![load(10_000, 0, 0)];
+        let mut t = ThunderAgent::new();
+        assert_eq!(t.arrive(1, 2_000, &l), Some(0));
+        // Prompt 2,000 + 3,000 of reasoning and answer; the next prompt drops the reasoning.
+        t.response_done(1, 5_000, 1.0);
+        assert_eq!(t.remaining(0, 10_000), 10_000 - 5_100);
+        assert_eq!(t.request(1, 2_400), Some(0));
+        assert_eq!(t.remaining(0, 10_000), 10_000 - 2_500);
+    }
+
+    #[test]
+    fn acting_decay_resumes_into_the_room_of_programs_acting_for_seconds_and_the_pause_step_counts_them_whole() {
+        // Two programs of 4,000 act on a 10,000-token backend; a paused one of 3,000 waits with
+        // its request pending.
+        let setup = |decay: bool| {
+            let l = vec![load(10_000, 0, 0)];
+            let mut t = ThunderAgent::new().with_acting_decay(decay);
+            assert_eq!(t.arrive(1, 4_000, &l), Some(0));
+            assert_eq!(t.arrive(2, 4_000, &l), Some(0));
+            assert_eq!(t.arrive(3, 3_000, &l), None);
+            t.response_done(1, 4_000, 0.0);
+            t.response_done(2, 4_000, 0.0);
+            (t, l)
+        };
+        // Without decay: 10,000 − 8,200 = 1,800 left, program 3 (3,100) stays paused.
+        let (mut t, l) = setup(false);
+        assert!(t.tick(&l, 5.0).is_empty());
+        // With decay, 5 s after they entered ACTING each acting program counts 4,000 / 32 = 125
+        // tokens at resume: 10,000 − 250 − 200 = 9,550 left, and program 3 resumes.
+        let (mut t, l) = setup(true);
+        assert_eq!(t.remaining_for_resume(0, 10_000, 5.0), 9_550);
+        assert_eq!(t.tick(&l, 5.0), [(3, 0)]);
+        // The pause step counts the acting programs whole: 11,300 > 10,000, and the smallest
+        // acting program is paused (program 3 reasons: its request is pending).
+        assert_eq!(t.programs[&3].backend, Some(0));
+        assert_eq!(t.programs.values().filter(|p| p.backend.is_none()).count(), 1);
+        assert!(t.remaining(0, 10_000) >= 0);
+        // At the instant a program starts acting its tokens count whole either way.
+        let (t, _) = setup(true);
+        assert_eq!(t.remaining_for_resume(0, 10_000, 0.0), t.remaining(0, 10_000));
     }
 }
 

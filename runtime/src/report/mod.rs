@@ -118,10 +118,50 @@ pub struct RunReport {
     /// verdicts. Omitted when nothing was routed.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub routing: BTreeMap<String, BTreeMap<String, RouteStats>>,
+    /// Live runs: what engines computed for attempts that gave no answer the run used — failed
+    /// or retried attempts and calls aborted with their session. Not in `prompt_tokens` /
+    /// `generated_tokens`, which count answered calls. Omitted when nothing was wasted (the
+    /// simulator's emulated engines never fail a call).
+    #[serde(skip_serializing_if = "WastedWork::is_empty")]
+    pub wasted: WastedWork,
 }
 
 fn is_zero(n: &usize) -> bool {
     *n == 0
+}
+
+/// Engine work thrown away: attempts of calls that failed, were retried or were aborted, as
+/// far as their answers showed it before they ended (`live::engine::CallMeter`: a lower
+/// bound — an attempt that ended before its first token counts nothing).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct WastedWork {
+    /// Attempts that had produced at least their first token.
+    pub attempts: u64,
+    /// Their prompts (Qwen3 tokens as the runtime counts them; prefix-cache hits unknown).
+    pub prompt_tokens: u64,
+    /// Output tokens they streamed before they ended.
+    pub output_tokens: u64,
+}
+
+impl WastedWork {
+    pub fn is_empty(&self) -> bool {
+        *self == WastedWork::default()
+    }
+
+    /// One ended attempt of a `prompt_tokens`-token prompt: counted if its first token came.
+    pub fn add_attempt(&mut self, prefilled: bool, prompt_tokens: u32, output_tokens: u64) {
+        if prefilled || output_tokens > 0 {
+            self.attempts += 1;
+            self.prompt_tokens += u64::from(prompt_tokens);
+            self.output_tokens += output_tokens;
+        }
+    }
+
+    pub fn add(&mut self, other: &WastedWork) {
+        self.attempts += other.attempts;
+        self.prompt_tokens += other.prompt_tokens;
+        self.output_tokens += other.output_tokens;
+    }
 }
 
 /// What the router did with one workflow's programs on one model.

@@ -99,6 +99,9 @@ pub struct AgentRunConfig {
     pub noise_seed: u64,
     /// Modeled time from a TAO snapshot to its plan's application (the asynchronous solve).
     pub plan_latency_s: f64,
+    /// ThunderAgent's proxy with its 2^−t decay of acting programs' tokens at resume (its
+    /// `--use-acting-token-decay`; paper 002 ran it on, the proxy ships it off).
+    pub thunder_acting_decay: bool,
 }
 
 /// TAO's planner outcomes (paper 000 Table 9).
@@ -451,7 +454,7 @@ fn run(
         next_request: 0,
         groups: vec![(0..pool.replicas.len()).collect()],
         rr: vec![RoundRobin::default()],
-        thunder: vec![ThunderAgent::new()],
+        thunder: vec![ThunderAgent::new().with_acting_decay(cfg.thunder_acting_decay)],
         ceiling_wait: Vec::new(),
         routing: None,
         history: ToolHistory::default(),
@@ -488,7 +491,7 @@ fn run(
         let arms = layer.arms();
         sim.groups = (0..arms).map(|a| (0..kv.len()).filter(|&r| layer.replica_arm[r] == a).collect()).collect();
         sim.rr = vec![RoundRobin::default(); arms];
-        sim.thunder = vec![ThunderAgent::new(); arms];
+        sim.thunder = vec![ThunderAgent::new().with_acting_decay(sim.cfg.thunder_acting_decay); arms];
         sim.ceiling_wait = vec![std::collections::VecDeque::new(); kv.len()];
         sim.routing = Some(layer);
     }
@@ -1005,7 +1008,7 @@ impl<'a> Sim<'a> {
                 let (duration, signature) = (tool.duration_s, st.signature);
                 self.plan_dirty = true;
                 let g = self.group_of(i);
-                self.thunder[g].response_done(i as u64, context);
+                self.thunder[g].response_done(i as u64, context, at);
                 self.schedule(at + duration, Ev::ToolReturn { session: i, signature });
             }
         }
@@ -1151,7 +1154,7 @@ impl<'a> Sim<'a> {
     fn thunder_step(&mut self) {
         for g in 0..self.groups.len() {
             let loads = self.group_loads(g);
-            for (session, local) in self.thunder[g].tick(&loads) {
+            for (session, local) in self.thunder[g].tick(&loads, self.now) {
                 let i = session as usize;
                 // A resumed program with its request pending runs now; an acting one is active
                 // again and sends its next request there when its tool returns.

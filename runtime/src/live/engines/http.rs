@@ -720,7 +720,15 @@ impl HttpEngine {
             })?;
             let before = fold.text.len();
             fold.push(&chunk, started.elapsed())?;
-            if !request.sink.send(&fold.text[before..]) {
+            // What this attempt has cost the engine so far, in case it does not finish.
+            if fold.first_choice_at.is_some() {
+                request.meter.first_token();
+            }
+            let piece = &fold.text[before..];
+            if !piece.is_empty() {
+                request.meter.add_output(tokens::count(piece) as u64);
+            }
+            if !request.sink.send(piece) {
                 return Err(EngineError::Cancelled(format!("{what}: the caller went away")));
             }
         }
@@ -1215,6 +1223,7 @@ mod tests {
 messages: None,
 raw_prompt: false,
 sink: Default::default(),
+meter: Default::default(),
         };
         // Unknown context: sent as is.
         e.fit(&mut req).unwrap();
@@ -1250,6 +1259,7 @@ sink: Default::default(),
 messages: None,
 raw_prompt: false,
 sink: Default::default(),
+meter: Default::default(),
         };
         // Not known to be `switchyard emulate`: the emulated output is never sent.
         let b = e.request_body(&req);

@@ -109,7 +109,7 @@ pub struct OracleArgs {
     #[arg(long)]
     pub only_programs: bool,
     /// Directory for oracle.md / oracle.json and oracle-programs.md / oracle-programs.json.
-    #[arg(long, default_value = "bench-report")]
+    #[arg(long, default_value = "bench-out")]
     pub out: PathBuf,
     /// Print the JSON on stdout instead of the Markdown.
     #[arg(long)]
@@ -177,7 +177,7 @@ pub struct VerifierArgs {
     #[arg(long, default_value = "workflows/datasets")]
     pub datasets: PathBuf,
     /// Directory for verifier.md and verifier.json.
-    #[arg(long, default_value = "bench-report")]
+    #[arg(long, default_value = "bench-out")]
     pub out: PathBuf,
     /// Print the JSON on stdout instead of the Markdown.
     #[arg(long)]
@@ -299,7 +299,7 @@ pub struct PredictorArgs {
     #[arg(long, default_value_t = 24)]
     pub per_pair: usize,
     /// Directory for predictor.md and predictor.json.
-    #[arg(long, default_value = "bench-report")]
+    #[arg(long, default_value = "bench-out")]
     pub out: PathBuf,
     /// Print the JSON on stdout instead of the Markdown.
     #[arg(long)]
@@ -496,6 +496,13 @@ pub fn run(args: BenchArgs) -> Result<()> {
         Some(Experiment::Verifier(v)) => return verifier(v),
         Some(Experiment::Oracle(o)) => return oracle(o),
         None => {}
+    }
+    let unknown: Vec<String> = std::iter::once(("--predictor", &args.predictor))
+        .chain(args.predictors.iter().map(|p| ("--predictors", p)))
+        .filter_map(|(flag, p)| crate::unknown_predictor(flag, p))
+        .collect();
+    if !unknown.is_empty() {
+        anyhow::bail!("{}", unknown.join("\n"));
     }
     let workflows = load_workflows(&args.workflows)?;
     let pool_path = crate::pool_path::resolve(args.pool.as_deref(), args.workflows.first().map(PathBuf::as_path))?;

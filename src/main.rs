@@ -104,13 +104,13 @@ struct RunArgs {
     #[arg(long, default_value = "qwen32b-tp2x4", value_parser = clap::builder::PossibleValuesParser::new(["qwen32b-tp2x4", "qwen14b-a100x4"]))]
     agent_pool: String,
     /// Sessions per workflow.
-    #[arg(long, default_value_t = 60)]
+    #[arg(long, default_value_t = 60, conflicts_with = "trace_replay")]
     sessions: usize,
     /// `burst` (all at t = 0) or `poisson:RATE` (sessions per second, per workflow).
-    #[arg(long, default_value = "burst")]
+    #[arg(long, default_value = "burst", conflicts_with = "trace_replay")]
     arrival: Arrival,
     /// Seed of the arrival trace and of the emulated outputs.
-    #[arg(long, default_value_t = 42)]
+    #[arg(long, default_value_t = 42, conflicts_with = "trace_replay")]
     seed: u64,
     /// Seed of the engines' timing noise (repetitions vary it).
     #[arg(long, default_value_t = 0)]
@@ -118,7 +118,7 @@ struct RunArgs {
     /// Pool file (relative paths are taken as given). Default: `workflows/pools/paper.yaml`,
     /// looked up in the current directory, then as `pools/paper.yaml` next to the first
     /// workflow file, then under the repository root above that workflow file.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "trace_replay")]
     pool: Option<PathBuf>,
     /// Exit 0 even when sessions failed (the report still counts them).
     #[arg(long)]
@@ -160,58 +160,58 @@ struct RunArgs {
     no_sleep: bool,
     /// Estimates the planner uses: `graph` (our Predictor), `gbdt`, `formula`, or `oracle`
     /// (the emulator's own costs; reference only).
-    #[arg(long, default_value = "graph")]
+    #[arg(long, default_value = "graph", conflicts_with = "trace_replay")]
     predictor: String,
     /// Print one JSON object instead of tables (progress lines still go to stderr).
     #[arg(long)]
     json: bool,
     /// Write every event of the run as JSON lines (the simulator's, or with `--live` the live
     /// runtime's, in the same schema; live times are wall seconds).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "trace_replay")]
     trace: Option<PathBuf>,
     /// Draw the GPU timeline as SVG.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "trace_replay")]
     timeline: Option<PathBuf>,
     /// Threads that execute tool calls.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 2, conflicts_with = "trace_replay")]
     tool_workers: usize,
     /// Batch limit per replica (vLLM --max-num-seqs).
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = 256, conflicts_with = "trace_replay")]
     max_num_seqs: u32,
     /// Substrate: most replicas of one model, for every policy (default: the pool is the limit).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "trace_replay")]
     replica_cap: Option<usize>,
     /// Substrate: reactive scale-out adds a replica when more than this many units per replica
     /// could not run at once (every policy's substrate; see README "What each policy may do").
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, conflicts_with = "trace_replay")]
     scale_out_waiting: f64,
     /// Substrate: … for at least this many seconds (Ray Serve's default upscale_delay_s).
-    #[arg(long, default_value_t = switchyard_runtime::planner::substrate::RAY_SERVE_UPSCALE_DELAY_S)]
+    #[arg(long, default_value_t = switchyard_runtime::planner::substrate::RAY_SERVE_UPSCALE_DELAY_S, conflicts_with = "trace_replay")]
     upscale_delay: f64,
     /// Substrate: reclaim idle replicas by vLLM sleep mode instead of unloading them (level 1
     /// where the node's host memory holds the weights, else level 2); a later load of the same
     /// model on that GPU wakes it. Every policy's substrate; off by default (paper 003's).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "trace_replay")]
     sleep: bool,
     /// Seconds the agent framework takes to hand a finished call's output to the next call
     /// (simulator; MAFBench's LangGraph overhead by default). The replica is free meanwhile.
-    #[arg(long, default_value_t = switchyard_runtime::exec::FRAMEWORK_HANDOFF_S)]
+    #[arg(long, default_value_t = switchyard_runtime::exec::FRAMEWORK_HANDOFF_S, conflicts_with = "trace_replay")]
     handoff_delay: f64,
     /// Routed workflows (paper 002): judge every program by this verifier (`gsm8k_exact`,
     /// `tests_pass`, `rouge_l`, `verdict`) instead of the one its request classifies to — the
     /// single-verifier comparison.
-    #[arg(long, value_name = "VERIFIER")]
+    #[arg(long, value_name = "VERIFIER", conflicts_with = "trace_replay")]
     single_verifier: Option<String>,
     /// Routed workflows: the reward's cost weight a (r = success − a·cost/scale; cost = the
     /// program's compute in billions of parameter-tokens).
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, conflicts_with = "trace_replay")]
     cost_weight: f64,
     /// Routed workflows: the reward's cost scale (e.g. the largest model's mean cost per program).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, conflicts_with = "trace_replay")]
     cost_scale: f64,
     /// Routed workflows: DISC never moves a program to another member of its route (admission
     /// only; the ablation of paper 002's Fig. 7(a)).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "trace_replay")]
     no_divert: bool,
     /// Run on the live runtime (actors on wall-clock time) against the engines the pool file
     /// names, e.g. `--pool workflows/pools/live-emulated.yaml`; times are wall seconds.
@@ -445,13 +445,16 @@ fn validate(paths: &[PathBuf], pool: Option<&Path>) -> Result<()> {
     }
     for w in workflows {
         let records = w.load_records().map_err(|e| anyhow::anyhow!("{e}"))?;
+        let dataset = match &w.dataset {
+            Some(_) => format!("{} dataset records", records.len()),
+            None => "no dataset (every session runs the same inputs)".to_string(),
+        };
         println!(
-            "{}: ok — workflow `{}`, {} nodes, {} deployments, {} dataset records",
+            "{}: ok — workflow `{}`, {} nodes, {} deployments, {dataset}",
             w.path.display(),
             w.name,
             w.nodes.len(),
             w.deployments.len(),
-            records.len()
         );
     }
     if let Some(p) = pool_path {
@@ -517,12 +520,29 @@ fn joint_flag_problems(args: &RunArgs) -> Vec<String> {
     } else if args.acting_decay && args.scheduler != "thunderagent" {
         problems.push(format!("--acting-decay: applies to --scheduler thunderagent only (this run: {})", args.scheduler));
     }
+    if let Some(p) = unknown_predictor("--predictor", &args.predictor) {
+        problems.push(p);
+    }
     problems
 }
 
+/// `FLAG NAME` that names no predictor (checked before any work starts).
+pub(crate) fn unknown_predictor(flag: &str, name: &str) -> Option<String> {
+    let known = exec::profiles::PREDICTORS;
+    (!known.contains(&name) && name != "oracle")
+        .then(|| format!("{flag}: unknown predictor `{name}` (known: {}, oracle)", known.join(", ")))
+}
+
 fn run(args: RunArgs) -> Result<RunEnd> {
-    let policy_flags = joint_flag_problems(&args);
+    let mut policy_flags = joint_flag_problems(&args);
     if !policy_flags.is_empty() {
+        // Reported with every other problem of the flags and files, all at once.
+        if args.trace_replay.is_none() {
+            policy_flags.extend(exec::preflight::flag_problems(args.sessions, args.max_num_seqs, args.tool_workers, args.arrival));
+            if let Err(e) = load_all(&args.workflows) {
+                policy_flags.push(e.to_string());
+            }
+        }
         bail!("{}", policy_flags.join("\n"));
     }
     if let Some(trace) = &args.trace_replay {

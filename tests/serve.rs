@@ -68,6 +68,14 @@ async fn serve_end_to_end() {
         + "\ndataset: {file: /etc/passwd, format: jsonl, fields: {x: x}}\n";
     let (s, v) = body(http.post(server.url("/v1/workflows")).header("authorization", &auth).body(with_dataset).send().await.expect("dataset")).await;
     assert_eq!(s, 422, "{v}");
+    // A path that does not exist gets the very same answer: the reply says nothing about
+    // which files the server has.
+    let missing = tiny.replace("name: tiny-chain", "name: reads-files")
+        + "
+dataset: {file: /etc/no-such-file, format: jsonl, fields: {x: x}}
+";
+    let (s2, v2) = body(http.post(server.url("/v1/workflows")).header("authorization", &auth).body(missing).send().await.expect("dataset")).await;
+    assert_eq!((s2, &v2), (s, &v));
     // A `shell` step that declares host paths to read (the server's files): refused; without
     // `reads` the same step registers.
     let peek = tiny.replace("name: tiny-chain", "name: peek").trim_end().to_string()

@@ -227,6 +227,9 @@ async fn a_restart_reads_back_only_the_newest_ended_runs() {
     let list: Value = http.get(second.url("/v1/runs")).header("authorization", &auth).send().await.expect("list").json().await.expect("json");
     let listed: Vec<&str> = list["runs"].as_array().expect("runs").iter().filter_map(|r| r["id"].as_str()).collect();
     assert_eq!(listed, vec![ids[2].as_str()], "{list}");
+    // Created by the first server: before the second one started, on its clock.
+    let created = list["runs"][0]["created_at"].as_f64().expect("created_at");
+    assert!(created < 0.0, "{list}");
     let old = http.get(second.url(&format!("/v1/runs/{}", ids[0]))).header("authorization", &auth).send().await.expect("old");
     assert_eq!(old.status(), 404);
     // The journal still holds every run.

@@ -22,6 +22,9 @@ pub enum TraceError {
     Invalid { problems: Vec<String> },
 }
 
+/// Problems listed at most; the rest are counted.
+const MAX_LISTED_PROBLEMS: usize = 50;
+
 /// Largest trace file read (as a dataset: 256 MiB), checked before reading.
 pub const MAX_TRACE_FILE_BYTES: u64 = 256 << 20;
 
@@ -52,6 +55,19 @@ pub fn parse_trace(file: &str, text: &str) -> Result<AgentTrace, TraceError> {
     }
     if sessions.is_empty() && problems.is_empty() {
         problems.push(format!("{file}: the trace has no session"));
+    }
+    if sessions.is_empty() && problems.len() > 1 {
+        // Not one line parsed: the file is not a trace at all (a workflow YAML, say) — one
+        // line says so instead of a problem per line.
+        let first = problems.swap_remove(0);
+        let more = problems.len();
+        problems = vec![format!(
+            "{file}: not a JSONL agent trace (no line is a session object; format in workflows/traces/README.md): {first} (and {more} more line(s) like it)"
+        )];
+    } else if problems.len() > MAX_LISTED_PROBLEMS {
+        let more = problems.len() - MAX_LISTED_PROBLEMS;
+        problems.truncate(MAX_LISTED_PROBLEMS);
+        problems.push(format!("{file}: … and {more} more problem(s)"));
     }
     if problems.is_empty() { Ok(AgentTrace { sessions }) } else { Err(TraceError::Invalid { problems }) }
 }
@@ -172,6 +188,20 @@ mod tests {
             err.contains("f.jsonl:4: turns[0].reasoning_tokens: the call reaches 4294967298 tokens with its reasoning"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn a_file_that_is_no_trace_at_all_is_one_problem_not_one_per_line() {
+        let yaml = "name: gsm8k\ndeployments:\n  a: {model: Qwen3-8B}\nnodes:\n  x: {}\n";
+        let err = parse_trace("w.yaml", yaml).unwrap_err().to_string();
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(err.starts_with("w.yaml: not a JSONL agent trace") && err.contains("w.yaml:1:") && err.contains("4 more"), "{err}");
+        // A trace with many bad lines among good ones lists the first 50 and counts the rest.
+        let good = "{\"id\": \"g\", \"system_tokens\": 1, \"turns\": [{\"new_tokens\": 1, \"output_tokens\": 1}]}\n";
+        let text = format!("{good}{}", "oops\n".repeat(60));
+        let err = parse_trace("m.jsonl", &text).unwrap_err().to_string();
+        assert_eq!(err.lines().count(), 51, "{err}");
+        assert!(err.ends_with("m.jsonl: … and 10 more problem(s)"), "{err}");
     }
 
     #[test]

@@ -43,7 +43,7 @@ impl FromStr for Arrival {
         if let Some(rate) = s.strip_prefix("poisson:") {
             let r: f64 = rate.parse().map_err(|_| format!("bad Poisson rate `{rate}`"))?;
             if !(r.is_finite() && r > 0.0) {
-                return Err(format!("Poisson rate must be positive, got {r}"));
+                return Err(format!("Poisson rate must be a positive finite number of sessions per second, got `{rate}`"));
             }
             return Ok(Arrival::Poisson(r));
         }

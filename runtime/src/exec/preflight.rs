@@ -106,7 +106,7 @@ pub fn flag_problems(sessions: usize, max_num_seqs: u32, tool_workers: usize, ar
         && !(MIN_POISSON_RATE..=MAX_POISSON_RATE).contains(&r)
     {
         problems.push(format!(
-            "--arrival: Poisson rate {r} sessions/s is out of range ({MIN_POISSON_RATE} to {MAX_POISSON_RATE}; {MIN_POISSON_RATE} is one session every 11.6 days)"
+            "--arrival: Poisson rate {r:e} sessions/s is out of range ({MIN_POISSON_RATE} to {MAX_POISSON_RATE}; {MIN_POISSON_RATE} is one session every 11.6 days)"
         ));
     }
     problems

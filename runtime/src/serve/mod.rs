@@ -343,9 +343,13 @@ async fn restore(api: &Arc<Api>, journal: &Arc<Journal>) -> Result<Restored, Str
         restored.ended_sessions += ended_before.len();
         restored.resumed_sessions += resume.len();
         let sessions = if resume.is_empty() { Vec::new() } else { api.service.submit_durable(index, resume).await.map_err(|e| e.to_string())? };
+        // On this server's clock (seconds since it started): negative, the run is older.
+        let now_unix_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_millis() as f64);
+        let started_unix_ms = now_unix_ms - api.service.wall() * 1000.0;
+        let created_at = ((run.created_at_unix_ms as f64 - started_unix_ms) / 1000.0 * 1000.0).round() / 1000.0;
         lock(&api.runs).insert(
             run.run_id.clone(),
-            RunEntry { workflow: run.workflow.clone(), sessions, ended_before, created_at: 0.0, cancelled: false },
+            RunEntry { workflow: run.workflow.clone(), sessions, ended_before, created_at, cancelled: false },
         );
     }
     api.next_run.store(max_run + 1, Ordering::Relaxed);
@@ -498,9 +502,9 @@ async fn register_workflow(
         let t = String::from_utf8(body.to_vec()).map_err(|_| ApiError::bad_request("the body is not UTF-8 text", "body"))?;
         (t, false)
     };
-    let spec = parse_workflow("request", &text, std::path::Path::new("/nonexistent"))
-        .map_err(workflow_errors)?;
-    if spec.dataset.is_some() {
+    // Refused before the workflow is parsed: parsing looks for the dataset file, and whether it
+    // exists on the server's disk is not the client's to learn.
+    if crate::workflow::names_dataset(&text) {
         return Err(ApiError {
             param: Some("dataset".into()),
             ..ApiError::new(
@@ -511,6 +515,7 @@ async fn register_workflow(
             )
         });
     }
+    let spec = parse_workflow("request", &text, std::path::Path::new("/nonexistent")).map_err(workflow_errors)?;
     // For the same reason a `shell` step may not declare host paths to read: the server's files
     // are not the client's (the sandbox binds each declared path read-only, and its uid can read
     // whatever on the host is world-readable).

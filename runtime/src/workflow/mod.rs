@@ -423,6 +423,16 @@ pub fn load_workflow(path: &Path) -> Result<WorkflowSpec, WorkflowError> {
 
 /// Parse and validate workflow text. `source_name` names the file in errors (and becomes
 /// [`WorkflowSpec::path`]); `base_dir` is where relative dataset paths resolve.
+/// Whether the workflow text names a dataset (a top-level `dataset:` key), read without
+/// parsing the workflow — which would look for the dataset file on this machine's disk. False
+/// for text that is not a YAML mapping (the parse then says what is wrong).
+pub fn names_dataset(text: &str) -> bool {
+    match yaml::parse("request", text) {
+        Ok(yaml::Node { value: yaml::Value::Map(entries), .. }) => entries.iter().any(|(k, _)| k.name == "dataset"),
+        _ => false,
+    }
+}
+
 pub fn parse_workflow(
     source_name: &str,
     text: &str,

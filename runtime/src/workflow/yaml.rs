@@ -261,9 +261,12 @@ impl Ctx<'_> {
         };
         for (k, _) in entries {
             if !allowed.contains(&k.name.as_str()) {
-                let hint = closest(&k.name, allowed)
-                    .map(|c| format!(" (did you mean `{c}`?)"))
-                    .unwrap_or_default();
+                let hint = if field.is_empty() && k.name == "devices" {
+                    // A pool file given where a workflow belongs.
+                    " (a pool file? pass it with `--pool FILE`)".to_string()
+                } else {
+                    closest(&k.name, allowed).map(|c| format!(" (did you mean `{c}`?)")).unwrap_or_default()
+                };
                 return Err(self.err(
                     k.pos,
                     &join_path(field, &k.name),

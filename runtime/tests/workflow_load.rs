@@ -793,3 +793,29 @@ fn an_llm_judge_node_is_a_routed_workflows_verifier_and_each_misuse_is_placed() 
     let e = judged(&text.replace("node: judge, pass", "node: judg, pass")).unwrap_err();
     assert_eq!((e.kind(), e.field()), (Some(ErrorKind::UnknownReference), Some("verifier.node")), "{e}");
 }
+
+#[test]
+fn hostile_sizes_are_refused_at_load() {
+    // A loop bound a run would never reach.
+    let e = err(&LOOPED.replace("max_rounds: 2", "max_rounds: 1000000000"));
+    assert_at(&e, ErrorKind::BadLoop, 24, 17, "loops.again.max_rounds");
+    // More nodes than a workflow may have (the graph checks grow with their square).
+    let mut text = String::from("name: t\ndeployments:\n  small: {model: Qwen3-0.6B, max_context: 2048, max_output_tokens: 256}\nnodes:\n");
+    for i in 0..=switchyard_runtime::workflow::MAX_NODES {
+        text.push_str(&format!("  - {{id: n{i}, deployment: small, responder: generic, prompt: hi}}\n"));
+    }
+    let e = err(&text);
+    assert!(e.to_string().contains("nodes: 2001 nodes; a workflow has at most 2000"), "{e}");
+    // A stream is read only up to the file limit.
+    let e = load_workflow(Path::new("/dev/zero")).unwrap_err();
+    assert!(e.to_string().contains("workflow files are read up to 4194304 bytes"), "{e}");
+}
+
+#[test]
+fn a_verdict_metric_passes_only_verdicts_its_nodes_give() {
+    let with = |m: &str| format!("{TEAM}metric: {m}\n");
+    let e = err(&with("{kind: verdict, node: check, pass: [maybe]}"));
+    assert!(e.to_string().contains("`maybe` is not a verdict `check` gives (its verdicts: "), "{e}");
+    let e = err(&with("{kind: verdict, node: check, pass: []}"));
+    assert!(e.to_string().contains("name at least one verdict that scores 1"), "{e}");
+}

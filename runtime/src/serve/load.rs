@@ -413,6 +413,10 @@ impl LoadReport {
                 c.spread_s, c.added_p50_ms, c.added_p99_ms
             ));
         }
+        if self.soak_programs == 0 {
+            out.push_str("\nsoak: not run (--soak 0)\n");
+            return out;
+        }
         out.push_str(&format!(
             "\nsoak: {} concurrent programs × {} tokens: {} of {} streams whole in {:.1} s; RSS (whole process) {:.0} MiB before, {:.0} MiB peak, {:.0} MiB after\n",
             self.soak_programs,

@@ -167,6 +167,15 @@ pub(super) fn build(
         ));
         return Err(WorkflowError::many(errors));
     }
+    if raw_nodes.len() > super::MAX_NODES {
+        errors.push(ctx.err(
+            nodes_node.pos,
+            "nodes",
+            ErrorKind::TooLarge,
+            format!("{} nodes; a workflow has at most {}", raw_nodes.len(), super::MAX_NODES),
+        ));
+        return Err(WorkflowError::many(errors));
+    }
     let mut index: BTreeMap<String, usize> = BTreeMap::new();
     let mut maps = Vec::with_capacity(raw_nodes.len());
     for (i, n) in raw_nodes.iter().enumerate() {
@@ -1386,12 +1395,12 @@ fn loops(
             }
             Some(r) => {
                 let v = ctx.u32(r, &format!("{field}.max_rounds"))?;
-                if v == 0 {
+                if v == 0 || v > super::MAX_LOOP_ROUNDS {
                     return Err(ctx.err(
                         r.pos,
                         &format!("{field}.max_rounds"),
                         ErrorKind::BadLoop,
-                        "max_rounds must be at least 1",
+                        format!("max_rounds {v} must be between 1 and {}", super::MAX_LOOP_ROUNDS),
                     ));
                 }
                 v
@@ -1948,8 +1957,10 @@ fn metric_term(
     };
     let nn = m.required(ctx, field, "node")?;
     let mut targets = Vec::new();
+    let mut target_nodes = Vec::new();
     for (name, pos) in ctx.string_list(nn, &f("node"))? {
         let target = resolve_id(ctx, &name, pos, &f("node"), index, ids)?;
+        target_nodes.push(target);
         if kind == MetricKind::TestsPass
             && !matches!(&nodes[target].kind, NodeKind::Tool(t) if t.tool == "python_tests")
         {
@@ -1991,7 +2002,29 @@ fn metric_term(
         }
     };
     let pass = match m.get("pass") {
-        Some(p) if kind == MetricKind::Verdict => ctx.string_list(p, &f("pass"))?.into_iter().map(|(s, _)| s).collect(),
+        Some(p) if kind == MetricKind::Verdict => {
+            let list = ctx.string_list(p, &f("pass"))?;
+            if list.is_empty() {
+                return Err(ctx.err(p.pos, &f("pass"), ErrorKind::MissingField, "name at least one verdict that scores 1"));
+            }
+            // Each listed verdict must be one the scored nodes can give (where that is known),
+            // or the term scores 0 for every session without a word.
+            for (v, pos) in &list {
+                for &t in &target_nodes {
+                    if let Ok(Some(known)) = verdicts_of(&nodes[t])
+                        && !known.contains(v)
+                    {
+                        return Err(ctx.err(
+                            *pos,
+                            &f("pass"),
+                            ErrorKind::BadType,
+                            format!("`{v}` is not a verdict `{}` gives (its verdicts: {})", nodes[t].id, known.join(", ")),
+                        ));
+                    }
+                }
+            }
+            list.into_iter().map(|(s, _)| s).collect()
+        }
         Some(p) => return Err(ctx.err(p.pos, &f("pass"), ErrorKind::UnknownField, "`pass` belongs to `verdict` terms")),
         None if kind == MetricKind::Verdict => {
             return Err(ctx.err(m.pos, &f("pass"), ErrorKind::MissingField, "a `verdict` term needs `pass`: the verdicts that score 1"));

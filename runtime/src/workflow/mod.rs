@@ -399,30 +399,42 @@ pub struct WorkflowSpec {
 
 /// Largest workflow file the loader reads (a workflow with long prompts is tens of KiB).
 pub const MAX_WORKFLOW_BYTES: u64 = 4 << 20;
+/// Most nodes a workflow may declare (agent teams have tens; the graph checks grow with the
+/// square of the count, so a limit keeps a hostile file from taking gigabytes).
+pub const MAX_NODES: usize = 2_000;
+/// Most rounds a loop may run (`max_rounds`): a bound a run reaches, unlike u32::MAX.
+pub const MAX_LOOP_ROUNDS: u32 = 10_000;
 
 /// Read and validate a workflow file. Relative dataset paths resolve against its directory.
-/// A file over [`MAX_WORKFLOW_BYTES`] is refused before it is read.
+/// A file over [`MAX_WORKFLOW_BYTES`] is refused before it is read, and a stream that is not a
+/// regular file (a pipe, `/dev/zero`) is read only up to that many bytes.
 pub fn load_workflow(path: &Path) -> Result<WorkflowSpec, WorkflowError> {
+    use std::io::Read;
     let file = path.display().to_string();
     let read_err = |source| WorkflowError::Read { file: file.clone(), source };
+    let too_large = |what: String| WorkflowError::Invalid {
+        file: file.clone(),
+        line: 1,
+        column: 1,
+        field: "(document)".into(),
+        kind: ErrorKind::TooLarge,
+        message: format!("{what}; workflow files are read up to {MAX_WORKFLOW_BYTES} bytes"),
+    };
     let size = std::fs::metadata(path).map_err(read_err)?.len();
     if size > MAX_WORKFLOW_BYTES {
-        return Err(WorkflowError::Invalid {
-            file: file.clone(),
-            line: 1,
-            column: 1,
-            field: "(document)".into(),
-            kind: ErrorKind::TooLarge,
-            message: format!("the file is {size} bytes; workflow files are read up to {MAX_WORKFLOW_BYTES} bytes"),
-        });
+        return Err(too_large(format!("the file is {size} bytes")));
     }
-    let text = std::fs::read_to_string(path).map_err(read_err)?;
+    let mut bytes = Vec::new();
+    std::fs::File::open(path).map_err(read_err)?.take(MAX_WORKFLOW_BYTES + 1).read_to_end(&mut bytes).map_err(read_err)?;
+    if bytes.len() as u64 > MAX_WORKFLOW_BYTES {
+        return Err(too_large("the stream is longer".into()));
+    }
+    let text = String::from_utf8(bytes)
+        .map_err(|e| read_err(std::io::Error::new(std::io::ErrorKind::InvalidData, format!("not UTF-8 text: {e}"))))?;
     let base = path.parent().unwrap_or_else(|| Path::new("."));
     parse_workflow(&file, &text, base)
 }
 
-/// Parse and validate workflow text. `source_name` names the file in errors (and becomes
-/// [`WorkflowSpec::path`]); `base_dir` is where relative dataset paths resolve.
 /// Whether the workflow text names a dataset (a top-level `dataset:` key), read without
 /// parsing the workflow — which would look for the dataset file on this machine's disk. False
 /// for text that is not a YAML mapping (the parse then says what is wrong).
@@ -433,6 +445,8 @@ pub fn names_dataset(text: &str) -> bool {
     }
 }
 
+/// Parse and validate workflow text. `source_name` names the file in errors (and becomes
+/// [`WorkflowSpec::path`]); `base_dir` is where relative dataset paths resolve.
 pub fn parse_workflow(
     source_name: &str,
     text: &str,

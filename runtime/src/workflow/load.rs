@@ -1983,7 +1983,7 @@ fn metric_term(
     }
     let reference = match m.get("reference") {
         None if matches!(kind, MetricKind::Gsm8kExact | MetricKind::RougeL) => {
-            return Err(ctx.err(m.pos, &f("reference"), ErrorKind::MissingField, format!("a `{kind:?}` term compares with an input field: add `reference`")));
+            return Err(ctx.err(m.pos, &f("reference"), ErrorKind::MissingField, format!("a `{}` term compares with an input field: add `reference`", kind.name())));
         }
         None => None,
         Some(rn) => {

@@ -376,7 +376,20 @@ fn load_all(paths: &[PathBuf]) -> Result<Vec<Arc<WorkflowSpec>>> {
             Ok(spec) if out.iter().any(|w| w.name == spec.name) => {
                 problems.push(format!("{}: workflow name `{}` is used twice in this run", p.display(), spec.name));
             }
-            Ok(spec) => out.push(Arc::new(spec)),
+            Ok(spec) => {
+                // The command line has no per-session inputs: without a dataset a reference that
+                // reads only input fields fails every session that reaches it.
+                let unresolvable = if spec.dataset.is_none() { spec.input_only_references() } else { Vec::new() };
+                if unresolvable.is_empty() {
+                    out.push(Arc::new(spec));
+                } else {
+                    problems.push(format!(
+                        "{}: {} read(s) input fields but the workflow has no dataset, so `switchyard run` has no inputs to give: add a `dataset:` that maps them, write `?` or `default` after them, or serve the workflow and pass inputs per session",
+                        p.display(),
+                        unresolvable.join(", ")
+                    ));
+                }
+            }
             Err(e) => problems.push(e.to_string()),
         }
     }

@@ -198,3 +198,26 @@ fn an_oversized_workflow_file_is_refused_before_it_is_read() {
     assert!(e.contains("the file is 52428800 bytes; workflow files are read up to 4194304 bytes"), "{e}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn input_fields_without_a_dataset_are_refused_before_a_run() {
+    let dir = tempdir("noinput");
+    let tiny = std::fs::read_to_string(root().join("tests/fixtures/tiny_chain.yaml")).expect("fixture");
+    let (first, rest) = tiny.split_once("prompt: ").expect("a prompt");
+    let needs = format!("{first}prompt: \"Q: {{{{input.question}}}}\"\n{}", rest.split_once('\n').map(|x| x.1).unwrap_or(""));
+    let path = dir.join("needs.yaml");
+    std::fs::write(&path, &needs).expect("write");
+    for cmd in [&["validate"][..], &["run", "--sessions", "1"][..]] {
+        let mut args = cmd.to_vec();
+        args.push(path.to_str().unwrap_or_default());
+        let out = switchyard_in(&dir, &args);
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        let e = stderr(&out);
+        assert!(e.contains("{{input.question}} read(s) input fields but the workflow has no dataset"), "{e}");
+    }
+    // Optional, it is fine: every session gets the empty text.
+    std::fs::write(&path, needs.replace("{{input.question}}", "{{input.question?}}")).expect("write");
+    let out = switchyard_in(&dir, &["validate", path.to_str().unwrap_or_default()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let _ = std::fs::remove_dir_all(&dir);
+}

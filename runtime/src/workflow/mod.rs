@@ -562,6 +562,23 @@ impl WorkflowSpec {
             .and_then(|l| self.loops.get(l))
     }
 
+    /// References that read nothing but input fields (`{{input.X}}`, no `?`, `default` or other
+    /// source after it), as written, sorted: without inputs (a workflow without a dataset, run
+    /// from the command line) they can never resolve, and every session reaching them fails.
+    pub fn input_only_references(&self) -> Vec<String> {
+        let mut out: Vec<String> = self
+            .nodes
+            .iter()
+            .flat_map(|n| node_templates(n).into_iter())
+            .flat_map(|t| t.references().into_iter())
+            .filter(|r| r.sources.iter().all(|s| matches!(s, Source::Input(_))))
+            .map(|r| format!("{{{{{}}}}}", r.text))
+            .collect();
+        out.sort();
+        out.dedup();
+        out
+    }
+
     /// Input fields the templates read (`{{input.X}}`), sorted.
     pub fn input_fields(&self) -> Vec<String> {
         let mut out: Vec<String> = self

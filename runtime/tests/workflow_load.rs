@@ -309,6 +309,11 @@ fn dataset_file_missing_and_records_missing_fields() {
         .err()
         .unwrap_or_else(|| panic!("accepted"));
     assert_at(&e, ErrorKind::Dataset, 6, 9, "dataset.file");
+    // A directory (or a device) by that name is there, but is no dataset.
+    std::fs::create_dir(dir.path().join("data.jsonl")).unwrap_or_else(|e| panic!("{e}"));
+    let d = parse_workflow("t.yaml", &text, dir.path()).err().unwrap_or_else(|| panic!("accepted"));
+    assert!(d.to_string().contains("dataset file `data.jsonl` is not a regular file"), "{d}");
+    std::fs::remove_dir(dir.path().join("data.jsonl")).unwrap_or_else(|e| panic!("{e}"));
     assert!(
         e.to_string()
             .contains("dataset file `data.jsonl` not found"),

@@ -489,14 +489,12 @@ fn dataset(ctx: &Ctx<'_>, node: &Node, base_dir: &Path) -> Result<DatasetBinding
         }
     };
     if !file.is_file() {
+        let why = if file.exists() { "is not a regular file" } else { "not found" };
         return Err(ctx.err(
             file_node.pos,
             "dataset.file",
             ErrorKind::Dataset,
-            format!(
-                "dataset file `{file_as_written}` not found (looked at `{}`)",
-                file.display()
-            ),
+            format!("dataset file `{file_as_written}` {why} (looked at `{}`)", file.display()),
         ));
     }
     let fields_node = m.required(ctx, "dataset", "fields")?;

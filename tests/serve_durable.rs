@@ -6,7 +6,7 @@
 
 mod support;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
@@ -56,6 +56,36 @@ async fn run_until_ended(http: &reqwest::Client, server: &Server, run: &str, wit
     v
 }
 
+/// A one-node workflow named `name` for registering over the API.
+fn echo(name: &str) -> String {
+    format!(
+        "name: {name}\ndeployments:\n  small: {{model: Qwen3-0.6B, dtype: fp16, max_context: 4096, max_output_tokens: 64}}\nnodes:\n  - id: say\n    deployment: small\n    output_tokens: {{mean: 8, cv: 0.1}}\n    prompt: Say something.\n"
+    )
+}
+
+/// A temporary directory with the state path in it and `LONG_PAIR` written as the workflow
+/// file the servers start with.
+fn state_dir() -> (tempfile::TempDir, PathBuf, PathBuf) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let state = dir.path().join("state");
+    let workflow = dir.path().join("long-pair.yaml");
+    std::fs::write(&workflow, LONG_PAIR).expect("workflow");
+    (dir, state, workflow)
+}
+
+/// Start a one-session run of `workflow`; its id.
+async fn start_run(http: &reqwest::Client, server: &Server, workflow: &str) -> String {
+    let resp = http
+        .post(server.url("/v1/runs"))
+        .header("authorization", format!("Bearer {TOKEN}"))
+        .json(&json!({"workflow": workflow, "sessions": 1}))
+        .send()
+        .await
+        .expect("run");
+    assert_eq!(resp.status(), 201, "{}", resp.text().await.unwrap_or_default());
+    resp.json::<Value>().await.expect("json")["id"].as_str().expect("id").to_string()
+}
+
 /// Register a workflow's YAML text over the API.
 async fn register(http: &reqwest::Client, server: &Server, yaml: &str) -> reqwest::Response {
     http.post(server.url("/v1/workflows"))
@@ -69,10 +99,7 @@ async fn register(http: &reqwest::Client, server: &Server, yaml: &str) -> reqwes
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_server_resumes_every_session_exactly_once() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let state = dir.path().join("state");
-    let workflow = dir.path().join("long-pair.yaml");
-    std::fs::write(&workflow, LONG_PAIR).expect("workflow");
+    let (dir, state, workflow) = state_dir();
     let http = reqwest::Client::new();
     let auth = format!("Bearer {TOKEN}");
 
@@ -160,15 +187,12 @@ async fn a_killed_server_resumes_every_session_exactly_once() {
 /// when no run used it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_workflow_registered_over_the_api_survives_a_restart() {
-    const ECHO: &str = "name: echo-later\ndeployments:\n  small: {model: Qwen3-0.6B, dtype: fp16, max_context: 4096, max_output_tokens: 64}\nnodes:\n  - id: say\n    deployment: small\n    output_tokens: {mean: 8, cv: 0.1}\n    prompt: Say something.\n";
-    let dir = tempfile::tempdir().expect("tempdir");
-    let state = dir.path().join("state");
-    let workflow = dir.path().join("long-pair.yaml");
-    std::fs::write(&workflow, LONG_PAIR).expect("workflow");
+    let echo_later = echo("echo-later");
+    let (dir, state, workflow) = state_dir();
     let http = reqwest::Client::new();
     let auth = format!("Bearer {TOKEN}");
     let first = start(dir.path(), &state, &workflow);
-    let resp = register(&http, &first, ECHO).await;
+    let resp = register(&http, &first, &echo_later).await;
     assert_eq!(resp.status(), 201, "{}", resp.text().await.unwrap_or_default());
     drop(first); // SIGKILL
 
@@ -176,49 +200,35 @@ async fn a_workflow_registered_over_the_api_survives_a_restart() {
     let resp = http.get(second.url("/v1/workflows/echo-later")).header("authorization", &auth).send().await.expect("get");
     assert_eq!(resp.status(), 200, "the registration did not survive the restart");
     // A run of it completes on the restarted server.
-    let resp = http
-        .post(second.url("/v1/runs"))
-        .header("authorization", &auth)
-        .json(&json!({"workflow": "echo-later", "sessions": 1}))
-        .send()
-        .await
-        .expect("run");
-    assert_eq!(resp.status(), 201, "{}", resp.text().await.unwrap_or_default());
-    let run = resp.json::<Value>().await.expect("json")["id"].as_str().expect("id").to_string();
+    let run = start_run(&http, &second, "echo-later").await;
     let v = run_until_ended(&http, &second, &run, Duration::from_secs(120)).await;
     assert_eq!(v["state"], "completed", "{v}");
     // Registering the same text again is idempotent; another text under that name conflicts.
-    assert_eq!(register(&http, &second, ECHO).await.status(), 200);
-    let other = ECHO.replace("Say something.", "Say something else.");
+    assert_eq!(register(&http, &second, &echo_later).await.status(), 200);
+    let other = echo_later.replace("Say something.", "Say something else.");
     assert_eq!(register(&http, &second, &other).await.status(), 409);
     // A name the journal could not key is refused before anything is registered.
-    let long = ECHO.replace("name: echo-later", &format!("name: {}", "a".repeat(1100)));
+    let long = echo_later.replace("name: echo-later", &format!("name: {}", "a".repeat(1100)));
     assert_eq!(register(&http, &second, &long).await.status(), 422);
     drop(second);
     let journal = Journal::open(&state).expect("journal");
-    assert_eq!(journal.workflows().expect("workflows"), vec![("echo-later".to_string(), ECHO.to_string())]);
+    assert_eq!(journal.workflows().expect("workflows"), vec![("echo-later".to_string(), echo_later.clone())]);
 }
 
 /// A restart reads back at most `--keep-runs` ended runs (the newest); older ones stay in the
 /// journal only, so the server's memory does not grow with every run it ever served.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_reads_back_only_the_newest_ended_runs() {
-    const ECHO: &str = "name: echo-few\ndeployments:\n  small: {model: Qwen3-0.6B, dtype: fp16, max_context: 4096, max_output_tokens: 64}\nnodes:\n  - id: say\n    deployment: small\n    output_tokens: {mean: 8, cv: 0.1}\n    prompt: Say something.\n";
-    let dir = tempfile::tempdir().expect("tempdir");
-    let state = dir.path().join("state");
-    let workflow = dir.path().join("long-pair.yaml");
-    std::fs::write(&workflow, LONG_PAIR).expect("workflow");
+    let (dir, state, workflow) = state_dir();
     let http = reqwest::Client::new();
     let auth = format!("Bearer {TOKEN}");
     let pool = slow_pool(dir.path());
     let args = ["--state".as_ref(), state.as_os_str(), "--keep-runs".as_ref(), "1".as_ref()];
     let first = Server::start_with(&pool, &[&workflow], &args);
-    assert_eq!(register(&http, &first, ECHO).await.status(), 201);
+    assert_eq!(register(&http, &first, &echo("echo-few")).await.status(), 201);
     let mut ids = Vec::new();
     for _ in 0..3 {
-        let resp = http.post(first.url("/v1/runs")).header("authorization", &auth).json(&json!({"workflow": "echo-few", "sessions": 1})).send().await.expect("run");
-        assert_eq!(resp.status(), 201);
-        let id = resp.json::<Value>().await.expect("json")["id"].as_str().expect("id").to_string();
+        let id = start_run(&http, &first, "echo-few").await;
         assert_eq!(run_until_ended(&http, &first, &id, Duration::from_secs(120)).await["state"], "completed");
         ids.push(id);
     }

@@ -534,12 +534,7 @@ impl PlannerActorState {
             PlannerMsg::ReplicaLost { replica, actor, reason, wasted } => {
                 // Its calls run again elsewhere: what their attempts here had cost is wasted
                 // (counted in the run, not charged to a program).
-                if !wasted.is_empty() {
-                    self.wasted.add(&wasted);
-                    if let Some(m) = &self.metrics {
-                        m.wasted(wasted.prompt_tokens, wasted.output_tokens);
-                    }
-                }
+                self.count_waste(&wasted);
                 if self.is_current(replica, actor) {
                     self.replica_gone(myself, replica, reason).await;
                 }
@@ -1174,6 +1169,14 @@ impl PlannerActorState {
         self.planner.observe_backend_usage(entry.deployment, used, context, running, 1)
     }
 
+    /// Wasted engine work in the run's report and the `wasted_tokens` metric.
+    fn count_waste(&mut self, wasted: &WastedWork) {
+        self.wasted.add(wasted);
+        if let Some(m) = &self.metrics {
+            m.wasted(wasted.prompt_tokens, wasted.output_tokens);
+        }
+    }
+
     /// Attempts of `activation`'s call (on `deployment`, when still known) ended without an
     /// answer the run uses: their work counts in the report's `wasted`, the `wasted_tokens`
     /// metric and, for a routed program, its cost.
@@ -1181,10 +1184,7 @@ impl PlannerActorState {
         if wasted.is_empty() {
             return;
         }
-        self.wasted.add(wasted);
-        if let Some(m) = &self.metrics {
-            m.wasted(wasted.prompt_tokens, wasted.output_tokens);
-        }
+        self.count_waste(wasted);
         if let Some(d) = deployment.and_then(|d| self.ctx.deployments.get(d.0 as usize)) {
             let clamp = |n: u64| u32::try_from(n).unwrap_or(u32::MAX);
             self.routes.charge(activation.session, &d.model, clamp(wasted.prompt_tokens), 0, clamp(wasted.output_tokens));

@@ -435,7 +435,7 @@ impl ThunderAgent {
         let mut reasoning = 0u64;
         let mut acting = 0.0f64;
         let mut count = 0u64;
-        for p in self.programs.values().filter(|p| p.backend == Some(backend)) {
+        for p in self.on_backend(backend) {
             count += 1;
             match p.status {
                 ProgramStatus::Reasoning => reasoning += p.tokens,
@@ -446,13 +446,19 @@ impl ThunderAgent {
         kv_tokens as i64 - effective - (count * THUNDER_BUFFER) as i64
     }
 
-    /// The tokens of the programs active on `backend` (the proxy's `active_program_tokens`).
-    fn active_tokens(&self, backend: usize) -> u64 {
-        self.programs.values().filter(|p| p.backend == Some(backend)).map(|p| p.tokens).sum()
+    /// The programs active on `backend`.
+    fn on_backend(&self, backend: usize) -> impl Iterator<Item = &Program> {
+        self.programs.values().filter(move |p| p.backend == Some(backend))
     }
 
+    /// The tokens of the programs active on `backend` (the proxy's `active_program_tokens`).
+    fn active_tokens(&self, backend: usize) -> u64 {
+        self.on_backend(backend).map(|p| p.tokens).sum()
+    }
+
+    /// Their tokens plus a buffer each: what the capacity checks count.
     fn used(&self, backend: usize) -> u64 {
-        self.programs.values().filter(|p| p.backend == Some(backend)).map(|p| p.tokens + THUNDER_BUFFER).sum()
+        self.on_backend(backend).map(|p| p.tokens + THUNDER_BUFFER).sum()
     }
 
     fn remaining(&self, backend: usize, kv_tokens: u64) -> i64 {

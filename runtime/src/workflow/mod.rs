@@ -562,15 +562,17 @@ impl WorkflowSpec {
             .and_then(|l| self.loops.get(l))
     }
 
+    /// Every `{{…}}` reference of every node's templates.
+    fn references(&self) -> impl Iterator<Item = &Reference> {
+        self.nodes.iter().flat_map(|n| node_templates(n).into_iter()).flat_map(|t| t.references().into_iter())
+    }
+
     /// References that read nothing but input fields (`{{input.X}}`, no `?`, `default` or other
     /// source after it), as written, sorted: without inputs (a workflow without a dataset, run
     /// from the command line) they can never resolve, and every session reaching them fails.
     pub fn input_only_references(&self) -> Vec<String> {
         let mut out: Vec<String> = self
-            .nodes
-            .iter()
-            .flat_map(|n| node_templates(n).into_iter())
-            .flat_map(|t| t.references().into_iter())
+            .references()
             .filter(|r| r.sources.iter().all(|s| matches!(s, Source::Input(_))))
             .map(|r| format!("{{{{{}}}}}", r.text))
             .collect();
@@ -582,10 +584,7 @@ impl WorkflowSpec {
     /// Input fields the templates read (`{{input.X}}`), sorted.
     pub fn input_fields(&self) -> Vec<String> {
         let mut out: Vec<String> = self
-            .nodes
-            .iter()
-            .flat_map(|n| node_templates(n).into_iter())
-            .flat_map(|t| t.references().into_iter())
+            .references()
             .flat_map(|r| r.sources.iter())
             .filter_map(|s| match s {
                 Source::Input(f) => Some(f.clone()),

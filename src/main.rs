@@ -785,9 +785,10 @@ fn print_tables(r: &RunReport, wall: f64) {
             done.to_string(),
             failed.to_string(),
             format!("{makespan:.1}"),
-            format!("{:.1}", lat.p50),
-            format!("{:.1}", lat.p95),
-            format!("{:.1}", lat.p99),
+            // With no completed session there is no latency to show.
+            if lat.is_known() { format!("{:.1}", lat.p50) } else { "-".to_string() },
+            if lat.is_known() { format!("{:.1}", lat.p95) } else { "-".to_string() },
+            if lat.is_known() { format!("{:.1}", lat.p99) } else { "-".to_string() },
             // Per completed session: with none completed there is no such figure (the pool's
             // GPU time is on the line below the table).
             if done == 0 { "-".to_string() } else { format!("{:.1}", g.total()) },

@@ -604,11 +604,14 @@ fn mean(xs: impl IntoIterator<Item = f64>) -> f64 {
     if n == 0 { 0.0 } else { s / n as f64 }
 }
 
+/// Mean of the known percentiles (repetitions where no session completed have none).
 fn mean_percentiles<'a>(ps: impl IntoIterator<Item = &'a Percentiles> + Clone) -> Percentiles {
+    let known = || ps.clone().into_iter().filter(|p| p.is_known());
     Percentiles {
-        p50: round3(mean(ps.clone().into_iter().map(|p| p.p50))),
-        p95: round3(mean(ps.clone().into_iter().map(|p| p.p95))),
-        p99: round3(mean(ps.into_iter().map(|p| p.p99))),
+        p50: round3(mean(known().map(|p| p.p50))),
+        p95: round3(mean(known().map(|p| p.p95))),
+        p99: round3(mean(known().map(|p| p.p99))),
+        samples: known().map(|p| p.samples).sum(),
     }
 }
 
@@ -762,9 +765,9 @@ mod tests {
 
     #[test]
     fn means_of_percentiles_and_breakdowns() {
-        let a = Percentiles { p50: 1.0, p95: 2.0, p99: 3.0 };
-        let b = Percentiles { p50: 3.0, p95: 4.0, p99: 5.0 };
-        assert_eq!(mean_percentiles([&a, &b]), Percentiles { p50: 2.0, p95: 3.0, p99: 4.0 });
+        let a = Percentiles { p50: 1.0, p95: 2.0, p99: 3.0, samples: 1 };
+        let b = Percentiles { p50: 3.0, p95: 4.0, p99: 5.0, samples: 1 };
+        assert_eq!(mean_percentiles([&a, &b]), Percentiles { p50: 2.0, p95: 3.0, p99: 4.0, samples: 2 });
         let x = GpuBreakdown { generation: 1.0, idle_resident: 2.0, loading: 3.0, other: 4.0 };
         let y = GpuBreakdown { generation: 3.0, idle_resident: 2.0, loading: 1.0, other: 0.0 };
         let m = mean_breakdown([&x, &y]);

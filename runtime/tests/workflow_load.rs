@@ -222,6 +222,22 @@ fn bad_types_carry_the_value_position() {
 }
 
 #[test]
+fn length_distributions_stay_inside_their_limits() {
+    // A mean above max_output_tokens (256 here) describes nothing the run can produce.
+    let e = err(&BASE.replace("{mean: 100, cv: 0.3}", "{mean: 1e300, cv: 0.3}"));
+    assert_at(&e, ErrorKind::BadType, 8, 27, "nodes.a.output_tokens.mean");
+    assert!(
+        e.to_string()
+            .contains("mean 1e300 must be between 1 and max_output_tokens (256)"),
+        "{e}"
+    );
+    let e = err(&BASE.replace("{mean: 100, cv: 0.3}", "{mean: 100, cv: 1e300}"));
+    assert_at(&e, ErrorKind::BadType, 8, 36, "nodes.a.output_tokens.cv");
+    assert!(e.to_string().contains("cv 1e300 must be between 0 and 10"), "{e}");
+    assert!(parse(&BASE.replace("{mean: 100, cv: 0.3}", "{mean: 256, cv: 10}")).is_ok());
+}
+
+#[test]
 fn output_limit_above_the_deployment() {
     let text = BASE.replace(
         "    output_tokens: {mean: 100",
@@ -249,7 +265,8 @@ fn a_context_that_can_never_fit() {
 fn syntax_errors_and_unknown_fields() {
     let e = err(&BASE.replace("after: [a]", "after: [a"));
     assert_eq!(e.kind(), Some(ErrorKind::Syntax));
-    assert_eq!(e.field(), Some("(document)"));
+    // The field at the position the parser stopped at (it noticed the open bracket a line later).
+    assert_eq!(e.field(), Some("nodes.b.inputs"), "{e}");
     let e = err(&BASE.replace(
         "    responder: generic",
         "    responder: generic\n    temprature: 0.7",

@@ -39,13 +39,19 @@ pub fn parse_trace(file: &str, text: &str) -> Result<AgentTrace, TraceError> {
         if trimmed.is_empty() || trimmed.starts_with('#') {
             continue;
         }
-        let session: AgentSession = match serde_json::from_str(trimmed) {
+        let mut de = serde_json::Deserializer::from_str(trimmed);
+        let session: AgentSession = match serde_path_to_error::deserialize(&mut de) {
             Ok(s) => s,
             Err(e) => {
-                problems.push(format!("{file}:{line_no}:{}: {e}", e.column()));
+                problems.push(line_problem(file, line_no, e.inner(), &e.path().to_string()));
                 continue;
             }
         };
+        // Anything after the session object on its line.
+        if let Err(e) = de.end() {
+            problems.push(line_problem(file, line_no, &e, ""));
+            continue;
+        }
         let at = |field: &str, why: &str| format!("{file}:{line_no}: {field}: {why}");
         if !session.id.is_empty() && !ids.insert(session.id.clone()) {
             problems.push(at("id", &format!("`{}` appears on an earlier line", session.id)));
@@ -70,6 +76,27 @@ pub fn parse_trace(file: &str, text: &str) -> Result<AgentTrace, TraceError> {
         problems.push(format!("{file}: … and {more} more problem(s)"));
     }
     if problems.is_empty() { Ok(AgentTrace { sessions }) } else { Err(TraceError::Invalid { problems }) }
+}
+
+/// One trace line that is not a session: position, the field's path (`turns[2].tool.duration_s`;
+/// none when the line is not JSON at all) and serde's reason without its own "at line 1 column
+/// N" (each line is parsed alone, so its line would always read 1).
+fn line_problem(file: &str, line_no: usize, inner: &serde_json::Error, path: &str) -> String {
+    let mut why = inner.to_string();
+    let suffix = format!(" at line {} column {}", inner.line(), inner.column());
+    if let Some(stripped) = why.strip_suffix(&suffix) {
+        why = stripped.to_string();
+    }
+    // Rust's type names mean nothing to the trace's author.
+    for (rust, plain) in [
+        ("expected u32", "expected a whole number from 0 to 4294967295"),
+        ("expected u64", "expected a whole number of at least 0"),
+        ("expected f64", "expected a number"),
+    ] {
+        why = why.replace(rust, plain);
+    }
+    let field = if path.is_empty() || path == "." { String::new() } else { format!(" {path}:") };
+    format!("{file}:{line_no}:{}:{field} {why}", inner.column())
 }
 
 /// What is wrong with one session, as (field, reason) pairs: the checks every trace passes
@@ -184,6 +211,19 @@ mod tests {
         assert!(err.contains("f.jsonl:2: turns[0].tool: the last turn ends the session"), "{err}");
         assert!(err.contains("f.jsonl:2: turns[0].tool.duration_s: -1 is not a duration"), "{err}");
         assert!(err.contains("f.jsonl:3:") && err.contains("unknown field `extra`"), "{err}");
+        let typed = "{\"id\": \"e\", \"system_tokens\": \"many\", \"turns\": []}\n\
+                     {\"id\": \"f\", \"system_tokens\": 1, \"turns\": [{\"new_tokens\": 1, \"output_tokens\": 1, \"tool\": {\"name\": \"x\", \"duration_s\": \"slow\"}}, {\"new_tokens\": 1, \"output_tokens\": 1}]}\n";
+        let typed_err = parse_trace("g.jsonl", &format!("{text}{typed}")).unwrap_err().to_string();
+        assert!(
+            typed_err.contains("g.jsonl:5:35: system_tokens: invalid type: string \"many\", expected a whole number from 0 to 4294967295"),
+            "{typed_err}"
+        );
+        assert!(
+            typed_err.contains("g.jsonl:6:")
+                && typed_err.contains(": turns[0].tool.duration_s: invalid type: string \"slow\", expected a number"),
+            "{typed_err}"
+        );
+        assert!(!typed_err.contains("at line 1"), "each line is parsed alone: no inner line number: {typed_err}");
         assert!(
             err.contains("f.jsonl:4: turns[0].reasoning_tokens: the call reaches 4294967298 tokens with its reasoning"),
             "{err}"

@@ -958,7 +958,11 @@ impl Policy for Joint {
         // 1. RankReady.
         let mut ranked: Vec<(u8, f64, WorkItem)> =
             state.queue().iter().map(|w| (self.level(state, w, now), w.ready_at, w.clone())).collect();
-        ranked.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.total_cmp(&b.1)).then(a.2.activation.cmp(&b.2.activation)));
+        let lrpt = std::env::var("SY_LRPT").is_ok();
+        ranked.sort_by(|a, b| {
+            let p = if lrpt { b.2.remaining_path_tokens.cmp(&a.2.remaining_path_tokens) } else { std::cmp::Ordering::Equal };
+            a.0.cmp(&b.0).then(p).then(a.1.total_cmp(&b.1)).then(a.2.activation.cmp(&b.2.activation))
+        });
 
         // 2. BestFeasibleBinding per unit on the timeline (Eq. 7, 10, 11): the lane of its
         // deployment where it finishes earliest. Units that start now on an awake replica are

@@ -14,16 +14,20 @@ use crate::planner::PrefetchChecks;
 
 pub use gpu::{DeviceTimeline, GpuBreakdown, Segment, SegmentKind};
 
-/// p50 / p95 / p99 of a sample (nearest-rank), seconds.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Default)]
+/// p50 / p95 / p99 of a sample (nearest-rank), seconds. Serialises as `{p50, p95, p99}`, or
+/// as `null` when the sample was empty (no session completed: there is no such latency, and a
+/// 0.0 would read as an instant one).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct Percentiles {
     pub p50: f64,
     pub p95: f64,
     pub p99: f64,
+    /// Size of the sample the figures come from (0: none, the figures are 0 and mean nothing).
+    pub samples: usize,
 }
 
 impl Percentiles {
-    /// Nearest-rank percentiles of `xs` (0 for an empty sample).
+    /// Nearest-rank percentiles of `xs` (all 0, `samples` 0, for an empty sample).
     pub fn of(xs: &[f64]) -> Self {
         if xs.is_empty() {
             return Percentiles::default();
@@ -34,7 +38,26 @@ impl Percentiles {
             let k = ((p / 100.0) * v.len() as f64).ceil() as usize;
             round3(v[k.clamp(1, v.len()) - 1])
         };
-        Percentiles { p50: rank(50.0), p95: rank(95.0), p99: rank(99.0) }
+        Percentiles { p50: rank(50.0), p95: rank(95.0), p99: rank(99.0), samples: v.len() }
+    }
+
+    /// Whether there is a figure at all (the sample was not empty).
+    pub fn is_known(&self) -> bool {
+        self.samples > 0
+    }
+}
+
+impl Serialize for Percentiles {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        if !self.is_known() {
+            return serializer.serialize_none();
+        }
+        let mut s = serializer.serialize_struct("Percentiles", 3)?;
+        s.serialize_field("p50", &self.p50)?;
+        s.serialize_field("p95", &self.p95)?;
+        s.serialize_field("p99", &self.p99)?;
+        s.end()
     }
 }
 
@@ -285,5 +308,13 @@ mod tests {
         let p = Percentiles::of(&[3.0]);
         assert_eq!((p.p50, p.p99), (3.0, 3.0));
         assert_eq!(Percentiles::of(&[]), Percentiles::default());
+    }
+
+    #[test]
+    fn percentiles_of_nothing_serialise_as_null() {
+        let none = serde_json::to_value(Percentiles::of(&[])).unwrap();
+        assert!(none.is_null(), "no completed session has no latency, not 0.0: {none}");
+        let some = serde_json::to_value(Percentiles::of(&[1.0, 2.0])).unwrap();
+        assert_eq!(some, serde_json::json!({"p50": 1.0, "p95": 2.0, "p99": 2.0}));
     }
 }

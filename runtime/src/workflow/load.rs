@@ -943,11 +943,23 @@ fn agent_node(
     }
     let output_tokens = match m.get("output_tokens") {
         None => default_output_tokens(max_output_tokens),
-        Some(on) => length_dist(ctx, on, &f("output_tokens"), default_output_tokens(max_output_tokens).cv)?,
+        Some(on) => length_dist(
+            ctx,
+            on,
+            &f("output_tokens"),
+            default_output_tokens(max_output_tokens).cv,
+            (max_output_tokens, "max_output_tokens"),
+        )?,
     };
     let thinking_tokens = match m.get("thinking_tokens") {
         None => None,
-        Some(tn) => Some(length_dist(ctx, tn, &f("thinking_tokens"), default_output_tokens(max_output_tokens).cv)?),
+        Some(tn) => Some(length_dist(
+            ctx,
+            tn,
+            &f("thinking_tokens"),
+            default_output_tokens(max_output_tokens).cv,
+            (max_output_tokens, "max_output_tokens"),
+        )?),
     };
     Ok(AgentNode {
         deployment,
@@ -1044,7 +1056,7 @@ fn agent_tools(
     };
     let turns = match m.get("turns") {
         None => default_turns(max_turns),
-        Some(n) => length_dist(ctx, n, &f("turns"), default_turns(max_turns).cv)?,
+        Some(n) => length_dist(ctx, n, &f("turns"), default_turns(max_turns).cv, (max_turns, "max_turns"))?,
     };
     Ok(AgentTools { tools, max_turns, turns })
 }
@@ -1065,26 +1077,55 @@ fn tools_instruction(t: &AgentTools) -> String {
     out
 }
 
-/// A `{mean, cv}` length distribution in tokens (`output_tokens:`, `thinking_tokens:`): the mean
-/// at least 1 token, the coefficient of variation not negative (`default_cv` when absent).
-fn length_dist(ctx: &Ctx<'_>, node: &Node, field: &str, default_cv: f64) -> Result<LengthDist, WorkflowError> {
+/// Largest coefficient of variation a length distribution may state: the log-normal's σ² is
+/// ln(1 + cv²), and far beyond this every draw is 0 or the limit (cv 1e300 overflowed to NaN).
+pub const MAX_LENGTH_CV: f64 = 10.0;
+
+/// A `{mean, cv}` length distribution (`output_tokens:`, `thinking_tokens:` in tokens, `turns:`
+/// in turns): the mean at least 1 and at most `limit` (every draw is cut at the limit, so a
+/// larger mean describes nothing the run can produce), the coefficient of variation in
+/// [0, [`MAX_LENGTH_CV`]] (`default_cv` when absent).
+fn length_dist(
+    ctx: &Ctx<'_>,
+    node: &Node,
+    field: &str,
+    default_cv: f64,
+    limit: (u32, &str),
+) -> Result<LengthDist, WorkflowError> {
     let om = ctx.map(node, field, &["mean", "cv"])?;
     let mean_node = om.required(ctx, field, "mean")?;
     let mean = ctx.f64(mean_node, &format!("{field}.mean"))?;
     let cv = match om.get("cv") {
         Some(cv_node) => {
             let cv = ctx.f64(cv_node, &format!("{field}.cv"))?;
-            if cv < 0.0 {
-                return Err(ctx.err(cv_node.pos, &format!("{field}.cv"), ErrorKind::BadType, format!("cv {cv} must not be negative")));
+            if !(0.0..=MAX_LENGTH_CV).contains(&cv) {
+                return Err(ctx.err(
+                    cv_node.pos,
+                    &format!("{field}.cv"),
+                    ErrorKind::BadType,
+                    format!("cv {} must be between 0 and {MAX_LENGTH_CV}", show_number(cv)),
+                ));
             }
             cv
         }
         None => default_cv,
     };
-    if mean < 1.0 {
-        return Err(ctx.err(mean_node.pos, &format!("{field}.mean"), ErrorKind::BadType, format!("mean {mean} must be at least 1 token")));
+    let (limit, limit_name) = limit;
+    if !(1.0..=f64::from(limit.max(1))).contains(&mean) {
+        return Err(ctx.err(
+            mean_node.pos,
+            &format!("{field}.mean"),
+            ErrorKind::BadType,
+            format!("mean {} must be between 1 and {limit_name} ({limit})", show_number(mean)),
+        ));
     }
     Ok(LengthDist { mean, cv })
+}
+
+/// A number as a reader wants it in a message: as written when short, in scientific notation
+/// when huge or tiny (1e300 is not printed as 301 digits).
+fn show_number(x: f64) -> String {
+    if x != 0.0 && !(1e-6..1e9).contains(&x.abs()) { format!("{x:e}") } else { format!("{x}") }
 }
 
 fn responder_name(ctx: &Ctx<'_>, rn: &Node, field: &str) -> Result<String, WorkflowError> {

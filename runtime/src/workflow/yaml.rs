@@ -208,12 +208,100 @@ pub fn parse(file: &str, text: &str) -> Result<Node, WorkflowError> {
                 file: file.to_string(),
                 line,
                 column,
-                field: "(document)".into(),
+                field: field_at(text, line).unwrap_or_else(|| "(document)".into()),
                 kind: ErrorKind::Syntax,
                 message: format!("not valid YAML: {message}"),
             })
         }
     }
+}
+
+/// The field path of the key on 1-based `line`, read from the text's indentation (the parser
+/// refused the document, so there is no tree): the keys of the enclosing block mappings, a
+/// sequence item named by its `id:` (else by its index), e.g. `nodes.generate.output_tokens`
+/// for a duplicate key or a `.nan` there. `None` when the line holds no key (then the error
+/// names the document).
+fn field_at(text: &str, line: u64) -> Option<String> {
+    let lines: Vec<&str> = text.lines().collect();
+    let target = usize::try_from(line).ok()?.checked_sub(1)?;
+    lines.get(target)?;
+    // Key, value and indentation of a block-mapping line, through a leading `- ` if any.
+    fn parse_line(l: &str) -> Option<(usize, bool, &str, &str)> {
+        let body = l.trim_start();
+        if body.is_empty() || body.starts_with('#') {
+            return None;
+        }
+        let indent = l.len() - body.len();
+        let (item, rest) = match body.strip_prefix('-') {
+            Some(r) if r.is_empty() || r.starts_with(' ') => (true, r.trim_start()),
+            _ => (false, body),
+        };
+        let end = rest.find(": ").or_else(|| rest.strip_suffix(':').map(str::len))?;
+        let key = rest[..end].trim().trim_matches(|c| c == '"' || c == '\'');
+        let valid = !key.is_empty() && key.chars().all(|c| c.is_alphanumeric() || "_-.".contains(c));
+        let value = rest[end + 1..].trim();
+        Some((indent, item, if valid { key } else { "" }, value))
+    }
+    let (indent, item, key, _) = parse_line(lines[target])?;
+    if key.is_empty() {
+        return None;
+    }
+    let mut parts = vec![key.to_string()];
+    // The sequence item whose `- ` is on line `at` at `indent`: its `id:` (on that line or
+    // among the item's own keys below, at `indent + 2`), else its index among its siblings.
+    let item_label = |at: usize, indent: usize| -> String {
+        let unquote = |v: &str| v.trim_matches(|c| c == '"' || c == '\'').to_string();
+        let mut id = match parse_line(lines[at]) {
+            Some((_, _, "id", v)) => Some(unquote(v)),
+            _ => None,
+        };
+        for l in &lines[at + 1..] {
+            if id.is_some() {
+                break;
+            }
+            match parse_line(l) {
+                Some((i, ..)) if i <= indent => break,
+                Some((i, false, "id", v)) if i == indent + 2 => id = Some(unquote(v)),
+                _ => {}
+            }
+        }
+        id.unwrap_or_else(|| {
+            let earlier = lines[..at]
+                .iter()
+                .rev()
+                .filter_map(|l| parse_line(l))
+                .take_while(|(i, ..)| *i >= indent)
+                .filter(|(i, is_item, ..)| *i == indent && *is_item)
+                .count();
+            earlier.to_string()
+        })
+    };
+    if item {
+        parts.push(item_label(target, indent));
+    }
+    // Ancestors: the nearest lines above with a smaller indentation.
+    let mut limit = indent;
+    for at in (0..target).rev() {
+        let Some((i, is_item, k, _)) = parse_line(lines[at]) else { continue };
+        let key_indent = if is_item { i + 2 } else { i };
+        if key_indent >= limit && !(is_item && i < limit) {
+            continue;
+        }
+        if is_item {
+            parts.push(item_label(at, i));
+            limit = i;
+        } else {
+            if !k.is_empty() {
+                parts.push(k.to_string());
+            }
+            limit = i;
+        }
+        if limit == 0 {
+            break;
+        }
+    }
+    parts.reverse();
+    Some(parts.join("."))
 }
 
 /// Builds positioned errors for one file.
@@ -525,13 +613,29 @@ mod tests {
         assert_eq!(e.position(), Some((2, 8)));
         assert!(
             e.to_string()
-                .starts_with("t.yaml:2:8: (document): not valid YAML: unclosed bracket"),
+                .starts_with("t.yaml:2:8: nodes: not valid YAML: unclosed bracket"),
             "{e}"
         );
         let dup = parse("t.yaml", "a: 1\na: 2\n")
             .err()
             .unwrap_or_else(|| panic!("parsed"));
         assert_eq!(dup.position(), Some((2, 1)));
+        assert_eq!(dup.field(), Some("a"), "{dup}");
+    }
+
+    #[test]
+    fn syntax_errors_name_the_field_from_the_indentation() {
+        let text = "name: x\nnodes:\n  - id: gen\n    deployment: d\n    output_tokens: {mean: 5}\n    output_tokens: {mean: 6}\n  - id: other\n    after: [gen]\n";
+        let e = parse("t.yaml", text).err().unwrap_or_else(|| panic!("parsed"));
+        assert_eq!(e.position().map(|p| p.0), Some(6), "{e}");
+        assert_eq!(e.field(), Some("nodes.gen.output_tokens"), "{e}");
+        // An item without `id:` is named by its index.
+        let text = "deployments:\n  d: {model: m}\nlist:\n  - a: 1\n  - a: 2\n    a: 3\n";
+        let e = parse("t.yaml", text).err().unwrap_or_else(|| panic!("parsed"));
+        assert_eq!(e.field(), Some("list.1.a"), "{e}");
+        // A line without a key names the document.
+        let e = parse("t.yaml", "name: x\nnodes: [a, \n").err().unwrap_or_else(|| panic!("parsed"));
+        assert_eq!(e.field(), Some("nodes"), "{e}");
     }
 
     #[test]

@@ -14,7 +14,7 @@
 //! same report, to the bit. Must not depend on the live shell.
 
 use std::cmp::Ordering;
-use std::collections::{BTreeMap, BinaryHeap};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 
 use serde::Serialize;
 use switchyard_emulator::{EmulatedReplica, EngineEvent, EngineRequest, ServingConfig};
@@ -253,7 +253,9 @@ struct Sim<'a> {
     replicas: Vec<Replica>,
     sessions: Vec<SessionState>,
     next_session: usize,
-    open: usize,
+    /// Sessions started and not done, in session order: the only ones a plan can concern
+    /// (a trace holds up to hundreds of thousands; at most `workers` are open at once).
+    open: BTreeSet<usize>,
     /// Request id → session index.
     requests: BTreeMap<u64, usize>,
     /// A judge's request id → the program it judges.
@@ -448,7 +450,7 @@ fn run(
         replicas,
         sessions,
         next_session: 0,
-        open: 0,
+        open: BTreeSet::new(),
         requests: BTreeMap::new(),
         judges: BTreeMap::new(),
         next_request: 0,
@@ -527,9 +529,9 @@ impl<'a> Sim<'a> {
             self.schedule(start + THUNDER_PERIOD_S, Ev::ThunderTick);
         }
         self.after_event()?;
-        while self.open > 0 || self.next_session < self.trace.sessions.len() {
+        while !self.open.is_empty() || self.next_session < self.trace.sessions.len() {
             let Some(q) = self.queue.pop() else {
-                return Err(AgentSimError::Stalled { at: self.now, open: self.open });
+                return Err(AgentSimError::Stalled { at: self.now, open: self.open.len() });
             };
             self.now = q.at;
             match q.ev {
@@ -539,7 +541,7 @@ impl<'a> Sim<'a> {
                 Ev::PlanApply { id } => self.apply_plan(id),
                 Ev::ThunderTick => {
                     self.thunder_step();
-                    if self.open > 0 || self.next_session < self.trace.sessions.len() {
+                    if !self.open.is_empty() || self.next_session < self.trace.sessions.len() {
                         self.schedule(self.now + THUNDER_PERIOD_S, Ev::ThunderTick);
                     }
                 }
@@ -552,7 +554,7 @@ impl<'a> Sim<'a> {
                         self.running_series.push(running as u32);
                     }
                     self.plan_dirty = true;
-                    if self.open > 0 || self.next_session < self.trace.sessions.len() {
+                    if !self.open.is_empty() || self.next_session < self.trace.sessions.len() {
                         self.schedule(self.now + TAO_PERIOD_S, Ev::Tick);
                     }
                 }
@@ -578,7 +580,7 @@ impl<'a> Sim<'a> {
             return Ok(());
         }
         self.next_session += 1;
-        self.open += 1;
+        self.open.insert(i);
         self.sessions[i].started_at = self.now;
         let tokens = u64::from(self.next_prompt(i));
         let now = self.now;
@@ -963,7 +965,7 @@ impl<'a> Sim<'a> {
             None => {
                 st.phase = Phase::Done;
                 self.latency.push(at - st.started_at);
-                self.open -= 1;
+                self.open.remove(&i);
                 self.plan_dirty = true;
                 let g = self.group_of(i);
                 self.thunder[g].release(i as u64);
@@ -1051,7 +1053,9 @@ impl<'a> Sim<'a> {
 
     /// Sessions TAO may place: every one between turns (pooled or held), in session order.
     fn tao_pool(&self) -> Vec<PoolSession> {
-        (0..self.sessions.len())
+        self.open
+            .iter()
+            .copied()
             .filter(|&i| matches!(self.sessions[i].phase, Phase::Pooled { .. } | Phase::Held { .. }))
             .map(|i| self.pool_view(i))
             .collect()
@@ -1060,8 +1064,8 @@ impl<'a> Sim<'a> {
     /// Loads with the weights of running sessions only: holds are re-decided by each plan.
     fn running_loads(&self) -> Vec<ReplicaLoad> {
         let mut loads = self.loads();
-        for (i, st) in self.sessions.iter().enumerate() {
-            if let Phase::Held { replica } = st.phase {
+        for &i in &self.open {
+            if let Phase::Held { replica } = self.sessions[i].phase {
                 loads[replica].admitted_tokens = loads[replica].admitted_tokens.saturating_sub(self.sessions[i].weight);
             }
         }
@@ -1073,7 +1077,8 @@ impl<'a> Sim<'a> {
         // The predictor republishes its predictions for the calls still running (their
         // freshness, Eq. 6's g_i).
         let now = self.now;
-        for st in &mut self.sessions {
+        for &i in &self.open {
+            let st = &mut self.sessions[i];
             if matches!(st.phase, Phase::Pooled { .. } | Phase::Held { .. })
                 && let Some(call) = &mut st.call
                 && call.completed_at.is_none()
@@ -1128,7 +1133,7 @@ impl<'a> Sim<'a> {
         self.stats.partial += u64::from(applied.partial);
         self.stats.nonempty_applications += u64::from(!applied.assignments.is_empty());
         // Release every hold, then take the plan's.
-        for i in 0..self.sessions.len() {
+        for &i in &self.open {
             if let Phase::Held { replica } = self.sessions[i].phase {
                 let w = self.sessions[i].weight;
                 self.replicas[replica].admitted = self.replicas[replica].admitted.saturating_sub(w);

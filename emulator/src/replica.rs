@@ -1024,6 +1024,25 @@ impl EmulatedReplica {
         let &slot = self.waiting.front()?;
         let seq = self.seqs[slot].as_mut()?;
         let seq_len = seq.seq_len();
+        let state_need = if seq.state.is_empty() { self.state_blocks } else { 0 };
+        // The best case first: every cacheable block a hit that holds no free block (the
+        // blocks to allocate only fall as hits rise). A head that cannot fit even then is
+        // refused without walking its hashes — a head blocked for memory is retried every
+        // step, and a long context has thousands of blocks.
+        let best_hits = if caching {
+            let h = (((seq_len - 1) / bs) as usize).min(seq.hashes.len()) as u32;
+            h - h % self.hit_align_blocks
+        } else {
+            0
+        };
+        let best_rest = seq_len - best_hits * bs;
+        if !chunk && best_rest > budget {
+            return None;
+        }
+        let best_need = blocks_for(best_hits * bs + best_rest.min(budget), bs) - best_hits;
+        if self.pool.free() < best_need.saturating_add(state_need).saturating_add(reserve) {
+            return None;
+        }
         let (hit_blocks, hit_free) = if caching {
             let max_hit = ((seq_len - 1) / bs) as usize;
             let mut hits = 0u32;
@@ -1051,7 +1070,6 @@ impl EmulatedReplica {
         }
         let tokens = rest.min(budget);
         let need = blocks_for(hit_tokens + tokens, bs) - hit_blocks;
-        let state_need = if seq.state.is_empty() { self.state_blocks } else { 0 };
         if self.pool.free().saturating_sub(hit_free) < need.saturating_add(state_need).saturating_add(reserve) {
             return None;
         }

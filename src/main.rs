@@ -153,6 +153,11 @@ struct RunArgs {
     /// use stops taking new units and is reclaimed once its admitted units finish.
     #[arg(long)]
     no_drain: bool,
+    /// Ablation (joint only): no graph outlook — by default the deployments that sessions in
+    /// flight can still call (through their workflow graphs) count as successor demand in
+    /// resource ordering, reclamation order and scale-out; off, only ready and near-ready work
+    #[arg(long)]
+    no_outlook: bool,
     /// Ablation (joint only): with `--sleep`, never put a replica to sleep (unload it); by
     /// default joint sleeps a replica it reclaims when its model has predicted next use and a
     /// sleep plus a wake costs less than a teardown plus a cold load.
@@ -500,6 +505,7 @@ fn joint_flag_problems(args: &RunArgs) -> Vec<String> {
         ("--resource-order", args.resource_order),
         ("--history-admission", args.history_admission),
         ("--no-drain", args.no_drain),
+        ("--no-outlook", args.no_outlook),
         ("--no-sleep", args.no_sleep),
     ];
     if args.trace_replay.is_some() {
@@ -599,6 +605,7 @@ fn run(args: RunArgs) -> Result<RunEnd> {
             sleep: !args.no_sleep,
             tao_admission: !args.no_tao_admission,
             drain: !args.no_drain,
+            outlook: !args.no_outlook,
         },
         predictor: args.predictor.clone(),
         tool_workers: args.tool_workers,

@@ -188,6 +188,7 @@ impl BenchConfig {
                 ("history-admission", JointOptions { history_admission: true, ..full }),
                 ("no-tao-admission", JointOptions { tao_admission: false, ..full }),
                 ("no-drain", JointOptions { drain: false, ..full }),
+                ("no-outlook", JointOptions { outlook: false, ..full }),
             ];
             for (label, options) in ablated {
                 v.push(Variant {
@@ -799,6 +800,7 @@ mod tests {
                 "history-admission",
                 "no-tao-admission",
                 "no-drain",
+                "no-outlook",
                 "predictor:oracle",
                 "predictor:formula",
                 "sleep:parrot",
@@ -809,9 +811,10 @@ mod tests {
         );
         // The oracle substitution is the joint run itself; the formula one is not, and neither
         // is a variant that differs only in an option (every option is part of the key).
-        assert_eq!(v[2].key(), v[10].key());
-        assert_ne!(v[2].key(), v[11].key());
+        assert_eq!(v[2].key(), v[11].key());
+        assert_ne!(v[2].key(), v[12].key());
         assert_ne!(v[2].key(), v[9].key());
+        assert_ne!(v[2].key(), v[10].key());
         assert_ne!(v[2].key(), v[6].key());
         assert_ne!(v[2].key(), v[7].key());
         assert_ne!(v[2].key(), v[8].key());
@@ -819,13 +822,14 @@ mod tests {
         assert!(!v[5].options.shared_lifecycle);
         assert!(!v[8].options.tao_admission && v[8].options.fusion);
         assert!(!v[9].options.drain && v[9].options.tao_admission && v[2].options.drain);
+        assert!(!v[10].options.outlook && v[10].options.drain && v[2].options.outlook);
         // The sleep rows run on the substrate that sleeps: never the same simulation as the
         // rows above, and joint's `--no-sleep` differs from joint there.
-        assert!(v[12..].iter().all(|x| x.sleep_substrate && x.kind == VariantKind::Sleep));
-        assert!(v[..12].iter().all(|x| !x.sleep_substrate));
-        assert_ne!(v[2].key(), v[14].key());
-        assert_ne!(v[14].key(), v[15].key());
-        assert!(!v[15].options.sleep);
+        assert!(v[13..].iter().all(|x| x.sleep_substrate && x.kind == VariantKind::Sleep));
+        assert!(v[..13].iter().all(|x| !x.sleep_substrate));
+        assert_ne!(v[2].key(), v[15].key());
+        assert_ne!(v[15].key(), v[16].key());
+        assert!(!v[16].options.sleep);
     }
 
     #[test]

@@ -69,6 +69,9 @@ pub struct NodeInfo {
     pub chain_next: Option<usize>,
     /// Expected generated tokens on the longest path from here to a sink, this node included.
     pub remaining_path_tokens: u32,
+    /// The deployments a session can still call from this node on (its own, its successors',
+    /// and its loop's whole body while another round may run), sorted: the session's outlook.
+    pub reachable: Vec<DeploymentId>,
     pub output_limit: u32,
 }
 
@@ -124,7 +127,42 @@ pub fn workflow_info(
         let tail = spec.successors(v).iter().map(|&s| info[s].remaining_path_tokens).max().unwrap_or(0);
         info[v].remaining_path_tokens = mean_tokens[v].saturating_add(tail);
     }
+    // Reachable deployments, in reverse topological order: a loop's body may run again, so a
+    // body node reaches every deployment of its loop's body.
+    let body_deployments: Vec<Vec<DeploymentId>> = spec
+        .loops
+        .iter()
+        .map(|l| l.body.iter().filter_map(|&b| info[b].deployment).collect())
+        .collect();
+    for &v in spec.topological_order().iter().rev() {
+        let mut reach: Vec<DeploymentId> = info[v].deployment.into_iter().collect();
+        for s in spec.successors(v) {
+            reach.extend_from_slice(&info[s].reachable);
+        }
+        if let Some(body) = spec.nodes[v].loop_index.and_then(|l| body_deployments.get(l)) {
+            reach.extend_from_slice(body);
+        }
+        reach.sort_unstable();
+        reach.dedup();
+        info[v].reachable = reach;
+    }
     info
+}
+
+/// What `session` can still call: the deployments reachable from its frontier (its ready and
+/// running activations), sorted — the planner's [`crate::planner::Event::SessionOutlook`].
+pub fn outlook(session: &Session, info: &[NodeInfo]) -> Vec<DeploymentId> {
+    use crate::session::ActivationState;
+    let mut out: Vec<DeploymentId> = session
+        .activations()
+        .iter()
+        .filter(|a| matches!(a.state, ActivationState::Ready | ActivationState::Running))
+        .filter_map(|a| info.get(a.node))
+        .flat_map(|n| n.reachable.iter().copied())
+        .collect();
+    out.sort_unstable();
+    out.dedup();
+    out
 }
 
 /// Token bound of an agent node's prompt in `session`: the chat template's tokens, static text

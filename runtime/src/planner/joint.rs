@@ -26,7 +26,9 @@
 //!    this tick), then lifecycle overhead H_life. **Scale-out** on the timeline: the deployment
 //!    that finishes last gets another replica while that brings its Ĉ_F forward by at least
 //!    1 − [`SCALE_OUT_GAIN`], one at a time, under the substrate's replica cap (none by default).
-//!    It may reclaim idle replicas nothing in the window needs, and idle *redundant copies* of a
+//!    It may reclaim idle replicas nothing in the window needs — except those of a more
+//!    constrained deployment that sessions in flight can still reach in their graphs (the
+//!    *outlook*, resource ordering against successor demand) — and idle *redundant copies* of a
 //!    model that still has work when that model, one copy fewer, still finishes before the new
 //!    completion (the plan's Ĉ_F falls; "preferring redundant copies", §3.5).
 //! 4. **PlanPrefetch** with the capacity no ready unit can use (after PlanReady every ready
@@ -90,6 +92,16 @@ pub struct JointOptions {
     /// [`SCALE_OUT_GAIN`] with that device after the drain, teardown and load, and the donor,
     /// one copy fewer, still finishes first. On in the full policy; `--no-drain` is its ablation.
     pub drain: bool,
+    /// The graph outlook of the sessions in flight ([`PlannerState::successor_sessions`]) as
+    /// successor demand in resource ordering (paper 003 §2.3: "placing a flexible activation
+    /// on the only high-capacity GPU blocks a constrained successor"): a scale-out never
+    /// reclaims an idle replica of a deployment that is more constrained than the one scaling
+    /// out (eligible on fewer devices) while some session in flight can still call it, even
+    /// when nothing in the window needs it now. Off (`--no-outlook`): only the ready and
+    /// near-ready window protects replicas from a scale-out. (Protecting every deployment
+    /// sessions will call, or pricing the victims' reloads into the scale-out's gain, was
+    /// measured and not kept: both cost 5–9 % makespan under Poisson 0.15.)
+    pub outlook: bool,
 }
 
 impl Default for JointOptions {
@@ -103,6 +115,7 @@ impl Default for JointOptions {
             sleep: true,
             tao_admission: true,
             drain: true,
+            outlook: true,
         }
     }
 }
@@ -958,11 +971,7 @@ impl Policy for Joint {
         // 1. RankReady.
         let mut ranked: Vec<(u8, f64, WorkItem)> =
             state.queue().iter().map(|w| (self.level(state, w, now), w.ready_at, w.clone())).collect();
-        let lrpt = std::env::var("SY_LRPT").is_ok();
-        ranked.sort_by(|a, b| {
-            let p = if lrpt { b.2.remaining_path_tokens.cmp(&a.2.remaining_path_tokens) } else { std::cmp::Ordering::Equal };
-            a.0.cmp(&b.0).then(p).then(a.1.total_cmp(&b.1)).then(a.2.activation.cmp(&b.2.activation))
-        });
+        ranked.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.total_cmp(&b.1)).then(a.2.activation.cmp(&b.2.activation)));
 
         // 2. BestFeasibleBinding per unit on the timeline (Eq. 7, 10, 11): the lane of its
         // deployment where it finishes earliest. Units that start now on an awake replica are
@@ -1136,6 +1145,18 @@ impl Policy for Joint {
         };
         let mut keep_all = keep.clone();
         keep_all.extend(state.near_ready().map(|n| n.deployment));
+        // Successor demand (the outlook): deployments sessions in flight will still call, with
+        // how many devices each is eligible on.
+        let eligible_count: BTreeMap<DeploymentId, usize> = state
+            .deployments()
+            .iter()
+            .map(|x| (x.id, state.devices().iter().filter(|h| state.eligible(x.id, h.id)).count()))
+            .collect();
+        let called: Vec<(DeploymentId, usize)> = if self.opts.outlook {
+            eligible_count.iter().filter(|(e, _)| state.successor_sessions(**e) > 0).map(|(e, n)| (*e, *n)).collect()
+        } else {
+            Vec::new()
+        };
         let mut demand: BTreeMap<DeploymentId, (Vec<Need>, f64)> = BTreeMap::new();
         for d in waiting {
             let mut all = ready_needs.remove(&d).unwrap_or_default();
@@ -1157,6 +1178,11 @@ impl Policy for Joint {
                 }
                 let mut keep_d = keep_all.clone();
                 keep_d.insert(d);
+                // Resource ordering against successor demand: no replica of a more constrained
+                // deployment that sessions will still call goes to a more flexible one's
+                // scale-out (it would be reloaded, on one of its few devices, when they do).
+                let own = eligible_count.get(&d).copied().unwrap_or(0);
+                keep_d.extend(called.iter().filter(|(_, n)| *n < own).map(|(e, _)| *e));
                 // Redundant copies of other deployments with demand may go too, when the plan's
                 // Ĉ_F still falls: checked below against the victim's own completion.
                 let mut spare = keep_all.clone();
@@ -1702,6 +1728,32 @@ mod tests {
         let loads_14b = cmds.iter().filter(|c| matches!(c, Command::Load { deployment: DeploymentId(3), .. })).count();
         assert_eq!((loads_14b, unloads), (2, 1), "{cmds:?}");
         assert_eq!(p.state().replicas_of(DeploymentId(0)).count(), 1, "the last 4B copy stays");
+    }
+
+    #[test]
+    fn scale_out_keeps_an_idle_constrained_replica_that_sessions_will_still_call() {
+        // Two A100s and a V100. A Qwen3-14B replica (A100s only) ran its unit and idles, nothing
+        // in the window needs it; then a burst of long Qwen3-4B units (any device) arrives. The
+        // 4B's scale-out may reclaim the idle 14B for another 4B replica — unless a session in
+        // flight can still call the 14B (its outlook) and the outlook is on.
+        let long = |s: u32| WorkItem { max_output_tokens: 8192, envelope: (500, 8192), ..item(s, 0, 0, 0) };
+        let run = |opts: JointOptions, called: bool| {
+            let mut p = planner_with(&["A100-40GB", "A100-40GB", "V100-32GB"], opts, Box::new(SlowerOnVolta));
+            p.handle(Event::UnitReady(item(0, 0, 3, 0)), 0.0).unwrap();
+            let cmds = p.handle(Event::ReplicaLoaded { replica: ReplicaId(0) }, 10.0).unwrap();
+            assert!(cmds.iter().any(|c| matches!(c, Command::Dispatch { .. })), "{cmds:?}");
+            let mut events = vec![Event::UnitFinished { activation: act(0, 0), replica: ReplicaId(0), output_tokens: 100 }];
+            if called {
+                events.push(Event::SessionOutlook { session: SessionId(7), deployments: vec![DeploymentId(3)] });
+            }
+            p.handle_all(events, 12.0).unwrap();
+            assert_eq!(p.state().successor_sessions(DeploymentId(3)), u32::from(called));
+            let cmds = p.handle_all((100..300).map(|s| Event::UnitReady(long(s))).collect(), 20.0).unwrap();
+            cmds.iter().any(|c| matches!(c, Command::Unload { replica: ReplicaId(0) }))
+        };
+        assert!(!run(JointOptions::default(), true), "the 14B that a session will call stays");
+        assert!(run(JointOptions::default(), false), "no session will call it: the scale-out takes it");
+        assert!(run(JointOptions { outlook: false, ..Default::default() }, true), "--no-outlook: only the window counts");
     }
 
     #[test]

@@ -67,6 +67,12 @@ pub enum Event {
     /// A tool activation started, with the shell's predicted duration; tools hold no GPU.
     ToolStarted { activation: ActivationId, predicted_s: f64, workflow: u32, node: u32 },
     ToolFinished { activation: ActivationId },
+    /// The deployments session `session` can still call, from its frontier on (the nodes
+    /// reachable in its workflow graph, a loop's whole body while another round may run):
+    /// replaces what the session said before. The graph-wide successor demand behind
+    /// resource ordering (paper 003 §2.3: a constrained *successor*), beyond the near-ready
+    /// window.
+    SessionOutlook { session: SessionId, deployments: Vec<DeploymentId> },
     /// The session completed or failed: nothing more will come from it.
     SessionEnded { session: SessionId },
 }
@@ -255,6 +261,9 @@ impl Planner {
     /// Fold every event of one scheduling tick (all that happened at `now`), then plan once:
     /// the window the policy sees holds all of them.
     pub fn handle_all(&mut self, events: Vec<Event>, now: f64) -> Result<Vec<Command>, PlanError> {
+        // Outlooks alone change no unit's readiness and no replica: they are folded in and the
+        // next event plans with them (a planning pass per outlook would re-plan mid-tick).
+        let informational = events.iter().all(|e| matches!(e, Event::SessionOutlook { .. }));
         let mut routing_error = None;
         for event in events {
             // A routed program that ended releases its ledger reservation (its peak context and
@@ -288,7 +297,9 @@ impl Planner {
             return Err(e);
         }
         let mut out = Vec::new();
-        self.policy.plan(&mut self.state, now, &mut out);
+        if !informational {
+            self.policy.plan(&mut self.state, now, &mut out);
+        }
         Ok(out)
     }
 }

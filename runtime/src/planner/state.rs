@@ -317,6 +317,10 @@ pub struct PlannerState {
     gated: BTreeMap<SessionId, Vec<WorkItem>>,
     infeasible: BTreeSet<(DeploymentId, DeviceId)>,
     near_ready: BTreeMap<ActivationId, NearReadyItem>,
+    /// What each session in flight can still call ([`Event::SessionOutlook`]), and per
+    /// deployment how many sessions can.
+    outlook: BTreeMap<SessionId, Vec<DeploymentId>>,
+    successors: BTreeMap<DeploymentId, u32>,
     running: BTreeMap<ActivationId, RunningUnit>,
     /// Fused-chain holds: a finished chain link keeps its lease on the replica until its
     /// successor is admitted there (one grant for the whole chain).
@@ -355,6 +359,8 @@ impl PlannerState {
             gated: BTreeMap::new(),
             infeasible: BTreeSet::new(),
             near_ready: BTreeMap::new(),
+            outlook: BTreeMap::new(),
+            successors: BTreeMap::new(),
             running: BTreeMap::new(),
             holds: BTreeMap::new(),
             asleep: BTreeMap::new(),
@@ -443,6 +449,32 @@ impl PlannerState {
     /// units join the queue then).
     pub fn near_ready(&self) -> impl Iterator<Item = &NearReadyItem> {
         self.near_ready.values().filter(|n| !self.gated.contains_key(&n.activation.session))
+    }
+
+    /// Sessions in flight that can still call deployment `d` (from their frontier on, through
+    /// their workflow graph: [`Event::SessionOutlook`]).
+    pub fn successor_sessions(&self, d: DeploymentId) -> u32 {
+        self.successors.get(&d).copied().unwrap_or(0)
+    }
+
+    /// Replace session `s`'s outlook (`None`: it ended), keeping the per-deployment counts.
+    fn set_outlook(&mut self, s: SessionId, deployments: Option<Vec<DeploymentId>>) {
+        for d in self.outlook.remove(&s).unwrap_or_default() {
+            if let Some(n) = self.successors.get_mut(&d) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    self.successors.remove(&d);
+                }
+            }
+        }
+        if let Some(mut ds) = deployments {
+            ds.sort_unstable();
+            ds.dedup();
+            for &d in &ds {
+                *self.successors.entry(d).or_default() += 1;
+            }
+            self.outlook.insert(s, ds);
+        }
     }
 
     /// Units and tool calls in progress.
@@ -619,7 +651,9 @@ impl PlannerState {
             Event::ToolFinished { activation } => {
                 self.running.remove(&activation);
             }
+            Event::SessionOutlook { session, deployments } => self.set_outlook(session, Some(deployments)),
             Event::SessionEnded { session } => {
+                self.set_outlook(session, None);
                 // Release holds of a session that will not continue its chain, and forget its
                 // near-ready units.
                 let stale: Vec<ActivationId> =
@@ -1144,5 +1178,20 @@ mod tests {
         assert_eq!(out, vec![Command::Unload { replica: sleepers[0] }, Command::Load { replica: r, deployment: DeploymentId(3), device: DeviceId(0) }]);
         assert!(s.used_bytes(DeviceId(0)) <= spec::device("A100-40GB").unwrap().memory_bytes);
         assert_eq!(s.asleep().map(|a| a.id).collect::<Vec<_>>(), sleepers[1..].to_vec());
+    }
+
+    #[test]
+    fn outlooks_count_the_sessions_that_can_still_call_a_deployment() {
+        let mut s = state();
+        let (a, b) = (DeploymentId(0), DeploymentId(1));
+        s.observe(Event::SessionOutlook { session: SessionId(1), deployments: vec![b, a, a] }, 0.0).unwrap();
+        s.observe(Event::SessionOutlook { session: SessionId(2), deployments: vec![a] }, 0.0).unwrap();
+        assert_eq!((s.successor_sessions(a), s.successor_sessions(b)), (2, 1));
+        // A new outlook replaces the session's old one; an ended session counts no more.
+        s.observe(Event::SessionOutlook { session: SessionId(1), deployments: vec![b] }, 1.0).unwrap();
+        assert_eq!((s.successor_sessions(a), s.successor_sessions(b)), (1, 1));
+        s.observe(Event::SessionEnded { session: SessionId(2) }, 2.0).unwrap();
+        s.observe(Event::SessionEnded { session: SessionId(1) }, 2.0).unwrap();
+        assert_eq!((s.successor_sessions(a), s.successor_sessions(b)), (0, 0));
     }
 }

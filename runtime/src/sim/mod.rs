@@ -204,6 +204,8 @@ struct Sim<'a> {
     node_info: NodeFacts,
     /// Near-ready units already reported to the planner.
     near_sent: std::collections::BTreeSet<ActivationId>,
+    /// The outlook last told the planner, per session in flight ([`Event::SessionOutlook`]).
+    outlook_sent: BTreeMap<SessionId, Vec<DeploymentId>>,
     queue: BinaryHeap<Scheduled>,
     seq: u64,
     now: f64,
@@ -333,6 +335,7 @@ impl<'a> Sim<'a> {
             deployment_of,
             node_info,
             near_sent: std::collections::BTreeSet::new(),
+            outlook_sent: BTreeMap::new(),
             queue: BinaryHeap::new(),
             seq: 0,
             now: 0.0,
@@ -640,9 +643,14 @@ impl<'a> Sim<'a> {
         let Some(session) = run.session.as_deref() else { return Ok(()) };
         let Some(info) = self.node_info.of(run.record.workflow, session.spec()) else { return Ok(()) };
         let items = exec::near_ready_items(session, run.record.workflow, info, &self.near_sent);
+        let outlook = exec::graph_info::outlook(session, info);
         for item in items {
             self.near_sent.insert(item.activation);
             self.plan(Event::UnitNearReady(item))?;
+        }
+        if self.outlook_sent.get(&s) != Some(&outlook) {
+            self.outlook_sent.insert(s, outlook.clone());
+            self.plan(Event::SessionOutlook { session: s, deployments: outlook })?;
         }
         Ok(())
     }
@@ -755,6 +763,7 @@ impl<'a> Sim<'a> {
                 for a in ready {
                     self.on_ready(a)?;
                 }
+                self.report_near_ready(id)?;
                 self.check_finished(id)?;
             }
             Err(e) => {
@@ -1159,6 +1168,7 @@ impl<'a> Sim<'a> {
 
     /// Forget which units of an ended session were reported near-ready (none will be again).
     fn forget_near_sent(&mut self, s: SessionId) {
+        self.outlook_sent.remove(&s);
         let range = ActivationId { session: s, index: 0 }..=ActivationId { session: s, index: u32::MAX };
         let sent: Vec<ActivationId> = self.near_sent.range(range).copied().collect();
         for a in sent {

@@ -22,7 +22,7 @@ use tokio::sync::oneshot;
 use super::engine::{Completion, Engine, EngineError, EngineTelemetry, LlmRequest};
 use super::shell::LiveOutput;
 use crate::ids::{ActivationId, DeviceId, ReplicaId, SessionId};
-use crate::planner::{DeploymentInfo, NearReadyItem, WorkItem};
+use crate::planner::{DeploymentId, DeploymentInfo, NearReadyItem, WorkItem};
 use crate::exec::graph_info::NodeFacts;
 use crate::exec::{CallRecord, DeploymentMap, SessionRecord};
 use crate::report::WastedWork;
@@ -327,6 +327,8 @@ pub enum PlannerMsg {
     Arrive(usize),
     UnitReady { item: WorkItem, call: PendingCall },
     NearReady(NearReadyItem),
+    /// The deployments a session can still call from its frontier on (its graph outlook).
+    Outlook { session: SessionId, deployments: Vec<DeploymentId> },
     ToolStarted { activation: ActivationId, predicted_s: f64, workflow: u32, node: u32 },
     ToolFinished { activation: ActivationId },
     /// A tool executor crashed (panicked) while running this call.

@@ -432,6 +432,11 @@ impl PlannerActorState {
                     self.post(myself, Event::UnitNearReady(item));
                 }
             }
+            PlannerMsg::Outlook { session, deployments } => {
+                if self.sessions.contains_key(&session) {
+                    self.post(myself, Event::SessionOutlook { session, deployments });
+                }
+            }
             PlannerMsg::ToolStarted { activation, predicted_s, workflow, node } => {
                 self.counters.tool_calls += 1;
                 self.log("tool_start", TraceLine { session: Some(activation.session.0), activation: Some(activation.index), ..blank() });

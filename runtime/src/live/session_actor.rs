@@ -21,6 +21,7 @@ use super::journal::{self, ActivationKind, JournalError, SessionOutcome};
 use super::engine::{Completion, LlmRequest};
 use crate::exec::{self, CallRecord, PrepareContext, PreparedLlm, Ready, SessionRecord};
 use crate::ids::{ActivationId, ReplicaId};
+use crate::planner::DeploymentId;
 use crate::session::Session;
 use crate::workflow::NodeKind;
 use crate::values::NodeOutput;
@@ -51,6 +52,8 @@ pub struct SessionState {
     planner: ActorRef<PlannerMsg>,
     arrived: f64,
     near_sent: BTreeSet<ActivationId>,
+    /// The outlook last told the planner ([`PlannerMsg::Outlook`]).
+    outlook_sent: Option<Vec<DeploymentId>>,
     /// Prepared LLM calls, until they complete.
     prepared: BTreeMap<ActivationId, PreparedLlm>,
     /// Calls sent again per activation.
@@ -91,6 +94,7 @@ impl Actor for SessionActor {
             planner: args.planner,
             arrived: args.arrived,
             near_sent: BTreeSet::new(),
+            outlook_sent: None,
             prepared: BTreeMap::new(),
             schema_retries: BTreeMap::new(),
             spans: BTreeMap::new(),
@@ -421,6 +425,11 @@ meter: Default::default(),
         for item in items {
             self.near_sent.insert(item.activation);
             let _ = self.planner.send_message(PlannerMsg::NearReady(item));
+        }
+        let outlook = exec::graph_info::outlook(&self.session, info);
+        if self.outlook_sent.as_ref() != Some(&outlook) {
+            self.outlook_sent = Some(outlook.clone());
+            let _ = self.planner.send_message(PlannerMsg::Outlook { session: self.session.id(), deployments: outlook });
         }
     }
 

@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use super::actors::{EngineFactory, EngineHandle, EngineTarget};
 use super::engine::EngineError;
-use super::engines::{EngineKind, EngineSpec, LaunchParams, engine_for, registry};
+use super::engines::{EngineKind, EngineSpec, EngineSpecError, LaunchParams, engine_for, registry};
 use super::pool::{LivePoolError, LivePoolSpec};
 use crate::values::derive_seed;
 
@@ -55,6 +55,7 @@ impl PoolEngines {
         mask: Option<&str>,
     ) -> Result<Self, LivePoolError> {
         let specs = pool.engines()?;
+        check_specs(pool, &specs)?;
         let gpus = physical_gpus(pool, &specs, mask)?;
         Ok(PoolEngines { specs, gpus, noise_seed, switchyard_exe, sweep_notes: Vec::new() })
     }
@@ -76,6 +77,41 @@ impl PoolEngines {
         }
         Ok(first)
     }
+}
+
+/// Every group's engine built once, up front, for a stand-in launch (nothing is started): what
+/// does not depend on the deployment — a missing `base_url`, an unknown command placeholder, a
+/// command without `{port}`, a bad timeout or speed, an `api_key_env` that is not set — is an
+/// error naming the pool file and the field before the run starts, not a replica that "could
+/// not be placed" once it is under way.
+fn check_specs(pool: &LivePoolSpec<EngineSpec>, specs: &[EngineSpec]) -> Result<(), LivePoolError> {
+    let mut checked = std::collections::BTreeSet::new();
+    for (d, spec) in pool.devices.iter().zip(specs) {
+        if !checked.insert(d.group) {
+            continue;
+        }
+        let launch = LaunchParams {
+            model: "Qwen3-0.6B".into(),
+            device_kind: String::new(),
+            gpu: d.ordinal,
+            dtype: switchyard_predictor::spec::Dtype::Bf16,
+            max_model_len: 2048,
+            gpu_memory_utilization: 0.9,
+            max_num_seqs: 1,
+            noise_seed: 0,
+            switchyard_exe: None,
+        };
+        if let Err(e) = engine_for(spec, &launch) {
+            let field = match &e {
+                EngineSpecError::Missing { field, .. } | EngineSpecError::Invalid { field, .. } => *field,
+                EngineSpecError::UnknownPlaceholder(_) => "command",
+            };
+            let message = e.to_string();
+            let message = message.strip_prefix(&format!("engine.{field}: ")).unwrap_or(&message).to_string();
+            return Err(LivePoolError::Engine { path: pool.path.clone(), index: d.group, field, message });
+        }
+    }
+    Ok(())
 }
 
 /// Whether the engine is a child process this run starts.
@@ -265,6 +301,23 @@ mod tests {
         let h = engines.create(&target).unwrap();
         assert_eq!(h.engine.kind(), "vllm");
         assert_eq!(h.served_model, dep[0].model);
+    }
+
+    #[test]
+    fn engine_settings_are_checked_before_the_run_naming_the_group_and_field() {
+        let check = |groups: &str| {
+            let text = format!("name: t\ndevices:\n{groups}");
+            let pool: LivePoolSpec<EngineSpec> = LivePoolSpec::parse(Path::new("p.yaml"), &text).unwrap();
+            PoolEngines::with_mask(&pool, 0, None, None).err().map(|e| e.to_string())
+        };
+        let good = "  - {kind: A100-40GB, engine: {kind: emulated}}\n";
+        assert_eq!(check(good), None);
+        let e = check(&format!("{good}  - {{kind: A40, engine: {{kind: emulated, command: [switchyard, emulate, \"{{nonsense}}\", \"{{port}}\"]}}}}\n"));
+        assert!(e.as_deref().is_some_and(|e| e.starts_with("p.yaml: devices[1].engine.command: unknown placeholder `{nonsense}`")), "{e:?}");
+        let e = check("  - {kind: A40, engine: {kind: vllm, command: [vllm, serve, \"{model}\"]}}\n");
+        assert!(e.as_deref().is_some_and(|e| e.contains("devices[0].engine.command: the command must pass {port}")), "{e:?}");
+        let e = check("  - {kind: A40, engine: {kind: openai}}\n");
+        assert!(e.as_deref().is_some_and(|e| e.contains("devices[0].engine.base_url: required for kind `openai`")), "{e:?}");
     }
 
     /// The GPU ordinals of a pool whose `devices:` are `groups`, and the

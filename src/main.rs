@@ -153,9 +153,9 @@ struct RunArgs {
     /// use stops taking new units and is reclaimed once its admitted units finish.
     #[arg(long)]
     no_drain: bool,
-    /// Ablation (joint only): no graph outlook — by default the deployments that sessions in
-    /// flight can still call (through their workflow graphs) count as successor demand in
-    /// resource ordering, reclamation order and scale-out; off, only ready and near-ready work
+    /// Ablation (joint only): no graph outlook — by default a scale-out never reclaims an idle
+    /// replica of a more constrained model that sessions in flight can still reach in their
+    /// workflow graphs; with this flag only ready and near-ready work protects a replica
     #[arg(long)]
     no_outlook: bool,
     /// Ablation (joint only): with `--sleep`, never put a replica to sleep (unload it); by

@@ -262,8 +262,10 @@ impl Planner {
     /// the window the policy sees holds all of them.
     pub fn handle_all(&mut self, events: Vec<Event>, now: f64) -> Result<Vec<Command>, PlanError> {
         // Outlooks alone change no unit's readiness and no replica: they are folded in and the
-        // next event plans with them (a planning pass per outlook would re-plan mid-tick).
-        let informational = events.iter().all(|e| matches!(e, Event::SessionOutlook { .. }));
+        // next event plans with them (a planning pass per outlook would re-plan mid-tick). No
+        // event at all is a planning pass the shell asks for (after a verdict ungated programs).
+        let informational =
+            !events.is_empty() && events.iter().all(|e| matches!(e, Event::SessionOutlook { .. }));
         let mut routing_error = None;
         for event in events {
             // A routed program that ended releases its ledger reservation (its peak context and
@@ -301,5 +303,39 @@ impl Planner {
             self.policy.plan(&mut self.state, now, &mut out);
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+
+    /// Counts its planning passes.
+    struct Counting(Arc<AtomicUsize>);
+    impl Policy for Counting {
+        fn name(&self) -> &'static str {
+            "counting"
+        }
+        fn plan(&mut self, _: &mut PlannerState, _: f64, _: &mut Vec<Command>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    #[test]
+    fn outlooks_alone_are_folded_in_without_a_pass_and_an_empty_batch_is_one() {
+        let passes = Arc::new(AtomicUsize::new(0));
+        let mut p = Planner::new(Vec::new(), Vec::new(), Box::new(Counting(passes.clone())));
+        let outlook = |s: u32| Event::SessionOutlook { session: SessionId(s), deployments: vec![DeploymentId(0)] };
+        p.handle_all(vec![outlook(1), outlook(2)], 0.0).unwrap();
+        assert_eq!(passes.load(Ordering::SeqCst), 0, "outlooks alone change nothing to plan on");
+        assert_eq!(p.state().successor_sessions(DeploymentId(0)), 2, "but they are folded in");
+        // The shells ask for a pass with no event (after a verdict let the ledgers admit programs).
+        p.handle_all(Vec::new(), 1.0).unwrap();
+        assert_eq!(passes.load(Ordering::SeqCst), 1);
+        p.handle_all(vec![outlook(3), Event::SessionArrived { session: SessionId(3), workflow: 0 }], 2.0).unwrap();
+        assert_eq!(passes.load(Ordering::SeqCst), 2);
     }
 }

@@ -217,91 +217,148 @@ pub fn parse(file: &str, text: &str) -> Result<Node, WorkflowError> {
 }
 
 /// The field path of the key on 1-based `line`, read from the text's indentation (the parser
-/// refused the document, so there is no tree): the keys of the enclosing block mappings, a
-/// sequence item named by its `id:` (else by its index), e.g. `nodes.generate.output_tokens`
-/// for a duplicate key or a `.nan` there. `None` when the line holds no key (then the error
-/// names the document).
+/// refused the document, so there is no tree): the keys of the enclosing block mappings and
+/// sequence items named by their `id:` (else by their index), e.g. `nodes.generate.output_tokens`
+/// for a duplicate key or a `.nan` there. Block scalars' text is not read as keys; compact
+/// sequences (`- ` at the parent key's column) are understood. `None` when the line holds no
+/// key (then the error names the document).
 fn field_at(text: &str, line: u64) -> Option<String> {
-    let lines: Vec<&str> = text.lines().collect();
     let target = usize::try_from(line).ok()?.checked_sub(1)?;
-    lines.get(target)?;
-    // Key, value and indentation of a block-mapping line, through a leading `- ` if any.
-    fn parse_line(l: &str) -> Option<(usize, bool, &str, &str)> {
-        let body = l.trim_start();
-        if body.is_empty() || body.starts_with('#') {
-            return None;
-        }
-        let indent = l.len() - body.len();
-        let (item, rest) = match body.strip_prefix('-') {
-            Some(r) if r.is_empty() || r.starts_with(' ') => (true, r.trim_start()),
-            _ => (false, body),
-        };
-        let end = rest.find(": ").or_else(|| rest.strip_suffix(':').map(str::len))?;
-        let key = rest[..end].trim().trim_matches(|c| c == '"' || c == '\'');
-        let valid = !key.is_empty() && key.chars().all(|c| c.is_alphanumeric() || "_-.".contains(c));
-        let value = rest[end + 1..].trim();
-        Some((indent, item, if valid { key } else { "" }, value))
+    let lines = outline(text);
+    let here = lines.get(target)?.as_ref()?;
+    let mut parts = vec![here.key.clone()?];
+    // Where the walk up stands: inside a mapping whose keys are at this column, or inside a
+    // sequence whose dashes are at this column.
+    #[derive(Clone, Copy)]
+    enum At {
+        Key(usize),
+        Seq(usize),
     }
-    let (indent, item, key, _) = parse_line(lines[target])?;
-    if key.is_empty() {
-        return None;
-    }
-    let mut parts = vec![key.to_string()];
-    // The sequence item whose `- ` is on line `at` at `indent`: its `id:` (on that line or
-    // among the item's own keys below, at `indent + 2`), else its index among its siblings.
-    let item_label = |at: usize, indent: usize| -> String {
-        let unquote = |v: &str| v.trim_matches(|c| c == '"' || c == '\'').to_string();
-        let mut id = match parse_line(lines[at]) {
-            Some((_, _, "id", v)) => Some(unquote(v)),
-            _ => None,
-        };
-        for l in &lines[at + 1..] {
-            if id.is_some() {
-                break;
-            }
-            match parse_line(l) {
-                Some((i, ..)) if i <= indent => break,
-                Some((i, false, "id", v)) if i == indent + 2 => id = Some(unquote(v)),
-                _ => {}
-            }
+    let mut at = match here.dash {
+        Some(d) => {
+            parts.push(item_label(&lines, target, d));
+            At::Seq(d)
         }
-        id.unwrap_or_else(|| {
-            let earlier = lines[..at]
-                .iter()
-                .rev()
-                .filter_map(|l| parse_line(l))
-                .take_while(|(i, ..)| *i >= indent)
-                .filter(|(i, is_item, ..)| *i == indent && *is_item)
-                .count();
-            earlier.to_string()
-        })
+        None => At::Key(here.column),
     };
-    if item {
-        parts.push(item_label(target, indent));
-    }
-    // Ancestors: the nearest lines above with a smaller indentation.
-    let mut limit = indent;
-    for at in (0..target).rev() {
-        let Some((i, is_item, k, _)) = parse_line(lines[at]) else { continue };
-        let key_indent = if is_item { i + 2 } else { i };
-        if key_indent >= limit && !(is_item && i < limit) {
-            continue;
-        }
-        if is_item {
-            parts.push(item_label(at, i));
-            limit = i;
-        } else {
-            if !k.is_empty() {
-                parts.push(k.to_string());
+    for k in (0..target).rev() {
+        let Some(l) = &lines[k] else { continue };
+        match (at, l.dash) {
+            // The item whose mapping holds our key (the key on its dash line, or its parent).
+            (At::Key(c), Some(d)) if d < c && l.column <= c => {
+                if l.column < c {
+                    parts.extend(l.key.clone());
+                }
+                parts.push(item_label(&lines, k, d));
+                at = At::Seq(d);
             }
-            limit = i;
+            (At::Key(c), None) if l.column < c => {
+                parts.extend(l.key.clone());
+                at = At::Key(l.column);
+            }
+            // The key that holds our sequence: at a smaller column, or at the dashes' own
+            // column (a compact sequence); an item line's key when sequences nest.
+            (At::Seq(d), None) if l.column <= d => {
+                parts.extend(l.key.clone());
+                at = At::Key(l.column);
+            }
+            (At::Seq(d), Some(e)) if e < d && l.column <= d => {
+                parts.extend(l.key.clone());
+                parts.push(item_label(&lines, k, e));
+                at = At::Seq(e);
+            }
+            _ => {}
         }
-        if limit == 0 {
+        if matches!(at, At::Key(0)) {
             break;
         }
     }
     parts.reverse();
     Some(parts.join("."))
+}
+
+/// One line of a block-style YAML text as [`field_at`] reads it.
+struct OutlineLine {
+    /// Column of the key (or of the item's content when there is no key).
+    column: usize,
+    /// Column of the `-` when the line starts a sequence item.
+    dash: Option<usize>,
+    key: Option<String>,
+    /// The scalar after `key:`, without a trailing comment.
+    value: String,
+}
+
+/// The text's lines (by `str::lines`) as keys and items; `None` for blank lines, comments and
+/// the text of block scalars (`|`, `>`).
+fn outline(text: &str) -> Vec<Option<OutlineLine>> {
+    let mut out = Vec::new();
+    // Column of the key whose block scalar is being read.
+    let mut block: Option<usize> = None;
+    for l in text.lines() {
+        let body = l.trim_start();
+        let indent = l.len() - body.len();
+        if let Some(b) = block {
+            if body.is_empty() || indent > b {
+                out.push(None);
+                continue;
+            }
+            block = None;
+        }
+        if body.is_empty() || body.starts_with('#') {
+            out.push(None);
+            continue;
+        }
+        let (dash, rest) = match body.strip_prefix('-') {
+            Some(r) if r.is_empty() || r.starts_with([' ', '\t']) => (Some(indent), r.trim_start()),
+            _ => (None, body),
+        };
+        let column = l.len() - rest.len();
+        let end = rest.find(": ").or_else(|| rest.strip_suffix(':').map(str::len));
+        let (key, value) = match end {
+            Some(e) => {
+                let key = rest[..e].trim().trim_matches(|c| c == '"' || c == '\'');
+                let valid = !key.is_empty() && key.chars().all(|c| c.is_alphanumeric() || "_-.".contains(c));
+                let value = rest[e + 1..].trim();
+                let value = value.find(" #").map_or(value, |h| value[..h].trim_end());
+                (valid.then(|| key.to_string()), value.to_string())
+            }
+            None => (None, String::new()),
+        };
+        if key.is_some() && (value.starts_with('|') || value.starts_with('>')) {
+            block = Some(column);
+        }
+        out.push(Some(OutlineLine { column, dash, key, value }));
+    }
+    out
+}
+
+/// The sequence item whose `-` is on line `at` at column `dash`: its `id:` (on that line or
+/// among the item's keys below), else its index among the items of its sequence.
+fn item_label(lines: &[Option<OutlineLine>], at: usize, dash: usize) -> String {
+    let unquote = |v: &str| v.trim_matches(|c| c == '"' || c == '\'').to_string();
+    // The column of the item's own keys: its dash line's key, else (a bare `-`) the first line
+    // below it.
+    let mut own = lines[at].as_ref().filter(|l| l.key.is_some()).map(|l| l.column);
+    for (k, l) in lines.iter().enumerate().skip(at) {
+        let Some(l) = l else { continue };
+        if k > at && (l.dash.is_some_and(|d| d <= dash) || (l.dash.is_none() && l.column <= dash)) {
+            break;
+        }
+        if k > at && own.is_none() {
+            own = Some(l.column);
+        }
+        if l.key.as_deref() == Some("id") && (k == at || (l.dash.is_none() && Some(l.column) == own)) {
+            return unquote(&l.value);
+        }
+    }
+    let earlier = lines[..at]
+        .iter()
+        .rev()
+        .flatten()
+        .take_while(|l| l.dash.map_or(l.column > dash, |d| d >= dash))
+        .filter(|l| l.dash == Some(dash))
+        .count();
+    earlier.to_string()
 }
 
 /// Builds positioned errors for one file.
@@ -636,6 +693,30 @@ mod tests {
         // A line without a key names the document.
         let e = parse("t.yaml", "name: x\nnodes: [a, \n").err().unwrap_or_else(|| panic!("parsed"));
         assert_eq!(e.field(), Some("nodes"), "{e}");
+    }
+
+    #[test]
+    fn field_paths_follow_common_yaml_styles() {
+        let at = |text: &str, line: u64| field_at(text, line);
+        // A compact sequence (dashes at the parent key's column).
+        let c = "name: x\nnodes:\n- id: gen\n  deployment: d\n  output_tokens: {mean: 5}\n";
+        assert_eq!(at(c, 5).as_deref(), Some("nodes.gen.output_tokens"));
+        // Indices count the items of their own sequence only.
+        let c = "name: x\nfoo:\n- a: 1\n- a: 2\nnodes:\n- deployment: d\n- deployment: d\n  deployment: e\n";
+        assert_eq!(at(c, 8).as_deref(), Some("nodes.1.deployment"));
+        // A comment after the id; an item whose mapping starts on the next line.
+        let c = "name: x\nnodes:\n  - id: gen   # the generator\n    a: 1\n";
+        assert_eq!(at(c, 4).as_deref(), Some("nodes.gen.a"));
+        let c = "name: x\nnodes:\n  -\n    id: gen\n    a: 1\n";
+        assert_eq!(at(c, 5).as_deref(), Some("nodes.gen.a"));
+        // A block scalar's text is no key; the key after it is found.
+        let c = "name: x\nnodes:\n  - id: gen\n    prompt: >\n      foo: bar\n      baz: 1\n    after: [a]\n";
+        assert_eq!(at(c, 6), None);
+        assert_eq!(at(c, 7).as_deref(), Some("nodes.gen.after"));
+        // Nested mappings under an item, and a key on the item's dash line.
+        let c = "nodes:\n  - id: gen\n    output_tokens:\n      mean: 5\n  - id: b\n";
+        assert_eq!(at(c, 4).as_deref(), Some("nodes.gen.output_tokens.mean"));
+        assert_eq!(at(c, 5).as_deref(), Some("nodes.b.id"));
     }
 
     #[test]

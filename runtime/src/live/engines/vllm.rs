@@ -119,10 +119,20 @@ impl ManagedCommand {
                 reason: "the command is empty".into(),
             });
         }
-        for text in words.iter().chain(env.values()) {
+        for text in &words {
             for name in placeholders(text) {
                 if !PLACEHOLDERS.contains(&name) {
                     return Err(EngineSpecError::UnknownPlaceholder(name.to_string()));
+                }
+            }
+        }
+        for text in env.values() {
+            for name in placeholders(text) {
+                if !PLACEHOLDERS.contains(&name) {
+                    return Err(EngineSpecError::Invalid {
+                        field: "env",
+                        reason: format!("unknown placeholder `{{{name}}}` (known: {})", PLACEHOLDERS.join(", ")),
+                    });
                 }
             }
         }
@@ -998,6 +1008,10 @@ mod tests {
             })
         ));
         assert!(matches!(mk("   "), Err(EngineSpecError::Invalid { .. })));
+        // A placeholder in the environment is checked too, and named as the environment's.
+        let env = BTreeMap::from([("X".to_string(), "{gpuu}".to_string())]);
+        let e = ManagedCommand::new(&CommandTemplate::Line("vllm serve {port}".into()), env, vars(), "h", None);
+        assert!(matches!(&e, Err(EngineSpecError::Invalid { field: "env", reason }) if reason.contains("`{gpuu}`")), "{e:?}");
         assert!(mk("vllm serve {model} --port {port}").is_ok());
     }
 

@@ -153,9 +153,10 @@ struct RunArgs {
     /// use stops taking new units and is reclaimed once its admitted units finish.
     #[arg(long)]
     no_drain: bool,
-    /// Ablation (joint only): no graph outlook — by default a scale-out never reclaims an idle
-    /// replica of a more constrained model that sessions in flight can still reach in their
-    /// workflow graphs; with this flag only ready and near-ready work protects a replica
+    /// Ablation (joint only): no graph outlook — by default, while sessions in flight can still
+    /// reach a model in their workflow graphs, a scale-out never reclaims its last replica, nor
+    /// any replica of it when it is more constrained than the model scaling out; with this flag
+    /// only ready and near-ready work protects a replica
     #[arg(long)]
     no_outlook: bool,
     /// Ablation (joint only): with `--sleep`, never put a replica to sleep (unload it); by

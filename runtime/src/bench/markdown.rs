@@ -290,9 +290,10 @@ fn figure7(out: &mut String, report: &BenchReport) {
          credit, tool-return readiness, tokens); `no-drain`: no drain-to-reclaim (a busy redundant \
          copy of a flexible model is never stopped from taking units so that a more constrained \
          model finishing last can have its device once its leases end); `no-outlook`: only the \
-         ready and near-ready window protects an idle replica from a scale-out (by default a \
-         replica of a more constrained model that sessions in flight can still reach in their \
-         graphs is kept from a more flexible model's scale-out); `predictor:NAME`: the full \
+         ready and near-ready window protects an idle replica from a scale-out (by default, while \
+         sessions in flight can still reach a model in their graphs, a scale-out takes neither \
+         its last replica nor any replica of it when it is more constrained than the model \
+         scaling out); `predictor:NAME`: the full \
          policy planning with that predictor. Δ: change against the full `{OURS}` (positive = worse).\n"
     );
     header(out, "variant", arrivals, &["makespan s", "p95 s", "×LB", "Δ makespan", "Δ p95"]);

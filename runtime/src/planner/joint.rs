@@ -26,9 +26,10 @@
 //!    this tick), then lifecycle overhead H_life. **Scale-out** on the timeline: the deployment
 //!    that finishes last gets another replica while that brings its Ĉ_F forward by at least
 //!    1 − [`SCALE_OUT_GAIN`], one at a time, under the substrate's replica cap (none by default).
-//!    It may reclaim idle replicas nothing in the window needs — except those of a more
-//!    constrained deployment that sessions in flight can still reach in their graphs (the
-//!    *outlook*, resource ordering against successor demand) — and idle *redundant copies* of a
+//!    It may reclaim idle replicas nothing in the window needs — except the last replica of a
+//!    deployment that sessions in flight can still reach in their graphs, and any replica of
+//!    one more constrained than the deployment scaling out (the *outlook*, successor demand) —
+//!    and idle *redundant copies* of a
 //!    model that still has work when that model, one copy fewer, still finishes before the new
 //!    completion (the plan's Ĉ_F falls; "preferring redundant copies", §3.5).
 //! 4. **PlanPrefetch** with the capacity no ready unit can use (after PlanReady every ready
@@ -93,14 +94,15 @@ pub struct JointOptions {
     /// one copy fewer, still finishes first. On in the full policy; `--no-drain` is its ablation.
     pub drain: bool,
     /// The graph outlook of the sessions in flight ([`PlannerState::successor_sessions`]) as
-    /// successor demand in resource ordering (paper 003 §2.3: "placing a flexible activation
-    /// on the only high-capacity GPU blocks a constrained successor"): a scale-out never
-    /// reclaims an idle replica of a deployment that is more constrained than the one scaling
-    /// out (eligible on fewer devices) while some session in flight can still call it, even
-    /// when nothing in the window needs it now. Off (`--no-outlook`): only the ready and
-    /// near-ready window protects replicas from a scale-out. (Protecting every deployment
-    /// sessions will call, or pricing the victims' reloads into the scale-out's gain, was
-    /// measured and not kept: both cost 5–9 % makespan under Poisson 0.15.)
+    /// successor demand against the scale-out, even when nothing in the window needs a model
+    /// now: while some session in flight can still call a deployment, a scale-out never
+    /// reclaims its last replica, nor any replica of it when it is more constrained than the
+    /// deployment scaling out (eligible on fewer devices; paper 003 §2.3: "placing a flexible
+    /// activation on the only high-capacity GPU blocks a constrained successor"). Off
+    /// (`--no-outlook`): only the ready and near-ready window protects replicas from a
+    /// scale-out. (Protecting every replica of every deployment sessions will call, or pricing
+    /// the victims' reloads into the scale-out's gain, was measured and not kept: both cost
+    /// 5–9 % makespan under Poisson 0.15.)
     pub outlook: bool,
 }
 
@@ -1178,11 +1180,14 @@ impl Policy for Joint {
                 }
                 let mut keep_d = keep_all.clone();
                 keep_d.insert(d);
-                // Resource ordering against successor demand: no replica of a more constrained
-                // deployment that sessions will still call goes to a more flexible one's
-                // scale-out (it would be reloaded, on one of its few devices, when they do).
+                // Successor demand (the outlook): a deployment that sessions will still call
+                // keeps its last replica, and a more constrained one keeps every replica, against
+                // a scale-out — an optional gain must not force a reload that the graph already
+                // shows coming (resource ordering, §2.3, for the constrained one's few devices).
                 let own = eligible_count.get(&d).copied().unwrap_or(0);
-                keep_d.extend(called.iter().filter(|(_, n)| *n < own).map(|(e, _)| *e));
+                keep_d.extend(
+                    called.iter().filter(|(e, n)| *n < own || state.replicas_of(*e).count() <= 1).map(|(e, _)| *e),
+                );
                 // Redundant copies of other deployments with demand may go too, when the plan's
                 // Ĉ_F still falls: checked below against the victim's own completion.
                 let mut spare = keep_all.clone();
@@ -1752,6 +1757,29 @@ mod tests {
             cmds.iter().any(|c| matches!(c, Command::Unload { replica: ReplicaId(0) }))
         };
         assert!(!run(JointOptions::default(), true), "the 14B that a session will call stays");
+        assert!(run(JointOptions::default(), false), "no session will call it: the scale-out takes it");
+        assert!(run(JointOptions { outlook: false, ..Default::default() }, true), "--no-outlook: only the window counts");
+    }
+
+    #[test]
+    fn scale_out_keeps_the_last_replica_of_a_model_that_sessions_will_still_call() {
+        // Two A100s. A Qwen3-4B replica ran its unit and idles, the only 4B copy; a burst of long
+        // Qwen3-8B units (eligible on the same devices) arrives. The 8B's scale-out may reclaim
+        // the idle 4B — unless a session in flight can still call the 4B and the outlook is on.
+        let long = |s: u32| WorkItem { max_output_tokens: 8192, envelope: (500, 8192), ..item(s, 0, 1, 0) };
+        let run = |opts: JointOptions, called: bool| {
+            let mut p = planner_with(&["A100-40GB", "A100-40GB"], opts, Box::new(SlowerOnVolta));
+            p.handle(Event::UnitReady(item(0, 0, 0, 0)), 0.0).unwrap();
+            p.handle(Event::ReplicaLoaded { replica: ReplicaId(0) }, 10.0).unwrap();
+            let mut events = vec![Event::UnitFinished { activation: act(0, 0), replica: ReplicaId(0), output_tokens: 100 }];
+            if called {
+                events.push(Event::SessionOutlook { session: SessionId(7), deployments: vec![DeploymentId(0)] });
+            }
+            p.handle_all(events, 12.0).unwrap();
+            let cmds = p.handle_all((100..300).map(|s| Event::UnitReady(long(s))).collect(), 20.0).unwrap();
+            cmds.iter().any(|c| matches!(c, Command::Unload { replica: ReplicaId(0) }))
+        };
+        assert!(!run(JointOptions::default(), true), "the last 4B copy that a session will call stays");
         assert!(run(JointOptions::default(), false), "no session will call it: the scale-out takes it");
         assert!(run(JointOptions { outlook: false, ..Default::default() }, true), "--no-outlook: only the window counts");
     }

@@ -226,7 +226,9 @@ fn field_at(text: &str, line: u64) -> Option<String> {
     let target = usize::try_from(line).ok()?.checked_sub(1)?;
     let lines = outline(text);
     let here = lines.get(target)?.as_ref()?;
-    let mut parts = vec![here.key.clone()?];
+    // A line without a key (a flow collection's continuation, a flow item) is named by where
+    // it sits.
+    let mut parts: Vec<String> = here.key.clone().into_iter().collect();
     // Where the walk up stands: inside a mapping whose keys are at this column, or inside a
     // sequence whose dashes are at this column.
     #[derive(Clone, Copy)]
@@ -273,6 +275,9 @@ fn field_at(text: &str, line: u64) -> Option<String> {
             break;
         }
     }
+    if parts.is_empty() {
+        return None;
+    }
     parts.reverse();
     Some(parts.join("."))
 }
@@ -294,7 +299,7 @@ fn outline(text: &str) -> Vec<Option<OutlineLine>> {
     let mut out = Vec::new();
     // Column of the key whose block scalar is being read.
     let mut block: Option<usize> = None;
-    for l in text.lines() {
+    for l in text.strip_prefix('\u{feff}').unwrap_or(text).lines() {
         let body = l.trim_start();
         let indent = l.len() - body.len();
         if let Some(b) = block {
@@ -313,18 +318,23 @@ fn outline(text: &str) -> Vec<Option<OutlineLine>> {
             _ => (None, body),
         };
         let column = l.len() - rest.len();
-        let end = rest.find(": ").or_else(|| rest.strip_suffix(':').map(str::len));
+        // `key:` then a space, a tab or the end of the line; not inside a flow collection.
+        let end = rest
+            .find(": ")
+            .or_else(|| rest.find(":\t"))
+            .or_else(|| rest.strip_suffix(':').map(str::len))
+            .filter(|_| !rest.starts_with(['{', '[']));
         let (key, value) = match end {
             Some(e) => {
                 let key = rest[..e].trim().trim_matches(|c| c == '"' || c == '\'');
-                let valid = !key.is_empty() && key.chars().all(|c| c.is_alphanumeric() || "_-.".contains(c));
                 let value = rest[e + 1..].trim();
-                let value = value.find(" #").map_or(value, |h| value[..h].trim_end());
-                (valid.then(|| key.to_string()), value.to_string())
+                let value = [" #", "\t#"].iter().filter_map(|m| value.find(m)).min().map_or(value, |h| value[..h].trim_end());
+                ((!key.is_empty()).then(|| key.to_string()), value.to_string())
             }
             None => (None, String::new()),
         };
-        if key.is_some() && (value.starts_with('|') || value.starts_with('>')) {
+        let block_value = |v: &str| v.starts_with('|') || v.starts_with('>');
+        if (key.is_some() && block_value(&value)) || (key.is_none() && dash.is_some() && block_value(rest)) {
             block = Some(column);
         }
         out.push(Some(OutlineLine { column, dash, key, value }));
@@ -717,6 +727,14 @@ mod tests {
         let c = "nodes:\n  - id: gen\n    output_tokens:\n      mean: 5\n  - id: b\n";
         assert_eq!(at(c, 4).as_deref(), Some("nodes.gen.output_tokens.mean"));
         assert_eq!(at(c, 5).as_deref(), Some("nodes.b.id"));
+        // A byte-order mark, a tab after the colon, a key with a space.
+        assert_eq!(at("\u{feff}deployments:\n  a: {model: m}\n", 2).as_deref(), Some("deployments.a"));
+        assert_eq!(at("nodes:\n  - id: gen\n    tool:\tt\n", 3).as_deref(), Some("nodes.gen.tool"));
+        assert_eq!(at("dataset:\n  fields:\n    my field: x\n", 3).as_deref(), Some("dataset.fields.my field"));
+        // A flow collection's continuation line is named by its parent; a flow item by its index.
+        let c = "nodes:\n  - id: a\n    inputs:\n      xs: [1,\n        .nan]\n";
+        assert_eq!(at(c, 5).as_deref(), Some("nodes.a.inputs.xs"));
+        assert_eq!(at("nodes:\n  - {id: a, tool: t, tool: u}\n", 2).as_deref(), Some("nodes.0"));
     }
 
     #[test]

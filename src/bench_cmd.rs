@@ -577,7 +577,7 @@ fn print_summary(r: &BenchReport, wall: f64) {
             match r.row(&run.variant, a) {
                 Some(x) => row.extend([
                     format!("{:.1}", x.makespan_s),
-                    format!("{:.1}", x.latency_s.p95),
+                    if x.latency_s.is_known() { format!("{:.1}", x.latency_s.p95) } else { "-".to_string() },
                     format!("{:.2}", x.ratio_to_lower_bound),
                 ]),
                 None => row.extend(["-".to_string(), "-".to_string(), "-".to_string()]),

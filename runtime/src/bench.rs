@@ -698,7 +698,7 @@ fn aggregate(v: &Variant, arrival: &str, runs: &[&RunSummary], lb: Option<&Lower
 /// Change of `ours` relative to `baseline`, in percent: negative = ours is lower (the paper's
 /// "−35.8 %" convention).
 pub fn change_pct(ours: f64, baseline: f64) -> Option<f64> {
-    (baseline > 0.0).then(|| (ours - baseline) / baseline * 100.0)
+    (baseline > 0.0 && ours.is_finite() && baseline.is_finite()).then(|| (ours - baseline) / baseline * 100.0)
 }
 
 /// Write `report.md`, `bench.json` and the charts `fig5_completion.svg`,
@@ -830,6 +830,16 @@ mod tests {
         assert_ne!(v[2].key(), v[15].key());
         assert_ne!(v[15].key(), v[16].key());
         assert!(!v[16].options.sleep);
+    }
+
+    #[test]
+    fn a_row_without_a_completed_session_has_no_p95_to_compare() {
+        let none = Percentiles::of(&[]);
+        assert!(none.p95_or_nan().is_nan());
+        assert_eq!(change_pct(none.p95_or_nan(), 600.0), None, "not −100 %");
+        assert_eq!(change_pct(600.0, none.p95_or_nan()), None);
+        assert_eq!(change_pct(660.0, 600.0), Some(10.0));
+        assert_eq!(mean_percentiles([&none, &Percentiles::of(&[4.0])]).p95, 4.0, "the known repetitions only");
     }
 
     #[test]

@@ -170,8 +170,9 @@ pub(super) fn figure5(report: &BenchReport, path: &Path) -> Result<PathBuf, Benc
     for (r, scope) in scopes.iter().enumerate() {
         for (c, a) in arrivals.iter().enumerate() {
             let metric = |run: &BenchRun| match scope {
-                None => Some((run.makespan_s, run.latency_s.p95)),
-                Some(m) => run.paths.get(m).map(|p| (p.makespan_s, p.latency_s.p95)),
+                // A row with no completed session has no bar.
+                None => run.latency_s.is_known().then_some((run.makespan_s, run.latency_s.p95)),
+                Some(m) => run.paths.get(m).filter(|p| p.latency_s.is_known()).map(|p| (p.makespan_s, p.latency_s.p95)),
             };
             let rows: Vec<(&str, Option<(f64, f64)>)> =
                 pols.iter().map(|p| (p.as_str(), report.row(p, a).and_then(metric))).collect();
@@ -252,7 +253,7 @@ pub(super) fn figure7(report: &BenchReport, path: &Path) -> Result<PathBuf, Benc
     for (c, a) in arrivals.iter().enumerate() {
         let rows: Vec<(&str, Option<(f64, f64)>)> = variants
             .iter()
-            .map(|v| (v.as_str(), report.row(v, a).map(|r| (r.makespan_s, r.latency_s.p95))))
+            .map(|v| (v.as_str(), report.row(v, a).filter(|r| r.latency_s.is_known()).map(|r| (r.makespan_s, r.latency_s.p95))))
             .collect();
         let legend = if c == 0 { legend_makespan_p95() } else { Vec::new() };
         let bound = report.lower_bound_s.get(a).copied();

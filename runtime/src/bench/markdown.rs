@@ -19,8 +19,9 @@ fn pct(x: Option<f64>) -> String {
     }
 }
 
+/// Seconds with one decimal; `–` for no figure (NaN: no completed session).
 fn secs(x: f64) -> String {
-    format!("{x:.1}")
+    if x.is_finite() { format!("{x:.1}") } else { "–".into() }
 }
 
 fn times(x: Option<f64>) -> String {
@@ -45,8 +46,8 @@ impl Scope<'_> {
     /// (makespan, p95, ratio to the bound) of a row in this scope.
     fn metrics(&self, r: &BenchRun) -> Option<(f64, f64, Option<f64>)> {
         match self {
-            Scope::Overall => Some((r.makespan_s, r.latency_s.p95, Some(r.ratio_to_lower_bound))),
-            Scope::Path(m) => r.paths.get(*m).map(|p| (p.makespan_s, p.latency_s.p95, p.ratio_to_lower_bound)),
+            Scope::Overall => Some((r.makespan_s, r.latency_s.p95_or_nan(), Some(r.ratio_to_lower_bound))),
+            Scope::Path(m) => r.paths.get(*m).map(|p| (p.makespan_s, p.latency_s.p95_or_nan(), p.ratio_to_lower_bound)),
         }
     }
 }
@@ -312,10 +313,10 @@ fn figure7(out: &mut String, report: &BenchReport) {
                     };
                     cells.extend([
                         secs(r.makespan_s),
-                        secs(r.latency_s.p95),
+                        secs(r.latency_s.p95_or_nan()),
                         times(Some(r.ratio_to_lower_bound)),
                         d(r.makespan_s, full.map(|f| f.makespan_s)),
-                        d(r.latency_s.p95, full.map(|f| f.latency_s.p95)),
+                        d(r.latency_s.p95_or_nan(), full.map(|f| f.latency_s.p95_or_nan())),
                     ]);
                 }
                 None => cells.extend(std::iter::repeat_n("–".to_string(), 5)),
@@ -396,7 +397,7 @@ fn paper_settings(out: &mut String, report: &BenchReport) {
     let arrivals = &report.setup.arrivals;
     let claims: [(&str, &str, &str, fn(&BenchRun) -> f64); 3] = [
         ("no-fusion", "p95", "chain fusion, one admission for same-model successors (§2.2, §4.5)", |r| {
-            r.latency_s.p95
+            r.latency_s.p95_or_nan()
         }),
         ("per-workflow-lifecycle", "makespan", "cross-workflow lifecycle planning (§4.5)", |r| r.makespan_s),
         ("no-prefetch", "makespan", "near-ready prefetch (§4.5)", |r| r.makespan_s),
@@ -519,7 +520,7 @@ fn sleep_rows(out: &mut String, report: &BenchReport) {
                 continue;
             };
             let vs = |other: &str| pct(report.row(other, a).and_then(|o| change_pct(r.makespan_s, o.makespan_s)));
-            cells.extend([secs(r.makespan_s), secs(r.latency_s.p95), vs(OURS), vs("sleep:joint-no-sleep")]);
+            cells.extend([secs(r.makespan_s), secs(r.latency_s.p95_or_nan()), vs(OURS), vs("sleep:joint-no-sleep")]);
         }
         let _ = writeln!(out, "| {} |", cells.join(" | "));
     }

@@ -99,14 +99,14 @@ pub fn figure7() -> Vec<(&'static str, Effect, (f64, f64))> {
 
 fn ratio(ours: f64, paper: &Published) -> String {
     let m = paper.mid();
-    if m > 0.0 { format!("{:.2}", ours / m) } else { "–".into() }
+    if m > 0.0 && ours.is_finite() { format!("{:.2}", ours / m) } else { "–".into() }
 }
 
 fn effect_of(effect: Effect, joint: &BenchRun, variant: &BenchRun) -> Option<f64> {
     match effect {
         Effect::JointReduction => change_pct(variant.makespan_s, joint.makespan_s).map(|c| c / (1.0 + c / 100.0)),
         Effect::MakespanIncrease => change_pct(variant.makespan_s, joint.makespan_s),
-        Effect::P95Increase => change_pct(variant.latency_s.p95, joint.latency_s.p95),
+        Effect::P95Increase => change_pct(variant.latency_s.p95_or_nan(), joint.latency_s.p95_or_nan()),
     }
 }
 
@@ -131,16 +131,16 @@ pub fn beside_paper(out: &mut String, report: &BenchReport) {
     for (policy, arrival, makespan, p95) in figure5() {
         let Some(r) = report.row(policy, arrival) else { continue };
         let (p95_paper, p95_ratio) = match p95 {
-            Some(p) => (p.text(1), ratio(r.latency_s.p95, &p)),
+            Some(p) => (p.text(1), ratio(r.latency_s.p95_or_nan(), &p)),
             None => ("–".into(), "–".into()),
         };
         let _ = writeln!(
             out,
-            "| {policy} | {arrival} | {} | {:.1} | {} | {p95_paper} | {:.1} | {p95_ratio} |",
+            "| {policy} | {arrival} | {} | {:.1} | {} | {p95_paper} | {} | {p95_ratio} |",
             makespan.text(1),
             r.makespan_s,
             ratio(r.makespan_s, &makespan),
-            r.latency_s.p95
+            if r.latency_s.is_known() { format!("{:.1}", r.latency_s.p95) } else { "–".into() }
         );
     }
     let _ = writeln!(out, "\n### Figure 6 (burst, GPU-s per completed session)\n");

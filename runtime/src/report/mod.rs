@@ -45,6 +45,11 @@ impl Percentiles {
     pub fn is_known(&self) -> bool {
         self.samples > 0
     }
+
+    /// p95, or NaN when no session completed (tables print `–`, changes are not computed).
+    pub fn p95_or_nan(&self) -> f64 {
+        if self.is_known() { self.p95 } else { f64::NAN }
+    }
 }
 
 impl Serialize for Percentiles {

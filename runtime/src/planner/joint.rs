@@ -1149,11 +1149,16 @@ impl Policy for Joint {
         keep_all.extend(state.near_ready().map(|n| n.deployment));
         // Successor demand (the outlook): deployments sessions in flight will still call, with
         // how many devices each is eligible on.
-        let eligible_count: BTreeMap<DeploymentId, usize> = state
-            .deployments()
-            .iter()
-            .map(|x| (x.id, state.devices().iter().filter(|h| state.eligible(x.id, h.id)).count()))
-            .collect();
+        // (Only needed when some deployment's work waits: the scale-out below.)
+        let eligible_count: BTreeMap<DeploymentId, usize> = if waiting.is_empty() {
+            BTreeMap::new()
+        } else {
+            state
+                .deployments()
+                .iter()
+                .map(|x| (x.id, state.devices().iter().filter(|h| state.eligible(x.id, h.id)).count()))
+                .collect()
+        };
         let called: Vec<(DeploymentId, usize)> = if self.opts.outlook {
             eligible_count.iter().filter(|(e, _)| state.successor_sessions(**e) > 0).map(|(e, n)| (*e, *n)).collect()
         } else {
@@ -1735,27 +1740,33 @@ mod tests {
         assert_eq!(p.state().replicas_of(DeploymentId(0)).count(), 1, "the last 4B copy stays");
     }
 
+    /// One replica of deployment `idle` on device 0 ran its unit and idles (nothing in the window
+    /// needs it); a session's outlook names it when `called`; then 200 long units of `burst`
+    /// arrive. Whether the burst's scale-out reclaims the idle replica.
+    fn scale_out_reclaims_idle(devices: &[&str], idle: u32, burst: u32, opts: JointOptions, called: bool) -> bool {
+        let long = |s: u32| WorkItem { max_output_tokens: 8192, envelope: (500, 8192), ..item(s, 0, burst, 0) };
+        let mut p = planner_with(devices, opts, Box::new(SlowerOnVolta));
+        p.handle(Event::UnitReady(item(0, 0, idle, 0)), 0.0).unwrap();
+        let cmds = p.handle(Event::ReplicaLoaded { replica: ReplicaId(0) }, 10.0).unwrap();
+        assert!(cmds.iter().any(|c| matches!(c, Command::Dispatch { .. })), "{cmds:?}");
+        let mut events = vec![Event::UnitFinished { activation: act(0, 0), replica: ReplicaId(0), output_tokens: 100 }];
+        if called {
+            events.push(Event::SessionOutlook { session: SessionId(7), deployments: vec![DeploymentId(idle)] });
+        }
+        p.handle_all(events, 12.0).unwrap();
+        assert_eq!(p.state().successor_sessions(DeploymentId(idle)), u32::from(called));
+        let cmds = p.handle_all((100..300).map(|s| Event::UnitReady(long(s))).collect(), 20.0).unwrap();
+        cmds.iter().any(|c| matches!(c, Command::Unload { replica: ReplicaId(0) }))
+    }
+
     #[test]
     fn scale_out_keeps_an_idle_constrained_replica_that_sessions_will_still_call() {
-        // Two A100s and a V100. A Qwen3-14B replica (A100s only) ran its unit and idles, nothing
-        // in the window needs it; then a burst of long Qwen3-4B units (any device) arrives. The
-        // 4B's scale-out may reclaim the idle 14B for another 4B replica — unless a session in
-        // flight can still call the 14B (its outlook) and the outlook is on.
-        let long = |s: u32| WorkItem { max_output_tokens: 8192, envelope: (500, 8192), ..item(s, 0, 0, 0) };
-        let run = |opts: JointOptions, called: bool| {
-            let mut p = planner_with(&["A100-40GB", "A100-40GB", "V100-32GB"], opts, Box::new(SlowerOnVolta));
-            p.handle(Event::UnitReady(item(0, 0, 3, 0)), 0.0).unwrap();
-            let cmds = p.handle(Event::ReplicaLoaded { replica: ReplicaId(0) }, 10.0).unwrap();
-            assert!(cmds.iter().any(|c| matches!(c, Command::Dispatch { .. })), "{cmds:?}");
-            let mut events = vec![Event::UnitFinished { activation: act(0, 0), replica: ReplicaId(0), output_tokens: 100 }];
-            if called {
-                events.push(Event::SessionOutlook { session: SessionId(7), deployments: vec![DeploymentId(3)] });
-            }
-            p.handle_all(events, 12.0).unwrap();
-            assert_eq!(p.state().successor_sessions(DeploymentId(3)), u32::from(called));
-            let cmds = p.handle_all((100..300).map(|s| Event::UnitReady(long(s))).collect(), 20.0).unwrap();
-            cmds.iter().any(|c| matches!(c, Command::Unload { replica: ReplicaId(0) }))
-        };
+        // Two A100s and a V100: a Qwen3-14B replica (A100s only) idles; long Qwen3-4B units (any
+        // device) arrive. The 4B's scale-out may take the 14B's A100 unless a session can still
+        // call the 14B and the outlook is on (the 14B has more than its last copy's protection:
+        // it is more constrained than the 4B).
+        let devices = ["A100-40GB", "A100-40GB", "V100-32GB"];
+        let run = |opts, called| scale_out_reclaims_idle(&devices, 3, 0, opts, called);
         assert!(!run(JointOptions::default(), true), "the 14B that a session will call stays");
         assert!(run(JointOptions::default(), false), "no session will call it: the scale-out takes it");
         assert!(run(JointOptions { outlook: false, ..Default::default() }, true), "--no-outlook: only the window counts");
@@ -1763,22 +1774,10 @@ mod tests {
 
     #[test]
     fn scale_out_keeps_the_last_replica_of_a_model_that_sessions_will_still_call() {
-        // Two A100s. A Qwen3-4B replica ran its unit and idles, the only 4B copy; a burst of long
-        // Qwen3-8B units (eligible on the same devices) arrives. The 8B's scale-out may reclaim
-        // the idle 4B — unless a session in flight can still call the 4B and the outlook is on.
-        let long = |s: u32| WorkItem { max_output_tokens: 8192, envelope: (500, 8192), ..item(s, 0, 1, 0) };
-        let run = |opts: JointOptions, called: bool| {
-            let mut p = planner_with(&["A100-40GB", "A100-40GB"], opts, Box::new(SlowerOnVolta));
-            p.handle(Event::UnitReady(item(0, 0, 0, 0)), 0.0).unwrap();
-            p.handle(Event::ReplicaLoaded { replica: ReplicaId(0) }, 10.0).unwrap();
-            let mut events = vec![Event::UnitFinished { activation: act(0, 0), replica: ReplicaId(0), output_tokens: 100 }];
-            if called {
-                events.push(Event::SessionOutlook { session: SessionId(7), deployments: vec![DeploymentId(0)] });
-            }
-            p.handle_all(events, 12.0).unwrap();
-            let cmds = p.handle_all((100..300).map(|s| Event::UnitReady(long(s))).collect(), 20.0).unwrap();
-            cmds.iter().any(|c| matches!(c, Command::Unload { replica: ReplicaId(0) }))
-        };
+        // Two A100s: the only Qwen3-4B replica idles; long Qwen3-8B units (eligible on the same
+        // devices) arrive.
+        let devices = ["A100-40GB", "A100-40GB"];
+        let run = |opts, called| scale_out_reclaims_idle(&devices, 0, 1, opts, called);
         assert!(!run(JointOptions::default(), true), "the last 4B copy that a session will call stays");
         assert!(run(JointOptions::default(), false), "no session will call it: the scale-out takes it");
         assert!(run(JointOptions { outlook: false, ..Default::default() }, true), "--no-outlook: only the window counts");

@@ -159,6 +159,11 @@ struct RunArgs {
     /// only ready and near-ready work protects a replica
     #[arg(long)]
     no_outlook: bool,
+    /// Ablation (joint only): rank ready units first come first served within a priority level;
+    /// by default the unit whose session has the longest remaining critical path (expected
+    /// tokens still to generate, further loop rounds counted) goes first
+    #[arg(long)]
+    fifo_rank: bool,
     /// Ablation (joint only): with `--sleep`, never put a replica to sleep (unload it); by
     /// default joint sleeps a replica it reclaims when its model has predicted next use and a
     /// sleep plus a wake costs less than a teardown plus a cold load.
@@ -507,6 +512,7 @@ fn joint_flag_problems(args: &RunArgs) -> Vec<String> {
         ("--history-admission", args.history_admission),
         ("--no-drain", args.no_drain),
         ("--no-outlook", args.no_outlook),
+        ("--fifo-rank", args.fifo_rank),
         ("--no-sleep", args.no_sleep),
     ];
     if args.trace_replay.is_some() {
@@ -607,6 +613,7 @@ fn run(args: RunArgs) -> Result<RunEnd> {
             tao_admission: !args.no_tao_admission,
             drain: !args.no_drain,
             outlook: !args.no_outlook,
+            critical_path_rank: !args.fifo_rank,
         },
         predictor: args.predictor.clone(),
         tool_workers: args.tool_workers,

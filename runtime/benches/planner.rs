@@ -70,6 +70,7 @@ fn build(policy: &str, sessions: u32, gpus: u32) -> (Planner, ActivationId, Repl
             chain_next: s % 2 == 0,
             envelope: (1500, 512),
             remaining_path_tokens: 800,
+            further_round_tokens: 0,
             prior_context: None,
         }));
         events.push(Event::UnitNearReady(NearReadyItem {

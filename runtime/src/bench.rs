@@ -189,6 +189,7 @@ impl BenchConfig {
                 ("no-tao-admission", JointOptions { tao_admission: false, ..full }),
                 ("no-drain", JointOptions { drain: false, ..full }),
                 ("no-outlook", JointOptions { outlook: false, ..full }),
+                ("fifo-rank", JointOptions { critical_path_rank: false, ..full }),
             ];
             for (label, options) in ablated {
                 v.push(Variant {
@@ -801,6 +802,7 @@ mod tests {
                 "no-tao-admission",
                 "no-drain",
                 "no-outlook",
+                "fifo-rank",
                 "predictor:oracle",
                 "predictor:formula",
                 "sleep:parrot",
@@ -811,25 +813,24 @@ mod tests {
         );
         // The oracle substitution is the joint run itself; the formula one is not, and neither
         // is a variant that differs only in an option (every option is part of the key).
-        assert_eq!(v[2].key(), v[11].key());
-        assert_ne!(v[2].key(), v[12].key());
-        assert_ne!(v[2].key(), v[9].key());
-        assert_ne!(v[2].key(), v[10].key());
-        assert_ne!(v[2].key(), v[6].key());
-        assert_ne!(v[2].key(), v[7].key());
-        assert_ne!(v[2].key(), v[8].key());
+        assert_eq!(v[2].key(), v[12].key());
+        assert_ne!(v[2].key(), v[13].key());
+        for k in 6..12 {
+            assert_ne!(v[2].key(), v[k].key());
+        }
         assert!(!v[3].options.fusion && v[3].options.prefetch && v[3].options.shared_lifecycle);
         assert!(!v[5].options.shared_lifecycle);
         assert!(!v[8].options.tao_admission && v[8].options.fusion);
         assert!(!v[9].options.drain && v[9].options.tao_admission && v[2].options.drain);
         assert!(!v[10].options.outlook && v[10].options.drain && v[2].options.outlook);
+        assert!(!v[11].options.critical_path_rank && v[11].options.outlook && v[2].options.critical_path_rank);
         // The sleep rows run on the substrate that sleeps: never the same simulation as the
         // rows above, and joint's `--no-sleep` differs from joint there.
-        assert!(v[13..].iter().all(|x| x.sleep_substrate && x.kind == VariantKind::Sleep));
-        assert!(v[..13].iter().all(|x| !x.sleep_substrate));
-        assert_ne!(v[2].key(), v[15].key());
-        assert_ne!(v[15].key(), v[16].key());
-        assert!(!v[16].options.sleep);
+        assert!(v[14..].iter().all(|x| x.sleep_substrate && x.kind == VariantKind::Sleep));
+        assert!(v[..14].iter().all(|x| !x.sleep_substrate));
+        assert_ne!(v[2].key(), v[17].key());
+        assert_ne!(v[16].key(), v[17].key());
+        assert!(!v[17].options.sleep);
     }
 
     #[test]

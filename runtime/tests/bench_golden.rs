@@ -69,7 +69,7 @@ fn every_row_completes_and_stays_above_the_lower_bound() {
     let names: Vec<&str> = r.runs.iter().map(|x| x.variant.as_str()).collect();
     assert_eq!(
         names,
-        ["parrot", "kairos", "joint", "no-fusion", "no-prefetch", "per-workflow-lifecycle", "resource-order", "history-admission", "no-tao-admission", "no-drain", "no-outlook", "predictor:oracle"]
+        ["parrot", "kairos", "joint", "no-fusion", "no-prefetch", "per-workflow-lifecycle", "resource-order", "history-admission", "no-tao-admission", "no-drain", "no-outlook", "fifo-rank", "predictor:oracle"]
     );
     let bound = r.lower_bounds.get("burst").expect("burst bound");
     assert!(bound.makespan_s > 0.0 && bound.critical_path_s >= bound.first_load_s);

@@ -186,6 +186,7 @@ fn run(case: &Case) -> Result<(), TestCaseError> {
                     chain_next: u.4 && last_turn(i),
                     envelope: (u.2, u.3),
                     remaining_path_tokens: u.3,
+                    further_round_tokens: 0,
                     prior_context: second(i).then(|| PriorContext { activation: act(i - 1), tokens: 512 }),
                 })
             }

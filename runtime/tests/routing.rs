@@ -118,6 +118,7 @@ fn unit(session: u32, deployment: switchyard_runtime::planner::DeploymentId) -> 
         chain_next: false,
         envelope: (100, 200),
         remaining_path_tokens: 200,
+        further_round_tokens: 0,
         prior_context: None,
     }
 }

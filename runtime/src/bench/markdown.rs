@@ -294,7 +294,9 @@ fn figure7(out: &mut String, report: &BenchReport) {
          ready and near-ready window protects an idle replica from a scale-out (by default, while \
          sessions in flight can still reach a model in their graphs, a scale-out takes neither \
          its last replica nor any replica of it when it is more constrained than the model \
-         scaling out); `predictor:NAME`: the full \
+         scaling out); `fifo-rank`: ready units first come first served within a priority level \
+         (by default the unit whose session has the longest remaining critical path goes first: \
+         expected tokens still to generate, further loop rounds counted); `predictor:NAME`: the full \
          policy planning with that predictor. Δ: change against the full `{OURS}` (positive = worse).\n"
     );
     header(out, "variant", arrivals, &["makespan s", "p95 s", "×LB", "Δ makespan", "Δ p95"]);

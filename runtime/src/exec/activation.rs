@@ -184,6 +184,7 @@ pub fn prepare(
                 chain_next: info[node_index].chain_next.is_some(),
                 envelope: graph_info::chain_envelope(&spec, info, session, node_index, prompt_tokens),
                 remaining_path_tokens: info[node_index].remaining_path_tokens,
+                further_round_tokens: graph_info::further_round_tokens(info, node_index, round),
                 prior_context,
             };
             let prepared = PreparedLlm {

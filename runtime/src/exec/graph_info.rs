@@ -67,12 +67,27 @@ pub struct NodeInfo {
     pub chain: Option<Vec<usize>>,
     pub chain_prev: Option<usize>,
     pub chain_next: Option<usize>,
-    /// Expected generated tokens on the longest path from here to a sink, this node included.
+    /// Expected generated tokens (answers and thinking) on the longest path from here to a sink,
+    /// this node included, with one pass of each loop; [`further_round_tokens`] gives the
+    /// rounds a loop may still run.
     pub remaining_path_tokens: u32,
     /// The deployments a session can still call from this node on (its own, its successors',
     /// and its loop's whole body while another round may run), sorted: the session's outlook.
     pub reachable: Vec<DeploymentId>,
     pub output_limit: u32,
+    /// For a node in a loop's body: the loop's most rounds and the expected generated tokens of
+    /// one whole round (the longest path through the body), so that an activation in round k
+    /// can count the rounds that may still follow ([`further_round_tokens`]).
+    pub loop_rounds: Option<(u32, u32)>,
+}
+
+/// Expected generated tokens of the further rounds an activation of `node` in round `round`
+/// (0-based) may still run after its own: every round up to its loop's `max_rounds`, each at
+/// one whole round's tokens; 0 outside a loop.
+pub fn further_round_tokens(info: &[NodeInfo], node: usize, round: u32) -> u32 {
+    info.get(node)
+        .and_then(|n| n.loop_rounds)
+        .map_or(0, |(max, per_round)| max.saturating_sub(round + 1).saturating_mul(per_round))
 }
 
 /// Per-node facts of a workflow; `deployment_of(name)` maps its deployment names to identities.
@@ -87,7 +102,10 @@ pub fn workflow_info(
     for (i, node) in spec.nodes.iter().enumerate() {
         let (deployment, limit) = match &node.kind {
             NodeKind::Agent(a) => {
-                mean_tokens[i] = a.output_tokens.mean.round().max(0.0) as u32;
+                // Everything the call decodes: its answer and, in thinking mode, the reasoning
+                // before it (dropped from the conversation, but generated all the same).
+                let thinking = a.thinking_tokens.as_ref().map_or(0.0, |t| t.mean);
+                mean_tokens[i] = (a.output_tokens.mean + thinking).round().max(0.0) as u32;
                 // A routed node's deployment is known once its session is bound (the spec is then
                 // the bound copy, `WorkflowSpec::bound_to`); on the workflow as loaded it has none,
                 // so it is neither fused nor forecast near-ready there.
@@ -126,6 +144,18 @@ pub fn workflow_info(
     for &v in spec.topological_order().iter().rev() {
         let tail = spec.successors(v).iter().map(|&s| info[s].remaining_path_tokens).max().unwrap_or(0);
         info[v].remaining_path_tokens = mean_tokens[v].saturating_add(tail);
+    }
+    // One round of each loop: the longest path through its body.
+    for l in &spec.loops {
+        let mut within: BTreeMap<usize, u32> = BTreeMap::new();
+        for &v in spec.topological_order().iter().rev().filter(|v| l.body.contains(v)) {
+            let tail = spec.successors(v).iter().filter_map(|s| within.get(s)).max().copied().unwrap_or(0);
+            within.insert(v, mean_tokens[v].saturating_add(tail));
+        }
+        let per_round = within.values().max().copied().unwrap_or(0);
+        for &b in &l.body {
+            info[b].loop_rounds = Some((l.max_rounds, per_round));
+        }
     }
     // Reachable deployments, in reverse topological order: a loop's body may run again, so a
     // body node reaches every deployment of its loop's body.
@@ -255,4 +285,71 @@ pub fn chain_prev_activation(info: &[NodeInfo], session: &Session, a: Activation
     let prev = info.get(act.node)?.chain_prev?;
     let index = session.activation_for(prev, act.round)?;
     Some(ActivationId { session: a.session, index })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+    use crate::workflow::parse_workflow;
+
+    /// gen (100 + 400 thinking) → [fix (50 + 150 thinking) → check (tool)] × at most 3 rounds
+    /// → report (20).
+    const LOOPED: &str = r#"name: t
+deployments:
+  small: {model: Qwen3-0.6B, max_context: 4096, max_output_tokens: 1024}
+nodes:
+  - id: gen
+    deployment: small
+    responder: generic
+    output_tokens: {mean: 100, cv: 0.3}
+    thinking_tokens: {mean: 400, cv: 0.3}
+    prompt: "Write it"
+  - id: fix
+    deployment: small
+    responder: generic
+    after: [gen]
+    output_tokens: {mean: 50, cv: 0.3}
+    thinking_tokens: {mean: 150, cv: 0.3}
+    prompt: "Fix {{fix | gen}}"
+  - id: check
+    tool: python_tests
+    after: [fix]
+    inputs: {code: "{{fix}}", tests: "assert True"}
+  - id: report
+    deployment: small
+    responder: generic
+    after: [check]
+    output_tokens: {mean: 20, cv: 0.3}
+    prompt: "Report {{check}}"
+loops:
+  - id: again
+    body: [fix, check]
+    continue_when: {node: check, verdict: fail}
+    max_rounds: 3
+"#;
+
+    #[test]
+    fn the_remaining_path_counts_thinking_and_the_rounds_a_loop_may_still_run() {
+        let spec = parse_workflow("t.yaml", LOOPED, Path::new(".")).unwrap_or_else(|e| panic!("{e}"));
+        let info = workflow_info(&spec, |_| Some(DeploymentId(0)));
+        let (write, fix, check, report) = (0, 1, 2, 3);
+        // One pass: thinking and answers are both generated.
+        assert_eq!(info[report].remaining_path_tokens, 20);
+        assert_eq!(info[fix].remaining_path_tokens, 200 + 20);
+        assert_eq!(info[write].remaining_path_tokens, 500 + 200 + 20);
+        assert_eq!(info[fix].loop_rounds, Some((3, 200)));
+        assert_eq!(info[check].loop_rounds, Some((3, 200)));
+        assert_eq!(info[write].loop_rounds, None);
+        // In round k (0-based) of three, 2 − k further rounds of 200 tokens may follow.
+        assert_eq!(further_round_tokens(&info, fix, 0), 2 * 200);
+        assert_eq!(further_round_tokens(&info, fix, 1), 200);
+        assert_eq!(further_round_tokens(&info, fix, 2), 0);
+        assert_eq!(further_round_tokens(&info, check, 0), 2 * 200);
+        // Outside the loop nothing is added; past the last round nothing either.
+        assert_eq!(further_round_tokens(&info, write, 0), 0);
+        assert_eq!(further_round_tokens(&info, fix, 7), 0);
+        assert_eq!(further_round_tokens(&info, 99, 0), 0);
+    }
 }

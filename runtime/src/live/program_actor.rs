@@ -229,6 +229,7 @@ impl ProgramState {
             chain_next: false,
             envelope: (prompt_tokens, max),
             remaining_path_tokens: max,
+            further_round_tokens: 0,
             prior_context: self.last_prompt.as_ref().map(|(a, prev)| PriorContext {
                 activation: *a,
                 tokens: exec::whole_blocks(exec::common_prefix(&ids, prev)),

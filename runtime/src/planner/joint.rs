@@ -4,7 +4,8 @@
 //! units N_t — and the snapshot S_t, and builds the next executable prefix of a plan:
 //!
 //! 1. **RankReady**: ready units by priority-and-aging level k(u) (fused-chain continuations,
-//!    then units waiting longer than the aging quantum, then the rest), FIFO within a level.
+//!    then units waiting longer than the aging quantum, then the rest); within a level the
+//!    longest remaining critical path of the unit's session first, then FIFO.
 //! 2. **BestFeasibleBinding on the timeline** ([`super::timeline`], Propagate: Eq. 7, 10, 11):
 //!    every replica is a lane seeded with the reservations of its admitted units until their
 //!    predicted finish; each unit, in ranked order, is placed on the lane of its deployment where
@@ -104,6 +105,15 @@ pub struct JointOptions {
     /// the victims' reloads into the scale-out's gain, was measured and not kept: both cost
     /// 5–9 % makespan under Poisson 0.15.)
     pub outlook: bool,
+    /// RankReady's order within a priority-and-aging level: the unit whose session has the
+    /// longest remaining critical path first — [`WorkItem::remaining_path_tokens`] plus
+    /// [`WorkItem::further_round_tokens`], the expected tokens (answers and thinking) still to
+    /// generate on the longest path to the workflow's end, counting every round a loop may
+    /// still run (an upper bound) — then first come first served. Paper
+    /// 003 leaves the priority map k_t open; this is the classic list-scheduling priority for
+    /// makespan (highest level first). Off (`--fifo-rank`): first come first served within a
+    /// level.
+    pub critical_path_rank: bool,
 }
 
 impl Default for JointOptions {
@@ -118,6 +128,7 @@ impl Default for JointOptions {
             tao_admission: true,
             drain: true,
             outlook: true,
+            critical_path_rank: true,
         }
     }
 }
@@ -462,6 +473,7 @@ impl Joint {
             chain_next: false,
             envelope: (n.prompt_bound, n.max_output_tokens),
             remaining_path_tokens: 0,
+            further_round_tokens: 0,
             prior_context: None,
         };
         self.need_of(state, &w, release)
@@ -973,7 +985,17 @@ impl Policy for Joint {
         // 1. RankReady.
         let mut ranked: Vec<(u8, f64, WorkItem)> =
             state.queue().iter().map(|w| (self.level(state, w, now), w.ready_at, w.clone())).collect();
-        ranked.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.total_cmp(&b.1)).then(a.2.activation.cmp(&b.2.activation)));
+        // Within a level, the longest remaining critical path first (when `critical_path_rank`),
+        // then first come first served.
+        let critical = self.opts.critical_path_rank;
+        let path =
+            |w: &WorkItem| if critical { w.remaining_path_tokens.saturating_add(w.further_round_tokens) } else { 0 };
+        ranked.sort_by(|a, b| {
+            a.0.cmp(&b.0)
+                .then(path(&b.2).cmp(&path(&a.2)))
+                .then(a.1.total_cmp(&b.1))
+                .then(a.2.activation.cmp(&b.2.activation))
+        });
 
         // 2. BestFeasibleBinding per unit on the timeline (Eq. 7, 10, 11): the lane of its
         // deployment where it finishes earliest. Units that start now on an awake replica are
@@ -1423,6 +1445,7 @@ mod tests {
             chain_next: false,
             envelope: (500, 200),
             remaining_path_tokens: 200,
+            further_round_tokens: 0,
             prior_context: None,
         }
     }
@@ -1856,6 +1879,28 @@ mod tests {
                 _ => None,
             })
             .collect()
+    }
+
+    #[test]
+    fn the_session_with_the_longest_remaining_path_goes_first_within_a_level() {
+        // Forty long 8B units of short sessions are queued at t = 0, then one of a session with
+        // far more work ahead (e.g. a repair loop with rounds to go) at t = 1. The replica's KV
+        // holds far fewer than forty; once it has loaded, all are aged alike, and the critical
+        // path rank admits the late unit with the first; first come first served leaves it
+        // queued behind the earlier ones.
+        for critical in [true, false] {
+            let mut p = planner(&["A100-40GB"], JointOptions { critical_path_rank: critical, ..Default::default() });
+            p.handle_all((0..40).map(|s| Event::UnitReady(long_unit(s, 0))).collect(), 0.0).unwrap();
+            let late = WorkItem { ready_at: 1.0, further_round_tokens: 50_000, ..long_unit(99, 0) };
+            p.handle(Event::UnitReady(late.clone()), 1.0).unwrap();
+            let cmds = dispatches(&p.handle(Event::ReplicaLoaded { replica: ReplicaId(0) }, 60.0).unwrap());
+            assert!(!cmds.is_empty() && cmds.len() < 40, "{cmds:?}");
+            let admitted = cmds.iter().any(|c| c.0 == late.activation);
+            assert_eq!(admitted, critical, "critical path rank {critical}: {cmds:?}");
+            // Among the others the order stays first come first served.
+            let first: Vec<u32> = cmds.iter().filter(|c| c.0 != late.activation).map(|c| c.0.session.0).collect();
+            assert_eq!(first, (0..first.len() as u32).collect::<Vec<_>>(), "{cmds:?}");
+        }
     }
 
     #[test]

@@ -6,9 +6,11 @@
 //! `framework/balancer/`: `balancer.py`, `memory_predictor.py`):
 //!
 //! - **Workflow-aware priority.** Ready units are served shortest remaining workflow first:
-//!   ascending [`WorkItem::remaining_path_tokens`], the expected generation work on the longest
-//!   path from the unit's node to the end of its workflow (the node included), across all
-//!   workflows; ties first-come first-served (ready time, then activation id).
+//!   ascending [`WorkItem::remaining_path_tokens`], the expected generation work (answers and
+//!   thinking) on the longest path from the unit's node to the end of its workflow (the node
+//!   included, one pass of a loop: Kairos's profiles give an expected remaining latency, not
+//!   the worst case of every round a loop may still run), across all workflows; ties
+//!   first-come first-served (ready time, then activation id).
 //! - **Memory-aware dispatch across instances.** For the unit at the head of its deployment's
 //!   queue, every awake replica of the deployment with a free batch slot (B_q) is a candidate
 //!   when its reserved KV plus the unit's fits its KV capacity; the unit goes to the candidate
@@ -190,6 +192,7 @@ mod tests {
             chain_next: false,
             envelope,
             remaining_path_tokens: path,
+            further_round_tokens: 0,
             prior_context: None,
         }
     }

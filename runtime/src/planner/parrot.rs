@@ -105,6 +105,7 @@ mod tests {
             chain_next: false,
             envelope: (10, 10),
             remaining_path_tokens: 10,
+            further_round_tokens: 0,
             prior_context: None,
         })
     }

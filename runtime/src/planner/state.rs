@@ -190,10 +190,14 @@ pub struct WorkItem {
     /// Admission envelope of the rest of the chain from this activation on (Eq. 4):
     /// (I_adm, O_adm) in tokens; equals (prompt, max output) for an unfused unit.
     pub envelope: (u32, u32),
-    /// Expected generation work (tokens) on the longest path from this node to the end of
-    /// its workflow, this node included: the remaining critical path, for workflow-aware
-    /// priorities.
+    /// Expected generation work (tokens, answers and thinking) on the longest path from this
+    /// node to the end of its workflow, this node included, with one pass of each loop: the
+    /// remaining critical path, for workflow-aware priorities.
     pub remaining_path_tokens: u32,
+    /// The expected generation work of the further rounds this activation's loop may still run
+    /// after the current one (at most `max_rounds`; 0 outside a loop): what an upper bound on
+    /// the remaining path adds to [`Self::remaining_path_tokens`].
+    pub further_round_tokens: u32,
     /// The earlier call of its session whose context this prompt starts with, if any (an
     /// agent's previous turn, a program's previous call): its cache credit.
     pub prior_context: Option<PriorContext>,
@@ -957,6 +961,7 @@ mod tests {
             chain_next: false,
             envelope: (100, 100),
             remaining_path_tokens: 100,
+            further_round_tokens: 0,
             prior_context: None,
         }
     }

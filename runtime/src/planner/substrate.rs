@@ -253,6 +253,7 @@ mod tests {
             chain_next: false,
             envelope: (100, 100),
             remaining_path_tokens: 100,
+            further_round_tokens: 0,
             prior_context: None,
         }
     }

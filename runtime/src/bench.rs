@@ -828,7 +828,7 @@ mod tests {
         // rows above, and joint's `--no-sleep` differs from joint there.
         assert!(v[14..].iter().all(|x| x.sleep_substrate && x.kind == VariantKind::Sleep));
         assert!(v[..14].iter().all(|x| !x.sleep_substrate));
-        assert_ne!(v[2].key(), v[17].key());
+        assert_ne!(v[2].key(), v[16].key());
         assert_ne!(v[16].key(), v[17].key());
         assert!(!v[17].options.sleep);
     }

@@ -79,15 +79,21 @@ pub struct NodeInfo {
     /// one whole round (the longest path through the body), so that an activation in round k
     /// can count the rounds that may still follow ([`further_round_tokens`]).
     pub loop_rounds: Option<(u32, u32)>,
+    /// The longest path from here in the worst case of the loops ahead: like
+    /// `remaining_path_tokens`, but a loop entered from outside its body runs all its rounds
+    /// (this node's own loop counts its current round only).
+    pub worst_path_tokens: u32,
 }
 
-/// Expected generated tokens of the further rounds an activation of `node` in round `round`
-/// (0-based) may still run after its own: every round up to its loop's `max_rounds`, each at
-/// one whole round's tokens; 0 outside a loop.
+/// What the worst case of the loops adds to the one-pass remaining path of an activation of
+/// `node` in round `round` (0-based): every round its own loop may still run after this one,
+/// and every further round of the loops its path enters later; 0 where no loop lies ahead.
 pub fn further_round_tokens(info: &[NodeInfo], node: usize, round: u32) -> u32 {
-    info.get(node)
-        .and_then(|n| n.loop_rounds)
-        .map_or(0, |(max, per_round)| max.saturating_sub(round + 1).saturating_mul(per_round))
+    let Some(n) = info.get(node) else { return 0 };
+    let own = n
+        .loop_rounds
+        .map_or(0, |(max, per_round)| max.saturating_sub(round.saturating_add(1)).saturating_mul(per_round));
+    n.worst_path_tokens.saturating_sub(n.remaining_path_tokens).saturating_add(own)
 }
 
 /// Per-node facts of a workflow; `deployment_of(name)` maps its deployment names to identities.
@@ -103,9 +109,11 @@ pub fn workflow_info(
         let (deployment, limit) = match &node.kind {
             NodeKind::Agent(a) => {
                 // Everything the call decodes: its answer and, in thinking mode, the reasoning
-                // before it (dropped from the conversation, but generated all the same).
+                // before it (dropped from the conversation, but generated all the same), at
+                // most the output limit that caps both.
                 let thinking = a.thinking_tokens.as_ref().map_or(0.0, |t| t.mean);
-                mean_tokens[i] = (a.output_tokens.mean + thinking).round().max(0.0) as u32;
+                let mean = (a.output_tokens.mean + thinking).round().max(0.0) as u32;
+                mean_tokens[i] = mean.min(a.max_output_tokens);
                 // A routed node's deployment is known once its session is bound (the spec is then
                 // the bound copy, `WorkflowSpec::bound_to`); on the workflow as loaded it has none,
                 // so it is neither fused nor forecast near-ready there.
@@ -146,7 +154,8 @@ pub fn workflow_info(
         info[v].remaining_path_tokens = mean_tokens[v].saturating_add(tail);
     }
     // One round of each loop: the longest path through its body.
-    for l in &spec.loops {
+    let mut entry_extra = vec![(usize::MAX, 0u32); n]; // (loop, what its further rounds add)
+    for (k, l) in spec.loops.iter().enumerate() {
         let mut within: BTreeMap<usize, u32> = BTreeMap::new();
         for &v in spec.topological_order().iter().rev().filter(|v| l.body.contains(v)) {
             let tail = spec.successors(v).iter().filter_map(|s| within.get(s)).max().copied().unwrap_or(0);
@@ -156,6 +165,25 @@ pub fn workflow_info(
         for &b in &l.body {
             info[b].loop_rounds = Some((l.max_rounds, per_round));
         }
+        for &e in &l.entries {
+            entry_extra[e] = (k, l.max_rounds.saturating_sub(1).saturating_mul(per_round));
+        }
+    }
+    // The worst case of the loops ahead: entering a loop from outside its body adds its further
+    // rounds.
+    for &v in spec.topological_order().iter().rev() {
+        let own_loop = spec.nodes[v].loop_index;
+        let tail = spec
+            .successors(v)
+            .iter()
+            .map(|&s| {
+                let (k, extra) = entry_extra[s];
+                let entering = k != usize::MAX && own_loop != Some(k);
+                info[s].worst_path_tokens.saturating_add(if entering { extra } else { 0 })
+            })
+            .max()
+            .unwrap_or(0);
+        info[v].worst_path_tokens = mean_tokens[v].saturating_add(tail);
     }
     // Reachable deployments, in reverse topological order: a loop's body may run again, so a
     // body node reaches every deployment of its loop's body.
@@ -294,13 +322,13 @@ mod tests {
     use super::*;
     use crate::workflow::parse_workflow;
 
-    /// gen (100 + 400 thinking) → [fix (50 + 150 thinking) → check (tool)] × at most 3 rounds
-    /// → report (20).
+    /// write (100 + 400 thinking) → [fix (50 + 150 thinking) → check (tool)] × at most 3 rounds
+    /// → report (100 + 1,000 thinking, capped by its 1,024-token limit).
     const LOOPED: &str = r#"name: t
 deployments:
   small: {model: Qwen3-0.6B, max_context: 4096, max_output_tokens: 1024}
 nodes:
-  - id: gen
+  - id: write
     deployment: small
     responder: generic
     output_tokens: {mean: 100, cv: 0.3}
@@ -309,10 +337,10 @@ nodes:
   - id: fix
     deployment: small
     responder: generic
-    after: [gen]
+    after: [write]
     output_tokens: {mean: 50, cv: 0.3}
     thinking_tokens: {mean: 150, cv: 0.3}
-    prompt: "Fix {{fix | gen}}"
+    prompt: "Fix {{fix | write}}"
   - id: check
     tool: python_tests
     after: [fix]
@@ -321,7 +349,8 @@ nodes:
     deployment: small
     responder: generic
     after: [check]
-    output_tokens: {mean: 20, cv: 0.3}
+    output_tokens: {mean: 100, cv: 0.3}
+    thinking_tokens: {mean: 1000, cv: 0.3}
     prompt: "Report {{check}}"
 loops:
   - id: again
@@ -335,10 +364,10 @@ loops:
         let spec = parse_workflow("t.yaml", LOOPED, Path::new(".")).unwrap_or_else(|e| panic!("{e}"));
         let info = workflow_info(&spec, |_| Some(DeploymentId(0)));
         let (write, fix, check, report) = (0, 1, 2, 3);
-        // One pass: thinking and answers are both generated.
-        assert_eq!(info[report].remaining_path_tokens, 20);
-        assert_eq!(info[fix].remaining_path_tokens, 200 + 20);
-        assert_eq!(info[write].remaining_path_tokens, 500 + 200 + 20);
+        // One pass: thinking and answers are both generated, at most the output limit.
+        assert_eq!(info[report].remaining_path_tokens, 1024);
+        assert_eq!(info[fix].remaining_path_tokens, 200 + 1024);
+        assert_eq!(info[write].remaining_path_tokens, 500 + 200 + 1024);
         assert_eq!(info[fix].loop_rounds, Some((3, 200)));
         assert_eq!(info[check].loop_rounds, Some((3, 200)));
         assert_eq!(info[write].loop_rounds, None);
@@ -347,9 +376,17 @@ loops:
         assert_eq!(further_round_tokens(&info, fix, 1), 200);
         assert_eq!(further_round_tokens(&info, fix, 2), 0);
         assert_eq!(further_round_tokens(&info, check, 0), 2 * 200);
-        // Outside the loop nothing is added; past the last round nothing either.
-        assert_eq!(further_round_tokens(&info, write, 0), 0);
         assert_eq!(further_round_tokens(&info, fix, 7), 0);
+        assert_eq!(further_round_tokens(&info, fix, u32::MAX), 0);
+        // Before the loop, its path may run all three rounds: never less than what its
+        // successor in the loop's first round counts.
+        assert_eq!(further_round_tokens(&info, write, 0), 2 * 200);
+        assert_eq!(
+            info[write].remaining_path_tokens + further_round_tokens(&info, write, 0),
+            500 + info[fix].remaining_path_tokens + further_round_tokens(&info, fix, 0)
+        );
+        // After the loop nothing is added.
+        assert_eq!(further_round_tokens(&info, report, 0), 0);
         assert_eq!(further_round_tokens(&info, 99, 0), 0);
     }
 }

@@ -194,9 +194,10 @@ pub struct WorkItem {
     /// node to the end of its workflow, this node included, with one pass of each loop: the
     /// remaining critical path, for workflow-aware priorities.
     pub remaining_path_tokens: u32,
-    /// The expected generation work of the further rounds this activation's loop may still run
-    /// after the current one (at most `max_rounds`; 0 outside a loop): what an upper bound on
-    /// the remaining path adds to [`Self::remaining_path_tokens`].
+    /// What the worst case of the loops adds to [`Self::remaining_path_tokens`]: the expected
+    /// generation work of every round this activation's loop may still run after the current
+    /// one, and of every further round of the loops its path enters later (0 where no loop
+    /// lies ahead): the remaining path's upper bound less its one-pass value.
     pub further_round_tokens: u32,
     /// The earlier call of its session whose context this prompt starts with, if any (an
     /// agent's previous turn, a program's previous call): its cache credit.

@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use switchyard_runtime::exec::{Arrival, PoolSpec, RunConfig};
-use switchyard_runtime::planner::{Event, JointOptions};
+use switchyard_runtime::exec::{PoolSpec, RunConfig};
+use switchyard_runtime::planner::Event;
 use switchyard_runtime::sim::{self, Flow, SimOptions};
 use switchyard_runtime::workflow::load_workflow;
 
@@ -21,23 +21,13 @@ fn a_repair_loops_units_count_the_rounds_still_to_come() {
     let diagnose = mbpp.nodes.iter().position(|n| n.id == "diagnose").expect("a diagnose node") as u32;
     let generate = mbpp.nodes.iter().position(|n| n.id == "generate").expect("a generate node") as u32;
     let max_rounds = mbpp.loops[0].max_rounds;
+    let pool = PoolSpec::load(&repo().join("workflows/pools/paper.yaml")).expect("pool");
     let cfg = RunConfig {
-        workflows: vec![mbpp],
         sessions: 40,
-        arrival: Arrival::Burst,
-        seed: 42,
-        noise_seed: 0,
-        pool: PoolSpec::load(&repo().join("workflows/pools/paper.yaml")).expect("pool"),
-        policy: "joint".into(),
-        options: JointOptions::default(),
         predictor: "formula".into(),
         tool_workers: 1,
-        max_num_seqs: 256,
-        substrate: Default::default(),
-        session_counts: Vec::new(),
-        workflow_arrivals: Vec::new(),
         handoff_s: switchyard_runtime::exec::FRAMEWORK_HANDOFF_S,
-        routing: Default::default(),
+        ..RunConfig::served(vec![mbpp], pool)
     };
     let opts = SimOptions { keep_trace: false, keep_calls: false, record_planner: true };
     let out = sim::simulate_opts(&cfg, opts, &mut |_| Flow::Continue).expect("the simulation runs");

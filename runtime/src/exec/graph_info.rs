@@ -154,7 +154,8 @@ pub fn workflow_info(
         info[v].remaining_path_tokens = mean_tokens[v].saturating_add(tail);
     }
     // One round of each loop: the longest path through its body.
-    let mut entry_extra = vec![(usize::MAX, 0u32); n]; // (loop, what its further rounds add)
+    // Per loop entry: its loop and what the loop's further rounds add to a path entering it.
+    let mut entry_extra: Vec<Option<(usize, u32)>> = vec![None; n];
     for (k, l) in spec.loops.iter().enumerate() {
         let mut within: BTreeMap<usize, u32> = BTreeMap::new();
         for &v in spec.topological_order().iter().rev().filter(|v| l.body.contains(v)) {
@@ -166,7 +167,7 @@ pub fn workflow_info(
             info[b].loop_rounds = Some((l.max_rounds, per_round));
         }
         for &e in &l.entries {
-            entry_extra[e] = (k, l.max_rounds.saturating_sub(1).saturating_mul(per_round));
+            entry_extra[e] = Some((k, l.max_rounds.saturating_sub(1).saturating_mul(per_round)));
         }
     }
     // The worst case of the loops ahead: entering a loop from outside its body adds its further
@@ -177,9 +178,8 @@ pub fn workflow_info(
             .successors(v)
             .iter()
             .map(|&s| {
-                let (k, extra) = entry_extra[s];
-                let entering = k != usize::MAX && own_loop != Some(k);
-                info[s].worst_path_tokens.saturating_add(if entering { extra } else { 0 })
+                let entering = entry_extra[s].filter(|&(k, _)| own_loop != Some(k)).map_or(0, |(_, extra)| extra);
+                info[s].worst_path_tokens.saturating_add(entering)
             })
             .max()
             .unwrap_or(0);

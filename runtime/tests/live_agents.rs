@@ -280,6 +280,9 @@ impl Engine for FakeEngine {
         Box::pin(async move {
             tokio::time::sleep(self.latency).await;
             if self.calls.fetch_add(1, Ordering::SeqCst) < self.fail_first {
+                // The attempt fails mid-answer: its prompt was computed, three tokens streamed.
+                request.meter.first_token();
+                request.meter.add_output(3);
                 return Err(self.fail_with.clone());
             }
             Ok(Completion {
@@ -326,6 +329,7 @@ async fn every_scheduler_pauses_resumes_and_completes_each_session_once() {
             let expected: Vec<u32> = (0..s.turns.len()).map(|k| s.prompt_tokens(k)).collect();
             assert_eq!(prompts, expected, "{scheduler:?}: {}", o.id);
         }
+        assert!(r.wasted.is_empty(), "{scheduler:?}: {:?}", r.wasted);
         if scheduler == SchedulerKind::Tao {
             assert!(r.peak_admitted_tokens.iter().all(|&p| p + 128 <= KV_TOKENS), "{r:?}");
         }
@@ -342,6 +346,9 @@ async fn retryable_errors_are_retried_and_counted_and_others_fail_the_run_with_t
     ]);
     let r = run_agents_live(&trace, &pool, &fake_config(SchedulerKind::RoundRobin)).await.unwrap();
     assert_eq!(r.retries, 2);
+    // What the two failed attempts had cost is reported as wasted, from the call meter.
+    assert_eq!((r.wasted.attempts, r.wasted.output_tokens), (2, 6));
+    assert!(r.wasted.prompt_tokens > 0, "{:?}", r.wasted);
     assert_eq!(r.requests, trace.turns() as u64);
     assert!(r.outcomes.iter().all(|o| o.completions == 1));
     // A rejected request is not retried: the run fails with the engine's error, at once.

@@ -54,6 +54,7 @@ use crate::planner::admission::{
     CacheAware, CacheObservation, DynamoRouter, PoolSession, ReplicaLoad, RoundRobin, RouteRequest, SchedulerKind,
     THUNDER_PERIOD_S, TaoOptions, ThunderAgent, admission_weight, residual_capacities, tao_plan,
 };
+use crate::report::WastedWork;
 use crate::planner::tao::{self, Assignment, LiveSession, LiveState, Plan, TaoError, ToolCall, ToolHistory};
 
 /// Engine block size (vLLM's default): a router's estimate of a request's KV blocks.
@@ -222,6 +223,9 @@ pub struct LiveAgentReport {
     /// plan keeps on the same replica counts once).
     pub holds: u64,
     pub retries: u64,
+    /// What the retried attempts had cost the engines before they failed (from each request's
+    /// call meter: attempts whose first token had come, their prompts and streamed output).
+    pub wasted: WastedWork,
     pub wall_s: f64,
     /// Trace seconds from the start to the last token.
     pub makespan_s: f64,
@@ -322,6 +326,8 @@ struct ReplicaState {
 struct Answer {
     result: Result<Completion, EngineError>,
     attempts: u32,
+    /// What its failed attempts had cost.
+    wasted: WastedWork,
 }
 
 enum Event {
@@ -371,6 +377,7 @@ struct Shell<'a> {
     resumes: u64,
     holds: u64,
     retries: u64,
+    wasted: WastedWork,
     requests: u64,
     prompt_tokens: u64,
     cached_tokens: u64,
@@ -491,6 +498,7 @@ pub async fn run_agents_live(
         resumes: 0,
         holds: 0,
         retries: 0,
+        wasted: WastedWork::default(),
         requests: 0,
         prompt_tokens: 0,
         cached_tokens: 0,
@@ -510,9 +518,15 @@ pub async fn run_agents_live(
 /// server's `Retry-After`).
 async fn call_engine(engine: Arc<dyn Engine>, request: LlmRequest, retries: u32) -> Answer {
     let mut attempts = 0;
+    let mut wasted = WastedWork::default();
     loop {
         attempts += 1;
         let result = engine.submit(request.clone()).await;
+        // The attempt's cost as far as its answer showed; counted only if it failed.
+        let cost = request.meter.take();
+        if result.is_err() {
+            wasted.add_attempt(cost.prefilled, request.prompt_tokens, cost.output_tokens);
+        }
         match result {
             Err(e) if e.retryable() && attempts <= retries => {
                 let backoff = match &e {
@@ -522,7 +536,7 @@ async fn call_engine(engine: Arc<dyn Engine>, request: LlmRequest, retries: u32)
                 tracing::debug!(request = request.id, error = %e, attempts, "agent turn retried");
                 tokio::time::sleep(backoff).await;
             }
-            result => return Answer { result, attempts },
+            result => return Answer { result, attempts, wasted },
         }
     }
 }
@@ -779,6 +793,7 @@ impl Shell<'_> {
         r.requests = r.requests.saturating_sub(1);
         r.active_blocks = r.active_blocks.saturating_sub(blocks);
         self.retries += u64::from(answer.attempts.saturating_sub(1));
+        self.wasted.add(&answer.wasted);
         let turn = st.turn;
         let c = answer.result.map_err(|source| LiveAgentError::Engine {
             session: self.trace.sessions[i].id.clone(),
@@ -1047,6 +1062,7 @@ impl Shell<'_> {
             resumes: self.resumes,
             holds: self.holds,
             retries: self.retries,
+            wasted: self.wasted,
             wall_s: self.start.elapsed().as_secs_f64(),
             makespan_s: self.last_end,
             mean_latency_s: mean(&latencies),

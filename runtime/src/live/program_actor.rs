@@ -132,6 +132,8 @@ pub struct ProgramState {
     /// The latest call's activation and prompt tokens: the next call's prompt usually starts
     /// with them (a conversation grows), which is its cache credit on the replica that ran it.
     last_prompt: Option<(ActivationId, Arc<[u32]>)>,
+    /// Output tokens of the program's answered calls: (sum, count), for the next call's rank.
+    answered: (u64, u32),
 }
 
 /// The predicted length of a program's first tool gap, before any was seen (TAO's default
@@ -141,6 +143,19 @@ pub const DEFAULT_GAP_S: f64 = 5.0;
 /// Tokens a hinted next call's prompt may add to the previous prompt and answer (a tool's
 /// observation, the next instruction) in its near-ready prompt bound.
 pub const NEXT_PROMPT_SLACK: u32 = 512;
+
+/// What the planner's rank takes as a front-door call's remaining path: the program's mean
+/// answer so far, at most this call's limit; 0 (unknown: first come first served within its
+/// level) for a program's first call. A program's remaining work is unknown to the front door,
+/// and the client's `max_tokens` must not be it: a client would move its calls ahead (joint
+/// ranks the longest remaining path first) or behind (Kairos, the shortest) by asking for a
+/// larger limit.
+fn expected_answer_tokens((sum, count): (u64, u32), max: u32) -> u32 {
+    if count == 0 {
+        return 0;
+    }
+    u32::try_from(sum / u64::from(count)).unwrap_or(u32::MAX).min(max)
+}
 
 /// Tool gaps take activation indices from here up (calls count from 0).
 const GAP_INDEX_BASE: u32 = 1 << 31;
@@ -161,6 +176,7 @@ impl Actor for ProgramActor {
             gap: None,
             gaps: Vec::new(),
             last_prompt: None,
+            answered: (0, 0),
         })
     }
 
@@ -228,7 +244,7 @@ impl ProgramState {
             chain_prev: None,
             chain_next: false,
             envelope: (prompt_tokens, max),
-            remaining_path_tokens: max,
+            remaining_path_tokens: expected_answer_tokens(self.answered, max),
             further_round_tokens: 0,
             prior_context: self.last_prompt.as_ref().map(|(a, prev)| PriorContext {
                 activation: *a,
@@ -285,6 +301,7 @@ impl ProgramState {
             engine_s: completion.latency_s,
         });
         let output_tokens = completion.output_tokens;
+        self.answered = (self.answered.0 + u64::from(output_tokens), self.answered.1.saturating_add(1));
         let _ = w.reply.send(Ok(completion));
         if w.done_after {
             self.end(myself, None);
@@ -388,5 +405,21 @@ impl ProgramState {
         };
         let _ = self.args.planner.send_message(PlannerMsg::SessionEnded(Box::new(report)));
         myself.stop(None);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::expected_answer_tokens;
+
+    #[test]
+    fn a_calls_rank_follows_the_programs_answers_not_the_clients_limit() {
+        // First calls rank alike whatever limit the client asks for.
+        assert_eq!(expected_answer_tokens((0, 0), 512), expected_answer_tokens((0, 0), 32_768));
+        // Then the program's mean answer, whatever the limit above it.
+        assert_eq!(expected_answer_tokens((900, 3), 512), 300);
+        assert_eq!(expected_answer_tokens((900, 3), 32_768), 300);
+        // At most this call's limit.
+        assert_eq!(expected_answer_tokens((9_000, 3), 1_000), 1_000);
     }
 }

@@ -36,19 +36,7 @@ fn build(policy: &str, sessions: u32, gpus: u32) -> (Planner, ActivationId, Repl
     let deployments: Vec<DeploymentInfo> = models
         .iter()
         .enumerate()
-        .map(|(i, name)| {
-            let m = spec::model(name).unwrap();
-            DeploymentInfo {
-                id: DeploymentId(i as u32),
-                model: m.name.clone(),
-                dtype: Dtype::Fp16,
-                max_model_len: 8192,
-                gpu_memory_utilization: 0.9,
-                weight_bytes: m.param_bytes(Dtype::Fp16),
-                kv_bytes_per_token: m.kv_bytes_per_token(Dtype::Fp16),
-                max_num_seqs: 256,
-            }
-        })
+        .map(|(i, name)| DeploymentInfo::of_model(DeploymentId(i as u32), &spec::model(name).unwrap(), Dtype::Fp16, 8192, 256))
         .collect();
     let p = policy_by_name(policy, JointOptions::default(), Box::new(Analytic), Default::default()).unwrap();
     let mut planner = Planner::new(devices, deployments, p);

@@ -86,19 +86,7 @@ fn run(case: &Case) -> Result<(), TestCaseError> {
     let deployments: Vec<DeploymentInfo> = MODELS
         .iter()
         .enumerate()
-        .map(|(i, name)| {
-            let m = spec::model(name).unwrap();
-            DeploymentInfo {
-                id: DeploymentId(i as u32),
-                model: m.name.clone(),
-                dtype: Dtype::Fp16,
-                max_model_len: 4096,
-                gpu_memory_utilization: 0.9,
-                weight_bytes: m.param_bytes(Dtype::Fp16),
-                kv_bytes_per_token: m.kv_bytes_per_token(Dtype::Fp16),
-                max_num_seqs: 8,
-            }
-        })
+        .map(|(i, name)| DeploymentInfo::of_model(DeploymentId(i as u32), &spec::model(name).unwrap(), Dtype::Fp16, 4096, 8))
         .collect();
     let fits: Vec<bool> = deployments.iter().map(|d| devices.iter().any(|g| d.fits(g))).collect();
     let (fusion, prefetch, shared) = case.options;

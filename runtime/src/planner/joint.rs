@@ -1425,19 +1425,7 @@ mod tests {
         let deployments = ["Qwen3-4B", "Qwen3-8B", "Qwen3-1.7B", "Qwen3-14B"]
             .iter()
             .enumerate()
-            .map(|(i, name)| {
-                let m = spec::model(name).unwrap();
-                DeploymentInfo {
-                    id: DeploymentId(i as u32),
-                    model: m.name.clone(),
-                    dtype: Dtype::Fp16,
-                    max_model_len: 8192,
-                    gpu_memory_utilization: 0.9,
-                    weight_bytes: m.param_bytes(Dtype::Fp16),
-                    kv_bytes_per_token: m.kv_bytes_per_token(Dtype::Fp16),
-                    max_num_seqs: 64,
-                }
-            })
+            .map(|(i, name)| DeploymentInfo::of_model(DeploymentId(i as u32), &spec::model(name).unwrap(), Dtype::Fp16, 8192, 64))
             .collect();
         Planner::new(devices, deployments, Box::new(Joint::new(opts, est)))
     }

@@ -67,7 +67,7 @@ pub fn run_live_interruptible(
     // Engines a killed earlier run left behind (the registry's sweep, done by `PoolEngines::new`).
     for n in engines.sweep_notes() {
         match &options.on_note {
-            Some(sink) => sink(&n),
+            Some(sink) => sink(n),
             None => eprintln!("note: {n}"),
         }
     }

@@ -1564,10 +1564,10 @@ mod tests {
         let (mut next, mut next_obs) = (0, 0);
         let mut finishes = 0u64;
         let extend = |r: &mut EmulatedReplica| {
-            if let Some(max) = plan {
-                if let Some(end) = r.extend_decode_run(max) {
-                    assert_eq!(r.iteration_end(), Some(end));
-                }
+            if let Some(max) = plan
+                && let Some(end) = r.extend_decode_run(max)
+            {
+                assert_eq!(r.iteration_end(), Some(end));
             }
         };
         loop {

@@ -286,7 +286,7 @@ pub fn generate_with_steps(workload: AgentWorkload, sessions: usize, seed: u64, 
 }
 
 /// Keys the streams of the calls a model needs beyond [`generate`]'s.
-const STEPS_STREAM: u64 = 0x5e9_5_7e95;
+const STEPS_STREAM: u64 = 0x5e95_7e95;
 
 #[cfg(test)]
 mod tests {

@@ -481,7 +481,7 @@ pub fn run_programs_bench(
         pools.push(cal);
         for &c in &cfg.concurrency {
             for system in SYSTEMS {
-                admission.push(ctx.cell(system, c, &Setting::system(system, cap), &traces, &mut progress)?);
+                admission.push(ctx.cell(system, c, &Setting::system(system, cap), traces, &mut progress)?);
             }
         }
         if k > 0 {
@@ -492,20 +492,20 @@ pub fn run_programs_bench(
         for &c in &cfg.feedback_concurrency {
             for mode in [Feedback::Delayed, Feedback::BatchSynchronous, Feedback::Independent] {
                 let s = Setting { feedback: mode, ..Setting::system("thunderagent", cap) };
-                feedback.push(ctx.cell(mode.name(), c, &s, &traces, &mut progress)?);
+                feedback.push(ctx.cell(mode.name(), c, &s, traces, &mut progress)?);
             }
         }
         let c = cfg.calibration_concurrency;
         for &beta in &cfg.betas {
             let s = Setting { beta, ..Setting::system("oracle", cap) };
-            beta_sweep.push(ctx.cell("oracle", c, &s, &traces, &mut progress)?);
+            beta_sweep.push(ctx.cell("oracle", c, &s, traces, &mut progress)?);
         }
         let s = Setting { feedback: Feedback::Independent, ..Setting::system("thunderagent", cap) };
-        beta_sweep.push(ctx.cell("independent", c, &s, &traces, &mut progress)?);
+        beta_sweep.push(ctx.cell("independent", c, &s, traces, &mut progress)?);
         // The verifier: the task's harness, or an LLM judge on either model (its calls run on
         // the pool beside the programs').
         let c = cfg.verifier_concurrency;
-        verifiers.push(ctx.cell("harness", c, &Setting::system("oracle", cap), &traces, &mut progress)?);
+        verifiers.push(ctx.cell("harness", c, &Setting::system("oracle", cap), traces, &mut progress)?);
         for model in [SMALLER, LARGER] {
             let judge = Judge {
                 model: model.into(),
@@ -514,7 +514,7 @@ pub fn run_programs_bench(
                 error: cfg.judge_error,
             };
             let s = Setting { judge: Some(judge), ..Setting::system("oracle", cap) };
-            verifiers.push(ctx.cell(&format!("judge:{model}"), c, &s, &traces, &mut progress)?);
+            verifiers.push(ctx.cell(&format!("judge:{model}"), c, &s, traces, &mut progress)?);
         }
     }
     Ok(ProgramsReport { config: cfg.clone(), prior_peak_tokens: c0, pools, admission, feedback, beta_sweep, verifiers })

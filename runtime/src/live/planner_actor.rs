@@ -44,8 +44,6 @@ use crate::values::Record;
 /// service answers it as unavailable, not as a bad request).
 pub const SHUTTING_DOWN: &str = "the runtime is shutting down";
 
-/// The planner actor.
-
 /// The watchdog's least quiet time before it fails units that no device can take (and at
 /// least 3 ticks): a session actor still rendering its next prompt — a long one, under load —
 /// is not a stranded unit, and a real stranding loses nothing by being declared 2 s later.

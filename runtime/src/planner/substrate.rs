@@ -204,7 +204,7 @@ pub fn load_on_demand(state: &mut PlannerState, deployment: DeploymentId, now: f
             victims.push(r.id);
         }
         let key = (no_sleeper, newest);
-        if free >= claim && best.as_ref().is_none_or(|(k, ..)| key.0 < k.0 || (key.0 == k.0 && key.1 < k.1)) {
+        if free >= claim && best.as_ref().is_none_or(|(k, ..)| (!key.0 && k.0) || (key.0 == k.0 && key.1 < k.1)) {
             best = Some((key, g, victims));
         }
     }

@@ -264,7 +264,6 @@ pub(super) fn build(
         return Err(WorkflowError::many(errors));
     }
     // Tool steps are found by id (`AGENT.NAME`), but no reference in the file can name one.
-    let mut index = index;
     for (i, n) in nodes.iter().enumerate().skip(file_nodes) {
         index.insert(n.id.clone(), i);
     }

@@ -168,6 +168,12 @@ pub enum JournalError {
     #[error("journal {} is open in another process (one `switchyard serve` per state directory)", path.display())]
     InUse { path: PathBuf },
     #[error(
+        "refusing state directory {}: {why} (the journal holds every prompt and answer, and a server \
+         restart registers the workflows it records)",
+        path.display()
+    )]
+    NotPrivate { path: PathBuf, why: String },
+    #[error(
         "journal {} has schema version {found}; this build reads version {expected} only (use the \
          Switchyard that wrote it, or start with a fresh state directory)",
         path.display()
@@ -576,16 +582,43 @@ impl Journal {
     /// file that is no journal ([`JournalError::NotAJournal`]). A journal left by a crash opens
     /// at its last committed transaction. The journal holds every prompt, input and answer, so
     /// a directory it creates is its owner's alone (0700) and the file is too (0600, tightened
-    /// when an existing one is wider).
+    /// when an existing one is wider). A directory or file that is not the running user's, a
+    /// directory other users may write (they could swap the file), or a journal path that is
+    /// not a regular file (a link) is refused ([`JournalError::NotPrivate`]): another local
+    /// user could otherwise read every answer, or plant workflows a restart would register.
     pub fn open(dir: &Path) -> Result<Journal, JournalError> {
-        use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+        use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
         let io = |source| JournalError::Io { path: dir.to_path_buf(), source };
         fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).map_err(io)?;
+        // SAFETY: geteuid(2) has no preconditions and cannot fail.
+        let me = unsafe { libc::geteuid() };
+        let refuse = |why: String| JournalError::NotPrivate { path: dir.to_path_buf(), why };
+        let meta = fs::metadata(dir).map_err(io)?;
+        if meta.uid() != me {
+            return Err(refuse(format!("it belongs to uid {}, not to this user (uid {me})", meta.uid())));
+        }
+        if meta.mode() & 0o022 != 0 {
+            return Err(refuse(format!(
+                "other users may write in it (mode {:o}); make it this user's alone (chmod 700)",
+                meta.mode() & 0o777
+            )));
+        }
         let path = dir.join(FILE_NAME);
-        let existed = path.exists();
+        let existing = match fs::symlink_metadata(&path) {
+            Ok(m) => Some(m),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(JournalError::Io { path: path.clone(), source: e }),
+        };
+        let existed = existing.is_some();
         let file_io = |source| JournalError::Io { path: path.clone(), source };
-        if existed {
-            let mode = fs::metadata(&path).map_err(file_io)?.permissions().mode();
+        if let Some(m) = existing {
+            if !m.file_type().is_file() {
+                return Err(refuse(format!("{FILE_NAME} is not a regular file (a link or another kind of file)")));
+            }
+            if m.uid() != me {
+                return Err(refuse(format!("{FILE_NAME} belongs to uid {}, not to this user (uid {me})", m.uid())));
+            }
+            let mode = m.permissions().mode();
             if mode & 0o077 != 0 {
                 fs::set_permissions(&path, fs::Permissions::from_mode(mode & 0o700)).map_err(file_io)?;
             }

@@ -72,6 +72,42 @@ fn the_journal_and_its_directory_are_their_owners_alone() {
 }
 
 #[test]
+fn a_state_directory_or_journal_another_user_could_read_or_swap_is_refused() {
+    use std::os::unix::fs::{PermissionsExt, symlink};
+    let refused = |state: &Path, what: &str| match Journal::open(state) {
+        Err(e @ JournalError::NotPrivate { .. }) => assert!(e.to_string().contains(what), "{e}"),
+        other => panic!("{}: expected a refusal naming {what:?}, got {other:?}", state.display()),
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    // A directory other users may write in: they could swap the file.
+    let open = dir.path().join("open");
+    fs::create_dir(&open).expect("mkdir");
+    fs::set_permissions(&open, fs::Permissions::from_mode(0o777)).expect("chmod");
+    refused(&open, "other users may write in it");
+    assert!(!open.join(FILE_NAME).exists(), "nothing is created in a refused directory");
+    // A journal path that is a link (to a file the server would then write through).
+    let linked = dir.path().join("linked");
+    fs::create_dir(&linked).expect("mkdir");
+    fs::write(dir.path().join("elsewhere"), b"").expect("write");
+    symlink(dir.path().join("elsewhere"), linked.join(FILE_NAME)).expect("symlink");
+    refused(&linked, "not a regular file");
+    // Another user's directory, and another user's file in ours (chown needs root; skipped
+    // otherwise).
+    // SAFETY: geteuid(2) has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } == 0 {
+        let theirs = dir.path().join("theirs");
+        fs::create_dir(&theirs).expect("mkdir");
+        std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).expect("chown");
+        refused(&theirs, "belongs to uid 65534");
+        let planted = dir.path().join("planted");
+        fs::create_dir(&planted).expect("mkdir");
+        fs::write(planted.join(FILE_NAME), b"").expect("write");
+        std::os::unix::fs::chown(planted.join(FILE_NAME), Some(65534), Some(65534)).expect("chown");
+        refused(&planted, "belongs to uid 65534");
+    }
+}
+
+#[test]
 fn a_run_recorded_again_is_a_no_op_and_a_different_one_is_refused() {
     let (_d, j) = fresh();
     j.record_run(&run("r1")).expect("first");

@@ -428,7 +428,46 @@ fn bearer_credentials(value: &str) -> Option<&str> {
     scheme.eq_ignore_ascii_case("bearer").then(|| credentials.trim())
 }
 
+/// Whether `host` (a `Host` header's value, or an origin's host with its port) names this
+/// machine's loopback interface: `localhost`, `127.0.0.0/8` or `[::1]`, with any port.
+fn is_loopback_host(host: &str) -> bool {
+    let name = match host.strip_prefix('[') {
+        Some(rest) => rest.split_once(']').map_or("", |(inside, _)| inside),
+        None => host.rsplit_once(':').map_or(host, |(name, port)| if port.bytes().all(|b| b.is_ascii_digit()) { name } else { host }),
+    };
+    name.eq_ignore_ascii_case("localhost")
+        || name.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+}
+
+/// Without a token (`--no-auth`, loopback only) a web page the user visits could still reach the
+/// server: by a cross-site request (the browser sends its `Origin`) or by DNS rebinding (the
+/// page's own name resolves to 127.0.0.1, and the browser sends that name as `Host`). So a
+/// token-less server answers only requests whose `Host` is a loopback name and whose `Origin`,
+/// if any, is one too; the reason when it refuses.
+/// `authority` is the request URI's (HTTP/2 carries the host there, not in `Host`).
+fn foreign_browser_request(headers: &HeaderMap, authority: Option<&str>) -> Option<&'static str> {
+    let host = headers.get(header::HOST).and_then(|v| v.to_str().ok()).or(authority);
+    if !host.is_some_and(is_loopback_host) {
+        return Some("without a token this server answers only requests to a loopback host (`Host: 127.0.0.1:PORT` or `localhost:PORT`)");
+    }
+    let origin = headers.get(header::ORIGIN).map(|v| v.to_str().unwrap_or(""));
+    let origin_is_local = |o: &str| {
+        o.split_once("://").is_some_and(|(scheme, rest)| {
+            matches!(scheme, "http" | "https") && is_loopback_host(rest.split('/').next().unwrap_or(""))
+        })
+    };
+    if origin.is_some_and(|o| !origin_is_local(o)) {
+        return Some("without a token this server refuses cross-origin requests from web pages");
+    }
+    None
+}
+
 async fn authenticate(State(api): State<Arc<Api>>, headers: HeaderMap, req: Request, next: Next) -> Response {
+    if api.config.token.is_none()
+        && let Some(why) = foreign_browser_request(&headers, req.uri().authority().map(|a| a.as_str()))
+    {
+        return ApiError::new(StatusCode::FORBIDDEN, "authentication_error", why).into_response();
+    }
     if let Some(token) = &api.config.token {
         let given = headers
             .get(header::AUTHORIZATION)
@@ -998,6 +1037,38 @@ pub const ROUTES: &[(&str, &str)] = &[
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_token_less_server_answers_only_loopback_hosts_and_origins() {
+        use axum::http::{HeaderMap, HeaderValue, header};
+        let headers = |host: Option<&'static str>, origin: Option<&'static str>| {
+            let mut h = HeaderMap::new();
+            if let Some(v) = host {
+                h.insert(header::HOST, HeaderValue::from_static(v));
+            }
+            if let Some(v) = origin {
+                h.insert(header::ORIGIN, HeaderValue::from_static(v));
+            }
+            h
+        };
+        for host in ["127.0.0.1:8080", "localhost:8080", "LOCALHOST", "[::1]:8080", "127.0.0.2", "localhost"] {
+            assert_eq!(super::foreign_browser_request(&headers(Some(host), None), None), None, "{host}");
+        }
+        for origin in ["http://localhost:3000", "http://127.0.0.1:8080", "https://[::1]"] {
+            assert_eq!(super::foreign_browser_request(&headers(Some("127.0.0.1:8080"), Some(origin)), None), None, "{origin}");
+        }
+        // DNS rebinding: a page's own name resolving to 127.0.0.1.
+        for host in ["evil.example", "evil.example:8080", "127.0.0.1.evil.example", "localhost.evil.example:80", "[::2]:80", "10.0.0.1"] {
+            assert!(super::foreign_browser_request(&headers(Some(host), None), None).is_some(), "{host}");
+        }
+        // A cross-site request from a page (the browser names it in `Origin`).
+        for origin in ["http://evil.example", "null", "http://127.0.0.1.evil.example", "file://"] {
+            assert!(super::foreign_browser_request(&headers(Some("127.0.0.1:8080"), Some(origin)), None).is_some(), "{origin}");
+        }
+        // No `Host` (HTTP/2 puts it in the URI's authority).
+        assert_eq!(super::foreign_browser_request(&headers(None, None), Some("127.0.0.1:8080")), None);
+        assert!(super::foreign_browser_request(&headers(None, None), None).is_some());
+    }
+
     use super::*;
 
     #[test]

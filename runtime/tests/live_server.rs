@@ -803,6 +803,9 @@ async fn invalid_parameters_get_400_naming_the_param() {
         (&completions, json!({"prompt": "x", "stream_options": {"include_usage": true}}), "stream_options"),
         (&completions, json!({"prompt": "x", "max_tokens": 9000}), "max_tokens"),
         (&chat, json!({"messages": msgs, "n": 0}), "n"),
+        // The emulator's bound on samples per request (prompts × n), before anything is allocated.
+        (&chat, json!({"messages": msgs, "n": 4_000_000_000u64, "max_tokens": 1}), "n"),
+        (&completions, json!({"prompt": ["a", "b"], "n": 2049, "max_tokens": 1}), "n"),
         (&chat, json!({"messages": msgs, "logprobs": true}), "logprobs"),
         (&chat, json!({"messages": msgs, "top_logprobs": 3}), "top_logprobs"),
         (&chat, json!({"messages": msgs, "max_completion_tokens": 0}), "max_tokens"),

@@ -902,6 +902,24 @@ struct PromptIn {
     text: String,
 }
 
+/// Most engine requests (prompts × `n`) one HTTP request may enqueue: this emulator's own
+/// bound, not vLLM's (which has none), so that one body cannot make the server allocate and
+/// schedule billions of samples (`"n": 4000000000` fits the protocol's `u32`).
+pub const MAX_SAMPLES_PER_REQUEST: usize = 4096;
+
+fn check_samples(prompts: usize, n: u32) -> Result<(), ApiError> {
+    match prompts.checked_mul(n as usize) {
+        Some(total) if total <= MAX_SAMPLES_PER_REQUEST => Ok(()),
+        _ => Err(ApiError::bad_param(
+            "n",
+            format!(
+                "this emulated server runs at most {MAX_SAMPLES_PER_REQUEST} samples per request \
+                 (prompts × n); got {prompts} × {n}."
+            ),
+        )),
+    }
+}
+
 /// A validated request, ready for the engine.
 struct Prepared {
     api: Api,
@@ -985,6 +1003,7 @@ fn prepare_completion(shared: &Shared, body: &[u8]) -> Result<Prepared, ApiError
             return Err(context_error(shared, p.ids.len(), Some(limit), "prompt"));
         }
     }
+    check_samples(prompts.len(), checked.n)?;
     Ok(Prepared {
         api: Api::Completions,
         prompts,
@@ -1036,6 +1055,7 @@ fn prepare_chat(shared: &Shared, body: &[u8]) -> Result<Prepared, ApiError> {
         None if ids.len() >= len => return Err(context_error(shared, ids.len(), None, "messages")),
         None => (len - ids.len()) as u32,
     };
+    check_samples(1, checked.n)?;
     Ok(Prepared {
         api: Api::Chat,
         prompts: vec![PromptIn { ids, text }],

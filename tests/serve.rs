@@ -82,6 +82,11 @@ dataset: {file: /etc/no-such-file, format: jsonl, fields: {x: x}}
         + "\n\n  - id: look\n    tool: shell\n    after: edit\n    inputs: {command: \"cat /etc/passwd\", reads: [/etc/passwd]}\n";
     let (s, v) = body(http.post(server.url("/v1/workflows")).header("authorization", &auth).body(peek.clone()).send().await.expect("peek")).await;
     assert_eq!((s, v["error"]["param"].as_str()), (422, Some("nodes.look.inputs.reads")), "{v}");
+    // A path that does not exist gets the very same answer (the refusal comes before the loader
+    // looks the paths up on disk).
+    let ghost = peek.replace("reads: [/etc/passwd]", "reads: [/etc/no-such-file]");
+    let (s3, v3) = body(http.post(server.url("/v1/workflows")).header("authorization", &auth).body(ghost).send().await.expect("ghost")).await;
+    assert_eq!((s3, &v3), (s, &v));
     let blind = peek.replace(", reads: [/etc/passwd]", "").replace("name: peek", "name: blind");
     let (s, v) = body(http.post(server.url("/v1/workflows")).header("authorization", &auth).body(blind).send().await.expect("blind")).await;
     assert_eq!(s, 201, "{v}");

@@ -741,6 +741,27 @@ fn the_shell_tool_reads_only_literal_paths() {
     }
 }
 
+#[test]
+fn a_shell_step_that_reads_host_paths_is_found_without_loading_the_workflow() {
+    use switchyard_runtime::workflow::names_shell_reads;
+    let with = |reads: &str| {
+        BASE.replace("tool: python_tests", "tool: shell")
+            .replace("inputs: {code: \"{{a}}\", tests: \"{{input.tests}}\"}", &format!("inputs: {{command: \"ls\", reads: {reads}}}"))
+    };
+    // Found whether the path exists or not (the loader would tell the two apart).
+    assert_eq!(names_shell_reads(&with("[\"/usr/share\"]")).as_deref(), Some("b"));
+    assert_eq!(names_shell_reads(&with("[\"/nonexistent/file\"]")).as_deref(), Some("b"));
+    assert_eq!(names_shell_reads(&BASE.replace("tool: python_tests", "tool: shell")), None);
+    assert_eq!(names_shell_reads(BASE), None);
+    // An agent's tool, named by `tool` or by its `name` alone.
+    for tool in ["{name: look, tool: shell, inputs: {command: ls, reads: [/etc]}}", "{name: shell, inputs: {reads: [/etc]}}"] {
+        let agent = REACT.replace("    tools:\n", &format!("    tools:\n      - {tool}\n"));
+        assert!(agent.contains(tool), "REACT's `tools:` list moved");
+        assert!(names_shell_reads(&agent).is_some(), "{tool}");
+    }
+    assert_eq!(names_shell_reads("not: [yaml"), None);
+}
+
 /// BASE with a second deployment and node `a` routed between the two (paper 002).
 fn routed(route: &str) -> String {
     BASE.replace(

@@ -554,26 +554,30 @@ async fn register_workflow(
             )
         });
     }
-    let spec = parse_workflow("request", &text, std::path::Path::new("/nonexistent")).map_err(workflow_errors)?;
     // For the same reason a `shell` step may not declare host paths to read: the server's files
     // are not the client's (the sandbox binds each declared path read-only, and its uid can read
-    // whatever on the host is world-readable).
+    // whatever on the host is world-readable). Refused before parsing too, which looks each path
+    // up on disk; checked again on the parsed steps.
+    let refuse_reads = |node: &str| ApiError {
+        param: Some(format!("nodes.{node}.inputs.reads")),
+        ..ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_workflow",
+            format!(
+                "a workflow registered over the API may not let `shell` read host paths (`{node}` declares `reads`: \
+                 paths on the server's disk); start the server with the workflow file to grant them"
+            ),
+        )
+    };
+    if let Some(node) = crate::workflow::names_shell_reads(&text) {
+        return Err(refuse_reads(&node));
+    }
+    let spec = parse_workflow("request", &text, std::path::Path::new("/nonexistent")).map_err(workflow_errors)?;
     let shell_reads = spec.nodes.iter().find(|n| {
         matches!(&n.kind, NodeKind::Tool(t) if t.tool == switchyard_tools::shell::NAME && t.inputs.contains_key("reads"))
     });
     if let Some(node) = shell_reads {
-        return Err(ApiError {
-            param: Some(format!("nodes.{}.inputs.reads", node.id)),
-            ..ApiError::new(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "invalid_workflow",
-                format!(
-                    "a workflow registered over the API may not let `shell` read host paths (`{}` declares `reads`: \
-                     paths on the server's disk); start the server with the workflow file to grant them",
-                    node.id
-                ),
-            )
-        });
+        return Err(refuse_reads(&node.id));
     }
     let name = spec.name.clone();
     if name.len() > crate::live::journal::MAX_KEY_LEN {

@@ -445,6 +445,37 @@ pub fn names_dataset(text: &str) -> bool {
     }
 }
 
+/// The id (or, without one, the index) of a step in the text that lets the `shell` tool read
+/// host paths — a mapping anywhere in the document with `tool: shell` and `inputs.reads` —
+/// found without loading the workflow, which would look each path up on disk (a server refusing
+/// such steps must not reveal which of its files exist). `None` when there is none, or when the
+/// text is no YAML (the loader reports that).
+pub fn names_shell_reads(text: &str) -> Option<String> {
+    fn walk(node: &yaml::Node, index: Option<usize>) -> Option<String> {
+        match &node.value {
+            yaml::Value::Map(entries) => {
+                let get = |k: &str| entries.iter().find(|(key, _)| key.name == k).map(|(_, v)| &v.value);
+                // An agent's tool is named by `tool`, or by its `name` when `tool` is absent.
+                let is_shell = match (get("tool"), get("name")) {
+                    (Some(yaml::Value::Str(t)), _) | (None, Some(yaml::Value::Str(t))) => t == switchyard_tools::shell::NAME,
+                    _ => false,
+                };
+                let reads = matches!(get("inputs"), Some(yaml::Value::Map(inputs)) if inputs.iter().any(|(k, _)| k.name == "reads"));
+                if is_shell && reads {
+                    return Some(match get("id").or(get("name")) {
+                        Some(yaml::Value::Str(id)) => id.clone(),
+                        _ => index.map_or_else(|| "?".to_string(), |i| i.to_string()),
+                    });
+                }
+                entries.iter().find_map(|(_, v)| walk(v, None))
+            }
+            yaml::Value::Seq(items) => items.iter().enumerate().find_map(|(i, v)| walk(v, Some(i))),
+            _ => None,
+        }
+    }
+    walk(&yaml::parse("request", text).ok()?, None)
+}
+
 /// Parse and validate workflow text. `source_name` names the file in errors (and becomes
 /// [`WorkflowSpec::path`]); `base_dir` is where relative dataset paths resolve.
 pub fn parse_workflow(

@@ -38,7 +38,7 @@ use axum::Json;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
-use super::{Api, ApiError, JsonBody};
+use super::{Api, ApiError, JsonBody, public_reason};
 use crate::live::actors::off_the_reactor;
 use crate::live::engine::{Completion, TokenSink};
 use crate::live::program_actor::ProgramRequest;
@@ -95,24 +95,6 @@ fn program_key(headers: &HeaderMap, body: &Value) -> Result<Option<String>, ApiE
     Ok((!key.is_empty()).then_some(key))
 }
 
-/// A failed call's reason as the front door's client sees it: the pool's engine addresses
-/// (`request 12 to http://10.0.0.7:8000/v1/chat/completions: …`) are the operator's, not the
-/// client's, so every URL in it reads `<engine>`. The whole reason stays in the server's log.
-fn public_reason(reason: &str) -> String {
-    let mut out = String::with_capacity(reason.len());
-    let mut rest = reason;
-    while let Some(at) = rest.find("http://").into_iter().chain(rest.find("https://")).min() {
-        out.push_str(&rest[..at]);
-        out.push_str("<engine>");
-        let tail = &rest[at..];
-        let end = tail.find(|c: char| c.is_whitespace() || c == ',' || c == ')' || c == '"' || c == '\'').unwrap_or(tail.len());
-        // A trailing `:` ends the URL's sentence (`…/completions: the stream …`), not the URL.
-        let end = if tail[..end].ends_with(':') { end - 1 } else { end };
-        rest = &tail[end..];
-    }
-    out.push_str(rest);
-    out
-}
 
 fn truthy(v: Option<&Value>) -> bool {
     match v {
@@ -510,11 +492,11 @@ mod tests {
     #[test]
     fn engine_addresses_are_not_shown_to_front_door_clients() {
         assert_eq!(
-            public_reason("engine answered badly: request 12 to http://10.0.0.7:8000/v1/chat/completions: HTTP 500 (boom)"),
+            super::public_reason("engine answered badly: request 12 to http://10.0.0.7:8000/v1/chat/completions: HTTP 500 (boom)"),
             "engine answered badly: request 12 to <engine>: HTTP 500 (boom)"
         );
-        assert_eq!(public_reason("a https://h/x, then http://k:1/"), "a <engine>, then <engine>");
-        assert_eq!(public_reason("the server stayed overloaded"), "the server stayed overloaded");
+        assert_eq!(super::public_reason("a https://h/x, then http://k:1/"), "a <engine>, then <engine>");
+        assert_eq!(super::public_reason("the server stayed overloaded"), "the server stayed overloaded");
     }
 
     #[test]

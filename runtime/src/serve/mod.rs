@@ -771,6 +771,26 @@ async fn start_run(State(api): State<Arc<Api>>, JsonBody(body): JsonBody<RunBody
     Ok((StatusCode::CREATED, Json(v)).into_response())
 }
 
+/// A failure's reason as an API client sees it (the front door's answers, a run's sessions and
+/// its event stream): the pool's engine addresses (`request 12 to
+/// http://10.0.0.7:8000/v1/chat/completions: …`) are the operator's, not the client's, so every
+/// URL in it reads `<engine>`. The whole reason stays in the server's log.
+pub(crate) fn public_reason(reason: &str) -> String {
+    let mut out = String::with_capacity(reason.len());
+    let mut rest = reason;
+    while let Some(at) = rest.find("http://").into_iter().chain(rest.find("https://")).min() {
+        out.push_str(&rest[..at]);
+        out.push_str("<engine>");
+        let tail = &rest[at..];
+        let end = tail.find(|c: char| c.is_whitespace() || c == ',' || c == ')' || c == '"' || c == '\'').unwrap_or(tail.len());
+        // A trailing `:` ends the URL's sentence (`…/completions: the stream …`), not the URL.
+        let end = if tail[..end].ends_with(':') { end - 1 } else { end };
+        rest = &tail[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
 fn session_json(id: SessionId, s: &SessionStatus) -> Value {
     match s {
         SessionStatus::Unknown => json!({"id": id.to_string(), "state": "unknown"}),
@@ -780,7 +800,7 @@ fn session_json(id: SessionId, s: &SessionStatus) -> Value {
             "score": score, "output": output,
         }),
         SessionStatus::Failed { reason, at } => json!({
-            "id": id.to_string(), "state": "failed", "failed_at": at, "reason": reason,
+            "id": id.to_string(), "state": "failed", "failed_at": at, "reason": public_reason(reason),
         }),
     }
 }
@@ -1001,6 +1021,7 @@ fn stream_from(
                     {
                         st.ended.insert(s);
                     }
+                    let line = crate::exec::TraceLine { detail: line.detail.as_deref().map(public_reason), ..line };
                     let data = serde_json::to_string(&line).unwrap_or_default();
                     return Some((Ok(Event::default().event(line.event).data(data)), st));
                 }
@@ -1041,6 +1062,16 @@ pub const ROUTES: &[(&str, &str)] = &[
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_failed_sessions_reason_names_no_engine_address() {
+        let failed = crate::live::SessionStatus::Failed {
+            reason: "call failed: request 3 to http://10.0.0.7:8000/v1/completions: HTTP 500 (boom)".into(),
+            at: 1.0,
+        };
+        let v = super::session_json(crate::ids::SessionId(4), &failed);
+        assert_eq!(v["reason"], "call failed: request 3 to <engine>: HTTP 500 (boom)", "{v}");
+    }
+
     #[test]
     fn a_token_less_server_answers_only_loopback_hosts_and_origins() {
         use axum::http::{HeaderMap, HeaderValue, header};

@@ -56,6 +56,11 @@ pub struct ServeArgs {
     /// Largest request body in bytes.
     #[arg(long, default_value_t = 4 << 20)]
     pub max_body_bytes: usize,
+    /// Most workflows registered at once, those the server started with and those a journal
+    /// restores included: a registration past it gets 429 (a workflow is never unregistered,
+    /// and each holds its parsed graph and the planner's tables for it).
+    #[arg(long, default_value_t = 1000)]
+    pub max_workflows: usize,
     /// Scheduling policy.
     #[arg(long, default_value = "joint", value_parser = clap::builder::PossibleValuesParser::new(POLICIES))]
     pub policy: String,
@@ -134,7 +139,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     cfg.keep_ended = args.keep_ended;
     let on_note: live::NoteSink = Arc::new(|line: &str| eprintln!("note: {line}"));
     cfg.on_note = Some(on_note);
-    let api_config = ApiConfig { token, max_body_bytes: args.max_body_bytes, keep_runs: args.keep_runs, ..ApiConfig::default() };
+    let api_config = ApiConfig { token, max_body_bytes: args.max_body_bytes, keep_runs: args.keep_runs, max_workflows: args.max_workflows, ..ApiConfig::default() };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -996,3 +996,40 @@ fn a_run_refused_while_the_runtime_stops_is_journaled_as_never_started() {
     assert_eq!(outcomes.len(), 3, "{outcomes:?}");
     assert!(outcomes.values().all(|o| matches!(o, SessionOutcome::Failed { reason } if reason.starts_with("not started"))), "{outcomes:?}");
 }
+
+#[test]
+fn registrations_past_the_servers_workflow_limit_get_429() {
+    use switchyard_runtime::live::Service;
+    use switchyard_runtime::serve::{ApiConfig, router, serve_until};
+
+    let tiny = Arc::new(load_workflow(&repo().join("tests/fixtures/tiny_chain.yaml")).expect("fixture"));
+    let text = std::fs::read_to_string(repo().join("tests/fixtures/tiny_chain.yaml")).expect("fixture");
+    let pool = PoolSpec::load(&repo().join("workflows/pools/small.yaml")).expect("bundled pool");
+    let cfg = live_config(RunConfig::served(vec![Arc::clone(&tiny)], pool));
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let statuses = rt.block_on(async {
+        let service = Arc::new(Service::start(&cfg, FakeFactory::new(1, Faults::default())).await.expect("service"));
+        let api = ApiConfig { max_workflows: 2, ..ApiConfig::default() };
+        let app = router(Arc::clone(&service), api, vec![(0, tiny, text.clone())]);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let url = format!("http://{}/v1/workflows", listener.local_addr().expect("address"));
+        tokio::spawn(serve_until(listener, app, std::future::pending()));
+        let client = reqwest::Client::new();
+        let mut statuses = Vec::new();
+        // The start-up workflow counts: one more fits, the next does not; the same text of a
+        // registered one is still answered, and validating needs no room.
+        for body in [
+            text.replace("name: tiny-chain", "name: second"),
+            text.replace("name: tiny-chain", "name: third"),
+            text.replace("name: tiny-chain", "name: second"),
+        ] {
+            let resp = client.post(&url).body(body).send().await.expect("post");
+            statuses.push(resp.status().as_u16());
+        }
+        let check = serde_json::json!({"yaml": text.replace("name: tiny-chain", "name: third"), "validate_only": true});
+        statuses.push(client.post(&url).json(&check).send().await.expect("validate").status().as_u16());
+        service.shutdown("the test ends").await.expect("shutdown");
+        statuses
+    });
+    assert_eq!(statuses, [201, 429, 200, 200]);
+}

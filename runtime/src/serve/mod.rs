@@ -66,11 +66,15 @@ pub struct ApiConfig {
     /// Runs kept before the oldest runs whose sessions were all forgotten (past
     /// `--keep-ended`) are dropped from `/v1/runs` (`--keep-runs`).
     pub keep_runs: usize,
+    /// Most workflows registered at once (`--max-workflows`): a new registration past it gets
+    /// 429. A workflow is never unregistered, so without a bound a client could grow the
+    /// server's memory (and, with `--state`, the journal a restart replays) without end.
+    pub max_workflows: usize,
 }
 
 impl Default for ApiConfig {
     fn default() -> Self {
-        ApiConfig { token: None, max_body_bytes: 4 << 20, max_sessions_per_run: 10_000, keep_runs: 1000 }
+        ApiConfig { token: None, max_body_bytes: 4 << 20, max_sessions_per_run: 10_000, keep_runs: 1000, max_workflows: 1000 }
     }
 }
 
@@ -612,6 +616,17 @@ async fn register_workflow(
                 format!("a different workflow named `{name}` is already registered"),
             ));
         }
+    }
+    let registered = lock(&api.workflows).len();
+    if !validate_only && registered >= api.config.max_workflows {
+        return Err(ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limit_error",
+            format!(
+                "{registered} workflows are registered, this server's limit (`--max-workflows`); \
+                 a workflow is never unregistered: reuse a registered one, or restart the server with a higher limit"
+            ),
+        ));
     }
     if validate_only {
         let e = entry(u32::MAX, &spec, text);

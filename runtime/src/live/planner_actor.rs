@@ -132,8 +132,11 @@ pub struct PlannerActorState {
     planner: Planner,
     factory: Arc<dyn EngineFactory>,
     devices: Vec<DeviceSpec>,
-    trace: Vec<TraceEntry>,
+    trace: SessionTrace,
     records: Vec<Vec<Record>>,
+    /// Inputs of sessions submitted to a served runtime, until each arrives (the session takes
+    /// its input; a run's sessions read theirs from `records`).
+    inputs: BTreeMap<usize, Record>,
     meta: ReportMeta,
     telemetry_every: Option<Duration>,
     tool_workers: usize,
@@ -241,7 +244,8 @@ impl Actor for PlannerActor {
             planner: args.planner,
             factory: args.factory,
             devices: args.devices,
-            trace: args.trace,
+            trace: SessionTrace::new(args.trace),
+            inputs: BTreeMap::new(),
             records: args.records,
             meta: args.meta,
             telemetry_every: args.telemetry_every,
@@ -745,9 +749,8 @@ impl PlannerActorState {
             Some(id) => id,
             None => {
                 let wall = self.wall();
-                let i = self.trace.len();
+                let i = self.trace.push(TraceEntry { at: wall, workflow, record: 0 });
                 let id = SessionId(i as u32);
-                self.trace.push(TraceEntry { at: wall, workflow, record: 0 });
                 self.arrived.insert(i);
                 let args = ProgramArgs {
                     ctx: Arc::clone(&self.ctx),
@@ -808,11 +811,8 @@ impl PlannerActorState {
         let wall = self.wall();
         let mut ids = Vec::with_capacity(inputs.len());
         for (input, durable) in inputs {
-            let Some(records) = self.records.get_mut(w as usize) else { break };
-            records.push(input);
-            let record = records.len() - 1;
-            let i = self.trace.len();
-            self.trace.push(TraceEntry { at: wall, workflow: w, record });
+            let i = self.trace.push(TraceEntry { at: wall, workflow: w, record: 0 });
+            self.inputs.insert(i, input);
             if let Some(d) = durable {
                 self.durable.insert(i, d);
             }
@@ -888,7 +888,7 @@ impl PlannerActorState {
     /// open there restart at the cut. A run's timeline is its chart and is kept whole.
     fn bound_timelines(&mut self) {
         let Some(kept) = self.timeline_segments.map(|k| k.max(1)) else { return };
-        let Some(from) = self.trace.first().map(|e| e.at) else { return };
+        let Some(from) = self.trace.first_at() else { return };
         for (d, tl) in self.timelines.iter_mut().enumerate() {
             let n = tl.segments.len();
             if n <= 2 * kept {
@@ -1244,11 +1244,10 @@ impl PlannerActorState {
         }
         let Some(entry) = self.trace.get(i).cloned() else { return };
         let w = entry.workflow as usize;
-        let input = if self.keep_ended.is_some() {
-            // A served runtime: the session takes its input; the actor keeps none.
-            self.records.get_mut(w).and_then(|r| r.get_mut(entry.record)).map(std::mem::take)
-        } else {
-            self.records.get(w).and_then(|r| r.get(entry.record)).cloned()
+        // A submitted session takes its input (the actor keeps none); a run's reads its record.
+        let input = match self.inputs.remove(&i) {
+            Some(input) => Some(input),
+            None => self.records.get(w).and_then(|r| r.get(entry.record)).cloned(),
         };
         let (Some(spec), Some(input)) = (self.ctx.workflows.get(w).cloned(), input)
         else {
@@ -1349,6 +1348,10 @@ impl PlannerActorState {
             self.end_order.push_back(id);
             while self.ended.len() > keep {
                 let Some(old) = self.end_order.pop_front() else { break };
+                // Its arrival entry goes with its outcome: a served runtime's memory stays
+                // bounded by the sessions it keeps, not by all it ever ran.
+                self.trace.forget(old.0 as usize);
+                self.arrived.remove(&(old.0 as usize));
                 if let Some(r) = self.ended.remove(&old) {
                     if r.record.failed.is_some() {
                         self.ended_failed -= 1;
@@ -1609,11 +1612,12 @@ impl PlannerActorState {
         for s in self.sessions.values() {
             let _ = s.send_message(SessionMsg::Abandon(reason.clone()));
         }
-        let missing: Vec<usize> = (0..self.total()).filter(|i| !self.arrived.contains(i)).collect();
+        let missing: Vec<(usize, u32)> =
+            self.trace.entries().filter(|(i, _)| !self.arrived.contains(i)).map(|(i, e)| (i, e.workflow)).collect();
         let wall = self.wall();
-        for i in missing {
+        for (i, workflow) in missing {
             self.arrived.insert(i);
-            let workflow = self.trace[i].workflow;
+            self.inputs.remove(&i);
             self.start_failure(workflow, wall, format!("s{i}: {reason} before the session arrived"));
         }
     }
@@ -1718,4 +1722,85 @@ fn blank() -> TraceLine {
 
 fn spec_name(workflows: &[Arc<crate::workflow::WorkflowSpec>], w: u32) -> String {
     workflows.get(w as usize).map(|s| s.name.clone()).unwrap_or_default()
+}
+
+/// The sessions' arrivals, by session id (ids count from 0 in arrival order): a run's whole
+/// trace, or what a served runtime has been given so far. A served runtime forgets the entry
+/// of a session whose outcome it forgets (`--keep-ended`), so its memory is bounded by the
+/// sessions it keeps, not by every session it ever ran.
+struct SessionTrace {
+    entries: BTreeMap<usize, TraceEntry>,
+    /// Sessions ever given (the next id).
+    next: usize,
+    /// The first session's arrival, kept when its entry is forgotten.
+    first_at: Option<f64>,
+}
+
+impl SessionTrace {
+    fn new(trace: Vec<TraceEntry>) -> Self {
+        let first_at = trace.first().map(|e| e.at);
+        SessionTrace { next: trace.len(), entries: trace.into_iter().enumerate().collect(), first_at }
+    }
+
+    fn len(&self) -> usize {
+        self.next
+    }
+
+    /// Add an arrival; its session id.
+    fn push(&mut self, e: TraceEntry) -> usize {
+        self.first_at.get_or_insert(e.at);
+        let i = self.next;
+        self.entries.insert(i, e);
+        self.next += 1;
+        i
+    }
+
+    fn get(&self, i: usize) -> Option<&TraceEntry> {
+        self.entries.get(&i)
+    }
+
+    fn first_at(&self) -> Option<f64> {
+        self.first_at
+    }
+
+    /// The entries not forgotten, with their ids, in id order.
+    fn entries(&self) -> impl Iterator<Item = (usize, &TraceEntry)> {
+        self.entries.iter().map(|(i, e)| (*i, e))
+    }
+
+    fn forget(&mut self, i: usize) {
+        self.entries.remove(&i);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::SessionTrace;
+    use crate::exec::TraceEntry;
+
+    fn entry(at: f64) -> TraceEntry {
+        TraceEntry { at, workflow: 0, record: 0 }
+    }
+
+    #[test]
+    fn a_served_trace_forgets_sessions_and_keeps_counting_ids() {
+        let mut t = SessionTrace::new(vec![entry(5.0)]);
+        let ids: Vec<usize> = (1..5).map(|k| t.push(entry(10.0 + k as f64))).collect();
+        assert_eq!(ids, [1, 2, 3, 4]);
+        t.forget(0);
+        t.forget(2);
+        assert_eq!((t.get(2).is_none(), t.get(3).map(|e| e.at), t.len(), t.first_at()), (true, Some(13.0), 5, Some(5.0)));
+        assert_eq!(t.push(entry(20.0)), 5);
+        assert_eq!(t.entries().map(|(i, _)| i).collect::<Vec<_>>(), [1, 3, 4, 5]);
+        // Forgetting an id twice, or one never given, changes nothing.
+        t.forget(2);
+        t.forget(99);
+        assert_eq!(t.entries().count(), 4);
+        // Sessions whose outcomes are forgotten keep no entry, whatever stays open.
+        for _ in 0..10_000 {
+            let i = t.push(entry(30.0));
+            t.forget(i);
+        }
+        assert_eq!((t.entries.len(), t.len()), (4, 10_006));
+    }
 }

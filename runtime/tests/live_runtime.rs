@@ -1033,3 +1033,39 @@ fn registrations_past_the_servers_workflow_limit_get_429() {
     });
     assert_eq!(statuses, [201, 429, 200, 200]);
 }
+
+#[test]
+fn a_programs_key_reaches_a_live_program_or_starts_a_new_one_never_one_that_is_ending() {
+    use switchyard_runtime::live::Service;
+    use switchyard_runtime::live::engine::TokenSink;
+
+    let tiny = Arc::new(load_workflow(&repo().join("tests/fixtures/tiny_chain.yaml")).expect("fixture"));
+    let pool = PoolSpec::load(&repo().join("workflows/pools/small.yaml")).expect("bundled pool");
+    let mut cfg = live_config(RunConfig::served(vec![tiny], pool));
+    cfg.program_idle = Duration::from_millis(30);
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let (answers, out) = rt.block_on(async {
+        let service = Service::start(&cfg, FakeFactory::new(1, Faults::default())).await.expect("service");
+        let mut answers = Vec::new();
+        // Calls of one key with gaps around the idle timeout, so that some arrive while the
+        // program is ending: each reaches its live program or starts a new one.
+        for i in 0..30u64 {
+            let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+            let done = service.call(Some("p".into()), "Qwen3-0.6B", front_door_call(&format!("call {i}"), false), TokenSink::new(tx)).expect("served model");
+            answers.push(done.await.map_err(|e| e.to_string()).and_then(|r| r.map(|_| ())));
+            tokio::time::sleep(Duration::from_millis(24 + (i * 7) % 13)).await;
+        }
+        // A program's last call frees its key at once: the next call starts a new program.
+        for last in [true, false] {
+            let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+            let done = service.call(Some("q".into()), "Qwen3-0.6B", front_door_call("q", last), TokenSink::new(tx)).expect("served model");
+            answers.push(done.await.map_err(|e| e.to_string()).and_then(|r| r.map(|_| ())));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        (answers, service.shutdown("the test ended").await.expect("shutdown"))
+    });
+    let failed: Vec<_> = answers.iter().enumerate().filter(|(_, a)| a.is_err()).collect();
+    assert!(failed.is_empty(), "every call is answered: {failed:?}");
+    assert_eq!(out.report.sessions_failed, 0, "{:?}", out.report.failures);
+    assert!(out.report.sessions_completed >= 3, "idle ends and the last call started new programs: {}", out.report.sessions_completed);
+}

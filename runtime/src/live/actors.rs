@@ -392,6 +392,9 @@ pub enum PlannerMsg {
         sink: super::engine::TokenSink,
         reply: tokio::sync::oneshot::Sender<Result<super::engine::Completion, String>>,
     },
+    /// A front-door program has been idle for its timeout having received `calls` calls: it
+    /// ends only if the planner has sent it no other since (else that call is on its way).
+    ProgramIdle { session: SessionId, calls: u64 },
 }
 
 /// A session whose progress is journaled (`switchyard serve --state`): its number in the
@@ -443,8 +446,12 @@ pub enum SessionMsg {
     Abandon(String),
     /// A front-door program's next call (program actors only; sessions ignore it).
     Call(Box<super::program_actor::ProgramCall>),
-    /// A program's idle check of the given generation (program actors only).
+    /// A program's idle timer of the given generation (program actors only): still idle, it
+    /// asks the planner whether it may end ([`PlannerMsg::ProgramIdle`]).
     Idle(u64),
+    /// The planner's answer: no call is on its way to the program, and its key now names no
+    /// program (a later call with it starts a new one); it ends if still at this generation.
+    EndIdle(u64),
 }
 
 /// Messages to a replica actor.

@@ -156,8 +156,10 @@ pub struct PlannerActorState {
     events_out: Option<broadcast::Sender<TraceLine>>,
     front_door: Option<(u32, Duration)>,
     metrics: Option<Arc<RuntimeMetrics>>,
-    /// Front-door programs by their client's key, while they live.
+    /// Front-door programs by their client's key, while they take calls.
     programs: BTreeMap<String, SessionId>,
+    /// Calls sent to each live front-door program so far (its idle end's check).
+    program_calls: BTreeMap<SessionId, u64>,
     /// Front-door step hints (`X-Step-ID`) seen so far and the planner node each stands for, so
     /// the core keeps output-length and tool-gap histories per step across programs.
     front_door_steps: BTreeMap<String, u32>,
@@ -263,6 +265,7 @@ impl Actor for PlannerActor {
             front_door: args.front_door,
             metrics: args.metrics,
             programs: BTreeMap::new(),
+            program_calls: BTreeMap::new(),
             front_door_steps: BTreeMap::new(),
             durable: BTreeMap::new(),
             ended_failed: 0,
@@ -616,6 +619,17 @@ impl PlannerActorState {
             PlannerMsg::ProgramCall { program, deployment, next, request, sink, reply } => {
                 self.program_call(myself, program, deployment, next, request, sink, reply).await;
             }
+            PlannerMsg::ProgramIdle { session, calls } => {
+                // Ends only if no call was sent to it since it went idle; its key is freed first,
+                // so the next call with that key starts a new program instead of reaching one
+                // that is ending.
+                if self.program_calls.get(&session) == Some(&calls)
+                    && let Some(actor) = self.sessions.get(&session)
+                {
+                    self.programs.retain(|_, s| *s != session);
+                    let _ = actor.send_message(SessionMsg::EndIdle(calls));
+                }
+            }
             PlannerMsg::Cancel { sessions, reason } => {
                 for id in sessions {
                     if let Some(actor) = self.sessions.get(&id) {
@@ -783,17 +797,24 @@ impl PlannerActorState {
         if program.is_none() {
             request.program_done = true;
         }
+        if request.program_done {
+            // The program ends after this call: its key is free for the client's next program.
+            self.programs.retain(|_, s| *s != id);
+        }
         let node = match request.step.as_deref() {
             Some(step) => self.step_node(step).unwrap_or(deployment.0),
             None => deployment.0,
         };
         let call = ProgramCall { request, deployment, node, next, sink, reply };
         match self.sessions.get(&id) {
-            Some(actor) => {
-                if let Err(e) = actor.send_message(SessionMsg::Call(Box::new(call))) {
-                    tracing::warn!(%id, error = %e, "program actor gone");
+            Some(actor) => match actor.send_message(SessionMsg::Call(Box::new(call))) {
+                Ok(()) => *self.program_calls.entry(id).or_insert(0) += 1,
+                Err(ractor::MessagingErr::SendErr(SessionMsg::Call(call))) => {
+                    tracing::warn!(%id, "program actor gone");
+                    let _ = call.reply.send(Err("the program ended".into()));
                 }
-            }
+                Err(e) => tracing::warn!(%id, error = %e, "program actor gone"),
+            },
             None => {
                 let _ = call.reply.send(Err("the program ended".into()));
             }
@@ -1326,6 +1347,7 @@ impl PlannerActorState {
         }
         self.sessions.remove(&id);
         self.programs.retain(|_, s| *s != id);
+        self.program_calls.remove(&id);
         self.pending.retain(|a, _| a.session != id);
         self.abort_calls_of(id);
         let (event, detail) = match &report.record.failed {

@@ -7,7 +7,10 @@
 //! the engine as it arrives.
 //!
 //! A program ends when a call says it is the last (`program_done`), or when it has been idle
-//! (no call in flight) for its idle timeout; a failed call fails only that call. What the
+//! (no call in flight) for its idle timeout; a failed call fails only that call. The planner
+//! actor frees the program's key first in both cases — at the last call, or when it agrees to
+//! an idle end because it has sent the program no call since (`PlannerMsg::ProgramIdle`) — so
+//! a call with that key reaches a live program or starts a new one, never one that is ending. What the
 //! client does between an answer and its next call is the program's tool time: the planner is
 //! told a tool of the program runs (`ToolStarted`, predicted as the mean of its earlier gaps),
 //! and that it finished when the next call arrives.
@@ -202,7 +205,15 @@ impl Actor for ProgramActor {
                     let _ = state.args.planner.send_message(PlannerMsg::UnitReady { item: w.item.clone(), call: w.call.clone() });
                 }
             }
+            // Idle for its timeout: the planner decides whether it ends, since a call may be on
+            // its way (the planner sends calls; ending here could drop one).
             SessionMsg::Idle(generation) => {
+                if generation == state.generation && state.waiting.is_empty() && !state.ended {
+                    let idle = PlannerMsg::ProgramIdle { session: state.args.session, calls: state.generation };
+                    let _ = state.args.planner.send_message(idle);
+                }
+            }
+            SessionMsg::EndIdle(generation) => {
                 if generation == state.generation && state.waiting.is_empty() {
                     state.end(&myself, None);
                 }

@@ -142,7 +142,7 @@ impl Actor for SessionActor {
             SessionMsg::Call(call) => {
                 let _ = call.reply.send(Err("internal: a front-door call reached a workflow session".into()));
             }
-            SessionMsg::Idle(_) => {}
+            SessionMsg::Idle(_) | SessionMsg::EndIdle(_) => {}
             SessionMsg::LlmFailed { activation, reason } => {
                 let node = state.session.node_of(activation.index).map(|n| n.id.clone()).unwrap_or_default();
                 state.fail(&myself, format!("{node}: {reason}"));

@@ -41,7 +41,10 @@ use crate::workflow::{WorkflowError, WorkflowSpec, parse_workflow};
 /// Lines of the event stream kept for subscribers that fall behind.
 const EVENT_BUFFER: usize = 4096;
 
-/// How long a request to the planner actor may wait for its answer.
+/// How long a query of the planner actor may wait for its answer. Requests that change what
+/// runs (register, submit) wait for theirs however long it takes: once delivered they take
+/// effect, so a timeout would tell the client "failed" about sessions that start anyway. A
+/// planner that stops drops the request's reply port, which answers them at once.
 const ASK_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Why a service request was refused.
@@ -118,7 +121,7 @@ impl Service {
     /// Add a workflow; answers its index. Refused when a deployment is not served.
     pub async fn register(&self, spec: WorkflowSpec) -> Result<u32, ServiceError> {
         let spec = Arc::new(spec);
-        let r = self.ask(|reply| PlannerMsg::Register { spec, reply }).await?;
+        let r = self.ask_until_answered(|reply| PlannerMsg::Register { spec, reply }).await?;
         r.map_err(|e| refused(e, ServiceError::NotServed))
     }
 
@@ -130,7 +133,7 @@ impl Service {
     /// [`Self::submit`] of sessions that journal their progress (those with a
     /// [`DurableSession`]) and replay what their journal already holds.
     pub async fn submit_durable(&self, workflow: u32, inputs: Vec<(Record, Option<DurableSession>)>) -> Result<Vec<SessionId>, ServiceError> {
-        let r = self.ask(|reply| PlannerMsg::Submit { workflow, inputs, reply }).await?;
+        let r = self.ask_until_answered(|reply| PlannerMsg::Submit { workflow, inputs, reply }).await?;
         r.map_err(|e| refused(e, ServiceError::BadRequest))
     }
 
@@ -223,7 +226,23 @@ impl Service {
         &self,
         msg: impl FnOnce(ractor::RpcReplyPort<T>) -> PlannerMsg,
     ) -> Result<T, ServiceError> {
-        match self.planner.call(msg, Some(ASK_TIMEOUT)).await {
+        self.ask_within(msg, Some(ASK_TIMEOUT)).await
+    }
+
+    /// [`Self::ask`] without a timeout, for requests that take effect once delivered.
+    async fn ask_until_answered<T: Send + 'static>(
+        &self,
+        msg: impl FnOnce(ractor::RpcReplyPort<T>) -> PlannerMsg,
+    ) -> Result<T, ServiceError> {
+        self.ask_within(msg, None).await
+    }
+
+    async fn ask_within<T: Send + 'static>(
+        &self,
+        msg: impl FnOnce(ractor::RpcReplyPort<T>) -> PlannerMsg,
+        timeout: Option<Duration>,
+    ) -> Result<T, ServiceError> {
+        match self.planner.call(msg, timeout).await {
             Ok(CallResult::Success(v)) => Ok(v),
             Ok(CallResult::Timeout) => Err(ServiceError::Unavailable("the planner did not answer in time".into())),
             Ok(CallResult::SenderError) => Err(ServiceError::Unavailable("the planner dropped the request".into())),

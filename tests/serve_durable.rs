@@ -246,3 +246,29 @@ async fn a_restart_reads_back_only_the_newest_ended_runs() {
     drop(second);
     assert_eq!(Journal::open(&state).expect("journal").runs().expect("runs").len(), 3);
 }
+
+/// Graceful stops (SIGTERM, as a deploy sends) while a run's calls still wait for a replica:
+/// those calls were journaled as intended but never sent, and a stop takes their attempts
+/// back, so any number of restarts leaves them their full bound (they were refused after two).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn graceful_restarts_do_not_use_up_the_attempts_of_calls_never_sent() {
+    let (dir, state, workflow) = state_dir();
+    let http = reqwest::Client::new();
+    let auth = format!("Bearer {TOKEN}");
+    let stop = |mut server: Server| {
+        // SAFETY: a signal to our own child.
+        assert_eq!(unsafe { libc::kill(server.child.id() as libc::pid_t, libc::SIGTERM) }, 0);
+        let status = server.child.wait().expect("wait");
+        assert!(status.code().is_some(), "a graceful stop exits on its own: {status:?}");
+    };
+    let first = start(dir.path(), &state, &workflow);
+    let resp = http.post(first.url("/v1/runs")).header("authorization", &auth).json(&json!({"workflow": "long-pair", "sessions": 20})).send().await.expect("run");
+    assert_eq!(resp.status().as_u16(), 201);
+    let run = resp.json::<Value>().await.expect("json")["id"].as_str().expect("id").to_string();
+    // Stopped while the model still loads: every first call is journaled, none sent.
+    stop(first);
+    stop(start(dir.path(), &state, &workflow));
+    let last = start(dir.path(), &state, &workflow);
+    let v = run_until_ended(&http, &last, &run, Duration::from_secs(300)).await;
+    assert_eq!((v["state"].as_str(), v.pointer("/counts/completed").and_then(Value::as_u64)), (Some("completed"), Some(20)), "{v}");
+}

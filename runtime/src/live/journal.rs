@@ -962,6 +962,31 @@ impl Journal {
         })
     }
 
+    /// Take back one attempt of activation `key` of `session` that was intended but never sent
+    /// (an LLM call still queued for a replica when the server stopped gracefully), so that a
+    /// restart does not count it: at most the attempts actually sent count against
+    /// [`MAX_ATTEMPTS`]. A completed activation, an unknown one, or one whose attempts are all
+    /// taken back is left as it is; a finished or unknown session is refused.
+    pub fn withdraw(&self, session: u64, key: &str) -> Result<(), JournalError> {
+        check_key("activation key", key)?;
+        let key = key.to_string();
+        self.write(move |txn| {
+            let key = key.as_str();
+            open_session(txn, session, key)?;
+            let mut acts = txn.open_table(ACTIVATIONS)?;
+            let row: Option<ActivationRow> = match acts.get((session, key))? {
+                Some(text) => Some(decode(|| format!("activation {key:?} of session {session}"), text.value())?),
+                None => None,
+            };
+            if let Some(row) = row.filter(|r| r.result.is_none() && r.attempts > 0) {
+                let row = ActivationRow { attempts: row.attempts - 1, ..row };
+                let text = encode(|| format!("activation {key:?} of session {session}"), &row)?;
+                acts.insert((session, key), text.as_str())?;
+            }
+            Ok(())
+        })
+    }
+
     /// Record the result of activation `key` of `session`, after it came back. Refused: a second
     /// result ([`JournalError::AlreadyCompleted`]; the first stays), a result without intent
     /// ([`JournalError::NotIntended`]), a finished or unknown session.

@@ -166,6 +166,7 @@ impl Actor for SessionActor {
             }
             SessionMsg::Abandon(reason) => {
                 state.abandoned = true;
+                state.withdraw_unsent();
                 state.fail(&myself, reason);
             }
         }
@@ -390,6 +391,26 @@ meter: Default::default(),
             Err(e) => {
                 self.fail(myself, format!("journal: {e}"));
                 false
+            }
+        }
+    }
+
+    /// The server is stopping and this session resumes at the next start: the LLM calls it
+    /// journaled as intended but that no replica was given yet (no `Dispatched`) were never
+    /// sent, so their attempts are taken back — routine restarts must not use up the attempts
+    /// of calls that never reached an engine. (A dispatch whose `Dispatched` is still on its
+    /// way is taken back too: at worst such a call is sent once more than the bound.)
+    fn withdraw_unsent(&mut self) {
+        let Some(d) = &self.durable else { return };
+        let unsent: Vec<ActivationId> = self.ready_at.iter().filter(|(_, t)| t.1.is_none()).map(|(a, _)| *a).collect();
+        for a in unsent {
+            if !self.intended.contains(&a) {
+                continue;
+            }
+            let Some(key) = self.journal_key(a) else { continue };
+            let (j, n) = (Arc::clone(&d.journal), d.number);
+            if let Err(e) = off_the_reactor(|| j.withdraw(n, &key)) {
+                tracing::warn!(parent: &self.span, %key, error = %e, "journal: the unsent call's attempt stays counted");
             }
         }
     }

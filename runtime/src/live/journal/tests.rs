@@ -132,6 +132,27 @@ fn sessions_need_their_run_and_cannot_change() {
 }
 
 #[test]
+fn an_attempt_never_sent_is_taken_back_and_a_result_is_never_touched() {
+    let (_d, j) = fresh();
+    with_session(&j, 1);
+    // Intended, withdrawn (a graceful stop before any replica took it), any number of times:
+    // each later intent is a first attempt again.
+    for _ in 0..3 {
+        assert_eq!(j.intend(1, "n#0", ActivationKind::Llm, "d").expect("intend"), Attempt(1));
+        j.withdraw(1, "n#0").expect("withdraw");
+    }
+    // Withdrawing more than was intended, or an activation never intended, changes nothing.
+    j.withdraw(1, "n#0").expect("again");
+    j.withdraw(1, "m#0").expect("never intended");
+    assert_eq!(j.intend(1, "n#0", ActivationKind::Llm, "d").expect("intend"), Attempt(1));
+    assert_eq!(j.intend(1, "n#0", ActivationKind::Llm, "d").expect("sent again"), Attempt(2));
+    // A completed activation keeps its result and its count.
+    j.complete(1, "n#0", &json!("out")).expect("complete");
+    j.withdraw(1, "n#0").expect("withdraw after the result");
+    assert!(matches!(j.activation(1, "n#0").expect("activation"), Some(ActivationState::Completed(_))));
+}
+
+#[test]
 fn attempts_count_to_two_and_a_third_intent_is_refused() {
     let (_d, j) = fresh();
     with_session(&j, 1);

@@ -174,6 +174,9 @@ pub fn run(args: ServeArgs) -> Result<()> {
                         restored.resumed_sessions
                     );
                 }
+                for why in &restored.workflows_skipped {
+                    eprintln!("switchyard serve: journal {}: workflow {why}; not registered again", dir.display());
+                }
                 app
             }
         };

@@ -272,3 +272,29 @@ async fn graceful_restarts_do_not_use_up_the_attempts_of_calls_never_sent() {
     let v = run_until_ended(&http, &last, &run, Duration::from_secs(300)).await;
     assert_eq!((v["state"].as_str(), v.pointer("/counts/completed").and_then(Value::as_u64)), (Some("completed"), Some(20)), "{v}");
 }
+
+/// A restart no longer given a start-up workflow whose runs have all ended still starts: an
+/// ended run shows its recorded outcomes and needs no workflow (such a run failed the start
+/// before, and the state directory was unusable until the file was passed again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_without_the_workflow_of_an_ended_run_still_starts() {
+    let (dir, state, workflow) = state_dir();
+    let http = reqwest::Client::new();
+    // A start-up workflow on a dataset file: its journaled text does not load on its own.
+    let data = dir.path().join("data.jsonl");
+    std::fs::write(&data, "{\"q\": \"one\"}\n{\"q\": \"two\"}\n").expect("data");
+    let ds = dir.path().join("ds.yaml");
+    let text = echo("ds").replace("prompt: Say something.", "prompt: \"Say {{input.q}}.\"")
+        + &format!("dataset: {{file: {}, format: jsonl, fields: {{q: q}}}}\n", data.display());
+    std::fs::write(&ds, text).expect("workflow");
+    let pool = slow_pool(dir.path());
+    let first = Server::start_with(&pool, &[&workflow, &ds], &["--state".as_ref(), state.as_os_str()]);
+    let run = start_run(&http, &first, "ds").await;
+    let v = run_until_ended(&http, &first, &run, Duration::from_secs(120)).await;
+    assert_eq!(v["state"], "completed", "{v}");
+    drop(first);
+    std::fs::remove_file(&data).expect("the dataset goes away");
+    let second = start(dir.path(), &state, &workflow);
+    let v = run_status(&http, &second, &run).await;
+    assert_eq!((v["state"].as_str(), v.pointer("/counts/completed").and_then(Value::as_u64)), (Some("completed"), Some(1)), "{v}");
+}

@@ -227,7 +227,7 @@ pub async fn durable_router(
 }
 
 /// What a restart found in its journal.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Restored {
     /// Workflows registered over the API and registered again from the journal.
     pub workflows: usize,
@@ -237,6 +237,9 @@ pub struct Restored {
     pub runs_left_in_journal: usize,
     pub ended_sessions: usize,
     pub resumed_sessions: usize,
+    /// Workflows registered over the API whose journaled text no longer loads on this server
+    /// (say, its pool changed) and that no unfinished session needs: not registered, with why.
+    pub workflows_skipped: Vec<String>,
 }
 
 fn api_state(
@@ -297,12 +300,22 @@ async fn restore(api: &Arc<Api>, journal: &Arc<Journal>) -> Result<Restored, Str
         if lock(&api.workflows).contains_key(&name) {
             continue;
         }
-        let spec = parse_workflow(&name, &text, std::path::Path::new("/nonexistent"))
-            .map_err(|e| format!("workflow `{name}`: its journaled text no longer loads: {e}"))?;
+        // One that no longer loads is skipped (a run that needs it fails the start below).
+        let spec = match parse_workflow(&name, &text, std::path::Path::new("/nonexistent")) {
+            Ok(spec) => spec,
+            Err(e) => {
+                restored.workflows_skipped.push(format!("`{name}`: its journaled text no longer loads: {e}"));
+                continue;
+            }
+        };
         let e_inputs = entry(0, &spec, String::new());
-        let index = api.service.register(spec).await.map_err(|e| format!("workflow `{name}`: {e}"))?;
-        lock(&api.workflows).insert(name, WorkflowEntry { index, text, ..e_inputs });
-        restored.workflows += 1;
+        match api.service.register(spec).await {
+            Ok(index) => {
+                lock(&api.workflows).insert(name, WorkflowEntry { index, text, ..e_inputs });
+                restored.workflows += 1;
+            }
+            Err(e) => restored.workflows_skipped.push(format!("`{name}`: {e}")),
+        }
     }
     // Ended runs beyond `keep_runs`, oldest first, are left in the journal: a restart does not
     // grow the server's memory with every run it ever served.
@@ -313,15 +326,13 @@ async fn restore(api: &Arc<Api>, journal: &Arc<Journal>) -> Result<Restored, Str
         ended.iter().take(ended.len().saturating_sub(api.config.keep_runs)).map(|id| id.to_string()).collect();
     restored.runs_left_in_journal = left.len();
     let mut max_run = 0;
-    for run in &runs {
-        if let Some(n) = run.run_id.strip_prefix("run-").and_then(|n| n.parse::<u64>().ok()) {
-            max_run = max_run.max(n);
-        }
-        if left.contains(&run.run_id) {
-            continue;
-        }
-        // Its workflow: registered at start under that name, else registered again from the
-        // journaled text.
+    // First every run with unfinished sessions gets its workflow — registered at start under
+    // that name, else registered again from the journaled text — and only when all have one
+    // does any session resume: a start that fails on a later run must not have resumed an
+    // earlier one (each resume journals another attempt of the calls it sends). An ended run
+    // needs no workflow: it shows its recorded outcomes.
+    let mut index_of: BTreeMap<&str, u32> = BTreeMap::new();
+    for run in runs.iter().filter(|r| open.contains(r.run_id.as_str())) {
         let known = lock(&api.workflows).get(&run.workflow).map(|w| w.index);
         let index = match known {
             Some(i) => i,
@@ -334,6 +345,16 @@ async fn restore(api: &Arc<Api>, journal: &Arc<Journal>) -> Result<Restored, Str
                 index
             }
         };
+        index_of.insert(run.run_id.as_str(), index);
+    }
+    for run in &runs {
+        if let Some(n) = run.run_id.strip_prefix("run-").and_then(|n| n.parse::<u64>().ok()) {
+            max_run = max_run.max(n);
+        }
+        if left.contains(&run.run_id) {
+            continue;
+        }
+        let index = index_of.get(run.run_id.as_str()).copied();
         let ended_before = ended_by_run.remove(&run.run_id).unwrap_or_default();
         let mut resume = Vec::new();
         for u in unfinished.iter().filter(|u| u.run_id == run.run_id) {
@@ -346,7 +367,10 @@ async fn restore(api: &Arc<Api>, journal: &Arc<Journal>) -> Result<Restored, Str
         }
         restored.ended_sessions += ended_before.len();
         restored.resumed_sessions += resume.len();
-        let sessions = if resume.is_empty() { Vec::new() } else { api.service.submit_durable(index, resume).await.map_err(|e| e.to_string())? };
+        let sessions = match (index, resume.is_empty()) {
+            (Some(index), false) => api.service.submit_durable(index, resume).await.map_err(|e| e.to_string())?,
+            _ => Vec::new(),
+        };
         // On this server's clock (seconds since it started): negative, the run is older.
         let now_unix_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_millis() as f64);
         let started_unix_ms = now_unix_ms - api.service.wall() * 1000.0;

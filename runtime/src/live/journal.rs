@@ -806,6 +806,58 @@ impl Journal {
         Ok(out)
     }
 
+    /// [`Self::record_run`] and [`Self::record_session`] of each of `sessions` (number, inputs)
+    /// in one transaction: a crash leaves the whole run or none of it, never a run with some of
+    /// its sessions that its client was never told about. Refused as those are, before anything
+    /// is written.
+    pub fn record_run_with_sessions(&self, run: &RunRecord, sessions: Vec<(u64, Value)>) -> Result<(), JournalError> {
+        check_key("run id", &run.run_id)?;
+        let row = RunRow {
+            workflow: run.workflow.clone(),
+            workflow_yaml: run.workflow_yaml.clone(),
+            sessions: run.sessions,
+            created_at_unix_ms: run.created_at_unix_ms,
+        };
+        let run_id = run.run_id.clone();
+        self.write(move |txn| {
+            let run_id = run_id.as_str();
+            let mut runs = txn.open_table(RUNS)?;
+            let run_known = match runs.get(run_id)? {
+                Some(old) => {
+                    let old: RunRow = decode(|| format!("run {run_id:?}"), old.value())?;
+                    if old != row {
+                        return Err(JournalError::RunConflict { run_id: run_id.to_string() });
+                    }
+                    true
+                }
+                None => false,
+            };
+            let mut table = txn.open_table(SESSIONS)?;
+            let mut new = Vec::with_capacity(sessions.len());
+            for (session, inputs) in sessions {
+                if let Some(old) = table.get(session)? {
+                    let old: SessionRow = decode(|| format!("session {session}"), old.value())?;
+                    if old.run_id != run_id || old.inputs != inputs {
+                        return Err(JournalError::SessionConflict { session, recorded_run: old.run_id });
+                    }
+                    continue;
+                }
+                let row = SessionRow { run_id: run_id.to_string(), inputs, outcome: None, finished_seq: None };
+                new.push((session, encode(|| format!("session {session}"), &row)?));
+            }
+            if !run_known {
+                let text = encode(|| format!("run {run_id:?}"), &row)?;
+                runs.insert(run_id, text.as_str())?;
+            }
+            let mut open = txn.open_table(OPEN)?;
+            for (session, text) in new {
+                table.insert(session, text.as_str())?;
+                open.insert(session, ())?;
+            }
+            Ok(())
+        })
+    }
+
     // ----- sessions -----
 
     /// Record a session of a recorded run with its inputs. Recording it again with the same run

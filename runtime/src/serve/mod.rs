@@ -765,9 +765,17 @@ async fn start_run(State(api): State<Arc<Api>>, JsonBody(body): JsonBody<RunBody
                 created_at_unix_ms: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64),
             };
             let j = Arc::clone(journal);
-            off_the_reactor(|| j.record_run(&record)).map_err(unavailable)?;
-            // A run the client is told failed must not resume at the next start: the sessions
-            // journaled so far are finished as failed when the rest cannot be.
+            // The run and all its sessions in one transaction (one fsync): a crash leaves the
+            // whole run or none of it, never part of a run its client was not told about.
+            let numbers: Vec<u64> = inputs.iter().map(|_| api.next_number.fetch_add(1, Ordering::Relaxed)).collect();
+            let rows: Vec<(u64, Value)> = numbers
+                .iter()
+                .zip(&inputs)
+                .map(|(&n, input)| (n, Value::Object(input.iter().map(|(k, v)| (k.clone(), v.clone())).collect())))
+                .collect();
+            off_the_reactor(|| j.record_run_with_sessions(&record, rows)).map_err(unavailable)?;
+            // A run the client is told failed must not resume at the next start: its sessions
+            // are finished as failed when they cannot start.
             let never_started = |numbers: &[u64], why: &str| {
                 let outcome = SessionOutcome::Failed { reason: format!("not started: {why}") };
                 for &n in numbers {
@@ -776,18 +784,11 @@ async fn start_run(State(api): State<Arc<Api>>, JsonBody(body): JsonBody<RunBody
                     }
                 }
             };
-            let mut durable = Vec::with_capacity(inputs.len());
-            let mut numbers = Vec::with_capacity(inputs.len());
-            for input in inputs {
-                let number = api.next_number.fetch_add(1, Ordering::Relaxed);
-                let value = Value::Object(input.iter().map(|(k, v)| (k.clone(), v.clone())).collect());
-                if let Err(e) = off_the_reactor(|| j.record_session(&id, number, &value)) {
-                    never_started(&numbers, &e.to_string());
-                    return Err(unavailable(e));
-                }
-                numbers.push(number);
-                durable.push((input, Some(DurableSession { journal: Arc::clone(&j), number, replay: BTreeMap::new() })));
-            }
+            let durable: Vec<_> = inputs
+                .into_iter()
+                .zip(&numbers)
+                .map(|(input, &number)| (input, Some(DurableSession { journal: Arc::clone(&j), number, replay: BTreeMap::new() })))
+                .collect();
             match api.service.submit_durable(index, durable).await {
                 Ok(sessions) => sessions,
                 Err(e) => {

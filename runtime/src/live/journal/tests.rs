@@ -132,6 +132,23 @@ fn sessions_need_their_run_and_cannot_change() {
 }
 
 #[test]
+fn a_run_and_its_sessions_are_recorded_whole_or_not_at_all() {
+    let (_d, j) = fresh();
+    let sessions = |ns: &[u64]| ns.iter().map(|&n| (n, json!({"q": n}))).collect::<Vec<_>>();
+    j.record_run_with_sessions(&run("r1"), sessions(&[1, 2, 3])).expect("record");
+    j.record_run_with_sessions(&run("r1"), sessions(&[1, 2, 3])).expect("the same again");
+    assert_eq!(j.stats().expect("stats").sessions, 3);
+    assert_eq!(j.unfinished().expect("unfinished").len(), 3);
+    // A session already recorded with other inputs: refused, and nothing of run r2 is written.
+    let mut clash = sessions(&[4]);
+    clash.push((2, json!({"q": "other"})));
+    assert!(matches!(j.record_run_with_sessions(&run("r2"), clash), Err(JournalError::SessionConflict { session: 2, .. })));
+    assert!(j.run("r2").expect("run").is_none());
+    assert!(j.session(4).expect("session").is_none());
+    assert_eq!(j.stats().expect("stats").sessions, 3);
+}
+
+#[test]
 fn an_attempt_never_sent_is_taken_back_and_a_result_is_never_touched() {
     let (_d, j) = fresh();
     with_session(&j, 1);

@@ -298,3 +298,35 @@ async fn a_restart_without_the_workflow_of_an_ended_run_still_starts() {
     let v = run_status(&http, &second, &run).await;
     assert_eq!((v["state"].as_str(), v.pointer("/counts/completed").and_then(Value::as_u64)), (Some("completed"), Some(1)), "{v}");
 }
+
+/// A journaled session that cannot start at a restart (its start-up workflow now reads an
+/// input field it lacks) is journaled as failed, not left to fail again at every restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_that_cannot_start_after_a_restart_is_journaled_as_failed() {
+    let (dir, state, _) = state_dir();
+    let http = reqwest::Client::new();
+    let data = dir.path().join("data.jsonl");
+    std::fs::write(&data, "{\"q\": \"a\", \"r\": \"b\"}\n").expect("data");
+    let wf = dir.path().join("asks.yaml");
+    let asks = |prompt: &str, fields: &str| {
+        LONG_PAIR.replace("name: long-pair", "name: asks").replace("prompt: Draft at length.", prompt)
+            + &format!("dataset: {{file: {}, format: jsonl, fields: {{{fields}}}}}\n", data.display())
+    };
+    std::fs::write(&wf, asks("prompt: \"Draft {{input.q}} at length.\"", "q: q")).expect("workflow");
+    let first = start(dir.path(), &state, &wf);
+    let resp = http
+        .post(first.url("/v1/runs"))
+        .header("authorization", format!("Bearer {TOKEN}"))
+        .json(&json!({"workflow": "asks", "sessions": 2}))
+        .send()
+        .await
+        .expect("run");
+    assert_eq!(resp.status().as_u16(), 201);
+    drop(first); // SIGKILL: both sessions stay unfinished in the journal, their inputs `q` alone
+    std::fs::write(&wf, asks("prompt: \"Draft {{input.q}} and {{input.r}} at length.\"", "q: q, r: r")).expect("workflow");
+    drop(start(dir.path(), &state, &wf));
+    let journal = Journal::open(&state).expect("journal");
+    let outcomes = journal.session_outcomes().expect("outcomes");
+    assert_eq!(outcomes.len(), 2, "{outcomes:?}");
+    assert!(outcomes.values().all(|o| matches!(o, SessionOutcome::Failed { reason } if reason.starts_with("not started"))), "{outcomes:?}");
+}

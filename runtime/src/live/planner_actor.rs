@@ -1329,7 +1329,17 @@ impl PlannerActorState {
                     }
                 }
             }
-            Err(e) => self.start_failure(entry.workflow, wall, format!("{id}: {e}")),
+            Err(e) => {
+                // It cannot start (its input lacks a field, its route fits nothing): it would fail
+                // the same way at every restart, so a durable session is journaled as failed.
+                if let Some(d) = self.durable.remove(&i) {
+                    let outcome = crate::live::journal::SessionOutcome::Failed { reason: format!("not started: {e}") };
+                    if let Err(err) = super::actors::off_the_reactor(|| d.journal.finish_session(d.number, &outcome)) {
+                        tracing::warn!(session = d.number, error = %err, "cannot journal a session that could not start");
+                    }
+                }
+                self.start_failure(entry.workflow, wall, format!("{id}: {e}"));
+            }
         }
     }
 

@@ -944,6 +944,23 @@ impl Journal {
         Ok(out)
     }
 
+    /// [`Self::session_outcomes`] grouped by run, in one scan (a restart reads this instead of
+    /// one lookup per ended session).
+    pub fn session_outcomes_by_run(&self) -> Result<BTreeMap<String, Vec<(u64, SessionOutcome)>>, JournalError> {
+        let txn = self.read()?;
+        let sessions = txn.open_table(SESSIONS)?;
+        let mut out: BTreeMap<String, Vec<(u64, SessionOutcome)>> = BTreeMap::new();
+        for entry in sessions.iter()? {
+            let (session, text) = entry?;
+            let session = session.value();
+            let row: SessionRow = decode(|| format!("session {session}"), text.value())?;
+            if let Some(outcome) = row.outcome {
+                out.entry(row.run_id).or_default().push((session, outcome));
+            }
+        }
+        Ok(out)
+    }
+
     // ----- activations -----
 
     /// Record the intent to send activation `key` of `session` (an LLM or tool call whose request

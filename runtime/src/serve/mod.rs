@@ -282,17 +282,16 @@ fn journal_status(outcome: &SessionOutcome) -> SessionStatus {
 async fn restore(api: &Arc<Api>, journal: &Arc<Journal>) -> Result<Restored, String> {
     let j = |e: crate::live::journal::JournalError| format!("journal: {e}");
     let runs = journal.runs().map_err(j)?;
-    let outcomes = journal.session_outcomes().map_err(j)?;
     let unfinished = journal.unfinished().map_err(j)?;
     let next = journal.last_session().map_err(j)?.map_or(1, |n| n + 1);
     api.next_number.store(next, Ordering::Relaxed);
-    // Ended sessions by run, in one pass.
-    let mut ended_by_run: BTreeMap<String, Vec<(u64, SessionStatus)>> = BTreeMap::new();
-    for (number, outcome) in &outcomes {
-        if let Some(entry) = journal.session(*number).map_err(j)? {
-            ended_by_run.entry(entry.run_id).or_default().push((*number, journal_status(outcome)));
-        }
-    }
+    // Ended sessions by run, in one scan of the journal.
+    let mut ended_by_run: BTreeMap<String, Vec<(u64, SessionStatus)>> = journal
+        .session_outcomes_by_run()
+        .map_err(j)?
+        .into_iter()
+        .map(|(run, ended)| (run, ended.iter().map(|(n, o)| (*n, journal_status(o))).collect()))
+        .collect();
     let mut restored = Restored { runs: runs.len(), ..Restored::default() };
     // Workflows registered over the API, whether or not a run used them.
     for (name, text) in journal.workflows().map_err(j)? {

@@ -146,6 +146,14 @@ fn a_run_and_its_sessions_are_recorded_whole_or_not_at_all() {
     assert!(j.run("r2").expect("run").is_none());
     assert!(j.session(4).expect("session").is_none());
     assert_eq!(j.stats().expect("stats").sessions, 3);
+    // Ended sessions by run, in one scan.
+    j.record_run_with_sessions(&run("r3"), sessions(&[7])).expect("r3");
+    let failed = SessionOutcome::Failed { reason: "x".into() };
+    j.finish_session(2, &failed).expect("finish");
+    j.finish_session(7, &failed).expect("finish");
+    let by_run = j.session_outcomes_by_run().expect("by run");
+    assert_eq!(by_run.keys().collect::<Vec<_>>(), ["r1", "r3"]);
+    assert_eq!((by_run["r1"][0].0, by_run["r3"][0].0, by_run["r1"].len()), (2, 7, 1));
 }
 
 #[test]

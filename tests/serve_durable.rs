@@ -330,3 +330,29 @@ async fn a_session_that_cannot_start_after_a_restart_is_journaled_as_failed() {
     assert_eq!(outcomes.len(), 2, "{outcomes:?}");
     assert!(outcomes.values().all(|o| matches!(o, SessionOutcome::Failed { reason } if reason.starts_with("not started"))), "{outcomes:?}");
 }
+
+/// A cancel is journaled at run level before the sessions are told: after a `kill -9` right
+/// behind the 202, the restart resumes none of the run's sessions and shows it cancelled (it
+/// read `failed`, and sessions whose own end was not journaled yet ran again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_run_stays_cancelled_across_a_restart() {
+    let (dir, state, workflow) = state_dir();
+    let http = reqwest::Client::new();
+    let auth = format!("Bearer {TOKEN}");
+    let first = start(dir.path(), &state, &workflow);
+    let resp = http.post(first.url("/v1/runs")).header("authorization", &auth).json(&json!({"workflow": "long-pair", "sessions": 5})).send().await.expect("run");
+    assert_eq!(resp.status().as_u16(), 201);
+    let run = resp.json::<Value>().await.expect("json")["id"].as_str().expect("id").to_string();
+    let resp = http.post(first.url(&format!("/v1/runs/{run}/cancel"))).header("authorization", &auth).send().await.expect("cancel");
+    assert_eq!(resp.status().as_u16(), 202);
+    drop(first); // SIGKILL right behind the 202
+    let second = start(dir.path(), &state, &workflow);
+    let v = run_status(&http, &second, &run).await;
+    assert_eq!(v["state"], "cancelled", "{v}");
+    assert_eq!(v.pointer("/counts/running").and_then(Value::as_u64).unwrap_or(0), 0, "nothing resumed: {v}");
+    drop(second);
+    let journal = Journal::open(&state).expect("journal");
+    let outcomes = journal.session_outcomes().expect("outcomes");
+    assert_eq!(outcomes.len(), 5, "every session ended: {outcomes:?}");
+    assert!(outcomes.values().all(|o| !matches!(o, SessionOutcome::Completed { .. })), "{outcomes:?}");
+}

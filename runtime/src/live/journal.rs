@@ -113,7 +113,7 @@
 //! that is about 1 % or less. (The tool case runs after the LLM case, on a bigger file, and was
 //! not cheaper despite its smaller result; not investigated.)
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -155,6 +155,8 @@ const BINDINGS: TableDefinition<&str, &str> = TableDefinition::new("program_bind
 /// workflow name → the YAML text it was registered with over the API (a table added after
 /// schema 1 was fixed: opening an older journal creates it empty, nothing else changes).
 const WORKFLOWS: TableDefinition<&str, &str> = TableDefinition::new("workflows");
+/// Runs a client cancelled (run id → nothing): a restart resumes none of their sessions.
+const CANCELLED: TableDefinition<&str, ()> = TableDefinition::new("cancelled_runs");
 
 const META_SCHEMA: &str = "schema_version";
 const META_SEQ: &str = "seq";
@@ -707,6 +709,7 @@ impl Journal {
         txn.open_table(ACTIVATIONS)?;
         txn.open_table(BINDINGS)?;
         txn.open_table(WORKFLOWS)?;
+        txn.open_table(CANCELLED)?;
         txn.commit()?;
         Ok(())
     }
@@ -856,6 +859,32 @@ impl Journal {
             }
             Ok(())
         })
+    }
+
+    /// Record that a client cancelled run `run_id` (before its sessions are told): a restart
+    /// then finishes its unfinished sessions as cancelled instead of resuming them, and shows
+    /// the run as cancelled. Cancelling again is a no-op; an unknown run is refused.
+    pub fn cancel_run(&self, run_id: &str) -> Result<(), JournalError> {
+        check_key("run id", run_id)?;
+        let run_id = run_id.to_string();
+        self.write(move |txn| {
+            if txn.open_table(RUNS)?.get(run_id.as_str())?.is_none() {
+                return Err(JournalError::UnknownRun(run_id));
+            }
+            txn.open_table(CANCELLED)?.insert(run_id.as_str(), ())?;
+            Ok(())
+        })
+    }
+
+    /// The runs a client cancelled.
+    pub fn cancelled_runs(&self) -> Result<BTreeSet<String>, JournalError> {
+        let txn = self.read()?;
+        let table = txn.open_table(CANCELLED)?;
+        let mut out = BTreeSet::new();
+        for entry in table.iter()? {
+            out.insert(entry?.0.value().to_string());
+        }
+        Ok(out)
     }
 
     // ----- sessions -----

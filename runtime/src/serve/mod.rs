@@ -282,7 +282,18 @@ fn journal_status(outcome: &SessionOutcome) -> SessionStatus {
 async fn restore(api: &Arc<Api>, journal: &Arc<Journal>) -> Result<Restored, String> {
     let j = |e: crate::live::journal::JournalError| format!("journal: {e}");
     let runs = journal.runs().map_err(j)?;
-    let unfinished = journal.unfinished().map_err(j)?;
+    let mut unfinished = journal.unfinished().map_err(j)?;
+    let cancelled = journal.cancelled_runs().map_err(j)?;
+    // A cancelled run's unfinished sessions (the server stopped before they ended) end as
+    // cancelled now; they are never resumed.
+    let (stopped, open_ones): (Vec<_>, Vec<_>) = unfinished.into_iter().partition(|u| cancelled.contains(&u.run_id));
+    unfinished = open_ones;
+    for u in &stopped {
+        match journal.finish_session(u.session, &SessionOutcome::Cancelled) {
+            Ok(()) | Err(crate::live::journal::JournalError::AlreadyFinished { .. }) => {}
+            Err(e) => return Err(j(e)),
+        }
+    }
     let next = journal.last_session().map_err(j)?.map_or(1, |n| n + 1);
     api.next_number.store(next, Ordering::Relaxed);
     // Ended sessions by run, in one scan of the journal.
@@ -376,7 +387,7 @@ async fn restore(api: &Arc<Api>, journal: &Arc<Journal>) -> Result<Restored, Str
         let created_at = ((run.created_at_unix_ms as f64 - started_unix_ms) / 1000.0 * 1000.0).round() / 1000.0;
         lock(&api.runs).insert(
             run.run_id.clone(),
-            RunEntry { workflow: run.workflow.clone(), sessions, ended_before, created_at, cancelled: false },
+            RunEntry { workflow: run.workflow.clone(), sessions, ended_before, created_at, cancelled: cancelled.contains(&run.run_id) },
         );
     }
     api.next_run.store(max_run + 1, Ordering::Relaxed);
@@ -975,6 +986,15 @@ async fn prune_forgotten_runs(api: &Api) {
 }
 
 async fn cancel_run(State(api): State<Arc<Api>>, Path(id): Path<String>) -> Result<Response, ApiError> {
+    if !lock(&api.runs).contains_key(&id) {
+        return Err(ApiError::not_found(format!("no run `{id}`")));
+    }
+    // Journaled before the sessions are told: a crash after the 202 does not resume them.
+    if let Some(journal) = &api.journal {
+        let (j, run) = (Arc::clone(journal), id.clone());
+        off_the_reactor(|| j.cancel_run(&run))
+            .map_err(|e| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "journal_error", e.to_string()))?;
+    }
     let sessions = {
         let mut runs = lock(&api.runs);
         let r = runs.get_mut(&id).ok_or_else(|| ApiError::not_found(format!("no run `{id}`")))?;

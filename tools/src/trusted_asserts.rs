@@ -1850,6 +1850,9 @@ pub enum CompareOp {
     Is,
     /// `is not`, against `None`, `True` or `False` only.
     IsNot,
+    /// `math.isclose(got, expected, rel_tol=…, abs_tol=…)`: the tolerances as `f64` bits (so
+    /// that the operator stays `Eq`); Python's formula, applied here.
+    IsClose { rel_tol_bits: u64, abs_tol_bits: u64 },
 }
 
 impl CompareOp {
@@ -1860,6 +1863,7 @@ impl CompareOp {
             CompareOp::NotEq => "!=",
             CompareOp::Is => "is",
             CompareOp::IsNot => "is not",
+            CompareOp::IsClose { .. } => "isclose",
         }
     }
 }
@@ -1904,7 +1908,33 @@ pub fn compare(op: CompareOp, got: &PyValue, expected: &PyValue) -> bool {
         CompareOp::NotEq => !py_eq(got, expected),
         CompareOp::Is => same_singleton(),
         CompareOp::IsNot => !same_singleton(),
+        CompareOp::IsClose { rel_tol_bits, abs_tol_bits } => {
+            // math.isclose on a real number (a bool or int converts to float, as in Python); any
+            // other value is its TypeError, a failure.
+            let real = |v: &PyValue| match v {
+                PyValue::Bool(b) => Some(f64::from(u8::from(*b))),
+                PyValue::Int(i) => i.to_f64(),
+                PyValue::Float(x) => Some(*x),
+                _ => None,
+            };
+            let (Some(a), Some(b)) = (real(got), real(expected)) else { return false };
+            is_close(a, b, f64::from_bits(rel_tol_bits), f64::from_bits(abs_tol_bits))
+        }
     }
+}
+
+/// CPython's `math.isclose` (Modules/mathmodule.c): equal values are close; an infinity is
+/// close only to itself; else `|b − a| ≤ rel_tol·|b|`, `≤ rel_tol·|a|` or `≤ abs_tol`. (Negative
+/// tolerances are refused when the assert is split.)
+fn is_close(a: f64, b: f64, rel_tol: f64, abs_tol: f64) -> bool {
+    if a == b {
+        return true;
+    }
+    if a.is_infinite() || b.is_infinite() {
+        return false;
+    }
+    let diff = (b - a).abs();
+    diff <= (rel_tol * b).abs() || diff <= (rel_tol * a).abs() || diff <= abs_tol
 }
 
 /// Splits an assert statement into the candidate-side expression and the expected literal.
@@ -2127,6 +2157,55 @@ fn side_text(src: &str, tokens: &[Tok], elided: &[(usize, usize, &'static str)])
     out
 }
 
+/// The arguments of `math.isclose(…)` (source bytes `start..end`, inside the parentheses): the
+/// candidate-side expression, the expected number and the tolerances (Python's defaults
+/// `rel_tol=1e-09`, `abs_tol=0.0`).
+fn split_isclose(src: &str, start: usize, end: usize) -> Result<(String, PyValue, CompareOp), String> {
+    let syntax = |e: String| format!("syntax: {e}");
+    let inner = scan(src, start, end, true).map_err(syntax)?;
+    let text = |t: &Tok| &src[t.start..t.end];
+    let mut args: Vec<&[Tok]> = inner.tokens.split(|t| t.kind == TokKind::Op && text(t) == ",").collect();
+    if args.last().is_some_and(|a| a.is_empty()) {
+        args.pop(); // a trailing comma
+    }
+    let source = |a: &[Tok]| match (a.first(), a.last()) {
+        (Some(f), Some(l)) => Ok(src[f.start..l.end].to_string()),
+        _ => Err("math.isclose with an empty argument".to_string()),
+    };
+    let number = |a: &[Tok]| -> Result<f64, String> {
+        match parse_literal(&source(a)?) {
+            Ok(PyValue::Int(i)) => i.to_f64().ok_or_else(|| "math.isclose tolerance out of range".to_string()),
+            Ok(PyValue::Float(x)) => Ok(x),
+            _ => Err("math.isclose tolerance is not a number literal".into()),
+        }
+    };
+    let (mut positional, mut rel_tol, mut abs_tol) = (Vec::new(), 1e-9, 0.0);
+    for a in args {
+        match a {
+            [k, eq, value @ ..] if k.kind == TokKind::Name && eq.kind == TokKind::Op && text(eq) == "=" => match text(k) {
+                "rel_tol" => rel_tol = number(value)?,
+                "abs_tol" => abs_tol = number(value)?,
+                other => return Err(format!("math.isclose keyword `{other}`")),
+            },
+            _ if rel_tol != 1e-9 || abs_tol != 0.0 => return Err("syntax: positional argument after a keyword".into()),
+            _ => positional.push(source(a)?),
+        }
+    }
+    if !(rel_tol >= 0.0 && abs_tol >= 0.0) {
+        return Err("math.isclose with a negative tolerance".into());
+    }
+    let [x, y] = positional.as_slice() else {
+        return Err(format!("math.isclose with {} positional arguments", positional.len()));
+    };
+    let is_number = |v: &PyValue| matches!(v, PyValue::Int(_) | PyValue::Float(_));
+    let (expression, expected) = match (parse_literal(x), parse_literal(y)) {
+        (_, Ok(v)) if is_number(&v) => (x.clone(), v),
+        (Ok(v), _) if is_number(&v) => (y.clone(), v),
+        _ => return Err("math.isclose without a number literal side".into()),
+    };
+    Ok((expression, expected, CompareOp::IsClose { rel_tol_bits: rel_tol.to_bits(), abs_tol_bits: abs_tol.to_bits() }))
+}
+
 fn split(src: &str) -> Result<(String, PyValue, CompareOp), String> {
     if src.len() > MAX_TEXT_LEN {
         return Err(format!("statement longer than {MAX_TEXT_LEN} bytes"));
@@ -2218,6 +2297,19 @@ fn split(src: &str) -> Result<(String, PyValue, CompareOp), String> {
     }
     let (symbol, first, last) = match comparisons.as_slice() {
         [] => {
+            // `math.isclose(<expression>, <number>[, rel_tol=<number>][, abs_tol=<number>])`:
+            // a value check with Python's formula applied here.
+            if let [m, dot, name, call] = test.as_slice()
+                && m.kind == TokKind::Name
+                && text(m) == "math"
+                && is_op(dot, ".")
+                && name.kind == TokKind::Name
+                && text(name) == "isclose"
+                && call.kind == TokKind::Group
+                && src.as_bytes()[call.start] == b'('
+            {
+                return split_isclose(src, call.start + 1, call.end - 1);
+            }
             let isclose = matches!(test.as_slice(), [.., name, call]
                 if name.kind == TokKind::Name && text(name) == "isclose" && call.kind == TokKind::Group);
             return Err(if isclose {
@@ -2788,12 +2880,41 @@ mod tests {
     }
 
     #[test]
+    fn math_isclose_is_a_value_check_with_pythons_formula() {
+        let SplitAssert::Compare { expression, expected, op } =
+            split_assert("assert math.isclose(volume_sphere(10), 4188.790204786391, rel_tol=0.001)")
+        else {
+            panic!("math.isclose with a number literal splits")
+        };
+        assert_eq!((expression.as_str(), op.symbol()), ("volume_sphere(10)", "isclose"));
+        let close = |got: PyValue| compare(op, &got, &expected);
+        // Within 0.1 % of 4188.79… (either side's magnitude), not beyond; ints and bools are
+        // numbers; anything else is Python's TypeError, a failure.
+        assert!(close(PyValue::Float(4188.790204786391)) && close(PyValue::Float(4185.0)) && close(PyValue::Float(4192.0)));
+        assert!(!close(PyValue::Float(4180.0)) && !close(PyValue::Float(f64::NAN)) && !close(PyValue::Float(f64::INFINITY)));
+        assert!(close(parse_literal("4189").expect("int")));
+        assert!(!close(PyValue::None) && !close(PyValue::Str("4188.79".into())));
+        // The literal on either side, the defaults (rel_tol 1e-09, abs_tol 0), abs_tol, a
+        // trailing comma.
+        let check = |statement: &str, got: f64| match split_assert(statement) {
+            SplitAssert::Compare { expected, op, .. } => compare(op, &PyValue::Float(got), &expected),
+            SplitAssert::Untrusted { reason } => panic!("{statement}: {reason}"),
+        };
+        assert!(check("assert math.isclose(2.5, f(1))", 2.5 + 1e-12) && !check("assert math.isclose(2.5, f(1))", 2.5 + 1e-6));
+        assert!(check("assert math.isclose(f(1), 0, abs_tol=1e-6,)", 5e-7) && !check("assert math.isclose(f(1), 0)", 5e-7));
+    }
+
+    #[test]
     fn split_refuses_what_it_cannot_trust() {
         let cases = [
             ("assert f(x)", "bare truthiness assertion (no expected value to withhold)"),
             ("assert not f(x)", "negated truthiness assertion (no expected value to withhold)"),
-            ("assert math.isclose(f(1), 2.5, rel_tol=0.001)", "math.isclose is not a plain equality"),
             ("assert isclose(f(1), 2.5)", "math.isclose is not a plain equality"),
+            ("assert math.isclose(f(1), g(2))", "math.isclose without a number literal side"),
+            ("assert math.isclose(f(1), 2.5, rel_tol=-0.1)", "math.isclose with a negative tolerance"),
+            ("assert math.isclose(f(1), 2.5, tol=0.1)", "math.isclose keyword `tol`"),
+            ("assert math.isclose(f(1))", "math.isclose with 1 positional arguments"),
+            ("assert math.isclose(f(1), 2.5, rel_tol=x)", "math.isclose tolerance is not a number literal"),
             ("assert 1 < f(x) < 3", "chained or multiple comparisons"),
             ("assert f(x) == 1 == g(x)", "chained or multiple comparisons"),
             ("assert f(x) == g(x)", "neither side is a trusted literal"),
@@ -2931,7 +3052,14 @@ mod tests {
                             parse_literal(&shown).unwrap_or_else(|e| panic!("task {id}: {shown:?}: {e}"));
                         assert!(has_nan(&expected) || py_eq(&reparsed, &expected), "task {id}: {shown}");
                         assert_eq!(reparsed.to_string(), shown, "task {id}: Display is not a fixed point");
-                        let again = format!("assert {expression} {op} {shown}");
+                        let again = match op {
+                            CompareOp::IsClose { rel_tol_bits, abs_tol_bits } => format!(
+                                "assert math.isclose({expression}, {shown}, rel_tol={}, abs_tol={})",
+                                PyValue::Float(f64::from_bits(rel_tol_bits)),
+                                PyValue::Float(f64::from_bits(abs_tol_bits))
+                            ),
+                            _ => format!("assert {expression} {op} {shown}"),
+                        };
                         match split_assert(&again) {
                             SplitAssert::Compare { expression: e2, expected: x2, op: o2 } => {
                                 assert_eq!((e2.as_str(), o2), (expression.as_str(), op), "task {id}");

@@ -330,6 +330,29 @@ fn a_forged_report_does_not_pass() {
     }
 }
 
+/// A tolerance assert (`math.isclose`, MBPP's floating-point checks) cannot be passed by
+/// replacing `math.isclose` in the guest, nor by the forged report: its formula is applied
+/// outside the sandbox to the value the candidate computed.
+#[test]
+fn a_replaced_math_isclose_or_a_forged_report_does_not_pass_a_tolerance_check() {
+    let tests = [
+        "assert math.isclose(volume_sphere(10), 4188.790204786391, rel_tol=0.001)",
+        "assert math.isclose(volume_sphere(25), 65449.84694978735, rel_tol=0.001)",
+    ];
+    let replaced = "import math\nmath.isclose = lambda *a, **k: True\ndef volume_sphere(r):\n    return 0\n";
+    for (name, backend) in backends() {
+        for (what, code) in [("replaced isclose", replaced), ("forged report", FORGE_PAYLOAD)] {
+            let out = attack(backend, code, &tests, 10.0);
+            assert_eq!(out.verdict.as_deref(), Some("fail"), "{name}, {what}: passed: {}", out.text);
+            assert_eq!((out.checks.outside, out.checks.untrusted), (2, 0), "{name}, {what}: {out:?}");
+        }
+        // The real answer passes.
+        let solved = "import math\ndef volume_sphere(r):\n    return 4 / 3 * math.pi * r ** 3\n";
+        let out = attack(backend, solved, &tests, 10.0);
+        assert_eq!(out.verdict.as_deref(), Some("pass"), "{name}: {}", out.text);
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Disk and descriptors
 

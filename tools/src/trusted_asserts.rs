@@ -4,7 +4,8 @@
 //! Owns
 //! * the splitter ([`split_assert`]): an MBPP-style `assert <expression> == <literal>` becomes
 //!   the candidate-side *expression*, which alone is sent into the sandbox, and the *expected*
-//!   value, which never is; asserts that cannot be split that way are classified
+//!   value, which never is (also `math.isclose(<expression>, <number>, rel_tol=…, abs_tol=…)`,
+//!   whose formula is applied here); asserts that cannot be split that way are classified
 //!   [`SplitAssert::Untrusted`] with a reason (they still run whole inside the sandbox);
 //! * the literal parser ([`parse_literal`]) for Python literal syntax, used both for the expected
 //!   values written in test files and for the `repr()`/`ascii()` text the guest reports for the

@@ -44,11 +44,35 @@ pub struct Interpreter {
     pub version: String,
 }
 
-static INTERPRETER: OnceLock<Option<Interpreter>> = OnceLock::new();
+static INTERPRETER: OnceLock<Interpreter> = OnceLock::new();
 
-/// The interpreter the tools use, discovered once per process; `None` when no candidate runs.
+/// When discovery last found no interpreter that runs in the sandbox.
+static LAST_MISS: Mutex<Option<std::time::Instant>> = Mutex::new(None);
+
+/// How long a failed discovery stands before the next call probes again: a probe can fail for a
+/// passing reason (the sandbox uid's process count momentarily at its limit), and a failure
+/// cached for the process's life would leave the tool without its interpreter until a restart.
+const RETRY_AFTER: Duration = Duration::from_secs(30);
+
+/// The interpreter the tools use, discovered once per process (a failed discovery is retried
+/// after [`RETRY_AFTER`]); `None` when no candidate runs.
 pub fn interpreter() -> Option<&'static Interpreter> {
-    INTERPRETER.get_or_init(discover).as_ref()
+    if let Some(found) = INTERPRETER.get() {
+        return Some(found);
+    }
+    let recent_miss = || LAST_MISS.lock().is_ok_and(|m| m.is_some_and(|t| t.elapsed() < RETRY_AFTER));
+    if recent_miss() {
+        return None;
+    }
+    match discover() {
+        Some(found) => Some(INTERPRETER.get_or_init(|| found)),
+        None => {
+            if let Ok(mut m) = LAST_MISS.lock() {
+                *m = Some(std::time::Instant::now());
+            }
+            None
+        }
+    }
 }
 
 fn discover() -> Option<Interpreter> {

@@ -75,10 +75,15 @@ fn state_dir() -> (tempfile::TempDir, PathBuf, PathBuf) {
 
 /// Start a one-session run of `workflow`; its id.
 async fn start_run(http: &reqwest::Client, server: &Server, workflow: &str) -> String {
+    post_run(http, server, json!({"workflow": workflow, "sessions": 1})).await
+}
+
+/// `POST /v1/runs` with `body`, which must be answered 201; the run's id.
+async fn post_run(http: &reqwest::Client, server: &Server, body: Value) -> String {
     let resp = http
         .post(server.url("/v1/runs"))
         .header("authorization", format!("Bearer {TOKEN}"))
-        .json(&json!({"workflow": workflow, "sessions": 1}))
+        .json(&body)
         .send()
         .await
         .expect("run");
@@ -254,7 +259,6 @@ async fn a_restart_reads_back_only_the_newest_ended_runs() {
 async fn graceful_restarts_do_not_use_up_the_attempts_of_calls_never_sent() {
     let (dir, state, workflow) = state_dir();
     let http = reqwest::Client::new();
-    let auth = format!("Bearer {TOKEN}");
     let stop = |mut server: Server| {
         // SAFETY: a signal to our own child.
         assert_eq!(unsafe { libc::kill(server.child.id() as libc::pid_t, libc::SIGTERM) }, 0);
@@ -262,9 +266,7 @@ async fn graceful_restarts_do_not_use_up_the_attempts_of_calls_never_sent() {
         assert!(status.code().is_some(), "a graceful stop exits on its own: {status:?}");
     };
     let first = start(dir.path(), &state, &workflow);
-    let resp = http.post(first.url("/v1/runs")).header("authorization", &auth).json(&json!({"workflow": "long-pair", "sessions": 20})).send().await.expect("run");
-    assert_eq!(resp.status().as_u16(), 201);
-    let run = resp.json::<Value>().await.expect("json")["id"].as_str().expect("id").to_string();
+    let run = post_run(&http, &first, json!({"workflow": "long-pair", "sessions": 20})).await;
     // Stopped while the model still loads: every first call is journaled, none sent.
     stop(first);
     stop(start(dir.path(), &state, &workflow));
@@ -314,14 +316,7 @@ async fn a_session_that_cannot_start_after_a_restart_is_journaled_as_failed() {
     };
     std::fs::write(&wf, asks("prompt: \"Draft {{input.q}} at length.\"", "q: q")).expect("workflow");
     let first = start(dir.path(), &state, &wf);
-    let resp = http
-        .post(first.url("/v1/runs"))
-        .header("authorization", format!("Bearer {TOKEN}"))
-        .json(&json!({"workflow": "asks", "sessions": 2}))
-        .send()
-        .await
-        .expect("run");
-    assert_eq!(resp.status().as_u16(), 201);
+    post_run(&http, &first, json!({"workflow": "asks", "sessions": 2})).await;
     drop(first); // SIGKILL: both sessions stay unfinished in the journal, their inputs `q` alone
     std::fs::write(&wf, asks("prompt: \"Draft {{input.q}} and {{input.r}} at length.\"", "q: q, r: r")).expect("workflow");
     drop(start(dir.path(), &state, &wf));
@@ -340,9 +335,7 @@ async fn a_cancelled_run_stays_cancelled_across_a_restart() {
     let http = reqwest::Client::new();
     let auth = format!("Bearer {TOKEN}");
     let first = start(dir.path(), &state, &workflow);
-    let resp = http.post(first.url("/v1/runs")).header("authorization", &auth).json(&json!({"workflow": "long-pair", "sessions": 5})).send().await.expect("run");
-    assert_eq!(resp.status().as_u16(), 201);
-    let run = resp.json::<Value>().await.expect("json")["id"].as_str().expect("id").to_string();
+    let run = post_run(&http, &first, json!({"workflow": "long-pair", "sessions": 5})).await;
     let resp = http.post(first.url(&format!("/v1/runs/{run}/cancel"))).header("authorization", &auth).send().await.expect("cancel");
     assert_eq!(resp.status().as_u16(), 202);
     drop(first); // SIGKILL right behind the 202

@@ -2180,15 +2180,18 @@ fn split_isclose(src: &str, start: usize, end: usize) -> Result<(String, PyValue
             _ => Err("math.isclose tolerance is not a number literal".into()),
         }
     };
-    let (mut positional, mut rel_tol, mut abs_tol) = (Vec::new(), 1e-9, 0.0);
+    let (mut positional, mut rel_tol, mut abs_tol, mut keyword_seen) = (Vec::new(), 1e-9, 0.0, false);
     for a in args {
         match a {
-            [k, eq, value @ ..] if k.kind == TokKind::Name && eq.kind == TokKind::Op && text(eq) == "=" => match text(k) {
-                "rel_tol" => rel_tol = number(value)?,
-                "abs_tol" => abs_tol = number(value)?,
-                other => return Err(format!("math.isclose keyword `{other}`")),
-            },
-            _ if rel_tol != 1e-9 || abs_tol != 0.0 => return Err("syntax: positional argument after a keyword".into()),
+            [k, eq, value @ ..] if k.kind == TokKind::Name && eq.kind == TokKind::Op && text(eq) == "=" => {
+                keyword_seen = true;
+                match text(k) {
+                    "rel_tol" => rel_tol = number(value)?,
+                    "abs_tol" => abs_tol = number(value)?,
+                    other => return Err(format!("math.isclose keyword `{other}`")),
+                }
+            }
+            _ if keyword_seen => return Err("syntax: positional argument after a keyword".into()),
             _ => positional.push(source(a)?),
         }
     }
@@ -2916,6 +2919,7 @@ mod tests {
             ("assert math.isclose(f(1), 2.5, tol=0.1)", "math.isclose keyword `tol`"),
             ("assert math.isclose(f(1))", "math.isclose with 1 positional arguments"),
             ("assert math.isclose(f(1), 2.5, rel_tol=x)", "math.isclose tolerance is not a number literal"),
+            ("assert math.isclose(f(1), rel_tol=1e-09, 2.5)", "syntax: positional argument after a keyword"),
             ("assert 1 < f(x) < 3", "chained or multiple comparisons"),
             ("assert f(x) == 1 == g(x)", "chained or multiple comparisons"),
             ("assert f(x) == g(x)", "neither side is a trusted literal"),

@@ -738,24 +738,7 @@ impl Journal {
     /// Record a run. Recording the same run again is a no-op (a restarted server may repeat
     /// it); a different run under a recorded id is refused.
     pub fn record_run(&self, run: &RunRecord) -> Result<(), JournalError> {
-        check_key("run id", &run.run_id)?;
-        let row = RunRow {
-            workflow: run.workflow.clone(),
-            workflow_yaml: run.workflow_yaml.clone(),
-            sessions: run.sessions,
-            created_at_unix_ms: run.created_at_unix_ms,
-        };
-        let run = run.clone();
-        self.write(move |txn| {
-            let mut runs = txn.open_table(RUNS)?;
-            if let Some(old) = runs.get(run.run_id.as_str())? {
-                let old: RunRow = decode(|| format!("run {:?}", run.run_id), old.value())?;
-                return if old == row { Ok(()) } else { Err(JournalError::RunConflict { run_id: run.run_id.clone() }) };
-            }
-            let text = encode(|| format!("run {:?}", run.run_id), &row)?;
-            runs.insert(run.run_id.as_str(), text.as_str())?;
-            Ok(())
-        })
+        self.record_run_with_sessions(run, Vec::new())
     }
 
     /// The run recorded under `run_id`.

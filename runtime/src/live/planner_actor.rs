@@ -797,9 +797,11 @@ impl PlannerActorState {
         if program.is_none() {
             request.program_done = true;
         }
-        if request.program_done {
+        if request.program_done
+            && let Some(p) = &program
+        {
             // The program ends after this call: its key is free for the client's next program.
-            self.programs.retain(|_, s| *s != id);
+            self.programs.remove(p);
         }
         let node = match request.step.as_deref() {
             Some(step) => self.step_node(step).unwrap_or(deployment.0),

@@ -75,13 +75,21 @@ use filter::SyscallFilter;
 
 /// First uid (and gid) handed to sandboxed children when the caller is root.
 ///
-/// Each run gets `SANDBOX_UID_BASE + (pid mod 65 536) · 32 768 + (run counter mod 32 768)`
-/// (at most about 3.15 · 10⁹, below the 32-bit limit), so one process reuses a uid only after
-/// 32 768 runs, and two processes collide only if their pids agree modulo 65 536. Reuse matters
-/// where the init process does not reap orphans (as on this machine: zombies of killed
-/// grandchildren keep counting toward their uid's `RLIMIT_NPROC`). Assumed free: far above the
-/// ranges that distributions (< 60 000) and `/etc/subuid` (100 000 + 65 536·k) hand out.
+/// Each run gets `SANDBOX_UID_BASE + (offset + run counter) mod SANDBOX_UID_SPAN`, where the
+/// offset is drawn once per process from the kernel's random source (`getrandom`). One process
+/// reuses a uid only after [`SANDBOX_UID_SPAN`] runs; two processes on one kernel (e.g. two
+/// containers, each switchyard its namespace's pid 1, sharing the host's uids) collide only when
+/// their offsets fall within the runs either has made: for processes of n runs each, a chance of
+/// about 2n / 3 · 10⁹ per pair. (A uid derived from the pid collided for every pair of
+/// containers.) Reuse matters where the init process does not reap orphans (as on this machine:
+/// zombies of killed grandchildren keep counting toward their uid's `RLIMIT_NPROC`), and a
+/// shared uid would share that count and the uid sweep. Assumed free: far above the ranges that
+/// distributions (< 60 000) and `/etc/subuid` (100 000 + 65 536·k) hand out.
 pub const SANDBOX_UID_BASE: u32 = 1_000_000_000;
+
+/// How many uids from [`SANDBOX_UID_BASE`] runs may take: the highest is 3,999,999,999, below
+/// the 32-bit limit (4,294,967,295 is `(uid_t) -1`, "no change", to the set*id calls).
+pub const SANDBOX_UID_SPAN: u32 = 3_000_000_000;
 
 /// Grace period for pipes to reach end-of-file once every sandboxed process is dead.
 ///
@@ -518,8 +526,33 @@ static RUN_COUNTER: AtomicU32 = AtomicU32::new(0);
 
 /// The uid for the next run when dropping from root (see [`SANDBOX_UID_BASE`]).
 fn allocate_uid() -> u32 {
-    let run = RUN_COUNTER.fetch_add(1, Ordering::Relaxed) % 32_768;
-    SANDBOX_UID_BASE + (std::process::id() % 65_536) * 32_768 + run
+    static OFFSET: OnceLock<u32> = OnceLock::new();
+    let offset = *OFFSET.get_or_init(uid_offset);
+    uid_for(offset, RUN_COUNTER.fetch_add(1, Ordering::Relaxed))
+}
+
+/// The uid of run `run` of a process whose offset is `offset`: always in
+/// `[SANDBOX_UID_BASE, SANDBOX_UID_BASE + SANDBOX_UID_SPAN)`.
+fn uid_for(offset: u32, run: u32) -> u32 {
+    let span = u64::from(SANDBOX_UID_SPAN);
+    // The remainder is below the span, a u32.
+    SANDBOX_UID_BASE + ((u64::from(offset) + u64::from(run)) % span) as u32
+}
+
+/// This process's uid offset: 4 bytes of `getrandom`, reduced to the span. Should the call
+/// fail (no `getrandom`, Linux < 3.17), the pid mixed with the clock's nanoseconds.
+fn uid_offset() -> u32 {
+    let mut bytes = [0u8; 4];
+    // SAFETY: the buffer is valid for 4 bytes of writes; flags 0 (the urandom source, blocking
+    // only until the pool is first initialised).
+    let got = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), 0) };
+    let raw = if got == 4 {
+        u32::from_ne_bytes(bytes)
+    } else {
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
+        std::process::id().wrapping_mul(2_654_435_761) ^ nanos
+    };
+    raw % SANDBOX_UID_SPAN
 }
 
 pub(crate) fn validate(job: &SandboxJob) -> Result<(), SandboxError> {
@@ -1092,4 +1125,34 @@ fn supervise(
     let end = exited_at.unwrap_or_else(Instant::now);
     let wall_seconds = end.duration_since(started).as_secs_f64();
     Ok((out, err, timed_out, wall_seconds, notes))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeSet;
+
+    #[test]
+    fn run_uids_stay_in_the_sandbox_range_and_wrap_inside_it() {
+        let last = SANDBOX_UID_BASE + (SANDBOX_UID_SPAN - 1);
+        assert_eq!(uid_for(0, 0), SANDBOX_UID_BASE);
+        assert_eq!(uid_for(SANDBOX_UID_SPAN - 1, 0), last);
+        // Past the end of the span the next run wraps to its start, never above it.
+        assert_eq!(uid_for(SANDBOX_UID_SPAN - 1, 1), SANDBOX_UID_BASE);
+        assert_eq!(uid_for(SANDBOX_UID_SPAN - 1, u32::MAX), SANDBOX_UID_BASE + (u32::MAX - 1) % SANDBOX_UID_SPAN);
+        assert!(last < u32::MAX, "(uid_t) -1 means 'no change' to setresuid");
+        // Consecutive runs of one process get consecutive, distinct uids.
+        assert_eq!(uid_for(17, 5) + 1, uid_for(17, 6));
+    }
+
+    #[test]
+    fn the_offset_comes_from_the_random_source_not_the_pid() {
+        // Two draws in one process (what two processes with the same pid would each make) agree
+        // only by chance: 1 in 3 · 10⁹ per pair, so 8 draws all equal means no randomness.
+        let draws: BTreeSet<u32> = (0..8).map(|_| uid_offset()).collect();
+        assert!(draws.len() > 1, "every offset equal: {draws:?}");
+        assert!(draws.iter().all(|&o| o < SANDBOX_UID_SPAN));
+        let uid = allocate_uid();
+        assert!((SANDBOX_UID_BASE..SANDBOX_UID_BASE + SANDBOX_UID_SPAN).contains(&uid));
+    }
 }

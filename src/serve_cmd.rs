@@ -46,7 +46,8 @@ pub struct ServeArgs {
     #[arg(long)]
     pub state: Option<PathBuf>,
     /// Keep the status and final output of at most this many ended sessions in memory (older
-    /// ones read `unknown`; with `--state` the journal keeps every outcome).
+    /// ones read `unknown`; with `--state` the journal keeps every outcome, and a restart reads
+    /// back at most this many, those of the newest ended runs).
     #[arg(long, default_value_t = 100_000)]
     pub keep_ended: usize,
     /// Past this many runs, the oldest runs whose sessions were all forgotten (`--keep-ended`)
@@ -139,7 +140,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     cfg.keep_ended = args.keep_ended;
     let on_note: live::NoteSink = Arc::new(|line: &str| eprintln!("note: {line}"));
     cfg.on_note = Some(on_note);
-    let api_config = ApiConfig { token, max_body_bytes: args.max_body_bytes, keep_runs: args.keep_runs, max_workflows: args.max_workflows, ..ApiConfig::default() };
+    let api_config = ApiConfig { token, max_body_bytes: args.max_body_bytes, keep_runs: args.keep_runs, keep_ended: args.keep_ended, max_workflows: args.max_workflows, ..ApiConfig::default() };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

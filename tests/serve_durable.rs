@@ -252,6 +252,38 @@ async fn a_restart_reads_back_only_the_newest_ended_runs() {
     assert_eq!(Journal::open(&state).expect("journal").runs().expect("runs").len(), 3);
 }
 
+/// A restart reads back at most `--keep-ended` ended sessions over the ended runs it restores
+/// (the newest runs whose sessions fit); older runs stay in the journal only, so a few large
+/// runs cannot grow the restarted server's memory past the bound the runtime keeps.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_reads_back_at_most_keep_ended_ended_sessions() {
+    let (dir, state, workflow) = state_dir();
+    let http = reqwest::Client::new();
+    let auth = format!("Bearer {TOKEN}");
+    let pool = slow_pool(dir.path());
+    let args = ["--state".as_ref(), state.as_os_str(), "--keep-ended".as_ref(), "5".as_ref()];
+    let first = Server::start_with(&pool, &[&workflow], &args);
+    assert_eq!(register(&http, &first, &echo("echo-few")).await.status(), 201);
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        let id = post_run(&http, &first, json!({"workflow": "echo-few", "sessions": 2})).await;
+        assert_eq!(run_until_ended(&http, &first, &id, Duration::from_secs(120)).await["state"], "completed");
+        ids.push(id);
+    }
+    drop(first);
+    let second = Server::start_with(&pool, &[&workflow], &args);
+    let list: Value = http.get(second.url("/v1/runs")).header("authorization", &auth).send().await.expect("list").json().await.expect("json");
+    let listed: Vec<&str> = list["runs"].as_array().expect("runs").iter().filter_map(|r| r["id"].as_str()).collect();
+    // The two newest runs' 4 sessions fit in 5; the oldest run's 2 more would not.
+    assert_eq!(listed, vec![ids[1].as_str(), ids[2].as_str()], "{list}");
+    let newest = run_status(&http, &second, &ids[2]).await;
+    assert_eq!(newest["state"], "completed", "{newest}");
+    let old = http.get(second.url(&format!("/v1/runs/{}", ids[0]))).header("authorization", &auth).send().await.expect("old");
+    assert_eq!(old.status(), 404);
+    drop(second);
+    assert_eq!(Journal::open(&state).expect("journal").runs().expect("runs").len(), 3);
+}
+
 /// Graceful stops (SIGTERM, as a deploy sends) while a run's calls still wait for a replica:
 /// those calls were journaled as intended but never sent, and a stop takes their attempts
 /// back, so any number of restarts leaves them their full bound (they were refused after two).

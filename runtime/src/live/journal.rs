@@ -959,6 +959,36 @@ impl Journal {
     /// [`Self::session_outcomes`] grouped by run, in one scan (a restart reads this instead of
     /// one lookup per ended session).
     pub fn session_outcomes_by_run(&self) -> Result<BTreeMap<String, Vec<(u64, SessionOutcome)>>, JournalError> {
+        self.scan_ended(|_| true)
+    }
+
+    /// [`Self::session_outcomes_by_run`] for the runs in `runs` only: the others' outcomes are
+    /// decoded one at a time and dropped, never held together (a restart reads back only the
+    /// runs it keeps).
+    pub fn session_outcomes_of_runs(
+        &self,
+        runs: &BTreeSet<String>,
+    ) -> Result<BTreeMap<String, Vec<(u64, SessionOutcome)>>, JournalError> {
+        self.scan_ended(|run| runs.contains(run))
+    }
+
+    /// How many ended sessions each run has, in one scan (no outcome is kept).
+    pub fn ended_counts_by_run(&self) -> Result<BTreeMap<String, usize>, JournalError> {
+        let txn = self.read()?;
+        let sessions = txn.open_table(SESSIONS)?;
+        let mut out: BTreeMap<String, usize> = BTreeMap::new();
+        for entry in sessions.iter()? {
+            let (session, text) = entry?;
+            let session = session.value();
+            let row: SessionRow = decode(|| format!("session {session}"), text.value())?;
+            if row.outcome.is_some() {
+                *out.entry(row.run_id).or_default() += 1;
+            }
+        }
+        Ok(out)
+    }
+
+    fn scan_ended(&self, wanted: impl Fn(&str) -> bool) -> Result<BTreeMap<String, Vec<(u64, SessionOutcome)>>, JournalError> {
         let txn = self.read()?;
         let sessions = txn.open_table(SESSIONS)?;
         let mut out: BTreeMap<String, Vec<(u64, SessionOutcome)>> = BTreeMap::new();
@@ -966,7 +996,7 @@ impl Journal {
             let (session, text) = entry?;
             let session = session.value();
             let row: SessionRow = decode(|| format!("session {session}"), text.value())?;
-            if let Some(outcome) = row.outcome {
+            if let Some(outcome) = row.outcome.filter(|_| wanted(&row.run_id)) {
                 out.entry(row.run_id).or_default().push((session, outcome));
             }
         }

@@ -66,6 +66,11 @@ pub struct ApiConfig {
     /// Runs kept before the oldest runs whose sessions were all forgotten (past
     /// `--keep-ended`) are dropped from `/v1/runs` (`--keep-runs`).
     pub keep_runs: usize,
+    /// Ended sessions a restart reads back from the journal at most, over the ended runs it
+    /// restores (`--keep-ended`, the bound the runtime keeps on remembered outcomes): the newest
+    /// ended runs are restored while their ended sessions fit, the older ones stay in the
+    /// journal only. Runs with unfinished sessions are always restored.
+    pub keep_ended: usize,
     /// Most workflows registered at once (`--max-workflows`): a new registration past it gets
     /// 429. A workflow is never unregistered, so without a bound a client could grow the
     /// server's memory (and, with `--state`, the journal a restart replays) without end.
@@ -74,7 +79,7 @@ pub struct ApiConfig {
 
 impl Default for ApiConfig {
     fn default() -> Self {
-        ApiConfig { token: None, max_body_bytes: 4 << 20, max_sessions_per_run: 10_000, keep_runs: 1000, max_workflows: 1000 }
+        ApiConfig { token: None, max_body_bytes: 4 << 20, max_sessions_per_run: 10_000, keep_runs: 1000, keep_ended: 100_000, max_workflows: 1000 }
     }
 }
 
@@ -233,7 +238,8 @@ pub struct Restored {
     pub workflows: usize,
     pub runs: usize,
     /// Of those, runs that had ended and were not read back: past [`ApiConfig::keep_runs`] such
-    /// runs, the oldest stay in the journal only.
+    /// runs, or past [`ApiConfig::keep_ended`] of their ended sessions, the oldest stay in the
+    /// journal only.
     pub runs_left_in_journal: usize,
     pub ended_sessions: usize,
     pub resumed_sessions: usize,
@@ -296,9 +302,29 @@ async fn restore(api: &Arc<Api>, journal: &Arc<Journal>) -> Result<Restored, Str
     }
     let next = journal.last_session().map_err(j)?.map_or(1, |n| n + 1);
     api.next_number.store(next, Ordering::Relaxed);
-    // Ended sessions by run, in one scan of the journal.
+    // Ended runs beyond `keep_runs`, or whose ended sessions would take the sessions read back
+    // past `keep_ended`, oldest first, are left in the journal: a restart does not grow the
+    // server's memory with every run (and every outcome) it ever served.
+    let open: BTreeSet<&str> = unfinished.iter().map(|u| u.run_id.as_str()).collect();
+    let ended_counts = journal.ended_counts_by_run().map_err(j)?;
+    let mut ended: Vec<&str> = runs.iter().map(|r| r.run_id.as_str()).filter(|id| !open.contains(id)).collect();
+    ended.sort_by(|a, b| run_order(b).cmp(&run_order(a)));
+    let mut kept_sessions = 0usize;
+    let mut kept_runs = 0usize;
+    let mut left: BTreeSet<String> = BTreeSet::new();
+    for id in ended {
+        let n = ended_counts.get(id).copied().unwrap_or(0);
+        if left.is_empty() && kept_runs < api.config.keep_runs && kept_sessions + n <= api.config.keep_ended {
+            kept_runs += 1;
+            kept_sessions += n;
+        } else {
+            left.insert(id.to_string());
+        }
+    }
+    // Ended sessions of the runs read back, in one scan of the journal.
+    let wanted: BTreeSet<String> = runs.iter().map(|r| r.run_id.clone()).filter(|id| !left.contains(id)).collect();
     let mut ended_by_run: BTreeMap<String, Vec<(u64, SessionStatus)>> = journal
-        .session_outcomes_by_run()
+        .session_outcomes_of_runs(&wanted)
         .map_err(j)?
         .into_iter()
         .map(|(run, ended)| (run, ended.iter().map(|(n, o)| (*n, journal_status(o))).collect()))
@@ -327,13 +353,6 @@ async fn restore(api: &Arc<Api>, journal: &Arc<Journal>) -> Result<Restored, Str
             Err(e) => restored.workflows_skipped.push(format!("`{name}`: {e}")),
         }
     }
-    // Ended runs beyond `keep_runs`, oldest first, are left in the journal: a restart does not
-    // grow the server's memory with every run it ever served.
-    let open: BTreeSet<&str> = unfinished.iter().map(|u| u.run_id.as_str()).collect();
-    let mut ended: Vec<&str> = runs.iter().map(|r| r.run_id.as_str()).filter(|id| !open.contains(id)).collect();
-    ended.sort_by(|a, b| run_order(a).cmp(&run_order(b)));
-    let left: BTreeSet<String> =
-        ended.iter().take(ended.len().saturating_sub(api.config.keep_runs)).map(|id| id.to_string()).collect();
     restored.runs_left_in_journal = left.len();
     let mut max_run = 0;
     // First every run with unfinished sessions gets its workflow — registered at start under

@@ -333,6 +333,38 @@ async fn a_restart_without_the_workflow_of_an_ended_run_still_starts() {
     assert_eq!((v["state"].as_str(), v.pointer("/counts/completed").and_then(Value::as_u64)), (Some("completed"), Some(1)), "{v}");
 }
 
+/// `sessions: N` draws a start-up workflow's dataset records in order; a restart draws on where
+/// the journaled runs left off instead of from the first record again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dataset_draws_go_on_across_a_restart() {
+    let (dir, state, workflow) = state_dir();
+    let http = reqwest::Client::new();
+    let data = dir.path().join("data.jsonl");
+    std::fs::write(&data, "{\"q\": \"a\"}\n{\"q\": \"b\"}\n{\"q\": \"c\"}\n{\"q\": \"d\"}\n").expect("data");
+    let ds = dir.path().join("ds.yaml");
+    let text = echo("ds").replace("prompt: Say something.", "prompt: \"Say {{input.q}}.\"")
+        + &format!("dataset: {{file: {}, format: jsonl, fields: {{q: q}}}}\n", data.display());
+    std::fs::write(&ds, text).expect("workflow");
+    let pool = slow_pool(dir.path());
+    let args = ["--state".as_ref(), state.as_os_str()];
+    let first = Server::start_with(&pool, &[&workflow, &ds], &args);
+    let one = post_run(&http, &first, json!({"workflow": "ds", "sessions": 2})).await;
+    assert_eq!(run_until_ended(&http, &first, &one, Duration::from_secs(120)).await["state"], "completed");
+    drop(first);
+    let second = Server::start_with(&pool, &[&workflow, &ds], &args);
+    let two = post_run(&http, &second, json!({"workflow": "ds", "sessions": 3})).await;
+    assert_eq!(run_until_ended(&http, &second, &two, Duration::from_secs(120)).await["state"], "completed");
+    drop(second);
+    let journal = Journal::open(&state).expect("journal");
+    let mut drawn: Vec<(String, String)> = Vec::new();
+    for n in 1..=5 {
+        let e = journal.session(n).expect("read").expect("journaled");
+        drawn.push((e.run_id, e.inputs["q"].as_str().unwrap_or("?").to_string()));
+    }
+    let expected = [(&one, "a"), (&one, "b"), (&two, "c"), (&two, "d"), (&two, "a")];
+    assert_eq!(drawn, expected.map(|(r, q)| (r.clone(), q.to_string())).to_vec());
+}
+
 /// A journaled session that cannot start at a restart (its start-up workflow now reads an
 /// input field it lacks) is journaled as failed, not left to fail again at every restart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

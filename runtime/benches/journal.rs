@@ -30,6 +30,7 @@ fn journal() -> (tempfile::TempDir, Journal) {
         workflow_yaml: "name: wf\n".into(),
         sessions: 1,
         created_at_unix_ms: 0,
+        drawn_from: None,
     })
     .expect("run");
     (dir, j)

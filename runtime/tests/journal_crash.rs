@@ -50,6 +50,7 @@ fn run_record() -> RunRecord {
         workflow_yaml: "name: plan-code-test\n".into(),
         sessions: SESSIONS as u32,
         created_at_unix_ms: 1_764_633_600_000,
+        drawn_from: None,
     }
 }
 

@@ -256,6 +256,11 @@ pub struct RunRecord {
     pub workflow_yaml: String,
     pub sessions: u32,
     pub created_at_unix_ms: u64,
+    /// For a run whose sessions were drawn from the workflow's dataset (`sessions: N`): the
+    /// draw's position, counted from the server's first draw of that workflow, of its first
+    /// session (its sessions took the next `sessions`), so a restart draws on from there
+    /// instead of from the dataset's first record again. `None`: inputs were given.
+    pub drawn_from: Option<u64>,
 }
 
 /// How a session ended; recorded once.
@@ -391,6 +396,9 @@ struct RunRow {
     workflow_yaml: String,
     sessions: u32,
     created_at_unix_ms: u64,
+    /// Absent in rows written before it existed (read as `None`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    drawn_from: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -803,6 +811,7 @@ impl Journal {
             workflow_yaml: run.workflow_yaml.clone(),
             sessions: run.sessions,
             created_at_unix_ms: run.created_at_unix_ms,
+            drawn_from: run.drawn_from,
         };
         let run_id = run.run_id.clone();
         self.write(move |txn| {
@@ -1255,6 +1264,7 @@ fn run_record(run_id: &str, row: RunRow) -> RunRecord {
         workflow_yaml: row.workflow_yaml,
         sessions: row.sessions,
         created_at_unix_ms: row.created_at_unix_ms,
+        drawn_from: row.drawn_from,
     }
 }
 

@@ -330,6 +330,19 @@ async fn restore(api: &Arc<Api>, journal: &Arc<Journal>) -> Result<Restored, Str
         .map(|(run, ended)| (run, ended.iter().map(|(n, o)| (*n, journal_status(o))).collect()))
         .collect();
     let mut restored = Restored { runs: runs.len(), ..Restored::default() };
+    // Dataset draws go on where the journaled runs left them (a start-up workflow's index is
+    // known before any run is restored; the others have no dataset).
+    {
+        let workflows = lock(&api.workflows);
+        let mut drawn = lock(&api.drawn);
+        for run in &runs {
+            if let (Some(from), Some(w)) = (run.drawn_from, workflows.get(&run.workflow)) {
+                let end = usize::try_from(from.saturating_add(u64::from(run.sessions))).unwrap_or(usize::MAX);
+                let next = drawn.entry(w.index).or_insert(0);
+                *next = (*next).max(end);
+            }
+        }
+    }
     // Workflows registered over the API, whether or not a run used them.
     for (name, text) in journal.workflows().map_err(j)? {
         // A name the server was started with keeps its start-up file (as for runs).
@@ -741,6 +754,8 @@ async fn start_run(State(api): State<Arc<Api>>, JsonBody(body): JsonBody<RunBody
         (w.index, w.inputs.clone(), w.has_dataset)
     };
     let max = api.config.max_sessions_per_run;
+    // Where a dataset draw started (journaled with the run, so a restart draws on from there).
+    let mut drawn_from: Option<u64> = None;
     let inputs: Vec<Record> = match (body.inputs, body.sessions) {
         (Some(_), Some(_)) => return Err(ApiError::bad_request("give `inputs` or `sessions`, not both", "sessions")),
         (Some(inputs), None) => {
@@ -775,6 +790,7 @@ async fn start_run(State(api): State<Arc<Api>>, JsonBody(body): JsonBody<RunBody
             let mut drawn = lock(&api.drawn);
             let next = drawn.entry(index).or_insert(0);
             let out = (0..n).map(|k| data[(*next + k) % data.len()].clone()).collect();
+            drawn_from = Some(*next as u64);
             *next += n;
             out
         }
@@ -792,6 +808,7 @@ async fn start_run(State(api): State<Arc<Api>>, JsonBody(body): JsonBody<RunBody
                 workflow_yaml: text,
                 sessions: u32::try_from(inputs.len()).unwrap_or(u32::MAX),
                 created_at_unix_ms: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64),
+                drawn_from,
             };
             let j = Arc::clone(journal);
             // The run and all its sessions in one transaction (one fsync): a crash leaves the

@@ -15,6 +15,7 @@ fn run(id: &str) -> RunRecord {
         workflow_yaml: "name: wf\n".to_string(),
         sessions: 3,
         created_at_unix_ms: 1_700_000_000_000,
+        drawn_from: None,
     }
 }
 
@@ -116,6 +117,21 @@ fn a_run_recorded_again_is_a_no_op_and_a_different_one_is_refused() {
     assert!(matches!(j.record_run(&other), Err(JournalError::RunConflict { run_id }) if run_id == "r1"));
     assert_eq!(j.run("r1").expect("run"), Some(run("r1")));
     assert!(matches!(j.record_run(&run("")), Err(JournalError::InvalidKey { .. })));
+}
+
+#[test]
+fn a_runs_dataset_draw_is_kept_and_older_rows_read_without_one() {
+    let (_d, j) = fresh();
+    let drawn = RunRecord { drawn_from: Some(7), ..run("r1") };
+    j.record_run(&drawn).expect("record");
+    assert_eq!(j.run("r1").expect("run"), Some(drawn));
+    // A row written before the field existed reads as a run with inputs given.
+    let old: RunRow = decode(|| "old row".into(), r#"{"workflow":"wf","workflow_yaml":"name: wf\n","sessions":3,"created_at_unix_ms":5}"#)
+        .expect("old row");
+    assert_eq!(old.drawn_from, None);
+    // And a run with inputs writes no field at all (rows stay as they were).
+    let text = encode(|| "row".into(), &old).expect("encode");
+    assert!(!text.contains("drawn_from"), "{text}");
 }
 
 #[test]

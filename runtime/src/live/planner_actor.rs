@@ -223,6 +223,10 @@ pub struct PlannerActorState {
     /// Events not yet handed to the core, and whether a `Flush` is on its way.
     buffer: Vec<Event>,
     flush_scheduled: bool,
+    /// When the policy asked to plan again though no event comes
+    /// ([`crate::planner::Planner::next_wakeup`]),
+    /// checked at each tick.
+    wakeup: Option<f64>,
     waiters: Vec<RpcReplyPort<Result<(), String>>>,
     shutting_down: bool,
     /// Set by `Abort` (the first step of a shutdown): no new workflow, session or front-door
@@ -307,6 +311,7 @@ impl Actor for PlannerActor {
             fatal: None,
             buffer: Vec::new(),
             flush_scheduled: false,
+            wakeup: None,
             waiters: Vec::new(),
             shutting_down: false,
             aborted: false,
@@ -590,7 +595,10 @@ impl PlannerActorState {
                 self.flush_scheduled = false;
                 self.flush(myself).await;
             }
-            PlannerMsg::Tick => self.on_tick(),
+            PlannerMsg::Tick => {
+                self.on_tick();
+                self.wake_if_due(myself).await;
+            }
             PlannerMsg::Abort(reason) => self.abort(reason),
             PlannerMsg::WaitDone(port) => {
                 if let Some(f) = &self.fatal {
@@ -900,9 +908,29 @@ impl PlannerActorState {
                 }
                 Err(e) => self.set_fatal(format!("the planner rejected an event: {e}")),
             }
+            self.wakeup = self.planner.next_wakeup(now);
         }
         self.bound_timelines();
         self.update_gauges();
+    }
+
+    /// A planning pass without events once the policy's wake-up time has come (a rule that
+    /// waits, such as the substrate's upscale delay, acts then rather than at the next event).
+    async fn wake_if_due(&mut self, myself: &ActorRef<PlannerMsg>) {
+        let now = self.ctx.clock.now();
+        if self.fatal.is_some() || self.wakeup.is_none_or(|t| t > now) {
+            return;
+        }
+        self.wakeup = None;
+        match self.planner.handle_all(Vec::new(), now) {
+            Ok(commands) => {
+                for c in commands {
+                    self.execute(myself, c).await;
+                }
+            }
+            Err(e) => self.set_fatal(format!("the planner rejected a planning pass: {e}")),
+        }
+        self.wakeup = self.planner.next_wakeup(now);
     }
 
     /// A served runtime's GPU timelines stay bounded: past twice `timeline_segments` segments

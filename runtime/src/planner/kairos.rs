@@ -143,6 +143,10 @@ impl Policy for Kairos {
         }
         self.scale_out.plan(state, &self.substrate, now, out);
     }
+
+    fn next_wakeup(&self, now: f64) -> Option<f64> {
+        self.scale_out.next_wakeup(&self.substrate, now)
+    }
 }
 
 #[cfg(test)]

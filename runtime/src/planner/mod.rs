@@ -108,6 +108,12 @@ pub trait Policy: Send {
     /// Decide what to do now. Issue commands only through `state.issue_*`, which keeps the
     /// view consistent and enforces the invariants.
     fn plan(&mut self, state: &mut PlannerState, now: f64, out: &mut Vec<Command>);
+    /// The earliest time after `now` (the last planning pass) at which a rule that waits (the
+    /// substrate's upscale delay) may act though no event comes: the shell plans again then
+    /// (an empty [`Planner::handle_all`]). `None`: nothing waits. Default: `None`.
+    fn next_wakeup(&self, _now: f64) -> Option<f64> {
+        None
+    }
 }
 
 /// The names accepted by [`policy_by_name`].
@@ -157,6 +163,12 @@ impl Planner {
 
     pub fn policy_name(&self) -> &'static str {
         self.policy.name()
+    }
+
+    /// When, after `now`, the policy wants a planning pass though no event comes
+    /// ([`Policy::next_wakeup`]).
+    pub fn next_wakeup(&self, now: f64) -> Option<f64> {
+        self.policy.next_wakeup(now)
     }
 
     pub fn state(&self) -> &PlannerState {

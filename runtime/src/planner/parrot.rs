@@ -48,6 +48,10 @@ impl Policy for Parrot {
         }
         self.scale_out.plan(state, &self.substrate, now, out);
     }
+
+    fn next_wakeup(&self, now: f64) -> Option<f64> {
+        self.scale_out.next_wakeup(&self.substrate, now)
+    }
 }
 
 /// The awake replica of `deployment` with a free batch slot and the most admitted units.

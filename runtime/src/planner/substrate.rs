@@ -156,6 +156,14 @@ impl ScaleOut {
         self.over_since = over;
         started
     }
+
+    /// When the first deployment now over its target will have been so for the upscale delay:
+    /// the time a planning pass may scale it out though no event comes (`None` when none is
+    /// over, or when that time has passed: it is then waiting for a device, which only an event
+    /// can free).
+    pub fn next_wakeup(&self, substrate: &Substrate, now: f64) -> Option<f64> {
+        self.over_since.values().map(|since| since + substrate.upscale_delay_s).filter(|&t| t > now).min_by(f64::total_cmp)
+    }
 }
 
 /// Load `deployment` somewhere, evicting LRU idle replicas if memory is needed.
@@ -316,6 +324,28 @@ mod tests {
         rule.plan(&mut s, &sub, 100.0, &mut out);
         assert_eq!(loads(&out), 1);
         assert_eq!(s.replicas_of(DeploymentId(0)).count(), 2);
+    }
+
+    #[test]
+    fn the_rule_asks_to_plan_when_its_delay_runs_out() {
+        let (mut s, _) = busy();
+        let sub = Substrate::default();
+        let mut rule = ScaleOut::default();
+        let mut out = Vec::new();
+        assert_eq!(rule.next_wakeup(&sub, 0.0), None, "nothing over target yet");
+        // Over target from t = 1: the delay runs out at 31, whatever events come before.
+        rule.plan(&mut s, &sub, 1.0, &mut out);
+        assert_eq!(rule.next_wakeup(&sub, 1.0), Some(31.0));
+        rule.plan(&mut s, &sub, 12.5, &mut out);
+        assert_eq!(rule.next_wakeup(&sub, 12.5), Some(31.0), "an event in between does not move it");
+        rule.plan(&mut s, &sub, 31.0, &mut out);
+        assert_eq!(loads(&out), 1, "planned at the wake-up, it scales out then");
+        // After a scale-out the delay starts again; at its end, with the new replica counted,
+        // the target is met: nothing is started and nothing waits any more.
+        assert_eq!(rule.next_wakeup(&sub, 31.0), Some(61.0));
+        rule.plan(&mut s, &sub, 61.0, &mut out);
+        assert_eq!(loads(&out), 1);
+        assert_eq!(rule.next_wakeup(&sub, 61.0), None);
     }
 
     #[test]

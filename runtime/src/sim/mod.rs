@@ -95,6 +95,9 @@ enum SimEvent {
     Handoff(ActivationId),
     /// A routed session's verifier returns ([`VERIFIER_S`] after the session ended).
     Verdict(SessionId),
+    /// The policy asked to plan at this time though no event may come
+    /// ([`crate::planner::Policy::next_wakeup`]: the substrate's upscale delay running out).
+    Wakeup,
 }
 
 /// How long a routed session's verifier takes after the session ends (assumption: the exact
@@ -258,6 +261,8 @@ struct Sim<'a> {
     programs: Vec<exec::routing::ProgramRecord>,
     /// Plan once more at this tick even without events (a verdict may have admitted programs).
     replan: bool,
+    /// The policy's wake-up scheduled last ([`SimEvent::Wakeup`]), while it is in the future.
+    wakeup_at: Option<f64>,
 }
 
 /// Where a running simulation stands, handed to the progress callback of [`simulate_with`] once
@@ -374,6 +379,7 @@ impl<'a> Sim<'a> {
             program_tasks: BTreeMap::new(),
             programs: Vec::new(),
             replan: false,
+            wakeup_at: None,
         };
         for i in 0..sim.trace_entries.len() {
             let at = sim.trace_entries[i].at;
@@ -413,6 +419,12 @@ impl<'a> Sim<'a> {
                     }
                 }
                 SimEvent::Verdict(s) => self.on_verdict(s)?,
+                SimEvent::Wakeup => {
+                    if self.wakeup_at == Some(self.now) {
+                        self.wakeup_at = None;
+                    }
+                    self.replan = true;
+                }
             }
             // One scheduling tick per distinct virtual time.
             if self.queue.peek().is_none_or(|n| n.at > self.now) {
@@ -473,14 +485,24 @@ impl<'a> Sim<'a> {
     /// Hand every event of this tick to the planner at once and execute its commands, until
     /// executing them produces no further event at this time.
     fn flush(&mut self) -> Result<(), SimError> {
+        let mut planned = false;
         while !self.tick_events.is_empty() || std::mem::take(&mut self.replan) {
             let events = std::mem::take(&mut self.tick_events);
             if self.opts.record_planner {
                 self.planner_ticks.push((self.now, events.clone()));
             }
             let commands = self.planner.handle_all(events, self.now)?;
+            planned = true;
             for c in commands {
                 self.execute(c)?;
+            }
+        }
+        // A rule that waits (the substrate's upscale delay) acts when its time comes, not at
+        // whatever event happens to follow it: one wake-up at a time, the earliest asked for.
+        if planned && let Some(t) = self.planner.next_wakeup(self.now) {
+            if self.wakeup_at.is_none_or(|w| t < w) {
+                self.wakeup_at = Some(t);
+                self.schedule(t, SimEvent::Wakeup);
             }
         }
         Ok(())
@@ -1280,6 +1302,21 @@ mod tests {
             handoff_s: crate::exec::FRAMEWORK_HANDOFF_S,
             routing: Default::default(),
         }
+    }
+
+    #[test]
+    fn a_baselines_scale_out_acts_when_the_upscale_delay_runs_out_not_at_the_next_event() {
+        // A burst too big for one replica per model, on a pool with devices to spare: over
+        // target from the first planning pass (t = 0), so the substrate's reactive scale-out
+        // adds a replica at exactly 30 s, though no simulator event need fall there.
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../workflows");
+        let pool = PoolSpec::load(&root.join("pools/paper.yaml")).expect("bundled pool");
+        let cfg = RunConfig { policy: "parrot".into(), pool, ..gsm8k(40, Arrival::Burst) };
+        let out = simulate(&cfg, &mut |_, _| {}).expect("simulation");
+        let loads: Vec<f64> = out.trace.iter().filter(|l| l.event == "load").map(|l| l.t).collect();
+        let delay = crate::planner::substrate::RAY_SERVE_UPSCALE_DELAY_S;
+        assert!(loads.iter().any(|&t| t == delay), "a scale-out at {delay} s: loads at {loads:?}");
+        assert!(loads.iter().all(|&t| t == 0.0 || t >= delay), "nothing between: {loads:?}");
     }
 
     #[test]

@@ -19,7 +19,9 @@
 //!   (loading ones included) by more than [`Substrate::scale_out_waiting`] units per replica
 //!   gets one more replica, on a free device or one with reclaimable idle replicas, once the
 //!   condition has held for [`Substrate::upscale_delay_s`] (Ray Serve's `upscale_delay_s`,
-//!   default 30 s, so that a momentary burst does not start a load that outlasts it), at most
+//!   default 30 s, so that a momentary burst does not start a load that outlasts it; the policy
+//!   asks the shell for a planning pass when the delay runs out, [`ScaleOut::next_wakeup`], as
+//!   an autoscaler's control loop would act then), at most
 //!   one per deployment per planning tick, up to [`Substrate::replica_cap`] (none by default:
 //!   the pool is the limit). A replica's concurrent capacity is its KV capacity over the mean
 //!   admission envelope (prompt + output limit) of the deployment's outstanding units, capped

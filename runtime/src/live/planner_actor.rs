@@ -918,7 +918,8 @@ impl PlannerActorState {
     /// waits, such as the substrate's upscale delay, acts then rather than at the next event).
     async fn wake_if_due(&mut self, myself: &ActorRef<PlannerMsg>) {
         let now = self.ctx.clock.now();
-        if self.fatal.is_some() || self.wakeup.is_none_or(|t| t > now) {
+        // Not while stopping, and not when a flush is on its way (it plans with fresher state).
+        if self.fatal.is_some() || self.aborted || self.shutting_down || self.done() || !self.buffer.is_empty() || self.wakeup.is_none_or(|t| t > now) {
             return;
         }
         self.wakeup = None;

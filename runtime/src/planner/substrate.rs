@@ -146,7 +146,9 @@ impl ScaleOut {
             }
             let since = self.over_since.get(&d).copied().unwrap_or(now);
             over.insert(d, since);
-            if now - since < substrate.upscale_delay_s || !substrate.below_cap(state, d) {
+            // The same expression as `next_wakeup`'s: planned at that time, the delay has run
+            // out (`now - since` can round below the delay when `now` is `since + delay`).
+            if now < since + substrate.upscale_delay_s || !substrate.below_cap(state, d) {
                 continue;
             }
             if let Some(r) = load_on_demand(state, d, now, out) {
@@ -348,6 +350,22 @@ mod tests {
         rule.plan(&mut s, &sub, 61.0, &mut out);
         assert_eq!(loads(&out), 1);
         assert_eq!(rule.next_wakeup(&sub, 61.0), None);
+    }
+
+    #[test]
+    fn a_wake_up_at_an_inexact_time_still_scales_out() {
+        // 233.819 + 30 is 263.81899999999996, and that minus 233.819 is 29.99999999999997:
+        // planned exactly at the wake-up time the rule must see its delay as run out, or the
+        // wake-up is lost.
+        assert!((233.819 + RAY_SERVE_UPSCALE_DELAY_S) - 233.819 < RAY_SERVE_UPSCALE_DELAY_S);
+        let (mut s, _) = busy();
+        let sub = Substrate::default();
+        let mut rule = ScaleOut::default();
+        let mut out = Vec::new();
+        rule.plan(&mut s, &sub, 233.819, &mut out);
+        let t = rule.next_wakeup(&sub, 233.819).expect("a wake-up");
+        rule.plan(&mut s, &sub, t, &mut out);
+        assert_eq!(loads(&out), 1, "scaled out at the wake-up {t}");
     }
 
     #[test]

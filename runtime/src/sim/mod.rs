@@ -499,7 +499,9 @@ impl<'a> Sim<'a> {
         }
         // A rule that waits (the substrate's upscale delay) acts when its time comes, not at
         // whatever event happens to follow it: one wake-up at a time, the earliest asked for.
-        if planned && let Some(t) = self.planner.next_wakeup(self.now) {
+        // Once every session has ended nothing is left to scale out for.
+        let open = self.done_sessions < self.trace_entries.len();
+        if planned && open && let Some(t) = self.planner.next_wakeup(self.now) {
             if self.wakeup_at.is_none_or(|w| t < w) {
                 self.wakeup_at = Some(t);
                 self.schedule(t, SimEvent::Wakeup);

@@ -140,7 +140,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     cfg.keep_ended = args.keep_ended;
     let on_note: live::NoteSink = Arc::new(|line: &str| eprintln!("note: {line}"));
     cfg.on_note = Some(on_note);
-    let api_config = ApiConfig { token, max_body_bytes: args.max_body_bytes, keep_runs: args.keep_runs, keep_ended: args.keep_ended, max_workflows: args.max_workflows, ..ApiConfig::default() };
+    let api_config = ApiConfig { token, max_body_bytes: args.max_body_bytes, keep_runs: args.keep_runs, keep_ended: args.keep_ended.max(1), max_workflows: args.max_workflows, ..ApiConfig::default() };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

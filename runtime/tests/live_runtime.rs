@@ -506,6 +506,30 @@ fn reclaim_by_sleep_puts_engines_to_sleep_and_wakes_them() {
     assert!(c.answered.lock().unwrap().values().all(|&n| n == 1));
 }
 
+/// The live planner plans when the substrate's upscale delay runs out, not at the next event:
+/// with calls that take 1.5 s of wall time (1,500 device seconds at speed 1000) no event comes
+/// for a long while after the first loads, yet a baseline's scale-out starts within ticks of
+/// its 30 device seconds.
+#[test]
+fn a_baselines_scale_out_starts_when_its_delay_runs_out_in_a_live_run() {
+    // Two sequences per replica: ten sessions put each model over its target at once, and
+    // their few ready units are all reported within milliseconds.
+    let mut run = sim_config(&["gsm8k"], 10, "paper", 3);
+    run.policy = "parrot".into();
+    run.max_num_seqs = 2;
+    let mut cfg = live_config(run);
+    cfg.keep_trace = true;
+    let live = run_live(&cfg, FakeFactory::new(1500, Faults::default()));
+    assert!(live.report.failures.is_empty(), "{:?}", live.report.failures);
+    // Wall seconds; the first planning pass loads one replica per model at once.
+    let loads: Vec<f64> = live.trace.iter().filter(|l| l.event == "load").map(|l| l.t).collect();
+    let first = loads.first().copied().expect("a load");
+    let scale_out = loads.iter().copied().find(|&t| t > first + 0.02).expect("a scale-out");
+    // 30 device seconds are 0.03 s of wall time; the first call ends at 1.5 s (without the
+    // wake-up the scale-out came then: 1.51 s; with it 0.04–0.06 s, a tick or two late).
+    assert!(scale_out < first + 1.0, "the first scale-out at {scale_out} s wall, loads at {loads:?}");
+}
+
 #[test]
 fn results_over_http_against_the_emulated_replica_equal_the_simulators() {
     let run = sim_config(&["gsm8k", "mbpp", "qmsum"], 2, "small", 4);

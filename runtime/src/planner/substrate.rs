@@ -357,13 +357,14 @@ mod tests {
         // 233.819 + 30 is 263.81899999999996, and that minus 233.819 is 29.99999999999997:
         // planned exactly at the wake-up time the rule must see its delay as run out, or the
         // wake-up is lost.
-        assert!((233.819 + RAY_SERVE_UPSCALE_DELAY_S) - 233.819 < RAY_SERVE_UPSCALE_DELAY_S);
+        let since = 233.819;
+        assert!((since + RAY_SERVE_UPSCALE_DELAY_S) - since < RAY_SERVE_UPSCALE_DELAY_S);
         let (mut s, _) = busy();
         let sub = Substrate::default();
         let mut rule = ScaleOut::default();
         let mut out = Vec::new();
-        rule.plan(&mut s, &sub, 233.819, &mut out);
-        let t = rule.next_wakeup(&sub, 233.819).expect("a wake-up");
+        rule.plan(&mut s, &sub, since, &mut out);
+        let t = rule.next_wakeup(&sub, since).expect("a wake-up");
         rule.plan(&mut s, &sub, t, &mut out);
         assert_eq!(loads(&out), 1, "scaled out at the wake-up {t}");
     }

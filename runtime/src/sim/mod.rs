@@ -1317,7 +1317,7 @@ mod tests {
         let out = simulate(&cfg, &mut |_, _| {}).expect("simulation");
         let loads: Vec<f64> = out.trace.iter().filter(|l| l.event == "load").map(|l| l.t).collect();
         let delay = crate::planner::substrate::RAY_SERVE_UPSCALE_DELAY_S;
-        assert!(loads.iter().any(|&t| t == delay), "a scale-out at {delay} s: loads at {loads:?}");
+        assert!(loads.contains(&delay), "a scale-out at {delay} s: loads at {loads:?}");
         assert!(loads.iter().all(|&t| t == 0.0 || t >= delay), "nothing between: {loads:?}");
     }
 

@@ -438,10 +438,10 @@ impl Qwen3 {
                     queue.push(Merge { pos: prev, rank, new_id });
                 }
             }
-            if current.next >= 0 && (current.next as usize) < n {
-                if let Some(&(rank, new_id)) = self.merges.get(&(current.id, symbols[current.next as usize].id)) {
-                    queue.push(Merge { pos: top.pos, rank, new_id });
-                }
+            if current.next >= 0 && (current.next as usize) < n
+                && let Some(&(rank, new_id)) = self.merges.get(&(current.id, symbols[current.next as usize].id))
+            {
+                queue.push(Merge { pos: top.pos, rank, new_id });
             }
         }
         out.extend(symbols.iter().filter(|s| s.len != 0).map(|s| s.id));

@@ -166,10 +166,10 @@ pub fn beside_paper(out: &mut String, report: &BenchReport) {
     for (variant, effect, (lo, hi)) in figure7() {
         let mut ours = Vec::new();
         for a in &report.setup.arrivals {
-            if let (Some(j), Some(v)) = (report.row("joint", a), report.row(variant, a)) {
-                if let Some(e) = effect_of(effect, j, v) {
-                    ours.push((a.as_str(), e));
-                }
+            if let (Some(j), Some(v)) = (report.row("joint", a), report.row(variant, a))
+                && let Some(e) = effect_of(effect, j, v)
+            {
+                ours.push((a.as_str(), e));
             }
         }
         if ours.is_empty() {

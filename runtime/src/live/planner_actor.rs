@@ -1251,19 +1251,17 @@ impl PlannerActorState {
         let wall = self.wall();
         if let Some(r) = self.replicas.get_mut(&f.replica) {
             r.serving = r.serving.saturating_sub(1);
-            if r.serving == 0 {
-                if let Some(since) = r.busy_since.take()
-                    && !r.fixed
-                {
-                    if let Some(tl) = self.timelines.get_mut(r.device.0 as usize) {
-                        tl.segments.push(Segment {
-                            start: since,
-                            end: wall.max(since),
-                            kind: SegmentKind::Generating,
-                            deployment: r.deployment.0,
-                        });
-                    }
-                }
+            if r.serving == 0
+                && let Some(since) = r.busy_since.take()
+                && !r.fixed
+                && let Some(tl) = self.timelines.get_mut(r.device.0 as usize)
+            {
+                tl.segments.push(Segment {
+                    start: since,
+                    end: wall.max(since),
+                    kind: SegmentKind::Generating,
+                    deployment: r.deployment.0,
+                });
             }
         }
         Some(f)
@@ -1503,10 +1501,9 @@ impl PlannerActorState {
         let Some(r) = self.replicas.get_mut(&replica) else { return };
         if let Some(since) = r.loading_since.take()
             && !r.fixed
+            && let Some(tl) = self.timelines.get_mut(r.device.0 as usize)
         {
-            if let Some(tl) = self.timelines.get_mut(r.device.0 as usize) {
-                tl.segments.push(Segment { start: since, end: wall, kind: SegmentKind::Loading, deployment: r.deployment.0 });
-            }
+            tl.segments.push(Segment { start: since, end: wall, kind: SegmentKind::Loading, deployment: r.deployment.0 });
         }
         r.resident_since = (!r.fixed).then_some(wall);
         self.post(myself, Event::ReplicaLoaded { replica });
@@ -1596,10 +1593,10 @@ impl PlannerActorState {
         } else if let Some(session) = self.session_cells.remove(&id) {
             // A session actor that stops normally has sent its end report first; one that
             // crashed could not, so its end is recorded here.
-            if let (Some(reason), false) = (reason, self.ended.contains_key(&session)) {
-                if self.sessions.contains_key(&session) {
-                    self.on_session_ended(myself, self.crashed_session_report(session, reason)).await;
-                }
+            if let (Some(reason), false) = (reason, self.ended.contains_key(&session))
+                && self.sessions.contains_key(&session)
+            {
+                self.on_session_ended(myself, self.crashed_session_report(session, reason)).await;
             }
         } else if self.tools.as_ref().is_some_and(|t| t.get_id() == id) && !self.shutting_down {
             self.faults.tool_crashes += 1;
@@ -1692,15 +1689,15 @@ impl PlannerActorState {
         let mut open_resident = Vec::new();
         let replicas: Vec<(ReplicaId, ReplicaEntry)> = std::mem::take(&mut self.replicas).into_iter().collect();
         for (_, r) in replicas.iter().filter(|(_, r)| !r.fixed) {
-            if let Some(since) = r.loading_since {
-                if let Some(tl) = self.timelines.get_mut(r.device.0 as usize) {
-                    tl.segments.push(Segment { start: since, end: wall, kind: SegmentKind::Loading, deployment: r.deployment.0 });
-                }
+            if let Some(since) = r.loading_since
+                && let Some(tl) = self.timelines.get_mut(r.device.0 as usize)
+            {
+                tl.segments.push(Segment { start: since, end: wall, kind: SegmentKind::Loading, deployment: r.deployment.0 });
             }
-            if let Some(since) = r.busy_since {
-                if let Some(tl) = self.timelines.get_mut(r.device.0 as usize) {
-                    tl.segments.push(Segment { start: since, end: wall, kind: SegmentKind::Generating, deployment: r.deployment.0 });
-                }
+            if let Some(since) = r.busy_since
+                && let Some(tl) = self.timelines.get_mut(r.device.0 as usize)
+            {
+                tl.segments.push(Segment { start: since, end: wall, kind: SegmentKind::Generating, deployment: r.deployment.0 });
             }
             if let Some(since) = r.resident_since {
                 open_resident.push((r.device.0, r.deployment, since));

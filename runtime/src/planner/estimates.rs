@@ -61,10 +61,10 @@ impl<E: Estimates> Estimates for Cached<E> {
     fn run_time(&self, d: &DeploymentInfo, g: &DeviceInfo, batch: u32, input: u32, output: u32) -> f64 {
         let (b, i, o) = (bucket_batch(batch), bucket_input(input), bucket_output(output));
         let key = (d.id.0, g.id.0, b, i, o);
-        if let Ok(map) = self.run.lock() {
-            if let Some(v) = map.get(&key) {
-                return *v;
-            }
+        if let Ok(map) = self.run.lock()
+            && let Some(v) = map.get(&key)
+        {
+            return *v;
         }
         let v = self.inner.run_time(d, g, b, i, o);
         if let Ok(mut map) = self.run.lock() {
@@ -75,10 +75,10 @@ impl<E: Estimates> Estimates for Cached<E> {
 
     fn load_time(&self, d: &DeploymentInfo, g: &DeviceInfo) -> f64 {
         let key = (d.id.0, g.id.0);
-        if let Ok(map) = self.load.lock() {
-            if let Some(v) = map.get(&key) {
-                return *v;
-            }
+        if let Ok(map) = self.load.lock()
+            && let Some(v) = map.get(&key)
+        {
+            return *v;
         }
         let v = self.inner.load_time(d, g);
         if let Ok(mut map) = self.load.lock() {

@@ -565,10 +565,10 @@ impl Joint {
         if r.phase != ReplicaPhase::Awake {
             return false;
         }
-        if let Some(p) = w.chain_prev {
-            if state.hold_of(p) == Some(r.id) {
-                return true; // the chain's own grant
-            }
+        if let Some(p) = w.chain_prev
+            && state.hold_of(p) == Some(r.id)
+        {
+            return true; // the chain's own grant
         }
         if self.draining.contains_key(&r.id) {
             return false;
@@ -1067,10 +1067,10 @@ impl Policy for Joint {
                     continue;
                 }
                 let device = lane.device;
-                if let Some(slot) = lane.probe(need.release, need.kv, |b| self.run_on(state, dep, device, b, &need)) {
-                    if best.is_none_or(|(_, s)| slot.finish < s.finish) {
-                        best = Some((i, slot));
-                    }
+                if let Some(slot) = lane.probe(need.release, need.kv, |b| self.run_on(state, dep, device, b, &need))
+                    && best.is_none_or(|(_, s)| slot.finish < s.finish)
+                {
+                    best = Some((i, slot));
                 }
             }
             match best {

@@ -517,11 +517,11 @@ impl PlannerState {
 
     /// Release a hold whose successor went elsewhere (or will not come).
     pub fn release_hold(&mut self, prev: ActivationId, now: f64) {
-        if let Some(rid) = self.holds.remove(&prev) {
-            if let Some(r) = self.replicas.get_mut(&rid) {
-                r.leases.remove(&prev);
-                r.last_used = now;
-            }
+        if let Some(rid) = self.holds.remove(&prev)
+            && let Some(r) = self.replicas.get_mut(&rid)
+        {
+            r.leases.remove(&prev);
+            r.last_used = now;
         }
     }
 
@@ -664,11 +664,11 @@ impl PlannerState {
                 let stale: Vec<ActivationId> =
                     self.holds.keys().filter(|a| a.session == session).copied().collect();
                 for a in stale {
-                    if let Some(rid) = self.holds.remove(&a) {
-                        if let Some(r) = self.replicas.get_mut(&rid) {
-                            r.leases.remove(&a);
-                            r.last_used = now;
-                        }
+                    if let Some(rid) = self.holds.remove(&a)
+                        && let Some(r) = self.replicas.get_mut(&rid)
+                    {
+                        r.leases.remove(&a);
+                        r.last_used = now;
                     }
                 }
                 self.near_ready.retain(|a, _| a.session != session);

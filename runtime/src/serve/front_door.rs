@@ -124,10 +124,10 @@ fn parse(flavor: Flavor, headers: &HeaderMap, body: &Value) -> Result<Parsed, Ap
             return Err(ApiError::bad_request(format!("`{f}` is not supported by this front door"), f));
         }
     }
-    if let Some(n) = obj.get("n").filter(|v| !v.is_null()) {
-        if n.as_u64() != Some(1) {
-            return Err(ApiError::bad_request("only `n: 1` is supported", "n"));
-        }
+    if let Some(n) = obj.get("n").filter(|v| !v.is_null())
+        && n.as_u64() != Some(1)
+    {
+        return Err(ApiError::bad_request("only `n: 1` is supported", "n"));
     }
     let max_tokens = match obj.get("max_completion_tokens").or_else(|| obj.get("max_tokens")).filter(|v| !v.is_null()) {
         None => DEFAULT_MAX_TOKENS,
@@ -136,10 +136,10 @@ fn parse(flavor: Flavor, headers: &HeaderMap, body: &Value) -> Result<Parsed, Ap
             _ => return Err(ApiError::bad_request("`max_tokens` must be an integer of at least 1", "max_tokens")),
         },
     };
-    if let Some(t) = obj.get("temperature").filter(|v| !v.is_null()) {
-        if !t.as_f64().is_some_and(|t| (0.0..=2.0).contains(&t)) {
-            return Err(ApiError::bad_request("`temperature` must be between 0 and 2", "temperature"));
-        }
+    if let Some(t) = obj.get("temperature").filter(|v| !v.is_null())
+        && !t.as_f64().is_some_and(|t| (0.0..=2.0).contains(&t))
+    {
+        return Err(ApiError::bad_request("`temperature` must be between 0 and 2", "temperature"));
     }
     let stream = obj.get("stream").and_then(Value::as_bool).unwrap_or(false);
     let include_usage = body.pointer("/stream_options/include_usage").and_then(Value::as_bool).unwrap_or(false);
@@ -159,10 +159,10 @@ fn parse(flavor: Flavor, headers: &HeaderMap, body: &Value) -> Result<Parsed, Ap
             None => None,
         },
     };
-    if let Some(s) = &step {
-        if s.is_empty() || s.len() > MAX_STEP_ID_BYTES {
-            return Err(ApiError::bad_request(format!("`step_id` must be 1 to {MAX_STEP_ID_BYTES} bytes"), "step_id"));
-        }
+    if let Some(s) = &step
+        && (s.is_empty() || s.len() > MAX_STEP_ID_BYTES)
+    {
+        return Err(ApiError::bad_request(format!("`step_id` must be 1 to {MAX_STEP_ID_BYTES} bytes"), "step_id"));
     }
     let (messages, prompt) = match flavor {
         Flavor::Chat => {

@@ -501,11 +501,11 @@ impl<'a> Sim<'a> {
         // whatever event happens to follow it: one wake-up at a time, the earliest asked for.
         // Once every session has ended nothing is left to scale out for.
         let open = self.done_sessions < self.trace_entries.len();
-        if planned && open && let Some(t) = self.planner.next_wakeup(self.now) {
-            if self.wakeup_at.is_none_or(|w| t < w) {
-                self.wakeup_at = Some(t);
-                self.schedule(t, SimEvent::Wakeup);
-            }
+        if planned && open && let Some(t) = self.planner.next_wakeup(self.now)
+            && self.wakeup_at.is_none_or(|w| t < w)
+        {
+            self.wakeup_at = Some(t);
+            self.schedule(t, SimEvent::Wakeup);
         }
         Ok(())
     }
@@ -730,10 +730,10 @@ impl<'a> Sim<'a> {
         let (token, device, deployment) = (r.token, r.device, r.deployment);
         // The run's segment is its device's last one: every other push onto the device
         // settles the device's runs first.
-        if let Some(last) = self.timelines[device.0 as usize].segments.last_mut() {
-            if last.kind == SegmentKind::Generating && last.deployment == deployment.0 && Some(last.end) == planned_end {
-                last.end = end;
-            }
+        if let Some(last) = self.timelines[device.0 as usize].segments.last_mut()
+            && last.kind == SegmentKind::Generating && last.deployment == deployment.0 && Some(last.end) == planned_end
+        {
+            last.end = end;
         }
         self.schedule(end, SimEvent::IterationEnd(replica, token));
     }
@@ -952,10 +952,10 @@ impl<'a> Sim<'a> {
         }
         match outcome {
             Ok(o) => {
-                if let Some(note) = exec::sandbox_note(&o) {
-                    if !self.notes.contains(&note) {
-                        self.notes.push(note);
-                    }
+                if let Some(note) = exec::sandbox_note(&o)
+                    && !self.notes.contains(&note)
+                {
+                    self.notes.push(note);
                 }
                 self.log("tool_done", TraceLine {
                     session: Some(a.session.0),

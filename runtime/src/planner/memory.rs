@@ -44,8 +44,8 @@ mod tests {
         assert!(!feasible(40 * GIB, &current, Occupancy { from: 0.0, until: f64::INFINITY, bytes: 30 * GIB }));
         // The same load ordered after the reclamation fits.
         assert!(feasible(40 * GIB, &current, Occupancy { from: 5.0, until: f64::INFINITY, bytes: 30 * GIB }));
-        // And the end state alone would always have fitted.
-        assert!(30 * GIB <= 40 * GIB);
+        // And the end state alone (the load without the victim) fits: only the transition fails.
+        assert!(feasible(40 * GIB, &[], Occupancy { from: 0.0, until: f64::INFINITY, bytes: 30 * GIB }));
     }
 
     #[test]

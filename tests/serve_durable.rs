@@ -6,6 +6,7 @@
 
 mod support;
 
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -220,33 +221,50 @@ async fn a_workflow_registered_over_the_api_survives_a_restart() {
     assert_eq!(journal.workflows().expect("workflows"), vec![("echo-later".to_string(), echo_later.clone())]);
 }
 
+/// Three completed runs of `sessions` sessions each of the registered one-node workflow, on a
+/// server started with `args` and dropped afterwards; their ids, oldest first.
+async fn three_ended_runs(http: &reqwest::Client, pool: &Path, workflow: &Path, args: &[&OsStr], sessions: usize) -> Vec<String> {
+    let first = Server::start_with(pool, &[workflow], args);
+    assert_eq!(register(http, &first, &echo("echo-few")).await.status(), 201);
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        let id = post_run(http, &first, json!({"workflow": "echo-few", "sessions": sessions})).await;
+        assert_eq!(run_until_ended(http, &first, &id, Duration::from_secs(120)).await["state"], "completed");
+        ids.push(id);
+    }
+    ids
+}
+
+/// `GET /v1/runs`: the whole answer and the listed run ids.
+async fn listed_runs(http: &reqwest::Client, server: &Server) -> (Value, Vec<String>) {
+    let auth = format!("Bearer {TOKEN}");
+    let list: Value = http.get(server.url("/v1/runs")).header("authorization", &auth).send().await.expect("list").json().await.expect("json");
+    let ids = list["runs"].as_array().expect("runs").iter().filter_map(|r| r["id"].as_str().map(String::from)).collect();
+    (list, ids)
+}
+
+/// The status code of `GET /v1/runs/{id}`.
+async fn run_status_code(http: &reqwest::Client, server: &Server, id: &str) -> reqwest::StatusCode {
+    let auth = format!("Bearer {TOKEN}");
+    http.get(server.url(&format!("/v1/runs/{id}"))).header("authorization", &auth).send().await.expect("run").status()
+}
+
 /// A restart reads back at most `--keep-runs` ended runs (the newest); older ones stay in the
 /// journal only, so the server's memory does not grow with every run it ever served.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_reads_back_only_the_newest_ended_runs() {
     let (dir, state, workflow) = state_dir();
     let http = reqwest::Client::new();
-    let auth = format!("Bearer {TOKEN}");
     let pool = slow_pool(dir.path());
     let args = ["--state".as_ref(), state.as_os_str(), "--keep-runs".as_ref(), "1".as_ref()];
-    let first = Server::start_with(&pool, &[&workflow], &args);
-    assert_eq!(register(&http, &first, &echo("echo-few")).await.status(), 201);
-    let mut ids = Vec::new();
-    for _ in 0..3 {
-        let id = start_run(&http, &first, "echo-few").await;
-        assert_eq!(run_until_ended(&http, &first, &id, Duration::from_secs(120)).await["state"], "completed");
-        ids.push(id);
-    }
-    drop(first);
+    let ids = three_ended_runs(&http, &pool, &workflow, &args, 1).await;
     let second = Server::start_with(&pool, &[&workflow], &args);
-    let list: Value = http.get(second.url("/v1/runs")).header("authorization", &auth).send().await.expect("list").json().await.expect("json");
-    let listed: Vec<&str> = list["runs"].as_array().expect("runs").iter().filter_map(|r| r["id"].as_str()).collect();
-    assert_eq!(listed, vec![ids[2].as_str()], "{list}");
+    let (list, listed) = listed_runs(&http, &second).await;
+    assert_eq!(listed, vec![ids[2].clone()], "{list}");
     // Created by the first server: before the second one started, on its clock.
     let created = list["runs"][0]["created_at"].as_f64().expect("created_at");
     assert!(created < 0.0, "{list}");
-    let old = http.get(second.url(&format!("/v1/runs/{}", ids[0]))).header("authorization", &auth).send().await.expect("old");
-    assert_eq!(old.status(), 404);
+    assert_eq!(run_status_code(&http, &second, &ids[0]).await, 404);
     // The journal still holds every run.
     drop(second);
     assert_eq!(Journal::open(&state).expect("journal").runs().expect("runs").len(), 3);
@@ -259,27 +277,16 @@ async fn a_restart_reads_back_only_the_newest_ended_runs() {
 async fn a_restart_reads_back_at_most_keep_ended_ended_sessions() {
     let (dir, state, workflow) = state_dir();
     let http = reqwest::Client::new();
-    let auth = format!("Bearer {TOKEN}");
     let pool = slow_pool(dir.path());
     let args = ["--state".as_ref(), state.as_os_str(), "--keep-ended".as_ref(), "5".as_ref()];
-    let first = Server::start_with(&pool, &[&workflow], &args);
-    assert_eq!(register(&http, &first, &echo("echo-few")).await.status(), 201);
-    let mut ids = Vec::new();
-    for _ in 0..3 {
-        let id = post_run(&http, &first, json!({"workflow": "echo-few", "sessions": 2})).await;
-        assert_eq!(run_until_ended(&http, &first, &id, Duration::from_secs(120)).await["state"], "completed");
-        ids.push(id);
-    }
-    drop(first);
+    let ids = three_ended_runs(&http, &pool, &workflow, &args, 2).await;
     let second = Server::start_with(&pool, &[&workflow], &args);
-    let list: Value = http.get(second.url("/v1/runs")).header("authorization", &auth).send().await.expect("list").json().await.expect("json");
-    let listed: Vec<&str> = list["runs"].as_array().expect("runs").iter().filter_map(|r| r["id"].as_str()).collect();
+    let (list, listed) = listed_runs(&http, &second).await;
     // The two newest runs' 4 sessions fit in 5; the oldest run's 2 more would not.
-    assert_eq!(listed, vec![ids[1].as_str(), ids[2].as_str()], "{list}");
+    assert_eq!(listed, vec![ids[1].clone(), ids[2].clone()], "{list}");
     let newest = run_status(&http, &second, &ids[2]).await;
     assert_eq!(newest["state"], "completed", "{newest}");
-    let old = http.get(second.url(&format!("/v1/runs/{}", ids[0]))).header("authorization", &auth).send().await.expect("old");
-    assert_eq!(old.status(), 404);
+    assert_eq!(run_status_code(&http, &second, &ids[0]).await, 404);
     drop(second);
     assert_eq!(Journal::open(&state).expect("journal").runs().expect("runs").len(), 3);
 }

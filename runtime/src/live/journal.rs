@@ -965,20 +965,25 @@ impl Journal {
         Ok(out)
     }
 
-    /// [`Self::session_outcomes`] grouped by run, in one scan (a restart reads this instead of
-    /// one lookup per ended session).
-    pub fn session_outcomes_by_run(&self) -> Result<BTreeMap<String, Vec<(u64, SessionOutcome)>>, JournalError> {
-        self.scan_ended(|_| true)
-    }
-
-    /// [`Self::session_outcomes_by_run`] for the runs in `runs` only: the others' outcomes are
-    /// decoded one at a time and dropped, never held together (a restart reads back only the
-    /// runs it keeps).
+    /// The ended sessions of the runs in `runs`, grouped by run, in one scan (a restart reads
+    /// this instead of one lookup per ended session): the other runs' outcomes are decoded one
+    /// at a time and dropped, never held together (a restart reads back only the runs it keeps).
     pub fn session_outcomes_of_runs(
         &self,
         runs: &BTreeSet<String>,
     ) -> Result<BTreeMap<String, Vec<(u64, SessionOutcome)>>, JournalError> {
-        self.scan_ended(|run| runs.contains(run))
+        let txn = self.read()?;
+        let sessions = txn.open_table(SESSIONS)?;
+        let mut out: BTreeMap<String, Vec<(u64, SessionOutcome)>> = BTreeMap::new();
+        for entry in sessions.iter()? {
+            let (session, text) = entry?;
+            let session = session.value();
+            let row: SessionRow = decode(|| format!("session {session}"), text.value())?;
+            if let Some(outcome) = row.outcome.filter(|_| runs.contains(&row.run_id)) {
+                out.entry(row.run_id).or_default().push((session, outcome));
+            }
+        }
+        Ok(out)
     }
 
     /// How many ended sessions each run has, in one scan (no outcome is kept).
@@ -992,21 +997,6 @@ impl Journal {
             let row: SessionRow = decode(|| format!("session {session}"), text.value())?;
             if row.outcome.is_some() {
                 *out.entry(row.run_id).or_default() += 1;
-            }
-        }
-        Ok(out)
-    }
-
-    fn scan_ended(&self, wanted: impl Fn(&str) -> bool) -> Result<BTreeMap<String, Vec<(u64, SessionOutcome)>>, JournalError> {
-        let txn = self.read()?;
-        let sessions = txn.open_table(SESSIONS)?;
-        let mut out: BTreeMap<String, Vec<(u64, SessionOutcome)>> = BTreeMap::new();
-        for entry in sessions.iter()? {
-            let (session, text) = entry?;
-            let session = session.value();
-            let row: SessionRow = decode(|| format!("session {session}"), text.value())?;
-            if let Some(outcome) = row.outcome.filter(|_| wanted(&row.run_id)) {
-                out.entry(row.run_id).or_default().push((session, outcome));
             }
         }
         Ok(out)

@@ -167,9 +167,15 @@ fn a_run_and_its_sessions_are_recorded_whole_or_not_at_all() {
     let failed = SessionOutcome::Failed { reason: "x".into() };
     j.finish_session(2, &failed).expect("finish");
     j.finish_session(7, &failed).expect("finish");
-    let by_run = j.session_outcomes_by_run().expect("by run");
+    let counts = j.ended_counts_by_run().expect("counts");
+    assert_eq!(counts.into_iter().collect::<Vec<_>>(), [("r1".to_string(), 1), ("r3".to_string(), 1)]);
+    let all: BTreeSet<String> = ["r1", "r2", "r3"].map(String::from).into();
+    let by_run = j.session_outcomes_of_runs(&all).expect("by run");
     assert_eq!(by_run.keys().collect::<Vec<_>>(), ["r1", "r3"]);
     assert_eq!((by_run["r1"][0].0, by_run["r3"][0].0, by_run["r1"].len()), (2, 7, 1));
+    // Only the runs asked for are read back.
+    let only_r3 = j.session_outcomes_of_runs(&BTreeSet::from(["r3".to_string()])).expect("r3 only");
+    assert_eq!(only_r3.keys().collect::<Vec<_>>(), ["r3"]);
 }
 
 #[test]

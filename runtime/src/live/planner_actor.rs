@@ -922,7 +922,13 @@ impl PlannerActorState {
         if self.fatal.is_some() || self.aborted || self.shutting_down || self.done() || !self.buffer.is_empty() || self.wakeup.is_none_or(|t| t > now) {
             return;
         }
-        self.wakeup = None;
+        self.planning_pass(myself).await;
+    }
+
+    /// A planning pass without events (the core plans on what it knows), its commands
+    /// executed, and the policy's next wake-up taken.
+    async fn planning_pass(&mut self, myself: &ActorRef<PlannerMsg>) {
+        let now = self.ctx.clock.now();
         match self.planner.handle_all(Vec::new(), now) {
             Ok(commands) => {
                 for c in commands {
@@ -1474,14 +1480,7 @@ impl PlannerActorState {
         if let Err(e) = self.planner.program_verdict(id, success, row.cost, self.ctx.clock.now()) {
             self.note(format!("router: session {id}: {e}"));
         }
-        match self.planner.handle_all(Vec::new(), self.ctx.clock.now()) {
-            Ok(commands) => {
-                for c in commands {
-                    self.execute(myself, c).await;
-                }
-            }
-            Err(e) => self.set_fatal(format!("the planner rejected a planning pass: {e}")),
-        }
+        self.planning_pass(myself).await;
     }
 
     fn after_session_end(&mut self) {

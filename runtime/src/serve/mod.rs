@@ -789,9 +789,11 @@ async fn start_run(State(api): State<Arc<Api>>, JsonBody(body): JsonBody<RunBody
             };
             let mut drawn = lock(&api.drawn);
             let next = drawn.entry(index).or_insert(0);
-            let out = (0..n).map(|k| data[(*next + k) % data.len()].clone()).collect();
+            // Saturating: a cursor restored from a damaged journal cannot overflow here.
+            let start = *next % data.len();
+            let out = (0..n).map(|k| data[(start + k) % data.len()].clone()).collect();
             drawn_from = Some(*next as u64);
-            *next += n;
+            *next = next.saturating_add(n);
             out
         }
     };

@@ -237,6 +237,11 @@ struct RunArgs {
     no_stream: bool,
 }
 
+/// GPU-timeline segments a simulated run keeps per device (about twice this many at most)
+/// when no `--timeline` is drawn: older ones are folded into the report's GPU-time partition.
+/// A device holds a few segments per busy period; the main job's busiest device ~200.
+const TIMELINE_SEGMENTS: usize = 4096;
+
 /// Exit status of a run that completed with failed sessions (without `--allow-failures`);
 /// 1 is an error that stopped the command, 2 a usage error (clap), 130 Ctrl-C.
 const EXIT_SESSIONS_FAILED: u8 = 3;
@@ -664,8 +669,16 @@ fn run(args: RunArgs) -> Result<RunEnd> {
         let out = live_cmd::run_live_interruptible(cfg, &pool_path, &options, Some(progress), Some(Arc::clone(&interrupt)))?;
         (out.report, out.trace, out.timelines, out.window, Vec::new())
     } else {
-        // The trace is kept only when it is written; the per-call records are not used here.
-        let opts = sim::SimOptions { keep_trace: args.trace.is_some(), keep_calls: false, record_planner: false };
+        // The trace is kept only when it is written, the whole GPU timeline only when it is
+        // drawn; the per-call and per-session records are not used here (the report's tally
+        // counts each session as it ends), so memory grows with the sessions in flight.
+        let opts = sim::SimOptions {
+            keep_trace: args.trace.is_some(),
+            keep_calls: false,
+            keep_sessions: false,
+            timeline_segments: if args.timeline.is_some() { None } else { Some(TIMELINE_SEGMENTS) },
+            record_planner: false,
+        };
         let out = sim::simulate_opts(&cfg, opts, &mut |p| {
             reporter.update(progress::Point {
                 done: p.sessions_done,

@@ -48,7 +48,7 @@ fn config(workflows: &[&str], sessions: usize, pool: &str, arrival: Arrival, pol
 
 /// Per-tick wall seconds of replaying `cfg`'s recorded planner input, sorted.
 fn replay(cfg: &RunConfig) -> (Vec<f64>, usize) {
-    let opts = SimOptions { keep_trace: false, keep_calls: false, record_planner: true };
+    let opts = SimOptions { keep_trace: false, keep_calls: false, keep_sessions: false, timeline_segments: None, record_planner: true };
     let out = sim::simulate_opts(cfg, opts, &mut |_| Flow::Continue).expect("the simulation runs");
     let (deployments, _) = exec::deployment_table(&cfg.workflows, cfg.max_num_seqs).expect("deployments");
     let mut planner = exec::build_planner(&cfg.pool, &deployments, &cfg.policy, cfg.options, &cfg.predictor, cfg.substrate)

@@ -732,7 +732,7 @@ pub fn write_timelines(cfg: &BenchConfig, dir: &Path) -> Result<Vec<PathBuf>, Be
         .map_err(|e| BenchError::Config(e.to_string()))?;
     for v in cfg.variants().into_iter().filter(|v| v.kind == VariantKind::Policy) {
         let sim_cfg = cfg.sim_config(&v, burst, 0);
-        let opts = sim::SimOptions { keep_trace: false, keep_calls: false, record_planner: false };
+        let opts = sim::SimOptions { keep_trace: false, keep_calls: false, keep_sessions: false, timeline_segments: None, record_planner: false };
         let out = sim::simulate_opts(&sim_cfg, opts, &mut |_| sim::Flow::Continue).map_err(|source| BenchError::Run {
             variant: v.label.clone(),
             arrival: burst.to_string(),

@@ -29,7 +29,7 @@ fn a_repair_loops_units_count_the_rounds_still_to_come() {
         handoff_s: switchyard_runtime::exec::FRAMEWORK_HANDOFF_S,
         ..RunConfig::served(vec![mbpp], pool)
     };
-    let opts = SimOptions { keep_trace: false, keep_calls: false, record_planner: true };
+    let opts = SimOptions { keep_trace: false, keep_calls: false, keep_sessions: false, timeline_segments: None, record_planner: true };
     let out = sim::simulate_opts(&cfg, opts, &mut |_| Flow::Continue).expect("the simulation runs");
     // Per session, the further-round tokens of its `diagnose` units in the order they became
     // ready (round 0, 1, 2), and of its `generate` unit.

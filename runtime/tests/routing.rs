@@ -391,7 +391,7 @@ fn a_bound_routed_chain_is_fused_and_its_successor_forecast_near_ready() {
         handoff_s: exec::FRAMEWORK_HANDOFF_S,
         ..RunConfig::served(vec![spec], pool)
     };
-    let opts = SimOptions { keep_trace: true, keep_calls: true, record_planner: true };
+    let opts = SimOptions { keep_trace: true, keep_calls: true, keep_sessions: true, timeline_segments: None, record_planner: true };
     let out = sim::simulate_opts(&cfg, opts, &mut |_| Flow::Continue).expect("the run finishes");
     assert_eq!((out.report.sessions_completed, out.report.sessions_failed), (8, 0), "{:?}", out.report.failures);
     let (mut heads, mut successors, mut forecasts) = (0, 0, 0);

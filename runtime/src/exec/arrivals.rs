@@ -52,7 +52,7 @@ impl FromStr for Arrival {
 }
 
 /// One session of the trace.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct TraceEntry {
     pub at: f64,
     /// Index of the workflow in the run's list.
@@ -71,28 +71,99 @@ pub fn trace(arrival: Arrival, sessions: &[usize], dataset_sizes: &[usize], seed
 /// beyond the slice; burst when it is empty). Each workflow's draw depends only on its own
 /// arrival, so a workflow's sessions are the same whatever the others do.
 pub fn trace_per_workflow(arrivals: &[Arrival], sessions: &[usize], dataset_sizes: &[usize], seed: u64) -> Vec<TraceEntry> {
-    let mut out = Vec::new();
-    for (w, &size) in dataset_sizes.iter().enumerate() {
-        let arrival = arrivals.get(w).or(arrivals.last()).copied().unwrap_or(Arrival::Burst);
-        let mut rng = ChaCha8Rng::seed_from_u64(derive_seed(seed, &["trace", &w.to_string()]));
-        let mut order: Vec<usize> = (0..size.max(1)).collect();
-        order.shuffle(&mut rng);
-        let mut t = 0.0;
-        let gap = match arrival {
-            Arrival::Poisson(rate) => Exp::new(rate).ok(),
-            Arrival::Burst => None,
-        };
-        for i in 0..sessions.get(w).copied().unwrap_or(0) {
-            if let Some(g) = &gap {
-                // The first session of each workflow arrives after one gap too (a Poisson process
-                // started at 0).
-                t += g.sample(&mut rng);
-            }
-            out.push(TraceEntry { at: t, workflow: w as u32, record: order[i % order.len()] });
-        }
+    ArrivalStream::new(arrivals, sessions, dataset_sizes, seed).collect()
+}
+
+/// The trace of [`trace_per_workflow`], drawn as it is consumed: entry by entry in trace order
+/// (time, then workflow, then draw order), holding per workflow only its generator and its
+/// shuffled record order — a long run does not keep its whole trace.
+#[derive(Debug, Clone)]
+pub struct ArrivalStream {
+    workflows: Vec<WorkflowArrivals>,
+    remaining: usize,
+}
+
+#[derive(Debug, Clone)]
+struct WorkflowArrivals {
+    rng: ChaCha8Rng,
+    order: Vec<usize>,
+    gap: Option<Exp<f64>>,
+    /// Sessions drawn so far and in all.
+    drawn: usize,
+    total: usize,
+    /// The next entry, drawn ahead so that the streams can be merged by time.
+    next: Option<f64>,
+}
+
+impl WorkflowArrivals {
+    fn draw(&mut self, after: f64) {
+        self.next = (self.drawn < self.total).then(|| match &self.gap {
+            // The first session of each workflow arrives after one gap too (a Poisson process
+            // started at 0).
+            Some(g) => after + g.sample(&mut self.rng),
+            None => after,
+        });
     }
-    out.sort_by(|a, b| a.at.total_cmp(&b.at).then(a.workflow.cmp(&b.workflow)));
-    out
+}
+
+impl ArrivalStream {
+    pub fn new(arrivals: &[Arrival], sessions: &[usize], dataset_sizes: &[usize], seed: u64) -> Self {
+        let workflows: Vec<WorkflowArrivals> = dataset_sizes
+            .iter()
+            .enumerate()
+            .map(|(w, &size)| {
+                let arrival = arrivals.get(w).or(arrivals.last()).copied().unwrap_or(Arrival::Burst);
+                let mut rng = ChaCha8Rng::seed_from_u64(derive_seed(seed, &["trace", &w.to_string()]));
+                let mut order: Vec<usize> = (0..size.max(1)).collect();
+                order.shuffle(&mut rng);
+                let gap = match arrival {
+                    Arrival::Poisson(rate) => Exp::new(rate).ok(),
+                    Arrival::Burst => None,
+                };
+                let mut stream =
+                    WorkflowArrivals { rng, order, gap, drawn: 0, total: sessions.get(w).copied().unwrap_or(0), next: None };
+                stream.draw(0.0);
+                stream
+            })
+            .collect();
+        let remaining = workflows.iter().map(|w| w.total).sum();
+        ArrivalStream { workflows, remaining }
+    }
+
+    /// The time of the next entry, if any, without drawing it.
+    pub fn peek_at(&self) -> Option<f64> {
+        self.workflows.iter().filter_map(|w| w.next).min_by(f64::total_cmp)
+    }
+
+    /// Entries not drawn yet.
+    pub fn remaining(&self) -> usize {
+        self.remaining
+    }
+}
+
+impl Iterator for ArrivalStream {
+    type Item = TraceEntry;
+
+    fn next(&mut self) -> Option<TraceEntry> {
+        // The earliest next entry; on a tie the lower workflow (the order of a stable sort by
+        // time, then workflow, of the workflows' draws in turn).
+        let (w, at) = self
+            .workflows
+            .iter()
+            .enumerate()
+            .filter_map(|(w, s)| Some((w, s.next?)))
+            .min_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)))?;
+        let stream = &mut self.workflows[w];
+        let record = stream.order[stream.drawn % stream.order.len()];
+        stream.drawn += 1;
+        stream.draw(at);
+        self.remaining -= 1;
+        Some(TraceEntry { at, workflow: w as u32, record })
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (self.remaining, Some(self.remaining))
+    }
 }
 
 #[cfg(test)]
@@ -130,6 +201,49 @@ mod tests {
         assert_eq!(mbpp, alone);
         // One arrival for all: the same as `trace`.
         assert_eq!(trace_per_workflow(&[Arrival::Burst], &[3, 7], &[10, 10], 1), trace(Arrival::Burst, &[3, 7], &[10, 10], 1));
+    }
+
+    #[test]
+    fn the_stream_draws_the_trace_a_sort_of_each_workflows_draws_gives() {
+        // Reference: every workflow's entries drawn in turn, then a stable sort by time, then
+        // workflow (what the trace was built as before it was drawn lazily).
+        let reference = |arrivals: &[Arrival], sessions: &[usize], sizes: &[usize], seed: u64| {
+            let mut out = Vec::new();
+            for (w, &size) in sizes.iter().enumerate() {
+                let arrival = arrivals.get(w).or(arrivals.last()).copied().unwrap_or(Arrival::Burst);
+                let mut rng = ChaCha8Rng::seed_from_u64(derive_seed(seed, &["trace", &w.to_string()]));
+                let mut order: Vec<usize> = (0..size.max(1)).collect();
+                order.shuffle(&mut rng);
+                let mut t = 0.0;
+                for i in 0..sessions[w] {
+                    if let Arrival::Poisson(rate) = arrival {
+                        t += Exp::new(rate).unwrap().sample(&mut rng);
+                    }
+                    out.push(TraceEntry { at: t, workflow: w as u32, record: order[i % order.len()] });
+                }
+            }
+            out.sort_by(|a, b| a.at.total_cmp(&b.at).then(a.workflow.cmp(&b.workflow)));
+            out
+        };
+        let cases: [(&[Arrival], &[usize], &[usize]); 4] = [
+            (&[Arrival::Poisson(0.15)], &[60, 60, 60], &[100, 50, 35]),
+            (&[Arrival::Burst], &[3, 7, 0], &[10, 10, 4]),
+            (&[Arrival::Burst, Arrival::Poisson(0.05)], &[10, 5], &[35, 100]),
+            (&[Arrival::Poisson(2.0), Arrival::Burst, Arrival::Poisson(0.5)], &[200, 4, 50], &[3, 9, 1]),
+        ];
+        for (arrivals, sessions, sizes) in cases {
+            for seed in [1, 42] {
+                let stream = ArrivalStream::new(arrivals, sessions, sizes, seed);
+                assert_eq!(stream.remaining(), sessions.iter().sum::<usize>());
+                assert_eq!(stream.collect::<Vec<_>>(), reference(arrivals, sessions, sizes, seed), "{arrivals:?} {sessions:?}");
+            }
+        }
+        let mut s = ArrivalStream::new(&[Arrival::Poisson(1.0)], &[2], &[5], 3);
+        let first = s.peek_at().unwrap();
+        assert_eq!(s.next().map(|e| e.at), Some(first));
+        assert!(s.peek_at().unwrap() > first);
+        s.next();
+        assert_eq!((s.peek_at(), s.next(), s.remaining()), (None, None, 0));
     }
 
     #[test]

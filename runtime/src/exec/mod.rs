@@ -47,7 +47,7 @@ pub use activation::{
 };
 pub use arrivals::{Arrival, TraceEntry};
 pub use pool::{PoolError, PoolSpec};
-pub use record::{Counters, INTERRUPTED, ReportInput, SessionRecord, TokenWork, build_report};
+pub use record::{Counters, INTERRUPTED, ReportInput, SessionRecord, SessionTally, TokenWork, build_report};
 pub use setup::{DeploymentMap, build_planner, deployment_names, deployment_table, load_records, node_infos};
 
 /// Prefix-cache block size (vLLM's default `--block-size`).

@@ -80,7 +80,8 @@ pub struct ReportInput<'a> {
     pub arrival: String,
     pub pool: &'a str,
     pub gpus: usize,
-    pub sessions: &'a [SessionRecord],
+    /// The sessions, each added as it ended (or, open, at the end of the run).
+    pub sessions: &'a SessionTally,
     /// Sessions that could not even be instantiated: (workflow, arrival, reason).
     pub start_failures: &'a [(u32, f64, String)],
     /// Per device; resident intervals still open must be given in `open_resident`.
@@ -111,6 +112,121 @@ impl SessionRecord {
     }
 }
 
+/// What the report needs of the sessions, folded in as each one ends, so that a shell can drop
+/// a session's record once it is counted: a long run's memory grows with its sessions only by
+/// one latency (8 bytes) per completed session, which the exact percentiles need. Sessions may
+/// be added in any order; the report does not depend on it (the score sum is kept in fixed
+/// point, so that its float rounding does not depend on the order either).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SessionTally {
+    sessions: usize,
+    completed: usize,
+    /// Earliest arrival (+∞ before the first session) and latest end, completed or failed
+    /// (−∞ before the first end).
+    first_arrival: f64,
+    last_end: f64,
+    workflows: Vec<WorkflowTally>,
+    /// The failed sessions with the smallest ids (at most [`LISTED_FAILURES`]), with why.
+    failures: BTreeMap<SessionId, String>,
+    tools: ToolReport,
+}
+
+/// How many session failures the report lists.
+const LISTED_FAILURES: usize = 20;
+
+/// Fixed-point scale of the score sum: 2⁻⁶⁴ per unit, exact for 0/1 scores and within 2⁻⁶⁴ of
+/// any other score in (−2⁶³, 2⁶³).
+const SCORE_SCALE: f64 = 18_446_744_073_709_551_616.0;
+
+#[derive(Debug, Clone, PartialEq)]
+struct WorkflowTally {
+    sessions: usize,
+    latencies: Vec<f64>,
+    first_arrival: f64,
+    last_end: f64,
+    /// Σ score of its completed sessions, in units of 1 / [`SCORE_SCALE`].
+    score_sum: i128,
+}
+
+impl Default for WorkflowTally {
+    fn default() -> Self {
+        WorkflowTally { sessions: 0, latencies: Vec::new(), first_arrival: f64::INFINITY, last_end: f64::NEG_INFINITY, score_sum: 0 }
+    }
+}
+
+impl Default for SessionTally {
+    fn default() -> Self {
+        SessionTally {
+            sessions: 0,
+            completed: 0,
+            first_arrival: f64::INFINITY,
+            last_end: f64::NEG_INFINITY,
+            workflows: Vec::new(),
+            failures: BTreeMap::new(),
+            tools: ToolReport::default(),
+        }
+    }
+}
+
+impl SessionTally {
+    /// The tally of `records`.
+    pub fn of<'r>(records: impl IntoIterator<Item = &'r SessionRecord>) -> Self {
+        let mut tally = SessionTally::default();
+        for r in records {
+            tally.add(r);
+        }
+        tally
+    }
+
+    /// Count one session (once: when it ended, or at the end of the run if it is still open).
+    pub fn add(&mut self, r: &SessionRecord) {
+        self.sessions += 1;
+        let end = r.ended();
+        self.first_arrival = self.first_arrival.min(r.arrived);
+        self.last_end = end.map_or(self.last_end, |e| self.last_end.max(e));
+        let w = r.workflow as usize;
+        if self.workflows.len() <= w {
+            self.workflows.resize_with(w + 1, WorkflowTally::default);
+        }
+        let wf = &mut self.workflows[w];
+        wf.sessions += 1;
+        wf.first_arrival = wf.first_arrival.min(r.arrived);
+        if let Some(e) = end {
+            wf.last_end = wf.last_end.max(e);
+        }
+        if let Some(f) = r.finished {
+            self.completed += 1;
+            wf.latencies.push(f - r.arrived);
+            wf.score_sum += (r.score.unwrap_or(0.0) * SCORE_SCALE) as i128;
+        }
+        if let Some(why) = &r.failed {
+            let listed_last = self.failures.keys().next_back().copied();
+            if self.failures.len() < LISTED_FAILURES || listed_last.is_some_and(|last| r.session < last) {
+                self.failures.insert(r.session, why.clone());
+                if self.failures.len() > LISTED_FAILURES {
+                    self.failures.pop_last();
+                }
+            }
+        }
+        self.tools.add(r.session.0, &r.tools);
+    }
+
+    /// Sessions counted.
+    pub fn len(&self) -> usize {
+        self.sessions
+    }
+
+    /// Whether no session was counted.
+    pub fn is_empty(&self) -> bool {
+        self.sessions == 0
+    }
+
+    /// Sessions counted that completed.
+    pub fn completed(&self) -> usize {
+        self.completed
+    }
+}
+
 /// Build the run report from what a shell recorded (both shells call this); returns it with its
 /// window (first arrival, last end of a session — completed or failed).
 ///
@@ -124,12 +240,11 @@ impl SessionRecord {
 /// - Accuracy is over all the workflow's sessions: a failed session scores 0.
 pub fn build_report(input: ReportInput<'_>) -> (RunReport, (f64, f64)) {
     let runs = input.sessions;
-    let t0 = runs.iter().map(|r| r.arrived).fold(f64::INFINITY, f64::min);
-    let t0 = if t0.is_finite() { t0 } else { 0.0 };
+    let t0 = if runs.first_arrival.is_finite() { runs.first_arrival } else { 0.0 };
     // A served runtime folds old timeline segments; the window covers what it folded (the
     // sessions of that time may have been forgotten, `--keep-ended`).
     let t0 = input.timelines.iter().filter_map(|tl| tl.folded.as_ref()).map(|f| f.from).fold(t0, f64::min);
-    let t1 = runs.iter().filter_map(SessionRecord::ended).fold(t0, f64::max);
+    let t1 = runs.last_end.max(t0);
     let t1 = input.timelines.iter().filter_map(|tl| tl.folded.as_ref()).map(|f| f.until).fold(t1, f64::max);
     for &(device, deployment, since) in input.open_resident {
         if let Some(tl) = input.timelines.get_mut(device as usize) {
@@ -184,29 +299,28 @@ pub fn build_report(input: ReportInput<'_>) -> (RunReport, (f64, f64)) {
             slot.add(&b.scaled(share));
         }
     }
-    let completed: Vec<&SessionRecord> = runs.iter().filter(|r| r.finished.is_some()).collect();
-    let latencies: Vec<f64> = completed.iter().filter_map(|r| r.finished.map(|f| f - r.arrived)).collect();
+    let latencies: Vec<f64> = runs.workflows.iter().flat_map(|w| w.latencies.iter().copied()).collect();
     let mut workflows = BTreeMap::new();
+    let none = WorkflowTally::default();
     for (w, wf) in input.workflows.iter().enumerate() {
-        let mine: Vec<&SessionRecord> = runs.iter().filter(|r| r.workflow as usize == w).collect();
-        let done: Vec<&&SessionRecord> = mine.iter().filter(|r| r.finished.is_some()).collect();
-        let lat: Vec<f64> = done.iter().filter_map(|r| r.finished.map(|f| f - r.arrived)).collect();
-        let first = mine.iter().map(|r| r.arrived).fold(f64::INFINITY, f64::min);
-        let last = mine.iter().filter_map(|r| r.ended()).fold(f64::NEG_INFINITY, f64::max);
-        let failed = mine.len() - done.len() + input.start_failures.iter().filter(|f| f.0 as usize == w).count();
-        // Over every session of the workflow: a failed one (started or not) scores 0.
+        let mine = runs.workflows.get(w).unwrap_or(&none);
+        let done = mine.latencies.len();
+        let lat = &mine.latencies;
+        let (first, last) = (mine.first_arrival, mine.last_end);
+        let failed = mine.sessions - done + input.start_failures.iter().filter(|f| f.0 as usize == w).count();
+        // Over every session of the workflow: a failed one (started or not) scores 0. (From
+        // +0.0: no score must print as `0.0`, not `-0.0`.)
         let accuracy = wf.metric.as_ref().map(|_| {
-            // A fold from +0.0: `sum()` of no f64 is -0.0, which would print as `-0.0`.
-            let sum = done.iter().map(|r| r.score.unwrap_or(0.0)).fold(0.0, |a, b| a + b);
-            let all = done.len() + failed;
+            let sum = 0.0 + mine.score_sum as f64 / SCORE_SCALE;
+            let all = done + failed;
             if all == 0 { 0.0 } else { round3(sum / all as f64) }
         });
-        let n = done.len().max(1) as f64;
+        let n = done.max(1) as f64;
         workflows.insert(wf.name.clone(), WorkflowReport {
-            sessions_completed: done.len(),
+            sessions_completed: done,
             sessions_failed: failed,
             makespan_s: if last.is_finite() && first.is_finite() { round3((last - first).max(0.0)) } else { 0.0 },
-            latency_s: Percentiles::of(&lat),
+            latency_s: Percentiles::of(lat),
             gpu_seconds_per_session: wf_gpu[w].scaled(1.0 / n).rounded(),
             gpu_seconds_total: wf_gpu[w].rounded(),
             accuracy,
@@ -214,12 +328,13 @@ pub fn build_report(input: ReportInput<'_>) -> (RunReport, (f64, f64)) {
         });
     }
     let failures: Vec<String> = runs
+        .failures
         .iter()
-        .filter_map(|r| r.failed.as_ref().map(|f| format!("{}: {f}", r.session)))
+        .map(|(session, f)| format!("{session}: {f}"))
         .chain(input.start_failures.iter().map(|f| f.2.clone()))
-        .take(20)
+        .take(LISTED_FAILURES)
         .collect();
-    let n_done = completed.len();
+    let n_done = runs.completed;
     let c = input.counters;
     let report = RunReport {
         policy: input.policy.to_string(),
@@ -249,7 +364,7 @@ pub fn build_report(input: ReportInput<'_>) -> (RunReport, (f64, f64)) {
         workflows,
         failures,
         interrupted: input.interrupted,
-        tools: ToolReport::collect(runs.iter().map(|r| (r.session.0, &r.tools))),
+        tools: runs.tools.clone(),
         fixed_endpoint_gpus: 0,
         wasted: Default::default(),
         routing: BTreeMap::new(),
@@ -279,7 +394,7 @@ mod tests {
             arrival: "burst".into(),
             pool: "p",
             gpus: 1,
-            sessions: &sessions,
+            sessions: &SessionTally::of(&sessions),
             start_failures: &[],
             timelines: &mut timelines,
             open_resident: &[(0, DeploymentId(0), 1.0)],
@@ -328,7 +443,7 @@ mod tests {
             arrival: "burst".into(),
             pool: "p",
             gpus: 1,
-            sessions,
+            sessions: &SessionTally::of(sessions),
             start_failures,
             timelines: &mut timelines,
             open_resident: &[],

@@ -1722,7 +1722,7 @@ impl PlannerActorState {
             s.stop(None);
         }
         let reports: Vec<SessionReport> = std::mem::take(&mut self.ended).into_values().collect();
-        let records: Vec<SessionRecord> = reports.iter().map(|r| r.record.clone()).collect();
+        let tally = exec::SessionTally::of(reports.iter().map(|r| &r.record));
         let mut timelines = std::mem::take(&mut self.timelines);
         let state = self.planner.state();
         let (report, window) = exec::build_report(ReportInput {
@@ -1733,7 +1733,7 @@ impl PlannerActorState {
             arrival: self.meta.arrival.clone(),
             pool: &self.meta.pool,
             gpus: self.devices.len(),
-            sessions: &records,
+            sessions: &tally,
             start_failures: &self.start_failures,
             timelines: &mut timelines,
             open_resident: &open_resident,

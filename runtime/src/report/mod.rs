@@ -268,20 +268,32 @@ pub struct ToolReport {
 impl ToolReport {
     /// Aggregates the sessions' logs, in session order whatever the order given.
     pub fn collect<'a>(logs: impl IntoIterator<Item = (u32, &'a SessionToolLog)>) -> Self {
-        let mut logs: Vec<(u32, &SessionToolLog)> = logs.into_iter().collect();
-        logs.sort_by_key(|(session, _)| *session);
         let mut report = ToolReport::default();
-        for (_, log) in logs {
-            report.checks_outside_sandbox += log.checked_outside;
-            report.checks_untrusted += log.untrusted;
-            for failure in &log.failures {
-                *report.failures_by_cause.entry(failure.cause.clone()).or_default() += 1;
-                if report.failures.len() < MAX_LISTED_TOOL_FAILURES {
-                    report.failures.push(failure.clone());
-                }
-            }
+        for (session, log) in logs {
+            report.add(session, log);
         }
         report
+    }
+
+    /// Add one session's log. Sessions may come in any order (a shell adds each as it ends):
+    /// the listed failures stay the first [`MAX_LISTED_TOOL_FAILURES`] by session, then call
+    /// order — a failure cut from the list has a larger key than every one kept, and the kept
+    /// set only moves towards smaller keys, so what is cut is never needed again.
+    pub fn add(&mut self, session: u32, log: &SessionToolLog) {
+        self.checks_outside_sandbox += log.checked_outside;
+        self.checks_untrusted += log.untrusted;
+        for failure in &log.failures {
+            *self.failures_by_cause.entry(failure.cause.clone()).or_default() += 1;
+        }
+        let at = self.failures.partition_point(|f| f.session <= session);
+        if at >= MAX_LISTED_TOOL_FAILURES || log.failures.is_empty() {
+            return;
+        }
+        let room = MAX_LISTED_TOOL_FAILURES - at;
+        let tail = self.failures.split_off(at);
+        self.failures.extend(log.failures.iter().take(room).cloned());
+        let room = MAX_LISTED_TOOL_FAILURES - self.failures.len();
+        self.failures.extend(tail.into_iter().take(room));
     }
 }
 
@@ -303,6 +315,32 @@ mod tests {
         assert_eq!(report.failures[0].session, 0, "session 0 first");
         assert_eq!(report.failures[10].session, 1);
         assert_eq!((report.checks_outside_sandbox, report.checks_untrusted), (5, 1));
+    }
+
+    #[test]
+    fn tool_report_lists_the_same_failures_whatever_order_the_sessions_end_in() {
+        let log = |session: u32, n: usize| SessionToolLog {
+            failures: (0..n).map(|i| ToolFailureRecord { detail: i.to_string(), ..failure(session, "timeout") }).collect(),
+            checked_outside: 1,
+            untrusted: 0,
+        };
+        let logs: Vec<(u32, SessionToolLog)> = [(3, 4), (0, 0), (7, 9), (1, 6), (5, 12), (2, 1)].iter().map(|&(s, n)| (s, log(s, n))).collect();
+        let mut sorted = logs.clone();
+        sorted.sort_by_key(|(s, _)| *s);
+        let in_order = ToolReport::collect(sorted.iter().map(|(s, l)| (*s, l)));
+        assert_eq!(in_order.failures.len(), MAX_LISTED_TOOL_FAILURES);
+        let keys: Vec<(u32, String)> = in_order.failures.iter().map(|f| (f.session, f.detail.clone())).collect();
+        assert_eq!(keys[..5].iter().map(|k| k.0).collect::<Vec<_>>(), vec![1, 1, 1, 1, 1]);
+        assert_eq!(keys.last(), Some(&(5, "8".to_string())), "1×6, 2×1, 3×4, then 9 of session 5's 12: cut at 20");
+        // Every order of ending gives the same report.
+        for rotation in 0..logs.len() {
+            let mut order = logs.clone();
+            order.rotate_left(rotation);
+            if rotation % 2 == 1 {
+                order.reverse();
+            }
+            assert_eq!(ToolReport::collect(order.iter().map(|(s, l)| (*s, l))), in_order, "rotation {rotation}");
+        }
     }
 
     #[test]

@@ -18,6 +18,7 @@
 pub mod agent_routing;
 pub mod agentic;
 mod toolpool;
+mod window;
 
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, BinaryHeap};
@@ -30,8 +31,8 @@ use thiserror::Error;
 
 use crate::exec::graph_info::NodeFacts;
 use crate::exec::{
-    self, CallRecord, Counters, PrepareContext, PreparedLlm, Ready, ReportInput, RunConfig, SessionRecord, ShellError,
-    TokenWork, TraceEntry, TraceLine, arrivals, tool_trace_detail as trace_detail,
+    self, CallRecord, Counters, PrepareContext, PreparedLlm, Ready, ReportInput, RunConfig, SessionRecord, SessionTally,
+    ShellError, TokenWork, TraceEntry, TraceLine, arrivals, tool_trace_detail as trace_detail,
 };
 use crate::ids::{ActivationId, DeviceId, ReplicaId, SessionId};
 use crate::planner::{
@@ -42,6 +43,7 @@ use crate::session::Session;
 use crate::values::{NodeOutput, derive_seed};
 use crate::workflow::NodeKind;
 use toolpool::{ToolJob, ToolPool};
+use window::SessionWindow;
 
 /// Errors that stop a simulation (a failing *session* is not one: it is reported).
 #[derive(Debug, Error)]
@@ -67,7 +69,8 @@ pub struct SimOutput {
     pub calls: Vec<CallRecord>,
     /// The planner's input tick by tick (only with [`SimOptions::record_planner`]).
     pub planner_ticks: Vec<PlannerTick>,
-    /// Every session's record (arrival, end, score), in session order.
+    /// Every session's record (arrival, end, score), in session order (only with
+    /// [`SimOptions::keep_sessions`]).
     pub sessions: Vec<SessionRecord>,
     /// Every routed program the run closed (verified or failed), in the order they closed.
     pub programs: Vec<exec::routing::ProgramRecord>,
@@ -78,7 +81,8 @@ pub struct SimOutput {
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum SimEvent {
-    Arrival(usize),
+    /// Session `.0` arrives (its trace entry).
+    Arrival(usize, TraceEntry),
     /// The end of a replica's iteration in progress (or of its planned decode run), with the
     /// replica's schedule token at the time: an event whose token is no longer the replica's
     /// was superseded (the run was cut short, see [`Sim::retime`]) and is ignored.
@@ -149,6 +153,13 @@ pub struct SimOptions {
     pub keep_trace: bool,
     /// Keep every completed activation ([`SimOutput::calls`]).
     pub keep_calls: bool,
+    /// Keep every session's record ([`SimOutput::sessions`]); without it a session's record is
+    /// dropped once the report's tally has counted it.
+    pub keep_sessions: bool,
+    /// Keep at most about twice this many GPU-timeline segments per device: past that, the
+    /// older ones are folded into the report's partition ([`DeviceTimeline::fold_until`]) and
+    /// [`SimOutput::timelines`] draws only the newest. `None`: the whole timeline (a chart).
+    pub timeline_segments: Option<usize>,
     /// Record the planner's input, tick by tick ([`SimOutput::planner_ticks`]), so that the
     /// planning cost can be measured by replaying it (`benches/planner_stream.rs`).
     pub record_planner: bool,
@@ -156,7 +167,7 @@ pub struct SimOptions {
 
 impl Default for SimOptions {
     fn default() -> Self {
-        SimOptions { keep_trace: true, keep_calls: true, record_planner: false }
+        SimOptions { keep_trace: true, keep_calls: true, keep_sessions: true, timeline_segments: None, record_planner: false }
     }
 }
 
@@ -212,9 +223,23 @@ struct Sim<'a> {
     queue: BinaryHeap<Scheduled>,
     seq: u64,
     now: f64,
-    trace_entries: Vec<TraceEntry>,
+    /// The trace, drawn as sessions arrive; the next arrival is drawn ahead (`next_arrival`:
+    /// its index and entry), and is processed before any queued event of its time or later
+    /// (as if every arrival had been queued first).
+    arrivals: arrivals::ArrivalStream,
+    next_arrival: Option<(usize, TraceEntry)>,
+    sessions_total: usize,
     records: Vec<Vec<crate::values::Record>>,
-    sessions: Vec<Option<SessionRun>>,
+    /// The sessions in flight ([`SessionWindow`]).
+    sessions: SessionWindow<SessionRun>,
+    /// The ended sessions, counted for the report.
+    tally: SessionTally,
+    /// The ended sessions' records (only with [`SimOptions::keep_sessions`]).
+    kept_sessions: Vec<SessionRecord>,
+    /// When the first session that started arrived (the report's window starts there).
+    first_opened: Option<f64>,
+    /// The score of each routed session that completed, until its verdict lands.
+    verdict_scores: BTreeMap<SessionId, Option<f64>>,
     /// Ready LLM units whose request is prepared but not yet dispatched.
     prepared: BTreeMap<ActivationId, PreparedLlm>,
     replicas: BTreeMap<ReplicaId, Replica>,
@@ -320,7 +345,9 @@ impl<'a> Sim<'a> {
             exec::build_planner(&cfg.pool, &deployments, &cfg.policy, cfg.options, &cfg.predictor, cfg.substrate)?;
         let records = exec::load_records(&cfg.workflows)?;
         let sizes: Vec<usize> = records.iter().map(|r| r.len()).collect();
-        let trace_entries = arrivals::trace_per_workflow(&cfg.arrivals_of(), &cfg.sessions_of(), &sizes, cfg.seed);
+        let mut arrival_stream = arrivals::ArrivalStream::new(&cfg.arrivals_of(), &cfg.sessions_of(), &sizes, cfg.seed);
+        let sessions_total = arrival_stream.remaining();
+        let next_arrival = arrival_stream.next().map(|e| (0, e));
         let timelines = cfg
             .pool
             .devices
@@ -332,7 +359,7 @@ impl<'a> Sim<'a> {
         if let Some(setup) = exec::routing::routing_setup(&cfg.workflows, &records, &deployments, &deployment_of, &cfg.pool, &cfg.routing)? {
             planner.set_routing(setup)?;
         }
-        let mut sim = Sim {
+        let sim = Sim {
             cfg,
             opts,
             planner,
@@ -344,8 +371,14 @@ impl<'a> Sim<'a> {
             queue: BinaryHeap::new(),
             seq: 0,
             now: 0.0,
-            sessions: (0..trace_entries.len()).map(|_| None).collect(),
-            trace_entries,
+            arrivals: arrival_stream,
+            next_arrival,
+            sessions_total,
+            sessions: SessionWindow::default(),
+            tally: SessionTally::default(),
+            kept_sessions: Vec::new(),
+            first_opened: None,
+            verdict_scores: BTreeMap::new(),
             records,
             prepared: BTreeMap::new(),
             replicas: BTreeMap::new(),
@@ -381,11 +414,29 @@ impl<'a> Sim<'a> {
             replan: false,
             wakeup_at: None,
         };
-        for i in 0..sim.trace_entries.len() {
-            let at = sim.trace_entries[i].at;
-            sim.schedule(at, SimEvent::Arrival(i));
-        }
         Ok(sim)
+    }
+
+    /// The next event: the next arrival if no queued event comes before it (an arrival goes
+    /// first at a tie, as if every arrival had been queued before anything else), else the
+    /// first queued event.
+    fn pop_next(&mut self) -> Option<(f64, SimEvent)> {
+        if let Some((i, entry)) = self.next_arrival
+            && self.queue.peek().is_none_or(|n| entry.at <= n.at)
+        {
+            self.next_arrival = self.arrivals.next().map(|e| (i + 1, e));
+            return Some((entry.at, SimEvent::Arrival(i, entry)));
+        }
+        self.queue.pop().map(|n| (n.at, n.event))
+    }
+
+    /// The time of the next event, if any.
+    fn next_time(&self) -> Option<f64> {
+        let queued = self.queue.peek().map(|n| n.at);
+        match (queued, self.next_arrival.map(|(_, e)| e.at)) {
+            (Some(q), Some(a)) => Some(q.min(a)),
+            (q, a) => q.or(a),
+        }
     }
 
     fn schedule(&mut self, at: f64, event: SimEvent) {
@@ -401,13 +452,13 @@ impl<'a> Sim<'a> {
     }
 
     fn run(&mut self, progress: &mut dyn FnMut(&SimProgress) -> Flow) -> Result<(), SimError> {
-        let total = self.trace_entries.len();
+        let total = self.sessions_total;
         let mut events = 0u64;
-        while let Some(next) = self.queue.pop() {
-            self.now = next.at;
+        while let Some((at, event)) = self.pop_next() {
+            self.now = at;
             events += 1;
-            match next.event {
-                SimEvent::Arrival(i) => self.on_arrival(i)?,
+            match event {
+                SimEvent::Arrival(i, entry) => self.on_arrival(i, entry)?,
                 SimEvent::IterationEnd(r, token) => self.on_iteration_end(r, token)?,
                 SimEvent::LoadDone(r) => self.on_load_done(r)?,
                 SimEvent::SleepDone(r) => self.on_sleep_done(r)?,
@@ -427,10 +478,11 @@ impl<'a> Sim<'a> {
                 }
             }
             // One scheduling tick per distinct virtual time.
-            if self.queue.peek().is_none_or(|n| n.at > self.now) {
+            if self.next_time().is_none_or(|t| t > self.now) {
                 self.flush()?;
+                self.bound_timelines();
                 let at = SimProgress { sessions_done: self.done_sessions, sessions_total: total, now_s: self.now, events };
-                if progress(&at) == Flow::Interrupt && !self.queue.is_empty() {
+                if progress(&at) == Flow::Interrupt && self.next_time().is_some() {
                     self.interrupt();
                     return Ok(());
                 }
@@ -444,10 +496,14 @@ impl<'a> Sim<'a> {
             self.fail_session(a.session, format!("unit {a} could not be placed on any device of the pool"));
         }
         let now = self.now;
-        for s in self.sessions.iter_mut().flatten() {
-            if s.record.finished.is_none() && s.record.failed.is_none() {
-                s.record.failed = Some("the simulation ended with the session unfinished".into());
-                s.record.failed_at = Some(now);
+        let open: Vec<usize> = self.sessions.iter().map(|(i, _)| i).collect();
+        for i in open {
+            if let Some(mut run) = self.sessions.close(i) {
+                if run.record.finished.is_none() && run.record.failed.is_none() {
+                    run.record.failed = Some("the simulation ended with the session unfinished".into());
+                    run.record.failed_at = Some(now);
+                }
+                self.count_ended(run.record);
             }
         }
         Ok(())
@@ -457,20 +513,14 @@ impl<'a> Sim<'a> {
     /// Events still queued are dropped (running tool calls are joined when the pool drops).
     fn interrupt(&mut self) {
         self.interrupted = true;
-        let arrived: std::collections::BTreeSet<usize> = self
-            .sessions
-            .iter()
-            .enumerate()
-            .filter_map(|(i, s)| s.as_ref().map(|_| i))
-            .collect();
-        for i in 0..self.sessions.len() {
-            if arrived.contains(&i) {
-                self.fail_session(SessionId(i as u32), exec::INTERRUPTED.to_string());
-            } else if !self.start_failures.iter().any(|f| f.2.starts_with(&format!("s{i}: "))) {
-                let workflow = self.trace_entries[i].workflow;
-                self.start_failures.push((workflow, self.now, format!("s{i}: {} before the session arrived", exec::INTERRUPTED)));
-                self.done_sessions += 1;
-            }
+        let open: Vec<usize> = self.sessions.iter().map(|(i, _)| i).collect();
+        for i in open {
+            self.fail_session(SessionId(i as u32), exec::INTERRUPTED.to_string());
+        }
+        while let Some((i, entry)) = self.next_arrival.take() {
+            self.start_failures.push((entry.workflow, self.now, format!("s{i}: {} before the session arrived", exec::INTERRUPTED)));
+            self.done_sessions += 1;
+            self.next_arrival = self.arrivals.next().map(|e| (i + 1, e));
         }
         self.queue.clear();
         self.tick_events.clear();
@@ -500,7 +550,7 @@ impl<'a> Sim<'a> {
         // A rule that waits (the substrate's upscale delay) acts when its time comes, not at
         // whatever event happens to follow it: one wake-up at a time, the earliest asked for.
         // Once every session has ended nothing is left to scale out for.
-        let open = self.done_sessions < self.trace_entries.len();
+        let open = self.done_sessions < self.sessions_total;
         if planned && open && let Some(t) = self.planner.next_wakeup(self.now)
             && self.wakeup_at.is_none_or(|w| t < w)
         {
@@ -620,7 +670,7 @@ impl<'a> Sim<'a> {
             return Err(SimError::Internal(format!("dispatch of unprepared unit {activation}")));
         };
         let workflow = self.session_workflow(activation.session)?;
-        if let Some(session) = self.sessions[activation.session.0 as usize].as_mut().and_then(|r| r.session.as_deref_mut()) {
+        if let Some(session) = self.sessions.get_mut(activation.session.0 as usize).and_then(|r| r.session.as_deref_mut()) {
             session
                 .mark_running(activation.index)
                 .map_err(|e| SimError::Internal(e.to_string()))?;
@@ -660,7 +710,7 @@ impl<'a> Sim<'a> {
     /// Tell the planner about activations of `s` that became near-ready (all predecessors
     /// completed or running, at least one running).
     fn report_near_ready(&mut self, s: SessionId) -> Result<(), SimError> {
-        let Some(run) = self.sessions.get(s.0 as usize).and_then(|r| r.as_ref()) else { return Ok(()) };
+        let Some(run) = self.sessions.get(s.0 as usize) else { return Ok(()) };
         if run.record.failed.is_some() || run.record.finished.is_some() {
             return Ok(());
         }
@@ -738,6 +788,37 @@ impl<'a> Sim<'a> {
         self.schedule(end, SimEvent::IterationEnd(replica, token));
     }
 
+    /// With [`SimOptions::timeline_segments`], a long run's GPU timelines stay bounded: past
+    /// twice that many segments on a device, everything before its newest ones, and before now,
+    /// is folded into the partition the report reads ([`DeviceTimeline::fold_until`]), and the
+    /// idle-resident and sleep intervals still open there restart at the cut. Only a device's
+    /// last segment is ever changed after it is pushed (a decode run cut back or extended, its
+    /// end never before now), so nothing folded changes afterwards; the report's window starts
+    /// at the first session's arrival, where the fold starts.
+    fn bound_timelines(&mut self) {
+        let Some(kept) = self.opts.timeline_segments.map(|k| k.max(1)) else { return };
+        let Some(from) = self.first_opened else { return };
+        let now = self.now;
+        for (d, tl) in self.timelines.iter_mut().enumerate() {
+            let n = tl.segments.len();
+            if n <= 2 * kept {
+                continue;
+            }
+            let cut = tl.segments[n - kept - 1].end.min(now).max(from);
+            let mut open = Vec::new();
+            for r in self.replicas.values_mut().filter(|r| r.device.0 as usize == d) {
+                let deployment = r.deployment.0;
+                for (since, kind) in [(&mut r.resident_since, SegmentKind::Resident), (&mut r.asleep_since, SegmentKind::Asleep)] {
+                    if let Some(t) = since.as_mut().filter(|t| **t < cut) {
+                        open.push(Segment { start: *t, end: cut, kind, deployment });
+                        *t = cut;
+                    }
+                }
+            }
+            tl.fold_until(from, cut, &open);
+        }
+    }
+
     /// Cut the planned runs of the replicas on `device` at the steps in progress now (before a
     /// segment of something else is pushed onto the device's timeline, as with one event per
     /// step the runs' segments would end there).
@@ -758,8 +839,7 @@ impl<'a> Sim<'a> {
         }
     }
 
-    fn on_arrival(&mut self, i: usize) -> Result<(), SimError> {
-        let entry = self.trace_entries[i].clone();
+    fn on_arrival(&mut self, i: usize, entry: TraceEntry) -> Result<(), SimError> {
         let w = entry.workflow as usize;
         let spec = Arc::clone(&self.cfg.workflows[w]);
         let input = self.records[w][entry.record].clone();
@@ -768,7 +848,7 @@ impl<'a> Sim<'a> {
         match Session::new(id, spec, input) {
             Ok(session) => {
                 let session = self.bind_route(id, entry.workflow, session)?;
-                self.sessions[i] = Some(SessionRun {
+                let opened = self.sessions.open(i, SessionRun {
                     session: Some(Box::new(session)),
                     record: SessionRecord {
                         session: id,
@@ -781,9 +861,12 @@ impl<'a> Sim<'a> {
                         tools: SessionToolLog::default(),
                     },
                 });
+                if opened.is_err() {
+                    return Err(SimError::Internal(format!("session {id} arrived out of order")));
+                }
+                self.first_opened.get_or_insert(self.now);
                 self.plan(Event::SessionArrived { session: id, workflow: entry.workflow })?;
-                let ready =
-                    self.sessions[i].as_ref().and_then(|s| s.session.as_deref()).map(|s| s.ready()).unwrap_or_default();
+                let ready = self.sessions.get(i).and_then(|s| s.session.as_deref()).map(|s| s.ready()).unwrap_or_default();
                 for a in ready {
                     self.on_ready(a)?;
                 }
@@ -819,11 +902,11 @@ impl<'a> Sim<'a> {
     /// A routed session's verdict lands: the learner's update; the ledgers may admit waiting
     /// programs, so this tick plans once more (with the tick's other events, in [`Self::flush`]).
     fn on_verdict(&mut self, s: SessionId) -> Result<(), SimError> {
-        let Some(run) = self.sessions.get(s.0 as usize).and_then(|r| r.as_ref()) else { return Ok(()) };
+        let Some(metric) = self.verdict_scores.remove(&s) else { return Ok(()) };
         let Some(row) = self.routes.get(s) else { return Ok(()) };
         let spec = &self.cfg.workflows[row.workflow as usize];
         // The workflow's own verifier term when it declares one (an LLM judge), else its metric.
-        let score = exec::routing::verifier_input(spec, run.record.score, row.verifier_score);
+        let score = exec::routing::verifier_input(spec, metric, row.verifier_score);
         let success = exec::routing::verdict(spec, score, &row.feedback);
         let own = exec::routing::workflow_verifier(spec);
         let cost = row.cost;
@@ -850,13 +933,12 @@ impl<'a> Sim<'a> {
     fn session_workflow(&self, s: SessionId) -> Result<u32, SimError> {
         self.sessions
             .get(s.0 as usize)
-            .and_then(|r| r.as_ref())
             .map(|r| r.record.workflow)
             .ok_or_else(|| SimError::Internal(format!("unknown session {s}")))
     }
 
     fn is_live(&self, s: SessionId) -> bool {
-        let Some(Some(r)) = self.sessions.get(s.0 as usize) else { return false };
+        let Some(r) = self.sessions.get(s.0 as usize) else { return false };
         r.record.failed.is_none() && r.record.finished.is_none()
     }
 
@@ -903,7 +985,7 @@ impl<'a> Sim<'a> {
     /// drawn) `output` would issue: rendered on a copy of the session, so nothing here changes
     /// the run; the issued call later joins the prefetched run (see [`ToolPool::prefetch`]).
     fn prefetch_tools(&self, a: ActivationId, output: &NodeOutput) {
-        let Some(run) = self.sessions.get(a.session.0 as usize).and_then(|r| r.as_ref()) else { return };
+        let Some(run) = self.sessions.get(a.session.0 as usize) else { return };
         if !self.has_tools.get(run.record.workflow as usize).copied().unwrap_or(false) {
             return;
         }
@@ -933,7 +1015,6 @@ impl<'a> Sim<'a> {
         let Some((session, workflow)) = self
             .sessions
             .get_mut(a.session.0 as usize)
-            .and_then(|r| r.as_mut())
             .and_then(|r| r.session.as_deref_mut().map(|s| (s, r.record.workflow)))
         else {
             return Err(SimError::Internal(format!("unknown session of {a}")));
@@ -964,7 +1045,7 @@ impl<'a> Sim<'a> {
                     detail: trace_detail(&o),
                     ..blank()
                 });
-                if let Some(run) = self.sessions.get_mut(a.session.0 as usize).and_then(|r| r.as_mut()) {
+                if let Some(run) = self.sessions.get_mut(a.session.0 as usize) {
                     run.record.tools.record(a.session.0, &node, &tool, &o);
                 }
                 self.record_call(a, None, 0, 0);
@@ -1102,7 +1183,7 @@ impl<'a> Sim<'a> {
         if !self.opts.keep_calls {
             return;
         }
-        let Some(run) = self.sessions.get(a.session.0 as usize).and_then(|r| r.as_ref()) else { return };
+        let Some(run) = self.sessions.get(a.session.0 as usize) else { return };
         let Some(session) = run.session.as_deref() else { return };
         let model = deployment
             .and_then(|d| self.deployments.get(d.0 as usize))
@@ -1124,7 +1205,7 @@ impl<'a> Sim<'a> {
     }
 
     fn complete(&mut self, a: ActivationId, output: NodeOutput) -> Result<(), SimError> {
-        let Some(session) = self.sessions[a.session.0 as usize].as_mut().and_then(|r| r.session.as_deref_mut()) else {
+        let Some(session) = self.sessions.get_mut(a.session.0 as usize).and_then(|r| r.session.as_deref_mut()) else {
             return Ok(());
         };
         let ready = match session.complete(a.index, output) {
@@ -1142,7 +1223,7 @@ impl<'a> Sim<'a> {
     }
 
     fn check_finished(&mut self, s: SessionId) -> Result<(), SimError> {
-        let Some(run) = self.sessions[s.0 as usize].as_mut() else { return Ok(()) };
+        let Some(run) = self.sessions.get_mut(s.0 as usize) else { return Ok(()) };
         let Some(session) = run.session.as_deref() else { return Ok(()) };
         if run.record.finished.is_some() || run.record.failed.is_some() || !session.is_finished() {
             return Ok(());
@@ -1151,8 +1232,11 @@ impl<'a> Sim<'a> {
         run.record.score = exec::session_score(session);
         if self.routes.contains(s) {
             self.routes.set_verifier_score(s, exec::verifier_score(session));
+            self.verdict_scores.insert(s, run.record.score);
         }
-        run.session = None;
+        if let Some(run) = self.sessions.close(s.0 as usize) {
+            self.count_ended(run.record);
+        }
         self.forget_near_sent(s);
         self.done_sessions += 1;
         self.log("session_done", TraceLine { session: Some(s.0), ..blank() });
@@ -1163,13 +1247,15 @@ impl<'a> Sim<'a> {
     }
 
     fn fail_session(&mut self, s: SessionId, reason: String) {
-        let Some(run) = self.sessions.get_mut(s.0 as usize).and_then(|r| r.as_mut()) else { return };
+        let Some(run) = self.sessions.get_mut(s.0 as usize) else { return };
         if run.record.failed.is_some() || run.record.finished.is_some() {
             return;
         }
         run.record.failed = Some(reason.clone());
         run.record.failed_at = Some(self.now);
-        run.session = None;
+        if let Some(run) = self.sessions.close(s.0 as usize) {
+            self.count_ended(run.record);
+        }
         self.forget_near_sent(s);
         self.done_sessions += 1;
         self.log("session_failed", TraceLine { session: Some(s.0), detail: Some(reason), ..blank() });
@@ -1190,6 +1276,14 @@ impl<'a> Sim<'a> {
         }
     }
 
+    /// Count an ended session for the report (and keep its record if asked to).
+    fn count_ended(&mut self, record: SessionRecord) {
+        self.tally.add(&record);
+        if self.opts.keep_sessions {
+            self.kept_sessions.push(record);
+        }
+    }
+
     /// Forget which units of an ended session were reported near-ready (none will be again).
     fn forget_near_sent(&mut self, s: SessionId) {
         self.outlook_sent.remove(&s);
@@ -1203,8 +1297,8 @@ impl<'a> Sim<'a> {
     /// Build the report through the same function as the live shell ([`exec::build_report`]).
     fn finish(mut self) -> SimOutput {
         let cfg = self.cfg;
-        let sessions: Vec<SessionRecord> =
-            std::mem::take(&mut self.sessions).into_iter().flatten().map(|r| r.record).collect();
+        let mut sessions = std::mem::take(&mut self.kept_sessions);
+        sessions.sort_by_key(|r| r.session);
         // Replicas still resident at the end (in replica order): the report closes their
         // intervals at the end of its window.
         let open_resident: Vec<(u32, DeploymentId, f64)> = self
@@ -1227,7 +1321,7 @@ impl<'a> Sim<'a> {
             arrival: cfg.arrival.to_string(),
             pool: &cfg.pool.name,
             gpus: cfg.pool.devices.len(),
-            sessions: &sessions,
+            sessions: &self.tally,
             start_failures: &self.start_failures,
             timelines: &mut self.timelines,
             open_resident: &open_resident,
@@ -1368,12 +1462,15 @@ mod tests {
     fn the_report_does_not_depend_on_what_the_run_keeps() {
         let cfg = gsm8k(6, Arrival::Poisson(2.0));
         let full = simulate(&cfg, &mut |_, _| {}).expect("simulation");
-        let lean = simulate_opts(&cfg, SimOptions { keep_trace: false, keep_calls: false, record_planner: false }, &mut |_| Flow::Continue)
-            .expect("simulation");
+        let opts = SimOptions { keep_trace: false, keep_calls: false, keep_sessions: false, timeline_segments: None, record_planner: false };
+        let lean = simulate_opts(&cfg, opts, &mut |_| Flow::Continue).expect("simulation");
         let json = |r: &RunReport| serde_json::to_string(r).expect("report serialises");
         assert_eq!(json(&full.report), json(&lean.report));
         assert!(!full.trace.is_empty() && !full.calls.is_empty());
-        assert!(lean.trace.is_empty() && lean.calls.is_empty());
+        assert!(lean.trace.is_empty() && lean.calls.is_empty() && lean.sessions.is_empty());
+        // The kept records are every session's, in session order.
+        let ids: Vec<u32> = full.sessions.iter().map(|r| r.session.0).collect();
+        assert_eq!(ids, (0..full.report.sessions_total as u32).collect::<Vec<_>>());
         // Back-to-back iterations share one Generating segment: no segment starts where the
         // previous one of the same replica's kind and deployment ended.
         for tl in &lean.timelines {
@@ -1385,6 +1482,30 @@ mod tests {
                 assert!(!joined, "{:?}", w);
             }
         }
+    }
+
+    #[test]
+    fn a_folded_timeline_gives_the_report_of_the_whole_one() {
+        let cfg = gsm8k(20, Arrival::Poisson(0.02));
+        let whole = simulate(&cfg, &mut |_, _| {}).expect("simulation");
+        let most = whole.timelines.iter().map(|t| t.segments.len()).max().unwrap_or(0);
+        assert!(most > 12, "the run must have more segments on a device than the fold keeps: {most}");
+        let opts = SimOptions { keep_trace: false, keep_calls: false, keep_sessions: false, timeline_segments: Some(3), record_planner: false };
+        let folded = simulate_opts(&cfg, opts, &mut |_| Flow::Continue).expect("simulation");
+        assert!(folded.timelines.iter().any(|t| t.folded.is_some()), "something was folded");
+        for t in &folded.timelines {
+            // At most twice the kept count after a tick, plus what the end of the run closes.
+            assert!(t.segments.len() <= 2 * 3 + 4, "{} segments kept", t.segments.len());
+        }
+        // The same report, up to the float rounding of the partition's sums.
+        let (a, b) = (&whole.report, &folded.report);
+        assert_eq!((a.makespan_s, a.sessions_completed, &a.latency_s), (b.makespan_s, b.sessions_completed, &b.latency_s));
+        let close = |x: f64, y: f64| (x - y).abs() <= 2e-3;
+        for (x, y) in [(&a.gpu_seconds_total, &b.gpu_seconds_total), (&a.gpu_seconds_per_session, &b.gpu_seconds_per_session)] {
+            assert!(close(x.generation, y.generation) && close(x.idle_resident, y.idle_resident), "{x:?} vs {y:?}");
+            assert!(close(x.loading, y.loading) && close(x.other, y.other), "{x:?} vs {y:?}");
+        }
+        assert!(a.gpu_seconds_total.total() > 0.0);
     }
 
     #[test]

@@ -239,7 +239,7 @@ struct RunArgs {
 
 /// GPU-timeline segments a simulated run keeps per device (about twice this many at most)
 /// when no `--timeline` is drawn: older ones are folded into the report's GPU-time partition.
-/// A device holds a few segments per busy period; the main job's busiest device ~200.
+/// A device gets a few segments per busy period, so only long runs ever fold.
 const TIMELINE_SEGMENTS: usize = 4096;
 
 /// Exit status of a run that completed with failed sessions (without `--allow-failures`);

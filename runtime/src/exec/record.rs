@@ -1,4 +1,4 @@
-//! What a shell records about a run ([`SessionRecord`] per session, [`Counters`], token work per
+//! What a shell records about a run ([`SessionRecord`] per session, folded into a [`SessionTally`] as it ends; [`Counters`], token work per
 //! deployment, GPU timelines) and the one function that turns it into the [`RunReport`]:
 //! [`build_report`]. Both shells build their report here, so a simulated and a live run of the
 //! same trace report the same way.

@@ -794,14 +794,18 @@ impl<'a> Sim<'a> {
     /// idle-resident and sleep intervals still open there restart at the cut. Only a device's
     /// last segment is ever changed after it is pushed (a decode run cut back or extended, its
     /// end never before now), so nothing folded changes afterwards; the report's window starts
-    /// at the first session's arrival, where the fold starts.
+    /// at the first session's arrival, where the fold starts, and it folds only while a session
+    /// is open, whose end (the window's end at the latest) is then no earlier than the cut.
     fn bound_timelines(&mut self) {
         let Some(kept) = self.opts.timeline_segments.map(|k| k.max(1)) else { return };
         let Some(from) = self.first_opened else { return };
+        if self.sessions.iter().next().is_none() {
+            return;
+        }
         let now = self.now;
         for (d, tl) in self.timelines.iter_mut().enumerate() {
             let n = tl.segments.len();
-            if n <= 2 * kept {
+            if n <= kept.saturating_mul(2) {
                 continue;
             }
             let cut = tl.segments[n - kept - 1].end.min(now).max(from);
@@ -1490,22 +1494,27 @@ mod tests {
         let whole = simulate(&cfg, &mut |_, _| {}).expect("simulation");
         let most = whole.timelines.iter().map(|t| t.segments.len()).max().unwrap_or(0);
         assert!(most > 12, "the run must have more segments on a device than the fold keeps: {most}");
-        let opts = SimOptions { keep_trace: false, keep_calls: false, keep_sessions: false, timeline_segments: Some(3), record_planner: false };
-        let folded = simulate_opts(&cfg, opts, &mut |_| Flow::Continue).expect("simulation");
-        assert!(folded.timelines.iter().any(|t| t.folded.is_some()), "something was folded");
-        for t in &folded.timelines {
-            // At most twice the kept count after a tick, plus what the end of the run closes.
-            assert!(t.segments.len() <= 2 * 3 + 4, "{} segments kept", t.segments.len());
+        // Down to one kept segment: events after the last session ended (loads, unloads) must
+        // not fold past its end and stretch the window.
+        for kept in [1, 3] {
+            let opts =
+                SimOptions { keep_trace: false, keep_calls: false, keep_sessions: false, timeline_segments: Some(kept), record_planner: false };
+            let folded = simulate_opts(&cfg, opts, &mut |_| Flow::Continue).expect("simulation");
+            assert!(folded.timelines.iter().any(|t| t.folded.is_some()), "something was folded");
+            for t in &folded.timelines {
+                // At most twice the kept count after a tick, plus what the end of the run adds.
+                assert!(t.segments.len() <= 2 * kept + 6, "{} segments kept", t.segments.len());
+            }
+            // The same report, up to the float rounding of the partition's sums.
+            let (a, b) = (&whole.report, &folded.report);
+            assert_eq!((a.makespan_s, a.sessions_completed, &a.latency_s), (b.makespan_s, b.sessions_completed, &b.latency_s));
+            let close = |x: f64, y: f64| (x - y).abs() <= 2e-3;
+            for (x, y) in [(&a.gpu_seconds_total, &b.gpu_seconds_total), (&a.gpu_seconds_per_session, &b.gpu_seconds_per_session)] {
+                assert!(close(x.generation, y.generation) && close(x.idle_resident, y.idle_resident), "kept {kept}: {x:?} vs {y:?}");
+                assert!(close(x.loading, y.loading) && close(x.other, y.other), "kept {kept}: {x:?} vs {y:?}");
+            }
+            assert!(a.gpu_seconds_total.total() > 0.0);
         }
-        // The same report, up to the float rounding of the partition's sums.
-        let (a, b) = (&whole.report, &folded.report);
-        assert_eq!((a.makespan_s, a.sessions_completed, &a.latency_s), (b.makespan_s, b.sessions_completed, &b.latency_s));
-        let close = |x: f64, y: f64| (x - y).abs() <= 2e-3;
-        for (x, y) in [(&a.gpu_seconds_total, &b.gpu_seconds_total), (&a.gpu_seconds_per_session, &b.gpu_seconds_per_session)] {
-            assert!(close(x.generation, y.generation) && close(x.idle_resident, y.idle_resident), "{x:?} vs {y:?}");
-            assert!(close(x.loading, y.loading) && close(x.other, y.other), "{x:?} vs {y:?}");
-        }
-        assert!(a.gpu_seconds_total.total() > 0.0);
     }
 
     #[test]

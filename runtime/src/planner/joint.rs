@@ -172,6 +172,10 @@ pub struct Joint {
     history: BTreeMap<(u32, u32), VecDeque<u32>>,
     /// KV reservation (bytes) of each admitted unit, per replica.
     kv: BTreeMap<ReplicaId, KvBook>,
+    /// Finished fused-chain links whose chain still holds its replica: their reservation stays
+    /// in that replica's book until the successor takes it over there, or the hold ends (Eq. 4:
+    /// the chain's envelope governs one admission for all its links).
+    held_kv: BTreeMap<ActivationId, ReplicaId>,
     /// Workflow that triggered each load (per-workflow lifecycle ablation).
     load_owner: BTreeMap<ReplicaId, u32>,
     /// (workflow, node) of each admitted unit, to record its output length when it finishes.
@@ -258,6 +262,7 @@ impl Joint {
             substrate: Substrate::default(),
             history: BTreeMap::new(),
             kv: BTreeMap::new(),
+            held_kv: BTreeMap::new(),
             load_owner: BTreeMap::new(),
             history_key: BTreeMap::new(),
             p90: BTreeMap::new(),
@@ -608,6 +613,14 @@ impl Joint {
             return false;
         }
         state.set_predicted(w.activation, predicted_s);
+        // A fused successor takes its chain's reservation over (on the held replica), or the
+        // chain's hold ended with this grant elsewhere: either way the link's entry goes.
+        if let Some(p) = w.chain_prev
+            && let Some(held_on) = self.held_kv.remove(&p)
+            && let Some(book) = self.kv.get_mut(&held_on)
+        {
+            book.remove(p);
+        }
         let reservation = self.kv_reservation(state, w);
         self.kv.entry(r).or_default().insert(w.activation, reservation);
         self.history_key.insert(w.activation, (w.workflow, w.node));
@@ -914,10 +927,23 @@ impl Policy for Joint {
         self.opts.fusion
     }
 
-    fn observe(&mut self, event: &Event, _state: &PlannerState, now: f64) {
+    fn observe(&mut self, event: &Event, state: &PlannerState, now: f64) {
+        // Reservations of chain links whose hold ended (the session ended, the replica went).
+        if !self.held_kv.is_empty() {
+            let kv = &mut self.kv;
+            self.held_kv.retain(|a, r| {
+                let holds = state.hold_of(*a) == Some(*r);
+                if !holds && let Some(book) = kv.get_mut(r) {
+                    book.remove(*a);
+                }
+                holds
+            });
+        }
         match event {
             Event::UnitFinished { activation, replica, output_tokens } => {
-                if let Some(m) = self.kv.get_mut(replica) {
+                if state.hold_of(*activation) == Some(*replica) {
+                    self.held_kv.insert(*activation, *replica);
+                } else if let Some(m) = self.kv.get_mut(replica) {
                     m.remove(*activation);
                 }
                 self.ran_on.insert(*activation, (*replica, now));
@@ -1516,6 +1542,41 @@ mod tests {
             .handle(Event::UnitFinished { activation: act(0, 0), replica: ReplicaId(0), output_tokens: 100 }, 11.0)
             .unwrap();
         assert_eq!(cmds[0], Command::Unload { replica: ReplicaId(0) });
+    }
+
+    #[test]
+    fn a_chains_reservation_stays_booked_between_its_links() {
+        // A 4B replica on an A100 holds three 60,000-token envelopes. A fused chain's head and
+        // two others fill it; when the head finishes, its chain keeps the replica for the
+        // successor and the chain's envelope stays reserved (Eq. 4: one admission for the
+        // chain), so newcomers wait — before, the head's reservation was freed, a newcomer
+        // took it, and the successor came in over the KV capacity.
+        let long = |s: u32, i: u32| WorkItem { max_output_tokens: 60_000, envelope: (500, 60_000), ..item(s, i, 0, 0) };
+        let dispatched = |cmds: &[Command]| -> Vec<ActivationId> {
+            cmds.iter().filter_map(|c| if let Command::Dispatch { activation, .. } = c { Some(*activation) } else { None }).collect()
+        };
+        let mut p = planner(&["A100-40GB"], JointOptions::default());
+        let head = WorkItem { chain_next: true, ..long(0, 0) };
+        p.handle_all(vec![Event::UnitReady(head), Event::UnitReady(long(1, 0)), Event::UnitReady(long(2, 0))], 0.0).unwrap();
+        let cmds = p.handle(Event::ReplicaLoaded { replica: ReplicaId(0) }, 10.0).unwrap();
+        assert_eq!(dispatched(&cmds).len(), 3, "{cmds:?}");
+        let cmds = p
+            .handle_all(
+                vec![
+                    Event::UnitFinished { activation: act(0, 0), replica: ReplicaId(0), output_tokens: 100 },
+                    Event::UnitReady(long(3, 0)),
+                    Event::UnitReady(long(4, 0)),
+                ],
+                20.0,
+            )
+            .unwrap();
+        assert!(dispatched(&cmds).is_empty(), "the held chain's envelope is still reserved: {cmds:?}");
+        let next = WorkItem { chain_prev: Some(act(0, 0)), ..long(0, 1) };
+        let cmds = p.handle(Event::UnitReady(next), 21.0).unwrap();
+        assert_eq!(dispatched(&cmds), vec![act(0, 1)], "the successor takes the chain's reservation over");
+        // A unit that finishes frees its envelope for exactly one newcomer.
+        let cmds = p.handle(Event::UnitFinished { activation: act(1, 0), replica: ReplicaId(0), output_tokens: 100 }, 30.0).unwrap();
+        assert_eq!(dispatched(&cmds).len(), 1, "{cmds:?}");
     }
 
     fn near(s: u32, i: u32, d: u32, waits: ActivationId) -> NearReadyItem {

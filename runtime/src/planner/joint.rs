@@ -497,7 +497,9 @@ impl Joint {
 
     /// A replica's lane (Eq. 7's lifecycle predecessor is its load or wake), seeded with the
     /// reservations of the units admitted to it until their predicted finish (an overdue unit
-    /// is taken to finish now).
+    /// is taken to finish now). A finished chain link whose chain holds the replica keeps its
+    /// reservation until its successor, not ready yet, has run: no finish is known, so none is
+    /// predicted (as [`Joint::accepts`] sees it, the KV is not free).
     fn lane_of(&self, state: &PlannerState, r: &ReplicaView, now: f64) -> Option<Lane> {
         let d = state.deployment(r.deployment)?;
         let g = state.device(r.device)?;
@@ -509,7 +511,11 @@ impl Joint {
         let mut lane = Lane::new(Some(r.id), r.device, ready_at, Self::kv_capacity(state, r), d.max_num_seqs);
         if let Some(book) = self.kv.get(&r.id) {
             for (a, bytes) in &book.per_unit {
-                let finish = state.running().get(a).map_or(now, |u| u.started + u.predicted_s.unwrap_or(0.0));
+                let finish = if self.held_kv.get(a) == Some(&r.id) {
+                    f64::INFINITY
+                } else {
+                    state.running().get(a).map_or(now, |u| u.started + u.predicted_s.unwrap_or(0.0))
+                };
                 lane.seed(finish.max(now), *bytes);
             }
         }
@@ -1577,6 +1583,39 @@ mod tests {
         // A unit that finishes frees its envelope for exactly one newcomer.
         let cmds = p.handle(Event::UnitFinished { activation: act(1, 0), replica: ReplicaId(0), output_tokens: 100 }, 30.0).unwrap();
         assert_eq!(dispatched(&cmds).len(), 1, "{cmds:?}");
+    }
+
+    #[test]
+    fn a_held_chains_reservation_is_not_free_on_the_predicted_timeline_either() {
+        // Two 4B replicas on A100s, three 60,000-token envelopes each. The chain's head
+        // finishes on one (which its chain keeps) as a unit finishes on the other: a newcomer
+        // must go to the other at once. Before, the timeline took the held reservation as free
+        // now, placed the newcomer on the held replica, where the admission check refused it,
+        // and it waited though the other replica had room.
+        let long = |s: u32, i: u32| WorkItem { max_output_tokens: 60_000, envelope: (500, 60_000), ..item(s, i, 0, 0) };
+        let mut p = planner(&["A100-40GB", "A100-40GB"], JointOptions::default());
+        let head = WorkItem { chain_next: true, ..long(0, 0) };
+        let mut ready = vec![Event::UnitReady(head)];
+        ready.extend((1..6).map(|s| Event::UnitReady(long(s, 0))));
+        let cmds = p.handle_all(ready, 0.0).unwrap();
+        assert_eq!(loads(&cmds), 2, "{cmds:?}");
+        let cmds = p.handle_all(vec![Event::ReplicaLoaded { replica: ReplicaId(0) }, Event::ReplicaLoaded { replica: ReplicaId(1) }], 10.0).unwrap();
+        let placed: Vec<(ActivationId, ReplicaId)> =
+            cmds.iter().filter_map(|c| if let Command::Dispatch { activation, replica } = c { Some((*activation, *replica)) } else { None }).collect();
+        assert_eq!(placed.len(), 6, "{cmds:?}");
+        let held = placed.iter().find(|(a, _)| *a == act(0, 0)).map(|(_, r)| *r).unwrap();
+        let (other_unit, other) = *placed.iter().find(|(_, r)| *r != held).unwrap();
+        let cmds = p
+            .handle_all(
+                vec![
+                    Event::UnitFinished { activation: act(0, 0), replica: held, output_tokens: 100 },
+                    Event::UnitFinished { activation: other_unit, replica: other, output_tokens: 100 },
+                    Event::UnitReady(long(9, 0)),
+                ],
+                20.0,
+            )
+            .unwrap();
+        assert_eq!(cmds, vec![Command::Dispatch { activation: act(9, 0), replica: other }], "held on {held}");
     }
 
     fn near(s: u32, i: u32, d: u32, waits: ActivationId) -> NearReadyItem {

@@ -220,11 +220,6 @@ impl SessionTally {
     pub fn is_empty(&self) -> bool {
         self.sessions == 0
     }
-
-    /// Sessions counted that completed.
-    pub fn completed(&self) -> usize {
-        self.completed
-    }
 }
 
 /// Build the run report from what a shell recorded (both shells call this); returns it with its

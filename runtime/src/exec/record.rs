@@ -197,7 +197,7 @@ impl SessionTally {
         if let Some(f) = r.finished {
             self.completed += 1;
             wf.latencies.push(f - r.arrived);
-            wf.score_sum += (r.score.unwrap_or(0.0) * SCORE_SCALE) as i128;
+            wf.score_sum = wf.score_sum.saturating_add((r.score.unwrap_or(0.0) * SCORE_SCALE) as i128);
         }
         if let Some(why) = &r.failed {
             let listed_last = self.failures.keys().next_back().copied();

@@ -948,12 +948,8 @@ impl PlannerActorState {
         let Some(kept) = self.timeline_segments.map(|k| k.max(1)) else { return };
         let Some(from) = self.trace.first_at() else { return };
         for (d, tl) in self.timelines.iter_mut().enumerate() {
-            let n = tl.segments.len();
-            if n <= 2 * kept {
-                continue;
-            }
             // Segments are pushed as they close, so their ends come in order.
-            let cut = tl.segments[n - kept - 1].end.max(from);
+            let Some(cut) = tl.fold_cut(kept, from) else { continue };
             let mut open = Vec::new();
             for r in self.replicas.values_mut().filter(|r| r.device.0 as usize == d && !r.fixed) {
                 let deployment = r.deployment.0;

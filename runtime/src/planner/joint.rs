@@ -1071,7 +1071,11 @@ impl Policy for Joint {
                 let accepted = state.replica(held).is_some_and(|r| self.accepts(state, r, &w));
                 let lane = lanes.get_mut(&d).and_then(|ls| ls.iter_mut().find(|l| l.replica == Some(held)));
                 if let (true, Some(lane), Some(dep)) = (accepted, lane, state.deployment(d)) {
-                    // The chain's own grant: it starts now, in the batch running there.
+                    // The chain's own grant: it starts now, in the batch running there, and
+                    // takes the chain's held reservation over (seeded with no finish).
+                    if let Some(&bytes) = w.chain_prev.and_then(|p| self.kv.get(&held)?.per_unit.get(&p)) {
+                        lane.unseed(f64::INFINITY, bytes);
+                    }
                     let batch = lane.running_at(now) as u32 + 1;
                     let finish = now + self.run_on(state, dep, lane.device, batch, &need);
                     lane.seed(finish, need.kv);

@@ -66,6 +66,15 @@ impl Lane {
         self.used += kv;
     }
 
+    /// Take back a reservation [`Lane::seed`] placed (`finish` and `kv` as given there): a
+    /// held chain's, when its successor takes it over and is seeded in its place.
+    pub fn unseed(&mut self, finish: f64, kv: u64) {
+        if let Some(at) = self.active.iter().position(|a| a.0 == finish && a.1 == kv) {
+            self.active.remove(at);
+            self.used -= kv;
+        }
+    }
+
     /// Predicted finish of the last unit on the lane (`None` when it holds none).
     pub fn last_finish(&self) -> Option<f64> {
         self.active.last().map(|a| a.0)
@@ -158,6 +167,18 @@ mod tests {
 
     fn lane(cap: u64, seqs: u32) -> Lane {
         Lane::new(Some(ReplicaId(0)), DeviceId(0), 0.0, cap, seqs)
+    }
+
+    #[test]
+    fn an_unseeded_reservation_frees_its_memory() {
+        // A held reservation with no known finish blocks the lane until it is taken back.
+        let mut l = lane(10, 8);
+        l.seed(f64::INFINITY, 6);
+        assert_eq!(l.earliest_start(0.0, 6), Some(f64::INFINITY));
+        l.unseed(f64::INFINITY, 5);
+        assert_eq!(l.earliest_start(0.0, 6), Some(f64::INFINITY), "no such entry: nothing taken back");
+        l.unseed(f64::INFINITY, 6);
+        assert_eq!((l.earliest_start(0.0, 6), l.running_at(0.0)), (Some(0.0), 0));
     }
 
     #[test]

@@ -64,6 +64,15 @@ impl DeviceTimeline {
         DeviceTimeline { name: name.into(), segments: Vec::new(), folded: None }
     }
 
+    /// Where to fold a timeline that holds more than twice `kept` segments so that about
+    /// `kept` remain: the end of the segment `kept` places before the last (not before `from`);
+    /// `None` while it holds no more than that. (Both shells bound their timelines with it.)
+    pub fn fold_cut(&self, kept: usize, from: f64) -> Option<f64> {
+        let kept = kept.max(1);
+        let n = self.segments.len();
+        (n > kept.saturating_mul(2)).then(|| self.segments[n - kept - 1].end.max(from))
+    }
+
     /// Partition `[from, cut]` into [`Self::folded`] and keep only what lies after `cut`:
     /// segments that end by `cut` are dropped, those that straddle it restart at it. A later fold
     /// continues from the previous one's end (`from` is then ignored). Intervals the caller still
@@ -284,6 +293,16 @@ mod tests {
         let before = tl.folded.clone();
         tl.fold_until(0.0, 50.0, &[]);
         assert_eq!(tl.folded, before);
+    }
+
+    #[test]
+    fn the_fold_cut_keeps_about_the_asked_number_of_segments() {
+        let mut tl = DeviceTimeline::new("A100-80GB");
+        tl.segments = (0..6).map(|i| seg(i as f64 * 10.0, i as f64 * 10.0 + 5.0, SegmentKind::Generating, 1)).collect();
+        assert_eq!(tl.fold_cut(3, 0.0), None, "six segments are not more than twice three");
+        assert_eq!(tl.fold_cut(2, 0.0), Some(35.0), "the end of the third from the last");
+        assert_eq!(tl.fold_cut(2, 40.0), Some(40.0), "never before the window's start");
+        assert_eq!(tl.fold_cut(0, 0.0), Some(45.0), "at least one kept");
     }
 
     #[test]

@@ -267,6 +267,7 @@ pub struct ToolReport {
 
 impl ToolReport {
     /// Aggregates the sessions' logs, in session order whatever the order given.
+    #[cfg(test)]
     pub fn collect<'a>(logs: impl IntoIterator<Item = (u32, &'a SessionToolLog)>) -> Self {
         let mut report = ToolReport::default();
         for (session, log) in logs {

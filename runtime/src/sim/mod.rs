@@ -804,11 +804,8 @@ impl<'a> Sim<'a> {
         }
         let now = self.now;
         for (d, tl) in self.timelines.iter_mut().enumerate() {
-            let n = tl.segments.len();
-            if n <= kept.saturating_mul(2) {
-                continue;
-            }
-            let cut = tl.segments[n - kept - 1].end.min(now).max(from);
+            // Segments may be pushed ahead of their end (loads, planned runs): never past now.
+            let Some(cut) = tl.fold_cut(kept, from).map(|c| c.min(now)) else { continue };
             let mut open = Vec::new();
             for r in self.replicas.values_mut().filter(|r| r.device.0 as usize == d) {
                 let deployment = r.deployment.0;

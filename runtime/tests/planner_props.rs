@@ -10,7 +10,10 @@
 //!   and starts a load or wake only after the device's earlier teardowns and sleeps, as the real
 //!   shells do;
 //! - every unit whose deployment fits some device completes (nothing is lost), unless it is
-//!   the second turn of a session whose first turn fits no device.
+//!   the second turn of a session whose first turn fits no device;
+//! - the joint planner never admits more KV onto a replica than its capacity: the units leased
+//!   on it reserve their envelopes at the output limit (§3.3), a fused chain's links its
+//!   envelope (Eq. 4), and their sum stays within the replica's KV capacity at every dispatch.
 //!
 //! Qwen3-14B is among the models: it fits only the A100 of the pool's device kinds (and no
 //! device at all in some pools). These short units did not make the joint planner drain in
@@ -18,13 +21,16 @@
 //!
 //! Units come in sessions of two turns: the second turn's prompt starts with the first's (its
 //! prior context, the joint planner's TAO cache credit) and may wait on a tool call first (a
-//! near-ready unit behind a tool, which TAO admission may hold capacity for).
+//! near-ready unit behind a tool, which TAO admission may hold capacity for). A session whose
+//! first turn carries the chain flag is a fused chain instead: its second turn runs the same
+//! deployment right after the first, with no tool call between.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use proptest::prelude::*;
 use switchyard_predictor::{Dtype, spec};
 use switchyard_runtime::ids::{ActivationId, DeviceId, ReplicaId, SessionId};
+use switchyard_runtime::planner::substrate::kv_capacity_of;
 use switchyard_runtime::planner::{
     Command, DeploymentId, DeploymentInfo, DeviceInfo, Estimates, Event, JointOptions, NearReadyItem, Planner,
     PriorContext, Reclaim, Substrate, WorkItem, policy_by_name,
@@ -55,13 +61,18 @@ const DEVICES: [&str; 3] = ["A100-40GB", "V100-32GB", "L4"];
 #[derive(Debug, Clone)]
 struct Case {
     devices: Vec<usize>,
-    units: Vec<(f64, usize, u32, u32, bool)>, // (ready at, deployment, prompt, output, chain_next)
+    /// (ready at, deployment, prompt, output, chain flag): on a first turn with a second, the
+    /// session is a fused chain (the second turn's deployment is the first's); on a last turn,
+    /// a chain link without a successor.
+    units: Vec<(f64, usize, u32, u32, bool)>,
     /// Per unit: seconds of tool call before it (second turns only; 0 = none).
     tools: Vec<f64>,
     policy: usize,
     options: (bool, bool, bool),
     /// Reclaim by sleep, and the host memory (GiB) of the one node.
     sleep: Option<u32>,
+    /// Every deployment's batch limit (vLLM's `max_num_seqs`).
+    max_num_seqs: u32,
 }
 
 fn case() -> impl Strategy<Value = Case> {
@@ -73,7 +84,35 @@ fn case() -> impl Strategy<Value = Case> {
         (any::<bool>(), any::<bool>(), any::<bool>()),
         prop::option::of(0..64u32),
     )
-        .prop_map(|(devices, units, tools, policy, options, sleep)| Case { devices, units, tools, policy, options, sleep })
+        .prop_map(|(devices, units, tools, policy, options, sleep)| Case {
+            devices,
+            units,
+            tools,
+            policy,
+            options,
+            sleep,
+            max_num_seqs: 8,
+        })
+}
+
+/// KV pressure for the joint planner: long prompts of the two largest models on one or two
+/// devices, mostly fused chains, batch limits well above what the KV cache holds, so that
+/// admission is decided by the KV reservations.
+fn kv_pressure_case() -> impl Strategy<Value = Case> {
+    (
+        prop::collection::vec(0..2usize, 1..3),
+        prop::collection::vec((0.0..5.0f64, 3..5usize, 1500..3000u32, 200..400u32, prop::bool::weighted(0.8)), 10..40),
+        (any::<bool>(), any::<bool>()),
+    )
+        .prop_map(|(devices, units, (prefetch, shared))| Case {
+            devices,
+            units,
+            tools: vec![0.0; 40],
+            policy: 1,
+            options: (true, prefetch, shared),
+            sleep: None,
+            max_num_seqs: 64,
+        })
 }
 
 fn run(case: &Case) -> Result<(), TestCaseError> {
@@ -86,9 +125,31 @@ fn run(case: &Case) -> Result<(), TestCaseError> {
     let deployments: Vec<DeploymentInfo> = MODELS
         .iter()
         .enumerate()
-        .map(|(i, name)| DeploymentInfo::of_model(DeploymentId(i as u32), &spec::model(name).unwrap(), Dtype::Fp16, 4096, 8))
+        .map(|(i, name)| DeploymentInfo::of_model(DeploymentId(i as u32), &spec::model(name).unwrap(), Dtype::Fp16, 4096, case.max_num_seqs))
         .collect();
     let fits: Vec<bool> = deployments.iter().map(|d| devices.iter().any(|g| d.fits(g))).collect();
+    let second = |i: usize| i % 2 == 1;
+    // A fused chain: first turn `i` and its successor `i + 1` on one deployment.
+    let chained = |i: usize| !second(i) && i + 1 < case.units.len() && case.units[i].4;
+    let successor = |i: usize| second(i) && chained(i - 1);
+    let deployment_of = |i: usize| if successor(i) { case.units[i - 1].1 } else { case.units[i].1 };
+    let tool_before = |i: usize| if successor(i) { 0.0 } else { case.tools.get(i).copied().unwrap_or(0.0) };
+    // Eq. 4: a chain's links are admitted against its envelope, the largest context along the
+    // chain (the successor's prompt after the head's output) at the larger output limit.
+    let envelope = |i: usize| {
+        let head = if successor(i) { Some(i - 1) } else if chained(i) { Some(i) } else { None };
+        match head {
+            Some(h) => {
+                let (a, b) = (case.units[h], case.units[h + 1]);
+                (a.2.max(b.2 + a.3), a.3.max(b.3))
+            }
+            None => (case.units[i].2, case.units[i].3),
+        }
+    };
+    let kv_reserved = |i: usize| {
+        let (input, output) = envelope(i);
+        u64::from(input + output) * deployments[deployment_of(i)].kv_bytes_per_token
+    };
     let (fusion, prefetch, shared) = case.options;
     let name = ["parrot", "joint", "kairos"][case.policy];
     let reclaim = if case.sleep.is_some() { Reclaim::Sleep } else { Reclaim::Unload };
@@ -112,7 +173,6 @@ fn run(case: &Case) -> Result<(), TestCaseError> {
     let mut seq = 0u64;
     // Unit i is turn i % 2 of session i / 2. A first turn is ready at its time; a second turn
     // when the first has finished, after a tool call of `tools[i]` seconds when that is not 0.
-    let second = |i: usize| i % 2 == 1;
     for i in (0..case.units.len()).filter(|&i| !second(i)) {
         seq += 1;
         events.push((case.units[i].0, seq, Ev::Ready(i)));
@@ -148,7 +208,7 @@ fn run(case: &Case) -> Result<(), TestCaseError> {
                 Event::UnitNearReady(NearReadyItem {
                     activation: act(i),
                     workflow: (i % 3) as u32,
-                    deployment: DeploymentId(u.1 as u32),
+                    deployment: DeploymentId(deployment_of(i) as u32),
                     node: 1,
                     waits_for: vec![tool_of(i)],
                     prompt_bound: u.2,
@@ -165,14 +225,14 @@ fn run(case: &Case) -> Result<(), TestCaseError> {
                 Event::UnitReady(WorkItem {
                     activation: act(i),
                     workflow: (i % 3) as u32,
-                    deployment: DeploymentId(u.1 as u32),
+                    deployment: DeploymentId(deployment_of(i) as u32),
                     prompt_tokens: u.2,
                     max_output_tokens: u.3,
                     ready_at: now,
                     node: (i % 2) as u32,
-                    chain_prev: None,
-                    chain_next: u.4 && last_turn(i),
-                    envelope: (u.2, u.3),
+                    chain_prev: successor(i).then(|| act(i - 1)),
+                    chain_next: chained(i) || (u.4 && last_turn(i)),
+                    envelope: envelope(i),
                     remaining_path_tokens: u.3,
                     further_round_tokens: 0,
                     prior_context: second(i).then(|| PriorContext { activation: act(i - 1), tokens: 512 }),
@@ -187,7 +247,7 @@ fn run(case: &Case) -> Result<(), TestCaseError> {
                 leases.get_mut(&r).unwrap().remove(&i);
                 finished.insert(i);
                 if !second(i) && i + 1 < case.units.len() {
-                    let tool = case.tools.get(i + 1).copied().unwrap_or(0.0);
+                    let tool = tool_before(i + 1);
                     if tool > 0.0 {
                         seq += 1;
                         events.push((now, seq, Ev::ToolStart(i + 1)));
@@ -293,8 +353,18 @@ fn run(case: &Case) -> Result<(), TestCaseError> {
                     prop_assert!(ready.contains(&i), "dispatched before ready");
                     prop_assert!(dispatched.insert(i), "dispatched twice");
                     let (d, g, _) = *awake.get(&replica).ok_or_else(|| TestCaseError::fail("dispatch to a replica that is not awake"))?;
-                    prop_assert_eq!(d.0 as usize, case.units[i].1, "wrong deployment");
-                    leases.entry(replica).or_default().insert(i);
+                    prop_assert_eq!(d.0 as usize, deployment_of(i), "wrong deployment");
+                    let leased = leases.entry(replica).or_default();
+                    leased.insert(i);
+                    if name == "joint" {
+                        let dep = &deployments[d.0 as usize];
+                        let capacity = kv_capacity_of(dep.weight_bytes, dep.claim_bytes(&devices[g.0 as usize]));
+                        let reserved: u64 = leased.iter().map(|&j| kv_reserved(j)).sum();
+                        prop_assert!(
+                            reserved <= capacity,
+                            "unit {i} admitted on {replica} over its KV capacity: units {leased:?} reserve {reserved} of {capacity} bytes"
+                        );
+                    }
                     let u = case.units[i];
                     let run = Fixed.run_time(&deployments[d.0 as usize], &devices[g.0 as usize], 1, u.2, u.3);
                     seq += 1;
@@ -303,10 +373,10 @@ fn run(case: &Case) -> Result<(), TestCaseError> {
             }
         }
     }
-    for (i, u) in case.units.iter().enumerate() {
+    for i in 0..case.units.len() {
         // A second turn is ready only once its first turn ran.
-        if fits[u.1] && (!second(i) || fits[case.units[i - 1].1]) {
-            prop_assert!(finished.contains(&i), "unit {i} (deployment {}) never completed", u.1);
+        if fits[deployment_of(i)] && (!second(i) || fits[deployment_of(i - 1)]) {
+            prop_assert!(finished.contains(&i), "unit {i} (deployment {}) never completed", deployment_of(i));
         }
     }
     Ok(())
@@ -316,6 +386,11 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
     #[test]
     fn planner_invariants_hold(c in case()) {
+        run(&c)?;
+    }
+
+    #[test]
+    fn joint_admission_stays_within_kv_capacity_under_pressure(c in kv_pressure_case()) {
         run(&c)?;
     }
 }

@@ -534,3 +534,72 @@ fn closed_while_writing(e: &reqwest::Error) -> bool {
     }
     false
 }
+
+/// One routed call (`model: switchyard-router`) of program `key` (`None`: without a key), the
+/// last of its program when `done`: status, body, and the binding headers.
+async fn routed_call(http: &reqwest::Client, server: &Server, key: Option<&str>, question: &str, done: bool) -> (u16, Value, Option<String>, Option<String>) {
+    let mut req = http
+        .post(server.url("/v1/chat/completions"))
+        .header("authorization", format!("Bearer {TOKEN}"))
+        .json(&json!({"model": "switchyard-router", "messages": [{"role": "user", "content": question}], "max_tokens": 16}));
+    if let Some(k) = key {
+        req = req.header("X-Session-ID", k);
+    }
+    if done {
+        req = req.header("X-Program-Done", "true");
+    }
+    let resp = req.send().await.expect("routed call");
+    let header = |name: &str| resp.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_string);
+    let (model, verifier) = (header("x-switchyard-model"), header("x-switchyard-verifier"));
+    let (s, v) = body(resp).await;
+    (s, v, model, verifier)
+}
+
+async fn post_verdict(http: &reqwest::Client, server: &Server, key: &str, verdict: Value) -> (u16, Value) {
+    let url = server.url(&format!("/v1/programs/{key}/verdict"));
+    body(http.post(url).header("authorization", format!("Bearer {TOKEN}")).json(&verdict).send().await.expect("verdict")).await
+}
+
+/// Paper 002 through the front door: a program that names the router's model is bound at its
+/// first call to one of the router's models (the headers say which, and the verifier its task
+/// type selects), every later routed call of it runs there, and its client's verdict — taken
+/// once the program has ended — teaches the learner (the reward comes back).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_routed_front_door_program_is_bound_once_and_learns_from_its_verdict() {
+    let server = Server::start(&repo().join("workflows/pools/live-emulated.yaml"), &[&repo().join("workflows/gsm8k-routed.yaml")]);
+    let http = reqwest::Client::new();
+    let auth = format!("Bearer {TOKEN}");
+    let (s, v) = body(http.get(server.url("/v1/models")).header("authorization", &auth).send().await.expect("models")).await;
+    assert_eq!(s, 200);
+    let ids: Vec<&str> = v["data"].as_array().expect("list").iter().filter_map(|m| m["id"].as_str()).collect();
+    assert!(ids.contains(&"switchyard-router"), "{ids:?}");
+
+    let question = "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. How many clips did Natalia sell altogether?";
+    // The router binds programs: a call without a key is refused.
+    let (s, v, _, _) = routed_call(&http, &server, None, question, false).await;
+    assert_eq!((s, v.pointer("/error/param").and_then(Value::as_str)), (400, Some("program_id")), "{v}");
+
+    let (s, v, model, verifier) = routed_call(&http, &server, Some("p1"), question, false).await;
+    assert_eq!(s, 200, "{v}");
+    let model = model.expect("x-switchyard-model");
+    assert!(["Qwen3-0.6B", "Qwen3-1.7B", "Qwen3-8B"].contains(&model.as_str()), "{model}");
+    assert_eq!(v["model"].as_str(), Some(model.as_str()), "the answer names the bound model");
+    assert_eq!(verifier.as_deref(), Some("gsm8k_exact"), "a GSM8K task selects the exact-answer verifier");
+    // Open: no verdict yet.
+    let (s, v) = post_verdict(&http, &server, "p1", json!({"success": true})).await;
+    assert_eq!(s, 409, "{v}");
+    // The program's later calls run on its model, whatever the text.
+    let (s, v, again, _) = routed_call(&http, &server, Some("p1"), "Now write a python function that reverses a list.", true).await;
+    assert_eq!((s, again.as_deref()), (200, Some(model.as_str())), "{v}");
+    // Ended: the verdict lands once.
+    let (s, v) = post_verdict(&http, &server, "p1", json!({"success": 2})).await;
+    assert_eq!(s, 400, "{v}");
+    let (s, v) = post_verdict(&http, &server, "p1", json!({"success": true})).await;
+    assert_eq!(s, 200, "{v}");
+    let reward = v["reward"].as_f64().expect("reward");
+    assert!(reward <= 1.0 && reward > 0.0, "success 1 less the cost term: {v}");
+    let (s, _) = post_verdict(&http, &server, "p1", json!({"success": true})).await;
+    assert_eq!(s, 404, "a verdict lands once");
+    let (s, _) = post_verdict(&http, &server, "never-routed", json!({"success": false})).await;
+    assert_eq!(s, 404);
+}

@@ -420,3 +420,49 @@ async fn a_cancelled_run_stays_cancelled_across_a_restart() {
     assert_eq!(outcomes.len(), 5, "every session ended: {outcomes:?}");
     assert!(outcomes.values().all(|o| !matches!(o, SessionOutcome::Completed { .. })), "{outcomes:?}");
 }
+
+/// A routed call (`model: switchyard-router`) of program `key`: the model it ran on.
+async fn routed_model(http: &reqwest::Client, server: &Server, key: &str) -> String {
+    let resp = http
+        .post(server.url("/v1/chat/completions"))
+        .header("authorization", format!("Bearer {TOKEN}"))
+        .header("X-Session-ID", key)
+        .json(&json!({"model": "switchyard-router", "messages": [{"role": "user", "content": "Tom has 5 apples and buys 3 more. How many apples does Tom have now?"}], "max_tokens": 8}))
+        .send()
+        .await
+        .expect("routed call");
+    assert_eq!(resp.status().as_u16(), 200);
+    let model = resp.headers().get("x-switchyard-model").and_then(|v| v.to_str().ok()).expect("x-switchyard-model").to_string();
+    let v: Value = resp.json().await.expect("json");
+    assert_eq!(v["model"].as_str(), Some(model.as_str()));
+    model
+}
+
+/// ORACLE's program table is durable: a routed front-door program keeps the model it was bound
+/// to across a crash. Before the kill, two programs with the same task go to different models
+/// (the learner's pending decision on the first narrows its width, so it explores); a fresh
+/// learner after the restart would send the second one's next call where the first went, but
+/// the journal's binding keeps it on its own model.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_routed_programs_binding_survives_a_restart() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let state = dir.path().join("state");
+    let routed = support::serve::repo().join("workflows/gsm8k-routed.yaml");
+    let pool = support::serve::repo().join("workflows/pools/live-emulated.yaml");
+    let http = reqwest::Client::new();
+    let (first, second) = {
+        let server = Server::start_with(&pool, &[&routed], &["--state".as_ref(), state.as_os_str()]);
+        let first = routed_model(&http, &server, "k1").await;
+        let second = routed_model(&http, &server, "k2").await;
+        (first, second)
+        // Dropped: SIGKILL.
+    };
+    assert_ne!(first, second, "the second program explores another model");
+    let server = Server::start_with(&pool, &[&routed], &["--state".as_ref(), state.as_os_str()]);
+    assert_eq!(routed_model(&http, &server, "k2").await, second, "k2 keeps its model after the restart");
+    assert_eq!(routed_model(&http, &server, "k1").await, first);
+    drop(server);
+    let journal = Journal::open(&state).expect("journal");
+    let binding = journal.program_binding("k2").expect("read").expect("k2 is journaled");
+    assert_eq!((binding["model"].as_str(), binding["routed"].as_bool()), (Some(second.as_str()), Some(true)), "{binding}");
+}

@@ -392,9 +392,29 @@ pub enum PlannerMsg {
         sink: super::engine::TokenSink,
         reply: tokio::sync::oneshot::Sender<Result<super::engine::Completion, String>>,
     },
+    /// The front door, routed: one call of `program` that names the router's model; the
+    /// program is bound at its first such call (see [`ProgramRoute`]).
+    RoutedProgramCall {
+        program: Option<String>,
+        route: ProgramRoute,
+        next: Option<crate::planner::DeploymentId>,
+        request: super::program_actor::ProgramRequest,
+        sink: super::engine::TokenSink,
+        reply: tokio::sync::oneshot::Sender<Result<super::engine::Completion, String>>,
+    },
+    /// The verdict of routed front-door program `program` (success 0–1); answers the reward.
+    ProgramVerdict { program: String, success: f64, reply: ractor::RpcReplyPort<Result<f64, super::service::ServiceError>> },
     /// A front-door program has been idle for its timeout having received `calls` calls: it
     /// ends only if the planner has sent it no other since (else that call is on its way).
     ProgramIdle { session: SessionId, calls: u64 },
+}
+
+/// How a routed front-door call is bound: `kept`, the model a journal recorded for its program
+/// before a restart (bound again to it, not chosen anew); `bound` gets the binding in force
+/// before the call is scheduled.
+pub struct ProgramRoute {
+    pub kept: Option<crate::planner::DeploymentId>,
+    pub bound: tokio::sync::oneshot::Sender<Result<super::service::ProgramBinding, String>>,
 }
 
 /// A session whose progress is journaled (`switchyard serve --state`): its number in the

@@ -23,7 +23,8 @@
 //!   intended once more after a crash (attempt 2) and a third intent is refused
 //!   ([`JournalError::AttemptsExhausted`]) — the caller fails that activation instead;
 //! - **front-door program bindings** ([`Journal::bind_program`]): the first binding of a program
-//!   id wins; later calls get the one in force;
+//!   id wins; later calls get the one in force; a routed program's (`"routed": true`) is read
+//!   back after a restart so that the program keeps its model;
 //! - **workflows registered over the API** ([`Journal::record_workflow`]): name → YAML text, so
 //!   a restart registers them again whether or not a run used them; another text under a
 //!   recorded name is refused;

@@ -22,7 +22,7 @@ pub mod shell;
 pub mod tools_actor;
 
 pub use actors::{CallTiming, EngineFactory, EngineHandle, EngineTarget, NoteSink, RetryPolicy, SessionResult, SessionStatus};
-pub use service::{Service, ServiceError};
+pub use service::{ProgramBinding, ROUTER_MODEL, Service, ServiceError};
 pub use factory::PoolEngines;
 pub use pool::{LivePoolError, LivePoolSpec};
 pub use planner_actor::Progress;

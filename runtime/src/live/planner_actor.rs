@@ -56,6 +56,37 @@ pub const FRONT_DOOR_STEP_BASE: u32 = 1 << 16;
 /// Distinct front-door step hints the runtime keeps histories for.
 pub const MAX_FRONT_DOOR_STEPS: usize = 4096;
 
+/// Routed front-door programs kept awaiting their verdict; past it the oldest ended one is
+/// given up (its learner decision dropped).
+pub const MAX_UNVERIFIED_PROGRAMS: usize = 10_000;
+
+/// Longest task text a routed front-door program is classified and embedded by (the router
+/// reads a bounded prefix of the first call; paper 002 embeds the task's first request).
+const MAX_TASK_BYTES: usize = 16 * 1024;
+
+/// The text a routed front-door program's first call is classified by: its user messages (or
+/// its raw prompt), at most [`MAX_TASK_BYTES`] of it, cut at a character boundary.
+fn program_task(request: &ProgramRequest) -> String {
+    let mut text = match (&request.messages, &request.prompt) {
+        (Some(messages), _) => messages
+            .iter()
+            .filter(|m| m.get("role").and_then(|r| r.as_str()) == Some("user"))
+            .filter_map(|m| m.get("content").and_then(|c| c.as_str()))
+            .collect::<Vec<_>>()
+            .join("\n"),
+        (None, Some(p)) => p.clone(),
+        (None, None) => String::new(),
+    };
+    if text.len() > MAX_TASK_BYTES {
+        let mut cut = MAX_TASK_BYTES;
+        while !text.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        text.truncate(cut);
+    }
+    text
+}
+
 pub struct PlannerActor;
 
 /// Run facts the report repeats.
@@ -160,6 +191,15 @@ pub struct PlannerActorState {
     programs: BTreeMap<String, SessionId>,
     /// Calls sent to each live front-door program so far (its idle end's check).
     program_calls: BTreeMap<SessionId, u64>,
+    /// Routed front-door programs (ORACLE's program table): the deployment each is bound to,
+    /// while it takes calls.
+    program_routes: BTreeMap<SessionId, DeploymentId>,
+    /// Routed front-door programs by key whose verdict has not landed yet, open or ended (a
+    /// key reused by a later program names the later one), and their order, oldest first: past
+    /// [`MAX_UNVERIFIED_PROGRAMS`] the oldest ended one is abandoned (its learner decision
+    /// dropped), so a client that never posts verdicts cannot grow the table without bound.
+    unverified: BTreeMap<String, SessionId>,
+    unverified_order: std::collections::VecDeque<(String, SessionId)>,
     /// Front-door step hints (`X-Step-ID`) seen so far and the planner node each stands for, so
     /// the core keeps output-length and tool-gap histories per step across programs.
     front_door_steps: BTreeMap<String, u32>,
@@ -270,6 +310,9 @@ impl Actor for PlannerActor {
             metrics: args.metrics,
             programs: BTreeMap::new(),
             program_calls: BTreeMap::new(),
+            program_routes: BTreeMap::new(),
+            unverified: BTreeMap::new(),
+            unverified_order: std::collections::VecDeque::new(),
             front_door_steps: BTreeMap::new(),
             durable: BTreeMap::new(),
             ended_failed: 0,
@@ -625,7 +668,19 @@ impl PlannerActorState {
                 let _ = reply.send(sessions.iter().map(|s| self.status(*s)).collect());
             }
             PlannerMsg::ProgramCall { program, deployment, next, request, sink, reply } => {
-                self.program_call(myself, program, deployment, next, request, sink, reply).await;
+                match self.program_session(myself, program.as_ref()).await {
+                    Ok(id) => self.send_program_call(id, program.as_ref(), deployment, next, request, sink, reply),
+                    Err(why) => {
+                        let _ = reply.send(Err(why));
+                    }
+                }
+            }
+            PlannerMsg::RoutedProgramCall { program, route, next, request, sink, reply } => {
+                self.routed_program_call(myself, program, route, next, request, sink, reply).await;
+            }
+            PlannerMsg::ProgramVerdict { program, success, reply } => {
+                let r = self.program_verdict(myself, &program, success).await;
+                let _ = reply.send(r);
             }
             PlannerMsg::ProgramIdle { session, calls } => {
                 // Ends only if no call was sent to it since it went idle; its key is freed first,
@@ -746,67 +801,60 @@ impl PlannerActorState {
         Some(node)
     }
 
-    /// The front door: hand one call to its program's actor, starting the program (a session
-    /// of the front-door workflow) at its first call.
-    async fn program_call(
+    /// The front door: the session of `program` (a session of the front-door workflow), started
+    /// at its first call; `Err` with why when no program can start.
+    async fn program_session(&mut self, myself: &ActorRef<PlannerMsg>, program: Option<&String>) -> Result<SessionId, String> {
+        let Some((workflow, idle_timeout)) = self.front_door else {
+            return Err("this runtime has no front door".into());
+        };
+        if self.shutting_down || self.aborted || self.fatal.is_some() {
+            return Err(SHUTTING_DOWN.into());
+        }
+        let existing = program.and_then(|p| self.programs.get(p).copied());
+        if let Some(id) = existing.filter(|id| self.sessions.contains_key(id)) {
+            return Ok(id);
+        }
+        let wall = self.wall();
+        let i = self.trace.push(TraceEntry { at: wall, workflow, record: 0 });
+        let id = SessionId(i as u32);
+        self.arrived.insert(i);
+        let args = ProgramArgs { ctx: Arc::clone(&self.ctx), session: id, workflow, planner: myself.clone(), arrived: wall, idle_timeout };
+        match Actor::spawn_linked(None, ProgramActor, args, myself.get_cell()).await {
+            Ok((actor, _)) => {
+                self.session_cells.insert(actor.get_id(), id);
+                self.sessions.insert(id, actor);
+                let detail = Some(format!("program {}", program.map_or("(one call)", String::as_str)));
+                self.log("arrival", TraceLine { session: Some(id.0), detail, ..blank() });
+                self.post(myself, Event::SessionArrived { session: id, workflow });
+                if let Some(p) = program {
+                    self.programs.insert(p.clone(), id);
+                }
+                Ok(id)
+            }
+            Err(e) => {
+                self.start_failure(workflow, wall, format!("{id}: program actor: {e}"));
+                Err(format!("cannot start the program: {e}"))
+            }
+        }
+    }
+
+    /// The front door: hand one call to the actor of program session `id` (`program` its key).
+    #[allow(clippy::too_many_arguments)]
+    fn send_program_call(
         &mut self,
-        myself: &ActorRef<PlannerMsg>,
-        program: Option<String>,
+        id: SessionId,
+        program: Option<&String>,
         deployment: DeploymentId,
         next: Option<DeploymentId>,
         mut request: ProgramRequest,
         sink: super::engine::TokenSink,
         reply: oneshot::Sender<Result<super::engine::Completion, String>>,
     ) {
-        let Some((workflow, idle_timeout)) = self.front_door else {
-            let _ = reply.send(Err("this runtime has no front door".into()));
-            return;
-        };
-        if self.shutting_down || self.aborted || self.fatal.is_some() {
-            let _ = reply.send(Err(SHUTTING_DOWN.into()));
-            return;
-        }
-        let existing = program.as_ref().and_then(|p| self.programs.get(p).copied());
-        let id = match existing.filter(|id| self.sessions.contains_key(id)) {
-            Some(id) => id,
-            None => {
-                let wall = self.wall();
-                let i = self.trace.push(TraceEntry { at: wall, workflow, record: 0 });
-                let id = SessionId(i as u32);
-                self.arrived.insert(i);
-                let args = ProgramArgs {
-                    ctx: Arc::clone(&self.ctx),
-                    session: id,
-                    workflow,
-                    planner: myself.clone(),
-                    arrived: wall,
-                    idle_timeout,
-                };
-                match Actor::spawn_linked(None, ProgramActor, args, myself.get_cell()).await {
-                    Ok((actor, _)) => {
-                        self.session_cells.insert(actor.get_id(), id);
-                        self.sessions.insert(id, actor);
-                        let detail = Some(format!("program {}", program.as_deref().unwrap_or("(one call)")));
-                        self.log("arrival", TraceLine { session: Some(id.0), detail, ..blank() });
-                        self.post(myself, Event::SessionArrived { session: id, workflow });
-                        if let Some(p) = &program {
-                            self.programs.insert(p.clone(), id);
-                        }
-                    }
-                    Err(e) => {
-                        self.start_failure(workflow, wall, format!("{id}: program actor: {e}"));
-                        let _ = reply.send(Err(format!("cannot start the program: {e}")));
-                        return;
-                    }
-                }
-                id
-            }
-        };
         if program.is_none() {
             request.program_done = true;
         }
         if request.program_done
-            && let Some(p) = &program
+            && let Some(p) = program
         {
             // The program ends after this call: its key is free for the client's next program.
             self.programs.remove(p);
@@ -829,6 +877,152 @@ impl PlannerActorState {
                 let _ = call.reply.send(Err("the program ended".into()));
             }
         }
+    }
+
+    /// The front door, routed (paper 002): a call of `program` that names the router's model.
+    /// At the program's first such call the core's router binds it — its verifier from the
+    /// call's text, its model by the learner and DISC's divert rule, or the model it `kept` from
+    /// before a restart — and the member's ledger admits it (until then its calls wait, gated);
+    /// the binding goes back on `route.bound` before the call is handed on, and this call and
+    /// every later routed call of the program run on the bound model.
+    #[allow(clippy::too_many_arguments)]
+    async fn routed_program_call(
+        &mut self,
+        myself: &ActorRef<PlannerMsg>,
+        program: Option<String>,
+        route: super::actors::ProgramRoute,
+        next: Option<DeploymentId>,
+        request: ProgramRequest,
+        sink: super::engine::TokenSink,
+        reply: oneshot::Sender<Result<super::engine::Completion, String>>,
+    ) {
+        let fail = |route: super::actors::ProgramRoute, reply: oneshot::Sender<Result<super::engine::Completion, String>>, why: String| {
+            let _ = route.bound.send(Err(why.clone()));
+            let _ = reply.send(Err(why));
+        };
+        let Some(key) = program else {
+            return fail(route, reply, "a routed call needs a program key (`X-Session-ID`): the router binds programs, and a verdict names its program by it".into());
+        };
+        let members = match self.planner.routing() {
+            Some(r) => r.members().to_vec(),
+            None => return fail(route, reply, "this runtime has no router".into()),
+        };
+        let id = match self.program_session(myself, Some(&key)).await {
+            Ok(id) => id,
+            Err(why) => return fail(route, reply, why),
+        };
+        let model_name = |ctx: &RunContext, d: DeploymentId| ctx.deployments.get(d.0 as usize).map(|i| i.model.clone()).unwrap_or_default();
+        let binding = match self.program_routes.get(&id) {
+            Some(&d) => {
+                let row = self.routes.get(id);
+                super::service::ProgramBinding {
+                    model: model_name(&self.ctx, d),
+                    verifier: row.map(|r| r.verifier.clone()).unwrap_or_default(),
+                    diverted: row.is_some_and(|r| r.diverted),
+                    kept: false,
+                }
+            }
+            None => {
+                let (prompt, _) = request.rendered_prompt();
+                let task = program_task(&request);
+                let tokens = crate::tokens::count(&prompt) as u64;
+                let now = self.ctx.clock.now();
+                let kept = route.kept.filter(|d| members.contains(d));
+                let bound = match kept {
+                    Some(d) => self.planner.bind_program_to(id, d, &task, tokens, now),
+                    None => self.planner.bind_program(id, &members, &task, tokens, now),
+                };
+                let record = match bound {
+                    Ok(r) => r,
+                    Err(e) => {
+                        let why = format!("the router cannot bind the program: {e}");
+                        if let Some(actor) = self.sessions.get(&id) {
+                            let _ = actor.send_message(SessionMsg::Fail(why.clone()));
+                        }
+                        return fail(route, reply, why);
+                    }
+                };
+                let model = model_name(&self.ctx, record.deployment);
+                let front_door = self.front_door.map_or(0, |(w, _)| w);
+                let row = exec::routing::RouteRow {
+                    workflow: front_door,
+                    model: model.clone(),
+                    diverted: record.deployment != record.chosen,
+                    gated: self.planner.state().is_gated(id),
+                    // The client's grader decides the verdict; the row names the verifier the
+                    // classifier selected for it.
+                    feedback: record.verifier.clone(),
+                    cost: 0.0,
+                    verifier: record.verifier.clone(),
+                    verifier_score: None,
+                };
+                let detail = Some(format!(
+                    "program {key} routed to {model} (verifier {}{})",
+                    record.verifier,
+                    if kept.is_some() { ", kept from the journal" } else if row.diverted { ", diverted" } else { "" }
+                ));
+                self.log("route", TraceLine { session: Some(id.0), detail, ..blank() });
+                self.routes.open(id, row);
+                self.program_routes.insert(id, record.deployment);
+                self.note_unverified(myself, key.clone(), id);
+                super::service::ProgramBinding { model, verifier: record.verifier, diverted: record.deployment != record.chosen, kept: kept.is_some() }
+            }
+        };
+        let Some(&deployment) = self.program_routes.get(&id) else { return };
+        let _ = route.bound.send(Ok(binding));
+        self.send_program_call(id, Some(&key), deployment, next, request, sink, reply);
+    }
+
+    /// Routed front-door program `id` (key `key`) awaits its verdict; past
+    /// [`MAX_UNVERIFIED_PROGRAMS`] the oldest ended one is given up (abandoned: its learner
+    /// decision dropped; it taught its ledger when it ended).
+    fn note_unverified(&mut self, _myself: &ActorRef<PlannerMsg>, key: String, id: SessionId) {
+        self.unverified.insert(key.clone(), id);
+        self.unverified_order.push_back((key, id));
+        while self.unverified_order.len() > MAX_UNVERIFIED_PROGRAMS {
+            let Some(pos) = self.unverified_order.iter().position(|(_, s)| !self.sessions.contains_key(s)) else { break };
+            let Some((k, s)) = self.unverified_order.remove(pos) else { break };
+            if self.unverified.get(&k) == Some(&s) {
+                self.unverified.remove(&k);
+            }
+            if self.routes.contains(s) {
+                self.routes.close(s, None, None);
+                if let Err(e) = self.planner.program_abandoned(s, self.ctx.clock.now()) {
+                    self.note(format!("router: session {s}: {e}"));
+                }
+            }
+        }
+    }
+
+    /// The verdict of routed front-door program `key` (its client's grader): the learner's
+    /// update (the reward answered), then a planning pass, since ledgers may admit programs.
+    async fn program_verdict(&mut self, myself: &ActorRef<PlannerMsg>, key: &str, success: f64) -> Result<f64, super::service::ServiceError> {
+        use super::service::ServiceError;
+        if !(0.0..=1.0).contains(&success) {
+            return Err(ServiceError::BadRequest(format!("`success` must be between 0 and 1, not {success}")));
+        }
+        let Some(&id) = self.unverified.get(key) else {
+            return Err(ServiceError::NotFound(format!(
+                "no routed program `{key}` awaits a verdict (never routed here, its verdict landed already, or it was given up)"
+            )));
+        };
+        if self.sessions.contains_key(&id) {
+            return Err(ServiceError::Conflict(format!(
+                "program `{key}` is still open: its verdict is taken once its last call has returned (`X-Program-Done: true`, or its idle end)"
+            )));
+        }
+        self.unverified.remove(key);
+        self.unverified_order.retain(|(_, s)| *s != id);
+        self.flush(myself).await;
+        let cost = self.routes.get(id).map_or(0.0, |r| r.cost);
+        self.routes.close(id, Some(success), None);
+        let reward = self
+            .planner
+            .program_verdict(id, success, cost, self.ctx.clock.now())
+            .map_err(|e| ServiceError::NotFound(format!("program `{key}`: {e}")))?;
+        self.log("verdict", TraceLine { session: Some(id.0), detail: Some(format!("program {key}: success {success}, reward {reward:.4}")), ..blank() });
+        self.planning_pass(myself).await;
+        Ok(reward)
     }
 
     /// Start one session of workflow `w` per input, now.
@@ -1426,7 +1620,14 @@ impl PlannerActorState {
             }
         }
         let routed = self.routes.get(id).map(|row| row.workflow);
+        // A routed front-door program's verdict comes from its client (`POST
+        // /v1/programs/{key}/verdict`), not from a workflow's verifier.
+        let front_door_program = self.program_routes.remove(&id).is_some();
         if let (Some(w), Some(_)) = (routed, &self.ended.get(&id).and_then(|r| r.record.failed.clone())) {
+            if front_door_program {
+                self.unverified.retain(|_, s| *s != id);
+                self.unverified_order.retain(|(_, s)| *s != id);
+            }
             // A routed program that failed is never verified: it releases what it holds before
             // its end reaches the core, so that its ledger learns nothing from it.
             let own = self.ctx.workflows.get(w as usize).and_then(|s| exec::routing::workflow_verifier(s));
@@ -1436,7 +1637,7 @@ impl PlannerActorState {
             }
         }
         self.post(myself, Event::SessionEnded { session: id });
-        if self.routes.contains(id) {
+        if self.routes.contains(id) && !front_door_program {
             self.route_verdict(myself, id).await;
         }
         self.after_session_end();

@@ -59,6 +59,30 @@ pub enum ServiceError {
     /// The runtime stopped or did not answer.
     #[error("the runtime is not available: {0}")]
     Unavailable(String),
+    /// The request names something the runtime does not know (a front-door program's key).
+    #[error("{0}")]
+    NotFound(String),
+    /// The request does not fit the state it names (a verdict for a program still open).
+    #[error("{0}")]
+    Conflict(String),
+}
+
+/// The `model` a front-door call names to be routed (paper 002, ORACLE): the program is bound
+/// at its first such call to one of the router's models by the planner core's router, and every
+/// later call of the program that names it runs on that model. Listed by `/v1/models` when the
+/// runtime has a router (it was started with a routed workflow).
+pub const ROUTER_MODEL: &str = "switchyard-router";
+
+/// Where a routed front-door program runs: the model it is bound to and the verifier its task
+/// type selects (the grader the client should run before it posts the program's verdict).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProgramBinding {
+    pub model: String,
+    pub verifier: String,
+    /// DISC moved it from the learner's choice (paper 002's divert rule).
+    pub diverted: bool,
+    /// The binding was kept from before (a journaled binding, after a restart), not chosen now.
+    pub kept: bool,
 }
 
 /// A running service. Cheap to share behind an `Arc`; every method takes `&self`.
@@ -72,6 +96,8 @@ pub struct Service {
     clock: Clock,
     /// The served deployments' models, for the front door's `model` field.
     served: Vec<(String, DeploymentId, u32)>,
+    /// The router's models (`None` without a router), for [`ROUTER_MODEL`] calls.
+    routed: Option<Vec<DeploymentId>>,
     metrics: Arc<RuntimeMetrics>,
 }
 
@@ -97,6 +123,7 @@ impl Service {
         if let Some(setup) = exec::routing::routing_setup(&rc.workflows, &records, &deployments, &deployment_of, &rc.pool, &rc.routing)? {
             planner.set_routing(setup).map_err(exec::ShellError::from)?;
         }
+        let routed = planner.routing().map(|r| r.members().to_vec());
         let ctx = run_context(cfg, workflows, deployments, deployment_of, node_info);
         let clock = ctx.clock;
         let (events, _) = broadcast::channel(EVENT_BUFFER);
@@ -110,7 +137,7 @@ impl Service {
         args.timeline_segments = Some(cfg.timeline_segments.max(1));
         let (planner, handle) =
             Actor::spawn(None, PlannerActor, args).await.map_err(|e| LiveError::Spawn(e.to_string()))?;
-        Ok(Service { planner, handle: std::sync::Mutex::new(Some(handle)), events, datasets, clock, served, metrics })
+        Ok(Service { planner, handle: std::sync::Mutex::new(Some(handle)), events, datasets, clock, served, routed, metrics })
     }
 
     /// Seconds since the service started (the time base of events and session ends).
@@ -160,9 +187,31 @@ impl Service {
         &self.metrics
     }
 
-    /// The served models (the front door's `/v1/models`).
+    /// The served models (the front door's `/v1/models`), and [`ROUTER_MODEL`] last when the
+    /// runtime has a router.
     pub fn models(&self) -> Vec<String> {
-        self.served.iter().map(|(m, _, _)| m.clone()).collect()
+        let mut models: Vec<String> = self.served.iter().map(|(m, _, _)| m.clone()).collect();
+        if self.routed.is_some() {
+            models.push(ROUTER_MODEL.to_string());
+        }
+        models
+    }
+
+    /// Whether `model` names the router ([`ROUTER_MODEL`], any case) and the runtime has one.
+    pub fn is_router_model(&self, model: &str) -> bool {
+        self.routed.is_some() && model.eq_ignore_ascii_case(ROUTER_MODEL)
+    }
+
+    /// The context a routed call may use: the smallest of the router's models' (a program may be
+    /// bound to any of them). `None` without a router.
+    pub fn routed_context(&self) -> Option<u32> {
+        let routed = self.routed.as_ref()?;
+        self.served.iter().filter(|(_, d, _)| routed.contains(d)).map(|(_, _, len)| *len).min()
+    }
+
+    /// The served model name of deployment `d`.
+    pub fn model_of(&self, d: DeploymentId) -> Option<&str> {
+        self.served.iter().find(|(_, id, _)| *id == d).map(|(m, _, _)| m.as_str())
     }
 
     /// The served deployment of `model` (`Qwen3-8B`, any case, or its Hugging Face id
@@ -199,6 +248,46 @@ impl Service {
             .send_message(PlannerMsg::ProgramCall { program, deployment, next, request, sink, reply })
             .map_err(|e| ServiceError::Unavailable(e.to_string()))?;
         Ok(rx)
+    }
+
+    /// The front door, routed: one call of external program `program` (`None`: a program of
+    /// this one call) that names [`ROUTER_MODEL`]. At the program's first such call the planner
+    /// core's router binds it (its verifier from the call's text, its model by the learner, DISC's
+    /// divert and the model's ledger) — or, with `kept` (the model a journal recorded for the
+    /// program before a restart), binds it to that model again; the call and every later routed
+    /// call of the program run on the bound model. The first receiver gets the binding before
+    /// the call is scheduled, the second the answer.
+    #[allow(clippy::type_complexity)]
+    pub fn call_routed(
+        &self,
+        program: Option<String>,
+        request: ProgramRequest,
+        sink: TokenSink,
+        kept: Option<String>,
+    ) -> Result<(oneshot::Receiver<Result<ProgramBinding, String>>, oneshot::Receiver<Result<Completion, String>>), ServiceError>
+    {
+        if self.routed.is_none() {
+            return Err(ServiceError::NotServed(format!(
+                "`{ROUTER_MODEL}` needs a router: start the runtime with a routed workflow (`--workflow FILE` with a `route:` node)"
+            )));
+        }
+        let next = request.next_model.as_deref().and_then(|m| self.deployment_of_model(m));
+        let kept = kept.and_then(|m| self.deployment_of_model(&m));
+        let (reply, rx) = oneshot::channel();
+        let (bound, bound_rx) = oneshot::channel();
+        let route = super::actors::ProgramRoute { kept, bound };
+        self.planner
+            .send_message(PlannerMsg::RoutedProgramCall { program, route, next, request, sink, reply })
+            .map_err(|e| ServiceError::Unavailable(e.to_string()))?;
+        Ok((bound_rx, rx))
+    }
+
+    /// The verdict of routed front-door program `program` (its grader's success, 0–1): the
+    /// router's learner learns from it (paper 002's delayed feedback); answers the reward.
+    /// Refused for a program the runtime does not know as routed (or whose verdict landed
+    /// already), and for one still open (its last call has not returned).
+    pub async fn program_verdict(&self, program: String, success: f64) -> Result<f64, ServiceError> {
+        self.ask(|reply| PlannerMsg::ProgramVerdict { program, success, reply }).await?
     }
 
     /// The run's events from now on.

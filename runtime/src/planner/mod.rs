@@ -210,6 +210,30 @@ impl Planner {
         Ok(record)
     }
 
+    /// Bind the program of session `session` to member `deployment` without a choice — a
+    /// binding it already had (a front-door program's, journaled before a restart): the learner
+    /// records it as its decision and the member's ledger admits it as for [`Self::bind_program`].
+    pub fn bind_program_to(
+        &mut self,
+        session: SessionId,
+        deployment: DeploymentId,
+        task: &str,
+        tokens: u64,
+        now: f64,
+    ) -> Result<routing::RouteRecord, PlanError> {
+        let routing = self.routing.as_mut().ok_or_else(|| PlanError::Routing("this run has no router".into()))?;
+        let (record, admitted) = routing
+            .bind_to(u64::from(session.0), deployment, task, tokens, now)
+            .map_err(|e| PlanError::Routing(e.to_string()))?;
+        if record.admitted_at.is_none() {
+            self.state.gate(session);
+        }
+        for p in admitted.into_iter().filter(|p| *p != u64::from(session.0)) {
+            self.state.ungate(SessionId(p as u32));
+        }
+        Ok(record)
+    }
+
     /// The verdict of routed session `session` landed (its verifier ran after the session
     /// ended): update the learner. Answers the reward. A session that was never routed, or
     /// whose verdict already landed, is an error.

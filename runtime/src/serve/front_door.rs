@@ -17,6 +17,11 @@
 //! thinking mode follows `chat_template_kwargs.enable_thinking` (default on, as vLLM serves
 //! Qwen3).
 //!
+//! `model: switchyard-router` (a runtime with a router) routes the program (paper 002): it is
+//! bound at its first such call to one of the router's models by the planner core's router, its
+//! later routed calls run there, the binding is journaled (and kept across a restart), and
+//! `POST /v1/programs/{key}/verdict` takes its grader's verdict once it has ended.
+//!
 //! Answers have OpenAI's shapes, with `usage.prompt_tokens_details.cached_tokens`; a stream
 //! (`stream: true`) carries the engine's text as it arrives, chunk by chunk, then a chunk with
 //! the finish reason, the usage chunk when `stream_options.include_usage` asks for it, and
@@ -235,7 +240,9 @@ fn finish_reason(c: &Completion, max_tokens: impl Fn(u32) -> u32) -> &'static st
 async fn handle(api: Arc<Api>, flavor: Flavor, headers: HeaderMap, body: Value) -> Result<Response, ApiError> {
     let parsed = parse(flavor, &headers, &body)?;
     let program = program_key(&headers, &body)?;
-    let Some((_, context)) = api.service.served_model(&parsed.model) else {
+    let routed = api.service.is_router_model(&parsed.model);
+    let served = if routed { api.service.routed_context().map(|c| (None, c)) } else { api.service.served_model(&parsed.model).map(|(d, c)| (Some(d), c)) };
+    let Some((_, context)) = served else {
         let m = format!("the model `{}` is not served here; served: {}", parsed.model, api.service.models().join(", "));
         return Err(ApiError { param: Some("model".into()), ..ApiError::new(StatusCode::NOT_FOUND, "model_not_found", m) });
     };
@@ -256,6 +263,9 @@ async fn handle(api: Arc<Api>, flavor: Flavor, headers: HeaderMap, body: Value) 
             )
         });
     }
+    if routed {
+        return routed_call(api, flavor, program, parsed).await;
+    }
     // With a journal, a program's binding (its first model) is recorded at its first call and
     // kept across restarts: a later call of the program to another model is still scheduled
     // (the planner places each call), but the binding says where the program started.
@@ -266,87 +276,175 @@ async fn handle(api: Arc<Api>, flavor: Flavor, headers: HeaderMap, body: Value) 
             return Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "journal_error", e.to_string()));
         }
     }
-    // The limit the call really has: the program actor clamps it to what the served context
-    // leaves after the prompt (as vLLM does), and `length` is reported against that.
-    let requested = parsed.request.max_tokens;
-    let max_tokens = move |prompt: u32| requested.min(context.saturating_sub(prompt)).max(1);
     let (tx, rx) = mpsc::unbounded_channel::<String>();
+    let requested = parsed.request.max_tokens;
     let done = api.service.call(program, &parsed.model, parsed.request, TokenSink::new(tx)).map_err(|e| match e {
         crate::live::ServiceError::NotServed(m) => ApiError { param: Some("model".into()), ..ApiError::new(StatusCode::NOT_FOUND, "model_not_found", m) },
         other => other.into(),
     })?;
-    let id = format!("{}-{}", if flavor == Flavor::Chat { "chatcmpl" } else { "cmpl" }, uuid_like());
-    let created = unix_now();
-    let model = parsed.model;
-    if !parsed.stream {
-        // `rx` lives until the answer: dropping it (the client went away, axum dropped this
-        // future) abandons the call upstream.
-        let result = done.await.map_err(|_| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable_error", "the runtime dropped the call"))?;
-        drop(rx);
-        let c = result.map_err(|m| ApiError::new(StatusCode::BAD_GATEWAY, "engine_error", public_reason(&m)))?;
-        let choice = match flavor {
-            Flavor::Chat => json!({"index": 0, "message": {"role": "assistant", "content": c.text}, "finish_reason": finish_reason(&c, max_tokens)}),
-            Flavor::Completions => json!({"index": 0, "text": c.text, "finish_reason": finish_reason(&c, max_tokens)}),
-        };
-        let object = if flavor == Flavor::Chat { "chat.completion" } else { "text_completion" };
-        return Ok(Json(json!({
-            "id": id, "object": object, "created": created, "model": model,
-            "choices": [choice], "usage": usage(&c),
-        }))
-        .into_response());
-    }
-    let render = Render::new(flavor, &id, created, &model, requested, context);
-    let include_usage = parsed.include_usage;
-    let st = Streaming { rx, done: Some(done), first: true, tail: std::collections::VecDeque::new(), render, include_usage };
-    let events = futures::stream::unfold(st, |mut st| async move {
-        loop {
-            if let Some(e) = st.tail.pop_front() {
-                return Some((Ok::<_, Infallible>(e), st));
-            }
-            let done = st.done.as_mut()?;
-            let result = tokio::select! {
-                biased;
-                piece = st.rx.recv() => match piece {
-                    Some(text) => {
-                        let e = st.render.piece(&text, st.first);
-                        st.first = false;
-                        return Some((Ok(e), st));
-                    }
-                    None => done.await,
-                },
-                r = &mut *done => r,
-            };
-            st.done = None;
-            // Pieces that arrived just before the answer, then its end.
-            while let Ok(text) = st.rx.try_recv() {
-                let e = st.render.piece(&text, st.first);
-                st.first = false;
-                st.tail.push_back(e);
-            }
-            match result {
-                Ok(Ok(c)) => {
-                    if st.first && !c.text.is_empty() {
-                        // An engine that does not stream: the whole text at once.
-                        st.tail.push_back(st.render.piece(&c.text, true));
-                    }
-                    st.tail.push_back(st.render.finish(&c));
-                    if st.include_usage {
-                        st.tail.push_back(st.render.usage(&c));
-                    }
-                }
-                Ok(Err(m)) => {
-                    let err = json!({"error": {"message": public_reason(&m), "type": "engine_error", "param": null, "code": 502}});
-                    st.tail.push_back(Event::default().data(err.to_string()));
-                }
-                Err(_) => {
-                    let err = json!({"error": {"message": "the runtime dropped the call", "type": "unavailable_error", "param": null, "code": 503}});
-                    st.tail.push_back(Event::default().data(err.to_string()));
-                }
-            }
-            st.tail.push_back(Event::default().data("[DONE]"));
+    let answer = Answer { flavor, model: parsed.model, requested, context, stream: parsed.stream, include_usage: parsed.include_usage };
+    answer.respond(rx, done).await
+}
+
+/// A routed call (`model: switchyard-router`): the program is bound (or was) to one of the
+/// router's models; the binding is journaled (with `--state`) before the call is answered, so
+/// that after a restart the program keeps its model; the answer names the bound model, and the
+/// `x-switchyard-model` / `x-switchyard-verifier` headers say the binding (the verifier the
+/// program's task type selects: the grader the client runs before it posts the verdict).
+async fn routed_call(api: Arc<Api>, flavor: Flavor, program: Option<String>, parsed: Parsed) -> Result<Response, ApiError> {
+    let Some(key) = program else {
+        return Err(ApiError::bad_request(
+            "a routed call (`model: switchyard-router`) needs a program key (`X-Session-ID` or `program_id`): the router binds programs, and a verdict names its program by it",
+            "program_id",
+        ));
+    };
+    // A binding journaled before (a restart since): the program keeps its model.
+    let kept = match &api.journal {
+        Some(journal) => {
+            let j = Arc::clone(journal);
+            let k = key.clone();
+            let found = off_the_reactor(move || j.program_binding(&k))
+                .map_err(|e| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "journal_error", e.to_string()))?;
+            found.filter(|b| b.get("routed").and_then(Value::as_bool) == Some(true)).and_then(|b| b.get("model").and_then(Value::as_str).map(str::to_string))
         }
-    });
-    Ok(Sse::new(events).keep_alive(KeepAlive::default()).into_response())
+        None => None,
+    };
+    let (tx, rx) = mpsc::unbounded_channel::<String>();
+    let requested = parsed.request.max_tokens;
+    let (bound, done) = api.service.call_routed(Some(key.clone()), parsed.request, TokenSink::new(tx), kept)?;
+    let binding = bound
+        .await
+        .map_err(|_| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable_error", "the runtime dropped the call"))?
+        .map_err(|m| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "routing_error", public_reason(&m)))?;
+    if let Some(journal) = &api.journal {
+        let record = json!({"model": binding.model, "verifier": binding.verifier, "routed": true});
+        let j = Arc::clone(journal);
+        if let Err(e) = off_the_reactor(move || j.bind_program(&key, &record)) {
+            // The call is already scheduled; dropping `rx` and `done` abandons it upstream.
+            return Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "journal_error", e.to_string()));
+        }
+    }
+    let context = api.service.served_model(&binding.model).map_or(0, |(_, c)| c);
+    let answer = Answer { flavor, model: binding.model.clone(), requested, context, stream: parsed.stream, include_usage: parsed.include_usage };
+    let mut resp = answer.respond(rx, done).await?;
+    for (name, value) in [("x-switchyard-model", &binding.model), ("x-switchyard-verifier", &binding.verifier)] {
+        if let Ok(v) = axum::http::HeaderValue::from_str(value) {
+            resp.headers_mut().insert(name, v);
+        }
+    }
+    Ok(resp)
+}
+
+/// How to answer a scheduled call: its endpoint, the model to name, the client's limit and
+/// the served context (the program actor clamps the limit to what the context leaves after the
+/// prompt, as vLLM does, and `length` is reported against that), streamed or not.
+struct Answer {
+    flavor: Flavor,
+    model: String,
+    requested: u32,
+    context: u32,
+    stream: bool,
+    include_usage: bool,
+}
+
+impl Answer {
+    async fn respond(
+        self,
+        rx: mpsc::UnboundedReceiver<String>,
+        done: tokio::sync::oneshot::Receiver<Result<Completion, String>>,
+    ) -> Result<Response, ApiError> {
+        let Answer { flavor, model, requested, context, stream, include_usage } = self;
+        let max_tokens = move |prompt: u32| requested.min(context.saturating_sub(prompt)).max(1);
+        let id = format!("{}-{}", if flavor == Flavor::Chat { "chatcmpl" } else { "cmpl" }, uuid_like());
+        let created = unix_now();
+        if !stream {
+            // `rx` lives until the answer: dropping it (the client went away, axum dropped this
+            // future) abandons the call upstream.
+            let result = done.await.map_err(|_| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable_error", "the runtime dropped the call"))?;
+            drop(rx);
+            let c = result.map_err(|m| ApiError::new(StatusCode::BAD_GATEWAY, "engine_error", public_reason(&m)))?;
+            let choice = match flavor {
+                Flavor::Chat => json!({"index": 0, "message": {"role": "assistant", "content": c.text}, "finish_reason": finish_reason(&c, max_tokens)}),
+                Flavor::Completions => json!({"index": 0, "text": c.text, "finish_reason": finish_reason(&c, max_tokens)}),
+            };
+            let object = if flavor == Flavor::Chat { "chat.completion" } else { "text_completion" };
+            return Ok(Json(json!({
+                "id": id, "object": object, "created": created, "model": model,
+                "choices": [choice], "usage": usage(&c),
+            }))
+            .into_response());
+        }
+        let render = Render::new(flavor, &id, created, &model, requested, context);
+        let st = Streaming { rx, done: Some(done), first: true, tail: std::collections::VecDeque::new(), render, include_usage };
+        let events = futures::stream::unfold(st, |mut st| async move {
+            loop {
+                if let Some(e) = st.tail.pop_front() {
+                    return Some((Ok::<_, Infallible>(e), st));
+                }
+                let done = st.done.as_mut()?;
+                let result = tokio::select! {
+                    biased;
+                    piece = st.rx.recv() => match piece {
+                        Some(text) => {
+                            let e = st.render.piece(&text, st.first);
+                            st.first = false;
+                            return Some((Ok(e), st));
+                        }
+                        None => done.await,
+                    },
+                    r = &mut *done => r,
+                };
+                st.done = None;
+                // Pieces that arrived just before the answer, then its end.
+                while let Ok(text) = st.rx.try_recv() {
+                    let e = st.render.piece(&text, st.first);
+                    st.first = false;
+                    st.tail.push_back(e);
+                }
+                match result {
+                    Ok(Ok(c)) => {
+                        if st.first && !c.text.is_empty() {
+                            // An engine that does not stream: the whole text at once.
+                            st.tail.push_back(st.render.piece(&c.text, true));
+                        }
+                        st.tail.push_back(st.render.finish(&c));
+                        if st.include_usage {
+                            st.tail.push_back(st.render.usage(&c));
+                        }
+                    }
+                    Ok(Err(m)) => {
+                        let err = json!({"error": {"message": public_reason(&m), "type": "engine_error", "param": null, "code": 502}});
+                        st.tail.push_back(Event::default().data(err.to_string()));
+                    }
+                    Err(_) => {
+                        let err = json!({"error": {"message": "the runtime dropped the call", "type": "unavailable_error", "param": null, "code": 503}});
+                        st.tail.push_back(Event::default().data(err.to_string()));
+                    }
+                }
+                st.tail.push_back(Event::default().data("[DONE]"));
+            }
+        });
+        Ok(Sse::new(events).keep_alive(KeepAlive::default()).into_response())
+    }
+}
+
+/// `POST /v1/programs/{key}/verdict` — the verdict of routed program `key` from the client's
+/// grader, `{"success": true | false | 0…1}`, once the program has ended: the router's learner
+/// learns from it (paper 002's delayed feedback; routing never waits for it). Answers the
+/// reward (success − a·cost/scale).
+pub(super) async fn program_verdict(
+    State(api): State<Arc<Api>>,
+    axum::extract::Path(key): axum::extract::Path<String>,
+    body: Result<JsonBody<Value>, ApiError>,
+) -> Result<Json<Value>, ApiError> {
+    let JsonBody(body) = body?;
+    let success = match body.get("success") {
+        Some(Value::Bool(b)) => f64::from(u8::from(*b)),
+        Some(Value::Number(n)) => n.as_f64().filter(|x| (0.0..=1.0).contains(x)).ok_or_else(|| ApiError::bad_request("`success` must be a boolean or a number from 0 to 1", "success"))?,
+        _ => return Err(ApiError::bad_request("`success` (a boolean or a number from 0 to 1) is required", "success")),
+    };
+    let reward = api.service.program_verdict(key.clone(), success).await?;
+    Ok(Json(json!({"program": key, "success": success, "reward": reward})))
 }
 
 /// A streamed answer in progress: the engine's pieces (`rx`; dropping it — the client went

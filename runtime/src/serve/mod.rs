@@ -176,6 +176,8 @@ impl From<ServiceError> for ApiError {
             ServiceError::NotServed(m) => Self::new(StatusCode::UNPROCESSABLE_ENTITY, "not_served_error", m),
             ServiceError::BadRequest(m) => Self::new(StatusCode::BAD_REQUEST, "invalid_request_error", m),
             ServiceError::Unavailable(m) => Self::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable_error", m),
+            ServiceError::NotFound(m) => Self::new(StatusCode::NOT_FOUND, "not_found_error", m),
+            ServiceError::Conflict(m) => Self::new(StatusCode::CONFLICT, "conflict_error", m),
         }
     }
 }
@@ -438,6 +440,7 @@ fn routes(api: Arc<Api>) -> Router {
         .route("/v1/chat/completions", post(front_door::chat_completions))
         .route("/v1/completions", post(front_door::completions))
         .route("/v1/models", get(front_door::models))
+        .route("/v1/programs/{key}/verdict", post(front_door::program_verdict))
         .route_layer(middleware::from_fn_with_state(Arc::clone(&api), authenticate));
     Router::new()
         .route("/health", get(|| async { Json(json!({"status": "ok"})) }))
@@ -1155,6 +1158,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("post", "/v1/chat/completions"),
     ("post", "/v1/completions"),
     ("get", "/v1/models"),
+    ("post", "/v1/programs/{key}/verdict"),
 ];
 
 #[cfg(test)]

@@ -166,6 +166,37 @@ impl RoutedPrograms {
         Ok((record, admitted))
     }
 
+    /// Bind `program` to member `deployment` without a choice (a binding it had before, e.g. in
+    /// a journal, kept across a restart): see [`Router::bind_to`]. Answers as [`Self::bind`].
+    pub fn bind_to(
+        &mut self,
+        program: u64,
+        deployment: DeploymentId,
+        task: &str,
+        tokens: u64,
+        now: f64,
+    ) -> Result<(RouteRecord, Vec<u64>), RouterError> {
+        let arm = self.arm(deployment).ok_or(RouterError::Config)?;
+        let b = self.router.bind_to(program, task, tokens, arm)?.clone();
+        let record = RouteRecord {
+            deployment,
+            chosen: deployment,
+            verifier: b.verifier,
+            bound_at: now,
+            admitted_at: None,
+            peak_tokens: 0,
+        };
+        self.live.insert(program, record);
+        let admitted = self.admit(now);
+        let record = self.live.get(&program).cloned().ok_or(RouterError::Unbound(program))?;
+        Ok((record, admitted))
+    }
+
+    /// The route members (the deployments the router chooses among), in arm order.
+    pub fn members(&self) -> &[DeploymentId] {
+        &self.arms
+    }
+
     /// Admit what the ledgers can now; answers the programs admitted (their admission time is
     /// `now`).
     fn admit(&mut self, now: f64) -> Vec<u64> {

@@ -165,6 +165,30 @@ impl Router {
         Ok(&self.table[&program])
     }
 
+    /// Bind `program` to `model` without a choice: a binding made before (by an earlier process,
+    /// recorded in a journal) that the program keeps. Its verifier and the learner's context
+    /// come from its request as for [`Router::bind`]; the learner records the decision as its
+    /// own, so the program's verdict teaches it; the model's ledger admits it like any other.
+    pub fn bind_to(&mut self, program: u64, request: &str, tokens: u64, model: usize) -> Result<&Binding, RouterError> {
+        if self.table.contains_key(&program) {
+            return Err(RouterError::Bound(program));
+        }
+        if model >= self.ledgers.len() {
+            return Err(RouterError::Config);
+        }
+        let (verifier, context) = self.context(request);
+        let decision: Decision = self.learner.evaluate(&context)?;
+        let index: Vec<f64> = (0..self.ledgers.len()).map(|m| decision.index(m)).collect();
+        let waits: Vec<f64> = self.ledgers.iter().map(|l| l.wait_forecast(tokens)).collect();
+        self.ledgers[model].submit(program, tokens)?;
+        if let Err(e) = self.learner.record(program, model, &context) {
+            let _ = self.ledgers[model].withdraw(program);
+            return Err(e.into());
+        }
+        self.table.insert(program, Binding { model, chosen: model, verifier, context, index, waits });
+        Ok(&self.table[&program])
+    }
+
     /// Admit what each model's ledger can now (strictly FIFO per model): (program, model).
     pub fn admit(&mut self) -> Vec<(u64, usize)> {
         let mut out = Vec::new();
@@ -319,6 +343,23 @@ mod tests {
         r.bind(3, CODE, 200, &[]).unwrap();
         assert_eq!(r.bind(3, CODE, 200, &[]).unwrap_err(), RouterError::Bound(3));
         r.abandon(3).unwrap();
+        assert_eq!(r.programs(), 0);
+    }
+
+    #[test]
+    fn a_kept_binding_takes_its_model_through_the_ledger_and_its_verdict_teaches_the_learner() {
+        // An untrained learner would choose model 0 for this task; the program keeps model 1
+        // (bound before a restart). Its verifier comes from its request all the same.
+        let mut r = router(true, 100_000);
+        let b = r.bind_to(1, MATH, 200, 1).unwrap().clone();
+        assert_eq!((b.model, b.chosen, b.verifier.as_str()), (1, 1, "exact_answer"));
+        assert_eq!(r.bind_to(1, MATH, 200, 1).unwrap_err(), RouterError::Bound(1));
+        assert_eq!(r.bind_to(2, MATH, 200, 2).unwrap_err(), RouterError::Config, "no such model");
+        assert_eq!(r.admit(), vec![(1, 1)], "model 1's ledger admits it");
+        r.finished(1, 900, 40.0).unwrap();
+        let before = r.learner().evaluate(&b.context).unwrap().mean[1];
+        r.verdict(1, 1.0, 0.0).unwrap();
+        assert!(r.learner().evaluate(&b.context).unwrap().mean[1] > before, "model 1's estimate moved");
         assert_eq!(r.programs(), 0);
     }
 

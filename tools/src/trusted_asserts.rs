@@ -1947,9 +1947,15 @@ fn is_close(a: f64, b: f64, rel_tol: f64, abs_tol: f64) -> bool {
 /// ([`parse_literal`] syntax, except that bare `inf`/`nan` are names in source); when only the
 /// left side is, the sides swap (`assert 5 == f(x)`).
 ///
-/// Untrusted, with a reason: anything but one assert statement; bare truthiness
-/// (`assert f(x)`, `assert not f(x)`: nothing to withhold from the guest); `math.isclose(…)`
-/// and other calls; chained or multiple comparisons; other comparison operators; top-level
+/// Truthiness of a call chain — `assert f(x)`, `assert not f(x)`, `assert obj.m(x)[0]` — is a
+/// value check too, with its polarity withheld: the guest evaluates `not not (f(x))` (Python's
+/// own truth test of the value, whatever its type) and reports the resulting `bool`, and the
+/// check here is that it `is True` (or `is False` for the negated assert). The guest sees the
+/// same expression for both polarities, so a candidate that reports a constant fails every
+/// problem whose asserts mix them (the MBPP problems with such asserts all do).
+///
+/// Untrusted, with a reason: anything but one assert statement; truthiness of anything but a
+/// call chain; `math.isclose(…)` other than as above; chained or multiple comparisons; other comparison operators; top-level
 /// `and`/`or`/`not`/conditional expressions/lambdas (where splitting at the operator would
 /// change the meaning); neither side a literal; an asserted tuple (always true); f-strings;
 /// unbalanced brackets or unterminated strings.
@@ -2158,6 +2164,38 @@ fn side_text(src: &str, tokens: &[Tok], elided: &[(usize, usize, &'static str)])
     out
 }
 
+/// A truthiness assert of `tokens` (`negated`: `assert not …`) as a value check whose polarity
+/// the guest never sees: expression `not not (…)`, expected `True` (or `False`), operator `is`.
+/// Only a call chain — a name, then calls, subscripts and `.attribute`s — is taken: the
+/// candidate's code is what the assert exercises.
+fn truth_check(
+    src: &str,
+    tokens: &[Tok],
+    negated: bool,
+    elided: &[(usize, usize, &'static str)],
+) -> Result<(String, PyValue, CompareOp), String> {
+    let text = |t: &Tok| &src[t.start..t.end];
+    let what = if negated { "negated truthiness" } else { "bare truthiness" };
+    let Some((first, rest)) = tokens.split_first() else { return Err(format!("syntax: {what} of nothing")) };
+    let keyword = matches!(text(first), "not" | "None" | "True" | "False" | "lambda" | "await" | "yield");
+    if first.kind != TokKind::Name || keyword {
+        return Err(format!("{what} of something other than a call chain"));
+    }
+    let mut i = 0;
+    while i < rest.len() {
+        match rest[i].kind {
+            TokKind::Group => i += 1,
+            TokKind::Op if text(&rest[i]) == "." && rest.get(i + 1).is_some_and(|n| n.kind == TokKind::Name) => i += 2,
+            _ => return Err(format!("{what} of something other than a call chain")),
+        }
+    }
+    if !rest.iter().any(|t| t.kind == TokKind::Group && src.as_bytes()[t.start] == b'(') {
+        return Err(format!("{what} of something other than a call chain"));
+    }
+    let expression = format!("not not ({})", side_text(src, tokens, elided));
+    Ok((expression, PyValue::Bool(!negated), CompareOp::Is))
+}
+
 /// The arguments of `math.isclose(…)` (source bytes `start..end`, inside the parentheses): the
 /// candidate-side expression, the expected number and the tolerances (Python's defaults
 /// `rel_tol=1e-09`, `abs_tol=0.0`).
@@ -2293,11 +2331,10 @@ fn split(src: &str) -> Result<(String, PyValue, CompareOp), String> {
         i += 1;
     }
     if let Some(at) = standalone_not {
-        return Err(if at == 0 && comparisons.is_empty() {
-            "negated truthiness assertion (no expected value to withhold)".into()
-        } else {
-            "boolean operator `not`".into()
-        });
+        if at == 0 && comparisons.is_empty() {
+            return truth_check(src, &test[1..], true, &scanned.elided);
+        }
+        return Err("boolean operator `not`".into());
     }
     let (symbol, first, last) = match comparisons.as_slice() {
         [] => {
@@ -2316,11 +2353,10 @@ fn split(src: &str) -> Result<(String, PyValue, CompareOp), String> {
             }
             let isclose = matches!(test.as_slice(), [.., name, call]
                 if name.kind == TokKind::Name && text(name) == "isclose" && call.kind == TokKind::Group);
-            return Err(if isclose {
-                "math.isclose is not a plain equality".into()
-            } else {
-                "bare truthiness assertion (no expected value to withhold)".into()
-            });
+            if isclose {
+                return Err("math.isclose is not a plain equality".into());
+            }
+            return truth_check(src, &test, false, &scanned.elided);
         }
         [one] => *one,
         _ => return Err("chained or multiple comparisons".into()),
@@ -2909,10 +2945,32 @@ mod tests {
     }
 
     #[test]
+    fn truthiness_of_a_call_chain_is_a_check_whose_polarity_the_guest_never_sees() {
+        for (statement, expression, expected) in [
+            ("assert f(x)", "not not (f(x))", true),
+            ("assert not f(x)", "not not (f(x))", false),
+            ("assert (not is_prime(8))", "not not (is_prime(8))", false),
+            ("assert obj.check( 'a' )[0]", "not not (obj.check( 'a' )[0])", true),
+            ("assert is_perfect_square(14*14), 'square'", "not not (is_perfect_square(14*14))", true),
+        ] {
+            let (e, v, op) = split_ok(statement);
+            assert_eq!((e.as_str(), op), (expression, CompareOp::Is), "{statement}");
+            assert!(matches!(v, PyValue::Bool(b) if b == expected), "{statement}: {v}");
+        }
+        // The guest reports the bool it computed; the polarity decides here.
+        let (_, expected, op) = split_ok("assert not check(1)");
+        assert!(compare(op, &PyValue::Bool(false), &expected) && !compare(op, &PyValue::Bool(true), &expected));
+        assert!(!compare(op, &PyValue::Int(PyInt::from_i128(0)), &expected), "only a bool passes `is False`");
+    }
+
+    #[test]
     fn split_refuses_what_it_cannot_trust() {
         let cases = [
-            ("assert f(x)", "bare truthiness assertion (no expected value to withhold)"),
-            ("assert not f(x)", "negated truthiness assertion (no expected value to withhold)"),
+            ("assert x", "bare truthiness of something other than a call chain"),
+            ("assert not x + f(1)", "negated truthiness of something other than a call chain"),
+            ("assert [f(x)]", "bare truthiness of something other than a call chain"),
+            ("assert f(x) + 1", "bare truthiness of something other than a call chain"),
+            ("assert not not f(x)", "negated truthiness of something other than a call chain"),
             ("assert isclose(f(1), 2.5)", "math.isclose is not a plain equality"),
             ("assert math.isclose(f(1), g(2))", "math.isclose without a number literal side"),
             ("assert math.isclose(f(1), 2.5, rel_tol=-0.1)", "math.isclose with a negative tolerance"),
@@ -3057,8 +3115,14 @@ mod tests {
                             parse_literal(&shown).unwrap_or_else(|e| panic!("task {id}: {shown:?}: {e}"));
                         assert!(has_nan(&expected) || py_eq(&reparsed, &expected), "task {id}: {shown}");
                         assert_eq!(reparsed.to_string(), shown, "task {id}: Display is not a fixed point");
-                        let again = match op {
-                            CompareOp::IsClose { rel_tol_bits, abs_tol_bits } => format!(
+                        let truth = expression.strip_prefix("not not (").and_then(|e| e.strip_suffix(')'));
+                        let again = match (op, truth) {
+                            // A truthiness check: the assert it stands for.
+                            (CompareOp::Is, Some(inner)) => match expected {
+                                PyValue::Bool(true) => format!("assert {inner}"),
+                                _ => format!("assert not {inner}"),
+                            },
+                            (CompareOp::IsClose { rel_tol_bits, abs_tol_bits }, _) => format!(
                                 "assert math.isclose({expression}, {shown}, rel_tol={}, abs_tol={})",
                                 PyValue::Float(f64::from_bits(rel_tol_bits)),
                                 PyValue::Float(f64::from_bits(abs_tol_bits))

@@ -325,8 +325,35 @@ fn a_forged_report_does_not_pass() {
         assert_eq!(out.verdict.as_deref(), Some("fail"), "{name}: the forged report passed: {}", out.text);
         assert_eq!(out.checks.outside, 2, "{name}: both asserts are decided outside the sandbox");
         // The same payload against asserts that cannot be split is counted as untrusted.
-        let out = attack(backend, FORGE_PAYLOAD, &["assert similar_elements((1, 2), (2, 3))"], 10.0);
+        let out = attack(backend, FORGE_PAYLOAD, &["assert 0 < len(similar_elements((1, 2), (2, 3))) < 3"], 10.0);
         assert_eq!(out.checks.untrusted, 1, "{name}: {out:?}");
+    }
+}
+
+/// Truthiness asserts (`assert f(x)`, `assert not f(x)`, MBPP's predicate checks) are decided
+/// outside the sandbox with their polarity withheld: the guest evaluates the same `not not (…)`
+/// for both, so neither the forged report nor a candidate that answers a constant passes a
+/// problem whose asserts mix them; the real answer does.
+#[test]
+fn a_forged_report_or_a_constant_answer_does_not_pass_truthiness_checks() {
+    let tests = [
+        "assert not is_perfect_square(10)",
+        "assert is_perfect_square(36)",
+        "assert not is_perfect_square(14)",
+        "assert is_perfect_square(14*14)",
+    ];
+    let always = "def is_perfect_square(n):\n    return True\n";
+    let never = "def is_perfect_square(n):\n    return False\n";
+    for (name, backend) in backends() {
+        for (what, code) in [("forged report", FORGE_PAYLOAD), ("always true", always), ("always false", never)] {
+            let out = attack(backend, code, &tests, 10.0);
+            assert_eq!(out.verdict.as_deref(), Some("fail"), "{name}, {what}: passed: {}", out.text);
+            assert_eq!((out.checks.outside, out.checks.untrusted), (4, 0), "{name}, {what}: {out:?}");
+        }
+        // The real answer passes, and a truthy value that is not a bool counts as true.
+        let solved = "def is_perfect_square(n):\n    r = int(n ** 0.5)\n    return [1] if r * r == n else []\n";
+        let out = attack(backend, solved, &tests, 10.0);
+        assert_eq!(out.verdict.as_deref(), Some("pass"), "{name}: {}", out.text);
     }
 }
 

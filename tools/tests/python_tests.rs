@@ -309,8 +309,8 @@ fn every_mbpp_reference_solution_passes_with_its_checks_decided_outside() {
     }
     eprintln!("{} references; checks decided outside the sandbox: {outside}, untrusted: {untrusted}", records.len());
     assert!(failed.is_empty(), "{} reference solutions failed:\n{}", failed.len(), failed.join("\n"));
-    // Measured: 1,299 of 1,324 asserts split (`math.isclose` among them, its formula applied
-    // outside the sandbox); the rest (bare and negated truthiness, chained comparisons, no
-    // literal side) are counted as untrusted (tools/SECURITY.md).
-    assert!(outside >= 1299 && untrusted <= 25, "outside {outside}, untrusted {untrusted}");
+    // Measured: 1,321 of 1,324 asserts split (`math.isclose` and the truthiness of calls
+    // among them, decided outside the sandbox); the other 3 (chained comparisons, no literal
+    // side) are counted as untrusted (tools/SECURITY.md).
+    assert!(outside >= 1321 && untrusted <= 3, "outside {outside}, untrusted {untrusted}");
 }

@@ -602,4 +602,16 @@ async fn a_routed_front_door_program_is_bound_once_and_learns_from_its_verdict()
     assert_eq!(s, 404, "a verdict lands once");
     let (s, _) = post_verdict(&http, &server, "never-routed", json!({"success": false})).await;
     assert_eq!(s, 404);
+    // A key names one program at a time: a new program under p2 before p2's verdict gives the
+    // ended one up; the verdict then waits for the new one to end, and lands on it.
+    let (s, _, _, _) = routed_call(&http, &server, Some("p2"), question, true).await;
+    assert_eq!(s, 200);
+    let (s, _, _, _) = routed_call(&http, &server, Some("p2"), question, false).await;
+    assert_eq!(s, 200);
+    let (s, v) = post_verdict(&http, &server, "p2", json!({"success": 0.5})).await;
+    assert_eq!(s, 409, "the new program under p2 is open: {v}");
+    let (s, _, _, _) = routed_call(&http, &server, Some("p2"), question, true).await;
+    assert_eq!(s, 200);
+    let (s, v) = post_verdict(&http, &server, "p2", json!({"success": 0.5})).await;
+    assert_eq!((s, v["success"].as_f64()), (200, Some(0.5)), "{v}");
 }

@@ -421,12 +421,14 @@ async fn a_cancelled_run_stays_cancelled_across_a_restart() {
     assert!(outcomes.values().all(|o| !matches!(o, SessionOutcome::Completed { .. })), "{outcomes:?}");
 }
 
-/// A routed call (`model: switchyard-router`) of program `key`: the model it ran on.
-async fn routed_model(http: &reqwest::Client, server: &Server, key: &str) -> String {
+/// A routed call (`model: switchyard-router`) of program `key`, its last when `done`: the model
+/// it ran on.
+async fn routed_model(http: &reqwest::Client, server: &Server, key: &str, done: bool) -> String {
     let resp = http
         .post(server.url("/v1/chat/completions"))
         .header("authorization", format!("Bearer {TOKEN}"))
         .header("X-Session-ID", key)
+        .header("X-Program-Done", if done { "true" } else { "false" })
         .json(&json!({"model": "switchyard-router", "messages": [{"role": "user", "content": "Tom has 5 apples and buys 3 more. How many apples does Tom have now?"}], "max_tokens": 8}))
         .send()
         .await
@@ -438,11 +440,12 @@ async fn routed_model(http: &reqwest::Client, server: &Server, key: &str) -> Str
     model
 }
 
-/// ORACLE's program table is durable: a routed front-door program keeps the model it was bound
-/// to across a crash. Before the kill, two programs with the same task go to different models
-/// (the learner's pending decision on the first narrows its width, so it explores); a fresh
-/// learner after the restart would send the second one's next call where the first went, but
-/// the journal's binding keeps it on its own model.
+/// ORACLE's program table is durable: a routed front-door program open at a crash keeps the
+/// model it was bound to. Before the kill, two programs with the same task go to different
+/// models (the learner's pending decision on the first narrows its width, so it explores); a
+/// fresh learner after the restart would send the second one's next call where the first went,
+/// but the journal's record keeps it on its own model. A program that ended leaves no record:
+/// a later program under its key is routed afresh.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_routed_programs_binding_survives_a_restart() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -452,17 +455,20 @@ async fn a_routed_programs_binding_survives_a_restart() {
     let http = reqwest::Client::new();
     let (first, second) = {
         let server = Server::start_with(&pool, &[&routed], &["--state".as_ref(), state.as_os_str()]);
-        let first = routed_model(&http, &server, "k1").await;
-        let second = routed_model(&http, &server, "k2").await;
+        let first = routed_model(&http, &server, "k1", false).await;
+        let second = routed_model(&http, &server, "k2", false).await;
         (first, second)
         // Dropped: SIGKILL.
     };
     assert_ne!(first, second, "the second program explores another model");
     let server = Server::start_with(&pool, &[&routed], &["--state".as_ref(), state.as_os_str()]);
-    assert_eq!(routed_model(&http, &server, "k2").await, second, "k2 keeps its model after the restart");
-    assert_eq!(routed_model(&http, &server, "k1").await, first);
+    assert_eq!(routed_model(&http, &server, "k2", false).await, second, "k2 keeps its model after the restart");
+    assert_eq!(routed_model(&http, &server, "k1", true).await, first);
+    // k1 ended: its record goes (the planner records the end as the program's session ends).
+    tokio::time::sleep(Duration::from_millis(500)).await;
     drop(server);
     let journal = Journal::open(&state).expect("journal");
-    let binding = journal.program_binding("k2").expect("read").expect("k2 is journaled");
-    assert_eq!((binding["model"].as_str(), binding["routed"].as_bool()), (Some(second.as_str()), Some(true)), "{binding}");
+    let open = journal.routed_program("k2").expect("read").expect("k2 is open in the journal");
+    assert_eq!(open["model"].as_str(), Some(second.as_str()), "{open}");
+    assert_eq!(journal.routed_program("k1").expect("read"), None, "k1 ended");
 }

@@ -402,6 +402,8 @@ pub enum PlannerMsg {
         sink: super::engine::TokenSink,
         reply: tokio::sync::oneshot::Sender<Result<super::engine::Completion, String>>,
     },
+    /// The journal routed front-door programs are recorded in while open (`serve --state`).
+    ProgramJournal(std::sync::Arc<super::journal::Journal>),
     /// The verdict of routed front-door program `program` (success 0–1); answers the reward.
     ProgramVerdict { program: String, success: f64, reply: ractor::RpcReplyPort<Result<f64, super::service::ServiceError>> },
     /// A front-door program has been idle for its timeout having received `calls` calls: it
@@ -409,11 +411,11 @@ pub enum PlannerMsg {
     ProgramIdle { session: SessionId, calls: u64 },
 }
 
-/// How a routed front-door call is bound: `kept`, the model a journal recorded for its program
-/// before a restart (bound again to it, not chosen anew); `bound` gets the binding in force
-/// before the call is scheduled.
+/// How a routed front-door call is bound: `bound` gets the binding in force before the call is
+/// scheduled; `next_routed`: the call's next-model hint names the router's model (the program's
+/// next call is near-ready on its bound model).
 pub struct ProgramRoute {
-    pub kept: Option<crate::planner::DeploymentId>,
+    pub next_routed: bool,
     pub bound: tokio::sync::oneshot::Sender<Result<super::service::ProgramBinding, String>>,
 }
 

@@ -23,8 +23,10 @@
 //!   intended once more after a crash (attempt 2) and a third intent is refused
 //!   ([`JournalError::AttemptsExhausted`]) — the caller fails that activation instead;
 //! - **front-door program bindings** ([`Journal::bind_program`]): the first binding of a program
-//!   id wins; later calls get the one in force; a routed program's (`"routed": true`) is read
-//!   back after a restart so that the program keeps its model;
+//!   id wins; later calls get the one in force;
+//! - **routed front-door programs open now** ([`Journal::open_routed_program`],
+//!   [`Journal::end_routed_program`]): a program the router bound, until it ends; read back after
+//!   a restart ([`Journal::routed_program`]) so that a program open at the crash keeps its model;
 //! - **workflows registered over the API** ([`Journal::record_workflow`]): name → YAML text, so
 //!   a restart registers them again whether or not a run used them; another text under a
 //!   recorded name is refused;
@@ -153,6 +155,12 @@ const OPEN: TableDefinition<u64, ()> = TableDefinition::new("open_sessions");
 const ACTIVATIONS: TableDefinition<(u64, &str), &str> = TableDefinition::new("activations");
 /// program id → its binding (JSON).
 const BINDINGS: TableDefinition<&str, &str> = TableDefinition::new("program_bindings");
+/// Routed front-door programs open now: program key → its binding (JSON: model, verifier).
+/// Written when the router binds a program, removed when the program ends, so what a restart
+/// finds here were open at the crash (they keep their model); a later program under the same
+/// key is routed afresh. (A table added after schema version 1: `check_or_init` creates it in
+/// an older file, and an older build ignores it.)
+const ROUTED: TableDefinition<&str, &str> = TableDefinition::new("routed_programs");
 /// workflow name → the YAML text it was registered with over the API (a table added after
 /// schema 1 was fixed: opening an older journal creates it empty, nothing else changes).
 const WORKFLOWS: TableDefinition<&str, &str> = TableDefinition::new("workflows");
@@ -717,6 +725,7 @@ impl Journal {
         txn.open_table(OPEN)?;
         txn.open_table(ACTIVATIONS)?;
         txn.open_table(BINDINGS)?;
+        txn.open_table(ROUTED)?;
         txn.open_table(WORKFLOWS)?;
         txn.open_table(CANCELLED)?;
         txn.commit()?;
@@ -1161,6 +1170,36 @@ impl Journal {
         let bindings = txn.open_table(BINDINGS)?;
         let Some(text) = bindings.get(program_id)? else { return Ok(None) };
         Ok(Some(decode(|| format!("binding of program {program_id:?}"), text.value())?))
+    }
+
+    /// Routed front-door program `key` is open, bound to `binding` (replacing what an earlier
+    /// program under that key left, if anything).
+    pub fn open_routed_program(&self, key: &str, binding: &Value) -> Result<(), JournalError> {
+        check_key("program id", key)?;
+        let text = encode(|| format!("routing of program {key:?}"), binding)?;
+        let key = key.to_string();
+        self.write(move |txn| {
+            txn.open_table(ROUTED)?.insert(key.as_str(), text.as_str())?;
+            Ok(())
+        })
+    }
+
+    /// Routed front-door program `key` ended: a later program under the key is routed afresh.
+    pub fn end_routed_program(&self, key: &str) -> Result<(), JournalError> {
+        check_key("program id", key)?;
+        let key = key.to_string();
+        self.write(move |txn| {
+            txn.open_table(ROUTED)?.remove(key.as_str())?;
+            Ok(())
+        })
+    }
+
+    /// The binding of routed front-door program `key` if it is open (was, at a crash).
+    pub fn routed_program(&self, key: &str) -> Result<Option<Value>, JournalError> {
+        let txn = self.read()?;
+        let routed = txn.open_table(ROUTED)?;
+        let Some(text) = routed.get(key)? else { return Ok(None) };
+        Ok(Some(decode(|| format!("routing of program {key:?}"), text.value())?))
     }
 
     // ----- recovery -----

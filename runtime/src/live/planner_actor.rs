@@ -60,9 +60,9 @@ pub const MAX_FRONT_DOOR_STEPS: usize = 4096;
 /// given up (its learner decision dropped).
 pub const MAX_UNVERIFIED_PROGRAMS: usize = 10_000;
 
-/// Longest task text a routed front-door program is classified and embedded by (the router
-/// reads a bounded prefix of the first call; paper 002 embeds the task's first request).
-const MAX_TASK_BYTES: usize = 16 * 1024;
+/// Longest task text a routed front-door program is classified and embedded by: what the
+/// router's embedding reads of a request (paper 002 embeds the task's first request).
+const MAX_TASK_BYTES: usize = crate::planner::routing::embed::PREFIX_BYTES;
 
 /// The text a routed front-door program's first call is classified by: its user messages (or
 /// its raw prompt), at most [`MAX_TASK_BYTES`] of it, cut at a character boundary.
@@ -191,9 +191,11 @@ pub struct PlannerActorState {
     programs: BTreeMap<String, SessionId>,
     /// Calls sent to each live front-door program so far (its idle end's check).
     program_calls: BTreeMap<SessionId, u64>,
-    /// Routed front-door programs (ORACLE's program table): the deployment each is bound to,
-    /// while it takes calls.
-    program_routes: BTreeMap<SessionId, DeploymentId>,
+    /// Routed front-door programs (ORACLE's program table): the deployment each is bound to and
+    /// its key, while it takes calls.
+    program_routes: BTreeMap<SessionId, (DeploymentId, String)>,
+    /// Where routed front-door programs are recorded while open (`serve --state`).
+    program_journal: Option<Arc<super::journal::Journal>>,
     /// Routed front-door programs by key whose verdict has not landed yet, open or ended (a
     /// key reused by a later program names the later one), and their order, oldest first: past
     /// [`MAX_UNVERIFIED_PROGRAMS`] the oldest ended one is abandoned (its learner decision
@@ -311,6 +313,7 @@ impl Actor for PlannerActor {
             programs: BTreeMap::new(),
             program_calls: BTreeMap::new(),
             program_routes: BTreeMap::new(),
+            program_journal: None,
             unverified: BTreeMap::new(),
             unverified_order: std::collections::VecDeque::new(),
             front_door_steps: BTreeMap::new(),
@@ -669,7 +672,7 @@ impl PlannerActorState {
             }
             PlannerMsg::ProgramCall { program, deployment, next, request, sink, reply } => {
                 match self.program_session(myself, program.as_ref()).await {
-                    Ok(id) => self.send_program_call(id, program.as_ref(), deployment, next, request, sink, reply),
+                    Ok((id, _)) => self.send_program_call(id, program.as_ref(), deployment, next, request, sink, reply),
                     Err(why) => {
                         let _ = reply.send(Err(why));
                     }
@@ -678,6 +681,7 @@ impl PlannerActorState {
             PlannerMsg::RoutedProgramCall { program, route, next, request, sink, reply } => {
                 self.routed_program_call(myself, program, route, next, request, sink, reply).await;
             }
+            PlannerMsg::ProgramJournal(journal) => self.program_journal = Some(journal),
             PlannerMsg::ProgramVerdict { program, success, reply } => {
                 let r = self.program_verdict(myself, &program, success).await;
                 let _ = reply.send(r);
@@ -802,8 +806,9 @@ impl PlannerActorState {
     }
 
     /// The front door: the session of `program` (a session of the front-door workflow), started
-    /// at its first call; `Err` with why when no program can start.
-    async fn program_session(&mut self, myself: &ActorRef<PlannerMsg>, program: Option<&String>) -> Result<SessionId, String> {
+    /// at its first call, and whether this call started it; `Err` with why when no program can
+    /// start.
+    async fn program_session(&mut self, myself: &ActorRef<PlannerMsg>, program: Option<&String>) -> Result<(SessionId, bool), String> {
         let Some((workflow, idle_timeout)) = self.front_door else {
             return Err("this runtime has no front door".into());
         };
@@ -812,7 +817,7 @@ impl PlannerActorState {
         }
         let existing = program.and_then(|p| self.programs.get(p).copied());
         if let Some(id) = existing.filter(|id| self.sessions.contains_key(id)) {
-            return Ok(id);
+            return Ok((id, false));
         }
         let wall = self.wall();
         let i = self.trace.push(TraceEntry { at: wall, workflow, record: 0 });
@@ -829,7 +834,7 @@ impl PlannerActorState {
                 if let Some(p) = program {
                     self.programs.insert(p.clone(), id);
                 }
-                Ok(id)
+                Ok((id, true))
             }
             Err(e) => {
                 self.start_failure(workflow, wall, format!("{id}: program actor: {e}"));
@@ -881,10 +886,12 @@ impl PlannerActorState {
 
     /// The front door, routed (paper 002): a call of `program` that names the router's model.
     /// At the program's first such call the core's router binds it — its verifier from the
-    /// call's text, its model by the learner and DISC's divert rule, or the model it `kept` from
-    /// before a restart — and the member's ledger admits it (until then its calls wait, gated);
-    /// the binding goes back on `route.bound` before the call is handed on, and this call and
-    /// every later routed call of the program run on the bound model.
+    /// call's text, its model by the learner and DISC's divert rule, or, with a program journal
+    /// that recorded the program as open (it was, at a crash), that model again — and the
+    /// member's ledger admits it (until then its calls wait, gated); with a journal the binding
+    /// is recorded before anything else happens. The binding goes back on `route.bound` before
+    /// the call is handed on; this call and every later routed call of the program run on the
+    /// bound model.
     #[allow(clippy::too_many_arguments)]
     async fn routed_program_call(
         &mut self,
@@ -907,90 +914,132 @@ impl PlannerActorState {
             Some(r) => r.members().to_vec(),
             None => return fail(route, reply, "this runtime has no router".into()),
         };
-        let id = match self.program_session(myself, Some(&key)).await {
-            Ok(id) => id,
+        let (id, created) = match self.program_session(myself, Some(&key)).await {
+            Ok(started) => started,
             Err(why) => return fail(route, reply, why),
         };
-        let model_name = |ctx: &RunContext, d: DeploymentId| ctx.deployments.get(d.0 as usize).map(|i| i.model.clone()).unwrap_or_default();
         let binding = match self.program_routes.get(&id) {
-            Some(&d) => {
+            Some((d, _)) => {
                 let row = self.routes.get(id);
                 super::service::ProgramBinding {
-                    model: model_name(&self.ctx, d),
+                    model: self.model_name(*d),
                     verifier: row.map(|r| r.verifier.clone()).unwrap_or_default(),
                     diverted: row.is_some_and(|r| r.diverted),
                     kept: false,
                 }
             }
-            None => {
-                let (prompt, _) = request.rendered_prompt();
-                let task = program_task(&request);
-                let tokens = crate::tokens::count(&prompt) as u64;
-                let now = self.ctx.clock.now();
-                let kept = route.kept.filter(|d| members.contains(d));
-                let bound = match kept {
-                    Some(d) => self.planner.bind_program_to(id, d, &task, tokens, now),
-                    None => self.planner.bind_program(id, &members, &task, tokens, now),
-                };
-                let record = match bound {
-                    Ok(r) => r,
-                    Err(e) => {
-                        let why = format!("the router cannot bind the program: {e}");
-                        if let Some(actor) = self.sessions.get(&id) {
-                            let _ = actor.send_message(SessionMsg::Fail(why.clone()));
-                        }
-                        return fail(route, reply, why);
+            None => match self.bind_routed_program(myself, &key, id, &members, &request) {
+                Ok(b) => b,
+                Err(why) => {
+                    // A program this call started ends with the reason; one that already ran
+                    // calls on a named model goes on (only this call is refused).
+                    if created && let Some(actor) = self.sessions.get(&id) {
+                        let _ = actor.send_message(SessionMsg::Fail(why.clone()));
                     }
-                };
-                let model = model_name(&self.ctx, record.deployment);
-                let front_door = self.front_door.map_or(0, |(w, _)| w);
-                let row = exec::routing::RouteRow {
-                    workflow: front_door,
-                    model: model.clone(),
-                    diverted: record.deployment != record.chosen,
-                    gated: self.planner.state().is_gated(id),
-                    // The client's grader decides the verdict; the row names the verifier the
-                    // classifier selected for it.
-                    feedback: record.verifier.clone(),
-                    cost: 0.0,
-                    verifier: record.verifier.clone(),
-                    verifier_score: None,
-                };
-                let detail = Some(format!(
-                    "program {key} routed to {model} (verifier {}{})",
-                    record.verifier,
-                    if kept.is_some() { ", kept from the journal" } else if row.diverted { ", diverted" } else { "" }
-                ));
-                self.log("route", TraceLine { session: Some(id.0), detail, ..blank() });
-                self.routes.open(id, row);
-                self.program_routes.insert(id, record.deployment);
-                self.note_unverified(myself, key.clone(), id);
-                super::service::ProgramBinding { model, verifier: record.verifier, diverted: record.deployment != record.chosen, kept: kept.is_some() }
-            }
+                    return fail(route, reply, why);
+                }
+            },
         };
-        let Some(&deployment) = self.program_routes.get(&id) else { return };
+        let Some(&(deployment, _)) = self.program_routes.get(&id) else { return };
+        let next = if route.next_routed { Some(deployment) } else { next };
         let _ = route.bound.send(Ok(binding));
         self.send_program_call(id, Some(&key), deployment, next, request, sink, reply);
     }
 
+    fn model_name(&self, d: DeploymentId) -> String {
+        self.ctx.deployments.get(d.0 as usize).map(|i| i.model.clone()).unwrap_or_default()
+    }
+
+    /// Bind routed front-door program `key` (session `id`) at its first routed call: see
+    /// [`Self::routed_program_call`]. An earlier program under the key still awaiting its
+    /// verdict is given up (a key names one program at a time).
+    fn bind_routed_program(
+        &mut self,
+        myself: &ActorRef<PlannerMsg>,
+        key: &str,
+        id: SessionId,
+        members: &[DeploymentId],
+        request: &ProgramRequest,
+    ) -> Result<super::service::ProgramBinding, String> {
+        let journal = self.program_journal.clone();
+        let recorded = match &journal {
+            Some(j) => super::actors::off_the_reactor(|| j.routed_program(key)).map_err(|e| format!("the journal: {e}"))?,
+            None => None,
+        };
+        let kept = recorded
+            .as_ref()
+            .and_then(|b| b.get("model").and_then(|m| m.as_str()))
+            .and_then(|m| members.iter().copied().find(|d| self.model_name(*d) == m));
+        let (prompt, _) = request.rendered_prompt();
+        let task = program_task(request);
+        let tokens = crate::tokens::count(&prompt) as u64;
+        let now = self.ctx.clock.now();
+        let record = match kept {
+            Some(d) => self.planner.bind_program_to(id, d, &task, tokens, now),
+            None => self.planner.bind_program(id, members, &task, tokens, now),
+        }
+        .map_err(|e| format!("the router cannot bind the program: {e}"))?;
+        let model = self.model_name(record.deployment);
+        if let Some(j) = &journal {
+            let entry = serde_json::json!({"model": model, "verifier": record.verifier});
+            if let Err(e) = super::actors::off_the_reactor(|| j.open_routed_program(key, &entry)) {
+                if let Err(e) = self.planner.program_abandoned(id, now) {
+                    self.note(format!("router: session {id}: {e}"));
+                }
+                return Err(format!("the journal: {e}"));
+            }
+        }
+        if let Some(old) = self.unverified.get(key).copied().filter(|old| *old != id) {
+            self.give_up_unverified(key, old, "a later program took its key before its verdict came");
+        }
+        let front_door = self.front_door.map_or(0, |(w, _)| w);
+        let diverted = record.deployment != record.chosen;
+        let row = exec::routing::RouteRow {
+            workflow: front_door,
+            model: model.clone(),
+            diverted,
+            gated: self.planner.state().is_gated(id),
+            // The client's grader decides the verdict; the row names the verifier the
+            // classifier selected for it.
+            feedback: record.verifier.clone(),
+            cost: 0.0,
+            verifier: record.verifier.clone(),
+            verifier_score: None,
+        };
+        let how = if kept.is_some() { ", kept from the journal" } else if diverted { ", diverted" } else { "" };
+        let detail = Some(format!("program {key} routed to {model} (verifier {}{how})", record.verifier));
+        self.log("route", TraceLine { session: Some(id.0), detail, ..blank() });
+        self.routes.open(id, row);
+        self.program_routes.insert(id, (record.deployment, key.to_string()));
+        self.note_unverified(myself, key.to_string(), id);
+        Ok(super::service::ProgramBinding { model, verifier: record.verifier, diverted, kept: kept.is_some() })
+    }
+
     /// Routed front-door program `id` (key `key`) awaits its verdict; past
-    /// [`MAX_UNVERIFIED_PROGRAMS`] the oldest ended one is given up (abandoned: its learner
-    /// decision dropped; it taught its ledger when it ended).
+    /// [`MAX_UNVERIFIED_PROGRAMS`] the oldest ended one is given up.
     fn note_unverified(&mut self, _myself: &ActorRef<PlannerMsg>, key: String, id: SessionId) {
         self.unverified.insert(key.clone(), id);
         self.unverified_order.push_back((key, id));
         while self.unverified_order.len() > MAX_UNVERIFIED_PROGRAMS {
             let Some(pos) = self.unverified_order.iter().position(|(_, s)| !self.sessions.contains_key(s)) else { break };
             let Some((k, s)) = self.unverified_order.remove(pos) else { break };
-            if self.unverified.get(&k) == Some(&s) {
-                self.unverified.remove(&k);
+            self.give_up_unverified(&k, s, "more than the routed programs kept awaiting a verdict");
+        }
+    }
+
+    /// Routed front-door program `id` (key `key`) will get no verdict: its learner decision is
+    /// dropped (it taught its ledger when it ended, or releases its reservation now).
+    fn give_up_unverified(&mut self, key: &str, id: SessionId, why: &str) {
+        if self.unverified.get(key) == Some(&id) {
+            self.unverified.remove(key);
+        }
+        self.unverified_order.retain(|(_, s)| *s != id);
+        if self.routes.contains(id) {
+            self.routes.close(id, None, None);
+            if let Err(e) = self.planner.program_abandoned(id, self.ctx.clock.now()) {
+                self.note(format!("router: session {id}: {e}"));
             }
-            if self.routes.contains(s) {
-                self.routes.close(s, None, None);
-                if let Err(e) = self.planner.program_abandoned(s, self.ctx.clock.now()) {
-                    self.note(format!("router: session {s}: {e}"));
-                }
-            }
+            self.log("verdict_given_up", TraceLine { session: Some(id.0), detail: Some(format!("program {key}: {why}")), ..blank() });
         }
     }
 
@@ -1003,7 +1052,7 @@ impl PlannerActorState {
         }
         let Some(&id) = self.unverified.get(key) else {
             return Err(ServiceError::NotFound(format!(
-                "no routed program `{key}` awaits a verdict (never routed here, its verdict landed already, or it was given up)"
+                "no routed program `{key}` awaits a verdict (never routed here, its verdict landed already, it failed, or it was given up)"
             )));
         };
         if self.sessions.contains_key(&id) {
@@ -1011,15 +1060,15 @@ impl PlannerActorState {
                 "program `{key}` is still open: its verdict is taken once its last call has returned (`X-Program-Done: true`, or its idle end)"
             )));
         }
-        self.unverified.remove(key);
-        self.unverified_order.retain(|(_, s)| *s != id);
         self.flush(myself).await;
         let cost = self.routes.get(id).map_or(0.0, |r| r.cost);
-        self.routes.close(id, Some(success), None);
         let reward = self
             .planner
             .program_verdict(id, success, cost, self.ctx.clock.now())
-            .map_err(|e| ServiceError::NotFound(format!("program `{key}`: {e}")))?;
+            .map_err(|e| ServiceError::Unavailable(format!("the router refused the verdict of program `{key}`: {e}")))?;
+        self.unverified.remove(key);
+        self.unverified_order.retain(|(_, s)| *s != id);
+        self.routes.close(id, Some(success), None);
         self.log("verdict", TraceLine { session: Some(id.0), detail: Some(format!("program {key}: success {success}, reward {reward:.4}")), ..blank() });
         self.planning_pass(myself).await;
         Ok(reward)
@@ -1622,7 +1671,14 @@ impl PlannerActorState {
         let routed = self.routes.get(id).map(|row| row.workflow);
         // A routed front-door program's verdict comes from its client (`POST
         // /v1/programs/{key}/verdict`), not from a workflow's verifier.
-        let front_door_program = self.program_routes.remove(&id).is_some();
+        let front_door_program = self.program_routes.remove(&id);
+        if let (Some((_, key)), Some(j)) = (&front_door_program, self.program_journal.clone())
+            && let Err(e) = super::actors::off_the_reactor(|| j.end_routed_program(key))
+        {
+            // A restart would bind a new program under the key to this one's model.
+            tracing::warn!(%id, error = %e, "the journal did not record a routed program's end");
+        }
+        let front_door_program = front_door_program.is_some();
         if let (Some(w), Some(_)) = (routed, &self.ended.get(&id).and_then(|r| r.record.failed.clone())) {
             if front_door_program {
                 self.unverified.retain(|_, s| *s != id);

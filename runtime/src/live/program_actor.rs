@@ -313,10 +313,14 @@ impl ProgramState {
         });
         let output_tokens = completion.output_tokens;
         self.answered = (self.answered.0 + u64::from(output_tokens), self.answered.1.saturating_add(1));
-        let _ = w.reply.send(Ok(completion));
         if w.done_after {
+            // The end reaches the planner before the client has its answer, so whatever the
+            // client does next (a verdict for the program, a new program under its key) finds
+            // the program ended.
             self.end(myself, None);
+            let _ = w.reply.send(Ok(completion));
         } else {
+            let _ = w.reply.send(Ok(completion));
             if self.waiting.is_empty() {
                 self.open_gap(w.item.node);
                 if let (Some(next), Some((gap, _, _))) = (w.next, self.gap) {

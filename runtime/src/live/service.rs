@@ -250,20 +250,25 @@ impl Service {
         Ok(rx)
     }
 
-    /// The front door, routed: one call of external program `program` (`None`: a program of
-    /// this one call) that names [`ROUTER_MODEL`]. At the program's first such call the planner
-    /// core's router binds it (its verifier from the call's text, its model by the learner, DISC's
-    /// divert and the model's ledger) — or, with `kept` (the model a journal recorded for the
-    /// program before a restart), binds it to that model again; the call and every later routed
-    /// call of the program run on the bound model. The first receiver gets the binding before
-    /// the call is scheduled, the second the answer.
+    /// Record routed front-door programs in `journal` while they are open (`serve --state`): a
+    /// program open at a crash is bound to the same model again after the restart.
+    pub fn set_program_journal(&self, journal: Arc<super::journal::Journal>) -> Result<(), ServiceError> {
+        self.planner.send_message(PlannerMsg::ProgramJournal(journal)).map_err(|e| ServiceError::Unavailable(e.to_string()))
+    }
+
+    /// The front door, routed: one call of external program `program` that names
+    /// [`ROUTER_MODEL`]. At the program's first such call the planner core's router binds it
+    /// (its verifier from the call's text, its model by the learner, DISC's divert and the
+    /// model's ledger; with a program journal, a program the journal recorded as open — it was
+    /// at a crash — is bound to its recorded model again); the call and every later routed call
+    /// of the program run on the bound model. The first receiver gets the binding (recorded in
+    /// the journal first, if there is one) before the call is scheduled, the second the answer.
     #[allow(clippy::type_complexity)]
     pub fn call_routed(
         &self,
         program: Option<String>,
         request: ProgramRequest,
         sink: TokenSink,
-        kept: Option<String>,
     ) -> Result<(oneshot::Receiver<Result<ProgramBinding, String>>, oneshot::Receiver<Result<Completion, String>>), ServiceError>
     {
         if self.routed.is_none() {
@@ -272,10 +277,10 @@ impl Service {
             )));
         }
         let next = request.next_model.as_deref().and_then(|m| self.deployment_of_model(m));
-        let kept = kept.and_then(|m| self.deployment_of_model(&m));
+        let next_routed = request.next_model.as_deref().is_some_and(|m| self.is_router_model(m));
         let (reply, rx) = oneshot::channel();
         let (bound, bound_rx) = oneshot::channel();
-        let route = super::actors::ProgramRoute { kept, bound };
+        let route = super::actors::ProgramRoute { next_routed, bound };
         self.planner
             .send_message(PlannerMsg::RoutedProgramCall { program, route, next, request, sink, reply })
             .map_err(|e| ServiceError::Unavailable(e.to_string()))?;

@@ -287,8 +287,9 @@ async fn handle(api: Arc<Api>, flavor: Flavor, headers: HeaderMap, body: Value) 
 }
 
 /// A routed call (`model: switchyard-router`): the program is bound (or was) to one of the
-/// router's models; the binding is journaled (with `--state`) before the call is answered, so
-/// that after a restart the program keeps its model; the answer names the bound model, and the
+/// router's models (with `--state` the planner records an open routed program in the journal
+/// before the binding comes back, so that after a restart it keeps its model); the answer
+/// names the bound model, and the
 /// `x-switchyard-model` / `x-switchyard-verifier` headers say the binding (the verifier the
 /// program's task type selects: the grader the client runs before it posts the verdict).
 async fn routed_call(api: Arc<Api>, flavor: Flavor, program: Option<String>, parsed: Parsed) -> Result<Response, ApiError> {
@@ -298,32 +299,13 @@ async fn routed_call(api: Arc<Api>, flavor: Flavor, program: Option<String>, par
             "program_id",
         ));
     };
-    // A binding journaled before (a restart since): the program keeps its model.
-    let kept = match &api.journal {
-        Some(journal) => {
-            let j = Arc::clone(journal);
-            let k = key.clone();
-            let found = off_the_reactor(move || j.program_binding(&k))
-                .map_err(|e| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "journal_error", e.to_string()))?;
-            found.filter(|b| b.get("routed").and_then(Value::as_bool) == Some(true)).and_then(|b| b.get("model").and_then(Value::as_str).map(str::to_string))
-        }
-        None => None,
-    };
     let (tx, rx) = mpsc::unbounded_channel::<String>();
     let requested = parsed.request.max_tokens;
-    let (bound, done) = api.service.call_routed(Some(key.clone()), parsed.request, TokenSink::new(tx), kept)?;
+    let (bound, done) = api.service.call_routed(Some(key), parsed.request, TokenSink::new(tx))?;
     let binding = bound
         .await
         .map_err(|_| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable_error", "the runtime dropped the call"))?
         .map_err(|m| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "routing_error", public_reason(&m)))?;
-    if let Some(journal) = &api.journal {
-        let record = json!({"model": binding.model, "verifier": binding.verifier, "routed": true});
-        let j = Arc::clone(journal);
-        if let Err(e) = off_the_reactor(move || j.bind_program(&key, &record)) {
-            // The call is already scheduled; dropping `rx` and `done` abandons it upstream.
-            return Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "journal_error", e.to_string()));
-        }
-    }
     let context = api.service.served_model(&binding.model).map_or(0, |(_, c)| c);
     let answer = Answer { flavor, model: binding.model.clone(), requested, context, stream: parsed.stream, include_usage: parsed.include_usage };
     let mut resp = answer.respond(rx, done).await?;

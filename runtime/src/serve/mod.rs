@@ -228,6 +228,7 @@ pub async fn durable_router(
     startup: Vec<(u32, Arc<crate::workflow::WorkflowSpec>, String)>,
     journal: Arc<Journal>,
 ) -> Result<(Router, Restored), String> {
+    service.set_program_journal(Arc::clone(&journal)).map_err(|e| e.to_string())?;
     let api = api_state(service, config, startup, Some(Arc::clone(&journal)));
     let restored = restore(&api, &journal).await?;
     Ok((routes(api), restored))

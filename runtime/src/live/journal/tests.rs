@@ -301,6 +301,25 @@ fn the_first_program_binding_wins() {
 }
 
 #[test]
+fn a_routed_program_is_recorded_while_it_is_open() {
+    let (dir, j) = fresh();
+    assert_eq!(j.routed_program("p").expect("read"), None);
+    j.open_routed_program("p", &json!({"model": "Qwen3-8B"})).expect("open");
+    // A later program under the key replaces it.
+    j.open_routed_program("p", &json!({"model": "Qwen3-1.7B"})).expect("open again");
+    assert_eq!(j.routed_program("p").expect("read"), Some(json!({"model": "Qwen3-1.7B"})));
+    j.open_routed_program("q", &json!({"model": "Qwen3-0.6B"})).expect("open");
+    j.end_routed_program("q").expect("end");
+    j.end_routed_program("never-opened").expect("ending nothing is a no-op");
+    drop(j);
+    // What a restart finds: the programs open at the crash.
+    let j = Journal::open(&dir.path().join("state")).expect("reopen");
+    assert_eq!(j.routed_program("p").expect("read"), Some(json!({"model": "Qwen3-1.7B"})));
+    assert_eq!(j.routed_program("q").expect("read"), None);
+    assert!(matches!(j.open_routed_program("", &json!({})), Err(JournalError::InvalidKey { .. })));
+}
+
+#[test]
 fn recovery_lists_unfinished_sessions_with_results_in_completion_order() {
     let (dir, j) = fresh();
     j.record_run(&run("r1")).expect("run");

@@ -614,4 +614,12 @@ async fn a_routed_front_door_program_is_bound_once_and_learns_from_its_verdict()
     assert_eq!(s, 200);
     let (s, v) = post_verdict(&http, &server, "p2", json!({"success": 0.5})).await;
     assert_eq!((s, v["success"].as_f64()), (200, Some(0.5)), "{v}");
+    // The metrics: three programs bound, two verdicts landed, the first p2 given up.
+    let text = http.get(server.url("/metrics")).send().await.expect("metrics").text().await.expect("text");
+    let count = |prefix: &str| -> f64 {
+        text.lines().filter(|l| l.starts_with(prefix)).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum()
+    };
+    assert_eq!(count("switchyard_routed_programs_total{"), 3.0, "{text}");
+    assert_eq!(count("switchyard_program_verdicts_total{kind=\"landed\"}"), 2.0, "{text}");
+    assert_eq!(count("switchyard_program_verdicts_total{kind=\"given_up\"}"), 1.0, "{text}");
 }

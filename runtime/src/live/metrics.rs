@@ -2,8 +2,9 @@
 //! exposition format, Prometheus naming conventions, prefix `switchyard_`): sessions by state,
 //! the planner's queue of ready units, replicas by lifecycle state, the planning latency of one
 //! tick (the core's `handle_all`, measured by the shell around it), lifecycle actions by kind,
-//! the tokens engines computed for attempts that gave no used answer, and the front door's
-//! requests by endpoint and status.
+//! the tokens engines computed for attempts that gave no used answer, the front door's
+//! requests by endpoint and status, and ORACLE's routed front-door programs (bound per model,
+//! verdicts landed, programs given up without one).
 //!
 //! Written by the planner actor (gauges set at each tick, counters as actions are issued) and
 //! by the HTTP layer (front-door requests); read by the scrape. Depends on prometheus-client
@@ -37,6 +38,11 @@ pub struct KindLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ModelLabel {
+    pub model: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RequestLabel {
     pub endpoint: String,
     pub status: String,
@@ -59,6 +65,11 @@ pub struct RuntimeMetrics {
     /// `switchyard_wasted_tokens_total{kind="prompt|output"}`: what failed, retried or aborted
     /// attempts had cost the engines (`report::WastedWork`).
     pub wasted_tokens: Family<KindLabel, Counter>,
+    /// `switchyard_routed_programs_total{model}`: front-door programs the router bound, by model.
+    pub routed_programs: Family<ModelLabel, Counter>,
+    /// `switchyard_program_verdicts_total{kind="landed|given_up"}`: verdicts of routed
+    /// front-door programs that reached the learner, and programs given up without one.
+    pub program_verdicts: Family<KindLabel, Counter>,
     registry: Mutex<Registry>,
 }
 
@@ -77,6 +88,8 @@ impl RuntimeMetrics {
         let lifecycle_actions = Family::<ActionLabel, Counter>::default();
         let front_door_requests = Family::<RequestLabel, Counter>::default();
         let wasted_tokens = Family::<KindLabel, Counter>::default();
+        let routed_programs = Family::<ModelLabel, Counter>::default();
+        let program_verdicts = Family::<KindLabel, Counter>::default();
         let mut r = Registry::with_prefix("switchyard");
         r.register("sessions", "Sessions (and front-door programs) by state", sessions.clone());
         r.register("queue_depth", "Ready units waiting for a replica", queue_depth.clone());
@@ -94,6 +107,12 @@ impl RuntimeMetrics {
             "Tokens engines computed for call attempts that failed, were retried or were aborted",
             wasted_tokens.clone(),
         );
+        r.register("routed_programs", "Front-door programs the router bound, by model", routed_programs.clone());
+        r.register(
+            "program_verdicts",
+            "Verdicts of routed front-door programs: landed (the learner learned) or given up",
+            program_verdicts.clone(),
+        );
         RuntimeMetrics {
             sessions,
             queue_depth,
@@ -102,6 +121,8 @@ impl RuntimeMetrics {
             lifecycle_actions,
             front_door_requests,
             wasted_tokens,
+            routed_programs,
+            program_verdicts,
             registry: Mutex::new(r),
         }
     }
@@ -123,6 +144,16 @@ impl RuntimeMetrics {
                 self.wasted_tokens.get_or_create(&KindLabel { kind: kind.to_string() }).inc_by(n);
             }
         }
+    }
+
+    /// Count a routed front-door program bound to `model`.
+    pub fn routed(&self, model: &str) {
+        self.routed_programs.get_or_create(&ModelLabel { model: model.to_string() }).inc();
+    }
+
+    /// Count a routed program's verdict: `landed` or `given_up`.
+    pub fn verdict(&self, outcome: &str) {
+        self.program_verdicts.get_or_create(&KindLabel { kind: outcome.to_string() }).inc();
     }
 
     /// Count a front-door request.
@@ -155,6 +186,8 @@ mod tests {
         m.planning_latency.observe(2e-4);
         m.action("load");
         m.front_door("/v1/chat/completions", 200);
+        m.routed("Qwen3-8B");
+        m.verdict("landed");
         let text = m.encode();
         for line in [
             "switchyard_sessions{state=\"running\"} 3",
@@ -164,6 +197,8 @@ mod tests {
             "switchyard_lifecycle_actions_total{action=\"load\"} 1",
             "switchyard_front_door_requests_total{endpoint=\"/v1/chat/completions\",status=\"200\"} 1",
             "# TYPE switchyard_planning_latency_seconds histogram",
+            "switchyard_routed_programs_total{model=\"Qwen3-8B\"} 1",
+            "switchyard_program_verdicts_total{kind=\"landed\"} 1",
         ] {
             assert!(text.contains(line), "missing `{line}` in:\n{text}");
         }

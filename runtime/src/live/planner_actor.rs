@@ -1010,6 +1010,9 @@ impl PlannerActorState {
         let detail = Some(format!("program {key} routed to {model} (verifier {}{how})", record.verifier));
         self.log("route", TraceLine { session: Some(id.0), detail, ..blank() });
         self.routes.open(id, row);
+        if let Some(m) = &self.metrics {
+            m.routed(&model);
+        }
         self.program_routes.insert(id, (record.deployment, key.to_string()));
         self.note_unverified(myself, key.to_string(), id);
         Ok(super::service::ProgramBinding { model, verifier: record.verifier, diverted, kept: kept.is_some() })
@@ -1038,6 +1041,9 @@ impl PlannerActorState {
             self.routes.close(id, None, None);
             if let Err(e) = self.planner.program_abandoned(id, self.ctx.clock.now()) {
                 self.note(format!("router: session {id}: {e}"));
+            }
+            if let Some(m) = &self.metrics {
+                m.verdict("given_up");
             }
             self.log("verdict_given_up", TraceLine { session: Some(id.0), detail: Some(format!("program {key}: {why}")), ..blank() });
         }
@@ -1069,6 +1075,9 @@ impl PlannerActorState {
         self.unverified.remove(key);
         self.unverified_order.retain(|(_, s)| *s != id);
         self.routes.close(id, Some(success), None);
+        if let Some(m) = &self.metrics {
+            m.verdict("landed");
+        }
         self.log("verdict", TraceLine { session: Some(id.0), detail: Some(format!("program {key}: success {success}, reward {reward:.4}")), ..blank() });
         self.planning_pass(myself).await;
         Ok(reward)

@@ -614,12 +614,35 @@ async fn a_routed_front_door_program_is_bound_once_and_learns_from_its_verdict()
     assert_eq!(s, 200);
     let (s, v) = post_verdict(&http, &server, "p2", json!({"success": 0.5})).await;
     assert_eq!((s, v["success"].as_f64()), (200, Some(0.5)), "{v}");
-    // The metrics: three programs bound, two verdicts landed, the first p2 given up.
+    // Reused while the earlier program's last call still runs: the new program is routed
+    // afresh, the earlier one is given up once it has ended, and the verdict lands on the new.
+    let long = json!({"model": "switchyard-router", "messages": [{"role": "user", "content": question}], "max_tokens": 4000});
+    let last = http
+        .post(server.url("/v1/chat/completions"))
+        .header("authorization", &auth)
+        .header("X-Session-ID", "p3")
+        .header("X-Program-Done", "true")
+        .json(&long)
+        .send();
+    let next = async {
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        routed_call(&http, &server, Some("p3"), question, false).await
+    };
+    let (a, (s, _, _, _)) = tokio::join!(last, next);
+    assert_eq!((a.expect("p3's last call").status().as_u16(), s), (200, 200));
+    let (s, _) = post_verdict(&http, &server, "p3", json!({"success": true})).await;
+    assert_eq!(s, 409, "the later program under p3 is open");
+    let (s, _, _, _) = routed_call(&http, &server, Some("p3"), question, true).await;
+    assert_eq!(s, 200);
+    let (s, v) = post_verdict(&http, &server, "p3", json!({"success": true})).await;
+    assert_eq!(s, 200, "{v}");
+    // The metrics: five programs bound, three verdicts landed, the first p2 and p3 given up.
+    tokio::time::sleep(Duration::from_millis(200)).await;
     let text = http.get(server.url("/metrics")).send().await.expect("metrics").text().await.expect("text");
     let count = |prefix: &str| -> f64 {
         text.lines().filter(|l| l.starts_with(prefix)).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum()
     };
-    assert_eq!(count("switchyard_routed_programs_total{"), 3.0, "{text}");
-    assert_eq!(count("switchyard_program_verdicts_total{kind=\"landed\"}"), 2.0, "{text}");
-    assert_eq!(count("switchyard_program_verdicts_total{kind=\"given_up\"}"), 1.0, "{text}");
+    assert_eq!(count("switchyard_routed_programs_total{"), 5.0, "{text}");
+    assert_eq!(count("switchyard_program_verdicts_total{kind=\"landed\"}"), 3.0, "{text}");
+    assert_eq!(count("switchyard_program_verdicts_total{kind=\"given_up\"}"), 2.0, "{text}");
 }

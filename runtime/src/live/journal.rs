@@ -1184,14 +1184,40 @@ impl Journal {
         })
     }
 
-    /// Routed front-door program `key` ended: a later program under the key is routed afresh.
-    pub fn end_routed_program(&self, key: &str) -> Result<(), JournalError> {
+    /// The routed front-door program under `key` that was recorded with `"session": session`
+    /// ended: its record goes, so a later program under the key is routed afresh. A record a
+    /// later program under the key wrote meanwhile (its `session` differs) stays.
+    pub fn end_routed_program(&self, key: &str, session: u64) -> Result<(), JournalError> {
         check_key("program id", key)?;
         let key = key.to_string();
         self.write(move |txn| {
-            txn.open_table(ROUTED)?.remove(key.as_str())?;
+            let mut routed = txn.open_table(ROUTED)?;
+            let ours = match routed.get(key.as_str())? {
+                Some(text) => {
+                    let v: Value = decode(|| format!("routing of program {key:?}"), text.value())?;
+                    v.get("session").and_then(Value::as_u64) == Some(session)
+                }
+                None => false,
+            };
+            if ours {
+                routed.remove(key.as_str())?;
+            }
             Ok(())
         })
+    }
+
+    /// Every routed front-door program recorded as open (all were, at a crash), by key.
+    pub fn routed_programs(&self) -> Result<Vec<(String, Value)>, JournalError> {
+        let txn = self.read()?;
+        let routed = txn.open_table(ROUTED)?;
+        let mut out = Vec::new();
+        for row in routed.iter()? {
+            let (key, text) = row?;
+            let key = key.value().to_string();
+            let value = decode(|| format!("routing of program {key:?}"), text.value())?;
+            out.push((key, value));
+        }
+        Ok(out)
     }
 
     /// The binding of routed front-door program `key` if it is open (was, at a crash).

@@ -196,6 +196,13 @@ pub struct PlannerActorState {
     program_routes: BTreeMap<SessionId, (DeploymentId, String)>,
     /// Where routed front-door programs are recorded while open (`serve --state`).
     program_journal: Option<Arc<super::journal::Journal>>,
+    /// The routed programs the journal held as open when it was handed over (open at the
+    /// crash), key → model: the first routed call under such a key binds to that model again,
+    /// and takes it out of here (a later program under the key is routed afresh).
+    journal_kept: BTreeMap<String, String>,
+    /// Routed programs whose key a later program took while they were still open: given up
+    /// (no verdict can name them) once they have ended.
+    give_up_at_end: BTreeSet<SessionId>,
     /// Routed front-door programs by key whose verdict has not landed yet, open or ended (a
     /// key reused by a later program names the later one), and their order, oldest first: past
     /// [`MAX_UNVERIFIED_PROGRAMS`] the oldest ended one is abandoned (its learner decision
@@ -314,6 +321,8 @@ impl Actor for PlannerActor {
             program_calls: BTreeMap::new(),
             program_routes: BTreeMap::new(),
             program_journal: None,
+            journal_kept: BTreeMap::new(),
+            give_up_at_end: BTreeSet::new(),
             unverified: BTreeMap::new(),
             unverified_order: std::collections::VecDeque::new(),
             front_door_steps: BTreeMap::new(),
@@ -681,7 +690,18 @@ impl PlannerActorState {
             PlannerMsg::RoutedProgramCall { program, route, next, request, sink, reply } => {
                 self.routed_program_call(myself, program, route, next, request, sink, reply).await;
             }
-            PlannerMsg::ProgramJournal(journal) => self.program_journal = Some(journal),
+            PlannerMsg::ProgramJournal(journal) => {
+                match super::actors::off_the_reactor(|| journal.routed_programs()) {
+                    Ok(open) => {
+                        self.journal_kept = open
+                            .into_iter()
+                            .filter_map(|(k, v)| v.get("model").and_then(|m| m.as_str()).map(|m| (k, m.to_string())))
+                            .collect();
+                    }
+                    Err(e) => self.note(format!("router: the journal's routed programs cannot be read: {e}")),
+                }
+                self.program_journal = Some(journal);
+            }
             PlannerMsg::ProgramVerdict { program, success, reply } => {
                 let r = self.program_verdict(myself, &program, success).await;
                 let _ = reply.send(r);
@@ -962,13 +982,9 @@ impl PlannerActorState {
         request: &ProgramRequest,
     ) -> Result<super::service::ProgramBinding, String> {
         let journal = self.program_journal.clone();
-        let recorded = match &journal {
-            Some(j) => super::actors::off_the_reactor(|| j.routed_program(key)).map_err(|e| format!("the journal: {e}"))?,
-            None => None,
-        };
-        let kept = recorded
-            .as_ref()
-            .and_then(|b| b.get("model").and_then(|m| m.as_str()))
+        let kept = self
+            .journal_kept
+            .remove(key)
             .and_then(|m| members.iter().copied().find(|d| self.model_name(*d) == m));
         let (prompt, _) = request.rendered_prompt();
         let task = program_task(request);
@@ -981,16 +997,26 @@ impl PlannerActorState {
         .map_err(|e| format!("the router cannot bind the program: {e}"))?;
         let model = self.model_name(record.deployment);
         if let Some(j) = &journal {
-            let entry = serde_json::json!({"model": model, "verifier": record.verifier});
+            let entry = serde_json::json!({"model": model, "verifier": record.verifier, "session": id.0});
             if let Err(e) = super::actors::off_the_reactor(|| j.open_routed_program(key, &entry)) {
                 if let Err(e) = self.planner.program_abandoned(id, now) {
                     self.note(format!("router: session {id}: {e}"));
                 }
+                // A program that goes on (it made calls on named models before) must not stay
+                // gated by a binding it no longer has.
+                self.planner.ungate(id);
                 return Err(format!("the journal: {e}"));
             }
         }
         if let Some(old) = self.unverified.get(key).copied().filter(|old| *old != id) {
-            self.give_up_unverified(key, old, "a later program took its key before its verdict came");
+            if self.sessions.contains_key(&old) {
+                // Still open (its last call runs): given up once it has ended, so that its
+                // ledger still learns its peak and run time and holds its reservation until then.
+                self.unverified.remove(key);
+                self.give_up_at_end.insert(old);
+            } else {
+                self.give_up_unverified(key, old, "a later program took its key before its verdict came");
+            }
         }
         let front_door = self.front_door.map_or(0, |(w, _)| w);
         let diverted = record.deployment != record.chosen;
@@ -1682,7 +1708,7 @@ impl PlannerActorState {
         // /v1/programs/{key}/verdict`), not from a workflow's verifier.
         let front_door_program = self.program_routes.remove(&id);
         if let (Some((_, key)), Some(j)) = (&front_door_program, self.program_journal.clone())
-            && let Err(e) = super::actors::off_the_reactor(|| j.end_routed_program(key))
+            && let Err(e) = super::actors::off_the_reactor(|| j.end_routed_program(key, u64::from(id.0)))
         {
             // A restart would bind a new program under the key to this one's model.
             tracing::warn!(%id, error = %e, "the journal did not record a routed program's end");
@@ -1704,6 +1730,12 @@ impl PlannerActorState {
         self.post(myself, Event::SessionEnded { session: id });
         if self.routes.contains(id) && !front_door_program {
             self.route_verdict(myself, id).await;
+        }
+        if self.give_up_at_end.remove(&id) {
+            // Its end reaches the core first (the ledger learns), then its decision is dropped.
+            self.flush(myself).await;
+            let key = self.unverified_order.iter().find(|(_, s)| *s == id).map(|(k, _)| k.clone()).unwrap_or_default();
+            self.give_up_unverified(&key, id, "a later program took its key before its verdict came");
         }
         self.after_session_end();
     }

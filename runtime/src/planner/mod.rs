@@ -278,6 +278,13 @@ impl Planner {
         self.routing.as_ref().and_then(|r| r.allowance(d))
     }
 
+    /// Let session `session`'s held units into the queue: a shell that withdrew the binding of a
+    /// program that goes on unrouted (its binding could not be recorded) calls it after
+    /// [`Self::program_abandoned`], which does not ungate the program itself.
+    pub fn ungate(&mut self, session: SessionId) {
+        self.state.ungate(session);
+    }
+
     /// A routed session that cannot be verified (it failed): it releases what it holds and
     /// teaches the ledger nothing. Shells call it before the session's `SessionEnded`.
     pub fn program_abandoned(&mut self, session: SessionId, now: f64) -> Result<(), PlanError> {

@@ -304,18 +304,20 @@ fn the_first_program_binding_wins() {
 fn a_routed_program_is_recorded_while_it_is_open() {
     let (dir, j) = fresh();
     assert_eq!(j.routed_program("p").expect("read"), None);
-    j.open_routed_program("p", &json!({"model": "Qwen3-8B"})).expect("open");
-    // A later program under the key replaces it.
-    j.open_routed_program("p", &json!({"model": "Qwen3-1.7B"})).expect("open again");
-    assert_eq!(j.routed_program("p").expect("read"), Some(json!({"model": "Qwen3-1.7B"})));
-    j.open_routed_program("q", &json!({"model": "Qwen3-0.6B"})).expect("open");
-    j.end_routed_program("q").expect("end");
-    j.end_routed_program("never-opened").expect("ending nothing is a no-op");
+    j.open_routed_program("p", &json!({"model": "Qwen3-8B", "session": 1})).expect("open");
+    // A later program under the key replaces it; the earlier one's end leaves the later record.
+    j.open_routed_program("p", &json!({"model": "Qwen3-1.7B", "session": 2})).expect("open again");
+    j.end_routed_program("p", 1).expect("the earlier program ends");
+    assert_eq!(j.routed_program("p").expect("read"), Some(json!({"model": "Qwen3-1.7B", "session": 2})));
+    j.open_routed_program("q", &json!({"model": "Qwen3-0.6B", "session": 3})).expect("open");
+    j.end_routed_program("q", 3).expect("end");
+    j.end_routed_program("never-opened", 4).expect("ending nothing is a no-op");
     drop(j);
     // What a restart finds: the programs open at the crash.
     let j = Journal::open(&dir.path().join("state")).expect("reopen");
-    assert_eq!(j.routed_program("p").expect("read"), Some(json!({"model": "Qwen3-1.7B"})));
+    assert_eq!(j.routed_program("p").expect("read"), Some(json!({"model": "Qwen3-1.7B", "session": 2})));
     assert_eq!(j.routed_program("q").expect("read"), None);
+    assert_eq!(j.routed_programs().expect("list"), vec![("p".to_string(), json!({"model": "Qwen3-1.7B", "session": 2}))]);
     assert!(matches!(j.open_routed_program("", &json!({})), Err(JournalError::InvalidKey { .. })));
 }
 

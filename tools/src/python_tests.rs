@@ -1091,7 +1091,11 @@ mod tests {
         job.code = "s = 'a\"b\\\\c'\n# naïve ✓ \u{1}\n".into();
         let script = job.runner_script();
         assert!(script.starts_with("_IMPORTS = []\n_CODE = \"s = 'a\\\"b\\\\\\\\c'\\n# naïve ✓ \\u0001\\n\"\n"), "{script}");
-        assert!(script.contains("_TESTS = [[\"exec\",\"assert s.startswith('a\\\"b\\\\\\\\c')\"]]"), "{script}");
+        // A truthiness assert travels as the value check `not not (…)` (its polarity stays here).
+        assert!(script.contains("_TESTS = [[\"value\",\"not not (s.startswith('a\\\"b\\\\\\\\c'))\"]]"), "{script}");
+        // An assert that cannot be split runs whole.
+        let script = job(&["assert 0 < len(s) < 9"]).runner_script();
+        assert!(script.contains("_TESTS = [[\"exec\",\"assert 0 < len(s) < 9\"]]"), "{script}");
     }
 
     #[test]

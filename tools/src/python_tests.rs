@@ -1094,7 +1094,7 @@ mod tests {
         // A truthiness assert travels as the value check `not not (…)` (its polarity stays here).
         assert!(script.contains("_TESTS = [[\"value\",\"not not (s.startswith('a\\\"b\\\\\\\\c'))\"]]"), "{script}");
         // An assert that cannot be split runs whole.
-        let script = job(&["assert 0 < len(s) < 9"]).runner_script();
+        let script = self::job(&["assert 0 < len(s) < 9"]).runner_script();
         assert!(script.contains("_TESTS = [[\"exec\",\"assert 0 < len(s) < 9\"]]"), "{script}");
     }
 

@@ -453,3 +453,24 @@ fn the_per_call_ceiling_holds_calls_an_engine_cannot_take() {
     assert!(preemptions(&held) < preemptions(&free), "{} vs {}", preemptions(&held), preemptions(&free));
     assert_eq!(held.programs, 48);
 }
+
+/// Paper 002 Fig. 2c's measure: under stock vLLM (no admission control) at high concurrency the
+/// larger model's KV cache fills, with few programs it does not; `kv_full_at_s` is set exactly
+/// when the peak reached the threshold.
+#[test]
+fn the_larger_models_cache_fills_without_admission_control_only_under_load() {
+    let trace = generate(AgentWorkload::SweVerified, 64, 3);
+    let r = routing(ProgramAdmission::Immediate, false, Feedback::Delayed);
+    let busy = run(&trace, SchedulerKind::CacheAware, 64, &r);
+    let calm = run(&trace, SchedulerKind::CacheAware, 2, &r);
+    let larger = |x: &RoutedRunReport| x.arms[0].clone();
+    assert!(larger(&busy).kv_usage_peak >= switchyard_runtime::sim::agentic::KV_FULL, "{:?}", larger(&busy));
+    assert!(larger(&busy).kv_full_at_s.is_some_and(|t| t > 0.0), "{:?}", larger(&busy));
+    assert!(larger(&calm).kv_usage_peak > 0.0 && larger(&calm).kv_usage_peak < switchyard_runtime::sim::agentic::KV_FULL, "{:?}", larger(&calm));
+    assert_eq!(larger(&calm).kv_full_at_s, None);
+    for x in [&busy, &calm] {
+        for a in &x.arms {
+            assert_eq!(a.kv_full_at_s.is_some(), a.kv_usage_peak >= switchyard_runtime::sim::agentic::KV_FULL, "{a:?}");
+        }
+    }
+}

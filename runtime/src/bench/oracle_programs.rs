@@ -125,6 +125,13 @@ pub struct ProgramsCell {
     pub larger_share: f64,
     pub larger_hit_rate: f64,
     pub smaller_hit_rate: f64,
+    /// The larger model's highest KV-cache usage (mean over the seeds), and when its cache was
+    /// first full (usage ≥ 95 %; mean over the seeds where it was, `None` where it never was):
+    /// paper 002 Fig. 2c's measure of load imbalance.
+    pub larger_kv_peak: f64,
+    pub larger_kv_full_at_s: Option<f64>,
+    /// Seeds on which the larger model's cache was full at some point.
+    pub larger_kv_full_runs: usize,
     pub preemptions: f64,
     pub mean_call_latency_s: f64,
     pub mean_admission_wait_s: f64,
@@ -388,6 +395,12 @@ fn mean_cell(pool: &str, system: &str, concurrency: usize, beta: f64, runs: Vec<
         larger_share: m(&|r| arm(r, 0).programs as f64 / r.programs.max(1) as f64),
         larger_hit_rate: m(&|r| arm(r, 0).cache_hit_rate),
         smaller_hit_rate: m(&|r| arm(r, 1).cache_hit_rate),
+        larger_kv_peak: m(&|r| arm(r, 0).kv_usage_peak),
+        larger_kv_full_at_s: {
+            let at: Vec<f64> = runs.iter().filter_map(|r| arm(r, 0).kv_full_at_s).collect();
+            (!at.is_empty()).then(|| at.iter().sum::<f64>() / at.len() as f64)
+        },
+        larger_kv_full_runs: runs.iter().filter(|r| arm(r, 0).kv_full_at_s.is_some()).count(),
         preemptions: m(&|r| r.arms.iter().map(|a| a.preemptions as f64).sum()),
         mean_call_latency_s: m(&|r| r.mean_call_latency_s),
         mean_admission_wait_s: m(&|r| r.mean_admission_wait_s),
@@ -567,7 +580,9 @@ impl ProgramsReport {
              program's tokens count 2^−t, t seconds since its last response). *Admission \
              wait*: binding → the ledger's or the cap's admission (0 without admission control); *start \
              wait*: binding → first request dispatched, which also counts ThunderAgent's hold of new \
-             programs — the comparable column.\n",
+             programs — the comparable column. *Larger KV peak*: the larger model's highest KV-cache usage \
+             (vLLM's `kv_cache_usage_perc`, sampled each second); *larger KV full at*: when it first reached \
+             95 % (paper 002 Fig. 2c).\n",
             c.programs,
             c.seeds,
             state_tokens(HYBRID_LARGER, Dtype::Fp8, Dtype::Bf16),
@@ -617,18 +632,23 @@ impl ProgramsReport {
             let _ = writeln!(
                 o,
                 "| pool | {first} | concurrent | programs/h | resolved | resolved/h | larger share | larger hit | \
-                 smaller hit | preemptions | call latency s | admission wait s | start wait s | diverted |"
+                 smaller hit | larger KV peak | larger KV full at s | preemptions | call latency s | admission wait s | start wait s | diverted |"
             );
-            let _ = writeln!(o, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+            let _ = writeln!(o, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
             for x in cells {
                 let label = if first == "β" && x.system == "oracle" {
                     format!("oracle β = {}", x.beta)
                 } else {
                     x.system.clone()
                 };
+                let full = match x.larger_kv_full_at_s {
+                    Some(at) if x.larger_kv_full_runs < x.runs.len() => format!("{at:.0} ({} of {} seeds)", x.larger_kv_full_runs, x.runs.len()),
+                    Some(at) => format!("{at:.0}"),
+                    None => "never".into(),
+                };
                 let _ = writeln!(
                     o,
-                    "| {} | {label} | {} | {:.1} | {:.1} | {:.1} | {:.2} | {:.3} | {:.3} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} |",
+                    "| {} | {label} | {} | {:.1} | {:.1} | {:.1} | {:.2} | {:.3} | {:.3} | {:.2} | {full} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} |",
                     x.pool,
                     x.concurrency,
                     x.programs_per_hour,
@@ -637,6 +657,7 @@ impl ProgramsReport {
                     x.larger_share,
                     x.larger_hit_rate,
                     x.smaller_hit_rate,
+                    x.larger_kv_peak,
                     x.preemptions,
                     x.mean_call_latency_s,
                     x.mean_admission_wait_s,
@@ -671,6 +692,27 @@ impl ProgramsReport {
             "\nPaper 002: 1.8× at 64 concurrent on the GH200 pair, 1.3–1.5× on the H200 pair; 27B prefix-cache \
              hit rate 0.93 (ORACLE) vs 0.73 (ThunderAgent), 0.72 (vLLM), 0.87 (static cap). Goal: ≥ 1.5× at 64, \
              hit rate ≥ 0.9 on the larger model.\n"
+        );
+        // Fig. 2c's load imbalance: how full the larger model's cache got without load-aware
+        // admission, where the paper's was full within minutes.
+        for p in &self.pools {
+            if let Some(x) = self.admission.iter().find(|x| x.pool == p.pool.name && x.system == "vllm" && x.concurrency == 64) {
+                let full = x.larger_kv_full_at_s.map_or("never full".to_string(), |at| format!("first full (≥ 95 %) at {at:.0} s"));
+                let _ = writeln!(
+                    o,
+                    "- {}, stock vLLM at 64: the larger model's KV cache peaks at {:.0} % ({full}); {:.1} preemptions",
+                    p.pool.name,
+                    100.0 * x.larger_kv_peak,
+                    x.preemptions
+                );
+            }
+        }
+        let _ = writeln!(
+            o,
+            "\nPaper 002 Fig. 2c (64 SWE-bench Verified programs routed without regard to load, GH200 pair): the 27B \
+             \"approaches full KV-cache capacity after approximately 6.8 minutes\" (≈ 408 s) and its prefix-cache hit \
+             rate falls to near zero, while the 9B reaches at most 33 %. Where the larger model's cache never fills \
+             here, no admission control has cache contention to remove, and ORACLE can gain only by its divert rule.\n"
         );
         let _ = writeln!(
             o,

@@ -160,6 +160,10 @@ pub struct ArmReport {
     /// Programs admitted at once, averaged over the time a program waited for this arm's
     /// admission (0 when none ever waited).
     pub admitted_while_waiting: f64,
+    /// The highest KV-cache usage of its replicas (sampled each second), 0–1.
+    pub kv_usage_peak: f64,
+    /// When one of its replicas' KV cache first was full (usage ≥ 95 %), seconds into the run.
+    pub kv_full_at_s: Option<f64>,
 }
 
 /// One program's timeline, for tests and analysis (not serialized: the bench's JSON stays
@@ -564,7 +568,8 @@ impl RoutingLayer {
     }
 
     /// The run's report; `preemptions` per replica.
-    pub fn report(&self, preemptions: &[u64]) -> RoutedRunReport {
+    /// The run's report; per replica, `preemptions` and `kv` (peak usage, when first full).
+    pub fn report(&self, preemptions: &[u64], kv: &[(f64, Option<f64>)]) -> RoutedRunReport {
         let mut arms: Vec<ArmReport> = self
             .cfg
             .arms
@@ -583,6 +588,13 @@ impl RoutingLayer {
             .collect();
         for (r, &arm) in self.replica_arm.iter().enumerate() {
             arms[arm].preemptions += preemptions.get(r).copied().unwrap_or(0);
+            if let Some(&(peak, full_at)) = kv.get(r) {
+                arms[arm].kv_usage_peak = arms[arm].kv_usage_peak.max(peak);
+                arms[arm].kv_full_at_s = match (arms[arm].kv_full_at_s, full_at) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                };
+            }
         }
         let mut resolved = 0u64;
         let mut programs = 0u64;

@@ -290,6 +290,10 @@ struct Sim<'a> {
     age_sum: f64,
     running_series: Vec<u32>,
     ticks: u64,
+    /// Per replica: the highest KV-cache usage a tick saw, and the first tick at which it
+    /// reached [`KV_FULL`] (paper 002 Fig. 2c's "approaches full KV-cache capacity").
+    kv_peak: Vec<f64>,
+    kv_full_at: Vec<Option<f64>>,
     last_end: f64,
     /// The trace's shared system prompt (tokens), held once per replica.
     shared_tokens: u64,
@@ -478,6 +482,8 @@ fn run(
         age_sum: 0.0,
         running_series: Vec::new(),
         ticks: 0,
+        kv_peak: Vec::new(),
+        kv_full_at: Vec::new(),
         last_end: ready_at,
         shared_tokens: traces.iter().flat_map(|t| &t.sessions).map(|s| u64::from(s.system_tokens)).max().unwrap_or(0),
     };
@@ -500,12 +506,31 @@ fn run(
     sim.run()?;
     let routed = sim.routing.as_ref().map(|l| {
         let preemptions: Vec<u64> = sim.replicas.iter().map(|r| r.engine.telemetry().preemptions).collect();
-        l.report(&preemptions)
+        let kv: Vec<(f64, Option<f64>)> =
+            (0..sim.replicas.len()).map(|r| (sim.kv_peak.get(r).copied().unwrap_or(0.0), sim.kv_full_at.get(r).copied().flatten())).collect();
+        l.report(&preemptions, &kv)
     });
     Ok((sim.report(ready_at), routed))
 }
 
+/// KV-cache usage counted as full (vLLM's `kv_cache_usage_perc`).
+pub const KV_FULL: f64 = 0.95;
+
 impl<'a> Sim<'a> {
+    /// One tick's look at every replica's KV-cache usage: the peak, and when it first was full.
+    fn observe_kv(&mut self) {
+        let n = self.replicas.len();
+        self.kv_peak.resize(n, 0.0);
+        self.kv_full_at.resize(n, None);
+        for (r, replica) in self.replicas.iter().enumerate() {
+            let usage = replica.engine.telemetry().kv_usage;
+            self.kv_peak[r] = self.kv_peak[r].max(usage);
+            if usage >= KV_FULL && self.kv_full_at[r].is_none() {
+                self.kv_full_at[r] = Some(self.now);
+            }
+        }
+    }
+
     /// Session `i` as it runs: routed with programs by model, its bound model's version (arm 0's
     /// before it is bound — the versions share the first request).
     fn session(&self, i: usize) -> &'a crate::agentic::AgentSession {
@@ -547,6 +572,7 @@ impl<'a> Sim<'a> {
                 }
                 Ev::Tick => {
                     self.observe_usage();
+                    self.observe_kv();
                     // Running requests sampled every SERIES_STEP_S (Figure 4's series).
                     self.ticks += 1;
                     if (self.ticks - 1).is_multiple_of(SERIES_STEP_TICKS) {

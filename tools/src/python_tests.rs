@@ -1093,6 +1093,8 @@ mod tests {
         assert!(script.starts_with("_IMPORTS = []\n_CODE = \"s = 'a\\\"b\\\\\\\\c'\\n# naïve ✓ \\u0001\\n\"\n"), "{script}");
         // A truthiness assert travels as the value check `not not (…)` (its polarity stays here).
         assert!(script.contains("_TESTS = [[\"value\",\"not not (s.startswith('a\\\"b\\\\\\\\c'))\"]]"), "{script}");
+        // The guest cannot tell a truthiness assert's polarity: the script is the same bytes.
+        assert_eq!(self::job(&["assert f(1)"]).runner_script(), self::job(&["assert not f(1)"]).runner_script());
         // An assert that cannot be split runs whole.
         let script = self::job(&["assert 0 < len(s) < 9"]).runner_script();
         assert!(script.contains("_TESTS = [[\"exec\",\"assert 0 < len(s) < 9\"]]"), "{script}");

@@ -2957,6 +2957,9 @@ mod tests {
             assert_eq!((e.as_str(), op), (expression, CompareOp::Is), "{statement}");
             assert!(matches!(v, PyValue::Bool(b) if b == expected), "{statement}: {v}");
         }
+        // Comments and line continuations inside the call are elided as for any split.
+        let (e, _, _) = split_ok("assert f(1,  # one\n  2) \\\n  [0]");
+        assert_eq!(e, "not not (f(1,  \n  2) [0])");
         // The guest reports the bool it computed; the polarity decides here.
         let (_, expected, op) = split_ok("assert not check(1)");
         assert!(compare(op, &PyValue::Bool(false), &expected) && !compare(op, &PyValue::Bool(true), &expected));

@@ -90,6 +90,12 @@ dataset: {file: /etc/no-such-file, format: jsonl, fields: {x: x}}
     let blind = peek.replace(", reads: [/etc/passwd]", "").replace("name: peek", "name: blind");
     let (s, v) = body(http.post(server.url("/v1/workflows")).header("authorization", &auth).body(blind).send().await.expect("blind")).await;
     assert_eq!(s, 201, "{v}");
+    // Without a router, the router's model is not served and no program awaits a verdict.
+    let routed_call = json!({"model": "switchyard-router", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4});
+    let (s, v) = body(http.post(server.url("/v1/chat/completions")).header("authorization", &auth).header("X-Session-ID", "r").json(&routed_call).send().await.expect("routed")).await;
+    assert_eq!((s, v.pointer("/error/type").and_then(Value::as_str)), (404, Some("model_not_found")), "{v}");
+    let (s, v) = body(http.post(server.url("/v1/programs/r/verdict")).header("authorization", &auth).json(&json!({"success": true})).send().await.expect("verdict")).await;
+    assert_eq!(s, 404, "{v}");
     // A routed workflow on a server started without one: there is no router to route it.
     let routed = tiny.replace("name: tiny-chain", "name: routed").replacen("deployment: small", "deployment: {route: [small]}", 1);
     assert!(routed.contains("route: [small]"), "the fixture's deployment key changed");
@@ -220,7 +226,8 @@ dataset: {file: /etc/no-such-file, format: jsonl, fields: {x: x}}
         "switchyard_planning_latency_seconds_count",
         "switchyard_lifecycle_actions_total{action=\"load\"}",
         "switchyard_front_door_requests_total{endpoint=\"/v1/chat/completions\",status=\"200\"} 2",
-        "switchyard_front_door_requests_total{endpoint=\"/v1/chat/completions\",status=\"404\"} 1",
+        // An unknown model's call and the router's model without a router.
+        "switchyard_front_door_requests_total{endpoint=\"/v1/chat/completions\",status=\"404\"} 2",
     ] {
         assert!(metrics.contains(needle), "`{needle}` missing from /metrics:\n{metrics}");
     }

@@ -948,7 +948,7 @@ impl PlannerActorState {
                     kept: false,
                 }
             }
-            None => match self.bind_routed_program(myself, &key, id, &members, &request) {
+            None => match self.bind_routed_program(&key, id, &members, &request) {
                 Ok(b) => b,
                 Err(why) => {
                     // A program this call started ends with the reason; one that already ran
@@ -975,7 +975,6 @@ impl PlannerActorState {
     /// verdict is given up (a key names one program at a time).
     fn bind_routed_program(
         &mut self,
-        myself: &ActorRef<PlannerMsg>,
         key: &str,
         id: SessionId,
         members: &[DeploymentId],
@@ -1040,13 +1039,13 @@ impl PlannerActorState {
             m.routed(&model);
         }
         self.program_routes.insert(id, (record.deployment, key.to_string()));
-        self.note_unverified(myself, key.to_string(), id);
+        self.note_unverified(key.to_string(), id);
         Ok(super::service::ProgramBinding { model, verifier: record.verifier, diverted, kept: kept.is_some() })
     }
 
     /// Routed front-door program `id` (key `key`) awaits its verdict; past
     /// [`MAX_UNVERIFIED_PROGRAMS`] the oldest ended one is given up.
-    fn note_unverified(&mut self, _myself: &ActorRef<PlannerMsg>, key: String, id: SessionId) {
+    fn note_unverified(&mut self, key: String, id: SessionId) {
         self.unverified.insert(key.clone(), id);
         self.unverified_order.push_back((key, id));
         while self.unverified_order.len() > MAX_UNVERIFIED_PROGRAMS {

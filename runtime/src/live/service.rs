@@ -209,11 +209,6 @@ impl Service {
         self.served.iter().filter(|(_, d, _)| routed.contains(d)).map(|(_, _, len)| *len).min()
     }
 
-    /// The served model name of deployment `d`.
-    pub fn model_of(&self, d: DeploymentId) -> Option<&str> {
-        self.served.iter().find(|(_, id, _)| *id == d).map(|(m, _, _)| m.as_str())
-    }
-
     /// The served deployment of `model` (`Qwen3-8B`, any case, or its Hugging Face id
     /// `Qwen/Qwen3-8B`).
     pub fn deployment_of_model(&self, model: &str) -> Option<DeploymentId> {

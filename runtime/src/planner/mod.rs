@@ -199,8 +199,18 @@ impl Planner {
         now: f64,
     ) -> Result<routing::RouteRecord, PlanError> {
         let routing = self.routing.as_mut().ok_or_else(|| PlanError::Routing("this run has no router".into()))?;
-        let (record, admitted) =
-            routing.bind(u64::from(session.0), route, task, tokens, now).map_err(|e| PlanError::Routing(e.to_string()))?;
+        let bound = routing.bind(u64::from(session.0), route, task, tokens, now);
+        self.gate_bound(session, bound)
+    }
+
+    /// A program just bound: gated until its ledger admits it; the others its ledger admitted
+    /// now join the queue.
+    fn gate_bound(
+        &mut self,
+        session: SessionId,
+        bound: Result<(routing::RouteRecord, Vec<u64>), routing::RouterError>,
+    ) -> Result<routing::RouteRecord, PlanError> {
+        let (record, admitted) = bound.map_err(|e| PlanError::Routing(e.to_string()))?;
         if record.admitted_at.is_none() {
             self.state.gate(session);
         }
@@ -222,16 +232,8 @@ impl Planner {
         now: f64,
     ) -> Result<routing::RouteRecord, PlanError> {
         let routing = self.routing.as_mut().ok_or_else(|| PlanError::Routing("this run has no router".into()))?;
-        let (record, admitted) = routing
-            .bind_to(u64::from(session.0), deployment, task, tokens, now)
-            .map_err(|e| PlanError::Routing(e.to_string()))?;
-        if record.admitted_at.is_none() {
-            self.state.gate(session);
-        }
-        for p in admitted.into_iter().filter(|p| *p != u64::from(session.0)) {
-            self.state.ungate(SessionId(p as u32));
-        }
-        Ok(record)
+        let bound = routing.bind_to(u64::from(session.0), deployment, task, tokens, now);
+        self.gate_bound(session, bound)
     }
 
     /// The verdict of routed session `session` landed (its verifier ran after the session

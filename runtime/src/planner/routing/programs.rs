@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 use super::disc::{DiscConfig, Ledger};
 use super::embed::{COMPONENTS, Pca, VerifierSelector, Vocabulary};
 use super::linucb::{ALPHA_UCB, LinUcb};
-use super::router::{Router, RouterError, RouterOptions};
+use super::router::{Binding, Router, RouterError, RouterOptions};
 use crate::planner::DeploymentId;
 
 /// What the shells hand the core to build its router.
@@ -152,18 +152,7 @@ impl RoutedPrograms {
             return Err(RouterError::Config);
         }
         let b = self.router.bind(program, task, tokens, &eligible)?.clone();
-        let record = RouteRecord {
-            deployment: self.arms[b.model],
-            chosen: self.arms[b.chosen],
-            verifier: b.verifier,
-            bound_at: now,
-            admitted_at: None,
-            peak_tokens: 0,
-        };
-        self.live.insert(program, record);
-        let admitted = self.admit(now);
-        let record = self.live.get(&program).cloned().ok_or(RouterError::Unbound(program))?;
-        Ok((record, admitted))
+        self.keep(program, &b, now)
     }
 
     /// Bind `program` to member `deployment` without a choice (a binding it had before, e.g. in
@@ -178,10 +167,16 @@ impl RoutedPrograms {
     ) -> Result<(RouteRecord, Vec<u64>), RouterError> {
         let arm = self.arm(deployment).ok_or(RouterError::Config)?;
         let b = self.router.bind_to(program, task, tokens, arm)?.clone();
+        self.keep(program, &b, now)
+    }
+
+    /// The row of `program`, just bound as `b`, and what the ledgers admit now (it among them,
+    /// when its `admitted_at` is set).
+    fn keep(&mut self, program: u64, b: &Binding, now: f64) -> Result<(RouteRecord, Vec<u64>), RouterError> {
         let record = RouteRecord {
-            deployment,
-            chosen: deployment,
-            verifier: b.verifier,
+            deployment: self.arms[b.model],
+            chosen: self.arms[b.chosen],
+            verifier: b.verifier.clone(),
             bound_at: now,
             admitted_at: None,
             peak_tokens: 0,

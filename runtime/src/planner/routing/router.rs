@@ -131,38 +131,28 @@ impl Router {
     /// Bind `program` at its first request (`tokens` of it): verifier, model, divert, ledger.
     /// `eligible` are the models the program may run on (its route; empty: every model).
     pub fn bind(&mut self, program: u64, request: &str, tokens: u64, eligible: &[usize]) -> Result<&Binding, RouterError> {
-        if self.table.contains_key(&program) {
-            return Err(RouterError::Bound(program));
-        }
         let all: Vec<usize> = (0..self.ledgers.len()).collect();
         let eligible = if eligible.is_empty() { &all[..] } else { eligible };
         if eligible.iter().any(|&m| m >= self.ledgers.len()) {
             return Err(RouterError::Config);
         }
-        let (verifier, context) = self.context(request);
-        let decision: Decision = self.learner.evaluate(&context)?;
-        let index: Vec<f64> = (0..self.ledgers.len()).map(|m| decision.index(m)).collect();
-        let waits: Vec<f64> = self.ledgers.iter().map(|l| l.wait_forecast(tokens)).collect();
+        let d = self.decision(program, request, tokens)?;
         // The best selection index among the eligible models (ties: the first listed).
-        let chosen = eligible.iter().copied().fold(eligible[0], |best, m| if index[m] > index[best] { m } else { best });
+        let chosen = eligible.iter().copied().fold(eligible[0], |best, m| if d.index[m] > d.index[best] { m } else { best });
         let mut model = chosen;
         if self.options.reassign {
             let (beta, w0) = (self.options.disc.beta, self.options.disc.w0_s);
-            let score = |m: usize| (1.0 - beta) * index[m] - beta * waits[m] / w0.max(f64::MIN_POSITIVE);
+            let score = |m: usize| (1.0 - beta) * d.index[m] - beta * d.waits[m] / w0.max(f64::MIN_POSITIVE);
             for &m in eligible {
-                if m != chosen && divert(beta, w0, index[chosen], index[m], waits[chosen], waits[m]) && score(m) > score(model)
+                if m != chosen
+                    && divert(beta, w0, d.index[chosen], d.index[m], d.waits[chosen], d.waits[m])
+                    && score(m) > score(model)
                 {
                     model = m;
                 }
             }
         }
-        self.ledgers[model].submit(program, tokens)?;
-        if let Err(e) = self.learner.record(program, model, &context) {
-            let _ = self.ledgers[model].withdraw(program);
-            return Err(e.into());
-        }
-        self.table.insert(program, Binding { model, chosen, verifier, context, index, waits });
-        Ok(&self.table[&program])
+        self.commit(program, tokens, model, chosen, d)
     }
 
     /// Bind `program` to `model` without a choice: a binding made before (by an earlier process,
@@ -170,22 +160,35 @@ impl Router {
     /// come from its request as for [`Router::bind`]; the learner records the decision as its
     /// own, so the program's verdict teaches it; the model's ledger admits it like any other.
     pub fn bind_to(&mut self, program: u64, request: &str, tokens: u64, model: usize) -> Result<&Binding, RouterError> {
-        if self.table.contains_key(&program) {
-            return Err(RouterError::Bound(program));
-        }
         if model >= self.ledgers.len() {
             return Err(RouterError::Config);
+        }
+        let d = self.decision(program, request, tokens)?;
+        self.commit(program, tokens, model, model, d)
+    }
+
+    /// What a binding of `program` is decided on: its verifier and learner context, every
+    /// model's selection index and forecast wait. Refused for a program bound already.
+    fn decision(&self, program: u64, request: &str, tokens: u64) -> Result<Binding, RouterError> {
+        if self.table.contains_key(&program) {
+            return Err(RouterError::Bound(program));
         }
         let (verifier, context) = self.context(request);
         let decision: Decision = self.learner.evaluate(&context)?;
         let index: Vec<f64> = (0..self.ledgers.len()).map(|m| decision.index(m)).collect();
         let waits: Vec<f64> = self.ledgers.iter().map(|l| l.wait_forecast(tokens)).collect();
+        Ok(Binding { model: 0, chosen: 0, verifier, context, index, waits })
+    }
+
+    /// Record `program` on `model` (the learner chose `chosen`): the model's ledger queues it,
+    /// the learner records the decision (undone in the ledger if that fails), the table keeps it.
+    fn commit(&mut self, program: u64, tokens: u64, model: usize, chosen: usize, d: Binding) -> Result<&Binding, RouterError> {
         self.ledgers[model].submit(program, tokens)?;
-        if let Err(e) = self.learner.record(program, model, &context) {
+        if let Err(e) = self.learner.record(program, model, &d.context) {
             let _ = self.ledgers[model].withdraw(program);
             return Err(e.into());
         }
-        self.table.insert(program, Binding { model, chosen: model, verifier, context, index, waits });
+        self.table.insert(program, Binding { model, chosen, ..d });
         Ok(&self.table[&program])
     }
 

@@ -9,7 +9,7 @@ use switchyard_runtime::bench::oracle_programs::{self, ProgramsBenchConfig};
 use switchyard_runtime::planner::admission::{SchedulerKind, TaoOptions};
 use switchyard_runtime::planner::routing::{DiscConfig, RouterOptions};
 use switchyard_runtime::sim::agent_routing::{
-    Feedback, Judge, ProgramAdmission, ProgramRouting, RoutedArm, RoutedRunReport,
+    Feedback, Judge, PriorOutcome, ProgramAdmission, ProgramRouting, RoutedArm, RoutedRunReport,
 };
 use switchyard_runtime::sim::agentic::{
     AgentPoolSpec, AgentReplicaSpec, AgentRunConfig, AgentSimError, run_routed_agents, run_routed_agents_by_model,
@@ -39,6 +39,7 @@ fn routing(admission: ProgramAdmission, reassign: bool, feedback: Feedback) -> P
         verifier_s: 120.0,
         judge: None,
         outcome_seed: 7,
+        prior: Vec::new(),
     }
 }
 
@@ -140,6 +141,48 @@ fn peak_admitted(r: &RoutedRunReport, arm: usize) -> usize {
         peak = peak.max(now);
     }
     peak as usize
+}
+
+/// A learner taught outcomes before the run (the bench's calibration passes) binds from its
+/// first program on what it learned; with no prior the run is the cold one; a prior naming no
+/// arm is refused.
+#[test]
+fn a_prior_steers_the_first_bindings_and_an_empty_one_changes_nothing() {
+    let trace = generate(AgentWorkload::SweLite, 24, 5);
+    let cold = routing(ProgramAdmission::Immediate, false, Feedback::Delayed);
+    let cold_run = run(&trace, SchedulerKind::ThunderAgent, 12, &cold);
+    // The cold learner spreads the programs bound before any verdict over both models.
+    let first_wave = |r: &RoutedRunReport| -> Vec<usize> {
+        let mut rows: Vec<_> = r.rows.iter().collect();
+        rows.sort_by(|a, b| a.bound_at.total_cmp(&b.bound_at));
+        rows.iter().take(12).map(|x| x.arm).collect()
+    };
+    let first_cold = first_wave(&cold_run);
+    assert!(first_cold.contains(&1), "{first_cold:?}");
+    // Taught that the smaller model resolves every task and the larger none, every program of
+    // the first wave goes to the smaller one.
+    let mut taught = cold.clone();
+    for _ in 0..20 {
+        taught.prior.push(PriorOutcome { arm: 0, success: 0.0, cost: 100.0 });
+        taught.prior.push(PriorOutcome { arm: 1, success: 1.0, cost: 100.0 });
+    }
+    let taught_run = run(&trace, SchedulerKind::ThunderAgent, 12, &taught);
+    assert_eq!(first_wave(&taught_run), vec![1; 12]);
+    let mut again = cold.clone();
+    again.prior = Vec::new();
+    assert_eq!(format!("{:?}", run(&trace, SchedulerKind::ThunderAgent, 12, &again)), format!("{cold_run:?}"));
+    for bad in [
+        PriorOutcome { arm: 2, success: 1.0, cost: 0.0 },
+        PriorOutcome { arm: 0, success: 1.5, cost: 0.0 },
+        PriorOutcome { arm: 0, success: 1.0, cost: f64::NAN },
+    ] {
+        let mut r = cold.clone();
+        r.prior.push(bad);
+        assert!(matches!(
+            run_routed_agents(&trace, &pair(), &cfg(SchedulerKind::ThunderAgent, 2), &r),
+            Err(AgentSimError::Routing(_))
+        ), "{bad:?}");
+    }
 }
 
 #[test]
@@ -326,6 +369,18 @@ fn the_bench_runs_its_three_experiments() {
         }
     }
     assert_eq!(r.admission.len(), oracle_programs::POOLS.len() * oracle_programs::SYSTEMS.len());
+    assert_eq!(r.admission_calibrated.len(), r.admission.len());
+    // The calibrated learner was taught every calibration program on each model, and prefers
+    // the larger model from the first binding: stock vLLM (no divert) sends it at least the
+    // cold learner's share, and on each pool the bulk of the programs.
+    for p in &r.pools {
+        assert_eq!(p.prior.len(), 2 * 16, "{}", p.pool.name);
+        let share = |cells: &[oracle_programs::ProgramsCell]| {
+            cells.iter().find(|c| c.pool == p.pool.name && c.system == "vllm").map(|c| c.larger_share).unwrap()
+        };
+        assert!(share(&r.admission_calibrated) >= share(&r.admission), "{}", p.pool.name);
+        assert!(share(&r.admission_calibrated) > 0.8, "{}: {}", p.pool.name, share(&r.admission_calibrated));
+    }
     assert_eq!(r.feedback.len(), 3);
     assert_eq!(r.beta_sweep.len(), 3);
     assert_eq!(r.verifiers.len(), 3);

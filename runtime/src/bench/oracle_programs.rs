@@ -37,7 +37,10 @@ use switchyard_predictor::spec::Dtype;
 use crate::agentic::{AgentTrace, AgentWorkload, generate, generate_with_steps};
 use crate::planner::admission::{SchedulerKind, TaoOptions};
 use crate::planner::routing::{DiscConfig, RouterOptions};
-use crate::sim::agent_routing::{Feedback, Judge, ProgramAdmission, ProgramRouting, RoutedArm, RoutedRunReport};
+use crate::exec::routing::call_cost;
+use crate::sim::agent_routing::{
+    Feedback, Judge, PriorOutcome, ProgramAdmission, ProgramRouting, RoutedArm, RoutedRunReport, task_difficulty,
+};
 use crate::sim::agentic::{AgentPoolSpec, AgentReplicaSpec, AgentRunConfig, AgentSimError, run_routed_agents_by_model};
 
 /// Paper 002 §5.2: the single-model accuracies of its pair (Qwen3.5-9B 44 %, Qwen3.6-27B-FP8 70 %).
@@ -152,7 +155,12 @@ pub struct ProgramsReport {
     /// per model, is in [`PoolCalibration::prior_peak_tokens`]).
     pub prior_peak_tokens: f64,
     pub pools: Vec<PoolCalibration>,
+    /// The admission experiment with a cold learner (no verdict before the run's first program).
     pub admission: Vec<ProgramsCell>,
+    /// The same with every system's learner first taught the calibration passes' outcomes
+    /// ([`PoolCalibration::prior`]): a router that has learned which model resolves more, the
+    /// condition of paper 002's Fig. 2c.
+    pub admission_calibrated: Vec<ProgramsCell>,
     pub feedback: Vec<ProgramsCell>,
     pub beta_sweep: Vec<ProgramsCell>,
     pub verifiers: Vec<ProgramsCell>,
@@ -170,8 +178,14 @@ pub struct PoolCalibration {
     /// D₀ per model (larger, smaller), seconds.
     pub prior_run_s: [f64; 2],
     pub static_cap: [usize; 2],
+    /// The static cap fixed the same way with the calibrated learner.
+    pub static_cap_calibrated: [usize; 2],
     /// DISC's learned per-request allowance δ̂ per model at the end of the calibration run.
     pub allowance_tokens: Vec<f64>,
+    /// The calibration passes' outcomes a calibrated learner is taught: every calibration
+    /// program on each model alone, resolved or not (its difficulty under the calibration
+    /// seed), at the compute its calls cost with the earlier conversation in the prefix cache.
+    pub prior: Vec<PriorOutcome>,
 }
 
 /// The two-model pool on two GPUs of `device`: `models` (larger, smaller), the larger with FP8
@@ -310,6 +324,8 @@ struct Setting {
     feedback: Feedback,
     beta: f64,
     judge: Option<Judge>,
+    /// The learner starts from the calibration passes' outcomes.
+    calibrated: bool,
 }
 
 impl Setting {
@@ -328,6 +344,7 @@ impl Setting {
             feedback: Feedback::Delayed,
             beta: DiscConfig::default().beta,
             judge: None,
+            calibrated: false,
         }
     }
 }
@@ -336,6 +353,7 @@ struct Ctx<'a> {
     cfg: &'a ProgramsBenchConfig,
     pool: AgentPoolSpec,
     arms: Vec<RoutedArm>,
+    prior: Vec<PriorOutcome>,
 }
 
 impl Ctx<'_> {
@@ -358,6 +376,7 @@ impl Ctx<'_> {
             verifier_s: self.cfg.verifier_s,
             judge: s.judge.clone(),
             outcome_seed: seed,
+            prior: if s.calibrated { self.prior.clone() } else { Vec::new() },
         };
         let cfg = run_cfg(s.scheduler, workers, seed);
         Ok(run_routed_agents_by_model(&programs.refs(), &self.pool, &cfg, &routing)?.1)
@@ -412,6 +431,29 @@ fn mean_cell(pool: &str, system: &str, concurrency: usize, beta: f64, runs: Vec<
     }
 }
 
+/// The calibration passes' outcomes: each calibration program on each model alone — whether it
+/// resolves there (its difficulty under the calibration seed against the model's success
+/// rate, as in an evaluated run) and what its calls compute on that model (prompt tokens not in
+/// the prefix cache — the earlier conversation is — plus reasoning and answer, at the model's
+/// parameter count: [`call_cost`]). Larger model's first, then the smaller's.
+fn prior_outcomes(arms: &[RoutedArm], calibration: &Programs) -> Vec<PriorOutcome> {
+    let mut out = Vec::new();
+    for (k, arm) in arms.iter().enumerate() {
+        for (i, session) in calibration.for_model(k).sessions.iter().enumerate() {
+            let cost = (0..session.turns.len())
+                .map(|t| {
+                    let turn = &session.turns[t];
+                    let prompt = session.prompt_tokens(t);
+                    call_cost(&arm.model, prompt, prompt - turn.new_tokens, turn.reasoning_tokens + turn.output_tokens)
+                })
+                .sum();
+            let success = if task_difficulty(CALIBRATION_SEED, i) < arm.success { 1.0 } else { 0.0 };
+            out.push(PriorOutcome { arm: k, success, cost });
+        }
+    }
+    out
+}
+
 /// Calibrates the program layer on one pool: D₀ per model alone, then the static cap from
 /// DISC's run at the calibration concurrency (both on the calibration trace).
 fn calibrate<'a>(
@@ -432,23 +474,33 @@ fn calibrate<'a>(
         )?;
         d0[k] = report.mean_latency_s;
     }
-    let ctx = Ctx { cfg, pool: pool.clone(), arms: arms(&pool, c0, d0) };
-    let disc =
-        ctx.run(calibration, CALIBRATION_SEED, cfg.calibration_concurrency, &Setting::system("oracle", [1, 1]))?;
-    // A model on which no program ever waited gave the rule no sample: its cap never bound,
-    // so it is the calibration concurrency.
-    let cap = [0, 1].map(|k| {
-        disc.arms.get(k).map_or(1, |a| {
-            if a.admitted_while_waiting > 0.0 {
-                (a.admitted_while_waiting.round() as usize).max(1)
-            } else {
-                cfg.calibration_concurrency
-            }
+    let arms = arms(&pool, c0, d0);
+    let prior = prior_outcomes(&arms, calibration);
+    let ctx = Ctx { cfg, pool: pool.clone(), arms, prior: prior.clone() };
+    // The static cap from DISC's run on the calibration trace, with the learner each condition
+    // starts from. A model on which no program ever waited gave the rule no sample: its cap
+    // never bound, so it is the calibration concurrency.
+    let disc_run = |calibrated: bool| {
+        let s = Setting { calibrated, ..Setting::system("oracle", [1, 1]) };
+        ctx.run(calibration, CALIBRATION_SEED, cfg.calibration_concurrency, &s)
+    };
+    let cap_of = |disc: &RoutedRunReport| {
+        [0, 1].map(|k| {
+            disc.arms.get(k).map_or(1, |a| {
+                if a.admitted_while_waiting > 0.0 {
+                    (a.admitted_while_waiting.round() as usize).max(1)
+                } else {
+                    cfg.calibration_concurrency
+                }
+            })
         })
-    });
+    };
+    let disc = disc_run(false)?;
+    let cap = cap_of(&disc);
+    let cap_calibrated = cap_of(&disc_run(true)?);
     progress(&format!(
-        "oracle programs: {} calibrated: D0 {:.0} / {:.0} s, static cap {}/{}",
-        pool.name, d0[0], d0[1], cap[0], cap[1]
+        "oracle programs: {} calibrated: D0 {:.0} / {:.0} s, static cap {}/{} (calibrated learner {}/{})",
+        pool.name, d0[0], d0[1], cap[0], cap[1], cap_calibrated[0], cap_calibrated[1]
     ));
     Ok((
         ctx,
@@ -458,7 +510,9 @@ fn calibrate<'a>(
             prior_peak_tokens: c0,
             prior_run_s: d0,
             static_cap: cap,
+            static_cap_calibrated: cap_calibrated,
             allowance_tokens: disc.allowance_tokens,
+            prior,
         },
     ))
 }
@@ -480,6 +534,7 @@ pub fn run_programs_bench(
     let thinking = workloads(AgentWorkload::SweVerifiedThinking);
     let mut pools = Vec::new();
     let mut admission = Vec::new();
+    let mut admission_calibrated = Vec::new();
     let mut feedback = Vec::new();
     let mut beta_sweep = Vec::new();
     let mut verifiers = Vec::new();
@@ -490,11 +545,17 @@ pub fn run_programs_bench(
         };
         let pool = pool_for(device, models, state, workload);
         let (ctx, cal) = calibrate(cfg, pool, workload, calibration, &mut progress)?;
-        let cap = cal.static_cap;
+        let (cap, cap_calibrated) = (cal.static_cap, cal.static_cap_calibrated);
         pools.push(cal);
         for &c in &cfg.concurrency {
             for system in SYSTEMS {
                 admission.push(ctx.cell(system, c, &Setting::system(system, cap), traces, &mut progress)?);
+            }
+        }
+        for &c in &cfg.concurrency {
+            for system in SYSTEMS {
+                let s = Setting { calibrated: true, ..Setting::system(system, cap_calibrated) };
+                admission_calibrated.push(ctx.cell(system, c, &s, traces, &mut progress)?);
             }
         }
         if k > 0 {
@@ -530,7 +591,16 @@ pub fn run_programs_bench(
             verifiers.push(ctx.cell(&format!("judge:{model}"), c, &s, traces, &mut progress)?);
         }
     }
-    Ok(ProgramsReport { config: cfg.clone(), prior_peak_tokens: c0, pools, admission, feedback, beta_sweep, verifiers })
+    Ok(ProgramsReport {
+        config: cfg.clone(),
+        prior_peak_tokens: c0,
+        pools,
+        admission,
+        admission_calibrated,
+        feedback,
+        beta_sweep,
+        verifiers,
+    })
 }
 
 impl ProgramsReport {
@@ -538,10 +608,12 @@ impl ProgramsReport {
         cells.iter().find(|x| x.pool == pool && x.system == system && x.concurrency == c)
     }
 
-    /// ORACLE's program throughput over ThunderAgent's on `pool` at concurrency `c`.
-    pub fn throughput_ratio(&self, pool: &str, c: usize) -> Option<f64> {
-        let o = Self::find(&self.admission, pool, "oracle", c)?;
-        let t = Self::find(&self.admission, pool, "thunderagent", c)?;
+    /// ORACLE's program throughput over ThunderAgent's on `pool` at concurrency `c`, with a cold
+    /// learner or (`calibrated`) one taught the calibration passes.
+    pub fn throughput_ratio(&self, pool: &str, c: usize, calibrated: bool) -> Option<f64> {
+        let cells = if calibrated { &self.admission_calibrated } else { &self.admission };
+        let o = Self::find(cells, pool, "oracle", c)?;
+        let t = Self::find(cells, pool, "thunderagent", c)?;
         (t.programs_per_hour > 0.0).then(|| o.programs_per_hour / t.programs_per_hour)
     }
 
@@ -673,46 +745,74 @@ impl ProgramsReport {
              (LinUCB, delayed feedback). `vllm`: stock vLLM with prefix caching, no admission control; \
              `thunderagent`: ThunderAgent's proxy (Δt = 5 s; pauses programs against its token-sum KV model); \
              `static-cap`: the proxy with at most the cap's programs per model; `admission-only`: the proxy with \
-             DISC's ledger, no reassignment; `oracle`: DISC with the divert rule (β = 0.5, w₀ = 600 s).\n"
+             DISC's ledger, no reassignment; `oracle`: DISC with the divert rule (β = 0.5, w₀ = 600 s). Two \
+             learner conditions, each system in both: *cold* — the learner has seen no verdict when the first \
+             program arrives, so the first programs of a run are bound before any feedback and spread over both \
+             models; *calibrated* — every system's learner is first taught the calibration passes' outcomes \
+             (each of the {} calibration programs on each model alone: resolved or not, and its compute; seed \
+             {CALIBRATION_SEED}, never evaluated), a router that has learned which model resolves more, the \
+             condition of paper 002's Fig. 2c (\"a router that learns such preferences can concentrate tasks on \
+             one model, filling its backend's KV cache\"). The static cap is fixed per condition from DISC's \
+             calibration run with that learner (table above: cold; calibrated: {}). The paper does not say \
+             whether its Fig. 6 learner started cold.\n",
+            c.programs,
+            self.pools
+                .iter()
+                .map(|p| format!("{} {}/{}", p.pool.name, p.static_cap_calibrated[0], p.static_cap_calibrated[1]))
+                .collect::<Vec<_>>()
+                .join("; "),
         );
-        table(&mut o, &self.admission, "system");
-        for p in &self.pools {
-            for &k in &c.concurrency {
-                if let Some(r) = self.throughput_ratio(&p.pool.name, k) {
+        for (calibrated, cells, title) in [
+            (false, &self.admission, "Cold learner"),
+            (true, &self.admission_calibrated, "Calibrated learner (taught the calibration passes' outcomes)"),
+        ] {
+            let _ = writeln!(o, "#### {title}\n");
+            table(&mut o, cells, "system");
+            for p in &self.pools {
+                for &k in &c.concurrency {
+                    if let Some(r) = self.throughput_ratio(&p.pool.name, k, calibrated) {
+                        let _ = writeln!(
+                            o,
+                            "- {}, {k} concurrent: ORACLE / ThunderAgent program throughput {r:.2}×",
+                            p.pool.name
+                        );
+                    }
+                }
+            }
+            let _ = writeln!(o);
+            // Fig. 2c's load imbalance: how full the larger model's cache got without load-aware
+            // admission, where the paper's was full within minutes.
+            for p in &self.pools {
+                if let Some(x) = Self::find(cells, &p.pool.name, "vllm", 64) {
+                    let full = x
+                        .larger_kv_full_at_s
+                        .map_or("never full".to_string(), |at| format!("first full (≥ 95 %) at {at:.0} s"));
                     let _ = writeln!(
                         o,
-                        "- {}, {k} concurrent: ORACLE / ThunderAgent program throughput {r:.2}×",
-                        p.pool.name
+                        "- {}, stock vLLM at 64: larger share {:.2}; the larger model's KV cache peaks at {:.0} % \
+                         ({full}); hit rate {:.2}; {:.1} preemptions",
+                        p.pool.name,
+                        x.larger_share,
+                        100.0 * x.larger_kv_peak,
+                        x.larger_hit_rate,
+                        x.preemptions
                     );
                 }
             }
+            let _ = writeln!(o);
         }
         let _ = writeln!(
             o,
-            "\nPaper 002: 1.8× at 64 concurrent on the GH200 pair, 1.3–1.5× on the H200 pair; 27B prefix-cache \
+            "Paper 002: 1.8× at 64 concurrent on the GH200 pair, 1.3–1.5× on the H200 pair; 27B prefix-cache \
              hit rate 0.93 (ORACLE) vs 0.73 (ThunderAgent), 0.72 (vLLM), 0.87 (static cap). Goal: ≥ 1.5× at 64, \
              hit rate ≥ 0.9 on the larger model.\n"
         );
-        // Fig. 2c's load imbalance: how full the larger model's cache got without load-aware
-        // admission, where the paper's was full within minutes.
-        for p in &self.pools {
-            if let Some(x) = self.admission.iter().find(|x| x.pool == p.pool.name && x.system == "vllm" && x.concurrency == 64) {
-                let full = x.larger_kv_full_at_s.map_or("never full".to_string(), |at| format!("first full (≥ 95 %) at {at:.0} s"));
-                let _ = writeln!(
-                    o,
-                    "- {}, stock vLLM at 64: the larger model's KV cache peaks at {:.0} % ({full}); {:.1} preemptions",
-                    p.pool.name,
-                    100.0 * x.larger_kv_peak,
-                    x.preemptions
-                );
-            }
-        }
         let _ = writeln!(
             o,
-            "\nPaper 002 Fig. 2c (64 SWE-bench Verified programs routed without regard to load, GH200 pair): the 27B \
+            "Paper 002 Fig. 2c (64 SWE-bench Verified programs routed without regard to load, GH200 pair): the 27B \
              \"approaches full KV-cache capacity after approximately 6.8 minutes\" (≈ 408 s) and its prefix-cache hit \
-             rate falls to near zero, while the 9B reaches at most 33 %. Where the larger model's cache never fills \
-             here, no admission control has cache contention to remove, and ORACLE can gain only by its divert rule.\n"
+             rate falls to near zero, while the 9B reaches at most 33 %. Where the larger model's cache never fills, \
+             no admission control has cache contention to remove, and ORACLE can gain only by its divert rule.\n"
         );
         let _ = writeln!(
             o,
@@ -835,6 +935,12 @@ pub fn programs_svg(r: &ProgramsReport) -> Result<String, String> {
             let name = p.pool.name.clone();
             let title = format!("({}) admission · {name}", ['e', 'f', 'g'][k]);
             lines(&panels[4 + k], &title, &r.admission, &name, &SYSTEMS)?;
+        }
+        // Panel (h): paper 002's own programs with the calibrated learner (Fig. 2c's condition).
+        if let Some(p) = r.pools.iter().find(|p| p.workload == AgentWorkload::SweVerifiedThinking) {
+            let name = p.pool.name.clone();
+            let title = format!("(h) admission · {name} · calibrated learner");
+            lines(&panels[7], &title, &r.admission_calibrated, &name, &SYSTEMS)?;
         }
         // Panel (b): the H200 pair, when it ran.
         if let Some(p) = r.pools.get(1).filter(|p| !is_hybrid(&p.pool)) {

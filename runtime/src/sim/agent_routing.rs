@@ -99,6 +99,25 @@ pub struct ProgramRouting {
     pub judge: Option<Judge>,
     /// Seeds the tasks' difficulties.
     pub outcome_seed: u64,
+    /// Verified outcomes every learner knows before the run's first program (empty: a cold
+    /// learner). Each is learned as a decision with its verdict ([`Router::learn`]).
+    pub prior: Vec<PriorOutcome>,
+}
+
+/// One outcome a learner is told before the run: a program ran on arm `arm` and its verifier
+/// said `success` at `cost` (e.g. the calibration passes, each model alone on a trace that is
+/// never evaluated).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct PriorOutcome {
+    pub arm: usize,
+    pub success: f64,
+    pub cost: f64,
+}
+
+/// Task `i`'s difficulty under `outcome_seed`, uniform in [0, 1): the task resolves on a model
+/// whose success rate exceeds it (the module doc).
+pub fn task_difficulty(outcome_seed: u64, i: usize) -> f64 {
+    (mix(outcome_seed, i as u64) >> 11) as f64 / (1u64 << 53) as f64
 }
 
 /// An LLM judge as the verifier (paper 002 §4.2.1's LLM-as-a-judge): one call per finished
@@ -131,6 +150,8 @@ pub enum ProgramRoutingError {
     NoReplica(String),
     #[error("a static cap needs one positive limit per arm")]
     Cap,
+    #[error("a prior outcome names no arm, or its success is outside [0, 1] or its cost not finite")]
+    Prior,
     #[error("independent per-slot learners run without admission control")]
     IndependentAdmission,
     #[error("reassignment (the divert rule) needs DISC's ledgers as the admission rule")]
@@ -265,7 +286,12 @@ pub(crate) struct RoutingLayer {
     pub ceiling_holds: u64,
 }
 
-fn router(arms: &[RoutedArm], capacity_tokens: &[u64], options: RouterOptions) -> Result<Router, ProgramRoutingError> {
+fn router(
+    arms: &[RoutedArm],
+    capacity_tokens: &[u64],
+    options: RouterOptions,
+    prior: &[PriorOutcome],
+) -> Result<Router, ProgramRoutingError> {
     let vocabulary = Vocabulary::fit(&[TASK_TEXT]);
     let pca = Pca::fit(&[vocabulary.embed(TASK_TEXT)], 0);
     let selector = VerifierSelector::fit(&vocabulary, &[(VERIFIER, TASK_TEXT)]);
@@ -275,7 +301,14 @@ fn router(arms: &[RoutedArm], capacity_tokens: &[u64], options: RouterOptions) -
     for (a, &cap) in arms.iter().zip(capacity_tokens) {
         ledgers.push(Ledger::new(cap, a.prior_peak_tokens, a.prior_run_s, options.disc).map_err(RouterError::from)?);
     }
-    Ok(Router::new(vocabulary, pca, selector, learner, ledgers, options)?)
+    let mut router = Router::new(vocabulary, pca, selector, learner, ledgers, options)?;
+    for o in prior {
+        if o.arm >= arms.len() || !(0.0..=1.0).contains(&o.success) || !o.cost.is_finite() {
+            return Err(ProgramRoutingError::Prior);
+        }
+        router.learn(o.arm, TASK_TEXT, o.success, o.cost)?;
+    }
+    Ok(router)
 }
 
 impl RoutingLayer {
@@ -340,7 +373,7 @@ impl RoutingLayer {
         if cfg.options.reassign && cfg.admission != ProgramAdmission::Disc {
             return Err(ProgramRoutingError::ReassignWithoutLedger);
         }
-        let routers = (0..learners).map(|_| router(&cfg.arms, &capacity, cfg.options)).collect::<Result<_, _>>()?;
+        let routers = (0..learners).map(|_| router(&cfg.arms, &capacity, cfg.options, &cfg.prior)).collect::<Result<_, _>>()?;
         let n = cfg.arms.len();
         Ok(RoutingLayer {
             cfg,
@@ -532,8 +565,7 @@ impl RoutingLayer {
 
     /// Whether program `i` resolves its task on the model it ran on.
     pub fn success(&self, i: usize) -> bool {
-        let u = (mix(self.cfg.outcome_seed, i as u64) >> 11) as f64 / (1u64 << 53) as f64;
-        u < self.cfg.arms[self.programs[i].arm].success
+        task_difficulty(self.cfg.outcome_seed, i) < self.cfg.arms[self.programs[i].arm].success
     }
 
     /// The judge and the arm whose replicas run it, when an LLM judge is the verifier.
@@ -690,6 +722,7 @@ mod tests {
             verifier_s: 0.0,
             judge: None,
             outcome_seed: 11,
+            prior: Vec::new(),
         };
         RoutingLayer::new(cfg, &["big", "small"], &[100_000, 100_000], 2_000, 4).unwrap()
     }

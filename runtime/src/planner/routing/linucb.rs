@@ -249,6 +249,32 @@ impl LinUcb {
         Ok(arm)
     }
 
+    /// An outcome learned outside the program table — a decision for `arm` on context `x` made
+    /// and verified before this learner existed (a calibration pass, a replay): both its
+    /// decision and its verdict enter at once, exactly as [`LinUcb::record`] followed by
+    /// [`LinUcb::land`] would enter them, with nothing left pending.
+    pub fn observe(&mut self, arm: usize, x: &[f64], reward: f64) -> Result<(), LinUcbError> {
+        self.check(x)?;
+        if !reward.is_finite() {
+            return Err(LinUcbError::Reward(reward));
+        }
+        let arms = self.arms.len();
+        let Some(a) = self.arms.get_mut(arm) else {
+            return Err(LinUcbError::UnknownArm { arm, arms });
+        };
+        a.decisions += 1;
+        a.landed += 1;
+        a.a_inv.rank_one_inverse_update(x);
+        for (b, v) in a.b.iter_mut().zip(x) {
+            *b += reward * v;
+        }
+        a.theta = a.a_inv.times(&a.b);
+        // With the pending term the decision enters the width at `record`, without it at
+        // `land`: once either way.
+        a.w_inv.rank_one_inverse_update(x);
+        Ok(())
+    }
+
     /// Forget a pending decision without a verdict (a program that failed before it could be
     /// verified): it stays in the width, as a decision made.
     pub fn abandon(&mut self, program: u64) -> Result<usize, LinUcbError> {
@@ -337,6 +363,28 @@ mod tests {
         }
         let (a, b) = (l.evaluate(&[0.3, 0.7]).unwrap(), m.evaluate(&[0.3, 0.7]).unwrap());
         assert!((a.mean[0] - b.mean[0]).abs() < 1e-12 && (a.width[0] - b.width[0]).abs() < 1e-12);
+    }
+
+    #[test]
+    fn an_observed_outcome_equals_a_recorded_decision_whose_verdict_landed() {
+        for pending_term in [true, false] {
+            let mut observed = LinUcb::new(2, 3, 0.6, pending_term).unwrap();
+            let mut played = observed.clone();
+            let outcomes = [(0, [1.0, 0.5, -0.2], 1.0), (1, [1.0, -0.3, 0.4], 0.0), (0, [1.0, 0.1, 0.1], 0.5)];
+            for (k, (arm, x, r)) in outcomes.iter().enumerate() {
+                observed.observe(*arm, x, *r).unwrap();
+                played.record(k as u64, *arm, x).unwrap();
+                played.land(k as u64, *r).unwrap();
+            }
+            assert_eq!(observed, played, "pending term {pending_term}");
+            assert_eq!(observed.pending(), 0);
+            assert_eq!(observed.counts(0), Some((2, 2)));
+        }
+        let mut l = LinUcb::new(2, 3, 0.6, true).unwrap();
+        assert!(matches!(l.observe(2, &[1.0, 0.0, 0.0], 1.0), Err(LinUcbError::UnknownArm { arm: 2, arms: 2 })));
+        assert!(matches!(l.observe(0, &[1.0, 0.0], 1.0), Err(LinUcbError::Dimension { .. })));
+        assert!(matches!(l.observe(0, &[1.0, 0.0, 0.0], f64::NAN), Err(LinUcbError::Reward(_))));
+        assert_eq!(l, LinUcb::new(2, 3, 0.6, true).unwrap(), "a refused outcome changes nothing");
     }
 
     #[test]

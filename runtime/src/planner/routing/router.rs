@@ -235,6 +235,20 @@ impl Router {
         Ok(r)
     }
 
+    /// An outcome verified outside this router's table — `model` ran `request` and its verifier
+    /// said `success` at `cost` (a calibration pass before deployment, another process's
+    /// records): the learner learns it as a decision with its verdict. No ledger or table row
+    /// is touched. Returns the reward.
+    pub fn learn(&mut self, model: usize, request: &str, success: f64, cost: f64) -> Result<f64, RouterError> {
+        if model >= self.ledgers.len() {
+            return Err(RouterError::Config);
+        }
+        let (_, context) = self.context(request);
+        let r = reward(success, cost, self.options.cost_weight, self.options.cost_scale);
+        self.learner.observe(model, &context, r)?;
+        Ok(r)
+    }
+
     /// A program that failed before it could be verified: release whatever it holds and drop
     /// its row (its decision stays in the learner's width).
     pub fn abandon(&mut self, program: u64) -> Result<(), RouterError> {
@@ -364,6 +378,27 @@ mod tests {
         r.verdict(1, 1.0, 0.0).unwrap();
         assert!(r.learner().evaluate(&b.context).unwrap().mean[1] > before, "model 1's estimate moved");
         assert_eq!(r.programs(), 0);
+    }
+
+    #[test]
+    fn outcomes_learned_before_deployment_steer_the_first_binding_and_touch_no_ledger() {
+        // Untrained, the learner ties and binds to model 0; after calibration outcomes where
+        // model 1 succeeds on math and model 0 fails, the first math program goes to model 1.
+        let mut r = router(false, 100_000);
+        for _ in 0..5 {
+            assert_eq!(r.learn(1, MATH, 1.0, 0.0).unwrap(), 1.0);
+            assert_eq!(r.learn(0, MATH, 0.0, 0.0).unwrap(), 0.0);
+        }
+        assert_eq!(r.learner().counts(1), Some((5, 5)));
+        assert_eq!(r.learner().pending(), 0);
+        assert_eq!((r.programs(), r.ledger(0).unwrap().queued(), r.ledger(1).unwrap().queued()), (0, 0, 0));
+        assert_eq!(r.learn(2, MATH, 1.0, 0.0).unwrap_err(), RouterError::Config, "no such model");
+        assert_eq!(r.bind(1, MATH, 200, &[]).unwrap().model, 1);
+        // The reward is the router's own: with a cost weight, cost counts against success.
+        let mut priced = router(false, 100_000);
+        priced.options.cost_weight = 1.0;
+        priced.options.cost_scale = 100.0;
+        assert_eq!(priced.learn(0, CODE, 1.0, 50.0).unwrap(), 0.5);
     }
 
     #[test]

@@ -180,11 +180,14 @@ pub struct PoolCalibration {
     pub static_cap: [usize; 2],
     /// The static cap fixed the same way with the calibrated learner.
     pub static_cap_calibrated: [usize; 2],
-    /// DISC's learned per-request allowance δ̂ per model at the end of the calibration run.
+    /// DISC's learned per-request allowance δ̂ per model at the end of the calibration run with
+    /// the cold learner.
     pub allowance_tokens: Vec<f64>,
     /// The calibration passes' outcomes a calibrated learner is taught: every calibration
     /// program on each model alone, resolved or not (its difficulty under the calibration
-    /// seed), at the compute its calls cost with the earlier conversation in the prefix cache.
+    /// seed), at the compute its calls cost with the earlier conversation in the prefix cache
+    /// (an ideal cache: evaluated runs charge the hits they got; inert at the bench's cost
+    /// weight 0, where the reward is the success alone).
     pub prior: Vec<PriorOutcome>,
 }
 
@@ -454,8 +457,10 @@ fn prior_outcomes(arms: &[RoutedArm], calibration: &Programs) -> Vec<PriorOutcom
     out
 }
 
-/// Calibrates the program layer on one pool: D₀ per model alone, then the static cap from
-/// DISC's run at the calibration concurrency (both on the calibration trace).
+/// Calibrates the program layer on one pool: D₀ per model alone, the calibration passes'
+/// outcomes (the calibrated learner's prior), then the static cap of each learner condition
+/// from DISC's run at the calibration concurrency with that learner (all on the calibration
+/// trace).
 fn calibrate<'a>(
     cfg: &'a ProgramsBenchConfig,
     pool: AgentPoolSpec,
@@ -749,7 +754,8 @@ impl ProgramsReport {
              learner conditions, each system in both: *cold* — the learner has seen no verdict when the first \
              program arrives, so the first programs of a run are bound before any feedback and spread over both \
              models; *calibrated* — every system's learner is first taught the calibration passes' outcomes \
-             (each of the {} calibration programs on each model alone: resolved or not, and its compute; seed \
+             (each of the {} calibration programs on each model alone: resolved or not — its compute, inert at \
+             the cost weight 0 of these runs, too; seed \
              {CALIBRATION_SEED}, never evaluated), a router that has learned which model resolves more, the \
              condition of paper 002's Fig. 2c (\"a router that learns such preferences can concentrate tasks on \
              one model, filling its backend's KV cache\"). The static cap is fixed per condition from DISC's \
@@ -859,8 +865,8 @@ impl ProgramsReport {
 /// The program experiments as SVG (plotters): program throughput against concurrency per
 /// system on each pool (Fig. 6's shape: the dense H100 and H200 pairs, the dense pair with the
 /// measured state, the hybrid pair), per feedback mode (Fig. 5's), and resolved tasks against
-/// throughput over the β sweep (Fig. 7b's). Legends sit above the data (the y range
-/// leaves them a band).
+/// throughput over the β sweep (Fig. 7b's), and paper 002's own programs with the calibrated
+/// learner (panel h). Legends sit above the data (the y range leaves them a band).
 pub fn programs_svg(r: &ProgramsReport) -> Result<String, String> {
     use plotters::prelude::*;
     let s = |e: &dyn std::fmt::Display| e.to_string();

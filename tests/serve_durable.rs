@@ -472,3 +472,62 @@ async fn a_routed_programs_binding_survives_a_restart() {
     assert_eq!(open["model"].as_str(), Some(second.as_str()), "{open}");
     assert_eq!(journal.routed_program("k1").expect("read"), None, "k1 ended");
 }
+
+/// `POST /v1/programs/{key}/verdict`: its status.
+async fn verdict(http: &reqwest::Client, server: &Server, key: &str, success: f64) -> u16 {
+    let url = server.url(&format!("/v1/programs/{key}/verdict"));
+    let resp = http
+        .post(url)
+        .header("authorization", format!("Bearer {TOKEN}"))
+        .json(&json!({"success": success}))
+        .send()
+        .await
+        .expect("verdict");
+    resp.status().as_u16()
+}
+
+/// What the router's learner learned survives a restart: every landed verdict is journaled and
+/// a restarted server teaches its learner the same. An untrained learner sends a first program
+/// to the route's first model; taught that another model resolves the task and the rest do
+/// not, the router sends programs there — and still does after a kill, while a server on a
+/// fresh state directory starts untrained.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_the_router_learned_survives_a_restart() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let state = dir.path().join("state");
+    let routed = support::serve::repo().join("workflows/gsm8k-routed.yaml");
+    let pool = support::serve::repo().join("workflows/pools/live-emulated.yaml");
+    let http = reqwest::Client::new();
+    let (untrained, target, verdicts) = {
+        let server = Server::start_with(&pool, &[&routed], &["--state".as_ref(), state.as_os_str()]);
+        // The first program goes to the untrained learner's first choice; the second, with the
+        // first's decision pending, explores another model: that one is taught to be right.
+        let untrained = routed_model(&http, &server, "a0", true).await;
+        let target = routed_model(&http, &server, "a1", true).await;
+        assert_ne!(untrained, target);
+        let mut models = vec![untrained.clone(), target.clone()];
+        for k in 2..14 {
+            models.push(routed_model(&http, &server, &format!("a{k}"), true).await);
+        }
+        for (k, model) in models.iter().enumerate() {
+            let success = if *model == target { 1.0 } else { 0.0 };
+            assert_eq!(verdict(&http, &server, &format!("a{k}"), success).await, 200, "a{k}");
+        }
+        assert_eq!(routed_model(&http, &server, "probe-a", true).await, target, "taught: {models:?}");
+        assert_eq!(verdict(&http, &server, "probe-a", 1.0).await, 200);
+        (untrained, target, models.len() + 1)
+        // Dropped: SIGKILL.
+    };
+    let server = Server::start_with(&pool, &[&routed], &["--state".as_ref(), state.as_os_str()]);
+    assert_eq!(routed_model(&http, &server, "probe-b", true).await, target, "the restarted router relearned");
+    drop(server);
+    let journal = Journal::open(&state).expect("journal");
+    let learned = journal.learned().expect("learned");
+    assert_eq!(learned.len(), verdicts, "one row per landed verdict");
+    assert!(learned.iter().all(|r| r["features"].is_u64() && r["context"].is_array() && r["model"].is_string()), "{learned:?}");
+    drop(journal);
+    // A fresh state directory: untrained again.
+    let fresh = dir.path().join("fresh");
+    let server = Server::start_with(&pool, &[&routed], &["--state".as_ref(), fresh.as_os_str()]);
+    assert_eq!(routed_model(&http, &server, "c0", true).await, untrained);
+}

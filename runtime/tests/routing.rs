@@ -200,7 +200,7 @@ fn a_program_its_ledger_has_not_admitted_keeps_its_units_out_of_the_queue() {
     // Its forecast was kept while it waited, and shows now.
     let forecast: Vec<u32> = planner.state().near_ready().map(|n| n.activation.session.0).collect();
     assert_eq!(forecast, vec![1], "the admitted program's forecast returns");
-    assert_eq!(planner.program_verdict(SessionId(0), 1.0, 0.0, 10.5).unwrap(), 1.0);
+    assert_eq!(planner.program_verdict(SessionId(0), 1.0, 0.0, 10.5).unwrap().reward, 1.0);
     assert!(planner.program_verdict(SessionId(0), 1.0, 0.0, 10.5).is_err(), "a verdict lands once");
     // Two more programs wait behind session 1. One fails while it waits (a shell abandons it
     // before its end reaches the core); one ends while it waits (it needed no call of its
@@ -216,7 +216,7 @@ fn a_program_its_ledger_has_not_admitted_keeps_its_units_out_of_the_queue() {
         )
         .unwrap();
     assert!(!planner.state().is_gated(SessionId(2)) && !planner.state().is_gated(SessionId(3)));
-    assert_eq!(planner.program_verdict(SessionId(3), 0.0, 0.0, 12.5).unwrap(), 0.0);
+    assert_eq!(planner.program_verdict(SessionId(3), 0.0, 0.0, 12.5).unwrap().reward, 0.0);
     assert_eq!(waiting(&planner), vec![1], "session 1 keeps its place");
 }
 

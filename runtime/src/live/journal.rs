@@ -166,6 +166,10 @@ const ROUTED: TableDefinition<&str, &str> = TableDefinition::new("routed_program
 const WORKFLOWS: TableDefinition<&str, &str> = TableDefinition::new("workflows");
 /// Runs a client cancelled (run id → nothing): a restart resumes none of their sessions.
 const CANCELLED: TableDefinition<&str, ()> = TableDefinition::new("cancelled_runs");
+/// What the router's learner learned, in landing order: number → one landed verdict (JSON: the
+/// digest of the router's features, the model, the context, the reward). A restart teaches its
+/// learner these again. (A table added after schema version 1, like `routed_programs`.)
+const LEARNED: TableDefinition<u64, &str> = TableDefinition::new("learned_outcomes");
 
 const META_SCHEMA: &str = "schema_version";
 const META_SEQ: &str = "seq";
@@ -728,6 +732,7 @@ impl Journal {
         txn.open_table(ROUTED)?;
         txn.open_table(WORKFLOWS)?;
         txn.open_table(CANCELLED)?;
+        txn.open_table(LEARNED)?;
         txn.commit()?;
         Ok(())
     }
@@ -1226,6 +1231,30 @@ impl Journal {
         let routed = txn.open_table(ROUTED)?;
         let Some(text) = routed.get(key)? else { return Ok(None) };
         Ok(Some(decode(|| format!("routing of program {key:?}"), text.value())?))
+    }
+
+    /// Append what the router learned from one landed verdict (after every earlier one).
+    pub fn record_learned(&self, outcome: &Value) -> Result<(), JournalError> {
+        let text = encode(|| "a learned outcome".to_string(), outcome)?;
+        self.write(move |txn| {
+            let mut learned = txn.open_table(LEARNED)?;
+            let next = learned.last()?.map_or(0, |(k, _)| k.value() + 1);
+            learned.insert(next, text.as_str())?;
+            Ok(())
+        })
+    }
+
+    /// Every learned outcome recorded, in the order the verdicts landed.
+    pub fn learned(&self) -> Result<Vec<Value>, JournalError> {
+        let txn = self.read()?;
+        let learned = txn.open_table(LEARNED)?;
+        let mut out = Vec::new();
+        for row in learned.iter()? {
+            let (n, text) = row?;
+            let n = n.value();
+            out.push(decode(|| format!("learned outcome {n}"), text.value())?);
+        }
+        Ok(out)
     }
 
     // ----- recovery -----

@@ -700,6 +700,10 @@ impl PlannerActorState {
                     }
                     Err(e) => self.note(format!("router: the journal's routed programs cannot be read: {e}")),
                 }
+                match super::actors::off_the_reactor(|| journal.learned()) {
+                    Ok(rows) => self.relearn(&rows),
+                    Err(e) => self.note(format!("router: the journal's learned outcomes cannot be read: {e}")),
+                }
                 self.program_journal = Some(journal);
             }
             PlannerMsg::ProgramVerdict { program, success, reply } => {
@@ -1093,10 +1097,12 @@ impl PlannerActorState {
         }
         self.flush(myself).await;
         let cost = self.routes.get(id).map_or(0.0, |r| r.cost);
-        let reward = self
+        let learned = self
             .planner
             .program_verdict(id, success, cost, self.ctx.clock.now())
             .map_err(|e| ServiceError::Unavailable(format!("the router refused the verdict of program `{key}`: {e}")))?;
+        self.journal_learned(&learned);
+        let reward = learned.reward;
         self.unverified.remove(key);
         self.unverified_order.retain(|(_, s)| *s != id);
         self.routes.close(id, Some(success), None);
@@ -1770,10 +1776,61 @@ impl PlannerActorState {
             exec::routing::verdict(spec, score, &row.feedback)
         });
         self.routes.close(id, Some(success), spec.as_ref().and_then(|s| exec::routing::workflow_verifier(s)));
-        if let Err(e) = self.planner.program_verdict(id, success, row.cost, self.ctx.clock.now()) {
-            self.note(format!("router: session {id}: {e}"));
+        match self.planner.program_verdict(id, success, row.cost, self.ctx.clock.now()) {
+            Ok(learned) => self.journal_learned(&learned),
+            Err(e) => self.note(format!("router: session {id}: {e}")),
         }
         self.planning_pass(myself).await;
+    }
+
+    /// With a program journal, record what a landed verdict taught the learner, so that a
+    /// restart teaches its learner the same ([`Self::relearn`]). A failed write costs only that:
+    /// the learner here has learned it.
+    fn journal_learned(&mut self, learned: &crate::planner::routing::LearnedOutcome) {
+        let (Some(j), Some(features)) = (self.program_journal.clone(), self.planner.routing_features_digest()) else {
+            return;
+        };
+        let entry = serde_json::json!({
+            "features": features,
+            "model": self.model_name(learned.deployment),
+            "context": learned.context,
+            "reward": learned.reward,
+        });
+        if let Err(e) = super::actors::off_the_reactor(|| j.record_learned(&entry)) {
+            tracing::warn!(error = %e, "the journal did not record a learned outcome");
+            self.note(format!("router: the journal did not record a learned outcome ({e}); a restart will not relearn it"));
+        }
+    }
+
+    /// Teach the router's learner the outcomes a journal recorded (a restart): each one recorded
+    /// under this router's features and on a model it routes; the others are skipped (the
+    /// server now starts with other routed workflows, whose contexts mean something else).
+    fn relearn(&mut self, rows: &[serde_json::Value]) {
+        let Some(features) = self.planner.routing_features_digest() else { return };
+        let (mut taught, mut skipped) = (0usize, 0usize);
+        for row in rows {
+            let outcome = (|| {
+                if row.get("features")?.as_u64()? != features {
+                    return None;
+                }
+                let model = row.get("model")?.as_str()?;
+                let deployment = (0..self.ctx.deployments.len() as u32).map(DeploymentId).find(|&d| {
+                    self.model_name(d) == model && self.planner.routing().is_some_and(|r| r.routes(d))
+                })?;
+                let context = row.get("context")?.as_array()?.iter().map(serde_json::Value::as_f64).collect::<Option<Vec<f64>>>()?;
+                let reward = row.get("reward")?.as_f64()?;
+                Some(crate::planner::routing::LearnedOutcome { deployment, context, reward })
+            })();
+            match outcome.map(|o| self.planner.relearn(&o)) {
+                Some(Ok(())) => taught += 1,
+                _ => skipped += 1,
+            }
+        }
+        if taught + skipped > 0 {
+            let detail = format!("router: relearned {taught} verdicts from the journal ({skipped} skipped: other features or models)");
+            tracing::info!(taught, skipped, "the router relearned the journal's verdicts");
+            self.log("relearn", TraceLine { detail: Some(detail), ..blank() });
+        }
     }
 
     fn after_session_end(&mut self) {

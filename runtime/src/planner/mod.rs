@@ -237,16 +237,35 @@ impl Planner {
     }
 
     /// The verdict of routed session `session` landed (its verifier ran after the session
-    /// ended): update the learner. Answers the reward. A session that was never routed, or
-    /// whose verdict already landed, is an error.
-    pub fn program_verdict(&mut self, session: SessionId, success: f64, cost: f64, now: f64) -> Result<f64, PlanError> {
+    /// ended): update the learner. Answers what it learned (the reward in it). A session that
+    /// was never routed, or whose verdict already landed, is an error.
+    pub fn program_verdict(
+        &mut self,
+        session: SessionId,
+        success: f64,
+        cost: f64,
+        now: f64,
+    ) -> Result<routing::LearnedOutcome, PlanError> {
         let routing = self.routing.as_mut().ok_or_else(|| PlanError::Routing("this run has no router".into()))?;
-        let (reward, admitted) =
+        let (learned, admitted) =
             routing.verdict(u64::from(session.0), success, cost, now).map_err(|e| PlanError::Routing(e.to_string()))?;
         for p in admitted {
             self.state.ungate(SessionId(p as u32));
         }
-        Ok(reward)
+        Ok(learned)
+    }
+
+    /// The digest of the router's features ([`routing::RoutedPrograms::features_digest`]); `None` in a
+    /// run without a router.
+    pub fn routing_features_digest(&self) -> Option<u64> {
+        self.routing.as_ref().map(routing::RoutedPrograms::features_digest)
+    }
+
+    /// Teach the router's learner what an earlier router over the same features learned
+    /// ([`routing::RoutedPrograms::relearn`]).
+    pub fn relearn(&mut self, outcome: &routing::LearnedOutcome) -> Result<(), PlanError> {
+        let routing = self.routing.as_mut().ok_or_else(|| PlanError::Routing("this run has no router".into()))?;
+        routing.relearn(outcome).map_err(|e| PlanError::Routing(e.to_string()))
     }
 
     /// DISC's usage observation from one replica of deployment `d`: the KV it holds

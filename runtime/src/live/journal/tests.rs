@@ -322,6 +322,33 @@ fn a_routed_program_is_recorded_while_it_is_open() {
 }
 
 #[test]
+fn learned_outcomes_come_back_in_the_order_they_landed() {
+    let (dir, j) = fresh();
+    assert_eq!(j.learned().expect("read"), Vec::<Value>::new());
+    // Written concurrently from several threads, each append lands after every earlier one.
+    let j = std::sync::Arc::new(j);
+    for n in 0..3 {
+        j.record_learned(&json!({"model": "Qwen3-8B", "context": [1.0, n], "reward": 1.0})).expect("record");
+    }
+    let writers: Vec<_> = (3..9)
+        .map(|n| {
+            let j = std::sync::Arc::clone(&j);
+            std::thread::spawn(move || j.record_learned(&json!({"n": n})).expect("record"))
+        })
+        .collect();
+    writers.into_iter().for_each(|w| w.join().expect("writer"));
+    let Ok(j) = std::sync::Arc::try_unwrap(j) else { panic!("one owner left") };
+    drop(j);
+    let j = Journal::open(&dir.path().join("state")).expect("reopen");
+    let learned = j.learned().expect("read");
+    assert_eq!(learned.len(), 9);
+    assert_eq!(learned[..3], [0, 1, 2].map(|n| json!({"model": "Qwen3-8B", "context": [1.0, n], "reward": 1.0})));
+    let mut later: Vec<u64> = learned[3..].iter().map(|v| v["n"].as_u64().expect("n")).collect();
+    later.sort_unstable();
+    assert_eq!(later, (3..9).collect::<Vec<u64>>(), "none lost or overwritten");
+}
+
+#[test]
 fn recovery_lists_unfinished_sessions_with_results_in_completion_order() {
     let (dir, j) = fresh();
     j.record_run(&run("r1")).expect("run");

@@ -33,5 +33,5 @@ pub mod router;
 pub use disc::{DiscConfig, Ledger, LedgerError, divert};
 pub use embed::{Pca, SparseVec, VerifierSelector, Vocabulary};
 pub use linucb::{ALPHA_UCB, Decision, LinUcb, LinUcbError, reward};
-pub use programs::{RouteRecord, RoutedPrograms, RoutingSetup, router_features};
+pub use programs::{LearnedOutcome, RouteRecord, RoutedPrograms, RoutingSetup, router_features};
 pub use router::{Binding, Router, RouterError, RouterOptions, learner_context};

@@ -70,6 +70,39 @@ pub struct RoutedPrograms {
     router: Router,
     arms: Vec<DeploymentId>,
     live: BTreeMap<u64, RouteRecord>,
+    features: u64,
+}
+
+/// What one landed verdict taught the learner: the program's deployment, its context and the
+/// reward. Another router over the same features ([`RoutedPrograms::features_digest`]) learns the
+/// same from it ([`RoutedPrograms::relearn`]) — how a restarted server keeps what its router
+/// learned.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LearnedOutcome {
+    pub deployment: DeploymentId,
+    pub context: Vec<f64>,
+    pub reward: f64,
+}
+
+/// FNV-1a over the exemplars (verifier and text, each ended by a 0 byte) and the context length:
+/// the vocabulary, the PCA basis and the verifier prototypes are functions of the exemplars, so
+/// two routers with the same digest give every request the same context.
+fn features_digest(exemplars: &[(String, String)], dim: usize) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut eat = |bytes: &[u8]| {
+        for &b in bytes {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    };
+    for (verifier, text) in exemplars {
+        eat(verifier.as_bytes());
+        eat(&[0]);
+        eat(text.as_bytes());
+        eat(&[0]);
+    }
+    eat(&(dim as u64).to_le_bytes());
+    h
 }
 
 impl RoutedPrograms {
@@ -84,13 +117,29 @@ impl RoutedPrograms {
         }
         let (vocabulary, pca, selector) = router_features(&setup.exemplars);
         let verifiers = selector.verifiers().count();
-        let learner = LinUcb::new(n, Router::context_dim(verifiers, pca.len()), ALPHA_UCB, true)?;
+        let dim = Router::context_dim(verifiers, pca.len());
+        let learner = LinUcb::new(n, dim, ALPHA_UCB, true)?;
+        let features = features_digest(&setup.exemplars, dim);
         let mut ledgers = Vec::with_capacity(n);
         for (cap, c0) in setup.capacity_tokens.iter().zip(&setup.prior_peak_tokens) {
             ledgers.push(Ledger::new(*cap, *c0, setup.prior_run_s, setup.options.disc)?);
         }
         let router = Router::new(vocabulary, pca, selector, learner, ledgers, setup.options)?;
-        Ok(RoutedPrograms { router, arms: setup.arms, live: BTreeMap::new() })
+        Ok(RoutedPrograms { router, arms: setup.arms, live: BTreeMap::new(), features })
+    }
+
+    /// A digest of the learner's features (the exemplars it was built from): a
+    /// [`LearnedOutcome`] recorded under one digest means the same to any router with it.
+    pub fn features_digest(&self) -> u64 {
+        self.features
+    }
+
+    /// Teach the learner what an earlier router over the same features learned (a verdict that
+    /// landed before a restart). Refused for a deployment outside every route or a context of
+    /// another length; nothing is learned then.
+    pub fn relearn(&mut self, outcome: &LearnedOutcome) -> Result<(), RouterError> {
+        let arm = self.arm(outcome.deployment).ok_or(RouterError::Config)?;
+        self.router.relearn(arm, &outcome.context, outcome.reward)
     }
 
     /// The DISC settings the router runs with.
@@ -226,11 +275,23 @@ impl RoutedPrograms {
         Ok(self.admit(now))
     }
 
-    /// The program's verdict landed: the learner's update (reward returned). Its row goes.
-    pub fn verdict(&mut self, program: u64, success: f64, cost: f64, now: f64) -> Result<(f64, Vec<u64>), RouterError> {
-        let r = self.router.verdict(program, success, cost)?;
+    /// The program's verdict landed: the learner's update (what it learned returned, with the
+    /// programs the ledgers admit now). Its row goes.
+    pub fn verdict(
+        &mut self,
+        program: u64,
+        success: f64,
+        cost: f64,
+        now: f64,
+    ) -> Result<(LearnedOutcome, Vec<u64>), RouterError> {
+        let (arm, context) = match self.router.binding(program) {
+            Some(b) => (b.model, b.context.clone()),
+            None => return Err(RouterError::Unbound(program)),
+        };
+        let reward = self.router.verdict(program, success, cost)?;
         self.live.remove(&program);
-        Ok((r, self.admit(now)))
+        let learned = LearnedOutcome { deployment: self.arms[arm], context, reward };
+        Ok((learned, self.admit(now)))
     }
 
     /// A program that cannot be verified (it failed): release what it holds, forget it.
@@ -309,6 +370,53 @@ mod tests {
         let (r, _) = p.bind(100, &route, MATH, 100, 60.0).unwrap();
         assert_eq!(r.deployment, DeploymentId(7), "the learner prefers the member that succeeds");
         assert!(p.record(3).is_none(), "a verified program's row is gone");
+    }
+
+    #[test]
+    fn what_a_router_learned_teaches_a_fresh_router_over_the_same_features_the_same() {
+        // A router learns from verdicts; a fresh one (a restart) relearns the outcomes it
+        // recorded and then decides exactly as the first.
+        let mut first = RoutedPrograms::new(setup(1_000_000)).unwrap();
+        let route = [DeploymentId(5), DeploymentId(7)];
+        let mut learned = Vec::new();
+        for program in 0..12 {
+            let (r, _) = first.bind(program, &route, MATH, 100, 0.0).unwrap();
+            first.unit_ready(program, r.deployment, 900);
+            first.finished(program, 30.0).unwrap();
+            let good = r.deployment == DeploymentId(5);
+            let (outcome, _) = first.verdict(program, if good { 1.0 } else { 0.0 }, 0.0, 40.0).unwrap();
+            assert_eq!((outcome.deployment, outcome.reward), (r.deployment, if good { 1.0 } else { 0.0 }));
+            learned.push(outcome);
+        }
+        let mut second = RoutedPrograms::new(setup(1_000_000)).unwrap();
+        assert_eq!(second.features_digest(), first.features_digest());
+        for o in &learned {
+            second.relearn(o).unwrap();
+        }
+        let context = first.router().context(MATH).1;
+        let a = first.router().learner().evaluate(&context).unwrap();
+        let b = second.router().learner().evaluate(&context).unwrap();
+        for m in 0..3 {
+            assert!((a.index(m) - b.index(m)).abs() < 1e-9, "arm {m}: {} vs {}", a.index(m), b.index(m));
+        }
+        assert_eq!(second.bind(100, &route, MATH, 100, 50.0).unwrap().0.deployment, DeploymentId(5));
+        // Without the outcomes, a fresh router decides otherwise (it explores in order).
+        let mut cold = RoutedPrograms::new(setup(1_000_000)).unwrap();
+        let cold_index = cold.router().learner().evaluate(&context).unwrap();
+        assert!((cold_index.index(1) - b.index(1)).abs() > 0.1);
+        // Refused: a deployment outside every route, a context of another length; nothing learned.
+        let mut bad = learned[0].clone();
+        bad.deployment = DeploymentId(4);
+        assert_eq!(cold.relearn(&bad).unwrap_err(), RouterError::Config);
+        let mut short = learned[0].clone();
+        short.context.pop();
+        assert!(cold.relearn(&short).is_err());
+        assert_eq!(cold.router().learner().counts(0), Some((0, 0)));
+        // Other exemplars: another digest.
+        let mut other = setup(1_000_000);
+        other.exemplars[0].1.push_str(" Answer with a number.");
+        assert_ne!(RoutedPrograms::new(other).unwrap().features_digest(), first.features_digest());
+        assert_eq!(first.verdict(0, 1.0, 0.0, 60.0).unwrap_err(), RouterError::Unbound(0), "a verdict lands once");
     }
 
     #[test]

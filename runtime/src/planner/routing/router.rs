@@ -249,6 +249,15 @@ impl Router {
         Ok(r)
     }
 
+    /// Teach the learner an outcome recorded as a context and a reward (what an earlier
+    /// router over the same features learned: [`crate::planner::routing::LearnedOutcome`]).
+    pub fn relearn(&mut self, model: usize, context: &[f64], reward: f64) -> Result<(), RouterError> {
+        if model >= self.ledgers.len() {
+            return Err(RouterError::Config);
+        }
+        Ok(self.learner.observe(model, context, reward)?)
+    }
+
     /// A program that failed before it could be verified: release whatever it holds and drop
     /// its row (its decision stays in the learner's width).
     pub fn abandon(&mut self, program: u64) -> Result<(), RouterError> {

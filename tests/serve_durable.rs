@@ -515,6 +515,8 @@ async fn what_the_router_learned_survives_a_restart() {
         }
         assert_eq!(routed_model(&http, &server, "probe-a", true).await, target, "taught: {models:?}");
         assert_eq!(verdict(&http, &server, "probe-a", 1.0).await, 200);
+        // The outcomes are journaled beside the planner, not waited for: let the last land.
+        tokio::time::sleep(Duration::from_millis(500)).await;
         (untrained, target, models.len() + 1)
         // Dropped: SIGKILL.
     };
@@ -524,7 +526,10 @@ async fn what_the_router_learned_survives_a_restart() {
     let journal = Journal::open(&state).expect("journal");
     let learned = journal.learned().expect("learned");
     assert_eq!(learned.len(), verdicts, "one row per landed verdict");
-    assert!(learned.iter().all(|r| r["features"].is_u64() && r["context"].is_array() && r["model"].is_string()), "{learned:?}");
+    assert!(
+        learned.iter().all(|r| r["features"].is_u64() && r["context"].is_array() && r["model"].is_string() && r["dtype"].is_string()),
+        "{learned:?}"
+    );
     drop(journal);
     // A fresh state directory: untrained again.
     let fresh = dir.path().join("fresh");

@@ -27,6 +27,8 @@
 //! - **routed front-door programs open now** ([`Journal::open_routed_program`],
 //!   [`Journal::end_routed_program`]): a program the router bound, until it ends; read back after
 //!   a restart ([`Journal::routed_program`]) so that a program open at the crash keeps its model;
+//! - **what the router learned** ([`Journal::record_learned`], [`Journal::learned`]): one row per
+//!   landed verdict, the newest [`MAX_LEARNED`], relearned by a restarted server's router;
 //! - **workflows registered over the API** ([`Journal::record_workflow`]): name → YAML text, so
 //!   a restart registers them again whether or not a run used them; another text under a
 //!   recorded name is refused;
@@ -139,6 +141,10 @@ pub const SCHEMA_VERSION: u64 = 1;
 /// Intents allowed per activation: the first run, and one more after a crash.
 pub const MAX_ATTEMPTS: u32 = 2;
 
+/// The most learned outcomes the journal keeps (the newest; a few hundred bytes each): what a
+/// restart relearns is bounded however long the server ran.
+pub const MAX_LEARNED: u64 = 10_000;
+
 /// The longest activation key or program id accepted (bytes).
 pub const MAX_KEY_LEN: usize = 1024;
 
@@ -167,8 +173,9 @@ const WORKFLOWS: TableDefinition<&str, &str> = TableDefinition::new("workflows")
 /// Runs a client cancelled (run id → nothing): a restart resumes none of their sessions.
 const CANCELLED: TableDefinition<&str, ()> = TableDefinition::new("cancelled_runs");
 /// What the router's learner learned, in landing order: number → one landed verdict (JSON: the
-/// digest of the router's features, the model, the context, the reward). A restart teaches its
-/// learner these again. (A table added after schema version 1, like `routed_programs`.)
+/// digest of the router's features, the model, the context, the reward), the newest
+/// [`MAX_LEARNED`] only. A restart teaches its learner these again. (A table added after
+/// schema version 1, like `routed_programs`.)
 const LEARNED: TableDefinition<u64, &str> = TableDefinition::new("learned_outcomes");
 
 const META_SCHEMA: &str = "schema_version";
@@ -1233,18 +1240,26 @@ impl Journal {
         Ok(Some(decode(|| format!("routing of program {key:?}"), text.value())?))
     }
 
-    /// Append what the router learned from one landed verdict (after every earlier one).
+    /// Append what the router learned from one landed verdict (after every earlier one); past
+    /// [`MAX_LEARNED`] the oldest goes.
     pub fn record_learned(&self, outcome: &Value) -> Result<(), JournalError> {
+        self.record_learned_within(outcome, MAX_LEARNED)
+    }
+
+    fn record_learned_within(&self, outcome: &Value, keep: u64) -> Result<(), JournalError> {
         let text = encode(|| "a learned outcome".to_string(), outcome)?;
         self.write(move |txn| {
             let mut learned = txn.open_table(LEARNED)?;
             let next = learned.last()?.map_or(0, |(k, _)| k.value() + 1);
             learned.insert(next, text.as_str())?;
+            while learned.len()? > keep {
+                learned.pop_first()?;
+            }
             Ok(())
         })
     }
 
-    /// Every learned outcome recorded, in the order the verdicts landed.
+    /// The learned outcomes kept (the newest [`MAX_LEARNED`]), in the order the verdicts landed.
     pub fn learned(&self) -> Result<Vec<Value>, JournalError> {
         let txn = self.read()?;
         let learned = txn.open_table(LEARNED)?;

@@ -197,9 +197,10 @@ pub struct PlannerActorState {
     /// Where routed front-door programs are recorded while open (`serve --state`).
     program_journal: Option<Arc<super::journal::Journal>>,
     /// The routed programs the journal held as open when it was handed over (open at the
-    /// crash), key → model: the first routed call under such a key binds to that model again,
+    /// crash), key → (model, dtype; older journals recorded no dtype): the first routed call
+    /// under such a key binds to that deployment again,
     /// and takes it out of here (a later program under the key is routed afresh).
-    journal_kept: BTreeMap<String, String>,
+    journal_kept: BTreeMap<String, (String, Option<String>)>,
     /// Routed programs whose key a later program took while they were still open: given up
     /// (no verdict can name them) once they have ended.
     give_up_at_end: BTreeSet<SessionId>,
@@ -695,7 +696,11 @@ impl PlannerActorState {
                     Ok(open) => {
                         self.journal_kept = open
                             .into_iter()
-                            .filter_map(|(k, v)| v.get("model").and_then(|m| m.as_str()).map(|m| (k, m.to_string())))
+                            .filter_map(|(k, v)| {
+                                let model = v.get("model").and_then(|m| m.as_str())?.to_string();
+                                let dtype = v.get("dtype").and_then(|m| m.as_str()).map(str::to_string);
+                                Some((k, (model, dtype)))
+                            })
                             .collect();
                     }
                     Err(e) => self.note(format!("router: the journal's routed programs cannot be read: {e}")),
@@ -988,7 +993,11 @@ impl PlannerActorState {
         let kept = self
             .journal_kept
             .remove(key)
-            .and_then(|m| members.iter().copied().find(|d| self.model_name(*d) == m));
+            .and_then(|(m, dtype)| {
+                members.iter().copied().find(|d| {
+                    self.model_name(*d) == m && dtype.as_ref().is_none_or(|t| *t == self.dtype_name(*d))
+                })
+            });
         let (prompt, _) = request.rendered_prompt();
         let task = program_task(request);
         let tokens = crate::tokens::count(&prompt) as u64;
@@ -1000,7 +1009,12 @@ impl PlannerActorState {
         .map_err(|e| format!("the router cannot bind the program: {e}"))?;
         let model = self.model_name(record.deployment);
         if let Some(j) = &journal {
-            let entry = serde_json::json!({"model": model, "verifier": record.verifier, "session": id.0});
+            let entry = serde_json::json!({
+                "model": model,
+                "dtype": self.dtype_name(record.deployment),
+                "verifier": record.verifier,
+                "session": id.0,
+            });
             if let Err(e) = super::actors::off_the_reactor(|| j.open_routed_program(key, &entry)) {
                 if let Err(e) = self.planner.program_abandoned(id, now) {
                     self.note(format!("router: session {id}: {e}"));
@@ -1783,9 +1797,17 @@ impl PlannerActorState {
         self.planning_pass(myself).await;
     }
 
+    /// The dtype of deployment `d` as the journal records it (with its model, it names the
+    /// deployment: one model may be served at two dtypes).
+    fn dtype_name(&self, d: DeploymentId) -> String {
+        self.ctx.deployments.get(d.0 as usize).map(|i| format!("{:?}", i.dtype)).unwrap_or_default()
+    }
+
     /// With a program journal, record what a landed verdict taught the learner, so that a
-    /// restart teaches its learner the same ([`Self::relearn`]). A failed write costs only that:
-    /// the learner here has learned it.
+    /// restart teaches its learner the same ([`Self::relearn`]). The write runs beside the
+    /// actor, not waited for: the learner here has learned the outcome already, a failed or
+    /// unfinished write (a crash right now) costs only its relearning, and the learner's sums do
+    /// not depend on the order outcomes are relearned in.
     fn journal_learned(&mut self, learned: &crate::planner::routing::LearnedOutcome) {
         let (Some(j), Some(features)) = (self.program_journal.clone(), self.planner.routing_features_digest()) else {
             return;
@@ -1793,12 +1815,18 @@ impl PlannerActorState {
         let entry = serde_json::json!({
             "features": features,
             "model": self.model_name(learned.deployment),
+            "dtype": self.dtype_name(learned.deployment),
             "context": learned.context,
             "reward": learned.reward,
         });
-        if let Err(e) = super::actors::off_the_reactor(|| j.record_learned(&entry)) {
-            tracing::warn!(error = %e, "the journal did not record a learned outcome");
-            self.note(format!("router: the journal did not record a learned outcome ({e}); a restart will not relearn it"));
+        let write = move || {
+            if let Err(e) = j.record_learned(&entry) {
+                tracing::warn!(error = %e, "the journal did not record a learned outcome; a restart will not relearn it");
+            }
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(h) => drop(h.spawn_blocking(write)),
+            Err(_) => write(),
         }
     }
 
@@ -1814,8 +1842,11 @@ impl PlannerActorState {
                     return None;
                 }
                 let model = row.get("model")?.as_str()?;
+                let dtype = row.get("dtype")?.as_str()?;
                 let deployment = (0..self.ctx.deployments.len() as u32).map(DeploymentId).find(|&d| {
-                    self.model_name(d) == model && self.planner.routing().is_some_and(|r| r.routes(d))
+                    self.model_name(d) == model
+                        && self.dtype_name(d) == dtype
+                        && self.planner.routing().is_some_and(|r| r.routes(d))
                 })?;
                 let context = row.get("context")?.as_array()?.iter().map(serde_json::Value::as_f64).collect::<Option<Vec<f64>>>()?;
                 let reward = row.get("reward")?.as_f64()?;
@@ -1827,9 +1858,9 @@ impl PlannerActorState {
             }
         }
         if taught + skipped > 0 {
-            let detail = format!("router: relearned {taught} verdicts from the journal ({skipped} skipped: other features or models)");
-            tracing::info!(taught, skipped, "the router relearned the journal's verdicts");
-            self.log("relearn", TraceLine { detail: Some(detail), ..blank() });
+            self.note(format!(
+                "router: relearned {taught} verdicts from the journal ({skipped} skipped: recorded under other features, or on a model no route has)"
+            ));
         }
     }
 

@@ -346,6 +346,13 @@ fn learned_outcomes_come_back_in_the_order_they_landed() {
     let mut later: Vec<u64> = learned[3..].iter().map(|v| v["n"].as_u64().expect("n")).collect();
     later.sort_unstable();
     assert_eq!(later, (3..9).collect::<Vec<u64>>(), "none lost or overwritten");
+    // Bounded: past the limit the oldest go.
+    for n in 9..12 {
+        j.record_learned_within(&json!({"n": n}), 5).expect("record");
+    }
+    let kept: Vec<Value> = j.learned().expect("read");
+    assert_eq!(kept.len(), 5);
+    assert_eq!(kept[2..], [json!({"n": 9}), json!({"n": 10}), json!({"n": 11})]);
 }
 
 #[test]

@@ -84,10 +84,16 @@ pub struct LearnedOutcome {
     pub reward: f64,
 }
 
-/// FNV-1a over the exemplars (verifier and text, each ended by a 0 byte) and the context length:
-/// the vocabulary, the PCA basis and the verifier prototypes are functions of the exemplars, so
-/// two routers with the same digest give every request the same context.
-fn features_digest(exemplars: &[(String, String)], dim: usize) -> u64 {
+/// The version of how contexts are computed from exemplars and requests (tokenisation, TF-IDF,
+/// PCA, classifier): bump it when any of that changes, so that outcomes learned before are not
+/// relearned as if they meant the same.
+pub const FEATURES_VERSION: u64 = 1;
+
+/// FNV-1a over [`FEATURES_VERSION`], the exemplars (verifier and text, each ended by a 0 byte),
+/// the context length and the reward's cost weight and scale: the vocabulary, the PCA basis and
+/// the verifier prototypes are functions of the exemplars, so two routers with the same digest
+/// give every request the same context and price a verdict alike.
+fn features_digest(exemplars: &[(String, String)], dim: usize, options: &RouterOptions) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     let mut eat = |bytes: &[u8]| {
         for &b in bytes {
@@ -102,6 +108,9 @@ fn features_digest(exemplars: &[(String, String)], dim: usize) -> u64 {
         eat(&[0]);
     }
     eat(&(dim as u64).to_le_bytes());
+    eat(&options.cost_weight.to_bits().to_le_bytes());
+    eat(&options.cost_scale.to_bits().to_le_bytes());
+    eat(&FEATURES_VERSION.to_le_bytes());
     h
 }
 
@@ -119,7 +128,7 @@ impl RoutedPrograms {
         let verifiers = selector.verifiers().count();
         let dim = Router::context_dim(verifiers, pca.len());
         let learner = LinUcb::new(n, dim, ALPHA_UCB, true)?;
-        let features = features_digest(&setup.exemplars, dim);
+        let features = features_digest(&setup.exemplars, dim, &setup.options);
         let mut ledgers = Vec::with_capacity(n);
         for (cap, c0) in setup.capacity_tokens.iter().zip(&setup.prior_peak_tokens) {
             ledgers.push(Ledger::new(*cap, *c0, setup.prior_run_s, setup.options.disc)?);
@@ -383,7 +392,7 @@ mod tests {
             let (r, _) = first.bind(program, &route, MATH, 100, 0.0).unwrap();
             first.unit_ready(program, r.deployment, 900);
             first.finished(program, 30.0).unwrap();
-            let good = r.deployment == DeploymentId(5);
+            let good = r.deployment == DeploymentId(7);
             let (outcome, _) = first.verdict(program, if good { 1.0 } else { 0.0 }, 0.0, 40.0).unwrap();
             assert_eq!((outcome.deployment, outcome.reward), (r.deployment, if good { 1.0 } else { 0.0 }));
             learned.push(outcome);
@@ -399,11 +408,13 @@ mod tests {
         for m in 0..3 {
             assert!((a.index(m) - b.index(m)).abs() < 1e-9, "arm {m}: {} vs {}", a.index(m), b.index(m));
         }
-        assert_eq!(second.bind(100, &route, MATH, 100, 50.0).unwrap().0.deployment, DeploymentId(5));
-        // Without the outcomes, a fresh router decides otherwise (it explores in order).
+        assert!(learned.iter().any(|o| o.deployment == DeploymentId(5)), "both members were tried");
+        assert_eq!(second.bind(100, &route, MATH, 100, 50.0).unwrap().0.deployment, DeploymentId(7));
+        // Without the outcomes, a fresh router decides otherwise (untrained, it ties and takes
+        // the route's first member).
         let mut cold = RoutedPrograms::new(setup(1_000_000)).unwrap();
-        let cold_index = cold.router().learner().evaluate(&context).unwrap();
-        assert!((cold_index.index(1) - b.index(1)).abs() > 0.1);
+        assert_eq!(cold.bind(100, &route, MATH, 100, 50.0).unwrap().0.deployment, DeploymentId(5));
+        cold.abandon(100, 50.0).unwrap();
         // Refused: a deployment outside every route, a context of another length; nothing learned.
         let mut bad = learned[0].clone();
         bad.deployment = DeploymentId(4);
@@ -412,10 +423,13 @@ mod tests {
         short.context.pop();
         assert!(cold.relearn(&short).is_err());
         assert_eq!(cold.router().learner().counts(0), Some((0, 0)));
-        // Other exemplars: another digest.
+        // Other exemplars, another cost weight: another digest.
         let mut other = setup(1_000_000);
         other.exemplars[0].1.push_str(" Answer with a number.");
         assert_ne!(RoutedPrograms::new(other).unwrap().features_digest(), first.features_digest());
+        let mut priced = setup(1_000_000);
+        priced.options.cost_weight = 0.5;
+        assert_ne!(RoutedPrograms::new(priced).unwrap().features_digest(), first.features_digest());
         assert_eq!(first.verdict(0, 1.0, 0.0, 60.0).unwrap_err(), RouterError::Unbound(0), "a verdict lands once");
     }
 

@@ -536,3 +536,62 @@ async fn what_the_router_learned_survives_a_restart() {
     let server = Server::start_with(&pool, &[&routed], &["--state".as_ref(), fresh.as_os_str()]);
     assert_eq!(routed_model(&http, &server, "c0", true).await, untrained);
 }
+
+/// Per model, `switchyard_routed_programs_total` of a server's `/metrics`.
+async fn routed_counts(http: &reqwest::Client, server: &Server) -> std::collections::BTreeMap<String, u64> {
+    let text = http.get(server.url("/metrics")).send().await.expect("metrics").text().await.expect("text");
+    text.lines()
+        .filter_map(|l| l.strip_prefix("switchyard_routed_programs_total{model=\""))
+        .filter_map(|l| {
+            let (model, rest) = l.split_once('"')?;
+            Some((model.to_string(), rest.rsplit(' ').next()?.parse::<f64>().ok()? as u64))
+        })
+        .filter(|(_, n)| *n > 0)
+        .collect()
+}
+
+/// A durable session of a routed workflow keeps its model across a restart: its binding is
+/// journaled when it is first bound, and the resumed session is bound to it again — even though
+/// the restarted router, which relearned meanwhile that another model is the right one, would
+/// send every new program there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resumed_routed_session_keeps_its_model() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let state = dir.path().join("state");
+    let routed = support::serve::repo().join("workflows/gsm8k-routed.yaml");
+    let pool = slow_pool(dir.path());
+    let http = reqwest::Client::new();
+    let target = {
+        let server = Server::start_with(&pool, &[&routed], &["--state".as_ref(), state.as_os_str()]);
+        // Three sessions, bound at once: the untrained learner spreads them over the route.
+        post_run(&http, &server, json!({"workflow": "gsm8k-routed", "sessions": 3})).await;
+        // Then the front door teaches the same router that one model is right.
+        let target = routed_model(&http, &server, "t0", true).await;
+        let mut models = vec![target.clone()];
+        for k in 1..12 {
+            models.push(routed_model(&http, &server, &format!("t{k}"), true).await);
+        }
+        for (k, model) in models.iter().enumerate() {
+            assert_eq!(verdict(&http, &server, &format!("t{k}"), if *model == target { 1.0 } else { 0.0 }).await, 200);
+        }
+        assert_eq!(routed_model(&http, &server, "probe", true).await, target, "taught: {models:?}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        target
+        // Dropped: SIGKILL.
+    };
+    // The sessions still open at the kill, and the model each was bound to.
+    let journal = Journal::open(&state).expect("journal");
+    let mut recorded = std::collections::BTreeMap::<String, u64>::new();
+    for u in journal.unfinished().expect("unfinished") {
+        let b = journal.program_binding(&format!("session:{}", u.session)).expect("read").expect("a bound session's binding is journaled");
+        *recorded.entry(b["model"].as_str().expect("model").to_string()).or_default() += 1;
+    }
+    drop(journal);
+    assert!(recorded.keys().any(|m| *m != target), "some open session is on another model than {target}: {recorded:?}");
+    let server = Server::start_with(&pool, &[&routed], &["--state".as_ref(), state.as_os_str()]);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Every resumed session was bound again at the restart, each to its recorded model.
+    assert_eq!(routed_counts(&http, &server).await, recorded);
+    // A new program goes where the relearned router sends it.
+    assert_eq!(routed_model(&http, &server, "after", true).await, target);
+}

@@ -280,13 +280,17 @@ pub struct BindContext<'a> {
 
 /// A new session of workflow `w`: when the workflow is routed, the planner's router binds it
 /// by its first request and the session is remade on the workflow bound to the chosen member
-/// (its row returned); otherwise it is returned as it is.
+/// (its row returned); otherwise it is returned as it is. `keep`: a deployment the session was
+/// bound to before (a durable session resumed after a restart, its binding journaled): when it
+/// is a member of the route the session is bound to it again (the learner records it as its
+/// decision); otherwise the router chooses.
 pub fn bind_session(
     planner: &mut Planner,
     ctx: &BindContext<'_>,
     bound: &mut BoundSpecs,
     w: u32,
     session: Session,
+    keep: Option<DeploymentId>,
     now: f64,
 ) -> Result<(Session, Option<RouteRow>), ShellError> {
     let BindContext { deployment_of, deployments, config } = *ctx;
@@ -295,7 +299,10 @@ pub fn bind_session(
     let id = session.id();
     let request = first_request(&session);
     let tokens = crate::tokens::count_chat(&request) as u64;
-    let record = planner.bind_program(id, &route, &request, tokens, now)?;
+    let record = match keep.filter(|d| route.contains(d)) {
+        Some(d) => planner.bind_program_to(id, d, &request, tokens, now)?,
+        None => planner.bind_program(id, &route, &request, tokens, now)?,
+    };
     // From here an error must release the binding (its ledger place would block the model).
     let release = |planner: &mut Planner, e: ShellError| {
         let _ = planner.program_abandoned(id, now);

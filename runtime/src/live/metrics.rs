@@ -65,7 +65,9 @@ pub struct RuntimeMetrics {
     /// `switchyard_wasted_tokens_total{kind="prompt|output"}`: what failed, retried or aborted
     /// attempts had cost the engines (`report::WastedWork`).
     pub wasted_tokens: Family<KindLabel, Counter>,
-    /// `switchyard_routed_programs_total{model}`: front-door programs the router bound, by model.
+    /// `switchyard_routed_programs_total{model}`: programs the router bound, by model — routed
+    /// front-door programs and sessions of routed workflows (a resumed durable session counts
+    /// again in the process that resumes it).
     pub routed_programs: Family<ModelLabel, Counter>,
     /// `switchyard_program_verdicts_total{kind="landed|given_up"}`: verdicts of routed
     /// front-door programs that reached the learner, and programs given up without one.

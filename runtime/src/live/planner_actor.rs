@@ -1604,6 +1604,21 @@ impl PlannerActorState {
         };
         let id = SessionId(i as u32);
         let wall = self.wall();
+        // A durable session of a routed workflow keeps the model it was bound to before a
+        // restart (journaled at its first binding), so that its replayed results and its
+        // remaining calls come from one model.
+        let durable = self.durable.get(&i).map(|d| (Arc::clone(&d.journal), format!("session:{}", d.number)));
+        let routed = self.ctx.workflows.get(w).is_some_and(|s| s.route().is_some());
+        let keep = match &durable {
+            Some((j, key)) if routed => match super::actors::off_the_reactor(|| j.program_binding(key)) {
+                Ok(b) => b.and_then(|b| self.deployment_named(&b)),
+                Err(e) => {
+                    self.note(format!("router: the journal's binding of durable session {key} cannot be read: {e}"));
+                    None
+                }
+            },
+            _ => None,
+        };
         let session = Session::new(id, spec, input).map_err(|e| e.to_string()).and_then(|session| {
             let ctx = exec::routing::BindContext {
                 deployment_of: &self.ctx.deployment_of,
@@ -1616,14 +1631,26 @@ impl PlannerActorState {
                 &mut self.bound_specs,
                 entry.workflow,
                 session,
+                keep,
                 self.ctx.clock.now(),
             )
             .map_err(|e| e.to_string())?;
             if let Some(row) = row {
+                if let Some(m) = &self.metrics {
+                    m.routed(&row.model);
+                }
                 self.routes.open(id, row);
             }
             Ok(session)
         });
+        if let (Some((j, key)), None, Ok(_)) = (&durable, keep, &session)
+            && let Some(d) = self.planner.routing().and_then(|r| r.record(u64::from(id.0))).map(|r| r.deployment)
+        {
+            let entry = serde_json::json!({"model": self.model_name(d), "dtype": self.dtype_name(d)});
+            if let Err(e) = super::actors::off_the_reactor(|| j.bind_program(key, &entry)) {
+                self.note(format!("router: the journal did not record the binding of durable session {key} ({e}); a restart routes it afresh"));
+            }
+        }
         match session {
             Ok(session) => {
                 let args = SessionArgs {
@@ -1797,6 +1824,18 @@ impl PlannerActorState {
         self.planning_pass(myself).await;
     }
 
+    /// The deployment a journaled binding names (`model` and, when recorded, `dtype`) among the
+    /// routed ones.
+    fn deployment_named(&self, binding: &serde_json::Value) -> Option<DeploymentId> {
+        let model = binding.get("model")?.as_str()?;
+        let dtype = binding.get("dtype").and_then(serde_json::Value::as_str);
+        (0..self.ctx.deployments.len() as u32).map(DeploymentId).find(|&d| {
+            self.model_name(d) == model
+                && dtype.is_none_or(|t| t == self.dtype_name(d))
+                && self.planner.routing().is_some_and(|r| r.routes(d))
+        })
+    }
+
     /// The dtype of deployment `d` as the journal records it (with its model, it names the
     /// deployment: one model may be served at two dtypes).
     fn dtype_name(&self, d: DeploymentId) -> String {
@@ -1841,13 +1880,7 @@ impl PlannerActorState {
                 if row.get("features")?.as_u64()? != features {
                     return None;
                 }
-                let model = row.get("model")?.as_str()?;
-                let dtype = row.get("dtype")?.as_str()?;
-                let deployment = (0..self.ctx.deployments.len() as u32).map(DeploymentId).find(|&d| {
-                    self.model_name(d) == model
-                        && self.dtype_name(d) == dtype
-                        && self.planner.routing().is_some_and(|r| r.routes(d))
-                })?;
+                let deployment = self.deployment_named(row)?;
                 let context = row.get("context")?.as_array()?.iter().map(serde_json::Value::as_f64).collect::<Option<Vec<f64>>>()?;
                 let reward = row.get("reward")?.as_f64()?;
                 Some(crate::planner::routing::LearnedOutcome { deployment, context, reward })

@@ -891,7 +891,7 @@ impl<'a> Sim<'a> {
             deployments: &self.deployments,
             config: &self.cfg.routing,
         };
-        let (session, row) = exec::routing::bind_session(&mut self.planner, &ctx, &mut self.bound_specs, w, session, self.now)?;
+        let (session, row) = exec::routing::bind_session(&mut self.planner, &ctx, &mut self.bound_specs, w, session, None, self.now)?;
         if let Some(row) = row {
             self.log("route", TraceLine { session: Some(id.0), detail: Some(format!("{} ({})", row.model, row.verifier)), ..blank() });
             self.routes.open(id, row);

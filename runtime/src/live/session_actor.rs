@@ -510,8 +510,12 @@ meter: Default::default(),
                 (Some(r), _) => SessionOutcome::Failed { reason: r.clone() },
             };
             let (j, n) = (Arc::clone(&d.journal), d.number);
+            // A failed write leaves the session open in the journal: a restart resumes it like
+            // any session open at a crash (recorded results replayed, a call without a result
+            // sent at most once more) and records its end then; this process reports the end
+            // it saw.
             if let Err(e) = off_the_reactor(|| j.finish_session(n, &outcome)) {
-                tracing::error!(session = n, error = %e, "the journal did not record the session's end");
+                tracing::error!(session = n, error = %e, "the journal did not record the session's end; a restart will replay it to its end");
             }
         }
         let _ = self.planner.send_message(PlannerMsg::SessionEnded(Box::new(report)));

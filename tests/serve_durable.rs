@@ -558,7 +558,17 @@ async fn routed_counts(http: &reqwest::Client, server: &Server) -> std::collecti
 async fn a_resumed_routed_session_keeps_its_model() {
     let dir = tempfile::tempdir().expect("tempdir");
     let state = dir.path().join("state");
-    let routed = support::serve::repo().join("workflows/gsm8k-routed.yaml");
+    // gsm8k-routed with answers long enough (4,000 tokens at a fifth of the pool's speed) that
+    // the sessions are still open at the kill.
+    let text = std::fs::read_to_string(support::serve::repo().join("workflows/gsm8k-routed.yaml")).expect("workflow");
+    let dataset = support::serve::repo().join("workflows/datasets/gsm8k/test.jsonl");
+    let text = text
+        .replace("max_output_tokens: 1024", "max_output_tokens: 4096")
+        .replace("output_tokens: {mean: 200, cv: 0.4}", "output_tokens: {mean: 4000, cv: 0.01}")
+        .replace("file: datasets/gsm8k/test.jsonl", &format!("file: {}", dataset.display()));
+    assert!(text.contains("mean: 4000") && text.contains("max_output_tokens: 4096"), "the fixture changed");
+    let routed = dir.path().join("gsm8k-routed.yaml");
+    std::fs::write(&routed, text).expect("write workflow");
     let pool = slow_pool(dir.path());
     let http = reqwest::Client::new();
     let target = {
@@ -583,7 +593,7 @@ async fn a_resumed_routed_session_keeps_its_model() {
     let journal = Journal::open(&state).expect("journal");
     let mut recorded = std::collections::BTreeMap::<String, u64>::new();
     for u in journal.unfinished().expect("unfinished") {
-        let b = journal.program_binding(&format!("session:{}", u.session)).expect("read").expect("a bound session's binding is journaled");
+        let b = journal.session_route(u.session).expect("read").expect("a bound session's route is journaled");
         *recorded.entry(b["model"].as_str().expect("model").to_string()).or_default() += 1;
     }
     drop(journal);
@@ -591,6 +601,7 @@ async fn a_resumed_routed_session_keeps_its_model() {
     let server = Server::start_with(&pool, &[&routed], &["--state".as_ref(), state.as_os_str()]);
     tokio::time::sleep(Duration::from_millis(500)).await;
     // Every resumed session was bound again at the restart, each to its recorded model.
+    assert_eq!(recorded.values().sum::<u64>(), 3, "all three sessions were open at the kill");
     assert_eq!(routed_counts(&http, &server).await, recorded);
     // A new program goes where the relearned router sends it.
     assert_eq!(routed_model(&http, &server, "after", true).await, target);

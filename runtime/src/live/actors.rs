@@ -427,6 +427,10 @@ pub struct DurableSession {
     pub journal: Arc<super::journal::Journal>,
     pub number: u64,
     pub replay: std::collections::BTreeMap<String, serde_json::Value>,
+    /// The route binding (model, dtype) the session actor journals before it starts anything,
+    /// for a session of a routed workflow the router bound afresh (`None` otherwise, or when it
+    /// kept a journaled one).
+    pub route: Option<serde_json::Value>,
 }
 
 impl std::fmt::Debug for DurableSession {

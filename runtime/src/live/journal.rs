@@ -27,6 +27,9 @@
 //! - **routed front-door programs open now** ([`Journal::open_routed_program`],
 //!   [`Journal::end_routed_program`]): a program the router bound, until it ends; read back after
 //!   a restart ([`Journal::routed_program`]) so that a program open at the crash keeps its model;
+//! - **routes of durable sessions** ([`Journal::bind_session_route`], [`Journal::session_route`]):
+//!   the deployment a routed workflow's session was bound to, first wins, so that a resumed
+//!   session keeps it;
 //! - **what the router learned** ([`Journal::record_learned`], [`Journal::learned`]): one row per
 //!   landed verdict, the newest [`MAX_LEARNED`], relearned by a restarted server's router;
 //! - **workflows registered over the API** ([`Journal::record_workflow`]): name → YAML text, so
@@ -177,6 +180,10 @@ const CANCELLED: TableDefinition<&str, ()> = TableDefinition::new("cancelled_run
 /// [`MAX_LEARNED`] only. A restart teaches its learner these again. (A table added after
 /// schema version 1, like `routed_programs`.)
 const LEARNED: TableDefinition<u64, &str> = TableDefinition::new("learned_outcomes");
+/// Durable sessions of routed workflows: session → the deployment the router bound it to
+/// (JSON: model, dtype), first wins; a resumed session is bound to it again. (Apart from
+/// `program_bindings`, whose keys clients choose. A table added after schema version 1.)
+const SESSION_ROUTES: TableDefinition<u64, &str> = TableDefinition::new("session_routes");
 
 const META_SCHEMA: &str = "schema_version";
 const META_SEQ: &str = "seq";
@@ -740,6 +747,7 @@ impl Journal {
         txn.open_table(WORKFLOWS)?;
         txn.open_table(CANCELLED)?;
         txn.open_table(LEARNED)?;
+        txn.open_table(SESSION_ROUTES)?;
         txn.commit()?;
         Ok(())
     }
@@ -1238,6 +1246,28 @@ impl Journal {
         let routed = txn.open_table(ROUTED)?;
         let Some(text) = routed.get(key)? else { return Ok(None) };
         Ok(Some(decode(|| format!("routing of program {key:?}"), text.value())?))
+    }
+
+    /// Record that durable session `session` of a routed workflow is bound to `binding`; the
+    /// first binding recorded wins and is answered (a resumed session records the one it kept).
+    pub fn bind_session_route(&self, session: u64, binding: &Value) -> Result<Value, JournalError> {
+        let text = encode(|| format!("route of session {session}"), binding)?;
+        self.write(move |txn| {
+            let mut routes = txn.open_table(SESSION_ROUTES)?;
+            if let Some(old) = routes.get(session)? {
+                return decode(|| format!("route of session {session}"), old.value());
+            }
+            routes.insert(session, text.as_str())?;
+            decode(|| format!("route of session {session}"), text.as_str())
+        })
+    }
+
+    /// The binding recorded for durable session `session`, if any.
+    pub fn session_route(&self, session: u64) -> Result<Option<Value>, JournalError> {
+        let txn = self.read()?;
+        let routes = txn.open_table(SESSION_ROUTES)?;
+        let Some(text) = routes.get(session)? else { return Ok(None) };
+        Ok(Some(decode(|| format!("route of session {session}"), text.value())?))
     }
 
     /// Append what the router learned from one landed verdict (after every earlier one); past

@@ -109,7 +109,11 @@ impl RuntimeMetrics {
             "Tokens engines computed for call attempts that failed, were retried or were aborted",
             wasted_tokens.clone(),
         );
-        r.register("routed_programs", "Front-door programs the router bound, by model", routed_programs.clone());
+        r.register(
+            "routed_programs",
+            "Programs the router bound (front-door programs and sessions of routed workflows), by model",
+            routed_programs.clone(),
+        );
         r.register(
             "program_verdicts",
             "Verdicts of routed front-door programs: landed (the learner learned) or given up",
@@ -148,7 +152,8 @@ impl RuntimeMetrics {
         }
     }
 
-    /// Count a routed front-door program bound to `model`.
+    /// Count a program the router bound to `model` (a front-door program or a session of a
+    /// routed workflow, counted when bound even if it then fails to start).
     pub fn routed(&self, model: &str) {
         self.routed_programs.get_or_create(&ModelLabel { model: model.to_string() }).inc();
     }

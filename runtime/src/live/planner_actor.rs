@@ -1607,13 +1607,13 @@ impl PlannerActorState {
         // A durable session of a routed workflow keeps the model it was bound to before a
         // restart (journaled at its first binding), so that its replayed results and its
         // remaining calls come from one model.
-        let durable = self.durable.get(&i).map(|d| (Arc::clone(&d.journal), format!("session:{}", d.number)));
+        let durable = self.durable.get(&i).map(|d| (Arc::clone(&d.journal), d.number));
         let routed = self.ctx.workflows.get(w).is_some_and(|s| s.route().is_some());
         let keep = match &durable {
-            Some((j, key)) if routed => match super::actors::off_the_reactor(|| j.program_binding(key)) {
+            Some((j, n)) if routed => match super::actors::off_the_reactor(|| j.session_route(*n)) {
                 Ok(b) => b.and_then(|b| self.deployment_named(&b)),
                 Err(e) => {
-                    self.note(format!("router: the journal's binding of durable session {key} cannot be read: {e}"));
+                    self.note(format!("router: the journal's route of durable session {n} cannot be read: {e}"));
                     None
                 }
             },
@@ -1643,12 +1643,14 @@ impl PlannerActorState {
             }
             Ok(session)
         });
-        if let (Some((j, key)), None, Ok(_)) = (&durable, keep, &session)
+        // A fresh binding is journaled by the session actor before it starts anything (off this
+        // actor: a run's sessions arrive in one loop here).
+        if let (Some(_), None, Ok(_)) = (&durable, keep, &session)
             && let Some(d) = self.planner.routing().and_then(|r| r.record(u64::from(id.0))).map(|r| r.deployment)
         {
             let entry = serde_json::json!({"model": self.model_name(d), "dtype": self.dtype_name(d)});
-            if let Err(e) = super::actors::off_the_reactor(|| j.bind_program(key, &entry)) {
-                self.note(format!("router: the journal did not record the binding of durable session {key} ({e}); a restart routes it afresh"));
+            if let Some(ds) = self.durable.get_mut(&i) {
+                ds.route = Some(entry);
             }
         }
         match session {

@@ -117,6 +117,7 @@ impl Actor for SessionActor {
         let _entered = span.enter();
         match msg {
             SessionMsg::Start => {
+                state.journal_route();
                 for a in state.session.ready() {
                     state.on_ready(&myself, a);
                 }
@@ -355,6 +356,18 @@ meter: Default::default(),
 
     fn complete(&mut self, myself: &ActorRef<SessionMsg>, a: ActivationId, output: NodeOutput) {
         self.complete_as(myself, a, output, true);
+    }
+
+    /// A routed session bound afresh records its binding before any of its calls is intended,
+    /// so that a restart binds it to the same model (best effort: a failed write is logged,
+    /// and a restart routes the session afresh).
+    fn journal_route(&mut self) {
+        let Some(d) = &mut self.durable else { return };
+        let Some(route) = d.route.take() else { return };
+        let (j, n) = (Arc::clone(&d.journal), d.number);
+        if let Err(e) = off_the_reactor(|| j.bind_session_route(n, &route)) {
+            tracing::warn!(parent: &self.span, error = %e, "journal: the session's route is not recorded; a restart routes it afresh");
+        }
     }
 
     /// The journal key of activation `a`: its node and round, stable across restarts.

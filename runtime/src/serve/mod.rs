@@ -408,7 +408,7 @@ async fn restore(api: &Arc<Api>, journal: &Arc<Journal>) -> Result<Restored, Str
                 _ => Record::new(),
             };
             let replay = u.completed.iter().map(|c| (c.key.clone(), c.result.clone())).collect();
-            resume.push((input, Some(DurableSession { journal: Arc::clone(journal), number: u.session, replay })));
+            resume.push((input, Some(DurableSession { journal: Arc::clone(journal), number: u.session, replay, route: None })));
         }
         restored.ended_sessions += ended_before.len();
         restored.resumed_sessions += resume.len();
@@ -839,7 +839,7 @@ async fn start_run(State(api): State<Arc<Api>>, JsonBody(body): JsonBody<RunBody
             let durable: Vec<_> = inputs
                 .into_iter()
                 .zip(&numbers)
-                .map(|(input, &number)| (input, Some(DurableSession { journal: Arc::clone(&j), number, replay: BTreeMap::new() })))
+                .map(|(input, &number)| (input, Some(DurableSession { journal: Arc::clone(&j), number, replay: BTreeMap::new(), route: None })))
                 .collect();
             match api.service.submit_durable(index, durable).await {
                 Ok(sessions) => sessions,

@@ -322,6 +322,21 @@ fn a_routed_program_is_recorded_while_it_is_open() {
 }
 
 #[test]
+fn a_sessions_route_is_recorded_once_and_kept() {
+    let (dir, j) = fresh();
+    assert_eq!(j.session_route(7).expect("read"), None);
+    let first = json!({"model": "Qwen3-8B", "dtype": "Fp16"});
+    assert_eq!(j.bind_session_route(7, &first).expect("bind"), first);
+    assert_eq!(j.bind_session_route(7, &json!({"model": "Qwen3-0.6B"})).expect("again"), first, "the first wins");
+    // Apart from the front door's program bindings, whose keys clients choose.
+    j.bind_program("session:8", &json!({"model": "Qwen3-0.6B"})).expect("program");
+    drop(j);
+    let j = Journal::open(&dir.path().join("state")).expect("reopen");
+    assert_eq!(j.session_route(7).expect("read"), Some(first));
+    assert_eq!(j.session_route(8).expect("read"), None);
+}
+
+#[test]
 fn learned_outcomes_come_back_in_the_order_they_landed() {
     let (dir, j) = fresh();
     assert_eq!(j.learned().expect("read"), Vec::<Value>::new());

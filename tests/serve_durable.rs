@@ -597,11 +597,11 @@ async fn a_resumed_routed_session_keeps_its_model() {
         *recorded.entry(b["model"].as_str().expect("model").to_string()).or_default() += 1;
     }
     drop(journal);
+    assert_eq!(recorded.values().sum::<u64>(), 3, "all three sessions were open at the kill");
     assert!(recorded.keys().any(|m| *m != target), "some open session is on another model than {target}: {recorded:?}");
     let server = Server::start_with(&pool, &[&routed], &["--state".as_ref(), state.as_os_str()]);
     tokio::time::sleep(Duration::from_millis(500)).await;
     // Every resumed session was bound again at the restart, each to its recorded model.
-    assert_eq!(recorded.values().sum::<u64>(), 3, "all three sessions were open at the kill");
     assert_eq!(routed_counts(&http, &server).await, recorded);
     // A new program goes where the relearned router sends it.
     assert_eq!(routed_model(&http, &server, "after", true).await, target);

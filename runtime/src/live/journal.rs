@@ -27,9 +27,9 @@
 //! - **routed front-door programs open now** ([`Journal::open_routed_program`],
 //!   [`Journal::end_routed_program`]): a program the router bound, until it ends; read back after
 //!   a restart ([`Journal::routed_program`]) so that a program open at the crash keeps its model;
-//! - **routes of durable sessions** ([`Journal::bind_session_route`], [`Journal::session_route`]):
-//!   the deployment a routed workflow's session was bound to, first wins, so that a resumed
-//!   session keeps it;
+//! - **routes of durable sessions** ([`Journal::record_session_route`],
+//!   [`Journal::session_route`]): the deployment a routed workflow's session was bound to, so
+//!   that a resumed session keeps it;
 //! - **what the router learned** ([`Journal::record_learned`], [`Journal::learned`]): one row per
 //!   landed verdict, the newest [`MAX_LEARNED`], relearned by a restarted server's router;
 //! - **workflows registered over the API** ([`Journal::record_workflow`]): name → YAML text, so
@@ -181,7 +181,7 @@ const CANCELLED: TableDefinition<&str, ()> = TableDefinition::new("cancelled_run
 /// schema version 1, like `routed_programs`.)
 const LEARNED: TableDefinition<u64, &str> = TableDefinition::new("learned_outcomes");
 /// Durable sessions of routed workflows: session → the deployment the router bound it to
-/// (JSON: model, dtype), first wins; a resumed session is bound to it again. (Apart from
+/// (JSON: model, dtype); a resumed session is bound to it again. (Apart from
 /// `program_bindings`, whose keys clients choose. A table added after schema version 1.)
 const SESSION_ROUTES: TableDefinition<u64, &str> = TableDefinition::new("session_routes");
 
@@ -1248,17 +1248,14 @@ impl Journal {
         Ok(Some(decode(|| format!("routing of program {key:?}"), text.value())?))
     }
 
-    /// Record that durable session `session` of a routed workflow is bound to `binding`; the
-    /// first binding recorded wins and is answered (a resumed session records the one it kept).
-    pub fn bind_session_route(&self, session: u64, binding: &Value) -> Result<Value, JournalError> {
+    /// Record that durable session `session` of a routed workflow is bound to `binding`,
+    /// replacing an earlier record (written only when the router bound the session afresh: the
+    /// first time, or when its recorded deployment is no longer one it may run on).
+    pub fn record_session_route(&self, session: u64, binding: &Value) -> Result<(), JournalError> {
         let text = encode(|| format!("route of session {session}"), binding)?;
         self.write(move |txn| {
-            let mut routes = txn.open_table(SESSION_ROUTES)?;
-            if let Some(old) = routes.get(session)? {
-                return decode(|| format!("route of session {session}"), old.value());
-            }
-            routes.insert(session, text.as_str())?;
-            decode(|| format!("route of session {session}"), text.as_str())
+            txn.open_table(SESSION_ROUTES)?.insert(session, text.as_str())?;
+            Ok(())
         })
     }
 

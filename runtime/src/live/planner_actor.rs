@@ -1643,10 +1643,12 @@ impl PlannerActorState {
             }
             Ok(session)
         });
-        // A fresh binding is journaled by the session actor before it starts anything (off this
-        // actor: a run's sessions arrive in one loop here).
-        if let (Some(_), None, Ok(_)) = (&durable, keep, &session)
+        // A binding other than the recorded one (the first, or one whose recorded deployment the
+        // session may no longer run on) is journaled by the session actor before it starts
+        // anything (off this actor: a run's sessions arrive in one loop here).
+        if let (Some(_), Ok(_)) = (&durable, &session)
             && let Some(d) = self.planner.routing().and_then(|r| r.record(u64::from(id.0))).map(|r| r.deployment)
+            && keep != Some(d)
         {
             let entry = serde_json::json!({"model": self.model_name(d), "dtype": self.dtype_name(d)});
             if let Some(ds) = self.durable.get_mut(&i) {

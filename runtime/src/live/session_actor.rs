@@ -365,7 +365,7 @@ meter: Default::default(),
         let Some(d) = &mut self.durable else { return };
         let Some(route) = d.route.take() else { return };
         let (j, n) = (Arc::clone(&d.journal), d.number);
-        if let Err(e) = off_the_reactor(|| j.bind_session_route(n, &route)) {
+        if let Err(e) = off_the_reactor(|| j.record_session_route(n, &route)) {
             tracing::warn!(parent: &self.span, error = %e, "journal: the session's route is not recorded; a restart routes it afresh");
         }
     }

@@ -1398,15 +1398,20 @@ impl PlannerActorState {
                 self.count_action("load");
                 self.start_replica(myself, replica, deployment, device, None).await;
             }
-            Command::Wake { replica } => match { self.count_action("wake"); self.parked.remove(&replica) } {
-                Some((device, deployment, engine)) => self.start_replica(myself, replica, deployment, device, Some(engine)).await,
-                None => match self.falling_asleep.get(&replica) {
-                    Some(&at) => {
-                        self.pending_wakes.insert(replica, at);
+            Command::Wake { replica } => {
+                self.count_action("wake");
+                match self.parked.remove(&replica) {
+                    Some((device, deployment, engine)) => {
+                        self.start_replica(myself, replica, deployment, device, Some(engine)).await
                     }
-                    None => self.set_fatal(format!("wake of replica {replica}, which is not asleep")),
-                },
-            },
+                    None => match self.falling_asleep.get(&replica) {
+                        Some(&at) => {
+                            self.pending_wakes.insert(replica, at);
+                        }
+                        None => self.set_fatal(format!("wake of replica {replica}, which is not asleep")),
+                    },
+                }
+            }
             Command::Sleep { replica, level } => {
                 let Some(r) = self.replicas.remove(&replica) else {
                     return self.set_fatal(format!("sleep of unknown replica {replica}"));

@@ -592,7 +592,7 @@ mod tests {
         // Too long, or not a string: refused with a 400 naming the key, not dropped.
         let long = "k".repeat(257);
         for (h, b) in [(headers(&[("X-Session-ID", long.as_str())]), json!({})), (HeaderMap::new(), json!({"program_id": long})), (HeaderMap::new(), json!({"program_id": 7}))] {
-            let e = program_key(&h, &b).err().expect("refused");
+            let e = program_key(&h, &b).expect_err("refused");
             assert_eq!((e.status, e.param.as_deref()), (StatusCode::BAD_REQUEST, Some("program_id")));
         }
         assert_eq!(key(&headers(&[("X-Session-ID", &"k".repeat(256))]), &json!({})).map(|k| k.len()), Some(256));

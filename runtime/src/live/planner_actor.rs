@@ -197,10 +197,10 @@ pub struct PlannerActorState {
     /// Where routed front-door programs are recorded while open (`serve --state`).
     program_journal: Option<Arc<super::journal::Journal>>,
     /// The routed programs the journal held as open when it was handed over (open at the
-    /// crash), key → (model, dtype; older journals recorded no dtype): the first routed call
-    /// under such a key binds to that deployment again,
-    /// and takes it out of here (a later program under the key is routed afresh).
-    journal_kept: BTreeMap<String, (String, Option<String>)>,
+    /// crash), key → its recorded binding (model and, from newer journals, dtype): the first
+    /// routed call under such a key binds to that deployment again, and takes it out of here (a
+    /// later program under the key is routed afresh).
+    journal_kept: BTreeMap<String, serde_json::Value>,
     /// Routed programs whose key a later program took while they were still open: given up
     /// (no verdict can name them) once they have ended.
     give_up_at_end: BTreeSet<SessionId>,
@@ -693,16 +693,7 @@ impl PlannerActorState {
             }
             PlannerMsg::ProgramJournal(journal) => {
                 match super::actors::off_the_reactor(|| journal.routed_programs()) {
-                    Ok(open) => {
-                        self.journal_kept = open
-                            .into_iter()
-                            .filter_map(|(k, v)| {
-                                let model = v.get("model").and_then(|m| m.as_str())?.to_string();
-                                let dtype = v.get("dtype").and_then(|m| m.as_str()).map(str::to_string);
-                                Some((k, (model, dtype)))
-                            })
-                            .collect();
-                    }
+                    Ok(open) => self.journal_kept = open.into_iter().collect(),
                     Err(e) => self.note(format!("router: the journal's routed programs cannot be read: {e}")),
                 }
                 match super::actors::off_the_reactor(|| journal.learned()) {
@@ -993,11 +984,8 @@ impl PlannerActorState {
         let kept = self
             .journal_kept
             .remove(key)
-            .and_then(|(m, dtype)| {
-                members.iter().copied().find(|d| {
-                    self.model_name(*d) == m && dtype.as_ref().is_none_or(|t| *t == self.dtype_name(*d))
-                })
-            });
+            .and_then(|binding| self.deployment_named(&binding))
+            .filter(|d| members.contains(d));
         let (prompt, _) = request.rendered_prompt();
         let task = program_task(request);
         let tokens = crate::tokens::count(&prompt) as u64;

@@ -76,8 +76,8 @@ impl SparseVec {
     }
 }
 
-/// FNV-1a, 64 bit.
-fn fnv1a(parts: &[&str]) -> u64 {
+/// FNV-1a, 64 bit, over `parts` with a separator byte between them.
+pub(crate) fn fnv1a(parts: &[&str]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for (k, part) in parts.iter().enumerate() {
         if k > 0 {

@@ -110,6 +110,18 @@ impl Square {
     }
 }
 
+impl Arm {
+    /// A verdict with `reward` for context `x`: the estimate's update (A⁻¹, b, θ).
+    fn learn(&mut self, x: &[f64], reward: f64) {
+        self.landed += 1;
+        self.a_inv.rank_one_inverse_update(x);
+        for (b, v) in self.b.iter_mut().zip(x) {
+            *b += reward * v;
+        }
+        self.theta = self.a_inv.times(&self.b);
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 struct Arm {
     /// A⁻¹ over the landed verdicts.
@@ -237,12 +249,7 @@ impl LinUcb {
         };
         let pending_term = self.pending_term;
         let a = &mut self.arms[arm];
-        a.landed += 1;
-        a.a_inv.rank_one_inverse_update(&x);
-        for (b, v) in a.b.iter_mut().zip(&x) {
-            *b += reward * v;
-        }
-        a.theta = a.a_inv.times(&a.b);
+        a.learn(&x, reward);
         if !pending_term {
             a.w_inv.rank_one_inverse_update(&x);
         }
@@ -263,12 +270,7 @@ impl LinUcb {
             return Err(LinUcbError::UnknownArm { arm, arms });
         };
         a.decisions += 1;
-        a.landed += 1;
-        a.a_inv.rank_one_inverse_update(x);
-        for (b, v) in a.b.iter_mut().zip(x) {
-            *b += reward * v;
-        }
-        a.theta = a.a_inv.times(&a.b);
+        a.learn(x, reward);
         // With the pending term the decision enters the width at `record`, without it at
         // `land`: once either way.
         a.w_inv.rank_one_inverse_update(x);

@@ -89,29 +89,23 @@ pub struct LearnedOutcome {
 /// relearned as if they meant the same.
 pub const FEATURES_VERSION: u64 = 1;
 
-/// FNV-1a over [`FEATURES_VERSION`], the exemplars (verifier and text, each ended by a 0 byte),
-/// the context length and the reward's cost weight and scale: the vocabulary, the PCA basis and
-/// the verifier prototypes are functions of the exemplars, so two routers with the same digest
-/// give every request the same context and price a verdict alike.
+/// FNV-1a ([`super::embed::fnv1a`]) over [`FEATURES_VERSION`], the context length, the reward's
+/// cost weight and scale (their bits) and the exemplars (verifier and text): the vocabulary, the
+/// PCA basis and the verifier prototypes are functions of the exemplars, so two routers with
+/// the same digest give every request the same context and price a verdict alike.
 fn features_digest(exemplars: &[(String, String)], dim: usize, options: &RouterOptions) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    let mut eat = |bytes: &[u8]| {
-        for &b in bytes {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
-    };
-    for (verifier, text) in exemplars {
-        eat(verifier.as_bytes());
-        eat(&[0]);
-        eat(text.as_bytes());
-        eat(&[0]);
-    }
-    eat(&(dim as u64).to_le_bytes());
-    eat(&options.cost_weight.to_bits().to_le_bytes());
-    eat(&options.cost_scale.to_bits().to_le_bytes());
-    eat(&FEATURES_VERSION.to_le_bytes());
-    h
+    let head = [
+        FEATURES_VERSION.to_string(),
+        dim.to_string(),
+        options.cost_weight.to_bits().to_string(),
+        options.cost_scale.to_bits().to_string(),
+    ];
+    let parts: Vec<&str> = head
+        .iter()
+        .map(String::as_str)
+        .chain(exemplars.iter().flat_map(|(v, t)| [v.as_str(), t.as_str()]))
+        .collect();
+    super::embed::fnv1a(&parts)
 }
 
 impl RoutedPrograms {

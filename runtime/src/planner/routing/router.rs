@@ -240,12 +240,9 @@ impl Router {
     /// records): the learner learns it as a decision with its verdict. No ledger or table row
     /// is touched. Returns the reward.
     pub fn learn(&mut self, model: usize, request: &str, success: f64, cost: f64) -> Result<f64, RouterError> {
-        if model >= self.ledgers.len() {
-            return Err(RouterError::Config);
-        }
         let (_, context) = self.context(request);
         let r = reward(success, cost, self.options.cost_weight, self.options.cost_scale);
-        self.learner.observe(model, &context, r)?;
+        self.relearn(model, &context, r)?;
         Ok(r)
     }
 

@@ -527,6 +527,7 @@ mod tests {
             cost_scale: 1.0,
             fixed: Vec::new(),
             per_task_best: (0.0, 0.0),
+            hindsight: Vec::new(),
             adaptive: Vec::new(),
             single: Vec::new(),
             midpoint_cost: 0.0,

@@ -15,7 +15,9 @@
 //! configurations, with the same stream orders: *adaptive* judges a task by the verifier its
 //! request classifies to, *single verifier* by one verifier for every task — a task of another
 //! family gets failure feedback, as the paper's patch verifier gives τ²-bench tasks. Both are
-//! scored by the task's own outcome.
+//! scored by the task's own outcome. Each configuration's regret is measured against the best
+//! fixed member in hindsight (the member whose single-model run has the highest mean reward at
+//! that cost weight), pass by pass, beside the per-task optimum no learner can exceed.
 //!
 //! Pure: no I/O; the stream orders and the bootstrap draw from fixed seeds. Depends on
 //! `planner::routing` only; `bench::oracle` is its one user.
@@ -100,6 +102,25 @@ pub struct ReplayPoint {
     pub cold_cost: f64,
     /// Share of decisions per member in the scored pass.
     pub share: Vec<f64>,
+    /// The learner's mean reward per task (r = success − a·cost/scale, scored by the task's own
+    /// outcome), per pass; the first is the cold start, the last the scored pass.
+    pub reward_by_pass: Vec<f64>,
+    /// Regret per task against the best fixed member in hindsight at this cost weight (its mean
+    /// reward minus the learner's), per pass. Negative where the contextual learner beats every
+    /// fixed member.
+    pub regret_by_pass: Vec<f64>,
+}
+
+/// The benchmarks a learner's regret is measured against at one cost weight.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Hindsight {
+    pub cost_weight: f64,
+    /// The member whose fixed policy has the highest mean reward over all tasks.
+    pub best_fixed: usize,
+    /// Its mean reward per task.
+    pub best_fixed_reward: f64,
+    /// Mean reward per task of the per-task best member (the contextual optimum in hindsight).
+    pub per_task_best_reward: f64,
 }
 
 /// The matched-cost comparison at one point.
@@ -131,6 +152,8 @@ pub struct ReplayReport {
     /// The per-task best: the cheapest successful member of each task (the cheapest member
     /// where none succeeds).
     pub per_task_best: (f64, f64),
+    /// Per cost weight, the best fixed member in hindsight and the per-task optimum's reward.
+    pub hindsight: Vec<Hindsight>,
     pub adaptive: Vec<ReplayPoint>,
     pub single: Vec<ReplayPoint>,
     /// The midpoint between the cheapest and the dearest member's cost.
@@ -160,8 +183,9 @@ fn replay(
     a: f64,
     scale: f64,
     opts: &ReplayOptions,
-) -> Result<(PerTask, PerTask, Vec<f64>), ReplayError> {
+) -> Result<(PerTask, PerTask, Vec<f64>, Vec<f64>), ReplayError> {
     let n = tasks.len();
+    let mut by_pass = vec![0.0; opts.passes];
     let mut last = PerTask { success: vec![0.0; n], cost: vec![0.0; n] };
     let mut first = last.clone();
     let mut picks = vec![0u64; members];
@@ -189,6 +213,7 @@ fn replay(
                     let verdict = if *verifier == t.own_verifier { t.success[arm] } else { 0.0 };
                     learner.land(program, reward(verdict, t.cost[arm], a, scale))?;
                     program += 1;
+                    by_pass[pass] += reward(t.success[arm], t.cost[arm], a, scale);
                     if pass + 1 == opts.passes {
                         last.success[i] += t.success[arm];
                         last.cost[i] += t.cost[arm];
@@ -207,7 +232,26 @@ fn replay(
         v.iter_mut().for_each(|x| *x /= orders);
     }
     let total = picks.iter().sum::<u64>().max(1) as f64;
-    Ok((last, first, picks.iter().map(|&p| p as f64 / total).collect()))
+    // Every pass visits every task once per order.
+    let decisions = (orders * n as f64).max(1.0);
+    by_pass.iter_mut().for_each(|x| *x /= decisions);
+    Ok((last, first, picks.iter().map(|&p| p as f64 / total).collect(), by_pass))
+}
+
+/// The best fixed member in hindsight and the per-task optimum at cost weight `a`.
+fn hindsight_at(tasks: &[ReplayTask], members: usize, a: f64, scale: f64) -> Hindsight {
+    let n = tasks.len().max(1) as f64;
+    let fixed: Vec<f64> = (0..members)
+        .map(|k| tasks.iter().map(|t| reward(t.success[k], t.cost[k], a, scale)).sum::<f64>() / n)
+        .collect();
+    // The first member wins a tie: the report names one.
+    let best_fixed = (0..members).fold(0, |b, k| if fixed[k] > fixed[b] { k } else { b });
+    let per_task_best_reward = tasks
+        .iter()
+        .map(|t| (0..members).map(|k| reward(t.success[k], t.cost[k], a, scale)).fold(f64::NEG_INFINITY, f64::max))
+        .sum::<f64>()
+        / n;
+    Hindsight { cost_weight: a, best_fixed, best_fixed_reward: fixed.get(best_fixed).copied().unwrap_or(0.0), per_task_best_reward }
 }
 
 fn mean_at(values: &[f64], draw: &[usize]) -> f64 {
@@ -230,6 +274,7 @@ struct Side {
     last: Vec<PerTask>,
     first: Vec<PerTask>,
     share: Vec<Vec<f64>>,
+    reward_by_pass: Vec<Vec<f64>>,
 }
 
 impl Side {
@@ -308,16 +353,18 @@ pub fn run(
     let weights = &opts.cost_weights;
     let mut sides = Vec::new();
     for feedback in [Feedback::Adaptive, Feedback::Single(single_verifier.to_string())] {
-        let mut side = Side { last: Vec::new(), first: Vec::new(), share: Vec::new() };
+        let mut side = Side { last: Vec::new(), first: Vec::new(), share: Vec::new(), reward_by_pass: Vec::new() };
         for &a in weights {
-            let (last, first, share) = replay(tasks, m, &feedback, a, cost_scale, opts)?;
+            let (last, first, share, by_pass) = replay(tasks, m, &feedback, a, cost_scale, opts)?;
             side.last.push(last);
             side.first.push(first);
             side.share.push(share);
+            side.reward_by_pass.push(by_pass);
         }
         sides.push(side);
     }
     let (adaptive, single) = (&sides[0], &sides[1]);
+    let hindsight: Vec<Hindsight> = weights.iter().map(|&a| hindsight_at(tasks, m, a, cost_scale)).collect();
     let points = |s: &Side| -> Vec<ReplayPoint> {
         weights
             .iter()
@@ -325,7 +372,18 @@ pub fn run(
             .map(|(j, &a)| {
                 let (accuracy, cost) = s.point(j, &all, false);
                 let (cold_accuracy, cold_cost) = s.point(j, &all, true);
-                ReplayPoint { cost_weight: a, accuracy, cost, cold_accuracy, cold_cost, share: s.share[j].clone() }
+                let reward_by_pass = s.reward_by_pass[j].clone();
+                let regret_by_pass = reward_by_pass.iter().map(|r| hindsight[j].best_fixed_reward - r).collect();
+                ReplayPoint {
+                    cost_weight: a,
+                    accuracy,
+                    cost,
+                    cold_accuracy,
+                    cold_cost,
+                    share: s.share[j].clone(),
+                    reward_by_pass,
+                    regret_by_pass,
+                }
             })
             .collect()
     };
@@ -378,6 +436,7 @@ pub fn run(
         per_task_best,
         adaptive: points(adaptive),
         single: points(single),
+        hindsight,
         midpoint_cost,
         headline: with_interval(nearest(false), false),
         headline_cold: with_interval(nearest(true), true),
@@ -462,6 +521,44 @@ impl ReplayReport {
                 )),
             }
         }
+        out.push_str(&self.regret_markdown());
+        out
+    }
+
+    /// The regret table: each configuration's mean reward per task against the best fixed member
+    /// in hindsight, per cost weight.
+    fn regret_markdown(&self) -> String {
+        let mut out = format!(
+            "\nRegret against the best fixed policy in hindsight (Appendix E's reward r = success − a·cost/scale, scored by \
+             the task's own outcome, mean per task; the best fixed member is the one whose single-model run has the \
+             highest mean reward over all {} tasks at that a; regret = its reward − the learner's; negative: the \
+             contextual learner beats every fixed member; the per-task best is the contextual optimum, no learner can \
+             exceed it). First pass = cold start, last = the scored pass, mean = over all {} passes (the cumulative \
+             regret per task divided by the passes):\n\n\
+             | a | best fixed member | its reward | per-task best | adaptive reward | adaptive regret first / last / mean | \
+             single-verifier reward | its regret first / last / mean |\n\
+             | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |\n",
+            self.tasks, self.passes
+        );
+        let regret = |p: &ReplayPoint| {
+            let first = p.regret_by_pass.first().copied().unwrap_or(0.0);
+            let last = p.regret_by_pass.last().copied().unwrap_or(0.0);
+            let mean = p.regret_by_pass.iter().sum::<f64>() / p.regret_by_pass.len().max(1) as f64;
+            format!("{first:+.3} / {last:+.3} / {mean:+.3}")
+        };
+        for ((h, ad), si) in self.hindsight.iter().zip(&self.adaptive).zip(&self.single) {
+            out.push_str(&format!(
+                "| {} | {} | {:.3} | {:.3} | {:.3} | {} | {:.3} | {} |\n",
+                h.cost_weight,
+                self.members.get(h.best_fixed).map_or("–", String::as_str),
+                h.best_fixed_reward,
+                h.per_task_best_reward,
+                ad.reward_by_pass.last().copied().unwrap_or(0.0),
+                regret(ad),
+                si.reward_by_pass.last().copied().unwrap_or(0.0),
+                regret(si)
+            ));
+        }
         out.push('\n');
         out
     }
@@ -510,6 +607,40 @@ mod tests {
         assert!(r.single[0].share[1] > r.adaptive[0].share[1], "{:?} {:?}", r.single[0], r.adaptive[0]);
         // Deterministic: the same inputs give the same report.
         assert_eq!(r, run(&members, &tasks(20), "x", &opts()).unwrap());
+    }
+
+    #[test]
+    fn regret_is_measured_against_the_best_fixed_member_in_hindsight() {
+        let members = vec!["small".to_string(), "large".to_string()];
+        let r = run(&members, &tasks(20), "x", &opts()).unwrap();
+        assert_eq!(r.cost_scale, 4.0);
+        // a = 0: both members succeed on half the tasks (a tie, the first is named); the per-task
+        // optimum succeeds everywhere.
+        let h0 = &r.hindsight[0];
+        assert_eq!((h0.best_fixed, h0.best_fixed_reward, h0.per_task_best_reward), (0, 0.5, 1.0));
+        // a = 1, scale 4: small 0.5 − 1/4, large 0.5 − 4/4; per task, family 0 max(0 − 0.25, 1 − 1)
+        // = 0 and family 1 max(1 − 0.25, 0 − 1) = 0.75.
+        let h2 = &r.hindsight[2];
+        assert_eq!(h2.cost_weight, 1.0);
+        assert_eq!((h2.best_fixed, h2.best_fixed_reward, h2.per_task_best_reward), (0, 0.25, 0.375));
+        // The adaptive learner at a = 0 ends at the per-task optimum: it beats the best fixed
+        // member by half a success per task, and it got there by learning.
+        let p = &r.adaptive[0];
+        assert_eq!(p.reward_by_pass.len(), 4);
+        assert_eq!(p.reward_by_pass[3], 1.0);
+        assert_eq!(p.regret_by_pass[3], -0.5);
+        assert!(p.regret_by_pass[0] > p.regret_by_pass[3], "{:?}", p.regret_by_pass);
+        // Reward and regret add up to the best fixed reward, pass by pass.
+        for (reward, regret) in p.reward_by_pass.iter().zip(&p.regret_by_pass) {
+            assert!((reward + regret - 0.5).abs() < 1e-12);
+        }
+        // The scored pass's reward is its accuracy less the weighted cost.
+        for (j, q) in r.adaptive.iter().enumerate() {
+            let a = r.hindsight[j].cost_weight;
+            assert!((q.reward_by_pass[3] - (q.accuracy - a * q.cost / r.cost_scale)).abs() < 1e-12, "{q:?}");
+        }
+        let md = r.markdown();
+        assert!(md.contains("| 0 | small | 0.500 | 1.000 | 1.000 | "), "{md}");
     }
 
     #[test]

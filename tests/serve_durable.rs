@@ -537,6 +537,57 @@ async fn what_the_router_learned_survives_a_restart() {
     assert_eq!(routed_model(&http, &server, "c0", true).await, untrained);
 }
 
+/// A verdict posted after a crash still teaches the router: routed programs that had ended and
+/// awaited their verdicts at the kill are restored by the next server (their decisions pending
+/// in its learner again), and each verdict lands there — 200, not 404 — as it would have before:
+/// taught that one model resolves the task and the others do not, the restarted router sends the
+/// next program there. A verdict lands once; a program that is given up (a later program took
+/// its key after the restart) leaves no record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_verdict_awaited_at_a_crash_lands_after_the_restart() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let state = dir.path().join("state");
+    let routed = support::serve::repo().join("workflows/gsm8k-routed.yaml");
+    let pool = support::serve::repo().join("workflows/pools/live-emulated.yaml");
+    let http = reqwest::Client::new();
+    let (target, models) = {
+        let server = Server::start_with(&pool, &[&routed], &["--state".as_ref(), state.as_os_str()]);
+        let untrained = routed_model(&http, &server, "a0", true).await;
+        let target = routed_model(&http, &server, "a1", true).await;
+        assert_ne!(untrained, target, "the second program explores another model");
+        let mut models = vec![untrained, target.clone()];
+        for k in 2..14 {
+            models.push(routed_model(&http, &server, &format!("a{k}"), true).await);
+        }
+        models.push(routed_model(&http, &server, "reused", true).await);
+        // Every program has ended (its end is journaled as its session ends); no verdict yet.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        (target, models)
+        // Dropped: SIGKILL.
+    };
+    {
+        let journal = Journal::open(&state).expect("journal");
+        assert_eq!(journal.awaited_verdicts().expect("read").len(), models.len(), "each ended program awaits its verdict");
+    }
+    let server = Server::start_with(&pool, &[&routed], &["--state".as_ref(), state.as_os_str()]);
+    // A new program under a restored program's key gives the restored one up.
+    routed_model(&http, &server, "reused", false).await;
+    for (k, model) in models.iter().take(14).enumerate() {
+        let success = if *model == target { 1.0 } else { 0.0 };
+        assert_eq!(verdict(&http, &server, &format!("a{k}"), success).await, 200, "a{k} awaited its verdict across the kill");
+    }
+    assert_eq!(verdict(&http, &server, "a0", 1.0).await, 404, "a verdict lands once");
+    assert_eq!(verdict(&http, &server, "never-routed", 1.0).await, 404);
+    assert_eq!(verdict(&http, &server, "reused", 1.0).await, 409, "the key names the new program, still open");
+    assert_eq!(routed_model(&http, &server, "probe", true).await, target, "the restored verdicts taught the learner: {models:?}");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    drop(server);
+    let journal = Journal::open(&state).expect("journal");
+    let awaited: Vec<String> = journal.awaited_verdicts().expect("read").into_iter().map(|(k, _)| k).collect();
+    assert_eq!(awaited, vec!["probe".to_string()], "landed and given-up verdicts leave no record");
+    assert_eq!(journal.learned().expect("learned").len(), 14, "each landed verdict is journaled as learned");
+}
+
 /// Per model, `switchyard_routed_programs_total` of a server's `/metrics`.
 async fn routed_counts(http: &reqwest::Client, server: &Server) -> std::collections::BTreeMap<String, u64> {
     let text = http.get(server.url("/metrics")).send().await.expect("metrics").text().await.expect("text");

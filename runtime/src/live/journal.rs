@@ -170,6 +170,13 @@ const BINDINGS: TableDefinition<&str, &str> = TableDefinition::new("program_bind
 /// key is routed afresh. (A table added after schema version 1: `check_or_init` creates it in
 /// an older file, and an older build ignores it.)
 const ROUTED: TableDefinition<&str, &str> = TableDefinition::new("routed_programs");
+/// Routed front-door programs that ended and await their client's verdict: program key → what
+/// the verdict teaches (JSON: session, model, dtype, verifier, the learner's context, the cost,
+/// the router's features digest, when it ended). Written when the program ends (in the
+/// transaction that removes its `routed_programs` record), removed when its verdict lands or
+/// it is given up; a restart restores them, so a verdict posted after a crash still teaches
+/// the router. (A table added after schema version 1.)
+const AWAITED: TableDefinition<&str, &str> = TableDefinition::new("awaited_verdicts");
 /// workflow name → the YAML text it was registered with over the API (a table added after
 /// schema 1 was fixed: opening an older journal creates it empty, nothing else changes).
 const WORKFLOWS: TableDefinition<&str, &str> = TableDefinition::new("workflows");
@@ -744,6 +751,7 @@ impl Journal {
         txn.open_table(ACTIVATIONS)?;
         txn.open_table(BINDINGS)?;
         txn.open_table(ROUTED)?;
+        txn.open_table(AWAITED)?;
         txn.open_table(WORKFLOWS)?;
         txn.open_table(CANCELLED)?;
         txn.open_table(LEARNED)?;
@@ -1206,11 +1214,17 @@ impl Journal {
 
     /// The routed front-door program under `key` that was recorded with `"session": session`
     /// ended: its record goes, so a later program under the key is routed afresh. A record a
-    /// later program under the key wrote meanwhile (its `session` differs) stays.
-    pub fn end_routed_program(&self, key: &str, session: u64) -> Result<(), JournalError> {
+    /// later program under the key wrote meanwhile (its `session` differs) stays. With
+    /// `awaiting` (it ended well and awaits its verdict; it should carry `"session": session`),
+    /// that is recorded under the key in the same transaction ([`Journal::awaited_verdicts`]).
+    pub fn end_routed_program(&self, key: &str, session: u64, awaiting: Option<&Value>) -> Result<(), JournalError> {
         check_key("program id", key)?;
+        let awaiting = awaiting.map(|v| encode(|| format!("verdict awaited by program {key:?}"), v)).transpose()?;
         let key = key.to_string();
         self.write(move |txn| {
+            if let Some(text) = &awaiting {
+                txn.open_table(AWAITED)?.insert(key.as_str(), text.as_str())?;
+            }
             let mut routed = txn.open_table(ROUTED)?;
             let ours = match routed.get(key.as_str())? {
                 Some(text) => {
@@ -1238,6 +1252,42 @@ impl Journal {
             out.push((key, value));
         }
         Ok(out)
+    }
+
+    /// The routed front-door programs that ended and await their verdict, by key.
+    pub fn awaited_verdicts(&self) -> Result<Vec<(String, Value)>, JournalError> {
+        let txn = self.read()?;
+        let awaited = txn.open_table(AWAITED)?;
+        let mut out = Vec::new();
+        for row in awaited.iter()? {
+            let (key, text) = row?;
+            let key = key.value().to_string();
+            let value = decode(|| format!("verdict awaited by program {key:?}"), text.value())?;
+            out.push((key, value));
+        }
+        Ok(out)
+    }
+
+    /// The verdict awaited by the program under `key` recorded with `"session": session` landed,
+    /// or the program was given up: its record goes (one a later program under the key wrote
+    /// stays).
+    pub fn forget_awaited(&self, key: &str, session: u64) -> Result<(), JournalError> {
+        check_key("program id", key)?;
+        let key = key.to_string();
+        self.write(move |txn| {
+            let mut awaited = txn.open_table(AWAITED)?;
+            let ours = match awaited.get(key.as_str())? {
+                Some(text) => {
+                    let v: Value = decode(|| format!("verdict awaited by program {key:?}"), text.value())?;
+                    v.get("session").and_then(Value::as_u64) == Some(session)
+                }
+                None => false,
+            };
+            if ours {
+                awaited.remove(key.as_str())?;
+            }
+            Ok(())
+        })
     }
 
     /// The binding of routed front-door program `key` if it is open (was, at a crash).

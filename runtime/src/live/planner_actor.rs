@@ -60,6 +60,15 @@ pub const MAX_FRONT_DOOR_STEPS: usize = 4096;
 /// given up (its learner decision dropped).
 pub const MAX_UNVERIFIED_PROGRAMS: usize = 10_000;
 
+/// A routed front-door program restored from the journal, awaiting its verdict: its id in the
+/// router, the session number it was recorded under (its journal record's), its cost.
+#[derive(Debug, Clone, Copy)]
+struct RestoredProgram {
+    program: u64,
+    session: u64,
+    cost: f64,
+}
+
 /// Longest task text a routed front-door program is classified and embedded by: what the
 /// router's embedding reads of a request (paper 002 embeds the task's first request).
 const MAX_TASK_BYTES: usize = crate::planner::routing::embed::PREFIX_BYTES;
@@ -210,6 +219,12 @@ pub struct PlannerActorState {
     /// dropped), so a client that never posts verdicts cannot grow the table without bound.
     unverified: BTreeMap<String, SessionId>,
     unverified_order: std::collections::VecDeque<(String, SessionId)>,
+    /// Routed front-door programs that had ended and awaited their verdict when the journal was
+    /// last written by an earlier server (a crash or a restart), by key: their decisions are
+    /// pending in the learner again under ids from [`crate::planner::RESTORED_PROGRAMS`] up, and
+    /// a verdict posted now lands as it would have then. At most [`MAX_UNVERIFIED_PROGRAMS`]
+    /// (the newest) are restored.
+    restored: BTreeMap<String, RestoredProgram>,
     /// Front-door step hints (`X-Step-ID`) seen so far and the planner node each stands for, so
     /// the core keeps output-length and tool-gap histories per step across programs.
     front_door_steps: BTreeMap<String, u32>,
@@ -326,6 +341,7 @@ impl Actor for PlannerActor {
             give_up_at_end: BTreeSet::new(),
             unverified: BTreeMap::new(),
             unverified_order: std::collections::VecDeque::new(),
+            restored: BTreeMap::new(),
             front_door_steps: BTreeMap::new(),
             durable: BTreeMap::new(),
             ended_failed: 0,
@@ -700,6 +716,10 @@ impl PlannerActorState {
                     Ok(rows) => self.relearn(&rows),
                     Err(e) => self.note(format!("router: the journal's learned outcomes cannot be read: {e}")),
                 }
+                match super::actors::off_the_reactor(|| journal.awaited_verdicts()) {
+                    Ok(rows) => self.restore_awaited(&journal, rows),
+                    Err(e) => self.note(format!("router: the journal's awaited verdicts cannot be read: {e}")),
+                }
                 self.program_journal = Some(journal);
             }
             PlannerMsg::ProgramVerdict { program, success, reply } => {
@@ -1013,6 +1033,7 @@ impl PlannerActorState {
                 return Err(format!("the journal: {e}"));
             }
         }
+        self.give_up_restored(key);
         if let Some(old) = self.unverified.get(key).copied().filter(|old| *old != id) {
             if self.sessions.contains_key(&old) {
                 // Still open (its last call runs): given up once it has ended, so that its
@@ -1068,6 +1089,7 @@ impl PlannerActorState {
             self.unverified.remove(key);
         }
         self.unverified_order.retain(|(_, s)| *s != id);
+        self.journal_forget_awaited(key, u64::from(id.0));
         if self.routes.contains(id) {
             self.routes.close(id, None, None);
             if let Err(e) = self.planner.program_abandoned(id, self.ctx.clock.now()) {
@@ -1088,6 +1110,9 @@ impl PlannerActorState {
             return Err(ServiceError::BadRequest(format!("`success` must be between 0 and 1, not {success}")));
         }
         let Some(&id) = self.unverified.get(key) else {
+            if let Some(restored) = self.restored.get(key).copied() {
+                return self.restored_verdict(myself, key, restored, success).await;
+            }
             return Err(ServiceError::NotFound(format!(
                 "no routed program `{key}` awaits a verdict (never routed here, its verdict landed already, it failed, or it was given up)"
             )));
@@ -1104,6 +1129,7 @@ impl PlannerActorState {
             .program_verdict(id, success, cost, self.ctx.clock.now())
             .map_err(|e| ServiceError::Unavailable(format!("the router refused the verdict of program `{key}`: {e}")))?;
         self.journal_learned(&learned);
+        self.journal_forget_awaited(key, u64::from(id.0));
         let reward = learned.reward;
         self.unverified.remove(key);
         self.unverified_order.retain(|(_, s)| *s != id);
@@ -1114,6 +1140,113 @@ impl PlannerActorState {
         self.log("verdict", TraceLine { session: Some(id.0), detail: Some(format!("program {key}: success {success}, reward {reward:.4}")), ..blank() });
         self.planning_pass(myself).await;
         Ok(reward)
+    }
+
+    /// The verdict of routed program `key`, restored from the journal ([`Self::restore_awaited`]):
+    /// the learner learns it as it would have before the restart.
+    async fn restored_verdict(
+        &mut self,
+        myself: &ActorRef<PlannerMsg>,
+        key: &str,
+        restored: RestoredProgram,
+        success: f64,
+    ) -> Result<f64, super::service::ServiceError> {
+        let learned = self
+            .planner
+            .restored_verdict(restored.program, success, restored.cost, self.ctx.clock.now())
+            .map_err(|e| super::service::ServiceError::Unavailable(format!("the router refused the verdict of program `{key}`: {e}")))?;
+        self.restored.remove(key);
+        self.journal_learned(&learned);
+        self.journal_forget_awaited(key, restored.session);
+        if let Some(m) = &self.metrics {
+            m.verdict("landed");
+        }
+        let reward = learned.reward;
+        self.log("verdict", TraceLine { detail: Some(format!("program {key} (ended before the restart): success {success}, reward {reward:.4}")), ..blank() });
+        self.planning_pass(myself).await;
+        Ok(reward)
+    }
+
+    /// Restore the routed programs a journal recorded as ended and awaiting their verdict (a
+    /// restart): each one recorded under this router's features, on a model it routes, with a
+    /// context the learner takes, is pending in the learner again (the newest
+    /// [`MAX_UNVERIFIED_PROGRAMS`]); the others are dropped from the journal — no verdict could
+    /// teach this router anything by them.
+    fn restore_awaited(&mut self, journal: &Arc<super::journal::Journal>, mut rows: Vec<(String, serde_json::Value)>) {
+        let Some(features) = self.planner.routing_features_digest() else { return };
+        let ended = |v: &serde_json::Value| v.get("ended").and_then(serde_json::Value::as_f64).unwrap_or(0.0);
+        rows.sort_by(|a, b| ended(&b.1).total_cmp(&ended(&a.1)));
+        let now = self.ctx.clock.now();
+        let (mut restored, mut dropped) = (0usize, 0usize);
+        for (key, row) in rows {
+            let session = row.get("session").and_then(serde_json::Value::as_u64);
+            let entry = (|| {
+                if self.restored.len() >= MAX_UNVERIFIED_PROGRAMS || row.get("features")?.as_u64()? != features {
+                    return None;
+                }
+                let deployment = self.deployment_named(&row)?;
+                let context = row.get("context")?.as_array()?.iter().map(serde_json::Value::as_f64).collect::<Option<Vec<f64>>>()?;
+                let verifier = row.get("verifier")?.as_str()?.to_string();
+                let cost = row.get("cost")?.as_f64()?;
+                Some((deployment, context, verifier, cost, session?))
+            })();
+            let program = crate::planner::RESTORED_PROGRAMS + self.restored.len() as u64;
+            let kept = entry.and_then(|(deployment, context, verifier, cost, session)| {
+                self.planner.restore_awaiting(program, deployment, context, &verifier, now).ok()?;
+                Some(RestoredProgram { program, session, cost })
+            });
+            match kept {
+                Some(r) => {
+                    self.restored.insert(key, r);
+                    restored += 1;
+                }
+                None => {
+                    dropped += 1;
+                    if let Some(session) = session
+                        && let Err(e) = super::actors::off_the_reactor(|| journal.forget_awaited(&key, session))
+                    {
+                        tracing::warn!(error = %e, "the journal did not drop an awaited verdict this router cannot use");
+                    }
+                }
+            }
+        }
+        if restored + dropped > 0 {
+            self.note(format!(
+                "router: {restored} programs that ended before the restart await their verdict ({dropped} dropped: recorded under other features, on a model no route has, or past the {MAX_UNVERIFIED_PROGRAMS} newest)"
+            ));
+        }
+    }
+
+    /// Routed program `key`, restored from the journal, will get no verdict (a new program took
+    /// its key): its decision is dropped, and its record.
+    fn give_up_restored(&mut self, key: &str) {
+        let Some(r) = self.restored.remove(key) else { return };
+        if let Err(e) = self.planner.restored_abandoned(r.program, self.ctx.clock.now()) {
+            self.note(format!("router: program {key} (ended before the restart): {e}"));
+        }
+        self.journal_forget_awaited(key, r.session);
+        if let Some(m) = &self.metrics {
+            m.verdict("given_up");
+        }
+        self.log("verdict_given_up", TraceLine { detail: Some(format!("program {key} (ended before the restart): a later program took its key before its verdict came")), ..blank() });
+    }
+
+    /// With a program journal, drop the record of the verdict awaited by program `key` recorded
+    /// under `session` (it landed, or the program was given up), beside the actor: a write that
+    /// does not finish leaves a record a restart restores, which only a later program under the
+    /// key or a verdict clears.
+    fn journal_forget_awaited(&self, key: &str, session: u64) {
+        let Some(j) = self.program_journal.clone() else { return };
+        let key = key.to_string();
+        let write = move || {
+            if let Err(e) = j.forget_awaited(&key, session) {
+                tracing::warn!(error = %e, "the journal did not drop an awaited verdict");
+            }
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(h) => drop(h.spawn_blocking(write)),
+            Err(_) => write(),
+        }
     }
 
     /// Start one session of workflow `w` per input, now.
@@ -1750,8 +1883,9 @@ impl PlannerActorState {
         // A routed front-door program's verdict comes from its client (`POST
         // /v1/programs/{key}/verdict`), not from a workflow's verifier.
         let front_door_program = self.program_routes.remove(&id);
+        let awaiting = front_door_program.as_ref().and_then(|(d, _)| self.awaiting_entry(id, *d));
         if let (Some((_, key)), Some(j)) = (&front_door_program, self.program_journal.clone())
-            && let Err(e) = super::actors::off_the_reactor(|| j.end_routed_program(key, u64::from(id.0)))
+            && let Err(e) = super::actors::off_the_reactor(|| j.end_routed_program(key, u64::from(id.0), awaiting.as_ref()))
         {
             // A restart would bind a new program under the key to this one's model.
             tracing::warn!(%id, error = %e, "the journal did not record a routed program's end");
@@ -1831,6 +1965,28 @@ impl PlannerActorState {
                 && dtype.is_none_or(|t| t == self.dtype_name(d))
                 && self.planner.routing().is_some_and(|r| r.routes(d))
         })
+    }
+
+    /// What the journal records for routed front-door program `id`, bound to `d`, when it ends
+    /// well (a failed one gets no verdict): everything its verdict needs to teach a restarted
+    /// router ([`Self::restore_awaited`]). `None` without a journal or a router.
+    fn awaiting_entry(&self, id: SessionId, d: DeploymentId) -> Option<serde_json::Value> {
+        self.program_journal.as_ref()?;
+        if self.ended.get(&id).is_some_and(|r| r.record.failed.is_some()) {
+            return None;
+        }
+        let row = self.routes.get(id)?;
+        let ended = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |t| t.as_secs_f64());
+        Some(serde_json::json!({
+            "session": id.0,
+            "features": self.planner.routing_features_digest()?,
+            "model": self.model_name(d),
+            "dtype": self.dtype_name(d),
+            "verifier": row.verifier,
+            "context": self.planner.program_context(id)?,
+            "cost": row.cost,
+            "ended": ended,
+        }))
     }
 
     /// The dtype of deployment `d` as the journal records it (with its model, it names the

@@ -119,6 +119,10 @@ pub trait Policy: Send {
 /// The names accepted by [`policy_by_name`].
 pub const POLICIES: &[&str] = &["joint", "parrot", "kairos"];
 
+/// Router program ids from here up are programs restored from an earlier run (ended, awaiting
+/// their verdict: [`Planner::restore_awaiting`]); below it, a program's id is its session's.
+pub const RESTORED_PROGRAMS: u64 = 1 << 32;
+
 /// Build a policy from its CLI name. `options` switch the joint policy's mechanisms (the
 /// ablations); `estimates` is the Predictor the policy plans with (baselines ignore both);
 /// `substrate` is the serving substrate every policy shares (replica cap, reactive scale-out).
@@ -253,6 +257,63 @@ impl Planner {
             self.state.ungate(SessionId(p as u32));
         }
         Ok(learned)
+    }
+
+    /// A routed program that ended under an earlier router over the same features and awaited
+    /// its verdict at a restart ([`routing::RoutedPrograms::restore_awaiting`]): `program` is an
+    /// id outside this run's sessions (see [`RESTORED_PROGRAMS`]); its verdict lands with
+    /// [`Self::restored_verdict`], or it is given up with [`Self::restored_abandoned`].
+    pub fn restore_awaiting(
+        &mut self,
+        program: u64,
+        deployment: DeploymentId,
+        context: Vec<f64>,
+        verifier: &str,
+        now: f64,
+    ) -> Result<(), PlanError> {
+        if program < RESTORED_PROGRAMS {
+            return Err(PlanError::Routing(format!("restored program {program} would collide with a session")));
+        }
+        let routing = self.routing.as_mut().ok_or_else(|| PlanError::Routing("this run has no router".into()))?;
+        routing.restore_awaiting(program, deployment, context, verifier, now).map_err(|e| PlanError::Routing(e.to_string()))
+    }
+
+    /// The verdict of restored `program` ([`Self::restore_awaiting`]) landed.
+    pub fn restored_verdict(
+        &mut self,
+        program: u64,
+        success: f64,
+        cost: f64,
+        now: f64,
+    ) -> Result<routing::LearnedOutcome, PlanError> {
+        if program < RESTORED_PROGRAMS {
+            return Err(PlanError::Routing(format!("program {program} was not restored")));
+        }
+        let routing = self.routing.as_mut().ok_or_else(|| PlanError::Routing("this run has no router".into()))?;
+        let (learned, admitted) = routing.verdict(program, success, cost, now).map_err(|e| PlanError::Routing(e.to_string()))?;
+        for p in admitted {
+            self.state.ungate(SessionId(p as u32));
+        }
+        Ok(learned)
+    }
+
+    /// Restored `program` will get no verdict (its key was reused): its decision is dropped.
+    pub fn restored_abandoned(&mut self, program: u64, now: f64) -> Result<(), PlanError> {
+        if program < RESTORED_PROGRAMS {
+            return Err(PlanError::Routing(format!("program {program} was not restored")));
+        }
+        let routing = self.routing.as_mut().ok_or_else(|| PlanError::Routing("this run has no router".into()))?;
+        let admitted = routing.abandon(program, now).map_err(|e| PlanError::Routing(e.to_string()))?;
+        for p in admitted {
+            self.state.ungate(SessionId(p as u32));
+        }
+        Ok(())
+    }
+
+    /// The learner's context of routed session `session`'s first request (`None`: not routed,
+    /// or no router).
+    pub fn program_context(&self, session: SessionId) -> Option<Vec<f64>> {
+        self.routing.as_ref()?.context(u64::from(session.0)).map(<[f64]>::to_vec)
     }
 
     /// The digest of the router's features ([`routing::RoutedPrograms::features_digest`]); `None` in a

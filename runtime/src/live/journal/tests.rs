@@ -307,11 +307,11 @@ fn a_routed_program_is_recorded_while_it_is_open() {
     j.open_routed_program("p", &json!({"model": "Qwen3-8B", "session": 1})).expect("open");
     // A later program under the key replaces it; the earlier one's end leaves the later record.
     j.open_routed_program("p", &json!({"model": "Qwen3-1.7B", "session": 2})).expect("open again");
-    j.end_routed_program("p", 1).expect("the earlier program ends");
+    j.end_routed_program("p", 1, None).expect("the earlier program ends");
     assert_eq!(j.routed_program("p").expect("read"), Some(json!({"model": "Qwen3-1.7B", "session": 2})));
     j.open_routed_program("q", &json!({"model": "Qwen3-0.6B", "session": 3})).expect("open");
-    j.end_routed_program("q", 3).expect("end");
-    j.end_routed_program("never-opened", 4).expect("ending nothing is a no-op");
+    j.end_routed_program("q", 3, None).expect("end");
+    j.end_routed_program("never-opened", 4, None).expect("ending nothing is a no-op");
     drop(j);
     // What a restart finds: the programs open at the crash.
     let j = Journal::open(&dir.path().join("state")).expect("reopen");
@@ -319,6 +319,28 @@ fn a_routed_program_is_recorded_while_it_is_open() {
     assert_eq!(j.routed_program("q").expect("read"), None);
     assert_eq!(j.routed_programs().expect("list"), vec![("p".to_string(), json!({"model": "Qwen3-1.7B", "session": 2}))]);
     assert!(matches!(j.open_routed_program("", &json!({})), Err(JournalError::InvalidKey { .. })));
+}
+
+#[test]
+fn a_program_awaiting_its_verdict_is_recorded_until_the_verdict_lands() {
+    let (dir, j) = fresh();
+    let awaiting = |session: u64| json!({"session": session, "model": "Qwen3-8B", "context": [1.0, 0.5], "cost": 2.0});
+    j.open_routed_program("p", &json!({"model": "Qwen3-8B", "session": 1})).expect("open");
+    // Its end removes the open record and records the awaited verdict in one transaction.
+    j.end_routed_program("p", 1, Some(&awaiting(1))).expect("end");
+    assert_eq!(j.routed_program("p").expect("read"), None);
+    j.end_routed_program("q", 2, Some(&awaiting(2))).expect("end");
+    j.end_routed_program("r", 3, Some(&awaiting(3))).expect("end");
+    // A later program under "q" ended too: its record replaces the earlier one's, and the
+    // earlier one's verdict (or give-up) leaves it.
+    j.end_routed_program("q", 4, Some(&awaiting(4))).expect("end");
+    j.forget_awaited("q", 2).expect("not ours");
+    j.forget_awaited("r", 3).expect("landed");
+    j.forget_awaited("never", 9).expect("forgetting nothing is a no-op");
+    drop(j);
+    let j = Journal::open(&dir.path().join("state")).expect("reopen");
+    assert_eq!(j.awaited_verdicts().expect("list"), vec![("p".to_string(), awaiting(1)), ("q".to_string(), awaiting(4))]);
+    assert!(matches!(j.forget_awaited("", 1), Err(JournalError::InvalidKey { .. })));
 }
 
 #[test]

@@ -145,6 +145,38 @@ impl RoutedPrograms {
         self.router.relearn(arm, &outcome.context, outcome.reward)
     }
 
+    /// Routed `program` ended under an earlier router over the same features and awaited its
+    /// verdict at a restart: its decision on `deployment` for `context` is pending again and its
+    /// verdict lands with [`Self::verdict`] (or it is given up with [`Self::abandon`]). `program`
+    /// must not collide with a program this run binds. Refused for a deployment outside every
+    /// route, a bound program or a context of another length.
+    pub fn restore_awaiting(
+        &mut self,
+        program: u64,
+        deployment: DeploymentId,
+        context: Vec<f64>,
+        verifier: &str,
+        now: f64,
+    ) -> Result<(), RouterError> {
+        let arm = self.arm(deployment).ok_or(RouterError::Config)?;
+        self.router.restore_awaiting(program, arm, context, verifier.to_string())?;
+        let record = RouteRecord {
+            deployment,
+            chosen: deployment,
+            verifier: verifier.to_string(),
+            bound_at: now,
+            admitted_at: None,
+            peak_tokens: 0,
+        };
+        self.live.insert(program, record);
+        Ok(())
+    }
+
+    /// The learner's context of bound `program`'s first request (what a verdict teaches it with).
+    pub fn context(&self, program: u64) -> Option<&[f64]> {
+        self.router.binding(program).map(|b| b.context.as_slice())
+    }
+
     /// The DISC settings the router runs with.
     pub fn disc(&self) -> DiscConfig {
         self.router_options().disc
@@ -373,6 +405,45 @@ mod tests {
         let (r, _) = p.bind(100, &route, MATH, 100, 60.0).unwrap();
         assert_eq!(r.deployment, DeploymentId(7), "the learner prefers the member that succeeds");
         assert!(p.record(3).is_none(), "a verified program's row is gone");
+    }
+
+    #[test]
+    fn a_program_awaiting_its_verdict_at_a_restart_is_verified_by_the_next_router() {
+        // The first router binds a program; it ends; the router stops before its verdict.
+        let mut first = RoutedPrograms::new(setup(1_000_000)).unwrap();
+        let route = [DeploymentId(5), DeploymentId(7)];
+        let (r, _) = first.bind(0, &route, MATH, 100, 0.0).unwrap();
+        first.unit_ready(0, r.deployment, 900);
+        first.finished(0, 30.0).unwrap();
+        let context = first.context(0).unwrap().to_vec();
+        // The next router records the decision again: pending, it narrows that arm's width
+        // (the learner's pending term) before any verdict, and holds no reservation.
+        let mut second = RoutedPrograms::new(setup(10)).unwrap();
+        let arm = |d: DeploymentId| second.members().iter().position(|m| *m == d).unwrap();
+        let (a, other) = (arm(r.deployment), arm(if r.deployment == DeploymentId(5) { DeploymentId(7) } else { DeploymentId(5) }));
+        let before = second.router().learner().evaluate(&context).unwrap();
+        second.restore_awaiting(1 << 32, r.deployment, context.clone(), "exact_answer", 40.0).unwrap();
+        assert_eq!(second.router().learner().counts(a), Some((1, 0)));
+        let pending = second.router().learner().evaluate(&context).unwrap();
+        assert!(pending.index(a) < before.index(a), "{} vs {}", pending.index(a), before.index(a));
+        assert_eq!(pending.index(other), before.index(other));
+        // A ledger of 10 tokens admits nothing; the restored program needs no admission.
+        assert_eq!(second.record(1 << 32).map(|r| (r.deployment, r.admitted_at)), Some((r.deployment, None)));
+        // Its verdict lands as the first router's would have: the same outcome.
+        let (outcome, _) = second.verdict(1 << 32, 1.0, 0.0, 50.0).unwrap();
+        let (expected, _) = first.verdict(0, 1.0, 0.0, 50.0).unwrap();
+        assert_eq!(outcome, expected);
+        assert_eq!(second.router().learner().counts(a), Some((1, 1)));
+        assert!(second.record(1 << 32).is_none());
+        // Refused: a bound program, a deployment outside every route, a context of another length.
+        second.restore_awaiting(7 << 32, r.deployment, context.clone(), "exact_answer", 60.0).unwrap();
+        assert_eq!(second.restore_awaiting(7 << 32, r.deployment, context.clone(), "exact_answer", 60.0).unwrap_err(), RouterError::Bound(7 << 32));
+        assert_eq!(second.restore_awaiting(8 << 32, DeploymentId(4), context.clone(), "exact_answer", 60.0).unwrap_err(), RouterError::Config);
+        assert!(second.restore_awaiting(9 << 32, r.deployment, context[1..].to_vec(), "exact_answer", 60.0).is_err());
+        // Given up (its key was reused): its decision goes, no verdict lands afterwards.
+        second.abandon(7 << 32, 70.0).unwrap();
+        assert_eq!(second.verdict(7 << 32, 1.0, 0.0, 80.0).unwrap_err(), RouterError::Unbound(7 << 32));
+        assert_eq!(second.router().learner().counts(a), Some((2, 1)), "the abandoned decision is not learned");
     }
 
     #[test]

@@ -235,6 +235,31 @@ impl Router {
         Ok(r)
     }
 
+    /// A program bound by an earlier router over the same features, ended and awaiting its
+    /// verdict when that router stopped (a restart): the learner records its decision again —
+    /// pending, so it counts in the width until its verdict lands — and the table keeps its row,
+    /// with nothing reserved in any ledger (it ended). Its verdict then lands like any other
+    /// ([`Self::verdict`]). Refused for an unknown model, a bound program or a context of
+    /// another length.
+    pub fn restore_awaiting(
+        &mut self,
+        program: u64,
+        model: usize,
+        context: Vec<f64>,
+        verifier: String,
+    ) -> Result<&Binding, RouterError> {
+        if model >= self.ledgers.len() {
+            return Err(RouterError::Config);
+        }
+        if self.table.contains_key(&program) {
+            return Err(RouterError::Bound(program));
+        }
+        self.learner.record(program, model, &context)?;
+        let b = Binding { model, chosen: model, verifier, context, index: Vec::new(), waits: Vec::new() };
+        self.table.insert(program, b);
+        Ok(&self.table[&program])
+    }
+
     /// An outcome verified outside this router's table — `model` ran `request` and its verifier
     /// said `success` at `cost` (a calibration pass before deployment, another process's
     /// records): the learner learns it as a decision with its verdict. No ledger or table row

@@ -83,7 +83,7 @@ pub enum Experiment {
     Verifier(VerifierArgs),
     /// Paper 002 (ORACLE) §5.3: adaptive vs single-verifier feedback for routed programs
     /// (`gsm8k-routed` + `mbpp-routed` in the simulator, paired by session over seeds).
-    /// Writes oracle.md and oracle.json.
+    /// Writes oracle.md, oracle.json and oracle.svg, then oracle-programs.*.
     Oracle(OracleArgs),
 }
 
@@ -108,7 +108,7 @@ pub struct OracleArgs {
     /// Run only the concurrency experiments (oracle-programs.*), not the feedback comparison.
     #[arg(long)]
     pub only_programs: bool,
-    /// Directory for oracle.md / oracle.json and oracle-programs.md / oracle-programs.json.
+    /// Directory for oracle.md / oracle.json / oracle.svg and oracle-programs.md / .json / .svg.
     #[arg(long, default_value = "bench-out")]
     pub out: PathBuf,
     /// Print the JSON on stdout instead of the Markdown.
@@ -135,6 +135,8 @@ fn oracle(args: OracleArgs) -> Result<()> {
         let md = report.markdown();
         let json = serde_json::json!({ "command": "switchyard bench oracle", "report": report });
         write_files(&args.out, "oracle", &md, &json)?;
+        let svg = report.replay.frontier_svg().map_err(|e| anyhow::anyhow!("{e}"))?;
+        std::fs::write(args.out.join("oracle.svg"), svg)?;
         printed.insert("feedback".into(), json["report"].clone());
         md_out.push_str(&md);
     }

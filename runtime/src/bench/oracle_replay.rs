@@ -449,6 +449,7 @@ impl ReplayReport {
     pub fn markdown(&self) -> String {
         let mut out = format!(
             "## Steady state: the learner replayed over measured per-task outcomes (paper 002 Appendix E)\n\n\
+             ![accuracy against cost per feedback configuration; regret by pass](oracle.svg)\n\n\
              The paper's frontier protocol on this bench's tasks: {} tasks ({} streams — one per seed — of the routed \
              sessions above), each with its outcome and compute cost in every member's single-model run of the same trace; \
              the core's LinUCB replayed over {} random orders per stream, {} passes, the last scored (the first is the cold \
@@ -564,6 +565,138 @@ impl ReplayReport {
     }
 }
 
+impl ReplayReport {
+    /// The replay as an SVG chart (plotters): (a) accuracy against compute cost per task for
+    /// both feedback configurations in the steady state (solid) and the cold pass (dashed), each
+    /// member alone and the per-task best (Fig. 5 / 9's frontier); (b) regret per task against
+    /// the best fixed member in hindsight, pass by pass, at a = 0 and at the headline's a.
+    pub fn frontier_svg(&self) -> Result<String, String> {
+        use plotters::prelude::*;
+        let s = |e: &dyn std::fmt::Display| e.to_string();
+        if self.adaptive.is_empty() || self.single.is_empty() {
+            return Err("the replay has no points".into());
+        }
+        let palette = crate::report::timeline::PALETTE;
+        let (adaptive_color, single_color) = (palette[0], palette[1]);
+        let mut svg = String::new();
+        {
+            let root = SVGBackend::with_string(&mut svg, (1100, 460)).into_drawing_area();
+            root.fill(&WHITE).map_err(|e| s(&e))?;
+            let panels = root.split_evenly((1, 2));
+            // (a) The frontier.
+            let costs = self
+                .adaptive
+                .iter()
+                .chain(&self.single)
+                .flat_map(|p| [p.cost, p.cold_cost])
+                .chain(self.fixed.iter().map(|f| f.1))
+                .chain([self.per_task_best.1]);
+            let xmax = costs.fold(1.0, f64::max) * 1.08;
+            let mut chart = ChartBuilder::on(&panels[0])
+                .caption("(a) accuracy against compute cost (steady state solid, cold pass dashed)", ("sans-serif", 14))
+                .margin(12)
+                .x_label_area_size(34)
+                .y_label_area_size(50)
+                .build_cartesian_2d(0.0..xmax, 30.0..100.0)
+                .map_err(|e| s(&e))?;
+            chart
+                .configure_mesh()
+                .x_desc("cost per task (billions of parameter-tokens)")
+                .y_desc("accuracy %")
+                .draw()
+                .map_err(|e| s(&e))?;
+            for (name, side, color) in [("adaptive", &self.adaptive, adaptive_color), ("single verifier", &self.single, single_color)] {
+                let steady: Vec<(f64, f64)> = side.iter().map(|p| (p.cost, p.accuracy * 100.0)).collect();
+                let cold: Vec<(f64, f64)> = side.iter().map(|p| (p.cold_cost, p.cold_accuracy * 100.0)).collect();
+                chart
+                    .draw_series(LineSeries::new(steady.clone(), color.stroke_width(2)))
+                    .map_err(|e| s(&e))?
+                    .label(name.to_string())
+                    .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2)));
+                chart.draw_series(steady.into_iter().map(|p| Circle::new(p, 3, color.filled()))).map_err(|e| s(&e))?;
+                chart
+                    .draw_series(DashedLineSeries::new(cold, 5, 4, color.mix(0.7).stroke_width(1)))
+                    .map_err(|e| s(&e))?;
+            }
+            let fixed: Vec<(String, (f64, f64))> = self
+                .members
+                .iter()
+                .zip(&self.fixed)
+                .map(|(m, f)| (format!("{m} alone"), (f.1, f.0 * 100.0)))
+                .chain([("per-task best".to_string(), (self.per_task_best.1, self.per_task_best.0 * 100.0))])
+                .collect();
+            for (label, at) in fixed {
+                use plotters::style::text_anchor::{HPos, Pos, VPos};
+                chart
+                    .draw_series([Rectangle::new([(at.0 - xmax * 0.006, at.1 - 0.8), (at.0 + xmax * 0.006, at.1 + 0.8)], BLACK.filled())])
+                    .map_err(|e| s(&e))?;
+                // Labels of points in the right third read leftwards, so they stay in the panel.
+                let (x, h) = if at.0 > xmax * 0.66 { (at.0 - xmax * 0.012, HPos::Right) } else { (at.0 + xmax * 0.012, HPos::Left) };
+                let style = ("sans-serif", 12).into_font().color(&BLACK).pos(Pos::new(h, VPos::Bottom));
+                chart.draw_series([Text::new(label, (x, at.1 + 1.0), style)]).map_err(|e| s(&e))?;
+            }
+            chart
+                .configure_series_labels()
+                .position(SeriesLabelPosition::LowerRight)
+                .background_style(WHITE.mix(0.85))
+                .border_style(BLACK)
+                .draw()
+                .map_err(|e| s(&e))?;
+            // (b) Regret pass by pass.
+            let headline = self.adaptive.iter().position(|p| p.cost_weight == self.headline.cost_weight).unwrap_or(0);
+            let mut shown = vec![0usize];
+            if headline != 0 {
+                shown.push(headline);
+            }
+            let regrets = shown.iter().flat_map(|&j| self.adaptive[j].regret_by_pass.iter().chain(&self.single[j].regret_by_pass));
+            let (lo, hi) = regrets.fold((0.0f64, 0.0f64), |(lo, hi), r| (lo.min(*r), hi.max(*r)));
+            let pad = (hi - lo).max(0.01) * 0.35;
+            let mut chart = ChartBuilder::on(&panels[1])
+                .caption("(b) regret per task against the best fixed member in hindsight", ("sans-serif", 14))
+                .margin(12)
+                .x_label_area_size(34)
+                .y_label_area_size(56)
+                .build_cartesian_2d(0.5..self.passes as f64 + 0.5, (lo - pad * 0.3)..(hi + pad))
+                .map_err(|e| s(&e))?;
+            chart.configure_mesh().x_desc("pass over the stream").y_desc("regret per task").draw().map_err(|e| s(&e))?;
+            for (k, &j) in shown.iter().enumerate() {
+                for (name, side, color) in [("adaptive", &self.adaptive, adaptive_color), ("single verifier", &self.single, single_color)] {
+                    let pts: Vec<(f64, f64)> =
+                        side[j].regret_by_pass.iter().enumerate().map(|(i, r)| ((i + 1) as f64, *r)).collect();
+                    let a = side[j].cost_weight;
+                    let label = format!("{name}, a = {a}");
+                    if k == 0 {
+                        chart
+                            .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))
+                            .map_err(|e| s(&e))?
+                            .label(label)
+                            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2)));
+                    } else {
+                        chart
+                            .draw_series(DashedLineSeries::new(pts.clone(), 5, 4, color.stroke_width(2)))
+                            .map_err(|e| s(&e))?
+                            .label(label)
+                            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 6, y), (x + 10, y), (x + 18, y)], color.mix(0.6).stroke_width(2)));
+                    }
+                    chart.draw_series(pts.into_iter().map(|p| Circle::new(p, 3, color.filled()))).map_err(|e| s(&e))?;
+                }
+            }
+            chart
+                .draw_series(LineSeries::new([(0.5, 0.0), (self.passes as f64 + 0.5, 0.0)], BLACK.mix(0.5).stroke_width(1)))
+                .map_err(|e| s(&e))?;
+            chart
+                .configure_series_labels()
+                .position(SeriesLabelPosition::UpperRight)
+                .background_style(WHITE.mix(0.85))
+                .border_style(BLACK)
+                .draw()
+                .map_err(|e| s(&e))?;
+            root.present().map_err(|e| s(&e))?;
+        }
+        Ok(svg)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -641,6 +774,9 @@ mod tests {
         }
         let md = r.markdown();
         assert!(md.contains("| 0 | small | 0.500 | 1.000 | 1.000 | "), "{md}");
+        let svg = r.frontier_svg().unwrap();
+        assert!(svg.starts_with("<svg") && svg.contains("small alone") && svg.contains("per-task best"), "{svg}");
+        assert!(svg.contains("adaptive, a = 0") && svg.contains("single verifier, a = 0"));
     }
 
     #[test]

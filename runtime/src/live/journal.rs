@@ -480,6 +480,22 @@ fn decode<T: for<'de> Deserialize<'de>>(what: impl FnOnce() -> String, text: &st
     serde_json::from_str(text).map_err(|source| JournalError::Corrupt { what: what(), source })
 }
 
+/// Remove the awaited verdict under `key` if it is program `session`'s (inside a write).
+fn forget_awaited_in(txn: &redb::WriteTransaction, key: &str, session: u64) -> Result<(), JournalError> {
+    let mut awaited = txn.open_table(AWAITED)?;
+    let ours = match awaited.get(key)? {
+        Some(text) => {
+            let v: Value = decode(|| format!("verdict awaited by program {key:?}"), text.value())?;
+            v.get("session").and_then(Value::as_u64) == Some(session)
+        }
+        None => false,
+    };
+    if ours {
+        awaited.remove(key)?;
+    }
+    Ok(())
+}
+
 fn check_key(what: &'static str, value: &str) -> Result<(), JournalError> {
     let why = if value.is_empty() {
         "empty"
@@ -1201,13 +1217,15 @@ impl Journal {
     }
 
     /// Routed front-door program `key` is open, bound to `binding` (replacing what an earlier
-    /// program under that key left, if anything).
+    /// program under that key left, if anything: its open record, or its awaited verdict — a
+    /// key names one program at a time, so the earlier one is given up).
     pub fn open_routed_program(&self, key: &str, binding: &Value) -> Result<(), JournalError> {
         check_key("program id", key)?;
         let text = encode(|| format!("routing of program {key:?}"), binding)?;
         let key = key.to_string();
         self.write(move |txn| {
             txn.open_table(ROUTED)?.insert(key.as_str(), text.as_str())?;
+            txn.open_table(AWAITED)?.remove(key.as_str())?;
             Ok(())
         })
     }
@@ -1216,15 +1234,14 @@ impl Journal {
     /// ended: its record goes, so a later program under the key is routed afresh. A record a
     /// later program under the key wrote meanwhile (its `session` differs) stays. With
     /// `awaiting` (it ended well and awaits its verdict; it should carry `"session": session`),
-    /// that is recorded under the key in the same transaction ([`Journal::awaited_verdicts`]).
+    /// that is recorded under the key in the same transaction ([`Journal::awaited_verdicts`]) —
+    /// only while the key's open record is this program's (a later program under the key has
+    /// given this one up).
     pub fn end_routed_program(&self, key: &str, session: u64, awaiting: Option<&Value>) -> Result<(), JournalError> {
         check_key("program id", key)?;
         let awaiting = awaiting.map(|v| encode(|| format!("verdict awaited by program {key:?}"), v)).transpose()?;
         let key = key.to_string();
         self.write(move |txn| {
-            if let Some(text) = &awaiting {
-                txn.open_table(AWAITED)?.insert(key.as_str(), text.as_str())?;
-            }
             let mut routed = txn.open_table(ROUTED)?;
             let ours = match routed.get(key.as_str())? {
                 Some(text) => {
@@ -1235,6 +1252,9 @@ impl Journal {
             };
             if ours {
                 routed.remove(key.as_str())?;
+                if let Some(text) = &awaiting {
+                    txn.open_table(AWAITED)?.insert(key.as_str(), text.as_str())?;
+                }
             }
             Ok(())
         })
@@ -1268,22 +1288,30 @@ impl Journal {
         Ok(out)
     }
 
-    /// The verdict awaited by the program under `key` recorded with `"session": session` landed,
-    /// or the program was given up: its record goes (one a later program under the key wrote
+    /// The verdict awaited by the program under `key` recorded with `"session": session` will not
+    /// come (the program was given up): its record goes (one a later program under the key wrote
     /// stays).
     pub fn forget_awaited(&self, key: &str, session: u64) -> Result<(), JournalError> {
         check_key("program id", key)?;
         let key = key.to_string();
+        self.write(move |txn| forget_awaited_in(txn, &key, session))
+    }
+
+    /// Keep only the awaited verdicts under `keys` (a restart restored those; the others can teach
+    /// its router nothing), in one transaction.
+    pub fn keep_awaited(&self, keys: &std::collections::BTreeSet<String>) -> Result<(), JournalError> {
+        let keys = keys.clone();
         self.write(move |txn| {
             let mut awaited = txn.open_table(AWAITED)?;
-            let ours = match awaited.get(key.as_str())? {
-                Some(text) => {
-                    let v: Value = decode(|| format!("verdict awaited by program {key:?}"), text.value())?;
-                    v.get("session").and_then(Value::as_u64) == Some(session)
+            let mut gone = Vec::new();
+            for row in awaited.iter()? {
+                let (key, _) = row?;
+                let key = key.value().to_string();
+                if !keys.contains(&key) {
+                    gone.push(key);
                 }
-                None => false,
-            };
-            if ours {
+            }
+            for key in gone {
                 awaited.remove(key.as_str())?;
             }
             Ok(())
@@ -1318,14 +1346,23 @@ impl Journal {
     }
 
     /// Append what the router learned from one landed verdict (after every earlier one); past
-    /// [`MAX_LEARNED`] the oldest goes.
-    pub fn record_learned(&self, outcome: &Value) -> Result<(), JournalError> {
-        self.record_learned_within(outcome, MAX_LEARNED)
+    /// [`MAX_LEARNED`] the oldest goes. With `awaited` (key, session): the verdict was the one
+    /// that program's record awaited, and the record goes in the same transaction, so that a
+    /// restart never both relearns the outcome and restores the decision as still awaited.
+    pub fn record_learned(&self, outcome: &Value, awaited: Option<(&str, u64)>) -> Result<(), JournalError> {
+        self.record_learned_within(outcome, awaited, MAX_LEARNED)
     }
 
-    fn record_learned_within(&self, outcome: &Value, keep: u64) -> Result<(), JournalError> {
+    fn record_learned_within(&self, outcome: &Value, awaited: Option<(&str, u64)>, keep: u64) -> Result<(), JournalError> {
         let text = encode(|| "a learned outcome".to_string(), outcome)?;
+        if let Some((key, _)) = awaited {
+            check_key("program id", key)?;
+        }
+        let awaited = awaited.map(|(k, s)| (k.to_string(), s));
         self.write(move |txn| {
+            if let Some((key, session)) = &awaited {
+                forget_awaited_in(txn, key, *session)?;
+            }
             let mut learned = txn.open_table(LEARNED)?;
             let next = learned.last()?.map_or(0, |(k, _)| k.value() + 1);
             learned.insert(next, text.as_str())?;

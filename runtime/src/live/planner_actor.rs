@@ -61,12 +61,14 @@ pub const MAX_FRONT_DOOR_STEPS: usize = 4096;
 pub const MAX_UNVERIFIED_PROGRAMS: usize = 10_000;
 
 /// A routed front-door program restored from the journal, awaiting its verdict: its id in the
-/// router, the session number it was recorded under (its journal record's), its cost.
+/// router, the session number it was recorded under (its journal record's), its cost (as
+/// recorded at its end), when it ended (Unix seconds: the oldest is given up first).
 #[derive(Debug, Clone, Copy)]
 struct RestoredProgram {
     program: u64,
     session: u64,
     cost: f64,
+    ended: f64,
 }
 
 /// Longest task text a routed front-door program is classified and embedded by: what the
@@ -1033,7 +1035,7 @@ impl PlannerActorState {
                 return Err(format!("the journal: {e}"));
             }
         }
-        self.give_up_restored(key);
+        self.give_up_restored(key, "a later program took its key before its verdict came");
         if let Some(old) = self.unverified.get(key).copied().filter(|old| *old != id) {
             if self.sessions.contains_key(&old) {
                 // Still open (its last call runs): given up once it has ended, so that its
@@ -1071,10 +1073,17 @@ impl PlannerActorState {
     }
 
     /// Routed front-door program `id` (key `key`) awaits its verdict; past
-    /// [`MAX_UNVERIFIED_PROGRAMS`] the oldest ended one is given up.
+    /// [`MAX_UNVERIFIED_PROGRAMS`] (with those restored from before a restart) the oldest ended
+    /// one is given up.
     fn note_unverified(&mut self, key: String, id: SessionId) {
         self.unverified.insert(key.clone(), id);
         self.unverified_order.push_back((key, id));
+        // Programs restored from before a restart count too, and are older than any of this run.
+        while self.unverified_order.len() + self.restored.len() > MAX_UNVERIFIED_PROGRAMS && !self.restored.is_empty() {
+            let oldest = self.restored.iter().min_by(|a, b| a.1.ended.total_cmp(&b.1.ended)).map(|(k, _)| k.clone());
+            let Some(k) = oldest else { break };
+            self.give_up_restored(&k, "more than the routed programs kept awaiting a verdict");
+        }
         while self.unverified_order.len() > MAX_UNVERIFIED_PROGRAMS {
             let Some(pos) = self.unverified_order.iter().position(|(_, s)| !self.sessions.contains_key(s)) else { break };
             let Some((k, s)) = self.unverified_order.remove(pos) else { break };
@@ -1128,8 +1137,7 @@ impl PlannerActorState {
             .planner
             .program_verdict(id, success, cost, self.ctx.clock.now())
             .map_err(|e| ServiceError::Unavailable(format!("the router refused the verdict of program `{key}`: {e}")))?;
-        self.journal_learned(&learned);
-        self.journal_forget_awaited(key, u64::from(id.0));
+        self.journal_learned(&learned, Some((key, u64::from(id.0))));
         let reward = learned.reward;
         self.unverified.remove(key);
         self.unverified_order.retain(|(_, s)| *s != id);
@@ -1156,70 +1164,73 @@ impl PlannerActorState {
             .restored_verdict(restored.program, success, restored.cost, self.ctx.clock.now())
             .map_err(|e| super::service::ServiceError::Unavailable(format!("the router refused the verdict of program `{key}`: {e}")))?;
         self.restored.remove(key);
-        self.journal_learned(&learned);
-        self.journal_forget_awaited(key, restored.session);
+        self.journal_learned(&learned, Some((key, restored.session)));
         if let Some(m) = &self.metrics {
             m.verdict("landed");
         }
         let reward = learned.reward;
-        self.log("verdict", TraceLine { detail: Some(format!("program {key} (ended before the restart): success {success}, reward {reward:.4}")), ..blank() });
+        // Not a trace line: it has no session in this run, and every run's event stream would
+        // get it (with the client's key).
+        tracing::info!(program = key, success, reward, "verdict of a program that ended before the restart");
         self.planning_pass(myself).await;
         Ok(reward)
     }
 
     /// Restore the routed programs a journal recorded as ended and awaiting their verdict (a
     /// restart): each one recorded under this router's features, on a model it routes, with a
-    /// context the learner takes, is pending in the learner again (the newest
-    /// [`MAX_UNVERIFIED_PROGRAMS`]); the others are dropped from the journal — no verdict could
-    /// teach this router anything by them.
+    /// context the learner takes — and whose key no program open at the crash holds (that one is
+    /// newer) — is pending in the learner again (the newest [`MAX_UNVERIFIED_PROGRAMS`]); the
+    /// others are dropped from the journal in one transaction: no verdict could teach this
+    /// router anything by them.
     fn restore_awaited(&mut self, journal: &Arc<super::journal::Journal>, mut rows: Vec<(String, serde_json::Value)>) {
         let Some(features) = self.planner.routing_features_digest() else { return };
         let ended = |v: &serde_json::Value| v.get("ended").and_then(serde_json::Value::as_f64).unwrap_or(0.0);
         rows.sort_by(|a, b| ended(&b.1).total_cmp(&ended(&a.1)));
         let now = self.ctx.clock.now();
-        let (mut restored, mut dropped) = (0usize, 0usize);
+        let total = rows.len();
         for (key, row) in rows {
-            let session = row.get("session").and_then(serde_json::Value::as_u64);
             let entry = (|| {
-                if self.restored.len() >= MAX_UNVERIFIED_PROGRAMS || row.get("features")?.as_u64()? != features {
+                if self.restored.len() >= MAX_UNVERIFIED_PROGRAMS
+                    || self.journal_kept.contains_key(&key)
+                    || row.get("features")?.as_u64()? != features
+                {
                     return None;
                 }
                 let deployment = self.deployment_named(&row)?;
                 let context = row.get("context")?.as_array()?.iter().map(serde_json::Value::as_f64).collect::<Option<Vec<f64>>>()?;
                 let verifier = row.get("verifier")?.as_str()?.to_string();
                 let cost = row.get("cost")?.as_f64()?;
-                Some((deployment, context, verifier, cost, session?))
+                Some((deployment, context, verifier, cost, row.get("session")?.as_u64()?))
             })();
             let program = crate::planner::RESTORED_PROGRAMS + self.restored.len() as u64;
-            let kept = entry.and_then(|(deployment, context, verifier, cost, session)| {
-                self.planner.restore_awaiting(program, deployment, context, &verifier, now).ok()?;
-                Some(RestoredProgram { program, session, cost })
-            });
-            match kept {
-                Some(r) => {
-                    self.restored.insert(key, r);
-                    restored += 1;
-                }
-                None => {
-                    dropped += 1;
-                    if let Some(session) = session
-                        && let Err(e) = super::actors::off_the_reactor(|| journal.forget_awaited(&key, session))
-                    {
-                        tracing::warn!(error = %e, "the journal did not drop an awaited verdict this router cannot use");
-                    }
-                }
+            if let Some((deployment, context, verifier, cost, session)) = entry
+                && self.planner.restore_awaiting(program, deployment, context, &verifier, now).is_ok()
+            {
+                self.restored.insert(key, RestoredProgram { program, session, cost, ended: ended(&row) });
             }
         }
-        if restored + dropped > 0 {
+        let restored = self.restored.len();
+        if restored < total {
+            let keep: BTreeSet<String> = self.restored.keys().cloned().collect();
+            if let Err(e) = super::actors::off_the_reactor(|| journal.keep_awaited(&keep)) {
+                tracing::warn!(error = %e, "the journal did not drop the awaited verdicts this router cannot use");
+            }
+        }
+        if total > 0 {
             self.note(format!(
-                "router: {restored} programs that ended before the restart await their verdict ({dropped} dropped: recorded under other features, on a model no route has, or past the {MAX_UNVERIFIED_PROGRAMS} newest)"
+                "router: {restored} programs that ended before the restart await their verdict ({} dropped: recorded under other features, on a model no route has, under a key a program open at the crash holds, or past the {MAX_UNVERIFIED_PROGRAMS} newest)",
+                total - restored
             ));
         }
     }
 
     /// Routed program `key`, restored from the journal, will get no verdict (a new program took
-    /// its key): its decision is dropped, and its record.
-    fn give_up_restored(&mut self, key: &str) {
+    /// its key, or it is the oldest past the cap): its decision is dropped, and its record. (A
+    /// new program's open record removed it already in the journal; the delayed removal is then
+    /// a no-op, or drops a record under the key with the same session number — which only a
+    /// program of this run, ending after the new one's open write, could have written: not
+    /// before this removal runs, in practice.)
+    fn give_up_restored(&mut self, key: &str, why: &str) {
         let Some(r) = self.restored.remove(key) else { return };
         if let Err(e) = self.planner.restored_abandoned(r.program, self.ctx.clock.now()) {
             self.note(format!("router: program {key} (ended before the restart): {e}"));
@@ -1228,7 +1239,7 @@ impl PlannerActorState {
         if let Some(m) = &self.metrics {
             m.verdict("given_up");
         }
-        self.log("verdict_given_up", TraceLine { detail: Some(format!("program {key} (ended before the restart): a later program took its key before its verdict came")), ..blank() });
+        tracing::info!(program = key, why, "a program that ended before the restart was given up before its verdict came");
     }
 
     /// With a program journal, drop the record of the verdict awaited by program `key` recorded
@@ -1949,7 +1960,7 @@ impl PlannerActorState {
         });
         self.routes.close(id, Some(success), spec.as_ref().and_then(|s| exec::routing::workflow_verifier(s)));
         match self.planner.program_verdict(id, success, row.cost, self.ctx.clock.now()) {
-            Ok(learned) => self.journal_learned(&learned),
+            Ok(learned) => self.journal_learned(&learned, None),
             Err(e) => self.note(format!("router: session {id}: {e}")),
         }
         self.planning_pass(myself).await;
@@ -1972,7 +1983,7 @@ impl PlannerActorState {
     /// router ([`Self::restore_awaited`]). `None` without a journal or a router.
     fn awaiting_entry(&self, id: SessionId, d: DeploymentId) -> Option<serde_json::Value> {
         self.program_journal.as_ref()?;
-        if self.ended.get(&id).is_some_and(|r| r.record.failed.is_some()) {
+        if self.give_up_at_end.contains(&id) || self.ended.get(&id).is_some_and(|r| r.record.failed.is_some()) {
             return None;
         }
         let row = self.routes.get(id)?;
@@ -1996,11 +2007,12 @@ impl PlannerActorState {
     }
 
     /// With a program journal, record what a landed verdict taught the learner, so that a
-    /// restart teaches its learner the same ([`Self::relearn`]). The write runs beside the
+    /// restart teaches its learner the same ([`Self::relearn`]); with `awaited` (key, session),
+    /// the end of that program's wait for its verdict in the same transaction. The write runs beside the
     /// actor, not waited for: the learner here has learned the outcome already, a failed or
     /// unfinished write (a crash right now) costs only its relearning, and the learner's sums do
     /// not depend on the order outcomes are relearned in.
-    fn journal_learned(&mut self, learned: &crate::planner::routing::LearnedOutcome) {
+    fn journal_learned(&mut self, learned: &crate::planner::routing::LearnedOutcome, awaited: Option<(&str, u64)>) {
         let (Some(j), Some(features)) = (self.program_journal.clone(), self.planner.routing_features_digest()) else {
             return;
         };
@@ -2011,8 +2023,9 @@ impl PlannerActorState {
             "context": learned.context,
             "reward": learned.reward,
         });
+        let awaited = awaited.map(|(k, session)| (k.to_string(), session));
         let write = move || {
-            if let Err(e) = j.record_learned(&entry) {
+            if let Err(e) = j.record_learned(&entry, awaited.as_ref().map(|(k, session)| (k.as_str(), *session))) {
                 tracing::warn!(error = %e, "the journal did not record a learned outcome; a restart will not relearn it");
             }
         };

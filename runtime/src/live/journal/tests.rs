@@ -329,18 +329,35 @@ fn a_program_awaiting_its_verdict_is_recorded_until_the_verdict_lands() {
     // Its end removes the open record and records the awaited verdict in one transaction.
     j.end_routed_program("p", 1, Some(&awaiting(1))).expect("end");
     assert_eq!(j.routed_program("p").expect("read"), None);
-    j.end_routed_program("q", 2, Some(&awaiting(2))).expect("end");
-    j.end_routed_program("r", 3, Some(&awaiting(3))).expect("end");
+    for (key, session) in [("q", 2), ("r", 3)] {
+        j.open_routed_program(key, &json!({"model": "Qwen3-8B", "session": session})).expect("open");
+        j.end_routed_program(key, session, Some(&awaiting(session))).expect("end");
+    }
     // A later program under "q" ended too: its record replaces the earlier one's, and the
-    // earlier one's verdict (or give-up) leaves it.
+    // earlier one's give-up leaves it.
+    j.open_routed_program("q", &json!({"model": "Qwen3-8B", "session": 4})).expect("open");
     j.end_routed_program("q", 4, Some(&awaiting(4))).expect("end");
     j.forget_awaited("q", 2).expect("not ours");
-    j.forget_awaited("r", 3).expect("landed");
     j.forget_awaited("never", 9).expect("forgetting nothing is a no-op");
+    // A landed verdict's outcome and the end of its wait are one transaction.
+    j.record_learned(&json!({"reward": 1.0}), Some(("r", 3))).expect("landed");
+    assert_eq!(j.learned().expect("learned").len(), 1);
+    // A program that ends after a later one took its key (its open record is the later one's)
+    // awaits nothing: it was given up.
+    j.open_routed_program("s", &json!({"model": "Qwen3-8B", "session": 5})).expect("open");
+    j.open_routed_program("s", &json!({"model": "Qwen3-8B", "session": 6})).expect("a later program under the key");
+    j.end_routed_program("s", 5, Some(&awaiting(5))).expect("the earlier one ends");
+    // A new program under a key gives up the verdict its earlier program awaited.
+    j.open_routed_program("t", &json!({"model": "Qwen3-8B", "session": 7})).expect("open");
+    j.end_routed_program("t", 7, Some(&awaiting(7))).expect("end");
+    j.open_routed_program("t", &json!({"model": "Qwen3-8B", "session": 8})).expect("a new program under the key");
     drop(j);
     let j = Journal::open(&dir.path().join("state")).expect("reopen");
     assert_eq!(j.awaited_verdicts().expect("list"), vec![("p".to_string(), awaiting(1)), ("q".to_string(), awaiting(4))]);
     assert!(matches!(j.forget_awaited("", 1), Err(JournalError::InvalidKey { .. })));
+    // Only the restored ones are kept.
+    j.keep_awaited(&["q".to_string()].into_iter().collect()).expect("keep");
+    assert_eq!(j.awaited_verdicts().expect("list"), vec![("q".to_string(), awaiting(4))]);
 }
 
 #[test]
@@ -367,12 +384,12 @@ fn learned_outcomes_come_back_in_the_order_they_landed() {
     // Written concurrently from several threads, each append lands after every earlier one.
     let j = std::sync::Arc::new(j);
     for n in 0..3 {
-        j.record_learned(&json!({"model": "Qwen3-8B", "context": [1.0, n], "reward": 1.0})).expect("record");
+        j.record_learned(&json!({"model": "Qwen3-8B", "context": [1.0, n], "reward": 1.0}), None).expect("record");
     }
     let writers: Vec<_> = (3..9)
         .map(|n| {
             let j = std::sync::Arc::clone(&j);
-            std::thread::spawn(move || j.record_learned(&json!({"n": n})).expect("record"))
+            std::thread::spawn(move || j.record_learned(&json!({"n": n}), None).expect("record"))
         })
         .collect();
     writers.into_iter().for_each(|w| w.join().expect("writer"));
@@ -387,7 +404,7 @@ fn learned_outcomes_come_back_in_the_order_they_landed() {
     assert_eq!(later, (3..9).collect::<Vec<u64>>(), "none lost or overwritten");
     // Bounded: past the limit the oldest go.
     for n in 9..12 {
-        j.record_learned_within(&json!({"n": n}), 5).expect("record");
+        j.record_learned_within(&json!({"n": n}), None, 5).expect("record");
     }
     let kept: Vec<Value> = j.learned().expect("read");
     assert_eq!(kept.len(), 5);

@@ -471,6 +471,13 @@ async fn a_routed_programs_binding_survives_a_restart() {
     let open = journal.routed_program("k2").expect("read").expect("k2 is open in the journal");
     assert_eq!(open["model"].as_str(), Some(second.as_str()), "{open}");
     assert_eq!(journal.routed_program("k1").expect("read"), None, "k1 ended");
+    // k1, kept across the first restart, ended in the second run: it awaits its verdict, on its
+    // own model, and a third server takes that verdict.
+    let awaited = journal.awaited_verdicts().expect("read");
+    assert_eq!(awaited.iter().map(|(k, v)| (k.as_str(), v["model"].as_str())).collect::<Vec<_>>(), vec![("k1", Some(first.as_str()))]);
+    drop(journal);
+    let server = Server::start_with(&pool, &[&routed], &["--state".as_ref(), state.as_os_str()]);
+    assert_eq!(verdict(&http, &server, "k1", 1.0).await, 200, "a kept program's verdict survives the next restart too");
 }
 
 /// `POST /v1/programs/{key}/verdict`: its status.

@@ -592,12 +592,20 @@ impl ReplayReport {
                 .chain(self.fixed.iter().map(|f| f.1))
                 .chain([self.per_task_best.1]);
             let xmax = costs.fold(1.0, f64::max) * 1.08;
+            let accuracies = self
+                .adaptive
+                .iter()
+                .chain(&self.single)
+                .flat_map(|p| [p.accuracy, p.cold_accuracy])
+                .chain(self.fixed.iter().map(|f| f.0))
+                .chain([self.per_task_best.0]);
+            let ymin = (accuracies.fold(1.0, f64::min) * 100.0 - 8.0).clamp(0.0, 90.0).floor();
             let mut chart = ChartBuilder::on(&panels[0])
                 .caption("(a) accuracy against compute cost (steady state solid, cold pass dashed)", ("sans-serif", 14))
                 .margin(12)
                 .x_label_area_size(34)
                 .y_label_area_size(50)
-                .build_cartesian_2d(0.0..xmax, 30.0..100.0)
+                .build_cartesian_2d(0.0..xmax, ymin..104.0)
                 .map_err(|e| s(&e))?;
             chart
                 .configure_mesh()

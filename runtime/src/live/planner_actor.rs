@@ -1035,7 +1035,7 @@ impl PlannerActorState {
                 return Err(format!("the journal: {e}"));
             }
         }
-        self.give_up_restored(key, "a later program took its key before its verdict came");
+        self.give_up_restored(key, "a later program took its key before its verdict came", false);
         if let Some(old) = self.unverified.get(key).copied().filter(|old| *old != id) {
             if self.sessions.contains_key(&old) {
                 // Still open (its last call runs): given up once it has ended, so that its
@@ -1082,7 +1082,7 @@ impl PlannerActorState {
         while self.unverified_order.len() + self.restored.len() > MAX_UNVERIFIED_PROGRAMS && !self.restored.is_empty() {
             let oldest = self.restored.iter().min_by(|a, b| a.1.ended.total_cmp(&b.1.ended)).map(|(k, _)| k.clone());
             let Some(k) = oldest else { break };
-            self.give_up_restored(&k, "more than the routed programs kept awaiting a verdict");
+            self.give_up_restored(&k, "more than the routed programs kept awaiting a verdict", true);
         }
         while self.unverified_order.len() > MAX_UNVERIFIED_PROGRAMS {
             let Some(pos) = self.unverified_order.iter().position(|(_, s)| !self.sessions.contains_key(s)) else { break };
@@ -1225,17 +1225,18 @@ impl PlannerActorState {
     }
 
     /// Routed program `key`, restored from the journal, will get no verdict (a new program took
-    /// its key, or it is the oldest past the cap): its decision is dropped, and its record. (A
-    /// new program's open record removed it already in the journal; the delayed removal is then
-    /// a no-op, or drops a record under the key with the same session number — which only a
-    /// program of this run, ending after the new one's open write, could have written: not
-    /// before this removal runs, in practice.)
-    fn give_up_restored(&mut self, key: &str, why: &str) {
+    /// its key, or it is the oldest past the cap): its decision is dropped, and with
+    /// `forget_record` its journal record (a new program's open write removed it already: session
+    /// numbers restart with each run, so a delayed removal by the old number could match the
+    /// record the new program writes at its end).
+    fn give_up_restored(&mut self, key: &str, why: &str, forget_record: bool) {
         let Some(r) = self.restored.remove(key) else { return };
         if let Err(e) = self.planner.restored_abandoned(r.program, self.ctx.clock.now()) {
             self.note(format!("router: program {key} (ended before the restart): {e}"));
         }
-        self.journal_forget_awaited(key, r.session);
+        if forget_record {
+            self.journal_forget_awaited(key, r.session);
+        }
         if let Some(m) = &self.metrics {
             m.verdict("given_up");
         }

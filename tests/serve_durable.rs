@@ -595,6 +595,65 @@ async fn a_verdict_awaited_at_a_crash_lands_after_the_restart() {
     assert_eq!(journal.learned().expect("learned").len(), 14, "each landed verdict is journaled as learned");
 }
 
+/// Per model and statistic, `switchyard_disc_ledger` of a server's `/metrics`.
+async fn ledger_stats(http: &reqwest::Client, server: &Server) -> std::collections::BTreeMap<(String, String), f64> {
+    let text = http.get(server.url("/metrics")).send().await.expect("metrics").text().await.expect("text");
+    text.lines()
+        .filter_map(|l| l.strip_prefix("switchyard_disc_ledger{"))
+        .filter_map(|l| {
+            let (labels, value) = l.split_once("} ")?;
+            let label = |name: &str| labels.split(',').find_map(|kv| kv.strip_prefix(&format!("{name}=\""))?.strip_suffix('"').map(str::to_string));
+            Some(((label("model")?, label("stat")?), value.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+/// What DISC's ledgers learned survives a restart: the programs that finished taught the bound
+/// models' ledgers their peak context and run time (ĉ and D̂ moved off their priors, as a fresh
+/// server shows), and a restarted server's ledgers start from what was learned, not from the
+/// priors.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_disc_ledgers_learning_survives_a_restart() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let state = dir.path().join("state");
+    let routed = support::serve::repo().join("workflows/gsm8k-routed.yaml");
+    let pool = support::serve::repo().join("workflows/pools/live-emulated.yaml");
+    let http = reqwest::Client::new();
+    let priors = {
+        let fresh = dir.path().join("fresh");
+        let server = Server::start_with(&pool, &[&routed], &["--state".as_ref(), fresh.as_os_str()]);
+        routed_model(&http, &server, "warm", false).await;
+        ledger_stats(&http, &server).await
+    };
+    let learned = {
+        let server = Server::start_with(&pool, &[&routed], &["--state".as_ref(), state.as_os_str()]);
+        for k in 0..6 {
+            routed_model(&http, &server, &format!("l{k}"), true).await;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        ledger_stats(&http, &server).await
+        // Dropped: SIGKILL.
+    };
+    let peak = |m: &std::collections::BTreeMap<(String, String), f64>, model: &str| m.get(&(model.to_string(), "peak_tokens".to_string())).copied();
+    let moved: Vec<String> = learned
+        .keys()
+        .filter(|(_, stat)| stat == "peak_tokens")
+        .map(|(model, _)| model.clone())
+        .filter(|model| peak(&learned, model) != peak(&priors, model))
+        .collect();
+    assert!(!moved.is_empty(), "finished programs teach their ledgers: {learned:?} vs {priors:?}");
+    let server = Server::start_with(&pool, &[&routed], &["--state".as_ref(), state.as_os_str()]);
+    routed_model(&http, &server, "after", false).await;
+    let restored = ledger_stats(&http, &server).await;
+    for model in &moved {
+        // (δ̂ is left out: the call after the restart may sample it.)
+        for stat in ["peak_tokens", "run_seconds"] {
+            let key = (model.clone(), stat.to_string());
+            assert_eq!(restored.get(&key), learned.get(&key), "{model} {stat}: restored {restored:?}, learned {learned:?}");
+        }
+    }
+}
+
 /// Per model, `switchyard_routed_programs_total` of a server's `/metrics`.
 async fn routed_counts(http: &reqwest::Client, server: &Server) -> std::collections::BTreeMap<String, u64> {
     let text = http.get(server.url("/metrics")).send().await.expect("metrics").text().await.expect("text");

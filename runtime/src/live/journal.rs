@@ -177,6 +177,11 @@ const ROUTED: TableDefinition<&str, &str> = TableDefinition::new("routed_program
 /// it is given up; a restart restores them, so a verdict posted after a crash still teaches
 /// the router. (A table added after schema version 1.)
 const AWAITED: TableDefinition<&str, &str> = TableDefinition::new("awaited_verdicts");
+/// What each routed deployment's DISC ledger learned (ĉ, D̂, δ̂'s sums and counts): deployment
+/// name (model and dtype) → JSON (model, dtype, the backend's KV capacity, the learned state),
+/// rewritten as programs finish; a restart gives a ledger of the same deployment and capacity
+/// its state back. (A table added after schema version 1.)
+const LEDGERS: TableDefinition<&str, &str> = TableDefinition::new("ledger_stats");
 /// workflow name → the YAML text it was registered with over the API (a table added after
 /// schema 1 was fixed: opening an older journal creates it empty, nothing else changes).
 const WORKFLOWS: TableDefinition<&str, &str> = TableDefinition::new("workflows");
@@ -768,6 +773,7 @@ impl Journal {
         txn.open_table(BINDINGS)?;
         txn.open_table(ROUTED)?;
         txn.open_table(AWAITED)?;
+        txn.open_table(LEDGERS)?;
         txn.open_table(WORKFLOWS)?;
         txn.open_table(CANCELLED)?;
         txn.open_table(LEARNED)?;
@@ -1270,6 +1276,36 @@ impl Journal {
             let key = key.value().to_string();
             let value = decode(|| format!("routing of program {key:?}"), text.value())?;
             out.push((key, value));
+        }
+        Ok(out)
+    }
+
+    /// Record what the DISC ledgers of some routed deployments have learned (name → state),
+    /// replacing what was recorded for them, in one transaction.
+    pub fn record_ledgers(&self, ledgers: &[(String, Value)]) -> Result<(), JournalError> {
+        let rows: Vec<(String, String)> = ledgers
+            .iter()
+            .map(|(name, v)| Ok((name.clone(), encode(|| format!("ledger of {name:?}"), v)?)))
+            .collect::<Result<_, JournalError>>()?;
+        self.write(move |txn| {
+            let mut table = txn.open_table(LEDGERS)?;
+            for (name, text) in &rows {
+                table.insert(name.as_str(), text.as_str())?;
+            }
+            Ok(())
+        })
+    }
+
+    /// What the DISC ledgers learned, by deployment name, as last recorded.
+    pub fn ledgers(&self) -> Result<Vec<(String, Value)>, JournalError> {
+        let txn = self.read()?;
+        let table = txn.open_table(LEDGERS)?;
+        let mut out = Vec::new();
+        for row in table.iter()? {
+            let (name, text) = row?;
+            let name = name.value().to_string();
+            let value = decode(|| format!("ledger of {name:?}"), text.value())?;
+            out.push((name, value));
         }
         Ok(out)
     }

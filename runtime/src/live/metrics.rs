@@ -3,14 +3,15 @@
 //! the planner's queue of ready units, replicas by lifecycle state, the planning latency of one
 //! tick (the core's `handle_all`, measured by the shell around it), lifecycle actions by kind,
 //! the tokens engines computed for attempts that gave no used answer, the front door's
-//! requests by endpoint and status, and ORACLE's routed front-door programs (bound per model,
-//! verdicts landed, programs given up without one).
+//! requests by endpoint and status, ORACLE's routed front-door programs (bound per model,
+//! verdicts landed, programs given up without one) and DISC's ledger per routed model.
 //!
 //! Written by the planner actor (gauges set at each tick, counters as actions are issued) and
 //! by the HTTP layer (front-door requests); read by the scrape. Depends on prometheus-client
 //! only; must not depend on the planner's internals or on HTTP.
 
 use std::sync::Mutex;
+use std::sync::atomic::AtomicU64;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -43,6 +44,12 @@ pub struct ModelLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LedgerLabel {
+    pub model: String,
+    pub stat: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RequestLabel {
     pub endpoint: String,
     pub status: String,
@@ -72,6 +79,9 @@ pub struct RuntimeMetrics {
     /// `switchyard_program_verdicts_total{kind="landed|given_up"}`: verdicts of routed
     /// front-door programs that reached the learner, and programs given up without one.
     pub program_verdicts: Family<KindLabel, Counter>,
+    /// `switchyard_disc_ledger{model, stat}`: each routed model's DISC ledger — `peak_tokens`
+    /// (ĉ), `run_seconds` (D̂), `allowance_tokens` (δ̂), `reserved_tokens`, `admitted`, `queued`.
+    pub disc_ledger: Family<LedgerLabel, Gauge<f64, AtomicU64>>,
     registry: Mutex<Registry>,
 }
 
@@ -92,6 +102,7 @@ impl RuntimeMetrics {
         let wasted_tokens = Family::<KindLabel, Counter>::default();
         let routed_programs = Family::<ModelLabel, Counter>::default();
         let program_verdicts = Family::<KindLabel, Counter>::default();
+        let disc_ledger = Family::<LedgerLabel, Gauge<f64, AtomicU64>>::default();
         let mut r = Registry::with_prefix("switchyard");
         r.register("sessions", "Sessions (and front-door programs) by state", sessions.clone());
         r.register("queue_depth", "Ready units waiting for a replica", queue_depth.clone());
@@ -119,7 +130,13 @@ impl RuntimeMetrics {
             "Verdicts of routed front-door programs: landed (the learner learned) or given up",
             program_verdicts.clone(),
         );
+        r.register(
+            "disc_ledger",
+            "Each routed model's DISC reservation ledger: peak_tokens, run_seconds, allowance_tokens, reserved_tokens, admitted, queued",
+            disc_ledger.clone(),
+        );
         RuntimeMetrics {
+            disc_ledger,
             sessions,
             queue_depth,
             replicas,
@@ -136,6 +153,11 @@ impl RuntimeMetrics {
     /// Set a state gauge of a family.
     pub fn set_state(family: &Family<StateLabel, Gauge>, state: &str, value: i64) {
         family.get_or_create(&StateLabel { state: state.to_string() }).set(value);
+    }
+
+    /// Set one statistic of `model`'s DISC ledger.
+    pub fn ledger(&self, model: &str, stat: &str, value: f64) {
+        self.disc_ledger.get_or_create(&LedgerLabel { model: model.to_string(), stat: stat.to_string() }).set(value);
     }
 
     /// Count a lifecycle action.

@@ -227,6 +227,9 @@ pub struct PlannerActorState {
     /// a verdict posted now lands as it would have then. At most [`MAX_UNVERIFIED_PROGRAMS`]
     /// (the newest) are restored.
     restored: BTreeMap<String, RestoredProgram>,
+    /// Per routed deployment, the finished programs its ledger had learned from when its state
+    /// was last journaled ([`Self::journal_ledgers`]).
+    ledgers_journaled: BTreeMap<DeploymentId, u64>,
     /// Front-door step hints (`X-Step-ID`) seen so far and the planner node each stands for, so
     /// the core keeps output-length and tool-gap histories per step across programs.
     front_door_steps: BTreeMap<String, u32>,
@@ -344,6 +347,7 @@ impl Actor for PlannerActor {
             unverified: BTreeMap::new(),
             unverified_order: std::collections::VecDeque::new(),
             restored: BTreeMap::new(),
+            ledgers_journaled: BTreeMap::new(),
             front_door_steps: BTreeMap::new(),
             durable: BTreeMap::new(),
             ended_failed: 0,
@@ -721,6 +725,10 @@ impl PlannerActorState {
                 match super::actors::off_the_reactor(|| journal.awaited_verdicts()) {
                     Ok(rows) => self.restore_awaited(&journal, rows),
                     Err(e) => self.note(format!("router: the journal's awaited verdicts cannot be read: {e}")),
+                }
+                match super::actors::off_the_reactor(|| journal.ledgers()) {
+                    Ok(rows) => self.restore_ledgers(&rows),
+                    Err(e) => self.note(format!("router: the journal's ledger statistics cannot be read: {e}")),
                 }
                 self.program_journal = Some(journal);
             }
@@ -1342,6 +1350,69 @@ impl PlannerActorState {
         }
         self.bound_timelines();
         self.update_gauges();
+        self.journal_ledgers();
+    }
+
+    /// With a program journal, record the DISC ledgers that learned from a finished program since
+    /// they were last recorded (their usage samples ride along), beside the actor: a restart
+    /// gives them back ([`Self::restore_ledgers`]). A write lost to a crash costs what the
+    /// ledger learned since the last one.
+    fn journal_ledgers(&mut self) {
+        let (Some(j), Some(routing)) = (self.program_journal.clone(), self.planner.routing()) else { return };
+        let mut rows = Vec::new();
+        for &d in routing.members() {
+            let Some(learned) = routing.ledger_learned(d) else { continue };
+            if self.ledgers_journaled.get(&d).is_some_and(|&n| n == learned.peaks_n) {
+                continue;
+            }
+            let capacity = routing.capacity_tokens(d);
+            self.ledgers_journaled.insert(d, learned.peaks_n);
+            let (model, dtype) = (self.model_name(d), self.dtype_name(d));
+            rows.push((
+                format!("{model}/{dtype}"),
+                serde_json::json!({ "model": model, "dtype": dtype, "capacity_tokens": capacity, "learned": learned }),
+            ));
+        }
+        if rows.is_empty() {
+            return;
+        }
+        let write = move || {
+            if let Err(e) = j.record_ledgers(&rows) {
+                tracing::warn!(error = %e, "the journal did not record the ledgers' statistics");
+            }
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(h) => drop(h.spawn_blocking(write)),
+            Err(_) => write(),
+        }
+    }
+
+    /// Give each routed deployment's DISC ledger what the journal recorded for it (a restart): a
+    /// record of the same model, dtype and KV capacity (another pool's backend would reserve and
+    /// run otherwise); the others are skipped.
+    fn restore_ledgers(&mut self, rows: &[(String, serde_json::Value)]) {
+        let (mut restored, mut skipped) = (0usize, 0usize);
+        for (_, row) in rows {
+            let done = (|| {
+                let d = self.deployment_named(row)?;
+                if row.get("capacity_tokens")?.as_u64()? != self.planner.routing()?.capacity_tokens(d)? {
+                    return None;
+                }
+                let learned: crate::planner::routing::LedgerLearned = serde_json::from_value(row.get("learned")?.clone()).ok()?;
+                self.planner.restore_ledger(d, &learned).ok()?;
+                self.ledgers_journaled.insert(d, learned.peaks_n);
+                Some(())
+            })();
+            match done {
+                Some(()) => restored += 1,
+                None => skipped += 1,
+            }
+        }
+        if restored + skipped > 0 {
+            self.note(format!(
+                "router: restored {restored} DISC ledgers' statistics from the journal ({skipped} skipped: another deployment, pool or KV capacity)"
+            ));
+        }
     }
 
     /// A planning pass without events once the policy's wake-up time has come (a rule that
@@ -1412,6 +1483,22 @@ impl PlannerActorState {
         RuntimeMetrics::set_state(&m.replicas, "loading", gauge(loading));
         RuntimeMetrics::set_state(&m.replicas, "awake", gauge(self.replicas.len() - loading));
         RuntimeMetrics::set_state(&m.replicas, "asleep", gauge(self.parked.len() + self.falling_asleep.len()));
+        if let Some(routing) = self.planner.routing() {
+            for (arm, &d) in routing.members().iter().enumerate() {
+                let Some(l) = routing.router().ledger(arm) else { continue };
+                let model = self.model_name(d);
+                for (stat, v) in [
+                    ("peak_tokens", l.peak_estimate()),
+                    ("run_seconds", l.mean_run_s()),
+                    ("allowance_tokens", l.allowance()),
+                    ("reserved_tokens", l.reserved() as f64),
+                    ("admitted", l.admitted() as f64),
+                    ("queued", l.queued() as f64),
+                ] {
+                    m.ledger(&model, stat, v);
+                }
+            }
+        }
     }
 
     fn set_fatal(&mut self, reason: String) {

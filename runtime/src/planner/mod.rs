@@ -310,6 +310,13 @@ impl Planner {
         Ok(())
     }
 
+    /// Give deployment `d`'s DISC ledger what an earlier run's ledger of its backend learned
+    /// ([`routing::RoutedPrograms::restore_ledger`]).
+    pub fn restore_ledger(&mut self, d: DeploymentId, learned: &routing::LedgerLearned) -> Result<(), PlanError> {
+        let routing = self.routing.as_mut().ok_or_else(|| PlanError::Routing("this run has no router".into()))?;
+        routing.restore_ledger(d, learned).map_err(|e| PlanError::Routing(e.to_string()))
+    }
+
     /// The learner's context of routed session `session`'s first request (`None`: not routed,
     /// or no router).
     pub fn program_context(&self, session: SessionId) -> Option<Vec<f64>> {

@@ -247,6 +247,55 @@ impl Ledger {
     }
 }
 
+/// What a [`Ledger`] has learned from finished programs and engine usage (its sums and counts,
+/// beside its priors): another ledger of the same backend takes it with [`Ledger::restore`] —
+/// how a restarted server keeps ĉ, D̂ and δ̂.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct LedgerLearned {
+    pub peaks_sum: f64,
+    pub peaks_n: u64,
+    pub run_sum: f64,
+    pub run_n: u64,
+    pub allowance_sum: f64,
+    pub allowance_n: f64,
+}
+
+impl Ledger {
+    /// What this ledger has learned (not its admissions or queue).
+    pub fn learned(&self) -> LedgerLearned {
+        LedgerLearned {
+            peaks_sum: self.peaks_sum,
+            peaks_n: self.peaks_n,
+            run_sum: self.run_sum,
+            run_n: self.run_n,
+            allowance_sum: self.allowance_sum,
+            allowance_n: self.allowance_n,
+        }
+    }
+
+    /// Take what an earlier ledger of the same backend learned, replacing what this one has
+    /// learned. Refused (nothing changes) for a sum that is not finite, a negative peak or run
+    /// sum, or a negative sample weight; δ̂'s sum may be negative (an engine that held less than
+    /// its requests' contexts).
+    pub fn restore(&mut self, learned: &LedgerLearned) -> Result<(), LedgerError> {
+        let checks = [
+            ("peak sum", learned.peaks_sum, learned.peaks_sum >= 0.0),
+            ("run-time sum", learned.run_sum, learned.run_sum >= 0.0),
+            ("allowance sum", learned.allowance_sum, true),
+            ("allowance weight", learned.allowance_n, learned.allowance_n >= 0.0),
+        ];
+        if let Some((what, value, _)) = checks.into_iter().find(|(_, v, ok)| !v.is_finite() || !ok) {
+            return Err(LedgerError::Value { what, value });
+        }
+        self.peaks_sum = learned.peaks_sum;
+        self.peaks_n = learned.peaks_n;
+        self.run_sum = learned.run_sum;
+        self.run_n = learned.run_n;
+        self.allowance_sum = learned.allowance_sum;
+        self.allowance_n = learned.allowance_n;
+        Ok(())
+    }
+}
 /// The divert rule (Appendix C.1, Eq. 4): a program the router bound to model m (accuracy
 /// estimate `a_bound`, forecast wait `w_bound`) moves to m′ (`a_alt`, `w_alt`) when
 /// (1 − β)(â_m′ − â_m) > β (w_m′ − w_m) / w₀. At β = 0 it never moves (the bandit chose m by
@@ -290,6 +339,28 @@ mod tests {
         assert!((w.allowance() - 1_750.0).abs() < 1e-9, "{}", w.allowance());
         assert!(!w.observe_usage_weighted(12_000, 10_000, 1, 0), "no step, no sample");
         assert_eq!(l.allowance(), 1_000.0);
+    }
+
+    #[test]
+    fn what_a_ledger_learned_restores_its_estimates_in_another() {
+        let mut l = ledger();
+        l.submit(1, 5_000).unwrap();
+        l.admit();
+        l.finish(1, 32_000, 300.0).unwrap();
+        assert!(l.observe_usage(40_000, 37_000, 3));
+        let mut fresh = ledger();
+        assert_eq!(fresh.peak_estimate(), 20_000.0);
+        fresh.restore(&l.learned()).unwrap();
+        assert_eq!((fresh.peak_estimate(), fresh.mean_run_s(), fresh.allowance()), (22_000.0, 300.0, 1_000.0));
+        assert_eq!(fresh.learned(), l.learned());
+        assert_eq!(fresh.admitted(), 0, "admissions are not part of what is learned");
+        let mut bad = l.learned();
+        bad.run_sum = f64::NAN;
+        assert!(matches!(fresh.restore(&bad), Err(LedgerError::Value { what: "run-time sum", .. })));
+        bad = l.learned();
+        bad.peaks_sum = -1.0;
+        assert!(fresh.restore(&bad).is_err());
+        assert_eq!(fresh.learned(), l.learned(), "a refused restore changes nothing");
     }
 
     #[test]

@@ -30,7 +30,7 @@ pub mod linucb;
 pub mod programs;
 pub mod router;
 
-pub use disc::{DiscConfig, Ledger, LedgerError, divert};
+pub use disc::{DiscConfig, Ledger, LedgerError, LedgerLearned, divert};
 pub use embed::{Pca, SparseVec, VerifierSelector, Vocabulary};
 pub use linucb::{ALPHA_UCB, Decision, LinUcb, LinUcbError, reward};
 pub use programs::{LearnedOutcome, RouteRecord, RoutedPrograms, RoutingSetup, router_features};

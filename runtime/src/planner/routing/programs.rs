@@ -177,6 +177,23 @@ impl RoutedPrograms {
         self.router.binding(program).map(|b| b.context.as_slice())
     }
 
+    /// The KV capacity deployment `d`'s ledger reserves from (`None` outside every route).
+    pub fn capacity_tokens(&self, d: DeploymentId) -> Option<u64> {
+        self.arm(d).and_then(|arm| self.router.ledger(arm)).map(super::disc::Ledger::capacity_tokens)
+    }
+
+    /// What deployment `d`'s ledger has learned (`None` outside every route).
+    pub fn ledger_learned(&self, d: DeploymentId) -> Option<super::disc::LedgerLearned> {
+        self.arm(d).and_then(|arm| self.router.ledger(arm)).map(super::disc::Ledger::learned)
+    }
+
+    /// Give deployment `d`'s ledger what an earlier ledger of its backend learned (a restart):
+    /// refused for a deployment outside every route or a learned state that is not valid.
+    pub fn restore_ledger(&mut self, d: DeploymentId, learned: &super::disc::LedgerLearned) -> Result<(), RouterError> {
+        let arm = self.arm(d).ok_or(RouterError::Config)?;
+        self.router.restore_ledger(arm, learned)
+    }
+
     /// The DISC settings the router runs with.
     pub fn disc(&self) -> DiscConfig {
         self.router_options().disc

@@ -316,6 +316,11 @@ impl Router {
         self.ledgers.get(model)
     }
 
+    /// Give `model`'s ledger what an earlier ledger of its backend learned ([`Ledger::restore`]).
+    pub fn restore_ledger(&mut self, model: usize, learned: &super::disc::LedgerLearned) -> Result<(), RouterError> {
+        Ok(self.ledgers.get_mut(model).ok_or(RouterError::Config)?.restore(learned)?)
+    }
+
     pub fn learner(&self) -> &LinUcb {
         &self.learner
     }

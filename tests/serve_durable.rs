@@ -630,7 +630,8 @@ async fn the_disc_ledgers_learning_survives_a_restart() {
         for k in 0..6 {
             routed_model(&http, &server, &format!("l{k}"), true).await;
         }
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        // The last program's end reaches the ledger, and its state the journal, beside the calls.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
         ledger_stats(&http, &server).await
         // Dropped: SIGKILL.
     };

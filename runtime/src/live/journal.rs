@@ -1280,17 +1280,30 @@ impl Journal {
         Ok(out)
     }
 
-    /// Record what the DISC ledgers of some routed deployments have learned (name → state),
-    /// replacing what was recorded for them, in one transaction.
+    /// Record what the DISC ledgers of some routed deployments have learned (name → state with a
+    /// `"seq"`: the ledger's count of finished programs, which only grows), in one transaction.
+    /// A recorded state with a higher `seq` stays: writes that reach the journal out of order
+    /// never put an older state over a newer one.
     pub fn record_ledgers(&self, ledgers: &[(String, Value)]) -> Result<(), JournalError> {
-        let rows: Vec<(String, String)> = ledgers
+        let seq = |v: &Value| v.get("seq").and_then(Value::as_u64).unwrap_or(0);
+        let rows: Vec<(String, u64, String)> = ledgers
             .iter()
-            .map(|(name, v)| Ok((name.clone(), encode(|| format!("ledger of {name:?}"), v)?)))
+            .map(|(name, v)| Ok((name.clone(), seq(v), encode(|| format!("ledger of {name:?}"), v)?)))
             .collect::<Result<_, JournalError>>()?;
         self.write(move |txn| {
             let mut table = txn.open_table(LEDGERS)?;
-            for (name, text) in &rows {
-                table.insert(name.as_str(), text.as_str())?;
+            let mut newer = Vec::with_capacity(rows.len());
+            for (name, n, _) in &rows {
+                let recorded = match table.get(name.as_str())? {
+                    Some(text) => seq(&decode::<Value>(|| format!("ledger of {name:?}"), text.value())?),
+                    None => 0,
+                };
+                newer.push(*n >= recorded);
+            }
+            for ((name, _, text), newer) in rows.iter().zip(newer) {
+                if newer {
+                    table.insert(name.as_str(), text.as_str())?;
+                }
             }
             Ok(())
         })

@@ -46,6 +46,7 @@ pub struct ModelLabel {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct LedgerLabel {
     pub model: String,
+    pub dtype: String,
     pub stat: String,
 }
 
@@ -79,7 +80,7 @@ pub struct RuntimeMetrics {
     /// `switchyard_program_verdicts_total{kind="landed|given_up"}`: verdicts of routed
     /// front-door programs that reached the learner, and programs given up without one.
     pub program_verdicts: Family<KindLabel, Counter>,
-    /// `switchyard_disc_ledger{model, stat}`: each routed model's DISC ledger — `peak_tokens`
+    /// `switchyard_disc_ledger{model, dtype, stat}`: each routed deployment's DISC ledger — `peak_tokens`
     /// (ĉ), `run_seconds` (D̂), `allowance_tokens` (δ̂), `reserved_tokens`, `admitted`, `queued`.
     pub disc_ledger: Family<LedgerLabel, Gauge<f64, AtomicU64>>,
     registry: Mutex<Registry>,
@@ -155,9 +156,10 @@ impl RuntimeMetrics {
         family.get_or_create(&StateLabel { state: state.to_string() }).set(value);
     }
 
-    /// Set one statistic of `model`'s DISC ledger.
-    pub fn ledger(&self, model: &str, stat: &str, value: f64) {
-        self.disc_ledger.get_or_create(&LedgerLabel { model: model.to_string(), stat: stat.to_string() }).set(value);
+    /// Set one statistic of the DISC ledger of `model` at `dtype`.
+    pub fn ledger(&self, model: &str, dtype: &str, stat: &str, value: f64) {
+        let label = LedgerLabel { model: model.to_string(), dtype: dtype.to_string(), stat: stat.to_string() };
+        self.disc_ledger.get_or_create(&label).set(value);
     }
 
     /// Count a lifecycle action.

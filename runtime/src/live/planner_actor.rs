@@ -60,6 +60,32 @@ pub const MAX_FRONT_DOOR_STEPS: usize = 4096;
 /// given up (its learner decision dropped).
 pub const MAX_UNVERIFIED_PROGRAMS: usize = 10_000;
 
+/// A DISC ledger's learned state as the journal records it: its sums as the bits of their
+/// `f64`s (JSON numbers would not round-trip every one), its counts as integers.
+fn ledger_json(l: &crate::planner::routing::LedgerLearned) -> serde_json::Value {
+    serde_json::json!({
+        "peaks_sum_bits": l.peaks_sum.to_bits(),
+        "peaks_n": l.peaks_n,
+        "run_sum_bits": l.run_sum.to_bits(),
+        "run_n": l.run_n,
+        "allowance_sum_bits": l.allowance_sum.to_bits(),
+        "allowance_n_bits": l.allowance_n.to_bits(),
+    })
+}
+
+/// [`ledger_json`] read back (`None` for a record of another shape).
+fn ledger_from_json(v: &serde_json::Value) -> Option<crate::planner::routing::LedgerLearned> {
+    let bits = |k: &str| v.get(k)?.as_u64().map(f64::from_bits);
+    Some(crate::planner::routing::LedgerLearned {
+        peaks_sum: bits("peaks_sum_bits")?,
+        peaks_n: v.get("peaks_n")?.as_u64()?,
+        run_sum: bits("run_sum_bits")?,
+        run_n: v.get("run_n")?.as_u64()?,
+        allowance_sum: bits("allowance_sum_bits")?,
+        allowance_n: bits("allowance_n_bits")?,
+    })
+}
+
 /// A routed front-door program restored from the journal, awaiting its verdict: its id in the
 /// router, the session number it was recorded under (its journal record's), its cost (as
 /// recorded at its end), when it ended (Unix seconds: the oldest is given up first).
@@ -1365,12 +1391,19 @@ impl PlannerActorState {
             if self.ledgers_journaled.get(&d).is_some_and(|&n| n == learned.peaks_n) {
                 continue;
             }
-            let capacity = routing.capacity_tokens(d);
+            let Some(capacity) = routing.capacity_tokens(d) else { continue };
             self.ledgers_journaled.insert(d, learned.peaks_n);
             let (model, dtype) = (self.model_name(d), self.dtype_name(d));
             rows.push((
-                format!("{model}/{dtype}"),
-                serde_json::json!({ "model": model, "dtype": dtype, "capacity_tokens": capacity, "learned": learned }),
+                // Per KV capacity: another pool's backend keeps its own record.
+                format!("{model}/{dtype}/{capacity}"),
+                serde_json::json!({
+                    "model": model,
+                    "dtype": dtype,
+                    "capacity_tokens": capacity,
+                    "seq": learned.peaks_n,
+                    "learned": ledger_json(&learned),
+                }),
             ));
         }
         if rows.is_empty() {
@@ -1398,9 +1431,8 @@ impl PlannerActorState {
                 if row.get("capacity_tokens")?.as_u64()? != self.planner.routing()?.capacity_tokens(d)? {
                     return None;
                 }
-                let learned: crate::planner::routing::LedgerLearned = serde_json::from_value(row.get("learned")?.clone()).ok()?;
+                let learned = ledger_from_json(row.get("learned")?)?;
                 self.planner.restore_ledger(d, &learned).ok()?;
-                self.ledgers_journaled.insert(d, learned.peaks_n);
                 Some(())
             })();
             match done {
@@ -1408,9 +1440,18 @@ impl PlannerActorState {
                 None => skipped += 1,
             }
         }
+        // From now on only what a ledger learns in this run is written (a record of another pool's
+        // backend is not replaced by this one's priors).
+        if let Some(routing) = self.planner.routing() {
+            for &d in routing.members() {
+                if let Some(l) = routing.ledger_learned(d) {
+                    self.ledgers_journaled.insert(d, l.peaks_n);
+                }
+            }
+        }
         if restored + skipped > 0 {
             self.note(format!(
-                "router: restored {restored} DISC ledgers' statistics from the journal ({skipped} skipped: another deployment, pool or KV capacity)"
+                "router: restored {restored} DISC ledgers' statistics from the journal ({skipped} skipped: another deployment, pool or KV capacity, or not valid)"
             ));
         }
     }
@@ -1486,7 +1527,7 @@ impl PlannerActorState {
         if let Some(routing) = self.planner.routing() {
             for (arm, &d) in routing.members().iter().enumerate() {
                 let Some(l) = routing.router().ledger(arm) else { continue };
-                let model = self.model_name(d);
+                let (model, dtype) = (self.model_name(d), self.dtype_name(d));
                 for (stat, v) in [
                     ("peak_tokens", l.peak_estimate()),
                     ("run_seconds", l.mean_run_s()),
@@ -1495,7 +1536,7 @@ impl PlannerActorState {
                     ("admitted", l.admitted() as f64),
                     ("queued", l.queued() as f64),
                 ] {
-                    m.ledger(&model, stat, v);
+                    m.ledger(&model, &dtype, stat, v);
                 }
             }
         }

@@ -364,9 +364,11 @@ fn a_program_awaiting_its_verdict_is_recorded_until_the_verdict_lands() {
 fn what_the_ledgers_learned_is_recorded_and_replaced() {
     let (dir, j) = fresh();
     assert!(j.ledgers().expect("read").is_empty());
-    let state = |n: u64| json!({"model": "Qwen3-8B", "capacity_tokens": 1000, "learned": {"peaks_n": n}});
+    let state = |n: u64| json!({"model": "Qwen3-8B", "capacity_tokens": 1000, "seq": n});
     j.record_ledgers(&[("Qwen3-8B/Fp16".into(), state(1)), ("Qwen3-0.6B/Fp16".into(), state(2))]).expect("record");
     j.record_ledgers(&[("Qwen3-8B/Fp16".into(), state(3))]).expect("replace one");
+    // A write that reaches the journal late never puts an older state over a newer one.
+    j.record_ledgers(&[("Qwen3-8B/Fp16".into(), state(2)), ("Qwen3-0.6B/Fp16".into(), state(2))]).expect("late");
     drop(j);
     let j = Journal::open(&dir.path().join("state")).expect("reopen");
     assert_eq!(j.ledgers().expect("read"), vec![("Qwen3-0.6B/Fp16".to_string(), state(2)), ("Qwen3-8B/Fp16".to_string(), state(3))]);

@@ -250,7 +250,7 @@ impl Ledger {
 /// What a [`Ledger`] has learned from finished programs and engine usage (its sums and counts,
 /// beside its priors): another ledger of the same backend takes it with [`Ledger::restore`] —
 /// how a restarted server keeps ĉ, D̂ and δ̂.
-#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct LedgerLearned {
     pub peaks_sum: f64,
     pub peaks_n: u64,
@@ -275,13 +275,18 @@ impl Ledger {
 
     /// Take what an earlier ledger of the same backend learned, replacing what this one has
     /// learned. Refused (nothing changes) for a sum that is not finite, a negative peak or run
-    /// sum, or a negative sample weight; δ̂'s sum may be negative (an engine that held less than
-    /// its requests' contexts).
+    /// sum, a negative sample weight, counts that disagree with their sums (every finished
+    /// program adds one peak and one run time; no program, no sum) or a mean peak beyond this
+    /// backend's KV capacity; δ̂'s sum may be negative (an engine that held less than its
+    /// requests' contexts).
     pub fn restore(&mut self, learned: &LedgerLearned) -> Result<(), LedgerError> {
+        let n = learned.peaks_n as f64;
         let checks = [
-            ("peak sum", learned.peaks_sum, learned.peaks_sum >= 0.0),
-            ("run-time sum", learned.run_sum, learned.run_sum >= 0.0),
-            ("allowance sum", learned.allowance_sum, true),
+            ("peak sum", learned.peaks_sum, learned.peaks_sum >= 0.0 && (learned.peaks_n > 0 || learned.peaks_sum == 0.0)),
+            ("mean peak", learned.peaks_sum / n.max(1.0), learned.peaks_sum / n.max(1.0) <= self.capacity_tokens as f64),
+            ("run-time sum", learned.run_sum, learned.run_sum >= 0.0 && (learned.run_n > 0 || learned.run_sum == 0.0)),
+            ("run count", learned.run_n as f64, learned.run_n == learned.peaks_n),
+            ("allowance sum", learned.allowance_sum, learned.allowance_n > 0.0 || learned.allowance_sum == 0.0),
             ("allowance weight", learned.allowance_n, learned.allowance_n >= 0.0),
         ];
         if let Some((what, value, _)) = checks.into_iter().find(|(_, v, ok)| !v.is_finite() || !ok) {
@@ -360,6 +365,14 @@ mod tests {
         bad = l.learned();
         bad.peaks_sum = -1.0;
         assert!(fresh.restore(&bad).is_err());
+        bad = l.learned();
+        bad.run_n += 1;
+        assert!(matches!(fresh.restore(&bad), Err(LedgerError::Value { what: "run count", .. })), "counts that disagree");
+        bad = l.learned();
+        bad.peaks_sum = 1e12;
+        assert!(matches!(fresh.restore(&bad), Err(LedgerError::Value { what: "mean peak", .. })), "beyond the KV capacity");
+        bad = LedgerLearned { peaks_n: 0, run_n: 0, ..l.learned() };
+        assert!(fresh.restore(&bad).is_err(), "a sum without a program");
         assert_eq!(fresh.learned(), l.learned(), "a refused restore changes nothing");
     }
 

@@ -239,6 +239,15 @@ pub fn off_the_reactor<T>(f: impl FnOnce() -> T) -> T {
     }
 }
 
+/// Run `write` (a journal write nobody waits for) beside the reactor on tokio's blocking pool;
+/// in place outside a runtime.
+pub fn beside_the_reactor(write: impl FnOnce() + Send + 'static) {
+    match tokio::runtime::Handle::try_current() {
+        Ok(h) => drop(h.spawn_blocking(write)),
+        Err(_) => write(),
+    }
+}
+
 /// What every actor of a run may read. A served runtime (`live::service`) replaces the
 /// planner's copy when a workflow is registered; sessions keep the copy they started with.
 #[derive(Clone)]

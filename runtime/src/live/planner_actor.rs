@@ -1289,10 +1289,7 @@ impl PlannerActorState {
                 tracing::warn!(error = %e, "the journal did not drop an awaited verdict");
             }
         };
-        match tokio::runtime::Handle::try_current() {
-            Ok(h) => drop(h.spawn_blocking(write)),
-            Err(_) => write(),
-        }
+        super::actors::beside_the_reactor(write);
     }
 
     /// Start one session of workflow `w` per input, now.
@@ -1414,10 +1411,7 @@ impl PlannerActorState {
                 tracing::warn!(error = %e, "the journal did not record the ledgers' statistics");
             }
         };
-        match tokio::runtime::Handle::try_current() {
-            Ok(h) => drop(h.spawn_blocking(write)),
-            Err(_) => write(),
-        }
+        super::actors::beside_the_reactor(write);
     }
 
     /// Give each routed deployment's DISC ledger what the journal recorded for it (a restart): a
@@ -2158,10 +2152,7 @@ impl PlannerActorState {
                 tracing::warn!(error = %e, "the journal did not record a learned outcome; a restart will not relearn it");
             }
         };
-        match tokio::runtime::Handle::try_current() {
-            Ok(h) => drop(h.spawn_blocking(write)),
-            Err(_) => write(),
-        }
+        super::actors::beside_the_reactor(write);
     }
 
     /// Teach the router's learner the outcomes a journal recorded (a restart): each one recorded

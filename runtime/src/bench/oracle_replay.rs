@@ -202,7 +202,7 @@ fn replay(
             let mut order = indices.clone();
             order.shuffle(&mut rng);
             let mut learner = LinUcb::new(members, dim, ALPHA_UCB, true)?;
-            for pass in 0..opts.passes {
+            for (pass, pass_reward) in by_pass.iter_mut().enumerate() {
                 for &i in &order {
                     let t = &tasks[i];
                     let arm = learner.decide(program, &t.context)?.arm;
@@ -213,7 +213,7 @@ fn replay(
                     let verdict = if *verifier == t.own_verifier { t.success[arm] } else { 0.0 };
                     learner.land(program, reward(verdict, t.cost[arm], a, scale))?;
                     program += 1;
-                    by_pass[pass] += reward(t.success[arm], t.cost[arm], a, scale);
+                    *pass_reward += reward(t.success[arm], t.cost[arm], a, scale);
                     if pass + 1 == opts.passes {
                         last.success[i] += t.success[arm];
                         last.cost[i] += t.cost[arm];

@@ -377,6 +377,16 @@ fn the_bench_runs_its_three_experiments() {
         assert!(share(&r.admission_calibrated) >= share(&r.admission), "{}", p.pool.name);
         assert!(share(&r.admission_calibrated) > 0.8, "{}: {}", p.pool.name, share(&r.admission_calibrated));
     }
+    // The teaching sweep runs on paper 002's own programs only: 0–9 programs, then every tenth.
+    for p in &r.pools {
+        let ns: Vec<usize> = p.teaching_sweep.iter().map(|s| s.0).collect();
+        if p.workload == AgentWorkload::SweVerifiedThinking {
+            assert_eq!(ns, vec![0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 12, 14, 16], "{}", p.pool.name);
+            assert!(p.teaching_sweep.iter().all(|s| (0.0..=1.0).contains(&s.1)));
+        } else {
+            assert!(ns.is_empty(), "{}", p.pool.name);
+        }
+    }
     assert_eq!(r.feedback.len(), 3);
     assert_eq!(r.beta_sweep.len(), 3);
     assert_eq!(r.verifiers.len(), 3);
@@ -388,6 +398,7 @@ fn the_bench_runs_its_three_experiments() {
     assert!(svg.starts_with("<svg") && svg.contains("β = 0") && svg.contains("batch-synchronous"), "{svg:.200}");
     let md = r.markdown();
     assert!(md.contains("ORACLE / ThunderAgent program throughput") && md.contains("delayed / batch-synchronous"));
+    assert!(md.contains("Why neither learner condition is the paper's ThunderAgent"));
 }
 
 #[test]

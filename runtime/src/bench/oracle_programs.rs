@@ -70,6 +70,14 @@ const MAX_MODEL_LEN: u32 = 40_960;
 /// Seed of the calibration trace (priors and the static cap); never an evaluated seed.
 const CALIBRATION_SEED: u64 = 911;
 
+/// ThunderAgent's prefix-cache hit rate on the larger model at 64 concurrent programs, as paper
+/// 002 measured it on its own programs and pool (§5.2: 0.73, against ORACLE's 0.93).
+pub const PAPER_THUNDERAGENT_HIT_RATE: f64 = 0.73;
+
+/// The concurrency of the teaching sweep ([`PoolCalibration::teaching_sweep`]): the paper's
+/// headline setting.
+const TEACHING_SWEEP_CONCURRENCY: usize = 64;
+
 /// The systems of the admission experiment.
 pub const SYSTEMS: [&str; 5] = ["vllm", "thunderagent", "static-cap", "admission-only", "oracle"];
 
@@ -189,6 +197,11 @@ pub struct PoolCalibration {
     /// (an ideal cache: evaluated runs charge the hits they got; inert at the bench's cost
     /// weight 0, where the reward is the success alone).
     pub prior: Vec<PriorOutcome>,
+    /// Paper 002's own programs only: ThunderAgent's larger-model hit rate at 64 concurrent
+    /// programs on the calibration trace with the learner taught the outcomes of the first `n`
+    /// calibration programs, per `n` (0–9, then every tenth): whether some amount of teaching
+    /// puts the baseline where the paper measured it ([`PAPER_THUNDERAGENT_HIT_RATE`]).
+    pub teaching_sweep: Vec<(usize, f64)>,
 }
 
 /// The two-model pool on two GPUs of `device`: `models` (larger, smaller), the larger with FP8
@@ -327,8 +340,10 @@ struct Setting {
     feedback: Feedback,
     beta: f64,
     judge: Option<Judge>,
-    /// The learner starts from the calibration passes' outcomes.
+    /// The learner starts from the calibration passes' outcomes (of the first `taught`
+    /// calibration programs; all with `None`).
     calibrated: bool,
+    taught: Option<usize>,
 }
 
 impl Setting {
@@ -348,6 +363,7 @@ impl Setting {
             beta: DiscConfig::default().beta,
             judge: None,
             calibrated: false,
+            taught: None,
         }
     }
 }
@@ -379,7 +395,7 @@ impl Ctx<'_> {
             verifier_s: self.cfg.verifier_s,
             judge: s.judge.clone(),
             outcome_seed: seed,
-            prior: if s.calibrated { self.prior.clone() } else { Vec::new() },
+            prior: if s.calibrated { taught(&self.prior, s.taught) } else { Vec::new() },
         };
         let cfg = run_cfg(s.scheduler, workers, seed);
         Ok(run_routed_agents_by_model(&programs.refs(), &self.pool, &cfg, &routing)?.1)
@@ -432,6 +448,21 @@ fn mean_cell(pool: &str, system: &str, concurrency: usize, beta: f64, runs: Vec<
         makespan_s: m(&|r| r.makespan_s),
         runs,
     }
+}
+
+/// The outcomes of the first `n` calibration programs on each model (all with `None`).
+fn taught(prior: &[PriorOutcome], n: Option<usize>) -> Vec<PriorOutcome> {
+    let Some(n) = n else { return prior.to_vec() };
+    let mut seen = [0usize; 2];
+    prior
+        .iter()
+        .filter(|o| {
+            let k = o.arm.min(1);
+            seen[k] += 1;
+            seen[k] <= n
+        })
+        .cloned()
+        .collect()
 }
 
 /// The calibration passes' outcomes: each calibration program on each model alone — whether it
@@ -503,6 +534,20 @@ fn calibrate<'a>(
     let disc = disc_run(false)?;
     let cap = cap_of(&disc);
     let cap_calibrated = cap_of(&disc_run(true)?);
+    // Paper 002's own programs: ThunderAgent's larger-model hit rate against how much the
+    // learner was taught (a baseline run on the calibration trace, never ORACLE's).
+    let mut teaching_sweep = Vec::new();
+    if workload == AgentWorkload::SweVerifiedThinking {
+        let per_arm = calibration.for_model(0).sessions.len();
+        let mut grid: Vec<usize> = (0..10.min(per_arm)).chain((1..=10).map(|step| per_arm * step / 10)).collect();
+        grid.sort_unstable();
+        grid.dedup();
+        for n in grid {
+            let s = Setting { calibrated: true, taught: Some(n), ..Setting::system("thunderagent", [1, 1]) };
+            let r = ctx.run(calibration, CALIBRATION_SEED, TEACHING_SWEEP_CONCURRENCY, &s)?;
+            teaching_sweep.push((n, r.arms.first().map_or(0.0, |a| a.cache_hit_rate)));
+        }
+    }
     progress(&format!(
         "oracle programs: {} calibrated: D0 {:.0} / {:.0} s, static cap {}/{} (calibrated learner {}/{})",
         pool.name, d0[0], d0[1], cap[0], cap[1], cap_calibrated[0], cap_calibrated[1]
@@ -518,6 +563,7 @@ fn calibrate<'a>(
             static_cap_calibrated: cap_calibrated,
             allowance_tokens: disc.allowance_tokens,
             prior,
+            teaching_sweep,
         },
     ))
 }
@@ -806,6 +852,18 @@ impl ProgramsReport {
                 }
             }
             let _ = writeln!(o);
+        }
+        for p in self.pools.iter().filter(|p| !p.teaching_sweep.is_empty()) {
+            let _ = writeln!(
+                o,
+                "Why neither learner condition is the paper's ThunderAgent ({}): its larger-model hit rate at \
+                 {TEACHING_SWEEP_CONCURRENCY} concurrent programs on the calibration trace, with the learner taught \
+                 the outcomes of the first n of the {} calibration programs on each model — {} — against the \
+                 paper's {PAPER_THUNDERAGENT_HIT_RATE}.\n",
+                p.pool.name,
+                c.programs,
+                p.teaching_sweep.iter().map(|(n, h)| format!("n = {n}: {h:.3}")).collect::<Vec<_>>().join(", "),
+            );
         }
         let _ = writeln!(
             o,

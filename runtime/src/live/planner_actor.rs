@@ -256,6 +256,10 @@ pub struct PlannerActorState {
     /// Per routed deployment, the finished programs its ledger had learned from when its state
     /// was last journaled ([`Self::journal_ledgers`]).
     ledgers_journaled: BTreeMap<DeploymentId, u64>,
+    /// Per routed deployment, what its journal record's sequence number adds to its ledger's
+    /// count of finished programs, so that the sequence keeps growing across restarts (a record
+    /// this run could not take is then still replaced by this run's state).
+    ledger_seq_base: BTreeMap<DeploymentId, u64>,
     /// Front-door step hints (`X-Step-ID`) seen so far and the planner node each stands for, so
     /// the core keeps output-length and tool-gap histories per step across programs.
     front_door_steps: BTreeMap<String, u32>,
@@ -374,6 +378,7 @@ impl Actor for PlannerActor {
             unverified_order: std::collections::VecDeque::new(),
             restored: BTreeMap::new(),
             ledgers_journaled: BTreeMap::new(),
+            ledger_seq_base: BTreeMap::new(),
             front_door_steps: BTreeMap::new(),
             durable: BTreeMap::new(),
             ended_failed: 0,
@@ -1398,7 +1403,7 @@ impl PlannerActorState {
                     "model": model,
                     "dtype": dtype,
                     "capacity_tokens": capacity,
-                    "seq": learned.peaks_n,
+                    "seq": self.ledger_seq_base.get(&d).copied().unwrap_or(0) + learned.peaks_n,
                     "learned": ledger_json(&learned),
                 }),
             ));
@@ -1425,8 +1430,13 @@ impl PlannerActorState {
                 if row.get("capacity_tokens")?.as_u64()? != self.planner.routing()?.capacity_tokens(d)? {
                     return None;
                 }
+                // This deployment's own record: whatever happens to its state, this run's writes
+                // carry on from its sequence number.
+                let seq = row.get("seq").and_then(serde_json::Value::as_u64).unwrap_or(0);
+                self.ledger_seq_base.insert(d, seq);
                 let learned = ledger_from_json(row.get("learned")?)?;
                 self.planner.restore_ledger(d, &learned).ok()?;
+                self.ledger_seq_base.insert(d, seq.saturating_sub(learned.peaks_n));
                 Some(())
             })();
             match done {

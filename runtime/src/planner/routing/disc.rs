@@ -62,6 +62,8 @@ pub enum LedgerError {
     NotQueued(u64),
     #[error("{what} {value} is not a finite, non-negative number")]
     Value { what: &'static str, value: f64 },
+    #[error("a learned state with {0} is not one a ledger learns")]
+    Inconsistent(&'static str),
 }
 
 /// The reservation ledger of one model backend (over all its replicas' KV).
@@ -275,22 +277,28 @@ impl Ledger {
 
     /// Take what an earlier ledger of the same backend learned, replacing what this one has
     /// learned. Refused (nothing changes) for a sum that is not finite, a negative peak or run
-    /// sum, a negative sample weight, counts that disagree with their sums (every finished
-    /// program adds one peak and one run time; no program, no sum) or a mean peak beyond this
-    /// backend's KV capacity; δ̂'s sum may be negative (an engine that held less than its
-    /// requests' contexts).
+    /// sum, a negative sample weight, or counts that disagree with their sums (every finished
+    /// program adds one peak and one run time; no program, no sum); δ̂'s sum may be negative (an
+    /// engine that held less than its requests' contexts). A mean peak beyond the backend's
+    /// capacity is a state a ledger learns (a prompt longer than the context still counts).
     pub fn restore(&mut self, learned: &LedgerLearned) -> Result<(), LedgerError> {
-        let n = learned.peaks_n as f64;
-        let checks = [
-            ("peak sum", learned.peaks_sum, learned.peaks_sum >= 0.0 && (learned.peaks_n > 0 || learned.peaks_sum == 0.0)),
-            ("mean peak", learned.peaks_sum / n.max(1.0), learned.peaks_sum / n.max(1.0) <= self.capacity_tokens as f64),
-            ("run-time sum", learned.run_sum, learned.run_sum >= 0.0 && (learned.run_n > 0 || learned.run_sum == 0.0)),
-            ("run count", learned.run_n as f64, learned.run_n == learned.peaks_n),
-            ("allowance sum", learned.allowance_sum, learned.allowance_n > 0.0 || learned.allowance_sum == 0.0),
+        let values = [
+            ("peak sum", learned.peaks_sum, learned.peaks_sum >= 0.0),
+            ("run-time sum", learned.run_sum, learned.run_sum >= 0.0),
+            ("allowance sum", learned.allowance_sum, true),
             ("allowance weight", learned.allowance_n, learned.allowance_n >= 0.0),
         ];
-        if let Some((what, value, _)) = checks.into_iter().find(|(_, v, ok)| !v.is_finite() || !ok) {
+        if let Some((what, value, _)) = values.into_iter().find(|(_, v, ok)| !v.is_finite() || !ok) {
             return Err(LedgerError::Value { what, value });
+        }
+        let consistent = [
+            ("a peak sum without a finished program", learned.peaks_n > 0 || learned.peaks_sum == 0.0),
+            ("a run-time sum without a finished program", learned.run_n > 0 || learned.run_sum == 0.0),
+            ("a run count other than the peak count", learned.run_n == learned.peaks_n),
+            ("an allowance sum without a sample", learned.allowance_n > 0.0 || learned.allowance_sum == 0.0),
+        ];
+        if let Some((what, _)) = consistent.into_iter().find(|(_, ok)| !ok) {
+            return Err(LedgerError::Inconsistent(what));
         }
         self.peaks_sum = learned.peaks_sum;
         self.peaks_n = learned.peaks_n;
@@ -367,13 +375,15 @@ mod tests {
         assert!(fresh.restore(&bad).is_err());
         bad = l.learned();
         bad.run_n += 1;
-        assert!(matches!(fresh.restore(&bad), Err(LedgerError::Value { what: "run count", .. })), "counts that disagree");
-        bad = l.learned();
-        bad.peaks_sum = 1e12;
-        assert!(matches!(fresh.restore(&bad), Err(LedgerError::Value { what: "mean peak", .. })), "beyond the KV capacity");
+        assert!(matches!(fresh.restore(&bad), Err(LedgerError::Inconsistent(_))), "counts that disagree");
         bad = LedgerLearned { peaks_n: 0, run_n: 0, ..l.learned() };
-        assert!(fresh.restore(&bad).is_err(), "a sum without a program");
+        assert!(matches!(fresh.restore(&bad), Err(LedgerError::Inconsistent(_))), "a sum without a program");
         assert_eq!(fresh.learned(), l.learned(), "a refused restore changes nothing");
+        // What ledgers do learn is taken: zero peaks and run times, a negative allowance sum, a
+        // mean peak beyond the capacity (a prompt longer than the context still counts).
+        let odd = LedgerLearned { peaks_sum: 3e6, peaks_n: 2, run_sum: 0.0, run_n: 2, allowance_sum: -40.0, allowance_n: 2.0 };
+        fresh.restore(&odd).unwrap();
+        assert_eq!(fresh.learned(), odd);
     }
 
     #[test]

@@ -86,6 +86,11 @@ fn ledger_from_json(v: &serde_json::Value) -> Option<crate::planner::routing::Le
     })
 }
 
+/// The learner context a journal record carries (`"context"`: its numbers).
+fn learner_context_of(row: &serde_json::Value) -> Option<Vec<f64>> {
+    row.get("context")?.as_array()?.iter().map(serde_json::Value::as_f64).collect()
+}
+
 /// A routed front-door program restored from the journal, awaiting its verdict: its id in the
 /// router, the session number it was recorded under (its journal record's), its cost (as
 /// recorded at its end), when it ended (Unix seconds: the oldest is given up first).
@@ -1236,7 +1241,7 @@ impl PlannerActorState {
                     return None;
                 }
                 let deployment = self.deployment_named(&row)?;
-                let context = row.get("context")?.as_array()?.iter().map(serde_json::Value::as_f64).collect::<Option<Vec<f64>>>()?;
+                let context = learner_context_of(&row)?;
                 let verifier = row.get("verifier")?.as_str()?.to_string();
                 let cost = row.get("cost")?.as_f64()?;
                 Some((deployment, context, verifier, cost, row.get("session")?.as_u64()?))
@@ -2177,7 +2182,7 @@ impl PlannerActorState {
                     return None;
                 }
                 let deployment = self.deployment_named(row)?;
-                let context = row.get("context")?.as_array()?.iter().map(serde_json::Value::as_f64).collect::<Option<Vec<f64>>>()?;
+                let context = learner_context_of(row)?;
                 let reward = row.get("reward")?.as_f64()?;
                 Some(crate::planner::routing::LearnedOutcome { deployment, context, reward })
             })();

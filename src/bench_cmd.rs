@@ -106,8 +106,12 @@ pub struct OracleArgs {
     #[arg(long, default_value_t = 2)]
     pub program_seeds: u64,
     /// Run only the concurrency experiments (oracle-programs.*), not the feedback comparison.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "only_feedback")]
     pub only_programs: bool,
+    /// Run only the feedback comparison (oracle.*: accuracy against cost, the steady state, the
+    /// regret), not the concurrency experiments.
+    #[arg(long)]
+    pub only_feedback: bool,
     /// Directory for oracle.md / oracle.json / oracle.svg and oracle-programs.md / .json / .svg.
     #[arg(long, default_value = "bench-out")]
     pub out: PathBuf,
@@ -121,7 +125,7 @@ fn oracle(args: OracleArgs) -> Result<()> {
     if !args.only_programs && (args.seeds == 0 || args.sessions == 0 || !(args.rate > 0.0 && args.rate.is_finite())) {
         anyhow::bail!("--seeds and --sessions must be at least 1 and --rate positive");
     }
-    if args.programs == 0 || args.program_seeds == 0 {
+    if !args.only_feedback && (args.programs == 0 || args.program_seeds == 0) {
         anyhow::bail!("--programs and --program-seeds must be at least 1");
     }
     // Each experiment writes its own files; stdout gets both Markdown sections, or one JSON
@@ -139,6 +143,9 @@ fn oracle(args: OracleArgs) -> Result<()> {
         std::fs::write(args.out.join("oracle.svg"), svg)?;
         printed.insert("feedback".into(), json["report"].clone());
         md_out.push_str(&md);
+    }
+    if args.only_feedback {
+        return print_oracle(args.json, printed, &md_out);
     }
     let cfg = bench::oracle_programs::ProgramsBenchConfig {
         programs: args.programs,
@@ -158,10 +165,16 @@ fn oracle(args: OracleArgs) -> Result<()> {
     write_files(&args.out, "oracle-programs", &md, &json)?;
     printed.insert("programs".into(), json["report"].clone());
     md_out.push_str(&md);
-    if args.json {
+    print_oracle(args.json, printed, &md_out)
+}
+
+/// `bench oracle`'s stdout: one JSON document holding the experiments that ran, or their
+/// Markdown.
+fn print_oracle(json: bool, printed: serde_json::Map<String, serde_json::Value>, md: &str) -> Result<()> {
+    if json {
         println!("{}", serde_json::to_string_pretty(&serde_json::Value::Object(printed))?);
     } else {
-        print!("{md_out}");
+        print!("{md}");
     }
     Ok(())
 }

@@ -296,6 +296,24 @@ fn bench_oracle_programs_prints_one_json_document_and_writes_its_files() {
 }
 
 #[test]
+fn bench_oracle_feedback_prints_one_json_document_and_writes_its_files() {
+    let dir = tempfile::Builder::new().prefix("bench-oracle-feedback-").tempdir().expect("tempdir");
+    let out_dir = dir.path().to_str().expect("utf-8 path");
+    let out = switchyard(&["bench", "oracle", "--only-feedback", "--sessions", "3", "--seeds", "1", "--out", out_dir, "--json"]);
+    assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON document");
+    assert!(json.get("programs").is_none(), "the concurrency experiments were skipped");
+    let regret = json.pointer("/feedback/replay/adaptive/0/regret_by_pass").and_then(|r| r.as_array()).expect("regret by pass");
+    assert_eq!(regret.len(), 8, "one per pass");
+    for f in ["oracle.md", "oracle.json", "oracle.svg"] {
+        assert!(dir.path().join(f).exists(), "{f}");
+    }
+    assert!(!dir.path().join("oracle-programs.md").exists());
+    let both = switchyard(&["bench", "oracle", "--only-feedback", "--only-programs", "--out", out_dir]);
+    assert!(!both.status.success(), "the two are exclusive");
+}
+
+#[test]
 fn joint_only_flags_are_refused_with_another_policy() {
     let out = switchyard(&["run", "workflows/gsm8k.yaml", "--sessions", "1", "--policy", "parrot", "--no-fusion"]);
     assert!(!out.status.success());

@@ -584,22 +584,18 @@ impl ReplayReport {
             root.fill(&WHITE).map_err(|e| s(&e))?;
             let panels = root.split_evenly((1, 2));
             // (a) The frontier.
-            let costs = self
+            // Every (accuracy, cost) point drawn: both configurations steady and cold, each
+            // member alone, the per-task best.
+            let points: Vec<(f64, f64)> = self
                 .adaptive
                 .iter()
                 .chain(&self.single)
-                .flat_map(|p| [p.cost, p.cold_cost])
-                .chain(self.fixed.iter().map(|f| f.1))
-                .chain([self.per_task_best.1]);
-            let xmax = costs.fold(1.0, f64::max) * 1.08;
-            let accuracies = self
-                .adaptive
-                .iter()
-                .chain(&self.single)
-                .flat_map(|p| [p.accuracy, p.cold_accuracy])
-                .chain(self.fixed.iter().map(|f| f.0))
-                .chain([self.per_task_best.0]);
-            let ymin = (accuracies.fold(1.0, f64::min) * 100.0 - 8.0).clamp(0.0, 90.0).floor();
+                .flat_map(|p| [(p.accuracy, p.cost), (p.cold_accuracy, p.cold_cost)])
+                .chain(self.fixed.iter().copied())
+                .chain([self.per_task_best])
+                .collect();
+            let xmax = points.iter().map(|p| p.1).fold(1.0, f64::max) * 1.08;
+            let ymin = (points.iter().map(|p| p.0).fold(1.0, f64::min) * 100.0 - 8.0).clamp(0.0, 90.0).floor();
             let mut chart = ChartBuilder::on(&panels[0])
                 .caption("(a) accuracy against compute cost (steady state solid, cold pass dashed)", ("sans-serif", 14))
                 .margin(12)

@@ -488,17 +488,22 @@ fn decode<T: for<'de> Deserialize<'de>>(what: impl FnOnce() -> String, text: &st
 /// Remove the awaited verdict under `key` if it is program `session`'s (inside a write).
 fn forget_awaited_in(txn: &redb::WriteTransaction, key: &str, session: u64) -> Result<(), JournalError> {
     let mut awaited = txn.open_table(AWAITED)?;
-    let ours = match awaited.get(key)? {
-        Some(text) => {
-            let v: Value = decode(|| format!("verdict awaited by program {key:?}"), text.value())?;
-            v.get("session").and_then(Value::as_u64) == Some(session)
-        }
-        None => false,
-    };
-    if ours {
+    if recorded_by(&awaited, key, session, "verdict awaited by program")? {
         awaited.remove(key)?;
     }
     Ok(())
+}
+
+/// Whether the JSON row under `key` records `"session": session` (a later program under the key
+/// may have replaced it; `what` names the row in errors).
+fn recorded_by(table: &redb::Table<&str, &str>, key: &str, session: u64, what: &str) -> Result<bool, JournalError> {
+    Ok(match table.get(key)? {
+        Some(text) => {
+            let v: Value = decode(|| format!("{what} {key:?}"), text.value())?;
+            v.get("session").and_then(Value::as_u64) == Some(session)
+        }
+        None => false,
+    })
 }
 
 fn check_key(what: &'static str, value: &str) -> Result<(), JournalError> {
@@ -1249,13 +1254,7 @@ impl Journal {
         let key = key.to_string();
         self.write(move |txn| {
             let mut routed = txn.open_table(ROUTED)?;
-            let ours = match routed.get(key.as_str())? {
-                Some(text) => {
-                    let v: Value = decode(|| format!("routing of program {key:?}"), text.value())?;
-                    v.get("session").and_then(Value::as_u64) == Some(session)
-                }
-                None => false,
-            };
+            let ours = recorded_by(&routed, &key, session, "routing of program")?;
             if ours {
                 routed.remove(key.as_str())?;
                 if let Some(text) = &awaiting {
@@ -1268,13 +1267,18 @@ impl Journal {
 
     /// Every routed front-door program recorded as open (all were, at a crash), by key.
     pub fn routed_programs(&self) -> Result<Vec<(String, Value)>, JournalError> {
+        self.json_rows(ROUTED, "routing of program")
+    }
+
+    /// Every row of a table of JSON values by string key, decoded (`what` names a row in errors).
+    fn json_rows(&self, table: TableDefinition<&str, &str>, what: &str) -> Result<Vec<(String, Value)>, JournalError> {
         let txn = self.read()?;
-        let routed = txn.open_table(ROUTED)?;
+        let table = txn.open_table(table)?;
         let mut out = Vec::new();
-        for row in routed.iter()? {
+        for row in table.iter()? {
             let (key, text) = row?;
             let key = key.value().to_string();
-            let value = decode(|| format!("routing of program {key:?}"), text.value())?;
+            let value = decode(|| format!("{what} {key:?}"), text.value())?;
             out.push((key, value));
         }
         Ok(out)
@@ -1311,30 +1315,12 @@ impl Journal {
 
     /// What the DISC ledgers learned, by deployment name, as last recorded.
     pub fn ledgers(&self) -> Result<Vec<(String, Value)>, JournalError> {
-        let txn = self.read()?;
-        let table = txn.open_table(LEDGERS)?;
-        let mut out = Vec::new();
-        for row in table.iter()? {
-            let (name, text) = row?;
-            let name = name.value().to_string();
-            let value = decode(|| format!("ledger of {name:?}"), text.value())?;
-            out.push((name, value));
-        }
-        Ok(out)
+        self.json_rows(LEDGERS, "ledger of")
     }
 
     /// The routed front-door programs that ended and await their verdict, by key.
     pub fn awaited_verdicts(&self) -> Result<Vec<(String, Value)>, JournalError> {
-        let txn = self.read()?;
-        let awaited = txn.open_table(AWAITED)?;
-        let mut out = Vec::new();
-        for row in awaited.iter()? {
-            let (key, text) = row?;
-            let key = key.value().to_string();
-            let value = decode(|| format!("verdict awaited by program {key:?}"), text.value())?;
-            out.push((key, value));
-        }
-        Ok(out)
+        self.json_rows(AWAITED, "verdict awaited by program")
     }
 
     /// The verdict awaited by the program under `key` recorded with `"session": session` will not

@@ -202,7 +202,7 @@ impl Planner {
         tokens: u64,
         now: f64,
     ) -> Result<routing::RouteRecord, PlanError> {
-        let routing = self.routing.as_mut().ok_or_else(|| PlanError::Routing("this run has no router".into()))?;
+        let routing = self.router_mut()?;
         let bound = routing.bind(u64::from(session.0), route, task, tokens, now);
         self.gate_bound(session, bound)
     }
@@ -235,7 +235,7 @@ impl Planner {
         tokens: u64,
         now: f64,
     ) -> Result<routing::RouteRecord, PlanError> {
-        let routing = self.routing.as_mut().ok_or_else(|| PlanError::Routing("this run has no router".into()))?;
+        let routing = self.router_mut()?;
         let bound = routing.bind_to(u64::from(session.0), deployment, task, tokens, now);
         self.gate_bound(session, bound)
     }
@@ -250,13 +250,7 @@ impl Planner {
         cost: f64,
         now: f64,
     ) -> Result<routing::LearnedOutcome, PlanError> {
-        let routing = self.routing.as_mut().ok_or_else(|| PlanError::Routing("this run has no router".into()))?;
-        let (learned, admitted) =
-            routing.verdict(u64::from(session.0), success, cost, now).map_err(|e| PlanError::Routing(e.to_string()))?;
-        for p in admitted {
-            self.state.ungate(SessionId(p as u32));
-        }
-        Ok(learned)
+        self.verdict_of(u64::from(session.0), success, cost, now)
     }
 
     /// A routed program that ended under an earlier router over the same features and awaited
@@ -274,7 +268,7 @@ impl Planner {
         if program < RESTORED_PROGRAMS {
             return Err(PlanError::Routing(format!("restored program {program} would collide with a session")));
         }
-        let routing = self.routing.as_mut().ok_or_else(|| PlanError::Routing("this run has no router".into()))?;
+        let routing = self.router_mut()?;
         routing.restore_awaiting(program, deployment, context, verifier, now).map_err(|e| PlanError::Routing(e.to_string()))
     }
 
@@ -286,34 +280,20 @@ impl Planner {
         cost: f64,
         now: f64,
     ) -> Result<routing::LearnedOutcome, PlanError> {
-        if program < RESTORED_PROGRAMS {
-            return Err(PlanError::Routing(format!("program {program} was not restored")));
-        }
-        let routing = self.routing.as_mut().ok_or_else(|| PlanError::Routing("this run has no router".into()))?;
-        let (learned, admitted) = routing.verdict(program, success, cost, now).map_err(|e| PlanError::Routing(e.to_string()))?;
-        for p in admitted {
-            self.state.ungate(SessionId(p as u32));
-        }
-        Ok(learned)
+        Self::check_restored(program)?;
+        self.verdict_of(program, success, cost, now)
     }
 
     /// Restored `program` will get no verdict (its key was reused): its decision is dropped.
     pub fn restored_abandoned(&mut self, program: u64, now: f64) -> Result<(), PlanError> {
-        if program < RESTORED_PROGRAMS {
-            return Err(PlanError::Routing(format!("program {program} was not restored")));
-        }
-        let routing = self.routing.as_mut().ok_or_else(|| PlanError::Routing("this run has no router".into()))?;
-        let admitted = routing.abandon(program, now).map_err(|e| PlanError::Routing(e.to_string()))?;
-        for p in admitted {
-            self.state.ungate(SessionId(p as u32));
-        }
-        Ok(())
+        Self::check_restored(program)?;
+        self.abandon_of(program, now)
     }
 
     /// Give deployment `d`'s DISC ledger what an earlier run's ledger of its backend learned
     /// ([`routing::RoutedPrograms::restore_ledger`]).
     pub fn restore_ledger(&mut self, d: DeploymentId, learned: &routing::LedgerLearned) -> Result<(), PlanError> {
-        let routing = self.routing.as_mut().ok_or_else(|| PlanError::Routing("this run has no router".into()))?;
+        let routing = self.router_mut()?;
         routing.restore_ledger(d, learned).map_err(|e| PlanError::Routing(e.to_string()))
     }
 
@@ -332,7 +312,7 @@ impl Planner {
     /// Teach the router's learner what an earlier router over the same features learned
     /// ([`routing::RoutedPrograms::relearn`]).
     pub fn relearn(&mut self, outcome: &routing::LearnedOutcome) -> Result<(), PlanError> {
-        let routing = self.routing.as_mut().ok_or_else(|| PlanError::Routing("this run has no router".into()))?;
+        let routing = self.router_mut()?;
         routing.relearn(outcome).map_err(|e| PlanError::Routing(e.to_string()))
     }
 
@@ -377,10 +357,38 @@ impl Planner {
     /// A routed session that cannot be verified (it failed): it releases what it holds and
     /// teaches the ledger nothing. Shells call it before the session's `SessionEnded`.
     pub fn program_abandoned(&mut self, session: SessionId, now: f64) -> Result<(), PlanError> {
-        let routing = self.routing.as_mut().ok_or_else(|| PlanError::Routing("this run has no router".into()))?;
-        let admitted = routing.abandon(u64::from(session.0), now).map_err(|e| PlanError::Routing(e.to_string()))?;
+        self.abandon_of(u64::from(session.0), now)
+    }
+
+    fn router_mut(&mut self) -> Result<&mut routing::RoutedPrograms, PlanError> {
+        self.routing.as_mut().ok_or_else(|| PlanError::Routing("this run has no router".into()))
+    }
+
+    /// Programs a ledger admitted: their units may run.
+    fn ungate_admitted(&mut self, admitted: Vec<u64>) {
         for p in admitted {
             self.state.ungate(SessionId(p as u32));
+        }
+    }
+
+    /// Router program `program`'s verdict lands (a session's, or a restored one's).
+    fn verdict_of(&mut self, program: u64, success: f64, cost: f64, now: f64) -> Result<routing::LearnedOutcome, PlanError> {
+        let (learned, admitted) =
+            self.router_mut()?.verdict(program, success, cost, now).map_err(|e| PlanError::Routing(e.to_string()))?;
+        self.ungate_admitted(admitted);
+        Ok(learned)
+    }
+
+    /// Router program `program` gets no verdict: what it holds goes.
+    fn abandon_of(&mut self, program: u64, now: f64) -> Result<(), PlanError> {
+        let admitted = self.router_mut()?.abandon(program, now).map_err(|e| PlanError::Routing(e.to_string()))?;
+        self.ungate_admitted(admitted);
+        Ok(())
+    }
+
+    fn check_restored(program: u64) -> Result<(), PlanError> {
+        if program < RESTORED_PROGRAMS {
+            return Err(PlanError::Routing(format!("program {program} was not restored")));
         }
         Ok(())
     }

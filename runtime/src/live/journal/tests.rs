@@ -805,3 +805,22 @@ fn a_journal_without_the_workflows_table_opens_with_none() {
     assert_eq!(j.workflows().expect("workflows"), Vec::new());
     j.record_workflow("echo", "name: echo\n").expect("record");
 }
+
+/// A learned outcome's context is what a restarted learner relearns from: it must come back
+/// bit for bit, not to within an ulp (serde_json's `float_roundtrip` parsing; its default
+/// parser may round a 17-digit float to a neighbour).
+#[test]
+fn learned_contexts_come_back_bit_for_bit() {
+    use rand::{Rng, SeedableRng};
+    let (dir, j) = fresh();
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
+    let context: Vec<f64> = (0..4000).map(|i| rng.random_range(-1.0..1.0) * 10f64.powi(i % 9 - 4)).collect();
+    j.record_learned(&json!({"model": "Qwen3-8B", "context": context, "reward": 0.1 + 0.2}), None).expect("record");
+    drop(j);
+    let j = Journal::open(&dir.path().join("state")).expect("reopen");
+    let learned = j.learned().expect("read");
+    let back: Vec<f64> = learned[0]["context"].as_array().expect("context").iter().map(|v| v.as_f64().expect("a number")).collect();
+    let differ = context.iter().zip(&back).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+    assert_eq!((back.len(), differ), (context.len(), 0), "every context entry the same f64");
+    assert_eq!(learned[0]["reward"].as_f64().map(f64::to_bits), Some((0.1f64 + 0.2).to_bits()));
+}

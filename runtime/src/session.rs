@@ -31,7 +31,7 @@ use thiserror::Error;
 
 use crate::ids::{ActivationId, SessionId};
 use crate::values::{NodeOutput, Record};
-use crate::workflow::template::{Resolve, Source};
+use crate::workflow::template::{MAX_RENDERED_BYTES, RenderError, Resolve, Source};
 use crate::workflow::{NodeKind, NodeSpec, WorkflowSpec, node_templates};
 
 /// Life cycle of an activation.
@@ -96,6 +96,15 @@ pub enum SessionError {
         index: u32,
         node: String,
         reference: String,
+    },
+    #[error(
+        "session {session}: activation a{index} (`{node}`): its rendered text passes {limit} bytes, longer than any model context takes"
+    )]
+    RenderedTooLong {
+        session: SessionId,
+        index: u32,
+        node: String,
+        limit: usize,
     },
     #[error("session {session} has failed: {reason}")]
     Failed { session: SessionId, reason: String },
@@ -277,7 +286,7 @@ impl Session {
                 return agent
                     .prompt
                     .render_segments(&View { session: self, round: 0 })
-                    .map_err(|u| self.unresolved(index, u.reference));
+                    .map_err(|e| self.render_error(index, e));
             };
             let node_index = self.activations[index as usize].node;
             let turn = self.activation_for(node_index, prev);
@@ -290,6 +299,10 @@ impl Session {
                 return Err(self.unresolved(index, format!("{}.turn{prev}", node.id)));
             };
             let mut segments = self.render_prompt(turn)?;
+            let length: usize = segments.iter().map(String::len).sum::<usize>() + answer.text.len() + observed.len();
+            if length > MAX_RENDERED_BYTES {
+                return Err(self.render_error(index, RenderError::TooLong));
+            }
             segments.push(answer.text.clone());
             segments.push(observed);
             return Ok(segments);
@@ -297,7 +310,7 @@ impl Session {
         agent
             .prompt_for(round)
             .render_segments(&View { session: self, round })
-            .map_err(|u| self.unresolved(index, u.reference))
+            .map_err(|e| self.render_error(index, e))
     }
 
     /// The tool inputs as JSON values (a template that is exactly one reference yields the
@@ -314,7 +327,7 @@ impl Session {
                 Ok((
                     k.clone(),
                     t.render_value(&view)
-                        .map_err(|u| self.unresolved(index, u.reference))?,
+                        .map_err(|e| self.render_error(index, e))?,
                 ))
             })
             .collect()
@@ -547,6 +560,18 @@ impl Session {
             index,
             node: self.node_name(index),
             expected,
+        }
+    }
+
+    fn render_error(&self, index: u32, e: RenderError) -> SessionError {
+        match e {
+            RenderError::Unresolved(u) => self.unresolved(index, u.reference),
+            RenderError::TooLong => SessionError::RenderedTooLong {
+                session: self.id,
+                index,
+                node: self.node_name(index),
+                limit: MAX_RENDERED_BYTES,
+            },
         }
     }
 

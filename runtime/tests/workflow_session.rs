@@ -761,3 +761,25 @@ fn an_answer_without_a_tool_call_ends_the_turns() {
     let skipped: Vec<String> = s.skipped().iter().map(|(n, r)| format!("{}#{r}", spec.nodes[*n].id)).collect();
     assert_eq!(skipped, ["fixer.run_tests#1", "fixer.vote#0", "fixer.vote#1"]);
 }
+
+/// A prompt that repeats a large input is refused once its text passes the longest any model
+/// context takes, not built whole (a served workflow of 4 MiB could ask for gigabytes).
+#[test]
+fn a_prompt_past_any_context_is_refused_before_it_is_built() {
+    let prompt = "{{input.x}}".repeat(40);
+    let yaml = format!(
+        "name: big\ndeployments:\n  d: {{model: Qwen3-0.6B, max_context: 4096, max_output_tokens: 256}}\nnodes:\n  - id: a\n    deployment: d\n    prompt: \"{prompt}\"\n"
+    );
+    let spec = Arc::new(parse_workflow("big.yaml", &yaml, Path::new(".")).unwrap_or_else(|e| panic!("{e}")));
+    let mut input = Record::new();
+    input.insert("x".into(), serde_json::json!("y".repeat(1 << 20)));
+    let s = Session::new(SessionId(1), spec, input).unwrap_or_else(|e| panic!("{e}"));
+    let a = s.ready()[0].index;
+    match s.render_prompt(a) {
+        Err(e @ SessionError::RenderedTooLong { .. }) => {
+            assert!(e.to_string().contains("`a`") && e.to_string().contains("16777216 bytes"), "{e}")
+        }
+        Err(e) => panic!("another error: {e}"),
+        Ok(segments) => panic!("rendered {} bytes", segments.iter().map(String::len).sum::<usize>()),
+    }
+}

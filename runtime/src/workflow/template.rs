@@ -121,6 +121,27 @@ pub struct Unresolved {
     pub reference: String,
 }
 
+/// Longest text one rendering may produce: no model context takes more (131,072 positions, the
+/// longest of any model we serve, × 128 bytes, Qwen3's longest token). A template's inserted
+/// values are the inputs and outputs of a run, so without a bound a workflow that repeats a
+/// large reference many times would make one prompt of gigabytes before its length is checked.
+pub const MAX_RENDERED_BYTES: usize = 131_072 * 128;
+
+/// Why a template did not render.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RenderError {
+    /// A reference none of whose sources is available yet.
+    Unresolved(Unresolved),
+    /// The rendered text would be longer than [`MAX_RENDERED_BYTES`] (rendering stops there).
+    TooLong,
+}
+
+impl From<Unresolved> for RenderError {
+    fn from(u: Unresolved) -> Self {
+        RenderError::Unresolved(u)
+    }
+}
+
 impl Template {
     /// Parse a text template.
     pub fn parse(text: &str) -> Result<Template, TemplateError> {
@@ -184,43 +205,79 @@ impl Template {
 
     /// Render as text segments: each literal and each inserted value is one segment, so that
     /// `segments.concat()` is the full text. A list template renders one line per element.
-    pub fn render_segments(&self, r: &dyn Resolve) -> Result<Vec<String>, Unresolved> {
+    /// The text is at most [`MAX_RENDERED_BYTES`] long, else [`RenderError::TooLong`].
+    pub fn render_segments(&self, r: &dyn Resolve) -> Result<Vec<String>, RenderError> {
+        let mut out = Vec::new();
+        let mut budget = MAX_RENDERED_BYTES;
+        self.render_into(r, &mut out, &mut budget)?;
+        Ok(out)
+    }
+
+    /// Append the rendered segments to `out`, each taken from `budget` (bytes left).
+    fn render_into(&self, r: &dyn Resolve, out: &mut Vec<String>, budget: &mut usize) -> Result<(), RenderError> {
+        fn push(segment: String, out: &mut Vec<String>, budget: &mut usize) -> Result<(), RenderError> {
+            *budget = budget.checked_sub(segment.len()).ok_or(RenderError::TooLong)?;
+            out.push(segment);
+            Ok(())
+        }
         match &self.body {
-            TemplateBody::Text(segs) => segs
-                .iter()
-                .map(|s| match s {
-                    Segment::Text(t) => Ok(t.clone()),
-                    Segment::Ref(rf) => Ok(json_to_text(&rf.resolve(r)?)),
-                })
-                .collect(),
+            TemplateBody::Text(segs) => {
+                for s in segs {
+                    let segment = match s {
+                        Segment::Text(t) => t.clone(),
+                        Segment::Ref(rf) => json_to_text(&rf.resolve(r)?),
+                    };
+                    push(segment, out, budget)?;
+                }
+            }
             TemplateBody::List(items) => {
-                let mut out = Vec::new();
                 for (i, t) in items.iter().enumerate() {
                     if i > 0 {
-                        out.push("\n".to_string());
+                        push("\n".to_string(), out, budget)?;
                     }
-                    out.extend(t.render_segments(r)?);
+                    t.render_into(r, out, budget)?;
                 }
-                Ok(out)
             }
         }
+        Ok(())
     }
 
     /// Render as a JSON value (tool inputs): a template that is exactly one reference yields
     /// the referenced value itself (a list input stays a list); other text templates yield a
-    /// string; a list template yields an array.
-    pub fn render_value(&self, r: &dyn Resolve) -> Result<Json, Unresolved> {
+    /// string; a list template yields an array. At most [`MAX_RENDERED_BYTES`] of text in all
+    /// (a value counts as its JSON text), else [`RenderError::TooLong`].
+    pub fn render_value(&self, r: &dyn Resolve) -> Result<Json, RenderError> {
+        let mut budget = MAX_RENDERED_BYTES;
+        self.value_within(r, &mut budget)
+    }
+
+    fn value_within(&self, r: &dyn Resolve, budget: &mut usize) -> Result<Json, RenderError> {
         if let TemplateBody::List(items) = &self.body {
             return items
                 .iter()
-                .map(|t| t.render_value(r))
+                .map(|t| t.value_within(r, budget))
                 .collect::<Result<Vec<_>, _>>()
                 .map(Json::Array);
         }
         if let Some(rf) = self.single_reference() {
-            return rf.resolve(r);
+            let value = rf.resolve(r)?;
+            *budget = budget.checked_sub(json_text_len(&value)).ok_or(RenderError::TooLong)?;
+            return Ok(value);
         }
-        Ok(Json::String(self.render_segments(r)?.concat()))
+        let mut out = Vec::new();
+        self.render_into(r, &mut out, budget)?;
+        Ok(Json::String(out.concat()))
+    }
+}
+
+/// About the length of `v`'s JSON text (strings by their bytes, without escapes), counted
+/// without writing it.
+fn json_text_len(v: &Json) -> usize {
+    match v {
+        Json::String(s) => s.len() + 2,
+        Json::Array(items) => items.iter().map(json_text_len).fold(2 + items.len(), usize::saturating_add),
+        Json::Object(map) => map.iter().map(|(k, v)| k.len() + 4 + json_text_len(v)).fold(2, usize::saturating_add),
+        Json::Null | Json::Bool(_) | Json::Number(_) => 8,
     }
 }
 
@@ -618,6 +675,29 @@ mod tests {
         assert_eq!(parse("x }} {y}").references().len(), 0);
     }
 
+    /// A template that repeats a large value stops at [`MAX_RENDERED_BYTES`] instead of
+    /// building the whole text (here 32 × 1 MiB; a registered workflow could ask for gigabytes).
+    #[test]
+    fn rendering_stops_at_the_byte_limit() {
+        let mut f = fake();
+        f.inputs.insert("big".into(), Json::String("x".repeat(1 << 20)));
+        let too_long = |r: Result<Json, RenderError>| matches!(r, Err(RenderError::TooLong));
+        let many = parse(&"{{input.big}}".repeat(32));
+        assert!(matches!(many.render_segments(&f), Err(RenderError::TooLong)));
+        assert!(too_long(many.render_value(&f)));
+        // A list of tool inputs shares one budget: two items within it alone, not together; the
+        // same with single references, each the value itself.
+        let list = Template::list(vec![parse(&"{{input.big}}".repeat(8)), parse(&"{{input.big}}".repeat(9))]);
+        assert!(too_long(list.render_value(&f)));
+        let singles = Template::list((0..17).map(|_| parse("{{input.big}}")).collect());
+        assert!(too_long(singles.render_value(&f)));
+        let fewer = Template::list((0..15).map(|_| parse("{{input.big}}")).collect());
+        assert!(fewer.render_value(&f).is_ok_and(|v| v.as_array().is_some_and(|a| a.len() == 15)));
+        // At the limit exactly it renders.
+        let fits = parse(&"{{input.big}}".repeat(MAX_RENDERED_BYTES >> 20));
+        assert_eq!(fits.render_segments(&f).map(|s| s.concat().len()), Ok(MAX_RENDERED_BYTES));
+    }
+
     #[test]
     fn renders_text_with_fallbacks() {
         let f = fake();
@@ -630,9 +710,9 @@ mod tests {
         let missing = parse("{{repair}}").render_segments(&f);
         assert_eq!(
             missing,
-            Err(Unresolved {
+            Err(RenderError::Unresolved(Unresolved {
                 reference: "repair".into()
-            })
+            }))
         );
         // Lists read one element per line inside text.
         assert_eq!(

@@ -216,6 +216,12 @@ dataset: {file: /etc/no-such-file, format: jsonl, fields: {x: x}}
     let (s, v) = body(http.post(server.url("/v1/completions")).header("authorization", &auth).json(&json!({"model": "Qwen3-0.6B", "prompt": long})).send().await.expect("long")).await;
     assert_eq!((s, v["error"]["type"].as_str(), v["error"]["param"].as_str()), (400, Some("context_length_exceeded"), Some("prompt")), "{v}");
     assert!(!v.to_string().contains("http://"), "{v}");
+    assert!(v["error"]["message"].as_str().is_some_and(|m| m.contains("the prompt has ") && !m.contains("at least")), "counted: {v}");
+    // One so long that its bytes alone say so is refused without tokenizing it.
+    let huge = "x".repeat(300_000);
+    let (s, v) = body(http.post(server.url("/v1/completions")).header("authorization", &auth).json(&json!({"model": "Qwen3-0.6B", "prompt": huge})).send().await.expect("huge")).await;
+    assert_eq!((s, v["error"]["type"].as_str()), (400, Some("context_length_exceeded")), "{v}");
+    assert!(v["error"]["message"].as_str().is_some_and(|m| m.contains("the prompt has at least 2343")), "{v}");
 
     // The runtime's own metrics, without a token.
     let metrics = http.get(server.url("/metrics")).send().await.expect("metrics").text().await.expect("text");

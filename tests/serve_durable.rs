@@ -119,7 +119,8 @@ async fn a_killed_server_resumes_every_session_exactly_once() {
         .expect("run");
     assert_eq!(resp.status().as_u16(), 201);
     let run = resp.json::<Value>().await.expect("json")["id"].as_str().expect("id").to_string();
-    // A front-door program's first call binds it (journaled).
+    // A keyed front-door call is served beside the durable run (a program that is not routed
+    // keeps nothing in the journal).
     let call = json!({"model": "Qwen3-0.6B", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4});
     let resp = http.post(first.url("/v1/chat/completions")).header("authorization", &auth).header("X-Session-ID", "agent-7").json(&call).send().await.expect("call");
     assert_eq!(resp.status().as_u16(), 200);
@@ -185,8 +186,6 @@ async fn a_killed_server_resumes_every_session_exactly_once() {
     assert_eq!(stats.completed_activations, 2 * SESSIONS as u64, "two activations per session, each recorded once: {stats:?}");
     assert!(stats.retried_activations <= running * 2, "only activations in flight at the kill were sent again: {stats:?}");
     eprintln!("journal after the restart: {stats:?}");
-    assert_eq!(stats.program_bindings, 1);
-    assert_eq!(journal.program_binding("agent-7").expect("binding"), Some(json!({"model": "Qwen3-0.6B"})));
 }
 
 /// A workflow registered over the API with `--state` is registered again by a restart, even

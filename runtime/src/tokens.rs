@@ -642,6 +642,11 @@ pub fn encode(text: &str) -> Arc<[u32]> {
     ids
 }
 
+/// The most bytes one token stands for (Qwen3's longest, a run of 128 spaces; tested against
+/// the vocabulary): a text of `n` bytes has at least `n / MAX_TOKEN_BYTES` tokens, so a text
+/// too long for a context is known before it is tokenized.
+pub const MAX_TOKEN_BYTES: usize = 128;
+
 /// Number of tokens of `text`.
 pub fn count(text: &str) -> usize {
     encode(text).len()
@@ -786,6 +791,14 @@ pub fn block_hashes(ids: &[u32], block_size: usize) -> Vec<u64> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn no_token_stands_for_more_than_max_token_bytes() {
+        let longest = tok().bytes.iter().map(|b| b.len()).max();
+        assert_eq!(longest, Some(MAX_TOKEN_BYTES));
+        let added = tok().added.iter().map(|(text, _)| text.len()).max().unwrap_or(0);
+        assert!(added <= MAX_TOKEN_BYTES, "special tokens: {added}");
+    }
+
     #[test]
     fn a_conversation_of_one_user_message_renders_like_the_one_message_template() {
         assert_eq!(chat_messages_prompt(&[("user", "hi")], false), chat_prompt_mode("hi", false));

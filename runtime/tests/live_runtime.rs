@@ -817,6 +817,29 @@ fn front_door_call(content: &str, last: bool) -> switchyard_runtime::live::progr
     }
 }
 
+/// A front-door call made while the service stops is refused at once as unavailable (the
+/// server answers 503), not scheduled and then failed as an engine error (502).
+#[test]
+fn a_call_while_the_service_stops_is_refused_as_unavailable() {
+    use switchyard_runtime::live::engine::TokenSink;
+    use switchyard_runtime::live::{Service, ServiceError};
+
+    let tiny = Arc::new(load_workflow(&repo().join("tests/fixtures/tiny_chain.yaml")).expect("fixture"));
+    let pool = PoolSpec::load(&repo().join("workflows/pools/small.yaml")).expect("bundled pool");
+    let cfg = live_config(RunConfig::served(vec![tiny], pool));
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    rt.block_on(async {
+        let service = Service::start(&cfg, FakeFactory::new(1, Faults::default())).await.expect("service");
+        let mut stopping = Box::pin(service.shutdown("the test stops it"));
+        // Up to its first wait: the stop has begun, the planner has not ended.
+        assert!(futures::poll!(&mut stopping).is_pending());
+        let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+        let refused = service.call(Some("p".into()), "Qwen3-0.6B", front_door_call("hi", true), TokenSink::new(tx));
+        assert!(matches!(&refused, Err(ServiceError::Unavailable(m)) if m.contains("shutting down")), "{:?}", refused.as_ref().err());
+        stopping.await.expect("shutdown");
+    });
+}
+
 #[test]
 fn a_served_runtime_folds_its_gpu_timeline_and_keeps_the_partition() {
     use switchyard_runtime::live::Service;
@@ -1019,6 +1042,47 @@ fn a_run_refused_while_the_runtime_stops_is_journaled_as_never_started() {
     let outcomes = journal.session_outcomes().expect("outcomes");
     assert_eq!(outcomes.len(), 3, "{outcomes:?}");
     assert!(outcomes.values().all(|o| matches!(o, SessionOutcome::Failed { reason } if reason.starts_with("not started"))), "{outcomes:?}");
+}
+
+/// A workflow a restart skipped (its journaled text no longer loads) keeps its name: another
+/// text under that name is a conflict (409), refused before the planner registers it.
+#[test]
+fn a_skipped_journaled_workflow_keeps_its_name() {
+    use switchyard_runtime::live::Service;
+    use switchyard_runtime::live::journal::Journal;
+    use switchyard_runtime::serve::{ApiConfig, durable_router, serve_until};
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let tiny = Arc::new(load_workflow(&repo().join("tests/fixtures/tiny_chain.yaml")).expect("fixture"));
+    let text = std::fs::read_to_string(repo().join("tests/fixtures/tiny_chain.yaml")).expect("fixture");
+    let pool = PoolSpec::load(&repo().join("workflows/pools/small.yaml")).expect("bundled pool");
+    let cfg = live_config(RunConfig::served(vec![Arc::clone(&tiny)], pool));
+    let journal = Arc::new(Journal::open(&dir.path().join("state")).expect("journal"));
+    let stale = text.replace("name: tiny-chain", "name: later").replace("Qwen3-0.6B", "Qwen3-0.6B-gone");
+    journal.record_workflow("later", &stale).expect("record");
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let (skipped, statuses, listed) = rt.block_on(async {
+        let service = Arc::new(Service::start(&cfg, FakeFactory::new(1, Faults::default())).await.expect("service"));
+        let (app, restored) = durable_router(Arc::clone(&service), ApiConfig { token: None, ..ApiConfig::default() }, vec![(0, tiny, text.clone())], Arc::clone(&journal))
+            .await
+            .expect("router");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let url = format!("http://{}/v1/workflows", listener.local_addr().expect("address"));
+        tokio::spawn(serve_until(listener, app, std::future::pending()));
+        let client = reqwest::Client::new();
+        let mut statuses = Vec::new();
+        for _ in 0..2 {
+            let resp = client.post(&url).body(text.replace("name: tiny-chain", "name: later")).send().await.expect("post");
+            statuses.push(resp.status().as_u16());
+        }
+        let listed = client.get(&url).send().await.expect("list").text().await.unwrap_or_default();
+        service.shutdown("the test ends").await.expect("shutdown");
+        (restored.workflows_skipped, statuses, listed)
+    });
+    assert!(skipped.iter().any(|s| s.contains("`later`")), "{skipped:?}");
+    assert_eq!(statuses, [409, 409]);
+    assert!(!listed.contains("\"later\""), "{listed}");
+    assert_eq!(journal.workflow("later").expect("read"), Some(stale), "the journaled text is kept");
 }
 
 #[test]

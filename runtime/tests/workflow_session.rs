@@ -777,7 +777,7 @@ fn a_prompt_past_any_context_is_refused_before_it_is_built() {
     let a = s.ready()[0].index;
     match s.render_prompt(a) {
         Err(e @ SessionError::RenderedTooLong { .. }) => {
-            assert!(e.to_string().contains("`a`") && e.to_string().contains("16777216 bytes"), "{e}")
+            assert!(e.to_string().contains("`a`") && e.to_string().contains("33554432 bytes"), "{e}")
         }
         Err(e) => panic!("another error: {e}"),
         Ok(segments) => panic!("rendered {} bytes", segments.iter().map(String::len).sum::<usize>()),

@@ -162,8 +162,9 @@ const SESSIONS: TableDefinition<u64, &str> = TableDefinition::new("sessions");
 const OPEN: TableDefinition<u64, ()> = TableDefinition::new("open_sessions");
 /// (session, activation key) → [`ActivationRow`] (JSON).
 const ACTIVATIONS: TableDefinition<(u64, &str), &str> = TableDefinition::new("activations");
-/// program id → its binding (JSON).
-const BINDINGS: TableDefinition<&str, &str> = TableDefinition::new("program_bindings");
+/// Earlier versions recorded every keyed front-door program's first model here (program id →
+/// JSON), one row per key a client ever chose and read by nothing; opening a journal drops it.
+const RETIRED_BINDINGS: TableDefinition<&str, &str> = TableDefinition::new("program_bindings");
 /// Routed front-door programs open now: program key → its binding (JSON: model, verifier).
 /// Written when the router binds a program, removed when the program ends, so what a restart
 /// finds here were open at the crash (they keep their model); a later program under the same
@@ -193,8 +194,8 @@ const CANCELLED: TableDefinition<&str, ()> = TableDefinition::new("cancelled_run
 /// schema version 1, like `routed_programs`.)
 const LEARNED: TableDefinition<u64, &str> = TableDefinition::new("learned_outcomes");
 /// Durable sessions of routed workflows: session → the deployment the router bound it to
-/// (JSON: model, dtype); a resumed session is bound to it again. (Apart from
-/// `program_bindings`, whose keys clients choose. A table added after schema version 1.)
+/// (JSON: model, dtype); a resumed session is bound to it again. (A table added after schema
+/// version 1.)
 const SESSION_ROUTES: TableDefinition<u64, &str> = TableDefinition::new("session_routes");
 
 const META_SCHEMA: &str = "schema_version";
@@ -426,7 +427,6 @@ pub struct JournalStats {
     pub in_flight_activations: u64,
     /// Activations intended twice (in flight at a crash), completed or not.
     pub retried_activations: u64,
-    pub program_bindings: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -775,7 +775,7 @@ impl Journal {
         txn.open_table(SESSIONS)?;
         txn.open_table(OPEN)?;
         txn.open_table(ACTIVATIONS)?;
-        txn.open_table(BINDINGS)?;
+        txn.delete_table(RETIRED_BINDINGS)?;
         txn.open_table(ROUTED)?;
         txn.open_table(AWAITED)?;
         txn.open_table(LEDGERS)?;
@@ -851,6 +851,13 @@ impl Journal {
             workflows.insert(name.as_str(), yaml.as_str())?;
             Ok(())
         })
+    }
+
+    /// The YAML text workflow `name` was recorded with, if it was.
+    pub fn workflow(&self, name: &str) -> Result<Option<String>, JournalError> {
+        let txn = self.read()?;
+        let workflows = txn.open_table(WORKFLOWS)?;
+        Ok(workflows.get(name)?.map(|t| t.value().to_string()))
     }
 
     /// Every workflow recorded with [`Journal::record_workflow`]: (name, YAML text), by name.
@@ -1198,35 +1205,6 @@ impl Journal {
 
     // ----- front-door programs -----
 
-    /// Bind front-door program `program_id` to `binding` unless it is bound already; returns the
-    /// binding in force (the first one ever recorded).
-    pub fn bind_program(&self, program_id: &str, binding: &Value) -> Result<Value, JournalError> {
-        check_key("program id", program_id)?;
-        // The common case after a restart: already bound, no write transaction needed.
-        if let Some(found) = self.program_binding(program_id)? {
-            return Ok(found);
-        }
-        let (program_id, binding) = (program_id.to_string(), binding.clone());
-        self.write(move |txn| {
-            let program_id = program_id.as_str();
-            let mut bindings = txn.open_table(BINDINGS)?;
-            if let Some(text) = bindings.get(program_id)? {
-                return decode(|| format!("binding of program {program_id:?}"), text.value());
-            }
-            let text = encode(|| format!("binding of program {program_id:?}"), &binding)?;
-            bindings.insert(program_id, text.as_str())?;
-            Ok(binding)
-        })
-    }
-
-    /// The binding of front-door program `program_id`, if any.
-    pub fn program_binding(&self, program_id: &str) -> Result<Option<Value>, JournalError> {
-        let txn = self.read()?;
-        let bindings = txn.open_table(BINDINGS)?;
-        let Some(text) = bindings.get(program_id)? else { return Ok(None) };
-        Ok(Some(decode(|| format!("binding of program {program_id:?}"), text.value())?))
-    }
-
     /// Routed front-door program `key` is open, bound to `binding` (replacing what an earlier
     /// program under that key left, if anything: its open record, or its awaited verdict — a
     /// key names one program at a time, so the earlier one is given up).
@@ -1485,7 +1463,6 @@ impl Journal {
         let mut stats = JournalStats {
             runs: txn.open_table(RUNS)?.len()?,
             sessions: txn.open_table(SESSIONS)?.len()?,
-            program_bindings: txn.open_table(BINDINGS)?.len()?,
             ..JournalStats::default()
         };
         stats.finished_sessions = stats.sessions - txn.open_table(OPEN)?.len()?;

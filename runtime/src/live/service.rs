@@ -99,6 +99,9 @@ pub struct Service {
     /// The router's models (`None` without a router), for [`ROUTER_MODEL`] calls.
     routed: Option<Vec<DeploymentId>>,
     metrics: Arc<RuntimeMetrics>,
+    /// Set when [`Self::shutdown`] begins: calls from then on are refused as unavailable (503),
+    /// never scheduled.
+    stopping: std::sync::atomic::AtomicBool,
 }
 
 impl Service {
@@ -137,7 +140,7 @@ impl Service {
         args.timeline_segments = Some(cfg.timeline_segments.max(1));
         let (planner, handle) =
             Actor::spawn(None, PlannerActor, args).await.map_err(|e| LiveError::Spawn(e.to_string()))?;
-        Ok(Service { planner, handle: std::sync::Mutex::new(Some(handle)), events, datasets, clock, served, routed, metrics })
+        Ok(Service { planner, handle: std::sync::Mutex::new(Some(handle)), events, datasets, clock, served, routed, metrics, stopping: Default::default() })
     }
 
     /// Seconds since the service started (the time base of events and session ends).
@@ -233,6 +236,7 @@ impl Service {
         request: ProgramRequest,
         sink: TokenSink,
     ) -> Result<oneshot::Receiver<Result<Completion, String>>, ServiceError> {
+        self.refuse_when_stopping()?;
         let deployment = self.deployment_of_model(model).ok_or_else(|| {
             ServiceError::NotServed(format!("the model `{model}` is not served here; served: {}", self.models().join(", ")))
         })?;
@@ -243,6 +247,15 @@ impl Service {
             .send_message(PlannerMsg::ProgramCall { program, deployment, next, request, sink, reply })
             .map_err(|e| ServiceError::Unavailable(e.to_string()))?;
         Ok(rx)
+    }
+
+    /// Refuse a front-door call once the service is stopping (the planner would refuse it too,
+    /// but as an answer to the call, after its response began).
+    fn refuse_when_stopping(&self) -> Result<(), ServiceError> {
+        if self.stopping.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(ServiceError::Unavailable(SHUTTING_DOWN.into()));
+        }
+        Ok(())
     }
 
     /// Record routed front-door programs in `journal` while they are open (`serve --state`): a
@@ -266,6 +279,7 @@ impl Service {
         sink: TokenSink,
     ) -> Result<(oneshot::Receiver<Result<ProgramBinding, String>>, oneshot::Receiver<Result<Completion, String>>), ServiceError>
     {
+        self.refuse_when_stopping()?;
         if self.routed.is_none() {
             return Err(ServiceError::NotServed(format!(
                 "`{ROUTER_MODEL}` needs a router: start the runtime with a routed workflow (`--workflow FILE` with a `route:` node)"
@@ -298,6 +312,7 @@ impl Service {
     /// Fail what is open with `reason`, reclaim every replica and stop; answers the report of
     /// everything the service ran.
     pub async fn shutdown(&self, reason: &str) -> Result<LiveOutput, LiveError> {
+        self.stopping.store(true, std::sync::atomic::Ordering::SeqCst);
         let _ = self.planner.send_message(PlannerMsg::Abort(reason.to_string()));
         let _ = tokio::time::timeout(Duration::from_secs(5), self.planner.call(PlannerMsg::WaitDone, None)).await;
         let out = match self.planner.call(PlannerMsg::Shutdown, Some(Duration::from_secs(120))).await {

@@ -247,34 +247,25 @@ async fn handle(api: Arc<Api>, flavor: Flavor, headers: HeaderMap, body: Value) 
         return Err(ApiError { param: Some("model".into()), ..ApiError::new(StatusCode::NOT_FOUND, "model_not_found", m) });
     };
     // A prompt the served context cannot hold is the client's error, as vLLM answers it (400),
-    // before anything is scheduled or journaled. (The count is the tokenizer's cached one: the
-    // program actor counts the same text again.)
-    let prompt_tokens = tokens::count(&parsed.request.rendered_prompt().0);
-    if prompt_tokens >= context as usize {
+    // before anything is scheduled or journaled: at once when its bytes alone say so (no token
+    // is longer than `MAX_TOKEN_BYTES`), else by its count, taken off the reactor. (The count is
+    // the tokenizer's cached one: the program actor counts the same text again.)
+    let prompt = parsed.request.rendered_prompt().0;
+    let at_least = prompt.len() / tokens::MAX_TOKEN_BYTES;
+    let prompt_tokens = if at_least >= context as usize { None } else { Some(off_the_reactor(|| tokens::count(&prompt))) };
+    if prompt_tokens.is_none_or(|n| n >= context as usize) {
+        let has = prompt_tokens.map_or_else(|| format!("at least {at_least}"), |n| n.to_string());
         return Err(ApiError {
             param: Some(if flavor == Flavor::Chat { "messages" } else { "prompt" }.into()),
             ..ApiError::new(
                 StatusCode::BAD_REQUEST,
                 "context_length_exceeded",
-                format!(
-                    "this model's maximum context length is {context} tokens; the prompt has {prompt_tokens} (`{}`)",
-                    parsed.model
-                ),
+                format!("this model's maximum context length is {context} tokens; the prompt has {has} (`{}`)", parsed.model),
             )
         });
     }
     if routed {
         return routed_call(api, flavor, program, parsed).await;
-    }
-    // With a journal, a program's binding (its first model) is recorded at its first call and
-    // kept across restarts: a later call of the program to another model is still scheduled
-    // (the planner places each call), but the binding says where the program started.
-    if let (Some(journal), Some(p)) = (&api.journal, &program) {
-        let binding = json!({"model": parsed.model});
-        let j = Arc::clone(journal);
-        if let Err(e) = off_the_reactor(|| j.bind_program(p, &binding)) {
-            return Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "journal_error", e.to_string()));
-        }
     }
     let (tx, rx) = mpsc::unbounded_channel::<String>();
     let requested = parsed.request.max_tokens;
@@ -344,7 +335,10 @@ impl Answer {
             // future) abandons the call upstream.
             let result = done.await.map_err(|_| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable_error", "the runtime dropped the call"))?;
             drop(rx);
-            let c = result.map_err(|m| ApiError::new(StatusCode::BAD_GATEWAY, "engine_error", public_reason(&m)))?;
+            let c = result.map_err(|m| match m.as_str() {
+                crate::live::planner_actor::SHUTTING_DOWN => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable_error", m),
+                _ => ApiError::new(StatusCode::BAD_GATEWAY, "engine_error", public_reason(&m)),
+            })?;
             let choice = match flavor {
                 Flavor::Chat => json!({"index": 0, "message": {"role": "assistant", "content": c.text}, "finish_reason": finish_reason(&c, max_tokens)}),
                 Flavor::Completions => json!({"index": 0, "text": c.text, "finish_reason": finish_reason(&c, max_tokens)}),
@@ -395,7 +389,11 @@ impl Answer {
                         }
                     }
                     Ok(Err(m)) => {
-                        let err = json!({"error": {"message": public_reason(&m), "type": "engine_error", "param": null, "code": 502}});
+                        let err = if m == crate::live::planner_actor::SHUTTING_DOWN {
+                            json!({"error": {"message": m, "type": "unavailable_error", "param": null, "code": 503}})
+                        } else {
+                            json!({"error": {"message": public_reason(&m), "type": "engine_error", "param": null, "code": 502}})
+                        };
                         st.tail.push_back(Event::default().data(err.to_string()));
                     }
                     Err(_) => {

@@ -707,6 +707,20 @@ async fn register_workflow(
         }
         return Ok((StatusCode::OK, Json(v)).into_response());
     }
+    // A journaled workflow of this name that a restart skipped (its text no longer loads) keeps
+    // its name: refused before the planner registers anything, so a refusal leaves no trace.
+    if let Some(journal) = &api.journal {
+        let j = Arc::clone(journal);
+        let recorded = off_the_reactor(|| j.workflow(&name))
+            .map_err(|e| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "journal_error", e.to_string()))?;
+        if recorded.is_some_and(|t| t != text) {
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "conflict_error",
+                format!("a different workflow named `{name}` is recorded in this server's journal (from before a restart)"),
+            ));
+        }
+    }
     let e_inputs = entry(0, &spec, String::new());
     let index = api.service.register(spec).await?;
     journal_it(&name, &text)?;

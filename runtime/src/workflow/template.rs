@@ -121,11 +121,12 @@ pub struct Unresolved {
     pub reference: String,
 }
 
-/// Longest text one rendering may produce: no model context takes more (131,072 positions, the
-/// longest of any model we serve, × 128 bytes, Qwen3's longest token). A template's inserted
+/// Longest text one rendering may produce: no model context takes more (262,144 positions, the
+/// most of any model in the catalogue — a test checks — × [`crate::tokens::MAX_TOKEN_BYTES`],
+/// Qwen3's longest token). A template's inserted
 /// values are the inputs and outputs of a run, so without a bound a workflow that repeats a
 /// large reference many times would make one prompt of gigabytes before its length is checked.
-pub const MAX_RENDERED_BYTES: usize = 131_072 * 128;
+pub const MAX_RENDERED_BYTES: usize = 262_144 * crate::tokens::MAX_TOKEN_BYTES;
 
 /// Why a template did not render.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -675,24 +676,32 @@ mod tests {
         assert_eq!(parse("x }} {y}").references().len(), 0);
     }
 
+    /// No model of the catalogue takes a context longer than [`MAX_RENDERED_BYTES`] can hold.
+    #[test]
+    fn the_render_limit_covers_every_context() {
+        use switchyard_predictor::spec::{hybrid_catalogue, model_catalogue};
+        let most = model_catalogue().iter().chain(&hybrid_catalogue()).map(|m| m.max_position_embeddings).max();
+        assert_eq!(most, Some((MAX_RENDERED_BYTES / crate::tokens::MAX_TOKEN_BYTES) as u64));
+    }
+
     /// A template that repeats a large value stops at [`MAX_RENDERED_BYTES`] instead of
-    /// building the whole text (here 32 × 1 MiB; a registered workflow could ask for gigabytes).
+    /// building the whole text (here 40 × 1 MiB; a registered workflow could ask for gigabytes).
     #[test]
     fn rendering_stops_at_the_byte_limit() {
         let mut f = fake();
         f.inputs.insert("big".into(), Json::String("x".repeat(1 << 20)));
         let too_long = |r: Result<Json, RenderError>| matches!(r, Err(RenderError::TooLong));
-        let many = parse(&"{{input.big}}".repeat(32));
+        let many = parse(&"{{input.big}}".repeat(40));
         assert!(matches!(many.render_segments(&f), Err(RenderError::TooLong)));
         assert!(too_long(many.render_value(&f)));
         // A list of tool inputs shares one budget: two items within it alone, not together; the
         // same with single references, each the value itself.
-        let list = Template::list(vec![parse(&"{{input.big}}".repeat(8)), parse(&"{{input.big}}".repeat(9))]);
+        let list = Template::list(vec![parse(&"{{input.big}}".repeat(16)), parse(&"{{input.big}}".repeat(17))]);
         assert!(too_long(list.render_value(&f)));
-        let singles = Template::list((0..17).map(|_| parse("{{input.big}}")).collect());
+        let singles = Template::list((0..33).map(|_| parse("{{input.big}}")).collect());
         assert!(too_long(singles.render_value(&f)));
-        let fewer = Template::list((0..15).map(|_| parse("{{input.big}}")).collect());
-        assert!(fewer.render_value(&f).is_ok_and(|v| v.as_array().is_some_and(|a| a.len() == 15)));
+        let fewer = Template::list((0..31).map(|_| parse("{{input.big}}")).collect());
+        assert!(fewer.render_value(&f).is_ok_and(|v| v.as_array().is_some_and(|a| a.len() == 31)));
         // At the limit exactly it renders.
         let fits = parse(&"{{input.big}}".repeat(MAX_RENDERED_BYTES >> 20));
         assert_eq!(fits.render_segments(&f).map(|s| s.concat().len()), Ok(MAX_RENDERED_BYTES));

@@ -37,7 +37,6 @@ fn open_creates_the_file_and_a_reopen_keeps_everything() {
     with_session(&j, 7);
     assert_eq!(j.intend(7, "a#0", ActivationKind::Llm, "d").expect("intend"), Attempt(1));
     j.complete(7, "a#0", &json!("out")).expect("complete");
-    assert_eq!(j.bind_program("p", &json!({"wf": 1})).expect("bind"), json!({"wf": 1}));
     drop(j);
     let j = Journal::open(&dir.path().join("state")).expect("reopen");
     assert_eq!(j.runs().expect("runs"), vec![run("r1")]);
@@ -54,7 +53,6 @@ fn open_creates_the_file_and_a_reopen_keeps_everything() {
             result: json!("out")
         }))
     );
-    assert_eq!(j.program_binding("p").expect("binding"), Some(json!({"wf": 1})));
 }
 
 #[test]
@@ -289,18 +287,6 @@ fn a_session_finishes_once_and_then_takes_no_activation() {
 }
 
 #[test]
-fn the_first_program_binding_wins() {
-    let (_d, j) = fresh();
-    assert_eq!(j.program_binding("p").expect("binding"), None);
-    assert_eq!(j.last_session().expect("last"), None);
-    assert_eq!(j.bind_program("p", &json!("a")).expect("bind"), json!("a"));
-    assert_eq!(j.bind_program("p", &json!("b")).expect("bind"), json!("a"));
-    assert_eq!(j.bind_program("q", &json!("b")).expect("bind"), json!("b"));
-    assert_eq!(j.stats().expect("stats").program_bindings, 2);
-    assert!(matches!(j.bind_program("", &json!("b")), Err(JournalError::InvalidKey { .. })));
-}
-
-#[test]
 fn a_routed_program_is_recorded_while_it_is_open() {
     let (dir, j) = fresh();
     assert_eq!(j.routed_program("p").expect("read"), None);
@@ -383,8 +369,6 @@ fn a_sessions_route_is_recorded_and_kept() {
     let first = json!({"model": "Qwen3-8B", "dtype": "Fp16"});
     j.record_session_route(7, &first).expect("rebind");
     assert_eq!(j.session_route(7).expect("read"), Some(first.clone()));
-    // Apart from the front door's program bindings, whose keys clients choose.
-    j.bind_program("session:8", &json!({"model": "Qwen3-0.6B"})).expect("program");
     drop(j);
     let j = Journal::open(&dir.path().join("state")).expect("reopen");
     assert_eq!(j.session_route(7).expect("read"), Some(first));
@@ -482,7 +466,6 @@ fn recovery_lists_unfinished_sessions_with_results_in_completion_order() {
             completed_activations: 2,
             in_flight_activations: 3,
             retried_activations: 1,
-            program_bindings: 0,
         }
     );
 }
@@ -622,7 +605,6 @@ enum Op {
     Intend(u64, u8, bool),
     Complete(u64, u8, u8),
     Finish(u64, u8),
-    Bind(u8, u8),
     Reopen,
 }
 
@@ -632,7 +614,6 @@ fn op() -> impl Strategy<Value = Op> {
         4 => (0..4u64, 0..3u8, any::<bool>()).prop_map(|(s, k, t)| Op::Intend(s, k, t)),
         3 => (0..4u64, 0..3u8, 0..3u8).prop_map(|(s, k, v)| Op::Complete(s, k, v)),
         1 => (0..4u64, 0..3u8).prop_map(|(s, v)| Op::Finish(s, v)),
-        1 => (0..2u8, 0..3u8).prop_map(|(p, v)| Op::Bind(p, v)),
         1 => Just(Op::Reopen),
     ]
 }
@@ -642,7 +623,6 @@ struct Model {
     sessions: BTreeMap<u64, Option<SessionOutcome>>,
     /// (session, key) → (kind, attempts, result).
     acts: BTreeMap<(u64, String), (ActivationKind, u32, Option<Value>)>,
-    bindings: BTreeMap<String, Value>,
 }
 
 fn outcome(v: u8) -> SessionOutcome {
@@ -729,12 +709,6 @@ proptest! {
                         }
                     }
                 }
-                Op::Bind(p, v) => {
-                    let id = format!("p{p}");
-                    let got = j.bind_program(&id, &json!(v)).expect("bind");
-                    let want = m.bindings.entry(id).or_insert(json!(v)).clone();
-                    prop_assert_eq!(got, want);
-                }
                 Op::Reopen => {
                     drop(j);
                     j = Journal::open(&state).expect("reopen");
@@ -773,7 +747,6 @@ proptest! {
         }
         let stats = j.stats().expect("stats");
         prop_assert_eq!(stats.completed_activations, m.acts.values().filter(|a| a.2.is_some()).count() as u64);
-        prop_assert_eq!(stats.program_bindings, m.bindings.len() as u64);
     }
 }
 
@@ -823,4 +796,27 @@ fn learned_contexts_come_back_bit_for_bit() {
     let differ = context.iter().zip(&back).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
     assert_eq!((back.len(), differ), (context.len(), 0), "every context entry the same f64");
     assert_eq!(learned[0]["reward"].as_f64().map(f64::to_bits), Some((0.1f64 + 0.2).to_bits()));
+}
+
+/// Earlier versions wrote a row per front-door program key into `program_bindings` and never
+/// read it: opening such a journal drops the table (and what it held).
+#[test]
+fn an_earlier_journals_program_bindings_are_dropped_at_open() {
+    let (dir, j) = fresh();
+    with_session(&j, 3);
+    let path = j.path().to_path_buf();
+    drop(j);
+    {
+        let db = redb::Database::open(&path).expect("redb");
+        let txn = db.begin_write().expect("write");
+        txn.open_table(RETIRED_BINDINGS).expect("table").insert("agent-7", r#"{"model":"Qwen3-0.6B"}"#).expect("row");
+        txn.commit().expect("commit");
+    }
+    let j = Journal::open(&dir.path().join("state")).expect("reopen");
+    assert!(j.session(3).expect("session").is_some(), "the rest is kept");
+    drop(j);
+    let db = redb::Database::open(&path).expect("redb");
+    let txn = db.begin_read().expect("read");
+    let tables: Vec<String> = txn.list_tables().expect("tables").map(|t| t.name().to_string()).collect();
+    assert!(!tables.iter().any(|t| t == "program_bindings"), "{tables:?}");
 }

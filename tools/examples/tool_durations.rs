@@ -100,7 +100,7 @@ fn main() {
         ("full isolation", IsolationPolicy::default()),
         ("no network namespace", IsolationPolicy { network: false, ..IsolationPolicy::default() }),
         ("no mount namespace", IsolationPolicy { private_root: false, ..IsolationPolicy::default() }),
-        ("rlimits + uid only", IsolationPolicy { network: false, private_root: false, drop_privileges: true }),
+        ("rlimits + uid only", IsolationPolicy { network: false, private_root: false, ..IsolationPolicy::default() }),
     ] {
         let sandbox = ProcessSandbox::with_policy(policy);
         let job = SandboxJob {

@@ -220,11 +220,25 @@ pub struct IsolationPolicy {
     pub private_root: bool,
     /// When the caller is root, run the child under a fresh unprivileged uid.
     pub drop_privileges: bool,
+    /// When the kernel refuses the namespaces a private root needs (a container without
+    /// `CAP_SYS_ADMIN`, a host without unprivileged user namespaces), run anyway on the host
+    /// filesystem, noted in the outcome. Off by default: the spawn fails
+    /// ([`SandboxError::IsolationRefused`]) rather than let hostile code read the datasets'
+    /// hidden tests or write where the caller's uid may. On with
+    /// `SWITCHYARD_SANDBOX_WEAKER=1` ([`WEAKER_ENV`]).
+    pub weaker_if_refused: bool,
 }
 
+/// Environment variable that lets the process sandbox run without a private root where the
+/// kernel refuses one ([`IsolationPolicy::weaker_if_refused`]): `1` to allow.
+pub const WEAKER_ENV: &str = "SWITCHYARD_SANDBOX_WEAKER";
+
 impl Default for IsolationPolicy {
+    /// Every confinement, a private root required unless [`WEAKER_ENV`] is `1`.
     fn default() -> Self {
-        Self { network: true, private_root: true, drop_privileges: true }
+        static WEAKER: OnceLock<bool> = OnceLock::new();
+        let weaker_if_refused = *WEAKER.get_or_init(|| std::env::var(WEAKER_ENV).is_ok_and(|v| v == "1"));
+        Self { network: true, private_root: true, drop_privileges: true, weaker_if_refused }
     }
 }
 
@@ -435,6 +449,12 @@ pub enum SandboxError {
     /// Limits that cannot be applied (zero or non-finite wall time, zero processes).
     #[error("invalid sandbox limits: {0}")]
     InvalidLimits(String),
+    /// The kernel refused the namespaces the private root needs, and the policy does not run
+    /// without one ([`IsolationPolicy::weaker_if_refused`]); nothing ran.
+    #[error(
+        "the sandbox cannot isolate the program ({0}); nothing ran. Run where namespaces are allowed, or set {WEAKER_ENV}=1 to run it on the host filesystem"
+    )]
+    IsolationRefused(String),
     /// The child could not be started (fork, confinement before exec, or exec failed).
     #[error("cannot start {program}: {source}")]
     Spawn {
@@ -857,6 +877,8 @@ fn run_process(policy: IsolationPolicy, job: &SandboxJob) -> Result<SandboxOutco
         // SAFETY: getpid cannot fail.
         parent_pid: unsafe { libc::getpid() },
         report_fd: report_write.as_raw_fd(),
+        require_private_root: policy.private_root && !policy.weaker_if_refused,
+        highest_fd: confine::highest_open_fd(),
         init_stack: confine::CloneStack::new(confine::INIT_STACK_BYTES),
         program_stack: confine::CloneStack::new(confine::PROGRAM_STACK_BYTES),
     };
@@ -878,6 +900,12 @@ fn run_process(policy: IsolationPolicy, job: &SandboxJob) -> Result<SandboxOutco
         Err(source) => {
             // The child may have created the host work directory before failing.
             let _ = std::fs::remove_dir_all(&host_work_dir);
+            // A refused private root the policy requires: the child says so in its report.
+            let report = ChildReport::read_from(File::from(report_read)).report;
+            if report.is_some_and(|r| r.refused_isolation()) {
+                let isolation = confine::isolation_from(report, policy, is_root, sandbox_uid);
+                return Err(SandboxError::IsolationRefused(isolation.notes.join("; ")));
+            }
             return Err(SandboxError::Spawn { program: job.program.display().to_string(), source });
         }
     };

@@ -238,7 +238,7 @@ fn network_is_unreachable_in_the_namespace() {
 
 #[test]
 fn isolation_can_be_switched_off_and_says_so() {
-    let policy = IsolationPolicy { network: false, private_root: false, drop_privileges: false };
+    let policy = IsolationPolicy { network: false, private_root: false, drop_privileges: false, weaker_if_refused: false };
     let out = ProcessSandbox::with_policy(policy).run(&sh("id -u", quick())).expect("runs");
     assert!(!out.isolation.network_isolated);
     assert!(!out.isolation.read_only_root);
@@ -246,6 +246,44 @@ fn isolation_can_be_switched_off_and_says_so() {
         assert_eq!(out.stdout, "0\n");
         assert!(out.isolation.notes.iter().any(|n| n.contains("ran as root")));
     }
+}
+
+/// Where the kernel refuses the namespaces of the private root, nothing runs (the program would
+/// see the host filesystem: the datasets' hidden tests, files the caller's uid may write) unless
+/// the policy allows a weaker sandbox, which then says so. The refusal is simulated in a child
+/// of this test (the test binary again) whose seccomp filter answers `unshare` with `EPERM`, as
+/// a container without `CAP_SYS_ADMIN` does.
+#[test]
+fn a_refused_private_root_runs_nothing_unless_allowed() {
+    const HELPER: &str = "SWITCHYARD_TEST_NO_UNSHARE";
+    if std::env::var_os(HELPER).is_some() {
+        use seccompiler::{SeccompAction, SeccompFilter, TargetArch};
+        let arch = TargetArch::try_from(std::env::consts::ARCH).expect("arch");
+        let rules = [(libc::SYS_unshare, vec![])].into_iter().collect();
+        let filter = SeccompFilter::new(rules, SeccompAction::Allow, SeccompAction::Errno(libc::EPERM as u32), arch).expect("filter");
+        let program: seccompiler::BpfProgram = filter.try_into().expect("compile");
+        seccompiler::apply_filter(&program).expect("install");
+        let strict = ProcessSandbox::with_policy(IsolationPolicy { weaker_if_refused: false, ..IsolationPolicy::default() });
+        match strict.run(&sh("echo ran", quick())) {
+            Err(e @ SandboxError::IsolationRefused(_)) => println!("HELPER strict: refused: {e}"),
+            other => println!("HELPER strict: {other:?}"),
+        }
+        let weaker = ProcessSandbox::with_policy(IsolationPolicy { weaker_if_refused: true, ..IsolationPolicy::default() });
+        match weaker.run(&sh("echo ran", quick())) {
+            Ok(out) => println!("HELPER weaker: {} private_root={} notes={:?}", out.stdout.trim(), out.isolation.private_root, out.isolation.notes),
+            Err(e) => println!("HELPER weaker: error {e}"),
+        }
+        return;
+    }
+    let out = std::process::Command::new(std::env::current_exe().expect("test binary"))
+        .args(["--exact", "a_refused_private_root_runs_nothing_unless_allowed", "--nocapture", "--test-threads", "1"])
+        .env(HELPER, "1")
+        .output()
+        .expect("helper");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains("HELPER strict: refused: the sandbox cannot isolate the program (") && text.contains("private root unavailable"), "{text}");
+    assert!(text.contains("HELPER weaker: ran private_root=false") && text.contains("private root unavailable"), "{text}");
 }
 
 #[test]
@@ -299,6 +337,34 @@ fn anonymous_memory_files_are_refused() {
     let script = "import os\ntry:\n    os.memfd_create('x')\n    print('created')\nexcept OSError as e:\n    \
                   print('refused', e.errno)\n";
     assert_refused_by_the_filter(python, script);
+}
+
+#[test]
+fn no_core_dumps_and_the_oom_killer_takes_the_program_first() {
+    // RLIMIT_CORE 0 stops file dumps only: a piped core_pattern (apport, systemd-coredump)
+    // still runs its root helper on the program's memory; the kernel refuses both at 1.
+    let Some(python) = python3() else { return };
+    let script = "import resource, os\nprint('core', *resource.getrlimit(resource.RLIMIT_CORE))\n\
+                  p = '/proc/self/oom_score_adj'\nprint('oom', open(p).read().strip() if os.path.exists(p) else 'absent')\n";
+    let out = python_script(python, script);
+    assert!(out.termination.success(), "{out:?}");
+    assert!(out.stdout.contains("core 1 1\n"), "{out:?}");
+    assert!(out.stdout.contains("oom 1000\n") || out.stdout.contains("oom absent"), "{out:?}");
+}
+
+#[test]
+fn inotify_fanotify_and_aio_contexts_are_refused() {
+    // Kernel memory outside every rlimit: 32 inotify instances with full queues of long names
+    // held 260 MiB of unreclaimable slab (~1 GiB at the per-uid limit of 128), and one
+    // io_setup(60000) took the host's whole AIO quota.
+    let Some(python) = python3() else { return };
+    for call in ["l.inotify_init1(0)", "l.fanotify_init(0, 0)", "l.syscall(libc_io_setup, 60000, ctypes.byref(ctypes.c_ulong(0)))"] {
+        let script = format!(
+            "import ctypes, platform\nl = ctypes.CDLL(None, use_errno=True)\nlibc_io_setup = 206 if platform.machine() == 'x86_64' else 0\n\
+             r = {call}\nprint('created' if r >= 0 else f'refused {{ctypes.get_errno()}}')\n"
+        );
+        assert_refused_by_the_filter(python, &script);
+    }
 }
 
 #[cfg(target_arch = "x86_64")]

@@ -10,7 +10,9 @@
 //! Two processes come out of one spawn. The spawned child **S** (whose pid the parent tracks):
 //! 1. `setsid()`: a session and process group of its own, no controlling terminal (so
 //!    `/dev/tty` and `TIOCSTI` cannot reach the caller's terminal);
-//! 2. `PR_SET_PDEATHSIG = SIGKILL` (dies with the spawning thread), no core dumps;
+//! 2. `PR_SET_PDEATHSIG = SIGKILL` (dies with the spawning thread), no core dumps
+//!    (`RLIMIT_CORE` 1, which stops piped dumps too), `oom_score_adj` 1000 (the OOM killer's
+//!    first choice);
 //! 3. namespaces: as root one `unshare` each of `CLONE_NEWPID`, `CLONE_NEWIPC`,
 //!    `CLONE_NEWNET`, `CLONE_NEWNS`; otherwise one `unshare(CLONE_NEWUSER | …)` with an
 //!    identity uid/gid map;
@@ -37,7 +39,7 @@
 //!    is detached. Without a mount namespace, a host work directory with Switchyard's marker
 //!    (see [`super::residue`]) instead;
 //! 6. `chdir` into the work directory;
-//! 7. rlimits: CPU, address space, processes, file size, open files, core size 0;
+//! 7. rlimits: CPU, address space, processes, file size, open files;
 //! 8. identity: drop supplementary groups, gid and uid (raw system calls, so glibc's
 //!    all-threads `setxid` machinery is never involved), then `PR_SET_NO_NEW_PRIVS` and
 //!    `PR_SET_PDEATHSIG = SIGKILL` again (the uid change clears it);
@@ -213,6 +215,13 @@ pub(super) struct ChildPlan {
     pub parent_pid: libc::pid_t,
     /// Write end of the report pipe (close-on-exec).
     pub report_fd: RawFd,
+    /// Fail the spawn when the kernel refuses the namespaces of the private root (the report,
+    /// flagged [`ISOLATION_REFUSED`], says which), instead of running on the host filesystem.
+    pub require_private_root: bool,
+    /// The highest descriptor the caller had open when the plan was made: where
+    /// `close_range(CLOSE_RANGE_CLOEXEC)` is missing (Linux < 5.11), descriptors `3..=highest_fd`
+    /// are marked close-on-exec one by one instead ([`mark_close_on_exec`]).
+    pub highest_fd: RawFd,
     /// Stacks of the namespace's init and of the program's process (see [`confine_child`]).
     pub init_stack: CloneStack,
     pub program_stack: CloneStack,
@@ -230,6 +239,8 @@ const NEW_SESSION: u32 = 1 << 8;
 const SECCOMP: u32 = 1 << 9;
 const HOST_WORK_DIR: u32 = 1 << 10;
 const PROC_HIDES_PIDS: u32 = 1 << 11;
+/// The private root was required and the kernel refused its namespaces: the spawn failed.
+const ISOLATION_REFUSED: u32 = 1 << 12;
 
 /// What the child managed to do, sent to the parent through a pipe before `exec`.
 #[repr(C)]
@@ -349,6 +360,11 @@ impl ChildReport {
 
     fn has(&self, flag: u32) -> bool {
         self.flags & flag != 0
+    }
+
+    /// The child refused to run without the private root the policy requires.
+    pub(super) fn refused_isolation(&self) -> bool {
+        self.has(ISOLATION_REFUSED)
     }
 
     /// The child used a host work directory (no private root).
@@ -1001,7 +1017,18 @@ pub(super) unsafe fn confine_child(plan: &ChildPlan) -> io::Result<()> {
         if libc::getppid() != plan.parent_pid {
             libc::_exit(126);
         }
-        set_limit(libc::RLIMIT_CORE, 0, 0)?;
+        // 1, not 0: a limit of 0 stops file dumps only, while a piped `core_pattern` (apport,
+        // systemd-coredump) still runs its root helper on the process's memory; the kernel
+        // refuses both at exactly 1 (`do_coredump`), and 1 byte is less than any core file.
+        set_limit(libc::RLIMIT_CORE, 1, 1)?;
+        // Under memory pressure the kernel's OOM killer takes the sandbox first, never the
+        // caller (a child inherits its parent's score). Raising it needs no privilege; best
+        // effort where `/proc` is missing.
+        let oom = libc::open(c"/proc/self/oom_score_adj".as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+        if oom >= 0 {
+            libc::write(oom, b"1000".as_ptr().cast(), 4);
+            libc::close(oom);
+        }
 
         // 3. Namespaces.
         let mut mount_namespace = false;
@@ -1056,6 +1083,18 @@ pub(super) unsafe fn confine_child(plan: &ChildPlan) -> io::Result<()> {
                     }
                 }
             }
+        }
+
+        // Without the mount namespace (or, not root, the user namespace it needs) there is no
+        // private root: hostile code would see the host filesystem. Unless the policy allows
+        // that, nothing runs; the report tells the parent why.
+        if plan.require_private_root && !mount_namespace {
+            report.flags |= ISOLATION_REFUSED;
+            let mut message = [REPORT_TAG; REPORT_LEN + 1];
+            message[1..].copy_from_slice(&report.to_bytes());
+            libc::write(plan.report_fd, message.as_ptr().cast(), message.len());
+            let errno = [report.user_namespace_errno, report.mount_errno].into_iter().find(|&e| e != 0).unwrap_or(libc::EPERM);
+            return Err(io::Error::from_raw_os_error(errno));
         }
 
         // 4. With a PID namespace: S starts the namespace's init, which starts the program's
@@ -1213,7 +1252,11 @@ unsafe fn confine_program(plan: &ChildPlan, mut report: ChildReport, mount_names
         libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, zero, zero, zero);
 
         // 9. Descriptors and report (sent before the filter, which the report cannot fail).
-        libc::syscall(libc::SYS_close_range, 3 as libc::c_uint, libc::c_uint::MAX, libc::CLOSE_RANGE_CLOEXEC);
+        // A descriptor the caller inherited without close-on-exec (a make jobserver pipe, a
+        // wrapper's fd 3) must not reach the program, also on kernels without the flag.
+        if libc::syscall(libc::SYS_close_range, 3 as libc::c_uint, libc::c_uint::MAX, libc::CLOSE_RANGE_CLOEXEC) != 0 {
+            mark_close_on_exec(3, plan.highest_fd);
+        }
         report.flags |= SECCOMP;
         let mut message = [REPORT_TAG; REPORT_LEN + 1];
         message[1..].copy_from_slice(&report.to_bytes());
@@ -1227,9 +1270,61 @@ unsafe fn confine_program(plan: &ChildPlan, mut report: ChildReport, mount_names
     Err(io::Error::last_os_error())
 }
 
+/// Mark descriptors `first..=last` close-on-exec, each one that is open (async-signal-safe:
+/// `fcntl` only).
+///
+/// # Safety
+/// Changes only descriptor flags of this process; call where no other code relies on a
+/// descriptor in the range staying open across `exec`.
+pub(super) unsafe fn mark_close_on_exec(first: RawFd, last: RawFd) {
+    for fd in first..=last {
+        // SAFETY: F_GETFD / F_SETFD on a number that may not be open: EBADF, nothing else.
+        unsafe {
+            let flags = libc::fcntl(fd, libc::F_GETFD);
+            if flags >= 0 && flags & libc::FD_CLOEXEC == 0 {
+                libc::fcntl(fd, libc::F_SETFD, flags | libc::FD_CLOEXEC);
+            }
+        }
+    }
+}
+
+/// The highest descriptor number this process has open ([`ChildPlan::highest_fd`]): from
+/// `/proc/self/fd`, else below the soft `RLIMIT_NOFILE` (at most 2^20).
+pub(super) fn highest_open_fd() -> RawFd {
+    let listed = std::fs::read_dir("/proc/self/fd")
+        .ok()
+        .and_then(|d| d.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<RawFd>().ok()).max());
+    listed.unwrap_or_else(|| {
+        let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        // SAFETY: getrlimit writes the struct it is given.
+        let got = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) };
+        if got == 0 { RawFd::try_from(limit.rlim_cur.min(1 << 20)).unwrap_or(1 << 20) } else { 1 << 20 }
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_close_on_exec_fallback_marks_every_open_descriptor_in_range() {
+        // A pipe without close-on-exec, as a caller may inherit one.
+        let mut fds = [0 as RawFd; 2];
+        // SAFETY: pipe writes two descriptors into the array.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        let cloexec = |fd: RawFd| unsafe { libc::fcntl(fd, libc::F_GETFD) } & libc::FD_CLOEXEC != 0;
+        assert!(!cloexec(fds[0]) && !cloexec(fds[1]));
+        let highest = highest_open_fd();
+        assert!(highest >= fds[1], "{highest} < {}", fds[1]);
+        // SAFETY: only flags change; the test owns the pipe.
+        unsafe { mark_close_on_exec(fds[0], highest) };
+        assert!(cloexec(fds[0]) && cloexec(fds[1]));
+        // SAFETY: the test's own descriptors.
+        unsafe {
+            libc::close(fds[0]);
+            libc::close(fds[1]);
+        }
+    }
 
     #[test]
     fn report_round_trips_through_bytes() {

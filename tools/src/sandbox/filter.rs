@@ -200,6 +200,15 @@ const DENIED: &[i64] = &[
     libc::SYS_memfd_create,
     #[cfg(any(target_arch = "x86_64", target_arch = "aarch64", target_arch = "riscv64"))]
     libc::SYS_memfd_secret,
+    // Kernel memory no rlimit counts: each inotify instance queues 16,384 events of up to 512
+    // bytes (128 instances per uid, and each run has a uid of its own: ~1 GiB a run); fanotify
+    // likewise. AIO contexts draw on one system-wide quota (`fs.aio-max-nr`, 65,536): one
+    // `io_setup(60000)` denies AIO to every other process on the host.
+    #[cfg(target_arch = "x86_64")]
+    libc::SYS_inotify_init,
+    libc::SYS_inotify_init1,
+    libc::SYS_fanotify_init,
+    libc::SYS_io_setup,
 ];
 
 impl SyscallFilter {

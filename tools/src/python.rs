@@ -132,14 +132,19 @@ for name in ("math", "_ctypes", "_decimal", "_json", "_hashlib", "_ssl", "zlib",
         __import__(name)
     except BaseException:
         pass
-paths = {os.path.realpath(sys.executable)}
+exe = os.path.realpath(sys.executable)
+paths = {exe}
 for key in ("stdlib", "platstdlib"):
     paths.add(os.path.realpath(sysconfig.get_paths()[key]))
 with open("/proc/self/maps") as maps:
     for line in maps:
         fields = line.split(None, 5)
         if len(fields) == 6 and fields[5].startswith("/"):
-            paths.add(os.path.dirname(os.path.realpath(fields[5].strip())))
+            mapped = os.path.realpath(fields[5].strip())
+            # The executable is bound as a file: its directory (a venv's bin, a home directory
+            # holding a custom build) is not the sandbox's to read.
+            if mapped != exe:
+                paths.add(os.path.dirname(mapped))
 for path in sorted(paths):
     print(path)
 "#;

@@ -353,6 +353,21 @@ fn no_core_dumps_and_the_oom_killer_takes_the_program_first() {
 }
 
 #[test]
+fn the_interpreters_directory_is_not_exposed_only_the_interpreter() {
+    // The private root bound the directory of every mapped object, the interpreter's own
+    // included: /usr/bin here, the whole home directory for SWITCHYARD_PYTHON=~/python3.
+    let Some(python) = python3() else { return };
+    let script = "import os, sys\nd = os.path.dirname(os.path.realpath(sys.executable))\nprint(len(os.listdir(d)), d)\n";
+    let out = python_script(python, script);
+    assert!(out.termination.success(), "{out:?}");
+    let on_host = std::fs::read_dir(std::fs::canonicalize(&python.path).expect("real path").parent().expect("dir")).expect("list").count();
+    let seen: usize = out.stdout.split_whitespace().next().and_then(|n| n.parse().ok()).expect("a count");
+    if out.isolation.private_root {
+        assert!(seen <= 3 && seen < on_host, "{seen} of {on_host} entries: {out:?}");
+    }
+}
+
+#[test]
 fn inotify_fanotify_and_aio_contexts_are_refused() {
     // Kernel memory outside every rlimit: 32 inotify instances with full queues of long names
     // held 260 MiB of unreclaimable slab (~1 GiB at the per-uid limit of 128), and one

@@ -840,6 +840,54 @@ fn a_call_while_the_service_stops_is_refused_as_unavailable() {
     });
 }
 
+/// A front-door call still queued when its client goes away is taken back before it is placed:
+/// its program hears why, and the engine never gets it (it used to wait in the queue, counted
+/// in the queue depth, until a replica took it).
+#[test]
+fn a_queued_call_whose_client_went_away_is_withdrawn() {
+    use switchyard_runtime::live::Service;
+    use switchyard_runtime::live::engine::TokenSink;
+
+    let tiny = Arc::new(load_workflow(&repo().join("tests/fixtures/tiny_chain.yaml")).expect("fixture"));
+    let pool = PoolSpec::load(&repo().join("workflows/pools/small.yaml")).expect("bundled pool");
+    let mut run = RunConfig::served(vec![tiny], pool);
+    // One replica taking one call at a time: the second and third calls queue.
+    run.max_num_seqs = 1;
+    run.substrate.replica_cap = Some(1);
+    let cfg = live_config(run);
+    let factory = FakeFactory::new(300, Faults::default());
+    let counters = Arc::clone(&factory.counters);
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let (withdrawn, others) = rt.block_on(async {
+        let service = Service::start(&cfg, factory).await.expect("service");
+        let mut kept = Vec::new();
+        let mut done = Vec::new();
+        for (i, program) in ["a", "b", "c"].into_iter().enumerate() {
+            let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+            done.push(service.call(Some(program.into()), "Qwen3-0.6B", front_door_call(&format!("call {i}"), true), TokenSink::new(tx)).expect("served"));
+            kept.push(Some(rx));
+            tokio::time::sleep(Duration::from_millis(30)).await;
+        }
+        // The last call's client goes away while the first runs and the second waits.
+        kept[2] = None;
+        let c = done.pop().expect("third");
+        let withdrawn = tokio::time::timeout(Duration::from_millis(250), c).await;
+        let mut others = Vec::new();
+        for d in done {
+            others.push(d.await.expect("answered").is_ok());
+        }
+        service.shutdown("the test ended").await.expect("shutdown");
+        (withdrawn, others)
+    });
+    let reason = match withdrawn {
+        Ok(Ok(Err(reason))) => reason,
+        other => panic!("the third call was not withdrawn before the first ended: {other:?}"),
+    };
+    assert!(reason.contains("went away before its call was scheduled"), "{reason}");
+    assert_eq!(others, [true, true]);
+    assert_eq!(counters.requests.load(Ordering::SeqCst), 2, "the engine never got the withdrawn call");
+}
+
 #[test]
 fn a_served_runtime_folds_its_gpu_timeline_and_keeps_the_partition() {
     use switchyard_runtime::live::Service;

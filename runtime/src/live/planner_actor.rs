@@ -710,6 +710,7 @@ impl PlannerActorState {
                 self.flush(myself).await;
             }
             PlannerMsg::Tick => {
+                self.withdraw_abandoned_calls(myself);
                 self.on_tick();
                 self.wake_if_due(myself).await;
             }
@@ -2351,6 +2352,30 @@ impl PlannerActorState {
     /// Watchdog: once every session has arrived and nothing runs, loads or gets reported for a
     /// few ticks while units still wait, those units can never be placed: fail their sessions
     /// (as the simulator does when its event queue runs dry).
+    /// Front-door calls still queued whose client went away (it closed the connection, so the
+    /// server dropped the answer's receiver): taken back from the core before they are placed —
+    /// they no longer count in the queue, ask for a load or a scale-out — and answered as failed
+    /// to their program. (A call already sent is abandoned by its replica, which watches the
+    /// same sink.)
+    fn withdraw_abandoned_calls(&mut self, myself: &ActorRef<PlannerMsg>) {
+        let gone: Vec<ActivationId> =
+            self.pending.iter().filter(|(_, (_, call))| call.request.sink.is_closed()).map(|(a, _)| *a).collect();
+        for activation in gone {
+            self.pending.remove(&activation);
+            self.log("call_withdrawn", TraceLine {
+                session: Some(activation.session.0),
+                activation: Some(activation.index),
+                detail: Some("the client went away before its call was scheduled".into()),
+                ..blank()
+            });
+            self.post(myself, Event::UnitWithdrawn { activation });
+            if let Some(s) = self.sessions.get(&activation.session) {
+                let reason = "the client went away before its call was scheduled".to_string();
+                let _ = s.send_message(SessionMsg::LlmFailed { activation, reason });
+            }
+        }
+    }
+
     fn on_tick(&mut self) {
         if self.fatal.is_some() || self.done() || self.shutting_down {
             return;

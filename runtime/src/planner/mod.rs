@@ -53,6 +53,9 @@ pub enum Event {
     UnitReady(WorkItem),
     /// A dispatched unit finished on `replica`.
     UnitFinished { activation: ActivationId, replica: ReplicaId, output_tokens: u32 },
+    /// A ready unit the shell takes back before it was dispatched (a front-door call whose
+    /// client went away): it leaves the queue and is never placed.
+    UnitWithdrawn { activation: ActivationId },
     /// A load or a wake finished: the replica is awake and accepts requests.
     ReplicaLoaded { replica: ReplicaId },
     /// A sleep finished: the replica keeps only its sleep-mode remainder on the device.

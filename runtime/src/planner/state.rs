@@ -628,6 +628,13 @@ impl PlannerState {
             Event::UnitNearReady(item) => {
                 self.near_ready.insert(item.activation, item);
             }
+            Event::UnitWithdrawn { activation } => {
+                self.queue.retain(|w| w.activation != activation);
+                if let Some(held) = self.gated.get_mut(&activation.session) {
+                    held.retain(|w| w.activation != activation);
+                }
+                self.near_ready.remove(&activation);
+            }
             Event::UnitFinished { activation, replica, .. } => {
                 self.running.remove(&activation);
                 let hold = self.fusion && self.chain_next.remove(&activation);
@@ -1031,6 +1038,31 @@ mod tests {
         s.issue_dispatch(item(1).activation, r, 1.0, &mut out).unwrap();
         assert_eq!(s.issue_dispatch(item(2).activation, r, 1.0, &mut out), Err(PlanError::BatchFull(r)));
         assert_eq!(s.queue().len(), 1);
+    }
+
+    #[test]
+    fn a_withdrawn_unit_leaves_the_queue_and_a_gated_session() {
+        let mut s = state();
+        let mut out = Vec::new();
+        for i in 0..3 {
+            s.observe(Event::UnitReady(item(i)), 1.0).unwrap();
+        }
+        s.gate(SessionId(7));
+        let mut gated = item(7);
+        s.observe(Event::UnitReady(gated.clone()), 1.0).unwrap();
+        gated.activation.index = 1;
+        s.observe(Event::UnitReady(gated.clone()), 1.0).unwrap();
+        s.observe(Event::UnitWithdrawn { activation: item(1).activation }, 2.0).unwrap();
+        s.observe(Event::UnitWithdrawn { activation: item(7).activation }, 2.0).unwrap();
+        let queued: Vec<SessionId> = s.queue().iter().map(|w| w.activation.session).collect();
+        assert_eq!(queued, [SessionId(0), SessionId(2)]);
+        s.ungate(SessionId(7));
+        assert_eq!(s.queue().last().map(|w| w.activation), Some(gated.activation), "only the other unit of the gated session is left");
+        assert_eq!(s.queue().len(), 3);
+        // A withdrawn unit cannot be dispatched.
+        let r = s.issue_load(DeploymentId(0), DeviceId(0), 2.0, &mut out).unwrap();
+        s.observe(Event::ReplicaLoaded { replica: r }, 3.0).unwrap();
+        assert_eq!(s.issue_dispatch(item(1).activation, r, 3.0, &mut out), Err(PlanError::NotQueued(item(1).activation)));
     }
 
     #[test]

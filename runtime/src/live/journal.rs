@@ -429,6 +429,26 @@ pub struct JournalStats {
     pub retried_activations: u64,
 }
 
+/// A [`RunRecord`] without its workflow's text ([`Journal::run_heads`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunHead {
+    pub run_id: String,
+    pub workflow: String,
+    pub sessions: u32,
+    pub created_at_unix_ms: u64,
+    pub drawn_from: Option<u64>,
+}
+
+/// A [`RunRow`] read without its `workflow_yaml`.
+#[derive(Debug, Deserialize)]
+struct RunHeadRow {
+    workflow: String,
+    sessions: u32,
+    created_at_unix_ms: u64,
+    #[serde(default)]
+    drawn_from: Option<u64>,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 struct RunRow {
     workflow: String,
@@ -821,6 +841,27 @@ impl Journal {
         let Some(text) = runs.get(run_id)? else { return Ok(None) };
         let row: RunRow = decode(|| format!("run {run_id:?}"), text.value())?;
         Ok(Some(run_record(run_id, row)))
+    }
+
+    /// Every recorded run, by id, without its workflow's text (a restart reads every run; the
+    /// texts, up to a request body each, are read only for the runs that need them: [`Self::run`]).
+    pub fn run_heads(&self) -> Result<Vec<RunHead>, JournalError> {
+        let txn = self.read()?;
+        let runs = txn.open_table(RUNS)?;
+        let mut out = Vec::new();
+        for entry in runs.iter()? {
+            let (id, text) = entry?;
+            // The text is skipped by the decoder (a field `RunHeadRow` does not have), not copied.
+            let row: RunHeadRow = decode(|| format!("run {:?}", id.value()), text.value())?;
+            out.push(RunHead {
+                run_id: id.value().to_string(),
+                workflow: row.workflow,
+                sessions: row.sessions,
+                created_at_unix_ms: row.created_at_unix_ms,
+                drawn_from: row.drawn_from,
+            });
+        }
+        Ok(out)
     }
 
     /// Every recorded run, by id.

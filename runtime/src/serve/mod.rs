@@ -290,7 +290,7 @@ fn journal_status(outcome: &SessionOutcome) -> SessionStatus {
 /// Rebuild the runs a journal holds and resume their unfinished sessions.
 async fn restore(api: &Arc<Api>, journal: &Arc<Journal>) -> Result<Restored, String> {
     let j = |e: crate::live::journal::JournalError| format!("journal: {e}");
-    let runs = journal.runs().map_err(j)?;
+    let runs = journal.run_heads().map_err(j)?;
     let mut unfinished = journal.unfinished().map_err(j)?;
     let cancelled = journal.cancelled_runs().map_err(j)?;
     // A cancelled run's unfinished sessions (the server stopped before they ended) end as
@@ -382,11 +382,16 @@ async fn restore(api: &Arc<Api>, journal: &Arc<Journal>) -> Result<Restored, Str
         let index = match known {
             Some(i) => i,
             None => {
-                let spec = parse_workflow(&run.workflow, &run.workflow_yaml, std::path::Path::new("/nonexistent"))
+                let text = journal
+                    .run(&run.run_id)
+                    .map_err(j)?
+                    .map(|r| r.workflow_yaml)
+                    .ok_or_else(|| format!("run {}: its record went missing from the journal", run.run_id))?;
+                let spec = parse_workflow(&run.workflow, &text, std::path::Path::new("/nonexistent"))
                     .map_err(|e| format!("run {}: its journaled workflow no longer loads: {e}", run.run_id))?;
                 let e_inputs = entry(0, &spec, String::new());
                 let index = api.service.register(spec).await.map_err(|e| format!("run {}: {e}", run.run_id))?;
-                lock(&api.workflows).insert(run.workflow.clone(), WorkflowEntry { index, text: run.workflow_yaml.clone(), ..e_inputs });
+                lock(&api.workflows).insert(run.workflow.clone(), WorkflowEntry { index, text, ..e_inputs });
                 index
             }
         };

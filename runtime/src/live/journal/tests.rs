@@ -820,3 +820,24 @@ fn an_earlier_journals_program_bindings_are_dropped_at_open() {
     let tables: Vec<String> = txn.list_tables().expect("tables").map(|t| t.name().to_string()).collect();
     assert!(!tables.iter().any(|t| t == "program_bindings"), "{tables:?}");
 }
+
+/// A restart reads every run's head; the workflow texts (up to a request body each) stay in the
+/// journal until a run that needs its text asks for it.
+#[test]
+fn run_heads_are_the_runs_without_their_texts() {
+    let (_d, j) = fresh();
+    let big = RunRecord { run_id: "r2".into(), workflow_yaml: format!("name: wf\n# {}\n", "x".repeat(1 << 20)), drawn_from: Some(4), ..run("r2") };
+    j.record_run(&run("r1")).expect("r1");
+    j.record_run(&big).expect("r2");
+    let heads = j.run_heads().expect("heads");
+    let want: Vec<(String, String, u32, u64, Option<u64>)> = j
+        .runs()
+        .expect("runs")
+        .into_iter()
+        .map(|r| (r.run_id, r.workflow, r.sessions, r.created_at_unix_ms, r.drawn_from))
+        .collect();
+    let got: Vec<(String, String, u32, u64, Option<u64>)> =
+        heads.into_iter().map(|h| (h.run_id, h.workflow, h.sessions, h.created_at_unix_ms, h.drawn_from)).collect();
+    assert_eq!(got, want);
+    assert_eq!(j.run("r2").expect("read").map(|r| r.workflow_yaml.len()), Some(big.workflow_yaml.len()));
+}

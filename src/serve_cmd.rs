@@ -62,6 +62,11 @@ pub struct ServeArgs {
     /// and each holds its parsed graph and the planner's tables for it).
     #[arg(long, default_value_t = 1000)]
     pub max_workflows: usize,
+    /// Most front-door programs open at once (keyed by `X-Session-ID` or `program_id`; each
+    /// holds an actor and its last prompt until it ends or idles out): a call that would open
+    /// one more gets 429.
+    #[arg(long, default_value_t = 10_000)]
+    pub max_programs: usize,
     /// Scheduling policy.
     #[arg(long, default_value = "joint", value_parser = clap::builder::PossibleValuesParser::new(POLICIES))]
     pub policy: String,
@@ -138,6 +143,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     cfg.speed = speed;
     cfg.stream = !args.no_stream;
     cfg.keep_ended = args.keep_ended;
+    cfg.max_programs = args.max_programs;
     let on_note: live::NoteSink = Arc::new(|line: &str| eprintln!("note: {line}"));
     cfg.on_note = Some(on_note);
     let api_config = ApiConfig { token, max_body_bytes: args.max_body_bytes, keep_runs: args.keep_runs, keep_ended: args.keep_ended.max(1), max_workflows: args.max_workflows, ..ApiConfig::default() };

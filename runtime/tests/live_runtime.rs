@@ -888,6 +888,68 @@ fn a_queued_call_whose_client_went_away_is_withdrawn() {
     assert_eq!(counters.requests.load(Ordering::SeqCst), 2, "the engine never got the withdrawn call");
 }
 
+/// Keyed programs past `max_programs` are refused (the server answers 429); the open ones and
+/// calls without a key still run.
+#[test]
+fn programs_past_the_limit_are_refused() {
+    use switchyard_runtime::live::Service;
+    use switchyard_runtime::live::engine::TokenSink;
+    use switchyard_runtime::live::planner_actor::TOO_MANY_PROGRAMS;
+
+    let tiny = Arc::new(load_workflow(&repo().join("tests/fixtures/tiny_chain.yaml")).expect("fixture"));
+    let pool = PoolSpec::load(&repo().join("workflows/pools/small.yaml")).expect("bundled pool");
+    let mut cfg = live_config(RunConfig::served(vec![tiny], pool));
+    cfg.max_programs = 2;
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let outcomes = rt.block_on(async {
+        let service = Service::start(&cfg, FakeFactory::new(1, Faults::default())).await.expect("service");
+        let mut outcomes = Vec::new();
+        for program in [Some("a"), Some("b"), Some("c"), Some("a"), None] {
+            let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+            let done = service.call(program.map(String::from), "Qwen3-0.6B", front_door_call("hi", false), TokenSink::new(tx)).expect("served");
+            outcomes.push(done.await.expect("answered").map(|_| ()));
+        }
+        service.shutdown("the test ended").await.expect("shutdown");
+        outcomes
+    });
+    assert!(outcomes[..2].iter().all(Result::is_ok), "{outcomes:?}");
+    assert!(matches!(&outcomes[2], Err(m) if m.starts_with(TOO_MANY_PROGRAMS)), "{outcomes:?}");
+    assert!(outcomes[3..].iter().all(Result::is_ok), "an open program and a keyless call run: {outcomes:?}");
+}
+
+/// Over HTTP: a keyed program past `--max-programs` gets 429 `rate_limit_error`.
+#[test]
+fn the_front_door_answers_429_past_the_program_limit() {
+    use switchyard_runtime::live::Service;
+    use switchyard_runtime::serve::{ApiConfig, router, serve_until};
+
+    let tiny = Arc::new(load_workflow(&repo().join("tests/fixtures/tiny_chain.yaml")).expect("fixture"));
+    let text = std::fs::read_to_string(repo().join("tests/fixtures/tiny_chain.yaml")).expect("fixture");
+    let pool = PoolSpec::load(&repo().join("workflows/pools/small.yaml")).expect("bundled pool");
+    let mut cfg = live_config(RunConfig::served(vec![Arc::clone(&tiny)], pool));
+    cfg.max_programs = 1;
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let answers = rt.block_on(async {
+        let service = Arc::new(Service::start(&cfg, FakeFactory::new(1, Faults::default())).await.expect("service"));
+        let app = router(Arc::clone(&service), ApiConfig { token: None, ..ApiConfig::default() }, vec![(0, tiny, text)]);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let url = format!("http://{}/v1/chat/completions", listener.local_addr().expect("address"));
+        tokio::spawn(serve_until(listener, app, std::future::pending()));
+        let client = reqwest::Client::new();
+        let mut answers = Vec::new();
+        for key in ["a", "b"] {
+            let body = serde_json::json!({"model": "Qwen3-0.6B", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4});
+            let resp = client.post(&url).header("X-Session-ID", key).json(&body).send().await.expect("post");
+            answers.push((resp.status().as_u16(), resp.text().await.unwrap_or_default()));
+        }
+        service.shutdown("the test ends").await.expect("shutdown");
+        answers
+    });
+    assert_eq!(answers[0].0, 200, "{answers:?}");
+    assert_eq!(answers[1].0, 429, "{answers:?}");
+    assert!(answers[1].1.contains("rate_limit_error") && answers[1].1.contains("--max-programs"), "{answers:?}");
+}
+
 #[test]
 fn a_served_runtime_folds_its_gpu_timeline_and_keeps_the_partition() {
     use switchyard_runtime::live::Service;

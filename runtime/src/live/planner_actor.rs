@@ -44,6 +44,10 @@ use crate::values::Record;
 /// service answers it as unavailable, not as a bad request).
 pub const SHUTTING_DOWN: &str = "the runtime is shutting down";
 
+/// How a front-door call that would open one program too many is refused (the server answers
+/// 429): the start of its message.
+pub const TOO_MANY_PROGRAMS: &str = "too many open programs";
+
 /// The watchdog's least quiet time before it fails units that no device can take (and at
 /// least 3 ticks): a session actor still rendering its next prompt — a long one, under load —
 /// is not a stranded unit, and a real stranding loses nothing by being declared 2 s later.
@@ -177,6 +181,10 @@ pub struct PlannerArgs {
     /// older ones are folded into the report's partition ([`DeviceTimeline::fold_until`]).
     /// `None`: a run's timeline is its chart and is kept whole.
     pub timeline_segments: Option<usize>,
+    /// A served runtime's front door keeps at most this many keyed programs open (each holds
+    /// an actor and its last prompt until it ends or idles out); a call that would open one
+    /// more is refused ([`TOO_MANY_PROGRAMS`]). `None`: no limit.
+    pub max_programs: Option<usize>,
 }
 
 struct ReplicaEntry {
@@ -274,6 +282,7 @@ pub struct PlannerActorState {
     ended_failed: usize,
     keep_ended: Option<usize>,
     timeline_segments: Option<usize>,
+    max_programs: Option<usize>,
     /// Routed workflows bound to a route member, made once per (workflow, member).
     bound_specs: exec::routing::BoundSpecs,
     /// Routed sessions (ORACLE's bindings): open rows, closed counts.
@@ -389,6 +398,7 @@ impl Actor for PlannerActor {
             ended_failed: 0,
             keep_ended: args.keep_ended,
             timeline_segments: args.timeline_segments,
+            max_programs: args.max_programs,
             bound_specs: BTreeMap::new(),
             routes: exec::routing::RouteBook::default(),
             end_order: std::collections::VecDeque::new(),
@@ -905,6 +915,14 @@ impl PlannerActorState {
         let existing = program.and_then(|p| self.programs.get(p).copied());
         if let Some(id) = existing.filter(|id| self.sessions.contains_key(id)) {
             return Ok((id, false));
+        }
+        if let (Some(max), Some(_)) = (self.max_programs, program)
+            && self.programs.len() >= max
+        {
+            return Err(format!(
+                "{TOO_MANY_PROGRAMS}: {} keyed programs are open, this server's limit (`--max-programs`); end programs with `X-Program-Done: true`, or wait for idle ones to end",
+                self.programs.len()
+            ));
         }
         let wall = self.wall();
         let i = self.trace.push(TraceEntry { at: wall, workflow, record: 0 });

@@ -138,6 +138,7 @@ impl Service {
         args.metrics = Some(Arc::clone(&metrics));
         args.keep_ended = Some(cfg.keep_ended.max(1));
         args.timeline_segments = Some(cfg.timeline_segments.max(1));
+        args.max_programs = Some(cfg.max_programs);
         let (planner, handle) =
             Actor::spawn(None, PlannerActor, args).await.map_err(|e| LiveError::Spawn(e.to_string()))?;
         Ok(Service { planner, handle: std::sync::Mutex::new(Some(handle)), events, datasets, clock, served, routed, metrics, stopping: Default::default() })

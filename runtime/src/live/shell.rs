@@ -65,6 +65,9 @@ pub struct LiveConfig {
     /// A served runtime keeps at most about twice this many GPU-timeline segments per device;
     /// older ones are folded into the GPU-time partition its report reads.
     pub timeline_segments: usize,
+    /// A served runtime's front door keeps at most this many keyed programs open; a call that
+    /// would open one more is refused (the server answers 429).
+    pub max_programs: usize,
 }
 
 impl LiveConfig {
@@ -85,6 +88,7 @@ impl LiveConfig {
             program_idle: Duration::from_secs(300),
             keep_ended: 100_000,
             timeline_segments: 4_096,
+            max_programs: 10_000,
         }
     }
 }
@@ -309,6 +313,7 @@ pub(super) fn planner_args(
         metrics: None,
         keep_ended: None,
         timeline_segments: None,
+        max_programs: None,
     }
 }
 

@@ -296,7 +296,10 @@ async fn routed_call(api: Arc<Api>, flavor: Flavor, program: Option<String>, par
     let binding = bound
         .await
         .map_err(|_| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable_error", "the runtime dropped the call"))?
-        .map_err(|m| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "routing_error", public_reason(&m)))?;
+        .map_err(|m| match call_error(m) {
+            e if e.status == StatusCode::BAD_GATEWAY => ApiError { status: StatusCode::SERVICE_UNAVAILABLE, kind: "routing_error", ..e },
+            e => e,
+        })?;
     let context = api.service.served_model(&binding.model).map_or(0, |(_, c)| c);
     let answer = Answer { flavor, model: binding.model.clone(), requested, context, stream: parsed.stream, include_usage: parsed.include_usage };
     let mut resp = answer.respond(rx, done).await?;
@@ -335,10 +338,7 @@ impl Answer {
             // future) abandons the call upstream.
             let result = done.await.map_err(|_| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable_error", "the runtime dropped the call"))?;
             drop(rx);
-            let c = result.map_err(|m| match m.as_str() {
-                crate::live::planner_actor::SHUTTING_DOWN => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable_error", m),
-                _ => ApiError::new(StatusCode::BAD_GATEWAY, "engine_error", public_reason(&m)),
-            })?;
+            let c = result.map_err(call_error)?;
             let choice = match flavor {
                 Flavor::Chat => json!({"index": 0, "message": {"role": "assistant", "content": c.text}, "finish_reason": finish_reason(&c, max_tokens)}),
                 Flavor::Completions => json!({"index": 0, "text": c.text, "finish_reason": finish_reason(&c, max_tokens)}),
@@ -389,11 +389,8 @@ impl Answer {
                         }
                     }
                     Ok(Err(m)) => {
-                        let err = if m == crate::live::planner_actor::SHUTTING_DOWN {
-                            json!({"error": {"message": m, "type": "unavailable_error", "param": null, "code": 503}})
-                        } else {
-                            json!({"error": {"message": public_reason(&m), "type": "engine_error", "param": null, "code": 502}})
-                        };
+                        let e = call_error(m);
+                        let err = json!({"error": {"message": e.message, "type": e.kind, "param": null, "code": e.status.as_u16()}});
                         st.tail.push_back(Event::default().data(err.to_string()));
                     }
                     Err(_) => {
@@ -405,6 +402,19 @@ impl Answer {
             }
         });
         Ok(Sse::new(events).keep_alive(KeepAlive::default()).into_response())
+    }
+}
+
+/// Why a scheduled call has no answer, as the client gets it: 503 while the runtime stops, 429
+/// for a program past `--max-programs`, else the engine's failure (502, without its address).
+fn call_error(m: String) -> ApiError {
+    use crate::live::planner_actor::{SHUTTING_DOWN, TOO_MANY_PROGRAMS};
+    if m == SHUTTING_DOWN {
+        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable_error", m)
+    } else if m.starts_with(TOO_MANY_PROGRAMS) {
+        ApiError::new(StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", m)
+    } else {
+        ApiError::new(StatusCode::BAD_GATEWAY, "engine_error", public_reason(&m))
     }
 }
 

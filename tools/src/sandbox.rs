@@ -632,6 +632,24 @@ fn pidfd_open(pid: libc::pid_t) -> Option<OwnedFd> {
     Some(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
 }
 
+/// A descriptor of the PID namespace's init (host pid `init`), which spawned child `s` started:
+/// `None` unless the process now holding that pid is still `s`'s child. The init may have ended
+/// and been reaped by `s` already (a program that exits at once), and its pid taken by an
+/// unrelated process, which `await_namespace_end` would then kill; `s` is this process's
+/// unreaped child, so its pid is not reused, and no process but the init is ever its child.
+/// The parent is read after the descriptor is open and the process checked alive after the
+/// read, so the read was of the process the descriptor holds.
+fn init_pidfd(init: libc::pid_t, s: libc::pid_t) -> Option<OwnedFd> {
+    let fd = pidfd_open(init)?;
+    let stat = std::fs::read_to_string(format!("/proc/{init}/stat")).ok()?;
+    // `pid (comm) state ppid …`: the command may hold spaces and parentheses, so split after
+    // its last `)`.
+    let ppid: libc::pid_t = stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()?;
+    // SAFETY: pidfd_send_signal with signal 0 on our own descriptor only checks the process.
+    let alive = unsafe { libc::syscall(libc::SYS_pidfd_send_signal, fd.as_raw_fd(), 0, std::ptr::null::<libc::siginfo_t>(), 0) } == 0;
+    (ppid == s && alive).then_some(fd)
+}
+
 /// Longest wait for a killed PID namespace to finish dying.
 const NAMESPACE_END_GRACE: Duration = Duration::from_secs(5);
 
@@ -914,10 +932,12 @@ fn run_process(policy: IsolationPolicy, job: &SandboxJob) -> Result<SandboxOutco
     let messages = ChildReport::read_from(File::from(report_read));
     let (report, init_pid) = (messages.report, messages.init);
     if let Some(errno) = messages.error {
-        // The program's process failed to confine itself or to exec: nothing ran.
+        // The program's process failed to confine itself or to exec: nothing ran. The init's
+        // descriptor is taken while `pid` lives, before the kill ends it and frees its pid.
+        let init = init_pid.and_then(|init| init_pidfd(init, pid));
         kill_group(pid);
         let _ = reap(pid);
-        if let Some(init) = init_pid.and_then(pidfd_open) {
+        if let Some(init) = init {
             await_namespace_end(&init);
         }
         if used_host_dir_of(report) {
@@ -931,7 +951,7 @@ fn run_process(policy: IsolationPolicy, job: &SandboxJob) -> Result<SandboxOutco
     // A descriptor of the namespace's init, taken while it runs (it lives until the program
     // ends), so its exit — which the kernel completes only once every process of the namespace
     // is gone — can be awaited without any risk of a recycled pid.
-    let init = init_pid.and_then(pidfd_open);
+    let init = init_pid.and_then(|init| init_pidfd(init, pid));
     let used_host_dir = used_host_dir_of(report);
     let isolation = confine::isolation_from(report, policy, is_root, sandbox_uid);
 
@@ -1159,6 +1179,20 @@ fn supervise(
 mod tests {
     use super::*;
     use std::collections::BTreeSet;
+
+    #[test]
+    fn an_init_descriptor_is_taken_only_from_the_expected_parents_child() {
+        // A child of this process stands in for the namespace's init, this process for S.
+        let mut child = std::process::Command::new("/bin/sleep").arg("10").spawn().expect("sleep");
+        let pid = child.id() as libc::pid_t;
+        // SAFETY: getpid cannot fail.
+        let me = unsafe { libc::getpid() };
+        assert!(init_pidfd(pid, me).is_some(), "our own child");
+        assert!(init_pidfd(pid, me + 1).is_none(), "a process whose parent is not S (a recycled pid)");
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(init_pidfd(pid, me).is_none(), "an ended process");
+    }
 
     #[test]
     fn run_uids_stay_in_the_sandbox_range_and_wrap_inside_it() {

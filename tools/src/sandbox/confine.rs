@@ -619,9 +619,19 @@ fn errno() -> i32 {
     io::Error::last_os_error().raw_os_error().unwrap_or(libc::EINVAL)
 }
 
+/// Whether the kernel has `mount_setattr` (Linux 5.12), the only way to make a recursive bind
+/// read-only all the way down: probed with arguments it refuses (`EBADF`/`EINVAL`), `ENOSYS`
+/// where it is missing. Async-signal-safe.
+fn has_mount_setattr() -> bool {
+    // SAFETY: an invalid descriptor and null pointers: the kernel validates and refuses them.
+    let rc = unsafe { libc::syscall(libc::SYS_mount_setattr, -1, std::ptr::null::<c_char>(), 0, std::ptr::null::<MountAttr>(), 0) };
+    !(rc < 0 && errno() == libc::ENOSYS)
+}
+
 /// Sets mount attributes on the mount at `path` (and below it with `recursive`); falls back to
 /// a bind remount (one mount, read-only and `nosuid`/`nodev`) on kernels without
-/// `mount_setattr`.
+/// `mount_setattr` — which is why a directory is bound recursively only where that call exists
+/// (see [`ViewOp::BindDir`] in `confine_child`).
 ///
 /// # Safety
 /// `path` must be a valid C string; async-signal-safe.
@@ -764,10 +774,15 @@ unsafe fn build_private_root(plan: &ChildPlan, owner: Option<(u32, u32)>, report
                 }
                 ViewOp::BindDir { source, target } => {
                     make_dir(target, 0o755)?;
-                    if libc::mount(source.as_ptr(), target.as_ptr(), null, libc::MS_BIND | libc::MS_REC, std::ptr::null()) != 0 {
+                    // Before Linux 5.12 a bind remount makes only the top mount read-only: the
+                    // mounts below a recursive bind would stay writable, so they are left out
+                    // (bound without `MS_REC`, they show as empty directories).
+                    let recursive = has_mount_setattr();
+                    let flags = if recursive { libc::MS_BIND | libc::MS_REC } else { libc::MS_BIND };
+                    if libc::mount(source.as_ptr(), target.as_ptr(), null, flags, std::ptr::null()) != 0 {
                         return Err(errno());
                     }
-                    restrict_mount(target, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, true)?;
+                    restrict_mount(target, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, recursive)?;
                 }
                 ViewOp::BindFile { source, target, writable } => {
                     let fd = libc::open(target.as_ptr(), libc::O_WRONLY | libc::O_CREAT | libc::O_CLOEXEC, 0o644);
@@ -1305,6 +1320,21 @@ pub(super) fn highest_open_fd() -> RawFd {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn mount_setattr_is_found_where_the_kernel_has_it() {
+        // Linux 5.12 or later (where this project's CI runs): the probe must not take the
+        // non-recursive fallback there.
+        // SAFETY: utsname is plain data; uname fills it.
+        let mut uts: libc::utsname = unsafe { std::mem::zeroed() };
+        assert_eq!(unsafe { libc::uname(&mut uts) }, 0);
+        let release: String = uts.release.iter().take_while(|&&c| c != 0).map(|&c| c as u8 as char).collect();
+        let mut parts = release.split(|c: char| !c.is_ascii_digit()).filter_map(|p| p.parse::<u32>().ok());
+        let version = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+        if version >= (5, 12) {
+            assert!(has_mount_setattr(), "kernel {release}");
+        }
+    }
 
     #[test]
     fn the_close_on_exec_fallback_marks_every_open_descriptor_in_range() {

@@ -130,8 +130,8 @@ pub struct ProgramState {
     /// The tool gap in progress — the client's own time between an answer and its next call —
     /// as the planner knows it: a tool unit of the program (id, node, wall start).
     gap: Option<(ActivationId, u32, f64)>,
-    /// Gaps so far, for the next one's predicted length.
-    gaps: Vec<f64>,
+    /// Gaps so far (sum of their lengths, count), for the next one's predicted length.
+    gaps: (f64, u32),
     /// The latest call's activation and prompt tokens: the next call's prompt usually starts
     /// with them (a conversation grows), which is its cache credit on the replica that ran it.
     last_prompt: Option<(ActivationId, Arc<[u32]>)>,
@@ -160,6 +160,9 @@ fn expected_answer_tokens((sum, count): (u64, u32), max: u32) -> u32 {
     u32::try_from(sum / u64::from(count)).unwrap_or(u32::MAX).min(max)
 }
 
+/// Most call timings one program's report keeps (its first calls').
+const MAX_TIMINGS: usize = 1024;
+
 /// Tool gaps take activation indices from here up (calls count from 0).
 const GAP_INDEX_BASE: u32 = 1 << 31;
 
@@ -177,7 +180,7 @@ impl Actor for ProgramActor {
             generation: 0,
             ended: false,
             gap: None,
-            gaps: Vec::new(),
+            gaps: (0.0, 0),
             last_prompt: None,
             answered: (0, 0),
         })
@@ -305,12 +308,16 @@ impl ProgramState {
     fn on_done(&mut self, myself: &ActorRef<SessionMsg>, activation: ActivationId, completion: Completion) {
         let Some(w) = self.waiting.remove(&activation) else { return };
         let wall = self.args.ctx.clock.wall();
-        self.timings.push(CallTiming {
-            activation,
-            total_s: wall - w.ready_at,
-            grant_s: w.granted_at.unwrap_or(wall) - w.ready_at,
-            engine_s: completion.latency_s,
-        });
+        // A program may live for any number of calls: its report keeps the first
+        // `MAX_TIMINGS` calls' timings, not a record per call for ever.
+        if self.timings.len() < MAX_TIMINGS {
+            self.timings.push(CallTiming {
+                activation,
+                total_s: wall - w.ready_at,
+                grant_s: w.granted_at.unwrap_or(wall) - w.ready_at,
+                engine_s: completion.latency_s,
+            });
+        }
         let output_tokens = completion.output_tokens;
         self.answered = (self.answered.0 + u64::from(output_tokens), self.answered.1.saturating_add(1));
         if w.done_after {
@@ -355,9 +362,10 @@ impl ProgramState {
         if self.gap.is_some() {
             return;
         }
-        let index = GAP_INDEX_BASE.saturating_add(u32::try_from(self.gaps.len()).unwrap_or(u32::MAX - GAP_INDEX_BASE));
+        let (sum, count) = self.gaps;
+        let index = GAP_INDEX_BASE.saturating_add(count.min(u32::MAX - GAP_INDEX_BASE));
         let activation = ActivationId { session: self.args.session, index };
-        let predicted_s = if self.gaps.is_empty() { DEFAULT_GAP_S } else { self.gaps.iter().sum::<f64>() / self.gaps.len() as f64 };
+        let predicted_s = if count == 0 { DEFAULT_GAP_S } else { sum / f64::from(count) };
         let workflow = self.args.workflow;
         let _ = self.args.planner.send_message(PlannerMsg::ToolStarted { activation, predicted_s, workflow, node });
         self.gap = Some((activation, node, self.args.ctx.clock.wall()));
@@ -366,7 +374,8 @@ impl ProgramState {
     /// The program called again (or ended): its tool gap is over.
     fn close_gap(&mut self) {
         if let Some((activation, _, since)) = self.gap.take() {
-            self.gaps.push((self.args.ctx.clock.wall() - since).max(0.0));
+            let gap = (self.args.ctx.clock.wall() - since).max(0.0);
+            self.gaps = (self.gaps.0 + gap, self.gaps.1.saturating_add(1));
             let _ = self.args.planner.send_message(PlannerMsg::ToolFinished { activation });
         }
     }

@@ -838,6 +838,19 @@ fn a_call_while_the_service_stops_is_refused_as_unavailable() {
         assert!(matches!(&refused, Err(ServiceError::Unavailable(m)) if m.contains("shutting down")), "{:?}", refused.as_ref().err());
         stopping.await.expect("shutdown");
     });
+    // A call in flight when the service stops is answered as abandoned by the stop (503), not
+    // as an engine's failure (502).
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let answer = rt.block_on(async {
+        let service = Service::start(&cfg, FakeFactory::new(5_000, Faults::default())).await.expect("service");
+        let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+        let done = service.call(Some("p".into()), "Qwen3-0.6B", front_door_call("hi", false), TokenSink::new(tx)).expect("served");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        service.shutdown("the server stopped").await.expect("shutdown");
+        done.await.expect("answered")
+    });
+    let shutting_down = switchyard_runtime::live::planner_actor::SHUTTING_DOWN;
+    assert!(matches!(&answer, Err(m) if m.starts_with(shutting_down)), "{answer:?}");
 }
 
 /// A front-door call still queued when its client goes away is taken back before it is placed:
@@ -871,7 +884,7 @@ fn a_queued_call_whose_client_went_away_is_withdrawn() {
         // The last call's client goes away while the first runs and the second waits.
         kept[2] = None;
         let c = done.pop().expect("third");
-        let withdrawn = tokio::time::timeout(Duration::from_millis(250), c).await;
+        let withdrawn = tokio::time::timeout(Duration::from_secs(2), c).await;
         let mut others = Vec::new();
         for d in done {
             others.push(d.await.expect("answered").is_ok());
@@ -937,8 +950,8 @@ fn the_front_door_answers_429_past_the_program_limit() {
         tokio::spawn(serve_until(listener, app, std::future::pending()));
         let client = reqwest::Client::new();
         let mut answers = Vec::new();
-        for key in ["a", "b"] {
-            let body = serde_json::json!({"model": "Qwen3-0.6B", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4});
+        for (key, stream) in [("a", false), ("b", false), ("c", true)] {
+            let body = serde_json::json!({"model": "Qwen3-0.6B", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "stream": stream});
             let resp = client.post(&url).header("X-Session-ID", key).json(&body).send().await.expect("post");
             answers.push((resp.status().as_u16(), resp.text().await.unwrap_or_default()));
         }
@@ -946,8 +959,11 @@ fn the_front_door_answers_429_past_the_program_limit() {
         answers
     });
     assert_eq!(answers[0].0, 200, "{answers:?}");
-    assert_eq!(answers[1].0, 429, "{answers:?}");
-    assert!(answers[1].1.contains("rate_limit_error") && answers[1].1.contains("--max-programs"), "{answers:?}");
+    for refused in &answers[1..] {
+        // A stream too: refused before its 200 is sent.
+        assert_eq!(refused.0, 429, "{answers:?}");
+        assert!(refused.1.contains("rate_limit_error") && refused.1.contains("--max-programs"), "{answers:?}");
+    }
 }
 
 #[test]

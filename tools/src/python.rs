@@ -49,6 +49,16 @@ static INTERPRETER: OnceLock<Interpreter> = OnceLock::new();
 /// When discovery last found no interpreter that runs in the sandbox.
 static LAST_MISS: Mutex<Option<std::time::Instant>> = Mutex::new(None);
 
+/// Why the last probe could not run any interpreter: the sandbox refused to run without the
+/// isolation it requires ([`crate::sandbox::SandboxError::IsolationRefused`]); `None` otherwise.
+static REFUSED: Mutex<Option<String>> = Mutex::new(None);
+
+/// Why no interpreter runs in the sandbox when the sandbox itself refused to run one (the
+/// kernel refused its namespaces), so a caller can say that rather than "no python3".
+pub fn isolation_refused() -> Option<String> {
+    REFUSED.lock().ok().and_then(|r| r.clone())
+}
+
 /// How long a failed discovery stands before the next call probes again: a probe can fail for a
 /// passing reason (the sandbox uid's process count momentarily at its limit), and a failure
 /// cached for the process's life would leave the tool without its interpreter until a restart.
@@ -249,7 +259,19 @@ fn probe(sandbox: &ProcessSandbox, path: &Path) -> Option<Interpreter> {
         read_only_paths: read_only_paths(path),
         allow_children: false,
     };
-    let outcome = sandbox.run(&job).ok()?;
+    let outcome = match sandbox.run(&job) {
+        Ok(outcome) => outcome,
+        Err(e @ crate::sandbox::SandboxError::IsolationRefused(_)) => {
+            if let Ok(mut r) = REFUSED.lock() {
+                *r = Some(e.to_string());
+            }
+            return None;
+        }
+        Err(_) => return None,
+    };
+    if let Ok(mut r) = REFUSED.lock() {
+        *r = None;
+    }
     let version = outcome.stdout.trim().to_string();
     (outcome.termination.success() && version.starts_with("3.")).then(|| Interpreter { path: path.to_path_buf(), version })
 }

@@ -667,12 +667,17 @@ pub fn run_with(call: &ToolCall, backend: Backend) -> Result<ToolOutcome, ToolEr
             Err(reason) => Some(reason),
         },
     };
-    let python = interpreter().ok_or(ToolError::Unavailable {
-        tool: NAME,
-        reason: match &fallback_reason {
-            Some(reason) => format!("{reason}, and no python3 interpreter runs inside the process sandbox here"),
-            None => "no python3 interpreter runs inside the sandbox on this machine".into(),
-        },
+    let python = interpreter().ok_or_else(|| {
+        // The sandbox refusing to run without its isolation is the reason to give, not the
+        // interpreter.
+        let none = crate::python::isolation_refused().unwrap_or_else(|| "no python3 interpreter runs inside the sandbox on this machine".into());
+        ToolError::Unavailable {
+            tool: NAME,
+            reason: match &fallback_reason {
+                Some(reason) => format!("{reason}, and in the process sandbox: {none}"),
+                None => none,
+            },
+        }
     })?;
     let mut outcome = run_in(&ProcessSandbox::new(), &python.path, &python.version, &job)?;
     if let (Some(reason), Some(note)) = (fallback_reason, outcome.sandbox_note.as_mut()) {

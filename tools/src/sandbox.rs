@@ -920,9 +920,8 @@ fn run_process(policy: IsolationPolicy, job: &SandboxJob) -> Result<SandboxOutco
             let _ = std::fs::remove_dir_all(&host_work_dir);
             // A refused private root the policy requires: the child says so in its report.
             let report = ChildReport::read_from(File::from(report_read)).report;
-            if report.is_some_and(|r| r.refused_isolation()) {
-                let isolation = confine::isolation_from(report, policy, is_root, sandbox_uid);
-                return Err(SandboxError::IsolationRefused(isolation.notes.join("; ")));
+            if let Some(refused) = report.filter(|r| r.refused_isolation()) {
+                return Err(SandboxError::IsolationRefused(refused.refusal()));
             }
             return Err(SandboxError::Spawn { program: job.program.display().to_string(), source });
         }

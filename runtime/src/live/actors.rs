@@ -400,6 +400,10 @@ pub enum PlannerMsg {
         request: super::program_actor::ProgramRequest,
         sink: super::engine::TokenSink,
         reply: tokio::sync::oneshot::Sender<Result<super::engine::Completion, String>>,
+        /// Told as soon as the call is handed to its program, or why it is refused (no
+        /// program can start: the runtime stops, too many are open): the front door answers a
+        /// refusal with its own status before a stream begins.
+        accepted: Option<tokio::sync::oneshot::Sender<Result<(), String>>>,
     },
     /// The front door, routed: one call of `program` that names the router's model; the
     /// program is bound at its first such call (see [`ProgramRoute`]).

@@ -22,8 +22,6 @@
 //!   completed key is refused (completed activations are never re-run); an in-flight key may be
 //!   intended once more after a crash (attempt 2) and a third intent is refused
 //!   ([`JournalError::AttemptsExhausted`]) — the caller fails that activation instead;
-//! - **front-door program bindings** ([`Journal::bind_program`]): the first binding of a program
-//!   id wins; later calls get the one in force;
 //! - **routed front-door programs open now** ([`Journal::open_routed_program`],
 //!   [`Journal::end_routed_program`]): a program the router bound, until it ends; read back after
 //!   a restart ([`Journal::routed_program`]) so that a program open at the crash keeps its model;

@@ -749,10 +749,18 @@ impl PlannerActorState {
             PlannerMsg::Status { sessions, reply } => {
                 let _ = reply.send(sessions.iter().map(|s| self.status(*s)).collect());
             }
-            PlannerMsg::ProgramCall { program, deployment, next, request, sink, reply } => {
+            PlannerMsg::ProgramCall { program, deployment, next, request, sink, reply, accepted } => {
                 match self.program_session(myself, program.as_ref()).await {
-                    Ok((id, _)) => self.send_program_call(id, program.as_ref(), deployment, next, request, sink, reply),
+                    Ok((id, _)) => {
+                        if let Some(a) = accepted {
+                            let _ = a.send(Ok(()));
+                        }
+                        self.send_program_call(id, program.as_ref(), deployment, next, request, sink, reply)
+                    }
                     Err(why) => {
+                        if let Some(a) = accepted {
+                            let _ = a.send(Err(why.clone()));
+                        }
                         let _ = reply.send(Err(why));
                     }
                 }
@@ -1498,6 +1506,9 @@ impl PlannerActorState {
     /// A planning pass without events (the core plans on what it knows), its commands
     /// executed, and the policy's next wake-up taken.
     async fn planning_pass(&mut self, myself: &ActorRef<PlannerMsg>) {
+        // Events still buffered (a unit withdrawn at a tick, a session's end) reach the core
+        // first: a pass on a stale view could place a unit the shell no longer holds.
+        self.flush(myself).await;
         let now = self.ctx.clock.now();
         match self.planner.handle_all(Vec::new(), now) {
             Ok(commands) => {
@@ -2367,9 +2378,6 @@ impl PlannerActorState {
         }
     }
 
-    /// Watchdog: once every session has arrived and nothing runs, loads or gets reported for a
-    /// few ticks while units still wait, those units can never be placed: fail their sessions
-    /// (as the simulator does when its event queue runs dry).
     /// Front-door calls still queued whose client went away (it closed the connection, so the
     /// server dropped the answer's receiver): taken back from the core before they are placed —
     /// they no longer count in the queue, ask for a load or a scale-out — and answered as failed
@@ -2394,6 +2402,9 @@ impl PlannerActorState {
         }
     }
 
+    /// Watchdog: once every session has arrived and nothing runs, loads or gets reported for a
+    /// few ticks while units still wait, those units can never be placed: fail their sessions
+    /// (as the simulator does when its event queue runs dry).
     fn on_tick(&mut self) {
         if self.fatal.is_some() || self.done() || self.shutting_down {
             return;

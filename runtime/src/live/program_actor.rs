@@ -221,7 +221,13 @@ impl Actor for ProgramActor {
                     state.end(&myself, None);
                 }
             }
-            SessionMsg::Fail(reason) | SessionMsg::Cancel(reason) | SessionMsg::Abandon(reason) => state.end(&myself, Some(reason)),
+            SessionMsg::Fail(reason) | SessionMsg::Cancel(reason) => state.end(&myself, Some(reason)),
+            // Only a stopping runtime abandons a program: its calls are answered as such (the
+            // server's 503), not as an engine's failure.
+            SessionMsg::Abandon(reason) => {
+                let shutting_down = super::planner_actor::SHUTTING_DOWN;
+                state.end(&myself, Some(format!("{shutting_down}: {reason}")))
+            }
             SessionMsg::Start | SessionMsg::ToolDone { .. } => {}
         }
         Ok(())

@@ -237,6 +237,33 @@ impl Service {
         request: ProgramRequest,
         sink: TokenSink,
     ) -> Result<oneshot::Receiver<Result<Completion, String>>, ServiceError> {
+        self.send_call(program, model, request, sink, None)
+    }
+
+    /// [`Self::call`], and a receiver told as soon as the call is handed to its program, or why
+    /// it is refused (the runtime stops, `max_programs` are open): the answer's status is known
+    /// then, before any of its text.
+    #[allow(clippy::type_complexity)]
+    pub fn call_admitted(
+        &self,
+        program: Option<String>,
+        model: &str,
+        request: ProgramRequest,
+        sink: TokenSink,
+    ) -> Result<(oneshot::Receiver<Result<(), String>>, oneshot::Receiver<Result<Completion, String>>), ServiceError> {
+        let (accepted, accepted_rx) = oneshot::channel();
+        let done = self.send_call(program, model, request, sink, Some(accepted))?;
+        Ok((accepted_rx, done))
+    }
+
+    fn send_call(
+        &self,
+        program: Option<String>,
+        model: &str,
+        request: ProgramRequest,
+        sink: TokenSink,
+        accepted: Option<oneshot::Sender<Result<(), String>>>,
+    ) -> Result<oneshot::Receiver<Result<Completion, String>>, ServiceError> {
         self.refuse_when_stopping()?;
         let deployment = self.deployment_of_model(model).ok_or_else(|| {
             ServiceError::NotServed(format!("the model `{model}` is not served here; served: {}", self.models().join(", ")))
@@ -245,7 +272,7 @@ impl Service {
         let next = request.next_model.as_deref().and_then(|m| self.deployment_of_model(m));
         let (reply, rx) = oneshot::channel();
         self.planner
-            .send_message(PlannerMsg::ProgramCall { program, deployment, next, request, sink, reply })
+            .send_message(PlannerMsg::ProgramCall { program, deployment, next, request, sink, reply, accepted })
             .map_err(|e| ServiceError::Unavailable(e.to_string()))?;
         Ok(rx)
     }

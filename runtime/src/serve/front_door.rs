@@ -269,10 +269,16 @@ async fn handle(api: Arc<Api>, flavor: Flavor, headers: HeaderMap, body: Value) 
     }
     let (tx, rx) = mpsc::unbounded_channel::<String>();
     let requested = parsed.request.max_tokens;
-    let done = api.service.call(program, &parsed.model, parsed.request, TokenSink::new(tx)).map_err(|e| match e {
+    let (accepted, done) = api.service.call_admitted(program, &parsed.model, parsed.request, TokenSink::new(tx)).map_err(|e| match e {
         crate::live::ServiceError::NotServed(m) => ApiError { param: Some("model".into()), ..ApiError::new(StatusCode::NOT_FOUND, "model_not_found", m) },
         other => other.into(),
     })?;
+    // A refusal (the runtime stops, too many programs are open) has its own status, also for a
+    // stream, whose 200 would otherwise be sent first.
+    accepted
+        .await
+        .map_err(|_| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable_error", "the runtime dropped the call"))?
+        .map_err(call_error)?;
     let answer = Answer { flavor, model: parsed.model, requested, context, stream: parsed.stream, include_usage: parsed.include_usage };
     answer.respond(rx, done).await
 }
@@ -405,11 +411,12 @@ impl Answer {
     }
 }
 
-/// Why a scheduled call has no answer, as the client gets it: 503 while the runtime stops, 429
+/// Why a scheduled call has no answer, as the client gets it: 503 once the runtime stops (the
+/// call refused, or abandoned in the queue or on its engine), 429
 /// for a program past `--max-programs`, else the engine's failure (502, without its address).
 fn call_error(m: String) -> ApiError {
     use crate::live::planner_actor::{SHUTTING_DOWN, TOO_MANY_PROGRAMS};
-    if m == SHUTTING_DOWN {
+    if m.starts_with(SHUTTING_DOWN) {
         ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable_error", m)
     } else if m.starts_with(TOO_MANY_PROGRAMS) {
         ApiError::new(StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", m)

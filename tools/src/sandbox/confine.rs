@@ -367,6 +367,17 @@ impl ChildReport {
         self.has(ISOLATION_REFUSED)
     }
 
+    /// What the kernel refused, for [`Self::refused_isolation`]: the user namespace (not root)
+    /// or the mount namespace, with its error.
+    pub(super) fn refusal(&self) -> String {
+        let text = |errno: i32| io::Error::from_raw_os_error(errno).to_string();
+        if self.user_namespace_errno != 0 {
+            format!("the kernel refused a user namespace: {}", text(self.user_namespace_errno))
+        } else {
+            format!("the kernel refused a mount namespace: {}", text(if self.mount_errno != 0 { self.mount_errno } else { libc::EPERM }))
+        }
+    }
+
     /// The child used a host work directory (no private root).
     pub(super) fn used_host_work_dir(&self) -> bool {
         self.has(HOST_WORK_DIR)
@@ -935,17 +946,22 @@ unsafe fn mirror(status: libc::c_int) -> ! {
     }
 }
 
-/// Closes every descriptor but `keep`.
+/// Closes every descriptor but `keep` (`close_range`; on kernels before 5.9, which lack it, one
+/// `close` per descriptor up to `highest`, the highest the caller had open, plus 64 for the
+/// few the child opened itself, which take the lowest free numbers).
 ///
 /// # Safety
 /// Async-signal-safe.
-unsafe fn close_all_but(keep: RawFd) {
-    // SAFETY: close_range only closes descriptors of this process.
+unsafe fn close_all_but(keep: RawFd, highest: RawFd) {
+    // SAFETY: close_range and close only close descriptors of this process.
     unsafe {
-        if keep > 0 {
-            libc::syscall(libc::SYS_close_range, 0 as libc::c_uint, (keep - 1) as libc::c_uint, 0 as libc::c_uint);
+        let below = keep <= 0 || libc::syscall(libc::SYS_close_range, 0 as libc::c_uint, (keep - 1) as libc::c_uint, 0 as libc::c_uint) == 0;
+        let above = libc::syscall(libc::SYS_close_range, (keep + 1) as libc::c_uint, libc::c_uint::MAX, 0 as libc::c_uint) == 0;
+        if !(below && above) {
+            for fd in (0..=highest.max(keep).saturating_add(64)).filter(|&fd| fd != keep) {
+                libc::close(fd);
+            }
         }
-        libc::syscall(libc::SYS_close_range, (keep + 1) as libc::c_uint, libc::c_uint::MAX, 0 as libc::c_uint);
     }
 }
 
@@ -956,14 +972,14 @@ unsafe fn close_all_but(keep: RawFd) {
 ///
 /// # Safety
 /// Only in S after the fork of init; never returns.
-unsafe fn supervise_init(init: libc::pid_t, status_read: RawFd, report_fd: RawFd) -> ! {
+unsafe fn supervise_init(init: libc::pid_t, status_read: RawFd, report_fd: RawFd, highest_fd: RawFd) -> ! {
     // SAFETY: raw, async-signal-safe system calls on plain data.
     unsafe {
         // The parent watches init's exit to know the whole namespace is gone.
         let mut message = [INIT_TAG, 0, 0, 0, 0];
         message[1..].copy_from_slice(&init.to_ne_bytes());
         libc::write(report_fd, message.as_ptr().cast(), message.len());
-        close_all_but(status_read);
+        close_all_but(status_read, highest_fd);
         // `errno` is not read here: the init and the program's process share this memory, and
         // with it the thread-local errno, until the program's `execve`.
         let mut status: libc::c_int = 0;
@@ -992,10 +1008,10 @@ unsafe fn supervise_init(init: libc::pid_t, status_read: RawFd, report_fd: RawFd
 ///
 /// # Safety
 /// Only in init after the fork of the program; never returns.
-unsafe fn run_init(program: libc::pid_t, status_write: RawFd) -> ! {
+unsafe fn run_init(program: libc::pid_t, status_write: RawFd, highest_fd: RawFd) -> ! {
     // SAFETY: raw, async-signal-safe system calls on plain data.
     unsafe {
-        close_all_but(status_write);
+        close_all_but(status_write, highest_fd);
         loop {
             let mut status: libc::c_int = 0;
             let rc = libc::waitpid(-1, &mut status, 0);
@@ -1129,7 +1145,7 @@ pub(super) unsafe fn confine_child(plan: &ChildPlan) -> io::Result<()> {
                 return Err(io::Error::last_os_error());
             }
             // `start` stays valid: S never returns from here.
-            supervise_init(init, pipe[0], plan.report_fd);
+            supervise_init(init, pipe[0], plan.report_fd, plan.highest_fd);
         }
         confine_program(plan, report, mount_namespace)
     }
@@ -1161,7 +1177,7 @@ extern "C" fn init_main(arg: *mut libc::c_void) -> libc::c_int {
             report_error(start.plan.report_fd, errno());
             libc::_exit(127);
         }
-        run_init(program, start.status_write);
+        run_init(program, start.status_write, start.plan.highest_fd);
     }
 }
 
@@ -1270,7 +1286,7 @@ unsafe fn confine_program(plan: &ChildPlan, mut report: ChildReport, mount_names
         // A descriptor the caller inherited without close-on-exec (a make jobserver pipe, a
         // wrapper's fd 3) must not reach the program, also on kernels without the flag.
         if libc::syscall(libc::SYS_close_range, 3 as libc::c_uint, libc::c_uint::MAX, libc::CLOSE_RANGE_CLOEXEC) != 0 {
-            mark_close_on_exec(3, plan.highest_fd);
+            mark_close_on_exec(3, plan.highest_fd.saturating_add(64));
         }
         report.flags |= SECCOMP;
         let mut message = [REPORT_TAG; REPORT_LEN + 1];

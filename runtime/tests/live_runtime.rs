@@ -804,6 +804,13 @@ meter: Default::default(),
     println!("  of which after the grant (actor hops): median {:.1} µs, p99 {:.1} µs", a50 * 1e6, a99 * 1e6);
 }
 
+/// A served runtime's configuration with the tiny chain fixture on the small pool.
+fn served_tiny_chain() -> LiveConfig {
+    let tiny = Arc::new(load_workflow(&repo().join("tests/fixtures/tiny_chain.yaml")).expect("fixture"));
+    let pool = PoolSpec::load(&repo().join("workflows/pools/small.yaml")).expect("bundled pool");
+    live_config(RunConfig::served(vec![tiny], pool))
+}
+
 /// A front-door call of one user message and 8 answer tokens; `last` ends its program.
 fn front_door_call(content: &str, last: bool) -> switchyard_runtime::live::program_actor::ProgramRequest {
     switchyard_runtime::live::program_actor::ProgramRequest {
@@ -824,9 +831,7 @@ fn a_call_while_the_service_stops_is_refused_as_unavailable() {
     use switchyard_runtime::live::engine::TokenSink;
     use switchyard_runtime::live::{Service, ServiceError};
 
-    let tiny = Arc::new(load_workflow(&repo().join("tests/fixtures/tiny_chain.yaml")).expect("fixture"));
-    let pool = PoolSpec::load(&repo().join("workflows/pools/small.yaml")).expect("bundled pool");
-    let cfg = live_config(RunConfig::served(vec![tiny], pool));
+    let cfg = served_tiny_chain();
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     rt.block_on(async {
         let service = Service::start(&cfg, FakeFactory::new(1, Faults::default())).await.expect("service");
@@ -861,13 +866,10 @@ fn a_queued_call_whose_client_went_away_is_withdrawn() {
     use switchyard_runtime::live::Service;
     use switchyard_runtime::live::engine::TokenSink;
 
-    let tiny = Arc::new(load_workflow(&repo().join("tests/fixtures/tiny_chain.yaml")).expect("fixture"));
-    let pool = PoolSpec::load(&repo().join("workflows/pools/small.yaml")).expect("bundled pool");
-    let mut run = RunConfig::served(vec![tiny], pool);
+    let mut cfg = served_tiny_chain();
     // One replica taking one call at a time: the second and third calls queue.
-    run.max_num_seqs = 1;
-    run.substrate.replica_cap = Some(1);
-    let cfg = live_config(run);
+    cfg.run.max_num_seqs = 1;
+    cfg.run.substrate.replica_cap = Some(1);
     let factory = FakeFactory::new(300, Faults::default());
     let counters = Arc::clone(&factory.counters);
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
@@ -909,9 +911,7 @@ fn programs_past_the_limit_are_refused() {
     use switchyard_runtime::live::engine::TokenSink;
     use switchyard_runtime::live::planner_actor::TOO_MANY_PROGRAMS;
 
-    let tiny = Arc::new(load_workflow(&repo().join("tests/fixtures/tiny_chain.yaml")).expect("fixture"));
-    let pool = PoolSpec::load(&repo().join("workflows/pools/small.yaml")).expect("bundled pool");
-    let mut cfg = live_config(RunConfig::served(vec![tiny], pool));
+    let mut cfg = served_tiny_chain();
     cfg.max_programs = 2;
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let outcomes = rt.block_on(async {
@@ -971,9 +971,7 @@ fn a_served_runtime_folds_its_gpu_timeline_and_keeps_the_partition() {
     use switchyard_runtime::live::Service;
     use switchyard_runtime::live::engine::TokenSink;
 
-    let tiny = Arc::new(load_workflow(&repo().join("tests/fixtures/tiny_chain.yaml")).expect("fixture"));
-    let pool = PoolSpec::load(&repo().join("workflows/pools/small.yaml")).expect("bundled pool");
-    let mut cfg = live_config(RunConfig::served(vec![tiny], pool));
+    let mut cfg = served_tiny_chain();
     cfg.timeline_segments = 4;
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let out = rt.block_on(async {
@@ -1108,9 +1106,7 @@ fn a_streamed_answer_that_broke_off_after_reaching_its_caller_is_not_retried() {
     // caller streams the answer) fails rather than send a second attempt's text after the
     // first's; the runtime's own sessions (no caller streaming) still retry
     // (`bad_answers_are_retried_with_backoff`).
-    let tiny = Arc::new(load_workflow(&repo().join("tests/fixtures/tiny_chain.yaml")).expect("fixture"));
-    let pool = PoolSpec::load(&repo().join("workflows/pools/small.yaml")).expect("bundled pool");
-    let cfg = live_config(RunConfig::served(vec![tiny], pool));
+    let cfg = served_tiny_chain();
     let factory = FakeFactory::new(1, Faults { bad_attempts_per_request: 1, ..Faults::default() });
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let (answer, pieces, out) = rt.block_on(async {
@@ -1253,9 +1249,7 @@ fn a_programs_key_reaches_a_live_program_or_starts_a_new_one_never_one_that_is_e
     use switchyard_runtime::live::Service;
     use switchyard_runtime::live::engine::TokenSink;
 
-    let tiny = Arc::new(load_workflow(&repo().join("tests/fixtures/tiny_chain.yaml")).expect("fixture"));
-    let pool = PoolSpec::load(&repo().join("workflows/pools/small.yaml")).expect("bundled pool");
-    let mut cfg = live_config(RunConfig::served(vec![tiny], pool));
+    let mut cfg = served_tiny_chain();
     cfg.program_idle = Duration::from_millis(30);
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let (answers, out) = rt.block_on(async {

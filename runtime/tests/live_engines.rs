@@ -312,6 +312,72 @@ async fn a_streamed_call_answered_with_one_json_body_is_read_as_a_whole_answer()
     }
 }
 
+/// An upstream server is a network peer: one that streams text past the call's token limit,
+/// sends an event-stream line that never ends, answers with a body of gigabytes or redirects to
+/// another host is cut off with a bad-response error, quickly, without buffering what it sends
+/// (each of these grew this process's memory until the request timeout, or followed the
+/// redirect with the pool's headers).
+#[tokio::test]
+async fn a_hostile_upstream_is_cut_off_not_buffered() {
+    use axum::response::IntoResponse;
+    let endless = |piece: &'static str| {
+        futures::stream::unfold((), move |()| async move { Some((Ok::<_, std::convert::Infallible>(bytes_of(piece)), ())) })
+    };
+    fn bytes_of(s: &'static str) -> axum::body::Bytes {
+        axum::body::Bytes::from_static(s.as_bytes())
+    }
+    let app = axum::Router::new()
+        .route(
+            "/text/v1/completions",
+            axum::routing::post(move || async move {
+                let chunk = "data: {\"choices\":[{\"index\":0,\"text\":\" many words at once, over and over\"}]}\n\n";
+                ([(axum::http::header::CONTENT_TYPE, "text/event-stream")], axum::body::Body::from_stream(endless(chunk))).into_response()
+            }),
+        )
+        .route(
+            "/line/v1/completions",
+            axum::routing::post(move || async move {
+                ([(axum::http::header::CONTENT_TYPE, "text/event-stream")], axum::body::Body::from_stream(endless("data: xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"))).into_response()
+            }),
+        )
+        .route(
+            "/body/v1/completions",
+            axum::routing::post(move || async move {
+                ([(axum::http::header::CONTENT_TYPE, "application/json")], axum::body::Body::from_stream(endless("{\"choices\":[\"xxxxxxxxxxxxxxxx"))).into_response()
+            }),
+        )
+        .route(
+            "/usage/v1/completions",
+            axum::routing::post(|| async {
+                let absurd = u32::MAX;
+                axum::Json(serde_json::json!({"choices": [{"index": 0, "text": "hi"}],
+                    "usage": {"prompt_tokens": absurd, "completion_tokens": absurd, "prompt_tokens_details": {"cached_tokens": absurd}}}))
+            }),
+        )
+        .route(
+            "/redirect/v1/completions",
+            axum::routing::post(|| async { axum::response::Redirect::temporary("http://192.0.2.1/v1/completions") }),
+        );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let root = format!("http://{}", listener.local_addr().unwrap());
+    let task = tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    for (path, stream) in [("text", true), ("line", true), ("body", false), ("redirect", false)] {
+        let e = OpenAiEngine::new(&format!("{root}/{path}/v1"), MODEL, options()).unwrap();
+        let started = std::time::Instant::now();
+        let err = e.submit(request(1, "hi", None, stream)).await.unwrap_err();
+        assert!(matches!(err, EngineError::BadResponse(_)), "{path}: {err:?}");
+        assert!(started.elapsed() < Duration::from_secs(15), "{path}: cut off only after {:?}", started.elapsed());
+    }
+    // Absurd counts are held to what the request allows (their sum overflowed a u32 in the
+    // report's token work).
+    let e = OpenAiEngine::new(&format!("{root}/usage/v1"), MODEL, options()).unwrap();
+    let c = e.submit(request(1, "hi", None, false)).await.unwrap();
+    assert_eq!((c.output_tokens, c.cached_prompt_tokens <= c.prompt_tokens), (256, true), "{c:?}");
+    task.abort();
+}
+
 /// An SSE endpoint that waits `first_after` before its first chunk, then streams `chunks`
 /// pieces " tok" every `every`, then `[DONE]` — or, with `done` false, ends the stream
 /// without it (an answer broken off).

@@ -63,7 +63,8 @@ impl Counters {
         self.generated_tokens += u64::from(output_tokens);
         self.prompt_tokens += u64::from(prompt_tokens);
         self.cached_prompt_tokens += u64::from(cached_prompt_tokens);
-        let x = (prompt_tokens.saturating_sub(cached_prompt_tokens) + output_tokens) as f64;
+        // In f64: a server's counts are a peer's numbers, and their u32 sum may overflow.
+        let x = f64::from(prompt_tokens.saturating_sub(cached_prompt_tokens)) + f64::from(output_tokens);
         *work.entry((deployment, workflow)).or_insert(0.0) += x;
     }
 }

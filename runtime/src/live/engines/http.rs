@@ -143,6 +143,9 @@ pub(crate) fn build_client(options: &HttpOptions) -> Result<Client, EngineError>
     }
     Client::builder()
         .default_headers(headers)
+        // No redirects: a redirect to another host would carry the pool's headers (reqwest
+        // strips only `Authorization` and cookies) and re-post the prompt there.
+        .redirect(reqwest::redirect::Policy::none())
         .connect_timeout(CONNECT_TIMEOUT)
         .timeout(options.request_timeout)
         .no_proxy()
@@ -169,6 +172,74 @@ fn error_chain(e: &dyn std::error::Error) -> String {
         source = inner.source();
     }
     s
+}
+
+/// Most bytes read of a whole response body (an answer, a models list, `/metrics`): an
+/// upstream server is a network peer, and a body it never ends must not fill this process.
+const MAX_BODY_BYTES: usize = 32 << 20;
+/// Most bytes of an error response's body read (only an excerpt is kept).
+const MAX_ERROR_BODY_BYTES: usize = 64 << 10;
+/// Most bytes of one server-sent event (its lines up to the blank line that ends it): the SSE
+/// parser keeps an event's lines until it ends, and parses its buffer again at every chunk.
+const MAX_SSE_EVENT_BYTES: usize = 1 << 20;
+
+/// A response body, read up to `cap` bytes (more is an error, not a truncation: a cut JSON body
+/// is no answer).
+async fn read_capped(what: &str, mut response: reqwest::Response, cap: usize) -> Result<Vec<u8>, EngineError> {
+    let mut body = Vec::new();
+    while let Some(chunk) = response.chunk().await.map_err(|e| transport_error(what, &e))? {
+        if body.len() + chunk.len() > cap {
+            return Err(EngineError::BadResponse(format!("{what}: a response body longer than {cap} bytes")));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
+}
+
+/// Why an event stream's bytes stopped: the transport, or an event past [`MAX_SSE_EVENT_BYTES`].
+#[derive(Debug)]
+enum StreamBytesError {
+    Transport(reqwest::Error),
+    EventTooLong,
+}
+
+impl std::fmt::Display for StreamBytesError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StreamBytesError::Transport(e) => write!(f, "{e}"),
+            StreamBytesError::EventTooLong => write!(f, "an event longer than {MAX_SSE_EVENT_BYTES} bytes"),
+        }
+    }
+}
+
+/// The bytes of an event stream handed on in whole lines (a line's start is held here until its
+/// newline, so the SSE parser never re-parses an unfinished line), cut with an error once one
+/// event passes [`MAX_SSE_EVENT_BYTES`].
+fn sse_bounded<B: AsRef<[u8]>>(
+    bytes: impl futures::Stream<Item = Result<B, reqwest::Error>>,
+) -> impl futures::Stream<Item = Result<Vec<u8>, StreamBytesError>> {
+    let mut partial: Vec<u8> = Vec::new();
+    let mut event_bytes = 0usize;
+    bytes.map(move |chunk| {
+        let chunk = chunk.map_err(StreamBytesError::Transport)?;
+        let mut rest = chunk.as_ref();
+        let mut whole = Vec::new();
+        while let Some(i) = rest.iter().position(|&b| b == b'\n') {
+            partial.extend_from_slice(&rest[..=i]);
+            rest = &rest[i + 1..];
+            let blank = matches!(partial.as_slice(), b"\n" | b"\r\n");
+            event_bytes = if blank { 0 } else { event_bytes + partial.len() };
+            if event_bytes > MAX_SSE_EVENT_BYTES {
+                return Err(StreamBytesError::EventTooLong);
+            }
+            whole.append(&mut partial);
+        }
+        partial.extend_from_slice(rest);
+        if event_bytes + partial.len() > MAX_SSE_EVENT_BYTES {
+            return Err(StreamBytesError::EventTooLong);
+        }
+        Ok(whole)
+    })
 }
 
 fn excerpt(body: &str) -> String {
@@ -212,8 +283,16 @@ pub(crate) fn status_error(
 async fn response_error(what: &str, response: reqwest::Response) -> EngineError {
     let status = response.status();
     let retry = retry_after(response.headers());
-    let body = response.text().await.unwrap_or_default();
-    status_error(what, status, retry, &body)
+    // Only an excerpt is kept: a longer body is read no further.
+    let mut body = Vec::new();
+    let mut response = response;
+    while let Ok(Some(chunk)) = response.chunk().await {
+        body.extend_from_slice(&chunk);
+        if body.len() >= MAX_ERROR_BODY_BYTES {
+            break;
+        }
+    }
+    status_error(what, status, retry, &String::from_utf8_lossy(&body))
 }
 
 /// Usage numbers of an OpenAI response (`prompt_tokens_details.cached_tokens` may be absent
@@ -251,6 +330,15 @@ fn counted_usage(text: &str, prompt_tokens: u32) -> (u32, u32, u32) {
     (prompt_tokens, output, 0)
 }
 
+/// A server's `usage` held to what the request allows: at most `max_tokens` generated, at most
+/// the prompt cached (the counts of a buggy or hostile peer would skew the planner's output
+/// histories and the report's GPU-time attribution).
+fn within_limits(mut c: Completion, request: &LlmRequest) -> Completion {
+    c.output_tokens = c.output_tokens.min(request.max_tokens);
+    c.cached_prompt_tokens = c.cached_prompt_tokens.min(c.prompt_tokens);
+    c
+}
+
 /// Folds a stream of OpenAI chunks into a completion.
 #[derive(Debug, Default)]
 pub(crate) struct StreamFold {
@@ -263,7 +351,7 @@ impl StreamFold {
     /// Takes one parsed chunk observed `elapsed` after submission.
     pub(crate) fn push(&mut self, chunk: &Value, elapsed: Duration) -> Result<(), EngineError> {
         if let Some(err) = chunk.get("error") {
-            return Err(EngineError::BadResponse(format!("stream error: {err}")));
+            return Err(EngineError::BadResponse(format!("stream error: {}", excerpt(&err.to_string()))));
         }
         if let Some(choices) = chunk.get("choices").and_then(Value::as_array) {
             for c in choices {
@@ -677,7 +765,7 @@ impl HttpEngine {
             .and_then(|v| v.to_str().ok())
             .is_some_and(|v| v.trim_start().to_ascii_lowercase().starts_with("application/json"));
         if !request.stream || json_body {
-            let read = async { response.bytes().await.map_err(|e| transport_error(&what, &e)) };
+            let read = read_capped(&what, response, MAX_BODY_BYTES);
             let bytes = self.watched(&what, read, started, deadline).await?;
             let latency = started.elapsed();
             let body: Value = serde_json::from_slice(&bytes).map_err(|e| {
@@ -686,13 +774,16 @@ impl HttpEngine {
                     excerpt(&String::from_utf8_lossy(&bytes))
                 ))
             })?;
-            let completion = parse_full(&body, latency, request.prompt_tokens)?;
+            let completion = within_limits(parse_full(&body, latency, request.prompt_tokens)?, &request);
             if !request.sink.send(&completion.text) {
                 return Err(EngineError::Cancelled(format!("{what}: the caller went away")));
             }
             return Ok(completion);
         }
-        let mut events = response.bytes_stream().eventsource();
+        let mut events = sse_bounded(response.bytes_stream()).eventsource();
+        // The answer's text cannot be longer than its token limit allows: a server that streams
+        // on past it (a bug, or a hostile peer) is cut off, not buffered.
+        let text_cap = (request.max_tokens as usize).saturating_mul(tokens::MAX_TOKEN_BYTES).saturating_add(4096);
         let mut fold = StreamFold::default();
         let mut done = false;
         let mut any_event = false;
@@ -704,7 +795,7 @@ impl HttpEngine {
             let next = async { Ok(events.next().await) };
             let Some(event) = self.watched(&what, next, started, limit).await? else { break };
             let event = event.map_err(|e| match e {
-                eventsource_stream::EventStreamError::Transport(t) => transport_error(&what, &t),
+                eventsource_stream::EventStreamError::Transport(StreamBytesError::Transport(t)) => transport_error(&what, &t),
                 other => EngineError::BadResponse(format!("{what}: bad event stream: {other}")),
             })?;
             any_event = true;
@@ -720,6 +811,12 @@ impl HttpEngine {
             })?;
             let before = fold.text.len();
             fold.push(&chunk, started.elapsed())?;
+            if fold.text.len() > text_cap {
+                return Err(EngineError::BadResponse(format!(
+                    "{what}: the stream's text passed {text_cap} bytes, more than {} tokens can hold",
+                    request.max_tokens
+                )));
+            }
             // What this attempt has cost the engine so far, in case it does not finish.
             if fold.first_choice_at.is_some() {
                 request.meter.first_token();
@@ -744,7 +841,7 @@ impl HttpEngine {
                 "{what}: the stream ended before [DONE]"
             )));
         }
-        Ok(fold.finish(started.elapsed(), request.prompt_tokens))
+        Ok(within_limits(fold.finish(started.elapsed(), request.prompt_tokens), &request))
     }
 
     async fn post_ok(&self, path_and_query: &str, body: Option<Value>) -> Result<(), EngineError> {
@@ -885,7 +982,8 @@ impl HttpEngine {
             .send()
             .await
             && response.status().is_success()
-            && let Ok(v) = response.json::<Value>().await
+            && let Ok(body) = read_capped("GET /version", response, MAX_ERROR_BODY_BYTES).await
+            && let Ok(v) = serde_json::from_slice::<Value>(&body)
         {
             facts.version = v.get("version").and_then(Value::as_str).map(str::to_string);
             facts.emulator = v.get("switchyard_emulate").is_some();
@@ -900,9 +998,8 @@ impl HttpEngine {
         if !response.status().is_success() {
             return Err(response_error(&what, response).await);
         }
-        let list: Value = response
-            .json()
-            .await
+        let body = read_capped(&what, response, MAX_BODY_BYTES).await?;
+        let list: Value = serde_json::from_slice(&body)
             .map_err(|e| EngineError::BadResponse(format!("{what}: unparsable models list: {e}")))?;
         let entries = list.get("data").and_then(Value::as_array).cloned().unwrap_or_default();
         let served: Vec<&str> = entries.iter().filter_map(|m| m.get("id")?.as_str()).collect();
@@ -911,7 +1008,7 @@ impl HttpEngine {
                 "model `{}` is not served at {} (it serves: {}); map it in the pool file's `engine.models`",
                 self.model,
                 self.api,
-                if served.is_empty() { "nothing".to_string() } else { served.join(", ") }
+                if served.is_empty() { "nothing".to_string() } else { excerpt(&served.join(", ")) }
             )));
         };
         facts.max_model_len = served_context(entry);
@@ -948,10 +1045,8 @@ impl HttpEngine {
         if !status.is_success() {
             return Err(response_error(&what, response).await);
         }
-        let body = response
-            .text()
-            .await
-            .map_err(|e| transport_error(&what, &e))?;
+        let body = read_capped(&what, response, MAX_BODY_BYTES).await?;
+        let body = String::from_utf8_lossy(&body);
         MetricsSnapshot::parse(&body).map_err(|e| EngineError::BadResponse(format!("{what}: {e}")))
     }
 

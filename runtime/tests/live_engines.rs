@@ -370,6 +370,10 @@ async fn a_hostile_upstream_is_cut_off_not_buffered() {
         assert!(matches!(err, EngineError::BadResponse(_)), "{path}: {err:?}");
         assert!(started.elapsed() < Duration::from_secs(15), "{path}: cut off only after {:?}", started.elapsed());
     }
+    // Credentials in a URL would be printed wherever the endpoint is named: refused, without
+    // echoing them.
+    let refused = OpenAiEngine::new("http://user:s3cret@127.0.0.1:1/v1", MODEL, options()).err().map(|e| e.to_string());
+    assert!(refused.as_deref().is_some_and(|m| m.contains("credentials") && !m.contains("s3cret")), "{refused:?}");
     // Absurd counts are held to what the request allows (their sum overflowed a u32 in the
     // report's token work).
     let e = OpenAiEngine::new(&format!("{root}/usage/v1"), MODEL, options()).unwrap();

@@ -541,6 +541,14 @@ impl HttpEngine {
                 "base URL `{base}` is not http(s)"
             )));
         }
+        // Credentials in the URL would be printed wherever the endpoint is named (errors,
+        // notes, logs): they go in `api_key_env` or `headers`, which are never printed.
+        let authority = base.split_once("://").map_or("", |(_, rest)| rest.split('/').next().unwrap_or(""));
+        if authority.contains('@') {
+            return Err(EngineError::Lifecycle(
+                "the base URL carries credentials (`user:key@host`): give the key in `api_key_env` or `headers` instead".into(),
+            ));
+        }
         Ok(HttpEngine {
             kind,
             client: build_client(&options)?,

@@ -441,9 +441,12 @@ fn terminate(e: &Entry, grace: Duration) -> (Vec<i32>, Vec<i32>) {
     if signalled.is_empty() {
         return (Vec::new(), Vec::new());
     }
+    // Without the leader, each pid is signalled only while it still is the entry's (its tag
+    // checked just before): a worker that exited during the grace may have its pid taken by an
+    // unrelated process by the time SIGKILL goes out.
     let signal_all = |sig| match &singles {
         None => send(-e.pgid, sig),
-        Some(pids) => pids.iter().for_each(|&p| send(p, sig)),
+        Some(_) => still_running(e, &singles).into_iter().for_each(|p| send(p, sig)),
     };
     signal_all(libc::SIGTERM);
     let deadline = Instant::now() + grace;

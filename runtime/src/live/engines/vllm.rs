@@ -39,7 +39,7 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex, OnceLock, mpsc};
 use std::time::{Duration, Instant};
 
-use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, BufReader};
 use tokio::process::{Child, Command};
 
 use super::http::{HttpEngine, HttpOptions};
@@ -226,6 +226,8 @@ impl ManagedCommand {
     pub fn base_url(&self, port: u16) -> String {
         let host = match self.host.as_str() {
             "0.0.0.0" | "::" | "[::]" => "127.0.0.1",
+            // An IPv6 literal is bracketed in a URL (`http://::1:8000` is no URL).
+            h if h.contains(':') && !h.starts_with('[') => return format!("http://[{h}]:{port}"),
             h => h,
         };
         format!("http://{host}:{port}")
@@ -253,7 +255,22 @@ fn drain<R: AsyncRead + Unpin + Send + 'static>(reader: R, log: Arc<Mutex<LogTai
         let mut buf = Vec::new();
         loop {
             buf.clear();
-            match reader.read_until(b'\n', &mut buf).await {
+            // A line is kept to its first `LOG_LINE_CHARS` characters: its rest, however long
+            // (a child that prints without a newline), is read and dropped, never held.
+            let mut line = (&mut reader).take(4 * LOG_LINE_CHARS as u64);
+            let read = line.read_until(b'\n', &mut buf).await;
+            if matches!(read, Ok(n) if n > 0) && !buf.ends_with(b"\n") {
+                let mut rest = Vec::new();
+                loop {
+                    rest.clear();
+                    match (&mut reader).take(64 << 10).read_until(b'\n', &mut rest).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(_) if rest.ends_with(b"\n") => break,
+                        Ok(_) => {}
+                    }
+                }
+            }
+            match read {
                 Ok(0) | Err(_) => break,
                 Ok(_) => {
                     let line: String = String::from_utf8_lossy(&buf)
@@ -823,6 +840,9 @@ impl VllmEngine {
             return Ok(());
         };
         let pgid = r.pgid;
+        // The caller may give up on this stop (a shutdown's timeout drops the future): the
+        // group is then killed at once, rather than left running with no `Running` to find.
+        let guard = KillGroupOnDrop(Some(pgid));
         signal_group(pgid, libc::SIGTERM);
         // A stopped process (SIGSTOP, a debugger) cannot act on SIGTERM until it runs again.
         signal_group(pgid, libc::SIGCONT);
@@ -839,6 +859,7 @@ impl VllmEngine {
         loop {
             let left = process_group_members(pgid);
             if left.is_empty() {
+                guard.disarm();
                 self.forget(&r);
                 tracing::info!(kind = self.kind, pid = pgid, "replica process stopped");
                 return Ok(());
@@ -856,6 +877,23 @@ impl VllmEngine {
     pub async fn restart(&self) -> Result<(), EngineError> {
         self.stop().await?;
         self.start().await
+    }
+}
+
+/// SIGKILLs a process group when dropped armed ([`VllmEngine::stop_locked`]'s stop cut short).
+struct KillGroupOnDrop(Option<i32>);
+
+impl KillGroupOnDrop {
+    fn disarm(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for KillGroupOnDrop {
+    fn drop(&mut self) {
+        if let Some(pgid) = self.0 {
+            signal_group(pgid, libc::SIGKILL);
+        }
     }
 }
 
@@ -943,11 +981,51 @@ impl Engine for VllmEngine {
 mod tests {
     use super::*;
 
+    #[test]
+    fn a_stop_cut_short_kills_the_group() {
+        use std::os::unix::process::CommandExt;
+        // A leader and a worker in a group of their own, as a managed server runs.
+        let mut leader = std::process::Command::new("/bin/sh")
+            .args(["-c", "sleep 30 & wait"])
+            .process_group(0)
+            .spawn()
+            .expect("sh");
+        let pgid = leader.id() as i32;
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while process_group_members(pgid).len() < 2 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(process_group_members(pgid).len() >= 2, "the worker started");
+        let disarmed = KillGroupOnDrop(Some(pgid));
+        disarmed.disarm();
+        assert!(!process_group_members(pgid).is_empty(), "a disarmed guard kills nothing");
+        drop(KillGroupOnDrop(Some(pgid)));
+        let _ = leader.wait();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !process_group_members(pgid).is_empty() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(process_group_members(pgid).is_empty(), "the worker went with the group");
+    }
+
     fn vars() -> BTreeMap<String, String> {
         [("model", "Qwen/Qwen3-8B"), ("gpu", "2"), ("util", "0.9")]
             .into_iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect()
+    }
+
+    #[test]
+    fn base_urls_bracket_ipv6_hosts() {
+        let url = |host: &str| {
+            ManagedCommand::new(&CommandTemplate::Line("vllm serve --port {port}".into()), BTreeMap::new(), vars(), host, None)
+                .expect("command")
+                .base_url(8000)
+        };
+        assert_eq!(url("::1"), "http://[::1]:8000");
+        assert_eq!(url("[::1]"), "http://[::1]:8000");
+        assert_eq!(url("0.0.0.0"), "http://127.0.0.1:8000");
+        assert_eq!(url("10.0.0.5"), "http://10.0.0.5:8000");
     }
 
     #[test]

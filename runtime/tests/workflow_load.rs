@@ -187,6 +187,20 @@ fn loops_need_a_bound() {
     assert_at(&e, ErrorKind::BadLoop, 21, 5, "loops.again.max_rounds");
     let e = err(&LOOPED.replace("max_rounds: 2", "max_rounds: 0"));
     assert_at(&e, ErrorKind::BadLoop, 24, 17, "loops.again.max_rounds");
+    // Rounds × body nodes bound the activations a session holds: 10 nodes × 10,000 rounds is
+    // the most, one node more is refused at the loop's `max_rounds`.
+    let chain = |n: usize| {
+        let mut y = String::from("name: t\ndeployments:\n  small: {model: Qwen3-0.6B, max_context: 2048, max_output_tokens: 256}\nnodes:\n");
+        for i in 0..n {
+            let after = if i == 0 { String::new() } else { format!("    after: [n{}]\n", i - 1) };
+            y += &format!("  - id: n{i}\n    deployment: small\n{after}    output: {{schema: {{type: object, properties: {{ok: {{type: boolean}}}}, required: [ok]}}, verdict: ok}}\n    prompt: \"step {i}\"\n");
+        }
+        let body: Vec<String> = (0..n).map(|i| format!("n{i}")).collect();
+        y + &format!("loops:\n  - id: l\n    body: [{}]\n    continue_when: {{node: n{}, verdict: false}}\n    max_rounds: 10000\n", body.join(", "), n - 1)
+    };
+    parse(&chain(10)).unwrap_or_else(|e| panic!("{e}"));
+    let e = err(&chain(11));
+    assert!(e.to_string().contains("loops.l.max_rounds") && e.to_string().contains("110000 activations"), "{e}");
     let e = err(&LOOPED.replace("continue_when: {node: check", "continue_when: {node: gen"));
     assert_at(
         &e,

@@ -1441,6 +1441,19 @@ fn loops(
                         format!("max_rounds {v} must be between 1 and {}", super::MAX_LOOP_ROUNDS),
                     ));
                 }
+                let activations = u64::from(v) * body.len() as u64;
+                if activations > super::MAX_LOOP_ACTIVATIONS {
+                    return Err(ctx.err(
+                        r.pos,
+                        &format!("{field}.max_rounds"),
+                        ErrorKind::BadLoop,
+                        format!(
+                            "max_rounds {v} × {} body nodes is {activations} activations a session may create; at most {}",
+                            body.len(),
+                            super::MAX_LOOP_ACTIVATIONS
+                        ),
+                    ));
+                }
                 v
             }
         };

@@ -798,6 +798,11 @@ async fn invalid_parameters_get_400_naming_the_param() {
         (&completions, json!({"prompt": "x", "top_k": -5}), "top_k"),
         (&completions, json!({"prompt": "x", "presence_penalty": 9}), "presence_penalty"),
         (&completions, json!({"prompt": "x", "min_tokens": 20, "max_tokens": 5}), "min_tokens"),
+        // Against the default limit too (16 for completions, what the context leaves for chat).
+        (&completions, json!({"prompt": "x", "min_tokens": 100}), "min_tokens"),
+        (&chat, json!({"messages": msgs, "min_tokens": 1_000_000}), "min_tokens"),
+        // A token id outside the vocabulary, as vLLM's input processor refuses it.
+        (&completions, json!({"prompt": [4_294_967_295u64]}), "prompt"),
         (&completions, json!({"prompt": "x", "logprobs": 2}), "logprobs"),
         (&completions, json!({"prompt": "x", "suffix": "y"}), "suffix"),
         (&completions, json!({"prompt": "x", "stream_options": {"include_usage": true}}), "stream_options"),
@@ -1032,6 +1037,28 @@ async fn a_sleep_aborts_the_requests_in_flight_or_waits_for_them() {
     let v: Value = serde_json::from_str(&text).unwrap();
     assert_eq!(v["choices"][0]["finish_reason"], "length");
     assert_eq!(v["usage"]["completion_tokens"], 2000);
+    s.shutdown().await.unwrap();
+}
+
+/// A `/sleep?mode=wait` whose client goes away during the drain ends its pause: later requests
+/// are served, and a later sleep is not "already in progress" (the pause stayed on for good,
+/// every completion refused with 503 while `/health` answered 200).
+#[tokio::test]
+async fn a_sleep_whose_client_went_away_during_the_drain_ends_its_pause() {
+    let (s, c, base) = slow_server(10.0).await;
+    let completions = format!("{base}/v1/completions");
+    let c2 = c.clone();
+    let url = completions.clone();
+    let pending = tokio::spawn(async move { post(&c2, url, json!({"prompt": "hello", "max_tokens": 2000})).await });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    // The client gives up on the sleep while the request above still runs.
+    let gave_up = c.post(format!("{base}/sleep?level=1&mode=wait")).timeout(Duration::from_millis(200)).send().await;
+    assert!(gave_up.is_err(), "the drain outlasted the client's timeout");
+    let (status, text) = pending.await.unwrap();
+    assert_eq!(status, 200, "{text}");
+    let (status, text) = post(&c, completions, json!({"prompt": "again", "max_tokens": 4})).await;
+    assert_eq!(status, 200, "served after the abandoned sleep: {text}");
+    assert_eq!(c.post(format!("{base}/sleep?level=1")).send().await.unwrap().status(), 200);
     s.shutdown().await.unwrap();
 }
 

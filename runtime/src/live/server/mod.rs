@@ -994,6 +994,10 @@ fn prepare_completion(shared: &Shared, body: &[u8]) -> Result<Prepared, ApiError
     if prompts.is_empty() {
         return Err(ApiError::bad_param("prompt", "Prompt must not be empty."));
     }
+    // As vLLM's input processor: a token id outside the vocabulary is the client's error.
+    if let Some(id) = prompts.iter().flat_map(|p| p.ids.iter()).find(|&&id| tokens::decode_bytes(&[id]).is_empty()) {
+        return Err(ApiError::bad_param("prompt", format!("Token id {id} is out of vocabulary")));
+    }
     let limit = checked.max_tokens.unwrap_or(COMPLETIONS_DEFAULT_MAX_TOKENS);
     for p in &prompts {
         if p.ids.is_empty() {
@@ -1003,6 +1007,7 @@ fn prepare_completion(shared: &Shared, body: &[u8]) -> Result<Prepared, ApiError
             return Err(context_error(shared, p.ids.len(), Some(limit), "prompt"));
         }
     }
+    min_tokens_within(&checked, limit)?;
     check_samples(prompts.len(), checked.n)?;
     Ok(Prepared {
         api: Api::Completions,
@@ -1055,6 +1060,7 @@ fn prepare_chat(shared: &Shared, body: &[u8]) -> Result<Prepared, ApiError> {
         None if ids.len() >= len => return Err(context_error(shared, ids.len(), None, "messages")),
         None => (len - ids.len()) as u32,
     };
+    min_tokens_within(&checked, limit)?;
     check_samples(1, checked.n)?;
     Ok(Prepared {
         api: Api::Chat,
@@ -1064,6 +1070,18 @@ fn prepare_chat(shared: &Shared, body: &[u8]) -> Result<Prepared, ApiError> {
         echo: false,
         checked,
     })
+}
+
+/// `min_tokens` against the limit in force — the client's `max_tokens`, else the default (16
+/// for completions, what the context leaves for chat) — as vLLM's sampling parameters check it.
+fn min_tokens_within(checked: &protocol::Checked, limit: u32) -> Result<(), ApiError> {
+    if checked.min_tokens > limit {
+        return Err(ApiError::bad_param(
+            "min_tokens",
+            format!("min_tokens must be less than or equal to max_tokens={limit}, got {}.", checked.min_tokens),
+        ));
+    }
+    Ok(())
 }
 
 /// The engine requests of one HTTP request still in flight: dropping it (the client went
@@ -1101,15 +1119,20 @@ async fn run(shared: &Arc<Shared>, p: Prepared) -> Response {
     }
     let n = p.checked.n as usize;
     let mut choices = Vec::with_capacity(p.prompts.len() * n);
+    // The answer does not depend on the prompt: shaped once, shared by every sample (n samples
+    // of a long answer held n copies of it), and each prompt's blocks hashed once, outside the
+    // core's lock.
+    let shaped = Arc::new(protocol::shape(p.provided.as_deref(), &shared.filler, p.limit, &p.checked));
+    let prefix_hashes: Vec<Arc<Vec<u64>>> =
+        p.prompts.iter().map(|prompt| Arc::new(tokens::block_hashes(&prompt.ids, shared.block_size as usize))).collect();
     for (prompt_idx, prompt) in p.prompts.iter().enumerate() {
-        let shaped = protocol::shape(p.provided.as_deref(), &shared.filler, p.limit, &p.checked);
         for _ in 0..n {
             choices.push(Choice {
                 index: choices.len(),
                 prompt_idx,
                 prompt_tokens: prompt.ids.len() as u32,
                 echo: p.echo.then(|| prompt.text.clone()),
-                shaped: shaped.clone(),
+                shaped: Arc::clone(&shaped),
                 cursor: TokenCursor::default(),
                 started: false,
                 end: None,
@@ -1126,7 +1149,6 @@ async fn run(shared: &Arc<Shared>, p: Prepared) -> Response {
         let arrival = shared.clock.now().max(core.cursor);
         let mut ids = Vec::with_capacity(choices.len());
         for c in &choices {
-            let prompt = &p.prompts[c.prompt_idx];
             let id = core.next_id;
             core.next_id += 1;
             core.waiters.insert(
@@ -1151,7 +1173,7 @@ async fn run(shared: &Arc<Shared>, p: Prepared) -> Response {
                 request: EngineRequest {
                     id,
                     prompt_tokens: c.prompt_tokens,
-                    prefix_hashes: tokens::block_hashes(&prompt.ids, shared.block_size as usize),
+                    prefix_hashes: prefix_hashes[c.prompt_idx].as_ref().clone(),
                     generated_hashes: Vec::new(),
                     output_tokens: c.shaped.generated.max(1),
                 },
@@ -1217,7 +1239,7 @@ struct Choice {
     prompt_tokens: u32,
     /// The prompt text, sent before the answer (`echo`).
     echo: Option<String>,
-    shaped: Shaped,
+    shaped: Arc<Shaped>,
     cursor: TokenCursor,
     /// A chunk of it was sent.
     started: bool,
@@ -1759,6 +1781,9 @@ async fn sleep(State(state): State<AppState>, RawQuery(raw): RawQuery) -> Respon
         }
     }
     shared.driver_wake.notify_one();
+    // A client that goes away during the drain drops this future: the pause must end with it,
+    // or every later request would be refused as "pausing" while `/health` says 200.
+    let pausing = EndPauseOnDrop(Some(shared));
     // Drain: the requests (wait) or the step in progress (abort) end first.
     let until = loop {
         {
@@ -1785,7 +1810,27 @@ async fn sleep(State(state): State<AppState>, RawQuery(raw): RawQuery) -> Respon
         }
         tokio::time::sleep(DRAIN_POLL).await;
     };
+    pausing.disarm();
     finish_transition(shared, until).await
+}
+
+/// Ends a sleep's pause (`Core::pausing`) if dropped armed: the `/sleep` handler's drain was
+/// cut short.
+struct EndPauseOnDrop<'a>(Option<&'a Shared>);
+
+impl EndPauseOnDrop<'_> {
+    fn disarm(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for EndPauseOnDrop<'_> {
+    fn drop(&mut self) {
+        if let Some(shared) = self.0 {
+            shared.settled().pausing = false;
+            shared.driver_wake.notify_one();
+        }
+    }
 }
 
 async fn finish_transition(shared: &Shared, until: f64) -> Response {

@@ -600,7 +600,7 @@ fn run(args: RunArgs) -> Result<RunEnd> {
     } else {
         PoolSpec::load(&pool_path).map_err(|e| anyhow::anyhow!("{e}"))?
     };
-    let cfg = RunConfig {
+    let mut cfg = RunConfig {
         workflows,
         sessions: args.sessions,
         arrival: args.arrival,
@@ -632,10 +632,19 @@ fn run(args: RunArgs) -> Result<RunEnd> {
         session_counts: Vec::new(),
         workflow_arrivals: Vec::new(),
         handoff_s: args.handoff_delay,
-        routing: routing_config(&args)?,
+        routing: Default::default(),
     };
-    preflight(&cfg, args.live)?;
+    // Bad flags are reported together: the routing flags' problems with the run's.
+    let routing = routing_config(&args);
+    match (preflight(&cfg, args.live), routing) {
+        (Err(run), Err(routing)) => anyhow::bail!("{run}\n{routing}"),
+        (Err(e), Ok(_)) | (Ok(()), Err(e)) => return Err(e),
+        (Ok(()), Ok(routing)) => cfg.routing = routing,
+    }
     check_routing(&cfg)?;
+    // The datasets too (their records, a field a responder reads as text): an error now, before
+    // an output file is truncated or a session starts.
+    switchyard_runtime::exec::load_records(&cfg.workflows).map_err(|e| anyhow::anyhow!("{e}"))?;
     // The output files are created before the run: a path that cannot be written is an error
     // now, not after the whole run (which would end without its report).
     let trace_file = match &args.trace {

@@ -338,3 +338,30 @@ fn joint_only_flags_are_refused_with_another_policy() {
         assert!(!out.status.success() && err.contains(needle), "{args:?}: {err}");
     }
 }
+
+/// A dataset record a responder cannot read is refused before the run touches anything: an
+/// existing `--trace` file keeps its bytes, no session starts, `validate` refuses it too.
+#[test]
+fn a_bad_dataset_record_is_refused_before_the_run_touches_its_outputs() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let text = std::fs::read_to_string(root().join("workflows/gsm8k.yaml")).expect("gsm8k.yaml");
+    std::fs::write(dir.path().join("gsm8k.yaml"), text).expect("write");
+    std::fs::create_dir_all(dir.path().join("datasets/gsm8k")).expect("mkdir");
+    std::fs::write(
+        dir.path().join("datasets/gsm8k/test.jsonl"),
+        "{\"question\": \"1+1?\", \"answer\": \"#### 2\"}\n{\"question\": {\"q\": \"hi\"}, \"answer\": \"#### 5\"}\n",
+    )
+    .expect("write");
+    let trace = dir.path().join("old-trace.jsonl");
+    std::fs::write(&trace, "kept\n").expect("write");
+    let wf = dir.path().join("gsm8k.yaml");
+    let (wf, trace_arg) = (wf.to_str().expect("utf-8"), trace.to_str().expect("utf-8"));
+    let out = switchyard(&["run", wf, "--sessions", "1", "--pool", "workflows/pools/paper.yaml", "--trace", trace_arg]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("dataset.fields.question") && stderr.contains("must be a string") && stderr.contains("found an object"), "{stderr}");
+    assert!(!stderr.contains("sessions 0/"), "no progress before the error: {stderr}");
+    assert_eq!(std::fs::read_to_string(&trace).expect("trace"), "kept\n");
+    let out = switchyard(&["validate", wf, "--pool", "workflows/pools/paper.yaml"]);
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("must be a string"), "{}", String::from_utf8_lossy(&out.stderr));
+}

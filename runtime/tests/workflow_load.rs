@@ -876,3 +876,25 @@ fn a_verdict_metric_passes_only_verdicts_its_nodes_give() {
     let e = err(&with("{kind: verdict, node: check, pass: []}"));
     assert!(e.to_string().contains("name at least one verdict that scores 1"), "{e}");
 }
+
+/// A field a responder reads as text must be text in every record: refused when the records
+/// are loaded (by `validate`, and before a run starts), naming the record, its line and the
+/// field — it was accepted, and failed only the sessions that drew that record, mid-run.
+#[test]
+fn dataset_fields_read_as_text_must_be_strings() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let text = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../workflows/gsm8k.yaml")).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::create_dir_all(dir.path().join("datasets/gsm8k")).unwrap_or_else(|e| panic!("{e}"));
+    let data = dir.path().join("datasets/gsm8k/test.jsonl");
+    std::fs::write(&data, "{\"question\": \"1+1?\", \"answer\": \"2\\n#### 2\"}\n{\"question\": 123, \"answer\": \"#### 5\"}\n")
+        .unwrap_or_else(|e| panic!("{e}"));
+    let spec = parse_workflow("gsm8k.yaml", &text, dir.path()).unwrap_or_else(|e| panic!("{e}"));
+    let e = spec.load_records().err().unwrap_or_else(|| panic!("accepted"));
+    let msg = e.to_string();
+    assert!(
+        msg.contains("dataset.fields.question") && msg.contains("record 1 (line 2)") && msg.contains("must be a string") && msg.contains("found a number"),
+        "{msg}"
+    );
+    std::fs::write(&data, "{\"question\": \"1+1?\", \"answer\": \"2\\n#### 2\"}\n").unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(spec.load_records().map(|r| r.len()).ok(), Some(1));
+}

@@ -53,6 +53,9 @@ pub struct DatasetBinding {
     pub format: DatasetFormat,
     /// Input field name → where it comes from.
     pub fields: BTreeMap<String, FieldSource>,
+    /// Input fields the workflow's responders read as text: a record whose value there is not
+    /// a string is refused when the dataset is loaded, before any session starts.
+    pub text_fields: std::collections::BTreeSet<String>,
     workflow_file: String,
     file_pos: Pos,
 }
@@ -200,6 +203,7 @@ impl DatasetBinding {
             file,
             format,
             fields,
+            text_fields: Default::default(),
             workflow_file: workflow_file.to_string(),
             file_pos,
         }
@@ -272,6 +276,18 @@ impl DatasetBinding {
                         ),
                     )
                 })?;
+                if self.text_fields.contains(name) && !value.is_string() {
+                    return Err(self.err_at(
+                        src.pos,
+                        &format!("dataset.fields.{name}"),
+                        format!(
+                            "record {index}{at_line} of `{}`: `{}` must be a string (input field `{name}` is read as text), found {}",
+                            self.file_as_written,
+                            src.path,
+                            crate::values::json_kind(&value)
+                        ),
+                    ));
+                }
                 rec.insert(name.clone(), value);
             }
             records.push(rec);

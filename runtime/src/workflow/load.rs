@@ -136,7 +136,7 @@ pub(super) fn build(
         .and_then(|d| deployments(&ctx, d))
         .map_err(|e| errors.push(e))
         .unwrap_or_default();
-    let dataset = top
+    let mut dataset = top
         .get("dataset")
         .map(|d| dataset(&ctx, d, base_dir))
         .transpose()
@@ -247,6 +247,17 @@ pub(super) fn build(
     errors.extend(check_next_rounds(&ctx, &nodes, &locs));
     errors.extend(check_verdicts(&ctx, &nodes, &conditions));
     errors.extend(check_input_needs(&ctx, &nodes, &maps, dataset.as_ref()));
+    // What the responders read as text must be text in every record (checked when the records
+    // are loaded: before a run starts, and by `validate`).
+    if let Some(d) = dataset.as_mut() {
+        for node in &nodes {
+            let NodeKind::Agent(a) = &node.kind else { continue };
+            let responders = std::iter::once(a.responder.as_str()).chain(a.next_rounds.as_ref().map(|v| v.responder.as_str()));
+            for responder in responders {
+                d.text_fields.extend(crate::responder::input_needs(responder).iter().map(|n| n.to_string()));
+            }
+        }
+    }
 
     let metric = top
         .get("metric")

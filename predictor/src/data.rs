@@ -104,10 +104,16 @@ pub fn parse_device(name: &str, path: &Path, yaml: &str) -> Result<DeviceSpec, P
         message,
     };
     let cfg: VidurDeviceConfig = serde_saphyr::from_str(yaml).map_err(|e| bad(e.to_string()))?;
-    if !(cfg.fp16_tflops > 0.0 && cfg.total_memory_gb > 0.0) {
-        return Err(bad(
-            "fp16_tflops and total_memory_gb must be positive".into()
-        ));
+    let positive = |v: f64| v.is_finite() && v > 0.0;
+    for (field, value) in [
+        ("fp16_tflops", Some(cfg.fp16_tflops)),
+        ("total_memory_gb", Some(cfg.total_memory_gb)),
+        ("memory_bandwidth_gbps", cfg.memory_bandwidth_gbps),
+        ("host_link_gbps", cfg.host_link_gbps),
+    ] {
+        if let Some(v) = value.filter(|&v| !positive(v)) {
+            return Err(bad(format!("`{field}` must be a finite number > 0, got {v}")));
+        }
     }
     let memory_bytes = (cfg.total_memory_gb * (1u64 << 30) as f64) as u64;
     let catalogued = spec::device_catalogue()
@@ -340,9 +346,15 @@ pub fn read_attention_csv(
             if is_prefill { t_pre } else { t_dec },
             "time_stats.attn_*.median",
         )?;
+        if !(time_ms.is_finite() && time_ms >= 0.0) {
+            return Err(csv_err(line, format!("column `time_stats.attn_*.median`: {time_ms} is not a time")));
+        }
         let q_heads = num(qh, "n_q_head")? as u64;
         if q_heads == 0 {
             return Err(csv_err(line, "column `n_q_head`: must be positive".into()));
+        }
+        if (num(embd, "n_embd")? as u64) < q_heads {
+            return Err(csv_err(line, "column `n_embd`: smaller than `n_q_head` (a head of no dimensions)".into()));
         }
         out.push(AttentionSample {
             device: device.to_string(),
@@ -581,6 +593,39 @@ mod tests {
         .unwrap();
         assert_eq!(d.memory_bandwidth, 5300e9);
         assert_eq!(d.host_link_bandwidth, DEFAULT_HOST_LINK_BYTES_PER_S);
+    }
+
+    #[test]
+    fn device_numbers_must_be_finite_and_positive() {
+        for (field, value) in [
+            ("memory_bandwidth_gbps", "-1"),
+            ("memory_bandwidth_gbps", "0"),
+            ("memory_bandwidth_gbps", ".inf"),
+            ("host_link_gbps", ".nan"),
+            ("fp16_tflops", ".inf"),
+        ] {
+            let mut fields = vec![("fp16_tflops", "312"), ("total_memory_gb", "80"), ("memory_bandwidth_gbps", "2000")];
+            fields.retain(|(f, _)| *f != field);
+            fields.push((field, value));
+            let yaml: String = fields.iter().map(|(f, v)| format!("{f}: {v}\n")).collect();
+            let err = parse_device("a100", Path::new("d/a100.yml"), &yaml).map(|_| ()).unwrap_err().to_string();
+            assert!(err.contains(field) && err.contains("d/a100.yml") && err.contains("finite number > 0"), "{field}: {value}: {err}");
+        }
+    }
+
+    #[test]
+    fn attention_times_must_be_finite_and_heads_have_dimensions() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("attention.csv");
+        let header = "n_embd,n_q_head,n_kv_head,num_tensor_parallel_workers,batch_size,prefill_chunk_size,kv_cache_size,is_prefill,time_stats.attn_prefill.median,time_stats.attn_decode.median\n";
+        let good = "4096,32,8,1,1,0,1024,False,0.1,0.05\n";
+        for (row, needle) in [("4096,32,8,1,1,0,1024,False,0.1,inf\n", "is not a time"), ("16,32,8,1,1,0,1024,False,0.1,0.05\n", "n_embd")] {
+            std::fs::write(&path, format!("{header}{good}{row}")).unwrap();
+            let err = read_attention_csv(&path, "a100").map(|_| ()).unwrap_err().to_string();
+            assert!(err.contains(needle) && err.contains("attention.csv") && err.contains('3'), "{err}");
+        }
+        std::fs::write(&path, format!("{header}{good}")).unwrap();
+        assert_eq!(read_attention_csv(&path, "a100").map(|v| v.len()).ok(), Some(1));
     }
 
     #[test]

@@ -122,3 +122,25 @@ mod tests {
         assert_ne!(derive_seed(42, &["s1", "solve"]), derive_seed(42, &["s1solve"]));
     }
 }
+
+/// `bytes` as text; where they are not UTF-8, an error naming the line and column (1-based,
+/// in characters) of the first bad byte, for messages about files a user gave.
+pub fn utf8_text(bytes: Vec<u8>) -> Result<String, std::io::Error> {
+    String::from_utf8(bytes).map_err(|e| {
+        let at = e.utf8_error().valid_up_to();
+        let good = std::str::from_utf8(&e.as_bytes()[..at]).unwrap_or_default();
+        let line = good.matches('\n').count() + 1;
+        let column = good.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+        std::io::Error::new(std::io::ErrorKind::InvalidData, format!("not UTF-8 text: line {line}, column {column} (byte {at})"))
+    })
+}
+
+#[cfg(test)]
+mod utf8_tests {
+    #[test]
+    fn the_first_bad_byte_is_named_by_line_and_column() {
+        let e = super::utf8_text(b"ab\ncd\xe9f\n".to_vec()).map(|_| ()).unwrap_err().to_string();
+        assert_eq!(e, "not UTF-8 text: line 2, column 3 (byte 5)");
+        assert_eq!(super::utf8_text("é\n".as_bytes().to_vec()).ok().as_deref(), Some("é\n"));
+    }
+}

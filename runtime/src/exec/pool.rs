@@ -157,12 +157,12 @@ pub fn read_bounded(path: &Path, limit: u64) -> Result<String, Bounded> {
     if size > limit {
         return Err(Bounded::TooLarge(size));
     }
-    let mut text = String::new();
-    let read = file.take(limit + 1).read_to_string(&mut text).map_err(Bounded::Io)?;
+    let mut bytes = Vec::new();
+    let read = file.take(limit + 1).read_to_end(&mut bytes).map_err(Bounded::Io)?;
     if read as u64 > limit {
         return Err(Bounded::TooLarge(read as u64));
     }
-    Ok(text)
+    crate::values::utf8_text(bytes).map_err(Bounded::Io)
 }
 
 #[derive(Debug, Deserialize)]

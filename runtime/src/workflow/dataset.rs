@@ -181,12 +181,12 @@ fn read_dataset_text(path: &std::path::Path) -> Result<String, String> {
     if size > MAX_DATASET_FILE_BYTES {
         return Err(too_large(size));
     }
-    let mut text = String::new();
-    let read = file.take(MAX_DATASET_FILE_BYTES + 1).read_to_string(&mut text).map_err(cannot)?;
+    let mut bytes = Vec::new();
+    let read = file.take(MAX_DATASET_FILE_BYTES + 1).read_to_end(&mut bytes).map_err(cannot)?;
     if read as u64 > MAX_DATASET_FILE_BYTES {
         return Err(too_large(read as u64));
     }
-    Ok(text)
+    crate::values::utf8_text(bytes).map_err(cannot)
 }
 
 impl DatasetBinding {

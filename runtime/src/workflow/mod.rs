@@ -433,8 +433,7 @@ pub fn load_workflow(path: &Path) -> Result<WorkflowSpec, WorkflowError> {
     if bytes.len() as u64 > MAX_WORKFLOW_BYTES {
         return Err(too_large("the stream is longer".into()));
     }
-    let text = String::from_utf8(bytes)
-        .map_err(|e| read_err(std::io::Error::new(std::io::ErrorKind::InvalidData, format!("not UTF-8 text: {e}"))))?;
+    let text = crate::values::utf8_text(bytes).map_err(read_err)?;
     let base = path.parent().unwrap_or_else(|| Path::new("."));
     parse_workflow(&file, &text, base)
 }

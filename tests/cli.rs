@@ -365,3 +365,24 @@ fn a_bad_dataset_record_is_refused_before_the_run_touches_its_outputs() {
     let out = switchyard(&["validate", wf, "--pool", "workflows/pools/paper.yaml"]);
     assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("must be a string"), "{}", String::from_utf8_lossy(&out.stderr));
 }
+
+/// A replayed trace whose turns the agent pool cannot hold is refused before the replay, every
+/// such turn named by file, line and field (was: the first one, by session id only).
+#[test]
+fn trace_turns_past_the_pools_context_are_all_named_by_line() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let trace = dir.path().join("t.jsonl");
+    std::fs::write(
+        &trace,
+        "{\"id\":\"ok\",\"system_tokens\":100,\"turns\":[{\"new_tokens\":10,\"output_tokens\":10}]}\n\
+         # a comment line\n\
+         {\"id\":\"big\",\"system_tokens\":50000,\"turns\":[{\"new_tokens\":10,\"output_tokens\":10}]}\n\
+         {\"id\":\"later\",\"system_tokens\":100,\"turns\":[{\"new_tokens\":10,\"output_tokens\":10,\"tool\":{\"name\":\"bash\",\"duration_s\":0.1}},{\"new_tokens\":60000,\"output_tokens\":10}]}\n",
+    )
+    .expect("write");
+    let out = switchyard(&["run", "--trace-replay", trace.to_str().expect("utf-8"), "--workers", "2"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("t.jsonl:3: turns[0]: session `big`"), "{stderr}");
+    assert!(stderr.contains("t.jsonl:4: turns[1]: session `later`"), "{stderr}");
+}

@@ -29,6 +29,30 @@ const MAX_LISTED_PROBLEMS: usize = 50;
 pub const MAX_TRACE_FILE_BYTES: u64 = 256 << 20;
 
 /// Parses a JSONL trace named `file` (the name only labels errors).
+/// Every turn of a trace `parse_trace` read from `text` whose context (its prompt, reasoning
+/// and answer) passes `max_model_len`, as `FILE:LINE: turns[k]: …` — all of them, before a
+/// replay starts on a pool that cannot hold them.
+pub fn turns_past_context(file: &str, text: &str, trace: &AgentTrace, max_model_len: u32) -> Vec<String> {
+    let lines = text.lines().enumerate().filter(|(_, l)| {
+        let t = l.trim();
+        !(t.is_empty() || t.starts_with('#'))
+    });
+    let mut problems = Vec::new();
+    for ((i, _), s) in lines.zip(&trace.sessions) {
+        for (k, turn) in s.turns.iter().enumerate() {
+            let tokens = s.prompt_tokens(k) + turn.reasoning_tokens + turn.output_tokens;
+            if tokens > max_model_len {
+                problems.push(format!(
+                    "{file}:{}: turns[{k}]: session `{}` needs {tokens} tokens there (prompt, reasoning and answer), more than the pool's max_model_len {max_model_len}",
+                    i + 1,
+                    s.id
+                ));
+            }
+        }
+    }
+    problems
+}
+
 pub fn parse_trace(file: &str, text: &str) -> Result<AgentTrace, TraceError> {
     let mut problems = Vec::new();
     let mut sessions = Vec::new();

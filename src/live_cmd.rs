@@ -80,7 +80,10 @@ pub fn run_live_interruptible(
     cfg.on_note = options.on_note.clone();
     cfg.keep_trace = options.keep_trace;
     if let Some(s) = options.deadline_s {
-        let d = Duration::try_from_secs_f64(s).map_err(|_| anyhow!("--deadline: {s} is not a number of seconds"))?;
+        let d = Duration::try_from_secs_f64(s)
+            .ok()
+            .filter(|d| !d.is_zero())
+            .ok_or_else(|| anyhow!("--deadline: {s} is not a positive number of seconds"))?;
         cfg.deadline = Some(d);
     }
     live::run_blocking(&cfg, Arc::new(engines), progress).map_err(|e| anyhow!("live run: {e}"))

@@ -55,17 +55,17 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 1000)]
     pub keep_runs: usize,
     /// Largest request body in bytes.
-    #[arg(long, default_value_t = 4 << 20)]
+    #[arg(long, default_value_t = 4 << 20, value_parser = at_least_one)]
     pub max_body_bytes: usize,
     /// Most workflows registered at once, those the server started with and those a journal
     /// restores included: a registration past it gets 429 (a workflow is never unregistered,
     /// and each holds its parsed graph and the planner's tables for it).
-    #[arg(long, default_value_t = 1000)]
+    #[arg(long, default_value_t = 1000, value_parser = at_least_one)]
     pub max_workflows: usize,
     /// Most front-door programs open at once (keyed by `X-Session-ID` or `program_id`; each
     /// holds an actor and its last prompt until it ends or idles out): a call that would open
     /// one more gets 429.
-    #[arg(long, default_value_t = 10_000)]
+    #[arg(long, default_value_t = 10_000, value_parser = at_least_one)]
     pub max_programs: usize,
     /// Scheduling policy.
     #[arg(long, default_value = "joint", value_parser = clap::builder::PossibleValuesParser::new(POLICIES))]
@@ -222,4 +222,13 @@ pub fn run(args: ServeArgs) -> Result<()> {
         );
         anyhow::Ok(())
     })
+}
+
+/// A count flag that means nothing at 0 (no request body, no workflow, no program would fit).
+fn at_least_one(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
 }

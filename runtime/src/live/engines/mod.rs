@@ -411,6 +411,11 @@ pub fn engine_for(
     spec: &EngineSpec,
     launch: &LaunchParams,
 ) -> Result<Box<dyn Engine>, EngineSpecError> {
+    // The runtime's clock runs at the pool's speed whatever serves it: a speed of 0, below 0 or
+    // not a number is refused for every kind (it was checked only where a command takes it).
+    if let Some(speed) = spec.speed.filter(|s| !(s.is_finite() && *s > 0.0)) {
+        return Err(EngineSpecError::Invalid { field: "speed", reason: format!("{speed} is not a positive number") });
+    }
     match spec.kind {
         EngineKind::Openai => {
             let base = spec.base_url.clone().ok_or(EngineSpecError::Missing {
@@ -583,6 +588,14 @@ mod tests {
                 ..
             })
         ));
+        // A speed that is no positive number, for every kind (a fixed endpoint's too: the
+        // runtime's clock runs at it).
+        for speed in [0.0, -5.0, f64::NAN] {
+            let mut s = EngineSpec::new(EngineKind::Openai);
+            s.base_url = Some("http://127.0.0.1:9/v1".into());
+            s.speed = Some(speed);
+            assert!(matches!(engine_for(&s, &launch()), Err(EngineSpecError::Invalid { field: "speed", .. })), "{speed}");
+        }
         let kinds: Vec<&str> = [EngineKind::Emulated, EngineKind::Vllm]
             .into_iter()
             .map(|k| {

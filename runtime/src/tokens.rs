@@ -647,6 +647,11 @@ pub fn encode(text: &str) -> Arc<[u32]> {
 /// too long for a context is known before it is tokenized.
 pub const MAX_TOKEN_BYTES: usize = 128;
 
+/// Whether `id` is a token of the vocabulary (one that decodes to text).
+pub fn is_token(id: u32) -> bool {
+    tok().bytes.get(id as usize).is_some_and(|b| !b.is_empty())
+}
+
 /// Number of tokens of `text`.
 pub fn count(text: &str) -> usize {
     encode(text).len()

@@ -343,7 +343,10 @@ async fn a_hostile_upstream_is_cut_off_not_buffered() {
         .route(
             "/body/v1/completions",
             axum::routing::post(move || async move {
-                ([(axum::http::header::CONTENT_TYPE, "application/json")], axum::body::Body::from_stream(endless("{\"choices\":[\"xxxxxxxxxxxxxxxx"))).into_response()
+                // 64 KiB pieces: the cap, not the transport, is what the test waits for.
+                static PIECE: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| format!("{{\"choices\":[\"{}", "x".repeat(64 << 10)));
+                let body = futures::stream::unfold((), |()| async { Some((Ok::<_, std::convert::Infallible>(axum::body::Bytes::from_static(PIECE.as_bytes())), ())) });
+                ([(axum::http::header::CONTENT_TYPE, "application/json")], axum::body::Body::from_stream(body)).into_response()
             }),
         )
         .route(

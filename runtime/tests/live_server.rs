@@ -1050,7 +1050,11 @@ async fn a_sleep_whose_client_went_away_during_the_drain_ends_its_pause() {
     let c2 = c.clone();
     let url = completions.clone();
     let pending = tokio::spawn(async move { post(&c2, url, json!({"prompt": "hello", "max_tokens": 2000})).await });
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    let running = std::time::Instant::now() + Duration::from_secs(10);
+    while scrape(&c, &base).await.sum(metrics::RUNNING) != Some(1.0) {
+        assert!(std::time::Instant::now() < running, "the request never ran");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     // The client gives up on the sleep while the request above still runs.
     let gave_up = c.post(format!("{base}/sleep?level=1&mode=wait")).timeout(Duration::from_millis(200)).send().await;
     assert!(gave_up.is_err(), "the drain outlasted the client's timeout");

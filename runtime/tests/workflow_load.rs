@@ -201,6 +201,12 @@ fn loops_need_a_bound() {
     parse(&chain(10)).unwrap_or_else(|e| panic!("{e}"));
     let e = err(&chain(11));
     assert!(e.to_string().contains("loops.l.max_rounds") && e.to_string().contains("110000 activations"), "{e}");
+    // Summed over the loops: two loops of 6 nodes × 10,000 rounds are refused at the second.
+    let mut two = chain(12).replace("body: [n0, n1, n2, n3, n4, n5, n6, n7, n8, n9, n10, n11]", "body: [n0, n1, n2, n3, n4, n5]");
+    two = two.replace("continue_when: {node: n11, verdict: false}", "continue_when: {node: n5, verdict: false}");
+    two += "  - id: m\n    body: [n6, n7, n8, n9, n10, n11]\n    continue_when: {node: n11, verdict: false}\n    max_rounds: 10000\n";
+    let e = err(&two);
+    assert!(e.to_string().contains("loops.m.max_rounds") && e.to_string().contains("with the 60000 of the loops before it"), "{e}");
     let e = err(&LOOPED.replace("continue_when: {node: check", "continue_when: {node: gen"));
     assert_at(
         &e,

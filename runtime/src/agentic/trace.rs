@@ -28,7 +28,6 @@ const MAX_LISTED_PROBLEMS: usize = 50;
 /// Largest trace file read (as a dataset: 256 MiB), checked before reading.
 pub const MAX_TRACE_FILE_BYTES: u64 = 256 << 20;
 
-/// Parses a JSONL trace named `file` (the name only labels errors).
 /// Every turn of a trace `parse_trace` read from `text` whose context (its prompt, reasoning
 /// and answer) passes `max_model_len`, as `FILE:LINE: turns[k]: …` — all of them, before a
 /// replay starts on a pool that cannot hold them.
@@ -38,10 +37,13 @@ pub fn turns_past_context(file: &str, text: &str, trace: &AgentTrace, max_model_
         !(t.is_empty() || t.starts_with('#'))
     });
     let mut problems = Vec::new();
+    let mut more = 0usize;
     for ((i, _), s) in lines.zip(&trace.sessions) {
         for (k, turn) in s.turns.iter().enumerate() {
             let tokens = s.prompt_tokens(k) + turn.reasoning_tokens + turn.output_tokens;
-            if tokens > max_model_len {
+            if tokens > max_model_len && problems.len() >= MAX_LISTED_PROBLEMS {
+                more += 1;
+            } else if tokens > max_model_len {
                 problems.push(format!(
                     "{file}:{}: turns[{k}]: session `{}` needs {tokens} tokens there (prompt, reasoning and answer), more than the pool's max_model_len {max_model_len}",
                     i + 1,
@@ -50,9 +52,13 @@ pub fn turns_past_context(file: &str, text: &str, trace: &AgentTrace, max_model_
             }
         }
     }
+    if more > 0 {
+        problems.push(format!("… and {more} more turns past the context"));
+    }
     problems
 }
 
+/// Parses a JSONL trace named `file` (the name only labels errors).
 pub fn parse_trace(file: &str, text: &str) -> Result<AgentTrace, TraceError> {
     let mut problems = Vec::new();
     let mut sessions = Vec::new();

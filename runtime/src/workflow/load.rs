@@ -1452,14 +1452,17 @@ fn loops(
                         format!("max_rounds {v} must be between 1 and {}", super::MAX_LOOP_ROUNDS),
                     ));
                 }
+                // Over all the workflow's loops: what one session may create.
                 let activations = u64::from(v) * body.len() as u64;
-                if activations > super::MAX_LOOP_ACTIVATIONS {
+                let earlier: u64 = out.iter().map(|l| u64::from(l.max_rounds) * l.body.len() as u64).sum();
+                if earlier + activations > super::MAX_LOOP_ACTIVATIONS {
+                    let others = if earlier > 0 { format!(" (with the {earlier} of the loops before it)") } else { String::new() };
                     return Err(ctx.err(
                         r.pos,
                         &format!("{field}.max_rounds"),
                         ErrorKind::BadLoop,
                         format!(
-                            "max_rounds {v} × {} body nodes is {activations} activations a session may create; at most {}",
+                            "max_rounds {v} × {} body nodes is {activations} activations a session may create{others}; at most {} in all",
                             body.len(),
                             super::MAX_LOOP_ACTIVATIONS
                         ),

@@ -404,9 +404,9 @@ pub const MAX_WORKFLOW_BYTES: u64 = 4 << 20;
 pub const MAX_NODES: usize = 2_000;
 /// Most rounds a loop may run (`max_rounds`): a bound a run reaches, unlike u32::MAX.
 pub const MAX_LOOP_ROUNDS: u32 = 10_000;
-/// Most activations one loop may create in a session (its body's nodes × `max_rounds`): each
-/// holds its output while the session runs, so 2,000 nodes × 10,000 rounds would be 20 million
-/// per session.
+/// Most activations a workflow's loops may create in one session (each loop's body nodes ×
+/// `max_rounds`, summed): each holds its output while the session runs, so 2,000 nodes ×
+/// 10,000 rounds would be 20 million per session.
 pub const MAX_LOOP_ACTIVATIONS: u64 = 100_000;
 
 /// Read and validate a workflow file. Relative dataset paths resolve against its directory.

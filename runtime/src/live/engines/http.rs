@@ -196,11 +196,13 @@ async fn read_capped(what: &str, mut response: reqwest::Response, cap: usize) ->
     Ok(body)
 }
 
-/// Why an event stream's bytes stopped: the transport, or an event past [`MAX_SSE_EVENT_BYTES`].
+/// Why an event stream's bytes stopped: the transport, an event past [`MAX_SSE_EVENT_BYTES`],
+/// or bytes that are not UTF-8.
 #[derive(Debug)]
 enum StreamBytesError {
     Transport(reqwest::Error),
     EventTooLong,
+    NotUtf8,
 }
 
 impl std::fmt::Display for StreamBytesError {
@@ -208,38 +210,70 @@ impl std::fmt::Display for StreamBytesError {
         match self {
             StreamBytesError::Transport(e) => write!(f, "{e}"),
             StreamBytesError::EventTooLong => write!(f, "an event longer than {MAX_SSE_EVENT_BYTES} bytes"),
+            StreamBytesError::NotUtf8 => write!(f, "bytes that are not UTF-8 text"),
         }
     }
 }
 
-/// The bytes of an event stream handed on in whole lines (a line's start is held here until its
-/// newline, so the SSE parser never re-parses an unfinished line), cut with an error once one
-/// event passes [`MAX_SSE_EVENT_BYTES`].
+/// Where an event stream stands between chunks ([`sse_bounded`]).
+#[derive(Default)]
+struct SseCut {
+    /// Bytes after the last line end, held until their line ends.
+    partial: Vec<u8>,
+    /// Bytes of the current line so far, and of the event's earlier lines.
+    line: usize,
+    event: usize,
+    /// The last line ended with `\r`: a `\n` next is the same line end (`\r\n`).
+    after_cr: bool,
+}
+
+impl SseCut {
+    /// The whole lines `chunk` completes (with what was held), as the SSE parser reads lines:
+    /// ended by `\n`, `\r\n` or `\r`; a blank line ends an event.
+    fn take(&mut self, chunk: &[u8]) -> Result<Vec<u8>, StreamBytesError> {
+        let mut cut = 0;
+        for (i, &b) in chunk.iter().enumerate() {
+            if std::mem::take(&mut self.after_cr) && b == b'\n' {
+                cut = i + 1;
+                continue;
+            }
+            if b == b'\n' || b == b'\r' {
+                self.event = if self.line == 0 { 0 } else { self.event + self.line };
+                self.line = 0;
+                self.after_cr = b == b'\r';
+                cut = i + 1;
+            } else {
+                self.line += 1;
+                if self.event + self.line > MAX_SSE_EVENT_BYTES {
+                    return Err(StreamBytesError::EventTooLong);
+                }
+            }
+        }
+        if cut == 0 {
+            // No line ended: everything waits for its line end.
+            self.partial.extend_from_slice(chunk);
+            return Ok(Vec::new());
+        }
+        let mut whole = std::mem::take(&mut self.partial);
+        whole.extend_from_slice(&chunk[..cut]);
+        self.partial.extend_from_slice(&chunk[cut..]);
+        // Whole lines end at a line end, never inside a character: the check is exact. (The
+        // parser keeps every byte after an invalid one and parses it again at each chunk.)
+        if std::str::from_utf8(&whole).is_err() {
+            return Err(StreamBytesError::NotUtf8);
+        }
+        Ok(whole)
+    }
+}
+
+/// The bytes of an event stream handed on in whole lines (a line's start is held here until it
+/// ends, so the SSE parser never re-parses an unfinished line), cut with an error once one
+/// event passes [`MAX_SSE_EVENT_BYTES`] or a line is not UTF-8.
 fn sse_bounded<B: AsRef<[u8]>>(
     bytes: impl futures::Stream<Item = Result<B, reqwest::Error>>,
 ) -> impl futures::Stream<Item = Result<Vec<u8>, StreamBytesError>> {
-    let mut partial: Vec<u8> = Vec::new();
-    let mut event_bytes = 0usize;
-    bytes.map(move |chunk| {
-        let chunk = chunk.map_err(StreamBytesError::Transport)?;
-        let mut rest = chunk.as_ref();
-        let mut whole = Vec::new();
-        while let Some(i) = rest.iter().position(|&b| b == b'\n') {
-            partial.extend_from_slice(&rest[..=i]);
-            rest = &rest[i + 1..];
-            let blank = matches!(partial.as_slice(), b"\n" | b"\r\n");
-            event_bytes = if blank { 0 } else { event_bytes + partial.len() };
-            if event_bytes > MAX_SSE_EVENT_BYTES {
-                return Err(StreamBytesError::EventTooLong);
-            }
-            whole.append(&mut partial);
-        }
-        partial.extend_from_slice(rest);
-        if event_bytes + partial.len() > MAX_SSE_EVENT_BYTES {
-            return Err(StreamBytesError::EventTooLong);
-        }
-        Ok(whole)
-    })
+    let mut cut = SseCut::default();
+    bytes.map(move |chunk| cut.take(chunk.map_err(StreamBytesError::Transport)?.as_ref()))
 }
 
 fn excerpt(body: &str) -> String {
@@ -330,11 +364,15 @@ fn counted_usage(text: &str, prompt_tokens: u32) -> (u32, u32, u32) {
     (prompt_tokens, output, 0)
 }
 
-/// A server's `usage` held to what the request allows: at most `max_tokens` generated, at most
-/// the prompt cached (the counts of a buggy or hostile peer would skew the planner's output
+/// A server's `usage` held to what the request allows: at most `max_tokens` generated, a prompt
+/// no longer than the served context (where the server said it), at most the prompt cached (the counts of a buggy or hostile peer would skew the planner's output
 /// histories and the report's GPU-time attribution).
-fn within_limits(mut c: Completion, request: &LlmRequest) -> Completion {
+fn within_limits(mut c: Completion, request: &LlmRequest, max_model_len: Option<u32>) -> Completion {
     c.output_tokens = c.output_tokens.min(request.max_tokens);
+    // The server's prompt count may differ from ours (its template), but not pass its context.
+    if let Some(len) = max_model_len {
+        c.prompt_tokens = c.prompt_tokens.min(len);
+    }
     c.cached_prompt_tokens = c.cached_prompt_tokens.min(c.prompt_tokens);
     c
 }
@@ -543,7 +581,7 @@ impl HttpEngine {
         }
         // Credentials in the URL would be printed wherever the endpoint is named (errors,
         // notes, logs): they go in `api_key_env` or `headers`, which are never printed.
-        let authority = base.split_once("://").map_or("", |(_, rest)| rest.split('/').next().unwrap_or(""));
+        let authority = base.split_once("://").map_or("", |(_, rest)| rest.split(['/', '?', '#']).next().unwrap_or(""));
         if authority.contains('@') {
             return Err(EngineError::Lifecycle(
                 "the base URL carries credentials (`user:key@host`): give the key in `api_key_env` or `headers` instead".into(),
@@ -782,7 +820,7 @@ impl HttpEngine {
                     excerpt(&String::from_utf8_lossy(&bytes))
                 ))
             })?;
-            let completion = within_limits(parse_full(&body, latency, request.prompt_tokens)?, &request);
+            let completion = within_limits(parse_full(&body, latency, request.prompt_tokens)?, &request, self.facts().max_model_len);
             if !request.sink.send(&completion.text) {
                 return Err(EngineError::Cancelled(format!("{what}: the caller went away")));
             }
@@ -849,7 +887,7 @@ impl HttpEngine {
                 "{what}: the stream ended before [DONE]"
             )));
         }
-        Ok(within_limits(fold.finish(started.elapsed(), request.prompt_tokens), &request))
+        Ok(within_limits(fold.finish(started.elapsed(), request.prompt_tokens), &request, self.facts().max_model_len))
     }
 
     async fn post_ok(&self, path_and_query: &str, body: Option<Value>) -> Result<(), EngineError> {
@@ -1131,6 +1169,44 @@ impl Engine for HttpEngine {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_event_stream_is_handed_on_in_whole_lines_with_every_byte_in_order() {
+        let stream = b"data: a\r\n\r\ndata: b\rdata: c\r\rdata: d\n\n";
+        // Every split of the stream into two chunks gives the same bytes, in whole lines.
+        let whole_lines = |b: &[u8]| b.is_empty() || matches!(b.last(), Some(b'\n' | b'\r'));
+        for at in 0..=stream.len() {
+            let mut cut = SseCut::default();
+            let first = cut.take(&stream[..at]).unwrap();
+            let second = cut.take(&stream[at..]).unwrap();
+            assert!(whole_lines(&first) && whole_lines(&second), "split at {at}: {first:?} {second:?}");
+            assert_eq!([first, second].concat(), stream, "split at {at}");
+        }
+        // Held across several chunks without a line end, then handed on whole.
+        let mut cut = SseCut::default();
+        for piece in [&b"da"[..], b"ta: ", b"x"] {
+            assert_eq!(cut.take(piece).unwrap(), b"");
+        }
+        assert_eq!(cut.take(b"\n").unwrap(), b"data: x\n");
+        let mut cut = SseCut::default();
+        assert_eq!(cut.take(b"data: x").unwrap(), b"");
+        assert_eq!(cut.take(b"y\n").unwrap(), b"data: xy\n");
+    }
+
+    #[test]
+    fn a_long_event_or_bytes_that_are_not_text_are_refused() {
+        // Lines of one event add up; a blank line (any line end) starts the count again.
+        let line = vec![b'x'; MAX_SSE_EVENT_BYTES / 2 + 1];
+        let mut cut = SseCut::default();
+        cut.take(&line).unwrap();
+        assert!(cut.take(b"\r\n").is_ok());
+        assert!(matches!(cut.take(&line), Err(StreamBytesError::EventTooLong)));
+        let mut cut = SseCut::default();
+        cut.take(&line).unwrap();
+        cut.take(b"\r\r").unwrap();
+        assert!(cut.take(&line).is_ok(), "a CR-only blank line ends the event");
+        assert!(matches!(SseCut::default().take(b"data: \xff\n"), Err(StreamBytesError::NotUtf8)));
+    }
 
     #[test]
     fn usage_with_and_without_cached_tokens() {

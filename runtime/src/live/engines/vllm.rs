@@ -998,7 +998,8 @@ mod tests {
         assert!(process_group_members(pgid).len() >= 2, "the worker started");
         let disarmed = KillGroupOnDrop(Some(pgid));
         disarmed.disarm();
-        assert!(!process_group_members(pgid).is_empty(), "a disarmed guard kills nothing");
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(process_group_members(pgid).len() >= 2, "a disarmed guard kills nothing");
         drop(KillGroupOnDrop(Some(pgid)));
         let _ = leader.wait();
         let deadline = Instant::now() + Duration::from_secs(5);

@@ -985,18 +985,26 @@ fn prepare_completion(shared: &Shared, body: &[u8]) -> Result<Prepared, ApiError
         ids: tokens::encode(&t).to_vec(),
         text: t,
     };
+    // As vLLM's input processor: a token id outside the vocabulary is the client's error (ids
+    // the server made from text are its own).
+    let known = |ids: &[u32]| match ids.iter().find(|&&id| !tokens::is_token(id)) {
+        Some(id) => Err(ApiError::bad_param("prompt", format!("Token id {id} is out of vocabulary"))),
+        None => Ok(()),
+    };
     let prompts: Vec<PromptIn> = match body.prompt {
         PromptField::Text(t) => vec![from_text(t)],
         PromptField::Texts(ts) => ts.into_iter().map(from_text).collect(),
-        PromptField::Ids(ids) => vec![from_ids(ids)],
-        PromptField::IdLists(ls) => ls.into_iter().map(from_ids).collect(),
+        PromptField::Ids(ids) => {
+            known(&ids)?;
+            vec![from_ids(ids)]
+        }
+        PromptField::IdLists(ls) => {
+            ls.iter().try_for_each(|l| known(l))?;
+            ls.into_iter().map(from_ids).collect()
+        }
     };
     if prompts.is_empty() {
         return Err(ApiError::bad_param("prompt", "Prompt must not be empty."));
-    }
-    // As vLLM's input processor: a token id outside the vocabulary is the client's error.
-    if let Some(id) = prompts.iter().flat_map(|p| p.ids.iter()).find(|&&id| tokens::decode_bytes(&[id]).is_empty()) {
-        return Err(ApiError::bad_param("prompt", format!("Token id {id} is out of vocabulary")));
     }
     let limit = checked.max_tokens.unwrap_or(COMPLETIONS_DEFAULT_MAX_TOKENS);
     for p in &prompts {
@@ -1783,19 +1791,22 @@ async fn sleep(State(state): State<AppState>, RawQuery(raw): RawQuery) -> Respon
     shared.driver_wake.notify_one();
     // A client that goes away during the drain drops this future: the pause must end with it,
     // or every later request would be refused as "pausing" while `/health` says 200.
-    let pausing = EndPauseOnDrop(Some(shared));
+    let mut pausing = EndPauseOnDrop(Some(shared));
     // Drain: the requests (wait) or the step in progress (abort) end first.
     let until = loop {
         {
             let mut core = shared.settled();
             if core.closing {
                 core.pausing = false;
+                pausing.disarm();
                 return ApiError::unavailable("the server is shutting down").into_response();
             }
             if !core.busy() {
                 let at = shared.clock.now().max(core.cursor);
                 let result = core.replica.begin_sleep(level, at);
                 core.pausing = false;
+                // The pause ended here, under the lock: the guard must not end a later one.
+                pausing.disarm();
                 match result {
                     Ok(until) => {
                         core.sleeping_tags = SLEEP_TAGS.into_iter().collect();
@@ -1810,7 +1821,6 @@ async fn sleep(State(state): State<AppState>, RawQuery(raw): RawQuery) -> Respon
         }
         tokio::time::sleep(DRAIN_POLL).await;
     };
-    pausing.disarm();
     finish_transition(shared, until).await
 }
 
@@ -1819,7 +1829,7 @@ async fn sleep(State(state): State<AppState>, RawQuery(raw): RawQuery) -> Respon
 struct EndPauseOnDrop<'a>(Option<&'a Shared>);
 
 impl EndPauseOnDrop<'_> {
-    fn disarm(mut self) {
+    fn disarm(&mut self) {
         self.0 = None;
     }
 }

@@ -8,7 +8,8 @@
 //! → planner → session `LlmDone`. Tool calls: session → tool executors → session, with
 //! `ToolStarted`/`ToolFinished` reported to the planner.
 //!
-//! Plain data; it must not depend on the simulator's event loop. Engines are reached only
+//! Messages, the shared run context, the wall clock and the helpers that keep blocking work off
+//! the reactor; it must not depend on the simulator's event loop. Engines are reached only
 //! through the [`Engine`] trait.
 
 use std::sync::{Arc, RwLock};

@@ -22,7 +22,8 @@
 //! A reclaim while calls still run waits for them (up to `drain_timeout`) before the engine
 //! sleeps or unloads: vLLM before 0.17 crashes when put to sleep with requests in flight.
 //!
-//! It decides nothing about placement; it depends on the `Engine` trait and the actor messages.
+//! It decides nothing about placement; it depends on the `Engine` trait, the actor messages and
+//! the planner's and report's plain types (`DeploymentId`, `WastedWork`).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -1,4 +1,5 @@
-//! The planner core: a pure state machine `Planner::handle(event, now) -> Vec<Command>`.
+//! The planner core: a pure state machine, `Planner::handle_all(events, now) ->
+//! Result<Vec<Command>, PlanError>` (a tick's events folded, then one planning pass).
 //!
 //! It owns the planner's *view* of the pool (devices, replicas and their leases, the queue of
 //! ready units) and delegates every decision to a [`Policy`]. Invariants that no policy may
@@ -6,9 +7,10 @@
 //! reclaimed, a load never over-commits device memory, a unit is dispatched only to an awake
 //! replica of its deployment, and each unit is dispatched at most once.
 //!
-//! No I/O, no clock (time is the `now` argument), no randomness. It must not depend on the
-//! simulator shell, on the emulator crate, or on the tools crate: both shells (the simulator
-//! and the live runtime) drive this same core.
+//! No I/O, no clock (time is the `now` argument), no randomness, no process-global state. It
+//! must not depend on the shells (`sim`, `live`) or what they share (`exec`), on `bench` or
+//! `lower_bound`, on the emulator crate, or on the tools crate: both shells (the simulator and
+//! the live runtime) drive this same core (`runtime/tests/module_boundaries.rs` checks it).
 
 pub mod admission;
 pub mod estimates;

@@ -29,7 +29,8 @@
 //! connection, so the server aborts the request. Parameters the front door does not honour
 //! (`n > 1`, `logprobs`, `stop`, `tools`, a list of prompts, …) are refused with a 400 naming them.
 //!
-//! Depends on `crate::live::Service`; must not depend on the simulator.
+//! Depends on `crate::live` (the service, its engines' token sinks, the planner and program
+//! actors' messages) and `crate::tokens`; must not depend on the simulator.
 
 use std::convert::Infallible;
 use std::sync::Arc;

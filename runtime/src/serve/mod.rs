@@ -18,8 +18,8 @@
 //!
 //! The front door (OpenAI-compatible completions keyed by program) is [`front_door`]'s.
 //!
-//! Depends on `crate::live` (the service) and the workflow loader; must not depend on the
-//! simulator.
+//! Depends on `crate::live` (the service), the workflow loader, `crate::exec`'s trace lines and
+//! the tools crate's names; must not depend on the simulator.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::convert::Infallible;

@@ -2,16 +2,19 @@
 //! pure planner core, the emulated replicas (`switchyard-emulator`, the ground truth) and the
 //! tools (`switchyard-tools`).
 //!
-//! Events are processed in (time, sequence) order. Session arrivals come from a trace generated
-//! once from the seed; LLM outputs come from the responders, seeded per (trace seed, workflow,
+//! Events are processed in (time, sequence) order. Session arrivals are drawn from the seed as
+//! sessions arrive (`exec::arrivals::ArrivalStream`); LLM outputs come from the responders, seeded per (trace seed, workflow,
 //! session, node, round) so that every policy sees the same outputs; engine timing noise has its
 //! own seed. Tool durations enter virtual time as *modeled* values, while the real tool runs on
 //! a worker thread and is joined at its virtual completion — so the report is a function of the
 //! inputs and seeds only: same inputs, same bytes.
 //!
-//! This is a shell: it does I/O-free bookkeeping and execution, and makes no scheduling
-//! decision of its own (those are the planner's). It owns only what is particular to virtual
-//! time: the event queue, the emulated replicas and the tool worker pool. What both shells do
+//! This is a shell: its bookkeeping is I/O-free and it makes no scheduling decision of its own
+//! (those are the planner's); the tool worker pool (`toolpool.rs`) runs the real tools
+//! (sandboxed interpreters), reads `SWITCHYARD_PYTHON_SANDBOX` and keeps the process-wide memo
+//! of tool outcomes. It owns only what is particular to virtual time: the event queue, the
+//! window of sessions in flight (`window.rs`), the emulated replicas, the tool worker pool, and
+//! the agent-session loop of paper 000 (`agentic.rs`, `agent_routing.rs`). What both shells do
 //! (setting a run up, preparing activations, the records and the report) is `crate::exec`'s;
 //! `sim` depends on it and must not depend on `live`.
 

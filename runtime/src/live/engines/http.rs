@@ -38,7 +38,8 @@
 //! Timing: TTFT is the time to the first streamed choice chunk; without streaming the first
 //! token is not observable, and TTFT is the time to the (complete) response.
 //!
-//! Depends on the `Engine` interface, the metrics parser and `crate::tokens` only.
+//! Depends on the `Engine` interface and its API flavours, the metrics parser and
+//! `crate::tokens` only.
 
 use std::collections::BTreeMap;
 use std::future::Future;

@@ -5,6 +5,8 @@
 //! (a `switchyard emulate` server), `vllm` (a managed `vllm serve` child process, or in tests a
 //! `switchyard emulate` child through the same command template) and `openai` (a fixed
 //! OpenAI-compatible endpoint, no lifecycle control). Engines do I/O; they decide nothing.
+//!
+//! Depends on nothing else in the crate; the engines (`engines/`) and the actors depend on it.
 
 use std::future::Future;
 use std::pin::Pin;

@@ -6,6 +6,9 @@
 //!
 //! It decides nothing about placement (that is the planner core's) and never talks to an
 //! engine. Each session and each activation has its own `tracing` span.
+//!
+//! Must not depend on the simulator or on any engine implementation (`engines/`): it sees only
+//! the `Engine` interface's request and answer types; calls reach a replica through the planner.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;

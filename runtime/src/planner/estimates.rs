@@ -3,6 +3,9 @@
 //! The planner core only sees this trait; shells inject an implementation (cached predictor
 //! profiles, or — for reference only — the emulator's own costs, the `oracle`). Lookups must be
 //! cheap: they run on the scheduling path.
+//!
+//! Part of the pure core: must not depend on anything outside `planner` but `crate::ids` and the
+//! predictor crate (the core's rule, checked by `runtime/tests/module_boundaries.rs`).
 
 use super::{DeploymentInfo, DeviceInfo};
 

@@ -8,6 +8,9 @@
 //! limits — the identity already encodes model, dtype and serving configuration). Maximal
 //! chains of fusible edges are contracted into one scheduling unit that is admitted once and
 //! keeps one lease, while every activation keeps its own prompt, output and commit point.
+//!
+//! Part of the pure core: must not depend on anything outside `planner` but `crate::ids` and the
+//! predictor crate (the core's rule, checked by `runtime/tests/module_boundaries.rs`).
 
 /// One node of the logical graph, as the Constructor needs it.
 #[derive(Debug, Clone, PartialEq)]

@@ -48,6 +48,9 @@
 //! Ablations are options: no fusion, no prefetch, per-workflow lifecycle (each workflow
 //! estimates reuse and loading benefit only over its own demand and its own loads, while
 //! loaded replicas are still shared). Pure: estimates come through [`Estimates`].
+//!
+//! Part of the pure core: must not depend on anything outside `planner` but `crate::ids` and the
+//! predictor crate (the core's rule, checked by `runtime/tests/module_boundaries.rs`).
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 

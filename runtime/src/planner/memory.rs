@@ -3,6 +3,9 @@
 //! stay within capacity. A load can fit the final state yet overflow while it runs, because the
 //! old state (a replica still being reclaimed, its KV, engine buffers) and the incoming state
 //! coexist until the old one is gone. Pure.
+//!
+//! Part of the pure core: must not depend on anything outside `planner` but `crate::ids` and the
+//! predictor crate (the core's rule, checked by `runtime/tests/module_boundaries.rs`).
 
 /// Memory held on a device over `[from, until)` (use `f64::INFINITY` for "until further notice").
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -10,6 +10,9 @@
 //!
 //! It never prefetches or fuses: each ready request re-queues and re-acquires.
 //! Depends only on the planner state.
+//!
+//! Part of the pure core: must not depend on anything outside `planner` but `crate::ids` and the
+//! predictor crate (the core's rule, checked by `runtime/tests/module_boundaries.rs`).
 
 use super::substrate::{ScaleOut, Substrate, load_on_demand};
 use super::{Command, DeploymentId, PlannerState, Policy, ReplicaPhase};

@@ -5,6 +5,9 @@
 //!
 //! Pure: the table is handed in ready (the shells train the estimator and build it, see
 //! `exec::profiles`); nothing here reads a file or keeps state beyond the table.
+//!
+//! Part of the pure core: must not depend on anything outside `planner` but `crate::ids` and the
+//! predictor crate (the core's rule, checked by `runtime/tests/module_boundaries.rs`).
 
 use std::sync::Arc;
 

@@ -3,6 +3,9 @@
 //! units. Policies read it and change it only through `issue_*`, which check the invariants.
 //!
 //! Pure data and bookkeeping; no I/O, no clock.
+//!
+//! Part of the pure core: must not depend on anything outside `planner` but `crate::ids` and the
+//! predictor crate (the core's rule, checked by `runtime/tests/module_boundaries.rs`).
 
 use std::collections::{BTreeMap, BTreeSet};
 

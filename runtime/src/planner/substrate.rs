@@ -33,6 +33,9 @@
 //! scale-out (the joint policy's own). The replica cap is shared by every policy.
 //!
 //! Pure: depends only on the planner state.
+//!
+//! Part of the pure core: must not depend on anything outside `planner` but `crate::ids` and the
+//! predictor crate (the core's rule, checked by `runtime/tests/module_boundaries.rs`).
 
 use std::collections::BTreeMap;
 

@@ -15,6 +15,8 @@
 //! prefetched run (running, finished or still queued) under the same key and joins it; a
 //! prefetch that never becomes a call only costs its run. A join of a call that no worker has
 //! started runs it on the joining thread, so the event loop never waits idle behind a queue.
+//!
+//! Must not depend on the planner, `exec` or the live shell: it runs tool calls, whoever asks.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};

@@ -23,6 +23,8 @@
 //! No program moves after it starts.
 //!
 //! Pure: no clock (run times are arguments), no randomness.
+//!
+//! Must not depend on anything outside `planner` (the core's rule).
 
 use std::collections::{BTreeMap, VecDeque};
 

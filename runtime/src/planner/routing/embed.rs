@@ -20,6 +20,8 @@
 //!   verifier whose prototype has the highest cosine similarity.
 //!
 //! Pure: deterministic functions of their inputs; no I/O, no randomness, no clock.
+//!
+//! Must not depend on anything outside `planner` (the core's rule).
 
 use std::collections::BTreeMap;
 

@@ -19,6 +19,8 @@
 //! Sherman–Morrison rank-one updates, O(d²) per decision and per verdict.
 //!
 //! Pure: no clock, no randomness (ties go to the lowest arm index).
+//!
+//! Must not depend on anything outside `planner` (the core's rule).
 
 use std::collections::BTreeMap;
 

@@ -10,6 +10,8 @@
 //! never waits on a verdict.
 //!
 //! Pure, like the rest of `routing`: no I/O, no clock, no randomness.
+//!
+//! Must not depend on anything outside `planner` (the core's rule).
 
 use std::collections::BTreeMap;
 

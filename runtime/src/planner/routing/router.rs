@@ -15,6 +15,8 @@
 //! Routing never waits on a verdict.
 //!
 //! Pure: no I/O, no clock (run times are arguments), no randomness.
+//!
+//! Must not depend on anything outside `planner` (the core's rule).
 
 use std::collections::BTreeMap;
 

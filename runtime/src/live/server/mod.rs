@@ -8,7 +8,9 @@
 //! behaviour kept through 0.11–0.12 unless said otherwise:
 //! - `POST /v1/completions`, `POST /v1/chat/completions` (`protocol.rs`: bodies, validation,
 //!   vLLM's error body with the integer `code`): streaming (SSE, `data: [DONE]`, one chunk per
-//!   token as the engine decodes it, a usage chunk with `stream_options.include_usage`) and
+//!   token as the engine decodes it — for a client more than 64 tokens behind, the tokens it
+//!   has not read merged into its next chunk, as vLLM's output collector merges deltas — a
+//!   usage chunk with `stream_options.include_usage`) and
 //!   not; `usage` with `prompt_tokens_details.cached_tokens`; a list of prompts in
 //!   `/v1/completions` and `n > 1` run one engine request per (prompt, sample), choice index
 //!   `prompt × n + sample` as vLLM numbers them (the n samples are identical: the emulated
@@ -209,12 +211,54 @@ impl Clock {
 #[derive(Debug, Clone, PartialEq)]
 enum Progress {
     FirstToken,
-    /// One more output token (an iteration in which the request decoded).
-    Token,
+    /// More output tokens: one, or, for a handler [`MAX_UNREAD_REPORTS`] reports behind, all
+    /// it has not read (see [`UnreadTokens`]).
+    Tokens,
     Finished { cached_prompt_tokens: u32 },
     /// The engine aborted the request (a sleep with `mode=abort`).
     Aborted,
     Failed(String),
+}
+
+/// Most [`Progress::Tokens`] reports queued for one choice: past them a handler that does
+/// not keep up (a client reading slowly, or not at all) gets its unread tokens merged into
+/// one chunk, as vLLM's output collector merges the deltas its consumer has not taken.
+const MAX_UNREAD_REPORTS: u32 = 64;
+
+/// Output tokens one choice decoded that its handler has not read yet. The driver adds one per
+/// iteration and queues a [`Progress::Tokens`] report while fewer than [`MAX_UNREAD_REPORTS`]
+/// tokens are unread; each report the handler reads takes one token, or all but
+/// `MAX_UNREAD_REPORTS − 1` of them when more are unread. So the reports queued are always
+/// min(unread, `MAX_UNREAD_REPORTS`): a handler that keeps up sends one chunk per token, none
+/// is left unread once the reports are read, and what a request keeps queued is bounded by its
+/// choices, not by the tokens they generate (one report per token, unread by a client that
+/// stopped reading, grew up to `max_tokens` × samples).
+#[derive(Debug, Clone, Default)]
+struct UnreadTokens(Arc<std::sync::atomic::AtomicU32>);
+
+impl UnreadTokens {
+    /// One more token; true when a report must be queued for it.
+    fn add(&self) -> bool {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::AcqRel) < MAX_UNREAD_REPORTS
+    }
+
+    /// The tokens one report stands for, now read.
+    fn take(&self) -> u32 {
+        let unread = &self.0;
+        let mut now = unread.load(std::sync::atomic::Ordering::Acquire);
+        loop {
+            let take = now.saturating_sub(MAX_UNREAD_REPORTS - 1).max(1).min(now);
+            match unread.compare_exchange_weak(
+                now,
+                now - take,
+                std::sync::atomic::Ordering::AcqRel,
+                std::sync::atomic::Ordering::Acquire,
+            ) {
+                Ok(_) => return take,
+                Err(actual) => now = actual,
+            }
+        }
+    }
 }
 
 /// A request accepted by a handler, not yet submitted to the replica.
@@ -231,6 +275,8 @@ struct Waiter {
     /// The choice index within its HTTP request.
     index: usize,
     tx: mpsc::UnboundedSender<(usize, Progress)>,
+    /// Tokens decoded and not yet read by the handler (shared with its [`Choice`]).
+    unread: UnreadTokens,
     arrival: f64,
     /// Past its first token and not preempted: each iteration decodes one more token.
     decoding: bool,
@@ -772,7 +818,9 @@ async fn drive(shared: Arc<Shared>) {
                         shared.metrics.inter_token(end - w.last_token);
                         w.last_token = end;
                         w.generated += 1;
-                        let _ = w.tx.send((w.index, Progress::Token));
+                        if w.unread.add() {
+                            let _ = w.tx.send((w.index, Progress::Tokens));
+                        }
                     }
                     core.cursor = core.cursor.max(end);
                     deliver(core, &shared, events);
@@ -1142,6 +1190,7 @@ async fn run(shared: &Arc<Shared>, p: Prepared) -> Response {
                 echo: p.echo.then(|| prompt.text.clone()),
                 shaped: Arc::clone(&shaped),
                 cursor: TokenCursor::default(),
+                unread: UnreadTokens::default(),
                 started: false,
                 end: None,
                 cached: 0,
@@ -1164,6 +1213,7 @@ async fn run(shared: &Arc<Shared>, p: Prepared) -> Response {
                 Waiter {
                     index: c.index,
                     tx: tx.clone(),
+                    unread: c.unread.clone(),
                     arrival,
                     decoding: false,
                     scheduled: None,
@@ -1249,6 +1299,8 @@ struct Choice {
     echo: Option<String>,
     shaped: Arc<Shaped>,
     cursor: TokenCursor,
+    /// Tokens the engine decoded for it that are not yet read (shared with its [`Waiter`]).
+    unread: UnreadTokens,
     /// A chunk of it was sent.
     started: bool,
     end: Option<End>,
@@ -1258,6 +1310,25 @@ struct Choice {
 impl Choice {
     fn advance(&mut self) -> Option<String> {
         self.cursor.next_piece(&self.shaped.ids, &self.shaped.text)
+    }
+
+    /// The text that a progress report of decoded tokens adds: one token for
+    /// [`Progress::FirstToken`], every unread one for [`Progress::Tokens`]; `None` when they
+    /// lie past the text's last token.
+    fn advance_by(&mut self, p: &Progress) -> Option<String> {
+        let tokens = match p {
+            Progress::FirstToken => 1,
+            Progress::Tokens => self.unread.take(),
+            _ => 0,
+        };
+        let mut text: Option<String> = None;
+        for _ in 0..tokens {
+            match self.advance() {
+                Some(piece) => text.get_or_insert_with(String::new).push_str(&piece),
+                None => break,
+            }
+        }
+        text
     }
 
     /// The answer's text (the part decoded by an abort).
@@ -1342,7 +1413,7 @@ impl Answer {
             return Ok(());
         };
         match p {
-            Progress::FirstToken | Progress::Token => {}
+            Progress::FirstToken | Progress::Tokens => {}
             Progress::Finished {
                 cached_prompt_tokens,
             } => {
@@ -1360,10 +1431,8 @@ impl Answer {
             let Some((i, p)) = rx.recv().await else {
                 return ApiError::unavailable("the engine dropped the request").into_response();
             };
-            if matches!(p, Progress::FirstToken | Progress::Token)
-                && let Some(c) = self.choices.get_mut(i)
-            {
-                c.advance();
+            if let Some(c) = self.choices.get_mut(i) {
+                c.advance_by(&p);
             }
             if let Err(reason) = self.apply(i, &p) {
                 return ApiError::unavailable(reason).into_response();
@@ -1450,7 +1519,9 @@ impl Answer {
         Some(Event::default().data(data.to_string()))
     }
 
-    /// A stream: one chunk per decoded token of each choice at the engine's pace (a token
+    /// A stream: one chunk per decoded token of each choice at the engine's pace while the
+    /// client keeps up (past [`MAX_UNREAD_REPORTS`] unread tokens, those go out together in its
+    /// next chunk; a token
     /// that ends inside a multi-byte character waits for the rest of it), the rest of a
     /// choice's text with its finish reason when it ends, then (all ended) the usage chunk
     /// and `[DONE]`. Dropping the stream (the client went away) aborts what still runs.
@@ -1468,12 +1539,12 @@ impl Answer {
                     let (i, p) = rx.recv().await?;
                     let mut events = Vec::new();
                     match &p {
-                        Progress::FirstToken | Progress::Token => {
+                        Progress::FirstToken | Progress::Tokens => {
                             let Some(c) = answer.choices.get_mut(i) else {
                                 continue;
                             };
                             let first = !c.started;
-                            let Some(piece) = c.advance() else {
+                            let Some(piece) = c.advance_by(&p) else {
                                 continue;
                             };
                             if piece.is_empty() && !first {
@@ -1946,6 +2017,80 @@ mod tests {
             let mut cursor = TokenCursor::default();
             assert_eq!(cursor.next_piece(&ids, text).as_deref(), Some(""));
         }
+    }
+
+    /// A client that stops reading does not make the server queue a report per token: past
+    /// `MAX_UNREAD_REPORTS` the unread tokens are read together, as one piece of the text, in
+    /// order; a reader that keeps up gets one report per token.
+    #[test]
+    fn unread_tokens_are_bounded_in_reports_and_read_in_order() {
+        let text = "naïve café — 東京 🚀 done, and the plan ships on Friday. ".repeat(40);
+        let ids = tokens::encode(&text).to_vec();
+        assert!(ids.len() > 4 * MAX_UNREAD_REPORTS as usize);
+        let shaped = Arc::new(Shaped {
+            generated: ids.len() as u32,
+            ids: ids.clone(),
+            text: text.clone(),
+            finish_reason: "length",
+            stop_reason: Value::Null,
+        });
+        let choice = || Choice {
+            index: 0,
+            prompt_idx: 0,
+            prompt_tokens: 1,
+            echo: None,
+            shaped: Arc::clone(&shaped),
+            cursor: TokenCursor::default(),
+            unread: UnreadTokens::default(),
+            started: false,
+            end: None,
+            cached: 0,
+        };
+        // The driver's side, as `drive` does it: the first token, then one per iteration.
+        let decode = |c: &Choice, tx: &mpsc::UnboundedSender<(usize, Progress)>, tokens: usize| {
+            for _ in 0..tokens {
+                if c.unread.add() {
+                    tx.send((0, Progress::Tokens)).expect("send");
+                }
+            }
+        };
+        let drain = |rx: &mut mpsc::UnboundedReceiver<(usize, Progress)>| {
+            let mut reports = Vec::new();
+            while let Ok((_, p)) = rx.try_recv() {
+                reports.push(p);
+            }
+            reports
+        };
+
+        // Nobody reads while the whole answer decodes.
+        let mut slow = choice();
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        tx.send((0, Progress::FirstToken)).expect("send");
+        decode(&slow, &tx, ids.len() - 1);
+        let reports = drain(&mut rx);
+        assert_eq!(reports.len(), 1 + MAX_UNREAD_REPORTS as usize, "bounded, not one per token");
+        let pieces: Vec<String> = reports.iter().map(|p| slow.advance_by(p).expect("within the text")).collect();
+        assert_eq!(pieces.concat(), text, "every token read, in order");
+        assert_eq!(slow.cursor.tokens, ids.len());
+        assert_eq!(slow.unread.take(), 0, "nothing left unread once the reports are read");
+
+        // A reader that keeps up: one report and one token per iteration.
+        let mut live = choice();
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        tx.send((0, Progress::FirstToken)).expect("send");
+        let mut read = live.advance_by(&drain(&mut rx)[0]).expect("first token");
+        for _ in 1..ids.len() {
+            decode(&live, &tx, 1);
+            let reports = drain(&mut rx);
+            assert_eq!(reports, vec![Progress::Tokens]);
+            let before = live.cursor.tokens;
+            read.push_str(&live.advance_by(&reports[0]).expect("within the text"));
+            assert_eq!(live.cursor.tokens, before + 1);
+        }
+        assert_eq!(read, text);
+        // A token past the text's last one adds nothing (the rest goes with the finish).
+        assert!(live.unread.add());
+        assert_eq!(live.advance_by(&Progress::Tokens), None);
     }
 
     #[test]

@@ -844,33 +844,30 @@ impl Journal {
     /// Every recorded run, by id, without its workflow's text (a restart reads every run; the
     /// texts, up to a request body each, are read only for the runs that need them: [`Self::run`]).
     pub fn run_heads(&self) -> Result<Vec<RunHead>, JournalError> {
-        let txn = self.read()?;
-        let runs = txn.open_table(RUNS)?;
-        let mut out = Vec::new();
-        for entry in runs.iter()? {
-            let (id, text) = entry?;
-            // The text is skipped by the decoder (a field `RunHeadRow` does not have), not copied.
-            let row: RunHeadRow = decode(|| format!("run {:?}", id.value()), text.value())?;
-            out.push(RunHead {
-                run_id: id.value().to_string(),
-                workflow: row.workflow,
-                sessions: row.sessions,
-                created_at_unix_ms: row.created_at_unix_ms,
-                drawn_from: row.drawn_from,
-            });
-        }
-        Ok(out)
+        // The text is skipped by the decoder (a field `RunHeadRow` does not have), not copied.
+        self.scan_runs(|run_id, row: RunHeadRow| RunHead {
+            run_id: run_id.to_string(),
+            workflow: row.workflow,
+            sessions: row.sessions,
+            created_at_unix_ms: row.created_at_unix_ms,
+            drawn_from: row.drawn_from,
+        })
     }
 
-    /// Every recorded run, by id.
+    /// Every recorded run, by id, with its workflow's text.
     pub fn runs(&self) -> Result<Vec<RunRecord>, JournalError> {
+        self.scan_runs(|run_id, row: RunRow| run_record(run_id, row))
+    }
+
+    /// Every row of the runs table decoded as `R`, by id, and mapped by `f`.
+    fn scan_runs<R: serde::de::DeserializeOwned, T>(&self, f: impl Fn(&str, R) -> T) -> Result<Vec<T>, JournalError> {
         let txn = self.read()?;
         let runs = txn.open_table(RUNS)?;
         let mut out = Vec::new();
         for entry in runs.iter()? {
             let (id, text) = entry?;
-            let row: RunRow = decode(|| format!("run {:?}", id.value()), text.value())?;
-            out.push(run_record(id.value(), row));
+            let row: R = decode(|| format!("run {:?}", id.value()), text.value())?;
+            out.push(f(id.value(), row));
         }
         Ok(out)
     }

@@ -946,7 +946,7 @@ mod tests {
         let workflows = crate::exec::tests::bundled_workflows();
         let records = crate::exec::load_records(&workflows).expect("records");
         let mut texts = Vec::new();
-        for record in records.iter().flatten() {
+        for record in records.iter().flat_map(|r| r.iter()) {
             for value in record.values() {
                 strings(value, &mut texts);
             }

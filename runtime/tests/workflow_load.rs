@@ -373,6 +373,20 @@ fn dataset_file_missing_and_records_missing_fields() {
             && e.to_string().contains("`checks` has no field `list`"),
         "{e}"
     );
+    // A failed read is not kept: the same spec reads the corrected file; a good read is kept
+    // and shared, so a run that checked its records before starting does not read them again.
+    std::fs::write(
+        dir.path().join("data.jsonl"),
+        "{\"question\": \"1+1?\", \"checks\": {\"list\": [\"assert True\"]}}\n",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let records = spec.load_records().unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(records.len(), 1);
+    std::fs::write(dir.path().join("data.jsonl"), "{\"question\": \"changed\", \"checks\": {}}\n")
+        .unwrap_or_else(|e| panic!("{e}"));
+    let again = spec.load_records().unwrap_or_else(|e| panic!("read again: {e}"));
+    assert!(std::sync::Arc::ptr_eq(&records, &again), "read once");
+    assert!(std::sync::Arc::ptr_eq(&records, &spec.bound_to("x").load_records().unwrap_or_else(|e| panic!("{e}"))));
 
     // Templates may only read mapped input fields.
     let e = parse_workflow(

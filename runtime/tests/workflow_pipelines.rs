@@ -134,7 +134,8 @@ fn every_qmsum_prompt_fits_its_context() {
     for (i, r) in spec
         .load_records()
         .unwrap_or_else(|e| panic!("{e}"))
-        .into_iter()
+        .iter()
+        .cloned()
         .enumerate()
     {
         let (w, n) = drive_worst_case(&spec, i, r);
@@ -152,7 +153,8 @@ fn every_mbpp_session_fits_and_runs_three_repair_rounds_at_worst() {
     for (i, r) in spec
         .load_records()
         .unwrap_or_else(|e| panic!("{e}"))
-        .into_iter()
+        .iter()
+        .cloned()
         .enumerate()
     {
         let (w, n) = drive_worst_case(&spec, i, r);
@@ -172,7 +174,8 @@ fn gsm8k_sessions_fit() {
     for (i, r) in spec
         .load_records()
         .unwrap_or_else(|e| panic!("{e}"))
-        .into_iter()
+        .iter()
+        .cloned()
         .enumerate()
         .step_by(7)
     {

@@ -21,8 +21,8 @@ fn shipped(name: &str) -> Arc<WorkflowSpec> {
 
 fn first_record(spec: &WorkflowSpec) -> Record {
     spec.load_records()
-        .unwrap_or_else(|e| panic!("{e}"))
-        .swap_remove(0)
+        .unwrap_or_else(|e| panic!("{e}"))[0]
+        .clone()
 }
 
 fn out(text: &str, verdict: Option<&str>) -> NodeOutput {

@@ -150,7 +150,7 @@ pub fn first_request(session: &Session) -> String {
 /// exemplars: [`EXEMPLARS_PER_VERIFIER`] first requests of each workflow with a verifier.
 pub fn routing_setup(
     workflows: &[Arc<WorkflowSpec>],
-    records: &[Vec<Record>],
+    records: &[Arc<Vec<Record>>],
     deployments: &[DeploymentInfo],
     deployment_of: &DeploymentMap,
     pool: &PoolSpec,
@@ -178,7 +178,7 @@ pub fn routing_setup(
     let mut exemplars = Vec::new();
     for (w, spec) in workflows.iter().enumerate() {
         let Some(verifier) = workflow_verifier(spec) else { continue };
-        let recs = records.get(w).map(Vec::as_slice).unwrap_or_default();
+        let recs = records.get(w).map(|r| r.as_slice()).unwrap_or_default();
         let mut texts: Vec<String> = Vec::new();
         for record in recs {
             if texts.len() == EXEMPLARS_PER_VERIFIER {

@@ -121,8 +121,9 @@ pub fn build_planner(
     Ok(planner)
 }
 
-/// Every workflow's dataset records (none may be empty).
-pub fn load_records(workflows: &[Arc<WorkflowSpec>]) -> Result<Vec<Vec<Record>>, ShellError> {
+/// Every workflow's dataset records (none may be empty), read once per workflow
+/// ([`WorkflowSpec::load_records`]).
+pub fn load_records(workflows: &[Arc<WorkflowSpec>]) -> Result<Vec<Arc<Vec<Record>>>, ShellError> {
     let mut records = Vec::new();
     for wf in workflows {
         let r = wf

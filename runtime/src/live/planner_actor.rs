@@ -154,7 +154,7 @@ pub struct PlannerArgs {
     pub factory: Arc<dyn EngineFactory>,
     pub devices: Vec<DeviceSpec>,
     pub trace: Vec<TraceEntry>,
-    pub records: Vec<Vec<Record>>,
+    pub records: Vec<Arc<Vec<Record>>>,
     pub meta: ReportMeta,
     pub telemetry_every: Option<Duration>,
     pub tool_workers: usize,
@@ -214,7 +214,7 @@ pub struct PlannerActorState {
     factory: Arc<dyn EngineFactory>,
     devices: Vec<DeviceSpec>,
     trace: SessionTrace,
-    records: Vec<Vec<Record>>,
+    records: Vec<Arc<Vec<Record>>>,
     /// Inputs of sessions submitted to a served runtime, until each arrives (the session takes
     /// its input; a run's sessions read theirs from `records`).
     inputs: BTreeMap<usize, Record>,
@@ -851,7 +851,7 @@ impl PlannerActorState {
         let deployment_of = &ctx.deployment_of;
         ctx.node_info.push(&spec, |w, name| deployment_of.get(&(w, name.to_string())).copied());
         ctx.workflows.push(spec);
-        self.records.push(Vec::new());
+        self.records.push(Arc::new(Vec::new()));
         self.ctx = Arc::new(ctx);
         Ok(w)
     }

@@ -119,11 +119,10 @@ impl Service {
         let front_door_index = u32::try_from(workflows.len() - 1).map_err(|_| LiveError::Spawn("too many workflows".into()))?;
         let (deployments, deployment_of) = exec::deployment_table(&workflows, rc.max_num_seqs)?;
         let node_info = exec::node_infos(&workflows, &deployment_of);
-        let datasets: Vec<Arc<Vec<Record>>> = exec::load_records(&rc.workflows)?.into_iter().map(Arc::new).collect();
+        let datasets: Vec<Arc<Vec<Record>>> = exec::load_records(&rc.workflows)?;
         let served: Vec<(String, DeploymentId, u32)> = deployments.iter().map(|d| (d.model.clone(), d.id, d.max_model_len)).collect();
         let mut planner = exec::build_planner(&rc.pool, &deployments, &rc.policy, rc.options, &rc.predictor, rc.substrate)?;
-        let records: Vec<Vec<Record>> = datasets.iter().map(|d| d.as_ref().clone()).collect();
-        if let Some(setup) = exec::routing::routing_setup(&rc.workflows, &records, &deployments, &deployment_of, &rc.pool, &rc.routing)? {
+        if let Some(setup) = exec::routing::routing_setup(&rc.workflows, &datasets, &deployments, &deployment_of, &rc.pool, &rc.routing)? {
             planner.set_routing(setup).map_err(exec::ShellError::from)?;
         }
         let routed = planner.routing().map(|r| r.members().to_vec());
@@ -132,7 +131,7 @@ impl Service {
         let (events, _) = broadcast::channel(EVENT_BUFFER);
         let metrics = Arc::new(RuntimeMetrics::new());
         let mut args = planner_args(cfg, ctx, planner, factory, "served".into());
-        args.records = vec![Vec::new(); rc.workflows.len() + 1];
+        args.records = vec![Arc::new(Vec::new()); rc.workflows.len() + 1];
         args.events = Some(events.clone());
         args.front_door = Some((front_door_index, cfg.program_idle));
         args.metrics = Some(Arc::clone(&metrics));

@@ -232,7 +232,7 @@ struct Sim<'a> {
     arrivals: arrivals::ArrivalStream,
     next_arrival: Option<(usize, TraceEntry)>,
     sessions_total: usize,
-    records: Vec<Vec<crate::values::Record>>,
+    records: Vec<Arc<Vec<crate::values::Record>>>,
     /// The sessions in flight ([`SessionWindow`]).
     sessions: SessionWindow<SessionRun>,
     /// The ended sessions, counted for the report.

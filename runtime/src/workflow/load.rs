@@ -293,6 +293,7 @@ pub(super) fn build(
         graph,
         index,
         topo,
+        records: Default::default(),
     })
 }
 

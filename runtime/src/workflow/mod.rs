@@ -15,6 +15,7 @@ pub(crate) mod yaml;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use petgraph::Direction;
 use petgraph::graph::{DiGraph, NodeIndex};
@@ -395,6 +396,10 @@ pub struct WorkflowSpec {
     graph: DiGraph<usize, EdgeKind>,
     index: BTreeMap<String, usize>,
     topo: Vec<usize>,
+    /// The dataset's records once read ([`Self::load_records`]): a run checks them before it
+    /// starts and then runs on them, reading and parsing the file once. Copies of the spec
+    /// (a routed session's [`Self::bound_to`]) share them.
+    records: std::sync::OnceLock<Arc<Vec<Record>>>,
 }
 
 /// Largest workflow file the loader reads (a workflow with long prompts is tens of KiB).
@@ -492,12 +497,18 @@ pub fn parse_workflow(
 impl WorkflowSpec {
     /// Read the dataset and map each record to the input fields. Errors name the record index
     /// and the field. A workflow without a dataset (its nodes need no input, which loading
-    /// checked) has one empty record: every session runs the same prompts.
-    pub fn load_records(&self) -> Result<Vec<Record>, WorkflowError> {
-        match &self.dataset {
-            Some(d) => d.load_records(),
-            None => Ok(vec![Record::new()]),
+    /// checked) has one empty record: every session runs the same prompts. The file is read
+    /// on the first call only; later calls share those records (a failed read is not kept:
+    /// the next call reads again).
+    pub fn load_records(&self) -> Result<Arc<Vec<Record>>, WorkflowError> {
+        if let Some(records) = self.records.get() {
+            return Ok(Arc::clone(records));
         }
+        let records = Arc::new(match &self.dataset {
+            Some(d) => d.load_records()?,
+            None => vec![Record::new()],
+        });
+        Ok(Arc::clone(self.records.get_or_init(|| records)))
     }
 
     pub fn node(&self, id: &str) -> Option<&NodeSpec> {

@@ -240,6 +240,16 @@ async fn openai_engine_serves_chat_and_has_no_lifecycle() {
     server.shutdown().await.unwrap();
 }
 
+/// Serves `app` on a loopback port: its root URL (`http://ADDR`) and the serving task.
+async fn serve_on_loopback(app: axum::Router) -> (String, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind a loopback port");
+    let root = format!("http://{}", listener.local_addr().expect("the bound address"));
+    let task = tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    (root, task)
+}
+
 /// A stub endpoint that answers every request with `status` and counts the hits.
 async fn stub(status: u16) -> (String, Arc<AtomicUsize>, tokio::task::JoinHandle<()>) {
     use axum::http::StatusCode;
@@ -256,11 +266,8 @@ async fn stub(status: u16) -> (String, Arc<AtomicUsize>, tokio::task::JoinHandle
             )
         }
     });
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}/v1", listener.local_addr().unwrap());
-    let task = tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
+    let (root, task) = serve_on_loopback(app).await;
+    let base = format!("{root}/v1");
     (base, hits, task)
 }
 
@@ -294,11 +301,8 @@ async fn a_streamed_call_answered_with_one_json_body_is_read_as_a_whole_answer()
         (r#"{"error":{"message":"upstream hiccup","type":"x"}}"#, false),
     ] {
         let app = axum::Router::new().fallback(move || async move { ([(axum::http::header::CONTENT_TYPE, "application/json")], body) });
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let base = format!("http://{}/v1", listener.local_addr().unwrap());
-        let task = tokio::spawn(async move {
-            let _ = axum::serve(listener, app).await;
-        });
+        let (root, task) = serve_on_loopback(app).await;
+        let base = format!("{root}/v1");
         let e = OpenAiEngine::new(&base, MODEL, options()).unwrap();
         let r = e.submit(request(1, "hi", None, true)).await;
         if ok {
@@ -361,11 +365,7 @@ async fn a_hostile_upstream_is_cut_off_not_buffered() {
             "/redirect/v1/completions",
             axum::routing::post(|| async { axum::response::Redirect::temporary("http://192.0.2.1/v1/completions") }),
         );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let root = format!("http://{}", listener.local_addr().unwrap());
-    let task = tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
+    let (root, task) = serve_on_loopback(app).await;
     for (path, stream) in [("text", true), ("line", true), ("body", false), ("redirect", false)] {
         let e = OpenAiEngine::new(&format!("{root}/{path}/v1"), MODEL, options()).unwrap();
         let started = std::time::Instant::now();
@@ -405,11 +405,8 @@ async fn paced_stream(first_after: Duration, chunks: u32, every: Duration, done:
         });
         Sse::new(stream)
     });
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}/v1", listener.local_addr().unwrap());
-    let task = tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
+    let (root, task) = serve_on_loopback(app).await;
+    let base = format!("{root}/v1");
     (base, task)
 }
 
@@ -676,6 +673,15 @@ async fn vllm_engine_does_not_take_a_strangers_server_on_its_port_for_its_child(
     stranger.shutdown().await.unwrap();
 }
 
+/// A load of `spec` that must fail with a lifecycle error: that error's message.
+async fn failed_start(spec: &EngineSpec) -> String {
+    let e = engine_for(spec, &launch()).expect("an engine for the spec");
+    match e.load().await.expect_err("the start fails") {
+        EngineError::Lifecycle(m) => m,
+        other => panic!("not a lifecycle error: {other:?}"),
+    }
+}
+
 #[tokio::test]
 async fn vllm_engine_reports_failed_starts_with_the_childs_output() {
     let mut spec = EngineSpec::new(EngineKind::Vllm);
@@ -686,42 +692,21 @@ async fn vllm_engine_reports_failed_starts_with_the_childs_output() {
         "{port}".into(),
     ]));
     spec.health_timeout_s = Some(10.0);
-    let e = engine_for(&spec, &launch()).unwrap();
-    let err = e.load().await.unwrap_err();
-    assert!(
-        matches!(err, EngineError::Lifecycle(ref m) if m.contains("exit status: 3")),
-        "{err:?}"
-    );
-    let EngineError::Lifecycle(m) = err else {
-        unreachable!()
-    };
+    let m = failed_start(&spec).await;
+    assert!(m.contains("exit status: 3"), "{m}");
     assert!(m.contains("CUDA out of memory"), "{m}");
 
     spec.command = Some(CommandTemplate::Line(
         "/no/such/vllm serve {model} --port {port}".into(),
     ));
-    let err = engine_for(&spec, &launch())
-        .unwrap()
-        .load()
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(err, EngineError::Lifecycle(ref m) if m.contains("cannot start")),
-        "{err:?}"
-    );
+    let m = failed_start(&spec).await;
+    assert!(m.contains("cannot start"), "{m}");
 
     // A child that never becomes healthy is stopped after the health timeout.
     spec.command = Some(CommandTemplate::Line("sleep 60 {port}".into()));
     spec.health_timeout_s = Some(0.3);
-    let err = engine_for(&spec, &launch())
-        .unwrap()
-        .load()
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(err, EngineError::Lifecycle(ref m) if m.contains("not healthy")),
-        "{err:?}"
-    );
+    let m = failed_start(&spec).await;
+    assert!(m.contains("not healthy"), "{m}");
 }
 
 #[tokio::test]
@@ -761,11 +746,8 @@ async fn third_party(served: &'static str) -> (String, Arc<std::sync::Mutex<Vec<
             }
         }
     });
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}/v1", listener.local_addr().unwrap());
-    let task = tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
+    let (root, task) = serve_on_loopback(app).await;
+    let base = format!("{root}/v1");
     (base, seen, task)
 }
 

@@ -393,8 +393,13 @@ fn live_config(run: RunConfig) -> LiveConfig {
     cfg
 }
 
+/// A multi-threaded tokio runtime of two workers, timers and I/O on.
+fn two_worker_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("a tokio runtime")
+}
+
 fn run_live(cfg: &LiveConfig, factory: Arc<dyn EngineFactory>) -> LiveOutput {
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let rt = two_worker_runtime();
     rt.block_on(switchyard_runtime::live::run(cfg, factory, None)).expect("the live run finishes")
 }
 
@@ -702,7 +707,7 @@ fn overhead_per_llm_call() {
         (at(0.5), at(0.99), v.len())
     };
     // Directly: the same fake engine, awaited in a loop.
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let rt = two_worker_runtime();
     let factory = FakeFactory::new(0, Faults::default());
     let direct: Vec<f64> = rt.block_on(async {
         let cfg = sim_config(&["gsm8k"], 1, "paper", 1);
@@ -756,7 +761,7 @@ meter: Default::default(),
 
     // Over HTTP: the emulate server (at 10000x, so its compute is negligible) called directly,
     // and through the runtime.
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let rt = two_worker_runtime();
     let direct_http: Vec<f64> = rt.block_on(async {
         let mut config = EmulateConfig::new("A100-40GB", "Qwen3-4B");
         config.speed = 10000.0;
@@ -806,9 +811,45 @@ meter: Default::default(),
 
 /// A served runtime's configuration with the tiny chain fixture on the small pool.
 fn served_tiny_chain() -> LiveConfig {
-    let tiny = Arc::new(load_workflow(&repo().join("tests/fixtures/tiny_chain.yaml")).expect("fixture"));
+    tiny_chain_with_text().2
+}
+
+/// The tiny chain fixture, its YAML text (a server's start-up workflow takes both), and
+/// [`served_tiny_chain`]'s configuration.
+fn tiny_chain_with_text() -> (Arc<WorkflowSpec>, String, LiveConfig) {
+    let path = repo().join("tests/fixtures/tiny_chain.yaml");
+    let tiny = Arc::new(load_workflow(&path).expect("fixture"));
+    let text = std::fs::read_to_string(&path).expect("fixture");
     let pool = PoolSpec::load(&repo().join("workflows/pools/small.yaml")).expect("bundled pool");
-    live_config(RunConfig::served(vec![tiny], pool))
+    let cfg = live_config(RunConfig::served(vec![Arc::clone(&tiny)], pool));
+    (tiny, text, cfg)
+}
+
+/// Serves `app` on a loopback port until the test's tokio runtime ends; returns its root URL
+/// (`http://ADDR`).
+async fn serve_on_loopback(app: axum::Router) -> String {
+    use switchyard_runtime::serve::serve_until;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let root = format!("http://{}", listener.local_addr().expect("address"));
+    tokio::spawn(serve_until(listener, app, std::future::pending()));
+    root
+}
+
+/// Starts `cfg`'s service on fast fake engines and serves it durably over `journal`, the tiny
+/// chain its start-up workflow: the service, the server's root URL and what the journal held.
+async fn serve_tiny_chain_durably(
+    cfg: &LiveConfig,
+    tiny: Arc<WorkflowSpec>,
+    text: String,
+    journal: &Arc<switchyard_runtime::live::journal::Journal>,
+) -> (Arc<switchyard_runtime::live::Service>, String, switchyard_runtime::serve::Restored) {
+    use switchyard_runtime::live::Service;
+    use switchyard_runtime::serve::{ApiConfig, durable_router};
+    let service = Arc::new(Service::start(cfg, FakeFactory::new(1, Faults::default())).await.expect("service"));
+    let (app, restored) = durable_router(Arc::clone(&service), ApiConfig { token: None, ..ApiConfig::default() }, vec![(0, tiny, text)], Arc::clone(journal))
+        .await
+        .expect("router");
+    (service, serve_on_loopback(app).await, restored)
 }
 
 /// A front-door call of one user message and 8 answer tokens; `last` ends its program.
@@ -832,7 +873,7 @@ fn a_call_while_the_service_stops_is_refused_as_unavailable() {
     use switchyard_runtime::live::{Service, ServiceError};
 
     let cfg = served_tiny_chain();
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let rt = two_worker_runtime();
     rt.block_on(async {
         let service = Service::start(&cfg, FakeFactory::new(1, Faults::default())).await.expect("service");
         let mut stopping = Box::pin(service.shutdown("the test stops it"));
@@ -849,7 +890,7 @@ fn a_call_while_the_service_stops_is_refused_as_unavailable() {
     });
     // A call in flight when the service stops is answered as abandoned by the stop (503), not
     // as an engine's failure (502).
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let rt = two_worker_runtime();
     let answer = rt.block_on(async {
         let service = Service::start(&cfg, FakeFactory::new(5_000, Faults::default())).await.expect("service");
         let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
@@ -876,7 +917,7 @@ fn a_queued_call_whose_client_went_away_is_withdrawn() {
     cfg.run.substrate.replica_cap = Some(1);
     let factory = FakeFactory::new(300, Faults::default());
     let counters = Arc::clone(&factory.counters);
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let rt = two_worker_runtime();
     let (withdrawn, others) = rt.block_on(async {
         let service = Service::start(&cfg, factory).await.expect("service");
         let mut kept = Vec::new();
@@ -917,7 +958,7 @@ fn programs_past_the_limit_are_refused() {
 
     let mut cfg = served_tiny_chain();
     cfg.max_programs = 2;
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let rt = two_worker_runtime();
     let outcomes = rt.block_on(async {
         let service = Service::start(&cfg, FakeFactory::new(1, Faults::default())).await.expect("service");
         let mut outcomes = Vec::new();
@@ -938,20 +979,15 @@ fn programs_past_the_limit_are_refused() {
 #[test]
 fn the_front_door_answers_429_past_the_program_limit() {
     use switchyard_runtime::live::Service;
-    use switchyard_runtime::serve::{ApiConfig, router, serve_until};
+    use switchyard_runtime::serve::{ApiConfig, router};
 
-    let tiny = Arc::new(load_workflow(&repo().join("tests/fixtures/tiny_chain.yaml")).expect("fixture"));
-    let text = std::fs::read_to_string(repo().join("tests/fixtures/tiny_chain.yaml")).expect("fixture");
-    let pool = PoolSpec::load(&repo().join("workflows/pools/small.yaml")).expect("bundled pool");
-    let mut cfg = live_config(RunConfig::served(vec![Arc::clone(&tiny)], pool));
+    let (tiny, text, mut cfg) = tiny_chain_with_text();
     cfg.max_programs = 1;
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let rt = two_worker_runtime();
     let answers = rt.block_on(async {
         let service = Arc::new(Service::start(&cfg, FakeFactory::new(1, Faults::default())).await.expect("service"));
         let app = router(Arc::clone(&service), ApiConfig { token: None, ..ApiConfig::default() }, vec![(0, tiny, text)]);
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let url = format!("http://{}/v1/chat/completions", listener.local_addr().expect("address"));
-        tokio::spawn(serve_until(listener, app, std::future::pending()));
+        let url = format!("{}/v1/chat/completions", serve_on_loopback(app).await);
         let client = reqwest::Client::new();
         let mut answers = Vec::new();
         for (key, stream) in [("a", false), ("b", false), ("c", true)] {
@@ -977,7 +1013,7 @@ fn a_served_runtime_folds_its_gpu_timeline_and_keeps_the_partition() {
 
     let mut cfg = served_tiny_chain();
     cfg.timeline_segments = 4;
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let rt = two_worker_runtime();
     let out = rt.block_on(async {
         let service = Service::start(&cfg, FakeFactory::new(1, Faults::default())).await.expect("service");
         // One program, 40 calls one after the other, 20 ms apart: each a busy period, so a segment
@@ -1068,8 +1104,8 @@ fn a_served_runtime_routes_a_routed_workflow_registered_after_start() {
         .replace("responder: gsm8k.solve", "responder: generic");
     let parse = |text: &str| parse_workflow("request", text, Path::new("/nonexistent")).expect("a valid workflow");
     let inputs: Vec<_> =
-        exec::load_records(&workflows(&["gsm8k-routed"])).expect("dataset").remove(0).into_iter().take(4).collect();
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+        exec::load_records(&workflows(&["gsm8k-routed"])).expect("dataset").remove(0).iter().take(4).cloned().collect();
+    let rt = two_worker_runtime();
     let out = rt.block_on(async {
         let service = Service::start(&cfg, FakeFactory::new(1, Faults::default())).await.expect("service");
         // A route outside the router's models, and a verifier its classifier cannot select.
@@ -1112,7 +1148,7 @@ fn a_streamed_answer_that_broke_off_after_reaching_its_caller_is_not_retried() {
     // (`bad_answers_are_retried_with_backoff`).
     let cfg = served_tiny_chain();
     let factory = FakeFactory::new(1, Faults { bad_attempts_per_request: 1, ..Faults::default() });
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let rt = two_worker_runtime();
     let (answer, pieces, out) = rt.block_on(async {
         let service = Service::start(&cfg, factory.clone()).await.expect("service");
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
@@ -1137,28 +1173,18 @@ fn a_streamed_answer_that_broke_off_after_reaching_its_caller_is_not_retried() {
 
 #[test]
 fn a_run_refused_while_the_runtime_stops_is_journaled_as_never_started() {
-    use switchyard_runtime::live::Service;
     use switchyard_runtime::live::journal::{Journal, SessionOutcome};
-    use switchyard_runtime::serve::{ApiConfig, durable_router, serve_until};
 
     // A durable server whose runtime is stopping refuses a new run with 503; the sessions it had
     // journaled for it are finished as failed, so a restart does not resume a run its client was
     // told failed.
     let dir = tempfile::tempdir().expect("tempdir");
-    let tiny = Arc::new(load_workflow(&repo().join("tests/fixtures/tiny_chain.yaml")).expect("fixture"));
-    let text = std::fs::read_to_string(repo().join("tests/fixtures/tiny_chain.yaml")).expect("fixture");
-    let pool = PoolSpec::load(&repo().join("workflows/pools/small.yaml")).expect("bundled pool");
-    let cfg = live_config(RunConfig::served(vec![Arc::clone(&tiny)], pool));
+    let (tiny, text, cfg) = tiny_chain_with_text();
     let journal = Arc::new(Journal::open(&dir.path().join("state")).expect("journal"));
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let rt = two_worker_runtime();
     let (status, body) = rt.block_on(async {
-        let service = Arc::new(Service::start(&cfg, FakeFactory::new(1, Faults::default())).await.expect("service"));
-        let (app, _) = durable_router(Arc::clone(&service), ApiConfig { token: None, ..ApiConfig::default() }, vec![(0, tiny, text)], Arc::clone(&journal))
-            .await
-            .expect("router");
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let url = format!("http://{}/v1/runs", listener.local_addr().expect("address"));
-        tokio::spawn(serve_until(listener, app, std::future::pending()));
+        let (service, root, _) = serve_tiny_chain_durably(&cfg, tiny, text, &journal).await;
+        let url = format!("{root}/v1/runs");
         service.shutdown("the test stops it").await.expect("shutdown");
         let resp = reqwest::Client::new().post(&url).json(&serde_json::json!({"workflow": "tiny-chain", "sessions": 3})).send().await.expect("post");
         (resp.status().as_u16(), resp.text().await.unwrap_or_default())
@@ -1174,27 +1200,17 @@ fn a_run_refused_while_the_runtime_stops_is_journaled_as_never_started() {
 /// text under that name is a conflict (409), refused before the planner registers it.
 #[test]
 fn a_skipped_journaled_workflow_keeps_its_name() {
-    use switchyard_runtime::live::Service;
     use switchyard_runtime::live::journal::Journal;
-    use switchyard_runtime::serve::{ApiConfig, durable_router, serve_until};
 
     let dir = tempfile::tempdir().expect("tempdir");
-    let tiny = Arc::new(load_workflow(&repo().join("tests/fixtures/tiny_chain.yaml")).expect("fixture"));
-    let text = std::fs::read_to_string(repo().join("tests/fixtures/tiny_chain.yaml")).expect("fixture");
-    let pool = PoolSpec::load(&repo().join("workflows/pools/small.yaml")).expect("bundled pool");
-    let cfg = live_config(RunConfig::served(vec![Arc::clone(&tiny)], pool));
+    let (tiny, text, cfg) = tiny_chain_with_text();
     let journal = Arc::new(Journal::open(&dir.path().join("state")).expect("journal"));
     let stale = text.replace("name: tiny-chain", "name: later").replace("Qwen3-0.6B", "Qwen3-0.6B-gone");
     journal.record_workflow("later", &stale).expect("record");
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let rt = two_worker_runtime();
     let (skipped, statuses, listed) = rt.block_on(async {
-        let service = Arc::new(Service::start(&cfg, FakeFactory::new(1, Faults::default())).await.expect("service"));
-        let (app, restored) = durable_router(Arc::clone(&service), ApiConfig { token: None, ..ApiConfig::default() }, vec![(0, tiny, text.clone())], Arc::clone(&journal))
-            .await
-            .expect("router");
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let url = format!("http://{}/v1/workflows", listener.local_addr().expect("address"));
-        tokio::spawn(serve_until(listener, app, std::future::pending()));
+        let (service, root, restored) = serve_tiny_chain_durably(&cfg, tiny, text.clone(), &journal).await;
+        let url = format!("{root}/v1/workflows");
         let client = reqwest::Client::new();
         let mut statuses = Vec::new();
         for _ in 0..2 {
@@ -1214,20 +1230,15 @@ fn a_skipped_journaled_workflow_keeps_its_name() {
 #[test]
 fn registrations_past_the_servers_workflow_limit_get_429() {
     use switchyard_runtime::live::Service;
-    use switchyard_runtime::serve::{ApiConfig, router, serve_until};
+    use switchyard_runtime::serve::{ApiConfig, router};
 
-    let tiny = Arc::new(load_workflow(&repo().join("tests/fixtures/tiny_chain.yaml")).expect("fixture"));
-    let text = std::fs::read_to_string(repo().join("tests/fixtures/tiny_chain.yaml")).expect("fixture");
-    let pool = PoolSpec::load(&repo().join("workflows/pools/small.yaml")).expect("bundled pool");
-    let cfg = live_config(RunConfig::served(vec![Arc::clone(&tiny)], pool));
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let (tiny, text, cfg) = tiny_chain_with_text();
+    let rt = two_worker_runtime();
     let statuses = rt.block_on(async {
         let service = Arc::new(Service::start(&cfg, FakeFactory::new(1, Faults::default())).await.expect("service"));
         let api = ApiConfig { max_workflows: 2, ..ApiConfig::default() };
         let app = router(Arc::clone(&service), api, vec![(0, tiny, text.clone())]);
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let url = format!("http://{}/v1/workflows", listener.local_addr().expect("address"));
-        tokio::spawn(serve_until(listener, app, std::future::pending()));
+        let url = format!("{}/v1/workflows", serve_on_loopback(app).await);
         let client = reqwest::Client::new();
         let mut statuses = Vec::new();
         // The start-up workflow counts: one more fits, the next does not; the same text of a
@@ -1255,7 +1266,7 @@ fn a_programs_key_reaches_a_live_program_or_starts_a_new_one_never_one_that_is_e
 
     let mut cfg = served_tiny_chain();
     cfg.program_idle = Duration::from_millis(30);
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let rt = two_worker_runtime();
     let (answers, out) = rt.block_on(async {
         let service = Service::start(&cfg, FakeFactory::new(1, Faults::default())).await.expect("service");
         let mut answers = Vec::new();

@@ -34,17 +34,38 @@ async fn start(config: EmulateConfig) -> EmulateServer {
     EmulateServer::start(config, loopback()).await.unwrap()
 }
 
-/// Polls /health until 200 (bounded).
-async fn wait_healthy(c: &reqwest::Client, base: &str) {
-    for _ in 0..400 {
+/// Polls /health every `every` until 200, `tries` times at most.
+async fn wait_healthy_polling(c: &reqwest::Client, base: &str, every: Duration, tries: u32) {
+    for _ in 0..tries {
         if let Ok(r) = c.get(format!("{base}/health")).send().await
             && r.status() == 200
         {
             return;
         }
-        tokio::time::sleep(Duration::from_millis(5)).await;
+        tokio::time::sleep(every).await;
     }
     panic!("{base} never became healthy");
+}
+
+/// Polls /health until 200 (bounded).
+async fn wait_healthy(c: &reqwest::Client, base: &str) {
+    wait_healthy_polling(c, base, Duration::from_millis(5), 400).await;
+}
+
+/// Starts a server on `cfg` and waits until it is healthy; returns it and its base URL.
+async fn start_healthy(cfg: EmulateConfig, c: &reqwest::Client) -> (EmulateServer, String) {
+    let s = start(cfg).await;
+    let base = s.base_url();
+    wait_healthy(c, &base).await;
+    (s, base)
+}
+
+/// The tests' configuration: [`MODEL`] on [`DEVICE`] at `speed`, with an 8192-token context.
+fn config_at(speed: f64) -> EmulateConfig {
+    let mut cfg = EmulateConfig::new(DEVICE, MODEL);
+    cfg.speed = speed;
+    cfg.max_model_len = Some(8192);
+    cfg
 }
 
 async fn fast_server() -> (EmulateServer, reqwest::Client, String) {
@@ -52,14 +73,25 @@ async fn fast_server() -> (EmulateServer, reqwest::Client, String) {
 }
 
 async fn server_at(speed: f64) -> (EmulateServer, reqwest::Client, String) {
-    let mut cfg = EmulateConfig::new(DEVICE, MODEL);
-    cfg.speed = speed;
-    cfg.max_model_len = Some(8192);
-    let s = start(cfg).await;
     let c = client();
-    let base = s.base_url();
-    wait_healthy(&c, &base).await;
+    let (s, base) = start_healthy(config_at(speed), &c).await;
     (s, c, base)
+}
+
+/// The status of a request (the lifecycle endpoints, `/health`, `/ping`: no body to read).
+async fn send_status(req: reqwest::RequestBuilder) -> u16 {
+    req.send().await.unwrap().status().as_u16()
+}
+
+/// The JSON body of a GET.
+async fn get_json(c: &reqwest::Client, url: String) -> Value {
+    c.get(url).send().await.unwrap().json().await.unwrap()
+}
+
+/// `/is_sleeping`'s answer.
+async fn is_sleeping(c: &reqwest::Client, base: &str) -> bool {
+    let v = get_json(c, format!("{base}/is_sleeping")).await;
+    v["is_sleeping"].as_bool().expect("is_sleeping is a bool")
 }
 
 /// A prompt of several hundred BPE tokens (many full 16-token blocks).
@@ -93,8 +125,7 @@ async fn health_is_503_until_the_model_has_loaded() {
     let s = start(cfg).await;
     let c = client();
     let base = s.base_url();
-    let r = c.get(format!("{base}/health")).send().await.unwrap();
-    assert_eq!(r.status(), 503, "healthy before the load finished");
+    assert_eq!(send_status(c.get(format!("{base}/health"))).await, 503, "healthy before the load finished");
     // Completions are refused while loading, models are listed.
     let (status, _) = post(
         &c,
@@ -103,14 +134,7 @@ async fn health_is_503_until_the_model_has_loaded() {
     )
     .await;
     assert_eq!(status, 503);
-    let models: Value = c
-        .get(format!("{base}/v1/models"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let models = get_json(&c, format!("{base}/v1/models")).await;
     assert_eq!(models["data"][0]["id"], "Qwen3-8B");
     wait_healthy(&c, &base).await;
     let waited = started.elapsed().as_secs_f64();
@@ -346,57 +370,20 @@ async fn metrics_carry_vllm_names_and_move_with_load() {
 #[tokio::test]
 async fn sleep_wake_and_is_sleeping() {
     let (s, c, base) = fast_server().await;
-    let is_sleeping = |c: reqwest::Client, base: String| async move {
-        let v: Value = c
-            .get(format!("{base}/is_sleeping"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        v["is_sleeping"].as_bool().unwrap()
-    };
-    assert!(!is_sleeping(c.clone(), base.clone()).await);
+    assert!(!is_sleeping(&c, &base).await);
     // Warm the prefix cache, sleep (level 1 discards it), wake.
     let body = json!({"prompt": long_prompt(), "max_tokens": 4});
     post(&c, format!("{base}/v1/completions"), body.clone()).await;
-    let r = c
-        .post(format!("{base}/sleep?level=1"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
-    assert!(is_sleeping(c.clone(), base.clone()).await);
+    assert_eq!(send_status(c.post(format!("{base}/sleep?level=1"))).await, 200);
+    assert!(is_sleeping(&c, &base).await);
     // Weight-dependent endpoints answer 503 while asleep; health stays 200.
     let (status, _) = post(&c, format!("{base}/v1/completions"), body.clone()).await;
     assert_eq!(status, 503);
-    assert_eq!(
-        c.get(format!("{base}/health"))
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        200
-    );
+    assert_eq!(send_status(c.get(format!("{base}/health"))).await, 200);
     // Sleeping again is a no-op.
-    assert_eq!(
-        c.post(format!("{base}/sleep?level=1"))
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        200
-    );
-    assert_eq!(
-        c.post(format!("{base}/wake_up"))
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        200
-    );
-    assert!(!is_sleeping(c.clone(), base.clone()).await);
+    assert_eq!(send_status(c.post(format!("{base}/sleep?level=1"))).await, 200);
+    assert_eq!(send_status(c.post(format!("{base}/wake_up"))).await, 200);
+    assert!(!is_sleeping(&c, &base).await);
     let (status, text) = post(&c, format!("{base}/v1/completions"), body.clone()).await;
     assert_eq!(status, 200);
     let v: Value = serde_json::from_str(&text).unwrap();
@@ -405,23 +392,9 @@ async fn sleep_wake_and_is_sleeping() {
         "sleep must drop the prefix cache"
     );
     // Level 2 and vLLM's three-step wake.
-    assert_eq!(
-        c.post(format!("{base}/sleep?level=2"))
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        200
-    );
-    assert!(is_sleeping(c.clone(), base.clone()).await);
-    assert_eq!(
-        c.post(format!("{base}/wake_up?tags=weights"))
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        200
-    );
+    assert_eq!(send_status(c.post(format!("{base}/sleep?level=2"))).await, 200);
+    assert!(is_sleeping(&c, &base).await);
+    assert_eq!(send_status(c.post(format!("{base}/wake_up?tags=weights"))).await, 200);
     let (status, _) = post(
         &c,
         format!("{base}/collective_rpc"),
@@ -429,24 +402,10 @@ async fn sleep_wake_and_is_sleeping() {
     )
     .await;
     assert_eq!(status, 200);
-    assert_eq!(
-        c.post(format!("{base}/wake_up?tags=kv_cache"))
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        200
-    );
-    assert!(!is_sleeping(c.clone(), base.clone()).await);
+    assert_eq!(send_status(c.post(format!("{base}/wake_up?tags=kv_cache"))).await, 200);
+    assert!(!is_sleeping(&c, &base).await);
     // Bad levels are refused.
-    assert_eq!(
-        c.post(format!("{base}/sleep?level=3"))
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        400
-    );
+    assert_eq!(send_status(c.post(format!("{base}/sleep?level=3"))).await, 400);
     s.shutdown().await.unwrap();
 }
 
@@ -463,49 +422,33 @@ async fn bad_requests_get_vllm_like_errors() {
     let (status, body) = post(&c, url.clone(), json!({"prompt": "x", "max_tokens": 9000})).await;
     assert_eq!(status, 400, "prompt + output beyond max_model_len");
     assert!(body.contains("maximum context length"));
-    let r = c
-        .post(url.clone())
-        .header("content-type", "application/json")
-        .body("{nope")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 400);
+    let bad_json = c.post(url.clone()).header("content-type", "application/json").body("{nope");
+    assert_eq!(send_status(bad_json).await, 400);
     let (status, body) = post(&c, url, json!({"prompt": []})).await;
     assert_eq!(status, 400, "{body}");
     s.shutdown().await.unwrap();
 }
 
-#[tokio::test]
-async fn fault_injection_fails_or_garbles_answers() {
+/// A 2000x server's configuration (no context limit set) that fails `fail_rate` and garbles
+/// `garbage_rate` of its answers.
+fn faulty(fail_rate: f64, garbage_rate: f64) -> EmulateConfig {
     let mut cfg = EmulateConfig::new(DEVICE, MODEL);
     cfg.speed = 2000.0;
-    cfg.fail_rate = 1.0;
-    let s = start(cfg).await;
+    cfg.fail_rate = fail_rate;
+    cfg.garbage_rate = garbage_rate;
+    cfg
+}
+
+#[tokio::test]
+async fn fault_injection_fails_or_garbles_answers() {
     let c = client();
-    let base = s.base_url();
-    wait_healthy(&c, &base).await;
-    let (status, _) = post(
-        &c,
-        format!("{base}/v1/completions"),
-        json!({"prompt": "hi"}),
-    )
-    .await;
+    let (s, base) = start_healthy(faulty(1.0, 0.0), &c).await;
+    let (status, _) = post(&c, format!("{base}/v1/completions"), json!({"prompt": "hi"})).await;
     assert_eq!(status, 500);
     s.shutdown().await.unwrap();
 
-    let mut cfg = EmulateConfig::new(DEVICE, MODEL);
-    cfg.speed = 2000.0;
-    cfg.garbage_rate = 1.0;
-    let s = start(cfg).await;
-    let base = s.base_url();
-    wait_healthy(&c, &base).await;
-    let (status, body) = post(
-        &c,
-        format!("{base}/v1/completions"),
-        json!({"prompt": "hi"}),
-    )
-    .await;
+    let (s, base) = start_healthy(faulty(0.0, 1.0), &c).await;
+    let (status, body) = post(&c, format!("{base}/v1/completions"), json!({"prompt": "hi"})).await;
     assert_eq!(status, 200);
     assert!(
         serde_json::from_str::<Value>(&body).is_err(),
@@ -527,13 +470,9 @@ async fn fault_injection_fails_or_garbles_answers() {
     // A partial rate is seeded: two servers with the same seed fail the same requests.
     let mut outcomes = Vec::new();
     for _ in 0..2 {
-        let mut cfg = EmulateConfig::new(DEVICE, MODEL);
-        cfg.speed = 2000.0;
-        cfg.fail_rate = 0.5;
+        let mut cfg = faulty(0.5, 0.0);
         cfg.fault_seed = 11;
-        let s = start(cfg).await;
-        let base = s.base_url();
-        wait_healthy(&c, &base).await;
+        let (s, base) = start_healthy(cfg, &c).await;
         let mut statuses = Vec::new();
         for _ in 0..24 {
             statuses.push(
@@ -563,10 +502,8 @@ async fn virtual_time_runs_at_the_requested_speed() {
     // take about 1/200 of that in wall time, and its virtual latency shows in the histogram.
     let mut cfg = EmulateConfig::new(DEVICE, MODEL);
     cfg.speed = 200.0;
-    let s = start(cfg).await;
     let c = client();
-    let base = s.base_url();
-    wait_healthy(&c, &base).await;
+    let (s, base) = start_healthy(cfg, &c).await;
     let t = std::time::Instant::now();
     let (status, _) = post(
         &c,
@@ -846,8 +783,8 @@ async fn unknown_paths_and_methods_answer_json_and_ping_answers() {
     assert_eq!(r.status(), 405);
     let v: Value = r.json().await.unwrap();
     assert_eq!(v, json!({"detail": "Method Not Allowed"}));
-    assert_eq!(c.get(format!("{base}/ping")).send().await.unwrap().status(), 200);
-    assert_eq!(c.post(format!("{base}/ping")).send().await.unwrap().status(), 200);
+    assert_eq!(send_status(c.get(format!("{base}/ping"))).await, 200);
+    assert_eq!(send_status(c.post(format!("{base}/ping"))).await, 200);
     s.shutdown().await.unwrap();
 }
 
@@ -977,21 +914,18 @@ async fn a_weights_only_wake_keeps_completions_at_503_until_the_kv_cache_wakes()
     let (s, c, base) = fast_server().await;
     let body = json!({"prompt": "hello", "max_tokens": 4});
     let completions = format!("{base}/v1/completions");
-    let ok = |r: reqwest::Response| r.status().as_u16();
-    assert_eq!(ok(c.post(format!("{base}/sleep?level=2")).send().await.unwrap()), 200);
-    assert_eq!(ok(c.post(format!("{base}/wake_up?tags=weights")).send().await.unwrap()), 200);
-    let sleeping: Value = c.get(format!("{base}/is_sleeping")).send().await.unwrap().json().await.unwrap();
-    assert_eq!(sleeping["is_sleeping"], true, "kv_cache still sleeps");
+    assert_eq!(send_status(c.post(format!("{base}/sleep?level=2"))).await, 200);
+    assert_eq!(send_status(c.post(format!("{base}/wake_up?tags=weights"))).await, 200);
+    assert!(is_sleeping(&c, &base).await, "kv_cache still sleeps");
     let (status, text) = post(&c, completions.clone(), body.clone()).await;
     assert_eq!(status, 503, "{text}");
     let v: Value = serde_json::from_str(&text).unwrap();
     assert_eq!(v["error"]["code"], 503);
     // Waking a tag that is not asleep is a no-op.
-    assert_eq!(ok(c.post(format!("{base}/wake_up?tags=weights")).send().await.unwrap()), 200);
+    assert_eq!(send_status(c.post(format!("{base}/wake_up?tags=weights"))).await, 200);
     assert_eq!(post(&c, completions.clone(), body.clone()).await.0, 503);
-    assert_eq!(ok(c.post(format!("{base}/wake_up?tags=kv_cache")).send().await.unwrap()), 200);
-    let sleeping: Value = c.get(format!("{base}/is_sleeping")).send().await.unwrap().json().await.unwrap();
-    assert_eq!(sleeping["is_sleeping"], false);
+    assert_eq!(send_status(c.post(format!("{base}/wake_up?tags=kv_cache"))).await, 200);
+    assert!(!is_sleeping(&c, &base).await);
     assert_eq!(post(&c, completions, body).await.0, 200);
     s.shutdown().await.unwrap();
 }
@@ -1004,8 +938,7 @@ async fn a_sleep_aborts_the_requests_in_flight_or_waits_for_them() {
     let body = json!({"prompt": long_prompt(), "max_tokens": 6000, "stream": true});
     let mut r = c.post(completions.clone()).json(&body).send().await.unwrap();
     let _ = r.chunk().await.unwrap();
-    let slept = c.post(format!("{base}/sleep?level=1")).send().await.unwrap();
-    assert_eq!(slept.status(), 200);
+    assert_eq!(send_status(c.post(format!("{base}/sleep?level=1"))).await, 200);
     let mut rest = String::new();
     while let Some(chunk) = r.chunk().await.unwrap() {
         rest.push_str(&String::from_utf8_lossy(&chunk));
@@ -1021,7 +954,7 @@ async fn a_sleep_aborts_the_requests_in_flight_or_waits_for_them() {
         .find(|s| s.labels.iter().any(|(k, v)| k == "finished_reason" && v == "abort"))
         .map(|s| s.value);
     assert_eq!(aborted, Some(1.0));
-    assert_eq!(c.post(format!("{base}/wake_up")).send().await.unwrap().status(), 200);
+    assert_eq!(send_status(c.post(format!("{base}/wake_up"))).await, 200);
     // mode=wait: the request in flight finishes first, with its own finish reason.
     let c2 = c.clone();
     let url = completions.clone();
@@ -1030,8 +963,7 @@ async fn a_sleep_aborts_the_requests_in_flight_or_waits_for_them() {
     });
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert_eq!(scrape(&c, &base).await.sum(metrics::RUNNING), Some(1.0), "in flight at the sleep");
-    let slept = c.post(format!("{base}/sleep?level=1&mode=wait")).send().await.unwrap();
-    assert_eq!(slept.status(), 200);
+    assert_eq!(send_status(c.post(format!("{base}/sleep?level=1&mode=wait"))).await, 200);
     let (status, text) = pending.await.unwrap();
     assert_eq!(status, 200, "{text}");
     let v: Value = serde_json::from_str(&text).unwrap();
@@ -1062,28 +994,17 @@ async fn a_sleep_whose_client_went_away_during_the_drain_ends_its_pause() {
     assert_eq!(status, 200, "{text}");
     let (status, text) = post(&c, completions, json!({"prompt": "again", "max_tokens": 4})).await;
     assert_eq!(status, 200, "served after the abandoned sleep: {text}");
-    assert_eq!(c.post(format!("{base}/sleep?level=1")).send().await.unwrap().status(), 200);
+    assert_eq!(send_status(c.post(format!("{base}/sleep?level=1"))).await, 200);
     s.shutdown().await.unwrap();
 }
 
 /// A server slow enough to keep long requests in flight for seconds; its start-up load takes
 /// seconds of wall time too, so health is awaited longer.
 async fn slow_server(speed: f64) -> (EmulateServer, reqwest::Client, String) {
-    let mut cfg = EmulateConfig::new(DEVICE, MODEL);
-    cfg.speed = speed;
-    cfg.max_model_len = Some(8192);
-    let s = start(cfg).await;
+    let s = start(config_at(speed)).await;
     let c = client();
     let base = s.base_url();
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Ok(r) = c.get(format!("{base}/health")).send().await
-            && r.status() == 200
-        {
-            break;
-        }
-        assert!(std::time::Instant::now() < deadline, "{base} never became healthy");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    // 30 s at the least.
+    wait_healthy_polling(&c, &base, Duration::from_millis(20), 1500).await;
     (s, c, base)
 }

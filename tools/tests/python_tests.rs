@@ -4,22 +4,14 @@
 
 mod common;
 
-use std::collections::BTreeMap;
 use std::sync::Mutex;
 
+use common::mbpp::{self, MBPP_2_CODE, MBPP_2_TESTS, call};
 use serde_json::{Value, json};
 use switchyard_tools::python::{self, Interpreter};
 use switchyard_tools::python_tests::{self, Backend, PythonTests};
 use switchyard_tools::sandbox::{ProcessSandbox, Sandbox, SandboxError, SandboxJob, SandboxOutcome};
-use switchyard_tools::{ToolCall, ToolOutcome};
-
-/// MBPP task 2 (sanitized MBPP, CC BY 4.0, Austin et al. 2021): reference code and tests.
-const MBPP_2_CODE: &str = "def similar_elements(test_tup1, test_tup2):\n  res = tuple(set(test_tup1) & set(test_tup2))\n  return (res) ";
-const MBPP_2_TESTS: [&str; 3] = [
-    "assert set(similar_elements((3, 4, 5, 6),(5, 7, 4, 10))) == set((4, 5))",
-    "assert set(similar_elements((1, 2, 3, 4),(5, 4, 3, 7))) == set((3, 4))",
-    "assert set(similar_elements((11, 12, 14, 13),(17, 15, 14, 13))) == set((13, 14))",
-];
+use switchyard_tools::ToolOutcome;
 
 fn python() -> Option<&'static Interpreter> {
     let found = python::interpreter();
@@ -27,11 +19,6 @@ fn python() -> Option<&'static Interpreter> {
         eprintln!("note: no python3 usable in the sandbox here; skipping");
     }
     found
-}
-
-fn call(inputs: Value) -> ToolCall {
-    let inputs: BTreeMap<String, Value> = serde_json::from_value(inputs).expect("object");
-    ToolCall { tool: "python_tests".into(), inputs, timeout_s: None }
 }
 
 fn run(inputs: Value) -> ToolOutcome {
@@ -86,19 +73,7 @@ fn mbpp_reference_solutions_from_the_dataset_pass() {
     if python().is_none() {
         return;
     }
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../workflows/datasets/mbpp/sanitized-mbpp.json");
-    let Ok(text) = std::fs::read_to_string(path) else {
-        eprintln!("note: {path} not present; skipping the dataset sample");
-        return;
-    };
-    let problems: Vec<Value> = serde_json::from_str(&text).expect("MBPP JSON");
-    // Every 40th problem: a spread of 11 tasks, including ones with `import math`.
-    for problem in problems.iter().step_by(40) {
-        let out = run(json!({
-            "code": problem["code"], "tests": problem["test_list"], "imports": problem["test_imports"]
-        }));
-        assert_eq!(out.verdict.as_deref(), Some("pass"), "task {}: {}", problem["task_id"], out.text);
-    }
+    mbpp::reference_sample_passes(run);
 }
 
 #[test]
@@ -294,8 +269,7 @@ fn every_mbpp_reference_solution_passes_with_its_checks_decided_outside() {
     if python().is_none() {
         return;
     }
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../workflows/datasets/mbpp/sanitized-mbpp.json");
-    let records: Vec<Value> = serde_json::from_str(&std::fs::read_to_string(&path).expect("dataset")).expect("json");
+    let records: Vec<Value> = serde_json::from_str(&std::fs::read_to_string(mbpp::DATASET).expect("dataset")).expect("json");
     let (mut failed, mut outside, mut untrusted) = (Vec::new(), 0u32, 0u32);
     for record in &records {
         let out = run(json!({

@@ -6,21 +6,13 @@
 
 mod common;
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+use common::mbpp::{self, MBPP_2_CODE, MBPP_2_TESTS, call};
 use serde_json::{Value, json};
 use switchyard_tools::python_tests::{self, Backend, PythonTests};
 use switchyard_tools::sandbox::WasmSandbox;
-use switchyard_tools::{ToolCall, ToolOutcome};
-
-/// MBPP task 2 (sanitized MBPP, CC BY 4.0, Austin et al. 2021): reference code and tests.
-const MBPP_2_CODE: &str = "def similar_elements(test_tup1, test_tup2):\n  res = tuple(set(test_tup1) & set(test_tup2))\n  return (res) ";
-const MBPP_2_TESTS: [&str; 3] = [
-    "assert set(similar_elements((3, 4, 5, 6),(5, 7, 4, 10))) == set((4, 5))",
-    "assert set(similar_elements((1, 2, 3, 4),(5, 4, 3, 7))) == set((3, 4))",
-    "assert set(similar_elements((11, 12, 14, 13),(17, 15, 14, 13))) == set((13, 14))",
-];
+use switchyard_tools::ToolOutcome;
 
 /// The installed runtime, or `None` with a note.
 fn runtime() -> Option<PathBuf> {
@@ -31,11 +23,6 @@ fn runtime() -> Option<PathBuf> {
             None
         }
     }
-}
-
-fn call(inputs: Value) -> ToolCall {
-    let inputs: BTreeMap<String, Value> = serde_json::from_value(inputs).expect("object");
-    ToolCall { tool: "python_tests".into(), inputs, timeout_s: None }
 }
 
 fn run(inputs: Value) -> ToolOutcome {
@@ -97,18 +84,7 @@ fn mbpp_reference_solutions_pass_in_wasm() {
     if runtime().is_none() {
         return;
     }
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../workflows/datasets/mbpp/sanitized-mbpp.json");
-    let Ok(text) = std::fs::read_to_string(path) else {
-        eprintln!("note: {path} not present; skipping the dataset sample");
-        return;
-    };
-    let problems: Vec<Value> = serde_json::from_str(&text).expect("MBPP JSON");
-    for problem in problems.iter().step_by(40) {
-        let out = run(json!({
-            "code": problem["code"], "tests": problem["test_list"], "imports": problem["test_imports"]
-        }));
-        assert_eq!(out.verdict.as_deref(), Some("pass"), "task {}: {}", problem["task_id"], out.text);
-    }
+    mbpp::reference_sample_passes(run);
 }
 
 #[test]

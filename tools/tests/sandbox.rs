@@ -6,29 +6,15 @@ mod common;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use common::{quick, sh};
 use switchyard_tools::python;
 use switchyard_tools::sandbox::{
     IsolationPolicy, LimitHit, ProcessSandbox, Sandbox, SandboxError, SandboxJob, SandboxLimits, SandboxOutcome,
     Termination,
 };
 
-fn sh(script: &str, limits: SandboxLimits) -> SandboxJob {
-    SandboxJob {
-        program: PathBuf::from("/bin/sh"),
-        args: vec!["-c".into(), script.into()],
-        files: vec![],
-        limits,
-        read_only_paths: switchyard_tools::sandbox::system_paths(),
-        allow_children: true,
-    }
-}
-
 fn run(job: &SandboxJob) -> SandboxOutcome {
     ProcessSandbox::new().run(job).expect("sandbox runs")
-}
-
-fn quick() -> SandboxLimits {
-    SandboxLimits { wall_time: Duration::from_secs(10), ..SandboxLimits::default() }
 }
 
 #[test]
@@ -250,19 +236,15 @@ fn isolation_can_be_switched_off_and_says_so() {
 
 /// Where the kernel refuses the namespaces of the private root, nothing runs (the program would
 /// see the host filesystem: the datasets' hidden tests, files the caller's uid may write) unless
-/// the policy allows a weaker sandbox, which then says so. The refusal is simulated in a child
-/// of this test (the test binary again) whose seccomp filter answers `unshare` with `EPERM`, as
-/// a container without `CAP_SYS_ADMIN` does.
+/// the policy allows a weaker sandbox, which then says so. The refusal is simulated in a helper
+/// (`common::helper`: the test binary again) whose seccomp filter answers `unshare` with
+/// `EPERM`, as a container without `CAP_SYS_ADMIN` does.
 #[test]
 fn a_refused_private_root_runs_nothing_unless_allowed() {
-    const HELPER: &str = "SWITCHYARD_TEST_NO_UNSHARE";
-    if std::env::var_os(HELPER).is_some() {
-        use seccompiler::{SeccompAction, SeccompFilter, TargetArch};
-        let arch = TargetArch::try_from(std::env::consts::ARCH).expect("arch");
-        let rules = [(libc::SYS_unshare, vec![])].into_iter().collect();
-        let filter = SeccompFilter::new(rules, SeccompAction::Allow, SeccompAction::Errno(libc::EPERM as u32), arch).expect("filter");
-        let program: seccompiler::BpfProgram = filter.try_into().expect("compile");
-        seccompiler::apply_filter(&program).expect("install");
+    use common::helper::{Refusal, done, helper_case, refuse, run_helper};
+    const TEST: &str = "a_refused_private_root_runs_nothing_unless_allowed";
+    if let Some(case) = helper_case() {
+        refuse(vec![Refusal::every(libc::SYS_unshare, libc::EPERM)]);
         let strict = ProcessSandbox::with_policy(IsolationPolicy { weaker_if_refused: false, ..IsolationPolicy::default() });
         match strict.run(&sh("echo ran", quick())) {
             Err(e @ SandboxError::IsolationRefused(_)) => println!("HELPER strict: refused: {e}"),
@@ -283,15 +265,10 @@ fn a_refused_private_root_runs_nothing_unless_allowed() {
             Ok(out) => println!("HELPER weaker: {} private_root={} notes={:?}", out.stdout.trim(), out.isolation.private_root, out.isolation.notes),
             Err(e) => println!("HELPER weaker: error {e}"),
         }
+        done(&case);
         return;
     }
-    let out = std::process::Command::new(std::env::current_exe().expect("test binary"))
-        .args(["--exact", "a_refused_private_root_runs_nothing_unless_allowed", "--nocapture", "--test-threads", "1"])
-        .env(HELPER, "1")
-        .output()
-        .expect("helper");
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+    let text = run_helper(TEST, "no_unshare");
     assert!(text.contains("HELPER strict: refused: the sandbox cannot isolate the program (the kernel refused a mount namespace: Operation not permitted"), "{text}");
     assert!(text.contains("HELPER weaker: ran private_root=false") && text.contains("private root unavailable"), "{text}");
     if python3().is_some() {
@@ -312,14 +289,7 @@ fn sandbox_failures_are_typed_errors() {
 
 /// `script` under the host's python3 (`-I -S -B -c`) in the process sandbox, no children.
 fn python_script(python: &python::Interpreter, script: &str) -> SandboxOutcome {
-    run(&SandboxJob {
-        program: python.path.clone(),
-        args: vec!["-I".into(), "-S".into(), "-B".into(), "-c".into(), script.into()],
-        files: vec![],
-        limits: quick(),
-        read_only_paths: python::read_only_paths(&python.path),
-        allow_children: false,
-    })
+    run(&common::python_job(python, script))
 }
 
 /// The host's python3, or `None` (with a note) where it is missing.

@@ -1,8 +1,17 @@
-//! Helpers shared by the integration tests: process-table scans and unique names.
+//! Helpers shared by the integration tests: process-table scans, unique names, `/bin/sh` and
+//! python3 jobs, the MBPP fixtures of the `python_tests` tool's tests ([`mbpp`]) and helper
+//! processes whose kernel refuses chosen system calls ([`helper`]).
 
 #![allow(dead_code)]
 
-use std::time::{SystemTime, UNIX_EPOCH};
+pub mod helper;
+pub mod mbpp;
+
+use std::path::PathBuf;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use switchyard_tools::python;
+use switchyard_tools::sandbox::{SandboxJob, SandboxLimits};
 
 /// (pid, process group, state) of every live process, read from `/proc/*/stat`.
 fn stat_entries() -> Vec<(u32, u32, char, u32)> {
@@ -48,4 +57,35 @@ pub fn unique(prefix: &str) -> String {
 pub fn is_root() -> bool {
     // SAFETY: geteuid cannot fail.
     unsafe { libc::geteuid() == 0 }
+}
+
+/// `/bin/sh -c SCRIPT` under `limits`, with the operating system's programs readable and
+/// children allowed.
+pub fn sh(script: &str, limits: SandboxLimits) -> SandboxJob {
+    SandboxJob {
+        program: PathBuf::from("/bin/sh"),
+        args: vec!["-c".into(), script.into()],
+        files: vec![],
+        limits,
+        read_only_paths: switchyard_tools::sandbox::system_paths(),
+        allow_children: true,
+    }
+}
+
+/// The host's python3 running `script` (`-I -S -B -c`) under [`quick`] limits, with its own
+/// files readable and no children.
+pub fn python_job(python: &python::Interpreter, script: &str) -> SandboxJob {
+    SandboxJob {
+        program: python.path.clone(),
+        args: vec!["-I".into(), "-S".into(), "-B".into(), "-c".into(), script.into()],
+        files: vec![],
+        limits: quick(),
+        read_only_paths: python::read_only_paths(&python.path),
+        allow_children: false,
+    }
+}
+
+/// The default limits with a 10 s wall-clock limit (room for a loaded machine).
+pub fn quick() -> SandboxLimits {
+    SandboxLimits { wall_time: Duration::from_secs(10), ..SandboxLimits::default() }
 }

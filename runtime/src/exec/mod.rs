@@ -12,6 +12,8 @@
 //!   prefix-block hashes of [`BLOCK_SIZE`], responder output, near-ready items, scoring);
 //! - what routed workflows need ([`routing`]: the router's setup, a program's first request, its
 //!   verdict under the selected verifier);
+//! - the state of an agent session (paper 000) and the views TAO's scheduler reads of it
+//!   ([`agent_session`]), kept alike by the simulator's agent loop and the live coordinator;
 //! - what a shell records ([`CallRecord`], [`TraceLine`], [`record`]'s [`SessionRecord`] and
 //!   [`Counters`]) and the one report builder, [`build_report`].
 //!
@@ -20,6 +22,7 @@
 //! the labelled [`oracle`] estimates read the emulator crate (checked too).
 
 pub mod activation;
+pub mod agent_session;
 pub mod arrivals;
 pub mod graph_info;
 pub mod oracle;

@@ -34,7 +34,8 @@
 //! Time: the scheduler sees trace seconds = wall seconds × `speed` (as `switchyard emulate
 //! --speed` does); the report's times are in those seconds too.
 //!
-//! Depends on the `Engine` interface, the agent trace model and the pure planner
+//! Depends on the `Engine` interface, the agent trace model, the sessions' scheduling state it
+//! shares with the simulator's loop (`exec::agent_session`) and the pure planner
 //! (`planner::admission`, `planner::tao`); no tokenizer work on the event path (token counts
 //! are the trace's and the engines' usage). It must not depend on the simulator (`sim`) or
 //! `bench`.
@@ -49,13 +50,14 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use crate::agentic::{AgentTrace, mix};
+use crate::exec::agent_session::{self, AgentPhase, AgentSession, without_holds};
 use crate::live::engine::{Completion, Engine, EngineError, LlmRequest};
 use crate::planner::admission::{
     CacheAware, CacheObservation, DynamoRouter, PoolSession, ReplicaLoad, RoundRobin, RouteRequest, SchedulerKind,
     THUNDER_PERIOD_S, TaoOptions, ThunderAgent, admission_weight, residual_capacities, tao_plan,
 };
 use crate::report::WastedWork;
-use crate::planner::tao::{self, Assignment, LiveSession, LiveState, Plan, TaoError, ToolCall, ToolHistory};
+use crate::planner::tao::{self, Assignment, Plan, TaoError, ToolCall, ToolHistory};
 
 /// Engine block size (vLLM's default): a router's estimate of a request's KV blocks.
 const BLOCK: u64 = 16;
@@ -269,38 +271,9 @@ pub fn output_text(seed: u64, session: usize, turn: usize, tokens: u32) -> Strin
     words(mix(mix(seed, session as u64 + 1), 2 * turn as u64 + 1), tokens)
 }
 
-#[derive(Debug, Clone, Copy, PartialEq)]
-enum Phase {
-    NotStarted,
-    /// Between turns: its tool runs (`returned` false) or its next request waits.
-    Pooled {
-        returned: bool,
-    },
-    /// Admitted onto a replica while its tool still runs: the request goes there on return.
-    Held {
-        replica: usize,
-    },
-    Running {
-        replica: usize,
-    },
-    Done,
-}
-
-struct SessionState {
-    phase: Phase,
-    turn: usize,
-    signature: u64,
-    started_at: f64,
-    ready_at: f64,
-    paused_at: f64,
-    call: Option<ToolCall>,
-    /// The current tool call returned.
-    tool_returned: bool,
-    cache: Vec<CacheObservation>,
-    /// Admission weight it holds on its replica while held or running.
-    weight: u64,
-    /// Per replica, the conversation tokens a router's index saw there.
-    indexed: Vec<(usize, u64)>,
+/// What the live coordinator keeps of a session besides its scheduling state: its
+/// conversation, the request in flight and what it reports.
+struct Conversation {
     /// The conversation so far (prompts and outputs of its answered turns).
     text: String,
     /// Tokens of `text`, counted as it grows: the trace's counts for the words this shell
@@ -312,6 +285,8 @@ struct SessionState {
     request: Option<(u64, f64, u64)>,
     outcome: SessionOutcome,
 }
+
+type SessionState = AgentSession<Conversation>;
 
 struct ReplicaState {
     engine: Arc<dyn Engine>,
@@ -460,28 +435,19 @@ pub async fn run_agents_live(
         sessions: trace
             .sessions
             .iter()
-            .map(|s| SessionState {
-                phase: Phase::NotStarted,
-                turn: 0,
-                signature: 0,
-                started_at: 0.0,
-                ready_at: 0.0,
-                paused_at: 0.0,
-                call: None,
-                tool_returned: false,
-                cache: Vec::new(),
-                weight: 0,
-                indexed: Vec::new(),
-                text: String::new(),
-                text_tokens: 0,
-                request: None,
-                outcome: SessionOutcome {
-                    id: s.id.clone(),
-                    completions: 0,
-                    turns: Vec::new(),
-                    tool_calls: 0,
-                    latency_s: 0.0,
-                },
+            .map(|s| {
+                SessionState::new(Conversation {
+                    text: String::new(),
+                    text_tokens: 0,
+                    request: None,
+                    outcome: SessionOutcome {
+                        id: s.id.clone(),
+                        completions: 0,
+                        turns: Vec::new(),
+                        tool_calls: 0,
+                        latency_s: 0.0,
+                    },
+                })
             })
             .collect(),
         next_session: 0,
@@ -623,9 +589,9 @@ impl Shell<'_> {
         s.started_at = now;
         s.ready_at = now;
         s.paused_at = now;
-        s.text = system_text(seed, system);
-        s.text_tokens = u64::from(system);
-        s.phase = Phase::Pooled { returned: true };
+        s.shell.text = system_text(seed, system);
+        s.shell.text_tokens = u64::from(system);
+        s.phase = AgentPhase::Pooled { returned: true };
         self.request_ready(i)
     }
 
@@ -634,7 +600,7 @@ impl Shell<'_> {
     fn next_prompt(&self, i: usize) -> u64 {
         let st = &self.sessions[i];
         let new = self.trace.sessions[i].turns.get(st.turn).map_or(0, |t| t.new_tokens);
-        st.text_tokens + u64::from(new)
+        st.shell.text_tokens + u64::from(new)
     }
 
     fn request_ready(&mut self, i: usize) -> Result<(), LiveAgentError> {
@@ -660,16 +626,16 @@ impl Shell<'_> {
                 match backend {
                     Some(b) => self.dispatch(i, b),
                     None => {
-                        self.sessions[i].phase = Phase::Pooled { returned: true };
+                        self.sessions[i].phase = AgentPhase::Pooled { returned: true };
                         Ok(())
                     }
                 }
             }
             SchedulerKind::Tao => {
-                if let Phase::Held { replica } = self.sessions[i].phase {
+                if let AgentPhase::Held { replica } = self.sessions[i].phase {
                     self.dispatch(i, replica)
                 } else {
-                    self.sessions[i].phase = Phase::Pooled { returned: true };
+                    self.sessions[i].phase = AgentPhase::Pooled { returned: true };
                     self.plan_dirty = true;
                     Ok(())
                 }
@@ -717,7 +683,7 @@ impl Shell<'_> {
         let Some(spec) = trace.sessions[i].turns.get(turn) else {
             return Err(LiveAgentError::Internal(format!("session {i}: dispatch past its last turn {turn}")));
         };
-        if !matches!(self.sessions[i].phase, Phase::Pooled { .. } | Phase::Held { .. }) {
+        if !matches!(self.sessions[i].phase, AgentPhase::Pooled { .. } | AgentPhase::Held { .. }) {
             return Err(LiveAgentError::Internal(format!(
                 "session {i}: dispatched while {:?}",
                 self.sessions[i].phase
@@ -725,24 +691,24 @@ impl Shell<'_> {
         }
         let weight = admission_weight(&self.pool_view(i), self.cfg.tao.reserve_tokens);
         // A held session's weight is already on its replica.
-        if let Phase::Held { replica } = self.sessions[i].phase {
+        if let AgentPhase::Held { replica } = self.sessions[i].phase {
             let held = self.sessions[i].weight;
             self.replicas[replica].admitted = self.replicas[replica].admitted.saturating_sub(held);
         }
         self.admit(b, weight);
         let st = &mut self.sessions[i];
-        st.text.push_str(&observation_text(self.cfg.text_seed, i, turn, spec.new_tokens));
-        let prompt = st.text.clone();
+        st.shell.text.push_str(&observation_text(self.cfg.text_seed, i, turn, spec.new_tokens));
+        let prompt = st.shell.text.clone();
         // Counted, not tokenized: no tokenizer work on the event path (see `text_tokens`).
-        st.text_tokens += u64::from(spec.new_tokens);
-        let prompt_tokens = u32::try_from(st.text_tokens).unwrap_or(u32::MAX);
+        st.shell.text_tokens += u64::from(spec.new_tokens);
+        let prompt_tokens = u32::try_from(st.shell.text_tokens).unwrap_or(u32::MAX);
         let id = self.next_request;
         self.next_request += 1;
         let blocks = u64::from(prompt_tokens).div_ceil(BLOCK);
         st.weight = weight;
-        st.phase = Phase::Running { replica: b };
+        st.phase = AgentPhase::Running { replica: b };
         st.signature += 1;
-        st.request = Some((id, now, blocks));
+        st.shell.request = Some((id, now, blocks));
         if turn > 0 {
             self.resumes += 1;
         }
@@ -779,16 +745,16 @@ impl Shell<'_> {
     fn answered(&mut self, i: usize, id: u64, b: usize, answer: Answer) -> Result<(), LiveAgentError> {
         let now = self.now();
         let st = &mut self.sessions[i];
-        let Some((expected, sent_at, blocks)) = st.request.filter(|r| r.0 == id) else {
+        let Some((expected, sent_at, blocks)) = st.shell.request.filter(|r| r.0 == id) else {
             return Err(LiveAgentError::Internal(format!("session {i}: answer to request {id} nobody waits for")));
         };
-        if st.phase != (Phase::Running { replica: b }) {
+        if st.phase != (AgentPhase::Running { replica: b }) {
             return Err(LiveAgentError::Internal(format!(
                 "session {i}: request {expected} answered while {:?}",
                 st.phase
             )));
         }
-        st.request = None;
+        st.shell.request = None;
         let r = &mut self.replicas[b];
         r.requests = r.requests.saturating_sub(1);
         r.active_blocks = r.active_blocks.saturating_sub(blocks);
@@ -805,7 +771,7 @@ impl Shell<'_> {
         self.prompt_tokens += u64::from(c.prompt_tokens);
         self.cached_tokens += u64::from(c.cached_prompt_tokens);
         let first_token_at = sent_at + c.ttft_s * self.cfg.speed;
-        st.outcome.turns.push(TurnOutcome {
+        st.shell.outcome.turns.push(TurnOutcome {
             replica: b,
             prompt_tokens: c.prompt_tokens,
             cached_tokens: c.cached_prompt_tokens,
@@ -816,8 +782,8 @@ impl Shell<'_> {
             finished_at_s: now,
         });
         // The answer joins the conversation as the engine returned it.
-        st.text.push_str(&c.text);
-        st.text_tokens += u64::from(c.output_tokens);
+        st.shell.text.push_str(&c.text);
+        st.shell.text_tokens += u64::from(c.output_tokens);
         self.request_finished(i, b, now, u64::from(c.prompt_tokens) + u64::from(c.output_tokens))
     }
 
@@ -837,12 +803,12 @@ impl Shell<'_> {
         let trace = self.trace;
         match &trace.sessions[i].turns[turn].tool {
             None => {
-                st.phase = Phase::Done;
-                st.outcome.completions += 1;
-                if st.outcome.completions > 1 {
+                st.phase = AgentPhase::Done;
+                st.shell.outcome.completions += 1;
+                if st.shell.outcome.completions > 1 {
                     return Err(LiveAgentError::Internal(format!("session {i} completed twice")));
                 }
-                st.outcome.latency_s = at - st.started_at;
+                st.shell.outcome.latency_s = at - st.started_at;
                 self.open -= 1;
                 self.plan_dirty = true;
                 self.thunder.release(i as u64);
@@ -857,11 +823,11 @@ impl Shell<'_> {
                 let predicted = call.remaining_s(&self.history, at);
                 self.pred_err.push((predicted - tool.duration_s).abs());
                 st.call = Some(call);
-                st.tool_returned = false;
+                st.tool_returned_at = None;
                 st.turn += 1;
-                st.phase = Phase::Pooled { returned: false };
+                st.phase = AgentPhase::Pooled { returned: false };
                 st.paused_at = at;
-                st.outcome.tool_calls += 1;
+                st.shell.outcome.tool_calls += 1;
                 self.pauses += 1;
                 self.plan_dirty = true;
                 self.thunder.response_done(i as u64, context, at);
@@ -881,54 +847,30 @@ impl Shell<'_> {
     fn tool_returned(&mut self, i: usize) -> Result<(), LiveAgentError> {
         let now = self.now();
         let st = &mut self.sessions[i];
-        let waiting = matches!(st.phase, Phase::Pooled { returned: false } | Phase::Held { .. }) && !st.tool_returned;
+        let waiting = matches!(st.phase, AgentPhase::Pooled { returned: false } | AgentPhase::Held { .. }) && st.tool_returned_at.is_none();
         let Some(call) = st.call.as_mut().filter(|c| waiting && c.completed_at.is_none()) else {
             return Err(LiveAgentError::Internal(format!("session {i}: a tool returned that nobody waits for")));
         };
         call.completed_at = Some(now);
         let elapsed = now - call.started_at;
         self.history.observe(&call.tool, elapsed)?;
-        st.tool_returned = true;
+        st.tool_returned_at = Some(now);
         st.ready_at = now;
         self.request_ready(i)
     }
 
     /// The scheduler's view of session `i` (not running).
     fn pool_view(&self, i: usize) -> PoolSession {
-        let st = &self.sessions[i];
-        let returned = match st.phase {
-            Phase::Pooled { returned } => returned,
-            Phase::Held { .. } => st.tool_returned,
-            _ => true,
-        };
-        PoolSession {
-            session: i as u64,
-            signature: st.signature,
-            tokens: self.next_prompt(i),
-            call: st.call.clone(),
-            returned,
-            shared_tokens: u64::from(self.trace.sessions[i].system_tokens),
-            cache: st.cache.clone(),
-            since: st.paused_at,
-        }
+        self.sessions[i].pool_view(i, self.next_prompt(i), u64::from(self.trace.sessions[i].system_tokens))
     }
 
     fn tao_pool(&self) -> Vec<PoolSession> {
-        (0..self.sessions.len())
-            .filter(|&i| matches!(self.sessions[i].phase, Phase::Pooled { .. } | Phase::Held { .. }))
-            .map(|i| self.pool_view(i))
-            .collect()
+        (0..self.sessions.len()).filter(|&i| self.sessions[i].in_pool()).map(|i| self.pool_view(i)).collect()
     }
 
     /// Loads with the weights of running sessions only: holds are re-decided by each plan.
     fn running_loads(&self) -> Vec<ReplicaLoad> {
-        let mut loads = self.loads();
-        for st in &self.sessions {
-            if let Phase::Held { replica } = st.phase {
-                loads[replica].admitted_tokens = loads[replica].admitted_tokens.saturating_sub(st.weight);
-            }
-        }
-        loads
+        without_holds(self.loads(), &self.sessions)
     }
 
     /// Snapshot the pool and solve it off the event path.
@@ -937,7 +879,7 @@ impl Shell<'_> {
         let now = self.now();
         // The predictor republishes its predictions for the calls still running.
         for st in &mut self.sessions {
-            if matches!(st.phase, Phase::Pooled { .. } | Phase::Held { .. })
+            if matches!(st.phase, AgentPhase::Pooled { .. } | AgentPhase::Held { .. })
                 && let Some(call) = &mut st.call
                 && call.completed_at.is_none()
             {
@@ -949,7 +891,7 @@ impl Shell<'_> {
             return;
         }
         let quiescent = self.sessions.iter().all(|s| {
-            !matches!(s.phase, Phase::Running { .. } | Phase::Held { .. } | Phase::Pooled { returned: false })
+            !matches!(s.phase, AgentPhase::Running { .. } | AgentPhase::Held { .. } | AgentPhase::Pooled { returned: false })
         });
         let loads = self.running_loads();
         let history = self.history.clone();
@@ -975,13 +917,13 @@ impl Shell<'_> {
         self.age_sum += p.made_at.elapsed().as_secs_f64();
         // Live state: sessions still between turns keep their signature; capacities without
         // the holds this plan replaces.
-        let all: Vec<usize> = (0..self.replicas.len()).collect();
-        let sessions = (0..self.sessions.len())
-            .filter(|&s| matches!(self.sessions[s].phase, Phase::Pooled { .. } | Phase::Held { .. }))
-            .map(|s| (s as u64, LiveSession { signature: self.sessions[s].signature, eligible: all.clone() }))
-            .collect();
-        let capacities = residual_capacities(&self.running_loads(), self.cfg.tao.safe_fraction);
-        let applied = tao::revalidate(&plan, &LiveState { sessions, capacities });
+        let live = agent_session::revalidation_state(
+            self.sessions.iter().enumerate(),
+            self.replicas.len(),
+            &self.running_loads(),
+            self.cfg.tao.safe_fraction,
+        );
+        let applied = tao::revalidate(&plan, &live);
         if applied.discarded {
             self.stats.discarded += 1;
             self.plan_dirty = true;
@@ -992,7 +934,7 @@ impl Shell<'_> {
         if applied.assignments.is_empty() && p.quiescent {
             // Nothing ran, was held or waited on a tool at the snapshot, and nothing fits:
             // no later event can change that.
-            let idle = self.sessions.iter().all(|s| !matches!(s.phase, Phase::Running { .. } | Phase::Held { .. }));
+            let idle = self.sessions.iter().all(|s| !matches!(s.phase, AgentPhase::Running { .. } | AgentPhase::Held { .. }));
             if idle && self.open > 0 {
                 return Err(LiveAgentError::Stalled { open: self.open });
             }
@@ -1003,28 +945,22 @@ impl Shell<'_> {
             .sessions
             .iter()
             .map(|s| match s.phase {
-                Phase::Held { replica } => Some(replica),
+                AgentPhase::Held { replica } => Some(replica),
                 _ => None,
             })
             .collect();
-        for i in 0..self.sessions.len() {
-            if let Phase::Held { replica } = self.sessions[i].phase {
-                let w = self.sessions[i].weight;
-                self.replicas[replica].admitted = self.replicas[replica].admitted.saturating_sub(w);
-                self.sessions[i].weight = 0;
-                self.sessions[i].phase = Phase::Pooled { returned: false };
-            }
+        let all = 0..self.sessions.len();
+        for (replica, w) in agent_session::release_holds(&mut self.sessions, all) {
+            self.replicas[replica].admitted = self.replicas[replica].admitted.saturating_sub(w);
         }
         for Assignment { session, replica, .. } in applied.assignments {
             let i = session as usize;
-            let returned = self.sessions[i].tool_returned || self.sessions[i].call.is_none();
-            if returned {
+            if self.sessions[i].can_resume() {
                 self.dispatch(i, replica)?;
             } else {
                 let w = admission_weight(&self.pool_view(i), self.cfg.tao.reserve_tokens);
-                self.sessions[i].weight = w;
+                self.sessions[i].hold(replica, w);
                 self.admit(replica, w);
-                self.sessions[i].phase = Phase::Held { replica };
                 self.holds += u64::from(held_before[i] != Some(replica));
             }
         }
@@ -1036,7 +972,7 @@ impl Shell<'_> {
         let loads = self.loads();
         for (session, replica) in self.thunder.tick(&loads, self.now()) {
             let i = session as usize;
-            if matches!(self.sessions[i].phase, Phase::Pooled { returned: true }) {
+            if matches!(self.sessions[i].phase, AgentPhase::Pooled { returned: true }) {
                 self.dispatch(i, replica)?;
             }
         }
@@ -1045,7 +981,7 @@ impl Shell<'_> {
 
     fn report(&self) -> Result<LiveAgentReport, LiveAgentError> {
         let mean = |v: &[f64]| if v.is_empty() { 0.0 } else { v.iter().sum::<f64>() / v.len() as f64 };
-        let outcomes: Vec<SessionOutcome> = self.sessions.iter().map(|s| s.outcome.clone()).collect();
+        let outcomes: Vec<SessionOutcome> = self.sessions.iter().map(|s| s.shell.outcome.clone()).collect();
         if let Some(o) = outcomes.iter().find(|o| o.completions != 1) {
             return Err(LiveAgentError::Internal(format!("session {} completed {} times", o.id, o.completions)));
         }

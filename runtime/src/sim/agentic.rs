@@ -3,7 +3,9 @@
 //! [`crate::planner::admission`] decides where and when each model turn runs. Tools are
 //! modeled (their trace durations): nothing runs.
 //!
-//! The loop is the shell: it keeps the sessions, the replicas' engines and the event queue, it
+//! The loop is the shell: it keeps the sessions (their scheduling state and the views TAO reads
+//! of it are `exec::agent_session`'s, shared with the live coordinator), the replicas' engines
+//! and the event queue, it
 //! observes (cached tokens as the engine reports them, tool durations, each replica's admitted
 //! tokens) and it applies what the scheduler decides. TAO's plans are solved on a frozen
 //! snapshot and applied a modeled solve latency later, after revalidation against the live
@@ -26,7 +28,8 @@ use crate::planner::admission::{
     CacheAware, CacheObservation, DynamoRouter, PoolSession, ReplicaLoad, RoundRobin, RouteRequest, SchedulerKind,
     THUNDER_PERIOD_S, TaoOptions, ThunderAgent, admission_weight, tao_plan,
 };
-use crate::planner::tao::{self, Assignment, LiveSession, LiveState, ToolCall, ToolHistory};
+use crate::exec::agent_session::{self, AgentPhase, AgentSession, without_holds};
+use crate::planner::tao::{self, Assignment, ToolCall, ToolHistory};
 use crate::sim::agent_routing::{Feedback, ProgramRouting, ProgramRoutingError, RoutedRunReport, RoutingLayer};
 
 /// Engine block size (vLLM's default).
@@ -150,42 +153,14 @@ pub struct AgentRunReport {
     pub running_series: Vec<u32>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq)]
-enum Phase {
-    NotStarted,
-    /// A routed program bound to its model, waiting for that model's admission.
-    Admitting,
-    /// Between turns: its tool runs (`returned` false) or its next request waits.
-    Pooled {
-        returned: bool,
-    },
-    /// Admitted onto a replica while its tool still runs: the request goes there on return.
-    Held {
-        replica: usize,
-    },
-    Running {
-        replica: usize,
-    },
-    Done,
-}
-
-struct SessionState {
-    phase: Phase,
-    turn: usize,
-    signature: u64,
-    started_at: f64,
-    ready_at: f64,
-    tool_returned_at: Option<f64>,
-    paused_at: f64,
-    call: Option<ToolCall>,
-    cache: Vec<CacheObservation>,
-    /// Admission weight it holds on its replica while held or running.
-    weight: u64,
-    /// Which replica's router index last saw its conversation, and how many tokens.
-    indexed: Vec<(usize, u64)>,
+/// What the simulator keeps of a session besides its scheduling state.
+#[derive(Debug, Clone, Default)]
+struct SimSession {
     /// The largest context any of its calls reached (prompt, reasoning and answer).
     peak: u64,
 }
+
+type SessionState = AgentSession<SimSession>;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Ev {
@@ -429,20 +404,7 @@ fn run(
     let sessions = trace
         .sessions
         .iter()
-        .map(|_| SessionState {
-            phase: Phase::NotStarted,
-            turn: 0,
-            signature: 0,
-            started_at: 0.0,
-            ready_at: 0.0,
-            tool_returned_at: None,
-            paused_at: 0.0,
-            call: None,
-            cache: Vec::new(),
-            peak: 0,
-            weight: 0,
-            indexed: Vec::new(),
-        })
+        .map(|_| SessionState::new(SimSession::default()))
         .collect();
     let mut sim = Sim {
         trace,
@@ -613,7 +575,7 @@ impl<'a> Sim<'a> {
         match &mut self.routing {
             None => self.begin(i),
             Some(layer) => {
-                self.sessions[i].phase = Phase::Admitting;
+                self.sessions[i].phase = AgentPhase::Admitting;
                 for a in layer.bind(i, slot, tokens, now)? {
                     self.begin(a);
                 }
@@ -627,7 +589,7 @@ impl<'a> Sim<'a> {
         let s = &mut self.sessions[i];
         s.ready_at = self.now;
         s.paused_at = self.now;
-        s.phase = Phase::Pooled { returned: true };
+        s.phase = AgentPhase::Pooled { returned: true };
         self.request_ready(i);
     }
 
@@ -687,21 +649,21 @@ impl<'a> Sim<'a> {
                         if self.under_call_ceiling(i, b) {
                             self.dispatch(i, b);
                         } else {
-                            self.sessions[i].phase = Phase::Pooled { returned: true };
+                            self.sessions[i].phase = AgentPhase::Pooled { returned: true };
                             self.ceiling_wait[b].push_back(i);
                             if let Some(layer) = &mut self.routing {
                                 layer.ceiling_holds += 1;
                             }
                         }
                     }
-                    None => self.sessions[i].phase = Phase::Pooled { returned: true },
+                    None => self.sessions[i].phase = AgentPhase::Pooled { returned: true },
                 }
             }
             SchedulerKind::Tao => {
-                if let Phase::Held { replica } = self.sessions[i].phase {
+                if let AgentPhase::Held { replica } = self.sessions[i].phase {
                     self.dispatch(i, replica);
                 } else {
-                    self.sessions[i].phase = Phase::Pooled { returned: true };
+                    self.sessions[i].phase = AgentPhase::Pooled { returned: true };
                     self.plan_dirty = true;
                 }
             }
@@ -732,7 +694,7 @@ impl<'a> Sim<'a> {
             }
             self.ceiling_wait[b].pop_front();
             // Still waiting (ThunderAgent may have paused and resumed it elsewhere meanwhile).
-            if matches!(self.sessions[i].phase, Phase::Pooled { returned: true }) {
+            if matches!(self.sessions[i].phase, AgentPhase::Pooled { returned: true }) {
                 self.dispatch(i, b);
             }
         }
@@ -812,13 +774,13 @@ impl<'a> Sim<'a> {
         let weight = admission_weight(&self.pool_view(i), self.cfg.tao.reserve_tokens);
         let st = &mut self.sessions[i];
         // A held session's weight is already on its replica.
-        if !matches!(st.phase, Phase::Held { replica } if replica == b) {
+        if !matches!(st.phase, AgentPhase::Held { replica } if replica == b) {
             self.replicas[b].admitted += weight;
         } else {
             self.replicas[b].admitted = self.replicas[b].admitted - st.weight + weight;
         }
         st.weight = weight;
-        st.phase = Phase::Running { replica: b };
+        st.phase = AgentPhase::Running { replica: b };
         st.signature += 1;
         self.pause.push(now - st.paused_at);
         let r = &mut self.replicas[b];
@@ -977,8 +939,8 @@ impl<'a> Sim<'a> {
         let st = &mut self.sessions[i];
         st.weight = 0;
         st.signature += 1;
-        st.peak = st.peak.max(context);
-        let peak = st.peak;
+        st.shell.peak = st.shell.peak.max(context);
+        let peak = st.shell.peak;
         // A fresh cache observation there.
         st.cache.retain(|o| o.replica != b);
         st.cache.push(CacheObservation { replica: b, tokens: cacheable, at });
@@ -989,7 +951,7 @@ impl<'a> Sim<'a> {
         let st = &mut self.sessions[i];
         match &session.turns[turn].tool {
             None => {
-                st.phase = Phase::Done;
+                st.phase = AgentPhase::Done;
                 self.latency.push(at - st.started_at);
                 self.open.remove(&i);
                 self.plan_dirty = true;
@@ -1030,7 +992,7 @@ impl<'a> Sim<'a> {
                 self.pred_err.push((predicted - tool.duration_s).abs());
                 st.call = Some(call);
                 st.turn += 1;
-                st.phase = Phase::Pooled { returned: false };
+                st.phase = AgentPhase::Pooled { returned: false };
                 st.paused_at = at;
                 st.tool_returned_at = None;
                 let (duration, signature) = (tool.duration_s, st.signature);
@@ -1059,43 +1021,17 @@ impl<'a> Sim<'a> {
 
     /// The scheduler's view of session `i` (not running).
     fn pool_view(&self, i: usize) -> PoolSession {
-        let st = &self.sessions[i];
-        let returned = match st.phase {
-            Phase::Pooled { returned } => returned,
-            Phase::Held { .. } => st.tool_returned_at.is_some(),
-            _ => true,
-        };
-        PoolSession {
-            session: i as u64,
-            signature: st.signature,
-            tokens: u64::from(self.next_prompt(i)),
-            call: st.call.clone(),
-            returned,
-            shared_tokens: u64::from(self.session(i).system_tokens),
-            cache: st.cache.clone(),
-            since: st.paused_at,
-        }
+        self.sessions[i].pool_view(i, u64::from(self.next_prompt(i)), u64::from(self.session(i).system_tokens))
     }
 
     /// Sessions TAO may place: every one between turns (pooled or held), in session order.
     fn tao_pool(&self) -> Vec<PoolSession> {
-        self.open
-            .iter()
-            .copied()
-            .filter(|&i| matches!(self.sessions[i].phase, Phase::Pooled { .. } | Phase::Held { .. }))
-            .map(|i| self.pool_view(i))
-            .collect()
+        self.open.iter().copied().filter(|&i| self.sessions[i].in_pool()).map(|i| self.pool_view(i)).collect()
     }
 
     /// Loads with the weights of running sessions only: holds are re-decided by each plan.
     fn running_loads(&self) -> Vec<ReplicaLoad> {
-        let mut loads = self.loads();
-        for &i in &self.open {
-            if let Phase::Held { replica } = self.sessions[i].phase {
-                loads[replica].admitted_tokens = loads[replica].admitted_tokens.saturating_sub(self.sessions[i].weight);
-            }
-        }
-        loads
+        without_holds(self.loads(), self.open.iter().map(|&i| &self.sessions[i]))
     }
 
     fn submit_plan(&mut self) -> Result<(), AgentSimError> {
@@ -1105,7 +1041,7 @@ impl<'a> Sim<'a> {
         let now = self.now;
         for &i in &self.open {
             let st = &mut self.sessions[i];
-            if matches!(st.phase, Phase::Pooled { .. } | Phase::Held { .. })
+            if matches!(st.phase, AgentPhase::Pooled { .. } | AgentPhase::Held { .. })
                 && let Some(call) = &mut st.call
                 && call.completed_at.is_none()
             {
@@ -1137,19 +1073,12 @@ impl<'a> Sim<'a> {
         self.age_sum += self.now - p.made_at;
         // Live state: sessions still between turns keep their signature; capacities without
         // the holds this plan replaces.
-        let all: Vec<usize> = (0..self.replicas.len()).collect();
-        let sessions = p
-            .signatures
-            .keys()
-            .filter_map(|&s| {
-                let st = &self.sessions[s as usize];
-                matches!(st.phase, Phase::Pooled { .. } | Phase::Held { .. })
-                    .then(|| (s, LiveSession { signature: st.signature, eligible: all.clone() }))
-            })
-            .collect();
-        let loads = self.running_loads();
-        let capacities = crate::planner::admission::residual_capacities(&loads, self.cfg.tao.safe_fraction);
-        let live = LiveState { sessions, capacities };
+        let live = agent_session::revalidation_state(
+            p.signatures.keys().map(|&s| (s as usize, &self.sessions[s as usize])),
+            self.replicas.len(),
+            &self.running_loads(),
+            self.cfg.tao.safe_fraction,
+        );
         let applied = tao::revalidate(&p.plan, &live);
         if applied.discarded {
             self.stats.discarded += 1;
@@ -1159,24 +1088,17 @@ impl<'a> Sim<'a> {
         self.stats.partial += u64::from(applied.partial);
         self.stats.nonempty_applications += u64::from(!applied.assignments.is_empty());
         // Release every hold, then take the plan's.
-        for &i in &self.open {
-            if let Phase::Held { replica } = self.sessions[i].phase {
-                let w = self.sessions[i].weight;
-                self.replicas[replica].admitted = self.replicas[replica].admitted.saturating_sub(w);
-                self.sessions[i].weight = 0;
-                self.sessions[i].phase = Phase::Pooled { returned: false };
-            }
+        for (replica, w) in agent_session::release_holds(&mut self.sessions, self.open.iter().copied()) {
+            self.replicas[replica].admitted = self.replicas[replica].admitted.saturating_sub(w);
         }
         for Assignment { session, replica, .. } in applied.assignments {
             let i = session as usize;
-            let returned = self.sessions[i].tool_returned_at.is_some() || self.sessions[i].call.is_none();
-            if returned {
+            if self.sessions[i].can_resume() {
                 self.dispatch(i, replica);
             } else {
                 let w = admission_weight(&self.pool_view(i), self.cfg.tao.reserve_tokens);
-                self.sessions[i].weight = w;
+                self.sessions[i].hold(replica, w);
                 self.replicas[replica].admitted += w;
-                self.sessions[i].phase = Phase::Held { replica };
             }
         }
     }
@@ -1189,7 +1111,7 @@ impl<'a> Sim<'a> {
                 let i = session as usize;
                 // A resumed program with its request pending runs now; an acting one is active
                 // again and sends its next request there when its tool returns.
-                if matches!(self.sessions[i].phase, Phase::Pooled { returned: true }) {
+                if matches!(self.sessions[i].phase, AgentPhase::Pooled { returned: true }) {
                     self.dispatch(i, self.groups[g][local]);
                 }
             }

@@ -9,7 +9,8 @@
 //! ([`crate::estimators::formula::Formula::calibrate_on_activations`],
 //! [`crate::estimators::gbdt::ActivationGbdt::train`],
 //! [`crate::estimators::graph_device::GraphDevice::with_activation_heads`]). Also here: the
-//! small non-negative least-squares solver those fits share.
+//! small non-negative least-squares solver those fits share, and the Gaussian elimination
+//! under it, which the attention model's fit ([`crate::estimators::attention`]) uses too.
 //!
 //! Pure data and arithmetic: this module must not depend on the emulator or the runtime, and
 //! holds no estimator logic of its own.
@@ -101,7 +102,8 @@ pub fn nonneg_lsq(rows: &[Vec<f64>], y: &[f64], w: &[f64]) -> Option<Vec<f64>> {
                 a[p][n] += wi * xp * yi;
             }
         }
-        let Some(sol) = solve(a) else { continue };
+        // Unit columns: a pivot below 1e-9 is singular.
+        let Some(sol) = solve(a, 1e-9) else { continue };
         if sol.iter().any(|c| !c.is_finite() || *c < 0.0) {
             continue;
         }
@@ -125,13 +127,14 @@ pub fn nonneg_lsq(rows: &[Vec<f64>], y: &[f64], w: &[f64]) -> Option<Vec<f64>> {
     best.map(|(_, c)| c)
 }
 
-/// Gaussian elimination with partial pivoting on an augmented `n × (n+1)` matrix of scaled
-/// columns; a pivot below 1e-9 (relative to unit columns) is singular.
-fn solve(mut a: Vec<Vec<f64>>) -> Option<Vec<f64>> {
+/// Gaussian elimination with partial pivoting on an augmented `n × (n+1)` matrix; a pivot of
+/// magnitude below `min_pivot` is singular (`None`). The caller picks the threshold for the
+/// scale of its columns.
+pub(crate) fn solve(mut a: Vec<Vec<f64>>, min_pivot: f64) -> Option<Vec<f64>> {
     let n = a.len();
     for col in 0..n {
         let pivot = (col..n).max_by(|&i, &j| a[i][col].abs().total_cmp(&a[j][col].abs()))?;
-        if a[pivot][col].abs() < 1e-9 {
+        if a[pivot][col].abs() < min_pivot {
             return None;
         }
         a.swap(col, pivot);

@@ -87,6 +87,13 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> PredictorError + '_ {
     }
 }
 
+/// The last component of `path` as UTF-8 (empty when it has none or is not UTF-8).
+fn file_name(path: &Path) -> &str {
+    path.file_name()
+        .and_then(|s| s.to_str())
+        .unwrap_or_default()
+}
+
 fn sorted_entries(dir: &Path) -> Result<Vec<PathBuf>, PredictorError> {
     let mut out = Vec::new();
     for entry in fs::read_dir(dir).map_err(io(dir))? {
@@ -432,11 +439,7 @@ impl ProfileData {
                 if !dev_path.is_dir() {
                     continue;
                 }
-                let device = dev_path
-                    .file_name()
-                    .and_then(|s| s.to_str())
-                    .unwrap_or_default()
-                    .to_string();
+                let device = file_name(&dev_path).to_string();
                 if !data.devices.contains_key(&device) {
                     return Err(PredictorError::BadLayout {
                         path: dev_dir.join(format!("{device}.yml")),
@@ -455,14 +458,8 @@ impl ProfileData {
                         if !mlp.is_file() && !attn.is_file() {
                             continue;
                         }
-                        let org = org_path
-                            .file_name()
-                            .and_then(|s| s.to_str())
-                            .unwrap_or_default();
-                        let leaf = model_path
-                            .file_name()
-                            .and_then(|s| s.to_str())
-                            .unwrap_or_default();
+                        let org = file_name(&org_path);
+                        let leaf = file_name(&model_path);
                         let model = format!("{org}/{leaf}");
                         if !data.models.contains_key(&model) {
                             let arch = read_model_config(root, &model)?;
@@ -482,10 +479,7 @@ impl ProfileData {
         if legacy.is_dir() {
             for dev_path in sorted_entries(&legacy)? {
                 let attn = dev_path.join("attention.csv");
-                let device = dev_path
-                    .file_name()
-                    .and_then(|s| s.to_str())
-                    .unwrap_or_default();
+                let device = file_name(&dev_path);
                 if attn.is_file() && data.devices.contains_key(device) {
                     data.attention.extend(read_attention_csv(&attn, device)?);
                 }
@@ -503,10 +497,7 @@ impl ProfileData {
                     if ext != Some("yml") && ext != Some("json") {
                         continue;
                     }
-                    let org = org_path
-                        .file_name()
-                        .and_then(|s| s.to_str())
-                        .unwrap_or_default();
+                    let org = file_name(&org_path);
                     let stem = path
                         .file_stem()
                         .and_then(|s| s.to_str())

@@ -365,33 +365,23 @@ impl OperatorGraph {
             &[ln1],
         );
         let rope_inputs = if a.qk_norm {
-            let qn = b.node(
-                "q_norm",
-                K::Norm,
-                PerLayer,
-                OpShape::Norm {
-                    width: hd,
-                    groups: q_heads,
-                },
-                hd * e,
-                q_w,
-                None,
-                &[qkv],
-            );
-            let kn = b.node(
-                "k_norm",
-                K::Norm,
-                PerLayer,
-                OpShape::Norm {
-                    width: hd,
-                    groups: kv_heads,
-                },
-                hd * e,
-                kv_w,
-                None,
-                &[qkv],
-            );
-            vec![qn, kn]
+            // Per-head norms of q and of k (one `head_dim` weight vector each).
+            let mut head_norm = |name: &str, heads: u64| {
+                b.node(
+                    name,
+                    K::Norm,
+                    PerLayer,
+                    OpShape::Norm {
+                        width: hd,
+                        groups: heads,
+                    },
+                    hd * e,
+                    heads * hd,
+                    None,
+                    &[qkv],
+                )
+            };
+            vec![head_norm("q_norm", q_heads), head_norm("k_norm", kv_heads)]
         } else {
             vec![qkv]
         };
@@ -430,11 +420,23 @@ impl OperatorGraph {
             Some(P::AttnPostProj),
             &[attn],
         );
-        let add = OpShape::Elementwise {
-            width: h,
-            inputs: 2,
-            outputs: 1,
-            flops_per_element: 1,
+        let residual_add = |b: &mut Builder, name: &str, inputs: &[usize]| {
+            let add = OpShape::Elementwise {
+                width: h,
+                inputs: 2,
+                outputs: 1,
+                flops_per_element: 1,
+            };
+            b.node(
+                name,
+                K::ResidualAdd,
+                PerLayer,
+                add,
+                0,
+                h,
+                Some(P::Add),
+                inputs,
+            )
         };
         let up_n = if a.gated_mlp { 2 * inter } else { inter };
         // SiLU-and-mul reads the gate and up halves; a plain GELU reads one tensor.
@@ -480,17 +482,10 @@ impl OperatorGraph {
                 &[act],
             )
         };
+        // The two blocks add the same residuals; they differ in where the MLP reads and so in
+        // the order the nodes run.
         let layer_out = if a.post_attention_norm {
-            let add1 = b.node(
-                "residual_add_attn",
-                K::ResidualAdd,
-                PerLayer,
-                add,
-                0,
-                h,
-                Some(P::Add),
-                &[x, o],
-            );
+            let add1 = residual_add(&mut b, "residual_add_attn", &[x, o]);
             let ln2 = b.node(
                 "post_attention_norm",
                 K::Norm,
@@ -502,39 +497,12 @@ impl OperatorGraph {
                 &[add1],
             );
             let down = mlp(&mut b, ln2);
-            b.node(
-                "residual_add_mlp",
-                K::ResidualAdd,
-                PerLayer,
-                add,
-                0,
-                h,
-                Some(P::Add),
-                &[add1, down],
-            )
+            residual_add(&mut b, "residual_add_mlp", &[add1, down])
         } else {
             // Parallel block: x + attn(ln(x)) + mlp(ln(x)).
             let down = mlp(&mut b, ln1);
-            let add1 = b.node(
-                "residual_add_attn",
-                K::ResidualAdd,
-                PerLayer,
-                add,
-                0,
-                h,
-                Some(P::Add),
-                &[x, o],
-            );
-            b.node(
-                "residual_add_mlp",
-                K::ResidualAdd,
-                PerLayer,
-                add,
-                0,
-                h,
-                Some(P::Add),
-                &[add1, down],
-            )
+            let add1 = residual_add(&mut b, "residual_add_attn", &[x, o]);
+            residual_add(&mut b, "residual_add_mlp", &[add1, down])
         };
         let final_norm = b.node(
             "final_norm",

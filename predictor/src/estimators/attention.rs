@@ -9,12 +9,14 @@
 //! directory has, and falls back to [`AttentionModel::SHIPPED`] (the fit on the shipped data)
 //! when it has none. Its accuracy on other shapes and devices is not measured.
 //!
-//! Depends on the graph's work counts only.
+//! Depends on the graph's work counts, and on [`crate::activation`]'s Gaussian elimination
+//! for its normal equations.
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::activation::solve;
 use crate::data::AttentionSample;
 use crate::graph::{OpCost, attention_cost};
 use crate::request::{ForwardPass, Phase};
@@ -172,7 +174,10 @@ fn fit_phase(rows: &[[f64; 4]], allowed: u8) -> Option<PhaseCoefficients> {
                 a[i][k] += r[ti] * w;
             }
         }
-        let Some(sol) = solve(a) else { continue };
+        // The columns are not scaled: only a pivot below 1e-300 is singular.
+        let Some(sol) = solve(a, 1e-300) else {
+            continue;
+        };
         if sol.iter().any(|&c| c < 0.0 || !c.is_finite()) {
             continue;
         }
@@ -193,28 +198,6 @@ fn fit_phase(rows: &[[f64; 4]], allowed: u8) -> Option<PhaseCoefficients> {
         compute_factor: c[1],
         memory_factor: c[2],
     })
-}
-
-/// Gaussian elimination with partial pivoting on an augmented `k × (k+1)` matrix.
-fn solve(mut a: Vec<Vec<f64>>) -> Option<Vec<f64>> {
-    let k = a.len();
-    for col in 0..k {
-        let pivot = (col..k).max_by(|&i, &j| a[i][col].abs().total_cmp(&a[j][col].abs()))?;
-        if a[pivot][col].abs() < 1e-300 {
-            return None;
-        }
-        a.swap(col, pivot);
-        let pivot_row = a[col].clone();
-        for (r, row) in a.iter_mut().enumerate() {
-            if r != col {
-                let f = row[col] / pivot_row[col];
-                for (x, p) in row.iter_mut().zip(&pivot_row).skip(col) {
-                    *x -= f * p;
-                }
-            }
-        }
-    }
-    Some((0..k).map(|i| a[i][k] / a[i][i]).collect())
 }
 
 #[cfg(test)]

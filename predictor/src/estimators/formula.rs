@@ -91,31 +91,9 @@ impl Formula {
                 Some((tc, tm, c.seconds))
             })
             .collect();
-        if rows.is_empty() {
-            return Err(PredictorError::Training {
-                estimator: "formula".into(),
-                message: "no measured configuration".into(),
-            });
-        }
-        let wape = |ec: f64, em: f64| -> f64 {
-            rows.iter()
-                .map(|&(tc, tm, t)| ((tc / ec).max(tm / em) - t).abs())
-                .sum::<f64>()
-        };
-        let mut f = Formula::default();
-        for _ in 0..4 {
-            f.compute_efficiency = grid()
-                .min_by(|&a, &b| {
-                    wape(a, f.memory_efficiency).total_cmp(&wape(b, f.memory_efficiency))
-                })
-                .unwrap_or(f.compute_efficiency);
-            f.memory_efficiency = grid()
-                .min_by(|&a, &b| {
-                    wape(f.compute_efficiency, a).total_cmp(&wape(f.compute_efficiency, b))
-                })
-                .unwrap_or(f.memory_efficiency);
-        }
-        Ok(f)
+        Self::fit(&rows, "configuration", |&(tc, tm, t), f| {
+            (f.time_at(tc, tm) - t).abs()
+        })
     }
 
     /// Fit both efficiencies to whole activations (their run time: prefill and every decode
@@ -139,22 +117,36 @@ impl Formula {
                 (passes, s.run_s)
             })
             .collect();
+        Self::fit(&rows, "activation", |(passes, t), f| {
+            let p: f64 = passes
+                .iter()
+                .map(|&(w, tc, tm)| w * f.time_at(tc, tm))
+                .sum();
+            (p - t).abs()
+        })
+    }
+
+    /// The efficiencies that minimize `Σ error(row, candidate)` over `rows` (the absolute
+    /// errors: their measured total is fixed, so this minimizes WAPE): coordinate search on
+    /// the grid from the rule of thumb, four rounds of compute then memory. No rows: an error,
+    /// `no measured {what}`.
+    fn fit<R>(
+        rows: &[R],
+        what: &str,
+        error: impl Fn(&R, &Formula) -> f64,
+    ) -> Result<Self, PredictorError> {
         if rows.is_empty() {
             return Err(PredictorError::Training {
                 estimator: "formula".into(),
-                message: "no measured activation".into(),
+                message: format!("no measured {what}"),
             });
         }
         let wape = |ec: f64, em: f64| -> f64 {
-            rows.iter()
-                .map(|(passes, t)| {
-                    let p: f64 = passes
-                        .iter()
-                        .map(|&(w, tc, tm)| w * (tc / ec).max(tm / em))
-                        .sum();
-                    (p - t).abs()
-                })
-                .sum::<f64>()
+            let candidate = Formula {
+                compute_efficiency: ec,
+                memory_efficiency: em,
+            };
+            rows.iter().map(|r| error(r, &candidate)).sum::<f64>()
         };
         let mut f = Formula::default();
         for _ in 0..4 {
@@ -171,6 +163,12 @@ impl Formula {
         }
         Ok(f)
     }
+
+    /// Seconds of a pass whose times at 100 % efficiency ([`ideal_times`]) are `tc` (compute)
+    /// and `tm` (memory): the larger bound at this formula's efficiencies.
+    fn time_at(&self, tc: f64, tm: f64) -> f64 {
+        (tc / self.compute_efficiency).max(tm / self.memory_efficiency)
+    }
 }
 
 impl Predict for Formula {
@@ -186,7 +184,7 @@ impl Predict for Formula {
         coverage: Coverage,
     ) -> f64 {
         let (tc, tm) = ideal_times(graph, pass, device, coverage);
-        (tc / self.compute_efficiency).max(tm / self.memory_efficiency)
+        self.time_at(tc, tm)
     }
 
     fn memory(

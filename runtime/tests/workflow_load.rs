@@ -917,8 +917,10 @@ fn dataset_fields_read_as_text_must_be_strings() {
     );
     std::fs::write(&data, "{\"question\": \"1+1?\", \"answer\": \"2\\n#### 2\"}\n").unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(spec.load_records().map(|r| r.len()).ok(), Some(1));
-    // A byte that is not UTF-8 is named by line and column.
+    // A byte that is not UTF-8 is named by line and column (a fresh spec: one keeps the records
+    // it read).
     std::fs::write(&data, b"{\"question\": \"1+1?\", \"answer\": \"#### 2\"}\n{\"question\": \"caf\xe9\"}\n").unwrap_or_else(|e| panic!("{e}"));
+    let spec = parse_workflow("gsm8k.yaml", &text, dir.path()).unwrap_or_else(|e| panic!("{e}"));
     let e = spec.load_records().err().unwrap_or_else(|| panic!("accepted")).to_string();
     assert!(e.contains("not UTF-8 text: line 2, column 18"), "{e}");
 }

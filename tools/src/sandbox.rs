@@ -20,8 +20,9 @@
 //!   [`SandboxJob::read_only_paths`] (bound read-only, `nosuid`, `nodev`), minimal `/dev`, a
 //!   `/proc` of the PID namespace, and the work directory `/work` (also `/tmp`): a tmpfs limited
 //!   to [`SandboxLimits::max_work_bytes`] and [`SandboxLimits::max_work_entries`], holding the
-//!   job's files, freed with the namespace. Without a mount namespace the work directory is a
-//!   marked host directory ([`residue`]) and the host filesystem is visible (noted).
+//!   job's files, freed with the namespace (a declared path under `/tmp` or `/work` is bound
+//!   inside it, at its own name). Without a mount namespace the work directory is a marked
+//!   host directory ([`residue`]) and the host filesystem is visible (noted).
 //! * **seccomp** ([`filter`]) — kernel attack surface kills the program (`SIGSYS`); terminal
 //!   injection, sockets and System V IPC are refused; for jobs with
 //!   [`SandboxJob::allow_children`] false, so are new processes.
@@ -34,7 +35,8 @@
 //!   [`SANDBOX_UID_BASE`]), with no supplementary groups and `PR_SET_NO_NEW_PRIVS`. Without a
 //!   PID namespace, a helper that takes the same uid sends `kill(-1, SIGKILL)` after the run,
 //!   which reaches every process of that uid (with one, the namespace's end does that). When the
-//!   caller is not root the child keeps the caller's uid inside a user namespace.
+//!   caller is not root the child keeps the caller's uid inside a user namespace (mapped to
+//!   itself; where the kernel refuses the map, the spawn fails as for a refused private root).
 //! * **wall-clock limit** — at the limit the child's process group gets `SIGKILL`, and so does
 //!   the PID namespace's init. The group is killed while the main process is still an unreaped
 //!   zombie (`waitid(WNOWAIT)`), so its id cannot have been recycled.
@@ -172,7 +174,11 @@ pub struct SandboxJob {
     /// Host paths (files or directories) the program needs to read, bound read-only at the
     /// same paths into the process sandbox's otherwise empty private root; everything else of
     /// the host is absent there. [`system_paths`] is the operating system's programs and
-    /// libraries. Ignored by the WebAssembly backend (whose guests see only the work directory
+    /// libraries. A path under `/tmp` or `/work` is bound inside the work directory (the
+    /// program's `/tmp` is a link to `/work`), its directories there counting against
+    /// [`SandboxLimits::max_work_entries`]; `/tmp` or `/work` itself, a `/tmp/X` with a
+    /// `/work/X`, or a job file with the name such a path takes there is refused
+    /// ([`SandboxError::PathConflict`]). Ignored by the WebAssembly backend (whose guests see only the work directory
     /// and the sandbox's own read-only directories).
     pub read_only_paths: Vec<PathBuf>,
     /// Whether the program may start processes. When false, the process sandbox's seccomp
@@ -443,6 +449,12 @@ pub enum SandboxError {
     /// A read-only path that is not absolute.
     #[error("sandbox read-only path {0:?} must be absolute")]
     InvalidPath(String),
+    /// Declared read-only paths (or a job file) that would meet the work directory in the
+    /// private root: a path that would replace `/tmp` or `/work` itself, a `/tmp/X` and a
+    /// `/work/X` (the same place there: `/tmp` is a link to `/work`), or a job file named like
+    /// a declared path's place in the work directory.
+    #[error("sandbox paths conflict: {0}")]
+    PathConflict(String),
     /// The seccomp filter could not be built.
     #[error("{0}")]
     Filter(String),
@@ -876,11 +888,18 @@ fn run_process(policy: IsolationPolicy, job: &SandboxJob) -> Result<SandboxOutco
         }
         Ok(CStringArray::new(env))
     };
+    let view = if policy.private_root { cached_view(&job.read_only_paths)? } else { Vec::new() };
+    let placed = confine::work_area_names(&view);
+    if let Some((name, _)) = job.files.iter().find(|(name, _)| placed.contains(std::ffi::OsStr::new(name))) {
+        return Err(SandboxError::PathConflict(format!(
+            "the job file {name} and a declared path under /tmp or /work would both be {PRIVATE_WORK_DIR}/{name} in the sandbox"
+        )));
+    }
     let plan = ChildPlan {
         identity,
         isolate_network: policy.network,
         private_root: policy.private_root,
-        view: if policy.private_root { cached_view(&job.read_only_paths)? } else { Vec::new() },
+        view,
         cpu_seconds: limits.cpu_seconds,
         address_space_bytes: limits.address_space_bytes,
         max_processes: limits.max_processes,
@@ -896,7 +915,6 @@ fn run_process(policy: IsolationPolicy, job: &SandboxJob) -> Result<SandboxOutco
         parent_pid: unsafe { libc::getpid() },
         report_fd: report_write.as_raw_fd(),
         require_private_root: policy.private_root && !policy.weaker_if_refused,
-        highest_fd: confine::highest_open_fd(),
         init_stack: confine::CloneStack::new(confine::INIT_STACK_BYTES),
         program_stack: confine::CloneStack::new(confine::PROGRAM_STACK_BYTES),
     };

@@ -126,24 +126,113 @@ fn output_is_capped_and_the_child_never_blocks() {
     assert!(out.limits_hit.contains(&LimitHit::Output));
 }
 
+/// What [`escape_attempt`] observed, named for the helper's output.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum EscapeBranch {
+    /// A private root: only the work directory (`/tmp` among its names) was writable.
+    ReadOnlyRoot,
+    /// No mount namespace, run anyway (`weaker_if_refused`): the documented fallback.
+    HostFilesystem,
+    /// No mount namespace, and the policy requires one: nothing ran.
+    Refused,
+}
+
+/// Runs a program that writes `/tmp/NAME` and `/usr/NAME` in `sandbox` and checks what the
+/// outcome (or the error) says against what happened on the host; returns which case it was.
+fn escape_attempt(sandbox: &ProcessSandbox) -> EscapeBranch {
+    let name = common::unique("escape");
+    let in_tmp = PathBuf::from("/tmp").join(&name);
+    let in_usr = PathBuf::from("/usr").join(&name);
+    let script = format!("echo x > /tmp/{name} && echo wrote-tmp; echo x > /usr/{name} && echo wrote-usr");
+    let result = sandbox.run(&sh(&script, quick()));
+    let (tmp_written, usr_written) = (in_tmp.exists(), in_usr.exists());
+    let _ = std::fs::remove_file(&in_tmp);
+    let _ = std::fs::remove_file(&in_usr);
+    assert!(!usr_written, "a write reached the host's /usr: {result:?}");
+    match result {
+        Ok(out) if out.isolation.read_only_root => {
+            assert!(!tmp_written, "a write escaped a read-only root: {out:?}");
+            // /tmp is the private work directory; everything else is read-only.
+            assert!(out.stdout.contains("wrote-tmp") && !out.stdout.contains("wrote-usr"), "{out:?}");
+            assert!(out.stderr.contains("Read-only file system"), "{}", out.stderr);
+            EscapeBranch::ReadOnlyRoot
+        }
+        Ok(out) => {
+            // The documented fallback: the host filesystem with the program's permissions, so
+            // the world-writable /tmp is written and /usr is not; the outcome says so.
+            assert!(sandbox.policy.weaker_if_refused, "ran without a private root the policy requires: {out:?}");
+            assert!(out.isolation.notes.iter().any(|n| n.starts_with("private root unavailable")), "{:?}", out.isolation.notes);
+            assert!(tmp_written && out.stdout.contains("wrote-tmp") && !out.stdout.contains("wrote-usr"), "{out:?}");
+            EscapeBranch::HostFilesystem
+        }
+        Err(SandboxError::IsolationRefused(why)) => {
+            assert!(!sandbox.policy.weaker_if_refused, "refused although the policy allows a weaker sandbox: {why}");
+            assert!(!tmp_written, "refused, yet the program ran");
+            EscapeBranch::Refused
+        }
+        Err(other) => panic!("the sandbox failed: {other}"),
+    }
+}
+
+/// A write outside the work directory fails where the root is read-only; each other case of
+/// [`escape_attempt`] is reached too, in a helper (`common::helper`) whose kernel refuses every
+/// `unshare` with `EPERM` (as a container without `CAP_SYS_ADMIN` does): with the default,
+/// strict policy nothing runs, with `weaker_if_refused` the program runs on the host
+/// filesystem, noted.
 #[test]
 fn writing_outside_the_work_dir_fails_when_the_root_is_read_only() {
-    let name = common::unique("escape");
-    let target = PathBuf::from("/tmp").join(&name);
-    let script = format!("echo x > /tmp/{name} && echo tmp-is-private; echo x > /usr/{name} && echo wrote");
-    let out = run(&sh(&script, quick()));
-    let escaped = target.exists() || PathBuf::from("/usr").join(&name).exists();
-    let _ = std::fs::remove_file(&target);
-    if out.isolation.read_only_root {
-        assert!(!escaped, "write escaped a read-only root");
-        // /tmp is the private work directory; everything else is read-only.
-        assert!(out.stdout.contains("tmp-is-private"), "{out:?}");
-        assert!(!out.stdout.contains("wrote"), "{out:?}");
-        assert!(out.stderr.contains("Read-only file system"), "{}", out.stderr);
+    use common::helper::{Refusal, done, helper_case, refuse, run_helper};
+    const TEST: &str = "writing_outside_the_work_dir_fails_when_the_root_is_read_only";
+    let policy = |weaker_if_refused| ProcessSandbox::with_policy(IsolationPolicy { weaker_if_refused, ..IsolationPolicy::default() });
+    if let Some(case) = helper_case() {
+        refuse(vec![Refusal::every(libc::SYS_unshare, libc::EPERM)]);
+        println!("HELPER strict: {:?}", escape_attempt(&policy(false)));
+        println!("HELPER weaker: {:?}", escape_attempt(&policy(true)));
+        done(&case);
+        return;
+    }
+    assert_eq!(escape_attempt(&policy(false)), EscapeBranch::ReadOnlyRoot, "namespaces are allowed on this machine");
+    let text = run_helper(TEST, "no_unshare");
+    assert!(text.contains("HELPER strict: Refused\n") && text.contains("HELPER weaker: HostFilesystem\n"), "{text}");
+}
+
+/// Declared paths under `/tmp` and `/work` — the names of the program's work directory — are
+/// there at their own paths, read-only, and both names still reach the writable work
+/// directory (here the repository is under `/work`, where a declared path was hidden by the
+/// work directory's tmpfs until 2026-12-06); a job file named like the place a declared path
+/// takes there is refused.
+#[test]
+fn declared_paths_under_tmp_and_work_are_there_and_the_work_directory_stays_writable() {
+    let host = tempfile::tempdir_in("/tmp").expect("tempdir under /tmp");
+    std::fs::write(host.path().join("data.txt"), "declared data\n").expect("write");
+    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml");
+    let repo_under_work = manifest.starts_with("/work");
+    let mut script = format!("cat {}/data.txt", host.path().display());
+    if repo_under_work {
+        script.push_str(&format!(" && head -1 {}", manifest.display()));
     } else {
-        // Documented fallback: without a mount namespace a world-writable /tmp stays writable.
-        eprintln!("note: read-only root unavailable here: {}", out.isolation.summary());
-        assert!(out.isolation.notes.iter().any(|n| n.contains("read-only root unavailable")));
+        eprintln!("note: the repository is not under /work here; only /tmp is checked");
+    }
+    script.push_str(&format!(
+        " && echo w > /tmp/w && cat /work/w && if touch {}/new 2>/dev/null; then echo declared-writable; fi",
+        host.path().display()
+    ));
+    let mut job = sh(&script, quick());
+    job.read_only_paths.push(host.path().to_path_buf());
+    if repo_under_work {
+        job.read_only_paths.push(manifest.clone());
+    }
+    let out = run(&job);
+    assert!(out.termination.success() && out.isolation.private_root, "{out:?}");
+    let expected = if repo_under_work { "declared data\n[package]\nw\n" } else { "declared data\nw\n" };
+    assert_eq!(out.stdout, expected, "{out:?}");
+    assert!(!host.path().join("new").exists() && !std::path::Path::new("/tmp/w").exists());
+
+    let top = host.path().strip_prefix("/tmp").expect("under /tmp").iter().next().expect("a name");
+    job.files.push((top.to_string_lossy().into_owned(), b"x".to_vec()));
+    match ProcessSandbox::new().run(&job) {
+        Err(SandboxError::PathConflict(why)) => assert!(why.contains(&*top.to_string_lossy()), "{why}"),
+        other => panic!("a job file in a declared path's place must be refused: {other:?}"),
     }
 }
 

@@ -144,6 +144,66 @@ fn descriptors_are_closed_one_by_one_without_close_range() {
     done(&case);
 }
 
+/// `close_range(CLOSE_RANGE_CLOEXEC)` refused (`EINVAL`) while another thread of the caller
+/// opens descriptors without close-on-exec: one opened after the sandbox began preparing a run
+/// but before its fork, numbered far above every other, is still closed in the program. (The
+/// highest descriptor was read while the run was prepared, before the fork, until a review
+/// found it, 2026-12-06: such a descriptor reached the program in 35 to 60 of 200 runs here.)
+#[test]
+fn a_descriptor_opened_during_the_spawn_stays_out_when_close_range_cannot_mark_it() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    const TEST: &str = "a_descriptor_opened_during_the_spawn_stays_out_when_close_range_cannot_mark_it";
+    let Some(case) = helper_case() else {
+        run_helper(TEST, "close_range_cloexec_racing");
+        return;
+    };
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit fills the struct it is given.
+    assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) }, 0);
+    // Far above the descriptors the helper holds (and the fallback's margin of 64 above them).
+    let high = RawFd::try_from(limit.rlim_cur.saturating_sub(1).min(1000)).expect("a descriptor number");
+    assert!(high > 200, "RLIMIT_NOFILE {} is too low for this test", limit.rlim_cur);
+    refuse(vec![Refusal::when(
+        libc::SYS_close_range,
+        2,
+        SeccompCmpArgLen::Dword,
+        SeccompCmpOp::MaskedEq(CLOSE_RANGE_CLOEXEC),
+        CLOSE_RANGE_CLOEXEC,
+        libc::EINVAL,
+    )]);
+    assert_eq!(close_range_cloexec_errno(), libc::EINVAL, "the refusal is in force");
+
+    let file = std::fs::File::open("/dev/null").expect("/dev/null");
+    let source = file.as_raw_fd();
+    let stop = AtomicBool::new(false);
+    let leaked = std::thread::scope(|scope| {
+        // Opens `high` (dup2 leaves the copy without close-on-exec), holds it a moment, closes it.
+        scope.spawn(|| {
+            while !stop.load(Ordering::Relaxed) {
+                // SAFETY: dup2 onto and close of a number nothing else in this helper uses.
+                unsafe {
+                    libc::dup2(source, high);
+                    std::thread::sleep(Duration::from_micros(200));
+                    libc::close(high);
+                    std::thread::sleep(Duration::from_micros(100));
+                }
+            }
+        });
+        let mut leaked = 0;
+        for _ in 0..200 {
+            let out = run(&sh("ls /proc/self/fd", quick()));
+            assert!(out.termination.success(), "{out:?}");
+            if out.stdout.lines().any(|fd| fd == high.to_string()) {
+                leaked += 1;
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        leaked
+    });
+    assert_eq!(leaked, 0, "descriptor {high} reached the program in {leaked} of 200 runs");
+    done(&case);
+}
+
 /// `pidfd_open` missing, as before Linux 5.3 (`ENOSYS`): the supervisor polls for the program's
 /// end every few milliseconds instead of waiting on its descriptor, and has no descriptor of
 /// the namespace's init to await (it sweeps the run's uid instead). A quick program's run
@@ -284,7 +344,12 @@ fn mounts_below_a_declared_directory_are_left_out_without_mount_setattr() {
     world_writable(&sub).expect("chmod");
     let _mounted = Mounted::tmpfs(&sub);
     std::fs::write(sub.join("inside"), "inside the submount").expect("write below");
-    let point = |p: &Path| p.display().to_string();
+    // The mount table shows where the program sees a path: one under /tmp (as the temporary
+    // directory here usually is) is in the work directory, /tmp being a link to /work there.
+    let point = |p: &Path| match p.strip_prefix("/tmp") {
+        Ok(rest) => Path::new(switchyard_tools::sandbox::PRIVATE_WORK_DIR).join(rest).display().to_string(),
+        Err(_) => p.display().to_string(),
+    };
     let no_writes = |out: &SandboxOutcome| {
         assert!(!out.stdout.contains("wrote"), "{out:?}");
         assert_eq!(out.stdout.matches("Read-only file system").count(), 2, "{out:?}");
@@ -513,4 +578,97 @@ fn mount_options_are_read_from_mountinfo() {
     assert_eq!(mount_options(text, "/mnt/a"), Some(vec!["ro", "nosuid", "nodev"]));
     assert_eq!(mount_options(text, "/mnt/a/b"), Some(vec!["rw"]));
     assert_eq!(mount_options(text, "/mnt"), None);
+}
+
+/// An unprivileged uid for a helper that runs the non-root path as root (see
+/// [`as_unprivileged_uid`]): not a sandbox uid, not a distribution's.
+const UNPRIVILEGED_UID: u32 = 1_234_567;
+
+/// Makes this helper an ordinary user, so the sandbox takes its non-root path (the caller's uid
+/// in a user namespace) also where the tests run as root: no supplementary groups,
+/// [`UNPRIVILEGED_UID`] as uid and gid, and dumpable again (the uid change clears it, and the
+/// `/proc/self` files of a process that is not dumpable belong to root, so it could not write
+/// its own `uid_map` — a caller that is not root and was started by `exec` is dumpable).
+/// Returns the uid the sandbox's caller then has.
+fn as_unprivileged_uid() -> u32 {
+    if !common::is_root() {
+        // SAFETY: geteuid cannot fail.
+        return unsafe { libc::geteuid() };
+    }
+    let id = UNPRIVILEGED_UID;
+    // SAFETY: credential calls with plain integers; glibc applies them to every thread.
+    unsafe {
+        assert_eq!(libc::setgroups(0, std::ptr::null()), 0, "setgroups: {}", io::Error::last_os_error());
+        assert_eq!(libc::setresgid(id, id, id), 0, "setresgid: {}", io::Error::last_os_error());
+        assert_eq!(libc::setresuid(id, id, id), 0, "setresuid: {}", io::Error::last_os_error());
+        assert_eq!(libc::prctl(libc::PR_SET_DUMPABLE, 1 as libc::c_ulong, 0, 0, 0), 0, "{}", io::Error::last_os_error());
+    }
+    assert!(!common::is_root());
+    id
+}
+
+/// The write of the user namespace's uid map refused (`EPERM`), as a kernel does for a map it
+/// does not permit: the namespaces the child entered in the same `unshare` exist, but its
+/// identity is unmapped there (the overflow uid), so no private root can be built. The spawn
+/// fails (`IsolationRefused`, naming the map) unless the policy allows a weaker sandbox; then
+/// the program runs, noted, and every part of the note is true: the user, PID and network
+/// namespaces are there (the program is pid 2, sees only a loopback interface, runs as the
+/// overflow uid), the private root is not. The non-root path runs here also as root: the helper
+/// becomes an ordinary user first ([`as_unprivileged_uid`]). Refused: writes of exactly the map
+/// line's length to a descriptor above stderr (the map is written in one `write` to a file the
+/// child opened), which nothing else of the run makes.
+#[test]
+fn a_refused_identity_map_fails_closed_unless_allowed() {
+    use switchyard_tools::sandbox::IsolationPolicy;
+    const TEST: &str = "a_refused_identity_map_fails_closed_unless_allowed";
+    let Some(case) = helper_case() else {
+        run_helper(TEST, "no_uid_map");
+        return;
+    };
+    let uid = as_unprivileged_uid();
+    let script = "echo pid $$; echo uid $(id -u); grep : /proc/net/dev | cut -d: -f1 | tr -d ' '";
+    let strict = ProcessSandbox::with_policy(IsolationPolicy { weaker_if_refused: false, ..IsolationPolicy::default() });
+    let weaker = ProcessSandbox::with_policy(IsolationPolicy { weaker_if_refused: true, ..IsolationPolicy::default() });
+
+    // The ordinary non-root path: a user namespace with the caller's uid, and a private root.
+    let out = strict.run(&sh(script, quick())).expect("the non-root path runs");
+    assert!(out.termination.success(), "{out:?}");
+    let i = &out.isolation;
+    assert!(i.user_namespace && i.private_root && i.pid_namespace && i.network_isolated && i.is_complete(), "{out:?}");
+    assert!(out.stdout.contains(&format!("uid {uid}\n")), "{out:?}");
+
+    let map_line = format!("{uid} {uid} 1");
+    refuse(vec![Refusal {
+        call: libc::SYS_write,
+        only: vec![
+            seccompiler::SeccompCondition::new(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Ge, 3).expect("condition"),
+            seccompiler::SeccompCondition::new(2, SeccompCmpArgLen::Qword, SeccompCmpOp::Eq, map_line.len() as u64)
+                .expect("condition"),
+        ],
+        errno: libc::EPERM,
+    }]);
+    let (read_end, write_end) = std::io::pipe().expect("pipe");
+    // SAFETY: a write of a local buffer to our own pipe.
+    let rc = unsafe { libc::write(write_end.as_raw_fd(), map_line.as_ptr().cast(), map_line.len()) };
+    assert_eq!(errno_of(rc as libc::c_long), libc::EPERM, "the refusal is in force");
+    drop((read_end, write_end));
+
+    match strict.run(&sh("echo ran", quick())) {
+        Err(SandboxError::IsolationRefused(why)) => {
+            assert!(why.contains("uid_map") && why.contains("Operation not permitted"), "{why}")
+        }
+        other => panic!("the spawn must fail closed, not {other:?}"),
+    }
+
+    let out = weaker.run(&sh(script, quick())).expect("runs with the weaker policy");
+    assert!(out.termination.success(), "{out:?}");
+    let i = &out.isolation;
+    assert!(i.user_namespace && i.pid_namespace && i.ipc_namespace && i.network_isolated && !i.private_root, "{out:?}");
+    assert!(!i.notes.iter().any(|n| n.contains("no user namespace")), "a false note: {:?}", i.notes);
+    assert!(i.notes.iter().any(|n| n.contains("uid_map") && n.contains("Operation not permitted")), "{:?}", i.notes);
+    assert!(i.notes.iter().any(|n| n.starts_with("private root unavailable")), "{:?}", i.notes);
+    let overflow = std::fs::read_to_string("/proc/sys/kernel/overflowuid").expect("overflowuid");
+    // pid 2 (the namespace's init is 1), the overflow uid, the loopback interface alone.
+    assert_eq!(out.stdout, format!("pid 2\nuid {}\nlo\n", overflow.trim()), "{out:?}");
+    done(&case);
 }

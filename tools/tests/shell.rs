@@ -74,6 +74,29 @@ fn only_declared_reads_are_visible_and_they_are_read_only() {
     assert!(out.text.contains("kept"));
 }
 
+/// A declared read under `/tmp` (a checkout or a temporary directory on the host) is there, at
+/// its own path and read-only, and `/tmp` is still the private work directory: until a review
+/// found it (2026-12-06) such a declaration made the program's `/tmp` a read-only directory
+/// holding only the declared path.
+#[test]
+fn a_read_under_tmp_keeps_tmp_the_private_work_directory() {
+    let dir = tempfile::Builder::new().prefix("shell-reads-tmp-").tempdir_in("/tmp").expect("tempdir under /tmp");
+    let declared = dir.path().join("declared");
+    std::fs::create_dir(&declared).unwrap();
+    std::fs::write(declared.join("notes.txt"), "visible\n").unwrap();
+    let reads = json!([declared.display().to_string()]);
+    let command = format!(
+        "cat {notes} && echo x > /tmp/scratch && cat /work/scratch && cd /tmp && pwd -P && ls /work/scratch && \
+         if echo y > {new} 2>/dev/null; then echo declared-writable; exit 4; fi",
+        notes = declared.join("notes.txt").display(),
+        new = declared.join("new.txt").display()
+    );
+    let out = shell(json!({"command": command, "reads": reads}));
+    assert_eq!(out.verdict.as_deref(), Some("pass"), "{out:?}");
+    assert!(out.text.contains("visible\nx\n/work\n/work/scratch\n"), "{:?}", out.text);
+    assert!(!declared.join("new.txt").exists() && !Path::new("/tmp/scratch").exists(), "the sandbox wrote on the host");
+}
+
 #[test]
 fn sleep_takes_its_time_and_the_timeout_kills() {
     let start = Instant::now();
@@ -95,3 +118,4 @@ fn sleep_takes_its_time_and_the_timeout_kills() {
     assert!((modeled_duration_s(&call) - (2.0 + switchyard_tools::shell::MODEL_STARTUP_S)).abs() < 1e-9);
     assert_eq!(sleep_seconds("sleep 1m"), 60.0);
 }
+

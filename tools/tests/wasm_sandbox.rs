@@ -252,6 +252,8 @@ const ENOTSUP: u64 = 58;
 /// Environment variable that turns [`victim_for_the_sigkill_test`] on in a child process:
 /// `tmpfs` (the default sandbox) or `host` (a host work directory).
 const VICTIM_ENV: &str = "SWITCHYARD_WASM_SIGKILL_VICTIM";
+/// The module file the victim runs (written by the test, which removes it).
+const VICTIM_MODULE_ENV: &str = "SWITCHYARD_WASM_SIGKILL_VICTIM_MODULE";
 
 /// Marks the file the victim guest keeps open while it sleeps.
 const VICTIM_FILE: &str = "victim-was-here.bin";
@@ -657,14 +659,10 @@ fn on_tmpfs(fd_link: &Path) -> bool {
     rc == 0 && stat.f_type == libc::TMPFS_MAGIC
 }
 
-/// In a child started by [`a_killed_run_leaves_no_work_dir_behind`] (with [`VICTIM_ENV`] set),
-/// runs a guest that writes 1 MiB into the work directory, keeps the file open and sleeps for a
-/// minute; does nothing otherwise.
-#[test]
-fn victim_for_the_sigkill_test() {
-    let Ok(mode) = std::env::var(VICTIM_ENV) else { return };
-    let sandbox = if mode == "host" { WasmSandbox::new().with_host_work_dir() } else { WasmSandbox::new() };
-    let body = format!(
+/// The victim's guest: writes 1 MiB into the work directory, keeps the file open and sleeps
+/// for a minute.
+fn victim_body() -> String {
+    format!(
         r#"(data (i32.const 512) "{VICTIM_FILE}")
         (func (export "_start")
           (drop (call $open (i32.const 512) (i32.const {len}) (i32.const 1)))
@@ -678,8 +676,18 @@ fn victim_for_the_sigkill_test() {
           (drop (call $poll (i32.const 128) (i32.const 192) (i32.const 1) (i32.const 240)))
           (call $exit (i32.const 0)))"#,
         len = VICTIM_FILE.len()
-    );
-    let (_dir, path) = guard_module(17, &body);
+    )
+}
+
+/// In a child started by [`a_killed_run_leaves_no_work_dir_behind`] (with [`VICTIM_ENV`] set),
+/// runs the guest of [`victim_body`], whose module file the test wrote and named in
+/// [`VICTIM_MODULE_ENV`] (the victim is killed, so a directory of its own would never be
+/// removed); does nothing otherwise.
+#[test]
+fn victim_for_the_sigkill_test() {
+    let Ok(mode) = std::env::var(VICTIM_ENV) else { return };
+    let path = PathBuf::from(std::env::var_os(VICTIM_MODULE_ENV).expect("the victim's module"));
+    let sandbox = if mode == "host" { WasmSandbox::new().with_host_work_dir() } else { WasmSandbox::new() };
     let out = sandbox.run(&job(&path, limits(120_000))).expect("runs");
     panic!("the victim was meant to be killed, but its run ended: {out:?}");
 }
@@ -689,9 +697,12 @@ fn victim_for_the_sigkill_test() {
 /// directories it had).
 fn kill_a_victim(mode: &str) -> (u32, bool, Vec<PathBuf>) {
     let exe = std::env::current_exe().expect("test binary");
+    // Written here, where the guard outlives the victim and removes it.
+    let (_module_dir, module) = guard_module(17, &victim_body());
     let mut child = std::process::Command::new(exe)
         .args(["--exact", "victim_for_the_sigkill_test", "--nocapture", "--test-threads=1"])
         .env(VICTIM_ENV, mode)
+        .env(VICTIM_MODULE_ENV, &module)
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())

@@ -15,7 +15,8 @@
 //!    first choice);
 //! 3. namespaces: as root one `unshare` each of `CLONE_NEWPID`, `CLONE_NEWIPC`,
 //!    `CLONE_NEWNET`, `CLONE_NEWNS`; otherwise one `unshare(CLONE_NEWUSER | …)` with an
-//!    identity uid/gid map;
+//!    identity uid/gid map (a refused map leaves the child unmapped in namespaces that exist,
+//!    where no private root can be built: it counts as a refused private root);
 //! 4. with a PID namespace, the namespace's init (pid 1) is started with `clone(CLONE_VM)` on a
 //!    stack prepared before the fork, and it starts the program's process **G** (pid 2) with
 //!    `clone(CLONE_VM | CLONE_VFORK)`; neither copies S's page tables (S is a copy of the
@@ -35,7 +36,8 @@
 //!    and read-only, `nosuid`, `nodev` bind mounts of [`plan_view`], `/dev/{null,zero,random,
 //!    urandom}`, a fresh `/proc` (only with a PID namespace, so it shows this run's processes
 //!    alone), `/tmp -> work`, and a size- and inode-limited tmpfs at `/work` holding the job's
-//!    files; the root tmpfs is made read-only, `pivot_root` moves into it and the host's tree
+//!    files, then the declared paths under `/tmp` or `/work`, inside it; the root tmpfs is
+//!    made read-only, `pivot_root` moves into it and the host's tree
 //!    is detached. Without a mount namespace, a host work directory with Switchyard's marker
 //!    (see [`super::residue`]) instead;
 //! 6. `chdir` into the work directory;
@@ -43,11 +45,14 @@
 //! 8. identity: drop supplementary groups, gid and uid (raw system calls, so glibc's
 //!    all-threads `setxid` machinery is never involved), then `PR_SET_NO_NEW_PRIVS` and
 //!    `PR_SET_PDEATHSIG = SIGKILL` again (the uid change clears it);
-//! 9. every descriptor above stderr marked close-on-exec; the report written to the parent;
+//! 9. every descriptor above stderr marked close-on-exec (one `close_range`; where the kernel
+//!    lacks its flag, each up to the highest open, which S read from its own table right after
+//!    the fork); the report written to the parent;
 //! 10. the seccomp filter ([`super::filter`]) installed, then `execve` of the program.
 //!
-//! Steps 3 and the `/proc` mount are best effort (reported); every other step is mandatory:
-//! if one fails, the spawn fails rather than run untrusted code with weaker limits than asked.
+//! Steps 3 and the `/proc` mount are best effort (reported), except that a private root the
+//! policy requires fails the spawn without its namespaces; every other step is mandatory: if
+//! one fails, the spawn fails rather than run untrusted code with weaker limits than asked.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::cell::UnsafeCell;
@@ -102,6 +107,10 @@ pub(super) enum ViewOp {
     BindDir { source: CString, target: CString },
     /// Bind-mount a host file read-only (or read-write for a device node).
     BindFile { source: CString, target: CString, writable: bool },
+    /// Mount the work directory's tmpfs (at [`WorkPlan::private_mount`]) and write the job's
+    /// files into it. The ops after it place declared paths under `/tmp` and `/work` inside
+    /// the work directory (the program's `/tmp` is a link to it).
+    WorkArea,
 }
 
 /// A NUL-terminated array of pointers into owned C strings, for `execve`.
@@ -218,10 +227,6 @@ pub(super) struct ChildPlan {
     /// Fail the spawn when the kernel refuses the namespaces of the private root (the report,
     /// flagged [`ISOLATION_REFUSED`], says which), instead of running on the host filesystem.
     pub require_private_root: bool,
-    /// The highest descriptor the caller had open when the plan was made: where
-    /// `close_range(CLOSE_RANGE_CLOEXEC)` is missing (Linux < 5.11), descriptors `3..=highest_fd`
-    /// are marked close-on-exec one by one instead ([`mark_close_on_exec`]).
-    pub highest_fd: RawFd,
     /// Stacks of the namespace's init and of the program's process (see [`confine_child`]).
     pub init_stack: CloneStack,
     pub program_stack: CloneStack,
@@ -241,6 +246,12 @@ const HOST_WORK_DIR: u32 = 1 << 10;
 const PROC_HIDES_PIDS: u32 = 1 << 11;
 /// The private root was required and the kernel refused its namespaces: the spawn failed.
 const ISOLATION_REFUSED: u32 = 1 << 12;
+/// The user namespace exists, but the write of this file of its identity map failed (its errno
+/// is `user_namespace_errno`): the child is the overflow uid there, and no private root can be
+/// built (a tmpfs refuses new files to an unmapped uid).
+const SETGROUPS_REFUSED: u32 = 1 << 13;
+const UID_MAP_REFUSED: u32 = 1 << 14;
+const GID_MAP_REFUSED: u32 = 1 << 15;
 
 /// What the child managed to do, sent to the parent through a pipe before `exec`.
 #[repr(C)]
@@ -252,7 +263,8 @@ pub(super) struct ChildReport {
     pub network_errno: i32,
     /// errno of a failed mount-namespace `unshare` (0 = none).
     pub mount_errno: i32,
-    /// errno of a failed user-namespace `unshare` or identity map (0 = none).
+    /// errno of a failed user-namespace `unshare` or, with a flag of [`ID_MAP_REFUSED`], of a
+    /// failed write of its identity map (0 = none).
     pub user_namespace_errno: i32,
     /// errno of a failed PID-namespace `unshare` (0 = none).
     pub pid_errno: i32,
@@ -367,11 +379,21 @@ impl ChildReport {
         self.has(ISOLATION_REFUSED)
     }
 
-    /// What the kernel refused, for [`Self::refused_isolation`]: the user namespace (not root)
-    /// or the mount namespace, with its error.
+    /// The file of the user namespace's identity map whose write failed, if one did.
+    fn refused_id_map(&self) -> Option<&'static str> {
+        [(SETGROUPS_REFUSED, "/proc/self/setgroups"), (UID_MAP_REFUSED, "/proc/self/uid_map"), (GID_MAP_REFUSED, "/proc/self/gid_map")]
+            .into_iter()
+            .find(|&(flag, _)| self.has(flag))
+            .map(|(_, file)| file)
+    }
+
+    /// What the kernel refused, for [`Self::refused_isolation`]: the user namespace (not root),
+    /// the write of its identity map, or the mount namespace, with its error.
     pub(super) fn refusal(&self) -> String {
         let text = |errno: i32| io::Error::from_raw_os_error(errno).to_string();
-        if self.user_namespace_errno != 0 {
+        if let Some(file) = self.refused_id_map() {
+            format!("the kernel refused the user namespace's identity map, writing {file}: {}", text(self.user_namespace_errno))
+        } else if self.user_namespace_errno != 0 {
             format!("the kernel refused a user namespace: {}", text(self.user_namespace_errno))
         } else {
             format!("the kernel refused a mount namespace: {}", text(if self.mount_errno != 0 { self.mount_errno } else { libc::EPERM }))
@@ -400,7 +422,14 @@ pub(super) fn isolation_from(
     let sandbox_uid = if report.has(UID_DROPPED) { planned_uid } else { None };
     let errno_text = |errno: i32| io::Error::from_raw_os_error(errno).to_string();
     let why = |errno: i32| if errno != 0 { errno_text(errno) } else { "not attempted".to_string() };
-    if report.user_namespace_errno != 0 {
+    let id_map = report.refused_id_map();
+    if let Some(file) = id_map {
+        notes.push(format!(
+            "user namespace without an identity map (writing {file}: {}): the program runs as the overflow uid \
+             in its namespaces, and no private root could be built",
+            errno_text(report.user_namespace_errno)
+        ));
+    } else if report.user_namespace_errno != 0 {
         notes.push(format!(
             "no user namespace ({}), so no network, mount, PID or IPC namespace either",
             errno_text(report.user_namespace_errno)
@@ -413,9 +442,12 @@ pub(super) fn isolation_from(
         ));
     }
     if policy.private_root && !report.has(PRIVATE_ROOT) {
+        let reason = match id_map {
+            Some(_) => "the user namespace has no identity map".to_string(),
+            None => why(report.mount_errno),
+        };
         notes.push(format!(
-            "private root unavailable ({}): the child sees the host filesystem with its uid's permissions and works in a marked host directory",
-            why(report.mount_errno)
+            "private root unavailable ({reason}): the child sees the host filesystem with its uid's permissions and works in a marked host directory"
         ));
     }
     if !report.has(PID_NAMESPACE) {
@@ -474,20 +506,60 @@ pub(super) fn isolation_from(
 /// Hops through symbolic links allowed while resolving one declared path (as the kernel's 40).
 const MAX_LINK_HOPS: usize = 40;
 
+/// The names of the private work directory in the private root: `/work` itself and `/tmp`, a
+/// link to it.
+const WORK_AREA_NAMES: [&str; 2] = [PRIVATE_WORK_DIR, "/tmp"];
+
+/// Where host path `path` lies in the work directory when it is under one of its names
+/// ([`WORK_AREA_NAMES`]): the rest of the path, relative to the work directory.
+fn in_work_area(path: &Path) -> Option<&Path> {
+    WORK_AREA_NAMES.iter().find_map(|name| path.strip_prefix(name).ok())
+}
+
 /// The layout of the private root for `paths`: for each declared path, every directory and
 /// symbolic link on the way to it (links are recreated and followed, so `/bin -> usr/bin`
 /// works as on the host) and a read-only bind mount of what it finally names. A path inside an
 /// already bound directory is covered by it; a declared path that does not exist is skipped.
 /// The device nodes of [`DEVICES`] are always added.
+///
+/// A path under `/tmp` or `/work` (a temporary directory, a checkout) is placed inside the
+/// work directory, after its tmpfs is mounted ([`ViewOp::WorkArea`]): the program's `/tmp` is
+/// a link to `/work`, so both still reach the work directory and the path is at its own name.
+/// Refused ([`SandboxError::PathConflict`]): a path that would replace the work directory
+/// itself (`/tmp`, `/work`, or a link there on the host), and a `/tmp/X` and a `/work/X` that
+/// would meet at the same place.
 pub(super) fn plan_view(paths: &[PathBuf]) -> Result<Vec<ViewOp>, SandboxError> {
     let mut view = ViewPlan::default();
     for path in paths {
         if !path.is_absolute() {
             return Err(SandboxError::InvalidPath(path.display().to_string()));
         }
+        view.declared = path.clone();
         view.add(path, 0);
     }
+    if let Some(conflict) = view.conflicts.first() {
+        return Err(SandboxError::PathConflict(conflict.clone()));
+    }
     view.into_ops()
+}
+
+/// The top-level names that the declared paths take in the work directory (`X` of `/tmp/X`
+/// or `/work/X`): a job file of the same name would meet them.
+pub(super) fn work_area_names(view: &[ViewOp]) -> BTreeSet<std::ffi::OsString> {
+    let work = Path::new(ROOT_MOUNT_POINT).join(PRIVATE_WORK_DIR.trim_start_matches('/'));
+    let placed = |path: &CString| {
+        let path = Path::new(std::ffi::OsStr::from_bytes(path.as_bytes()));
+        path.strip_prefix(&work).ok()?.components().next().map(|c| c.as_os_str().to_os_string())
+    };
+    view.iter()
+        .skip_while(|op| **op != ViewOp::WorkArea)
+        .filter_map(|op| match op {
+            ViewOp::Dir(path) => placed(path),
+            ViewOp::Symlink { link, .. } => placed(link),
+            ViewOp::BindDir { target, .. } | ViewOp::BindFile { target, .. } => placed(target),
+            ViewOp::WorkArea => None,
+        })
+        .collect()
 }
 
 #[derive(Default)]
@@ -496,11 +568,26 @@ struct ViewPlan {
     links: BTreeMap<PathBuf, PathBuf>,
     bind_dirs: BTreeSet<PathBuf>,
     bind_files: BTreeSet<PathBuf>,
+    /// The declared path being added (for the messages of `conflicts`).
+    declared: PathBuf,
+    /// Declared paths that would replace the work directory.
+    conflicts: Vec<String>,
 }
 
 impl ViewPlan {
     fn covered(&self, path: &Path) -> bool {
         path.ancestors().any(|a| self.bind_dirs.contains(a)) || self.bind_files.contains(path)
+    }
+
+    /// Notes a conflict when a link or bind would be at one of the work directory's names.
+    fn check_placement(&mut self, path: &Path) {
+        if WORK_AREA_NAMES.iter().any(|name| path == Path::new(name)) {
+            self.conflicts.push(format!(
+                "the declared path {} would replace {}, the program's private work directory (its /tmp is a link to /work): declare paths inside it instead",
+                self.declared.display(),
+                path.display()
+            ));
+        }
     }
 
     fn add(&mut self, path: &Path, hops: usize) {
@@ -532,6 +619,7 @@ impl ViewPlan {
             let Ok(meta) = std::fs::symlink_metadata(&next) else { return };
             if meta.file_type().is_symlink() {
                 let Ok(target) = std::fs::read_link(&next) else { return };
+                self.check_placement(&next);
                 self.links.insert(next.clone(), target.clone());
                 let resolved = if target.is_absolute() { target } else { current.join(target) };
                 self.add(&resolved.join(rest), hops + 1);
@@ -539,6 +627,9 @@ impl ViewPlan {
             }
             let last = parts[i + 1..].iter().all(|c| matches!(c, Component::CurDir));
             if last {
+                if meta.is_dir() || meta.is_file() {
+                    self.check_placement(&next);
+                }
                 if meta.is_dir() {
                     self.bind_dirs.insert(next);
                 } else if meta.is_file() {
@@ -556,9 +647,13 @@ impl ViewPlan {
 
     fn into_ops(self) -> Result<Vec<ViewOp>, SandboxError> {
         let root = Path::new(ROOT_MOUNT_POINT);
-        let inside = |p: &Path| root.join(p.strip_prefix("/").unwrap_or(p));
+        let work = root.join(PRIVATE_WORK_DIR.trim_start_matches('/'));
+        // A path under /tmp or /work goes into the work directory; any other at its own name.
+        let inside = |p: &Path| match in_work_area(p) {
+            Some(rest) => work.join(rest),
+            None => root.join(p.strip_prefix("/").unwrap_or(p)),
+        };
         let c = |p: &Path| cstring_path(p);
-        let mut ops = Vec::new();
         let mut dirs: BTreeSet<PathBuf> = self.dirs.clone();
         // Mount points of directory binds, and the parents of file binds and links.
         dirs.extend(self.bind_dirs.iter().cloned());
@@ -569,37 +664,82 @@ impl ViewPlan {
         }
         dirs.insert(PathBuf::from("/dev"));
         dirs.insert(PathBuf::from("/proc"));
-        for dir in &dirs {
-            // A directory that is also a recreated link stays a link.
-            if !self.links.contains_key(dir) && !self.bind_files.contains(dir) {
-                ops.push(ViewOp::Dir(c(&inside(dir))?));
+        // The work directory's own names are made by the link and the tmpfs mount.
+        dirs.retain(|d| in_work_area(d).is_none_or(|rest| !rest.as_os_str().is_empty()));
+        self.check_aliases(&dirs)?;
+
+        // Everything outside the work directory, then its tmpfs, then what goes inside it.
+        let mut ops = Vec::new();
+        for in_work in [false, true] {
+            let here = |p: &&PathBuf| in_work_area(p).is_some() == in_work;
+            if in_work {
+                ops.push(ViewOp::WorkArea);
             }
-        }
-        for (link, target) in &self.links {
-            ops.push(ViewOp::Symlink { link: c(&inside(link))?, target: c(target)? });
-        }
-        ops.push(ViewOp::Symlink { link: c(&inside(Path::new("/tmp")))?, target: c(Path::new("work"))? });
-        ops.push(ViewOp::Symlink { link: c(&inside(Path::new("/dev/fd")))?, target: c(Path::new("/proc/self/fd"))? });
-        // Outer binds first; a bind nested in a bound directory is dropped (already visible).
-        for dir in &self.bind_dirs {
-            let nested = dir.ancestors().skip(1).any(|a| self.bind_dirs.contains(a));
-            if !nested {
-                ops.push(ViewOp::BindDir { source: c(dir)?, target: c(&inside(dir))? });
+            for dir in dirs.iter().filter(here) {
+                // A directory that is also a recreated link stays a link.
+                if !self.links.contains_key(dir) && !self.bind_files.contains(dir) {
+                    ops.push(ViewOp::Dir(c(&inside(dir))?));
+                }
             }
-        }
-        for file in &self.bind_files {
-            let nested = file.ancestors().skip(1).any(|a| self.bind_dirs.contains(a));
-            if !nested {
-                ops.push(ViewOp::BindFile { source: c(file)?, target: c(&inside(file))?, writable: false });
+            for (link, target) in self.links.iter().filter(|(link, _)| here(link)) {
+                ops.push(ViewOp::Symlink { link: c(&inside(link))?, target: c(target)? });
             }
-        }
-        for device in DEVICES {
-            let path = Path::new(device);
-            if path.exists() {
-                ops.push(ViewOp::BindFile { source: c(path)?, target: c(&inside(path))?, writable: true });
+            if !in_work {
+                ops.push(ViewOp::Symlink { link: c(&root.join("tmp"))?, target: c(Path::new("work"))? });
+                ops.push(ViewOp::Symlink { link: c(&inside(Path::new("/dev/fd")))?, target: c(Path::new("/proc/self/fd"))? });
+            }
+            // Outer binds first; a bind nested in a bound directory is dropped (already visible).
+            for dir in self.bind_dirs.iter().filter(here) {
+                let nested = dir.ancestors().skip(1).any(|a| self.bind_dirs.contains(a));
+                if !nested {
+                    ops.push(ViewOp::BindDir { source: c(dir)?, target: c(&inside(dir))? });
+                }
+            }
+            for file in self.bind_files.iter().filter(here) {
+                let nested = file.ancestors().skip(1).any(|a| self.bind_dirs.contains(a));
+                if !nested {
+                    ops.push(ViewOp::BindFile { source: c(file)?, target: c(&inside(file))?, writable: false });
+                }
+            }
+            if !in_work {
+                for device in DEVICES {
+                    let path = Path::new(device);
+                    if path.exists() {
+                        ops.push(ViewOp::BindFile { source: c(path)?, target: c(&inside(path))?, writable: true });
+                    }
+                }
             }
         }
         Ok(ops)
+    }
+
+    /// Refuses a `/tmp/X` and a `/work/X` that would meet in the work directory (where `/tmp` is
+    /// `/work`): a link or bind of one side at, or above, anything of the other side. Two
+    /// directories on the way to other paths merge harmlessly.
+    fn check_aliases(&self, dirs: &BTreeSet<PathBuf>) -> Result<(), SandboxError> {
+        let placed: Vec<(&Path, &Path, bool)> = dirs
+            .iter()
+            .map(|d| (d, false))
+            .chain(self.links.keys().chain(&self.bind_dirs).chain(&self.bind_files).map(|p| (p, true)))
+            .filter_map(|(host, whole)| {
+                let rest = in_work_area(host)?;
+                (!rest.as_os_str().is_empty()).then_some((host.as_path(), rest, whole))
+            })
+            .collect();
+        for &(host, rest, whole) in &placed {
+            for &(other, other_rest, _) in &placed {
+                let other_side = in_work_area(other).is_some() && host.components().nth(1) != other.components().nth(1);
+                if whole && other_side && other_rest.starts_with(rest) {
+                    return Err(SandboxError::PathConflict(format!(
+                        "the declared paths reach {} and {}, which would meet at {} in the sandbox (its /tmp is a link to /work)",
+                        host.display(),
+                        other.display(),
+                        Path::new(PRIVATE_WORK_DIR).join(other_rest).display()
+                    )));
+                }
+            }
+        }
+        Ok(())
     }
 }
 
@@ -811,22 +951,24 @@ unsafe fn build_private_root(plan: &ChildPlan, owner: Option<(u32, u32)>, report
                     };
                     restrict_mount(target, set, false)?;
                 }
+                ViewOp::WorkArea => {
+                    // The work directory: a tmpfs of its own, limited in bytes and entries.
+                    make_dir(&plan.work.private_mount, 0o700)?;
+                    if libc::mount(
+                        c"tmpfs".as_ptr(),
+                        plan.work.private_mount.as_ptr(),
+                        c"tmpfs".as_ptr(),
+                        libc::MS_NOSUID | libc::MS_NODEV,
+                        plan.work.tmpfs_options.as_ptr().cast(),
+                    ) != 0
+                    {
+                        return Err(errno());
+                    }
+                    for (path, contents) in &plan.work.private_files {
+                        create_file(path, contents, 0o644, owner)?;
+                    }
+                }
             }
-        }
-        // The work directory: a tmpfs of its own, limited in bytes and entries.
-        make_dir(&plan.work.private_mount, 0o700)?;
-        if libc::mount(
-            c"tmpfs".as_ptr(),
-            plan.work.private_mount.as_ptr(),
-            c"tmpfs".as_ptr(),
-            libc::MS_NOSUID | libc::MS_NODEV,
-            plan.work.tmpfs_options.as_ptr().cast(),
-        ) != 0
-        {
-            return Err(errno());
-        }
-        for (path, contents) in &plan.work.private_files {
-            create_file(path, contents, 0o644, owner)?;
         }
         // A fresh /proc shows only this PID namespace; without one it would show the host's.
         // Then remounted `hidepid=2`: only the processes the program may trace, so not the
@@ -1039,6 +1181,12 @@ pub(super) unsafe fn confine_child(plan: &ChildPlan) -> io::Result<()> {
     // SAFETY: every call below is a raw, async-signal-safe system call on memory that was
     // allocated before the fork and stays valid (it is owned by `plan`).
     unsafe {
+        // Where `close_range(CLOSE_RANGE_CLOEXEC)` is missing (Linux < 5.11), descriptors are
+        // marked or closed one by one up to the highest open: read here, after the fork, from
+        // this process's own table (a copy of the caller's at the fork, which no other thread
+        // of the caller can add to any more) while the host's /proc is still in view.
+        let highest_fd = if close_range_marks_close_on_exec() { 0 } else { highest_open_fd() };
+
         // 1–2. Session, death signal, no core dumps.
         if libc::setsid() < 0 {
             return Err(io::Error::last_os_error());
@@ -1074,16 +1222,23 @@ pub(super) unsafe fn confine_child(plan: &ChildPlan) -> io::Result<()> {
                 }
                 if libc::unshare(flags) == 0 {
                     report.flags |= USER_NAMESPACE | PID_NAMESPACE | IPC_NAMESPACE;
-                    let mapped = write_file(c"/proc/self/setgroups", b"deny")
-                        .and_then(|()| write_file(c"/proc/self/uid_map", uid_map.as_bytes()))
-                        .and_then(|()| write_file(c"/proc/self/gid_map", gid_map.as_bytes()));
-                    if let Err(e) = mapped {
-                        report.user_namespace_errno = e;
-                    }
                     if plan.isolate_network {
                         report.flags |= NETWORK_NAMESPACE;
                     }
-                    mount_namespace = plan.private_root;
+                    // The namespaces exist whatever happens next. Without the identity map the
+                    // child is the overflow uid in them, and a tmpfs refuses it new files, so
+                    // there is no private root: refused below unless the policy allows that.
+                    let mapped = write_file(c"/proc/self/setgroups", b"deny")
+                        .map_err(|e| (e, SETGROUPS_REFUSED))
+                        .and_then(|()| write_file(c"/proc/self/uid_map", uid_map.as_bytes()).map_err(|e| (e, UID_MAP_REFUSED)))
+                        .and_then(|()| write_file(c"/proc/self/gid_map", gid_map.as_bytes()).map_err(|e| (e, GID_MAP_REFUSED)));
+                    match mapped {
+                        Ok(()) => mount_namespace = plan.private_root,
+                        Err((e, step)) => {
+                            report.user_namespace_errno = e;
+                            report.flags |= step;
+                        }
+                    }
                 } else {
                     report.user_namespace_errno = errno();
                 }
@@ -1116,9 +1271,9 @@ pub(super) unsafe fn confine_child(plan: &ChildPlan) -> io::Result<()> {
             }
         }
 
-        // Without the mount namespace (or, not root, the user namespace it needs) there is no
-        // private root: hostile code would see the host filesystem. Unless the policy allows
-        // that, nothing runs; the report tells the parent why.
+        // Without the mount namespace (or, not root, the user namespace it needs, with its
+        // identity map) there is no private root: hostile code would see the host filesystem.
+        // Unless the policy allows that, nothing runs; the report tells the parent why.
         if plan.require_private_root && !mount_namespace {
             report.flags |= ISOLATION_REFUSED;
             let mut message = [REPORT_TAG; REPORT_LEN + 1];
@@ -1138,16 +1293,16 @@ pub(super) unsafe fn confine_child(plan: &ChildPlan) -> io::Result<()> {
             if libc::pipe2(pipe.as_mut_ptr(), libc::O_CLOEXEC) != 0 {
                 return Err(io::Error::last_os_error());
             }
-            let start = ProgramStart { plan, report, mount_namespace, status_read: pipe[0], status_write: pipe[1] };
+            let start = ProgramStart { plan, report, mount_namespace, status_read: pipe[0], status_write: pipe[1], highest_fd };
             let arg = &start as *const ProgramStart<'_> as *mut libc::c_void;
             let init = libc::clone(init_main, plan.init_stack.top(), libc::CLONE_VM | libc::SIGCHLD, arg);
             if init < 0 {
                 return Err(io::Error::last_os_error());
             }
             // `start` stays valid: S never returns from here.
-            supervise_init(init, pipe[0], plan.report_fd, plan.highest_fd);
+            supervise_init(init, pipe[0], plan.report_fd, highest_fd);
         }
-        confine_program(plan, report, mount_namespace)
+        confine_program(plan, report, mount_namespace, highest_fd)
     }
 }
 
@@ -1159,6 +1314,8 @@ struct ProgramStart<'a> {
     mount_namespace: bool,
     status_read: RawFd,
     status_write: RawFd,
+    /// The highest descriptor S had open after the fork (0 where `close_range` marks them all).
+    highest_fd: RawFd,
 }
 
 /// The namespace's init (pid 1): starts the program's process, then reaps (see [`run_init`]).
@@ -1177,7 +1334,7 @@ extern "C" fn init_main(arg: *mut libc::c_void) -> libc::c_int {
             report_error(start.plan.report_fd, errno());
             libc::_exit(127);
         }
-        run_init(program, start.status_write, start.plan.highest_fd);
+        run_init(program, start.status_write, start.highest_fd);
     }
 }
 
@@ -1187,7 +1344,7 @@ extern "C" fn program_main(arg: *mut libc::c_void) -> libc::c_int {
     // SAFETY: as in `init_main`; the init is suspended (`CLONE_VFORK`) until we exec or exit.
     unsafe {
         let start = enter(arg, |start| start.status_write);
-        let failure = confine_program(start.plan, start.report, start.mount_namespace);
+        let failure = confine_program(start.plan, start.report, start.mount_namespace, start.highest_fd);
         let code = failure.err().and_then(|e| e.raw_os_error()).unwrap_or(libc::EINVAL);
         report_error(start.plan.report_fd, code);
         libc::_exit(127);
@@ -1227,7 +1384,7 @@ unsafe fn report_error(report_fd: RawFd, errno: i32) {
 ///
 /// # Safety
 /// Only in the program's process before `exec`.
-unsafe fn confine_program(plan: &ChildPlan, mut report: ChildReport, mount_namespace: bool) -> io::Result<()> {
+unsafe fn confine_program(plan: &ChildPlan, mut report: ChildReport, mount_namespace: bool, highest_fd: RawFd) -> io::Result<()> {
     let zero = 0 as libc::c_ulong;
     // SAFETY: every call below is a raw, async-signal-safe system call on memory that was
     // allocated before the fork and stays valid (it is owned by `plan`).
@@ -1286,7 +1443,7 @@ unsafe fn confine_program(plan: &ChildPlan, mut report: ChildReport, mount_names
         // A descriptor the caller inherited without close-on-exec (a make jobserver pipe, a
         // wrapper's fd 3) must not reach the program, also on kernels without the flag.
         if libc::syscall(libc::SYS_close_range, 3 as libc::c_uint, libc::c_uint::MAX, libc::CLOSE_RANGE_CLOEXEC) != 0 {
-            mark_close_on_exec(3, plan.highest_fd.saturating_add(64));
+            mark_close_on_exec(3, highest_fd.saturating_add(64));
         }
         report.flags |= SECCOMP;
         let mut message = [REPORT_TAG; REPORT_LEN + 1];
@@ -1319,18 +1476,58 @@ pub(super) unsafe fn mark_close_on_exec(first: RawFd, last: RawFd) {
     }
 }
 
-/// The highest descriptor number this process has open ([`ChildPlan::highest_fd`]): from
-/// `/proc/self/fd`, else below the soft `RLIMIT_NOFILE` (at most 2^20).
-pub(super) fn highest_open_fd() -> RawFd {
-    let listed = std::fs::read_dir("/proc/self/fd")
-        .ok()
-        .and_then(|d| d.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<RawFd>().ok()).max());
-    listed.unwrap_or_else(|| {
+/// Whether the kernel marks descriptors close-on-exec with `close_range` (Linux 5.11): probed
+/// on an empty range at the top of the descriptor space, which it accepts and leaves alone
+/// (`EINVAL` before 5.11, `ENOSYS` before 5.9). Async-signal-safe.
+fn close_range_marks_close_on_exec() -> bool {
+    let top = libc::c_uint::MAX;
+    // SAFETY: a range no descriptor is in; the flag only marks.
+    unsafe { libc::syscall(libc::SYS_close_range, top, top, libc::CLOSE_RANGE_CLOEXEC) == 0 }
+}
+
+/// The highest descriptor number this process has open: read from `/proc/self/fd` with raw
+/// `open`/`getdents64`/`close` into a buffer on the stack, so it is async-signal-safe (no
+/// allocation, no lock: safe after the fork of a multithreaded caller); where `/proc` is
+/// missing, below the soft `RLIMIT_NOFILE` (at most 2^20).
+///
+/// # Safety
+/// Async-signal-safe; opens (and closes) one descriptor.
+pub(super) unsafe fn highest_open_fd() -> RawFd {
+    // SAFETY: raw system calls on a local buffer; the descriptor is closed on every path.
+    unsafe {
+        let dir = libc::open(c"/proc/self/fd".as_ptr(), libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC);
+        if dir >= 0 {
+            let mut buf = [0u8; 4096];
+            let mut highest: RawFd = dir;
+            let listed = loop {
+                let n = libc::syscall(libc::SYS_getdents64, dir, buf.as_mut_ptr(), buf.len());
+                if n <= 0 {
+                    break n == 0;
+                }
+                // `struct linux_dirent64`: ino (8), off (8), reclen (2), type (1), name (NUL-ended).
+                let mut at = 0usize;
+                while at + 19 < n as usize {
+                    let reclen = usize::from(u16::from_ne_bytes([buf[at + 16], buf[at + 17]]));
+                    if reclen == 0 || at + reclen > n as usize {
+                        break;
+                    }
+                    let name = buf[at + 19..at + reclen].split(|&b| b == 0).next().unwrap_or(&[]);
+                    if !name.is_empty() && name.iter().all(u8::is_ascii_digit) && name.len() < 10 {
+                        let fd = name.iter().fold(0 as RawFd, |fd, &d| fd * 10 + RawFd::from(d - b'0'));
+                        highest = highest.max(fd);
+                    }
+                    at += reclen;
+                }
+            };
+            libc::close(dir);
+            if listed {
+                return highest;
+            }
+        }
         let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-        // SAFETY: getrlimit writes the struct it is given.
-        let got = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) };
+        let got = libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit);
         if got == 0 { RawFd::try_from(limit.rlim_cur.min(1 << 20)).unwrap_or(1 << 20) } else { 1 << 20 }
-    })
+    }
 }
 
 #[cfg(test)]
@@ -1359,16 +1556,25 @@ mod tests {
         // SAFETY: pipe writes two descriptors into the array.
         assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
         let cloexec = |fd: RawFd| unsafe { libc::fcntl(fd, libc::F_GETFD) } & libc::FD_CLOEXEC != 0;
-        assert!(!cloexec(fds[0]) && !cloexec(fds[1]));
-        let highest = highest_open_fd();
-        assert!(highest >= fds[1], "{highest} < {}", fds[1]);
+        // And a copy far above every other descriptor (dup2 leaves it without the flag).
+        let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        // SAFETY: getrlimit fills the struct it is given.
+        assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) }, 0);
+        let high = RawFd::try_from(limit.rlim_cur.saturating_sub(1).min(900)).expect("a number");
+        // SAFETY: dup2 onto a number this test binary does not use otherwise.
+        assert_eq!(unsafe { libc::dup2(fds[0], high) }, high);
+        assert!(!cloexec(fds[0]) && !cloexec(fds[1]) && !cloexec(high));
+        // SAFETY: opens and closes one descriptor of the test's own.
+        let highest = unsafe { highest_open_fd() };
+        assert!(highest >= high.max(fds[1]), "{highest} < {high}");
         // SAFETY: only flags change; the test owns the pipe.
         unsafe { mark_close_on_exec(fds[0], highest) };
-        assert!(cloexec(fds[0]) && cloexec(fds[1]));
+        assert!(cloexec(fds[0]) && cloexec(fds[1]) && cloexec(high));
         // SAFETY: the test's own descriptors.
         unsafe {
             libc::close(fds[0]);
             libc::close(fds[1]);
+            libc::close(high);
         }
     }
 
@@ -1436,6 +1642,15 @@ mod tests {
         assert!(isolation_from(None, policy, true, None).notes[0].contains("no confinement report"));
     }
 
+    /// Where host path `h` is in the root tmpfs before `pivot_root`: under the work directory
+    /// for a path under `/tmp` or `/work` (where temporary directories usually are).
+    fn guest(h: &Path) -> String {
+        match in_work_area(h) {
+            Some(rest) => format!("{ROOT_MOUNT_POINT}{PRIVATE_WORK_DIR}/{}", rest.display()),
+            None => format!("{ROOT_MOUNT_POINT}{}", h.display()),
+        }
+    }
+
     fn ops_text(ops: &[ViewOp]) -> Vec<String> {
         ops.iter()
             .map(|op| match op {
@@ -1452,6 +1667,7 @@ mod tests {
                     target.to_string_lossy(),
                     if *writable { " rw" } else { "" }
                 ),
+                ViewOp::WorkArea => "work area".to_string(),
             })
             .collect()
     }
@@ -1470,17 +1686,66 @@ mod tests {
         let ops = plan_view(&[h.join("usr/bin/python3"), h.join("lib/python"), h.join("missing")]).expect("plans");
         let text = ops_text(&ops);
         let root = ROOT_MOUNT_POINT;
-        let hs = h.display().to_string();
-        assert!(text.contains(&format!("link {root}{hs}/usr/bin/python3 -> python3.11")), "{text:#?}");
-        assert!(text.contains(&format!("link {root}{hs}/lib -> usr/lib")), "{text:#?}");
-        assert!(text.contains(&format!("bind-file {hs}/usr/bin/python3.11 at {root}{hs}/usr/bin/python3.11")), "{text:#?}");
-        assert!(text.contains(&format!("bind-dir {hs}/usr/lib/python at {root}{hs}/usr/lib/python")), "{text:#?}");
+        let (hs, g) = (h.display().to_string(), guest(h));
+        assert!(text.contains(&format!("link {g}/usr/bin/python3 -> python3.11")), "{text:#?}");
+        assert!(text.contains(&format!("link {g}/lib -> usr/lib")), "{text:#?}");
+        assert!(text.contains(&format!("bind-file {hs}/usr/bin/python3.11 at {g}/usr/bin/python3.11")), "{text:#?}");
+        assert!(text.contains(&format!("bind-dir {hs}/usr/lib/python at {g}/usr/lib/python")), "{text:#?}");
         assert!(!text.iter().any(|t| t.contains("secret") || t.contains("missing")), "{text:#?}");
         assert!(text.contains(&format!("link {root}/tmp -> work")));
         assert!(text.iter().any(|t| t.starts_with("bind-file /dev/null at") && t.ends_with(" rw")));
         // Directories come before what is placed in them.
-        let first_bind = text.iter().position(|t| t.starts_with("bind")).expect("a bind");
-        assert!(text[..first_bind].iter().any(|t| t == &format!("dir {root}{hs}/usr/bin")), "{text:#?}");
+        let first_bind = text.iter().position(|t| t.starts_with("bind") && t.contains(&hs)).expect("a bind");
+        assert!(text[..first_bind].iter().any(|t| t == &format!("dir {g}/usr/bin")), "{text:#?}");
+    }
+
+    #[test]
+    fn paths_under_tmp_are_placed_in_the_work_directory_after_its_tmpfs() {
+        let host = tempfile::tempdir_in("/tmp").expect("tempdir under /tmp");
+        let h = host.path();
+        std::fs::create_dir_all(h.join("repo/src")).expect("mkdir");
+        std::fs::write(h.join("notes.txt"), b"n").expect("write");
+        let ops = plan_view(&[PathBuf::from("/usr"), h.join("repo/src"), h.join("notes.txt")]).expect("plans");
+        let text = ops_text(&ops);
+        let root = ROOT_MOUNT_POINT;
+        let rel = h.strip_prefix("/tmp").expect("under /tmp").display().to_string();
+        // /tmp stays the link to the work directory: no directory is made in its place.
+        assert!(text.contains(&format!("link {root}/tmp -> work")), "{text:#?}");
+        assert!(!text.iter().any(|t| t == &format!("dir {root}/tmp") || t.starts_with(&format!("dir {root}/tmp/"))), "{text:#?}");
+        let area = text.iter().position(|t| t == "work area").expect("the work area op");
+        assert_eq!(text.iter().filter(|t| *t == "work area").count(), 1);
+        for placed in [
+            format!("dir {root}/work/{rel}/repo"),
+            format!("bind-dir {}/repo/src at {root}/work/{rel}/repo/src", h.display()),
+            format!("bind-file {}/notes.txt at {root}/work/{rel}/notes.txt", h.display()),
+        ] {
+            let at = text.iter().position(|t| *t == placed).unwrap_or_else(|| panic!("{placed}: {text:#?}"));
+            assert!(at > area, "{placed} before the work directory's tmpfs: {text:#?}");
+        }
+        assert!(text[..area].contains(&format!("bind-dir /usr at {root}/usr")), "{text:#?}");
+        let top = rel.trim_start_matches('/').split('/').next().expect("a name").to_string();
+        assert_eq!(work_area_names(&ops), [std::ffi::OsString::from(top)].into_iter().collect());
+        assert!(work_area_names(&plan_view(&[PathBuf::from("/usr")]).expect("plans")).is_empty());
+    }
+
+    #[test]
+    fn paths_that_would_replace_or_alias_in_the_work_directory_are_refused() {
+        let refused = |result: Result<Vec<ViewOp>, SandboxError>| match result {
+            Err(SandboxError::PathConflict(why)) => why,
+            other => panic!("not refused: {other:?}"),
+        };
+        let why = refused(plan_view(&[PathBuf::from("/usr"), PathBuf::from("/tmp")]));
+        assert!(why.contains("declared path /tmp would replace /tmp"), "{why}");
+        // /tmp/a and /work/a/b meet at /work/a/b (the host need not have them: planned by hand).
+        let plan = |binds: &[&str]| ViewPlan { bind_dirs: binds.iter().map(PathBuf::from).collect(), ..ViewPlan::default() };
+        let why = refused(plan(&["/tmp/a", "/work/a/b"]).into_ops());
+        assert!(why.contains("/tmp/a and /work/a/b") && why.contains("meet at /work/a/b"), "{why}");
+        refused(plan(&["/work/a", "/tmp/a"]).into_ops());
+        // Siblings under a directory of the same name merge.
+        let text = ops_text(&plan(&["/tmp/a/x", "/work/a/y"]).into_ops().expect("plans"));
+        let root = ROOT_MOUNT_POINT;
+        assert!(text.contains(&format!("bind-dir /tmp/a/x at {root}/work/a/x")), "{text:#?}");
+        assert!(text.contains(&format!("bind-dir /work/a/y at {root}/work/a/y")), "{text:#?}");
     }
 
     #[test]
@@ -1490,7 +1755,7 @@ mod tests {
         std::fs::create_dir_all(h.join("usr/lib/x")).expect("mkdir");
         let ops = plan_view(&[h.join("usr/lib/x"), h.join("usr")]).expect("plans");
         let binds: Vec<String> = ops_text(&ops).into_iter().filter(|t| t.starts_with("bind-dir")).collect();
-        assert_eq!(binds, [format!("bind-dir {}/usr at {ROOT_MOUNT_POINT}{}/usr", h.display(), h.display())]);
+        assert_eq!(binds, [format!("bind-dir {}/usr at {}/usr", h.display(), guest(h))]);
         assert!(matches!(plan_view(&[PathBuf::from("relative")]), Err(SandboxError::InvalidPath(_))));
     }
 

@@ -864,9 +864,13 @@ impl Joint {
                 }
             }
             let blocking = blocking_on(g.id);
+            // H_life: the ready work's wait for this binding — a wake or a load, after any
+            // teardown it waits for — plus the reloads its reclaims will cost.
+            let ready_at = self.lifecycle_ready_at(state, dep, g, &chosen, now);
+            h_life += ready_at - now - self.est.load_time(dep, g);
             // Ĉ_F of the unlocked work on the new replica's lane (its waves under the KV
             // capacity and batch limit of that device included).
-            let lane = Self::new_lane(dep, g, self.lifecycle_ready_at(state, dep, g, &chosen, now));
+            let lane = Self::new_lane(dep, g, ready_at);
             let own = self.completion(state, d, std::slice::from_ref(&lane), needs, lane.ready_at);
             let c_f = own.max(placed_elsewhere);
             // Eq. 12 restricted to this decision: ready work kept coverable (no device taken
@@ -1782,6 +1786,33 @@ mod tests {
             planner_with(&["A100-40GB", "V100-32GB", "A100-40GB"], JointOptions::default(), Box::new(SlowerOnVolta));
         let cmds = p.handle(Event::UnitReady(item(100, 0, 0, 1)), 0.0).unwrap();
         assert!(matches!(cmds[0], Command::Load { device: DeviceId(0), .. }), "{cmds:?}");
+    }
+
+    #[test]
+    fn lifecycle_overhead_counts_the_teardown_a_binding_waits_for() {
+        // Eq. 12's H_life is the ready work's wait for the binding plus the reloads its reclaims
+        // cost: on a device holding an idle Qwen3-14B replica that nothing needs, a Qwen3-8B
+        // load waits for its teardown and then loads (10 s here); on an empty device it only
+        // loads. (It was the load alone for every binding, so when Ĉ_F tied — floored by other
+        // deployments' later work — the device id chose, and an idle replica could be unloaded
+        // while another device stood empty.)
+        let mut p = planner(&["A100-40GB", "A100-40GB"], JointOptions::default());
+        p.handle(Event::UnitReady(item(0, 0, 3, 0)), 0.0).unwrap();
+        p.handle(Event::ReplicaLoaded { replica: ReplicaId(0) }, 10.0).unwrap();
+        p.handle(Event::UnitFinished { activation: act(0, 0), replica: ReplicaId(0), output_tokens: 100 }, 12.0).unwrap();
+        let joint = Joint::new(JointOptions::default(), Box::new(Fixed));
+        let none = BTreeSet::new();
+        let h_life = |state: &PlannerState| joint.best_lifecycle(state, DeploymentId(1), &[], 12.0, &none, &none, true);
+        let (g, victims, _, h) = h_life(p.state()).expect("a binding");
+        assert_eq!((g, victims.is_empty(), h), (DeviceId(1), true, 10.0), "the empty device, a load alone");
+        // With only the 14B's device: its teardown, then the load.
+        let mut p = planner(&["A100-40GB"], JointOptions::default());
+        p.handle(Event::UnitReady(item(0, 0, 3, 0)), 0.0).unwrap();
+        p.handle(Event::ReplicaLoaded { replica: ReplicaId(0) }, 10.0).unwrap();
+        p.handle(Event::UnitFinished { activation: act(0, 0), replica: ReplicaId(0), output_tokens: 100 }, 12.0).unwrap();
+        let (g, victims, _, h) = h_life(p.state()).expect("a binding");
+        assert_eq!((g, victims), (DeviceId(0), vec![ReplicaId(0)]));
+        assert_eq!(h, PLANNER_TEARDOWN_S + 10.0);
     }
 
     #[test]

@@ -766,7 +766,8 @@ fn the_shell_tool_reads_only_literal_paths() {
     assert!(e.to_string().contains("written literally"), "{e}");
     // A literal path the tool would refuse is the file's error, at its entry, not every
     // session's at run time: relative, with `..`, or absent on this host.
-    for (reads, why) in [("[\"/usr/share\", \"etc/passwd\"]", "is not absolute"), ("[\"/usr/../etc\"]", "contains `..`"), ("[\"/nonexistent/file\"]", "does not exist on this host")] {
+    // Or the program's own work directory in the sandbox (`/tmp` links to `/work` there).
+    for (reads, why) in [("[\"/usr/share\", \"etc/passwd\"]", "is not absolute"), ("[\"/usr/../etc\"]", "contains `..`"), ("[\"/nonexistent/file\"]", "does not exist on this host"), ("[\"/tmp\"]", "own work directory")] {
         let e = err(&with(reads));
         assert_eq!(e.kind(), Some(ErrorKind::BadType), "{e}");
         let field = if reads.contains("etc/passwd") { "nodes.b.inputs.reads[1]" } else { "nodes.b.inputs.reads[0]" };

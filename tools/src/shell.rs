@@ -147,9 +147,11 @@ impl ShellJob {
     }
 }
 
-/// A declared read path, checked: absolute, no `..`, existing on the host. The workflow
-/// loader checks every literal `reads` entry with it too, so that a bad path is the file's
-/// error (with its line and field) rather than every session's.
+/// A declared read path, checked: absolute, no `..`, not the program's own work directory
+/// (`/work`, or `/tmp`, a link to it, in the process sandbox's private root: a path *under*
+/// either is bound inside it), existing on the host. The workflow loader checks every literal
+/// `reads` entry with it too, so that a bad path is the file's error (with its line and field)
+/// rather than every session's.
 pub fn checked_read(s: &str) -> Result<PathBuf, String> {
     let p = Path::new(s);
     if !p.is_absolute() {
@@ -157,6 +159,12 @@ pub fn checked_read(s: &str) -> Result<PathBuf, String> {
     }
     if p.components().any(|c| matches!(c, Component::ParentDir)) {
         return Err(format!("path `{s}` contains `..`"));
+    }
+    let normal: PathBuf = p.components().filter(|c| !matches!(c, Component::CurDir)).collect();
+    if [Path::new(crate::sandbox::PRIVATE_WORK_DIR), Path::new("/tmp")].contains(&normal.as_path()) {
+        return Err(format!(
+            "path `{s}` is the program's own work directory in the sandbox (`/work`, and `/tmp` links to it): declare a path inside it"
+        ));
     }
     if p.symlink_metadata().is_err() {
         return Err(format!("path `{s}` does not exist on this host"));
@@ -299,6 +307,9 @@ mod tests {
         assert!(err(json!({"command": "ls", "reads": ["/usr/../etc"]})).contains("contains `..`"));
         assert!(err(json!({"command": "ls", "reads": ["/no/such/path/anywhere"]})).contains("does not exist"));
         assert!(err(json!({"command": "ls", "reads": "/etc"})).contains("list of absolute paths"));
+        for own in ["/tmp", "/work", "/tmp/", "/work/./"] {
+            assert!(err(json!({"command": "ls", "reads": [own]})).contains("own work directory"), "{own}");
+        }
         assert!(err(json!({"command": "ls", "timeout_s": 0})).contains("timeout_s"));
         assert!(err(json!({"command": "ls", "timeout_s": 601})).contains("timeout_s"));
         let long = "x".repeat(MAX_COMMAND_BYTES + 1);

@@ -846,7 +846,7 @@ impl Joint {
             let claim = dep.claim_bytes(g);
             let mut free = state.free_bytes(g.id);
             let mut chosen = Vec::new();
-            let mut h_life = self.est.load_time(dep, g);
+            let mut reload_cost = 0.0;
             if free < claim {
                 if !reclaim {
                     continue;
@@ -857,7 +857,7 @@ impl Joint {
                     }
                     free += bytes;
                     chosen.push(victim);
-                    h_life += penalty;
+                    reload_cost += penalty;
                 }
                 if free < claim {
                     continue;
@@ -867,7 +867,7 @@ impl Joint {
             // H_life: the ready work's wait for this binding — a wake or a load, after any
             // teardown it waits for — plus the reloads its reclaims will cost.
             let ready_at = self.lifecycle_ready_at(state, dep, g, &chosen, now);
-            h_life += ready_at - now - self.est.load_time(dep, g);
+            let h_life = (ready_at - now) + reload_cost;
             // Ĉ_F of the unlocked work on the new replica's lane (its waves under the KV
             // capacity and batch limit of that device included).
             let lane = Self::new_lane(dep, g, ready_at);

@@ -1508,7 +1508,9 @@ pub(super) unsafe fn highest_open_fd() -> RawFd {
                 let mut at = 0usize;
                 while at + 19 < n as usize {
                     let reclen = usize::from(u16::from_ne_bytes([buf[at + 16], buf[at + 17]]));
-                    if reclen == 0 || at + reclen > n as usize {
+                    // A record holds its 19-byte header and a name: anything shorter (never
+                    // from the kernel) ends the listing rather than slicing backwards.
+                    if reclen < 20 || at + reclen > n as usize {
                         break;
                     }
                     let name = buf[at + 19..at + reclen].split(|&b| b == 0).next().unwrap_or(&[]);

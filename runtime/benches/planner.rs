@@ -6,7 +6,7 @@ use criterion::{BatchSize, BenchmarkId, Criterion, criterion_group, criterion_ma
 use switchyard_predictor::{Dtype, spec};
 use switchyard_runtime::ids::{ActivationId, DeviceId, ReplicaId, SessionId};
 use switchyard_runtime::planner::{
-    Command, DeploymentId, DeploymentInfo, DeviceInfo, Estimates, Event, JointOptions, NearReadyItem, Planner,
+    ChainLink, Command, DeploymentId, DeploymentInfo, DeviceInfo, Estimates, Event, JointOptions, NearReadyItem, Planner,
     WorkItem, policy_by_name,
 };
 
@@ -57,6 +57,12 @@ fn build(policy: &str, sessions: u32, gpus: u32) -> (Planner, ActivationId, Repl
             chain_prev: None,
             chain_next: s % 2 == 0,
             envelope: (1500, 512),
+            // Every other session's unit heads a fused chain of two links (Eq. 4's summed time).
+            chain_rest: if s % 2 == 0 {
+                vec![ChainLink { node: 1, fixed_prompt: 1500, max_output_tokens: 512, reads: vec![0] }]
+            } else {
+                Vec::new()
+            },
             remaining_path_tokens: 800,
             further_round_tokens: 0,
             prior_context: None,
@@ -70,6 +76,8 @@ fn build(policy: &str, sessions: u32, gpus: u32) -> (Planner, ActivationId, Repl
             prompt_bound: 2000,
             max_output_tokens: 512,
             prior_context: None,
+            chain_prev: None,
+            chain_rest: Vec::new(),
         }));
     }
     let cmds = planner.handle_all(events, 0.0).unwrap();

@@ -32,7 +32,7 @@ use switchyard_predictor::{Dtype, spec};
 use switchyard_runtime::ids::{ActivationId, DeviceId, ReplicaId, SessionId};
 use switchyard_runtime::planner::substrate::kv_capacity_of;
 use switchyard_runtime::planner::{
-    Command, DeploymentId, DeploymentInfo, DeviceInfo, Estimates, Event, JointOptions, NearReadyItem, Planner,
+    ChainLink, Command, DeploymentId, DeploymentInfo, DeviceInfo, Estimates, Event, JointOptions, NearReadyItem, Planner,
     PriorContext, Reclaim, Substrate, WorkItem, policy_by_name,
 };
 
@@ -214,6 +214,8 @@ fn run(case: &Case) -> Result<(), TestCaseError> {
                     prompt_bound: u.2,
                     max_output_tokens: u.3,
                     prior_context: Some(PriorContext { activation: act(i - 1), tokens: 512 }),
+                    chain_prev: None,
+                    chain_rest: Vec::new(),
                 })
             }
             Ev::Ready(i) => {
@@ -233,6 +235,13 @@ fn run(case: &Case) -> Result<(), TestCaseError> {
                     chain_prev: successor(i).then(|| act(i - 1)),
                     chain_next: chained(i) || (u.4 && last_turn(i)),
                     envelope: envelope(i),
+                    // Eq. 4: a head is timed with its successor's link, which reads its output.
+                    chain_rest: if chained(i) {
+                        let next = case.units[i + 1];
+                        vec![ChainLink { node: 1, fixed_prompt: next.2, max_output_tokens: next.3, reads: vec![0] }]
+                    } else {
+                        Vec::new()
+                    },
                     remaining_path_tokens: u.3,
                     further_round_tokens: 0,
                     prior_context: second(i).then(|| PriorContext { activation: act(i - 1), tokens: 512 }),

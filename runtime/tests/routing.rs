@@ -120,6 +120,7 @@ fn unit(session: u32, deployment: switchyard_runtime::planner::DeploymentId) -> 
         remaining_path_tokens: 200,
         further_round_tokens: 0,
         prior_context: None,
+        chain_rest: Vec::new(),
     }
 }
 
@@ -134,6 +135,8 @@ fn near_ready(session: u32, deployment: switchyard_runtime::planner::DeploymentI
         prompt_bound: 300,
         max_output_tokens: 200,
         prior_context: None,
+        chain_prev: None,
+        chain_rest: Vec::new(),
     }
 }
 

@@ -183,6 +183,7 @@ pub fn prepare(
                 chain_prev: graph_info::chain_prev_activation(info, session, a),
                 chain_next: info[node_index].chain_next.is_some(),
                 envelope: graph_info::chain_envelope(&spec, info, session, node_index, prompt_tokens),
+                chain_rest: graph_info::chain_rest(&spec, info, session, node_index),
                 remaining_path_tokens: info[node_index].remaining_path_tokens,
                 further_round_tokens: graph_info::further_round_tokens(info, node_index, round),
                 prior_context,
@@ -331,6 +332,8 @@ pub fn near_ready_items(
             prompt_bound,
             max_output_tokens: agent.max_output_tokens,
             prior_context,
+            chain_prev: graph_info::chain_prev_activation(node_info, session, a),
+            chain_rest: graph_info::chain_rest(session.spec(), node_info, session, act.node),
         });
     }
     items

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::ids::ActivationId;
-use crate::planner::DeploymentId;
+use crate::planner::{ChainLink, DeploymentId};
 use crate::planner::fusion::{LogicalEdge, LogicalNode, envelope, fusible_chains};
 use crate::session::Session;
 use crate::tokens;
@@ -305,6 +305,26 @@ pub fn chain_envelope(
         consumes.push(c);
     }
     envelope(&links, &consumes)
+}
+
+/// The links of `node`'s fused chain after `node` (empty when it is unfused or the chain's
+/// last link), each with its fixed prompt bound and the chain positions it reads (0: `node`).
+pub fn chain_rest(spec: &WorkflowSpec, info: &[NodeInfo], session: &Session, node: usize) -> Vec<ChainLink> {
+    let Some(chain) = &info[node].chain else { return Vec::new() };
+    let start = chain.iter().position(|&v| v == node).unwrap_or(0);
+    let rest = &chain[start..];
+    rest.iter()
+        .skip(1)
+        .map(|&v| {
+            let (fixed_prompt, reads) = prompt_bound(spec, info, session, v, rest);
+            ChainLink {
+                node: v as u32,
+                fixed_prompt,
+                max_output_tokens: info[v].output_limit,
+                reads: reads.into_iter().map(|k| k as u32).collect(),
+            }
+        })
+        .collect()
 }
 
 /// The activation of `session` that precedes `a` in its fused chain (same round).

@@ -264,6 +264,7 @@ impl ProgramState {
             chain_prev: None,
             chain_next: false,
             envelope: (prompt_tokens, max),
+            chain_rest: Vec::new(),
             remaining_path_tokens: expected_answer_tokens(self.answered, max),
             further_round_tokens: 0,
             prior_context: self.last_prompt.as_ref().map(|(a, prev)| PriorContext {
@@ -354,6 +355,8 @@ impl ProgramState {
                                 (w.item.prompt_tokens as usize).saturating_sub(tokens::count(&tokens::chat_generation_suffix(false))),
                             ),
                         }),
+                        chain_prev: None,
+                        chain_rest: Vec::new(),
                     };
                     let _ = self.args.planner.send_message(PlannerMsg::NearReady(item));
                 }

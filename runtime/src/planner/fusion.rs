@@ -1,5 +1,6 @@
 //! Constructor, part 1: maximal fusible chains (paper 003 Eq. 3) and their admission envelope
-//! and summed run time (Eq. 4).
+//! (Eq. 4). Eq. 4's summed run time is the joint policy's: it times a chain's link with the
+//! later links the shell lists in `WorkItem::chain_rest`, at the output history it keeps.
 //!
 //! Pure functions over a small logical-graph description, so they are tested on hand-built
 //! graphs and used by the shells on the workflow DAG. An edge (u, v) is fusible when both are
@@ -102,11 +103,6 @@ pub fn envelope(links: &[LogicalNode], consumes: &[Vec<usize>]) -> (u32, u32) {
     (i_adm, o_adm)
 }
 
-/// Summed run time of a chain on one device (Eq. 4): Σ_i T_run(m(c), r_i, g).
-pub fn chain_run_time(per_link: &[f64]) -> f64 {
-    per_link.iter().sum()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -170,6 +166,5 @@ mod tests {
         assert_eq!(envelope(&links, &consumes), (1100, 500));
         // Forward references are ignored.
         assert_eq!(envelope(&links, &[vec![2], vec![], vec![]]), (1000, 500));
-        assert_eq!(chain_run_time(&[1.5, 2.0, 0.5]), 4.0);
     }
 }

@@ -10,13 +10,16 @@
 //!    tie-break; see step 2.)
 //! 2. **BestFeasibleBinding on the timeline** ([`super::timeline`], Propagate: Eq. 7, 10, 11):
 //!    every replica is a lane seeded with the reservations of its admitted units until their
-//!    predicted finish; each unit, in ranked order, is placed on the lane of its deployment where
+//!    predicted finish (a unit past it: at its output limit; a fused chain's link: at its
+//!    chain's end); each unit, in ranked order, is placed on the lane of its deployment where
 //!    it finishes earliest — after its release, the replica's load or wake, and the start of the
-//!    unit ranked before it there, once its KV envelope (Eq. 4/8) fits beside the reservations
-//!    still held and a batch slot B_q is free. The **prefix** — units whose predicted start is now
-//!    on an awake replica — is granted; the rest stay queued, re-ranked at the next event. The
-//!    placements give near-ready units their predicted release (Eq. 2). Units with no lane need
-//!    a lifecycle action.
+//!    unit ranked before it there, once its KV envelope (Eq. 4, at most the context L_max, Eq. 8)
+//!    fits beside the reservations still held and a batch slot B_q is free. A unit is timed at
+//!    its observed prompt and its node's recent outputs (§3.3); a fused chain's link for itself
+//!    and the chain's later links (Eq. 4's summed run time). The **prefix** — units whose
+//!    predicted start is now on an awake replica — is granted; the rest stay queued, re-ranked
+//!    at the next event. The placements give near-ready units their predicted release (Eq. 2:
+//!    the finish of the link they wait for). Units with no lane need a lifecycle action.
 //! 3. **PlanReady**: lifecycle demand is coalesced per deployment across workflows (Figure 4:
 //!    one Load serves the ready units of every workflow), ranked by urgency, constraint (fewest
 //!    eligible devices) and ready work unlocked per second of loading. Each demand gets one
@@ -39,7 +42,8 @@
 //!    unit is granted, placed behind a queue or a load, or has no binding the pool can give
 //!    now): stages a near-ready deployment without a replica when its predicted release is
 //!    within its load time plus a dispatch slack, on free memory or by reclaiming replicas no
-//!    ready or near-ready unit needs, so it never delays ready work.
+//!    ready or near-ready unit needs, so it never delays ready work. A prefetch not yet timely
+//!    asks the shell for a planning pass when it becomes so ([`Policy::next_wakeup`]).
 //!
 //! Memory feasibility (Eq. 11) holds twice: on each lane (KV reservations at every predicted
 //! start) and in the planner state (a load's claim must fit the device's free memory when it
@@ -53,6 +57,7 @@
 //! predictor crate (the core's rule, checked by `runtime/tests/module_boundaries.rs`).
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::Arc;
 
 use super::estimates::Estimates;
 use super::state::{PLANNER_TEARDOWN_S, sleep_estimate_s, wake_estimate_s};
@@ -60,7 +65,7 @@ use super::substrate::Substrate;
 use super::tao::{self, Solver, ToolCall, ToolHistory};
 use super::timeline::{Lane, Slot, place_all};
 use super::{
-    Command, DeploymentId, DeploymentInfo, DeviceInfo, Event, NearReadyItem, PlannerState, Policy, PrefetchOutcome,
+    ChainLink, Command, DeploymentId, DeploymentInfo, DeviceInfo, Event, NearReadyItem, PlannerState, Policy, PrefetchOutcome,
     PriorContext, Reclaim, ReplicaPhase, ReplicaView, WorkItem,
 };
 use crate::ids::{ActivationId, DeviceId, ReplicaId};
@@ -185,7 +190,11 @@ pub struct Joint {
     history_key: BTreeMap<ActivationId, (u32, u32)>,
     /// P90 of each non-empty history (kept in step with `history`).
     p90: BTreeMap<(u32, u32), u32>,
-    /// Predicted finish of every unit placed on this tick's timeline (rebuilt each tick).
+    /// What the timeline keeps of each granted unit until it finishes — or, for a fused
+    /// chain's link whose chain holds its replica, until the successor takes the hold over.
+    granted: BTreeMap<ActivationId, Granted>,
+    /// Predicted finish of every unit placed on this tick's timeline, its own link's (the
+    /// release of what waits for it, Eq. 2; rebuilt each tick).
     finish_of: BTreeMap<ActivationId, f64>,
     /// Latest predicted finish of the ready work placed on each deployment's lanes this tick.
     latest_of: BTreeMap<DeploymentId, f64>,
@@ -204,6 +213,23 @@ pub struct Joint {
     /// Replicas draining for another deployment ([`JointOptions::drain`]): they take no new
     /// unit (a fused chain keeps its own grant) until the scale-out reclaims them.
     draining: BTreeMap<ReplicaId, DeploymentId>,
+    /// When the last planning pass found a prefetch not timely yet: the earliest time one
+    /// becomes timely ([`Policy::next_wakeup`]).
+    prefetch_due: Option<f64>,
+}
+
+/// A granted unit as the timeline keeps it (Eq. 7 with Eq. 4's chain sum).
+#[derive(Debug, Clone, Copy)]
+struct Granted {
+    /// Its prompt's tokens, its output limit and the batch it joined: a unit running past its
+    /// prediction is predicted again at the limit.
+    input: u32,
+    limit: u32,
+    batch: u32,
+    /// Predicted run time of the later links of its fused chain on its replica (0 unfused).
+    chain_tail_s: f64,
+    /// When it finished, for a link whose chain still holds its replica.
+    finished_at: Option<f64>,
 }
 
 /// A TAO admission candidate: a ready unit, or a near-ready unit whose tool is about to return.
@@ -212,15 +238,18 @@ enum Candidate<'a> {
     Returning(NearReadyItem),
 }
 
-/// A unit as the timeline places it: release (Eq. 2), KV reservation (bytes, Eq. 4/8), and
-/// the input and output lengths its run time is predicted for.
-#[derive(Debug, Clone, Copy)]
+/// A unit as the timeline places it: release (Eq. 2), KV reservation (bytes, Eq. 4/8), the
+/// input and output lengths its own run time is predicted for (§3.3: the observed prompt, the
+/// output history), and those of the later links of its fused chain, whose run times add to
+/// its own (Eq. 4; `None` when unfused).
+#[derive(Debug, Clone)]
 struct Need {
     activation: ActivationId,
     release: f64,
     kv: u64,
     input: u32,
     output: u32,
+    chain_rest: Option<Arc<[(u32, u32)]>>,
 }
 
 /// KV reservations of the units admitted to one replica, with their running sum (read per
@@ -269,6 +298,7 @@ impl Joint {
             load_owner: BTreeMap::new(),
             history_key: BTreeMap::new(),
             p90: BTreeMap::new(),
+            granted: BTreeMap::new(),
             finish_of: BTreeMap::new(),
             latest_of: BTreeMap::new(),
             ran_on: BTreeMap::new(),
@@ -277,6 +307,7 @@ impl Joint {
             tool_calls: BTreeMap::new(),
             solver: Solver::new(),
             draining: BTreeMap::new(),
+            prefetch_due: None,
         }
     }
 
@@ -413,9 +444,11 @@ impl Joint {
                             continue;
                         };
                         let fits = slot.start <= now && state.replica(r).is_some_and(|rv| self.accepts(state, rv, w));
-                        if fits && self.grant(state, w, r, slot.finish - now, now, out) {
+                        let link = self.slot_link(state, d, r, slot, need);
+                        let tail = (slot.finish - slot.start - link).max(0.0);
+                        if fits && self.grant(state, w, need, r, link, tail, now, out) {
                             lane.commit(slot, need.kv);
-                            self.placed(w.activation, d, slot.finish);
+                            self.placed(w.activation, d, slot.start + link, slot.finish);
                             granted.insert(w.activation);
                         }
                     }
@@ -442,19 +475,47 @@ impl Joint {
     /// The P90 is kept per node and recomputed only when the node's history changes
     /// ([`p90_of`]), not at every call (this is called per unit, replica and device per tick).
     fn timing_output(&self, w: &WorkItem) -> u32 {
-        match self.p90.get(&(w.workflow, w.node)) {
-            Some(&p) => p.min(w.max_output_tokens).max(1),
-            None => w.max_output_tokens.max(1),
+        self.timing_output_of(w.workflow, w.node, w.max_output_tokens)
+    }
+
+    fn timing_output_of(&self, workflow: u32, node: u32, limit: u32) -> u32 {
+        match self.p90.get(&(workflow, node)) {
+            Some(&p) => p.min(limit).max(1),
+            None => limit.max(1),
         }
     }
 
     /// KV bytes a unit reserves for admission: its envelope (Eq. 4) at the configured output
     /// limit, never the timing history (§3.3) — unless `history_admission`, where the output
-    /// part is the timing output (P90 of recent completions, the limit without history).
+    /// part is the timing output (P90 of recent completions, the limit without history) — and
+    /// never more than the deployment's context L_max (Eq. 8: a chain's envelope bounds each
+    /// link's prompt by its earlier links' output limits, but one sequence holds at most
+    /// L_max tokens, and a chain holds one at a time).
     fn kv_reservation(&self, state: &PlannerState, w: &WorkItem) -> u64 {
-        let per_token = state.deployment(w.deployment).map(|d| d.kv_bytes_per_token).unwrap_or(0);
+        let Some(d) = state.deployment(w.deployment) else { return 0 };
         let output = if self.opts.history_admission { self.timing_output(w).min(w.envelope.1) } else { w.envelope.1 };
-        (w.envelope.0 as u64 + output as u64) * per_token
+        let tokens = (u64::from(w.envelope.0) + u64::from(output)).min(u64::from(d.max_model_len));
+        tokens * d.kv_bytes_per_token
+    }
+
+    /// Input and output tokens of the later links of a fused chain whose first link (the unit)
+    /// is timed for `first_output` tokens: each link's fixed prompt plus the timing outputs of
+    /// the earlier links it reads (Eq. 4 with §3.3's timing). `None` when unfused or fusion is
+    /// off (then every link is its own unit).
+    fn chain_timing(&self, workflow: u32, first_output: u32, rest: &[ChainLink]) -> Option<Arc<[(u32, u32)]>> {
+        if !self.opts.fusion || rest.is_empty() {
+            return None;
+        }
+        let mut outputs = Vec::with_capacity(rest.len() + 1);
+        outputs.push(first_output);
+        let mut links = Vec::with_capacity(rest.len());
+        for l in rest {
+            let read: u32 = l.reads.iter().filter_map(|&k| outputs.get(k as usize)).fold(0u32, |a, &o| a.saturating_add(o));
+            let output = self.timing_output_of(workflow, l.node, l.max_output_tokens);
+            outputs.push(output);
+            links.push((l.fixed_prompt.saturating_add(read), output));
+        }
+        Some(links.into())
     }
 
     /// KV capacity of a replica as the planner sees it.
@@ -466,14 +527,17 @@ impl Joint {
         self.kv.get(&r).map(|m| m.total).unwrap_or(0)
     }
 
-    /// What the timeline needs of a ready unit released at `release`.
+    /// What the timeline needs of a ready unit released at `release`: timed at its observed
+    /// prompt (§3.3), and for a fused chain's link with the links after it (Eq. 4).
     fn need_of(&self, state: &PlannerState, w: &WorkItem, release: f64) -> Need {
+        let output = self.timing_output(w);
         Need {
             activation: w.activation,
             release,
             kv: self.kv_reservation(state, w),
-            input: w.envelope.0.max(w.prompt_tokens),
-            output: self.timing_output(w),
+            input: w.prompt_tokens,
+            output,
+            chain_rest: self.chain_timing(w.workflow, output, &w.chain_rest),
         }
     }
 
@@ -491,6 +555,7 @@ impl Joint {
             chain_prev: None,
             chain_next: false,
             envelope: (n.prompt_bound, n.max_output_tokens),
+            chain_rest: n.chain_rest.clone(),
             remaining_path_tokens: 0,
             further_round_tokens: 0,
             prior_context: None,
@@ -499,10 +564,10 @@ impl Joint {
     }
 
     /// A replica's lane (Eq. 7's lifecycle predecessor is its load or wake), seeded with the
-    /// reservations of the units admitted to it until their predicted finish (an overdue unit
-    /// is taken to finish now). A finished chain link whose chain holds the replica keeps its
-    /// reservation until its successor, not ready yet, has run: no finish is known, so none is
-    /// predicted (as [`Joint::accepts`] sees it, the KV is not free).
+    /// reservations of the units admitted to it until their predicted finish — a fused chain's
+    /// link until the end of its chain (Eq. 4), a finished link whose chain holds the replica
+    /// until its successors have run — so the lane frees nothing [`Joint::accepts`] still
+    /// counts.
     fn lane_of(&self, state: &PlannerState, r: &ReplicaView, now: f64) -> Option<Lane> {
         let d = state.deployment(r.deployment)?;
         let g = state.device(r.device)?;
@@ -514,15 +579,50 @@ impl Joint {
         let mut lane = Lane::new(Some(r.id), r.device, ready_at, Self::kv_capacity(state, r), d.max_num_seqs);
         if let Some(book) = self.kv.get(&r.id) {
             for (a, bytes) in &book.per_unit {
-                let finish = if self.held_kv.get(a) == Some(&r.id) {
-                    f64::INFINITY
-                } else {
-                    state.running().get(a).map_or(now, |u| u.started + u.predicted_s.unwrap_or(0.0))
-                };
-                lane.seed(finish.max(now), *bytes);
+                lane.seed(self.booked_finish(state, *a, r, now), *bytes);
             }
         }
         Some(lane)
+    }
+
+    /// Predicted end of a booked reservation on replica `r`: a running unit's predicted finish
+    /// plus its chain's later links (Eq. 4); a held link's finish plus the same. A unit running
+    /// past its prediction (the P90 of its node's outputs) is predicted again at its output
+    /// limit, and past that at least one decode step from now: it still holds its memory.
+    fn booked_finish(&self, state: &PlannerState, a: ActivationId, r: &ReplicaView, now: f64) -> f64 {
+        let held = self.held_kv.get(&a) == Some(&r.id);
+        match self.predicted_finish(state, a, r, now) {
+            Some((link, tail)) => link + tail,
+            // A hold this policy did not grant lasts until the successor takes it over.
+            None if held => f64::INFINITY,
+            None => now,
+        }
+    }
+
+    /// A granted unit's predicted finish on replica `r`: its own link's (as predicted at the
+    /// grant) and the run time its chain's later links add. A unit running past the prediction
+    /// is predicted at its output limit, and past that at least one decode step from now; a
+    /// finished link whose chain holds `r` keeps its reservation until the chain's predicted
+    /// end, or until its successor takes the hold over when that end has passed. `None` for a
+    /// unit this policy does not know.
+    fn predicted_finish(&self, state: &PlannerState, a: ActivationId, r: &ReplicaView, now: f64) -> Option<(f64, f64)> {
+        let g = self.granted.get(&a)?;
+        let tail = g.chain_tail_s;
+        if let Some(f) = g.finished_at {
+            // The successor has not taken the hold over yet: past the chain's predicted end
+            // (or with no later link known) it holds the memory until it does.
+            let end = if f + tail > now { f + tail } else { f64::INFINITY };
+            return Some((f, end - f));
+        }
+        let u = state.running().get(&a)?;
+        let link = u.started + u.predicted_s.unwrap_or(0.0);
+        if link > now {
+            return Some((link, tail));
+        }
+        let (d, dev) = (state.deployment(r.deployment)?, state.device(r.device)?);
+        let at_limit = self.est.run_time(d, dev, g.batch, g.input, g.limit);
+        let step = at_limit / f64::from(g.limit.max(1));
+        Some(((u.started + at_limit).max(now + step), tail))
     }
 
     /// When a replica of `d` that a lifecycle action starts now on `g` would serve: after the
@@ -570,7 +670,16 @@ impl Joint {
         slots.iter().flatten().map(|(_, s)| s.finish).fold(now, f64::max)
     }
 
+    /// Predicted run time of `n` on `device` in a batch of `batch`: its own link's, plus the
+    /// later links' of its fused chain (Eq. 4: the chain keeps its replica for all of them).
     fn run_on(&self, state: &PlannerState, dep: &DeploymentInfo, device: DeviceId, batch: u32, n: &Need) -> f64 {
+        let Some(g) = state.device(device) else { return f64::INFINITY };
+        let rest: f64 = n.chain_rest.iter().flat_map(|r| r.iter()).map(|&(i, o)| self.est.run_time(dep, g, batch, i, o)).sum();
+        self.est.run_time(dep, g, batch, n.input, n.output) + rest
+    }
+
+    /// Predicted run time of `n`'s own link alone (what its successors wait for, Eq. 2).
+    fn link_run(&self, state: &PlannerState, dep: &DeploymentInfo, device: DeviceId, batch: u32, n: &Need) -> f64 {
         state.device(device).map_or(f64::INFINITY, |g| self.est.run_time(dep, g, batch, n.input, n.output))
     }
 
@@ -608,32 +717,54 @@ impl Joint {
             && (self.opts.shared_lifecycle || self.load_owner.get(&r.id) == Some(&w.workflow))
     }
 
-    /// Commit a grant (the plan's executable prefix) with its predicted run time.
+    /// Commit a grant (the plan's executable prefix): `w` runs on `r` from now, its own link
+    /// for `link_s` and its fused chain's later links for `chain_tail_s` more (Eq. 4).
+    #[allow(clippy::too_many_arguments)]
     fn grant(
         &mut self,
         state: &mut PlannerState,
         w: &WorkItem,
+        need: &Need,
         r: ReplicaId,
-        predicted_s: f64,
+        link_s: f64,
+        chain_tail_s: f64,
         now: f64,
         out: &mut Vec<Command>,
     ) -> bool {
         if state.issue_dispatch(w.activation, r, now, out).is_err() {
             return false;
         }
-        state.set_predicted(w.activation, predicted_s);
+        state.set_predicted(w.activation, link_s);
         // A fused successor takes its chain's reservation over (on the held replica), or the
         // chain's hold ended with this grant elsewhere: either way the link's entry goes.
         if let Some(p) = w.chain_prev
             && let Some(held_on) = self.held_kv.remove(&p)
-            && let Some(book) = self.kv.get_mut(&held_on)
         {
-            book.remove(p);
+            self.granted.remove(&p);
+            if let Some(book) = self.kv.get_mut(&held_on) {
+                book.remove(p);
+            }
         }
         let reservation = self.kv_reservation(state, w);
         self.kv.entry(r).or_default().insert(w.activation, reservation);
         self.history_key.insert(w.activation, (w.workflow, w.node));
+        let batch = state.replica(r).map_or(1, |rv| rv.leases.len().max(1) as u32);
+        self.granted.insert(w.activation, Granted {
+            input: need.input,
+            limit: w.max_output_tokens,
+            batch,
+            chain_tail_s,
+            finished_at: None,
+        });
         true
+    }
+
+    /// Own-link run time of `need` at `slot`'s batch on replica `r`'s device.
+    fn slot_link(&self, state: &PlannerState, d: DeploymentId, r: ReplicaId, slot: Slot, need: &Need) -> f64 {
+        match (state.deployment(d), state.replica(r)) {
+            (Some(dep), Some(rv)) => self.link_run(state, dep, rv.device, slot.batch, need),
+            _ => slot.finish - slot.start,
+        }
     }
 
     /// Whether reclaiming idle replica `v` by sleep costs less than unloading it (the
@@ -657,9 +788,10 @@ impl Joint {
         asleep < cold
     }
 
-    /// Record a unit's place on this tick's timeline.
-    fn placed(&mut self, a: ActivationId, d: DeploymentId, finish: f64) {
-        self.finish_of.insert(a, finish);
+    /// Record a unit's place on this tick's timeline: its own link's finish (what waits for
+    /// it is released then, Eq. 2) and its chain's (the deployment's work ends then).
+    fn placed(&mut self, a: ActivationId, d: DeploymentId, link_finish: f64, finish: f64) {
+        self.finish_of.insert(a, link_finish);
         let latest = self.latest_of.entry(d).or_insert(finish);
         *latest = latest.max(finish);
     }
@@ -671,7 +803,10 @@ impl Joint {
             .iter()
             .map(|a| match (self.finish_of.get(a), state.running().get(a)) {
                 (Some(f), _) => f.max(now),
-                (None, Some(r)) => (r.started + r.predicted_s.unwrap_or(0.0)).max(now),
+                (None, Some(r)) => {
+                    let granted = r.replica.and_then(|id| state.replica(id)).and_then(|rv| self.predicted_finish(state, *a, rv, now));
+                    granted.map_or(r.started + r.predicted_s.unwrap_or(0.0), |(link, _)| link).max(now)
+                }
                 (None, None) => now,
             })
             .fold(now, f64::max)
@@ -940,14 +1075,23 @@ impl Policy for Joint {
         self.opts.fusion
     }
 
+    /// When a prefetch the last pass found not timely yet becomes timely (its predicted
+    /// release within the load time plus the dispatch slack, Alg. 1's PlanPrefetch).
+    fn next_wakeup(&self, now: f64) -> Option<f64> {
+        self.prefetch_due.filter(|&t| t > now)
+    }
+
     fn observe(&mut self, event: &Event, state: &PlannerState, now: f64) {
         // Reservations of chain links whose hold ended (the session ended, the replica went).
         if !self.held_kv.is_empty() {
-            let kv = &mut self.kv;
+            let (kv, granted) = (&mut self.kv, &mut self.granted);
             self.held_kv.retain(|a, r| {
                 let holds = state.hold_of(*a) == Some(*r);
-                if !holds && let Some(book) = kv.get_mut(r) {
-                    book.remove(*a);
+                if !holds {
+                    granted.remove(a);
+                    if let Some(book) = kv.get_mut(r) {
+                        book.remove(*a);
+                    }
                 }
                 holds
             });
@@ -956,8 +1100,14 @@ impl Policy for Joint {
             Event::UnitFinished { activation, replica, output_tokens } => {
                 if state.hold_of(*activation) == Some(*replica) {
                     self.held_kv.insert(*activation, *replica);
-                } else if let Some(m) = self.kv.get_mut(replica) {
-                    m.remove(*activation);
+                    if let Some(g) = self.granted.get_mut(activation) {
+                        g.finished_at = Some(now);
+                    }
+                } else {
+                    self.granted.remove(activation);
+                    if let Some(m) = self.kv.get_mut(replica) {
+                        m.remove(*activation);
+                    }
                 }
                 self.ran_on.insert(*activation, (*replica, now));
                 if let Some(key) = self.history_key.remove(activation) {
@@ -999,6 +1149,7 @@ impl Policy for Joint {
                     self.ran_on.remove(&a);
                 }
                 self.tool_calls.retain(|a, _| a.session != *session);
+                self.granted.retain(|a, _| a.session != *session);
             }
             _ => {}
         }
@@ -1020,6 +1171,7 @@ impl Policy for Joint {
                 }
             }
         }
+        self.prefetch_due = None;
         // Propagate's lanes: every replica, seeded with the units admitted to it.
         let mut lanes: BTreeMap<DeploymentId, Vec<Lane>> = BTreeMap::new();
         for r in state.replicas() {
@@ -1074,21 +1226,23 @@ impl Policy for Joint {
                 continue;
             }
             // A fused successor takes its chain's grant on the held replica.
-            if let Some(held) = w.chain_prev.and_then(|p| state.hold_of(p)) {
+            if let Some((p, held)) = w.chain_prev.and_then(|p| Some((p, state.hold_of(p)?))) {
                 let accepted = state.replica(held).is_some_and(|r| self.accepts(state, r, &w));
+                let booked = state.replica(held).map(|r| self.booked_finish(state, p, r, now));
                 let lane = lanes.get_mut(&d).and_then(|ls| ls.iter_mut().find(|l| l.replica == Some(held)));
-                if let (true, Some(lane), Some(dep)) = (accepted, lane, state.deployment(d)) {
+                if let (true, Some(lane), Some(dep), Some(booked)) = (accepted, lane, state.deployment(d), booked) {
                     // The chain's own grant: it starts now, in the batch running there, and
-                    // takes the chain's held reservation over (seeded with no finish).
-                    if let Some(&bytes) = w.chain_prev.and_then(|p| self.kv.get(&held)?.per_unit.get(&p)) {
-                        lane.unseed(f64::INFINITY, bytes);
+                    // takes the chain's held reservation over.
+                    if let Some(&bytes) = self.kv.get(&held).and_then(|b| b.per_unit.get(&p)) {
+                        lane.unseed(booked, bytes);
                     }
                     let batch = lane.running_at(now) as u32 + 1;
+                    let link = self.link_run(state, dep, lane.device, batch, &need);
                     let finish = now + self.run_on(state, dep, lane.device, batch, &need);
                     lane.seed(finish, need.kv);
-                    self.placed(w.activation, d, finish);
+                    self.placed(w.activation, d, now + link, finish);
+                    self.grant(state, &w, &need, held, link, finish - now - link, now, out);
                     ready_needs.entry(d).or_default().push(need);
-                    self.grant(state, &w, held, finish - now, now, out);
                     continue;
                 }
             }
@@ -1120,18 +1274,20 @@ impl Policy for Joint {
                 Some((i, slot)) => {
                     let lane = &mut dep_lanes[i];
                     lane.commit(slot, need.kv);
-                    self.placed(w.activation, d, slot.finish);
-                    ready_needs.entry(d).or_default().push(need);
+                    let link = self.link_run(state, dep, lane.device, slot.batch, &need);
+                    self.placed(w.activation, d, slot.start + link, slot.finish);
                     let replica = lane.replica;
                     let now_on_awake = slot.start <= now
                         && replica.and_then(|id| state.replica(id)).is_some_and(|r| self.accepts(state, r, &w));
+                    let tail = (slot.finish - slot.start - link).max(0.0);
                     let granted = match (now_on_awake, replica) {
-                        (true, Some(r)) => self.grant(state, &w, r, slot.finish - now, now, out),
+                        (true, Some(r)) => self.grant(state, &w, &need, r, link, tail, now, out),
                         _ => false,
                     };
                     if !granted {
                         waiting.insert(d);
                     }
+                    ready_needs.entry(d).or_default().push(need);
                 }
                 // Replicas exist but none can ever hold it (its reservation exceeds their KV):
                 // only another replica helps.
@@ -1155,13 +1311,9 @@ impl Policy for Joint {
                 return 0.0;
             };
             let mut best = 0.0f64;
+            let needs: Vec<Need> = units.iter().map(|(_, w)| self.need_of(state, w, now)).collect();
             for g in state.devices().iter().filter(|g| state.eligible(d, g.id)) {
-                let work: f64 = units
-                    .iter()
-                    .map(|(_, w)| {
-                        self.est.run_time(dep, g, 1, w.envelope.0.max(w.prompt_tokens), self.timing_output(w))
-                    })
-                    .sum();
+                let work: f64 = needs.iter().map(|n| self.run_on(state, dep, g.id, 1, n)).sum();
                 best = best.max(work / self.est.load_time(dep, g).max(1e-3));
             }
             best
@@ -1202,7 +1354,8 @@ impl Policy for Joint {
                 let device = lane.device;
                 for n in &demand {
                     if let Some(slot) = lane.place(n.release, n.kv, |b| self.run_on(state, dep, device, b, n)) {
-                        self.placed(n.activation, d, slot.finish);
+                        let link = self.link_run(state, dep, device, slot.batch, n);
+                        self.placed(n.activation, d, slot.start + link, slot.finish);
                     }
                 }
             }
@@ -1215,12 +1368,14 @@ impl Policy for Joint {
         // 1 − SCALE_OUT_GAIN. Replicas go first to the deployment that finishes last (the plan's
         // Ĉ_F is the latest completion over all ready work), one at a time, until none gains,
         // under the substrate's replica cap. Near-ready units of the deployment are placed at
-        // their predicted releases (the window's visible demand). Scale-out may reclaim only
-        // replicas no ready or near-ready unit needs.
+        // their predicted releases (the window's visible demand) — except a fused chain's next
+        // link, which its running predecessor's reservation already times (Eq. 4). Scale-out
+        // may reclaim only replicas no ready or near-ready unit needs.
+        let fusion = self.opts.fusion;
         let near_of = |this: &Self, state: &PlannerState, d: DeploymentId| -> Vec<Need> {
             state
                 .near_ready()
-                .filter(|n| n.deployment == d)
+                .filter(|n| n.deployment == d && !(fusion && n.chain_prev.is_some()))
                 .map(|n| this.near_need(state, n, this.release(state, &n.waits_for, now)))
                 .collect()
         };
@@ -1405,9 +1560,11 @@ impl Policy for Joint {
             let (Some(dep), Some(dev)) = (state.deployment(d), state.device(g)) else {
                 continue;
             };
-            let outcome = if release - now
-                > self.lifecycle_ready_at(state, dep, dev, &victims, now) - now + PREFETCH_SLACK_S
-            {
+            let lead = self.lifecycle_ready_at(state, dep, dev, &victims, now) - now + PREFETCH_SLACK_S;
+            let outcome = if release - now > lead {
+                // Timely once the release is within the lead: plan again then, whatever comes.
+                let due = release - lead;
+                self.prefetch_due = Some(self.prefetch_due.map_or(due, |t| t.min(due)));
                 PrefetchOutcome::NotTimely
             } else if self.issue_lifecycle(state, d, g, &victims, owner, now, out).is_some() {
                 PrefetchOutcome::Issued
@@ -1460,6 +1617,11 @@ mod tests {
     }
 
     fn planner_with(devices: &[&str], opts: JointOptions, est: Box<dyn Estimates>) -> Planner {
+        planner_in_context(devices, opts, est, 8192)
+    }
+
+    /// Deployments served with a context of `max_model_len` tokens (Eq. 8 caps reservations).
+    fn planner_in_context(devices: &[&str], opts: JointOptions, est: Box<dyn Estimates>, max_model_len: u32) -> Planner {
         let devices = devices
             .iter()
             .enumerate()
@@ -1468,9 +1630,14 @@ mod tests {
         let deployments = ["Qwen3-4B", "Qwen3-8B", "Qwen3-1.7B", "Qwen3-14B"]
             .iter()
             .enumerate()
-            .map(|(i, name)| DeploymentInfo::of_model(DeploymentId(i as u32), &spec::model(name).unwrap(), Dtype::Fp16, 8192, 64))
+            .map(|(i, name)| DeploymentInfo::of_model(DeploymentId(i as u32), &spec::model(name).unwrap(), Dtype::Fp16, max_model_len, 64))
             .collect();
         Planner::new(devices, deployments, Box::new(Joint::new(opts, est)))
+    }
+
+    /// Deployments served with a 65,536-token context, for 60,000-token envelopes.
+    fn long_context(devices: &[&str], opts: JointOptions) -> Planner {
+        planner_in_context(devices, opts, Box::new(Fixed), 65_536)
     }
 
     fn act(s: u32, i: u32) -> ActivationId {
@@ -1489,6 +1656,7 @@ mod tests {
             chain_prev: None,
             chain_next: false,
             envelope: (500, 200),
+            chain_rest: Vec::new(),
             remaining_path_tokens: 200,
             further_round_tokens: 0,
             prior_context: None,
@@ -1572,7 +1740,7 @@ mod tests {
         let dispatched = |cmds: &[Command]| -> Vec<ActivationId> {
             cmds.iter().filter_map(|c| if let Command::Dispatch { activation, .. } = c { Some(*activation) } else { None }).collect()
         };
-        let mut p = planner(&["A100-40GB"], JointOptions::default());
+        let mut p = long_context(&["A100-40GB"], JointOptions::default());
         let head = WorkItem { chain_next: true, ..long(0, 0) };
         p.handle_all(vec![Event::UnitReady(head), Event::UnitReady(long(1, 0)), Event::UnitReady(long(2, 0))], 0.0).unwrap();
         let cmds = p.handle(Event::ReplicaLoaded { replica: ReplicaId(0) }, 10.0).unwrap();
@@ -1604,7 +1772,7 @@ mod tests {
         // now, placed the newcomer on the held replica, where the admission check refused it,
         // and it waited though the other replica had room.
         let long = |s: u32, i: u32| WorkItem { max_output_tokens: 60_000, envelope: (500, 60_000), ..item(s, i, 0, 0) };
-        let mut p = planner(&["A100-40GB", "A100-40GB"], JointOptions::default());
+        let mut p = long_context(&["A100-40GB", "A100-40GB"], JointOptions::default());
         let head = WorkItem { chain_next: true, ..long(0, 0) };
         let mut ready = vec![Event::UnitReady(head)];
         ready.extend((1..6).map(|s| Event::UnitReady(long(s, 0))));
@@ -1629,6 +1797,89 @@ mod tests {
         assert_eq!(cmds, vec![Command::Dispatch { activation: act(9, 0), replica: other }], "held on {held}");
     }
 
+    /// Input-aware estimates: a link runs (input + output) / 100 s; loads take 10 s.
+    struct ByTokens;
+    impl Estimates for ByTokens {
+        fn name(&self) -> &str {
+            "by-tokens"
+        }
+        fn run_time(&self, _: &DeploymentInfo, _: &DeviceInfo, _: u32, input: u32, output: u32) -> f64 {
+            f64::from(input + output) / 100.0
+        }
+        fn load_time(&self, _: &DeploymentInfo, _: &DeviceInfo) -> f64 {
+            10.0
+        }
+    }
+
+    #[test]
+    fn a_fused_chain_is_timed_for_the_sum_of_its_links_at_the_observed_prompt() {
+        // A head with a 1,000-token prompt (envelope 9,000: its later links' prompts at their
+        // producers' limits) and two later links: the second reads the head's output, the third
+        // both earlier outputs. No history: each link is timed at its limit (§3.3).
+        let p = planner(&["A100-40GB"], JointOptions::default());
+        let link = |node: u32, fixed: u32, limit: u32, reads: Vec<u32>| ChainLink {
+            node,
+            fixed_prompt: fixed,
+            max_output_tokens: limit,
+            reads,
+        };
+        let head = WorkItem {
+            prompt_tokens: 1000,
+            max_output_tokens: 300,
+            envelope: (9000, 500),
+            chain_next: true,
+            chain_rest: vec![link(1, 200, 400, vec![0]), link(2, 100, 500, vec![0, 1])],
+            ..item(0, 0, 0, 0)
+        };
+        let joint = Joint::new(JointOptions::default(), Box::new(ByTokens));
+        let (state, dep) = (p.state(), p.state().deployment(DeploymentId(0)).unwrap());
+        let need = joint.need_of(state, &head, 0.0);
+        // Own link: the observed 1,000-token prompt, not the envelope's 9,000.
+        assert_eq!(joint.link_run(state, dep, DeviceId(0), 1, &need), (1000.0 + 300.0) / 100.0);
+        // Eq. 4: + (200 + 300 read, 400 out) + (100 + 300 + 400 read, 500 out).
+        let links = [1300.0, 900.0, 1300.0].iter().sum::<f64>() / 100.0;
+        assert_eq!(joint.run_on(state, dep, DeviceId(0), 1, &need), links);
+        // Without fusion every link is its own unit.
+        let unfused = Joint::new(JointOptions { fusion: false, ..Default::default() }, Box::new(ByTokens));
+        let need = unfused.need_of(state, &head, 0.0);
+        assert_eq!(unfused.run_on(state, dep, DeviceId(0), 1, &need), 13.0);
+    }
+
+    #[test]
+    fn a_reservation_never_passes_the_context() {
+        // Eq. 8: a chain's envelope (9,000 + 500) above the 8,192-token context reserves the
+        // context; one within it reserves its envelope.
+        let p = planner(&["A100-40GB"], JointOptions::default());
+        let state = p.state();
+        let per_token = state.deployment(DeploymentId(0)).unwrap().kv_bytes_per_token;
+        let joint = Joint::new(JointOptions::default(), Box::new(Fixed));
+        let wide = WorkItem { envelope: (9000, 500), ..item(0, 0, 0, 0) };
+        assert_eq!(joint.kv_reservation(state, &wide), 8192 * per_token);
+        assert_eq!(state.envelope_tokens(&wide), 8192, "the substrate counts it the same");
+        assert_eq!(joint.kv_reservation(state, &item(1, 0, 0, 0)), 700 * per_token);
+    }
+
+    #[test]
+    fn a_unit_running_past_its_prediction_still_holds_its_memory_on_the_timeline() {
+        // Two 4B replicas on A100s, three 60,000-token envelopes each; five units run, three on
+        // one replica. Long past their predicted finish (600 s) they still run: a newcomer goes
+        // to the replica with room. Before, the timeline took overdue units as finished now,
+        // could place the newcomer on the full replica, where the admission check refused it,
+        // and it waited though the other replica had room.
+        let long = |s: u32| WorkItem { max_output_tokens: 60_000, envelope: (500, 60_000), ..item(s, 0, 0, 0) };
+        let mut p = long_context(&["A100-40GB", "A100-40GB"], JointOptions::default());
+        let cmds = p.handle_all((0..5).map(|s| Event::UnitReady(long(s))).collect(), 0.0).unwrap();
+        assert_eq!(loads(&cmds), 2, "{cmds:?}");
+        let loaded = vec![Event::ReplicaLoaded { replica: ReplicaId(0) }, Event::ReplicaLoaded { replica: ReplicaId(1) }];
+        let cmds = p.handle_all(loaded, 10.0).unwrap();
+        let placed = dispatches(&cmds);
+        assert_eq!(placed.len(), 5, "{cmds:?}");
+        let on = |r: u32| placed.iter().filter(|(_, q)| *q == ReplicaId(r)).count();
+        let roomy = if on(0) < on(1) { ReplicaId(0) } else { ReplicaId(1) };
+        let cmds = p.handle(Event::UnitReady(long(9)), 2000.0).unwrap();
+        assert_eq!(cmds, vec![Command::Dispatch { activation: act(9, 0), replica: roomy }]);
+    }
+
     fn near(s: u32, i: u32, d: u32, waits: ActivationId) -> NearReadyItem {
         NearReadyItem {
             activation: act(s, i),
@@ -1639,6 +1890,8 @@ mod tests {
             prompt_bound: 500,
             max_output_tokens: 200,
             prior_context: None,
+            chain_prev: None,
+            chain_rest: Vec::new(),
         }
     }
 
@@ -1680,6 +1933,12 @@ mod tests {
         assert_eq!(loads(&cmds), 0, "{cmds:?}");
         let checks = p.state().prefetch_checks();
         assert_eq!((checks.issued, checks.not_timely), (0, 1), "{checks:?}");
+        // It asks to plan again when the release (110 s) is within the load plus the slack
+        // (15 s), and then stages the deployment though no event came.
+        assert_eq!(p.next_wakeup(10.0), Some(110.0 - 10.0 - PREFETCH_SLACK_S));
+        let cmds = p.handle_all(Vec::new(), 95.0).unwrap();
+        assert_eq!(loads(&cmds), 1, "{cmds:?}");
+        assert_eq!(p.next_wakeup(95.0), None);
     }
 
     #[test]
@@ -1749,7 +2008,7 @@ mod tests {
         let long =
             |s: u32| WorkItem { max_output_tokens: 60_000, envelope: (500, 60_000), node: 0, ..item(s, 0, 0, 0) };
         let admitted = |opts: JointOptions| {
-            let mut p = planner(&["A100-40GB"], opts);
+            let mut p = long_context(&["A100-40GB"], opts);
             p.handle(Event::UnitReady(item(0, 0, 0, 0)), 0.0).unwrap();
             p.handle(Event::ReplicaLoaded { replica: ReplicaId(0) }, 10.0).unwrap();
             p.handle(Event::UnitFinished { activation: act(0, 0), replica: ReplicaId(0), output_tokens: 100 }, 11.0)
@@ -1829,7 +2088,9 @@ mod tests {
         let cmds = p.handle(Event::ReplicaLoaded { replica: ReplicaId(0) }, 10.0).unwrap();
         let granted = cmds.iter().filter(|c| matches!(c, Command::Dispatch { .. })).count();
         let r = p.state().replica(ReplicaId(0)).unwrap();
-        let per_unit = (500 + 8192) * p.state().deployment(DeploymentId(1)).unwrap().kv_bytes_per_token;
+        // Each reserves its envelope of 500 + 8,192 tokens, capped at the 8,192-token context
+        // (Eq. 8: one sequence never holds more).
+        let per_unit = 8192 * p.state().deployment(DeploymentId(1)).unwrap().kv_bytes_per_token;
         let capacity = crate::planner::substrate::kv_capacity_bytes(p.state(), r);
         assert_eq!(granted as u64, capacity / per_unit, "{cmds:?}");
         assert!(granted > 0 && granted < 40);

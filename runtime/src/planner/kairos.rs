@@ -189,6 +189,7 @@ mod tests {
             remaining_path_tokens: path,
             further_round_tokens: 0,
             prior_context: None,
+            chain_rest: Vec::new(),
         }
     }
 

@@ -102,6 +102,7 @@ mod tests {
             remaining_path_tokens: 10,
             further_round_tokens: 0,
             prior_context: None,
+            chain_rest: Vec::new(),
         })
     }
 

@@ -193,6 +193,10 @@ pub struct WorkItem {
     /// Admission envelope of the rest of the chain from this activation on (Eq. 4):
     /// (I_adm, O_adm) in tokens; equals (prompt, max output) for an unfused unit.
     pub envelope: (u32, u32),
+    /// The links of its fused chain after this one, in order (empty for an unfused unit or a
+    /// chain's last link): what Eq. 4's summed run time adds to this unit's own.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub chain_rest: Vec<ChainLink>,
     /// Expected generation work (tokens, answers and thinking) on the longest path from this
     /// node to the end of its workflow, this node included, with one pass of each loop: the
     /// remaining critical path, for workflow-aware priorities.
@@ -205,6 +209,21 @@ pub struct WorkItem {
     /// The earlier call of its session whose context this prompt starts with, if any (an
     /// agent's previous turn, a program's previous call): its cache credit.
     pub prior_context: Option<PriorContext>,
+}
+
+/// A later link of a unit's fused chain (Eq. 3), as the timeline times it (Eq. 4: the chain
+/// runs for the sum of its links' run times on one replica). Set by the shell from the graph.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ChainLink {
+    /// Index of the link's logical node (its output-length history is kept per node).
+    pub node: u32,
+    /// Its prompt's tokens known before the chain runs: template text, session inputs and
+    /// outputs of nodes outside the chain (at their limits), without the chain's own outputs.
+    pub fixed_prompt: u32,
+    pub max_output_tokens: u32,
+    /// The earlier links whose outputs its prompt reads, as positions in the chain from the
+    /// unit on: 0 is the unit itself, k the k-th entry of its `chain_rest`.
+    pub reads: Vec<u32>,
 }
 
 /// What an earlier LLM call of the same session left in its engine's prefix cache that a unit's
@@ -235,6 +254,13 @@ pub struct NearReadyItem {
     /// The earlier call of its session whose context its prompt will start with (see
     /// [`PriorContext`]); its tokens are a bound, known before the prompt is.
     pub prior_context: Option<PriorContext>,
+    /// The activation before it in its fused chain (its only predecessor, running), as
+    /// [`WorkItem::chain_prev`]: the chain's time already counts this link (Eq. 4).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub chain_prev: Option<ActivationId>,
+    /// The later links of its fused chain, as [`WorkItem::chain_rest`].
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub chain_rest: Vec<ChainLink>,
 }
 
 /// A unit or tool call in progress, as the committed timeline knows it.
@@ -495,6 +521,14 @@ impl PlannerState {
         if let Some(r) = self.running.get_mut(&activation) {
             r.predicted_s = Some(seconds);
         }
+    }
+
+    /// KV tokens a unit may hold on its replica: its admission envelope I_adm + O_adm (Eq. 4),
+    /// at most its deployment's context L_max (Eq. 8: one sequence never holds more, and a
+    /// fused chain holds one sequence at a time).
+    pub fn envelope_tokens(&self, w: &WorkItem) -> u64 {
+        let envelope = u64::from(w.envelope.0) + u64::from(w.envelope.1);
+        self.deployment(w.deployment).map_or(envelope, |d| envelope.min(u64::from(d.max_model_len)))
     }
 
     /// The replica holding a lease for the fused successor of `prev`, if any.
@@ -759,7 +793,7 @@ impl PlannerState {
             predicted_s: None,
             workflow: item.workflow,
             node: item.node,
-            kv_tokens: u64::from(item.envelope.0) + u64::from(item.envelope.1),
+            kv_tokens: self.envelope_tokens(&item),
         });
         out.push(Command::Dispatch { activation, replica });
         // A fused successor admitted elsewhere leaves its chain's hold with nothing to take it
@@ -974,6 +1008,7 @@ mod tests {
             remaining_path_tokens: 100,
             further_round_tokens: 0,
             prior_context: None,
+            chain_rest: Vec::new(),
         }
     }
 

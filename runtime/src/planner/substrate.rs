@@ -101,7 +101,7 @@ pub fn outstanding(state: &PlannerState) -> BTreeMap<DeploymentId, (usize, u64)>
     for w in state.queue() {
         let e = out.entry(w.deployment).or_default();
         e.0 += 1;
-        e.1 += u64::from(w.envelope.0) + u64::from(w.envelope.1);
+        e.1 += state.envelope_tokens(w);
     }
     for r in state.replicas() {
         for a in &r.leases {
@@ -270,6 +270,7 @@ mod tests {
             remaining_path_tokens: 100,
             further_round_tokens: 0,
             prior_context: None,
+            chain_rest: Vec::new(),
         }
     }
 

@@ -39,6 +39,8 @@ use switchyard_runtime::planner::{
 /// What a sleeper really keeps on its GPU in the fake shell (the emulator's remainder).
 const SLEEP_REMAINDER: u64 = 1_342_177_280;
 const TEARDOWN_S: f64 = 5.0;
+/// Every deployment's context L_max, tokens.
+const CONTEXT: u32 = 4096;
 const SLEEP_S: f64 = 1.0;
 const WAKE_S: f64 = 0.5;
 
@@ -125,7 +127,7 @@ fn run(case: &Case) -> Result<(), TestCaseError> {
     let deployments: Vec<DeploymentInfo> = MODELS
         .iter()
         .enumerate()
-        .map(|(i, name)| DeploymentInfo::of_model(DeploymentId(i as u32), &spec::model(name).unwrap(), Dtype::Fp16, 4096, case.max_num_seqs))
+        .map(|(i, name)| DeploymentInfo::of_model(DeploymentId(i as u32), &spec::model(name).unwrap(), Dtype::Fp16, CONTEXT, case.max_num_seqs))
         .collect();
     let fits: Vec<bool> = deployments.iter().map(|d| devices.iter().any(|g| d.fits(g))).collect();
     let second = |i: usize| i % 2 == 1;
@@ -146,11 +148,22 @@ fn run(case: &Case) -> Result<(), TestCaseError> {
             None => (case.units[i].2, case.units[i].3),
         }
     };
-    let kv_reserved = |i: usize| {
-        let (input, output) = envelope(i);
-        u64::from(input + output) * deployments[deployment_of(i)].kv_bytes_per_token
-    };
     let (fusion, prefetch, shared) = case.options;
+    // Eq. 8: a head whose chain's envelope passes the context is not fused, and a unit that is
+    // not fused (a successor too: it runs the chain's last link) reserves its own prompt and
+    // output limit; no reservation passes the context.
+    let fused = |i: usize| {
+        let (input, output) = envelope(i);
+        // The shell's `chain_next` below: a first turn with a successor, or a last turn that
+        // says a fused successor follows.
+        let last = second(i) || i + 1 == case.units.len();
+        let chain_next = chained(i) || (case.units[i].4 && last);
+        fusion && chain_next && input + output <= CONTEXT
+    };
+    let kv_reserved = |i: usize| {
+        let (input, output) = if fused(i) { envelope(i) } else { (case.units[i].2, case.units[i].3) };
+        u64::from((input + output).min(CONTEXT)) * deployments[deployment_of(i)].kv_bytes_per_token
+    };
     let name = ["parrot", "joint", "kairos"][case.policy];
     let reclaim = if case.sleep.is_some() { Reclaim::Sleep } else { Reclaim::Unload };
     let substrate = Substrate { reclaim, ..Substrate::default() };

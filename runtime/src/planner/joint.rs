@@ -60,6 +60,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 
 use super::estimates::Estimates;
+use super::fusion::{self, LogicalNode};
 use super::state::{PLANNER_TEARDOWN_S, sleep_estimate_s, wake_estimate_s};
 use super::substrate::Substrate;
 use super::tao::{self, Solver, ToolCall, ToolHistory};
@@ -226,6 +227,8 @@ struct Granted {
     input: u32,
     limit: u32,
     batch: u32,
+    /// Whether it runs fused with later links (its near-ready successor is timed with it).
+    fused: bool,
     /// Predicted run time of the later links of its fused chain on its replica (0 unfused).
     chain_tail_s: f64,
     /// When it finished, for a link whose chain still holds its replica.
@@ -273,6 +276,24 @@ impl KvBook {
             self.total -= old;
         }
     }
+}
+
+/// Eq. 4's admission envelope of a near-ready unit and the later links of its chain (its own
+/// prompt bound and output limit when it has none).
+fn near_envelope(n: &NearReadyItem) -> (u32, u32) {
+    let own = LogicalNode { is_agent: true, deployment: None, prompt_bound: n.prompt_bound, output_limit: n.max_output_tokens };
+    let links: Vec<LogicalNode> = std::iter::once(own)
+        .chain(n.chain_rest.iter().map(|l| LogicalNode {
+            is_agent: true,
+            deployment: None,
+            prompt_bound: l.fixed_prompt,
+            output_limit: l.max_output_tokens,
+        }))
+        .collect();
+    let consumes: Vec<Vec<usize>> = std::iter::once(Vec::new())
+        .chain(n.chain_rest.iter().map(|l| l.reads.iter().map(|&k| k as usize).collect()))
+        .collect();
+    fusion::envelope(&links, &consumes)
 }
 
 /// P90 of recent output lengths: the ⌈0.9·n⌉-th smallest; `None` for an empty history.
@@ -485,16 +506,16 @@ impl Joint {
         }
     }
 
-    /// KV bytes a unit reserves for admission: its envelope (Eq. 4) at the configured output
-    /// limit, never the timing history (§3.3) — unless `history_admission`, where the output
-    /// part is the timing output (P90 of recent completions, the limit without history) — and
-    /// never more than the deployment's context L_max (Eq. 8: a chain's envelope bounds each
-    /// link's prompt by its earlier links' output limits, but one sequence holds at most
-    /// L_max tokens, and a chain holds one at a time).
+    /// KV bytes a unit reserves for admission: its envelope (Eq. 4 for a fused chain, else its
+    /// own prompt) at the configured output limit, never the timing history (§3.3) — unless
+    /// `history_admission`, where the output part is the timing output (P90 of recent
+    /// completions, the limit without history) — and never more than the deployment's context
+    /// L_max ([`PlannerState::envelope_tokens`]).
     fn kv_reservation(&self, state: &PlannerState, w: &WorkItem) -> u64 {
         let Some(d) = state.deployment(w.deployment) else { return 0 };
-        let output = if self.opts.history_admission { self.timing_output(w).min(w.envelope.1) } else { w.envelope.1 };
-        let tokens = (u64::from(w.envelope.0) + u64::from(output)).min(u64::from(d.max_model_len));
+        let (input, limit) = state.admission_envelope(w);
+        let output = if self.opts.history_admission { self.timing_output(w).min(limit) } else { limit };
+        let tokens = (u64::from(input) + u64::from(output)).min(u64::from(d.max_model_len));
         tokens * d.kv_bytes_per_token
     }
 
@@ -537,7 +558,7 @@ impl Joint {
             kv: self.kv_reservation(state, w),
             input: w.prompt_tokens,
             output,
-            chain_rest: self.chain_timing(w.workflow, output, &w.chain_rest),
+            chain_rest: if state.fused(w) { self.chain_timing(w.workflow, output, &w.chain_rest) } else { None },
         }
     }
 
@@ -553,8 +574,8 @@ impl Joint {
             ready_at: release,
             node: n.node,
             chain_prev: None,
-            chain_next: false,
-            envelope: (n.prompt_bound, n.max_output_tokens),
+            chain_next: !n.chain_rest.is_empty(),
+            envelope: near_envelope(n),
             chain_rest: n.chain_rest.clone(),
             remaining_path_tokens: 0,
             further_round_tokens: 0,
@@ -753,6 +774,7 @@ impl Joint {
             input: need.input,
             limit: w.max_output_tokens,
             batch,
+            fused: need.chain_rest.is_some(),
             chain_tail_s,
             finished_at: None,
         });
@@ -1371,11 +1393,13 @@ impl Policy for Joint {
         // their predicted releases (the window's visible demand) — except a fused chain's next
         // link, which its running predecessor's reservation already times (Eq. 4). Scale-out
         // may reclaim only replicas no ready or near-ready unit needs.
-        let fusion = self.opts.fusion;
         let near_of = |this: &Self, state: &PlannerState, d: DeploymentId| -> Vec<Need> {
             state
                 .near_ready()
-                .filter(|n| n.deployment == d && !(fusion && n.chain_prev.is_some()))
+                .filter(|n| {
+                    n.deployment == d
+                        && !n.chain_prev.is_some_and(|p| this.granted.get(&p).is_some_and(|g| g.fused))
+                })
                 .map(|n| this.near_need(state, n, this.release(state, &n.waits_for, now)))
                 .collect()
         };
@@ -1813,7 +1837,7 @@ mod tests {
 
     #[test]
     fn a_fused_chain_is_timed_for_the_sum_of_its_links_at_the_observed_prompt() {
-        // A head with a 1,000-token prompt (envelope 9,000: its later links' prompts at their
+        // A head with a 1,000-token prompt (envelope 2,000: its later links' prompts at their
         // producers' limits) and two later links: the second reads the head's output, the third
         // both earlier outputs. No history: each link is timed at its limit (§3.3).
         let p = planner(&["A100-40GB"], JointOptions::default());
@@ -1826,7 +1850,7 @@ mod tests {
         let head = WorkItem {
             prompt_tokens: 1000,
             max_output_tokens: 300,
-            envelope: (9000, 500),
+            envelope: (2000, 500),
             chain_next: true,
             chain_rest: vec![link(1, 200, 400, vec![0]), link(2, 100, 500, vec![0, 1])],
             ..item(0, 0, 0, 0)
@@ -1839,24 +1863,32 @@ mod tests {
         // Eq. 4: + (200 + 300 read, 400 out) + (100 + 300 + 400 read, 500 out).
         let links = [1300.0, 900.0, 1300.0].iter().sum::<f64>() / 100.0;
         assert_eq!(joint.run_on(state, dep, DeviceId(0), 1, &need), links);
-        // Without fusion every link is its own unit.
-        let unfused = Joint::new(JointOptions { fusion: false, ..Default::default() }, Box::new(ByTokens));
-        let need = unfused.need_of(state, &head, 0.0);
-        assert_eq!(unfused.run_on(state, dep, DeviceId(0), 1, &need), 13.0);
+        // A chain whose envelope passes the 8,192-token context is not fused (Eq. 8 with Eq. 4):
+        // its head is timed for itself alone, like every link without fusion.
+        let wide = WorkItem { envelope: (9000, 500), ..head.clone() };
+        assert_eq!(joint.run_on(state, dep, DeviceId(0), 1, &joint.need_of(state, &wide, 0.0)), 13.0);
+        let unfused = planner(&["A100-40GB"], JointOptions { fusion: false, ..Default::default() });
+        assert!(!unfused.state().fused(&head), "a policy without fusion fuses nothing");
     }
 
     #[test]
     fn a_reservation_never_passes_the_context() {
-        // Eq. 8: a chain's envelope (9,000 + 500) above the 8,192-token context reserves the
-        // context; one within it reserves its envelope.
+        // Eq. 8 on the 8,192-token context: a fused chain's head reserves its chain's envelope
+        // (Eq. 4) when that fits; a chain whose envelope passes the context is not fused and its
+        // head reserves its own prompt and limit; a single unit whose prompt bound and limit pass
+        // the context reserves the context (one sequence never holds more).
         let p = planner(&["A100-40GB"], JointOptions::default());
         let state = p.state();
         let per_token = state.deployment(DeploymentId(0)).unwrap().kv_bytes_per_token;
         let joint = Joint::new(JointOptions::default(), Box::new(Fixed));
-        let wide = WorkItem { envelope: (9000, 500), ..item(0, 0, 0, 0) };
-        assert_eq!(joint.kv_reservation(state, &wide), 8192 * per_token);
-        assert_eq!(state.envelope_tokens(&wide), 8192, "the substrate counts it the same");
-        assert_eq!(joint.kv_reservation(state, &item(1, 0, 0, 0)), 700 * per_token);
+        let head = |envelope| WorkItem { chain_next: true, envelope, ..item(0, 0, 0, 0) };
+        assert!(state.fused(&head((6000, 500))));
+        assert_eq!(joint.kv_reservation(state, &head((6000, 500))), 6500 * per_token);
+        assert!(!state.fused(&head((9000, 500))));
+        assert_eq!(joint.kv_reservation(state, &head((9000, 500))), 700 * per_token);
+        let single = WorkItem { prompt_tokens: 8000, max_output_tokens: 500, envelope: (8000, 500), ..item(1, 0, 0, 0) };
+        assert_eq!(joint.kv_reservation(state, &single), 8192 * per_token);
+        assert_eq!(state.envelope_tokens(&single), 8192, "the substrate counts it the same");
     }
 
     #[test]

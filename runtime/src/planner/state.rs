@@ -523,11 +523,31 @@ impl PlannerState {
         }
     }
 
-    /// KV tokens a unit may hold on its replica: its admission envelope I_adm + O_adm (Eq. 4),
-    /// at most its deployment's context L_max (Eq. 8: one sequence never holds more, and a
-    /// fused chain holds one sequence at a time).
-    pub fn envelope_tokens(&self, w: &WorkItem) -> u64 {
+    /// Whether `w` starts (or continues) a fused chain under a policy that fuses: it has a
+    /// later link and its chain's envelope I_adm + O_adm (Eq. 4) fits the deployment's context.
+    /// Eq. 8 gives a fused unit whose envelope passes L_max no feasible device, so the
+    /// Constructor's chain is not fused there: its links run as units of their own (each fits
+    /// alone), and a later link whose own rest of the chain fits may start a shorter one.
+    pub fn fused(&self, w: &WorkItem) -> bool {
         let envelope = u64::from(w.envelope.0) + u64::from(w.envelope.1);
+        self.fusion
+            && w.chain_next
+            && self.deployment(w.deployment).is_some_and(|d| envelope <= u64::from(d.max_model_len))
+    }
+
+    /// The admission envelope (I, O) of `w`: its chain's (Eq. 4) when it runs fused, else its
+    /// own prompt and output limit — under a policy that does not fuse, or when Eq. 8 ruled its
+    /// chain out, a link holds only its own sequence.
+    pub fn admission_envelope(&self, w: &WorkItem) -> (u32, u32) {
+        if self.fused(w) { w.envelope } else { (w.prompt_tokens, w.max_output_tokens) }
+    }
+
+    /// KV tokens a unit may hold on its replica: its admission envelope (Eq. 4), at most its
+    /// deployment's context L_max (a single unit whose prompt bound plus output limit passes
+    /// it still runs — vLLM serves it within the context — and one sequence never holds more).
+    pub fn envelope_tokens(&self, w: &WorkItem) -> u64 {
+        let (i, o) = self.admission_envelope(w);
+        let envelope = u64::from(i) + u64::from(o);
         self.deployment(w.deployment).map_or(envelope, |d| envelope.min(u64::from(d.max_model_len)))
     }
 
@@ -784,7 +804,7 @@ impl PlannerState {
         r.leases.insert(activation);
         r.last_used = now;
         let item = self.queue.remove(pos);
-        if item.chain_next {
+        if self.fused(&item) {
             self.chain_next.insert(activation);
         }
         self.running.insert(activation, RunningUnit {

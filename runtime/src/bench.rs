@@ -21,6 +21,7 @@
 //! Depends on the simulator shell, the reports and the lower bound; not on the CLI.
 
 mod charts;
+pub mod goals;
 mod markdown;
 mod paper;
 pub mod motivation;
@@ -366,6 +367,8 @@ pub struct BenchReport {
     pub lower_bound_s: BTreeMap<String, f64>,
     /// The bound's parts per arrival process.
     pub lower_bounds: BTreeMap<String, LowerBound>,
+    /// The open issues' numeric goals, checked on these runs ([`goals::check`]).
+    pub goals: Vec<goals::Goal>,
 }
 
 impl BenchReport {
@@ -508,7 +511,7 @@ pub fn run_bench(cfg: &BenchConfig, progress: &(dyn Fn(usize, usize) + Sync)) ->
             rows.push(aggregate(v, &name, runs, lb, &cfg.path_models));
         }
     }
-    Ok(BenchReport {
+    let mut report = BenchReport {
         setup: BenchSetup {
             workflows: cfg.workflows.iter().map(|w| w.name.clone()).collect(),
             sessions_per_workflow: cfg.sessions,
@@ -524,7 +527,10 @@ pub fn run_bench(cfg: &BenchConfig, progress: &(dyn Fn(usize, usize) + Sync)) ->
         runs: rows,
         lower_bound_s: lower_bounds.iter().map(|(k, v)| (k.clone(), v.makespan_s)).collect(),
         lower_bounds,
-    })
+        goals: Vec::new(),
+    };
+    report.goals = goals::check(&report);
+    Ok(report)
 }
 
 /// Run `jobs` on `cfg.workers` threads; results in job order. Stops at the first error.

@@ -100,6 +100,7 @@ pub fn markdown(report: &BenchReport) -> String {
         s.simulations
     );
     super::paper::beside_paper(&mut out, report);
+    super::goals::render(&mut out, &report.goals);
     figure5(&mut out, report);
     figure6(&mut out, report);
     figure7(&mut out, report);

@@ -32,7 +32,7 @@ impl Published {
     }
 
     /// The value with `digits` decimals, a range as `low–high`.
-    fn text(&self, digits: usize) -> String {
+    pub(super) fn text(&self, digits: usize) -> String {
         if (self.high - self.low).abs() < 0.5 * 10f64.powi(-(digits as i32)) {
             format!("{:.*}", digits, self.low)
         } else {

@@ -95,11 +95,16 @@ struct WorkflowEntry {
 }
 
 /// A run: sessions of one workflow started by one request.
+///
+/// A session's id as the API shows it (`s{n}`, in a run's status and as the `session` of its
+/// events) is its *public number*: with `--state` its number in the journal — given once per
+/// journal, never again, and the same after any number of restarts — else the runtime's own
+/// session id (a server without a journal has no restarts to survive).
 struct RunEntry {
     workflow: String,
-    /// Its sessions running (or run) in this process.
-    sessions: Vec<SessionId>,
-    /// Its sessions that ended before this process started (a journal's), by journal number.
+    /// Its sessions running (or run) in this process: (public number, the runtime's id).
+    sessions: Vec<(u64, SessionId)>,
+    /// Its sessions that ended before this process started (a journal's), by public number.
     ended_before: Vec<(u64, SessionStatus)>,
     created_at: f64,
     cancelled: bool,
@@ -407,6 +412,7 @@ async fn restore(api: &Arc<Api>, journal: &Arc<Journal>) -> Result<Restored, Str
         let index = index_of.get(run.run_id.as_str()).copied();
         let ended_before = ended_by_run.remove(&run.run_id).unwrap_or_default();
         let mut resume = Vec::new();
+        let mut numbers = Vec::new();
         for u in unfinished.iter().filter(|u| u.run_id == run.run_id) {
             let input: Record = match &u.inputs {
                 Value::Object(m) => m.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
@@ -414,11 +420,16 @@ async fn restore(api: &Arc<Api>, journal: &Arc<Journal>) -> Result<Restored, Str
             };
             let replay = u.completed.iter().map(|c| (c.key.clone(), c.result.clone())).collect();
             resume.push((input, Some(DurableSession { journal: Arc::clone(journal), number: u.session, replay, route: None })));
+            numbers.push(u.session);
         }
         restored.ended_sessions += ended_before.len();
         restored.resumed_sessions += resume.len();
+        // A resumed session keeps its journal number: the id its client was given.
         let sessions = match (index, resume.is_empty()) {
-            (Some(index), false) => api.service.submit_durable(index, resume).await.map_err(|e| e.to_string())?,
+            (Some(index), false) => {
+                let ids = api.service.submit_durable(index, resume).await.map_err(|e| e.to_string())?;
+                numbers.into_iter().zip(ids).collect()
+            }
             _ => Vec::new(),
         };
         // On this server's clock (seconds since it started): negative, the run is older.
@@ -821,8 +832,8 @@ async fn start_run(State(api): State<Arc<Api>>, JsonBody(body): JsonBody<RunBody
         }
     };
     let id = format!("run-{}", api.next_run.fetch_add(1, Ordering::Relaxed));
-    let sessions = match &api.journal {
-        None => api.service.submit(index, inputs).await?,
+    let sessions: Vec<(u64, SessionId)> = match &api.journal {
+        None => api.service.submit(index, inputs).await?.into_iter().map(|s| (u64::from(s.0), s)).collect(),
         Some(journal) => {
             // Journaled before anything starts: a crash from here on resumes the run.
             let text = lock(&api.workflows).get(&body.workflow).map(|w| w.text.clone()).unwrap_or_default();
@@ -861,7 +872,9 @@ async fn start_run(State(api): State<Arc<Api>>, JsonBody(body): JsonBody<RunBody
                 .map(|(input, &number)| (input, Some(DurableSession { journal: Arc::clone(&j), number, replay: BTreeMap::new(), route: None })))
                 .collect();
             match api.service.submit_durable(index, durable).await {
-                Ok(sessions) => sessions,
+                // Each session's id is its journal number, which no other session of this
+                // journal has, before or after a restart.
+                Ok(sessions) => numbers.iter().copied().zip(sessions).collect(),
                 Err(e) => {
                     let e = ApiError::from(e);
                     never_started(&numbers, &e.message);
@@ -874,7 +887,7 @@ async fn start_run(State(api): State<Arc<Api>>, JsonBody(body): JsonBody<RunBody
     let v = json!({
         "id": id,
         "workflow": body.workflow,
-        "sessions": sessions.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
+        "sessions": sessions.iter().map(|(n, _)| public_id(*n)).collect::<Vec<_>>(),
         "created_at": created_at,
     });
     lock(&api.runs).insert(id, RunEntry { workflow: body.workflow, sessions, ended_before: Vec::new(), created_at, cancelled: false });
@@ -902,16 +915,27 @@ pub(crate) fn public_reason(reason: &str) -> String {
     out
 }
 
-fn session_json(id: SessionId, s: &SessionStatus) -> Value {
+/// A session's id as the API shows it, from its public number ([`RunEntry`]).
+fn public_id(number: u64) -> String {
+    format!("s{number}")
+}
+
+/// The public number of an id [`public_id`] wrote.
+fn public_number(id: &str) -> Option<u64> {
+    id.strip_prefix('s').and_then(|n| n.parse().ok())
+}
+
+fn session_json(number: u64, s: &SessionStatus) -> Value {
+    let id = public_id(number);
     match s {
-        SessionStatus::Unknown => json!({"id": id.to_string(), "state": "unknown"}),
-        SessionStatus::Running => json!({"id": id.to_string(), "state": "running"}),
+        SessionStatus::Unknown => json!({"id": id, "state": "unknown"}),
+        SessionStatus::Running => json!({"id": id, "state": "running"}),
         SessionStatus::Completed { output, score, finished_at } => json!({
-            "id": id.to_string(), "state": "completed", "finished_at": finished_at,
+            "id": id, "state": "completed", "finished_at": finished_at,
             "score": score, "output": output,
         }),
         SessionStatus::Failed { reason, at } => json!({
-            "id": id.to_string(), "state": "failed", "failed_at": at, "reason": public_reason(reason),
+            "id": id, "state": "failed", "failed_at": at, "reason": public_reason(reason),
         }),
     }
 }
@@ -940,15 +964,11 @@ async fn run_json(api: &Api, id: &str) -> Result<Value, ApiError> {
         let r = runs.get(id).ok_or_else(|| ApiError::not_found(format!("no run `{id}`")))?;
         (r.workflow.clone(), r.sessions.clone(), r.ended_before.clone(), r.created_at, r.cancelled)
     };
-    let live = api.service.status(sessions.clone()).await?;
+    let live = api.service.status(sessions.iter().map(|(_, s)| *s).collect()).await?;
     let mut statuses = live.clone();
     statuses.extend(ended_before.iter().map(|(_, s)| s.clone()));
-    let mut listed: Vec<Value> = sessions.iter().zip(&live).map(|(i, s)| session_json(*i, s)).collect();
-    listed.extend(ended_before.iter().map(|(n, s)| {
-        let mut v = session_json(SessionId(u32::MAX), s);
-        v["id"] = json!(format!("journal-{n}"));
-        v
-    }));
+    let mut listed: Vec<Value> = sessions.iter().zip(&live).map(|((n, _), s)| session_json(*n, s)).collect();
+    listed.extend(ended_before.iter().map(|(n, s)| session_json(*n, s)));
     let count = |f: fn(&SessionStatus) -> bool| statuses.iter().filter(|s| f(s)).count();
     Ok(json!({
         "id": id,
@@ -1029,7 +1049,7 @@ async fn prune_forgotten_runs(api: &Api) {
             .cycle()
             .skip(start)
             .take(RUNS_PRUNED_PER_PASS.min(ids.len()))
-            .filter_map(|id| runs.get(*id).map(|r| ((*id).clone(), r.sessions.clone())))
+            .filter_map(|id| runs.get(*id).map(|r| ((*id).clone(), r.sessions.iter().map(|(_, s)| *s).collect())))
             .collect();
         *lock(&api.prune_cursor) = picked.last().map(|(id, _)| id.clone());
         picked
@@ -1060,7 +1080,7 @@ async fn cancel_run(State(api): State<Arc<Api>>, Path(id): Path<String>) -> Resu
         let mut runs = lock(&api.runs);
         let r = runs.get_mut(&id).ok_or_else(|| ApiError::not_found(format!("no run `{id}`")))?;
         r.cancelled = true;
-        r.sessions.clone()
+        r.sessions.iter().map(|(_, s)| *s).collect()
     };
     api.service.cancel(sessions, format!("cancelled by a client (run {id})"))?;
     Ok((StatusCode::ACCEPTED, Json(json!({"id": id, "cancelling": true}))).into_response())
@@ -1078,14 +1098,22 @@ async fn run_events(
     // missed.
     let rx = api.service.subscribe();
     let first = run_json(&api, &id).await?;
-    let sessions: BTreeSet<u32> =
-        lock(&api.runs).get(&id).map(|r| r.sessions.iter().map(|s| s.0).collect()).unwrap_or_default();
+    // The runtime's ids of its sessions running here, to their public numbers (what the
+    // events' `session` fields name), and the public numbers of all its sessions.
+    let (live, all): (BTreeMap<u32, u64>, BTreeSet<u64>) = lock(&api.runs)
+        .get(&id)
+        .map(|r| {
+            let live = r.sessions.iter().map(|(n, s)| (s.0, *n)).collect();
+            let all = r.sessions.iter().map(|(n, _)| *n).chain(r.ended_before.iter().map(|(n, _)| *n)).collect();
+            (live, all)
+        })
+        .unwrap_or_default();
     let ended = ended_set(first);
-    Ok(Sse::new(stream_from(rx, api, id, sessions, ended)).keep_alive(KeepAlive::default()))
+    Ok(Sse::new(stream_from(rx, api, id, live, all, ended)).keep_alive(KeepAlive::default()))
 }
 
-/// The ids of the sessions a run status (`run_json`) shows as ended.
-fn ended_set(first: Value) -> BTreeSet<u32> {
+/// The public numbers of the sessions a run status (`run_json`) shows as ended.
+fn ended_set(first: Value) -> BTreeSet<u64> {
     first
         .get("sessions")
         .and_then(Value::as_array)
@@ -1095,28 +1123,33 @@ fn ended_set(first: Value) -> BTreeSet<u32> {
                 .filter(|s| {
                     s.get("state").and_then(Value::as_str).is_some_and(|st| matches!(st, "completed" | "failed" | "unknown"))
                 })
-                .filter_map(|s| s.get("id").and_then(Value::as_str).and_then(|i| i.strip_prefix('s')).and_then(|n| n.parse().ok()))
+                .filter_map(|s| s.get("id").and_then(Value::as_str).and_then(public_number))
                 .collect()
         })
         .unwrap_or_default()
 }
 
+/// The run's event stream: the trace lines of its sessions running here (`live`: the runtime's
+/// id → public number, which the line's `session` is rewritten to) and of the pool, until every
+/// session of `sessions` (public numbers) has ended.
 fn stream_from(
     rx: tokio::sync::broadcast::Receiver<crate::exec::TraceLine>,
     api: Arc<Api>,
     id: String,
-    sessions: BTreeSet<u32>,
-    ended: BTreeSet<u32>,
+    live: BTreeMap<u32, u64>,
+    sessions: BTreeSet<u64>,
+    ended: BTreeSet<u64>,
 ) -> impl Stream<Item = Result<Event, Infallible>> {
     struct St {
         rx: tokio::sync::broadcast::Receiver<crate::exec::TraceLine>,
         api: Arc<Api>,
         id: String,
-        sessions: BTreeSet<u32>,
-        ended: BTreeSet<u32>,
+        live: BTreeMap<u32, u64>,
+        sessions: BTreeSet<u64>,
+        ended: BTreeSet<u64>,
         done: bool,
     }
-    let st = St { rx, api, id, sessions, ended, done: false };
+    let st = St { rx, api, id, live, sessions, ended, done: false };
     futures::stream::unfold(st, |mut st| async move {
         if st.done {
             return None;
@@ -1129,21 +1162,24 @@ fn stream_from(
         loop {
             match st.rx.recv().await {
                 Ok(line) => {
-                    let mine = match line.session {
-                        Some(s) => st.sessions.contains(&s),
-                        None => true,
+                    let session = match line.session {
+                        Some(s) => match st.live.get(&s) {
+                            Some(n) => Some(*n),
+                            None => continue,
+                        },
+                        None => None,
                     };
-                    if !mine {
-                        continue;
-                    }
                     if matches!(line.event, "session_done" | "session_failed")
-                        && let Some(s) = line.session
+                        && let Some(n) = session
                     {
-                        st.ended.insert(s);
+                        st.ended.insert(n);
                     }
                     let line = crate::exec::TraceLine { detail: line.detail.as_deref().map(public_reason), ..line };
-                    let data = serde_json::to_string(&line).unwrap_or_default();
-                    return Some((Ok(Event::default().event(line.event).data(data)), st));
+                    let mut data = serde_json::to_value(&line).unwrap_or_default();
+                    if let (Some(n), Some(obj)) = (session, data.as_object_mut()) {
+                        obj.insert("session".into(), json!(n));
+                    }
+                    return Some((Ok(Event::default().event(line.event).data(data.to_string())), st));
                 }
                 Err(RecvError::Lagged(n)) => {
                     // Lost lines may include session ends: re-read the status.
@@ -1189,7 +1225,7 @@ mod tests {
             reason: "call failed: request 3 to http://10.0.0.7:8000/v1/completions: HTTP 500 (boom)".into(),
             at: 1.0,
         };
-        let v = super::session_json(crate::ids::SessionId(4), &failed);
+        let v = super::session_json(4, &failed);
         assert_eq!(v["reason"], "call failed: request 3 to <engine>: HTTP 500 (boom)", "{v}");
     }
 

@@ -1,0 +1,275 @@
+//! `switchyard serve`'s REST API and front door in process, as a client sees them over HTTP, on
+//! fast fake engines: what a session's id is across restarts on one `--state` journal (a
+//! restart here is a runtime stopped and a new one started on the same journal, which leaves
+//! the stopped one's open sessions unfinished as a crash does), the times a run reports, the
+//! front door's default answer limit, `/health` while the server stops, cancelling a run that
+//! ended, the runs list's cursor and the `--max-programs` 429.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use serde_json::{Value, json};
+use switchyard_runtime::exec::{PoolSpec, RunConfig};
+use switchyard_runtime::live::engine::{Completion, Engine, EngineError, EngineFuture, EngineTelemetry, LlmRequest};
+use switchyard_runtime::live::journal::Journal;
+use switchyard_runtime::live::{EngineFactory, EngineHandle, EngineTarget, LiveConfig, RetryPolicy, Service};
+use switchyard_runtime::serve::{ApiConfig, Restored, durable_router, router, serve_until};
+use switchyard_runtime::tokens;
+use switchyard_runtime::workflow::{WorkflowSpec, load_workflow};
+
+// ---------------------------------------------------------------------------------------------
+// A fake engine: answers the request's emulated output (or a short text) after `delay`, and
+// remembers each request's `max_tokens`; refuses every request while `reject` is set.
+
+#[derive(Default)]
+struct Seen {
+    max_tokens: Mutex<Vec<u32>>,
+    reject: AtomicBool,
+}
+
+struct Fake {
+    delay: Duration,
+    seen: Arc<Seen>,
+}
+
+impl Engine for Fake {
+    fn kind(&self) -> &'static str {
+        "fake"
+    }
+    fn load(&self) -> EngineFuture<'_, ()> {
+        Box::pin(async { Ok(()) })
+    }
+    fn sleep(&self, _level: u8) -> EngineFuture<'_, ()> {
+        Box::pin(async { Ok(()) })
+    }
+    fn wake(&self) -> EngineFuture<'_, ()> {
+        Box::pin(async { Ok(()) })
+    }
+    fn unload(&self) -> EngineFuture<'_, ()> {
+        Box::pin(async { Ok(()) })
+    }
+    fn submit(&self, request: LlmRequest) -> EngineFuture<'_, Completion> {
+        Box::pin(async move {
+            if self.seen.reject.load(Ordering::SeqCst) {
+                return Err(EngineError::Rejected("the test refuses every request".into()));
+            }
+            if let Ok(mut m) = self.seen.max_tokens.lock() {
+                m.push(request.max_tokens);
+            }
+            tokio::time::sleep(self.delay).await;
+            let text = request.emulated_output.clone().unwrap_or_else(|| "a short answer".into());
+            let output_tokens = (tokens::count(&text) as u32).clamp(1, request.max_tokens.max(1));
+            Ok(Completion {
+                prompt_tokens: request.prompt_tokens,
+                cached_prompt_tokens: 0,
+                output_tokens,
+                text,
+                ttft_s: 0.0,
+                latency_s: self.delay.as_secs_f64(),
+            })
+        })
+    }
+    fn telemetry(&self) -> EngineFuture<'_, EngineTelemetry> {
+        Box::pin(async { Ok(EngineTelemetry::default()) })
+    }
+}
+
+struct Factory {
+    delay: Duration,
+    seen: Arc<Seen>,
+}
+
+impl Factory {
+    fn new(delay_ms: u64) -> Arc<Factory> {
+        Arc::new(Factory { delay: Duration::from_millis(delay_ms), seen: Arc::default() })
+    }
+}
+
+impl EngineFactory for Factory {
+    fn create(&self, target: &EngineTarget<'_>) -> Result<EngineHandle, EngineError> {
+        let engine = Fake { delay: self.delay, seen: Arc::clone(&self.seen) };
+        Ok(EngineHandle { engine: Arc::new(engine), served_model: target.deployment.model.clone() })
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Set-up.
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// The tiny chain fixture (two calls on Qwen3-0.6B, a 2,048-token context), its YAML text and a
+/// served runtime's configuration for it on the small pool.
+fn tiny_chain() -> (Arc<WorkflowSpec>, String, LiveConfig) {
+    let path = repo().join("tests/fixtures/tiny_chain.yaml");
+    let tiny = Arc::new(load_workflow(&path).expect("fixture"));
+    let text = std::fs::read_to_string(&path).expect("fixture");
+    let pool = PoolSpec::load(&repo().join("workflows/pools/small.yaml")).expect("bundled pool");
+    let mut cfg = LiveConfig::new(RunConfig::served(vec![Arc::clone(&tiny)], pool));
+    cfg.speed = 1000.0;
+    cfg.retry = RetryPolicy { backoff: Duration::from_millis(2), ..RetryPolicy::default() };
+    cfg.telemetry_every = Some(Duration::from_millis(20));
+    cfg.tick = Duration::from_millis(20);
+    (tiny, text, cfg)
+}
+
+fn two_worker_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("a tokio runtime")
+}
+
+async fn serve_on_loopback(app: axum::Router) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let root = format!("http://{}", listener.local_addr().expect("address"));
+    tokio::spawn(serve_until(listener, app, std::future::pending()));
+    root
+}
+
+/// A server without a journal: its service and root URL.
+async fn serve(cfg: &LiveConfig, factory: Arc<Factory>, api: ApiConfig) -> (Arc<Service>, String) {
+    let (tiny, text, _) = tiny_chain();
+    let service = Arc::new(Service::start(cfg, factory).await.expect("service"));
+    let app = router(Arc::clone(&service), api, vec![(0, tiny, text)]);
+    (Arc::clone(&service), serve_on_loopback(app).await)
+}
+
+/// A server on `journal` (`--state`): its service, root URL and what it restored.
+async fn serve_durably(cfg: &LiveConfig, factory: Arc<Factory>, journal: &Arc<Journal>) -> (Arc<Service>, String, Restored) {
+    let (tiny, text, _) = tiny_chain();
+    let service = Arc::new(Service::start(cfg, factory).await.expect("service"));
+    let api = ApiConfig { token: None, ..ApiConfig::default() };
+    let (app, restored) = durable_router(Arc::clone(&service), api, vec![(0, tiny, text)], Arc::clone(journal)).await.expect("router");
+    (service, serve_on_loopback(app).await, restored)
+}
+
+async fn get(root: &str, path: &str) -> (u16, Value) {
+    let resp = reqwest::get(format!("{root}{path}")).await.expect("get");
+    let status = resp.status().as_u16();
+    (status, resp.json().await.unwrap_or(Value::Null))
+}
+
+async fn post(root: &str, path: &str, body: Value) -> (u16, Value) {
+    let resp = reqwest::Client::new().post(format!("{root}{path}")).json(&body).send().await.expect("post");
+    let status = resp.status().as_u16();
+    (status, resp.json().await.unwrap_or(Value::Null))
+}
+
+/// Start a run of `n` tiny-chain sessions: its id and its sessions' ids.
+async fn start_run(root: &str, n: usize) -> (String, Vec<String>) {
+    let (s, v) = post(root, "/v1/runs", json!({"workflow": "tiny-chain", "sessions": n})).await;
+    assert_eq!(s, 201, "{v}");
+    (v["id"].as_str().expect("id").to_string(), session_ids(&v["sessions"]))
+}
+
+fn session_ids(list: &Value) -> Vec<String> {
+    list.as_array().expect("sessions").iter().map(|s| s.as_str().or_else(|| s["id"].as_str()).expect("id").to_string()).collect()
+}
+
+/// Poll a run until it is no longer running (10 s at most): its status.
+async fn ended(root: &str, run: &str) -> Value {
+    let t0 = Instant::now();
+    loop {
+        let (s, v) = get(root, &format!("/v1/runs/{run}")).await;
+        assert_eq!(s, 200, "{v}");
+        if v["state"] != "running" || t0.elapsed() > Duration::from_secs(10) {
+            return v;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn sorted(ids: &[String]) -> Vec<String> {
+    let mut ids = ids.to_vec();
+    ids.sort();
+    ids
+}
+
+/// The `session` fields of a run's event stream, read until its `run_end` (10 s at most).
+async fn event_sessions(root: &str, run: &str) -> (BTreeSet<u64>, usize) {
+    let resp = reqwest::get(format!("{root}/v1/runs/{run}/events")).await.expect("events");
+    assert_eq!(resp.status().as_u16(), 200);
+    let mut stream = resp.bytes_stream();
+    let mut text = String::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), async {
+        while let Some(Ok(chunk)) = stream.next().await {
+            text.push_str(&String::from_utf8_lossy(&chunk));
+            if text.contains("event: run_end") && text.ends_with("\n\n") {
+                break;
+            }
+        }
+    })
+    .await;
+    assert!(text.contains("event: run_end"), "{text}");
+    let sessions = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .filter(|v| v.get("event").is_some())
+        .filter_map(|v| v.get("session").and_then(Value::as_u64))
+        .collect();
+    (sessions, text.matches("event: session_done\n").count())
+}
+
+/// `sN` → N.
+fn number(id: &str) -> u64 {
+    id.strip_prefix('s').and_then(|n| n.parse().ok()).unwrap_or_else(|| panic!("a session id `sN`: {id}"))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Session ids across restarts.
+
+/// A session keeps the id its client was given across restarts — ended and resumed sessions,
+/// in the run's status and in its event stream — and no id is handed out twice on one journal.
+/// (Each restarted runtime numbered its sessions from 0 again: a resumed session got another
+/// id, an ended one `journal-N`, and a new run ids that earlier runs' sessions had.)
+#[test]
+fn a_sessions_id_survives_restarts_and_is_never_handed_out_again() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let journal = Arc::new(Journal::open(&dir.path().join("state")).expect("journal"));
+    let (_, _, cfg) = tiny_chain();
+    let rt = two_worker_runtime();
+    rt.block_on(async {
+        // First server: one run ends, another is in flight when it stops.
+        let (service, root, _) = serve_durably(&cfg, Factory::new(300), &journal).await;
+        let (done_run, done_ids) = start_run(&root, 2).await;
+        assert_eq!(ended(&root, &done_run).await["state"], "completed");
+        let (open_run, open_ids) = start_run(&root, 3).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        service.shutdown("the test stops it").await.expect("shutdown");
+        let mut handed_out: Vec<String> = done_ids.iter().chain(&open_ids).cloned().collect();
+        assert_eq!(handed_out.iter().collect::<BTreeSet<_>>().len(), 5, "{handed_out:?}");
+
+        // Second server on the same journal: the open run resumes under its ids (its events
+        // name them too), the ended one shows its ids, and a new run gets new ones.
+        let (service, root, restored) = serve_durably(&cfg, Factory::new(150), &journal).await;
+        assert_eq!((restored.ended_sessions, restored.resumed_sessions), (2, 3), "{restored:?}");
+        let (_, v) = get(&root, &format!("/v1/runs/{done_run}")).await;
+        assert_eq!(sorted(&session_ids(&v["sessions"])), sorted(&done_ids), "{v}");
+        let (seen, _) = event_sessions(&root, &open_run).await;
+        let open_numbers: BTreeSet<u64> = open_ids.iter().map(|i| number(i)).collect();
+        assert!(!seen.is_empty() && seen.is_subset(&open_numbers), "events name {seen:?}, the run's sessions are {open_ids:?}");
+        let v = ended(&root, &open_run).await;
+        assert_eq!(v["state"], "completed", "{v}");
+        assert_eq!(sorted(&session_ids(&v["sessions"])), sorted(&open_ids), "{v}");
+        let (new_run, new_ids) = start_run(&root, 3).await;
+        assert!(new_ids.iter().all(|i| !handed_out.contains(i)), "new {new_ids:?}, handed out before {handed_out:?}");
+        handed_out.extend(new_ids.iter().cloned());
+        assert_eq!(ended(&root, &new_run).await["state"], "completed");
+        service.shutdown("the test stops it").await.expect("shutdown");
+
+        // Third server: every run still shows the ids its client was given, and the next run
+        // gets ids no earlier run had.
+        let (service, root, _) = serve_durably(&cfg, Factory::new(1), &journal).await;
+        for (run, ids) in [(&done_run, &done_ids), (&open_run, &open_ids), (&new_run, &new_ids)] {
+            let (_, v) = get(&root, &format!("/v1/runs/{run}")).await;
+            assert_eq!(sorted(&session_ids(&v["sessions"])), sorted(ids), "{v}");
+        }
+        let (_, later) = start_run(&root, 2).await;
+        assert!(later.iter().all(|i| !handed_out.contains(i)), "new {later:?}, handed out before {handed_out:?}");
+        service.shutdown("the test ends").await.expect("shutdown");
+    });
+}

@@ -221,3 +221,64 @@ fn input_fields_without_a_dataset_are_refused_before_a_run() {
     assert!(out.status.success(), "{}", stderr(&out));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A Qwen3-4B map over a QMSum transcript part, declared with a 4,096-token context: its long
+/// prompts fail at run time. Beside a workflow that declares Qwen3-4B at 16,384 tokens (the
+/// replica is shared, and served at the larger context), exactly the same sessions fail.
+#[test]
+fn a_nodes_context_is_its_own_deployments_whatever_else_runs() {
+    let dir = tempdir("context");
+    let data = root().join("workflows/datasets/qmsum/test.jsonl");
+    let small = write(
+        &dir,
+        "small.yaml",
+        &format!(
+            "name: small
+deployments:
+  q4: {{model: Qwen3-4B, dtype: fp16, max_context: 4096, max_output_tokens: 1024}}
+dataset:
+  file: {}
+  format: jsonl
+  fields:
+    query: general_query_list.0.query
+    transcript: {{path: meeting_transcripts, join: \"{{speaker}}: {{content}}\"}}
+nodes:
+  - id: map
+    deployment: q4
+    responder: qmsum.summarize
+    output_tokens: {{mean: 200, cv: 0.3}}
+    prompt: \"Summarize for {{{{input.query}}}}: {{{{input.transcript | part 1 of 4}}}}\"
+",
+            data.display()
+        ),
+    );
+    let big = write(
+        &dir,
+        "big.yaml",
+        "name: big\ndeployments:\n  q4: {model: Qwen3-4B, dtype: fp16, max_context: 16384, max_output_tokens: 512}\nnodes:\n  - {id: a, deployment: q4, prompt: hi}\n",
+    );
+    let pool = root().join("workflows/pools/small.yaml");
+    let run = |files: &[&Path]| -> (u64, Vec<String>) {
+        let mut args = vec!["run".to_string()];
+        args.extend(files.iter().map(|f| f.display().to_string()));
+        args.extend(["--sessions", "5", "--json", "--allow-failures", "--pool"].map(String::from));
+        args.push(pool.display().to_string());
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = switchyard_in(&dir, &args);
+        assert!(out.status.success(), "{args:?}: {}", stderr(&out));
+        let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+        let failed = json["workflows"]["small"]["sessions_failed"].as_u64().unwrap_or(u64::MAX);
+        // `sN: map: …`, without the session's number (numbered across the run's workflows).
+        let mut reasons: Vec<String> = json["failures"]
+            .as_array()
+            .map(|a| a.iter().filter_map(|f| f.as_str()?.split_once(": ").map(|x| x.1.to_string())).collect())
+            .unwrap_or_default();
+        reasons.sort();
+        (failed, reasons)
+    };
+    let alone = run(&[&small]);
+    assert!(alone.0 > 0, "some transcript parts pass 4,096 tokens: {alone:?}");
+    assert!(alone.1.iter().all(|r| r.starts_with("map: prompt of ") && r.ends_with("exceeds deployment `q4`'s max_context 4096")), "{alone:?}");
+    assert_eq!(run(&[&small, &big]), alone, "the same failures beside a larger-context workflow");
+    let _ = std::fs::remove_dir_all(&dir);
+}

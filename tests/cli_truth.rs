@@ -27,7 +27,7 @@ fn text(bytes: &[u8]) -> String {
 
 /// A one-node GSM8K-style workflow on Qwen3-0.6B with a 512-token context, over four records
 /// of which two have a question far longer than the context: those two sessions fail at run
-/// time ("exceeds max_model_len"), the other two complete. A burst of 4 sessions draws every
+/// time ("exceeds deployment `small`'s max_context"), the other two complete. A burst of 4 sessions draws every
 /// record once, whatever the seed. Returns the workflow's path.
 fn failing_workflow(dir: &Path) -> PathBuf {
     let long_q: String = std::iter::once("Compute the total.".to_string())
@@ -99,7 +99,7 @@ fn failed_sessions_make_the_run_exit_non_zero_and_count_in_accuracy() {
     assert_eq!(json["interrupted"], false);
     let failures = json["failures"].as_array().expect("failures");
     assert_eq!(failures.len(), 2);
-    assert!(failures.iter().all(|f| f.as_str().is_some_and(|f| f.contains("exceeds max_model_len 512"))), "{failures:?}");
+    assert!(failures.iter().all(|f| f.as_str().is_some_and(|f| f.contains("exceeds deployment `small`'s max_context 512"))), "{failures:?}");
     // Accuracy is over all four sessions: at most the two completed ones can score.
     let w = &json["workflows"]["tiny"];
     assert_eq!((w["sessions_completed"].as_u64(), w["sessions_failed"].as_u64()), (Some(2), Some(2)));

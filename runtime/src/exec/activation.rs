@@ -149,10 +149,17 @@ pub fn prepare(
             };
             output.output_tokens += thinking_tokens;
             let prompt_tokens = ids.len() as u32;
-            if prompt_tokens as u64 + output.output_tokens as u64 > info.max_model_len as u64 {
+            // The node is held to its own deployment's `max_context`, whatever else the run
+            // declares of the model: the shared replica is served with the largest context any
+            // workflow asks of it, but a node may never use more than its file declared.
+            let (context, declared_by) = match session.spec().deployments.get(&agent.deployment) {
+                Some(d) => (d.max_context.min(info.max_model_len), d.name.as_str()),
+                None => (info.max_model_len, agent.deployment.as_str()),
+            };
+            if prompt_tokens as u64 + output.output_tokens as u64 > context as u64 {
                 return Ok(Ready::Fail(format!(
-                    "{}: prompt of {prompt_tokens} tokens + {} output tokens exceeds max_model_len {}",
-                    node.id, output.output_tokens, info.max_model_len
+                    "{}: prompt of {prompt_tokens} tokens + {} output tokens exceeds deployment `{declared_by}`'s max_context {context}",
+                    node.id, output.output_tokens
                 )));
             }
             let prefix_hashes = tokens::block_hashes(&ids, BLOCK_SIZE as usize);
@@ -493,6 +500,41 @@ mod tests {
             }
         }
         assert!(other_outputs > 0, "the responder output must depend on the seed");
+    }
+
+    #[test]
+    fn a_node_is_held_to_its_own_deployments_context_whatever_else_the_run_declares() {
+        let parse = |name: &str, yaml: &str| {
+            Arc::new(crate::workflow::parse_workflow(name, yaml, std::path::Path::new(".")).unwrap_or_else(|e| panic!("{e}")))
+        };
+        let small = parse(
+            "small.yaml",
+            "name: small\ndeployments:\n  q4: {model: Qwen3-4B, dtype: fp16, max_context: 1024, max_output_tokens: 128}\nnodes:\n  - {id: map, deployment: q4, prompt: \"Summarize: {{input.text}}\"}\n",
+        );
+        // Another workflow of the run serves the same model with a larger context.
+        let big = parse(
+            "big.yaml",
+            "name: big\ndeployments:\n  q4: {model: Qwen3-4B, dtype: fp16, max_context: 16384, max_output_tokens: 128}\nnodes:\n  - {id: a, deployment: q4, prompt: hi}\n",
+        );
+        let mut record = crate::values::Record::new();
+        record.insert("text".into(), serde_json::json!(" word".repeat(2000)));
+        let first = |wfs: Vec<Arc<crate::workflow::WorkflowSpec>>| {
+            let (table, of) = deployment_table(&wfs, 8).unwrap();
+            let info = node_infos(&wfs, &of);
+            let ctx = PrepareContext { seed: 1, deployments: &table, deployment_of: &of, node_info: &info };
+            let mut s = Session::new(SessionId(0), Arc::clone(&wfs[0]), record.clone()).unwrap();
+            let a = s.ready()[0];
+            match prepare(&ctx, &mut s, 0, a, 0.0).unwrap() {
+                Ready::Fail(reason) => reason,
+                _ => "ran".to_string(),
+            }
+        };
+        let alone = first(vec![Arc::clone(&small)]);
+        assert!(alone.starts_with("map: prompt of ") && alone.ends_with("exceeds deployment `q4`'s max_context 1024"), "{alone}");
+        // The replica is shared and served at 16,384 tokens, but `map` still gets its own 1,024.
+        let (table, _) = deployment_table(&[Arc::clone(&small), Arc::clone(&big)], 8).unwrap();
+        assert_eq!(table.iter().map(|d| d.max_model_len).collect::<Vec<_>>(), [16384]);
+        assert_eq!(first(vec![small, big]), alone);
     }
 
     #[test]

@@ -23,7 +23,10 @@ use crate::workflow::WorkflowSpec;
 pub type DeploymentMap = BTreeMap<(u32, String), DeploymentId>;
 
 /// Build the deployment table: one identity per (model, dtype) across all workflows, served with
-/// the largest max context any workflow needs, so identical deployments share replicas.
+/// the largest max context (and GPU memory utilization) any workflow declares, so deployments of
+/// one model share replicas. The served `max_model_len` is the engine's limit only: each node is
+/// still held to its own deployment's `max_context` ([`super::activation::prepare`]), so a
+/// workflow's calls fail or fit the same way whatever else the run declares.
 pub fn deployment_table(
     workflows: &[Arc<WorkflowSpec>],
     max_num_seqs: u32,

@@ -27,7 +27,8 @@ use switchyard_runtime::workflow::{WorkflowSpec, load_workflow};
 
 #[derive(Default)]
 struct Seen {
-    max_tokens: Mutex<Vec<u32>>,
+    /// (prompt tokens, max_tokens) of each request.
+    max_tokens: Mutex<Vec<(u32, u32)>>,
     reject: AtomicBool,
 }
 
@@ -58,7 +59,7 @@ impl Engine for Fake {
                 return Err(EngineError::Rejected("the test refuses every request".into()));
             }
             if let Ok(mut m) = self.seen.max_tokens.lock() {
-                m.push(request.max_tokens);
+                m.push((request.prompt_tokens, request.max_tokens));
             }
             tokio::time::sleep(self.delay).await;
             let text = request.emulated_output.clone().unwrap_or_else(|| "a short answer".into());
@@ -270,6 +271,75 @@ fn a_sessions_id_survives_restarts_and_is_never_handed_out_again() {
         }
         let (_, later) = start_run(&root, 2).await;
         assert!(later.iter().all(|i| !handed_out.contains(i)), "new {later:?}, handed out before {handed_out:?}");
+        service.shutdown("the test ends").await.expect("shutdown");
+    });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Times.
+
+fn unix_now() -> f64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// Each session's end time by id (`finished_at` or `failed_at`).
+fn end_times(run: &Value) -> Vec<(String, Option<f64>)> {
+    let mut out: Vec<(String, Option<f64>)> = run["sessions"]
+        .as_array()
+        .expect("sessions")
+        .iter()
+        .map(|s| (s["id"].as_str().unwrap_or("").to_string(), s.get("finished_at").or_else(|| s.get("failed_at")).and_then(Value::as_f64)))
+        .collect();
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out
+}
+
+/// A run's `created_at` and its sessions' `finished_at` / `failed_at` are Unix times, the same
+/// after a restart as before it (the journal's; the ends within the moment between the
+/// runtime's end and its journal write). They were seconds since the server started: after a
+/// restart `created_at` was negative and every end `0.0`.
+#[test]
+fn a_runs_times_are_unix_seconds_and_survive_a_restart() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let journal = Arc::new(Journal::open(&dir.path().join("state")).expect("journal"));
+    let (_, _, cfg) = tiny_chain();
+    let rt = two_worker_runtime();
+    rt.block_on(async {
+        let factory = Factory::new(20);
+        let seen = Arc::clone(&factory.seen);
+        let (service, root, _) = serve_durably(&cfg, factory, &journal).await;
+        let before_start = unix_now();
+        let (s, started) = post(&root, "/v1/runs", json!({"workflow": "tiny-chain", "sessions": 2})).await;
+        assert_eq!(s, 201, "{started}");
+        let completed = started["id"].as_str().expect("id").to_string();
+        let done = ended(&root, &completed).await;
+        assert_eq!(done["state"], "completed", "{done}");
+        seen.reject.store(true, Ordering::SeqCst);
+        let (failed, _) = start_run(&root, 1).await;
+        let failed_before = ended(&root, &failed).await;
+        assert_eq!(failed_before["state"], "failed", "{failed_before}");
+        let created = done["created_at"].as_f64().expect("created_at");
+        assert_eq!(started["created_at"].as_f64(), Some(created), "the same in the answer and the status");
+        assert!((created - before_start).abs() < 5.0, "a Unix time: {created} (now {before_start})");
+        for (id, end) in end_times(&done).into_iter().chain(end_times(&failed_before)) {
+            let end = end.unwrap_or_else(|| panic!("{id} has an end time"));
+            assert!(end >= created && end <= unix_now() + 1.0, "{id} ended at {end}, created {created}");
+        }
+        let (_, listed) = get(&root, "/v1/runs").await;
+        service.shutdown("the test stops it").await.expect("shutdown");
+
+        let (service, root, _) = serve_durably(&cfg, Factory::new(1), &journal).await;
+        for before in [&done, &failed_before] {
+            let (_, after) = get(&root, &format!("/v1/runs/{}", before["id"].as_str().unwrap_or(""))).await;
+            assert_eq!(after["created_at"], before["created_at"], "{after}");
+            for ((id, b), (id2, a)) in end_times(before).into_iter().zip(end_times(&after)) {
+                assert_eq!(id, id2);
+                let (b, a) = (b.expect("before"), a.unwrap_or_else(|| panic!("{id} has its end time after a restart: {after}")));
+                assert!((a - b).abs() < 1.0, "{id} ended at {b} before the restart, {a} after");
+            }
+        }
+        let (_, listed_after) = get(&root, "/v1/runs").await;
+        assert_eq!(listed_after["runs"], listed["runs"]);
         service.shutdown("the test ends").await.expect("shutdown");
     });
 }

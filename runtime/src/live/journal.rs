@@ -8,7 +8,8 @@
 //! - **runs** ([`RunRecord`]: workflow name, its YAML, the number of sessions, creation time),
 //!   keyed by run id; recording the same run again is a no-op, a different one under the same id
 //!   is refused;
-//! - **sessions** (run, inputs, and at most one [`SessionOutcome`]), keyed by a session number
+//! - **sessions** (run, inputs, and at most one [`SessionOutcome`] with the time it was
+//!   recorded), keyed by a session number
 //!   unique in the journal across runs ([`Journal::last_session`] tells a restarted server where
 //!   to go on numbering); a second [`Journal::finish_session`] is refused, so no session ever
 //!   ends twice;
@@ -406,6 +407,16 @@ pub struct UnfinishedSession {
     pub in_flight: Vec<InFlightActivation>,
 }
 
+/// How and when one session ended ([`Journal::session_ends_of_runs`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SessionEnd {
+    pub session: u64,
+    pub outcome: SessionOutcome,
+    /// When it was finished in the journal (Unix milliseconds); `None` for a session a build
+    /// that did not record the time finished.
+    pub finished_at_unix_ms: Option<u64>,
+}
+
 /// One session as recorded.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SessionEntry {
@@ -464,6 +475,10 @@ struct SessionRow {
     inputs: Value,
     outcome: Option<SessionOutcome>,
     finished_seq: Option<u64>,
+    /// When [`Journal::finish_session`] was called, Unix milliseconds. Absent in rows finished
+    /// before it existed (read as `None`: the time is unknown), and in unfinished ones.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    finished_at_unix_ms: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -945,7 +960,7 @@ impl Journal {
                     }
                     continue;
                 }
-                let row = SessionRow { run_id: run_id.to_string(), inputs, outcome: None, finished_seq: None };
+                let row = SessionRow { run_id: run_id.to_string(), inputs, outcome: None, finished_seq: None, finished_at_unix_ms: None };
                 new.push((session, encode(|| format!("session {session}"), &row)?));
             }
             if !run_known {
@@ -1008,7 +1023,13 @@ impl Journal {
                 };
             }
             let row =
-                SessionRow { run_id: run_id.to_string(), inputs: inputs.clone(), outcome: None, finished_seq: None };
+                SessionRow {
+                    run_id: run_id.to_string(),
+                    inputs: inputs.clone(),
+                    outcome: None,
+                    finished_seq: None,
+                    finished_at_unix_ms: None,
+                };
             let text = encode(|| format!("session {session}"), &row)?;
             sessions.insert(session, text.as_str())?;
             txn.open_table(OPEN)?.insert(session, ())?;
@@ -1016,10 +1037,12 @@ impl Journal {
         })
     }
 
-    /// Record how a session ended. A second finish is refused
+    /// Record how a session ended, and when (now: the time of this call, in Unix
+    /// milliseconds, [`SessionEnd::finished_at_unix_ms`]). A second finish is refused
     /// ([`JournalError::AlreadyFinished`], carrying the recorded outcome) and changes nothing.
     pub fn finish_session(&self, session: u64, outcome: &SessionOutcome) -> Result<(), JournalError> {
         let outcome = outcome.clone();
+        let now_ms = unix_ms_now();
         self.write(move |txn| {
             let mut sessions = txn.open_table(SESSIONS)?;
             let mut row: SessionRow = match sessions.get(session)? {
@@ -1032,6 +1055,7 @@ impl Journal {
             let seq = next_seq(txn)?;
             row.outcome = Some(outcome);
             row.finished_seq = Some(seq);
+            row.finished_at_unix_ms = Some(now_ms);
             let text = encode(|| format!("session {session}"), &row)?;
             sessions.insert(session, text.as_str())?;
             txn.open_table(OPEN)?.remove(session)?;
@@ -1080,15 +1104,25 @@ impl Journal {
         &self,
         runs: &BTreeSet<String>,
     ) -> Result<BTreeMap<String, Vec<(u64, SessionOutcome)>>, JournalError> {
+        Ok(self
+            .session_ends_of_runs(runs)?
+            .into_iter()
+            .map(|(run, ends)| (run, ends.into_iter().map(|e| (e.session, e.outcome)).collect()))
+            .collect())
+    }
+
+    /// [`Self::session_outcomes_of_runs`] with when each session ended.
+    pub fn session_ends_of_runs(&self, runs: &BTreeSet<String>) -> Result<BTreeMap<String, Vec<SessionEnd>>, JournalError> {
         let txn = self.read()?;
         let sessions = txn.open_table(SESSIONS)?;
-        let mut out: BTreeMap<String, Vec<(u64, SessionOutcome)>> = BTreeMap::new();
+        let mut out: BTreeMap<String, Vec<SessionEnd>> = BTreeMap::new();
         for entry in sessions.iter()? {
             let (session, text) = entry?;
             let session = session.value();
             let row: SessionRow = decode(|| format!("session {session}"), text.value())?;
             if let Some(outcome) = row.outcome.filter(|_| runs.contains(&row.run_id)) {
-                out.entry(row.run_id).or_default().push((session, outcome));
+                let end = SessionEnd { session, outcome, finished_at_unix_ms: row.finished_at_unix_ms };
+                out.entry(row.run_id).or_default().push(end);
             }
         }
         Ok(out)
@@ -1517,6 +1551,11 @@ impl Journal {
         }
         Ok(stats)
     }
+}
+
+/// The wall clock in Unix milliseconds (0 on a clock before 1970).
+fn unix_ms_now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 fn run_record(run_id: &str, row: RunRow) -> RunRecord {

@@ -104,10 +104,23 @@ struct RunEntry {
     workflow: String,
     /// Its sessions running (or run) in this process: (public number, the runtime's id).
     sessions: Vec<(u64, SessionId)>,
-    /// Its sessions that ended before this process started (a journal's), by public number.
-    ended_before: Vec<(u64, SessionStatus)>,
+    /// Its sessions that ended before this process started (a journal's).
+    ended_before: Vec<EndedBefore>,
+    /// When it was started, Unix seconds (with `--state`, the time its journal records).
     created_at: f64,
     cancelled: bool,
+}
+
+/// A session of a run that ended before this process started, as its journal recorded it.
+#[derive(Clone)]
+struct EndedBefore {
+    /// Its public number ([`RunEntry`]).
+    number: u64,
+    /// Its outcome (the times in it mean nothing: `at` is its end).
+    status: SessionStatus,
+    /// When it ended, Unix seconds; `None` when the journal did not record it (a journal
+    /// written by an earlier build).
+    at: Option<f64>,
 }
 
 struct Api {
@@ -116,6 +129,9 @@ struct Api {
     workflows: Mutex<BTreeMap<String, WorkflowEntry>>,
     runs: Mutex<BTreeMap<String, RunEntry>>,
     next_run: AtomicU64,
+    /// When the runtime's clock ([`Service::wall`]) was 0, Unix milliseconds: the API gives every
+    /// time as Unix seconds, so that a run's times read the same after a restart.
+    clock_zero_unix_ms: f64,
     /// The run the last pruning pass looked at last ([`prune_forgotten_runs`]).
     prune_cursor: Mutex<Option<String>>,
     /// Sessions drawn from each start-up workflow's dataset so far (the next record to use).
@@ -126,6 +142,19 @@ struct Api {
     /// Held by a registration from its name check to its insert, so that two registrations of
     /// one name cannot both pass the check (the loser would be answered 201 and dropped).
     registering: tokio::sync::Mutex<()>,
+}
+
+impl Api {
+    /// A time on the runtime's clock (seconds since it started) as Unix seconds, to the
+    /// millisecond.
+    fn unix_seconds(&self, wall: f64) -> f64 {
+        (self.clock_zero_unix_ms + wall * 1000.0).round() / 1000.0
+    }
+}
+
+/// The wall clock, Unix milliseconds.
+fn unix_ms_now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -266,12 +295,14 @@ fn api_state(
     for (index, spec, text) in startup {
         workflows.insert(spec.name.clone(), entry(index, &spec, text));
     }
+    let clock_zero_unix_ms = unix_ms_now() as f64 - service.wall() * 1000.0;
     Arc::new(Api {
         service,
         config,
         workflows: Mutex::new(workflows),
         runs: Mutex::new(BTreeMap::new()),
         next_run: AtomicU64::new(1),
+        clock_zero_unix_ms,
         prune_cursor: Mutex::new(None),
         drawn: Mutex::new(BTreeMap::new()),
         journal,
@@ -280,16 +311,16 @@ fn api_state(
     })
 }
 
-fn journal_status(outcome: &SessionOutcome) -> SessionStatus {
-    match outcome {
-        SessionOutcome::Completed { output } => SessionStatus::Completed {
-            output: serde_json::from_value(output.clone()).ok(),
-            score: None,
-            finished_at: 0.0,
-        },
-        SessionOutcome::Failed { reason } => SessionStatus::Failed { reason: reason.clone(), at: 0.0 },
+/// A session's end as the journal recorded it.
+fn ended_before(end: crate::live::journal::SessionEnd) -> EndedBefore {
+    let status = match end.outcome {
+        SessionOutcome::Completed { output } => {
+            SessionStatus::Completed { output: serde_json::from_value(output).ok(), score: None, finished_at: 0.0 }
+        }
+        SessionOutcome::Failed { reason } => SessionStatus::Failed { reason, at: 0.0 },
         SessionOutcome::Cancelled => SessionStatus::Failed { reason: "cancelled (before a restart)".into(), at: 0.0 },
-    }
+    };
+    EndedBefore { number: end.session, status, at: end.finished_at_unix_ms.map(|ms| ms as f64 / 1000.0) }
 }
 
 /// Rebuild the runs a journal holds and resume their unfinished sessions.
@@ -331,11 +362,11 @@ async fn restore(api: &Arc<Api>, journal: &Arc<Journal>) -> Result<Restored, Str
     }
     // Ended sessions of the runs read back, in one scan of the journal.
     let wanted: BTreeSet<String> = runs.iter().map(|r| r.run_id.clone()).filter(|id| !left.contains(id)).collect();
-    let mut ended_by_run: BTreeMap<String, Vec<(u64, SessionStatus)>> = journal
-        .session_outcomes_of_runs(&wanted)
+    let mut ended_by_run: BTreeMap<String, Vec<EndedBefore>> = journal
+        .session_ends_of_runs(&wanted)
         .map_err(j)?
         .into_iter()
-        .map(|(run, ended)| (run, ended.iter().map(|(n, o)| (*n, journal_status(o))).collect()))
+        .map(|(run, ends)| (run, ends.into_iter().map(ended_before).collect()))
         .collect();
     let mut restored = Restored { runs: runs.len(), ..Restored::default() };
     // Dataset draws go on where the journaled runs left them (a start-up workflow's index is
@@ -432,10 +463,8 @@ async fn restore(api: &Arc<Api>, journal: &Arc<Journal>) -> Result<Restored, Str
             }
             _ => Vec::new(),
         };
-        // On this server's clock (seconds since it started): negative, the run is older.
-        let now_unix_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_millis() as f64);
-        let started_unix_ms = now_unix_ms - api.service.wall() * 1000.0;
-        let created_at = ((run.created_at_unix_ms as f64 - started_unix_ms) / 1000.0 * 1000.0).round() / 1000.0;
+        // As the run's client was told: the journaled time, in Unix seconds.
+        let created_at = run.created_at_unix_ms as f64 / 1000.0;
         lock(&api.runs).insert(
             run.run_id.clone(),
             RunEntry { workflow: run.workflow.clone(), sessions, ended_before, created_at, cancelled: cancelled.contains(&run.run_id) },
@@ -832,6 +861,8 @@ async fn start_run(State(api): State<Arc<Api>>, JsonBody(body): JsonBody<RunBody
         }
     };
     let id = format!("run-{}", api.next_run.fetch_add(1, Ordering::Relaxed));
+    // One time for the answer, the status and the journal: the same before and after a restart.
+    let created_at_unix_ms = unix_ms_now();
     let sessions: Vec<(u64, SessionId)> = match &api.journal {
         None => api.service.submit(index, inputs).await?.into_iter().map(|s| (u64::from(s.0), s)).collect(),
         Some(journal) => {
@@ -843,7 +874,7 @@ async fn start_run(State(api): State<Arc<Api>>, JsonBody(body): JsonBody<RunBody
                 workflow: body.workflow.clone(),
                 workflow_yaml: text,
                 sessions: u32::try_from(inputs.len()).unwrap_or(u32::MAX),
-                created_at_unix_ms: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64),
+                created_at_unix_ms,
                 drawn_from,
             };
             let j = Arc::clone(journal);
@@ -883,7 +914,7 @@ async fn start_run(State(api): State<Arc<Api>>, JsonBody(body): JsonBody<RunBody
             }
         }
     };
-    let created_at = api.service.wall();
+    let created_at = created_at_unix_ms as f64 / 1000.0;
     let v = json!({
         "id": id,
         "workflow": body.workflow,
@@ -925,18 +956,29 @@ fn public_number(id: &str) -> Option<u64> {
     id.strip_prefix('s').and_then(|n| n.parse().ok())
 }
 
-fn session_json(number: u64, s: &SessionStatus) -> Value {
+/// A session's status as the API shows it; `at` is when it ended (Unix seconds: `finished_at`
+/// or `failed_at`, `null` when unknown), the time in `s` is not read.
+fn session_json(number: u64, s: &SessionStatus, at: Option<f64>) -> Value {
     let id = public_id(number);
     match s {
         SessionStatus::Unknown => json!({"id": id, "state": "unknown"}),
         SessionStatus::Running => json!({"id": id, "state": "running"}),
-        SessionStatus::Completed { output, score, finished_at } => json!({
-            "id": id, "state": "completed", "finished_at": finished_at,
+        SessionStatus::Completed { output, score, .. } => json!({
+            "id": id, "state": "completed", "finished_at": at,
             "score": score, "output": output,
         }),
-        SessionStatus::Failed { reason, at } => json!({
+        SessionStatus::Failed { reason, .. } => json!({
             "id": id, "state": "failed", "failed_at": at, "reason": public_reason(reason),
         }),
+    }
+}
+
+/// When a session the runtime knows ended, on the runtime's clock.
+fn ended_at(s: &SessionStatus) -> Option<f64> {
+    match s {
+        SessionStatus::Completed { finished_at, .. } => Some(*finished_at),
+        SessionStatus::Failed { at, .. } => Some(*at),
+        SessionStatus::Unknown | SessionStatus::Running => None,
     }
 }
 
@@ -966,9 +1008,10 @@ async fn run_json(api: &Api, id: &str) -> Result<Value, ApiError> {
     };
     let live = api.service.status(sessions.iter().map(|(_, s)| *s).collect()).await?;
     let mut statuses = live.clone();
-    statuses.extend(ended_before.iter().map(|(_, s)| s.clone()));
-    let mut listed: Vec<Value> = sessions.iter().zip(&live).map(|((n, _), s)| session_json(*n, s)).collect();
-    listed.extend(ended_before.iter().map(|(n, s)| session_json(*n, s)));
+    statuses.extend(ended_before.iter().map(|e| e.status.clone()));
+    let mut listed: Vec<Value> =
+        sessions.iter().zip(&live).map(|((n, _), s)| session_json(*n, s, ended_at(s).map(|t| api.unix_seconds(t)))).collect();
+    listed.extend(ended_before.iter().map(|e| session_json(e.number, &e.status, e.at)));
     let count = |f: fn(&SessionStatus) -> bool| statuses.iter().filter(|s| f(s)).count();
     Ok(json!({
         "id": id,
@@ -1104,7 +1147,7 @@ async fn run_events(
         .get(&id)
         .map(|r| {
             let live = r.sessions.iter().map(|(n, s)| (s.0, *n)).collect();
-            let all = r.sessions.iter().map(|(n, _)| *n).chain(r.ended_before.iter().map(|(n, _)| *n)).collect();
+            let all = r.sessions.iter().map(|(n, _)| *n).chain(r.ended_before.iter().map(|e| e.number)).collect();
             (live, all)
         })
         .unwrap_or_default();
@@ -1225,7 +1268,7 @@ mod tests {
             reason: "call failed: request 3 to http://10.0.0.7:8000/v1/completions: HTTP 500 (boom)".into(),
             at: 1.0,
         };
-        let v = super::session_json(4, &failed);
+        let v = super::session_json(4, &failed, Some(1.0));
         assert_eq!(v["reason"], "call failed: request 3 to <engine>: HTTP 500 (boom)", "{v}");
     }
 

@@ -133,6 +133,25 @@ fn a_runs_dataset_draw_is_kept_and_older_rows_read_without_one() {
 }
 
 #[test]
+fn a_sessions_end_time_is_kept_and_older_rows_read_without_one() {
+    let (_d, j) = fresh();
+    with_session(&j, 1);
+    let before = unix_ms_now();
+    j.finish_session(1, &SessionOutcome::Completed { output: json!("done") }).expect("finish");
+    let ends = j.session_ends_of_runs(&BTreeSet::from(["r1".to_string()])).expect("ends");
+    let at = ends["r1"][0].finished_at_unix_ms.expect("an end time");
+    assert!(at >= before && at <= unix_ms_now(), "{at} not in [{before}, now]");
+    // A row finished before the field existed reads with no time (and an unfinished row
+    // writes none: rows stay as they were).
+    let old: SessionRow = decode(|| "old row".into(), r#"{"run_id":"r1","inputs":{},"outcome":{"outcome":"cancelled"},"finished_seq":4}"#)
+        .expect("old row");
+    assert_eq!((old.outcome, old.finished_at_unix_ms), (Some(SessionOutcome::Cancelled), None));
+    let open = SessionRow { run_id: "r1".into(), inputs: json!({}), outcome: None, finished_seq: None, finished_at_unix_ms: None };
+    let text = encode(|| "row".into(), &open).expect("encode");
+    assert!(!text.contains("finished_at"), "{text}");
+}
+
+#[test]
 fn sessions_need_their_run_and_cannot_change() {
     let (_d, j) = fresh();
     assert!(matches!(j.record_session("r1", 1, &json!(1)), Err(JournalError::UnknownRun(r)) if r == "r1"));

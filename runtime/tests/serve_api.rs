@@ -343,3 +343,36 @@ fn a_runs_times_are_unix_seconds_and_survive_a_restart() {
         service.shutdown("the test ends").await.expect("shutdown");
     });
 }
+
+// ---------------------------------------------------------------------------------------------
+// The front door's default answer limit.
+
+/// A front-door call without `max_tokens` may answer up to what the served context leaves after
+/// its prompt, as vLLM's chat completions do (`max_model_len` − prompt tokens); a completion
+/// without one gets vLLM's (and OpenAI's) 16. It was capped at 1,024 tokens.
+#[test]
+fn an_answer_without_max_tokens_may_fill_the_context_as_from_vllm() {
+    let (_, _, cfg) = tiny_chain();
+    let rt = two_worker_runtime();
+    rt.block_on(async {
+        let factory = Factory::new(1);
+        let seen = Arc::clone(&factory.seen);
+        let (service, root) = serve(&cfg, factory, ApiConfig { token: None, ..ApiConfig::default() }).await;
+        let chat = json!({"model": "Qwen3-0.6B", "messages": [{"role": "user", "content": "Write at length."}]});
+        let (s, v) = post(&root, "/v1/chat/completions", chat.clone()).await;
+        assert_eq!(s, 200, "{v}");
+        let mut limited = chat;
+        limited["max_tokens"] = json!(7);
+        let (s, v) = post(&root, "/v1/chat/completions", limited).await;
+        assert_eq!(s, 200, "{v}");
+        let (s, v) = post(&root, "/v1/completions", json!({"model": "Qwen3-0.6B", "prompt": "Once upon a time"})).await;
+        assert_eq!(s, 200, "{v}");
+        let sent = seen.max_tokens.lock().expect("seen").clone();
+        assert_eq!(sent.len(), 3, "{sent:?}");
+        // The tiny chain serves Qwen3-0.6B with a 2,048-token context.
+        let (prompt, max) = sent[0];
+        assert!(prompt > 0 && max == 2048 - prompt, "a chat call without a limit: {prompt} prompt tokens, max_tokens {max}");
+        assert_eq!((sent[1].1, sent[2].1), (7, 16), "{sent:?}");
+        service.shutdown("the test ends").await.expect("shutdown");
+    });
+}

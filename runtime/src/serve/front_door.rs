@@ -13,9 +13,9 @@
 //! the agent this call is, so the planner keeps output-length and tool-gap histories (the P90
 //! timing output, TAO's readiness) per step across programs. The body's `model` names a served
 //! model (`Qwen3-8B` or `Qwen/Qwen3-8B`); `max_tokens` (or `max_completion_tokens`) is the
-//! answer's limit (default 1,024 — the front door knows no workload distribution); Qwen3's
-//! thinking mode follows `chat_template_kwargs.enable_thinking` (default on, as vLLM serves
-//! Qwen3).
+//! answer's limit, by default vLLM's: for a chat completion what the served context leaves after
+//! the prompt, for a completion [`COMPLETIONS_DEFAULT_MAX_TOKENS`]; Qwen3's thinking mode follows
+//! `chat_template_kwargs.enable_thinking` (default on, as vLLM serves Qwen3).
 //!
 //! `model: switchyard-router` (a runtime with a router) routes the program (paper 002): it is
 //! bound at its first such call to one of the router's models by the planner core's router, its
@@ -50,8 +50,14 @@ use crate::live::engine::{Completion, TokenSink};
 use crate::live::program_actor::ProgramRequest;
 use crate::tokens;
 
-/// The answer's limit when the request gives none.
-pub const DEFAULT_MAX_TOKENS: u32 = 1024;
+/// A chat completion's limit when the request gives none: no limit of its own, so the program
+/// actor clamps it to what the served context leaves after the prompt — vLLM's default for
+/// chat completions (`max_model_len` − prompt tokens).
+pub const CHAT_DEFAULT_MAX_TOKENS: u32 = u32::MAX;
+
+/// A completion's limit when the request gives none: 16, vLLM's `CompletionRequest` default
+/// (and OpenAI's legacy completions').
+pub const COMPLETIONS_DEFAULT_MAX_TOKENS: u32 = 16;
 
 /// Headers that carry the program key, in order of precedence.
 pub const PROGRAM_HEADERS: [&str; 3] = ["x-session-id", "x-dynamo-session-id", "x-program-id"];
@@ -136,7 +142,8 @@ fn parse(flavor: Flavor, headers: &HeaderMap, body: &Value) -> Result<Parsed, Ap
         return Err(ApiError::bad_request("only `n: 1` is supported", "n"));
     }
     let max_tokens = match obj.get("max_completion_tokens").or_else(|| obj.get("max_tokens")).filter(|v| !v.is_null()) {
-        None => DEFAULT_MAX_TOKENS,
+        None if flavor == Flavor::Chat => CHAT_DEFAULT_MAX_TOKENS,
+        None => COMPLETIONS_DEFAULT_MAX_TOKENS,
         Some(v) => match v.as_u64() {
             Some(n) if n >= 1 => u32::try_from(n).unwrap_or(u32::MAX),
             _ => return Err(ApiError::bad_request("`max_tokens` must be an integer of at least 1", "max_tokens")),
@@ -674,7 +681,7 @@ mod tests {
         let h = HeaderMap::new();
         let ok = parse(Flavor::Chat, &h, &json!({"model": "Qwen3-8B", "messages": [{"role": "user", "content": "hi"}]}));
         let ok = ok.unwrap_or_else(|e| panic!("{e:?}"));
-        assert_eq!((ok.request.max_tokens, ok.request.enable_thinking, ok.stream), (DEFAULT_MAX_TOKENS, true, false));
+        assert_eq!((ok.request.max_tokens, ok.request.enable_thinking, ok.stream), (CHAT_DEFAULT_MAX_TOKENS, true, false));
         let cases = [
             (json!({"messages": [{"role": "user", "content": "hi"}]}), "model"),
             (json!({"model": "m", "messages": []}), "messages"),

@@ -376,3 +376,22 @@ fn an_answer_without_max_tokens_may_fill_the_context_as_from_vllm() {
         service.shutdown("the test ends").await.expect("shutdown");
     });
 }
+
+// ---------------------------------------------------------------------------------------------
+// Health while stopping.
+
+/// `/health` answers 503 `shutting_down` once the server began to stop, as the calls that
+/// would start work do (it answered 200 `ok` to the end).
+#[test]
+fn health_says_503_once_the_server_stops() {
+    let (_, _, cfg) = tiny_chain();
+    let rt = two_worker_runtime();
+    rt.block_on(async {
+        let (service, root) = serve(&cfg, Factory::new(1), ApiConfig { token: None, ..ApiConfig::default() }).await;
+        assert_eq!(get(&root, "/health").await, (200, json!({"status": "ok"})));
+        service.shutdown("the test stops it").await.expect("shutdown");
+        assert_eq!(get(&root, "/health").await, (503, json!({"status": "shutting_down"})));
+        let (s, _) = post(&root, "/v1/runs", json!({"workflow": "tiny-chain", "sessions": 1})).await;
+        assert_eq!(s, 503, "a run is refused as well");
+    });
+}

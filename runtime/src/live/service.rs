@@ -276,6 +276,11 @@ impl Service {
         Ok(rx)
     }
 
+    /// Whether [`Self::shutdown`] has begun (the server's `/health` then answers 503).
+    pub fn is_stopping(&self) -> bool {
+        self.stopping.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     /// Refuse a front-door call once the service is stopping (the planner would refuse it too,
     /// but as an answer to the call, after its response began).
     fn refuse_when_stopping(&self) -> Result<(), ServiceError> {

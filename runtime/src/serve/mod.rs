@@ -489,7 +489,7 @@ fn routes(api: Arc<Api>) -> Router {
         .route("/v1/programs/{key}/verdict", post(front_door::program_verdict))
         .route_layer(middleware::from_fn_with_state(Arc::clone(&api), authenticate));
     Router::new()
-        .route("/health", get(|| async { Json(json!({"status": "ok"})) }))
+        .route("/health", get(health))
         .route("/openapi.json", get(openapi))
         .route("/metrics", get(metrics))
         .merge(v1)
@@ -533,6 +533,16 @@ fn entry(index: u32, spec: &crate::workflow::WorkflowSpec, text: String) -> Work
 async fn metrics(State(api): State<Arc<Api>>) -> Response {
     let text = api.service.metrics().encode();
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response()
+}
+
+/// `GET /health`: 200 `{"status": "ok"}` while the server takes work, 503
+/// `{"status": "shutting_down"}` once it began to stop (as every call that would start work is
+/// then refused with 503), so that a load balancer stops sending it requests.
+async fn health(State(api): State<Arc<Api>>) -> Response {
+    if api.service.is_stopping() {
+        return (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"status": "shutting_down"}))).into_response();
+    }
+    Json(json!({"status": "ok"})).into_response()
 }
 
 async fn openapi() -> Response {

@@ -395,3 +395,37 @@ fn health_says_503_once_the_server_stops() {
         assert_eq!(s, 503, "a run is refused as well");
     });
 }
+
+// ---------------------------------------------------------------------------------------------
+// Cancelling a run that ended.
+
+/// A cancel of a run that has ended is refused with 409 naming its state, and changes nothing
+/// (it answered 202, and a failed run then read `cancelled`, also after a restart: the cancel
+/// was journaled).
+#[test]
+fn cancelling_an_ended_run_is_a_conflict_and_changes_nothing() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let journal = Arc::new(Journal::open(&dir.path().join("state")).expect("journal"));
+    let (_, _, cfg) = tiny_chain();
+    let rt = two_worker_runtime();
+    rt.block_on(async {
+        let factory = Factory::new(1);
+        let seen = Arc::clone(&factory.seen);
+        let (service, root, _) = serve_durably(&cfg, factory, &journal).await;
+        let (completed, _) = start_run(&root, 1).await;
+        assert_eq!(ended(&root, &completed).await["state"], "completed");
+        seen.reject.store(true, Ordering::SeqCst);
+        let (failed, _) = start_run(&root, 1).await;
+        assert_eq!(ended(&root, &failed).await["state"], "failed");
+        for (run, state) in [(&completed, "completed"), (&failed, "failed")] {
+            let (s, v) = post(&root, &format!("/v1/runs/{run}/cancel"), json!({})).await;
+            assert_eq!((s, v.pointer("/error/code").and_then(Value::as_u64)), (409, Some(409)), "{v}");
+            let message = v.pointer("/error/message").and_then(Value::as_str).unwrap_or("");
+            assert!(message.contains(state), "the run's state is named: {message}");
+            assert_eq!(ended(&root, run).await["state"], state, "unchanged");
+        }
+        assert_eq!(post(&root, "/v1/runs/run-99/cancel", json!({})).await.0, 404);
+        assert!(journal.cancelled_runs().expect("cancelled").is_empty(), "no cancel journaled");
+        service.shutdown("the test ends").await.expect("shutdown");
+    });
+}

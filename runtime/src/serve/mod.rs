@@ -1119,9 +1119,22 @@ async fn prune_forgotten_runs(api: &Api) {
     }
 }
 
+/// `POST /v1/runs/{id}/cancel`: 202 while the run has a session running (its open sessions
+/// fail as cancelled); 409 naming its state once it ended, and nothing changes (a completed or
+/// failed run stays so; a run that ends between this check and the cancel may still read
+/// `cancelled` if one of its sessions failed).
 async fn cancel_run(State(api): State<Arc<Api>>, Path(id): Path<String>) -> Result<Response, ApiError> {
-    if !lock(&api.runs).contains_key(&id) {
-        return Err(ApiError::not_found(format!("no run `{id}`")));
+    let status = run_json(&api, &id).await?;
+    let state = status.get("state").and_then(Value::as_str).unwrap_or("unknown");
+    if state != "running" {
+        return Err(ApiError {
+            param: Some("id".into()),
+            ..ApiError::new(
+                StatusCode::CONFLICT,
+                "conflict_error",
+                format!("run `{id}` has already ended ({state}): there is nothing to cancel"),
+            )
+        });
     }
     // Journaled before the sessions are told: a crash after the 202 does not resume them.
     if let Some(journal) = &api.journal {

@@ -429,3 +429,49 @@ fn cancelling_an_ended_run_is_a_conflict_and_changes_nothing() {
         service.shutdown("the test ends").await.expect("shutdown");
     });
 }
+
+// ---------------------------------------------------------------------------------------------
+// The runs list's cursor, and the programs limit's 429.
+
+/// A malformed `after` is a 400 naming the parameter (it answered an empty page); a run id
+/// past the last run is still an empty page.
+#[test]
+fn a_malformed_runs_cursor_is_a_bad_request() {
+    let (_, _, cfg) = tiny_chain();
+    let rt = two_worker_runtime();
+    rt.block_on(async {
+        let (service, root) = serve(&cfg, Factory::new(1), ApiConfig { token: None, ..ApiConfig::default() }).await;
+        let (run, _) = start_run(&root, 1).await;
+        let (s, v) = get(&root, "/v1/runs").await;
+        assert_eq!((s, v["runs"][0]["id"].as_str()), (200, Some(run.as_str())), "{v}");
+        for bad in ["zzz", "run-", "run-x", "run--1", "7"] {
+            let (s, v) = get(&root, &format!("/v1/runs?after={bad}")).await;
+            assert_eq!((s, v.pointer("/error/param").and_then(Value::as_str)), (400, Some("after")), "{bad}: {v}");
+        }
+        let (s, v) = get(&root, "/v1/runs?after=run-1000").await;
+        assert_eq!((s, v["runs"].as_array().map(Vec::len)), (200, Some(0)), "{v}");
+        service.shutdown("the test ends").await.expect("shutdown");
+    });
+}
+
+/// A keyed program past `--max-programs` gets 429 with a `Retry-After` (a slot frees when any
+/// program ends); it had none.
+#[test]
+fn the_programs_limit_429_says_when_to_retry() {
+    let (_, _, mut cfg) = tiny_chain();
+    cfg.max_programs = 1;
+    let rt = two_worker_runtime();
+    rt.block_on(async {
+        let (service, root) = serve(&cfg, Factory::new(1), ApiConfig { token: None, ..ApiConfig::default() }).await;
+        let client = reqwest::Client::new();
+        let mut answers = Vec::new();
+        for key in ["a", "b"] {
+            let body = json!({"model": "Qwen3-0.6B", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4});
+            let resp = client.post(format!("{root}/v1/chat/completions")).header("X-Session-ID", key).json(&body).send().await.expect("post");
+            let retry_after = resp.headers().get("retry-after").and_then(|v| v.to_str().ok()).map(str::to_string);
+            answers.push((resp.status().as_u16(), retry_after));
+        }
+        assert_eq!(answers, [(200, None), (429, Some("1".to_string()))]);
+        service.shutdown("the test ends").await.expect("shutdown");
+    });
+}

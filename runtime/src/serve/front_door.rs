@@ -419,15 +419,22 @@ impl Answer {
     }
 }
 
+/// The `Retry-After` of a call refused past `--max-programs`: a slot frees as soon as any keyed
+/// program ends (its last call, or 5 idle minutes), so the client may try again shortly. (The
+/// server's other refusals carry none: past `--max-workflows` nothing frees a slot until a
+/// restart, and a 503 while it stops is not worth retrying on this process.)
+pub const PROGRAMS_RETRY_AFTER_S: u32 = 1;
+
 /// Why a scheduled call has no answer, as the client gets it: 503 once the runtime stops (the
-/// call refused, or abandoned in the queue or on its engine), 429
-/// for a program past `--max-programs`, else the engine's failure (502, without its address).
+/// call refused, or abandoned in the queue or on its engine), 429 with a `Retry-After` of
+/// [`PROGRAMS_RETRY_AFTER_S`] for a program past `--max-programs`, else the engine's failure
+/// (502, without its address).
 fn call_error(m: String) -> ApiError {
     use crate::live::planner_actor::{SHUTTING_DOWN, TOO_MANY_PROGRAMS};
     if m.starts_with(SHUTTING_DOWN) {
         ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable_error", m)
     } else if m.starts_with(TOO_MANY_PROGRAMS) {
-        ApiError::new(StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", m)
+        ApiError { retry_after_s: Some(PROGRAMS_RETRY_AFTER_S), ..ApiError::new(StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", m) }
     } else {
         ApiError::new(StatusCode::BAD_GATEWAY, "engine_error", public_reason(&m))
     }

@@ -169,11 +169,13 @@ pub struct ApiError {
     message: String,
     param: Option<String>,
     details: Option<Value>,
+    /// Seconds for a `Retry-After` header (a refusal that a later retry may pass).
+    retry_after_s: Option<u32>,
 }
 
 impl ApiError {
     fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> Self {
-        ApiError { status, kind, message: message.into(), param: None, details: None }
+        ApiError { status, kind, message: message.into(), param: None, details: None, retry_after_s: None }
     }
 
     fn bad_request(message: impl Into<String>, param: &str) -> Self {
@@ -199,6 +201,9 @@ impl IntoResponse for ApiError {
         let mut resp = (self.status, Json(body)).into_response();
         if self.status == StatusCode::UNAUTHORIZED {
             resp.headers_mut().insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
+        }
+        if let Some(s) = self.retry_after_s {
+            resp.headers_mut().insert(header::RETRY_AFTER, header::HeaderValue::from(s));
         }
         resp
     }
@@ -1054,7 +1059,8 @@ fn run_order(id: &str) -> (u64, &str) {
 
 /// `GET /v1/runs[?limit=N&after=ID]`: the runs this server knows, oldest first, a page at a
 /// time (`limit` 1–1000, default 100); `next` is the `after` of the next page, `null` on the
-/// last one.
+/// last one. `after` must be a run id (`run-N`; the run itself may be gone), else 400: a
+/// malformed cursor is the client's error, not an empty page.
 async fn list_runs(State(api): State<Arc<Api>>, axum::extract::Query(query): axum::extract::Query<BTreeMap<String, String>>) -> Result<Json<Value>, ApiError> {
     let limit = match query.get("limit") {
         None => RUNS_PAGE,
@@ -1063,6 +1069,11 @@ async fn list_runs(State(api): State<Arc<Api>>, axum::extract::Query(query): axu
         })?,
     };
     let after = query.get("after");
+    if let Some(a) = after
+        && a.strip_prefix("run-").and_then(|n| n.parse::<u64>().ok()).is_none()
+    {
+        return Err(ApiError::bad_request(format!("`after` must be a run id (`run-N`, a page's `next`), not `{a}`"), "after"));
+    }
     let runs = lock(&api.runs);
     let mut ids: Vec<&String> = runs.keys().filter(|id| after.is_none_or(|a| run_order(id) > run_order(a))).collect();
     ids.sort_by(|a, b| run_order(a).cmp(&run_order(b)));

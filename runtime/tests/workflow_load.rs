@@ -66,6 +66,15 @@ fn assert_at(e: &WorkflowError, kind: ErrorKind, line: u64, column: u64, field: 
     );
 }
 
+/// `e` lists (among others) a problem of `kind` at `line`:`column` in `field`.
+#[track_caller]
+fn assert_has(e: &WorkflowError, kind: ErrorKind, line: u64, column: u64, field: &str) {
+    assert!(
+        e.all().iter().any(|p| p.kind() == Some(kind) && p.position() == Some((line, column)) && p.field() == Some(field)),
+        "no {kind} at {line}:{column} in {field}:\n{e}"
+    );
+}
+
 #[test]
 fn the_base_workflow_is_valid() {
     let spec = parse(BASE).unwrap_or_else(|e| panic!("{e}"));
@@ -121,7 +130,9 @@ fn unknown_deployment_model_responder_and_tool() {
     let e = err(&BASE.replace("tool: python_tests", "tool: pytest"));
     assert_at(&e, ErrorKind::UnknownTool, 11, 11, "nodes.b.tool");
     let e = err(&BASE.replace("tests: \"{{input.tests}}\"", "tset: \"{{input.tests}}\""));
-    assert_at(&e, ErrorKind::UnknownField, 13, 29, "nodes.b.inputs.tset");
+    assert_has(&e, ErrorKind::UnknownField, 13, 29, "nodes.b.inputs.tset");
+    // … and, the input not being there, that the tool needs it.
+    assert_has(&e, ErrorKind::MissingField, 13, 13, "nodes.b.inputs.tests");
 }
 
 #[test]
@@ -719,7 +730,7 @@ fn bad_agent_tools_are_named_with_their_position() {
     assert_at(&e, ErrorKind::MissingField, 9, 12, "nodes.fixer.tools");
     let twice = REACT.replace("        timeout_s: 5\n", "        timeout_s: 5\n      - name: run_tests\n        tool: majority_vote\n");
     let e = err(&twice);
-    assert_at(&e, ErrorKind::DuplicateId, 14, 15, "nodes.fixer.tools.run_tests.name");
+    assert_has(&e, ErrorKind::DuplicateId, 14, 15, "nodes.fixer.tools.run_tests.name");
     let e = err(&REACT.replace("name: run_tests", "name: run tests"));
     assert_at(&e, ErrorKind::BadType, 10, 15, "nodes.fixer.tools[0].name");
     let e = err(&REACT.replace("        timeout_s: 5\n", "        timeout: 5\n"));
@@ -924,4 +935,87 @@ fn dataset_fields_read_as_text_must_be_strings() {
     let spec = parse_workflow("gsm8k.yaml", &text, dir.path()).unwrap_or_else(|e| panic!("{e}"));
     let e = spec.load_records().err().unwrap_or_else(|| panic!("accepted")).to_string();
     assert!(e.contains("not UTF-8 text: line 2, column 18"), "{e}");
+}
+
+/// One unknown key hides none of the file's other problems: each node's every field problem,
+/// and the metric's, come in one report (a review's file: a `rol:` typo hid three others).
+#[test]
+fn an_unknown_key_hides_no_other_problem_of_the_file() {
+    let text = r#"name: t
+deployments:
+  d: {model: Qwen3-0.6B, max_context: 2048, max_output_tokens: 256}
+nodes:
+  - id: a
+    deployment: d
+    prompt: hi
+    max_output_tokens: 0
+    output_tokens: {mean: 10, cv: -1}
+  - id: b
+    rol: Critic
+    deployment: d
+    after: a
+    prompt: "{{a}}"
+metric: {kind: verdic, node: b, pass: [x]}
+"#;
+    let e = err(text);
+    assert_has(&e, ErrorKind::OutputLimit, 8, 24, "nodes.a.max_output_tokens");
+    assert_has(&e, ErrorKind::BadType, 9, 35, "nodes.a.output_tokens.cv");
+    assert_has(&e, ErrorKind::UnknownField, 11, 5, "nodes.b.rol");
+    assert_has(&e, ErrorKind::BadType, 15, 16, "metric.kind");
+    assert_eq!(e.all().len(), 4, "{e}");
+    assert!(e.to_string().contains("did you mean `verdict`"), "{e}");
+    // A deployment's problems, all of them.
+    let e = err(&text.replace("{model: Qwen3-0.6B, max_context: 2048, max_output_tokens: 256}", "{model: Qwen3-9B, max_context: 0, max_output_tokens: 256, gpu: 1}"));
+    assert_has(&e, ErrorKind::UnknownModel, 3, 14, "deployments.d.model");
+    assert_has(&e, ErrorKind::BadType, 3, 37, "deployments.d.max_context");
+    assert_has(&e, ErrorKind::UnknownField, 3, 64, "deployments.d.gpu");
+    // A typo's "did you mean" says what is missing: no second message for the missing key.
+    let e = err(&text.replace("    prompt: hi\n", "    promt: hi\n"));
+    assert_has(&e, ErrorKind::UnknownField, 7, 5, "nodes.a.promt");
+    assert!(!e.to_string().contains("missing required field `prompt`"), "{e}");
+}
+
+/// A cycle, or a loop that does not read, hides no template problem and no other loop's.
+#[test]
+fn a_cycle_hides_no_template_or_loop_problem() {
+    let text = r#"name: t
+deployments:
+  d: {model: Qwen3-0.6B, max_context: 2048, max_output_tokens: 256}
+nodes:
+  - {id: a, deployment: d, after: b, prompt: "x"}
+  - {id: b, deployment: d, after: a, prompt: "{{aa}}"}
+  - {id: c, deployment: d, prompt: "{{a}} {{b}}"}
+  - {id: t, tool: python_tests, after: c, inputs: {code: "{{c}}", tests: "[]"}}
+  - {id: e, deployment: d, prompt: "{{a}}"}
+loops:
+  - {id: l, body: [c, t], continue_when: {node: t, verdict: fail}, max_rounds: 0}
+"#;
+    let e = err(text);
+    assert_has(&e, ErrorKind::Cycle, 5, 35, "nodes.a.after");
+    assert_has(&e, ErrorKind::UnknownReference, 6, 46, "nodes.b.prompt");
+    assert_has(&e, ErrorKind::BadLoop, 11, 80, "loops.l.max_rounds");
+    assert!(e.to_string().contains("unknown node `aa` (did you mean `a`?)"), "{e}");
+    // `e` reads `a`, which is not upstream of it: found on the cyclic graph too.
+    assert_has(&e, ErrorKind::UnknownReference, 9, 36, "nodes.e.prompt");
+    // The loop's nodes wait for the loop: `c` reading `a` and `b` is not reported yet.
+    assert!(!e.to_string().contains("nodes.c.prompt"), "{e}");
+}
+
+#[test]
+fn a_word_after_a_bar_that_is_no_node_names_the_filters() {
+    let e = err(&BASE.replace("prompt: \"Q: {{input.q}}\"", "prompt: \"Q: {{input.q | upper}}\""));
+    assert_at(&e, ErrorKind::UnknownReference, 9, 13, "nodes.a.prompt");
+    let text = e.to_string();
+    assert!(text.contains("unknown node `upper`") && text.contains("`part I of N`, `take N`"), "{e}");
+    // The first source is a node, not a filter: no such hint there.
+    let e = err(&BASE.replace("prompt: \"Q: {{input.q}}\"", "prompt: \"Q: {{upper}}\""));
+    assert!(!e.to_string().contains("`take N`"), "{e}");
+}
+
+#[test]
+fn a_tab_is_placed_where_it_is() {
+    let e = err(&BASE.replace("  - id: b\n", "\t- id: b\n"));
+    assert_eq!(e.kind(), Some(ErrorKind::Syntax), "{e}");
+    assert_eq!(e.position(), Some((10, 1)), "{e}");
+    assert!(e.to_string().contains("tab"), "{e}");
 }

@@ -104,15 +104,18 @@ pub enum WorkflowError {
 
 impl WorkflowError {
     /// One error for a list of them: the error itself when there is one, `Many` otherwise
-    /// (nested lists flattened, sorted by position).
+    /// (nested lists flattened at every depth, sorted by position).
     pub fn many(errors: Vec<WorkflowError>) -> WorkflowError {
-        let mut flat = Vec::new();
-        for e in errors {
-            match e {
-                WorkflowError::Many(inner) => flat.extend(inner),
-                other => flat.push(other),
+        fn flatten(errors: Vec<WorkflowError>, flat: &mut Vec<WorkflowError>) {
+            for e in errors {
+                match e {
+                    WorkflowError::Many(inner) => flatten(inner, flat),
+                    other => flat.push(other),
+                }
             }
         }
+        let mut flat = Vec::new();
+        flatten(errors, &mut flat);
         flat.sort_by_key(|e| e.position().unwrap_or((0, 0)));
         match flat.len() {
             // Only "already reported" markers: never an error without a message.

@@ -396,10 +396,44 @@ pub struct WorkflowSpec {
     graph: DiGraph<usize, EdgeKind>,
     index: BTreeMap<String, usize>,
     topo: Vec<usize>,
+    /// `(line, column)` of the top-level `name` value (for later checks' errors).
+    name_at: (u64, u64),
+    /// Where each template of the file was written: its node, field path, `(line, column)` and
+    /// which of the node's templates it is (for later checks' errors).
+    template_sites: Vec<TemplateSite>,
     /// The dataset's records once read ([`Self::load_records`]): a run checks them before it
     /// starts and then runs on them, reading and parsing the file once. Copies of the spec
     /// (a routed session's [`Self::bound_to`]) share them.
     records: std::sync::OnceLock<Arc<Vec<Record>>>,
+}
+
+/// Where one template of a workflow file was written.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct TemplateSite {
+    pub(crate) node: usize,
+    pub(crate) field: String,
+    pub(crate) at: (u64, u64),
+    pub(crate) template: TemplateOf,
+}
+
+/// Which of a node's templates a [`TemplateSite`] is.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum TemplateOf {
+    Prompt,
+    NextRoundsPrompt,
+    Input(String),
+}
+
+/// A field of a workflow file whose templates read something a run cannot give, placed like the
+/// loader's errors: `FILE:LINE:COLUMN: FIELD: …`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReferenceSite {
+    pub line: u64,
+    pub column: u64,
+    /// Dotted field path, e.g. `nodes.draft.prompt`.
+    pub field: String,
+    /// The references there, as written (`{{input.question}}`), sorted.
+    pub references: Vec<String>,
 }
 
 /// Largest workflow file the loader reads (a workflow with long prompts is tens of KiB).
@@ -624,6 +658,40 @@ impl WorkflowSpec {
         out.sort();
         out.dedup();
         out
+    }
+
+    /// [`Self::input_only_references`] by where they are written: one site per template field
+    /// (in file order) holding at least one.
+    pub fn input_only_reference_sites(&self) -> Vec<ReferenceSite> {
+        let mut out: Vec<ReferenceSite> = Vec::new();
+        for site in &self.template_sites {
+            let Some(node) = self.nodes.get(site.node) else { continue };
+            let template = match (&site.template, &node.kind) {
+                (TemplateOf::Prompt, NodeKind::Agent(a)) => Some(&a.prompt),
+                (TemplateOf::NextRoundsPrompt, NodeKind::Agent(a)) => a.next_rounds.as_ref().map(|v| &v.prompt),
+                (TemplateOf::Input(k), NodeKind::Tool(t)) => t.inputs.get(k),
+                _ => None,
+            };
+            let Some(template) = template else { continue };
+            let mut references: Vec<String> = template
+                .references()
+                .into_iter()
+                .filter(|r| r.sources.iter().all(|s| matches!(s, Source::Input(_))))
+                .map(|r| format!("{{{{{}}}}}", r.text))
+                .collect();
+            references.sort();
+            references.dedup();
+            if !references.is_empty() {
+                out.push(ReferenceSite { line: site.at.0, column: site.at.1, field: site.field.clone(), references });
+            }
+        }
+        out.sort_by_key(|s| (s.line, s.column));
+        out
+    }
+
+    /// `(line, column)` of the workflow's `name` in its file.
+    pub fn name_declared_at(&self) -> (u64, u64) {
+        self.name_at
     }
 
     /// Input fields the templates read (`{{input.X}}`), sorted.

@@ -527,6 +527,9 @@ fn parse_reference(inner: &str, offset: usize) -> Result<Reference, TemplateErro
     })
 }
 
+/// The filters a reference may end with, as messages name them.
+pub const FILTERS: &str = "`part I of N`, `take N`; and to give a value when no source has one, `?` or `default: \"TEXT\"`";
+
 fn parse_filter(item: &str) -> Result<Option<Filter>, String> {
     let words: Vec<&str> = item.split_whitespace().collect();
     match words.as_slice() {
@@ -548,7 +551,7 @@ fn parse_filter(item: &str) -> Result<Option<Filter>, String> {
         ["part", ..] | ["take", ..] if words.len() > 1 => Err(format!(
             "`{item}` is not a filter (filters: `part I of N`, `take N`)"
         )),
-        _ if words.len() > 1 => Err(format!("`{item}` is not a source or a filter")),
+        _ if words.len() > 1 => Err(format!("`{item}` is not a source or a filter (filters: {FILTERS})")),
         _ => Ok(None),
     }
 }

@@ -187,7 +187,11 @@ fn convert(raw: Spanned<Raw>) -> Node {
 /// Parse YAML text into a positioned tree. Syntax errors (and inputs over the parser's
 /// budget: nesting depth 64, 250k nodes, alias amplification) carry the parser's position.
 pub fn parse(file: &str, text: &str) -> Result<Node, WorkflowError> {
-    match serde_saphyr::from_str::<Spanned<Raw>>(text) {
+    parse_with(file, text, serde_saphyr::Options::default())
+}
+
+fn parse_with(file: &str, text: &str, options: serde_saphyr::Options) -> Result<Node, WorkflowError> {
+    match serde_saphyr::from_str_with_options::<Spanned<Raw>>(text, options) {
         Ok(raw) => Ok(convert(raw)),
         Err(e) => {
             let (line, column) = e
@@ -204,6 +208,15 @@ pub fn parse(file: &str, text: &str) -> Result<Node, WorkflowError> {
             if let Some(idx) = message.find(&prefix) {
                 message = message[idx + prefix.len()..].to_string();
             }
+            // The parser places a tab where the token it was scanning began (a plain scalar on
+            // the line before, say): point at the tab itself.
+            let (line, column) = match first_tab(text, line).filter(|_| message.contains("tab")) {
+                Some(at) => {
+                    message.push_str(" (YAML indents with spaces, never tabs)");
+                    at
+                }
+                None => (line, column),
+            };
             Err(WorkflowError::Invalid {
                 file: file.to_string(),
                 line,
@@ -214,6 +227,15 @@ pub fn parse(file: &str, text: &str) -> Result<Node, WorkflowError> {
             })
         }
     }
+}
+
+/// The 1-based `(line, column)` of the first tab on `line` or after it.
+fn first_tab(text: &str, line: u64) -> Option<(u64, u64)> {
+    let start = usize::try_from(line).ok()?.checked_sub(1)?;
+    text.lines().enumerate().skip(start).find_map(|(i, l)| {
+        let at = l.chars().position(|c| c == '\t')?;
+        Some((i as u64 + 1, at as u64 + 1))
+    })
 }
 
 /// The field path of the key on 1-based `line`, read from the text's indentation (the parser
@@ -404,12 +426,28 @@ impl Ctx<'_> {
         )
     }
 
-    /// View `node` as a mapping and check that it only has `allowed` keys.
+    /// View `node` as a mapping and check that it only has `allowed` keys (every unknown key is
+    /// reported, together).
     pub fn map<'n>(
         &self,
         node: &'n Node,
         field: &str,
         allowed: &[&str],
+    ) -> Result<MapView<'n>, WorkflowError> {
+        let mut unknown = Vec::new();
+        let view = self.map_all(node, field, allowed, &mut unknown)?;
+        if unknown.is_empty() { Ok(view) } else { Err(WorkflowError::many(unknown)) }
+    }
+
+    /// View `node` as a mapping; each key outside `allowed` is pushed on `errors` (with the
+    /// closest allowed key as a hint) and the view is returned anyway, so that the known keys'
+    /// own problems are found too. Only a value that is not a mapping is an error here.
+    pub fn map_all<'n>(
+        &self,
+        node: &'n Node,
+        field: &str,
+        allowed: &[&str],
+        errors: &mut Vec<WorkflowError>,
     ) -> Result<MapView<'n>, WorkflowError> {
         let Value::Map(entries) = &node.value else {
             return Err(self.bad_type(node, field, "a mapping"));
@@ -422,7 +460,7 @@ impl Ctx<'_> {
                 } else {
                     closest(&k.name, allowed).map(|c| format!(" (did you mean `{c}`?)")).unwrap_or_default()
                 };
-                return Err(self.err(
+                errors.push(self.err(
                     k.pos,
                     &join_path(field, &k.name),
                     ErrorKind::UnknownField,

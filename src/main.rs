@@ -386,24 +386,42 @@ fn main() -> ExitCode {
 /// names file, line, column and field).
 fn load_all(paths: &[PathBuf]) -> Result<Vec<Arc<WorkflowSpec>>> {
     let mut out: Vec<Arc<WorkflowSpec>> = Vec::new();
+    // The files that loaded, by name (a name used twice is refused, naming both files).
+    let mut names: Vec<(String, &Path)> = Vec::new();
     let mut problems = Vec::new();
     for p in paths {
         match load_workflow(p) {
-            Ok(spec) if out.iter().any(|w| w.name == spec.name) => {
-                problems.push(format!("{}: workflow name `{}` is used twice in this run", p.display(), spec.name));
-            }
             Ok(spec) => {
+                let mut ok = true;
+                if let Some((_, first)) = names.iter().find(|(n, _)| *n == spec.name) {
+                    let (line, column) = spec.name_declared_at();
+                    problems.push(format!(
+                        "{}:{line}:{column}: name: workflow name `{}` is used twice in this run (also by {})",
+                        p.display(),
+                        spec.name,
+                        first.display()
+                    ));
+                    ok = false;
+                } else {
+                    names.push((spec.name.clone(), p.as_path()));
+                }
                 // The command line has no per-session inputs: without a dataset a reference that
                 // reads only input fields fails every session that reaches it.
-                let unresolvable = if spec.dataset.is_none() { spec.input_only_references() } else { Vec::new() };
-                if unresolvable.is_empty() {
+                if spec.dataset.is_none() {
+                    for site in spec.input_only_reference_sites() {
+                        problems.push(format!(
+                            "{}:{}:{}: {}: {} read(s) input fields but the workflow has no dataset, so `switchyard run` has no inputs to give: add a `dataset:` that maps them, write `?` or `default` after them, or serve the workflow and pass inputs per session",
+                            p.display(),
+                            site.line,
+                            site.column,
+                            site.field,
+                            site.references.join(", ")
+                        ));
+                        ok = false;
+                    }
+                }
+                if ok {
                     out.push(Arc::new(spec));
-                } else {
-                    problems.push(format!(
-                        "{}: {} read(s) input fields but the workflow has no dataset, so `switchyard run` has no inputs to give: add a `dataset:` that maps them, write `?` or `default` after them, or serve the workflow and pass inputs per session",
-                        p.display(),
-                        unresolvable.join(", ")
-                    ));
                 }
             }
             Err(e) => problems.push(e.to_string()),

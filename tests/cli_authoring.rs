@@ -213,7 +213,9 @@ fn input_fields_without_a_dataset_are_refused_before_a_run() {
         let out = switchyard_in(&dir, &args);
         assert_eq!(out.status.code(), Some(1), "{args:?}");
         let e = stderr(&out);
-        assert!(e.contains("{{input.question}} read(s) input fields but the workflow has no dataset"), "{e}");
+        // Placed like every other problem: file, line, column and field.
+        let want = format!("{}:16:13: nodes.draft.prompt: {{{{input.question}}}} read(s) input fields but the workflow has no dataset", path.display());
+        assert!(e.contains(&want), "missing `{want}` in:\n{e}");
     }
     // Optional, it is fine: every session gets the empty text.
     std::fs::write(&path, needs.replace("{{input.question}}", "{{input.question?}}")).expect("write");
@@ -280,5 +282,19 @@ nodes:
     assert!(alone.0 > 0, "some transcript parts pass 4,096 tokens: {alone:?}");
     assert!(alone.1.iter().all(|r| r.starts_with("map: prompt of ") && r.ends_with("exceeds deployment `q4`'s max_context 4096")), "{alone:?}");
     assert_eq!(run(&[&small, &big]), alone, "the same failures beside a larger-context workflow");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_workflow_name_used_twice_is_placed_at_the_second_files_name() {
+    let dir = tempdir("twice");
+    let text = "name: same\ndeployments:\n  d: {model: Qwen3-0.6B, dtype: fp16, max_context: 2048, max_output_tokens: 64}\nnodes:\n  - {id: a, deployment: d, prompt: hi}\n";
+    let a = write(&dir, "a.yaml", text);
+    let b = write(&dir, "b.yaml", &format!("# the same workflow again\n{text}"));
+    let out = switchyard_in(&dir, &["validate", a.to_str().unwrap_or_default(), b.to_str().unwrap_or_default()]);
+    assert_eq!(out.status.code(), Some(1));
+    let e = stderr(&out);
+    let want = format!("{}:2:7: name: workflow name `same` is used twice in this run (also by {})", b.display(), a.display());
+    assert!(e.contains(&want), "missing `{want}` in:\n{e}");
     let _ = std::fs::remove_dir_all(&dir);
 }

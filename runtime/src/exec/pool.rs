@@ -19,12 +19,12 @@
 //! — groups without a node share one node, `host`; a node without `host_memory_gib` has twice
 //! its GPUs' memory ([`DEFAULT_HOST_MEMORY_PER_GPU_MEMORY`]). The live pool file
 //! (`live::pool`) extends this one with an engine per device group; this parser reads a live
-//! pool file too, ignoring its engines. Depends on the spec
-//! catalogue and serde only, never on `sim` or `live`.
+//! pool file too, ignoring its engines. Every problem of a file is reported at once, each with
+//! its line, column and field (an unknown key with the closest known one). Depends on the spec
+//! catalogue and the workflow loader's positioned YAML reader only, never on `sim` or `live`.
 
 use std::path::{Path, PathBuf};
 
-use serde::Deserialize;
 use switchyard_predictor::{DeviceSpec, spec};
 use thiserror::Error;
 
@@ -48,6 +48,19 @@ pub enum PoolError {
     Node { path: PathBuf, at: String, node: String, message: String },
     #[error("{path}: the pool file is {size} bytes, more than the limit of {limit} bytes (1 MiB); is this the right file?")]
     TooLarge { path: PathBuf, size: u64, limit: u64 },
+    /// Several problems of one file, in file order (each one of the above).
+    #[error("{}", .0.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("\n"))]
+    Many(Vec<PoolError>),
+}
+
+impl PoolError {
+    /// Every problem: the list of a `Many`, else this one.
+    pub fn all(&self) -> Vec<&PoolError> {
+        match self {
+            PoolError::Many(list) => list.iter().collect(),
+            other => vec![other],
+        }
+    }
 }
 
 /// Most GPUs a pool may hold (the largest shipped pool has 256): a `count` is checked against
@@ -69,24 +82,6 @@ impl Positions {
         Positions(crate::workflow::yaml::parse("", text).ok())
     }
 
-    /// `:LINE:COLUMN` of the value at `path` (map keys and sequence indices), or "".
-    fn at(&self, path: &[PathStep<'_>]) -> String {
-        use crate::workflow::yaml::Value;
-        let Some(mut node) = self.0.as_ref() else { return String::new() };
-        for step in path {
-            let next = match (step, &node.value) {
-                (PathStep::Key(k), Value::Map(entries)) => entries.iter().find(|(key, _)| key.name == *k).map(|(_, v)| v),
-                (PathStep::Index(i), Value::Seq(items)) => items.get(*i),
-                _ => None,
-            };
-            match next {
-                Some(n) => node = n,
-                None => return String::new(),
-            }
-        }
-        format!(":{}:{}", node.pos.line, node.pos.column)
-    }
-
     /// The field path (`devices[0].count`) of the value at `line`:`column`, if one starts there.
     fn field_at(&self, line: u64, column: u64) -> Option<String> {
         use crate::workflow::yaml::{Node, Value};
@@ -102,11 +97,6 @@ impl Positions {
         }
         walk(self.0.as_ref()?, String::new(), line, column)
     }
-}
-
-enum PathStep<'a> {
-    Key(&'a str),
-    Index(usize),
 }
 
 /// A serde error of a pool file as `(line, column, message)`: the parser's message once,
@@ -165,38 +155,11 @@ pub fn read_bounded(path: &Path, limit: u64) -> Result<String, Bounded> {
     crate::values::utf8_text(bytes).map_err(Bounded::Io)
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct PoolFile {
-    name: String,
-    #[serde(default)]
-    description: Option<String>,
-    devices: Vec<DeviceGroup>,
-    #[serde(default)]
-    nodes: std::collections::BTreeMap<String, NodeEntry>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct NodeEntry {
-    #[serde(default)]
-    host_memory_gib: Option<f64>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct DeviceGroup {
-    kind: String,
-    #[serde(default = "one")]
-    count: u32,
-    #[serde(default)]
-    node: Option<String>,
-    /// A live pool file's engine (`live::pool`): the simulator reads such a file for its
-    /// devices and nodes and leaves the engines to `--live`.
-    #[serde(default)]
-    #[allow(dead_code)]
-    engine: Option<serde::de::IgnoredAny>,
-}
+/// The keys of a pool file, of a device group and of a node entry (a live pool file's groups
+/// also name their `engine`, which the live pool reads).
+const POOL_KEYS: &[&str] = &["name", "description", "devices", "nodes"];
+const GROUP_KEYS: &[&str] = &["kind", "count", "node", "engine"];
+const NODE_KEYS: &[&str] = &["host_memory_gib"];
 
 /// Host memory of a node without a stated size, per byte of its GPUs' memory: the lower of
 /// NVIDIA's DGX-1 (8× V100-32GB, 512 GB: 2.0×) and DGX A100 (8× A100-40GB, 1 TB: 3.2×)
@@ -211,10 +174,6 @@ pub const DEFAULT_NODE: &str = "host";
 pub struct HostNode {
     pub name: String,
     pub host_memory_bytes: u64,
-}
-
-fn one() -> u32 {
-    1
 }
 
 /// A pool: an ordered list of GPUs (device ids are positions in this list).
@@ -246,31 +205,109 @@ impl PoolSpec {
         Self::parse(path, &text)
     }
 
-    /// Parse pool YAML; `path` names the source in errors.
+    /// Parse pool YAML; `path` names the source in errors. Every problem of the file is
+    /// reported, each with its line, column and field (a syntax error stops the reading).
     pub fn parse(path: &Path, text: &str) -> Result<Self, PoolError> {
-        let file: PoolFile = serde_saphyr::from_str(text).map_err(|e| {
-            let (line, column, message) = parse_error(text, &e);
-            PoolError::Parse { path: path.to_path_buf(), line, column, message }
-        })?;
-        let positions = Positions::of(text);
+        use crate::workflow::yaml::{self, Ctx, Value};
+        use crate::workflow::WorkflowError;
+        let file = path.display().to_string();
+        let ctx = Ctx { file: &file };
+        // The workflow reader's positioned errors, as this file's.
+        let placed = |e: WorkflowError| -> Vec<PoolError> {
+            e.all()
+                .into_iter()
+                .map(|e| match e {
+                    WorkflowError::Invalid { line, column, field, message, .. } => PoolError::Parse {
+                        path: path.to_path_buf(),
+                        line: *line,
+                        column: *column,
+                        message: if field.is_empty() || field == "(document)" { message.clone() } else { format!("{field}: {message}") },
+                    },
+                    other => PoolError::Parse { path: path.to_path_buf(), line: 1, column: 1, message: other.to_string() },
+                })
+                .collect()
+        };
+        let doc = yaml::parse_strict_booleans(&file, text).map_err(|e| many(placed(e)))?;
+        let mut read: Vec<WorkflowError> = Vec::new();
+        let mut problems: Vec<PoolError> = Vec::new();
+        let top = match ctx.map_all(&doc, "", POOL_KEYS, &mut read) {
+            Ok(top) => top,
+            Err(e) => return Err(many(placed(e))),
+        };
+        let name = top.required(&ctx, "", "name").and_then(|n| ctx.string(n, "name")).map_err(|e| read.push(e)).ok();
+        let description = top.get("description").and_then(|d| ctx.string(d, "description").map_err(|e| read.push(e)).ok());
+
+        // Device groups: each group's problems, every group.
         let mut devices = Vec::new();
         let mut node_names: Vec<String> = Vec::new();
         let mut node_of = Vec::new();
         let mut total = 0u64;
-        for (index, group) in file.devices.iter().enumerate() {
-            total = add_devices(total, group.count).ok_or_else(|| PoolError::TooManyDevices {
-                path: path.to_path_buf(),
-                at: positions.at(&[PathStep::Key("devices"), PathStep::Index(index), PathStep::Key("count")]),
-                index,
-                total: total + u64::from(group.count),
-            })?;
-            let d = spec::device(&group.kind).map_err(|e| PoolError::Device {
-                path: path.to_path_buf(),
-                at: positions.at(&[PathStep::Key("devices"), PathStep::Index(index), PathStep::Key("kind")]),
-                index,
-                message: e.to_string(),
-            })?;
-            let name = group.node.clone().unwrap_or_else(|| DEFAULT_NODE.to_string());
+        let mut groups_read = true;
+        // The nodes every group names, whether or not the rest of the group reads.
+        let mut named: Vec<String> = Vec::new();
+        let groups = top.required(&ctx, "", "devices").and_then(|d| ctx.seq(d, "devices")).map_err(|e| read.push(e)).ok();
+        for (index, g) in groups.unwrap_or_default().iter().enumerate() {
+            let field = format!("devices[{index}]");
+            let before = read.len() + problems.len();
+            let Ok(m) = ctx.map_all(g, &field, GROUP_KEYS, &mut read).map_err(|e| read.push(e)) else {
+                groups_read = false;
+                continue;
+            };
+            let kind = m.required(&ctx, &field, "kind").and_then(|k| Ok((k, ctx.string(k, &format!("{field}.kind"))?))).map_err(|e| read.push(e)).ok();
+            let device = kind.and_then(|(k, kind)| {
+                spec::device(&kind)
+                    .map_err(|e| {
+                        problems.push(PoolError::Device {
+                            path: path.to_path_buf(),
+                            at: format!(":{}:{}", k.pos.line, k.pos.column),
+                            index,
+                            message: e.to_string(),
+                        })
+                    })
+                    .ok()
+            });
+            let count = match m.get("count") {
+                None => Some(1),
+                Some(c) => match ctx.u32(c, &format!("{field}.count")) {
+                    Ok(n) => match add_devices(total, n) {
+                        Some(t) => {
+                            total = t;
+                            Some(n)
+                        }
+                        None => {
+                            problems.push(PoolError::TooManyDevices {
+                                path: path.to_path_buf(),
+                                at: format!(":{}:{}", c.pos.line, c.pos.column),
+                                index,
+                                total: total + u64::from(n),
+                            });
+                            None
+                        }
+                    },
+                    Err(_) => {
+                        read.push(ctx.err(
+                            c.pos,
+                            &format!("{field}.count"),
+                            crate::workflow::ErrorKind::BadType,
+                            format!("expected a whole number of GPUs (0 to {MAX_POOL_DEVICES}), found {}", c.value.describe()),
+                        ));
+                        None
+                    }
+                },
+            };
+            let node = match m.get("node") {
+                None => Some(DEFAULT_NODE.to_string()),
+                Some(n) => ctx.string(n, &format!("{field}.node")).map_err(|e| read.push(e)).ok(),
+            };
+            named.extend(node.clone());
+            if read.len() + problems.len() > before {
+                groups_read = false;
+                continue;
+            }
+            let (Some(d), Some(count), Some(name)) = (device, count, node) else {
+                groups_read = false;
+                continue;
+            };
             let node = match node_names.iter().position(|n| *n == name) {
                 Some(i) => i,
                 None => {
@@ -278,43 +315,84 @@ impl PoolSpec {
                     node_names.len() - 1
                 }
             };
-            for _ in 0..group.count {
+            for _ in 0..count {
                 devices.push(d.clone());
                 node_of.push(node);
             }
         }
-        if devices.is_empty() {
-            return Err(PoolError::Empty { path: path.to_path_buf(), at: positions.at(&[PathStep::Key("devices")]) });
+        if groups.is_some() && groups_read && devices.is_empty() {
+            let at = top.get("devices").map(|d| format!(":{}:{}", d.pos.line, d.pos.column)).unwrap_or_default();
+            problems.push(PoolError::Empty { path: path.to_path_buf(), at });
         }
-        for name in file.nodes.keys() {
-            if !node_names.contains(name) {
-                return Err(PoolError::Node {
-                    path: path.to_path_buf(),
-                    at: positions.at(&[PathStep::Key("nodes"), PathStep::Key(name)]),
-                    node: name.clone(),
-                    message: format!("no device group names node `{name}`"),
-                });
-            }
-        }
-        let mut nodes = Vec::new();
-        for (i, name) in node_names.iter().enumerate() {
-            let gpu: u64 = devices.iter().zip(&node_of).filter(|(_, n)| **n == i).map(|(d, _)| d.memory_bytes).sum();
-            let host_memory_bytes = match file.nodes.get(name).and_then(|n| n.host_memory_gib) {
-                Some(gib) if gib.is_finite() && gib >= 0.0 => (gib * (1u64 << 30) as f64) as u64,
-                Some(gib) => {
-                    return Err(PoolError::Node {
+
+        // Hosts: each entry's host memory, and that some group names it.
+        let mut host_memory: Vec<(String, f64)> = Vec::new();
+        if let Some(nodes) = top.get("nodes")
+            && let Ok(entries) = ctx.entries(nodes, "nodes").map_err(|e| read.push(e))
+        {
+            for (key, value) in entries {
+                let field = format!("nodes.{}", key.name);
+                if !named.contains(&key.name) {
+                    problems.push(PoolError::Node {
                         path: path.to_path_buf(),
-                        at: positions.at(&[PathStep::Key("nodes"), PathStep::Key(name), PathStep::Key("host_memory_gib")]),
-                        node: name.clone(),
-                        message: format!("host_memory_gib must be a non-negative number of GiB (got {gib})"),
+                        at: format!(":{}:{}", value.pos.line, value.pos.column),
+                        node: key.name.clone(),
+                        message: format!("no device group names node `{}`", key.name),
                     });
                 }
+                if matches!(value.value, Value::Null) {
+                    continue;
+                }
+                let Ok(m) = ctx.map_all(value, &field, NODE_KEYS, &mut read).map_err(|e| read.push(e)) else { continue };
+                let Some(g) = m.get("host_memory_gib") else { continue };
+                match ctx.f64(g, &format!("{field}.host_memory_gib")) {
+                    Ok(gib) if gib >= 0.0 => host_memory.push((key.name.clone(), gib)),
+                    Ok(gib) => problems.push(PoolError::Node {
+                        path: path.to_path_buf(),
+                        at: format!(":{}:{}", g.pos.line, g.pos.column),
+                        node: key.name.clone(),
+                        message: format!("host_memory_gib must be a non-negative number of GiB (got {gib})"),
+                    }),
+                    Err(e) => read.push(e),
+                }
+            }
+        }
+        for e in read {
+            problems.extend(placed(e));
+        }
+        let Some(name) = name.filter(|_| problems.is_empty()) else {
+            let position = |e: &PoolError| match e {
+                PoolError::Parse { line, column, .. } => (*line, *column),
+                PoolError::Device { at, .. } | PoolError::Empty { at, .. } | PoolError::TooManyDevices { at, .. } | PoolError::Node { at, .. } => {
+                    let mut parts = at.trim_start_matches(':').split(':').map(|x| x.parse::<u64>().unwrap_or(0));
+                    (parts.next().unwrap_or(0), parts.next().unwrap_or(0))
+                }
+                _ => (0, 0),
+            };
+            problems.sort_by_key(position);
+            return Err(many(problems));
+        };
+        let mut nodes = Vec::new();
+        for (i, node) in node_names.iter().enumerate() {
+            let gpu: u64 = devices.iter().zip(&node_of).filter(|(_, n)| **n == i).map(|(d, _)| d.memory_bytes).sum();
+            let host_memory_bytes = match host_memory.iter().find(|(n, _)| n == node) {
+                Some((_, gib)) => (gib * (1u64 << 30) as f64) as u64,
                 None => (gpu as f64 * DEFAULT_HOST_MEMORY_PER_GPU_MEMORY) as u64,
             };
-            nodes.push(HostNode { name: name.clone(), host_memory_bytes });
+            nodes.push(HostNode { name: node.clone(), host_memory_bytes });
         }
-        Ok(PoolSpec { name: file.name, description: file.description, devices, nodes, node_of })
+        Ok(PoolSpec { name, description, devices, nodes, node_of })
     }
+}
+
+/// One error for a list of them (the error itself when there is one).
+fn many(mut problems: Vec<PoolError>) -> PoolError {
+    if problems.len() == 1
+        && let Some(one) = problems.pop()
+    {
+        return one;
+    }
+    PoolError::Many(problems)
 }
 
 #[cfg(test)]
@@ -358,7 +436,21 @@ mod tests {
         let e = PoolSpec::parse(Path::new("p.yaml"), "name: t\ndevices:\n  - { kind: A40 }\n  - { kind: V100-16GB }\n").unwrap_err();
         assert!(e.to_string().starts_with("p.yaml:4:13: devices[1].kind: unknown device `V100-16GB`"), "{e}");
         let e = PoolSpec::parse(Path::new("p.yaml"), "name: t\ndevices:\n  - { kind: A40, count: two }\n").unwrap_err();
-        assert_eq!(e.to_string(), "p.yaml:3:25: devices[0].count: invalid u32");
+        assert_eq!(e.to_string(), "p.yaml:3:25: devices[0].count: expected a whole number of GPUs (0 to 16384), found string `two`");
+    }
+
+    #[test]
+    fn every_problem_of_a_pool_file_is_listed_with_a_did_you_mean() {
+        let text = "name: t\ndevice_count: 3\nnodes:\n  big: { host_memory_gb: 1024 }\ndevices:\n  - { kind: V100-32G, count: 2 }\n  - { kind: A40 }\n  - { kind: A40, cuont: 1 }\n  - { kind: A40, count: two }\n";
+        let e = PoolSpec::parse(Path::new("p.yaml"), text).unwrap_err();
+        let lines: Vec<String> = e.all().iter().map(|e| e.to_string()).collect();
+        assert_eq!(lines.len(), 6, "{e}");
+        assert!(lines[0].starts_with("p.yaml:2:1: device_count: unknown field `device_count`"), "{e}");
+        assert!(lines[1].starts_with("p.yaml:4:8: nodes.big: no device group names node `big`"), "{e}");
+        assert!(lines[2].starts_with("p.yaml:4:10: nodes.big.host_memory_gb: unknown field `host_memory_gb` (did you mean `host_memory_gib`?)"), "{e}");
+        assert!(lines[3].starts_with("p.yaml:6:13: devices[0].kind: unknown device `V100-32G`"), "{e}");
+        assert!(lines[4].starts_with("p.yaml:8:18: devices[2].cuont: unknown field `cuont` (did you mean `count`?)"), "{e}");
+        assert_eq!(lines[5], "p.yaml:9:25: devices[3].count: expected a whole number of GPUs (0 to 16384), found string `two`");
     }
 
     #[test]

@@ -190,6 +190,14 @@ pub fn parse(file: &str, text: &str) -> Result<Node, WorkflowError> {
     parse_with(file, text, serde_saphyr::Options::default())
 }
 
+/// [`parse`] with YAML 1.2's booleans only (`true`/`false`): `n`, `yes` or `off` stay text, as a
+/// typed reader of a name would read them (a pool file's `node: n`).
+pub fn parse_strict_booleans(file: &str, text: &str) -> Result<Node, WorkflowError> {
+    let mut options = serde_saphyr::Options::default();
+    options.strict_booleans = true;
+    parse_with(file, text, options)
+}
+
 fn parse_with(file: &str, text: &str, options: serde_saphyr::Options) -> Result<Node, WorkflowError> {
     match serde_saphyr::from_str_with_options::<Spanned<Raw>>(text, options) {
         Ok(raw) => Ok(convert(raw)),

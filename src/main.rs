@@ -895,6 +895,10 @@ fn print_tables(r: &RunReport, wall: f64) {
         "loads {} · evictions {} · sleeps {} · wakes {} · LLM calls {} · tool calls {} · prompt tokens {} ({} from prefix cache) · generated tokens {} · preemptions {}",
         r.loads, r.evictions, r.sleeps, r.wakes, r.llm_calls, r.tool_calls, r.prompt_tokens, r.cached_prompt_tokens, r.generated_tokens, r.preemptions
     );
+    // Tool calls that failed (a timeout, a crash, failing tests …) are otherwise only in --json.
+    if let Some(line) = r.tools.failed_line(r.tool_calls) {
+        println!("{line}");
+    }
     if !r.wasted.is_empty() {
         let w = &r.wasted;
         println!(

@@ -298,3 +298,31 @@ fn a_workflow_name_used_twice_is_placed_at_the_second_files_name() {
     assert!(e.contains(&want), "missing `{want}` in:\n{e}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Tool calls that failed (here: every shell check timed out) are named under the text
+/// report's table, by cause, not only in `--json`'s `tools.failures_by_cause`.
+#[test]
+fn failed_tool_calls_are_counted_in_the_text_report() {
+    let dir = tempdir("tooltimeout");
+    let wf = write(
+        &dir,
+        "slow.yaml",
+        "name: slow
+deployments:
+  d: {model: Qwen3-0.6B, dtype: fp16, max_context: 2048, max_output_tokens: 64}
+nodes:
+  - {id: a, deployment: d, prompt: hi}
+  - id: check
+    tool: shell
+    after: a
+    timeout_s: 1
+    inputs: {command: \"sleep 5\"}
+",
+    );
+    let pool = root().join("workflows/pools/small.yaml");
+    let out = switchyard_in(&dir, &["run", wf.to_str().unwrap_or_default(), "--sessions", "2", "--pool", pool.to_str().unwrap_or_default()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(text.contains("tool calls failed: 2 of 2 (timeout 2)"), "{text}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -276,6 +276,24 @@ impl ToolReport {
         report
     }
 
+    /// The text report's line for failed tool calls, by cause, most frequent first
+    /// (`tool calls failed: 3 of 7 (timeout 2, crashed 1)`); `None` when none failed.
+    /// `calls` is the run's tool calls.
+    pub fn failed_line(&self, calls: u64) -> Option<String> {
+        let failed: u64 = self.failures_by_cause.values().sum();
+        if failed == 0 {
+            return None;
+        }
+        let mut causes: Vec<(&String, &u64)> = self.failures_by_cause.iter().collect();
+        causes.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+        let by_cause: Vec<String> = causes.iter().map(|(c, n)| format!("{c} {n}")).collect();
+        Some(format!(
+            "tool calls failed: {failed} of {} ({}); the first {MAX_LISTED_TOOL_FAILURES} are listed in --json's `tools.failures`",
+            calls.max(failed),
+            by_cause.join(", ")
+        ))
+    }
+
     /// Add one session's log. Sessions may come in any order (a shell adds each as it ends):
     /// the listed failures stay the first [`MAX_LISTED_TOOL_FAILURES`] by session, then call
     /// order — a failure cut from the list has a larger key than every one kept, and the kept
@@ -304,6 +322,15 @@ mod tests {
 
     fn failure(session: u32, cause: &str) -> ToolFailureRecord {
         ToolFailureRecord { session, node: "test".into(), tool: "python_tests".into(), cause: cause.into(), detail: String::new() }
+    }
+
+    #[test]
+    fn failed_tool_calls_make_one_line_by_cause() {
+        assert_eq!(ToolReport::default().failed_line(9), None);
+        let a = SessionToolLog { failures: vec![failure(0, "timeout"), failure(0, "crashed"), failure(0, "timeout")], ..Default::default() };
+        let report = ToolReport::collect([(0, &a)]);
+        let line = report.failed_line(7).unwrap_or_default();
+        assert!(line.starts_with("tool calls failed: 3 of 7 (timeout 2, crashed 1); "), "{line}");
     }
 
     #[test]

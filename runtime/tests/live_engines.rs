@@ -316,6 +316,61 @@ async fn a_streamed_call_answered_with_one_json_body_is_read_as_a_whole_answer()
     }
 }
 
+/// What a 200 holds decides a call the same way streamed or not: no choice is a bad answer
+/// (sent again: a stream of only `[DONE]` completed with empty text, one with no event at all
+/// was refused at once, while `"choices": []` was sent again); a body that is neither JSON nor
+/// an event stream is unparsable, its excerpt in the error (a streamed one was read as an
+/// empty stream and refused, the body never shown); a stream is whole at `[DONE]` or once a
+/// choice carried its `finish_reason` (one that closed after it without `[DONE]` was taken
+/// for a dropped connection), and cut short when it closes before either.
+#[tokio::test]
+async fn a_200_without_an_answer_is_a_bad_answer_streamed_or_not() {
+    enum Want {
+        Answer(&'static str, u32),
+        Bad(&'static str),
+        CutShort,
+    }
+    const SSE: &str = "text/event-stream";
+    let chunk = |content: &str, finish: &str| {
+        format!(r#"data: {{"choices":[{{"index":0,"delta":{{"content":"{content}"}},"finish_reason":{finish}}}]}}"#) + "\n\n"
+    };
+    let usage = r#"data: {"choices":[],"usage":{"prompt_tokens":10,"completion_tokens":7,"total_tokens":17}}"#.to_string() + "\n\n";
+    let done = "data: [DONE]\n\n";
+    let words = chunk("A ", "null") + &chunk("scheduler", "null");
+    let cases: Vec<(&str, &str, String, bool, Want)> = vec![
+        ("html, streamed", "text/html", "<html>gateway</html>".into(), true, Want::Bad("<html>gateway</html>")),
+        ("html, whole", "text/html", "<html>gateway</html>".into(), false, Want::Bad("<html>gateway</html>")),
+        ("an event stream with no event", SSE, "<html>gateway</html>".into(), true, Want::Bad("(no event in it): <html>gateway</html>")),
+        ("an empty stream", SSE, String::new(), true, Want::Bad("empty stream")),
+        ("only [DONE]", SSE, done.into(), true, Want::Bad("no choices")),
+        ("only usage", SSE, usage.clone() + done, true, Want::Bad("no choices")),
+        ("no choices, whole", "application/json", r#"{"choices":[],"usage":{"prompt_tokens":10,"completion_tokens":0}}"#.into(), false, Want::Bad("no choices")),
+        ("finished, usage, no [DONE]", SSE, words.clone() + &chunk("", r#""stop""#) + &usage, true, Want::Answer("A scheduler", 7)),
+        ("finished, no usage, no [DONE]", SSE, words.clone() + &chunk("", r#""length""#), true, Want::Answer("A scheduler", 2)),
+        ("no finish_reason, [DONE]", SSE, words.clone() + done, true, Want::Answer("A scheduler", 2)),
+        ("no finish_reason, no [DONE]", SSE, words.clone(), true, Want::CutShort),
+    ];
+    for (case, content_type, body, stream, want) in cases {
+        let app = axum::Router::new().fallback(move || {
+            let body = body.clone();
+            async move { ([(axum::http::header::CONTENT_TYPE, content_type)], body) }
+        });
+        let (root, task) = serve_on_loopback(app).await;
+        let e = OpenAiEngine::new(&format!("{root}/v1"), MODEL, options()).unwrap();
+        let r = e.submit(request(1, "hi", None, stream)).await;
+        match (want, r) {
+            (Want::Answer(text, output), Ok(a)) => assert_eq!((a.text.as_str(), a.output_tokens), (text, output), "{case}"),
+            (Want::Bad(said), Err(err @ EngineError::BadResponse(_))) => {
+                assert!(err.retryable(), "{case}: {err:?}");
+                assert!(err.to_string().contains(said), "{case}: {err}");
+            }
+            (Want::CutShort, Err(err @ EngineError::Unreachable(_))) => assert!(err.to_string().contains("before [DONE]"), "{case}: {err}"),
+            (_, r) => panic!("{case}: {r:?}"),
+        }
+        task.abort();
+    }
+}
+
 /// An upstream server is a network peer: one that streams text past the call's token limit,
 /// sends an event-stream line that never ends, answers with a body of gigabytes or redirects to
 /// another host is cut off with a bad-response error, quickly, without buffering what it sends

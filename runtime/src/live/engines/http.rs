@@ -24,9 +24,13 @@
 //!
 //! **Errors**: connection refused/reset and a stream cut short → `Unreachable`; 401/403 →
 //! `Auth`; 429, and 503 with `Retry-After` → `Overloaded` (with the server's `Retry-After`);
-//! other 4xx → `Rejected`; 5xx and unparsable answers → `BadResponse`. A call that makes no
-//! progress for `stall_timeout` gets its server probed (`/health`): a server that does not
-//! answer is `Unreachable` (a stopped or hung process: the replica is dead), one that answers
+//! other 4xx → `Rejected`; 5xx and unparsable answers → `BadResponse`, and so is a 200 that holds
+//! no answer, streamed or not: no choice (`"choices": []`, a stream of only `[DONE]` or with no
+//! event at all), or a body that is neither JSON nor an event stream (a gateway's HTML page:
+//! its excerpt is in the error). A stream is whole at `[DONE]`, or when it closes after a
+//! choice carried its `finish_reason`; one that closes before either was cut short
+//! (`Unreachable`). A call that makes no progress for `stall_timeout` gets its server probed
+//! (`/health`): a server that does not answer is `Unreachable` (a stopped or hung process: the replica is dead), one that answers
 //! keeps the call waiting until its deadline (the request's `deadline_s`, at most
 //! `request_timeout`), then `TimedOut` (a slow request, not a dead replica). One HTTP request
 //! per call, no hidden retries (the replica actor decides).
@@ -277,6 +281,21 @@ fn sse_bounded<B: AsRef<[u8]>>(
     bytes.map(move |chunk| cut.take(chunk.map_err(StreamBytesError::Transport)?.as_ref()))
 }
 
+/// Most bytes of a stream's start kept to show in an error (an excerpt is [`ERROR_EXCERPT`]
+/// characters, of up to 4 bytes each).
+const HEAD_BYTES: usize = 4 * ERROR_EXCERPT;
+
+/// Whether an answer's `Content-Type` says it is an event stream, or says nothing (a stream
+/// without the header is still parsed as one: one with no event in it is refused then).
+fn is_event_stream(headers: &HeaderMap) -> bool {
+    match headers.get(reqwest::header::CONTENT_TYPE) {
+        None => true,
+        Some(v) => v
+            .to_str()
+            .is_ok_and(|v| v.trim_start().to_ascii_lowercase().starts_with("text/event-stream")),
+    }
+}
+
 fn excerpt(body: &str) -> String {
     let body = body.trim();
     match body.char_indices().nth(ERROR_EXCERPT) {
@@ -384,6 +403,8 @@ pub(crate) struct StreamFold {
     text: String,
     first_choice_at: Option<Duration>,
     usage: Option<(u32, u32, u32)>,
+    /// A choice carried a `finish_reason`: the answer is whole (the server ended it).
+    finished: bool,
 }
 
 impl StreamFold {
@@ -400,6 +421,9 @@ impl StreamFold {
                 if let Some(t) = choice_text(c) {
                     self.text.push_str(t);
                 }
+                if c.get("finish_reason").is_some_and(|r| !r.is_null()) {
+                    self.finished = true;
+                }
             }
         } else if chunk.get("usage").is_none() {
             return Err(EngineError::BadResponse(format!(
@@ -413,6 +437,17 @@ impl StreamFold {
             self.usage = Some(u);
         }
         Ok(())
+    }
+
+    /// Whether a choice came: a stream without one (only `[DONE]`, or only `usage`) holds no
+    /// answer, as a whole body with `"choices": []` holds none.
+    pub(crate) fn any_choice(&self) -> bool {
+        self.first_choice_at.is_some()
+    }
+
+    /// Whether a choice carried a `finish_reason` (the server ended the answer).
+    pub(crate) fn finished(&self) -> bool {
+        self.finished
     }
 
     /// The completion; without a `usage` chunk the counts are ours ([`counted_usage`]).
@@ -803,15 +838,11 @@ impl HttpEngine {
         if !response.status().is_success() {
             return Err(response_error(&what, response).await);
         }
-        // A streamed request answered with one JSON body (a server or proxy that ignores
-        // `stream`, or an error object with a 200) is read as a whole answer, not as an empty
-        // event stream.
-        let json_body = response
-            .headers()
-            .get(reqwest::header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| v.trim_start().to_ascii_lowercase().starts_with("application/json"));
-        if !request.stream || json_body {
+        // A streamed request answered with anything but an event stream — one JSON body (a
+        // server or proxy that ignores `stream`, or an error object with a 200), a gateway's
+        // HTML page — is read as a whole answer, as without streaming: JSON is the answer,
+        // anything else an unparsable body (a bad answer, sent again), never an empty stream.
+        if !request.stream || !is_event_stream(response.headers()) {
             let read = read_capped(&what, response, MAX_BODY_BYTES);
             let bytes = self.watched(&what, read, started, deadline).await?;
             let latency = started.elapsed();
@@ -827,7 +858,18 @@ impl HttpEngine {
             }
             return Ok(completion);
         }
-        let mut events = sse_bounded(response.bytes_stream()).eventsource();
+        // The stream's first bytes, to show when they hold no event.
+        let head = std::sync::Arc::new(Mutex::new(Vec::new()));
+        let bytes = response.bytes_stream().inspect({
+            let head = std::sync::Arc::clone(&head);
+            move |chunk| {
+                if let (Ok(chunk), Ok(mut head)) = (chunk, head.lock()) {
+                    let room = HEAD_BYTES.saturating_sub(head.len());
+                    head.extend_from_slice(&chunk[..chunk.len().min(room)]);
+                }
+            }
+        });
+        let mut events = sse_bounded(bytes).eventsource();
         // The answer's text cannot be longer than its token limit allows: a server that streams
         // on past it (a bug, or a hostile peer) is cut off, not buffered.
         let text_cap = (request.max_tokens as usize).saturating_mul(tokens::MAX_TOKEN_BYTES).saturating_add(4096);
@@ -876,16 +918,33 @@ impl HttpEngine {
                 return Err(EngineError::Cancelled(format!("{what}: the caller went away")));
             }
         }
-        if !any_event {
-            // A 200 with an empty stream is an answer, not a dropped connection: it is how
-            // llama-cpp-python refuses a streamed prompt over its context.
-            return Err(EngineError::Rejected(format!(
-                "{what}: the server answered with an empty stream (a prompt over its context?)"
+        let head = head.lock().map(|h| String::from_utf8_lossy(&h).into_owned()).unwrap_or_default();
+        if !any_event && head.is_empty() {
+            // A 200 with an empty stream holds no answer, as `"choices": []` holds none: a bad
+            // answer, sent again. llama-cpp-python answers a streamed prompt over its context so.
+            return Err(EngineError::BadResponse(format!(
+                "{what}: the server answered with an empty stream (no answer: llama-cpp-python refuses a prompt over its context so)"
             )));
         }
-        if !done {
+        if !any_event {
+            return Err(EngineError::BadResponse(format!(
+                "{what}: unparsable event stream (no event in it): {}",
+                excerpt(&head)
+            )));
+        }
+        // Without a choice there is no answer, whether `[DONE]` came or not.
+        if !fold.any_choice() {
+            return Err(EngineError::BadResponse(format!(
+                "{what}: no choices in the stream: {}",
+                excerpt(&head)
+            )));
+        }
+        // A stream that ended without `[DONE]` is whole when a choice carried its
+        // `finish_reason` (the server ended the answer, then closed without the marker);
+        // without either it was cut short.
+        if !done && !fold.finished() {
             return Err(EngineError::Unreachable(format!(
-                "{what}: the stream ended before [DONE]"
+                "{what}: the stream ended before [DONE] and before any finish_reason"
             )));
         }
         Ok(within_limits(fold.finish(started.elapsed(), request.prompt_tokens), &request, self.facts().max_model_len))

@@ -10,8 +10,10 @@
 //! engines first) and exits with status 130. A second signal of either kind exits at once
 //! (status 130 after SIGINT, 143 after SIGTERM), after a SIGKILL to the process groups of the
 //! engines this process recorded in the engine registry; the engine children also die with
-//! the process through `PR_SET_PDEATHSIG`. The handler is tokio's (already a dependency
-//! through the runtime), on a thread of its own.
+//! the process through `PR_SET_PDEATHSIG`. A signal within [`SAME_INTERRUPT`] of the first is
+//! the same interrupt, not a second one: coreutils' `timeout` sends its SIGTERM twice, to the
+//! process and then to its process group, microseconds apart ([`Interrupts`]). The handler is
+//! tokio's (already a dependency through the runtime), on a thread of its own.
 
 use std::io::{IsTerminal, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -167,6 +169,47 @@ fn emit(line: &str) {
     let _ = err.flush();
 }
 
+/// Signals that come within this long of the first one are that same interrupt, not a request
+/// to quit at once. coreutils' `timeout` (and a shell's job control with a supervisor's `kill`)
+/// signals the process and then its process group, microseconds apart; this handler's thread
+/// may be descheduled for tens or hundreds of milliseconds on a loaded host between taking the
+/// two. A person's deliberate second Ctrl-C — after the first one's message, when the run does
+/// not stop soon enough — comes seconds later, and even a hurried double press takes a few
+/// hundred milliseconds. Erring long costs that person one more key press; erring short loses
+/// the partial report.
+pub const SAME_INTERRUPT: Duration = Duration::from_millis(500);
+
+/// What one SIGINT or SIGTERM asks for ([`Interrupts::on`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SignalAction {
+    /// The first: stop the run and write the partial report.
+    Stop,
+    /// Within [`SAME_INTERRUPT`] of the first: the same interrupt again (ignored).
+    Repeat,
+    /// A second interrupt: exit at once with this status.
+    Quit(u8),
+}
+
+/// The interrupts taken so far: when the first came.
+#[derive(Debug, Default)]
+struct Interrupts {
+    first: Option<Instant>,
+}
+
+impl Interrupts {
+    /// A signal standing for exit status `status`, taken at `at`.
+    fn on(&mut self, status: u8, at: Instant) -> SignalAction {
+        match self.first {
+            None => {
+                self.first = Some(at);
+                SignalAction::Stop
+            }
+            Some(first) if at.saturating_duration_since(first) < SAME_INTERRUPT => SignalAction::Repeat,
+            Some(_) => SignalAction::Quit(status),
+        }
+    }
+}
+
 /// The next SIGINT or SIGTERM, as the exit status it stands for (`None`: the signal streams
 /// ended, the driver is gone).
 async fn next_signal(i: &mut tokio::signal::unix::Signal, t: &mut tokio::signal::unix::Signal) -> Option<u8> {
@@ -177,8 +220,9 @@ async fn next_signal(i: &mut tokio::signal::unix::Signal, t: &mut tokio::signal:
 }
 
 /// Install the Ctrl-C and SIGTERM handler: the first SIGINT or SIGTERM sets the returned flag
-/// (and says so on stderr), a second one exits at once with [`EXIT_INTERRUPTED`] (SIGINT) or
-/// [`EXIT_TERMINATED`] (SIGTERM), killing this process's engine groups first.
+/// (and says so on stderr), a second one — [`SAME_INTERRUPT`] or more after the first — exits
+/// at once with [`EXIT_INTERRUPTED`] (SIGINT) or [`EXIT_TERMINATED`] (SIGTERM), killing this
+/// process's engine groups first.
 pub fn on_ctrl_c() -> Result<Arc<AtomicBool>> {
     on_ctrl_c_doing("stopping the run and writing a partial report")
 }
@@ -203,24 +247,60 @@ pub fn on_ctrl_c_doing(what: &'static str) -> Result<Arc<AtomicBool>> {
         .name("switchyard-sigint".into())
         .spawn(move || {
             runtime.block_on(async move {
-                let Some(first) = next_signal(&mut interrupts, &mut terms).await else {
-                    return;
-                };
-                set.store(true, Ordering::SeqCst);
-                if first == EXIT_INTERRUPTED {
-                    emit(&format!("interrupted: {what} (Ctrl-C again to quit at once)"));
-                } else {
-                    emit(&format!("terminated (SIGTERM): {what} (a second signal quits at once)"));
-                }
-                if let Some(status) = next_signal(&mut interrupts, &mut terms).await {
-                    // The engine children die with this process (PR_SET_PDEATHSIG); the processes
-                    // they forked are in their groups.
-                    let dir = switchyard_runtime::live::engines::registry::default_dir();
-                    switchyard_runtime::live::engines::registry::kill_own(&dir);
-                    std::process::exit(i32::from(status));
+                let mut taken = Interrupts::default();
+                while let Some(status) = next_signal(&mut interrupts, &mut terms).await {
+                    match taken.on(status, Instant::now()) {
+                        SignalAction::Stop => {
+                            set.store(true, Ordering::SeqCst);
+                            let line = if status == EXIT_INTERRUPTED {
+                                format!("interrupted: {what} (Ctrl-C again to quit at once)")
+                            } else {
+                                format!("terminated (SIGTERM): {what} (a second signal quits at once)")
+                            };
+                            // Said from a thread of its own: a stderr that blocks (a full pipe)
+                            // must not hold this one while a repeat of the signal comes, which
+                            // would then be taken late, as a second interrupt.
+                            let said = std::thread::Builder::new()
+                                .name("switchyard-sigint-say".into())
+                                .spawn({
+                                    let line = line.clone();
+                                    move || emit(&line)
+                                });
+                            if said.is_err() {
+                                emit(&line);
+                            }
+                        }
+                        SignalAction::Repeat => {}
+                        SignalAction::Quit(status) => {
+                            // The engine children die with this process (PR_SET_PDEATHSIG); the
+                            // processes they forked are in their groups.
+                            let dir = switchyard_runtime::live::engines::registry::default_dir();
+                            switchyard_runtime::live::engines::registry::kill_own(&dir);
+                            std::process::exit(i32::from(status));
+                        }
+                    }
                 }
             });
         })
         .context("cannot start the Ctrl-C handler's thread")?;
     Ok(flag)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_signal_within_the_window_is_the_same_interrupt() {
+        let t0 = Instant::now();
+        let mut taken = Interrupts::default();
+        assert_eq!(taken.on(EXIT_TERMINATED, t0), SignalAction::Stop);
+        // `timeout`'s second SIGTERM (to the process group), microseconds later: the same one.
+        assert_eq!(taken.on(EXIT_TERMINATED, t0 + Duration::from_micros(30)), SignalAction::Repeat);
+        // Any kind, up to just inside the window.
+        assert_eq!(taken.on(EXIT_INTERRUPTED, t0 + SAME_INTERRUPT - Duration::from_millis(1)), SignalAction::Repeat);
+        // A repeat does not move the window: a signal after it quits.
+        assert_eq!(taken.on(EXIT_INTERRUPTED, t0 + SAME_INTERRUPT), SignalAction::Quit(EXIT_INTERRUPTED));
+        assert_eq!(taken.on(EXIT_TERMINATED, t0 + Duration::from_secs(3)), SignalAction::Quit(EXIT_TERMINATED));
+    }
 }

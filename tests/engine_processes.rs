@@ -58,6 +58,7 @@ fn pool_file(dir: &Path, children: Children) -> PathBuf {
 struct Run {
     child: Child,
     registry: PathBuf,
+    stdout: PathBuf,
     stderr: PathBuf,
     _dir: tempfile::TempDir,
 }
@@ -67,6 +68,7 @@ impl Run {
         let dir = tempfile::tempdir().expect("tempdir");
         let pool = pool_file(dir.path(), children);
         let registry = dir.path().join("registry");
+        let stdout = dir.path().join("stdout.txt");
         let stderr = dir.path().join("stderr.txt");
         let child = Command::new(EXE)
             .args(["run", "--live", "--json", "--sessions", "6", "--deadline", "120", "--pool"])
@@ -75,15 +77,20 @@ impl Run {
             .env(registry::REGISTRY_ENV, &registry)
             .env_remove("CUDA_VISIBLE_DEVICES")
             .stdin(Stdio::null())
-            .stdout(Stdio::null())
+            .stdout(std::fs::File::create(&stdout).expect("stdout file"))
             .stderr(std::fs::File::create(&stderr).expect("stderr file"))
             .spawn()
             .expect("start switchyard run --live");
-        Run { child, registry, stderr, _dir: dir }
+        Run { child, registry, stdout, stderr, _dir: dir }
     }
 
     fn pid(&self) -> i32 {
         self.child.id() as i32
+    }
+
+    /// The JSON report on stdout (`Null` when there is none).
+    fn report(&self) -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(&self.stdout).unwrap_or_default()).unwrap_or_default()
     }
 
     fn stderr(&self) -> String {
@@ -287,8 +294,9 @@ fn a_second_signal_quits_at_once_and_leaves_no_engine_child() {
         assert!(Instant::now() < deadline, "the first SIGTERM went unnoticed:\n{}", run.stderr());
         std::thread::sleep(Duration::from_millis(10));
     }
-    // The clean stop is now waiting out the shells' grace period; the second signal cuts it.
-    std::thread::sleep(Duration::from_millis(300));
+    // The clean stop is now waiting out the shells' grace period; the second signal, more than
+    // the half second after the first in which a signal is the same interrupt, cuts it.
+    std::thread::sleep(Duration::from_millis(800));
     assert!(run.child.try_wait().unwrap().is_none(), "the clean stop ended early:\n{}", run.stderr());
     let forked: Vec<i32> = engines.iter().flat_map(|(p, _)| group_members(*p)).collect();
     assert!(forked.len() > engines.len(), "the shells' groups hold what they forked: {forked:?}");
@@ -296,4 +304,33 @@ fn a_second_signal_quits_at_once_and_leaves_no_engine_child() {
     assert_eq!(run.exit_within(Duration::from_secs(5)), Some(143), "{}", run.stderr());
     assert_gone(&engines, Duration::from_secs(5), "the immediate exit");
     assert_eq!(recorded_pgids(&run.registry), Vec::<i32>::new(), "the immediate exit removes its entries");
+}
+
+/// How the first signal's handling reads on stderr.
+fn wait_for_the_first_signal(run: &Run) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !run.stderr().contains("terminated (SIGTERM)") {
+        assert!(Instant::now() < deadline, "the first SIGTERM went unnoticed:\n{}", run.stderr());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn a_sigterm_repeated_at_once_is_the_same_interrupt() {
+    // coreutils' `timeout` sends SIGTERM to the process and then to its process group,
+    // microseconds apart: one interrupt — the run stops cleanly with its partial report (the
+    // repeat was taken as a second signal when it came after the handler had taken the first,
+    // and quit with 143 and no report). Back to back, then once more just after the first one
+    // was taken (which made the old handler quit every time).
+    let mut run = Run::start(Children::Emulate);
+    let engines = run.engines_up(1);
+    run.signal(libc::SIGTERM);
+    run.signal(libc::SIGTERM);
+    wait_for_the_first_signal(&run);
+    run.signal(libc::SIGTERM);
+    let code = run.exit_within(Duration::from_secs(20));
+    let err = run.stderr();
+    assert_eq!(code, Some(130), "a repeated SIGTERM quit at once:\n{err}");
+    assert_eq!(run.report()["interrupted"], true, "no partial report:\n{err}");
+    assert_gone(&engines, Duration::from_secs(2), "the clean stop");
 }

@@ -328,6 +328,8 @@ pub struct BenchRun {
     pub loads: f64,
     /// Near-ready prefetch checks per run, by outcome.
     pub prefetch: PrefetchMeans,
+    /// Units with a fusible successor per run, by what became of their chain.
+    pub fusion: FusionMeans,
     pub evictions: f64,
     pub preemptions: f64,
 }
@@ -341,6 +343,15 @@ pub struct PrefetchMeans {
     pub no_capacity: f64,
     pub not_timely: f64,
     pub refused: f64,
+}
+
+/// A row's units with a fusible successor per run, means over the repetitions (see
+/// `planner::FusionChecks`: once per such unit at its dispatch; zero for a policy that does not
+/// fuse).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct FusionMeans {
+    pub fused: f64,
+    pub over_context: f64,
 }
 
 /// What was run.
@@ -696,6 +707,10 @@ fn aggregate(v: &Variant, arrival: &str, runs: &[&RunSummary], lb: Option<&Lower
             no_capacity: mean(reports.iter().map(|r| r.prefetch.no_capacity as f64)),
             not_timely: mean(reports.iter().map(|r| r.prefetch.not_timely as f64)),
             refused: mean(reports.iter().map(|r| r.prefetch.refused as f64)),
+        },
+        fusion: FusionMeans {
+            fused: mean(reports.iter().map(|r| r.fusion.fused as f64)),
+            over_context: mean(reports.iter().map(|r| r.fusion.over_context as f64)),
         },
         evictions: mean(reports.iter().map(|r| r.evictions as f64)),
         preemptions: mean(reports.iter().map(|r| r.preemptions as f64)),

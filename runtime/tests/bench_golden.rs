@@ -158,4 +158,17 @@ fn the_report_says_where_each_ablation_is_not_worse_and_what_prefetch_found() {
     for b in ["no-prefetch", "parrot", "kairos"] {
         assert_eq!(r.row(b, "burst").expect("row").prefetch, Default::default(), "{b}");
     }
+    // The fusion line says what became of full joint's chains, as counted in its runs: QMSum's
+    // three chains (two 4B lanes, the 8B merge → refine → answer) have links with a fusible
+    // successor in every session.
+    let line = md.lines().find(|l| l.starts_with("- `no-fusion`")).expect("fusion line");
+    let f = full.fusion;
+    assert!(line.contains(&format!("burst: {:.1} fused, {:.1} over the context", f.fused, f.over_context)), "{line}");
+    assert!(f.fused + f.over_context > 0.0, "{f:?}");
+    let no_fusion = r.row("no-fusion", "burst").expect("no-fusion");
+    let never_fused = f.fused == 0.0 && no_fusion.latency_s.p95 == full.latency_s.p95;
+    assert_eq!(line.contains("No chain fit its context"), never_fused, "{line}");
+    for b in ["no-fusion", "parrot", "kairos"] {
+        assert_eq!(r.row(b, "burst").expect("row").fusion, Default::default(), "{b}: it does not fuse");
+    }
 }

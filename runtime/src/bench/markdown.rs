@@ -457,6 +457,28 @@ fn paper_settings(out: &mut String, report: &BenchReport) {
                 line.push_str(" It never fired, so turning it off changes nothing.");
             }
         }
+        if variant == "no-fusion" {
+            // What became of full joint's chains: fused, or ruled out by Eq. 8's first cut.
+            let counts: Vec<String> = arrivals
+                .iter()
+                .filter_map(|a| {
+                    let c = report.row(OURS, a)?.fusion;
+                    Some(format!("{a}: {:.1} fused, {:.1} over the context", c.fused, c.over_context))
+                })
+                .collect();
+            line.push_str(&format!(
+                " Full `{OURS}`'s units with a same-deployment successor (Eq. 3), per run, by what became \
+                 of their chain — fused (one grant for the chain, Eq. 4) or over the context (Eq. 8's \
+                 first cut: the chain's envelope I_adm + O_adm from that link on passes the \
+                 deployment's L_max, so the link runs as a unit of its own): {}.",
+                counts.join("; ")
+            ));
+            let never_fused = arrivals.iter().all(|a| report.row(OURS, a).is_some_and(|r| r.fusion.fused == 0.0));
+            let all_ties = per.iter().all(|(_, c)| Verdict::of(*c) == Verdict::Tie);
+            if never_fused && all_ties {
+                line.push_str(" No chain fit its context, so turning fusion off changes nothing.");
+            }
+        }
         if variant == "per-workflow-lifecycle" {
             let counts: Vec<String> = arrivals
                 .iter()

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use serde::Serialize;
 
 use crate::ids::SessionId;
-use crate::planner::{DeploymentId, PrefetchChecks};
+use crate::planner::{DeploymentId, FusionChecks, PrefetchChecks};
 use crate::report::{
     DeviceTimeline, GpuBreakdown, Percentiles, RunReport, Segment, SegmentKind, SessionToolLog, ToolReport,
     WorkflowReport, gpu, round3,
@@ -98,6 +98,8 @@ pub struct ReportInput<'a> {
     pub wakes: u64,
     /// What the near-ready prefetch checks found (`PlannerState::prefetch_checks`).
     pub prefetch: PrefetchChecks,
+    /// What became of the units with a fusible successor (`PlannerState::fusion_checks`).
+    pub fusion: FusionChecks,
     /// The run was stopped early (Ctrl-C); the sessions still open were failed as `interrupted`.
     pub interrupted: bool,
 }
@@ -351,6 +353,7 @@ pub fn build_report(input: ReportInput<'_>) -> (RunReport, (f64, f64)) {
         sleeps: input.sleeps,
         wakes: input.wakes,
         prefetch: input.prefetch,
+        fusion: input.fusion,
         llm_calls: c.llm_calls,
         tool_calls: c.tool_calls,
         generated_tokens: c.generated_tokens,
@@ -401,6 +404,7 @@ mod tests {
             sleeps: 0,
             wakes: 0,
             prefetch: PrefetchChecks::default(),
+            fusion: FusionChecks::default(),
             interrupted: false,
         });
         assert_eq!(window, (0.0, 4.0));
@@ -450,6 +454,7 @@ mod tests {
             sleeps: 0,
             wakes: 0,
             prefetch: PrefetchChecks::default(),
+            fusion: FusionChecks::default(),
             interrupted: false,
         })
     }

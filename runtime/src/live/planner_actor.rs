@@ -2513,6 +2513,7 @@ impl PlannerActorState {
             sleeps: state.sleeps(),
             wakes: state.wakes(),
             prefetch: state.prefetch_checks(),
+            fusion: state.fusion_checks(),
             interrupted: false,
         });
         let mut report = report;

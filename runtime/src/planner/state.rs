@@ -47,6 +47,18 @@ pub struct PrefetchChecks {
     pub refused: u64,
 }
 
+/// What became of the units that have a fusible successor (Eq. 3: the next node of their
+/// chain runs on the same deployment), counted once per such unit at its dispatch, under a
+/// policy that fuses: its chain ran *fused* (its grant passes to the successor, Eq. 4), or was
+/// *over the context* (Eq. 8's first cut ruled it out: the chain's envelope I_adm + O_adm from
+/// this link on passes the deployment's L_max, so the link ran as a unit of its own). Reported
+/// as `RunReport.fusion`; all zero for a policy that does not fuse.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct FusionChecks {
+    pub fused: u64,
+    pub over_context: u64,
+}
+
 /// A decision that would break an invariant, or an event that contradicts the view.
 #[derive(Debug, Error, PartialEq)]
 pub enum PlanError {
@@ -366,6 +378,7 @@ pub struct PlannerState {
     loads: u64,
     /// What the policy's near-ready prefetch checks found ([`Self::count_prefetch_check`]).
     prefetch_checks: PrefetchChecks,
+    fusion_checks: FusionChecks,
     evictions: u64,
     /// Replicas in sleep mode (or falling asleep), by id.
     asleep: BTreeMap<ReplicaId, AsleepReplica>,
@@ -410,6 +423,7 @@ impl PlannerState {
             next_replica: 0,
             loads: 0,
             prefetch_checks: PrefetchChecks::default(),
+            fusion_checks: FusionChecks::default(),
             evictions: 0,
         }
     }
@@ -624,6 +638,12 @@ impl PlannerState {
         self.prefetch_checks
     }
 
+    /// What became of the run's units with a fusible successor (all zero unless the policy
+    /// fuses).
+    pub fn fusion_checks(&self) -> FusionChecks {
+        self.fusion_checks
+    }
+
     /// Record the outcome of one near-ready prefetch check (the policy knows why it loads; the
     /// state only counts).
     pub fn count_prefetch_check(&mut self, outcome: PrefetchOutcome) {
@@ -806,6 +826,9 @@ impl PlannerState {
         let item = self.queue.remove(pos);
         if self.fused(&item) {
             self.chain_next.insert(activation);
+            self.fusion_checks.fused += 1;
+        } else if self.fusion && item.chain_next {
+            self.fusion_checks.over_context += 1;
         }
         self.running.insert(activation, RunningUnit {
             replica: Some(replica),
@@ -1165,6 +1188,29 @@ mod tests {
         assert_eq!(s.hold_of(first.activation), None);
         assert!(s.replica(a).is_some_and(|r| r.leases.is_empty()));
         s.issue_unload(a, 3.0, &mut out).unwrap();
+    }
+
+    #[test]
+    fn each_dispatched_chain_link_counts_as_fused_or_over_the_context() {
+        let run = |fusion: bool| {
+            let mut s = state();
+            s.set_fusion(fusion);
+            let mut out = Vec::new();
+            let r = s.issue_load(DeploymentId(0), DeviceId(0), 0.0, &mut out).unwrap();
+            s.observe(Event::ReplicaLoaded { replica: r }, 1.0).unwrap();
+            // A chain whose envelope fits the 8,192-token context, one past it (Eq. 8), and a
+            // unit without a fusible successor.
+            let fits = WorkItem { chain_next: true, envelope: (4000, 4000), ..item(1) };
+            let over = WorkItem { chain_next: true, envelope: (8000, 4000), ..item(2) };
+            for w in [fits, over, item(3)] {
+                s.observe(Event::UnitReady(w.clone()), 1.0).unwrap();
+                s.issue_dispatch(w.activation, r, 1.0, &mut out).unwrap();
+                s.observe(Event::UnitFinished { activation: w.activation, replica: r, output_tokens: 5 }, 2.0).unwrap();
+            }
+            s.fusion_checks()
+        };
+        assert_eq!(run(true), FusionChecks { fused: 1, over_context: 1 });
+        assert_eq!(run(false), FusionChecks::default(), "a policy that does not fuse counts nothing");
     }
 
     const GIB: u64 = 1 << 30;

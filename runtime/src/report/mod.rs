@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use crate::planner::PrefetchChecks;
+use crate::planner::{FusionChecks, PrefetchChecks};
 
 pub use gpu::{DeviceTimeline, GpuBreakdown, Segment, SegmentKind};
 
@@ -123,6 +123,9 @@ pub struct RunReport {
     pub wakes: u64,
     /// What the near-ready prefetch checks found (only `joint` prefetches; zero otherwise).
     pub prefetch: PrefetchChecks,
+    /// Per dispatched unit with a fusible successor (Eq. 3), whether its chain ran fused or Eq.
+    /// 8 ruled it out (its envelope passes the context); only a fusing policy counts.
+    pub fusion: FusionChecks,
     pub llm_calls: u64,
     pub tool_calls: u64,
     pub generated_tokens: u64,

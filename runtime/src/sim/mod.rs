@@ -1336,6 +1336,7 @@ impl<'a> Sim<'a> {
             sleeps: state.sleeps(),
             wakes: state.wakes(),
             prefetch: state.prefetch_checks(),
+            fusion: state.fusion_checks(),
             interrupted: self.interrupted,
         });
         let mut report = report;

@@ -558,6 +558,9 @@ fn results_over_http_against_the_emulated_replica_equal_the_simulators() {
     // Usage came back from the server: prompt tokens counted, some served from the prefix cache.
     assert!(l.prompt_tokens > 0 && l.generated_tokens > 0);
     assert!(l.cached_prompt_tokens <= l.prompt_tokens);
+    // The emulated engine generated what the simulator's did, thinking-mode calls' reasoning
+    // traces included (each was one token short of its budget: one fewer per thinking call).
+    assert_eq!(l.generated_tokens, s.generated_tokens, "generated tokens, live (the server's usage) vs simulated");
 }
 
 #[test]

@@ -180,13 +180,15 @@ impl ResponderRequest<'_> {
 }
 
 
-/// The reasoning trace an emulated Qwen3 writes in thinking mode before its answer, about
-/// `tokens` Qwen3 tokens in all and never more: `<think>\n`, neutral words (one token each),
-/// `\n</think>\n\n` — the markers take 5 tokens and one more is left for a merge at the
-/// answer's start, so that an engine generating trace + answer under `max_tokens` never cuts
-/// the answer.
+/// The reasoning trace an emulated Qwen3 writes in thinking mode before its answer, `tokens`
+/// Qwen3 tokens in all (an empty block's 4 when `tokens` is 5 or fewer): `<think>\n`, neutral
+/// words (one token each), `\n</think>\n\n`. `</think>` is a special token, so the trace's
+/// tokens add to the answer's: an engine generating trace + answer generates the tokens the
+/// simulator counts for the call (its answer and its thinking budget), never more — the trace's
+/// last `\n\n` merges only with an answer that opens with whitespace, into fewer tokens — and
+/// `max_tokens` never cuts the answer.
 pub fn reasoning_trace(tokens: u32) -> String {
-    let words = tokens.saturating_sub(REASONING_MARKER_TOKENS + 1);
+    let words = tokens.saturating_sub(REASONING_MARKER_TOKENS);
     let mut s = String::with_capacity(words as usize * 6 + 20);
     s.push_str("<think>\n");
     for i in 0..words {
@@ -275,8 +277,36 @@ mod tests {
         assert_eq!(strip_reasoning("answer <think>x</think>"), None);
         let trace = reasoning_trace(50);
         assert_eq!(strip_reasoning(&format!("{trace}ok")), Some("ok"));
-        assert_eq!(crate::tokens::count(&trace), 49);
-        assert_eq!(crate::tokens::count(&format!("{trace}#### 4")), 49 + crate::tokens::count("#### 4"));
-        assert!(crate::tokens::count(&reasoning_trace(3)) <= 5);
+        assert_eq!(crate::tokens::count(&reasoning_trace(3)), 4);
+        assert_eq!(crate::tokens::count(&reasoning_trace(5)), 4);
+    }
+
+    #[test]
+    fn a_reasoning_trace_and_its_answer_take_the_tokens_the_simulator_counts() {
+        // Exactly its budget (it was one token short: a live run's engine generated one token
+        // fewer per thinking-mode call than the simulator counted).
+        use crate::tokens::count;
+        for budget in [6, 7, 50, 851, 2500] {
+            assert_eq!(count(&reasoning_trace(budget)), budget as usize, "{budget}");
+        }
+        // With an answer after it: the sum of both, never more, whatever the answer opens with
+        // (an opening line break merges with the trace's last `\n\n`: one fewer).
+        let trace = reasoning_trace(50);
+        let mut openings: Vec<String> = (0x09u8..0x7f).map(|b| char::from(b).to_string()).collect();
+        let blanks = [" ", "  ", "\n", "\n\n", "\t", "\r", "\r\n", " \n", "\n ", "\u{a0}", "\u{3000}"];
+        for a in blanks {
+            openings.extend(blanks.iter().map(|b| format!("{a}{b}")));
+        }
+        openings.extend(["é", "中", "🙂", "'s", "’", "12", "#### 4", "```python", "<|im_end|>", ""].map(str::to_string));
+        for opening in &openings {
+            for rest in ["x", " The answer", "", "\nx", "1", "def f(a):"] {
+                let answer = format!("{opening}{rest}");
+                let both = count(&format!("{trace}{answer}"));
+                assert!(both <= 50 + count(&answer), "{answer:?}: {both}");
+                if !answer.starts_with(char::is_whitespace) {
+                    assert_eq!(both, 50 + count(&answer), "{answer:?}");
+                }
+            }
+        }
     }
 }

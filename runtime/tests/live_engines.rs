@@ -344,7 +344,7 @@ async fn a_200_without_an_answer_is_a_bad_answer_streamed_or_not() {
         ("an empty stream", SSE, String::new(), true, Want::Bad("empty stream")),
         ("only [DONE]", SSE, done.into(), true, Want::Bad("no choices")),
         ("only usage", SSE, usage.clone() + done, true, Want::Bad("no choices")),
-        ("no choices, whole", "application/json", r#"{"choices":[],"usage":{"prompt_tokens":10,"completion_tokens":0}}"#.into(), false, Want::Bad("no choices")),
+        ("no choices, whole", "application/json", r#"{"choices":[],"usage":{"prompt_tokens":10,"completion_tokens":0}}"#.into(), false, Want::Bad("/v1/completions: no choices")),
         ("finished, usage, no [DONE]", SSE, words.clone() + &chunk("", r#""stop""#) + &usage, true, Want::Answer("A scheduler", 7)),
         ("finished, no usage, no [DONE]", SSE, words.clone() + &chunk("", r#""length""#), true, Want::Answer("A scheduler", 2)),
         ("no finish_reason, [DONE]", SSE, words.clone() + done, true, Want::Answer("A scheduler", 2)),

@@ -852,7 +852,11 @@ impl HttpEngine {
                     excerpt(&String::from_utf8_lossy(&bytes))
                 ))
             })?;
-            let completion = within_limits(parse_full(&body, latency, request.prompt_tokens)?, &request, self.facts().max_model_len);
+            let parsed = parse_full(&body, latency, request.prompt_tokens).map_err(|e| match e {
+                EngineError::BadResponse(m) => EngineError::BadResponse(format!("{what}: {m}")),
+                other => other,
+            })?;
+            let completion = within_limits(parsed, &request, self.facts().max_model_len);
             if !request.sink.send(&completion.text) {
                 return Err(EngineError::Cancelled(format!("{what}: the caller went away")));
             }

@@ -33,6 +33,7 @@ fn request(id: u64, prompt: &str, output: Option<&str>, stream: bool) -> LlmRequ
         model: MODEL.into(),
         prompt: prompt.into(),
         max_tokens: 256,
+        server_default_limit: false,
         emulated_output: output.map(str::to_string),
         enable_thinking: false,
         stream,
@@ -320,7 +321,8 @@ async fn a_streamed_call_answered_with_one_json_body_is_read_as_a_whole_answer()
 /// (sent again: a stream of only `[DONE]` completed with empty text, one with no event at all
 /// was refused at once, while `"choices": []` was sent again); a body that is neither JSON nor
 /// an event stream is unparsable, its excerpt in the error (a streamed one was read as an
-/// empty stream and refused, the body never shown); a stream is whole at `[DONE]` or once a
+/// empty stream and refused, the body never shown); a body of another type (`text/plain`, as
+/// some proxies label a stream) is parsed as a stream; a stream is whole at `[DONE]` or once a
 /// choice carried its `finish_reason` (one that closed after it without `[DONE]` was taken
 /// for a dropped connection), and cut short when it closes before either.
 #[tokio::test]
@@ -349,6 +351,9 @@ async fn a_200_without_an_answer_is_a_bad_answer_streamed_or_not() {
         ("finished, no usage, no [DONE]", SSE, words.clone() + &chunk("", r#""length""#), true, Want::Answer("A scheduler", 2)),
         ("no finish_reason, [DONE]", SSE, words.clone() + done, true, Want::Answer("A scheduler", 2)),
         ("no finish_reason, no [DONE]", SSE, words.clone(), true, Want::CutShort),
+        // A proxy that labels the event stream as plain text: still a stream.
+        ("an event stream labelled text/plain", "text/plain", words.clone() + done, true, Want::Answer("A scheduler", 2)),
+        ("plain text that is no stream", "text/plain", "upstream timeout".into(), true, Want::Bad("(no event in it): upstream timeout")),
     ];
     for (case, content_type, body, stream, want) in cases {
         let app = axum::Router::new().fallback(move || {

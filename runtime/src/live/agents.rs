@@ -722,6 +722,7 @@ impl Shell<'_> {
             prompt,
             prompt_tokens,
             max_tokens: spec.output_tokens,
+            server_default_limit: false,
             emulated_output: Some(output_text(self.cfg.text_seed, i, turn, spec.output_tokens)),
             enable_thinking: false,
             stream: self.cfg.stream,

@@ -104,6 +104,13 @@ pub struct LlmRequest {
     #[serde(default)]
     pub prompt_tokens: u32,
     pub max_tokens: u32,
+    /// The caller gave no output limit (a front-door chat call without `max_tokens`):
+    /// `max_tokens` is then what the served context leaves after the prompt — what the planner
+    /// plans with — and the request body carries none, so the server applies its own default
+    /// (vLLM's is that same room, counted with its own tokenizer: a count of ours one token
+    /// short of the server's would otherwise be refused as over the context).
+    #[serde(default)]
+    pub server_default_limit: bool,
     /// For emulated engines only: the text the emulated model returns (the workload's
     /// responder output, computed by the session like the simulator does). An engine sends it
     /// (as `"switchyard": {"output": ...}`) only to a server that identified itself as

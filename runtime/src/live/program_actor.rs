@@ -279,6 +279,9 @@ impl ProgramState {
             prompt,
             prompt_tokens,
             max_tokens: max,
+            // No limit of the client's own (the front door's default, u32::MAX): the server
+            // applies its default, the room this `max` plans with.
+            server_default_limit: r.max_tokens == u32::MAX,
             emulated_output: None,
             enable_thinking: thinking,
             stream: true,

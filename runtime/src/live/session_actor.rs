@@ -247,6 +247,7 @@ impl SessionState {
                     prompt: prepared.prompt.clone(),
                     prompt_tokens: prepared.prompt_tokens,
                     max_tokens: prepared.max_output_tokens.max(1),
+                    server_default_limit: false,
                     emulated_output: Some(prepared.emulated_completion()),
                     enable_thinking: prepared.enable_thinking,
                     stream: ctx.stream,

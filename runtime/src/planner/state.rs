@@ -48,7 +48,8 @@ pub struct PrefetchChecks {
 }
 
 /// What became of the units that have a fusible successor (Eq. 3: the next node of their
-/// chain runs on the same deployment), counted once per such unit at its dispatch, under a
+/// chain runs on the same deployment), counted at each dispatch of such a unit (a unit the live
+/// runtime dispatches again after losing its replica counts again), under a
 /// policy that fuses: its chain ran *fused* (its grant passes to the successor, Eq. 4), or was
 /// *over the context* (Eq. 8's first cut ruled it out: the chain's envelope I_adm + O_adm from
 /// this link on passes the deployment's L_max, so the link ran as a unit of its own). Reported

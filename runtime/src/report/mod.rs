@@ -290,11 +290,12 @@ impl ToolReport {
         let mut causes: Vec<(&String, &u64)> = self.failures_by_cause.iter().collect();
         causes.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
         let by_cause: Vec<String> = causes.iter().map(|(c, n)| format!("{c} {n}")).collect();
-        Some(format!(
-            "tool calls failed: {failed} of {} ({}); the first {MAX_LISTED_TOOL_FAILURES} are listed in --json's `tools.failures`",
-            calls.max(failed),
-            by_cause.join(", ")
-        ))
+        let listed = if failed > MAX_LISTED_TOOL_FAILURES as u64 {
+            format!("the first {MAX_LISTED_TOOL_FAILURES} are listed")
+        } else {
+            "each is listed".to_string()
+        };
+        Some(format!("tool calls failed: {failed} of {} ({}); {listed} in --json's `tools.failures`", calls.max(failed), by_cause.join(", ")))
     }
 
     /// Add one session's log. Sessions may come in any order (a shell adds each as it ends):

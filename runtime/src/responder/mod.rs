@@ -186,7 +186,9 @@ impl ResponderRequest<'_> {
 /// tokens add to the answer's: an engine generating trace + answer generates the tokens the
 /// simulator counts for the call (its answer and its thinking budget), never more — the trace's
 /// last `\n\n` merges only with an answer that opens with whitespace, into fewer tokens — and
-/// `max_tokens` never cuts the answer.
+/// `max_tokens` never cuts the answer. Except for budgets under 5: the empty block still takes
+/// its 4 tokens (a budget of 0–3 is exceeded, 5 left one token short), so an answer within 4
+/// tokens of its call's limit can be cut there.
 pub fn reasoning_trace(tokens: u32) -> String {
     let words = tokens.saturating_sub(REASONING_MARKER_TOKENS);
     let mut s = String::with_capacity(words as usize * 6 + 20);

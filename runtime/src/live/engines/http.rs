@@ -285,15 +285,16 @@ fn sse_bounded<B: AsRef<[u8]>>(
 /// characters, of up to 4 bytes each).
 const HEAD_BYTES: usize = 4 * ERROR_EXCERPT;
 
-/// Whether an answer's `Content-Type` says it is an event stream, or says nothing (a stream
-/// without the header is still parsed as one: one with no event in it is refused then).
-fn is_event_stream(headers: &HeaderMap) -> bool {
-    match headers.get(reqwest::header::CONTENT_TYPE) {
-        None => true,
-        Some(v) => v
-            .to_str()
-            .is_ok_and(|v| v.trim_start().to_ascii_lowercase().starts_with("text/event-stream")),
-    }
+/// Whether a streamed request's answer is one whole body rather than an event stream: its
+/// `Content-Type` says JSON (a server or proxy that ignores `stream`, or an error object with a
+/// 200) or HTML (a gateway's page). Anything else — `text/event-stream`, no header, or another
+/// type some proxies label a stream with (`text/plain`) — is parsed as a stream; one with no
+/// event in it is a bad answer then, with an excerpt of its body.
+fn is_whole_body(headers: &HeaderMap) -> bool {
+    headers.get(reqwest::header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(|v| {
+        let v = v.trim_start().to_ascii_lowercase();
+        v.starts_with("application/json") || v.starts_with("text/html")
+    })
 }
 
 fn excerpt(body: &str) -> String {
@@ -722,6 +723,11 @@ impl HttpEngine {
         if request.stream {
             body["stream_options"] = json!({ "include_usage": true });
         }
+        if request.server_default_limit
+            && let Some(fields) = body.as_object_mut()
+        {
+            fields.remove("max_tokens");
+        }
         if let (true, Some(output)) = (self.facts().emulator, &request.emulated_output) {
             body["switchyard"] = json!({ "output": output });
         }
@@ -838,11 +844,11 @@ impl HttpEngine {
         if !response.status().is_success() {
             return Err(response_error(&what, response).await);
         }
-        // A streamed request answered with anything but an event stream — one JSON body (a
-        // server or proxy that ignores `stream`, or an error object with a 200), a gateway's
-        // HTML page — is read as a whole answer, as without streaming: JSON is the answer,
-        // anything else an unparsable body (a bad answer, sent again), never an empty stream.
-        if !request.stream || !is_event_stream(response.headers()) {
+        // A streamed request answered with one whole body — JSON (a server or proxy that
+        // ignores `stream`, or an error object with a 200), a gateway's HTML page — is read as
+        // without streaming: JSON is the answer, anything else an unparsable body (a bad
+        // answer, sent again), never an empty stream ([`is_whole_body`]).
+        if !request.stream || is_whole_body(response.headers()) {
             let read = read_capped(&what, response, MAX_BODY_BYTES);
             let bytes = self.watched(&what, read, started, deadline).await?;
             let latency = started.elapsed();
@@ -1459,6 +1465,7 @@ mod tests {
             prompt: "p".into(),
             prompt_tokens: 100,
             max_tokens: 8192,
+            server_default_limit: false,
             emulated_output: None,
             enable_thinking: false,
             stream: false,
@@ -1495,6 +1502,7 @@ meter: Default::default(),
             prompt: "p".into(),
             prompt_tokens: 10,
             max_tokens: 7,
+            server_default_limit: false,
             emulated_output: Some("out".into()),
             enable_thinking: false,
             stream: true,
@@ -1527,11 +1535,15 @@ meter: Default::default(),
             stream: false,
             emulated_output: None,
             enable_thinking: false,
-            ..req
+            ..req.clone()
         });
         assert_eq!(b["messages"][0]["content"], "p");
         assert_eq!(b["chat_template_kwargs"]["enable_thinking"], false);
         assert!(b.get("switchyard").is_none() && b.get("stream_options").is_none());
+        assert!(b.get("max_tokens").is_some(), "a limit the caller gave is sent");
+        // A caller without a limit leaves it to the server (its own count of the room).
+        let no_limit = chat.request_body(&LlmRequest { server_default_limit: true, stream: false, enable_thinking: false, ..req });
+        assert!(no_limit.get("max_tokens").is_none(), "{no_limit}");
         assert!(HttpEngine::new("vllm", "ftp://h", "m", HttpOptions::default()).is_err());
     }
 }

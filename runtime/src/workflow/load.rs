@@ -134,11 +134,12 @@ pub(super) fn build(
     let description = top.get("description").and_then(|d| keep(&mut errors, ctx.string(d, "description")));
     let deployments_node = top.required(&ctx, "", "deployments");
     // Names declared, even those whose entry is wrong: a node naming one of them is not
-    // reported again as naming an unknown deployment (`None`: `deployments` itself does not
-    // read, so no name can be checked).
+    // reported again as naming an unknown deployment (`None`: `deployments` is there but not a
+    // mapping, so no name can be checked; absent, it declares none and every name is unknown).
     let declared: Option<BTreeSet<String>> = match deployments_node.as_ref().map(|d| &d.value) {
         Ok(Value::Map(entries)) => Some(entries.iter().map(|(k, _)| k.name.clone()).collect()),
-        _ => None,
+        Ok(_) => None,
+        Err(_) => Some(BTreeSet::new()),
     };
     let deployments = keep(&mut errors, deployments_node.and_then(|d| deployments(&ctx, d))).unwrap_or_default();
     let mut dataset = top.get("dataset").and_then(|d| keep(&mut errors, dataset(&ctx, d, base_dir)));

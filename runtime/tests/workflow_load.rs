@@ -108,6 +108,16 @@ fn unknown_node_reference() {
 }
 
 #[test]
+fn without_a_deployments_section_every_node_names_an_unknown_deployment() {
+    let e = err("name: bad\nnodes:\n  - id: a\n    deployment: nope\n    prompt: hi\n");
+    assert_has(&e, ErrorKind::MissingField, 1, 1, "deployments");
+    assert_has(&e, ErrorKind::UnknownReference, 4, 17, "nodes.a.deployment");
+    // A `deployments` that is not a mapping cannot say which names exist: not guessed.
+    let e = err("name: bad\ndeployments: [x]\nnodes:\n  - id: a\n    deployment: nope\n    prompt: hi\n");
+    assert!(!e.all().iter().any(|p| p.field() == Some("nodes.a.deployment")), "{e}");
+}
+
+#[test]
 fn unknown_deployment_model_responder_and_tool() {
     let e = err(&BASE.replace("deployment: small", "deployment: smal"));
     assert_at(&e, ErrorKind::UnknownReference, 6, 17, "nodes.a.deployment");

@@ -33,13 +33,14 @@ pub struct BenchArgs {
     /// Sessions per workflow.
     #[arg(long, default_value_t = 60)]
     pub sessions: usize,
-    /// Repetitions per configuration (engine-noise seeds 0..R); the report gives means.
-    #[arg(long, default_value_t = 5)]
-    pub repetitions: u64,
+    /// Repetitions per configuration (engine-noise seeds 0..R; default 5); the report gives
+    /// means. Refused with `--quick`, which runs one.
+    #[arg(long)]
+    pub repetitions: Option<u64>,
     /// Pool file (as given); default `workflows/pools/paper.yaml`, looked up as for `run`.
     #[arg(long)]
     pub pool: Option<PathBuf>,
-    /// One repetition, burst arrivals only (a smoke run).
+    /// One repetition, burst arrivals only (a smoke run); refused with `--repetitions`.
     #[arg(long)]
     pub quick: bool,
     /// Seed of the arrival trace and of the emulated outputs.
@@ -51,7 +52,7 @@ pub struct BenchArgs {
     /// Predictor substitutions of the joint policy (comma-separated), one row each.
     #[arg(long, value_delimiter = ',', default_value = "gbdt,formula")]
     pub predictors: Vec<String>,
-    /// Simulations run at once.
+    /// Simulations run at once (at least 1).
     #[arg(long, default_value_t = 2)]
     pub workers: usize,
 }
@@ -130,14 +131,15 @@ fn oracle(args: OracleArgs) -> Result<()> {
     }
     // Each experiment writes its own files; stdout gets both Markdown sections, or one JSON
     // document holding both reports.
+    let command = oracle_command(&args);
     let mut printed = serde_json::Map::new();
-    printed.insert("command".into(), "switchyard bench oracle".into());
+    printed.insert("command".into(), command.clone().into());
     let mut md_out = String::new();
     if !args.only_programs {
         let cfg = bench::oracle::OracleBenchConfig { root: ".".into(), sessions: args.sessions, rate: args.rate, seeds: (1..=args.seeds).collect() };
         let report = bench::oracle::run(&cfg).map_err(|e| anyhow::anyhow!("{e}"))?;
         let md = report.markdown();
-        let json = serde_json::json!({ "command": "switchyard bench oracle", "report": report });
+        let json = serde_json::json!({ "command": command, "report": report });
         write_files(&args.out, "oracle", &md, &json)?;
         let svg = report.replay.frontier_svg().map_err(|e| anyhow::anyhow!("{e}"))?;
         std::fs::write(args.out.join("oracle.svg"), svg)?;
@@ -158,14 +160,42 @@ fn oracle(args: OracleArgs) -> Result<()> {
     std::fs::create_dir_all(&args.out)?;
     std::fs::write(args.out.join("oracle-programs.svg"), svg)?;
     let md = format!(
-        "# Paper 002 (ORACLE): routed programs\n\nProduced by `switchyard bench oracle`.\n\n![program throughput, feedback modes, β sweep](oracle-programs.svg)\n\n{}",
+        "# Paper 002 (ORACLE): routed programs\n\nProduced by `{command}`.\n\n![program throughput, feedback modes, β sweep](oracle-programs.svg)\n\n{}",
         report.markdown()
     );
-    let json = serde_json::json!({ "command": "switchyard bench oracle", "report": report });
+    let json = serde_json::json!({ "command": command, "report": report });
     write_files(&args.out, "oracle-programs", &md, &json)?;
     printed.insert("programs".into(), json["report"].clone());
     md_out.push_str(&md);
     print_oracle(args.json, printed, &md_out)
+}
+
+/// The command line `bench oracle` records in its outputs: the flags that differ from their
+/// defaults, as `bench verifier` and `bench predictor` record theirs (not `--out`, `--json`).
+fn oracle_command(args: &OracleArgs) -> String {
+    let mut command = String::from("switchyard bench oracle");
+    if args.sessions != 120 {
+        command.push_str(&format!(" --sessions {}", args.sessions));
+    }
+    if args.rate != 0.5 {
+        command.push_str(&format!(" --rate {}", args.rate));
+    }
+    if args.seeds != 5 {
+        command.push_str(&format!(" --seeds {}", args.seeds));
+    }
+    if args.programs != 108 {
+        command.push_str(&format!(" --programs {}", args.programs));
+    }
+    if args.program_seeds != 2 {
+        command.push_str(&format!(" --program-seeds {}", args.program_seeds));
+    }
+    if args.only_programs {
+        command.push_str(" --only-programs");
+    }
+    if args.only_feedback {
+        command.push_str(" --only-feedback");
+    }
+    command
 }
 
 /// `bench oracle`'s stdout: one JSON document holding the experiments that ran, or their
@@ -239,11 +269,11 @@ pub struct TaoArgs {
     /// this file and stop.
     #[arg(long)]
     pub write_trace: Option<PathBuf>,
-    /// With `--write-trace`: `swe-lite`, `swe-verified`, or `swe-verified-thinking` (paper 002's
+    /// With `--write-trace` only (refused without it): `swe-lite`, `swe-verified`, or `swe-verified-thinking` (paper 002's
     /// programs: each turn's reasoning, which the conversation drops; simulated only; the
     /// larger model's version — the 9B runs them continued, `agentic::generate_with_steps`).
-    #[arg(long, default_value = "swe-lite", value_parser = clap::builder::PossibleValuesParser::new(["swe-lite", "swe-verified", "swe-verified-thinking"]))]
-    pub workload: String,
+    #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(["swe-lite", "swe-verified", "swe-verified-thinking"]))]
+    pub workload: Option<String>,
     /// Directory for tao.md, tao.json and the SVG chart.
     #[arg(long, default_value = "bench-out")]
     pub out: PathBuf,
@@ -283,6 +313,17 @@ pub struct FrontDoorArgs {
 }
 
 fn front_door(a: FrontDoorArgs) -> Result<()> {
+    for (flag, value) in [("--programs", a.programs), ("--calls", a.calls), ("--rounds", a.rounds), ("--max-tokens", a.max_tokens as usize)] {
+        if value == 0 {
+            bail!("{flag} must be at least 1 (got 0)");
+        }
+    }
+    if a.soak > 0 && a.soak_tokens == 0 {
+        bail!("--soak-tokens must be at least 1 when --soak is not 0");
+    }
+    if !(a.speed > 0.0 && a.speed.is_finite()) {
+        bail!("--speed must be a positive, finite number (got {})", a.speed);
+    }
     let opts = switchyard_runtime::serve::load::LoadOptions {
         programs: a.programs,
         calls: a.calls,
@@ -431,9 +472,12 @@ fn tao(args: TaoArgs) -> Result<()> {
     if args.sessions > 100_000 {
         bail!("--sessions must be at most 100000 (got {})", args.sessions);
     }
+    if args.workload.is_some() && args.write_trace.is_none() {
+        bail!("--workload only chooses the trace `--write-trace` writes; the bench runs its own workloads (swe-lite only with --quick)");
+    }
     if let Some(path) = &args.write_trace {
-        let workload = switchyard_runtime::agentic::AgentWorkload::parse(&args.workload)
-            .ok_or_else(|| anyhow::anyhow!("unknown workload `{}`", args.workload))?;
+        let name = args.workload.as_deref().unwrap_or("swe-lite");
+        let workload = switchyard_runtime::agentic::AgentWorkload::parse(name).ok_or_else(|| anyhow::anyhow!("unknown workload `{name}`"))?;
         let trace = switchyard_runtime::agentic::generate(workload, args.sessions, args.seed);
         std::fs::write(path, switchyard_runtime::agentic::to_jsonl(&trace))?;
         eprintln!("wrote {} sessions ({} turns) to {}", trace.sessions.len(), trace.turns(), path.display());
@@ -512,6 +556,12 @@ pub fn run(args: BenchArgs) -> Result<()> {
         Some(Experiment::Oracle(o)) => return oracle(o),
         None => {}
     }
+    if args.workers == 0 {
+        bail!("--workers must be at least 1 (got 0)");
+    }
+    if args.quick && args.repetitions.is_some() {
+        bail!("--quick runs one repetition; drop --repetitions, or drop --quick to run {}", args.repetitions.unwrap_or(0));
+    }
     let unknown: Vec<String> = std::iter::once(("--predictor", &args.predictor))
         .chain(args.predictors.iter().map(|p| ("--predictors", p)))
         .filter_map(|(flag, p)| crate::unknown_predictor(flag, p))
@@ -524,7 +574,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let pool = PoolSpec::load(&pool_path).map_err(|e| anyhow::anyhow!("{e}"))?;
     let mut cfg = BenchConfig::paper(workflows, pool);
     cfg.sessions = args.sessions;
-    cfg.repetitions = args.repetitions;
+    cfg.repetitions = args.repetitions.unwrap_or(5);
     cfg.seed = args.seed;
     cfg.predictor = args.predictor.clone();
     cfg.predictors = args.predictors.clone();

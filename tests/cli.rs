@@ -386,3 +386,48 @@ fn trace_turns_past_the_pools_context_are_all_named_by_line() {
     assert!(stderr.contains("t.jsonl:3: turns[0]: session `big`"), "{stderr}");
     assert!(stderr.contains("t.jsonl:4: turns[1]: session `later`"), "{stderr}");
 }
+
+/// `switchyard bench`'s counts and rates out of range are refused before any work, exit 1,
+/// naming the flag; `--workload` without `--write-trace` and `--quick` with `--repetitions`
+/// are refused rather than silently ignored.
+#[test]
+fn bench_refuses_counts_and_flags_it_would_ignore() {
+    let dir = tempfile::Builder::new().prefix("bench-refuses-").tempdir().expect("tempdir");
+    let out_dir = dir.path().to_str().expect("utf-8 path");
+    let cases: &[(&[&str], &str)] = &[
+        (&["bench", "front-door", "--calls", "0", "--soak", "0", "--programs", "2", "--speed", "50"], "--calls"),
+        (&["bench", "front-door", "--programs", "0", "--soak", "0", "--speed", "50"], "--programs"),
+        (&["bench", "front-door", "--rounds", "0", "--soak", "0", "--programs", "2", "--calls", "1", "--speed", "50"], "--rounds"),
+        (&["bench", "front-door", "--speed", "0", "--soak", "0"], "--speed"),
+        (&["bench", "front-door", "--speed", "NaN", "--soak", "0"], "--speed"),
+        (&["bench", "front-door", "--max-tokens", "0", "--soak", "0"], "--max-tokens"),
+        (&["bench", "front-door", "--soak", "2", "--soak-tokens", "0"], "--soak-tokens"),
+        (&["bench", "workflows/gsm8k.yaml", "--quick", "--sessions", "1", "--workers", "0", "--out", out_dir], "--workers"),
+        (&["bench", "workflows/gsm8k.yaml", "--quick", "--sessions", "1", "--repetitions", "3", "--out", out_dir], "--repetitions"),
+        (&["bench", "tao", "--workload", "swe-verified", "--quick", "--sessions", "1", "--workers", "1", "--no-ablations", "--out", out_dir], "--workload"),
+    ];
+    for (args, flag) in cases {
+        let out = switchyard(args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+        assert!(stderr.contains(flag), "{args:?} should name {flag}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+    }
+}
+
+/// `bench oracle` records the flags it ran with, as `bench verifier` and `bench predictor` do.
+#[test]
+fn bench_oracle_records_its_flags() {
+    let dir = tempfile::Builder::new().prefix("bench-oracle-command-").tempdir().expect("tempdir");
+    let out_dir = dir.path().to_str().expect("utf-8 path");
+    let out = switchyard(&["bench", "oracle", "--only-programs", "--programs", "4", "--program-seeds", "1", "--out", out_dir, "--json"]);
+    assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+    let want = "switchyard bench oracle --programs 4 --program-seeds 1 --only-programs";
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON document");
+    assert_eq!(json["command"], want);
+    let file: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("oracle-programs.json")).expect("oracle-programs.json")).expect("JSON");
+    assert_eq!(file["command"], want);
+    let md = std::fs::read_to_string(dir.path().join("oracle-programs.md")).expect("oracle-programs.md");
+    assert!(md.contains(want), "{md}");
+}

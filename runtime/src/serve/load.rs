@@ -64,6 +64,31 @@ pub struct LoadOptions {
     pub speed: f64,
 }
 
+impl LoadOptions {
+    /// Refuse a measurement that could not measure anything: no programs, calls, rounds or
+    /// tokens, a soak of empty streams, or a pace that is not a positive finite number.
+    pub fn check(&self) -> Result<(), String> {
+        for (name, value) in [("programs", self.programs), ("calls", self.calls), ("rounds", self.rounds), ("max_tokens", self.max_tokens as usize)] {
+            if value == 0 {
+                return Err(format!("{name} must be at least 1"));
+            }
+        }
+        if self.soak > 0 && self.soak_tokens == 0 {
+            return Err("soak_tokens must be at least 1 when soak is not 0".into());
+        }
+        if !(self.speed > 0.0 && self.speed.is_finite()) {
+            return Err(format!("speed must be positive and finite (got {})", self.speed));
+        }
+        Ok(())
+    }
+}
+
+/// Seconds as a `Duration`; zero for a NaN, negative or unrepresentable value (a measurement
+/// with no calls has a NaN p50), never a panic.
+fn secs(s: f64) -> Duration {
+    Duration::try_from_secs_f64(s).unwrap_or_default()
+}
+
 impl Default for LoadOptions {
     fn default() -> Self {
         LoadOptions { programs: 100, calls: 5, max_tokens: 64, rounds: 2, soak: 1000, soak_tokens: 256, speed: 1.0 }
@@ -190,7 +215,7 @@ async fn load(http: &reqwest::Client, url: &str, tag: &str, (programs, calls, ma
             let http = http.clone();
             let url = url.to_string();
             let program = format!("{tag}-{p}");
-            let offset = Duration::from_secs_f64(spread_s * p as f64 / programs.max(1) as f64);
+            let offset = secs(spread_s * p as f64 / programs.max(1) as f64);
             tokio::spawn(async move {
                 tokio::time::sleep(offset).await;
                 let mut out = Vec::new();
@@ -230,6 +255,7 @@ fn side(mut lat: Vec<f64>, failed: usize, wall: f64) -> Side {
 
 /// Run the measurement (inside a multi-threaded tokio runtime).
 pub async fn front_door_bench(opts: &LoadOptions) -> Result<LoadReport, String> {
+    opts.check()?;
     let engine = EmulateServer::start(
         EmulateConfig {
             device: "A100-80GB".into(),
@@ -299,7 +325,7 @@ pub async fn front_door_bench(opts: &LoadOptions) -> Result<LoadReport, String> 
         async move {
             let (mut dl, mut df, mut dw) = (Vec::new(), 0, 0.0);
             let (mut fl, mut ff, mut fw) = (Vec::new(), 0, 0.0);
-            for r in 0..opts.rounds.max(1) {
+            for r in 0..opts.rounds {
                 let shape = (opts.programs, opts.calls, opts.max_tokens, spread_s);
                 for direct in if r % 2 == 0 { [true, false] } else { [false, true] } {
                     if direct {
@@ -327,7 +353,8 @@ pub async fn front_door_bench(opts: &LoadOptions) -> Result<LoadReport, String> 
         }
     }
     let burst = compare("burst", 0.0).await;
-    let steady = compare("steady", burst.direct.p50_ms / 1e3).await;
+    let steady_spread_s = burst.direct.p50_ms / 1e3;
+    let steady = compare("steady", if steady_spread_s.is_finite() { steady_spread_s } else { 0.0 }).await;
 
     // Soak.
     let rss_before = rss_mib();
@@ -429,5 +456,34 @@ impl LoadReport {
             self.rss_after_mib
         ));
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_empty_or_nan_measurement_gives_no_duration_panic() {
+        assert_eq!(secs(f64::NAN), Duration::ZERO);
+        assert_eq!(secs(-1.0), Duration::ZERO);
+        assert_eq!(secs(f64::INFINITY), Duration::ZERO);
+        assert_eq!(secs(0.25), Duration::from_millis(250));
+        let empty = side(Vec::new(), 0, 0.0);
+        assert!(empty.p50_ms.is_nan() && empty.calls == 0);
+    }
+
+    #[test]
+    fn a_measurement_of_nothing_is_refused_before_it_starts() {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+        for (opts, needle) in [
+            (LoadOptions { calls: 0, soak: 0, programs: 2, speed: 50.0, ..Default::default() }, "calls"),
+            (LoadOptions { programs: 0, ..Default::default() }, "programs"),
+            (LoadOptions { rounds: 0, ..Default::default() }, "rounds"),
+            (LoadOptions { speed: f64::NAN, ..Default::default() }, "speed"),
+        ] {
+            let err = rt.block_on(front_door_bench(&opts)).err().expect("refused");
+            assert!(err.contains(needle), "{err}");
+        }
     }
 }

@@ -644,9 +644,10 @@ fn mean_breakdown<'a>(bs: impl IntoIterator<Item = &'a GpuBreakdown>) -> GpuBrea
     total.scaled(1.0 / n.max(1) as f64).rounded()
 }
 
-/// Ratio of a measured makespan to its bound (`None` without a positive bound).
+/// Ratio of a measured makespan to its bound (`None` without a positive bound), unrounded:
+/// the tables round it once (rounded to 3 decimals first, 1.1748 printed as 1.18).
 fn ratio(measured: f64, bound: Option<f64>) -> Option<f64> {
-    bound.filter(|b| *b > 0.0).map(|b| round3(measured / b))
+    bound.filter(|b| *b > 0.0).map(|b| measured / b)
 }
 
 fn aggregate(v: &Variant, arrival: &str, runs: &[&RunSummary], lb: Option<&LowerBound>, path_models: &[String]) -> BenchRun {

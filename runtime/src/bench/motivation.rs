@@ -135,6 +135,8 @@ pub struct MotivationReport {
     pub mbpp_arrival: String,
     /// Whether each repetition drew its own sessions (trace seed + r).
     pub redraw: bool,
+    /// The trace seed (of repetition 0 when each repetition draws its own sessions).
+    pub seed: u64,
     pub qmsum_sessions_per_repetition: usize,
     pub mbpp_sessions_per_repetition: usize,
     pub repetitions: u64,
@@ -358,6 +360,7 @@ pub fn run(cfg: &MotivationConfig) -> Result<MotivationReport, BenchError> {
         arrival: cfg.arrival.to_string(),
         mbpp_arrival: cfg.mbpp_arrival.unwrap_or(cfg.arrival).to_string(),
         redraw: cfg.redraw,
+        seed: cfg.seed,
         qmsum_sessions_per_repetition: cfg.sessions,
         mbpp_sessions_per_repetition: cfg.mbpp_sessions,
         repetitions: cfg.repetitions,
@@ -380,7 +383,11 @@ pub fn to_markdown(r: &MotivationReport) -> String {
         r.mbpp_sessions_per_repetition,
         r.mbpp_arrival,
         r.repetitions,
-        if r.redraw { "repetition r: trace seed 42 + r, engine-noise seed r" } else { "one draw, trace seed 42; engine-noise seeds 0..R" }
+        if r.redraw {
+            format!("repetition r: trace seed {} + r, engine-noise seed r", r.seed)
+        } else {
+            format!("one draw, trace seed {}; engine-noise seeds 0..{}", r.seed, r.repetitions)
+        }
     ));
     s.push_str("## GPU time (Figure 1(b)), GPU-seconds: ours / paper (ratio)\n\n| policy | generation | idle resident | loading | other | total |\n| --- | ---: | ---: | ---: | ---: | ---: |\n");
     for p in &r.policies {

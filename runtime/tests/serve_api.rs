@@ -23,12 +23,12 @@ use switchyard_runtime::workflow::{WorkflowSpec, load_workflow};
 
 // ---------------------------------------------------------------------------------------------
 // A fake engine: answers the request's emulated output (or a short text) after `delay`, and
-// remembers each request's `max_tokens`; refuses every request while `reject` is set.
+// remembers each request's `max_tokens` (and whether it is the server's default); refuses every request while `reject` is set.
 
 #[derive(Default)]
 struct Seen {
-    /// (prompt tokens, max_tokens) of each request.
-    max_tokens: Mutex<Vec<(u32, u32)>>,
+    /// (prompt tokens, max_tokens, left to the server's default) of each request.
+    max_tokens: Mutex<Vec<(u32, u32, bool)>>,
     reject: AtomicBool,
 }
 
@@ -59,7 +59,7 @@ impl Engine for Fake {
                 return Err(EngineError::Rejected("the test refuses every request".into()));
             }
             if let Ok(mut m) = self.seen.max_tokens.lock() {
-                m.push((request.prompt_tokens, request.max_tokens));
+                m.push((request.prompt_tokens, request.max_tokens, request.server_default_limit));
             }
             tokio::time::sleep(self.delay).await;
             let text = request.emulated_output.clone().unwrap_or_else(|| "a short answer".into());
@@ -370,9 +370,11 @@ fn an_answer_without_max_tokens_may_fill_the_context_as_from_vllm() {
         let sent = seen.max_tokens.lock().expect("seen").clone();
         assert_eq!(sent.len(), 3, "{sent:?}");
         // The tiny chain serves Qwen3-0.6B with a 2,048-token context.
-        let (prompt, max) = sent[0];
+        let (prompt, max, server_default) = sent[0];
         assert!(prompt > 0 && max == 2048 - prompt, "a chat call without a limit: {prompt} prompt tokens, max_tokens {max}");
-        assert_eq!((sent[1].1, sent[2].1), (7, 16), "{sent:?}");
+        // ... planned with that room, but sent upstream without a limit (the server counts it).
+        assert!(server_default, "{sent:?}");
+        assert_eq!((sent[1].1, sent[1].2, sent[2].1, sent[2].2), (7, false, 16, false), "{sent:?}");
         service.shutdown("the test ends").await.expect("shutdown");
     });
 }

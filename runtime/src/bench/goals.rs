@@ -13,12 +13,9 @@ use std::fmt::Write;
 
 use serde::Serialize;
 
+use super::markdown::{BASELINES, OURS};
 use super::paper::{self, Published};
 use super::{BenchReport, BenchRun, change_pct};
-
-/// The policy whose margins are checked, and the baselines they are checked against.
-const OURS: &str = "joint";
-const BASELINES: [&str; 2] = ["parrot", "kairos"];
 
 /// The paper's setup (§4.1): its pool and 60 sessions per workflow.
 const PAPER_POOL: &str = "paper";
@@ -175,7 +172,7 @@ fn joint_margins(report: &BenchReport, out: &mut Vec<Goal>) {
 /// of the published value).
 fn regime_targets(report: &BenchReport, out: &mut Vec<Goal>) {
     let ratio = |ours: f64, paper: &Published| {
-        let m = (paper.low + paper.high) / 2.0;
+        let m = paper.mid();
         (m > 0.0).then(|| ours / m)
     };
     for (policy, arrival, makespan, p95_paper) in paper::figure5() {
@@ -216,11 +213,7 @@ fn regime_targets(report: &BenchReport, out: &mut Vec<Goal>) {
 }
 
 fn value(v: f64, unit: &str) -> String {
-    match unit {
-        "%" if v.abs() < 0.05 => "0.0 %".into(),
-        "%" => format!("{v:+.1} %"),
-        _ => format!("{v:.2}{unit}"),
-    }
+    if unit == "%" { super::markdown::pct(Some(v)) } else { format!("{v:.2}{unit}") }
 }
 
 fn target_text(t: &Target, unit: &str) -> String {

@@ -7,10 +7,10 @@ use std::fmt::Write;
 use super::{BenchReport, BenchRun, VariantKind, change_pct};
 
 /// The policy whose reductions are reported, and the baselines it is compared with.
-const OURS: &str = "joint";
-const BASELINES: [&str; 2] = ["parrot", "kairos"];
+pub(super) const OURS: &str = "joint";
+pub(super) const BASELINES: [&str; 2] = ["parrot", "kairos"];
 
-fn pct(x: Option<f64>) -> String {
+pub(super) fn pct(x: Option<f64>) -> String {
     match x {
         // No "−0.0 %": a change that rounds to zero is zero.
         Some(v) if v.abs() < 0.05 => "0.0 %".into(),

@@ -27,7 +27,7 @@ impl Published {
         Published { low: ours / (1.0 - lo), high: ours / (1.0 - hi) }
     }
 
-    fn mid(&self) -> f64 {
+    pub(super) fn mid(&self) -> f64 {
         (self.low + self.high) / 2.0
     }
 

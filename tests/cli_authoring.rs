@@ -323,6 +323,6 @@ nodes:
     let out = switchyard_in(&dir, &["run", wf.to_str().unwrap_or_default(), "--sessions", "2", "--pool", pool.to_str().unwrap_or_default()]);
     assert!(out.status.success(), "{}", stderr(&out));
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(text.contains("tool calls failed: 2 of 2 (timeout 2)"), "{text}");
+    assert!(text.contains("tool calls not passed: 2 of 2 (timeout 2)"), "{text}");
     let _ = std::fs::remove_dir_all(&dir);
 }

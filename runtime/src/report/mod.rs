@@ -279,8 +279,10 @@ impl ToolReport {
         report
     }
 
-    /// The text report's line for failed tool calls, by cause, most frequent first
-    /// (`tool calls failed: 3 of 7 (timeout 2, crashed 1)`); `None` when none failed.
+    /// The text report's line for tool calls whose verdict is not a pass — an error (a
+    /// timeout, a crash) or a result (an MBPP candidate failing its tests) — by cause, most
+    /// frequent first (`tool calls not passed: 3 of 7 (timeout 2, crashed 1)`); `None` when
+    /// every call passed.
     /// `calls` is the run's tool calls.
     pub fn failed_line(&self, calls: u64) -> Option<String> {
         let failed: u64 = self.failures_by_cause.values().sum();
@@ -295,7 +297,7 @@ impl ToolReport {
         } else {
             "each is listed".to_string()
         };
-        Some(format!("tool calls failed: {failed} of {} ({}); {listed} in --json's `tools.failures`", calls.max(failed), by_cause.join(", ")))
+        Some(format!("tool calls not passed: {failed} of {} ({}); {listed} in --json's `tools.failures`", calls.max(failed), by_cause.join(", ")))
     }
 
     /// Add one session's log. Sessions may come in any order (a shell adds each as it ends):
@@ -334,7 +336,7 @@ mod tests {
         let a = SessionToolLog { failures: vec![failure(0, "timeout"), failure(0, "crashed"), failure(0, "timeout")], ..Default::default() };
         let report = ToolReport::collect([(0, &a)]);
         let line = report.failed_line(7).unwrap_or_default();
-        assert!(line.starts_with("tool calls failed: 3 of 7 (timeout 2, crashed 1); "), "{line}");
+        assert!(line.starts_with("tool calls not passed: 3 of 7 (timeout 2, crashed 1); "), "{line}");
     }
 
     #[test]

@@ -672,3 +672,50 @@ fn a_refused_identity_map_fails_closed_unless_allowed() {
     assert_eq!(out.stdout, format!("pid 2\nuid {}\nlo\n", overflow.trim()), "{out:?}");
     done(&case);
 }
+
+/// The namespace's init (pid 1) is a copy of the caller that never execs: it must not keep the
+/// caller's signal handlers (an async runtime's SIGTERM handler, std's SIGSEGV one), which a
+/// guest's `kill(1, …)` would otherwise run. On the ordinary non-root path (init has the
+/// caller's uid), init's `/proc/PID/status`, read from the host while the guest runs, shows it
+/// catching and ignoring nothing, and a guest that signals it still ends normally. The helper
+/// installs handlers of its own first, so the check cannot pass for want of any.
+#[test]
+fn the_namespace_init_keeps_none_of_the_callers_signal_handlers() {
+    const TEST: &str = "the_namespace_init_keeps_none_of_the_callers_signal_handlers";
+    let Some(case) = helper_case() else {
+        run_helper(TEST, "init_signals");
+        return;
+    };
+    extern "C" fn on_signal(_: libc::c_int) {}
+    // SAFETY: installs a handler that does nothing, and ignores SIGUSR2, in this helper process.
+    unsafe {
+        libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
+        libc::signal(libc::SIGUSR1, on_signal as *const () as libc::sighandler_t);
+        libc::signal(libc::SIGUSR2, libc::SIG_IGN);
+    }
+    let uid = as_unprivileged_uid();
+    let guest = std::thread::spawn(|| run(&sh("kill -TERM 1; kill -USR1 1; sleep 2; echo survived", quick())));
+    // The namespace's init seen from the host: this uid, pid 1 in the innermost namespace.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let dispositions = loop {
+        let found = std::fs::read_dir("/proc").expect("/proc").flatten().find_map(|entry| {
+            let status = std::fs::read_to_string(entry.path().join("status")).ok()?;
+            let field = |name: &str| status.lines().find_map(|l| l.strip_prefix(name)).map(str::trim).map(str::to_owned);
+            let nspid = field("NSpid:")?;
+            let owner = field("Uid:")?.split_whitespace().next()?.parse::<u32>().ok()?;
+            let inner_init = nspid.split_whitespace().count() > 1 && nspid.split_whitespace().last() == Some("1");
+            (inner_init && owner == uid).then(|| (field("SigCgt:"), field("SigIgn:")))
+        });
+        if let Some(found) = found {
+            break found;
+        }
+        assert!(Instant::now() < deadline, "the namespace's init never showed");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let zero = Some("0000000000000000".to_owned());
+    assert_eq!(dispositions, (zero.clone(), zero), "init's caught and ignored signals");
+    let out = guest.join().expect("the guest's thread");
+    assert!(out.termination.success() && out.isolation.user_namespace && out.isolation.pid_namespace, "{out:?}");
+    assert_eq!(out.stdout, "survived\n", "{out:?}");
+    done(&case);
+}

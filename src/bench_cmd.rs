@@ -2,6 +2,10 @@
 //! arguments, loads the workflows and the pool, runs the bench with a progress bar, writes the
 //! markdown report, the JSON and the SVG charts, and prints a summary (or the JSON).
 //! Errors are `anyhow` here, as everywhere in the binary.
+//!
+//! Must not depend on the simulator, the live shell or the emulator directly (it reaches them
+//! only through `switchyard_runtime::bench` and, for `bench front-door`, `serve::load`), nor on
+//! the library facade `src/lib.rs`.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -2,6 +2,9 @@
 //! (`switchyard_runtime::live::server`). Parses the flags — named like `vllm serve`'s where
 //! they mean the same — and runs the server until SIGINT/SIGTERM. CLI edge only: all
 //! behaviour lives in the runtime crate.
+//!
+//! Must not depend on the planner, the shells or the binary's other modules: `live::server` is
+//! all it uses.
 
 use std::net::{IpAddr, SocketAddr};
 

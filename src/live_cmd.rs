@@ -5,6 +5,9 @@
 //!
 //! CLI glue only (errors are `anyhow` here): it reads the live pool file, takes the clock's
 //! speed from the pool's engines, and hands everything to `switchyard_runtime::live`.
+//!
+//! Must not depend on the binary's other modules (`crate::…`: `tests/live_e2e.rs` includes this
+//! file on its own) nor on the simulator.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -1,5 +1,9 @@
 //! `switchyard`: the command-line edge. Parses arguments, loads files, runs the simulator or the
 //! evaluations, and prints tables / JSON / SVG. Errors are `anyhow` here and only here.
+//!
+//! Must not depend on the library facade (`src/lib.rs`, `switchyard::…`) nor on the emulator
+//! crate: the binary uses `switchyard_runtime` (and the predictor's evaluation, the tools' residue
+//! sweep) directly.
 
 mod bench_cmd;
 mod emulate_cmd;

@@ -3,6 +3,9 @@
 //! the current directory, then as `pools/paper.yaml` next to the first workflow file, then under
 //! the repository root found by walking up from that workflow file (the first ancestor that
 //! holds `workflows/pools/paper.yaml`). Not finding it is an error listing every place tried.
+//!
+//! Must not depend on the runtime or the binary's other modules: it resolves a path (it checks
+//! which candidates are files and reads none).
 
 use std::path::{Path, PathBuf};
 

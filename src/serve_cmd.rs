@@ -2,6 +2,8 @@
 //! (`switchyard_runtime::serve`) over the engines a live pool file names. CLI edge only: it
 //! reads the flags, the pool and the start-up workflows, the API token, starts the service and
 //! serves until SIGINT/SIGTERM, then fails what is open and reclaims every engine.
+//!
+//! Must not depend on the simulator or the bench: it serves the live runtime only.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

@@ -1,6 +1,9 @@
 //! Seeded generators of SWE-bench-like agent-session traces (mini-SWE-agent harness). The
 //! distributions and the source of every number are in `workflows/traces/README.md`; the
 //! constants here are those numbers.
+//!
+//! Must not depend on anything of the crate outside `agentic` (its session and trace types),
+//! nor on the emulator or the tools (checked for the whole module by `module_boundaries.rs`).
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;

@@ -4,6 +4,9 @@
 //! (`reasoning_tokens` and `hint_s` optional). Blank lines and lines
 //! starting with `#` are skipped. Every problem is reported with the file, the line and the
 //! field, and all of them at once, before anything runs.
+//!
+//! Must not depend on anything of the crate outside `agentic` (its session and trace types),
+//! nor on the emulator or the tools (checked for the whole module by `module_boundaries.rs`).
 
 use std::collections::BTreeSet;
 

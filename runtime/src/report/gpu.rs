@@ -9,6 +9,9 @@
 //! deployment id among those active in the winning category), which lets a report attribute
 //! shared lifecycle time to workflows by their share of each model's generation time
 //! (paper 003 §4.3).
+//!
+//! Must not depend on anything of the crate outside `report`: no shell, planner or engine (it
+//! partitions the segments it is handed).
 
 use std::collections::BTreeMap;
 

@@ -4,6 +4,9 @@
 //! counts; a sleeping replica is a thin line in its model's colour across the row, and runs long
 //! enough carry the model's name. The legend sits in a strip below the rows, never on the data.
 //! Drawn with plotters' SVG backend.
+//!
+//! Must not depend on anything of the crate outside `report` (`gpu`'s partition): no shell,
+//! planner or engine.
 
 use std::path::Path;
 

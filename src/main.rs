@@ -71,7 +71,8 @@ enum PredictorCommand {
     /// Train every estimator and judge it on held-out models and devices (or on `--test`), on
     /// measured operator timings; whole activations: `switchyard bench predictor`.
     Eval {
-        /// Training measurements in the Vidur profiling layout (default: the shipped ones).
+        /// Training measurements in the Vidur profiling layout (default: the shipped ones,
+        /// compiled into the binary).
         #[arg(long)]
         train: Option<PathBuf>,
         /// Test measurements in the same layout (default: leave-one-out splits of `--train`).
@@ -515,9 +516,14 @@ fn validate(paths: &[PathBuf], pool: Option<&Path>) -> Result<()> {
 }
 
 fn predictor_eval(train: Option<PathBuf>, test: Option<PathBuf>, json: bool) -> Result<()> {
-    let train = train.unwrap_or_else(switchyard_predictor::eval::default_train_dir);
     // Operator timings only; whole activations against the emulator: `switchyard bench predictor`.
-    let report = switchyard_predictor::eval::run(&train, test.as_deref()).map_err(|e| anyhow::anyhow!("{e}"))?;
+    // Without --train: the shipped measurements, compiled into the binary.
+    let report = match train {
+        Some(train) => switchyard_predictor::eval::run(&train, test.as_deref()),
+        None => switchyard_predictor::data::ProfileData::shipped()
+            .and_then(|data| switchyard_predictor::eval::run_on(data, test.as_deref())),
+    }
+    .map_err(|e| anyhow::anyhow!("{e}"))?;
     if json {
         println!("{}", serde_json::to_string_pretty(&report.to_json())?);
     } else {

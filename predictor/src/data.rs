@@ -14,9 +14,15 @@
 //! the spec-sheet catalogue ([`crate::spec::device_catalogue`]) by name and memory size, so a
 //! user adding a GPU either names a catalogued one or writes the two fields.
 //!
-//! This module reads files and checks them; it computes no estimate.
+//! The copy shipped with the crate is compiled into it ([`ProfileData::shipped`]; `build.rs`
+//! keeps only the columns read here), so a binary moved away from the source tree still has
+//! it; [`DATA_DIR_ENV`] names another directory instead.
+//!
+//! This module reads files and checks them; it computes no estimate. It must not depend on
+//! the estimators, the evaluation or any other crate of the workspace.
 
-use std::collections::BTreeMap;
+use std::borrow::Cow;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::path::{Path, PathBuf};
 
@@ -94,13 +100,116 @@ fn file_name(path: &Path) -> &str {
         .unwrap_or_default()
 }
 
-fn sorted_entries(dir: &Path) -> Result<Vec<PathBuf>, PredictorError> {
-    let mut out = Vec::new();
-    for entry in fs::read_dir(dir).map_err(io(dir))? {
-        out.push(entry.map_err(io(dir))?.path());
+/// The directory of measurements in the source tree (`predictor/data/vidur-profiling`). It
+/// exists only where the crate was built; a running program uses [`ProfileData::shipped`],
+/// which has the same data compiled in.
+pub fn default_train_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("data")
+        .join("vidur-profiling")
+}
+
+/// Environment variable naming a profiling directory that replaces the shipped data for the
+/// default estimators ([`ProfileData::default_source`]).
+pub const DATA_DIR_ENV: &str = "SWITCHYARD_PREDICTOR_DATA";
+
+/// The root shown in paths of the compiled-in copy (it names no file on disk).
+pub const SHIPPED_ROOT: &str = "(built-in)/predictor/data/vidur-profiling";
+
+mod shipped {
+    include!(concat!(env!("OUT_DIR"), "/vidur_profiling.rs"));
+}
+
+/// Where the files of a profiling tree come from: a directory on disk, or the copy compiled
+/// into the crate. [`ProfileData::load_from`] walks either the same way.
+trait Tree {
+    fn is_dir(&self, path: &Path) -> bool;
+    fn is_file(&self, path: &Path) -> bool;
+    /// The entries of `dir`, sorted.
+    fn entries(&self, dir: &Path) -> Result<Vec<PathBuf>, PredictorError>;
+    fn read(&self, path: &Path) -> Result<Cow<'static, [u8]>, PredictorError>;
+    fn read_string(&self, path: &Path) -> Result<String, PredictorError> {
+        String::from_utf8(self.read(path)?.into_owned()).map_err(|e| PredictorError::Io {
+            path: path.to_path_buf(),
+            source: std::io::Error::new(std::io::ErrorKind::InvalidData, e),
+        })
     }
-    out.sort();
-    Ok(out)
+}
+
+struct Disk;
+
+impl Tree for Disk {
+    fn is_dir(&self, path: &Path) -> bool {
+        path.is_dir()
+    }
+    fn is_file(&self, path: &Path) -> bool {
+        path.is_file()
+    }
+    fn entries(&self, dir: &Path) -> Result<Vec<PathBuf>, PredictorError> {
+        let mut out = Vec::new();
+        for entry in fs::read_dir(dir).map_err(io(dir))? {
+            out.push(entry.map_err(io(dir))?.path());
+        }
+        out.sort();
+        Ok(out)
+    }
+    fn read(&self, path: &Path) -> Result<Cow<'static, [u8]>, PredictorError> {
+        fs::read(path).map(Cow::Owned).map_err(io(path))
+    }
+}
+
+/// The compiled-in files under [`SHIPPED_ROOT`]; directories are implied by the file paths.
+struct Shipped {
+    files: BTreeMap<PathBuf, &'static [u8]>,
+    dirs: BTreeMap<PathBuf, BTreeSet<PathBuf>>,
+}
+
+impl Shipped {
+    fn new(root: &Path) -> Self {
+        let mut files = BTreeMap::new();
+        let mut dirs: BTreeMap<PathBuf, BTreeSet<PathBuf>> = BTreeMap::new();
+        for (rel, bytes) in shipped::EMBEDDED_FILES {
+            let path = rel.split('/').fold(root.to_path_buf(), |p, c| p.join(c));
+            let mut child = path.clone();
+            while let Some(parent) = child.parent() {
+                let parent = parent.to_path_buf();
+                dirs.entry(parent.clone()).or_default().insert(child);
+                if parent == root {
+                    break;
+                }
+                child = parent;
+            }
+            files.insert(path, *bytes);
+        }
+        Shipped { files, dirs }
+    }
+}
+
+impl Tree for Shipped {
+    fn is_dir(&self, path: &Path) -> bool {
+        self.dirs.contains_key(path)
+    }
+    fn is_file(&self, path: &Path) -> bool {
+        self.files.contains_key(path)
+    }
+    fn entries(&self, dir: &Path) -> Result<Vec<PathBuf>, PredictorError> {
+        match self.dirs.get(dir) {
+            Some(children) => Ok(children.iter().cloned().collect()),
+            None => Err(PredictorError::BadLayout {
+                path: dir.to_path_buf(),
+                message: "no such directory in the built-in data".into(),
+            }),
+        }
+    }
+    fn read(&self, path: &Path) -> Result<Cow<'static, [u8]>, PredictorError> {
+        match self.files.get(path) {
+            Some(bytes) => Ok(Cow::Borrowed(bytes)),
+            None => Err(PredictorError::BadLayout {
+                path: path.to_path_buf(),
+                message: "no such file in the built-in data".into(),
+            }),
+        }
+    }
 }
 
 /// Parse a device config; fields the file lacks come from the catalogue entry with the same
@@ -205,11 +314,17 @@ pub fn read_mlp_csv(
     model: &str,
     device: &str,
 ) -> Result<Vec<MeasuredPass>, PredictorError> {
-    let mut reader = csv::Reader::from_path(path).map_err(|e| PredictorError::BadCsv {
-        path: path.to_path_buf(),
-        line: 0,
-        message: e.to_string(),
-    })?;
+    parse_mlp_csv(path, &Disk.read(path)?, model, device)
+}
+
+/// [`read_mlp_csv`] of the bytes of `path`.
+fn parse_mlp_csv(
+    path: &Path,
+    bytes: &[u8],
+    model: &str,
+    device: &str,
+) -> Result<Vec<MeasuredPass>, PredictorError> {
+    let mut reader = csv::Reader::from_reader(bytes);
     let headers = reader
         .headers()
         .map_err(|e| PredictorError::BadCsv {
@@ -308,12 +423,21 @@ pub fn read_attention_csv(
     path: &Path,
     device: &str,
 ) -> Result<Vec<AttentionSample>, PredictorError> {
+    parse_attention_csv(path, &Disk.read(path)?, device)
+}
+
+/// [`read_attention_csv`] of the bytes of `path`.
+fn parse_attention_csv(
+    path: &Path,
+    bytes: &[u8],
+    device: &str,
+) -> Result<Vec<AttentionSample>, PredictorError> {
     let csv_err = |line: u64, message: String| PredictorError::BadCsv {
         path: path.to_path_buf(),
         line,
         message,
     };
-    let mut reader = csv::Reader::from_path(path).map_err(|e| csv_err(0, e.to_string()))?;
+    let mut reader = csv::Reader::from_reader(bytes);
     let headers = reader
         .headers()
         .map_err(|e| csv_err(1, e.to_string()))?
@@ -379,14 +503,18 @@ pub fn read_attention_csv(
     Ok(out)
 }
 
-fn read_model_config(root: &Path, model: &str) -> Result<Architecture, PredictorError> {
+fn read_model_config(
+    tree: &dyn Tree,
+    root: &Path,
+    model: &str,
+) -> Result<Architecture, PredictorError> {
     let yml = root.join("model_configs").join(format!("{model}.yml"));
     let json = root.join("model_configs").join(format!("{model}.json"));
-    if yml.is_file() {
-        let text = fs::read_to_string(&yml).map_err(io(&yml))?;
+    if tree.is_file(&yml) {
+        let text = tree.read_string(&yml)?;
         Architecture::from_vidur_yaml(model, &yml, &text)
-    } else if json.is_file() {
-        let text = fs::read_to_string(&json).map_err(io(&json))?;
+    } else if tree.is_file(&json) {
+        let text = tree.read_string(&json)?;
         let arch = ModelArch::from_hf_config(model, &json.display().to_string(), &text)?;
         if arch.linear_attention.is_some() {
             // The operator graph is a dense decoder's: a hybrid's Gated DeltaNet layers would
@@ -409,7 +537,40 @@ impl ProfileData {
     /// Load a profiling directory. Every model and device with measurements must have a
     /// config; configs without measurements are loaded too (they can be predicted).
     pub fn load(root: &Path) -> Result<Self, PredictorError> {
-        if !root.is_dir() {
+        Self::load_from(&Disk, root)
+    }
+
+    /// The measurements shipped with the crate, from the copy compiled into it (the same
+    /// numbers as [`ProfileData::load`] of [`default_train_dir`]; no file is read). Paths in
+    /// errors and in [`ProfileData::root`] start with [`SHIPPED_ROOT`].
+    pub fn shipped() -> Result<Self, PredictorError> {
+        let root = Path::new(SHIPPED_ROOT);
+        Self::load_from(&Shipped::new(root), root)
+    }
+
+    /// The data the default estimators train on: the directory named by `override_dir` (the
+    /// value of [`DATA_DIR_ENV`]) when it is set and not empty, else [`ProfileData::shipped`].
+    pub fn default_source(override_dir: Option<&std::ffi::OsStr>) -> Result<Self, PredictorError> {
+        match override_dir.filter(|d| !d.is_empty()) {
+            None => Self::shipped(),
+            Some(dir) => {
+                let dir = Path::new(dir);
+                if !dir.is_dir() {
+                    return Err(PredictorError::BadLayout {
+                        path: dir.to_path_buf(),
+                        message: format!(
+                            "{DATA_DIR_ENV} names this profiling directory, which does not exist \
+                             or is not a directory (unset it to use the built-in data)"
+                        ),
+                    });
+                }
+                Self::load(dir)
+            }
+        }
+    }
+
+    fn load_from(tree: &dyn Tree, root: &Path) -> Result<Self, PredictorError> {
+        if !tree.is_dir(root) {
             return Err(PredictorError::BadLayout {
                 path: root.to_path_buf(),
                 message: "not a directory".into(),
@@ -420,23 +581,23 @@ impl ProfileData {
             ..ProfileData::default()
         };
         let dev_dir = root.join("device_configs");
-        if dev_dir.is_dir() {
-            for path in sorted_entries(&dev_dir)? {
+        if tree.is_dir(&dev_dir) {
+            for path in tree.entries(&dev_dir)? {
                 if path.extension().and_then(|e| e.to_str()) != Some("yml") {
                     continue;
                 }
                 let Some(name) = path.file_stem().and_then(|s| s.to_str()) else {
                     continue;
                 };
-                let text = fs::read_to_string(&path).map_err(io(&path))?;
+                let text = tree.read_string(&path)?;
                 data.devices
                     .insert(name.to_string(), parse_device(name, &path, &text)?);
             }
         }
         let compute = root.join("profiling").join("compute");
-        if compute.is_dir() {
-            for dev_path in sorted_entries(&compute)? {
-                if !dev_path.is_dir() {
+        if tree.is_dir(&compute) {
+            for dev_path in tree.entries(&compute)? {
+                if !tree.is_dir(&dev_path) {
                     continue;
                 }
                 let device = file_name(&dev_path).to_string();
@@ -448,51 +609,54 @@ impl ProfileData {
                         ),
                     });
                 }
-                for org_path in sorted_entries(&dev_path)? {
-                    if !org_path.is_dir() {
+                for org_path in tree.entries(&dev_path)? {
+                    if !tree.is_dir(&org_path) {
                         continue;
                     }
-                    for model_path in sorted_entries(&org_path)? {
+                    for model_path in tree.entries(&org_path)? {
                         let mlp = model_path.join("mlp.csv");
                         let attn = model_path.join("attention.csv");
-                        if !mlp.is_file() && !attn.is_file() {
+                        if !tree.is_file(&mlp) && !tree.is_file(&attn) {
                             continue;
                         }
                         let org = file_name(&org_path);
                         let leaf = file_name(&model_path);
                         let model = format!("{org}/{leaf}");
                         if !data.models.contains_key(&model) {
-                            let arch = read_model_config(root, &model)?;
+                            let arch = read_model_config(tree, root, &model)?;
                             data.models.insert(model.clone(), arch);
                         }
-                        if mlp.is_file() {
-                            data.passes.extend(read_mlp_csv(&mlp, &model, &device)?);
+                        if tree.is_file(&mlp) {
+                            let bytes = tree.read(&mlp)?;
+                            data.passes.extend(parse_mlp_csv(&mlp, &bytes, &model, &device)?);
                         }
-                        if attn.is_file() {
-                            data.attention.extend(read_attention_csv(&attn, &device)?);
+                        if tree.is_file(&attn) {
+                            let bytes = tree.read(&attn)?;
+                            data.attention.extend(parse_attention_csv(&attn, &bytes, &device)?);
                         }
                     }
                 }
             }
         }
         let legacy = root.join("legacy");
-        if legacy.is_dir() {
-            for dev_path in sorted_entries(&legacy)? {
+        if tree.is_dir(&legacy) {
+            for dev_path in tree.entries(&legacy)? {
                 let attn = dev_path.join("attention.csv");
                 let device = file_name(&dev_path);
-                if attn.is_file() && data.devices.contains_key(device) {
-                    data.attention.extend(read_attention_csv(&attn, device)?);
+                if tree.is_file(&attn) && data.devices.contains_key(device) {
+                    let bytes = tree.read(&attn)?;
+                    data.attention.extend(parse_attention_csv(&attn, &bytes, device)?);
                 }
             }
         }
         // Models with a config but no measurements can still be predicted.
         let cfg_dir = root.join("model_configs");
-        if cfg_dir.is_dir() {
-            for org_path in sorted_entries(&cfg_dir)? {
-                if !org_path.is_dir() {
+        if tree.is_dir(&cfg_dir) {
+            for org_path in tree.entries(&cfg_dir)? {
+                if !tree.is_dir(&org_path) {
                     continue;
                 }
-                for path in sorted_entries(&org_path)? {
+                for path in tree.entries(&org_path)? {
                     let ext = path.extension().and_then(|e| e.to_str());
                     if ext != Some("yml") && ext != Some("json") {
                         continue;
@@ -506,7 +670,7 @@ impl ProfileData {
                     // A config that does not parse is an error only when it is measured.
                     if let std::collections::btree_map::Entry::Vacant(slot) =
                         data.models.entry(model.clone())
-                        && let Ok(arch) = read_model_config(root, &model)
+                        && let Ok(arch) = read_model_config(tree, root, &model)
                     {
                         slot.insert(arch);
                     }
@@ -649,8 +813,38 @@ mod tests {
     }
 
     #[test]
+    fn embedded_data_is_the_source_tree() {
+        // build.rs keeps only the columns the readers use: every parsed number is the same.
+        let disk = ProfileData::load(&default_train_dir()).unwrap();
+        let built_in = ProfileData::shipped().unwrap();
+        assert_eq!(built_in.root, Path::new(SHIPPED_ROOT));
+        assert!(!built_in.root.exists());
+        assert_eq!(built_in.passes, disk.passes);
+        assert_eq!(built_in.attention, disk.attention);
+        assert_eq!(
+            built_in.models.keys().collect::<Vec<_>>(),
+            disk.models.keys().collect::<Vec<_>>()
+        );
+        assert_eq!(
+            built_in.devices.keys().collect::<Vec<_>>(),
+            disk.devices.keys().collect::<Vec<_>>()
+        );
+        for (name, dev) in &disk.devices {
+            let b = &built_in.devices[name];
+            assert_eq!(
+                (b.dense_fp16_flops, b.memory_bandwidth, b.memory_bytes, b.host_link_bandwidth, b.supports_bf16),
+                (dev.dense_fp16_flops, dev.memory_bandwidth, dev.memory_bytes, dev.host_link_bandwidth, dev.supports_bf16),
+                "{name}"
+            );
+        }
+        for (name, arch) in &disk.models {
+            assert_eq!(format!("{:?}", built_in.models[name]), format!("{arch:?}"), "{name}");
+        }
+    }
+
+    #[test]
     fn shipped_data_loads() {
-        let data = ProfileData::load(&crate::eval::default_train_dir()).unwrap();
+        let data = ProfileData::load(&crate::data::default_train_dir()).unwrap();
         assert_eq!(
             data.measured_devices(),
             vec!["a100".to_string(), "h100".to_string()]

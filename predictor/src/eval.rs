@@ -29,12 +29,9 @@ use crate::graph::Coverage;
 use crate::measured::MeasuredSet;
 use crate::metrics::Tally;
 
-/// The measurements shipped with the crate (a partial copy of Vidur's profiling data).
-pub fn default_train_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("data")
-        .join("vidur-profiling")
-}
+/// The measurements shipped with the crate, in the source tree (moved to [`crate::data`]; kept
+/// here for callers of the old path).
+pub use crate::data::default_train_dir;
 
 /// Split name of the pooled leave-one-model-out folds.
 pub const LOMO: &str = "leave-one-model-out";
@@ -236,7 +233,12 @@ fn row(estimator: &str, split: &str, t: &Tally, window_s: f64, notes: &str) -> E
 /// Run the evaluation. `train_dir` and `test_dir` are directories in Vidur's profiling layout
 /// (see [`crate::data`]).
 pub fn run(train_dir: &Path, test_dir: Option<&Path>) -> Result<EvalReport, PredictorError> {
-    let data = ProfileData::load(train_dir)?;
+    run_on(ProfileData::load(train_dir)?, test_dir)
+}
+
+/// [`run`] with the training data already loaded (e.g. [`ProfileData::shipped`]).
+pub fn run_on(data: ProfileData, test_dir: Option<&Path>) -> Result<EvalReport, PredictorError> {
+    let train_dir = data.root.clone();
     let mut rows = Vec::new();
     let mut notes = vec![
         "run time = the profiled operators of one forward pass (embedding; per layer the norms, \

@@ -20,7 +20,8 @@
 //!   [`estimators::estimator`]: `formula` (LLMFit-style size and bandwidth), `gbdt` (boosted
 //!   trees on scalar features) and `graph` (per-operator boosted trees on roofline-normalized
 //!   times, combined along the graph). All three train on measured operator timings in Vidur's
-//!   layout ([`data`]); the shipped copy is [`eval::default_train_dir`].
+//!   layout ([`data`]); the shipped copy is compiled in ([`data::ProfileData::shipped`]; its
+//!   source is [`data::default_train_dir`]) and [`data::DATA_DIR_ENV`] names another one.
 //! - Whole activations: [`activation::ActivationSample`] (measured by a caller — the runtime's
 //!   `bench predictor` runs them on the emulator) and the fits on them: the formula's
 //!   efficiencies, the GBDT's per-target ensembles, the graph estimator's target heads.

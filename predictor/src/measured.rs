@@ -165,7 +165,7 @@ mod tests {
 
     #[test]
     fn shipped_measurements_assemble() {
-        let data = ProfileData::load(&crate::eval::default_train_dir()).unwrap();
+        let data = ProfileData::load(&crate::data::default_train_dir()).unwrap();
         let set = MeasuredSet::build(&data).unwrap();
         assert_eq!(set.configs.len(), data.passes.len());
         // Llama-2-7B, A100, TP 1, 4,096 tokens: emb + 32 × (the nine other operators, add

@@ -227,7 +227,7 @@ mod tests {
 
     #[test]
     fn shipped_constants_are_the_fit() {
-        let data = ProfileData::load(&crate::eval::default_train_dir()).unwrap();
+        let data = ProfileData::load(&crate::data::default_train_dir()).unwrap();
         let fit = AttentionModel::fit(&data.attention, &data.devices).unwrap();
         let close = |a: f64, b: f64| (a - b).abs() <= 0.02 * b.abs().max(1e-7);
         let s = AttentionModel::SHIPPED;

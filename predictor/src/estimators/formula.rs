@@ -239,7 +239,7 @@ mod tests {
 
     #[test]
     fn calibration_improves_on_the_rule_of_thumb() {
-        let data = ProfileData::load(&crate::eval::default_train_dir()).unwrap();
+        let data = ProfileData::load(&crate::data::default_train_dir()).unwrap();
         let cal = Formula::calibrate(&data).unwrap();
         let set = MeasuredSet::build(&data).unwrap();
         let wape = |f: &Formula| {

@@ -281,7 +281,7 @@ mod tests {
 
     #[test]
     fn fits_its_training_data_and_defers_the_rest_to_the_formula() {
-        let data = ProfileData::load(&crate::eval::default_train_dir()).unwrap();
+        let data = ProfileData::load(&crate::data::default_train_dir()).unwrap();
         let set = MeasuredSet::build(&data).unwrap();
         let phi = set.subset(|m, _| m == "microsoft/phi-2");
         let formula = Formula::calibrate_on(&phi).unwrap();

@@ -407,7 +407,7 @@ mod tests {
 
     fn data() -> &'static ProfileData {
         static DATA: OnceLock<ProfileData> = OnceLock::new();
-        DATA.get_or_init(|| ProfileData::load(&crate::eval::default_train_dir()).unwrap())
+        DATA.get_or_init(|| ProfileData::load(&crate::data::default_train_dir()).unwrap())
     }
 
     fn trained() -> &'static GraphDevice {

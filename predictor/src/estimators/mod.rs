@@ -23,7 +23,7 @@ use std::sync::OnceLock;
 
 use serde::{Deserialize, Serialize};
 
-use crate::data::ProfileData;
+use crate::data::{DATA_DIR_ENV, ProfileData};
 use crate::error::PredictorError;
 use crate::graph::{Coverage, OperatorGraph};
 use crate::request::{ForwardPass, Request};
@@ -129,12 +129,13 @@ fn default_data() -> Result<&'static ProfileData, PredictorError> {
     if let Some(d) = DATA.get() {
         return Ok(d);
     }
-    let loaded = ProfileData::load(&crate::eval::default_train_dir())?;
+    let loaded = ProfileData::default_source(std::env::var_os(DATA_DIR_ENV).as_deref())?;
     Ok(DATA.get_or_init(|| loaded))
 }
 
 /// The estimator called `name` (`formula`, `gbdt` or `graph`), trained on the measurements
-/// shipped with the crate ([`crate::eval::default_train_dir`]).
+/// shipped with the crate ([`ProfileData::shipped`], compiled in), or on the directory named by
+/// the environment variable [`DATA_DIR_ENV`] when it is set.
 pub fn estimator(name: &str) -> Result<Box<dyn Predict>, PredictorError> {
     if !ESTIMATORS.contains(&name) {
         return Err(PredictorError::UnknownEstimator(name.to_string()));
@@ -154,6 +155,33 @@ mod tests {
         assert!((decode_time(&req, affine) - exact).abs() < 1e-9);
         assert_eq!(decode_time(&Request::new(1, 10, 1), affine), 0.0);
         assert!((decode_time(&Request::new(1, 10, 3), affine) - (1.10 + 1.11)).abs() < 1e-12);
+    }
+
+    #[test]
+    fn estimators_train_on_the_built_in_data_without_the_source_tree() {
+        // The built-in copy reads no file: its root names no path on disk.
+        let data = ProfileData::default_source(None).unwrap();
+        assert!(!data.root.exists(), "{}", data.root.display());
+        assert!(!data.root.starts_with(env!("CARGO_MANIFEST_DIR")));
+        for name in ESTIMATORS {
+            let est = train(name, &data).unwrap();
+            let arch = crate::arch::Architecture::from(&crate::spec::model("Qwen3-8B").unwrap());
+            let graph = OperatorGraph::build(&crate::graph::Deployment::new(arch, crate::spec::Dtype::Bf16));
+            let device = crate::spec::device_catalogue().into_iter().next().unwrap();
+            let p = est.predict(&graph, &Request::new(1, 512, 64), &device);
+            assert!(p.run_s.is_finite() && p.run_s > 0.0, "{name}: {p:?}");
+        }
+    }
+
+    #[test]
+    fn data_dir_override_that_is_missing_names_the_path() {
+        let err = ProfileData::default_source(Some(std::ffi::OsStr::new("/nonexistent/vidur")))
+            .map(|_| ())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("/nonexistent/vidur") && err.contains(DATA_DIR_ENV), "{err}");
+        // An empty value is unset.
+        assert!(ProfileData::default_source(Some(std::ffi::OsStr::new(""))).is_ok());
     }
 
     #[test]

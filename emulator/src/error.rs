@@ -1,10 +1,10 @@
 //! Typed errors of the emulated replica: configuration and memory-plan refusals (the ones
 //! vLLM raises at start-up), illegal lifecycle transitions and rejected requests.
-//! Depends only on the replica's state type.
+//! Depends only on the replica's state type ([`crate::state`]).
 
 use thiserror::Error;
 
-use crate::replica::ReplicaState;
+use crate::state::ReplicaState;
 
 /// Everything the emulator refuses, with enough context to say why.
 #[derive(Debug, Clone, PartialEq, Error)]

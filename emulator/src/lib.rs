@@ -16,6 +16,7 @@
 //!   generated blocks, recompute preemption) or, without chunked prefill, V0's prefill-first
 //!   `_schedule_default` (the engine vLLM 0.10 runs on Volta); decode runs planned ahead while
 //!   the batch does not change (`extend_decode_run`), exactly equal to stepping.
+//! - [`state`] — the replica's lifecycle state (a leaf; [`replica`] re-exports it).
 //! - [`error`] — the typed errors.
 //!
 //! Dependencies: only the `spec` module of `switchyard-predictor` (model architectures, device
@@ -30,6 +31,7 @@ pub mod kv;
 pub mod lifecycle;
 pub mod memory;
 pub mod replica;
+pub mod state;
 
 pub use cost::{
     AllReduce, AttentionKernel, BatchShape, BatchSummary, CostModel, IterationCost, ModelShape, PrefillChunk,
@@ -41,5 +43,6 @@ pub use lifecycle::{
     teardown_time, wake_time, wake_time_of,
 };
 pub use memory::{MAX_TENSOR_PARALLEL, MemoryPlan, MemoryRequirement, ServingConfig, weight_bytes_per_gpu};
-pub use replica::{EmulatedReplica, EngineEvent, EngineRequest, ReplicaState, Telemetry};
+pub use replica::{EmulatedReplica, EngineEvent, EngineRequest, Telemetry};
+pub use state::ReplicaState;
 pub use switchyard_predictor::spec::{DeviceSpec, Dtype, ModelArch};

@@ -45,11 +45,11 @@
 //! trip per run instead of one per token.
 //!
 //! Time is passed in by the caller; nothing here reads a clock or does I/O. Depends on the
-//! cost model, the memory plan, the lifecycle durations and the block pool of this crate.
+//! cost model, the memory plan, the lifecycle durations, the block pool and the state type
+//! ([`crate::state::ReplicaState`], re-exported here) of this crate.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashSet, VecDeque};
-use std::fmt;
 
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -62,6 +62,7 @@ use crate::error::EmulatorError;
 use crate::kv::BlockPool;
 use crate::lifecycle::{SleepLevel, WeightSource, load_time_of, sleep_time_of, teardown_time, wake_time_of};
 use crate::memory::{MemoryPlan, ServingConfig};
+pub use crate::state::ReplicaState;
 
 /// Standard deviation of the log of the per-iteration engine noise. Vidur's kernel profiles
 /// show a per-operator std/mean of ~1 % (median over the TP = 1 linear ops; IQR 0.6–1.7 %);
@@ -115,39 +116,6 @@ pub enum EngineEvent {
     },
     /// The request lost its KV blocks to make room; it will be recomputed.
     Preempted { id: u64, at: f64 },
-}
-
-/// The replica's lifecycle state. Transitional states carry their completion time.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-pub enum ReplicaState {
-    /// No engine process, no device memory.
-    Cold,
-    /// Reading weights and starting the engine.
-    Loading { until: f64 },
-    /// Serving.
-    Awake,
-    /// Entering sleep mode (offloading or discarding weights, freeing the KV cache).
-    Sleeping { until: f64 },
-    /// Process alive, weights off the device, KV cache freed.
-    Asleep,
-    /// Restoring weights and re-allocating the KV cache.
-    Waking { until: f64 },
-    /// The engine process is exiting; its device memory is released when it is gone.
-    TearingDown { until: f64 },
-}
-
-impl fmt::Display for ReplicaState {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            ReplicaState::Cold => write!(f, "cold"),
-            ReplicaState::Loading { until } => write!(f, "loading (until {until:.3} s)"),
-            ReplicaState::Awake => write!(f, "awake"),
-            ReplicaState::Sleeping { until } => write!(f, "falling asleep (until {until:.3} s)"),
-            ReplicaState::Asleep => write!(f, "asleep"),
-            ReplicaState::Waking { until } => write!(f, "waking (until {until:.3} s)"),
-            ReplicaState::TearingDown { until } => write!(f, "tearing down (until {until:.3} s)"),
-        }
-    }
 }
 
 /// The replica's gauges and counters, named after vLLM's `/metrics` (anchors §1.3). Counters

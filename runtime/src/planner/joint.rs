@@ -29,7 +29,9 @@
 //!    device that a more constrained deployment with demand can use, or that is a replica-less
 //!    demand's last free place: resource ordering, §2.3), then the plan's latest completion Ĉ_F
 //!    (the demand's work on the new replica's lane, bounded below by the work already placed
-//!    this tick), then lifecycle overhead H_life. **Scale-out** on the timeline: the deployment
+//!    this tick), then lifecycle overhead H_life. Eq. 12's −P_N is not in this key: bindings
+//!    come before PlanPrefetch, which uses only capacity no ready unit can use (README, "Eq. 12
+//!    as the code applies it"). **Scale-out** on the timeline: the deployment
 //!    that finishes last gets another replica while that brings its Ĉ_F forward by at least
 //!    1 − [`SCALE_OUT_GAIN`], one at a time, under the substrate's replica cap (none by default).
 //!    It may reclaim idle replicas nothing in the window needs — except the last replica of a

@@ -331,6 +331,9 @@ pub struct BenchRun {
     /// Units with a fusible successor per run, by what became of their chain.
     pub fusion: FusionMeans,
     pub evictions: f64,
+    /// Replicas put to sleep, and sleepers woken, per run (zero off the substrate that sleeps).
+    pub sleeps: f64,
+    pub wakes: f64,
     pub preemptions: f64,
 }
 
@@ -714,6 +717,8 @@ fn aggregate(v: &Variant, arrival: &str, runs: &[&RunSummary], lb: Option<&Lower
             over_context: mean(reports.iter().map(|r| r.fusion.over_context as f64)),
         },
         evictions: mean(reports.iter().map(|r| r.evictions as f64)),
+        sleeps: mean(reports.iter().map(|r| r.sleeps as f64)),
+        wakes: mean(reports.iter().map(|r| r.wakes as f64)),
         preemptions: mean(reports.iter().map(|r| r.preemptions as f64)),
     }
 }

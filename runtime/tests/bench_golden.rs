@@ -1,7 +1,7 @@
 //! Golden bench report: one small configuration (2 sessions per workflow of the three paper
-//! workflows on `workflows/pools/small.yaml`, burst, one repetition, every policy, ablation and
-//! predictor row) compared byte for byte with `tests/golden/bench_small.json`, so any change of
-//! a number the bench reports fails here.
+//! workflows on `workflows/pools/small.yaml`, burst, one repetition, every policy, ablation,
+//! predictor and sleep row) compared byte for byte with `tests/golden/bench_small.json`, so any
+//! change of a number the bench reports fails here.
 //!
 //! The `python_tests` tool models its durations per sandbox backend (host python3 process or
 //! CPython on WASI), so MBPP's timing depends on which one runs; the test pins the process
@@ -16,7 +16,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
-use switchyard_runtime::bench::{BenchConfig, BenchReport, markdown, run_bench, write_outputs};
+use switchyard_runtime::bench::{BenchConfig, BenchReport, VariantKind, markdown, run_bench, write_outputs};
 use switchyard_runtime::exec::PoolSpec;
 use switchyard_runtime::workflow::load_workflow;
 
@@ -32,6 +32,8 @@ fn config() -> BenchConfig {
     let pool = PoolSpec::load(&repo().join("workflows/pools/small.yaml")).expect("pool");
     let mut cfg = BenchConfig::paper(workflows, pool).quick();
     cfg.sessions = 2;
+    // The substrate that sleeps too: its rows, and joint's `--no-sleep`, are checked below.
+    cfg.sleep = true;
     cfg
 }
 
@@ -69,7 +71,7 @@ fn every_row_completes_and_stays_above_the_lower_bound() {
     let names: Vec<&str> = r.runs.iter().map(|x| x.variant.as_str()).collect();
     assert_eq!(
         names,
-        ["parrot", "kairos", "joint", "no-fusion", "no-prefetch", "per-workflow-lifecycle", "resource-order", "history-admission", "no-tao-admission", "no-drain", "no-outlook", "fifo-rank", "predictor:oracle"]
+        ["parrot", "kairos", "joint", "no-fusion", "no-prefetch", "per-workflow-lifecycle", "resource-order", "history-admission", "no-tao-admission", "no-drain", "no-outlook", "fifo-rank", "predictor:oracle", "sleep:parrot", "sleep:kairos", "sleep:joint", "sleep:joint-no-sleep"]
     );
     let bound = r.lower_bounds.get("burst").expect("burst bound");
     assert!(bound.makespan_s > 0.0 && bound.critical_path_s >= bound.first_load_s);
@@ -179,5 +181,58 @@ fn the_report_says_where_each_ablation_is_not_worse_and_what_prefetch_found() {
     assert_eq!(line.contains("No chain fit its context"), never_fused, "{line}");
     for b in ["no-fusion", "parrot", "kairos"] {
         assert_eq!(r.row(b, "burst").expect("row").fusion, Default::default(), "{b}: it does not fuse");
+    }
+}
+
+#[test]
+fn the_report_says_how_often_joint_slept_and_woke() {
+    let r = report();
+    let md = markdown(r);
+    // Off the substrate that sleeps nothing sleeps; joint's `--no-sleep` never sleeps on it.
+    for run in r.runs.iter().filter(|x| x.kind != VariantKind::Sleep) {
+        assert_eq!((run.sleeps, run.wakes), (0.0, 0.0), "{}", run.variant);
+    }
+    let joint = r.row("sleep:joint", "burst").expect("sleep:joint");
+    let no_sleep = r.row("sleep:joint-no-sleep", "burst").expect("sleep:joint-no-sleep");
+    assert_eq!((no_sleep.sleeps, no_sleep.wakes), (0.0, 0.0));
+    // The baselines sleep their least recently used idle replica instead of unloading it.
+    for b in ["sleep:parrot", "sleep:kairos"] {
+        let x = r.row(b, "burst").expect("sleep baseline");
+        assert!(x.sleeps > 0.0 && x.evictions == 0.0, "{b}: {} sleeps, {} unloads", x.sleeps, x.evictions);
+    }
+    // The counts table and the line report the rows' own counts.
+    for x in r.runs.iter().filter(|x| x.kind == VariantKind::Sleep) {
+        let label = &x.variant;
+        let row = format!("| {label} | {:.1} | {:.1} | {:.1} | {:.1} |", x.loads, x.sleeps, x.wakes, x.evictions);
+        assert!(md.lines().any(|l| l == row), "missing `{row}` in\n{md}");
+    }
+    let line = md.lines().find(|l| l.starts_with("- `sleep:joint` against")).expect("the sleep line");
+    for (name, x) in [("`sleep:joint` — ", joint), ("`--no-sleep` — ", no_sleep)] {
+        let expected = format!("{name}burst: {:.1} slept, {:.1} woke, {:.1} loads", x.sleeps, x.wakes, x.loads);
+        assert!(line.contains(&expected), "missing `{expected}` in {line}");
+    }
+    // The change as printed (one decimal, negative = sleeping helped): under 1 % is a tie.
+    let change = (1000.0 * (joint.makespan_s - no_sleep.makespan_s) / no_sleep.makespan_s).round() / 10.0;
+    let verdict = if change >= 1.0 {
+        "worse"
+    } else if change <= -1.0 {
+        "better"
+    } else {
+        "a tie"
+    };
+    assert!(line.contains(&format!("({verdict})")), "{line}");
+    assert!(line.contains(&format!("better in {} of 1 arrival settings", usize::from(change <= -1.0))), "{line}");
+    let never_slept = joint.sleeps == 0.0 && verdict == "a tie";
+    assert_eq!(line.contains("Joint never chose to sleep a replica"), never_slept, "{line}");
+    assert_eq!(line.contains("Every difference is a tie: a sleep pays off only when"), verdict == "a tie" && !never_slept, "{line}");
+    // Had joint slept without changing the makespan, the line would say how seldom it woke.
+    if verdict == "a tie" {
+        let mut slept = r.clone();
+        let j = slept.runs.iter_mut().find(|x| x.variant == "sleep:joint").expect("sleep:joint");
+        (j.sleeps, j.wakes) = (3.6, 0.6);
+        let md = markdown(&slept);
+        let line = md.lines().find(|l| l.starts_with("- `sleep:joint` against")).expect("the sleep line");
+        assert!(line.contains("`sleep:joint` — burst: 3.6 slept, 0.6 woke"), "{line}");
+        assert!(line.contains("woke at most 0.6 times per run") && !line.contains("never chose"), "{line}");
     }
 }

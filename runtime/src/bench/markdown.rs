@@ -537,7 +537,7 @@ fn sleep_rows(out: &mut String, report: &BenchReport) {
          no-sleep: against `sleep:joint-no-sleep` (positive = worse).\n"
     );
     header(out, "variant", arrivals, &["makespan s", "p95 s", "Δ vs joint", "Δ vs no-sleep"]);
-    for label in rows {
+    for label in &rows {
         let mut cells = vec![label.to_string()];
         for a in arrivals {
             let Some(r) = report.row(label, a) else {
@@ -545,10 +545,81 @@ fn sleep_rows(out: &mut String, report: &BenchReport) {
                 continue;
             };
             let vs = |other: &str| pct(report.row(other, a).and_then(|o| change_pct(r.makespan_s, o.makespan_s)));
-            cells.extend([secs(r.makespan_s), secs(r.latency_s.p95_or_nan()), vs(OURS), vs("sleep:joint-no-sleep")]);
+            cells.extend([secs(r.makespan_s), secs(r.latency_s.p95_or_nan()), vs(OURS), vs(NO_SLEEP)]);
         }
         let _ = writeln!(out, "| {} |", cells.join(" | "));
     }
+    let _ = writeln!(out);
+    let _ = writeln!(
+        out,
+        "Lifecycle actions per run (mean over the repetitions): *loads* (cold loads), *sleeps* \
+         (replicas put to sleep), *wakes* (sleepers woken), *unloads* (teardowns).\n"
+    );
+    header(out, "variant", arrivals, &["loads", "sleeps", "wakes", "unloads"]);
+    for label in &rows {
+        let mut cells = vec![label.to_string()];
+        for a in arrivals {
+            match report.row(label, a) {
+                Some(r) => cells.extend([r.loads, r.sleeps, r.wakes, r.evictions].map(|x| format!("{x:.1}"))),
+                None => cells.extend(std::iter::repeat_n("–".to_string(), 4)),
+            }
+        }
+        let _ = writeln!(out, "| {} |", cells.join(" | "));
+    }
+    let _ = writeln!(out);
+    sleep_why(out, report);
+}
+
+/// Joint's sleeping row and its `--no-sleep` ablation on the substrate that sleeps.
+const SLEEP_JOINT: &str = "sleep:joint";
+const NO_SLEEP: &str = "sleep:joint-no-sleep";
+
+/// Why `sleep:joint` and `sleep:joint-no-sleep` differ or tie, read off the rows: the makespan
+/// change per arrival and how often each slept and woke per run.
+fn sleep_why(out: &mut String, report: &BenchReport) {
+    let arrivals = &report.setup.arrivals;
+    let per: Vec<(&String, &BenchRun, &BenchRun)> =
+        arrivals.iter().filter_map(|a| Some((a, report.row(SLEEP_JOINT, a)?, report.row(NO_SLEEP, a)?))).collect();
+    if per.is_empty() {
+        return;
+    }
+    let changes: Vec<Option<f64>> = per.iter().map(|(_, j, n)| change_pct(j.makespan_s, n.makespan_s)).collect();
+    let detail: Vec<String> = per
+        .iter()
+        .zip(&changes)
+        .map(|((a, ..), c)| format!("{a} {} ({})", pct(*c), Verdict::of(*c).word()))
+        .collect();
+    let counts = |no_sleep: bool| -> String {
+        per.iter()
+            .map(|&(a, j, n)| {
+                let r = if no_sleep { n } else { j };
+                format!("{a}: {:.1} slept, {:.1} woke, {:.1} loads", r.sleeps, r.wakes, r.loads)
+            })
+            .collect::<Vec<_>>()
+            .join("; ")
+    };
+    let better = changes.iter().filter(|c| Verdict::of(**c) == Verdict::Better).count();
+    let mut line = format!(
+        "- `{SLEEP_JOINT}` against `{NO_SLEEP}` (makespan, negative = sleeping helped): better in {better} of {} \
+         arrival settings: {}. Per run, `{SLEEP_JOINT}` — {}; with `--no-sleep` — {}.",
+        per.len(),
+        detail.join(", "),
+        counts(false),
+        counts(true)
+    );
+    let all_ties = changes.iter().all(|c| Verdict::of(*c) == Verdict::Tie);
+    let never_slept = per.iter().all(|(_, j, _)| j.sleeps == 0.0);
+    if all_ties && never_slept {
+        line.push_str(" Joint never chose to sleep a replica, so `--no-sleep` changes nothing.");
+    } else if all_ties {
+        let most = per.iter().map(|(_, j, _)| j.wakes).fold(0.0, f64::max);
+        line.push_str(&format!(
+            " Every difference is a tie: a sleep pays off only when its replica is woken instead of loaded \
+             cold, and `{SLEEP_JOINT}` woke at most {most:.1} times per run in any arrival setting."
+        ));
+    }
+    let _ = writeln!(out, "What joint's sleep decision did (generated from the rows above):\n");
+    let _ = writeln!(out, "{line}");
     let _ = writeln!(out);
 }
 

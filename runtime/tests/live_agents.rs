@@ -336,6 +336,24 @@ async fn every_scheduler_pauses_resumes_and_completes_each_session_once() {
     }
 }
 
+/// Out-of-range numbers are configuration errors: a `deadline_s` of 1e19 fit a `Duration` but
+/// not `Instant + Duration` (it panicked once the run started), and a speed of 1e-300 made
+/// every wall wait unbounded.
+#[tokio::test]
+async fn out_of_range_deadline_and_speed_are_configuration_errors() {
+    let trace = trace();
+    for (field, deadline_s, speed) in [("deadline_s", 1e19, SPEED), ("deadline_s", 4e7, SPEED), ("speed", 20.0, 1e-300), ("speed", 20.0, 1e9)] {
+        let pool = fake_pool(vec![FakeEngine::new(0, EngineError::BadResponse(String::new()))]);
+        let mut cfg = fake_config(SchedulerKind::RoundRobin);
+        cfg.deadline_s = deadline_s;
+        cfg.speed = speed;
+        match run_agents_live(&trace, &pool, &cfg).await {
+            Err(LiveAgentError::Config(m)) => assert!(m.contains(field), "{m}"),
+            other => panic!("{field} {deadline_s} {speed}: {:?}", other.map(|r| r.sessions)),
+        }
+    }
+}
+
 #[tokio::test]
 async fn retryable_errors_are_retried_and_counted_and_others_fail_the_run_with_their_kind() {
     let trace = trace();

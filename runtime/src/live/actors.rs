@@ -61,10 +61,17 @@ impl Clock {
         self.speed
     }
 
-    /// The instant at which planner time reaches `t`.
+    /// The instant at which planner time reaches `t`. A time past what `Instant` can hold (a
+    /// huge `t`, or a tiny speed) saturates about 30 years ahead instead of panicking; a time
+    /// that is not a number is the start.
     pub fn instant_of(&self, t: f64) -> Instant {
+        const FAR: Duration = Duration::from_secs(86_400 * 365 * 30);
         let wall = (t / self.speed).max(0.0);
-        self.start + Duration::from_secs_f64(if wall.is_finite() { wall } else { 0.0 })
+        let wall = if wall.is_nan() { Duration::ZERO } else { Duration::try_from_secs_f64(wall).unwrap_or(FAR) };
+        self.start
+            .checked_add(wall.min(FAR))
+            .or_else(|| self.start.checked_add(Duration::from_secs(86_400)))
+            .unwrap_or(self.start)
     }
 }
 
@@ -576,5 +583,19 @@ mod tests {
         assert_eq!(Clock::start(-1.0).speed(), 1.0);
         let at = c.instant_of(100.0);
         assert!(((at - c.start).as_secs_f64() - 2.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn clock_instants_past_what_instant_holds_saturate_instead_of_panicking() {
+        let year = Duration::from_secs(86_400 * 365);
+        // A pool speed of 1e-300 made an arrival at 1 s a wall time of 1e300 s.
+        let slow = Clock::start(1e-300);
+        assert!(slow.instant_of(1.0) > slow.start + year);
+        let c = Clock::start(1.0);
+        for t in [1e19, 1.7e19, 1e300, f64::INFINITY] {
+            assert!(c.instant_of(t) > c.start + year, "{t}");
+        }
+        assert_eq!(c.instant_of(f64::NAN), c.start);
+        assert_eq!(c.instant_of(-5.0), c.start);
     }
 }

@@ -144,6 +144,9 @@ pub struct LiveAgentConfig {
     pub text_seed: u64,
 }
 
+/// The longest `deadline_s` a run may have: one year (wall seconds).
+pub const MAX_DEADLINE_S: f64 = 86_400.0 * 365.0;
+
 impl LiveAgentConfig {
     /// `workers` sessions at once under `scheduler`, real time, streamed, 2 retries, 1 hour.
     pub fn new(model: impl Into<String>, scheduler: SchedulerKind, workers: usize) -> Self {
@@ -387,8 +390,22 @@ pub async fn run_agents_live(
     if !(cfg.speed.is_finite() && cfg.speed > 0.0) {
         return Err(LiveAgentError::Config(format!("speed must be a positive number, not {}", cfg.speed)));
     }
+    if !crate::live::server::SPEED_RANGE.contains(&cfg.speed) {
+        return Err(LiveAgentError::Config(format!(
+            "speed must be from {} to {} (trace seconds per wall second), not {}",
+            crate::live::server::SPEED_RANGE.start(),
+            crate::live::server::SPEED_RANGE.end(),
+            cfg.speed
+        )));
+    }
     if !(cfg.deadline_s.is_finite() && cfg.deadline_s > 0.0) {
         return Err(LiveAgentError::Config(format!("deadline_s must be a positive number, not {}", cfg.deadline_s)));
+    }
+    if cfg.deadline_s > MAX_DEADLINE_S {
+        return Err(LiveAgentError::Config(format!(
+            "deadline_s must be at most one year ({MAX_DEADLINE_S} s), not {}",
+            cfg.deadline_s
+        )));
     }
     let shared_tokens = trace.sessions.iter().map(|s| u64::from(s.system_tokens)).max().unwrap_or(0);
     if cfg.scheduler == SchedulerKind::Tao {
@@ -518,8 +535,9 @@ impl Shell<'_> {
     }
 
     async fn run(&mut self, rx: &mut mpsc::UnboundedReceiver<Event>) -> Result<(), LiveAgentError> {
-        let deadline =
-            self.start + Duration::try_from_secs_f64(self.cfg.deadline_s).unwrap_or(Duration::from_secs(86_400 * 365));
+        let year = Duration::from_secs(86_400 * 365);
+        let wait = Duration::try_from_secs_f64(self.cfg.deadline_s).unwrap_or(year).min(year);
+        let deadline = self.start.checked_add(wait).unwrap_or(self.start + Duration::from_secs(86_400));
         let period = if self.cfg.scheduler == SchedulerKind::ThunderAgent { THUNDER_PERIOD_S } else { TAO_PERIOD_S };
         let period = self.wall(period).clamp(Duration::from_millis(1), Duration::from_secs(3_600));
         let mut tick = tokio::time::interval_at(self.start + period, period);

@@ -1065,7 +1065,7 @@ impl HttpEngine {
     }
 
     pub async fn wait_healthy(&self, timeout: Duration) -> Result<(), EngineError> {
-        let deadline = Instant::now() + timeout;
+        let deadline = super::deadline_after(timeout);
         let mut pause = Duration::from_millis(10);
         let mut last: String;
         loop {

@@ -204,6 +204,36 @@ pub const DEFAULT_REQUEST_TIMEOUT_S: f64 = 600.0;
 pub const DEFAULT_STALL_TIMEOUT_S: f64 = 30.0;
 /// Default `shutdown_grace_s`.
 pub const DEFAULT_SHUTDOWN_GRACE_S: f64 = 30.0;
+/// The longest `*_timeout_s` / `shutdown_grace_s` a pool may set: one day (vLLM's slowest
+/// cold starts take minutes; a longer wait is a typo, and `Instant + Duration` past what the
+/// clock can hold panics).
+pub const MAX_ENGINE_SECONDS: f64 = 86_400.0;
+/// The speeds (virtual seconds per wall second) an engine's `speed` may take: those of
+/// `switchyard emulate --speed`, from a thousandth to a million. Outside it the runtime's
+/// clock maps virtual times to wall instants past what `Instant` can hold (a speed of 1e-300)
+/// or to nothing measurable.
+pub use crate::live::server::SPEED_RANGE;
+
+/// Why `speed` is refused: not a number in [`SPEED_RANGE`] (`None`: accepted).
+pub fn speed_problem(speed: f64) -> Option<String> {
+    (!SPEED_RANGE.contains(&speed)).then(|| {
+        format!(
+            "{speed} is not a number from {} to {} (virtual seconds per wall second)",
+            SPEED_RANGE.start(),
+            SPEED_RANGE.end()
+        )
+    })
+}
+
+/// `Instant::now() + wait`, saturating: a wait past what the clock can hold is a deadline
+/// about 30 years ahead (as tokio's far future), never a panic.
+pub fn deadline_after(wait: Duration) -> std::time::Instant {
+    let now = std::time::Instant::now();
+    const FAR: Duration = Duration::from_secs(86_400 * 365 * 30);
+    now.checked_add(wait.min(FAR))
+        .or_else(|| now.checked_add(Duration::from_secs(86_400)))
+        .unwrap_or(now)
+}
 
 impl EngineSpec {
     /// A spec of `kind` with every option at its default.
@@ -309,6 +339,12 @@ impl EngineSpec {
         default: f64,
     ) -> Result<Duration, EngineSpecError> {
         let v = value.unwrap_or(default);
+        if v > MAX_ENGINE_SECONDS {
+            return Err(EngineSpecError::Invalid {
+                field,
+                reason: format!("{v} s is more than one day ({MAX_ENGINE_SECONDS} s)"),
+            });
+        }
         Duration::try_from_secs_f64(v)
             .ok()
             .filter(|d| !d.is_zero())
@@ -411,10 +447,23 @@ pub fn engine_for(
     spec: &EngineSpec,
     launch: &LaunchParams,
 ) -> Result<Box<dyn Engine>, EngineSpecError> {
-    // The runtime's clock runs at the pool's speed whatever serves it: a speed of 0, below 0 or
-    // not a number is refused for every kind (it was checked only where a command takes it).
-    if let Some(speed) = spec.speed.filter(|s| !(s.is_finite() && *s > 0.0)) {
-        return Err(EngineSpecError::Invalid { field: "speed", reason: format!("{speed} is not a positive number") });
+    // The runtime's clock runs at the pool's speed whatever serves it: a speed of 0, below 0,
+    // not a number or outside SPEED_RANGE is refused for every kind (it was checked only where
+    // a command takes it). A `--speed N` written into the command sets the clock too.
+    if let Some(speed) = spec.speed {
+        if !(speed.is_finite() && speed > 0.0) {
+            return Err(EngineSpecError::Invalid { field: "speed", reason: format!("{speed} is not a positive number") });
+        }
+        if let Some(reason) = speed_problem(speed) {
+            return Err(EngineSpecError::Invalid { field: "speed", reason });
+        }
+    }
+    if spec.kind != EngineKind::Openai {
+        let words = spec.template().words();
+        let written = words.windows(2).filter(|w| w[0] == "--speed").filter_map(|w| w[1].parse::<f64>().ok());
+        if let Some(reason) = written.filter(|s| s.is_finite() && *s > 0.0).find_map(speed_problem) {
+            return Err(EngineSpecError::Invalid { field: "command", reason: format!("--speed {reason}") });
+        }
     }
     match spec.kind {
         EngineKind::Openai => {
@@ -605,6 +654,48 @@ mod tests {
             })
             .collect();
         assert_eq!(kinds, ["emulated", "vllm"]);
+    }
+
+    #[test]
+    fn out_of_range_seconds_and_speeds_are_refused_naming_the_pool_file_and_field() {
+        use crate::live::factory::PoolEngines;
+        use crate::live::pool::LivePoolSpec;
+        // Each of these was accepted; the timeouts then panicked at `Instant::now() + t` (health
+        // wait) and the speeds in the clocks' `Instant + Duration`.
+        for (field, engine) in [
+            ("health_timeout_s", "{ kind: vllm, command: \"x {port}\", health_timeout_s: 1e19 }"),
+            ("health_timeout_s", "{ kind: emulated, health_timeout_s: 86401 }"),
+            ("request_timeout_s", "{ kind: openai, base_url: \"http://127.0.0.1:9/v1\", request_timeout_s: 1e18 }"),
+            ("stall_timeout_s", "{ kind: emulated, stall_timeout_s: 1e10 }"),
+            ("shutdown_grace_s", "{ kind: vllm, command: \"x {port}\", shutdown_grace_s: 1e19 }"),
+            ("speed", "{ kind: emulated, speed: 1e-300 }"),
+            ("speed", "{ kind: openai, base_url: \"http://127.0.0.1:9/v1\", speed: 1e7 }"),
+            ("command", "{ kind: vllm, command: \"switchyard emulate --port {port} --speed 1e-300\" }"),
+        ] {
+            let text = format!("name: t\ndevices:\n  - {{ kind: A40, engine: {engine} }}\n");
+            let pool = LivePoolSpec::<EngineSpec>::parse(Path::new("p.yaml"), &text).unwrap();
+            let err = PoolEngines::with_mask(&pool, 0, None, None).err().map(|e| e.to_string()).unwrap_or_default();
+            assert!(err.starts_with(&format!("p.yaml: devices[0].engine.{field}: ")), "{engine}: {err}");
+        }
+        // The bounds themselves are accepted.
+        for engine in [
+            "{ kind: emulated, health_timeout_s: 86400, speed: 0.001 }",
+            "{ kind: emulated, speed: 1000000 }",
+        ] {
+            let text = format!("name: t\ndevices:\n  - {{ kind: A40, engine: {engine} }}\n");
+            let pool = LivePoolSpec::<EngineSpec>::parse(Path::new("p.yaml"), &text).unwrap();
+            assert!(PoolEngines::with_mask(&pool, 0, None, None).is_ok(), "{engine}");
+        }
+    }
+
+    #[test]
+    fn deadlines_past_what_the_clock_holds_saturate() {
+        let year = Duration::from_secs(86_400 * 365);
+        let now = std::time::Instant::now();
+        assert!(deadline_after(Duration::MAX) > now + year);
+        assert!(deadline_after(Duration::from_secs_f64(1e19)) > now + year);
+        let soon = deadline_after(Duration::from_secs(2));
+        assert!(soon >= now + Duration::from_secs(2) && soon < now + Duration::from_secs(60));
     }
 
     #[test]

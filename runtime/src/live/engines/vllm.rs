@@ -163,6 +163,9 @@ impl ManagedCommand {
                 reason: format!("{speed} is not a positive number"),
             });
         }
+        if let Some(reason) = super::speed_problem(speed) {
+            return Err(EngineSpecError::Invalid { field: "speed", reason });
+        }
         let vars: BTreeMap<String, String> = [
             ("model", spec.model_id(&launch.model)),
             ("served", launch.model.clone()),
@@ -786,7 +789,7 @@ impl VllmEngine {
         }
         tracing::info!(kind = self.kind, pid, port, command = %command_line, "replica process started");
 
-        let deadline = Instant::now() + self.options.health_timeout;
+        let deadline = super::deadline_after(self.options.health_timeout);
         let mut pause = Duration::from_millis(10);
         let taken = |port: u16| {
             format!("port {port} is held by a process outside the `{}` child's process group", self.kind)

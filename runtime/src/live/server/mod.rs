@@ -187,6 +187,12 @@ pub enum ServeError {
     },
 }
 
+/// The speeds (virtual seconds per wall second) the emulator runs at: from a thousandth (slow
+/// motion) to a million. Outside it virtual times map to wall instants past what `Instant` can
+/// hold (a speed of 1e-20) or to nothing measurable. A pool's `engine.speed` has the same
+/// range (`engines::SPEED_RANGE`).
+pub const SPEED_RANGE: std::ops::RangeInclusive<f64> = 1e-3..=1e6;
+
 /// Virtual time = wall time since `epoch` × `speed`.
 #[derive(Debug, Clone, Copy)]
 struct Clock {
@@ -199,11 +205,14 @@ impl Clock {
         self.epoch.elapsed().as_secs_f64() * self.speed
     }
 
-    /// The wall instant at which virtual time `v` is reached.
+    /// The wall instant at which virtual time `v` is reached; one past what `Instant` can hold
+    /// saturates a year after the epoch (never a panic).
     fn instant(&self, v: f64) -> Instant {
-        let wall = Duration::try_from_secs_f64((v / self.speed).max(0.0))
-            .unwrap_or(Duration::from_secs(365 * 24 * 3600));
-        self.epoch + wall
+        const FAR: Duration = Duration::from_secs(365 * 24 * 3600);
+        let wall = Duration::try_from_secs_f64((v / self.speed).max(0.0)).unwrap_or(FAR);
+        self.epoch
+            .checked_add(wall.min(FAR))
+            .unwrap_or(self.epoch)
     }
 }
 
@@ -544,6 +553,13 @@ impl EmulateApp {
                 "speed",
                 config.speed.to_string(),
                 "must be a positive number",
+            ));
+        }
+        if !SPEED_RANGE.contains(&config.speed) {
+            return Err(bad(
+                "speed",
+                config.speed.to_string(),
+                "must be from 0.001 to 1000000 (virtual seconds per wall second)",
             ));
         }
         for (field, rate) in [
@@ -2124,6 +2140,11 @@ mod tests {
         // Absurd values do not panic.
         let _ = c.instant(f64::INFINITY);
         let _ = c.instant(f64::NAN);
+        // A wall time that fits a Duration but not an Instant (speed 1e-20: 0.15 virtual
+        // seconds are 1.5e19 wall seconds).
+        let slow = Clock { epoch, speed: 1e-20 };
+        assert!(slow.instant(0.15) > epoch);
+        assert!(slow.instant(f64::MAX) > epoch);
     }
 
     #[test]
@@ -2168,6 +2189,13 @@ mod tests {
             EmulateApp::new(c),
             Err(ServeError::InvalidOption { field: "speed", .. })
         ));
+        // Outside SPEED_RANGE: 1e-20 made virtual times wall instants past what Instant holds.
+        for speed in [1e-20, 1e-4, 1e7] {
+            let mut c = EmulateConfig::new("A100-80GB", "Qwen3-0.6B");
+            c.speed = speed;
+            let e = EmulateApp::new(c).err().map(|e| e.to_string()).unwrap_or_default();
+            assert!(e.contains("--speed") && e.contains("0.001 to 1000000"), "{speed}: {e}");
+        }
         let mut c = EmulateConfig::new("A100-80GB", "Qwen3-0.6B");
         c.fail_rate = 0.7;
         c.garbage_rate = 0.7;

@@ -308,6 +308,35 @@ fn parse_f64(path: &Path, line: u64, field: &str, text: &str) -> Result<f64, Pre
         })
 }
 
+/// `value` of `column` as a whole number in `min..=max`, else [`PredictorError::BadCount`].
+fn count(
+    path: &Path,
+    line: u64,
+    column: &str,
+    value: f64,
+    min: u64,
+    max: u64,
+) -> Result<u64, PredictorError> {
+    // Comparing in f64: every bound used here (at most u32::MAX) is exact.
+    if value.fract() == 0.0 && value >= min as f64 && value <= max as f64 {
+        Ok(value as u64)
+    } else {
+        Err(PredictorError::BadCount {
+            path: path.to_path_buf(),
+            line,
+            column: column.to_string(),
+            value,
+            min,
+            max,
+        })
+    }
+}
+
+/// [`count`] into a `u32` (`max` at most `u32::MAX`).
+fn count_u32(path: &Path, line: u64, column: &str, value: f64, min: u32) -> Result<u32, PredictorError> {
+    count(path, line, column, value, u64::from(min), u64::from(u32::MAX)).map(|v| v as u32)
+}
+
 /// Read one `mlp.csv`. Rows repeated for the same (tokens, TP) are averaged.
 pub fn read_mlp_csv(
     path: &Path,
@@ -368,17 +397,16 @@ fn parse_mlp_csv(
         let get = |idx: usize, field: &str| -> Result<f64, PredictorError> {
             parse_f64(path, line, field, record.get(idx).unwrap_or(""))
         };
-        let tokens = get(cols.tokens, "num_tokens")?;
-        let tp = get(cols.tp, "num_tensor_parallel_workers")?;
-        if !(tokens >= 1.0 && tp >= 1.0) {
-            return Err(PredictorError::BadCsv {
-                path: path.to_path_buf(),
-                line,
-                message: "num_tokens and num_tensor_parallel_workers must be ≥ 1".into(),
-            });
-        }
+        let tokens = count_u32(path, line, "num_tokens", get(cols.tokens, "num_tokens")?, 1)?;
+        let tp = count_u32(
+            path,
+            line,
+            "num_tensor_parallel_workers",
+            get(cols.tp, "num_tensor_parallel_workers")?,
+            1,
+        )?;
         let slot = acc
-            .entry((tokens as u32, tp as u32))
+            .entry((tokens, tp))
             .or_insert(([0.0; ProfiledOp::ALL.len()], 0));
         for op in ProfiledOp::ALL {
             if let Some(idx) = cols.ops[op.index()] {
@@ -480,23 +508,23 @@ fn parse_attention_csv(
         if !(time_ms.is_finite() && time_ms >= 0.0) {
             return Err(csv_err(line, format!("column `time_stats.attn_*.median`: {time_ms} is not a time")));
         }
-        let q_heads = num(qh, "n_q_head")? as u64;
-        if q_heads == 0 {
-            return Err(csv_err(line, "column `n_q_head`: must be positive".into()));
-        }
-        if (num(embd, "n_embd")? as u64) < q_heads {
+        // Counts are whole numbers; a 0 TP degree or batch reads as 1, as it always did.
+        let whole = |idx: usize, name: &str, min: u32| count_u32(path, line, name, num(idx, name)?, min);
+        let q_heads = u64::from(whole(qh, "n_q_head", 1)?);
+        let n_embd = u64::from(whole(embd, "n_embd", 0)?);
+        if n_embd < q_heads {
             return Err(csv_err(line, "column `n_embd`: smaller than `n_q_head` (a head of no dimensions)".into()));
         }
         out.push(AttentionSample {
             device: device.to_string(),
             q_heads,
-            kv_heads: num(kvh, "n_kv_head")? as u64,
-            head_dim: num(embd, "n_embd")? as u64 / q_heads,
-            tensor_parallel: num(tp, "num_tensor_parallel_workers")?.max(1.0) as u32,
+            kv_heads: u64::from(whole(kvh, "n_kv_head", 0)?),
+            head_dim: n_embd / q_heads,
+            tensor_parallel: whole(tp, "num_tensor_parallel_workers", 0)?.max(1),
             is_prefill,
-            batch_size: num(bs, "batch_size")?.max(1.0) as u32,
-            chunk: num(chunk, "prefill_chunk_size")? as u32,
-            kv_cache: num(kv, "kv_cache_size")? as u32,
+            batch_size: whole(bs, "batch_size", 0)?.max(1),
+            chunk: whole(chunk, "prefill_chunk_size", 0)?,
+            kv_cache: whole(kv, "kv_cache_size", 0)?,
             time_ms,
         });
     }
@@ -794,6 +822,43 @@ mod tests {
         .unwrap();
         let err = read_mlp_csv(&path, "m", "d").unwrap_err().to_string();
         assert!(err.contains("line 3") && err.contains("abc"), "{err}");
+    }
+
+    #[test]
+    fn counts_that_are_not_whole_numbers_in_range_are_errors_naming_file_and_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("mlp.csv");
+        // Each was truncated or saturated into a u32: 4.5 tokens read as 4, 1e10 as u32::MAX.
+        for (row, column) in [
+            ("0.1,4.5,1", "num_tokens"),
+            ("0.1,1e10,1", "num_tokens"),
+            ("0.1,0,1", "num_tokens"),
+            ("0.1,8,2.5", "num_tensor_parallel_workers"),
+            ("0.1,8,-1", "num_tensor_parallel_workers"),
+        ] {
+            fs::write(&path, format!("time_stats.add.median,num_tokens,num_tensor_parallel_workers\n0.1,4,1\n{row}\n")).unwrap();
+            let err = read_mlp_csv(&path, "m", "d").unwrap_err();
+            assert!(
+                matches!(&err, PredictorError::BadCount { line: 3, column: c, .. } if c == column),
+                "{row}: {err:?}"
+            );
+            let text = err.to_string();
+            assert!(text.contains("mlp.csv") && text.contains("line 3") && text.contains("whole number"), "{text}");
+        }
+        let path = dir.path().join("attention.csv");
+        let header = "n_embd,n_q_head,n_kv_head,num_tensor_parallel_workers,batch_size,prefill_chunk_size,kv_cache_size,is_prefill,time_stats.attn_prefill.median,time_stats.attn_decode.median\n";
+        for (row, column) in [
+            ("4096,32.5,8,1,1,0,1024,False,0.1,0.05", "n_q_head"),
+            ("4096,32,8,1,1,0,5e9,False,0.1,0.05", "kv_cache_size"),
+            ("4096,32,8,1,1.5,0,1024,False,0.1,0.05", "batch_size"),
+        ] {
+            fs::write(&path, format!("{header}{row}\n")).unwrap();
+            let err = read_attention_csv(&path, "a100").unwrap_err();
+            assert!(
+                matches!(&err, PredictorError::BadCount { line: 2, column: c, .. } if c == column),
+                "{row}: {err:?}"
+            );
+        }
     }
 
     #[test]

@@ -29,6 +29,18 @@ pub enum PredictorError {
         line: u64,
         message: String,
     },
+    /// A count column of a profiling CSV (token count, tensor-parallel degree, heads, batch
+    /// size …) holds a value that is not a whole number in the column's range; it used to be
+    /// truncated or saturated into an integer silently.
+    #[error("{path}, line {line}: column `{column}`: {value} is not a whole number from {min} to {max}")]
+    BadCount {
+        path: PathBuf,
+        line: u64,
+        column: String,
+        value: f64,
+        min: u64,
+        max: u64,
+    },
     /// A directory does not follow the Vidur profiling layout or holds no measurements.
     #[error("{path}: {message}")]
     BadLayout { path: PathBuf, message: String },

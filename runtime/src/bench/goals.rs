@@ -13,8 +13,7 @@ use std::fmt::Write;
 
 use serde::Serialize;
 
-use super::markdown::{BASELINES, OURS};
-use super::paper::{self, Published};
+use super::paper::{self, BASELINES, OURS, Published};
 use super::{BenchReport, BenchRun, change_pct};
 
 /// The paper's setup (§4.1): its pool and 60 sessions per workflow.
@@ -213,7 +212,7 @@ fn regime_targets(report: &BenchReport, out: &mut Vec<Goal>) {
 }
 
 fn value(v: f64, unit: &str) -> String {
-    if unit == "%" { super::markdown::pct(Some(v)) } else { format!("{v:.2}{unit}") }
+    if unit == "%" { paper::pct(Some(v)) } else { format!("{v:.2}{unit}") }
 }
 
 fn target_text(t: &Target, unit: &str) -> String {

@@ -4,20 +4,8 @@
 
 use std::fmt::Write;
 
+use super::paper::{BASELINES, OURS, pct};
 use super::{BenchReport, BenchRun, VariantKind, change_pct};
-
-/// The policy whose reductions are reported, and the baselines it is compared with.
-pub(super) const OURS: &str = "joint";
-pub(super) const BASELINES: [&str; 2] = ["parrot", "kairos"];
-
-pub(super) fn pct(x: Option<f64>) -> String {
-    match x {
-        // No "−0.0 %": a change that rounds to zero is zero.
-        Some(v) if v.abs() < 0.05 => "0.0 %".into(),
-        Some(v) => format!("{v:+.1} %"),
-        None => "–".into(),
-    }
-}
 
 /// Seconds with one decimal; `–` for no figure (NaN: no completed session).
 fn secs(x: f64) -> String {

@@ -1,5 +1,7 @@
 //! Paper 003's published numbers for Figures 5–7 and the comparison of a [`BenchReport`] with
-//! them: the section "Beside paper 003" of `report.md`. Pure data and text; no I/O.
+//! them: the section "Beside paper 003" of `report.md`; also the report's policy names (ours and
+//! the baselines) and its percent format, which `markdown.rs` and `goals.rs` both use. Pure data
+//! and text; no I/O. A leaf of `bench`: must not depend on `markdown.rs` or `goals.rs`.
 //!
 //! The paper reports its own system's numbers and its reductions against the baselines; the
 //! baselines' values are derived from those (e.g. Parrot's burst makespan = 634.2 s / (1 −
@@ -9,6 +11,21 @@
 use std::fmt::Write;
 
 use super::{BenchReport, BenchRun, change_pct};
+
+/// The policy whose reductions are reported, and the baselines it is compared with (shared by
+/// the report's sections and the goals).
+pub(super) const OURS: &str = "joint";
+pub(super) const BASELINES: [&str; 2] = ["parrot", "kairos"];
+
+/// A change in percent as the report prints it: signed, one decimal; `–` for none.
+pub(super) fn pct(x: Option<f64>) -> String {
+    match x {
+        // No "−0.0 %": a change that rounds to zero is zero.
+        Some(v) if v.abs() < 0.05 => "0.0 %".into(),
+        Some(v) => format!("{v:+.1} %"),
+        None => "–".into(),
+    }
+}
 
 /// A published value: one number, or the range the paper gives over two baselines.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -794,8 +794,40 @@ pub fn block_hashes(ids: &[u32], block_size: usize) -> Vec<u64> {
     out
 }
 
+/// Prefix-cache hashes of the `blocks` blocks a request completes with its own output, chained
+/// after its prompt's [`block_hashes`] (`prompt_hashes`, which cover every full prompt block) as
+/// vLLM's V1 engine hashes a block once its generated tokens fill it. `key` names the request:
+/// a Qwen3 completion never becomes a later prompt's prefix (the chat template drops the
+/// reasoning, and re-renders an answer after different tokens than it was generated after), so
+/// only the request itself — recomputed after a preemption — can hit these blocks.
+pub fn generated_block_hashes(prompt_hashes: &[u64], key: u64, blocks: u32) -> Vec<u64> {
+    let mut parent = prompt_hashes.last().copied().unwrap_or(0x5157_4954_4348_5944);
+    (0..blocks)
+        .map(|block| {
+            let mut h = DefaultHasher::new();
+            parent.hash(&mut h);
+            (u64::MAX, key, block).hash(&mut h);
+            parent = h.finish();
+            parent
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn generated_blocks_chain_after_the_prompt_and_are_the_requests_own() {
+        let prompt = super::block_hashes(&[7; 40], 16);
+        let a = super::generated_block_hashes(&prompt, 1, 3);
+        assert_eq!(a.len(), 3);
+        assert_eq!(a, super::generated_block_hashes(&prompt, 1, 3), "deterministic");
+        assert_eq!(a[..2], super::generated_block_hashes(&prompt, 1, 2)[..], "a prefix of the longer chain");
+        let b = super::generated_block_hashes(&prompt, 2, 3);
+        assert!(a.iter().all(|h| !b.contains(h) && !prompt.contains(h)), "another request's blocks are its own");
+        let other_prompt = super::block_hashes(&[8; 40], 16);
+        assert_ne!(a[0], super::generated_block_hashes(&other_prompt, 1, 1)[0], "chained after the prompt");
+    }
+
     #[test]
     fn no_token_stands_for_more_than_max_token_bytes() {
         let longest = tok().bytes.iter().map(|b| b.len()).max();

@@ -35,7 +35,7 @@ use thiserror::Error;
 use crate::exec::graph_info::NodeFacts;
 use crate::exec::{
     self, CallRecord, Counters, PrepareContext, PreparedLlm, Ready, ReportInput, RunConfig, SessionRecord, SessionTally,
-    ShellError, TokenWork, TraceEntry, TraceLine, arrivals, tool_trace_detail as trace_detail,
+    BLOCK_SIZE, ShellError, TokenWork, TraceEntry, TraceLine, arrivals, tool_trace_detail as trace_detail,
 };
 use crate::ids::{ActivationId, DeviceId, ReplicaId, SessionId};
 use crate::planner::{
@@ -43,6 +43,7 @@ use crate::planner::{
 };
 use crate::report::{DeviceTimeline, RunReport, Segment, SegmentKind, SessionToolLog, round3};
 use crate::session::Session;
+use crate::tokens;
 use crate::values::{NodeOutput, derive_seed};
 use crate::workflow::NodeKind;
 use toolpool::{ToolJob, ToolPool};
@@ -684,12 +685,22 @@ impl<'a> Sim<'a> {
             .replicas
             .get_mut(&replica)
             .ok_or_else(|| SimError::Internal(format!("dispatch to unknown replica {replica}")))?;
+        let output_tokens = prep.output.output_tokens.max(1);
+        // The blocks the request's output completes are hashed as vLLM V1 hashes them, so a
+        // request recomputed after a preemption hits what it had generated (when still cached).
+        let prompt_blocks = prep.prompt_tokens / BLOCK_SIZE;
+        let generated_blocks = (prep.prompt_tokens + output_tokens) / BLOCK_SIZE - prompt_blocks;
+        let generated_hashes = if prep.prefix_hashes.len() == prompt_blocks as usize {
+            tokens::generated_block_hashes(&prep.prefix_hashes, id, generated_blocks)
+        } else {
+            Vec::new()
+        };
         let request = EngineRequest {
             id,
             prompt_tokens: prep.prompt_tokens,
             prefix_hashes: prep.prefix_hashes,
-            generated_hashes: Vec::new(),
-            output_tokens: prep.output.output_tokens.max(1),
+            generated_hashes,
+            output_tokens,
         };
         let planned_end = r.engine.iteration_end();
         // A request submitted during a planned run cuts it at the step in progress.

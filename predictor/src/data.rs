@@ -19,7 +19,8 @@
 //! it; [`DATA_DIR_ENV`] names another directory instead.
 //!
 //! This module reads files and checks them; it computes no estimate. It must not depend on
-//! the estimators, the evaluation or any other crate of the workspace.
+//! the estimators, the measured sets or the evaluation (they read it), nor on the emulator
+//! or the runtime.
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};

@@ -11,7 +11,9 @@
 //! What is judged is the run time of the profiled operators of one forward pass (see
 //! [`crate::measured`]). Load time and peak memory have no measurement in Vidur's profiles
 //! and attention kernels only one shape, so the report says so instead of printing a figure.
-//! The CLI (root crate) only formats what [`run`] returns.
+//! The CLI (root crate) only formats what [`run`] returns. It must not depend on the
+//! scheduling path (`profile`, `feedback`), the emulator or the runtime: nothing but the
+//! CLI and the runtime's `bench predictor` call it, and the estimators must not call it.
 
 use std::path::{Path, PathBuf};
 

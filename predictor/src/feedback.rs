@@ -10,7 +10,9 @@
 //!   refines completion estimates but never the memory reserved for feasibility.
 //!
 //! Both are updated on events (a completion, an OOM), off the lookup path; reading them is a
-//! map lookup or an array read. No estimator runs here.
+//! map lookup or an array read. No estimator runs here: outside its tests this module must
+//! not depend on the estimators, the training data (`data`, `measured`) or the evaluation,
+//! nor on the emulator or the runtime.
 
 use std::collections::{BTreeMap, VecDeque};
 

@@ -8,7 +8,8 @@
 //! the graphs are fp16 deployments, and a row of `num_tokens = n` is the prefill of one
 //! sequence of `n` tokens (the profiled operators see only the token count).
 //!
-//! Shared by the trainers and the evaluation; holds no estimator logic.
+//! Shared by the trainers and the evaluation; holds no estimator logic, and must not depend
+//! on the estimators or the evaluation (they read it), nor on the emulator or the runtime.
 
 use std::collections::BTreeMap;
 

@@ -7,7 +7,8 @@
 //! - Window fit: the fraction of configurations on which prediction and measurement agree
 //!   whether it finishes within the window (the median measured run time of the set).
 //!
-//! Counts are returned as well as fractions so that folds can be pooled. Pure functions.
+//! Counts are returned as well as fractions so that folds can be pooled. Pure functions: this
+//! module must not depend on any other module of the crate, the emulator or the runtime.
 
 use serde::{Deserialize, Serialize};
 

@@ -8,7 +8,9 @@
 //! the two efficiencies: LLMFit's rule of thumb puts achieved bandwidth at 60–80 % of peak
 //! (we take 70 % for both), and [`Formula::calibrate`] fits the pair to the training
 //! measurements by minimizing their WAPE, so the baseline is trained on the same data as the
-//! learned estimators. Uses the operator graph only for its totals.
+//! learned estimators. Uses the operator graph only for its totals. It must not depend on the
+//! other estimators (`gbdt` and `graph_device` build on it), the evaluation, the emulator or
+//! the runtime.
 
 use serde::{Deserialize, Serialize};
 

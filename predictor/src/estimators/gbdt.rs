@@ -6,7 +6,9 @@
 //! interpolates between the models and devices it was trained on and cannot extrapolate to a
 //! faster device. Trained only on what is measured (the profiled operators); the parts of a
 //! pass with no measurement (attention, LM head), peak memory and load time come from the
-//! calibrated [`Formula`], which this baseline would otherwise have no data for.
+//! calibrated [`Formula`], which this baseline would otherwise have no data for. It must not
+//! depend on the graph estimator (`graph_device`), the evaluation, the emulator or the
+//! runtime.
 
 use serde::{Deserialize, Serialize};
 

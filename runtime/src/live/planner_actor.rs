@@ -1425,7 +1425,7 @@ impl PlannerActorState {
             if self.ledgers_journaled.get(&d).is_some_and(|&n| n == learned.peaks_n) {
                 continue;
             }
-            let Some(capacity) = routing.capacity_tokens(d) else { continue };
+            let Some(capacity) = routing.base_capacity_tokens(d) else { continue };
             self.ledgers_journaled.insert(d, learned.peaks_n);
             let (model, dtype) = (self.model_name(d), self.dtype_name(d));
             rows.push((
@@ -1459,7 +1459,7 @@ impl PlannerActorState {
         for (_, row) in rows {
             let done = (|| {
                 let d = self.deployment_named(row)?;
-                if row.get("capacity_tokens")?.as_u64()? != self.planner.routing()?.capacity_tokens(d)? {
+                if row.get("capacity_tokens")?.as_u64()? != self.planner.routing()?.base_capacity_tokens(d)? {
                     return None;
                 }
                 // This deployment's own record: whatever happens to its state, this run's writes

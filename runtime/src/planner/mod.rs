@@ -443,12 +443,41 @@ impl Planner {
         if let Some(e) = routing_error {
             return Err(e);
         }
+        // DISC's ledgers follow their models' replicas (loads issued last pass included).
+        if let Some(routing) = self.routing.as_mut() {
+            let held = replica_shares(&self.state, routing.members());
+            for p in routing.follow_replicas(&held, now) {
+                self.state.ungate(SessionId(p as u32));
+            }
+        }
         let mut out = Vec::new();
         if !informational {
             self.policy.plan(&mut self.state, now, &mut out);
         }
         Ok(out)
     }
+}
+
+/// Each replica of `deployments` the state holds (loading, waking or awake) as a share of one
+/// replica on the pool's largest device — the replica a routed deployment's ledger pool is
+/// sized by (`exec::routing::routing_setup`): its KV capacity (the claim's share of the device
+/// minus the weights) over that one's.
+fn replica_shares(state: &PlannerState, deployments: &[DeploymentId]) -> Vec<(DeploymentId, f64)> {
+    let largest = state.devices().iter().map(|g| g.spec.memory_bytes).max().unwrap_or(0);
+    let mut out = Vec::new();
+    for &d in deployments {
+        let Some(dep) = state.deployment(d) else { continue };
+        let kv = |memory: u64| (dep.gpu_memory_utilization * memory as f64 - dep.weight_bytes as f64).max(0.0);
+        let reference = kv(largest);
+        if reference <= 0.0 {
+            continue;
+        }
+        for r in state.replicas_of(d) {
+            let Some(device) = state.device(r.device) else { continue };
+            out.push((d, kv(device.spec.memory_bytes) / reference));
+        }
+    }
+    out
 }
 
 #[cfg(test)]

@@ -114,6 +114,13 @@ impl Ledger {
         self.capacity_tokens
     }
 
+    /// The backend's KV pool changed (a replica of the model was added or went): the ledger now
+    /// reserves from `capacity_tokens` (at least 1). Admitted programs keep their reservations;
+    /// the next [`Ledger::admit`] admits against the new limit.
+    pub fn set_capacity(&mut self, capacity_tokens: u64) {
+        self.capacity_tokens = capacity_tokens.max(1);
+    }
+
     /// ĉ: the prior-weighted mean of finished programs' peak context.
     pub fn peak_estimate(&self) -> f64 {
         (self.cfg.prior_weight * self.c0 + self.peaks_sum) / (self.cfg.prior_weight + self.peaks_n as f64)

@@ -26,7 +26,9 @@ use crate::planner::DeploymentId;
 pub struct RoutingSetup {
     /// The routed deployments (the learner's arms), in a fixed order.
     pub arms: Vec<DeploymentId>,
-    /// Per arm: the KV-cache capacity of its backend in tokens (DISC's pool).
+    /// Per arm: the KV-cache capacity in tokens of one replica of its backend on the pool's
+    /// largest device — DISC's pool while the model has at most that (no replica yet,
+    /// or one there); [`RoutedPrograms::follow_replicas`] grows it with the replicas.
     pub capacity_tokens: Vec<u64>,
     /// Per arm: the ledger's prior peak context c₀ (tokens).
     pub prior_peak_tokens: Vec<f64>,
@@ -71,6 +73,8 @@ pub fn router_features(exemplars: &[(String, String)]) -> (Vocabulary, Pca, Veri
 pub struct RoutedPrograms {
     router: Router,
     arms: Vec<DeploymentId>,
+    /// Per arm: the setup's one-replica capacity (tokens), the pool's floor.
+    base_capacity: Vec<u64>,
     live: BTreeMap<u64, RouteRecord>,
     features: u64,
 }
@@ -130,7 +134,7 @@ impl RoutedPrograms {
             ledgers.push(Ledger::new(*cap, *c0, setup.prior_run_s, setup.options.disc)?);
         }
         let router = Router::new(vocabulary, pca, selector, learner, ledgers, setup.options)?;
-        Ok(RoutedPrograms { router, arms: setup.arms, live: BTreeMap::new(), features })
+        Ok(RoutedPrograms { router, arms: setup.arms, base_capacity: setup.capacity_tokens, live: BTreeMap::new(), features })
     }
 
     /// A digest of the learner's features (the exemplars it was built from): a
@@ -182,6 +186,29 @@ impl RoutedPrograms {
     /// The KV capacity deployment `d`'s ledger reserves from (`None` outside every route).
     pub fn capacity_tokens(&self, d: DeploymentId) -> Option<u64> {
         self.arm(d).and_then(|arm| self.router.ledger(arm)).map(super::disc::Ledger::capacity_tokens)
+    }
+
+    /// The one-replica KV capacity deployment `d`'s ledger was built with (`None` outside every
+    /// route): what names its backend in a journal, whatever its replicas are now.
+    pub fn base_capacity_tokens(&self, d: DeploymentId) -> Option<u64> {
+        self.arm(d).and_then(|arm| self.base_capacity.get(arm).copied())
+    }
+
+    /// DISC's ledger is kept per model over its replicas (paper 002 §4): `replicas` gives each
+    /// replica the planner holds (loading, waking or awake), by deployment, as a share of the
+    /// one replica its ledger was built with (on the pool's largest device: 1.0 there, less on a
+    /// smaller one). Each routed deployment's pool becomes that many times the built capacity,
+    /// never less than it (a model without a replica yet is admitted against the replica a load
+    /// would bring). Answers the programs the ledgers admit now (admission time `now`).
+    pub fn follow_replicas(&mut self, replicas: &[(DeploymentId, f64)], now: f64) -> Vec<u64> {
+        let mut changed = false;
+        for (arm, d) in self.arms.iter().enumerate() {
+            let shares: f64 = replicas.iter().filter(|(r, _)| r == d).map(|(_, s)| s.max(0.0)).sum();
+            let base = self.base_capacity.get(arm).copied().unwrap_or(1);
+            let pool = (base as f64 * shares.max(1.0)).round() as u64;
+            changed |= self.router.set_capacity(arm, pool);
+        }
+        if changed { self.admit(now) } else { Vec::new() }
     }
 
     /// What deployment `d`'s ledger has learned (`None` outside every route).
@@ -424,6 +451,34 @@ mod tests {
         let (r, _) = p.bind(100, &route, MATH, 100, 60.0).unwrap();
         assert_eq!(r.deployment, DeploymentId(7), "the learner prefers the member that succeeds");
         assert!(p.record(3).is_none(), "a verified program's row is gone");
+    }
+
+    #[test]
+    fn the_ledger_is_kept_over_the_models_replicas() {
+        // One replica's pool of 10,000 tokens: 85 % admits 8 programs of 1,000 (the prior ĉ).
+        let mut p = RoutedPrograms::new(setup(10_000)).unwrap();
+        let d = DeploymentId(5);
+        let mut admitted = Vec::new();
+        for program in 0..30 {
+            let (_, now) = p.bind_to(program, d, MATH, 100, 0.0).unwrap();
+            admitted.extend(now);
+        }
+        let one = admitted.len();
+        assert_eq!(one, 8, "{admitted:?}");
+        // A second replica of the same size: the pool is both, and the queue moves at once.
+        let more = p.follow_replicas(&[(d, 1.0), (d, 1.0), (DeploymentId(7), 1.0)], 5.0);
+        assert_eq!(p.capacity_tokens(d), Some(20_000));
+        assert_eq!(one + more.len(), 17, "about twice as many: {more:?}");
+        assert!(more.iter().all(|x| p.record(*x).is_some_and(|r| r.admitted_at == Some(5.0))));
+        assert!(p.follow_replicas(&[(d, 1.0), (d, 1.0)], 6.0).is_empty(), "no change, no admission");
+        // A replica on a device with half the KV counts for half.
+        p.follow_replicas(&[(d, 1.0), (d, 1.0), (d, 0.5)], 6.5);
+        assert_eq!(p.capacity_tokens(d), Some(25_000));
+        // The replicas go: never below the one-replica pool it was built with, which still
+        // names its backend.
+        assert!(p.follow_replicas(&[], 7.0).is_empty());
+        assert_eq!((p.capacity_tokens(d), p.base_capacity_tokens(d)), (Some(10_000), Some(10_000)));
+        assert_eq!(p.capacity_tokens(DeploymentId(7)), Some(10_000));
     }
 
     #[test]

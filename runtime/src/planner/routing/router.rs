@@ -318,6 +318,18 @@ impl Router {
         self.ledgers.get(model)
     }
 
+    /// `model`'s backend now has `capacity_tokens` of KV over its replicas
+    /// ([`Ledger::set_capacity`]); whether that changed its ledger's pool.
+    pub fn set_capacity(&mut self, model: usize, capacity_tokens: u64) -> bool {
+        match self.ledgers.get_mut(model) {
+            Some(l) if l.capacity_tokens() != capacity_tokens.max(1) => {
+                l.set_capacity(capacity_tokens);
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// Give `model`'s ledger what an earlier ledger of its backend learned ([`Ledger::restore`]).
     pub fn restore_ledger(&mut self, model: usize, learned: &super::disc::LedgerLearned) -> Result<(), RouterError> {
         Ok(self.ledgers.get_mut(model).ok_or(RouterError::Config)?.restore(learned)?)

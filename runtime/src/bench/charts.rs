@@ -2,6 +2,9 @@
 //! Figure 5 (makespan and p95 per policy, per arrival and completion scope, with the lower
 //! bound), Figure 6 (GPU-seconds per completed session per workflow, stacked by category) and
 //! Figure 7 (ablations and predictor substitutions). Reads a [`BenchReport`]; writes files.
+//! Depends on the report types of `bench`, `markdown.rs`'s choice of Figure 6's arrival and the
+//! timeline palette of `report`; must not depend on the simulator, the planner, the shells or the
+//! CLI: it draws what a report holds and runs nothing.
 
 use std::path::{Path, PathBuf};
 

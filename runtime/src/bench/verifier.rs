@@ -18,6 +18,10 @@
 //! classified to its own verifier. Also timed (wall clock, this process, nothing asserted): the
 //! embedding of a request's first 4 KiB, and a routing decision given the embedding — the
 //! context (verifier + 16 principal components) and the LinUCB index of three models.
+//!
+//! Depends on the router's parts in `planner::routing` (embedding, LinUCB, router) and reads the
+//! dataset files; must not depend on the simulator, the shells (`exec`, `sim`, `live`), the
+//! emulator or the rest of `bench`: it measures the router's parts alone, outside any run.
 
 use std::path::Path;
 use std::time::Instant;

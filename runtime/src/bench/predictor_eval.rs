@@ -593,8 +593,11 @@ pub const PAPER_TABLE1: [(&str, &str, [f64; 5]); 3] = [
 pub const PAPER_TABLE1_CONFIGS: usize = 2798;
 pub const PAPER_TABLE1_WINDOW_S: f64 = 48.85;
 
-/// Table 1's columns: name, and our row's value of it (a fraction).
-const TABLE1_METRICS: [(&str, fn(&E2eRow) -> f64); 5] = [
+/// Our value of one of Table 1's metrics in a row (a fraction).
+type Metric = fn(&E2eRow) -> f64;
+
+/// Table 1's columns: name, and our row's value of it.
+const TABLE1_METRICS: [(&str, Metric); 5] = [
     ("loading WAPE", |r| r.load_wape),
     ("runtime WAPE", |r| r.run_wape),
     ("peak VRAM WAPE", |r| r.peak_wape),
@@ -724,7 +727,7 @@ impl PredictorEvalReport {
             "| paper 003 | ours | metric | paper | ours, random | ratio | ours, as shipped | ratio |\n\
              | --- | --- | --- | ---: | ---: | ---: | ---: | ---: |\n",
         );
-        let cell = |row: Option<&E2eRow>, get: fn(&E2eRow) -> f64, paper: f64| match row {
+        let cell = |row: Option<&E2eRow>, get: Metric, paper: f64| match row {
             Some(r) => {
                 let ours = 100.0 * get(r);
                 (format!("{ours:.2} %"), if paper > 0.0 { format!("{:.2}", ours / paper) } else { "–".into() })

@@ -8,12 +8,12 @@
 //! (ties: the lowest replica index) and is skipped if none fits. It ignores cache credit in the
 //! placement itself, which is what the DP improves on.
 //!
-//! Must not depend on: the DP's internals (it shares only validation, quantization and plan
-//! building with [`super::dp`]), any shell, the emulator or the tools crate; no I/O, clock or
-//! randomness.
+//! Must not depend on: the DP ([`super::dp`], which falls back to this module; what both need —
+//! validation, quantization and plan building — is [`super::problem`]'s), any shell, the
+//! emulator or the tools crate; no I/O, clock or randomness.
 
 use super::TaoError;
-use super::dp::{Plan, Problem, build_plan, quantize_capacity, quantize_weight, validate};
+use super::problem::{Plan, Problem, build_plan, quantize_capacity, quantize_weight, validate};
 
 /// The best-fit-decreasing plan of `problem`, flagged `fallback` (it is not the DP optimum).
 pub fn best_fit_decreasing(problem: &Problem) -> Result<Plan, TaoError> {

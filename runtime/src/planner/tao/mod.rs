@@ -7,23 +7,26 @@
 //!   tool-return readiness r_i (Eq. 6), and the lexicographic value v_{i,b} = (k, r, t) (Eq. 2)
 //!   with its embedding u_{i,b} into the plan objective (Eq. 7);
 //! - [`dp`]: decision making (§3.5, Appendix B) — the capacity-state dynamic program of Eq. 7 /
-//!   Algorithm 1 on a frozen snapshot, its best-fit-decreasing fallback ([`bfd`]) when the state
-//!   budget is exhausted, and live-state revalidation before a plan is applied ([`revalidate`],
-//!   Appendix B.2).
+//!   Algorithm 1 on a frozen snapshot ([`problem`]: the snapshot and plan types, validation and
+//!   quantization, a leaf shared by both solvers), its best-fit-decreasing fallback ([`bfd`]) when
+//!   the state budget is exhausted, and live-state revalidation before a plan is applied
+//!   ([`revalidate`](mod@revalidate), Appendix B.2).
 //!
 //! Everything here is a pure function of its arguments: no I/O, no clock (time is always an
 //! argument), no randomness, no global state, and no decision that depends on hash-map iteration
 //! order (maps are `BTreeMap`s; the solver's hash table is only ever probed, never iterated).
 //! It must not depend on the shells (`exec`, `sim`, `live`), `bench`, the emulator crate or the
-//! tools crate; the caller builds [`dp::Problem`]s from its own view of the pool.
+//! tools crate; the caller builds [`problem::Problem`]s from its own view of the pool.
 
 pub mod bfd;
 pub mod dp;
+pub mod problem;
 pub mod revalidate;
 pub mod value;
 
 pub use bfd::best_fit_decreasing;
-pub use dp::{Assignment, Candidate, Plan, Problem, SolveOptions, Solver, solve};
+pub use dp::{SolveOptions, Solver, solve};
+pub use problem::{Assignment, Candidate, Plan, Problem};
 pub use revalidate::{Applied, DiscardReason, LiveSession, LiveState, revalidate};
 pub use value::{
     DEFAULT_TOOL_S, DurationEstimate, DurationStats, EstimateSource, FRESHNESS_S, HALF_LIFE_S, HORIZON_S, MARGIN_DELTA,

@@ -7,12 +7,12 @@
 //! the plan (in plan order, see [`Plan`]) whose weights fit the current residual capacities (in
 //! tokens, the live admission constraint) is applied, and the rest is dropped.
 //!
-//! Must not depend on: the solver ([`super::dp`] beyond its plan types), any shell, the emulator
-//! or the tools crate; no I/O, clock or randomness.
+//! Must not depend on: the solvers ([`super::dp`], [`super::bfd`]; it uses only the plan types of
+//! [`super::problem`]), any shell, the emulator or the tools crate; no I/O, clock or randomness.
 
 use std::collections::BTreeMap;
 
-use super::dp::{Assignment, Plan};
+use super::problem::{Assignment, Plan};
 
 /// One waiting session as the executor sees it now.
 #[derive(Debug, Clone, PartialEq, Eq)]

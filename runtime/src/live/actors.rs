@@ -8,10 +8,19 @@
 //! → planner → session `LlmDone`. Tool calls: session → tool executors → session, with
 //! `ToolStarted`/`ToolFinished` reported to the planner.
 //!
-//! Messages, the shared run context, the wall clock and the helpers that keep blocking work off
-//! the reactor; it must not depend on the simulator's event loop. Engines are reached only
-//! through the [`Engine`] trait.
+//! Messages, the values they carry (a front-door call, [`ProgramRequest`] / [`ProgramCall`]; a
+//! routed program's [`ProgramBinding`]; the service's refusals, [`ServiceError`] and
+//! [`SHUTTING_DOWN`]; what a run returns, [`LiveOutput`] with its [`FaultCounters`]), the shared
+//! run context, the wall clock and the helpers that keep blocking work off the reactor; it must
+//! not depend on the simulator's event loop. Engines are reached only through the [`Engine`]
+//! trait.
+//!
+//! It is the leaf the live actors share: of `live`'s modules it uses only `engine` and
+//! `journal`, and must not depend on the actors, the shell or the service (`planner_actor`,
+//! `program_actor`, `session_actor`, `replica_actor`, `tools_actor`, `shell`, `service`), which
+//! all depend on it (`runtime/tests/module_boundaries.rs` checks there is no import cycle).
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
@@ -20,13 +29,12 @@ use switchyard_predictor::DeviceSpec;
 use switchyard_tools::ToolOutcome;
 use tokio::sync::oneshot;
 
-use super::engine::{Completion, Engine, EngineError, EngineTelemetry, LlmRequest};
-use super::shell::LiveOutput;
+use super::engine::{Completion, Engine, EngineError, EngineTelemetry, LlmRequest, TokenSink};
 use crate::ids::{ActivationId, DeviceId, ReplicaId, SessionId};
 use crate::planner::{DeploymentId, DeploymentInfo, NearReadyItem, WorkItem};
 use crate::exec::graph_info::NodeFacts;
-use crate::exec::{CallRecord, DeploymentMap, SessionRecord};
-use crate::report::WastedWork;
+use crate::exec::{CallRecord, DeploymentMap, SessionRecord, TraceLine};
+use crate::report::{DeviceTimeline, RunReport, WastedWork};
 use crate::values::{NodeOutput, Record};
 use crate::workflow::WorkflowSpec;
 
@@ -405,7 +413,7 @@ pub enum PlannerMsg {
         deployment: crate::planner::DeploymentId,
         /// The served deployment of the request's next-model hint.
         next: Option<crate::planner::DeploymentId>,
-        request: super::program_actor::ProgramRequest,
+        request: ProgramRequest,
         sink: super::engine::TokenSink,
         reply: tokio::sync::oneshot::Sender<Result<super::engine::Completion, String>>,
         /// Told as soon as the call is handed to its program, or why it is refused (no
@@ -419,14 +427,14 @@ pub enum PlannerMsg {
         program: Option<String>,
         route: ProgramRoute,
         next: Option<crate::planner::DeploymentId>,
-        request: super::program_actor::ProgramRequest,
+        request: ProgramRequest,
         sink: super::engine::TokenSink,
         reply: tokio::sync::oneshot::Sender<Result<super::engine::Completion, String>>,
     },
     /// The journal routed front-door programs are recorded in while open (`serve --state`).
     ProgramJournal(std::sync::Arc<super::journal::Journal>),
     /// The verdict of routed front-door program `program` (success 0–1); answers the reward.
-    ProgramVerdict { program: String, success: f64, reply: ractor::RpcReplyPort<Result<f64, super::service::ServiceError>> },
+    ProgramVerdict { program: String, success: f64, reply: ractor::RpcReplyPort<Result<f64, ServiceError>> },
     /// A front-door program has been idle for its timeout having received `calls` calls: it
     /// ends only if the planner has sent it no other since (else that call is on its way).
     ProgramIdle { session: SessionId, calls: u64 },
@@ -437,7 +445,7 @@ pub enum PlannerMsg {
 /// next call is near-ready on its bound model).
 pub struct ProgramRoute {
     pub next_routed: bool,
-    pub bound: tokio::sync::oneshot::Sender<Result<super::service::ProgramBinding, String>>,
+    pub bound: tokio::sync::oneshot::Sender<Result<ProgramBinding, String>>,
 }
 
 /// A session whose progress is journaled (`switchyard serve --state`): its number in the
@@ -492,7 +500,7 @@ pub enum SessionMsg {
     /// session stays unfinished in its journal and resumes at the next start.
     Abandon(String),
     /// A front-door program's next call (program actors only; sessions ignore it).
-    Call(Box<super::program_actor::ProgramCall>),
+    Call(Box<ProgramCall>),
     /// A program's idle timer of the given generation (program actors only): still idle, it
     /// asks the planner whether it may end ([`PlannerMsg::ProgramIdle`]).
     Idle(u64),
@@ -529,6 +537,150 @@ pub enum ReplicaMsg {
 /// Messages to the tool executors.
 pub enum ToolMsg {
     Run { activation: ActivationId, call: switchyard_tools::ToolCall, reply: ActorRef<SessionMsg> },
+}
+
+// The values the messages carry that the planner actor, the program actors, the service and the
+// shell all use: kept here so that none of them imports another for them (each is re-exported
+// from the module it used to live in: `shell`, `service`, `program_actor`, `planner_actor`).
+
+/// Why a workflow, a session or a front-door call is refused once the runtime stops (the
+/// service answers it as unavailable, not as a bad request).
+pub const SHUTTING_DOWN: &str = "the runtime is shutting down";
+
+/// Faults the runtime absorbed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
+pub struct FaultCounters {
+    /// Extra attempts of LLM calls (bad answers, unreachable engines).
+    pub retries: u64,
+    /// In-place replica restarts.
+    pub restarts: u64,
+    /// Calls moved off a lost replica.
+    pub migrated_calls: u64,
+    /// Calls that failed for good (their sessions failed).
+    pub failed_calls: u64,
+    /// Tool executor crashes.
+    pub tool_crashes: u64,
+}
+
+/// What a live run produces.
+#[derive(Debug, Clone)]
+pub struct LiveOutput {
+    pub report: RunReport,
+    /// Every session's outcome, by session id.
+    pub sessions: Vec<SessionResult>,
+    /// Every completed activation, in completion order (wall-clock `finished_at`).
+    pub calls: Vec<CallRecord>,
+    /// Every completed LLM call's timing (runtime overhead = total − engine).
+    pub timings: Vec<CallTiming>,
+    pub timelines: Vec<DeviceTimeline>,
+    /// First arrival, last completion (wall seconds).
+    pub window: (f64, f64),
+    pub notes: Vec<String>,
+    /// The last telemetry each replica reported.
+    pub telemetry: BTreeMap<ReplicaId, EngineTelemetry>,
+    pub faults: FaultCounters,
+    /// Why the run stopped early, if it did (the report covers what ran until then).
+    pub error: Option<String>,
+    /// The run's events, when [`LiveConfig::keep_trace`](super::shell::LiveConfig::keep_trace)
+    /// asked for them (wall seconds).
+    pub trace: Vec<TraceLine>,
+    /// DISC's learned per-request allowance δ̂ per routed deployment (tokens), from the
+    /// engines' `/metrics` (`PlannerActorState::observe_usage`).
+    pub allowances: BTreeMap<DeploymentId, f64>,
+}
+
+/// Why a service request was refused.
+#[derive(Debug, thiserror::Error, Clone, PartialEq)]
+pub enum ServiceError {
+    /// The workflow cannot run on what this service serves (a deployment not in its table).
+    #[error("{0}")]
+    NotServed(String),
+    /// The request names something that does not exist or is malformed.
+    #[error("{0}")]
+    BadRequest(String),
+    /// The runtime stopped or did not answer.
+    #[error("the runtime is not available: {0}")]
+    Unavailable(String),
+    /// The request names something the runtime does not know (a front-door program's key).
+    #[error("{0}")]
+    NotFound(String),
+    /// The request does not fit the state it names (a verdict for a program still open).
+    #[error("{0}")]
+    Conflict(String),
+}
+
+/// Where a routed front-door program runs: the model it is bound to and the verifier its task
+/// type selects (the grader the client should run before it posts the program's verdict).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProgramBinding {
+    pub model: String,
+    pub verifier: String,
+    /// DISC moved it from the learner's choice (paper 002's divert rule).
+    pub diverted: bool,
+    /// The binding was kept from before (a journaled binding, after a restart), not chosen now.
+    pub kept: bool,
+}
+
+/// What a front-door client asks for in one call.
+#[derive(Debug, Clone)]
+pub struct ProgramRequest {
+    /// Chat messages `(role, content)` (`/v1/chat/completions`), sent to the engine as given.
+    pub messages: Option<Vec<serde_json::Value>>,
+    /// Or a raw completion prompt (`/v1/completions`).
+    pub prompt: Option<String>,
+    pub max_tokens: u32,
+    pub enable_thinking: bool,
+    /// The client says this is its program's last call.
+    pub program_done: bool,
+    /// The client says which model its next call will use (a hint: the planner sees that call
+    /// as near-ready while the client works, and may load or keep the model for it).
+    pub next_model: Option<String>,
+    /// The client's name for the step this call is (`X-Step-ID`: `planner`, `coder`, …): the
+    /// planner keeps output-length and tool-gap histories per step, across programs.
+    pub step: Option<String>,
+}
+
+impl ProgramRequest {
+    /// The prompt the engine receives — the messages in Qwen3's chat template (with the call's
+    /// thinking mode), or the raw prompt — and whether it is raw.
+    pub fn rendered_prompt(&self) -> (String, bool) {
+        match (&self.messages, &self.prompt) {
+            (Some(messages), _) => {
+                let pairs: Vec<(&str, &str)> = messages
+                    .iter()
+                    .map(|m| {
+                        (
+                            m.get("role").and_then(|v| v.as_str()).unwrap_or("user"),
+                            m.get("content").and_then(|v| v.as_str()).unwrap_or(""),
+                        )
+                    })
+                    .collect();
+                (crate::tokens::chat_messages_prompt(&pairs, self.enable_thinking), false)
+            }
+            (None, Some(p)) => (p.clone(), true),
+            (None, None) => (String::new(), true),
+        }
+    }
+}
+
+/// One call of a program, as the planner actor hands it to the program's actor.
+pub struct ProgramCall {
+    pub request: ProgramRequest,
+    /// The served deployment the call's model names, and the front-door node serving it.
+    pub deployment: DeploymentId,
+    pub node: u32,
+    /// The served deployment of the hinted next model, if any.
+    pub next: Option<DeploymentId>,
+    /// Where the answer's text goes as it arrives (the client's stream).
+    pub sink: TokenSink,
+    /// The answer, or why there is none.
+    pub reply: oneshot::Sender<Result<Completion, String>>,
+}
+
+impl std::fmt::Debug for ProgramCall {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProgramCall").field("deployment", &self.deployment).field("node", &self.node).finish()
+    }
 }
 
 #[cfg(test)]

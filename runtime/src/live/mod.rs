@@ -21,9 +21,12 @@ pub mod session_actor;
 pub mod shell;
 pub mod tools_actor;
 
-pub use actors::{CallTiming, EngineFactory, EngineHandle, EngineTarget, NoteSink, RetryPolicy, SessionResult, SessionStatus};
-pub use service::{ProgramBinding, ROUTER_MODEL, Service, ServiceError};
+pub use actors::{
+    CallTiming, EngineFactory, EngineHandle, EngineTarget, FaultCounters, LiveOutput, NoteSink, ProgramBinding, RetryPolicy,
+    ServiceError, SessionResult, SessionStatus,
+};
+pub use service::{ROUTER_MODEL, Service};
 pub use factory::PoolEngines;
 pub use pool::{LivePoolError, LivePoolSpec};
 pub use planner_actor::Progress;
-pub use shell::{FaultCounters, LiveConfig, LiveError, LiveOutput, run, run_blocking};
+pub use shell::{LiveConfig, LiveError, run, run_blocking};

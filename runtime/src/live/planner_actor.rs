@@ -11,8 +11,10 @@
 //! crashed tool executor is restarted; a crashed session actor is recorded as a failed session.
 //! Every session ends exactly once. A watchdog tick fails units that no device can ever serve.
 //!
-//! It depends on the planner core, the actor messages and the `Engine` trait through the
-//! factory; it never blocks on an engine call (replica actors do).
+//! It depends on the planner core, the actor messages and the values they carry (`actors`), the
+//! actors it starts and the `Engine` trait through the factory; it never blocks on an engine call
+//! (replica actors do). It must not depend on the shell or the service that start it (what it
+//! answers them with, `LiveOutput`, `ProgramBinding`, `ServiceError`, is `actors`').
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -24,14 +26,14 @@ use tokio::sync::{broadcast, oneshot};
 
 use super::actors::{
     EngineFactory, EngineHandle, EngineTarget, LifecycleTicket, NoteSink, PendingCall, PlannerMsg,
-    DurableSession, ReplicaMsg, RunContext, SessionMsg, SessionReport, SessionResult, SessionStatus, ToolMsg,
+    DurableSession, FaultCounters, LiveOutput, ProgramBinding, ProgramCall, ProgramRequest, ReplicaMsg, RunContext,
+    ServiceError, SessionMsg, SessionReport, SessionResult, SessionStatus, ToolMsg,
 };
 use super::engine::{EngineError, EngineTelemetry};
 use super::metrics::RuntimeMetrics;
-use super::program_actor::{ProgramActor, ProgramArgs, ProgramCall, ProgramRequest};
+use super::program_actor::{ProgramActor, ProgramArgs};
 use super::replica_actor::{ReplicaActor, ReplicaArgs};
 use super::session_actor::{SessionActor, SessionArgs};
-use super::shell::{FaultCounters, LiveOutput};
 use super::tools_actor::{ToolsActor, ToolsArgs};
 use crate::ids::{ActivationId, DeviceId, ReplicaId, SessionId};
 use crate::planner::{Command, DeploymentId, Event, Planner, ReplicaPhase, WorkItem};
@@ -40,9 +42,8 @@ use crate::session::Session;
 use crate::exec::{self, CallRecord, Counters, ReportInput, SessionRecord, TokenWork, TraceEntry, TraceLine};
 use crate::values::Record;
 
-/// Why a workflow, a session or a front-door call is refused once the runtime stops (the
-/// service answers it as unavailable, not as a bad request).
-pub const SHUTTING_DOWN: &str = "the runtime is shutting down";
+/// The service answers with it too, so it is the actor vocabulary's.
+pub use super::actors::SHUTTING_DOWN;
 
 /// How a front-door call that would open one program too many is refused (the server answers
 /// 429): the start of its message.
@@ -1034,7 +1035,7 @@ impl PlannerActorState {
         let binding = match self.program_routes.get(&id) {
             Some((d, _)) => {
                 let row = self.routes.get(id);
-                super::service::ProgramBinding {
+                ProgramBinding {
                     model: self.model_name(*d),
                     verifier: row.map(|r| r.verifier.clone()).unwrap_or_default(),
                     diverted: row.is_some_and(|r| r.diverted),
@@ -1072,7 +1073,7 @@ impl PlannerActorState {
         id: SessionId,
         members: &[DeploymentId],
         request: &ProgramRequest,
-    ) -> Result<super::service::ProgramBinding, String> {
+    ) -> Result<ProgramBinding, String> {
         let journal = self.program_journal.clone();
         let kept = self
             .journal_kept
@@ -1140,7 +1141,7 @@ impl PlannerActorState {
         }
         self.program_routes.insert(id, (record.deployment, key.to_string()));
         self.note_unverified(key.to_string(), id);
-        Ok(super::service::ProgramBinding { model, verifier: record.verifier, diverted, kept: kept.is_some() })
+        Ok(ProgramBinding { model, verifier: record.verifier, diverted, kept: kept.is_some() })
     }
 
     /// Routed front-door program `id` (key `key`) awaits its verdict; past
@@ -1184,8 +1185,7 @@ impl PlannerActorState {
 
     /// The verdict of routed front-door program `key` (its client's grader): the learner's
     /// update (the reward answered), then a planning pass, since ledgers may admit programs.
-    async fn program_verdict(&mut self, myself: &ActorRef<PlannerMsg>, key: &str, success: f64) -> Result<f64, super::service::ServiceError> {
-        use super::service::ServiceError;
+    async fn program_verdict(&mut self, myself: &ActorRef<PlannerMsg>, key: &str, success: f64) -> Result<f64, ServiceError> {
         if !(0.0..=1.0).contains(&success) {
             return Err(ServiceError::BadRequest(format!("`success` must be between 0 and 1, not {success}")));
         }
@@ -1229,11 +1229,11 @@ impl PlannerActorState {
         key: &str,
         restored: RestoredProgram,
         success: f64,
-    ) -> Result<f64, super::service::ServiceError> {
+    ) -> Result<f64, ServiceError> {
         let learned = self
             .planner
             .restored_verdict(restored.program, success, restored.cost, self.ctx.clock.now())
-            .map_err(|e| super::service::ServiceError::Unavailable(format!("the router refused the verdict of program `{key}`: {e}")))?;
+            .map_err(|e| ServiceError::Unavailable(format!("the router refused the verdict of program `{key}`: {e}")))?;
         self.restored.remove(key);
         self.journal_learned(&learned, Some((key, restored.session)));
         if let Some(m) = &self.metrics {

@@ -3,8 +3,8 @@
 //! core schedules a program's calls like any session's units, on the same replicas. Each call
 //! the client sends becomes one ready unit of the program's session (activation 0, 1, …) of
 //! the front-door workflow (one node per served deployment); its answer goes back to the HTTP
-//! handler that is waiting for it, its text streamed through the request's [`TokenSink`] by
-//! the engine as it arrives.
+//! handler that is waiting for it, its text streamed through the request's
+//! [`TokenSink`](super::engine::TokenSink) by the engine as it arrives.
 //!
 //! A program ends when a call says it is the last (`program_done`), or when it has been idle
 //! (no call in flight) for its idle timeout; a failed call fails only that call. The planner
@@ -25,74 +25,15 @@ use std::time::Duration;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio::sync::oneshot;
 
-use super::actors::{CallTiming, PendingCall, PlannerMsg, RunContext, SessionMsg, SessionReport, SessionResult};
-use super::engine::{Completion, LlmRequest, TokenSink};
+use super::actors::{CallTiming, PendingCall, PlannerMsg, RunContext, SHUTTING_DOWN, SessionMsg, SessionReport, SessionResult};
+use super::engine::{Completion, LlmRequest};
 use crate::exec::{self, SessionRecord};
 use crate::ids::{ActivationId, SessionId};
 use crate::planner::{DeploymentId, NearReadyItem, PriorContext, WorkItem};
 use crate::tokens;
 
-/// What a front-door client asks for in one call.
-#[derive(Debug, Clone)]
-pub struct ProgramRequest {
-    /// Chat messages `(role, content)` (`/v1/chat/completions`), sent to the engine as given.
-    pub messages: Option<Vec<serde_json::Value>>,
-    /// Or a raw completion prompt (`/v1/completions`).
-    pub prompt: Option<String>,
-    pub max_tokens: u32,
-    pub enable_thinking: bool,
-    /// The client says this is its program's last call.
-    pub program_done: bool,
-    /// The client says which model its next call will use (a hint: the planner sees that call
-    /// as near-ready while the client works, and may load or keep the model for it).
-    pub next_model: Option<String>,
-    /// The client's name for the step this call is (`X-Step-ID`: `planner`, `coder`, …): the
-    /// planner keeps output-length and tool-gap histories per step, across programs.
-    pub step: Option<String>,
-}
-
-impl ProgramRequest {
-    /// The prompt the engine receives — the messages in Qwen3's chat template (with the call's
-    /// thinking mode), or the raw prompt — and whether it is raw.
-    pub fn rendered_prompt(&self) -> (String, bool) {
-        match (&self.messages, &self.prompt) {
-            (Some(messages), _) => {
-                let pairs: Vec<(&str, &str)> = messages
-                    .iter()
-                    .map(|m| {
-                        (
-                            m.get("role").and_then(|v| v.as_str()).unwrap_or("user"),
-                            m.get("content").and_then(|v| v.as_str()).unwrap_or(""),
-                        )
-                    })
-                    .collect();
-                (tokens::chat_messages_prompt(&pairs, self.enable_thinking), false)
-            }
-            (None, Some(p)) => (p.clone(), true),
-            (None, None) => (String::new(), true),
-        }
-    }
-}
-
-/// One call of a program, as the planner actor hands it to the program's actor.
-pub struct ProgramCall {
-    pub request: ProgramRequest,
-    /// The served deployment the call's model names, and the front-door node serving it.
-    pub deployment: DeploymentId,
-    pub node: u32,
-    /// The served deployment of the hinted next model, if any.
-    pub next: Option<DeploymentId>,
-    /// Where the answer's text goes as it arrives (the client's stream).
-    pub sink: TokenSink,
-    /// The answer, or why there is none.
-    pub reply: oneshot::Sender<Result<Completion, String>>,
-}
-
-impl std::fmt::Debug for ProgramCall {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ProgramCall").field("deployment", &self.deployment).field("node", &self.node).finish()
-    }
-}
+/// A front-door call travels in the actor messages, so its types are the actor vocabulary's.
+pub use super::actors::{ProgramCall, ProgramRequest};
 
 /// The program actor.
 pub struct ProgramActor;
@@ -225,7 +166,7 @@ impl Actor for ProgramActor {
             // Only a stopping runtime abandons a program: its calls are answered as such (the
             // server's 503), not as an engine's failure.
             SessionMsg::Abandon(reason) => {
-                let shutting_down = super::planner_actor::SHUTTING_DOWN;
+                let shutting_down = SHUTTING_DOWN;
                 state.end(&myself, Some(format!("{shutting_down}: {reason}")))
             }
             SessionMsg::Start | SessionMsg::ToolDone { .. } => {}

@@ -22,21 +22,22 @@ use std::time::Duration;
 
 use ractor::rpc::CallResult;
 use ractor::{Actor, ActorRef};
-use thiserror::Error;
 use tokio::sync::{broadcast, oneshot};
 use tokio::task::JoinHandle;
 
-use super::actors::{Clock, DurableSession, EngineFactory, PlannerMsg, SessionStatus};
+use super::actors::{Clock, DurableSession, EngineFactory, LiveOutput, PlannerMsg, ProgramRequest, SHUTTING_DOWN, SessionStatus};
 use super::engine::{Completion, TokenSink};
 use super::metrics::RuntimeMetrics;
-use super::planner_actor::{PlannerActor, SHUTTING_DOWN};
-use super::program_actor::ProgramRequest;
-use super::shell::{LiveConfig, LiveError, LiveOutput, planner_args, run_context};
+use super::planner_actor::PlannerActor;
+use super::shell::{LiveConfig, LiveError, planner_args, run_context};
 use crate::exec::{self, TraceLine};
 use crate::ids::SessionId;
 use crate::planner::{DeploymentId, DeploymentInfo};
 use crate::values::Record;
 use crate::workflow::{WorkflowError, WorkflowSpec, parse_workflow};
+
+/// The planner actor answers with these too, so they are the actor vocabulary's.
+pub use super::actors::{ProgramBinding, ServiceError};
 
 /// Lines of the event stream kept for subscribers that fall behind.
 const EVENT_BUFFER: usize = 4096;
@@ -47,43 +48,11 @@ const EVENT_BUFFER: usize = 4096;
 /// planner that stops drops the request's reply port, which answers them at once.
 const ASK_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Why a service request was refused.
-#[derive(Debug, Error, Clone, PartialEq)]
-pub enum ServiceError {
-    /// The workflow cannot run on what this service serves (a deployment not in its table).
-    #[error("{0}")]
-    NotServed(String),
-    /// The request names something that does not exist or is malformed.
-    #[error("{0}")]
-    BadRequest(String),
-    /// The runtime stopped or did not answer.
-    #[error("the runtime is not available: {0}")]
-    Unavailable(String),
-    /// The request names something the runtime does not know (a front-door program's key).
-    #[error("{0}")]
-    NotFound(String),
-    /// The request does not fit the state it names (a verdict for a program still open).
-    #[error("{0}")]
-    Conflict(String),
-}
-
 /// The `model` a front-door call names to be routed (paper 002, ORACLE): the program is bound
 /// at its first such call to one of the router's models by the planner core's router, and every
 /// later call of the program that names it runs on that model. Listed by `/v1/models` when the
 /// runtime has a router (it was started with a routed workflow).
 pub const ROUTER_MODEL: &str = "switchyard-router";
-
-/// Where a routed front-door program runs: the model it is bound to and the verifier its task
-/// type selects (the grader the client should run before it posts the program's verdict).
-#[derive(Debug, Clone, PartialEq)]
-pub struct ProgramBinding {
-    pub model: String,
-    pub verifier: String,
-    /// DISC moved it from the learner's choice (paper 002's divert rule).
-    pub diverted: bool,
-    /// The binding was kept from before (a journaled binding, after a restart), not chosen now.
-    pub kept: bool,
-}
 
 /// A running service. Cheap to share behind an `Arc`; every method takes `&self`.
 pub struct Service {

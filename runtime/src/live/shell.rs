@@ -1,6 +1,6 @@
 //! The live shell: runs a trace of sessions on the live runtime — the same planner core as the
 //! simulator, driven by actors on tokio on wall-clock time — and returns the same
-//! [`RunReport`] as the simulator (times in wall-clock seconds).
+//! [`RunReport`](crate::report::RunReport) as the simulator (times in wall-clock seconds).
 //!
 //! [`run`] builds what both shells share (deployment table, node facts, dataset records, the
 //! seeded arrival trace, the planner with its policy), starts the planner actor (which starts
@@ -11,23 +11,20 @@
 //! It depends on the actors, the planner core and `exec`; engines come from the
 //! caller's [`EngineFactory`].
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use ractor::rpc::CallResult;
 use ractor::Actor;
-use serde::Serialize;
 use thiserror::Error;
 
-use super::actors::{CallTiming, Clock, EngineFactory, NoteSink, PlannerMsg, RetryPolicy, RunContext, SessionResult, ToolsHandle};
-use super::engine::EngineTelemetry;
+use super::actors::{Clock, EngineFactory, NoteSink, PlannerMsg, RetryPolicy, RunContext, ToolsHandle};
 use super::planner_actor::{PlannerActor, PlannerArgs, Progress, ReportMeta};
-use crate::ids::ReplicaId;
-use crate::planner::DeploymentId;
-use crate::report::{DeviceTimeline, RunReport};
-use crate::exec::{self, CallRecord, RunConfig, ShellError, TraceLine, arrivals};
+use crate::exec::{self, RunConfig, ShellError, arrivals};
+
+/// What a run returns is the planner actor's reply to `Shutdown`, so it is the actor vocabulary's.
+pub use super::actors::{FaultCounters, LiveOutput};
 
 /// A live run: the shared run configuration plus what only wall-clock execution needs.
 #[derive(Clone)]
@@ -91,47 +88,6 @@ impl LiveConfig {
             max_programs: 10_000,
         }
     }
-}
-
-/// Faults the runtime absorbed.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
-pub struct FaultCounters {
-    /// Extra attempts of LLM calls (bad answers, unreachable engines).
-    pub retries: u64,
-    /// In-place replica restarts.
-    pub restarts: u64,
-    /// Calls moved off a lost replica.
-    pub migrated_calls: u64,
-    /// Calls that failed for good (their sessions failed).
-    pub failed_calls: u64,
-    /// Tool executor crashes.
-    pub tool_crashes: u64,
-}
-
-/// What a live run produces.
-#[derive(Debug, Clone)]
-pub struct LiveOutput {
-    pub report: RunReport,
-    /// Every session's outcome, by session id.
-    pub sessions: Vec<SessionResult>,
-    /// Every completed activation, in completion order (wall-clock `finished_at`).
-    pub calls: Vec<CallRecord>,
-    /// Every completed LLM call's timing (runtime overhead = total − engine).
-    pub timings: Vec<CallTiming>,
-    pub timelines: Vec<DeviceTimeline>,
-    /// First arrival, last completion (wall seconds).
-    pub window: (f64, f64),
-    pub notes: Vec<String>,
-    /// The last telemetry each replica reported.
-    pub telemetry: BTreeMap<ReplicaId, EngineTelemetry>,
-    pub faults: FaultCounters,
-    /// Why the run stopped early, if it did (the report covers what ran until then).
-    pub error: Option<String>,
-    /// The run's events, when [`LiveConfig::keep_trace`] asked for them (wall seconds).
-    pub trace: Vec<TraceLine>,
-    /// DISC's learned per-request allowance δ̂ per routed deployment (tokens), from the
-    /// engines' `/metrics` (`PlannerActorState::observe_usage`).
-    pub allowances: BTreeMap<DeploymentId, f64>,
 }
 
 /// Errors that prevent a live run from starting or finishing.

@@ -633,20 +633,32 @@ impl Backend {
     }
 }
 
+/// Why the CPython-on-WASI runtime cannot be used ([`wasm_runtime`]).
+#[derive(Debug, thiserror::Error)]
+pub enum WasmRuntimeError {
+    /// No `python.wasm` at the install path (`place`, as shown).
+    #[error("python.wasm is not installed at {place} (install it with `cargo run -p switchyard-tools --example install_python_wasm`)")]
+    NotInstalled { place: String },
+    /// The file could not be read or compiled.
+    #[error(transparent)]
+    Load(#[from] crate::sandbox::SandboxError),
+    /// The file is not the pinned build.
+    #[error("{} does not match the pinned SHA-256; reinstall it", .path.display())]
+    NotPinned { path: PathBuf },
+}
+
 /// The installed CPython-on-WASI runtime, loaded (compiled once per process) and checked against
 /// its pinned hash; otherwise why it cannot be used.
-pub fn wasm_runtime() -> Result<PathBuf, String> {
+pub fn wasm_runtime() -> Result<PathBuf, WasmRuntimeError> {
     let Some(path) = python_wasm_path() else {
         let place = default_install_path()
             .map(|p| p.display().to_string())
             .unwrap_or_else(|| "$SWITCHYARD_HOME (unset, and no $HOME)".into());
-        return Err(format!(
-            "python.wasm is not installed at {place} (install it with `cargo run -p switchyard-tools --example install_python_wasm`)"
-        ));
+        return Err(WasmRuntimeError::NotInstalled { place });
     };
-    let loaded = module_from_file(&path).map_err(|e| e.to_string())?;
+    let loaded = module_from_file(&path)?;
     if !is_pinned_runtime(&loaded.sha256) {
-        return Err(format!("{} does not match the pinned SHA-256; reinstall it", path.display()));
+        return Err(WasmRuntimeError::NotPinned { path });
     }
     Ok(path)
 }
@@ -663,8 +675,8 @@ pub fn run_with(call: &ToolCall, backend: Backend) -> Result<ToolOutcome, ToolEr
         Backend::Process => None,
         Backend::Wasm | Backend::Auto => match wasm_runtime() {
             Ok(python_wasm) => return run_in_wasm(&WasmSandbox::new(), &python_wasm, &job),
-            Err(reason) if backend == Backend::Wasm => return Err(ToolError::Unavailable { tool: NAME, reason }),
-            Err(reason) => Some(reason),
+            Err(reason) if backend == Backend::Wasm => return Err(ToolError::Unavailable { tool: NAME, reason: reason.to_string() }),
+            Err(reason) => Some(reason.to_string()),
         },
     };
     let python = interpreter().ok_or_else(|| {

@@ -89,7 +89,7 @@ impl ShellJob {
                     let Some(s) = item.as_str() else {
                         return Err(invalid("reads", format!("must list path strings, not {item}")));
                     };
-                    out.push(checked_read(s).map_err(|p| invalid("reads", p))?);
+                    out.push(checked_read(s).map_err(|p| invalid("reads", p.to_string()))?);
                 }
                 out
             }
@@ -147,27 +147,42 @@ impl ShellJob {
     }
 }
 
+/// Why a declared read path was refused ([`checked_read`]); each names the path as written.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ReadPathError {
+    /// A relative path.
+    #[error("path `{0}` is not absolute")]
+    NotAbsolute(String),
+    /// A path with a `..` component.
+    #[error("path `{0}` contains `..`")]
+    ParentDir(String),
+    /// `/work` or `/tmp` itself: the program's work directory in the sandbox.
+    #[error("path `{0}` is the program's own work directory in the sandbox (`/work`, and `/tmp` links to it): declare a path inside it")]
+    WorkDir(String),
+    /// Nothing at this path on the host.
+    #[error("path `{0}` does not exist on this host")]
+    Missing(String),
+}
+
 /// A declared read path, checked: absolute, no `..`, not the program's own work directory
 /// (`/work`, or `/tmp`, a link to it, in the process sandbox's private root: a path *under*
 /// either is bound inside it), existing on the host. The workflow loader checks every literal
 /// `reads` entry with it too, so that a bad path is the file's error (with its line and field)
 /// rather than every session's.
-pub fn checked_read(s: &str) -> Result<PathBuf, String> {
+pub fn checked_read(s: &str) -> Result<PathBuf, ReadPathError> {
     let p = Path::new(s);
     if !p.is_absolute() {
-        return Err(format!("path `{s}` is not absolute"));
+        return Err(ReadPathError::NotAbsolute(s.to_string()));
     }
     if p.components().any(|c| matches!(c, Component::ParentDir)) {
-        return Err(format!("path `{s}` contains `..`"));
+        return Err(ReadPathError::ParentDir(s.to_string()));
     }
     let normal: PathBuf = p.components().filter(|c| !matches!(c, Component::CurDir)).collect();
     if [Path::new(crate::sandbox::PRIVATE_WORK_DIR), Path::new("/tmp")].contains(&normal.as_path()) {
-        return Err(format!(
-            "path `{s}` is the program's own work directory in the sandbox (`/work`, and `/tmp` links to it): declare a path inside it"
-        ));
+        return Err(ReadPathError::WorkDir(s.to_string()));
     }
     if p.symlink_metadata().is_err() {
-        return Err(format!("path `{s}` does not exist on this host"));
+        return Err(ReadPathError::Missing(s.to_string()));
     }
     Ok(p.to_path_buf())
 }
@@ -314,5 +329,11 @@ mod tests {
         assert!(err(json!({"command": "ls", "timeout_s": 601})).contains("timeout_s"));
         let long = "x".repeat(MAX_COMMAND_BYTES + 1);
         assert!(err(json!({ "command": long })).contains("bytes, more than"));
+        // The whole message, as the workflow loader reports it too.
+        assert_eq!(
+            err(json!({"command": "ls", "reads": ["/no/such/path/anywhere"]})),
+            "tool `shell`: input `reads` path `/no/such/path/anywhere` does not exist on this host"
+        );
+        assert_eq!(checked_read("rel").map_err(|e| e.to_string()), Err("path `rel` is not absolute".to_string()));
     }
 }

@@ -63,7 +63,7 @@ fn auto_uses_wasm_or_says_why_it_fell_back() {
             assert_eq!(out.value["sandbox"], json!("process"));
             let note = out.sandbox_note.as_deref().unwrap_or("");
             assert!(note.starts_with("python_tests fell back to the process sandbox: python.wasm is not installed"), "{note}");
-            assert!(note.contains(&reason), "{note}");
+            assert!(note.contains(&reason.to_string()), "{note}");
             // The same note on every call, so a report listing distinct notes says it once.
             let again = python_tests::run_with(&call(json!({"code": "y = 2", "tests": ["assert y"]})), Backend::Auto)
                 .expect("falls back");

@@ -1577,7 +1577,7 @@ fn tool_spec(
                 for (n, fld) in items {
                     let path = ctx.string(n, &fld)?;
                     if let Err(why) = switchyard_tools::shell::checked_read(&path) {
-                        return Err(ctx.err(n.pos, &fld, ErrorKind::BadType, why));
+                        return Err(ctx.err(n.pos, &fld, ErrorKind::BadType, why.to_string()));
                     }
                 }
             }

@@ -259,12 +259,23 @@ const OBSERVATION_BOUND_TOKENS: u32 = 256;
 /// fails naming the violation.
 pub const MAX_SCHEMA_RETRIES: u32 = 2;
 
+/// Why a real model's answer to a structured agent was rejected by [`model_output`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AnswerError {
+    /// No JSON value could be found in the answer's text.
+    #[error("the answer holds no JSON value")]
+    NoJson,
+    /// The JSON value found violates the node's output schema.
+    #[error("the answer does not satisfy the output schema: {0}")]
+    Schema(crate::schema::SchemaError),
+}
+
 /// The session's output of an LLM call that returned `text` (`output_tokens` generated) for an
 /// activation of `agent` whose emulated answer is `emulated`. The emulated engine returns the
 /// responder's text: its verdict and value are kept. A real model's own text is taken as it
 /// is — for a structured output, the JSON found in it must satisfy the schema (its `verdict`
 /// property becomes the verdict); `Err` names the violation.
-pub fn model_output(agent: &AgentNode, emulated: &NodeOutput, text: String, output_tokens: u32) -> Result<NodeOutput, String> {
+pub fn model_output(agent: &AgentNode, emulated: &NodeOutput, text: String, output_tokens: u32) -> Result<NodeOutput, AnswerError> {
     // A thinking model's reasoning is not its answer (vLLM's reasoning parser returns it
     // apart; without one it leads the content).
     let text = match responder::strip_reasoning(&text) {
@@ -283,9 +294,9 @@ pub fn model_output(agent: &AgentNode, emulated: &NodeOutput, text: String, outp
         return Ok(NodeOutput { text, verdict, value: serde_json::Value::Null, output_tokens });
     };
     let Some(value) = crate::schema::extract_json(&text) else {
-        return Err("the answer holds no JSON value".into());
+        return Err(AnswerError::NoJson);
     };
-    structured.schema.check(&value).map_err(|e| format!("the answer does not satisfy the output schema: {e}"))?;
+    structured.schema.check(&value).map_err(AnswerError::Schema)?;
     let verdict = structured.verdict.as_deref().and_then(|f| crate::schema::verdict_of(&value, f));
     Ok(NodeOutput { text, verdict, value, output_tokens })
 }
@@ -465,8 +476,12 @@ mod tests {
         let real = model_output(agent, &emulated, "Sure:\n```json\n{\"approved\": false}\n```".into(), 9);
         assert_eq!(real.as_ref().map(|o| o.verdict.as_deref()), Ok(Some("false")));
         assert_eq!(real.map(|o| o.output_tokens), Ok(9));
-        assert!(model_output(agent, &emulated, "{\"approved\": \"yes\"}".into(), 5).is_err_and(|e| e.contains("approved")));
-        assert!(model_output(agent, &emulated, "I approve.".into(), 5).is_err_and(|e| e.contains("no JSON")));
+        assert!(model_output(agent, &emulated, "{\"approved\": \"yes\"}".into(), 5).is_err_and(|e| e.to_string().contains("approved")));
+        assert!(model_output(agent, &emulated, "I approve.".into(), 5).is_err_and(|e| e.to_string().contains("no JSON")));
+        // The messages the session's failure and its log carry.
+        assert_eq!(model_output(agent, &emulated, "I approve.".into(), 5).map_err(|e| e.to_string()), Err("the answer holds no JSON value".to_string()));
+        let violation = model_output(agent, &emulated, "{}".into(), 5).map_err(|e| e.to_string());
+        assert!(violation.as_ref().is_err_and(|e| e.starts_with("the answer does not satisfy the output schema: ")), "{violation:?}");
     }
 
     #[test]

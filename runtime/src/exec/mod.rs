@@ -45,7 +45,7 @@ use crate::session::Session;
 use crate::workflow::WorkflowSpec;
 
 pub use activation::{
-    MAX_SCHEMA_RETRIES, PrepareContext, PreparedLlm, Ready, common_prefix, model_output, near_ready_items, prepare, sandbox_note, session_score, tool_output, verifier_score,
+    AnswerError, MAX_SCHEMA_RETRIES, PrepareContext, PreparedLlm, Ready, common_prefix, model_output, near_ready_items, prepare, sandbox_note, session_score, tool_output, verifier_score,
     tool_trace_detail, whole_blocks,
 };
 pub use arrivals::{Arrival, TraceEntry};

@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use serde_json::Value as Json;
+use thiserror::Error;
 
 use super::error::{ErrorKind, WorkflowError};
 use super::yaml::{Ctx, Pos};
@@ -60,6 +61,32 @@ pub struct DatasetBinding {
     file_pos: Pos,
 }
 
+/// Why a field could not be extracted from a raw record ([`FieldSource::extract`]). `at` is the
+/// dotted path walked so far (empty: the record itself).
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum ExtractError {
+    /// A list has no element at `step`.
+    #[error("{} is a list of {len} and has no element `{step}`", place(.at))]
+    NoElement { at: String, len: usize, step: String },
+    /// An object has no field `step`.
+    #[error("{} has no field `{step}`", place(.at))]
+    NoField { at: String, step: String },
+    /// A scalar where the path goes on (`kind`: e.g. `a number`).
+    #[error("{} is {kind}, not an object or a list", place(.at))]
+    NotContainer { at: String, kind: &'static str },
+    /// `join` applied to a value that is not a list.
+    #[error("`join` needs a list, found {found}")]
+    JoinNotList { found: &'static str },
+    /// `join`'s pattern could not be applied to the list's element `index`.
+    #[error("element {index}: {message}")]
+    JoinElement { index: usize, message: String },
+}
+
+/// How an [`ExtractError`] names the place it stopped at.
+fn place(at: &str) -> String {
+    if at.is_empty() { "the record".to_string() } else { format!("`{at}`") }
+}
+
 impl FieldSource {
     pub(crate) fn new(path: String, join: Option<JoinSpec>, pos: Pos) -> Self {
         let steps = path.split('.').map(str::to_string).collect();
@@ -71,8 +98,8 @@ impl FieldSource {
         }
     }
 
-    /// Extract this field from a raw record; `Err` carries a human-readable reason.
-    pub fn extract(&self, raw: &Json) -> Result<Json, String> {
+    /// Extract this field from a raw record; `Err` says why not.
+    pub fn extract(&self, raw: &Json) -> Result<Json, ExtractError> {
         let mut cur = raw;
         for (depth, step) in self.steps.iter().enumerate() {
             let next = match cur {
@@ -82,18 +109,11 @@ impl FieldSource {
             };
             cur = next.ok_or_else(|| {
                 let at = self.steps[..depth].join(".");
-                let inside = if at.is_empty() {
-                    "the record".to_string()
-                } else {
-                    format!("`{at}`")
-                };
+                let step = step.clone();
                 match cur {
-                    Json::Array(items) => format!(
-                        "{inside} is a list of {} and has no element `{step}`",
-                        items.len()
-                    ),
-                    Json::Object(_) => format!("{inside} has no field `{step}`"),
-                    other => format!("{inside} is {}, not an object or a list", crate::values::json_kind(other)),
+                    Json::Array(items) => ExtractError::NoElement { at, len: items.len(), step },
+                    Json::Object(_) => ExtractError::NoField { at, step },
+                    other => ExtractError::NotContainer { at, kind: crate::values::json_kind(other) },
                 }
             })?;
         }
@@ -105,14 +125,14 @@ impl FieldSource {
 }
 
 impl JoinSpec {
-    fn apply(&self, value: &Json) -> Result<String, String> {
+    fn apply(&self, value: &Json) -> Result<String, ExtractError> {
         let Json::Array(items) = value else {
-            return Err(format!("`join` needs a list, found {}", crate::values::json_kind(value)));
+            return Err(ExtractError::JoinNotList { found: crate::values::json_kind(value) });
         };
         let mut lines = Vec::with_capacity(items.len());
         for (i, item) in items.iter().enumerate() {
             lines.push(
-                format_element(&self.pattern, item).map_err(|m| format!("element {i}: {m}"))?,
+                format_element(&self.pattern, item).map_err(|message| ExtractError::JoinElement { index: i, message })?,
             );
         }
         Ok(lines.join(&self.separator))
@@ -323,10 +343,15 @@ mod tests {
         let e = src("general_query_list.1.query", None)
             .extract(&raw)
             .err()
+            .map(|e| e.to_string())
             .unwrap_or_default();
         assert!(e.contains("list of 1") && e.contains("`1`"), "{e}");
-        let e = src("n.x", None).extract(&raw).err().unwrap_or_default();
-        assert!(e.contains("`n` is a number"), "{e}");
+        let e = src("n.x", None).extract(&raw).err().map(|e| e.to_string()).unwrap_or_default();
+        assert_eq!(e, "`n` is a number, not an object or a list");
+        let e = src("general_query_list.1.query", None).extract(&raw).err().map(|e| e.to_string());
+        assert_eq!(e.as_deref(), Some("`general_query_list` is a list of 1 and has no element `1`"));
+        let e = src("m", None).extract(&raw).err().map(|e| e.to_string());
+        assert_eq!(e.as_deref(), Some("the record has no field `m`"));
     }
 
     #[test]
@@ -349,8 +374,11 @@ mod tests {
             pattern: "{who}".into(),
             separator: "\n".into(),
         };
-        let e = src("t", Some(bad)).extract(&raw).err().unwrap_or_default();
+        let e = src("t", Some(bad)).extract(&raw).err().map(|e| e.to_string()).unwrap_or_default();
         assert!(e.contains("element 0") && e.contains("`who`"), "{e}");
+        assert_eq!(e, "element 0: has no field `who`");
+        let e = src("n", Some(j.clone())).extract(&json!({"n": 3})).err().map(|e| e.to_string());
+        assert_eq!(e.as_deref(), Some("`join` needs a list, found a number"));
         assert!(src("l.0", Some(j)).extract(&raw).is_err());
     }
 

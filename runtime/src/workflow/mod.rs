@@ -22,7 +22,7 @@ use petgraph::graph::{DiGraph, NodeIndex};
 use petgraph::visit::EdgeRef;
 use switchyard_predictor::Dtype;
 
-pub use dataset::{DatasetBinding, DatasetFormat, FieldSource, JoinSpec};
+pub use dataset::{DatasetBinding, DatasetFormat, ExtractError, FieldSource, JoinSpec};
 pub use error::{ErrorKind, WorkflowError};
 pub use template::{Filter, Reference, Segment, Source, Template, TemplateBody, TemplateError};
 

@@ -44,13 +44,53 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use serde::Serialize;
 use serde_json::json;
+use thiserror::Error;
 
 use super::{ApiConfig, router, serve_until};
 use crate::exec::RunConfig;
 use crate::live::engines::EngineSpec;
 use crate::live::server::{EmulateConfig, EmulateServer};
-use crate::live::{LiveConfig, LivePoolSpec, PoolEngines, Service};
-use crate::workflow::parse_workflow;
+use crate::live::server::ServeError;
+use crate::live::{LiveConfig, LiveError, LivePoolError, LivePoolSpec, PoolEngines, Service};
+use crate::workflow::{WorkflowError, parse_workflow};
+
+/// Why the front-door measurement was refused or could not be made.
+#[derive(Debug, Error)]
+pub enum LoadError {
+    /// A count of [`LoadOptions`] (`programs`, `calls`, `rounds`, `max_tokens`) is 0.
+    #[error("{name} must be at least 1")]
+    Zero { name: &'static str },
+    /// A soak of empty streams.
+    #[error("soak_tokens must be at least 1 when soak is not 0")]
+    EmptySoak,
+    /// A pace that is not a positive finite number.
+    #[error("speed must be positive and finite (got {0})")]
+    Speed(f64),
+    /// The in-process emulated engine did not start.
+    #[error(transparent)]
+    Engine(#[from] ServeError),
+    /// The benchmark's own workflow was refused.
+    #[error(transparent)]
+    Workflow(#[from] WorkflowError),
+    /// The benchmark's pool was refused.
+    #[error(transparent)]
+    Pool(#[from] LivePoolError),
+    /// The served runtime did not start.
+    #[error(transparent)]
+    Service(#[from] LiveError),
+    /// The HTTP client could not be built.
+    #[error(transparent)]
+    Http(#[from] reqwest::Error),
+    /// The front door's listener could not be bound or read.
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+    /// A call before the measured rounds (`what`: which) failed.
+    #[error("{what}: {message}")]
+    Call { what: &'static str, message: String },
+    /// Calls of the unmeasured warm-up burst to `url` failed.
+    #[error("{failed} warm-up calls to {url} failed")]
+    WarmUp { failed: usize, url: String },
+}
 
 /// What to measure.
 #[derive(Debug, Clone)]
@@ -67,17 +107,17 @@ pub struct LoadOptions {
 impl LoadOptions {
     /// Refuse a measurement that could not measure anything: no programs, calls, rounds or
     /// tokens, a soak of empty streams, or a pace that is not a positive finite number.
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), LoadError> {
         for (name, value) in [("programs", self.programs), ("calls", self.calls), ("rounds", self.rounds), ("max_tokens", self.max_tokens as usize)] {
             if value == 0 {
-                return Err(format!("{name} must be at least 1"));
+                return Err(LoadError::Zero { name });
             }
         }
         if self.soak > 0 && self.soak_tokens == 0 {
-            return Err("soak_tokens must be at least 1 when soak is not 0".into());
+            return Err(LoadError::EmptySoak);
         }
         if !(self.speed > 0.0 && self.speed.is_finite()) {
-            return Err(format!("speed must be positive and finite (got {})", self.speed));
+            return Err(LoadError::Speed(self.speed));
         }
         Ok(())
     }
@@ -254,7 +294,7 @@ fn side(mut lat: Vec<f64>, failed: usize, wall: f64) -> Side {
 }
 
 /// Run the measurement (inside a multi-threaded tokio runtime).
-pub async fn front_door_bench(opts: &LoadOptions) -> Result<LoadReport, String> {
+pub async fn front_door_bench(opts: &LoadOptions) -> Result<LoadReport, LoadError> {
     opts.check()?;
     let engine = EmulateServer::start(
         EmulateConfig {
@@ -271,12 +311,11 @@ pub async fn front_door_bench(opts: &LoadOptions) -> Result<LoadReport, String> 
             garbage_rate: 0.0,
             fault_seed: 0,
         },
-        "127.0.0.1:0".parse().map_err(|e| format!("{e}"))?,
+        std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
     )
-    .await
-    .map_err(|e| e.to_string())?;
+    .await?;
     let direct_base = engine.base_url();
-    let http = reqwest::Client::builder().pool_max_idle_per_host(2048).build().map_err(|e| e.to_string())?;
+    let http = reqwest::Client::builder().pool_max_idle_per_host(2048).build()?;
     // Wait for the emulated start-up load (tens of emulated seconds: up to 5 minutes of wall
     // time at real pace).
     for _ in 0..6_000 {
@@ -289,24 +328,23 @@ pub async fn front_door_bench(opts: &LoadOptions) -> Result<LoadReport, String> 
         "front-door-bench",
         "name: bench\ndeployments:\n  m: {model: Qwen3-0.6B, dtype: fp16, max_context: 4096, max_output_tokens: 1024}\nnodes:\n  - id: a\n    deployment: m\n    prompt: hi\n",
         Path::new("."),
-    )
-    .map_err(|e| e.to_string())?;
+    )?;
     let pool_text = format!(
         "name: bench\ndevices:\n  - kind: A100-80GB\n    count: 1\n    engine: {{ kind: openai, base_url: \"{direct_base}/v1\", request_timeout_s: 600, models: {{ {MODEL}: {MODEL} }} }}\n"
     );
-    let pool: LivePoolSpec<EngineSpec> = LivePoolSpec::parse(Path::new("bench-pool.yaml"), &pool_text).map_err(|e| e.to_string())?;
+    let pool: LivePoolSpec<EngineSpec> = LivePoolSpec::parse(Path::new("bench-pool.yaml"), &pool_text)?;
     let mut run = RunConfig::served(vec![Arc::new(workflow)], pool.pool.clone());
     run.tool_workers = 1;
     run.max_num_seqs = 1024;
-    let engines = PoolEngines::new(&pool, 0, None).map_err(|e| e.to_string())?;
+    let engines = PoolEngines::new(&pool, 0, None)?;
     let mut cfg = LiveConfig::new(run);
     cfg.speed = opts.speed;
     cfg.stream = true;
     cfg.telemetry_every = None;
-    let service = Arc::new(Service::start(&cfg, Arc::new(engines)).await.map_err(|e| e.to_string())?);
+    let service = Arc::new(Service::start(&cfg, Arc::new(engines)).await?);
     let app = router(Arc::clone(&service), ApiConfig { token: None, ..ApiConfig::default() }, Vec::new());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.map_err(|e| e.to_string())?;
-    let front_base = format!("http://{}", listener.local_addr().map_err(|e| e.to_string())?);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let front_base = format!("http://{}", listener.local_addr()?);
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(serve_until(listener, app, async move {
         let _ = stop_rx.await;
@@ -315,10 +353,10 @@ pub async fn front_door_bench(opts: &LoadOptions) -> Result<LoadReport, String> 
     let direct_url = format!("{direct_base}/v1/chat/completions");
     let front_url = format!("{front_base}/v1/chat/completions");
     // Warm both paths (the front door's first call loads the replica).
-    call(&http, &front_url, Some("warm"), 8).await.map_err(|e| format!("warm-up through the front door: {e}"))?;
-    call(&http, &direct_url, None, 8).await.map_err(|e| format!("warm-up direct: {e}"))?;
+    call(&http, &front_url, Some("warm"), 8).await.map_err(|message| LoadError::Call { what: "warm-up through the front door", message })?;
+    call(&http, &direct_url, None, 8).await.map_err(|message| LoadError::Call { what: "warm-up direct", message })?;
 
-    let (single, _) = call(&http, &direct_url, None, opts.max_tokens).await.map_err(|e| format!("a single direct call: {e}"))?;
+    let (single, _) = call(&http, &direct_url, None, opts.max_tokens).await.map_err(|message| LoadError::Call { what: "a single direct call", message })?;
     let single_call_ms = single.as_secs_f64() * 1e3;
     let compare = |pattern: &'static str, spread_s: f64| {
         let (http, direct_url, front_url) = (&http, &direct_url, &front_url);
@@ -349,7 +387,7 @@ pub async fn front_door_bench(opts: &LoadOptions) -> Result<LoadReport, String> 
     for url in [&direct_url, &front_url] {
         let (_, failed, _) = load(&http, url, "warm", (opts.programs, 1, opts.max_tokens, 0.0)).await;
         if failed > 0 {
-            return Err(format!("{failed} warm-up calls to {url} failed"));
+            return Err(LoadError::WarmUp { failed, url: url.clone() });
         }
     }
     let burst = compare("burst", 0.0).await;
@@ -483,7 +521,11 @@ mod tests {
             (LoadOptions { speed: f64::NAN, ..Default::default() }, "speed"),
         ] {
             let err = rt.block_on(front_door_bench(&opts)).err().expect("refused");
-            assert!(err.contains(needle), "{err}");
+            assert!(err.to_string().contains(needle), "{err}");
         }
+        let message = |o: LoadOptions| o.check().map_err(|e| e.to_string());
+        assert_eq!(message(LoadOptions { max_tokens: 0, ..Default::default() }), Err("max_tokens must be at least 1".into()));
+        assert_eq!(message(LoadOptions { soak_tokens: 0, ..Default::default() }), Err("soak_tokens must be at least 1 when soak is not 0".into()));
+        assert_eq!(message(LoadOptions { speed: -1.0, ..Default::default() }), Err("speed must be positive and finite (got -1)".into()));
     }
 }

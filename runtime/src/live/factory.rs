@@ -18,6 +18,15 @@ use super::engines::{EngineKind, EngineSpec, EngineSpecError, LaunchParams, engi
 use super::pool::{LivePoolError, LivePoolSpec};
 use crate::values::derive_seed;
 
+/// The engines of a pool run at different speeds ([`PoolEngines::speed`]): one run has one
+/// clock.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("the pool's engines run at different speeds ({speeds:?}); one run has one clock")]
+pub struct MixedSpeeds {
+    /// Each device's speed, in pool order.
+    pub speeds: Vec<f64>,
+}
+
 /// Engines for the devices of a live pool.
 pub struct PoolEngines {
     /// Per device (pool order).
@@ -69,11 +78,11 @@ impl PoolEngines {
     /// The device seconds per wall second of the pool's engines: the common `speed` of its
     /// emulated engines (1 for real ones). Engines that disagree are an error, since one run
     /// has one clock.
-    pub fn speed(&self) -> Result<f64, String> {
+    pub fn speed(&self) -> Result<f64, MixedSpeeds> {
         let speeds: Vec<f64> = self.specs.iter().map(engine_speed).collect();
         let first = speeds.first().copied().unwrap_or(1.0);
         if speeds.iter().any(|s| (s - first).abs() > 1e-9) {
-            return Err(format!("the pool's engines run at different speeds ({speeds:?}); one run has one clock"));
+            return Err(MixedSpeeds { speeds });
         }
         Ok(first)
     }
@@ -411,5 +420,9 @@ mod tests {
         let b = EngineSpec::new(EngineKind::Openai);
         let mixed = PoolEngines { specs: vec![a, b], gpus: vec![0, 1], noise_seed: 0, switchyard_exe: None, sweep_notes: Vec::new() };
         assert!(mixed.speed().is_err());
+        assert_eq!(
+            mixed.speed().map_err(|e| e.to_string()),
+            Err("the pool's engines run at different speeds ([5.0, 1.0]); one run has one clock".to_string())
+        );
     }
 }

@@ -58,6 +58,19 @@ pub enum RegistryError {
     NoStartTime,
 }
 
+/// Why one entry file of the registry could not be read ([`entries`]).
+#[derive(Debug, Error)]
+pub enum EntryError {
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+    #[error("not a regular file")]
+    NotAFile,
+    #[error("{0} bytes is too large for an entry")]
+    TooLarge(u64),
+    #[error(transparent)]
+    Json(#[from] serde_json::Error),
+}
+
 /// One managed engine child.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Entry {
@@ -294,7 +307,7 @@ pub fn remove(dir: &Path, pgid: i32, child_start: u64) -> Result<(), RegistryErr
 /// The entries in `dir` with their paths; an unreadable or unparsable entry file comes back
 /// as `Err` with its path (a missing directory is an empty registry).
 #[allow(clippy::type_complexity)]
-pub fn entries(dir: &Path) -> Result<Vec<(PathBuf, Result<Entry, String>)>, RegistryError> {
+pub fn entries(dir: &Path) -> Result<Vec<(PathBuf, Result<Entry, EntryError>)>, RegistryError> {
     let read = match std::fs::read_dir(dir) {
         Ok(r) => r,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
@@ -315,16 +328,16 @@ pub fn entries(dir: &Path) -> Result<Vec<(PathBuf, Result<Entry, String>)>, Regi
     Ok(out)
 }
 
-fn read_entry(path: &Path) -> Result<Entry, String> {
-    let meta = std::fs::symlink_metadata(path).map_err(|e| e.to_string())?;
+fn read_entry(path: &Path) -> Result<Entry, EntryError> {
+    let meta = std::fs::symlink_metadata(path)?;
     if !meta.is_file() {
-        return Err("not a regular file".into());
+        return Err(EntryError::NotAFile);
     }
     if meta.len() > MAX_ENTRY_BYTES {
-        return Err(format!("{} bytes is too large for an entry", meta.len()));
+        return Err(EntryError::TooLarge(meta.len()));
     }
-    let text = std::fs::read(path).map_err(|e| e.to_string())?;
-    serde_json::from_slice(&text).map_err(|e| e.to_string())
+    let text = std::fs::read(path)?;
+    Ok(serde_json::from_slice(&text)?)
 }
 
 /// Whether the entry's owner still runs (same PID and start time).

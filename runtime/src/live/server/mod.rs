@@ -185,6 +185,9 @@ pub enum ServeError {
         #[source]
         source: std::io::Error,
     },
+    /// A `--dtype` value [`parse_dtype`] does not know (lowercased as given).
+    #[error("unknown dtype `{0}` (fp16/float16/half, bf16/bfloat16, fp32/float32, fp8)")]
+    UnknownDtype(String),
 }
 
 /// The speeds (virtual seconds per wall second) the emulator runs at: from a thousandth (slow
@@ -716,15 +719,13 @@ fn python_bool(b: bool) -> String {
 /// Parses a `--dtype` value: ours (`fp16`, `bf16`, `fp32`, `fp8`) or vLLM's spelling
 /// (`float16`/`half`, `bfloat16`, `float32`/`float`). vLLM's `auto` (the checkpoint's dtype)
 /// is refused: the emulator needs an explicit one.
-pub fn parse_dtype(text: &str) -> Result<Dtype, String> {
+pub fn parse_dtype(text: &str) -> Result<Dtype, ServeError> {
     match text.to_ascii_lowercase().as_str() {
         "fp16" | "float16" | "half" => Ok(Dtype::Fp16),
         "bf16" | "bfloat16" => Ok(Dtype::Bf16),
         "fp32" | "float32" | "float" => Ok(Dtype::Fp32),
         "fp8" => Ok(Dtype::Fp8),
-        other => Err(format!(
-            "unknown dtype `{other}` (fp16/float16/half, bf16/bfloat16, fp32/float32, fp8)"
-        )),
+        other => Err(ServeError::UnknownDtype(other.to_string())),
     }
 }
 
@@ -2111,11 +2112,15 @@ mod tests {
 
     #[test]
     fn dtype_names_of_both_vocabularies() {
-        assert_eq!(parse_dtype("float16"), Ok(Dtype::Fp16));
-        assert_eq!(parse_dtype("FP16"), Ok(Dtype::Fp16));
-        assert_eq!(parse_dtype("bfloat16"), Ok(Dtype::Bf16));
-        assert_eq!(parse_dtype("fp32"), Ok(Dtype::Fp32));
+        assert_eq!(parse_dtype("float16").ok(), Some(Dtype::Fp16));
+        assert_eq!(parse_dtype("FP16").ok(), Some(Dtype::Fp16));
+        assert_eq!(parse_dtype("bfloat16").ok(), Some(Dtype::Bf16));
+        assert_eq!(parse_dtype("fp32").ok(), Some(Dtype::Fp32));
         assert!(parse_dtype("auto").is_err());
+        assert_eq!(
+            parse_dtype("Auto").map_err(|e| e.to_string()).err().as_deref(),
+            Some("unknown dtype `auto` (fp16/float16/half, bf16/bfloat16, fp32/float32, fp8)")
+        );
     }
 
     #[test]

@@ -920,16 +920,27 @@ impl ProgramsReport {
     }
 }
 
+/// Why [`programs_svg`] drew no chart.
+#[derive(Debug, thiserror::Error)]
+pub enum ChartError {
+    /// The report holds nothing to draw.
+    #[error("the report has no pool")]
+    Empty,
+    /// Plotters failed to draw (its message).
+    #[error("{0}")]
+    Draw(String),
+}
+
 /// The program experiments as SVG (plotters): program throughput against concurrency per
 /// system on each pool (Fig. 6's shape: the dense H100 and H200 pairs, the dense pair with the
 /// measured state, the hybrid pair), per feedback mode (Fig. 5's), and resolved tasks against
 /// throughput over the β sweep (Fig. 7b's), and paper 002's own programs with the calibrated
 /// learner (panel h). Legends sit above the data (the y range leaves them a band).
-pub fn programs_svg(r: &ProgramsReport) -> Result<String, String> {
+pub fn programs_svg(r: &ProgramsReport) -> Result<String, ChartError> {
     use plotters::prelude::*;
-    let s = |e: &dyn std::fmt::Display| e.to_string();
+    let s = |e: &dyn std::fmt::Display| ChartError::Draw(e.to_string());
     let Some(pool) = r.pools.first().map(|p| p.pool.name.clone()) else {
-        return Err("the report has no pool".into());
+        return Err(ChartError::Empty);
     };
     let palette = crate::report::timeline::PALETTE;
     let mut svg = String::new();
@@ -943,7 +954,7 @@ pub fn programs_svg(r: &ProgramsReport) -> Result<String, String> {
                      cells: &[ProgramsCell],
                      pool: &str,
                      names: &[&str]|
-         -> Result<(), String> {
+         -> Result<(), ChartError> {
             let cells: Vec<&ProgramsCell> = cells.iter().filter(|c| c.pool == pool).collect();
             let xs: Vec<usize> = {
                 let mut v: Vec<usize> = cells.iter().map(|c| c.concurrency).collect();

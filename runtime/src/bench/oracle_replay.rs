@@ -89,6 +89,12 @@ pub enum ReplayError {
     Input(String),
     #[error(transparent)]
     Learner(#[from] LinUcbError),
+    /// [`ReplayReport::frontier_svg`] of a replay without points.
+    #[error("the replay has no points")]
+    NoPoints,
+    /// Plotters failed to draw the replay's chart (its message).
+    #[error("{0}")]
+    Chart(String),
 }
 
 /// One configuration at one cost weight: mean accuracy and cost per task in the scored (last)
@@ -570,11 +576,11 @@ impl ReplayReport {
     /// both feedback configurations in the steady state (solid) and the cold pass (dashed), each
     /// member alone and the per-task best (Fig. 5 / 9's frontier); (b) regret per task against
     /// the best fixed member in hindsight, pass by pass, at a = 0 and at the headline's a.
-    pub fn frontier_svg(&self) -> Result<String, String> {
+    pub fn frontier_svg(&self) -> Result<String, ReplayError> {
         use plotters::prelude::*;
-        let s = |e: &dyn std::fmt::Display| e.to_string();
+        let s = |e: &dyn std::fmt::Display| ReplayError::Chart(e.to_string());
         if self.adaptive.is_empty() || self.single.is_empty() {
-            return Err("the replay has no points".into());
+            return Err(ReplayError::NoPoints);
         }
         let palette = crate::report::timeline::PALETTE;
         let (adaptive_color, single_color) = (palette[0], palette[1]);

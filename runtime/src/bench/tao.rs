@@ -382,9 +382,20 @@ pub fn markdown(r: &TaoBenchReport, command: &str) -> String {
     md
 }
 
+/// Why [`running_svg`] drew no chart.
+#[derive(Debug, thiserror::Error)]
+pub enum ChartError {
+    /// The report holds nothing to draw.
+    #[error("the report has no setting")]
+    Empty,
+    /// Plotters failed to draw (its message).
+    #[error("{0}")]
+    Draw(String),
+}
+
 /// Figure 4's shape: requests running or queued in the engines over time, one line per
 /// scheduler, for the setting with the most workers on the first pool and workload.
-pub fn running_svg(r: &TaoBenchReport) -> Result<String, String> {
+pub fn running_svg(r: &TaoBenchReport) -> Result<String, ChartError> {
     use plotters::prelude::*;
     let Some(setting) = r
         .settings
@@ -395,9 +406,9 @@ pub fn running_svg(r: &TaoBenchReport) -> Result<String, String> {
         })
         .max_by_key(|s| s.workers)
     else {
-        return Err("the report has no setting".into());
+        return Err(ChartError::Empty);
     };
-    let s = |e: &dyn std::fmt::Display| e.to_string();
+    let s = |e: &dyn std::fmt::Display| ChartError::Draw(e.to_string());
     let step = crate::sim::agentic::SERIES_STEP_S;
     let xmax = setting.runs.iter().map(|run| run.running_series.len()).max().unwrap_or(1).max(1) as f64 * step;
     let ymax =

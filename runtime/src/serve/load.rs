@@ -520,7 +520,7 @@ mod tests {
             (LoadOptions { rounds: 0, ..Default::default() }, "rounds"),
             (LoadOptions { speed: f64::NAN, ..Default::default() }, "speed"),
         ] {
-            let err = rt.block_on(front_door_bench(&opts)).err().expect("refused");
+            let err = rt.block_on(front_door_bench(&opts)).expect_err("refused");
             assert!(err.to_string().contains(needle), "{err}");
         }
         let message = |o: LoadOptions| o.check().map_err(|e| e.to_string());

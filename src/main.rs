@@ -234,11 +234,14 @@ struct RunArgs {
     #[arg(long)]
     live: bool,
     /// With `--live`: fail whatever is still open after this many wall seconds.
-    #[arg(long, requires = "live")]
+    // `conflicts_with` as well as `requires`: clap waives `--live`'s requirement when
+    // `--trace-replay` (which conflicts with `--live`) is given, so without it these flags
+    // would be accepted there and ignored.
+    #[arg(long, requires = "live", conflicts_with = "trace_replay")]
     deadline: Option<f64>,
     /// With `--live`: ask the engines for whole answers instead of streams (streaming is the
     /// default: a stalled server is noticed between chunks).
-    #[arg(long, requires = "live")]
+    #[arg(long, requires = "live", conflicts_with = "trace_replay")]
     no_stream: bool,
 }
 

@@ -337,6 +337,16 @@ fn joint_only_flags_are_refused_with_another_policy() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success() && err.contains(needle), "{args:?}: {err}");
     }
+    // `--live`'s own flags with `--trace-replay` (which conflicts with `--live`): refused, not
+    // accepted and ignored (clap waives a requirement that conflicts with a given flag).
+    for extra in [&["--deadline", "1"][..], &["--deadline", "nan"], &["--no-stream"]] {
+        let mut args = vec!["run", "--trace-replay", "workflows/traces/swe-lite-sample.jsonl"];
+        args.extend(extra);
+        let out = switchyard(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains("cannot be used with") && err.contains(extra[0]) && err.contains("--trace-replay"), "{args:?}: {err}");
+    }
 }
 
 /// A dataset record a responder cannot read is refused before the run touches anything: an

@@ -10,7 +10,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand};
 use comfy_table::{Table, presets::UTF8_FULL_CONDENSED};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -146,7 +146,7 @@ fn oracle(args: OracleArgs) -> Result<()> {
         let json = serde_json::json!({ "command": command, "report": report });
         write_files(&args.out, "oracle", &md, &json)?;
         let svg = report.replay.frontier_svg().map_err(|e| anyhow::anyhow!("{e}"))?;
-        std::fs::write(args.out.join("oracle.svg"), svg)?;
+        write_out_file(&args.out.join("oracle.svg"), svg)?;
         printed.insert("feedback".into(), json["report"].clone());
         md_out.push_str(&md);
     }
@@ -161,8 +161,8 @@ fn oracle(args: OracleArgs) -> Result<()> {
     let report = bench::oracle_programs::run_programs_bench(&cfg, |label| eprintln!("{label}"))
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     let svg = bench::oracle_programs::programs_svg(&report).map_err(|e| anyhow::anyhow!("{e}"))?;
-    std::fs::create_dir_all(&args.out)?;
-    std::fs::write(args.out.join("oracle-programs.svg"), svg)?;
+    create_out_dir(&args.out)?;
+    write_out_file(&args.out.join("oracle-programs.svg"), svg)?;
     let md = format!(
         "# Paper 002 (ORACLE): routed programs\n\nProduced by `{command}`.\n\n![program throughput, feedback modes, β sweep](oracle-programs.svg)\n\n{}",
         report.markdown()
@@ -257,20 +257,24 @@ pub struct TaoArgs {
     /// Sessions per run (the paper's 300 SWE-bench Lite tasks).
     #[arg(long, default_value_t = 300)]
     pub sessions: usize,
-    /// Concurrent workers (closed loop), comma-separated.
-    #[arg(long, value_delimiter = ',', default_value = "96,128,160")]
+    /// Concurrent workers (closed loop), comma-separated, each at most 100000 and none twice.
+    #[arg(long, value_delimiter = ',', default_value = "96,128,160", conflicts_with = "write_trace")]
     pub workers: Vec<usize>,
     /// Trace seed of the generated workloads.
     #[arg(long, default_value_t = 42)]
     pub seed: u64,
     /// Skip the ablations and the tool-delay scaling.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "write_trace")]
     pub no_ablations: bool,
     /// Only the first pool and the first workload (a quick look).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "write_trace")]
     pub quick: bool,
-    /// Write the generated trace of `--workload` (JSONL, the `run --trace-replay` format) to
-    /// this file and stop.
+    /// Write the generated trace of `--workload` (`--sessions` sessions, trace seed `--seed`;
+    /// JSONL, the `run --trace-replay` format) to this file and stop; the bench's own flags are
+    /// refused with it. `run --trace-replay`'s pools hold 40,960 tokens per call
+    /// (max_model_len), which every `swe-lite` and `swe-verified` session fits (they end by
+    /// 33,024); `swe-verified-thinking` sessions run up to 65,536, so the replay refuses most
+    /// of its traces (a note says how many sessions do not fit).
     #[arg(long)]
     pub write_trace: Option<PathBuf>,
     /// With `--write-trace` only (refused without it): `swe-lite`, `swe-verified`, or `swe-verified-thinking` (paper 002's
@@ -279,12 +283,15 @@ pub struct TaoArgs {
     #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(["swe-lite", "swe-verified", "swe-verified-thinking"]))]
     pub workload: Option<String>,
     /// Directory for tao.md, tao.json and the SVG chart.
-    #[arg(long, default_value = "bench-out")]
+    #[arg(long, default_value = "bench-out", conflicts_with = "write_trace")]
     pub out: PathBuf,
     /// Print the report as JSON on stdout.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "write_trace")]
     pub json: bool,
 }
+
+/// Most concurrent workers of one `bench tao` setting (as many as `--sessions` may be).
+const MAX_TAO_WORKERS: usize = 100_000;
 
 /// Arguments of `switchyard bench front-door`.
 #[derive(Args, Debug)]
@@ -476,6 +483,12 @@ fn tao(args: TaoArgs) -> Result<()> {
     if args.sessions > 100_000 {
         bail!("--sessions must be at most 100000 (got {})", args.sessions);
     }
+    if let Some(w) = args.workers.iter().find(|&&w| w > MAX_TAO_WORKERS) {
+        bail!("--workers: every value must be at most {MAX_TAO_WORKERS} (got {w})");
+    }
+    if let Some((i, w)) = args.workers.iter().enumerate().find(|(i, w)| args.workers[..*i].contains(w)) {
+        bail!("--workers: {w} is given twice (value {} of {}); each worker count is one setting", i + 1, args.workers.len());
+    }
     if args.workload.is_some() && args.write_trace.is_none() {
         bail!("--workload only chooses the trace `--write-trace` writes; the bench runs its own workloads (swe-lite only with --quick)");
     }
@@ -483,8 +496,22 @@ fn tao(args: TaoArgs) -> Result<()> {
         let name = args.workload.as_deref().unwrap_or("swe-lite");
         let workload = switchyard_runtime::agentic::AgentWorkload::parse(name).ok_or_else(|| anyhow::anyhow!("unknown workload `{name}`"))?;
         let trace = switchyard_runtime::agentic::generate(workload, args.sessions, args.seed);
-        std::fs::write(path, switchyard_runtime::agentic::to_jsonl(&trace))?;
+        std::fs::write(path, switchyard_runtime::agentic::to_jsonl(&trace))
+            .with_context(|| format!("--write-trace: cannot write {}", path.display()))?;
         eprintln!("wrote {} sessions ({} turns) to {}", trace.sessions.len(), trace.turns(), path.display());
+        // The replay's pools: a session one of their calls cannot hold makes it refuse the file.
+        let max_len = [tao::pool_qwen32b_tp2x4(), tao::pool_qwen14b_a100x4()]
+            .iter()
+            .flat_map(|p| p.replicas.iter().map(|r| r.max_model_len))
+            .min()
+            .unwrap_or(0);
+        let too_long = trace.sessions.iter().filter(|s| s.peak_call_tokens() > max_len).count();
+        if too_long > 0 {
+            eprintln!(
+                "note: {too_long} of {} sessions need more than {max_len} tokens in a call, the max_model_len of `run --trace-replay`'s pools: the replay refuses this trace",
+                trace.sessions.len()
+            );
+        }
         return Ok(());
     }
     let mut cfg = tao::TaoBenchConfig::paper();
@@ -497,6 +524,8 @@ fn tao(args: TaoArgs) -> Result<()> {
         cfg.pools.truncate(1);
         cfg.workloads.truncate(1);
     }
+    // An `--out` that cannot be a directory is an error now, not after the whole bench.
+    create_out_dir(&args.out)?;
     let runs = cfg.pools.len() * cfg.workloads.len() * cfg.workers.len() * 5 + if cfg.ablations { 12 } else { 0 };
     let bar = ProgressBar::new(runs as u64);
     if let Ok(style) = ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}") {
@@ -510,8 +539,7 @@ fn tao(args: TaoArgs) -> Result<()> {
     bar.finish_and_clear();
     let command = std::env::args().collect::<Vec<_>>().join(" ");
     let md = tao::markdown(&report, &command);
-    std::fs::create_dir_all(&args.out)?;
-    std::fs::write(args.out.join("tao-running.svg"), tao::running_svg(&report).map_err(|e| anyhow::anyhow!("{e}"))?)?;
+    write_out_file(&args.out.join("tao-running.svg"), tao::running_svg(&report).map_err(|e| anyhow::anyhow!("{e}"))?)?;
     write_and_print(&args.out, "tao", &md, &report, args.json)
 }
 
@@ -520,10 +548,20 @@ fn tao(args: TaoArgs) -> Result<()> {
 /// Writes `<name>.md` and `<name>.json` under `out`; answers the JSON text.
 fn write_files<T: serde::Serialize>(out: &Path, name: &str, md: &str, report: &T) -> Result<String> {
     let text = serde_json::to_string_pretty(report)?;
-    std::fs::create_dir_all(out)?;
-    std::fs::write(out.join(format!("{name}.md")), md)?;
-    std::fs::write(out.join(format!("{name}.json")), &text)?;
+    create_out_dir(out)?;
+    write_out_file(&out.join(format!("{name}.md")), md)?;
+    write_out_file(&out.join(format!("{name}.json")), &text)?;
     Ok(text)
+}
+
+/// Creates the `--out` directory (and its parents); the error names it.
+fn create_out_dir(out: &Path) -> Result<()> {
+    std::fs::create_dir_all(out).with_context(|| format!("--out: cannot create the directory {}", out.display()))
+}
+
+/// Writes one output file; the error names it.
+fn write_out_file(path: &Path, contents: impl AsRef<[u8]>) -> Result<()> {
+    std::fs::write(path, contents).with_context(|| format!("cannot write {}", path.display()))
 }
 
 fn write_and_print<T: serde::Serialize>(out: &Path, name: &str, md: &str, report: &T, json: bool) -> Result<()> {

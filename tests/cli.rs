@@ -415,6 +415,8 @@ fn bench_refuses_counts_and_flags_it_would_ignore() {
         (&["bench", "workflows/gsm8k.yaml", "--quick", "--sessions", "1", "--workers", "0", "--out", out_dir], "--workers"),
         (&["bench", "workflows/gsm8k.yaml", "--quick", "--sessions", "1", "--repetitions", "3", "--out", out_dir], "--repetitions"),
         (&["bench", "tao", "--workload", "swe-verified", "--quick", "--sessions", "1", "--workers", "1", "--no-ablations", "--out", out_dir], "--workload"),
+        (&["bench", "tao", "--quick", "--sessions", "1", "--workers", "2,2", "--no-ablations", "--out", out_dir], "--workers: 2 is given twice"),
+        (&["bench", "tao", "--quick", "--sessions", "1", "--workers", "1,100001", "--no-ablations", "--out", out_dir], "--workers: every value must be at most 100000"),
     ];
     for (args, flag) in cases {
         let out = switchyard(args);
@@ -422,6 +424,57 @@ fn bench_refuses_counts_and_flags_it_would_ignore() {
         assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
         assert!(stderr.contains(flag), "{args:?} should name {flag}: {stderr}");
         assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+    }
+}
+
+/// `bench tao --write-trace` only writes the trace: the bench's own flags are refused with it
+/// (they were accepted and ignored); its help and a note say which traces the replay's pools
+/// cannot hold; an output path that cannot be written is named in the error.
+#[test]
+fn bench_tao_write_trace_refuses_the_bench_flags_and_names_its_paths() {
+    let dir = tempfile::Builder::new().prefix("bench-tao-write-trace-").tempdir().expect("tempdir");
+    let trace = dir.path().join("t.jsonl");
+    let trace_arg = trace.to_str().expect("utf-8 path");
+    for extra in [&["--quick"][..], &["--workers", "8"], &["--no-ablations"], &["--out", "elsewhere"], &["--json"]] {
+        let mut args = vec!["bench", "tao", "--write-trace", trace_arg, "--sessions", "2"];
+        args.extend(extra);
+        let out = switchyard(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains("cannot be used with") && err.contains(extra[0]), "{args:?}: {err}");
+    }
+    assert!(!trace.exists(), "a refused command writes nothing");
+
+    // The trace of a thinking workload: written, with a note that the replay refuses it.
+    let out = switchyard(&["bench", "tao", "--write-trace", trace_arg, "--workload", "swe-verified-thinking", "--sessions", "20"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("sessions need more than 40960 tokens in a call") && err.contains("the replay refuses this trace"), "{err}");
+    let replay = switchyard(&["run", "--trace-replay", trace_arg]);
+    assert!(!replay.status.success() && String::from_utf8_lossy(&replay.stderr).contains("max_model_len 40960"));
+    let out = switchyard(&["bench", "tao", "--write-trace", trace_arg, "--workload", "swe-verified", "--sessions", "20"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && !err.contains("note:"), "{err}");
+    let help = String::from_utf8_lossy(&switchyard(&["bench", "tao", "--help"]).stdout).to_string();
+    assert!(help.contains("40,960") && help.contains("65,536"), "{help}");
+
+    // Paths that cannot be written, named.
+    let missing = dir.path().join("missing").join("x.jsonl");
+    let out = switchyard(&["bench", "tao", "--write-trace", missing.to_str().expect("utf-8"), "--sessions", "1"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains(&format!("--write-trace: cannot write {}", missing.display())), "{err}");
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, "").expect("write");
+    let file_arg = file.to_str().expect("utf-8");
+    for args in [
+        &["bench", "tao", "--quick", "--sessions", "1", "--workers", "1", "--no-ablations", "--out", file_arg][..],
+        &["bench", "verifier", "--repetitions", "1", "--out", file_arg],
+    ] {
+        let out = switchyard(args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert!(err.contains(&format!("--out: cannot create the directory {file_arg}")), "{args:?}: {err}");
     }
 }
 

@@ -794,17 +794,14 @@ fn replay(path: &Path, args: &RunArgs) -> Result<RunEnd> {
             anyhow::anyhow!("{}: {size} bytes, more than the {limit}-byte limit of a trace", path.display())
         }
     })?;
-    let trace = switchyard_runtime::agentic::parse_trace(&path.display().to_string(), &text)?;
     let scheduler = SchedulerKind::ALL
         .into_iter()
         .find(|k| k.name() == args.scheduler)
         .ok_or_else(|| anyhow::anyhow!("unknown scheduler `{}`", args.scheduler))?;
     let pool = if args.agent_pool == "qwen14b-a100x4" { tao::pool_qwen14b_a100x4() } else { tao::pool_qwen32b_tp2x4() };
     let max_len = pool.replicas.iter().map(|r| r.max_model_len).min().unwrap_or(0);
-    let too_long = switchyard_runtime::agentic::turns_past_context(&path.display().to_string(), &text, &trace, max_len);
-    if !too_long.is_empty() {
-        bail!("{}", too_long.join("\n"));
-    }
+    // The file's problems and the turns the pool cannot hold, all at once.
+    let trace = switchyard_runtime::agentic::parse_trace_for_pool(&path.display().to_string(), &text, max_len)?;
     let cfg = AgentRunConfig {
         workers: args.workers,
         scheduler,

@@ -18,7 +18,7 @@ mod generate;
 mod trace;
 
 pub use generate::{AgentWorkload, THINKING_SMALLER_MODEL_STEPS, generate, generate_with_steps};
-pub use trace::{MAX_TRACE_FILE_BYTES, TraceError, parse_trace, to_jsonl, turns_past_context};
+pub use trace::{MAX_TRACE_FILE_BYTES, TraceError, parse_trace, parse_trace_for_pool, to_jsonl};
 
 use serde::{Deserialize, Serialize};
 

@@ -2,8 +2,9 @@
 //! `{"id": "...", "system_tokens": N, "turns": [{"new_tokens": N, "output_tokens": N,
 //! "reasoning_tokens": N, "tool": {"name": "...", "duration_s": S, "hint_s": S}}, ...]}`
 //! (`reasoning_tokens` and `hint_s` optional). Blank lines and lines
-//! starting with `#` are skipped. Every problem is reported with the file, the line and the
-//! field, and all of them at once, before anything runs.
+//! starting with `#` are skipped, and so is a UTF-8 byte-order mark at the start. Every problem
+//! is reported with the file, the line and the field, and all of them at once, before anything
+//! runs — with [`parse_trace_for_pool`], the turns a pool cannot hold among them.
 //!
 //! Must not depend on anything of the crate outside `agentic` (its session and trace types),
 //! nor on the emulator or the tools (checked for the whole module by `module_boundaries.rs`).
@@ -31,38 +32,23 @@ const MAX_LISTED_PROBLEMS: usize = 50;
 /// Largest trace file read (as a dataset: 256 MiB), checked before reading.
 pub const MAX_TRACE_FILE_BYTES: u64 = 256 << 20;
 
-/// Every turn of a trace `parse_trace` read from `text` whose context (its prompt, reasoning
-/// and answer) passes `max_model_len`, as `FILE:LINE: turns[k]: …` — all of them, before a
-/// replay starts on a pool that cannot hold them.
-pub fn turns_past_context(file: &str, text: &str, trace: &AgentTrace, max_model_len: u32) -> Vec<String> {
-    let lines = text.lines().enumerate().filter(|(_, l)| {
-        let t = l.trim();
-        !(t.is_empty() || t.starts_with('#'))
-    });
-    let mut problems = Vec::new();
-    let mut more = 0usize;
-    for ((i, _), s) in lines.zip(&trace.sessions) {
-        for (k, turn) in s.turns.iter().enumerate() {
-            let tokens = s.prompt_tokens(k) + turn.reasoning_tokens + turn.output_tokens;
-            if tokens > max_model_len && problems.len() >= MAX_LISTED_PROBLEMS {
-                more += 1;
-            } else if tokens > max_model_len {
-                problems.push(format!(
-                    "{file}:{}: turns[{k}]: session `{}` needs {tokens} tokens there (prompt, reasoning and answer), more than the pool's max_model_len {max_model_len}",
-                    i + 1,
-                    s.id
-                ));
-            }
-        }
-    }
-    if more > 0 {
-        problems.push(format!("… and {more} more turns past the context"));
-    }
-    problems
-}
-
 /// Parses a JSONL trace named `file` (the name only labels errors).
 pub fn parse_trace(file: &str, text: &str) -> Result<AgentTrace, TraceError> {
+    parse(file, text, None)
+}
+
+/// [`parse_trace`] for a replay on a pool whose replicas hold `max_model_len` tokens: every turn
+/// whose context (its prompt, reasoning and answer) passes it is a problem too, as
+/// `FILE:LINE: turns[k]: …`, reported with the file's other problems in line order, all at
+/// once — before a replay starts on a pool that cannot hold them. (A session past the parser's
+/// own limit, 131,072 tokens, is named once, by that limit.)
+pub fn parse_trace_for_pool(file: &str, text: &str, max_model_len: u32) -> Result<AgentTrace, TraceError> {
+    parse(file, text, Some(max_model_len))
+}
+
+fn parse(file: &str, text: &str, max_model_len: Option<u32>) -> Result<AgentTrace, TraceError> {
+    // A byte-order mark some editors write is not part of the first line's JSON.
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let mut problems = Vec::new();
     let mut sessions = Vec::new();
     let mut ids = BTreeSet::new();
@@ -70,6 +56,12 @@ pub fn parse_trace(file: &str, text: &str) -> Result<AgentTrace, TraceError> {
         let line_no = i + 1;
         let trimmed = line.trim();
         if trimmed.is_empty() || trimmed.starts_with('#') {
+            continue;
+        }
+        if !trimmed.starts_with('{') {
+            // serde's reason for such a line ("expected ident", "expected value") or its type
+            // ("invalid type: sequence") says less than this.
+            problems.push(format!("{file}:{line_no}: the line is not a JSON object (a session is one `{{...}}` object per line)"));
             continue;
         }
         let mut de = serde_json::Deserializer::from_str(trimmed);
@@ -90,6 +82,19 @@ pub fn parse_trace(file: &str, text: &str) -> Result<AgentTrace, TraceError> {
             problems.push(at("id", &format!("`{}` appears on an earlier line", session.id)));
         }
         problems.extend(session_problems(&session).into_iter().map(|(field, why)| at(&field, &why)));
+        if let Some(max) = max_model_len
+            && context_problem(&session).is_none()
+        {
+            for (k, tokens) in calls_past(&session, max) {
+                problems.push(at(
+                    &format!("turns[{k}]"),
+                    &format!(
+                        "session `{}` needs {tokens} tokens there (prompt, reasoning and answer), more than the pool's max_model_len {max}",
+                        session.id
+                    ),
+                ));
+            }
+        }
         sessions.push(session);
     }
     if sessions.is_empty() && problems.is_empty() {
@@ -109,6 +114,22 @@ pub fn parse_trace(file: &str, text: &str) -> Result<AgentTrace, TraceError> {
         problems.push(format!("{file}: … and {more} more problem(s)"));
     }
     if problems.is_empty() { Ok(AgentTrace { sessions }) } else { Err(TraceError::Invalid { problems }) }
+}
+
+/// The turns of `session` whose call (prompt, reasoning and answer) needs more than
+/// `max_model_len` tokens, with that need.
+fn calls_past(session: &AgentSession, max_model_len: u32) -> Vec<(usize, u64)> {
+    let mut prompt = u64::from(session.system_tokens);
+    let mut past = Vec::new();
+    for (k, t) in session.turns.iter().enumerate() {
+        prompt += u64::from(t.new_tokens);
+        let call = prompt + u64::from(t.reasoning_tokens) + u64::from(t.output_tokens);
+        if call > u64::from(max_model_len) {
+            past.push((k, call));
+        }
+        prompt += u64::from(t.output_tokens);
+    }
+    past
 }
 
 /// One trace line that is not a session: position, the field's path (`turns[2].tool.duration_s`;
@@ -162,41 +183,48 @@ pub(super) fn session_problems(session: &AgentSession) -> Vec<(String, String)> 
                 if !(tool.duration_s.is_finite() && (0.0..=MAX_TOOL_S).contains(&tool.duration_s)) {
                     at(
                         &format!("turns[{k}].tool.duration_s"),
-                        &format!("{} is not a duration in [0, {MAX_TOOL_S}] s", tool.duration_s),
+                        &format!("{} is not a duration in [0, {MAX_TOOL_S}] s", shown(tool.duration_s)),
                     );
                 }
                 if let Some(h) = tool.hint_s
                     && !(h.is_finite() && (0.0..=MAX_TOOL_S).contains(&h))
                 {
-                    at(&format!("turns[{k}].tool.hint_s"), &format!("{h} is not a duration"));
+                    at(&format!("turns[{k}].tool.hint_s"), &format!("{} is not a duration in [0, {MAX_TOOL_S}] s", shown(h)));
                 }
             }
             None if k < last => at(&format!("turns[{k}].tool"), "every turn but the last calls a tool"),
             None => {}
         }
     }
+    if let Some((field, why)) = context_problem(session) {
+        at(&field, &why);
+    }
+    problems
+}
+
+/// The session's context past the parser's own limit ([`MAX_CONTEXT_TOKENS`]), as a (field,
+/// reason) pair: the whole conversation, else the first call with its reasoning.
+fn context_problem(session: &AgentSession) -> Option<(String, String)> {
     let context = u64::from(session.system_tokens)
         + session.turns.iter().map(|t| u64::from(t.new_tokens) + u64::from(t.output_tokens)).sum::<u64>();
     if context > MAX_CONTEXT_TOKENS {
-        at("turns", &format!("the conversation reaches {context} tokens (at most {MAX_CONTEXT_TOKENS})"));
-    } else {
-        // A call's own context: its prompt, its reasoning and its answer (the reasoning is not
-        // kept, so it counts once, in its own call).
-        let mut prompt = u64::from(session.system_tokens);
-        for (k, t) in session.turns.iter().enumerate() {
-            prompt += u64::from(t.new_tokens);
-            let call = prompt + u64::from(t.reasoning_tokens) + u64::from(t.output_tokens);
-            if call > MAX_CONTEXT_TOKENS {
-                at(
-                    &format!("turns[{k}].reasoning_tokens"),
-                    &format!("the call reaches {call} tokens with its reasoning (at most {MAX_CONTEXT_TOKENS})"),
-                );
-                break;
-            }
-            prompt += u64::from(t.output_tokens);
-        }
+        return Some(("turns".into(), format!("the conversation reaches {context} tokens (at most {MAX_CONTEXT_TOKENS})")));
     }
-    problems
+    // A call's own context: its prompt, its reasoning and its answer (the reasoning is not
+    // kept, so it counts once, in its own call).
+    let max = u32::try_from(MAX_CONTEXT_TOKENS).unwrap_or(u32::MAX);
+    calls_past(session, max).first().map(|&(k, call)| {
+        (
+            format!("turns[{k}].reasoning_tokens"),
+            format!("the call reaches {call} tokens with its reasoning (at most {MAX_CONTEXT_TOKENS})"),
+        )
+    })
+}
+
+/// A number as an error echoes it: past a million in scientific notation (`1e300`, not 301
+/// digits).
+fn shown(x: f64) -> String {
+    if x.abs() >= 1e6 { format!("{x:e}") } else { x.to_string() }
 }
 
 /// The trace as JSONL text (what [`parse_trace`] reads back).
@@ -275,6 +303,49 @@ mod tests {
         let err = parse_trace("m.jsonl", &text).unwrap_err().to_string();
         assert_eq!(err.lines().count(), 51, "{err}");
         assert!(err.ends_with("m.jsonl: … and 10 more problem(s)"), "{err}");
+    }
+
+    /// Huge numbers are echoed in scientific notation, `hint_s` names its range as
+    /// `duration_s` does, a leading byte-order mark is skipped, and a line that is no JSON
+    /// object says so (not serde's "expected ident").
+    #[test]
+    fn error_text_is_short_and_plain() {
+        let tool = |fields: &str| {
+            format!(
+                "{{\"id\": \"h\", \"system_tokens\": 1, \"turns\": [{{\"new_tokens\": 1, \"output_tokens\": 1, \"tool\": {{\"name\": \"x\", {fields}}}}}, {{\"new_tokens\": 1, \"output_tokens\": 1}}]}}\n"
+            )
+        };
+        let err = parse_trace("h.jsonl", &tool("\"duration_s\": 1e300")).unwrap_err().to_string();
+        assert_eq!(err, "h.jsonl:1: turns[0].tool.duration_s: 1e300 is not a duration in [0, 86400] s");
+        let err = parse_trace("h.jsonl", &tool("\"duration_s\": 1, \"hint_s\": -3")).unwrap_err().to_string();
+        assert_eq!(err, "h.jsonl:1: turns[0].tool.hint_s: -3 is not a duration in [0, 86400] s");
+        let good = "{\"id\": \"g\", \"system_tokens\": 1, \"turns\": [{\"new_tokens\": 1, \"output_tokens\": 1}]}\n";
+        assert_eq!(parse_trace("bom.jsonl", &format!("\u{feff}{good}")).unwrap().sessions.len(), 1);
+        let err = parse_trace("n.jsonl", &format!("{good}not json\n[1]\n")).unwrap_err().to_string();
+        let want = "the line is not a JSON object (a session is one `{...}` object per line)";
+        assert_eq!(err, format!("n.jsonl:2: {want}\nn.jsonl:3: {want}"));
+    }
+
+    /// With a pool, a file's parse errors and the turns the pool cannot hold are reported
+    /// together, in line order; a session past the parser's own limit is named once.
+    #[test]
+    fn pool_limits_are_reported_with_the_parse_errors() {
+        let text = "oops\n\
+                    {\"id\": \"big\", \"system_tokens\": 50000, \"turns\": [{\"new_tokens\": 1, \"output_tokens\": 1}]}\n\
+                    {\"id\": \"huge\", \"system_tokens\": 200000, \"turns\": [{\"new_tokens\": 1, \"output_tokens\": 1}]}\n\
+                    {\"id\": \"ok\", \"system_tokens\": 10, \"turns\": [{\"new_tokens\": 1, \"output_tokens\": 1}]}\n";
+        let err = parse_trace_for_pool("p.jsonl", text, 40_960).unwrap_err().to_string();
+        let lines: Vec<&str> = err.lines().collect();
+        assert_eq!(lines.len(), 3, "{err}");
+        assert!(lines[0].starts_with("p.jsonl:1: the line is not a JSON object"), "{err}");
+        assert_eq!(
+            lines[1],
+            "p.jsonl:2: turns[0]: session `big` needs 50002 tokens there (prompt, reasoning and answer), more than the pool's max_model_len 40960"
+        );
+        assert!(lines[2].starts_with("p.jsonl:3: turns: the conversation reaches 200002 tokens"), "{err}");
+        // Without a pool, only the parser's own problems.
+        assert_eq!(parse_trace("p.jsonl", text).unwrap_err().to_string().lines().count(), 2);
+        assert_eq!(parse_trace_for_pool("p.jsonl", &text[5..text.len() - 1], 50_002).unwrap_err().to_string().lines().count(), 1);
     }
 
     #[test]

@@ -909,6 +909,14 @@ fn print_tables(r: &RunReport, wall: f64) {
     if let Some(line) = r.tools.failed_line(r.tool_calls) {
         println!("{line}");
     }
+    // TAO's admission under joint (paper 000), otherwise only in --json.
+    let tao = &r.tao_admission;
+    if tao.solves > 0 {
+        println!(
+            "TAO admission: {} DP solves ({} fell back to best-fit decreasing) · {} units granted, {} on a replica caching their context · {} holds for returning tool turns",
+            tao.solves, tao.fallbacks, tao.granted, tao.granted_on_cache, tao.held_for_returning
+        );
+    }
     if !r.wasted.is_empty() {
         let w = &r.wasted;
         println!(

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use serde::Serialize;
 
 use crate::ids::SessionId;
-use crate::planner::{DeploymentId, FusionChecks, PrefetchChecks};
+use crate::planner::{DeploymentId, FusionChecks, PrefetchChecks, TaoChecks};
 use crate::report::{
     DeviceTimeline, GpuBreakdown, Percentiles, RunReport, Segment, SegmentKind, SessionToolLog, ToolReport,
     WorkflowReport, gpu, round3,
@@ -100,6 +100,8 @@ pub struct ReportInput<'a> {
     pub prefetch: PrefetchChecks,
     /// What became of the units with a fusible successor (`PlannerState::fusion_checks`).
     pub fusion: FusionChecks,
+    /// What TAO's admission did (`PlannerState::tao_checks`).
+    pub tao_admission: TaoChecks,
     /// The run was stopped early (Ctrl-C); the sessions still open were failed as `interrupted`.
     pub interrupted: bool,
 }
@@ -354,6 +356,7 @@ pub fn build_report(input: ReportInput<'_>) -> (RunReport, (f64, f64)) {
         wakes: input.wakes,
         prefetch: input.prefetch,
         fusion: input.fusion,
+        tao_admission: input.tao_admission,
         llm_calls: c.llm_calls,
         tool_calls: c.tool_calls,
         generated_tokens: c.generated_tokens,
@@ -405,6 +408,7 @@ mod tests {
             wakes: 0,
             prefetch: PrefetchChecks::default(),
             fusion: FusionChecks::default(),
+            tao_admission: TaoChecks::default(),
             interrupted: false,
         });
         assert_eq!(window, (0.0, 4.0));
@@ -455,6 +459,7 @@ mod tests {
             wakes: 0,
             prefetch: PrefetchChecks::default(),
             fusion: FusionChecks::default(),
+            tao_admission: TaoChecks::default(),
             interrupted: false,
         })
     }

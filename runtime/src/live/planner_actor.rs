@@ -2514,6 +2514,7 @@ impl PlannerActorState {
             wakes: state.wakes(),
             prefetch: state.prefetch_checks(),
             fusion: state.fusion_checks(),
+            tao_admission: state.tao_checks(),
             interrupted: false,
         });
         let mut report = report;

@@ -452,6 +452,9 @@ impl Joint {
             };
             let Ok(plan) = self.solver.solve(&problem) else { continue };
             let plan = super::admission::balance_ties(&problem, plan);
+            let tally = state.tao_checks_mut();
+            tally.solves += 1;
+            tally.fallbacks += u64::from(plan.fallback);
             for a in &plan.assignments {
                 let k = a.session as usize;
                 let (Some(c), Some(need), Some(&(r, _))) = (pool.get(k), needs.get(k), replicas.get(a.replica)) else {
@@ -473,6 +476,12 @@ impl Joint {
                             lane.commit(slot, need.kv);
                             self.placed(w.activation, d, slot.start + link, slot.finish);
                             granted.insert(w.activation);
+                            let cached = problem.candidates.get(k).is_some_and(|c| {
+                                c.options.iter().any(|&(b, credit)| b == a.replica && credit > 0)
+                            });
+                            let tally = state.tao_checks_mut();
+                            tally.granted += 1;
+                            tally.granted_on_cache += u64::from(cached);
                         }
                     }
                     Candidate::Returning(_) => {
@@ -480,6 +489,7 @@ impl Joint {
                             && slot.start <= now
                         {
                             lane.commit(slot, need.kv);
+                            state.tao_checks_mut().held_for_returning += 1;
                         }
                     }
                 }
@@ -1606,7 +1616,7 @@ impl Policy for Joint {
 mod tests {
     use super::*;
     use crate::ids::SessionId;
-    use crate::planner::{DeploymentInfo, DeviceInfo, NearReadyItem, Planner};
+    use crate::planner::{DeploymentInfo, DeviceInfo, NearReadyItem, Planner, TaoChecks};
     use switchyard_predictor::{Dtype, spec};
 
     /// Constant estimates: loads take 10 s, a request 1 s per 100 output tokens.
@@ -2382,11 +2392,16 @@ mod tests {
             let cmds = dispatches(&p.handle_all(events, 20.0).unwrap());
             assert_eq!(cmds.len(), 2, "{cmds:?}");
             let oldest: Vec<ActivationId> = p.state().queue().iter().map(|w| w.activation).collect();
+            let tally = p.state().tao_checks();
             if tao {
                 assert!(cmds.contains(&(next.activation, ReplicaId(1))), "{cmds:?}");
+                // The report's counters: the turn was granted where its context is cached.
+                assert!(tally.solves >= 1 && tally.fallbacks == 0, "{tally:?}");
+                assert!(tally.granted >= 2 && tally.granted_on_cache >= 1, "{tally:?}");
             } else {
                 assert!(!cmds.iter().any(|c| c.0 == next.activation), "{cmds:?}");
                 assert!(oldest.contains(&next.activation));
+                assert_eq!(tally, TaoChecks::default(), "no TAO admission, nothing counted");
             }
         }
     }
@@ -2423,6 +2438,7 @@ mod tests {
             );
             if tao {
                 assert!(cmds.is_empty(), "the slot is held for A's returning turn: {cmds:?}");
+                assert!(p.state().tao_checks().held_for_returning >= 1, "{:?}", p.state().tao_checks());
                 let turn = WorkItem { ready_at: 22.0, prior_context: prior, ..long_unit(a.session.0, 2) };
                 let events = vec![Event::ToolFinished { activation: tool }, Event::UnitReady(turn)];
                 let cmds = dispatches(&p.handle_all(events, 22.0).unwrap());

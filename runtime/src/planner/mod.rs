@@ -32,7 +32,7 @@ pub use kairos::Kairos;
 pub use parrot::Parrot;
 pub use substrate::Substrate;
 pub use state::{
-    AsleepReplica, ChainLink, DeploymentInfo, DeviceInfo, FusionChecks, NearReadyItem, PlanError, PlannerState, PrefetchChecks, PrefetchOutcome,
+    AsleepReplica, ChainLink, DeploymentInfo, DeviceInfo, FusionChecks, NearReadyItem, PlanError, PlannerState, PrefetchChecks, PrefetchOutcome, TaoChecks,
     PriorContext, Reclaim, ReplicaPhase, ReplicaView, RunningUnit, WorkItem,
 };
 

@@ -60,6 +60,22 @@ pub struct FusionChecks {
     pub over_context: u64,
 }
 
+/// What TAO's admission (paper 000, under `joint`) did: *solves*, the exact DPs run over one
+/// deployment's ready units and returning turns at a tick (none where nothing has cache credit
+/// and everything fits), of them *fallbacks* to best-fit-decreasing (the state budget ran out);
+/// *granted*, the ready units its plans admitted, of them *granted_on_cache* where their earlier
+/// context is cached (cache credit > 0 on the replica the plan chose); and *held_for_returning*,
+/// the capacity holds committed for a turn whose tool is about to return, on the replica that
+/// caches its context. Reported as `RunReport.tao_admission`; all zero for a policy without it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct TaoChecks {
+    pub solves: u64,
+    pub fallbacks: u64,
+    pub granted: u64,
+    pub granted_on_cache: u64,
+    pub held_for_returning: u64,
+}
+
 /// A decision that would break an invariant, or an event that contradicts the view.
 #[derive(Debug, Error, PartialEq)]
 pub enum PlanError {
@@ -380,6 +396,7 @@ pub struct PlannerState {
     /// What the policy's near-ready prefetch checks found ([`Self::count_prefetch_check`]).
     prefetch_checks: PrefetchChecks,
     fusion_checks: FusionChecks,
+    tao_checks: TaoChecks,
     evictions: u64,
     /// Replicas in sleep mode (or falling asleep), by id.
     asleep: BTreeMap<ReplicaId, AsleepReplica>,
@@ -425,6 +442,7 @@ impl PlannerState {
             loads: 0,
             prefetch_checks: PrefetchChecks::default(),
             fusion_checks: FusionChecks::default(),
+            tao_checks: TaoChecks::default(),
             evictions: 0,
         }
     }
@@ -643,6 +661,16 @@ impl PlannerState {
     /// fuses).
     pub fn fusion_checks(&self) -> FusionChecks {
         self.fusion_checks
+    }
+
+    /// What TAO's admission did in the run (all zero unless the policy admits by it).
+    pub fn tao_checks(&self) -> TaoChecks {
+        self.tao_checks
+    }
+
+    /// The counters of TAO's admission, for the policy that runs it (the state only counts).
+    pub fn tao_checks_mut(&mut self) -> &mut TaoChecks {
+        &mut self.tao_checks
     }
 
     /// Record the outcome of one near-ready prefetch check (the policy knows why it loads; the

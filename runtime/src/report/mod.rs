@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use crate::planner::{FusionChecks, PrefetchChecks};
+use crate::planner::{FusionChecks, PrefetchChecks, TaoChecks};
 
 pub use gpu::{DeviceTimeline, GpuBreakdown, Segment, SegmentKind};
 
@@ -126,6 +126,9 @@ pub struct RunReport {
     /// Per dispatched unit with a fusible successor (Eq. 3), whether its chain ran fused or Eq.
     /// 8 ruled it out (its envelope passes the context); only a fusing policy counts.
     pub fusion: FusionChecks,
+    /// What TAO's admission did under `joint` (paper 000): DP solves, fallbacks, units granted
+    /// (on a replica caching their context), holds for returning turns; zero otherwise.
+    pub tao_admission: TaoChecks,
     pub llm_calls: u64,
     pub tool_calls: u64,
     pub generated_tokens: u64,

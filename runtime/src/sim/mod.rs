@@ -1348,6 +1348,7 @@ impl<'a> Sim<'a> {
             wakes: state.wakes(),
             prefetch: state.prefetch_checks(),
             fusion: state.fusion_checks(),
+            tao_admission: state.tao_checks(),
             interrupted: self.interrupted,
         });
         let mut report = report;

@@ -73,6 +73,10 @@ pub enum LedgerError {
 pub struct Ledger {
     cfg: DiscConfig,
     capacity_tokens: u64,
+    /// One engine's KV (the capacity the ledger was built with): the per-call ceiling and the
+    /// saturation guard of a usage observation are about the engine that holds the call, never
+    /// the model's pool over its replicas.
+    engine_tokens: u64,
     c0: f64,
     peaks_sum: f64,
     peaks_n: u64,
@@ -97,6 +101,7 @@ impl Ledger {
         Ok(Ledger {
             cfg,
             capacity_tokens,
+            engine_tokens: capacity_tokens,
             c0,
             peaks_sum: 0.0,
             peaks_n: 0,
@@ -116,7 +121,8 @@ impl Ledger {
 
     /// The backend's KV pool changed (a replica of the model was added or went): the ledger now
     /// reserves from `capacity_tokens` (at least 1). Admitted programs keep their reservations;
-    /// the next [`Ledger::admit`] admits against the new limit.
+    /// the next [`Ledger::admit`] admits against the new limit. The per-engine checks
+    /// ([`Ledger::call_fits`], [`Ledger::observe_usage`]) keep one engine's KV.
     pub fn set_capacity(&mut self, capacity_tokens: u64) {
         self.capacity_tokens = capacity_tokens.max(1);
     }
@@ -234,7 +240,7 @@ impl Ledger {
     /// Whether a call bringing `call_tokens` more onto an engine holding `in_use_tokens` stays
     /// under the 95 % per-call ceiling.
     pub fn call_fits(&self, in_use_tokens: u64, call_tokens: u64) -> bool {
-        (in_use_tokens + call_tokens) as f64 <= self.cfg.call_ceiling * self.capacity_tokens as f64
+        (in_use_tokens + call_tokens) as f64 <= self.cfg.call_ceiling * self.engine_tokens as f64
     }
 
     /// An engine usage observation: it held `used_tokens` of KV for `running` requests whose
@@ -248,7 +254,7 @@ impl Ledger {
     /// [`Self::observe_usage`] standing for `weight` samples (e.g. the engine steps an
     /// observation covers, so that δ̂ does not depend on how often an observer looks).
     pub fn observe_usage_weighted(&mut self, used_tokens: u64, context_tokens: u64, running: u32, weight: u32) -> bool {
-        if running == 0 || weight == 0 || used_tokens as f64 >= self.cfg.call_ceiling * self.capacity_tokens as f64 {
+        if running == 0 || weight == 0 || used_tokens as f64 >= self.cfg.call_ceiling * self.engine_tokens as f64 {
             return false;
         }
         let w = f64::from(weight);

@@ -479,6 +479,11 @@ mod tests {
         assert!(p.follow_replicas(&[], 7.0).is_empty());
         assert_eq!((p.capacity_tokens(d), p.base_capacity_tokens(d)), (Some(10_000), Some(10_000)));
         assert_eq!(p.capacity_tokens(DeploymentId(7)), Some(10_000));
+        // The per-engine checks stay one engine's: 9,600 tokens on one engine is past its 95 %
+        // ceiling (saturated, not a sample of δ̂) however many replicas the pool has.
+        p.follow_replicas(&[(d, 1.0), (d, 1.0)], 8.0);
+        assert!(!p.observe_usage(d, 9_600, 9_000, 3, 1), "a saturated engine teaches nothing");
+        assert!(p.observe_usage(d, 9_000, 8_700, 3, 1));
     }
 
     #[test]

@@ -675,10 +675,12 @@ fn a_refused_identity_map_fails_closed_unless_allowed() {
 
 /// The namespace's init (pid 1) is a copy of the caller that never execs: it must not keep the
 /// caller's signal handlers (an async runtime's SIGTERM handler, std's SIGSEGV one), which a
-/// guest's `kill(1, …)` would otherwise run. On the ordinary non-root path (init has the
-/// caller's uid), init's `/proc/PID/status`, read from the host while the guest runs, shows it
-/// catching and ignoring nothing, and a guest that signals it still ends normally. The helper
-/// installs handlers of its own first, so the check cannot pass for want of any.
+/// guest's `kill(1, …)` would otherwise run. On the ordinary non-root path, init's
+/// `/proc/PID/status`, read from the host once the guest runs, shows it catching and ignoring
+/// nothing, and a guest that signals it still ends normally. The helper installs handlers of its
+/// own first, so the check cannot pass for want of any. Init is found by ancestry (this helper →
+/// the supervisor S → init, pid 1 of its namespace), never by uid alone, and read only after the
+/// guest's shell has exec'd.
 #[test]
 fn the_namespace_init_keeps_none_of_the_callers_signal_handlers() {
     const TEST: &str = "the_namespace_init_keeps_none_of_the_callers_signal_handlers";
@@ -693,21 +695,34 @@ fn the_namespace_init_keeps_none_of_the_callers_signal_handlers() {
         libc::signal(libc::SIGUSR1, on_signal as *const () as libc::sighandler_t);
         libc::signal(libc::SIGUSR2, libc::SIG_IGN);
     }
-    let uid = as_unprivileged_uid();
+    as_unprivileged_uid();
     let guest = std::thread::spawn(|| run(&sh("kill -TERM 1; kill -USR1 1; sleep 2; echo survived", quick())));
-    // The namespace's init seen from the host: this uid, pid 1 in the innermost namespace.
+    let status = |pid: u32| std::fs::read_to_string(format!("/proc/{pid}/status")).ok();
+    let field = |status: &str, name: &str| status.lines().find_map(|l| l.strip_prefix(name)).map(|v| v.trim().to_owned());
+    let parent = |pid: u32| status(pid).and_then(|s| field(&s, "PPid:")).and_then(|p| p.parse::<u32>().ok());
+    let me = std::process::id();
     let deadline = Instant::now() + Duration::from_secs(10);
     let dispositions = loop {
-        let found = std::fs::read_dir("/proc").expect("/proc").flatten().find_map(|entry| {
-            let status = std::fs::read_to_string(entry.path().join("status")).ok()?;
-            let field = |name: &str| status.lines().find_map(|l| l.strip_prefix(name)).map(str::trim).map(str::to_owned);
-            let nspid = field("NSpid:")?;
-            let owner = field("Uid:")?.split_whitespace().next()?.parse::<u32>().ok()?;
+        let pids: Vec<u32> = std::fs::read_dir("/proc")
+            .expect("/proc")
+            .flatten()
+            .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse().ok()))
+            .collect();
+        // The guest's shell or its `sleep`, exec'd, whose parent is pid 1 of a namespace that
+        // this helper's supervisor started.
+        let init = pids.iter().find_map(|&pid| {
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
+            if !matches!(comm.trim(), "sh" | "sleep") {
+                return None;
+            }
+            let init = parent(pid)?;
+            let nspid = field(&status(init)?, "NSpid:")?;
             let inner_init = nspid.split_whitespace().count() > 1 && nspid.split_whitespace().last() == Some("1");
-            (inner_init && owner == uid).then(|| (field("SigCgt:"), field("SigIgn:")))
+            (inner_init && parent(parent(init)?)? == me).then_some(init)
         });
-        if let Some(found) = found {
-            break found;
+        if let Some(init) = init {
+            let s = status(init).expect("init's status");
+            break (field(&s, "SigCgt:"), field(&s, "SigIgn:"));
         }
         assert!(Instant::now() < deadline, "the namespace's init never showed");
         std::thread::sleep(Duration::from_millis(20));

@@ -1148,26 +1148,11 @@ unsafe fn supervise_init(init: libc::pid_t, status_read: RawFd, report_fd: RawFd
 /// namespace (orphans are re-parented to it), and when the program itself ends, hand its wait
 /// status to S and exit — which makes the kernel kill whatever is left in the namespace.
 ///
-/// Init is a copy of the caller that never execs, so it would keep the caller's signal
-/// handlers (std's, an async runtime's SIGTERM/SIGINT handlers) — the only signals a namespace's
-/// init receives from inside its namespace are those it has a handler for. Every disposition
-/// is set back to the default first: a guest's `kill(1, …)` is then dropped by the kernel and
-/// runs none of the caller's code in init.
-///
 /// # Safety
 /// Only in init after the fork of the program; never returns.
 unsafe fn run_init(program: libc::pid_t, status_write: RawFd, highest_fd: RawFd) -> ! {
     // SAFETY: raw, async-signal-safe system calls on plain data.
     unsafe {
-        // The kernel's own call, since the C library refuses its two reserved signals (its
-        // thread cancellation and set*id broadcasts, which a single-threaded init never uses).
-        // An all-zero `struct sigaction` is SIG_DFL with no flags and an empty mask in every
-        // architecture's layout; SIGKILL and SIGSTOP refuse the change (EINVAL). 64 is
-        // Linux's highest signal.
-        let default = [0u64; 4];
-        for sig in 1..=64 {
-            libc::syscall(libc::SYS_rt_sigaction, sig, default.as_ptr(), std::ptr::null_mut::<u64>(), 8usize);
-        }
         close_all_but(status_write, highest_fd);
         loop {
             let mut status: libc::c_int = 0;
@@ -1333,11 +1318,38 @@ struct ProgramStart<'a> {
     highest_fd: RawFd,
 }
 
-/// The namespace's init (pid 1): starts the program's process, then reaps (see [`run_init`]).
+/// Sets every signal disposition back to the default. The namespace's init is a copy of the
+/// caller that never execs, so it would keep the caller's signal handlers (std's, an async
+/// runtime's SIGTERM/SIGINT ones) — and a namespace's init receives from inside its namespace
+/// only the signals it has a handler for: with the defaults, a guest's `kill(1, …)` is dropped by
+/// the kernel and runs none of the caller's code. Done before the program's process exists, so
+/// no guest can signal init while it still has them (and the program inherits no `SIG_IGN`).
+///
+/// The kernel's own call, since the C library refuses its two reserved signals (its thread
+/// cancellation and set*id broadcasts, which a single-threaded init never uses). An all-zero
+/// `struct sigaction` is SIG_DFL with no flags and an empty mask in every architecture's layout
+/// (24 or 32 bytes); SIGKILL and SIGSTOP refuse the change (EINVAL). 64 is Linux's highest
+/// signal.
+///
+/// # Safety
+/// Only in the namespace's init, before it starts the program.
+unsafe fn reset_signal_dispositions() {
+    let default = [0u64; 4];
+    for sig in 1..=64 {
+        // SAFETY: the kernel reads 8 bytes of mask from a zeroed buffer we own; no old action.
+        unsafe {
+            libc::syscall(libc::SYS_rt_sigaction, sig, default.as_ptr(), std::ptr::null_mut::<u64>(), 8usize);
+        }
+    }
+}
+
+/// The namespace's init (pid 1): resets its signal dispositions, starts the program's process,
+/// then reaps (see [`run_init`]).
 extern "C" fn init_main(arg: *mut libc::c_void) -> libc::c_int {
     // SAFETY: `arg` points to the `ProgramStart` in S's frame, valid for our whole life; only
     // raw, async-signal-safe system calls follow.
     unsafe {
+        reset_signal_dispositions();
         let start = enter(arg, |start| start.status_read);
         let program = libc::clone(
             program_main,

@@ -45,11 +45,13 @@ fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
 }
 
 /// `text` with only the columns the loader reads. Vidur's CSVs quote nothing; a quote would
-/// make splitting on commas wrong, so it stops the build instead.
+/// make splitting on commas wrong, so it stops the build instead. CRLF line ends (a checkout
+/// that converts them) are read as LF.
 fn project(path: &Path, text: &str) -> String {
+    let text = text.replace("\r\n", "\n");
     assert!(
         !text.contains('"') && !text.contains('\r'),
-        "{}: quoted fields or CRLF line ends; build.rs splits plain CSV only",
+        "{}: quoted fields or a lone CR; build.rs splits plain CSV only",
         path.display()
     );
     let mut lines = text.split('\n');

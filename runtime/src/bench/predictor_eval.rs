@@ -98,10 +98,11 @@ pub struct PredictorEvalConfig {
     pub devices: Vec<String>,
     /// Scale of the drawn output lengths, (0, 1]: 1 for the evaluation, less for a fast test.
     pub output_scale: f64,
-    /// Vidur operator profiles (the predictor crate's shipped copy by default). Not in the
-    /// JSON: an absolute path of the machine that ran it.
+    /// Vidur operator profiles: `None` (the default) for the copy compiled into the predictor
+    /// crate, so an installed binary needs no source tree; or a directory in Vidur's layout.
+    /// Not in the JSON: an absolute path of the machine that ran it.
     #[serde(skip)]
-    pub train_dir: PathBuf,
+    pub train_dir: Option<PathBuf>,
     /// Also run the operator-timing evaluation of the predictor crate.
     pub operator_timings: bool,
 }
@@ -114,7 +115,7 @@ impl Default for PredictorEvalConfig {
             models: MODELS.iter().map(|m| m.to_string()).collect(),
             devices: spec::device_catalogue().into_iter().map(|d| d.name).collect(),
             output_scale: 1.0,
-            train_dir: switchyard_predictor::eval::default_train_dir(),
+            train_dir: None,
             operator_timings: true,
         }
     }
@@ -608,7 +609,10 @@ const TABLE1_METRICS: [(&str, Metric); 5] = [
 /// Generate the activations, train every estimator per fold and score it.
 pub fn run(cfg: &PredictorEvalConfig) -> Result<PredictorEvalReport, PredictorEvalError> {
     let (activations, pairs, skipped_pairs) = generate(cfg)?;
-    let data = ProfileData::load(&cfg.train_dir)?;
+    let data = match &cfg.train_dir {
+        Some(dir) => ProfileData::load(dir)?,
+        None => ProfileData::shipped()?,
+    };
     let measured = MeasuredSet::build(&data)?;
     let all_folds = folds(&activations, cfg.seed);
     let mut graph_cache = BTreeMap::new();
@@ -679,7 +683,11 @@ pub fn run(cfg: &PredictorEvalConfig) -> Result<PredictorEvalReport, PredictorEv
     }
     fold_rows.extend(shipped_by_device);
     let operator_timings =
-        if cfg.operator_timings { Some(switchyard_predictor::eval::run(&cfg.train_dir, None)?) } else { None };
+        match (&cfg.operator_timings, &cfg.train_dir) {
+            (false, _) => None,
+            (true, Some(dir)) => Some(switchyard_predictor::eval::run(dir, None)?),
+            (true, None) => Some(switchyard_predictor::eval::run_on(ProfileData::shipped()?, None)?),
+        };
     Ok(PredictorEvalReport { config: cfg.clone(), pairs, skipped_pairs, activations, rows, fold_rows, operator_timings })
 }
 

@@ -537,7 +537,7 @@ impl Shell<'_> {
     async fn run(&mut self, rx: &mut mpsc::UnboundedReceiver<Event>) -> Result<(), LiveAgentError> {
         let year = Duration::from_secs(86_400 * 365);
         let wait = Duration::try_from_secs_f64(self.cfg.deadline_s).unwrap_or(year).min(year);
-        let deadline = self.start.checked_add(wait).unwrap_or(self.start + Duration::from_secs(86_400));
+        let deadline = self.start.checked_add(wait).unwrap_or(self.start);
         let period = if self.cfg.scheduler == SchedulerKind::ThunderAgent { THUNDER_PERIOD_S } else { TAO_PERIOD_S };
         let period = self.wall(period).clamp(Duration::from_millis(1), Duration::from_secs(3_600));
         let mut tick = tokio::time::interval_at(self.start + period, period);

@@ -35,7 +35,7 @@ use thiserror::Error;
 use crate::exec::graph_info::NodeFacts;
 use crate::exec::{
     self, CallRecord, Counters, PrepareContext, PreparedLlm, Ready, ReportInput, RunConfig, SessionRecord, SessionTally,
-    BLOCK_SIZE, ShellError, TokenWork, TraceEntry, TraceLine, arrivals, tool_trace_detail as trace_detail,
+    ShellError, TokenWork, TraceEntry, TraceLine, arrivals, tool_trace_detail as trace_detail,
 };
 use crate::ids::{ActivationId, DeviceId, ReplicaId, SessionId};
 use crate::planner::{
@@ -688,8 +688,9 @@ impl<'a> Sim<'a> {
         let output_tokens = prep.output.output_tokens.max(1);
         // The blocks the request's output completes are hashed as vLLM V1 hashes them, so a
         // request recomputed after a preemption hits what it had generated (when still cached).
-        let prompt_blocks = prep.prompt_tokens / BLOCK_SIZE;
-        let generated_blocks = (prep.prompt_tokens + output_tokens) / BLOCK_SIZE - prompt_blocks;
+        let block = r.engine.config().block_size.max(1);
+        let prompt_blocks = prep.prompt_tokens / block;
+        let generated_blocks = (prep.prompt_tokens + output_tokens) / block - prompt_blocks;
         let generated_hashes = if prep.prefix_hashes.len() == prompt_blocks as usize {
             tokens::generated_block_hashes(&prep.prefix_hashes, id, generated_blocks)
         } else {

@@ -39,7 +39,8 @@ pub struct EmulateArgs {
     /// Port to bind (0 picks a free one; the address is printed on stderr).
     #[arg(long, default_value_t = 8000)]
     pub port: u16,
-    /// Emulated seconds per wall-clock second (100 = a hundred times faster than the device).
+    /// Emulated seconds per wall-clock second (100 = a hundred times faster than the device), from
+    /// 0.001 to 1000000.
     #[arg(long, default_value_t = 1.0)]
     pub speed: f64,
     /// Seed of the engine's timing noise.

@@ -377,7 +377,7 @@ pub fn markdown(r: &TaoBenchReport, command: &str) -> String {
         let _ = writeln!(md, "## Planner outcomes (Table 9's shape; first setting's TAO run)\n");
         let _ = writeln!(
             md,
-            "submissions {}, applications {} ({} nonempty), BFD fallbacks {}, discarded {}, partial {}; mean candidates {:.1}, mean DP states {:.0} (max {}), mean plan age {:.1} ms. Solve time: `cargo bench -p switchyard-runtime --bench tao_dp`.\n",
+            "submissions {}, applications {} ({} nonempty), BFD fallbacks {}, discarded {}, partial {}; mean candidates {:.1}, mean DP states explored per solve {:.0} (max {}; over every layer and restart of a solve, while the state budget bounds each layer), mean plan age {:.1} ms. Solve time: `cargo bench -p switchyard-runtime --bench tao_dp`.\n",
             p.submissions,
             p.applications,
             p.nonempty_applications,

@@ -29,31 +29,32 @@ const KEEP: [&str; 9] = [
     "is_prefill",
 ];
 
-fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
-    let mut entries: Vec<PathBuf> = fs::read_dir(dir)
-        .unwrap_or_else(|e| panic!("cannot read {}: {e}", dir.display()))
-        .map(|e| e.unwrap_or_else(|e| panic!("cannot read {}: {e}", dir.display())).path())
-        .collect();
+/// Why the build script failed: cargo prints it and stops the build.
+type BuildError = String;
+
+fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), BuildError> {
+    let cannot = |e: std::io::Error| format!("cannot read {}: {e}", dir.display());
+    let mut entries: Vec<PathBuf> =
+        fs::read_dir(dir).map_err(cannot)?.map(|e| e.map(|e| e.path()).map_err(cannot)).collect::<Result<_, _>>()?;
     entries.sort();
     for path in entries {
         if path.is_dir() {
-            walk(&path, out);
+            walk(&path, out)?;
         } else {
             out.push(path);
         }
     }
+    Ok(())
 }
 
 /// `text` with only the columns the loader reads. Vidur's CSVs quote nothing; a quote would
 /// make splitting on commas wrong, so it stops the build instead. CRLF line ends (a checkout
 /// that converts them) are read as LF.
-fn project(path: &Path, text: &str) -> String {
+fn project(path: &Path, text: &str) -> Result<String, BuildError> {
     let text = text.replace("\r\n", "\n");
-    assert!(
-        !text.contains('"') && !text.contains('\r'),
-        "{}: quoted fields or a lone CR; build.rs splits plain CSV only",
-        path.display()
-    );
+    if text.contains('"') || text.contains('\r') {
+        return Err(format!("{}: quoted fields or a lone CR; build.rs splits plain CSV only", path.display()));
+    }
     let mut lines = text.split('\n');
     let header: Vec<&str> = lines.next().unwrap_or_default().split(',').collect();
     let keep: Vec<usize> = header
@@ -78,44 +79,43 @@ fn project(path: &Path, text: &str) -> String {
         out.push('\n');
         out.push_str(&pick(line));
     }
-    out
+    Ok(out)
 }
 
-fn main() {
-    let manifest = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR"));
-    let root = manifest.join("data").join("vidur-profiling");
-    let out_dir = PathBuf::from(std::env::var_os("OUT_DIR").expect("OUT_DIR"));
+fn main() -> Result<(), BuildError> {
+    let var = |name: &str| std::env::var_os(name).map(PathBuf::from).ok_or_else(|| format!("cargo did not set {name}"));
+    let root = var("CARGO_MANIFEST_DIR")?.join("data").join("vidur-profiling");
+    let out_dir = var("OUT_DIR")?;
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-changed={}", root.display());
 
     let mut files = Vec::new();
-    walk(&root, &mut files);
+    walk(&root, &mut files)?;
     let mut table = String::from("pub static EMBEDDED_FILES: &[(&str, &[u8])] = &[\n");
     for (n, path) in files.iter().enumerate() {
-        let rel = path.strip_prefix(&root).expect("under root");
-        let rel_str: Vec<String> = rel
+        let rel = path.strip_prefix(&root).map_err(|e| format!("{}: {e}", path.display()))?;
+        let rel_str = rel
             .components()
-            .map(|c| c.as_os_str().to_str().expect("UTF-8 file name").to_string())
-            .collect();
-        let rel_str = rel_str.join("/");
+            .map(|c| c.as_os_str().to_str().map(str::to_string).ok_or_else(|| format!("{}: not UTF-8", path.display())))
+            .collect::<Result<Vec<String>, _>>()?
+            .join("/");
         let name = rel_str.rsplit('/').next().unwrap_or_default();
         let ext = path.extension().and_then(|e| e.to_str()).unwrap_or_default();
         let source = if name == "mlp.csv" || name == "attention.csv" {
-            let text = fs::read_to_string(path)
-                .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+            let text = fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
             let projected = out_dir.join(format!("vidur-{n}.csv"));
-            fs::write(&projected, project(path, &text))
-                .unwrap_or_else(|e| panic!("cannot write {}: {e}", projected.display()));
+            fs::write(&projected, project(path, &text)?)
+                .map_err(|e| format!("cannot write {}: {e}", projected.display()))?;
             projected
         } else if ext == "yml" || ext == "json" {
             path.clone()
         } else {
             continue;
         };
-        writeln!(table, "    ({rel_str:?}, include_bytes!({:?})),", source.display().to_string())
-            .expect("write to String");
+        // Writing to a String cannot fail.
+        let _ = writeln!(table, "    ({rel_str:?}, include_bytes!({:?})),", source.display().to_string());
     }
     table.push_str("];\n");
     let target = out_dir.join("vidur_profiling.rs");
-    fs::write(&target, table).unwrap_or_else(|e| panic!("cannot write {}: {e}", target.display()));
+    fs::write(&target, table).map_err(|e| format!("cannot write {}: {e}", target.display()))
 }

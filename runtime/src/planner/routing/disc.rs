@@ -119,6 +119,12 @@ impl Ledger {
         self.capacity_tokens
     }
 
+    /// One engine's KV, the capacity the ledger was built with (it names the backend, and bounds
+    /// the per-engine checks), whatever its pool over the replicas is now.
+    pub fn engine_tokens(&self) -> u64 {
+        self.engine_tokens
+    }
+
     /// The backend's KV pool changed (a replica of the model was added or went): the ledger now
     /// reserves from `capacity_tokens` (at least 1). Admitted programs keep their reservations;
     /// the next [`Ledger::admit`] admits against the new limit. The per-engine checks

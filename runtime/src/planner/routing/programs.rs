@@ -73,8 +73,6 @@ pub fn router_features(exemplars: &[(String, String)]) -> (Vocabulary, Pca, Veri
 pub struct RoutedPrograms {
     router: Router,
     arms: Vec<DeploymentId>,
-    /// Per arm: the setup's one-replica capacity (tokens), the pool's floor.
-    base_capacity: Vec<u64>,
     live: BTreeMap<u64, RouteRecord>,
     features: u64,
 }
@@ -134,7 +132,7 @@ impl RoutedPrograms {
             ledgers.push(Ledger::new(*cap, *c0, setup.prior_run_s, setup.options.disc)?);
         }
         let router = Router::new(vocabulary, pca, selector, learner, ledgers, setup.options)?;
-        Ok(RoutedPrograms { router, arms: setup.arms, base_capacity: setup.capacity_tokens, live: BTreeMap::new(), features })
+        Ok(RoutedPrograms { router, arms: setup.arms, live: BTreeMap::new(), features })
     }
 
     /// A digest of the learner's features (the exemplars it was built from): a
@@ -191,7 +189,7 @@ impl RoutedPrograms {
     /// The one-replica KV capacity deployment `d`'s ledger was built with (`None` outside every
     /// route): what names its backend in a journal, whatever its replicas are now.
     pub fn base_capacity_tokens(&self, d: DeploymentId) -> Option<u64> {
-        self.arm(d).and_then(|arm| self.base_capacity.get(arm).copied())
+        self.arm(d).and_then(|arm| self.router.ledger(arm)).map(super::disc::Ledger::engine_tokens)
     }
 
     /// DISC's ledger is kept per model over its replicas (paper 002 §4): `replicas` gives each
@@ -204,9 +202,7 @@ impl RoutedPrograms {
         let mut changed = false;
         for (arm, d) in self.arms.iter().enumerate() {
             let shares: f64 = replicas.iter().filter(|(r, _)| r == d).map(|(_, s)| s.max(0.0)).sum();
-            let base = self.base_capacity.get(arm).copied().unwrap_or(1);
-            let pool = (base as f64 * shares.max(1.0)).round() as u64;
-            changed |= self.router.set_capacity(arm, pool);
+            changed |= self.router.set_replicas(arm, shares);
         }
         if changed { self.admit(now) } else { Vec::new() }
     }

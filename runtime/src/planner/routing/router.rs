@@ -318,16 +318,17 @@ impl Router {
         self.ledgers.get(model)
     }
 
-    /// `model`'s backend now has `capacity_tokens` of KV over its replicas
-    /// ([`Ledger::set_capacity`]); whether that changed its ledger's pool.
-    pub fn set_capacity(&mut self, model: usize, capacity_tokens: u64) -> bool {
-        match self.ledgers.get_mut(model) {
-            Some(l) if l.capacity_tokens() != capacity_tokens.max(1) => {
-                l.set_capacity(capacity_tokens);
-                true
-            }
-            _ => false,
+    /// `model`'s backend now holds `replicas` engines' worth of KV (a replica on a smaller device
+    /// counts for its share): its ledger's pool becomes that many engines, never fewer than one
+    /// ([`Ledger::set_capacity`]); whether that changed the pool.
+    pub fn set_replicas(&mut self, model: usize, replicas: f64) -> bool {
+        let Some(l) = self.ledgers.get_mut(model) else { return false };
+        let pool = (l.engine_tokens() as f64 * replicas.max(1.0)).round() as u64;
+        if l.capacity_tokens() == pool.max(1) {
+            return false;
         }
+        l.set_capacity(pool);
+        true
     }
 
     /// Give `model`'s ledger what an earlier ledger of its backend learned ([`Ledger::restore`]).

@@ -140,18 +140,10 @@ fn the_report_says_where_each_ablation_is_not_worse_and_what_prefetch_found() {
     ];
     for (variant, metric) in checks {
         let row = r.row(variant, "burst").expect("ablation row");
-        // The change as printed (one decimal): a printed difference under 1 % is a tie.
-        let change = (1000.0 * (metric(row) - metric(full)) / metric(full)).round() / 10.0;
+        let (change, verdict) = printed_change(metric(row), metric(full));
         let worse = usize::from(change >= 1.0);
         let line = md.lines().find(|l| l.starts_with(&format!("- `{variant}`"))).expect("a line per ablation");
         assert!(line.contains(&format!("Worse than full `joint` in {worse} of 1 arrival settings")), "{line}");
-        let verdict = if change >= 1.0 {
-            "worse"
-        } else if change <= -1.0 {
-            "better"
-        } else {
-            "a tie"
-        };
         assert!(line.contains(&format!("({verdict})")), "{line}");
     }
     // The prefetch line reports full joint's checks as counted in its runs.
@@ -211,15 +203,8 @@ fn the_report_says_how_often_joint_slept_and_woke() {
         let expected = format!("{name}burst: {:.1} slept, {:.1} woke, {:.1} loads", x.sleeps, x.wakes, x.loads);
         assert!(line.contains(&expected), "missing `{expected}` in {line}");
     }
-    // The change as printed (one decimal, negative = sleeping helped): under 1 % is a tie.
-    let change = (1000.0 * (joint.makespan_s - no_sleep.makespan_s) / no_sleep.makespan_s).round() / 10.0;
-    let verdict = if change >= 1.0 {
-        "worse"
-    } else if change <= -1.0 {
-        "better"
-    } else {
-        "a tie"
-    };
+    // Negative = sleeping helped.
+    let (change, verdict) = printed_change(joint.makespan_s, no_sleep.makespan_s);
     assert!(line.contains(&format!("({verdict})")), "{line}");
     assert!(line.contains(&format!("better in {} of 1 arrival settings", usize::from(change <= -1.0))), "{line}");
     let never_slept = joint.sleeps == 0.0 && verdict == "a tie";
@@ -235,4 +220,18 @@ fn the_report_says_how_often_joint_slept_and_woke() {
         assert!(line.contains("`sleep:joint` — burst: 3.6 slept, 0.6 woke"), "{line}");
         assert!(line.contains("woke at most 0.6 times per run") && !line.contains("never chose"), "{line}");
     }
+}
+
+/// The report's change of `value` against `base` as printed (percent, one decimal) and its
+/// verdict: a printed difference under 1 % is a tie.
+fn printed_change(value: f64, base: f64) -> (f64, &'static str) {
+    let change = (1000.0 * (value - base) / base).round() / 10.0;
+    let verdict = if change >= 1.0 {
+        "worse"
+    } else if change <= -1.0 {
+        "better"
+    } else {
+        "a tie"
+    };
+    (change, verdict)
 }

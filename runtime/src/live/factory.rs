@@ -119,6 +119,12 @@ fn check_specs(pool: &LivePoolSpec<EngineSpec>, specs: &[EngineSpec]) -> Result<
             let message = message.strip_prefix(&format!("engine.{field}: ")).unwrap_or(&message).to_string();
             return Err(LivePoolError::Engine { path: pool.path.clone(), index: d.group, field, message });
         }
+        if spec.speed.is_none()
+            && spec.kind != EngineKind::Openai
+            && let Err(message) = command_speed(spec)
+        {
+            return Err(LivePoolError::Engine { path: pool.path.clone(), index: d.group, field: "command", message });
+        }
     }
     Ok(())
 }
@@ -251,13 +257,26 @@ fn engine_speed(spec: &EngineSpec) -> f64 {
     if spec.kind == EngineKind::Openai {
         return 1.0;
     }
+    command_speed(spec).ok().flatten().unwrap_or(1.0)
+}
+
+/// The `--speed` an engine command passes (`--speed 20` or `--speed=20`), if any; an error
+/// words a value that is not a positive number (checked with the pool, before the run starts).
+fn command_speed(spec: &EngineSpec) -> Result<Option<f64>, String> {
     let words = spec.template().words();
-    words
-        .windows(2)
-        .find(|w| w[0] == "--speed")
-        .and_then(|w| w[1].parse::<f64>().ok())
-        .filter(|s| s.is_finite() && *s > 0.0)
-        .unwrap_or(1.0)
+    let value = words.iter().enumerate().find_map(|(i, w)| {
+        if w == "--speed" {
+            Some(words.get(i + 1).map(String::as_str).unwrap_or(""))
+        } else {
+            w.strip_prefix("--speed=")
+        }
+    });
+    // `{speed}` is the `speed` field's value (checked with the field; default 1).
+    let Some(value) = value.filter(|v| *v != "{speed}") else { return Ok(None) };
+    match value.parse::<f64>() {
+        Ok(s) if s.is_finite() && s > 0.0 => Ok(Some(s)),
+        _ => Err(format!("`--speed` in the command must be a positive number of device seconds per wall second, got `{value}`")),
+    }
 }
 
 impl EngineFactory for PoolEngines {
@@ -327,6 +346,12 @@ mod tests {
         assert!(e.as_deref().is_some_and(|e| e.contains("devices[0].engine.command: the command must pass {port}")), "{e:?}");
         let e = check("  - {kind: A40, engine: {kind: openai}}\n");
         assert!(e.as_deref().is_some_and(|e| e.contains("devices[0].engine.base_url: required for kind `openai`")), "{e:?}");
+        // A speed the emulator would refuse is the pool's error, not a clock of 1.
+        for bad in ["--speed fast", "--speed=0", "--speed -3", "--speed"] {
+            let e = check(&format!("  - {{kind: A40, engine: {{kind: emulated, command: \"switchyard emulate --port {{port}} {bad}\"}}}}\n"));
+            assert!(e.as_deref().is_some_and(|e| e.contains("devices[0].engine.command: `--speed` in the command must be a positive number")), "{bad}: {e:?}");
+        }
+        assert_eq!(check("  - {kind: A40, engine: {kind: emulated, command: \"switchyard emulate --port {port} --speed=20\"}}\n"), None);
     }
 
     /// The GPU ordinals of a pool whose `devices:` are `groups`, and the
@@ -415,6 +440,8 @@ mod tests {
         assert_eq!(engine_speed(&a), 1.0);
         a.command = Some(super::super::engines::CommandTemplate::Line("x --port {port} --speed 20".into()));
         assert_eq!(engine_speed(&a), 20.0);
+        a.command = Some(super::super::engines::CommandTemplate::Line("x --port {port} --speed=12.5".into()));
+        assert_eq!(engine_speed(&a), 12.5);
         a.speed = Some(5.0);
         assert_eq!(engine_speed(&a), 5.0);
         let b = EngineSpec::new(EngineKind::Openai);

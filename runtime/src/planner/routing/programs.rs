@@ -195,9 +195,10 @@ impl RoutedPrograms {
     /// DISC's ledger is kept per model over its replicas (paper 002 §4): `replicas` gives each
     /// replica the planner holds (loading, waking or awake), by deployment, as a share of the
     /// one replica its ledger was built with (on the pool's largest device: 1.0 there, less on a
-    /// smaller one). Each routed deployment's pool becomes that many times the built capacity,
-    /// never less than it (a model without a replica yet is admitted against the replica a load
-    /// would bring). Answers the programs the ledgers admit now (admission time `now`).
+    /// smaller one). Each routed deployment's pool becomes that many times the built capacity (a
+    /// model whose one replica sits on a smaller device reserves from that device's KV, not the
+    /// largest's; a model without a replica yet is admitted against the replica a load would
+    /// bring). Answers the programs the ledgers admit now (admission time `now`).
     pub fn follow_replicas(&mut self, replicas: &[(DeploymentId, f64)], now: f64) -> Vec<u64> {
         let mut changed = false;
         for (arm, d) in self.arms.iter().enumerate() {
@@ -475,6 +476,10 @@ mod tests {
         assert!(p.follow_replicas(&[], 7.0).is_empty());
         assert_eq!((p.capacity_tokens(d), p.base_capacity_tokens(d)), (Some(10_000), Some(10_000)));
         assert_eq!(p.capacity_tokens(DeploymentId(7)), Some(10_000));
+        // Its only replica on a device with 60 % of the KV: the pool is that device's, not the
+        // largest device's.
+        p.follow_replicas(&[(d, 0.6)], 7.5);
+        assert_eq!(p.capacity_tokens(d), Some(6_000));
         // The per-engine checks stay one engine's: 9,600 tokens on one engine is past its 95 %
         // ceiling (saturated, not a sample of δ̂) however many replicas the pool has.
         p.follow_replicas(&[(d, 1.0), (d, 1.0)], 8.0);

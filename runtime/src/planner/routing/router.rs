@@ -319,11 +319,13 @@ impl Router {
     }
 
     /// `model`'s backend now holds `replicas` engines' worth of KV (a replica on a smaller device
-    /// counts for its share): its ledger's pool becomes that many engines, never fewer than one
-    /// ([`Ledger::set_capacity`]); whether that changed the pool.
+    /// counts for its share): its ledger's pool becomes that many engines
+    /// ([`Ledger::set_capacity`]); with no replica at all, one engine (the replica its first
+    /// admitted program's load brings). Whether that changed the pool.
     pub fn set_replicas(&mut self, model: usize, replicas: f64) -> bool {
         let Some(l) = self.ledgers.get_mut(model) else { return false };
-        let pool = (l.engine_tokens() as f64 * replicas.max(1.0)).round() as u64;
+        let engines = if replicas > 0.0 { replicas } else { 1.0 };
+        let pool = (l.engine_tokens() as f64 * engines).round() as u64;
         if l.capacity_tokens() == pool.max(1) {
             return false;
         }

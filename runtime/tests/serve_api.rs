@@ -347,12 +347,13 @@ fn a_runs_times_are_unix_seconds_and_survive_a_restart() {
 // ---------------------------------------------------------------------------------------------
 // The front door's default answer limit.
 
-/// A front-door call without `max_tokens` may answer up to what the served context leaves after
-/// its prompt, as vLLM's chat completions do (`max_model_len` − prompt tokens); a completion
-/// without one gets vLLM's (and OpenAI's) 16. It was capped at 1,024 tokens.
+/// A front-door chat call without `max_tokens` gets the output limit its deployment declares
+/// (vLLM's generation-config default `max_new_tokens`), capped by what the served context leaves
+/// after its prompt; a completion without one gets vLLM's (and OpenAI's) 16. It was the whole
+/// context's rest, so under `joint` each such call reserved a context's worth of KV.
 #[test]
-fn an_answer_without_max_tokens_may_fill_the_context_as_from_vllm() {
-    let (_, _, cfg) = tiny_chain();
+fn an_answer_without_max_tokens_gets_its_deployments_declared_limit() {
+    let (_, text, cfg) = tiny_chain();
     let rt = two_worker_runtime();
     rt.block_on(async {
         let factory = Factory::new(1);
@@ -361,20 +362,41 @@ fn an_answer_without_max_tokens_may_fill_the_context_as_from_vllm() {
         let chat = json!({"model": "Qwen3-0.6B", "messages": [{"role": "user", "content": "Write at length."}]});
         let (s, v) = post(&root, "/v1/chat/completions", chat.clone()).await;
         assert_eq!(s, 200, "{v}");
-        let mut limited = chat;
-        limited["max_tokens"] = json!(7);
+        let mut limited = chat.clone();
+        limited["max_tokens"] = json!(700);
         let (s, v) = post(&root, "/v1/chat/completions", limited).await;
         assert_eq!(s, 200, "{v}");
         let (s, v) = post(&root, "/v1/completions", json!({"model": "Qwen3-0.6B", "prompt": "Once upon a time"})).await;
         assert_eq!(s, 200, "{v}");
         let sent = seen.max_tokens.lock().expect("seen").clone();
         assert_eq!(sent.len(), 3, "{sent:?}");
-        // The tiny chain serves Qwen3-0.6B with a 2,048-token context.
-        let (prompt, max, server_default) = sent[0];
-        assert!(prompt > 0 && max == 2048 - prompt, "a chat call without a limit: {prompt} prompt tokens, max_tokens {max}");
-        // ... planned with that room, but sent upstream without a limit (the server counts it).
-        assert!(server_default, "{sent:?}");
-        assert_eq!((sent[1].1, sent[1].2, sent[2].1, sent[2].2), (7, false, 16, false), "{sent:?}");
+        // The tiny chain serves Qwen3-0.6B with a 2,048-token context and 48 output tokens; the
+        // client's own limit wins over the deployment's.
+        assert_eq!(
+            sent.iter().map(|(_, max, default)| (*max, *default)).collect::<Vec<_>>(),
+            vec![(48, false), (700, false), (16, false)],
+            "{sent:?}"
+        );
+        service.shutdown("the test ends").await.expect("shutdown");
+
+        // A deployment whose declared limit is past what the context leaves: the context's rest.
+        let roomy = text.replace("max_output_tokens: 48", "max_output_tokens: 2000");
+        assert_ne!(roomy, text);
+        let roomy = Arc::new(switchyard_runtime::workflow::parse_workflow("tiny.yaml", &roomy, &repo().join("tests/fixtures")).expect("roomy"));
+        let mut cfg = cfg;
+        cfg.run.workflows = vec![roomy];
+        let factory = Factory::new(1);
+        let seen = Arc::clone(&factory.seen);
+        let (service, root) = serve(&cfg, factory, ApiConfig { token: None, ..ApiConfig::default() }).await;
+        let long = json!({"model": "Qwen3-0.6B", "messages": [{"role": "user", "content": "Write at length. ".repeat(40)}]});
+        for body in [chat, long] {
+            let (s, v) = post(&root, "/v1/chat/completions", body).await;
+            assert_eq!(s, 200, "{v}");
+        }
+        let sent = seen.max_tokens.lock().expect("seen").clone();
+        assert_eq!(sent[0].1, 2000, "{sent:?}");
+        let (prompt, max, _) = sent[1];
+        assert!(prompt > 48 && max == 2048 - prompt, "{prompt} prompt tokens, max_tokens {max}");
         service.shutdown("the test ends").await.expect("shutdown");
     });
 }

@@ -25,7 +25,7 @@ pub use actors::{
     CallTiming, EngineFactory, EngineHandle, EngineTarget, FaultCounters, LiveOutput, NoteSink, ProgramBinding, RetryPolicy,
     ServiceError, SessionResult, SessionStatus,
 };
-pub use service::{ROUTER_MODEL, Service};
+pub use service::{ROUTER_MODEL, ServedModel, Service};
 pub use factory::PoolEngines;
 pub use pool::{LivePoolError, LivePoolSpec};
 pub use planner_actor::Progress;

@@ -64,7 +64,7 @@ pub struct Service {
     datasets: Vec<Arc<Vec<Record>>>,
     clock: Clock,
     /// The served deployments' models, for the front door's `model` field.
-    served: Vec<(String, DeploymentId, u32)>,
+    served: Vec<ServedModel>,
     /// The router's models (`None` without a router), for [`ROUTER_MODEL`] calls.
     routed: Option<Vec<DeploymentId>>,
     metrics: Arc<RuntimeMetrics>,
@@ -81,6 +81,7 @@ impl Service {
     pub async fn start(cfg: &LiveConfig, factory: Arc<dyn EngineFactory>) -> Result<Service, LiveError> {
         let rc = &cfg.run;
         let (deployments, _) = exec::deployment_table(&rc.workflows, rc.max_num_seqs)?;
+        let default_max_tokens = served_output_limits(&rc.workflows);
         // The front door's workflow comes last: one node per served deployment.
         let front_door = Arc::new(front_door_workflow(&deployments).map_err(|e| LiveError::Spawn(format!("front door: {e}")))?);
         let mut workflows = rc.workflows.clone();
@@ -89,7 +90,15 @@ impl Service {
         let (deployments, deployment_of) = exec::deployment_table(&workflows, rc.max_num_seqs)?;
         let node_info = exec::node_infos(&workflows, &deployment_of);
         let datasets: Vec<Arc<Vec<Record>>> = exec::load_records(&rc.workflows)?;
-        let served: Vec<(String, DeploymentId, u32)> = deployments.iter().map(|d| (d.model.clone(), d.id, d.max_model_len)).collect();
+        let served: Vec<ServedModel> = deployments
+            .iter()
+            .map(|d| ServedModel {
+                model: d.model.clone(),
+                deployment: d.id,
+                context: d.max_model_len,
+                default_max_tokens: default_max_tokens.get(&(d.model.clone(), d.dtype)).copied().unwrap_or(u32::MAX),
+            })
+            .collect();
         let mut planner = exec::build_planner(&rc.pool, &deployments, &rc.policy, rc.options, &rc.predictor, rc.substrate)?;
         if let Some(setup) = exec::routing::routing_setup(&rc.workflows, &datasets, &deployments, &deployment_of, &rc.pool, &rc.routing)? {
             planner.set_routing(setup).map_err(exec::ShellError::from)?;
@@ -162,7 +171,7 @@ impl Service {
     /// The served models (the front door's `/v1/models`), and [`ROUTER_MODEL`] last when the
     /// runtime has a router.
     pub fn models(&self) -> Vec<String> {
-        let mut models: Vec<String> = self.served.iter().map(|(m, _, _)| m.clone()).collect();
+        let mut models: Vec<String> = self.served.iter().map(|s| s.model.clone()).collect();
         if self.routed.is_some() {
             models.push(ROUTER_MODEL.to_string());
         }
@@ -174,24 +183,30 @@ impl Service {
         self.routed.is_some() && model.eq_ignore_ascii_case(ROUTER_MODEL)
     }
 
-    /// The context a routed call may use: the smallest of the router's models' (a program may be
-    /// bound to any of them). `None` without a router.
-    pub fn routed_context(&self) -> Option<u32> {
+    /// What a routed call may use: the smallest context and the smallest default output limit
+    /// of the router's models (a program may be bound to any of them), as a [`ServedModel`]
+    /// without a deployment of its own (the router's first). `None` without a router.
+    pub fn routed_model(&self) -> Option<ServedModel> {
         let routed = self.routed.as_ref()?;
-        self.served.iter().filter(|(_, d, _)| routed.contains(d)).map(|(_, _, len)| *len).min()
+        let members = || self.served.iter().filter(|s| routed.contains(&s.deployment));
+        Some(ServedModel {
+            model: ROUTER_MODEL.to_string(),
+            deployment: *routed.first()?,
+            context: members().map(|s| s.context).min()?,
+            default_max_tokens: members().map(|s| s.default_max_tokens).min()?,
+        })
     }
 
     /// The served deployment of `model` (`Qwen3-8B`, any case, or its Hugging Face id
     /// `Qwen/Qwen3-8B`).
     pub fn deployment_of_model(&self, model: &str) -> Option<DeploymentId> {
-        self.served_model(model).map(|(d, _)| d)
+        self.served_model(model).map(|s| s.deployment)
     }
 
-    /// The served deployment of `model` and its context length (prompt plus answer, tokens):
-    /// the front door's calls get at most what is left of it after their prompt.
-    pub fn served_model(&self, model: &str) -> Option<(DeploymentId, u32)> {
+    /// The served deployment of `model`, its context length and its default output limit.
+    pub fn served_model(&self, model: &str) -> Option<&ServedModel> {
         let name = model.rsplit('/').next().unwrap_or(model);
-        self.served.iter().find(|(m, _, _)| m.eq_ignore_ascii_case(name)).map(|(_, d, len)| (*d, *len))
+        self.served.iter().find(|s| s.model.eq_ignore_ascii_case(name))
     }
 
     /// The front door: schedule one call of external program `program` (`None`: a program of
@@ -370,6 +385,34 @@ pub const FRONT_DOOR_WORKFLOW: &str = "front-door";
 /// The front door's workflow: one node per served deployment (node i serves deployment i, in
 /// the table's order), each a single call whose prompt the client sends. It only gives the
 /// planner and the report a workflow to file front-door calls under.
+/// A served model, as the front door sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServedModel {
+    /// Catalogue name (`Qwen3-8B`).
+    pub model: String,
+    pub deployment: DeploymentId,
+    /// The served context (prompt plus answer, tokens): a call gets at most what is left of it
+    /// after its prompt, as vLLM answers.
+    pub context: u32,
+    /// The answer's limit of a call that sets no `max_tokens`: the largest `max_output_tokens`
+    /// the served workflows declare for this model and dtype (vLLM's generation-config default
+    /// `max_new_tokens`, which the deployment's operator sets); `u32::MAX` (the context's rest)
+    /// where none is declared. The planner reserves KV for it, so a call without a limit does
+    /// not hold a whole context's worth.
+    pub default_max_tokens: u32,
+}
+
+/// The largest `max_output_tokens` each (model, dtype) is declared with in `workflows`.
+fn served_output_limits(workflows: &[Arc<WorkflowSpec>]) -> std::collections::BTreeMap<(String, switchyard_predictor::spec::Dtype), u32> {
+    let mut limits = std::collections::BTreeMap::new();
+    for d in workflows.iter().flat_map(|w| w.deployments.values()) {
+        let Ok(m) = switchyard_predictor::spec::model(&d.model) else { continue };
+        let e = limits.entry((m.name.clone(), d.dtype)).or_insert(0);
+        *e = d.max_output_tokens.max(*e);
+    }
+    limits
+}
+
 fn front_door_workflow(deployments: &[DeploymentInfo]) -> Result<WorkflowSpec, WorkflowError> {
     let mut text = format!(
         "name: {FRONT_DOOR_WORKFLOW}\ndescription: calls of external agent programs through the OpenAI-compatible front door\ndeployments:\n"

@@ -13,8 +13,12 @@
 //! the agent this call is, so the planner keeps output-length and tool-gap histories (the P90
 //! timing output, TAO's readiness) per step across programs. The body's `model` names a served
 //! model (`Qwen3-8B` or `Qwen/Qwen3-8B`); `max_tokens` (or `max_completion_tokens`) is the
-//! answer's limit, by default vLLM's: for a chat completion what the served context leaves after
-//! the prompt, for a completion [`COMPLETIONS_DEFAULT_MAX_TOKENS`]; Qwen3's thinking mode follows
+//! answer's limit. Without one, a chat completion gets the largest `max_output_tokens` the
+//! served workflows declare for that model (as vLLM's generation-config `max_new_tokens` sets
+//! its default; a routed call, the smallest over the router's models), capped by what the
+//! served context leaves after the prompt — the planner reserves KV for that limit, so a call
+//! without one does not hold a whole context's worth — and a completion gets
+//! [`COMPLETIONS_DEFAULT_MAX_TOKENS`], as vLLM's does; Qwen3's thinking mode follows
 //! `chat_template_kwargs.enable_thinking` (default on, as vLLM serves Qwen3).
 //!
 //! `model: switchyard-router` (a runtime with a router) routes the program (paper 002): it is
@@ -50,9 +54,11 @@ use crate::live::engine::{Completion, TokenSink};
 use crate::live::program_actor::ProgramRequest;
 use crate::tokens;
 
-/// A chat completion's limit when the request gives none: no limit of its own, so the program
-/// actor clamps it to what the served context leaves after the prompt — vLLM's default for
-/// chat completions (`max_model_len` − prompt tokens).
+/// A chat completion's limit when the request gives none, as parsed: the handler replaces it
+/// with the served deployment's default ([`crate::live::ServedModel::default_max_tokens`]);
+/// where none is declared it stays, and the program actor clamps it to what the served context
+/// leaves after the prompt — vLLM's default for chat completions (`max_model_len` − prompt
+/// tokens).
 pub const CHAT_DEFAULT_MAX_TOKENS: u32 = u32::MAX;
 
 /// A completion's limit when the request gives none: 16, vLLM's `CompletionRequest` default
@@ -246,14 +252,21 @@ fn finish_reason(c: &Completion, max_tokens: impl Fn(u32) -> u32) -> &'static st
 }
 
 async fn handle(api: Arc<Api>, flavor: Flavor, headers: HeaderMap, body: Value) -> Result<Response, ApiError> {
-    let parsed = parse(flavor, &headers, &body)?;
+    let mut parsed = parse(flavor, &headers, &body)?;
     let program = program_key(&headers, &body)?;
     let routed = api.service.is_router_model(&parsed.model);
-    let served = if routed { api.service.routed_context().map(|c| (None, c)) } else { api.service.served_model(&parsed.model).map(|(d, c)| (Some(d), c)) };
-    let Some((_, context)) = served else {
+    let served = if routed { api.service.routed_model() } else { api.service.served_model(&parsed.model).cloned() };
+    let Some(served) = served else {
         let m = format!("the model `{}` is not served here; served: {}", parsed.model, api.service.models().join(", "));
         return Err(ApiError { param: Some("model".into()), ..ApiError::new(StatusCode::NOT_FOUND, "model_not_found", m) });
     };
+    let context = served.context;
+    // A chat call without a limit of its own gets the deployment's declared output limit
+    // (vLLM's generation-config default), not the whole context's rest: the planner reserves
+    // KV for the limit.
+    if parsed.request.max_tokens == CHAT_DEFAULT_MAX_TOKENS {
+        parsed.request.max_tokens = served.default_max_tokens;
+    }
     // A prompt the served context cannot hold is the client's error, as vLLM answers it (400),
     // before anything is scheduled or journaled: at once when its bytes alone say so (no token
     // is longer than `MAX_TOKEN_BYTES`), else by its count, taken off the reactor. (The count is
@@ -314,7 +327,7 @@ async fn routed_call(api: Arc<Api>, flavor: Flavor, program: Option<String>, par
             e if e.status == StatusCode::BAD_GATEWAY => ApiError { status: StatusCode::SERVICE_UNAVAILABLE, kind: "routing_error", ..e },
             e => e,
         })?;
-    let context = api.service.served_model(&binding.model).map_or(0, |(_, c)| c);
+    let context = api.service.served_model(&binding.model).map_or(0, |s| s.context);
     let answer = Answer { flavor, model: binding.model.clone(), requested, context, stream: parsed.stream, include_usage: parsed.include_usage };
     let mut resp = answer.respond(rx, done).await?;
     for (name, value) in [("x-switchyard-model", &binding.model), ("x-switchyard-verifier", &binding.verifier)] {

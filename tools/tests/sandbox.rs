@@ -538,3 +538,54 @@ fn posix_message_queues_are_refused() {
                   if fd >= 0:\n    libc.syscall(241, b'switchyard-mq-test')\n";
     assert_refused_by_the_filter(python, script);
 }
+
+/// A program cannot lock a host file it may only read: a lock needs no write access, and one
+/// held on a checkout's `target/.cargo-lock` (or a sqlite database, a package manager's lock)
+/// stopped the host's own processes at "waiting for file lock" for as long as the call ran.
+/// The filter makes every lock a no-op: the program's lock succeeds and holds nothing.
+/// (Red-team review, 2026-12-06.)
+#[test]
+fn a_program_cannot_lock_a_host_file_it_may_read() {
+    use std::os::fd::AsRawFd;
+    let dir = tempfile::Builder::new().prefix("sy-lock").tempdir().expect("tempdir");
+    let lock = dir.path().join(".cargo-lock");
+    std::fs::write(&lock, b"").expect("lock file");
+    // flock(2), then fcntl(2)'s shared record lock, each held while the host tries its own.
+    let script = format!(
+        "flock -s {0} sh -c 'echo flocked; sleep 2' && exec 3<{0} && \
+         (command -v python3 >/dev/null && python3 -c 'import fcntl,time; fcntl.lockf(3, fcntl.LOCK_SH); print(\"lockf\", flush=True); time.sleep(2)' || sleep 2)",
+        lock.display()
+    );
+    let mut limits = quick();
+    limits.wall_time = Duration::from_secs(20);
+    let mut job = sh(&script, limits);
+    job.read_only_paths.push(dir.path().to_path_buf());
+    let runner = std::thread::spawn(move || run(&job));
+    let file = std::fs::OpenOptions::new().read(true).write(true).open(&lock).expect("open");
+    let fd = file.as_raw_fd();
+    // Try both kinds of exclusive lock from the host, without waiting, for as long as the run goes.
+    let mut refused = std::collections::BTreeSet::new();
+    let started = std::time::Instant::now();
+    while !runner.is_finished() && started.elapsed() < Duration::from_secs(20) {
+        // SAFETY: locking and unlocking our own descriptor.
+        if unsafe { libc::flock(fd, libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            refused.insert(format!("flock: {}", std::io::Error::last_os_error()));
+        }
+        unsafe { libc::flock(fd, libc::LOCK_UN) };
+        let mut region: libc::flock = unsafe { std::mem::zeroed() };
+        region.l_type = libc::F_WRLCK as i16;
+        region.l_whence = libc::SEEK_SET as i16;
+        // SAFETY: `region` lives across the call.
+        if unsafe { libc::fcntl(fd, libc::F_SETLK, &region) } != 0 {
+            refused.insert(format!("fcntl: {}", std::io::Error::last_os_error()));
+        }
+        region.l_type = libc::F_UNLCK as i16;
+        unsafe { libc::fcntl(fd, libc::F_SETLK, &region) };
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = runner.join().expect("the run");
+    assert!(out.termination.success(), "{out:?}");
+    // The program saw its locks succeed (the first, always; the second where python3 runs).
+    assert!(out.stdout.starts_with("flocked\n"), "{out:?}");
+    assert!(refused.is_empty(), "the sandboxed program held a host file's lock: {refused:?}");
+}

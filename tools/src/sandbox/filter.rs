@@ -6,8 +6,9 @@
 //! `execve`, so it binds the program and everything it starts). Must not depend on anything
 //! outside this crate's sandbox module.
 //!
-//! Three programs from the rule lists and, on x86_64, the x32 guard, all installed (the kernel
-//! runs every one and the most severe verdict wins):
+//! Four programs from the rule lists and, on x86_64, the x32 guard, all installed (the kernel
+//! runs every one and the most severe verdict wins: a kill over any error, an error over an
+//! allow; the error lists share no call, so no two error verdicts meet):
 //!
 //! * **kill** (`SECCOMP_RET_KILL_PROCESS`, the program dies of `SIGSYS`, reported as
 //!   [`super::LimitHit::Syscall`]): kernel attack surface no test needs — `ptrace`,
@@ -29,6 +30,13 @@
 //!   `fork`, `vfork` and every `clone` without `CLONE_THREAD`.
 //! * **enosys** (`ENOSYS`): `clone3`, whose flags live in memory a filter cannot read; libc
 //!   falls back to `clone`, which the rules above can inspect.
+//! * **no-op** (returns 0 without acting): file locks — `flock`, and `fcntl` with `F_SETLK`,
+//!   `F_SETLKW`, `F_OFD_SETLK`, `F_OFD_SETLKW`. A lock needs no write access, so a program
+//!   could lock a host file bound read-only (a checkout's `target/.cargo-lock`, a sqlite
+//!   database) and hold the host's own processes at "waiting for file lock" until its call
+//!   ends; the filter cannot tell a host file's descriptor from a work file's, so every lock
+//!   succeeds and holds nothing. (Locks between the processes of one run — a shell tool's
+//!   children — therefore exclude nothing; a run's work directory is its own.)
 //!
 //! * **x32** (x86_64 only, `SECCOMP_RET_KILL_PROCESS`): a system call number with the x32 bit
 //!   (`0x4000_0000`) set. seccompiler's programs check the architecture tag, which x32 calls
@@ -175,6 +183,10 @@ const KILLED: &[i64] = &[
     libc::SYS_lookup_dcookie,
 ];
 
+/// `fcntl` commands that take or release a record lock (`<asm-generic/fcntl.h>`; the OFD
+/// variants are Linux 3.15's open-file-description locks).
+const FCNTL_LOCK_COMMANDS: [u64; 4] = [libc::F_SETLK as u64, libc::F_SETLKW as u64, 37, 38];
+
 /// System calls refused with `EPERM` whatever their arguments.
 const DENIED: &[i64] = &[
     libc::SYS_socket,
@@ -244,12 +256,22 @@ impl SyscallFilter {
 
         let enosys: BTreeMap<i64, Vec<SeccompRule>> = [(libc::SYS_clone3, Vec::new())].into_iter().collect();
 
-        let mut programs = Vec::with_capacity(4);
+        // No-op: locks (see the module's note).
+        let fcntl_locks = FCNTL_LOCK_COMMANDS
+            .iter()
+            .map(|&cmd| rule(vec![condition(1, SeccompCmpOp::MaskedEq(0xffff_ffff), cmd)?]))
+            .collect::<Result<Vec<_>, _>>()?;
+        let no_op: BTreeMap<i64, Vec<SeccompRule>> =
+            [(libc::SYS_flock, Vec::new()), (libc::SYS_fcntl, fcntl_locks)].into_iter().collect();
+
+        let mut programs = Vec::with_capacity(5);
         #[cfg(target_arch = "x86_64")]
         programs.push(x32_guard());
         programs.push(compile(kill, SeccompAction::KillProcess)?);
         programs.push(compile(deny, SeccompAction::Errno(libc::EPERM as u32))?);
         programs.push(compile(enosys, SeccompAction::Errno(libc::ENOSYS as u32))?);
+        // `SECCOMP_RET_ERRNO` with 0: the call returns 0 and does nothing.
+        programs.push(compile(no_op, SeccompAction::Errno(0))?);
         Ok(Self { programs })
     }
 
@@ -285,7 +307,7 @@ mod tests {
         let with = SyscallFilter::new(true).expect("compiles");
         let without = SyscallFilter::new(false).expect("compiles");
         let guards = usize::from(cfg!(target_arch = "x86_64"));
-        assert_eq!(with.programs.len(), 3 + guards);
+        assert_eq!(with.programs.len(), 4 + guards);
         // The no-children variant has more rules, hence a longer deny program.
         assert!(without.programs[guards + 1].len() > with.programs[guards + 1].len());
     }

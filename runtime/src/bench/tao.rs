@@ -361,13 +361,13 @@ pub fn markdown(r: &TaoBenchReport, command: &str) -> String {
         for v in &r.delay_scaling {
             let _ = writeln!(
                 md,
-                "| {} | {} | {:.1} | {:.1} | {:.3} | {:.1} % |",
+                "| {} | {} | {:.1} | {:.1} | {} | {} |",
                 v.tool_scale,
                 v.name,
                 v.run.makespan_s,
                 v.run.mean_latency_s,
-                v.run.readiness_mae_s,
-                v.run.readiness_within_half_s * 100.0
+                v.run.readiness_mae_s.map_or_else(|| "–".to_string(), |e| format!("{e:.3}")),
+                v.run.readiness_within_half_s.map_or_else(|| "–".to_string(), |w| format!("{:.1} %", w * 100.0))
             );
         }
         let _ = writeln!(md);

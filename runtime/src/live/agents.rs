@@ -241,8 +241,9 @@ pub struct LiveAgentReport {
     pub cached_tokens: u64,
     /// `cached_tokens / prompt_tokens` (0 when the engines report no cached tokens).
     pub cache_hit_rate: f64,
-    /// Mean |predicted − actual| tool duration at each call's start (hint, then history).
-    pub readiness_mae_s: f64,
+    /// Mean |predicted − actual| tool duration at each call's start (hint, then history);
+    /// `None` (JSON `null`) when no tool call was scored.
+    pub readiness_mae_s: Option<f64>,
     /// Per replica, the most admission weight its admitted sessions held at once.
     pub peak_admitted_tokens: Vec<u64>,
     pub planner: LivePlannerStats,
@@ -1029,7 +1030,7 @@ impl Shell<'_> {
             } else {
                 0.0
             },
-            readiness_mae_s: mean(&self.pred_err),
+            readiness_mae_s: (!self.pred_err.is_empty()).then(|| mean(&self.pred_err)),
             peak_admitted_tokens: self.replicas.iter().map(|r| r.peak_admitted).collect(),
             planner: LivePlannerStats {
                 plan_age_mean_wall_s: self.age_sum / self.stats.applications.max(1) as f64,

@@ -145,9 +145,10 @@ pub struct AgentRunReport {
     pub pause_wait_s: f64,
     pub preemptions: u64,
     /// Readiness prediction: mean absolute error of the predicted tool duration at the call's
-    /// start (Eq. 8 history, hints first), and the share within 0.5 s.
-    pub readiness_mae_s: f64,
-    pub readiness_within_half_s: f64,
+    /// start (Eq. 8 history, hints first), and the share within 0.5 s; `None` (JSON `null`)
+    /// when no tool call was scored.
+    pub readiness_mae_s: Option<f64>,
+    pub readiness_within_half_s: Option<f64>,
     pub planner: PlannerStats,
     /// Requests running or queued in the engines, sampled every [`SERIES_STEP_S`] seconds.
     pub running_series: Vec<u32>,
@@ -1144,12 +1145,9 @@ impl<'a> Sim<'a> {
             tool_end_to_first_token_s: mean(&self.tool_end_ttft),
             pause_wait_s: mean(&self.pause),
             preemptions: self.replicas.iter().map(|r| r.engine.telemetry().preemptions).sum(),
-            readiness_mae_s: mean(&self.pred_err),
-            readiness_within_half_s: if self.pred_err.is_empty() {
-                0.0
-            } else {
-                self.pred_err.iter().filter(|&&e| e <= 0.5).count() as f64 / self.pred_err.len() as f64
-            },
+            readiness_mae_s: (!self.pred_err.is_empty()).then(|| mean(&self.pred_err)),
+            readiness_within_half_s: (!self.pred_err.is_empty())
+                .then(|| self.pred_err.iter().filter(|&&e| e <= 0.5).count() as f64 / self.pred_err.len() as f64),
             planner: PlannerStats {
                 states_mean: self.states_sum / n,
                 candidates_mean: self.candidates_sum / n,

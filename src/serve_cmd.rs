@@ -169,6 +169,9 @@ pub fn run(args: ServeArgs) -> Result<()> {
             Some(dir) => {
                 // `Journal::open` creates the directory, its owner's alone (0700).
                 let journal = Arc::new(Journal::open(dir).map_err(|e| anyhow!("--state {}: {e}", dir.display()))?);
+                for note in journal.notes() {
+                    eprintln!("switchyard serve: note: {note}");
+                }
                 let (app, restored) = serve::durable_router(Arc::clone(&service), api_config, startup, journal)
                     .await
                     .map_err(|e| anyhow!("--state {}: {e}", dir.display()))?;

@@ -224,6 +224,12 @@ pub enum JournalError {
     NotAJournal { path: PathBuf, tables: Vec<String> },
     #[error("journal storage: {0}")]
     Storage(#[from] redb::Error),
+    #[error(
+        "journal {} is damaged and cannot be repaired: {message} (move it aside to start with a fresh journal; its \
+         sessions are then not resumed)",
+        path.display()
+    )]
+    Damaged { path: PathBuf, message: String },
     #[error("journal commit failed; this write is not recorded: {message}")]
     Commit { message: String },
     #[error("the journal's committer thread is gone (it panicked or the journal is closing)")]
@@ -664,6 +670,8 @@ pub struct Journal {
     /// drop.
     jobs: Option<mpsc::Sender<Box<dyn Job>>>,
     thread: Option<std::thread::JoinHandle<()>>,
+    /// See [`Journal::notes`].
+    notes: Vec<String>,
 }
 
 impl Drop for Journal {
@@ -713,6 +721,7 @@ impl Journal {
             Err(e) => return Err(JournalError::Io { path: path.clone(), source: e }),
         };
         let existed = existing.is_some();
+        let empty = existing.as_ref().is_some_and(|m| m.len() == 0);
         let file_io = |source| JournalError::Io { path: path.clone(), source };
         if let Some(m) = existing {
             if !m.file_type().is_file() {
@@ -728,15 +737,38 @@ impl Journal {
         } else {
             fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&path).map_err(file_io)?;
         }
-        let db = Database::create(&path).map_err(|e| match e {
-            redb::DatabaseError::DatabaseAlreadyOpen => JournalError::InUse { path: path.clone() },
-            other => JournalError::from(other),
-        })?;
+        // redb trusts its pages: a few damaged bytes in a B-tree page made it panic (in the
+        // restore's reads; in a debug build already while opening). Opening and the check of
+        // every page and checksum below run under `catch_unwind`, and a panic in either words
+        // the same refusal as a damage the check reports.
+        let damaged = |message: String| JournalError::Damaged { path: path.clone(), message };
+        let unreadable = || damaged("its pages cannot be read (the storage library failed on them)".into());
+        let mut db = std::panic::catch_unwind(|| Database::create(&path))
+            .map_err(|_| unreadable())?
+            .map_err(|e| match e {
+                redb::DatabaseError::DatabaseAlreadyOpen => JournalError::InUse { path: path.clone() },
+                other => JournalError::from(other),
+            })?;
+        let mut notes = Vec::new();
+        if empty {
+            notes.push(format!("{} was an empty file: a new journal begins in it (nothing to restore)", path.display()));
+        } else if existed {
+            let checked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| db.check_integrity()));
+            match checked {
+                Ok(Ok(true)) => {}
+                Ok(Ok(false)) => notes.push(format!(
+                    "{} was damaged; redb repaired it by rolling back to its last valid commit (what was committed after it is lost)",
+                    path.display()
+                )),
+                Ok(Err(e)) => return Err(damaged(e.to_string())),
+                Err(_) => return Err(unreadable()),
+            }
+        }
         if !existed {
             // The new file's directory entry must survive a crash too.
             fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io)?;
         }
-        let mut journal = Journal { db: Arc::new(db), path, jobs: None, thread: None };
+        let mut journal = Journal { db: Arc::new(db), path, jobs: None, thread: None, notes };
         journal.check_or_init()?;
         journal.start_committer()?;
         Ok(journal)
@@ -766,6 +798,12 @@ impl Journal {
     /// The journal's file.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// What [`Journal::open`] found worth telling the operator: an empty file taken as a new
+    /// journal, a damaged one redb repaired. Empty for a journal that opened as it was left.
+    pub fn notes(&self) -> &[String] {
+        &self.notes
     }
 
     /// Check every page and checksum of the file (slow: a full read; for tests and for an

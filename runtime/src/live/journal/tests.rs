@@ -860,3 +860,70 @@ fn run_heads_are_the_runs_without_their_texts() {
     assert_eq!(got, want);
     assert_eq!(j.run("r2").expect("read").map(|r| r.workflow_yaml.len()), Some(big.workflow_yaml.len()));
 }
+
+/// A few damaged bytes in a B-tree page made the restore panic inside redb (a reviewer's
+/// `dd` of 4 KiB of noise at 4, 8 and 12 KiB); [`Journal::open`] now checks every page first
+/// and refuses the file, naming it, with no panic. Every damaged page, wherever it is, is
+/// caught the same way: the check reads them all.
+#[test]
+fn a_damaged_journal_is_refused_naming_the_file_not_a_panic() {
+    use std::io::{Seek, SeekFrom, Write};
+    let mut refused = 0;
+    for offset in [4096u64, 8192, 12288] {
+        let (dir, j) = fresh();
+        for s in 0..200 {
+            with_session(&j, s);
+            j.intend(s, "a#0", ActivationKind::Llm, "d").expect("intend");
+            j.complete(s, "a#0", &json!("an answer long enough to fill pages ".repeat(8))).expect("complete");
+        }
+        let path = j.path().to_path_buf();
+        drop(j);
+        let mut f = fs::OpenOptions::new().write(true).open(&path).expect("open");
+        f.seek(SeekFrom::Start(offset)).expect("seek");
+        // Deterministic noise (xorshift).
+        let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ offset;
+        let noise: Vec<u8> = (0..4096)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect();
+        f.write_all(&noise).expect("write");
+        drop(f);
+        match Journal::open(&dir.path().join("state")) {
+            Err(e @ JournalError::Damaged { .. }) => {
+                assert!(e.to_string().contains(&path.display().to_string()), "{e}");
+                refused += 1;
+            }
+            // The damage hit a free page (the check passed: nothing of the journal is there),
+            // or redb repaired the file (said in a note): either way everything reads.
+            Ok(j) => {
+                assert!(j.notes().iter().all(|n| n.contains("repaired")), "offset {offset}: {:?}", j.notes());
+                j.runs().expect("runs read");
+                for s in 0..200 {
+                    j.session(s).expect("sessions read");
+                    j.activation(s, "a#0").expect("activations read");
+                }
+            }
+            Err(other) => panic!("offset {offset}: {other}"),
+        }
+    }
+    assert!(refused > 0, "no damage was refused");
+}
+
+/// An empty `journal.redb` (truncated by hand, or a crash right after it was created) opens as
+/// a new journal, and says so: its history is gone, and the operator should know.
+#[test]
+fn an_empty_journal_file_opens_as_a_new_one_with_a_note() {
+    let (dir, j) = fresh();
+    assert!(j.notes().is_empty());
+    with_session(&j, 1);
+    let path = j.path().to_path_buf();
+    drop(j);
+    fs::OpenOptions::new().write(true).truncate(true).open(&path).expect("truncate");
+    let j = Journal::open(&dir.path().join("state")).expect("reopen");
+    assert!(j.notes().iter().any(|n| n.contains("empty file")), "{:?}", j.notes());
+    assert!(j.runs().expect("runs").is_empty());
+}

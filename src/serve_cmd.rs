@@ -221,9 +221,12 @@ pub fn run(args: ServeArgs) -> Result<()> {
             () = drained => {}
         }
         let out = stopper.await.map_err(|e| anyhow!("{e}"))?.map_err(|e| anyhow!("{e}"))?;
+        let resumable = if state.is_some() { "; journaled sessions resume at the next start on this --state" } else { "" };
         eprintln!(
-            "switchyard serve: stopped; {} sessions completed, {} failed",
-            out.report.sessions_completed, out.report.sessions_failed
+            "switchyard serve: stopped; {} sessions completed, {} failed, {} interrupted by the stop{resumable}",
+            out.report.sessions_completed,
+            out.report.sessions_failed.saturating_sub(out.interrupted),
+            out.interrupted
         );
         anyhow::Ok(())
     })

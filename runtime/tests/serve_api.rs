@@ -275,6 +275,57 @@ fn a_sessions_id_survives_restarts_and_is_never_handed_out_again() {
     });
 }
 
+/// A graceful stop of a durable server ends its open sessions as *interrupted*, not failed:
+/// their events are `session_interrupted` with a reason saying they resume, the run's stream
+/// ends with `run_end` `state: interrupted` (it carried the planner's refusal, "the planner
+/// dropped the request"), the stop's output counts them apart — and the next start resumes
+/// them. A client that believed "failed" would have run them again.
+#[test]
+fn a_stop_interrupts_journaled_sessions_and_they_resume() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let journal = Arc::new(Journal::open(&dir.path().join("state")).expect("journal"));
+    let (_, _, cfg) = tiny_chain();
+    let rt = two_worker_runtime();
+    rt.block_on(async {
+        let (service, root, _) = serve_durably(&cfg, Factory::new(300), &journal).await;
+        let (run, ids) = start_run(&root, 3).await;
+        let events = tokio::spawn({
+            let url = format!("{root}/v1/runs/{run}/events");
+            async move {
+                let resp = reqwest::get(url).await.expect("events");
+                let mut stream = resp.bytes_stream();
+                let mut text = String::new();
+                let _ = tokio::time::timeout(Duration::from_secs(20), async {
+                    while let Some(Ok(chunk)) = stream.next().await {
+                        text.push_str(&String::from_utf8_lossy(&chunk));
+                        if text.contains("event: run_end") && text.ends_with("\n\n") {
+                            break;
+                        }
+                    }
+                })
+                .await;
+                text
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let out = service.shutdown("the server stopped").await.expect("shutdown");
+        let text = events.await.expect("the event reader");
+        assert_eq!(out.interrupted, 3, "{:?}", out.sessions);
+        assert_eq!(text.matches("event: session_interrupted\n").count(), 3, "{text}");
+        assert!(!text.contains("event: session_failed"), "{text}");
+        assert!(text.contains("resumes it"), "{text}");
+        let end = text.split("event: run_end\ndata: ").nth(1).expect("run_end");
+        assert!(end.contains("\"state\":\"interrupted\""), "{end}");
+
+        let (service, root, restored) = serve_durably(&cfg, Factory::new(1), &journal).await;
+        assert_eq!(restored.resumed_sessions, 3, "{restored:?}");
+        let v = ended(&root, &run).await;
+        assert_eq!(v["state"], "completed", "{v}");
+        assert_eq!(sorted(&session_ids(&v["sessions"])), sorted(&ids));
+        service.shutdown("the test ends").await.expect("shutdown");
+    });
+}
+
 // ---------------------------------------------------------------------------------------------
 // Times.
 

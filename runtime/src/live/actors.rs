@@ -326,6 +326,11 @@ pub struct SessionReport {
     pub calls: Vec<CallRecord>,
     /// Its completed LLM calls' timings.
     pub timings: Vec<CallTiming>,
+    /// It ended because the runtime stopped, not by its own work (its `failed` reason says so):
+    /// a journaled workflow session stays open in the journal and resumes at the next start on
+    /// the same state directory; a front-door program closes. Its event is
+    /// `session_interrupted`, not `session_failed`.
+    pub interrupted: bool,
 }
 
 /// The outcome of one session.
@@ -479,6 +484,9 @@ pub enum SessionStatus {
     Completed { output: Option<NodeOutput>, score: Option<f64>, finished_at: f64 },
     /// Ended without one (a failed call, a cancel, an unplaceable unit, …).
     Failed { reason: String, at: f64 },
+    /// Ended by the runtime's stop ([`SessionReport::interrupted`]): with a journal it resumes
+    /// at the next start.
+    Interrupted { reason: String, at: f64 },
 }
 
 /// Messages to a session actor.
@@ -587,6 +595,9 @@ pub struct LiveOutput {
     /// DISC's learned per-request allowance δ̂ per routed deployment (tokens), from the
     /// engines' `/metrics` (`PlannerActorState::observe_usage`).
     pub allowances: BTreeMap<DeploymentId, f64>,
+    /// Sessions and programs the stop ended ([`SessionReport::interrupted`]; counted among the
+    /// report's failed sessions too).
+    pub interrupted: usize,
 }
 
 /// Why a service request was refused.

@@ -281,6 +281,8 @@ pub struct PlannerActorState {
     durable: BTreeMap<usize, DurableSession>,
     /// Sessions of `ended` that failed (the metrics' gauges, without a scan per tick).
     ended_failed: usize,
+    /// Sessions and programs the runtime's stop ended (counted in `ended_failed` too).
+    ended_interrupted: usize,
     keep_ended: Option<usize>,
     timeline_segments: Option<usize>,
     max_programs: Option<usize>,
@@ -397,6 +399,7 @@ impl Actor for PlannerActor {
             front_door_steps: BTreeMap::new(),
             durable: BTreeMap::new(),
             ended_failed: 0,
+            ended_interrupted: 0,
             keep_ended: args.keep_ended,
             timeline_segments: args.timeline_segments,
             max_programs: args.max_programs,
@@ -1355,6 +1358,9 @@ impl PlannerActorState {
     fn status(&self, id: SessionId) -> SessionStatus {
         if let Some(r) = self.ended.get(&id) {
             return match &r.result.failed {
+                Some(reason) if r.interrupted => {
+                    SessionStatus::Interrupted { reason: reason.clone(), at: r.record.failed_at.unwrap_or(0.0) }
+                }
                 Some(reason) => SessionStatus::Failed { reason: reason.clone(), at: r.record.failed_at.unwrap_or(0.0) },
                 None => SessionStatus::Completed {
                     output: r.result.final_output.clone(),
@@ -2025,9 +2031,13 @@ impl PlannerActorState {
         self.pending.retain(|a, _| a.session != id);
         self.abort_calls_of(id);
         let (event, detail) = match &report.record.failed {
+            Some(reason) if report.interrupted => ("session_interrupted", Some(reason.clone())),
             Some(reason) => ("session_failed", Some(reason.clone())),
             None => ("session_done", None),
         };
+        if report.interrupted {
+            self.ended_interrupted += 1;
+        }
         self.log(event, TraceLine { session: Some(id.0), detail, ..blank() });
         let mut report = report;
         if self.events_out.is_some() {
@@ -2375,6 +2385,7 @@ impl PlannerActorState {
             result: SessionResult { session, workflow, record, final_output: None, score: None, verifier_score: None, failed },
             calls: Vec::new(),
             timings: Vec::new(),
+            interrupted: false,
         }
     }
 
@@ -2541,6 +2552,7 @@ impl PlannerActorState {
             faults: self.faults,
             error: self.fatal.clone(),
             trace: std::mem::take(&mut self.trace_lines),
+            interrupted: self.ended_interrupted,
         }
     }
 }

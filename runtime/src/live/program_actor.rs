@@ -68,6 +68,8 @@ pub struct ProgramState {
     /// Bumped by every call: an idle check of an older generation is stale.
     generation: u64,
     ended: bool,
+    /// The runtime's stop ended it ([`SessionReport::interrupted`]).
+    interrupted: bool,
     /// The tool gap in progress — the client's own time between an answer and its next call —
     /// as the planner knows it: a tool unit of the program (id, node, wall start).
     gap: Option<(ActivationId, u32, f64)>,
@@ -120,6 +122,7 @@ impl Actor for ProgramActor {
             timings: Vec::new(),
             generation: 0,
             ended: false,
+            interrupted: false,
             gap: None,
             gaps: (0.0, 0),
             last_prompt: None,
@@ -167,6 +170,7 @@ impl Actor for ProgramActor {
             // server's 503), not as an engine's failure.
             SessionMsg::Abandon(reason) => {
                 let shutting_down = SHUTTING_DOWN;
+                state.interrupted = true;
                 state.end(&myself, Some(format!("{shutting_down}: {reason}")))
             }
             SessionMsg::Start | SessionMsg::ToolDone { .. } => {}
@@ -379,6 +383,7 @@ impl ProgramState {
             },
             calls: Vec::new(),
             timings: std::mem::take(&mut self.timings),
+            interrupted: self.interrupted,
         };
         let _ = self.args.planner.send_message(PlannerMsg::SessionEnded(Box::new(report)));
         myself.stop(None);

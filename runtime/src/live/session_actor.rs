@@ -171,6 +171,11 @@ impl Actor for SessionActor {
             SessionMsg::Abandon(reason) => {
                 state.abandoned = true;
                 state.withdraw_unsent();
+                let reason = if state.durable.is_some() {
+                    format!("{reason}: interrupted; the journal keeps the session open, and the next start on the same state directory resumes it")
+                } else {
+                    format!("{reason}: interrupted (no journal: it does not resume)")
+                };
                 state.fail(&myself, reason);
             }
         }
@@ -519,6 +524,7 @@ meter: Default::default(),
             },
             calls: std::mem::take(&mut self.calls),
             timings: std::mem::take(&mut self.timings),
+            interrupted: self.abandoned,
         };
         if let (Some(d), false) = (&self.durable, self.abandoned) {
             let outcome = match (&report.result.failed, &report.result.final_output) {

@@ -985,6 +985,9 @@ fn session_json(number: u64, s: &SessionStatus, at: Option<f64>) -> Value {
         SessionStatus::Failed { reason, .. } => json!({
             "id": id, "state": "failed", "failed_at": at, "reason": public_reason(reason),
         }),
+        SessionStatus::Interrupted { reason, .. } => json!({
+            "id": id, "state": "interrupted", "interrupted_at": at, "reason": public_reason(reason),
+        }),
     }
 }
 
@@ -992,14 +995,15 @@ fn session_json(number: u64, s: &SessionStatus, at: Option<f64>) -> Value {
 fn ended_at(s: &SessionStatus) -> Option<f64> {
     match s {
         SessionStatus::Completed { finished_at, .. } => Some(*finished_at),
-        SessionStatus::Failed { at, .. } => Some(*at),
+        SessionStatus::Failed { at, .. } | SessionStatus::Interrupted { at, .. } => Some(*at),
         SessionStatus::Unknown | SessionStatus::Running => None,
     }
 }
 
 /// `running` while any session runs; else `completed` when all completed, `cancelled` after a
-/// cancel, `failed` when one failed, and `ended` when the rest completed but the outcome of some
-/// was forgotten (a session of a run that the runtime no longer knows has ended: past
+/// cancel, `interrupted` when the server's stop ended some (with `--state` they resume at the
+/// next start), `failed` when one failed, and `ended` when the rest completed but the outcome
+/// of some was forgotten (a session of a run that the runtime no longer knows has ended: past
 /// `--keep-ended` it reads `unknown`).
 fn run_state(statuses: &[SessionStatus], cancelled: bool) -> &'static str {
     if statuses.iter().any(|s| matches!(s, SessionStatus::Running)) {
@@ -1008,6 +1012,8 @@ fn run_state(statuses: &[SessionStatus], cancelled: bool) -> &'static str {
         "completed"
     } else if cancelled {
         "cancelled"
+    } else if statuses.iter().any(|s| matches!(s, SessionStatus::Interrupted { .. })) {
+        "interrupted"
     } else if statuses.iter().any(|s| matches!(s, SessionStatus::Failed { .. })) {
         "failed"
     } else {
@@ -1038,6 +1044,7 @@ async fn run_json(api: &Api, id: &str) -> Result<Value, ApiError> {
             "running": count(|s| matches!(s, SessionStatus::Running)),
             "completed": count(|s| matches!(s, SessionStatus::Completed { .. })),
             "failed": count(|s| matches!(s, SessionStatus::Failed { .. })),
+            "interrupted": count(|s| matches!(s, SessionStatus::Interrupted { .. })),
             "unknown": count(|s| matches!(s, SessionStatus::Unknown)),
         },
         "sessions": listed,
@@ -1233,7 +1240,16 @@ fn stream_from(
         }
         if st.ended.len() >= st.sessions.len() {
             st.done = true;
-            let status = run_json(&st.api, &st.id).await.unwrap_or_else(|e| json!({"error": e.message}));
+            // A stopping server's planner no longer answers: the run's end is the stop's.
+            let status = match run_json(&st.api, &st.id).await {
+                Ok(status) => status,
+                Err(_) if st.api.service.is_stopping() => json!({
+                    "id": st.id,
+                    "state": "interrupted",
+                    "detail": "the server stopped before the run ended (with --state its open sessions resume at the next start)",
+                }),
+                Err(e) => json!({"error": e.message}),
+            };
             return Some((Ok(Event::default().event("run_end").data(status.to_string())), st));
         }
         loop {
@@ -1246,7 +1262,7 @@ fn stream_from(
                         },
                         None => None,
                     };
-                    if matches!(line.event, "session_done" | "session_failed")
+                    if matches!(line.event, "session_done" | "session_failed" | "session_interrupted")
                         && let Some(n) = session
                     {
                         st.ended.insert(n);

@@ -31,7 +31,8 @@
 //! the finish reason, the usage chunk when `stream_options.include_usage` asks for it, and
 //! `data: [DONE]`. A client that disconnects abandons its call: the engine drops its upstream
 //! connection, so the server aborts the request. Parameters the front door does not honour
-//! (`n > 1`, `logprobs`, `stop`, `tools`, a list of prompts, …) are refused with a 400 naming them.
+//! (`n > 1`, `logprobs`, `stop`, `tools`, a list of prompts, …) are refused with a 400 naming them,
+//! unless set to what leaving them out means (`stop: []`, `tool_choice: "none"`, …).
 //!
 //! Depends on `crate::live` (the service, its engines' token sinks, the planner and program
 //! actors' messages) and `crate::tokens`; must not depend on the simulator.
@@ -99,6 +100,10 @@ fn program_key(headers: &HeaderMap, body: &Value) -> Result<Option<String>, ApiE
             v.to_string()
         }
         None => match body.get("program_id").filter(|v| !v.is_null()) {
+            // The header's rule (visible ASCII and spaces), so a key means the same either way.
+            Some(Value::String(s)) if s.bytes().any(|b| !(b' '..=b'~').contains(&b)) => {
+                return Err(ApiError::bad_request("`program_id` must be visible ASCII", "program_id"));
+            }
             Some(Value::String(s)) => s.clone(),
             Some(_) => return Err(ApiError::bad_request("`program_id` must be a string", "program_id")),
             None => return Ok(None),
@@ -113,6 +118,23 @@ fn program_key(headers: &HeaderMap, body: &Value) -> Result<Option<String>, ApiE
     Ok((!key.is_empty()).then_some(key))
 }
 
+
+/// Whether unsupported parameter `field` is set to what leaving it out means, as frameworks
+/// send it (LangChain sends `stop: []`, agent SDKs `tools: []` and `tool_choice: "none"`):
+/// `null`, `false`, an empty list or string, `tool_choice: "none"`, `response_format: {"type":
+/// "text"}`, `best_of: 1`, `top_logprobs: 0`. Anything else is refused by name.
+fn neutral(field: &str, v: &Value) -> bool {
+    match (field, v) {
+        (_, Value::Null | Value::Bool(false)) => true,
+        (_, Value::Array(a)) => a.is_empty(),
+        (_, Value::String(s)) if s.is_empty() => true,
+        ("tool_choice", Value::String(s)) => s == "none",
+        ("response_format", Value::Object(o)) => o.len() == 1 && o.get("type").and_then(Value::as_str) == Some("text"),
+        ("best_of", n) => n.as_u64() == Some(1),
+        ("top_logprobs", n) => n.as_u64() == Some(0),
+        _ => false,
+    }
+}
 
 fn truthy(v: Option<&Value>) -> bool {
     match v {
@@ -138,7 +160,7 @@ fn parse(flavor: Flavor, headers: &HeaderMap, body: &Value) -> Result<Parsed, Ap
         .ok_or_else(|| ApiError::bad_request("`model` is required", "model"))?
         .to_string();
     for f in UNSUPPORTED {
-        if obj.get(f).is_some_and(|v| !v.is_null() && v != &Value::Bool(false)) {
+        if obj.get(f).is_some_and(|v| !neutral(f, v)) {
             return Err(ApiError::bad_request(format!("`{f}` is not supported by this front door"), f));
         }
     }
@@ -151,7 +173,8 @@ fn parse(flavor: Flavor, headers: &HeaderMap, body: &Value) -> Result<Parsed, Ap
         None if flavor == Flavor::Chat => CHAT_DEFAULT_MAX_TOKENS,
         None => COMPLETIONS_DEFAULT_MAX_TOKENS,
         Some(v) => match v.as_u64() {
-            Some(n) if n >= 1 => u32::try_from(n).unwrap_or(u32::MAX),
+            // Past u32 it saturates below the "no limit given" value: the context caps it.
+            Some(n) if n >= 1 => u32::try_from(n).unwrap_or(u32::MAX).min(CHAT_DEFAULT_MAX_TOKENS - 1),
             _ => return Err(ApiError::bad_request("`max_tokens` must be an integer of at least 1", "max_tokens")),
         },
     };
@@ -634,7 +657,7 @@ mod tests {
         assert_eq!(key(&headers(&[("X-Session-ID", "")]), &json!({})), None);
         // Too long, or not a string: refused with a 400 naming the key, not dropped.
         let long = "k".repeat(257);
-        for (h, b) in [(headers(&[("X-Session-ID", long.as_str())]), json!({})), (HeaderMap::new(), json!({"program_id": long})), (HeaderMap::new(), json!({"program_id": 7}))] {
+        for (h, b) in [(headers(&[("X-Session-ID", long.as_str())]), json!({})), (HeaderMap::new(), json!({"program_id": long})), (HeaderMap::new(), json!({"program_id": 7})), (HeaderMap::new(), json!({"program_id": "ключ"}))] {
             let e = program_key(&h, &b).expect_err("refused");
             assert_eq!((e.status, e.param.as_deref()), (StatusCode::BAD_REQUEST, Some("program_id")));
         }
@@ -710,12 +733,24 @@ mod tests {
             (json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}), "max_tokens"),
             (json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "temperature": -1}), "temperature"),
             (json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "logprobs": true}), "logprobs"),
-            (json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": []}), "tools"),
+            (json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]}), "tools"),
+            (json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "stop": ["\n"]}), "stop"),
+            (json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "tool_choice": "auto"}), "tool_choice"),
+            (json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_object"}}), "response_format"),
         ];
         for (body, param) in cases {
             let e = parse(Flavor::Chat, &h, &body).err().unwrap_or_else(|| panic!("accepted {body}"));
             assert_eq!((e.status, e.param.as_deref()), (StatusCode::BAD_REQUEST, Some(param)), "{body}");
         }
+        // What frameworks send for "none of that" is what leaving it out means.
+        let neutral = json!({
+            "model": "m", "messages": [{"role": "user", "content": "hi"}], "stop": [], "tools": [], "tool_choice": "none",
+            "response_format": {"type": "text"}, "logprobs": false, "best_of": 1, "suffix": "", "functions": null,
+        });
+        assert!(parse(Flavor::Chat, &h, &neutral).is_ok(), "{neutral}");
+        // A limit past u32 is a very large limit (the context caps it), not "none given".
+        let huge = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 99_999_999_999u64});
+        assert!(parse(Flavor::Chat, &h, &huge).is_ok_and(|p| p.request.max_tokens == CHAT_DEFAULT_MAX_TOKENS - 1));
         let list = parse(Flavor::Completions, &h, &json!({"model": "m", "prompt": ["a", "b"]}));
         assert_eq!(list.err().and_then(|e| e.param), Some("prompt".to_string()));
         let done = parse(Flavor::Completions, &headers(&[("x-program-done", "true")]), &json!({"model": "m", "prompt": "p"}));

@@ -69,6 +69,12 @@ pub struct ServeArgs {
     /// one more gets 429.
     #[arg(long, default_value_t = 10_000, value_parser = at_least_one)]
     pub max_programs: usize,
+    /// Answer limit (tokens) of a front-door chat call that sets no `max_tokens`, capped by
+    /// what the context leaves after its prompt (vLLM's generation-config `max_new_tokens`).
+    /// Without it such a call may run to the context's end, vLLM's default — and under `joint`
+    /// holds KV for all of it while it runs, so fewer calls share a replica.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..i64::from(u32::MAX)))]
+    pub default_max_tokens: Option<u32>,
     /// Scheduling policy.
     #[arg(long, default_value = "joint", value_parser = clap::builder::PossibleValuesParser::new(POLICIES))]
     pub policy: String,
@@ -146,6 +152,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     cfg.stream = !args.no_stream;
     cfg.keep_ended = args.keep_ended;
     cfg.max_programs = args.max_programs;
+    cfg.front_door_max_tokens = args.default_max_tokens;
     let on_note: live::NoteSink = Arc::new(|line: &str| eprintln!("note: {line}"));
     cfg.on_note = Some(on_note);
     let api_config = ApiConfig { token, max_body_bytes: args.max_body_bytes, keep_runs: args.keep_runs, keep_ended: args.keep_ended.max(1), max_workflows: args.max_workflows, ..ApiConfig::default() };

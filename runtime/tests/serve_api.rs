@@ -398,57 +398,53 @@ fn a_runs_times_are_unix_seconds_and_survive_a_restart() {
 // ---------------------------------------------------------------------------------------------
 // The front door's default answer limit.
 
-/// A front-door chat call without `max_tokens` gets the output limit its deployment declares
-/// (vLLM's generation-config default `max_new_tokens`), capped by what the served context leaves
-/// after its prompt; a completion without one gets vLLM's (and OpenAI's) 16. It was the whole
-/// context's rest, so under `joint` each such call reserved a context's worth of KV.
+/// A front-door chat call without `max_tokens` may answer up to what the served context leaves
+/// after its prompt, as vLLM's chat completions do (`max_model_len` − prompt tokens), sent
+/// upstream without a limit (the server counts that room); a completion without one gets vLLM's
+/// (and OpenAI's) 16. With `serve --default-max-tokens N` such a chat call gets N, capped by the
+/// context's rest — sent without a limit again where the rest is the smaller (our count of the
+/// prompt may be a token off the server's) — and the client's own limit always wins.
 #[test]
-fn an_answer_without_max_tokens_gets_its_deployments_declared_limit() {
-    let (_, text, cfg) = tiny_chain();
+fn an_answer_without_max_tokens_gets_the_contexts_rest_or_the_servers_default() {
+    let (_, _, cfg) = tiny_chain();
     let rt = two_worker_runtime();
     rt.block_on(async {
-        let factory = Factory::new(1);
-        let seen = Arc::clone(&factory.seen);
-        let (service, root) = serve(&cfg, factory, ApiConfig { token: None, ..ApiConfig::default() }).await;
         let chat = json!({"model": "Qwen3-0.6B", "messages": [{"role": "user", "content": "Write at length."}]});
-        let (s, v) = post(&root, "/v1/chat/completions", chat.clone()).await;
-        assert_eq!(s, 200, "{v}");
+        let long = json!({"model": "Qwen3-0.6B", "messages": [{"role": "user", "content": "Write at length. ".repeat(40)}]});
         let mut limited = chat.clone();
         limited["max_tokens"] = json!(700);
-        let (s, v) = post(&root, "/v1/chat/completions", limited).await;
-        assert_eq!(s, 200, "{v}");
-        let (s, v) = post(&root, "/v1/completions", json!({"model": "Qwen3-0.6B", "prompt": "Once upon a time"})).await;
-        assert_eq!(s, 200, "{v}");
-        let sent = seen.max_tokens.lock().expect("seen").clone();
-        assert_eq!(sent.len(), 3, "{sent:?}");
-        // The tiny chain serves Qwen3-0.6B with a 2,048-token context and 48 output tokens; the
-        // client's own limit wins over the deployment's.
-        assert_eq!(
-            sent.iter().map(|(_, max, default)| (*max, *default)).collect::<Vec<_>>(),
-            vec![(48, false), (700, false), (16, false)],
-            "{sent:?}"
-        );
-        service.shutdown("the test ends").await.expect("shutdown");
-
-        // A deployment whose declared limit is past what the context leaves: the context's rest.
-        let roomy = text.replace("max_output_tokens: 48", "max_output_tokens: 2000");
-        assert_ne!(roomy, text);
-        let roomy = Arc::new(switchyard_runtime::workflow::parse_workflow("tiny.yaml", &roomy, &repo().join("tests/fixtures")).expect("roomy"));
-        let mut cfg = cfg;
-        cfg.run.workflows = vec![roomy];
-        let factory = Factory::new(1);
-        let seen = Arc::clone(&factory.seen);
-        let (service, root) = serve(&cfg, factory, ApiConfig { token: None, ..ApiConfig::default() }).await;
-        let long = json!({"model": "Qwen3-0.6B", "messages": [{"role": "user", "content": "Write at length. ".repeat(40)}]});
-        for body in [chat, long] {
-            let (s, v) = post(&root, "/v1/chat/completions", body).await;
-            assert_eq!(s, 200, "{v}");
-        }
-        let sent = seen.max_tokens.lock().expect("seen").clone();
-        assert_eq!(sent[0].1, 2000, "{sent:?}");
-        let (prompt, max, _) = sent[1];
-        assert!(prompt > 48 && max == 2048 - prompt, "{prompt} prompt tokens, max_tokens {max}");
-        service.shutdown("the test ends").await.expect("shutdown");
+        let completion = json!({"model": "Qwen3-0.6B", "prompt": "Once upon a time"});
+        // (prompt tokens, max_tokens, left to the server) per call, on a server with `default`.
+        let sent = |default: Option<u32>| {
+            let (cfg, chat, long, limited, completion) = (&cfg, chat.clone(), long.clone(), limited.clone(), completion.clone());
+            async move {
+                let mut cfg = cfg.clone();
+                cfg.front_door_max_tokens = default;
+                let factory = Factory::new(1);
+                let seen = Arc::clone(&factory.seen);
+                let (service, root) = serve(&cfg, factory, ApiConfig { token: None, ..ApiConfig::default() }).await;
+                for (path, body) in [("/v1/chat/completions", chat), ("/v1/chat/completions", long), ("/v1/chat/completions", limited), ("/v1/completions", completion)] {
+                    let (s, v) = post(&root, path, body).await;
+                    assert_eq!(s, 200, "{v}");
+                }
+                service.shutdown("the test ends").await.expect("shutdown");
+                seen.max_tokens.lock().expect("seen").clone()
+            }
+        };
+        // The tiny chain serves Qwen3-0.6B with a 2,048-token context.
+        let vllm = sent(None).await;
+        let rest = |i: usize| 2048 - vllm[i].0;
+        assert_eq!(vllm.len(), 4, "{vllm:?}");
+        assert_eq!((vllm[0].1, vllm[0].2), (rest(0), true), "{vllm:?}");
+        assert_eq!((vllm[1].1, vllm[1].2), (rest(1), true), "{vllm:?}");
+        assert_eq!((vllm[2].1, vllm[2].2, vllm[3].1, vllm[3].2), (700, false, 16, false), "{vllm:?}");
+        // A default of 2,000: below the short prompt's rest (sent as the limit), above the long
+        // prompt's (the rest, left to the server).
+        let capped = sent(Some(2000)).await;
+        assert!(rest(0) > 2000 && rest(1) < 2000, "{vllm:?}");
+        assert_eq!((capped[0].1, capped[0].2), (2000, false), "{capped:?}");
+        assert_eq!((capped[1].1, capped[1].2), (rest(1), true), "{capped:?}");
+        assert_eq!((capped[2].1, capped[2].2, capped[3].1), (700, false, 16), "{capped:?}");
     });
 }
 

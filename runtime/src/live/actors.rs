@@ -281,6 +281,8 @@ pub struct RunContext {
     pub tools: ToolsHandle,
     /// How routed workflows are routed (the single-verifier comparison).
     pub routing: crate::exec::routing::RoutingConfig,
+    /// [`super::LiveConfig::front_door_max_tokens`].
+    pub front_door_max_tokens: Option<u32>,
 }
 
 /// An LLM call waiting for its grant: the request (id and model are filled at dispatch) and the

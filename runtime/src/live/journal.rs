@@ -760,8 +760,17 @@ impl Journal {
                     "{} was damaged; redb repaired it by rolling back to its last valid commit (what was committed after it is lost)",
                     path.display()
                 )),
-                Ok(Err(e)) => return Err(damaged(e.to_string())),
-                Err(_) => return Err(unreadable()),
+                // Only a corruption is the file's: an I/O error (a full disk while redb writes a
+                // repair, a read error) says nothing against the journal, and moving it aside
+                // would lose its sessions.
+                Ok(Err(redb::DatabaseError::Storage(redb::StorageError::Corrupted(m)))) => return Err(damaged(m)),
+                Ok(Err(other)) => return Err(JournalError::from(other)),
+                Err(_) => {
+                    // Half through a repair, redb's own close could write or panic again: the
+                    // process ends on this error, and the OS releases the file.
+                    std::mem::forget(db);
+                    return Err(unreadable());
+                }
             }
         }
         if !existed {
@@ -806,8 +815,8 @@ impl Journal {
         &self.notes
     }
 
-    /// Check every page and checksum of the file (slow: a full read; for tests and for an
-    /// operator who suspects the file). `Ok(true)`: consistent; `Ok(false)`: it was not and redb
+    /// Check every page and checksum of the file again (a full read; [`Journal::open`] runs the
+    /// same check on every existing file before anything is read). `Ok(true)`: consistent; `Ok(false)`: it was not and redb
     /// repaired it (rolled back to the last valid commit); an error: it cannot be repaired. A
     /// crash never needs this: [`Journal::open`] recovers the last committed transaction itself.
     pub fn check_integrity(&mut self) -> Result<bool, JournalError> {

@@ -196,8 +196,12 @@ impl ProgramState {
         let activation = ActivationId { session: self.args.session, index: self.next_index };
         self.next_index += 1;
         // As vLLM's OpenAI server does with a limit past the served context: what is left of it.
+        // A call without a limit of its own (`u32::MAX`) gets the front door's default, if set.
         let context = ctx.deployments.get(call.deployment.0 as usize).map_or(u32::MAX, |d| d.max_model_len);
-        let max = r.max_tokens.min(context.saturating_sub(prompt_tokens)).max(1);
+        let rest = context.saturating_sub(prompt_tokens);
+        let no_limit = r.max_tokens == u32::MAX;
+        let limit = if no_limit { ctx.front_door_max_tokens.unwrap_or(u32::MAX) } else { r.max_tokens };
+        let max = limit.min(rest).max(1);
         let item = WorkItem {
             activation,
             workflow: self.args.workflow,
@@ -224,9 +228,11 @@ impl ProgramState {
             prompt,
             prompt_tokens,
             max_tokens: max,
-            // No limit of the client's own (the front door's default, u32::MAX): the server
-            // applies its default, the room this `max` plans with.
-            server_default_limit: r.max_tokens == u32::MAX,
+            // No limit of the client's own (`u32::MAX`) and no default below the context's rest:
+            // the server applies its default, the room this `max` plans with (our count of the
+            // prompt may be a token off the server's, and a limit one token past its room is
+            // refused).
+            server_default_limit: no_limit && limit >= rest,
             emulated_output: None,
             enable_thinking: thinking,
             stream: true,

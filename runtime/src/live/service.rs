@@ -81,7 +81,6 @@ impl Service {
     pub async fn start(cfg: &LiveConfig, factory: Arc<dyn EngineFactory>) -> Result<Service, LiveError> {
         let rc = &cfg.run;
         let (deployments, _) = exec::deployment_table(&rc.workflows, rc.max_num_seqs)?;
-        let default_max_tokens = served_output_limits(&rc.workflows);
         // The front door's workflow comes last: one node per served deployment.
         let front_door = Arc::new(front_door_workflow(&deployments).map_err(|e| LiveError::Spawn(format!("front door: {e}")))?);
         let mut workflows = rc.workflows.clone();
@@ -96,7 +95,7 @@ impl Service {
                 model: d.model.clone(),
                 deployment: d.id,
                 context: d.max_model_len,
-                default_max_tokens: default_max_tokens.get(&(d.model.clone(), d.dtype)).copied().unwrap_or(u32::MAX),
+                default_max_tokens: cfg.front_door_max_tokens.unwrap_or(u32::MAX),
             })
             .collect();
         let mut planner = exec::build_planner(&rc.pool, &deployments, &rc.policy, rc.options, &rc.predictor, rc.substrate)?;
@@ -183,9 +182,9 @@ impl Service {
         self.routed.is_some() && model.eq_ignore_ascii_case(ROUTER_MODEL)
     }
 
-    /// What a routed call may use: the smallest context and the smallest default output limit
-    /// of the router's models (a program may be bound to any of them), as a [`ServedModel`]
-    /// without a deployment of its own (the router's first). `None` without a router.
+    /// What a routed call may use: the smallest context of the router's models (a program may
+    /// be bound to any of them), as a [`ServedModel`] named after the router (its deployment:
+    /// the router's first). `None` without a router.
     pub fn routed_model(&self) -> Option<ServedModel> {
         let routed = self.routed.as_ref()?;
         let members = || self.served.iter().filter(|s| routed.contains(&s.deployment));
@@ -382,9 +381,6 @@ fn refused(message: String, otherwise: fn(String) -> ServiceError) -> ServiceErr
 /// Name of the front door's workflow in reports.
 pub const FRONT_DOOR_WORKFLOW: &str = "front-door";
 
-/// The front door's workflow: one node per served deployment (node i serves deployment i, in
-/// the table's order), each a single call whose prompt the client sends. It only gives the
-/// planner and the report a workflow to file front-door calls under.
 /// A served model, as the front door sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServedModel {
@@ -394,25 +390,14 @@ pub struct ServedModel {
     /// The served context (prompt plus answer, tokens): a call gets at most what is left of it
     /// after its prompt, as vLLM answers.
     pub context: u32,
-    /// The answer's limit of a call that sets no `max_tokens`: the largest `max_output_tokens`
-    /// the served workflows declare for this model and dtype (vLLM's generation-config default
-    /// `max_new_tokens`, which the deployment's operator sets); `u32::MAX` (the context's rest)
-    /// where none is declared. The planner reserves KV for it, so a call without a limit does
-    /// not hold a whole context's worth.
+    /// The answer's limit of a chat call that sets no `max_tokens`
+    /// ([`super::LiveConfig::front_door_max_tokens`]); `u32::MAX`: the context's rest.
     pub default_max_tokens: u32,
 }
 
-/// The largest `max_output_tokens` each (model, dtype) is declared with in `workflows`.
-fn served_output_limits(workflows: &[Arc<WorkflowSpec>]) -> std::collections::BTreeMap<(String, switchyard_predictor::spec::Dtype), u32> {
-    let mut limits = std::collections::BTreeMap::new();
-    for d in workflows.iter().flat_map(|w| w.deployments.values()) {
-        let Ok(m) = switchyard_predictor::spec::model(&d.model) else { continue };
-        let e = limits.entry((m.name.clone(), d.dtype)).or_insert(0);
-        *e = d.max_output_tokens.max(*e);
-    }
-    limits
-}
-
+/// The front door's workflow: one node per served deployment (node i serves deployment i, in
+/// the table's order), each a single call whose prompt the client sends. It only gives the
+/// planner and the report a workflow to file front-door calls under.
 fn front_door_workflow(deployments: &[DeploymentInfo]) -> Result<WorkflowSpec, WorkflowError> {
     let mut text = format!(
         "name: {FRONT_DOOR_WORKFLOW}\ndescription: calls of external agent programs through the OpenAI-compatible front door\ndeployments:\n"

@@ -171,10 +171,12 @@ impl Actor for SessionActor {
             SessionMsg::Abandon(reason) => {
                 state.abandoned = true;
                 state.withdraw_unsent();
+                // The stop's (or the deadline's, or Ctrl-C's) reason; a journaled session says
+                // it resumes.
                 let reason = if state.durable.is_some() {
                     format!("{reason}: interrupted; the journal keeps the session open, and the next start on the same state directory resumes it")
                 } else {
-                    format!("{reason}: interrupted (no journal: it does not resume)")
+                    reason
                 };
                 state.fail(&myself, reason);
             }

@@ -65,6 +65,11 @@ pub struct LiveConfig {
     /// A served runtime's front door keeps at most this many keyed programs open; a call that
     /// would open one more is refused (the server answers 429).
     pub max_programs: usize,
+    /// A served runtime's front door: the answer limit of a chat call that sets no `max_tokens`
+    /// (`serve --default-max-tokens`; vLLM's generation-config `max_new_tokens`), capped by
+    /// what the context leaves after the prompt. `None`: the context's rest, vLLM's default —
+    /// under `joint` such a call then reserves KV for all of it.
+    pub front_door_max_tokens: Option<u32>,
 }
 
 impl LiveConfig {
@@ -86,6 +91,7 @@ impl LiveConfig {
             keep_ended: 100_000,
             timeline_segments: 4_096,
             max_programs: 10_000,
+            front_door_max_tokens: None,
         }
     }
 }
@@ -231,6 +237,7 @@ pub(super) fn run_context(
         stream: cfg.stream,
         tools: ToolsHandle::default(),
         routing: cfg.run.routing.clone(),
+        front_door_max_tokens: cfg.front_door_max_tokens,
     })
 }
 

@@ -13,11 +13,10 @@
 //! the agent this call is, so the planner keeps output-length and tool-gap histories (the P90
 //! timing output, TAO's readiness) per step across programs. The body's `model` names a served
 //! model (`Qwen3-8B` or `Qwen/Qwen3-8B`); `max_tokens` (or `max_completion_tokens`) is the
-//! answer's limit. Without one, a chat completion gets the largest `max_output_tokens` the
-//! served workflows declare for that model (as vLLM's generation-config `max_new_tokens` sets
-//! its default; a routed call, the smallest over the router's models), capped by what the
-//! served context leaves after the prompt — the planner reserves KV for that limit, so a call
-//! without one does not hold a whole context's worth — and a completion gets
+//! answer's limit. Without one, a chat completion gets what the served context leaves after the
+//! prompt, vLLM's default, or the server's `--default-max-tokens` where set (vLLM's
+//! generation-config `max_new_tokens`), capped by that rest — the planner reserves KV for the
+//! limit, so the flag bounds what a call without one holds — and a completion gets
 //! [`COMPLETIONS_DEFAULT_MAX_TOKENS`], as vLLM's does; Qwen3's thinking mode follows
 //! `chat_template_kwargs.enable_thinking` (default on, as vLLM serves Qwen3).
 //!
@@ -55,11 +54,10 @@ use crate::live::engine::{Completion, TokenSink};
 use crate::live::program_actor::ProgramRequest;
 use crate::tokens;
 
-/// A chat completion's limit when the request gives none, as parsed: the handler replaces it
-/// with the served deployment's default ([`crate::live::ServedModel::default_max_tokens`]);
-/// where none is declared it stays, and the program actor clamps it to what the served context
-/// leaves after the prompt — vLLM's default for chat completions (`max_model_len` − prompt
-/// tokens).
+/// A chat completion's limit when the request gives none: the program actor applies the front
+/// door's default ([`crate::live::ServedModel::default_max_tokens`], `serve
+/// --default-max-tokens`) where set, and clamps to what the served context leaves after the
+/// prompt — vLLM's default for chat completions (`max_model_len` − prompt tokens).
 pub const CHAT_DEFAULT_MAX_TOKENS: u32 = u32::MAX;
 
 /// A completion's limit when the request gives none: 16, vLLM's `CompletionRequest` default
@@ -275,7 +273,7 @@ fn finish_reason(c: &Completion, max_tokens: impl Fn(u32) -> u32) -> &'static st
 }
 
 async fn handle(api: Arc<Api>, flavor: Flavor, headers: HeaderMap, body: Value) -> Result<Response, ApiError> {
-    let mut parsed = parse(flavor, &headers, &body)?;
+    let parsed = parse(flavor, &headers, &body)?;
     let program = program_key(&headers, &body)?;
     let routed = api.service.is_router_model(&parsed.model);
     let served = if routed { api.service.routed_model() } else { api.service.served_model(&parsed.model).cloned() };
@@ -284,12 +282,6 @@ async fn handle(api: Arc<Api>, flavor: Flavor, headers: HeaderMap, body: Value) 
         return Err(ApiError { param: Some("model".into()), ..ApiError::new(StatusCode::NOT_FOUND, "model_not_found", m) });
     };
     let context = served.context;
-    // A chat call without a limit of its own gets the deployment's declared output limit
-    // (vLLM's generation-config default), not the whole context's rest: the planner reserves
-    // KV for the limit.
-    if parsed.request.max_tokens == CHAT_DEFAULT_MAX_TOKENS {
-        parsed.request.max_tokens = served.default_max_tokens;
-    }
     // A prompt the served context cannot hold is the client's error, as vLLM answers it (400),
     // before anything is scheduled or journaled: at once when its bytes alone say so (no token
     // is longer than `MAX_TOKEN_BYTES`), else by its count, taken off the reactor. (The count is
@@ -308,11 +300,16 @@ async fn handle(api: Arc<Api>, flavor: Flavor, headers: HeaderMap, body: Value) 
             )
         });
     }
+    // The limit the program actor applies (before the context's cap): the client's, else the
+    // front door's default (`serve --default-max-tokens`), else none.
+    let requested = match parsed.request.max_tokens {
+        CHAT_DEFAULT_MAX_TOKENS => served.default_max_tokens,
+        limit => limit,
+    };
     if routed {
-        return routed_call(api, flavor, program, parsed).await;
+        return routed_call(api, flavor, program, parsed, requested).await;
     }
     let (tx, rx) = mpsc::unbounded_channel::<String>();
-    let requested = parsed.request.max_tokens;
     let (accepted, done) = api.service.call_admitted(program, &parsed.model, parsed.request, TokenSink::new(tx)).map_err(|e| match e {
         crate::live::ServiceError::NotServed(m) => ApiError { param: Some("model".into()), ..ApiError::new(StatusCode::NOT_FOUND, "model_not_found", m) },
         other => other.into(),
@@ -333,7 +330,7 @@ async fn handle(api: Arc<Api>, flavor: Flavor, headers: HeaderMap, body: Value) 
 /// names the bound model, and the
 /// `x-switchyard-model` / `x-switchyard-verifier` headers say the binding (the verifier the
 /// program's task type selects: the grader the client runs before it posts the verdict).
-async fn routed_call(api: Arc<Api>, flavor: Flavor, program: Option<String>, parsed: Parsed) -> Result<Response, ApiError> {
+async fn routed_call(api: Arc<Api>, flavor: Flavor, program: Option<String>, parsed: Parsed, requested: u32) -> Result<Response, ApiError> {
     let Some(key) = program else {
         return Err(ApiError::bad_request(
             "a routed call (`model: switchyard-router`) needs a program key (`X-Session-ID` or `program_id`): the router binds programs, and a verdict names its program by it",
@@ -341,7 +338,6 @@ async fn routed_call(api: Arc<Api>, flavor: Flavor, program: Option<String>, par
         ));
     };
     let (tx, rx) = mpsc::unbounded_channel::<String>();
-    let requested = parsed.request.max_tokens;
     let (bound, done) = api.service.call_routed(Some(key), parsed.request, TokenSink::new(tx))?;
     let binding = bound
         .await

@@ -1192,8 +1192,9 @@ async fn run_events(
             (live, all)
         })
         .unwrap_or_default();
+    let interrupted = first.pointer("/counts/interrupted").and_then(Value::as_u64).is_some_and(|n| n > 0);
     let ended = ended_set(first);
-    Ok(Sse::new(stream_from(rx, api, id, live, all, ended)).keep_alive(KeepAlive::default()))
+    Ok(Sse::new(stream_from(rx, api, id, live, all, (ended, interrupted))).keep_alive(KeepAlive::default()))
 }
 
 /// The public numbers of the sessions a run status (`run_json`) shows as ended.
@@ -1205,7 +1206,7 @@ fn ended_set(first: Value) -> BTreeSet<u64> {
             list.iter()
                 // A run's `unknown` session has ended: its outcome was forgotten.
                 .filter(|s| {
-                    s.get("state").and_then(Value::as_str).is_some_and(|st| matches!(st, "completed" | "failed" | "unknown"))
+                    s.get("state").and_then(Value::as_str).is_some_and(|st| matches!(st, "completed" | "failed" | "interrupted" | "unknown"))
                 })
                 .filter_map(|s| s.get("id").and_then(Value::as_str).and_then(public_number))
                 .collect()
@@ -1215,14 +1216,15 @@ fn ended_set(first: Value) -> BTreeSet<u64> {
 
 /// The run's event stream: the trace lines of its sessions running here (`live`: the runtime's
 /// id → public number, which the line's `session` is rewritten to) and of the pool, until every
-/// session of `sessions` (public numbers) has ended.
+/// session of `sessions` (public numbers) has ended — those the status read first showed ended,
+/// and whether one of them was interrupted, are given.
 fn stream_from(
     rx: tokio::sync::broadcast::Receiver<crate::exec::TraceLine>,
     api: Arc<Api>,
     id: String,
     live: BTreeMap<u32, u64>,
     sessions: BTreeSet<u64>,
-    ended: BTreeSet<u64>,
+    (ended, interrupted): (BTreeSet<u64>, bool),
 ) -> impl Stream<Item = Result<Event, Infallible>> {
     struct St {
         rx: tokio::sync::broadcast::Receiver<crate::exec::TraceLine>,
@@ -1232,8 +1234,10 @@ fn stream_from(
         sessions: BTreeSet<u64>,
         ended: BTreeSet<u64>,
         done: bool,
+        /// A `session_interrupted` line went by.
+        interrupted: bool,
     }
-    let st = St { rx, api, id, live, sessions, ended, done: false };
+    let st = St { rx, api, id, live, sessions, ended, done: false, interrupted };
     futures::stream::unfold(st, |mut st| async move {
         if st.done {
             return None;
@@ -1243,7 +1247,7 @@ fn stream_from(
             // A stopping server's planner no longer answers: the run's end is the stop's.
             let status = match run_json(&st.api, &st.id).await {
                 Ok(status) => status,
-                Err(_) if st.api.service.is_stopping() => json!({
+                Err(_) if st.api.service.is_stopping() && st.interrupted => json!({
                     "id": st.id,
                     "state": "interrupted",
                     "detail": "the server stopped before the run ended (with --state its open sessions resume at the next start)",
@@ -1266,6 +1270,7 @@ fn stream_from(
                         && let Some(n) = session
                     {
                         st.ended.insert(n);
+                        st.interrupted |= line.event == "session_interrupted";
                     }
                     let line = crate::exec::TraceLine { detail: line.detail.as_deref().map(public_reason), ..line };
                     let mut data = serde_json::to_value(&line).unwrap_or_default();

@@ -31,7 +31,7 @@
 //! * **enosys** (`ENOSYS`): `clone3`, whose flags live in memory a filter cannot read; libc
 //!   falls back to `clone`, which the rules above can inspect.
 //! * **no-op** (returns 0 without acting): file locks — `flock`, and `fcntl` with `F_SETLK`,
-//!   `F_SETLKW`, `F_OFD_SETLK`, `F_OFD_SETLKW`. A lock needs no write access, so a program
+//!   `F_SETLKW`, `F_OFD_SETLK`, `F_OFD_SETLKW` — and leases (`fcntl` `F_SETLEASE`). A lock needs no write access, so a program
 //!   could lock a host file bound read-only (a checkout's `target/.cargo-lock`, a sqlite
 //!   database) and hold the host's own processes at "waiting for file lock" until its call
 //!   ends; the filter cannot tell a host file's descriptor from a work file's, so every lock
@@ -184,8 +184,11 @@ const KILLED: &[i64] = &[
 ];
 
 /// `fcntl` commands that take or release a record lock (`<asm-generic/fcntl.h>`; the OFD
-/// variants are Linux 3.15's open-file-description locks).
-const FCNTL_LOCK_COMMANDS: [u64; 4] = [libc::F_SETLK as u64, libc::F_SETLKW as u64, 37, 38];
+/// variants are Linux 3.15's open-file-description locks), and `F_SETLEASE` (1024): a read
+/// lease needs only that the caller own the file — as a non-root caller's sandbox does, under
+/// the caller's own uid — and stalls the host's next open for writing or truncate of it for
+/// `lease-break-time` (45 s) each time.
+const FCNTL_LOCK_COMMANDS: [u64; 5] = [libc::F_SETLK as u64, libc::F_SETLKW as u64, 37, 38, 1024];
 
 /// System calls refused with `EPERM` whatever their arguments.
 const DENIED: &[i64] = &[
@@ -310,5 +313,21 @@ mod tests {
         assert_eq!(with.programs.len(), 4 + guards);
         // The no-children variant has more rules, hence a longer deny program.
         assert!(without.programs[guards + 1].len() > with.programs[guards + 1].len());
+    }
+
+    /// The error programs (deny, enosys, no-op) name disjoint calls: between two `ERRNO`
+    /// verdicts the kernel keeps the latest installed filter's, so a call in two lists would
+    /// get the no-op's success instead of its refusal.
+    #[test]
+    fn no_call_gets_two_error_verdicts() {
+        let no_op = [libc::SYS_flock, libc::SYS_fcntl];
+        #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
+        let mut conditional = vec![libc::SYS_ioctl, libc::SYS_clone];
+        #[cfg(target_arch = "x86_64")]
+        conditional.extend([libc::SYS_fork, libc::SYS_vfork]);
+        for nr in no_op.iter().chain(&[libc::SYS_clone3]) {
+            assert!(!DENIED.contains(nr) && !conditional.contains(nr) && !KILLED.contains(nr), "{nr}");
+        }
+        assert!(!DENIED.contains(&libc::SYS_clone3) && !no_op.contains(&libc::SYS_clone3));
     }
 }

@@ -122,3 +122,17 @@ fn reasoning_is_generated_but_dropped_from_the_conversation() {
     assert!(t.cache_hit_rate <= p.cache_hit_rate + 1e-9, "{} vs {}", t.cache_hit_rate, p.cache_hit_rate);
     assert!(t.cache_hit_rate > 0.8, "{}", t.cache_hit_rate);
 }
+
+/// Sessions of one turn call no tool: the readiness predictor scored nothing, and the report
+/// says so (`null`), not an error of 0 s and a share of 0.
+#[test]
+fn with_no_tool_call_readiness_is_not_scored() {
+    let text = "{\"id\": \"a\", \"system_tokens\": 100, \"turns\": [{\"new_tokens\": 50, \"output_tokens\": 20}]}\n\
+                {\"id\": \"b\", \"system_tokens\": 100, \"turns\": [{\"new_tokens\": 70, \"output_tokens\": 30}]}\n";
+    let trace = switchyard_runtime::agentic::parse_trace("t.jsonl", text).unwrap();
+    let r = run_agents(&trace, &tao::pool_qwen14b_a100x4(), &cfg(SchedulerKind::Tao, 2)).unwrap();
+    assert_eq!(r.requests, 2);
+    assert_eq!((r.readiness_mae_s, r.readiness_within_half_s), (None, None));
+    let json = serde_json::to_value(&r).unwrap();
+    assert!(json["readiness_mae_s"].is_null(), "{json}");
+}

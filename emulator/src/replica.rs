@@ -629,6 +629,17 @@ impl EmulatedReplica {
             .and_then(|s| s.first_scheduled_at)
     }
 
+    /// Whether request `id` is in flight and decoding: past its first token, not finished, and
+    /// not being recomputed after a preemption (all but its newest token computed). A server
+    /// streaming tokens reads here when a preempted request produces tokens again.
+    pub fn is_decoding(&self, id: u64) -> bool {
+        self.seqs
+            .iter()
+            .flatten()
+            .find(|s| s.id == id)
+            .is_some_and(|s| s.first_token_sent && !s.done && s.num_computed + 1 >= s.seq_len())
+    }
+
     /// The running batch's requests with the time each was first admitted (vLLM's
     /// `scheduled_ts`), in admission order: a server reads each request's queueing time here
     /// once it starts running.

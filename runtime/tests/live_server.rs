@@ -867,6 +867,21 @@ async fn metric_families_have_vllm_names_types_labels_and_buckets() {
         ("vllm:request_params_max_tokens", "histogram"),
         ("vllm:iteration_tokens_total", "histogram"),
     ];
+    // A strict scraper (Prometheus, Python's `prometheus_client`) refuses the whole text when a
+    // sample repeats a label name: `vllm:cache_config_info` carried `engine` twice.
+    for line in text.lines().filter(|l| !l.starts_with('#') && l.contains('{')) {
+        let labels = line.split_once('{').and_then(|(_, rest)| rest.rsplit_once('}')).map_or("", |(l, _)| l);
+        let mut names: Vec<&str> = labels.split("\",").filter_map(|kv| kv.split_once('=').map(|(k, _)| k.trim_start_matches(','))).collect();
+        let all = names.len();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), all, "a label name repeats: {line}");
+    }
+    // 0.10.2's deprecated aliases, still emitted there.
+    for (name, kind) in [("vllm:gpu_cache_usage_perc", "gauge"), ("vllm:gpu_prefix_cache_queries", "counter"), ("vllm:gpu_prefix_cache_hits", "counter")] {
+        let found = types.get(name).or_else(|| types.get(&format!("{name}_total")));
+        assert_eq!(found.map(String::as_str), Some(kind), "{name}");
+    }
     for (name, kind) in expected {
         // Counters' TYPE lines carry `_total` in the 0.0.4 text format (as Python's client writes them).
         let found = types.get(name).or_else(|| types.get(&format!("{name}_total")));
@@ -1007,4 +1022,37 @@ async fn slow_server(speed: f64) -> (EmulateServer, reqwest::Client, String) {
     // 30 s at the least.
     wait_healthy_polling(&c, &base, Duration::from_millis(20), 1500).await;
     (s, c, base)
+}
+
+/// A streamed request that is preempted (KV pressure) streams on, token by token, once its
+/// recompute ends — as vLLM's recompute preemption keeps its output and decodes again. It
+/// stopped streaming at the preemption and sent the rest in one chunk at its end (49 chunks
+/// for 500 tokens), and the inter-token histogram lost every later token.
+#[tokio::test]
+async fn a_preempted_stream_streams_on_after_its_recompute() {
+    let mut cfg = config_at(10.0);
+    cfg.device = "A100-40GB".into();
+    cfg.gpu_memory_utilization = 0.05;
+    cfg.max_model_len = Some(1024);
+    let c = client();
+    let s = start(cfg).await;
+    let base = s.base_url();
+    // The load takes a few seconds of wall time at this speed.
+    wait_healthy_polling(&c, &base, Duration::from_millis(20), 1000).await;
+    let body = |stream: bool| json!({"model": MODEL, "prompt": "Tell me a long story.", "max_tokens": 500, "ignore_eos": true, "stream": stream});
+    let background = (0..8).map(|_| post(&c, format!("{base}/v1/completions"), body(false)));
+    let streamed = post(&c, format!("{base}/v1/completions"), body(true));
+    let (others, (status, text)) = tokio::join!(futures::future::join_all(background), streamed);
+    assert!(others.iter().all(|(s, _)| *s == 200) && status == 200, "{others:?}");
+    let m = MetricsSnapshot::parse(&c.get(format!("{base}/metrics")).send().await.unwrap().text().await.unwrap()).unwrap();
+    assert!(m.counter("vllm:num_preemptions").is_some_and(|p| p > 0.0), "the test needs KV pressure");
+    let pieces: Vec<String> = sse_data(&text)
+        .iter()
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .filter_map(|v| v["choices"][0]["text"].as_str().map(str::to_string))
+        .filter(|t| !t.is_empty())
+        .collect();
+    let longest = pieces.iter().map(|p| tokens::count(p)).max().unwrap_or(0);
+    assert!(pieces.len() >= 400 && longest <= 20, "{} pieces, the longest {longest} tokens", pieces.len());
+    drop(s);
 }

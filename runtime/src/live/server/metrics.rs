@@ -22,8 +22,10 @@
 //! engine ended with an abort (a sleep with `mode=abort`), whose clients get that finish
 //! reason; a request whose client went away is aborted without an answer and, as in vLLM
 //! 0.10.2 (`OutputProcessor.abort_requests` records no finished-request stats), not counted.
-//! Not emitted: the deprecated `vllm:gpu_*` aliases,
-//! LoRA and speculative-decoding families (nothing to report).
+//! The deprecated aliases 0.10.2 still emits beside them, with the same values, are emitted
+//! too: `vllm:gpu_cache_usage_perc`, `vllm:gpu_prefix_cache_queries`,
+//! `vllm:gpu_prefix_cache_hits` (tools that read only those got nothing). Not emitted: LoRA
+//! and speculative-decoding families (nothing to report).
 //!
 //! Depends on the emulator's `Telemetry` and prometheus-client; must not depend on the driver
 //! or the HTTP handlers (the scrape-time values come through a closure).
@@ -269,6 +271,11 @@ impl Collector for ReplicaCollector {
             ("vllm:num_requests_running", "Number of requests in model execution batches", t.running as f64),
             ("vllm:num_requests_waiting", "Number of requests waiting to be processed", (t.waiting + queued) as f64),
             ("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage", t.kv_usage),
+            (
+                "vllm:gpu_cache_usage_perc",
+                "GPU KV-cache usage. 1 means 100 percent usage.DEPRECATED: Use vllm:kv_cache_usage_perc instead.",
+                t.kv_usage,
+            ),
         ];
         for (name, help, value) in gauges {
             let gauge = ConstGauge::new(value);
@@ -278,6 +285,16 @@ impl Collector for ReplicaCollector {
         let counters = [
             ("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens", t.prefix_cache_queries),
             ("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens", t.prefix_cache_hits),
+            (
+                "vllm:gpu_prefix_cache_queries",
+                "GPU prefix cache queries, in terms of number of queried tokens.DEPRECATED: Use vllm:prefix_cache_queries instead.",
+                t.prefix_cache_queries,
+            ),
+            (
+                "vllm:gpu_prefix_cache_hits",
+                "GPU prefix cache hits, in terms of number of cached tokens.DEPRECATED: Use vllm:prefix_cache_hits instead.",
+                t.prefix_cache_hits,
+            ),
             ("vllm:num_preemptions", "Cumulative number of preemption from the engine", t.preemptions),
             ("vllm:generation_tokens", "Number of generation tokens processed", t.generated_tokens),
         ];

@@ -614,7 +614,6 @@ impl EmulateApp {
             ("num_gpu_blocks", kv_blocks.to_string()),
             ("num_cpu_blocks", "0".to_string()),
             ("enable_sleep_mode", "True".to_string()),
-            ("engine", "0".to_string()),
         ]);
         let scrape_core = Arc::clone(&core);
         let registry = metrics.registry(
@@ -829,9 +828,26 @@ async fn drive(shared: Arc<Shared>) {
                     let generated = core.replica.telemetry().generated_tokens - generated_before;
                     shared.metrics.iteration(core.step_prefill + generated);
                     core.step_prefill = 0;
+                    // A request preempted when this iteration's batch formed decoded nothing in it.
+                    for e in &events {
+                        if let EngineEvent::Preempted { id, .. } = e
+                            && let Some(w) = core.waiters.get_mut(id)
+                        {
+                            w.decoding = false;
+                        }
+                    }
                     // The requests that were decoding got one token each in this iteration
-                    // (before the events: a first token is not counted twice).
-                    for w in core.waiters.values_mut().filter(|w| w.decoding) {
+                    // (before the events: a first token is not counted twice), and so did a
+                    // preempted request whose recompute ended in it: it streams on from here,
+                    // as vLLM's recompute preemption keeps its output and decodes again.
+                    let Core { replica, waiters, .. } = &mut *core;
+                    for (id, w) in waiters.iter_mut() {
+                        if !w.decoding {
+                            if w.first_token.is_none() || !replica.is_decoding(*id) {
+                                continue;
+                            }
+                            w.decoding = true;
+                        }
                         shared.metrics.inter_token(end - w.last_token);
                         w.last_token = end;
                         w.generated += 1;
@@ -922,7 +938,8 @@ fn deliver(core: &mut Core, shared: &Shared, events: Vec<EngineEvent>) {
                 }
             }
             EngineEvent::Preempted { id, .. } => {
-                // Recomputed from scratch: its tokens stream on only at its finish.
+                // Recomputed (prompt and output so far): it streams on once the recompute ends
+                // (the driver's token loop asks the replica).
                 if let Some(w) = core.waiters.get_mut(&id) {
                     w.decoding = false;
                 }
@@ -1571,8 +1588,9 @@ impl Answer {
                         }
                         Progress::Finished { .. } | Progress::Aborted => {
                             if let Err(reason) = answer.apply(i, &p) {
+                                // As vLLM's generators: the error event, then `[DONE]` all the same.
                                 let data = ApiError::unavailable(reason).body().to_string();
-                                return Some((vec![Event::default().data(data)], (answer, rx, true)));
+                                return Some((vec![Event::default().data(data), Event::default().data("[DONE]")], (answer, rx, true)));
                             }
                             let rest = answer
                                 .choices
@@ -1583,7 +1601,7 @@ impl Answer {
                         }
                         Progress::Failed(reason) => {
                             let data = ApiError::unavailable(reason.clone()).body().to_string();
-                            return Some((vec![Event::default().data(data)], (answer, rx, true)));
+                            return Some((vec![Event::default().data(data), Event::default().data("[DONE]")], (answer, rx, true)));
                         }
                     }
                     let ended = answer.all_ended();

@@ -987,12 +987,29 @@ async fn a_sleep_aborts_the_requests_in_flight_or_waits_for_them() {
     s.shutdown().await.unwrap();
 }
 
-/// A `/sleep?mode=wait` whose client goes away during the drain ends its pause: later requests
-/// are served, and a later sleep is not "already in progress" (the pause stayed on for good,
-/// every completion refused with 503 while `/health` answered 200).
+/// A `/sleep?mode=wait` whose client goes away during the drain still sleeps once the drain
+/// ends, as vLLM's engine call runs to its end whatever the connection does; its pause ends
+/// with it (the pause once stayed on for good, every completion refused with 503 while
+/// `/health` answered 200; then, dropped with the handler, the sleep was cancelled instead).
+/// A `/wake_up` whose client goes away wakes the replica all the same (dropped with the
+/// handler, it left the replica awake but reporting `is_sleeping` and refusing requests).
 #[tokio::test]
-async fn a_sleep_whose_client_went_away_during_the_drain_ends_its_pause() {
-    let (s, c, base) = slow_server(10.0).await;
+async fn a_transition_whose_client_went_away_runs_to_its_end() {
+    // Qwen3-8B at level 2: its wake re-reads 16 GB from the page cache, seconds of device time.
+    let speed = 10.0;
+    let mut cfg = config_at(speed);
+    cfg.model = "Qwen3-8B".into();
+    let wake_s = switchyard_emulator::wake_time(
+        &spec::device(DEVICE).unwrap(),
+        &spec::model("Qwen3-8B").unwrap(),
+        Dtype::Fp16,
+        switchyard_emulator::SleepLevel::DiscardWeights,
+    ) / speed;
+    assert!(wake_s > 0.3, "the wake must outlast the client's 100 ms: {wake_s} s");
+    let s = start(cfg).await;
+    let c = client();
+    let base = s.base_url();
+    wait_healthy_polling(&c, &base, Duration::from_millis(20), 1500).await;
     let completions = format!("{base}/v1/completions");
     let c2 = c.clone();
     let url = completions.clone();
@@ -1003,12 +1020,33 @@ async fn a_sleep_whose_client_went_away_during_the_drain_ends_its_pause() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     // The client gives up on the sleep while the request above still runs.
-    let gave_up = c.post(format!("{base}/sleep?level=1&mode=wait")).timeout(Duration::from_millis(200)).send().await;
+    let gave_up = c.post(format!("{base}/sleep?level=2&mode=wait")).timeout(Duration::from_millis(200)).send().await;
     assert!(gave_up.is_err(), "the drain outlasted the client's timeout");
     let (status, text) = pending.await.unwrap();
-    assert_eq!(status, 200, "{text}");
+    assert_eq!(status, 200, "the drained request completes: {text}");
+    let asleep = std::time::Instant::now() + Duration::from_secs(20);
+    while !is_sleeping(&c, &base).await {
+        assert!(std::time::Instant::now() < asleep, "the abandoned sleep never happened");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Asleep once its transition ends (a wake while it falls asleep is refused).
+    let falling_s = switchyard_emulator::sleep_time(
+        &spec::device(DEVICE).unwrap(),
+        &spec::model("Qwen3-8B").unwrap(),
+        Dtype::Fp16,
+        switchyard_emulator::SleepLevel::DiscardWeights,
+    ) / speed;
+    tokio::time::sleep(Duration::from_secs_f64(falling_s + 0.3)).await;
+    // The client gives up on the wake.
+    let gave_up = c.post(format!("{base}/wake_up")).timeout(Duration::from_millis(100)).send().await;
+    assert!(gave_up.is_err(), "the wake outlasted the client's timeout");
+    let awake = std::time::Instant::now() + Duration::from_secs_f64(20.0 + 4.0 * wake_s);
+    while is_sleeping(&c, &base).await {
+        assert!(std::time::Instant::now() < awake, "the abandoned wake never ended");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let (status, text) = post(&c, completions, json!({"prompt": "again", "max_tokens": 4})).await;
-    assert_eq!(status, 200, "served after the abandoned sleep: {text}");
+    assert_eq!(status, 200, "served after the abandoned wake: {text}");
     assert_eq!(send_status(c.post(format!("{base}/sleep?level=1"))).await, 200);
     s.shutdown().await.unwrap();
 }

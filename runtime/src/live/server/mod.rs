@@ -1831,7 +1831,27 @@ enum SleepMode {
 
 /// `POST /sleep?level=1|2[&mode=abort|wait]` (see the module doc).
 async fn sleep(State(state): State<AppState>, RawQuery(raw): RawQuery) -> Response {
-    let shared = &state.shared;
+    run_to_the_end(state, raw, sleep_transition).await
+}
+
+/// Runs a lifecycle transition (`/sleep`, `/wake_up`) in a task of its own: a client that hangs
+/// up mid-transition drops the handler, not the transition — as in vLLM, whose engine call runs
+/// to its end whatever the HTTP connection does. (Dropped with the handler, an abandoned wake
+/// left the replica awake but reporting `is_sleeping` and refusing requests until the next
+/// wake, and an abandoned `mode=wait` drain cancelled the sleep.)
+async fn run_to_the_end<F, Fut>(state: AppState, raw: Option<String>, transition: F) -> Response
+where
+    F: FnOnce(Arc<Shared>, Option<String>) -> Fut,
+    Fut: std::future::Future<Output = Response> + Send + 'static,
+{
+    match tokio::spawn(transition(state.shared, raw)).await {
+        Ok(response) => response,
+        Err(e) => ApiError::unavailable(format!("the transition failed: {e}")).into_response(),
+    }
+}
+
+async fn sleep_transition(shared: Arc<Shared>, raw: Option<String>) -> Response {
+    let shared = &*shared;
     let mut level = 1u8;
     let mut mode = SleepMode::Abort;
     for (k, v) in query_pairs(raw.as_deref()) {
@@ -1961,7 +1981,11 @@ async fn finish_transition(shared: &Shared, until: f64) -> Response {
 /// wake of a sleeping replica takes the replica's whole wake time; the replica serves once no
 /// tag sleeps.
 async fn wake_up(State(state): State<AppState>, RawQuery(raw): RawQuery) -> Response {
-    let shared = &state.shared;
+    run_to_the_end(state, raw, wake_transition).await
+}
+
+async fn wake_transition(shared: Arc<Shared>, raw: Option<String>) -> Response {
+    let shared = &*shared;
     let tags: Vec<String> = query_pairs(raw.as_deref())
         .into_iter()
         .filter(|(k, _)| k == "tags")

@@ -715,32 +715,82 @@ pub fn chat_prompt_mode(content: &str, enable_thinking: bool) -> String {
 }
 
 /// The text Qwen3's chat template renders for a conversation of plain-text messages
-/// `(role, content)` — `system`, `user`, `assistant`, and `tool` (a tool result, which the
-/// template wraps in a user turn's `<tool_response>`) — with the generation prompt. For one
-/// user message it is [`chat_prompt_mode`]. Tool-call blocks of assistant turns are not
-/// rendered (the front door passes the messages to the engine as they are; this text only
-/// counts and hashes the prompt).
+/// `(role, content)` — `system`, `user`, `assistant`, and `tool` — with the generation prompt.
+/// For one user message it is [`chat_prompt_mode`]. Tool-call blocks of assistant turns are
+/// not rendered (the front door passes the messages to the engine as they are; this text only
+/// counts and hashes the prompt). See [`chat_template`].
 pub fn chat_messages_prompt(messages: &[(&str, &str)], enable_thinking: bool) -> String {
+    chat_template(messages, enable_thinking, true)
+}
+
+/// Qwen3's chat template (`tokenizer_config.json`'s `chat_template`, without tool
+/// definitions) over plain-text messages:
+///
+/// - consecutive `tool` messages are one user turn of `<tool_response>` blocks;
+/// - an assistant turn's reasoning (`<think>…</think>` in its content) is dropped when the turn
+///   comes before the last user query (a user message that is not only a tool response), and
+///   kept, re-rendered as `<think>\n{reasoning}\n</think>\n\n{answer}`, after it — so a
+///   multi-turn prompt does not grow by the reasoning of earlier turns, and its prefix changes
+///   from the first such turn on, as a real vLLM sees it;
+/// - the generation prompt (`add_generation_prompt`) opens an assistant turn, with an empty
+///   thinking block when `enable_thinking` is false.
+pub fn chat_template(messages: &[(&str, &str)], enable_thinking: bool, add_generation_prompt: bool) -> String {
+    let is_tool_response = |c: &str| c.starts_with("<tool_response>") && c.ends_with("</tool_response>");
+    let last_query = messages
+        .iter()
+        .rposition(|(role, content)| *role == "user" && !is_tool_response(content))
+        .unwrap_or(messages.len().saturating_sub(1));
     let mut out = String::new();
     for (i, (role, content)) in messages.iter().enumerate() {
-        if i > 0 {
-            out.push_str("<|im_end|>\n");
-        }
         match *role {
             "tool" => {
-                out.push_str("<|im_start|>user\n<tool_response>\n");
+                if i == 0 || messages[i - 1].0 != "tool" {
+                    out.push_str("<|im_start|>user");
+                }
+                out.push_str("\n<tool_response>\n");
                 out.push_str(content);
                 out.push_str("\n</tool_response>");
+                if i + 1 == messages.len() || messages[i + 1].0 != "tool" {
+                    out.push_str("<|im_end|>\n");
+                }
+            }
+            "assistant" => {
+                // The template's split: the answer after the last `</think>`, the reasoning
+                // before the first one (after its `<think>`).
+                let (reasoning, answer) = match content.split_once("</think>") {
+                    Some((before, _)) => {
+                        let answer = content.rsplit("</think>").next().unwrap_or("").trim_start_matches('\n');
+                        let reasoning = before.trim_end_matches('\n').rsplit("<think>").next().unwrap_or("").trim_start_matches('\n');
+                        (reasoning, answer)
+                    }
+                    None => ("", *content),
+                };
+                out.push_str("<|im_start|>assistant\n");
+                if i > last_query && (i + 1 == messages.len() || !reasoning.is_empty()) {
+                    out.push_str("<think>\n");
+                    out.push_str(reasoning.trim_matches('\n'));
+                    out.push_str("\n</think>\n\n");
+                    out.push_str(answer.trim_start_matches('\n'));
+                } else {
+                    out.push_str(answer);
+                }
+                out.push_str("<|im_end|>\n");
             }
             r => {
                 out.push_str("<|im_start|>");
                 out.push_str(r);
                 out.push('\n');
                 out.push_str(content);
+                out.push_str("<|im_end|>\n");
             }
         }
     }
-    out.push_str(&chat_generation_suffix(enable_thinking));
+    if add_generation_prompt {
+        out.push_str(CHAT_GENERATION.trim_start_matches("<|im_end|>\n"));
+        if !enable_thinking {
+            out.push_str(EMPTY_THINK);
+        }
+    }
     out
 }
 
@@ -843,6 +893,22 @@ mod tests {
         let two = chat_messages_prompt(&[("system", "be brief"), ("user", "hi"), ("tool", "42")], true);
         assert!(two.starts_with("<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n"), "{two}");
         assert!(two.contains("<|im_start|>user\n<tool_response>\n42\n</tool_response><|im_end|>\n<|im_start|>assistant\n"), "{two}");
+    }
+
+    /// Qwen3's template: an earlier assistant turn's reasoning is dropped before the last user
+    /// query and kept after it; consecutive tool results are one user turn.
+    #[test]
+    fn the_template_drops_earlier_reasoning_and_groups_tool_results() {
+        let answer = "<think>\nlong reasoning here\n</think>\n\nHello!";
+        let p = chat_template(&[("user", "Hi"), ("assistant", answer), ("user", "again")], true, true);
+        assert_eq!(p, "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello!<|im_end|>\n<|im_start|>user\nagain<|im_end|>\n<|im_start|>assistant\n");
+        // After the last query (an agent's tool loop), the reasoning stays.
+        let p = chat_template(&[("user", "Hi"), ("assistant", answer), ("tool", "a"), ("tool", "b")], false, true);
+        assert!(p.contains("<|im_start|>assistant\n<think>\nlong reasoning here\n</think>\n\nHello!<|im_end|>\n"), "{p}");
+        assert!(p.contains("<|im_start|>user\n<tool_response>\na\n</tool_response>\n<tool_response>\nb\n</tool_response><|im_end|>\n"), "{p}");
+        assert!(p.ends_with("<|im_start|>assistant\n<think>\n\n</think>\n\n"), "{p}");
+        // Without the generation prompt, the conversation only.
+        assert!(chat_template(&[("user", "Hi")], true, false).ends_with("Hi<|im_end|>\n"));
     }
 
     use super::*;

@@ -1915,8 +1915,9 @@ async fn sleep_transition(shared: Arc<Shared>, raw: Option<String>) -> Response 
         }
     }
     shared.driver_wake.notify_one();
-    // A client that goes away during the drain drops this future: the pause must end with it,
-    // or every later request would be refused as "pausing" while `/health` says 200.
+    // This runs in a task of its own (`run_to_the_end`): a client that goes away does not drop it.
+    // Should it be dropped all the same (the runtime shutting down), the pause ends with it, or
+    // every later request would be refused as "pausing" while `/health` says 200.
     let mut pausing = EndPauseOnDrop(Some(shared));
     // Drain: the requests (wait) or the step in progress (abort) end first.
     let until = loop {

@@ -395,11 +395,12 @@ pub fn not_emulated(param: &str) -> ApiError {
     )
 }
 
-/// Renders chat messages with Qwen3's chat template (`<|im_start|>role\ncontent<|im_end|>\n`
-/// per message, then the generation prompt, with the empty thinking block when
-/// `enable_thinking` is false), the prompt a Qwen3 vLLM server tokenises; its special markers
-/// are single tokens. Only plain system / user / assistant turns are rendered (no tools, no
-/// reasoning-content handling of earlier assistant turns).
+/// Renders chat messages with Qwen3's chat template ([`tokens::chat_template`]: per message
+/// `<|im_start|>role\ncontent<|im_end|>\n`, tool results as a user turn of
+/// `<tool_response>` blocks, earlier assistant turns' reasoning dropped before the last user
+/// query; then the generation prompt, with the empty thinking block when `enable_thinking` is
+/// false), the prompt a Qwen3 vLLM server tokenises; its special markers are single tokens.
+/// Tool definitions and assistant tool calls are not rendered.
 pub fn render_chat(messages: &[(String, String)], enable_thinking: bool) -> String {
     render_chat_prompt(messages, enable_thinking, true)
 }
@@ -411,19 +412,8 @@ pub fn render_chat_prompt(
     enable_thinking: bool,
     add_generation_prompt: bool,
 ) -> String {
-    let mut out = String::new();
-    for (role, content) in messages {
-        out.push_str("<|im_start|>");
-        out.push_str(role);
-        out.push('\n');
-        out.push_str(content);
-        out.push_str("<|im_end|>\n");
-    }
-    if add_generation_prompt {
-        let suffix = tokens::chat_generation_suffix(enable_thinking);
-        out.push_str(suffix.strip_prefix("<|im_end|>\n").unwrap_or(&suffix));
-    }
-    out
+    let pairs: Vec<(&str, &str)> = messages.iter().map(|(r, c)| (r.as_str(), c.as_str())).collect();
+    tokens::chat_template(&pairs, enable_thinking, add_generation_prompt)
 }
 
 /// One emulated answer, shaped by the request's limits and stop conditions.

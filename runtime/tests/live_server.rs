@@ -422,6 +422,11 @@ async fn bad_requests_get_vllm_like_errors() {
     let (status, body) = post(&c, url.clone(), json!({"prompt": "x", "max_tokens": 9000})).await;
     assert_eq!(status, 400, "prompt + output beyond max_model_len");
     assert!(body.contains("maximum context length"));
+    // A prompt of megabytes is a context error too, as vLLM answers it (axum's default 2 MiB
+    // body limit answered 413 in plain text).
+    let (status, body) = post(&c, url.clone(), json!({"prompt": "word ".repeat(500_000)})).await;
+    assert_eq!(status, 400, "{}", &body[..body.len().min(300)]);
+    assert!(body.contains("maximum context length"), "{}", &body[..body.len().min(300)]);
     let bad_json = c.post(url.clone()).header("content-type", "application/json").body("{nope");
     assert_eq!(send_status(bad_json).await, 400);
     let (status, body) = post(&c, url, json!({"prompt": []})).await;

@@ -101,6 +101,10 @@ pub use protocol::{
 use metrics::{FinishedRequest, Metrics};
 use protocol::{ApiError, ChatBody, Checked, CompletionBody, PromptField, Shaped};
 
+/// Largest request body read (32 MiB: a prompt far past any served context, which then gets
+/// vLLM's 400, still fits).
+const MAX_BODY_BYTES: usize = 32 << 20;
+
 /// Most iterations the driver completes while holding the lock before it yields to the
 /// request handlers (only reached when the driver runs behind the wall clock).
 const DRIVER_BATCH: usize = 64;
@@ -675,6 +679,9 @@ impl EmulateApp {
             .route("/collective_rpc", post(collective_rpc))
             .fallback(not_found)
             .method_not_allowed_fallback(method_not_allowed)
+            // vLLM reads any body; axum's default 2 MiB answered a long prompt 413 in plain text
+            // where vLLM answers its JSON 400 (the prompt is past the context).
+            .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
             .with_state(state)
     }
 

@@ -707,6 +707,14 @@ fn run(args: RunArgs) -> Result<RunEnd> {
             keep_trace: args.trace.is_some(),
         };
         let out = live_cmd::run_live_interruptible(cfg, &pool_path, &options, Some(progress), Some(Arc::clone(&interrupt)))?;
+        // The notes went out as they happened; the run's faults, counted, once at its end.
+        let f = &out.faults;
+        if f.retries + f.restarts + f.migrated_calls + f.failed_calls + f.tool_crashes > 0 {
+            eprintln!(
+                "faults: {} retries of LLM calls · {} replica restarts · {} calls moved off lost replicas · {} calls failed for good · {} tool executor crashes",
+                f.retries, f.restarts, f.migrated_calls, f.failed_calls, f.tool_crashes
+            );
+        }
         (out.report, out.trace, out.timelines, out.window, Vec::new())
     } else {
         // The trace is kept only when it is written, the whole GPU timeline only when it is

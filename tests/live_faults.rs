@@ -103,6 +103,8 @@ fn overload_is_waited_out_with_retry_after() {
     assert_eq!(o.status.code(), Some(0), "{err}");
     assert_eq!(proxy.injected(), 3);
     assert!(err.contains("first overload error") && err.contains("429"), "{err}");
+    // The retries are counted once at the end (they were only a note before).
+    assert!(err.contains("faults: 3 retries of LLM calls"), "{err}");
     let r = report(&o);
     assert_eq!(r["sessions_completed"], 2);
     assert_eq!(r["loads"], 0, "a fixed endpoint is never loaded");

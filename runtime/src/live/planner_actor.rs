@@ -2485,14 +2485,14 @@ impl PlannerActorState {
         let stops = replicas.iter().map(|(_, r)| r.actor.call(ReplicaMsg::Stop, Some(Duration::from_secs(30))));
         for (result, (replica, _)) in futures::future::join_all(stops).await.into_iter().zip(&replicas) {
             if !matches!(result, Ok(ractor::rpc::CallResult::Success(()))) {
-                self.notes.push(format!("replica {replica} did not confirm its unload at shutdown"));
+                self.note(format!("replica {replica} did not confirm its unload at shutdown"));
             }
         }
         let parked: Vec<EngineHandle> = std::mem::take(&mut self.parked).into_values().map(|(_, _, e)| e).collect();
         let unloads = parked.iter().map(|e| e.engine.unload());
         for (result, e) in futures::future::join_all(unloads).await.into_iter().zip(&parked) {
             if let Err(err) = result {
-                self.notes.push(format!("a parked {} engine did not unload: {err}", e.engine.kind()));
+                self.note(format!("a parked {} engine did not unload: {err}", e.engine.kind()));
             }
         }
         if let Some(t) = self.tools.take() {

@@ -297,12 +297,24 @@ fn is_whole_body(headers: &HeaderMap) -> bool {
     })
 }
 
+/// The start of a server's text for an error message: at most [`ERROR_EXCERPT`] characters,
+/// control characters escaped.
 fn excerpt(body: &str) -> String {
-    let body = body.trim();
-    match body.char_indices().nth(ERROR_EXCERPT) {
-        Some((i, _)) => format!("{}…", &body[..i]),
-        None => body.to_string(),
+    let mut out = String::new();
+    for (n, c) in body.trim().chars().enumerate() {
+        if n == ERROR_EXCERPT {
+            out.push('…');
+            break;
+        }
+        // A server's bytes reach the operator's terminal in notes and failures: control
+        // characters (escape sequences that retitle, clear or recolour it; NULs) go escaped.
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
     }
+    out
 }
 
 /// `Retry-After` in seconds (the HTTP-date form is not used by inference servers and is
@@ -1239,6 +1251,18 @@ impl Engine for HttpEngine {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A hostile server's bytes never reach the operator's terminal raw: escape sequences and
+    /// NULs in an error body are escaped in every message built from it (found by review: a
+    /// 500 whose body retitled, cleared and recoloured the terminal through `note:` lines).
+    #[test]
+    fn an_excerpt_escapes_control_characters() {
+        let e = excerpt("\x1b]0;PWNED\x07\x1b[2J\x1b[31mRED\0\nnext line");
+        assert!(!e.chars().any(char::is_control), "{e:?}");
+        assert_eq!(e, "\\u{1b}]0;PWNED\\u{7}\\u{1b}[2J\\u{1b}[31mRED\\u{0}\\nnext line");
+        let long = "x".repeat(ERROR_EXCERPT + 5);
+        assert_eq!(excerpt(&long).chars().count(), ERROR_EXCERPT + 1, "cut, with an ellipsis");
+    }
 
     #[test]
     fn an_event_stream_is_handed_on_in_whole_lines_with_every_byte_in_order() {

@@ -49,6 +49,8 @@ struct Faults {
     /// Report `/metrics` like a hybrid-attention engine: each call in flight holds its prompt
     /// tokens plus this many tokens of state in a 1,000,000-token KV cache.
     request_state_tokens: Option<u64>,
+    /// `load` never ends (a vLLM start-up of minutes, or one stuck).
+    load_hangs: bool,
 }
 
 #[derive(Default)]
@@ -166,6 +168,9 @@ impl Engine for FakeEngine {
     fn load(&self) -> EngineFuture<'_, ()> {
         Box::pin(async move {
             self.counters.loads.fetch_add(1, Ordering::SeqCst);
+            if self.faults.load_hangs {
+                std::future::pending::<()>().await;
+            }
             if *self.dead.borrow() && self.faults.stay_dead {
                 return Err(EngineError::Lifecycle("the server exits at start".into()));
             }
@@ -577,6 +582,25 @@ fn a_replica_killed_mid_run_is_restarted_and_every_session_completes_once() {
         assert_eq!(r.final_output, expected[&r.session].0, "{}", r.session);
     }
     assert!(factory.counters.answered.lock().unwrap().values().all(|&n| n == 1));
+}
+
+/// A deadline (or Ctrl-C) while engines are still loading ends the run at once: the loads are
+/// cut short and their engines unloaded. The stop waited 30 s for each loading replica's actor,
+/// which handled its stop only after its load (a review measured 38.6 s for an 8 s deadline).
+#[test]
+fn a_deadline_during_the_loads_cuts_them_short() {
+    let run = sim_config(&["gsm8k"], 2, "small", 3);
+    let factory = FakeFactory::new(5, Faults { load_hangs: true, ..Faults::default() });
+    let mut cfg = live_config(run);
+    cfg.deadline = Some(Duration::from_millis(500));
+    let started = Instant::now();
+    let live = run_live(&cfg, factory.clone());
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(15), "the stop waited for the loads: {took:?}");
+    assert!(factory.counters.loads.load(Ordering::SeqCst) >= 1, "a load was under way");
+    assert!(factory.counters.unloads.load(Ordering::SeqCst) >= 1, "the cut-short load's engine is unloaded");
+    assert_eq!(live.report.sessions_completed, 0);
+    assert!(!live.notes.iter().any(|n| n.contains("did not confirm its unload")), "{:?}", live.notes);
 }
 
 #[test]

@@ -283,6 +283,8 @@ pub struct PlannerActorState {
     ended_failed: usize,
     /// Sessions and programs the runtime's stop ended (counted in `ended_failed` too).
     ended_interrupted: usize,
+    /// Set at shutdown: replicas still loading cut their load short ([`ReplicaArgs::stopping`]).
+    stopping: tokio::sync::watch::Sender<bool>,
     keep_ended: Option<usize>,
     timeline_segments: Option<usize>,
     max_programs: Option<usize>,
@@ -400,6 +402,7 @@ impl Actor for PlannerActor {
             durable: BTreeMap::new(),
             ended_failed: 0,
             ended_interrupted: 0,
+            stopping: tokio::sync::watch::Sender::new(false),
             keep_ended: args.keep_ended,
             timeline_segments: args.timeline_segments,
             max_programs: args.max_programs,
@@ -1643,6 +1646,7 @@ impl PlannerActorState {
             planner: myself.clone(),
             retry: self.ctx.retry,
             telemetry_every: self.telemetry_every,
+            stopping: self.stopping.subscribe(),
         };
         let actor = match Actor::spawn_linked(None, ReplicaActor, args, myself.get_cell()).await {
             Ok((a, _)) => a,
@@ -2482,9 +2486,13 @@ impl PlannerActorState {
                 open_resident.push((r.device.0, r.deployment, since));
             }
         }
+        // A replica still loading stops its load now (its actor handles the Stop after it): a
+        // deadline or Ctrl-C waited out the 30 s below for each, with nothing said.
+        self.stopping.send_replace(true);
         let stops = replicas.iter().map(|(_, r)| r.actor.call(ReplicaMsg::Stop, Some(Duration::from_secs(30))));
-        for (result, (replica, _)) in futures::future::join_all(stops).await.into_iter().zip(&replicas) {
-            if !matches!(result, Ok(ractor::rpc::CallResult::Success(()))) {
+        for (result, (replica, r)) in futures::future::join_all(stops).await.into_iter().zip(&replicas) {
+            // A cut-short load stops its actor itself (its engine unloaded): nothing to confirm.
+            if !matches!(result, Ok(ractor::rpc::CallResult::Success(()))) && r.loading_since.is_none() {
                 self.note(format!("replica {replica} did not confirm its unload at shutdown"));
             }
         }

@@ -61,6 +61,10 @@ pub struct ReplicaArgs {
     pub retry: RetryPolicy,
     /// How often to poll the engine's telemetry (`None`: never).
     pub telemetry_every: Option<Duration>,
+    /// Turns `true` when the runtime stops: a load still under way is cut short (the engine's
+    /// process killed) rather than waited for — a vLLM start-up takes minutes, and this actor
+    /// handles its `Stop` only after its `Start`.
+    pub stopping: tokio::sync::watch::Receiver<bool>,
 }
 
 struct InFlight {
@@ -108,6 +112,7 @@ pub struct ReplicaState {
     /// A reclaim waiting for the calls in flight to finish.
     draining: Option<(Option<u8>, LifecycleTicket)>,
     span: Span,
+    stopping: tokio::sync::watch::Receiver<bool>,
 }
 
 /// What to do with a call whose attempt failed.
@@ -390,6 +395,7 @@ impl Actor for ReplicaActor {
             requests: BTreeMap::new(),
             draining: None,
             span,
+            stopping: args.stopping,
         })
     }
 
@@ -405,39 +411,54 @@ impl Actor for ReplicaActor {
     }
 }
 
+/// Waits for the device's lifecycle turn, then loads (or wakes) the engine: a sleeper that
+/// cannot wake is loaded instead, and a start that failed because the process died is retried
+/// a bounded number of times with a growing pause. The result, and the retries it took.
+async fn start_engine(state: &mut ReplicaState, ticket: &mut LifecycleTicket) -> (Result<(), EngineError>, u32) {
+    ticket.wait().await;
+    let engine = state.engine();
+    let mut result = if state.wake { engine.wake().await } else { engine.load().await };
+    let mut retries = 0;
+    if let (true, Err(e)) = (state.wake, &result) {
+        // A sleeper that cannot wake (e.g. a server without `/collective_rpc` after a
+        // level-2 sleep) is replaced by a fresh engine.
+        tracing::warn!(error = %e, "wake failed: loading instead");
+        state.fault(e);
+        let _ = engine.unload().await;
+        result = engine.load().await;
+        retries = 1;
+    }
+    // A start can fail for good (the server refuses the configuration, the key, the model) or
+    // because the process died meanwhile; only the latter is retried.
+    let mut attempts = 0;
+    while let Err(e) = &result {
+        state.fault(e);
+        let hopeless = matches!(e, EngineError::Auth(_) | EngineError::Misconfigured(_) | EngineError::Rejected(_));
+        if hopeless || attempts >= state.retry.max_restarts {
+            break;
+        }
+        attempts += 1;
+        tracing::warn!(error = %e, attempt = attempts, "start failed: starting again");
+        tokio::time::sleep(state.retry.restart_after(attempts)).await;
+        let _ = engine.unload().await;
+        result = engine.load().await;
+        retries += 1;
+    }
+    (result, retries)
+}
+
 async fn handle(myself: ActorRef<ReplicaMsg>, msg: ReplicaMsg, state: &mut ReplicaState) {
     match msg {
         ReplicaMsg::Start(mut ticket) => {
-            ticket.wait().await;
             let engine = state.engine();
-            let mut result = if state.wake { engine.wake().await } else { engine.load().await };
-            let mut retries = 0;
-            if let (true, Err(e)) = (state.wake, &result) {
-                // A sleeper that cannot wake (e.g. a server without `/collective_rpc` after a
-                // level-2 sleep) is replaced by a fresh engine.
-                tracing::warn!(error = %e, "wake failed: loading instead");
-                state.fault(e);
-                let _ = engine.unload().await;
-                result = engine.load().await;
-                retries = 1;
-            }
-            // A start can fail for good (the server refuses the configuration, the key, the
-            // model) or because the process died meanwhile; only the latter is retried, a
-            // bounded number of times with a growing pause.
-            let mut attempts = 0;
-            while let Err(e) = &result {
-                state.fault(e);
-                let hopeless = matches!(e, EngineError::Auth(_) | EngineError::Misconfigured(_) | EngineError::Rejected(_));
-                if hopeless || attempts >= state.retry.max_restarts {
-                    break;
+            let mut stopping = state.stopping.clone();
+            let (result, retries) = tokio::select! {
+                started = start_engine(state, &mut ticket) => started,
+                // The runtime stops (or its planner is gone) during the load: cut it short.
+                _ = stopping.wait_for(|stop| *stop) => {
+                    (Err(EngineError::Lifecycle("the runtime stopped during the load".into())), 0)
                 }
-                attempts += 1;
-                tracing::warn!(error = %e, attempt = attempts, "start failed: starting again");
-                tokio::time::sleep(state.retry.restart_after(attempts)).await;
-                let _ = engine.unload().await;
-                result = engine.load().await;
-                retries += 1;
-            }
+            };
             if let Err(e) = &result {
                 tracing::error!(error = %e, "load failed");
                 let _ = engine.unload().await;

@@ -51,6 +51,9 @@ struct Faults {
     request_state_tokens: Option<u64>,
     /// `load` never ends (a vLLM start-up of minutes, or one stuck).
     load_hangs: bool,
+    /// Each answer streams its first token before its delay (so an attempt cut short during
+    /// the delay is wasted work).
+    first_token_before_delay: bool,
 }
 
 #[derive(Default)]
@@ -132,6 +135,10 @@ impl FakeEngine {
         self.in_flight.fetch_add(1, Ordering::SeqCst);
         self.in_flight_prompt.fetch_add(u64::from(request.prompt_tokens), Ordering::SeqCst);
         let _in_flight = InFlightGuard(self, u64::from(request.prompt_tokens));
+        if self.faults.first_token_before_delay {
+            request.meter.first_token();
+            request.meter.add_output(1);
+        }
         if !self.delay.is_zero() {
             let mut died = self.dead.subscribe();
             tokio::select! {
@@ -601,6 +608,22 @@ fn a_deadline_during_the_loads_cuts_them_short() {
     assert!(factory.counters.unloads.load(Ordering::SeqCst) >= 1, "the cut-short load's engine is unloaded");
     assert_eq!(live.report.sessions_completed, 0);
     assert!(!live.notes.iter().any(|n| n.contains("did not confirm its unload")), "{:?}", live.notes);
+}
+
+/// Calls still decoding at a deadline are aborted with their sessions, and what they had cost
+/// is in the report's wasted work: the report was built before their aborts came back (a
+/// review's run showed three calls decoding at the deadline and `wasted` empty).
+#[test]
+fn calls_in_flight_at_the_deadline_are_counted_as_wasted() {
+    let run = sim_config(&["gsm8k"], 2, "small", 3);
+    let factory = FakeFactory::new(20_000, Faults { first_token_before_delay: true, ..Faults::default() });
+    let mut cfg = live_config(run);
+    cfg.deadline = Some(Duration::from_millis(1500));
+    let live = run_live(&cfg, factory.clone());
+    assert_eq!(live.report.sessions_completed, 0);
+    assert!(factory.counters.requests.load(Ordering::SeqCst) >= 1, "calls were in flight");
+    let w = live.report.wasted;
+    assert!(w.attempts >= 1 && w.output_tokens >= 1, "{w:?}");
 }
 
 #[test]

@@ -493,8 +493,20 @@ impl PlannerActorState {
         self.trace.len()
     }
 
+    /// Every session ended — and after an abort (a deadline, Ctrl-C, a stop), every call the
+    /// ended sessions had in flight came back aborted, so that what it cost is counted as
+    /// wasted before the report is built (the shells wait for this, bounded).
     fn done(&self) -> bool {
-        self.ended_count() >= self.total()
+        self.ended_count() >= self.total() && !(self.aborted && !self.in_flight.is_empty())
+    }
+
+    /// Answers the `WaitDone` waiters once [`Self::done`].
+    fn settle_waiters(&mut self) {
+        if self.done() {
+            for w in self.waiters.drain(..) {
+                let _ = w.send(Ok(()));
+            }
+        }
     }
 
     /// Sessions that ended, forgotten ones included.
@@ -1862,6 +1874,10 @@ impl PlannerActorState {
 
     fn take_in_flight(&mut self, activation: ActivationId) -> Option<InFlight> {
         let f = self.in_flight.remove(&activation)?;
+        // After an abort, the last call to come back may be what the shell waits for.
+        if self.aborted && self.in_flight.is_empty() {
+            self.settle_waiters();
+        }
         let wall = self.wall();
         if let Some(r) = self.replicas.get_mut(&f.replica) {
             r.serving = r.serving.saturating_sub(1);
@@ -2247,11 +2263,7 @@ impl PlannerActorState {
         if let Some(p) = &self.progress {
             p(n, self.total());
         }
-        if self.done() {
-            for w in self.waiters.drain(..) {
-                let _ = w.send(Ok(()));
-            }
-        }
+        self.settle_waiters();
     }
 
     async fn on_loaded(&mut self, myself: &ActorRef<PlannerMsg>, replica: ReplicaId) {

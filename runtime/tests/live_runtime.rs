@@ -580,9 +580,14 @@ fn a_replica_killed_mid_run_is_restarted_and_every_session_completes_once() {
     let run = sim_config(&["gsm8k", "qmsum"], 3, "small", 5);
     let expected = reference(&run);
     let factory = FakeFactory::new(5, Faults { kill_at_request: Some(6), ..Faults::default() });
-    let live = run_live(&live_config(run), factory.clone());
+    let mut cfg = live_config(run);
+    cfg.keep_trace = true;
+    let live = run_live(&cfg, factory.clone());
     assert_eq!(factory.counters.kills.load(Ordering::SeqCst), 1, "the fault fired");
     assert!(live.faults.restarts >= 1, "{:?}", live.faults);
+    // Each restart is an event of the trace too (it was only a note, once per text).
+    let restarts = live.trace.iter().filter(|l| l.event == "restart").count() as u64;
+    assert_eq!(restarts, live.faults.restarts, "{:?}", live.faults);
     assert!(live.report.failures.is_empty(), "{:?}", live.report.failures);
     assert_each_session_once(&live, 6);
     for r in &live.sessions {

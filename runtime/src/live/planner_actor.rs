@@ -687,9 +687,13 @@ impl PlannerActorState {
             }
             PlannerMsg::Restarted { replica } => {
                 self.faults.restarts += 1;
+                let device = self.replicas.get(&replica).map(|r| r.device.0);
+                self.log("restart", TraceLine { replica: Some(replica.0), device, ..blank() });
                 self.note(format!("replica {replica} was restarted after its engine stopped answering or failed to start"));
             }
             PlannerMsg::ReplicaLost { replica, actor, reason, wasted } => {
+                let device = self.replicas.get(&replica).map(|r| r.device.0);
+                self.log("replica_lost", TraceLine { replica: Some(replica.0), device, detail: Some(reason.clone()), ..blank() });
                 // Its calls run again elsewhere: what their attempts here had cost is wasted
                 // (counted in the run, not charged to a program).
                 self.count_waste(&wasted);

@@ -189,13 +189,13 @@ fn sorted(ids: &[String]) -> Vec<String> {
     ids
 }
 
-/// The `session` fields of a run's event stream, read until its `run_end` (10 s at most).
-async fn event_sessions(root: &str, run: &str) -> (BTreeSet<u64>, usize) {
+/// A run's event stream as text, read until its `run_end` (`within` at most).
+async fn events_until_end(root: &str, run: &str, within: Duration) -> String {
     let resp = reqwest::get(format!("{root}/v1/runs/{run}/events")).await.expect("events");
     assert_eq!(resp.status().as_u16(), 200);
     let mut stream = resp.bytes_stream();
     let mut text = String::new();
-    let _ = tokio::time::timeout(Duration::from_secs(10), async {
+    let _ = tokio::time::timeout(within, async {
         while let Some(Ok(chunk)) = stream.next().await {
             text.push_str(&String::from_utf8_lossy(&chunk));
             if text.contains("event: run_end") && text.ends_with("\n\n") {
@@ -204,6 +204,12 @@ async fn event_sessions(root: &str, run: &str) -> (BTreeSet<u64>, usize) {
         }
     })
     .await;
+    text
+}
+
+/// The `session` fields of a run's event stream, read until its `run_end` (10 s at most).
+async fn event_sessions(root: &str, run: &str) -> (BTreeSet<u64>, usize) {
+    let text = events_until_end(root, run, Duration::from_secs(10)).await;
     assert!(text.contains("event: run_end"), "{text}");
     let sessions = text
         .lines()
@@ -290,22 +296,8 @@ fn a_stop_interrupts_journaled_sessions_and_they_resume() {
         let (service, root, _) = serve_durably(&cfg, Factory::new(300), &journal).await;
         let (run, ids) = start_run(&root, 3).await;
         let events = tokio::spawn({
-            let url = format!("{root}/v1/runs/{run}/events");
-            async move {
-                let resp = reqwest::get(url).await.expect("events");
-                let mut stream = resp.bytes_stream();
-                let mut text = String::new();
-                let _ = tokio::time::timeout(Duration::from_secs(20), async {
-                    while let Some(Ok(chunk)) = stream.next().await {
-                        text.push_str(&String::from_utf8_lossy(&chunk));
-                        if text.contains("event: run_end") && text.ends_with("\n\n") {
-                            break;
-                        }
-                    }
-                })
-                .await;
-                text
-            }
+            let (root, run) = (root.clone(), run.clone());
+            async move { events_until_end(&root, &run, Duration::from_secs(20)).await }
         });
         tokio::time::sleep(Duration::from_millis(100)).await;
         let out = service.shutdown("the server stopped").await.expect("shutdown");

@@ -51,6 +51,8 @@ struct Faults {
     request_state_tokens: Option<u64>,
     /// `load` never ends (a vLLM start-up of minutes, or one stuck).
     load_hangs: bool,
+    /// `load` of this model always fails (its server exits at start).
+    load_fails_model: Option<String>,
     /// Each answer streams its first token before its delay (so an attempt cut short during
     /// the delay is wasted work).
     first_token_before_delay: bool,
@@ -177,6 +179,9 @@ impl Engine for FakeEngine {
             self.counters.loads.fetch_add(1, Ordering::SeqCst);
             if self.faults.load_hangs {
                 std::future::pending::<()>().await;
+            }
+            if self.faults.load_fails_model.as_deref() == Some(self.model.as_str()) {
+                return Err(EngineError::Lifecycle(format!("{} exits at start", self.model)));
             }
             if *self.dead.borrow() && self.faults.stay_dead {
                 return Err(EngineError::Lifecycle("the server exits at start".into()));
@@ -719,6 +724,23 @@ fn units_no_device_can_serve_fail_their_sessions_instead_of_hanging() {
     assert_each_session_once(&live, 1);
     assert_eq!(live.report.sessions_failed, 1);
     assert!(live.report.failures[0].contains("could not be placed"), "{:?}", live.report.failures);
+}
+
+/// A unit no device can take any more fails naming the engine errors of its own model: the
+/// last error was kept per device, so a unit of a model given up on a device was failed with
+/// whatever other model had failed there last.
+#[test]
+fn an_unplaceable_unit_names_its_own_models_engine_errors() {
+    // One A100: Qwen3-14B's server never starts (given up there), and another model's engine
+    // fails on the same device after it.
+    let mut run = sim_config(&["gsm8k"], 1, "small", 2);
+    run.pool.devices = vec![run.pool.devices[0].clone()];
+    let faults = Faults { load_fails_model: Some("Qwen3-14B".into()), bad_attempts_per_request: 1, ..Faults::default() };
+    let live = run_live(&live_config(run), FakeFactory::new(1, faults));
+    assert_eq!(live.report.sessions_failed, 1);
+    let failure = &live.report.failures[0];
+    assert!(failure.contains("could not be placed") && failure.contains("last engine errors of Qwen3-14B: gpu0: "), "{failure}");
+    assert!(failure.contains("Qwen3-14B exits at start") && !failure.contains("HTTP 500"), "another model's error: {failure}");
 }
 
 proptest::proptest! {

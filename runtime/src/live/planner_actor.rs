@@ -227,7 +227,8 @@ pub struct PlannerActorState {
     /// Engine faults already noted, by (kind, endpoint): the first of each is printed.
     faults_seen: BTreeSet<(&'static str, String)>,
     /// The last engine error on each device (named when a unit cannot be placed).
-    last_error: BTreeMap<DeviceId, String>,
+    /// The last engine error of each device, per deployment it served.
+    last_error: BTreeMap<(DeviceId, DeploymentId), String>,
     /// Devices served by fixed endpoints (no loads, GPU time not known).
     fixed_devices: BTreeSet<DeviceId>,
     /// Attach "loads" and detach "evictions" of fixed endpoints (not counted in the report).
@@ -544,8 +545,8 @@ impl PlannerActorState {
     fn engine_fault(&mut self, replica: ReplicaId, endpoint: String, error: EngineError) {
         let device = self.replicas.get(&replica).map(|r| r.device);
         tracing::warn!(%replica, %endpoint, kind = error.kind(), %error, "engine fault");
-        if let Some(d) = device {
-            self.last_error.insert(d, error.to_string());
+        if let Some(r) = self.replicas.get(&replica) {
+            self.last_error.insert((r.device, r.deployment), error.to_string());
         }
         if self.faults_seen.insert((error.kind(), endpoint.clone())) {
             let on = device.map(|d| format!(" (replica {replica} on {d})")).unwrap_or_default();
@@ -553,13 +554,15 @@ impl PlannerActorState {
         }
     }
 
-    /// Why units may be unplaceable: the last engine error of each device that had one.
-    fn last_errors(&self) -> String {
-        if self.last_error.is_empty() {
+    /// Why units of `deployment` may be unplaceable: the last engine error of each device that
+    /// had one while serving it (another model's error on the same device is not the reason).
+    fn last_errors(&self, deployment: DeploymentId) -> String {
+        let parts: Vec<String> =
+            self.last_error.iter().filter(|((_, d), _)| *d == deployment).map(|((device, _), e)| format!("{device}: {e}")).collect();
+        if parts.is_empty() {
             return String::new();
         }
-        let parts: Vec<String> = self.last_error.iter().map(|(d, e)| format!("{d}: {e}")).collect();
-        format!("; last engine errors: {}", parts.join("; "))
+        format!("; last engine errors of {}: {}", self.model_name(deployment), parts.join("; "))
     }
 
     async fn on_message(&mut self, myself: &ActorRef<PlannerMsg>, msg: PlannerMsg) {
@@ -2300,7 +2303,7 @@ impl PlannerActorState {
         let lost: Vec<ActivationId> =
             self.in_flight.iter().filter(|(_, f)| f.replica == replica).map(|(a, _)| *a).collect();
         tracing::warn!(%replica, device = %entry.device, %reason, calls = lost.len(), "replica gone");
-        self.last_error.entry(entry.device).or_insert_with(|| reason.clone());
+        self.last_error.entry((entry.device, entry.deployment)).or_insert_with(|| reason.clone());
         if was_loading {
             self.note(format!("replica {replica} on {} could not start ({reason}); that device is no longer used for its model", entry.device));
         } else {
@@ -2456,9 +2459,9 @@ impl PlannerActorState {
             return;
         }
         self.quiet_ticks = 0;
-        let stranded: Vec<ActivationId> = state.queue().iter().map(|w| w.activation).collect();
-        let why = self.last_errors();
-        for a in stranded {
+        let stranded: Vec<(ActivationId, DeploymentId)> = state.queue().iter().map(|w| (w.activation, w.deployment)).collect();
+        for (a, deployment) in stranded {
+            let why = self.last_errors(deployment);
             if let Some(s) = self.sessions.get(&a.session) {
                 let _ = s.send_message(SessionMsg::Fail(format!("unit {a} could not be placed on any device of the pool{why}")));
             }

@@ -263,7 +263,9 @@ async fn streamed_completions_and_chat_end_with_usage_and_done() {
         .map(|d| serde_json::from_str(d).unwrap())
         .collect();
     assert_eq!(chunks[0]["object"], "chat.completion.chunk");
-    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    // As vLLM: a chunk of the role alone first, then content chunks without it.
+    assert_eq!(chunks[0]["choices"][0]["delta"], json!({"role": "assistant", "content": ""}));
+    assert!(chunks[1..].iter().all(|c| c["choices"][0]["delta"].get("role").is_none()), "{chunks:?}");
     let text: String = chunks
         .iter()
         .filter_map(|c| {

@@ -1517,10 +1517,11 @@ impl Answer {
     }
 
     /// One chunk of choice `i`: `piece` (after the echoed prompt on its first chunk), with
-    /// its finish reason when it ends.
-    fn chunk(&mut self, i: usize, piece: &str, finish: bool) -> Option<Event> {
+    /// its finish reason when it ends. A chat choice's first chunk is preceded by one carrying
+    /// only the role (`delta: {"role": "assistant", "content": ""}`), as vLLM sends it.
+    fn chunk(&mut self, i: usize, piece: &str, finish: bool) -> Vec<Event> {
         let api = self.api;
-        let c = self.choices.get_mut(i)?;
+        let Some(c) = self.choices.get_mut(i) else { return Vec::new() };
         let first = !c.started;
         c.started = true;
         let text = match (&c.echo, first) {
@@ -1532,32 +1533,37 @@ impl Answer {
         } else {
             (Value::Null, Value::Null)
         };
-        let choice = match api {
-            Api::Completions => json!({
+        let mut choices = Vec::with_capacity(2);
+        match api {
+            Api::Completions => choices.push(json!({
                 "index": c.index,
                 "text": text,
                 "logprobs": null,
                 "finish_reason": finish_reason,
                 "stop_reason": stop_reason,
-            }),
+            })),
             Api::Chat => {
-                let delta = if first {
-                    json!({ "role": "assistant", "content": text })
-                } else {
-                    json!({ "content": text })
-                };
-                json!({ "index": c.index, "delta": delta, "logprobs": null,
-                        "finish_reason": finish_reason, "stop_reason": stop_reason })
+                if first {
+                    choices.push(json!({ "index": c.index, "delta": { "role": "assistant", "content": "" },
+                                         "logprobs": null, "finish_reason": null }));
+                }
+                choices.push(json!({ "index": c.index, "delta": { "content": text }, "logprobs": null,
+                                     "finish_reason": finish_reason, "stop_reason": stop_reason }));
             }
-        };
-        let data = json!({
-            "id": self.id,
-            "object": self.object(true),
-            "created": self.created,
-            "model": self.model,
-            "choices": [choice],
-        });
-        Some(Event::default().data(data.to_string()))
+        }
+        choices
+            .into_iter()
+            .map(|choice| {
+                let data = json!({
+                    "id": self.id,
+                    "object": self.object(true),
+                    "created": self.created,
+                    "model": self.model,
+                    "choices": [choice],
+                });
+                Event::default().data(data.to_string())
+            })
+            .collect()
     }
 
     /// A stream: one chunk per decoded token of each choice at the engine's pace while the

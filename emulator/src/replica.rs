@@ -240,6 +240,9 @@ pub struct EmulatedReplica {
     /// Decode steps planned after the iteration in progress, not yet applied.
     run: Option<DecodeRun>,
     pending: Vec<EngineEvent>,
+    /// The requests that sampled a token in the last [`EmulatedReplica::finish_iteration`]'s
+    /// batch step (not those of a planned decode run).
+    sampled: Vec<u64>,
     rng: ChaCha8Rng,
     noise: LogNormal<f64>,
     counters: Counters,
@@ -305,6 +308,7 @@ impl EmulatedReplica {
             iteration: None,
             run: None,
             pending: Vec::new(),
+            sampled: Vec::new(),
             rng: ChaCha8Rng::seed_from_u64(noise_seed),
             noise,
             counters: Counters::default(),
@@ -629,15 +633,12 @@ impl EmulatedReplica {
             .and_then(|s| s.first_scheduled_at)
     }
 
-    /// Whether request `id` is in flight and decoding: past its first token, not finished, and
-    /// not being recomputed after a preemption (all but its newest token computed). A server
-    /// streaming tokens reads here when a preempted request produces tokens again.
-    pub fn is_decoding(&self, id: u64) -> bool {
-        self.seqs
-            .iter()
-            .flatten()
-            .find(|s| s.id == id)
-            .is_some_and(|s| s.first_token_sent && !s.done && s.num_computed + 1 >= s.seq_len())
+    /// The requests that sampled a token in the last [`Self::finish_iteration`]'s batch step, in
+    /// batch order (a decode run planned with [`Self::extend_decode_run`] is not listed): a
+    /// server streaming tokens counts exactly these — not a decode a prefill-only step (vLLM
+    /// V0's) left out, nor a request still recomputing after a preemption.
+    pub fn sampled(&self) -> &[u64] {
+        &self.sampled
     }
 
     /// The running batch's requests with the time each was first admitted (vLLM's
@@ -1117,6 +1118,7 @@ impl EmulatedReplica {
     /// events in order: preemptions made when the batch was formed, then first tokens and
     /// completions in batch order. Empty if no iteration was in progress.
     pub fn finish_iteration(&mut self, now: f64) -> Vec<EngineEvent> {
+        self.sampled.clear();
         if let Some(run) = self.run.take() {
             let n = run.steps.len();
             self.apply_decode_steps(&run, n);
@@ -1138,6 +1140,7 @@ impl EmulatedReplica {
             if seq.num_computed < seq.seq_len() {
                 continue;
             }
+            self.sampled.push(seq.id);
             seq.generated += 1;
             self.counters.generated += 1;
             if !seq.first_token_sent {

@@ -1091,6 +1091,10 @@ async fn a_preempted_stream_streams_on_after_its_recompute() {
     assert!(others.iter().all(|(s, _)| *s == 200) && status == 200, "{others:?}");
     let m = MetricsSnapshot::parse(&c.get(format!("{base}/metrics")).send().await.unwrap().text().await.unwrap()).unwrap();
     assert!(m.counter("vllm:num_preemptions").is_some_and(|p| p > 0.0), "the test needs KV pressure");
+    // Every token after each request's first is one inter-token latency, preempted or not: 9
+    // requests of 500 tokens (a token counted in a step where its request did not sample, or
+    // lost after a recompute, moves this).
+    assert_eq!(m.histogram("vllm:inter_token_latency_seconds").map(|h| h.count), Some(9.0 * 499.0));
     let pieces: Vec<String> = sse_data(&text)
         .iter()
         .filter_map(|d| serde_json::from_str::<Value>(d).ok())
@@ -1099,5 +1103,33 @@ async fn a_preempted_stream_streams_on_after_its_recompute() {
         .collect();
     let longest = pieces.iter().map(|p| tokens::count(p)).max().unwrap_or(0);
     assert!(pieces.len() >= 400 && longest <= 20, "{} pieces, the longest {longest} tokens", pieces.len());
+    drop(s);
+}
+
+/// On a V0 engine (Volta) a step that admits a request runs prefills only, and the requests
+/// decoding beside it sample nothing in that step: the server counted each a token there (the
+/// stream ran ahead of the engine, the inter-token histogram got samples no token had).
+#[tokio::test]
+async fn a_prefill_only_step_streams_no_token_to_the_decoding_requests() {
+    let mut cfg = config_at(10.0);
+    cfg.device = "V100-32GB".into();
+    let c = client();
+    let s = start(cfg).await;
+    let base = s.base_url();
+    wait_healthy_polling(&c, &base, Duration::from_millis(20), 1500).await;
+    let url = format!("{base}/v1/completions");
+    let body = json!({"model": MODEL, "prompt": "Tell me a long story.", "max_tokens": 200, "ignore_eos": true});
+    // Staggered: each later request is admitted while the earlier ones decode.
+    let calls = (0..4u64).map(|k| {
+        let (c, url, body) = (c.clone(), url.clone(), body.clone());
+        async move {
+            tokio::time::sleep(Duration::from_millis(40 * k)).await;
+            post(&c, url, body).await
+        }
+    });
+    let answers = futures::future::join_all(calls).await;
+    assert!(answers.iter().all(|(s, _)| *s == 200), "{answers:?}");
+    let m = MetricsSnapshot::parse(&c.get(format!("{base}/metrics")).send().await.unwrap().text().await.unwrap()).unwrap();
+    assert_eq!(m.histogram("vllm:inter_token_latency_seconds").map(|h| h.count), Some(4.0 * 199.0));
     drop(s);
 }

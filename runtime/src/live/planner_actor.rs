@@ -695,8 +695,6 @@ impl PlannerActorState {
                 self.note(format!("replica {replica} was restarted after its engine stopped answering or failed to start"));
             }
             PlannerMsg::ReplicaLost { replica, actor, reason, wasted } => {
-                let device = self.replicas.get(&replica).map(|r| r.device.0);
-                self.log("replica_lost", TraceLine { replica: Some(replica.0), device, detail: Some(reason.clone()), ..blank() });
                 // Its calls run again elsewhere: what their attempts here had cost is wasted
                 // (counted in the run, not charged to a program).
                 self.count_waste(&wasted);
@@ -2303,6 +2301,7 @@ impl PlannerActorState {
         let lost: Vec<ActivationId> =
             self.in_flight.iter().filter(|(_, f)| f.replica == replica).map(|(a, _)| *a).collect();
         tracing::warn!(%replica, device = %entry.device, %reason, calls = lost.len(), "replica gone");
+        self.log("replica_lost", TraceLine { replica: Some(replica.0), device: Some(entry.device.0), detail: Some(reason.clone()), ..blank() });
         self.last_error.entry((entry.device, entry.deployment)).or_insert_with(|| reason.clone());
         if was_loading {
             self.note(format!("replica {replica} on {} could not start ({reason}); that device is no longer used for its model", entry.device));
@@ -2316,6 +2315,8 @@ impl PlannerActorState {
             }
         }
         self.faults.migrated_calls += released.len() as u64;
+        // After an abort, the last calls to come back may have been on this replica.
+        self.settle_waiters();
         for (activation, output_tokens) in &released {
             self.post(myself, Event::UnitFinished { activation: *activation, replica, output_tokens: *output_tokens });
         }

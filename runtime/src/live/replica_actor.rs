@@ -265,13 +265,25 @@ impl ReplicaState {
     /// engine would not come back.
     async fn restart(&mut self) -> bool {
         let engine = self.engine();
+        let mut stopping = self.stopping.clone();
         while self.restarts < self.retry.max_restarts {
             self.restarts += 1;
             let pause = self.retry.restart_after(self.restarts);
             tracing::warn!(restart = self.restarts, ?pause, "engine unreachable: restarting the replica");
-            tokio::time::sleep(pause).await;
-            let _ = engine.unload().await;
-            match engine.load().await {
+            // As a first start: the runtime's stop cuts the pause and the load short.
+            let loaded = tokio::select! {
+                loaded = async {
+                    tokio::time::sleep(pause).await;
+                    let _ = engine.unload().await;
+                    engine.load().await
+                } => Some(loaded),
+                _ = stopping.wait_for(|stop| *stop) => None,
+            };
+            let Some(loaded) = loaded else {
+                let _ = engine.unload().await;
+                return false;
+            };
+            match loaded {
                 Ok(()) => {
                     self.generation += 1;
                     let _ = self.planner.send_message(PlannerMsg::Restarted { replica: self.replica });

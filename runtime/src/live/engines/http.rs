@@ -307,8 +307,10 @@ fn excerpt(body: &str) -> String {
             break;
         }
         // A server's bytes reach the operator's terminal in notes and failures: control
-        // characters (escape sequences that retitle, clear or recolour it; NULs) go escaped.
-        if c.is_control() {
+        // characters (escape sequences that retitle, clear or recolour it; NULs) and the
+        // invisible format characters that reorder or hide text (bidi overrides, zero-width
+        // ones) go escaped.
+        if c.is_control() || matches!(c, '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2060}'..='\u{2069}' | '\u{feff}') {
             out.extend(c.escape_default());
         } else {
             out.push(c);
@@ -1260,6 +1262,7 @@ mod tests {
         let e = excerpt("\x1b]0;PWNED\x07\x1b[2J\x1b[31mRED\0\nnext line");
         assert!(!e.chars().any(char::is_control), "{e:?}");
         assert_eq!(e, "\\u{1b}]0;PWNED\\u{7}\\u{1b}[2J\\u{1b}[31mRED\\u{0}\\nnext line");
+        assert_eq!(excerpt("ok \u{202e}txt.exe"), "ok \\u{202e}txt.exe");
         let long = "x".repeat(ERROR_EXCERPT + 5);
         assert_eq!(excerpt(&long).chars().count(), ERROR_EXCERPT + 1, "cut, with an ellipsis");
     }

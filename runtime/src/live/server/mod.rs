@@ -294,8 +294,6 @@ struct Waiter {
     /// Tokens decoded and not yet read by the handler (shared with its [`Choice`]).
     unread: UnreadTokens,
     arrival: f64,
-    /// Past its first token and not preempted: each iteration decodes one more token.
-    decoding: bool,
     scheduled: Option<f64>,
     first_token: Option<f64>,
     last_token: f64,
@@ -835,25 +833,15 @@ async fn drive(shared: Arc<Shared>) {
                     let generated = core.replica.telemetry().generated_tokens - generated_before;
                     shared.metrics.iteration(core.step_prefill + generated);
                     core.step_prefill = 0;
-                    // A request preempted when this iteration's batch formed decoded nothing in it.
-                    for e in &events {
-                        if let EngineEvent::Preempted { id, .. } = e
-                            && let Some(w) = core.waiters.get_mut(id)
-                        {
-                            w.decoding = false;
-                        }
-                    }
-                    // The requests that were decoding got one token each in this iteration
-                    // (before the events: a first token is not counted twice), and so did a
-                    // preempted request whose recompute ended in it: it streams on from here,
-                    // as vLLM's recompute preemption keeps its output and decodes again.
+                    // The requests that sampled a token in this step, past their first (counted
+                    // with its event below): exactly those — not a decode a prefill-only step
+                    // (vLLM V0's) left out, nor a request still recomputing after a preemption,
+                    // which streams on from the step its recompute ends, as vLLM's does.
                     let Core { replica, waiters, .. } = &mut *core;
-                    for (id, w) in waiters.iter_mut() {
-                        if !w.decoding {
-                            if w.first_token.is_none() || !replica.is_decoding(*id) {
-                                continue;
-                            }
-                            w.decoding = true;
+                    for id in replica.sampled() {
+                        let Some(w) = waiters.get_mut(id) else { continue };
+                        if w.first_token.is_none() {
+                            continue;
                         }
                         shared.metrics.inter_token(end - w.last_token);
                         w.last_token = end;
@@ -922,7 +910,6 @@ fn deliver(core: &mut Core, shared: &Shared, events: Vec<EngineEvent>) {
                     w.first_token = Some(at);
                     w.last_token = at;
                     w.generated = 1;
-                    w.decoding = true;
                     let _ = w.tx.send((w.index, Progress::FirstToken));
                 }
             }
@@ -944,13 +931,9 @@ fn deliver(core: &mut Core, shared: &Shared, events: Vec<EngineEvent>) {
                     ));
                 }
             }
-            EngineEvent::Preempted { id, .. } => {
-                // Recomputed (prompt and output so far): it streams on once the recompute ends
-                // (the driver's token loop asks the replica).
-                if let Some(w) = core.waiters.get_mut(&id) {
-                    w.decoding = false;
-                }
-            }
+            // Recomputed (prompt and output so far): it streams on from the step its recompute
+            // samples again (the driver's token loop reads the replica's sampled requests).
+            EngineEvent::Preempted { .. } => {}
         }
     }
 }
@@ -1256,7 +1239,6 @@ async fn run(shared: &Arc<Shared>, p: Prepared) -> Response {
                     tx: tx.clone(),
                     unread: c.unread.clone(),
                     arrival,
-                    decoding: false,
                     scheduled: None,
                     first_token: None,
                     last_token: arrival,

@@ -1052,9 +1052,28 @@ async fn a_transition_whose_client_went_away_runs_to_its_end() {
         assert!(std::time::Instant::now() < awake, "the abandoned wake never ended");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let (status, text) = post(&c, completions, json!({"prompt": "again", "max_tokens": 4})).await;
+    let (status, text) = post(&c, completions.clone(), json!({"prompt": "again", "max_tokens": 4})).await;
     assert_eq!(status, 200, "served after the abandoned wake: {text}");
-    assert_eq!(send_status(c.post(format!("{base}/sleep?level=1"))).await, 200);
+
+    // The last call wins: a wake sent during a sleep's drain waits for the sleep, then wakes
+    // (it was a no-op, and the replica then fell asleep after it).
+    let c2 = c.clone();
+    let url = completions.clone();
+    let pending = tokio::spawn(async move { post(&c2, url, json!({"prompt": "hello", "max_tokens": 500})).await });
+    let running = std::time::Instant::now() + Duration::from_secs(10);
+    while scrape(&c, &base).await.sum(metrics::RUNNING) != Some(1.0) {
+        assert!(std::time::Instant::now() < running, "the request never ran");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let (c3, b3) = (c.clone(), base.clone());
+    let sleeping = tokio::spawn(async move { send_status(c3.post(format!("{b3}/sleep?level=1&mode=wait"))).await });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(send_status(c.post(format!("{base}/wake_up"))).await, 200);
+    assert_eq!(sleeping.await.unwrap(), 200);
+    assert_eq!(pending.await.unwrap().0, 200);
+    assert!(!is_sleeping(&c, &base).await, "the wake came last");
+    let (status, text) = post(&c, completions, json!({"prompt": "again", "max_tokens": 4})).await;
+    assert_eq!(status, 200, "{text}");
     s.shutdown().await.unwrap();
 }
 

@@ -1883,6 +1883,10 @@ async fn sleep_transition(shared: Arc<Shared>, raw: Option<String>) -> Response 
         return ApiError::bad_param("level", EmulatorError::InvalidSleepLevel(level).to_string())
             .into_response();
     }
+    // A wake under way ends first, so the last call wins (it would read as "already asleep").
+    if let Err(stopped) = wait_while(shared, |core| matches!(core.replica.state(), ReplicaState::Waking { .. })).await {
+        return stopped;
+    }
     {
         let mut core = shared.settled();
         if core.is_sleeping() {
@@ -1946,6 +1950,23 @@ async fn sleep_transition(shared: Arc<Shared>, raw: Option<String>) -> Response 
     finish_transition(shared, until).await
 }
 
+/// Waits (polling every [`DRAIN_POLL`]) while `busy` holds of the replica: another lifecycle
+/// call's transition. `Err` (503) when the server shuts down meanwhile.
+async fn wait_while(shared: &Shared, busy: impl Fn(&Core) -> bool) -> Result<(), Response> {
+    loop {
+        {
+            let core = shared.settled();
+            if core.closing {
+                return Err(ApiError::unavailable("the server is shutting down").into_response());
+            }
+            if !busy(&core) {
+                return Ok(());
+            }
+        }
+        tokio::time::sleep(DRAIN_POLL).await;
+    }
+}
+
 /// Ends a sleep's pause (`Core::pausing`) if dropped armed: the `/sleep` handler's drain was
 /// cut short.
 struct EndPauseOnDrop<'a>(Option<&'a Shared>);
@@ -1987,6 +2008,12 @@ async fn wake_transition(shared: Arc<Shared>, raw: Option<String>) -> Response {
         .filter(|(k, _)| k == "tags")
         .map(|(_, v)| v)
         .collect();
+    // A sleep under way (its drain, or falling asleep) ends first, so the last call wins: a
+    // wake during a drain was a no-op, and the replica then slept after it.
+    let falling_asleep = |core: &Core| core.pausing || matches!(core.replica.state(), ReplicaState::Sleeping { .. });
+    if let Err(stopped) = wait_while(shared, falling_asleep).await {
+        return stopped;
+    }
     let until = {
         let mut core = shared.settled();
         if !core.is_sleeping() {

@@ -229,6 +229,10 @@ async fn streamed_completions_and_chat_end_with_usage_and_done() {
         .map(|d| serde_json::from_str(d).unwrap())
         .collect();
     assert!(chunks.len() >= 3, "first token, rest, usage: {chunks:?}");
+    // As vLLM's: the finish reason rides on the chunk of the last token, not on an empty one.
+    let finishing: Vec<&Value> = chunks.iter().filter(|c| c["choices"].get(0).is_some_and(|ch| !ch["finish_reason"].is_null())).collect();
+    assert_eq!(finishing.len(), 1, "{chunks:?}");
+    assert!(finishing[0]["choices"][0]["text"].as_str().is_some_and(|t| !t.is_empty()), "{chunks:?}");
     let text: String = chunks
         .iter()
         .filter_map(|c| {

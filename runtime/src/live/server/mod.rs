@@ -1559,13 +1559,16 @@ impl Answer {
         rx: mpsc::UnboundedReceiver<(usize, Progress)>,
     ) -> impl Stream<Item = Result<Event, Infallible>> + Send + 'static {
         futures::stream::unfold(
-            (self, rx, false),
-            |(mut answer, mut rx, done)| async move {
+            (self, rx, false, None::<(usize, Progress)>),
+            |(mut answer, mut rx, done, mut ahead)| async move {
                 if done {
                     return None;
                 }
                 loop {
-                    let (i, p) = rx.recv().await?;
+                    let (i, p) = match ahead.take() {
+                        Some(next) => next,
+                        None => rx.recv().await?,
+                    };
                     let mut events = Vec::new();
                     match &p {
                         Progress::FirstToken | Progress::Tokens => {
@@ -1579,13 +1582,33 @@ impl Answer {
                             if piece.is_empty() && !first {
                                 continue;
                             }
-                            events.extend(answer.chunk(i, &piece, false));
+                            // A choice's last token and its end come from one engine step: as
+                            // vLLM's, one chunk carries both (not an empty chunk after it).
+                            match rx.try_recv() {
+                                Ok((j, end @ (Progress::Finished { .. } | Progress::Aborted))) if j == i => {
+                                    if let Err(reason) = answer.apply(i, &end) {
+                                        let data = ApiError::unavailable(reason).body().to_string();
+                                        return Some((vec![Event::default().data(data), Event::default().data("[DONE]")], (answer, rx, true, None)));
+                                    }
+                                    let rest = answer
+                                        .choices
+                                        .get(i)
+                                        .map(|c| c.text().get(c.cursor.sent..).unwrap_or_default().to_string())
+                                        .unwrap_or_default();
+                                    events.extend(answer.chunk(i, &format!("{piece}{rest}"), true));
+                                }
+                                Ok(other) => {
+                                    ahead = Some(other);
+                                    events.extend(answer.chunk(i, &piece, false));
+                                }
+                                Err(_) => events.extend(answer.chunk(i, &piece, false)),
+                            }
                         }
                         Progress::Finished { .. } | Progress::Aborted => {
                             if let Err(reason) = answer.apply(i, &p) {
                                 // As vLLM's generators: the error event, then `[DONE]` all the same.
                                 let data = ApiError::unavailable(reason).body().to_string();
-                                return Some((vec![Event::default().data(data), Event::default().data("[DONE]")], (answer, rx, true)));
+                                return Some((vec![Event::default().data(data), Event::default().data("[DONE]")], (answer, rx, true, None)));
                             }
                             let rest = answer
                                 .choices
@@ -1596,7 +1619,7 @@ impl Answer {
                         }
                         Progress::Failed(reason) => {
                             let data = ApiError::unavailable(reason.clone()).body().to_string();
-                            return Some((vec![Event::default().data(data), Event::default().data("[DONE]")], (answer, rx, true)));
+                            return Some((vec![Event::default().data(data), Event::default().data("[DONE]")], (answer, rx, true, None)));
                         }
                     }
                     let ended = answer.all_ended();
@@ -1614,7 +1637,7 @@ impl Answer {
                         }
                         events.push(Event::default().data("[DONE]"));
                     }
-                    return Some((events, (answer, rx, ended)));
+                    return Some((events, (answer, rx, ended, ahead)));
                 }
             },
         )

@@ -119,6 +119,15 @@ fn tiny_chain() -> (Arc<WorkflowSpec>, String, LiveConfig) {
     (tiny, text, cfg)
 }
 
+/// The tiny chain's served configuration with a fresh journal (its directory lives as long as
+/// the first value).
+fn durable_tiny_chain() -> (tempfile::TempDir, Arc<Journal>, LiveConfig) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let journal = Arc::new(Journal::open(&dir.path().join("state")).expect("journal"));
+    let (_, _, cfg) = tiny_chain();
+    (dir, journal, cfg)
+}
+
 fn two_worker_runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("a tokio runtime")
 }
@@ -235,9 +244,7 @@ fn number(id: &str) -> u64 {
 /// id, an ended one `journal-N`, and a new run ids that earlier runs' sessions had.)
 #[test]
 fn a_sessions_id_survives_restarts_and_is_never_handed_out_again() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let journal = Arc::new(Journal::open(&dir.path().join("state")).expect("journal"));
-    let (_, _, cfg) = tiny_chain();
+    let (_dir, journal, cfg) = durable_tiny_chain();
     let rt = two_worker_runtime();
     rt.block_on(async {
         // First server: one run ends, another is in flight when it stops.
@@ -288,9 +295,7 @@ fn a_sessions_id_survives_restarts_and_is_never_handed_out_again() {
 /// them. A client that believed "failed" would have run them again.
 #[test]
 fn a_stop_interrupts_journaled_sessions_and_they_resume() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let journal = Arc::new(Journal::open(&dir.path().join("state")).expect("journal"));
-    let (_, _, cfg) = tiny_chain();
+    let (_dir, journal, cfg) = durable_tiny_chain();
     let rt = two_worker_runtime();
     rt.block_on(async {
         let (service, root, _) = serve_durably(&cfg, Factory::new(300), &journal).await;
@@ -343,9 +348,7 @@ fn end_times(run: &Value) -> Vec<(String, Option<f64>)> {
 /// restart `created_at` was negative and every end `0.0`.
 #[test]
 fn a_runs_times_are_unix_seconds_and_survive_a_restart() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let journal = Arc::new(Journal::open(&dir.path().join("state")).expect("journal"));
-    let (_, _, cfg) = tiny_chain();
+    let (_dir, journal, cfg) = durable_tiny_chain();
     let rt = two_worker_runtime();
     rt.block_on(async {
         let factory = Factory::new(20);
@@ -467,9 +470,7 @@ fn health_says_503_once_the_server_stops() {
 /// was journaled).
 #[test]
 fn cancelling_an_ended_run_is_a_conflict_and_changes_nothing() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let journal = Arc::new(Journal::open(&dir.path().join("state")).expect("journal"));
-    let (_, _, cfg) = tiny_chain();
+    let (_dir, journal, cfg) = durable_tiny_chain();
     let rt = two_worker_runtime();
     rt.block_on(async {
         let factory = Factory::new(1);

@@ -1548,6 +1548,15 @@ impl Answer {
             .collect()
     }
 
+    /// Choice `i` ended (`end`: finished or aborted): its last chunk — `sent_before` (a piece
+    /// read but not yet sent), the rest of its text, and its finish reason — or why it has no
+    /// answer.
+    fn end_chunk(&mut self, i: usize, end: &Progress, sent_before: &str) -> Result<Vec<Event>, String> {
+        self.apply(i, end)?;
+        let rest = self.choices.get(i).map(|c| c.text().get(c.cursor.sent..).unwrap_or_default().to_string()).unwrap_or_default();
+        Ok(self.chunk(i, &format!("{sent_before}{rest}"), true))
+    }
+
     /// A stream: one chunk per decoded token of each choice at the engine's pace while the
     /// client keeps up (past [`MAX_UNREAD_REPORTS`] unread tokens, those go out together in its
     /// next chunk; a token
@@ -1586,16 +1595,10 @@ impl Answer {
                             // vLLM's, one chunk carries both (not an empty chunk after it).
                             match rx.try_recv() {
                                 Ok((j, end @ (Progress::Finished { .. } | Progress::Aborted))) if j == i => {
-                                    if let Err(reason) = answer.apply(i, &end) {
-                                        let data = ApiError::unavailable(reason).body().to_string();
-                                        return Some((vec![Event::default().data(data), Event::default().data("[DONE]")], (answer, rx, true, None)));
+                                    match answer.end_chunk(i, &end, &piece) {
+                                        Ok(chunk) => events.extend(chunk),
+                                        Err(reason) => return Some((stream_error(reason), (answer, rx, true, None))),
                                     }
-                                    let rest = answer
-                                        .choices
-                                        .get(i)
-                                        .map(|c| c.text().get(c.cursor.sent..).unwrap_or_default().to_string())
-                                        .unwrap_or_default();
-                                    events.extend(answer.chunk(i, &format!("{piece}{rest}"), true));
                                 }
                                 Ok(other) => {
                                     ahead = Some(other);
@@ -1604,23 +1607,11 @@ impl Answer {
                                 Err(_) => events.extend(answer.chunk(i, &piece, false)),
                             }
                         }
-                        Progress::Finished { .. } | Progress::Aborted => {
-                            if let Err(reason) = answer.apply(i, &p) {
-                                // As vLLM's generators: the error event, then `[DONE]` all the same.
-                                let data = ApiError::unavailable(reason).body().to_string();
-                                return Some((vec![Event::default().data(data), Event::default().data("[DONE]")], (answer, rx, true, None)));
-                            }
-                            let rest = answer
-                                .choices
-                                .get(i)
-                                .map(|c| c.text().get(c.cursor.sent..).unwrap_or_default().to_string())
-                                .unwrap_or_default();
-                            events.extend(answer.chunk(i, &rest, true));
-                        }
-                        Progress::Failed(reason) => {
-                            let data = ApiError::unavailable(reason.clone()).body().to_string();
-                            return Some((vec![Event::default().data(data), Event::default().data("[DONE]")], (answer, rx, true, None)));
-                        }
+                        Progress::Finished { .. } | Progress::Aborted => match answer.end_chunk(i, &p, "") {
+                            Ok(chunk) => events.extend(chunk),
+                            Err(reason) => return Some((stream_error(reason), (answer, rx, true, None))),
+                        },
+                        Progress::Failed(reason) => return Some((stream_error(reason.clone()), (answer, rx, true, None))),
                     }
                     let ended = answer.all_ended();
                     if ended {
@@ -1643,6 +1634,12 @@ impl Answer {
         )
         .flat_map(|events| futures::stream::iter(events.into_iter().map(Ok)))
     }
+}
+
+/// A stream that ends without its answer: the error event, then `[DONE]` all the same, as
+/// vLLM's generators end.
+fn stream_error(reason: String) -> Vec<Event> {
+    vec![Event::default().data(ApiError::unavailable(reason).body().to_string()), Event::default().data("[DONE]")]
 }
 
 /// How far a stream got through its answer: tokens decoded, bytes of text sent, and the bytes

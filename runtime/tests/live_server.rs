@@ -1022,14 +1022,7 @@ async fn a_transition_whose_client_went_away_runs_to_its_end() {
     let base = s.base_url();
     wait_healthy_polling(&c, &base, Duration::from_millis(20), 1500).await;
     let completions = format!("{base}/v1/completions");
-    let c2 = c.clone();
-    let url = completions.clone();
-    let pending = tokio::spawn(async move { post(&c2, url, json!({"prompt": "hello", "max_tokens": 2000})).await });
-    let running = std::time::Instant::now() + Duration::from_secs(10);
-    while scrape(&c, &base).await.sum(metrics::RUNNING) != Some(1.0) {
-        assert!(std::time::Instant::now() < running, "the request never ran");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let pending = one_running_request(&c, &base, 2000).await;
     // The client gives up on the sleep while the request above still runs.
     let gave_up = c.post(format!("{base}/sleep?level=2&mode=wait")).timeout(Duration::from_millis(200)).send().await;
     assert!(gave_up.is_err(), "the drain outlasted the client's timeout");
@@ -1061,14 +1054,7 @@ async fn a_transition_whose_client_went_away_runs_to_its_end() {
 
     // The last call wins: a wake sent during a sleep's drain waits for the sleep, then wakes
     // (it was a no-op, and the replica then fell asleep after it).
-    let c2 = c.clone();
-    let url = completions.clone();
-    let pending = tokio::spawn(async move { post(&c2, url, json!({"prompt": "hello", "max_tokens": 500})).await });
-    let running = std::time::Instant::now() + Duration::from_secs(10);
-    while scrape(&c, &base).await.sum(metrics::RUNNING) != Some(1.0) {
-        assert!(std::time::Instant::now() < running, "the request never ran");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let pending = one_running_request(&c, &base, 500).await;
     let (c3, b3) = (c.clone(), base.clone());
     let sleeping = tokio::spawn(async move { send_status(c3.post(format!("{b3}/sleep?level=1&mode=wait"))).await });
     tokio::time::sleep(Duration::from_millis(50)).await;
@@ -1079,6 +1065,19 @@ async fn a_transition_whose_client_went_away_runs_to_its_end() {
     let (status, text) = post(&c, completions, json!({"prompt": "again", "max_tokens": 4})).await;
     assert_eq!(status, 200, "{text}");
     s.shutdown().await.unwrap();
+}
+
+/// Sends a completion of `max_tokens` tokens in the background and returns once the engine runs
+/// it (10 s at most): its answer's task.
+async fn one_running_request(c: &reqwest::Client, base: &str, max_tokens: u32) -> tokio::task::JoinHandle<(u16, String)> {
+    let (c2, url) = (c.clone(), format!("{base}/v1/completions"));
+    let pending = tokio::spawn(async move { post(&c2, url, json!({"prompt": "hello", "max_tokens": max_tokens})).await });
+    let running = std::time::Instant::now() + Duration::from_secs(10);
+    while scrape(c, base).await.sum(metrics::RUNNING) != Some(1.0) {
+        assert!(std::time::Instant::now() < running, "the request never ran");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    pending
 }
 
 /// A server slow enough to keep long requests in flight for seconds; its start-up load takes

@@ -716,15 +716,33 @@ pub fn chat_prompt_mode(content: &str, enable_thinking: bool) -> String {
 
 /// The text Qwen3's chat template renders for a conversation of plain-text messages
 /// `(role, content)` — `system`, `user`, `assistant`, and `tool` — with the generation prompt.
-/// For one user message it is [`chat_prompt_mode`]. Tool-call blocks of assistant turns are
-/// not rendered (the front door passes the messages to the engine as they are; this text only
-/// counts and hashes the prompt). See [`chat_template`].
+/// For one user message it is [`chat_prompt_mode`]. See [`chat_template`]; a conversation with
+/// tool definitions or assistant tool calls is [`chat_template_with_tools`].
 pub fn chat_messages_prompt(messages: &[(&str, &str)], enable_thinking: bool) -> String {
     chat_template(messages, enable_thinking, true)
 }
 
+/// One message of a conversation as Qwen3's chat template reads it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ChatTurn {
+    /// `system`, `user`, `assistant` or `tool`.
+    pub role: String,
+    pub content: String,
+    /// An assistant turn's tool calls.
+    pub tool_calls: Vec<TurnToolCall>,
+}
+
+/// A tool call of an assistant turn: the function's name and its arguments as the OpenAI API
+/// carries them (JSON text).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TurnToolCall {
+    pub name: String,
+    pub arguments: String,
+}
+
 /// Qwen3's chat template (`tokenizer_config.json`'s `chat_template`, without tool
-/// definitions) over plain-text messages:
+/// definitions) over plain-text messages; [`chat_template_with_tools`] with no tools and no
+/// tool calls:
 ///
 /// - consecutive `tool` messages are one user turn of `<tool_response>` blocks;
 /// - an assistant turn's reasoning (`<think>…</think>` in its content) is dropped when the turn
@@ -735,26 +753,71 @@ pub fn chat_messages_prompt(messages: &[(&str, &str)], enable_thinking: bool) ->
 /// - the generation prompt (`add_generation_prompt`) opens an assistant turn, with an empty
 ///   thinking block when `enable_thinking` is false.
 pub fn chat_template(messages: &[(&str, &str)], enable_thinking: bool, add_generation_prompt: bool) -> String {
+    let turns: Vec<ChatTurn> =
+        messages.iter().map(|(role, content)| ChatTurn { role: (*role).into(), content: (*content).into(), tool_calls: Vec::new() }).collect();
+    chat_template_with_tools(&turns, &[], enable_thinking, add_generation_prompt)
+}
+
+/// Qwen3's whole chat template, tools included, as vLLM 0.10 renders it for a chat request:
+///
+/// - with `tools` (the request's tool definitions, `{"type": "function", "function": {…}}`,
+///   each rendered as vLLM passes it to the template: `render_tool`), a system turn opens the prompt: the first message's content when it
+///   is a system message, then the `# Tools` block listing each definition as JSON within
+///   `<tools></tools>` and the instruction to answer calls in `<tool_call></tool_call>`;
+/// - an assistant turn's tool calls follow its content as `<tool_call>\n{"name": …,
+///   "arguments": …}\n</tool_call>` blocks (vLLM parses the arguments' JSON text before
+///   rendering, so they are re-serialised; text that is not JSON is kept as it is);
+/// - the rest as [`chat_template`] says.
+///
+/// JSON is written as the template's `tojson` (Python's `json.dumps`: `", "` and `": "`
+/// separators, non-ASCII kept); object keys come in serde_json's order (sorted), where Python
+/// keeps the client's — a schema whose keys are not in alphabetical order may count a token
+/// or two apart from vLLM's.
+pub fn chat_template_with_tools(
+    messages: &[ChatTurn],
+    tools: &[serde_json::Value],
+    enable_thinking: bool,
+    add_generation_prompt: bool,
+) -> String {
     let is_tool_response = |c: &str| c.starts_with("<tool_response>") && c.ends_with("</tool_response>");
     let last_query = messages
         .iter()
-        .rposition(|(role, content)| *role == "user" && !is_tool_response(content))
+        .rposition(|m| m.role == "user" && !is_tool_response(&m.content))
         .unwrap_or(messages.len().saturating_sub(1));
     let mut out = String::new();
-    for (i, (role, content)) in messages.iter().enumerate() {
-        match *role {
+    let mut skip_first = false;
+    if !tools.is_empty() {
+        out.push_str("<|im_start|>system\n");
+        if let Some(first) = messages.first().filter(|m| m.role == "system") {
+            out.push_str(&first.content);
+            out.push_str("\n\n");
+            skip_first = true;
+        }
+        out.push_str("# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>");
+        for tool in tools {
+            out.push('\n');
+            render_tool(tool, &mut out);
+        }
+        out.push_str("\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n");
+    }
+    for (i, m) in messages.iter().enumerate() {
+        if i == 0 && skip_first {
+            continue;
+        }
+        match m.role.as_str() {
             "tool" => {
-                if i == 0 || messages[i - 1].0 != "tool" {
+                if i == 0 || messages[i - 1].role != "tool" {
                     out.push_str("<|im_start|>user");
                 }
                 out.push_str("\n<tool_response>\n");
-                out.push_str(content);
+                out.push_str(&m.content);
                 out.push_str("\n</tool_response>");
-                if i + 1 == messages.len() || messages[i + 1].0 != "tool" {
+                if i + 1 == messages.len() || messages[i + 1].role != "tool" {
                     out.push_str("<|im_end|>\n");
                 }
             }
             "assistant" => {
+                let content = m.content.as_str();
                 // The template's split: the answer after the last `</think>`, the reasoning
                 // before the first one (after its `<think>`).
                 let (reasoning, answer) = match content.split_once("</think>") {
@@ -763,7 +826,7 @@ pub fn chat_template(messages: &[(&str, &str)], enable_thinking: bool, add_gener
                         let reasoning = before.trim_end_matches('\n').rsplit("<think>").next().unwrap_or("").trim_start_matches('\n');
                         (reasoning, answer)
                     }
-                    None => ("", *content),
+                    None => ("", content),
                 };
                 out.push_str("<|im_start|>assistant\n");
                 if i > last_query && (i + 1 == messages.len() || !reasoning.is_empty()) {
@@ -774,13 +837,26 @@ pub fn chat_template(messages: &[(&str, &str)], enable_thinking: bool, add_gener
                 } else {
                     out.push_str(answer);
                 }
+                for (k, call) in m.tool_calls.iter().enumerate() {
+                    if k > 0 || !answer.is_empty() {
+                        out.push('\n');
+                    }
+                    out.push_str("<tool_call>\n{\"name\": \"");
+                    out.push_str(&call.name);
+                    out.push_str("\", \"arguments\": ");
+                    match serde_json::from_str::<serde_json::Value>(&call.arguments) {
+                        Ok(args) => python_json(&args, &mut out),
+                        Err(_) => out.push_str(&call.arguments),
+                    }
+                    out.push_str("}\n</tool_call>");
+                }
                 out.push_str("<|im_end|>\n");
             }
             r => {
                 out.push_str("<|im_start|>");
                 out.push_str(r);
                 out.push('\n');
-                out.push_str(content);
+                out.push_str(&m.content);
                 out.push_str("<|im_end|>\n");
             }
         }
@@ -792,6 +868,77 @@ pub fn chat_template(messages: &[(&str, &str)], enable_thinking: bool, add_gener
         }
     }
     out
+}
+
+/// A tool definition as vLLM 0.10 hands it to the chat template (`ChatCompletionToolsParam`'s
+/// `model_dump()`): `{"type": "function", "function": {"name", "description", "parameters",
+/// …}}` in that order, an absent description or parameters as `null`, any further fields of
+/// the function after them.
+fn render_tool(tool: &serde_json::Value, out: &mut String) {
+    use serde_json::Value;
+    let empty = serde_json::Map::new();
+    let function = tool.get("function").and_then(Value::as_object).unwrap_or(&empty);
+    out.push_str("{\"type\": \"function\", \"function\": {");
+    let declared = ["name", "description", "parameters"];
+    for (i, key) in declared.iter().enumerate() {
+        if i > 0 {
+            out.push_str(", ");
+        }
+        out.push_str(&format!("\"{key}\": "));
+        python_json(function.get(*key).unwrap_or(&Value::Null), out);
+    }
+    for (k, v) in function.iter().filter(|(k, _)| !declared.contains(&k.as_str())) {
+        out.push_str(", ");
+        out.push_str(&Value::String(k.clone()).to_string());
+        out.push_str(": ");
+        python_json(v, out);
+    }
+    out.push_str("}}");
+}
+
+/// Python's `json.dumps(value, ensure_ascii=False)` (the chat template's `tojson`): `", "`
+/// between items, `": "` after keys; strings escaped as Python escapes them (the same set as
+/// serde_json: quote, backslash, `\n`-style and `\u00XX` control characters), keys in
+/// serde_json's (sorted) order.
+fn python_json(v: &serde_json::Value, out: &mut String) {
+    use serde_json::Value;
+    match v {
+        Value::Array(items) => {
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(", ");
+                }
+                python_json(item, out);
+            }
+            out.push(']');
+        }
+        Value::Object(map) => {
+            out.push('{');
+            for (i, (k, v)) in map.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(", ");
+                }
+                out.push_str(&Value::String(k.clone()).to_string());
+                out.push_str(": ");
+                python_json(v, out);
+            }
+            out.push('}');
+        }
+        Value::Number(n) => {
+            // Python writes a float's exponent with a sign (`1e+20`); serde_json writes `1e20`.
+            let s = n.to_string();
+            match s.split_once('e') {
+                Some((m, e)) if !e.starts_with('-') && !e.starts_with('+') => {
+                    out.push_str(m);
+                    out.push_str("e+");
+                    out.push_str(e);
+                }
+                _ => out.push_str(&s),
+            }
+        }
+        other => out.push_str(&other.to_string()),
+    }
 }
 
 /// The prompt tokens of a chat request of one user message whose content is `segments`
@@ -893,6 +1040,40 @@ mod tests {
         let two = chat_messages_prompt(&[("system", "be brief"), ("user", "hi"), ("tool", "42")], true);
         assert!(two.starts_with("<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n"), "{two}");
         assert!(two.contains("<|im_start|>user\n<tool_response>\n42\n</tool_response><|im_end|>\n<|im_start|>assistant\n"), "{two}");
+    }
+
+    /// Tool definitions and assistant tool calls render as Qwen3's template renders them under
+    /// vLLM (the expected strings are the template itself, rendered with jinja2 as
+    /// `transformers` does — `trim_blocks`, `lstrip_blocks`, `tojson` as `json.dumps` — with
+    /// the arguments parsed as vLLM parses them and each tool as vLLM's `model_dump()`).
+    #[test]
+    fn tools_and_tool_calls_render_as_the_template_does() {
+        let tools = vec![
+            serde_json::json!({"type": "function", "function": {"name": "get_weather", "description": "Weather in a city, °C",
+                "parameters": {"properties": {"city": {"description": "the city", "type": "string"}, "days": {"type": "integer"}},
+                    "required": ["city"], "type": "object"}, "strict": true}}),
+            serde_json::json!({"type": "function", "function": {"name": "now"}}),
+        ];
+        let turn = |role: &str, content: &str, calls: &[(&str, &str)]| ChatTurn {
+            role: role.into(),
+            content: content.into(),
+            tool_calls: calls.iter().map(|(n, a)| TurnToolCall { name: (*n).into(), arguments: (*a).into() }).collect(),
+        };
+        let messages = [
+            turn("system", "Be brief.", &[]),
+            turn("user", "Weather in Paris?", &[]),
+            turn("assistant", "", &[("get_weather", r#"{"city":"Paris","days":2}"#), ("now", "{}")]),
+            turn("tool", r#"{"temp": 21}"#, &[]),
+            turn("tool", "12:00", &[]),
+        ];
+        let want = "<|im_start|>system\nBe brief.\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>\n{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": \"Weather in a city, \u{b0}C\", \"parameters\": {\"properties\": {\"city\": {\"description\": \"the city\", \"type\": \"string\"}, \"days\": {\"type\": \"integer\"}}, \"required\": [\"city\"], \"type\": \"object\"}, \"strict\": true}}\n{\"type\": \"function\", \"function\": {\"name\": \"now\", \"description\": null, \"parameters\": null}}\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n<|im_start|>user\nWeather in Paris?<|im_end|>\n<|im_start|>assistant\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": 2}}\n</tool_call>\n<tool_call>\n{\"name\": \"now\", \"arguments\": {}}\n</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\n{\"temp\": 21}\n</tool_response>\n<tool_response>\n12:00\n</tool_response><|im_end|>\n<|im_start|>assistant\n";
+        assert_eq!(chat_template_with_tools(&messages, &tools, true, true), want);
+        let messages = [turn("user", "hi", &[]), turn("assistant", "Let me check.", &[("now", "{}")]), turn("tool", "12:00", &[])];
+        let want = "<|im_start|>system\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>\n{\"type\": \"function\", \"function\": {\"name\": \"now\", \"description\": null, \"parameters\": null}}\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nLet me check.\n<tool_call>\n{\"name\": \"now\", \"arguments\": {}}\n</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\n12:00\n</tool_response><|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n";
+        assert_eq!(chat_template_with_tools(&messages, &tools[1..], false, true), want);
+        // Without tools and tool calls it is the plain template.
+        let plain = [turn("system", "s", &[]), turn("user", "u", &[])];
+        assert_eq!(chat_template_with_tools(&plain, &[], true, true), chat_template(&[("system", "s"), ("user", "u")], true, true));
     }
 
     /// Qwen3's template: an earlier assistant turn's reasoning is dropped before the last user

@@ -73,6 +73,7 @@ async fn main() -> anyhow::Result<()> {
         program_done: true,
         next_model: None,
         step: None,
+        ..Default::default()
     };
     let answer = rt.call(Some("example-agent"), "Qwen3-0.6B", request, TokenSink::new(tx)).await?;
     let out = rt.shutdown().await?;

@@ -292,6 +292,7 @@ impl Engine for FakeEngine {
                 output_tokens: request.max_tokens,
                 ttft_s: 0.001,
                 latency_s: self.latency.as_secs_f64(),
+                ..Default::default()
             })
         })
     }

@@ -41,6 +41,9 @@ fn request(id: u64, prompt: &str, output: Option<&str>, stream: bool) -> LlmRequ
         deadline_s: None,
 messages: None,
 raw_prompt: false,
+tools: Vec::new(),
+tool_choice: None,
+stop: Vec::new(),
 sink: Default::default(),
 meter: Default::default(),
     }

@@ -166,6 +166,7 @@ impl FakeEngine {
             text,
             ttft_s: latency_s,
             latency_s,
+            ..Default::default()
         })
     }
 }
@@ -813,6 +814,9 @@ fn overhead_per_llm_call() {
                 deadline_s: None,
 messages: None,
 raw_prompt: false,
+tools: Vec::new(),
+tool_choice: None,
+stop: Vec::new(),
 sink: Default::default(),
 meter: Default::default(),
             };
@@ -862,6 +866,9 @@ meter: Default::default(),
                 deadline_s: None,
 messages: None,
 raw_prompt: false,
+tools: Vec::new(),
+tool_choice: None,
+stop: Vec::new(),
 sink: Default::default(),
 meter: Default::default(),
             };
@@ -941,6 +948,7 @@ fn front_door_call(content: &str, last: bool) -> switchyard_runtime::live::progr
         program_done: last,
         next_model: None,
         step: None,
+        ..Default::default()
     }
 }
 

@@ -71,6 +71,7 @@ impl Engine for Fake {
                 text,
                 ttft_s: 0.0,
                 latency_s: self.delay.as_secs_f64(),
+                ..Default::default()
             })
         })
     }

@@ -635,10 +635,17 @@ pub struct ProgramBinding {
 }
 
 /// What a front-door client asks for in one call.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct ProgramRequest {
-    /// Chat messages `(role, content)` (`/v1/chat/completions`), sent to the engine as given.
+    /// Chat messages (`/v1/chat/completions`: `role`, `content`, an assistant's `tool_calls`,
+    /// a tool result's `tool_call_id`), sent to the engine as given.
     pub messages: Option<Vec<serde_json::Value>>,
+    /// The chat call's tool definitions (`tools`), sent with the messages.
+    pub tools: Vec<serde_json::Value>,
+    /// The chat call's `tool_choice`, as given.
+    pub tool_choice: Option<serde_json::Value>,
+    /// Stop strings: the answer ends before the first one.
+    pub stop: Vec<String>,
     /// Or a raw completion prompt (`/v1/completions`).
     pub prompt: Option<String>,
     pub max_tokens: u32,
@@ -659,21 +666,36 @@ impl ProgramRequest {
     pub fn rendered_prompt(&self) -> (String, bool) {
         match (&self.messages, &self.prompt) {
             (Some(messages), _) => {
-                let pairs: Vec<(&str, &str)> = messages
-                    .iter()
-                    .map(|m| {
-                        (
-                            m.get("role").and_then(|v| v.as_str()).unwrap_or("user"),
-                            m.get("content").and_then(|v| v.as_str()).unwrap_or(""),
-                        )
-                    })
-                    .collect();
-                (crate::tokens::chat_messages_prompt(&pairs, self.enable_thinking), false)
+                let turns: Vec<crate::tokens::ChatTurn> = messages.iter().map(chat_turn).collect();
+                (crate::tokens::chat_template_with_tools(&turns, &self.tools, self.enable_thinking, true), false)
             }
             (None, Some(p)) => (p.clone(), true),
             (None, None) => (String::new(), true),
         }
     }
+}
+
+/// A chat message as the template reads it: role, text, and an assistant's tool calls (their
+/// arguments as JSON text, as OpenAI carries them; an object is written out).
+fn chat_turn(m: &serde_json::Value) -> crate::tokens::ChatTurn {
+    use serde_json::Value;
+    let text = |v: Option<&Value>| v.and_then(Value::as_str).unwrap_or("").to_string();
+    let tool_calls = m
+        .get("tool_calls")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .map(|c| {
+            let f = c.get("function").unwrap_or(c);
+            let arguments = match f.get("arguments") {
+                Some(Value::String(a)) => a.clone(),
+                Some(other) if !other.is_null() => other.to_string(),
+                _ => String::new(),
+            };
+            crate::tokens::TurnToolCall { name: text(f.get("name")), arguments }
+        })
+        .collect();
+    crate::tokens::ChatTurn { role: m.get("role").and_then(Value::as_str).unwrap_or("user").to_string(), content: text(m.get("content")), tool_calls }
 }
 
 /// One call of a program, as the planner actor hands it to the program's actor.

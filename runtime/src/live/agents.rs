@@ -748,6 +748,9 @@ impl Shell<'_> {
             deadline_s: None,
             messages: None,
             raw_prompt: true,
+            tools: Vec::new(),
+            tool_choice: None,
+            stop: Vec::new(),
             sink: Default::default(),
             meter: Default::default(),
         };

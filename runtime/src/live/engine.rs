@@ -134,6 +134,17 @@ pub struct LlmRequest {
     /// rather than inside the chat template.
     #[serde(default)]
     pub raw_prompt: bool,
+    /// An external client's tool definitions (OpenAI's `tools`), sent with its `messages`; the
+    /// server renders them into the prompt and may answer with tool calls.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tools: Vec<serde_json::Value>,
+    /// The client's `tool_choice` (`"none"`, `"auto"`, `"required"` or a named function), as
+    /// it is; absent: the server's default (`auto` with tools).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_choice: Option<serde_json::Value>,
+    /// An external client's stop strings: the server ends the answer before the first one.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stop: Vec<String>,
     /// Where the answer's text goes as it arrives, and how the engine learns that its caller
     /// went away (then it abandons the call: [`EngineError::Cancelled`]).
     #[serde(skip)]
@@ -271,7 +282,7 @@ impl std::fmt::Debug for CallMeter {
 }
 
 /// The result of one LLM call.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Completion {
     pub text: String,
     pub prompt_tokens: u32,
@@ -280,6 +291,23 @@ pub struct Completion {
     /// Seconds from submission to the first token and to the last.
     pub ttft_s: f64,
     pub latency_s: f64,
+    /// The function calls the answer makes (a chat answer to a request with `tools`), in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
+    /// Why the server ended the answer (`stop`, `length`, `tool_calls`), where it said.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finish_reason: Option<String>,
+}
+
+/// One function call of an answer, as OpenAI's `tool_calls` carry it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ToolCall {
+    /// The server's id of the call (the client's tool result names it in `tool_call_id`).
+    pub id: String,
+    /// The function's name.
+    pub name: String,
+    /// The arguments, as JSON text.
+    pub arguments: String,
 }
 
 /// What a replica reports (scraped from vLLM's `/metrics`).

@@ -239,6 +239,9 @@ impl ProgramState {
             deadline_s: None,
             messages: r.messages.clone().filter(|_| !raw),
             raw_prompt: raw,
+            tools: if raw { Vec::new() } else { r.tools.clone() },
+            tool_choice: r.tool_choice.clone().filter(|_| !raw),
+            stop: r.stop.clone(),
             sink: call.sink,
             meter: Default::default(),
         };

@@ -261,6 +261,9 @@ impl SessionState {
                     deadline_s: None,
 messages: None,
 raw_prompt: false,
+tools: Vec::new(),
+tool_choice: None,
+stop: Vec::new(),
 sink: Default::default(),
 meter: Default::default(),
                 };

@@ -29,9 +29,21 @@
 //! (`stream: true`) carries the engine's text as it arrives, chunk by chunk, then a chunk with
 //! the finish reason, the usage chunk when `stream_options.include_usage` asks for it, and
 //! `data: [DONE]`. A client that disconnects abandons its call: the engine drops its upstream
-//! connection, so the server aborts the request. Parameters the front door does not honour
-//! (`n > 1`, `logprobs`, `stop`, `tools`, a list of prompts, …) are refused with a 400 naming them,
-//! unless set to what leaving them out means (`stop: []`, `tool_choice: "none"`, …).
+//! connection, so the server aborts the request.
+//!
+//! Function calling and stop strings are passed on: `tools` (function tools, checked: type,
+//! name, schema object), `tool_choice` (`none`, `auto`, `required` or a named function among
+//! the tools), earlier turns' `tool_calls` and tool results' `tool_call_id` reach the engine as
+//! the client sent them, and the prompt the planner counts is Qwen3's template with the tools
+//! block and those calls (`tokens::chat_template_with_tools`); an answer's tool calls come back
+//! as `message.tool_calls` (content `null` without text) or, streamed, as one chunk of whole
+//! calls before the finish, with the engine's finish reason (`tool_calls`). The engine decides
+//! the calls: vLLM launched with a tool parser (Switchyard's managed vLLM for Qwen3: `hermes`),
+//! or the emulated server's stand-in rule. `stop` (a string or up to 16) ends the answer
+//! before the first match, on the engine. Parameters the front door does not honour
+//! (`n > 1`, `logprobs`, `response_format`, legacy `functions`, a list of prompts, …) are refused
+//! with a 400 naming them, unless set to what leaving them out means (`stop: []`,
+//! `tool_choice: "none"`, `response_format: {"type": "text"}`, …).
 //!
 //! Depends on `crate::live` (the service, its engines' token sinks, the planner and program
 //! actors' messages) and `crate::tokens`; must not depend on the simulator.
@@ -68,8 +80,118 @@ pub const COMPLETIONS_DEFAULT_MAX_TOKENS: u32 = 16;
 pub const PROGRAM_HEADERS: [&str; 3] = ["x-session-id", "x-dynamo-session-id", "x-program-id"];
 
 /// Request fields the front door refuses rather than ignore silently.
-const UNSUPPORTED: [&str; 10] =
-    ["logprobs", "top_logprobs", "echo", "tools", "tool_choice", "functions", "response_format", "best_of", "suffix", "stop"];
+const UNSUPPORTED: [&str; 8] = ["logprobs", "top_logprobs", "echo", "functions", "function_call", "response_format", "best_of", "suffix"];
+
+/// Most tool definitions one call may carry, and most stop strings.
+const MAX_TOOLS: usize = 128;
+const MAX_STOP_STRINGS: usize = 16;
+/// Longest stop string, in bytes.
+const MAX_STOP_BYTES: usize = 1024;
+
+/// Whether `name` is a function name OpenAI accepts: 1–64 of `a-z A-Z 0-9 _ -`.
+fn function_name_ok(name: &str) -> bool {
+    (1..=64).contains(&name.len()) && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+/// The call's tool definitions (`tools`: OpenAI's `[{"type": "function", "function": {"name",
+/// "description"?, "parameters"?}}]`), checked, and its `tool_choice`, checked against them:
+/// `"none"`, `"auto"`, `"required"`, or `{"type": "function", "function": {"name": N}}` naming
+/// one of them. A `tool_choice` other than `"none"` without tools is refused, as vLLM refuses
+/// it. Empty `tools` are no tools.
+fn parse_tools(obj: &serde_json::Map<String, Value>) -> Result<(Vec<Value>, Option<Value>), ApiError> {
+    let tools = match obj.get("tools").filter(|v| !v.is_null()) {
+        None => Vec::new(),
+        Some(Value::Array(list)) if list.len() > MAX_TOOLS => {
+            return Err(ApiError::bad_request(format!("`tools` lists {} tools; at most {MAX_TOOLS} are accepted", list.len()), "tools"));
+        }
+        Some(Value::Array(list)) => list.clone(),
+        Some(_) => return Err(ApiError::bad_request("`tools` must be an array of function tools", "tools")),
+    };
+    let mut names = Vec::with_capacity(tools.len());
+    for (i, tool) in tools.iter().enumerate() {
+        let field = format!("tools[{i}]");
+        if tool.get("type").and_then(Value::as_str) != Some("function") {
+            return Err(ApiError::bad_request(format!("{field}.type must be \"function\""), &format!("{field}.type")));
+        }
+        let Some(function) = tool.get("function").and_then(Value::as_object) else {
+            return Err(ApiError::bad_request(format!("{field}.function must be an object"), &format!("{field}.function")));
+        };
+        let name = function.get("name").and_then(Value::as_str).unwrap_or("");
+        if !function_name_ok(name) {
+            return Err(ApiError::bad_request(
+                format!("{field}.function.name must be 1 to 64 letters, digits, `_` or `-`"),
+                &format!("{field}.function.name"),
+            ));
+        }
+        if function.get("parameters").is_some_and(|p| !p.is_null() && !p.is_object()) {
+            return Err(ApiError::bad_request(format!("{field}.function.parameters must be a JSON Schema object"), &format!("{field}.function.parameters")));
+        }
+        if function.get("description").is_some_and(|d| !d.is_null() && !d.is_string()) {
+            return Err(ApiError::bad_request(format!("{field}.function.description must be a string"), &format!("{field}.function.description")));
+        }
+        names.push(name);
+    }
+    let choice = match obj.get("tool_choice").filter(|v| !v.is_null()) {
+        None => None,
+        Some(Value::String(s)) if s == "none" => Some(Value::String(s.clone())),
+        Some(_) if tools.is_empty() => return Err(ApiError::bad_request("`tool_choice` needs `tools`", "tool_choice")),
+        Some(Value::String(s)) if s == "auto" || s == "required" => Some(Value::String(s.clone())),
+        Some(v @ Value::Object(o)) if o.get("type").and_then(Value::as_str) == Some("function") => {
+            let name = v.pointer("/function/name").and_then(Value::as_str).unwrap_or("");
+            if !names.contains(&name) {
+                return Err(ApiError::bad_request(format!("`tool_choice` names `{name}`, which is not among `tools`"), "tool_choice"));
+            }
+            Some(json!({"type": "function", "function": {"name": name}}))
+        }
+        Some(_) => {
+            return Err(ApiError::bad_request(
+                "`tool_choice` must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": …}}",
+                "tool_choice",
+            ));
+        }
+    };
+    Ok((tools, choice))
+}
+
+/// The call's stop strings (`stop`: a string or a list of them), at most [`MAX_STOP_STRINGS`]
+/// of at most [`MAX_STOP_BYTES`] bytes each; empty strings are refused, as vLLM refuses them.
+fn parse_stop(obj: &serde_json::Map<String, Value>) -> Result<Vec<String>, ApiError> {
+    let stop: Vec<&Value> = match obj.get("stop").filter(|v| !v.is_null()) {
+        // Nothing, or what frameworks send for nothing.
+        None => return Ok(Vec::new()),
+        Some(Value::String(s)) if s.is_empty() => return Ok(Vec::new()),
+        Some(v @ Value::String(_)) => vec![v],
+        Some(Value::Array(list)) if list.len() > MAX_STOP_STRINGS => {
+            return Err(ApiError::bad_request(format!("`stop` lists {} strings; at most {MAX_STOP_STRINGS} are accepted", list.len()), "stop"));
+        }
+        Some(Value::Array(list)) => list.iter().collect(),
+        Some(_) => return Err(ApiError::bad_request("`stop` must be a string or a list of strings", "stop")),
+    };
+    stop.into_iter()
+        .map(|v| match v.as_str() {
+            Some(s) if !s.is_empty() && s.len() <= MAX_STOP_BYTES => Ok(s.to_string()),
+            _ => Err(ApiError::bad_request(format!("each stop string must be 1 to {MAX_STOP_BYTES} bytes of text"), "stop")),
+        })
+        .collect()
+}
+
+/// An assistant message's `tool_calls` (OpenAI's `[{"id", "type": "function", "function":
+/// {"name", "arguments"}}]`), checked and kept as they are for the engine.
+fn message_tool_calls(i: usize, calls: &Value) -> Result<Value, ApiError> {
+    let field = format!("messages[{i}].tool_calls");
+    let list = calls.as_array().ok_or_else(|| ApiError::bad_request(format!("{field} must be an array"), &field))?;
+    for (k, c) in list.iter().enumerate() {
+        let name = c.pointer("/function/name").and_then(Value::as_str);
+        let args = c.pointer("/function/arguments");
+        if name.is_none_or(|n| n.is_empty()) || !args.is_some_and(|a| a.is_string() || a.is_object()) {
+            return Err(ApiError::bad_request(
+                format!("{field}[{k}] must be {{\"type\": \"function\", \"function\": {{\"name\": …, \"arguments\": \"…\"}}}}"),
+                &format!("{field}[{k}]"),
+            ));
+        }
+    }
+    Ok(calls.clone())
+}
 
 #[derive(Clone, Copy, PartialEq)]
 enum Flavor {
@@ -239,7 +361,21 @@ fn parse(flavor: Flavor, headers: &HeaderMap, body: &Value) -> Result<Parsed, Ap
                     _ => return Err(ApiError::bad_request(format!("messages[{i}].content must be text"), &format!("messages[{i}].content"))),
                 };
                 let role = if role == "developer" { "system" } else { role };
-                out.push(json!({"role": role, "content": content}));
+                let mut message = json!({"role": role, "content": content});
+                if role == "assistant"
+                    && let Some(calls) = m.get("tool_calls").filter(|v| !v.is_null())
+                {
+                    message["tool_calls"] = message_tool_calls(i, calls)?;
+                }
+                if role == "tool"
+                    && let Some(id) = m.get("tool_call_id").filter(|v| !v.is_null())
+                {
+                    let id = id.as_str().ok_or_else(|| {
+                        ApiError::bad_request(format!("messages[{i}].tool_call_id must be a string"), &format!("messages[{i}].tool_call_id"))
+                    })?;
+                    message["tool_call_id"] = json!(id);
+                }
+                out.push(message);
             }
             (Some(out), None)
         }
@@ -251,9 +387,20 @@ fn parse(flavor: Flavor, headers: &HeaderMap, body: &Value) -> Result<Parsed, Ap
             _ => return Err(ApiError::bad_request("`prompt` must be a string", "prompt")),
         },
     };
+    let (tools, tool_choice) = match flavor {
+        Flavor::Chat => parse_tools(obj)?,
+        Flavor::Completions => match ["tools", "tool_choice"].into_iter().find(|f| obj.get(*f).is_some_and(|v| !neutral(f, v))) {
+            Some(f) => return Err(ApiError::bad_request(format!("`{f}` needs the chat API (`/v1/chat/completions`)"), f)),
+            None => (Vec::new(), None),
+        },
+    };
+    if obj.get("parallel_tool_calls").is_some_and(|v| !v.is_null() && !v.is_boolean()) {
+        return Err(ApiError::bad_request("`parallel_tool_calls` must be a boolean", "parallel_tool_calls"));
+    }
+    let stop = parse_stop(obj)?;
     Ok(Parsed {
         model,
-        request: ProgramRequest { messages, prompt, max_tokens, enable_thinking, program_done, next_model, step },
+        request: ProgramRequest { messages, prompt, max_tokens, enable_thinking, program_done, next_model, step, tools, tool_choice, stop },
         stream,
         include_usage,
     })
@@ -268,8 +415,32 @@ fn usage(c: &Completion) -> Value {
     })
 }
 
+/// Why the answer ended: the engine's own reason where it gave one OpenAI defines (`stop`,
+/// `length`, `tool_calls`, `content_filter`), else `length` when the answer reached its limit
+/// and `stop` otherwise.
 fn finish_reason(c: &Completion, max_tokens: impl Fn(u32) -> u32) -> &'static str {
-    if c.output_tokens >= max_tokens(c.prompt_tokens) { "length" } else { "stop" }
+    match c.finish_reason.as_deref() {
+        Some("stop") => "stop",
+        Some("length") => "length",
+        Some("tool_calls") => "tool_calls",
+        Some("content_filter") => "content_filter",
+        _ if c.output_tokens >= max_tokens(c.prompt_tokens) => "length",
+        _ => "stop",
+    }
+}
+
+/// An answer's tool calls as OpenAI's `tool_calls` (an id of ours where the engine gave none).
+fn tool_calls_json(c: &Completion) -> Value {
+    Value::Array(
+        c.tool_calls
+            .iter()
+            .enumerate()
+            .map(|(index, t)| {
+                let id = if t.id.is_empty() { format!("call_{}", &uuid_like()[..24]) } else { t.id.clone() };
+                json!({"index": index, "id": id, "type": "function", "function": {"name": t.name, "arguments": t.arguments}})
+            })
+            .collect(),
+    )
 }
 
 async fn handle(api: Arc<Api>, flavor: Flavor, headers: HeaderMap, body: Value) -> Result<Response, ApiError> {
@@ -386,6 +557,14 @@ impl Answer {
             drop(rx);
             let c = result.map_err(call_error)?;
             let choice = match flavor {
+                Flavor::Chat if !c.tool_calls.is_empty() => {
+                    let mut calls = tool_calls_json(&c);
+                    for call in calls.as_array_mut().into_iter().flatten() {
+                        call.as_object_mut().map(|o| o.remove("index"));
+                    }
+                    let content = if c.text.is_empty() { Value::Null } else { Value::String(c.text.clone()) };
+                    json!({"index": 0, "message": {"role": "assistant", "content": content, "tool_calls": calls}, "finish_reason": finish_reason(&c, max_tokens)})
+                }
                 Flavor::Chat => json!({"index": 0, "message": {"role": "assistant", "content": c.text}, "finish_reason": finish_reason(&c, max_tokens)}),
                 Flavor::Completions => json!({"index": 0, "text": c.text, "finish_reason": finish_reason(&c, max_tokens)}),
             };
@@ -428,6 +607,11 @@ impl Answer {
                         if st.first && !c.text.is_empty() {
                             // An engine that does not stream: the whole text at once.
                             st.tail.push_back(st.render.piece(&c.text, true));
+                            st.first = false;
+                        }
+                        if !c.tool_calls.is_empty() {
+                            st.tail.push_back(st.render.tool_calls(&c, st.first));
+                            st.first = false;
                         }
                         st.tail.push_back(st.render.finish(&c));
                         if st.include_usage {
@@ -534,6 +718,14 @@ impl Render {
         Event::default().data(format!("{}\"choices\":[{choice}]}}", self.head))
     }
 
+    /// The answer's tool calls, whole, in one chunk (OpenAI's stream may split a call's
+    /// arguments over chunks; clients concatenate them by `index`, so one piece is the same).
+    fn tool_calls(&self, c: &Completion, first: bool) -> Event {
+        let role = if first { "\"role\":\"assistant\",\"content\":null," } else { "" };
+        let choice = format!("{{\"index\":0,\"delta\":{{{role}\"tool_calls\":{}}},\"finish_reason\":null}}", tool_calls_json(c));
+        Event::default().data(format!("{}\"choices\":[{choice}]}}", self.head))
+    }
+
     fn finish(&self, c: &Completion) -> Event {
         let reason = finish_reason(c, |prompt| self.requested.min(self.context.saturating_sub(prompt)).max(1));
         let choice = match self.flavor {
@@ -624,7 +816,7 @@ mod tests {
         }
         let first = data(r.piece("hi", true)).await;
         assert_eq!(first.pointer("/choices/0/delta/role").and_then(Value::as_str), Some("assistant"));
-        let c = Completion { text: "x".into(), prompt_tokens: 3, cached_prompt_tokens: 1, output_tokens: 16, ttft_s: 0.0, latency_s: 0.0 };
+        let c = Completion { text: "x".into(), prompt_tokens: 3, cached_prompt_tokens: 1, output_tokens: 16, ttft_s: 0.0, latency_s: 0.0, ..Default::default() };
         assert_eq!(data(r.finish(&c)).await.pointer("/choices/0/finish_reason").and_then(Value::as_str), Some("length"));
         assert_eq!(data(r.usage(&c)).await.pointer("/usage/prompt_tokens_details/cached_tokens").and_then(Value::as_u64), Some(1));
         let rc = Render::new(Flavor::Completions, "cmpl-1", 7, "m", 16, 4096);
@@ -729,9 +921,21 @@ mod tests {
             (json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}), "max_tokens"),
             (json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "temperature": -1}), "temperature"),
             (json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "logprobs": true}), "logprobs"),
-            (json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]}), "tools"),
-            (json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "stop": ["\n"]}), "stop"),
+            (json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]}), "tools[0].function"),
+            (json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "code_interpreter"}]}), "tools[0].type"),
+            (json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {"name": "a b"}}]}), "tools[0].function.name"),
+            (json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {"name": "f", "parameters": "x"}}]}), "tools[0].function.parameters"),
+            (json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": {"type": "function"}}), "tools"),
+            (json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "stop": [""]}), "stop"),
+            (json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "stop": 5}), "stop"),
             (json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "tool_choice": "auto"}), "tool_choice"),
+            (json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {"name": "f"}}],
+                "tool_choice": {"type": "function", "function": {"name": "g"}}}), "tool_choice"),
+            (json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {"name": "f"}}],
+                "tool_choice": "sometimes"}), "tool_choice"),
+            (json!({"model": "m", "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": null, "tool_calls": [{"id": "c"}]}]}),
+                "messages[1].tool_calls[0]"),
+            (json!({"model": "m", "messages": [{"role": "tool", "content": "42", "tool_call_id": 7}]}), "messages[0].tool_call_id"),
             (json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_object"}}), "response_format"),
         ];
         for (body, param) in cases {
@@ -747,10 +951,75 @@ mod tests {
         // A limit past u32 is a very large limit (the context caps it), not "none given".
         let huge = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 99_999_999_999u64});
         assert!(parse(Flavor::Chat, &h, &huge).is_ok_and(|p| p.request.max_tokens == CHAT_DEFAULT_MAX_TOKENS - 1));
+        let tools = parse(Flavor::Completions, &h, &json!({"model": "m", "prompt": "p", "tools": [{"type": "function", "function": {"name": "f"}}]}));
+        assert_eq!(tools.err().and_then(|e| e.param), Some("tools".to_string()));
         let list = parse(Flavor::Completions, &h, &json!({"model": "m", "prompt": ["a", "b"]}));
         assert_eq!(list.err().and_then(|e| e.param), Some("prompt".to_string()));
         let done = parse(Flavor::Completions, &headers(&[("x-program-done", "true")]), &json!({"model": "m", "prompt": "p"}));
         assert!(done.is_ok_and(|p| p.request.program_done));
+    }
+
+    /// Function calling: the tools and the choice reach the engine as the client sent them, an
+    /// earlier turn's tool calls and a tool result's id stay in the messages, and the prompt the
+    /// planner counts holds the tools block and the earlier call.
+    #[test]
+    fn tools_tool_calls_and_stop_strings_are_passed_on() {
+        let tool = json!({"type": "function", "function": {"name": "get_time", "description": "The time.", "parameters": {"type": "object", "properties": {}}}});
+        let body = json!({
+            "model": "m", "stop": ["\nObservation:", "END"], "tool_choice": {"type": "function", "function": {"name": "get_time"}},
+            "tools": [tool], "parallel_tool_calls": false,
+            "messages": [
+                {"role": "user", "content": "What time is it?"},
+                {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "get_time", "arguments": "{}"}}]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "12:00"},
+            ],
+        });
+        let p = parse(Flavor::Chat, &HeaderMap::new(), &body).unwrap_or_else(|e| panic!("{e:?}"));
+        assert_eq!(p.request.tools, vec![tool]);
+        assert_eq!(p.request.tool_choice, Some(json!({"type": "function", "function": {"name": "get_time"}})));
+        assert_eq!(p.request.stop, ["\nObservation:", "END"]);
+        let messages = p.request.messages.clone().unwrap_or_default();
+        assert_eq!(messages[1]["tool_calls"][0]["function"]["name"], "get_time");
+        assert_eq!(messages[2]["tool_call_id"], "call_1");
+        let (prompt, raw) = p.request.rendered_prompt();
+        assert!(!raw);
+        assert!(prompt.contains("<tools>\n{\"type\": \"function\", \"function\": {\"name\": \"get_time\""), "{prompt}");
+        assert!(prompt.contains("<|im_start|>assistant\n<tool_call>\n{\"name\": \"get_time\", \"arguments\": {}}\n</tool_call><|im_end|>"), "{prompt}");
+        // `stop` as one string.
+        let one = parse(Flavor::Completions, &HeaderMap::new(), &json!({"model": "m", "prompt": "p", "stop": "\n"}));
+        assert!(one.is_ok_and(|p| p.request.stop == ["\n"]));
+    }
+
+    /// An answer with tool calls: `message.tool_calls` (ids kept, or made), `content` null when
+    /// there is no text, the engine's `tool_calls` finish reason; in a stream, one chunk with the
+    /// calls before the finish.
+    #[tokio::test]
+    async fn an_answer_with_tool_calls_has_openais_shape() {
+        use crate::live::engine::ToolCall;
+        let c = Completion {
+            prompt_tokens: 20,
+            output_tokens: 12,
+            tool_calls: vec![
+                ToolCall { id: "chatcmpl-tool-1".into(), name: "get_time".into(), arguments: "{}".into() },
+                ToolCall { id: String::new(), name: "search".into(), arguments: "{\"q\": \"x\"}".into() },
+            ],
+            finish_reason: Some("tool_calls".into()),
+            ..Default::default()
+        };
+        assert_eq!(finish_reason(&c, |_| 100), "tool_calls");
+        let calls = tool_calls_json(&c);
+        assert_eq!(calls[0]["id"], "chatcmpl-tool-1");
+        assert!(calls[1]["id"].as_str().is_some_and(|id| id.starts_with("call_") && id.len() == 29), "{calls}");
+        assert_eq!(calls[1]["function"], json!({"name": "search", "arguments": "{\"q\": \"x\"}"}));
+        let r = Render::new(Flavor::Chat, "chatcmpl-1", 7, "m", 100, 4096);
+        let chunk = data(r.tool_calls(&c, true)).await;
+        assert_eq!(chunk.pointer("/choices/0/delta/role").and_then(Value::as_str), Some("assistant"));
+        assert_eq!(chunk.pointer("/choices/0/delta/tool_calls/1/index").and_then(Value::as_u64), Some(1));
+        assert_eq!(chunk.pointer("/choices/0/delta/tool_calls/0/function/name").and_then(Value::as_str), Some("get_time"));
+        assert_eq!(data(r.finish(&c)).await.pointer("/choices/0/finish_reason").and_then(Value::as_str), Some("tool_calls"));
+        // Without the engine's reason, the limit decides as before.
+        let plain = Completion { output_tokens: 100, ..Default::default() };
+        assert_eq!(finish_reason(&plain, |_| 100), "length");
     }
 
     #[test]

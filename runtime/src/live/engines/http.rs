@@ -59,7 +59,7 @@ use serde_json::{Value, json};
 use super::ApiFlavor;
 use super::metrics::MetricsSnapshot;
 use crate::live::engine::{
-    Completion, Engine, EngineError, EngineFuture, EngineTelemetry, LlmRequest,
+    Completion, Engine, EngineError, EngineFuture, EngineTelemetry, LlmRequest, ToolCall,
 };
 use crate::tokens;
 
@@ -306,15 +306,28 @@ fn excerpt(body: &str) -> String {
             out.push('…');
             break;
         }
-        // A server's bytes reach the operator's terminal in notes and failures: control
-        // characters (escape sequences that retitle, clear or recolour it; NULs) and the
-        // invisible format characters that reorder or hide text (bidi overrides, zero-width
-        // ones) go escaped.
-        if c.is_control() || matches!(c, '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2060}'..='\u{2069}' | '\u{feff}') {
-            out.extend(c.escape_default());
-        } else {
-            out.push(c);
-        }
+        push_terminal_safe(&mut out, c);
+    }
+    out
+}
+
+/// `c`, or its escape where it could act on a terminal. A server's or an engine process's bytes
+/// reach the operator's terminal in notes and failures: control characters (escape sequences
+/// that retitle, clear or recolour it; NULs) and the invisible format characters that reorder
+/// or hide text (bidi overrides, zero-width ones) go escaped.
+fn push_terminal_safe(out: &mut String, c: char) {
+    if c.is_control() || matches!(c, '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2060}'..='\u{2069}' | '\u{feff}') {
+        out.extend(c.escape_default());
+    } else {
+        out.push(c);
+    }
+}
+
+/// One line of a process's output, safe to print: see [`push_terminal_safe`].
+pub(crate) fn terminal_safe(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    for c in line.chars() {
+        push_terminal_safe(&mut out, c);
     }
     out
 }
@@ -412,6 +425,56 @@ fn within_limits(mut c: Completion, request: &LlmRequest, max_model_len: Option<
     c
 }
 
+/// The tool calls of a chat answer (`message.tool_calls`), or of one chunk
+/// (`delta.tool_calls`: fragments, keyed by `index`, whose `arguments` concatenate). Entries
+/// that are not objects are skipped; a missing `index` counts as the entry's position.
+fn tool_call_parts(choice: &Value) -> impl Iterator<Item = (usize, &Value)> {
+    let calls = choice
+        .get("message")
+        .and_then(|m| m.get("tool_calls"))
+        .or_else(|| choice.get("delta").and_then(|d| d.get("tool_calls")))
+        .and_then(Value::as_array);
+    calls.into_iter().flatten().enumerate().filter(|(_, c)| c.is_object()).map(|(i, c)| {
+        let index = c.get("index").and_then(Value::as_u64).and_then(|n| usize::try_from(n).ok()).unwrap_or(i);
+        (index, c)
+    })
+}
+
+/// Most tool calls kept from one answer (a hostile server's indices cannot make us allocate
+/// more).
+const MAX_TOOL_CALLS: usize = 128;
+
+/// Adds a tool call (or a fragment of one) to `calls`: the id and name where given, the
+/// arguments appended.
+fn merge_tool_call(calls: &mut Vec<ToolCall>, index: usize, part: &Value) {
+    if index >= MAX_TOOL_CALLS {
+        return;
+    }
+    if calls.len() <= index {
+        calls.resize_with(index + 1, ToolCall::default);
+    }
+    let call = &mut calls[index];
+    if let Some(id) = part.get("id").and_then(Value::as_str).filter(|s| !s.is_empty()) {
+        call.id = id.to_string();
+    }
+    if let Some(f) = part.get("function") {
+        if let Some(name) = f.get("name").and_then(Value::as_str).filter(|s| !s.is_empty()) {
+            call.name = name.to_string();
+        }
+        match f.get("arguments") {
+            Some(Value::String(a)) => call.arguments.push_str(a),
+            // Some servers send the arguments as an object.
+            Some(a @ Value::Object(_)) => call.arguments.push_str(&a.to_string()),
+            _ => {}
+        }
+    }
+}
+
+/// A choice's `finish_reason`, when it carries one.
+fn finish_reason_of(choice: &Value) -> Option<String> {
+    choice.get("finish_reason").and_then(Value::as_str).map(str::to_string)
+}
+
 /// Folds a stream of OpenAI chunks into a completion.
 #[derive(Debug, Default)]
 pub(crate) struct StreamFold {
@@ -420,6 +483,8 @@ pub(crate) struct StreamFold {
     usage: Option<(u32, u32, u32)>,
     /// A choice carried a `finish_reason`: the answer is whole (the server ended it).
     finished: bool,
+    finish_reason: Option<String>,
+    tool_calls: Vec<ToolCall>,
 }
 
 impl StreamFold {
@@ -436,8 +501,12 @@ impl StreamFold {
                 if let Some(t) = choice_text(c) {
                     self.text.push_str(t);
                 }
+                for (index, part) in tool_call_parts(c) {
+                    merge_tool_call(&mut self.tool_calls, index, part);
+                }
                 if c.get("finish_reason").is_some_and(|r| !r.is_null()) {
                     self.finished = true;
+                    self.finish_reason = finish_reason_of(c);
                 }
             }
         } else if chunk.get("usage").is_none() {
@@ -476,6 +545,8 @@ impl StreamFold {
             output_tokens,
             ttft_s: self.first_choice_at.unwrap_or(latency).as_secs_f64(),
             latency_s: latency.as_secs_f64(),
+            tool_calls: self.tool_calls.into_iter().filter(|c| !c.name.is_empty()).collect(),
+            finish_reason: self.finish_reason,
         }
     }
 }
@@ -506,6 +577,11 @@ pub(crate) fn parse_full(
         .get("usage")
         .and_then(parse_usage)
         .unwrap_or_else(|| counted_usage(&text, prompt_tokens));
+    let mut tool_calls = Vec::new();
+    for (index, part) in tool_call_parts(choice) {
+        merge_tool_call(&mut tool_calls, index, part);
+    }
+    tool_calls.retain(|c| !c.name.is_empty());
     Ok(Completion {
         text,
         prompt_tokens,
@@ -513,6 +589,8 @@ pub(crate) fn parse_full(
         output_tokens,
         ttft_s: latency.as_secs_f64(),
         latency_s: latency.as_secs_f64(),
+        tool_calls,
+        finish_reason: finish_reason_of(choice),
     })
 }
 
@@ -736,6 +814,16 @@ impl HttpEngine {
         };
         if request.stream {
             body["stream_options"] = json!({ "include_usage": true });
+        }
+        // An external client's tools and stop strings, as it sent them.
+        if request.messages.is_some() && !request.tools.is_empty() {
+            body["tools"] = json!(request.tools);
+            if let Some(choice) = &request.tool_choice {
+                body["tool_choice"] = choice.clone();
+            }
+        }
+        if !request.stop.is_empty() {
+            body["stop"] = json!(request.stop);
         }
         if request.server_default_limit
             && let Some(fields) = body.as_object_mut()
@@ -1358,6 +1446,48 @@ mod tests {
     }
 
     #[test]
+    fn tool_calls_and_finish_reasons_are_read_from_whole_and_streamed_answers() {
+        // Whole: `message.tool_calls`, content null.
+        let body = json!({"choices": [{"message": {"role": "assistant", "content": null, "tool_calls": [
+            {"id": "chatcmpl-tool-1", "type": "function", "function": {"name": "get_time", "arguments": "{\"city\": \"Paris\"}"}},
+            {"id": "chatcmpl-tool-2", "type": "function", "function": {"name": "now", "arguments": {}}},
+        ]}, "finish_reason": "tool_calls"}], "usage": {"prompt_tokens": 30, "completion_tokens": 20}});
+        let c = parse_full(&body, Duration::ZERO, 30).unwrap();
+        assert_eq!((c.text.as_str(), c.finish_reason.as_deref()), ("", Some("tool_calls")));
+        assert_eq!(
+            c.tool_calls,
+            [
+                ToolCall { id: "chatcmpl-tool-1".into(), name: "get_time".into(), arguments: "{\"city\": \"Paris\"}".into() },
+                ToolCall { id: "chatcmpl-tool-2".into(), name: "now".into(), arguments: "{}".into() },
+            ]
+        );
+        // Streamed: a call's fragments joined by `index` (name first, arguments in pieces), two
+        // calls interleaved; text before them is the content.
+        let mut f = StreamFold::default();
+        let chunks = [
+            json!({"choices": [{"delta": {"role": "assistant", "content": "Let me look."}}]}),
+            json!({"choices": [{"delta": {"tool_calls": [{"index": 0, "id": "a", "type": "function", "function": {"name": "get_time", "arguments": ""}}]}}]}),
+            json!({"choices": [{"delta": {"tool_calls": [{"index": 1, "id": "b", "type": "function", "function": {"name": "now"}}]}}]}),
+            json!({"choices": [{"delta": {"tool_calls": [{"index": 0, "function": {"arguments": "{\"city\": "}}]}}]}),
+            json!({"choices": [{"delta": {"tool_calls": [{"index": 0, "function": {"arguments": "\"Paris\"}"}}, {"index": 1, "function": {"arguments": "{}"}}]}}]}),
+            json!({"choices": [{"delta": {}, "finish_reason": "tool_calls"}]}),
+        ];
+        for chunk in &chunks {
+            f.push(chunk, Duration::ZERO).unwrap();
+        }
+        assert!(f.finished());
+        let c = f.finish(Duration::ZERO, 30);
+        assert_eq!((c.text.as_str(), c.finish_reason.as_deref()), ("Let me look.", Some("tool_calls")));
+        let calls: Vec<(&str, &str, &str)> = c.tool_calls.iter().map(|t| (t.id.as_str(), t.name.as_str(), t.arguments.as_str())).collect();
+        assert_eq!(calls, [("a", "get_time", "{\"city\": \"Paris\"}"), ("b", "now", "{}")]);
+        // A hostile server's index cannot make the answer allocate without bound; a fragment
+        // that never named its function is dropped.
+        let mut f = StreamFold::default();
+        f.push(&json!({"choices": [{"delta": {"tool_calls": [{"index": 4_000_000_000u64, "function": {"name": "x"}}, {"index": 2, "function": {"arguments": "{}"}}]}}]}), Duration::ZERO).unwrap();
+        assert!(f.finish(Duration::ZERO, 1).tool_calls.is_empty());
+    }
+
+    #[test]
     fn stream_fold_concatenates_and_times_the_first_chunk() {
         let mut f = StreamFold::default();
         f.push(
@@ -1499,6 +1629,9 @@ mod tests {
             deadline_s: None,
 messages: None,
 raw_prompt: false,
+tools: Vec::new(),
+tool_choice: None,
+stop: Vec::new(),
 sink: Default::default(),
 meter: Default::default(),
         };
@@ -1536,6 +1669,9 @@ meter: Default::default(),
             deadline_s: None,
 messages: None,
 raw_prompt: false,
+tools: Vec::new(),
+tool_choice: None,
+stop: Vec::new(),
 sink: Default::default(),
 meter: Default::default(),
         };
@@ -1569,8 +1705,25 @@ meter: Default::default(),
         assert!(b.get("switchyard").is_none() && b.get("stream_options").is_none());
         assert!(b.get("max_tokens").is_some(), "a limit the caller gave is sent");
         // A caller without a limit leaves it to the server (its own count of the room).
-        let no_limit = chat.request_body(&LlmRequest { server_default_limit: true, stream: false, enable_thinking: false, ..req });
+        let no_limit = chat.request_body(&LlmRequest { server_default_limit: true, stream: false, enable_thinking: false, ..req.clone() });
         assert!(no_limit.get("max_tokens").is_none(), "{no_limit}");
+        // An external client's tools, choice and stop strings go with its messages.
+        let tool = json!({"type": "function", "function": {"name": "f"}});
+        let with_tools = LlmRequest {
+            messages: Some(vec![json!({"role": "user", "content": "hi"})]),
+            tools: vec![tool.clone()],
+            tool_choice: Some(json!("required")),
+            stop: vec!["END".into()],
+            ..req.clone()
+        };
+        let b = chat.request_body(&with_tools);
+        assert_eq!((&b["tools"], &b["tool_choice"], &b["stop"]), (&json!([tool]), &json!("required"), &json!(["END"])), "{b}");
+        // The emulated pool's completions engines send a client's messages to the chat API.
+        let b = e.request_body(&with_tools);
+        assert_eq!((b["messages"][0]["content"].as_str(), b["tools"][0]["function"]["name"].as_str()), (Some("hi"), Some("f")), "{b}");
+        // Without any, none of the fields.
+        let b = chat.request_body(&req);
+        assert!(["tools", "tool_choice", "stop"].iter().all(|f| b.get(*f).is_none()), "{b}");
         assert!(HttpEngine::new("vllm", "ftp://h", "m", HttpOptions::default()).is_err());
     }
 }

@@ -57,11 +57,14 @@ pub use vllm::{ManagedCommand, VllmEngine, process_group_members};
 
 /// vLLM's default command (field anchors §1.1: sleep mode needs `--enable-sleep-mode` and
 /// `VLLM_SERVER_DEV_MODE=1`; `docs/features/sleep_mode.md`; `--enable-prompt-tokens-details`
-/// makes the usage report `prompt_tokens_details.cached_tokens`, the prefix-cache hits).
+/// makes the usage report `prompt_tokens_details.cached_tokens`, the prefix-cache hits;
+/// `--enable-auto-tool-choice --tool-call-parser hermes` is function calling as Qwen's own
+/// documentation serves Qwen3 — the front door passes a client's `tools` on, and without the
+/// flags vLLM refuses `tool_choice: "auto"`).
 pub const DEFAULT_VLLM_COMMAND: &str = "vllm serve {model} --served-model-name {served} \
      --host {host} --port {port} --gpu-memory-utilization {util} --max-model-len {max_len} \
      --max-num-seqs {max_num_seqs} --dtype {dtype} --enable-sleep-mode \
-     --enable-prompt-tokens-details";
+     --enable-prompt-tokens-details --enable-auto-tool-choice --tool-call-parser hermes";
 
 /// The `emulated` kind's default command: `switchyard emulate` on the same flags. A program
 /// named `switchyard` resolves to [`LaunchParams::switchyard_exe`] when that is set.
@@ -719,12 +722,14 @@ mod tests {
     }
 
     #[test]
-    fn the_default_vllm_command_reports_cached_prompt_tokens() {
+    fn the_default_vllm_command_reports_cached_prompt_tokens_and_parses_tool_calls() {
         let argv = ManagedCommand::from_spec(&EngineSpec::new(EngineKind::Vllm), &launch())
             .unwrap()
             .argv(8000);
         assert!(argv.iter().any(|a| a == "--enable-prompt-tokens-details"), "{argv:?}");
         assert!(argv.iter().any(|a| a == "--enable-sleep-mode"), "{argv:?}");
+        let parser = argv.iter().position(|a| a == "--tool-call-parser");
+        assert!(argv.iter().any(|a| a == "--enable-auto-tool-choice") && parser.is_some_and(|i| argv[i + 1] == "hermes"), "{argv:?}");
     }
 
     #[test]

@@ -250,6 +250,12 @@ impl LogTail {
         }
         self.lines.push_back(line);
     }
+
+    /// The lines, each made safe for the terminal a failure message is printed on (a child's
+    /// escape sequences would otherwise act on the operator's terminal).
+    fn text(&self) -> String {
+        self.lines.iter().map(|line| super::http::terminal_safe(line)).collect::<Vec<_>>().join("\n")
+    }
 }
 
 fn drain<R: AsyncRead + Unpin + Send + 'static>(reader: R, log: Arc<Mutex<LogTail>>) {
@@ -547,10 +553,7 @@ struct Running {
 
 impl Running {
     fn tail(&self) -> String {
-        self.log
-            .lock()
-            .map(|l| l.lines.iter().cloned().collect::<Vec<_>>().join("\n"))
-            .unwrap_or_default()
+        self.log.lock().map(|l| l.text()).unwrap_or_default()
     }
 }
 
@@ -1114,5 +1117,15 @@ mod tests {
         }
         assert_eq!(t.lines.len(), LOG_TAIL_LINES);
         assert_eq!(t.lines.front().map(String::as_str), Some("5"));
+    }
+
+    /// A child's output reaches the terminal in failure messages: its escape sequences and
+    /// bidi overrides go escaped, its lines stay lines.
+    #[test]
+    fn log_tail_text_is_safe_for_a_terminal() {
+        let mut t = LogTail::default();
+        t.push("\x1b]0;PWNED\x07\x1b[2Jcleared".into());
+        t.push("ok \u{202e}txt.exe".into());
+        assert_eq!(t.text(), "\\u{1b}]0;PWNED\\u{7}\\u{1b}[2Jcleared\nok \\u{202e}txt.exe");
     }
 }

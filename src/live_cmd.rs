@@ -55,12 +55,31 @@ pub fn run_live(run: RunConfig, pool_path: &Path, options: &LiveOptions, progres
 /// `interrupted`, as at a deadline, and the report says `interrupted: true`.
 #[allow(dead_code)] // tests/live_e2e.rs includes this file and calls only `run_live`
 pub fn run_live_interruptible(
-    mut run: RunConfig,
+    run: RunConfig,
     pool_path: &Path,
     options: &LiveOptions,
     progress: Option<Progress>,
     interrupt: Option<Arc<AtomicBool>>,
 ) -> Result<LiveOutput> {
+    prepare_live(run, pool_path, options, interrupt)?.run(progress)
+}
+
+/// A live run made ready to start: the pool file's engines built (and engines an earlier run
+/// left behind swept), the clock's speed read from their commands, the deadline checked —
+/// every error the pool file and the flags can cause, found before the run shows progress.
+pub struct PreparedLive {
+    cfg: LiveConfig,
+    engines: PoolEngines,
+}
+
+/// Prepare `run` (whose pool is replaced by the live pool file's) for the live runtime; see
+/// [`PreparedLive`].
+pub fn prepare_live(
+    mut run: RunConfig,
+    pool_path: &Path,
+    options: &LiveOptions,
+    interrupt: Option<Arc<AtomicBool>>,
+) -> Result<PreparedLive> {
     let pool: LivePoolSpec<EngineSpec> = LivePoolSpec::load(pool_path).map_err(|e| anyhow!("{e}"))?;
     let exe = match &options.switchyard_exe {
         Some(p) => p.clone(),
@@ -89,5 +108,12 @@ pub fn run_live_interruptible(
             .ok_or_else(|| anyhow!("--deadline: {s} is not a positive number of seconds"))?;
         cfg.deadline = Some(d);
     }
-    live::run_blocking(&cfg, Arc::new(engines), progress).map_err(|e| anyhow!("live run: {e}"))
+    Ok(PreparedLive { cfg, engines })
+}
+
+impl PreparedLive {
+    /// Run it. `progress(ended, total)` is called as sessions end.
+    pub fn run(self, progress: Option<Progress>) -> Result<LiveOutput> {
+        live::run_blocking(&self.cfg, Arc::new(self.engines), progress).map_err(|e| anyhow!("live run: {e}"))
+    }
 }

@@ -687,16 +687,10 @@ fn run(args: RunArgs) -> Result<RunEnd> {
     }
     let total = args.sessions * cfg.workflows.len();
     let interrupt = progress::on_ctrl_c()?;
-    let reporter = Arc::new(progress::Reporter::new(total, args.json));
-    reporter.update(progress::Point { done: 0, total, ..Default::default() });
-    reporter.heartbeat();
-    let started = std::time::Instant::now();
     // Deployment names for the timeline's labels (the live branch takes the config).
     let deployment_names = switchyard_runtime::exec::deployment_names(&cfg.workflows, cfg.max_num_seqs)?;
-    let (report, trace, timelines, window, notes) = if args.live {
-        let r = Arc::clone(&reporter);
-        let progress: switchyard_runtime::live::Progress =
-            Arc::new(move |done, total| r.update(progress::Point { done, total, ..Default::default() }));
+    // A live run's pool engines and flags are checked before the progress line shows.
+    let live = if args.live {
         // Notes (the first engine error of each kind, lost replicas) are printed as they happen.
         let on_note: switchyard_runtime::live::NoteSink = Arc::new(|line: &str| eprintln!("note: {line}"));
         let options = live_cmd::LiveOptions {
@@ -706,7 +700,19 @@ fn run(args: RunArgs) -> Result<RunEnd> {
             on_note: Some(on_note),
             keep_trace: args.trace.is_some(),
         };
-        let out = live_cmd::run_live_interruptible(cfg, &pool_path, &options, Some(progress), Some(Arc::clone(&interrupt)))?;
+        Some(live_cmd::prepare_live(cfg.clone(), &pool_path, &options, Some(Arc::clone(&interrupt)))?)
+    } else {
+        None
+    };
+    let reporter = Arc::new(progress::Reporter::new(total, args.json));
+    reporter.update(progress::Point { done: 0, total, ..Default::default() });
+    reporter.heartbeat();
+    let started = std::time::Instant::now();
+    let (report, trace, timelines, window, notes) = if let Some(live) = live {
+        let r = Arc::clone(&reporter);
+        let progress: switchyard_runtime::live::Progress =
+            Arc::new(move |done, total| r.update(progress::Point { done, total, ..Default::default() }));
+        let out = live.run(Some(progress))?;
         // The notes went out as they happened; the run's faults, counted, once at its end.
         let f = &out.faults;
         if f.retries + f.restarts + f.migrated_calls + f.failed_calls + f.tool_crashes > 0 {

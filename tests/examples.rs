@@ -90,6 +90,9 @@ fn the_client_examples_drive_switchyard_serve() {
         assert!(out.status.success(), "{script}: {t}");
         if script == "langgraph_agent.py" {
             assert!(t.contains("streamed pieces"), "{t}");
+        } else {
+            // The model called the agent's function tool through the front door, once.
+            assert!(t.contains("tool calls: 1 ("), "{t}");
         }
         eprintln!("{script}: {t}");
     }

@@ -3,7 +3,8 @@
 //! models, health before and after the load, metrics names, types and movement, sleep mode,
 //! errors and fault injection), and what vLLM clients rely on: aborts on disconnect, answers
 //! without `max_tokens`, `n` and prompt lists, stop strings, parameter validation, JSON 404 and
-//! 405, tokenize / detokenize, partial wakes and sleeps with requests in flight. Speeds of 100x and more keep every test well under a second or two.
+//! 405, tokenize / detokenize, partial wakes and sleeps with requests in flight, tool calling
+//! as vLLM's hermes parser answers it (auto, named, required, none, streamed, refusals). Speeds of 100x and more keep every test well under a second or two.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -1154,4 +1155,255 @@ async fn a_prefill_only_step_streams_no_token_to_the_decoding_requests() {
     let m = MetricsSnapshot::parse(&c.get(format!("{base}/metrics")).send().await.unwrap().text().await.unwrap()).unwrap();
     assert_eq!(m.histogram("vllm:inter_token_latency_seconds").map(|h| h.count), Some(4.0 * 199.0));
     drop(s);
+}
+
+/// The tools of the tool-calling tests: a search whose required arguments are a string and an
+/// integer with a minimum (and an optional one), and a clock without parameters.
+fn search_tools() -> Value {
+    json!([
+        {"type": "function", "function": {"name": "web_search", "description": "Search the web.",
+            "parameters": {"type": "object",
+                "properties": {"query": {"type": "string"}, "top_k": {"type": "integer", "minimum": 3},
+                               "lang": {"type": "string"}},
+                "required": ["query", "top_k"]}}},
+        {"type": "function", "function": {"name": "clock", "description": "The time now."}}
+    ])
+}
+
+const QUESTION: &str = "Who won the 2018 World Cup?";
+
+/// The prompt tokens of `messages` and `tools` as Qwen3's template renders them (thinking on).
+fn template_tokens(turns: &[tokens::ChatTurn], tools: &Value) -> u64 {
+    let tools = tools.as_array().cloned().unwrap_or_default();
+    tokens::count(&tokens::chat_template_with_tools(turns, &tools, true, true)) as u64
+}
+
+fn turn(role: &str, content: &str, calls: Vec<tokens::TurnToolCall>) -> tokens::ChatTurn {
+    tokens::ChatTurn { role: role.into(), content: content.into(), tool_calls: calls }
+}
+
+/// The one choice of a non-streamed chat answer (status 200 asserted).
+async fn chat_choice(c: &reqwest::Client, base: &str, body: Value) -> (Value, Value) {
+    let (status, text) = post(c, format!("{base}/v1/chat/completions"), body.clone()).await;
+    assert_eq!(status, 200, "{body}: {text}");
+    let v: Value = serde_json::from_str(&text).unwrap();
+    (v["choices"][0].clone(), v["usage"].clone())
+}
+
+fn is_tool_call_id(id: &Value) -> bool {
+    id.as_str()
+        .and_then(|s| s.strip_prefix("chatcmpl-tool-"))
+        .is_some_and(|hex| hex.len() == 32 && hex.chars().all(|ch| ch.is_ascii_hexdigit()))
+}
+
+/// vLLM 0.10.2 with `--enable-auto-tool-choice --tool-call-parser hermes`: under "auto" the
+/// emulated model calls the first tool after a user message (arguments: the required ones, the
+/// string the question), the prompt counts the tools block; after the tool's result it answers
+/// in text.
+#[tokio::test]
+async fn an_auto_tool_call_then_a_text_answer_after_the_tool_result() {
+    let (s, c, base) = fast_server().await;
+    let tools = search_tools();
+    let user = json!({"role": "user", "content": QUESTION});
+    let (choice, usage) = chat_choice(&c, &base, json!({"model": MODEL, "messages": [user], "tools": tools})).await;
+    assert_eq!(choice["finish_reason"], "tool_calls", "{choice}");
+    let message = &choice["message"];
+    assert_eq!(message["content"], Value::Null, "no text before the call: {message}");
+    let calls = message["tool_calls"].as_array().expect("tool_calls");
+    assert_eq!(calls.len(), 1, "{message}");
+    let call = &calls[0];
+    assert!(is_tool_call_id(&call["id"]), "{call}");
+    assert_eq!(call["type"], "function");
+    assert_eq!(call["function"]["name"], "web_search");
+    let arguments = call["function"]["arguments"].as_str().expect("arguments are JSON text");
+    assert_eq!(arguments, format!("{{\"query\": \"{QUESTION}\", \"top_k\": 3}}"), "json.dumps style");
+    // The generated tokens are the hermes call Qwen3 writes.
+    let generated = format!("<tool_call>\n{{\"name\": \"web_search\", \"arguments\": {arguments}}}\n</tool_call>");
+    assert_eq!(usage["completion_tokens"], tokens::count(&generated) as u64);
+    // The prompt carries the tools block: more tokens than without tools, exactly the template's.
+    let asked = [turn("user", QUESTION, Vec::new())];
+    assert_eq!(usage["prompt_tokens"], template_tokens(&asked, &tools));
+    let (_, plain) = chat_choice(&c, &base, json!({"messages": [user], "max_tokens": 5})).await;
+    assert_eq!(plain["prompt_tokens"], template_tokens(&asked, &json!([])));
+    assert!(usage["prompt_tokens"].as_u64() > plain["prompt_tokens"].as_u64(), "{usage} vs {plain}");
+
+    // The tool's result goes back: the model answers in text, the call counted in the prompt.
+    let messages = json!([user,
+        {"role": "assistant", "content": null, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": call["id"], "content": "France"}]);
+    let (choice, usage) = chat_choice(&c, &base, json!({"messages": messages, "tools": tools})).await;
+    assert_eq!(choice["finish_reason"], "stop", "{choice}");
+    assert_eq!(choice["message"]["tool_calls"], json!([]));
+    assert!(choice["message"]["content"].as_str().is_some_and(|t| !t.is_empty()), "{choice}");
+    let answered = [
+        turn("user", QUESTION, Vec::new()),
+        turn("assistant", "", vec![tokens::TurnToolCall { name: "web_search".into(), arguments: arguments.into() }]),
+        turn("tool", "France", Vec::new()),
+    ];
+    assert_eq!(usage["prompt_tokens"], template_tokens(&answered, &tools));
+    // With a limit, the answer after the result runs to it.
+    let (choice, _) = chat_choice(&c, &base, json!({"messages": messages, "tools": tools, "max_tokens": 7})).await;
+    assert_eq!((choice["finish_reason"].clone(), choice["message"]["tool_calls"].clone()), (json!("length"), json!([])));
+    // `/tokenize` renders the tools too (vLLM's `TokenizeChatRequest.tools`).
+    let (status, body) = post(&c, format!("{base}/tokenize"), json!({"messages": [user], "tools": tools})).await;
+    assert_eq!(status, 200, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["count"], template_tokens(&asked, &tools));
+    s.shutdown().await.unwrap();
+}
+
+/// A streamed auto call: the role chunk, the call as one `tool_calls` delta on the chunk of its
+/// last token with `finish_reason: "tool_calls"`, then usage and `[DONE]`.
+#[tokio::test]
+async fn a_streamed_auto_tool_call_arrives_as_one_delta() {
+    let (s, c, base) = fast_server().await;
+    let (status, body) = post(
+        &c,
+        format!("{base}/v1/chat/completions"),
+        json!({"messages": [{"role": "user", "content": QUESTION}], "tools": search_tools(), "stream": true,
+               "stream_options": {"include_usage": true}}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let data = sse_data(&body);
+    assert_eq!(data.last().map(String::as_str), Some("[DONE]"));
+    let chunks: Vec<Value> = data[..data.len() - 1].iter().map(|d| serde_json::from_str(d).unwrap()).collect();
+    assert_eq!(chunks[0]["choices"][0]["delta"], json!({"role": "assistant", "content": ""}));
+    let deltas: Vec<&Value> = chunks.iter().filter_map(|c| c["choices"].get(0)).collect();
+    let content: String = deltas.iter().filter_map(|d| d["delta"]["content"].as_str()).collect();
+    assert_eq!(content, "", "nothing before the call is content: {chunks:?}");
+    let calls: Vec<&Value> = deltas.iter().filter(|d| d["delta"].get("tool_calls").is_some()).copied().collect();
+    assert_eq!(calls.len(), 1, "{chunks:?}");
+    let call = &calls[0]["delta"]["tool_calls"][0];
+    assert_eq!(call["index"], 0);
+    assert!(is_tool_call_id(&call["id"]), "{call}");
+    assert_eq!(call["type"], "function");
+    assert_eq!(call["function"]["name"], "web_search");
+    assert_eq!(call["function"]["arguments"], format!("{{\"query\": \"{QUESTION}\", \"top_k\": 3}}"));
+    // The finish reason rides on the call's chunk, the last of the choice.
+    let finishing: Vec<&&Value> = deltas.iter().filter(|d| !d["finish_reason"].is_null()).collect();
+    assert_eq!(finishing.len(), 1, "{chunks:?}");
+    assert_eq!(finishing[0]["finish_reason"], "tool_calls");
+    assert!(finishing[0]["delta"].get("tool_calls").is_some(), "{chunks:?}");
+    let usage = &chunks.last().unwrap()["usage"];
+    let generated = format!(
+        "<tool_call>\n{{\"name\": \"web_search\", \"arguments\": {}}}\n</tool_call>",
+        call["function"]["arguments"].as_str().unwrap_or_default()
+    );
+    assert_eq!(usage["completion_tokens"], tokens::count(&generated) as u64);
+    // After the tool's result, the text answer streams as content deltas, as without tools.
+    let answer = json!({"messages": [{"role": "user", "content": QUESTION},
+                                     {"role": "assistant", "content": "", "tool_calls": [call]},
+                                     {"role": "tool", "content": "France"}],
+                        "tools": search_tools(), "max_tokens": 12});
+    let (whole, _) = chat_choice(&c, &base, answer.clone()).await;
+    let mut streamed = answer;
+    streamed["stream"] = json!(true);
+    let (status, body) = post(&c, format!("{base}/v1/chat/completions"), streamed).await;
+    assert_eq!(status, 200, "{body}");
+    let chunks: Vec<Value> = sse_data(&body).iter().filter_map(|d| serde_json::from_str(d).ok()).collect();
+    let content: String = chunks.iter().filter_map(|c| c["choices"][0]["delta"]["content"].as_str()).collect();
+    assert!(!content.is_empty());
+    assert_eq!(Some(content.as_str()), whole["message"]["content"].as_str(), "{chunks:?}");
+    assert!(chunks.iter().all(|c| c["choices"][0]["delta"].get("tool_calls").is_none()), "{chunks:?}");
+    assert_eq!(chunks.last().map(|c| c["choices"][0]["finish_reason"].clone()), Some(json!("length")));
+    s.shutdown().await.unwrap();
+}
+
+/// Named and "required" choices (vLLM's guided decoding: the arguments JSON alone, a JSON list
+/// of calls), "none" (text, the tools still in the prompt) and an auto call cut by
+/// `max_tokens` (content, `length`), each as vLLM 0.10.2 answers it.
+#[tokio::test]
+async fn named_required_and_none_tool_choices_and_a_cut_call() {
+    let (s, c, base) = fast_server().await;
+    let tools = search_tools();
+    let messages = json!([{"role": "user", "content": QUESTION}]);
+    let named = json!({"type": "function", "function": {"name": "clock"}});
+    let (choice, usage) = chat_choice(&c, &base, json!({"messages": messages, "tools": tools, "tool_choice": named})).await;
+    assert_eq!(choice["message"]["content"], "");
+    let call = &choice["message"]["tool_calls"][0];
+    assert!(is_tool_call_id(&call["id"]), "{choice}");
+    assert_eq!((call["function"]["name"].clone(), call["function"]["arguments"].clone()), (json!("clock"), json!("{}")));
+    // vLLM 0.10.2 reports `tool_calls` as the finish reason of auto calls only.
+    assert_eq!(choice["finish_reason"], "stop");
+    assert_eq!(usage["completion_tokens"], tokens::count("{}") as u64);
+    // Streamed, a named call finishes with `tool_calls` (vLLM's `tools_streamed`).
+    let (_, body) = post(
+        &c,
+        format!("{base}/v1/chat/completions"),
+        json!({"messages": messages, "tools": tools, "tool_choice": named, "stream": true}),
+    )
+    .await;
+    let chunks: Vec<Value> = sse_data(&body).iter().filter_map(|d| serde_json::from_str(d).ok()).collect();
+    let last = chunks.last().map(|c| c["choices"][0].clone()).unwrap_or_default();
+    assert_eq!(last["finish_reason"], "tool_calls", "{chunks:?}");
+    assert_eq!(last["delta"]["tool_calls"][0]["function"], json!({"name": "clock", "arguments": "{}"}), "{chunks:?}");
+
+    let (choice, usage) = chat_choice(&c, &base, json!({"messages": messages, "tools": tools, "tool_choice": "required"})).await;
+    assert_eq!(choice["message"]["content"], "");
+    let call = &choice["message"]["tool_calls"][0];
+    assert_eq!(call["function"]["name"], "web_search");
+    let arguments = format!("{{\"query\": \"{QUESTION}\", \"top_k\": 3}}");
+    assert_eq!(call["function"]["arguments"], arguments.as_str());
+    assert_eq!(choice["finish_reason"], "stop");
+    let generated = format!("[{{\"name\": \"web_search\", \"parameters\": {arguments}}}]");
+    assert_eq!(usage["completion_tokens"], tokens::count(&generated) as u64);
+
+    // "none": a text answer, the tools still rendered in the prompt.
+    let (choice, usage) = chat_choice(&c, &base, json!({"messages": messages, "tools": tools, "tool_choice": "none"})).await;
+    assert_eq!((choice["finish_reason"].clone(), choice["message"]["tool_calls"].clone()), (json!("stop"), json!([])));
+    assert_eq!(usage["prompt_tokens"], template_tokens(&[turn("user", QUESTION, Vec::new())], &tools));
+
+    // An auto call cut by max_tokens does not parse: it comes back as content.
+    let (choice, usage) = chat_choice(&c, &base, json!({"messages": messages, "tools": tools, "max_tokens": 6})).await;
+    assert_eq!(choice["finish_reason"], "length");
+    assert_eq!(choice["message"]["tool_calls"], json!([]));
+    assert!(choice["message"]["content"].as_str().is_some_and(|t| t.starts_with("<tool_call>\n{\"name\"")), "{choice}");
+    assert_eq!(usage["completion_tokens"], 6);
+    // A cut "required" list is vLLM's 400 (its output is no list of calls).
+    let (status, text) = post(
+        &c,
+        format!("{base}/v1/chat/completions"),
+        json!({"messages": messages, "tools": tools, "tool_choice": "required", "max_tokens": 4}),
+    )
+    .await;
+    assert_eq!(status, 400, "{text}");
+    s.shutdown().await.unwrap();
+}
+
+/// vLLM's `check_tool_usage` refusals, in its words, `param` naming the field.
+#[tokio::test]
+async fn tool_fields_vllm_refuses_get_400s() {
+    let (s, c, base) = fast_server().await;
+    let messages = json!([{"role": "user", "content": QUESTION}]);
+    let cases = [
+        (json!({"messages": messages, "tool_choice": "auto"}), "tool_choice", "When using `tool_choice`, `tools` must be set."),
+        (
+            json!({"messages": messages, "tools": search_tools(),
+                   "tool_choice": {"type": "function", "function": {"name": "weather"}}}),
+            "tool_choice",
+            "The tool specified in `tool_choice` does not match any of the specified `tools`",
+        ),
+        (
+            json!({"messages": messages, "tools": search_tools(), "tool_choice": "sometimes"}),
+            "tool_choice",
+            "Invalid value for `tool_choice`: sometimes! Only named tools, \"none\", \"auto\" or \"required\" are supported.",
+        ),
+        (json!({"messages": messages, "tools": [{"type": "retrieval", "function": {"name": "x"}}]}), "tools", ""),
+        (json!({"messages": messages, "tools": [{"type": "function", "function": {"description": "no name"}}]}), "tools", ""),
+    ];
+    for (body, param, message) in cases {
+        let (status, text) = post(&c, format!("{base}/v1/chat/completions"), body.clone()).await;
+        assert_eq!(status, 400, "{body}: {text}");
+        let v: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(v["error"]["param"], param, "{text}");
+        assert_eq!(v["error"]["type"], "BadRequestError");
+        assert_eq!(v["error"]["code"], 400);
+        let got = v["error"]["message"].as_str().unwrap_or_default();
+        assert!(!got.is_empty() && (message.is_empty() || got == message), "{text}");
+    }
+    // "none" needs no tools; an empty list with "auto" is a plain request.
+    chat_choice(&c, &base, json!({"messages": messages, "tool_choice": "none", "max_tokens": 2})).await;
+    chat_choice(&c, &base, json!({"messages": messages, "tools": [], "tool_choice": "auto", "max_tokens": 2})).await;
+    s.shutdown().await.unwrap();
 }

@@ -18,6 +18,35 @@
 //!   `include_stop_str_in_output`, `min_tokens`, `ignore_eos` shape the answer; `logprobs`,
 //!   `top_logprobs`, `prompt_logprobs`, `suffix` and `best_of` are refused with a 400 naming
 //!   the field (no token distribution is sampled, so there is nothing true to return);
+//! - tool calling, as vLLM 0.10.2 launched with `--enable-auto-tool-choice
+//!   --tool-call-parser hermes` (Qwen's setup for Qwen3): `tools` and `tool_choice` validated
+//!   as vLLM's `check_tool_usage` does (400s in its words, `param` naming the field; tools
+//!   without `tool_choice` mean `"auto"`), the tools rendered in the prompt by Qwen3's template
+//!   (with `"none"` too, 0.10.2's default) as are earlier assistant tool calls (a message's
+//!   `tool_calls`, arguments as JSON text or an object; a tool message's `tool_call_id` is
+//!   accepted and ignored), so prompt tokens count them. THE EMULATED MODEL'S DECISION (there
+//!   is no model; this is the emulation's rule, `protocol::ToolRequest::plan`): under `"auto"`
+//!   it calls ONE tool, the first of `tools`, when the conversation's last message is a user
+//!   message, and after a tool result answers in text (the filler) — one tool round per user
+//!   turn, so an agent loop ends; `"required"` always calls the first tool, a named choice the
+//!   named one, `"none"` never calls. Arguments: the function's `required` properties valued by
+//!   their schemas (`protocol::tool_arguments`: strings are the last user message, cut to 64
+//!   characters). The engine generates the call's text as Qwen3 writes it — `<tool_call>\n{"name":
+//!   …, "arguments": {…}}\n</tool_call>` under `"auto"`, the arguments JSON alone for a named
+//!   choice, `[{"name": …, "parameters": {…}}]` for `"required"` (vLLM's guided decoding) — so
+//!   its tokens are the answer's generated tokens, and `max_tokens` or a stop can cut it; with
+//!   thinking on, no thinking text precedes a call. The answer is read as vLLM reads it: an
+//!   `"auto"` call becomes `message.tool_calls` (`id` `chatcmpl-tool-<32 hex>`, `arguments` as
+//!   `json.dumps` writes them), `content` the text before `<tool_call>` or null,
+//!   `finish_reason: "tool_calls"`; a cut `"auto"` call does not parse and comes back as content
+//!   (`finish_reason: "length"`); a named or `"required"` call has `content: ""` and, not
+//!   streamed, the engine's finish reason (`"stop"`; 0.10.2 sets `"tool_calls"` for auto calls
+//!   only), streamed `"tool_calls"`; a cut `"required"` answer is vLLM's 400 (its output is no
+//!   list of calls) when not streamed. Streamed, content before the call goes out as content
+//!   deltas, the call as ONE delta `{"tool_calls": [{"index": 0, "id", "type": "function",
+//!   "function": {"name", "arguments"}}]}` with the chunk of its last token (vLLM streams the
+//!   arguments in fragments; one piece is valid OpenAI streaming too), no call for a cut one.
+//!   Requests without tools are answered, timed and counted exactly as before;
 //! - a client that disconnects aborts its request (vLLM's `abort_request` when the HTTP
 //!   request is cancelled): it leaves the engine's queue or batch and frees its KV blocks;
 //! - without `max_tokens`, a chat answer ends at the emulated model's end of sequence: the
@@ -51,7 +80,8 @@
 //! virtual time `w × speed`. Metrics in seconds are virtual.
 //!
 //! Outputs: the body's `"switchyard": {"output": "..."}` (sent by the live runtime's emulated
-//! sessions, see `LlmRequest::emulated_output`) or a deterministic filler; prompt and output
+//! sessions, see `LlmRequest::emulated_output`), the emulated model's tool call (above) or a
+//! deterministic filler; prompt and output
 //! tokens are Qwen3 tokenizer tokens (`crate::tokens`; a chat request is rendered in Qwen3's
 //! chat template, honouring `chat_template_kwargs.enable_thinking`), and prefix caching keys on
 //! `tokens::block_hashes(ids, block_size)` like the simulator.
@@ -99,7 +129,10 @@ pub use protocol::{
     COMPLETIONS_DEFAULT_MAX_TOKENS, FILLER_EOS_TOKENS, render_chat, render_chat_prompt,
 };
 use metrics::{FinishedRequest, Metrics};
-use protocol::{ApiError, ChatBody, Checked, CompletionBody, PromptField, Shaped};
+use protocol::{
+    ApiError, CallMode, ChatBody, Checked, CompletionBody, PromptField, Shaped, ToolChoice,
+    ToolOutput,
+};
 
 /// Largest request body read (32 MiB: a prompt far past any served context, which then gets
 /// vLLM's 400, still fits).
@@ -1001,6 +1034,8 @@ struct Prepared {
     limit: u32,
     provided: Option<String>,
     echo: bool,
+    /// The request's `tool_choice` when it has tools: its answer is read for a tool call.
+    tool_choice: Option<ToolChoice>,
 }
 
 fn context_error(shared: &Shared, prompt: usize, max_tokens: Option<u32>, param: &str) -> ApiError {
@@ -1096,6 +1131,7 @@ fn prepare_completion(shared: &Shared, body: &[u8]) -> Result<Prepared, ApiError
         provided: body.sampling.switchyard.and_then(|s| s.output),
         echo: body.echo.unwrap_or(false),
         checked,
+        tool_choice: None,
     })
 }
 
@@ -1106,6 +1142,18 @@ async fn chat_completions(State(state): State<AppState>, body: Bytes) -> Respons
     }
 }
 
+/// A chat request: its messages rendered with Qwen3's chat template (tool definitions and
+/// earlier tool calls included), and, when it has tools, the emulated model's tool call.
+///
+/// The emulated model's decision (there is no model: this is the emulation's rule, see
+/// [`protocol::ToolRequest::plan`]): with `tool_choice` `"auto"` it calls ONE tool, the first
+/// of `tools`, when the last message is a user message, and answers in text (the filler)
+/// after a tool result — one tool round per user turn, so an agent loop ends; `"required"`
+/// always calls the first tool, a named choice the named one, `"none"` never calls. The call's
+/// text as Qwen3 writes it ([`protocol::PlannedCall::text`]) is the output the engine
+/// generates, token for token, shaped by `max_tokens` and the stop conditions like any output;
+/// a request's `switchyard` output, when it has one, is the output instead (and is read for a
+/// call all the same).
 fn prepare_chat(shared: &Shared, body: &[u8]) -> Result<Prepared, ApiError> {
     let body: ChatBody = serde_json::from_slice(body)
         .map_err(|e| ApiError::bad_request(format!("invalid chat completion request: {e}")))?;
@@ -1122,14 +1170,15 @@ fn prepare_chat(shared: &Shared, body: &[u8]) -> Result<Prepared, ApiError> {
     let checked = body
         .sampling
         .check(body.max_completion_tokens.or(body.sampling.max_tokens))?;
-    let messages: Vec<(String, String)> =
-        body.messages.into_iter().map(|m| m.into_pair()).collect();
+    let tools = protocol::check_tools(body.tools, body.tool_choice)?;
+    let turns: Vec<tokens::ChatTurn> = body.messages.into_iter().map(|m| m.into_turn()).collect();
     // Qwen3's template thinks unless told otherwise, as vLLM renders it.
     let enable_thinking = body
         .chat_template_kwargs
         .and_then(|k| k.enable_thinking)
         .unwrap_or(true);
-    let text = render_chat(&messages, enable_thinking);
+    let tool_defs = tools.as_ref().map_or(&[][..], |t| t.tools.as_slice());
+    let text = render_chat_prompt(&turns, tool_defs, enable_thinking, true);
     let ids = tokens::encode(&text).to_vec();
     let len = shared.max_model_len as usize;
     let limit = match checked.max_tokens {
@@ -1142,13 +1191,19 @@ fn prepare_chat(shared: &Shared, body: &[u8]) -> Result<Prepared, ApiError> {
     };
     min_tokens_within(&checked, limit)?;
     check_samples(1, checked.n)?;
+    let provided = body
+        .sampling
+        .switchyard
+        .and_then(|s| s.output)
+        .or_else(|| tools.as_ref().and_then(|t| t.plan(&turns)).map(|call| call.text()));
     Ok(Prepared {
         api: Api::Chat,
         prompts: vec![PromptIn { ids, text }],
         limit,
-        provided: body.sampling.switchyard.and_then(|s| s.output),
+        provided,
         echo: false,
         checked,
+        tool_choice: tools.map(|t| t.choice),
     })
 }
 
@@ -1203,6 +1258,7 @@ async fn run(shared: &Arc<Shared>, p: Prepared) -> Response {
     // of a long answer held n copies of it), and each prompt's blocks hashed once, outside the
     // core's lock.
     let shaped = Arc::new(protocol::shape(p.provided.as_deref(), &shared.filler, p.limit, &p.checked));
+    let tool_answer = p.tool_choice.as_ref().map(|choice| Arc::new(ToolAnswer::read(choice, &shaped, stream)));
     let prefix_hashes: Vec<Arc<Vec<u64>>> =
         p.prompts.iter().map(|prompt| Arc::new(tokens::block_hashes(&prompt.ids, shared.block_size as usize))).collect();
     for (prompt_idx, prompt) in p.prompts.iter().enumerate() {
@@ -1218,6 +1274,7 @@ async fn run(shared: &Arc<Shared>, p: Prepared) -> Response {
                 started: false,
                 end: None,
                 cached: 0,
+                tools: tool_answer.as_ref().map(|answer| ChoiceTools::new(Arc::clone(answer))),
             });
         }
     }
@@ -1313,6 +1370,89 @@ enum End {
     Aborted,
 }
 
+/// The answer of a request with tools, as vLLM reads it: the generated text read for a tool
+/// call ([`protocol::read_tool_output`]), and where the call is complete.
+#[derive(Debug)]
+struct ToolAnswer {
+    output: ToolOutput,
+    /// Tokens generated once the call's text is complete: its stream delta goes out with the
+    /// chunk of that token.
+    call_tokens: usize,
+    stream: bool,
+}
+
+impl ToolAnswer {
+    fn read(choice: &ToolChoice, shaped: &Shaped, stream: bool) -> Self {
+        let output = protocol::read_tool_output(choice, &shaped.text);
+        let call_tokens = match &output {
+            ToolOutput::Call { call_end, .. } => shaped.tokens_through(*call_end),
+            ToolOutput::Text | ToolOutput::Unparsed(_) => 0,
+        };
+        ToolAnswer {
+            output,
+            call_tokens,
+            stream,
+        }
+    }
+
+    /// The bytes of the text that are the message's content: the text before an `auto` call,
+    /// none of a named or `required` one's (or of a `required` answer that did not parse),
+    /// all of a text answer.
+    fn content_end(&self) -> usize {
+        match &self.output {
+            ToolOutput::Text => usize::MAX,
+            ToolOutput::Call { content_end, .. } => *content_end,
+            ToolOutput::Unparsed(_) => 0,
+        }
+    }
+
+    /// vLLM 0.10.2's finish reason: `tool_calls` for an `auto` call; for a named or `required`
+    /// call `tool_calls` when streamed (its `tools_streamed`), the engine's reason when not
+    /// (`chat_completion_full_generator` sets `tool_calls` for auto calls only).
+    fn finish_reason(&self, engine: &'static str) -> &'static str {
+        match &self.output {
+            ToolOutput::Call { mode: CallMode::Auto, .. } => "tool_calls",
+            ToolOutput::Call { .. } if self.stream => "tool_calls",
+            _ => engine,
+        }
+    }
+}
+
+/// A choice's side of a [`ToolAnswer`]: its call's id and how far its stream got.
+#[derive(Debug)]
+struct ChoiceTools {
+    answer: Arc<ToolAnswer>,
+    /// vLLM's `make_tool_call_id()`: `chatcmpl-tool-` and 32 random hex digits.
+    call_id: String,
+    /// The call's delta was streamed.
+    call_sent: bool,
+    /// Bytes of the text handed to the stream's chunks so far.
+    streamed: usize,
+}
+
+impl ChoiceTools {
+    fn new(answer: Arc<ToolAnswer>) -> Self {
+        ChoiceTools {
+            answer,
+            call_id: format!("chatcmpl-tool-{:032x}", rand::random::<u128>()),
+            call_sent: false,
+            streamed: 0,
+        }
+    }
+
+    /// The call as a message's `tool_calls` item.
+    fn call_json(&self) -> Option<Value> {
+        match &self.answer.output {
+            ToolOutput::Call { call, .. } => Some(json!({
+                "id": self.call_id,
+                "type": "function",
+                "function": { "name": call.name, "arguments": call.arguments },
+            })),
+            ToolOutput::Text | ToolOutput::Unparsed(_) => None,
+        }
+    }
+}
+
 /// One choice of an answer: its shaped output and how far it got.
 struct Choice {
     index: usize,
@@ -1328,6 +1468,8 @@ struct Choice {
     started: bool,
     end: Option<End>,
     cached: u32,
+    /// The request has tools: how its answer reads as a tool call.
+    tools: Option<ChoiceTools>,
 }
 
 impl Choice {
@@ -1370,10 +1512,78 @@ impl Choice {
     }
 
     fn finish_reason(&self) -> &'static str {
-        match self.end {
-            Some(End::Aborted) => "abort",
-            _ => self.shaped.finish_reason,
+        match (self.end, &self.tools) {
+            (Some(End::Aborted), _) => "abort",
+            (_, Some(tools)) => tools.answer.finish_reason(self.shaped.finish_reason),
+            (_, None) => self.shaped.finish_reason,
         }
+    }
+
+    /// Whether the tokens of its tool call's text have all been generated.
+    fn call_complete(&self) -> bool {
+        let Some(tools) = &self.tools else { return false };
+        matches!(tools.answer.output, ToolOutput::Call { .. })
+            && (self.end == Some(End::Finished) || self.cursor.tokens >= tools.answer.call_tokens)
+    }
+
+    /// The chat message of a non-streamed answer: `content` alone without tools; with tools,
+    /// also `tool_calls` (empty for a text answer), the content being the text before an
+    /// `auto` call (null when empty) or `""` for a named or `required` one, as vLLM's. A
+    /// `required` answer that is no list of calls is vLLM's 400.
+    fn chat_message(&self) -> Result<Value, ApiError> {
+        let text = self.text();
+        let Some(tools) = &self.tools else {
+            return Ok(json!({ "role": "assistant", "content": text }));
+        };
+        let (content, calls) = match &tools.answer.output {
+            ToolOutput::Unparsed(why) if self.end != Some(End::Aborted) => {
+                return Err(ApiError::bad_request(why.clone()));
+            }
+            ToolOutput::Text | ToolOutput::Unparsed(_) => (json!(text), Vec::new()),
+            ToolOutput::Call { mode, content_end, .. } => {
+                let content = match mode {
+                    CallMode::Auto => {
+                        let before = text.get(..(*content_end).min(text.len())).unwrap_or_default();
+                        if before.is_empty() { Value::Null } else { json!(before) }
+                    }
+                    CallMode::Named | CallMode::Required => json!(""),
+                };
+                let calls = if self.call_complete() { tools.call_json().into_iter().collect() } else { Vec::new() };
+                (content, calls)
+            }
+        };
+        Ok(json!({ "role": "assistant", "content": content, "tool_calls": calls }))
+    }
+
+    /// The stream deltas of `piece` (the text's next bytes) for a choice with tools: the part
+    /// that is content (before an `auto` call), then the call as ONE delta
+    /// (`{"tool_calls": [{"index": 0, "id", "type": "function", "function": {"name",
+    /// "arguments"}}]}`) once its last token is generated — vLLM streams the arguments in
+    /// fragments; one piece is valid OpenAI streaming too. When `finish`, at least one delta
+    /// (an empty content) to carry the finish reason.
+    fn tool_deltas(&mut self, piece: &str, finish: bool) -> Vec<Value> {
+        let complete = self.call_complete();
+        let Some(tools) = self.tools.as_mut() else { return Vec::new() };
+        let start = tools.streamed;
+        tools.streamed += piece.len();
+        let mut deltas = Vec::with_capacity(2);
+        let shown = tools.answer.content_end().saturating_sub(start).min(piece.len());
+        if let Some(content) = piece.get(..shown).filter(|c| !c.is_empty()) {
+            deltas.push(json!({ "content": content }));
+        }
+        if complete
+            && !tools.call_sent
+            && let Some(call) = tools.call_json()
+        {
+            tools.call_sent = true;
+            let mut delta = call;
+            delta["index"] = json!(0);
+            deltas.push(json!({ "tool_calls": [delta] }));
+        }
+        if finish && deltas.is_empty() {
+            deltas.push(json!({ "content": "" }));
+        }
+        deltas
     }
 
     fn stop_reason(&self) -> Value {
@@ -1461,41 +1671,45 @@ impl Answer {
                 return ApiError::unavailable(reason).into_response();
             }
         }
-        Json(self.full()).into_response()
+        match self.full() {
+            Ok(body) => Json(body).into_response(),
+            Err(e) => e.into_response(),
+        }
     }
 
-    fn full(&self) -> Value {
-        let choices: Vec<Value> = self
+    /// The non-streamed answer; `Err` where vLLM cannot read a choice's output (a
+    /// `required` tool choice's answer that is no list of calls).
+    fn full(&self) -> Result<Value, ApiError> {
+        let choices = self
             .choices
             .iter()
             .map(|c| {
-                let text = format!("{}{}", c.echo.as_deref().unwrap_or(""), c.text());
-                match self.api {
+                Ok(match self.api {
                     Api::Completions => json!({
                         "index": c.index,
-                        "text": text,
+                        "text": format!("{}{}", c.echo.as_deref().unwrap_or(""), c.text()),
                         "logprobs": null,
                         "finish_reason": c.finish_reason(),
                         "stop_reason": c.stop_reason(),
                     }),
                     Api::Chat => json!({
                         "index": c.index,
-                        "message": { "role": "assistant", "content": text },
+                        "message": c.chat_message()?,
                         "logprobs": null,
                         "finish_reason": c.finish_reason(),
                         "stop_reason": c.stop_reason(),
                     }),
-                }
+                })
             })
-            .collect();
-        json!({
+            .collect::<Result<Vec<Value>, ApiError>>()?;
+        Ok(json!({
             "id": self.id,
             "object": self.object(false),
             "created": self.created,
             "model": self.model,
             "choices": choices,
             "usage": self.usage(),
-        })
+        }))
     }
 
     /// One chunk of choice `i`: `piece` (after the echoed prompt on its first chunk), with
@@ -1529,8 +1743,23 @@ impl Answer {
                     choices.push(json!({ "index": c.index, "delta": { "role": "assistant", "content": "" },
                                          "logprobs": null, "finish_reason": null }));
                 }
-                choices.push(json!({ "index": c.index, "delta": { "content": text }, "logprobs": null,
-                                     "finish_reason": finish_reason, "stop_reason": stop_reason }));
+                if c.tools.is_some() {
+                    // Content before a tool call, the call, the finish on the last of them.
+                    let deltas = c.tool_deltas(&text, finish);
+                    let last = deltas.len();
+                    for (k, delta) in deltas.into_iter().enumerate() {
+                        let (finish_reason, stop_reason) = if k + 1 == last {
+                            (finish_reason.clone(), stop_reason.clone())
+                        } else {
+                            (Value::Null, Value::Null)
+                        };
+                        choices.push(json!({ "index": c.index, "delta": delta, "logprobs": null,
+                                             "finish_reason": finish_reason, "stop_reason": stop_reason }));
+                    }
+                } else {
+                    choices.push(json!({ "index": c.index, "delta": { "content": text }, "logprobs": null,
+                                         "finish_reason": finish_reason, "stop_reason": stop_reason }));
+                }
             }
         }
         choices
@@ -1732,7 +1961,7 @@ async fn metrics(State(state): State<AppState>) -> Response {
 }
 
 /// `POST /tokenize`: vLLM's `TokenizeCompletionRequest` (`prompt`) or `TokenizeChatRequest`
-/// (`messages`, rendered with Qwen3's chat template) → `{count, max_model_len, tokens,
+/// (`messages` and `tools`, rendered with Qwen3's chat template) → `{count, max_model_len, tokens,
 /// token_strs}` (`token_strs` with `return_token_strs`, in the byte-level BPE spelling).
 async fn tokenize(State(state): State<AppState>, body: Bytes) -> Response {
     let shared = &state.shared;
@@ -1743,14 +1972,15 @@ async fn tokenize(State(state): State<AppState>, body: Bytes) -> Response {
         let ids: Vec<u32> = match (body.prompt, body.messages) {
             (Some(p), None) => tokens::encode(&p).to_vec(),
             (None, Some(messages)) => {
-                let messages: Vec<(String, String)> =
-                    messages.into_iter().map(|m| m.into_pair()).collect();
+                let tools = protocol::check_tool_list(body.tools)?;
+                let turns: Vec<tokens::ChatTurn> = messages.into_iter().map(|m| m.into_turn()).collect();
                 let thinking = body
                     .chat_template_kwargs
                     .and_then(|k| k.enable_thinking)
                     .unwrap_or(true);
                 let text = render_chat_prompt(
-                    &messages,
+                    &turns,
+                    &tools,
                     thinking,
                     body.add_generation_prompt.unwrap_or(true),
                 );
@@ -2147,6 +2377,7 @@ mod tests {
             started: false,
             end: None,
             cached: 0,
+            tools: None,
         };
         // The driver's side, as `drive` does it: the first token, then one per iteration.
         let decode = |c: &Choice, tx: &mpsc::UnboundedSender<(usize, Progress)>, tokens: usize| {

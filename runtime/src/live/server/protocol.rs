@@ -5,6 +5,13 @@
 //! integer HTTP status as `code` (`ErrorInfo` since vLLM 0.10), and the shaping of an emulated
 //! output by `max_tokens`, `min_tokens`, `ignore_eos`, `stop` and `stop_token_ids`.
 //!
+//! Tool calling, as vLLM 0.10.2 launched with `--enable-auto-tool-choice --tool-call-parser
+//! hermes` (Qwen's setup for Qwen3): `tools` and `tool_choice` validated as
+//! `ChatCompletionRequest.check_tool_usage` does ([`check_tools`]), the emulated model's tool
+//! call ([`ToolRequest::plan`], [`PlannedCall`]: the text Qwen3 writes for it) and the reading
+//! of a generated answer as vLLM's parsers read it ([`read_tool_output`]: the hermes parser for
+//! `auto`, the guided JSON of a named or `required` choice).
+//!
 //! Owns no state. Depends on `crate::tokens` and serde/axum types only; must not depend on the
 //! replica, the driver or the metrics.
 
@@ -207,23 +214,77 @@ pub struct ContentPart {
     pub text: Option<String>,
 }
 
+/// A tool call of an assistant message (`{"id", "type": "function", "function": {"name",
+/// "arguments"}}`); its `id` and `type` are not rendered.
+#[derive(Debug, Deserialize)]
+pub struct MessageToolCall {
+    pub function: MessageFunction,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct MessageFunction {
+    pub name: String,
+    /// The arguments as JSON text (OpenAI's wire format) or as a JSON object.
+    #[serde(default)]
+    pub arguments: Option<Value>,
+}
+
+impl MessageFunction {
+    /// The arguments as JSON text: a string as it is, an object (or any other value)
+    /// serialised, none as `{}`.
+    fn arguments_text(&self) -> String {
+        match &self.arguments {
+            None | Some(Value::Null) => "{}".to_string(),
+            Some(Value::String(text)) => text.clone(),
+            Some(other) => other.to_string(),
+        }
+    }
+}
+
 #[derive(Debug, Deserialize)]
 pub struct ChatMessage {
     pub role: String,
     #[serde(default)]
     pub content: Option<MessageContent>,
+    /// An assistant message's tool calls (rendered in the prompt as Qwen3's template does).
+    #[serde(default)]
+    pub tool_calls: Option<Vec<MessageToolCall>>,
+    /// A tool message's call id: accepted and ignored (Qwen3's template does not render it).
+    #[serde(default)]
+    #[allow(dead_code)]
+    pub tool_call_id: Option<String>,
 }
 
 impl ChatMessage {
-    /// (role, text): the text parts of a multi-part content, concatenated.
-    pub fn into_pair(self) -> (String, String) {
+    /// The message as Qwen3's chat template reads it: its role, the text parts of a
+    /// multi-part content concatenated (no content is empty text), its tool calls.
+    pub fn into_turn(self) -> tokens::ChatTurn {
+        let tool_calls = self
+            .tool_calls
+            .unwrap_or_default()
+            .iter()
+            .map(|call| tokens::TurnToolCall {
+                name: call.function.name.clone(),
+                arguments: call.function.arguments_text(),
+            })
+            .collect();
         let content = match self.content {
             None => String::new(),
             Some(MessageContent::Text(t)) => t,
             Some(MessageContent::Parts(parts)) => parts.into_iter().filter_map(|p| p.text).collect(),
         };
-        (self.role, content)
+        tokens::ChatTurn {
+            role: self.role,
+            content,
+            tool_calls,
+        }
     }
+}
+
+/// A field whose presence matters even when its value is `null`: absent is `None`, `null` is
+/// `Some(Value::Null)` (vLLM defaults `tool_choice` only when the key is absent).
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Value>, D::Error> {
+    Value::deserialize(d).map(Some)
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -244,6 +305,13 @@ pub struct ChatBody {
     /// vLLM's extra arguments of the chat template (`enable_thinking` for Qwen3).
     #[serde(default)]
     pub chat_template_kwargs: Option<ChatTemplateKwargs>,
+    /// The tool definitions, as the client sent them (checked by [`check_tools`]).
+    #[serde(default)]
+    pub tools: Option<Value>,
+    /// `"none"`, `"auto"`, `"required"` or `{"type": "function", "function": {"name"}}`;
+    /// `Some(Value::Null)` when the client sent `null`.
+    #[serde(default, deserialize_with = "present")]
+    pub tool_choice: Option<Value>,
     #[serde(flatten)]
     pub sampling: Sampling,
 }
@@ -263,6 +331,9 @@ pub struct TokenizeBody {
     pub return_token_strs: Option<bool>,
     #[serde(default)]
     pub chat_template_kwargs: Option<ChatTemplateKwargs>,
+    /// Tool definitions rendered with `messages` (vLLM's `TokenizeChatRequest.tools`).
+    #[serde(default)]
+    pub tools: Option<Value>,
 }
 
 /// `POST /detokenize`: vLLM's `DetokenizeRequest`.
@@ -395,25 +466,489 @@ pub fn not_emulated(param: &str) -> ApiError {
     )
 }
 
-/// Renders chat messages with Qwen3's chat template ([`tokens::chat_template`]: per message
-/// `<|im_start|>role\ncontent<|im_end|>\n`, tool results as a user turn of
-/// `<tool_response>` blocks, earlier assistant turns' reasoning dropped before the last user
-/// query; then the generation prompt, with the empty thinking block when `enable_thinking` is
-/// false), the prompt a Qwen3 vLLM server tokenises; its special markers are single tokens.
-/// Tool definitions and assistant tool calls are not rendered.
+/// Renders plain-text chat messages `(role, content)` with Qwen3's chat template and the
+/// generation prompt: [`render_chat_prompt`] without tools or tool calls.
 pub fn render_chat(messages: &[(String, String)], enable_thinking: bool) -> String {
-    render_chat_prompt(messages, enable_thinking, true)
+    let turns: Vec<tokens::ChatTurn> = messages
+        .iter()
+        .map(|(role, content)| tokens::ChatTurn {
+            role: role.clone(),
+            content: content.clone(),
+            tool_calls: Vec::new(),
+        })
+        .collect();
+    render_chat_prompt(&turns, &[], enable_thinking, true)
 }
 
-/// [`render_chat`], with or without the generation prompt (`/tokenize`'s
-/// `add_generation_prompt`).
+/// Renders a conversation with Qwen3's whole chat template
+/// ([`tokens::chat_template_with_tools`]: the `# Tools` system block listing `tools` when
+/// there are any, per message `<|im_start|>role\ncontent<|im_end|>\n`, an assistant turn's
+/// tool calls as `<tool_call>` blocks, tool results as a user turn of `<tool_response>`
+/// blocks, earlier assistant turns' reasoning dropped before the last user query; then, with
+/// `add_generation_prompt`, the generation prompt, with the empty thinking block when
+/// `enable_thinking` is false): the prompt a Qwen3 vLLM server tokenises; its special markers
+/// are single tokens.
 pub fn render_chat_prompt(
-    messages: &[(String, String)],
+    turns: &[tokens::ChatTurn],
+    tools: &[Value],
     enable_thinking: bool,
     add_generation_prompt: bool,
 ) -> String {
-    let pairs: Vec<(&str, &str)> = messages.iter().map(|(r, c)| (r.as_str(), c.as_str())).collect();
-    tokens::chat_template(&pairs, enable_thinking, add_generation_prompt)
+    tokens::chat_template_with_tools(turns, tools, enable_thinking, add_generation_prompt)
+}
+
+/// `tool_choice` after validation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ToolChoice {
+    /// `"none"` (or `null`): the tools are still rendered in the prompt (vLLM 0.10.2's
+    /// default), the answer is text and is not read for tool calls.
+    None,
+    /// `"auto"`, the default once `tools` are given: the model decides; vLLM's hermes parser
+    /// reads its answer.
+    Auto,
+    /// `"required"`: a call is forced (vLLM's guided decoding of a JSON list of calls).
+    Required,
+    /// `{"type": "function", "function": {"name": …}}`: a call of that function is forced
+    /// (vLLM's guided decoding of its arguments).
+    Named(String),
+}
+
+/// How a call came to be, which decides its generated text and how vLLM reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallMode {
+    Auto,
+    Required,
+    Named,
+}
+
+/// The tool fields of a chat request that has tools (a non-empty `tools` list).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolRequest {
+    /// The tool definitions as the client sent them (each checked by [`check_tool_list`]).
+    pub tools: Vec<Value>,
+    pub choice: ToolChoice,
+}
+
+/// vLLM's hint after a malformed named `tool_choice`.
+const TOOL_CHOICE_USAGE: &str =
+    "Correct usage: `{\"type\": \"function\", \"function\": {\"name\": \"my_function\"}}`";
+
+/// The name of a (checked) tool definition.
+fn tool_name(tool: &Value) -> Option<&str> {
+    tool.get("function")?.get("name")?.as_str()
+}
+
+/// A value as Python's f-string shows it in vLLM's messages: a string bare, anything else as
+/// JSON.
+fn shown(value: &Value) -> String {
+    match value {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// `tools` as vLLM's `ChatCompletionToolsParam` list accepts it: absent or `null` is no tools;
+/// else a list whose every item is `{"type": "function", "function": {"name": …}}` (`type`
+/// may be left out: it defaults to `"function"`; `parameters`, when given, is an object). A
+/// bad item is a 400 whose `param` is `tools`.
+pub fn check_tool_list(tools: Option<Value>) -> Result<Vec<Value>, ApiError> {
+    let items = match tools {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::Array(items)) => items,
+        Some(other) => {
+            return Err(ApiError::bad_param(
+                "tools",
+                format!("`tools` must be a list of tools, got {other}."),
+            ));
+        }
+    };
+    for (i, tool) in items.iter().enumerate() {
+        let bad = |what: String| ApiError::bad_param("tools", format!("tools[{i}]: {what}"));
+        let Some(fields) = tool.as_object() else {
+            return Err(bad(format!(
+                "a tool is an object {{\"type\": \"function\", \"function\": {{…}}}}, got {tool}."
+            )));
+        };
+        match fields.get("type") {
+            None => {}
+            Some(Value::String(t)) if t == "function" => {}
+            Some(other) => return Err(bad(format!("`type` must be \"function\", got {other}."))),
+        }
+        let Some(function) = fields.get("function").and_then(Value::as_object) else {
+            return Err(bad("`function` must be an object with a `name`.".into()));
+        };
+        if !function.get("name").is_some_and(Value::is_string) {
+            return Err(bad("`function.name` must be a string.".into()));
+        }
+        if !matches!(function.get("parameters"), None | Some(Value::Null | Value::Object(_))) {
+            return Err(bad("`function.parameters` must be a JSON schema object.".into()));
+        }
+    }
+    Ok(items)
+}
+
+/// `tools` and `tool_choice` as vLLM 0.10.2's `ChatCompletionRequest.check_tool_usage`
+/// validates them, in its words (400s whose `param` names the field):
+/// - `tool_choice` absent with tools given defaults to `"auto"`; `"none"` or `null` needs no
+///   tools;
+/// - any other `tool_choice` without `tools` is "When using `tool_choice`, `tools` must be
+///   set.";
+/// - a string other than `"auto"` / `"required"` (or a value that is no object) is refused;
+///   `"required"` with an empty `tools` list behaves as `"none"`;
+/// - a named choice needs `function.name`, a non-empty string that names one of `tools` (else
+///   "The tool specified in `tool_choice` does not match any of the specified `tools`" —
+///   the validator's message, which vLLM answers before its later "Tool '…' has not been
+///   passed in `tools`." can be reached).
+///
+/// `None` when the request has no tools (absent, `null` or an empty list): nothing is rendered
+/// and the answer is plain text, exactly as for a request without the fields.
+pub fn check_tools(tools: Option<Value>, tool_choice: Option<Value>) -> Result<Option<ToolRequest>, ApiError> {
+    let tools_set = matches!(tools, Some(ref t) if !t.is_null());
+    let choice = match tool_choice {
+        None => ToolChoice::Auto,
+        Some(Value::Null) => ToolChoice::None,
+        Some(Value::String(s)) if s == "none" => ToolChoice::None,
+        Some(_) if !tools_set => {
+            return Err(ApiError::bad_param(
+                "tool_choice",
+                "When using `tool_choice`, `tools` must be set.",
+            ));
+        }
+        Some(Value::String(s)) if s == "auto" => ToolChoice::Auto,
+        Some(Value::String(s)) if s == "required" => ToolChoice::Required,
+        Some(Value::Object(named)) => {
+            let function = named.get("function").and_then(Value::as_object).ok_or_else(|| {
+                let shown_fn = named.get("function").map_or("None".to_string(), shown);
+                ApiError::bad_param(
+                    "tool_choice",
+                    format!("Invalid value for `function`: `{shown_fn}` in `tool_choice`! {TOOL_CHOICE_USAGE}"),
+                )
+            })?;
+            match function.get("name") {
+                None => {
+                    return Err(ApiError::bad_param(
+                        "tool_choice",
+                        format!("Expected field `name` in `function` in `tool_choice`! {TOOL_CHOICE_USAGE}"),
+                    ));
+                }
+                Some(Value::String(name)) if !name.is_empty() => ToolChoice::Named(name.clone()),
+                Some(other) => {
+                    return Err(ApiError::bad_param(
+                        "tool_choice",
+                        format!("Invalid `name` in `function`: `{}` in `tool_choice`! {TOOL_CHOICE_USAGE}", shown(other)),
+                    ));
+                }
+            }
+        }
+        Some(other) => {
+            return Err(ApiError::bad_param(
+                "tool_choice",
+                format!(
+                    "Invalid value for `tool_choice`: {}! Only named tools, \"none\", \"auto\" or \"required\" are supported.",
+                    shown(&other)
+                ),
+            ));
+        }
+    };
+    let tools = check_tool_list(tools)?;
+    if let ToolChoice::Named(name) = &choice
+        && !tools.iter().any(|t| tool_name(t) == Some(name.as_str()))
+    {
+        return Err(ApiError::bad_param(
+            "tool_choice",
+            "The tool specified in `tool_choice` does not match any of the specified `tools`",
+        ));
+    }
+    if tools.is_empty() {
+        // `"auto"` or `"required"` over an empty list: nothing to call (vLLM treats
+        // `"required"` as `"none"` there, and renders no tools block).
+        return Ok(None);
+    }
+    Ok(Some(ToolRequest { tools, choice }))
+}
+
+/// Objects nested this deep in generated arguments are left empty (`{}`).
+pub const MAX_ARGUMENT_DEPTH: usize = 4;
+
+/// The longest string argument, in characters: the last user message's text is cut to it.
+pub const MAX_STRING_ARGUMENT_CHARS: usize = 64;
+
+/// The arguments the emulated model writes for a function whose `parameters` schema is given:
+/// an object of the schema's `required` properties only, each valued by its own schema —
+/// `enum` (or `const`): its first value; `"string"`: `user_text`'s first
+/// [`MAX_STRING_ARGUMENT_CHARS`] characters (a search tool gets the question); `"integer"`:
+/// `minimum` (rounded up) or 1; `"number"`: `minimum` or 1.0; `"boolean"`: true; `"array"`:
+/// `[]`; `"object"`: its own required properties, `{}` from [`MAX_ARGUMENT_DEPTH`] levels of
+/// nesting on; a union type (`["string", "null"]`) its first type other than `"null"`; no or
+/// an unknown type: null. A required property the schema does not describe is null.
+pub fn tool_arguments(parameters: Option<&Value>, user_text: &str) -> Value {
+    let text: String = user_text.chars().take(MAX_STRING_ARGUMENT_CHARS).collect();
+    match parameters {
+        Some(schema) => object_arguments(schema, &text, 0),
+        None => Value::Object(serde_json::Map::new()),
+    }
+}
+
+fn object_arguments(schema: &Value, text: &str, depth: usize) -> Value {
+    let mut out = serde_json::Map::new();
+    if depth >= MAX_ARGUMENT_DEPTH {
+        return Value::Object(out);
+    }
+    let properties = schema.get("properties");
+    let required = schema.get("required").and_then(Value::as_array);
+    for name in required.into_iter().flatten().filter_map(Value::as_str) {
+        let value = properties
+            .and_then(|p| p.get(name))
+            .map_or(Value::Null, |property| schema_value(property, text, depth + 1));
+        out.insert(name.to_string(), value);
+    }
+    Value::Object(out)
+}
+
+fn schema_value(schema: &Value, text: &str, depth: usize) -> Value {
+    if let Some(first) = schema.get("enum").and_then(Value::as_array).and_then(|e| e.first()) {
+        return first.clone();
+    }
+    if let Some(constant) = schema.get("const") {
+        return constant.clone();
+    }
+    let kind = match schema.get("type") {
+        Some(Value::String(t)) => Some(t.as_str()),
+        Some(Value::Array(types)) => types.iter().filter_map(Value::as_str).find(|t| *t != "null"),
+        _ => None,
+    };
+    let minimum = schema.get("minimum").filter(|m| m.is_number());
+    match kind {
+        Some("string") => Value::String(text.to_string()),
+        Some("integer") => {
+            let at_least = minimum.and_then(|m| m.as_i64().or_else(|| m.as_f64().map(|f| f.ceil() as i64)));
+            json!(at_least.unwrap_or(1))
+        }
+        Some("number") => minimum.cloned().unwrap_or(json!(1.0)),
+        Some("boolean") => Value::Bool(true),
+        Some("array") => json!([]),
+        Some("object") => object_arguments(schema, text, depth),
+        _ => Value::Null,
+    }
+}
+
+/// The tool call the emulated model makes: which function, with what arguments, and how
+/// (which decides the text it generates).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlannedCall {
+    pub mode: CallMode,
+    pub name: String,
+    pub arguments: Value,
+}
+
+impl PlannedCall {
+    /// The text Qwen3 generates for the call (its tokens are the answer's generated tokens):
+    /// `<tool_call>\n{"name": …, "arguments": {…}}\n</tool_call>` under `auto` (the hermes
+    /// format of Qwen3's chat template), the arguments object alone for a named choice and
+    /// `[{"name": …, "parameters": {…}}]` for `required` (what vLLM's guided decoding makes
+    /// the model write); JSON as Python's `json.dumps` writes it.
+    pub fn text(&self) -> String {
+        let arguments = python_json(&self.arguments);
+        let name = Value::String(self.name.clone()).to_string();
+        match self.mode {
+            CallMode::Auto => format!("<tool_call>\n{{\"name\": {name}, \"arguments\": {arguments}}}\n</tool_call>"),
+            CallMode::Named => arguments,
+            CallMode::Required => format!("[{{\"name\": {name}, \"parameters\": {arguments}}}]"),
+        }
+    }
+}
+
+impl ToolRequest {
+    /// The emulated model's decision — there is no model, so this is the emulation's rule,
+    /// deterministic: under `"auto"` it calls ONE tool, the first of `tools`, when the
+    /// conversation's last message is a user message (not a tool result), so an agent loop
+    /// runs one tool round per user turn and ends: after a tool result it answers in text.
+    /// `"required"` always calls the first tool, a named choice the named one; `"none"` never
+    /// calls. The arguments are [`tool_arguments`] of the function's `parameters`, strings
+    /// taken from the last user message. No thinking text comes before a call, thinking on or
+    /// off.
+    pub fn plan(&self, turns: &[tokens::ChatTurn]) -> Option<PlannedCall> {
+        let (mode, tool) = match &self.choice {
+            ToolChoice::None => return None,
+            ToolChoice::Auto => {
+                if turns.last().is_none_or(|t| t.role != "user") {
+                    return None;
+                }
+                (CallMode::Auto, self.tools.first()?)
+            }
+            ToolChoice::Required => (CallMode::Required, self.tools.first()?),
+            ToolChoice::Named(name) => (
+                CallMode::Named,
+                self.tools.iter().find(|t| tool_name(t) == Some(name.as_str()))?,
+            ),
+        };
+        let user_text = turns
+            .iter()
+            .rev()
+            .find(|t| t.role == "user")
+            .map_or("", |t| t.content.as_str());
+        let parameters = tool.get("function").and_then(|f| f.get("parameters")).filter(|p| !p.is_null());
+        Some(PlannedCall {
+            mode,
+            name: tool_name(tool)?.to_string(),
+            arguments: tool_arguments(parameters, user_text),
+        })
+    }
+}
+
+/// A function call of an answer as vLLM returns it (`arguments`: JSON text).
+#[derive(Debug, Clone, PartialEq)]
+pub struct FunctionCall {
+    pub name: String,
+    pub arguments: String,
+}
+
+/// An answer of a request with tools, as vLLM reads its generated text.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ToolOutput {
+    /// No call: the text is the message's content.
+    Text,
+    /// A call. The message's content is the text's first `content_end` bytes (`auto`: the text
+    /// before `<tool_call>`, null when empty; a named or `required` choice: `""`); the call's
+    /// text ends at byte `call_end` (it is complete once the tokens up to there are generated).
+    Call {
+        mode: CallMode,
+        call: FunctionCall,
+        content_end: usize,
+        call_end: usize,
+    },
+    /// A `required` answer that is no list of calls (cut by `max_tokens`): vLLM's
+    /// non-streamed answer is a 400 with pydantic's message, this one.
+    Unparsed(String),
+}
+
+/// Reads a generated `text` as vLLM 0.10.2 does for `choice`: under `"auto"` the hermes
+/// parser (`Hermes2ProToolParser.extract_tool_calls`: the first `<tool_call>…</tool_call>`
+/// block, or `<tool_call>` to the end, must be a JSON object with `name` and `arguments`, the
+/// arguments re-serialised as `json.dumps` does; an answer that does not parse, a call cut by
+/// `max_tokens` included, is content); a named choice's text is the arguments as they are;
+/// `"required"` must be a JSON list of `{"name", "parameters"}` (its first call is taken: the
+/// emulated model writes one); `"none"` is not read.
+pub fn read_tool_output(choice: &ToolChoice, text: &str) -> ToolOutput {
+    match choice {
+        ToolChoice::None => ToolOutput::Text,
+        ToolChoice::Auto => read_hermes(text),
+        ToolChoice::Named(name) => ToolOutput::Call {
+            mode: CallMode::Named,
+            call: FunctionCall {
+                name: name.clone(),
+                arguments: text.to_string(),
+            },
+            content_end: 0,
+            call_end: text.len(),
+        },
+        ToolChoice::Required => read_required(text),
+    }
+}
+
+fn read_hermes(text: &str) -> ToolOutput {
+    const START: &str = "<tool_call>";
+    const END: &str = "</tool_call>";
+    let Some(start) = text.find(START) else {
+        return ToolOutput::Text;
+    };
+    let body_from = start + START.len();
+    let rest = text.get(body_from..).unwrap_or_default();
+    let (body, call_end) = match rest.find(END) {
+        Some(k) => (&rest[..k], body_from + k + END.len()),
+        None => (rest, text.len()),
+    };
+    let Ok(Value::Object(call)) = serde_json::from_str::<Value>(body) else {
+        return ToolOutput::Text;
+    };
+    match (call.get("name"), call.get("arguments")) {
+        (Some(Value::String(name)), Some(arguments)) => ToolOutput::Call {
+            mode: CallMode::Auto,
+            call: FunctionCall {
+                name: name.clone(),
+                arguments: python_json(arguments),
+            },
+            content_end: start,
+            call_end,
+        },
+        _ => ToolOutput::Text,
+    }
+}
+
+/// vLLM's `FunctionDefinition`, as a `required` answer's items are validated.
+#[derive(Debug, Deserialize)]
+struct RequiredCall {
+    name: String,
+    #[serde(default)]
+    parameters: Option<serde_json::Map<String, Value>>,
+}
+
+fn read_required(text: &str) -> ToolOutput {
+    match serde_json::from_str::<Vec<RequiredCall>>(text) {
+        Ok(calls) => match calls.into_iter().next() {
+            Some(first) => ToolOutput::Call {
+                mode: CallMode::Required,
+                call: FunctionCall {
+                    name: first.name,
+                    arguments: python_json(&first.parameters.map_or(Value::Null, Value::Object)),
+                },
+                content_end: 0,
+                call_end: text.len(),
+            },
+            None => ToolOutput::Text,
+        },
+        Err(e) => ToolOutput::Unparsed(format!(
+            "1 validation error for list[FunctionDefinition]\n  Invalid JSON: {e} [type=json_invalid, input_type=str]"
+        )),
+    }
+}
+
+/// Python's `json.dumps(value, ensure_ascii=False)`, as vLLM serialises tool-call arguments
+/// and the chat template writes JSON: `", "` between items, `": "` after keys, non-ASCII kept,
+/// a float's exponent signed (`1e+20`); keys in serde_json's (sorted) order.
+pub fn python_json(value: &Value) -> String {
+    let mut out = String::new();
+    write_python_json(value, &mut out);
+    out
+}
+
+fn write_python_json(value: &Value, out: &mut String) {
+    match value {
+        Value::Array(items) => {
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(", ");
+                }
+                write_python_json(item, out);
+            }
+            out.push(']');
+        }
+        Value::Object(map) => {
+            out.push('{');
+            for (i, (key, item)) in map.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(", ");
+                }
+                out.push_str(&Value::String(key.clone()).to_string());
+                out.push_str(": ");
+                write_python_json(item, out);
+            }
+            out.push('}');
+        }
+        Value::Number(n) => {
+            let s = n.to_string();
+            match s.split_once('e') {
+                Some((mantissa, exp)) if !exp.starts_with(['-', '+']) => {
+                    out.push_str(mantissa);
+                    out.push_str("e+");
+                    out.push_str(exp);
+                }
+                _ => out.push_str(&s),
+            }
+        }
+        other => out.push_str(&other.to_string()),
+    }
 }
 
 /// One emulated answer, shaped by the request's limits and stop conditions.
@@ -427,6 +962,21 @@ pub struct Shaped {
     pub finish_reason: &'static str,
     /// vLLM's `stop_reason`: the stop string or stop token id that ended the answer.
     pub stop_reason: Value,
+}
+
+impl Shaped {
+    /// How many of the answer's tokens it takes to generate its text's first `bytes` bytes
+    /// (all of them when the text is shorter).
+    pub fn tokens_through(&self, bytes: usize) -> usize {
+        let mut at = 0usize;
+        for (k, &id) in self.ids.iter().enumerate() {
+            if at >= bytes {
+                return k;
+            }
+            at += tokens::decode_bytes(&[id]).len();
+        }
+        self.ids.len()
+    }
 }
 
 /// Shapes an answer: the emulated model's own output (the `switchyard` output, which ends
@@ -625,6 +1175,191 @@ mod tests {
         assert_eq!(a.text, tokens::decode(&ids[..2]));
         // An empty answer still samples its EOS.
         assert_eq!(shape(Some(""), &f, 10, &c).generated, 1);
+    }
+
+    fn turn(role: &str, content: &str) -> tokens::ChatTurn {
+        tokens::ChatTurn {
+            role: role.into(),
+            content: content.into(),
+            tool_calls: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn arguments_fill_the_required_properties_by_their_schemas() {
+        let schema = json!({
+            "type": "object",
+            "properties": {
+                "query": {"type": "string"},
+                "limit": {"type": "integer", "minimum": 5},
+                "page": {"type": "integer"},
+                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+                "ratio": {"type": "number"},
+                "floor": {"type": "number", "minimum": 0.5},
+                "exact": {"type": "boolean"},
+                "tags": {"type": "array", "items": {"type": "string"}},
+                "filter": {"type": "object", "properties": {"lang": {"type": "string"}, "n": {"type": "integer"}},
+                           "required": ["lang"]},
+                "maybe": {"type": ["null", "integer"]},
+                "anything": {"description": "no type"},
+                "optional": {"type": "string"}
+            },
+            "required": ["query", "limit", "page", "unit", "ratio", "floor", "exact", "tags", "filter",
+                         "maybe", "anything", "undescribed"]
+        });
+        let question = "What is the weather like in Paris today, and should I take an umbrella with me?";
+        let args = tool_arguments(Some(&schema), question);
+        let cut: String = question.chars().take(MAX_STRING_ARGUMENT_CHARS).collect();
+        assert_eq!(cut.chars().count(), 64);
+        assert_eq!(
+            args,
+            json!({"query": cut, "limit": 5, "page": 1, "unit": "celsius", "ratio": 1.0, "floor": 0.5,
+                   "exact": true, "tags": [], "filter": {"lang": cut}, "maybe": 1, "anything": null,
+                   "undescribed": null})
+        );
+        // Only required properties; no parameters at all is an empty object.
+        assert!(args.get("optional").is_none());
+        assert_eq!(tool_arguments(None, "hi"), json!({}));
+        assert_eq!(tool_arguments(Some(&json!({"type": "object", "properties": {}})), "hi"), json!({}));
+        // Short text is kept whole, multi-byte characters counted as characters.
+        let args = tool_arguments(Some(&json!({"properties": {"q": {"type": "string"}}, "required": ["q"]})), "東京 🚀");
+        assert_eq!(args, json!({"q": "東京 🚀"}));
+    }
+
+    #[test]
+    fn nested_objects_stop_at_the_depth_limit() {
+        // Six levels of objects, each requiring the next one (and a flag).
+        let mut schema = json!({"type": "object", "properties": {"flag": {"type": "boolean"}}, "required": ["flag"]});
+        for _ in 0..6 {
+            schema = json!({"type": "object", "properties": {"inner": schema}, "required": ["inner"]});
+        }
+        let args = tool_arguments(Some(&schema), "x");
+        // Levels 0..MAX_ARGUMENT_DEPTH are filled; the object at that depth is empty.
+        let mut at = &args;
+        for _ in 0..MAX_ARGUMENT_DEPTH {
+            at = &at["inner"];
+            assert!(at.is_object(), "{args}");
+        }
+        assert_eq!(at, &json!({}), "{args}");
+    }
+
+    fn weather_tools() -> ToolRequest {
+        let tools = vec![
+            json!({"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
+                "properties": {"city": {"type": "string"}, "days": {"type": "integer", "minimum": 1}},
+                "required": ["city", "days"]}}}),
+            json!({"type": "function", "function": {"name": "now"}}),
+        ];
+        ToolRequest { tools, choice: ToolChoice::Auto }
+    }
+
+    #[test]
+    fn the_emulated_model_calls_once_per_user_turn() {
+        let auto = weather_tools();
+        let asked = [turn("system", "s"), turn("user", "Paris")];
+        let call = auto.plan(&asked).expect("a call after a user message");
+        assert_eq!((call.mode, call.name.as_str()), (CallMode::Auto, "get_weather"));
+        assert_eq!(call.arguments, json!({"city": "Paris", "days": 1}));
+        assert_eq!(
+            call.text(),
+            "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": 1}}\n</tool_call>"
+        );
+        // After the tool's result: text.
+        let answered = [turn("user", "Paris"), turn("assistant", ""), turn("tool", "21 C")];
+        assert_eq!(auto.plan(&answered), None);
+        // "required" calls anyway (the first tool), a named choice the named one, "none" never.
+        let required = ToolRequest { choice: ToolChoice::Required, ..weather_tools() };
+        let call = required.plan(&answered).expect("required calls");
+        assert_eq!(call.text(), "[{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\", \"days\": 1}}]");
+        let named = ToolRequest { choice: ToolChoice::Named("now".into()), ..weather_tools() };
+        let call = named.plan(&asked).expect("named calls");
+        assert_eq!((call.name.as_str(), call.text().as_str()), ("now", "{}"));
+        let none = ToolRequest { choice: ToolChoice::None, ..weather_tools() };
+        assert_eq!(none.plan(&asked), None);
+    }
+
+    #[test]
+    fn generated_calls_read_back_as_vllm_reads_them() {
+        let call = weather_tools().plan(&[turn("user", "Paris")]).unwrap();
+        let text = format!("Let me look.{}", call.text());
+        let ToolOutput::Call { mode, call: read, content_end, call_end } = read_tool_output(&ToolChoice::Auto, &text) else {
+            panic!("no call read from {text}");
+        };
+        assert_eq!((mode, content_end, call_end), (CallMode::Auto, "Let me look.".len(), text.len()));
+        assert_eq!((read.name.as_str(), read.arguments.as_str()), ("get_weather", "{\"city\": \"Paris\", \"days\": 1}"));
+        // A call cut before its JSON ends is content (vLLM's parser fails on it).
+        let cut = &text[..text.len() - 20];
+        assert_eq!(read_tool_output(&ToolChoice::Auto, cut), ToolOutput::Text);
+        assert_eq!(read_tool_output(&ToolChoice::Auto, "plain answer"), ToolOutput::Text);
+        assert_eq!(read_tool_output(&ToolChoice::None, &text), ToolOutput::Text);
+        // Named: the text is the arguments as they are.
+        let named = read_tool_output(&ToolChoice::Named("now".into()), "{}");
+        assert!(matches!(named, ToolOutput::Call { mode: CallMode::Named, content_end: 0, call_end: 2, ref call }
+            if call.name == "now" && call.arguments == "{}"), "{named:?}");
+        // Required: a list of calls; cut, vLLM's validation error.
+        let required = weather_tools().plan(&[turn("user", "Paris")]).map(|c| PlannedCall { mode: CallMode::Required, ..c }).unwrap();
+        let out = read_tool_output(&ToolChoice::Required, &required.text());
+        assert!(matches!(out, ToolOutput::Call { mode: CallMode::Required, ref call, .. }
+            if call.name == "get_weather" && call.arguments == "{\"city\": \"Paris\", \"days\": 1}"), "{out:?}");
+        let ToolOutput::Unparsed(why) = read_tool_output(&ToolChoice::Required, "[{\"name\": \"get_we") else {
+            panic!("a cut list parsed");
+        };
+        assert!(why.starts_with("1 validation error for list[FunctionDefinition]"), "{why}");
+        // The hermes markers are single tokens of Qwen3's vocabulary.
+        assert_eq!(tokens::count("<tool_call>"), 1);
+        assert_eq!(tokens::count("</tool_call>"), 1);
+    }
+
+    #[test]
+    fn tool_fields_are_checked_as_vllm_checks_them() {
+        let tools = json!([{"type": "function", "function": {"name": "now"}}]);
+        let err = |tools: Option<Value>, choice: Option<Value>| check_tools(tools, choice).err().map(|e| (e.param, e.message));
+        let (param, message) = err(None, Some(json!("auto"))).unwrap();
+        assert_eq!((param.as_deref(), message.as_str()), (Some("tool_choice"), "When using `tool_choice`, `tools` must be set."));
+        let (param, message) = err(Some(tools.clone()), Some(json!({"type": "function", "function": {"name": "later"}}))).unwrap();
+        assert_eq!(param.as_deref(), Some("tool_choice"));
+        assert_eq!(message, "The tool specified in `tool_choice` does not match any of the specified `tools`");
+        assert!(err(Some(tools.clone()), Some(json!("always"))).unwrap().1.starts_with("Invalid value for `tool_choice`: always!"));
+        assert!(err(Some(tools.clone()), Some(json!({"function": {}}))).unwrap().1.starts_with("Expected field `name`"));
+        assert_eq!(err(Some(json!([{"type": "retrieval"}])), None).unwrap().0.as_deref(), Some("tools"));
+        assert_eq!(err(Some(json!([{"type": "function", "function": {}}])), None).unwrap().0.as_deref(), Some("tools"));
+        assert_eq!(err(Some(json!({"name": "now"})), None).unwrap().0.as_deref(), Some("tools"));
+        // Defaults: tools without a choice are "auto"; "none" and null need no tools; "required"
+        // or "auto" over no tools is a plain request; `type` may be left out.
+        let checked = check_tools(Some(tools.clone()), None).unwrap().unwrap();
+        assert_eq!(checked.choice, ToolChoice::Auto);
+        assert_eq!(check_tools(None, Some(json!("none"))).unwrap(), None);
+        assert_eq!(check_tools(None, Some(Value::Null)).unwrap(), None);
+        assert_eq!(check_tools(Some(json!([])), Some(json!("required"))).unwrap(), None);
+        assert_eq!(check_tools(None, None).unwrap(), None);
+        let untyped = check_tools(Some(json!([{"function": {"name": "now"}}])), Some(json!({"type": "function", "function": {"name": "now"}})));
+        assert_eq!(untyped.unwrap().map(|t| t.choice), Some(ToolChoice::Named("now".into())));
+        assert_eq!(check_tools(Some(tools), Some(json!("none"))).unwrap().map(|t| t.choice), Some(ToolChoice::None));
+    }
+
+    #[test]
+    fn python_json_is_json_dumps() {
+        let v = json!({"b": [1, 2.5, 1e20], "a": "é\n\"", "c": null, "d": {}});
+        assert_eq!(python_json(&v), "{\"a\": \"é\\n\\\"\", \"b\": [1, 2.5, 1e+20], \"c\": null, \"d\": {}}");
+    }
+
+    #[test]
+    fn messages_carry_their_tool_calls_into_the_template() {
+        let m: ChatMessage = serde_json::from_value(json!({"role": "assistant", "content": null,
+            "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}},
+                           {"id": "call_2", "type": "function", "function": {"name": "now", "arguments": {"tz": "UTC"}}}]}))
+        .unwrap();
+        let t = m.into_turn();
+        assert_eq!(t.content, "");
+        assert_eq!(
+            t.tool_calls,
+            vec![
+                tokens::TurnToolCall { name: "get_weather".into(), arguments: "{\"city\": \"Paris\"}".into() },
+                tokens::TurnToolCall { name: "now".into(), arguments: "{\"tz\":\"UTC\"}".into() },
+            ]
+        );
+        let m: ChatMessage = serde_json::from_value(json!({"role": "tool", "tool_call_id": "call_1", "content": "21 C"})).unwrap();
+        assert_eq!((m.tool_call_id.clone(), m.into_turn().content), (Some("call_1".to_string()), "21 C".to_string()));
     }
 
     #[test]

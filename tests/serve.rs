@@ -473,6 +473,65 @@ async fn a_next_model_hint_lets_the_planner_prefetch_that_model() {
     assert_eq!(loads, 2, "the hinted model was prefetched");
 }
 
+/// Function calling through the front door on the emulated pool, as an agent framework runs a
+/// tool loop: the model calls the tool (whole and streamed answers), the tool's result goes
+/// back in the conversation with the call, and the model answers in text — with the earlier
+/// prompt's blocks cached; a stop string ends an answer early.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tool_loop_runs_through_the_front_door() {
+    let server = Server::start(&repo().join("workflows/pools/live-emulated.yaml"), &[&repo().join("tests/fixtures/tiny_chain.yaml")]);
+    let http = reqwest::Client::new();
+    let auth = format!("Bearer {TOKEN}");
+    let tools = json!([{"type": "function", "function": {"name": "local_time", "description": "The local time in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]);
+    let question = json!({"role": "user", "content": "What time is it in Paris?"});
+    let ask = json!({"model": "Qwen3-0.6B", "max_tokens": 64, "messages": [question], "tools": tools});
+    let post = |body: Value| http.post(server.url("/v1/chat/completions")).header("authorization", &auth).header("X-Session-ID", "tools").json(&body).send();
+    let (s, v) = body(post(ask.clone()).await.expect("call")).await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v.pointer("/choices/0/finish_reason").and_then(Value::as_str), Some("tool_calls"), "{v}");
+    let call = v.pointer("/choices/0/message/tool_calls/0").cloned().unwrap_or(Value::Null);
+    assert_eq!(call["function"]["name"], "local_time", "{v}");
+    let args: Value = serde_json::from_str(call["function"]["arguments"].as_str().unwrap_or("")).unwrap_or(Value::Null);
+    assert_eq!(args, json!({"city": "What time is it in Paris?"}), "{v}");
+    assert!(v.pointer("/choices/0/message/content").is_some_and(Value::is_null), "{v}");
+    // Without the tools the same question counts fewer prompt tokens: the tools block is counted.
+    let (_, plain) = body(post(json!({"model": "Qwen3-0.6B", "max_tokens": 4, "messages": [question]})).await.expect("call")).await;
+    let tokens = |v: &Value| v.pointer("/usage/prompt_tokens").and_then(Value::as_u64).unwrap_or(0);
+    assert!(tokens(&v) > tokens(&plain) + 50, "{v} {plain}");
+
+    // Streamed: one chunk with the whole call, then the finish.
+    let resp = post(json!({"model": "Qwen3-0.6B", "max_tokens": 64, "messages": [question], "tools": tools, "stream": true})).await.expect("stream");
+    let text = resp.text().await.expect("stream body");
+    let chunks: Vec<Value> = text.lines().filter_map(|l| l.strip_prefix("data: ")).filter_map(|d| serde_json::from_str(d).ok()).collect();
+    let with_call: Vec<&Value> = chunks.iter().filter(|c| c.pointer("/choices/0/delta/tool_calls/0/function/name").is_some()).collect();
+    assert_eq!(with_call.len(), 1, "{text}");
+    assert_eq!(with_call[0].pointer("/choices/0/delta/tool_calls/0/function/name").and_then(Value::as_str), Some("local_time"));
+    assert_eq!(chunks.last().and_then(|c| c.pointer("/choices/0/finish_reason")).and_then(Value::as_str), Some("tool_calls"), "{text}");
+    assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
+
+    // The tool's result: the model answers in text, the conversation's prefix cached.
+    let answer = json!({"model": "Qwen3-0.6B", "max_tokens": 16, "tools": tools, "messages": [
+        question,
+        {"role": "assistant", "content": null, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": call["id"], "content": "12:00"},
+    ]});
+    let (s, v) = body(post(answer.clone()).await.expect("call")).await;
+    assert_eq!(s, 200, "{v}");
+    assert!(v.pointer("/choices/0/message/tool_calls").is_none(), "{v}");
+    assert!(v.pointer("/choices/0/message/content").and_then(Value::as_str).is_some_and(|t| !t.is_empty()), "{v}");
+    assert!(v.pointer("/usage/prompt_tokens_details/cached_tokens").and_then(Value::as_u64) > Some(0), "{v}");
+    // A stop string (a word of the emulated filler) ends the answer before it.
+    let mut stopped = answer;
+    stopped["stop"] = json!(["filler"]);
+    stopped["max_tokens"] = json!(64);
+    let (s, v) = body(post(stopped).await.expect("call")).await;
+    assert_eq!(s, 200, "{v}");
+    let content = v.pointer("/choices/0/message/content").and_then(Value::as_str).unwrap_or("");
+    assert!(!content.contains("filler") && v.pointer("/choices/0/finish_reason") == Some(&json!("stop")), "{v}");
+    assert!(v.pointer("/usage/completion_tokens").and_then(Value::as_u64) < Some(16), "{v}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_forgets_the_oldest_ended_sessions_beyond_its_limit() {
     let server = Server::start_with(

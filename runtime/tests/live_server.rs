@@ -146,6 +146,25 @@ async fn health_is_503_until_the_model_has_loaded() {
     s.shutdown().await.unwrap();
 }
 
+/// `created` is the time of each answer (and model listing), as vLLM stamps it, not the
+/// server's start.
+#[tokio::test]
+async fn created_is_the_time_of_the_answer() {
+    let (s, c, base) = fast_server().await;
+    let now = || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    let before = now();
+    let body = json!({"model": MODEL, "prompt": "hi", "max_tokens": 2});
+    let (status, text) = post(&c, format!("{base}/v1/completions"), body).await;
+    assert_eq!(status, 200, "{text}");
+    let answer: Value = serde_json::from_str(&text).unwrap();
+    let created = answer["created"].as_u64().unwrap_or(0);
+    assert!((before..=now()).contains(&created), "created {created}, asked at {before}");
+    let models = get_json(&c, format!("{base}/v1/models")).await;
+    assert!(models["data"][0]["created"].as_u64() >= Some(before), "{models}");
+    s.shutdown().await.unwrap();
+}
+
 #[tokio::test]
 async fn completions_report_usage_and_cached_tokens_on_a_repeated_prompt() {
     let (s, c, base) = fast_server().await;

@@ -441,6 +441,12 @@ impl Core {
     }
 }
 
+/// Seconds since the Unix epoch, now: what vLLM writes as `created` (its answers' and model
+/// cards' `int(time.time())`, taken when each is made).
+fn unix_now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
 /// State shared by the handlers and the driver.
 #[derive(Debug)]
 struct Shared {
@@ -451,7 +457,6 @@ struct Shared {
     model: String,
     max_model_len: u32,
     block_size: u32,
-    created: u64,
     metrics: Metrics,
     faults: Mutex<Faults>,
     filler: Vec<u32>,
@@ -658,10 +663,6 @@ impl EmulateApp {
                 (core.replica.telemetry(), core.inbox.len())
             }),
         );
-        let created = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0);
         let shared = Shared {
             core,
             driver_wake: Notify::new(),
@@ -673,7 +674,6 @@ impl EmulateApp {
             model: config.model.clone(),
             max_model_len,
             block_size: serving.block_size,
-            created,
             metrics,
             faults: Mutex::new(Faults {
                 rng: ChaCha8Rng::seed_from_u64(config.fault_seed),
@@ -1329,7 +1329,8 @@ async fn run(shared: &Arc<Shared>, p: Prepared) -> Response {
             Api::Chat => format!("chatcmpl-{first}"),
         },
         api: p.api,
-        created: shared.created,
+        // vLLM stamps each answer with the time of its request (`int(time.time())`).
+        created: unix_now(),
         model: shared.served_name.clone(),
         include_usage: p.checked.include_usage,
         choices,
@@ -1923,7 +1924,7 @@ async fn models(State(state): State<AppState>) -> Response {
         "data": [{
             "id": s.served_name,
             "object": "model",
-            "created": s.created,
+            "created": unix_now(),
             "owned_by": "vllm",
             "root": s.model,
             "parent": null,

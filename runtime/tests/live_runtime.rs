@@ -637,6 +637,34 @@ fn calls_in_flight_at_the_deadline_are_counted_as_wasted() {
     assert!(w.attempts >= 1 && w.output_tokens >= 1, "{w:?}");
 }
 
+/// A live trace's `first_token` is stamped when the first token came, not when the answer
+/// ended (it was logged at the finish, its time only in `detail`): once per call, before its
+/// `finish` by the engine's time after the first token.
+#[test]
+fn the_traces_first_token_comes_when_the_first_token_does() {
+    let run = sim_config(&["gsm8k"], 2, "small", 3);
+    let factory = FakeFactory::new(400, Faults { first_token_before_delay: true, ..Faults::default() });
+    let mut cfg = live_config(run);
+    cfg.keep_trace = true;
+    let live = run_live(&cfg, factory);
+    assert!(live.report.failures.is_empty(), "{:?}", live.report.failures);
+    let at = |event: &str| -> BTreeMap<(u32, u32), Vec<f64>> {
+        let mut m: BTreeMap<(u32, u32), Vec<f64>> = BTreeMap::new();
+        for l in live.trace.iter().filter(|l| l.event == event) {
+            m.entry((l.session.unwrap_or(u32::MAX), l.activation.unwrap_or(u32::MAX))).or_default().push(l.t);
+        }
+        m
+    };
+    let (first, finish) = (at("first_token"), at("finish"));
+    assert_eq!(first.keys().collect::<Vec<_>>(), finish.keys().collect::<Vec<_>>(), "a first token per finished call");
+    for (call, f) in &first {
+        assert_eq!(f.len(), 1, "{call:?}: {f:?}");
+        let end = finish[call][0];
+        // The engine sleeps 0.4 s after the first token (a generous margin for a busy machine).
+        assert!(f[0] <= end - 0.2, "{call:?}: first token at {} s, finish at {end} s", f[0]);
+    }
+}
+
 #[test]
 fn calls_of_a_replica_that_stays_dead_move_to_another_replica() {
     // Two A100s: gsm8k's models fit either, so a dead device's calls have somewhere to go.

@@ -367,6 +367,8 @@ pub enum PlannerMsg {
     ToolCrashed { activation: ActivationId, reason: String },
     SessionEnded(Box<SessionReport>),
     Loaded { replica: ReplicaId, result: Result<(), String> },
+    /// An attempt of a call got its first token (streamed answers).
+    FirstToken { replica: ReplicaId, activation: ActivationId },
     /// A call answered. `wasted`: what its earlier, failed attempts had cost the engine.
     Finished { replica: ReplicaId, activation: ActivationId, completion: Completion, attempts: u32, wasted: WastedWork },
     /// A call failed for good (bad answers past the retry bound, or a rejected request);

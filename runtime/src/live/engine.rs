@@ -237,6 +237,8 @@ pub struct CallMeter(Arc<MeterCounts>);
 struct MeterCounts {
     first_token: AtomicBool,
     output_tokens: AtomicU64,
+    /// Called when an attempt's first token arrives (the live trace's `first_token` event).
+    on_first_token: Option<Box<dyn Fn() + Send + Sync>>,
 }
 
 /// What [`CallMeter::take`] read.
@@ -248,9 +250,19 @@ pub struct AttemptCost {
 }
 
 impl CallMeter {
-    /// The attempt's first token arrived.
+    /// A meter that calls `hook` as each attempt's first token arrives (once per attempt: an
+    /// attempt begins at [`Self::take`]).
+    pub fn with_first_token_hook(hook: impl Fn() + Send + Sync + 'static) -> Self {
+        CallMeter(Arc::new(MeterCounts { on_first_token: Some(Box::new(hook)), ..MeterCounts::default() }))
+    }
+
+    /// The attempt's first token arrived (an engine may say so at every piece after it).
     pub fn first_token(&self) {
-        self.0.first_token.store(true, Ordering::Relaxed);
+        if !self.0.first_token.swap(true, Ordering::Relaxed)
+            && let Some(hook) = &self.0.on_first_token
+        {
+            hook();
+        }
     }
 
     /// `n` more output tokens arrived.

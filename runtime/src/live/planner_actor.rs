@@ -207,6 +207,8 @@ struct InFlight {
     workflow: u32,
     deployment: DeploymentId,
     call: PendingCall,
+    /// Its `first_token` event was logged as the token came.
+    first_token_logged: bool,
 }
 
 pub struct PlannerActorState {
@@ -619,6 +621,15 @@ impl PlannerActorState {
                     self.replica_gone(myself, replica, format!("load failed: {reason}")).await;
                 }
             },
+            PlannerMsg::FirstToken { replica, activation } => {
+                // Logged as it happens, once per call (a retried attempt's first token is not a
+                // second one); a message from an attempt of a replica the call left is stale.
+                let fresh = self.in_flight.get_mut(&activation).filter(|f| f.replica == replica && !f.first_token_logged);
+                if let Some(f) = fresh {
+                    f.first_token_logged = true;
+                    self.log("first_token", TraceLine { session: Some(activation.session.0), activation: Some(activation.index), replica: Some(replica.0), ..blank() });
+                }
+            }
             PlannerMsg::Finished { replica, activation, completion, attempts, wasted } => {
                 self.faults.retries += u64::from(attempts.saturating_sub(1));
                 let f = self.take_in_flight(activation);
@@ -634,7 +645,11 @@ impl PlannerActorState {
                         replica: Some(replica.0),
                         ..blank()
                     };
-                    self.log("first_token", TraceLine { detail: at(completion.ttft_s).map(|t| format!("at {t} s")), ..line.clone() });
+                    // An answer that came whole (not streamed) has its first token at its end:
+                    // logged now, with the time the engine measured.
+                    if !f.first_token_logged {
+                        self.log("first_token", TraceLine { detail: at(completion.ttft_s).map(|t| format!("at {t} s")), ..line.clone() });
+                    }
                     self.log("finish", TraceLine { detail: Some(format!("{output_tokens} tokens")), ..line });
                 }
                 if let Some(d) = self.ctx.deployments.get(f.deployment.0 as usize) {
@@ -1817,7 +1832,7 @@ impl PlannerActorState {
                 let deployment = r.deployment;
                 let workflow = self.session_workflow(activation.session).unwrap_or(0);
                 self.counters.llm_calls += 1;
-                self.in_flight.insert(activation, InFlight { replica, workflow, deployment, call });
+                self.in_flight.insert(activation, InFlight { replica, workflow, deployment, call, first_token_logged: false });
                 if let Some(s) = self.sessions.get(&activation.session) {
                     let _ = s.send_message(SessionMsg::Dispatched { activation, replica });
                 }

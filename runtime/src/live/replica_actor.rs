@@ -494,8 +494,12 @@ async fn handle(myself: ActorRef<ReplicaMsg>, msg: ReplicaMsg, state: &mut Repli
         ReplicaMsg::Submit { activation, mut request } => {
             request.model = state.handle.served_model.clone();
             // A fresh meter: a call sent again after its replica was lost must not share one with
-            // an attempt of the lost replica that may still be ending.
-            request.meter = CallMeter::default();
+            // an attempt of the lost replica that may still be ending. It tells the planner when
+            // an attempt's first token comes (the trace's `first_token`, at its time).
+            let (planner, replica) = (state.planner.clone(), state.replica);
+            request.meter = CallMeter::with_first_token_hook(move || {
+                let _ = planner.send_message(PlannerMsg::FirstToken { replica, activation });
+            });
             let id = request.id;
             state.requests.insert(
                 id,

@@ -646,6 +646,8 @@ pub struct ProgramRequest {
     pub tools: Vec<serde_json::Value>,
     /// The chat call's `tool_choice`, as given.
     pub tool_choice: Option<serde_json::Value>,
+    /// The chat call's `parallel_tool_calls`, as given.
+    pub parallel_tool_calls: Option<bool>,
     /// Stop strings: the answer ends before the first one.
     pub stop: Vec<String>,
     /// Or a raw completion prompt (`/v1/completions`).

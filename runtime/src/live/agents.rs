@@ -750,6 +750,7 @@ impl Shell<'_> {
             raw_prompt: true,
             tools: Vec::new(),
             tool_choice: None,
+            parallel_tool_calls: None,
             stop: Vec::new(),
             sink: Default::default(),
             meter: Default::default(),

@@ -142,6 +142,9 @@ pub struct LlmRequest {
     /// it is; absent: the server's default (`auto` with tools).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_choice: Option<serde_json::Value>,
+    /// The client's `parallel_tool_calls`, sent with its tools.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parallel_tool_calls: Option<bool>,
     /// An external client's stop strings: the server ends the answer before the first one.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub stop: Vec<String>,

@@ -241,6 +241,7 @@ impl ProgramState {
             raw_prompt: raw,
             tools: if raw { Vec::new() } else { r.tools.clone() },
             tool_choice: r.tool_choice.clone().filter(|_| !raw),
+            parallel_tool_calls: r.parallel_tool_calls.filter(|_| !raw),
             stop: r.stop.clone(),
             sink: call.sink,
             meter: Default::default(),

@@ -108,6 +108,7 @@ fn parse_tools(obj: &serde_json::Map<String, Value>) -> Result<(Vec<Value>, Opti
         Some(_) => return Err(ApiError::bad_request("`tools` must be an array of function tools", "tools")),
     };
     let mut names = Vec::with_capacity(tools.len());
+    let mut forwarded = Vec::with_capacity(tools.len());
     for (i, tool) in tools.iter().enumerate() {
         let field = format!("tools[{i}]");
         if tool.get("type").and_then(Value::as_str) != Some("function") {
@@ -130,6 +131,9 @@ fn parse_tools(obj: &serde_json::Map<String, Value>) -> Result<(Vec<Value>, Opti
             return Err(ApiError::bad_request(format!("{field}.function.description must be a string"), &format!("{field}.function.description")));
         }
         names.push(name);
+        // What the engine gets and the prompt counts: the tool's type and function only (vLLM
+        // would render any other field of the tool into the prompt, uncounted here).
+        forwarded.push(json!({"type": "function", "function": function}));
     }
     let choice = match obj.get("tool_choice").filter(|v| !v.is_null()) {
         None => None,
@@ -150,7 +154,7 @@ fn parse_tools(obj: &serde_json::Map<String, Value>) -> Result<(Vec<Value>, Opti
             ));
         }
     };
-    Ok((tools, choice))
+    Ok((forwarded, choice))
 }
 
 /// The call's stop strings (`stop`: a string or a list of them), at most [`MAX_STOP_STRINGS`]
@@ -176,21 +180,39 @@ fn parse_stop(obj: &serde_json::Map<String, Value>) -> Result<Vec<String>, ApiEr
 }
 
 /// An assistant message's `tool_calls` (OpenAI's `[{"id", "type": "function", "function":
-/// {"name", "arguments"}}]`), checked and kept as they are for the engine.
+/// {"name", "arguments"}}]`), checked and rebuilt for the engine as vLLM takes them: it parses
+/// each call's `arguments` as JSON text (a 400 otherwise) and requires `id` and `type`. A call
+/// whose arguments are not a JSON object's text is refused here, naming it; arguments sent as
+/// an object are written out as text, and a missing `id` or `type` is filled in (`call_{i}_{k}`,
+/// `function`), so what the engine gets is what vLLM accepts.
 fn message_tool_calls(i: usize, calls: &Value) -> Result<Value, ApiError> {
     let field = format!("messages[{i}].tool_calls");
     let list = calls.as_array().ok_or_else(|| ApiError::bad_request(format!("{field} must be an array"), &field))?;
+    let mut out = Vec::with_capacity(list.len());
     for (k, c) in list.iter().enumerate() {
-        let name = c.pointer("/function/name").and_then(Value::as_str);
-        let args = c.pointer("/function/arguments");
-        if name.is_none_or(|n| n.is_empty()) || !args.is_some_and(|a| a.is_string() || a.is_object()) {
-            return Err(ApiError::bad_request(
-                format!("{field}[{k}] must be {{\"type\": \"function\", \"function\": {{\"name\": …, \"arguments\": \"…\"}}}}"),
+        let bad = |why: &str| {
+            ApiError::bad_request(
+                format!("{field}[{k}] {why}: a call is {{\"id\": …, \"type\": \"function\", \"function\": {{\"name\": …, \"arguments\": \"{{…}}\"}}}}"),
                 &format!("{field}[{k}]"),
-            ));
+            )
+        };
+        let name = c.pointer("/function/name").and_then(Value::as_str).filter(|n| !n.is_empty()).ok_or_else(|| bad("has no function name"))?;
+        let arguments = match c.pointer("/function/arguments") {
+            Some(Value::String(text)) if serde_json::from_str::<Value>(text).is_ok_and(|v| v.is_object()) => text.clone(),
+            Some(v @ Value::Object(_)) => v.to_string(),
+            _ => return Err(bad("has arguments that are not a JSON object's text")),
+        };
+        if c.get("type").is_some_and(|t| t.as_str() != Some("function")) {
+            return Err(bad("is not of type \"function\""));
         }
+        let id = match c.get("id") {
+            Some(Value::String(id)) if !id.is_empty() => id.clone(),
+            None | Some(Value::Null) => format!("call_{i}_{k}"),
+            Some(_) => return Err(bad("has an `id` that is not a non-empty string")),
+        };
+        out.push(json!({"id": id, "type": "function", "function": {"name": name, "arguments": arguments}}));
     }
-    Ok(calls.clone())
+    Ok(Value::Array(out))
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -394,13 +416,15 @@ fn parse(flavor: Flavor, headers: &HeaderMap, body: &Value) -> Result<Parsed, Ap
             None => (Vec::new(), None),
         },
     };
-    if obj.get("parallel_tool_calls").is_some_and(|v| !v.is_null() && !v.is_boolean()) {
-        return Err(ApiError::bad_request("`parallel_tool_calls` must be a boolean", "parallel_tool_calls"));
-    }
+    let parallel_tool_calls = match obj.get("parallel_tool_calls") {
+        None | Some(Value::Null) => None,
+        Some(Value::Bool(b)) => Some(*b).filter(|_| !tools.is_empty()),
+        Some(_) => return Err(ApiError::bad_request("`parallel_tool_calls` must be a boolean", "parallel_tool_calls")),
+    };
     let stop = parse_stop(obj)?;
     Ok(Parsed {
         model,
-        request: ProgramRequest { messages, prompt, max_tokens, enable_thinking, program_done, next_model, step, tools, tool_choice, stop },
+        request: ProgramRequest { messages, prompt, max_tokens, enable_thinking, program_done, next_model, step, tools, tool_choice, parallel_tool_calls, stop },
         stream,
         include_usage,
     })
@@ -419,7 +443,11 @@ fn usage(c: &Completion) -> Value {
 /// `length`, `tool_calls`, `content_filter`), else `length` when the answer reached its limit
 /// and `stop` otherwise.
 fn finish_reason(c: &Completion, max_tokens: impl Fn(u32) -> u32) -> &'static str {
+    // A call the limit cut has arguments that are not whole JSON: OpenAI's `length`, not a
+    // call the client would try to run (vLLM's streaming parser says `tool_calls` for it).
+    let cut_call = || c.tool_calls.iter().any(|t| serde_json::from_str::<Value>(&t.arguments).is_err());
     match c.finish_reason.as_deref() {
+        Some("tool_calls") if cut_call() => "length",
         Some("stop") => "stop",
         Some("length") => "length",
         Some("tool_calls") => "tool_calls",
@@ -936,6 +964,18 @@ mod tests {
             (json!({"model": "m", "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": null, "tool_calls": [{"id": "c"}]}]}),
                 "messages[1].tool_calls[0]"),
             (json!({"model": "m", "messages": [{"role": "tool", "content": "42", "tool_call_id": 7}]}), "messages[0].tool_call_id"),
+            // vLLM parses an earlier call's arguments as JSON (a 400 there, a 502 here after it).
+            (json!({"model": "m", "messages": [{"role": "user", "content": "hi"},
+                {"role": "assistant", "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{\"q\":"}}]}]}),
+                "messages[1].tool_calls[0]"),
+            (json!({"model": "m", "messages": [{"role": "user", "content": "hi"},
+                {"role": "assistant", "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": ""}}]}]}),
+                "messages[1].tool_calls[0]"),
+            (json!({"model": "m", "messages": [{"role": "user", "content": "hi"},
+                {"role": "assistant", "tool_calls": [{"id": 5, "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]}),
+                "messages[1].tool_calls[0]"),
+            (json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {"name": "f"}}],
+                "parallel_tool_calls": "yes"}), "parallel_tool_calls"),
             (json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_object"}}), "response_format"),
         ];
         for (body, param) in cases {
@@ -965,22 +1005,34 @@ mod tests {
     #[test]
     fn tools_tool_calls_and_stop_strings_are_passed_on() {
         let tool = json!({"type": "function", "function": {"name": "get_time", "description": "The time.", "parameters": {"type": "object", "properties": {}}}});
+        // A field of the tool beside its function (a vendor's cache hint) is not passed on: vLLM
+        // would render it into the prompt, which the planner would not have counted.
+        let mut with_extra = tool.clone();
+        with_extra["cache_control"] = json!({"type": "ephemeral"});
         let body = json!({
             "model": "m", "stop": ["\nObservation:", "END"], "tool_choice": {"type": "function", "function": {"name": "get_time"}},
-            "tools": [tool], "parallel_tool_calls": false,
+            "tools": [with_extra], "parallel_tool_calls": false,
             "messages": [
                 {"role": "user", "content": "What time is it?"},
                 {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "get_time", "arguments": "{}"}}]},
                 {"role": "tool", "tool_call_id": "call_1", "content": "12:00"},
+                // Arguments as an object, no id and no type: written out and filled in, as vLLM
+                // takes a call.
+                {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "get_time", "arguments": {"city": "Paris"}}}]},
             ],
         });
         let p = parse(Flavor::Chat, &HeaderMap::new(), &body).unwrap_or_else(|e| panic!("{e:?}"));
         assert_eq!(p.request.tools, vec![tool]);
         assert_eq!(p.request.tool_choice, Some(json!({"type": "function", "function": {"name": "get_time"}})));
+        assert_eq!(p.request.parallel_tool_calls, Some(false));
         assert_eq!(p.request.stop, ["\nObservation:", "END"]);
         let messages = p.request.messages.clone().unwrap_or_default();
         assert_eq!(messages[1]["tool_calls"][0]["function"]["name"], "get_time");
         assert_eq!(messages[2]["tool_call_id"], "call_1");
+        assert_eq!(
+            messages[3]["tool_calls"][0],
+            json!({"id": "call_3_0", "type": "function", "function": {"name": "get_time", "arguments": "{\"city\":\"Paris\"}"}})
+        );
         let (prompt, raw) = p.request.rendered_prompt();
         assert!(!raw);
         assert!(prompt.contains("<tools>\n{\"type\": \"function\", \"function\": {\"name\": \"get_time\""), "{prompt}");
@@ -1017,6 +1069,13 @@ mod tests {
         assert_eq!(chunk.pointer("/choices/0/delta/tool_calls/1/index").and_then(Value::as_u64), Some(1));
         assert_eq!(chunk.pointer("/choices/0/delta/tool_calls/0/function/name").and_then(Value::as_str), Some("get_time"));
         assert_eq!(data(r.finish(&c)).await.pointer("/choices/0/finish_reason").and_then(Value::as_str), Some("tool_calls"));
+        // A call the limit cut (its arguments not whole JSON) ends `length`.
+        let cut = Completion {
+            tool_calls: vec![ToolCall { id: "a".into(), name: "search".into(), arguments: "{\"q\":".into() }],
+            finish_reason: Some("tool_calls".into()),
+            ..Default::default()
+        };
+        assert_eq!(finish_reason(&cut, |_| 100), "length");
         // Without the engine's reason, the limit decides as before.
         let plain = Completion { output_tokens: 100, ..Default::default() };
         assert_eq!(finish_reason(&plain, |_| 100), "length");

@@ -445,10 +445,12 @@ fn tool_call_parts(choice: &Value) -> impl Iterator<Item = (usize, &Value)> {
 const MAX_TOOL_CALLS: usize = 128;
 
 /// Adds a tool call (or a fragment of one) to `calls`: the id and name where given, the
-/// arguments appended.
-fn merge_tool_call(calls: &mut Vec<ToolCall>, index: usize, part: &Value) {
+/// arguments appended. Returns the generated text it added (the name and the arguments'
+/// fragment), for the stream's cap and meter.
+fn merge_tool_call(calls: &mut Vec<ToolCall>, index: usize, part: &Value) -> String {
+    let mut added = String::new();
     if index >= MAX_TOOL_CALLS {
-        return;
+        return added;
     }
     if calls.len() <= index {
         calls.resize_with(index + 1, ToolCall::default);
@@ -460,14 +462,18 @@ fn merge_tool_call(calls: &mut Vec<ToolCall>, index: usize, part: &Value) {
     if let Some(f) = part.get("function") {
         if let Some(name) = f.get("name").and_then(Value::as_str).filter(|s| !s.is_empty()) {
             call.name = name.to_string();
+            added.push_str(name);
         }
-        match f.get("arguments") {
-            Some(Value::String(a)) => call.arguments.push_str(a),
+        let fragment = match f.get("arguments") {
+            Some(Value::String(a)) => a.clone(),
             // Some servers send the arguments as an object.
-            Some(a @ Value::Object(_)) => call.arguments.push_str(&a.to_string()),
-            _ => {}
-        }
+            Some(a @ Value::Object(_)) => a.to_string(),
+            _ => String::new(),
+        };
+        call.arguments.push_str(&fragment);
+        added.push_str(&fragment);
     }
+    added
 }
 
 /// A choice's `finish_reason`, when it carries one.
@@ -485,6 +491,10 @@ pub(crate) struct StreamFold {
     finished: bool,
     finish_reason: Option<String>,
     tool_calls: Vec<ToolCall>,
+    /// Bytes of the tool calls' names and arguments so far.
+    tool_call_bytes: usize,
+    /// Tool-call text added since the caller last took it (for the attempt's meter).
+    fresh_tool_text: String,
 }
 
 impl StreamFold {
@@ -502,7 +512,9 @@ impl StreamFold {
                     self.text.push_str(t);
                 }
                 for (index, part) in tool_call_parts(c) {
-                    merge_tool_call(&mut self.tool_calls, index, part);
+                    let added = merge_tool_call(&mut self.tool_calls, index, part);
+                    self.tool_call_bytes += added.len();
+                    self.fresh_tool_text.push_str(&added);
                 }
                 if c.get("finish_reason").is_some_and(|r| !r.is_null()) {
                     self.finished = true;
@@ -579,7 +591,7 @@ pub(crate) fn parse_full(
         .unwrap_or_else(|| counted_usage(&text, prompt_tokens));
     let mut tool_calls = Vec::new();
     for (index, part) in tool_call_parts(choice) {
-        merge_tool_call(&mut tool_calls, index, part);
+        let _ = merge_tool_call(&mut tool_calls, index, part);
     }
     tool_calls.retain(|c| !c.name.is_empty());
     Ok(Completion {
@@ -821,6 +833,9 @@ impl HttpEngine {
             if let Some(choice) = &request.tool_choice {
                 body["tool_choice"] = choice.clone();
             }
+            if let Some(parallel) = request.parallel_tool_calls {
+                body["parallel_tool_calls"] = json!(parallel);
+            }
         }
         if !request.stop.is_empty() {
             body["stop"] = json!(request.stop);
@@ -1012,7 +1027,8 @@ impl HttpEngine {
             })?;
             let before = fold.text.len();
             fold.push(&chunk, started.elapsed())?;
-            if fold.text.len() > text_cap {
+            // Tool calls' names and arguments are generated text too: they count toward the cap.
+            if fold.text.len() + fold.tool_call_bytes > text_cap {
                 return Err(EngineError::BadResponse(format!(
                     "{what}: the stream's text passed {text_cap} bytes, more than {} tokens can hold",
                     request.max_tokens
@@ -1021,6 +1037,10 @@ impl HttpEngine {
             // What this attempt has cost the engine so far, in case it does not finish.
             if fold.first_choice_at.is_some() {
                 request.meter.first_token();
+            }
+            let fresh_call_text = std::mem::take(&mut fold.fresh_tool_text);
+            if !fresh_call_text.is_empty() {
+                request.meter.add_output(tokens::count(&fresh_call_text) as u64);
             }
             let piece = &fold.text[before..];
             if !piece.is_empty() {
@@ -1476,6 +1496,10 @@ mod tests {
             f.push(chunk, Duration::ZERO).unwrap();
         }
         assert!(f.finished());
+        // The calls' names and arguments are generated text: counted for the stream's cap, and
+        // handed to the attempt's meter as they come.
+        assert_eq!(f.tool_call_bytes, "get_time".len() + "now".len() + "{\"city\": \"Paris\"}".len() + "{}".len());
+        assert_eq!(std::mem::take(&mut f.fresh_tool_text), "get_timenow{\"city\": \"Paris\"}{}");
         let c = f.finish(Duration::ZERO, 30);
         assert_eq!((c.text.as_str(), c.finish_reason.as_deref()), ("Let me look.", Some("tool_calls")));
         let calls: Vec<(&str, &str, &str)> = c.tool_calls.iter().map(|t| (t.id.as_str(), t.name.as_str(), t.arguments.as_str())).collect();
@@ -1631,6 +1655,7 @@ messages: None,
 raw_prompt: false,
 tools: Vec::new(),
 tool_choice: None,
+parallel_tool_calls: None,
 stop: Vec::new(),
 sink: Default::default(),
 meter: Default::default(),
@@ -1671,6 +1696,7 @@ messages: None,
 raw_prompt: false,
 tools: Vec::new(),
 tool_choice: None,
+parallel_tool_calls: None,
 stop: Vec::new(),
 sink: Default::default(),
 meter: Default::default(),
@@ -1713,17 +1739,19 @@ meter: Default::default(),
             messages: Some(vec![json!({"role": "user", "content": "hi"})]),
             tools: vec![tool.clone()],
             tool_choice: Some(json!("required")),
+            parallel_tool_calls: Some(false),
             stop: vec!["END".into()],
             ..req.clone()
         };
         let b = chat.request_body(&with_tools);
         assert_eq!((&b["tools"], &b["tool_choice"], &b["stop"]), (&json!([tool]), &json!("required"), &json!(["END"])), "{b}");
+        assert_eq!(b["parallel_tool_calls"], false, "{b}");
         // The emulated pool's completions engines send a client's messages to the chat API.
         let b = e.request_body(&with_tools);
         assert_eq!((b["messages"][0]["content"].as_str(), b["tools"][0]["function"]["name"].as_str()), (Some("hi"), Some("f")), "{b}");
         // Without any, none of the fields.
         let b = chat.request_body(&req);
-        assert!(["tools", "tool_choice", "stop"].iter().all(|f| b.get(*f).is_none()), "{b}");
+        assert!(["tools", "tool_choice", "parallel_tool_calls", "stop"].iter().all(|f| b.get(*f).is_none()), "{b}");
         assert!(HttpEngine::new("vllm", "ftp://h", "m", HttpOptions::default()).is_err());
     }
 }

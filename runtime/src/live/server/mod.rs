@@ -1171,6 +1171,7 @@ fn prepare_chat(shared: &Shared, body: &[u8]) -> Result<Prepared, ApiError> {
         .sampling
         .check(body.max_completion_tokens.or(body.sampling.max_tokens))?;
     let tools = protocol::check_tools(body.tools, body.tool_choice)?;
+    protocol::check_message_tool_calls(&body.messages)?;
     let turns: Vec<tokens::ChatTurn> = body.messages.into_iter().map(|m| m.into_turn()).collect();
     // Qwen3's template thinks unless told otherwise, as vLLM renders it.
     let enable_thinking = body

@@ -218,6 +218,10 @@ pub struct ContentPart {
 /// "arguments"}}`); its `id` and `type` are not rendered.
 #[derive(Debug, Deserialize)]
 pub struct MessageToolCall {
+    #[serde(default)]
+    pub id: Option<String>,
+    #[serde(default, rename = "type")]
+    pub kind: Option<String>,
     pub function: MessageFunction,
 }
 
@@ -239,6 +243,27 @@ impl MessageFunction {
             Some(other) => other.to_string(),
         }
     }
+}
+
+/// vLLM 0.10.2 takes an assistant message's tool call only with its `id` and `type` (its
+/// pydantic message types) and with `arguments` that are JSON text (`chat_utils` parses them
+/// with `json.loads` before rendering): anything else is its 400, here too.
+pub fn check_message_tool_calls(messages: &[ChatMessage]) -> Result<(), ApiError> {
+    for (i, m) in messages.iter().enumerate() {
+        for (k, call) in m.tool_calls.iter().flatten().enumerate() {
+            let parsed = match &call.function.arguments {
+                Some(Value::String(text)) => serde_json::from_str::<Value>(text).is_ok(),
+                _ => false,
+            };
+            if call.id.is_none() || call.kind.is_none() || !parsed {
+                return Err(ApiError::bad_request(format!(
+                    "messages[{i}].tool_calls[{k}]: a tool call needs an `id`, a `type` and \
+                     `function.arguments` that are JSON text"
+                )));
+            }
+        }
+    }
+    Ok(())
 }
 
 #[derive(Debug, Deserialize)]
@@ -1360,6 +1385,26 @@ mod tests {
         );
         let m: ChatMessage = serde_json::from_value(json!({"role": "tool", "tool_call_id": "call_1", "content": "21 C"})).unwrap();
         assert_eq!((m.tool_call_id.clone(), m.into_turn().content), (Some("call_1".to_string()), "21 C".to_string()));
+    }
+
+    /// As vLLM 0.10.2: an earlier call needs its id and type, and arguments that are JSON text.
+    #[test]
+    fn earlier_tool_calls_are_checked_as_vllm_checks_them() {
+        let with = |call: Value| -> Vec<ChatMessage> {
+            vec![serde_json::from_value(json!({"role": "assistant", "content": null, "tool_calls": [call]})).unwrap()]
+        };
+        let ok = json!({"id": "c", "type": "function", "function": {"name": "f", "arguments": "{\"a\": 1}"}});
+        assert!(check_message_tool_calls(&with(ok)).is_ok());
+        for bad in [
+            json!({"id": "c", "type": "function", "function": {"name": "f", "arguments": "{bad"}}),
+            json!({"id": "c", "type": "function", "function": {"name": "f", "arguments": ""}}),
+            json!({"id": "c", "type": "function", "function": {"name": "f", "arguments": {"a": 1}}}),
+            json!({"type": "function", "function": {"name": "f", "arguments": "{}"}}),
+            json!({"id": "c", "function": {"name": "f", "arguments": "{}"}}),
+        ] {
+            let e = check_message_tool_calls(&with(bad.clone())).expect_err("refused");
+            assert_eq!(e.status, StatusCode::BAD_REQUEST, "{bad}");
+        }
     }
 
     #[test]

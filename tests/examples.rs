@@ -1,8 +1,8 @@
 //! The top-level examples, run as a user runs them: `examples/embed.rs` (in process),
 //! `examples/custom_tool.rs` (a tool of the program's own, branched on),
 //! `examples/serve_client.rs` (REST + SSE against `switchyard serve`), and the Python examples
-//! (`examples/python/`: a LangGraph agent and an OpenAI Agents SDK agent whose calls go through
-//! the front door). `cargo test` builds the Rust examples next to the binary
+//! (`examples/python/`: a LangGraph graph, a LangGraph ReAct agent and an OpenAI Agents SDK agent
+//! whose calls go through the front door, the last two calling a function tool). `cargo test` builds the Rust examples next to the binary
 //! (`target/<profile>/examples/`). The Python examples need their packages
 //! (`examples/python/requirements.txt`), which `.ci/run` installs into
 //! `target/pyenv-examples` (or `SWITCHYARD_EXAMPLES_PYTHON` names an interpreter that has
@@ -79,7 +79,7 @@ fn the_client_examples_drive_switchyard_serve() {
         eprintln!("skipped: no Python with the examples' packages (examples/python/requirements.txt)");
         return;
     };
-    for script in ["langgraph_agent.py", "openai_agents.py"] {
+    for script in ["langgraph_agent.py", "langgraph_react.py", "openai_agents.py"] {
         let out = Command::new(&python)
             .arg(repo().join("examples/python").join(script))
             .args(["--url", &server.base])
@@ -88,11 +88,10 @@ fn the_client_examples_drive_switchyard_serve() {
             .expect("run the Python example");
         let t = text(&out);
         assert!(out.status.success(), "{script}: {t}");
-        if script == "langgraph_agent.py" {
-            assert!(t.contains("streamed pieces"), "{t}");
-        } else {
+        match script {
+            "langgraph_agent.py" => assert!(t.contains("streamed pieces"), "{t}"),
             // The model called the agent's function tool through the front door, once.
-            assert!(t.contains("tool calls: 1 ("), "{t}");
+            _ => assert!(t.contains("tool calls: 1 ("), "{t}"),
         }
         eprintln!("{script}: {t}");
     }

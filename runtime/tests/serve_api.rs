@@ -444,6 +444,24 @@ fn an_answer_without_max_tokens_gets_the_contexts_rest_or_the_servers_default() 
     });
 }
 
+/// A call the engine refuses (its 4xx: not retryable) is the client's 400 with the engine's
+/// reason, once — not a 502, which OpenAI's clients send again.
+#[test]
+fn a_call_the_engine_refuses_is_a_400() {
+    let (_, _, cfg) = tiny_chain();
+    let rt = two_worker_runtime();
+    rt.block_on(async {
+        let factory = Factory::new(1);
+        let seen = Arc::clone(&factory.seen);
+        let (service, root) = serve(&cfg, factory, ApiConfig { token: None, ..ApiConfig::default() }).await;
+        seen.reject.store(true, Ordering::SeqCst);
+        let (s, v) = post(&root, "/v1/chat/completions", json!({"model": "Qwen3-0.6B", "messages": [{"role": "user", "content": "hi"}]})).await;
+        assert_eq!((s, v.pointer("/error/type").and_then(Value::as_str)), (400, Some("invalid_request_error")), "{v}");
+        assert!(v.pointer("/error/message").and_then(Value::as_str).is_some_and(|m| m.contains("the test refuses every request")), "{v}");
+        service.shutdown("the test ends").await.expect("shutdown");
+    });
+}
+
 // ---------------------------------------------------------------------------------------------
 // Health while stopping.
 

@@ -19,6 +19,10 @@ use thiserror::Error;
 /// A boxed future, so that `Engine` is object-safe.
 pub type EngineFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, EngineError>> + Send + 'a>>;
 
+/// How a refused request's failure reads ([`EngineError::Rejected`]'s message starts so): the
+/// front door answers such a call with a 400, not a 502 that clients retry.
+pub const REJECTED_PREFIX: &str = "request rejected: ";
+
 /// Why an engine call failed. Each kind asks for its own reaction (the replica actor's
 /// fault policy): see [`EngineError::kind`].
 #[derive(Debug, Error, Clone, PartialEq)]

@@ -671,14 +671,19 @@ pub const PROGRAMS_RETRY_AFTER_S: u32 = 1;
 
 /// Why a scheduled call has no answer, as the client gets it: 503 once the runtime stops (the
 /// call refused, or abandoned in the queue or on its engine), 429 with a `Retry-After` of
-/// [`PROGRAMS_RETRY_AFTER_S`] for a program past `--max-programs`, else the engine's failure
-/// (502, without its address).
+/// [`PROGRAMS_RETRY_AFTER_S`] for a program past `--max-programs`, 400 when the engine refused
+/// the request itself (its 4xx: a tool schema it cannot decode with, a prompt past its count of
+/// the context — sending it again cannot help, and OpenAI's clients retry a 5xx), else the
+/// engine's failure (502); never with the engine's address.
 fn call_error(m: String) -> ApiError {
+    use crate::live::engine::REJECTED_PREFIX;
     use crate::live::planner_actor::{SHUTTING_DOWN, TOO_MANY_PROGRAMS};
     if m.starts_with(SHUTTING_DOWN) {
         ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable_error", m)
     } else if m.starts_with(TOO_MANY_PROGRAMS) {
         ApiError { retry_after_s: Some(PROGRAMS_RETRY_AFTER_S), ..ApiError::new(StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", m) }
+    } else if m.starts_with(REJECTED_PREFIX) {
+        ApiError::new(StatusCode::BAD_REQUEST, "invalid_request_error", format!("the engine refused the request: {}", public_reason(&m)))
     } else {
         ApiError::new(StatusCode::BAD_GATEWAY, "engine_error", public_reason(&m))
     }
@@ -849,6 +854,20 @@ mod tests {
         assert_eq!(data(r.usage(&c)).await.pointer("/usage/prompt_tokens_details/cached_tokens").and_then(Value::as_u64), Some(1));
         let rc = Render::new(Flavor::Completions, "cmpl-1", 7, "m", 16, 4096);
         assert_eq!(data(rc.piece("a\"b", false)).await.pointer("/choices/0/text").and_then(Value::as_str), Some("a\"b"));
+    }
+
+    /// An engine's refusal of the request (its 4xx) is the client's 400, not a 502 that OpenAI's
+    /// clients would send again; other engine failures stay 502; neither shows the address.
+    #[test]
+    fn an_engine_refusal_is_a_400_and_a_failure_a_502() {
+        use crate::live::engine::{EngineError, REJECTED_PREFIX};
+        let refused = EngineError::Rejected("request 3 to http://10.0.0.7:8000/v1/chat/completions: HTTP 400 (bad schema)".into()).to_string();
+        assert!(refused.starts_with(REJECTED_PREFIX), "{refused}");
+        let e = call_error(refused);
+        assert_eq!((e.status, e.kind), (StatusCode::BAD_REQUEST, "invalid_request_error"));
+        assert!(e.message.contains("bad schema") && !e.message.contains("10.0.0.7"), "{}", e.message);
+        let failed = call_error(EngineError::BadResponse("HTTP 500 (boom)".into()).to_string());
+        assert_eq!(failed.status, StatusCode::BAD_GATEWAY);
     }
 
     #[test]

@@ -476,7 +476,8 @@ async fn a_next_model_hint_lets_the_planner_prefetch_that_model() {
 /// Function calling through the front door on the emulated pool, as an agent framework runs a
 /// tool loop: the model calls the tool (whole and streamed answers), the tool's result goes
 /// back in the conversation with the call, and the model answers in text — with the earlier
-/// prompt's blocks cached; a stop string ends an answer early.
+/// prompt's blocks cached; a stop string ends an answer early; a JSON-schema response format
+/// gets an instance of its schema.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tool_loop_runs_through_the_front_door() {
     let server = Server::start(&repo().join("workflows/pools/live-emulated.yaml"), &[&repo().join("tests/fixtures/tiny_chain.yaml")]);
@@ -530,6 +531,16 @@ async fn a_tool_loop_runs_through_the_front_door() {
     let content = v.pointer("/choices/0/message/content").and_then(Value::as_str).unwrap_or("");
     assert!(!content.contains("filler") && v.pointer("/choices/0/finish_reason") == Some(&json!("stop")), "{v}");
     assert!(v.pointer("/usage/completion_tokens").and_then(Value::as_u64) < Some(16), "{v}");
+
+    // Structured output: the answer is an instance of the schema (the emulated model's; vLLM's
+    // guided decoding for a real one).
+    let schema = json!({"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer", "minimum": 1}}, "required": ["city", "days"]});
+    let (s, v) = body(post(json!({"model": "Qwen3-0.6B", "max_tokens": 64, "messages": [question],
+        "response_format": {"type": "json_schema", "json_schema": {"name": "Trip", "schema": schema, "strict": true}}})).await.expect("call")).await;
+    assert_eq!(s, 200, "{v}");
+    let content = v.pointer("/choices/0/message/content").and_then(Value::as_str).unwrap_or("");
+    let trip: Value = serde_json::from_str(content).unwrap_or(Value::Null);
+    assert!(trip["city"].is_string() && trip["days"].as_u64() >= Some(1), "{v}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -650,6 +650,8 @@ pub struct ProgramRequest {
     pub parallel_tool_calls: Option<bool>,
     /// Stop strings: the answer ends before the first one.
     pub stop: Vec<String>,
+    /// The chat call's structured-output format (`response_format`), checked.
+    pub response_format: Option<serde_json::Value>,
     /// Or a raw completion prompt (`/v1/completions`).
     pub prompt: Option<String>,
     pub max_tokens: u32,

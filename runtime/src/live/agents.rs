@@ -752,6 +752,7 @@ impl Shell<'_> {
             tool_choice: None,
             parallel_tool_calls: None,
             stop: Vec::new(),
+            response_format: None,
             sink: Default::default(),
             meter: Default::default(),
         };

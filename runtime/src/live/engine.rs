@@ -152,6 +152,9 @@ pub struct LlmRequest {
     /// An external client's stop strings: the server ends the answer before the first one.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub stop: Vec<String>,
+    /// An external client's `response_format` (structured output), sent with its messages.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response_format: Option<serde_json::Value>,
     /// Where the answer's text goes as it arrives, and how the engine learns that its caller
     /// went away (then it abandons the call: [`EngineError::Cancelled`]).
     #[serde(skip)]

@@ -265,6 +265,7 @@ tools: Vec::new(),
 tool_choice: None,
 parallel_tool_calls: None,
 stop: Vec::new(),
+response_format: None,
 sink: Default::default(),
 meter: Default::default(),
                 };

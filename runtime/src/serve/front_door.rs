@@ -40,8 +40,10 @@
 //! calls before the finish, with the engine's finish reason (`tool_calls`). The engine decides
 //! the calls: vLLM launched with a tool parser (Switchyard's managed vLLM for Qwen3: `hermes`),
 //! or the emulated server's stand-in rule. `stop` (a string or up to 16) ends the answer
-//! before the first match, on the engine. Parameters the front door does not honour
-//! (`n > 1`, `logprobs`, `response_format`, legacy `functions`, a list of prompts, …) are refused
+//! before the first match, on the engine. `response_format` (`json_object`, or `json_schema`
+//! with its name and schema) asks the engine for structured output (vLLM's guided decoding).
+//! Parameters the front door does not honour
+//! (`n > 1`, `logprobs`, legacy `functions`, a list of prompts, …) are refused
 //! with a 400 naming them, unless set to what leaving them out means (`stop: []`,
 //! `tool_choice: "none"`, `response_format: {"type": "text"}`, …).
 //!
@@ -80,7 +82,7 @@ pub const COMPLETIONS_DEFAULT_MAX_TOKENS: u32 = 16;
 pub const PROGRAM_HEADERS: [&str; 3] = ["x-session-id", "x-dynamo-session-id", "x-program-id"];
 
 /// Request fields the front door refuses rather than ignore silently.
-const UNSUPPORTED: [&str; 8] = ["logprobs", "top_logprobs", "echo", "functions", "function_call", "response_format", "best_of", "suffix"];
+const UNSUPPORTED: [&str; 7] = ["logprobs", "top_logprobs", "echo", "functions", "function_call", "best_of", "suffix"];
 
 /// Most tool definitions one call may carry, and most stop strings.
 const MAX_TOOLS: usize = 128;
@@ -155,6 +157,43 @@ fn parse_tools(obj: &serde_json::Map<String, Value>) -> Result<(Vec<Value>, Opti
         }
     };
     Ok((forwarded, choice))
+}
+
+/// The call's `response_format`, checked and rebuilt for the engine: `{"type": "text"}` (or
+/// none) asks for nothing; `{"type": "json_object"}`; `{"type": "json_schema", "json_schema":
+/// {"name", "schema"?, "description"?, "strict"?}}` with a name of 1–64 letters, digits, `_`
+/// or `-` and a JSON-Schema object — OpenAI's and vLLM's shape, which vLLM enforces by guided
+/// decoding.
+fn parse_response_format(obj: &serde_json::Map<String, Value>) -> Result<Option<Value>, ApiError> {
+    let Some(format) = obj.get("response_format").filter(|v| !v.is_null()) else { return Ok(None) };
+    let bad = |field: &str, why: &str| ApiError::bad_request(format!("`{field}` {why}"), field);
+    match format.get("type").and_then(Value::as_str) {
+        Some("text") => Ok(None),
+        Some("json_object") => Ok(Some(json!({"type": "json_object"}))),
+        Some("json_schema") => {
+            let spec = format.get("json_schema").and_then(Value::as_object).ok_or_else(|| bad("response_format.json_schema", "must be an object"))?;
+            let name = spec.get("name").and_then(Value::as_str).unwrap_or("");
+            if !function_name_ok(name) {
+                return Err(bad("response_format.json_schema.name", "must be 1 to 64 letters, digits, `_` or `-`"));
+            }
+            let mut out = serde_json::Map::new();
+            out.insert("name".into(), json!(name));
+            if let Some(schema) = spec.get("schema").filter(|v| !v.is_null()) {
+                if !schema.is_object() {
+                    return Err(bad("response_format.json_schema.schema", "must be a JSON Schema object"));
+                }
+                out.insert("schema".into(), schema.clone());
+            }
+            if let Some(d) = spec.get("description").filter(|v| !v.is_null()) {
+                out.insert("description".into(), Value::String(d.as_str().ok_or_else(|| bad("response_format.json_schema.description", "must be a string"))?.into()));
+            }
+            if let Some(strict) = spec.get("strict").filter(|v| !v.is_null()) {
+                out.insert("strict".into(), Value::Bool(strict.as_bool().ok_or_else(|| bad("response_format.json_schema.strict", "must be a boolean"))?));
+            }
+            Ok(Some(json!({"type": "json_schema", "json_schema": out})))
+        }
+        _ => Err(bad("response_format.type", "must be `text`, `json_object` or `json_schema`")),
+    }
 }
 
 /// The call's stop strings (`stop`: a string or a list of them), at most [`MAX_STOP_STRINGS`]
@@ -422,9 +461,16 @@ fn parse(flavor: Flavor, headers: &HeaderMap, body: &Value) -> Result<Parsed, Ap
         Some(_) => return Err(ApiError::bad_request("`parallel_tool_calls` must be a boolean", "parallel_tool_calls")),
     };
     let stop = parse_stop(obj)?;
+    let response_format = match flavor {
+        Flavor::Chat => parse_response_format(obj)?,
+        Flavor::Completions if obj.get("response_format").is_some_and(|v| !neutral("response_format", v)) => {
+            return Err(ApiError::bad_request("`response_format` needs the chat API (`/v1/chat/completions`)", "response_format"));
+        }
+        Flavor::Completions => None,
+    };
     Ok(Parsed {
         model,
-        request: ProgramRequest { messages, prompt, max_tokens, enable_thinking, program_done, next_model, step, tools, tool_choice, parallel_tool_calls, stop },
+        request: ProgramRequest { messages, prompt, max_tokens, enable_thinking, program_done, next_model, step, tools, tool_choice, parallel_tool_calls, stop, response_format },
         stream,
         include_usage,
     })
@@ -995,7 +1041,12 @@ mod tests {
                 "messages[1].tool_calls[0]"),
             (json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {"name": "f"}}],
                 "parallel_tool_calls": "yes"}), "parallel_tool_calls"),
-            (json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_object"}}), "response_format"),
+            (json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "yaml"}}), "response_format.type"),
+            (json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_schema"}}), "response_format.json_schema"),
+            (json!({"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                "response_format": {"type": "json_schema", "json_schema": {"name": "a plan", "schema": {}}}}), "response_format.json_schema.name"),
+            (json!({"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                "response_format": {"type": "json_schema", "json_schema": {"name": "plan", "schema": "object"}}}), "response_format.json_schema.schema"),
         ];
         for (body, param) in cases {
             let e = parse(Flavor::Chat, &h, &body).err().unwrap_or_else(|| panic!("accepted {body}"));
@@ -1056,6 +1107,14 @@ mod tests {
         assert!(!raw);
         assert!(prompt.contains("<tools>\n{\"type\": \"function\", \"function\": {\"name\": \"get_time\""), "{prompt}");
         assert!(prompt.contains("<|im_start|>assistant\n<tool_call>\n{\"name\": \"get_time\", \"arguments\": {}}\n</tool_call><|im_end|>"), "{prompt}");
+        // Structured output: the format rebuilt for the engine, the text format none.
+        let schema = json!({"type": "object", "properties": {"steps": {"type": "array", "items": {"type": "string"}}}, "required": ["steps"]});
+        let body = json!({"model": "m", "messages": [{"role": "user", "content": "Plan."}],
+            "response_format": {"type": "json_schema", "json_schema": {"name": "Plan", "schema": schema, "strict": true, "extra": 1}}});
+        let p = parse(Flavor::Chat, &HeaderMap::new(), &body).unwrap_or_else(|e| panic!("{e:?}"));
+        assert_eq!(p.request.response_format, Some(json!({"type": "json_schema", "json_schema": {"name": "Plan", "schema": schema, "strict": true}})));
+        let text = parse(Flavor::Chat, &HeaderMap::new(), &json!({"model": "m", "messages": [{"role": "user", "content": "x"}], "response_format": {"type": "text"}}));
+        assert!(text.is_ok_and(|p| p.request.response_format.is_none()));
         // `stop` as one string.
         let one = parse(Flavor::Completions, &HeaderMap::new(), &json!({"model": "m", "prompt": "p", "stop": "\n"}));
         assert!(one.is_ok_and(|p| p.request.stop == ["\n"]));

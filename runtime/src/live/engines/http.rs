@@ -840,6 +840,9 @@ impl HttpEngine {
         if !request.stop.is_empty() {
             body["stop"] = json!(request.stop);
         }
+        if let (true, Some(format)) = (request.messages.is_some(), &request.response_format) {
+            body["response_format"] = format.clone();
+        }
         if request.server_default_limit
             && let Some(fields) = body.as_object_mut()
         {
@@ -1657,6 +1660,7 @@ tools: Vec::new(),
 tool_choice: None,
 parallel_tool_calls: None,
 stop: Vec::new(),
+response_format: None,
 sink: Default::default(),
 meter: Default::default(),
         };
@@ -1698,6 +1702,7 @@ tools: Vec::new(),
 tool_choice: None,
 parallel_tool_calls: None,
 stop: Vec::new(),
+response_format: None,
 sink: Default::default(),
 meter: Default::default(),
         };
@@ -1741,17 +1746,18 @@ meter: Default::default(),
             tool_choice: Some(json!("required")),
             parallel_tool_calls: Some(false),
             stop: vec!["END".into()],
+            response_format: Some(json!({"type": "json_object"})),
             ..req.clone()
         };
         let b = chat.request_body(&with_tools);
         assert_eq!((&b["tools"], &b["tool_choice"], &b["stop"]), (&json!([tool]), &json!("required"), &json!(["END"])), "{b}");
-        assert_eq!(b["parallel_tool_calls"], false, "{b}");
+        assert_eq!((&b["parallel_tool_calls"], &b["response_format"]), (&json!(false), &json!({"type": "json_object"})), "{b}");
         // The emulated pool's completions engines send a client's messages to the chat API.
         let b = e.request_body(&with_tools);
         assert_eq!((b["messages"][0]["content"].as_str(), b["tools"][0]["function"]["name"].as_str()), (Some("hi"), Some("f")), "{b}");
         // Without any, none of the fields.
         let b = chat.request_body(&req);
-        assert!(["tools", "tool_choice", "parallel_tool_calls", "stop"].iter().all(|f| b.get(*f).is_none()), "{b}");
+        assert!(["tools", "tool_choice", "parallel_tool_calls", "stop", "response_format"].iter().all(|f| b.get(*f).is_none()), "{b}");
         assert!(HttpEngine::new("vllm", "ftp://h", "m", HttpOptions::default()).is_err());
     }
 }

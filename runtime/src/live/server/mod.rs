@@ -18,6 +18,13 @@
 //!   `include_stop_str_in_output`, `min_tokens`, `ignore_eos` shape the answer; `logprobs`,
 //!   `top_logprobs`, `prompt_logprobs`, `suffix` and `best_of` are refused with a 400 naming
 //!   the field (no token distribution is sampled, so there is nothing true to return);
+//! - structured output (chat `response_format`: `json_object`, `json_schema`, checked as vLLM
+//!   0.10.2's `ResponseFormat`): vLLM constrains the model by guided decoding; the emulated
+//!   model writes the schema's instance (`protocol::ResponseFormat::text`: required
+//!   properties valued by their schemas, local `$ref`s followed, a union's first non-null
+//!   branch, strings from the last user message; `{"answer": …}` for `json_object`), which
+//!   the engine generates token by token like any output (a tool call, when one is planned,
+//!   comes first);
 //! - tool calling, as vLLM 0.10.2 launched with `--enable-auto-tool-choice
 //!   --tool-call-parser hermes` (Qwen's setup for Qwen3): `tools` and `tool_choice` validated
 //!   as vLLM's `check_tool_usage` does (400s in its words, `param` naming the field; tools
@@ -1171,6 +1178,7 @@ fn prepare_chat(shared: &Shared, body: &[u8]) -> Result<Prepared, ApiError> {
         .sampling
         .check(body.max_completion_tokens.or(body.sampling.max_tokens))?;
     let tools = protocol::check_tools(body.tools, body.tool_choice)?;
+    let format = protocol::check_response_format(body.response_format)?;
     protocol::check_message_tool_calls(&body.messages)?;
     let turns: Vec<tokens::ChatTurn> = body.messages.into_iter().map(|m| m.into_turn()).collect();
     // Qwen3's template thinks unless told otherwise, as vLLM renders it.
@@ -1196,7 +1204,8 @@ fn prepare_chat(shared: &Shared, body: &[u8]) -> Result<Prepared, ApiError> {
         .sampling
         .switchyard
         .and_then(|s| s.output)
-        .or_else(|| tools.as_ref().and_then(|t| t.plan(&turns)).map(|call| call.text()));
+        .or_else(|| tools.as_ref().and_then(|t| t.plan(&turns)).map(|call| call.text()))
+        .or_else(|| format.map(|f| f.text(&turns)));
     Ok(Prepared {
         api: Api::Chat,
         prompts: vec![PromptIn { ids, text }],

@@ -337,8 +337,64 @@ pub struct ChatBody {
     /// `Some(Value::Null)` when the client sent `null`.
     #[serde(default, deserialize_with = "present")]
     pub tool_choice: Option<Value>,
+    /// `{"type": "text" | "json_object" | "json_schema", "json_schema": {"name", "schema", …}}`
+    /// (checked by [`check_response_format`]).
+    #[serde(default)]
+    pub response_format: Option<Value>,
     #[serde(flatten)]
     pub sampling: Sampling,
+}
+
+/// What a chat request's `response_format` asks the answer to be.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ResponseFormat {
+    /// JSON: an object (`json_object`), or an instance of the schema (`json_schema`).
+    JsonObject,
+    JsonSchema(Value),
+}
+
+impl ResponseFormat {
+    /// What the emulated model writes (vLLM constrains the real one by guided decoding; there
+    /// is no model here, so this is the emulation's rule): for `json_object`, `{"answer": …}`
+    /// holding the last user message's first characters; for `json_schema`, the schema's
+    /// instance built as a tool call's arguments are ([`schema_instance`]: required
+    /// properties, local `$ref`s followed, a union's first non-null branch). JSON as Python's
+    /// `json.dumps` writes it; no thinking text before it.
+    pub fn text(&self, turns: &[tokens::ChatTurn]) -> String {
+        let user = turns.iter().rev().find(|t| t.role == "user").map_or("", |t| t.content.as_str());
+        match self {
+            ResponseFormat::JsonObject => {
+                let answer: String = user.chars().take(MAX_STRING_ARGUMENT_CHARS).collect();
+                python_json(&json!({ "answer": answer }))
+            }
+            ResponseFormat::JsonSchema(schema) => python_json(&schema_instance(schema, user)),
+        }
+    }
+}
+
+/// vLLM 0.10.2's `ResponseFormat`: `type` one of `text`, `json_object`, `json_schema` (its
+/// `structural_tag` is not emulated), and a `json_schema` format carries `json_schema` with a
+/// `name` and, to constrain anything, a `schema` object. `text` (or none) asks for nothing.
+pub fn check_response_format(format: Option<Value>) -> Result<Option<ResponseFormat>, ApiError> {
+    let Some(format) = format.filter(|f| !f.is_null()) else { return Ok(None) };
+    let bad = |message: &str| ApiError::bad_param("response_format", message.to_string());
+    match format.get("type").and_then(Value::as_str) {
+        Some("text") => Ok(None),
+        Some("json_object") => Ok(Some(ResponseFormat::JsonObject)),
+        Some("json_schema") => {
+            let spec = format.get("json_schema").filter(|j| j.is_object()).ok_or_else(|| bad("a `json_schema` response format needs its `json_schema`"))?;
+            if !spec.get("name").is_some_and(Value::is_string) {
+                return Err(bad("`response_format.json_schema.name` must be a string"));
+            }
+            match spec.get("schema") {
+                Some(schema @ Value::Object(_)) => Ok(Some(ResponseFormat::JsonSchema(schema.clone()))),
+                None | Some(Value::Null) => Ok(Some(ResponseFormat::JsonObject)),
+                Some(_) => Err(bad("`response_format.json_schema.schema` must be a JSON Schema object")),
+            }
+        }
+        Some("structural_tag") => Err(not_emulated("response_format")),
+        _ => Err(bad("`response_format.type` must be `text`, `json_object` or `json_schema`")),
+    }
 }
 
 /// `POST /tokenize`: vLLM's `TokenizeCompletionRequest` or `TokenizeChatRequest`.
@@ -709,12 +765,19 @@ pub const MAX_STRING_ARGUMENT_CHARS: usize = 64;
 pub fn tool_arguments(parameters: Option<&Value>, user_text: &str) -> Value {
     let text: String = user_text.chars().take(MAX_STRING_ARGUMENT_CHARS).collect();
     match parameters {
-        Some(schema) => object_arguments(schema, &text, 0),
+        Some(schema) => object_arguments(schema, schema, &text, 0),
         None => Value::Object(serde_json::Map::new()),
     }
 }
 
-fn object_arguments(schema: &Value, text: &str, depth: usize) -> Value {
+/// The JSON the emulated model writes under a JSON schema (a `json_schema` response format):
+/// the schema's instance as [`tool_arguments`] builds one, strings from `user_text`.
+pub fn schema_instance(schema: &Value, user_text: &str) -> Value {
+    let text: String = user_text.chars().take(MAX_STRING_ARGUMENT_CHARS).collect();
+    schema_value(schema, schema, &text, 0)
+}
+
+fn object_arguments(schema: &Value, root: &Value, text: &str, depth: usize) -> Value {
     let mut out = serde_json::Map::new();
     if depth >= MAX_ARGUMENT_DEPTH {
         return Value::Object(out);
@@ -724,13 +787,34 @@ fn object_arguments(schema: &Value, text: &str, depth: usize) -> Value {
     for name in required.into_iter().flatten().filter_map(Value::as_str) {
         let value = properties
             .and_then(|p| p.get(name))
-            .map_or(Value::Null, |property| schema_value(property, text, depth + 1));
+            .map_or(Value::Null, |property| schema_value(property, root, text, depth + 1));
         out.insert(name.to_string(), value);
     }
     Value::Object(out)
 }
 
-fn schema_value(schema: &Value, text: &str, depth: usize) -> Value {
+/// The schema a local `$ref` (`#/$defs/Name`, `#/definitions/Name`, as pydantic writes them)
+/// points at in `root`; `None` for any other reference.
+fn local_ref<'a>(root: &'a Value, reference: &str) -> Option<&'a Value> {
+    let path = reference.strip_prefix('#')?;
+    root.pointer(path).filter(|_| path.starts_with("/$defs/") || path.starts_with("/definitions/"))
+}
+
+fn schema_value(schema: &Value, root: &Value, text: &str, depth: usize) -> Value {
+    if depth > MAX_ARGUMENT_DEPTH {
+        return Value::Null;
+    }
+    if let Some(target) = schema.get("$ref").and_then(Value::as_str).and_then(|r| local_ref(root, r)) {
+        return schema_value(target, root, text, depth + 1);
+    }
+    // A union (`anyOf` / `oneOf`, pydantic's `Optional[...]`): its first branch that is not
+    // `null`, else null.
+    if let Some(branches) = schema.get("anyOf").or_else(|| schema.get("oneOf")).and_then(Value::as_array) {
+        return branches
+            .iter()
+            .find(|b| b.get("type").and_then(Value::as_str) != Some("null"))
+            .map_or(Value::Null, |b| schema_value(b, root, text, depth + 1));
+    }
     if let Some(first) = schema.get("enum").and_then(Value::as_array).and_then(|e| e.first()) {
         return first.clone();
     }
@@ -740,6 +824,8 @@ fn schema_value(schema: &Value, text: &str, depth: usize) -> Value {
     let kind = match schema.get("type") {
         Some(Value::String(t)) => Some(t.as_str()),
         Some(Value::Array(types)) => types.iter().filter_map(Value::as_str).find(|t| *t != "null"),
+        // Properties without a type are an object's.
+        None if schema.get("properties").is_some() => Some("object"),
         _ => None,
     };
     let minimum = schema.get("minimum").filter(|m| m.is_number());
@@ -752,7 +838,7 @@ fn schema_value(schema: &Value, text: &str, depth: usize) -> Value {
         Some("number") => minimum.cloned().unwrap_or(json!(1.0)),
         Some("boolean") => Value::Bool(true),
         Some("array") => json!([]),
-        Some("object") => object_arguments(schema, text, depth),
+        Some("object") => object_arguments(schema, root, text, depth),
         _ => Value::Null,
     }
 }
@@ -1385,6 +1471,42 @@ mod tests {
         );
         let m: ChatMessage = serde_json::from_value(json!({"role": "tool", "tool_call_id": "call_1", "content": "21 C"})).unwrap();
         assert_eq!((m.tool_call_id.clone(), m.into_turn().content), (Some("call_1".to_string()), "21 C".to_string()));
+    }
+
+    /// Structured output: a pydantic-style schema (nested model by `$ref`, an `Optional` field
+    /// as `anyOf` with null) gets an instance that has every required field with its type;
+    /// `json_object` an object; the format is checked as vLLM's `ResponseFormat`.
+    #[test]
+    fn a_response_format_gets_an_instance_of_its_schema() {
+        let schema = json!({
+            "$defs": {"Step": {"type": "object", "properties": {"tool": {"type": "string"}, "n": {"type": "integer", "minimum": 2}},
+                "required": ["tool", "n"]}},
+            "properties": {
+                "steps": {"type": "array", "items": {"$ref": "#/$defs/Step"}},
+                "first": {"$ref": "#/$defs/Step"},
+                "note": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+                "done": {"type": "boolean"},
+                "kind": {"enum": ["plan", "answer"]},
+            },
+            "required": ["steps", "first", "note", "done", "kind"],
+            "title": "Plan", "type": "object",
+        });
+        let user = tokens::ChatTurn { role: "user".into(), content: "Plan a trip".into(), tool_calls: Vec::new() };
+        let f = check_response_format(Some(json!({"type": "json_schema", "json_schema": {"name": "Plan", "schema": schema}}))).unwrap();
+        let text = f.clone().map(|f| f.text(std::slice::from_ref(&user))).unwrap_or_default();
+        let v: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(v, json!({"steps": [], "first": {"tool": "Plan a trip", "n": 2}, "note": "Plan a trip", "done": true, "kind": "plan"}), "{text}");
+        // A self-referential schema ends (the depth bound).
+        let tree = json!({"$defs": {"Node": {"type": "object", "properties": {"child": {"$ref": "#/$defs/Node"}}, "required": ["child"]}},
+            "$ref": "#/$defs/Node"});
+        assert!(schema_instance(&tree, "x").is_object());
+        let object = check_response_format(Some(json!({"type": "json_object"}))).unwrap().map(|f| f.text(&[user]));
+        assert_eq!(object.as_deref(), Some("{\"answer\": \"Plan a trip\"}"));
+        assert_eq!(check_response_format(Some(json!({"type": "text"}))).unwrap(), None);
+        for bad in [json!({"type": "yaml"}), json!({"type": "json_schema"}), json!({"type": "json_schema", "json_schema": {"schema": {}}}),
+            json!({"type": "json_schema", "json_schema": {"name": "a", "schema": 3}})] {
+            assert!(check_response_format(Some(bad.clone())).is_err(), "{bad}");
+        }
     }
 
     /// As vLLM 0.10.2: an earlier call needs its id and type, and arguments that are JSON text.

@@ -61,6 +61,14 @@ pub struct EmulateArgs {
     /// Accepted for command-line compatibility with `vllm serve`; sleep mode is always on.
     #[arg(long)]
     pub enable_sleep_mode: bool,
+    /// Accepted for command-line compatibility with `vllm serve`: tool calling is always on, as
+    /// vLLM serves Qwen3 with `--enable-auto-tool-choice --tool-call-parser hermes`.
+    #[arg(long)]
+    pub enable_auto_tool_choice: bool,
+    /// vLLM's tool-call parser: only `hermes` (Qwen3's `<tool_call>` format, the one the
+    /// emulated model writes) is emulated.
+    #[arg(long, value_parser = ["hermes"])]
+    pub tool_call_parser: Option<String>,
 }
 
 /// Runs `switchyard emulate` until interrupted.

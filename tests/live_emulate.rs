@@ -221,4 +221,24 @@ fn emulate_refuses_what_vllm_refuses() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--speed"));
+    // A tool-call parser other than Qwen3's `hermes` is not emulated: refused at start.
+    let out = Command::new(BIN)
+        .args(["emulate", "--device", "A100-80GB", "--model", "Qwen3-0.6B", "--enable-auto-tool-choice", "--tool-call-parser", "mistral"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--tool-call-parser"));
+}
+
+/// `vllm serve`'s tool-calling flags, as Qwen3 is served, are accepted (tool calling is always
+/// on in the emulator): a command line copied from vLLM starts, and its tools work.
+#[test]
+fn emulate_takes_vllms_tool_calling_flags() {
+    let s = spawn(&["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]);
+    let req = json!({"model": "Qwen3-0.6B", "max_tokens": 64, "messages": [{"role": "user", "content": "time?"}],
+        "tools": [{"type": "function", "function": {"name": "now", "parameters": {"type": "object", "properties": {}}}}]});
+    let (status, body) = http(&s.addr, "POST", "/v1/chat/completions", Some(&req));
+    assert_eq!(status, 200, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap_or_default();
+    assert_eq!(v.pointer("/choices/0/message/tool_calls/0/function/name").and_then(Value::as_str), Some("now"), "{v}");
 }

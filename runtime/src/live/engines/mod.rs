@@ -71,7 +71,7 @@ pub const DEFAULT_VLLM_COMMAND: &str = "vllm serve {model} --served-model-name {
 pub const DEFAULT_EMULATE_COMMAND: &str = "switchyard emulate --device {device} --model {model} \
      --served-model-name {served} --host {host} --port {port} --dtype {dtype} \
      --max-model-len {max_len} --gpu-memory-utilization {util} --max-num-seqs {max_num_seqs} \
-     --noise-seed {noise_seed} --speed {speed}";
+     --noise-seed {noise_seed} --speed {speed} --enable-auto-tool-choice --tool-call-parser hermes";
 
 /// The placeholders a command template and its `env` values may use.
 pub const PLACEHOLDERS: [&str; 12] = [

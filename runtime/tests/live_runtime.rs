@@ -159,6 +159,17 @@ impl FakeEngine {
         }
         *self.counters.answered.lock().unwrap().entry(request.id).or_insert(0) += 1;
         let latency_s = t0.elapsed().as_secs_f64();
+        // A client's function calling, as the emulated model answers it: a call of the first
+        // tool when the conversation ends with the user's message, else text.
+        let last_role = request.messages.as_ref().and_then(|m| m.last()).and_then(|m| m["role"].as_str().map(str::to_string));
+        let tool_calls = match (request.tools.first(), last_role.as_deref()) {
+            (Some(tool), Some("user")) => vec![switchyard_runtime::live::engine::ToolCall {
+                id: format!("call_{}", request.id),
+                name: tool["function"]["name"].as_str().unwrap_or("f").to_string(),
+                arguments: "{}".into(),
+            }],
+            _ => Vec::new(),
+        };
         Ok(Completion {
             prompt_tokens: tokens::count(&request.prompt) as u32,
             cached_prompt_tokens: 0,
@@ -166,6 +177,7 @@ impl FakeEngine {
             text,
             ttft_s: latency_s,
             latency_s,
+            tool_calls,
             ..Default::default()
         })
     }
@@ -1376,6 +1388,45 @@ fn registrations_past_the_servers_workflow_limit_get_429() {
         statuses
     });
     assert_eq!(statuses, [201, 429, 200, 200]);
+}
+
+/// A program whose calls offer tools: after an answer that calls a tool, the client's time is
+/// the tool's (the planner is told a tool runs, TAO may hold capacity for its return); after an
+/// answer without a call, the agent's turn is over and no tool is reported.
+#[test]
+fn a_tool_gap_follows_a_tool_call_not_an_answer_that_ends_the_turn() {
+    use switchyard_runtime::live::Service;
+    use switchyard_runtime::live::engine::TokenSink;
+
+    let cfg = served_tiny_chain();
+    let rt = two_worker_runtime();
+    let starts = rt.block_on(async {
+        let service = Service::start(&cfg, FakeFactory::new(1, Faults::default())).await.expect("service");
+        let mut events = service.subscribe();
+        let tools = vec![serde_json::json!({"type": "function", "function": {"name": "now"}})];
+        let user = serde_json::json!({"role": "user", "content": "What time is it?"});
+        let turns = [
+            vec![user.clone()],
+            vec![user, serde_json::json!({"role": "assistant", "content": "", "tool_calls": [{"id": "c", "type": "function", "function": {"name": "now", "arguments": "{}"}}]}),
+                serde_json::json!({"role": "tool", "tool_call_id": "c", "content": "12:00"})],
+        ];
+        let mut answers = Vec::new();
+        for messages in turns {
+            let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+            let request = switchyard_runtime::live::program_actor::ProgramRequest { messages: Some(messages), tools: tools.clone(), ..front_door_call("", false) };
+            let done = service.call(Some("agent".into()), "Qwen3-0.6B", request, TokenSink::new(tx)).expect("served");
+            answers.push(done.await.expect("answered").expect("answer").tool_calls.len());
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert_eq!(answers, [1, 0], "a call, then the answer");
+        service.shutdown("the test ended").await.expect("shutdown");
+        let mut starts = 0;
+        while let Ok(line) = events.try_recv() {
+            starts += usize::from(line.event == "tool_start");
+        }
+        starts
+    });
+    assert_eq!(starts, 1, "one tool gap: after the call, none after the answer");
 }
 
 #[test]

@@ -13,7 +13,8 @@
 //! a call with that key reaches a live program or starts a new one, never one that is ending. What the
 //! client does between an answer and its next call is the program's tool time: the planner is
 //! told a tool of the program runs (`ToolStarted`, predicted as the mean of its earlier gaps),
-//! and that it finished when the next call arrives.
+//! and that it finished when the next call arrives — unless the call offered tools (function
+//! calling) and the answer made no call: the agent's turn is over, and no tool of it runs.
 //!
 //! It decides nothing about placement and never talks to an engine. Must not depend on the
 //! HTTP layer (`crate::serve`).
@@ -293,8 +294,14 @@ impl ProgramState {
             self.end(myself, None);
             let _ = w.reply.send(Ok(completion));
         } else {
+            // A client that offers tools (function calling) and got an answer without a call
+            // has ended its agent's turn: no tool of it runs, and its next call — if any —
+            // waits on a person or another program, not on a tool's return. The planner is told
+            // of no tool (TAO holds no capacity for it, nothing is near-ready behind it), and the
+            // gap is no sample of the program's tool time.
+            let turn_over = !w.call.request.tools.is_empty() && completion.tool_calls.is_empty();
             let _ = w.reply.send(Ok(completion));
-            if self.waiting.is_empty() {
+            if self.waiting.is_empty() && !turn_over {
                 self.open_gap(w.item.node);
                 if let (Some(next), Some((gap, _, _))) = (w.next, self.gap) {
                     // The next call, near-ready behind the client's tool gap: its model is

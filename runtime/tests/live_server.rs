@@ -1219,6 +1219,25 @@ fn is_tool_call_id(id: &Value) -> bool {
 /// emulated model calls the first tool after a user message (arguments: the required ones, the
 /// string the question), the prompt counts the tools block; after the tool's result it answers
 /// in text.
+/// A JSON-schema response format constrains the whole answer, as vLLM 0.10.2's guided decoding
+/// does: with `auto` tools the emulated model makes no call and writes the schema's instance;
+/// a named choice still calls.
+#[tokio::test]
+async fn a_response_format_answer_is_its_schemas_instance_and_makes_no_auto_call() {
+    let (s, c, base) = fast_server().await;
+    let schema = json!({"type": "object", "properties": {"city": {"type": "string"}, "n": {"type": "integer", "exclusiveMinimum": 2}}, "required": ["city", "n"]});
+    let format = json!({"type": "json_schema", "json_schema": {"name": "Answer", "schema": schema}});
+    let user = json!({"role": "user", "content": "Paris"});
+    let (choice, _) = chat_choice(&c, &base, json!({"model": MODEL, "messages": [user], "tools": search_tools(), "response_format": format})).await;
+    assert!(choice["message"]["tool_calls"].as_array().is_some_and(Vec::is_empty), "{choice}");
+    let answer: Value = serde_json::from_str(choice["message"]["content"].as_str().unwrap_or("")).unwrap_or_default();
+    assert_eq!(answer, json!({"city": "Paris", "n": 3}), "{choice}");
+    let named = json!({"type": "function", "function": {"name": "web_search"}});
+    let (choice, _) = chat_choice(&c, &base, json!({"model": MODEL, "messages": [user], "tools": search_tools(), "tool_choice": named, "response_format": format})).await;
+    assert_eq!(choice["message"]["tool_calls"][0]["function"]["name"], "web_search", "{choice}");
+    s.shutdown().await.unwrap();
+}
+
 #[tokio::test]
 async fn an_auto_tool_call_then_a_text_answer_after_the_tool_result() {
     let (s, c, base) = fast_server().await;

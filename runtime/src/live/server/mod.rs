@@ -23,8 +23,8 @@
 //!   model writes the schema's instance (`protocol::ResponseFormat::text`: required
 //!   properties valued by their schemas, local `$ref`s followed, a union's first non-null
 //!   branch, strings from the last user message; `{"answer": …}` for `json_object`), which
-//!   the engine generates token by token like any output (a tool call, when one is planned,
-//!   comes first);
+//!   the engine generates token by token like any output (under `auto` no tool call is made
+//!   then, as vLLM's format constrains the whole answer; a named or required call comes first);
 //! - tool calling, as vLLM 0.10.2 launched with `--enable-auto-tool-choice
 //!   --tool-call-parser hermes` (Qwen's setup for Qwen3): `tools` and `tool_choice` validated
 //!   as vLLM's `check_tool_usage` does (400s in its words, `param` naming the field; tools
@@ -1204,7 +1204,16 @@ fn prepare_chat(shared: &Shared, body: &[u8]) -> Result<Prepared, ApiError> {
         .sampling
         .switchyard
         .and_then(|s| s.output)
-        .or_else(|| tools.as_ref().and_then(|t| t.plan(&turns)).map(|call| call.text()))
+        // Under a JSON format, vLLM 0.10.2 (no reasoning parser) constrains the whole answer to
+        // it: an `auto` tool call cannot be written then (only a named or required choice,
+        // itself guided, overrides the format).
+        .or_else(|| {
+            tools
+                .as_ref()
+                .filter(|t| format.is_none() || !matches!(t.choice, ToolChoice::Auto))
+                .and_then(|t| t.plan(&turns))
+                .map(|call| call.text())
+        })
         .or_else(|| format.map(|f| f.text(&turns)));
     Ok(Prepared {
         api: Api::Chat,

@@ -748,99 +748,268 @@ pub fn check_tools(tools: Option<Value>, tool_choice: Option<Value>) -> Result<O
     Ok(Some(ToolRequest { tools, choice }))
 }
 
-/// Objects nested this deep in generated arguments are left empty (`{}`).
-pub const MAX_ARGUMENT_DEPTH: usize = 4;
+/// Objects and arrays nested this deep in generated JSON are left empty (`{}`, `[]`).
+pub const MAX_ARGUMENT_DEPTH: usize = 12;
+
+/// References (`$ref`) and combinators (`anyOf`, `oneOf`, `allOf`) followed along one path
+/// before a union takes its null branch (or the value is null): a recursive schema ends.
+pub const MAX_SCHEMA_HOPS: usize = 32;
+
+/// Values generated for one instance in all (a hostile schema of many references to itself
+/// would otherwise grow without bound): past it, values are null.
+pub const MAX_INSTANCE_VALUES: usize = 4096;
 
 /// The longest string argument, in characters: the last user message's text is cut to it.
 pub const MAX_STRING_ARGUMENT_CHARS: usize = 64;
 
 /// The arguments the emulated model writes for a function whose `parameters` schema is given:
-/// an object of the schema's `required` properties only, each valued by its own schema —
-/// `enum` (or `const`): its first value; `"string"`: `user_text`'s first
-/// [`MAX_STRING_ARGUMENT_CHARS`] characters (a search tool gets the question); `"integer"`:
-/// `minimum` (rounded up) or 1; `"number"`: `minimum` or 1.0; `"boolean"`: true; `"array"`:
-/// `[]`; `"object"`: its own required properties, `{}` from [`MAX_ARGUMENT_DEPTH`] levels of
-/// nesting on; a union type (`["string", "null"]`) its first type other than `"null"`; no or
-/// an unknown type: null. A required property the schema does not describe is null.
+/// an object of the schema's `required` properties, each valued by its own schema (see
+/// [`schema_instance`]); no parameters at all is `{}`.
 pub fn tool_arguments(parameters: Option<&Value>, user_text: &str) -> Value {
-    let text: String = user_text.chars().take(MAX_STRING_ARGUMENT_CHARS).collect();
     match parameters {
-        Some(schema) => object_arguments(schema, schema, &text, 0),
+        Some(schema) => {
+            let text: String = user_text.chars().take(MAX_STRING_ARGUMENT_CHARS).collect();
+            let mut builder = Instance { root: schema, text: &text, left: MAX_INSTANCE_VALUES };
+            builder.object(schema, 0, 0)
+        }
         None => Value::Object(serde_json::Map::new()),
     }
 }
 
-/// The JSON the emulated model writes under a JSON schema (a `json_schema` response format):
-/// the schema's instance as [`tool_arguments`] builds one, strings from `user_text`.
+/// The JSON the emulated model writes under a JSON schema (a `json_schema` response format, a
+/// tool's parameters) — what a model under vLLM's guided decoding could write, chosen so that
+/// a validator of the schema (pydantic, `jsonschema`) takes it:
+///
+/// - `$ref` to any local pointer (`#/$defs/…`, `#/definitions/…`) followed; `allOf` merged;
+///   `anyOf` / `oneOf` (pydantic's `Optional`, unions of models) its first branch that is not
+///   `null` — its `null` branch once [`MAX_SCHEMA_HOPS`] references were followed on the path;
+/// - `enum` / `const`: the first value;
+/// - `"string"`: `user_text`'s first [`MAX_STRING_ARGUMENT_CHARS`] characters (a search tool
+///   gets the question), padded with `x` to `minLength` and cut to `maxLength`; a `format`'s
+///   fixed sample instead (`date-time`, `date`, `time`, `uuid`, `email`, `uri`, `ipv4`);
+///   `pattern` is not followed;
+/// - `"integer"` / `"number"`: the least value `minimum` / `exclusiveMinimum` allow (1, or 1.0,
+///   without), held under `maximum` / `exclusiveMaximum`, a multiple of `multipleOf`;
+/// - `"boolean"`: true; `"null"`: null;
+/// - `"array"`: its `prefixItems`, then copies of `items` up to `minItems`;
+/// - `"object"` (or properties without a type): its `required` properties, then optional ones
+///   up to `minProperties`; `{}` / `[]` from [`MAX_ARGUMENT_DEPTH`] levels of nesting on;
+/// - no or an unknown type: null.
+///
+/// Object keys come out in serde_json's (sorted) order, where guided decoding writes the
+/// schema's.
 pub fn schema_instance(schema: &Value, user_text: &str) -> Value {
     let text: String = user_text.chars().take(MAX_STRING_ARGUMENT_CHARS).collect();
-    schema_value(schema, schema, &text, 0)
+    Instance { root: schema, text: &text, left: MAX_INSTANCE_VALUES }.value(schema, 0, 0)
 }
 
-fn object_arguments(schema: &Value, root: &Value, text: &str, depth: usize) -> Value {
-    let mut out = serde_json::Map::new();
-    if depth >= MAX_ARGUMENT_DEPTH {
-        return Value::Object(out);
-    }
-    let properties = schema.get("properties");
-    let required = schema.get("required").and_then(Value::as_array);
-    for name in required.into_iter().flatten().filter_map(Value::as_str) {
-        let value = properties
-            .and_then(|p| p.get(name))
-            .map_or(Value::Null, |property| schema_value(property, root, text, depth + 1));
-        out.insert(name.to_string(), value);
-    }
-    Value::Object(out)
+/// Builds one instance (see [`schema_instance`]).
+struct Instance<'a> {
+    root: &'a Value,
+    text: &'a str,
+    /// Values still allowed ([`MAX_INSTANCE_VALUES`]).
+    left: usize,
 }
 
-/// The schema a local `$ref` (`#/$defs/Name`, `#/definitions/Name`, as pydantic writes them)
-/// points at in `root`; `None` for any other reference.
-fn local_ref<'a>(root: &'a Value, reference: &str) -> Option<&'a Value> {
-    let path = reference.strip_prefix('#')?;
-    root.pointer(path).filter(|_| path.starts_with("/$defs/") || path.starts_with("/definitions/"))
-}
-
-fn schema_value(schema: &Value, root: &Value, text: &str, depth: usize) -> Value {
-    if depth > MAX_ARGUMENT_DEPTH {
-        return Value::Null;
-    }
-    if let Some(target) = schema.get("$ref").and_then(Value::as_str).and_then(|r| local_ref(root, r)) {
-        return schema_value(target, root, text, depth + 1);
-    }
-    // A union (`anyOf` / `oneOf`, pydantic's `Optional[...]`): its first branch that is not
-    // `null`, else null.
-    if let Some(branches) = schema.get("anyOf").or_else(|| schema.get("oneOf")).and_then(Value::as_array) {
-        return branches
-            .iter()
-            .find(|b| b.get("type").and_then(Value::as_str) != Some("null"))
-            .map_or(Value::Null, |b| schema_value(b, root, text, depth + 1));
-    }
-    if let Some(first) = schema.get("enum").and_then(Value::as_array).and_then(|e| e.first()) {
-        return first.clone();
-    }
-    if let Some(constant) = schema.get("const") {
-        return constant.clone();
-    }
-    let kind = match schema.get("type") {
-        Some(Value::String(t)) => Some(t.as_str()),
-        Some(Value::Array(types)) => types.iter().filter_map(Value::as_str).find(|t| *t != "null"),
-        // Properties without a type are an object's.
-        None if schema.get("properties").is_some() => Some("object"),
-        _ => None,
-    };
-    let minimum = schema.get("minimum").filter(|m| m.is_number());
-    match kind {
-        Some("string") => Value::String(text.to_string()),
-        Some("integer") => {
-            let at_least = minimum.and_then(|m| m.as_i64().or_else(|| m.as_f64().map(|f| f.ceil() as i64)));
-            json!(at_least.unwrap_or(1))
+impl Instance<'_> {
+    fn value(&mut self, schema: &Value, depth: usize, hops: usize) -> Value {
+        if self.left == 0 {
+            return Value::Null;
         }
-        Some("number") => minimum.cloned().unwrap_or(json!(1.0)),
-        Some("boolean") => Value::Bool(true),
-        Some("array") => json!([]),
-        Some("object") => object_arguments(schema, root, text, depth),
-        _ => Value::Null,
+        self.left -= 1;
+        if let Some(reference) = schema.get("$ref").and_then(Value::as_str) {
+            let root = self.root;
+            return match reference.strip_prefix('#').and_then(|pointer| root.pointer(pointer)) {
+                Some(target) if hops < MAX_SCHEMA_HOPS => self.value(target, depth, hops + 1),
+                _ => Value::Null,
+            };
+        }
+        if let Some(parts) = schema.get("allOf").and_then(Value::as_array) {
+            if hops >= MAX_SCHEMA_HOPS {
+                return Value::Null;
+            }
+            let merged = self.merge_all_of(schema, parts);
+            return self.value(&merged, depth, hops + 1);
+        }
+        if let Some(branches) = schema.get("anyOf").or_else(|| schema.get("oneOf")).and_then(Value::as_array) {
+            let is_null = |b: &Value| b.get("type").and_then(Value::as_str) == Some("null");
+            // Deep enough: the branch that ends, where there is one.
+            let branch = if hops >= MAX_SCHEMA_HOPS || depth >= MAX_ARGUMENT_DEPTH {
+                branches.iter().find(|b| is_null(b))
+            } else {
+                branches.iter().find(|b| !is_null(b))
+            };
+            return branch.map_or(Value::Null, |b| self.value(b, depth, hops + 1));
+        }
+        if let Some(first) = schema.get("enum").and_then(Value::as_array).and_then(|e| e.first()) {
+            return first.clone();
+        }
+        if let Some(constant) = schema.get("const") {
+            return constant.clone();
+        }
+        let kind = match schema.get("type") {
+            Some(Value::String(t)) => Some(t.as_str()),
+            Some(Value::Array(types)) => types.iter().filter_map(Value::as_str).find(|t| *t != "null"),
+            None if schema.get("properties").is_some() => Some("object"),
+            None if schema.get("items").is_some() || schema.get("prefixItems").is_some() => Some("array"),
+            _ => None,
+        };
+        match kind {
+            Some("string") => self.string(schema),
+            Some("integer") => integer(schema),
+            Some("number") => number(schema),
+            Some("boolean") => Value::Bool(true),
+            Some("array") => self.array(schema, depth, hops),
+            Some("object") => self.object(schema, depth, hops),
+            _ => Value::Null,
+        }
     }
+
+    /// `allOf`'s parts as one schema: the parent's own keywords, then each part's (references
+    /// followed one level), properties and `required` lists joined.
+    fn merge_all_of(&self, schema: &Value, parts: &[Value]) -> Value {
+        let mut merged: serde_json::Map<String, Value> =
+            schema.as_object().map(|o| o.iter().filter(|(k, _)| *k != "allOf").map(|(k, v)| (k.clone(), v.clone())).collect()).unwrap_or_default();
+        let mut properties = merged.remove("properties").and_then(|p| p.as_object().cloned()).unwrap_or_default();
+        let mut required: Vec<Value> = merged.remove("required").and_then(|r| r.as_array().cloned()).unwrap_or_default();
+        for part in parts {
+            let part = match part.get("$ref").and_then(Value::as_str).and_then(|r| r.strip_prefix('#')) {
+                Some(pointer) => self.root.pointer(pointer).unwrap_or(part),
+                None => part,
+            };
+            let Some(fields) = part.as_object() else { continue };
+            for (k, v) in fields {
+                match k.as_str() {
+                    "properties" => properties.extend(v.as_object().cloned().unwrap_or_default()),
+                    "required" => required.extend(v.as_array().cloned().unwrap_or_default()),
+                    _ => {
+                        merged.entry(k.clone()).or_insert_with(|| v.clone());
+                    }
+                }
+            }
+        }
+        if !properties.is_empty() {
+            merged.insert("properties".into(), Value::Object(properties));
+        }
+        if !required.is_empty() {
+            merged.insert("required".into(), Value::Array(required));
+        }
+        Value::Object(merged)
+    }
+
+    fn string(&self, schema: &Value) -> Value {
+        let sample = match schema.get("format").and_then(Value::as_str) {
+            Some("date-time") => Some("2026-01-01T00:00:00Z"),
+            Some("date") => Some("2026-01-01"),
+            Some("time") => Some("00:00:00"),
+            Some("uuid") => Some("00000000-0000-4000-8000-000000000000"),
+            Some("email") => Some("user@example.com"),
+            Some("uri" | "url") => Some("https://example.com/"),
+            Some("ipv4") => Some("127.0.0.1"),
+            _ => None,
+        };
+        let mut text = sample.unwrap_or(self.text).to_string();
+        let count = |key: &str| schema.get(key).and_then(Value::as_u64).map(|n| usize::try_from(n).unwrap_or(usize::MAX));
+        if let Some(min) = count("minLength").map(|m| m.min(MAX_STRING_ARGUMENT_CHARS * 64)) {
+            let have = text.chars().count();
+            text.extend(std::iter::repeat_n('x', min.saturating_sub(have)));
+        }
+        if let Some(max) = count("maxLength") {
+            text = text.chars().take(max).collect();
+        }
+        Value::String(text)
+    }
+
+    fn array(&mut self, schema: &Value, depth: usize, hops: usize) -> Value {
+        if depth >= MAX_ARGUMENT_DEPTH {
+            return json!([]);
+        }
+        let mut items: Vec<Value> = Vec::new();
+        for prefix in schema.get("prefixItems").and_then(Value::as_array).into_iter().flatten() {
+            items.push(self.value(prefix, depth + 1, hops));
+        }
+        let min = schema.get("minItems").and_then(Value::as_u64).map_or(0, |n| usize::try_from(n).unwrap_or(usize::MAX));
+        if let Some(item) = schema.get("items").filter(|i| i.is_object()) {
+            while items.len() < min && self.left > 0 {
+                let v = self.value(item, depth + 1, hops);
+                items.push(v);
+            }
+        }
+        Value::Array(items)
+    }
+
+    fn object(&mut self, schema: &Value, depth: usize, hops: usize) -> Value {
+        let mut out = serde_json::Map::new();
+        if depth >= MAX_ARGUMENT_DEPTH {
+            return Value::Object(out);
+        }
+        let properties = schema.get("properties").and_then(Value::as_object);
+        let required: Vec<&str> = schema.get("required").and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_str).collect();
+        let min = schema.get("minProperties").and_then(Value::as_u64).map_or(0, |n| usize::try_from(n).unwrap_or(usize::MAX));
+        let optional = properties.into_iter().flatten().map(|(k, _)| k.as_str()).filter(|k| !required.contains(k));
+        let wanted: Vec<&str> = required.iter().copied().chain(optional).collect();
+        for (i, name) in wanted.into_iter().enumerate() {
+            // Past the budget the instance is cut short (a hostile schema): no more keys.
+            if self.left == 0 || (i >= required.len() && out.len() >= min) {
+                break;
+            }
+            let value = match properties.and_then(|p| p.get(name)) {
+                Some(property) => self.value(property, depth + 1, hops),
+                None => Value::Null,
+            };
+            out.insert(name.to_string(), value);
+        }
+        Value::Object(out)
+    }
+}
+
+/// The least integer the schema's bounds allow (1 without a lower bound), held under its upper
+/// bound, a multiple of `multipleOf`.
+fn integer(schema: &Value) -> Value {
+    let num = |key: &str| schema.get(key).and_then(Value::as_f64);
+    let low = match (num("minimum"), num("exclusiveMinimum")) {
+        (Some(m), Some(e)) => Some(m.ceil().max(e.floor() + 1.0)),
+        (Some(m), None) => Some(m.ceil()),
+        (None, Some(e)) => Some(e.floor() + 1.0),
+        (None, None) => None,
+    };
+    let high = match (num("maximum"), num("exclusiveMaximum")) {
+        (Some(m), Some(e)) => Some(m.floor().min(e.ceil() - 1.0)),
+        (Some(m), None) => Some(m.floor()),
+        (None, Some(e)) => Some(e.ceil() - 1.0),
+        (None, None) => None,
+    };
+    let mut v = low.unwrap_or(1.0);
+    if let Some(h) = high.filter(|h| v > *h) {
+        v = h;
+    }
+    if let Some(step) = num("multipleOf").filter(|m| *m >= 1.0) {
+        let up = (v / step).ceil() * step;
+        v = if high.is_some_and(|h| up > h) { (v / step).floor() * step } else { up };
+    }
+    json!(v as i64)
+}
+
+/// The least number the schema's bounds allow (1.0 without a lower bound; an exclusive lower
+/// bound plus one, or halfway to the upper bound when that is nearer), held under its upper
+/// bound.
+fn number(schema: &Value) -> Value {
+    let num = |key: &str| schema.get(key).and_then(Value::as_f64);
+    let high = num("maximum").or(num("exclusiveMaximum"));
+    let v = match (num("minimum"), num("exclusiveMinimum")) {
+        (Some(m), _) => m,
+        (None, Some(e)) => match num("exclusiveMaximum").or(num("maximum")) {
+            Some(h) if h - e <= 1.0 => (e + h) / 2.0,
+            _ => e + 1.0,
+        },
+        (None, None) => match (num("maximum"), num("exclusiveMaximum")) {
+            (Some(m), _) if m < 1.0 => m,
+            (None, Some(e)) if e <= 1.0 => e - 1.0,
+            _ => 1.0,
+        },
+    };
+    let v = if high.is_some_and(|h| v > h) { num("maximum").unwrap_or(v) } else { v };
+    serde_json::Number::from_f64(v).map_or(Value::Null, Value::Number)
 }
 
 /// The tool call the emulated model makes: which function, with what arguments, and how
@@ -1339,9 +1508,9 @@ mod tests {
 
     #[test]
     fn nested_objects_stop_at_the_depth_limit() {
-        // Six levels of objects, each requiring the next one (and a flag).
+        // More levels of objects than the limit, each requiring the next one (and a flag).
         let mut schema = json!({"type": "object", "properties": {"flag": {"type": "boolean"}}, "required": ["flag"]});
-        for _ in 0..6 {
+        for _ in 0..MAX_ARGUMENT_DEPTH + 2 {
             schema = json!({"type": "object", "properties": {"inner": schema}, "required": ["inner"]});
         }
         let args = tool_arguments(Some(&schema), "x");
@@ -1507,6 +1676,59 @@ mod tests {
             json!({"type": "json_schema", "json_schema": {"name": "a", "schema": 3}})] {
             assert!(check_response_format(Some(bad.clone())).is_err(), "{bad}");
         }
+    }
+
+    /// What validators check of common pydantic / zod schemas holds for the instance: nested
+    /// models four levels down through `$ref`s (references are not nesting), an `Optional`
+    /// model, `allOf: [$ref]`, list lengths, tuples, formats, string lengths, numeric bounds.
+    #[test]
+    fn instances_satisfy_the_constraints_validators_check() {
+        let schema = json!({
+            "$defs": {
+                "Geo": {"type": "object", "properties": {"lat": {"type": "number", "minimum": -90, "maximum": 90}}, "required": ["lat"]},
+                "Address": {"type": "object", "properties": {"geo": {"$ref": "#/$defs/Geo"}, "street": {"type": "string", "minLength": 3}}, "required": ["geo", "street"]},
+                "Person": {"type": "object", "properties": {"address": {"$ref": "#/$defs/Address"}, "name": {"type": "string", "maxLength": 4}}, "required": ["address", "name"]},
+            },
+            "type": "object",
+            "properties": {
+                "ceo": {"$ref": "#/$defs/Person"},
+                "deputy": {"anyOf": [{"$ref": "#/$defs/Person"}, {"type": "null"}]},
+                "founder": {"allOf": [{"$ref": "#/$defs/Person"}], "description": "the first"},
+                "tags": {"type": "array", "items": {"type": "string"}, "minItems": 2},
+                "pair": {"type": "array", "prefixItems": [{"type": "integer"}, {"type": "string", "format": "uuid"}]},
+                "when": {"type": "string", "format": "date-time"},
+                "gt5": {"type": "integer", "exclusiveMinimum": 5},
+                "le0": {"type": "integer", "maximum": 0},
+                "even": {"type": "integer", "minimum": 3, "multipleOf": 2},
+                "share": {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 0.5},
+            },
+            "required": ["ceo", "deputy", "founder", "tags", "pair", "when", "gt5", "le0", "even", "share"],
+        });
+        let v = schema_instance(&schema, "");
+        let person = json!({"address": {"geo": {"lat": -90.0}, "street": "xxx"}, "name": ""});
+        assert_eq!((&v["ceo"], &v["deputy"], &v["founder"]), (&person, &person, &person), "{v}");
+        assert_eq!(v["tags"], json!(["", ""]), "{v}");
+        assert_eq!(v["pair"], json!([1, "00000000-0000-4000-8000-000000000000"]), "{v}");
+        assert_eq!(v["when"], "2026-01-01T00:00:00Z");
+        assert_eq!((&v["gt5"], &v["le0"], &v["even"], &v["share"]), (&json!(6), &json!(0), &json!(4), &json!(0.25)), "{v}");
+        // A name longer than `maxLength` is cut.
+        assert_eq!(schema_instance(&json!({"type": "string", "maxLength": 4}), "Paris"), json!("Pari"));
+        // A schema that references itself many times over ends within the value budget.
+        let mut props = serde_json::Map::new();
+        for i in 0..2000 {
+            props.insert(format!("p{i}"), json!({"$ref": "#/$defs/A"}));
+        }
+        let required: Vec<String> = (0..2000).map(|i| format!("p{i}")).collect();
+        let hostile = json!({"$defs": {"A": {"type": "object", "properties": props, "required": required}}, "$ref": "#/$defs/A"});
+        let v = schema_instance(&hostile, "x");
+        fn count(v: &Value) -> usize {
+            1 + match v {
+                Value::Object(o) => o.values().map(count).sum(),
+                Value::Array(a) => a.iter().map(count).sum(),
+                _ => 0,
+            }
+        }
+        assert!(count(&v) <= 2 * MAX_INSTANCE_VALUES + 1, "{}", count(&v));
     }
 
     /// As vLLM 0.10.2: an earlier call needs its id and type, and arguments that are JSON text.

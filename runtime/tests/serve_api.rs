@@ -23,7 +23,7 @@ use switchyard_runtime::workflow::{WorkflowSpec, load_workflow};
 
 // ---------------------------------------------------------------------------------------------
 // A fake engine: answers the request's emulated output (or a short text) after `delay`, and
-// remembers each request's `max_tokens` (and whether it is the server's default); refuses every request while `reject` is set.
+// remembers each request's `max_tokens` (and whether it is the server's default); finds every request invalid while `reject` is set.
 
 #[derive(Default)]
 struct Seen {
@@ -56,7 +56,7 @@ impl Engine for Fake {
     fn submit(&self, request: LlmRequest) -> EngineFuture<'_, Completion> {
         Box::pin(async move {
             if self.seen.reject.load(Ordering::SeqCst) {
-                return Err(EngineError::Rejected("the test refuses every request".into()));
+                return Err(EngineError::Invalid("the test refuses every request".into()));
             }
             if let Ok(mut m) = self.seen.max_tokens.lock() {
                 m.push((request.prompt_tokens, request.max_tokens, request.server_default_limit));
@@ -444,8 +444,8 @@ fn an_answer_without_max_tokens_gets_the_contexts_rest_or_the_servers_default() 
     });
 }
 
-/// A call the engine refuses (its 4xx: not retryable) is the client's 400 with the engine's
-/// reason, once — not a 502, which OpenAI's clients send again.
+/// A call the engine finds invalid (its 400: not retryable) is the client's 400 with the
+/// engine's reason, once — not a 502, which OpenAI's clients send again.
 #[test]
 fn a_call_the_engine_refuses_is_a_400() {
     let (_, _, cfg) = tiny_chain();

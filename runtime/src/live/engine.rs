@@ -19,9 +19,9 @@ use thiserror::Error;
 /// A boxed future, so that `Engine` is object-safe.
 pub type EngineFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, EngineError>> + Send + 'a>>;
 
-/// How a refused request's failure reads ([`EngineError::Rejected`]'s message starts so): the
+/// How an invalid request's failure reads ([`EngineError::Invalid`]'s message starts so): the
 /// front door answers such a call with a 400, not a 502 that clients retry.
-pub const REJECTED_PREFIX: &str = "request rejected: ";
+pub const INVALID_PREFIX: &str = "request invalid: ";
 
 /// Why an engine call failed. Each kind asks for its own reaction (the replica actor's
 /// fault policy): see [`EngineError::kind`].
@@ -45,10 +45,16 @@ pub enum EngineError {
     /// HTTP 5xx or an unparsable answer.
     #[error("engine answered badly: {0}")]
     BadResponse(String),
-    /// HTTP 4xx: the request itself is wrong (not retryable), or it cannot fit the server
-    /// (a prompt over the served context).
+    /// HTTP 4xx but the three below: the server will not take the request (not retryable) —
+    /// a model it does not serve, a method or path it lacks — or it cannot fit the server (a
+    /// prompt over the context the server says it serves).
     #[error("request rejected: {0}")]
     Rejected(String),
+    /// HTTP 400, 413 or 422: the server says the request itself is invalid — a parameter it
+    /// refuses, a tool schema its guided decoding cannot compile (not retryable: the same
+    /// request fails again). The front door passes it to its client as a 400.
+    #[error("request invalid: {0}")]
+    Invalid(String),
     /// The server does not serve what the pool file says (the mapped model is not in its
     /// `/v1/models`): a configuration error, not retryable.
     #[error("misconfigured: {0}")]
@@ -86,6 +92,7 @@ impl EngineError {
             EngineError::Overloaded { .. } => "overload",
             EngineError::BadResponse(_) => "bad_response",
             EngineError::Rejected(_) => "rejected",
+            EngineError::Invalid(_) => "invalid",
             EngineError::Misconfigured(_) => "misconfigured",
             EngineError::Unsupported(_) => "unsupported",
             EngineError::Lifecycle(_) => "lifecycle",

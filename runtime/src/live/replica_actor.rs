@@ -445,7 +445,7 @@ async fn start_engine(state: &mut ReplicaState, ticket: &mut LifecycleTicket) ->
     let mut attempts = 0;
     while let Err(e) = &result {
         state.fault(e);
-        let hopeless = matches!(e, EngineError::Auth(_) | EngineError::Misconfigured(_) | EngineError::Rejected(_));
+        let hopeless = matches!(e, EngineError::Auth(_) | EngineError::Misconfigured(_) | EngineError::Rejected(_) | EngineError::Invalid(_));
         if hopeless || attempts >= state.retry.max_restarts {
             break;
         }

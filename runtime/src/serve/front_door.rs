@@ -221,9 +221,9 @@ fn parse_stop(obj: &serde_json::Map<String, Value>) -> Result<Vec<String>, ApiEr
 /// An assistant message's `tool_calls` (OpenAI's `[{"id", "type": "function", "function":
 /// {"name", "arguments"}}]`), checked and rebuilt for the engine as vLLM takes them: it parses
 /// each call's `arguments` as JSON text (a 400 otherwise) and requires `id` and `type`. A call
-/// whose arguments are not a JSON object's text is refused here, naming it; arguments sent as
-/// an object are written out as text, and a missing `id` or `type` is filled in (`call_{i}_{k}`,
-/// `function`), so what the engine gets is what vLLM accepts.
+/// whose arguments are not JSON text is refused here, naming it; arguments sent as an object
+/// are written out as text, and a missing (or empty, or null) `id` or `type` is filled in
+/// (`call_{i}_{k}`, `function`), so what the engine gets is what vLLM accepts.
 fn message_tool_calls(i: usize, calls: &Value) -> Result<Value, ApiError> {
     let field = format!("messages[{i}].tool_calls");
     let list = calls.as_array().ok_or_else(|| ApiError::bad_request(format!("{field} must be an array"), &field))?;
@@ -237,17 +237,18 @@ fn message_tool_calls(i: usize, calls: &Value) -> Result<Value, ApiError> {
         };
         let name = c.pointer("/function/name").and_then(Value::as_str).filter(|n| !n.is_empty()).ok_or_else(|| bad("has no function name"))?;
         let arguments = match c.pointer("/function/arguments") {
-            Some(Value::String(text)) if serde_json::from_str::<Value>(text).is_ok_and(|v| v.is_object()) => text.clone(),
+            Some(Value::String(text)) if serde_json::from_str::<Value>(text).is_ok() => text.clone(),
             Some(v @ Value::Object(_)) => v.to_string(),
-            _ => return Err(bad("has arguments that are not a JSON object's text")),
+            _ => return Err(bad("has arguments that are not JSON text")),
         };
-        if c.get("type").is_some_and(|t| t.as_str() != Some("function")) {
+        if c.get("type").is_some_and(|t| !t.is_null() && t.as_str() != Some("function")) {
             return Err(bad("is not of type \"function\""));
         }
         let id = match c.get("id") {
             Some(Value::String(id)) if !id.is_empty() => id.clone(),
             None | Some(Value::Null) => format!("call_{i}_{k}"),
-            Some(_) => return Err(bad("has an `id` that is not a non-empty string")),
+            Some(Value::String(_)) => format!("call_{i}_{k}"),
+            Some(_) => return Err(bad("has an `id` that is not a string")),
         };
         out.push(json!({"id": id, "type": "function", "function": {"name": name, "arguments": arguments}}));
     }
@@ -491,7 +492,8 @@ fn usage(c: &Completion) -> Value {
 fn finish_reason(c: &Completion, max_tokens: impl Fn(u32) -> u32) -> &'static str {
     // A call the limit cut has arguments that are not whole JSON: OpenAI's `length`, not a
     // call the client would try to run (vLLM's streaming parser says `tool_calls` for it).
-    let cut_call = || c.tool_calls.iter().any(|t| serde_json::from_str::<Value>(&t.arguments).is_err());
+    // (Empty arguments are a call without parameters, as some servers send it.)
+    let cut_call = || c.tool_calls.iter().any(|t| !t.arguments.is_empty() && serde_json::from_str::<Value>(&t.arguments).is_err());
     match c.finish_reason.as_deref() {
         Some("tool_calls") if cut_call() => "length",
         Some("stop") => "stop",
@@ -717,19 +719,20 @@ pub const PROGRAMS_RETRY_AFTER_S: u32 = 1;
 
 /// Why a scheduled call has no answer, as the client gets it: 503 once the runtime stops (the
 /// call refused, or abandoned in the queue or on its engine), 429 with a `Retry-After` of
-/// [`PROGRAMS_RETRY_AFTER_S`] for a program past `--max-programs`, 400 when the engine refused
-/// the request itself (its 4xx: a tool schema it cannot decode with, a prompt past its count of
-/// the context — sending it again cannot help, and OpenAI's clients retry a 5xx), else the
-/// engine's failure (502); never with the engine's address.
+/// [`PROGRAMS_RETRY_AFTER_S`] for a program past `--max-programs`, 400 when the engine found
+/// the request itself invalid (its 400, 413 or 422: a parameter it refuses, a tool schema its
+/// guided decoding cannot compile — sending it again cannot help, and OpenAI's clients retry a
+/// 5xx), else the engine's failure (502: a model the server does not serve, a server that
+/// serves a shorter context than its pool file says, a crash); never with the engine's address.
 fn call_error(m: String) -> ApiError {
-    use crate::live::engine::REJECTED_PREFIX;
+    use crate::live::engine::INVALID_PREFIX;
     use crate::live::planner_actor::{SHUTTING_DOWN, TOO_MANY_PROGRAMS};
     if m.starts_with(SHUTTING_DOWN) {
         ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable_error", m)
     } else if m.starts_with(TOO_MANY_PROGRAMS) {
         ApiError { retry_after_s: Some(PROGRAMS_RETRY_AFTER_S), ..ApiError::new(StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", m) }
-    } else if m.starts_with(REJECTED_PREFIX) {
-        ApiError::new(StatusCode::BAD_REQUEST, "invalid_request_error", format!("the engine refused the request: {}", public_reason(&m)))
+    } else if let Some(why) = m.strip_prefix(INVALID_PREFIX) {
+        ApiError::new(StatusCode::BAD_REQUEST, "invalid_request_error", format!("the engine found the request invalid: {}", public_reason(why)))
     } else {
         ApiError::new(StatusCode::BAD_GATEWAY, "engine_error", public_reason(&m))
     }
@@ -902,18 +905,21 @@ mod tests {
         assert_eq!(data(rc.piece("a\"b", false)).await.pointer("/choices/0/text").and_then(Value::as_str), Some("a\"b"));
     }
 
-    /// An engine's refusal of the request (its 4xx) is the client's 400, not a 502 that OpenAI's
-    /// clients would send again; other engine failures stay 502; neither shows the address.
+    /// An engine's finding that the request is invalid (its 400) is the client's 400, not a 502
+    /// that OpenAI's clients would send again; its other refusals (a 404: a model it does not
+    /// serve) and failures stay 502; none shows the address.
     #[test]
-    fn an_engine_refusal_is_a_400_and_a_failure_a_502() {
-        use crate::live::engine::{EngineError, REJECTED_PREFIX};
-        let refused = EngineError::Rejected("request 3 to http://10.0.0.7:8000/v1/chat/completions: HTTP 400 (bad schema)".into()).to_string();
-        assert!(refused.starts_with(REJECTED_PREFIX), "{refused}");
-        let e = call_error(refused);
+    fn an_invalid_request_is_a_400_and_a_server_side_refusal_a_502() {
+        use crate::live::engine::{EngineError, INVALID_PREFIX};
+        let invalid = EngineError::Invalid("request 3 to http://10.0.0.7:8000/v1/chat/completions: HTTP 400 (bad schema)".into()).to_string();
+        assert!(invalid.starts_with(INVALID_PREFIX), "{invalid}");
+        let e = call_error(invalid);
         assert_eq!((e.status, e.kind), (StatusCode::BAD_REQUEST, "invalid_request_error"));
         assert!(e.message.contains("bad schema") && !e.message.contains("10.0.0.7"), "{}", e.message);
-        let failed = call_error(EngineError::BadResponse("HTTP 500 (boom)".into()).to_string());
-        assert_eq!(failed.status, StatusCode::BAD_GATEWAY);
+        assert_eq!(e.message.matches("invalid").count(), 1, "said once: {}", e.message);
+        for failure in [EngineError::Rejected("HTTP 404 (no such model)".into()), EngineError::BadResponse("HTTP 500 (boom)".into())] {
+            assert_eq!(call_error(failure.to_string()).status, StatusCode::BAD_GATEWAY);
+        }
     }
 
     #[test]
@@ -1039,6 +1045,9 @@ mod tests {
             (json!({"model": "m", "messages": [{"role": "user", "content": "hi"},
                 {"role": "assistant", "tool_calls": [{"id": 5, "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]}),
                 "messages[1].tool_calls[0]"),
+            (json!({"model": "m", "messages": [{"role": "user", "content": "hi"},
+                {"role": "assistant", "tool_calls": [{"id": "c", "type": "code", "function": {"name": "f", "arguments": "{}"}}]}]}),
+                "messages[1].tool_calls[0]"),
             (json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {"name": "f"}}],
                 "parallel_tool_calls": "yes"}), "parallel_tool_calls"),
             (json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "yaml"}}), "response_format.type"),
@@ -1088,7 +1097,8 @@ mod tests {
                 {"role": "tool", "tool_call_id": "call_1", "content": "12:00"},
                 // Arguments as an object, no id and no type: written out and filled in, as vLLM
                 // takes a call.
-                {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "get_time", "arguments": {"city": "Paris"}}}]},
+                {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "get_time", "arguments": {"city": "Paris"}}},
+                    {"id": "", "type": null, "function": {"name": "get_time", "arguments": "[1]"}}]},
             ],
         });
         let p = parse(Flavor::Chat, &HeaderMap::new(), &body).unwrap_or_else(|e| panic!("{e:?}"));
@@ -1100,8 +1110,9 @@ mod tests {
         assert_eq!(messages[1]["tool_calls"][0]["function"]["name"], "get_time");
         assert_eq!(messages[2]["tool_call_id"], "call_1");
         assert_eq!(
-            messages[3]["tool_calls"][0],
-            json!({"id": "call_3_0", "type": "function", "function": {"name": "get_time", "arguments": "{\"city\":\"Paris\"}"}})
+            messages[3]["tool_calls"],
+            json!([{"id": "call_3_0", "type": "function", "function": {"name": "get_time", "arguments": "{\"city\":\"Paris\"}"}},
+                   {"id": "call_3_1", "type": "function", "function": {"name": "get_time", "arguments": "[1]"}}])
         );
         let (prompt, raw) = p.request.rendered_prompt();
         assert!(!raw);
@@ -1154,6 +1165,12 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(finish_reason(&cut, |_| 100), "length");
+        let no_parameters = Completion {
+            tool_calls: vec![ToolCall { id: "a".into(), name: "now".into(), arguments: String::new() }],
+            finish_reason: Some("tool_calls".into()),
+            ..Default::default()
+        };
+        assert_eq!(finish_reason(&no_parameters, |_| 100), "tool_calls");
         // Without the engine's reason, the limit decides as before.
         let plain = Completion { output_tokens: 100, ..Default::default() };
         assert_eq!(finish_reason(&plain, |_| 100), "length");

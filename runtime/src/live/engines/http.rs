@@ -24,7 +24,7 @@
 //!
 //! **Errors**: connection refused/reset and a stream cut short → `Unreachable`; 401/403 →
 //! `Auth`; 429, and 503 with `Retry-After` → `Overloaded` (with the server's `Retry-After`);
-//! other 4xx → `Rejected`; 5xx and unparsable answers → `BadResponse`, and so is a 200 that holds
+//! 400 / 413 / 422 → `Invalid`; other 4xx → `Rejected`; 5xx and unparsable answers → `BadResponse`, and so is a 200 that holds
 //! no answer, streamed or not: no choice (`"choices": []`, a stream of only `[DONE]` or with no
 //! event at all), or a body that is neither JSON nor an event stream (a gateway's HTML page:
 //! its excerpt is in the error). A stream is whole at `[DONE]`, or when it closes after a
@@ -341,7 +341,8 @@ pub(crate) fn retry_after(headers: &HeaderMap) -> Option<Duration> {
 }
 
 /// Maps a non-success status to the error kind: 401/403 → `Auth`; 429, and 503 with
-/// `Retry-After` → `Overloaded`; other 4xx → `Rejected` (the request itself is wrong); 5xx →
+/// `Retry-After` → `Overloaded`; 400, 413, 422 → `Invalid` (the request itself is wrong); other
+/// 4xx → `Rejected` (the server will not take it); 5xx →
 /// `BadResponse`.
 pub(crate) fn status_error(
     what: &str,
@@ -356,6 +357,7 @@ pub(crate) fn status_error(
         StatusCode::SERVICE_UNAVAILABLE if retry.is_some() => {
             EngineError::Overloaded { message, retry_after: retry }
         }
+        StatusCode::BAD_REQUEST | StatusCode::PAYLOAD_TOO_LARGE | StatusCode::UNPROCESSABLE_ENTITY => EngineError::Invalid(message),
         s if s.is_client_error() => EngineError::Rejected(message),
         _ => EngineError::BadResponse(message),
     }
@@ -1296,7 +1298,7 @@ impl HttpEngine {
         if !self.fixed {
             t.sleeping = match self.is_sleeping().await {
                 Ok(s) => s,
-                Err(EngineError::Rejected(_)) => false,
+                Err(EngineError::Rejected(_) | EngineError::Invalid(_)) => false,
                 Err(e) => return Err(e),
             };
         }
@@ -1564,7 +1566,11 @@ mod tests {
     fn status_classes_map_to_error_kinds() {
         let kind = |status, retry, body: &str| status_error("x", status, retry, body).kind();
         assert_eq!(kind(StatusCode::NOT_FOUND, None, ""), "rejected");
-        assert_eq!(kind(StatusCode::BAD_REQUEST, None, "context"), "rejected");
+        assert_eq!(kind(StatusCode::METHOD_NOT_ALLOWED, None, ""), "rejected");
+        for invalid in [StatusCode::BAD_REQUEST, StatusCode::PAYLOAD_TOO_LARGE, StatusCode::UNPROCESSABLE_ENTITY] {
+            assert_eq!(kind(invalid, None, "context"), "invalid");
+            assert!(!status_error("x", invalid, None, "").retryable());
+        }
         assert_eq!(kind(StatusCode::UNAUTHORIZED, None, ""), "auth");
         assert_eq!(kind(StatusCode::FORBIDDEN, None, ""), "auth");
         assert_eq!(kind(StatusCode::BAD_GATEWAY, None, ""), "bad_response");

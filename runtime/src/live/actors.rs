@@ -65,6 +65,11 @@ impl Clock {
         self.start.elapsed().as_secs_f64()
     }
 
+    /// Wall seconds from the start to `at` (0 for an instant before it).
+    pub fn wall_at(&self, at: Instant) -> f64 {
+        at.saturating_duration_since(self.start).as_secs_f64()
+    }
+
     pub fn speed(&self) -> f64 {
         self.speed
     }
@@ -367,8 +372,8 @@ pub enum PlannerMsg {
     ToolCrashed { activation: ActivationId, reason: String },
     SessionEnded(Box<SessionReport>),
     Loaded { replica: ReplicaId, result: Result<(), String> },
-    /// An attempt of a call got its first token (streamed answers).
-    FirstToken { replica: ReplicaId, activation: ActivationId },
+    /// An attempt of a call got its first token (streamed answers), `at` then.
+    FirstToken { replica: ReplicaId, activation: ActivationId, at: Instant },
     /// A call answered. `wasted`: what its earlier, failed attempts had cost the engine.
     Finished { replica: ReplicaId, activation: ActivationId, completion: Completion, attempts: u32, wasted: WastedWork },
     /// A call failed for good (bad answers past the retry bound, or a rejected request);

@@ -528,10 +528,16 @@ impl PlannerActorState {
 
     /// Record one event of the run (`--trace`; the simulator's schema, wall seconds).
     fn log(&mut self, event: &'static str, line: TraceLine) {
+        let now = self.wall();
+        self.log_at(event, now, line);
+    }
+
+    /// [`Self::log`] stamped `wall` seconds (an event that happened before its message came).
+    fn log_at(&mut self, event: &'static str, wall: f64, line: TraceLine) {
         if !self.keep_trace && self.events_out.is_none() {
             return;
         }
-        let t = (self.wall() * 1000.0).round() / 1000.0;
+        let t = (wall * 1000.0).round() / 1000.0;
         let line = TraceLine { t, event, ..line };
         if let Some(tx) = &self.events_out {
             // No subscriber is not an error: nobody is listening right now.
@@ -621,13 +627,16 @@ impl PlannerActorState {
                     self.replica_gone(myself, replica, format!("load failed: {reason}")).await;
                 }
             },
-            PlannerMsg::FirstToken { replica, activation } => {
-                // Logged as it happens, once per call (a retried attempt's first token is not a
-                // second one); a message from an attempt of a replica the call left is stale.
+            PlannerMsg::FirstToken { replica, activation, at } => {
+                // Logged at the token's time, once per dispatch (a retried attempt's first token
+                // is not a second one; a call moved off a lost replica is dispatched anew); a
+                // message from an attempt of a replica the call left is stale.
                 let fresh = self.in_flight.get_mut(&activation).filter(|f| f.replica == replica && !f.first_token_logged);
                 if let Some(f) = fresh {
                     f.first_token_logged = true;
-                    self.log("first_token", TraceLine { session: Some(activation.session.0), activation: Some(activation.index), replica: Some(replica.0), ..blank() });
+                    let wall = self.ctx.clock.wall_at(at);
+                    let line = TraceLine { session: Some(activation.session.0), activation: Some(activation.index), replica: Some(replica.0), ..blank() };
+                    self.log_at("first_token", wall, line);
                 }
             }
             PlannerMsg::Finished { replica, activation, completion, attempts, wasted } => {

@@ -498,7 +498,7 @@ async fn handle(myself: ActorRef<ReplicaMsg>, msg: ReplicaMsg, state: &mut Repli
             // an attempt's first token comes (the trace's `first_token`, at its time).
             let (planner, replica) = (state.planner.clone(), state.replica);
             request.meter = CallMeter::with_first_token_hook(move || {
-                let _ = planner.send_message(PlannerMsg::FirstToken { replica, activation });
+                let _ = planner.send_message(PlannerMsg::FirstToken { replica, activation, at: std::time::Instant::now() });
             });
             let id = request.id;
             state.requests.insert(

@@ -845,7 +845,7 @@ pub fn chat_template_with_tools(
                     out.push_str(&call.name);
                     out.push_str("\", \"arguments\": ");
                     match serde_json::from_str::<serde_json::Value>(&call.arguments) {
-                        Ok(args) => python_json(&args, &mut out),
+                        Ok(args) => write_python_json(&args, &mut out),
                         Err(_) => out.push_str(&call.arguments),
                     }
                     out.push_str("}\n</tool_call>");
@@ -885,13 +885,13 @@ fn render_tool(tool: &serde_json::Value, out: &mut String) {
             out.push_str(", ");
         }
         out.push_str(&format!("\"{key}\": "));
-        python_json(function.get(*key).unwrap_or(&Value::Null), out);
+        write_python_json(function.get(*key).unwrap_or(&Value::Null), out);
     }
     for (k, v) in function.iter().filter(|(k, _)| !declared.contains(&k.as_str())) {
         out.push_str(", ");
         out.push_str(&Value::String(k.clone()).to_string());
         out.push_str(": ");
-        python_json(v, out);
+        write_python_json(v, out);
     }
     out.push_str("}}");
 }
@@ -900,7 +900,13 @@ fn render_tool(tool: &serde_json::Value, out: &mut String) {
 /// between items, `": "` after keys; strings escaped as Python escapes them (the same set as
 /// serde_json: quote, backslash, `\n`-style and `\u00XX` control characters), keys in
 /// serde_json's (sorted) order.
-fn python_json(v: &serde_json::Value, out: &mut String) {
+pub fn python_json(v: &serde_json::Value) -> String {
+    let mut out = String::new();
+    write_python_json(v, &mut out);
+    out
+}
+
+fn write_python_json(v: &serde_json::Value, out: &mut String) {
     use serde_json::Value;
     match v {
         Value::Array(items) => {
@@ -909,7 +915,7 @@ fn python_json(v: &serde_json::Value, out: &mut String) {
                 if i > 0 {
                     out.push_str(", ");
                 }
-                python_json(item, out);
+                write_python_json(item, out);
             }
             out.push(']');
         }
@@ -921,7 +927,7 @@ fn python_json(v: &serde_json::Value, out: &mut String) {
                 }
                 out.push_str(&Value::String(k.clone()).to_string());
                 out.push_str(": ");
-                python_json(v, out);
+                write_python_json(v, out);
             }
             out.push('}');
         }

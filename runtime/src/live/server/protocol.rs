@@ -1183,53 +1183,9 @@ fn read_required(text: &str) -> ToolOutput {
     }
 }
 
-/// Python's `json.dumps(value, ensure_ascii=False)`, as vLLM serialises tool-call arguments
-/// and the chat template writes JSON: `", "` between items, `": "` after keys, non-ASCII kept,
-/// a float's exponent signed (`1e+20`); keys in serde_json's (sorted) order.
-pub fn python_json(value: &Value) -> String {
-    let mut out = String::new();
-    write_python_json(value, &mut out);
-    out
-}
-
-fn write_python_json(value: &Value, out: &mut String) {
-    match value {
-        Value::Array(items) => {
-            out.push('[');
-            for (i, item) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push_str(", ");
-                }
-                write_python_json(item, out);
-            }
-            out.push(']');
-        }
-        Value::Object(map) => {
-            out.push('{');
-            for (i, (key, item)) in map.iter().enumerate() {
-                if i > 0 {
-                    out.push_str(", ");
-                }
-                out.push_str(&Value::String(key.clone()).to_string());
-                out.push_str(": ");
-                write_python_json(item, out);
-            }
-            out.push('}');
-        }
-        Value::Number(n) => {
-            let s = n.to_string();
-            match s.split_once('e') {
-                Some((mantissa, exp)) if !exp.starts_with(['-', '+']) => {
-                    out.push_str(mantissa);
-                    out.push_str("e+");
-                    out.push_str(exp);
-                }
-                _ => out.push_str(&s),
-            }
-        }
-        other => out.push_str(&other.to_string()),
-    }
-}
+/// Python's `json.dumps` (`", "` and `": "` separators, non-ASCII kept): how vLLM's hermes
+/// parser writes a call's arguments ([`tokens::python_json`]).
+pub use crate::tokens::python_json;
 
 /// One emulated answer, shaped by the request's limits and stop conditions.
 #[derive(Debug, Clone, PartialEq)]

@@ -1235,6 +1235,12 @@ async fn a_response_format_answer_is_its_schemas_instance_and_makes_no_auto_call
     let named = json!({"type": "function", "function": {"name": "web_search"}});
     let (choice, _) = chat_choice(&c, &base, json!({"model": MODEL, "messages": [user], "tools": search_tools(), "tool_choice": named, "response_format": format})).await;
     assert_eq!(choice["message"]["tool_calls"][0]["function"]["name"], "web_search", "{choice}");
+    // The completions API takes the format too (vLLM's does), its strings from the prompt.
+    let (status, text) = post(&c, format!("{base}/v1/completions"), json!({"model": MODEL, "prompt": "Rome", "max_tokens": 32, "response_format": format})).await;
+    assert_eq!(status, 200, "{text}");
+    let v: Value = serde_json::from_str(&text).unwrap_or_default();
+    let answer: Value = serde_json::from_str(v["choices"][0]["text"].as_str().unwrap_or("")).unwrap_or_default();
+    assert_eq!(answer, json!({"city": "Rome", "n": 3}), "{text}");
     s.shutdown().await.unwrap();
 }
 

@@ -18,7 +18,7 @@
 //!   `include_stop_str_in_output`, `min_tokens`, `ignore_eos` shape the answer; `logprobs`,
 //!   `top_logprobs`, `prompt_logprobs`, `suffix` and `best_of` are refused with a 400 naming
 //!   the field (no token distribution is sampled, so there is nothing true to return);
-//! - structured output (chat `response_format`: `json_object`, `json_schema`, checked as vLLM
+//! - structured output (`response_format` of chat and completions: `json_object`, `json_schema`, checked as vLLM
 //!   0.10.2's `ResponseFormat`): vLLM constrains the model by guided decoding; the emulated
 //!   model writes the schema's instance (`protocol::ResponseFormat::text`: required
 //!   properties valued by their schemas, local `$ref`s followed, a union's first non-null
@@ -1131,11 +1131,16 @@ fn prepare_completion(shared: &Shared, body: &[u8]) -> Result<Prepared, ApiError
     }
     min_tokens_within(&checked, limit)?;
     check_samples(prompts.len(), checked.n)?;
+    // Structured output (vLLM's completions take `response_format` too): the schema's instance,
+    // its strings from the (first) prompt.
+    let format = protocol::check_response_format(body.response_format)?;
+    let prompt_turn = tokens::ChatTurn { role: "user".into(), content: prompts.first().map_or(String::new(), |p| p.text.clone()), tool_calls: Vec::new() };
+    let provided = body.sampling.switchyard.and_then(|s| s.output).or_else(|| format.map(|f| f.text(std::slice::from_ref(&prompt_turn))));
     Ok(Prepared {
         api: Api::Completions,
         prompts,
         limit,
-        provided: body.sampling.switchyard.and_then(|s| s.output),
+        provided,
         echo: body.echo.unwrap_or(false),
         checked,
         tool_choice: None,

@@ -189,6 +189,9 @@ pub struct Sampling {
 #[derive(Debug, Deserialize)]
 pub struct CompletionBody {
     pub prompt: PromptField,
+    /// Structured output, as for chat (checked by [`check_response_format`]).
+    #[serde(default)]
+    pub response_format: Option<Value>,
     #[serde(default)]
     pub echo: Option<bool>,
     #[serde(default)]

@@ -45,12 +45,12 @@ pub enum EngineError {
     /// HTTP 5xx or an unparsable answer.
     #[error("engine answered badly: {0}")]
     BadResponse(String),
-    /// HTTP 4xx but the three below: the server will not take the request (not retryable) —
+    /// HTTP 4xx but the two below: the server will not take the request (not retryable) —
     /// a model it does not serve, a method or path it lacks — or it cannot fit the server (a
     /// prompt over the context the server says it serves).
     #[error("request rejected: {0}")]
     Rejected(String),
-    /// HTTP 400, 413 or 422: the server says the request itself is invalid — a parameter it
+    /// HTTP 400 or 422: the server says the request itself is invalid — a parameter it
     /// refuses, a tool schema its guided decoding cannot compile (not retryable: the same
     /// request fails again). The front door passes it to its client as a 400.
     #[error("request invalid: {0}")]

@@ -244,7 +244,7 @@ impl ProgramState {
             tool_choice: r.tool_choice.clone().filter(|_| !raw),
             parallel_tool_calls: r.parallel_tool_calls.filter(|_| !raw),
             stop: r.stop.clone(),
-            response_format: r.response_format.clone().filter(|_| !raw),
+            response_format: r.response_format.clone(),
             sink: call.sink,
             meter: Default::default(),
         };

@@ -462,13 +462,8 @@ fn parse(flavor: Flavor, headers: &HeaderMap, body: &Value) -> Result<Parsed, Ap
         Some(_) => return Err(ApiError::bad_request("`parallel_tool_calls` must be a boolean", "parallel_tool_calls")),
     };
     let stop = parse_stop(obj)?;
-    let response_format = match flavor {
-        Flavor::Chat => parse_response_format(obj)?,
-        Flavor::Completions if obj.get("response_format").is_some_and(|v| !neutral("response_format", v)) => {
-            return Err(ApiError::bad_request("`response_format` needs the chat API (`/v1/chat/completions`)", "response_format"));
-        }
-        Flavor::Completions => None,
-    };
+    // Both APIs take it, as vLLM's do.
+    let response_format = parse_response_format(obj)?;
     Ok(Parsed {
         model,
         request: ProgramRequest { messages, prompt, max_tokens, enable_thinking, program_done, next_model, step, tools, tool_choice, parallel_tool_calls, stop, response_format },
@@ -720,7 +715,7 @@ pub const PROGRAMS_RETRY_AFTER_S: u32 = 1;
 /// Why a scheduled call has no answer, as the client gets it: 503 once the runtime stops (the
 /// call refused, or abandoned in the queue or on its engine), 429 with a `Retry-After` of
 /// [`PROGRAMS_RETRY_AFTER_S`] for a program past `--max-programs`, 400 when the engine found
-/// the request itself invalid (its 400, 413 or 422: a parameter it refuses, a tool schema its
+/// the request itself invalid (its 400 or 422: a parameter it refuses, a tool schema its
 /// guided decoding cannot compile — sending it again cannot help, and OpenAI's clients retry a
 /// 5xx), else the engine's failure (502: a model the server does not serve, a server that
 /// serves a shorter context than its pool file says, a crash); never with the engine's address.

@@ -24,7 +24,7 @@
 //!
 //! **Errors**: connection refused/reset and a stream cut short → `Unreachable`; 401/403 →
 //! `Auth`; 429, and 503 with `Retry-After` → `Overloaded` (with the server's `Retry-After`);
-//! 400 / 413 / 422 → `Invalid`; other 4xx → `Rejected`; 5xx and unparsable answers → `BadResponse`, and so is a 200 that holds
+//! 400 / 422 → `Invalid`; other 4xx → `Rejected`; 5xx and unparsable answers → `BadResponse`, and so is a 200 that holds
 //! no answer, streamed or not: no choice (`"choices": []`, a stream of only `[DONE]` or with no
 //! event at all), or a body that is neither JSON nor an event stream (a gateway's HTML page:
 //! its excerpt is in the error). A stream is whole at `[DONE]`, or when it closes after a
@@ -341,7 +341,7 @@ pub(crate) fn retry_after(headers: &HeaderMap) -> Option<Duration> {
 }
 
 /// Maps a non-success status to the error kind: 401/403 → `Auth`; 429, and 503 with
-/// `Retry-After` → `Overloaded`; 400, 413, 422 → `Invalid` (the request itself is wrong); other
+/// `Retry-After` → `Overloaded`; 400, 422 → `Invalid` (the request itself is wrong); other
 /// 4xx → `Rejected` (the server will not take it); 5xx →
 /// `BadResponse`.
 pub(crate) fn status_error(
@@ -357,7 +357,7 @@ pub(crate) fn status_error(
         StatusCode::SERVICE_UNAVAILABLE if retry.is_some() => {
             EngineError::Overloaded { message, retry_after: retry }
         }
-        StatusCode::BAD_REQUEST | StatusCode::PAYLOAD_TOO_LARGE | StatusCode::UNPROCESSABLE_ENTITY => EngineError::Invalid(message),
+        StatusCode::BAD_REQUEST | StatusCode::UNPROCESSABLE_ENTITY => EngineError::Invalid(message),
         s if s.is_client_error() => EngineError::Rejected(message),
         _ => EngineError::BadResponse(message),
     }
@@ -842,7 +842,7 @@ impl HttpEngine {
         if !request.stop.is_empty() {
             body["stop"] = json!(request.stop);
         }
-        if let (true, Some(format)) = (request.messages.is_some(), &request.response_format) {
+        if let (true, Some(format)) = (request.messages.is_some() || request.raw_prompt, &request.response_format) {
             body["response_format"] = format.clone();
         }
         if request.server_default_limit
@@ -1567,7 +1567,10 @@ mod tests {
         let kind = |status, retry, body: &str| status_error("x", status, retry, body).kind();
         assert_eq!(kind(StatusCode::NOT_FOUND, None, ""), "rejected");
         assert_eq!(kind(StatusCode::METHOD_NOT_ALLOWED, None, ""), "rejected");
-        for invalid in [StatusCode::BAD_REQUEST, StatusCode::PAYLOAD_TOO_LARGE, StatusCode::UNPROCESSABLE_ENTITY] {
+        // A 413 is a size limit of the server or a proxy before it (the front door's own is
+        // larger): the server's, not the client's.
+        assert_eq!(kind(StatusCode::PAYLOAD_TOO_LARGE, None, ""), "rejected");
+        for invalid in [StatusCode::BAD_REQUEST, StatusCode::UNPROCESSABLE_ENTITY] {
             assert_eq!(kind(invalid, None, "context"), "invalid");
             assert!(!status_error("x", invalid, None, "").retryable());
         }

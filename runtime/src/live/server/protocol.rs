@@ -751,16 +751,27 @@ pub fn check_tools(tools: Option<Value>, tool_choice: Option<Value>) -> Result<O
     Ok(Some(ToolRequest { tools, choice }))
 }
 
-/// Objects and arrays nested this deep in generated JSON are left empty (`{}`, `[]`).
+/// From this nesting depth on, generated JSON takes its shortest form: a union its branch that
+/// ends soonest, an array its `minItems` items only, an object its required properties only.
 pub const MAX_ARGUMENT_DEPTH: usize = 12;
 
-/// References (`$ref`) and combinators (`anyOf`, `oneOf`, `allOf`) followed along one path
-/// before a union takes its null branch (or the value is null): a recursive schema ends.
-pub const MAX_SCHEMA_HOPS: usize = 32;
+/// Past this depth (or [`MAX_SCHEMA_HOPS`] references on a path) a value is null: a schema
+/// that requires itself without end cannot be satisfied.
+const HARD_DEPTH: usize = 4 * MAX_ARGUMENT_DEPTH;
 
-/// Values generated for one instance in all (a hostile schema of many references to itself
-/// would otherwise grow without bound): past it, values are null.
+/// References (`$ref`) and combinators (`anyOf`, `oneOf`, `allOf`) followed along one path.
+pub const MAX_SCHEMA_HOPS: usize = 64;
+
+/// Values (and object keys) generated for one instance in all: a hostile schema of many
+/// references to itself, or of huge required lists, would otherwise grow without bound; past
+/// it, values are null and objects take no more keys.
 pub const MAX_INSTANCE_VALUES: usize = 4096;
+
+/// Values a union's branch may take when it is tried for how soon it ends.
+const PROBE_VALUES: usize = 64;
+
+/// Branches of a union tried for how soon they end.
+const PROBED_BRANCHES: usize = 16;
 
 /// The longest string argument, in characters: the last user message's text is cut to it.
 pub const MAX_STRING_ARGUMENT_CHARS: usize = 64;
@@ -772,8 +783,7 @@ pub fn tool_arguments(parameters: Option<&Value>, user_text: &str) -> Value {
     match parameters {
         Some(schema) => {
             let text: String = user_text.chars().take(MAX_STRING_ARGUMENT_CHARS).collect();
-            let mut builder = Instance { root: schema, text: &text, left: MAX_INSTANCE_VALUES };
-            builder.object(schema, 0, 0)
+            Instance::new(schema, &text, MAX_INSTANCE_VALUES).object(schema, 0, 0)
         }
         None => Value::Object(serde_json::Map::new()),
     }
@@ -783,66 +793,105 @@ pub fn tool_arguments(parameters: Option<&Value>, user_text: &str) -> Value {
 /// tool's parameters) — what a model under vLLM's guided decoding could write, chosen so that
 /// a validator of the schema (pydantic, `jsonschema`) takes it:
 ///
-/// - `$ref` to any local pointer (`#/$defs/…`, `#/definitions/…`) followed; `allOf` merged;
-///   `anyOf` / `oneOf` (pydantic's `Optional`, unions of models) its first branch that is not
-///   `null` — its `null` branch once [`MAX_SCHEMA_HOPS`] references were followed on the path;
+/// - `$ref` to a local pointer followed (keywords beside it merged in, as draft 2019 allows);
+///   `allOf` merged (a merge costs the budget its keys);
+/// - `anyOf` / `oneOf` (pydantic's `Optional`, unions of models): its first branch that is not
+///   `null` — but where the same union recurs on its own path (a recursive type), or from
+///   [`MAX_ARGUMENT_DEPTH`] on, the branch that ends soonest (each tried with a small budget),
+///   so a recursive union ends instead of doubling at every level;
 /// - `enum` / `const`: the first value;
 /// - `"string"`: `user_text`'s first [`MAX_STRING_ARGUMENT_CHARS`] characters (a search tool
 ///   gets the question), padded with `x` to `minLength` and cut to `maxLength`; a `format`'s
-///   fixed sample instead (`date-time`, `date`, `time`, `uuid`, `email`, `uri`, `ipv4`);
-///   `pattern` is not followed;
+///   fixed sample instead (`date-time`, `date`, `time`, `duration`, `uuid`, `email`, `uri`,
+///   `ipv4`, `ipv6`); `pattern` is not followed;
 /// - `"integer"` / `"number"`: the least value `minimum` / `exclusiveMinimum` allow (1, or 1.0,
 ///   without), held under `maximum` / `exclusiveMaximum`, a multiple of `multipleOf`;
 /// - `"boolean"`: true; `"null"`: null;
-/// - `"array"`: its `prefixItems`, then copies of `items` up to `minItems`;
-/// - `"object"` (or properties without a type): its `required` properties, then optional ones
-///   up to `minProperties`; `{}` / `[]` from [`MAX_ARGUMENT_DEPTH`] levels of nesting on;
-/// - no or an unknown type: null.
+/// - `"array"`: its `prefixItems` (or draft-07's `items` list), then items up to `minItems`
+///   (distinct ones under `uniqueItems`);
+/// - `"object"` (or properties without a type): its `required` properties (valued by
+///   `properties`, else `additionalProperties`), then optional ones — or keys of
+///   `additionalProperties` — up to `minProperties`;
+/// - no or an unknown type: null; past [`MAX_INSTANCE_VALUES`] values, or a path of a schema
+///   that requires itself without end, null.
 ///
 /// Object keys come out in serde_json's (sorted) order, where guided decoding writes the
 /// schema's.
 pub fn schema_instance(schema: &Value, user_text: &str) -> Value {
     let text: String = user_text.chars().take(MAX_STRING_ARGUMENT_CHARS).collect();
-    Instance { root: schema, text: &text, left: MAX_INSTANCE_VALUES }.value(schema, 0, 0)
+    Instance::new(schema, &text, MAX_INSTANCE_VALUES).value(schema, 0, 0)
 }
 
 /// Builds one instance (see [`schema_instance`]).
 struct Instance<'a> {
     root: &'a Value,
     text: &'a str,
-    /// Values still allowed ([`MAX_INSTANCE_VALUES`]).
+    /// Values still allowed.
     left: usize,
+    /// The unions on the current path (by location): one met again is a recursive type.
+    unions: Vec<*const Value>,
+    /// This builder tries a branch for [`Instance::shortest_branch`]: it probes no further.
+    probing: bool,
 }
 
-impl Instance<'_> {
-    fn value(&mut self, schema: &Value, depth: usize, hops: usize) -> Value {
+impl<'a> Instance<'a> {
+    fn new(root: &'a Value, text: &'a str, left: usize) -> Self {
+        Instance { root, text, left, unions: Vec::new(), probing: false }
+    }
+
+    /// Takes one value of the budget; false when none is left.
+    fn spend(&mut self) -> bool {
         if self.left == 0 {
-            return Value::Null;
+            return false;
         }
         self.left -= 1;
+        true
+    }
+
+    fn resolve(&self, reference: &str) -> Option<&'a Value> {
+        self.root.pointer(reference.strip_prefix('#')?)
+    }
+
+    fn value(&mut self, schema: &Value, depth: usize, hops: usize) -> Value {
+        if depth > HARD_DEPTH || hops > MAX_SCHEMA_HOPS || !self.spend() {
+            return Value::Null;
+        }
         if let Some(reference) = schema.get("$ref").and_then(Value::as_str) {
-            let root = self.root;
-            return match reference.strip_prefix('#').and_then(|pointer| root.pointer(pointer)) {
-                Some(target) if hops < MAX_SCHEMA_HOPS => self.value(target, depth, hops + 1),
-                _ => Value::Null,
-            };
+            let Some(target) = self.resolve(reference) else { return Value::Null };
+            // Keywords beside the reference (draft 2019) refine its target.
+            let siblings = schema.as_object().is_some_and(|o| o.keys().any(|k| !matches!(k.as_str(), "$ref" | "description" | "title" | "default" | "examples" | "$defs" | "definitions")));
+            if siblings {
+                let mut merged = target.clone();
+                if let (Some(m), Some(o)) = (merged.as_object_mut(), schema.as_object()) {
+                    for (k, v) in o.iter().filter(|(k, _)| *k != "$ref") {
+                        m.insert(k.clone(), v.clone());
+                    }
+                }
+                self.left = self.left.saturating_sub(merge_cost(&merged));
+                return self.value(&merged, depth, hops + 1);
+            }
+            return self.value(target, depth, hops + 1);
         }
         if let Some(parts) = schema.get("allOf").and_then(Value::as_array) {
-            if hops >= MAX_SCHEMA_HOPS {
-                return Value::Null;
-            }
             let merged = self.merge_all_of(schema, parts);
+            // A merge copies schema: it costs the budget its keys, so a hostile schema of many
+            // merges of itself runs out of budget, not of time.
+            self.left = self.left.saturating_sub(merge_cost(&merged));
             return self.value(&merged, depth, hops + 1);
         }
         if let Some(branches) = schema.get("anyOf").or_else(|| schema.get("oneOf")).and_then(Value::as_array) {
-            let is_null = |b: &Value| b.get("type").and_then(Value::as_str) == Some("null");
-            // Deep enough: the branch that ends, where there is one.
-            let branch = if hops >= MAX_SCHEMA_HOPS || depth >= MAX_ARGUMENT_DEPTH {
-                branches.iter().find(|b| is_null(b))
+            let key = schema as *const Value;
+            let recurs = self.unions.contains(&key);
+            let branch = if recurs || depth >= MAX_ARGUMENT_DEPTH {
+                self.shortest_branch(branches, depth, hops)
             } else {
-                branches.iter().find(|b| !is_null(b))
+                branches.iter().find(|b| b.get("type").and_then(Value::as_str) != Some("null")).or(branches.first())
             };
-            return branch.map_or(Value::Null, |b| self.value(b, depth, hops + 1));
+            let Some(branch) = branch else { return Value::Null };
+            self.unions.push(key);
+            let v = self.value(branch, depth, hops + 1);
+            self.unions.pop();
+            return v;
         }
         if let Some(first) = schema.get("enum").and_then(Value::as_array).and_then(|e| e.first()) {
             return first.clone();
@@ -853,7 +902,7 @@ impl Instance<'_> {
         let kind = match schema.get("type") {
             Some(Value::String(t)) => Some(t.as_str()),
             Some(Value::Array(types)) => types.iter().filter_map(Value::as_str).find(|t| *t != "null"),
-            None if schema.get("properties").is_some() => Some("object"),
+            None if schema.get("properties").is_some() || schema.get("additionalProperties").is_some_and(Value::is_object) => Some("object"),
             None if schema.get("items").is_some() || schema.get("prefixItems").is_some() => Some("array"),
             _ => None,
         };
@@ -868,6 +917,33 @@ impl Instance<'_> {
         }
     }
 
+    /// The union branch whose instance ends soonest: `null` if there is one, else each of the
+    /// first [`PROBED_BRANCHES`] tried with at most [`PROBE_VALUES`] values from here (what a
+    /// try spends is taken from the budget; a try probes no further), the first that ends in
+    /// the fewest — the first branch when none ends within its try.
+    fn shortest_branch<'b>(&mut self, branches: &'b [Value], depth: usize, hops: usize) -> Option<&'b Value> {
+        if let Some(null) = branches.iter().find(|b| b.get("type").and_then(Value::as_str) == Some("null")) {
+            return Some(null);
+        }
+        if self.probing {
+            return branches.first();
+        }
+        let mut best: Option<(usize, &Value)> = None;
+        for b in branches.iter().take(PROBED_BRANCHES) {
+            let budget = PROBE_VALUES.min(self.left);
+            let mut probe = Instance::new(self.root, self.text, budget);
+            probe.unions = self.unions.clone();
+            probe.probing = true;
+            let _ = probe.value(b, depth, hops + 1);
+            let used = budget - probe.left;
+            self.left = self.left.saturating_sub(used);
+            if probe.left > 0 && best.is_none_or(|(u, _)| used < u) {
+                best = Some((used, b));
+            }
+        }
+        best.map(|(_, b)| b).or(branches.first())
+    }
+
     /// `allOf`'s parts as one schema: the parent's own keywords, then each part's (references
     /// followed one level), properties and `required` lists joined.
     fn merge_all_of(&self, schema: &Value, parts: &[Value]) -> Value {
@@ -876,8 +952,8 @@ impl Instance<'_> {
         let mut properties = merged.remove("properties").and_then(|p| p.as_object().cloned()).unwrap_or_default();
         let mut required: Vec<Value> = merged.remove("required").and_then(|r| r.as_array().cloned()).unwrap_or_default();
         for part in parts {
-            let part = match part.get("$ref").and_then(Value::as_str).and_then(|r| r.strip_prefix('#')) {
-                Some(pointer) => self.root.pointer(pointer).unwrap_or(part),
+            let part = match part.get("$ref").and_then(Value::as_str) {
+                Some(reference) => self.resolve(reference).unwrap_or(part),
                 None => part,
             };
             let Some(fields) = part.as_object() else { continue };
@@ -905,10 +981,13 @@ impl Instance<'_> {
             Some("date-time") => Some("2026-01-01T00:00:00Z"),
             Some("date") => Some("2026-01-01"),
             Some("time") => Some("00:00:00"),
-            Some("uuid") => Some("00000000-0000-4000-8000-000000000000"),
+            Some("duration") => Some("P1D"),
+            Some("uuid" | "uuid4") => Some("00000000-0000-4000-8000-000000000000"),
+            Some("uuid1") => Some("00000000-0000-1000-8000-000000000000"),
             Some("email") => Some("user@example.com"),
             Some("uri" | "url") => Some("https://example.com/"),
             Some("ipv4") => Some("127.0.0.1"),
+            Some("ipv6") => Some("::1"),
             _ => None,
         };
         let mut text = sample.unwrap_or(self.text).to_string();
@@ -924,17 +1003,23 @@ impl Instance<'_> {
     }
 
     fn array(&mut self, schema: &Value, depth: usize, hops: usize) -> Value {
-        if depth >= MAX_ARGUMENT_DEPTH {
-            return json!([]);
-        }
         let mut items: Vec<Value> = Vec::new();
-        for prefix in schema.get("prefixItems").and_then(Value::as_array).into_iter().flatten() {
-            items.push(self.value(prefix, depth + 1, hops));
+        // draft 2020's `prefixItems`, or draft 7's list-valued `items`.
+        let prefix = schema.get("prefixItems").or_else(|| schema.get("items").filter(|i| i.is_array())).and_then(Value::as_array);
+        for p in prefix.into_iter().flatten() {
+            if self.left == 0 {
+                break;
+            }
+            items.push(self.value(p, depth + 1, hops));
         }
         let min = schema.get("minItems").and_then(Value::as_u64).map_or(0, |n| usize::try_from(n).unwrap_or(usize::MAX));
+        let unique = schema.get("uniqueItems").and_then(Value::as_bool).unwrap_or(false);
         if let Some(item) = schema.get("items").filter(|i| i.is_object()) {
             while items.len() < min && self.left > 0 {
-                let v = self.value(item, depth + 1, hops);
+                let mut v = self.value(item, depth + 1, hops);
+                if unique {
+                    v = distinct(v, items.len());
+                }
                 items.push(v);
             }
         }
@@ -943,26 +1028,60 @@ impl Instance<'_> {
 
     fn object(&mut self, schema: &Value, depth: usize, hops: usize) -> Value {
         let mut out = serde_json::Map::new();
-        if depth >= MAX_ARGUMENT_DEPTH {
-            return Value::Object(out);
-        }
         let properties = schema.get("properties").and_then(Value::as_object);
+        let extra = schema.get("additionalProperties").filter(|a| a.is_object());
         let required: Vec<&str> = schema.get("required").and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_str).collect();
-        let min = schema.get("minProperties").and_then(Value::as_u64).map_or(0, |n| usize::try_from(n).unwrap_or(usize::MAX));
+        // The shortest form from the depth limit on: required properties only.
+        let min = if depth >= MAX_ARGUMENT_DEPTH {
+            0
+        } else {
+            schema.get("minProperties").and_then(Value::as_u64).map_or(0, |n| usize::try_from(n).unwrap_or(usize::MAX))
+        };
         let optional = properties.into_iter().flatten().map(|(k, _)| k.as_str()).filter(|k| !required.contains(k));
-        let wanted: Vec<&str> = required.iter().copied().chain(optional).collect();
+        let wanted: Vec<String> = required.iter().copied().chain(optional).map(str::to_string).collect();
         for (i, name) in wanted.into_iter().enumerate() {
-            // Past the budget the instance is cut short (a hostile schema): no more keys.
-            if self.left == 0 || (i >= required.len() && out.len() >= min) {
+            // Every key takes from the budget: past it the instance is cut short.
+            if (i >= required.len() && out.len() >= min) || !self.spend() {
                 break;
             }
-            let value = match properties.and_then(|p| p.get(name)) {
+            let value = match properties.and_then(|p| p.get(&name)).or(extra) {
                 Some(property) => self.value(property, depth + 1, hops),
                 None => Value::Null,
             };
-            out.insert(name.to_string(), value);
+            out.insert(name, value);
+        }
+        // Keys of `additionalProperties` up to `minProperties`.
+        if let Some(extra) = extra {
+            let mut k = 1;
+            while out.len() < min && self.spend() {
+                let name = format!("key{k}");
+                k += 1;
+                if !out.contains_key(&name) {
+                    let v = self.value(extra, depth + 1, hops);
+                    out.insert(name, v);
+                }
+            }
         }
         Value::Object(out)
+    }
+}
+
+/// What a merged schema costs the budget: its keys and its properties.
+fn merge_cost(merged: &Value) -> usize {
+    merged.as_object().map_or(0, |o| o.len() + o.get("properties").and_then(Value::as_object).map_or(0, serde_json::Map::len))
+}
+
+/// The `i`-th of distinct items (`uniqueItems`): numbers shifted by `i`, strings suffixed, other
+/// values as they are.
+fn distinct(v: Value, i: usize) -> Value {
+    if i == 0 {
+        return v;
+    }
+    match v {
+        Value::Number(n) if n.is_i64() => json!(n.as_i64().unwrap_or(0).saturating_add(i as i64)),
+        Value::Number(n) => json!(n.as_f64().unwrap_or(0.0) + i as f64),
+        Value::String(s) => Value::String(format!("{s}{i}")),
+        other => other,
     }
 }
 
@@ -986,20 +1105,25 @@ fn integer(schema: &Value) -> Value {
     if let Some(h) = high.filter(|h| v > *h) {
         v = h;
     }
-    if let Some(step) = num("multipleOf").filter(|m| *m >= 1.0) {
-        let up = (v / step).ceil() * step;
-        v = if high.is_some_and(|h| up > h) { (v / step).floor() * step } else { up };
+    if let Some(step) = num("multipleOf").filter(|m| *m > 0.0 && m.is_finite()) {
+        // The least multiple of the step at or above `v` that is a whole number (a step of
+        // 2.5 gives 5, 10, …), below the upper bound where one is.
+        let first = (v / step).ceil();
+        let found = (0..1000).map(|k| (first + f64::from(k)) * step).find(|c| c.fract() == 0.0 && high.is_none_or(|h| *c <= h));
+        if let Some(c) = found {
+            v = c;
+        }
     }
-    json!(v as i64)
+    json!(v.clamp(i64::MIN as f64, i64::MAX as f64) as i64)
 }
 
 /// The least number the schema's bounds allow (1.0 without a lower bound; an exclusive lower
 /// bound plus one, or halfway to the upper bound when that is nearer), held under its upper
-/// bound.
+/// bound, a multiple of `multipleOf` where one lies within the bounds.
 fn number(schema: &Value) -> Value {
     let num = |key: &str| schema.get(key).and_then(Value::as_f64);
     let high = num("maximum").or(num("exclusiveMaximum"));
-    let v = match (num("minimum"), num("exclusiveMinimum")) {
+    let mut v = match (num("minimum"), num("exclusiveMinimum")) {
         (Some(m), _) => m,
         (None, Some(e)) => match num("exclusiveMaximum").or(num("maximum")) {
             Some(h) if h - e <= 1.0 => (e + h) / 2.0,
@@ -1011,7 +1135,19 @@ fn number(schema: &Value) -> Value {
             _ => 1.0,
         },
     };
-    let v = if high.is_some_and(|h| v > h) { num("maximum").unwrap_or(v) } else { v };
+    if high.is_some_and(|h| v > h) {
+        v = num("maximum").unwrap_or(v);
+    }
+    if let Some(step) = num("multipleOf").filter(|m| *m > 0.0 && m.is_finite()) {
+        let mut c = (v / step).ceil() * step;
+        if num("exclusiveMinimum").is_some_and(|e| c <= e) {
+            c += step;
+        }
+        let fits = num("maximum").is_none_or(|m| c <= m) && num("exclusiveMaximum").is_none_or(|m| c < m);
+        if fits {
+            v = c;
+        }
+    }
     serde_json::Number::from_f64(v).map_or(Value::Null, Value::Number)
 }
 
@@ -1466,20 +1602,84 @@ mod tests {
     }
 
     #[test]
-    fn nested_objects_stop_at_the_depth_limit() {
-        // More levels of objects than the limit, each requiring the next one (and a flag).
+    fn required_nesting_is_whole_past_the_depth_limit_and_recursion_ends() {
+        // More levels of objects than the limit, each requiring the next one (and a flag): a
+        // validator wants every level, so the shortest form past the limit keeps them.
         let mut schema = json!({"type": "object", "properties": {"flag": {"type": "boolean"}}, "required": ["flag"]});
         for _ in 0..MAX_ARGUMENT_DEPTH + 2 {
             schema = json!({"type": "object", "properties": {"inner": schema}, "required": ["inner"]});
         }
-        let args = tool_arguments(Some(&schema), "x");
-        // Levels 0..MAX_ARGUMENT_DEPTH are filled; the object at that depth is empty.
-        let mut at = &args;
-        for _ in 0..MAX_ARGUMENT_DEPTH {
+        let mut at = &tool_arguments(Some(&schema), "x");
+        for _ in 0..MAX_ARGUMENT_DEPTH + 2 {
             at = &at["inner"];
-            assert!(at.is_object(), "{args}");
         }
-        assert_eq!(at, &json!({}), "{args}");
+        assert_eq!(at, &json!({"flag": true}));
+        // A recursive union without a null branch (an expression tree): the recurring union
+        // takes the branch that ends, so the instance is small and whole.
+        let expr = json!({
+            "$defs": {
+                "BinOp": {"type": "object", "properties": {"op": {"enum": ["+", "-"]}, "left": {"$ref": "#/$defs/Expr"}, "right": {"$ref": "#/$defs/Expr"}},
+                    "required": ["op", "left", "right"]},
+                "Num": {"type": "object", "properties": {"value": {"type": "number"}}, "required": ["value"]},
+                "Expr": {"anyOf": [{"$ref": "#/$defs/BinOp"}, {"$ref": "#/$defs/Num"}]},
+            },
+            "type": "object", "properties": {"expr": {"$ref": "#/$defs/Expr"}}, "required": ["expr"],
+        });
+        assert_eq!(schema_instance(&expr, "x"), json!({"expr": {"op": "+", "left": {"value": 1.0}, "right": {"value": 1.0}}}));
+        // Mutual recursion through an Optional ends at its null.
+        let mutual = json!({
+            "$defs": {
+                "A": {"type": "object", "properties": {"b": {"$ref": "#/$defs/B"}}, "required": ["b"]},
+                "B": {"type": "object", "properties": {"a": {"anyOf": [{"$ref": "#/$defs/A"}, {"type": "null"}]}}, "required": ["a"]},
+            },
+            "$ref": "#/$defs/A",
+        });
+        let v = schema_instance(&mutual, "x");
+        let mut at = &v;
+        while at["b"]["a"].is_object() {
+            at = &at["b"]["a"];
+        }
+        assert!(at["b"].is_object() && at["b"]["a"].is_null(), "{v}");
+        // A required list far past the budget is cut at the budget (every key counts).
+        let required: Vec<String> = (0..20_000).map(|i| format!("k{i}")).collect();
+        let wide = json!({"$defs": {"O": {"type": "object", "required": required}}, "type": "array", "items": {"$ref": "#/$defs/O"}, "minItems": 500});
+        let keys: usize = schema_instance(&wide, "x").as_array().map_or(0, |a| a.iter().map(|o| o.as_object().map_or(0, |m| m.len())).sum());
+        assert!(keys <= MAX_INSTANCE_VALUES, "{keys}");
+    }
+
+    /// A schema of many merges of itself (`allOf` of the root per property) ends within the
+    /// budget: merges are charged by what they copy.
+    #[test]
+    fn many_merges_of_a_large_schema_end_within_the_budget() {
+        let mut props = serde_json::Map::new();
+        for i in 0..5000 {
+            props.insert(format!("p{i}"), json!({"allOf": [{"$ref": "#"}]}));
+        }
+        let required: Vec<String> = (0..5000).map(|i| format!("p{i}")).collect();
+        let schema = json!({"type": "object", "properties": props, "required": required});
+        // The first merge copies the 5,000-property root and spends the budget: the instance is
+        // cut there (without the charge every property merged the root again: 9 s, ~4,000 keys).
+        let v = schema_instance(&schema, "x");
+        assert!(v.as_object().is_some_and(|o| !o.is_empty() && o.len() < 10), "{}", v.as_object().map_or(0, serde_json::Map::len));
+    }
+
+    /// Shapes validators check that a plain builder gets wrong: a dict with `minProperties`,
+    /// `uniqueItems`, a draft-07 tuple, whole multiples of a fractional step, formats.
+    #[test]
+    fn dicts_sets_tuples_and_steps_are_valid() {
+        let v = schema_instance(&json!({"type": "object", "additionalProperties": {"type": "integer"}, "minProperties": 2}), "x");
+        assert_eq!(v, json!({"key1": 1, "key2": 1}));
+        let v = schema_instance(&json!({"type": "array", "items": {"type": "integer"}, "uniqueItems": true, "minItems": 3}), "x");
+        assert_eq!(v, json!([1, 2, 3]));
+        let v = schema_instance(&json!({"type": "array", "items": [{"type": "integer"}, {"type": "string"}], "minItems": 2}), "x");
+        assert_eq!(v, json!([1, "x"]));
+        assert_eq!(schema_instance(&json!({"type": "integer", "multipleOf": 2.5}), "x"), json!(5));
+        assert_eq!(schema_instance(&json!({"type": "number", "multipleOf": 0.25, "exclusiveMinimum": 0.3}), "x"), json!(1.5));
+        assert_eq!(schema_instance(&json!({"type": "string", "format": "duration"}), "x"), json!("P1D"));
+        assert_eq!(schema_instance(&json!({"type": "string", "format": "ipv6"}), "x"), json!("::1"));
+        // Keywords beside a reference refine it (draft 2019).
+        let v = schema_instance(&json!({"$defs": {"S": {"type": "string"}}, "$ref": "#/$defs/S", "minLength": 5}), "ab");
+        assert_eq!(v, json!("abxxx"));
     }
 
     fn weather_tools() -> ToolRequest {

@@ -803,7 +803,7 @@ pub fn tool_arguments(parameters: Option<&Value>, user_text: &str) -> Value {
 /// - `"string"`: `user_text`'s first [`MAX_STRING_ARGUMENT_CHARS`] characters (a search tool
 ///   gets the question), padded with `x` to `minLength` and cut to `maxLength`; a `format`'s
 ///   fixed sample instead (`date-time`, `date`, `time`, `duration`, `uuid`, `email`, `uri`,
-///   `ipv4`, `ipv6`); `pattern` is not followed;
+///   `hostname`, `ipv4`, `ipv6` and pydantic's `ipvany…`); `pattern` is not followed;
 /// - `"integer"` / `"number"`: the least value `minimum` / `exclusiveMinimum` allow (1, or 1.0,
 ///   without), held under `maximum` / `exclusiveMaximum`, a multiple of `multipleOf`;
 /// - `"boolean"`: true; `"null"`: null;
@@ -986,13 +986,17 @@ impl<'a> Instance<'a> {
             Some("uuid1") => Some("00000000-0000-1000-8000-000000000000"),
             Some("email") => Some("user@example.com"),
             Some("uri" | "url") => Some("https://example.com/"),
-            Some("ipv4") => Some("127.0.0.1"),
+            Some("ipv4" | "ipvanyaddress") => Some("127.0.0.1"),
             Some("ipv6") => Some("::1"),
+            Some("ipvanyinterface") => Some("127.0.0.1/32"),
+            Some("ipvanynetwork") => Some("127.0.0.0/8"),
+            Some("hostname") => Some("example.com"),
             _ => None,
         };
         let mut text = sample.unwrap_or(self.text).to_string();
         let count = |key: &str| schema.get(key).and_then(Value::as_u64).map(|n| usize::try_from(n).unwrap_or(usize::MAX));
-        if let Some(min) = count("minLength").map(|m| m.min(MAX_STRING_ARGUMENT_CHARS * 64)) {
+        // A format's sample is not padded (padding would break the format).
+        if let Some(min) = count("minLength").map(|m| m.min(MAX_STRING_ARGUMENT_CHARS * 64)).filter(|_| sample.is_none()) {
             let have = text.chars().count();
             text.extend(std::iter::repeat_n('x', min.saturating_sub(have)));
         }
@@ -1677,6 +1681,9 @@ mod tests {
         assert_eq!(schema_instance(&json!({"type": "number", "multipleOf": 0.25, "exclusiveMinimum": 0.3}), "x"), json!(1.5));
         assert_eq!(schema_instance(&json!({"type": "string", "format": "duration"}), "x"), json!("P1D"));
         assert_eq!(schema_instance(&json!({"type": "string", "format": "ipv6"}), "x"), json!("::1"));
+        assert_eq!(schema_instance(&json!({"type": "string", "format": "ipvanynetwork"}), "x"), json!("127.0.0.0/8"));
+        // A format's sample is not padded to a `minLength` (it would no longer be the format).
+        assert_eq!(schema_instance(&json!({"type": "string", "format": "date", "minLength": 12}), "x"), json!("2026-01-01"));
         // Keywords beside a reference refine it (draft 2019).
         let v = schema_instance(&json!({"$defs": {"S": {"type": "string"}}, "$ref": "#/$defs/S", "minLength": 5}), "ab");
         assert_eq!(v, json!("abxxx"));

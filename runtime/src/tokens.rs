@@ -714,14 +714,6 @@ pub fn chat_prompt_mode(content: &str, enable_thinking: bool) -> String {
     format!("{CHAT_USER_PREFIX}{content}{}", chat_generation_suffix(enable_thinking))
 }
 
-/// The text Qwen3's chat template renders for a conversation of plain-text messages
-/// `(role, content)` — `system`, `user`, `assistant`, and `tool` — with the generation prompt.
-/// For one user message it is [`chat_prompt_mode`]. See [`chat_template`]; a conversation with
-/// tool definitions or assistant tool calls is [`chat_template_with_tools`].
-pub fn chat_messages_prompt(messages: &[(&str, &str)], enable_thinking: bool) -> String {
-    chat_template(messages, enable_thinking, true)
-}
-
 /// One message of a conversation as Qwen3's chat template reads it.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ChatTurn {
@@ -1041,9 +1033,9 @@ mod tests {
 
     #[test]
     fn a_conversation_of_one_user_message_renders_like_the_one_message_template() {
-        assert_eq!(chat_messages_prompt(&[("user", "hi")], false), chat_prompt_mode("hi", false));
-        assert_eq!(chat_messages_prompt(&[("user", "hi")], true), chat_prompt_mode("hi", true));
-        let two = chat_messages_prompt(&[("system", "be brief"), ("user", "hi"), ("tool", "42")], true);
+        assert_eq!(chat_template(&[("user", "hi")], false, true), chat_prompt_mode("hi", false));
+        assert_eq!(chat_template(&[("user", "hi")], true, true), chat_prompt_mode("hi", true));
+        let two = chat_template(&[("system", "be brief"), ("user", "hi"), ("tool", "42")], true, true);
         assert!(two.starts_with("<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n"), "{two}");
         assert!(two.contains("<|im_start|>user\n<tool_response>\n42\n</tool_response><|im_end|>\n<|im_start|>assistant\n"), "{two}");
     }

@@ -133,7 +133,7 @@ use crate::tokens;
 
 pub use metrics::{E2E_BUCKETS, TOKEN_LATENCY_BUCKETS, TTFT_BUCKETS};
 pub use protocol::{
-    COMPLETIONS_DEFAULT_MAX_TOKENS, FILLER_EOS_TOKENS, render_chat, render_chat_prompt,
+    COMPLETIONS_DEFAULT_MAX_TOKENS, FILLER_EOS_TOKENS, render_chat_prompt,
 };
 use metrics::{FinishedRequest, Metrics};
 use protocol::{
@@ -2466,10 +2466,11 @@ mod tests {
 
     #[test]
     fn chat_template_is_qwen3s() {
-        let p = render_chat(&[("user".into(), "hi".into())], true);
+        let hi = [tokens::ChatTurn { role: "user".into(), content: "hi".into(), tool_calls: Vec::new() }];
+        let p = render_chat_prompt(&hi, &[], true, true);
         assert_eq!(p, "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
         // Non-thinking mode, as the runtime's prompts are counted (`tokens::chat_prompt`).
-        let p = render_chat(&[("user".into(), "hi".into())], false);
+        let p = render_chat_prompt(&hi, &[], false, true);
         assert_eq!(p, tokens::chat_prompt("hi"));
         assert_eq!(tokens::count(&p), tokens::count("hi") + tokens::chat_overhead());
     }

@@ -361,7 +361,7 @@ impl ResponseFormat {
     /// is no model here, so this is the emulation's rule): for `json_object`, `{"answer": …}`
     /// holding the last user message's first characters; for `json_schema`, the schema's
     /// instance built as a tool call's arguments are ([`schema_instance`]: required
-    /// properties, local `$ref`s followed, a union's first non-null branch). JSON as Python's
+    /// properties, references followed, a union's first non-null branch unless it recurs). JSON as Python's
     /// `json.dumps` writes it; no thinking text before it.
     pub fn text(&self, turns: &[tokens::ChatTurn]) -> String {
         let user = turns.iter().rev().find(|t| t.role == "user").map_or("", |t| t.content.as_str());
@@ -548,20 +548,6 @@ pub fn not_emulated(param: &str) -> ApiError {
              distribution, so it has no log-probabilities to return"
         ),
     )
-}
-
-/// Renders plain-text chat messages `(role, content)` with Qwen3's chat template and the
-/// generation prompt: [`render_chat_prompt`] without tools or tool calls.
-pub fn render_chat(messages: &[(String, String)], enable_thinking: bool) -> String {
-    let turns: Vec<tokens::ChatTurn> = messages
-        .iter()
-        .map(|(role, content)| tokens::ChatTurn {
-            role: role.clone(),
-            content: content.clone(),
-            tool_calls: Vec::new(),
-        })
-        .collect();
-    render_chat_prompt(&turns, &[], enable_thinking, true)
 }
 
 /// Renders a conversation with Qwen3's whole chat template

@@ -714,12 +714,8 @@ fn run(args: RunArgs) -> Result<RunEnd> {
             Arc::new(move |done, total| r.update(progress::Point { done, total, ..Default::default() }));
         let out = live.run(Some(progress))?;
         // The notes went out as they happened; the run's faults, counted, once at its end.
-        let f = &out.faults;
-        if f.retries + f.restarts + f.migrated_calls + f.failed_calls + f.tool_crashes > 0 {
-            eprintln!(
-                "faults: {} retries of LLM calls · {} replica restarts · {} calls moved off lost replicas · {} calls failed for good · {} tool executor crashes",
-                f.retries, f.restarts, f.migrated_calls, f.failed_calls, f.tool_crashes
-            );
+        if let Some(line) = out.faults.line() {
+            eprintln!("{line}");
         }
         (out.report, out.trace, out.timelines, out.window, Vec::new())
     } else {

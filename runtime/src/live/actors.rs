@@ -579,6 +579,18 @@ pub struct FaultCounters {
     pub tool_crashes: u64,
 }
 
+impl FaultCounters {
+    /// The counters as one line for a person, `None` when the run absorbed no fault.
+    pub fn line(&self) -> Option<String> {
+        (self.retries + self.restarts + self.migrated_calls + self.failed_calls + self.tool_crashes > 0).then(|| {
+            format!(
+                "faults: {} retries of LLM calls · {} replica restarts · {} calls moved off lost replicas · {} calls failed for good · {} tool executor crashes",
+                self.retries, self.restarts, self.migrated_calls, self.failed_calls, self.tool_crashes
+            )
+        })
+    }
+}
+
 /// What a live run produces.
 #[derive(Debug, Clone)]
 pub struct LiveOutput {
@@ -732,6 +744,25 @@ impl std::fmt::Debug for ProgramCall {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_stopped_run_reports_the_faults_it_absorbed() {
+        let quiet = crate::live::LiveError::Stopped {
+            reason: "planner: boom".into(),
+            sessions_ended: 3,
+            sessions_total: 9,
+            faults: FaultCounters::default(),
+        };
+        assert_eq!(quiet.to_string(), "planner: boom (after 3 of 9 sessions ended)");
+        let faults = FaultCounters { retries: 2, restarts: 1, ..FaultCounters::default() };
+        let stopped =
+            crate::live::LiveError::Stopped { reason: "planner: boom".into(), sessions_ended: 3, sessions_total: 9, faults };
+        assert_eq!(
+            stopped.to_string(),
+            "planner: boom (after 3 of 9 sessions ended); faults: 2 retries of LLM calls · 1 replica restarts · \
+             0 calls moved off lost replicas · 0 calls failed for good · 0 tool executor crashes"
+        );
+    }
 
     #[test]
     fn backoff_doubles_from_the_base() {

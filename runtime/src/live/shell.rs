@@ -105,8 +105,8 @@ pub enum LiveError {
     Spawn(String),
     #[error("the planner actor stopped before the run finished: {0}")]
     PlannerGone(String),
-    #[error("{reason} (after {sessions_ended} of {sessions_total} sessions ended)")]
-    Stopped { reason: String, sessions_ended: usize, sessions_total: usize },
+    #[error("{reason} (after {sessions_ended} of {sessions_total} sessions ended){}", faults.line().map(|l| format!("; {l}")).unwrap_or_default())]
+    Stopped { reason: String, sessions_ended: usize, sessions_total: usize, faults: FaultCounters },
 }
 
 /// Run `cfg` on the live runtime with engines from `factory`. `progress(ended, total)` is called
@@ -213,6 +213,7 @@ pub async fn run(cfg: &LiveConfig, factory: Arc<dyn EngineFactory>, progress: Op
             reason,
             sessions_ended: out.report.sessions_completed + out.report.sessions_failed,
             sessions_total: total,
+            faults: out.faults,
         });
     }
     Ok(out)

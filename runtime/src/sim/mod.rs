@@ -46,7 +46,7 @@ use crate::session::Session;
 use crate::tokens;
 use crate::values::{NodeOutput, derive_seed};
 use crate::workflow::NodeKind;
-use toolpool::{ToolJob, ToolPool};
+use toolpool::{Follower, ToolJob, ToolPool, VerdictMatch};
 use window::SessionWindow;
 
 /// Errors that stop a simulation (a failing *session* is not one: it is reported).
@@ -232,6 +232,10 @@ struct Sim<'a> {
     /// (as if every arrival had been queued first).
     arrivals: arrivals::ArrivalStream,
     next_arrival: Option<(usize, TraceEntry)>,
+    /// A second copy of the arrival stream, [`TOOL_LOOKAHEAD_SESSIONS`] ahead of `arrivals`,
+    /// and the index of its next entry: the sessions whose first tool calls are prefetched
+    /// before they arrive (`None` when no workflow has a tool).
+    lookahead: Option<(arrivals::ArrivalStream, usize)>,
     sessions_total: usize,
     records: Vec<Arc<Vec<crate::values::Record>>>,
     /// The sessions in flight ([`SessionWindow`]).
@@ -350,6 +354,9 @@ impl<'a> Sim<'a> {
         let records = exec::load_records(&cfg.workflows)?;
         let sizes: Vec<usize> = records.iter().map(|r| r.len()).collect();
         let mut arrival_stream = arrivals::ArrivalStream::new(&cfg.arrivals_of(), &cfg.sessions_of(), &sizes, cfg.seed);
+        let has_tools: Vec<bool> =
+            cfg.workflows.iter().map(|w| w.nodes.iter().any(|n| matches!(n.kind, NodeKind::Tool(_)))).collect();
+        let lookahead = has_tools.contains(&true).then(|| (arrival_stream.clone(), 0));
         let sessions_total = arrival_stream.remaining();
         let next_arrival = arrival_stream.next().map(|e| (0, e));
         let timelines = cfg
@@ -377,6 +384,7 @@ impl<'a> Sim<'a> {
             now: 0.0,
             arrivals: arrival_stream,
             next_arrival,
+            lookahead,
             sessions_total,
             sessions: SessionWindow::default(),
             tally: SessionTally::default(),
@@ -392,11 +400,7 @@ impl<'a> Sim<'a> {
             tool_jobs: BTreeMap::new(),
             handoffs: BTreeMap::new(),
             handoff_s: cfg.handoff_s,
-            has_tools: cfg
-                .workflows
-                .iter()
-                .map(|w| w.nodes.iter().any(|n| matches!(n.kind, NodeKind::Tool(_))))
-                .collect(),
+            has_tools,
             timelines,
             weights_read: std::collections::BTreeSet::new(),
             released_at: vec![0.0; cfg.pool.devices.len()],
@@ -429,6 +433,7 @@ impl<'a> Sim<'a> {
             && self.queue.peek().is_none_or(|n| entry.at <= n.at)
         {
             self.next_arrival = self.arrivals.next().map(|e| (i + 1, e));
+            self.look_ahead(i);
             return Some((entry.at, SimEvent::Arrival(i, entry)));
         }
         self.queue.pop().map(|n| (n.at, n.event))
@@ -998,24 +1003,63 @@ impl<'a> Sim<'a> {
     }
 
     /// Start, ahead of time, the tool calls that completing LLM unit `a` with its (already
-    /// drawn) `output` would issue: rendered on a copy of the session, so nothing here changes
-    /// the run; the issued call later joins the prefetched run (see [`ToolPool::prefetch`]).
+    /// drawn) `output` would issue (see [`calls_after`]); the issued call later joins the
+    /// prefetched run (see [`ToolPool::prefetch_chain`]).
     fn prefetch_tools(&self, a: ActivationId, output: &NodeOutput) {
         let Some(run) = self.sessions.get(a.session.0 as usize) else { return };
         if !self.has_tools.get(run.record.workflow as usize).copied().unwrap_or(false) {
             return;
         }
         let Some(session) = run.session.as_deref() else { return };
-        let mut copy = session.clone();
-        if copy.mark_running(a.index).is_err() {
-            return;
+        for (call, followers) in calls_after(session, a.index, output) {
+            self.tools.prefetch_chain(call, followers);
         }
-        let Ok(ready) = copy.complete(a.index, output.clone()) else { return };
-        for r in ready {
-            let Some(node) = copy.node_of(r.index) else { continue };
-            let NodeKind::Tool(tool) = &node.kind else { continue };
-            if let Ok(inputs) = copy.render_tool_inputs(r.index) {
-                self.tools.prefetch(ToolCall { tool: tool.tool.clone(), inputs, timeout_s: tool.timeout_s });
+    }
+
+    /// Keep the lookahead stream [`TOOL_LOOKAHEAD_SESSIONS`] sessions past arrival `i`,
+    /// prefetching the tool calls of each session it passes that has tools: the calls its
+    /// first units would make (see [`calls_after`]), with their followers. A session's first
+    /// calls otherwise start only when its LLM unit is ready, which in wall time is a moment
+    /// before the call is joined — too late to hide a candidate program that runs to its
+    /// timeout. Prefetching changes no result: a run's outcome depends only on its call.
+    fn look_ahead(&mut self, i: usize) {
+        let Some((mut stream, mut next)) = self.lookahead.take() else { return };
+        while next <= i + TOOL_LOOKAHEAD_SESSIONS {
+            let Some(entry) = stream.next() else { break };
+            if self.has_tools.get(entry.workflow as usize).copied().unwrap_or(false) {
+                self.prefetch_session(next, &entry);
+            }
+            next += 1;
+        }
+        self.lookahead = Some((stream, next));
+    }
+
+    /// Prefetch the first tool calls of session `i` (arriving as `entry`), rendered on a
+    /// session of its own that the run never sees. (A routed workflow binds its model at
+    /// arrival; a call prepared here for another model only costs its run.)
+    fn prefetch_session(&self, i: usize, entry: &TraceEntry) {
+        let w = entry.workflow as usize;
+        let (Some(spec), Some(input)) = (self.cfg.workflows.get(w), self.records.get(w).and_then(|r| r.get(entry.record)))
+        else {
+            return;
+        };
+        let Ok(session) = Session::new(SessionId(i as u32), Arc::clone(spec), input.clone()) else { return };
+        let ctx = PrepareContext {
+            seed: self.cfg.seed,
+            deployments: &self.deployments,
+            deployment_of: &self.deployment_of,
+            node_info: &self.node_info,
+        };
+        for a in session.ready() {
+            let mut copy = session.clone();
+            match exec::prepare(&ctx, &mut copy, entry.workflow, a, entry.at) {
+                Ok(Ready::Llm { prepared, .. }) => {
+                    for (call, followers) in calls_after(&session, a.index, &prepared.output) {
+                        self.tools.prefetch_chain(call, followers);
+                    }
+                }
+                Ok(Ready::Tool { call, .. }) => self.tools.prefetch_chain(call, followers_of(&session, a.index)),
+                Ok(Ready::Fail(_)) | Err(_) => {}
             }
         }
     }
@@ -1386,6 +1430,81 @@ fn blank() -> TraceLine {
     }
 }
 
+/// How many sessions ahead of the arrivals the simulator prefetches first tool calls
+/// ([`Sim::look_ahead`]): enough wall time for workers to run a candidate program to its
+/// timeout before the session needs its verdict, at simulator speeds of hundreds of sessions
+/// per second.
+const TOOL_LOOKAHEAD_SESSIONS: usize = 2048;
+
+/// The tool calls that completing LLM activation `index` of `session` with `output` would
+/// issue, rendered on a copy of the session (nothing here changes the run), each with the
+/// calls it would issue in turn when it ends (a final check after a test, say: one step of
+/// speculation, see [`followers_of`]).
+fn calls_after(session: &Session, index: u32, output: &NodeOutput) -> Vec<(ToolCall, Vec<Follower>)> {
+    let mut copy = session.clone();
+    if copy.mark_running(index).is_err() {
+        return Vec::new();
+    }
+    let Ok(ready) = copy.complete(index, output.clone()) else { return Vec::new() };
+    ready.iter().filter_map(|r| Some((tool_call_of(&copy, r.index)?, followers_of(&copy, r.index)))).collect()
+}
+
+/// The rendered call of tool activation `index`, `None` for an LLM unit or inputs that do not
+/// render.
+fn tool_call_of(session: &Session, index: u32) -> Option<ToolCall> {
+    let NodeKind::Tool(tool) = &session.node_of(index)?.kind else { return None };
+    let inputs = session.render_tool_inputs(index).ok()?;
+    Some(ToolCall { tool: tool.tool.clone(), inputs, timeout_s: tool.timeout_s })
+}
+
+/// The tool calls that ready tool activation `index` would issue when it ends. Its outcome is
+/// not known yet, so they are taken for every verdict the workflow's branches tell apart —
+/// each verdict a condition on the tool's node names, and one that none names — each under
+/// the verdict that starts it, and only where their inputs do not depend on the tool's own
+/// text (rendered after two different stand-in texts, they must agree): a prefetched call is
+/// one an issued call can join.
+fn followers_of(session: &Session, index: u32) -> Vec<Follower> {
+    let Some(node) = session.activation(index).map(|act| act.node) else { return Vec::new() };
+    let spec = session.spec();
+    let mut named: Vec<String> = spec
+        .nodes
+        .iter()
+        .filter_map(|n| n.when.as_ref())
+        .chain(spec.loops.iter().map(|l| &l.continue_when))
+        .filter(|c| c.node == node)
+        .flat_map(|c| c.verdicts.iter().cloned())
+        .collect();
+    named.sort();
+    named.dedup();
+    let branches: Vec<(Option<String>, VerdictMatch)> = named
+        .iter()
+        .map(|v| (Some(v.clone()), VerdictMatch::Is(v.clone())))
+        .chain(std::iter::once((None, VerdictMatch::NoneOf(named.clone()))))
+        .collect();
+    let mut followers = Vec::new();
+    for (verdict, when) in branches {
+        let ended = |text: &str| {
+            let mut copy = session.clone();
+            copy.mark_running(index).ok()?;
+            let output = NodeOutput { text: text.to_string(), verdict: verdict.clone(), ..NodeOutput::default() };
+            let ready = copy.complete(index, output).ok()?;
+            Some((copy, ready))
+        };
+        let (Some((one, ready)), Some((other, _))) = (ended("speculated outcome A"), ended("speculated outcome B"))
+        else {
+            continue;
+        };
+        for r in ready {
+            if let (Some(call), Some(check)) = (tool_call_of(&one, r.index), tool_call_of(&other, r.index))
+                && call == check
+            {
+                followers.push(Follower { when: when.clone(), call });
+            }
+        }
+    }
+    followers
+}
+
 #[cfg(test)]
 mod tests {
     use std::path::Path;
@@ -1416,6 +1535,39 @@ mod tests {
             handoff_s: crate::exec::FRAMEWORK_HANDOFF_S,
             routing: Default::default(),
         }
+    }
+
+    #[test]
+    fn a_units_prefetch_carries_the_tool_that_follows_its_tool_under_the_verdict_that_starts_it() {
+        // MBPP: generate → test → (fail: the repair loop; otherwise validate). Completing
+        // `generate` readies `test`; its follower is `validate`, whose inputs (the code and every
+        // assert) do not depend on the test's outcome, for the branch where the test does not
+        // fail — and nothing for the failing branch, which next runs an LLM unit.
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../workflows");
+        let spec = Arc::new(load_workflow(&root.join("mbpp.yaml")).expect("bundled workflow"));
+        let record = spec.load_records().expect("bundled dataset")[0].clone();
+        let session = Session::new(SessionId(0), Arc::clone(&spec), record.clone()).expect("session");
+        let code = "def f(x):\n    return x\n";
+        let output = NodeOutput { text: format!("```python\n{code}```"), ..NodeOutput::default() };
+        let calls = calls_after(&session, 0, &output);
+        let tests = |c: &ToolCall| c.inputs.get("tests").and_then(|t| t.as_array()).map_or(0, Vec::len);
+        let all = record.get("test_list").and_then(|t| t.as_array()).map_or(0, Vec::len);
+        assert!(all > 1);
+        let [(test, followers)] = calls.as_slice() else { panic!("one call: {calls:?}") };
+        assert_eq!((test.tool.as_str(), tests(test)), ("python_tests", 1), "the visible test");
+        let [validate] = followers.as_slice() else { panic!("one follower: {followers:?}") };
+        assert_eq!(validate.when, VerdictMatch::NoneOf(vec!["fail".into()]), "any verdict but the repair loop's");
+        assert_eq!(tests(&validate.call), all, "validate runs every assert");
+        assert_eq!(validate.call.inputs.get("code"), test.inputs.get("code"));
+        // The follower is the call the run would issue: completing the test with a pass makes
+        // validate ready with exactly the speculated inputs.
+        let mut run = session.clone();
+        run.mark_running(0).expect("running");
+        let ready = run.complete(0, output).expect("completed");
+        run.mark_running(ready[0].index).expect("running");
+        let pass = NodeOutput { text: "pass".into(), verdict: Some("pass".into()), ..NodeOutput::default() };
+        let next = run.complete(ready[0].index, pass).expect("completed");
+        assert_eq!(next.iter().filter_map(|r| tool_call_of(&run, r.index)).collect::<Vec<_>>(), vec![validate.call.clone()]);
     }
 
     #[test]

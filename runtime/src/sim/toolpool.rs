@@ -8,13 +8,17 @@
 //! Because a tool's outcome is a function of its call (inputs, timeout and sandbox backend),
 //! outcomes are memoised for the life of the process: a benchmark that replays one trace under
 //! many policies runs each distinct candidate program once. The same fact lets the simulator
-//! start a call *before* it is issued ([`ToolPool::prefetch`]): when an LLM unit's output is
+//! start a call *before* it is issued ([`ToolPool::prefetch_chain`]): when an LLM unit's output is
 //! known (the emulated answer is drawn when the unit is prepared, long before it completes in
 //! virtual time), the tool calls that its completion would make ready are rendered on a copy
 //! of the session and queued behind the calls already issued. The issued call later finds the
 //! prefetched run (running, finished or still queued) under the same key and joins it; a
 //! prefetch that never becomes a call only costs its run. A join of a call that no worker has
 //! started runs it on the joining thread, so the event loop never waits idle behind a queue.
+//! A prefetch may carry *followers* ([`Follower`]): calls to queue when it ends with a given
+//! verdict (a final check after a passing test), so a second step of a session's tools runs
+//! ahead too, and only on the branch its first step really takes (a follower of a program that
+//! hangs is never started, which would cost a second timeout).
 //!
 //! Must not depend on the planner, `exec` or the live shell: it runs tool calls, whoever asks.
 
@@ -76,12 +80,46 @@ fn run_memoised(call: &ToolCall, key: Option<&str>) -> Result<ToolOutcome, ToolE
     Ok(outcome)
 }
 
+/// Which verdicts of a call start a follower.
+#[derive(Debug, Clone, PartialEq)]
+pub enum VerdictMatch {
+    /// Exactly this verdict.
+    Is(String),
+    /// Any verdict (or none) but these: the branch no condition names.
+    NoneOf(Vec<String>),
+}
+
+impl VerdictMatch {
+    pub fn holds(&self, verdict: Option<&str>) -> bool {
+        match self {
+            VerdictMatch::Is(v) => verdict == Some(v.as_str()),
+            VerdictMatch::NoneOf(named) => !verdict.is_some_and(|v| named.iter().any(|n| n == v)),
+        }
+    }
+}
+
+/// A call to prefetch once another call ends with a verdict that `when` matches.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Follower {
+    pub when: VerdictMatch,
+    pub call: ToolCall,
+}
+
+/// A slot's followers, until its run ended; then the verdict it ended with (`Err` for a call
+/// that failed to run: no follower of it starts).
+#[derive(Default)]
+struct Followers {
+    waiting: Vec<Follower>,
+    ended: Option<Result<Option<String>, ()>>,
+}
+
 /// One run of a call, shared by everyone who asked for it.
 struct Slot {
     call: ToolCall,
     key: Option<String>,
     state: Mutex<SlotState>,
     done: Condvar,
+    followers: Mutex<Followers>,
 }
 
 enum SlotState {
@@ -102,9 +140,18 @@ impl Slot {
         }
     }
 
-    /// Run the call (the caller claimed it) and publish the result.
+    /// Run the call (the caller claimed it) and publish the result, after queueing the
+    /// followers its verdict starts.
     fn run(&self, shared: &Shared) {
         let result = run_memoised(&self.call, self.key.as_deref()).map_err(|e| e.to_string());
+        let start = {
+            let mut f = lock(&self.followers);
+            f.ended = Some(result.as_ref().map(|o| o.verdict.clone()).map_err(|_| ()));
+            std::mem::take(&mut f.waiting)
+        };
+        if let Ok(outcome) = &result {
+            shared.start_followers(start, outcome.verdict.as_deref());
+        }
         // The outcome is in the memo (when it succeeded) before the slot leaves the table, so a
         // later identical call finds one or the other.
         if let Some(k) = &self.key {
@@ -143,6 +190,88 @@ struct Shared {
     work: Condvar,
     /// Runs not finished yet, by memo key.
     table: Mutex<HashMap<String, Arc<Slot>>>,
+}
+
+impl Shared {
+    /// The run for `call`: the one already known under its key, else a new one, queued as
+    /// issued or as prefetched. `Err(Some(outcome))` when the memo has the outcome already,
+    /// `Err(None)` when a prefetch is not queued.
+    fn find_or_queue(&self, call: ToolCall, prefetch: bool) -> Result<Arc<Slot>, Option<ToolOutcome>> {
+        let key = memo_key(&call);
+        let mut table = lock(&self.table);
+        if let Some(k) = &key {
+            if let Some(slot) = table.get(k) {
+                let slot = Arc::clone(slot);
+                if !prefetch && matches!(*lock(&slot.state), SlotState::Queued) {
+                    // Issued now: ahead of the other prefetches (the stale queue entry is
+                    // skipped by whoever pops it second).
+                    lock(&self.queues).issued.push_back(Arc::clone(&slot));
+                    drop(table);
+                    self.work.notify_one();
+                }
+                return Ok(slot);
+            }
+            if let Some(hit) = memo_get(k) {
+                return Err(Some(hit));
+            }
+        }
+        let slot = Arc::new(Slot {
+            call,
+            key: key.clone(),
+            state: Mutex::new(SlotState::Queued),
+            done: Condvar::new(),
+            followers: Mutex::new(Followers::default()),
+        });
+        {
+            let mut q = lock(&self.queues);
+            if prefetch {
+                if q.closing || q.prefetched.len() >= PREFETCH_LIMIT || key.is_none() {
+                    return Err(None);
+                }
+                q.prefetched.push_back(Arc::clone(&slot));
+            } else {
+                q.issued.push_back(Arc::clone(&slot));
+            }
+        }
+        if let Some(k) = key {
+            table.insert(k, Arc::clone(&slot));
+        }
+        drop(table);
+        self.work.notify_one();
+        Ok(slot)
+    }
+
+    /// Prefetch the followers that `verdict` starts.
+    fn start_followers(&self, followers: Vec<Follower>, verdict: Option<&str>) {
+        for f in followers {
+            if f.when.holds(verdict) {
+                self.prefetch_chain(f.call, Vec::new());
+            }
+        }
+    }
+
+    /// Prefetch `call`, and `followers` once it ends (at once when its outcome is known).
+    fn prefetch_chain(&self, call: ToolCall, followers: Vec<Follower>) {
+        match self.find_or_queue(call, true) {
+            Ok(slot) => {
+                if followers.is_empty() {
+                    return;
+                }
+                let mut f = lock(&slot.followers);
+                match &f.ended {
+                    None => f.waiting.extend(followers),
+                    Some(Ok(verdict)) => {
+                        let verdict = verdict.clone();
+                        drop(f);
+                        self.start_followers(followers, verdict.as_deref());
+                    }
+                    Some(Err(())) => {}
+                }
+            }
+            Err(Some(outcome)) => self.start_followers(followers, outcome.verdict.as_deref()),
+            Err(None) => {}
+        }
+    }
 }
 
 /// Handle to a submitted tool call.
@@ -187,51 +316,9 @@ impl ToolPool {
         ToolPool { shared, workers }
     }
 
-    /// The run for `call`: the one already known under its key, else a new one, queued as
-    /// issued or as prefetched. `Err(Some(outcome))` when the memo has the outcome already,
-    /// `Err(None)` when a prefetch is not queued.
-    fn find_or_queue(&self, call: ToolCall, prefetch: bool) -> Result<Arc<Slot>, Option<ToolOutcome>> {
-        let key = memo_key(&call);
-        let mut table = lock(&self.shared.table);
-        if let Some(k) = &key {
-            if let Some(slot) = table.get(k) {
-                let slot = Arc::clone(slot);
-                if !prefetch && matches!(*lock(&slot.state), SlotState::Queued) {
-                    // Issued now: ahead of the other prefetches (the stale queue entry is
-                    // skipped by whoever pops it second).
-                    lock(&self.shared.queues).issued.push_back(Arc::clone(&slot));
-                    drop(table);
-                    self.shared.work.notify_one();
-                }
-                return Ok(slot);
-            }
-            if let Some(hit) = memo_get(k) {
-                return Err(Some(hit));
-            }
-        }
-        let slot = Arc::new(Slot { call, key: key.clone(), state: Mutex::new(SlotState::Queued), done: Condvar::new() });
-        {
-            let mut q = lock(&self.shared.queues);
-            if prefetch {
-                if q.closing || q.prefetched.len() >= PREFETCH_LIMIT || key.is_none() {
-                    return Err(None);
-                }
-                q.prefetched.push_back(Arc::clone(&slot));
-            } else {
-                q.issued.push_back(Arc::clone(&slot));
-            }
-        }
-        if let Some(k) = key {
-            table.insert(k, Arc::clone(&slot));
-        }
-        drop(table);
-        self.shared.work.notify_one();
-        Ok(slot)
-    }
-
     /// Queue a call; the result is collected with [`ToolJob::join`].
     pub fn submit(&self, call: ToolCall) -> ToolJob {
-        match self.find_or_queue(call, false) {
+        match self.shared.find_or_queue(call, false) {
             Ok(slot) => ToolJob(JobState::Slot(slot, Arc::clone(&self.shared))),
             Err(Some(hit)) => ToolJob(JobState::Ready(Ok(hit))),
             Err(None) => ToolJob(JobState::Ready(Err("tool call could not be queued".into()))),
@@ -239,9 +326,10 @@ impl ToolPool {
     }
 
     /// Start `call` early, as a hint: a later [`ToolPool::submit`] of an identical call joins
-    /// this run. Calls already known are not queued again.
-    pub fn prefetch(&self, call: ToolCall) {
-        let _ = self.find_or_queue(call, true);
+    /// this run (calls already known are not queued again); and when it ends, each of
+    /// `followers` whose verdict match holds for its outcome, the same way.
+    pub fn prefetch_chain(&self, call: ToolCall, followers: Vec<Follower>) {
+        self.shared.prefetch_chain(call, followers);
     }
 }
 
@@ -295,6 +383,41 @@ mod tests {
         ToolCall { tool: "majority_vote".into(), inputs, timeout_s: None }
     }
 
+    /// Whether a run of `call` is known to the pool: queued, running, or its outcome memoised.
+    fn known(pool: &ToolPool, call: &ToolCall) -> bool {
+        let key = memo_key(call).expect("a keyed call");
+        lock(&pool.shared.table).contains_key(&key) || memo_get(&key).is_some()
+    }
+
+    #[test]
+    fn a_prefetch_starts_only_the_followers_its_verdict_matches() {
+        assert!(VerdictMatch::Is("pass".into()).holds(Some("pass")));
+        assert!(!VerdictMatch::Is("pass".into()).holds(None));
+        let not_fail = VerdictMatch::NoneOf(vec!["fail".into()]);
+        assert!(not_fail.holds(Some("pass")) && not_fail.holds(None) && !not_fail.holds(Some("fail")));
+
+        // A vote with a majority: its `majority` follower is queued when it ends, its `tie`
+        // follower never is; a follower of a call whose outcome is already memoised is matched
+        // at once.
+        let pool = ToolPool::new(1);
+        let first = vote(&["chain-test: 7231", "chain-test: 7232", "chain-test: 7231"]);
+        let on_majority = vote(&["chain-test majority"]);
+        let on_tie = vote(&["chain-test tie"]);
+        let followers = vec![
+            Follower { when: VerdictMatch::Is("majority".into()), call: on_majority.clone() },
+            Follower { when: VerdictMatch::Is("tie".into()), call: on_tie.clone() },
+        ];
+        pool.prefetch_chain(first.clone(), followers.clone());
+        let outcome = pool.submit(first.clone()).join().expect("the vote");
+        assert_eq!(outcome.verdict.as_deref(), Some("majority"));
+        assert!(known(&pool, &on_majority), "the matching follower is queued before the join returns");
+        assert!(!known(&pool, &on_tie), "the other branch's follower never starts");
+        let again = vote(&["chain-test majority, memoised"]);
+        pool.prefetch_chain(first, vec![Follower { when: VerdictMatch::Is("majority".into()), call: again.clone() }]);
+        assert!(known(&pool, &again));
+        assert!(!known(&pool, &on_tie));
+    }
+
     #[test]
     fn prefetched_issued_and_stolen_runs_equal_a_direct_run() {
         let calls: Vec<ToolCall> =
@@ -303,7 +426,7 @@ mod tests {
         // Prefetch every other call, then issue all (some joined while queued, some running,
         // some done), plus an issued call nobody prefetched.
         for c in calls.iter().step_by(2) {
-            pool.prefetch(c.clone());
+            pool.prefetch_chain(c.clone(), Vec::new());
         }
         let jobs: Vec<ToolJob> = calls.iter().map(|c| pool.submit(c.clone())).collect();
         for (c, job) in calls.iter().zip(jobs) {
@@ -311,12 +434,12 @@ mod tests {
             assert_eq!(ToolOutcome { wall_seconds: 0.0, ..job.join().expect("pooled run") }, direct);
         }
         // A prefetch nobody issues is dropped with the pool, without blocking it.
-        pool.prefetch(vote(&["pool-test never issued"]));
+        pool.prefetch_chain(vote(&["pool-test never issued"]), Vec::new());
         drop(pool);
         // A call that fails is an error for its job, prefetched or not.
         let pool = ToolPool::new(1);
         let bad = ToolCall { tool: "majority_vote".into(), inputs: Default::default(), timeout_s: None };
-        pool.prefetch(bad.clone());
+        pool.prefetch_chain(bad.clone(), Vec::new());
         assert!(pool.submit(bad).join().is_err());
     }
 }

@@ -234,7 +234,7 @@ struct Sim<'a> {
     next_arrival: Option<(usize, TraceEntry)>,
     /// A second copy of the arrival stream, [`TOOL_LOOKAHEAD_SESSIONS`] ahead of `arrivals`,
     /// and the index of its next entry: the sessions whose first tool calls are prefetched
-    /// before they arrive (`None` when no workflow has a tool).
+    /// before they arrive (`None` when no workflow [`looks_ahead`]).
     lookahead: Option<(arrivals::ArrivalStream, usize)>,
     sessions_total: usize,
     records: Vec<Arc<Vec<crate::values::Record>>>,
@@ -261,6 +261,8 @@ struct Sim<'a> {
     handoff_s: f64,
     /// Per workflow: whether it has a tool node (only then are tool calls prefetched).
     has_tools: Vec<bool>,
+    /// Per workflow: whether the lookahead prefetches its sessions' first calls ([`looks_ahead`]).
+    looks_ahead: Vec<bool>,
     timelines: Vec<DeviceTimeline>,
     /// (model, dtype, device) whose weights were read before in this run: later loads read
     /// them from the page cache, the first from disk. (Per device: the emulated pool has no
@@ -356,7 +358,8 @@ impl<'a> Sim<'a> {
         let mut arrival_stream = arrivals::ArrivalStream::new(&cfg.arrivals_of(), &cfg.sessions_of(), &sizes, cfg.seed);
         let has_tools: Vec<bool> =
             cfg.workflows.iter().map(|w| w.nodes.iter().any(|n| matches!(n.kind, NodeKind::Tool(_)))).collect();
-        let lookahead = has_tools.contains(&true).then(|| (arrival_stream.clone(), 0));
+        let looks_ahead: Vec<bool> = cfg.workflows.iter().map(|w| looks_ahead(w)).collect();
+        let lookahead = looks_ahead.contains(&true).then(|| (arrival_stream.clone(), 0));
         let sessions_total = arrival_stream.remaining();
         let next_arrival = arrival_stream.next().map(|e| (0, e));
         let timelines = cfg
@@ -401,6 +404,7 @@ impl<'a> Sim<'a> {
             handoffs: BTreeMap::new(),
             handoff_s: cfg.handoff_s,
             has_tools,
+            looks_ahead,
             timelines,
             weights_read: std::collections::BTreeSet::new(),
             released_at: vec![0.0; cfg.pool.devices.len()],
@@ -1017,16 +1021,18 @@ impl<'a> Sim<'a> {
     }
 
     /// Keep the lookahead stream [`TOOL_LOOKAHEAD_SESSIONS`] sessions past arrival `i`,
-    /// prefetching the tool calls of each session it passes that has tools: the calls its
-    /// first units would make (see [`calls_after`]), with their followers. A session's first
+    /// prefetching, for each session it passes of a workflow that [`looks_ahead`], the tool
+    /// calls that its first units' outputs make ready, with their followers. A session's first
     /// calls otherwise start only when its LLM unit is ready, which in wall time is a moment
     /// before the call is joined — too late to hide a candidate program that runs to its
-    /// timeout. Prefetching changes no result: a run's outcome depends only on its call.
+    /// timeout. A prefetch decides nothing: the issued call joins the run, or runs its call
+    /// itself, and the outcome is the call's (but see the tool's wall-time limit, README
+    /// "Simulator scale").
     fn look_ahead(&mut self, i: usize) {
         let Some((mut stream, mut next)) = self.lookahead.take() else { return };
         while next <= i + TOOL_LOOKAHEAD_SESSIONS {
             let Some(entry) = stream.next() else { break };
-            if self.has_tools.get(entry.workflow as usize).copied().unwrap_or(false) {
+            if self.looks_ahead.get(entry.workflow as usize).copied().unwrap_or(false) {
                 self.prefetch_session(next, &entry);
             }
             next += 1;
@@ -1034,9 +1040,9 @@ impl<'a> Sim<'a> {
         self.lookahead = Some((stream, next));
     }
 
-    /// Prefetch the first tool calls of session `i` (arriving as `entry`), rendered on a
-    /// session of its own that the run never sees. (A routed workflow binds its model at
-    /// arrival; a call prepared here for another model only costs its run.)
+    /// Prefetch the first tool calls of session `i` (arriving as `entry`): its first units are
+    /// prepared and completed on a session of its own that the run never sees, and the tool
+    /// calls that become ready are queued behind every call of a session in flight.
     fn prefetch_session(&self, i: usize, entry: &TraceEntry) {
         let w = entry.workflow as usize;
         let (Some(spec), Some(input)) = (self.cfg.workflows.get(w), self.records.get(w).and_then(|r| r.get(entry.record)))
@@ -1050,16 +1056,30 @@ impl<'a> Sim<'a> {
             deployment_of: &self.deployment_of,
             node_info: &self.node_info,
         };
+        let mut copy = session.clone();
+        let mut outputs = Vec::new();
         for a in session.ready() {
-            let mut copy = session.clone();
             match exec::prepare(&ctx, &mut copy, entry.workflow, a, entry.at) {
-                Ok(Ready::Llm { prepared, .. }) => {
-                    for (call, followers) in calls_after(&session, a.index, &prepared.output) {
-                        self.tools.prefetch_chain(call, followers);
-                    }
-                }
-                Ok(Ready::Tool { call, .. }) => self.tools.prefetch_chain(call, followers_of(&session, a.index)),
-                Ok(Ready::Fail(_)) | Err(_) => {}
+                Ok(Ready::Llm { prepared, .. }) => outputs.push((a.index, prepared.output)),
+                Ok(Ready::Tool { call, .. }) => self.tools.prefetch_ahead(call, followers_of(&session, a.index)),
+                Ok(Ready::Fail(_)) | Err(_) => return,
+            }
+        }
+        // Every first unit ends (in any order: a tool that waits for several, like a vote,
+        // becomes ready with the last), then the calls it made ready are queued.
+        let mut ready = Vec::new();
+        for (index, output) in outputs {
+            if copy.mark_running(index).is_err() {
+                return;
+            }
+            match copy.complete(index, output) {
+                Ok(r) => ready.extend(r),
+                Err(_) => return,
+            }
+        }
+        for r in ready {
+            if let Some(call) = tool_call_of(&copy, r.index) {
+                self.tools.prefetch_ahead(call, followers_of(&copy, r.index));
             }
         }
     }
@@ -1431,10 +1451,19 @@ fn blank() -> TraceLine {
 }
 
 /// How many sessions ahead of the arrivals the simulator prefetches first tool calls
-/// ([`Sim::look_ahead`]): enough wall time for workers to run a candidate program to its
-/// timeout before the session needs its verdict, at simulator speeds of hundreds of sessions
-/// per second.
+/// ([`Sim::look_ahead`]): at the ~20 sessions per second of wall time that the three pipelines
+/// run at on 2 cores, about 100 s — room for workers to run candidate programs to their
+/// timeout before the sessions need their verdicts.
 const TOOL_LOOKAHEAD_SESSIONS: usize = 2048;
+
+/// Whether the lookahead prefetches `spec`'s first tool calls: it has a tool that runs
+/// untrusted code in a sandbox (an in-process vote costs less than preparing the units before
+/// it) and no route (a routed session's model is bound at arrival, so calls rendered before
+/// it would be for another model's answer).
+fn looks_ahead(spec: &crate::workflow::WorkflowSpec) -> bool {
+    spec.route().is_none()
+        && spec.nodes.iter().any(|n| matches!(&n.kind, NodeKind::Tool(t) if t.tool != switchyard_tools::majority_vote::NAME))
+}
 
 /// The tool calls that completing LLM activation `index` of `session` with `output` would
 /// issue, rendered on a copy of the session (nothing here changes the run), each with the
@@ -1461,8 +1490,9 @@ fn tool_call_of(session: &Session, index: u32) -> Option<ToolCall> {
 /// not known yet, so they are taken for every verdict the workflow's branches tell apart —
 /// each verdict a condition on the tool's node names, and one that none names — each under
 /// the verdict that starts it, and only where their inputs do not depend on the tool's own
-/// text (rendered after two different stand-in texts, they must agree): a prefetched call is
-/// one an issued call can join.
+/// output (rendered after two different stand-in texts, and for the unnamed branch two
+/// different unnamed verdicts, they must agree): a prefetched call is one an issued call can
+/// join.
 fn followers_of(session: &Session, index: u32) -> Vec<Follower> {
     let Some(node) = session.activation(index).map(|act| act.node) else { return Vec::new() };
     let spec = session.spec();
@@ -1483,14 +1513,18 @@ fn followers_of(session: &Session, index: u32) -> Vec<Follower> {
         .collect();
     let mut followers = Vec::new();
     for (verdict, when) in branches {
-        let ended = |text: &str| {
+        let ended = |text: &str, verdict: Option<String>| {
             let mut copy = session.clone();
             copy.mark_running(index).ok()?;
-            let output = NodeOutput { text: text.to_string(), verdict: verdict.clone(), ..NodeOutput::default() };
+            let output = NodeOutput { text: text.to_string(), verdict, ..NodeOutput::default() };
             let ready = copy.complete(index, output).ok()?;
             Some((copy, ready))
         };
-        let (Some((one, ready)), Some((other, _))) = (ended("speculated outcome A"), ended("speculated outcome B"))
+        // The unnamed branch is taken by any verdict no condition names: the second stand-in
+        // has another one, so a follower that reads the verdict is not taken for a sure call.
+        let other_verdict = verdict.clone().or_else(|| Some("\u{0}another verdict no condition names".into()));
+        let (Some((one, ready)), Some((other, _))) =
+            (ended("speculated outcome A", verdict.clone()), ended("speculated outcome B", other_verdict))
         else {
             continue;
         };

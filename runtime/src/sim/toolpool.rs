@@ -30,8 +30,10 @@ use switchyard_tools::{ToolCall, ToolError, ToolOutcome, run_tool};
 
 use crate::memo::Memo;
 
-/// Bytes (roughly: keys and outcome texts) each generation of the process-wide memo keeps.
-const MEMO_BYTES: usize = 4 << 20;
+/// Bytes (roughly: keys and outcome texts) each generation of the process-wide memo keeps:
+/// enough that an outcome prefetched for a session thousands of arrivals ahead is still there
+/// when the session issues its call (a GSM8K vote costs ~4.6 KB, an MBPP test ~1.5–1.8 KB).
+const MEMO_BYTES: usize = 16 << 20;
 
 /// Most prefetched calls queued and not yet started; more are dropped (they are only hints).
 const PREFETCH_LIMIT: usize = 4096;
@@ -98,6 +100,17 @@ impl VerdictMatch {
     }
 }
 
+/// How soon a queued call's outcome is wanted; workers take the most urgent first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Urgency {
+    /// Issued: a session waits for it.
+    Issued,
+    /// Prefetched for a session in flight.
+    Soon,
+    /// Prefetched for a session that has not arrived yet.
+    Ahead,
+}
+
 /// A call to prefetch once another call ends with a verdict that `when` matches.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Follower {
@@ -109,7 +122,7 @@ pub struct Follower {
 /// that failed to run: no follower of it starts).
 #[derive(Default)]
 struct Followers {
-    waiting: Vec<Follower>,
+    waiting: Vec<(Follower, Urgency)>,
     ended: Option<Result<Option<String>, ()>>,
 }
 
@@ -120,6 +133,8 @@ struct Slot {
     state: Mutex<SlotState>,
     done: Condvar,
     followers: Mutex<Followers>,
+    /// The most urgent queue the slot was put in (it may sit in less urgent ones too).
+    queued: Mutex<Urgency>,
 }
 
 enum SlotState {
@@ -150,7 +165,9 @@ impl Slot {
             std::mem::take(&mut f.waiting)
         };
         if let Ok(outcome) = &result {
-            shared.start_followers(start, outcome.verdict.as_deref());
+            for (f, urgency) in start {
+                shared.start_followers(vec![f], outcome.verdict.as_deref(), urgency);
+            }
         }
         // The outcome is in the memo (when it succeeded) before the slot leaves the table, so a
         // later identical call finds one or the other.
@@ -181,6 +198,8 @@ struct Queues {
     issued: VecDeque<Arc<Slot>>,
     /// Prefetched calls, in order; workers take them only when no issued call waits.
     prefetched: VecDeque<Arc<Slot>>,
+    /// Calls prefetched for sessions not arrived yet, taken last.
+    ahead: VecDeque<Arc<Slot>>,
     closing: bool,
 }
 
@@ -193,19 +212,31 @@ struct Shared {
 }
 
 impl Shared {
-    /// The run for `call`: the one already known under its key, else a new one, queued as
-    /// issued or as prefetched. `Err(Some(outcome))` when the memo has the outcome already,
-    /// `Err(None)` when a prefetch is not queued.
-    fn find_or_queue(&self, call: ToolCall, prefetch: bool) -> Result<Arc<Slot>, Option<ToolOutcome>> {
+    /// The run for `call`: the one already known under its key (queued again, more urgently,
+    /// when it waits in a less urgent queue: the stale entry is skipped by whoever pops it
+    /// second), else a new one, queued by `urgency`. `Err(Some(outcome))` when the memo has
+    /// the outcome already, `Err(None)` when a prefetch is not queued.
+    fn find_or_queue(&self, call: ToolCall, urgency: Urgency) -> Result<Arc<Slot>, Option<ToolOutcome>> {
         let key = memo_key(&call);
         let mut table = lock(&self.table);
         if let Some(k) = &key {
             if let Some(slot) = table.get(k) {
                 let slot = Arc::clone(slot);
-                if !prefetch && matches!(*lock(&slot.state), SlotState::Queued) {
-                    // Issued now: ahead of the other prefetches (the stale queue entry is
-                    // skipped by whoever pops it second).
-                    lock(&self.queues).issued.push_back(Arc::clone(&slot));
+                let upgrade = {
+                    let mut queued = lock(&slot.queued);
+                    let upgrade = matches!(*lock(&slot.state), SlotState::Queued) && urgency < *queued;
+                    if upgrade {
+                        *queued = urgency;
+                    }
+                    upgrade
+                };
+                if upgrade {
+                    let mut q = lock(&self.queues);
+                    match urgency {
+                        Urgency::Issued => q.issued.push_back(Arc::clone(&slot)),
+                        Urgency::Soon | Urgency::Ahead => q.prefetched.push_back(Arc::clone(&slot)),
+                    }
+                    drop(q);
                     drop(table);
                     self.work.notify_one();
                 }
@@ -221,17 +252,20 @@ impl Shared {
             state: Mutex::new(SlotState::Queued),
             done: Condvar::new(),
             followers: Mutex::new(Followers::default()),
+            queued: Mutex::new(urgency),
         });
         {
             let mut q = lock(&self.queues);
-            if prefetch {
-                if q.closing || q.prefetched.len() >= PREFETCH_LIMIT || key.is_none() {
-                    return Err(None);
-                }
-                q.prefetched.push_back(Arc::clone(&slot));
-            } else {
-                q.issued.push_back(Arc::clone(&slot));
+            let closing = q.closing;
+            let queue = match urgency {
+                Urgency::Issued => &mut q.issued,
+                Urgency::Soon => &mut q.prefetched,
+                Urgency::Ahead => &mut q.ahead,
+            };
+            if urgency != Urgency::Issued && (closing || queue.len() >= PREFETCH_LIMIT || key.is_none()) {
+                return Err(None);
             }
+            queue.push_back(Arc::clone(&slot));
         }
         if let Some(k) = key {
             table.insert(k, Arc::clone(&slot));
@@ -242,33 +276,34 @@ impl Shared {
     }
 
     /// Prefetch the followers that `verdict` starts.
-    fn start_followers(&self, followers: Vec<Follower>, verdict: Option<&str>) {
+    fn start_followers(&self, followers: Vec<Follower>, verdict: Option<&str>, urgency: Urgency) {
         for f in followers {
             if f.when.holds(verdict) {
-                self.prefetch_chain(f.call, Vec::new());
+                self.prefetch_chain(f.call, Vec::new(), urgency);
             }
         }
     }
 
-    /// Prefetch `call`, and `followers` once it ends (at once when its outcome is known).
-    fn prefetch_chain(&self, call: ToolCall, followers: Vec<Follower>) {
-        match self.find_or_queue(call, true) {
+    /// Prefetch `call` (`urgency` `Soon` or `Ahead`), and `followers` once it ends (at once
+    /// when its outcome is known), as urgently.
+    fn prefetch_chain(&self, call: ToolCall, followers: Vec<Follower>, urgency: Urgency) {
+        match self.find_or_queue(call, urgency.max(Urgency::Soon)) {
             Ok(slot) => {
                 if followers.is_empty() {
                     return;
                 }
                 let mut f = lock(&slot.followers);
                 match &f.ended {
-                    None => f.waiting.extend(followers),
+                    None => f.waiting.extend(followers.into_iter().map(|x| (x, urgency))),
                     Some(Ok(verdict)) => {
                         let verdict = verdict.clone();
                         drop(f);
-                        self.start_followers(followers, verdict.as_deref());
+                        self.start_followers(followers, verdict.as_deref(), urgency);
                     }
                     Some(Err(())) => {}
                 }
             }
-            Err(Some(outcome)) => self.start_followers(followers, outcome.verdict.as_deref()),
+            Err(Some(outcome)) => self.start_followers(followers, outcome.verdict.as_deref(), urgency),
             Err(None) => {}
         }
     }
@@ -318,7 +353,7 @@ impl ToolPool {
 
     /// Queue a call; the result is collected with [`ToolJob::join`].
     pub fn submit(&self, call: ToolCall) -> ToolJob {
-        match self.shared.find_or_queue(call, false) {
+        match self.shared.find_or_queue(call, Urgency::Issued) {
             Ok(slot) => ToolJob(JobState::Slot(slot, Arc::clone(&self.shared))),
             Err(Some(hit)) => ToolJob(JobState::Ready(Ok(hit))),
             Err(None) => ToolJob(JobState::Ready(Err("tool call could not be queued".into()))),
@@ -329,7 +364,13 @@ impl ToolPool {
     /// this run (calls already known are not queued again); and when it ends, each of
     /// `followers` whose verdict match holds for its outcome, the same way.
     pub fn prefetch_chain(&self, call: ToolCall, followers: Vec<Follower>) {
-        self.shared.prefetch_chain(call, followers);
+        self.shared.prefetch_chain(call, followers, Urgency::Soon);
+    }
+
+    /// [`ToolPool::prefetch_chain`] for a session that has not arrived yet: workers take these
+    /// calls only when nothing issued or prefetched for a session in flight waits.
+    pub fn prefetch_ahead(&self, call: ToolCall, followers: Vec<Follower>) {
+        self.shared.prefetch_chain(call, followers, Urgency::Ahead);
     }
 }
 
@@ -342,7 +383,7 @@ fn worker(shared: &Shared) {
                     break s;
                 }
                 if !q.closing {
-                    if let Some(s) = q.prefetched.pop_front() {
+                    if let Some(s) = q.prefetched.pop_front().or_else(|| q.ahead.pop_front()) {
                         break s;
                     }
                 } else {
@@ -365,6 +406,7 @@ impl Drop for ToolPool {
             // Prefetches nobody joined are dropped; issued calls still run (their jobs may be
             // joined by whoever holds them).
             q.prefetched.clear();
+            q.ahead.clear();
         }
         self.shared.work.notify_all();
         for w in self.workers.drain(..) {

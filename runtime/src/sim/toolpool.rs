@@ -203,6 +203,20 @@ struct Queues {
     closing: bool,
 }
 
+impl Queues {
+    /// The next slot for a worker: issued calls first, then prefetches for sessions in flight,
+    /// then those for sessions not arrived yet (no prefetch once the pool is closing).
+    fn next(&mut self) -> Option<Arc<Slot>> {
+        if let Some(s) = self.issued.pop_front() {
+            return Some(s);
+        }
+        if self.closing {
+            return None;
+        }
+        self.prefetched.pop_front().or_else(|| self.ahead.pop_front())
+    }
+}
+
 #[derive(Default)]
 struct Shared {
     queues: Mutex<Queues>,
@@ -379,14 +393,10 @@ fn worker(shared: &Shared) {
         let slot = {
             let mut q = lock(&shared.queues);
             loop {
-                if let Some(s) = q.issued.pop_front() {
+                if let Some(s) = q.next() {
                     break s;
                 }
-                if !q.closing {
-                    if let Some(s) = q.prefetched.pop_front().or_else(|| q.ahead.pop_front()) {
-                        break s;
-                    }
-                } else {
+                if q.closing {
                     return;
                 }
                 q = shared.work.wait(q).unwrap_or_else(|p| p.into_inner());
@@ -458,6 +468,25 @@ mod tests {
         pool.prefetch_chain(first, vec![Follower { when: VerdictMatch::Is("majority".into()), call: again.clone() }]);
         assert!(known(&pool, &again));
         assert!(!known(&pool, &on_tie));
+    }
+
+    #[test]
+    fn workers_take_issued_calls_then_near_term_prefetches_then_the_lookahead() {
+        // No worker: the queues are read as a worker would.
+        let shared = Shared::default();
+        let (ahead, soon, later) = (vote(&["order-test a"]), vote(&["order-test b"]), vote(&["order-test c"]));
+        shared.prefetch_chain(ahead.clone(), Vec::new(), Urgency::Ahead);
+        shared.prefetch_chain(later.clone(), Vec::new(), Urgency::Ahead);
+        shared.prefetch_chain(soon.clone(), Vec::new(), Urgency::Soon);
+        // `later`'s session arrives and issues it: it moves to the front.
+        assert!(shared.find_or_queue(later.clone(), Urgency::Issued).is_ok());
+        let mut order = Vec::new();
+        while let Some(slot) = lock(&shared.queues).next() {
+            if slot.claim() {
+                order.push(slot.call.clone());
+            }
+        }
+        assert_eq!(order, vec![later, soon, ahead], "issued, then soon, then ahead; the stale entry is skipped");
     }
 
     #[test]

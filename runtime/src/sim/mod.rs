@@ -1496,6 +1496,11 @@ fn tool_call_of(session: &Session, index: u32) -> Option<ToolCall> {
 fn followers_of(session: &Session, index: u32) -> Vec<Follower> {
     let Some(node) = session.activation(index).map(|act| act.node) else { return Vec::new() };
     let spec = session.spec();
+    // Only a tool that waits for this one can follow it: otherwise nothing to speculate on
+    // (and no session copies to make — an agent's long conversation, for one).
+    if !spec.nodes.iter().any(|n| matches!(n.kind, NodeKind::Tool(_)) && n.after.contains(&node)) {
+        return Vec::new();
+    }
     let mut named: Vec<String> = spec
         .nodes
         .iter()

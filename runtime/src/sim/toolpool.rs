@@ -165,9 +165,7 @@ impl Slot {
             std::mem::take(&mut f.waiting)
         };
         if let Ok(outcome) = &result {
-            for (f, urgency) in start {
-                shared.start_followers(vec![f], outcome.verdict.as_deref(), urgency);
-            }
+            shared.start_followers(start, outcome.verdict.as_deref());
         }
         // The outcome is in the memo (when it succeeded) before the slot leaves the table, so a
         // later identical call finds one or the other.
@@ -289,9 +287,9 @@ impl Shared {
         Ok(slot)
     }
 
-    /// Prefetch the followers that `verdict` starts.
-    fn start_followers(&self, followers: Vec<Follower>, verdict: Option<&str>, urgency: Urgency) {
-        for f in followers {
+    /// Prefetch, each as urgently as it says, the followers that `verdict` starts.
+    fn start_followers(&self, followers: impl IntoIterator<Item = (Follower, Urgency)>, verdict: Option<&str>) {
+        for (f, urgency) in followers {
             if f.when.holds(verdict) {
                 self.prefetch_chain(f.call, Vec::new(), urgency);
             }
@@ -306,18 +304,19 @@ impl Shared {
                 if followers.is_empty() {
                     return;
                 }
+                let followers = followers.into_iter().map(|f| (f, urgency));
                 let mut f = lock(&slot.followers);
                 match &f.ended {
-                    None => f.waiting.extend(followers.into_iter().map(|x| (x, urgency))),
+                    None => f.waiting.extend(followers),
                     Some(Ok(verdict)) => {
                         let verdict = verdict.clone();
                         drop(f);
-                        self.start_followers(followers, verdict.as_deref(), urgency);
+                        self.start_followers(followers, verdict.as_deref());
                     }
                     Some(Err(())) => {}
                 }
             }
-            Err(Some(outcome)) => self.start_followers(followers, outcome.verdict.as_deref(), urgency),
+            Err(Some(outcome)) => self.start_followers(followers.into_iter().map(|f| (f, urgency)), outcome.verdict.as_deref()),
             Err(None) => {}
         }
     }

@@ -5,9 +5,9 @@
 //! interpreter per call,
 //! * in CPython 3.12 compiled to WASI ([`crate::python_wasm`]) under the [`WasmSandbox`] when
 //!   that runtime is installed: `python -I -S -B /work/job.py`, 512 MiB of linear memory, the
-//!   timeout as epoch deadline, only the work directory visible, no sockets;
+//!   timeout checked at epoch ticks, only the work directory visible, no sockets;
 //! * otherwise in the host's python3 under the [`ProcessSandbox`] (`python3 -I -S -B job.py`,
-//!   512 MiB of address space, 10 processes, the timeout as CPU limit too), and the outcome's
+//!   512 MiB of address space, 10 processes, the timeout as `RLIMIT_CPU`), and the outcome's
 //!   `sandbox_note` says that this is a fallback and why. The note is the same on every call, so a report that
 //!   collects distinct notes (the simulator's) states it once.
 //!
@@ -23,6 +23,13 @@
 //! comes from the sandbox. Report lines, tab-separated:
 //! `import|code|test <index> ok` or `… fail <ExceptionType> <escaped message>`, then `done`.
 //! A forked copy of the runner (process sandbox only) exits silently instead of reporting.
+//!
+//! The timeout is CPU time (see [`PythonTests::limits`]): a verdict must not depend on how
+//! loaded the machine is, and a run that computes for its whole budget is stopped at the same
+//! point of its work however many other runs share the cores (on a loaded machine a wall-clock
+//! limit cut a candidate that needs ~6 s of a 10 s budget). The wall clock only backstops runs
+//! that wait instead of computing (a `sleep`). Both stops read `timed out after X s` (X the
+//! timeout) and are modeled as lasting X; the value's `limits_hit` says which clock it was.
 //!
 //! Verdict `pass` only when the imports and the code ran and every test passed; otherwise
 //! `fail` with a reason: the first failure (`assert f(2) == 4 -> AssertionError`), a failing
@@ -54,6 +61,15 @@ pub const DEFAULT_TIMEOUT_S: f64 = 5.0;
 /// Largest accepted `timeout_s` (assumption: a unit-test run longer than ten minutes is a
 /// workflow bug, and a limit this size still lets the caller finish).
 pub const MAX_TIMEOUT_S: f64 = 600.0;
+
+/// The wall-clock backstop of a run, as a multiple of its timeout (plus
+/// [`WALL_BACKSTOP_SLACK_S`]). Assumption: 2 × leaves a computing run its whole CPU budget on a
+/// machine whose cores are shared by two busy runs, and bounds one that only waits.
+pub const WALL_BACKSTOP_FACTOR: f64 = 2.0;
+
+/// Seconds added to the wall-clock backstop (interpreter start-up and sandbox set-up, which count
+/// on the wall clock; assumption: 1 s covers them under load with room).
+pub const WALL_BACKSTOP_SLACK_S: f64 = 1.0;
 
 /// Longest result text, in bytes (the "about 1 KB" of the tool's specification).
 pub const MAX_TEXT_BYTES: usize = 1024;
@@ -240,7 +256,7 @@ pub struct PythonTests {
     pub checks: Vec<Check>,
     /// Import lines run before the code.
     pub imports: Vec<String>,
-    /// Wall-clock limit in seconds.
+    /// Time limit in seconds: CPU time, with a looser wall-clock backstop ([`Self::limits`]).
     pub timeout_s: f64,
 }
 
@@ -321,15 +337,24 @@ impl PythonTests {
         )
     }
 
-    /// The limits of a run: the timeout as wall limit and as CPU limit (rounded up: a job given
-    /// 20 s may spend them computing, as MBPP task 123's reference needs about 6 s of CPU), the
-    /// rest from [`SandboxLimits::default`]. At the default timeout both are the specification's 5 s.
+    /// The limits of a run: the timeout as CPU limit, rounded up to whole seconds (the unit of
+    /// `RLIMIT_CPU`; a job given 20 s may spend them computing, as MBPP task 123's reference
+    /// needs about 6 s of CPU), and a wall-clock backstop of [`WALL_BACKSTOP_FACTOR`] times the
+    /// timeout plus [`WALL_BACKSTOP_SLACK_S`] for a run that waits instead of computing; the rest
+    /// from [`SandboxLimits::default`]. The split is a contest judge's (IOI's `isolate`: `--time`
+    /// CPU, a looser `--wall-time`): a busy run meets the CPU limit at the same point of its
+    /// work on an idle or a loaded machine, where a wall limit cut it earlier under load.
     pub fn limits(&self) -> SandboxLimits {
         SandboxLimits {
-            wall_time: Duration::from_secs_f64(self.timeout_s),
-            cpu_seconds: (self.timeout_s.ceil() as u64).max(1),
+            wall_time: Duration::from_secs_f64(self.timeout_s * WALL_BACKSTOP_FACTOR + WALL_BACKSTOP_SLACK_S),
+            cpu_seconds: self.cpu_limit_s(),
             ..SandboxLimits::default()
         }
+    }
+
+    /// The CPU limit in whole seconds: the timeout rounded up, at least 1.
+    fn cpu_limit_s(&self) -> u64 {
+        (self.timeout_s.ceil() as u64).max(1)
     }
 }
 
@@ -548,10 +573,11 @@ pub fn judge(job: &PythonTests, report: &RunnerReport, outcome: &SandboxOutcome)
         Some(Err(f)) => Some(format!("code failed: {}", clip(&f.describe(), 400))),
         _ => None,
     };
-    let stopped = if outcome.timed_out {
+    // Either stop is the timeout, and reads the same: which clock stopped a run depends on the
+    // load (a busy run meets the wall-clock backstop first only on a machine so loaded that it
+    // got under half a core), and the text enters successors' prompts. `limits_hit` says which.
+    let stopped = if outcome.timed_out || outcome.limits_hit.contains(&LimitHit::CpuTime) {
         Some(format!("timed out after {} s", seconds(job.timeout_s)))
-    } else if outcome.limits_hit.contains(&LimitHit::CpuTime) {
-        Some(format!("CPU time limit of {} s exceeded", job.limits().cpu_seconds))
     } else if !report.done {
         Some(format!("interpreter stopped before finishing ({})", outcome.ending()))
     } else {
@@ -772,12 +798,10 @@ fn run_job(
     if memory && !limits.contains(&"memory") {
         limits.push("memory");
     }
-    // Virtual time must not depend on how fast this machine was: a run that hit the wall or
-    // CPU limit is modeled as lasting exactly that limit, any other run by the model.
-    let modeled = if outcome.timed_out {
+    // Virtual time must not depend on how fast or loaded this machine was: a run stopped by
+    // either clock is modeled as lasting exactly the timeout, any other run by the model.
+    let modeled = if outcome.timed_out || outcome.limits_hit.contains(&LimitHit::CpuTime) {
         job.timeout_s
-    } else if outcome.limits_hit.contains(&LimitHit::CpuTime) {
-        job.limits().cpu_seconds as f64
     } else {
         job.modeled_duration_s()
     };
@@ -791,7 +815,7 @@ fn run_job(
         "checks_untrusted": checks.untrusted,
         "tests": tests,
         "reason": judgement.reason,
-        "timed_out": outcome.timed_out,
+        "timed_out": outcome.timed_out || outcome.limits_hit.contains(&LimitHit::CpuTime),
         "limits_hit": limits,
         "termination": outcome.ending(),
         "output": tail(&outcome.stderr, MAX_OUTPUT_TAIL_BYTES),
@@ -850,10 +874,9 @@ pub fn failure_of(report: &RunnerReport, outcome: &SandboxOutcome, judgement: &J
     let os_limit = |cause: ToolFailureCause| steps.iter().any(|f| os_error_limit(f) == Some(cause));
     let hit = |limit: LimitHit| outcome.limits_hit.contains(&limit);
     let stopped = !report.done;
-    let cause = if outcome.timed_out {
+    // The timeout is a CPU budget with a wall-clock backstop: either stop is this tool's timeout.
+    let cause = if outcome.timed_out || hit(LimitHit::CpuTime) {
         ToolFailureCause::Timeout
-    } else if hit(LimitHit::CpuTime) {
-        ToolFailureCause::CpuTime
     } else if hit(LimitHit::Syscall) {
         ToolFailureCause::Syscall
     } else if hit(LimitHit::Memory) || raised("MemoryError") {
@@ -1059,14 +1082,20 @@ mod tests {
     fn judgement_of_timeouts_and_code_errors() {
         let job = job(&["assert f(1) == 2", "assert f(2) == 4"]);
         let partial = "code\t0\tok\nvalue\t0\t2\n";
-        let timed_out = outcome(partial, Termination::Signaled(9), true, vec![LimitHit::WallTime]);
+        // A busy run meets the CPU limit (the timeout, 5 s here): `timed out after 5 s`.
+        let spent = outcome(partial, Termination::Signaled(libc::SIGXCPU), false, vec![LimitHit::CpuTime]);
         let report = parse_report(partial, 0, &job.checks);
-        let j = judge(&job, &report, &timed_out);
+        let j = judge(&job, &report, &spent);
         assert!(!j.passed);
         assert_eq!(j.reason.as_deref(), Some("timed out after 5 s"));
         assert_eq!(j.text, "1/2 tests passed; timed out after 5 s");
-        let failure = failure_of(&report, &timed_out, &j).expect("failed");
+        let failure = failure_of(&report, &spent, &j).expect("failed");
         assert_eq!((failure.cause, failure.detail.as_str()), (ToolFailureCause::Timeout, "timed out after 5 s"));
+        // A waiting one meets the wall-clock backstop, 2 × 5 + 1 s: the same timeout.
+        let waited = outcome(partial, Termination::Signaled(9), true, vec![LimitHit::WallTime]);
+        let j = judge(&job, &report, &waited);
+        assert_eq!(j.reason.as_deref(), Some("timed out after 5 s"));
+        assert_eq!(failure_of(&report, &waited, &j).map(|f| f.cause), Some(ToolFailureCause::Timeout));
 
         let syntax = "code\t0\tfail\tSyntaxError\tinvalid syntax (<candidate>, line 1)\ndone\n";
         let syntax_report = parse_report(syntax, 0, &job.checks);
@@ -1079,13 +1108,17 @@ mod tests {
         let j = judge(&job, &full_report, &clean);
         assert_eq!(failure_of(&full_report, &clean, &j).map(|f| f.cause), Some(ToolFailureCause::WorkArea));
 
-        let cpu = "code\t0\tok\n";
-        let j = judge(
-            &job,
-            &parse_report(cpu, 0, &job.checks),
-            &outcome(cpu, Termination::Signaled(libc::SIGXCPU), false, vec![LimitHit::CpuTime]),
-        );
-        assert_eq!(j.reason.as_deref(), Some("CPU time limit of 5 s exceeded"));
+    }
+
+    #[test]
+    fn the_timeout_is_a_cpu_budget_with_a_looser_wall_clock_backstop() {
+        let mut job = job(&["assert f(1) == 2"]);
+        job.timeout_s = 10.0;
+        let limits = job.limits();
+        assert_eq!((limits.cpu_seconds, limits.wall_time), (10, Duration::from_secs(21)));
+        job.timeout_s = 0.5;
+        let limits = job.limits();
+        assert_eq!((limits.cpu_seconds, limits.wall_time), (1, Duration::from_secs(2)), "RLIMIT_CPU counts whole seconds");
     }
 
     #[test]

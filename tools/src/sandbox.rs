@@ -108,16 +108,18 @@ const EXIT_POLL_INTERVAL: Duration = Duration::from_millis(5);
 
 /// Resource limits for one sandboxed run.
 ///
-/// The WebAssembly backend reads `wall_time` as its epoch deadline, `address_space_bytes` as the
+/// The WebAssembly backend reads `wall_time` as its epoch deadline, `cpu_seconds` as the budget
+/// of the guest thread's CPU clock (checked at each epoch tick), `address_space_bytes` as the
 /// limit of each linear memory, `max_output_bytes` as its capture caps, and enforces
 /// `max_work_bytes`, `max_work_entries` and `max_open_files` in its WASI layer; a guest is one
-/// thread and cannot start processes, so `cpu_seconds` and `max_processes` are moot there, and
-/// it has no per-file size limit, only the work area's (see [`wasm`]).
+/// thread and cannot start processes, so `max_processes` is moot there, and it has no per-file
+/// size limit, only the work area's (see [`wasm`]).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SandboxLimits {
     /// Wall-clock limit; the process group is killed when it expires.
     pub wall_time: Duration,
-    /// `RLIMIT_CPU` soft limit in seconds (`SIGXCPU`); the hard limit is one second more.
+    /// CPU seconds: the `RLIMIT_CPU` soft limit of a process (`SIGXCPU`; the hard limit is one
+    /// second more), the guest thread's CPU clock in WebAssembly.
     pub cpu_seconds: u64,
     /// `RLIMIT_AS`: bytes of virtual address space per process.
     pub address_space_bytes: u64,

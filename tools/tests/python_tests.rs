@@ -10,8 +10,8 @@ use common::mbpp::{self, MBPP_2_CODE, MBPP_2_TESTS, call};
 use serde_json::{Value, json};
 use switchyard_tools::python::{self, Interpreter};
 use switchyard_tools::python_tests::{self, Backend, PythonTests};
-use switchyard_tools::sandbox::{ProcessSandbox, Sandbox, SandboxError, SandboxJob, SandboxOutcome};
-use switchyard_tools::ToolOutcome;
+use switchyard_tools::sandbox::{LimitHit, ProcessSandbox, Sandbox, SandboxError, SandboxJob, SandboxOutcome};
+use switchyard_tools::{ToolFailureCause, ToolOutcome};
 
 fn python() -> Option<&'static Interpreter> {
     let found = python::interpreter();
@@ -159,8 +159,46 @@ fn infinite_loop_is_killed_at_the_time_limit() {
     assert_eq!(out.modeled_duration_s, 1.0, "a timeout is modeled as the limit");
     // Generous: the bound is the kill, not this machine's speed under load.
     assert!(out.wall_seconds >= 1.0 && out.wall_seconds < 10.0, "{}", out.wall_seconds);
-    assert!(raw.timed_out);
+    assert!(raw.limits_hit.contains(&LimitHit::CpuTime) && !raw.timed_out, "the CPU limit stops a busy loop: {raw:?}");
+    assert_eq!(out.value["limits_hit"], json!(["cpu_time"]));
+    assert_eq!(out.failure.as_ref().map(|f| f.cause), Some(ToolFailureCause::Timeout));
     assert!(common::live_in_group(raw.pid).is_empty(), "process group {} survived", raw.pid);
+}
+
+#[test]
+fn a_run_within_its_cpu_budget_passes_on_a_loaded_machine() {
+    let Some(python) = python() else { return };
+    // The candidate spends 0.4 s of its own CPU time (whatever this machine's speed) against a
+    // 1 s timeout, while three spinning processes per core leave it a fraction of a core: its
+    // wall time passes 1 s, which a wall-clock limit would have cut. The verdict must not
+    // depend on the load. (Processes, each in a session of its own: with the scheduler's
+    // autogroups, threads of this test would share one group's CPU share.)
+    use std::os::unix::process::CommandExt;
+    let code = "import time\ndef f():\n    start = time.process_time()\n    while time.process_time() - start < 0.4:\n        pass\n    return 1\n";
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let mut spinners: Vec<std::process::Child> = (0..3 * cores)
+        .map(|_| {
+            let mut spinner = std::process::Command::new("/bin/sh");
+            spinner.args(["-c", "while :; do :; done"]);
+            // SAFETY: setsid is async-signal-safe and touches no memory of the parent.
+            unsafe {
+                spinner.pre_exec(|| {
+                    libc::setsid();
+                    Ok(())
+                });
+            }
+            spinner.spawn().expect("a spinner starts")
+        })
+        .collect();
+    let (out, raw) = run_recorded(python, json!({"code": code, "tests": ["assert f() == 1"], "timeout_s": 1}));
+    for spinner in &mut spinners {
+        let _ = spinner.kill();
+        let _ = spinner.wait();
+    }
+    eprintln!("under load: {:.2} s of CPU in {:.2} s of wall time", raw.cpu_seconds, raw.wall_seconds);
+    assert_eq!(out.verdict.as_deref(), Some("pass"), "{out:?}");
+    assert!(raw.cpu_seconds >= 0.4, "{raw:?}");
+    assert_eq!(out.modeled_duration_s, PythonTests::from_call(&call(json!({"code": code, "tests": ["assert f() == 1"], "timeout_s": 1}))).expect("valid").modeled_duration_s());
 }
 
 #[test]

@@ -98,6 +98,18 @@ fn an_infinite_loop_is_stopped_at_the_deadline() {
 }
 
 #[test]
+fn a_busy_guest_is_stopped_at_its_cpu_budget_before_the_wall_clock_limit() {
+    let limits = SandboxLimits { cpu_seconds: 1, wall_time: Duration::from_secs(30), ..SandboxLimits::default() };
+    let out = run(r#"(func (export "_start") (loop $l (br $l)))"#, limits);
+    assert!(!out.timed_out, "{out:?}");
+    assert_eq!(out.termination, Termination::Trapped);
+    assert_eq!(out.limits_hit, [LimitHit::CpuTime]);
+    assert!(out.cpu_seconds >= 1.0, "the guest thread's CPU clock: {}", out.cpu_seconds);
+    assert!(out.wall_seconds < 20.0, "{}", out.wall_seconds);
+    assert!(out.ending().contains("CPU time limit"), "{}", out.ending());
+}
+
+#[test]
 fn a_guest_sleeping_in_a_host_call_is_cut_at_the_deadline() {
     // poll_oneoff with one relative clock subscription of 60 s (subscription at 0: userdata,
     // tag 0 = clock at 8, clock id 1 = monotonic at 16, timeout in ns at 24).

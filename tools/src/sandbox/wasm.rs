@@ -7,11 +7,17 @@
 //! Confinement of a guest:
 //!
 //! * **time** — epoch interruption: one engine-wide ticker thread increments the epoch every
-//!   [`EPOCH_TICK`]; at each tick a running guest checks the wall-clock deadline of its job and
-//!   traps (`interrupt`) once it has passed. WASI calls run asynchronously under a
-//!   `tokio::time::timeout` with the same deadline, so a guest blocked in a host call (a
-//!   `sleep`) is cut as well. Either way the outcome has `timed_out` and
-//!   [`LimitHit::WallTime`]: a timeout is a result, never a crash.
+//!   [`EPOCH_TICK`]; at each tick a running guest checks its job's two limits and traps
+//!   (`interrupt`) once one has passed:
+//!   * *CPU time*: `cpu_seconds` of the CPU clock of the thread that runs the guest (its
+//!     instantiation included), the counterpart of a process's `RLIMIT_CPU` — the outcome has
+//!     [`LimitHit::CpuTime`]. This is the limit a busy guest meets, and it does not depend on
+//!     how loaded the machine is;
+//!   * *wall clock*: the job's `wall_time` deadline. WASI calls run asynchronously under a
+//!     `tokio::time::timeout` with the same deadline, so a guest blocked in a host call (a
+//!     `sleep`) is cut as well — the outcome has `timed_out` and [`LimitHit::WallTime`].
+//!
+//!   Either way a stop is a result, never a crash.
 //! * **memory** — a [`wasmtime::ResourceLimiter`] refuses any linear memory beyond the job's
 //!   `address_space_bytes` (the guest sees a failed `memory.grow`, e.g. Python's
 //!   `MemoryError`) and bounds instances, tables, memories and table elements; a refusal is
@@ -63,8 +69,8 @@
 //!   (the guest never sees an error for it) and the truncation reported.
 //! * **randomness** — the guest's random bytes are a deterministic function of the job (module,
 //!   arguments and files), so a run is reproducible (e.g. Python's hash seed and `random`).
-//! * **processes** — a guest is one thread of the caller: it cannot fork, so the process and
-//!   CPU limits of a job are moot; CPU time is at most the wall time.
+//! * **processes** — a guest is one thread of the caller: it cannot fork, so the process limit
+//!   of a job is moot.
 //! * **weaker than a process** — no per-file size limit (`max_file_bytes`): one file can take
 //!   the whole work area (noted in every outcome).
 //!
@@ -84,7 +90,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant, SystemTime};
@@ -443,11 +449,30 @@ impl ResourceLimiter for MemoryLimiter {
     }
 }
 
-/// Makes `store` trap with [`Trap::Interrupt`] at the first epoch tick after `deadline`.
-fn arm_deadline<T: 'static>(store: &mut Store<T>, deadline: Instant) {
+/// A guest's CPU-time budget: the CPU clock of the thread that runs it, from `start`, may reach
+/// `limit` seconds; `hit` records that it was this budget, not the wall clock, that stopped it.
+struct CpuBudget {
+    start: f64,
+    limit: f64,
+    hit: Arc<AtomicBool>,
+}
+
+/// Makes `store` trap with [`Trap::Interrupt`] at the first epoch tick after `deadline`, or,
+/// with a `cpu` budget, after the running thread has spent it. The callback runs on the thread
+/// executing the guest, so its CPU clock is the guest's.
+fn arm_deadline<T: 'static>(store: &mut Store<T>, deadline: Instant, cpu: Option<CpuBudget>) {
     store.set_epoch_deadline(1);
     store.epoch_deadline_callback(move |_| {
-        Ok(if Instant::now() >= deadline { UpdateDeadline::Interrupt } else { UpdateDeadline::Continue(1) })
+        if Instant::now() >= deadline {
+            return Ok(UpdateDeadline::Interrupt);
+        }
+        if let Some(budget) = &cpu
+            && thread_cpu_seconds() - budget.start >= budget.limit
+        {
+            budget.hit.store(true, Ordering::Relaxed);
+            return Ok(UpdateDeadline::Interrupt);
+        }
+        Ok(UpdateDeadline::Continue(1))
     });
 }
 
@@ -1618,12 +1643,15 @@ fn run_command(sandbox: &WasmSandbox, loaded: &LoadedModule, job: &SandboxJob) -
 
     let started = Instant::now();
     let deadline = started + limits.wall_time;
-    arm_deadline(&mut store, deadline);
-    let cpu_before = thread_cpu_seconds();
-    let ended = {
+    let cpu_limit_hit = Arc::new(AtomicBool::new(false));
+    let (ended, cpu_seconds) = {
         let store = &mut store;
         let pre = &pre;
+        let hit = Arc::clone(&cpu_limit_hit);
         block_on(async move {
+            // On the thread that runs the guest (`block_on` may use a thread of its own).
+            let cpu_start = thread_cpu_seconds();
+            arm_deadline(store, deadline, Some(CpuBudget { start: cpu_start, limit: limits.cpu_seconds as f64, hit }));
             let guest = async {
                 let instance = match pre.instantiate_async(&mut *store).await {
                     Ok(instance) => instance,
@@ -1639,13 +1667,14 @@ fn run_command(sandbox: &WasmSandbox, loaded: &LoadedModule, job: &SandboxJob) -
                 };
                 Ended::Ran(start.call_async(&mut *store, ()).await)
             };
-            tokio::time::timeout_at(tokio::time::Instant::from_std(deadline), guest)
+            let ended = tokio::time::timeout_at(tokio::time::Instant::from_std(deadline), guest)
                 .await
-                .unwrap_or(Ended::DeadlineInHostCall)
+                .unwrap_or(Ended::DeadlineInHostCall);
+            (ended, (thread_cpu_seconds() - cpu_start).max(0.0))
         })?
     };
     let wall_seconds = started.elapsed().as_secs_f64();
-    let cpu_seconds = (thread_cpu_seconds() - cpu_before).max(0.0);
+    let cpu_limit_hit = cpu_limit_hit.load(Ordering::Relaxed);
     let limiter = &store.data().limiter;
     let (memory_denied, peak_bytes) = (limiter.denied, limiter.peak_bytes);
     let guard = &store.data().guard;
@@ -1656,6 +1685,9 @@ fn run_command(sandbox: &WasmSandbox, loaded: &LoadedModule, job: &SandboxJob) -
         Ended::Ran(Ok(())) => (Termination::Exited(0), None),
         Ended::Ran(Err(e)) => match e.downcast_ref::<I32Exit>() {
             Some(exit) => (Termination::Exited(exit.0), None),
+            None if is_interrupt(&e) && cpu_limit_hit => {
+                (Termination::Trapped, Some("CPU time limit reached (epoch check)".to_string()))
+            }
             None if is_interrupt(&e) => {
                 timed_out = true;
                 (Termination::Trapped, Some("wall-clock limit reached (epoch deadline)".to_string()))
@@ -1667,6 +1699,9 @@ fn run_command(sandbox: &WasmSandbox, loaded: &LoadedModule, job: &SandboxJob) -
             (Termination::Trapped, Some("wall-clock limit reached during a host call".to_string()))
         }
         Ended::NotStarted(e) if memory_denied => (Termination::Trapped, Some(format!("cannot start: {e:#}"))),
+        Ended::NotStarted(e) if is_interrupt(&e) && cpu_limit_hit => {
+            (Termination::Trapped, Some("CPU time limit reached while starting".to_string()))
+        }
         Ended::NotStarted(e) if is_interrupt(&e) => {
             timed_out = true;
             (Termination::Trapped, Some("wall-clock limit reached while starting".to_string()))
@@ -1680,6 +1715,9 @@ fn run_command(sandbox: &WasmSandbox, loaded: &LoadedModule, job: &SandboxJob) -
     let mut limits_hit = Vec::new();
     if timed_out {
         limits_hit.push(LimitHit::WallTime);
+    }
+    if cpu_limit_hit && !timed_out {
+        limits_hit.push(LimitHit::CpuTime);
     }
     if stdout_truncated || stderr_truncated {
         limits_hit.push(LimitHit::Output);
@@ -1753,7 +1791,7 @@ pub fn run_compute<R>(
 ) -> Result<ComputeEnd<R>, SandboxError> {
     let mut store = Store::new(engine()?, MemoryLimiter::new(memory_bytes));
     store.limiter(|limiter| limiter);
-    arm_deadline(&mut store, Instant::now() + wall_time);
+    arm_deadline(&mut store, Instant::now() + wall_time, None);
     let result = Instance::new(&mut store, &loaded.module, &[]).and_then(|instance| body(&mut store, &instance));
     match result {
         Ok(value) => Ok(ComputeEnd::Done(value)),

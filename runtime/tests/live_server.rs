@@ -1241,6 +1241,17 @@ async fn a_response_format_answer_is_its_schemas_instance_and_makes_no_auto_call
     let v: Value = serde_json::from_str(&text).unwrap_or_default();
     let answer: Value = serde_json::from_str(v["choices"][0]["text"].as_str().unwrap_or("")).unwrap_or_default();
     assert_eq!(answer, json!({"city": "Rome", "n": 3}), "{text}");
+    // A list of prompts: each choice's instance from its own prompt.
+    let (status, text) = post(&c, format!("{base}/v1/completions"), json!({"model": MODEL, "prompt": ["Rome", "Oslo"], "max_tokens": 32, "response_format": format})).await;
+    assert_eq!(status, 200, "{text}");
+    let v: Value = serde_json::from_str(&text).unwrap_or_default();
+    let cities: Vec<Value> = (0..2)
+        .map(|i| {
+            let choice = v["choices"].as_array().and_then(|c| c.iter().find(|c| c["index"] == i)).cloned().unwrap_or_default();
+            serde_json::from_str::<Value>(choice["text"].as_str().unwrap_or("")).unwrap_or_default()["city"].clone()
+        })
+        .collect();
+    assert_eq!(cities, [json!("Rome"), json!("Oslo")], "{text}");
     s.shutdown().await.unwrap();
 }
 

@@ -1039,7 +1039,10 @@ struct Prepared {
     checked: Checked,
     /// `max_tokens` in effect (the client's, or the API's default).
     limit: u32,
-    provided: Option<String>,
+    /// The output each prompt's choices generate, when given (the `switchyard` extension, a
+    /// tool call, a response format's instance): one entry shared by every prompt, or one per
+    /// prompt (a completions list under a response format, each instance from its own prompt).
+    provided: Vec<Option<String>>,
     echo: bool,
     /// The request's `tool_choice` when it has tools: its answer is read for a tool call.
     tool_choice: Option<ToolChoice>,
@@ -1132,10 +1135,19 @@ fn prepare_completion(shared: &Shared, body: &[u8]) -> Result<Prepared, ApiError
     min_tokens_within(&checked, limit)?;
     check_samples(prompts.len(), checked.n)?;
     // Structured output (vLLM's completions take `response_format` too): the schema's instance,
-    // its strings from the (first) prompt.
+    // its strings from each prompt.
     let format = protocol::check_response_format(body.response_format)?;
-    let prompt_turn = tokens::ChatTurn { role: "user".into(), content: prompts.first().map_or(String::new(), |p| p.text.clone()), tool_calls: Vec::new() };
-    let provided = body.sampling.switchyard.and_then(|s| s.output).or_else(|| format.map(|f| f.text(std::slice::from_ref(&prompt_turn))));
+    let provided = match (body.sampling.switchyard.and_then(|s| s.output), format) {
+        (Some(output), _) => vec![Some(output)],
+        (None, Some(format)) => prompts
+            .iter()
+            .map(|p| {
+                let turn = tokens::ChatTurn { role: "user".into(), content: p.text.clone(), tool_calls: Vec::new() };
+                Some(format.text(std::slice::from_ref(&turn)))
+            })
+            .collect(),
+        (None, None) => vec![None],
+    };
     Ok(Prepared {
         api: Api::Completions,
         prompts,
@@ -1224,7 +1236,7 @@ fn prepare_chat(shared: &Shared, body: &[u8]) -> Result<Prepared, ApiError> {
         api: Api::Chat,
         prompts: vec![PromptIn { ids, text }],
         limit,
-        provided,
+        provided: vec![provided],
         echo: false,
         checked,
         tool_choice: tools.map(|t| t.choice),
@@ -1278,11 +1290,17 @@ async fn run(shared: &Arc<Shared>, p: Prepared) -> Response {
     }
     let n = p.checked.n as usize;
     let mut choices = Vec::with_capacity(p.prompts.len() * n);
-    // The answer does not depend on the prompt: shaped once, shared by every sample (n samples
-    // of a long answer held n copies of it), and each prompt's blocks hashed once, outside the
-    // core's lock.
-    let shaped = Arc::new(protocol::shape(p.provided.as_deref(), &shared.filler, p.limit, &p.checked));
-    let tool_answer = p.tool_choice.as_ref().map(|choice| Arc::new(ToolAnswer::read(choice, &shaped, stream)));
+    // An answer is shaped once per distinct provided output (one for the whole request unless
+    // each prompt has its own), shared by every sample (n samples of a long answer held n copies
+    // of it), and each prompt's blocks hashed once, outside the core's lock. A request with
+    // tools is a chat: one prompt, one answer.
+    let answers: Vec<Arc<Shaped>> = p
+        .provided
+        .iter()
+        .map(|provided| Arc::new(protocol::shape(provided.as_deref(), &shared.filler, p.limit, &p.checked)))
+        .collect();
+    let answer_of = |prompt_idx: usize| Arc::clone(&answers[prompt_idx.min(answers.len() - 1)]);
+    let tool_answer = p.tool_choice.as_ref().map(|choice| Arc::new(ToolAnswer::read(choice, &answer_of(0), stream)));
     let prefix_hashes: Vec<Arc<Vec<u64>>> =
         p.prompts.iter().map(|prompt| Arc::new(tokens::block_hashes(&prompt.ids, shared.block_size as usize))).collect();
     for (prompt_idx, prompt) in p.prompts.iter().enumerate() {
@@ -1292,7 +1310,7 @@ async fn run(shared: &Arc<Shared>, p: Prepared) -> Response {
                 prompt_idx,
                 prompt_tokens: prompt.ids.len() as u32,
                 echo: p.echo.then(|| prompt.text.clone()),
-                shaped: Arc::clone(&shaped),
+                shaped: answer_of(prompt_idx),
                 cursor: TokenCursor::default(),
                 unread: UnreadTokens::default(),
                 started: false,

@@ -91,9 +91,11 @@ pub struct VerdictChecks {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ToolFailureCause {
-    /// The wall-clock limit expired; the program's whole process tree was killed.
+    /// The time limit expired; the program's whole process tree was killed. For `python_tests`
+    /// either of its clocks (the CPU budget or the wall-clock backstop); for `shell` the wall
+    /// clock.
     Timeout,
-    /// The CPU-time limit killed the program.
+    /// The CPU-time limit killed the program (a tool whose limit is wall time, `shell`).
     CpuTime,
     /// The seccomp filter killed the program for a forbidden system call (`SIGSYS`).
     Syscall,

@@ -33,7 +33,7 @@
 //!
 //! Verdict `pass` only when the imports and the code ran and every test passed; otherwise
 //! `fail` with a reason: the first failure (`assert f(2) == 4 -> AssertionError`), a failing
-//! import or code (`SyntaxError: …`), `timed out after X s`, the CPU limit, or the interpreter
+//! import or code (`SyntaxError: …`), `timed out after X s` (either clock), or the interpreter
 //! dying (a signal, or a WebAssembly trap). Never an error of the caller: only bad inputs, no
 //! usable interpreter and sandbox failures are [`ToolError`]s.
 

@@ -13,6 +13,10 @@ use switchyard_tools::python_tests::{self, Backend, PythonTests};
 use switchyard_tools::sandbox::{LimitHit, ProcessSandbox, Sandbox, SandboxError, SandboxJob, SandboxOutcome};
 use switchyard_tools::{ToolFailureCause, ToolOutcome};
 
+/// Held by the tests whose outcome depends on the share of a core a run gets: the one that
+/// loads the machine on purpose must not overlap the ones that time a busy loop.
+static CORE_SHARE: Mutex<()> = Mutex::new(());
+
 fn python() -> Option<&'static Interpreter> {
     let found = python::interpreter();
     if found.is_none() {
@@ -150,6 +154,7 @@ fn candidate_output_cannot_forge_the_report() {
 #[test]
 fn infinite_loop_is_killed_at_the_time_limit() {
     let Some(python) = python() else { return };
+    let _alone = CORE_SHARE.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     let (out, raw) = run_recorded(python, json!({
         "code": "def f():\n    while True:\n        pass\n", "tests": ["assert f() is None"], "timeout_s": 1
     }));
@@ -174,27 +179,34 @@ fn a_run_within_its_cpu_budget_passes_on_a_loaded_machine() {
     // depend on the load. (Processes, each in a session of its own: with the scheduler's
     // autogroups, threads of this test would share one group's CPU share.)
     use std::os::unix::process::CommandExt;
+    /// Kills the spinners however the test ends (a panic included).
+    struct Spinners(Vec<std::process::Child>);
+    impl Drop for Spinners {
+        fn drop(&mut self) {
+            for spinner in &mut self.0 {
+                let _ = spinner.kill();
+                let _ = spinner.wait();
+            }
+        }
+    }
+    let _alone = CORE_SHARE.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     let code = "import time\ndef f():\n    start = time.process_time()\n    while time.process_time() - start < 0.4:\n        pass\n    return 1\n";
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
-    let mut spinners: Vec<std::process::Child> = (0..3 * cores)
-        .map(|_| {
-            let mut spinner = std::process::Command::new("/bin/sh");
-            spinner.args(["-c", "while :; do :; done"]);
-            // SAFETY: setsid is async-signal-safe and touches no memory of the parent.
-            unsafe {
-                spinner.pre_exec(|| {
-                    libc::setsid();
-                    Ok(())
-                });
-            }
-            spinner.spawn().expect("a spinner starts")
-        })
-        .collect();
-    let (out, raw) = run_recorded(python, json!({"code": code, "tests": ["assert f() == 1"], "timeout_s": 1}));
-    for spinner in &mut spinners {
-        let _ = spinner.kill();
-        let _ = spinner.wait();
+    let mut spinners = Spinners(Vec::new());
+    for _ in 0..3 * cores {
+        let mut spinner = std::process::Command::new("/bin/sh");
+        spinner.args(["-c", "while :; do :; done"]);
+        // SAFETY: setsid is async-signal-safe and touches no memory of the parent.
+        unsafe {
+            spinner.pre_exec(|| {
+                libc::setsid();
+                Ok(())
+            });
+        }
+        spinners.0.push(spinner.spawn().expect("a spinner starts"));
     }
+    let (out, raw) = run_recorded(python, json!({"code": code, "tests": ["assert f() == 1"], "timeout_s": 1}));
+    drop(spinners);
     eprintln!("under load: {:.2} s of CPU in {:.2} s of wall time", raw.cpu_seconds, raw.wall_seconds);
     assert_eq!(out.verdict.as_deref(), Some("pass"), "{out:?}");
     assert!(raw.cpu_seconds >= 0.4, "{raw:?}");

@@ -130,9 +130,11 @@ fn an_infinite_loop_times_out_as_a_failed_test() {
     assert_eq!(out.value["reason"], json!("timed out after 1 s"));
     assert_eq!(out.text, "0/1 tests passed; timed out after 1 s");
     assert_eq!(out.modeled_duration_s, 1.0, "a timeout is modeled as the limit");
-    // Its CPU budget stops it: at least 1 s of wall time, at most the 3 s backstop.
+    // Its CPU budget stops it (the wall-clock backstop, 3 s, only on a machine that left it
+    // under a third of a core: the exact clock is `wasm_sandbox.rs`'s test, with a wide backstop).
     assert!(out.wall_seconds >= 1.0 && out.wall_seconds < 4.0, "{}", out.wall_seconds);
-    assert_eq!(out.value["limits_hit"], json!(["cpu_time"]));
+    let hit = &out.value["limits_hit"];
+    assert!(*hit == json!(["cpu_time"]) || *hit == json!(["wall_time"]), "{hit}");
 }
 
 #[test]

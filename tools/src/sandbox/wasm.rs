@@ -10,9 +10,13 @@
 //!   [`EPOCH_TICK`]; at each tick a running guest checks its job's two limits and traps
 //!   (`interrupt`) once one has passed:
 //!   * *CPU time*: `cpu_seconds` of the CPU clock of the thread that runs the guest (its
-//!     instantiation included), the counterpart of a process's `RLIMIT_CPU` — the outcome has
-//!     [`LimitHit::CpuTime`]. This is the limit a busy guest meets, and it does not depend on
-//!     how loaded the machine is;
+//!     instantiation included; the executor is single-threaded, so the guest's fiber never
+//!     leaves that thread), the counterpart of a process's `RLIMIT_CPU` — the outcome has
+//!     [`LimitHit::CpuTime`]. This is the limit a busy guest meets, at the same point of its
+//!     work on an idle or a loaded machine (as long as the guest gets enough of a core to reach
+//!     it before the wall clock). The CPU of WASI file operations, which run on the executor's
+//!     blocking pool, is not counted: their volume is bounded by the work area, and a guest that
+//!     spends its time in host calls meets the wall clock;
 //!   * *wall clock*: the job's `wall_time` deadline. WASI calls run asynchronously under a
 //!     `tokio::time::timeout` with the same deadline, so a guest blocked in a host call (a
 //!     `sleep`) is cut as well — the outcome has `timed_out` and [`LimitHit::WallTime`].
@@ -1548,7 +1552,9 @@ thread_local! {
 }
 
 /// Runs `future` to completion on this thread's single-thread executor (with timers). When the
-/// caller is itself inside a tokio runtime, which cannot block, a scoped thread does it.
+/// caller is itself inside a tokio runtime, which cannot block, a scoped thread does it. Either
+/// way one OS thread polls the future from start to end: a command run's CPU budget reads that
+/// thread's CPU clock (a multi-thread executor would move the guest between threads).
 fn block_on<F: std::future::Future + Send>(future: F) -> Result<F::Output, SandboxError>
 where
     F::Output: Send,
@@ -1681,11 +1687,14 @@ fn run_command(sandbox: &WasmSandbox, loaded: &LoadedModule, job: &SandboxJob) -
     let (work_area_full, open_files_refused) = (guard.work_area_full, guard.open_files_refused);
 
     let mut timed_out = false;
+    // Whether the CPU budget's interrupt is what ended the run (not only that it fired).
+    let mut cpu_stopped = false;
     let (termination, trap) = match ended {
         Ended::Ran(Ok(())) => (Termination::Exited(0), None),
         Ended::Ran(Err(e)) => match e.downcast_ref::<I32Exit>() {
             Some(exit) => (Termination::Exited(exit.0), None),
             None if is_interrupt(&e) && cpu_limit_hit => {
+                cpu_stopped = true;
                 (Termination::Trapped, Some("CPU time limit reached (epoch check)".to_string()))
             }
             None if is_interrupt(&e) => {
@@ -1700,6 +1709,7 @@ fn run_command(sandbox: &WasmSandbox, loaded: &LoadedModule, job: &SandboxJob) -
         }
         Ended::NotStarted(e) if memory_denied => (Termination::Trapped, Some(format!("cannot start: {e:#}"))),
         Ended::NotStarted(e) if is_interrupt(&e) && cpu_limit_hit => {
+            cpu_stopped = true;
             (Termination::Trapped, Some("CPU time limit reached while starting".to_string()))
         }
         Ended::NotStarted(e) if is_interrupt(&e) => {
@@ -1716,7 +1726,7 @@ fn run_command(sandbox: &WasmSandbox, loaded: &LoadedModule, job: &SandboxJob) -
     if timed_out {
         limits_hit.push(LimitHit::WallTime);
     }
-    if cpu_limit_hit && !timed_out {
+    if cpu_stopped {
         limits_hit.push(LimitHit::CpuTime);
     }
     if stdout_truncated || stderr_truncated {

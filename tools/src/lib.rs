@@ -46,7 +46,8 @@ pub struct ToolCall {
     pub tool: String,
     /// Named inputs (see each tool's module for its fields).
     pub inputs: BTreeMap<String, serde_json::Value>,
-    /// Wall-clock limit from the node, in seconds; a tool's own `timeout_s` input wins.
+    /// Time limit from the node, in seconds (for `python_tests` CPU time with a wall-clock
+    /// backstop; for `shell` wall time); a tool's own `timeout_s` input wins.
     pub timeout_s: Option<f64>,
 }
 

@@ -1089,8 +1089,10 @@ mod tests {
         assert!(!j.passed);
         assert_eq!(j.reason.as_deref(), Some("timed out after 5 s"));
         assert_eq!(j.text, "1/2 tests passed; timed out after 5 s");
-        let failure = failure_of(&report, &spent, &j).expect("failed");
-        assert_eq!((failure.cause, failure.detail.as_str()), (ToolFailureCause::Timeout, "timed out after 5 s"));
+        assert_eq!(
+            failure_of(&report, &spent, &j).map(|f| (f.cause, f.detail)),
+            Some((ToolFailureCause::Timeout, "timed out after 5 s".to_string()))
+        );
         // A waiting one meets the wall-clock backstop, 2 × 5 + 1 s: the same timeout.
         let waited = outcome(partial, Termination::Signaled(9), true, vec![LimitHit::WallTime]);
         let j = judge(&job, &report, &waited);

@@ -1294,12 +1294,11 @@ async fn run(shared: &Arc<Shared>, p: Prepared) -> Response {
     // each prompt has its own), shared by every sample (n samples of a long answer held n copies
     // of it), and each prompt's blocks hashed once, outside the core's lock. A request with
     // tools is a chat: one prompt, one answer.
-    let answers: Vec<Arc<Shaped>> = p
-        .provided
-        .iter()
-        .map(|provided| Arc::new(protocol::shape(provided.as_deref(), &shared.filler, p.limit, &p.checked)))
-        .collect();
-    let answer_of = |prompt_idx: usize| Arc::clone(&answers[prompt_idx.min(answers.len() - 1)]);
+    let shape = |provided: Option<&str>| Arc::new(protocol::shape(provided, &shared.filler, p.limit, &p.checked));
+    let answers: Vec<Arc<Shaped>> = p.provided.iter().map(|provided| shape(provided.as_deref())).collect();
+    // One entry serves every prompt; none (never built so) is the filler's answer.
+    let fallback = answers.last().cloned().unwrap_or_else(|| shape(None));
+    let answer_of = |prompt_idx: usize| answers.get(prompt_idx).cloned().unwrap_or_else(|| Arc::clone(&fallback));
     let tool_answer = p.tool_choice.as_ref().map(|choice| Arc::new(ToolAnswer::read(choice, &answer_of(0), stream)));
     let prefix_hashes: Vec<Arc<Vec<u64>>> =
         p.prompts.iter().map(|prompt| Arc::new(tokens::block_hashes(&prompt.ids, shared.block_size as usize))).collect();

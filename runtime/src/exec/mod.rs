@@ -177,6 +177,13 @@ pub struct TraceLine {
     pub detail: Option<String>,
 }
 
+/// The `detail` of a trace's `finish` line, the same in every shell: what the call generated
+/// and the prompt it read (of which the prefix cache held `cached`), so that a trace alone tells
+/// a long generation from a long wait.
+pub fn finish_detail(output_tokens: u32, prompt_tokens: u32, cached_prompt_tokens: u32) -> String {
+    format!("{output_tokens} tokens; prompt {prompt_tokens} ({cached_prompt_tokens} cached)")
+}
+
 /// One completed activation (LLM call or tool call), for offline analysis such as the
 /// makespan lower bound (`crate::lower_bound`) and the live-vs-simulator comparisons.
 #[derive(Debug, Clone, PartialEq, Serialize)]

@@ -39,7 +39,7 @@ use crate::ids::{ActivationId, DeviceId, ReplicaId, SessionId};
 use crate::planner::{Command, DeploymentId, Event, Planner, ReplicaPhase, WorkItem};
 use crate::report::{DeviceTimeline, Segment, SegmentKind, WastedWork};
 use crate::session::Session;
-use crate::exec::{self, CallRecord, Counters, ReportInput, SessionRecord, TokenWork, TraceEntry, TraceLine};
+use crate::exec::{self, CallRecord, Counters, ReportInput, SessionRecord, TokenWork, TraceEntry, TraceLine, finish_detail};
 use crate::values::Record;
 
 /// The service answers with it too, so it is the actor vocabulary's.
@@ -659,7 +659,8 @@ impl PlannerActorState {
                     if !f.first_token_logged {
                         self.log("first_token", TraceLine { detail: at(completion.ttft_s).map(|t| format!("at {t} s")), ..line.clone() });
                     }
-                    self.log("finish", TraceLine { detail: Some(format!("{output_tokens} tokens")), ..line });
+                    let detail = finish_detail(output_tokens, completion.prompt_tokens, completion.cached_prompt_tokens);
+                    self.log("finish", TraceLine { detail: Some(detail), ..line });
                 }
                 if let Some(d) = self.ctx.deployments.get(f.deployment.0 as usize) {
                     self.routes.charge(activation.session, &d.model, completion.prompt_tokens, completion.cached_prompt_tokens, output_tokens);

@@ -35,7 +35,7 @@ use thiserror::Error;
 use crate::exec::graph_info::NodeFacts;
 use crate::exec::{
     self, CallRecord, Counters, PrepareContext, PreparedLlm, Ready, ReportInput, RunConfig, SessionRecord, SessionTally,
-    ShellError, TokenWork, TraceEntry, TraceLine, arrivals, tool_trace_detail as trace_detail,
+    ShellError, TokenWork, TraceEntry, TraceLine, arrivals, finish_detail, tool_trace_detail as trace_detail,
 };
 use crate::ids::{ActivationId, DeviceId, ReplicaId, SessionId};
 use crate::planner::{
@@ -1225,10 +1225,14 @@ impl<'a> Sim<'a> {
                         cached_prompt_tokens,
                         output_tokens,
                     );
+                    let detail = self.opts.keep_trace.then(|| {
+                        finish_detail(output_tokens, prompt_tokens, cached_prompt_tokens)
+                    });
                     self.log("finish", TraceLine {
                         session: Some(f.activation.session.0),
                         activation: Some(f.activation.index),
                         replica: Some(replica.0),
+                        detail,
                         ..blank()
                     });
                     self.plan(Event::UnitFinished {
@@ -1665,6 +1669,26 @@ mod tests {
         assert!(gap0.abs() < 1e-9, "{gap0}");
         assert!((gap - 0.5).abs() < 1e-6, "{gap}");
         assert!(makespan > makespan0, "{makespan} vs {makespan0}");
+    }
+
+    #[test]
+    fn a_finish_line_says_what_its_call_generated_and_read() {
+        // The trace alone tells a long generation from a long wait: each `finish` line carries
+        // the tokens of the call record of the same activation.
+        let out = simulate(&gsm8k(3, Arrival::Burst), &mut |_, _| {}).expect("simulation");
+        let finishes: Vec<&TraceLine> = out.trace.iter().filter(|l| l.event == "finish").collect();
+        let llm_calls = out.calls.iter().filter(|c| c.model.is_some()).count();
+        assert_eq!(finishes.len(), llm_calls);
+        for l in finishes {
+            let c = out
+                .calls
+                .iter()
+                .find(|c| Some(c.session) == l.session && Some(c.activation) == l.activation)
+                .expect("a call record per finish line");
+            let detail = l.detail.as_deref().expect("a detail");
+            let want = format!("{} tokens; prompt {} (", c.output_tokens, c.prompt_tokens);
+            assert!(detail.starts_with(&want) && detail.ends_with(" cached)"), "{detail} vs {c:?}");
+        }
     }
 
     #[test]

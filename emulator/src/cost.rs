@@ -46,7 +46,8 @@
 //! sequence counts memoised (what a replica repeats step after step), with the same bits.
 //!
 //! This module is the emulator's private ground truth: the predictor must not call it or read
-//! its constants. It depends only on the spec sheets (`ModelArch`, `DeviceSpec`, `Dtype`).
+//! its constants. It depends on the spec sheets (`ModelArch`, `DeviceSpec`, `Dtype`) and, in the
+//! crate, on `lifecycle` alone (the engine generation that picks the attention kernel).
 
 use serde::{Deserialize, Serialize};
 use switchyard_predictor::spec::{DeviceSpec, Dtype, ModelArch};

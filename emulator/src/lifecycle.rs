@@ -16,7 +16,7 @@
 //! is the single-GPU one. From disk this assumes the node's storage serves the shards' readers
 //! at the per-reader bandwidth (optimistic for one NVMe disk read by several GPUs).
 //!
-//! Depends only on the spec sheets. These are ground-truth constants of the emulated world;
+//! Depends on the spec sheets and, in the crate, on `error` alone. These are ground-truth constants of the emulated world;
 //! the predictor must not read them.
 
 use serde::{Deserialize, Serialize};

@@ -23,7 +23,8 @@
 //! `per-GPU KV memory / per-GPU block bytes`. Every byte figure of the plan is per GPU;
 //! [`MemoryPlan::gpus`] says how many GPUs hold it.
 //!
-//! Depends only on the spec sheets. The constants below are assumptions with sources; the
+//! Depends on the spec sheets and, in the crate, on `error` and `lifecycle` (the engine
+//! generation behind vLLM's per-GPU defaults). The constants below are assumptions with sources; the
 //! predictor must not read them.
 
 use serde::{Deserialize, Serialize};

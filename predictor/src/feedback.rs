@@ -9,7 +9,10 @@
 //!   `ρ_κ` rises after an observed out-of-memory event. Nothing lowers `ρ_κ`: timing history
 //!   refines completion estimates but never the memory reserved for feasibility.
 //!
-//! Both are updated on events (a completion, an OOM), off the lookup path; reading them is a
+//! Not on the runtime's scheduling path today: no runtime code imports either (the joint
+//! planner keeps its own p90 history, and reserves at the configured output limit with no ε_M
+//! and no OOM margin; ARCHITECTURE.md says so). Both are updated on events (a completion, an
+//! OOM), off the lookup path; reading them is a
 //! map lookup or an array read. No estimator runs here: outside its tests this module must
 //! not depend on the estimators, the training data (`data`, `measured`) or the evaluation,
 //! nor on the emulator or the runtime.

@@ -30,7 +30,9 @@
 //! - The scheduling path: [`profile::ProfileTable`] materializes `C_κ` for
 //!   `κ = (deployment, device, batch, input, output)` buckets and `C_load(d, g)` ahead of time;
 //!   [`feedback::OutputHistory`] picks the timing output length (recent p90 per logical node)
-//!   and [`feedback::AdmissionMargins`] gives `M_adm = M_peak + ε_M + ρ(t)`.
+//!   and [`feedback::AdmissionMargins`] gives `M_adm = M_peak + ε_M + ρ(t)` (the runtime's
+//!   planner reads profile tables; it keeps its own output history and does not use either
+//!   feedback type today).
 //!
 //! # Use on the scheduling path
 //!

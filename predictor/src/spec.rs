@@ -3,7 +3,7 @@
 //! This module owns *data*, not estimates: parameter bytes and KV bytes per token are derived
 //! from a model's architecture config, and device figures come from vendor datasheets. Both the
 //! emulator (ground truth) and the estimators read these facts; neither may put a cost model
-//! here. It depends on nothing but serde.
+//! here. It depends on nothing but serde and thiserror.
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;

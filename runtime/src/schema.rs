@@ -27,6 +27,10 @@ const DEFAULT_RANGE: (f64, f64) = (0.0, 100.0);
 pub const MAX_ITEMS: u32 = 1_000;
 pub const MAX_LENGTH: u32 = 100_000;
 pub const MAX_VALUES: u64 = 10_000;
+/// Longest smallest answer (compact JSON, bytes) a schema may have: within the limits above a
+/// smallest answer can still be about a gigabyte, which no output limit admits and which a
+/// check must not build ([`OutputSchema::smallest_json_bytes`] measures it first).
+pub const MAX_SMALLEST_ANSWER_BYTES: u64 = 1 << 20;
 /// Drawn numbers stay within ±this, whatever the bounds (a draw over an infinite span is not
 /// defined).
 const DRAW_SPAN: f64 = 1e12;
@@ -247,6 +251,34 @@ impl OutputSchema {
                 serde_json::Number::from_f64(minimum.or(*maximum).unwrap_or(0.0)).map(Json::Number).unwrap_or(Json::Null)
             }
             OutputSchema::Boolean => Json::Bool(false),
+        }
+    }
+
+    /// The length in bytes of [`Self::smallest`]'s compact JSON, computed without building it
+    /// (saturating): the schema limits still admit a smallest answer of about a gigabyte (a
+    /// thousand items of eight strings of 100,000 characters), which a check must not build.
+    pub fn smallest_json_bytes(&self) -> u64 {
+        let json_len = |v: &Json| v.to_string().len() as u64;
+        match self {
+            OutputSchema::Object { properties, required } => {
+                let members: Vec<u64> = properties
+                    .iter()
+                    .filter(|(k, _)| required.contains(k))
+                    .map(|(k, s)| json_len(&Json::String(k.clone())).saturating_add(1).saturating_add(s.smallest_json_bytes()))
+                    .collect();
+                let commas = members.len().saturating_sub(1) as u64;
+                members.iter().fold(2u64.saturating_add(commas), |a, &m| a.saturating_add(m))
+            }
+            OutputSchema::Array { items, min_items, .. } => {
+                let n = u64::from(*min_items);
+                2u64.saturating_add(n.saturating_mul(items.smallest_json_bytes())).saturating_add(n.saturating_sub(1))
+            }
+            OutputSchema::String { choices: Some(_), .. }
+            | OutputSchema::Integer { .. }
+            | OutputSchema::Number { .. }
+            | OutputSchema::Boolean => json_len(&self.smallest()),
+            // Dots need no escaping: the quotes and the characters.
+            OutputSchema::String { min_length, .. } => 2 + u64::from(*min_length),
         }
     }
 
@@ -616,6 +648,56 @@ mod tests {
             prop_assert_eq!(s.check(&a), Ok(()));
             prop_assert_eq!(s.check(&s.smallest()), Ok(()));
         }
+    }
+
+    /// Schemas of the supported subset, nested up to three levels, with keys that need JSON
+    /// escaping.
+    fn any_schema() -> impl Strategy<Value = OutputSchema> {
+        let leaf = prop_oneof![
+            Just(OutputSchema::Boolean),
+            (any::<Option<i64>>(), any::<Option<i64>>()).prop_map(|(minimum, maximum)| OutputSchema::Integer { minimum, maximum }),
+            (proptest::option::of(-1e9f64..1e9), proptest::option::of(-1e9f64..1e9))
+                .prop_map(|(minimum, maximum)| OutputSchema::Number { minimum, maximum }),
+            (0u32..50).prop_map(|min_length| OutputSchema::String { choices: None, min_length, max_length: None }),
+            proptest::collection::vec("[a-z\"\\\\é]{0,6}", 1..4)
+                .prop_map(|c| OutputSchema::String { choices: Some(c), min_length: 0, max_length: None }),
+        ];
+        leaf.prop_recursive(3, 24, 4, |inner| {
+            prop_oneof![
+                (inner.clone(), 0u32..4).prop_map(|(items, min_items)| OutputSchema::Array { items: Box::new(items), min_items, max_items: None }),
+                proptest::collection::vec(("[a-z\"\\\\]{1,5}", inner, any::<bool>()), 0..4).prop_map(|props| {
+                    let mut properties: Vec<(String, OutputSchema)> = Vec::new();
+                    let mut required = Vec::new();
+                    for (k, s, req) in props {
+                        if properties.iter().all(|(p, _)| *p != k) {
+                            if req {
+                                required.push(k.clone());
+                            }
+                            properties.push((k, s));
+                        }
+                    }
+                    OutputSchema::Object { properties, required }
+                }),
+            ]
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn the_smallest_answers_size_is_its_json_length(s in any_schema()) {
+            prop_assert_eq!(s.smallest_json_bytes(), s.smallest().to_string().len() as u64);
+        }
+    }
+
+    #[test]
+    fn a_gigabyte_smallest_answer_is_measured_without_being_built() {
+        let s = OutputSchema::from_json(&json!({"type": "object", "required": ["a"], "properties": {"a": {
+            "type": "array", "minItems": 1000, "items": {"type": "array", "minItems": 8, "items": {"type": "string", "minLength": 100_000}}
+        }}}))
+        .unwrap_or_else(|e| panic!("{e}"));
+        // {"a":[ 1000 × [ 8 × "…100000…" + 7 commas ] + 999 commas ]}
+        let inner = 2 + 8 * 100_002 + 7;
+        assert_eq!(s.smallest_json_bytes(), 6 + 2 + 1000 * inner + 999);
     }
 
     #[test]

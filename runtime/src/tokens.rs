@@ -33,7 +33,8 @@
 //! boundaries (at most a token or two each). Special tokens (`<|im_start|>`, …) in a text are
 //! recognised, as vLLM does when it tokenises a rendered prompt.
 //!
-//! Depends on nothing else in the crate.
+//! Depends on nothing else in the crate but `memo` (the bounded caches of encodings and
+//! pre-tokens).
 
 use std::collections::{BinaryHeap, HashMap};
 use std::hash::{BuildHasherDefault, DefaultHasher, Hash, Hasher};

@@ -548,6 +548,24 @@ loops:
     max_rounds: 3
 "#;
 
+/// A schema within the per-keyword limits whose smallest answer is about a gigabyte (a
+/// thousand items of eight strings of 100,000 characters) is refused by its measured size,
+/// without being built (found by review: `POST /v1/workflows` built and tokenized it, ~1.6 GB
+/// per request, before refusing it).
+#[test]
+fn a_gigabyte_smallest_answer_is_refused_by_its_size() {
+    let huge = "      schema:\n        type: object\n        properties:\n          ok: {type: boolean}\n          a: {type: array, minItems: 1000, items: {type: array, minItems: 8, items: {type: string, minLength: 100000}}}\n        required: [ok, a]\n";
+    let text = TEAM.replacen(
+        "      schema:\n        type: object\n        properties:\n          ok: {type: boolean}\n          level: {enum: [low, high]}\n        required: [ok, level]\n",
+        huge,
+        1,
+    );
+    assert_ne!(text, TEAM);
+    let e = err(&text);
+    assert_has(&e, ErrorKind::OutputLimit, 16, 5, "nodes.check.output.schema");
+    assert!(e.to_string().contains("smallest answer is 800026018 bytes of JSON, above the 1048576"), "{e}");
+}
+
 #[test]
 fn generic_agents_load_with_their_defaults_preamble_and_schema_instruction() {
     let spec = parse(TEAM).unwrap_or_else(|e| panic!("{e}"));

@@ -19,7 +19,8 @@
 //!
 //! Must not depend on `sim` or `live` (both depend on it; `runtime/tests/module_boundaries.rs`
 //! checks), on engines, on a clock or on randomness beyond the seeded trace and responders. Only
-//! the labelled [`oracle`] estimates read the emulator crate (checked too).
+//! the labelled [`oracle`] estimates and [`preflight`] (the emulated engine's own memory rule,
+//! that every deployment fits a device) read the emulator crate (checked too).
 
 pub mod activation;
 pub mod agent_session;

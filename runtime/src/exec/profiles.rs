@@ -5,7 +5,8 @@
 //!
 //! Trained estimators and tables are cached per (estimator, deployments, devices) for the life
 //! of the process, so a benchmark that runs many simulations trains and materialises once. This
-//! cache is the shells' state, never the core's. Depends on the predictor crate only.
+//! cache is the shells' state, never the core's. Depends on the predictor crate and the
+//! planner's deployment table (`planner::DeploymentInfo`) only.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};

@@ -38,7 +38,8 @@
 //! - A unit whose envelope exceeds an *empty* replica's KV capacity is still admitted there
 //!   (the engine preempts under real KV pressure) so it cannot starve.
 //!
-//! Pure: depends only on the planner state; no I/O, no clock, no randomness.
+//! Pure: depends only on the planner state and the shared substrate (`super::substrate`); no
+//! I/O, no clock, no randomness.
 //!
 //! Part of the pure core: must not depend on anything outside `planner` but `crate::ids` and the
 //! predictor crate (the core's rule, checked by `runtime/tests/module_boundaries.rs`).

@@ -9,7 +9,7 @@
 //!   request-level scale-out under the shared replica cap.
 //!
 //! It never prefetches or fuses: each ready request re-queues and re-acquires.
-//! Depends only on the planner state.
+//! Depends only on the planner state and the shared substrate (`super::substrate`).
 //!
 //! Part of the pure core: must not depend on anything outside `planner` but `crate::ids` and the
 //! predictor crate (the core's rule, checked by `runtime/tests/module_boundaries.rs`).

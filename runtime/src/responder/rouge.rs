@@ -6,7 +6,7 @@
 //! (Zhong et al., NAACL 2021). The official `ROUGE-1.5.5` script used there applies Porter
 //! stemming when run with `-m`; scores here can therefore be slightly lower than published ones.
 //!
-//! Depends on nothing else in the crate.
+//! Depends on nothing else in the crate but the responders' word splitter (`super::text`).
 
 use super::text::words;
 

@@ -5,7 +5,9 @@
 //! depends on a part that did not read waits for it); the checks that need every node run once
 //! every node reads, and then all together.
 //!
-//! Pure apart from one `metadata` call that checks the dataset file exists.
+//! Pure apart from file-system checks: the dataset file exists (`is_file`, `exists`) and each
+//! shell node's declared `reads:` path is what it claims (`switchyard_tools::shell::checked_read`,
+//! a `symlink_metadata`); it also reads the process-wide registry of custom tools.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -24,7 +26,7 @@ use super::{
     tool_call_verdict,
 };
 use crate::responder::GENERIC;
-use crate::schema::OutputSchema;
+use crate::schema::{MAX_SMALLEST_ANSWER_BYTES, OutputSchema};
 use crate::values::LengthDist;
 
 const TOP_KEYS: &[&str] = &[
@@ -1095,14 +1097,26 @@ fn agent_node(
         },
     };
     if let (Some(o), Some(limit)) = (&output, max_output_tokens) {
-        let smallest = crate::tokens::count(&o.schema.smallest().to_string()) as u32;
-        if smallest > limit {
+        // Measured before it is built: a smallest answer past MAX_SMALLEST_ANSWER_BYTES is
+        // refused as it is (building and tokenizing it could take gigabytes).
+        let bytes = o.schema.smallest_json_bytes();
+        if bytes > MAX_SMALLEST_ANSWER_BYTES {
             errors.push(ctx.err(
                 m.key_pos("output").unwrap_or(m.pos),
                 &f("output.schema"),
                 ErrorKind::OutputLimit,
-                format!("the schema's smallest answer is {smallest} tokens, above max_output_tokens {limit}"),
+                format!("the schema's smallest answer is {bytes} bytes of JSON, above the {MAX_SMALLEST_ANSWER_BYTES} an answer may take"),
             ));
+        } else {
+            let smallest = crate::tokens::count(&o.schema.smallest().to_string()) as u32;
+            if smallest > limit {
+                errors.push(ctx.err(
+                    m.key_pos("output").unwrap_or(m.pos),
+                    &f("output.schema"),
+                    ErrorKind::OutputLimit,
+                    format!("the schema's smallest answer is {smallest} tokens, above max_output_tokens {limit}"),
+                ));
+            }
         }
     }
     // Without a known limit the distributions' means are checked against none.

@@ -4,7 +4,8 @@
 //!
 //! A [`WorkflowSpec`] is immutable once loaded and shared (`Arc`) by every session of the
 //! workflow. This module owns *what* a workflow is; it must not depend on sessions, the
-//! planner, the simulator or any engine (it reads only the responder and tool *names*). It reads files only in [`load_workflow`] and
+//! planner, the simulator or any engine (of the responders it reads their names and the inputs each needs, of the tools their names,
+//! inputs, and the custom tools' specs and verdicts). It reads files only in [`load_workflow`] and
 //! [`WorkflowSpec::load_records`].
 
 mod dataset;

@@ -5,8 +5,8 @@
 //! `take N`. Parsing happens once at load time; rendering is a pure function of a
 //! [`Resolve`] view of the session (inputs and the latest completed outputs).
 //!
-//! Depends only on `values` (for [`NodeOutput`]); it must not know about sessions or the
-//! scheduler.
+//! Depends only on `values` (for [`NodeOutput`]), `tokens` (token-count filters) and the
+//! workflow's own `yaml` positions; it must not know about sessions or the scheduler.
 
 use std::fmt;
 

@@ -839,7 +839,9 @@ impl<'a> Instance<'a> {
     }
 
     fn value(&mut self, schema: &Value, depth: usize, hops: usize) -> Value {
-        if depth > HARD_DEPTH || hops > MAX_SCHEMA_HOPS || !self.spend() {
+        // Every value counts, a null past the limits too: an array that must hold `minItems`
+        // of them would otherwise fill without spending the budget.
+        if !self.spend() || depth > HARD_DEPTH || hops > MAX_SCHEMA_HOPS {
             return Value::Null;
         }
         if let Some(reference) = schema.get("$ref").and_then(Value::as_str) {
@@ -1635,6 +1637,22 @@ mod tests {
         let wide = json!({"$defs": {"O": {"type": "object", "required": required}}, "type": "array", "items": {"$ref": "#/$defs/O"}, "minItems": 500});
         let keys: usize = schema_instance(&wide, "x").as_array().map_or(0, |a| a.iter().map(|o| o.as_object().map_or(0, |m| m.len())).sum());
         assert!(keys <= MAX_INSTANCE_VALUES, "{keys}");
+    }
+
+    /// An array that requires itself as its items with a huge `minItems` reaches the depth
+    /// limit with budget left; there every value is null, and each still counts against the
+    /// budget, so the items end at it (a null that cost nothing filled `minItems` — 10¹² — until
+    /// memory ran out: found by review, reachable from any `response_format` or tool schema).
+    #[test]
+    fn nulls_past_the_depth_limit_count_against_the_budget() {
+        fn count(v: &Value) -> usize {
+            1 + v.as_array().map_or(0, |a| a.iter().map(count).sum())
+        }
+        for min_items in [5_000u64, 1_000_000_000_000] {
+            let schema = json!({"type": "array", "minItems": min_items, "items": {"$ref": "#"}});
+            let v = schema_instance(&schema, "x");
+            assert!(count(&v) <= MAX_INSTANCE_VALUES + 1, "minItems {min_items}: {} values", count(&v));
+        }
     }
 
     /// A schema of many merges of itself (`allOf` of the root per property) ends within the

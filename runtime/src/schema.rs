@@ -206,8 +206,12 @@ impl OutputSchema {
                 if let Some(max) = max_length {
                     s = s.chars().take(*max as usize).collect::<String>().trim_end().to_string();
                 }
-                while (s.chars().count() as u32) < *min_length {
-                    s.push('.');
+                // Padded in one step (a push per missing character, each recounting the string,
+                // was quadratic: minutes for a 100,000-character minimum).
+                let have = s.chars().count();
+                let want = *min_length as usize;
+                if have < want {
+                    s.extend(std::iter::repeat_n('.', want - have));
                 }
                 Json::String(s)
             }
@@ -279,6 +283,32 @@ impl OutputSchema {
             | OutputSchema::Boolean => json_len(&self.smallest()),
             // Dots need no escaping: the quotes and the characters.
             OutputSchema::String { min_length, .. } => 2 + u64::from(*min_length),
+        }
+    }
+
+    /// An upper bound, in bytes of compact JSON, on what the schema's minimum lengths alone force
+    /// into a drawn answer: every property present, every array at its most items (`maxItems`,
+    /// else the draw's default), every free-text string at its `minLength` (the text drawn into
+    /// it is not counted), every `enum` at its longest choice, numbers at their widest (saturating).
+    pub fn largest_padded_json_bytes(&self) -> u64 {
+        let json_len = |v: &Json| v.to_string().len() as u64;
+        match self {
+            OutputSchema::Object { properties, .. } => {
+                let commas = properties.len().saturating_sub(1) as u64;
+                properties.iter().fold(2u64.saturating_add(commas), |a, (k, s)| {
+                    a.saturating_add(json_len(&Json::String(k.clone())).saturating_add(1).saturating_add(s.largest_padded_json_bytes()))
+                })
+            }
+            OutputSchema::Array { items, min_items, max_items } => {
+                let n = u64::from(max_items.unwrap_or((*min_items).max(DEFAULT_MAX_ITEMS)).max(*min_items));
+                2u64.saturating_add(n.saturating_mul(items.largest_padded_json_bytes())).saturating_add(n.saturating_sub(1))
+            }
+            OutputSchema::String { choices: Some(c), .. } => c.iter().map(|s| json_len(&Json::String(s.clone()))).max().unwrap_or(2),
+            OutputSchema::String { min_length, .. } => 2 + u64::from(*min_length),
+            // i64::MIN is 20 characters; a two-decimal f64 in JSON at most 24.
+            OutputSchema::Integer { .. } => 20,
+            OutputSchema::Number { .. } => 24,
+            OutputSchema::Boolean => 5,
         }
     }
 
@@ -686,6 +716,13 @@ mod tests {
         #[test]
         fn the_smallest_answers_size_is_its_json_length(s in any_schema()) {
             prop_assert_eq!(s.smallest_json_bytes(), s.smallest().to_string().len() as u64);
+        }
+
+        #[test]
+        fn a_drawn_answer_with_empty_texts_stays_within_the_padded_bound(s in any_schema(), seed in any::<u64>()) {
+            let drawn = s.sample(&mut ChaCha8Rng::seed_from_u64(seed), 0, &mut |_| String::new());
+            prop_assert!(drawn.to_string().len() as u64 <= s.largest_padded_json_bytes());
+            prop_assert!(s.smallest_json_bytes() <= s.largest_padded_json_bytes());
         }
     }
 

@@ -564,6 +564,16 @@ fn a_gigabyte_smallest_answer_is_refused_by_its_size() {
     let e = err(&text);
     assert_has(&e, ErrorKind::OutputLimit, 16, 5, "nodes.check.output.schema");
     assert!(e.to_string().contains("smallest answer is 800026018 bytes of JSON, above the 1048576"), "{e}");
+    // Optional items: the smallest answer is `{"ok":false,"a":[]}`, but a draw may hold a thousand
+    // strings padded to 100,000 characters each (a review's schema: minutes of padding and
+    // gigabytes of tokenizer state per activation) — refused by that bound.
+    let optional = text.replace("minItems: 1000, items: {type: array, minItems: 8,", "maxItems: 1000, items: {type: array, maxItems: 8,");
+    assert_ne!(optional, text);
+    let e = err(&optional);
+    assert_has(&e, ErrorKind::OutputLimit, 16, 5, "nodes.check.output.schema");
+    assert!(e.to_string().contains("takes up to 800026018 bytes of JSON by its minimum lengths alone"), "{e}");
+    // The same shape at sizes a model writes loads.
+    parse(&optional.replace("minLength: 100000", "minLength: 100").replace("maxItems: 1000", "maxItems: 10")).unwrap_or_else(|e| panic!("{e}"));
 }
 
 #[test]
@@ -630,6 +640,14 @@ fn metrics_may_score_several_nodes_with_weights() {
     assert_eq!(m.terms.len(), 2);
     assert_eq!(m.terms[1].nodes, vec!["check".to_string()]);
     assert_eq!(m.label(), "0.75 verdict + 0.25 verdict");
+    assert_eq!(m.shares(), vec![0.75, 0.25]);
+    // Weights near f64::MAX are valid and still share the score (their sum overflowed: every
+    // session scored NaN, reported as 0).
+    let huge = parse(&with("[{kind: verdict, node: check, pass: [\"true\"], weight: 1e308}, {kind: verdict, node: [check], pass: [\"false\"], weight: 1e308}]"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let huge = huge.metric.unwrap();
+    assert_eq!(huge.shares(), vec![0.5, 0.5]);
+    assert_eq!(huge.label(), "0.5 verdict + 0.5 verdict");
     let e = err(&with("{kind: verdict, node: check}"));
     assert!(e.to_string().contains("a `verdict` term needs `pass`"), "{e}");
     let e = err(&with("{kind: verdict, node: coder, pass: [x]}"));
@@ -926,6 +944,51 @@ fn hostile_sizes_are_refused_at_load() {
     // A stream is read only up to the file limit.
     let e = load_workflow(Path::new("/dev/zero")).unwrap_err();
     assert!(e.to_string().contains("workflow files are read up to 4194304 bytes"), "{e}");
+}
+
+/// An agent's tools become nodes (its tool steps): the node limit holds for them too (a review
+/// found a file of few nodes and thousands of tools accepted).
+#[test]
+fn an_agents_tool_steps_count_against_the_node_limit() {
+    let tools = |n: usize| {
+        (0..n).map(|k| format!("      - {{name: t{k}, tool: python_tests, inputs: {{code: \"x\", tests: \"assert 1\"}}}}\n")).collect::<String>()
+    };
+    let workflow = |file_nodes: usize, n_tools: usize| {
+        let mut y = String::from("name: t\ndeployments:\n  big: {model: Qwen3-0.6B, max_context: 40960, max_output_tokens: 256}\nnodes:\n");
+        y.push_str(&format!("  - id: fixer\n    deployment: big\n    prompt: fix\n    max_turns: 1\n    tools:\n{}", tools(n_tools)));
+        for i in 1..file_nodes {
+            y.push_str(&format!("  - {{id: n{i}, deployment: big, responder: generic, prompt: hi}}\n"));
+        }
+        y
+    };
+    let max = switchyard_runtime::workflow::MAX_NODES;
+    parse(&workflow(max / 2, max / 2)).unwrap_or_else(|e| panic!("{e}"));
+    let e = err(&workflow(max / 2, max / 2 + 1));
+    assert_has(&e, ErrorKind::TooLarge, 5, 3, "nodes");
+    assert!(e.to_string().contains("1000 nodes and 1001 agent tool steps; a workflow has at most 2000 in all"), "{e}");
+}
+
+/// The agents' turn loops count against the activations a session may create, with the
+/// declared loops (each declared loop's check counted only the declared ones).
+#[test]
+fn an_agents_turns_count_against_the_activation_limit() {
+    let agent = |id: &str, n: usize| {
+        let tools: String = (0..n)
+            .map(|k| format!("      - {{name: t{k}, tool: python_tests, inputs: {{code: \"x\", tests: \"assert 1\"}}}}\n"))
+            .collect();
+        format!("  - id: {id}\n    deployment: big\n    prompt: fix\n    max_turns: 64\n    tools:\n{tools}")
+    };
+    let with_agents = |rounds: u32| {
+        TEAM.replacen("deployments:\n", "deployments:\n  big: {model: Qwen3-0.6B, max_context: 40960, max_output_tokens: 256}\n", 1)
+            .replacen("loops:\n", &format!("{}{}loops:\n", agent("a1", 700), agent("a2", 700)), 1)
+            .replacen("max_rounds: 3", &format!("max_rounds: {rounds}"), 1)
+    };
+    // 2 × 701 × 64 = 89,728 turn activations; the declared loop's 2 nodes × 5,000 rounds fit
+    // with them, × 10,000 rounds do not.
+    parse(&with_agents(5_000)).unwrap_or_else(|e| panic!("{e}"));
+    let e = err(&with_agents(10_000));
+    assert!(e.all().iter().any(|p| p.kind() == Some(ErrorKind::TooLarge) && p.field() == Some("nodes")), "{e}");
+    assert!(e.to_string().contains("the loops may create 109728 activations in a session (`a1.turns` 64 turns × 701 nodes, `a2.turns` 64 turns × 701 nodes"), "{e}");
 }
 
 #[test]

@@ -417,12 +417,7 @@ pub fn tool_trace_detail(outcome: &ToolOutcome) -> Option<String> {
 /// workflow has no metric.
 pub fn session_score(session: &Session) -> Option<f64> {
     let m = session.spec().metric.as_ref()?;
-    let (mut sum, mut weights) = (0.0, 0.0);
-    for t in &m.terms {
-        sum += t.weight * term_score(session, t);
-        weights += t.weight;
-    }
-    Some(if weights > 0.0 { sum / weights } else { 0.0 })
+    Some(m.terms.iter().zip(m.shares()).map(|(t, share)| share * term_score(session, t)).sum())
 }
 
 /// The score of a routed session under its workflow's own `verifier:` term (e.g. an LLM

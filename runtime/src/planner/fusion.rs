@@ -93,9 +93,11 @@ pub fn envelope(links: &[LogicalNode], consumes: &[Vec<usize>]) -> (u32, u32) {
     let mut i_adm = 0u32;
     let mut o_adm = 0u32;
     for (i, link) in links.iter().enumerate() {
+        // Saturating: a prompt may read the same earlier output many times (each reference
+        // counts), and u32 limits summed over them can pass u32::MAX.
         let earlier: u32 = consumes
             .get(i)
-            .map(|js| js.iter().filter(|&&j| j < i).map(|&j| links[j].output_limit).sum())
+            .map(|js| js.iter().filter(|&&j| j < i).fold(0u32, |a, &j| a.saturating_add(links[j].output_limit)))
             .unwrap_or(0);
         i_adm = i_adm.max(link.prompt_bound.saturating_add(earlier));
         o_adm = o_adm.max(link.output_limit);
@@ -166,5 +168,12 @@ mod tests {
         assert_eq!(envelope(&links, &consumes), (1100, 500));
         // Forward references are ignored.
         assert_eq!(envelope(&links, &[vec![2], vec![], vec![]]), (1000, 500));
+        // A prompt that reads an earlier output many times counts it each time, saturating
+        // (a review's workflow: 110,000 references to a 40,900-token output passed u32::MAX).
+        let big = vec![
+            LogicalNode { is_agent: true, deployment: Some(1), prompt_bound: 0, output_limit: 40_900 },
+            LogicalNode { is_agent: true, deployment: Some(1), prompt_bound: 0, output_limit: 1 },
+        ];
+        assert_eq!(envelope(&big, &[vec![], vec![0; 110_000]]), (u32::MAX, 40_900));
     }
 }

@@ -241,6 +241,20 @@ pub(super) fn build(
     let (mut nodes, mut locs): (Vec<NodeSpec>, Vec<NodeLocs>) = parsed.into_iter().flatten().unzip();
     let file_nodes = nodes.len();
     add_tool_steps(&mut nodes, &mut locs);
+    // The agents' tool steps are nodes too: the limit holds for the graph a session runs.
+    if nodes.len() > super::MAX_NODES {
+        errors.push(ctx.err(
+            nodes_node.pos,
+            "nodes",
+            ErrorKind::TooLarge,
+            format!(
+                "{file_nodes} nodes and {} agent tool steps; a workflow has at most {} in all",
+                nodes.len() - file_nodes,
+                super::MAX_NODES
+            ),
+        ));
+        return Err(gathered(errors));
+    }
 
     let mut conditions: Vec<(String, Pos, Condition)> = nodes
         .iter()
@@ -254,7 +268,27 @@ pub(super) fn build(
         Some(l) => loops(&ctx, l, &index, &ids, &mut nodes, &mut conditions, &mut broken, &mut errors),
         None => (Vec::new(), Vec::new()),
     };
+    let declared_loops = loops.len();
     add_turn_loops(&mut nodes, &mut loops, file_nodes);
+    // The agents' turn loops count against the activations one session may create, with the
+    // declared loops (whose own check counted only themselves).
+    let activations: u64 = loops.iter().map(|l| u64::from(l.max_rounds).saturating_mul(l.body.len() as u64)).sum();
+    if loops.len() > declared_loops && activations > super::MAX_LOOP_ACTIVATIONS {
+        let turns: Vec<String> = loops[declared_loops..]
+            .iter()
+            .map(|l| format!("`{}` {} turns × {} nodes", l.id, l.max_rounds, l.body.len()))
+            .collect();
+        errors.push(ctx.err(
+            nodes_node.pos,
+            "nodes",
+            ErrorKind::TooLarge,
+            format!(
+                "the loops may create {activations} activations in a session ({}, with the declared loops'); at most {}",
+                turns.join(", "),
+                super::MAX_LOOP_ACTIVATIONS
+            ),
+        ));
+    }
 
     // A cycle is reported with everything else: the checks below read the graph as it is.
     let topo = keep(&mut errors, topological_order(&ctx, &nodes, &locs));
@@ -1100,6 +1134,17 @@ fn agent_node(
         // Measured before it is built: a smallest answer past MAX_SMALLEST_ANSWER_BYTES is
         // refused as it is (building and tokenizing it could take gigabytes).
         let bytes = o.schema.smallest_json_bytes();
+        let padded = o.schema.largest_padded_json_bytes();
+        if padded > MAX_SMALLEST_ANSWER_BYTES && bytes <= MAX_SMALLEST_ANSWER_BYTES {
+            errors.push(ctx.err(
+                m.key_pos("output").unwrap_or(m.pos),
+                &f("output.schema"),
+                ErrorKind::OutputLimit,
+                format!(
+                    "an answer this schema allows takes up to {padded} bytes of JSON by its minimum lengths alone (arrays at their most items), above the {MAX_SMALLEST_ANSWER_BYTES} an answer may take: lower maxItems or minLength"
+                ),
+            ));
+        }
         if bytes > MAX_SMALLEST_ANSWER_BYTES {
             errors.push(ctx.err(
                 m.key_pos("output").unwrap_or(m.pos),

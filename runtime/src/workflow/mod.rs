@@ -359,15 +359,26 @@ impl MetricSpec {
     pub fn label(&self) -> String {
         match self.terms.as_slice() {
             [one] => one.kind.name().to_string(),
-            terms => {
-                let total: f64 = terms.iter().map(|t| t.weight).sum();
-                terms
-                    .iter()
-                    .map(|t| format!("{} {}", (t.weight / total * 1000.0).round() / 1000.0, t.kind.name()))
-                    .collect::<Vec<_>>()
-                    .join(" + ")
-            }
+            terms => terms
+                .iter()
+                .zip(self.shares())
+                .map(|(t, share)| format!("{} {}", (share * 1000.0).round() / 1000.0, t.kind.name()))
+                .collect::<Vec<_>>()
+                .join(" + "),
         }
+    }
+
+    /// Each term's share of the score, summing to 1: its weight over the total, computed on the
+    /// weights relative to the largest so that valid weights near `f64::MAX` do not overflow
+    /// the sum (which scored every session NaN).
+    pub fn shares(&self) -> Vec<f64> {
+        let top = self.terms.iter().map(|t| t.weight).fold(0.0f64, f64::max);
+        if !(top > 0.0 && top.is_finite()) {
+            return vec![0.0; self.terms.len()];
+        }
+        let relative: Vec<f64> = self.terms.iter().map(|t| t.weight / top).collect();
+        let total: f64 = relative.iter().sum();
+        relative.iter().map(|r| r / total).collect()
     }
 
     /// The node whose output is the session's final answer: the first term's first node.

@@ -1131,37 +1131,23 @@ fn agent_node(
         },
     };
     if let (Some(o), Some(limit)) = (&output, max_output_tokens) {
-        // Measured before it is built: a smallest answer past MAX_SMALLEST_ANSWER_BYTES is
-        // refused as it is (building and tokenizing it could take gigabytes).
+        // Sizes measured before anything is built: a smallest answer, or one the minimum
+        // lengths alone force, past MAX_SMALLEST_ANSWER_BYTES is refused as it is (building and
+        // tokenizing it could take gigabytes); only then is the smallest answer tokenized.
         let bytes = o.schema.smallest_json_bytes();
         let padded = o.schema.largest_padded_json_bytes();
-        if padded > MAX_SMALLEST_ANSWER_BYTES && bytes <= MAX_SMALLEST_ANSWER_BYTES {
-            errors.push(ctx.err(
-                m.key_pos("output").unwrap_or(m.pos),
-                &f("output.schema"),
-                ErrorKind::OutputLimit,
-                format!(
-                    "an answer this schema allows takes up to {padded} bytes of JSON by its minimum lengths alone (arrays at their most items), above the {MAX_SMALLEST_ANSWER_BYTES} an answer may take: lower maxItems or minLength"
-                ),
-            ));
-        }
-        if bytes > MAX_SMALLEST_ANSWER_BYTES {
-            errors.push(ctx.err(
-                m.key_pos("output").unwrap_or(m.pos),
-                &f("output.schema"),
-                ErrorKind::OutputLimit,
-                format!("the schema's smallest answer is {bytes} bytes of JSON, above the {MAX_SMALLEST_ANSWER_BYTES} an answer may take"),
-            ));
+        let problem = if bytes > MAX_SMALLEST_ANSWER_BYTES {
+            Some(format!("the schema's smallest answer is {bytes} bytes of JSON, above the {MAX_SMALLEST_ANSWER_BYTES} an answer may take"))
+        } else if padded > MAX_SMALLEST_ANSWER_BYTES {
+            Some(format!(
+                "an answer this schema allows takes up to {padded} bytes of JSON by its minimum lengths alone (arrays at their most items), above the {MAX_SMALLEST_ANSWER_BYTES} an answer may take: lower maxItems or minLength"
+            ))
         } else {
             let smallest = crate::tokens::count(&o.schema.smallest().to_string()) as u32;
-            if smallest > limit {
-                errors.push(ctx.err(
-                    m.key_pos("output").unwrap_or(m.pos),
-                    &f("output.schema"),
-                    ErrorKind::OutputLimit,
-                    format!("the schema's smallest answer is {smallest} tokens, above max_output_tokens {limit}"),
-                ));
-            }
+            (smallest > limit).then(|| format!("the schema's smallest answer is {smallest} tokens, above max_output_tokens {limit}"))
+        };
+        if let Some(message) = problem {
+            errors.push(ctx.err(m.key_pos("output").unwrap_or(m.pos), &f("output.schema"), ErrorKind::OutputLimit, message));
         }
     }
     // Without a known limit the distributions' means are checked against none.

@@ -133,6 +133,14 @@ pub struct Session {
     input: Record,
     activations: Vec<Activation>,
     resolved: BTreeMap<(usize, u32), Resolution>,
+    /// The (node, round) instances of the rounds opened so far that are not decided yet, as
+    /// (position in the topological order, round): the order [`Self::advance`] decides them in.
+    /// Only this frontier is visited, so an event costs what is open, not the session's history.
+    unresolved: BTreeSet<(u32, u32)>,
+    /// Activations not completed (pending, ready or running), ascending.
+    open: BTreeSet<u32>,
+    /// Pending activations, ascending.
+    pending: BTreeSet<u32>,
     loops: Vec<LoopProgress>,
     /// Per node: the latest completed activation.
     latest: Vec<Option<u32>>,
@@ -191,12 +199,16 @@ impl Session {
             })
             .collect();
         let n = spec.nodes.len();
+        let unresolved = (0..n as u32).map(|pos| (pos, 0)).collect();
         let mut s = Session {
             id,
             spec,
             input,
             activations: Vec::new(),
             resolved: BTreeMap::new(),
+            unresolved,
+            open: BTreeSet::new(),
+            pending: BTreeSet::new(),
             loops,
             latest: vec![None; n],
             failure: None,
@@ -402,6 +414,7 @@ impl Session {
         a.state = ActivationState::Completed;
         a.output = Some(output);
         let node = a.node;
+        self.open.remove(&index);
         self.latest[node] = Some(index);
         let mut newly = self.advance();
         newly.sort_unstable();
@@ -433,14 +446,7 @@ impl Session {
         if self.failure.is_some() {
             return true;
         }
-        self.activations
-            .iter()
-            .all(|a| a.state == ActivationState::Completed)
-            && self.loops.iter().all(|l| l.final_round.is_some())
-            && (0..self.spec.nodes.len()).all(|n| {
-                self.rounds_of(n)
-                    .all(|r| self.resolved.contains_key(&(n, r)))
-            })
+        self.open.is_empty() && self.unresolved.is_empty() && self.loops.iter().all(|l| l.final_round.is_some())
     }
 
     /// The final answer: the latest output of the metric's (first term's) first node that has
@@ -490,17 +496,21 @@ impl Session {
         self.loops.get(loop_index).map(|l| l.round + 1)
     }
 
+    /// The activations not completed yet (pending, ready or running), in creation order: the
+    /// session's frontier, however long its history.
+    pub fn open_activations(&self) -> impl Iterator<Item = &Activation> {
+        self.open.iter().filter_map(|&i| self.activations.get(i as usize))
+    }
+
     // ---- internals ----
 
+    /// The activations not completed that satisfy `pred`, in creation order (only completed
+    /// ones are never asked for, so the open set is all there is to look at).
     fn with_state(&self, pred: impl Fn(&Activation) -> bool) -> Vec<ActivationId> {
         if self.failure.is_some() {
             return Vec::new();
         }
-        self.activations
-            .iter()
-            .filter(|a| pred(a))
-            .map(|a| a.id)
-            .collect()
+        self.open_activations().filter(|a| pred(a)).map(|a| a.id).collect()
     }
 
     fn state_of(&self, index: u32) -> Option<ActivationState> {
@@ -584,13 +594,6 @@ impl Session {
         }
     }
 
-    fn rounds_of(&self, node: usize) -> std::ops::RangeInclusive<u32> {
-        match self.spec.nodes[node].loop_index {
-            Some(l) => 0..=self.loops[l].round,
-            None => 0..=0,
-        }
-    }
-
     fn is_completed(&self, index: u32) -> bool {
         self.state_of(index) == Some(ActivationState::Completed)
     }
@@ -602,33 +605,35 @@ impl Session {
         if self.failure.is_some() {
             return newly;
         }
+        let spec = Arc::clone(&self.spec);
+        let topo = spec.topological_order();
         loop {
             let mut changed = false;
-            for i in 0..self.activations.len() {
-                let a = &self.activations[i];
-                if a.state == ActivationState::Pending
-                    && a.predecessors.iter().all(|&p| self.is_completed(p))
-                {
-                    self.activations[i].state = ActivationState::Ready;
-                    newly.push(i as u32);
-                    changed = true;
-                }
+            let promoted: Vec<u32> = self
+                .pending
+                .iter()
+                .copied()
+                .filter(|&i| self.activations[i as usize].predecessors.iter().all(|&p| self.is_completed(p)))
+                .collect();
+            for i in promoted {
+                self.activations[i as usize].state = ActivationState::Ready;
+                self.pending.remove(&i);
+                newly.push(i);
+                changed = true;
             }
-            let spec = Arc::clone(&self.spec);
-            for &n in spec.topological_order() {
-                for r in self.rounds_of(n) {
-                    if self.resolved.contains_key(&(n, r)) {
-                        continue;
+            // The undecided instances in topological order, rounds ascending within a node.
+            let frontier: Vec<(u32, u32)> = self.unresolved.iter().copied().collect();
+            for (pos, r) in frontier {
+                let n = topo[pos as usize];
+                if let Some(res) = self.try_resolve(n, r) {
+                    self.resolved.insert((n, r), res);
+                    self.unresolved.remove(&(pos, r));
+                    if let Resolution::Active(i) = res
+                        && self.state_of(i) == Some(ActivationState::Ready)
+                    {
+                        newly.push(i);
                     }
-                    if let Some(res) = self.try_resolve(n, r) {
-                        self.resolved.insert((n, r), res);
-                        if let Resolution::Active(i) = res
-                            && self.state_of(i) == Some(ActivationState::Ready)
-                        {
-                            newly.push(i);
-                        }
-                        changed = true;
-                    }
+                    changed = true;
                 }
             }
             for (li, l) in spec.loops.iter().enumerate() {
@@ -654,6 +659,12 @@ impl Session {
                             round,
                             final_round: (round + 1 >= l.max_rounds).then_some(round),
                         };
+                        // The loop's nodes get the new round to decide.
+                        for (pos, &n) in topo.iter().enumerate() {
+                            if spec.nodes[n].loop_index == Some(li) {
+                                self.unresolved.insert((pos as u32, round));
+                            }
+                        }
                         changed = true;
                     }
                     Some(false) => {
@@ -731,6 +742,10 @@ impl Session {
             }
         }
         let index = self.activations.len() as u32;
+        self.open.insert(index);
+        if !all_done {
+            self.pending.insert(index);
+        }
         self.activations.push(Activation {
             id: ActivationId {
                 session: self.id,

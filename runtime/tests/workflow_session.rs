@@ -783,3 +783,60 @@ fn a_prompt_past_any_context_is_refused_before_it_is_built() {
         Ok(segments) => panic!("rendered {} bytes", segments.iter().map(String::len).sum::<usize>()),
     }
 }
+
+/// A loop at the largest round count a workflow may declare (10,000 rounds of two nodes, 20,000
+/// activations) runs to its end: each round's activations are created in order, only after the
+/// round before finished, the ready set never holds more than the one unit due, and the session
+/// finishes exactly when the last round's check completes. (Each completion visits only the
+/// session's open frontier; when it rescanned the whole history, this took minutes.)
+#[test]
+fn a_ten_thousand_round_loop_unfolds_round_by_round_to_its_end() {
+    let yaml = r#"name: long
+deployments:
+  d: {model: Qwen3-8B, max_context: 4096, max_output_tokens: 512}
+nodes:
+  - id: coder
+    deployment: d
+    prompt: "Write {{input.q}}"
+  - id: check
+    deployment: d
+    after: coder
+    prompt: "Check {{coder}}"
+    output:
+      schema: {type: object, properties: {ok: {type: boolean}}, required: [ok]}
+      verdict: ok
+loops:
+  - id: l
+    body: [coder, check]
+    continue_when: {node: check, verdict: false}
+    max_rounds: 10000
+"#;
+    let spec = Arc::new(parse_workflow("long.yaml", yaml, Path::new(".")).unwrap_or_else(|e| panic!("{e}")));
+    let mut input = Record::new();
+    input.insert("q".into(), serde_json::json!("f"));
+    let mut s = Session::new(SessionId(9), spec, input).unwrap_or_else(|e| panic!("{e}"));
+    let verdict = out("{\"ok\":false}", Some("false"));
+    for round in 0..10_000u32 {
+        for (k, node) in ["coder", "check"].into_iter().enumerate() {
+            let ready = s.ready();
+            assert_eq!(ready.len(), 1, "round {round}: {:?}", names(&s, &ready));
+            let a = ready[0].index;
+            assert_eq!(a, round * 2 + k as u32, "creation order");
+            assert_eq!(names(&s, &ready), [format!("{node}#{round}")]);
+            assert_eq!(s.loop_rounds(0), Some(round + 1), "a round opens only after the one before");
+            assert!(!s.is_finished());
+            s.mark_running(a).unwrap_or_else(|e| panic!("{e}"));
+            let o = if node == "check" { verdict.clone() } else { out("code", None) };
+            let newly = s.complete(a, o).unwrap_or_else(|e| panic!("{e}"));
+            let expect: Vec<String> = match (node, round) {
+                ("coder", _) => vec![format!("check#{round}")],
+                (_, 9_999) => vec![],
+                _ => vec![format!("coder#{}", round + 1)],
+            };
+            assert_eq!(names(&s, &newly), expect);
+        }
+    }
+    assert!(s.is_finished());
+    assert_eq!(s.activations().len(), 20_000);
+    assert!(s.ready().is_empty() && s.near_ready().is_empty());
+}

@@ -212,8 +212,7 @@ pub fn workflow_info(
 pub fn outlook(session: &Session, info: &[NodeInfo]) -> Vec<DeploymentId> {
     use crate::session::ActivationState;
     let mut out: Vec<DeploymentId> = session
-        .activations()
-        .iter()
+        .open_activations()
         .filter(|a| matches!(a.state, ActivationState::Ready | ActivationState::Running))
         .filter_map(|a| info.get(a.node))
         .flat_map(|n| n.reachable.iter().copied())

@@ -1469,11 +1469,21 @@ fn looks_ahead(spec: &crate::workflow::WorkflowSpec) -> bool {
         && spec.nodes.iter().any(|n| matches!(&n.kind, NodeKind::Tool(t) if t.tool != switchyard_tools::majority_vote::NAME))
 }
 
+/// Most activations a session may have for the simulator to speculate on it: each speculation
+/// completes a unit on a copy of the session, which costs its whole history, so past this a
+/// long session (a loop of thousands of rounds) issues its calls when they are due instead of
+/// copying itself at every unit. Prefetching decides nothing (see [`ToolPool::prefetch_chain`]),
+/// so the bound changes no result; every shipped workflow stays far below it.
+const MAX_SPECULATED_ACTIVATIONS: usize = 256;
+
 /// The tool calls that completing LLM activation `index` of `session` with `output` would
 /// issue, rendered on a copy of the session (nothing here changes the run), each with the
 /// calls it would issue in turn when it ends (a final check after a test, say: one step of
-/// speculation, see [`followers_of`]).
+/// speculation, see [`followers_of`]). Nothing past [`MAX_SPECULATED_ACTIVATIONS`].
 fn calls_after(session: &Session, index: u32, output: &NodeOutput) -> Vec<(ToolCall, Vec<Follower>)> {
+    if session.activations().len() > MAX_SPECULATED_ACTIVATIONS {
+        return Vec::new();
+    }
     let mut copy = session.clone();
     if copy.mark_running(index).is_err() {
         return Vec::new();
@@ -1496,8 +1506,11 @@ fn tool_call_of(session: &Session, index: u32) -> Option<ToolCall> {
 /// the verdict that starts it, and only where their inputs do not depend on the tool's own
 /// output (rendered after two different stand-in texts, and for the unnamed branch two
 /// different unnamed verdicts, they must agree): a prefetched call is one an issued call can
-/// join.
+/// join. Nothing past [`MAX_SPECULATED_ACTIVATIONS`].
 fn followers_of(session: &Session, index: u32) -> Vec<Follower> {
+    if session.activations().len() > MAX_SPECULATED_ACTIVATIONS {
+        return Vec::new();
+    }
     let Some(node) = session.activation(index).map(|act| act.node) else { return Vec::new() };
     let spec = session.spec();
     // Only a tool that waits for this one can follow it: otherwise nothing to speculate on

@@ -279,6 +279,11 @@ pub struct Isolation {
     /// The program ran in a session of its own, without a controlling terminal.
     #[serde(default)]
     pub new_session: bool,
+    /// The program started with no capability at all: its effective, permitted, inheritable and
+    /// ambient sets cleared and its bounding set emptied (so no `execve` gives one back, not
+    /// even to uid 0).
+    #[serde(default)]
+    pub no_capabilities: bool,
     /// Human-readable notes on every confinement that was skipped or weakened, and why.
     pub notes: Vec<String>,
 }
@@ -303,6 +308,7 @@ impl Isolation {
             format!("IPC: {}", if self.ipc_namespace { "isolated" } else { "host" }),
             format!("seccomp: {}", if self.seccomp { "on" } else { "OFF" }),
             format!("terminal: {}", if self.new_session { "none (own session)" } else { "CALLER'S" }),
+            format!("capabilities: {}", if self.no_capabilities { "none" } else { "SOME MAY REMAIN" }),
             match self.sandbox_uid {
                 Some(uid) => format!("uid: {uid} (dropped from root)"),
                 None if self.user_namespace => "uid: caller's, in a user namespace".to_string(),

@@ -236,9 +236,12 @@ fn declared_paths_under_tmp_and_work_are_there_and_the_work_directory_stays_writ
     }
 }
 
+/// The program holds no capability in any set, the bounding set included (checked from its
+/// own `/proc/self/status`): with the bounding set left full, a program that kept uid 0 would
+/// regain every capability at its next `execve`.
 #[test]
 fn runs_without_privileges_or_capabilities() {
-    let out = run(&sh("id -u; grep -E '^(CapEff|NoNewPrivs)' /proc/self/status", quick()));
+    let out = run(&sh("id -u; grep -E '^(Cap(Inh|Prm|Eff|Bnd|Amb)|NoNewPrivs)' /proc/self/status", quick()));
     assert!(out.termination.success(), "{out:?}");
     let mut lines = out.stdout.lines();
     let uid: u32 = lines.next().and_then(|l| l.parse().ok()).expect("uid");
@@ -247,8 +250,30 @@ fn runs_without_privileges_or_capabilities() {
         assert!(uid >= switchyard_tools::sandbox::SANDBOX_UID_BASE);
         assert!(out.isolation.process_limit_per_run);
     }
-    assert!(out.stdout.contains("CapEff:\t0000000000000000"), "{}", out.stdout);
+    for set in ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"] {
+        assert!(out.stdout.contains(&format!("{set}:\t0000000000000000")), "{set}: {}", out.stdout);
+    }
     assert!(out.stdout.contains("NoNewPrivs:\t1"), "{}", out.stdout);
+    assert!(out.isolation.no_capabilities, "{:?}", out.isolation);
+}
+
+/// Where the sandbox keeps uid 0 (privileges not dropped, as root), the program still has no
+/// capability: it cannot, for one, change a file's owner.
+#[test]
+fn a_program_that_keeps_uid_0_has_no_capabilities() {
+    if !common::is_root() {
+        return;
+    }
+    let policy = IsolationPolicy { drop_privileges: false, ..IsolationPolicy::default() };
+    let sandbox = ProcessSandbox::with_policy(policy);
+    let job = sh("id -u; grep -E '^Cap(Prm|Eff|Bnd)' /proc/self/status; touch f; chown 1234 f && echo chowned", quick());
+    let out = sandbox.run(&job).expect("run");
+    assert!(out.stdout.starts_with("0\n"), "{}", out.stdout);
+    for set in ["CapPrm", "CapEff", "CapBnd"] {
+        assert!(out.stdout.contains(&format!("{set}:\t0000000000000000")), "{set}: {}", out.stdout);
+    }
+    assert!(!out.stdout.contains("chowned"), "{}", out.stdout);
+    assert!(out.isolation.no_capabilities, "{:?}", out.isolation);
 }
 
 #[test]
@@ -319,7 +344,8 @@ fn isolation_can_be_switched_off_and_says_so() {
     assert!(!out.isolation.read_only_root);
     if common::is_root() {
         assert_eq!(out.stdout, "0\n");
-        assert!(out.isolation.notes.iter().any(|n| n.contains("ran as root")));
+        assert!(out.isolation.notes.iter().any(|n| n.contains("ran as root (uid 0, no capabilities)")), "{:?}", out.isolation);
+        assert!(out.isolation.no_capabilities);
     }
 }
 

@@ -42,9 +42,11 @@
 //!    (see [`super::residue`]) instead;
 //! 6. `chdir` into the work directory;
 //! 7. rlimits: CPU, address space, processes, file size, open files;
-//! 8. identity: drop supplementary groups, gid and uid (raw system calls, so glibc's
-//!    all-threads `setxid` machinery is never involved), then `PR_SET_NO_NEW_PRIVS` and
-//!    `PR_SET_PDEATHSIG = SIGKILL` again (the uid change clears it);
+//! 8. identity: clear the ambient capability set and empty the bounding set, drop supplementary
+//!    groups, gid and uid (raw system calls, so glibc's all-threads `setxid` machinery is never
+//!    involved), clear the effective, permitted and inheritable sets (`capset`: the program
+//!    starts with no capability, also where it keeps uid 0 or owns a user namespace), then
+//!    `PR_SET_NO_NEW_PRIVS` and `PR_SET_PDEATHSIG = SIGKILL` again (the uid change clears it);
 //! 9. every descriptor above stderr marked close-on-exec (one `close_range`; where the kernel
 //!    lacks its flag, each up to the highest open, which S read from its own table right after
 //!    the fork); the report written to the parent;
@@ -252,6 +254,11 @@ const ISOLATION_REFUSED: u32 = 1 << 12;
 const SETGROUPS_REFUSED: u32 = 1 << 13;
 const UID_MAP_REFUSED: u32 = 1 << 14;
 const GID_MAP_REFUSED: u32 = 1 << 15;
+/// The effective, permitted, inheritable and ambient capability sets were cleared.
+const CAPABILITIES_CLEARED: u32 = 1 << 16;
+/// The capability bounding set was emptied (it needs `CAP_SETPCAP`, which root and the owner of
+/// a fresh user namespace have): no `execve` can give the program a capability back.
+const BOUNDING_SET_EMPTIED: u32 = 1 << 17;
 
 /// What the child managed to do, sent to the parent through a pipe before `exec`.
 #[repr(C)]
@@ -473,8 +480,17 @@ pub(super) fn isolation_from(
         );
     }
     if is_root && sandbox_uid.is_none() {
+        notes.push(if report.has(CAPABILITIES_CLEARED) && report.has(BOUNDING_SET_EMPTIED) {
+            "ran as root (uid 0, no capabilities): RLIMIT_NPROC does not apply to uid 0, and the program may \
+             change what root owns wherever it can see it"
+                .to_string()
+        } else {
+            "ran as root: RLIMIT_NPROC does not apply to uid 0 and the child keeps root's capabilities".to_string()
+        });
+    }
+    if report.has(SECCOMP) && !report.has(BOUNDING_SET_EMPTIED) {
         notes.push(
-            "ran as root: RLIMIT_NPROC does not apply to uid 0 and the child keeps root's capabilities"
+            "capability bounding set not emptied (no CAP_SETPCAP); the program's own capability sets are empty"
                 .to_string(),
         );
     }
@@ -496,6 +512,7 @@ pub(super) fn isolation_from(
         ipc_namespace: report.has(IPC_NAMESPACE),
         seccomp: report.has(SECCOMP),
         new_session: report.has(NEW_SESSION),
+        no_capabilities: report.has(CAPABILITIES_CLEARED) && report.has(BOUNDING_SET_EMPTIED),
         notes,
     }
 }
@@ -1451,7 +1468,13 @@ unsafe fn confine_program(plan: &ChildPlan, mut report: ChildReport, mount_names
         set_limit(libc::RLIMIT_NICE, 0, 0)?;
         set_limit(libc::RLIMIT_MEMLOCK, 0, 0)?;
 
-        // 8. Identity.
+        // 8. Identity, and no capability left. The ambient set goes first (EINVAL before Linux
+        // 4.3, where there is none), then the bounding set, while CAP_SETPCAP is still held:
+        // with it empty, no `execve` gives a capability back, not even to uid 0.
+        libc::prctl(libc::PR_CAP_AMBIENT, libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong, zero, zero, zero);
+        if empty_bounding_set() {
+            report.flags |= BOUNDING_SET_EMPTIED;
+        }
         if let Identity::DropTo { uid, gid } = plan.identity {
             if libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<libc::gid_t>()) != 0
                 || libc::syscall(libc::SYS_setresgid, gid, gid, gid) != 0
@@ -1461,6 +1484,8 @@ unsafe fn confine_program(plan: &ChildPlan, mut report: ChildReport, mount_names
             }
             report.flags |= UID_DROPPED;
         }
+        clear_capabilities()?;
+        report.flags |= CAPABILITIES_CLEARED;
         if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1 as libc::c_ulong, zero, zero, zero) != 0 {
             return Err(io::Error::last_os_error());
         }
@@ -1483,6 +1508,53 @@ unsafe fn confine_program(plan: &ChildPlan, mut report: ChildReport, mount_names
         libc::execve(plan.program.as_ptr(), plan.argv.as_ptr(), env.as_ptr());
     }
     Err(io::Error::last_os_error())
+}
+
+/// Drop every capability from the bounding set, up to the last one the kernel knows (the first
+/// `EINVAL`). False when the kernel refused a drop (no `CAP_SETPCAP`: a caller that is neither
+/// root nor in a user namespace of its own); nothing allocates (async-signal-safe).
+///
+/// # Safety
+/// Changes only this process's capability bounding set.
+unsafe fn empty_bounding_set() -> bool {
+    let zero = 0 as libc::c_ulong;
+    for cap in 0..64 as libc::c_ulong {
+        // SAFETY: a prctl on plain integers.
+        if unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap, zero, zero, zero) } != 0 {
+            return cap > 0 && errno() == libc::EINVAL;
+        }
+    }
+    true
+}
+
+/// `capset` version 3's header and one of its two data words (`linux/capability.h`).
+#[repr(C)]
+struct CapHeader {
+    version: u32,
+    pid: libc::c_int,
+}
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct CapData {
+    effective: u32,
+    permitted: u32,
+    inheritable: u32,
+}
+const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
+
+/// Clear this thread's effective, permitted and inheritable capability sets (which clears the
+/// ambient set too). Always allowed: a process may give up what it has.
+///
+/// # Safety
+/// Changes only this thread's capabilities.
+unsafe fn clear_capabilities() -> io::Result<()> {
+    let header = CapHeader { version: LINUX_CAPABILITY_VERSION_3, pid: 0 };
+    let data = [CapData { effective: 0, permitted: 0, inheritable: 0 }; 2];
+    // SAFETY: capset reads the header and two data words, all alive on this stack.
+    if unsafe { libc::syscall(libc::SYS_capset, &header as *const CapHeader, data.as_ptr()) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// Mark descriptors `first..=last` close-on-exec, each one that is open (async-signal-safe:
@@ -1625,7 +1697,14 @@ mod tests {
     fn missing_confinements_are_noted() {
         let policy = IsolationPolicy::default();
         let report = ChildReport {
-            flags: UID_DROPPED | PID_NAMESPACE | IPC_NAMESPACE | SECCOMP | NEW_SESSION | HOST_WORK_DIR,
+            flags: UID_DROPPED
+                | PID_NAMESPACE
+                | IPC_NAMESPACE
+                | SECCOMP
+                | NEW_SESSION
+                | HOST_WORK_DIR
+                | CAPABILITIES_CLEARED
+                | BOUNDING_SET_EMPTIED,
             network_errno: libc::EPERM,
             mount_errno: libc::ENOSYS,
             ..ChildReport::default()
@@ -1653,13 +1732,40 @@ mod tests {
                 | PROC_MOUNTED
                 | PROC_HIDES_PIDS
                 | SECCOMP
-                | NEW_SESSION,
+                | NEW_SESSION
+                | CAPABILITIES_CLEARED
+                | BOUNDING_SET_EMPTIED,
             ..ChildReport::default()
         };
         let isolation = isolation_from(Some(report), IsolationPolicy::default(), true, Some(9));
         assert!(isolation.is_complete(), "{:?}", isolation.notes);
         assert!(isolation.pid_namespace && isolation.ipc_namespace && isolation.seccomp && isolation.new_session);
+        assert!(isolation.no_capabilities);
         assert!(isolation.summary().contains("network: isolated"));
+        assert!(isolation.summary().contains("capabilities: none"));
+    }
+
+    #[test]
+    fn a_bounding_set_left_full_is_noted_and_not_called_no_capabilities() {
+        let report = ChildReport {
+            flags: NETWORK_NAMESPACE
+                | MOUNT_NAMESPACE
+                | PRIVATE_ROOT
+                | USER_NAMESPACE
+                | PID_NAMESPACE
+                | IPC_NAMESPACE
+                | PROC_MOUNTED
+                | PROC_HIDES_PIDS
+                | SECCOMP
+                | NEW_SESSION
+                | CAPABILITIES_CLEARED,
+            ..ChildReport::default()
+        };
+        let isolation = isolation_from(Some(report), IsolationPolicy::default(), false, None);
+        assert!(!isolation.no_capabilities);
+        assert_eq!(isolation.notes.len(), 1, "{:?}", isolation.notes);
+        assert!(isolation.notes[0].contains("bounding set not emptied"), "{:?}", isolation.notes);
+        assert!(isolation.summary().contains("capabilities: SOME MAY REMAIN"));
     }
 
     #[test]
@@ -1668,6 +1774,10 @@ mod tests {
         let report = ChildReport { flags: NETWORK_NAMESPACE | PRIVATE_ROOT | PID_NAMESPACE | IPC_NAMESPACE, ..ChildReport::default() };
         let isolation = isolation_from(Some(report), policy, true, None);
         assert!(isolation.notes.iter().any(|n| n.contains("RLIMIT_NPROC does not apply to uid 0")));
+        assert!(isolation.notes.iter().any(|n| n.contains("keeps root's capabilities")), "{:?}", isolation.notes);
+        let without = ChildReport { flags: report.flags | CAPABILITIES_CLEARED | BOUNDING_SET_EMPTIED, ..report };
+        let isolation = isolation_from(Some(without), policy, true, None);
+        assert!(isolation.notes.iter().any(|n| n.contains("ran as root (uid 0, no capabilities)")), "{:?}", isolation.notes);
         assert!(isolation_from(None, policy, true, None).notes[0].contains("no confinement report"));
     }
 

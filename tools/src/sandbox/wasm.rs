@@ -1769,6 +1769,8 @@ fn run_command(sandbox: &WasmSandbox, loaded: &LoadedModule, job: &SandboxJob) -
             sandbox_uid: None,
             user_namespace: false,
             process_limit_per_run: true,
+            // A guest makes no system call of its own: it holds what WASI gives it, nothing else.
+            no_capabilities: true,
             notes,
             ..Isolation::default()
         },

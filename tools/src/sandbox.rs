@@ -51,6 +51,7 @@
 
 mod confine;
 pub mod filter;
+pub mod guest_budget;
 pub mod residue;
 pub mod wasm;
 

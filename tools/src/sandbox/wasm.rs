@@ -75,6 +75,11 @@
 //!   arguments and files), so a run is reproducible (e.g. Python's hash seed and `random`).
 //! * **processes** — a guest is one thread of the caller: it cannot fork, so the process limit
 //!   of a job is moot.
+//! * **all guests together** — before it starts, a guest reserves its memory (linear memory and
+//!   work area) and descriptors against a process-wide budget (half the machine's memory, half
+//!   the soft `RLIMIT_NOFILE`) and waits until they fit beside the running guests
+//!   ([`super::guest_budget`]), so many guests at once cannot take the process down; the wait
+//!   precedes its clocks, so it changes no outcome.
 //! * **weaker than a process** — no per-file size limit (`max_file_bytes`): one file can take
 //!   the whole work area (noted in every outcome).
 //!
@@ -110,10 +115,15 @@ use wasmtime_wasi::p1::WasiP1Ctx;
 use wasmtime_wasi::p2::{OutputStream, Pollable, StreamResult};
 use wasmtime_wasi::{Deterministic, FsPerms, I32Exit, WasiCtxBuilder, WasiView};
 
+use super::guest_budget::{Demand, GuestBudget};
 use super::{
     Isolation, LimitHit, Sandbox, SandboxError, SandboxJob, SandboxLimits, SandboxOutcome, Termination, residue,
     validate,
 };
+
+/// Host descriptors a command guest holds beyond its open files and read-only pre-opens,
+/// reserved with them ([`GuestBudget`]): the work directory and the helper thread's transient ones.
+const GUEST_DESCRIPTOR_SLACK: u64 = 8;
 
 /// Guest path at which a job's private work directory is pre-opened.
 pub const GUEST_WORK_DIR: &str = "/work";
@@ -1600,6 +1610,12 @@ fn run_command(sandbox: &WasmSandbox, loaded: &LoadedModule, job: &SandboxJob) -
     let limits = &job.limits;
     let linkers = linkers()?;
     let pre = command_pre(linkers, loaded)?;
+    // The guest's whole bound, reserved against the process's budget before anything of it
+    // exists (its work area, its descriptors, its clocks): held until this function returns.
+    let _reservation = GuestBudget::process().reserve(Demand {
+        memory_bytes: limits.address_space_bytes.saturating_add(work_area_size(job)),
+        descriptors: limits.max_open_files.saturating_add(sandbox.read_only_dirs.len() as u64).saturating_add(GUEST_DESCRIPTOR_SLACK),
+    });
 
     let stdout = CappedOutput::new(limits.max_output_bytes);
     let stderr = CappedOutput::new(limits.max_output_bytes);
@@ -1801,6 +1817,7 @@ pub fn run_compute<R>(
     wall_time: Duration,
     body: impl FnOnce(&mut Store<MemoryLimiter>, &Instance) -> wasmtime::Result<R>,
 ) -> Result<ComputeEnd<R>, SandboxError> {
+    let _reservation = GuestBudget::process().reserve(Demand { memory_bytes, descriptors: 0 });
     let mut store = Store::new(engine()?, MemoryLimiter::new(memory_bytes));
     store.limiter(|limiter| limiter);
     arm_deadline(&mut store, Instant::now() + wall_time, None);
@@ -1998,5 +2015,18 @@ mod tests {
         .expect("runs");
         // 1 initial page + 3 = the 4-page limit; one more is refused (memory.grow returns -1).
         assert_eq!(end, ComputeEnd::Done((1, -1, true, 4 * 65_536)));
+    }
+    /// A running guest holds its bound in the process's budget, and gives it back when it ends
+    /// (other tests' guests may run meanwhile: their reservations only add).
+    #[test]
+    fn a_running_guest_holds_its_memory_in_the_process_budget() {
+        const BIG: u64 = 1 << 40;
+        let module = module_from_wat("grow", GROW).expect("compiles");
+        let end = run_compute(&module, BIG, Duration::from_secs(5), |_, _| Ok(GuestBudget::process().in_use()))
+            .expect("runs");
+        let ComputeEnd::Done((held, guests)) = end else { panic!("{end:?}") };
+        assert!(held.memory_bytes >= BIG && guests >= 1, "{held:?} {guests}");
+        // A terabyte is past any machine's budget: it ran alone, and it is gone now.
+        assert!(GuestBudget::process().in_use().0.memory_bytes < BIG);
     }
 }

@@ -1,0 +1,211 @@
+//! A process-wide budget for WebAssembly guests, which all run inside Switchyard's own process.
+//!
+//! Each guest's limits (`address_space_bytes` of linear memory, `max_work_bytes` of work area —
+//! a tmpfs is memory too — and `max_open_files` host descriptors) bound that guest alone; a
+//! caller that runs many at once (`--tool-workers` up to 1,024) could otherwise hold many times
+//! the machine's memory or run the process out of descriptors, where every guest and
+//! Switchyard itself would fail. Before a guest starts, it reserves its whole bound here and
+//! waits until the reservation fits beside the guests already running; it releases it when it
+//! ends ([`Reservation`] drops). The wait comes before the guest's clocks start, so a queued
+//! guest's outcome is the one it would have had alone: verdicts stay a function of the call.
+//!
+//! The budget is half the machine's memory (`MemTotal` in `/proc/meminfo`) and half the
+//! process's soft `RLIMIT_NOFILE`, read once. A single reservation larger than the whole budget
+//! is admitted when no other guest runs, so it is not refused; admission is not first come first
+//! served, though: it may wait while smaller reservations keep fitting.
+//!
+//! Must not depend on anything outside this crate's sandbox module.
+
+use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
+
+/// What one guest holds while it runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Demand {
+    /// Bytes of memory: linear memory and work area.
+    pub memory_bytes: u64,
+    /// Host descriptors: its open files and pre-opens.
+    pub descriptors: u64,
+}
+
+#[derive(Debug, Default)]
+struct InUse {
+    demand: Demand,
+    guests: usize,
+}
+
+/// Reservations of running guests against a fixed capacity.
+#[derive(Debug)]
+pub struct GuestBudget {
+    capacity: Demand,
+    in_use: Mutex<InUse>,
+    freed: Condvar,
+}
+
+/// A guest's share of the budget, returned when dropped.
+#[derive(Debug)]
+pub struct Reservation<'a> {
+    budget: &'a GuestBudget,
+    demand: Demand,
+}
+
+impl GuestBudget {
+    pub fn new(capacity: Demand) -> Self {
+        Self { capacity, in_use: Mutex::new(InUse::default()), freed: Condvar::new() }
+    }
+
+    /// The process's budget (see the module documentation).
+    pub fn process() -> &'static GuestBudget {
+        static BUDGET: OnceLock<GuestBudget> = OnceLock::new();
+        BUDGET.get_or_init(|| {
+            GuestBudget::new(Demand { memory_bytes: mem_total_bytes() / 2, descriptors: nofile_soft_limit() / 2 })
+        })
+    }
+
+    pub fn capacity(&self) -> Demand {
+        self.capacity
+    }
+
+    fn lock(&self) -> MutexGuard<'_, InUse> {
+        self.in_use.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn fits(&self, in_use: &InUse, d: Demand) -> bool {
+        in_use.guests == 0
+            || (in_use.demand.memory_bytes.saturating_add(d.memory_bytes) <= self.capacity.memory_bytes
+                && in_use.demand.descriptors.saturating_add(d.descriptors) <= self.capacity.descriptors)
+    }
+
+    /// Reserve `demand`, waiting while it does not fit beside the running guests.
+    pub fn reserve(&self, demand: Demand) -> Reservation<'_> {
+        let mut in_use = self.lock();
+        while !self.fits(&in_use, demand) {
+            in_use = self.freed.wait(in_use).unwrap_or_else(|p| p.into_inner());
+        }
+        self.take(&mut in_use, demand);
+        Reservation { budget: self, demand }
+    }
+
+    /// Reserve `demand` if it fits now.
+    pub fn try_reserve(&self, demand: Demand) -> Option<Reservation<'_>> {
+        let mut in_use = self.lock();
+        if !self.fits(&in_use, demand) {
+            return None;
+        }
+        self.take(&mut in_use, demand);
+        Some(Reservation { budget: self, demand })
+    }
+
+    fn take(&self, in_use: &mut InUse, d: Demand) {
+        in_use.demand.memory_bytes = in_use.demand.memory_bytes.saturating_add(d.memory_bytes);
+        in_use.demand.descriptors = in_use.demand.descriptors.saturating_add(d.descriptors);
+        in_use.guests += 1;
+    }
+
+    /// What running guests hold now, and how many they are.
+    pub fn in_use(&self) -> (Demand, usize) {
+        let in_use = self.lock();
+        (in_use.demand, in_use.guests)
+    }
+}
+
+impl Drop for Reservation<'_> {
+    fn drop(&mut self) {
+        let mut in_use = self.budget.lock();
+        in_use.demand.memory_bytes = in_use.demand.memory_bytes.saturating_sub(self.demand.memory_bytes);
+        in_use.demand.descriptors = in_use.demand.descriptors.saturating_sub(self.demand.descriptors);
+        in_use.guests = in_use.guests.saturating_sub(1);
+        drop(in_use);
+        self.budget.freed.notify_all();
+    }
+}
+
+/// `MemTotal` from `/proc/meminfo`, or 4 GiB where it cannot be read.
+fn mem_total_bytes() -> u64 {
+    const FALLBACK: u64 = 4 << 30;
+    let Ok(text) = std::fs::read_to_string("/proc/meminfo") else { return FALLBACK };
+    text.lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|rest| rest.trim().strip_suffix("kB"))
+        .and_then(|kb| kb.trim().parse::<u64>().ok())
+        .map_or(FALLBACK, |kb| kb.saturating_mul(1024))
+}
+
+/// The soft `RLIMIT_NOFILE` of this process (1,024 where it cannot be read).
+fn nofile_soft_limit() -> u64 {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit writes the struct it is given.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 || limit.rlim_cur == 0 {
+        return 1024;
+    }
+    limit.rlim_cur
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+
+    fn d(memory_bytes: u64, descriptors: u64) -> Demand {
+        Demand { memory_bytes, descriptors }
+    }
+
+    #[test]
+    fn reservations_fit_the_budget_and_come_back_when_dropped() {
+        let b = GuestBudget::new(d(1000, 10));
+        let first = b.try_reserve(d(600, 4)).expect("fits");
+        assert!(b.try_reserve(d(600, 4)).is_none(), "memory over the budget");
+        let second = b.try_reserve(d(400, 4)).expect("fits exactly");
+        assert!(b.try_reserve(d(0, 3)).is_none(), "descriptors over the budget");
+        assert_eq!(b.in_use(), (d(1000, 8), 2));
+        drop(first);
+        assert_eq!(b.in_use(), (d(400, 4), 1));
+        drop(second);
+        assert_eq!(b.in_use(), (d(0, 0), 0));
+    }
+
+    #[test]
+    fn a_guest_larger_than_the_budget_runs_alone() {
+        let b = GuestBudget::new(d(100, 10));
+        let big = b.try_reserve(d(1000, 1)).expect("alone, it may run");
+        assert!(b.try_reserve(d(1, 1)).is_none());
+        drop(big);
+        assert!(b.try_reserve(d(1, 1)).is_some());
+    }
+
+    /// Sixteen threads each hold a reservation of a quarter of the budget: never more than
+    /// four run at once, and every one runs.
+    #[test]
+    fn waiting_guests_run_as_reservations_end() {
+        let b = Arc::new(GuestBudget::new(d(4 << 20, 1000)));
+        let running = Arc::new(AtomicUsize::new(0));
+        let most = Arc::new(AtomicUsize::new(0));
+        let done = Arc::new(AtomicUsize::new(0));
+        let threads: Vec<_> = (0..16)
+            .map(|_| {
+                let (b, running, most, done) = (Arc::clone(&b), Arc::clone(&running), Arc::clone(&most), Arc::clone(&done));
+                std::thread::spawn(move || {
+                    let _r = b.reserve(d(1 << 20, 1));
+                    let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+                    most.fetch_max(now, Ordering::SeqCst);
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                    running.fetch_sub(1, Ordering::SeqCst);
+                    done.fetch_add(1, Ordering::SeqCst);
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().expect("thread");
+        }
+        assert_eq!(done.load(Ordering::SeqCst), 16);
+        assert!(most.load(Ordering::SeqCst) <= 4, "{}", most.load(Ordering::SeqCst));
+        assert_eq!(b.in_use(), (d(0, 0), 0));
+    }
+
+    #[test]
+    fn the_process_budget_is_read_from_the_machine() {
+        let c = GuestBudget::process().capacity();
+        assert!(c.memory_bytes > 0 && c.descriptors > 0, "{c:?}");
+    }
+}

@@ -280,9 +280,10 @@ pub struct Isolation {
     /// The program ran in a session of its own, without a controlling terminal.
     #[serde(default)]
     pub new_session: bool,
-    /// The program started with no capability at all: its effective, permitted, inheritable and
-    /// ambient sets cleared and its bounding set emptied (so no `execve` gives one back, not
-    /// even to uid 0).
+    /// The program started with no capability at all. A process: its effective, permitted,
+    /// inheritable and ambient sets cleared and its bounding set emptied (so no `execve` gives
+    /// one back, not even to uid 0). A WebAssembly guest: always, since it makes no system call
+    /// of its own (it holds what WASI gives it, whatever Switchyard's own capabilities).
     #[serde(default)]
     pub no_capabilities: bool,
     /// Human-readable notes on every confinement that was skipped or weakened, and why.

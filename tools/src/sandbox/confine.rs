@@ -480,7 +480,7 @@ pub(super) fn isolation_from(
         );
     }
     if is_root && sandbox_uid.is_none() {
-        notes.push(if report.has(CAPABILITIES_CLEARED) && report.has(BOUNDING_SET_EMPTIED) {
+        notes.push(if report.has(CAPABILITIES_CLEARED) {
             "ran as root (uid 0, no capabilities): RLIMIT_NPROC does not apply to uid 0, and the program may \
              change what root owns wherever it can see it"
                 .to_string()
@@ -1510,9 +1510,12 @@ unsafe fn confine_program(plan: &ChildPlan, mut report: ChildReport, mount_names
     Err(io::Error::last_os_error())
 }
 
-/// Drop every capability from the bounding set, up to the last one the kernel knows (the first
-/// `EINVAL`). False when the kernel refused a drop (no `CAP_SETPCAP`: a caller that is neither
-/// root nor in a user namespace of its own); nothing allocates (async-signal-safe).
+/// Drop every capability from the bounding set, up to the last one the kernel knows. False when
+/// the kernel refused a drop (no `CAP_SETPCAP`: a caller that is neither root with it nor in a
+/// user namespace of its own); nothing allocates (async-signal-safe). A failed drop is told
+/// from the end of the capability numbers by `PR_CAPBSET_READ` (−1 only for a number the kernel
+/// does not know), not by `errno`: this process shares its memory, `errno` included, with the
+/// one that started it (`CLONE_VM`), which runs meanwhile.
 ///
 /// # Safety
 /// Changes only this process's capability bounding set.
@@ -1521,7 +1524,8 @@ unsafe fn empty_bounding_set() -> bool {
     for cap in 0..64 as libc::c_ulong {
         // SAFETY: a prctl on plain integers.
         if unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap, zero, zero, zero) } != 0 {
-            return cap > 0 && errno() == libc::EINVAL;
+            // SAFETY: as above.
+            return cap > 0 && unsafe { libc::prctl(libc::PR_CAPBSET_READ, cap, zero, zero, zero) } < 0;
         }
     }
     true
@@ -1766,6 +1770,12 @@ mod tests {
         assert_eq!(isolation.notes.len(), 1, "{:?}", isolation.notes);
         assert!(isolation.notes[0].contains("bounding set not emptied"), "{:?}", isolation.notes);
         assert!(isolation.summary().contains("capabilities: SOME MAY REMAIN"));
+        // Root without CAP_SETPCAP, keeping uid 0: its own sets are empty, which the notes say
+        // (and none says it keeps root's capabilities).
+        let policy = IsolationPolicy { drop_privileges: false, ..IsolationPolicy::default() };
+        let isolation = isolation_from(Some(report), policy, true, None);
+        assert!(isolation.notes.iter().any(|n| n.contains("ran as root (uid 0, no capabilities)")), "{:?}", isolation.notes);
+        assert!(!isolation.notes.iter().any(|n| n.contains("keeps root's capabilities")), "{:?}", isolation.notes);
     }
 
     #[test]

@@ -9,10 +9,15 @@
 //! ends ([`Reservation`] drops). The wait comes before the guest's clocks start, so a queued
 //! guest's outcome is the one it would have had alone: verdicts stay a function of the call.
 //!
-//! The budget is half the machine's memory (`MemTotal` in `/proc/meminfo`) and half the
-//! process's soft `RLIMIT_NOFILE`, read once. A single reservation larger than the whole budget
-//! is admitted when no other guest runs, so it is not refused; admission is not first come first
-//! served, though: it may wait while smaller reservations keep fitting.
+//! The budget, set once, is half the memory Switchyard may use — `MemTotal` in `/proc/meminfo`,
+//! or the cgroup's `memory.max` (v2) or `memory.limit_in_bytes` (v1) where that is lower, as in
+//! a container — and half the process's `RLIMIT_NOFILE`, whose soft limit is first raised to its
+//! hard limit (the common soft default of 1,024 would admit one Python guest at a time: each
+//! reserves its 256 open files; programs Switchyard starts inherit the raised soft limit, and the
+//! process sandbox sets its own). A single reservation larger than the whole budget is admitted
+//! when no other guest runs, so it is not refused. Admission knows no priority and is not first
+//! come first served: a large reservation may wait while smaller ones keep fitting, and a call
+//! the simulator needs now may wait behind prefetched ones (wall time only, never a result).
 //!
 //! Must not depend on anything outside this crate's sandbox module.
 
@@ -57,7 +62,7 @@ impl GuestBudget {
     pub fn process() -> &'static GuestBudget {
         static BUDGET: OnceLock<GuestBudget> = OnceLock::new();
         BUDGET.get_or_init(|| {
-            GuestBudget::new(Demand { memory_bytes: mem_total_bytes() / 2, descriptors: nofile_soft_limit() / 2 })
+            GuestBudget::new(Demand { memory_bytes: usable_memory_bytes() / 2, descriptors: raise_nofile_limit() / 2 })
         })
     }
 
@@ -119,23 +124,50 @@ impl Drop for Reservation<'_> {
     }
 }
 
-/// `MemTotal` from `/proc/meminfo`, or 4 GiB where it cannot be read.
-fn mem_total_bytes() -> u64 {
+/// The memory this process may use: `MemTotal` from `/proc/meminfo` (4 GiB where it cannot be
+/// read), or its cgroup's limit where one is set and lower.
+fn usable_memory_bytes() -> u64 {
     const FALLBACK: u64 = 4 << 30;
-    let Ok(text) = std::fs::read_to_string("/proc/meminfo") else { return FALLBACK };
-    text.lines()
+    let total = std::fs::read_to_string("/proc/meminfo").ok().and_then(|t| mem_total_of(&t)).unwrap_or(FALLBACK);
+    let cgroup = ["/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"]
+        .iter()
+        .filter_map(|p| std::fs::read_to_string(p).ok())
+        .filter_map(|t| cgroup_limit_of(&t))
+        .min();
+    cgroup.map_or(total, |c| c.min(total))
+}
+
+/// `MemTotal` of a `/proc/meminfo` text, in bytes.
+fn mem_total_of(meminfo: &str) -> Option<u64> {
+    meminfo
+        .lines()
         .find_map(|l| l.strip_prefix("MemTotal:"))
         .and_then(|rest| rest.trim().strip_suffix("kB"))
         .and_then(|kb| kb.trim().parse::<u64>().ok())
-        .map_or(FALLBACK, |kb| kb.saturating_mul(1024))
+        .map(|kb| kb.saturating_mul(1024))
 }
 
-/// The soft `RLIMIT_NOFILE` of this process (1,024 where it cannot be read).
-fn nofile_soft_limit() -> u64 {
+/// A cgroup memory limit file's value in bytes: `None` for `max` (v2's no limit) or text that
+/// is not a number (v1's "no limit" is a huge number, which the minimum with `MemTotal` ignores).
+fn cgroup_limit_of(text: &str) -> Option<u64> {
+    text.trim().parse::<u64>().ok().filter(|&b| b > 0)
+}
+
+/// Raise this process's soft `RLIMIT_NOFILE` to its hard limit and return it (1,024 where it
+/// cannot be read; the soft limit where it cannot be raised).
+fn raise_nofile_limit() -> u64 {
     let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
     // SAFETY: getrlimit writes the struct it is given.
     if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 || limit.rlim_cur == 0 {
         return 1024;
+    }
+    if limit.rlim_cur < limit.rlim_max {
+        let raised = libc::rlimit { rlim_cur: limit.rlim_max, rlim_max: limit.rlim_max };
+        // SAFETY: setrlimit reads the struct it is given; raising a soft limit to the hard one
+        // is always allowed.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+            return raised.rlim_cur;
+        }
     }
     limit.rlim_cur
 }
@@ -201,6 +233,15 @@ mod tests {
         assert_eq!(done.load(Ordering::SeqCst), 16);
         assert!(most.load(Ordering::SeqCst) <= 4, "{}", most.load(Ordering::SeqCst));
         assert_eq!(b.in_use(), (d(0, 0), 0));
+    }
+
+    #[test]
+    fn memory_limits_are_read_from_meminfo_and_cgroup_files() {
+        assert_eq!(mem_total_of("MemTotal:       24683772 kB\nMemFree: 1 kB\n"), Some(24_683_772 * 1024));
+        assert_eq!(mem_total_of("MemFree: 1 kB\n"), None);
+        assert_eq!(cgroup_limit_of("max\n"), None);
+        assert_eq!(cgroup_limit_of("2147483648\n"), Some(2 << 30));
+        assert_eq!(cgroup_limit_of("9223372036854771712\n"), Some(9_223_372_036_854_771_712));
     }
 
     #[test]

@@ -438,6 +438,16 @@ fn anonymous_memory_files_are_refused() {
 }
 
 #[test]
+fn pipe_buffers_cannot_grow() {
+    // A pipe's buffer is kernel memory outside RLIMIT_AS: F_SETPIPE_SZ could take 1 MiB per
+    // pipe, up to 64 MiB per uid (and each run has a uid of its own). The pipe keeps working.
+    let Some(python) = python3() else { return };
+    let script = "import os, fcntl\nr, w = os.pipe()\ntry:\n    fcntl.fcntl(w, 1031, 1 << 20)\n    print('grown')\n\
+                  except OSError as e:\n    os.write(w, b'x'); assert os.read(r, 1) == b'x'\n    print('refused', e.errno)\n";
+    assert_refused_by_the_filter(python, script);
+}
+
+#[test]
 fn no_core_dumps_and_the_oom_killer_takes_the_program_first() {
     // RLIMIT_CORE 0 stops file dumps only: a piped core_pattern (apport, systemd-coredump)
     // still runs its root helper on the program's memory; the kernel refuses both at 1.

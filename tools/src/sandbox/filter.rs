@@ -26,7 +26,11 @@
 //!   `sem*`) and POSIX message queues (`mq_*`: without an IPC namespace a queue outlives the
 //!   run on the host), anonymous memory files (`memfd_create`, `memfd_secret`: their pages count against
 //!   no rlimit — not `RLIMIT_AS`, each file only against `RLIMIT_FSIZE` — so 250 descriptors
-//!   of 16 MiB files held 4 GiB of host memory), and — for jobs that declare no children —
+//!   of 16 MiB files held 4 GiB of host memory), pipe buffers grown past their default
+//!   (`fcntl(F_SETPIPE_SZ)`: a pipe's buffer is kernel memory outside `RLIMIT_AS`, up to
+//!   `pipe-max-size` (1 MiB) each and `pipe-user-pages-soft` (64 MiB) per uid, and each run has a
+//!   uid of its own; at the 64 KiB default a run's pipes hold at most 256 descriptors' worth, 8
+//!   MiB), and — for jobs that declare no children —
 //!   `fork`, `vfork` and every `clone` without `CLONE_THREAD`.
 //! * **enosys** (`ENOSYS`): `clone3`, whose flags live in memory a filter cannot read; libc
 //!   falls back to `clone`, which the rules above can inspect.
@@ -190,6 +194,9 @@ const KILLED: &[i64] = &[
 /// `lease-break-time` (45 s) each time.
 const FCNTL_LOCK_COMMANDS: [u64; 5] = [libc::F_SETLK as u64, libc::F_SETLKW as u64, 37, 38, 1024];
 
+/// `fcntl`'s `F_SETPIPE_SZ` (`F_LINUX_SPECIFIC_BASE + 7`), refused with `EPERM`.
+const F_SETPIPE_SZ: u64 = 1031;
+
 /// System calls refused with `EPERM` whatever their arguments.
 const DENIED: &[i64] = &[
     libc::SYS_socket,
@@ -247,6 +254,7 @@ impl SyscallFilter {
                 rule(vec![condition(1, SeccompCmpOp::MaskedEq(0xffff_ffff), TIOCLINUX)?])?,
             ],
         );
+        deny.insert(libc::SYS_fcntl, vec![rule(vec![condition(1, SeccompCmpOp::MaskedEq(0xffff_ffff), F_SETPIPE_SZ)?])?]);
         if !allow_children {
             #[cfg(target_arch = "x86_64")]
             {
@@ -317,10 +325,12 @@ mod tests {
 
     /// The error programs (deny, enosys, no-op) name disjoint calls: between two `ERRNO`
     /// verdicts the kernel keeps the latest installed filter's, so a call in two lists would
-    /// get the no-op's success instead of its refusal.
+    /// get the no-op's success instead of its refusal. `fcntl` is in two, on disjoint commands
+    /// (the no-op's locks, the deny's `F_SETPIPE_SZ`), so no `fcntl` call meets both.
     #[test]
     fn no_call_gets_two_error_verdicts() {
-        let no_op = [libc::SYS_flock, libc::SYS_fcntl];
+        assert!(!FCNTL_LOCK_COMMANDS.contains(&F_SETPIPE_SZ));
+        let no_op = [libc::SYS_flock];
         #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
         let mut conditional = vec![libc::SYS_ioctl, libc::SYS_clone];
         #[cfg(target_arch = "x86_64")]

@@ -10,6 +10,12 @@
 //! [`MARKER_MAGIC`], and the process named in the marker (pid *and* its start time, so a
 //! recycled pid does not count as alive) no longer exists. Never anybody else's files.
 //!
+//! A directory handed to a sandbox uid belongs to the program that ran there, which may delete
+//! the marker and write one of its own naming a process that lives on (pid 1), to keep its
+//! files after a crash. Only root can have written the real marker (before the hand-over), so
+//! when root sweeps a sandbox uid's directory, a marker that root does not own — or none — does
+//! not protect it: the directory is removed (at worst the tampering run's own).
+//!
 //! The process sandbox normally needs no host directory at all (its work directory is a tmpfs
 //! in the child's private mount namespace, which the kernel frees with the namespace); the
 //! WebAssembly sandbox and the process sandbox without a mount namespace do. Must not depend on
@@ -105,8 +111,15 @@ pub fn sweep_stale_work_dirs(root: &Path) -> SweepReport {
         if !meta.is_dir() || !owned {
             continue;
         }
-        let Some(owner) = read_marker(&path) else { continue };
-        if owner_alive(owner) {
+        let handed_over = euid == 0 && meta.uid() >= super::SANDBOX_UID_BASE;
+        let kept = match read_marker(&path) {
+            // A sandbox uid's directory: only root's marker speaks for it (see the module doc).
+            Some((owner, marker_uid)) if !handed_over || marker_uid == 0 => owner_alive(owner),
+            Some(_) => false,
+            // Unmarked: not known to be ours, unless it was handed to a sandbox uid.
+            None => !handed_over,
+        };
+        if kept {
             continue;
         }
         match fs::remove_dir_all(&path) {
@@ -117,8 +130,9 @@ pub fn sweep_stale_work_dirs(root: &Path) -> SweepReport {
     report
 }
 
-/// (pid, start time) from the marker of `dir`, when it is one of ours.
-fn read_marker(dir: &Path) -> Option<(u32, u64)> {
+/// ((pid, start time), owner uid of the marker file) from the marker of `dir`, when it is one
+/// of ours.
+fn read_marker(dir: &Path) -> Option<((u32, u64), u32)> {
     let marker = dir.join(MARKER_FILE);
     let meta = fs::symlink_metadata(&marker).ok()?;
     if !meta.is_file() || meta.len() > 4096 {
@@ -132,7 +146,7 @@ fn read_marker(dir: &Path) -> Option<(u32, u64)> {
     let mut fields = lines.next()?.split_whitespace();
     let pid = fields.next()?.parse().ok()?;
     let start = fields.next()?.parse().ok()?;
-    Some((pid, start))
+    Some(((pid, start), meta.uid()))
 }
 
 /// Whether the process that wrote a marker still runs: same pid and same start time.
@@ -160,10 +174,10 @@ mod tests {
     #[test]
     fn own_start_time_is_readable() {
         assert!(process_start_time(std::process::id()).is_some_and(|t| t > 0));
-        assert_eq!(read_marker_text(&marker_contents()).map(|m| m.0), Some(std::process::id()));
+        assert_eq!(read_marker_text(&marker_contents()).map(|m| m.0.0), Some(std::process::id()));
     }
 
-    fn read_marker_text(text: &str) -> Option<(u32, u64)> {
+    fn read_marker_text(text: &str) -> Option<((u32, u64), u32)> {
         let root = tempfile::tempdir().expect("tempdir");
         let dir = fake_dir(root.path(), "m", Some(text));
         read_marker(&dir)
@@ -197,12 +211,45 @@ mod tests {
         }
     }
 
+    /// As root: a directory handed to a sandbox uid is kept for root's marker of a live owner
+    /// only; a marker its program wrote (owned by the sandbox uid, naming a live process), or
+    /// none, does not keep it.
+    #[test]
+    fn a_marker_forged_by_the_sandboxed_program_does_not_keep_its_directory() {
+        // SAFETY: geteuid cannot fail.
+        if unsafe { libc::geteuid() } != 0 {
+            return;
+        }
+        let uid = super::super::SANDBOX_UID_BASE + 4321;
+        let root = tempfile::tempdir().expect("tempdir");
+        let hand_over = |dir: &Path, marker_too: bool| {
+            std::os::unix::fs::chown(dir, Some(uid), Some(uid)).expect("chown");
+            if marker_too {
+                std::os::unix::fs::chown(dir.join(MARKER_FILE), Some(uid), Some(uid)).expect("chown marker");
+            }
+        };
+        let live = marker_contents();
+        let genuine = fake_dir(root.path(), &format!("{WORK_DIR_PREFIX}genuine"), Some(&live));
+        hand_over(&genuine, false);
+        let forged = fake_dir(root.path(), &format!("{WORK_DIR_PREFIX}forged"), Some(&live));
+        hand_over(&forged, true);
+        let unmarked = fake_dir(root.path(), &format!("{WORK_DIR_PREFIX}unmarked"), None);
+        hand_over(&unmarked, false);
+        let report = sweep_stale_work_dirs(root.path());
+        let mut removed = report.removed.clone();
+        removed.sort();
+        let mut expected = vec![forged.clone(), unmarked.clone()];
+        expected.sort();
+        assert_eq!(removed, expected, "{report:?}");
+        assert!(genuine.join("payload").exists());
+    }
+
     #[test]
     fn created_work_dirs_are_private_marked_and_kept_while_the_owner_lives() {
         let dir = create_work_dir().expect("work dir");
         let meta = fs::metadata(dir.path()).expect("meta");
         assert_eq!(meta.permissions().mode() & 0o777, 0o700);
-        assert_eq!(read_marker(dir.path()).map(|m| m.0), Some(std::process::id()));
+        assert_eq!(read_marker(dir.path()).map(|m| m.0.0), Some(std::process::id()));
         let report = sweep_stale_work_dirs(dir.path().parent().expect("parent"));
         assert!(!report.removed.contains(&dir.path().to_path_buf()));
         assert!(dir.path().exists());

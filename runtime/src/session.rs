@@ -502,6 +502,32 @@ impl Session {
         self.open.iter().filter_map(|&i| self.activations.get(i as usize))
     }
 
+    /// Check the frontier this session keeps against its definition, found the slow way (every
+    /// activation, every opened round): the activations not completed, the pending ones, and
+    /// the undecided (node, round) instances of the rounds opened. For tests.
+    #[doc(hidden)]
+    pub fn check_bookkeeping(&self) -> Result<(), String> {
+        let open: BTreeSet<u32> =
+            self.activations.iter().filter(|a| a.state != ActivationState::Completed).map(|a| a.id.index).collect();
+        if open != self.open {
+            return Err(format!("open {:?}, kept {:?}", open, self.open));
+        }
+        let pending: BTreeSet<u32> =
+            self.activations.iter().filter(|a| a.state == ActivationState::Pending).map(|a| a.id.index).collect();
+        if pending != self.pending {
+            return Err(format!("pending {:?}, kept {:?}", pending, self.pending));
+        }
+        let mut unresolved = BTreeSet::new();
+        for (pos, &n) in self.spec.topological_order().iter().enumerate() {
+            let last = self.spec.nodes[n].loop_index.map_or(0, |l| self.loops[l].round);
+            unresolved.extend((0..=last).filter(|&r| !self.resolved.contains_key(&(n, r))).map(|r| (pos as u32, r)));
+        }
+        if unresolved != self.unresolved {
+            return Err(format!("unresolved {:?}, kept {:?}", unresolved, self.unresolved));
+        }
+        Ok(())
+    }
+
     // ---- internals ----
 
     /// The activations not completed that satisfy `pred`, in creation order (only completed

@@ -486,6 +486,24 @@ fn drive(
                 }
             }
         }
+        // The frontier the session keeps is its definition over the whole history, and the
+        // ready and near-ready sets read from it are the ones a full scan finds.
+        s.check_bookkeeping().map_err(TestCaseError::fail)?;
+        let state = |p: u32| s.activation(p).map(|x| x.state);
+        let ready: Vec<u32> =
+            s.activations().iter().filter(|a| a.state == ActivationState::Ready).map(|a| a.id.index).collect();
+        prop_assert_eq!(s.ready().iter().map(|a| a.index).collect::<Vec<_>>(), ready);
+        let near: Vec<u32> = s
+            .activations()
+            .iter()
+            .filter(|a| {
+                a.state == ActivationState::Pending
+                    && a.predecessors.iter().all(|&p| matches!(state(p), Some(ActivationState::Completed | ActivationState::Running)))
+                    && a.predecessors.iter().any(|&p| state(p) == Some(ActivationState::Running))
+            })
+            .map(|a| a.id.index)
+            .collect();
+        prop_assert_eq!(s.near_ready().iter().map(|a| a.index).collect::<Vec<_>>(), near);
         for a in s.near_ready() {
             let act = s
                 .activation(a.index)
@@ -835,7 +853,11 @@ loops:
             };
             assert_eq!(names(&s, &newly), expect);
         }
+        if round % 1000 == 0 {
+            s.check_bookkeeping().unwrap_or_else(|e| panic!("round {round}: {e}"));
+        }
     }
+    s.check_bookkeeping().unwrap_or_else(|e| panic!("{e}"));
     assert!(s.is_finished());
     assert_eq!(s.activations().len(), 20_000);
     assert!(s.ready().is_empty() && s.near_ready().is_empty());

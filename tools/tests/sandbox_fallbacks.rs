@@ -548,7 +548,7 @@ fn without_a_network_namespace_sockets_are_still_refused() {
 fn a_refused_mandatory_step_fails_the_spawn() {
     const TEST: &str = "a_refused_mandatory_step_fails_the_spawn";
     let Some(case) = helper_case() else {
-        for case in ["session", "rlimits", "seccomp", "identity"] {
+        for case in ["session", "rlimits", "seccomp", "identity", "capabilities"] {
             if case == "identity" && !common::is_root() {
                 eprintln!("note: not root: the sandbox keeps the caller's uid; skipping the identity case");
                 continue;
@@ -562,6 +562,7 @@ fn a_refused_mandatory_step_fails_the_spawn() {
         "rlimits" => Refusal::when(libc::SYS_prlimit64, 2, SeccompCmpArgLen::Qword, SeccompCmpOp::Ne, 0, libc::EPERM),
         "seccomp" => Refusal::every(libc::SYS_seccomp, libc::EPERM),
         "identity" => Refusal::every(libc::SYS_setresuid, libc::EPERM),
+        "capabilities" => Refusal::every(libc::SYS_capset, libc::EPERM),
         other => panic!("no case {other}"),
     };
     refuse(vec![refusal]);
@@ -569,6 +570,37 @@ fn a_refused_mandatory_step_fails_the_spawn() {
         Err(SandboxError::Spawn { source, .. }) => assert_eq!(source.raw_os_error(), Some(libc::EPERM), "{case}: {source}"),
         other => panic!("{case}: the spawn must fail, not {other:?}"),
     }
+    done(&case);
+}
+
+/// Without `CAP_SETPCAP` (root in a container that dropped it) the bounding set cannot be
+/// emptied: the run goes on, the program's own capability sets are still empty, and the note
+/// says the bounding set is full. Simulated by refusing `prctl(PR_CAPBSET_DROP)` with `EPERM`,
+/// as the kernel does without the capability.
+#[test]
+fn without_cap_setpcap_the_bounding_set_stays_full_and_is_noted() {
+    const TEST: &str = "without_cap_setpcap_the_bounding_set_stays_full_and_is_noted";
+    let Some(case) = helper_case() else {
+        run_helper(TEST, "no_capbset_drop");
+        return;
+    };
+    let script = "grep -E '^Cap(Prm|Eff|Bnd)' /proc/self/status";
+    let ordinary = run(&sh(script, quick()));
+    assert!(ordinary.isolation.no_capabilities && ordinary.stdout.contains("CapBnd:\t0000000000000000"), "{ordinary:?}");
+    refuse(vec![Refusal::when(
+        libc::SYS_prctl,
+        0,
+        SeccompCmpArgLen::Dword,
+        SeccompCmpOp::Eq,
+        libc::PR_CAPBSET_DROP as u64,
+        libc::EPERM,
+    )]);
+    let out = run(&sh(script, quick()));
+    assert!(out.termination.success(), "{out:?}");
+    assert!(out.stdout.contains("CapPrm:\t0000000000000000") && out.stdout.contains("CapEff:\t0000000000000000"), "{out:?}");
+    assert!(!out.stdout.contains("CapBnd:\t0000000000000000"), "the note says the bounding set is full: {out:?}");
+    assert!(!out.isolation.no_capabilities, "{out:?}");
+    assert!(out.isolation.notes.iter().any(|n| n.contains("bounding set not emptied")), "{:?}", out.isolation.notes);
     done(&case);
 }
 

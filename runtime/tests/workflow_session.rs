@@ -48,7 +48,8 @@ fn names(s: &Session, ids: &[ActivationId]) -> Vec<String> {
         .collect()
 }
 
-/// Start and complete the ready activation of `node` (round = its latest), with `o`.
+/// Start and complete the ready activation of `node` (round = its latest), with `o`; the
+/// session's kept frontier is checked against its definition after it.
 fn run(s: &mut Session, node: &str, o: NodeOutput) -> Vec<String> {
     let n = s
         .spec()
@@ -61,6 +62,7 @@ fn run(s: &mut Session, node: &str, o: NodeOutput) -> Vec<String> {
         .unwrap_or_else(|| panic!("{node} is not ready; ready: {:?}", names(s, &s.ready())));
     s.mark_running(i.index).unwrap_or_else(|e| panic!("{e}"));
     let newly = s.complete(i.index, o).unwrap_or_else(|e| panic!("{e}"));
+    s.check_bookkeeping().unwrap_or_else(|e| panic!("after {node}: {e}"));
     names(s, &newly)
 }
 
@@ -489,6 +491,7 @@ fn drive(
         // The frontier the session keeps is its definition over the whole history, and the
         // ready and near-ready sets read from it are the ones a full scan finds.
         s.check_bookkeeping().map_err(TestCaseError::fail)?;
+        prop_assert!(s.failure().is_none(), "this driver never fails a session");
         let state = |p: u32| s.activation(p).map(|x| x.state);
         let ready: Vec<u32> =
             s.activations().iter().filter(|a| a.state == ActivationState::Ready).map(|a| a.id.index).collect();

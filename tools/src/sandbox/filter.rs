@@ -8,7 +8,8 @@
 //!
 //! Four programs from the rule lists and, on x86_64, the x32 guard, all installed (the kernel
 //! runs every one and the most severe verdict wins: a kill over any error, an error over an
-//! allow; the error lists share no call, so no two error verdicts meet):
+//! allow; no two error verdicts meet: the error lists share no call, but for `fcntl`, where the
+//! deny list's command and the no-op list's are disjoint):
 //!
 //! * **kill** (`SECCOMP_RET_KILL_PROCESS`, the program dies of `SIGSYS`, reported as
 //!   [`super::LimitHit::Syscall`]): kernel attack surface no test needs — `ptrace`,
@@ -26,11 +27,13 @@
 //!   `sem*`) and POSIX message queues (`mq_*`: without an IPC namespace a queue outlives the
 //!   run on the host), anonymous memory files (`memfd_create`, `memfd_secret`: their pages count against
 //!   no rlimit — not `RLIMIT_AS`, each file only against `RLIMIT_FSIZE` — so 250 descriptors
-//!   of 16 MiB files held 4 GiB of host memory), pipe buffers grown past their default
-//!   (`fcntl(F_SETPIPE_SZ)`: a pipe's buffer is kernel memory outside `RLIMIT_AS`, up to
-//!   `pipe-max-size` (1 MiB) each and `pipe-user-pages-soft` (64 MiB) per uid, and each run has a
-//!   uid of its own; at the 64 KiB default a run's pipes hold at most 256 descriptors' worth, 8
-//!   MiB), and — for jobs that declare no children —
+//!   of 16 MiB files held 4 GiB of host memory), pipe buffers resized (`fcntl(F_SETPIPE_SZ)`:
+//!   a pipe's buffer is kernel memory outside `RLIMIT_AS`, up to `pipe-max-size` (1 MiB) each
+//!   and `pipe-user-pages-soft` (64 MiB of 4 KiB pages) per uid; at the 64 KiB default, and a
+//!   pipe kept alive by one descriptor, a process's 256 descriptors hold at most 16 MiB — a job
+//!   of several processes (the `shell` tool's up to 64) can still reach the per-uid limit with
+//!   default pipes, which only a memory cgroup would bound), and — for jobs that declare no
+//!   children —
 //!   `fork`, `vfork` and every `clone` without `CLONE_THREAD`.
 //! * **enosys** (`ENOSYS`): `clone3`, whose flags live in memory a filter cannot read; libc
 //!   falls back to `clone`, which the rules above can inspect.
@@ -195,7 +198,7 @@ const KILLED: &[i64] = &[
 const FCNTL_LOCK_COMMANDS: [u64; 5] = [libc::F_SETLK as u64, libc::F_SETLKW as u64, 37, 38, 1024];
 
 /// `fcntl`'s `F_SETPIPE_SZ` (`F_LINUX_SPECIFIC_BASE + 7`), refused with `EPERM`.
-const F_SETPIPE_SZ: u64 = 1031;
+const F_SETPIPE_SZ: u64 = libc::F_SETPIPE_SZ as u64;
 
 /// System calls refused with `EPERM` whatever their arguments.
 const DENIED: &[i64] = &[
@@ -330,6 +333,7 @@ mod tests {
     #[test]
     fn no_call_gets_two_error_verdicts() {
         assert!(!FCNTL_LOCK_COMMANDS.contains(&F_SETPIPE_SZ));
+        assert!(!DENIED.contains(&libc::SYS_fcntl) && !KILLED.contains(&libc::SYS_fcntl));
         let no_op = [libc::SYS_flock];
         #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
         let mut conditional = vec![libc::SYS_ioctl, libc::SYS_clone];

@@ -130,15 +130,41 @@ pub fn sweep_stale_work_dirs(root: &Path) -> SweepReport {
     report
 }
 
+/// Bytes a marker may have: it is two short lines.
+const MAX_MARKER_BYTES: u64 = 4096;
+
 /// ((pid, start time), owner uid of the marker file) from the marker of `dir`, when it is one
-/// of ours.
+/// of ours. The directory (without following a link) and then the marker in it (without
+/// following a link, without blocking) are opened once and everything is read from those
+/// descriptors, at most [`MAX_MARKER_BYTES`]: a program that owns the directory cannot show the
+/// check one file and the read another (a link swapped in between), stall the sweep on a FIFO
+/// or feed it `/dev/zero`.
 fn read_marker(dir: &Path) -> Option<((u32, u64), u32)> {
-    let marker = dir.join(MARKER_FILE);
-    let meta = fs::symlink_metadata(&marker).ok()?;
-    if !meta.is_file() || meta.len() > 4096 {
+    use std::io::Read;
+    use std::os::fd::{AsRawFd, FromRawFd};
+    use std::os::unix::fs::OpenOptionsExt;
+    let dir = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(dir)
+        .ok()?;
+    let name = std::ffi::CString::new(MARKER_FILE).ok()?;
+    // SAFETY: openat on a descriptor this function owns and a NUL-terminated name; the result,
+    // when valid, is a fresh descriptor that the File below takes over.
+    let fd = unsafe {
+        libc::openat(dir.as_raw_fd(), name.as_ptr(), libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+    };
+    if fd < 0 {
         return None;
     }
-    let text = fs::read_to_string(&marker).ok()?;
+    // SAFETY: `fd` was just opened and is owned by nothing else.
+    let marker = unsafe { fs::File::from_raw_fd(fd) };
+    let meta = marker.metadata().ok()?;
+    if !meta.is_file() || meta.len() > MAX_MARKER_BYTES {
+        return None;
+    }
+    let mut text = String::new();
+    marker.take(MAX_MARKER_BYTES + 1).read_to_string(&mut text).ok()?;
     let mut lines = text.lines();
     if lines.next()? != MARKER_MAGIC {
         return None;
@@ -242,6 +268,35 @@ mod tests {
         expected.sort();
         assert_eq!(removed, expected, "{report:?}");
         assert!(genuine.join("payload").exists());
+    }
+
+    /// A marker that is a link (to a forged marker elsewhere), a FIFO (which would block a read)
+    /// or endless (`/dev/zero` behind a link), or a directory that is a link to a marked one, is
+    /// no marker: read at once, as nothing.
+    #[test]
+    fn a_marker_is_read_from_the_file_itself_without_blocking() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let forged = root.path().join("forged-marker");
+        fs::write(&forged, marker_contents()).expect("forged");
+        let linked = fake_dir(root.path(), "linked", None);
+        std::os::unix::fs::symlink(&forged, linked.join(MARKER_FILE)).expect("symlink");
+        let zero = fake_dir(root.path(), "zero", None);
+        std::os::unix::fs::symlink("/dev/zero", zero.join(MARKER_FILE)).expect("symlink");
+        let fifo = fake_dir(root.path(), "fifo", None);
+        let path = std::ffi::CString::new(fifo.join(MARKER_FILE).into_os_string().into_encoded_bytes()).expect("path");
+        // SAFETY: mkfifo on a NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(path.as_ptr(), 0o600) }, 0);
+        let genuine = fake_dir(root.path(), "genuine", Some(&marker_contents()));
+        assert!(read_marker(&genuine).is_some());
+        let linked_dir = root.path().join("linked-dir");
+        std::os::unix::fs::symlink(&genuine, &linked_dir).expect("symlink");
+        let (tx, rx) = std::sync::mpsc::channel();
+        let dirs = [linked, zero, fifo, linked_dir];
+        std::thread::spawn(move || {
+            let _ = tx.send(dirs.iter().map(|d| read_marker(d)).collect::<Vec<_>>());
+        });
+        let read = rx.recv_timeout(std::time::Duration::from_secs(20)).expect("the reads return at once");
+        assert_eq!(read, vec![None; 4]);
     }
 
     #[test]

@@ -449,6 +449,16 @@ fn pipe_buffers_cannot_grow() {
     assert_refused_by_the_filter(python, script);
 }
 
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn pages_cannot_be_handed_to_a_pipe_by_reference() {
+    // vmsplice (278) with no segments: the kernel alone returns 0; the filter refuses it.
+    let Some(python) = python3() else { return };
+    let script = "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\nr, w = os.pipe()\n\
+                  n = libc.syscall(278, w, 0, 0, 0)\nprint('refused', ctypes.get_errno()) if n < 0 else print('returned', n)\n";
+    assert_refused_by_the_filter(python, script);
+}
+
 #[test]
 fn no_core_dumps_and_the_oom_killer_takes_the_program_first() {
     // RLIMIT_CORE 0 stops file dumps only: a piped core_pattern (apport, systemd-coredump)

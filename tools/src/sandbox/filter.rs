@@ -32,8 +32,8 @@
 //!   and `pipe-user-pages-soft` (64 MiB of 4 KiB pages) per uid; at the 64 KiB default, and a
 //!   pipe kept alive by one descriptor, a process's 256 descriptors hold at most 16 MiB — a job
 //!   of several processes (the `shell` tool's up to 64) can still reach the per-uid limit with
-//!   default pipes, which only a memory cgroup would bound), and — for jobs that declare no
-//!   children —
+//!   default pipes, which only a memory cgroup would bound), `vmsplice` (pages handed to a pipe
+//!   by reference), and — for jobs that declare no children —
 //!   `fork`, `vfork` and every `clone` without `CLONE_THREAD`.
 //! * **enosys** (`ENOSYS`): `clone3`, whose flags live in memory a filter cannot read; libc
 //!   falls back to `clone`, which the rules above can inspect.
@@ -234,6 +234,11 @@ const DENIED: &[i64] = &[
     libc::SYS_inotify_init1,
     libc::SYS_fanotify_init,
     libc::SYS_io_setup,
+    // Pages a program hands to a pipe by reference: a slot that references one page of a
+    // transparent huge page may keep the whole 2 MiB alive after the program unmaps it, outside
+    // `RLIMIT_AS` (a review's hypothesis, 2026-12-07, not measured). Nothing a test runs uses it
+    // (CPython and coreutils copy with `write`/`splice`).
+    libc::SYS_vmsplice,
 ];
 
 impl SyscallFilter {

@@ -18,7 +18,10 @@
 //! A prefetch may carry *followers* ([`Follower`]): calls to queue when it ends with a given
 //! verdict (a final check after a passing test), so a second step of a session's tools runs
 //! ahead too, and only on the branch its first step really takes (a follower of a program that
-//! hangs is never started, which would cost a second timeout).
+//! hangs is never started, which would cost a second timeout). A prefetch a worker runs before
+//! anyone waits for it reserves its WebAssembly guest in the background of the process's guest
+//! budget (`switchyard_tools::sandbox::guest_budget::in_background`), so where that budget is
+//! full an issued call's guest is admitted first.
 //!
 //! Must not depend on the planner, `exec` or the live shell: it runs tool calls, whoever asks.
 
@@ -402,7 +405,13 @@ fn worker(shared: &Shared) {
             }
         };
         if slot.claim() {
-            slot.run(shared);
+            // A prefetch nobody waits for yet runs its guest in the background of the process's
+            // guest budget, so an issued call's guest is admitted before it.
+            if *lock(&slot.queued) == Urgency::Issued {
+                slot.run(shared);
+            } else {
+                switchyard_tools::sandbox::guest_budget::in_background(|| slot.run(shared));
+            }
         }
     }
 }

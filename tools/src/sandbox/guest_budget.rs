@@ -15,13 +15,34 @@
 //! hard limit (the common soft default of 1,024 would admit one Python guest at a time: each
 //! reserves its 256 open files; programs Switchyard starts inherit the raised soft limit, and the
 //! process sandbox sets its own). A single reservation larger than the whole budget is admitted
-//! when no other guest runs, so it is not refused. Admission knows no priority and is not first
-//! come first served: a large reservation may wait while smaller ones keep fitting, and a call
-//! the simulator needs now may wait behind prefetched ones (wall time only, never a result).
+//! when no other guest runs, so it is not refused. Admission is not first come first served: a
+//! large reservation may wait while smaller ones keep fitting. A caller that runs guests nobody
+//! waits for yet (the simulator's prefetched tool calls) marks them [`in_background`]: a
+//! background reservation is not admitted while a foreground one waits, so a call a session
+//! needs now is queued behind at most the guests already running.
 //!
 //! Must not depend on anything outside this crate's sandbox module.
 
+use std::cell::Cell;
 use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
+
+thread_local! {
+    /// Whether this thread's guests run in the background (see [`in_background`]).
+    static BACKGROUND: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Run `f` with this thread's guest reservations in the background: they wait while any
+/// reservation outside the background waits. Restored when `f` returns.
+pub fn in_background<R>(f: impl FnOnce() -> R) -> R {
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            BACKGROUND.with(|b| b.set(self.0));
+        }
+    }
+    let _restore = Restore(BACKGROUND.with(|b| b.replace(true)));
+    f()
+}
 
 /// What one guest holds while it runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -36,6 +57,8 @@ pub struct Demand {
 struct InUse {
     demand: Demand,
     guests: usize,
+    /// Foreground reservations waiting: background ones yield to them.
+    foreground_waiting: usize,
 }
 
 /// Reservations of running guests against a fixed capacity.
@@ -80,11 +103,25 @@ impl GuestBudget {
                 && in_use.demand.descriptors.saturating_add(d.descriptors) <= self.capacity.descriptors)
     }
 
-    /// Reserve `demand`, waiting while it does not fit beside the running guests.
+    /// Reserve `demand`, waiting while it does not fit beside the running guests (and, on a
+    /// thread [`in_background`], while a foreground reservation waits).
     pub fn reserve(&self, demand: Demand) -> Reservation<'_> {
+        let background = BACKGROUND.with(Cell::get);
         let mut in_use = self.lock();
-        while !self.fits(&in_use, demand) {
-            in_use = self.freed.wait(in_use).unwrap_or_else(|p| p.into_inner());
+        if background {
+            while !self.fits(&in_use, demand) || in_use.foreground_waiting > 0 {
+                in_use = self.freed.wait(in_use).unwrap_or_else(|p| p.into_inner());
+            }
+        } else if !self.fits(&in_use, demand) {
+            in_use.foreground_waiting += 1;
+            while !self.fits(&in_use, demand) {
+                in_use = self.freed.wait(in_use).unwrap_or_else(|p| p.into_inner());
+            }
+            in_use.foreground_waiting -= 1;
+            if in_use.foreground_waiting == 0 {
+                // Background reservations waiting on it may go now (what fits of them).
+                self.freed.notify_all();
+            }
         }
         self.take(&mut in_use, demand);
         Reservation { budget: self, demand }
@@ -175,6 +212,7 @@ fn raise_nofile_limit() -> u64 {
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
+    use std::sync::Mutex;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     use super::*;
@@ -242,6 +280,40 @@ mod tests {
         assert_eq!(cgroup_limit_of("max\n"), None);
         assert_eq!(cgroup_limit_of("2147483648\n"), Some(2 << 30));
         assert_eq!(cgroup_limit_of("9223372036854771712\n"), Some(9_223_372_036_854_771_712));
+    }
+
+    /// A background reservation is not admitted while a foreground one waits, even where it
+    /// would fit: when the running guest ends, the foreground one goes first.
+    #[test]
+    fn a_foreground_reservation_goes_before_waiting_background_ones() {
+        let b = Arc::new(GuestBudget::new(d(10, 10)));
+        let running = b.try_reserve(d(8, 1)).expect("fits");
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let spawn = |name: &'static str, demand: Demand, background: bool| {
+            let (b, order) = (Arc::clone(&b), Arc::clone(&order));
+            std::thread::spawn(move || {
+                let take = || {
+                    let _r = b.reserve(demand);
+                    order.lock().expect("order").push(name);
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                };
+                if background { in_background(take) } else { take() }
+            })
+        };
+        let foreground = spawn("foreground", d(5, 1), false);
+        // Wait until the foreground reservation is waiting.
+        while b.lock().foreground_waiting == 0 {
+            std::thread::yield_now();
+        }
+        // This one fits beside the running guest (8 + 2 <= 10), but a foreground one waits.
+        let background = spawn("background", d(2, 1), true);
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert!(order.lock().expect("order").is_empty(), "{:?}", order.lock().expect("order"));
+        drop(running);
+        foreground.join().expect("thread");
+        background.join().expect("thread");
+        assert_eq!(*order.lock().expect("order"), ["foreground", "background"]);
+        assert!(!BACKGROUND.with(Cell::get), "restored");
     }
 
     #[test]

@@ -653,33 +653,41 @@ fn joins_run_after_either_branch_and_single_branch_dependents_are_skipped() {
     assert!(s.is_finished());
 }
 
-/// A loop's later rounds render their own prompt, with the round number, the previous round's
-/// output and optional references; an agent's structured verdict decides the loop.
-#[test]
-fn later_rounds_see_their_round_and_the_previous_rounds_output() {
-    let yaml = r#"name: t
+/// A coder and a check in a loop of `max_rounds`, the check's structured verdict `ok: false`
+/// continuing it; later rounds' prompts read the round, the previous round and the check.
+fn coder_check(max_rounds: u32) -> Arc<WorkflowSpec> {
+    let yaml = format!(
+        r#"name: t
 deployments:
-  d: {model: Qwen3-8B, max_context: 4096, max_output_tokens: 512}
+  d: {{model: Qwen3-8B, max_context: 4096, max_output_tokens: 512}}
 nodes:
   - id: coder
     deployment: d
-    prompt: "Write {{input.q}}. Last check: [{{check?}}]"
+    prompt: "Write {{{{input.q}}}}. Last check: [{{{{check?}}}}]"
     next_rounds:
-      prompt: "Round {{loop.round}}: fix {{coder}} given {{check}} ({{check.verdict}}); round before: {{coder.prev}}"
+      prompt: "Round {{{{loop.round}}}}: fix {{{{coder}}}} given {{{{check}}}} ({{{{check.verdict}}}}); round before: {{{{coder.prev}}}}"
   - id: check
     deployment: d
     after: coder
-    prompt: "Check {{coder}}"
+    prompt: "Check {{{{coder}}}}"
     output:
-      schema: {type: object, properties: {ok: {type: boolean}}, required: [ok]}
+      schema: {{type: object, properties: {{ok: {{type: boolean}}}}, required: [ok]}}
       verdict: ok
 loops:
   - id: l
     body: [coder, check]
-    continue_when: {node: check, verdict: false}
-    max_rounds: 3
-"#;
-    let spec = Arc::new(parse_workflow("t.yaml", yaml, Path::new(".")).unwrap_or_else(|e| panic!("{e}")));
+    continue_when: {{node: check, verdict: false}}
+    max_rounds: {max_rounds}
+"#
+    );
+    Arc::new(parse_workflow("t.yaml", &yaml, Path::new(".")).unwrap_or_else(|e| panic!("{e}")))
+}
+
+/// A loop's later rounds render their own prompt, with the round number, the previous round's
+/// output and optional references; an agent's structured verdict decides the loop.
+#[test]
+fn later_rounds_see_their_round_and_the_previous_rounds_output() {
+    let spec = coder_check(3);
     let mut input = Record::new();
     input.insert("q".into(), serde_json::json!("f"));
     let mut s = Session::new(SessionId(1), spec, input).unwrap_or_else(|e| panic!("{e}"));
@@ -812,27 +820,7 @@ fn a_prompt_past_any_context_is_refused_before_it_is_built() {
 /// session's open frontier; when it rescanned the whole history, this took minutes.)
 #[test]
 fn a_ten_thousand_round_loop_unfolds_round_by_round_to_its_end() {
-    let yaml = r#"name: long
-deployments:
-  d: {model: Qwen3-8B, max_context: 4096, max_output_tokens: 512}
-nodes:
-  - id: coder
-    deployment: d
-    prompt: "Write {{input.q}}"
-  - id: check
-    deployment: d
-    after: coder
-    prompt: "Check {{coder}}"
-    output:
-      schema: {type: object, properties: {ok: {type: boolean}}, required: [ok]}
-      verdict: ok
-loops:
-  - id: l
-    body: [coder, check]
-    continue_when: {node: check, verdict: false}
-    max_rounds: 10000
-"#;
-    let spec = Arc::new(parse_workflow("long.yaml", yaml, Path::new(".")).unwrap_or_else(|e| panic!("{e}")));
+    let spec = coder_check(10_000);
     let mut input = Record::new();
     input.insert("q".into(), serde_json::json!("f"));
     let mut s = Session::new(SessionId(9), spec, input).unwrap_or_else(|e| panic!("{e}"));

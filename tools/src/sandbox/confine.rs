@@ -1697,6 +1697,20 @@ mod tests {
         assert_eq!(ChildReport::from_bytes(&report.to_bytes()), report);
     }
 
+    /// What a run as root with every confinement granted reports.
+    const EVERY_CONFINEMENT: u32 = NETWORK_NAMESPACE
+        | MOUNT_NAMESPACE
+        | PRIVATE_ROOT
+        | UID_DROPPED
+        | PID_NAMESPACE
+        | IPC_NAMESPACE
+        | PROC_MOUNTED
+        | PROC_HIDES_PIDS
+        | SECCOMP
+        | NEW_SESSION
+        | CAPABILITIES_CLEARED
+        | BOUNDING_SET_EMPTIED;
+
     #[test]
     fn missing_confinements_are_noted() {
         let policy = IsolationPolicy::default();
@@ -1727,18 +1741,7 @@ mod tests {
     #[test]
     fn complete_report_has_no_notes() {
         let report = ChildReport {
-            flags: NETWORK_NAMESPACE
-                | MOUNT_NAMESPACE
-                | PRIVATE_ROOT
-                | UID_DROPPED
-                | PID_NAMESPACE
-                | IPC_NAMESPACE
-                | PROC_MOUNTED
-                | PROC_HIDES_PIDS
-                | SECCOMP
-                | NEW_SESSION
-                | CAPABILITIES_CLEARED
-                | BOUNDING_SET_EMPTIED,
+            flags: EVERY_CONFINEMENT,
             ..ChildReport::default()
         };
         let isolation = isolation_from(Some(report), IsolationPolicy::default(), true, Some(9));
@@ -1752,17 +1755,7 @@ mod tests {
     #[test]
     fn a_bounding_set_left_full_is_noted_and_not_called_no_capabilities() {
         let report = ChildReport {
-            flags: NETWORK_NAMESPACE
-                | MOUNT_NAMESPACE
-                | PRIVATE_ROOT
-                | USER_NAMESPACE
-                | PID_NAMESPACE
-                | IPC_NAMESPACE
-                | PROC_MOUNTED
-                | PROC_HIDES_PIDS
-                | SECCOMP
-                | NEW_SESSION
-                | CAPABILITIES_CLEARED,
+            flags: (EVERY_CONFINEMENT & !UID_DROPPED & !BOUNDING_SET_EMPTIED) | USER_NAMESPACE,
             ..ChildReport::default()
         };
         let isolation = isolation_from(Some(report), IsolationPolicy::default(), false, None);

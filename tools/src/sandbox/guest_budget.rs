@@ -89,6 +89,7 @@ impl GuestBudget {
         })
     }
 
+    #[cfg(test)]
     pub fn capacity(&self) -> Demand {
         self.capacity
     }
@@ -127,6 +128,7 @@ impl GuestBudget {
         Reservation { budget: self, demand }
     }
 
+    #[cfg(test)]
     /// Reserve `demand` if it fits now.
     pub fn try_reserve(&self, demand: Demand) -> Option<Reservation<'_>> {
         let mut in_use = self.lock();
@@ -143,6 +145,7 @@ impl GuestBudget {
         in_use.guests += 1;
     }
 
+    #[cfg(test)]
     /// What running guests hold now, and how many they are.
     pub fn in_use(&self) -> (Demand, usize) {
         let in_use = self.lock();

@@ -11,6 +11,9 @@
 #   ARRIVAL_TRACE=1 scripts/scale.sh 1000
 #                                    # the exact arrival span, from the run's `--trace` (then
 #                                    # wall time and RSS include writing the trace)
+#   TOOL_CACHE=DIR scripts/scale.sh 10000
+#                                    # `--tool-cache DIR`: sandboxed test runs kept on disk; a
+#                                    # second run of the same size takes them from there
 #
 # 180 is the main job (60 sessions per workflow, burst, the paper pool). Larger sizes run on a
 # pool scaled with the work (workflows/pools/scale-64.yaml up to 10,000 sessions,
@@ -25,6 +28,7 @@ BIN=${BIN:-target/release/switchyard}
 WORKFLOWS=${WORKFLOWS:-"workflows/gsm8k.yaml workflows/mbpp.yaml workflows/qmsum.yaml"}
 RATE=${RATE:-0.2}
 ARRIVAL_TRACE=${ARRIVAL_TRACE:-0}
+TOOL_CACHE=${TOOL_CACHE:-}
 command -v jq >/dev/null || { echo "scripts/scale.sh: needs jq" >&2; exit 1; }
 [ -x "$BIN" ] || cargo build --release
 read -r -a wfs <<<"$WORKFLOWS"
@@ -41,6 +45,7 @@ for total in "${sizes[@]}"; do
   tf=$(mktemp); jf=$(mktemp); trf=$(mktemp)
   trace=()
   [ "$ARRIVAL_TRACE" = 1 ] && trace=(--trace "$trf")
+  [ -n "$TOOL_CACHE" ] && trace+=(--tool-cache "$TOOL_CACHE")
   /usr/bin/time -f '%e %M' -o "$tf" "$BIN" run "${wfs[@]}" --sessions "$per" --pool "$pool" \
     --arrival "$arrival" --json --allow-failures "${trace[@]}" >"$jf" 2>/dev/null
   read -r wall rss <"$tf"

@@ -494,3 +494,48 @@ fn bench_oracle_records_its_flags() {
     let md = std::fs::read_to_string(dir.path().join("oracle-programs.md")).expect("oracle-programs.md");
     assert!(md.contains(want), "{md}");
 }
+
+/// `(read, written)` from the line `--tool-cache` prints on stderr.
+fn tool_cache_tally(out: &Output) -> (u64, u64) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let line = stderr.lines().find(|l| l.starts_with("tool cache ")).unwrap_or_else(|| panic!("no tally line: {stderr}"));
+    let number = |after: &str| -> u64 {
+        let words: Vec<&str> = line.split([' ', ',', ':']).filter(|w| !w.is_empty()).collect();
+        let at = words.iter().position(|w| *w == after).unwrap_or_else(|| panic!("{line}"));
+        words[at - 1].parse().unwrap_or_else(|_| panic!("{line}"))
+    };
+    (number("outcomes"), number("written"))
+}
+
+#[test]
+fn a_tool_cache_answers_a_repeated_run_with_the_same_report() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cache = dir.path().join("cache");
+    let cache_arg = cache.to_str().expect("utf-8 path");
+    let args = ["run", "workflows/mbpp.yaml", "--sessions", "3", "--pool", "workflows/pools/small.yaml", "--json"];
+    let with_cache: Vec<&str> = args.iter().copied().chain(["--tool-cache", cache_arg]).collect();
+    let first = switchyard(&with_cache);
+    assert!(first.status.success(), "stderr: {}", String::from_utf8_lossy(&first.stderr));
+    let (read, written) = tool_cache_tally(&first);
+    assert_eq!(read, 0, "an empty cache answers nothing");
+    assert!(written > 0, "the test runs are kept");
+    let second = switchyard(&with_cache);
+    assert!(second.status.success(), "stderr: {}", String::from_utf8_lossy(&second.stderr));
+    assert_eq!(tool_cache_tally(&second), (written, 0), "the repeated run takes every outcome from the cache");
+    assert_eq!(first.stdout, second.stdout, "the same report bytes");
+    let without = switchyard(&args);
+    assert!(without.status.success());
+    assert_eq!(first.stdout, without.stdout, "the cache changes no result");
+
+    // A directory others may write is refused before any session runs.
+    use std::os::unix::fs::PermissionsExt;
+    let shared = dir.path().join("shared");
+    std::fs::create_dir(&shared).expect("mkdir");
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    let shared_args: Vec<&str> = args.iter().copied().chain(["--tool-cache", shared.to_str().expect("utf-8")]).collect();
+    let refused = switchyard(&shared_args);
+    assert_eq!(refused.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(stderr.contains("--tool-cache") && stderr.contains("writable by group or others"), "{stderr}");
+    assert!(refused.stdout.is_empty(), "no report");
+}

@@ -8,6 +8,30 @@
 //! except the prefix lookup, O(matched blocks). Depends on nothing else in the crate.
 
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+
+/// The hasher of [`BlockPool`]'s prefix-cache table. Its keys are prefix hashes already, so a
+/// SipHash round over them (the standard library's default, built to resist chosen keys, which
+/// nothing here needs) only costs: one SplitMix64 finalizer spreads them over the table.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct PrefixHasher(u64);
+
+impl Hasher for PrefixHasher {
+    fn finish(&self) -> u64 {
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+    fn write_u64(&mut self, i: u64) {
+        self.0 = self.0.rotate_left(29) ^ i;
+    }
+}
 
 const NIL: u32 = u32::MAX;
 
@@ -22,8 +46,9 @@ pub struct BlockPool {
     head: u32,
     tail: u32,
     free_len: u32,
-    /// Hash → the block holding it. Only looked up, never iterated, so its order cannot leak.
-    cached: HashMap<u64, u32>,
+    /// Hash → the block holding it. Only looked up, never iterated, so its order cannot leak
+    /// (nor its hasher's choice).
+    cached: HashMap<u64, u32, BuildHasherDefault<PrefixHasher>>,
     evictions: u64,
 }
 
@@ -39,7 +64,7 @@ impl BlockPool {
             head: NIL,
             tail: NIL,
             free_len: 0,
-            cached: HashMap::new(),
+            cached: HashMap::default(),
             evictions: 0,
         };
         for b in 0..blocks {

@@ -15,7 +15,8 @@
 //! This module owns: the responder registry ([`RESPONDERS`], [`respond`]), the per-model
 //! accuracy table ([`models`]), the length fitting, and the metrics used for the per-workflow
 //! `accuracy` ([`gsm8k_exact`], [`tests_pass`], [`rouge_l_f1`]).
-//! It depends only on `crate::values`, `crate::tokens` and `crate::schema` (structured answers);
+//! It depends only on `crate::values`, `crate::tokens`, `crate::schema` (structured answers) and
+//! `crate::memo`'s hasher;
 //! it must not depend on the planner,
 //! the simulator, the workflow model, the tools crate, on files, the clock or the network (the
 //! caller hands it the already-mapped dataset record and the rendered prompt).

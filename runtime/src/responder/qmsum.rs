@@ -37,7 +37,8 @@
 //!
 //! Depends on `super::{fit, text}`; never reads files.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::hash::BuildHasherDefault;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use serde_json::json;
@@ -46,6 +47,7 @@ use super::fit::fit_marked;
 use super::text::{content_words, split_sentences};
 use super::{ResponderError, ResponderRequest};
 use crate::tokens;
+use crate::memo::FastHasher;
 
 /// Sentences with fewer words are back-channel ("Okay.", "Yeah, sure.") and never extracted.
 pub const MIN_WORDS: usize = 6;
@@ -153,6 +155,9 @@ struct Sentence {
     key: String,
     /// Content words of the speaker's name (empty without a speaker).
     speaker_words: BTreeSet<String>,
+    /// Tokens of [`Sentence::attributed`], counted when first needed (a transcript sentence
+    /// is ranked again by every session of its meeting).
+    attributed_tokens: OnceLock<usize>,
 }
 
 struct Candidate {
@@ -174,6 +179,11 @@ impl Sentence {
             Some(sp) => format!("{sp}: {}", self.text),
             None => self.text.clone(),
         }
+    }
+
+    /// `tokens::count` of [`Sentence::attributed`].
+    fn attributed_tokens(&self) -> usize {
+        *self.attributed_tokens.get_or_init(|| tokens::count(&self.attributed()))
     }
 }
 
@@ -197,7 +207,8 @@ const MAX_SPEAKER_WORDS: usize = 5;
 /// that share a sentence, a summary repeating the transcript) is kept once, at its first place.
 fn candidates(sources: &[(Section, String)]) -> Vec<Candidate> {
     let mut out = Vec::new();
-    let mut seen: BTreeSet<&str> = BTreeSet::new();
+    // Only asked for membership, never iterated: its order cannot reach the output.
+    let mut seen: HashSet<&str, BuildHasherDefault<FastHasher>> = HashSet::default();
     let sections: Vec<(Section, Arc<Vec<Arc<Sentence>>>)> =
         sources.iter().map(|(section, body)| (*section, section_sentences(*section, body))).collect();
     for (section, sentences) in &sections {
@@ -271,6 +282,7 @@ fn split_section(section: Section, body: &str) -> Vec<Arc<Sentence>> {
                 key: text.to_lowercase(),
                 text,
                 words,
+                attributed_tokens: OnceLock::new(),
             }));
         }
     }
@@ -417,14 +429,18 @@ fn extract(sources: &[(Section, String)], query: &str, target: usize) -> (String
         if target.saturating_sub(used) < 3 {
             break;
         }
-        let n = tokens::count(&cands[i].attributed()) + 1;
+        let n = cands[i].attributed_tokens() + 1;
         if used + n <= target {
             chosen.push(i);
             used += n;
         }
     }
     chosen.sort_unstable();
-    let rest: Vec<usize> = order.iter().copied().filter(|i| !chosen.contains(i)).collect();
+    let mut is_chosen = vec![false; cands.len()];
+    for &i in &chosen {
+        is_chosen[i] = true;
+    }
+    let rest: Vec<usize> = order.iter().copied().filter(|&i| !is_chosen[i]).collect();
     let mut last_speaker: Option<&str> = None;
     let text = fit_marked("", "", target, "…", &mut |i| {
         let sep = if i == 0 { "" } else { " " };

@@ -20,6 +20,7 @@
 
 pub mod agent_routing;
 pub mod agentic;
+pub mod outcome_store;
 mod toolpool;
 mod window;
 
@@ -47,6 +48,7 @@ use crate::tokens;
 use crate::values::{NodeOutput, derive_seed};
 use crate::workflow::NodeKind;
 use toolpool::{Follower, ToolJob, ToolPool, VerdictMatch};
+pub use toolpool::{outcome_store_tally, use_outcome_store};
 use window::SessionWindow;
 
 /// Errors that stop a simulation (a failing *session* is not one: it is reported).
@@ -251,6 +253,9 @@ struct Sim<'a> {
     /// Ready LLM units whose request is prepared but not yet dispatched.
     prepared: BTreeMap<ActivationId, PreparedLlm>,
     replicas: BTreeMap<ReplicaId, Replica>,
+    /// The ids in `replicas` of each device's replicas, ascending (a device's replicas are
+    /// settled without visiting the others').
+    on_device: Vec<Vec<ReplicaId>>,
     in_flight: BTreeMap<u64, InFlight>,
     next_request: u64,
     tools: ToolPool,
@@ -397,6 +402,7 @@ impl<'a> Sim<'a> {
             records,
             prepared: BTreeMap::new(),
             replicas: BTreeMap::new(),
+            on_device: vec![Vec::new(); cfg.pool.devices.len()],
             in_flight: BTreeMap::new(),
             next_request: 0,
             tools: ToolPool::new(cfg.tool_workers),
@@ -604,6 +610,10 @@ impl<'a> Sim<'a> {
                 match started {
                     Ok((engine, until)) => {
                         self.push_segment(device, deployment, start, until, SegmentKind::Loading);
+                        if let Some(ids) = self.on_device.get_mut(device.0 as usize) {
+                            let at = ids.partition_point(|id| *id < replica);
+                            ids.insert(at, replica);
+                        }
                         self.replicas.insert(replica, Replica {
                             engine,
                             device,
@@ -628,6 +638,9 @@ impl<'a> Sim<'a> {
                 let Some(mut r) = self.replicas.remove(&replica) else {
                     return Err(SimError::Internal(format!("unload of unknown replica {replica}")));
                 };
+                if let Some(ids) = self.on_device.get_mut(r.device.0 as usize) {
+                    ids.retain(|id| *id != replica);
+                }
                 self.settle_device(r.device);
                 self.close_intervals(&mut r);
                 // A replica still falling asleep is torn down once its sleep has ended.
@@ -849,16 +862,17 @@ impl<'a> Sim<'a> {
     /// step the runs' segments would end there).
     fn settle_device(&mut self, device: DeviceId) {
         let now = self.now;
-        let running: Vec<(ReplicaId, Option<f64>)> = self
-            .replicas
-            .iter_mut()
-            .filter(|(_, r)| r.device == device && r.in_run)
-            .map(|(&id, r)| {
+        let Some(ids) = self.on_device.get(device.0 as usize) else { return };
+        let mut running: Vec<(ReplicaId, Option<f64>)> = Vec::new();
+        for id in ids {
+            if let Some(r) = self.replicas.get_mut(id)
+                && r.in_run
+            {
                 let planned_end = r.engine.iteration_end();
                 r.engine.catch_up(now);
-                (id, planned_end)
-            })
-            .collect();
+                running.push((*id, planned_end));
+            }
+        }
         for (id, planned_end) in running {
             self.retime(id, planned_end);
         }

@@ -31,6 +31,7 @@ use std::thread::JoinHandle;
 
 use switchyard_tools::{ToolCall, ToolError, ToolOutcome, run_tool};
 
+use super::outcome_store::{OutcomeStore, StoreTally};
 use crate::memo::Memo;
 
 /// Bytes (roughly: keys and outcome texts) each generation of the process-wide memo keeps:
@@ -63,8 +64,37 @@ fn memo_key(call: &ToolCall) -> Option<String> {
     Some(format!("{}\u{0}{:?}\u{0}{backend}\u{0}{inputs}", call.tool, call.timeout_s))
 }
 
+/// The persistent store behind the memo, when a shell opened one ([`use_outcome_store`]).
+static STORE: OnceLock<OutcomeStore> = OnceLock::new();
+
+/// Keep sandboxed outcomes in `store` too, for this process's life: the memo consults it on a
+/// miss and writes every new storable outcome to it. The first store given stays (a process
+/// runs one configuration); returns false when another was already in use.
+pub fn use_outcome_store(store: OutcomeStore) -> bool {
+    STORE.set(store).is_ok()
+}
+
+/// Reads and writes of the persistent store so far (`None` without one).
+pub fn outcome_store_tally() -> Option<StoreTally> {
+    STORE.get().map(OutcomeStore::tally)
+}
+
+/// The time limit a call that the store may keep runs under: a `python_tests` job's (the
+/// calls [`switchyard_tools::canonical_key`] names); `None` for every other call, which the
+/// store never sees.
+fn durable_timeout(call: &ToolCall) -> Option<f64> {
+    switchyard_tools::canonical_key(call)?;
+    switchyard_tools::python_tests::PythonTests::from_call(call).ok().map(|job| job.timeout_s)
+}
+
 fn memo_get(key: &str) -> Option<ToolOutcome> {
-    lock(memo()).get(key).cloned()
+    if let Some(hit) = lock(memo()).get(key).cloned() {
+        return Some(hit);
+    }
+    // Only a durable call's key is ever written to the store, so any other misses there.
+    let stored = STORE.get()?.get(key)?;
+    lock(memo()).insert(key.to_string(), stored.clone(), memo_cost(key, &stored));
+    Some(stored)
 }
 
 /// What an outcome counts against the memo's budget: its key and texts, plus a fixed part.
@@ -81,6 +111,9 @@ fn run_memoised(call: &ToolCall, key: Option<&str>) -> Result<ToolOutcome, ToolE
     if let Some(k) = key {
         let cost = memo_cost(k, &outcome);
         lock(memo()).insert(k.to_string(), outcome.clone(), cost);
+        if let (Some(store), Some(timeout_s)) = (STORE.get(), durable_timeout(call)) {
+            store.put(k, &outcome, timeout_s);
+        }
     }
     Ok(outcome)
 }

@@ -693,7 +693,7 @@ fn run(args: RunArgs) -> Result<RunEnd> {
         std::fs::File::create(path).with_context(|| format!("--timeline: cannot create {}", path.display()))?;
     }
     if let Some(dir) = &args.tool_cache {
-        let identity = sim::outcome_store::process_identity().context("--tool-cache: cannot identify this build")?;
+        let identity = sim::outcome_store::process_identity().context("--tool-cache")?;
         let store = sim::outcome_store::OutcomeStore::open(dir, &identity).map_err(|e| anyhow::anyhow!("--tool-cache: {e}"))?;
         sim::use_outcome_store(store);
     }
@@ -746,20 +746,29 @@ fn run(args: RunArgs) -> Result<RunEnd> {
         // ~3 % of a large run).
         let mut ticks = 0u64;
         let mut last_done = usize::MAX;
+        let mut last = None;
         let out = sim::simulate_opts(&cfg, opts, &mut |p| {
             ticks += 1;
+            let point = progress::Point {
+                done: p.sessions_done,
+                total: p.sessions_total,
+                virtual_s: Some(p.now_s),
+                events: Some(p.events),
+            };
             if p.sessions_done != last_done || ticks % 64 == 0 {
                 last_done = p.sessions_done;
-                reporter.update(progress::Point {
-                    done: p.sessions_done,
-                    total: p.sessions_total,
-                    virtual_s: Some(p.now_s),
-                    events: Some(p.events),
-                });
+                reporter.update(point);
+                last = None;
+            } else {
+                last = Some(point);
             }
             if interrupt.load(Ordering::SeqCst) { Flow::Interrupt } else { Flow::Continue }
         })
         .map_err(|e| anyhow::anyhow!("{e}"))?;
+        // The final line shows the last tick, fed or not.
+        if let Some(point) = last {
+            reporter.update(point);
+        }
         (out.report, out.trace, out.timelines, out.window, out.notes)
     };
     let outcome = if report.interrupted { "interrupted" } else { "done" };

@@ -87,11 +87,19 @@ fn durable_timeout(call: &ToolCall) -> Option<f64> {
     switchyard_tools::python_tests::PythonTests::from_call(call).ok().map(|job| job.timeout_s)
 }
 
+/// How the memo keys of the calls the store keeps begin ([`memo_key`]'s form for a call with a
+/// canonical key, which only `python_tests` has).
+static DURABLE_PREFIX: std::sync::LazyLock<String> =
+    std::sync::LazyLock::new(|| format!("{}\u{0}job\u{0}", switchyard_tools::python_tests::NAME));
+
 fn memo_get(key: &str) -> Option<ToolOutcome> {
     if let Some(hit) = lock(memo()).get(key).cloned() {
         return Some(hit);
     }
-    // Only a durable call's key is ever written to the store, so any other misses there.
+    // Only a durable call's key is ever written to the store: others are not looked up there.
+    if !key.starts_with(DURABLE_PREFIX.as_str()) {
+        return None;
+    }
     let stored = STORE.get()?.get(key)?;
     lock(memo()).insert(key.to_string(), stored.clone(), memo_cost(key, &stored));
     Some(stored)

@@ -58,7 +58,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 fn memo_key(call: &ToolCall) -> Option<String> {
     let backend = std::env::var("SWITCHYARD_PYTHON_SANDBOX").unwrap_or_default();
     if let Some(job) = switchyard_tools::canonical_key(call) {
-        return Some(format!("{}\u{0}job\u{0}{backend}\u{0}{job}", call.tool));
+        return Some(format!("{}{JOB_TAG}{backend}\u{0}{job}", call.tool));
     }
     let inputs = serde_json::to_string(&call.inputs).ok()?;
     Some(format!("{}\u{0}{:?}\u{0}{backend}\u{0}{inputs}", call.tool, call.timeout_s))
@@ -87,17 +87,16 @@ fn durable_timeout(call: &ToolCall) -> Option<f64> {
     switchyard_tools::python_tests::PythonTests::from_call(call).ok().map(|job| job.timeout_s)
 }
 
-/// How the memo keys of the calls the store keeps begin ([`memo_key`]'s form for a call with a
-/// canonical key, which only `python_tests` has).
-static DURABLE_PREFIX: std::sync::LazyLock<String> =
-    std::sync::LazyLock::new(|| format!("{}\u{0}job\u{0}", switchyard_tools::python_tests::NAME));
+/// What follows the tool's name in the memo key of a call with a canonical key ([`memo_key`]);
+/// only `python_tests` has one, and only its outcomes go to the store.
+const JOB_TAG: &str = "\u{0}job\u{0}";
 
 fn memo_get(key: &str) -> Option<ToolOutcome> {
     if let Some(hit) = lock(memo()).get(key).cloned() {
         return Some(hit);
     }
     // Only a durable call's key is ever written to the store: others are not looked up there.
-    if !key.starts_with(DURABLE_PREFIX.as_str()) {
+    if key.strip_prefix(switchyard_tools::python_tests::NAME).is_none_or(|rest| !rest.starts_with(JOB_TAG)) {
         return None;
     }
     let stored = STORE.get()?.get(key)?;

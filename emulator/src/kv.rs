@@ -156,6 +156,19 @@ impl BlockPool {
         true
     }
 
+    /// Each block's registered prefix hash, and the free queue from head to tail: the state
+    /// that decides later hits and evictions (tests compare two pools by it).
+    #[cfg(test)]
+    pub(crate) fn cache_state(&self) -> (Vec<Option<u64>>, Vec<u32>) {
+        let mut free = Vec::with_capacity(self.free_len as usize);
+        let mut b = self.head;
+        while b != NIL {
+            free.push(b);
+            b = self.next[b as usize];
+        }
+        (self.hash.clone(), free)
+    }
+
     fn push_tail(&mut self, block: u32) {
         let i = block as usize;
         self.prev[i] = self.tail;

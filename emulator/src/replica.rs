@@ -715,8 +715,9 @@ impl EmulatedReplica {
     /// Plans up to `max_steps` decode steps after the iteration in progress and returns the
     /// end of the last one (the new [`iteration_end`](Self::iteration_end)); `None` when
     /// nothing can be planned. Possible only while the step in progress is a decode of every
-    /// running request, finishing it produces no event, nothing waits, no registration in the
-    /// prefix cache is due, and the free KV blocks cover every planned step's growth: then
+    /// running request, finishing it produces no event, nothing waits, and the free KV blocks
+    /// cover every planned step's growth (the prefix-cache registrations of generated blocks
+    /// the steps fill are applied with them, in stepping's order): then
     /// each next step decodes the same requests, and until one of them samples its last
     /// token nothing observable happens. The plan stops at that step (whose finish reports
     /// it) or earlier.
@@ -735,7 +736,6 @@ impl EmulatedReplica {
         }
         let it = self.iteration?;
         let bs = self.config.block_size;
-        let caching = self.config.enable_prefix_caching;
         // Per running request: tokens computed once the step in progress finishes, blocks held.
         let mut contexts = Vec::with_capacity(self.running.len());
         let mut quiet_steps = usize::MAX;
@@ -743,9 +743,6 @@ impl EmulatedReplica {
             let seq = self.seqs[slot].as_ref()?;
             // A decode: one token scheduled, the last one of the sequence.
             if seq.scheduled != 1 || seq.num_computed + 1 != seq.seq_len() {
-                return None;
-            }
-            if caching && (seq.hashed_blocks as usize) < seq.hashes.len() {
                 return None;
             }
             // The step in progress samples token `generated + 1`; planned step k samples token
@@ -832,33 +829,67 @@ impl EmulatedReplica {
             return;
         }
         let bs = self.config.block_size;
+        let caching = self.config.enable_prefix_caching;
         let steps = n as u32;
-        // (step, position in `running`) of each request's next block: planned step k computes
-        // position `c + k - 1` (c: tokens computed once the step in progress finishes), so it
-        // needs more than the `held` blocks from k = held·bs − c + 1 on, then every bs steps.
-        let mut opens: BinaryHeap<Reverse<(u32, usize)>> = BinaryHeap::new();
+        // What stepping does to the block pool, as (step, position in `running`, action) in
+        // stepping's order — by step, then in running order, a request's growth before its
+        // registration. Planned step k computes position `c + k - 1` (c: tokens computed once
+        // the step in progress finishes), so it needs more than the `held` blocks from
+        // k = held·bs − c + 1 on, then every bs steps; and with prefix caching it fills a
+        // hashed block once c + k reaches the end of the first block not yet registered.
+        const GROW: u8 = 0;
+        const REGISTER: u8 = 1;
+        let mut actions: BinaryHeap<Reverse<(u32, usize, u8)>> = BinaryHeap::new();
+        let mut computed_before = Vec::with_capacity(self.running.len());
         for (pos, &slot) in self.running.iter().enumerate() {
             let Some(seq) = self.seqs[slot].as_mut() else {
+                computed_before.push(0);
                 continue;
             };
             let c = seq.num_computed + seq.scheduled;
+            computed_before.push(c);
             let first = (seq.blocks.len() as u32 * bs + 1).saturating_sub(c).max(1);
             if first <= steps {
-                opens.push(Reverse((first, pos)));
+                actions.push(Reverse((first, pos, GROW)));
+            }
+            if caching && (seq.hashed_blocks as usize) < seq.hashes.len() {
+                let due = ((seq.hashed_blocks + 1) * bs).saturating_sub(c).max(1);
+                if due <= steps {
+                    actions.push(Reverse((due, pos, REGISTER)));
+                }
             }
             seq.num_computed += steps;
             seq.generated += steps;
             self.counters.generated += u64::from(steps);
         }
-        while let Some(Reverse((step, pos))) = opens.pop() {
+        while let Some(Reverse((step, pos, action))) = actions.pop() {
             let Some(seq) = self.running.get(pos).and_then(|&slot| self.seqs[slot].as_mut()) else {
                 continue;
             };
-            if let Some(b) = self.pool.allocate() {
-                seq.blocks.push(b);
+            if action == GROW {
+                if let Some(b) = self.pool.allocate() {
+                    seq.blocks.push(b);
+                }
+                if step + bs <= steps {
+                    actions.push(Reverse((step + bs, pos, GROW)));
+                }
+                continue;
             }
-            if step + bs <= steps {
-                opens.push(Reverse((step + bs, pos)));
+            // As `register_full_blocks` after step `step`'s growth.
+            let c = computed_before[pos];
+            let full = ((c + step) / bs).min(seq.hashes.len() as u32);
+            for b in seq.hashed_blocks..full {
+                let (Some(&block), Some(&hash)) = (seq.blocks.get(b as usize), seq.hashes.get(b as usize)) else {
+                    break;
+                };
+                self.pool.register(block, hash);
+            }
+            seq.hashed_blocks = seq.hashed_blocks.max(full);
+            if (seq.hashed_blocks as usize) < seq.hashes.len() {
+                let due = ((seq.hashed_blocks + 1) * bs).saturating_sub(c);
+                if due > step && due <= steps {
+                    actions.push(Reverse((due, pos, REGISTER)));
+                }
             }
         }
         for &(dt, end) in &run.steps[..n] {
@@ -1541,7 +1572,10 @@ mod tests {
     /// after every start ([`EmulatedReplica::extend_decode_run`]) and catching up at the times
     /// in `observe` as an observer would. Returns every event with its time's bits, the calls
     /// to `finish_iteration`, and the final telemetry.
-    fn drive(mut r: EmulatedReplica, arrivals: &[Arrival], plan: Option<usize>, observe: &[f64]) -> (Vec<(u64, EngineEvent)>, u64, Telemetry) {
+    /// A replica's prefix-cache state: each block's hash and the free queue's order.
+    type CacheState = (Vec<Option<u64>>, Vec<u32>);
+
+    fn drive(mut r: EmulatedReplica, arrivals: &[Arrival], plan: Option<usize>, observe: &[f64]) -> (Vec<(u64, EngineEvent)>, u64, Telemetry, CacheState) {
         let mut log = Vec::new();
         let (mut next, mut next_obs) = (0, 0);
         let mut finishes = 0u64;
@@ -1589,7 +1623,7 @@ mod tests {
                 _ => break,
             }
         }
-        (log, finishes, r.telemetry())
+        (log, finishes, r.telemetry(), r.pool.cache_state())
     }
 
     /// A request decoding alone needs one round trip for its whole decode, not one per token.
@@ -1597,14 +1631,31 @@ mod tests {
     fn a_lone_decode_is_planned_in_one_run() {
         let req = EngineRequest { id: 7, prompt_tokens: 300, prefix_hashes: Vec::new(), generated_hashes: Vec::new(), output_tokens: 2000 };
         let arrivals = [(0.0, req)];
-        let (plain, plain_finishes, plain_t) = drive(awake_tiny(5, 8), &arrivals, None, &[]);
-        let (planned, planned_finishes, planned_t) = drive(awake_tiny(5, 8), &arrivals, Some(100_000), &[]);
+        let (plain, plain_finishes, plain_t, _) = drive(awake_tiny(5, 8), &arrivals, None, &[]);
+        let (planned, planned_finishes, planned_t, _) = drive(awake_tiny(5, 8), &arrivals, Some(100_000), &[]);
         assert_eq!(plain, planned);
         assert_eq!(plain_t, planned_t);
         assert_eq!(plain_finishes, 2000);
         // The prefill (first token), then one run from the second token's decode to the last.
         assert_eq!(planned_finishes, 2);
         assert_eq!(planned_t.iterations, 2000);
+    }
+
+    /// So is one whose output blocks are hashed (the simulator hashes every request's): the
+    /// run registers each block its tokens fill, at the step stepping would.
+    #[test]
+    fn a_lone_decode_with_hashed_output_blocks_is_planned_in_one_run() {
+        let generated_hashes: Vec<u64> = (300 / 16..2300 / 16).map(|b| 0xA5 << 32 | b).collect();
+        let req = EngineRequest { id: 7, prompt_tokens: 300, prefix_hashes: (0..300 / 16).collect(), generated_hashes, output_tokens: 2000 };
+        let arrivals = [(0.0, req)];
+        let (plain, plain_finishes, plain_t, plain_cache) = drive(awake_tiny(5, 8), &arrivals, None, &[]);
+        let (planned, planned_finishes, planned_t, planned_cache) = drive(awake_tiny(5, 8), &arrivals, Some(100_000), &[]);
+        assert_eq!(plain, planned);
+        assert_eq!(plain_t, planned_t);
+        assert_eq!(plain_cache, planned_cache);
+        assert_eq!(plain_cache.0.iter().filter(|h| h.is_some()).count(), 2300 / 16, "every full block registered");
+        assert_eq!(plain_finishes, 2000);
+        assert_eq!(planned_finishes, 2);
     }
 
     proptest! {
@@ -1643,9 +1694,10 @@ mod tests {
                 .collect();
             let mut observe = observe;
             observe.sort_by(f64::total_cmp);
-            let (plain_log, _, plain_t) = drive(make(), &arrivals, None, &[]);
-            let (planned_log, _, planned_t) = drive(make(), &arrivals, Some(max_steps), &observe);
+            let (plain_log, _, plain_t, plain_cache) = drive(make(), &arrivals, None, &[]);
+            let (planned_log, _, planned_t, planned_cache) = drive(make(), &arrivals, Some(max_steps), &observe);
             prop_assert_eq!(&plain_log, &planned_log);
+            prop_assert_eq!(plain_cache, planned_cache);
             prop_assert_eq!(plain_t.busy_seconds.to_bits(), planned_t.busy_seconds.to_bits());
             prop_assert_eq!(plain_t, planned_t);
             prop_assert_eq!(plain_log.iter().filter(|e| matches!(e.1, EngineEvent::Finished { .. })).count(), reqs.len());

@@ -5,7 +5,8 @@
 //! allocation takes the queue's head — the least recently freed block — evicting its hash.
 //!
 //! Every operation is O(1) (the free queue is an intrusive doubly linked list over block ids)
-//! except the prefix lookup, O(matched blocks). Depends on nothing else in the crate.
+//! except the prefix lookup, O(matched blocks), and the table's occasional sweep of evicted
+//! entries (amortised O(1)). Depends on nothing else in the crate.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
@@ -39,7 +40,8 @@ const NIL: u32 = u32::MAX;
 #[derive(Debug, Clone)]
 pub struct BlockPool {
     ref_count: Vec<u32>,
-    /// The prefix hash a block holds, if it is registered in `cached`.
+    /// The prefix hash a block holds, if it is registered in `cached`: the truth of what is
+    /// cached (an entry of `cached` counts only while its block still holds its hash).
     hash: Vec<Option<u64>>,
     prev: Vec<u32>,
     next: Vec<u32>,
@@ -47,10 +49,24 @@ pub struct BlockPool {
     tail: u32,
     free_len: u32,
     /// Hash → the block holding it. Only looked up, never iterated, so its order cannot leak
-    /// (nor its hasher's choice).
+    /// (nor its hasher's choice). An eviction leaves its entry behind (a table removal is a
+    /// cache miss on a table of every replica's cached blocks, paid at most allocations once
+    /// generated blocks are hashed too): such an entry is *stale* — its block holds another
+    /// hash or none — and is ignored by [`lookup`](Self::lookup) and [`register`](Self::register),
+    /// overwritten when its hash is registered again, and swept once the stale entries
+    /// outnumber the live ones.
     cached: HashMap<u64, u32, BuildHasherDefault<PrefixHasher>>,
+    /// Entries of `cached` whose block no longer holds their hash.
+    stale: usize,
     evictions: u64,
 }
+
+/// Stale table entries tolerated before a sweep, whatever the live count (a handful in the
+/// unit tests, so that their short runs sweep many times).
+#[cfg(not(test))]
+const STALE_SLACK: usize = 4096;
+#[cfg(test)]
+const STALE_SLACK: usize = 8;
 
 impl BlockPool {
     /// A pool of `blocks` free, empty blocks.
@@ -65,6 +81,7 @@ impl BlockPool {
             tail: NIL,
             free_len: 0,
             cached: HashMap::default(),
+            stale: 0,
             evictions: 0,
         };
         for b in 0..blocks {
@@ -99,7 +116,7 @@ impl BlockPool {
 
     /// The block caching `hash`, if any.
     pub fn lookup(&self, hash: u64) -> Option<u32> {
-        self.cached.get(&hash).copied()
+        self.cached.get(&hash).copied().filter(|&b| self.hash[b as usize] == Some(hash))
     }
 
     /// Whether `block` sits in the free queue (reference count zero).
@@ -126,9 +143,13 @@ impl BlockPool {
         }
         self.unlink(block);
         let i = block as usize;
-        if let Some(h) = self.hash[i].take() {
-            self.cached.remove(&h);
+        if self.hash[i].take().is_some() {
+            // Its table entry is stale from now on (see `cached`).
+            self.stale += 1;
             self.evictions += 1;
+            if self.stale > STALE_SLACK && self.stale > self.cached.len() - self.stale {
+                self.sweep();
+            }
         }
         self.ref_count[i] = 1;
         Some(block)
@@ -148,12 +169,22 @@ impl BlockPool {
     /// hash (two requests computed the same prefix at once) the first one stays cached and
     /// this block remains private. Returns whether the block was registered.
     pub fn register(&mut self, block: u32, hash: u64) -> bool {
-        if self.cached.contains_key(&hash) || self.hash[block as usize].is_some() {
+        if self.hash[block as usize].is_some() || self.lookup(hash).is_some() {
             return false;
         }
-        self.cached.insert(hash, block);
+        if self.cached.insert(hash, block).is_some() {
+            // It replaced a stale entry of the same hash.
+            self.stale -= 1;
+        }
         self.hash[block as usize] = Some(hash);
         true
+    }
+
+    /// Drops the stale entries of the table.
+    fn sweep(&mut self) {
+        let hash = &self.hash;
+        self.cached.retain(|&h, &mut b| hash[b as usize] == Some(h));
+        self.stale = 0;
     }
 
     /// Each block's registered prefix hash, and the free queue from head to tail: the state
@@ -248,6 +279,101 @@ mod tests {
         assert!(!pool.is_free(a));
         pool.release(a);
         assert!(pool.is_free(a));
+    }
+
+    /// The pool as first written: every eviction removes its table entry at once.
+    struct EagerPool {
+        queue: Vec<u32>,
+        refs: Vec<u32>,
+        hash: Vec<Option<u64>>,
+        cached: HashMap<u64, u32>,
+        evictions: u64,
+    }
+
+    impl EagerPool {
+        fn new(n: u32) -> Self {
+            EagerPool { queue: (0..n).collect(), refs: vec![0; n as usize], hash: vec![None; n as usize], cached: HashMap::new(), evictions: 0 }
+        }
+        fn allocate(&mut self) -> Option<u32> {
+            if self.queue.is_empty() {
+                return None;
+            }
+            let b = self.queue.remove(0);
+            if let Some(h) = self.hash[b as usize].take() {
+                self.cached.remove(&h);
+                self.evictions += 1;
+            }
+            self.refs[b as usize] = 1;
+            Some(b)
+        }
+        fn release(&mut self, b: u32) {
+            self.refs[b as usize] -= 1;
+            if self.refs[b as usize] == 0 {
+                self.queue.push(b);
+            }
+        }
+        fn touch(&mut self, b: u32) {
+            if self.refs[b as usize] == 0 {
+                self.queue.retain(|&x| x != b);
+            }
+            self.refs[b as usize] += 1;
+        }
+        fn register(&mut self, b: u32, h: u64) -> bool {
+            if self.cached.contains_key(&h) || self.hash[b as usize].is_some() {
+                return false;
+            }
+            self.cached.insert(h, b);
+            self.hash[b as usize] = Some(h);
+            true
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(12))]
+
+        /// Leaving evicted entries in the table (and sweeping them now and then) answers every
+        /// lookup, registration and allocation as removing them at once does — over runs long
+        /// enough to sweep many times, with hashes that come back after their eviction.
+        #[test]
+        fn stale_entries_change_no_answer(ops in proptest::collection::vec((0u8..4, 0u64..96), 20_000..30_000)) {
+            let n = 24;
+            let (mut lazy, mut eager) = (BlockPool::new(n), EagerPool::new(n));
+            let mut held: Vec<u32> = Vec::new();
+            for (op, x) in ops {
+                match op {
+                    0 => {
+                        let (a, b) = (lazy.allocate(), eager.allocate());
+                        proptest::prop_assert_eq!(a, b);
+                        held.extend(a);
+                    }
+                    1 if !held.is_empty() => {
+                        let b = held.swap_remove(x as usize % held.len());
+                        lazy.release(b);
+                        eager.release(b);
+                    }
+                    2 if !held.is_empty() => {
+                        let b = held[x as usize % held.len()];
+                        proptest::prop_assert_eq!(lazy.register(b, x), eager.register(b, x));
+                    }
+                    _ => {
+                        let found = lazy.lookup(x);
+                        proptest::prop_assert_eq!(found, eager.cached.get(&x).copied());
+                        if let Some(b) = found {
+                            lazy.touch(b);
+                            eager.touch(b);
+                            held.push(b);
+                        }
+                    }
+                }
+                proptest::prop_assert_eq!(lazy.evictions(), eager.evictions);
+                proptest::prop_assert_eq!(lazy.free() as usize, eager.queue.len());
+            }
+            // At most the live entries (one per block) and as many stale ones, or the slack.
+            proptest::prop_assert!(lazy.cached.len() <= 2 * (n as usize).max(STALE_SLACK) + 1, "swept: {} entries", lazy.cached.len());
+            for x in 0..96 {
+                proptest::prop_assert_eq!(lazy.lookup(x), eager.cached.get(&x).copied());
+            }
+        }
     }
 
     #[test]

@@ -607,17 +607,19 @@ fn piece_cache() -> &'static Mutex<PieceCache> {
     PIECES.get_or_init(|| Mutex::new(Memo::new(PIECE_CACHE_BYTES)))
 }
 
-type Cache = Mutex<Memo<u64, Arc<[u32]>>>;
+type Cache = Mutex<Memo<u128, Arc<[u32]>>>;
 
 fn cache() -> &'static Cache {
     static CACHE: OnceLock<Cache> = OnceLock::new();
     CACHE.get_or_init(|| Mutex::new(Memo::new(ENCODING_CACHE_BYTES)))
 }
 
-fn content_key(text: &str) -> u64 {
-    let mut h = DefaultHasher::new();
-    text.hash(&mut h);
-    h.finish()
+/// A 128-bit digest of `text` (XXH3): the key of the caches of functions of long texts, which
+/// keep no copy of the text they answer for. Two distinct texts share a key with probability
+/// about 2⁻¹²⁸ per pair; nothing here needs resistance to chosen texts (a key only names what
+/// the cached function computed from the text).
+pub(crate) fn content_key(text: &str) -> u128 {
+    xxhash_rust::xxh3::xxh3_128(text.as_bytes())
 }
 
 fn encode_uncached(t: &Qwen3, text: &str) -> Arc<[u32]> {

@@ -37,7 +37,7 @@
 //!
 //! Depends on `super::{fit, text}`; never reads files.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::hash::BuildHasherDefault;
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -229,12 +229,16 @@ const SECTION_CACHE_LIMIT: usize = 256;
 /// transcript sections, which recur across the sessions of a meeting, while summaries are
 /// drawn per session and rarely do.
 fn section_sentences(section: Section, body: &str) -> Arc<Vec<Arc<Sentence>>> {
-    static CACHE: OnceLock<Mutex<HashMap<String, Arc<Vec<Arc<Sentence>>>>>> = OnceLock::new();
+    // Keyed by the body's digest ([`tokens::content_key`]), not a copy of it: a transcript
+    // section is tens of kilobytes, and comparing it to a kept copy cost more than the hash.
+    static CACHE: OnceLock<Mutex<HashMap<u128, Arc<Vec<Arc<Sentence>>>, BuildHasherDefault<FastHasher>>>> =
+        OnceLock::new();
     if section != Section::Transcript {
         return Arc::new(split_section(section, body));
     }
-    let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
-    if let Some(hit) = cache.lock().ok().and_then(|c| c.get(body).cloned()) {
+    let cache = CACHE.get_or_init(|| Mutex::new(HashMap::default()));
+    let key = tokens::content_key(body);
+    if let Some(hit) = cache.lock().ok().and_then(|c| c.get(&key).cloned()) {
         return hit;
     }
     let sentences = Arc::new(split_section(section, body));
@@ -242,7 +246,7 @@ fn section_sentences(section: Section, body: &str) -> Arc<Vec<Arc<Sentence>>> {
         if c.len() >= SECTION_CACHE_LIMIT {
             c.clear();
         }
-        c.insert(body.to_string(), Arc::clone(&sentences));
+        c.insert(key, Arc::clone(&sentences));
     }
     sentences
 }
@@ -294,7 +298,9 @@ fn split_section(section: Section, body: &str) -> Vec<Arc<Sentence>> {
 /// the summed tf·idf weight of a sentence's words among the source's [`CENTROID_WORDS`]
 /// highest-weighted words (idf over the source's sentences), scaled to [0, 1].
 fn scores(cands: &[Candidate], query: &BTreeSet<String>) -> Vec<f64> {
-    let mut df: BTreeMap<&str, u32> = BTreeMap::new();
+    // Hash maps, only looked up: the weights are sorted by (weight, word), a total order, so
+    // the order the map yields them in cannot reach the result.
+    let mut df: HashMap<&str, u32, BuildHasherDefault<FastHasher>> = HashMap::default();
     for c in cands {
         for w in &c.words {
             *df.entry(w.as_str()).or_insert(0) += 1;
@@ -305,7 +311,7 @@ fn scores(cands: &[Candidate], query: &BTreeSet<String>) -> Vec<f64> {
         df.iter().map(|(w, d)| (*w, f64::from(*d) * (n / f64::from(*d)).ln())).filter(|(_, x)| *x > 0.0).collect();
     weights.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(b.0)));
     weights.truncate(CENTROID_WORDS);
-    let centroid: BTreeMap<&str, f64> = weights.into_iter().collect();
+    let centroid: HashMap<&str, f64, BuildHasherDefault<FastHasher>> = weights.into_iter().collect();
     let raw: Vec<f64> = cands.iter().map(|c| c.words.iter().filter_map(|w| centroid.get(w.as_str())).sum()).collect();
     let max_raw = raw.iter().copied().fold(0.0, f64::max);
     cands
@@ -335,7 +341,8 @@ const CENTROID_WORDS: usize = 40;
 /// the keywords so that it does not repeat itself verbatim.
 fn closing_lines(cands: &[Candidate], query: &str) -> Vec<String> {
     let speaker_words: BTreeSet<&String> = cands.iter().flat_map(|c| c.speaker_words.iter()).collect();
-    let mut df: BTreeMap<&str, u32> = BTreeMap::new();
+    // Only looked up until its words are sorted by (weight, word), a total order.
+    let mut df: HashMap<&str, u32, BuildHasherDefault<FastHasher>> = HashMap::default();
     for c in cands {
         for w in &c.words {
             if w.chars().count() >= 4 && w.chars().all(char::is_alphabetic) && !speaker_words.contains(w) {
@@ -388,15 +395,26 @@ struct Ranked {
 /// drawn summary rarely do.
 const RANKED_CACHE_LIMIT: usize = 512;
 
-type RankedKey = (Vec<(Section, String)>, String);
+/// A 128-bit XXH3 digest of the sources and the query (each text with its length, so no two
+/// different lists run together into the same bytes); see [`tokens::content_key`].
+fn ranked_key(sources: &[(Section, String)], query: &str) -> u128 {
+    let mut h = xxhash_rust::xxh3::Xxh3Default::new();
+    for (_, body) in sources {
+        h.update(&(body.len() as u64).to_le_bytes());
+        h.update(body.as_bytes());
+    }
+    h.update(&(query.len() as u64).to_le_bytes());
+    h.update(query.as_bytes());
+    h.digest128()
+}
 
-/// The ranking of `sources` for `query`, cached by their full content when they are all
-/// transcript.
+/// The ranking of `sources` for `query`, cached by a digest of their full content when they
+/// are all transcript.
 fn ranked(sources: &[(Section, String)], query: &str) -> Arc<Ranked> {
-    static CACHE: OnceLock<Mutex<HashMap<RankedKey, Arc<Ranked>>>> = OnceLock::new();
-    let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
+    static CACHE: OnceLock<Mutex<HashMap<u128, Arc<Ranked>, BuildHasherDefault<FastHasher>>>> = OnceLock::new();
+    let cache = CACHE.get_or_init(|| Mutex::new(HashMap::default()));
     let cacheable = sources.iter().all(|(section, _)| *section == Section::Transcript);
-    let key: Option<RankedKey> = cacheable.then(|| (sources.to_vec(), query.to_string()));
+    let key: Option<u128> = cacheable.then(|| ranked_key(sources, query));
     if let Some(k) = &key
         && let Some(hit) = cache.lock().ok().and_then(|c| c.get(k).cloned())
     {

@@ -1683,9 +1683,12 @@ mod tests {
                 .map(|(i, &(prompt, output, prefix, gap))| {
                     at += gap;
                     let hashes = (0..u64::from(prompt / 16)).map(|b| u64::from(prefix) << 32 | b).collect();
-                    // Generated blocks hashed too (their chain is the request's own).
+                    // Generated blocks hashed too: the simulator's chains are the request's own;
+                    // every other request here shares its prefix family's, so registrations
+                    // collide (the first holder wins) and their order within a step matters.
+                    let owner = if i % 2 == 0 { 2000 + u64::from(prefix) } else { 1000 + i as u64 };
                     let generated_hashes = if generated {
-                        (u64::from(prompt / 16)..u64::from((prompt + output) / 16)).map(|b| (1000 + i as u64) << 32 | b).collect()
+                        (u64::from(prompt / 16)..u64::from((prompt + output) / 16)).map(|b| owner << 32 | b).collect()
                     } else {
                         Vec::new()
                     };

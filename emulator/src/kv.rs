@@ -6,7 +6,8 @@
 //!
 //! Every operation is O(1) (the free queue is an intrusive doubly linked list over block ids)
 //! except the prefix lookup, O(matched blocks), and the table's occasional sweep of evicted
-//! entries (a pass over the table once its stale entries outnumber the live ones and 4,096). Depends on nothing else in the crate.
+//! entries (a pass over the table once its stale entries outnumber the live ones and 4,096).
+//! Depends on nothing else in the crate.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};

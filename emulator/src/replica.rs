@@ -875,16 +875,9 @@ impl EmulatedReplica {
                 }
                 continue;
             }
-            // As `register_full_blocks` after step `step`'s growth.
+            // What step `step`'s schedule registers, after its growth.
             let c = computed_before[pos];
-            let full = ((c + step) / bs).min(seq.hashes.len() as u32);
-            for b in seq.hashed_blocks..full {
-                let (Some(&block), Some(&hash)) = (seq.blocks.get(b as usize), seq.hashes.get(b as usize)) else {
-                    break;
-                };
-                self.pool.register(block, hash);
-            }
-            seq.hashed_blocks = seq.hashed_blocks.max(full);
+            register_blocks_filled_by(&mut self.pool, seq, c + step, bs);
             if (seq.hashed_blocks as usize) < seq.hashes.len() {
                 let due = ((seq.hashed_blocks + 1) * bs).saturating_sub(c);
                 if due > step && due <= steps {
@@ -1270,7 +1263,13 @@ fn blocks_for(tokens: u32, block_size: u32) -> u32 {
 /// Registers the sequence's blocks (prompt, and generated ones when their hashes are known)
 /// that become full with this iteration's tokens.
 fn register_full_blocks(pool: &mut BlockPool, seq: &mut Sequence, block_size: u32) {
-    let full = ((seq.num_computed + seq.scheduled) / block_size).min(seq.hashes.len() as u32);
+    register_blocks_filled_by(pool, seq, seq.num_computed + seq.scheduled, block_size);
+}
+
+/// Registers the sequence's hashed blocks not yet registered that `tokens` computed tokens
+/// fill (a planned decode run calls it with the tokens as of each of its steps).
+fn register_blocks_filled_by(pool: &mut BlockPool, seq: &mut Sequence, tokens: u32, block_size: u32) {
+    let full = (tokens / block_size).min(seq.hashes.len() as u32);
     for b in seq.hashed_blocks..full {
         let (Some(&block), Some(&hash)) = (
             seq.blocks.get(b as usize),

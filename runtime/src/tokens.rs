@@ -616,8 +616,10 @@ fn cache() -> &'static Cache {
 
 /// A 128-bit digest of `text` (XXH3): the key of the caches of functions of long texts, which
 /// keep no copy of the text they answer for. Two distinct texts share a key with probability
-/// about 2⁻¹²⁸ per pair; nothing here needs resistance to chosen texts (a key only names what
-/// the cached function computed from the text).
+/// about 2⁻¹²⁸ per pair. XXH3 is not a cryptographic hash, and the front door counts served
+/// prompts through this cache: a client able to craft a text with another's key would have its
+/// count stand for the other's (a known limitation: with SHA-256 here, one run of 10,000
+/// gsm8k+qmsum sessions took 64.6 s against 52.4–56.1 s).
 pub(crate) fn content_key(text: &str) -> u128 {
     xxhash_rust::xxh3::xxh3_128(text.as_bytes())
 }

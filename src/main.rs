@@ -164,6 +164,11 @@ struct RunArgs {
     /// only ready and near-ready work protects a replica
     #[arg(long)]
     no_outlook: bool,
+    /// Ablation (joint only): the graph outlook counts only sessions in flight — by default,
+    /// while a workflow's sessions keep arriving (its last arrival at most three mean gaps
+    /// ago), the models its next session will call count as called too
+    #[arg(long)]
+    no_arrival_outlook: bool,
     /// Ablation (joint only): rank ready units first come first served within a priority level;
     /// by default the unit whose session has the longest remaining critical path (expected
     /// tokens still to generate, further loop rounds counted) goes first
@@ -555,6 +560,7 @@ fn joint_flag_problems(args: &RunArgs) -> Vec<String> {
         ("--history-admission", args.history_admission),
         ("--no-drain", args.no_drain),
         ("--no-outlook", args.no_outlook),
+        ("--no-arrival-outlook", args.no_arrival_outlook),
         ("--fifo-rank", args.fifo_rank),
         ("--no-sleep", args.no_sleep),
     ];
@@ -656,6 +662,7 @@ fn run(args: RunArgs) -> Result<RunEnd> {
             tao_admission: !args.no_tao_admission,
             drain: !args.no_drain,
             outlook: !args.no_outlook,
+            arrival_outlook: !args.no_arrival_outlook,
             critical_path_rank: !args.fifo_rank,
         },
         predictor: args.predictor.clone(),

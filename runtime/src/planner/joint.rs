@@ -36,7 +36,9 @@
 //!    1 − [`SCALE_OUT_GAIN`], one at a time, under the substrate's replica cap (none by default).
 //!    It may reclaim idle replicas nothing in the window needs — except the last replica of a
 //!    deployment that sessions in flight can still reach in their graphs, and any replica of
-//!    one more constrained than the deployment scaling out (the *outlook*, successor demand) —
+//!    one more constrained than the deployment scaling out (the *outlook*, successor demand;
+//!    while a workflow's sessions keep arriving, what its next session will call counts too:
+//!    [`PlannerState::arrival_outlook`]) —
 //!    and idle *redundant copies* of a
 //!    model that still has work when that model, one copy fewer, still finishes before the new
 //!    completion (the plan's Ĉ_F falls; "preferring redundant copies", §3.5).
@@ -118,6 +120,11 @@ pub struct JointOptions {
     /// the victims' reloads into the scale-out's gain, was measured and not kept: both cost
     /// 5–9 % makespan under Poisson 0.15.)
     pub outlook: bool,
+    /// The outlook one arrival ahead ([`PlannerState::arrival_outlook`]): while a workflow's
+    /// sessions keep arriving, the deployments a new session of it will call count as called
+    /// by the outlook above, though no session in flight may call them any more. Off
+    /// (`--no-arrival-outlook`): only sessions in flight count.
+    pub arrival_outlook: bool,
     /// RankReady's order within a priority-and-aging level: the unit whose session has the
     /// longest remaining critical path first — [`WorkItem::remaining_path_tokens`] plus
     /// [`WorkItem::further_round_tokens`], the expected tokens (answers and thinking) still to
@@ -146,6 +153,7 @@ impl Default for JointOptions {
             tao_admission: true,
             drain: true,
             outlook: true,
+            arrival_outlook: true,
             critical_path_rank: true,
         }
     }
@@ -1430,7 +1438,11 @@ impl Policy for Joint {
                 .collect()
         };
         let called: Vec<(DeploymentId, usize)> = if self.opts.outlook {
-            eligible_count.iter().filter(|(e, _)| state.successor_sessions(**e) > 0).map(|(e, n)| (*e, *n)).collect()
+            eligible_count
+                .iter()
+                .filter(|(e, _)| state.successor_sessions(**e) > 0 || (self.opts.arrival_outlook && state.arrival_outlook(**e, now)))
+                .map(|(e, n)| (*e, *n))
+                .collect()
         } else {
             Vec::new()
         };
@@ -2209,12 +2221,29 @@ mod tests {
     }
 
     /// One replica of deployment `idle` on device 0 ran its unit and idles (nothing in the window
-    /// needs it); a session's outlook names it when `called`; then 200 long units of `burst`
-    /// arrive. Whether the burst's scale-out reclaims the idle replica.
-    fn scale_out_reclaims_idle(devices: &[&str], idle: u32, burst: u32, opts: JointOptions, called: bool) -> bool {
+    /// needs it); a session's outlook names it when `called`; sessions of a workflow that calls
+    /// it arrive (and end at once) at the times `arrivals`, all before 10 s; then 200 long units
+    /// of `burst` arrive. Whether the burst's scale-out reclaims the idle replica.
+    fn scale_out_reclaims_idle_after(
+        devices: &[&str],
+        idle: u32,
+        burst: u32,
+        opts: JointOptions,
+        called: bool,
+        arrivals: &[f64],
+    ) -> bool {
         let long = |s: u32| WorkItem { max_output_tokens: 8192, envelope: (500, 8192), ..item(s, 0, burst, 0) };
         let mut p = planner_with(devices, opts, Box::new(SlowerOnVolta));
         p.handle(Event::UnitReady(item(0, 0, idle, 0)), 0.0).unwrap();
+        for (i, &t) in arrivals.iter().enumerate() {
+            let session = SessionId(50 + i as u32);
+            let events = vec![
+                Event::SessionArrived { session, workflow: 5 },
+                Event::SessionOutlook { session, deployments: vec![DeploymentId(idle)] },
+                Event::SessionEnded { session },
+            ];
+            p.handle_all(events, t).unwrap();
+        }
         let cmds = p.handle(Event::ReplicaLoaded { replica: ReplicaId(0) }, 10.0).unwrap();
         assert!(cmds.iter().any(|c| matches!(c, Command::Dispatch { .. })), "{cmds:?}");
         let mut events = vec![Event::UnitFinished { activation: act(0, 0), replica: ReplicaId(0), output_tokens: 100 }];
@@ -2225,6 +2254,10 @@ mod tests {
         assert_eq!(p.state().successor_sessions(DeploymentId(idle)), u32::from(called));
         let cmds = p.handle_all((100..300).map(|s| Event::UnitReady(long(s))).collect(), 20.0).unwrap();
         cmds.iter().any(|c| matches!(c, Command::Unload { replica: ReplicaId(0) }))
+    }
+
+    fn scale_out_reclaims_idle(devices: &[&str], idle: u32, burst: u32, opts: JointOptions, called: bool) -> bool {
+        scale_out_reclaims_idle_after(devices, idle, burst, opts, called, &[])
     }
 
     #[test]
@@ -2249,6 +2282,24 @@ mod tests {
         assert!(!run(JointOptions::default(), true), "the last 4B copy that a session will call stays");
         assert!(run(JointOptions::default(), false), "no session will call it: the scale-out takes it");
         assert!(run(JointOptions { outlook: false, ..Default::default() }, true), "--no-outlook: only the window counts");
+    }
+
+    #[test]
+    fn scale_out_keeps_the_last_replica_of_a_model_that_arriving_sessions_will_call() {
+        // As above, with no session in flight calling the idle 4B: sessions of a workflow that
+        // calls it arrived at 1, 5 and 9 s (a mean gap of 4 s), so at 20 s its next session is
+        // still expected. Arrivals that stopped (three at 9.0–9.5 s: ten mean gaps of 0.25 s
+        // passed) and a burst (three at 9 s) protect nothing; neither does one arrival.
+        let devices = ["A100-40GB", "A100-40GB"];
+        let run = |opts, arrivals: &[f64]| scale_out_reclaims_idle_after(&devices, 0, 1, opts, false, arrivals);
+        assert!(!run(JointOptions::default(), &[1.0, 5.0, 9.0]), "the workflow still arrives: its 4B stays");
+        assert!(run(JointOptions::default(), &[9.0, 9.25, 9.5]), "its arrivals stopped");
+        assert!(run(JointOptions::default(), &[9.0, 9.0, 9.0]), "a burst is over once it arrived");
+        assert!(run(JointOptions::default(), &[9.0]), "one arrival gives no rate");
+        let off = JointOptions { arrival_outlook: false, ..Default::default() };
+        assert!(run(off, &[1.0, 5.0, 9.0]), "--no-arrival-outlook: only sessions in flight count");
+        let off = JointOptions { outlook: false, ..Default::default() };
+        assert!(run(off, &[1.0, 5.0, 9.0]), "--no-outlook: neither counts");
     }
 
     #[test]

@@ -368,6 +368,31 @@ impl ReplicaView {
     }
 }
 
+/// How many mean gaps between a workflow's arrivals may pass after its last arrival before it
+/// no longer counts as arriving ([`PlannerState::arrival_outlook`]): a Poisson stream goes
+/// that long without an arrival e^−3 ≈ 5 % of the time.
+pub const ARRIVAL_OUTLOOK_GAPS: f64 = 10.0;
+
+/// One workflow's arrivals as the planner has seen them.
+#[derive(Debug, Clone)]
+struct ArrivalStream {
+    first: f64,
+    last: f64,
+    count: u32,
+    /// Deployments its sessions can call (the union of their first outlooks).
+    calls: BTreeSet<DeploymentId>,
+}
+
+impl ArrivalStream {
+    fn still_arriving(&self, now: f64) -> bool {
+        if self.count < 2 {
+            return false;
+        }
+        let mean_gap = (self.last - self.first) / f64::from(self.count - 1);
+        now - self.last <= ARRIVAL_OUTLOOK_GAPS * mean_gap
+    }
+}
+
 /// The planner's snapshot of the pool and the ready queue.
 #[derive(Debug, Clone)]
 pub struct PlannerState {
@@ -384,6 +409,10 @@ pub struct PlannerState {
     /// deployment how many sessions can.
     outlook: BTreeMap<SessionId, Vec<DeploymentId>>,
     successors: BTreeMap<DeploymentId, u32>,
+    /// Per workflow: its arrivals so far and what a new session of it can call
+    /// ([`Self::arrival_outlook`]); sessions arrived whose first outlook has not come yet.
+    arrivals: BTreeMap<u32, ArrivalStream>,
+    arrived_unseen: BTreeMap<SessionId, u32>,
     running: BTreeMap<ActivationId, RunningUnit>,
     /// Fused-chain holds: a finished chain link keeps its lease on the replica until its
     /// successor is admitted there (one grant for the whole chain).
@@ -426,6 +455,8 @@ impl PlannerState {
             near_ready: BTreeMap::new(),
             outlook: BTreeMap::new(),
             successors: BTreeMap::new(),
+            arrivals: BTreeMap::new(),
+            arrived_unseen: BTreeMap::new(),
             running: BTreeMap::new(),
             holds: BTreeMap::new(),
             asleep: BTreeMap::new(),
@@ -522,6 +553,17 @@ impl PlannerState {
     /// their workflow graph: [`Event::SessionOutlook`]).
     pub fn successor_sessions(&self, d: DeploymentId) -> u32 {
         self.successors.get(&d).copied().unwrap_or(0)
+    }
+
+    /// Whether a workflow whose sessions call `d` is still arriving at `now`: at least two of its
+    /// sessions arrived, and the time since its last arrival is at most
+    /// [`ARRIVAL_OUTLOOK_GAPS`] of its mean gap between arrivals. Its next session is then
+    /// expected within about one mean gap (the arrivals observed are all the planner knows of
+    /// the future: a Poisson stream's next arrival is one mean gap away whenever it is asked),
+    /// and it will call `d` — successor demand one arrival ahead of the sessions in flight. A
+    /// burst (every session at once) stops arriving at its last session.
+    pub fn arrival_outlook(&self, d: DeploymentId, now: f64) -> bool {
+        self.arrivals.values().any(|a| a.calls.contains(&d) && a.still_arriving(now))
     }
 
     /// Replace session `s`'s outlook (`None`: it ended), keeping the per-deployment counts.
@@ -769,8 +811,18 @@ impl PlannerState {
             Event::ToolFinished { activation } => {
                 self.running.remove(&activation);
             }
-            Event::SessionOutlook { session, deployments } => self.set_outlook(session, Some(deployments)),
+            Event::SessionOutlook { session, deployments } => {
+                // A session's first outlook is its whole graph: what its workflow's next
+                // session will call too.
+                if let Some(w) = self.arrived_unseen.remove(&session)
+                    && let Some(a) = self.arrivals.get_mut(&w)
+                {
+                    a.calls.extend(deployments.iter().copied());
+                }
+                self.set_outlook(session, Some(deployments));
+            }
             Event::SessionEnded { session } => {
+                self.arrived_unseen.remove(&session);
                 self.set_outlook(session, None);
                 // Release holds of a session that will not continue its chain, and forget its
                 // near-ready units.
@@ -813,7 +865,17 @@ impl PlannerState {
                 let r = self.replicas.remove(&replica).ok_or(PlanError::UnknownReplica(replica))?;
                 self.infeasible.insert((r.deployment, r.device));
             }
-            Event::SessionArrived { .. } => {}
+            Event::SessionArrived { session, workflow } => {
+                let a = self.arrivals.entry(workflow).or_insert(ArrivalStream {
+                    first: now,
+                    last: now,
+                    count: 0,
+                    calls: BTreeSet::new(),
+                });
+                a.last = now;
+                a.count += 1;
+                self.arrived_unseen.insert(session, workflow);
+            }
         }
         Ok(())
     }

@@ -48,8 +48,7 @@
 //! cost model, the memory plan, the lifecycle durations, the block pool and the state type
 //! ([`crate::state::ReplicaState`], re-exported here) of this crate.
 
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashSet, VecDeque};
+use std::collections::{HashSet, VecDeque};
 
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -835,11 +834,16 @@ impl EmulatedReplica {
         // stepping's order — by step, then in running order, a request's growth before its
         // registration. Planned step k computes position `c + k - 1` (c: tokens computed once
         // the step in progress finishes), so it needs more than the `held` blocks from
-        // k = held·bs − c + 1 on, then every bs steps; and with prefix caching it fills a
-        // hashed block once c + k reaches the end of the first block not yet registered.
-        const GROW: u8 = 0;
-        const REGISTER: u8 = 1;
-        let mut actions: BinaryHeap<Reverse<(u32, usize, u8)>> = BinaryHeap::new();
+        // k = held·bs − c + 1 on, then every bs steps; and with prefix caching it registers
+        // what it filled at the first step where a hashed block not yet registered is full
+        // (step 1 when one already is), then at every step that fills a block, while hashed
+        // blocks remain. Every action is known before any is applied (neither a growth nor a
+        // registration moves another's step), so they are listed, packed into one integer each
+        // (step, position, action: its order is stepping's) and sorted.
+        const GROW: u64 = 0;
+        const REGISTER: u64 = 1;
+        let pack = |step: u32, pos: usize, action: u64| (u64::from(step) << 32) | ((pos as u64) << 1) | action;
+        let mut actions: Vec<u64> = Vec::new();
         let mut computed_before = Vec::with_capacity(self.running.len());
         for (pos, &slot) in self.running.iter().enumerate() {
             let Some(seq) = self.seqs[slot].as_mut() else {
@@ -848,21 +852,30 @@ impl EmulatedReplica {
             };
             let c = seq.num_computed + seq.scheduled;
             computed_before.push(c);
-            let first = (seq.blocks.len() as u32 * bs + 1).saturating_sub(c).max(1);
-            if first <= steps {
-                actions.push(Reverse((first, pos, GROW)));
+            let mut grow = (seq.blocks.len() as u32 * bs + 1).saturating_sub(c).max(1);
+            while grow <= steps {
+                actions.push(pack(grow, pos, GROW));
+                grow += bs;
             }
-            if caching && (seq.hashed_blocks as usize) < seq.hashes.len() {
-                let due = ((seq.hashed_blocks + 1) * bs).saturating_sub(c).max(1);
-                if due <= steps {
-                    actions.push(Reverse((due, pos, REGISTER)));
+            let hashes = seq.hashes.len() as u32;
+            if caching && seq.hashed_blocks < hashes {
+                let mut due = ((seq.hashed_blocks + 1) * bs).saturating_sub(c).max(1);
+                // A step registers the blocks full after it, up to the last hashed one.
+                while due <= steps && (c + due) / bs > seq.hashed_blocks {
+                    actions.push(pack(due, pos, REGISTER));
+                    if ((c + due) / bs).min(hashes) >= hashes {
+                        break;
+                    }
+                    due = ((c + due) / bs + 1) * bs - c;
                 }
             }
             seq.num_computed += steps;
             seq.generated += steps;
             self.counters.generated += u64::from(steps);
         }
-        while let Some(Reverse((step, pos, action))) = actions.pop() {
+        actions.sort_unstable();
+        for key in actions {
+            let (step, pos, action) = ((key >> 32) as u32, ((key & 0xffff_ffff) >> 1) as usize, key & 1);
             let Some(seq) = self.running.get(pos).and_then(|&slot| self.seqs[slot].as_mut()) else {
                 continue;
             };
@@ -870,19 +883,9 @@ impl EmulatedReplica {
                 if let Some(b) = self.pool.allocate() {
                     seq.blocks.push(b);
                 }
-                if step + bs <= steps {
-                    actions.push(Reverse((step + bs, pos, GROW)));
-                }
-                continue;
-            }
-            // What step `step`'s schedule registers, after its growth.
-            let c = computed_before[pos];
-            register_blocks_filled_by(&mut self.pool, seq, c + step, bs);
-            if (seq.hashed_blocks as usize) < seq.hashes.len() {
-                let due = ((seq.hashed_blocks + 1) * bs).saturating_sub(c);
-                if due > step && due <= steps {
-                    actions.push(Reverse((due, pos, REGISTER)));
-                }
+            } else {
+                // What step `step`'s schedule registers, after its growth.
+                register_blocks_filled_by(&mut self.pool, seq, computed_before[pos] + step, bs);
             }
         }
         for &(dt, end) in &run.steps[..n] {

@@ -10,6 +10,7 @@
 //! Depends on nothing else in the crate.
 
 use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::hash::{BuildHasherDefault, Hasher};
 
 /// The hasher of [`BlockPool`]'s prefix-cache table. Its keys are prefix hashes already, so a
@@ -37,15 +38,24 @@ impl Hasher for PrefixHasher {
 
 const NIL: u32 = u32::MAX;
 
+/// One KV block's state, kept together: an allocation, a release or a hit reads and writes
+/// a block's count, hash and free-queue links at once (and its neighbours' links), so one
+/// record per block keeps them on one cache line, where four parallel arrays spread them over four.
+#[derive(Debug, Clone, Copy)]
+struct Block {
+    /// The prefix hash the block holds, if it is registered in `cached`: the truth of what is
+    /// cached (an entry of `cached` counts only while its block still holds its hash).
+    hash: Option<u64>,
+    ref_count: u32,
+    /// Free-queue neighbours (`NIL` at the ends and while the block is referenced).
+    prev: u32,
+    next: u32,
+}
+
 /// The KV blocks of one replica.
 #[derive(Debug, Clone)]
 pub struct BlockPool {
-    ref_count: Vec<u32>,
-    /// The prefix hash a block holds, if it is registered in `cached`: the truth of what is
-    /// cached (an entry of `cached` counts only while its block still holds its hash).
-    hash: Vec<Option<u64>>,
-    prev: Vec<u32>,
-    next: Vec<u32>,
+    blocks: Vec<Block>,
     head: u32,
     tail: u32,
     free_len: u32,
@@ -77,10 +87,7 @@ impl BlockPool {
     pub fn new(blocks: u32) -> Self {
         let n = blocks as usize;
         let mut pool = BlockPool {
-            ref_count: vec![0; n],
-            hash: vec![None; n],
-            prev: vec![NIL; n],
-            next: vec![NIL; n],
+            blocks: vec![Block { hash: None, ref_count: 0, prev: NIL, next: NIL }; n],
             head: NIL,
             tail: NIL,
             free_len: 0,
@@ -102,7 +109,7 @@ impl BlockPool {
     }
 
     pub fn total(&self) -> u32 {
-        self.ref_count.len() as u32
+        self.blocks.len() as u32
     }
 
     /// Blocks an allocation can take (free, whether or not they still hold a cached prefix).
@@ -122,22 +129,22 @@ impl BlockPool {
 
     /// The block caching `hash`, if any.
     pub fn lookup(&self, hash: u64) -> Option<u32> {
-        self.cached.get(&hash).copied().filter(|&b| self.hash[b as usize] == Some(hash))
+        self.cached.get(&hash).copied().filter(|&b| self.blocks[b as usize].hash == Some(hash))
     }
 
     /// Whether `block` sits in the free queue (reference count zero).
     pub fn is_free(&self, block: u32) -> bool {
-        self.ref_count[block as usize] == 0
+        self.blocks[block as usize].ref_count == 0
     }
 
     /// Takes a reference on a cached block found by [`lookup`](Self::lookup), taking it out of
     /// the free queue if nobody held it.
     pub fn touch(&mut self, block: u32) {
         let i = block as usize;
-        if self.ref_count[i] == 0 {
+        if self.blocks[i].ref_count == 0 {
             self.unlink(block);
         }
-        self.ref_count[i] += 1;
+        self.blocks[i].ref_count += 1;
     }
 
     /// Allocates the least recently freed block, evicting the prefix it cached. `None` when
@@ -149,7 +156,7 @@ impl BlockPool {
         }
         self.unlink(block);
         let i = block as usize;
-        if self.hash[i].take().is_some() {
+        if self.blocks[i].hash.take().is_some() {
             // Its table entry is stale from now on (see `cached`).
             self.stale += 1;
             self.evictions += 1;
@@ -157,16 +164,17 @@ impl BlockPool {
                 self.sweep();
             }
         }
-        self.ref_count[i] = 1;
+        self.blocks[i].ref_count = 1;
         Some(block)
     }
 
     /// Drops one reference; at zero the block joins the free queue's tail, keeping its hash.
     pub fn release(&mut self, block: u32) {
         let i = block as usize;
-        debug_assert!(self.ref_count[i] > 0, "double free of block {block}");
-        self.ref_count[i] = self.ref_count[i].saturating_sub(1);
-        if self.ref_count[i] == 0 {
+        let b = &mut self.blocks[i];
+        debug_assert!(b.ref_count > 0, "double free of block {block}");
+        b.ref_count = b.ref_count.saturating_sub(1);
+        if b.ref_count == 0 {
             self.push_tail(block);
         }
     }
@@ -175,21 +183,31 @@ impl BlockPool {
     /// hash (two requests computed the same prefix at once) the first one stays cached and
     /// this block remains private. Returns whether the block was registered.
     pub fn register(&mut self, block: u32, hash: u64) -> bool {
-        if self.hash[block as usize].is_some() || self.lookup(hash).is_some() {
+        if self.blocks[block as usize].hash.is_some() {
             return false;
         }
-        if self.cached.insert(hash, block).is_some() {
-            // It replaced a stale entry of the same hash.
-            self.stale -= 1;
+        match self.cached.entry(hash) {
+            Entry::Occupied(mut e) => {
+                if self.blocks[*e.get() as usize].hash == Some(hash) {
+                    // A live holder: the first one stays cached.
+                    return false;
+                }
+                // A stale entry of the same hash: overwritten.
+                e.insert(block);
+                self.stale -= 1;
+            }
+            Entry::Vacant(e) => {
+                e.insert(block);
+            }
         }
-        self.hash[block as usize] = Some(hash);
+        self.blocks[block as usize].hash = Some(hash);
         true
     }
 
     /// Drops the stale entries of the table.
     fn sweep(&mut self) {
-        let hash = &self.hash;
-        self.cached.retain(|&h, &mut b| hash[b as usize] == Some(h));
+        let blocks = &self.blocks;
+        self.cached.retain(|&h, &mut b| blocks[b as usize].hash == Some(h));
         self.stale = 0;
         #[cfg(test)]
         {
@@ -205,19 +223,19 @@ impl BlockPool {
         let mut b = self.head;
         while b != NIL {
             free.push(b);
-            b = self.next[b as usize];
+            b = self.blocks[b as usize].next;
         }
-        (self.hash.clone(), free)
+        (self.blocks.iter().map(|b| b.hash).collect(), free)
     }
 
     fn push_tail(&mut self, block: u32) {
         let i = block as usize;
-        self.prev[i] = self.tail;
-        self.next[i] = NIL;
+        self.blocks[i].prev = self.tail;
+        self.blocks[i].next = NIL;
         if self.tail == NIL {
             self.head = block;
         } else {
-            self.next[self.tail as usize] = block;
+            self.blocks[self.tail as usize].next = block;
         }
         self.tail = block;
         self.free_len += 1;
@@ -225,19 +243,19 @@ impl BlockPool {
 
     fn unlink(&mut self, block: u32) {
         let i = block as usize;
-        let (p, n) = (self.prev[i], self.next[i]);
+        let (p, n) = (self.blocks[i].prev, self.blocks[i].next);
         if p == NIL {
             self.head = n;
         } else {
-            self.next[p as usize] = n;
+            self.blocks[p as usize].next = n;
         }
         if n == NIL {
             self.tail = p;
         } else {
-            self.prev[n as usize] = p;
+            self.blocks[n as usize].prev = p;
         }
-        self.prev[i] = NIL;
-        self.next[i] = NIL;
+        self.blocks[i].prev = NIL;
+        self.blocks[i].next = NIL;
         self.free_len -= 1;
     }
 }

@@ -842,6 +842,9 @@ impl EmulatedReplica {
         // (step, position, action: its order is stepping's) and sorted.
         const GROW: u64 = 0;
         const REGISTER: u64 = 1;
+        // (A position takes 31 bits: the running queue is bounded by `max_num_seqs`, a u32 far
+        // below 2^31 in any engine configuration.)
+        debug_assert!(self.running.len() < 1 << 31);
         let pack = |step: u32, pos: usize, action: u64| (u64::from(step) << 32) | ((pos as u64) << 1) | action;
         let mut actions: Vec<u64> = Vec::new();
         let mut computed_before = Vec::with_capacity(self.running.len());
@@ -863,7 +866,7 @@ impl EmulatedReplica {
                 // A step registers the blocks full after it, up to the last hashed one.
                 while due <= steps && (c + due) / bs > seq.hashed_blocks {
                     actions.push(pack(due, pos, REGISTER));
-                    if ((c + due) / bs).min(hashes) >= hashes {
+                    if (c + due) / bs >= hashes {
                         break;
                     }
                     due = ((c + due) / bs + 1) * bs - c;
